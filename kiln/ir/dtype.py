@@ -1,0 +1,273 @@
+"""DataType: the one definition of a data type's layout (type code, bits, lanes).
+
+``DTYPE_LAYOUT`` below is the single source of truth for how a data type is laid out in memory.
+The ctypes ``DLDataType`` (``kiln.ir.abi``), the C runtime header used by generated code and the
+executable file format are all derived from it, so widening ``lanes`` is a one-line change here.
+``lanes`` is a signed 32-bit field so that long vectors (``float32x65536``) are representable.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+from .errors import DTypeError
+
+# (field name, fixed-width integer type) in declaration order. Change a width here and every
+# struct, header and serializer follows.
+DTYPE_LAYOUT: tuple[tuple[str, str], ...] = (
+    ("code", "uint8"),
+    ("bits", "uint8"),
+    ("lanes", "int32"),
+)
+
+_INT_RANGES = {
+    "int8": (-(2**7), 2**7 - 1),
+    "uint8": (0, 2**8 - 1),
+    "int16": (-(2**15), 2**15 - 1),
+    "uint16": (0, 2**16 - 1),
+    "int32": (-(2**31), 2**31 - 1),
+    "uint32": (0, 2**32 - 1),
+    "int64": (-(2**63), 2**63 - 1),
+    "uint64": (0, 2**64 - 1),
+}
+
+
+def layout_field_range(field: str) -> tuple[int, int]:
+    """Representable range of one DTYPE_LAYOUT field."""
+    for name, ty in DTYPE_LAYOUT:
+        if name == field:
+            return _INT_RANGES[ty]
+    raise KeyError(field)
+
+
+class TypeCode(IntEnum):
+    """Type codes; values follow DLPack's DLDataTypeCode."""
+
+    INT = 0
+    UINT = 1
+    FLOAT = 2
+    HANDLE = 3
+    BFLOAT = 4
+    BOOL = 6
+
+
+_CODE_NAMES = {
+    TypeCode.INT: "int",
+    TypeCode.UINT: "uint",
+    TypeCode.FLOAT: "float",
+    TypeCode.HANDLE: "handle",
+    TypeCode.BFLOAT: "bfloat",
+    TypeCode.BOOL: "bool",
+}
+
+_DTYPE_RE = re.compile(r"^(int|uint|float|bfloat|handle|bool)(\d+)?(?:x(\d+))?$")
+
+
+@dataclass(frozen=True, slots=True)
+class DataType:
+    """A scalar or vector data type: ``DataType(TypeCode.FLOAT, 32, 4)`` is ``float32x4``.
+
+    ``DataType("float32")`` parses a string; every public API accepts strings, numpy dtypes and
+    DataType objects through :func:`as_dtype`.
+    """
+
+    code: int
+    bits: int = 0
+    lanes: int = 1
+
+    def __init__(self, code: int | str | DataType, bits: int = 0, lanes: int = 1):
+        if not isinstance(code, int):
+            parsed = as_dtype(code)
+            code, bits, lanes = parsed.code, parsed.bits, parsed.lanes
+        code = TypeCode(code)
+        if code == TypeCode.BOOL and bits == 0:
+            bits = 1
+        if code == TypeCode.HANDLE and bits == 0:
+            bits = 64
+        lo, hi = layout_field_range("lanes")
+        if not (1 <= lanes <= hi) or lanes < lo:
+            raise DTypeError(f"lanes must be in [1, {hi}], got {lanes}")
+        blo, bhi = layout_field_range("bits")
+        if not (blo < bits <= bhi):
+            raise DTypeError(f"bits must be in [1, {bhi}], got {bits}")
+        object.__setattr__(self, "code", code)
+        object.__setattr__(self, "bits", bits)
+        object.__setattr__(self, "lanes", lanes)
+
+    # ---- parsing / printing -------------------------------------------------------------
+    @staticmethod
+    def parse(text: str) -> DataType:
+        m = _DTYPE_RE.match(text.strip())
+        if not m:
+            raise DTypeError(f"cannot parse data type {text!r}")
+        kind, bits, lanes = m.group(1), m.group(2), m.group(3)
+        code = {
+            "int": TypeCode.INT,
+            "uint": TypeCode.UINT,
+            "float": TypeCode.FLOAT,
+            "bfloat": TypeCode.BFLOAT,
+            "handle": TypeCode.HANDLE,
+            "bool": TypeCode.BOOL,
+        }[kind]
+        if bits is None:
+            bits = {"bool": 1, "handle": 64}.get(kind)
+            if bits is None:
+                raise DTypeError(f"data type {text!r} needs a bit width (e.g. {kind}32)")
+        nbits = int(bits)
+        if kind == "bool" and nbits != 1:
+            raise DTypeError(f"bool has no bit width: {text!r}")
+        if kind == "float" and nbits not in (16, 32, 64):
+            raise DTypeError(f"unsupported float width in {text!r}")
+        if kind == "bfloat" and nbits != 16:
+            raise DTypeError(f"only bfloat16 is supported, got {text!r}")
+        if kind in ("int", "uint") and nbits not in (8, 16, 32, 64):
+            raise DTypeError(f"unsupported integer width in {text!r}")
+        return DataType(code, nbits, int(lanes) if lanes else 1)
+
+    def __str__(self) -> str:
+        if self.code == TypeCode.BOOL:
+            base = "bool"
+        elif self.code == TypeCode.HANDLE:
+            base = "handle"
+        else:
+            base = f"{_CODE_NAMES[self.code]}{self.bits}"
+        return base if self.lanes == 1 else f"{base}x{self.lanes}"
+
+    def __repr__(self) -> str:
+        return f"DataType('{self}')"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            try:
+                other = DataType.parse(other)
+            except DTypeError:
+                return False
+        if not isinstance(other, DataType):
+            return NotImplemented
+        return (self.code, self.bits, self.lanes) == (other.code, other.bits, other.lanes)
+
+    def __hash__(self) -> int:
+        return hash((int(self.code), self.bits, self.lanes))
+
+    # ---- queries ------------------------------------------------------------------------
+    def with_lanes(self, lanes: int) -> DataType:
+        return DataType(self.code, self.bits, lanes)
+
+    def with_bits(self, bits: int) -> DataType:
+        return DataType(self.code, bits, self.lanes)
+
+    @property
+    def element(self) -> DataType:
+        """The scalar type of one lane."""
+        return self.with_lanes(1)
+
+    @property
+    def is_scalar(self) -> bool:
+        return self.lanes == 1
+
+    @property
+    def is_vector(self) -> bool:
+        return self.lanes > 1
+
+    @property
+    def is_float(self) -> bool:
+        """True for IEEE floats and bfloat16."""
+        return self.code in (TypeCode.FLOAT, TypeCode.BFLOAT)
+
+    @property
+    def is_bfloat(self) -> bool:
+        return self.code == TypeCode.BFLOAT
+
+    @property
+    def is_int(self) -> bool:
+        return self.code == TypeCode.INT
+
+    @property
+    def is_uint(self) -> bool:
+        return self.code == TypeCode.UINT
+
+    @property
+    def is_integer(self) -> bool:
+        """Signed or unsigned integer (not bool)."""
+        return self.code in (TypeCode.INT, TypeCode.UINT)
+
+    @property
+    def is_bool(self) -> bool:
+        return self.code == TypeCode.BOOL
+
+    @property
+    def is_handle(self) -> bool:
+        return self.code == TypeCode.HANDLE
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes of storage for one element of all lanes (bool takes one byte per lane)."""
+        lane_bytes = 1 if self.code == TypeCode.BOOL else (self.bits + 7) // 8
+        return lane_bytes * self.lanes
+
+    def min_value(self) -> int | float:
+        if self.is_float:
+            return -float("inf")
+        if self.is_bool:
+            return 0
+        return _INT_RANGES[str(self.element)][0]
+
+    def max_value(self) -> int | float:
+        if self.is_float:
+            return float("inf")
+        if self.is_bool:
+            return 1
+        return _INT_RANGES[str(self.element)][1]
+
+    # ---- numpy interop ------------------------------------------------------------------
+    def to_numpy(self) -> np.dtype:
+        """The numpy dtype of one lane (vector types map to their element type)."""
+        if self.code == TypeCode.BFLOAT:
+            import ml_dtypes
+
+            return np.dtype(ml_dtypes.bfloat16)
+        if self.code == TypeCode.BOOL:
+            return np.dtype(np.bool_)
+        if self.code == TypeCode.HANDLE:
+            return np.dtype(np.uintp)
+        return np.dtype(f"{_CODE_NAMES[self.code]}{self.bits}")
+
+    @staticmethod
+    def from_numpy(dtype: Any) -> DataType:
+        dt = np.dtype(dtype)
+        if dt.name == "bfloat16":
+            return DataType(TypeCode.BFLOAT, 16, 1)
+        if dt.kind == "b":
+            return DataType(TypeCode.BOOL, 1, 1)
+        kinds = {"i": TypeCode.INT, "u": TypeCode.UINT, "f": TypeCode.FLOAT}
+        if dt.kind not in kinds:
+            raise DTypeError(f"numpy dtype {dt} has no kiln equivalent")
+        return DataType(kinds[dt.kind], dt.itemsize * 8, 1)
+
+
+def as_dtype(value: Any) -> DataType:
+    """Convert a string, numpy dtype/type or DataType into a DataType."""
+    if isinstance(value, DataType):
+        return value
+    if isinstance(value, str):
+        return DataType.parse(value)
+    try:
+        return DataType.from_numpy(value)
+    except TypeError as err:
+        raise DTypeError(f"not a data type: {value!r}") from err
+
+
+# Frequently used constants.
+bool_ = DataType(TypeCode.BOOL, 1)
+int32 = DataType(TypeCode.INT, 32)
+int64 = DataType(TypeCode.INT, 64)
+float16 = DataType(TypeCode.FLOAT, 16)
+float32 = DataType(TypeCode.FLOAT, 32)
+float64 = DataType(TypeCode.FLOAT, 64)
+bfloat16 = DataType(TypeCode.BFLOAT, 16)
+handle = DataType(TypeCode.HANDLE, 64)

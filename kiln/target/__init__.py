@@ -1,0 +1,5 @@
+"""Compilation targets."""
+
+from .target import Target
+
+__all__ = ["Target"]

@@ -1,0 +1,149 @@
+"""Generic visitors and mutators over TIR (expressions and statements together).
+
+Dispatch is by class name: define ``visit_Add``, ``visit_For``, ``visit_BufferLoad``... to handle a
+node; anything without a method is handled by ``generic_visit`` which walks (or, in the mutator,
+rebuilds) every field. A mutator rebuilds a node only if one of its fields changed, so untouched
+subtrees keep their identity. Buffers are leaves by default (override ``visit_Buffer`` to remap
+them); the variables bound by loops, lets and blocks are visited like any other field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..ir.node import Node
+from .buffer import Buffer
+from .expr import PrimExpr, Var
+
+
+class Visitor:
+    """Walks a TIR tree (PrimExpr, Stmt, PrimFunc, Buffer regions...)."""
+
+    def visit(self, x: Any) -> None:
+        if isinstance(x, Node):
+            method = getattr(self, "visit_" + type(x).__name__, None)
+            if method is not None:
+                method(x)
+            else:
+                self.generic_visit(x)
+        elif isinstance(x, (list, tuple)):
+            for e in x:
+                self.visit(e)
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                self.visit(k)
+                self.visit(v)
+
+    def generic_visit(self, n: Node) -> None:
+        if isinstance(n, Buffer):
+            return
+        for f in dataclasses.fields(n):  # type: ignore[arg-type]
+            self.visit(getattr(n, f.name))
+
+    def visit_Buffer(self, b: Buffer) -> None:
+        return
+
+
+class Mutator:
+    """Rebuilds a TIR tree bottom-up; return a new node from ``visit_X`` to replace a node."""
+
+    def visit(self, x: Any) -> Any:
+        if isinstance(x, Node):
+            method = getattr(self, "visit_" + type(x).__name__, None)
+            if method is not None:
+                return method(x)
+            return self.generic_visit(x)
+        if isinstance(x, tuple):
+            new = tuple(self.visit(e) for e in x)
+            return x if all(a is b for a, b in zip(new, x)) else new
+        if isinstance(x, list):
+            new_l = [self.visit(e) for e in x]
+            return x if all(a is b for a, b in zip(new_l, x)) else new_l
+        if isinstance(x, dict):
+            items = [(self.visit(k), self.visit(v)) for k, v in x.items()]
+            if all(a is k and b is v for (a, b), (k, v) in zip(items, x.items())):
+                return x
+            return dict(items)
+        return x
+
+    def generic_visit(self, n: Node) -> Any:
+        if isinstance(n, Buffer):
+            return n
+        changes = {}
+        for f in dataclasses.fields(n):  # type: ignore[arg-type]
+            old = getattr(n, f.name)
+            new = self.visit(old)
+            if new is not old:
+                changes[f.name] = new
+        if not changes:
+            return n
+        if isinstance(n, PrimExpr) and "dtype" not in changes and _dtype_derived(n):
+            # Let __post_init__ recompute a derived dtype (e.g. BufferLoad lanes).
+            changes["dtype"] = None
+        return dataclasses.replace(n, **changes)  # type: ignore[type-var]
+
+    def visit_Buffer(self, b: Buffer) -> Buffer:
+        return b
+
+
+def _dtype_derived(n: PrimExpr) -> bool:
+    """True for node types whose dtype defaults from their operands."""
+    for f in dataclasses.fields(n):  # type: ignore[arg-type]
+        if f.name == "dtype":
+            return f.default is None
+    return False
+
+
+# TVM-style aliases.
+StmtExprVisitor = ExprVisitor = StmtVisitor = Visitor
+StmtExprMutator = ExprMutator = StmtMutator = Mutator
+
+
+class _Substituter(Mutator):
+    def __init__(self, vmap: Mapping[Var, PrimExpr] | Callable[[Var], PrimExpr | None]):
+        self.vmap = vmap
+
+    def visit_Var(self, v: Var) -> PrimExpr:
+        if callable(self.vmap):
+            r = self.vmap(v)
+            return v if r is None else r
+        return self.vmap.get(v, v)
+
+    visit_SizeVar = visit_Var
+
+
+def substitute(node: Any, vmap: Mapping[Var, PrimExpr] | Callable[[Var], PrimExpr | None]) -> Any:
+    """Replace variables in ``node`` by expressions (a mapping or a function var -> expr|None)."""
+    if isinstance(vmap, Mapping) and not vmap:
+        return node
+    return _Substituter(vmap).visit(node)
+
+
+def post_order_visit(node: Any, fvisit: Callable[[Node], None]) -> None:
+    """Call ``fvisit`` on every node of the tree, children first (buffers are not entered)."""
+
+    class _V(Visitor):
+        def visit(self, x: Any) -> None:
+            if isinstance(x, Node):
+                if not isinstance(x, Buffer):
+                    for f in dataclasses.fields(x):  # type: ignore[arg-type]
+                        self.visit(getattr(x, f.name))
+                fvisit(x)
+            else:
+                super().visit(x)
+
+    _V().visit(node)
+
+
+def collect_vars(node: Any) -> list[Var]:
+    """Every distinct Var used in ``node`` (first-use order)."""
+    seen: dict[int, Var] = {}
+
+    def f(n: Node) -> None:
+        if isinstance(n, Var) and id(n) not in seen:
+            seen[id(n)] = n
+
+    post_order_visit(node, f)
+    return list(seen.values())
