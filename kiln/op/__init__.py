@@ -1,0 +1,21 @@
+"""Operators. Each is declared once (see ``kiln.op.registry``); the declaration is its Python API.
+
+``kiln.op.add(x, y)``, ``kiln.op.matmul(a, b)``, ``kiln.op.nn.conv2d(x, w, ...)``,
+``kiln.op.nn.relu(x)`` (also ``kiln.op.relu``). Families: elementwise, reduce, shape, linalg, nn.
+"""
+
+from . import nn
+from .elementwise import *  # noqa: F403
+from .linalg import *  # noqa: F403
+from .nn import *  # noqa: F403
+from .reduce import *  # noqa: F403
+from .registry import (
+    NON_DIFFERENTIABLE,
+    MixedPrecision,
+    OpDef,
+    OpPattern,
+    get_op_def,
+    list_ops,
+    register_op,
+)
+from .shape import *  # noqa: F403
