@@ -19,6 +19,12 @@ import numpy as np
 from .dtype import DataType
 
 
+def node_field_names(n: Node) -> tuple[str, ...]:
+    """Field names of a node. Use this, not ``n.fields()``, in generic code: a node may have a
+    field called ``fields`` (graph ``Tuple``, ``TupleStructInfo``) that hides the method."""
+    return tuple(f.name for f in dataclasses.fields(n))  # type: ignore[arg-type]
+
+
 class Node:
     """Base of all IR nodes.
 
@@ -34,7 +40,7 @@ class Node:
     _ignore_fields: ClassVar[tuple[str, ...]] = ("span",)
 
     def fields(self) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(self))  # type: ignore[arg-type]
+        return node_field_names(self)
 
     def replace(self, **changes: Any):
         """A copy of this node with some fields changed (IR is immutable)."""
@@ -121,7 +127,7 @@ class _Equal:
             if a._is_var:
                 self._eq_var(a, b, path)
                 return
-            for name in a.fields():
+            for name in node_field_names(a):
                 if name in a._ignore_fields:
                     continue
                 self.eq(getattr(a, name), getattr(b, name), f"{path}.{name}")
@@ -217,7 +223,9 @@ class _Hasher:
                 (
                     type(x).__name__,
                     tuple(
-                        self.h(getattr(x, f)) for f in x.fields() if f not in x._ignore_fields
+                        self.h(getattr(x, f))
+                        for f in node_field_names(x)
+                        if f not in x._ignore_fields
                     ),
                 )
             )

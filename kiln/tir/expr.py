@@ -331,6 +331,9 @@ class Ramp(PrimExpr):
     dtype: DataType = None  # type: ignore[assignment]
 
     def __post_init__(self):
+        set_field(self, "base", convert(self.base))
+        if not isinstance(self.stride, PrimExpr):  # a Python number takes the base's type
+            set_field(self, "stride", make_const(self.base.dtype, self.stride))
         if self.dtype is None:
             set_field(self, "dtype", self.base.dtype.with_lanes(self.lanes))
 
@@ -344,6 +347,7 @@ class Broadcast(PrimExpr):
     dtype: DataType = None  # type: ignore[assignment]
 
     def __post_init__(self):
+        set_field(self, "value", convert(self.value))
         if self.dtype is None:
             set_field(self, "dtype", self.value.dtype.with_lanes(self.lanes))
 
@@ -469,6 +473,24 @@ class IterVar(Node):
             set_field(self, "iter_type", IterType(self.iter_type))
 
 
+def _iter_var_forward(name: str):
+    """Arithmetic on an IterVar is arithmetic on its var (te: ``k * 2``, ``k1 < k2``)."""
+
+    def method(self, *args):
+        return getattr(self.var, name)(*args)
+
+    method.__name__ = name
+    return method
+
+
+for _name in (
+    "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
+    "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__neg__",
+    "__lt__", "__le__", "__gt__", "__ge__", "equal", "astype",
+):
+    setattr(IterVar, _name, _iter_var_forward(_name))
+
+
 # ---------------------------------------------------------------------------------------------
 # constructors with type matching
 # ---------------------------------------------------------------------------------------------
@@ -490,6 +512,8 @@ def convert(value: Any) -> PrimExpr:
     """Python scalar -> immediate (int32 if it fits, else int64; float32; bool)."""
     if isinstance(value, PrimExpr):
         return value
+    if isinstance(value, IterVar):  # an iteration variable stands for its var
+        return value.var
     if isinstance(value, bool):
         return IntImm("bool", int(value))
     if isinstance(value, int):
@@ -510,6 +534,8 @@ def convert(value: Any) -> PrimExpr:
 
 def _match(a: Any, b: Any) -> tuple[PrimExpr, PrimExpr]:
     """Bring two operands to one dtype (python scalars take the other side's type)."""
+    a = a.var if isinstance(a, IterVar) else a
+    b = b.var if isinstance(b, IterVar) else b
     if not isinstance(a, PrimExpr) and isinstance(b, PrimExpr):
         a = make_const(b.dtype, a) if not isinstance(a, bool) or b.dtype.is_bool else convert(a)
     elif not isinstance(b, PrimExpr) and isinstance(a, PrimExpr):
