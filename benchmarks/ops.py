@@ -1,0 +1,162 @@
+"""Single-operator speed: kiln next to numpy (and onnxruntime when installed), in one run.
+
+    python benchmarks/ops.py            # all cases
+    python benchmarks/ops.py dense      # cases whose name contains "dense"
+
+Prints median latency of each implementation and the ratio kiln / peer (lower is better).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+import kiln
+from kiln import graph as g
+from kiln import op
+from kiln.testing.timing import median_seconds
+
+THREADS = int(os.environ.get("KILN_BENCH_THREADS", "2"))
+
+
+def _single_op_module(shapes, make_call):
+    bb = g.BlockBuilder()
+    params = [g.Var(f"x{i}", g.TensorStructInfo(s, "float32")) for i, s in enumerate(shapes)]
+    with bb.function("main", params):
+        out = bb.emit(make_call(*params))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _ort_session(nodes, inputs, output_shape, initializers=()):
+    try:
+        import onnx
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+    except ImportError:
+        return None
+    graph = helper.make_graph(
+        nodes,
+        "bench",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(a.shape)) for n, a in inputs],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(output_shape))],
+        initializer=list(initializers),
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = THREADS
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
+    feeds = {n: a for n, a in inputs}
+    return lambda: sess.run(None, feeds)
+
+
+def _conv_numpy(x, w, pad):
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    kh, kw = w.shape[2:]
+    win = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))
+    return np.einsum("nchwij,ocij->nohw", win, w, optimize=True)
+
+
+def cases():
+    rng = np.random.default_rng(0)
+    from onnx import helper
+
+    # dense 1024^3 (x @ w.T)
+    x = rng.standard_normal((1024, 1024), dtype=np.float32)
+    w = rng.standard_normal((1024, 1024), dtype=np.float32)
+    yield (
+        "dense 1024x1024x1024 fp32",
+        _single_op_module([x.shape, w.shape], lambda a, b: op.dense(a, b)),
+        [x, w],
+        lambda: x @ w.T,
+        _ort_session([helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)],
+                     [("x", x), ("w", w)], (1024, 1024)),
+        2 * 1024**3,
+    )
+    # conv2d 1x64x56x56, 64 3x3 filters, padding 1
+    xc = rng.standard_normal((1, 64, 56, 56), dtype=np.float32)
+    wc = rng.standard_normal((64, 64, 3, 3), dtype=np.float32)
+    yield (
+        "conv2d 1x64x56x56 k64 3x3 pad1",
+        _single_op_module([xc.shape, wc.shape],
+                          lambda a, b: op.nn.conv2d(a, b, padding=(1, 1))),
+        [xc, wc],
+        lambda: _conv_numpy(xc, wc, 1),
+        _ort_session([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+                     [("x", xc), ("w", wc)], (1, 64, 56, 56)),
+        2 * 64 * 56 * 56 * 64 * 9,
+    )
+    # softmax over 64x1024
+    xs = rng.standard_normal((64, 1024), dtype=np.float32)
+
+    def np_softmax():
+        e = np.exp(xs - xs.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    yield (
+        "softmax 64x1024",
+        _single_op_module([xs.shape], lambda a: op.nn.softmax(a, axis=-1)),
+        [xs],
+        np_softmax,
+        _ort_session([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], [("x", xs)],
+                     xs.shape),
+        None,
+    )
+    # layer_norm over 128x768
+    xl = rng.standard_normal((128, 768), dtype=np.float32)
+    gamma = rng.standard_normal(768, dtype=np.float32)
+    beta = rng.standard_normal(768, dtype=np.float32)
+
+    def np_layer_norm():
+        mu = xl.mean(axis=-1, keepdims=True)
+        var = ((xl - mu) ** 2).mean(axis=-1, keepdims=True)
+        return (xl - mu) / np.sqrt(var + 1e-5) * gamma + beta
+
+    yield (
+        "layer_norm 128x768",
+        _single_op_module([xl.shape, gamma.shape, beta.shape],
+                          lambda a, gm, bt: op.nn.layer_norm(a, gm, bt, axes=(-1,),
+                                                             epsilon=1e-5)),
+        [xl, gamma, beta],
+        np_layer_norm,
+        _ort_session(
+            [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1,
+                              epsilon=1e-5)],
+            [("x", xl), ("g", gamma), ("b", beta)], xl.shape),
+        None,
+    )
+
+
+def main(argv: list[str]) -> int:
+    pattern = argv[1] if len(argv) > 1 else ""
+    header = f"{'case':34s} {'kiln ms':>9s} {'numpy ms':>9s} {'k/np':>6s} {'ort ms':>9s} {'k/ort':>6s}"
+    print(f"threads: kiln OpenMP default, onnxruntime {THREADS}")
+    print(header)
+    print("-" * len(header))
+    for name, mod, inputs, np_fn, ort_fn, flops in cases():
+        if pattern not in name:
+            continue
+        exe = kiln.build(mod, target="c")
+        out = exe(*inputs)
+        ref = np_fn()
+        assert np.allclose(out, ref, rtol=1e-3, atol=1e-3), f"{name}: kiln result differs"
+        t_k = median_seconds(lambda exe=exe, inputs=inputs: exe(*inputs))
+        t_np = median_seconds(np_fn)
+        line = f"{name:34s} {t_k * 1e3:9.3f} {t_np * 1e3:9.3f} {t_k / t_np:6.2f}"
+        if ort_fn is not None:
+            t_ort = median_seconds(ort_fn)
+            line += f" {t_ort * 1e3:9.3f} {t_k / t_ort:6.2f}"
+        if flops:
+            line += f"   kiln {flops / t_k / 1e9:.1f} GFLOP/s, numpy {flops / t_np / 1e9:.1f}"
+        print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

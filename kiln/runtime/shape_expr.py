@@ -1,0 +1,71 @@
+"""Serializable shape expressions: symbolic output shapes evaluated at run time.
+
+A graph function with symbolic dimensions (``n``) has intermediate shapes such as ``(n, 2*n)``.
+The executor stores each dimension as a small prefix-form list (``["mul", 2, ["var", "n"]]``)
+that survives the executable file, and evaluates it once the inputs bind ``n``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import tir
+from ..ir.errors import KilnError
+
+_OPS = {
+    tir.Add: "add",
+    tir.Sub: "sub",
+    tir.Mul: "mul",
+    tir.FloorDiv: "floordiv",
+    tir.FloorMod: "floormod",
+    tir.Min: "min",
+    tir.Max: "max",
+}
+
+
+def encode(expr: Any) -> Any:
+    """PrimExpr (or int) -> JSON-compatible prefix form."""
+    if isinstance(expr, int):
+        return expr
+    if isinstance(expr, tir.IntImm):
+        return expr.value
+    if isinstance(expr, tir.Var):
+        return ["var", expr.name]
+    if isinstance(expr, tir.Cast):
+        return encode(expr.value)
+    name = _OPS.get(type(expr))
+    if name is None:
+        raise KilnError(f"shape expression {expr} is not supported at run time")
+    return [name, encode(expr.a), encode(expr.b)]
+
+
+def evaluate(code: Any, env: dict[str, int]) -> int:
+    """Evaluate an encoded dimension with symbolic variables bound in ``env``."""
+    if isinstance(code, int):
+        return code
+    op = code[0]
+    if op == "var":
+        try:
+            return env[code[1]]
+        except KeyError:
+            raise KilnError(f"symbolic dimension {code[1]!r} is not bound by any input") from None
+    a, b = evaluate(code[1], env), evaluate(code[2], env)
+    if op == "add":
+        return a + b
+    if op == "sub":
+        return a - b
+    if op == "mul":
+        return a * b
+    if op == "floordiv":
+        return a // b
+    if op == "floormod":
+        return a % b
+    if op == "min":
+        return min(a, b)
+    if op == "max":
+        return max(a, b)
+    raise KilnError(f"unknown shape operation {op!r}")
+
+
+def is_static(code: Any) -> bool:
+    return isinstance(code, int)

@@ -1,0 +1,1 @@
+"""Helpers shared by tests, examples and benchmarks: reference models and their numpy twins."""

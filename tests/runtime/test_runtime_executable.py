@@ -1,0 +1,61 @@
+"""Executable files: round trip, dtype table derived from the layout, malformed files."""
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import graph as g
+from kiln import op
+from kiln.ir import DataType, ModelFormatError, abi
+
+
+@pytest.fixture(scope="module")
+def exe():
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo((3, 5), "float32"))
+    with bb.function("main", [x]):
+        y = bb.emit(op.add(x, g.const(np.arange(5, dtype="float32"))))
+        bb.emit_func_output(bb.emit(op.multiply(y, y)))
+    return kiln.build(bb.get())
+
+
+def test_round_trip(exe, tmp_path):
+    path = tmp_path / "m.kiln"
+    exe.save(str(path))
+    x = np.random.default_rng(0).standard_normal((3, 5)).astype("float32")
+    loaded = kiln.load(str(path))
+    np.testing.assert_array_equal(loaded(x), exe(x))
+    assert "main" in loaded.summary()
+
+
+def test_file_stores_dtypes_with_the_layout_struct(exe, tmp_path):
+    path = tmp_path / "m.kiln"
+    exe.save(str(path))
+    data = path.read_bytes()
+    (count,) = np.frombuffer(data[12:16], dtype="<u4")
+    first = abi.unpack_dtype(data, 16)
+    assert count >= 1 and first == DataType("float32")
+
+
+def test_long_vector_dtype_survives_the_file_format():
+    dt = DataType("float32x65536")
+    assert abi.unpack_dtype(abi.pack_dtype(dt)) == dt
+
+
+@pytest.mark.parametrize("cut", [4, 20, 200])
+def test_truncated_file_is_a_clear_error(exe, tmp_path, cut):
+    path = tmp_path / "m.kiln"
+    exe.save(str(path))
+    data = path.read_bytes()
+    path.write_bytes(data[:cut])
+    with pytest.raises(ModelFormatError):
+        kiln.load(str(path))
+
+
+def test_not_an_executable(tmp_path):
+    path = tmp_path / "x.kiln"
+    path.write_bytes(b"hello world, not a kiln file")
+    with pytest.raises(ModelFormatError, match="bad magic"):
+        kiln.load(str(path))
+    with pytest.raises(ModelFormatError):
+        kiln.load(str(tmp_path / "missing.kiln"))
