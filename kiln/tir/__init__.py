@@ -20,6 +20,8 @@ from .stmt import (
     LetStmt, SeqStmt, Stmt, seq, true_predicate,
 )
 
+from .schedule import BlockRV, LoopRV, Schedule, Trace
+
 try:  # the printer registers itself for str()/repr() of TIR nodes
     from . import printer as _printer  # noqa: F401
 except ImportError:  # pragma: no cover - during bring-up

@@ -1,0 +1,202 @@
+"""cache_read and cache_write: stage a buffer through a copy in another storage scope.
+
+``cache_read(B, i, scope)`` makes block ``B`` read its ``i``-th read buffer from a new buffer of
+``scope`` (same shape), filled by a new copy block placed before ``B``. ``cache_write(B, i,
+scope)`` makes ``B`` (body and init) write its ``i``-th write buffer into a new buffer, copied
+back to the original by a new block placed after ``B``. Both return the copy block's name.
+
+Placement: when ``B`` and the blocks on the other side of the copy (the writers of the buffer
+for cache_read, its readers for cache_write) share no loop, the copy is a stage of its own next
+to ``B``'s top-level loop nest and covers the whole buffer; ``compute_at`` /
+``reverse_compute_at`` of the copy block then shrink what each iteration copies. When they
+share loops (``B`` was already moved under a consumer), the copy goes inside the deepest shared
+loop, next to the subtree holding ``B``, and covers what ``B`` accesses in one iteration of it.
+"""
+
+from __future__ import annotations
+
+from ...ir.errors import ScheduleError
+from ..buffer import Buffer, BufferRegion
+from ..expr import BufferLoad, IterType, IterVar, Range, Var, const
+from ..function import PrimFunc
+from ..functor import Mutator
+from ..stmt import Block, BlockRealize, BufferStore, Stmt
+from .analysis import analyzer_at, check_block, new_analyzer, point_region
+from .compute_location import accessed_region, iter_var_ranges, regenerate
+from .state import (
+    SRef,
+    TreeIndex,
+    buffer_names,
+    insert_after,
+    insert_before,
+    rewrite_func,
+    unique_name,
+    update_root_allocs,
+)
+
+
+class _SwapBuffer(Mutator):
+    def __init__(self, old: Buffer, new: Buffer):
+        self.old, self.new = old, new
+
+    def visit_Buffer(self, b: Buffer) -> Buffer:
+        return self.new if b is self.old else b
+
+
+def _check_scope(scope: object, what: str) -> str:
+    if not isinstance(scope, str) or not scope or not scope.replace(".", "_").isidentifier():
+        raise ScheduleError(f"{what}: storage scope {scope!r} is not a valid scope name")
+    return scope
+
+
+def _copy_block(src: Buffer, dst: Buffer, name: str) -> Block:
+    """A block copying ``src`` to ``dst`` element-wise over the whole buffer."""
+    iter_vars = [
+        IterVar(Range(const(e.dtype, 0), e), Var(f"v{d}", e.dtype), IterType.DATA_PAR)
+        for d, e in enumerate(src.shape)
+    ]
+    idx = tuple(iv.var for iv in iter_vars)
+    return Block(
+        iter_vars=tuple(iter_vars),
+        reads=(point_region(src, idx),),
+        writes=(point_region(dst, idx),),
+        name_hint=name,
+        body=BufferStore(dst, BufferLoad(src, idx), idx),
+    )
+
+
+def _lca(index: TreeIndex, srefs: list[SRef]) -> SRef:
+    """The deepest loop holding every one of ``srefs`` (or their common block scope)."""
+    chains = [index.ancestors(s) for s in srefs]
+    common = chains[0][0]
+    for nodes in zip(*chains):
+        if any(n is not nodes[0] for n in nodes):
+            break
+        common = nodes[0]
+    return common
+
+
+def _place_copy(
+    index: TreeIndex, sref: SRef, others: list[SRef], buf: Buffer, copy: Block,
+    writes: bool, what: str,
+) -> tuple[Stmt, SRef]:
+    """The copy block's loop nest and the statement it goes next to.
+
+    The copy goes next to the subtree holding ``sref`` inside the deepest loop shared with
+    ``others`` (the blocks on the other side of the copy); it covers what ``sref`` accesses of
+    ``buf`` in one iteration of that loop, or the whole buffer at the top level.
+    """
+    scope = index.scope_of(sref)
+    lca = _lca(index, [sref, *others]) if others else scope
+    if lca.is_block:
+        anchor = index.child_containing(scope, sref)
+        return regenerate(copy, {}, False, new_analyzer()), anchor
+    ana = analyzer_at(index, lca)
+    region = accessed_region(index, lca, [sref], buf, writes, ana, what)
+    ranges = iter_var_ranges(copy, [(buf, region)], writes, ana, what)
+    return regenerate(copy, ranges, False, ana), index.child_containing(lca, sref)
+
+
+def _commit(index: TreeIndex, realize: BlockRealize, new_realize: BlockRealize, nest: Stmt,
+            anchor: SRef, after: bool) -> PrimFunc:
+    func = rewrite_func(index.func, {id(realize): new_realize})
+    anchor2 = TreeIndex(func).lookup(anchor.key)
+    assert anchor2 is not None
+    place = insert_after if after else insert_before
+    return rewrite_func(func, {id(anchor2.node): place(anchor2.node, nest)})
+
+
+def _new_cache(index: TreeIndex, buf: Buffer, scope: str) -> tuple[Buffer, str]:
+    cache = Buffer(
+        unique_name(f"{buf.name}_{scope.replace('.', '_')}", buffer_names(index.func)),
+        buf.shape, buf.dtype, None, (), None, scope,
+    )
+    name = unique_name(cache.name, index.taken_names())
+    return cache, name
+
+
+def _swap_in_block(block: Block, old: Buffer, new: Buffer) -> Block:
+    m = _SwapBuffer(old, new)
+    return block.replace(
+        body=m.visit(block.body),
+        init=m.visit(block.init),
+        reads=tuple(
+            BufferRegion(new, r.region) if r.buffer is old else r for r in block.reads
+        ),
+        writes=tuple(
+            BufferRegion(new, r.region) if r.buffer is old else r for r in block.writes
+        ),
+    )
+
+
+def cache_read(index: TreeIndex, sref: SRef, read_buffer_index: int, scope: str
+               ) -> tuple[PrimFunc, str]:
+    what = "cache_read"
+    check_block(index, sref, what)
+    _check_scope(scope, what)
+    block = sref.block
+    name = block.name_hint
+    if (not isinstance(read_buffer_index, int) or isinstance(read_buffer_index, bool)
+            or not 0 <= read_buffer_index < len(block.reads)):
+        listing = ", ".join(f"{k}: {r.buffer.name}" for k, r in enumerate(block.reads))
+        raise ScheduleError(
+            f"{what}: read_buffer_index {read_buffer_index!r} is out of range for block "
+            f"{name!r}, which reads {len(block.reads)} region(s) ({listing})"
+        )
+    buf = block.reads[read_buffer_index].buffer
+    if any(w.buffer is buf for w in block.writes):
+        raise ScheduleError(f"{what}: block {name!r} also writes {buf.name!r}")
+    writers = [w for w in index.writers(buf, index.scope_of(sref)) if w is not sref]
+    for w in writers:
+        if w.order > sref.order:
+            raise ScheduleError(
+                f"{what}: {buf.name!r} is written by block {w.block.name_hint!r} after "
+                f"{name!r} reads it"
+            )
+    cache, cname = _new_cache(index, buf, scope)
+    realize = sref.node
+    assert isinstance(realize, BlockRealize)
+    new_realize = realize.replace(block=_swap_in_block(block, buf, cache))
+    nest, anchor = _place_copy(index, sref, writers, buf, _copy_block(buf, cache, cname),
+                               False, what)
+    func = _commit(index, realize, new_realize, nest, anchor, after=False)
+    return update_root_allocs(func, add=(cache,)), cname
+
+
+def cache_write(index: TreeIndex, sref: SRef, write_buffer_index: int, scope: str
+                ) -> tuple[PrimFunc, str]:
+    what = "cache_write"
+    check_block(index, sref, what)
+    _check_scope(scope, what)
+    block = sref.block
+    name = block.name_hint
+    if (not isinstance(write_buffer_index, int) or isinstance(write_buffer_index, bool)
+            or not 0 <= write_buffer_index < len(block.writes)):
+        listing = ", ".join(f"{k}: {r.buffer.name}" for k, r in enumerate(block.writes))
+        raise ScheduleError(
+            f"{what}: write_buffer_index {write_buffer_index!r} is out of range for block "
+            f"{name!r}, which writes {len(block.writes)} region(s) ({listing})"
+        )
+    buf = block.writes[write_buffer_index].buffer
+    scope_sref = index.scope_of(sref)
+    for w in index.writers(buf, scope_sref):
+        if w is not sref:
+            raise ScheduleError(
+                f"{what}: {buf.name!r} is also written by block {w.block.name_hint!r} (apply "
+                "cache_write before decompose_reduction)"
+            )
+    readers = [r for r in index.readers(buf, scope_sref) if r is not sref]
+    for r in readers:
+        if r.order < sref.order:
+            raise ScheduleError(
+                f"{what}: block {r.block.name_hint!r} reads {buf.name!r} before {name!r} "
+                "writes it"
+            )
+    cache, cname = _new_cache(index, buf, scope)
+    realize = sref.node
+    assert isinstance(realize, BlockRealize)
+    new_realize = realize.replace(block=_swap_in_block(block, buf, cache))
+    nest, anchor = _place_copy(index, sref, readers, buf, _copy_block(cache, buf, cname),
+                               True, what)
+    func = _commit(index, realize, new_realize, nest, anchor, after=True)
+    return update_root_allocs(func, add=(cache,)), cname

@@ -1,0 +1,258 @@
+"""Loop primitives: split, fuse, reorder, loop kinds (parallel/vectorize/unroll), annotate.
+
+Each takes the :class:`TreeIndex` of the current function and returns the new function (plus
+the identity keys of new loops). Block bindings under a transformed loop are rewritten by
+substituting the old loop variable and re-simplified, so they stay affine expressions of the new
+loops (``v_i = i_0 * 8 + i_1``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ...ir.dtype import DataType
+from ...ir.errors import ScheduleError
+from ..expr import IterType, PrimExpr, Var, const
+from ..function import PrimFunc
+from ..functor import collect_vars, substitute
+from ..stmt import BlockRealize, For, ForKind, SeqStmt, Stmt
+from .analysis import (
+    analyzer_at,
+    as_int,
+    bound_iter_types,
+    conjoin,
+    simplify_stmt,
+    uses_any,
+)
+from .state import SRef, TreeIndex, rewrite_func
+
+
+def _loop_name(sref: SRef) -> str:
+    return sref.loop.loop_var.name
+
+
+def _add_predicate(stmt: Stmt, pred: PrimExpr) -> Stmt:
+    """Conjoin ``pred`` to the predicate of every block realize in ``stmt`` (not nested ones)."""
+    if isinstance(stmt, BlockRealize):
+        return stmt.replace(predicate=conjoin(stmt.predicate, pred))
+    if isinstance(stmt, For):
+        return stmt.replace(body=_add_predicate(stmt.body, pred))
+    if isinstance(stmt, SeqStmt):
+        return SeqStmt(tuple(_add_predicate(s, pred) for s in stmt.seq))
+    if hasattr(stmt, "body"):
+        return stmt.replace(body=_add_predicate(stmt.body, pred))  # type: ignore[attr-defined]
+    return stmt
+
+
+def _factor_expr(f: Any, dtype: DataType) -> PrimExpr | None:
+    if f is None:
+        return None
+    if isinstance(f, bool):
+        raise ScheduleError(f"split: factor {f!r} is not an integer")
+    if isinstance(f, int):
+        if f <= 0:
+            raise ScheduleError(f"split: factor {f} must be positive")
+        return const(dtype, f)
+    if isinstance(f, PrimExpr) and f.dtype.is_integer and f.dtype.lanes == 1:
+        k = as_int(f)
+        if k is not None:
+            if k <= 0:
+                raise ScheduleError(f"split: factor {k} must be positive")
+            return const(dtype, k)
+        return f if f.dtype == dtype else f.astype(dtype)
+    raise ScheduleError(f"split: factor {f!r} is not an integer, an integer PrimExpr or None")
+
+
+def split(index: TreeIndex, sref: SRef, factors: Sequence[Any]) -> tuple[PrimFunc, list[Var]]:
+    """Split a loop into ``len(factors)`` nested loops, outermost first."""
+    if not isinstance(factors, (list, tuple)) or len(factors) < 2:
+        raise ScheduleError(
+            f"split: factors must be a list of at least two entries, got {factors!r}"
+        )
+    loop = sref.loop
+    dtype = loop.loop_var.dtype
+    exprs = [_factor_expr(f, dtype) for f in factors]
+    if sum(e is None for e in exprs) > 1:
+        raise ScheduleError("split: at most one factor may be None (inferred)")
+    ana = analyzer_at(index, sref, include_self=False)
+    known = const(dtype, 1)
+    for e in exprs:
+        if e is not None:
+            known = known * e
+    known = ana.simplify(known)
+    if any(e is None for e in exprs):
+        # ceil(extent / known) * known >= extent by construction
+        inferred = ana.simplify((loop.extent + known - 1) // known)
+        exprs = [inferred if e is None else e for e in exprs]
+        product = ana.simplify(known * inferred)
+        covered = True
+    else:
+        product = known
+        covered = ana.can_prove(product >= loop.extent)
+    if not covered:
+        raise ScheduleError(
+            f"split: the factors {list(factors)} of loop {_loop_name(sref)!r} multiply to "
+            f"{product}, which is not provably >= its extent {loop.extent}"
+        )
+    name = loop.loop_var.name
+    new_vars = [Var(f"{name}_{k}", dtype) for k in range(len(exprs))]
+    fused: PrimExpr = new_vars[0]
+    for v, e in zip(new_vars[1:], exprs[1:]):
+        fused = fused * e + v
+    body = substitute(loop.body, {loop.loop_var: fused + loop.min})
+    if not ana.can_prove(product.equal(loop.extent)):
+        body = _add_predicate(body, fused < loop.extent)
+    stmt: Stmt = body
+    for v, e in reversed(list(zip(new_vars, exprs))):
+        stmt = For(v, const(dtype, 0), e, ForKind.SERIAL, stmt)
+    stmt = simplify_stmt(stmt, ana)
+    return rewrite_func(index.func, {id(loop): stmt}), new_vars
+
+
+def fuse(index: TreeIndex, srefs: Sequence[SRef]) -> tuple[PrimFunc, Var]:
+    """Fuse perfectly nested, adjacent loops (outermost first) into one."""
+    if len(srefs) < 2:
+        raise ScheduleError("fuse: needs at least two loops")
+    names = [_loop_name(s) for s in srefs]
+    if len({id(s) for s in srefs}) != len(srefs):
+        raise ScheduleError(f"fuse: a loop is listed twice in {names}")
+    for outer, inner in zip(srefs, srefs[1:]):
+        if outer.loop.body is not inner.node:
+            where = (
+                "is nested deeper under"
+                if outer.is_ancestor_of(inner)
+                else "is not nested under"
+            )
+            raise ScheduleError(
+                f"fuse: loop {_loop_name(inner)!r} {where} {_loop_name(outer)!r}; only "
+                "adjacent loops, each the whole body of the previous one, can be fused "
+                "(list them outermost first)"
+            )
+    loops = [s.loop for s in srefs]
+    fused_vars = {lp.loop_var for lp in loops}
+    for lp in loops[1:]:
+        if uses_any((lp.min, lp.extent), fused_vars):
+            raise ScheduleError(
+                f"fuse: the bounds of loop {lp.loop_var.name!r} depend on another fused loop"
+            )
+    dtype = max((lp.loop_var.dtype for lp in loops), key=lambda d: d.bits)
+    ana = analyzer_at(index, srefs[0], include_self=False)
+    extents = [lp.extent if lp.extent.dtype == dtype else lp.extent.astype(dtype) for lp in loops]
+    fused = Var("_".join(names) + "_fused", dtype)
+    vmap: dict[Var, PrimExpr] = {}
+    inner_prod: PrimExpr = const(dtype, 1)
+    for k in range(len(loops) - 1, -1, -1):
+        lp = loops[k]
+        e: PrimExpr = fused
+        if k < len(loops) - 1:
+            e = e // inner_prod
+        if k > 0:
+            e = e % extents[k]
+        if lp.loop_var.dtype != dtype:
+            e = e.astype(lp.loop_var.dtype)
+        vmap[lp.loop_var] = e + lp.min
+        inner_prod = ana.simplify(inner_prod * extents[k])
+    body = substitute(loops[-1].body, vmap)
+    stmt = simplify_stmt(For(fused, const(dtype, 0), inner_prod, ForKind.SERIAL, body), ana)
+    return rewrite_func(index.func, {id(loops[0]): stmt}), fused
+
+
+def reorder(index: TreeIndex, srefs: Sequence[SRef]) -> PrimFunc:
+    """Permute loops of one chain into the given order (outermost first)."""
+    if len(srefs) < 2:
+        raise ScheduleError("reorder: needs at least two loops")
+    names = [_loop_name(s) for s in srefs]
+    if len({id(s) for s in srefs}) != len(srefs):
+        raise ScheduleError(f"reorder: a loop is listed twice in {names}")
+    by_order = sorted(srefs, key=lambda s: s.order)
+    for a, b in zip(by_order, by_order[1:]):
+        if not a.is_ancestor_of(b):
+            raise ScheduleError(
+                f"reorder: loops {_loop_name(a)!r} and {_loop_name(b)!r} are not in one chain "
+                "of nested loops"
+            )
+    outer, inner = by_order[0], by_order[-1]
+    chain: list[For] = [outer.loop]
+    while chain[-1] is not inner.node:
+        body = chain[-1].body
+        if not isinstance(body, For):
+            raise ScheduleError(
+                f"reorder: loop {chain[-1].loop_var.name!r} between {_loop_name(outer)!r} and "
+                f"{_loop_name(inner)!r} has a body other than a single loop; only a perfectly "
+                "nested chain can be reordered"
+            )
+        chain.append(body)
+    positions = [i for i, lp in enumerate(chain) if any(lp is s.node for s in srefs)]
+    new_chain = list(chain)
+    for pos, s in zip(positions, srefs):
+        new_chain[pos] = s.loop
+    for p, lp in enumerate(new_chain):
+        inner_vars = {x.loop_var for x in new_chain[p:]}
+        if uses_any((lp.min, lp.extent), inner_vars):
+            dep = [v.name for v in collect_vars((lp.min, lp.extent)) if v in inner_vars]
+            raise ScheduleError(
+                f"reorder: the bounds of loop {lp.loop_var.name!r} use {dep}, which would be "
+                "defined inside it"
+            )
+    stmt: Stmt = inner.loop.body
+    for lp in reversed(new_chain):
+        stmt = lp.replace(body=stmt)
+    return rewrite_func(index.func, {id(outer.node): stmt})
+
+
+_KIND_NAMES = {
+    ForKind.PARALLEL: "parallel",
+    ForKind.VECTORIZED: "vectorize",
+    ForKind.UNROLLED: "unroll",
+    ForKind.SERIAL: "serial",
+}
+
+
+def set_kind(index: TreeIndex, sref: SRef, kind: ForKind) -> PrimFunc:
+    """Mark a loop parallel / vectorized / unrolled, after checking it may be."""
+    loop = sref.loop
+    what = _KIND_NAMES[kind]
+    if kind in (ForKind.PARALLEL, ForKind.VECTORIZED):
+        for block, iter_type in bound_iter_types(loop, index.blocks_under(sref)):
+            if iter_type != IterType.DATA_PAR:
+                kind_name = (
+                    "a reduction" if iter_type == IterType.COMM_REDUCE else iter_type.name
+                )
+                raise ScheduleError(
+                    f"{what}: loop {loop.loop_var.name!r} is bound to {kind_name} iteration "
+                    f"variable of block {block!r}; its iterations are not independent"
+                )
+    if kind == ForKind.VECTORIZED and as_int(loop.extent) is None:
+        raise ScheduleError(
+            f"vectorize: loop {loop.loop_var.name!r} has extent {loop.extent}, not a constant; "
+            "split it by a constant factor first"
+        )
+    if kind == ForKind.VECTORIZED and as_int(loop.extent) <= 0:  # type: ignore[operator]
+        raise ScheduleError(f"vectorize: loop {loop.loop_var.name!r} has an empty extent")
+    if loop.kind == kind:
+        return index.func
+    return rewrite_func(index.func, {id(loop): loop.replace(kind=kind)})
+
+
+def annotate(index: TreeIndex, sref: SRef, key: str, value: Any) -> PrimFunc:
+    """Attach ``key: value`` to a block's or a loop's annotations."""
+    if not isinstance(key, str) or not key:
+        raise ScheduleError(f"annotate: key must be a non-empty string, got {key!r}")
+    if isinstance(value, (list, tuple)):
+        value = tuple(value)
+    elif not isinstance(value, (str, int, float, bool, PrimExpr)) and value is not None:
+        raise ScheduleError(
+            f"annotate: value {value!r} must be a str, int, float, bool, PrimExpr or a tuple"
+        )
+    if sref.is_block:
+        realize = sref.node
+        assert isinstance(realize, BlockRealize)
+        ann = dict(realize.block.annotations)
+        ann[key] = value
+        new: Stmt = realize.replace(block=realize.block.replace(annotations=ann))
+    else:
+        ann = dict(sref.loop.annotations)
+        ann[key] = value
+        new = sref.loop.replace(annotations=ann)
+    return rewrite_func(index.func, {id(sref.node): new})
