@@ -1,0 +1,1 @@
+"""Code generators: TIR PrimFuncs -> source -> loaded native module (``c/`` for CPUs)."""

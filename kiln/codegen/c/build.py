@@ -1,0 +1,139 @@
+"""``build``: PrimFuncs -> one C file -> compiled, cached, loaded :class:`~kiln.runtime.Module`.
+
+The file starts with ``kiln.ir.abi.c_header()`` (the DLTensor structs, never restated here),
+then the C library includes, libmvec vector-variant declarations for the libm functions the
+code uses, the error-reporting support, the vector typedefs and helpers the functions need, and
+per function its unchecked entry followed by its checked entry.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ...ir.abi import c_header
+from ...ir.errors import CodegenError, KilnError
+from ...runtime.module import FunctionInfo, Module, ParamInfo
+from ...target.target import Target
+from ...tir.expr import IntImm
+from ...tir.function import PrimFunc
+from ...tir.transform.lower import is_lowered, lower
+from .compiler import compile_source, libmvec_functions
+from .entry import dim_text, emit_checked_entry
+from .func import FunctionEmitter
+from .helpers import ENTRY_SUPPORT, Helpers
+from .names import NameTable
+
+INCLUDES = "#include <math.h>\n#include <stdarg.h>\n#include <stdio.h>\n#include <stdlib.h>\n"
+
+
+def _make_analyzer() -> Any:
+    try:
+        from ...arith import Analyzer
+    except ImportError:  # pragma: no cover - kiln.arith is part of kiln
+        return None
+    return Analyzer()
+
+
+def _mvec_declarations(code: str) -> str:
+    decls = []
+    for fn in sorted(libmvec_functions()):
+        for name, ct in ((fn + "f", "float"), (fn, "double")):
+            if re.search(rf"\b{name}\(", code):
+                params = f"{ct}, {ct}" if fn == "pow" else ct
+                decls.append(f"{ct} {name}({params}) __attribute__((__simd__(\"notinbranch\")));")
+    if not decls:
+        return ""
+    return ("/* libm functions with vector variants in libmvec (glibc only declares them so "
+            "under -ffast-math) */\n" + "\n".join(decls) + "\n")
+
+
+def _function_info(name: str, symbol: str, func: PrimFunc, emitter: FunctionEmitter
+                   ) -> FunctionInfo:
+    params = []
+    for p, buf in emitter.signature.params:
+        if buf is None:
+            params.append(ParamInfo(p.name, (), p.dtype, True))
+        else:
+            shape = tuple(d.value if isinstance(d, IntImm) else dim_text(d) for d in buf.shape)
+            params.append(ParamInfo(buf.name, shape, buf.dtype))
+    num_outputs = func.attrs.get("num_outputs")
+    return FunctionInfo(
+        name=name,
+        symbol=symbol,
+        unchecked_symbol=symbol + "_unchecked",
+        params=tuple(params),
+        sym_vars=tuple(v.name for v in emitter.signature.sym_vars),
+        num_outputs=int(num_outputs) if num_outputs is not None else None,
+    )
+
+
+def generate_source(funcs: Mapping[str, PrimFunc], target: Any = None, extra_source: str = ""
+                    ) -> tuple[str, dict[str, FunctionInfo]]:
+    """The C source for ``funcs`` (lowered first when needed) and each function's metadata.
+
+    ``extra_source`` is appended after all functions (e.g. a whole-model entry that calls the
+    ``*_unchecked`` entries; it may use the static helpers such as ``kiln_fail``).
+    """
+    tgt = Target.create(target)
+    helpers = Helpers()
+    symbols = NameTable()
+    bodies: list[str] = []
+    infos: dict[str, FunctionInfo] = {}
+    for name, func in funcs.items():
+        if not isinstance(func, PrimFunc):
+            raise CodegenError(f"{name}: expected a tir.PrimFunc, got {type(func).__name__}")
+        if not is_lowered(func):
+            func = lower(func, tgt)
+        symbol = symbols.get(name)
+        while symbol + "_unchecked" in symbols.used:
+            symbol = symbols.get(name)
+        symbols.reserve(symbol + "_unchecked")
+        emitter = FunctionEmitter(func, name, symbol, helpers, tgt.num_threads, _make_analyzer())
+        try:
+            unchecked = emitter.emit()
+        except KilnError:
+            raise
+        except Exception as err:
+            raise CodegenError(f"{name}: C code generation failed: {err}") from err
+        checked = emit_checked_entry(name, symbol, emitter.signature, helpers)
+        bodies.append(unchecked + "\n" + checked)
+        infos[name] = _function_info(name, symbol, func, emitter)
+    support = helpers.render()
+    code = support + "\n".join(bodies)
+    source = "\n".join([
+        c_header(),
+        INCLUDES,
+        _mvec_declarations(code),
+        ENTRY_SUPPORT.strip("\n") + "\n",
+        code,
+    ]) + (("\n" + extra_source) if extra_source else "")
+    return source, infos
+
+
+def build(funcs: Mapping[str, PrimFunc] | PrimFunc, target: Any = None,
+          extra_source: str = "") -> Module:
+    """Generate, compile (cached) and load the C code of ``funcs`` (see the module docstring).
+
+    ``funcs`` maps names to PrimFuncs (an IRModule's PrimFuncs also work); a single PrimFunc is
+    named after its ``global_symbol`` attribute. Functions not lowered yet are lowered here.
+    ``extra_source`` is C code appended to the file (see :func:`generate_source`).
+    """
+    if isinstance(funcs, PrimFunc):
+        funcs = {str(funcs.attrs.get("global_symbol", "main")): funcs}
+    elif not isinstance(funcs, Mapping):
+        items = getattr(funcs, "items", None)
+        if items is None:
+            raise CodegenError(f"build expects a dict of PrimFuncs, got {type(funcs).__name__}")
+        funcs = {k: v for k, v in items() if isinstance(v, PrimFunc)}
+    source, infos = generate_source(funcs, target, extra_source)
+    result = compile_source(source)
+    try:
+        return Module(result.lib_path, source, infos, result.source_path, result.from_cache)
+    except KilnError:
+        if not result.from_cache:
+            raise
+        # A damaged cache entry: rebuild it once.
+        result = compile_source(source, force=True)
+        return Module(result.lib_path, source, infos, result.source_path, False)

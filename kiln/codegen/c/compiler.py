@@ -1,0 +1,222 @@
+"""Compiling generated C into a shared library, with an on-disk cache.
+
+The compiler is ``$CC`` (may include arguments, e.g. ``"ccache gcc"``) or else ``gcc`` / ``cc``
+from ``PATH``. Flags: ``-O3 -march=native -fopenmp -shared -fPIC -std=gnu11
+-ffp-contract=fast -fno-math-errno -fwrapv``. Deliberately *not* ``-ffast-math``: NaN and
+infinity must behave as IEEE says. ``-fno-math-errno`` only stops libm calls from setting
+``errno`` (which lets GCC vectorize ``sqrtf`` and call libmvec), ``-fwrapv`` gives signed
+integer overflow the wrap-around numpy has.
+
+Libraries are cached under ``$KILN_CACHE_DIR``, else ``$XDG_CACHE_HOME/kiln``, else
+``~/.cache/kiln``, in ``c/<key>.so`` with the source next to it as ``c/<key>.c``; ``key`` is the
+sha256 of the source, the flags, the compiler's version text and the host CPU's features (the
+code is built with ``-march=native``). Files are written to a temporary name and renamed, so
+concurrent builds (parallel test workers) never see a half-written library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import hashlib
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...ir.errors import CompileError, CompilerNotFoundError
+
+FLAGS: tuple[str, ...] = (
+    "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11",
+    "-ffp-contract=fast", "-fno-math-errno", "-fwrapv",
+)
+
+
+@dataclass(frozen=True)
+class Compiler:
+    """A usable C compiler: the command (argv prefix) and its version text."""
+
+    command: tuple[str, ...]
+    version: str
+
+
+def find_compiler() -> Compiler:
+    """The C compiler to use (``$CC`` or gcc/cc); raises CompilerNotFoundError."""
+    env = os.environ.get("CC", "").strip()
+    if env:
+        argv = shlex.split(env)
+        exe = shutil.which(argv[0])
+        if exe is None:
+            raise CompilerNotFoundError(
+                f"the C compiler CC={env!r} was not found; set CC to an installed C compiler "
+                f"(e.g. gcc) or unset it"
+            )
+        return Compiler((exe, *argv[1:]), _version((exe, *argv[1:])))
+    for candidate in ("gcc", "cc"):
+        exe = shutil.which(candidate)
+        if exe is not None:
+            return Compiler((exe,), _version((exe,)))
+    raise CompilerNotFoundError(
+        "no C compiler found: install gcc (e.g. `apt install gcc`) or set CC to a C compiler"
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _version(command: tuple[str, ...]) -> str:
+    try:
+        out = subprocess.run([*command, "--version"], capture_output=True, text=True,
+                             timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError) as err:
+        raise CompilerNotFoundError(f"cannot run the C compiler {command[0]}: {err}") from err
+    text = (out.stdout or out.stderr).strip()
+    if out.returncode != 0 or not text:
+        raise CompilerNotFoundError(
+            f"the C compiler {command[0]} does not work (`--version` exited with "
+            f"{out.returncode}): {out.stderr.strip()[:500]}"
+        )
+    return text.splitlines()[0]
+
+
+def cache_dir() -> Path:
+    """Where compiled libraries are cached (see the module docstring)."""
+    if os.environ.get("KILN_CACHE_DIR"):
+        return Path(os.environ["KILN_CACHE_DIR"])
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "kiln"
+    return Path.home() / ".cache" / "kiln"
+
+
+@functools.lru_cache(maxsize=1)
+def _host_fingerprint() -> str:
+    from ...target.target import detect_cpu_features
+
+    return platform.machine() + ":" + ",".join(sorted(detect_cpu_features()))
+
+
+@functools.lru_cache(maxsize=1)
+def libmvec_functions() -> frozenset[str]:
+    """libm functions (float32 spelling, e.g. ``expf``) with vector variants in libmvec.
+
+    GCC only calls libmvec for functions declared ``__attribute__((simd))``; glibc declares
+    them so only under ``-ffast-math``, so the generated code declares the ones this glibc's
+    libmvec provides (probed by symbol name: ``_ZGVbN4v_expf``...).
+    """
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return frozenset()
+    name = ctypes.util.find_library("mvec")
+    if name is None:
+        return frozenset()
+    try:
+        lib = ctypes.CDLL(name)
+    except OSError:
+        return frozenset()
+    from .helpers import MVEC_CANDIDATES
+
+    found = set()
+    for fn in MVEC_CANDIDATES:
+        arity = "vv" if fn == "pow" else "v"
+        if hasattr(lib, f"_ZGVbN4{arity}_{fn}f") and hasattr(lib, f"_ZGVbN2{arity}_{fn}"):
+            found.add(fn)
+    return frozenset(found)
+
+
+@functools.lru_cache(maxsize=8)
+def _supports(command: tuple[str, ...], snippet: str) -> bool:
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "probe.c"
+        src.write_text(snippet)
+        try:
+            out = subprocess.run([*command, "-fsyntax-only", "-std=gnu11", str(src)],
+                                 capture_output=True, timeout=60, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return out.returncode == 0
+
+
+def supports_float16() -> bool:
+    """Whether the C compiler accepts ``_Float16`` (GCC 12+ on x86-64)."""
+    try:
+        cc = find_compiler()
+    except CompileError:
+        return False
+    return _supports(cc.command, "_Float16 f(_Float16 x) { return x * (_Float16)2; }\n")
+
+
+def _link_flags() -> list[str]:
+    flags = ["-lm"]
+    if libmvec_functions():
+        flags.append("-lmvec")
+    return flags
+
+
+def cache_key(source: str, compiler: Compiler) -> str:
+    h = hashlib.sha256()
+    for part in (source, " ".join(FLAGS + tuple(_link_flags())), " ".join(compiler.command),
+                 compiler.version, _host_fingerprint()):
+        h.update(part.encode("utf-8"))
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _atomic_write(path: Path, data: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    lib_path: str
+    source_path: str
+    from_cache: bool
+
+
+def compile_source(source: str, force: bool = False) -> CompileResult:
+    """Compile ``source`` into a shared library (or reuse the cached one)."""
+    compiler = find_compiler()
+    key = cache_key(source, compiler)
+    directory = cache_dir() / "c"
+    src_path = directory / f"{key}.c"
+    lib_path = directory / f"{key}.so"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if lib_path.exists() and not force:
+            if not src_path.exists():
+                _atomic_write(src_path, source)
+            return CompileResult(str(lib_path), str(src_path), True)
+        _atomic_write(src_path, source)
+        fd, tmp_lib = tempfile.mkstemp(dir=directory, prefix=f"{key}.", suffix=".so.tmp")
+        os.close(fd)
+    except OSError as err:
+        raise CompileError(
+            f"cannot write the kiln build cache in {directory} ({err}); set KILN_CACHE_DIR to a "
+            f"writable directory"
+        ) from err
+    cmd = [*compiler.command, *FLAGS, "-o", tmp_lib, str(src_path), *_link_flags()]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    except (OSError, subprocess.SubprocessError) as err:
+        os.unlink(tmp_lib)
+        raise CompileError(f"running the C compiler failed: {err}", str(src_path)) from err
+    if out.returncode != 0:
+        os.unlink(tmp_lib)
+        diagnostics = (out.stderr or "") + (out.stdout or "")
+        raise CompileError(
+            f"C compilation failed (exit {out.returncode}) for {src_path}\n"
+            f"command: {' '.join(shlex.quote(c) for c in cmd)}\n{diagnostics.strip()}",
+            str(src_path),
+            diagnostics,
+        )
+    os.replace(tmp_lib, lib_path)
+    return CompileResult(str(lib_path), str(src_path), False)

@@ -1,0 +1,423 @@
+"""C expressions for TIR PrimExprs (scalars and GCC vectors).
+
+Every expression is printed fully parenthesised, so the C precedence rules never matter.
+Semantics kept from TIR, not inherited from C:
+
+- narrow integers (8/16 bit) wrap after each operation, like numpy (C would promote to int);
+- ``FloorDiv``/``FloorMod`` round toward minus infinity: plain ``/`` and ``%`` only when the
+  operands are provably non-negative (``analyzer``), a helper otherwise;
+- ``Min``/``Max`` on floats propagate NaN like numpy;
+- float16 values are ``_Float16``; bfloat16 values are floats rounded to bfloat16 after every
+  operation;
+- bool vectors are lane masks (see :mod:`.types`); :meth:`ExprEmitter.mask_bits` tracks the
+  lane width of the mask an expression produces and conversions are inserted where widths meet.
+"""
+
+from __future__ import annotations
+
+from ...ir.dtype import DataType
+from ...ir.errors import CodegenError
+from ...tir import expr as E
+from .helpers import LIBM, Helpers
+from .types import float_literal, int_literal, storage_ctype, value_ctype, vector_elem_dtype
+
+_BIN_OPS = {
+    E.Add: "+", E.Sub: "-", E.Mul: "*", E.Div: "/", E.Mod: "%",
+    E.EQ: "==", E.NE: "!=", E.LT: "<", E.LE: "<=", E.GT: ">", E.GE: ">=",
+}
+_WRAPPING = (E.Add, E.Sub, E.Mul, E.Div, E.Mod)
+
+
+def _is_narrow_int(dt: DataType) -> bool:
+    return dt.is_integer and dt.bits < 32
+
+
+class ExprEmitter:
+    """Prints PrimExprs as C; subclasses provide statement emission and variable names."""
+
+    def __init__(self, helpers: Helpers, analyzer=None):
+        self.helpers = helpers
+        self.analyzer = analyzer
+        self.var_names: dict[E.Var, str] = {}
+        self.var_mask_bits: dict[E.Var, int] = {}
+        self._tmp = 0
+
+    # ---- names ----------------------------------------------------------------------------
+    def var_name(self, v: E.Var) -> str:
+        try:
+            return self.var_names[v]
+        except KeyError:
+            raise CodegenError(
+                f"variable {v.name!r} is used but not defined (free variable in the function)"
+            ) from None
+
+    def buffer_ptr(self, buffer) -> str:
+        return self.var_name(buffer.data)
+
+    def fresh(self, hint: str) -> str:
+        self._tmp += 1
+        return f"kiln_{hint}{self._tmp}"
+
+    # ---- types ----------------------------------------------------------------------------
+    def vec_type(self, dt: DataType) -> str:
+        """C type of a vector expression of ``dt`` (bool vectors: use mask_type)."""
+        return self.helpers.vec(vector_elem_dtype(dt), dt.lanes)
+
+    def mask_type(self, bits: int, lanes: int) -> str:
+        return self.helpers.vec(DataType(f"int{bits}"), lanes)
+
+    def ctype_of(self, e: E.PrimExpr) -> str:
+        dt = e.dtype
+        if dt.lanes == 1:
+            return value_ctype(dt)
+        if dt.is_bool:
+            return self.mask_type(self.mask_bits(e), dt.lanes)
+        return self.vec_type(dt)
+
+    def mask_bits(self, e: E.PrimExpr) -> int:
+        """Lane width of the mask a bool vector expression evaluates to."""
+        if isinstance(e, E.CmpOp):
+            a = e.a
+            return self.mask_bits(a) if a.dtype.is_bool else a.dtype.bits
+        if isinstance(e, (E.And, E.Or, E.Not)):
+            return self.mask_bits(e.a)
+        if isinstance(e, E.BufferLoad):
+            return 8
+        if isinstance(e, E.Select):
+            return self.mask_bits(e.true_value)
+        if isinstance(e, E.Cast):
+            v = e.value
+            return self.mask_bits(v) if v.dtype.is_bool else v.dtype.bits
+        if isinstance(e, E.Let):
+            return self.mask_bits(e.body)
+        if isinstance(e, E.Var):
+            return self.var_mask_bits.get(e, 32)
+        if isinstance(e, E.Call) and e.args:
+            return e.args[0].dtype.bits
+        return 32
+
+    def to_mask(self, e: E.PrimExpr, bits: int) -> str:
+        """``e`` (a bool vector) as a mask with ``bits``-wide lanes."""
+        code = self.expr(e)
+        have = self.mask_bits(e)
+        if have == bits:
+            return code
+        return f"__builtin_convertvector({code}, {self.mask_type(bits, e.dtype.lanes)})"
+
+    # ---- dispatch -------------------------------------------------------------------------
+    def expr(self, e: E.PrimExpr) -> str:
+        method = getattr(self, "expr_" + type(e).__name__, None)
+        if method is None:
+            if isinstance(e, E.CmpOp):
+                return self.expr_compare(e)
+            raise CodegenError(f"cannot generate C for {type(e).__name__} expressions")
+        return method(e)
+
+    # ---- leaves ---------------------------------------------------------------------------
+    def expr_Var(self, v: E.Var) -> str:
+        return self.var_name(v)
+
+    expr_SizeVar = expr_Var
+
+    def expr_IntImm(self, e: E.IntImm) -> str:
+        return int_literal(e.value, e.dtype)
+
+    def expr_FloatImm(self, e: E.FloatImm) -> str:
+        return float_literal(e.value, e.dtype)
+
+    def expr_StringImm(self, e: E.StringImm) -> str:
+        raise CodegenError(f"string constant {e.value!r} cannot appear in generated code")
+
+    # ---- arithmetic -----------------------------------------------------------------------
+    def _operand(self, e: E.PrimExpr, other: E.PrimExpr) -> str:
+        # Two int64 literals would multiply as C ints: force the 64-bit suffix.
+        if isinstance(e, E.IntImm) and isinstance(other, E.IntImm) and e.dtype.bits == 64:
+            return int_literal(e.value, e.dtype, force_wide=True)
+        return self.expr(e)
+
+    def _binary(self, e: E.BinaryOp, op: str) -> str:
+        a, b = self._operand(e.a, e.b), self._operand(e.b, e.a)
+        text = f"({a} {op} {b})"
+        dt = e.dtype
+        if dt.lanes == 1 and isinstance(e, _WRAPPING):
+            if _is_narrow_int(dt):
+                text = f"(({value_ctype(dt)}){text})"
+            elif dt.is_bfloat:
+                self.helpers.use("bf16")
+                text = f"kiln_bf16_round{text}"
+        return text
+
+    def expr_Add(self, e: E.Add) -> str:
+        return self._binary(e, "+")
+
+    def expr_Sub(self, e: E.Sub) -> str:
+        return self._binary(e, "-")
+
+    def expr_Mul(self, e: E.Mul) -> str:
+        return self._binary(e, "*")
+
+    def expr_Div(self, e: E.Div) -> str:
+        return self._binary(e, "/")
+
+    def expr_Mod(self, e: E.Mod) -> str:
+        if e.dtype.is_float:
+            return self.expr(E.Call(e.dtype, "fmod", (e.a, e.b)))
+        return self._binary(e, "%")
+
+    def _non_negative(self, e: E.PrimExpr, strictly: bool = False) -> bool:
+        if isinstance(e, E.IntImm):
+            return e.value > 0 if strictly else e.value >= 0
+        if self.analyzer is None or e.dtype.lanes != 1:
+            return False
+        try:
+            lo = self.analyzer.const_int_bound(e).min_value
+        except Exception:  # noqa: BLE001 - no proof means the safe helper is used
+            return False
+        return lo > 0 if strictly else lo >= 0
+
+    def _floor_op(self, e: E.BinaryOp, name: str, c_op: str) -> str:
+        dt = e.dtype
+        if dt.is_float:
+            raise CodegenError(f"{type(e).__name__} on {dt} must be lowered to floor()")
+        if dt.is_uint or dt.is_bool or (
+            self._non_negative(e.a) and self._non_negative(e.b, strictly=True)
+        ):
+            return self._binary(E.Div(e.a, e.b) if c_op == "/" else E.Mod(e.a, e.b), c_op)
+        fn = self.helpers.floordivmod(name, dt)
+        return f"{fn}({self.expr(e.a)}, {self.expr(e.b)})"
+
+    def expr_FloorDiv(self, e: E.FloorDiv) -> str:
+        return self._floor_op(e, "floordiv", "/")
+
+    def expr_FloorMod(self, e: E.FloorMod) -> str:
+        return self._floor_op(e, "floormod", "%")
+
+    def _minmax(self, e: E.BinaryOp, op: str) -> str:
+        dt = e.dtype
+        if dt.is_bool:
+            if dt.lanes == 1:
+                c = "&&" if op == "min" else "||"
+                return f"({self.expr(e.a)} {c} {self.expr(e.b)})"
+            bits = self.mask_bits(e.a)
+            c = "&" if op == "min" else "|"
+            return f"({self.to_mask(e.a, bits)} {c} {self.to_mask(e.b, bits)})"
+        fn = self.helpers.minmax(op, dt if not dt.is_bfloat else DataType("float32"))
+        return f"{fn}({self.expr(e.a)}, {self.expr(e.b)})"
+
+    def expr_Min(self, e: E.Min) -> str:
+        return self._minmax(e, "min")
+
+    def expr_Max(self, e: E.Max) -> str:
+        return self._minmax(e, "max")
+
+    # ---- comparisons and logic ------------------------------------------------------------
+    def expr_compare(self, e: E.CmpOp) -> str:
+        op = _BIN_OPS[type(e)]
+        if e.dtype.lanes > 1 and e.a.dtype.is_bool:
+            bits = self.mask_bits(e.a)
+            return f"({self.to_mask(e.a, bits)} {op} {self.to_mask(e.b, bits)})"
+        return f"({self._operand(e.a, e.b)} {op} {self._operand(e.b, e.a)})"
+
+    def _logic(self, e: E.BinaryOp, scalar_op: str, vec_op: str) -> str:
+        if e.dtype.lanes == 1:
+            return f"({self.expr(e.a)} {scalar_op} {self.expr(e.b)})"
+        bits = self.mask_bits(e.a)
+        return f"({self.to_mask(e.a, bits)} {vec_op} {self.to_mask(e.b, bits)})"
+
+    def expr_And(self, e: E.And) -> str:
+        return self._logic(e, "&&", "&")
+
+    def expr_Or(self, e: E.Or) -> str:
+        return self._logic(e, "||", "|")
+
+    def expr_Not(self, e: E.Not) -> str:
+        if e.dtype.lanes == 1:
+            return f"(!{self.expr(e.a)})"
+        return f"(~{self.expr(e.a)})"
+
+    def expr_Select(self, e: E.Select) -> str:
+        cond = e.condition
+        if e.dtype.lanes == 1 or cond.dtype.lanes == 1 or isinstance(cond, E.Broadcast):
+            c = self.expr(cond.value if isinstance(cond, E.Broadcast) and e.dtype.lanes > 1
+                          else cond)
+            return f"({c} ? {self.expr(e.true_value)} : {self.expr(e.false_value)})"
+        dt = e.dtype
+        if dt.is_bool:
+            bits = self.mask_bits(e.true_value)
+            m = self.to_mask(cond, bits)
+            t, f = self.to_mask(e.true_value, bits), self.to_mask(e.false_value, bits)
+            return f"(({m} & {t}) | (~{m} & {f}))"
+        el = vector_elem_dtype(dt)
+        fn = self.helpers.select(el, dt.lanes)
+        m = self.to_mask(cond, el.bits)
+        return f"{fn}({m}, {self.expr(e.true_value)}, {self.expr(e.false_value)})"
+
+    # ---- casts ----------------------------------------------------------------------------
+    def expr_Cast(self, e: E.Cast) -> str:
+        src, dst = e.value.dtype, e.dtype
+        if dst.lanes != src.lanes:
+            raise CodegenError(f"cast from {src} to {dst} changes the number of lanes")
+        if dst.lanes > 1:
+            return self._vector_cast(e)
+        v = self.expr(e.value)
+        if dst.is_bool:
+            return f"({v} != 0)"
+        if dst.is_bfloat:
+            self.helpers.use("bf16")
+            return f"kiln_bf16_round((float)({v}))"
+        return f"(({value_ctype(dst)})({v}))"
+
+    def _vector_cast(self, e: E.Cast) -> str:
+        src, dst = e.value.dtype, e.dtype
+        if dst.is_bool:
+            if src.is_bool:
+                return self.expr(e.value)
+            zero = f"({self.vec_type(src)}){{0}}"
+            return f"({self.expr(e.value)} != {zero})"
+        target = self.vec_type(dst)
+        if src.is_bool:
+            # masks are -1/0; negate to 1/0 before converting.
+            m = self.expr(e.value)
+            return f"__builtin_convertvector(-{m}, {target})"
+        vector_elem_dtype(src)  # raises for float16/bfloat16 vectors
+        return f"__builtin_convertvector({self.expr(e.value)}, {target})"
+
+    # ---- vectors --------------------------------------------------------------------------
+    def expr_Broadcast(self, e: E.Broadcast) -> str:
+        v = e.value
+        if v.dtype.is_bool:
+            fn = self.helpers.broadcast(DataType("int32"), e.lanes)
+            return f"{fn}(-(int32_t)({self.expr(v)}))"
+        fn = self.helpers.broadcast(vector_elem_dtype(v.dtype), e.lanes)
+        return f"{fn}({self.expr(v)})"
+
+    def expr_Ramp(self, e: E.Ramp) -> str:
+        el = vector_elem_dtype(e.base.dtype)
+        vt = self.helpers.vec(el, e.lanes)
+        base = self.expr_Broadcast(E.Broadcast(e.base, e.lanes))
+        if isinstance(e.stride, E.IntImm):
+            offs = ", ".join(int_literal(k * e.stride.value, el) for k in range(e.lanes))
+            return f"({base} + ({vt}){{{offs}}})"
+        iota = ", ".join(str(k) for k in range(e.lanes))
+        stride = self.expr_Broadcast(E.Broadcast(e.stride, e.lanes))
+        return f"({base} + ({vt}){{{iota}}} * {stride})"
+
+    # ---- memory ---------------------------------------------------------------------------
+    def contiguous_base(self, index: E.PrimExpr) -> E.PrimExpr | None:
+        if (isinstance(index, E.Ramp) and isinstance(index.stride, E.IntImm)
+                and index.stride.value == 1):
+            return index.base
+        return None
+
+    def expr_BufferLoad(self, e: E.BufferLoad) -> str:
+        if len(e.indices) != 1:
+            raise CodegenError(
+                f"load from {e.buffer.name} has {len(e.indices)} indices: lower (flatten) the "
+                f"function before code generation"
+            )
+        ptr = self.buffer_ptr(e.buffer)
+        idx = e.indices[0]
+        el = e.buffer.dtype.element
+        if e.dtype.lanes == 1:
+            raw = f"{ptr}[{self.expr(idx)}]"
+            if el.is_bool:
+                return f"({raw} != 0)"
+            if el.is_bfloat:
+                self.helpers.use("bf16")
+                return f"kiln_bf16_to_f32({raw})"
+            return raw
+        lanes = e.dtype.lanes
+        storage_el = DataType("uint8") if el.is_bool else vector_elem_dtype(el)
+        vt = self.helpers.vec(storage_el, lanes)
+        base = self.contiguous_base(idx)
+        if base is not None:
+            raw = f"(*({vt}_u*)({ptr} + {self.expr(base)}))"
+        elif isinstance(idx, E.Broadcast):
+            fn = self.helpers.broadcast(storage_el, lanes)
+            raw = f"{fn}({ptr}[{self.expr(idx.value)}])"
+        else:
+            it = self.ctype_of(idx)
+            fn = self.helpers.lanewise(
+                f"gather_{vt}_{it}", vt, [f"const {storage_ctype(el)}*", it], lanes,
+                "a0[a1[l]]",
+            )
+            raw = f"{fn}({ptr}, {self.expr(idx)})"
+        if el.is_bool:
+            return f"({raw} != ({vt}){{0}})"
+        return raw
+
+    # ---- calls ----------------------------------------------------------------------------
+    def expr_Call(self, e: E.Call) -> str:
+        if e.op not in E.INTRINSICS:
+            raise CodegenError(f"unknown intrinsic {e.op!r}")
+        if e.dtype.lanes > 1:
+            return self._vector_call(e)
+        return self.scalar_call(e.op, e.dtype, [self.expr(a) for a in e.args],
+                                [a.dtype for a in e.args])
+
+    def scalar_call(self, op: str, dt: DataType, args: list[str],
+                    arg_types: list[DataType]) -> str:
+        """C for a scalar intrinsic call on already printed arguments."""
+        at = arg_types[0]
+        if op in ("isnan", "isinf"):
+            a = args[0] if at.is_float and at.bits != 16 else f"(float)({args[0]})"
+            if not at.is_float:
+                return "0"
+            return f"({op}({a}) != 0)"
+        if dt.is_integer:
+            # integer math through double (pow on ints, floor of an int...)
+            conv = ", ".join(f"(double)({a})" for a in args)
+            if op in ("rsqrt", "sigmoid"):
+                inner = self.scalar_call(op, DataType("float64"), [conv], [DataType("float64")])
+            else:
+                inner = f"{LIBM[op]}({conv})"
+            return f"(({value_ctype(dt)}){inner})"
+        wide = dt.bits == 64
+        suffix = "" if wide else "f"
+        if dt.is_float and dt.bits == 16 and not dt.is_bfloat:
+            args = [f"(float)({a})" for a in args]
+        if op in ("rsqrt", "sigmoid"):
+            fn = self.helpers.scalar_intrinsic(op, DataType("float64" if wide else "float32"))
+            text = f"{fn}({args[0]})"
+        else:
+            text = f"{LIBM[op]}{suffix}({', '.join(args)})"
+        if dt.is_bfloat:
+            self.helpers.use("bf16")
+            return f"kiln_bf16_round({text})"
+        if dt.bits == 16:
+            return f"((_Float16){text})"
+        return text
+
+    def _vector_call(self, e: E.Call) -> str:
+        dt = e.dtype
+        lanes = dt.lanes
+        if e.op == "fabs" and dt.is_float:
+            vt = self.vec_type(dt)
+            mt = self.mask_type(dt.bits, lanes)
+            sign = "0x7fffffff" if dt.bits == 32 else "0x7fffffffffffffffLL"
+            return f"(({vt})(({mt}){self.expr(e.args[0])} & {sign}))"
+        elem_types = [a.dtype.element for a in e.args]
+        arg_ctypes = [self.ctype_of(a) for a in e.args]
+        lane_args = [f"a{i}[l]" for i in range(len(e.args))]
+        if dt.is_bool:
+            ret = self.mask_type(self.mask_bits(e), lanes)
+            lane = f"-({self.scalar_call(e.op, dt.element, lane_args, elem_types)})"
+        else:
+            ret = self.vec_type(dt)
+            lane = self.scalar_call(e.op, dt.element, lane_args, elem_types)
+        fn = self.helpers.lanewise(f"{e.op}_{ret}", ret, arg_ctypes, lanes, lane)
+        return f"{fn}({', '.join(self.expr(a) for a in e.args)})"
+
+    # ---- let --------------------------------------------------------------------------------
+    def expr_Let(self, e: E.Let) -> str:
+        name = self.define_var(e.var)
+        if e.var.dtype.lanes > 1 and e.var.dtype.is_bool:
+            self.var_mask_bits[e.var] = self.mask_bits(e.value)
+        ct = self.ctype_of(e.value)
+        return f"({{ {ct} {name} = {self.expr(e.value)}; {self.expr(e.body)}; }})"
+
+    def define_var(self, v: E.Var) -> str:  # pragma: no cover - provided by the subclass
+        raise NotImplementedError
+
+    def expr_Reduce(self, e: E.Reduce) -> str:
+        raise CodegenError("Reduce expressions must be lowered to blocks before codegen")

@@ -1,0 +1,305 @@
+"""C for one lowered PrimFunc: the unchecked entry ``void NAME_unchecked(void**, const int64_t*)``.
+
+The body is the function's statements printed as C: ``For`` loops with OpenMP pragmas
+(``parallel for`` on the outermost parallel loop only -- a parallel loop nested in another runs
+serially in each thread; ``simd`` on scalar loops the vectorizer marked safe; ``GCC unroll``),
+``Allocate`` as a stack array (scope "local", constant size up to :data:`STACK_LIMIT` bytes) or
+64-byte aligned heap memory freed after its body, and stores/loads on the flattened buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...ir.dtype import DataType
+from ...ir.errors import CodegenError
+from ...tir import expr as E
+from ...tir import stmt as S
+from ...tir.buffer import Buffer
+from ...tir.function import PrimFunc
+from ...tir.transform.flatten_buffers import flat_size
+from .expr import ExprEmitter
+from .helpers import Helpers
+from .names import NameTable
+from .types import c_string, storage_ctype, value_ctype
+
+#: Largest "local" allocation (bytes) placed on the stack; larger ones go to the heap.
+STACK_LIMIT = 64 * 1024
+
+INDENT = "  "
+
+
+@dataclass
+class FunctionSignature:
+    """How a PrimFunc's parameters and symbolic dimensions map to the C entries."""
+
+    params: list[tuple[E.Var, Buffer | None]]
+    sym_vars: list[E.Var] = field(default_factory=list)
+
+
+def analyze_signature(func: PrimFunc, name: str) -> FunctionSignature:
+    """Parameters in order and the symbolic dims, ordered by first plain occurrence.
+
+    A symbolic variable is bound from the first buffer dimension (or stride) that is exactly
+    that variable, scanning parameters in order and dimensions left to right (shapes before
+    strides of each buffer). That order is the order of the ``sym`` array.
+    """
+    params: list[tuple[E.Var, Buffer | None]] = []
+    sym: list[E.Var] = []
+    scalars = {p for p in func.params if p not in func.buffer_map}
+    for p in func.params:
+        buf = func.buffer_map.get(p)
+        params.append((p, buf))
+        if buf is None:
+            continue
+        for dim in tuple(buf.shape) + tuple(buf.strides):
+            if isinstance(dim, E.Var) and dim not in sym:
+                if dim in scalars:
+                    raise CodegenError(
+                        f"{name}: scalar parameter {dim.name!r} is also a buffer dimension; "
+                        f"pass it only through the buffer's shape"
+                    )
+                sym.append(dim)
+        if buf.elem_offset is not None and not isinstance(buf.elem_offset, E.IntImm):
+            raise CodegenError(
+                f"{name}: parameter buffer {buf.name!r} has a symbolic elem_offset, which the C "
+                f"backend does not support"
+            )
+    from ...tir.functor import collect_vars
+
+    for _p, buf in params:
+        if buf is None:
+            continue
+        for dim in tuple(buf.shape) + tuple(buf.strides):
+            for v in collect_vars(dim):
+                if v not in sym:
+                    raise CodegenError(
+                        f"{name}: symbolic variable {v.name!r} appears in the shape of "
+                        f"{buf.name!r} only inside an expression; some parameter must have it "
+                        f"as a plain dimension so that it can be bound"
+                    )
+    return FunctionSignature(params, sym)
+
+
+class FunctionEmitter(ExprEmitter):
+    """Generates the unchecked entry of one lowered PrimFunc."""
+
+    def __init__(self, func: PrimFunc, name: str, symbol: str, helpers: Helpers,
+                 num_threads: int = 0, analyzer: Any = None):
+        super().__init__(helpers, analyzer)
+        self.func = func
+        self.name = name
+        self.symbol = symbol
+        self.num_threads = num_threads
+        self.names = NameTable()
+        self.lines: list[str] = []
+        self.depth = 1
+        self.parallel_depth = 0
+        self.signature = analyze_signature(func, name)
+
+    # ---- helpers --------------------------------------------------------------------------
+    def line(self, text: str) -> None:
+        self.lines.append(INDENT * self.depth + text)
+
+    def define_var(self, v: E.Var) -> str:
+        name = self.names.get(v.name)
+        self.var_names[v] = name
+        return name
+
+    def bind_range(self, v: E.Var, lo: E.PrimExpr, extent: E.PrimExpr) -> None:
+        if self.analyzer is None:
+            return
+        try:
+            self.analyzer.bind(v, E.Range(lo, extent))
+        except Exception:  # noqa: BLE001 - bounds are only an optimisation here
+            pass
+
+    # ---- the function -----------------------------------------------------------------------
+    def emit(self) -> str:
+        sig = self.signature
+        header = [f"/* {self.name}: unchecked entry (arguments already validated) */",
+                  f"void {self.symbol}_unchecked(void** data, const int64_t* sym) {{"]
+        for i, (p, buf) in enumerate(sig.params):
+            if buf is None:
+                ct = value_ctype(p.dtype)
+                name = self.define_var(p)
+                self.line(f"const {ct} {name} = *(const {ct}*)data[{i}];")
+                continue
+            name = self.define_var(buf.data)
+            self.var_names[p] = name
+            ct = storage_ctype(buf.dtype)
+            self.line(f"{ct}* {name} = ({ct}*)data[{i}];")
+        for k, v in enumerate(sig.sym_vars):
+            name = self.define_var(v)
+            ct = value_ctype(v.dtype)
+            cast = "" if ct == "int64_t" else f"({ct})"
+            self.line(f"const {ct} {name} = {cast}sym[{k}];")
+            big = E.IntImm(v.dtype, v.dtype.max_value())
+            self.bind_range(v, E.IntImm(v.dtype, 0), big)
+        if not sig.sym_vars:
+            self.line("(void)sym;")
+        self.stmt(self.func.body)
+        return "\n".join(header + self.lines + ["}"]) + "\n"
+
+    # ---- statements -------------------------------------------------------------------------
+    def stmt(self, s: S.Stmt) -> None:
+        method = getattr(self, "stmt_" + type(s).__name__, None)
+        if method is None:
+            raise CodegenError(
+                f"{self.name}: cannot generate C for {type(s).__name__} statements"
+                + (" (lower the function first)" if isinstance(s, (S.Block, S.BlockRealize))
+                   else "")
+            )
+        method(s)
+
+    def stmt_SeqStmt(self, s: S.SeqStmt) -> None:
+        for x in s.seq:
+            self.stmt(x)
+
+    def stmt_Evaluate(self, s: S.Evaluate) -> None:
+        if isinstance(s.value, E.IntImm):
+            return  # no-op
+        self.line(f"(void){self.expr(s.value)};")
+
+    def stmt_For(self, s: S.For) -> None:
+        ann = s.annotations
+        reason = ann.get("kiln.not_vectorized")
+        if reason:
+            self.line(f"/* not vectorized: {str(reason).replace('*/', '* /')} */")
+        parallel = s.kind == S.ForKind.PARALLEL and self.parallel_depth == 0
+        if parallel:
+            threads = f" num_threads({self.num_threads})" if self.num_threads > 0 else ""
+            self.line(f"#pragma omp parallel for{threads}")
+        elif ann.get("kiln.simd"):
+            self.line("#pragma omp simd")
+        elif s.kind == S.ForKind.UNROLLED and isinstance(s.extent, E.IntImm):
+            if 1 < s.extent.value <= 65534:
+                self.line(f"#pragma GCC unroll {s.extent.value}")
+        lo = self.expr(s.min)
+        end_expr = s.extent if _is_zero(s.min) else E.add(s.min, s.extent)
+        end = self.expr(end_expr)
+        var = self.define_var(s.loop_var)
+        self.bind_range(s.loop_var, s.min, s.extent)
+        ct = value_ctype(s.loop_var.dtype)
+        self.line(f"for ({ct} {var} = {lo}; {var} < {end}; ++{var}) {{")
+        self.depth += 1
+        if parallel:
+            self.parallel_depth += 1
+        self.stmt(s.body)
+        if parallel:
+            self.parallel_depth -= 1
+        self.depth -= 1
+        self.line("}")
+
+    def stmt_IfThenElse(self, s: S.IfThenElse) -> None:
+        cond = s.condition
+        if cond.dtype.lanes != 1:
+            raise CodegenError(f"{self.name}: if condition must be a scalar, got {cond.dtype}")
+        self.line(f"if ({_strip_parens(self.expr(cond))}) {{")
+        self.depth += 1
+        self.stmt(s.then_case)
+        self.depth -= 1
+        if s.else_case is not None:
+            self.line("} else {")
+            self.depth += 1
+            self.stmt(s.else_case)
+            self.depth -= 1
+        self.line("}")
+
+    def stmt_LetStmt(self, s: S.LetStmt) -> None:
+        value = self.expr(s.value)
+        ct = self.ctype_of(s.value)
+        if s.var.dtype.lanes > 1 and s.var.dtype.is_bool:
+            self.var_mask_bits[s.var] = self.mask_bits(s.value)
+        name = self.define_var(s.var)
+        const = "const " if s.var.dtype.lanes == 1 else ""
+        self.line(f"{const}{ct} {name} = {_strip_parens(value)};")
+        self.stmt(s.body)
+
+    def stmt_AssertStmt(self, s: S.AssertStmt) -> None:
+        self.helpers.use("fatal")
+        msg = c_string(s.message)
+        self.line(f"if (!{self.expr(s.condition)}) kiln_fatal({msg});")
+        self.stmt(s.body)
+
+    def stmt_Allocate(self, s: S.Allocate) -> None:
+        buf = s.buffer
+        size = flat_size(buf) if len(buf.shape) != 1 else buf.shape[0]
+        ct = storage_ctype(buf.dtype)
+        name = self.define_var(buf.data)
+        itemsize = max(1, buf.dtype.element.itemsize)
+        on_stack = (buf.scope == "local" and isinstance(size, E.IntImm)
+                    and 0 < size.value * itemsize <= STACK_LIMIT)
+        if on_stack:
+            self.line(f"{ct} {name}[{size.value}] __attribute__((aligned(64)));")
+            self.stmt(s.body)
+            return
+        self.helpers.use("alloc")
+        self.line(f"{ct}* {name} = ({ct}*)kiln_alloc((size_t)({_strip_parens(self.expr(size))})"
+                  f" * sizeof({ct}));")
+        self.stmt(s.body)
+        self.line(f"free({name});")
+
+    def stmt_BufferStore(self, s: S.BufferStore) -> None:
+        buf = s.buffer
+        if len(s.indices) != 1:
+            raise CodegenError(
+                f"{self.name}: store to {buf.name} has {len(s.indices)} indices: lower (flatten) "
+                f"the function before code generation"
+            )
+        ptr = self.buffer_ptr(buf)
+        idx = s.indices[0]
+        el = buf.dtype.element
+        value = s.value
+        lanes = value.dtype.lanes
+        if lanes == 1:
+            if idx.dtype.lanes != 1:
+                raise CodegenError(f"{self.name}: scalar value stored at a vector index")
+            v = _strip_parens(self.expr(value))
+            if el.is_bool:
+                v = f"(uint8_t)({v})"
+            elif el.is_bfloat:
+                self.helpers.use("bf16")
+                v = f"kiln_f32_to_bf16({v})"
+            self.line(f"{ptr}[{_strip_parens(self.expr(idx))}] = {v};")
+            return
+        storage_el = DataType("uint8") if el.is_bool else el
+        vt = self.helpers.vec(storage_el, lanes)
+        v = self.expr(value)
+        if el.is_bool:
+            v = f"__builtin_convertvector(-{v}, {vt})"
+        base = self.contiguous_base(idx)
+        if base is not None:
+            self.line(f"*({vt}_u*)({ptr} + {self.expr(base)}) = {_strip_parens(v)};")
+            return
+        # scatter: one lane at a time
+        it = self.ctype_of(idx)
+        ti, tv = self.fresh("idx"), self.fresh("val")
+        self.line("{")
+        self.depth += 1
+        self.line(f"{it} {ti} = {self.expr(idx)};")
+        self.line(f"{vt} {tv} = {v};")
+        self.line(f"for (int kiln_l = 0; kiln_l < {lanes}; ++kiln_l) "
+                  f"{ptr}[{ti}[kiln_l]] = {tv}[kiln_l];")
+        self.depth -= 1
+        self.line("}")
+
+
+def _is_zero(e: E.PrimExpr) -> bool:
+    return isinstance(e, E.IntImm) and e.value == 0
+
+
+def _strip_parens(text: str) -> str:
+    """Drop one pair of enclosing parentheses when they wrap the whole text."""
+    if not (text.startswith("(") and text.endswith(")")):
+        return text
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0 and i != len(text) - 1:
+                return text
+    return text[1:-1]

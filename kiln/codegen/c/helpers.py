@@ -1,0 +1,311 @@
+"""Support code emitted at the top of a generated C file, only what the functions use.
+
+``Helpers`` collects vector typedefs and static helper functions by name; requesting a helper
+also requests the helpers and typedefs it depends on, and :meth:`Helpers.render` prints them in
+dependency order. Fixed snippets live in ``_FIXED``; per-type helpers (vector broadcast, select,
+NaN-propagating min/max, floor division) are generated from the type.
+"""
+
+from __future__ import annotations
+
+from ...ir.dtype import DataType
+from .types import value_ctype, vector_name
+
+ENTRY_SUPPORT = r"""
+/* ---- argument checking; failures leave a message for kiln_last_error() ---- */
+static __thread char kiln_error_buf[1024];
+
+const char* kiln_last_error(void) { return kiln_error_buf; }
+
+static int32_t kiln_fail(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(kiln_error_buf, sizeof(kiln_error_buf), fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+static void kiln_dtype_str(char* out, size_t n, DLDataType t) {
+  const char* base;
+  switch (t.code) {
+    case 0: base = "int"; break;
+    case 1: base = "uint"; break;
+    case 2: base = "float"; break;
+    case 3: base = "handle"; break;
+    case 4: base = "bfloat"; break;
+    case 6: base = "bool"; break;
+    default: base = "unknown"; break;
+  }
+  int k = (t.code == 6) ? snprintf(out, n, "bool") : snprintf(out, n, "%s%d", base, (int)t.bits);
+  if (t.lanes != 1 && k > 0 && (size_t)k < n) snprintf(out + k, n - (size_t)k, "x%d", (int)t.lanes);
+}
+
+/* Device, rank and dtype of one argument (the first checks of the checked entry). */
+static int32_t kiln_check_arg(const DLTensor* t, const char* where, int32_t ndim, int code,
+                              int bits, int lanes, const char* dtype) {
+  if (t == NULL) return kiln_fail("%s: is NULL", where);
+  if (t->device.device_type != KILN_DEVICE_CPU) {
+    return kiln_fail("%s: expected a CPU array but got device type %d", where,
+                     (int)t->device.device_type);
+  }
+  if (t->ndim != ndim) {
+    return kiln_fail("%s: expected ndim %d but got %d", where, (int)ndim, (int)t->ndim);
+  }
+  if (t->dtype.code != code || t->dtype.bits != bits || t->dtype.lanes != lanes) {
+    char buf[64];
+    kiln_dtype_str(buf, sizeof(buf), t->dtype);
+    return kiln_fail("%s: expected dtype %s but got %s", where, dtype, buf);
+  }
+  return 0;
+}
+
+/* "expected shape (n=4, 8) but got (5, 8)"; names[d] is NULL for constant dimensions. */
+static int32_t kiln_fail_dims(const char* where, const char* what, int ndim,
+                              const int64_t* expected, const char* const* names,
+                              const int64_t* got) {
+  char exp_s[512], got_s[512];
+  size_t a = 0, b = 0;
+  exp_s[0] = got_s[0] = 0;
+  for (int d = 0; d < ndim; ++d) {
+    const char* sep = d ? ", " : "";
+    if (a < sizeof(exp_s)) {
+      if (names != NULL && names[d] != NULL) {
+        a += (size_t)snprintf(exp_s + a, sizeof(exp_s) - a, "%s%s=%lld", sep, names[d],
+                              (long long)expected[d]);
+      } else {
+        a += (size_t)snprintf(exp_s + a, sizeof(exp_s) - a, "%s%lld", sep,
+                              (long long)expected[d]);
+      }
+    }
+    if (b < sizeof(got_s)) {
+      b += (size_t)snprintf(got_s + b, sizeof(got_s) - b, "%s%lld", sep, (long long)got[d]);
+    }
+  }
+  const char* comma = ndim == 1 ? "," : "";
+  return kiln_fail("%s: expected %s (%s%s) but got (%s%s)", where, what, exp_s, comma, got_s,
+                   comma);
+}
+
+/* Shape, strides (NULL or compact row-major, or `strides` when given) and data pointer. */
+static int32_t kiln_check_shape(const DLTensor* t, const char* where, int ndim,
+                                const int64_t* expected, const char* const* names,
+                                const int64_t* strides) {
+  int64_t numel = 1;
+  for (int d = 0; d < ndim; ++d) {
+    if (t->shape[d] != expected[d]) {
+      return kiln_fail_dims(where, "shape", ndim, expected, names, t->shape);
+    }
+    numel *= t->shape[d];
+  }
+  if (ndim > 0 && (t->strides != NULL || strides != NULL)) {
+    int64_t want[ndim > 0 ? ndim : 1], have[ndim > 0 ? ndim : 1], compact = 1;
+    int bad = 0;
+    for (int d = ndim - 1; d >= 0; --d) {
+      want[d] = strides != NULL ? strides[d] : compact;
+      have[d] = t->strides != NULL ? t->strides[d] : compact;
+      if (have[d] != want[d] && (strides != NULL || t->shape[d] != 1)) bad = 1;
+      compact *= t->shape[d];
+    }
+    if (bad) {
+      return kiln_fail_dims(where, strides != NULL ? "strides" : "compact row-major strides",
+                            ndim, want, NULL, have);
+    }
+  }
+  if (t->data == NULL && numel != 0) return kiln_fail("%s: data pointer is NULL", where);
+  return 0;
+}
+
+static inline void* kiln_data(const DLTensor* t) {
+  return (void*)((char*)t->data + t->byte_offset);
+}
+"""
+
+_FIXED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "alloc": (r"""
+/* 64-byte aligned heap storage for intermediate buffers. */
+static void* kiln_alloc(size_t nbytes) {
+  size_t n = (nbytes + 63) & ~(size_t)63;
+  void* p = aligned_alloc(64, n ? n : 64);
+  if (p == NULL) {
+    fprintf(stderr, "kiln: out of memory allocating %zu bytes\n", nbytes);
+    abort();
+  }
+  return p;
+}
+""", ()),
+    "fatal": (r"""
+static void kiln_fatal(const char* msg) {
+  fprintf(stderr, "kiln: assertion failed in generated code: %s\n", msg);
+  abort();
+}
+""", ()),
+    "bf16": (r"""
+/* bfloat16 is stored as the upper 16 bits of a float32; math runs in float32. */
+static inline float kiln_bf16_to_f32(uint16_t h) {
+  union { uint32_t u; float f; } v;
+  v.u = (uint32_t)h << 16;
+  return v.f;
+}
+
+static inline uint16_t kiln_f32_to_bf16(float f) {
+  union { uint32_t u; float f; } v;
+  v.f = f;
+  if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* quiet NaN */
+  uint32_t rounding = 0x7fffu + ((v.u >> 16) & 1u); /* round to nearest even */
+  return (uint16_t)((v.u + rounding) >> 16);
+}
+
+static inline float kiln_bf16_round(float f) { return kiln_bf16_to_f32(kiln_f32_to_bf16(f)); }
+""", ()),
+}
+
+#: libm function of each intrinsic (float64 spelling; float32 appends ``f``).
+LIBM = {
+    "exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "fabs": "fabs",
+    "floor": "floor", "ceil": "ceil", "round": "nearbyint", "trunc": "trunc", "pow": "pow",
+    "sin": "sin", "cos": "cos", "log2": "log2", "log1p": "log1p", "exp2": "exp2",
+    "fmod": "fmod",
+}
+
+#: libm functions that libmvec may provide vector variants of (see compiler.libmvec_functions).
+MVEC_CANDIDATES = ("exp", "log", "pow", "sin", "cos", "tanh", "erf", "exp2", "log2", "log1p")
+
+
+class Helpers:
+    """The typedefs and helper functions one generated file needs."""
+
+    def __init__(self) -> None:
+        self._vec_types: dict[str, str] = {}
+        self._funcs: dict[str, str] = {}
+
+    # ---- vector typedefs ---------------------------------------------------------------
+    def vec(self, elem: DataType, lanes: int) -> str:
+        """Typedef name of a vector type (registered on first use, with its ``_u`` twin)."""
+        name = vector_name(elem, lanes)
+        if name not in self._vec_types:
+            el = elem.element
+            ctype = value_ctype(el)
+            size = el.itemsize * lanes
+            self._vec_types[name] = (
+                f"typedef {ctype} {name} __attribute__((vector_size({size})));\n"
+                f"typedef {ctype} {name}_u __attribute__((vector_size({size}), "
+                f"aligned({el.itemsize}), __may_alias__));"
+            )
+        return name
+
+    # ---- functions ---------------------------------------------------------------------
+    def use(self, key: str) -> None:
+        """Request one of the fixed helpers (``alloc``, ``fatal``, ``bf16``)."""
+        if key not in self._funcs:
+            code, deps = _FIXED[key]
+            for d in deps:
+                self.use(d)
+            self._funcs[key] = code
+
+    def _add(self, name: str, code: str) -> str:
+        if name not in self._funcs:
+            self._funcs[name] = code
+        return name
+
+    def broadcast(self, elem: DataType, lanes: int) -> str:
+        vt = self.vec(elem, lanes)
+        name = f"kiln_broadcast_{vt}"
+        items = ", ".join(["x"] * lanes)
+        return self._add(name, f"static inline {vt} {name}({value_ctype(elem)} x) "
+                               f"{{ return ({vt}){{{items}}}; }}\n")
+
+    def select(self, elem: DataType, lanes: int) -> str:
+        """``select(mask, t, f)`` on vectors; the mask has the lane width of ``elem``."""
+        vt = self.vec(elem, lanes)
+        mt = self.vec(DataType(f"int{elem.bits}"), lanes)
+        name = f"kiln_select_{vt}"
+        if elem.is_float:
+            body = f"return ({vt})((({mt})t & m) | (({mt})f & ~m));"
+        else:
+            body = f"return (t & ({vt})m) | (f & ~({vt})m);"
+        return self._add(name, f"static inline {vt} {name}({mt} m, {vt} t, {vt} f) "
+                               f"{{ {body} }}\n")
+
+    def minmax(self, op: str, dt: DataType) -> str:
+        """NaN-propagating (like numpy) min/max for floats; plain min/max for integers."""
+        cmp = ">" if op == "max" else "<"
+        if dt.lanes == 1:
+            ct = value_ctype(dt)
+            tname = "bfloat16" if dt.is_bfloat else str(dt)
+            name = f"kiln_{op}_{tname}"
+            if dt.is_float:
+                # Written so that GCC if-converts it (and vectorizes loops calling it).
+                body = f"{ct} m = a {cmp} b ? a : b; return a != a ? a : m;"
+            else:
+                body = f"return a {cmp} b ? a : b;"
+            return self._add(name, f"static inline {ct} {name}({ct} a, {ct} b) {{ {body} }}\n")
+        el = dt.element
+        vt = self.vec(el, dt.lanes)
+        sel = self.select(el, dt.lanes)
+        name = f"kiln_{op}_{vt}"
+        mask = f"(a {cmp} b) | (a != a)" if el.is_float else f"(a {cmp} b)"
+        return self._add(name, f"static inline {vt} {name}({vt} a, {vt} b) "
+                               f"{{ return {sel}({mask}, a, b); }}\n")
+
+    def floordivmod(self, op: str, dt: DataType) -> str:
+        """Floor division / modulo for signed integers (C's ``/`` and ``%`` truncate)."""
+        if dt.lanes == 1:
+            ct = value_ctype(dt)
+            name = f"kiln_{op}_{dt}"
+            # Branch-free so that loops calling it still vectorize.
+            if op == "floordiv":
+                body = (f"{ct} q = ({ct})(a / b); "
+                        f"return ({ct})(q - (({ct})(q * b != a) & ({ct})((a ^ b) < 0)));")
+            else:
+                body = (f"{ct} r = ({ct})(a % b); "
+                        f"return ({ct})(r + b * (({ct})(r != 0) & ({ct})((r ^ b) < 0)));")
+            return self._add(name, f"static inline {ct} {name}({ct} a, {ct} b) {{ {body} }}\n")
+        vt = self.vec(dt.element, dt.lanes)
+        name = f"kiln_{op}_{vt}"
+        # Comparisons give -1 in true lanes: adding the mask subtracts one where needed.
+        if op == "floordiv":
+            body = "{vt} q = a / b; return q + ({vt})((q * b != a) & ((a ^ b) < 0));"
+        else:
+            body = "{vt} r = a % b; return r + (b & ({vt})((r != 0) & ((r ^ b) < 0)));"
+        return self._add(name, f"static inline {vt} {name}({vt} a, {vt} b) "
+                               f"{{ {body.format(vt=vt)} }}\n")
+
+    def scalar_intrinsic(self, op: str, dt: DataType) -> str:
+        """Helpers for intrinsics libm lacks: ``rsqrt`` and ``sigmoid`` (float or double)."""
+        ct = "double" if dt.bits == 64 else "float"
+        f = "" if dt.bits == 64 else "f"
+        one = "1.0" + f
+        name = f"kiln_{op}_{'float64' if dt.bits == 64 else 'float32'}"
+        if op == "rsqrt":
+            body = f"return {one} / sqrt{f}(x);"
+        elif op == "sigmoid":
+            body = f"return {one} / ({one} + exp{f}(-x));"
+        else:  # pragma: no cover - guarded by the caller
+            raise KeyError(op)
+        return self._add(name, f"static inline {ct} {name}({ct} x) {{ {body} }}\n")
+
+    def lanewise(self, name_hint: str, ret: str, args: list[str], lanes: int,
+                 lane_expr: str) -> str:
+        """A helper applying ``lane_expr`` (on ``a0[l], a1[l]...``) to every lane."""
+        name = f"kiln_{name_hint}"
+        params = ", ".join(f"{t} a{i}" for i, t in enumerate(args))
+        code = (
+            f"static inline {ret} {name}({params}) {{\n"
+            f"  {ret} r;\n"
+            f"  for (int l = 0; l < {lanes}; ++l) r[l] = {lane_expr};\n"
+            f"  return r;\n"
+            f"}}\n"
+        )
+        return self._add(name, code)
+
+    # ---- output ------------------------------------------------------------------------
+    def render(self) -> str:
+        parts: list[str] = []
+        if self._vec_types:
+            parts.append("/* ---- vector types (GCC vector extensions; _u: unaligned) ---- */")
+            parts.extend(self._vec_types.values())
+            parts.append("")
+        if self._funcs:
+            parts.append("/* ---- helpers ---- */")
+            parts.extend(code.strip("\n") + "\n" for code in self._funcs.values())
+        return "\n".join(parts) + ("\n" if parts else "")

@@ -1,0 +1,16 @@
+"""TIR lowering passes: scheduled block TIR -> loop TIR ready for code generation.
+
+Each pass is a function ``PrimFunc -> PrimFunc`` in its own module; :func:`lower` runs them in
+the order documented in docs/internals.md.
+"""
+
+from .convert_blocks_to_loops import convert_blocks_to_loops
+from .flatten_buffers import flat_index, flatten_buffers
+from .lower import LOWERED_ATTR, is_lowered, lower
+from .simplify import simplify, simplify_stmt
+from .vectorize_loops import simd_safe, vectorize_loops
+
+__all__ = [
+    "LOWERED_ATTR", "convert_blocks_to_loops", "flat_index", "flatten_buffers", "is_lowered",
+    "lower", "simd_safe", "simplify", "simplify_stmt", "vectorize_loops",
+]

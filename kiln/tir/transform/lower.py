@@ -1,0 +1,36 @@
+"""``lower``: the fixed sequence of passes from scheduled block TIR to codegen-ready TIR."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..function import PrimFunc
+from .convert_blocks_to_loops import convert_blocks_to_loops
+from .flatten_buffers import flatten_buffers
+from .simplify import simplify
+from .vectorize_loops import vectorize_loops
+
+#: Attribute set on a lowered function so that codegen does not lower it twice.
+LOWERED_ATTR = "kiln.lowered"
+
+
+def is_lowered(func: PrimFunc) -> bool:
+    return bool(func.attrs.get(LOWERED_ATTR, False))
+
+
+def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
+    """Lower ``func`` for ``target`` (a Target, a target string or None for the default CPU).
+
+    Runs, in order: convert blocks to loops, flatten buffers, simplify, vectorize loops, and
+    simplify again (vectorization leaves ``Ramp(i * 8 + 0, ...)``-style bases). The result
+    carries the ``"kiln.lowered"`` attribute; lowering a lowered function returns it unchanged.
+    """
+    if is_lowered(func):
+        return func
+    del target  # the passes are target independent today; kept for target-specific passes
+    func = convert_blocks_to_loops(func)
+    func = flatten_buffers(func)
+    func = simplify(func)
+    func = vectorize_loops(func)
+    func = simplify(func)
+    return func.with_attr(LOWERED_ATTR, True)
