@@ -1,1 +1,614 @@
-"""(being written)"""
+"""Element-wise operators: arithmetic, math, comparisons, logic, activations, cast, where.
+
+Every operator here is one :func:`~kiln.op.registry.register_op` declaration made through a small
+factory (:func:`_unary`, :func:`_binary`), so adding a unary math function is one line plus its
+scalar expression. Semantics follow numpy, with these deliberate choices:
+
+- Binary operators broadcast like numpy (dimensions are right-aligned; a dimension of 1
+  stretches). Both operands must have the same dtype: kiln never promotes implicitly, frontends
+  insert ``cast`` where the source framework would promote.
+- ``divide`` is true division for floats. For integers it is *floor* division (numpy ``//``),
+  the same as ``floor_divide``; ``mod`` is the floor modulo (sign of the divisor, numpy
+  ``np.mod``). Integer division or modulo by zero gives 0 instead of trapping, and
+  ``INT_MIN // -1`` wraps like numpy.
+- ``round`` rounds half to even (numpy, ONNX). Math functions on float16/bfloat16 are evaluated
+  in float32 and rounded back once.
+- Comparisons and logical operators return ``bool``; logical operators take ``bool`` inputs.
+
+Shared inference helpers (``tensor_arg``, ``broadcast_shape``, ``tensor_sinfo``...) live here and
+are used by the reduction and shape families too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import te
+from ..ir.dtype import DataType, as_dtype
+from ..ir.errors import DTypeError, KilnError, StructInfoError
+from ..tir import expr as tx
+from ..tir.expr import IntImm, PrimExpr
+from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpDef, OpPattern, register_op
+from .schedule_helpers import schedule_injective
+
+__all__ = [
+    # binary arithmetic
+    "add", "subtract", "multiply", "divide", "floor_divide", "mod", "maximum", "minimum", "power",
+    # comparisons and logic
+    "equal", "not_equal", "less", "less_equal", "greater", "greater_equal",
+    "logical_and", "logical_or", "logical_not",
+    # unary math
+    "negative", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "floor", "ceil",
+    "round", "sin", "cos",
+    # activations and others
+    "relu", "gelu", "silu", "clip", "cast", "where",
+]
+
+INDEX_DTYPE = DataType("int64")
+
+
+# =============================================================================================
+# shared inference helpers (also used by reduce.py and shape.py)
+# =============================================================================================
+def _graph_sinfo():
+    from ..graph import struct_info
+
+    return struct_info
+
+
+def as_dim(value: Any) -> PrimExpr:
+    """A shape entry as an int64 PrimExpr (python ints and int32 immediates are widened)."""
+    if isinstance(value, bool):
+        raise KilnError(f"shape entry {value!r} is not an integer")
+    if isinstance(value, int):
+        return tx.const(INDEX_DTYPE, value)
+    if isinstance(value, IntImm):
+        return value if value.dtype == INDEX_DTYPE else tx.const(INDEX_DTYPE, value.value)
+    if isinstance(value, PrimExpr):
+        return value if value.dtype == INDEX_DTYPE else tx.cast(INDEX_DTYPE, value)
+    if hasattr(value, "__index__"):
+        return tx.const(INDEX_DTYPE, int(value))
+    raise KilnError(f"shape entry {value!r} is not an integer or PrimExpr")
+
+
+def const_int(value: Any) -> int | None:
+    """The python int of a constant dimension, else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, IntImm):
+        return value.value
+    return None
+
+
+def simplify(expr: PrimExpr) -> PrimExpr:
+    """Simplify a shape or index expression with kiln.arith.
+
+    Every free variable of such an expression is a shape dimension or a loop index, so each is
+    assumed non-negative (this is what lets ``n - min(n, 0)`` become ``n``).
+    """
+    if isinstance(expr, IntImm):
+        return expr
+    from ..arith import Analyzer
+    from ..tir.functor import collect_vars
+
+    analyzer = Analyzer()
+    for v in collect_vars(expr):
+        if v.dtype.is_int and v.dtype.lanes == 1:
+            extent = tx.const(v.dtype, 2 ** (v.dtype.bits - 2))
+            analyzer.bind(v, tx.Range(tx.const(v.dtype, 0), extent))
+    return analyzer.simplify(expr)
+
+
+def dims_equal(a: Any, b: Any) -> bool:
+    """True when two dimensions are provably equal (distinct symbols are not)."""
+    ca, cb = const_int(a), const_int(b)
+    if ca is not None and cb is not None:
+        return ca == cb
+    return bool(_graph_sinfo().dims_equal(as_dim(a), as_dim(b)))
+
+
+def fmt_shape(shape: Sequence[Any] | None) -> str:
+    if shape is None:
+        return "(unknown)"
+    parts = [str(const_int(d)) if const_int(d) is not None else str(d) for d in shape]
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def tensor_sinfo(shape: Sequence[Any] | None, dtype: Any, ndim: int = -1) -> Any:
+    """A TensorStructInfo with int64 PrimExpr dims (or unknown shape with a known rank)."""
+    si = _graph_sinfo()
+    if shape is None:
+        return si.TensorStructInfo(None, as_dtype(dtype), ndim=ndim)
+    return si.TensorStructInfo(tuple(as_dim(d) for d in shape), as_dtype(dtype))
+
+
+def tensor_arg(call: Any, index: int, op: str, arg: str) -> Any:
+    """The TensorStructInfo of argument ``index`` of ``call``, or a StructInfoError."""
+    si = _graph_sinfo()
+    sinfo = call.args[index].struct_info
+    if not isinstance(sinfo, si.TensorStructInfo):
+        raise StructInfoError(f"{op}: {arg} must be a tensor, got {sinfo}")
+    return sinfo
+
+
+def arg_shape(sinfo: Any) -> tuple[PrimExpr, ...] | None:
+    """The shape of a TensorStructInfo as int64 dims, or None when unknown."""
+    shape = getattr(sinfo, "shape", None)
+    if shape is None:
+        return None
+    values = getattr(shape, "values", shape)  # a ShapeExpr-like holder or a plain tuple
+    if values is None:
+        return None
+    return tuple(as_dim(d) for d in values)
+
+
+def arg_ndim(sinfo: Any) -> int:
+    shape = arg_shape(sinfo)
+    if shape is not None:
+        return len(shape)
+    ndim = getattr(sinfo, "ndim", -1)
+    return -1 if ndim is None else ndim
+
+
+def normalize_axis(axis: int, ndim: int, op: str, what: str = "axis") -> int:
+    """``axis`` in ``[-ndim, ndim)`` mapped to ``[0, ndim)``; StructInfoError otherwise."""
+    from ..graph import shape_utils
+
+    return shape_utils.normalize_axis(axis, ndim, op, what)
+
+
+def broadcast_shape(op: str, shapes: Sequence[Sequence[Any]]) -> tuple[PrimExpr, ...] | None:
+    """numpy broadcasting of several shapes; None when symbolic dims make it undecidable.
+
+    Raises StructInfoError naming ``op`` when two constant dimensions disagree.
+    """
+    from ..graph import shape_utils
+
+    result: tuple[PrimExpr, ...] | None = ()
+    for s in shapes:
+        result = shape_utils.broadcast_shapes(result, tuple(as_dim(d) for d in s), op)
+        if result is None:
+            return None
+    return result
+
+
+def broadcast_sinfo(call: Any, op: str, names: Sequence[str], dtype: Any) -> Any:
+    """Output TensorStructInfo of a broadcasting op over the arguments ``names``."""
+    infos = [tensor_arg(call, i, op, n) for i, n in enumerate(names)]
+    shapes = [arg_shape(s) for s in infos]
+    if any(s is None for s in shapes):
+        ndims = [arg_ndim(s) for s in infos]
+        return tensor_sinfo(None, dtype, ndim=-1 if -1 in ndims else max(ndims))
+    out = broadcast_shape(op, shapes)
+    if out is None:
+        return tensor_sinfo(None, dtype, ndim=max(len(s) for s in shapes))
+    return tensor_sinfo(out, dtype)
+
+
+def _same_dtype(op: str, infos: Sequence[Any], names: Sequence[str]) -> DataType:
+    first = as_dtype(infos[0].dtype)
+    for s, n in zip(infos[1:], names[1:]):
+        if as_dtype(s.dtype) != first:
+            raise StructInfoError(
+                f"{op}: {names[0]} has dtype {first} but {n} has dtype {s.dtype}; "
+                "insert a cast to make them agree"
+            )
+    return first
+
+
+# ---- te side ---------------------------------------------------------------------------------
+def broadcast_load(t: te.Tensor, out_index: Sequence[PrimExpr]) -> PrimExpr:
+    """``t`` read at the (right-aligned) broadcast position of an output index."""
+    off = len(out_index) - t.ndim
+    idx = [
+        tx.const(INDEX_DTYPE, 0) if const_int(d) == 1 else out_index[off + k]
+        for k, d in enumerate(t.shape)
+    ]
+    return t(*idx)
+
+
+def te_broadcast_shape(op: str, tensors: Sequence[te.Tensor]) -> tuple[PrimExpr, ...]:
+    shape = broadcast_shape(op, [t.shape for t in tensors])
+    if shape is None:
+        raise KilnError(
+            f"{op}: cannot decide the broadcast of shapes "
+            + " and ".join(fmt_shape(t.shape) for t in tensors)
+            + " (distinct symbolic dimensions)"
+        )
+    return shape
+
+
+def _with_float32(fn: Callable[[PrimExpr], PrimExpr]) -> Callable[[PrimExpr], PrimExpr]:
+    """Evaluate ``fn`` in float32 for float16/bfloat16 inputs (one rounding at the end)."""
+
+    def wrapped(x: PrimExpr) -> PrimExpr:
+        if x.dtype.is_float and x.dtype.bits < 32:
+            return tx.cast(x.dtype, fn(tx.cast("float32", x)))
+        return fn(x)
+
+    return wrapped
+
+
+# =============================================================================================
+# factories
+# =============================================================================================
+_KINDS = {
+    "any": (lambda d: not d.is_handle, "a tensor"),
+    "numeric": (lambda d: d.is_float or d.is_integer, "a numeric (float or integer) tensor"),
+    "float": (lambda d: d.is_float, "a float tensor"),
+    "bool": (lambda d: d.is_bool, "a bool tensor"),
+}
+
+
+def _check_kind(op: str, arg: str, sinfo: Any, kind: str) -> None:
+    ok, what = _KINDS[kind]
+    if not ok(as_dtype(sinfo.dtype)):
+        raise StructInfoError(f"{op}: {arg} must be {what}, got dtype {sinfo.dtype}")
+
+
+def _unary(
+    name: str,
+    scalar: Callable[..., PrimExpr],
+    *,
+    kind: str = "float",
+    out_dtype: str | Callable[[Any], str] | None = None,
+    attrs: type | None = None,
+    mixed_precision: MixedPrecision = MixedPrecision.FOLLOW,
+    gradient: Any = None,
+    doc: str,
+) -> OpDef:
+    """Declare a one-input element-wise op whose value is ``scalar(x_elem[, attrs])``."""
+
+    def infer(call: Any) -> Any:
+        x = tensor_arg(call, 0, name, "x")
+        _check_kind(name, "x", x, kind)
+        shape = arg_shape(x)
+        dtype = out_dtype(call.attrs) if callable(out_dtype) else out_dtype or x.dtype
+        return tensor_sinfo(shape, dtype, ndim=arg_ndim(x))
+
+    def compute(x: te.Tensor, attrs: Any = None) -> te.Tensor:
+        if attrs is None:
+            return te.compute(x.shape, lambda *i: scalar(x(*i)), name=name)
+        return te.compute(x.shape, lambda *i: scalar(x(*i), attrs), name=name)
+
+    return register_op(
+        name,
+        inputs=("x",),
+        infer=infer,
+        pattern=OpPattern.ELEMWISE,
+        attrs=attrs,
+        compute=compute,
+        schedules={"c": schedule_injective},
+        mixed_precision=mixed_precision,
+        gradient=gradient,
+        doc=doc,
+    )
+
+
+def _binary(
+    name: str,
+    scalar: Callable[[PrimExpr, PrimExpr], PrimExpr],
+    *,
+    kind: str = "numeric",
+    out_dtype: str | None = None,
+    mixed_precision: MixedPrecision = MixedPrecision.FOLLOW,
+    gradient: Any = None,
+    doc: str,
+) -> OpDef:
+    """Declare a two-input broadcasting op whose value is ``scalar(lhs_elem, rhs_elem)``."""
+    names = ("lhs", "rhs")
+
+    def infer(call: Any) -> Any:
+        infos = [tensor_arg(call, i, name, n) for i, n in enumerate(names)]
+        for s, n in zip(infos, names):
+            _check_kind(name, n, s, kind)
+        dtype = _same_dtype(name, infos, names)
+        return broadcast_sinfo(call, name, names, out_dtype or dtype)
+
+    def compute(lhs: te.Tensor, rhs: te.Tensor, attrs: Any = None) -> te.Tensor:
+        shape = te_broadcast_shape(name, (lhs, rhs))
+        return te.compute(
+            shape,
+            lambda *i: scalar(broadcast_load(lhs, i), broadcast_load(rhs, i)),
+            name=name,
+        )
+
+    return register_op(
+        name,
+        inputs=names,
+        infer=infer,
+        pattern=OpPattern.BROADCAST,
+        compute=compute,
+        schedules={"c": schedule_injective},
+        mixed_precision=mixed_precision,
+        gradient=gradient,
+        doc=doc,
+    )
+
+
+# =============================================================================================
+# scalar semantics
+# =============================================================================================
+def _safe_int_divisor(b: PrimExpr) -> tuple[PrimExpr, PrimExpr]:
+    """(divisor that never traps, the condition b == 0).
+
+    x86 traps on division by zero and on INT_MIN / -1; both are replaced by a divisor of 1 and
+    the caller patches the result (0 for b == 0, -a for b == -1).
+    """
+    is_zero = tx.eq(b, 0)
+    bad = tx.logical_or(is_zero, tx.eq(b, -1)) if b.dtype.is_int else is_zero
+    return tx.select(bad, tx.const(b.dtype, 1), b), is_zero
+
+
+def _floor_div_scalar(a: PrimExpr, b: PrimExpr) -> PrimExpr:
+    if a.dtype.is_float:
+        if a.dtype.bits < 32:
+            return tx.cast(a.dtype, tx.floor(a.astype("float32") / b.astype("float32")))
+        return tx.floor(a / b)
+    safe, is_zero = _safe_int_divisor(b)
+    q = tx.floordiv(a, safe)
+    if a.dtype.is_int:  # a // -1 == -a, wrapping at INT_MIN like numpy
+        q = tx.select(tx.eq(b, -1), tx.const(a.dtype, 0) - a, q)
+    return tx.select(is_zero, tx.const(a.dtype, 0), q)
+
+
+def _divide_scalar(a: PrimExpr, b: PrimExpr) -> PrimExpr:
+    if a.dtype.is_float:
+        return a / b
+    return _floor_div_scalar(a, b)
+
+
+def _mod_scalar(a: PrimExpr, b: PrimExpr) -> PrimExpr:
+    if a.dtype.is_float:
+        if a.dtype.bits < 32:
+            return tx.cast(a.dtype, tx.floormod(a.astype("float32"), b.astype("float32")))
+        return tx.floormod(a, b)
+    safe, _ = _safe_int_divisor(b)
+    return tx.floormod(a, safe)  # x % 1 == 0 also covers b == 0 and b == -1 (numpy gives 0)
+
+
+def _power_scalar(a: PrimExpr, b: PrimExpr) -> PrimExpr:
+    if a.dtype.is_float:
+        if a.dtype.bits < 32:
+            return tx.cast(a.dtype, tx.pow(a.astype("float32"), b.astype("float32")))
+        return tx.pow(a, b)
+    # integers: exact through float64 for results below 2**53; negative exponents give 0
+    # (numpy raises), matching integer truncation of the real result for |a| > 1.
+    r = tx.round(tx.pow(a.astype("float64"), b.astype("float64")))
+    return tx.cast(a.dtype, r)
+
+
+def _round_half_even(x: PrimExpr) -> PrimExpr:
+    f = tx.floor(x)
+    d = x - f
+    half = tx.const(x.dtype, 0.5)
+    one = tx.const(x.dtype, 1.0)
+    two = tx.const(x.dtype, 2.0)
+    f_is_odd = tx.ne(f - two * tx.floor(f / two), tx.const(x.dtype, 0.0))
+    up = tx.logical_or(d > half, tx.logical_and(tx.eq(d, half), f_is_odd))
+    return tx.select(up, f + one, f)
+
+
+def _negative(x: PrimExpr) -> PrimExpr:
+    return tx.const(x.dtype, 0) - x
+
+
+def _relu(x: PrimExpr) -> PrimExpr:
+    return tx.max(x, tx.const(x.dtype, 0))
+
+
+def _sigmoid(x: PrimExpr) -> PrimExpr:
+    return tx.sigmoid(x)
+
+
+_SQRT_HALF = 1.0 / math.sqrt(2.0)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+@dataclass(frozen=True)
+class GeluAttrs:
+    """``approximate``: "none" (exact, with erf) or "tanh" (the tanh approximation)."""
+
+    approximate: str = "none"
+
+    def __post_init__(self):
+        if self.approximate not in ("none", "tanh"):
+            raise KilnError(
+                f"gelu: approximate must be 'none' or 'tanh', got {self.approximate!r}"
+            )
+
+
+def _gelu(x: PrimExpr, attrs: GeluAttrs) -> PrimExpr:
+    def f(v: PrimExpr) -> PrimExpr:
+        c = lambda value: tx.const(v.dtype, value)  # noqa: E731
+        if attrs.approximate == "tanh":
+            inner = c(_SQRT_2_OVER_PI) * (v + c(0.044715) * v * v * v)
+            return c(0.5) * v * (c(1.0) + tx.tanh(inner))
+        return c(0.5) * v * (c(1.0) + tx.erf(v * c(_SQRT_HALF)))
+
+    return _with_float32(f)(x)
+
+
+def _silu(x: PrimExpr) -> PrimExpr:
+    return _with_float32(lambda v: v * tx.sigmoid(v))(x)
+
+
+@dataclass(frozen=True)
+class ClipAttrs:
+    """Bounds of ``clip``; ``None`` leaves that side open."""
+
+    min: float | None = None
+    max: float | None = None
+
+    def __post_init__(self):
+        for n in ("min", "max"):
+            v = getattr(self, n)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise KilnError(f"clip: {n} must be a number or None, got {v!r}")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise KilnError(f"clip: min {self.min} is greater than max {self.max}")
+
+
+def _clip_bound(dtype: DataType, value: float, lower: bool) -> PrimExpr:
+    if dtype.is_float:
+        return tx.const(dtype, value)
+    # integer tensors: the tightest integer bound, saturated to the dtype's range
+    v = math.ceil(value) if lower else math.floor(value)
+    v = min(max(v, dtype.min_value()), dtype.max_value())
+    return tx.const(dtype, v)
+
+
+def _clip(x: PrimExpr, attrs: ClipAttrs) -> PrimExpr:
+    if attrs.max is not None:
+        x = tx.min(x, _clip_bound(x.dtype, attrs.max, lower=False))
+    if attrs.min is not None:
+        x = tx.max(x, _clip_bound(x.dtype, attrs.min, lower=True))
+    return x
+
+
+@dataclass(frozen=True)
+class CastAttrs:
+    """``dtype``: the target data type (normalized to its string form)."""
+
+    dtype: str
+
+    def __post_init__(self):
+        try:
+            dt = as_dtype(self.dtype)
+        except (DTypeError, TypeError, ValueError) as err:
+            raise KilnError(f"cast: bad dtype {self.dtype!r}: {err}") from err
+        if dt.lanes != 1 or dt.is_handle:
+            raise KilnError(f"cast: dtype must be a scalar tensor type, got {dt}")
+        object.__setattr__(self, "dtype", str(dt))
+
+
+def _cast(x: PrimExpr, attrs: CastAttrs) -> PrimExpr:
+    dt = as_dtype(attrs.dtype)
+    if dt.is_bool and not x.dtype.is_bool:
+        return tx.ne(x, tx.const(x.dtype, 0))
+    return tx.cast(dt, x)
+
+
+# =============================================================================================
+# declarations
+# =============================================================================================
+_F = MixedPrecision.FOLLOW
+_N = MixedPrecision.NEVER
+_ND = NON_DIFFERENTIABLE
+
+# ---- binary arithmetic (pattern BROADCAST, mixed precision FOLLOW) --------------------------
+add = _binary("add", lambda a, b: a + b, doc="Element-wise ``lhs + rhs`` with broadcasting.")
+subtract = _binary("subtract", lambda a, b: a - b, doc="Element-wise ``lhs - rhs``.")
+multiply = _binary("multiply", lambda a, b: a * b, doc="Element-wise ``lhs * rhs``.")
+divide = _binary(
+    "divide",
+    _divide_scalar,
+    doc="``lhs / rhs``: true division for floats; floor division (numpy ``//``) for "
+    "integers, with x / 0 == 0.",
+)
+floor_divide = _binary(
+    "floor_divide", _floor_div_scalar,
+    doc="``floor(lhs / rhs)`` (numpy ``//``); integer x // 0 == 0.",
+)
+mod = _binary(
+    "mod", _mod_scalar,
+    doc="Floor modulo (numpy ``np.mod``: the result has the sign of rhs); integer x % 0 == 0.",
+)
+maximum = _binary("maximum", tx.max, doc="Element-wise maximum.")
+minimum = _binary("minimum", tx.min, doc="Element-wise minimum.")
+power = _binary(
+    "power", _power_scalar,
+    doc="``lhs ** rhs``. Integer powers are exact up to 2**53; negative integer exponents give 0.",
+)
+
+# ---- comparisons (bool output; never computed in low precision; no gradient) ---------------
+equal = _binary("equal", tx.eq, kind="any", out_dtype="bool", mixed_precision=_N, gradient=_ND,
+                doc="``lhs == rhs`` (bool).")
+not_equal = _binary("not_equal", tx.ne, kind="any", out_dtype="bool", mixed_precision=_N,
+                    gradient=_ND, doc="``lhs != rhs`` (bool).")
+less = _binary("less", tx.lt, out_dtype="bool", mixed_precision=_N, gradient=_ND,
+               doc="``lhs < rhs`` (bool).")
+less_equal = _binary("less_equal", tx.le, out_dtype="bool", mixed_precision=_N, gradient=_ND,
+                     doc="``lhs <= rhs`` (bool).")
+greater = _binary("greater", tx.gt, out_dtype="bool", mixed_precision=_N, gradient=_ND,
+                  doc="``lhs > rhs`` (bool).")
+greater_equal = _binary("greater_equal", tx.ge, out_dtype="bool", mixed_precision=_N,
+                        gradient=_ND, doc="``lhs >= rhs`` (bool).")
+logical_and = _binary("logical_and", tx.logical_and, kind="bool", mixed_precision=_N,
+                      gradient=_ND, doc="Element-wise AND of bool tensors.")
+logical_or = _binary("logical_or", tx.logical_or, kind="bool", mixed_precision=_N,
+                     gradient=_ND, doc="Element-wise OR of bool tensors.")
+logical_not = _unary("logical_not", tx.logical_not, kind="bool", mixed_precision=_N,
+                     gradient=_ND, doc="Element-wise NOT of a bool tensor.")
+
+# ---- unary math (pattern ELEMWISE, mixed precision FOLLOW) ----------------------------------
+negative = _unary("negative", _negative, kind="numeric", doc="``-x``.")
+abs = _unary("abs", tx.abs, kind="numeric", doc="``|x|``.")  # noqa: A001
+exp = _unary("exp", _with_float32(tx.exp), doc="``e ** x``.")
+log = _unary("log", _with_float32(tx.log), doc="Natural logarithm.")
+sqrt = _unary("sqrt", _with_float32(tx.sqrt), doc="Square root.")
+rsqrt = _unary("rsqrt", _with_float32(tx.rsqrt), doc="``1 / sqrt(x)``.")
+tanh = _unary("tanh", _with_float32(tx.tanh), doc="Hyperbolic tangent.")
+sigmoid = _unary("sigmoid", _with_float32(_sigmoid), doc="``1 / (1 + exp(-x))``.")
+erf = _unary("erf", _with_float32(tx.erf), doc="The error function.")
+sin = _unary("sin", _with_float32(tx.sin), doc="Sine.")
+cos = _unary("cos", _with_float32(tx.cos), doc="Cosine.")
+floor = _unary("floor", _with_float32(tx.floor), doc="Largest integer <= x (float).")
+ceil = _unary("ceil", _with_float32(tx.ceil), doc="Smallest integer >= x (float).")
+round = _unary(  # noqa: A001
+    "round", _with_float32(_round_half_even), doc="Round to nearest, ties to even (numpy/ONNX)."
+)
+
+# ---- activations and friends ------------------------------------------------------------------
+relu = _unary("relu", _relu, kind="numeric", doc="``max(x, 0)``.")
+gelu = _unary(
+    "gelu", _gelu, attrs=GeluAttrs,
+    doc="GELU: ``0.5 x (1 + erf(x / sqrt 2))``; approximate='tanh' uses the tanh form.",
+)
+silu = _unary("silu", _silu, doc="SiLU / swish: ``x * sigmoid(x)``.")
+clip = _unary(
+    "clip", _clip, kind="numeric", attrs=ClipAttrs,
+    doc="Clamp to ``[min, max]`` (either may be None). Integer tensors use integer bounds.",
+)
+cast = _unary(
+    "cast", _cast, kind="any", attrs=CastAttrs, mixed_precision=_N,
+    out_dtype=lambda attrs: attrs.dtype,
+    doc="Convert to ``dtype`` (numpy ``astype``: float -> int truncates; -> bool is x != 0).",
+)
+
+
+# ---- where -------------------------------------------------------------------------------------
+def _where_infer(call: Any) -> Any:
+    names = ("condition", "x", "y")
+    infos = [tensor_arg(call, i, "where", n) for i, n in enumerate(names)]
+    _check_kind("where", "condition", infos[0], "bool")
+    dtype = _same_dtype("where", infos[1:], names[1:])
+    return broadcast_sinfo(call, "where", names, dtype)
+
+
+def _where_compute(cond: te.Tensor, x: te.Tensor, y: te.Tensor, attrs: Any = None) -> te.Tensor:
+    shape = te_broadcast_shape("where", (cond, x, y))
+    return te.compute(
+        shape,
+        lambda *i: tx.select(
+            broadcast_load(cond, i), broadcast_load(x, i), broadcast_load(y, i)
+        ),
+        name="where",
+    )
+
+
+where = register_op(
+    "where",
+    inputs=("condition", "x", "y"),
+    infer=_where_infer,
+    pattern=OpPattern.BROADCAST,
+    compute=_where_compute,
+    schedules={"c": schedule_injective},
+    mixed_precision=_F,
+    doc="``x`` where ``condition`` holds, else ``y`` (all three broadcast).",
+)

@@ -1,1 +1,318 @@
-"""(being written)"""
+"""Reductions: sum, mean, max, min, prod, argmax, argmin (numpy semantics).
+
+Attributes are ``axis`` (an int, a tuple of ints, or None for all axes; negative axes count from
+the end and are normalized at inference) and ``keepdims``. ``axis=()`` reduces nothing (numpy).
+
+Result dtypes: ``sum``/``prod`` keep the input dtype, except bool which counts in int64;
+``max``/``min`` keep it; ``mean`` keeps it too — for integers it is the floor of the exact mean.
+float16/bfloat16 ``sum``/``mean``/``prod`` accumulate in float32 and round once at the end.
+``argmax``/``argmin`` return int64 indices of the first occurrence of the extreme value; with
+``axis=None`` the index is into the flattened tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import te
+from ..ir.dtype import DataType, as_dtype
+from ..ir.errors import KilnError, StructInfoError
+from ..tir import expr as tx
+from ..tir.expr import PrimExpr
+from .elementwise import (
+    INDEX_DTYPE,
+    arg_ndim,
+    arg_shape,
+    const_int,
+    normalize_axis,
+    tensor_arg,
+    tensor_sinfo,
+)
+from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpDef, OpPattern, register_op
+from .schedule_helpers import schedule_reduction
+
+__all__ = ["sum", "mean", "max", "min", "prod", "argmax", "argmin"]
+
+
+@dataclass(frozen=True)
+class ReduceAttrs:
+    """``axis``: int, tuple of ints, or None (all axes); ``keepdims``: keep reduced dims as 1."""
+
+    axis: int | tuple[int, ...] | None = None
+    keepdims: bool = False
+
+    def __post_init__(self):
+        axis = self.axis
+        if isinstance(axis, list):
+            axis = tuple(axis)
+            object.__setattr__(self, "axis", axis)
+        items = axis if isinstance(axis, tuple) else () if axis is None else (axis,)
+        for a in items:
+            if isinstance(a, bool) or not isinstance(a, int):
+                raise KilnError(f"reduction axis must be an int, a tuple of ints or None: {axis!r}")
+        if not isinstance(self.keepdims, bool):
+            raise KilnError(f"keepdims must be a bool, got {self.keepdims!r}")
+
+
+@dataclass(frozen=True)
+class ArgReduceAttrs:
+    """``axis``: one int, or None for an index into the flattened tensor."""
+
+    axis: int | None = None
+    keepdims: bool = False
+
+    def __post_init__(self):
+        ax = self.axis
+        if ax is not None and (isinstance(ax, bool) or not isinstance(ax, int)):
+            raise KilnError(f"argmax/argmin axis must be an int or None, got {self.axis!r}")
+        if not isinstance(self.keepdims, bool):
+            raise KilnError(f"keepdims must be a bool, got {self.keepdims!r}")
+
+
+def reduce_axes(axis: Any, ndim: int, op: str) -> tuple[int, ...]:
+    """The sorted, normalized axes a reduction runs over; errors name ``op``."""
+    if axis is None:
+        return tuple(range(ndim))
+    items = axis if isinstance(axis, tuple) else (axis,)
+    axes = tuple(normalize_axis(a, ndim, op) for a in items)
+    if len(set(axes)) != len(axes):
+        raise StructInfoError(f"{op}: axis {axis!r} names the same dimension twice")
+    return tuple(sorted(axes))
+
+
+def reduced_shape(shape: Sequence[Any], axes: Sequence[int], keepdims: bool) -> list[Any]:
+    out = []
+    for d, dim in enumerate(shape):
+        if d in axes:
+            if keepdims:
+                out.append(1)
+        else:
+            out.append(dim)
+    return out
+
+
+def _result_dtype(op: str, dtype: DataType) -> DataType:
+    if op in ("argmax", "argmin"):
+        return INDEX_DTYPE
+    if op in ("sum", "prod") and dtype.is_bool:
+        return INDEX_DTYPE
+    return dtype
+
+
+def _make_infer(op: str, arg_reduce: bool = False) -> Callable[[Any], Any]:
+    def infer(call: Any) -> Any:
+        x = tensor_arg(call, 0, op, "x")
+        dtype = as_dtype(x.dtype)
+        if op == "mean" and not (dtype.is_float or dtype.is_integer):
+            raise StructInfoError(f"{op}: x must be a numeric tensor, got dtype {dtype}")
+        if dtype.is_handle:
+            raise StructInfoError(f"{op}: x must be a tensor of numbers, got dtype {dtype}")
+        attrs = call.attrs or (ArgReduceAttrs() if arg_reduce else ReduceAttrs())
+        out_dtype = _result_dtype(op, dtype)
+        ndim = arg_ndim(x)
+        if ndim < 0:
+            if attrs.axis is None and not attrs.keepdims:
+                return tensor_sinfo((), out_dtype)
+            return tensor_sinfo(None, out_dtype, ndim=-1)
+        axes = reduce_axes(attrs.axis, ndim, op)
+        shape = arg_shape(x)
+        if shape is None:
+            out_ndim = ndim if attrs.keepdims else ndim - len(axes)
+            return tensor_sinfo(None, out_dtype, ndim=out_ndim)
+        return tensor_sinfo(reduced_shape(shape, axes, attrs.keepdims), out_dtype)
+
+    return infer
+
+
+# ---- te computes ---------------------------------------------------------------------------
+def _input_index(
+    ndim: int, axes: Sequence[int], keepdims: bool, out_idx: Sequence[PrimExpr],
+    red_vars: Sequence[PrimExpr],
+) -> list[PrimExpr]:
+    """Input index of a reduction point: output indices for kept dims, reduce vars for others."""
+    it, rt = iter(out_idx), iter(red_vars)
+    full = []
+    for d in range(ndim):
+        if d in axes:
+            full.append(next(rt))
+            if keepdims:
+                next(it)
+        else:
+            full.append(next(it))
+    return full
+
+
+def _count(x: te.Tensor, axes: Sequence[int]) -> PrimExpr:
+    n: PrimExpr = tx.const(INDEX_DTYPE, 1)
+    for a in axes:
+        n = n * x.shape[a]
+    from .elementwise import simplify
+
+    return simplify(n)
+
+
+# Reductions over the innermost axis are split into PARTIALS interleaved partial results
+# (``partial[..., p] = reduce_k x[..., k * PARTIALS + p]``) and a short final reduction. The
+# first stage reads contiguous memory with its partial axis innermost, so the CPU schedule
+# vectorizes it like a column reduction; a single running accumulator could not be vectorized
+# without reassociating it. Only used when the axis is long enough to pay for the extra stage.
+PARTIALS = 8
+_PARTIAL_MIN_EXTENT = 64
+
+
+def _reduce_stage(
+    x: te.Tensor, axes: Sequence[int], keepdims: bool, reducer: Callable[..., PrimExpr],
+    acc_dtype: DataType, name: str,
+) -> te.Tensor:
+    """``reducer`` over ``axes`` of ``x`` (cast to ``acc_dtype``)."""
+    out_shape = reduced_shape(x.shape, axes, keepdims)
+    if not axes:
+        return te.compute(out_shape, lambda *i: tx.cast(acc_dtype, x(*i)), name=name)
+    last = x.ndim - 1
+    extent = const_int(x.shape[last])
+    if (last in axes and extent is not None and extent % PARTIALS == 0
+            and extent >= _PARTIAL_MIN_EXTENT):
+        return _partial_reduce(x, axes, keepdims, reducer, acc_dtype, name)
+    red = [te.reduce_axis((0, x.shape[a]), name=f"k{a}") for a in axes]
+    rvars = [r.var for r in red]
+
+    def body(*idx: PrimExpr) -> PrimExpr:
+        value = x(*_input_index(x.ndim, axes, keepdims, idx, rvars))
+        return reducer(tx.cast(acc_dtype, value), axis=red)
+
+    return te.compute(out_shape, body, name=name)
+
+
+def _partial_reduce(
+    x: te.Tensor, axes: Sequence[int], keepdims: bool, reducer: Callable[..., PrimExpr],
+    acc_dtype: DataType, name: str,
+) -> te.Tensor:
+    """Two-stage reduction for a long innermost axis (see PARTIALS)."""
+    last = x.ndim - 1
+    out_shape = reduced_shape(x.shape, axes, keepdims)
+    chunks = tx.const(INDEX_DTYPE, const_int(x.shape[last]) // PARTIALS)
+    red = [te.reduce_axis((0, x.shape[a]), name=f"k{a}") for a in axes if a != last]
+    ko = te.reduce_axis((0, chunks), name=f"k{last}o")
+
+    def partial_body(*idx: PrimExpr) -> PrimExpr:
+        *out_idx, p = idx
+        rvars = [r.var for r in red] + [ko.var * PARTIALS + p]
+        value = x(*_input_index(x.ndim, axes, keepdims, out_idx, rvars))
+        return reducer(tx.cast(acc_dtype, value), axis=[*red, ko])
+
+    partial = te.compute([*out_shape, PARTIALS], partial_body, name=name + "_partial")
+    kp = te.reduce_axis((0, PARTIALS), name="kp")
+    return te.compute(
+        out_shape, lambda *idx: reducer(partial(*idx, kp.var), axis=kp), name=name
+    )
+
+
+def _accumulator(dtype: DataType) -> DataType:
+    if dtype.is_bool:
+        return INDEX_DTYPE
+    if dtype.is_float and dtype.bits < 32:
+        return DataType("float32")
+    return dtype
+
+
+def _finish(t: te.Tensor, dtype: DataType, name: str) -> te.Tensor:
+    """Cast an accumulator tensor to the result dtype (a no-op stage is avoided)."""
+    if t.dtype == dtype:
+        return t
+    return te.compute(t.shape, lambda *i: tx.cast(dtype, t(*i)), name=name)
+
+
+_prod = te.comm_reducer(lambda a, b: a * b, lambda t: 1, name="prod")
+
+
+def _make_compute(op: str) -> Callable[..., te.Tensor]:
+    def compute(x: te.Tensor, attrs: ReduceAttrs | None = None) -> te.Tensor:
+        attrs = attrs or ReduceAttrs()
+        axes = reduce_axes(attrs.axis, x.ndim, op)
+        dtype = _result_dtype(op, x.dtype)
+        if op in ("max", "min"):
+            reducer = te.max if op == "max" else te.min
+            return _reduce_stage(x, axes, attrs.keepdims, reducer, x.dtype, op)
+        acc = _accumulator(x.dtype)
+        reducer = _prod if op == "prod" else te.sum
+        if op != "mean":
+            stage = _reduce_stage(x, axes, attrs.keepdims, reducer, acc, op)
+            return _finish(stage, dtype, op + "_cast")
+        total = _reduce_stage(x, axes, attrs.keepdims, te.sum, acc, "mean_sum")
+        n = _count(x, axes)
+        if acc.is_float:
+            return te.compute(
+                total.shape,
+                lambda *i: tx.cast(dtype, total(*i) / tx.cast(acc, n)),
+                name="mean",
+            )
+        denom = tx.cast(acc, tx.max(n, tx.const(INDEX_DTYPE, 1)))  # empty: sum 0, no trap
+        return te.compute(total.shape, lambda *i: tx.floordiv(total(*i), denom), name="mean")
+
+    compute.__doc__ = f"te compute of {op}."
+    return compute
+
+
+def _make_arg_compute(op: str) -> Callable[..., te.Tensor]:
+    extreme = te.max if op == "argmax" else te.min
+
+    def compute(x: te.Tensor, attrs: ArgReduceAttrs | None = None) -> te.Tensor:
+        attrs = attrs or ArgReduceAttrs()
+        axes = reduce_axes(attrs.axis, x.ndim, op)
+        keep = attrs.keepdims
+        best = _reduce_stage(x, axes, keep, extreme, x.dtype, op + "_value")
+        out_shape = reduced_shape(x.shape, axes, keep)
+        if not axes:  # rank-0 input: the only index is 0
+            return te.compute(out_shape, lambda *i: tx.const(INDEX_DTYPE, 0), name=op)
+        red = [te.reduce_axis((0, x.shape[a]), name=f"k{a}") for a in axes]
+        rvars = [r.var for r in red]
+        # flat index of the reduce point within the reduced axes (row-major)
+        flat: PrimExpr = rvars[0]
+        for a, v in zip(axes[1:], rvars[1:]):
+            flat = flat * x.shape[a] + v
+        count = _count(x, axes)
+
+        def body(*idx: PrimExpr) -> PrimExpr:
+            value = x(*_input_index(x.ndim, axes, keep, idx, rvars))
+            hit = tx.eq(value, best(*idx))
+            # first occurrence: the smallest index whose value equals the extreme
+            return te.min(tx.select(hit, flat, count), axis=red)
+
+        return te.compute(out_shape, body, name=op)
+
+    compute.__doc__ = f"te compute of {op} (extreme value, then its first index)."
+    return compute
+
+
+def _declare(
+    op: str, mixed_precision: MixedPrecision, doc: str, arg_reduce: bool = False
+) -> OpDef:
+    return register_op(
+        op,
+        inputs=("x",),
+        infer=_make_infer(op, arg_reduce),
+        pattern=OpPattern.COMM_REDUCE,
+        attrs=ArgReduceAttrs if arg_reduce else ReduceAttrs,
+        compute=_make_arg_compute(op) if arg_reduce else _make_compute(op),
+        schedules={"c": schedule_reduction},
+        mixed_precision=mixed_precision,
+        gradient=NON_DIFFERENTIABLE if arg_reduce else None,
+        doc=doc,
+    )
+
+
+# sum/mean/prod accumulate: keep them in full precision under ToMixedPrecision (NEVER);
+# max/min/argmax/argmin are exact in any precision (FOLLOW).
+sum = _declare("sum", MixedPrecision.NEVER, "Sum over axes.")  # noqa: A001
+mean = _declare("mean", MixedPrecision.NEVER, "Arithmetic mean over axes.")
+prod = _declare("prod", MixedPrecision.NEVER, "Product over axes.")
+max = _declare("max", MixedPrecision.FOLLOW, "Maximum over axes.")  # noqa: A001
+min = _declare("min", MixedPrecision.FOLLOW, "Minimum over axes.")  # noqa: A001
+argmax = _declare(
+    "argmax", MixedPrecision.FOLLOW, "Index (int64) of the first maximum.", arg_reduce=True
+)
+argmin = _declare(
+    "argmin", MixedPrecision.FOLLOW, "Index (int64) of the first minimum.", arg_reduce=True
+)

@@ -1,1 +1,249 @@
-"""(being written)"""
+"""Shared CPU schedules for operator declarations.
+
+Most operators need one of two loop shapes on a CPU:
+
+- :func:`schedule_injective` — every output element is computed independently: fuse the spatial
+  loops into one parallel loop and split a SIMD-wide vector loop off the innermost output
+  dimension when its extent is a known multiple of the vector width.
+- :func:`schedule_reduction` — reductions: parallelize the fused outer spatial loops, keep the
+  reduce loops serial inside them, and hoist the init out of the reduce loops
+  (``decompose_reduction``). When the block reads its input with the innermost *spatial*
+  variable as the contiguous index (``sum(x, axis=0)``, or the interleaved partial sums that
+  ``kiln.op.reduce`` uses for long innermost axes) the reduce loops move outside a vectorized
+  chunk of that axis, so every reduce step is a few contiguous vector loads and adds.
+
+Both take the ``tir.Schedule`` of a legalized PrimFunc (as produced by ``te.create_prim_func``:
+one loop nest per stage, spatial loops then reduce loops) and the ``Target``. They are safe for
+any shape: a loop whose extent is not a constant is never split or vectorized, blocks whose
+loops no longer look like a fresh ``te`` nest (already scheduled) are left alone, and a block
+whose transformation the schedule refuses keeps its plain loops (each block is tried on a copy
+of the schedule first, so a refusal never leaves it half transformed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..ir.errors import ScheduleError
+from ..tir.expr import Add, BufferLoad, IntImm, IterType
+from ..tir.functor import collect_vars, post_order_visit
+
+__all__ = [
+    "PARALLEL_MIN_WORK",
+    "inline_injective_stages",
+    "schedule_default",
+    "schedule_injective",
+    "schedule_reduction",
+]
+
+# Below this many scalar operations a parallel region costs more than it saves.
+PARALLEL_MIN_WORK = 16384
+# Narrowest vector worth emitting.
+_MIN_LANES = 4
+# Elements of the contiguous output axis updated per step of a column reduction.
+_COLUMN_CHUNK = 256
+
+
+def _const(extent: Any) -> int | None:
+    return extent.value if isinstance(extent, IntImm) else None
+
+
+def _root_and_blocks(sch: Any) -> list[Any]:
+    """BlockRVs of the compute blocks (children of the root block), in program order."""
+    root = sch.get_block("root")
+    return list(sch.get_child_blocks(root))
+
+
+def _is_reduction(block: Any) -> bool:
+    return any(iv.iter_type == IterType.COMM_REDUCE for iv in block.iter_vars)
+
+
+def _output_buffers(sch: Any) -> set[Any]:
+    return {id(b) for b in sch.func.buffer_map.values()}
+
+
+def _loop_extents(sch: Any, loops: list[Any]) -> list[int | None]:
+    return [_const(sch.get(lp).extent) for lp in loops]
+
+
+def _product(extents: list[int | None]) -> int | None:
+    total = 1
+    for e in extents:
+        if e is None:
+            return None
+        total *= e
+    return total
+
+
+def _worth_parallel(target: Any, work: int | None, outer: int | None) -> bool:
+    """Parallelize when there is enough work (unknown sizes are assumed large)."""
+    if getattr(target, "num_threads", 0) == 1:
+        return False
+    if outer is not None and outer <= 1:
+        return False
+    return work is None or work >= PARALLEL_MIN_WORK
+
+
+def _vector_dtype(block: Any) -> Any | None:
+    """The widest element type the block touches: it sets how many lanes fill one register."""
+    dtypes = [r.buffer.dtype for r in (*block.reads, *block.writes)]
+    if not dtypes:
+        return None
+    return max(dtypes, key=lambda d: max(d.bits, 8))
+
+
+def _pick_lanes(target: Any, dtype: Any, extent: int | None) -> int:
+    """Largest power-of-two vector width (<= the target's) that divides ``extent``; else 1."""
+    if dtype is None or extent is None or extent <= 1:
+        return 1
+    lanes = target.vector_lanes(dtype)
+    while lanes >= _MIN_LANES:
+        if extent % lanes == 0:
+            return lanes
+        lanes //= 2
+    return 1
+
+
+def inline_injective_stages(sch: Any) -> None:
+    """Inline every intermediate stage that is a plain element-wise/injective computation.
+
+    Ops whose compute uses helper stages (e.g. a padded copy feeding a window) get one loop nest
+    instead of several; stages that cannot be inlined (reductions, or ones the schedule refuses)
+    stay as they are.
+    """
+    outputs = _output_buffers(sch)
+    for b in _root_and_blocks(sch):
+        blk = sch.get(b)
+        if _is_reduction(blk) or any(id(w.buffer) in outputs for w in blk.writes):
+            continue
+        try:
+            sch.compute_inline(b)
+        except ScheduleError:
+            pass
+
+
+def _injective_block(sch: Any, target: Any, b: Any) -> None:
+    blk = sch.get(b)
+    loops = list(sch.get_loops(b))
+    if not loops or len(loops) != len(blk.iter_vars):
+        return  # rank 0, or already transformed
+    extents = _loop_extents(sch, loops)
+    lanes = _pick_lanes(target, _vector_dtype(blk), extents[-1])
+    inner = None
+    if lanes > 1:
+        outer, inner = sch.split(loops[-1], factors=[None, lanes])
+        loops = [*loops[:-1], outer]
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    outer_extent = _const(sch.get(fused).extent)
+    if _worth_parallel(target, _product(extents), outer_extent):
+        sch.parallel(fused)
+    if inner is not None:
+        sch.vectorize(inner)
+
+
+def _strided_reduce_read(block: Any) -> bool:
+    """True when the block reads an input whose innermost index is the innermost spatial
+    variable while other indices use reduce variables (``sum(x, axis=0)``): a reduction over a
+    non-contiguous axis, best done with the contiguous spatial axis vectorized inside."""
+    spatial = [iv.var for iv in block.iter_vars if iv.iter_type == IterType.DATA_PAR]
+    reduce = {iv.var for iv in block.iter_vars if iv.iter_type == IterType.COMM_REDUCE}
+    if not spatial or not reduce:
+        return False
+    last = spatial[-1]
+    found = []
+
+    def unit_stride(index: Any) -> bool:  # ``last`` or ``e + last`` with e free of ``last``
+        if index is last:
+            return True
+        if isinstance(index, Add):
+            for a, b in ((index.a, index.b), (index.b, index.a)):
+                if a is last and last not in collect_vars(b):
+                    return True
+        return False
+
+    def visit(n: Any) -> None:
+        if isinstance(n, BufferLoad) and n.indices and unit_stride(n.indices[-1]):
+            if any(v in reduce for i in n.indices for v in collect_vars(i)):
+                found.append(n)
+
+    post_order_visit(block.body, visit)
+    return bool(found)
+
+
+def _reduction_block(sch: Any, target: Any, b: Any) -> None:
+    blk = sch.get(b)
+    loops = list(sch.get_loops(b))
+    n_spatial = sum(iv.iter_type == IterType.DATA_PAR for iv in blk.iter_vars)
+    if len(loops) != len(blk.iter_vars) or n_spatial == 0 or blk.init is None:
+        return  # full reduction to a scalar (stays serial) or already transformed
+    spatial, reduce = loops[:n_spatial], loops[n_spatial:]
+    sp_ext = _loop_extents(sch, spatial)
+    work = _product(sp_ext + _loop_extents(sch, reduce))
+    lanes = 1
+    if _strided_reduce_read(blk):
+        lanes = _pick_lanes(target, _vector_dtype(blk), sp_ext[-1])
+    inner = None
+    if lanes > 1:
+        # loops: fused(outer spatial) > reduce... > chunk > vectorized lanes. Each reduce step
+        # streams a contiguous chunk of up to _COLUMN_CHUNK elements, so rows are read in order
+        # and the chunk of partial results stays in L1.
+        vectors = sp_ext[-1] // lanes
+        per_chunk = max(d for d in range(1, min(vectors, _COLUMN_CHUNK // lanes) + 1)
+                        if vectors % d == 0)
+        outer, mid, inner = sch.split(spatial[-1], factors=[None, per_chunk, lanes])
+        sch.reorder(outer, *reduce, mid, inner)
+        spatial = [*spatial[:-1], outer]
+    fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    if _worth_parallel(target, work, _const(sch.get(fused).extent)):
+        sch.parallel(fused)
+    # the init runs once per output element, before the reduce loops, not as a guarded store
+    init = sch.decompose_reduction(b, reduce[0])
+    if inner is not None:
+        sch.vectorize(inner)
+        sch.vectorize(sch.get_loops(init)[-1])
+
+
+def _apply_safely(sch: Any, fn: Any, *args: Any) -> bool:
+    """Run ``fn(sch, *args)`` only if it succeeds on a copy (no half-applied transformations)."""
+    try:
+        fn(sch.copy(), *args)
+    except ScheduleError:
+        return False
+    fn(sch, *args)
+    return True
+
+
+def schedule_injective(sch: Any, target: Any, block: Any = None) -> None:
+    """Default CPU schedule of injective (element-wise, broadcast, shape) computations.
+
+    With ``block`` given, schedules that block; otherwise inlines injective intermediate
+    stages and schedules every remaining non-reduction block. Reduction blocks are left alone.
+    """
+    if block is not None:
+        _apply_safely(sch, _injective_block, target, block)
+        return
+    inline_injective_stages(sch)
+    for b in _root_and_blocks(sch):
+        if not _is_reduction(sch.get(b)):
+            _apply_safely(sch, _injective_block, target, b)
+
+
+def schedule_reduction(sch: Any, target: Any, block: Any = None) -> None:
+    """Default CPU schedule of reductions.
+
+    With ``block`` given, schedules that reduction block; otherwise inlines injective producer
+    stages, schedules every reduction block, and gives the remaining injective blocks (e.g. the
+    division of ``mean``) the injective schedule.
+    """
+    if block is not None:
+        _apply_safely(sch, _reduction_block, target, block)
+        return
+    inline_injective_stages(sch)
+    for b in _root_and_blocks(sch):
+        fn = _reduction_block if _is_reduction(sch.get(b)) else _injective_block
+        _apply_safely(sch, fn, target, b)
+
+
+def schedule_default(sch: Any, target: Any) -> None:
+    """Injective or reduction schedule per block; what an op without its own schedule gets."""
+    schedule_reduction(sch, target)

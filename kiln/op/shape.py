@@ -1,1 +1,1022 @@
-"""(being written)"""
+"""Shape operators: reshape, transpose, concat, split, squeeze, expand_dims, broadcast_to,
+strided_slice, take, pad (numpy semantics).
+
+All are INJECTIVE (each output element reads one input element, or a pad value), follow their
+input's precision under ToMixedPrecision, and get the shared injective CPU schedule. Shapes may be
+symbolic: dimensions are int64 PrimExprs and every derived dimension is simplified with
+``kiln.arith``; where numpy would check a size at run time (e.g. a reshape's element count) the
+check is done at inference and must be provable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import te
+from ..ir.dtype import as_dtype
+from ..ir.errors import KilnError, StructInfoError
+from ..tir import expr as tx
+from ..tir.expr import PrimExpr
+from .elementwise import (
+    INDEX_DTYPE,
+    arg_ndim,
+    arg_shape,
+    as_dim,
+    broadcast_load,
+    const_int,
+    dims_equal,
+    fmt_shape,
+    normalize_axis,
+    simplify,
+    tensor_arg,
+    tensor_sinfo,
+)
+from .reduce import reduce_axes
+from .registry import MixedPrecision, OpDef, OpPattern, register_op
+from .schedule_helpers import schedule_injective
+
+__all__ = [
+    "reshape", "transpose", "concat", "split", "squeeze", "expand_dims", "broadcast_to",
+    "strided_slice", "take", "pad",
+]
+
+# An end index at least this large (ONNX's INT_MAX sentinels) means "to the end".
+_HUGE = 2**31 - 1
+
+
+def _c(v: int) -> PrimExpr:
+    return tx.const(INDEX_DTYPE, v)
+
+
+def _monomial(dims: Sequence[Any]) -> tuple[int, list[PrimExpr]]:
+    """A product of dims as (constant factor, symbolic factors); nested products are flattened."""
+    const, syms = 1, []
+    stack = list(dims)
+    while stack:
+        d = stack.pop(0)
+        v = const_int(d)
+        if v is not None:
+            const *= v
+        elif isinstance(d, tx.Mul):
+            stack[:0] = [d.a, d.b]
+        else:
+            syms.append(as_dim(d))
+    return const, syms
+
+
+def _build(const: int, syms: Sequence[PrimExpr]) -> PrimExpr:
+    expr: PrimExpr | None = None
+    for s in syms:
+        expr = s if expr is None else expr * s
+    if expr is None or const == 0:
+        return _c(const)
+    return expr if const == 1 else expr * _c(const)
+
+
+def _prod(dims: Sequence[Any]) -> PrimExpr:
+    """Product of dims with the constant factors folded (``n * 32`` rather than ``n * 4 * 8``)."""
+    return simplify(_build(*_monomial(dims)))
+
+
+def _remove_factors(syms: Sequence[PrimExpr], drop: Sequence[PrimExpr]) -> list[PrimExpr] | None:
+    """``syms`` minus the multiset ``drop`` (provably equal factors); None if one is missing."""
+    rest = list(syms)
+    for d in drop:
+        for k, s in enumerate(rest):
+            if dims_equal(s, d):
+                del rest[k]
+                break
+        else:
+            return None
+    return rest
+
+
+def _exact_quotient(num: Sequence[Any], den: Sequence[Any]) -> PrimExpr | None:
+    """prod(num) / prod(den) when it provably divides exactly, else None."""
+    cn, sn = _monomial(num)
+    cd, sd = _monomial(den)
+    if cd != 0 and cn % cd == 0:
+        rest = _remove_factors(sn, sd)
+        if rest is not None:
+            return simplify(_build(cn // cd, rest))
+    total, known = _build(cn, sn), _build(cd, sd)
+    if cd == 0 or not (sn or sd):
+        return None
+    q = simplify(tx.floordiv(total, known))
+    return q if dims_equal(simplify(q * known), total) else None
+
+
+def _products_equal(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    ca, sa = _monomial(a)
+    cb, sb = _monomial(b)
+    if ca == cb and len(sa) == len(sb) and _remove_factors(sa, sb) == []:
+        return True
+    if ca == 0 and cb == 0:
+        return True
+    if not (sa or sb):
+        return ca == cb
+    return dims_equal(simplify(_build(ca, sa)), simplify(_build(cb, sb)))
+
+
+def _ints(value: Any, op: str, what: str) -> tuple[int, ...]:
+    items = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise KilnError(f"{op}: {what} must be ints, got {value!r}")
+    return items
+
+
+def _declare(name: str, inputs: Sequence[str], infer: Any, compute: Any, attrs: type | None,
+             doc: str) -> OpDef:
+    return register_op(
+        name,
+        inputs=tuple(inputs),
+        infer=infer,
+        pattern=OpPattern.INJECTIVE,
+        attrs=attrs,
+        compute=compute,
+        schedules={"c": schedule_injective},
+        mixed_precision=MixedPrecision.FOLLOW,
+        doc=doc,
+    )
+
+
+def _known_shape(call: Any, op: str, arg: str = "x", index: int = 0) -> tuple[Any, Any]:
+    """(TensorStructInfo, shape or None) of an argument."""
+    x = tensor_arg(call, index, op, arg)
+    return x, arg_shape(x)
+
+
+# =============================================================================================
+# reshape
+# =============================================================================================
+@dataclass(frozen=True)
+class ReshapeAttrs:
+    """``shape``: the new shape; one entry may be -1 (inferred). Entries may be PrimExprs.
+
+    As in numpy, 0 is a zero-length dimension (ONNX's "copy this dimension" 0 is resolved by the
+    frontend).
+    """
+
+    shape: tuple[Any, ...]
+
+    def __post_init__(self):
+        shape = tuple(self.shape) if isinstance(self.shape, (list, tuple)) else (self.shape,)
+        for d in shape:
+            if isinstance(d, bool) or not isinstance(d, (int, PrimExpr)):
+                raise KilnError(f"reshape: shape entries must be ints or PrimExprs: {shape!r}")
+            if isinstance(d, int) and d < -1:
+                raise KilnError(f"reshape: negative dimension {d} in shape {shape!r}")
+        if sum(1 for d in shape if isinstance(d, int) and d == -1) > 1:
+            raise KilnError(f"reshape: only one dimension may be -1, got {shape!r}")
+        object.__setattr__(self, "shape", shape)
+
+
+def _reshape_target(op: str, in_shape: Sequence[PrimExpr] | None, new: Sequence[Any]
+                    ) -> tuple[PrimExpr, ...] | None:
+    """The new shape with -1 resolved; None when the input shape is unknown and -1 is used."""
+    infer_at = [k for k, d in enumerate(new) if isinstance(d, int) and d == -1]
+    if in_shape is None:
+        return None if infer_at else tuple(as_dim(d) for d in new)
+    known_dims = [d for k, d in enumerate(new) if k not in infer_at]
+    if infer_at:
+        dim = _exact_quotient(in_shape, known_dims)
+        if dim is None:
+            raise StructInfoError(
+                f"{op}: cannot reshape {fmt_shape(in_shape)} ({_prod(in_shape)} elements) into "
+                f"{fmt_shape(new)}: the element count is not (provably) a multiple of "
+                f"{_prod(known_dims)}"
+            )
+        out = [as_dim(d) for d in new]
+        out[infer_at[0]] = dim
+        return tuple(out)
+    out = tuple(as_dim(d) for d in new)
+    if not _products_equal(out, in_shape):
+        raise StructInfoError(
+            f"{op}: cannot reshape {fmt_shape(in_shape)} into {fmt_shape(out)}: the element "
+            f"counts {_prod(in_shape)} and {_prod(out)} differ or are not provably equal"
+        )
+    return out
+
+
+def _reshape_infer(call: Any) -> Any:
+    x, shape = _known_shape(call, "reshape")
+    new = call.attrs.shape
+    out = _reshape_target("reshape", shape, new)
+    if out is None:
+        return tensor_sinfo(None, x.dtype, ndim=len(new))
+    return tensor_sinfo(out, x.dtype)
+
+
+def unravel(flat: PrimExpr, shape: Sequence[PrimExpr]) -> list[PrimExpr]:
+    """Row-major multi-index of a flat offset into ``shape``."""
+    idx: list[PrimExpr] = []
+    for k in range(len(shape) - 1, -1, -1):
+        if k == 0:
+            idx.append(flat)
+        else:
+            idx.append(simplify(tx.floormod(flat, shape[k])))
+            flat = tx.floordiv(flat, shape[k])
+    return [simplify(i) for i in reversed(idx)]
+
+
+def ravel(index: Sequence[PrimExpr], shape: Sequence[PrimExpr]) -> PrimExpr:
+    """Row-major flat offset of a multi-index."""
+    flat: PrimExpr = _c(0)
+    for i, d in zip(index, shape):
+        flat = flat * d + i
+    return flat
+
+
+def _reshape_groups(ins: Sequence[PrimExpr], outs: Sequence[PrimExpr]
+                    ) -> list[tuple[range, range]]:
+    """Split a reshape into independent groups of input and output axes with equal sizes.
+
+    Keeping index arithmetic within a group (``(n, 4, 8) -> (n, 32)`` reads ``x[i, j // 8,
+    j % 8]``) instead of going through one flat offset keeps indices simple and vectorizable.
+    """
+    groups: list[tuple[range, range]] = []
+    i = j = 0
+    while i < len(ins) and j < len(outs):
+        ci, cj = const_int(ins[i]), const_int(outs[j])
+        if ci == 1 and cj != 1:
+            groups.append((range(i, i + 1), range(j, j)))
+            i += 1
+        elif cj == 1 and ci != 1:
+            groups.append((range(i, i), range(j, j + 1)))
+            j += 1
+        elif dims_equal(ins[i], outs[j]):
+            groups.append((range(i, i + 1), range(j, j + 1)))
+            i, j = i + 1, j + 1
+        else:  # accumulate constant dims on both sides until the sizes meet
+            if not ci or not cj:
+                break
+            i2, j2 = i + 1, j + 1
+            while ci != cj:
+                side = ins if ci < cj else outs
+                k = i2 if ci < cj else j2
+                nxt = const_int(side[k]) if k < len(side) else None
+                if not nxt:
+                    break
+                if ci < cj:
+                    ci, i2 = ci * nxt, i2 + 1
+                else:
+                    cj, j2 = cj * nxt, j2 + 1
+            if ci != cj:
+                break
+            groups.append((range(i, i2), range(j, j2)))
+            i, j = i2, j2
+    if i < len(ins) or j < len(outs):
+        groups.append((range(i, len(ins)), range(j, len(outs))))
+    return groups
+
+
+def _reshape_compute(x: te.Tensor, attrs: ReshapeAttrs) -> te.Tensor:
+    out = _reshape_target("reshape", x.shape, attrs.shape)
+    groups = _reshape_groups(x.shape, out)
+
+    def body(*i: PrimExpr) -> PrimExpr:
+        index: list[PrimExpr] = []
+        for gin, gout in groups:
+            if len(gin) == 1 and len(gout) == 1:
+                index.append(i[gout[0]])
+            elif len(gin):
+                flat = ravel([i[k] for k in gout], [out[k] for k in gout])
+                index += unravel(simplify(flat), [x.shape[k] for k in gin])
+        return x(*index)
+
+    return te.compute(out, body, name="reshape")
+
+
+reshape = _declare(
+    "reshape", ("x",), _reshape_infer, _reshape_compute, ReshapeAttrs,
+    "Reshape to ``shape`` (one -1 is inferred); the element count must be provably equal.",
+)
+
+
+# =============================================================================================
+# transpose
+# =============================================================================================
+@dataclass(frozen=True)
+class TransposeAttrs:
+    """``axes``: the permutation (None reverses the axes)."""
+
+    axes: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.axes is not None:
+            object.__setattr__(self, "axes", _ints(self.axes, "transpose", "axes"))
+
+
+def _perm(axes: tuple[int, ...] | None, ndim: int) -> tuple[int, ...]:
+    if axes is None:
+        return tuple(range(ndim - 1, -1, -1))
+    if len(axes) != ndim:
+        raise StructInfoError(f"transpose: axes {axes} has {len(axes)} entries for rank {ndim}")
+    perm = tuple(normalize_axis(a, ndim, "transpose", "axis") for a in axes)
+    if sorted(perm) != list(range(ndim)):
+        raise StructInfoError(f"transpose: axes {axes} is not a permutation of 0..{ndim - 1}")
+    return perm
+
+
+def _transpose_infer(call: Any) -> Any:
+    x, shape = _known_shape(call, "transpose")
+    ndim = arg_ndim(x)
+    if ndim < 0:
+        return tensor_sinfo(None, x.dtype, ndim=-1)
+    perm = _perm(call.attrs.axes if call.attrs else None, ndim)
+    if shape is None:
+        return tensor_sinfo(None, x.dtype, ndim=ndim)
+    return tensor_sinfo([shape[p] for p in perm], x.dtype)
+
+
+def _transpose_compute(x: te.Tensor, attrs: TransposeAttrs | None = None) -> te.Tensor:
+    perm = _perm(attrs.axes if attrs else None, x.ndim)
+    inv = [perm.index(d) for d in range(x.ndim)]
+    return te.compute(
+        [x.shape[p] for p in perm], lambda *i: x(*[i[inv[d]] for d in range(x.ndim)]),
+        name="transpose",
+    )
+
+
+transpose = _declare(
+    "transpose", ("x",), _transpose_infer, _transpose_compute, TransposeAttrs,
+    "Permute axes (numpy ``transpose``; default reverses them).",
+)
+
+
+# =============================================================================================
+# concat
+# =============================================================================================
+@dataclass(frozen=True)
+class ConcatAttrs:
+    axis: int = 0
+
+
+def _concat_infer(call: Any) -> Any:
+    from ..graph.struct_info import TensorStructInfo, TupleStructInfo
+
+    tup = call.args[0].struct_info
+    if not isinstance(tup, TupleStructInfo):
+        raise StructInfoError(f"concat: tensors must be a tuple of tensors, got {tup}")
+    if not tup.fields:
+        raise StructInfoError("concat: needs at least one tensor")
+    for k, f in enumerate(tup.fields):
+        if not isinstance(f, TensorStructInfo):
+            raise StructInfoError(f"concat: tensors[{k}] must be a tensor, got {f}")
+        if f.dtype != tup.fields[0].dtype:
+            raise StructInfoError(
+                f"concat: tensors[{k}] has dtype {f.dtype} but tensors[0] has "
+                f"{tup.fields[0].dtype}"
+            )
+    dtype = tup.fields[0].dtype
+    ndims = {arg_ndim(f) for f in tup.fields} - {-1}
+    if len(ndims) > 1:
+        raise StructInfoError(f"concat: tensors have different ranks {sorted(ndims)}")
+    if not ndims:
+        return tensor_sinfo(None, dtype, ndim=-1)
+    ndim = ndims.pop()
+    if ndim == 0:
+        raise StructInfoError("concat: cannot concatenate rank-0 tensors")
+    axis = normalize_axis(call.attrs.axis if call.attrs else 0, ndim, "concat")
+    shapes = [arg_shape(f) for f in tup.fields]
+    if any(s is None for s in shapes):
+        return tensor_sinfo(None, dtype, ndim=ndim)
+    return tensor_sinfo(_concat_shape(shapes, axis), dtype)
+
+
+def _concat_shape(shapes: Sequence[Sequence[PrimExpr]], axis: int) -> list[PrimExpr]:
+    out = list(shapes[0])
+    for k, s in enumerate(shapes[1:], start=1):
+        for d in range(len(out)):
+            if d != axis and not dims_equal(s[d], out[d]):
+                if const_int(s[d]) is not None and const_int(out[d]) is not None:
+                    raise StructInfoError(
+                        f"concat: tensors[{k}] has shape {fmt_shape(s)}, which differs from "
+                        f"{fmt_shape(shapes[0])} outside axis {axis}"
+                    )
+    out[axis] = _sum([s[axis] for s in shapes])
+    return out
+
+
+def _sum(dims: Sequence[Any]) -> PrimExpr:
+    """Sum of dims with the constants folded (``n + 3`` rather than ``0 + n + 1 + 2``)."""
+    const, expr = 0, None
+    for d in dims:
+        v = const_int(d)
+        if v is not None:
+            const += v
+        else:
+            expr = as_dim(d) if expr is None else expr + as_dim(d)
+    if expr is None:
+        return _c(const)
+    return simplify(expr + _c(const)) if const else simplify(expr)
+
+
+def _clamp(v: PrimExpr, lo: PrimExpr | None, hi: PrimExpr | None) -> PrimExpr:
+    if hi is not None:
+        v = tx.min(v, hi)
+    if lo is not None:
+        v = tx.max(v, lo)
+    return v
+
+
+def _concat_compute(tensors: Sequence[te.Tensor], attrs: ConcatAttrs | None = None) -> te.Tensor:
+    if isinstance(tensors, te.Tensor):
+        tensors = [tensors]
+    axis = normalize_axis(attrs.axis if attrs else 0, tensors[0].ndim, "concat")
+    out_shape = _concat_shape([t.shape for t in tensors], axis)
+    # pieces of constant length 0 are never read
+    parts = [t for t in tensors if const_int(t.shape[axis]) != 0] or [tensors[0]]
+    offsets = [_sum([t.shape[axis] for t in parts[:k]]) for k in range(len(parts))]
+
+    def body(*i: PrimExpr) -> PrimExpr:
+        def load(k: int) -> PrimExpr:
+            t, o = parts[k], offsets[k]
+            # clamp: a select may evaluate both sides, so every load must stay in bounds
+            pos = _clamp(
+                simplify(i[axis] - o),
+                None if k == 0 else _c(0),
+                None if k == len(parts) - 1 else simplify(t.shape[axis] - 1),
+            )
+            return t(*[pos if d == axis else i[d] for d in range(len(i))])
+
+        value = load(len(parts) - 1)
+        for k in range(len(parts) - 2, -1, -1):
+            value = tx.select(i[axis] < offsets[k + 1], load(k), value)
+        return value
+
+    return te.compute(out_shape, body, name="concat")
+
+
+concat = _declare(
+    "concat", ("tensors*",), _concat_infer, _concat_compute, ConcatAttrs,
+    "Join tensors along ``axis`` (numpy ``concatenate``).",
+)
+
+
+# =============================================================================================
+# split
+# =============================================================================================
+@dataclass(frozen=True)
+class SplitAttrs:
+    """``indices_or_sections``: a number of equal sections, or split points (numpy ``split``)."""
+
+    indices_or_sections: int | tuple[int, ...]
+    axis: int = 0
+
+    def __post_init__(self):
+        v = self.indices_or_sections
+        if isinstance(v, (list, tuple)):
+            object.__setattr__(self, "indices_or_sections", _ints(v, "split", "indices"))
+        elif isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise KilnError(f"split: sections must be a positive int or a tuple of ints: {v!r}")
+
+
+def _split_ranges(dim: PrimExpr, attrs: SplitAttrs) -> list[tuple[PrimExpr, PrimExpr]]:
+    """(start, length) of each piece along the split axis."""
+    spec = attrs.indices_or_sections
+    if isinstance(spec, int):
+        size = _exact_quotient([dim], [spec])
+        if size is None:
+            raise StructInfoError(
+                f"split: an axis of length {dim} cannot be split into {spec} equal sections"
+            )
+        return [(_prod([size, k]), size) for k in range(spec)]
+    cd = const_int(dim)
+    if cd is not None:  # numpy slice normalization of the split points
+        pts = [0, *(slice(p).indices(cd)[1] for p in spec), cd]
+        return [(_c(lo), _c(max(hi - lo, 0))) for lo, hi in zip(pts[:-1], pts[1:])]
+    points: list[PrimExpr] = []
+    for p in spec:
+        if p >= 0:
+            points.append(simplify(tx.min(_c(p), dim)))
+        else:
+            points.append(simplify(tx.max(dim + p, _c(0))))
+    bounds = [_c(0), *points, dim]
+    ranges = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        length = simplify(tx.max(hi - lo, _c(0)))
+        ranges.append((lo, length))
+    return ranges
+
+
+def _split_infer(call: Any) -> Any:
+    from ..graph.struct_info import TupleStructInfo
+
+    x, shape = _known_shape(call, "split")
+    ndim = arg_ndim(x)
+    attrs = call.attrs
+    if ndim < 0 or shape is None:
+        spec = attrs.indices_or_sections
+        count = spec if isinstance(spec, int) else len(spec) + 1
+        if ndim >= 0:
+            normalize_axis(attrs.axis, ndim, "split")
+        return TupleStructInfo(tuple(tensor_sinfo(None, x.dtype, ndim=ndim)
+                                     for _ in range(count)))
+    axis = normalize_axis(attrs.axis, ndim, "split")
+    fields = []
+    for _, length in _split_ranges(shape[axis], attrs):
+        piece = list(shape)
+        piece[axis] = length
+        fields.append(tensor_sinfo(piece, x.dtype))
+    return TupleStructInfo(tuple(fields))
+
+
+def _split_compute(x: te.Tensor, attrs: SplitAttrs) -> tuple[te.Tensor, ...]:
+    axis = normalize_axis(attrs.axis, x.ndim, "split")
+    outs = []
+    for k, (start, length) in enumerate(_split_ranges(x.shape[axis], attrs)):
+        shape = list(x.shape)
+        shape[axis] = length
+
+        def body(*i: PrimExpr, start: PrimExpr = start) -> PrimExpr:
+            return x(*[simplify(i[d] + start) if d == axis else i[d] for d in range(x.ndim)])
+
+        outs.append(te.compute(shape, body, name=f"split_{k}"))
+    return tuple(outs)
+
+
+split = _declare(
+    "split", ("x",), _split_infer, _split_compute, SplitAttrs,
+    "Split into a tuple of tensors along ``axis`` (numpy ``split``).",
+)
+
+
+# =============================================================================================
+# squeeze / expand_dims
+# =============================================================================================
+@dataclass(frozen=True)
+class SqueezeAttrs:
+    """``axis``: dims to remove (each must have length 1); None removes every constant-1 dim."""
+
+    axis: int | tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.axis is not None and not isinstance(self.axis, int):
+            object.__setattr__(self, "axis", _ints(self.axis, "squeeze", "axis"))
+        elif isinstance(self.axis, bool):
+            raise KilnError(f"squeeze: axis must be an int, a tuple or None: {self.axis!r}")
+
+
+def _squeeze_axes(shape: Sequence[PrimExpr] | None, ndim: int, axis: Any) -> tuple[int, ...]:
+    if axis is None:
+        if shape is None:
+            raise StructInfoError("squeeze: axis=None needs a known input shape")
+        return tuple(d for d, s in enumerate(shape) if const_int(s) == 1)
+    axes = reduce_axes(axis, ndim, "squeeze")
+    if shape is not None:
+        for a in axes:
+            c = const_int(shape[a])
+            if c is not None and c != 1:
+                raise StructInfoError(
+                    f"squeeze: axis {a} has length {c}, only length-1 axes can be removed"
+                )
+    return axes
+
+
+def _squeeze_infer(call: Any) -> Any:
+    x, shape = _known_shape(call, "squeeze")
+    ndim = arg_ndim(x)
+    axis = call.attrs.axis if call.attrs else None
+    if ndim < 0:
+        return tensor_sinfo(None, x.dtype, ndim=-1)
+    if shape is None and axis is None:
+        return tensor_sinfo(None, x.dtype, ndim=-1)
+    axes = _squeeze_axes(shape, ndim, axis)
+    if shape is None:
+        return tensor_sinfo(None, x.dtype, ndim=ndim - len(axes))
+    return tensor_sinfo([s for d, s in enumerate(shape) if d not in axes], x.dtype)
+
+
+def _squeeze_compute(x: te.Tensor, attrs: SqueezeAttrs | None = None) -> te.Tensor:
+    axes = _squeeze_axes(x.shape, x.ndim, attrs.axis if attrs else None)
+    kept = [d for d in range(x.ndim) if d not in axes]
+
+    def body(*i: PrimExpr) -> PrimExpr:
+        return x(*[_c(0) if d in axes else i[kept.index(d)] for d in range(x.ndim)])
+
+    return te.compute([x.shape[d] for d in kept], body, name="squeeze")
+
+
+squeeze = _declare(
+    "squeeze", ("x",), _squeeze_infer, _squeeze_compute, SqueezeAttrs,
+    "Remove length-1 axes (numpy ``squeeze``); symbolic axes named in ``axis`` are assumed 1.",
+)
+
+
+@dataclass(frozen=True)
+class ExpandDimsAttrs:
+    """``axis``: positions of the new length-1 axes in the output (numpy ``expand_dims``)."""
+
+    axis: int | tuple[int, ...]
+
+    def __post_init__(self):
+        if not isinstance(self.axis, int) or isinstance(self.axis, bool):
+            object.__setattr__(self, "axis", _ints(self.axis, "expand_dims", "axis"))
+
+
+def _new_axes(ndim: int, axis: Any) -> tuple[int, ...]:
+    """Output positions of the inserted axes (normalized against the output rank)."""
+    items = axis if isinstance(axis, tuple) else (axis,)
+    return reduce_axes(items, ndim + len(items), "expand_dims")
+
+
+def _expand_shape(shape: Sequence[Any], axis: Any) -> list[Any]:
+    new = _new_axes(len(shape), axis)
+    it = iter(shape)
+    return [1 if d in new else next(it) for d in range(len(shape) + len(new))]
+
+
+def _expand_infer(call: Any) -> Any:
+    x, shape = _known_shape(call, "expand_dims")
+    ndim = arg_ndim(x)
+    if ndim < 0:
+        return tensor_sinfo(None, x.dtype, ndim=-1)
+    if shape is None:
+        new = _new_axes(ndim, call.attrs.axis)
+        return tensor_sinfo(None, x.dtype, ndim=ndim + len(new))
+    return tensor_sinfo(_expand_shape(shape, call.attrs.axis), x.dtype)
+
+
+def _expand_compute(x: te.Tensor, attrs: ExpandDimsAttrs) -> te.Tensor:
+    new = _new_axes(x.ndim, attrs.axis)
+    kept = [k for k in range(x.ndim + len(new)) if k not in new]
+    return te.compute(
+        _expand_shape(x.shape, attrs.axis), lambda *i: x(*[i[k] for k in kept]),
+        name="expand_dims",
+    )
+
+
+expand_dims = _declare(
+    "expand_dims", ("x",), _expand_infer, _expand_compute, ExpandDimsAttrs,
+    "Insert length-1 axes at ``axis`` (positions in the output).",
+)
+
+
+# =============================================================================================
+# broadcast_to
+# =============================================================================================
+@dataclass(frozen=True)
+class BroadcastToAttrs:
+    shape: tuple[Any, ...]
+
+    def __post_init__(self):
+        shape = tuple(self.shape) if isinstance(self.shape, (list, tuple)) else (self.shape,)
+        for d in shape:
+            if isinstance(d, bool) or not isinstance(d, (int, PrimExpr)) or (
+                isinstance(d, int) and d < 0
+            ):
+                raise KilnError(f"broadcast_to: bad shape {shape!r}")
+        object.__setattr__(self, "shape", shape)
+
+
+def _check_broadcast_to(shape: Sequence[PrimExpr], target: Sequence[PrimExpr]) -> None:
+    if len(shape) > len(target):
+        raise StructInfoError(
+            f"broadcast_to: cannot broadcast {fmt_shape(shape)} to the lower-rank "
+            f"{fmt_shape(target)}"
+        )
+    off = len(target) - len(shape)
+    for k, d in enumerate(shape):
+        t = target[off + k]
+        if const_int(d) == 1 or dims_equal(d, t):
+            continue
+        if const_int(d) is not None and const_int(t) is not None:
+            raise StructInfoError(
+                f"broadcast_to: cannot broadcast {fmt_shape(shape)} to {fmt_shape(target)}"
+            )
+        raise StructInfoError(
+            f"broadcast_to: cannot prove that dimension {d} of {fmt_shape(shape)} matches "
+            f"{t} of {fmt_shape(target)}"
+        )
+
+
+def _broadcast_to_infer(call: Any) -> Any:
+    x, shape = _known_shape(call, "broadcast_to")
+    target = tuple(as_dim(d) for d in call.attrs.shape)
+    if shape is not None:
+        _check_broadcast_to(shape, target)
+    return tensor_sinfo(target, x.dtype)
+
+
+def _broadcast_to_compute(x: te.Tensor, attrs: BroadcastToAttrs) -> te.Tensor:
+    target = tuple(as_dim(d) for d in attrs.shape)
+    _check_broadcast_to(x.shape, target)
+    return te.compute(target, lambda *i: broadcast_load(x, i), name="broadcast_to")
+
+
+broadcast_to = _declare(
+    "broadcast_to", ("x",), _broadcast_to_infer, _broadcast_to_compute, BroadcastToAttrs,
+    "Broadcast to ``shape`` (numpy ``broadcast_to``).",
+)
+
+
+# =============================================================================================
+# strided_slice
+# =============================================================================================
+@dataclass(frozen=True)
+class StridedSliceAttrs:
+    """numpy slicing ``x[begin:end:strides]`` on ``axes`` (default: the leading axes).
+
+    ``None`` entries in begin/end mean "from the start"/"to the end" for the stride's direction;
+    ends at or beyond 2**31-1 (ONNX sentinels) mean "to the end".
+    """
+
+    begin: tuple[int | None, ...]
+    end: tuple[int | None, ...]
+    strides: tuple[int, ...] | None = None
+    axes: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        for name in ("begin", "end"):
+            v = getattr(self, name)
+            v = tuple(v) if isinstance(v, (list, tuple)) else (v,)
+            for e in v:
+                if e is not None and (isinstance(e, bool) or not isinstance(e, int)):
+                    raise KilnError(f"strided_slice: {name} must be ints or None, got {v!r}")
+            object.__setattr__(self, name, v)
+        n = len(self.begin)
+        if len(self.end) != n:
+            raise KilnError(
+                f"strided_slice: begin {self.begin} and end {self.end} differ in length"
+            )
+        for name in ("strides", "axes"):
+            v = getattr(self, name)
+            if v is not None:
+                v = _ints(v, "strided_slice", name)
+                if len(v) != n:
+                    raise KilnError(f"strided_slice: {name} {v} must have {n} entries like begin")
+                object.__setattr__(self, name, v)
+        if self.strides is not None and 0 in self.strides:
+            raise KilnError(f"strided_slice: strides must be non-zero, got {self.strides}")
+
+
+def _slice_dim(dim: PrimExpr, b: int | None, e: int | None, s: int
+               ) -> tuple[PrimExpr, PrimExpr]:
+    """(start, length) of ``range(dim)[b:e:s]`` (numpy clamping), symbolic dims allowed."""
+    cd = const_int(dim)
+    if cd is not None:
+        start, stop, step = slice(b, e, s).indices(cd)
+        return _c(start), _c(len(range(start, stop, step)))
+    zero, neg1 = _c(0), _c(-1)
+    if s > 0:
+        if b is None:
+            start = zero
+        elif b >= 0:
+            start = tx.min(_c(b), dim)
+        else:
+            start = tx.max(dim + b, zero)
+        if e is None or e >= _HUGE:
+            stop = dim
+        elif e >= 0:
+            stop = tx.min(_c(e), dim)
+        else:
+            stop = tx.max(dim + e, zero)
+        length = tx.floordiv(stop - start + (s - 1), _c(s))
+    else:
+        last = dim - 1
+        if b is None or b >= _HUGE:
+            start = last
+        elif b >= 0:
+            start = tx.min(_c(b), last)
+        else:
+            start = tx.max(dim + b, neg1)
+        if e is None or e <= -_HUGE:
+            stop = neg1
+        elif e >= 0:
+            stop = tx.min(_c(e), last)
+        else:
+            stop = tx.max(dim + e, neg1)
+        length = tx.floordiv(start - stop + (-s - 1), _c(-s))
+    return simplify(start), simplify(tx.max(length, zero))
+
+
+def _slice_plan(shape: Sequence[PrimExpr], attrs: StridedSliceAttrs
+                ) -> list[tuple[PrimExpr, PrimExpr, int]]:
+    """Per input axis: (start, length, stride)."""
+    ndim = len(shape)
+    n = len(attrs.begin)
+    axes = attrs.axes if attrs.axes is not None else tuple(range(n))
+    if attrs.axes is None and n > ndim:
+        raise StructInfoError(
+            f"strided_slice: {n} begin entries for a tensor of rank {ndim}"
+        )
+    norm = [normalize_axis(a, ndim, "strided_slice", "axis") for a in axes]
+    if len(set(norm)) != len(norm):
+        raise StructInfoError(f"strided_slice: axes {axes} names a dimension twice")
+    strides = attrs.strides or (1,) * n
+    plan = [(_c(0), d, 1) for d in shape]
+    for k, a in enumerate(norm):
+        start, length = _slice_dim(shape[a], attrs.begin[k], attrs.end[k], strides[k])
+        plan[a] = (start, length, strides[k])
+    return plan
+
+
+def _strided_slice_infer(call: Any) -> Any:
+    x, shape = _known_shape(call, "strided_slice")
+    if shape is None:
+        return tensor_sinfo(None, x.dtype, ndim=arg_ndim(x))
+    return tensor_sinfo([length for _, length, _ in _slice_plan(shape, call.attrs)], x.dtype)
+
+
+def _strided_slice_compute(x: te.Tensor, attrs: StridedSliceAttrs) -> te.Tensor:
+    plan = _slice_plan(x.shape, attrs)
+
+    def body(*i: PrimExpr) -> PrimExpr:
+        return x(*[
+            i[d] if (const_int(st) == 0 and s == 1) else st + i[d] * s
+            for d, (st, _, s) in enumerate(plan)
+        ])
+
+    return te.compute([length for _, length, _ in plan], body, name="strided_slice")
+
+
+strided_slice = _declare(
+    "strided_slice", ("x",), _strided_slice_infer, _strided_slice_compute, StridedSliceAttrs,
+    "numpy basic slicing ``x[b0:e0:s0, ...]`` on the given axes, negative indices and strides "
+    "included.",
+)
+
+
+# =============================================================================================
+# take
+# =============================================================================================
+@dataclass(frozen=True)
+class TakeAttrs:
+    """``axis``: None indexes the flattened tensor. ``mode``: out-of-range indices are clamped
+    ("clip", numpy: negatives go to 0), wrapped ("wrap") or, with "fast", only negative indices
+    are counted from the end (no bounds check)."""
+
+    axis: int | None = None
+    mode: str = "clip"
+
+    def __post_init__(self):
+        if self.mode not in ("clip", "wrap", "fast"):
+            raise KilnError(f"take: mode must be 'clip', 'wrap' or 'fast', got {self.mode!r}")
+        ax = self.axis
+        if ax is not None and (isinstance(ax, bool) or not isinstance(ax, int)):
+            raise KilnError(f"take: axis must be an int or None, got {self.axis!r}")
+
+
+def _take_infer(call: Any) -> Any:
+    x, shape = _known_shape(call, "take")
+    ind, ishape = _known_shape(call, "take", "indices", 1)
+    idt = as_dtype(ind.dtype)
+    if not idt.is_integer:
+        raise StructInfoError(f"take: indices must be an integer tensor, got dtype {idt}")
+    axis = call.attrs.axis if call.attrs else None
+    ndim = arg_ndim(x)
+    if axis is None:
+        return tensor_sinfo(ishape, x.dtype, ndim=arg_ndim(ind))
+    if ndim < 0:
+        return tensor_sinfo(None, x.dtype, ndim=-1)
+    axis = normalize_axis(axis, ndim, "take")
+    if shape is None or ishape is None:
+        ind_ndim = arg_ndim(ind)
+        return tensor_sinfo(None, x.dtype, ndim=-1 if ind_ndim < 0 else ndim - 1 + ind_ndim)
+    return tensor_sinfo([*shape[:axis], *ishape, *shape[axis + 1:]], x.dtype)
+
+
+def _take_compute(x: te.Tensor, indices: te.Tensor, attrs: TakeAttrs | None = None) -> te.Tensor:
+    attrs = attrs or TakeAttrs()
+    if attrs.axis is None:
+        n = _prod(x.shape)
+        out_shape = list(indices.shape)
+    else:
+        axis = normalize_axis(attrs.axis, x.ndim, "take")
+        n = x.shape[axis]
+        out_shape = [*x.shape[:axis], *indices.shape, *x.shape[axis + 1:]]
+    k = indices.ndim
+
+    def fix(v: PrimExpr) -> PrimExpr:
+        if attrs.mode == "clip":
+            return tx.max(tx.min(v, n - 1), _c(0))
+        if attrs.mode == "wrap":
+            return tx.floormod(v, tx.max(n, _c(1)))
+        return tx.select(v < 0, v + n, v)
+
+    def body(*i: PrimExpr) -> PrimExpr:
+        if attrs.axis is None:
+            pos = fix(tx.cast(INDEX_DTYPE, indices(*i)))
+            return x(*unravel(pos, x.shape)) if x.ndim else x()
+        pos = fix(tx.cast(INDEX_DTYPE, indices(*i[axis:axis + k])))
+        return x(*i[:axis], pos, *i[axis + k:])
+
+    return te.compute(out_shape, body, name="take")
+
+
+take = _declare(
+    "take", ("x", "indices"), _take_infer, _take_compute, TakeAttrs,
+    "Gather entries of ``x`` along ``axis`` at ``indices`` (numpy ``take``).",
+)
+
+
+# =============================================================================================
+# pad
+# =============================================================================================
+@dataclass(frozen=True)
+class PadAttrs:
+    """``pad_width``: ((before, after), ...) per axis; ``mode``: constant, edge or reflect."""
+
+    pad_width: tuple[tuple[int, int], ...]
+    pad_value: float = 0.0
+    mode: str = "constant"
+
+    def __post_init__(self):
+        try:
+            pw = tuple((int(b), int(a)) for b, a in self.pad_width)
+        except (TypeError, ValueError):
+            raise KilnError(
+                f"pad: pad_width must be ((before, after), ...), got {self.pad_width!r}"
+            ) from None
+        if any(v < 0 for p in pw for v in p):
+            raise KilnError(f"pad: pad widths must be non-negative, got {pw}")
+        object.__setattr__(self, "pad_width", pw)
+        if self.mode not in ("constant", "edge", "reflect"):
+            raise KilnError(f"pad: mode must be 'constant', 'edge' or 'reflect', got {self.mode!r}")
+        if isinstance(self.pad_value, bool) or not isinstance(self.pad_value, (int, float)):
+            raise KilnError(f"pad: pad_value must be a number, got {self.pad_value!r}")
+
+
+def _pad_check(ndim: int, attrs: PadAttrs, shape: Sequence[PrimExpr] | None) -> None:
+    if len(attrs.pad_width) != ndim:
+        raise StructInfoError(
+            f"pad: pad_width has {len(attrs.pad_width)} entries for a tensor of rank {ndim}"
+        )
+    if shape is not None and attrs.mode != "constant":
+        for d, (dim, (b, a)) in enumerate(zip(shape, attrs.pad_width)):
+            if (b or a) and const_int(dim) == 0:
+                raise StructInfoError(f"pad: mode {attrs.mode!r} cannot pad the empty axis {d}")
+
+
+def _pad_infer(call: Any) -> Any:
+    x, shape = _known_shape(call, "pad")
+    ndim = arg_ndim(x)
+    if ndim < 0:
+        return tensor_sinfo(None, x.dtype, ndim=len(call.attrs.pad_width))
+    _pad_check(ndim, call.attrs, shape)
+    if shape is None:
+        return tensor_sinfo(None, x.dtype, ndim=ndim)
+    out = [_sum([d, b, a]) for d, (b, a) in zip(shape, call.attrs.pad_width)]
+    return tensor_sinfo(out, x.dtype)
+
+
+def _pad_value(dtype: Any, value: float) -> PrimExpr:
+    dt = as_dtype(dtype)
+    if dt.is_float:
+        return tx.const(dt, value)
+    if dt.is_bool:
+        return tx.const(dt, bool(value))
+    v = math.trunc(value)
+    return tx.const(dt, min(max(v, dt.min_value()), dt.max_value()))
+
+
+def _pad_compute(x: te.Tensor, attrs: PadAttrs) -> te.Tensor:
+    _pad_check(x.ndim, attrs, x.shape)
+    pw = attrs.pad_width
+    out = [_sum([d, b, a]) for d, (b, a) in zip(x.shape, pw)]
+
+    def source(k: int, i: PrimExpr) -> tuple[PrimExpr, PrimExpr | None]:
+        """(input index, in-bounds condition or None) of output position i on axis k."""
+        b, a = pw[k]
+        dim = x.shape[k]
+        if not (b or a):
+            return i, None
+        m = simplify(i - b) if b else i
+        if attrs.mode == "reflect":
+            period = simplify(tx.max(2 * (dim - 1), _c(1)))
+            r = tx.floormod(m, period)
+            return tx.select(r < dim, r, period - r), None
+        clamped = _clamp(m, _c(0) if b else None, simplify(dim - 1) if a else None)
+        if attrs.mode == "edge":
+            return clamped, None
+        conds = []
+        if b:
+            conds.append(i >= _c(b))
+        if a:
+            conds.append(m < dim)
+        return clamped, tx.all_of(conds)
+
+    def body(*i: PrimExpr) -> PrimExpr:
+        idx, conds = [], []
+        for k in range(x.ndim):
+            src, cond = source(k, i[k])
+            idx.append(src)
+            if cond is not None:
+                conds.append(cond)
+        value = x(*idx)
+        if not conds:
+            return value
+        return tx.select(tx.all_of(conds), value, _pad_value(x.dtype, attrs.pad_value))
+
+    return te.compute(out, body, name="pad")
+
+
+pad = _declare(
+    "pad", ("x",), _pad_infer, _pad_compute, PadAttrs,
+    "Pad with a constant, the edge values, or a reflection (numpy ``pad``).",
+)

@@ -1,0 +1,454 @@
+"""Element-wise operators: StructInfo inference, declarations, and numerics against numpy.
+
+Numeric cases are compiled in batches (one C module per test) through the op's own compute and
+CPU schedule: te -> PrimFunc -> Schedule -> C.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kiln import op, te, tir
+from kiln.graph.block_builder import BlockBuilder
+from kiln.graph.expr import Var
+from kiln.graph.struct_info import TensorStructInfo
+from kiln.ir.errors import KilnError, StructInfoError
+from kiln.op.registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, get_op_def
+from kiln.target import Target
+
+TARGET = Target("c")
+RNG = np.random.default_rng(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+def tvar(name, shape, dtype="float32", ndim=-1):
+    return Var(name, TensorStructInfo(shape, dtype, ndim))
+
+
+def infer(call):
+    return BlockBuilder().normalize(call).struct_info
+
+
+def dims(sinfo):
+    return tuple(d.value if isinstance(d, tir.IntImm) else d for d in sinfo.shape)
+
+
+def run_cases(cases):
+    """Compile ``(op_name, [arrays or lists of arrays], attrs)`` cases into one module and run.
+
+    Returns one result per case: an array, or a tuple of arrays for tuple-valued ops.
+    """
+    from kiln.codegen import c as codegen_c
+    from kiln.tir.schedule import Schedule
+
+    funcs, plans = {}, []
+    for k, (name, args, attrs) in enumerate(cases):
+        opdef = get_op_def(name)
+        grouped, flat_ph, flat_arr = [], [], []
+        for j, a in enumerate(args):
+            group = a if isinstance(a, list) else [a]
+            phs = [te.placeholder(x.shape, x.dtype, name=f"in{j}_{i}") for i, x in enumerate(group)]
+            grouped.append(phs if isinstance(a, list) else phs[0])
+            flat_ph += phs
+            flat_arr += [np.array(x, order="C") for x in group]
+        out = opdef.compute(*grouped, attrs=opdef.make_attrs(**attrs))
+        outs = list(out) if isinstance(out, tuple) else [out]
+        sch = Schedule(te.create_prim_func([*flat_ph, *outs]))
+        opdef.schedules["c"](sch, TARGET)
+        funcs[f"case{k}"] = sch.func
+        plans.append((flat_arr, outs, isinstance(out, tuple)))
+    mod = codegen_c.build(funcs, TARGET)
+    results = []
+    for k, (arrays, outs, is_tuple) in enumerate(plans):
+        bufs = [np.empty(tuple(s.value for s in o.shape), o.dtype.to_numpy()) for o in outs]
+        mod[f"case{k}"](*arrays, *bufs)
+        results.append(tuple(bufs) if is_tuple else bufs[0])
+    return results
+
+
+def rand(shape, dtype="float32", lo=-3.0, hi=3.0):
+    if np.dtype(dtype).kind == "b":
+        return RNG.random(shape) < 0.5
+    if np.dtype(dtype).kind in "iu":
+        return RNG.integers(int(lo), int(hi) + 1, size=shape).astype(dtype)
+    return RNG.uniform(lo, hi, size=shape).astype(dtype)
+
+
+_erf = np.vectorize(math.erf)
+
+
+def np_gelu(x, approximate="none"):
+    x64 = x.astype(np.float64)
+    if approximate == "tanh":
+        r = 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64**3)))
+    else:
+        r = 0.5 * x64 * (1 + _erf(x64 / math.sqrt(2)))
+    return r.astype(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# inference
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "a, b, expected",
+    [
+        ((3, 4), (4,), (3, 4)),
+        ((4, 1, 3), (2, 1), (4, 2, 3)),
+        ((), (5,), (5,)),
+        ((2, 3, 4, 5), (2, 1, 4, 1), (2, 3, 4, 5)),
+        ((1,), (1, 1), (1, 1)),
+        ((0, 3), (1, 3), (0, 3)),
+    ],
+)
+def test_broadcast_inference(a, b, expected):
+    s = infer(op.add(tvar("a", a), tvar("b", b)))
+    assert dims(s) == expected and s.dtype == "float32"
+
+
+def test_broadcast_symbolic():
+    n, m = tir.Var("n", "int64"), tir.Var("m", "int64")
+    s = infer(op.multiply(tvar("a", (n, 1, 4)), tvar("b", (m, 4))))
+    assert len(s.shape) == 3 and s.shape[0] is n and s.shape[1] is m and dims(s)[2] == 4
+    # same symbol on both sides
+    s = infer(op.add(tvar("a", (n, 4)), tvar("b", (n, 1))))
+    assert s.shape[0] is n
+    # distinct symbols: rank known, shape unknown
+    s = infer(op.add(tvar("a", (n, 4)), tvar("b", (m, 4))))
+    assert s.shape is None and s.ndim == 2
+    # a constant mismatch is still an error next to an undecidable axis
+    with pytest.raises(StructInfoError, match="add: shapes .* do not broadcast"):
+        infer(op.add(tvar("a", (n, 4)), tvar("b", (m, 5))))
+
+
+def test_unknown_shape_inference():
+    s = infer(op.add(tvar("a", None, ndim=3), tvar("b", (4,))))
+    assert s.shape is None and s.ndim == 3
+    s = infer(op.exp(tvar("a", None, ndim=-1)))
+    assert s.shape is None and s.ndim == -1
+
+
+def test_broadcast_error_names_op_and_shapes():
+    msg = r"subtract: shapes \(3, 4\) and \(5, 4\) do not broadcast"
+    with pytest.raises(StructInfoError, match=msg):
+        infer(op.subtract(tvar("a", (3, 4)), tvar("b", (5, 4))))
+
+
+def test_dtype_errors():
+    with pytest.raises(StructInfoError, match="add: lhs has dtype float32 but rhs has dtype int32"):
+        infer(op.add(tvar("a", (3,)), tvar("b", (3,), "int32")))
+    with pytest.raises(StructInfoError, match="exp: x must be a float tensor, got dtype int32"):
+        infer(op.exp(tvar("a", (3,), "int32")))
+    with pytest.raises(StructInfoError, match="logical_and: lhs must be a bool tensor"):
+        infer(op.logical_and(tvar("a", (3,)), tvar("b", (3,))))
+    with pytest.raises(StructInfoError, match="where: condition must be a bool tensor"):
+        infer(op.where(tvar("c", (3,)), tvar("a", (3,)), tvar("b", (3,))))
+    with pytest.raises(StructInfoError, match="where: x has dtype float32 but y has dtype int8"):
+        infer(op.where(tvar("c", (3,), "bool"), tvar("a", (3,)), tvar("b", (3,), "int8")))
+    with pytest.raises(StructInfoError, match="relu: x must be a numeric"):
+        infer(op.relu(tvar("a", (3,), "bool")))
+
+
+def test_output_dtypes():
+    a, b = tvar("a", (2, 3)), tvar("b", (3,))
+    for f in (op.equal, op.not_equal, op.less, op.less_equal, op.greater, op.greater_equal):
+        assert infer(f(a, b)).dtype == "bool"
+    assert infer(op.cast(a, "int8")).dtype == "int8"
+    assert infer(op.cast(a, dtype="bool")).dtype == "bool"
+    s = infer(op.where(tvar("c", (4, 1, 1), "bool"), a, b))
+    assert dims(s) == (4, 2, 3) and s.dtype == "float32"
+    assert infer(op.logical_not(tvar("c", (2,), "bool"))).dtype == "bool"
+
+
+def test_attr_validation():
+    x = tvar("a", (3,))
+    with pytest.raises(KilnError, match="approximate"):
+        op.gelu(x, approximate="fast")
+    with pytest.raises(KilnError, match="clip: min 2.0 is greater than max 1.0"):
+        op.clip(x, 2.0, 1.0)
+    with pytest.raises(KilnError, match="cast: bad dtype"):
+        op.cast(x, "float33")
+    assert op.cast(x, np.float16).attrs.dtype == "float16"
+    with pytest.raises(KilnError, match="takes no attributes"):
+        op.exp(x, 1)
+
+
+def test_declarations():
+    assert get_op_def("add").pattern == OpPattern.BROADCAST
+    assert get_op_def("exp").pattern == OpPattern.ELEMWISE
+    assert get_op_def("where").pattern == OpPattern.BROADCAST
+    assert get_op_def("add").mixed_precision == MixedPrecision.FOLLOW
+    assert get_op_def("cast").mixed_precision == MixedPrecision.NEVER
+    for name in ("equal", "less", "greater_equal", "logical_and", "logical_not"):
+        assert get_op_def(name).gradient is NON_DIFFERENTIABLE
+        assert get_op_def(name).mixed_precision == MixedPrecision.NEVER
+    assert get_op_def("exp").gradient is None
+    for name in op.elementwise.__all__:
+        assert "c" in get_op_def(name).schedules
+        assert getattr(op, name) is get_op_def(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# numerics
+# ---------------------------------------------------------------------------------------------
+UNARY = {
+    "negative": (np.negative, -3, 3),
+    "abs": (np.abs, -3, 3),
+    "exp": (np.exp, -4, 4),
+    "log": (np.log, 0.05, 5),
+    "sqrt": (np.sqrt, 0, 5),
+    "rsqrt": (lambda x: 1 / np.sqrt(x), 0.05, 5),
+    "tanh": (np.tanh, -4, 4),
+    "sigmoid": (lambda x: 1 / (1 + np.exp(-x.astype(np.float64))), -8, 8),
+    "erf": (_erf, -3, 3),
+    "sin": (np.sin, -4, 4),
+    "cos": (np.cos, -4, 4),
+    "floor": (np.floor, -4, 4),
+    "ceil": (np.ceil, -4, 4),
+    "relu": (lambda x: np.maximum(x, 0), -3, 3),
+    "silu": (lambda x: x / (1 + np.exp(-x.astype(np.float64))), -6, 6),
+}
+
+
+def test_unary_float32():
+    shapes = [(7, 13), (64,), (2, 3, 4, 16), ()]
+    cases, refs = [], []
+    for name, (ref, lo, hi) in UNARY.items():
+        for shape in shapes:
+            x = rand(shape, "float32", lo, hi)
+            cases.append((name, [x], {}))
+            refs.append((name, ref(x)))
+    for (name, ref), got in zip(refs, run_cases(cases)):
+        np.testing.assert_allclose(got, np.asarray(ref, np.float32), rtol=2e-6, atol=2e-6,
+                                   err_msg=name)
+
+
+def test_unary_misc():
+    x = rand((5, 17), "float32", -4, 4)
+    halves = np.array([-3.5, -2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5, 0.49999997, -0.49999997,
+                       2.7, -2.7, 0.0, 1e7 + 1, -1e7 - 1, 8388609.0], np.float32)
+    xi = rand((4, 9), "int32", -50, 50)
+    xb = rand((3, 8), "bool")
+    cases = [
+        ("round", [halves], {}),
+        ("gelu", [x], {}),
+        ("gelu", [x], {"approximate": "tanh"}),
+        ("clip", [x], {"min": -1.0, "max": 2.5}),
+        ("clip", [x], {"max": 0.5}),
+        ("clip", [xi], {"min": -7.5, "max": 20.2}),
+        ("negative", [xi], {}),
+        ("abs", [xi], {}),
+        ("relu", [xi], {}),
+        ("logical_not", [xb], {}),
+        ("exp", [x.astype(np.float64)], {}),
+    ]
+    expected = [
+        np.round(halves),
+        np_gelu(x),
+        np_gelu(x, "tanh"),
+        np.clip(x, -1.0, 2.5),
+        np.minimum(x, 0.5),
+        np.clip(xi, -7, 20),
+        -xi,
+        np.abs(xi),
+        np.maximum(xi, 0),
+        ~xb,
+        np.exp(x.astype(np.float64)),
+    ]
+    for (name, _, _), got, want in zip(cases, run_cases(cases), expected):
+        assert got.dtype == want.dtype, name
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+BROADCAST_SHAPES = [
+    ((7, 13), (13,)), ((4, 1, 3), (2, 1)), ((), (5,)), ((2, 3, 4, 16), (2, 1, 4, 1)),
+]
+
+
+def test_binary_float():
+    ops = {
+        "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
+        "maximum": np.maximum, "minimum": np.minimum, "floor_divide": np.floor_divide,
+        "mod": np.mod,
+    }
+    cases, refs = [], []
+    for name, ref in ops.items():
+        for sa, sb in BROADCAST_SHAPES:
+            a = rand(sa, "float32", -5, 5)
+            b = rand(sb, "float32", 0.5, 3) * RNG.choice([-1, 1], size=sb).astype(np.float32)
+            cases.append((name, [a, b], {}))
+            refs.append(ref(a, b))
+    a, b = rand((6, 5), "float32", 0.1, 3), rand((5,), "float32", -2, 2)
+    cases.append(("power", [a, b], {}))
+    refs.append(np.power(a, b))
+    for (name, *_), got, want in zip(cases, run_cases(cases), refs):
+        assert got.shape == want.shape, name
+        # floor-based ops may legitimately differ by one period right at a boundary
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-5, err_msg=name)
+
+
+def test_binary_int_semantics():
+    a = np.array([7, -7, 7, -7, 0, 5, -2147483648, 3, -3, 9], np.int32)
+    b = np.array([2, 2, -2, -2, 3, 0, -1, 1, 0, -1], np.int32)
+    ua = np.array([7, 200, 0, 255], np.uint8)
+    ub = np.array([2, 7, 0, 0], np.uint8)
+    with np.errstate(all="ignore"):
+        expected = [
+            np.floor_divide(a, b), np.floor_divide(a, b), np.mod(a, b),
+            np.floor_divide(ua, ub), np.mod(ua, ub),
+            a + b, a - b, a * b, np.maximum(a, b), np.minimum(a, b),
+        ]
+    cases = [
+        ("divide", [a, b], {}), ("floor_divide", [a, b], {}), ("mod", [a, b], {}),
+        ("floor_divide", [ua, ub], {}), ("mod", [ua, ub], {}),
+        ("add", [a, b], {}), ("subtract", [a, b], {}), ("multiply", [a, b], {}),
+        ("maximum", [a, b], {}), ("minimum", [a, b], {}),
+    ]
+    base = np.array([2, -3, 5, 0, 1, 7], np.int64)
+    exp_ = np.array([10, 3, 2, 5, 0, 1], np.int64)
+    cases.append(("power", [base, exp_], {}))
+    expected.append(base**exp_)
+    for (name, *_), got, want in zip(cases, run_cases(cases), expected):
+        assert got.dtype == want.dtype, name
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+def test_compare_and_logic():
+    cases, refs = [], []
+    cmp = {"equal": np.equal, "not_equal": np.not_equal, "less": np.less,
+           "less_equal": np.less_equal, "greater": np.greater, "greater_equal": np.greater_equal}
+    for name, ref in cmp.items():
+        for dt in ("float32", "int64"):
+            a = rand((5, 8), dt, -2, 2).round()
+            b = rand((8,), dt, -2, 2).round()
+            cases.append((name, [a, b], {}))
+            refs.append(ref(a, b))
+    p, q = rand((3, 1, 8), "bool"), rand((4, 8), "bool")
+    cases += [("logical_and", [p, q], {}), ("logical_or", [p, q], {})]
+    refs += [p & q, p | q]
+    for (name, *_), got, want in zip(cases, run_cases(cases), refs):
+        assert got.dtype == np.bool_, name
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+def test_where_and_cast():
+    cond = rand((4, 1, 6), "bool")
+    x, y = rand((3, 6)), rand((6,))
+    f = np.array([-2.7, -0.5, 0.0, 0.4, 1.9, 300.0], np.float32)
+    i = np.array([-3, 0, 1, 2, 127, -128], np.int8)
+    cases = [
+        ("where", [cond, x, y], {}),
+        ("cast", [f], {"dtype": "int32"}),
+        ("cast", [f], {"dtype": "bool"}),
+        ("cast", [f], {"dtype": "float64"}),
+        ("cast", [i], {"dtype": "float32"}),
+        ("cast", [i], {"dtype": "int64"}),
+        ("cast", [i > 0], {"dtype": "float32"}),
+    ]
+    expected = [
+        np.where(cond, x, y), f.astype(np.int32), f.astype(bool), f.astype(np.float64),
+        i.astype(np.float32), i.astype(np.int64), (i > 0).astype(np.float32),
+    ]
+    for (name, *_), got, want in zip(cases, run_cases(cases), expected):
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+def test_float16_math_roundtrip():
+    x = rand((4, 16), "float16", -3, 3)
+    got_exp, got_add, got_gelu = run_cases(
+        [("exp", [x], {}), ("add", [x, x], {}), ("gelu", [x], {})]
+    )
+    assert got_exp.dtype == np.float16
+    np.testing.assert_allclose(got_exp, np.exp(x.astype(np.float32)).astype(np.float16),
+                               rtol=1e-3)
+    np.testing.assert_array_equal(got_add, x + x)
+    np.testing.assert_allclose(got_gelu, np_gelu(x.astype(np.float32)).astype(np.float16),
+                               rtol=2e-3, atol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# schedule
+# ---------------------------------------------------------------------------------------------
+def _loop_kinds(func):
+    kinds = []
+    tir.post_order_visit(func.body, lambda n: kinds.append(n.kind) if isinstance(n, tir.For)
+                         else None)
+    return kinds
+
+
+def _scheduled(name, shapes, dtype="float32"):
+    from kiln.tir.schedule import Schedule
+
+    opdef = get_op_def(name)
+    phs = [te.placeholder(s, dtype, name=f"in{k}") for k, s in enumerate(shapes)]
+    out = opdef.compute(*phs, attrs=None)
+    sch = Schedule(te.create_prim_func([*phs, out]))
+    opdef.schedules["c"](sch, TARGET)
+    return sch.func
+
+
+def test_injective_schedule_shapes():
+    lanes = TARGET.vector_lanes("float32")
+    kinds = _loop_kinds(_scheduled("add", [(7, lanes * 2), (lanes * 2,)]))
+    assert tir.ForKind.VECTORIZED in kinds and tir.ForKind.PARALLEL not in kinds
+    kinds = _loop_kinds(_scheduled("add", [(7, 13), (13,)]))
+    assert tir.ForKind.VECTORIZED not in kinds
+    kinds = _loop_kinds(_scheduled("exp", [(512, 256)]))
+    assert tir.ForKind.PARALLEL in kinds and tir.ForKind.VECTORIZED in kinds
+    # symbolic: no split/vectorize of an unknown extent, still parallel
+    n = te.size_var("n")
+    kinds = _loop_kinds(_scheduled("exp", [(n, 13)]))
+    assert tir.ForKind.PARALLEL in kinds and tir.ForKind.VECTORIZED not in kinds
+    # rank 0 is left alone
+    assert _loop_kinds(_scheduled("exp", [()])) == []
+
+
+def test_graph_end_to_end_symbolic():
+    import kiln
+
+    n = tir.Var("n", "int64")
+    x, b = tvar("x", (n, 16)), tvar("b", (16,))
+    bb = BlockBuilder()
+    with bb.function("main", [x, b]):
+        with bb.dataflow():
+            h = bb.emit(op.gelu(op.add(x, b)))
+            mask = bb.emit(op.greater(x, b))
+            y = bb.emit(op.where(mask, h, op.negative(op.exp(x))))
+            z = bb.emit(op.cast(op.clip(y, -1.0, 1.0), "float16"))
+            gv = bb.emit_output((z, mask))
+        bb.emit_func_output(gv)
+    exe = kiln.build(bb.get(), "c")
+    for rows in (1, 6):
+        xv, bv = rand((rows, 16)), rand((16,))
+        got_z, got_mask = exe(xv, bv)
+        want_mask = xv > bv
+        want = np.where(want_mask, np_gelu(xv + bv), -np.exp(xv))
+        np.testing.assert_array_equal(got_mask, want_mask)
+        assert got_z.dtype == np.float16 and got_z.shape == (rows, 16)
+        np.testing.assert_allclose(got_z, np.clip(want, -1, 1).astype(np.float16), rtol=1e-3)
+
+
+def test_schedule_injective_inlines_intermediate_stages():
+    from kiln.codegen import c as codegen_c
+    from kiln.op.schedule_helpers import schedule_injective
+    from kiln.tir.schedule import Schedule
+
+    a = te.placeholder((6, 16), "float32", name="A")
+    b = te.compute((6, 16), lambda i, j: a[i, j] * 2.0, name="B")
+    c = te.compute((6, 16), lambda i, j: tir.exp(b[i, j]) + b[i, j], name="C")
+    sch = Schedule(te.create_prim_func([a, c]))
+    schedule_injective(sch, TARGET)
+    blocks = []
+    tir.post_order_visit(sch.func.body, lambda n: blocks.append(n.name_hint)
+                         if isinstance(n, tir.Block) else None)
+    assert sorted(blocks) == ["C", "root"]
+    assert tir.ForKind.VECTORIZED in _loop_kinds(sch.func)
+    mod = codegen_c.build({"f": sch.func}, TARGET)
+    av, out = rand((6, 16)), np.empty((6, 16), np.float32)
+    mod["f"](av, out)
+    np.testing.assert_allclose(out, np.exp(2 * av) + 2 * av, rtol=1e-6)
