@@ -4,12 +4,12 @@
 ``kiln.op.nn.relu(x)`` (also ``kiln.op.relu``). Families: elementwise, reduce, shape, linalg, nn.
 """
 
-from . import nn
+from . import nn  # noqa: F401 - op.nn namespace
 from .elementwise import *  # noqa: F403
 from .linalg import *  # noqa: F403
 from .nn import *  # noqa: F403
 from .reduce import *  # noqa: F403
-from .registry import (
+from .registry import (  # noqa: F401 - re-exported API
     NON_DIFFERENTIABLE,
     MixedPrecision,
     OpDef,
