@@ -126,3 +126,22 @@ def test_missing_compiler_is_a_clear_error(monkeypatch, tmp_path):
         bb.emit_func_output(bb.emit(op.exp(x)))
     with pytest.raises(CompilerNotFoundError, match="no-such-cc"):
         kiln.build(bb.get())
+
+
+def test_compound_symbolic_dims_flow_through_kernels():
+    """A kernel whose input shape is 2*n (after a concat) still binds its shape at run time."""
+    n = kiln.tir.Var("n", "int64")
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo((n, 4), "float32"))
+    with bb.function("main", [x]):
+        c = bb.emit(op.concat([x, x], axis=0))
+        r = bb.emit(op.nn.relu(c))
+        s = bb.emit(op.sum(r, axis=0))
+        bb.emit_func_output(g.Tuple((r, s)))
+    exe = kiln.build(bb.get())
+    for batch in (1, 5):
+        xv = np.random.default_rng(batch).standard_normal((batch, 4)).astype("float32")
+        r, s = exe(xv)
+        ref = np.maximum(np.concatenate([xv, xv]), 0)
+        _check(r, ref)
+        _check(s, ref.sum(axis=0))

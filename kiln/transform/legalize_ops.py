@@ -12,24 +12,48 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import te
+from .. import te, tir
 from ..graph import expr as gx
 from ..graph.block_builder import BlockBuilder
 from ..graph.functor import ExprMutator
 from ..graph.struct_info import TensorStructInfo, TupleStructInfo
 from ..ir.errors import KilnError, StructInfoError
 from ..ir.module import IRModule
+from ..ir.node import structural_equal
 from ..op.registry import get_op_def
-from .pass_base import Pass
+from .pass_infra import PassContext, module_pass
 
 
-def _placeholder(arg: gx.Expr, name: str) -> te.Tensor:
+class _DimVars:
+    """Fresh variables for compound symbolic dimensions (``2*n``) of one op call.
+
+    A kernel binds its symbolic dimensions from the shapes of its arguments, which works for a
+    dimension that is a plain variable but not for an expression of one. The kernel does not
+    need the relation (graph-level inference already guarantees it), so each distinct compound
+    dimension becomes a variable of its own.
+    """
+
+    def __init__(self) -> None:
+        self.known: list[tuple[Any, tir.Var]] = []
+
+    def __call__(self, dim: Any) -> Any:
+        if isinstance(dim, (int, tir.IntImm, tir.Var)) or not tir.collect_vars(dim):
+            return dim
+        for expr, var in self.known:
+            if structural_equal(expr, dim, map_free_vars=False):
+                return var
+        var = tir.Var(f"d{len(self.known)}", "int64")
+        self.known.append((dim, var))
+        return var
+
+
+def _placeholder(arg: gx.Expr, name: str, dims: _DimVars) -> te.Tensor:
     sinfo = arg.struct_info
     if not isinstance(sinfo, TensorStructInfo) or sinfo.shape is None:
         raise StructInfoError(
             f"LegalizeOps: argument {name} needs a tensor of known rank, got {sinfo}"
         )
-    return te.placeholder(tuple(sinfo.shape), sinfo.dtype, name=name)
+    return te.placeholder(tuple(dims(d) for d in sinfo.shape), sinfo.dtype, name=name)
 
 
 def _flatten_args(call: gx.Call) -> list[gx.Expr]:
@@ -46,6 +70,7 @@ def _flatten_args(call: gx.Call) -> list[gx.Expr]:
 def _te_inputs(call: gx.Call, bb: BlockBuilder) -> tuple[list[Any], list[te.Tensor]]:
     """te placeholders shaped like the call's arguments (a list for a Tuple argument)."""
     names = iter("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    dims = _DimVars()
     grouped: list[Any] = []
     flat: list[te.Tensor] = []
     for a in call.args:
@@ -53,11 +78,11 @@ def _te_inputs(call: gx.Call, bb: BlockBuilder) -> tuple[list[Any], list[te.Tens
             fields = a.fields if isinstance(a, gx.Tuple) else None
             if fields is None:
                 raise KilnError("LegalizeOps: tuple-valued arguments must be explicit tuples")
-            group = [_placeholder(f, next(names, "X")) for f in fields]
+            group = [_placeholder(f, next(names, "X"), dims) for f in fields]
             grouped.append(group)
             flat.extend(group)
         else:
-            t = _placeholder(a, next(names, "X"))
+            t = _placeholder(a, next(names, "X"), dims)
             grouped.append(t)
             flat.append(t)
     return grouped, flat
@@ -102,13 +127,11 @@ class _Legalizer(ExprMutator):
         return call
 
 
-class LegalizeOps(Pass):
+@module_pass(opt_level=0)
+class LegalizeOps:
     """Lower every op call in every graph function to ``call_tir``."""
 
-    name = "LegalizeOps"
-    opt_level = 0
-
-    def transform_module(self, mod: IRModule) -> IRModule:
+    def transform_module(self, mod: IRModule, ctx: PassContext) -> IRModule:
         bb = BlockBuilder(mod)
         for name, func in mod.items():
             if isinstance(func, gx.Function):
