@@ -8,6 +8,7 @@ executable file format are all derived from it, so widening ``lanes`` is a one-l
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from enum import IntEnum
@@ -43,6 +44,10 @@ def layout_field_range(field: str) -> tuple[int, int]:
         if name == field:
             return _INT_RANGES[ty]
     raise KeyError(field)
+
+
+_LANES_MAX = layout_field_range("lanes")[1]
+_BITS_MAX = layout_field_range("bits")[1]
 
 
 class TypeCode(IntEnum):
@@ -84,23 +89,24 @@ class DataType:
         if not isinstance(code, int):
             parsed = as_dtype(code)
             code, bits, lanes = parsed.code, parsed.bits, parsed.lanes
-        code = TypeCode(code)
-        if code == TypeCode.BOOL and bits == 0:
-            bits = 1
-        if code == TypeCode.HANDLE and bits == 0:
-            bits = 64
-        lo, hi = layout_field_range("lanes")
-        if not (1 <= lanes <= hi) or lanes < lo:
-            raise DTypeError(f"lanes must be in [1, {hi}], got {lanes}")
-        blo, bhi = layout_field_range("bits")
-        if not (blo < bits <= bhi):
-            raise DTypeError(f"bits must be in [1, {bhi}], got {bits}")
+        if not isinstance(code, TypeCode):
+            code = TypeCode(code)
+        if bits == 0:
+            if code == TypeCode.BOOL:
+                bits = 1
+            elif code == TypeCode.HANDLE:
+                bits = 64
+        if not 1 <= lanes <= _LANES_MAX:
+            raise DTypeError(f"lanes must be in [1, {_LANES_MAX}], got {lanes}")
+        if not 0 < bits <= _BITS_MAX:
+            raise DTypeError(f"bits must be in [1, {_BITS_MAX}], got {bits}")
         object.__setattr__(self, "code", code)
         object.__setattr__(self, "bits", bits)
         object.__setattr__(self, "lanes", lanes)
 
     # ---- parsing / printing -------------------------------------------------------------
     @staticmethod
+    @functools.lru_cache(maxsize=1024)
     def parse(text: str) -> DataType:
         m = _DTYPE_RE.match(text.strip())
         if not m:
@@ -164,7 +170,7 @@ class DataType:
     @property
     def element(self) -> DataType:
         """The scalar type of one lane."""
-        return self.with_lanes(1)
+        return self if self.lanes == 1 else _element(self.code, self.bits)
 
     @property
     def is_scalar(self) -> bool:
@@ -211,18 +217,10 @@ class DataType:
         return lane_bytes * self.lanes
 
     def min_value(self) -> int | float:
-        if self.is_float:
-            return -float("inf")
-        if self.is_bool:
-            return 0
-        return _INT_RANGES[str(self.element)][0]
+        return _value_range(self.code, self.bits)[0]
 
     def max_value(self) -> int | float:
-        if self.is_float:
-            return float("inf")
-        if self.is_bool:
-            return 1
-        return _INT_RANGES[str(self.element)][1]
+        return _value_range(self.code, self.bits)[1]
 
     # ---- numpy interop ------------------------------------------------------------------
     def to_numpy(self) -> np.dtype:
@@ -248,6 +246,20 @@ class DataType:
         if dt.kind not in kinds:
             raise DTypeError(f"numpy dtype {dt} has no kiln equivalent")
         return DataType(kinds[dt.kind], dt.itemsize * 8, 1)
+
+
+@functools.lru_cache(maxsize=256)
+def _element(code: int, bits: int) -> DataType:
+    return DataType(code, bits, 1)
+
+
+@functools.lru_cache(maxsize=256)
+def _value_range(code: int, bits: int) -> tuple[int | float, int | float]:
+    if code in (TypeCode.FLOAT, TypeCode.BFLOAT):
+        return -float("inf"), float("inf")
+    if code == TypeCode.BOOL:
+        return 0, 1
+    return _INT_RANGES[f"{_CODE_NAMES[TypeCode(code)]}{bits}"]
 
 
 def as_dtype(value: Any) -> DataType:
