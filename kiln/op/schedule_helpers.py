@@ -104,6 +104,46 @@ def _pick_lanes(target: Any, dtype: Any, extent: int | None) -> int:
     return 1
 
 
+# Inlining substitutes a producer's whole expression for every load of its buffer, so a chain of
+# stages that each read their input several times (polynomial approximations, for instance)
+# grows exponentially. Past this many expression nodes a stage stays materialized.
+INLINE_MAX_NODES = 512
+
+
+def _expr_size(expr: Any) -> int:
+    count = 0
+
+    def visit(_: Any) -> None:
+        nonlocal count
+        count += 1
+
+    post_order_visit(expr, visit)
+    return count
+
+
+def inline_is_cheap(sch: Any, block: Any, max_nodes: int = INLINE_MAX_NODES) -> bool:
+    """Whether ``compute_inline(block)`` keeps the consumers' expressions small.
+
+    The cost is the producer's expression size times the number of places its buffer is read
+    in the consumers; a stage read once is always cheap to inline.
+    """
+    blk = sch.get(block)
+    value = getattr(blk.body, "value", None)
+    if value is None or len(blk.writes) != 1:
+        return False
+    buf = blk.writes[0].buffer
+    loads = 0
+
+    def count(node: Any) -> None:
+        nonlocal loads
+        if isinstance(node, BufferLoad) and node.buffer is buf:
+            loads += 1
+
+    for consumer in sch.get_consumers(block):
+        post_order_visit(sch.get(consumer).body, count)
+    return loads <= 1 or _expr_size(value) * loads <= max_nodes
+
+
 def inline_injective_stages(sch: Any) -> None:
     """Inline every intermediate stage that is a plain element-wise/injective computation.
 
@@ -115,6 +155,8 @@ def inline_injective_stages(sch: Any) -> None:
     for b in _root_and_blocks(sch):
         blk = sch.get(b)
         if _is_reduction(blk) or any(id(w.buffer) in outputs for w in blk.writes):
+            continue
+        if not inline_is_cheap(sch, b):
             continue
         try:
             sch.compute_inline(b)

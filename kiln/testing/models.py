@@ -113,3 +113,76 @@ def small_cnn(batch: int = 2, channels: int = 16, size: int = 32, classes: int =
 
     inputs = [rng.standard_normal((batch, 3, size, size)).astype("float32")]
     return Model("small_cnn", bb.get(), inputs, reference)
+
+
+def resnet_block_cnn(batch: int = 2, channels: int = 16, size: int = 16, classes: int = 10,
+                     blocks: int = 2, seed: int = 0) -> Model:
+    """A small ResNet: conv3x3-bn-relu stem, ``blocks`` residual blocks (conv-bn-relu,
+    conv-bn, skip add, relu), global average pool, dense + bias.
+
+    The shape that operator fusion is made for: every conv takes its batch norm, activation
+    and skip add as an epilogue.
+    """
+    rng = np.random.default_rng(seed)
+
+    def conv_w(cout: int, cin: int) -> np.ndarray:
+        return (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(9 * cin)).astype("float32")
+
+    def bn_params() -> tuple[np.ndarray, ...]:
+        gamma = (1 + 0.1 * rng.standard_normal(channels)).astype("float32")
+        beta = (0.1 * rng.standard_normal(channels)).astype("float32")
+        mean = (0.1 * rng.standard_normal(channels)).astype("float32")
+        var = (1 + 0.1 * rng.random(channels)).astype("float32")
+        return gamma, beta, mean, var
+
+    stem = (conv_w(channels, 3), bn_params())
+    layers = [((conv_w(channels, channels), bn_params()), (conv_w(channels, channels), bn_params()))
+              for _ in range(blocks)]
+    wd = (rng.standard_normal((classes, channels)) / np.sqrt(channels)).astype("float32")
+    bd = (0.1 * rng.standard_normal(classes)).astype("float32")
+
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo((batch, 3, size, size), "float32"))
+
+    def conv_bn(h: Any, layer: tuple) -> Any:
+        w, (gamma, beta, mean, var) = layer
+        h = bb.emit(op.nn.conv2d(h, g.const(w), padding=(1, 1)))
+        return bb.emit(op.nn.batch_norm(h, g.const(gamma), g.const(beta), g.const(mean),
+                                        g.const(var), axis=1, epsilon=1e-5))
+
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(op.nn.relu(conv_bn(x, stem)))
+            for first, second in layers:
+                y = bb.emit(op.nn.relu(conv_bn(h, first)))
+                y = conv_bn(y, second)
+                h = bb.emit(op.nn.relu(bb.emit(op.add(y, h))))
+            h = bb.emit(op.nn.global_avg_pool2d(h))
+            h = bb.emit(op.reshape(h, (batch, channels)))
+            h = bb.emit(op.dense(h, g.const(wd)))
+            out = bb.emit_output(op.add(h, g.const(bd)))
+        bb.emit_func_output(out)
+
+    def np_conv_bn(h: np.ndarray, layer: tuple) -> np.ndarray:
+        w, (gamma, beta, mean, var) = layer
+        n, _, hh, ww = h.shape
+        p = np.pad(h, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        out = np.zeros((n, w.shape[0], hh, ww))
+        for di in range(3):
+            for dj in range(3):
+                out += np.einsum("nchw,oc->nohw", p[:, :, di:di + hh, dj:dj + ww],
+                                 w[:, :, di, dj].astype("float64"))
+        sh = (1, -1, 1, 1)
+        out = (out - mean.reshape(sh)) / np.sqrt(var.reshape(sh) + 1e-5) * gamma.reshape(sh)
+        return out + beta.reshape(sh)
+
+    def reference(xv: np.ndarray) -> np.ndarray:
+        h = np.maximum(np_conv_bn(xv.astype("float64"), stem), 0)
+        for first, second in layers:
+            y = np.maximum(np_conv_bn(h, first), 0)
+            h = np.maximum(np_conv_bn(y, second) + h, 0)
+        h = h.mean(axis=(2, 3))
+        return (h @ wd.T.astype("float64") + bd).astype("float32")
+
+    inputs = [rng.standard_normal((batch, 3, size, size)).astype("float32")]
+    return Model("resnet_block_cnn", bb.get(), inputs, reference)
