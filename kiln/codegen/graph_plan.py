@@ -60,9 +60,10 @@ class _PlanBuilder:
             try:
                 return self.values[id(e)]
             except KeyError:
-                raise KilnError(f"{self.name}: variable {e.name_hint} used before it is bound")
+                raise KilnError(f"{self.name}: variable {e.name_hint} used before it is bound") from None
         if isinstance(e, gx.Constant):
-            data = np.ascontiguousarray(e.data)
+            # (ascontiguousarray alone turns a 0-d array into shape (1,))
+            data = np.ascontiguousarray(e.data).reshape(e.data.shape)
             slot = self.new_slot(e.struct_info, "const", "a constant")
             self.constants[slot] = data
             return slot

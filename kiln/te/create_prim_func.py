@@ -18,6 +18,7 @@ from ..tir.buffer import Buffer, BufferRegion
 from ..tir.expr import (
     BufferLoad,
     IterVar,
+    Let,
     PrimExpr,
     Range,
     Reduce,
@@ -300,6 +301,8 @@ def _check_free_vars(
             bound_locally.update(id(iv.var) for iv in n.iter_vars)
         elif isinstance(n, Reduce):  # pragma: no cover - reductions are lowered to stores
             bound_locally.update(id(iv.var) for iv in n.axis)
+        elif isinstance(n, Let):  # a let inside a compute expression binds its variable
+            bound_locally.add(id(n.var))
 
     for nest in nests:
         post_order_visit(nest, binders)

@@ -1,0 +1,132 @@
+"""CanonicalizeOps: explicit axes, matmul-of-transpose -> dense, x*sigmoid(x) -> silu,
+power(x, 2) -> x*x."""
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import graph as g
+from kiln import op
+from kiln.ir import assert_structural_equal
+from kiln.transform import CanonicalizeOps, DeadCodeElimination, EliminateCommonSubexpr
+
+RNG = np.random.default_rng(5)
+
+
+def _t(*shape, dtype="float32"):
+    return g.TensorStructInfo(shape, dtype)
+
+
+def _single(x, call):
+    bb = g.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(call)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("before, after", [
+    (lambda x: op.sum(x, axis=-1), lambda x: op.sum(x, axis=(2,))),
+    (lambda x: op.mean(x, axis=(-1, 0), keepdims=True),
+     lambda x: op.mean(x, axis=(0, 2), keepdims=True)),
+    (lambda x: op.max(x, axis=(0, 1, -1)), lambda x: op.max(x)),
+    (lambda x: op.argmax(x, axis=-2), lambda x: op.argmax(x, axis=1)),
+    (lambda x: op.transpose(x), lambda x: op.transpose(x, (2, 1, 0))),
+    (lambda x: op.transpose(x, (0, -1, 1)), lambda x: op.transpose(x, (0, 2, 1))),
+    (lambda x: op.nn.softmax(x), lambda x: op.nn.softmax(x, axis=2)),
+    (lambda x: op.concat([x, x], axis=-1), lambda x: op.concat([x, x], axis=2)),
+    (lambda x: op.squeeze(x), lambda x: op.squeeze(x, (1,))),
+    (lambda x: op.expand_dims(x, -1), lambda x: op.expand_dims(x, (3,))),
+    (lambda x: op.split(x, 2, axis=-1), lambda x: op.split(x, 2, axis=2)),
+])
+def test_axes_become_explicit_and_non_negative(before, after):
+    x = g.Var("x", _t(2, 1, 4))
+    got = CanonicalizeOps()(_single(x, before(x)))
+    assert_structural_equal(got["main"], _single(x, after(x))["main"])
+
+
+def test_canonical_calls_are_left_alone():
+    x = g.Var("x", _t(2, 1, 4))
+    mod = _single(x, op.sum(x, axis=(0, 2)))
+    assert CanonicalizeOps()(mod)["main"] is mod["main"]
+
+
+def test_equivalent_spellings_merge_under_cse():
+    x = g.Var("x", _t(3, 5))
+    bb = g.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(op.sum(x, axis=-1))
+            b = bb.emit(op.sum(x, axis=1))
+            out = bb.emit_output(op.add(a, b))
+        bb.emit_func_output(out)
+    after = EliminateCommonSubexpr()(CanonicalizeOps()(bb.get()))
+    assert len(after["main"].body.blocks[0].bindings) == 2
+
+
+def test_matmul_of_transposed_weight_becomes_dense():
+    x, w = g.Var("x", _t(2, 3, 8)), g.Var("w", _t(16, 8))
+    bb = g.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            wt = bb.emit(op.transpose(w))
+            out = bb.emit_output(op.matmul(x, wt))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    after = DeadCodeElimination()(CanonicalizeOps()(mod))
+
+    bb = g.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(op.dense(x, w))
+        bb.emit_func_output(out)
+    assert_structural_equal(after["main"], bb.get()["main"])
+    xs = RNG.standard_normal((2, 3, 8)).astype("float32")
+    ws = RNG.standard_normal((16, 8)).astype("float32")
+    np.testing.assert_allclose(kiln.build(after)(xs, ws), kiln.build(mod)(xs, ws), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_matmul_of_other_transposes_is_kept():
+    x, w = g.Var("x", _t(2, 4, 8)), g.Var("w", _t(2, 4, 8))
+    bb = g.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            wt = bb.emit(op.transpose(w, (0, 2, 1)))  # batched: not a dense weight
+            out = bb.emit_output(op.matmul(x, wt))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert [b.value.op.name for b in CanonicalizeOps()(mod)["main"].body.blocks[0].bindings] \
+        == ["transpose", "matmul"]
+
+
+def test_silu_and_square():
+    x = g.Var("x", _t(4, 6))
+    bb = g.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            s = bb.emit(op.sigmoid(x))
+            a = bb.emit(op.multiply(s, x))
+            p = bb.emit(op.power(a, g.const(np.full((6,), 2.0, "float32"))))
+            out = bb.emit_output(op.power(p, g.const(np.full((6,), 3.0, "float32"))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    after = DeadCodeElimination()(CanonicalizeOps()(mod))
+
+    bb = g.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(op.silu(x))
+            p = bb.emit(op.multiply(a, a))
+            out = bb.emit_output(op.power(p, g.const(np.full((6,), 3.0, "float32"))))
+        bb.emit_func_output(out)
+    assert_structural_equal(after["main"], bb.get()["main"])
+    data = RNG.standard_normal((4, 6)).astype("float32")
+    np.testing.assert_allclose(kiln.build(after)(data), kiln.build(mod)(data), rtol=1e-5)
+
+
+def test_square_of_integers_is_kept():
+    x = g.Var("x", _t(4, dtype="int32"))
+    mod = _single(x, op.power(x, g.const(np.full((4,), 2, "int32"))))
+    assert CanonicalizeOps()(mod)["main"] is mod["main"]
