@@ -60,7 +60,9 @@ class _PlanBuilder:
             try:
                 return self.values[id(e)]
             except KeyError:
-                raise KilnError(f"{self.name}: variable {e.name_hint} used before it is bound") from None
+                raise KilnError(
+                    f"{self.name}: variable {e.name_hint} used before it is bound"
+                ) from None
         if isinstance(e, gx.Constant):
             # (ascontiguousarray alone turns a 0-d array into shape (1,))
             data = np.ascontiguousarray(e.data).reshape(e.data.shape)

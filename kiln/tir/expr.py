@@ -11,7 +11,6 @@ of the other operand.
 from __future__ import annotations
 
 import builtins
-
 from collections.abc import Sequence
 from dataclasses import field
 from enum import IntEnum
