@@ -135,7 +135,8 @@ def cases():
 
 def main(argv: list[str]) -> int:
     pattern = argv[1] if len(argv) > 1 else ""
-    header = f"{'case':34s} {'kiln ms':>9s} {'numpy ms':>9s} {'k/np':>6s} {'ort ms':>9s} {'k/ort':>6s}"
+    header = (f"{'case':34s} {'kiln ms':>9s} {'numpy ms':>9s} {'k/np':>6s} "
+              f"{'ort ms':>9s} {'k/ort':>6s}")
     print(f"threads: kiln OpenMP default, onnxruntime {THREADS}")
     print(header)
     print("-" * len(header))
