@@ -495,6 +495,153 @@ def _cast(x: PrimExpr, attrs: CastAttrs) -> PrimExpr:
 
 
 # =============================================================================================
+# gradient rules (signature in kiln.op.registry). ``call`` inside a returned expression means
+# the forward result; non-float inputs get no gradient.
+# =============================================================================================
+def _is_float(x: Any) -> bool:
+    return as_dtype(x.struct_info.dtype).is_float
+
+
+def _k(value: float, like: Any) -> Any:
+    """A 0-d constant of ``like``'s dtype."""
+    from .grad import scalar
+
+    return scalar(value, like.struct_info.dtype)
+
+
+def _unary_grad(fn: Callable[[Any, Any, Any], Any]) -> Callable[..., list[Any]]:
+    """A rule from ``fn(call, x, g) -> adjoint of x`` (None: no gradient)."""
+
+    def rule(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+        x = call.args[0]
+        return [fn(call, x, output_grad) if _is_float(x) else None]
+
+    rule.__doc__ = fn.__doc__
+    return rule
+
+
+def _binary_grad(fn: Callable[[Any, Any, Any, Any], tuple[Any, Any]]) -> Callable[..., list]:
+    """A rule from ``fn(call, lhs, rhs, g) -> (d lhs, d rhs)`` shaped like the result; each is
+    summed down to its input's shape where that input was broadcast."""
+
+    def rule(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+        from .grad import unbroadcast
+
+        a, b = call.args
+        grads = fn(call, a, b, output_grad)
+        return [None if d is None or not _is_float(x) else unbroadcast(d, call.struct_info, x)
+                for x, d in zip((a, b), grads)]
+
+    rule.__doc__ = fn.__doc__
+    return rule
+
+
+def _masked_grad(cond: Any, g: Any) -> Any:
+    """``g`` where ``cond`` holds, else 0."""
+    return where(cond, g, _k(0, g))
+
+
+_add_grad = _binary_grad(lambda c, a, b, g: (g, g))
+_subtract_grad = _binary_grad(lambda c, a, b, g: (g, negative(g)))
+_multiply_grad = _binary_grad(lambda c, a, b, g: (multiply(g, b), multiply(g, a)))
+# d(a/b)/db = -a/b^2 = -(a/b)/b
+_divide_grad = _binary_grad(
+    lambda c, a, b, g: (divide(g, b), negative(multiply(g, divide(c, b)))))
+# a mod b = a - floor(a/b) b; floor is piecewise constant
+_mod_grad = _binary_grad(lambda c, a, b, g: (g, negative(multiply(g, floor_divide(a, b)))))
+_floor_divide_grad = _binary_grad(lambda c, a, b, g: (None, None))
+# ties go to lhs (as in max(a, b) = a when a >= b)
+_maximum_grad = _binary_grad(lambda c, a, b, g: (
+    _masked_grad(greater_equal(a, b), g), _masked_grad(less(a, b), g)))
+_minimum_grad = _binary_grad(lambda c, a, b, g: (
+    _masked_grad(less_equal(a, b), g), _masked_grad(greater(a, b), g)))
+# d(a^b)/da = b a^(b-1); d(a^b)/db = a^b log(a)
+_power_grad = _binary_grad(lambda c, a, b, g: (
+    multiply(g, multiply(b, power(a, subtract(b, _k(1, b))))),
+    multiply(g, multiply(c, log(a)))))
+
+
+def _where_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    from .grad import unbroadcast
+
+    cond, x, y = call.args
+    zero = _k(0, output_grad)
+    dx = unbroadcast(where(cond, output_grad, zero), call.struct_info, x)
+    dy = unbroadcast(where(cond, zero, output_grad), call.struct_info, y)
+    return [None, dx if _is_float(x) else None, dy if _is_float(y) else None]
+
+
+def _gelu_grad_fn(call: Any, x: Any, g: Any) -> Any:
+    """Exact: Phi(x) + x phi(x); tanh form: 0.5 (1 + t) + 0.5 x (1 - t^2) u'(x)."""
+    approx = (call.attrs or GeluAttrs()).approximate
+    if approx == "tanh":
+        x2 = multiply(x, x)
+        u = multiply(_k(_SQRT_2_OVER_PI, x), add(x, multiply(_k(0.044715, x), multiply(x2, x))))
+        t = tanh(u)
+        du = multiply(_k(_SQRT_2_OVER_PI, x), add(_k(1, x), multiply(_k(3 * 0.044715, x), x2)))
+        d = add(multiply(_k(0.5, x), add(_k(1, x), t)),
+                multiply(multiply(_k(0.5, x), x),
+                         multiply(subtract(_k(1, x), multiply(t, t)), du)))
+        return multiply(g, d)
+    cdf = multiply(_k(0.5, x), add(_k(1, x), erf(multiply(x, _k(_SQRT_HALF, x)))))
+    pdf = multiply(_k(1 / math.sqrt(2 * math.pi), x),
+                   exp(multiply(_k(-0.5, x), multiply(x, x))))
+    return multiply(g, add(cdf, multiply(x, pdf)))
+
+
+def _silu_grad_fn(call: Any, x: Any, g: Any) -> Any:
+    """s (1 + x (1 - s)) with s = sigmoid(x)."""
+    s = sigmoid(x)
+    return multiply(g, multiply(s, add(_k(1, x), multiply(x, subtract(_k(1, x), s)))))
+
+
+def _clip_grad_fn(call: Any, x: Any, g: Any) -> Any:
+    """g inside [min, max] (bounds included), else 0."""
+    attrs = call.attrs
+    conds = []
+    if attrs.min is not None:
+        conds.append(greater_equal(x, _k(attrs.min, x)))
+    if attrs.max is not None:
+        conds.append(less_equal(x, _k(attrs.max, x)))
+    if not conds:
+        return g
+    cond = conds[0] if len(conds) == 1 else logical_and(conds[0], conds[1])
+    return _masked_grad(cond, g)
+
+
+def _cast_grad_fn(call: Any, x: Any, g: Any) -> Any:
+    """The gradient cast back to the input's (float) dtype; none through a non-float result."""
+    from .grad import cast_to
+
+    if not as_dtype(call.attrs.dtype).is_float:
+        return None
+    return cast_to(g, x.struct_info.dtype, call.attrs.dtype)
+
+
+_negative_grad = _unary_grad(lambda c, x, g: negative(g))
+_abs_grad = _unary_grad(lambda c, x, g: where(less(x, _k(0, x)), negative(g), g))
+_exp_grad = _unary_grad(lambda c, x, g: multiply(g, c))
+_log_grad = _unary_grad(lambda c, x, g: divide(g, x))
+_sqrt_grad = _unary_grad(lambda c, x, g: divide(g, multiply(c, _k(2, x))))
+# d x^(-1/2) = -x^(-3/2) / 2 = -rsqrt(x) / (2 x)
+_rsqrt_grad = _unary_grad(lambda c, x, g: multiply(g, multiply(_k(-0.5, x), divide(c, x))))
+_tanh_grad = _unary_grad(lambda c, x, g: multiply(g, subtract(_k(1, x), multiply(c, c))))
+_sigmoid_grad = _unary_grad(
+    lambda c, x, g: multiply(g, multiply(c, subtract(_k(1, x), c))))
+_erf_grad = _unary_grad(lambda c, x, g: multiply(
+    g, multiply(_k(2 / math.sqrt(math.pi), x), exp(negative(multiply(x, x))))))
+_sin_grad = _unary_grad(lambda c, x, g: multiply(g, cos(x)))
+_cos_grad = _unary_grad(lambda c, x, g: negative(multiply(g, sin(x))))
+# piecewise constant: the derivative is 0 almost everywhere (no gradient flows)
+_step_grad = _unary_grad(lambda c, x, g: None)
+_relu_grad = _unary_grad(lambda c, x, g: _masked_grad(greater(x, _k(0, x)), g))
+_gelu_grad = _unary_grad(_gelu_grad_fn)
+_silu_grad = _unary_grad(_silu_grad_fn)
+_clip_grad = _unary_grad(_clip_grad_fn)
+_cast_grad = _unary_grad(_cast_grad_fn)
+
+
+# =============================================================================================
 # declarations
 # =============================================================================================
 _F = MixedPrecision.FOLLOW
@@ -502,27 +649,31 @@ _N = MixedPrecision.NEVER
 _ND = NON_DIFFERENTIABLE
 
 # ---- binary arithmetic (pattern BROADCAST, mixed precision FOLLOW) --------------------------
-add = _binary("add", lambda a, b: a + b, doc="Element-wise ``lhs + rhs`` with broadcasting.")
-subtract = _binary("subtract", lambda a, b: a - b, doc="Element-wise ``lhs - rhs``.")
-multiply = _binary("multiply", lambda a, b: a * b, doc="Element-wise ``lhs * rhs``.")
+add = _binary("add", lambda a, b: a + b, gradient=_add_grad,
+              doc="Element-wise ``lhs + rhs`` with broadcasting.")
+subtract = _binary("subtract", lambda a, b: a - b, gradient=_subtract_grad,
+                   doc="Element-wise ``lhs - rhs``.")
+multiply = _binary("multiply", lambda a, b: a * b, gradient=_multiply_grad,
+                   doc="Element-wise ``lhs * rhs``.")
 divide = _binary(
     "divide",
     _divide_scalar,
+    gradient=_divide_grad,
     doc="``lhs / rhs``: true division for floats; floor division (numpy ``//``) for "
     "integers, with x / 0 == 0.",
 )
 floor_divide = _binary(
-    "floor_divide", _floor_div_scalar,
+    "floor_divide", _floor_div_scalar, gradient=_floor_divide_grad,
     doc="``floor(lhs / rhs)`` (numpy ``//``); integer x // 0 == 0.",
 )
 mod = _binary(
-    "mod", _mod_scalar,
+    "mod", _mod_scalar, gradient=_mod_grad,
     doc="Floor modulo (numpy ``np.mod``: the result has the sign of rhs); integer x % 0 == 0.",
 )
-maximum = _binary("maximum", tx.max, doc="Element-wise maximum.")
-minimum = _binary("minimum", tx.min, doc="Element-wise minimum.")
+maximum = _binary("maximum", tx.max, gradient=_maximum_grad, doc="Element-wise maximum.")
+minimum = _binary("minimum", tx.min, gradient=_minimum_grad, doc="Element-wise minimum.")
 power = _binary(
-    "power", _power_scalar,
+    "power", _power_scalar, gradient=_power_grad,
     doc="``lhs ** rhs``. Integer powers are exact up to 2**53; negative integer exponents give 0.",
 )
 
@@ -547,36 +698,41 @@ logical_not = _unary("logical_not", tx.logical_not, kind="bool", mixed_precision
                      gradient=_ND, doc="Element-wise NOT of a bool tensor.")
 
 # ---- unary math (pattern ELEMWISE, mixed precision FOLLOW) ----------------------------------
-negative = _unary("negative", _negative, kind="numeric", doc="``-x``.")
-abs = _unary("abs", tx.abs, kind="numeric", doc="``|x|``.")  # noqa: A001
-exp = _unary("exp", _with_float32(tx.exp), doc="``e ** x``.")
-log = _unary("log", _with_float32(tx.log), doc="Natural logarithm.")
-sqrt = _unary("sqrt", _with_float32(tx.sqrt), doc="Square root.")
-rsqrt = _unary("rsqrt", _with_float32(tx.rsqrt), doc="``1 / sqrt(x)``.")
-tanh = _unary("tanh", _with_float32(tx.tanh), doc="Hyperbolic tangent.")
-sigmoid = _unary("sigmoid", _with_float32(_sigmoid), doc="``1 / (1 + exp(-x))``.")
-erf = _unary("erf", _with_float32(tx.erf), doc="The error function.")
-sin = _unary("sin", _with_float32(tx.sin), doc="Sine.")
-cos = _unary("cos", _with_float32(tx.cos), doc="Cosine.")
-floor = _unary("floor", _with_float32(tx.floor), doc="Largest integer <= x (float).")
-ceil = _unary("ceil", _with_float32(tx.ceil), doc="Smallest integer >= x (float).")
+negative = _unary("negative", _negative, kind="numeric", gradient=_negative_grad, doc="``-x``.")
+abs = _unary("abs", tx.abs, kind="numeric", gradient=_abs_grad, doc="``|x|``.")  # noqa: A001
+exp = _unary("exp", _with_float32(tx.exp), gradient=_exp_grad, doc="``e ** x``.")
+log = _unary("log", _with_float32(tx.log), gradient=_log_grad, doc="Natural logarithm.")
+sqrt = _unary("sqrt", _with_float32(tx.sqrt), gradient=_sqrt_grad, doc="Square root.")
+rsqrt = _unary("rsqrt", _with_float32(tx.rsqrt), gradient=_rsqrt_grad,
+               doc="``1 / sqrt(x)``.")
+tanh = _unary("tanh", _with_float32(tx.tanh), gradient=_tanh_grad, doc="Hyperbolic tangent.")
+sigmoid = _unary("sigmoid", _with_float32(_sigmoid), gradient=_sigmoid_grad,
+                 doc="``1 / (1 + exp(-x))``.")
+erf = _unary("erf", _with_float32(tx.erf), gradient=_erf_grad, doc="The error function.")
+sin = _unary("sin", _with_float32(tx.sin), gradient=_sin_grad, doc="Sine.")
+cos = _unary("cos", _with_float32(tx.cos), gradient=_cos_grad, doc="Cosine.")
+floor = _unary("floor", _with_float32(tx.floor), gradient=_step_grad,
+               doc="Largest integer <= x (float).")
+ceil = _unary("ceil", _with_float32(tx.ceil), gradient=_step_grad,
+              doc="Smallest integer >= x (float).")
 round = _unary(  # noqa: A001
-    "round", _with_float32(_round_half_even), doc="Round to nearest, ties to even (numpy/ONNX)."
+    "round", _with_float32(_round_half_even), gradient=_step_grad,
+    doc="Round to nearest, ties to even (numpy/ONNX)."
 )
 
 # ---- activations and friends ------------------------------------------------------------------
-relu = _unary("relu", _relu, kind="numeric", doc="``max(x, 0)``.")
+relu = _unary("relu", _relu, kind="numeric", gradient=_relu_grad, doc="``max(x, 0)``.")
 gelu = _unary(
-    "gelu", _gelu, attrs=GeluAttrs,
+    "gelu", _gelu, attrs=GeluAttrs, gradient=_gelu_grad,
     doc="GELU: ``0.5 x (1 + erf(x / sqrt 2))``; approximate='tanh' uses the tanh form.",
 )
-silu = _unary("silu", _silu, doc="SiLU / swish: ``x * sigmoid(x)``.")
+silu = _unary("silu", _silu, gradient=_silu_grad, doc="SiLU / swish: ``x * sigmoid(x)``.")
 clip = _unary(
-    "clip", _clip, kind="numeric", attrs=ClipAttrs,
+    "clip", _clip, kind="numeric", attrs=ClipAttrs, gradient=_clip_grad,
     doc="Clamp to ``[min, max]`` (either may be None). Integer tensors use integer bounds.",
 )
 cast = _unary(
-    "cast", _cast, kind="any", attrs=CastAttrs, mixed_precision=_N,
+    "cast", _cast, kind="any", attrs=CastAttrs, mixed_precision=_N, gradient=_cast_grad,
     out_dtype=lambda attrs: attrs.dtype,
     doc="Convert to ``dtype`` (numpy ``astype``: float -> int truncates; -> bool is x != 0).",
 )
@@ -610,5 +766,6 @@ where = register_op(
     compute=_where_compute,
     schedules={"c": schedule_injective},
     mixed_precision=_F,
+    gradient=_where_grad,
     doc="``x`` where ``condition`` holds, else ``y`` (all three broadcast).",
 )

@@ -234,6 +234,48 @@ def _schedule_matmul(sch: Any, target: Any) -> None:
     schedule_epilogue(sch, target, rest, at)
 
 
+def _swap_last(x: Any, ndim: int) -> Any:
+    """``x`` with its last two axes swapped (a batched matrix transpose)."""
+    from .shape import transpose
+
+    return transpose(x, tuple(range(ndim - 2)) + (ndim - 1, ndim - 2))
+
+
+def _matmul_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """``da = g @ b^T``, ``db = a^T @ g``, each summed over broadcast batch dimensions; 1-d
+    operands are handled as the matrices numpy promotes them to. Computed in the result's
+    dtype (``out_dtype``) and cast back to each input's."""
+    from .elementwise import multiply
+    from .grad import cast_to, fit_to, shape_attr
+    from .shape import expand_dims, reshape, squeeze
+
+    a, b = call.args
+    sa, sb = a.struct_info, b.struct_info
+    if not (as_dtype(sa.dtype).is_float and as_dtype(sb.dtype).is_float):
+        return [None, None]
+    if sa.shape is None or sb.shape is None:
+        raise KilnError("matmul gradient: needs operands of known shape")
+    g = output_grad
+    gdt = call.struct_info.dtype
+    ac, bc = cast_to(a, gdt, sa.dtype), cast_to(b, gdt, sb.dtype)
+    na, nb = len(sa.shape), len(sb.shape)
+    if na == 1 and nb == 1:  # dot product: g is a scalar
+        return [fit_to(bb, multiply(g, bc), a), fit_to(bb, multiply(g, ac), b)]
+    nout = len(call.struct_info.shape)
+    if na == 1:  # a is a row vector [1, K]
+        g2 = expand_dims(g, nout - 1)
+        da = squeeze(matmul(g2, _swap_last(bc, nb)), nout - 1)
+        db = matmul(reshape(ac, shape_attr((sa.shape[0], 1))), g2)
+    elif nb == 1:  # b is a column vector [K, 1]
+        g2 = expand_dims(g, nout)
+        da = matmul(g2, reshape(bc, shape_attr((1, sb.shape[0]))))
+        db = squeeze(matmul(_swap_last(ac, na), g2), nout)
+    else:
+        da = matmul(g, _swap_last(bc, nb))
+        db = matmul(_swap_last(ac, na), g)
+    return [fit_to(bb, da, a), fit_to(bb, db, b)]
+
+
 matmul = register_op(
     "matmul",
     inputs=("a", "b"),
@@ -243,7 +285,7 @@ matmul = register_op(
     compute=_matmul_compute,
     schedules={"c": _schedule_matmul},
     mixed_precision=MixedPrecision.ALWAYS,
-    gradient=None,
+    gradient=_matmul_grad,
     doc="Matrix product with numpy semantics: a 1-d operand is promoted to a matrix (and the "
     "added dimension removed from the result), leading batch dimensions broadcast. "
     "``out_dtype`` sets the accumulation and result dtype.",
@@ -287,7 +329,11 @@ def _dense_compute(x: Any, w: Any, *, attrs: DenseAttrs) -> Any:
     """``out[..., j] = sum_k x[..., k] * w[j, k]``, reading ``w`` through its transpose."""
     out_dtype = as_dtype(attrs.out_dtype) if attrs.out_dtype else x.dtype
     units, in_features = w.shape
-    wt = te.compute((in_features, units), lambda k, j: w[j, k], name="dense_weight_t")
+    # The transposed copy is made in the accumulation dtype: the inner product loop then reads
+    # float32 weights even when they are stored in float16/bfloat16 (converted once, not once
+    # per row of ``data``).
+    wt = te.compute((in_features, units), lambda k, j: tir.cast(out_dtype, w[j, k]),
+                    name="dense_weight_t")
     k = te.reduce_axis((0, x.shape[-1]), name="k")
     shape = tuple(x.shape[:-1]) + (units,)
 
@@ -319,6 +365,31 @@ def _schedule_dense(sch: Any, target: Any) -> None:
     schedule_epilogue(sch, target, rest, at)
 
 
+def _dense_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """``d data = g @ w`` and ``d w = g^T @ data`` with the leading dimensions of ``data``
+    flattened into rows; computed in the result's dtype, cast back to each input's."""
+    from .grad import cast_to, fit_to, shape_attr
+    from .shape import reshape, transpose
+
+    x, w = call.args
+    sx, sw = x.struct_info, w.struct_info
+    if not (as_dtype(sx.dtype).is_float and as_dtype(sw.dtype).is_float):
+        return [None, None]
+    if sx.shape is None or sw.shape is None:
+        raise KilnError("dense gradient: needs operands of known shape")
+    g = output_grad
+    gdt = call.struct_info.dtype
+    xc, wc = cast_to(x, gdt, sx.dtype), cast_to(w, gdt, sw.dtype)
+    units, in_features = shape_attr(sw.shape)
+    dx = matmul(g, wc)
+    if len(sx.shape) == 2:
+        g2, x2 = g, xc
+    else:
+        g2, x2 = reshape(g, (-1, units)), reshape(xc, (-1, in_features))
+    dw = matmul(transpose(g2, (1, 0)), x2)
+    return [fit_to(bb, dx, x), fit_to(bb, dw, w)]
+
+
 dense = register_op(
     "dense",
     inputs=("data", "weight"),
@@ -328,7 +399,7 @@ dense = register_op(
     compute=_dense_compute,
     schedules={"c": _schedule_dense},
     mixed_precision=MixedPrecision.ALWAYS,
-    gradient=None,
+    gradient=_dense_grad,
     doc="``data @ weight.T`` with weight ``[units, in]``; data may have leading batch "
     "dimensions. ``out_dtype`` sets the accumulation and result dtype.",
 )

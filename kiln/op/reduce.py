@@ -286,6 +286,78 @@ def _make_arg_compute(op: str) -> Callable[..., te.Tensor]:
     return compute
 
 
+# ---- gradients (signature in kiln.op.registry) ---------------------------------------------
+def _products_of_others(x: Any, axes: Sequence[int], ndim: int) -> Any:
+    """``prod_{j != i} x[j]`` over the reduced axes, for every position ``i`` (exact with
+    zeros): the reduced axes are moved last and flattened, and the exclusive cumulative
+    products from both ends are multiplied."""
+    from .elementwise import multiply
+    from .grad import shape_attr
+    from .scan import cumprod
+    from .shape import reshape, transpose
+
+    kept = [d for d in range(ndim) if d not in axes]
+    perm = kept + list(axes)
+    moved = perm != list(range(ndim))
+    xt = transpose(x, tuple(perm)) if moved else x
+    shape = shape_attr(arg_shape(x.struct_info))
+    flat = len(axes) != 1
+    xr = reshape(xt, tuple(shape[d] for d in kept) + (-1,)) if flat else xt
+    both = multiply(cumprod(xr, axis=-1, exclusive=True),
+                    cumprod(xr, axis=-1, exclusive=True, reverse=True))
+    if flat:
+        both = reshape(both, tuple(shape[d] for d in perm))
+    if moved:
+        both = transpose(both, tuple(perm.index(d) for d in range(ndim)))
+    return both
+
+
+def _make_grad(op: str) -> Callable[..., list[Any]]:
+    def rule(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+        from .elementwise import divide, equal, multiply, where
+        from .grad import expand_reduced, scalar
+
+        x = call.args[0]
+        xs = x.struct_info
+        if not as_dtype(xs.dtype).is_float:
+            return [None]
+        attrs = call.attrs or ReduceAttrs()
+        ndim = arg_ndim(xs)
+        axes = reduce_axes(attrs.axis, ndim, op)
+        g = expand_reduced(output_grad, xs, axes, attrs.keepdims)
+        if op == "sum" or not axes:
+            return [g]
+        if op == "mean":
+            return [divide(g, _count_expr(x, axes))]
+        if op in ("max", "min"):  # ties: every input equal to the extreme gets the gradient
+            hit = equal(x, expand_reduced(call, xs, axes, attrs.keepdims))
+            return [where(hit, g, scalar(0, xs.dtype))]
+        return [multiply(g, _products_of_others(x, axes, ndim))]  # prod
+
+    rule.__doc__ = f"Gradient of {op}."
+    return rule
+
+
+def _count_expr(x: Any, axes: Sequence[int]) -> Any:
+    """The number of reduced elements as a 0-d constant (a run-time count when symbolic)."""
+    from .grad import scalar, shape_attr
+    from .shape import broadcast_to
+
+    shape = shape_attr(arg_shape(x.struct_info))
+    dtype = x.struct_info.dtype
+    sizes = [const_int(shape[a]) for a in axes]
+    if all(s is not None for s in sizes):
+        n = 1
+        for s in sizes:
+            n *= s
+        return scalar(n, dtype)
+    ones = broadcast_to(scalar(1, dtype), shape)
+    return sum(ones, tuple(axes), True)  # this module's sum op
+
+
+_GRADIENTS = {op: _make_grad(op) for op in ("sum", "mean", "prod", "max", "min")}
+
+
 def _declare(
     op: str, mixed_precision: MixedPrecision, doc: str, arg_reduce: bool = False
 ) -> OpDef:
@@ -298,7 +370,7 @@ def _declare(
         compute=_make_arg_compute(op) if arg_reduce else _make_compute(op),
         schedules={"c": schedule_reduction},
         mixed_precision=mixed_precision,
-        gradient=NON_DIFFERENTIABLE if arg_reduce else None,
+        gradient=NON_DIFFERENTIABLE if arg_reduce else _GRADIENTS[op],
         doc=doc,
     )
 

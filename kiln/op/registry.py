@@ -13,10 +13,28 @@ kiln knows about it:
   used by LegalizeOps (or ``legalize(bb, call) -> graph.Expr`` for ops that lower otherwise),
 - ``schedules``: per target kind, ``schedule(sch, target)`` applied to the legalized PrimFunc,
 - ``mixed_precision``: :class:`MixedPrecision` policy,
-- ``gradient``: the gradient rule, or :data:`NON_DIFFERENTIABLE`.
+- ``gradient``: the gradient rule, or :data:`NON_DIFFERENTIABLE`,
+- ``alter_layout``: per target kind, ``hook(call, target) -> kiln.op.layout.LayoutRewrite |
+  None``: the layout the op prefers on that target (used by the AlterOpLayout pass).
 
 The Python API (``kiln.op.relu(x)``) is generated from the declaration: tensor inputs first,
 then attribute fields positionally or by keyword.
+
+Gradient rules (used by ``kiln.transform.Gradient``)::
+
+    gradient(orig_call: graph.Call, output_grad: graph.Expr, bb: BlockBuilder)
+        -> list[graph.Expr | None]
+
+``orig_call`` is the forward call (normalized: its arguments are variables or constants with
+StructInfo); ``output_grad`` is the adjoint of its result, with the result's StructInfo (for a
+tuple-valued op, an explicit ``Tuple`` of per-field adjoints). The rule returns one adjoint per
+input of the op (a variadic input gets a ``Tuple`` of per-tensor adjoints), each with that
+input's shape and dtype, or None where no gradient flows (a non-float input, an index, or a
+derivative that is zero almost everywhere). Adjoints are built from kiln op calls; the pass emits
+them, and the rule may ``bb.emit`` intermediates it shares between inputs. ``orig_call`` itself
+may be used inside the returned expressions to mean the forward result: the pass substitutes
+the forward value (no recomputation). ``NON_DIFFERENTIABLE`` marks an op whose result carries no
+gradient; the pass reports it when it blocks a requested gradient.
 """
 
 from __future__ import annotations
@@ -74,6 +92,7 @@ class OpDef:
     mixed_precision: MixedPrecision = MixedPrecision.FOLLOW
     gradient: Any = None
     doc: str = ""
+    alter_layout: dict[str, Callable[..., Any]] = field(default_factory=dict)
 
     @property
     def variadic(self) -> bool:
@@ -144,6 +163,7 @@ def register_op(
     mixed_precision: MixedPrecision = MixedPrecision.FOLLOW,
     gradient: Any = None,
     doc: str = "",
+    alter_layout: dict[str, Callable[..., Any]] | None = None,
 ) -> OpDef:
     """Declare an operator; returns the OpDef, which is also its Python API (callable)."""
     if name in _REGISTRY:
@@ -164,6 +184,7 @@ def register_op(
         mixed_precision=mixed_precision,
         gradient=gradient,
         doc=doc or (inspect.getdoc(compute) or ""),
+        alter_layout=dict(alter_layout or {}),
     )
     _REGISTRY[name] = opdef
     return opdef

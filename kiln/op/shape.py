@@ -130,7 +130,7 @@ def _ints(value: Any, op: str, what: str) -> tuple[int, ...]:
 
 
 def _declare(name: str, inputs: Sequence[str], infer: Any, compute: Any, attrs: type | None,
-             doc: str) -> OpDef:
+             doc: str, gradient: Any = None) -> OpDef:
     return register_op(
         name,
         inputs=tuple(inputs),
@@ -140,6 +140,7 @@ def _declare(name: str, inputs: Sequence[str], infer: Any, compute: Any, attrs: 
         compute=compute,
         schedules={"c": schedule_injective},
         mixed_precision=MixedPrecision.FOLLOW,
+        gradient=gradient,
         doc=doc,
     )
 
@@ -291,9 +292,16 @@ def _reshape_compute(x: te.Tensor, attrs: ReshapeAttrs) -> te.Tensor:
     return te.compute(out, body, name="reshape")
 
 
+def _reshape_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    from .grad import shape_of
+
+    return [reshape(output_grad, shape_of(call.args[0], "reshape gradient"))]
+
+
 reshape = _declare(
     "reshape", ("x",), _reshape_infer, _reshape_compute, ReshapeAttrs,
     "Reshape to ``shape`` (one -1 is inferred); the element count must be provably equal.",
+    gradient=_reshape_grad,
 )
 
 
@@ -342,9 +350,16 @@ def _transpose_compute(x: te.Tensor, attrs: TransposeAttrs | None = None) -> te.
     )
 
 
+def _transpose_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """The inverse permutation."""
+    perm = _perm(call.attrs.axes if call.attrs else None, arg_ndim(call.args[0].struct_info))
+    return [transpose(output_grad, tuple(perm.index(d) for d in range(len(perm))))]
+
+
 transpose = _declare(
     "transpose", ("x",), _transpose_infer, _transpose_compute, TransposeAttrs,
     "Permute axes (numpy ``transpose``; default reverses them).",
+    gradient=_transpose_grad,
 )
 
 
@@ -452,9 +467,41 @@ def _concat_compute(tensors: Sequence[te.Tensor], attrs: ConcatAttrs | None = No
     return te.compute(out_shape, body, name="concat")
 
 
+def _concat_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """The output gradient split back into the pieces (their lengths along ``axis`` must be
+    known constants)."""
+    from ..graph.expr import Tuple, TupleGetItem
+
+    fields = call.args[0].struct_info.fields
+    if not as_dtype(fields[0].dtype).is_float:
+        return [None]
+    ndim = arg_ndim(call.struct_info)
+    axis = normalize_axis(call.attrs.axis if call.attrs else 0, ndim, "concat")
+    sizes = [const_int(arg_shape(f)[axis]) if arg_shape(f) is not None else None
+             for f in fields]
+    if any(s is None for s in sizes):
+        raise KilnError(
+            "concat gradient: the pieces' lengths along the concatenated axis must be known "
+            f"constants, got {[str(arg_shape(f)) for f in fields]}"
+        )
+    if len(fields) == 1:
+        return [Tuple((output_grad,))]
+    parts = bb.emit(split(output_grad, tuple(_running_sums(sizes)[:-1]), axis))
+    return [Tuple(tuple(TupleGetItem(parts, k) for k in range(len(fields))))]
+
+
+def _running_sums(sizes: Sequence[int]) -> list[int]:
+    out, total = [], 0
+    for s in sizes:
+        total += s
+        out.append(total)
+    return out
+
+
 concat = _declare(
     "concat", ("tensors*",), _concat_infer, _concat_compute, ConcatAttrs,
     "Join tensors along ``axis`` (numpy ``concatenate``).",
+    gradient=_concat_grad,
 )
 
 
@@ -540,9 +587,24 @@ def _split_compute(x: te.Tensor, attrs: SplitAttrs) -> tuple[te.Tensor, ...]:
     return tuple(outs)
 
 
+def _split_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """The pieces' gradients concatenated back (the pass gives an explicit Tuple)."""
+    from ..graph.expr import Tuple, TupleGetItem
+
+    if not as_dtype(call.args[0].struct_info.dtype).is_float:
+        return [None]
+    if isinstance(output_grad, Tuple):
+        pieces = list(output_grad.fields)
+    else:
+        n = len(call.struct_info.fields)
+        pieces = [TupleGetItem(output_grad, k) for k in range(n)]
+    return [concat(pieces, call.attrs.axis)]
+
+
 split = _declare(
     "split", ("x",), _split_infer, _split_compute, SplitAttrs,
     "Split into a tuple of tensors along ``axis`` (numpy ``split``).",
+    gradient=_split_grad,
 )
 
 
@@ -602,9 +664,16 @@ def _squeeze_compute(x: te.Tensor, attrs: SqueezeAttrs | None = None) -> te.Tens
     return te.compute([x.shape[d] for d in kept], body, name="squeeze")
 
 
+def _squeeze_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    from .grad import shape_of
+
+    return [reshape(output_grad, shape_of(call.args[0], "squeeze gradient"))]
+
+
 squeeze = _declare(
     "squeeze", ("x",), _squeeze_infer, _squeeze_compute, SqueezeAttrs,
     "Remove length-1 axes (numpy ``squeeze``); symbolic axes named in ``axis`` are assumed 1.",
+    gradient=_squeeze_grad,
 )
 
 
@@ -651,9 +720,16 @@ def _expand_compute(x: te.Tensor, attrs: ExpandDimsAttrs) -> te.Tensor:
     )
 
 
+def _expand_dims_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    from .grad import shape_of
+
+    return [reshape(output_grad, shape_of(call.args[0], "expand_dims gradient"))]
+
+
 expand_dims = _declare(
     "expand_dims", ("x",), _expand_infer, _expand_compute, ExpandDimsAttrs,
     "Insert length-1 axes at ``axis`` (positions in the output).",
+    gradient=_expand_dims_grad,
 )
 
 
@@ -709,9 +785,16 @@ def _broadcast_to_compute(x: te.Tensor, attrs: BroadcastToAttrs) -> te.Tensor:
     return te.compute(target, lambda *i: broadcast_load(x, i), name="broadcast_to")
 
 
+def _broadcast_to_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    from .grad import unbroadcast
+
+    return [unbroadcast(output_grad, call.struct_info, call.args[0])]
+
+
 broadcast_to = _declare(
     "broadcast_to", ("x",), _broadcast_to_infer, _broadcast_to_compute, BroadcastToAttrs,
     "Broadcast to ``shape`` (numpy ``broadcast_to``).",
+    gradient=_broadcast_to_grad,
 )
 
 
@@ -835,10 +918,19 @@ def _strided_slice_compute(x: te.Tensor, attrs: StridedSliceAttrs) -> te.Tensor:
     return te.compute([length for _, length, _ in plan], body, name="strided_slice")
 
 
+def _strided_slice_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    from .grad import strided_slice_backward
+
+    a = call.attrs
+    return [strided_slice_backward(output_grad, call.args[0], a.begin, a.end, a.strides,
+                                   a.axes)]
+
+
 strided_slice = _declare(
     "strided_slice", ("x",), _strided_slice_infer, _strided_slice_compute, StridedSliceAttrs,
     "numpy basic slicing ``x[b0:e0:s0, ...]`` on the given axes, negative indices and strides "
     "included.",
+    gradient=_strided_slice_grad,
 )
 
 
@@ -909,9 +1001,21 @@ def _take_compute(x: te.Tensor, indices: te.Tensor, attrs: TakeAttrs | None = No
     return te.compute(out_shape, body, name="take")
 
 
+def _take_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """Scatter-add of the gradient at the taken positions; indices get none."""
+    from .grad import take_backward
+
+    attrs = call.attrs or TakeAttrs()
+    x, indices = call.args
+    if not as_dtype(x.struct_info.dtype).is_float:
+        return [None, None]
+    return [take_backward(output_grad, x, indices, attrs.axis, attrs.mode), None]
+
+
 take = _declare(
     "take", ("x", "indices"), _take_infer, _take_compute, TakeAttrs,
     "Gather entries of ``x`` along ``axis`` at ``indices`` (numpy ``take``).",
+    gradient=_take_grad,
 )
 
 
@@ -1016,7 +1120,26 @@ def _pad_compute(x: te.Tensor, attrs: PadAttrs) -> te.Tensor:
     return te.compute(out, body, name="pad")
 
 
+def _pad_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """Constant mode: the interior slice of the gradient; edge/reflect: the border folded back
+    (``pad_backward``)."""
+    from .grad import pad_backward
+
+    a = call.attrs
+    x = call.args[0]
+    if not as_dtype(x.struct_info.dtype).is_float:
+        return [None]
+    if not any(b or e for b, e in a.pad_width):
+        return [output_grad]
+    if a.mode == "constant":
+        begin = tuple(b for b, _ in a.pad_width)
+        end = tuple(-e if e else None for _, e in a.pad_width)
+        return [strided_slice(output_grad, begin, end)]
+    return [pad_backward(output_grad, x, a.pad_width, a.pad_value, a.mode)]
+
+
 pad = _declare(
     "pad", ("x",), _pad_infer, _pad_compute, PadAttrs,
     "Pad with a constant, the edge values, or a reflection (numpy ``pad``).",
+    gradient=_pad_grad,
 )
