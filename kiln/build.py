@@ -45,6 +45,10 @@ SIMPLIFY_PASSES = ("CanonicalizeOps", "SimplifyExpr", "FoldConstant", "Eliminate
 INFERENCE_PASSES = ("SimplifyInference",)
 #: After LegalizeOps at opt level >= 2.
 FUSION_PASSES = ("AnnotateTIROpPattern", "FuseOps", "FuseTIR")
+#: Layout choices at opt level >= 3, after simplification (AlterOpLayout gets the target;
+#: FoldConstant/DCE then clean up the transformed constant weights).
+LAYOUT_PASSES = ("CombineParallelConv2D", "CombineParallelDense", "ConvertLayout",
+                 "AlterOpLayout", "FoldConstant", "DeadCodeElimination")
 
 
 def _declared(names: Sequence[str]) -> list[Pass]:
@@ -52,7 +56,8 @@ def _declared(names: Sequence[str]) -> list[Pass]:
     return [get_pass(n) for n in names if n in known]
 
 
-def default_pipeline(opt_level: int | None = None) -> Sequential:
+def default_pipeline(opt_level: int | None = None, target: Target | str | None = None
+                     ) -> Sequential:
     """The build's pass pipeline for ``opt_level`` (default: the current PassContext's)."""
     level = PassContext.current().opt_level if opt_level is None else opt_level
     passes: list[Pass] = []
@@ -60,6 +65,11 @@ def default_pipeline(opt_level: int | None = None) -> Sequential:
         passes += _declared(INFERENCE_PASSES)
     if level >= 1:
         passes += _declared(SIMPLIFY_PASSES)
+    if level >= 3:
+        from .transform.alter_op_layout import AlterOpLayout
+
+        passes += [AlterOpLayout(target=Target.create(target)) if p.info.name == "AlterOpLayout"
+                   else p for p in _declared(LAYOUT_PASSES)]
     passes.append(LegalizeOps())
     if level >= 2:
         passes += _declared(FUSION_PASSES)
@@ -244,7 +254,7 @@ def build(mod: IRModule, target: Target | str | None = "c",
     tgt = Target.create(target)
     if params:
         mod = BindParams("main", params)(mod)
-    mod = (pipeline or default_pipeline())(mod)
+    mod = (pipeline or default_pipeline(target=tgt))(mod)
     mod = _finish_graph(mod)
     prim_funcs = {
         name: schedule_prim_func(f, tgt) for name, f in mod.items() if isinstance(f, PrimFunc)

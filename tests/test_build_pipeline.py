@@ -35,7 +35,7 @@ def test_default_pipeline_by_opt_level():
 def resnet():
     model = models.resnet_block_cnn(batch=2, channels=8, size=12)
     exes = {}
-    for level in (0, 3):
+    for level in (0, 2, 3):
         with PassContext(opt_level=level):
             exes[level] = kiln.build(model.mod)
     return model, exes
@@ -46,10 +46,14 @@ def test_resnet_fused_build_has_fewer_kernels_and_same_numerics(resnet):
     # opt 0: stem conv-bn-relu (3) + 2 blocks x (conv-bn-relu, conv-bn-add-relu) (14)
     #        + pool, reshape, dense, bias add (4)
     assert exes[0].num_kernels == 21
-    # opt 3: each conv with its epilogue, pool, reshape, dense+bias
-    assert exes[3].num_kernels == 8
+    # opt 2: each conv with its epilogue, pool, reshape, dense+bias
+    assert exes[2].num_kernels == 8
+    # opt 3: AlterOpLayout runs the convs in NCHW8c: one more kernel transforms the input
+    # (the weights are transformed at compile time)
+    assert exes[3].num_kernels == 9
     out0 = exes[0](*model.inputs)
     out3 = exes[3](*model.inputs)
+    np.testing.assert_allclose(exes[2](*model.inputs), out0, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out3, out0, rtol=1e-5, atol=1e-5)
     ref = model.reference(*model.inputs)
     np.testing.assert_allclose(out3, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))

@@ -6,6 +6,9 @@
 
 from . import nn  # noqa: F401 - op.nn namespace
 from .elementwise import *  # noqa: F403
+from .fast_math import *  # noqa: F403
+from .grad import *  # noqa: F403
+from .layout import *  # noqa: F403
 from .linalg import *  # noqa: F403
 from .nn import *  # noqa: F403
 from .reduce import *  # noqa: F403
@@ -18,4 +21,5 @@ from .registry import (  # noqa: F401 - re-exported API
     list_ops,
     register_op,
 )
+from .scan import *  # noqa: F403
 from .shape import *  # noqa: F403

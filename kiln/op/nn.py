@@ -3,8 +3,13 @@
 Registry names are ``nn.<name>``; this module is also the ``kiln.op.nn`` namespace, so it
 re-exports the activations declared with the element-wise ops (``nn.relu``, ``nn.gelu``...).
 
-Layouts are NCHW for data and OIHW for convolution weights. Padding is given as one int, two
-values ``(vertical, horizontal)``, or four values ``(top, left, bottom, right)``.
+Layouts (see ``kiln.op.layout``) are NCHW for data and OIHW for convolution weights by default;
+``conv2d`` also takes other ``data_layout``/``kernel_layout`` permutations (NHWC/HWIO has its
+own CPU schedule, vectorized along the output channels), pooling any ``layout`` with unsplit H
+and W (NCHW, NHWC, NCHW8c: the other axes are carried through), and ``conv2d_nchwc`` works on
+channel-blocked NCHW[x]c data; it is what ``conv2d``'s CPU ``alter_layout`` hook asks for, so
+the AlterOpLayout pass can turn convolutions into it. Padding is given as one int, two values
+``(vertical, horizontal)``, or four values ``(top, left, bottom, right)``.
 
 Fusion patterns follow TVM: convolution and pooling are OUT_EWISE_FUSABLE (element-wise
 consumers such as bias-add and relu fuse into their output loop); softmax, log_softmax and
@@ -27,6 +32,7 @@ from .. import te, tir
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from .elementwise import gelu, relu, sigmoid, silu, tanh  # noqa: F401  (kiln.op.nn.relu ...)
+from .layout import Layout, LayoutRewrite, as_layout
 from .linalg import (
     attr_out_dtype,
     block_work,
@@ -52,6 +58,7 @@ from .schedule_helpers import PARALLEL_MIN_WORK, schedule_injective, schedule_re
 
 __all__ = [
     "adaptive_avg_pool2d", "adaptive_max_pool2d", "avg_pool2d", "batch_norm", "conv2d",
+    "conv2d_nchwc",
     "dropout", "global_avg_pool2d", "global_max_pool2d", "layer_norm", "log_softmax",
     "max_pool2d", "softmax",
 ]
@@ -64,6 +71,11 @@ ROW_AXES = "kiln.row_axes"
 #: A pooling window reads the input width with unit stride and no bounds guard, so the output
 #: width can be vectorized with contiguous loads.
 UNIT_STRIDE_W = "kiln.unit_stride_w"
+#: ``(data_layout, kernel_layout)`` of a convolution not in NCHW/OIHW, for its schedule.
+CONV_LAYOUTS = "kiln.conv_layouts"
+#: A pooling window's innermost axis is one it carries through (channels of NHWC, NCHW8c), so
+#: it can be vectorized with contiguous loads.
+CARRIED_INNER = "kiln.carried_inner"
 
 
 # =============================================================================================
@@ -162,9 +174,32 @@ def _needs_guard(size: Any, out: Any, kernel: Any, stride: int, dilation: int,
 # =============================================================================================
 # conv2d
 # =============================================================================================
+def _plain_layout(value: Any, op: str, what: str, axes: str) -> str:
+    """A layout attribute that must be a permutation of ``axes`` (no blocked axes)."""
+    lay = as_layout(value, op, what)
+    if lay.is_split() or sorted(lay.primal) != sorted(axes):
+        raise KilnError(
+            f"{op}: {what} must be a permutation of {axes!r} (like 'NHWC' or 'HWIO'), got "
+            f"{value!r}"
+        )
+    return lay.name
+
+
+def _pick(shape: Sequence[Any], layout: Layout, letters: str) -> tuple:
+    """The dims of ``shape`` (stored in ``layout``) for ``letters``, in that order."""
+    return tuple(shape[layout.index(a)] for a in letters)
+
+
+def _place(layout: Layout, values: dict[str, Any]) -> tuple:
+    """A tuple in ``layout`` order from values given by axis letter."""
+    return tuple(values[a] for a, _ in layout.axes)
+
+
 @dataclass(frozen=True)
 class Conv2DAttrs:
-    """2-d convolution of NCHW data with an OIHW weight.
+    """2-d convolution; data in ``data_layout`` (default NCHW, also NHWC or any permutation),
+    weight in ``kernel_layout`` (default OIHW, also HWIO or any permutation); the result has
+    the data's layout.
 
     ``strides``/``dilation``: int or (h, w); ``padding``: int, (v, h) or (top, left, bottom,
     right); ``groups``: input and output channels are split into that many groups (``groups ==
@@ -177,6 +212,8 @@ class Conv2DAttrs:
     dilation: Any = (1, 1)
     groups: int = 1
     out_dtype: str | None = None
+    data_layout: str = "NCHW"
+    kernel_layout: str = "OIHW"
 
     def __post_init__(self):
         _set(self, "strides", _pair(self.strides, "nn.conv2d", "strides"))
@@ -185,14 +222,25 @@ class Conv2DAttrs:
         if not isinstance(self.groups, int) or isinstance(self.groups, bool) or self.groups < 1:
             raise KilnError(f"nn.conv2d: groups must be a positive int, got {self.groups!r}")
         _set(self, "out_dtype", norm_dtype(self.out_dtype, "nn.conv2d"))
+        _set(self, "data_layout", _plain_layout(self.data_layout, "nn.conv2d", "data_layout",
+                                                "NCHW"))
+        _set(self, "kernel_layout", _plain_layout(self.kernel_layout, "nn.conv2d",
+                                                  "kernel_layout", "OIHW"))
+
+
+def _conv_hw(attrs: Any, h: Any, w: Any, kh: Any, kw: Any) -> tuple[Any, Any]:
+    """Output height and width of a convolution window."""
+    (sh, sw), (dh, dw) = attrs.strides, attrs.dilation
+    pt, pl, pb, pr = attrs.padding
+    return _out_dim(h, kh, sh, dh, pt, pb), _out_dim(w, kw, sw, dw, pl, pr)
 
 
 def _conv2d_out_shape(attrs: Conv2DAttrs, dshape: Sequence[Any], wshape: Sequence[Any]) -> tuple:
-    n, _, h, w = dshape
-    o, _, kh, kw = wshape
-    (sh, sw), (dh, dw) = attrs.strides, attrs.dilation
-    pt, pl, pb, pr = attrs.padding
-    return (n, o, _out_dim(h, kh, sh, dh, pt, pb), _out_dim(w, kw, sw, dw, pl, pr))
+    dl, kl = Layout(attrs.data_layout), Layout(attrs.kernel_layout)
+    n, _, h, w = _pick(dshape, dl, "NCHW")
+    o, _, kh, kw = _pick(wshape, kl, "OIHW")
+    oh, ow = _conv_hw(attrs, h, w, kh, kw)
+    return _place(dl, {"N": n, "C": o, "H": oh, "W": ow})
 
 
 def _infer_conv2d(call: Any) -> Any:
@@ -205,13 +253,16 @@ def _infer_conv2d(call: Any) -> Any:
     dtype = result_dtype(op, attr_out_dtype(call), ("data", data), ("weight", weight))
     if data.shape is None or weight.shape is None:
         return TensorStructInfo(None, dtype, 4)
+    dl, kl = Layout(attrs.data_layout), Layout(attrs.kernel_layout)
     g = attrs.groups
-    c, o, ig = data.shape[1], weight.shape[0], weight.shape[1]
+    c, h, w = _pick(data.shape, dl, "CHW")
+    o, ig = _pick(weight.shape, kl, "OI")
     if const_int(c) is not None and const_int(ig) is not None:
         if const_int(c) != const_int(ig) * g:
             raise StructInfoError(
                 f"{op}: data has {const_int(c)} channels but weight expects "
-                f"{const_int(ig) * g} (groups={g}, weight {fmt_shape(weight.shape)})"
+                f"{const_int(ig) * g} (groups={g}, weight {fmt_shape(weight.shape)} "
+                f"{kl.name})"
             )
     elif g == 1 and provably_unequal(c, ig):
         raise StructInfoError(f"{op}: data has {fmt_dim(c)} channels but weight expects "
@@ -221,55 +272,100 @@ def _infer_conv2d(call: Any) -> Any:
             f"{op}: weight has {const_int(o)} output channels, not divisible by groups={g}"
         )
     shape = _conv2d_out_shape(attrs, data.shape, weight.shape)
-    _check_out_dim(op, "height", shape[2], data.shape[2])
-    _check_out_dim(op, "width", shape[3], data.shape[3])
+    _check_out_dim(op, "height", shape[dl.index("H")], h)
+    _check_out_dim(op, "width", shape[dl.index("W")], w)
     return TensorStructInfo(shape, dtype)
+
+
+def _pad_hw(data: Any, hi: int, wi: int, padding: tuple[int, int, int, int], name: str,
+            dtype: Any = None) -> Any:
+    """``data`` zero-padded along axes ``hi`` and ``wi`` (a separate stage), or ``data``; the
+    padded copy holds ``dtype`` values (default: the data's)."""
+    if not any(padding):
+        return data
+    pt, pl, pb, pr = padding
+    h, w = data.shape[hi], data.shape[wi]
+    dtype = as_dtype(dtype) if dtype is not None else data.dtype
+    zero = tir.const(dtype, 0)
+
+    def pad_body(*idx):
+        y, x = idx[hi] - pt, idx[wi] - pl
+        inside = tir.all_of(
+            ([tir.ge(y, 0)] if pt else []) + ([tir.lt(y, h)] if pb else [])
+            + ([tir.ge(x, 0)] if pl else []) + ([tir.lt(x, w)] if pr else [])
+        )
+        src = list(idx)
+        src[hi] = _clamp_index(y, h, pt > 0, pb > 0)
+        src[wi] = _clamp_index(x, w, pl > 0, pr > 0)
+        return tir.select(inside, tir.cast(dtype, data[tuple(src)]), zero)
+
+    shape = list(data.shape)
+    shape[hi] = h + (pt + pb)
+    shape[wi] = w + (pl + pr)
+    return te.compute(tuple(shape), pad_body, name=name)
 
 
 def _conv2d_compute(data: Any, weight: Any, *, attrs: Conv2DAttrs) -> Any:
     """``out[n, o, y, x] = sum_{c, ry, rx} pad(data)[n, g(o) + c, y*sh + ry*dh, x*sw + rx*dw]
-    * weight[o, c, ry, rx]``; padding is a separate stage ``conv2d_pad``."""
+    * weight[o, c, ry, rx]`` (indices placed by the layouts); padding is a separate stage
+    ``conv2d_pad``."""
     out_dtype = as_dtype(attrs.out_dtype) if attrs.out_dtype else data.dtype
-    n, c, h, w = data.shape
-    o, ig, kh, kw = weight.shape
+    dl, kl = Layout(attrs.data_layout), Layout(attrs.kernel_layout)
+    o, ig, kh, kw = _pick(weight.shape, kl, "OIHW")
     (sh, sw), (dh, dw) = attrs.strides, attrs.dilation
-    pt, pl, pb, pr = attrs.padding
     shape = _conv2d_out_shape(attrs, data.shape, weight.shape)
-    src = data
-    if any(attrs.padding):
-        zero = tir.const(data.dtype, 0)
-
-        def pad_body(nn, cc, yy, xx):
-            y, x = yy - pt, xx - pl
-            inside = tir.all_of(
-                ([tir.ge(y, 0)] if pt else []) + ([tir.lt(y, h)] if pb else [])
-                + ([tir.ge(x, 0)] if pl else []) + ([tir.lt(x, w)] if pr else [])
-            )
-            val = data[nn, cc, _clamp_index(y, h, pt > 0, pb > 0),
-                       _clamp_index(x, w, pl > 0, pr > 0)]
-            return tir.select(inside, val, zero)
-
-        src = te.compute((n, c, h + (pt + pb), w + (pl + pr)), pad_body, name="conv2d_pad")
+    # float16/bfloat16 data accumulated in float32 is widened once, in the padded copy, not
+    # at every tap of the inner loop
+    widen = data.dtype.is_float and out_dtype.is_float and data.dtype.bits < out_dtype.bits
+    src = _pad_hw(data, dl.index("H"), dl.index("W"), attrs.padding, "conv2d_pad",
+                  out_dtype if widen else None)
     rc = te.reduce_axis((0, ig), name="rc")
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
     groups = attrs.groups
     og = o // groups if groups > 1 else None
 
-    def body(nn, oo, yy, xx):
+    def body(*idx):
+        nn, oo, yy, xx = _pick(idx, dl, "NCHW")
         chan = rc if og is None else (oo // og) * ig + rc
-        v = src[nn, chan, yy * sh + ry * dh, xx * sw + rx * dw]
-        prod = tir.cast(out_dtype, v) * tir.cast(out_dtype, weight[oo, rc, ry, rx])
+        v = src[_place(dl, {"N": nn, "C": chan, "H": yy * sh + ry * dh, "W": xx * sw + rx * dw})]
+        wv = weight[_place(kl, {"O": oo, "I": rc, "H": ry, "W": rx})]
+        prod = tir.cast(out_dtype, v) * tir.cast(out_dtype, wv)
         return te.sum(prod, axis=[rc, ry, rx])
 
-    return te.compute(shape, body, name="conv2d")
+    layouts = (dl.name, kl.name)
+    ann = {} if layouts == ("NCHW", "OIHW") else {CONV_LAYOUTS: layouts}
+    return te.compute(shape, body, name="conv2d", attrs=ann)
 
 
 #: Output channels per register tile of the conv2d schedule.
 CONV_OC_TILE = 4
+#: Candidate lengths of the output-width register tile of the channel-vectorized schedules.
+CONV_X_TILES = [8, 7, 6, 5, 4, 3, 2]
+
 
 
 def _schedule_conv2d(sch: Any, target: Any) -> None:
+    """CPU schedule of nn.conv2d, by layout: NCHW data with an OIHW weight
+    (:func:`_schedule_conv2d_nchw`), channels-last data with O the weight's last axis (NHWC +
+    HWIO, :func:`_schedule_conv2d_nhwc`), else the generic reduction schedule."""
+    layouts = sch.get(sch.get_block("conv2d")).annotations.get(CONV_LAYOUTS, ("NCHW", "OIHW"))
+    if tuple(layouts) == ("NCHW", "OIHW"):
+        _schedule_conv2d_nchw(sch, target)
+    elif layouts[0] == "NHWC" and layouts[1][-1] == "O":
+        _schedule_conv2d_nhwc(sch, target)
+    else:
+        schedule_reduction(sch, target)
+
+
+def _schedule_pad(sch: Any, target: Any, name: str, names: set[str]) -> None:
+    """Padded copy of the input: parallel over its three outer axes."""
+    if name in names:
+        pad = sch.get_block(name)
+        parallel_outer(sch, sch.get_loops(pad)[:3], target, work=block_work(sch, pad))
+
+
+def _schedule_conv2d_nchw(sch: Any, target: Any) -> None:
     """Output-channel tiles, accumulated in place in the outer-product order of the GEMM.
 
     Loops: parallel(n, oc_outer[, y]) / y / rc, ry, rx / x_outer / oc_inner (unrolled) /
@@ -279,9 +375,7 @@ def _schedule_conv2d(sch: Any, target: Any) -> None:
     """
     names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_block("root"))}
     rest = other_blocks(sch, {"conv2d_pad", "conv2d"})
-    if "conv2d_pad" in names:  # row copies, parallel over (n, c[, y])
-        pad = sch.get_block("conv2d_pad")
-        parallel_outer(sch, sch.get_loops(pad)[:3], target, work=block_work(sch, pad))
+    _schedule_pad(sch, target, "conv2d_pad", names)
     block = sch.get_block("conv2d")
     work = block_work(sch, block)
     n, o, y, x, rc, ry, rx = sch.get_loops(block)
@@ -311,6 +405,130 @@ def _schedule_conv2d(sch: Any, target: Any) -> None:
     schedule_epilogue(sch, target, rest, at)
 
 
+def _vector_channels(sch: Any, target: Any, block: Any, loop: Any) -> tuple[Any, Any, bool]:
+    """Split a vector off the contiguous channel ``loop``: ``(outer, inner, vectorizable)``."""
+    dtype = sch.get(block).writes[0].buffer.dtype
+    ext = loop_extent(sch, loop)
+    f = vector_factor(target, dtype, ext)
+    if f is None:
+        return None, loop, False
+    if f == ext:
+        return None, loop, True
+    outer, inner = sch.split(loop, factors=[None, f])
+    return outer, inner, True
+
+
+def _schedule_channels_last(sch: Any, target: Any, block: Any, spatial: list[Any],
+                            c_loop: Any, reduce: list[Any], rest: list[str]) -> None:
+    """Shared nest of the channel-vectorized convolutions (NHWC, NCHWc).
+
+    Loops: parallel(spatial outer...) / x_outer / [channel vectors] / reduce... / x_inner
+    (unrolled) / channel lanes (vectorized): each weight vector is loaded once per tap for a
+    row segment of outputs, each input element broadcast across the lanes. ``spatial`` are the
+    outer output loops, the last of them the output width.
+    """
+    work = block_work(sch, block)
+    x = spatial[-1]
+    xo, xi = split_off(sch, x, pick_factor(loop_extent(sch, x), CONV_X_TILES))
+    co, ci, vec = _vector_channels(sch, target, block, c_loop)
+    order = [*spatial[:-1], xo] + ([co] if co is not None else []) + list(reduce)
+    order += [lp for lp in (xi, ci) if lp is not None]
+    sch.reorder(*order)
+    init = sch.decompose_reduction(block, reduce[0])
+    if xi is not None:
+        sch.unroll(xi)
+    if vec:
+        sch.vectorize(ci)
+        sch.vectorize(sch.get_loops(init)[-1])
+    at = parallel_outer(sch, spatial[:-1], target, work=work)
+    schedule_epilogue(sch, target, rest, at)
+
+
+def _schedule_conv2d_nhwc(sch: Any, target: Any) -> None:
+    """NHWC data, weight with O innermost (HWIO): vectors along the output channels."""
+    names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_block("root"))}
+    rest = other_blocks(sch, {"conv2d_pad", "conv2d"})
+    _schedule_pad(sch, target, "conv2d_pad", names)
+    block = sch.get_block("conv2d")
+    n, y, x, o, rc, ry, rx = sch.get_loops(block)
+    _schedule_channels_last(sch, target, block, [n, y, x], o, [ry, rx, rc], rest)
+
+
+def _alter_conv2d_c(call: Any, target: Any) -> LayoutRewrite | None:
+    """On CPUs, a float32 NCHW/OIHW convolution (groups=1) becomes ``nn.conv2d_nchwc`` with
+    output channels in blocks of one SIMD vector (when the vector length divides them) and
+    input channels in blocks of the largest divisor of the channel count up to that length."""
+    attrs: Conv2DAttrs = call.attrs
+    data, weight = call.args[0].struct_info, call.args[1].struct_info
+    if attrs.groups != 1 or (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW"):
+        return None
+    if data.shape is None or not weight.is_static or attrs.out_dtype not in (None, "float32"):
+        return None
+    if data.dtype != "float32" or weight.dtype != "float32":
+        return None
+    lanes = target.vector_lanes("float32")
+    o, c = weight.static_shape()[0], const_int(data.shape[1])
+    if lanes < 2 or o % lanes or c is None:
+        return None
+    ic = max(d for d in range(1, min(lanes, c) + 1) if c % d == 0)
+
+    def build(d: Any, w: Any) -> Any:
+        return conv2d_nchwc(d, w, strides=attrs.strides, padding=attrs.padding,
+                            dilation=attrs.dilation, out_dtype=attrs.out_dtype)
+
+    return LayoutRewrite(
+        inputs=(("NCHW", f"NCHW{ic}c"), ("OIHW", f"OIHW{ic}i{lanes}o")),
+        output=("NCHW", f"NCHW{lanes}c"),
+        build=build,
+    )
+
+
+def _is_float_arg(x: Any) -> bool:
+    return as_dtype(x.struct_info.dtype).is_float
+
+
+def _permute(x: Any, perm: Sequence[int]) -> Any:
+    """``x`` transposed by ``perm`` (nothing for the identity)."""
+    from .shape import transpose
+
+    return x if list(perm) == list(range(len(perm))) else transpose(x, tuple(perm))
+
+
+def _inverse(perm: Sequence[int]) -> list[int]:
+    return [list(perm).index(d) for d in range(len(perm))]
+
+
+def _conv_adjoints(g: Any, x: Any, w: Any, attrs: Any, groups: int) -> tuple[Any, Any]:
+    """(d data, d weight) of an NCHW/OIHW convolution, computed in ``g``'s dtype (``g``,
+    ``x`` and ``w`` are normalized expressions)."""
+    from .grad import cast_to, conv2d_backward_data, conv2d_backward_weight
+
+    gdt = g.struct_info.dtype
+    kw = {"strides": attrs.strides, "padding": attrs.padding, "dilation": attrs.dilation,
+          "groups": groups}
+    xc, wc = cast_to(x, gdt, x.struct_info.dtype), cast_to(w, gdt, w.struct_info.dtype)
+    return conv2d_backward_data(g, wc, x, **kw), conv2d_backward_weight(g, xc, w, **kw)
+
+
+def _conv2d_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """Adjoints through ``nn.conv2d_backward_data``/``_weight`` (NCHW/OIHW; other layouts
+    are transposed there and back), computed in the result's dtype and cast back."""
+    from .grad import fit_to
+
+    x, w = call.args
+    if not (_is_float_arg(x) and _is_float_arg(w)):
+        return [None, None]
+    attrs = call.attrs
+    dl, kl = Layout(attrs.data_layout), Layout(attrs.kernel_layout)
+    to_d = [dl.index(a) for a in "NCHW"]
+    to_k = [kl.index(a) for a in "OIHW"]
+    g = bb.normalize(_permute(output_grad, to_d))
+    xn, wn = bb.normalize(_permute(x, to_d)), bb.normalize(_permute(w, to_k))
+    dx, dw = _conv_adjoints(g, xn, wn, attrs, attrs.groups)
+    return [fit_to(bb, _permute(dx, _inverse(to_d)), x),
+            fit_to(bb, _permute(dw, _inverse(to_k)), w)]
+
+
 conv2d = register_op(
     "nn.conv2d",
     inputs=("data", "weight"),
@@ -320,26 +538,157 @@ conv2d = register_op(
     compute=_conv2d_compute,
     schedules={"c": _schedule_conv2d},
     mixed_precision=MixedPrecision.ALWAYS,
-    gradient=None,
-    doc="2-d convolution, NCHW data and OIHW weight, with strides, padding (int, (v, h) or "
-    "(top, left, bottom, right)), dilation and groups (depthwise when groups == channels).",
+    gradient=_conv2d_grad,
+    alter_layout={"c": _alter_conv2d_c},
+    doc="2-d convolution with strides, padding (int, (v, h) or (top, left, bottom, right)), "
+    "dilation and groups (depthwise when groups == channels); NCHW data and OIHW weight by "
+    "default (``data_layout``/``kernel_layout``: e.g. NHWC and HWIO).",
+)
+
+
+# ---- conv2d on channel-blocked data -----------------------------------------------------------
+@dataclass(frozen=True)
+class Conv2DNCHWcAttrs:
+    """Convolution of NCHW[x]c data with an OIHW[x]i[y]o weight into NCHW[y]c; the block sizes
+    come from the shapes. ``strides``, ``padding``, ``dilation``, ``out_dtype`` as in
+    :class:`Conv2DAttrs` (no groups)."""
+
+    strides: Any = (1, 1)
+    padding: Any = (0, 0, 0, 0)
+    dilation: Any = (1, 1)
+    out_dtype: str | None = None
+
+    def __post_init__(self):
+        op = "nn.conv2d_nchwc"
+        _set(self, "strides", _pair(self.strides, op, "strides"))
+        _set(self, "padding", _padding(self.padding, op))
+        _set(self, "dilation", _pair(self.dilation, op, "dilation"))
+        _set(self, "out_dtype", norm_dtype(self.out_dtype, op))
+
+
+def _infer_conv2d_nchwc(call: Any) -> Any:
+    from ..graph.struct_info import TensorStructInfo
+
+    op = "nn.conv2d_nchwc"
+    data = tensor_arg(call, 0, op, "data", ndim=5)
+    weight = tensor_arg(call, 1, op, "weight", ndim=6)
+    dtype = result_dtype(op, attr_out_dtype(call), ("data", data), ("weight", weight))
+    if data.shape is None or weight.shape is None:
+        return TensorStructInfo(None, dtype, 5)
+    n, cb, h, w, ic = data.shape
+    ob, wcb, kh, kw, wic, oc = weight.shape
+    for what, a, b in (("input channel blocks", cb, wcb), ("input channel block size", ic, wic)):
+        if provably_unequal(a, b):
+            raise StructInfoError(
+                f"{op}: data {fmt_shape(data.shape)} (NCHW[x]c) has {fmt_dim(a)} {what} but "
+                f"weight {fmt_shape(weight.shape)} (OIHW[x]i[y]o) has {fmt_dim(b)}"
+            )
+    oh, ow = _conv_hw(call.attrs, h, w, kh, kw)
+    _check_out_dim(op, "height", oh, h)
+    _check_out_dim(op, "width", ow, w)
+    return TensorStructInfo((n, ob, oh, ow, oc), dtype)
+
+
+def _conv2d_nchwc_compute(data: Any, weight: Any, *, attrs: Conv2DNCHWcAttrs) -> Any:
+    """``out[n, ob, y, x, oi] = sum_{cb, ry, rx, ci} pad(data)[n, cb, y*sh + ry*dh,
+    x*sw + rx*dw, ci] * weight[ob, cb, ry, rx, ci, oi]``."""
+    out_dtype = as_dtype(attrs.out_dtype) if attrs.out_dtype else data.dtype
+    n, cb, h, w, ic = data.shape
+    ob, _, kh, kw, _, oc = weight.shape
+    (sh, sw), (dh, dw) = attrs.strides, attrs.dilation
+    oh, ow = _conv_hw(attrs, h, w, kh, kw)
+    src = _pad_hw(data, 2, 3, attrs.padding, "conv2d_nchwc_pad")
+    rco = te.reduce_axis((0, cb), name="rco")
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    rci = te.reduce_axis((0, ic), name="rci")
+
+    def body(nn, oo, yy, xx, oi):
+        v = src[nn, rco, yy * sh + ry * dh, xx * sw + rx * dw, rci]
+        prod = tir.cast(out_dtype, v) * tir.cast(out_dtype, weight[oo, rco, ry, rx, rci, oi])
+        return te.sum(prod, axis=[rco, ry, rx, rci])
+
+    return te.compute((n, ob, oh, ow, oc), body, name="conv2d_nchwc")
+
+
+def _schedule_conv2d_nchwc(sch: Any, target: Any) -> None:
+    """Parallel over (n, output channel block, row); a row segment of output pixels times one
+    block of output channels (one SIMD vector) is accumulated over the taps, the lanes along
+    the channel block."""
+    names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_block("root"))}
+    rest = other_blocks(sch, {"conv2d_nchwc_pad", "conv2d_nchwc"})
+    _schedule_pad(sch, target, "conv2d_nchwc_pad", names)
+    block = sch.get_block("conv2d_nchwc")
+    n, ob, y, x, oi, rco, ry, rx, rci = sch.get_loops(block)
+    _schedule_channels_last(sch, target, block, [n, ob, y, x], oi, [rco, ry, rx, rci], rest)
+
+
+def _conv2d_nchwc_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """Unblock data ``[N, C/x, H, W, x]``, weight ``[O/y, C/x, KH, KW, x, y]`` and the gradient
+    ``[N, O/y, OH, OW, y]`` to NCHW/OIHW, take the plain convolution's adjoints, and block
+    them again."""
+    from .grad import fit_to, shape_attr
+    from .shape import reshape
+
+    x, w = call.args
+    if not (_is_float_arg(x) and _is_float_arg(w)):
+        return [None, None]
+    n, cb, h, wd, ci = shape_attr(x.struct_info.shape)
+    ob, _, kh, kw, _, oc = shape_attr(w.struct_info.shape)
+    gs = shape_attr(output_grad.struct_info.shape)
+    c, o = shape_attr((cb * ci, ob * oc))
+    xn = bb.normalize(reshape(_permute(x, (0, 1, 4, 2, 3)), (n, c, h, wd)))
+    wn = bb.normalize(reshape(_permute(w, (0, 5, 1, 4, 2, 3)), (o, c, kh, kw)))
+    g = bb.normalize(reshape(_permute(output_grad, (0, 1, 4, 2, 3)), (gs[0], o, gs[2], gs[3])))
+    dx, dw = _conv_adjoints(g, xn, wn, call.attrs, 1)
+    dx = _permute(reshape(dx, (n, cb, ci, h, wd)), (0, 1, 3, 4, 2))
+    dw = _permute(reshape(dw, (ob, oc, cb, ci, kh, kw)), (0, 2, 4, 5, 3, 1))
+    return [fit_to(bb, dx, x), fit_to(bb, dw, w)]
+
+
+conv2d_nchwc = register_op(
+    "nn.conv2d_nchwc",
+    inputs=("data", "weight"),
+    attrs=Conv2DNCHWcAttrs,
+    infer=_infer_conv2d_nchwc,
+    pattern=OpPattern.OUT_EWISE_FUSABLE,
+    compute=_conv2d_nchwc_compute,
+    schedules={"c": _schedule_conv2d_nchwc},
+    mixed_precision=MixedPrecision.ALWAYS,
+    gradient=_conv2d_nchwc_grad,
+    doc="2-d convolution of channel-blocked data: data NCHW[x]c ``[N, C/x, H, W, x]``, weight "
+    "OIHW[x]i[y]o ``[O/y, C/x, KH, KW, x, y]``, result NCHW[y]c ``[N, O/y, OH, OW, y]`` "
+    "(what AlterOpLayout makes of nn.conv2d on CPUs).",
 )
 
 
 # =============================================================================================
 # pooling
 # =============================================================================================
+def _pool_layout(value: Any, op: str) -> str:
+    """A pooling layout: any layout with unsplit primal H and W (NCHW, NHWC, NCHW8c...)."""
+    lay = as_layout(value, op, "layout")
+    if lay.index("H") < 0 or lay.index("W") < 0 or lay.factor("H") or lay.factor("W"):
+        raise KilnError(
+            f"{op}: layout must have unsplit H and W axes (like 'NCHW', 'NHWC' or 'NCHW8c'), "
+            f"got {value!r}"
+        )
+    return lay.name
+
+
 @dataclass(frozen=True)
 class MaxPool2DAttrs:
     """``pool_size``/``strides``/``dilation``: int or (h, w) (strides default to 1);
     ``padding``: int, (v, h) or (top, left, bottom, right), padded taps never win;
-    ``ceil_mode``: round the output size up (the last window may be partial)."""
+    ``ceil_mode``: round the output size up (the last window may be partial); ``layout``: the
+    data's layout (NCHW, NHWC, NCHW8c...; every axis but H and W is carried through)."""
 
     pool_size: Any = (1, 1)
     strides: Any = (1, 1)
     padding: Any = (0, 0, 0, 0)
     dilation: Any = (1, 1)
     ceil_mode: bool = False
+    layout: str = "NCHW"
 
     def __post_init__(self):
         _normalize_pool(self, "nn.max_pool2d")
@@ -357,6 +706,7 @@ class AvgPool2DAttrs:
     dilation: Any = (1, 1)
     ceil_mode: bool = False
     count_include_pad: bool = False
+    layout: str = "NCHW"
 
     def __post_init__(self):
         _normalize_pool(self, "nn.avg_pool2d")
@@ -369,6 +719,7 @@ def _normalize_pool(attrs: Any, op: str) -> None:
     _set(attrs, "padding", _padding(attrs.padding, op))
     _set(attrs, "dilation", _pair(attrs.dilation, op, "dilation"))
     _set(attrs, "ceil_mode", bool(attrs.ceil_mode))
+    _set(attrs, "layout", _pool_layout(attrs.layout, op))
     kh, kw = attrs.pool_size
     pt, pl, pb, pr = attrs.padding
     if max(pt, pb) >= (kh - 1) * attrs.dilation[0] + 1 or max(pl, pr) >= (
@@ -380,31 +731,56 @@ def _normalize_pool(attrs: Any, op: str) -> None:
         )
 
 
+def _hw(layout: str) -> tuple[int, int]:
+    lay = Layout(layout)
+    return lay.index("H"), lay.index("W")
+
+
+def _with_hw(shape: Sequence[Any], layout: str, h: Any, w: Any) -> tuple:
+    hi, wi = _hw(layout)
+    out = list(shape)
+    out[hi], out[wi] = h, w
+    return tuple(out)
+
+
 def _pool_out_shape(attrs: Any, shape: Sequence[Any]) -> tuple:
-    n, c, h, w = shape
+    hi, wi = _hw(attrs.layout)
     (kh, kw), (sh, sw), (dh, dw) = attrs.pool_size, attrs.strides, attrs.dilation
     pt, pl, pb, pr = attrs.padding
-    return (
-        n, c,
-        _out_dim(h, kh, sh, dh, pt, pb, attrs.ceil_mode),
-        _out_dim(w, kw, sw, dw, pl, pr, attrs.ceil_mode),
+    return _with_hw(
+        shape, attrs.layout,
+        _out_dim(shape[hi], kh, sh, dh, pt, pb, attrs.ceil_mode),
+        _out_dim(shape[wi], kw, sw, dw, pl, pr, attrs.ceil_mode),
     )
+
+
+def _pool_data(call: Any, op: str, float_only: bool) -> Any:
+    """The data argument of a pooling call, checked against the layout's rank and dtype."""
+    ndim = Layout(call.attrs.layout).ndim
+    data = tensor_arg(call, 0, op, "data")
+    if data.ndim >= 0 and data.ndim != ndim:
+        raise StructInfoError(
+            f"{op}: data must be {ndim}-d for layout {call.attrs.layout!r}, got {data.ndim}-d"
+        )
+    ok = data.dtype.is_float or (not float_only and data.dtype.is_integer)
+    if not ok:
+        kind = "a float" if float_only else "a numeric"
+        raise StructInfoError(f"{op}: data must be {kind} tensor, got dtype {data.dtype}")
+    return data
 
 
 def _make_pool_infer(op: str, float_only: bool):
     def infer(call: Any) -> Any:
         from ..graph.struct_info import TensorStructInfo
 
-        data = tensor_arg(call, 0, op, "data", ndim=4)
-        ok = data.dtype.is_float or (not float_only and data.dtype.is_integer)
-        if not ok:
-            kind = "a float" if float_only else "a numeric"
-            raise StructInfoError(f"{op}: data must be {kind} tensor, got dtype {data.dtype}")
+        data = _pool_data(call, op, float_only)
+        ndim = Layout(call.attrs.layout).ndim
         if data.shape is None:
-            return TensorStructInfo(None, data.dtype, 4)
+            return TensorStructInfo(None, data.dtype, ndim)
         shape = _pool_out_shape(call.attrs, data.shape)
-        _check_out_dim(op, "height", shape[2], data.shape[2])
-        _check_out_dim(op, "width", shape[3], data.shape[3])
+        hi, wi = _hw(call.attrs.layout)
+        _check_out_dim(op, "height", shape[hi], data.shape[hi])
+        _check_out_dim(op, "width", shape[wi], data.shape[wi])
         return TensorStructInfo(shape, data.dtype)
 
     return infer
@@ -412,28 +788,49 @@ def _make_pool_infer(op: str, float_only: bool):
 
 def _window(data: Any, attrs: Any, out_shape: tuple, pad_value: Any, name: str, reducer: Any):
     """The reduction of ``data`` over each (padded, dilated) pooling window."""
-    _, _, h, w = data.shape
+    hi, wi = _hw(attrs.layout)
+    h, w = data.shape[hi], data.shape[wi]
     (kh, kw), (sh, sw), (dh, dw) = attrs.pool_size, attrs.strides, attrs.dilation
     pt, pl, _, _ = attrs.padding
-    glo_h, ghi_h = _needs_guard(h, out_shape[2], kh, sh, dh, pt)
-    glo_w, ghi_w = _needs_guard(w, out_shape[3], kw, sw, dw, pl)
+    glo_h, ghi_h = _needs_guard(h, out_shape[hi], kh, sh, dh, pt)
+    glo_w, ghi_w = _needs_guard(w, out_shape[wi], kw, sw, dw, pl)
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
 
-    def body(n, c, y, x):
-        hy, wx = y * sh + ry * dh - pt, x * sw + rx * dw - pl
+    def body(*idx):
+        hy, wx = idx[hi] * sh + ry * dh - pt, idx[wi] * sw + rx * dw - pl
         conds = (
             ([tir.ge(hy, 0)] if glo_h else []) + ([tir.lt(hy, h)] if ghi_h else [])
             + ([tir.ge(wx, 0)] if glo_w else []) + ([tir.lt(wx, w)] if ghi_w else [])
         )
-        val = data[n, c, _clamp_index(hy, h, glo_h, ghi_h), _clamp_index(wx, w, glo_w, ghi_w)]
+        src = list(idx)
+        src[hi] = _clamp_index(hy, h, glo_h, ghi_h)
+        src[wi] = _clamp_index(wx, w, glo_w, ghi_w)
+        val = data[tuple(src)]
         if conds:
             val = tir.select(tir.all_of(conds), val, pad_value)
         return reducer(val, axis=[ry, rx])
 
-    contiguous = sw == 1 and not (glo_w or ghi_w)
-    out = te.compute(out_shape, body, name=name, attrs={UNIT_STRIDE_W: contiguous})
-    return out, (glo_h or ghi_h or glo_w or ghi_w)
+    guarded = glo_h or ghi_h or glo_w or ghi_w
+    contiguous = wi == len(data.shape) - 1 and sw == 1 and not (glo_w or ghi_w)
+    out = te.compute(out_shape, body, name=name,
+                     attrs=_pool_annotations(attrs.layout, contiguous, guarded))
+    return out, guarded
+
+
+def _pool_annotations(layout: str, contiguous: bool, guarded: bool) -> dict[str, Any]:
+    """Facts for the pooling schedule: whether the innermost axis is W read with unit stride,
+    or an axis the window carries through (a channel axis: always contiguous).
+
+    A carried axis is only marked when no tap needs the padding guard: the C code generator
+    cannot yet emit a select between vectors under a scalar condition (a padded window's
+    guard), so such windows stay scalar.
+    """
+    hi, wi = _hw(layout)
+    ndim = Layout(layout).ndim
+    if ndim - 1 in (hi, wi):
+        return {UNIT_STRIDE_W: contiguous}
+    return {UNIT_STRIDE_W: False, CARRIED_INNER: not guarded}
 
 
 def _max_pool2d_compute(data: Any, *, attrs: MaxPool2DAttrs) -> Any:
@@ -457,58 +854,90 @@ def _tap_count(o: Any, stride: int, pad_lo: int, kernel: int, dilation: int, lo:
     return tir.max(last - first, tir.const(I64, 0))
 
 
+def _pool_sum_dtype(dtype: DataType) -> DataType:
+    """float16/bfloat16 windows are summed in float32 (a 16-bit sum of a large window stalls);
+    every other dtype in itself."""
+    return DataType("float32") if dtype.is_float and dtype.bits < 32 else dtype
+
+
+def _pool_sum(dtype: DataType) -> Any:
+    """The window reducer of an average: a sum in :func:`_pool_sum_dtype`."""
+    ct = _pool_sum_dtype(dtype)
+    return lambda val, axis: te.sum(tir.cast(ct, val), axis=axis)
+
+
 def _avg_pool2d_compute(data: Any, *, attrs: AvgPool2DAttrs) -> Any:
     """Window sums (``avg_pool2d_sum``) divided by the number of counted taps."""
     shape = _pool_out_shape(attrs, data.shape)
     zero = tir.const(data.dtype, 0)
-    acc, guarded = _window(data, attrs, shape, zero, "avg_pool2d_sum", te.sum)
-    _, _, h, w = data.shape
+    acc, guarded = _window(data, attrs, shape, zero, "avg_pool2d_sum", _pool_sum(data.dtype))
+    ct = _pool_sum_dtype(data.dtype)
+    hi, wi = _hw(attrs.layout)
+    h, w = data.shape[hi], data.shape[wi]
     (kh, kw), (sh, sw), (dh, dw) = attrs.pool_size, attrs.strides, attrs.dilation
     pt, pl, pb, pr = attrs.padding
     if not guarded:
-        return te.compute(shape, lambda n, c, y, x: acc[n, c, y, x] / tir.const(
-            data.dtype, kh * kw), name="avg_pool2d")
+        return te.compute(shape, lambda *i: tir.cast(data.dtype, acc[i] / tir.const(ct, kh * kw)),
+                          name="avg_pool2d")
     if attrs.count_include_pad:
         lo_h, hi_h, lo_w, hi_w = -pt, _i64(h) + pb, -pl, _i64(w) + pr
     else:
         lo_h, hi_h, lo_w, hi_w = 0, _i64(h), 0, _i64(w)
 
-    def body(n, c, y, x):
-        cnt = _tap_count(y, sh, pt, kh, dh, _i64(lo_h), hi_h) * _tap_count(
-            x, sw, pl, kw, dw, _i64(lo_w), hi_w)
-        return acc[n, c, y, x] / tir.cast(data.dtype, cnt)
+    def body(*i):
+        cnt = _tap_count(i[hi], sh, pt, kh, dh, _i64(lo_h), hi_h) * _tap_count(
+            i[wi], sw, pl, kw, dw, _i64(lo_w), hi_w)
+        return tir.cast(data.dtype, acc[i] / tir.cast(ct, cnt))
 
     return te.compute(shape, body, name="avg_pool2d")
 
 
 def _schedule_pool(sch: Any, target: Any) -> None:
-    """Parallel over (n, c[, y]); the window loops innermost, accumulating in a register.
+    """Parallel over the outer output axes; the window loops inside, accumulating in place.
 
-    When the window reads the input width contiguously (unit stride, no padding guard) the
-    output width is vectorized instead: its vector loop goes under the window loops, so every
-    tap is one vector load and one vector max/add. An average's division follows each
-    parallel chunk of sums.
+    When the innermost axis is W and the window reads it contiguously (unit stride, no
+    padding guard) — or the innermost axis is a channel axis (NHWC, NCHW8c), always contiguous
+    — that axis is vectorized: its vector loop goes under the window loops, so every tap is one
+    vector load and one vector max/add. An average's division follows each parallel chunk of
+    sums.
     """
     red = next(b for b in sch.get_child_blocks(sch.get_block("root")) if any(
         iv.iter_type == tir.IterType.COMM_REDUCE for iv in sch.get(b).iter_vars))
     rest = other_blocks(sch, {sch.get(red).name_hint})
-    n, c, y, x, ry, rx = sch.get_loops(red)
+    loops = sch.get_loops(red)
+    spatial, (ry, rx) = list(loops[:-2]), loops[-2:]
     blk = sch.get(red)
     work = block_work(sch, red)
     factor = None
-    if blk.annotations.get(UNIT_STRIDE_W, False):
-        factor = vector_factor(target, blk.writes[0].buffer.dtype, loop_extent(sch, x))
+    if blk.annotations.get(UNIT_STRIDE_W, False) or blk.annotations.get(CARRIED_INNER, False):
+        factor = vector_factor(target, blk.writes[0].buffer.dtype, loop_extent(sch, spatial[-1]))
     if factor is not None:
-        xo, xi = split_off(sch, x, factor)
+        xo, xi = split_off(sch, spatial[-1], factor)
         sch.reorder(xo, ry, rx, xi)
         init = sch.decompose_reduction(red, ry)
         sch.vectorize(xi)
         sch.vectorize(sch.get_loops(init)[-1])
     else:
         sch.decompose_reduction(red, ry)
-    outer = parallel_outer(sch, [n, c, y], target, work=work)
+    outer = parallel_outer(sch, spatial[:3], target, work=work)
     # an average's division (and any fused consumer) follows each parallel chunk of sums
     schedule_epilogue(sch, target, rest, outer)
+
+
+def _pool_fields(attrs: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: getattr(attrs, f.name) for f in dataclasses.fields(attrs)}
+
+
+def _max_pool2d_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """Each window's gradient to the inputs equal to its maximum (the forward result)."""
+    from .grad import max_pool2d_backward
+
+    x = call.args[0]
+    if not _is_float_arg(x):
+        return [None]
+    return [max_pool2d_backward(output_grad, x, call, **_pool_fields(call.attrs))]
 
 
 max_pool2d = register_op(
@@ -520,9 +949,15 @@ max_pool2d = register_op(
     compute=_max_pool2d_compute,
     schedules={"c": _schedule_pool},
     mixed_precision=MixedPrecision.FOLLOW,
-    gradient=None,
-    doc="2-d max pooling over NCHW data.",
+    gradient=_max_pool2d_grad,
+    doc="2-d max pooling (data in ``layout``: NCHW by default, NHWC, NCHW8c...).",
 )
+
+def _avg_pool2d_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    from .grad import avg_pool2d_backward
+
+    return [avg_pool2d_backward(output_grad, call.args[0], **_pool_fields(call.attrs))]
+
 
 avg_pool2d = register_op(
     "nn.avg_pool2d",
@@ -533,8 +968,8 @@ avg_pool2d = register_op(
     compute=_avg_pool2d_compute,
     schedules={"c": _schedule_pool},
     mixed_precision=MixedPrecision.FOLLOW,
-    gradient=None,
-    doc="2-d average pooling over NCHW data.",
+    gradient=_avg_pool2d_grad,
+    doc="2-d average pooling (data in ``layout``: NCHW by default, NHWC, NCHW8c...).",
 )
 
 
@@ -542,26 +977,26 @@ avg_pool2d = register_op(
 @dataclass(frozen=True)
 class AdaptivePool2DAttrs:
     """``output_size``: int or (h, w). Output cell ``i`` of an axis of size ``n`` pools input
-    ``[floor(i*n/out), ceil((i+1)*n/out))``; ``(1, 1)`` is global pooling."""
+    ``[floor(i*n/out), ceil((i+1)*n/out))``; ``(1, 1)`` is global pooling. ``layout``: the
+    data's layout (NCHW, NHWC, NCHW8c...)."""
 
     output_size: Any = (1, 1)
+    layout: str = "NCHW"
 
     def __post_init__(self):
         _set(self, "output_size", _pair(self.output_size, "nn.adaptive_pool2d", "output_size"))
+        _set(self, "layout", _pool_layout(self.layout, "nn.adaptive_pool2d"))
 
 
 def _infer_adaptive(op: str, float_only: bool):
     def infer(call: Any) -> Any:
         from ..graph.struct_info import TensorStructInfo
 
-        data = tensor_arg(call, 0, op, "data", ndim=4)
-        ok = data.dtype.is_float or (not float_only and data.dtype.is_integer)
-        if not ok:
-            raise StructInfoError(f"{op}: data must be a float tensor, got dtype {data.dtype}")
+        data = _pool_data(call, op, float_only)
         if data.shape is None:
-            return TensorStructInfo(None, data.dtype, 4)
+            return TensorStructInfo(None, data.dtype, Layout(call.attrs.layout).ndim)
         oh, ow = call.attrs.output_size
-        return TensorStructInfo((data.shape[0], data.shape[1], oh, ow), data.dtype)
+        return TensorStructInfo(_with_hw(data.shape, call.attrs.layout, oh, ow), data.dtype)
 
     return infer
 
@@ -590,8 +1025,10 @@ def _adaptive_axis(size: Any, out: int) -> tuple[Any, Any, Any, bool]:
 
 def _adaptive_compute(kind: str):
     def compute(data: Any, *, attrs: AdaptivePool2DAttrs) -> Any:
-        n, c, h, w = data.shape
+        hi, wi = _hw(attrs.layout)
+        h, w = data.shape[hi], data.shape[wi]
         oh, ow = attrs.output_size
+        out_shape = _with_hw(data.shape, attrs.layout, oh, ow)
         sh, eh, kh, vary_h = _adaptive_axis(h, oh)
         sw, ew, kw, vary_w = _adaptive_axis(w, ow)
         ry = te.reduce_axis((0, kh), name="ry")
@@ -599,30 +1036,43 @@ def _adaptive_compute(kind: str):
         if kind == "max":
             reducer, pad = te.max, tir.const(data.dtype, data.dtype.min_value())
         else:
-            reducer, pad = te.sum, tir.const(data.dtype, 0)
+            reducer, pad = _pool_sum(data.dtype), tir.const(data.dtype, 0)
 
-        def body(nn, cc, y, x):
+        def body(*idx):
+            y, x = idx[hi], idx[wi]
             hy, wx = sh(y) + ry, sw(x) + rx
             conds = ([tir.lt(hy, eh(y))] if vary_h else []) + (
                 [tir.lt(wx, ew(x))] if vary_w else [])
-            val = data[nn, cc, tir.min(hy, _i64(h) - 1) if vary_h else hy,
-                       tir.min(wx, _i64(w) - 1) if vary_w else wx]
+            src = list(idx)
+            src[hi] = tir.min(hy, _i64(h) - 1) if vary_h else hy
+            src[wi] = tir.min(wx, _i64(w) - 1) if vary_w else wx
+            val = data[tuple(src)]
             if conds:
                 val = tir.select(tir.all_of(conds), val, pad)
             return reducer(val, axis=[ry, rx])
 
         name = f"adaptive_{kind}_pool2d"
-        red = te.compute((n, c, oh, ow), body, name=name if kind == "max" else name + "_sum")
+        ann = _pool_annotations(attrs.layout, False, vary_h or vary_w)
+        red = te.compute(out_shape, body, name=name if kind == "max" else name + "_sum",
+                         attrs=ann if CARRIED_INNER in ann else {})
         if kind == "max":
             return red
 
-        def avg(nn, cc, y, x):
+        def avg(*idx):
+            y, x = idx[hi], idx[wi]
             cnt = (eh(y) - sh(y)) * (ew(x) - sw(x))
-            return red[nn, cc, y, x] / tir.cast(data.dtype, cnt)
+            return tir.cast(data.dtype, red[idx] / tir.cast(_pool_sum_dtype(data.dtype), cnt))
 
-        return te.compute((n, c, oh, ow), avg, name=name)
+        return te.compute(out_shape, avg, name=name)
 
     return compute
+
+
+def _adaptive_avg_pool2d_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    from .grad import adaptive_avg_pool2d_backward
+
+    return [adaptive_avg_pool2d_backward(output_grad, call.args[0],
+                                         **_pool_fields(call.attrs))]
 
 
 adaptive_avg_pool2d = register_op(
@@ -634,9 +1084,19 @@ adaptive_avg_pool2d = register_op(
     compute=_adaptive_compute("avg"),
     schedules={"c": _schedule_pool},
     mixed_precision=MixedPrecision.FOLLOW,
-    gradient=None,
-    doc="Average pooling of NCHW data to a fixed output size (global pooling for (1, 1)).",
+    gradient=_adaptive_avg_pool2d_grad,
+    doc="Average pooling to a fixed output size (global pooling for (1, 1)); data in "
+    "``layout`` (NCHW by default).",
 )
+
+def _adaptive_max_pool2d_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    from .grad import adaptive_max_pool2d_backward
+
+    x = call.args[0]
+    if not _is_float_arg(x):
+        return [None]
+    return [adaptive_max_pool2d_backward(output_grad, x, call, **_pool_fields(call.attrs))]
+
 
 adaptive_max_pool2d = register_op(
     "nn.adaptive_max_pool2d",
@@ -647,19 +1107,20 @@ adaptive_max_pool2d = register_op(
     compute=_adaptive_compute("max"),
     schedules={"c": _schedule_pool},
     mixed_precision=MixedPrecision.FOLLOW,
-    gradient=None,
-    doc="Max pooling of NCHW data to a fixed output size (global pooling for (1, 1)).",
+    gradient=_adaptive_max_pool2d_grad,
+    doc="Max pooling to a fixed output size (global pooling for (1, 1)); data in ``layout`` "
+    "(NCHW by default).",
 )
 
 
-def global_avg_pool2d(data: Any) -> Any:
-    """Mean over H and W of NCHW data, keeping them as size-1 dims: ``[N, C, 1, 1]``."""
-    return adaptive_avg_pool2d(data, (1, 1))
+def global_avg_pool2d(data: Any, layout: str = "NCHW") -> Any:
+    """Mean over H and W, keeping them as size-1 dims: ``[N, C, 1, 1]`` for NCHW data."""
+    return adaptive_avg_pool2d(data, (1, 1), layout)
 
 
-def global_max_pool2d(data: Any) -> Any:
-    """Maximum over H and W of NCHW data: ``[N, C, 1, 1]``."""
-    return adaptive_max_pool2d(data, (1, 1))
+def global_max_pool2d(data: Any, layout: str = "NCHW") -> Any:
+    """Maximum over H and W, keeping them as size-1 dims: ``[N, C, 1, 1]`` for NCHW data."""
+    return adaptive_max_pool2d(data, (1, 1), layout)
 
 
 # =============================================================================================
@@ -810,6 +1271,15 @@ def _schedule_row_op(out_name: str):
     return schedule
 
 
+def _softmax_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """``y (g - sum(g y))`` along the axis, ``y`` the forward result."""
+    from .elementwise import multiply, subtract
+    from .reduce import sum as reduce_sum
+
+    g, y = output_grad, call
+    return [multiply(y, subtract(g, reduce_sum(multiply(g, y), call.attrs.axis, True)))]
+
+
 softmax = register_op(
     "nn.softmax",
     inputs=("data",),
@@ -819,9 +1289,18 @@ softmax = register_op(
     compute=_softmax_compute,
     schedules={"c": _schedule_row_op("softmax")},
     mixed_precision=MixedPrecision.NEVER,
-    gradient=None,
+    gradient=_softmax_grad,
     doc="Softmax along ``axis`` (max-subtracted for stability).",
 )
+
+def _log_softmax_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """``g - exp(y) sum(g)`` along the axis, ``y`` the forward result."""
+    from .elementwise import exp, multiply, subtract
+    from .reduce import sum as reduce_sum
+
+    g = output_grad
+    return [subtract(g, multiply(exp(call), reduce_sum(g, call.attrs.axis, True)))]
+
 
 log_softmax = register_op(
     "nn.log_softmax",
@@ -832,7 +1311,7 @@ log_softmax = register_op(
     compute=_log_softmax_compute,
     schedules={"c": _schedule_row_op("log_softmax")},
     mixed_precision=MixedPrecision.NEVER,
-    gradient=None,
+    gradient=_log_softmax_grad,
     doc="Logarithm of the softmax along ``axis``, computed as ``x - max - log(sum(exp(x - "
     "max)))``.",
 )
@@ -944,6 +1423,42 @@ def _layer_norm_compute(x: Any, gamma: Any, beta: Any, *, attrs: LayerNormAttrs)
     return te.compute(x.shape, body, name="layer_norm", attrs={ROW_AXES: tuple(axes)})
 
 
+def _layer_norm_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """With ``xh = (x - mean) rstd`` and ``gh = g gamma``: ``dx = rstd (gh - mean(gh) -
+    xh mean(gh xh))``, ``dgamma = sum(g xh)``, ``dbeta = sum(g)`` (sums over the other axes)."""
+    from .elementwise import add, multiply, rsqrt, subtract
+    from .grad import scalar, shape_attr
+    from .reduce import mean
+    from .reduce import sum as reduce_sum
+    from .shape import reshape
+
+    x, gamma, _ = call.args
+    xs = x.struct_info
+    if xs.shape is None:
+        raise KilnError("nn.layer_norm gradient: needs data of known shape")
+    ndim = len(xs.shape)
+    axes = tuple(sorted(a % ndim for a in call.attrs.axes))
+    others = tuple(d for d in range(ndim) if d not in axes)
+    g = output_grad
+    mu = bb.emit(mean(x, axes, True))
+    xc = bb.emit(subtract(x, mu))
+    var = mean(multiply(xc, xc), axes, True)
+    rstd = bb.emit(rsqrt(add(var, scalar(call.attrs.epsilon, xs.dtype))))
+    xh = bb.emit(multiply(xc, rstd))
+    gamma_b = gamma
+    if axes != tuple(range(ndim - len(axes), ndim)):  # not trailing: place gamma's axes
+        gamma_b = reshape(gamma, shape_attr(xs.shape[d] if d in axes else 1
+                                            for d in range(ndim)))
+    gh = bb.emit(multiply(g, gamma_b))
+    dx = multiply(rstd, subtract(subtract(gh, mean(gh, axes, True)),
+                                 multiply(xh, mean(multiply(gh, xh), axes, True))))
+    dgamma = multiply(g, xh)
+    dbeta = g
+    if others:
+        dgamma, dbeta = reduce_sum(dgamma, others), reduce_sum(dbeta, others)
+    return [dx, dgamma, dbeta]
+
+
 layer_norm = register_op(
     "nn.layer_norm",
     inputs=("data", "gamma", "beta"),
@@ -953,7 +1468,7 @@ layer_norm = register_op(
     compute=_layer_norm_compute,
     schedules={"c": _schedule_row_op("layer_norm")},
     mixed_precision=MixedPrecision.NEVER,
-    gradient=None,
+    gradient=_layer_norm_grad,
     doc="Layer normalization over ``axes`` with scale ``gamma`` and shift ``beta``.",
 )
 
@@ -1022,6 +1537,41 @@ def _batch_norm_compute(x: Any, gamma: Any, beta: Any, mean: Any, var: Any, *,
     return te.compute(x.shape, body, name="batch_norm")
 
 
+def _batch_norm_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """Inference batch norm ``y = (x - m) gamma rstd + beta`` with ``rstd = (v + eps)^-1/2``
+    per channel: ``dx = g gamma rstd``, ``dgamma = sum(g (x - m)) rstd``, ``dbeta = sum(g)``,
+    ``dm = -sum(g) gamma rstd``, ``dv = -sum(g (x - m)) gamma rstd^3 / 2``."""
+    from .elementwise import add, multiply, negative, rsqrt, subtract
+    from .grad import scalar
+    from .reduce import sum as reduce_sum
+    from .shape import reshape
+
+    x, gamma, _, m, v = call.args
+    xs = x.struct_info
+    if xs.ndim < 0:
+        raise KilnError("nn.batch_norm gradient: needs data of known rank")
+    ndim = xs.ndim
+    axis = call.attrs.axis % ndim
+    others = tuple(d for d in range(ndim) if d != axis)
+
+    def chan(t: Any) -> Any:  # a per-channel vector broadcast along the channel axis
+        trailing = ndim - axis - 1
+        return reshape(t, (-1,) + (1,) * trailing) if trailing else t
+
+    g = output_grad
+    rstd = bb.emit(rsqrt(add(v, scalar(call.attrs.epsilon, xs.dtype))))
+    scale = bb.emit(multiply(gamma, rstd))
+    dx = multiply(g, chan(scale))
+    sg = bb.emit(reduce_sum(g, others) if others else g)
+    sgx = bb.emit(reduce_sum(multiply(g, subtract(x, chan(m))), others) if others
+                  else multiply(g, subtract(x, m)))
+    dgamma = multiply(sgx, rstd)
+    dmean = negative(multiply(sg, scale))
+    dvar = multiply(multiply(sgx, scale), multiply(multiply(rstd, rstd),
+                                                   scalar(-0.5, xs.dtype)))
+    return [dx, dgamma, sg, dmean, dvar]
+
+
 batch_norm = register_op(
     "nn.batch_norm",
     inputs=("data", *_BN_PARAMS),
@@ -1031,7 +1581,7 @@ batch_norm = register_op(
     compute=_batch_norm_compute,
     schedules={"c": schedule_injective},
     mixed_precision=MixedPrecision.FOLLOW,
-    gradient=None,
+    gradient=_batch_norm_grad,
     doc="Batch normalization in inference form: normalizes with the given moving statistics "
     "(no batch statistics are computed or updated) and returns only the normalized tensor.",
 )
@@ -1060,6 +1610,11 @@ def _infer_dropout(call: Any) -> Any:
     return TensorStructInfo(x.shape, x.dtype, x.ndim)
 
 
+def _dropout_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """Inference dropout is the identity."""
+    return [output_grad]
+
+
 dropout = register_op(
     "nn.dropout",
     inputs=("data",),
@@ -1069,6 +1624,6 @@ dropout = register_op(
     compute=lambda x, *, attrs: te.compute(x.shape, lambda *i: x[i], name="dropout"),
     schedules={"c": schedule_injective},
     mixed_precision=MixedPrecision.FOLLOW,
-    gradient=None,
+    gradient=_dropout_grad,
     doc="Dropout in inference form: the identity (training-time dropping is not modelled).",
 )

@@ -128,6 +128,10 @@ SAMPLES: dict[str, list[Case]] = {
     # ---- shape ----
     "reshape": [case(f(2, 3, 2), shape=(3, -1))],
     "transpose": [case(f(2, 3, 4), axes=(1, 2, 0))],
+    "layout_transform": [
+        case(f(1, 4, 2, 3), src_layout="NCHW", dst_layout="NCHW2c"),
+        case(f(1, 2, 3, 2), src_layout="NHWC", dst_layout="NCHW"),
+    ],
     "concat": [case(L([f(2, 3), f(1, 3)]), axis=0), case(L([f(2, 1), f(2, 2), f(2, 1)]), axis=1)],
     "split": [case(f(4, 3), indices_or_sections=2), case(f(2, 5), indices_or_sections=(1, 3),
                                                           axis=1)],
