@@ -450,11 +450,15 @@ class _GraphChecker:
             self.report(f"call_tir {name}: declares {len(outputs)} output(s) but PrimFunc {name} "
                         f"has num_outputs={declared}")
         pairs = [(f"argument {i}", s, p) for i, (s, p) in enumerate(zip(inputs, params))]
+        # the graph variables passed, so that a dtype mismatch names both sides
+        arg_vars = {f"argument {i}": f.name for i, f in enumerate(packed.fields)
+                    if isinstance(f, gx.Var)} if isinstance(packed, gx.Tuple) else {}
         pairs += [(f"output {j}", s, p)
                   for j, (s, p) in enumerate(zip(outputs, params[len(inputs):]))]
-        self.match_params(name, callee, pairs)
+        self.match_params(name, callee, pairs, arg_vars)
 
-    def match_params(self, name: str, callee: Any, pairs: list[tuple[str, Any, Any]]) -> None:
+    def match_params(self, name: str, callee: Any, pairs: list[tuple[str, Any, Any]],
+                     arg_vars: dict[str, str] | None = None) -> None:
         """Compare each argument/output with its parameter; callee symbolic dims are bound on
         first appearance and must agree everywhere else."""
         from ..graph.struct_info import PrimStructInfo, TensorStructInfo
@@ -480,8 +484,10 @@ class _GraphChecker:
                             f"{buf.name!r} of {name} expects a tensor")
                 continue
             if sinfo.dtype != buf.dtype:
+                var = (arg_vars or {}).get(label)
                 self.report(f"call_tir {name}: {label} has dtype {sinfo.dtype} but buffer "
-                            f"{buf.name!r} of {name} has dtype {buf.dtype}")
+                            f"{buf.name!r} of {name} has dtype {buf.dtype}"
+                            + (f" ({label} is {var})" if var else ""))
             ndim = len(sinfo.shape) if sinfo.shape is not None else sinfo.ndim
             if ndim >= 0 and ndim != len(buf.shape):
                 self.report(f"call_tir {name}: {label} is {ndim}-d {_sinfo_text(sinfo)} but "

@@ -4,8 +4,8 @@
 See docs/internals.md ("kiln.tir.transform (lowering) and kiln.codegen.c") for the ABI.
 """
 
-from .build import build, generate_source
+from .build import build, generate_source, native_float16
 from .compiler import cache_dir, compile_source, find_compiler, supports_float16
 
 __all__ = ["build", "cache_dir", "compile_source", "find_compiler", "generate_source",
-           "supports_float16"]
+           "native_float16", "supports_float16"]

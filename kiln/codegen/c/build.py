@@ -19,7 +19,7 @@ from ...target.target import Target
 from ...tir.expr import IntImm
 from ...tir.function import PrimFunc
 from ...tir.transform.lower import is_lowered, lower
-from .compiler import compile_source, libmvec_functions
+from .compiler import compile_source, libmvec_functions, supports_float16
 from .entry import dim_text, emit_checked_entry
 from .func import FunctionEmitter
 from .helpers import ENTRY_SUPPORT, Helpers
@@ -69,6 +69,14 @@ def _function_info(name: str, symbol: str, func: PrimFunc, emitter: FunctionEmit
     )
 
 
+def native_float16(target: Any = None) -> bool:
+    """Whether float16 is computed natively (``_Float16`` arithmetic) for ``target``: the
+    target has AVX512-FP16 and the C compiler knows ``_Float16``. Otherwise float16, like
+    bfloat16, is stored in 16 bits and computed in float32."""
+    tgt = Target.create(target)
+    return tgt.has_fp16 and supports_float16()
+
+
 def generate_source(funcs: Mapping[str, PrimFunc], target: Any = None, extra_source: str = ""
                     ) -> tuple[str, dict[str, FunctionInfo]]:
     """The C source for ``funcs`` (lowered first when needed) and each function's metadata.
@@ -77,7 +85,7 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any = None, extra_sou
     ``*_unchecked`` entries; it may use the static helpers such as ``kiln_fail``).
     """
     tgt = Target.create(target)
-    helpers = Helpers()
+    helpers = Helpers(native_fp16=native_float16(tgt))
     symbols = NameTable()
     bodies: list[str] = []
     infos: dict[str, FunctionInfo] = {}

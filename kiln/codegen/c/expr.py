@@ -7,8 +7,10 @@ Semantics kept from TIR, not inherited from C:
 - ``FloorDiv``/``FloorMod`` round toward minus infinity: plain ``/`` and ``%`` only when the
   operands are provably non-negative (``analyzer``), a helper otherwise;
 - ``Min``/``Max`` on floats propagate NaN like numpy;
-- float16 values are ``_Float16``; bfloat16 values are floats rounded to bfloat16 after every
-  operation;
+- float16/bfloat16 values are held in float32 (``float``, ``float32xN`` vectors): loads widen
+  exactly, arithmetic is float32 arithmetic, stores and explicit casts to float16/bfloat16 round
+  to nearest even. With ``helpers.native_fp16`` (a target with AVX512-FP16) float16 values are
+  ``_Float16`` and arithmetic rounds to float16 after every operation (see :mod:`.types`);
 - bool vectors are lane masks (see :mod:`.types`); :meth:`ExprEmitter.mask_bits` tracks the
   lane width of the mask an expression produces and conversions are inserted where widths meet.
 """
@@ -19,7 +21,15 @@ from ...ir.dtype import DataType
 from ...ir.errors import CodegenError
 from ...tir import expr as E
 from .helpers import LIBM, Helpers
-from .types import float_literal, int_literal, storage_ctype, value_ctype, vector_elem_dtype
+from .types import (
+    F32,
+    compute_dtype,
+    float_literal,
+    int_literal,
+    is_low_float,
+    storage_ctype,
+    value_ctype,
+)
 
 _BIN_OPS = {
     E.Add: "+", E.Sub: "-", E.Mul: "*", E.Div: "/", E.Mod: "%",
@@ -41,6 +51,7 @@ class ExprEmitter:
         self.var_names: dict[E.Var, str] = {}
         self.var_mask_bits: dict[E.Var, int] = {}
         self._tmp = 0
+        self.native_fp16 = helpers.native_fp16
 
     # ---- names ----------------------------------------------------------------------------
     def var_name(self, v: E.Var) -> str:
@@ -59,9 +70,27 @@ class ExprEmitter:
         return f"kiln_{hint}{self._tmp}"
 
     # ---- types ----------------------------------------------------------------------------
+    def compute_dtype(self, dt: DataType) -> DataType:
+        """Element type holding ``dt``'s values in C (float32 for widened float16/bfloat16)."""
+        return compute_dtype(dt, self.native_fp16)
+
+    def widened(self, dt: DataType) -> bool:
+        """``dt`` is a float16/bfloat16 type whose values are held in float32."""
+        return is_low_float(dt) and self.compute_dtype(dt) == F32
+
+    def storage_ctype(self, dt: DataType) -> str:
+        return storage_ctype(dt, self.native_fp16)
+
+    def scalar_ctype(self, dt: DataType) -> str:
+        return value_ctype(dt, self.native_fp16)
+
     def vec_type(self, dt: DataType) -> str:
         """C type of a vector expression of ``dt`` (bool vectors: use mask_type)."""
-        return self.helpers.vec(vector_elem_dtype(dt), dt.lanes)
+        return self.helpers.vec(self.compute_dtype(dt), dt.lanes)
+
+    def lane_bits(self, dt: DataType) -> int:
+        """Bits of one lane of the C vector holding ``dt`` values."""
+        return self.compute_dtype(dt).bits
 
     def mask_type(self, bits: int, lanes: int) -> str:
         return self.helpers.vec(DataType(f"int{bits}"), lanes)
@@ -69,7 +98,7 @@ class ExprEmitter:
     def ctype_of(self, e: E.PrimExpr) -> str:
         dt = e.dtype
         if dt.lanes == 1:
-            return value_ctype(dt)
+            return self.scalar_ctype(dt)
         if dt.is_bool:
             return self.mask_type(self.mask_bits(e), dt.lanes)
         return self.vec_type(dt)
@@ -78,7 +107,7 @@ class ExprEmitter:
         """Lane width of the mask a bool vector expression evaluates to."""
         if isinstance(e, E.CmpOp):
             a = e.a
-            return self.mask_bits(a) if a.dtype.is_bool else a.dtype.bits
+            return self.mask_bits(a) if a.dtype.is_bool else self.lane_bits(a.dtype)
         if isinstance(e, (E.And, E.Or, E.Not)):
             return self.mask_bits(e.a)
         if isinstance(e, E.BufferLoad):
@@ -87,13 +116,13 @@ class ExprEmitter:
             return self.mask_bits(e.true_value)
         if isinstance(e, E.Cast):
             v = e.value
-            return self.mask_bits(v) if v.dtype.is_bool else v.dtype.bits
+            return self.mask_bits(v) if v.dtype.is_bool else self.lane_bits(v.dtype)
         if isinstance(e, E.Let):
             return self.mask_bits(e.body)
         if isinstance(e, E.Var):
             return self.var_mask_bits.get(e, 32)
         if isinstance(e, E.Call) and e.args:
-            return e.args[0].dtype.bits
+            return self.lane_bits(e.args[0].dtype)
         return 32
 
     def to_mask(self, e: E.PrimExpr, bits: int) -> str:
@@ -123,7 +152,7 @@ class ExprEmitter:
         return int_literal(e.value, e.dtype)
 
     def expr_FloatImm(self, e: E.FloatImm) -> str:
-        return float_literal(e.value, e.dtype)
+        return float_literal(e.value, e.dtype, self.native_fp16)
 
     def expr_StringImm(self, e: E.StringImm) -> str:
         raise CodegenError(f"string constant {e.value!r} cannot appear in generated code")
@@ -139,12 +168,8 @@ class ExprEmitter:
         a, b = self._operand(e.a, e.b), self._operand(e.b, e.a)
         text = f"({a} {op} {b})"
         dt = e.dtype
-        if dt.lanes == 1 and isinstance(e, _WRAPPING):
-            if _is_narrow_int(dt):
-                text = f"(({value_ctype(dt)}){text})"
-            elif dt.is_bfloat:
-                self.helpers.use("bf16")
-                text = f"kiln_bf16_round{text}"
+        if dt.lanes == 1 and isinstance(e, _WRAPPING) and _is_narrow_int(dt):
+            text = f"(({value_ctype(dt)}){text})"
         return text
 
     def expr_Add(self, e: E.Add) -> str:
@@ -201,7 +226,7 @@ class ExprEmitter:
             bits = self.mask_bits(e.a)
             c = "&" if op == "min" else "|"
             return f"({self.to_mask(e.a, bits)} {c} {self.to_mask(e.b, bits)})"
-        fn = self.helpers.minmax(op, dt if not dt.is_bfloat else DataType("float32"))
+        fn = self.helpers.minmax(op, self.compute_dtype(dt).with_lanes(dt.lanes))
         return f"{fn}({self.expr(e.a)}, {self.expr(e.b)})"
 
     def expr_Min(self, e: E.Min) -> str:
@@ -247,7 +272,7 @@ class ExprEmitter:
             m = self.to_mask(cond, bits)
             t, f = self.to_mask(e.true_value, bits), self.to_mask(e.false_value, bits)
             return f"(({m} & {t}) | (~{m} & {f}))"
-        el = vector_elem_dtype(dt)
+        el = self.compute_dtype(dt)
         fn = self.helpers.select(el, dt.lanes)
         m = self.to_mask(cond, el.bits)
         return f"{fn}({m}, {self.expr(e.true_value)}, {self.expr(e.false_value)})"
@@ -262,10 +287,29 @@ class ExprEmitter:
         v = self.expr(e.value)
         if dst.is_bool:
             return f"({v} != 0)"
-        if dst.is_bfloat:
-            self.helpers.use("bf16")
-            return f"kiln_bf16_round((float)({v}))"
-        return f"(({value_ctype(dst)})({v}))"
+        if self.widened(dst):
+            if src.element == dst.element:
+                return v
+            key, fn = ("bf16", "kiln_bf16_round") if dst.is_bfloat else ("f16", "kiln_f16_round")
+            self.helpers.use(key)
+            return f"{fn}((float)({v}))"
+        return f"(({self.scalar_ctype(dst)})({v}))"
+
+    def float32_value(self, e: E.PrimExpr) -> str:
+        """``e`` (a number, scalar or vector) as float32 C value(s), for a store that rounds to
+        float16/bfloat16 itself: a cast to that type is skipped (rounding twice is rounding
+        once)."""
+        if isinstance(e, E.Cast) and self.widened(e.dtype):
+            e = e.value
+        code = self.expr(e)
+        if e.dtype.is_bool:
+            code = self.expr(E.Cast(F32.with_lanes(e.dtype.lanes), e))
+        elif self.compute_dtype(e.dtype) != F32:
+            if e.dtype.lanes == 1:
+                code = f"((float)({code}))"
+            else:
+                code = f"__builtin_convertvector({code}, {self.helpers.vec(F32, e.dtype.lanes)})"
+        return code
 
     def _vector_cast(self, e: E.Cast) -> str:
         src, dst = e.value.dtype, e.dtype
@@ -279,8 +323,12 @@ class ExprEmitter:
             # masks are -1/0; negate to 1/0 before converting.
             m = self.expr(e.value)
             return f"__builtin_convertvector(-{m}, {target})"
-        vector_elem_dtype(src)  # raises for float16/bfloat16 vectors
-        return f"__builtin_convertvector({self.expr(e.value)}, {target})"
+        v = self.expr(e.value)
+        if self.compute_dtype(src) != self.compute_dtype(dst):
+            v = f"__builtin_convertvector({v}, {target})"
+        if self.widened(dst) and src.element != dst.element:
+            v = f"{self.helpers.lowp_round(dst, dst.lanes)}({v})"
+        return v
 
     # ---- vectors --------------------------------------------------------------------------
     def expr_Broadcast(self, e: E.Broadcast) -> str:
@@ -288,11 +336,11 @@ class ExprEmitter:
         if v.dtype.is_bool:
             fn = self.helpers.broadcast(DataType("int32"), e.lanes)
             return f"{fn}(-(int32_t)({self.expr(v)}))"
-        fn = self.helpers.broadcast(vector_elem_dtype(v.dtype), e.lanes)
+        fn = self.helpers.broadcast(self.compute_dtype(v.dtype), e.lanes)
         return f"{fn}({self.expr(v)})"
 
     def expr_Ramp(self, e: E.Ramp) -> str:
-        el = vector_elem_dtype(e.base.dtype)
+        el = self.compute_dtype(e.base.dtype)
         vt = self.helpers.vec(el, e.lanes)
         base = self.expr_Broadcast(E.Broadcast(e.base, e.lanes))
         if isinstance(e.stride, E.IntImm):
@@ -322,12 +370,13 @@ class ExprEmitter:
             raw = f"{ptr}[{self.expr(idx)}]"
             if el.is_bool:
                 return f"({raw} != 0)"
-            if el.is_bfloat:
-                self.helpers.use("bf16")
-                return f"kiln_bf16_to_f32({raw})"
+            if self.widened(el):
+                return self.widen_scalar(el, raw)
             return raw
         lanes = e.dtype.lanes
-        storage_el = DataType("uint8") if el.is_bool else vector_elem_dtype(el)
+        if self.widened(el):
+            return self._widened_vector_load(e, ptr, idx)
+        storage_el = DataType("uint8") if el.is_bool else self.compute_dtype(el)
         vt = self.helpers.vec(storage_el, lanes)
         base = self.contiguous_base(idx)
         if base is not None:
@@ -338,13 +387,44 @@ class ExprEmitter:
         else:
             it = self.ctype_of(idx)
             fn = self.helpers.lanewise(
-                f"gather_{vt}_{it}", vt, [f"const {storage_ctype(el)}*", it], lanes,
+                f"gather_{vt}_{it}", vt, [f"const {self.storage_ctype(el)}*", it], lanes,
                 "a0[a1[l]]",
             )
             raw = f"{fn}({ptr}, {self.expr(idx)})"
         if el.is_bool:
             return f"({raw} != ({vt}){{0}})"
         return raw
+
+    def widen_scalar(self, el: DataType, raw: str) -> str:
+        """A float16/bfloat16 storage value (16 bits) as a float."""
+        if el.is_bfloat:
+            self.helpers.use("bf16")
+            return f"kiln_bf16_to_f32({raw})"
+        self.helpers.use("f16")
+        return f"kiln_f16_to_f32({raw})"
+
+    def narrow_scalar(self, el: DataType, value: str) -> str:
+        """A float value rounded to float16/bfloat16 storage bits (nearest even)."""
+        if el.is_bfloat:
+            self.helpers.use("bf16")
+            return f"kiln_f32_to_bf16({value})"
+        self.helpers.use("f16")
+        return f"kiln_f32_to_f16({value})"
+
+    def _widened_vector_load(self, e: E.BufferLoad, ptr: str, idx: E.PrimExpr) -> str:
+        el, lanes = e.buffer.dtype.element, e.dtype.lanes
+        base = self.contiguous_base(idx)
+        if base is not None:
+            return f"{self.helpers.lowp_load(el, lanes)}({ptr} + {self.expr(base)})"
+        if isinstance(idx, E.Broadcast):
+            fn = self.helpers.broadcast(F32, lanes)
+            return f"{fn}({self.widen_scalar(el, f'{ptr}[{self.expr(idx.value)}]')})"
+        vt = self.helpers.vec(F32, lanes)
+        it = self.ctype_of(idx)
+        lane = self.widen_scalar(el, "a0[a1[l]]")
+        fn = self.helpers.lanewise(f"gather_{el}_{vt}_{it}", vt, ["const uint16_t*", it], lanes,
+                                   lane)
+        return f"{fn}({ptr}, {self.expr(idx)})"
 
     # ---- calls ----------------------------------------------------------------------------
     def expr_Call(self, e: E.Call) -> str:
@@ -374,17 +454,14 @@ class ExprEmitter:
             return f"(({value_ctype(dt)}){inner})"
         wide = dt.bits == 64
         suffix = "" if wide else "f"
-        if dt.is_float and dt.bits == 16 and not dt.is_bfloat:
+        if is_low_float(dt):  # evaluated in float32
             args = [f"(float)({a})" for a in args]
         if op in ("rsqrt", "sigmoid"):
             fn = self.helpers.scalar_intrinsic(op, DataType("float64" if wide else "float32"))
             text = f"{fn}({args[0]})"
         else:
             text = f"{LIBM[op]}{suffix}({', '.join(args)})"
-        if dt.is_bfloat:
-            self.helpers.use("bf16")
-            return f"kiln_bf16_round({text})"
-        if dt.bits == 16:
+        if is_low_float(dt) and not self.widened(dt):
             return f"((_Float16){text})"
         return text
 
@@ -393,8 +470,9 @@ class ExprEmitter:
         lanes = dt.lanes
         if e.op == "fabs" and dt.is_float:
             vt = self.vec_type(dt)
-            mt = self.mask_type(dt.bits, lanes)
-            sign = "0x7fffffff" if dt.bits == 32 else "0x7fffffffffffffffLL"
+            bits = self.lane_bits(dt)
+            mt = self.mask_type(bits, lanes)
+            sign = {16: "0x7fff", 32: "0x7fffffff"}.get(bits, "0x7fffffffffffffffLL")
             return f"(({vt})(({mt}){self.expr(e.args[0])} & {sign}))"
         elem_types = [a.dtype.element for a in e.args]
         arg_ctypes = [self.ctype_of(a) for a in e.args]

@@ -22,7 +22,7 @@ from ...tir.transform.flatten_buffers import flat_size
 from .expr import ExprEmitter
 from .helpers import Helpers
 from .names import NameTable
-from .types import c_string, storage_ctype, value_ctype
+from .types import c_string, value_ctype
 
 #: Largest "local" allocation (bytes) placed on the stack; larger ones go to the heap.
 STACK_LIMIT = 64 * 1024
@@ -122,13 +122,17 @@ class FunctionEmitter(ExprEmitter):
                   f"void {self.symbol}_unchecked(void** data, const int64_t* sym) {{"]
         for i, (p, buf) in enumerate(sig.params):
             if buf is None:
-                ct = value_ctype(p.dtype)
+                ct = self.scalar_ctype(p.dtype)
                 name = self.define_var(p)
-                self.line(f"const {ct} {name} = *(const {ct}*)data[{i}];")
+                if self.widened(p.dtype):
+                    raw = f"*(const uint16_t*)data[{i}]"
+                    self.line(f"const {ct} {name} = {self.widen_scalar(p.dtype, raw)};")
+                else:
+                    self.line(f"const {ct} {name} = *(const {ct}*)data[{i}];")
                 continue
             name = self.define_var(buf.data)
             self.var_names[p] = name
-            ct = storage_ctype(buf.dtype)
+            ct = self.storage_ctype(buf.dtype)
             self.line(f"{ct}* {name} = ({ct}*)data[{i}];")
         for k, v in enumerate(sig.sym_vars):
             name = self.define_var(v)
@@ -226,7 +230,7 @@ class FunctionEmitter(ExprEmitter):
     def stmt_Allocate(self, s: S.Allocate) -> None:
         buf = s.buffer
         size = flat_size(buf) if len(buf.shape) != 1 else buf.shape[0]
-        ct = storage_ctype(buf.dtype)
+        ct = self.storage_ctype(buf.dtype)
         name = self.define_var(buf.data)
         itemsize = max(1, buf.dtype.element.itemsize)
         on_stack = (buf.scope == "local" and isinstance(size, E.IntImm)
@@ -253,20 +257,27 @@ class FunctionEmitter(ExprEmitter):
         el = buf.dtype.element
         value = s.value
         lanes = value.dtype.lanes
+        copy = self._lowp_copy(el, value)
         if lanes == 1:
             if idx.dtype.lanes != 1:
                 raise CodegenError(f"{self.name}: scalar value stored at a vector index")
-            v = _strip_parens(self.expr(value))
-            if el.is_bool:
-                v = f"(uint8_t)({v})"
-            elif el.is_bfloat:
-                self.helpers.use("bf16")
-                v = f"kiln_f32_to_bf16({v})"
+            if copy is not None:
+                v = copy
+            elif self.widened(el):
+                v = self.narrow_scalar(el, _strip_parens(self.float32_value(value)))
+            else:
+                v = _strip_parens(self.expr(value))
+                if el.is_bool:
+                    v = f"(uint8_t)({v})"
             self.line(f"{ptr}[{_strip_parens(self.expr(idx))}] = {v};")
             return
         storage_el = DataType("uint8") if el.is_bool else el
+        if self.widened(el):  # stored as 16-bit patterns, rounded to nearest even
+            storage_el = DataType("uint16")
+            v = copy or f"{self.helpers.lowp_bits(el, lanes)}({self.float32_value(value)})"
+        else:
+            v = self.expr(value)
         vt = self.helpers.vec(storage_el, lanes)
-        v = self.expr(value)
         if el.is_bool:
             v = f"__builtin_convertvector(-{v}, {vt})"
         base = self.contiguous_base(idx)
@@ -286,13 +297,31 @@ class FunctionEmitter(ExprEmitter):
         self.line("}")
 
 
+    def _lowp_copy(self, el: DataType, value: E.PrimExpr) -> str | None:
+        """The 16-bit patterns of a widened float16/bfloat16 value that is a plain (scalar or
+        contiguous) load of the same type: copied as is, with no conversion."""
+        if not (self.widened(el) and isinstance(value, E.BufferLoad)
+                and value.buffer.dtype.element == el and len(value.indices) == 1):
+            return None
+        src = self.buffer_ptr(value.buffer)
+        idx = value.indices[0]
+        if value.dtype.lanes == 1:
+            return f"{src}[{_strip_parens(self.expr(idx))}]"
+        base = self.contiguous_base(idx)
+        if base is None:
+            return None
+        vt = self.helpers.vec(DataType("uint16"), value.dtype.lanes)
+        return f"(*({vt}_u*)({src} + {self.expr(base)}))"
+
+
 def _is_zero(e: E.PrimExpr) -> bool:
     return isinstance(e, E.IntImm) and e.value == 0
 
 
 def _strip_parens(text: str) -> str:
-    """Drop one pair of enclosing parentheses when they wrap the whole text."""
-    if not (text.startswith("(") and text.endswith(")")):
+    """Drop one pair of enclosing parentheses when they wrap the whole text (never those of a
+    GNU statement expression ``({ ...; })``, which are part of its syntax)."""
+    if not (text.startswith("(") and text.endswith(")")) or text.startswith("({"):
         return text
     depth = 0
     for i, ch in enumerate(text):

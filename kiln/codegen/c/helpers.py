@@ -141,6 +141,9 @@ static void kiln_fatal(const char* msg) {
 """, ()),
     "bf16": (r"""
 /* bfloat16 is stored as the upper 16 bits of a float32; math runs in float32. */
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 static inline float kiln_bf16_to_f32(uint16_t h) {
   union { uint32_t u; float f; } v;
   v.u = (uint32_t)h << 16;
@@ -157,7 +160,94 @@ static inline uint16_t kiln_f32_to_bf16(float f) {
 
 static inline float kiln_bf16_round(float f) { return kiln_bf16_to_f32(kiln_f32_to_bf16(f)); }
 """, ()),
+    "f16": (r"""
+/* float16 (IEEE binary16) stored as uint16_t bits; math runs in float32. Portable conversions
+   (round to nearest even; every NaN becomes a quiet NaN of the same sign), and F16C
+   instructions when the compiler targets them. */
+static inline float kiln_f16_to_f32_soft(uint16_t h) {
+  union { uint32_t u; float f; } o, magic;
+  magic.u = 113u << 23;
+  o.u = (uint32_t)(h & 0x7fffu) << 13;
+  uint32_t exp = o.u & 0x0f800000u;
+  o.u += (127u - 15u) << 23;
+  if (exp == 0x0f800000u) o.u += (128u - 16u) << 23;     /* Inf or NaN */
+  else if (exp == 0) { o.u += 1u << 23; o.f -= magic.f; } /* zero or subnormal */
+  o.u |= (uint32_t)(h & 0x8000u) << 16;
+  return o.f;
 }
+
+static inline uint16_t kiln_f32_to_f16_soft(float f) {
+  union { uint32_t u; float f; } v, magic;
+  v.f = f;
+  uint32_t sign = v.u & 0x80000000u;
+  uint16_t o;
+  v.u ^= sign;
+  magic.u = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+  if (v.u >= (127u + 16u) << 23) {              /* overflow, Inf or NaN */
+    o = v.u > 0x7f800000u ? 0x7e00u : 0x7c00u;
+  } else if (v.u < (127u - 14u) << 23) {        /* subnormal result or zero */
+    v.f += magic.f;
+    o = (uint16_t)(v.u - magic.u);
+  } else {
+    uint32_t odd = (v.u >> 13) & 1u;
+    v.u += ((uint32_t)(15 - 127) << 23) + 0xfffu + odd;
+    o = (uint16_t)(v.u >> 13);
+  }
+  return (uint16_t)(o | (sign >> 16));
+}
+
+#if defined(__F16C__)
+#include <immintrin.h>
+static inline float kiln_f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+static inline uint16_t kiln_f32_to_f16(float f) {
+  return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+}
+#else
+static inline float kiln_f16_to_f32(uint16_t h) { return kiln_f16_to_f32_soft(h); }
+static inline uint16_t kiln_f32_to_f16(float f) { return kiln_f32_to_f16_soft(f); }
+#endif
+
+static inline float kiln_f16_round(float f) { return kiln_f16_to_f32(kiln_f32_to_f16(f)); }
+""", ()),
+}
+
+def _avx2_bf16_chunks(lanes: int) -> str:
+    """bfloat16 bits to float32, 8 lanes per AVX2 zero-extend + shift (GCC splits the generic
+    vector conversion into 128-bit halves); remaining lanes one by one."""
+    lines = []
+    for c in range(0, lanes - lanes % 8, 8):
+        lines.append(f"  {{ __m256i x = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128("
+                     f"(const __m128i*)(p + {c}))), 16); "
+                     f"__builtin_memcpy((float*)&r + {c}, &x, sizeof(x)); }}")
+    for c in range(lanes - lanes % 8, lanes):
+        lines.append(f"  r[{c}] = kiln_bf16_to_f32(p[{c}]);")
+    return "\n".join(lines) + "\n"
+
+
+def _f16c_chunks(lanes: int, load: bool) -> str:
+    """F16C conversion of a float32 vector from/to float16 bits, 8 (or 4) lanes at a time, with
+    any remaining lanes converted one by one (``p``/``r`` or ``v``/``r`` as in the callers)."""
+    lines = []
+    c = 0
+    while c < lanes:
+        step = 8 if lanes - c >= 8 else (4 if lanes - c >= 4 else 1)
+        if step == 1:
+            lines.append(f"  r[{c}] = " + (f"kiln_f16_to_f32(p[{c}]);" if load
+                                           else f"kiln_f32_to_f16(v[{c}]);"))
+        elif load:
+            cvt, ld, vt = (("_mm256_cvtph_ps", "_mm_loadu_si128", "__m256") if step == 8 else
+                           ("_mm_cvtph_ps", "_mm_loadl_epi64", "__m128"))
+            lines.append(f"  {{ {vt} x = {cvt}({ld}((const __m128i*)(p + {c}))); "
+                         f"__builtin_memcpy((float*)&r + {c}, &x, sizeof(x)); }}")
+        else:
+            vt, cvt = ("__m256", "_mm256_cvtps_ph") if step == 8 else ("__m128", "_mm_cvtps_ph")
+            st = "_mm_storeu_si128" if step == 8 else "_mm_storel_epi64"
+            lines.append(f"  {{ {vt} x; __builtin_memcpy(&x, (const float*)&v + {c}, sizeof(x)); "
+                         f"{st}((__m128i*)((uint16_t*)&r + {c}), "
+                         f"{cvt}(x, _MM_FROUND_TO_NEAREST_INT)); }}")
+        c += step
+    return "\n".join(lines) + "\n"
+
 
 #: libm function of each intrinsic (float64 spelling; float32 appends ``f``).
 LIBM = {
@@ -172,9 +262,15 @@ MVEC_CANDIDATES = ("exp", "log", "pow", "sin", "cos", "tanh", "erf", "exp2", "lo
 
 
 class Helpers:
-    """The typedefs and helper functions one generated file needs."""
+    """The typedefs and helper functions one generated file needs.
 
-    def __init__(self) -> None:
+    ``native_fp16``: float16 values are ``_Float16`` computed natively (the target has
+    AVX512-FP16); otherwise float16, like bfloat16, is stored as 16 bits and computed in
+    float32 (see :mod:`.types`).
+    """
+
+    def __init__(self, native_fp16: bool = False) -> None:
+        self.native_fp16 = native_fp16
         self._vec_types: dict[str, str] = {}
         self._funcs: dict[str, str] = {}
 
@@ -195,7 +291,7 @@ class Helpers:
 
     # ---- functions ---------------------------------------------------------------------
     def use(self, key: str) -> None:
-        """Request one of the fixed helpers (``alloc``, ``fatal``, ``bf16``)."""
+        """Request one of the fixed helpers (``alloc``, ``fatal``, ``bf16``, ``f16``)."""
         if key not in self._funcs:
             code, deps = _FIXED[key]
             for d in deps:
@@ -283,6 +379,72 @@ class Helpers:
         else:  # pragma: no cover - guarded by the caller
             raise KeyError(op)
         return self._add(name, f"static inline {ct} {name}({ct} x) {{ {body} }}\n")
+
+    # ---- low-precision float vectors (held as float32 vectors) -----------------------------
+    def lowp_load(self, dt: DataType, lanes: int) -> str:
+        """``load(const uint16_t* p) -> float32xL``: ``lanes`` contiguous float16/bfloat16
+        values widened to float32 (exact)."""
+        fv = self.vec(DataType("float32"), lanes)
+        if dt.element.is_bfloat:
+            self.use("bf16")
+            hv = self.vec(DataType("uint16"), lanes)
+            uv = self.vec(DataType("uint32"), lanes)
+            name = f"kiln_load_bf16_{fv}"
+            body = (f"#if defined(__AVX2__)\n  {fv} r;\n{_avx2_bf16_chunks(lanes)}  return r;\n"
+                    f"#else\n  {hv} h = *(const {hv}_u*)p;\n"
+                    f"  return ({fv})(__builtin_convertvector(h, {uv}) << 16);\n#endif\n")
+        else:
+            self.use("f16")
+            name = f"kiln_load_f16_{fv}"
+            body = (f"  {fv} r;\n"
+                    f"#if defined(__F16C__)\n{_f16c_chunks(lanes, load=True)}"
+                    f"#else\n"
+                    f"  for (int l = 0; l < {lanes}; ++l) r[l] = kiln_f16_to_f32(p[l]);\n"
+                    f"#endif\n"
+                    f"  return r;\n")
+        return self._add(name, f"static inline {fv} {name}(const uint16_t* p) {{\n{body}}}\n")
+
+    def lowp_bits(self, dt: DataType, lanes: int) -> str:
+        """``bits(float32xL v) -> uint16xL``: each lane rounded to nearest even float16 or
+        bfloat16 (NaN stays NaN), as 16-bit patterns."""
+        fv = self.vec(DataType("float32"), lanes)
+        hv = self.vec(DataType("uint16"), lanes)
+        if dt.element.is_bfloat:
+            uv = self.vec(DataType("uint32"), lanes)
+            name = f"kiln_bits_bf16_{fv}"
+            body = (f"  {uv} u = ({uv})v;\n"
+                    f"  {uv} r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;\n"
+                    f"  {uv} nan = ({uv})((u & 0x7fffffffu) > 0x7f800000u);\n"
+                    f"  r = (r & ~nan) | (((u >> 16) | 0x40u) & nan);\n"
+                    f"  return __builtin_convertvector(r, {hv});\n")
+        else:
+            self.use("f16")
+            name = f"kiln_bits_f16_{fv}"
+            body = (f"  {hv} r;\n"
+                    f"#if defined(__F16C__)\n{_f16c_chunks(lanes, load=False)}"
+                    f"#else\n"
+                    f"  for (int l = 0; l < {lanes}; ++l) r[l] = kiln_f32_to_f16(v[l]);\n"
+                    f"#endif\n"
+                    f"  return r;\n")
+        return self._add(name, f"static inline {hv} {name}({fv} v) {{\n{body}}}\n")
+
+    def lowp_unbits(self, dt: DataType, lanes: int) -> str:
+        """``unbits(uint16xL h) -> float32xL``: 16-bit patterns widened to float32."""
+        fv = self.vec(DataType("float32"), lanes)
+        hv = self.vec(DataType("uint16"), lanes)
+        load = self.lowp_load(dt, lanes)
+        name = f"kiln_unbits_{'bf16' if dt.element.is_bfloat else 'f16'}_{fv}"
+        return self._add(name, f"static inline {fv} {name}({hv} h) {{ return {load}((const "
+                               f"uint16_t*)&h); }}\n")
+
+    def lowp_round(self, dt: DataType, lanes: int) -> str:
+        """``round(float32xL v) -> float32xL``: each lane rounded to float16/bfloat16."""
+        fv = self.vec(DataType("float32"), lanes)
+        bits = self.lowp_bits(dt, lanes)
+        unbits = self.lowp_unbits(dt, lanes)
+        name = f"kiln_round_{'bf16' if dt.element.is_bfloat else 'f16'}_{fv}"
+        return self._add(name, f"static inline {fv} {name}({fv} v) {{ return {unbits}({bits}"
+                               f"(v)); }}\n")
 
     def lanewise(self, name_hint: str, ret: str, args: list[str], lanes: int,
                  lane_expr: str) -> str:

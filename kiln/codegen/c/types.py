@@ -1,11 +1,18 @@
 """C spellings of kiln data types and constants.
 
 Scalars: ``float``/``double``, ``int8_t``..``uint64_t``, ``_Bool`` for bool values (stored as one
-``uint8_t`` byte in buffers, like numpy), ``_Float16`` for float16 and ``float`` for bfloat16
-values (stored as ``uint16_t`` bits and converted through float, so bfloat16 math is float32
-math rounded to bfloat16). Vectors are GCC vector extensions named after the dtype
+``uint8_t`` byte in buffers, like numpy). Vectors are GCC vector extensions named after the dtype
 (``float32x8``); bool vectors are lane masks (``int32x8`` with -1/0 lanes) whose width follows
 the values that produced them.
+
+float16 and bfloat16 ("low-precision floats") are *stored* in 16 bits and, unless the target
+computes in float16 natively, *computed* in float32 (see :func:`compute_dtype`):
+
+- widened (the default; every bfloat16, and float16 on targets without AVX512-FP16): buffers are
+  ``uint16_t``; a load converts to float32 exactly, arithmetic runs in float32, and a store or an
+  explicit cast to float16/bfloat16 rounds to nearest even (NaN stays NaN);
+- native float16 (``native_fp16=True``: the target has ``avx512fp16``): buffers and values are
+  ``_Float16`` and arithmetic is float16 arithmetic.
 """
 
 from __future__ import annotations
@@ -32,9 +39,27 @@ def _kind(dt: DataType) -> str:
     return "other"
 
 
-def value_ctype(dt: DataType) -> str:
+F32 = DataType("float32")
+
+
+def is_low_float(dt: DataType) -> bool:
+    """float16 or bfloat16 (any lanes)."""
+    el = dt.element
+    return el.is_bfloat or (el.is_float and el.bits == 16)
+
+
+def compute_dtype(dt: DataType, native_fp16: bool = False) -> DataType:
+    """Element type that holds ``dt``'s values in generated C expressions (float32 for
+    low-precision floats computed widened; ``dt``'s element otherwise)."""
+    el = dt.element
+    if el.is_bfloat or (el.is_float and el.bits == 16 and not native_fp16):
+        return F32
+    return el
+
+
+def value_ctype(dt: DataType, native_fp16: bool = True) -> str:
     """C type holding one scalar *value* of ``dt`` in expressions and local variables."""
-    dt = dt.element
+    dt = compute_dtype(dt, native_fp16)
     if dt.is_bool:
         return "_Bool"
     if dt.is_bfloat:
@@ -49,22 +74,20 @@ def value_ctype(dt: DataType) -> str:
         raise CodegenError(f"data type {dt} has no C equivalent") from None
 
 
-def storage_ctype(dt: DataType) -> str:
+def storage_ctype(dt: DataType, native_fp16: bool = True) -> str:
     """C element type of a *buffer* of ``dt``."""
     dt = dt.element
     if dt.is_bool:
         return "uint8_t"
-    if dt.is_bfloat:
+    if is_low_float(dt) and not (native_fp16 and not dt.is_bfloat):
         return "uint16_t"
     return value_ctype(dt)
 
 
-def vector_elem_dtype(dt: DataType) -> DataType:
-    """The element type of the GCC vector that holds ``dt`` (bool vectors: see mask types)."""
-    el = dt.element
-    if el.is_bfloat or (el.is_float and el.bits == 16):
-        raise CodegenError(f"vectors of {el} are not supported by the C backend")
-    return el
+def vector_elem_dtype(dt: DataType, native_fp16: bool = False) -> DataType:
+    """The element type of the GCC vector that holds ``dt`` (bool vectors: see mask types);
+    low-precision floats are held as float32 vectors unless float16 is native."""
+    return compute_dtype(dt, native_fp16)
 
 
 def vector_name(elem: DataType, lanes: int) -> str:
@@ -108,8 +131,9 @@ def _float_text(value: float, suffix: str) -> str:
     return f"({text})" if value < 0 or text.startswith("-") else text
 
 
-def float_literal(value: float, dt: DataType) -> str:
-    """C literal of a float constant, already rounded to ``dt``'s precision."""
+def float_literal(value: float, dt: DataType, native_fp16: bool = True) -> str:
+    """C literal of a float constant, already rounded to ``dt``'s precision (a float literal
+    for a low-precision float held in float32)."""
     dt = dt.element
     if dt.is_bfloat:
         import ml_dtypes
@@ -117,7 +141,8 @@ def float_literal(value: float, dt: DataType) -> str:
         return _float_text(float(np.float32(ml_dtypes.bfloat16(value))), "f")
     if dt.bits == 16:
         with np.errstate(over="ignore"):
-            return f"((_Float16){_float_text(float(np.float16(value)), 'f')})"
+            text = _float_text(float(np.float16(value)), "f")
+        return f"((_Float16){text})" if native_fp16 else text
     if dt.bits == 32:
         with np.errstate(over="ignore"):
             return _float_text(float(np.float32(value)), "f")

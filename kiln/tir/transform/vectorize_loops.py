@@ -10,13 +10,17 @@ that ``A[i * 8 + j]`` vectorized over ``j`` is recognised as contiguous.
 When the body cannot be written with vectors -- a gather or scatter (non-contiguous index), a
 store to a location that does not depend on the loop variable (a reduction over the vectorized
 axis), an intrinsic without a vector form (``exp``...), a nested loop, a branch on a condition
-that differs between lanes, a float16/bfloat16 value, or an extent that is not a small power of
-two -- the loop stays a scalar loop, annotated with the reason (``"kiln.not_vectorized"``) and,
-when it is safe to execute its iterations as SIMD lanes, with ``"kiln.simd": True`` so that the
-C code generator emits ``#pragma omp simd`` and lets GCC vectorize it (e.g. with libmvec's
-vector ``expf``). Safety means: every store goes to a distinct address per iteration (an index
-affine in the loop variable with a non-zero step) and every load of a stored buffer reads the
-very element the iteration stores, so no iteration depends on another.
+that differs between lanes, or an extent that is not a small power of two -- the loop stays a
+scalar loop, annotated with the reason (``"kiln.not_vectorized"``) and, when it is safe to
+execute its iterations as SIMD lanes, with ``"kiln.simd": True`` so that the C code generator
+emits ``#pragma omp simd`` and lets GCC vectorize it (e.g. with libmvec's vector ``expf``).
+Safety means: every store goes to a distinct address per iteration (an index affine in the loop
+variable with a non-zero step) and every load of a stored buffer reads the very element the
+iteration stores, so no iteration depends on another.
+
+float16/bfloat16 values vectorize like any other type: the C backend holds them as float32
+vectors, widened by its loads and rounded by its stores (or as ``_Float16`` vectors where the
+target computes in float16).
 """
 
 from __future__ import annotations
@@ -97,16 +101,9 @@ class _Vectorizer:
     def bcast(self, e: PrimExpr) -> PrimExpr:
         return e if e.dtype.lanes == self.lanes else Broadcast(e, self.lanes)
 
-    def check_dtype(self, e: PrimExpr) -> None:
-        dt = e.dtype
-        if dt.lanes > 1 and (dt.is_bfloat or (dt.is_float and dt.bits == 16)):
-            raise CannotVectorize(f"{dt.element} values have no vector type in C")
-
     # ---- expressions ---------------------------------------------------------------------
     def expr(self, e: PrimExpr) -> PrimExpr:
-        out = self._expr(e)
-        self.check_dtype(out)
-        return out
+        return self._expr(e)
 
     def _expr(self, e: PrimExpr) -> PrimExpr:
         if isinstance(e, Var):
@@ -193,9 +190,7 @@ class _Vectorizer:
             return e if idx is e.indices[0] else BufferLoad(e.buffer, (idx,))
         if isinstance(idx, Ramp) and isinstance(idx.stride, IntImm):
             if idx.stride.value == 1:
-                load = BufferLoad(e.buffer, (idx,))
-                self.check_dtype(load)
-                return load
+                return BufferLoad(e.buffer, (idx,))
             if idx.stride.value == 0:
                 return Broadcast(BufferLoad(e.buffer, (idx.base,)), self.lanes)
         if isinstance(idx, Broadcast):
@@ -217,7 +212,6 @@ class _Vectorizer:
                     and idx.stride.value == 1):
                 raise CannotVectorize(f"non-contiguous (scatter) store to {s.buffer.name}")
             value = self.bcast(value)
-            self.check_dtype(value)
             return BufferStore(s.buffer, value, (idx,))
         if isinstance(s, SeqStmt):
             return SeqStmt(tuple(self.stmt(x) for x in s.seq))
