@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-STAGES = ("graph", "legalized", "tir", "scheduled", "lowered", "c")
+STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c")
 
 
 def _load_module(spec: str) -> Any:
@@ -33,22 +33,23 @@ def _load_module(spec: str) -> Any:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from .build import schedule_prim_func
+    from .build import default_pipeline, schedule_prim_func
     from .codegen import c as codegen_c
     from .target import Target
     from .tir.function import PrimFunc
     from .tir.transform import lower
-    from .transform.legalize_ops import LegalizeOps
+    from .transform import PassContext
 
     mod = _load_module(args.model)
     if args.stage == "graph":
         print(mod)
         return 0
-    mod = LegalizeOps()(mod)
-    if args.stage == "legalized":
+    target = Target.create(args.target)
+    with PassContext(opt_level=args.opt_level):
+        mod = default_pipeline(target=target)(mod)
+    if args.stage == "optimized":
         print(mod)
         return 0
-    target = Target.create(args.target)
     funcs = {n: f for n, f in mod.items() if isinstance(f, PrimFunc)}
     if args.func:
         funcs = {n: f for n, f in funcs.items() if n == args.func}
@@ -65,7 +66,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         for f in funcs.values():
             print(lower(f, target), end="\n\n")
         return 0
-    print(codegen_c.generate_source(funcs, target))
+    source, _ = codegen_c.generate_source(funcs, target)
+    print(source)
     return 0
 
 
@@ -108,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("model", help="demo:mlp, demo:small_cnn, or a .py file defining module()")
     show.add_argument("--stage", choices=STAGES, default="graph")
     show.add_argument("--target", default="c")
+    show.add_argument("-O", "--opt-level", type=int, default=2,
+                      help="optimization level of the pass pipeline (0-3, default 2)")
     show.add_argument("--func", help="only this PrimFunc (tir/scheduled/lowered stages)")
     show.set_defaults(fn=cmd_show)
 
