@@ -209,7 +209,7 @@ def bind_params(mod: IRModule, params: Mapping[Any, Any], func_name: str = "main
                 f"value has dtype {got} (cast the array first)"
             )
         _match_shape(func_name, name, sinfo, arr, vmap, origin)
-        mapping[var] = gx.Constant(np.ascontiguousarray(arr))
+        mapping[var] = gx.Constant(np.array(arr, order="C"))
     new_params = tuple(p for p in func.params if p not in mapping)
 
     class _Bind(ExprMutator):

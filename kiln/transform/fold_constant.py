@@ -204,7 +204,7 @@ class _Folder(RewriteMutator):
             r.shape != s for r, s in zip(results, shapes)
         ):
             return None
-        consts_out = [gx.Constant(np.ascontiguousarray(r, dtype=si.dtype.to_numpy()))
+        consts_out = [gx.Constant(np.array(r, dtype=si.dtype.to_numpy(), order="C"))
                       for r, si in zip(results, sinfos)]
         if isinstance(value.struct_info, TensorStructInfo):
             return consts_out[0]
