@@ -13,11 +13,10 @@ import pytest
 
 from kiln import op, te, tir
 from kiln.graph.block_builder import BlockBuilder
-from kiln.graph.expr import Var
-from kiln.graph.struct_info import TensorStructInfo
 from kiln.ir.errors import KilnError, StructInfoError
 from kiln.op.registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, get_op_def
 from kiln.target import Target
+from kiln.testing.op_testing import dims, infer, make_rand, run_cases, tvar
 
 TARGET = Target("c")
 RNG = np.random.default_rng(0)
@@ -26,57 +25,7 @@ RNG = np.random.default_rng(0)
 # ---------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------
-def tvar(name, shape, dtype="float32", ndim=-1):
-    return Var(name, TensorStructInfo(shape, dtype, ndim))
-
-
-def infer(call):
-    return BlockBuilder().normalize(call).struct_info
-
-
-def dims(sinfo):
-    return tuple(d.value if isinstance(d, tir.IntImm) else d for d in sinfo.shape)
-
-
-def run_cases(cases):
-    """Compile ``(op_name, [arrays or lists of arrays], attrs)`` cases into one module and run.
-
-    Returns one result per case: an array, or a tuple of arrays for tuple-valued ops.
-    """
-    from kiln.codegen import c as codegen_c
-    from kiln.tir.schedule import Schedule
-
-    funcs, plans = {}, []
-    for k, (name, args, attrs) in enumerate(cases):
-        opdef = get_op_def(name)
-        grouped, flat_ph, flat_arr = [], [], []
-        for j, a in enumerate(args):
-            group = a if isinstance(a, list) else [a]
-            phs = [te.placeholder(x.shape, x.dtype, name=f"in{j}_{i}") for i, x in enumerate(group)]
-            grouped.append(phs if isinstance(a, list) else phs[0])
-            flat_ph += phs
-            flat_arr += [np.array(x, order="C") for x in group]
-        out = opdef.compute(*grouped, attrs=opdef.make_attrs(**attrs))
-        outs = list(out) if isinstance(out, tuple) else [out]
-        sch = Schedule(te.create_prim_func([*flat_ph, *outs]))
-        opdef.schedules["c"](sch, TARGET)
-        funcs[f"case{k}"] = sch.func
-        plans.append((flat_arr, outs, isinstance(out, tuple)))
-    mod = codegen_c.build(funcs, TARGET)
-    results = []
-    for k, (arrays, outs, is_tuple) in enumerate(plans):
-        bufs = [np.empty(tuple(s.value for s in o.shape), o.dtype.to_numpy()) for o in outs]
-        mod[f"case{k}"](*arrays, *bufs)
-        results.append(tuple(bufs) if is_tuple else bufs[0])
-    return results
-
-
-def rand(shape, dtype="float32", lo=-3.0, hi=3.0):
-    if np.dtype(dtype).kind == "b":
-        return RNG.random(shape) < 0.5
-    if np.dtype(dtype).kind in "iu":
-        return RNG.integers(int(lo), int(hi) + 1, size=shape).astype(dtype)
-    return RNG.uniform(lo, hi, size=shape).astype(dtype)
+rand = make_rand(RNG, -3.0, 3.0)
 
 
 _erf = np.vectorize(math.erf)

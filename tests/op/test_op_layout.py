@@ -8,60 +8,26 @@ NCHW input, blocked layouts are written out with reshape/transpose here.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
-from kiln import graph as g
 from kiln import op, te, tir
 from kiln.graph.block_builder import BlockBuilder
-from kiln.graph.struct_info import TensorStructInfo
 from kiln.ir.errors import KilnError, StructInfoError
 from kiln.op.layout import Layout, LayoutRewrite, transform_array, transform_shape
 from kiln.op.registry import OpPattern, get_op_def
 from kiln.target import Target
+from kiln.testing.op_testing import check, dims, infer, make_rand, run_cases, tvar
 from kiln.tir.schedule import Schedule
 
 TARGET = Target("c")
 RNG = np.random.default_rng(7)
 
 
-def tvar(name, shape, dtype="float32"):
-    return g.Var(name, TensorStructInfo(shape, dtype))
-
-
-def infer(call):
-    return BlockBuilder().normalize(call).struct_info
-
-
-def dims(sinfo):
-    return tuple(d.value if isinstance(d, tir.IntImm) else d for d in sinfo.shape)
-
-
-def rand(*shape):
-    return RNG.standard_normal(shape).astype("float32")
-
-
-def run_cases(cases):
-    """Compile ``(op_name, arrays, attrs)`` cases (op compute + CPU schedule) into one module
-    and return each output."""
-    from kiln.codegen import c as codegen_c
-
-    funcs, outs = {}, []
-    for k, (name, arrays, attrs) in enumerate(cases):
-        opdef = get_op_def(name)
-        phs = [te.placeholder(a.shape, a.dtype, name=f"in{i}") for i, a in enumerate(arrays)]
-        out = opdef.compute(*phs, attrs=opdef.make_attrs(**attrs))
-        sch = Schedule(te.create_prim_func([*phs, out]))
-        opdef.schedules["c"](sch, TARGET)
-        funcs[f"case{k}"] = sch.func
-        outs.append(out)
-    mod = codegen_c.build(funcs, TARGET)
-    results = []
-    for k, ((_, arrays, _), out) in enumerate(zip(cases, outs)):
-        buf = np.full(tuple(d.value for d in out.shape), np.nan, out.dtype.to_numpy())
-        mod[f"case{k}"](*arrays, buf)
-        results.append(buf)
-    return results
+rand = make_rand(RNG)
+check = functools.partial(check, check_shape=False)
 
 
 def conv_ref(x, w, strides=1, padding=0, groups=1):
@@ -81,11 +47,6 @@ def conv_ref(x, w, strides=1, padding=0, groups=1):
                 patch = xs[:, :, i:i + strides * oh:strides, j:j + strides * ow:strides]
                 out[:, gi * og:(gi + 1) * og] += np.einsum("nchw,oc->nohw", patch, ws[:, :, i, j])
     return out
-
-
-def check(out, ref, rtol=1e-5):
-    scale = max(float(np.max(np.abs(ref))), 1.0)
-    np.testing.assert_allclose(out, ref, rtol=rtol, atol=rtol * scale)
 
 
 # ---- Layout ------------------------------------------------------------------------------------
@@ -111,13 +72,13 @@ def test_transform_shape_and_array():
     with pytest.raises(StructInfoError, match=r"axis 'C' of length 12 cannot be split into "
                                               r"blocks of 8"):
         transform_shape((1, 12, 4, 4), "NCHW", "NCHW8c")
-    a = rand(2, 16, 3, 5)
+    a = rand((2, 16, 3, 5))
     blocked = transform_array(a, "NCHW", "NCHW8c")
     np.testing.assert_array_equal(blocked, a.reshape(2, 2, 8, 3, 5).transpose(0, 1, 3, 4, 2))
     np.testing.assert_array_equal(transform_array(blocked, "NCHW8c", "NHWC"),
                                   a.transpose(0, 2, 3, 1))
     # broadcastable constants: right-aligned, length-1 axes stay length 1
-    bias = rand(16, 1, 1)
+    bias = rand((16, 1, 1))
     b = transform_array(bias, "NCHW", "NCHW8c")
     assert b.shape == (1, 2, 1, 1, 8)
     np.testing.assert_array_equal((blocked + b), transform_array(a + bias, "NCHW", "NCHW8c"))
@@ -162,7 +123,7 @@ def test_layout_transform_matches_numpy():
         ((8, 6, 3, 3), "OIHW", "OIHW3i4o"),
         ((3, 3, 6, 8), "HWIO", "OIHW2i8o"),
     ]
-    arrays = [rand(*s) for s, _, _ in cases]
+    arrays = [rand(s) for s, _, _ in cases]
     outs = run_cases([("layout_transform", [a], dict(src_layout=s, dst_layout=d))
                       for a, (_, s, d) in zip(arrays, cases)])
     for a, (_, s, d), out in zip(arrays, cases, outs):
@@ -204,7 +165,7 @@ def test_conv2d_other_layouts_match_numpy():
         ((1, 4, 6, 7), (8, 4, 3, 3), dict(padding=1), "NCHW", "HWIO"),
     ]
     for xs, ws, attrs, dl, kl in specs:
-        x, w = rand(*xs), rand(*ws)
+        x, w = rand(xs), rand(ws)
         cases.append(("nn.conv2d", [_to(x, "NCHW", dl), _to(w, "OIHW", kl)],
                       dict(attrs, data_layout=dl, kernel_layout=kl)))
         refs.append(_to(conv_ref(x, w, attrs.get("strides", 1), attrs.get("padding", 0),
@@ -248,7 +209,7 @@ def test_conv2d_nchwc_matches_numpy():
     ]
     cases, refs = [], []
     for xs, ws, attrs, ic, oc in specs:
-        x, w = rand(*xs), rand(*ws)
+        x, w = rand(xs), rand(ws)
         cases.append(("nn.conv2d_nchwc", [_to(x, "NCHW", f"NCHW{ic}c"),
                                           _to(w, "OIHW", f"OIHW{ic}i{oc}o")], attrs))
         ref = conv_ref(x, w, attrs.get("strides", 1), attrs.get("padding", 0))
@@ -301,7 +262,7 @@ def test_pool_layout_attr_inference():
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW8c"])
 def test_pools_in_other_layouts_match_numpy(layout):
-    x = rand(2, 16, 9, 10)
+    x = rand((2, 16, 9, 10))
     xl = _to(x, "NCHW", layout)
     specs = [("nn.max_pool2d", dict(pool_size=3, strides=2, padding=1), "max", (3, 2, 1)),
              ("nn.avg_pool2d", dict(pool_size=2, strides=2), "avg", (2, 2, 0)),

@@ -6,6 +6,8 @@ C), several cases per compiled module, and are compared with numpy.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -13,69 +15,27 @@ import kiln
 from kiln import graph as g
 from kiln import op, te, tir
 from kiln.graph.block_builder import BlockBuilder
-from kiln.graph.expr import Var
 from kiln.graph.struct_info import TensorStructInfo
 from kiln.ir.errors import KilnError, StructInfoError
 from kiln.op.registry import MixedPrecision, OpPattern, get_op_def
 from kiln.target import Target
+from kiln.testing.op_testing import (
+    check,
+    dims,
+    infer,
+    make_rand,
+    run_cases,
+    scheduled,
+    tvar,
+)
 from kiln.tir.schedule import Schedule
 
 TARGET = Target("c")
 RNG = np.random.default_rng(1)
 
 
-def tvar(name, shape, dtype="float32", ndim=-1):
-    return Var(name, TensorStructInfo(shape, dtype, ndim))
-
-
-def infer(call):
-    return BlockBuilder().normalize(call).struct_info
-
-
-def dims(sinfo):
-    return tuple(d.value if isinstance(d, tir.IntImm) else d for d in sinfo.shape)
-
-
-def rand(shape, dtype="float32"):
-    if np.dtype(dtype).kind in "iu":
-        return RNG.integers(-4, 5, size=shape).astype(dtype)
-    return RNG.standard_normal(shape).astype(dtype)
-
-
-def scheduled(name, arrays, attrs, schedule=True):
-    """The op's PrimFunc for inputs shaped like ``arrays``, with its CPU schedule applied."""
-    opdef = get_op_def(name)
-    phs = [te.placeholder(a.shape, a.dtype, name=f"in{i}") for i, a in enumerate(arrays)]
-    out = opdef.compute(*phs, attrs=opdef.make_attrs(**attrs))
-    sch = Schedule(te.create_prim_func([*phs, out]))
-    if schedule:
-        opdef.schedules["c"](sch, TARGET)
-    return sch.func, out
-
-
-def run_cases(cases, schedule=True):
-    """Compile ``(op_name, arrays, attrs)`` cases into one module; return each output."""
-    from kiln.codegen import c as codegen_c
-
-    funcs, outs = {}, []
-    for k, (name, arrays, attrs) in enumerate(cases):
-        funcs[f"case{k}"], out = scheduled(name, arrays, attrs, schedule)
-        outs.append(out)
-    mod = codegen_c.build(funcs, TARGET)
-    results = []
-    for k, ((_, arrays, _), out) in enumerate(zip(cases, outs)):
-        buf = np.empty(tuple(d.value for d in out.shape), out.dtype.to_numpy())
-        buf.fill(np.nan if buf.dtype.kind == "f" else 77)
-        mod[f"case{k}"](*arrays, buf)
-        results.append(buf)
-    return results
-
-
-def check(out, ref, rtol=1e-5):
-    """Relative tolerance, with an absolute floor scaled to the result's magnitude."""
-    ref = np.asarray(ref)
-    scale = float(np.max(np.abs(ref))) if ref.size else 1.0
-    np.testing.assert_allclose(out, ref, rtol=rtol, atol=rtol * max(scale, 1.0))
+rand = make_rand(RNG)
+check = functools.partial(check, check_shape=False)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,66 +13,18 @@ import kiln
 from kiln import graph as g
 from kiln import op, te, tir
 from kiln.graph.block_builder import BlockBuilder
-from kiln.graph.expr import Var
 from kiln.graph.struct_info import TensorStructInfo
 from kiln.ir.errors import KilnError, StructInfoError
 from kiln.op.registry import MixedPrecision, OpPattern, get_op_def
 from kiln.target import Target
+from kiln.testing.op_testing import check, dims, infer, make_rand, run_cases, tvar
 from kiln.tir.schedule import Schedule
 
 TARGET = Target("c")
 RNG = np.random.default_rng(2)
 
 
-def tvar(name, shape, dtype="float32", ndim=-1):
-    return Var(name, TensorStructInfo(shape, dtype, ndim))
-
-
-def infer(call):
-    return BlockBuilder().normalize(call).struct_info
-
-
-def dims(sinfo):
-    return tuple(d.value if isinstance(d, tir.IntImm) else d for d in sinfo.shape)
-
-
-def rand(shape, dtype="float32", scale=1.0):
-    if np.dtype(dtype).kind in "iu":
-        return RNG.integers(-20, 21, size=shape).astype(dtype)
-    return (RNG.standard_normal(shape) * scale).astype(dtype)
-
-
-def run_cases(cases, schedule=True):
-    """Compile ``(op_name, arrays, attrs)`` cases into one module (each through the op's
-    compute and CPU schedule) and return each output."""
-    from kiln.codegen import c as codegen_c
-
-    funcs, outs = {}, []
-    for k, (name, arrays, attrs) in enumerate(cases):
-        opdef = get_op_def(name)
-        phs = [te.placeholder(a.shape, a.dtype, name=f"in{i}") for i, a in enumerate(arrays)]
-        out = opdef.compute(*phs, attrs=opdef.make_attrs(**attrs))
-        sch = Schedule(te.create_prim_func([*phs, out]))
-        if schedule:
-            opdef.schedules["c"](sch, TARGET)
-        funcs[f"case{k}"] = sch.func
-        outs.append(out)
-    mod = codegen_c.build(funcs, TARGET)
-    results = []
-    for k, ((_, arrays, _), out) in enumerate(zip(cases, outs)):
-        buf = np.empty(tuple(d.value for d in out.shape), out.dtype.to_numpy())
-        buf.fill(np.nan if buf.dtype.kind == "f" else 77)
-        mod[f"case{k}"](*arrays, buf)
-        results.append(buf)
-    return results
-
-
-def check(out, ref, rtol=1e-5):
-    """Relative tolerance with an absolute floor scaled to the reference's magnitude."""
-    ref = np.asarray(ref)
-    scale = float(np.max(np.abs(ref))) if ref.size else 1.0
-    assert out.shape == ref.shape
-    np.testing.assert_allclose(out, ref, rtol=rtol, atol=rtol * max(scale, 1.0))
+rand = make_rand(RNG, int_range=(-20, 20))
 
 
 def pad4(p):

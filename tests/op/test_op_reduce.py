@@ -7,49 +7,13 @@ import pytest
 
 from kiln import op, te, tir
 from kiln.graph.block_builder import BlockBuilder
-from kiln.graph.expr import Var
-from kiln.graph.struct_info import TensorStructInfo
 from kiln.ir.errors import KilnError, StructInfoError
 from kiln.op.registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, get_op_def
 from kiln.target import Target
+from kiln.testing.op_testing import dims, infer, run_cases, tvar
 
 TARGET = Target("c")
 RNG = np.random.default_rng(1)
-
-
-def tvar(name, shape, dtype="float32", ndim=-1):
-    return Var(name, TensorStructInfo(shape, dtype, ndim))
-
-
-def infer(call):
-    return BlockBuilder().normalize(call).struct_info
-
-
-def dims(sinfo):
-    return tuple(d.value if isinstance(d, tir.IntImm) else d for d in sinfo.shape)
-
-
-def run_cases(cases):
-    """Compile ``(op_name, [arrays], attrs)`` cases into one C module and run each."""
-    from kiln.codegen import c as codegen_c
-    from kiln.tir.schedule import Schedule
-
-    funcs, plans = {}, []
-    for k, (name, args, attrs) in enumerate(cases):
-        opdef = get_op_def(name)
-        phs = [te.placeholder(a.shape, a.dtype, name=f"in{j}") for j, a in enumerate(args)]
-        out = opdef.compute(*phs, attrs=opdef.make_attrs(**attrs))
-        sch = Schedule(te.create_prim_func([*phs, out]))
-        opdef.schedules["c"](sch, TARGET)
-        funcs[f"case{k}"] = sch.func
-        plans.append((args, out))
-    mod = codegen_c.build(funcs, TARGET)
-    results = []
-    for k, (arrays, out) in enumerate(plans):
-        buf = np.empty(tuple(s.value for s in out.shape), out.dtype.to_numpy())
-        mod[f"case{k}"](*arrays, buf)
-        results.append(buf)
-    return results
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,26 +9,14 @@ import kiln
 from kiln import graph as g
 from kiln import op, tir
 from kiln.graph.block_builder import BlockBuilder
-from kiln.graph.struct_info import TensorStructInfo
 from kiln.ir.errors import KilnError, StructInfoError
 from kiln.op.registry import OpPattern, get_op_def
 from kiln.op.scan import ScanAttrs, scan_prim_func, schedule_scan
 from kiln.target import Target
+from kiln.testing.op_testing import dims, infer, tvar
 from kiln.tir.schedule import Schedule
 
 RNG = np.random.default_rng(7)
-
-
-def tvar(name, shape, dtype="float32"):
-    return g.Var(name, TensorStructInfo(shape, dtype))
-
-
-def infer(call):
-    return BlockBuilder().normalize(call).struct_info
-
-
-def dims(sinfo):
-    return tuple(d.value if isinstance(d, tir.IntImm) else d for d in sinfo.shape)
 
 
 def np_scan(kind, x, axis=None, dtype=None, exclusive=False, reverse=False):

@@ -5,73 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kiln import op, te, tir
+from kiln import op, tir
 from kiln.graph.block_builder import BlockBuilder
-from kiln.graph.expr import Var
-from kiln.graph.struct_info import TensorStructInfo, TupleStructInfo
+from kiln.graph.struct_info import TupleStructInfo
 from kiln.ir.errors import KilnError, StructInfoError
 from kiln.op.registry import MixedPrecision, OpPattern, get_op_def
-from kiln.target import Target
+from kiln.testing.op_testing import check_exact, dims, infer, tvar
 
-TARGET = Target("c")
 RNG = np.random.default_rng(2)
-
-
-def tvar(name, shape, dtype="float32", ndim=-1):
-    return Var(name, TensorStructInfo(shape, dtype, ndim))
-
-
-def infer(call):
-    return BlockBuilder().normalize(call).struct_info
-
-
-def dims(sinfo):
-    return tuple(d.value if isinstance(d, tir.IntImm) else d for d in sinfo.shape)
-
-
-def run_cases(cases):
-    """Compile ``(op_name, [arrays or lists of arrays], attrs)`` cases into one module and run.
-
-    Returns one result per case: an array, or a tuple of arrays for tuple-valued ops.
-    """
-    from kiln.codegen import c as codegen_c
-    from kiln.tir.schedule import Schedule
-
-    funcs, plans = {}, []
-    for k, (name, args, attrs) in enumerate(cases):
-        opdef = get_op_def(name)
-        grouped, flat_ph, flat_arr = [], [], []
-        for j, a in enumerate(args):
-            group = a if isinstance(a, list) else [a]
-            phs = [te.placeholder(x.shape, x.dtype, name=f"in{j}_{i}") for i, x in enumerate(group)]
-            grouped.append(phs if isinstance(a, list) else phs[0])
-            flat_ph += phs
-            flat_arr += [np.array(x, order="C") for x in group]
-        out = opdef.compute(*grouped, attrs=opdef.make_attrs(**attrs))
-        outs = list(out) if isinstance(out, tuple) else [out]
-        sch = Schedule(te.create_prim_func([*flat_ph, *outs]))
-        opdef.schedules["c"](sch, TARGET)
-        funcs[f"case{k}"] = sch.func
-        plans.append((flat_arr, outs, isinstance(out, tuple)))
-    mod = codegen_c.build(funcs, TARGET)
-    results = []
-    for k, (arrays, outs, is_tuple) in enumerate(plans):
-        bufs = [np.empty(tuple(s.value for s in o.shape), o.dtype.to_numpy()) for o in outs]
-        mod[f"case{k}"](*arrays, *bufs)
-        results.append(tuple(bufs) if is_tuple else bufs[0])
-    return results
-
-
-def check(cases, expected):
-    for (name, _, attrs), got, want in zip(cases, run_cases(cases), expected):
-        if isinstance(want, (list, tuple)):
-            assert isinstance(got, tuple) and len(got) == len(want), (name, attrs)
-            for g, w in zip(got, want):
-                assert g.shape == w.shape and g.dtype == w.dtype, (name, attrs)
-                np.testing.assert_array_equal(g, w, err_msg=f"{name} {attrs}")
-        else:
-            assert got.shape == want.shape and got.dtype == want.dtype, (name, attrs, got.shape)
-            np.testing.assert_array_equal(got, want, err_msg=f"{name} {attrs}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,7 +157,7 @@ def test_reshape_transpose_numerics():
         x.reshape(6, -1), x.reshape(5, 4, 3, 2), xi.reshape(-1), s.reshape(1, 1),
         x.transpose(), x.transpose(0, 2, 3, 1), xi.T,
     ]
-    check(cases, expected)
+    check_exact(cases, expected)
 
 
 def test_concat_split_numerics():
@@ -239,7 +180,7 @@ def test_concat_split_numerics():
         np.concatenate([a, a], axis=0), a,
         np.split(x, 3), np.split(x, [2, -4, 20], axis=1), np.split(x, 1, axis=-1),
     ]
-    check(cases, expected)
+    check_exact(cases, expected)
 
 
 def test_squeeze_expand_broadcast_numerics():
@@ -257,7 +198,7 @@ def test_squeeze_expand_broadcast_numerics():
         np.squeeze(x), np.squeeze(x, 2), np.expand_dims(y, (0, 3)), np.expand_dims(y, -2),
         np.broadcast_to(y, (2, 3, 5)).copy(), np.broadcast_to(x, (2, 2, 3, 7, 4)).copy(),
     ]
-    check(cases, expected)
+    check_exact(cases, expected)
 
 
 SLICES = [
@@ -284,7 +225,7 @@ def test_strided_slice_numerics():
     x = RNG.standard_normal((9, 8)).astype(np.float32)
     cases = [("strided_slice", [x], {"begin": b, "end": e, "strides": s, "axes": a})
              for b, e, s, a in SLICES]
-    check(cases, [_np_slice(x, *sl).copy() for sl in SLICES])
+    check_exact(cases, [_np_slice(x, *sl).copy() for sl in SLICES])
 
 
 def test_take_numerics():
@@ -305,7 +246,7 @@ def test_take_numerics():
         np.take(x, [-1, 2, -6], axis=-1),
         np.take(x, 4, axis=0),
     ]
-    check(cases, expected)
+    check_exact(cases, expected)
 
 
 def test_pad_numerics():
@@ -329,7 +270,7 @@ def test_pad_numerics():
         np.pad(one, ((2, 1), (1, 2)), mode="edge"),
         np.pad(xi, ((0, 0), (1, 1), (2, 0)), constant_values=9),
     ]
-    check(cases, expected)
+    check_exact(cases, expected)
 
 
 def test_reshape_groups_numerics():
@@ -340,7 +281,7 @@ def test_reshape_groups_numerics():
         (y, (3, 4)), (y, (1, 12)), (y, (4, 1, 3)), (y, (12, 1)),
     ]
     cases = [("reshape", [a], {"shape": s}) for a, s in shapes]
-    check(cases, [a.reshape(s) for a, s in shapes])
+    check_exact(cases, [a.reshape(s) for a, s in shapes])
 
 
 def test_graph_end_to_end_symbolic():
