@@ -23,6 +23,7 @@ from typing import Any
 
 from . import graph as g
 from . import transform as _transform  # noqa: F401 - declares every pass (get_pass by name)
+from .codegen import graph_entry
 from .codegen.graph_plan import build_plan
 from .ir.errors import KilnError, ScheduleError
 from .ir.module import IRModule
@@ -259,11 +260,16 @@ def build(mod: IRModule, target: Target | str | None = "c",
     prim_funcs = {
         name: schedule_prim_func(f, tgt) for name, f in mod.items() if isinstance(f, PrimFunc)
     }
-    module = codegen_c.build(prim_funcs, tgt)
     plans = {
         name: build_plan(f, name) for name, f in mod.items()
         if isinstance(f, g.Function) and not f.attrs.get("Primitive")
     }
     if not plans:
         raise KilnError("kiln.build: the module has no graph function to run")
+    extra = graph_entry.emit_entries(plans, prim_funcs)
+    module = codegen_c.build(prim_funcs, tgt, extra_source=extra)
+    predicted = graph_entry.predict_unchecked_symbols(prim_funcs)
+    if any(module.functions[n].unchecked_symbol != sym for n, sym in predicted.items()):
+        raise KilnError("kiln.build: internal error: kernel symbols differ from the whole-model "
+                        "entry's prediction")
     return Executable(module, plans)

@@ -10,7 +10,7 @@ from .. import tir
 from ..graph import expr as gx
 from ..graph.struct_info import TensorStructInfo, TupleStructInfo
 from ..ir.errors import KilnError
-from ..runtime import shape_expr
+from ..runtime import memory_plan, shape_expr
 from ..runtime.plan import KernelCall, Plan, SlotSpec
 
 
@@ -125,7 +125,7 @@ def build_plan(func: gx.Function, name: str = "main") -> Plan:
             pb.values[id(binding.var)] = pb.resolve(binding.value)
     result = pb.resolve(result_expr)
     pb.mark_outputs(result)
-    return Plan(
+    plan = Plan(
         name=name,
         input_names=[p.name_hint for p in func.params],
         input_slots=input_slots,
@@ -134,3 +134,5 @@ def build_plan(func: gx.Function, name: str = "main") -> Plan:
         outputs=result,
         constants=pb.constants,
     )
+    plan.workspace_offsets, plan.workspace_bytes = memory_plan.plan_memory(plan)
+    return plan

@@ -1,12 +1,14 @@
 """Executable: compiled kernels + execution plans + constants, saved to and loaded from one file.
 
-File format (little-endian), version 1::
+File format (little-endian), version 2 (version 1 files, without memory plans and native
+entries, are rejected with ModelFormatError: rebuild them)::
 
     b"KILNEXE\\0"  magic
     u32           format version
     u32           number of distinct data types, then each packed with kiln.ir.abi.DTYPE_STRUCT
                   (derived from DTYPE_LAYOUT; JSON below refers to data types by index)
-    u64 + bytes   JSON header: kernels' FunctionInfo, plans, constant table
+    u64 + bytes   JSON header: kernels' FunctionInfo, plans (with their workspace offsets,
+                  workspace size and whole-model entry symbol), constant table
     u64 + bytes   the shared library
     u64 + bytes   the generated source
     u64 + bytes   constant data (each constant at the offset the header gives)
@@ -17,6 +19,7 @@ its content hash and loaded from there.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
@@ -29,12 +32,13 @@ import numpy as np
 from ..ir import abi
 from ..ir.dtype import DataType
 from ..ir.errors import KilnError, ModelFormatError
+from . import memory_plan
 from .executor import Executor
 from .module import FunctionInfo, Module, ParamInfo
 from .plan import Plan
 
 MAGIC = b"KILNEXE\0"
-VERSION = 1
+VERSION = 2
 
 
 def cache_dir() -> str:
@@ -95,6 +99,101 @@ class Executable:
             for c in plan.calls:
                 lines.append(f"    {c.func}({', '.join(map(str, c.args))})")
         return "\n".join(lines)
+
+    # ---- memory and threads -------------------------------------------------------------
+    @property
+    def workspace_bytes(self) -> int:
+        """Workspace bytes of main's memory plan (the peak of its static intermediates)."""
+        name = "main" if "main" in self.plans else next(iter(self.plans))
+        return self.plans[name].workspace_bytes
+
+    def memory_report(self) -> dict[str, dict[str, Any]]:
+        """Per graph function: number of planned temps, the workspace (peak) bytes, the bytes
+        the same temps take without sharing, and whether it runs through a native entry."""
+        report = {}
+        for name, plan in self.plans.items():
+            stats = memory_plan.memory_stats(plan)
+            stats["native_entry"] = plan.entry
+            report[name] = stats
+        return report
+
+    def set_num_threads(self, n: int) -> None:
+        """Use ``n`` OpenMP threads for later runs from the calling thread.
+
+        This calls ``omp_set_num_threads``: OpenMP keeps the setting per process *thread* (it
+        applies to runs started from the thread that set it, in this and every other kiln
+        executable of the process). Kernels compiled for a target with an explicit
+        ``num_threads`` keep that count.
+        """
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise KilnError(f"set_num_threads: expected a positive int, got {n!r}")
+        fn = self._native("kiln_set_num_threads")
+        fn.restype, fn.argtypes = None, (ctypes.c_int32,)
+        fn(n)
+
+    def get_max_threads(self) -> int:
+        """OpenMP's thread count for the next parallel region started from this thread."""
+        fn = self._native("kiln_get_max_threads")
+        fn.restype, fn.argtypes = ctypes.c_int32, ()
+        return int(fn())
+
+    def _native(self, symbol: str) -> Any:
+        try:
+            return getattr(self.module.lib, symbol)
+        except AttributeError:
+            raise KilnError(f"library {self.module.lib_path} lacks {symbol} (not built by "
+                            "kiln.build)") from None
+
+    # ---- native export -------------------------------------------------------------------
+    def export_native(self, directory: str, name: str = "main") -> None:
+        """Write what a C program needs to run graph function ``name`` without Python.
+
+        ``directory`` gets ``lib.so`` (the kernels and the whole-model entry), ``consts.bin``
+        (the constants in increasing slot order, each at a 64-byte aligned offset) and
+        ``manifest.txt``, whitespace-separated text (see docs/executables.md)::
+
+            kiln-native 1
+            entry <symbol>
+            workspace <bytes>
+            inputs <n>        then per input:  <name> <itemsize> <ndim> <dims...>
+            outputs <n>       then per output: <itemsize> <ndim> <dims...>
+            consts <n>        then per constant: <offset> <nbytes>
+
+        ``examples/run_from_c.c`` reads it. Only functions with a native entry (static
+        shapes) can be exported.
+        """
+        self._executor(name)  # validates the name
+        plan = self.plans[name]
+        if plan.entry is None:
+            raise KilnError(f"export_native: function {name!r} has symbolic shapes and no "
+                            "native entry")
+        os.makedirs(directory, exist_ok=True)
+        with open(self.module.lib_path, "rb") as src, \
+                open(os.path.join(directory, "lib.so"), "wb") as dst:
+            dst.write(src.read())
+
+        def dims(slot: int) -> str:
+            spec = plan.slots[slot]
+            size = np.dtype(spec.dtype.to_numpy()).itemsize
+            return " ".join(str(v) for v in (size, len(spec.shape), *spec.shape))
+
+        lines = ["kiln-native 1", f"entry {plan.entry}", f"workspace {plan.workspace_bytes}",
+                 f"inputs {len(plan.input_slots)}"]
+        lines += [f"{n} {dims(s)}" for n, s in zip(plan.input_names, plan.input_slots)]
+        outs = [s for s, spec in enumerate(plan.slots) if spec.kind == "output"]
+        lines += [f"outputs {len(outs)}"] + [dims(s) for s in outs]
+        blob = bytearray()
+        table = []
+        for slot in sorted(plan.constants):
+            data = np.ascontiguousarray(plan.constants[slot]).tobytes()
+            blob += bytes(-len(blob) % memory_plan.ALIGN)
+            table.append(f"{len(blob)} {len(data)}")
+            blob += data
+        lines += [f"consts {len(table)}"] + table
+        with open(os.path.join(directory, "consts.bin"), "wb") as f:
+            f.write(bytes(blob))
+        with open(os.path.join(directory, "manifest.txt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
 
     # ---- persistence --------------------------------------------------------------------
     def save(self, path: str) -> None:
@@ -196,7 +295,10 @@ def load(path: str) -> Executable:
         raise ModelFormatError(f"{path} is not a kiln executable (bad magic)")
     version, ndtypes = r.unpack("<II")
     if version != VERSION:
-        raise ModelFormatError(f"{path}: unsupported executable version {version}")
+        raise ModelFormatError(
+            f"{path}: unsupported executable version {version} (this kiln reads version "
+            f"{VERSION}; rebuild and save the model again)"
+        )
     dtypes = [abi.unpack_dtype(r.take(abi.DTYPE_STRUCT.size)) for _ in range(ndtypes)]
     try:
         header = json.loads(r.blob().decode())
@@ -235,4 +337,10 @@ def load(path: str) -> Executable:
     except (KeyError, IndexError, TypeError, ValueError) as err:
         raise ModelFormatError(f"{path}: malformed executable header ({err})") from err
     module = Module(lib_path, source, functions)
+    for name, plan in plans.items():
+        if plan.entry is not None and not hasattr(module.lib, plan.entry):
+            raise ModelFormatError(
+                f"{path}: function {name!r} names native entry {plan.entry!r}, which the "
+                "library lacks"
+            )
     return Executable(module, plans)

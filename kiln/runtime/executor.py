@@ -2,13 +2,20 @@
 
 Inputs are checked against the function's signature before any kernel touches memory (a wrong
 shape or dtype raises ArgumentError naming the input and both values). Constants are bound once;
-intermediates of static shape are allocated once, when the executor is made, and reused by every
-run; outputs are fresh arrays each run, owned by the caller. An executor is therefore not
-re-entrant: use one per thread.
+intermediates of static shape live in one workspace, allocated when the executor is made and
+laid out by the plan's memory plan (``memory_plan``: temps not live at the same time share
+bytes), reused by every run; intermediates of symbolic shape are allocated per run; outputs are
+fresh arrays each run, owned by the caller. An executor is therefore not re-entrant: use one
+per thread.
+
+A plan with a whole-model native entry (``plan.entry``, see ``kiln.codegen.graph_entry``) runs
+with one ctypes call after the Python input checks; other plans call each kernel's checked
+entry in turn.
 """
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +23,7 @@ import numpy as np
 
 from ..ir.dtype import DataType
 from ..ir.errors import ArgumentError
-from . import shape_expr
+from . import memory_plan, shape_expr
 from .plan import Plan
 
 
@@ -66,13 +73,37 @@ class Executor:
     def __init__(self, plan: Plan, module: Any):
         self.plan = plan
         self.module = module
-        self._funcs = {c.func: module[c.func] for c in plan.calls}
         self._static: dict[int, np.ndarray] = {}
+        self.workspace = memory_plan.aligned_workspace(plan.workspace_bytes)
         for slot, spec in enumerate(plan.slots):
             if spec.kind == "const":
-                self._static[slot] = plan.constants[slot]
+                const = plan.constants[slot]
+                # (ascontiguousarray alone would turn a 0-d array into shape (1,))
+                self._static[slot] = np.ascontiguousarray(const).reshape(const.shape)
+            elif slot in plan.workspace_offsets:
+                self._static[slot] = memory_plan.temp_view(self.workspace, plan, slot)
             elif spec.kind == "temp" and all(shape_expr.is_static(d) for d in spec.shape):
                 self._static[slot] = np.empty(spec.shape, dtype=spec.dtype.to_numpy())
+        self._entry = None
+        if plan.entry is not None:
+            self._setup_entry(plan.entry)
+        else:
+            self._funcs = {c.func: module[c.func] for c in plan.calls}
+
+    def _setup_entry(self, symbol: str) -> None:
+        plan = self.plan
+        fn = getattr(self.module.lib, symbol)
+        fn.restype = ctypes.c_int32
+        fn.argtypes = (ctypes.c_void_p,) * 4
+        self._entry = fn
+        self._out_slots = [s for s, spec in enumerate(plan.slots) if spec.kind == "output"]
+        self._out_specs = [(tuple(plan.slots[s].shape), plan.slots[s].dtype.to_numpy())
+                           for s in self._out_slots]
+        consts = [self._static[s] for s in sorted(plan.constants)]
+        self._consts = (ctypes.c_void_p * max(len(consts), 1))(*[a.ctypes.data for a in consts])
+        self._in_ptrs = (ctypes.c_void_p * max(len(plan.input_slots), 1))()
+        self._out_ptrs = (ctypes.c_void_p * max(len(self._out_slots), 1))()
+        self._ws_ptr = self.workspace.ctypes.data
 
     # ---- argument checking --------------------------------------------------------------
     def _bind_inputs(self, args: Sequence[Any]) -> tuple[list[np.ndarray], dict[str, int]]:
@@ -127,6 +158,8 @@ class Executor:
     def run(self, *args: Any) -> Any:
         plan = self.plan
         arrays, env = self._bind_inputs(args)
+        if self._entry is not None:
+            return self._run_entry(arrays)
         values: list[np.ndarray | None] = [None] * len(plan.slots)
         for slot, arr in zip(plan.input_slots, arrays):
             values[slot] = arr
@@ -138,6 +171,20 @@ class Executor:
                 values[slot] = np.empty(shape, dtype=spec.dtype.to_numpy())
         for call in plan.calls:
             self._funcs[call.func](*[values[s] for s in call.args])
+        return self._collect(plan.outputs, values)
+
+    def _run_entry(self, arrays: list[np.ndarray]) -> Any:
+        plan = self.plan
+        values: list[Any] = [None] * len(plan.slots)
+        for i, (slot, arr) in enumerate(zip(plan.input_slots, arrays)):
+            values[slot] = arr
+            self._in_ptrs[i] = arr.__array_interface__["data"][0]
+        for slot, arr in self._static.items():
+            values[slot] = arr
+        for i, (slot, (shape, dt)) in enumerate(zip(self._out_slots, self._out_specs)):
+            arr = values[slot] = np.empty(shape, dtype=dt)
+            self._out_ptrs[i] = arr.__array_interface__["data"][0]
+        self._entry(self._in_ptrs, self._out_ptrs, self._ws_ptr, self._consts)
         return self._collect(plan.outputs, values)
 
     def _collect(self, out: Any, values: list[Any]) -> Any:

@@ -41,6 +41,12 @@ class Plan:
     calls: list[KernelCall]
     outputs: Any  # int slot, or nested list of slots (tuple outputs)
     constants: dict[int, np.ndarray] = field(default_factory=dict)
+    #: Byte offset of each static temp slot in the workspace (see ``memory_plan``).
+    workspace_offsets: dict[int, int] = field(default_factory=dict)
+    #: Workspace size: the peak of the memory plan.
+    workspace_bytes: int = 0
+    #: C symbol of the whole-model native entry (``graph_entry``), None when there is none.
+    entry: str | None = None
 
     @property
     def num_kernels(self) -> int:
@@ -59,6 +65,9 @@ class Plan:
                 {"func": c.func, "args": c.args, "num_outputs": c.num_outputs} for c in self.calls
             ],
             "outputs": self.outputs,
+            "workspace_offsets": sorted([s, o] for s, o in self.workspace_offsets.items()),
+            "workspace_bytes": self.workspace_bytes,
+            "entry": self.entry,
         }
 
     @staticmethod
@@ -72,4 +81,7 @@ class Plan:
             calls=[KernelCall(c["func"], list(c["args"]), c["num_outputs"]) for c in data["calls"]],
             outputs=data["outputs"],
             constants=constants,
+            workspace_offsets={int(s): int(o) for s, o in data["workspace_offsets"]},
+            workspace_bytes=int(data["workspace_bytes"]),
+            entry=data["entry"],
         )

@@ -1,0 +1,127 @@
+"""Static memory planning: intermediates of static shape share one workspace by liveness.
+
+A temp slot is *live* from the kernel call that writes it to the last call that reads it (both
+inclusive: a kernel reads its inputs while it writes its outputs, so an input dying at call k
+and an output born at call k must not share bytes). Temps whose live ranges intersect get
+disjoint byte ranges of one workspace; the others may reuse each other's bytes.
+
+Placement is greedy best-fit: temps are taken largest first, and each goes into the smallest
+gap (between the already placed temps it is live together with) that holds it, else above
+all of them. Every offset and size is a multiple of :data:`ALIGN` bytes, so vector loads of any
+width the code generator uses stay aligned when the workspace itself is.
+
+Outputs (handed to the caller, fresh per run), inputs and constants are not planned; neither
+are temps of symbolic shape (allocated per run by the executor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import shape_expr
+from .plan import Plan
+
+#: Alignment of every temp's offset (and of the workspace base) in bytes.
+ALIGN = 64
+
+
+def _round_up(n: int, align: int = ALIGN) -> int:
+    return (n + align - 1) // align * align
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One buffer to place: its size in bytes and live range ``[start, end]`` (call indices)."""
+
+    key: int
+    size: int
+    start: int
+    end: int
+
+    def overlaps(self, other: Interval) -> bool:
+        return self.start <= other.end and other.start <= self.end
+
+
+def place(intervals: list[Interval]) -> tuple[dict[int, int], int]:
+    """Offsets (by key) for ``intervals`` such that two live at once never share a byte, and
+    the peak (total bytes needed). Sizes are rounded up to :data:`ALIGN` first."""
+    offsets: dict[int, int] = {}
+    placed: list[tuple[int, int, Interval]] = []  # (offset, aligned size, interval)
+    peak = 0
+    order = sorted(intervals, key=lambda iv: (-iv.size, iv.start, iv.key))
+    for iv in order:
+        size = _round_up(max(iv.size, 1))
+        busy = sorted((off, sz) for off, sz, other in placed if other.overlaps(iv))
+        best: tuple[int, int] | None = None  # (gap size, offset)
+        cursor = 0
+        for off, sz in busy:
+            gap = off - cursor
+            if gap >= size and (best is None or gap < best[0]):
+                best = (gap, cursor)
+            cursor = max(cursor, off + sz)
+        offset = best[1] if best is not None else cursor
+        offsets[iv.key] = offset
+        placed.append((offset, size, iv))
+        peak = max(peak, offset + size)
+    return offsets, peak
+
+
+def slot_nbytes(plan: Plan, slot: int) -> int:
+    spec = plan.slots[slot]
+    count = int(np.prod(spec.shape, dtype=np.int64)) if spec.shape else 1
+    return count * np.dtype(spec.dtype.to_numpy()).itemsize
+
+
+def is_static_slot(plan: Plan, slot: int) -> bool:
+    return all(shape_expr.is_static(d) for d in plan.slots[slot].shape)
+
+
+def live_intervals(plan: Plan) -> list[Interval]:
+    """The live range of every static-shape temp slot of ``plan``."""
+    start: dict[int, int] = {}
+    end: dict[int, int] = {}
+    for k, call in enumerate(plan.calls):
+        n_in = len(call.args) - call.num_outputs
+        for s in call.args[:n_in]:
+            end[s] = k
+        for s in call.args[n_in:]:
+            start.setdefault(s, k)
+            end.setdefault(s, k)
+    out = []
+    for slot, spec in enumerate(plan.slots):
+        if spec.kind != "temp" or slot not in start or not is_static_slot(plan, slot):
+            continue
+        last = max(end[slot], start[slot])
+        out.append(Interval(slot, slot_nbytes(plan, slot), start[slot], last))
+    return out
+
+
+def plan_memory(plan: Plan) -> tuple[dict[int, int], int]:
+    """Workspace offsets of ``plan``'s static temps and the workspace size (its peak)."""
+    return place(live_intervals(plan))
+
+
+def memory_stats(plan: Plan) -> dict[str, Any]:
+    """Peak workspace bytes vs. the bytes the static temps would take unshared."""
+    ivs = live_intervals(plan)
+    total = sum(_round_up(max(iv.size, 1)) for iv in ivs)
+    return {"temps": len(ivs), "workspace_bytes": plan.workspace_bytes,
+            "unshared_bytes": total}
+
+
+def aligned_workspace(nbytes: int) -> np.ndarray:
+    """A uint8 array of ``nbytes`` whose data address is a multiple of :data:`ALIGN`."""
+    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
+    shift = (-raw.ctypes.data) % ALIGN
+    return raw[shift:shift + nbytes]
+
+
+def temp_view(workspace: np.ndarray, plan: Plan, slot: int) -> np.ndarray:
+    """The numpy view of temp ``slot`` inside ``workspace``."""
+    spec = plan.slots[slot]
+    off = plan.workspace_offsets[slot]
+    nbytes = slot_nbytes(plan, slot)
+    return workspace[off:off + nbytes].view(spec.dtype.to_numpy()).reshape(spec.shape)

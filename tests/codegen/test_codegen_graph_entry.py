@@ -1,0 +1,108 @@
+"""The whole-model native entry: symbols, one native call per run, checks, threads, files."""
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import graph as g
+from kiln import op, te
+from kiln.codegen import graph_entry
+from kiln.codegen.c import generate_source
+from kiln.ir import ArgumentError, KilnError, ModelFormatError
+
+
+@pytest.fixture(scope="module")
+def exe():
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo((3, 5), "float32"))
+    c = np.arange(5, dtype="float32")
+    with bb.function("main", [x]):
+        y = bb.emit(op.add(x, g.const(c)))
+        z = bb.emit(op.multiply(y, y))
+        s = bb.emit(op.sum(z, axis=1))
+        bb.emit_func_output(g.Tuple((bb.emit(op.exp(s)), z, x)))
+    return kiln.build(bb.get())
+
+
+def _reference(xv):
+    z = (xv + np.arange(5, dtype="float32")) ** 2
+    return np.exp(z.sum(axis=1)), z, xv
+
+
+def test_predicted_symbols_match_the_c_backend():
+    names = ["exp", "kiln_x", "a.b", "a_b", "f", "f_unchecked", "1x"]
+    def add_one():
+        A = te.placeholder((4,), name="A")
+        B = te.compute((4,), lambda i: A[i] + 1.0, name="B")
+        return te.create_prim_func([A, B])
+
+    funcs = {name: add_one() for name in names}
+    _, infos = generate_source(funcs)
+    predicted = graph_entry.predict_unchecked_symbols(funcs)
+    assert predicted == {n: infos[n].unchecked_symbol for n in names}
+
+
+def test_static_function_runs_through_one_native_call(exe):
+    plan = exe.plans["main"]
+    assert plan.entry == "kiln_entry_main"
+    assert f"int32_t {plan.entry}(" in exe.module.source
+    xv = np.random.default_rng(0).standard_normal((3, 5)).astype("float32")
+    outs = exe(xv)
+    # no kernel went through the checked (per-kernel) entry
+    assert exe.module._cache == {}
+    for got, want in zip(outs, _reference(xv)):
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert outs[2] is not xv and not np.shares_memory(outs[2], xv)
+
+
+def test_entry_calls_kernels_in_plan_order(exe):
+    plan = exe.plans["main"]
+    src = exe.module.source
+    body = src[src.index(f"int32_t {plan.entry}("):]
+    positions = [body.index(exe.module.functions[c.func].unchecked_symbol + "(a, NULL)")
+                 for c in plan.calls]
+    assert positions == sorted(positions)
+
+
+def test_inputs_are_still_checked_with_names(exe):
+    with pytest.raises(ArgumentError, match=r"'x'.*\(3, 5\).*\(3, 4\)"):
+        exe(np.zeros((3, 4), "float32"))
+    with pytest.raises(ArgumentError, match="'x'.*float32.*float64"):
+        exe(np.zeros((3, 5), "float64"))
+
+
+def test_set_num_threads(exe):
+    before = exe.get_max_threads()
+    try:
+        exe.set_num_threads(2)
+        assert exe.get_max_threads() in (1, 2)  # 1 only without OpenMP
+        xv = np.ones((3, 5), "float32")
+        np.testing.assert_allclose(exe(xv)[1], _reference(xv)[1])
+    finally:
+        exe.set_num_threads(max(before, 1))
+    with pytest.raises(KilnError, match="positive"):
+        exe.set_num_threads(0)
+
+
+def test_save_load_keeps_entry_and_workspace(exe, tmp_path):
+    path = tmp_path / "m.kiln"
+    exe.save(str(path))
+    loaded = kiln.load(str(path))
+    plan, lp = exe.plans["main"], loaded.plans["main"]
+    assert lp.entry == plan.entry
+    assert lp.workspace_offsets == plan.workspace_offsets
+    assert loaded.workspace_bytes == exe.workspace_bytes
+    xv = np.random.default_rng(3).standard_normal((3, 5)).astype("float32")
+    for got, want in zip(loaded(xv), exe(xv)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_old_format_version_is_rejected(exe, tmp_path):
+    path = tmp_path / "m.kiln"
+    exe.save(str(path))
+    data = bytearray(path.read_bytes())
+    data[8:12] = (1).to_bytes(4, "little")
+    old = tmp_path / "old.kiln"
+    old.write_bytes(bytes(data))
+    with pytest.raises(ModelFormatError, match="version 1"):
+        kiln.load(str(old))
