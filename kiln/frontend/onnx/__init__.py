@@ -1,0 +1,12 @@
+"""The ONNX importer: ``from_onnx(model) -> (IRModule, params)``.
+
+One converter per ONNX operator (``kiln.frontend.onnx.converters``), registered with the
+``@converter(op_type, since=N)`` decorator and picked by the model's opset; see ``importer``.
+"""
+
+from . import converters  # noqa: F401 - registers every converter
+from .importer import GraphContext, NodeView, from_onnx
+from .registry import converter, lookup_converter, supported_ops
+
+__all__ = ["GraphContext", "NodeView", "converter", "from_onnx", "lookup_converter",
+           "supported_ops"]

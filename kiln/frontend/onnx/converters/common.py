@@ -1,0 +1,54 @@
+"""Small helpers shared by the converters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .... import graph as g
+from .... import op, tir
+
+
+def scalar(value: float, dtype: str) -> Any:
+    """A 0-d constant of ``dtype``."""
+    return g.const(np.array(value, dtype=dtype))
+
+
+def dtype_of(x: Any) -> str:
+    return str(x.struct_info.dtype)
+
+
+def shape_of(x: Any) -> tuple[Any, ...]:
+    return tuple(x.struct_info.shape)
+
+
+def ndim_of(x: Any) -> int:
+    return len(x.struct_info.shape)
+
+
+def ints(arr: Any) -> list[int]:
+    return [int(v) for v in np.asarray(arr).reshape(-1)]
+
+
+def prod(dims: Any) -> Any:
+    out: Any = 1
+    for d in dims:
+        out = out * d
+    return out
+
+
+def static_int(d: Any) -> int | None:
+    if isinstance(d, int):
+        return d
+    if isinstance(d, tir.IntImm):
+        return int(d.value)
+    return None
+
+
+def norm_axis(axis: int, ndim: int) -> int:
+    return axis + ndim if axis < 0 else axis
+
+
+def reshape(x: Any, shape: Any) -> Any:
+    return op.reshape(x, tuple(shape))

@@ -1,0 +1,55 @@
+"""Import-time evaluation of small ops whose inputs are all known constants.
+
+Models compute shapes with chains like Shape -> Gather -> Sub -> ConstantOfShape; evaluating
+them with numpy keeps every shape-determining input constant. ``FOLDERS`` maps an op type to
+``fn(node, *arrays) -> array``; the importer uses it before the op's converter whenever every
+present input of the node is constant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+def _int_div(node: Any, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "iu":
+        q = np.abs(a) // np.abs(b)
+        return np.where((a < 0) != (b < 0), -q, q).astype(a.dtype)
+    return (a / b).astype(a.dtype)
+
+
+def _binary(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def fold(node: Any, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        out = np.asarray(fn(a, b))
+        return out if out.dtype == bool else out.astype(a.dtype)
+
+    return fold
+
+
+def _unary(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return lambda node, a: np.asarray(fn(a)).astype(a.dtype)
+
+
+def _variadic(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def fold(node: Any, *xs: np.ndarray) -> np.ndarray:
+        out = xs[0]
+        for x in xs[1:]:
+            out = fn(out, x)
+        return np.asarray(out).astype(xs[0].dtype)
+
+    return fold
+
+
+FOLDERS: dict[str, Callable[..., np.ndarray]] = {
+    "Add": _binary(np.add), "Sub": _binary(np.subtract), "Mul": _binary(np.multiply),
+    "Div": _int_div, "Equal": _binary(np.equal), "Less": _binary(np.less),
+    "Greater": _binary(np.greater), "LessOrEqual": _binary(np.less_equal),
+    "GreaterOrEqual": _binary(np.greater_equal), "And": _binary(np.logical_and),
+    "Or": _binary(np.logical_or), "Not": lambda node, a: np.logical_not(a),
+    "Neg": _unary(np.negative), "Abs": _unary(np.abs), "Max": _variadic(np.maximum),
+    "Min": _variadic(np.minimum), "Identity": lambda node, a: a,
+    "Where": lambda node, c, a, b: np.where(c, a, b).astype(a.dtype),
+}

@@ -1,0 +1,292 @@
+"""Shape and data-movement ONNX operators.
+
+Shape-determining inputs (Reshape's shape, Slice's starts, Pad's pads, ...) must be known at
+import time (``node.const_input``). When every input is a known constant the result is computed
+with numpy so that shape arithmetic chains (Shape -> Gather -> Concat -> Reshape) fold.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .... import op
+from ..registry import converter
+from .common import ints, ndim_of, norm_axis, prod, reshape, shape_of, static_int
+
+
+def _all_const(node: Any) -> list[np.ndarray] | None:
+    vals = [node.const_value(i) for i in range(node.num_inputs) if node.has_input(i)]
+    return None if any(v is None for v in vals) else vals
+
+
+@converter("Constant")
+def constant(ctx: Any, node: Any) -> Any:
+    import onnx.numpy_helper as nh
+
+    a = node.attrs
+    if "value" in a:
+        return nh.to_array(a["value"])
+    if "value_float" in a:
+        return np.array(a["value_float"], dtype=np.float32)
+    if "value_floats" in a:
+        return np.array(list(a["value_floats"]), dtype=np.float32)
+    if "value_int" in a:
+        return np.array(a["value_int"], dtype=np.int64)
+    if "value_ints" in a:
+        return np.array(list(a["value_ints"]), dtype=np.int64)
+    raise node.error(f"unsupported Constant attribute(s) {sorted(a)} (sparse or string values)")
+
+
+@converter("ConstantOfShape", since=9)
+def constant_of_shape(ctx: Any, node: Any) -> Any:
+    import onnx.numpy_helper as nh
+
+    shape = ints(node.const_input(0, "shape"))
+    value = node.attrs.get("value")
+    fill = nh.to_array(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
+    return np.full(shape, fill[0], dtype=fill.dtype)
+
+
+@converter("Shape")
+def shape(ctx: Any, node: Any) -> Any:
+    x = node.input(0)
+    static = ctx.static_shape(x)
+    if static is None:
+        raise node.error("the input shape is not static; run-time shape values are not "
+                         "supported yet")
+    dims = np.array(static, dtype=np.int64)
+    if node.opset >= 15:
+        start, end = node.attr("start", 0), node.attr("end", None)
+        dims = dims[start:end]
+    return dims
+
+
+@converter("Size")
+def size(ctx: Any, node: Any) -> Any:
+    static = ctx.static_shape(node.input(0))
+    if static is None:
+        raise node.error("the input shape is not static")
+    return np.array(int(np.prod(static)), dtype=np.int64)
+
+
+@converter("Reshape", since=5)
+def reshape_(ctx: Any, node: Any) -> Any:
+    x = node.input(0)
+    target = ints(node.const_input(1, "shape"))
+    allowzero = bool(node.attr("allowzero", 0))
+    in_shape = shape_of(x)
+    dims = [in_shape[i] if (d == 0 and not allowzero) else d for i, d in enumerate(target)]
+    const = node.const_value(0)
+    if const is not None:
+        return const.reshape([d if isinstance(d, int) else const.shape[i]
+                              for i, d in enumerate(dims)])
+    return reshape(x, dims)
+
+
+@converter("Flatten")
+def flatten(ctx: Any, node: Any) -> Any:
+    x = node.input(0)
+    s = shape_of(x)
+    axis = norm_axis(int(node.attr("axis", 1)), len(s))
+    return reshape(x, (prod(s[:axis]), prod(s[axis:])))
+
+
+@converter("Transpose")
+def transpose(ctx: Any, node: Any) -> Any:
+    perm = node.attr("perm", None)
+    return op.transpose(node.input(0), None if perm is None else tuple(int(p) for p in perm))
+
+
+@converter("Concat")
+def concat(ctx: Any, node: Any) -> Any:
+    axis = int(node.attr("axis", 0))
+    consts = _all_const(node)
+    if consts is not None:
+        return np.concatenate(consts, axis=axis)
+    return op.concat([x for x in node.inputs() if x is not None], axis=axis)
+
+
+def _split_sizes(ctx: Any, node: Any, x: Any, axis: int) -> list[int]:
+    if node.opset >= 13:
+        value = node.const_input(1, "split")
+        sizes = None if value is None else ints(value)
+    else:
+        sizes = node.attr("split", None)
+    if sizes:
+        return [int(s) for s in sizes]
+    dim = static_int(shape_of(x)[axis])
+    n = int(node.attr("num_outputs", 0)) or node.num_outputs
+    if dim is None:
+        raise node.error("an even split of a symbolic axis is not supported yet")
+    chunk = -(-dim // n)
+    return [min(chunk, dim - i * chunk) for i in range(n)]
+
+
+@converter("Split")
+def split(ctx: Any, node: Any) -> Any:
+    x = node.input(0)
+    axis = norm_axis(int(node.attr("axis", 0)), ndim_of(x))
+    sizes = _split_sizes(ctx, node, x, axis)
+    indices = tuple(int(v) for v in np.cumsum(sizes)[:-1])
+    if len(sizes) == 1:
+        return [x]
+    return op.split(x, indices, axis=axis)
+
+
+@converter("Squeeze")
+def squeeze(ctx: Any, node: Any) -> Any:
+    x = node.input(0)
+    if node.opset >= 13:
+        value = node.const_input(1, "axes")
+        axes = None if value is None else ints(value)
+    else:
+        axes = node.attr("axes", None)
+    if axes is None:
+        return op.squeeze(x)
+    nd = ndim_of(x)
+    return op.squeeze(x, axis=tuple(sorted(norm_axis(int(a), nd) for a in axes)))
+
+
+@converter("Unsqueeze")
+def unsqueeze(ctx: Any, node: Any) -> Any:
+    x = node.input(0)
+    axes = ints(node.const_input(1, "axes")) if node.opset >= 13 else node.attr("axes")
+    in_shape = list(shape_of(x))
+    rank = len(in_shape) + len(axes)
+    pos = {norm_axis(int(a), rank) for a in axes}
+    it = iter(in_shape)
+    out = [1 if i in pos else next(it) for i in range(rank)]
+    const = node.const_value(0)
+    if const is not None:
+        return np.expand_dims(const, tuple(sorted(pos)))
+    return reshape(x, out)
+
+
+@converter("Expand", since=8)
+def expand(ctx: Any, node: Any) -> Any:
+    x = node.input(0)
+    target = ints(node.const_input(1, "shape"))
+    in_shape = list(shape_of(x))
+    rank = max(len(in_shape), len(target))
+    a = [1] * (rank - len(in_shape)) + in_shape
+    b = [1] * (rank - len(target)) + target
+    out = [da if (isinstance(db, int) and db == 1) else db for da, db in zip(a, b)]
+    return op.broadcast_to(x, tuple(out))
+
+
+def _slice(node: Any, x: Any, starts: list[int], ends: list[int], axes: list[int] | None,
+           steps: list[int] | None) -> Any:
+    nd = ndim_of(x)
+    axes = list(range(len(starts))) if axes is None else [norm_axis(a, nd) for a in axes]
+    steps = [1] * len(starts) if steps is None else steps
+    const = node.const_value(0)
+    if const is not None:
+        idx = [slice(None)] * nd
+        for a, s, e, st in zip(axes, starts, ends, steps):
+            idx[a] = slice(s, e, st)
+        return const[tuple(idx)]
+    return op.strided_slice(x, tuple(starts), tuple(ends), tuple(steps), tuple(axes))
+
+
+@converter("Slice", since=1)
+def slice_v1(ctx: Any, node: Any) -> Any:
+    axes = node.attr("axes", None)
+    return _slice(node, node.input(0), list(node.attr("starts")), list(node.attr("ends")),
+                  None if axes is None else list(axes), None)
+
+
+@converter("Slice", since=10)
+def slice_v10(ctx: Any, node: Any) -> Any:
+    axes, steps = node.const_input(3, "axes"), node.const_input(4, "steps")
+    return _slice(node, node.input(0), ints(node.const_input(1, "starts")),
+                  ints(node.const_input(2, "ends")), None if axes is None else ints(axes),
+                  None if steps is None else ints(steps))
+
+
+@converter("Gather")
+def gather(ctx: Any, node: Any) -> Any:
+    x, indices = node.input(0), node.input(1)
+    axis = norm_axis(int(node.attr("axis", 0)), ndim_of(x))
+    consts = _all_const(node)
+    if consts is not None:
+        return np.take(consts[0], consts[1], axis=axis)
+    # "wrap" maps ONNX's negative indices (counted from the end) onto the axis
+    return op.take(x, indices, axis=axis, mode="wrap")
+
+
+@converter("Pad", since=2)
+def pad_v2(ctx: Any, node: Any) -> Any:
+    return _pad(node, node.input(0), list(node.attr("pads")), float(node.attr("value", 0.0)),
+                None)
+
+
+@converter("Pad", since=11)
+def pad_v11(ctx: Any, node: Any) -> Any:
+    value = node.const_input(2, "constant_value")
+    fill = 0.0 if value is None else np.asarray(value).reshape(()).item()
+    axes = node.const_input(3, "axes")
+    return _pad(node, node.input(0), ints(node.const_input(1, "pads")), fill,
+                None if axes is None else ints(axes))
+
+
+def _pad(node: Any, x: Any, pads: list[int], fill: Any, axes: list[int] | None) -> Any:
+    nd = ndim_of(x)
+    axes = list(range(nd)) if axes is None else [norm_axis(a, nd) for a in axes]
+    width = [[0, 0] for _ in range(nd)]
+    for k, a in enumerate(axes):
+        width[a] = [pads[k], pads[k + len(axes)]]
+    if any(p < 0 for w in width for p in w):
+        raise node.error(f"negative pads {pads} (cropping) are not supported yet")
+    mode = node.attr("mode", "constant")
+    if mode not in ("constant", "edge", "reflect"):
+        raise node.error(f"pad mode {mode!r} is not supported")
+    return op.pad(x, tuple(tuple(w) for w in width), pad_value=fill, mode=mode)
+
+
+@converter("Tile", since=6)
+def tile(ctx: Any, node: Any) -> Any:
+    x = node.input(0)
+    reps = ints(node.const_input(1, "repeats"))
+    s = list(shape_of(x))
+    if len(reps) != len(s):
+        raise node.error(f"repeats {reps} must have one entry per input axis ({len(s)})")
+    # (d0, d1, ..) -> (1, d0, 1, d1, ..) -> broadcast (r0, d0, r1, d1, ..) -> (r0*d0, ..)
+    inter = [v for d in s for v in (1, d)]
+    wide = [v for r, d in zip(reps, s) for v in (r, d)]
+    out = op.broadcast_to(reshape(x, inter), tuple(wide))
+    return reshape(out, [r * d for r, d in zip(reps, s)])
+
+
+@converter("DepthToSpace")
+def depth_to_space(ctx: Any, node: Any) -> Any:
+    x = node.input(0)
+    bs = int(node.attr("blocksize"))
+    n, c, h, w = shape_of(x)
+    cs = c // (bs * bs)
+    if node.attr("mode", "DCR") == "DCR":
+        t = op.transpose(reshape(x, (n, bs, bs, cs, h, w)), (0, 3, 4, 1, 5, 2))
+    else:
+        t = op.transpose(reshape(x, (n, cs, bs, bs, h, w)), (0, 1, 4, 2, 5, 3))
+    return reshape(t, (n, cs, h * bs, w * bs))
+
+
+@converter("SpaceToDepth")
+def space_to_depth(ctx: Any, node: Any) -> Any:
+    x = node.input(0)
+    bs = int(node.attr("blocksize"))
+    n, c, h, w = shape_of(x)
+    # DCR puts the block offsets before the channels, CRD after them
+    perm = (0, 3, 5, 1, 2, 4) if node.attr("mode", "DCR") == "DCR" else (0, 1, 3, 5, 2, 4)
+    t = op.transpose(reshape(x, (n, c, h // bs, bs, w // bs, bs)), perm)
+    return reshape(t, (n, c * bs * bs, h // bs, w // bs))
+
+
+@converter("Range", since=11)
+def range_(ctx: Any, node: Any) -> Any:
+    start, limit, delta = (np.asarray(node.const_input(i, n)) for i, n in
+                           enumerate(("start", "limit", "delta")))
+    return np.arange(start.item(), limit.item(), delta.item()).astype(start.dtype)
+
+

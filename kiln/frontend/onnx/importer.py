@@ -1,0 +1,389 @@
+"""ONNX ModelProto -> kiln IRModule.
+
+Import runs in three steps: load and validate the protobuf (``ModelFormatError`` for malformed
+files), check that every node has a converter for the model's opset (one
+``UnsupportedOperatorError`` listing all missing ops, before any work), then walk the nodes in
+topological order (ONNX requires it) calling one converter per node inside a dataflow block.
+
+Values known at import time (initializers, ``Constant`` nodes, ``Shape`` of static tensors and
+the small integer arithmetic models do on them) are kept in a table of numpy arrays so that
+shape-determining inputs (Reshape's shape, Slice's starts, reduction axes, ...) can be folded.
+A shape-determining input that is only known at run time raises ``NonConstantInputError``;
+run-time shape functions are a later part of the frontend.
+
+Initializers that feed tensor inputs become trailing parameters of ``main`` and are returned in
+``params`` (bind them with ``kiln.build(mod, params=params)``), as TVM does: the weights stay
+replaceable without re-importing. ``bind_params=True`` embeds them as constants instead.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ... import graph as g
+from ... import tir
+from ...ir import KilnError, ModelFormatError, UnsupportedOperatorError
+from ...ir.module import IRModule
+from .converters.fold import FOLDERS
+from .registry import lookup_converter
+
+
+class NonConstantInputError(KilnError):
+    """A shape-determining input of a node is not known at import time.
+
+    ``value_name`` is the ONNX value that would have to be constant.
+    """
+
+    def __init__(self, message: str, value_name: str = ""):
+        super().__init__(message)
+        self.value_name = value_name
+
+
+def _load_onnx() -> Any:
+    try:
+        import onnx
+    except ImportError as err:  # pragma: no cover - onnx is a test dependency
+        raise KilnError("kiln.frontend.onnx needs the 'onnx' package (pip install onnx)") from err
+    return onnx
+
+
+def load_model(model: Any) -> Any:
+    """A ModelProto from a ModelProto, a file path or serialized bytes (ModelFormatError if
+    the data is not a valid ONNX model)."""
+    onnx = _load_onnx()
+    if isinstance(model, onnx.ModelProto):
+        proto = model
+    elif isinstance(model, (bytes, bytearray)):
+        proto = _parse(bytes(model), "<bytes>")
+    elif isinstance(model, str):
+        try:
+            with open(model, "rb") as f:
+                data = f.read()
+        except OSError as err:
+            raise ModelFormatError(f"cannot read ONNX model {model!r}: {err}") from err
+        proto = _parse(data, model)
+    else:
+        raise KilnError(f"from_onnx expects a ModelProto, a path or bytes, got "
+                        f"{type(model).__name__}")
+    if not proto.HasField("graph"):
+        raise ModelFormatError("the ONNX model has no graph (is the file an ONNX model?)")
+    return proto
+
+
+def _parse(data: bytes, where: str) -> Any:
+    onnx = _load_onnx()
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except Exception as err:  # noqa: BLE001 - protobuf raises DecodeError or RuntimeWarning
+        raise ModelFormatError(f"{where}: not a valid ONNX model (truncated or corrupt "
+                               f"protobuf: {err})") from err
+    if not data or proto.ir_version == 0 or not proto.HasField("graph"):
+        raise ModelFormatError(f"{where}: not a valid ONNX model (no IR version or graph)")
+    return proto
+
+
+def onnx_dtype(elem_type: int, what: str) -> str:
+    """The kiln dtype name of ONNX tensor element type ``elem_type``."""
+    onnx = _load_onnx()
+    if elem_type == onnx.TensorProto.STRING:
+        raise KilnError(f"{what}: string tensors are not supported")
+    try:
+        np_dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except Exception as err:  # noqa: BLE001 - KeyError / ValueError for unknown types
+        raise KilnError(f"{what}: unsupported ONNX element type {elem_type}") from err
+    return np_dtype.name
+
+
+def _safe_name(name: str) -> str:
+    s = re.sub(r"[^0-9A-Za-z_]", "_", name)
+    return s if s and not s[0].isdigit() else f"v_{s}"
+
+
+class NodeView:
+    """What a converter sees of one node: its inputs as Exprs, attributes, constant inputs."""
+
+    def __init__(self, ctx: GraphContext, proto: Any, opset: int):
+        self.ctx = ctx
+        self.proto = proto
+        self.opset = opset
+        self.op_type: str = proto.op_type
+        self.name: str = proto.name or (proto.output[0] if proto.output else proto.op_type)
+        self.attrs: dict[str, Any] = {}
+        onnx = _load_onnx()
+        for a in proto.attribute:
+            self.attrs[a.name] = onnx.helper.get_attribute_value(a)
+
+    def __str__(self) -> str:
+        return f"{self.op_type} node {self.name!r}"
+
+    def error(self, message: str) -> KilnError:
+        return KilnError(f"{self}: {message}")
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.proto.input)
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.proto.output)
+
+    def has_input(self, i: int) -> bool:
+        return i < len(self.proto.input) and self.proto.input[i] != ""
+
+    def input(self, i: int) -> Any:
+        """Input ``i`` as a graph Expr (None when absent)."""
+        if not self.has_input(i):
+            return None
+        return self.ctx.value(self.proto.input[i])
+
+    def inputs(self) -> list[Any]:
+        return [self.input(i) for i in range(self.num_inputs)]
+
+    def const_input(self, i: int, what: str) -> np.ndarray | None:
+        """Input ``i``'s value, which must be known at import time (None when absent)."""
+        if not self.has_input(i):
+            return None
+        name = self.proto.input[i]
+        value = self.ctx.consts.get(name)
+        if value is None:
+            raise NonConstantInputError(
+                f"{self}: input {i} ({what}, {name!r}) must be a constant (an initializer or "
+                "computed from constants); run-time shape values are not supported yet",
+                name,
+            )
+        return value
+
+    def is_const(self, i: int) -> bool:
+        return self.has_input(i) and self.proto.input[i] in self.ctx.consts
+
+    def const_value(self, i: int) -> np.ndarray | None:
+        """Input ``i``'s value when known at import time, else None (no error)."""
+        if not self.has_input(i):
+            return None
+        return self.ctx.consts.get(self.proto.input[i])
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        v = self.attrs.get(name, default)
+        if isinstance(v, bytes):
+            return v.decode()
+        return v
+
+
+class GraphContext:
+    """Import state: the builder, Exprs and known constant values by ONNX value name."""
+
+    def __init__(self, bb: g.BlockBuilder, bind_params: bool):
+        self.bb = bb
+        self.bind_params = bind_params
+        self.values: dict[str, Any] = {}
+        self.consts: dict[str, np.ndarray] = {}
+        self.initializers: dict[str, np.ndarray] = {}
+        self.param_vars: dict[str, g.Var] = {}
+
+    def value(self, name: str) -> Any:
+        if name in self.values:
+            return self.values[name]
+        if name in self.initializers:
+            arr = self.initializers[name]
+            if self.bind_params:
+                expr: Any = g.const(arr)
+            else:
+                expr = g.Var(_safe_name(name), g.TensorStructInfo(arr.shape, arr.dtype.name))
+                self.param_vars[name] = expr
+            self.values[name] = expr
+            return expr
+        raise KilnError(f"ONNX value {name!r} is used before it is defined")
+
+    # ---- helpers for converters -----------------------------------------------------------
+    @staticmethod
+    def shape(expr: Any) -> tuple[Any, ...]:
+        sinfo = expr.struct_info
+        if not isinstance(sinfo, g.TensorStructInfo) or sinfo.shape is None:
+            raise KilnError(f"expected a tensor of known rank, got {sinfo}")
+        return tuple(sinfo.shape)
+
+    @staticmethod
+    def static_shape(expr: Any) -> tuple[int, ...] | None:
+        """The shape as ints when every dimension is a constant, else None."""
+        dims = []
+        for d in GraphContext.shape(expr):
+            if not isinstance(d, tir.IntImm):
+                return None
+            dims.append(int(d.value))
+        return tuple(dims)
+
+    @staticmethod
+    def dtype(expr: Any) -> str:
+        return str(expr.struct_info.dtype)
+
+    def emit(self, expr: Any, name: str = "") -> Any:
+        return self.bb.emit(expr, _safe_name(name) if name else "")
+
+
+def _input_sinfo(vi: Any, shape_dict: Mapping[str, Sequence[Any]], dtype_dict: Mapping[str, Any],
+                 sym: dict[str, tir.Var]) -> g.TensorStructInfo:
+    name = vi.name
+    tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+    if tt is None:
+        kind = vi.type.WhichOneof("value")
+        raise KilnError(f"graph input {name!r}: {kind} types (sequence/optional/map) are not "
+                        "supported")
+    dtype = str(dtype_dict[name]) if name in dtype_dict else onnx_dtype(
+        tt.elem_type, f"graph input {name!r}")
+    if name in shape_dict:
+        dims: list[Any] = []
+        for d in shape_dict[name]:
+            if isinstance(d, str):
+                dims.append(sym.setdefault(d, tir.Var(d, "int64")))
+            else:
+                dims.append(d)
+        return g.TensorStructInfo(tuple(dims), dtype)
+    if not tt.HasField("shape"):
+        raise KilnError(f"graph input {name!r} has unknown rank; give its shape in shape_dict")
+    dims = []
+    for i, d in enumerate(tt.shape.dim):
+        if d.HasField("dim_value") and d.dim_value >= 0:
+            dims.append(int(d.dim_value))
+        else:
+            key = d.dim_param if d.HasField("dim_param") and d.dim_param else f"{name}_dim{i}"
+            key = _safe_name(key)
+            dims.append(sym.setdefault(key, tir.Var(key, "int64")))
+    return g.TensorStructInfo(tuple(dims), dtype)
+
+
+def _opsets(proto: Any, opset: int | None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for imp in proto.opset_import:
+        dom = "" if imp.domain in ("", "ai.onnx") else imp.domain
+        out[dom] = int(imp.version)
+    if opset is not None:
+        out[""] = int(opset)
+    out.setdefault("", 1)
+    return out
+
+
+def check_supported(graph: Any, opsets: Mapping[str, int]) -> None:
+    """Raise one UnsupportedOperatorError naming every op type without a converter."""
+    missing: dict[str, list[str]] = {}
+    for i, node in enumerate(graph.node):
+        dom = "" if node.domain in ("", "ai.onnx") else node.domain
+        if lookup_converter(node.op_type, opsets.get(dom, 0), dom) is None:
+            key = f"{dom}::{node.op_type}" if dom else node.op_type
+            missing.setdefault(key, []).append(node.name or f"#{i}")
+    if missing:
+        lines = [f"  {op} (opset {opsets.get(op.split('::')[0] if '::' in op else '', 0)}): "
+                 f"nodes {', '.join(names)}" for op, names in sorted(missing.items())]
+        raise UnsupportedOperatorError(
+            f"the ONNX model uses {len(missing)} operator type(s) kiln cannot convert:\n"
+            + "\n".join(lines)
+        )
+
+
+def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
+              dtype_dict: Mapping[str, Any] | None = None, opset: int | None = None,
+              bind_params: bool = False,
+              freeze_inputs: Mapping[str, np.ndarray] | None = None,
+              ) -> tuple[IRModule, dict[str, np.ndarray]]:
+    """Import an ONNX model as an IRModule with function ``main``.
+
+    ``model``: a ModelProto, a file path or serialized bytes. ``shape_dict``/``dtype_dict``
+    override graph input shapes (str entries become symbolic dims) and dtypes. ``opset``
+    overrides the default-domain opset. ``main``'s parameters are the graph inputs (minus
+    initializers) in model order, then -- unless ``bind_params`` -- the initializers used as
+    tensors, whose values are returned in ``params``. ``freeze_inputs`` replaces graph inputs by
+    the given constant values (used by the ONNX backend for shape-determining inputs).
+    Several graph outputs are returned as a Tuple in model order.
+    """
+    proto = load_model(model)
+    graph = proto.graph
+    opsets = _opsets(proto, opset)
+    check_supported(graph, opsets)
+    shape_dict = dict(shape_dict or {})
+    dtype_dict = dict(dtype_dict or {})
+    freeze = dict(freeze_inputs or {})
+    onnx = _load_onnx()
+
+    bb = g.BlockBuilder()
+    ctx = GraphContext(bb, bind_params)
+    for init in graph.initializer:
+        try:
+            arr = onnx.numpy_helper.to_array(init)
+        except Exception as err:  # noqa: BLE001
+            raise ModelFormatError(f"initializer {init.name!r} cannot be read: {err}") from err
+        if arr.dtype.kind in "OUS":
+            raise KilnError(f"initializer {init.name!r}: string tensors are not supported")
+        ctx.initializers[init.name] = arr
+        ctx.consts[init.name] = arr
+    sym: dict[str, tir.Var] = {}
+    inputs: list[g.Var] = []
+    for vi in graph.input:
+        if vi.name in ctx.initializers:
+            continue
+        if vi.name in freeze:
+            arr = np.asarray(freeze[vi.name])
+            ctx.consts[vi.name] = arr
+            ctx.values[vi.name] = g.const(arr)
+            continue
+        var = g.Var(vi.name, _input_sinfo(vi, shape_dict, dtype_dict, sym))
+        ctx.values[vi.name] = var
+        inputs.append(var)
+
+    with bb.function("main"):
+        with bb.dataflow():
+            for node in graph.node:
+                _convert_node(ctx, node, opsets)
+            outs = []
+            for vo in graph.output:
+                if vo.name not in ctx.values and vo.name not in ctx.initializers:
+                    raise ModelFormatError(f"graph output {vo.name!r} is never produced")
+                outs.append(bb.emit_output(ctx.value(vo.name), _safe_name(vo.name)))
+        params = [*inputs, *ctx.param_vars.values()]
+        bb.emit_func_output(outs[0] if len(outs) == 1 else outs, params=params)
+    weights = {v.name: ctx.initializers[n] for n, v in ctx.param_vars.items()}
+    return bb.get(), weights
+
+
+def _convert_node(ctx: GraphContext, node: Any, opsets: Mapping[str, int]) -> None:
+    dom = "" if node.domain in ("", "ai.onnx") else node.domain
+    view = NodeView(ctx, node, opsets.get(dom, 0))
+    fn = lookup_converter(node.op_type, view.opset, dom)
+    assert fn is not None  # check_supported ran first
+    present = [n for n in node.input if n]
+    folder = FOLDERS.get(node.op_type) if not dom else None
+    if folder is not None and present and all(n in ctx.consts for n in present):
+        fn = lambda c, v: folder(v, *(c.consts[n] for n in present))  # noqa: E731
+    try:
+        result = fn(ctx, view)
+    except NonConstantInputError:
+        raise
+    except KilnError as err:
+        if str(view) in str(err):
+            raise
+        raise KilnError(f"{view}: {err}") from err
+    results = list(result) if isinstance(result, (list, tuple)) else [result]
+    outputs = list(node.output)
+    if len(results) < len([o for o in outputs if o]):
+        tup = ctx.emit(results[0], f"{node.op_type}_out") if len(results) == 1 else None
+        if tup is not None and isinstance(tup.struct_info, g.TupleStructInfo):
+            results = [g.TupleGetItem(tup, i) for i in range(len(tup.struct_info.fields))]
+        else:
+            raise view.error(f"produced {len(results)} outputs, the model uses {len(outputs)}")
+    for name, res in zip(outputs, results):
+        if not name:
+            continue
+        if isinstance(res, (np.ndarray, np.generic)):
+            res = np.asarray(res)
+            ctx.consts[name] = res
+            ctx.values[name] = g.const(res)
+        elif isinstance(res, g.Constant):
+            ctx.consts[name] = res.data
+            ctx.values[name] = res
+        elif isinstance(res, g.Var):
+            ctx.values[name] = res
+        else:
+            ctx.values[name] = ctx.emit(res, name)

@@ -1,0 +1,71 @@
+"""ONNX's official backend node tests run through ``kiln.frontend.onnx.backend``.
+
+Only cases whose operators all have converters run (``kiln.frontend.onnx.exclusions``); every
+other case is excluded with its reason, which shows in the skip message (a regex comment).
+``benchmarks/onnx_suite.py`` runs the same selection and prints a pass table per op type.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import warnings
+
+import onnx.backend.test
+import pytest
+from onnx.backend.test.loader import load_model_tests
+
+from kiln.frontend.onnx.backend import KilnBackend
+from kiln.frontend.onnx.exclusions import KNOWN_FAILURES, exclusion_reason
+
+# Measured with onnx 1.23: 688 of the 709 converted node cases pass (the other 21 are
+# KNOWN_FAILURES, each with its reason); every run case must pass and their number must not
+# fall below this floor.
+MIN_PASSING_CASES = 688
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    _CASES = load_model_tests(kind="node")
+
+_RUN: list[str] = []
+_EXCLUDED: dict[str, list[str]] = collections.defaultdict(list)
+for _case in _CASES:
+    _reason = exclusion_reason(_case.model, _case.name)
+    if _reason is None:
+        _RUN.append(_case.name)
+    else:
+        _EXCLUDED[_reason].append(_case.name)
+
+backend_test = onnx.backend.test.BackendTest(KilnBackend, __name__)
+backend_test.include("^(?:" + "|".join(map(re.escape, _RUN)) + ")_cpu$")
+for _reason, _names in _EXCLUDED.items():
+    _comment = _reason.replace(")", "]").replace("(", "[")
+    backend_test.exclude(f"(?#{_comment})^(?:{'|'.join(map(re.escape, _names))})_cpu$")
+
+globals().update(backend_test.test_cases)
+
+
+def test_node_case_counts():
+    """Print the selection and check that the passing floor is kept."""
+    groups = collections.Counter(r.split(":")[0] for r in exclusion_reasons())
+    print(f"\nONNX node cases: {len(_CASES)}; run: {len(_RUN)}; "
+          f"known failures: {len(KNOWN_FAILURES)}")
+    for reason, n in groups.most_common():
+        print(f"  excluded {n:4d}: {reason}")
+    assert len(_CASES) >= 1800
+    assert len(_RUN) >= MIN_PASSING_CASES
+    assert sum(groups.values()) + len(_RUN) == len(_CASES)
+    # every known failure is a real, converted case
+    names = {c.name for c in _CASES}
+    assert set(KNOWN_FAILURES) <= names
+
+
+def exclusion_reasons() -> list[str]:
+    return [r for r, names in _EXCLUDED.items() for _ in names]
+
+
+def test_backend_device_and_errors():
+    assert KilnBackend.supports_device("CPU")
+    assert not KilnBackend.supports_device("CUDA")
+    with pytest.raises(Exception, match="CPU"):
+        KilnBackend.prepare(_CASES[0].model, device="CUDA")
