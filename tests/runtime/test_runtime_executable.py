@@ -59,3 +59,18 @@ def test_not_an_executable(tmp_path):
         kiln.load(str(path))
     with pytest.raises(ModelFormatError):
         kiln.load(str(tmp_path / "missing.kiln"))
+
+
+def test_long_vector_dtype_survives_a_real_executable_file(exe, tmp_path):
+    """A plan whose slot has a float32x65536 dtype goes through save() and load() intact."""
+    from kiln.runtime.executable import Executable
+    from kiln.runtime.plan import Plan, SlotSpec
+
+    wide = DataType("float32x65536")
+    vec_plan = Plan(name="vec", input_names=["v"], input_slots=[0],
+                    slots=[SlotSpec([4], wide, "input")], calls=[], outputs=0)
+    path = tmp_path / "wide.kiln"
+    Executable(exe.module, {**exe.plans, "vec": vec_plan}).save(str(path))
+    loaded = kiln.load(str(path))
+    assert loaded.plans["vec"].slots[0].dtype == wide
+    assert loaded.plans["vec"].slots[0].dtype.lanes == 65536
