@@ -59,6 +59,7 @@ from .elementwise import (
 )
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
 from .schedule_helpers import PARALLEL_MIN_WORK, schedule_injective, schedule_reduction
+from .shape import shape_attr_value
 
 __all__ = [
     "adaptive_avg_pool2d_backward", "adaptive_max_pool2d_backward", "avg_pool2d_backward",
@@ -248,13 +249,7 @@ class CollapseSumToAttrs:
     shape: tuple[Any, ...]
 
     def __post_init__(self):
-        shape = tuple(self.shape) if isinstance(self.shape, (list, tuple)) else (self.shape,)
-        for d in shape:
-            if isinstance(d, bool) or not isinstance(d, (int, PrimExpr)) or (
-                isinstance(d, int) and d < 0
-            ):
-                raise KilnError(f"collapse_sum_to: bad shape {shape!r}")
-        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "shape", shape_attr_value(self.shape, "collapse_sum_to"))
 
 
 def _collapse_to_infer(call: Any) -> Any:

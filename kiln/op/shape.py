@@ -736,18 +736,23 @@ expand_dims = _declare(
 # =============================================================================================
 # broadcast_to
 # =============================================================================================
+def shape_attr_value(shape: Any, op_name: str) -> tuple[Any, ...]:
+    """A target-shape attribute as a tuple of non-negative ints / PrimExprs (or a clear error)."""
+    shape = tuple(shape) if isinstance(shape, (list, tuple)) else (shape,)
+    for d in shape:
+        if isinstance(d, bool) or not isinstance(d, (int, PrimExpr)) or (
+            isinstance(d, int) and d < 0
+        ):
+            raise KilnError(f"{op_name}: bad shape {shape!r}")
+    return shape
+
+
 @dataclass(frozen=True)
 class BroadcastToAttrs:
     shape: tuple[Any, ...]
 
     def __post_init__(self):
-        shape = tuple(self.shape) if isinstance(self.shape, (list, tuple)) else (self.shape,)
-        for d in shape:
-            if isinstance(d, bool) or not isinstance(d, (int, PrimExpr)) or (
-                isinstance(d, int) and d < 0
-            ):
-                raise KilnError(f"broadcast_to: bad shape {shape!r}")
-        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "shape", shape_attr_value(self.shape, "broadcast_to"))
 
 
 def _check_broadcast_to(shape: Sequence[PrimExpr], target: Sequence[PrimExpr]) -> None:
