@@ -15,6 +15,8 @@ loop, next to the subtree holding ``B``, and covers what ``B`` accesses in one i
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...ir.errors import ScheduleError
 from ..buffer import Buffer, BufferRegion
 from ..expr import BufferLoad, IterType, IterVar, Range, Var, const
@@ -129,6 +131,17 @@ def _swap_in_block(block: Block, old: Buffer, new: Buffer) -> Block:
     )
 
 
+def _region_buffer(regions: Any, index: Any, kind: str, what: str, block_name: str) -> Any:
+    """The buffer of ``regions[index]`` (a block's reads or writes), or a ScheduleError."""
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(regions):
+        listing = ", ".join(f"{k}: {r.buffer.name}" for k, r in enumerate(regions))
+        raise ScheduleError(
+            f"{what}: {kind}_buffer_index {index!r} is out of range for block "
+            f"{block_name!r}, which {kind}s {len(regions)} region(s) ({listing})"
+        )
+    return regions[index].buffer
+
+
 def cache_read(index: TreeIndex, sref: SRef, read_buffer_index: int, scope: str
                ) -> tuple[PrimFunc, str]:
     what = "cache_read"
@@ -136,14 +149,7 @@ def cache_read(index: TreeIndex, sref: SRef, read_buffer_index: int, scope: str
     _check_scope(scope, what)
     block = sref.block
     name = block.name_hint
-    if (not isinstance(read_buffer_index, int) or isinstance(read_buffer_index, bool)
-            or not 0 <= read_buffer_index < len(block.reads)):
-        listing = ", ".join(f"{k}: {r.buffer.name}" for k, r in enumerate(block.reads))
-        raise ScheduleError(
-            f"{what}: read_buffer_index {read_buffer_index!r} is out of range for block "
-            f"{name!r}, which reads {len(block.reads)} region(s) ({listing})"
-        )
-    buf = block.reads[read_buffer_index].buffer
+    buf = _region_buffer(block.reads, read_buffer_index, "read", what, name)
     if any(w.buffer is buf for w in block.writes):
         raise ScheduleError(f"{what}: block {name!r} also writes {buf.name!r}")
     writers = [w for w in index.writers(buf, index.scope_of(sref)) if w is not sref]
@@ -170,14 +176,7 @@ def cache_write(index: TreeIndex, sref: SRef, write_buffer_index: int, scope: st
     _check_scope(scope, what)
     block = sref.block
     name = block.name_hint
-    if (not isinstance(write_buffer_index, int) or isinstance(write_buffer_index, bool)
-            or not 0 <= write_buffer_index < len(block.writes)):
-        listing = ", ".join(f"{k}: {r.buffer.name}" for k, r in enumerate(block.writes))
-        raise ScheduleError(
-            f"{what}: write_buffer_index {write_buffer_index!r} is out of range for block "
-            f"{name!r}, which writes {len(block.writes)} region(s) ({listing})"
-        )
-    buf = block.writes[write_buffer_index].buffer
+    buf = _region_buffer(block.writes, write_buffer_index, "write", what, name)
     scope_sref = index.scope_of(sref)
     for w in index.writers(buf, scope_sref):
         if w is not sref:
