@@ -5,12 +5,18 @@
 """
 
 from . import nn  # noqa: F401 - op.nn namespace
+from .attention import *  # noqa: F403
+from .dynamic import *  # noqa: F403
 from .elementwise import *  # noqa: F403
 from .fast_math import *  # noqa: F403
 from .grad import *  # noqa: F403
+from .image import *  # noqa: F403
+from .index import *  # noqa: F403
 from .layout import *  # noqa: F403
 from .linalg import *  # noqa: F403
+from .loss import *  # noqa: F403
 from .nn import *  # noqa: F403
+from .quantize import *  # noqa: F403
 from .reduce import *  # noqa: F403
 from .registry import (  # noqa: F401 - re-exported API
     NON_DIFFERENTIABLE,
@@ -23,3 +29,4 @@ from .registry import (  # noqa: F401 - re-exported API
 )
 from .scan import *  # noqa: F403
 from .shape import *  # noqa: F403
+from .signal import *  # noqa: F403

@@ -1,3 +1,17 @@
 """ONNX converters by op family; importing this package registers them all."""
 
-from . import elementwise, nn, reduce, shape  # noqa: F401
+from . import (  # noqa: F401
+    attention,
+    control_flow,
+    dynamic,
+    elementwise,
+    image,
+    index,
+    loss,
+    nn,
+    quantize,
+    reduce,
+    rnn,
+    shape,
+    signal,
+)

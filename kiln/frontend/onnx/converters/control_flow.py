@@ -1,0 +1,3 @@
+"""Subgraph ONNX operators: If, Loop, Scan."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""ONNX operators with data-dependent output shapes: NonZero, Compress, Unique."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Indexing ONNX operators: GatherElements, GatherND, Scatter*, ReverseSequence."""
+
+from __future__ import annotations

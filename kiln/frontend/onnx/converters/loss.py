@@ -1,0 +1,3 @@
+"""Loss ONNX operators: NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss."""
+
+from __future__ import annotations

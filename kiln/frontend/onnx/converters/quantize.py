@@ -1,0 +1,3 @@
+"""Quantization ONNX operators: QuantizeLinear, DequantizeLinear, QLinear*, *Integer."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Recurrent ONNX operators: RNN, GRU, LSTM."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Signal-processing ONNX operators: DFT, STFT, window functions, MelWeightMatrix."""
+
+from __future__ import annotations

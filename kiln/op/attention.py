@@ -1,0 +1,3 @@
+"""Attention-family and normalization operators."""
+
+from __future__ import annotations

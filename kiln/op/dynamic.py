@@ -1,0 +1,3 @@
+"""Operators with data-dependent output shapes."""
+
+from __future__ import annotations

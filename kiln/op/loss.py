@@ -1,0 +1,3 @@
+"""Loss operators."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Quantization operators: quantize/dequantize linear, integer matmul/conv."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Signal-processing operators: DFT, windows."""
+
+from __future__ import annotations
