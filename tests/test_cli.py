@@ -34,3 +34,38 @@ def test_errors_are_reported_not_raised(tmp_path, capsys):
     bad.write_bytes(b"nope")
     assert cli.main(["inspect", str(bad)]) == 2
     assert "kiln: error" in capsys.readouterr().err
+
+
+DEMO_ONNX = str(__import__("pathlib").Path(__file__).parents[1] / "examples" / "models"
+                / "demo_resnet.onnx")
+
+
+def test_compile_onnx_and_run_by_name(tmp_path, capsys):
+    """``kiln compile model.onnx -o m.kiln`` then ``kiln run m.kiln --input name=file.npy``."""
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    path = str(tmp_path / "demo.kiln")
+    assert cli.main(["compile", DEMO_ONNX, "-o", path]) == 0
+    assert "kernels" in capsys.readouterr().out
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32), dtype=np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert cli.main(["run", path, "--input", f"image={tmp_path / 'x.npy'}", "--repeat", "2",
+                     "-o", str(tmp_path / "y.npy")]) == 0
+    out = capsys.readouterr().out
+    assert "output 0: shape (2, 10) dtype float32" in out and "latency: median" in out
+    ref = ReferenceEvaluator(onnx.load(DEMO_ONNX)).run(None, {"image": x})[0]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), ref, rtol=1e-4, atol=1e-4)
+    # random inputs; the symbolic batch takes --dim
+    assert cli.main(["run", path, "--dim", "batch=3", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "input image: random float32 (3, 3, 32, 32)" in out
+    assert "output 0: shape (3, 10)" in out
+    # a wrong input name is a clear error
+    with pytest.raises(SystemExit, match="one of \\['image'\\]"):
+        cli.main(["run", path, "--input", f"nope={tmp_path / 'x.npy'}"])
+
+
+def test_show_onnx_model(capsys):
+    assert cli.main(["show", DEMO_ONNX, "--stage", "optimized"]) == 0
+    assert "call_tir" in capsys.readouterr().out
