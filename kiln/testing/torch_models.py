@@ -112,6 +112,17 @@ def mobilenet_v2(num_classes: int = 1000) -> Any:
     return MobileNetV2()
 
 
+def mlp(sizes: tuple[int, ...] = (784, 1024, 1024, 10)) -> Any:
+    """Linear-ReLU layers (no ReLU after the last): the MLP of the speed targets."""
+    torch = _torch()
+    layers: list[Any] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(torch.nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
 def bert_encoder(layers: int = 6, hidden: int = 768, heads: int = 12, ffn: int = 3072,
                  vocab: int = 30522, max_len: int = 512) -> Any:
     """A BERT-style encoder: embeddings + ``layers`` post-LN transformer blocks (GELU FFN).
@@ -191,10 +202,13 @@ def export_onnx(module: Any, example_inputs: tuple[Any, ...], input_names: list[
 
 
 def example_inputs(name: str, batch: int = 1, seq: int = 128, seed: int = 0) -> list[np.ndarray]:
-    """Random inputs for ``resnet18``/``mobilenet_v2`` (images) or ``bert_encoder`` (ids+mask)."""
+    """Random inputs for ``resnet18``/``mobilenet_v2`` (images), ``mlp`` (batch x 784) or
+    ``bert_encoder`` (token ids + attention mask)."""
     rng = np.random.default_rng(seed)
     if name in ("resnet18", "mobilenet_v2"):
         return [rng.standard_normal((batch, 3, 224, 224), dtype=np.float32)]
+    if name == "mlp":
+        return [rng.standard_normal((batch, 784), dtype=np.float32)]
     if name == "bert_encoder":
         ids = rng.integers(0, 30522, size=(batch, seq), dtype=np.int64)
         mask = np.ones((batch, seq), dtype=np.int64)
@@ -204,11 +218,13 @@ def example_inputs(name: str, batch: int = 1, seq: int = 128, seed: int = 0) -> 
 
 
 MODELS = {"resnet18": (resnet18, ["input"]), "mobilenet_v2": (mobilenet_v2, ["input"]),
+          "mlp": (mlp, ["input"]),
           "bert_encoder": (bert_encoder, ["input_ids", "attention_mask"])}
 
 
-def onnx_model(name: str, batch: int = 1, dynamic_batch: bool = False) -> tuple[bytes, list]:
-    """(ONNX bytes, example numpy inputs) for one of ``MODELS``."""
+def exported(name: str, batch: int = 1, dynamic_batch: bool = False) -> tuple[Any, bytes, list]:
+    """(torch module in eval mode, its ONNX bytes, example numpy inputs) for one of ``MODELS``;
+    the module is the exported one, so torch eager and the ONNX file compute the same thing."""
     torch = _torch()
     make, names = MODELS[name]
     torch.manual_seed(0)
@@ -216,4 +232,10 @@ def onnx_model(name: str, batch: int = 1, dynamic_batch: bool = False) -> tuple[
     inputs = example_inputs(name, batch)
     data = export_onnx(module, tuple(torch.from_numpy(a) for a in inputs), names,
                        dynamic_batch=dynamic_batch)
+    return module, data, inputs
+
+
+def onnx_model(name: str, batch: int = 1, dynamic_batch: bool = False) -> tuple[bytes, list]:
+    """(ONNX bytes, example numpy inputs) for one of ``MODELS``."""
+    _, data, inputs = exported(name, batch, dynamic_batch)
     return data, inputs

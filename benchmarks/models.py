@@ -1,0 +1,169 @@
+"""Whole-model speed: kiln next to onnxruntime and torch eager, in one run.
+
+    python benchmarks/models.py                    # every model
+    python benchmarks/models.py resnet18 mlp_b1    # some of them
+    python benchmarks/models.py --memory           # + peak memory of ResNet-18, kiln vs ORT
+    python benchmarks/models.py --bf16             # + bfloat16 (ToMixedPrecision) variants
+
+The networks (``kiln.testing.torch_models``) are exported from PyTorch to ONNX with random
+weights; kiln imports the ONNX file at the default opt level (``-O`` to change). Every engine
+gets the same thread count (``KILN_BENCH_THREADS``, default 2). Prints the median latency of each
+engine and kiln / onnxruntime (lower is better; the target of the CPU-speed issue is <= 1.2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+THREADS = int(os.environ.get("KILN_BENCH_THREADS", "2"))
+
+# name -> (torch_models name, batch)
+CASES = {
+    "resnet18": ("resnet18", 1),
+    "mobilenet_v2": ("mobilenet_v2", 1),
+    "mlp_b1": ("mlp", 1),
+    "mlp_b64": ("mlp", 64),
+    "bert_seq128": ("bert_encoder", 1),
+}
+
+
+def _ort_session(path: str):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = THREADS
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+
+def _kiln_build(path: str, opt_level: int, bf16: bool = False):
+    import kiln
+    from kiln.frontend.onnx import from_onnx
+    from kiln.transform import PassContext, ToMixedPrecision
+
+    mod, params = from_onnx(path)
+    if bf16:
+        mod = kiln.transform.BindParams("main", params)(mod)
+        params = None
+        mod = ToMixedPrecision("bfloat16")(mod)
+    with PassContext(opt_level=opt_level):
+        exe = kiln.build(mod, params=params)
+    exe.set_num_threads(THREADS)
+    return exe
+
+
+def _rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(out.astype(np.float64) - ref).max() / np.abs(ref).max())
+
+
+def bench_case(name: str, opt_level: int, bf16: bool) -> None:
+    import torch
+
+    from kiln.testing import torch_models
+    from kiln.testing.timing import median_seconds
+
+    model_name, batch = CASES[name]
+    module, data, inputs = torch_models.exported(model_name, batch)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"{name}.onnx")
+        with open(path, "wb") as f:
+            f.write(data)
+        sess = _ort_session(path)
+        feeds = {i.name: a for i, a in zip(sess.get_inputs(), inputs)}
+        ref = sess.run(None, feeds)[0]
+        t_ort = median_seconds(lambda: sess.run(None, feeds))
+
+        exe = _kiln_build(path, opt_level)
+        out = np.asarray(exe(**feeds))
+        err = _rel_err(out, ref)
+        t_kiln = median_seconds(lambda: exe(**feeds))
+
+        torch.set_num_threads(THREADS)
+        targs = [torch.from_numpy(a) for a in inputs]
+        with torch.inference_mode():
+            t_torch = median_seconds(lambda: module(*targs))
+        print(f"{name:14s} kiln {t_kiln * 1e3:9.3f} ms | onnxruntime {t_ort * 1e3:9.3f} ms | "
+              f"torch {t_torch * 1e3:9.3f} ms | kiln/ort {t_kiln / t_ort:6.2f} | "
+              f"rel.err {err:.1e} | {exe.num_kernels} kernels", flush=True)
+        if bf16:
+            exe16 = _kiln_build(path, opt_level, bf16=True)
+            out16 = np.asarray(exe16(**feeds)).astype(np.float32)
+            t16 = median_seconds(lambda: exe16(**feeds))
+            print(f"{name + ' bf16':14s} kiln {t16 * 1e3:9.3f} ms | speed-up over ORT fp32 "
+                  f"{t_ort / t16:5.2f}x | rel.err vs fp32 ORT {_rel_err(out16, ref):.1e}",
+                  flush=True)
+
+
+_MEMORY_CHILD = r"""
+import os, resource, sys
+import numpy as np
+engine, path = sys.argv[1], sys.argv[2]
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+if engine == "ort":
+    import onnxruntime
+else:
+    import kiln, kiln.frontend.onnx
+x = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
+base = rss()
+if engine == "ort":
+    sys.path.insert(0, sys.argv[3]); from models import _ort_session
+    s = _ort_session(path); run = lambda: s.run(None, {"input": x})
+else:
+    sys.path.insert(0, sys.argv[3]); from models import _kiln_build
+    exe = _kiln_build(path, int(sys.argv[4])); run = lambda: exe(input=x)
+for _ in range(3):
+    run()
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(peak - base)
+"""
+
+
+def bench_memory(opt_level: int) -> None:
+    """Peak resident memory added by loading and running ResNet-18 (fresh process per engine,
+    measured from just before the model is loaded; weights included)."""
+    from kiln.testing import torch_models
+
+    data, _ = torch_models.onnx_model("resnet18")
+    here = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "resnet18.onnx")
+        with open(path, "wb") as f:
+            f.write(data)
+        peaks = {}
+        for engine in ("kiln", "ort"):
+            res = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, engine, path, here,
+                                  str(opt_level)], capture_output=True, text=True, check=True)
+            peaks[engine] = int(res.stdout.strip().splitlines()[-1])
+    print(f"resnet18 peak memory: kiln {peaks['kiln'] / 2**20:.1f} MiB | onnxruntime "
+          f"{peaks['ort'] / 2**20:.1f} MiB | kiln/ort {peaks['kiln'] / peaks['ort']:.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("cases", nargs="*", help=f"subset of {sorted(CASES)}")
+    ap.add_argument("-O", "--opt-level", type=int, default=2)
+    ap.add_argument("--memory", action="store_true")
+    ap.add_argument("--bf16", action="store_true")
+    args = ap.parse_args(argv)
+    unknown = set(args.cases) - set(CASES)
+    if unknown:
+        ap.error(f"unknown cases {sorted(unknown)}; choose from {sorted(CASES)}")
+    print(f"threads: {THREADS}; kiln opt level {args.opt_level}")
+    for name in args.cases or CASES:
+        bench_case(name, args.opt_level, args.bf16)
+    if args.memory:
+        bench_memory(args.opt_level)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
