@@ -14,6 +14,11 @@ fusion, layout and combine passes, schedules) match one form. The rewrites, all 
 - ``matmul(x, transpose(w))`` with a 2-d ``w`` -> ``dense(x, w)``: the weight-transposed matrix
   product (ONNX ``MatMul`` of a ``Transpose``, PyTorch ``linear``) is kiln's ``dense``, whose
   schedule reads the ``[units, in]`` weight directly; the transpose is left for DCE.
+- A **constant** weight goes the other way: ``dense(x, W)`` and ``matmul(x, transpose(W))``
+  with a constant 2-d ``W`` -> ``matmul(x, W.T)`` with ``W.T`` stored transposed at compile
+  time. ``dense`` must transpose (or read across) its weight on every call, while matmul's
+  schedule streams the ``[in, units]`` rows contiguously and vectorizes along the units, also
+  for a single row (GEMV); so ``dense`` is kept for weights known only at run time.
 - ``multiply(x, sigmoid(x))`` (either order) -> ``silu(x)``: SiLU/swish as exported by
   frameworks, one fused element-wise op.
 - ``power(x, 2)`` with a float x and a constant exponent of 2 that does not broadcast x ->
@@ -25,6 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+import numpy as np
 
 from ..graph import expr as gx
 from ..graph.struct_info import TensorStructInfo, TupleStructInfo
@@ -115,6 +122,8 @@ class _Canonicalizer(RewriteMutator):
             return value.replace(attrs=attrs)
         if name == "matmul":
             return self._dense(value)
+        if name == "dense":
+            return self._constant_dense(value)
         if name == "multiply":
             return self._silu(value)
         if name == "power":
@@ -130,9 +139,26 @@ class _Canonicalizer(RewriteMutator):
         if axes is not None and tuple(a % 2 for a in axes) != (1, 0):
             return None
         out_dtype = call.attrs.out_dtype if call.attrs is not None else None
+        if self.constant_of(t.args[0]) is not None:
+            return self._matmul_transposed_const(x, t.args[0], out_dtype)
         from ..op.registry import get_op_def
 
         return call_op("dense", [x, t.args[0]], get_op_def("dense").make_attrs(out_dtype))
+
+    def _constant_dense(self, call: gx.Call) -> gx.Expr | None:
+        x, w = call.args
+        if self.constant_of(w) is None or _ndim(w) != 2:
+            return None
+        out_dtype = call.attrs.out_dtype if call.attrs is not None else None
+        return self._matmul_transposed_const(x, w, out_dtype)
+
+    def _matmul_transposed_const(self, x: gx.Expr, w: gx.Expr, out_dtype: Any) -> gx.Expr:
+        """``matmul(x, W.T)`` with the transposed constant made now (see the module doc)."""
+        from ..graph import const
+        from ..op.registry import get_op_def
+
+        wt = np.ascontiguousarray(self.constant_of(w).data.T)
+        return call_op("matmul", [x, const(wt)], get_op_def("matmul").make_attrs(out_dtype))
 
     def _silu(self, call: gx.Call) -> gx.Expr | None:
         a, b = call.args

@@ -88,6 +88,32 @@ def test_matmul_of_transposed_weight_becomes_dense():
                                atol=1e-5)
 
 
+def test_constant_weights_become_matmul_with_the_weight_transposed_at_compile_time():
+    """dense(x, W) and matmul(x, transpose(W)) with a constant W -> matmul(x, W.T)."""
+    x = g.Var("x", _t(3, 8))
+    w = RNG.standard_normal((16, 8)).astype("float32")
+    for spell in ("dense", "matmul_transpose"):
+        bb = g.BlockBuilder()
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                if spell == "dense":
+                    out = bb.emit_output(op.dense(x, g.const(w)))
+                else:
+                    wt = bb.emit(op.transpose(g.const(w)))
+                    out = bb.emit_output(op.matmul(x, wt))
+            bb.emit_func_output(out)
+        mod = bb.get()
+        after = DeadCodeElimination()(CanonicalizeOps()(mod))
+        bb = g.BlockBuilder()
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                out = bb.emit_output(op.matmul(x, g.const(np.ascontiguousarray(w.T))))
+            bb.emit_func_output(out)
+        assert_structural_equal(after["main"], bb.get()["main"])
+        xs = RNG.standard_normal((3, 8)).astype("float32")
+        np.testing.assert_allclose(kiln.build(after)(xs), xs @ w.T, rtol=1e-5, atol=1e-5)
+
+
 def test_matmul_of_other_transposes_is_kept():
     x, w = g.Var("x", _t(2, 4, 8)), g.Var("w", _t(2, 4, 8))
     bb = g.BlockBuilder()

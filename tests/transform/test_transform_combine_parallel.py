@@ -67,6 +67,24 @@ def test_dense_branches_with_bias_and_relu_combine():
     _same_numerics(mod, after, _rand(4, 16))
 
 
+def test_matmul_branches_with_constant_weights_combine_along_units():
+    """matmul(x, W) with 2-d [in, units] weights (the canonical form of constant weights)."""
+    x = g.Var("x", _t(2, 4, 16))
+    bb = g.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            outs = [bb.emit(op.add(bb.emit(op.matmul(x, g.const(w.T.copy()))), g.const(b)))
+                    for w, b in zip(WS, BS)]
+            out = bb.emit_output(g.Tuple(outs))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    after = CombineParallelDense()(mod)
+    names = [b.value.op.name for b in after["main"].body.blocks[0].bindings
+             if isinstance(b.value, g.Call) and hasattr(b.value.op, "name")]
+    assert names.count("matmul") == 1 and names.count("add") == 1
+    _same_numerics(mod, after, _rand(2, 4, 16))
+
+
 def test_dense_followers_that_differ_stay_per_branch():
     """Only the dense ops combine when the branches' followers differ; a scalar constant that
     is the same in every branch combines (shared, not concatenated)."""
