@@ -202,16 +202,30 @@ class DumpIR(PrintIRInstrument):
 # ---------------------------------------------------------------------------------------------
 # well-formedness
 # ---------------------------------------------------------------------------------------------
+def _result_types(mod: IRModule) -> dict[str, object]:
+    """Result StructInfo of every graph function of ``mod``, by name."""
+    from ..graph import expr as gx
+
+    return {name: func.ret_struct_info for name, func in mod.items()
+            if isinstance(func, gx.Function) and func.ret_struct_info is not None}
+
+
 class WellFormedInstrument(PassInstrument):
     """Check ``kiln.ir.well_formed`` after every pass; the error names the pass that broke it.
 
     With ``check_input`` (default) a pass's input is checked too unless it is the module the
     previous check accepted, so an ill-formed *input* is not blamed on the first pass.
+
+    A pass must also keep the *result* type of every graph function it does not remove: a
+    function whose output turns from ``(4,)`` float32 into ``(1,)`` float16 is well formed on its
+    own, but every caller (and every user of the executable) breaks. Parameters may change
+    (BindParams removes some); results may not.
     """
 
     def __init__(self, check_input: bool = True):
         self.check_input = check_input
         self._last_ok: weakref.ref[IRModule] | None = None
+        self._results: dict[str, object] = {}
 
     def _known_good(self, mod: IRModule) -> bool:
         return self._last_ok is not None and self._last_ok() is mod
@@ -220,9 +234,19 @@ class WellFormedInstrument(PassInstrument):
         if self.check_input and not self._known_good(mod):
             self._check(mod, f"the input of pass {info.name} is not well formed (the IR was "
                              "built or changed outside a pass)")
+        self._results = _result_types(mod)
 
     def run_after_pass(self, mod: IRModule, info: PassInfo) -> None:
         self._check(mod, f"pass {info.name} produced ill-formed IR")
+        from ..ir.node import structural_equal
+
+        after = _result_types(mod)
+        changed = [f"{name}: {before} -> {after[name]}" for name, before in self._results.items()
+                   if name in after and not structural_equal(before, after[name])]
+        if changed:
+            listing = "\n  ".join(changed)
+            raise WellFormedError(f"pass {info.name} changed the result type of graph "
+                                  f"functions:\n  {listing}")
 
     def _check(self, mod: IRModule, what: str) -> None:
         from ..ir.well_formed import well_formed

@@ -191,6 +191,27 @@ def test_well_formed_instrument_does_not_blame_a_pass_for_its_input():
             instr_test_sleep(broken)
 
 
+@module_pass(opt_level=0)
+def instr_test_narrower(mod, ctx):
+    """Well-formed output whose main returns (4,) instead of (4, 8): callers would break."""
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo((4, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            gv = bb.emit_output(op.sum(x, axis=1))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def test_well_formed_instrument_catches_a_changed_result_type():
+    with PassContext(instruments=[WellFormedInstrument()]):
+        with pytest.raises(WellFormedError) as err:
+            instr_test_narrower(_module())
+    msg = str(err.value)
+    assert msg.startswith("pass instr_test_narrower changed the result type")
+    assert "main:" in msg and "(4, 8)" in msg
+
+
 def test_without_the_instrument_broken_ir_passes_through():
     with PassContext(instruments=()):
         out = instr_test_breaker(LegalizeOps()(_module()))
