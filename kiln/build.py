@@ -46,8 +46,10 @@ SIMPLIFY_PASSES = ("CanonicalizeOps", "SimplifyExpr", "FoldConstant", "Eliminate
 INFERENCE_PASSES = ("SimplifyInference",)
 #: After LegalizeOps at opt level >= 2.
 FUSION_PASSES = ("AnnotateTIROpPattern", "FuseOps", "FuseTIR")
-#: Layout choices at opt level >= 3, after simplification (AlterOpLayout gets the target;
-#: FoldConstant/DCE then clean up the transformed constant weights).
+#: Layout choices at opt level >= 2, after simplification (AlterOpLayout gets the target;
+#: FoldConstant/DCE then clean up the transformed constant weights). Measured on ResNet-18
+#: (1x3x224x224): 12.9x onnxruntime's latency without them, 1.6x with NCHW8c convolutions, and
+#: no model got slower, so they belong to the default level.
 LAYOUT_PASSES = ("CombineParallelConv2D", "CombineParallelDense", "ConvertLayout",
                  "AlterOpLayout", "FoldConstant", "DeadCodeElimination")
 
@@ -66,7 +68,7 @@ def default_pipeline(opt_level: int | None = None, target: Target | str | None =
         passes += _declared(INFERENCE_PASSES)
     if level >= 1:
         passes += _declared(SIMPLIFY_PASSES)
-    if level >= 3:
+    if level >= 2:
         from .transform.alter_op_layout import AlterOpLayout
 
         passes += [AlterOpLayout(target=Target.create(target)) if p.info.name == "AlterOpLayout"

@@ -38,6 +38,8 @@ def resnet():
     for level in (0, 2, 3):
         with PassContext(opt_level=level):
             exes[level] = kiln.build(model.mod)
+    with PassContext(opt_level=2, disabled_pass=["AlterOpLayout"]):
+        exes["nchw"] = kiln.build(model.mod)
     return model, exes
 
 
@@ -46,14 +48,15 @@ def test_resnet_fused_build_has_fewer_kernels_and_same_numerics(resnet):
     # opt 0: stem conv-bn-relu (3) + 2 blocks x (conv-bn-relu, conv-bn-add-relu) (14)
     #        + pool, reshape, dense, bias add (4)
     assert exes[0].num_kernels == 21
-    # opt 2: each conv with its epilogue, pool, reshape, dense+bias
-    assert exes[2].num_kernels == 8
-    # opt 3: AlterOpLayout runs the convs in NCHW8c: one more kernel transforms the input
-    # (the weights are transformed at compile time)
-    assert exes[3].num_kernels == 9
+    # without layout changes: each conv with its epilogue, pool, reshape, dense+bias
+    assert exes["nchw"].num_kernels == 8
+    # opt 2 (and 3): AlterOpLayout runs the convs in NCHW8c: one more kernel transforms the
+    # input (the weights are transformed at compile time)
+    assert exes[2].num_kernels == exes[3].num_kernels == 9
     out0 = exes[0](*model.inputs)
     out3 = exes[3](*model.inputs)
     np.testing.assert_allclose(exes[2](*model.inputs), out0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(exes["nchw"](*model.inputs), out0, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out3, out0, rtol=1e-5, atol=1e-5)
     ref = model.reference(*model.inputs)
     np.testing.assert_allclose(out3, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
@@ -122,7 +125,7 @@ def fused_conv_func():
             h = bb.emit(op.add(bb.emit(op.nn.conv2d(x, w, padding=1)), b))
             r = bb.emit_output(op.nn.relu(h))
         bb.emit_func_output(r)
-    with PassContext(opt_level=2):
+    with PassContext(opt_level=2, disabled_pass=["AlterOpLayout"]):  # the NCHW conv2d
         mod = default_pipeline()(bb.get())
     return bb.get(), mod["fused_conv2d_add_relu"]
 

@@ -27,7 +27,7 @@ from .pass_infra import PassContext, function_pass
 __all__ = ["AlterOpLayout"]
 
 
-@function_pass(opt_level=3)
+@function_pass(opt_level=2)
 class AlterOpLayout:
     """Rewrite ops to the layouts their per-target alter_layout hooks choose (conv2d -> NCHWc)."""
 

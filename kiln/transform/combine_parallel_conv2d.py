@@ -36,7 +36,7 @@ def analyze_conv2d(call: gx.Call) -> BranchInfo | None:
                       out_axis=Layout(call.attrs.data_layout).index("C"), units=shape[o_axis])
 
 
-@function_pass(opt_level=3)
+@function_pass(opt_level=2)
 class CombineParallelConv2D:
     """Combine conv2d ops that share their input into one conv2d on concatenated weights."""
 

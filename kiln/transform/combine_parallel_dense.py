@@ -39,7 +39,7 @@ def analyze_dense(call: gx.Call) -> BranchInfo | None:
                       weight_axis=weight_axis, out_axis=xs.ndim - 1, units=units)
 
 
-@function_pass(opt_level=3)
+@function_pass(opt_level=2)
 class CombineParallelDense:
     """Combine dense ops that share their input into one dense on concatenated weights."""
 

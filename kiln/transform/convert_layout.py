@@ -12,7 +12,7 @@ Without arguments the pass reads the desired layouts from the PassContext config
 ``transform.convert_layout.desired_layouts`` and does nothing when none are set, so a pipeline
 can include it unconditionally and users opt in per build::
 
-    with PassContext(opt_level=3, config={
+    with PassContext(opt_level=2, config={
             "transform.convert_layout.desired_layouts": {"nn.conv2d": ("NHWC", "default")}}):
         exe = kiln.build(mod)
 """
@@ -106,7 +106,7 @@ def _decider(desired: dict[str, tuple[str, ...]]):
     return decide
 
 
-@function_pass(opt_level=3)
+@function_pass(opt_level=2)
 class ConvertLayout:
     """Rewrite chosen ops (conv2d, pooling) to desired layouts; transforms only at boundaries."""
 
