@@ -51,7 +51,8 @@ _BITS_MAX = layout_field_range("bits")[1]
 
 
 class TypeCode(IntEnum):
-    """Type codes; values follow DLPack's DLDataTypeCode."""
+    """Type codes; values follow DLPack's DLDataTypeCode (DLPack 1.1 for the float8, float6
+    and float4 formats; each of those codes names one format, so its ``bits`` is fixed)."""
 
     INT = 0
     UINT = 1
@@ -59,6 +60,60 @@ class TypeCode(IntEnum):
     HANDLE = 3
     BFLOAT = 4
     BOOL = 6
+    FLOAT8_E3M4 = 7
+    FLOAT8_E4M3 = 8
+    FLOAT8_E4M3B11FNUZ = 9
+    FLOAT8_E4M3FN = 10
+    FLOAT8_E4M3FNUZ = 11
+    FLOAT8_E5M2 = 12
+    FLOAT8_E5M2FNUZ = 13
+    FLOAT8_E8M0FNU = 14
+    FLOAT6_E2M3FN = 15
+    FLOAT6_E3M2FN = 16
+    FLOAT4_E2M1FN = 17
+
+
+@dataclass(frozen=True, slots=True)
+class MiniFloat:
+    """The encoding of a float narrower than 16 bits (OCP / ml_dtypes naming).
+
+    ``kind`` says how the special values are encoded, which is all that differs between the
+    formats beyond the field widths and the exponent ``bias``:
+
+    - ``"ieee"``: like IEEE 754 (exponent all ones: Inf when the mantissa is 0, else NaN);
+    - ``"fn"``: finite, NaN is ``S.1111.111`` (all exponent and mantissa bits set), no Inf;
+    - ``"fnuz"``: finite, no negative zero; NaN is the bit pattern of -0 (``0x80``);
+    - ``"fnu"``: unsigned exponent-only (e8m0): value ``2^(e - bias)``, NaN is ``0xff``, no 0;
+    - ``"finite"``: no Inf and no NaN (float4/float6): conversions saturate.
+    """
+
+    name: str
+    bits: int
+    ebits: int
+    mbits: int
+    bias: int
+    kind: str
+
+    @property
+    def signed(self) -> bool:
+        return self.kind != "fnu"
+
+
+#: Every float8/float6/float4 format: type code -> encoding. Storage is one byte per element.
+MINIFLOATS: dict[TypeCode, MiniFloat] = {
+    TypeCode.FLOAT8_E3M4: MiniFloat("float8_e3m4", 8, 3, 4, 3, "ieee"),
+    TypeCode.FLOAT8_E4M3: MiniFloat("float8_e4m3", 8, 4, 3, 7, "ieee"),
+    TypeCode.FLOAT8_E4M3B11FNUZ: MiniFloat("float8_e4m3b11fnuz", 8, 4, 3, 11, "fnuz"),
+    TypeCode.FLOAT8_E4M3FN: MiniFloat("float8_e4m3fn", 8, 4, 3, 7, "fn"),
+    TypeCode.FLOAT8_E4M3FNUZ: MiniFloat("float8_e4m3fnuz", 8, 4, 3, 8, "fnuz"),
+    TypeCode.FLOAT8_E5M2: MiniFloat("float8_e5m2", 8, 5, 2, 15, "ieee"),
+    TypeCode.FLOAT8_E5M2FNUZ: MiniFloat("float8_e5m2fnuz", 8, 5, 2, 16, "fnuz"),
+    TypeCode.FLOAT8_E8M0FNU: MiniFloat("float8_e8m0fnu", 8, 8, 0, 127, "fnu"),
+    TypeCode.FLOAT6_E2M3FN: MiniFloat("float6_e2m3fn", 6, 2, 3, 1, "finite"),
+    TypeCode.FLOAT6_E3M2FN: MiniFloat("float6_e3m2fn", 6, 3, 2, 3, "finite"),
+    TypeCode.FLOAT4_E2M1FN: MiniFloat("float4_e2m1fn", 4, 2, 1, 1, "finite"),
+}
+_MINIFLOAT_BY_NAME = {f.name: code for code, f in MINIFLOATS.items()}
 
 
 _CODE_NAMES = {
@@ -71,6 +126,12 @@ _CODE_NAMES = {
 }
 
 _DTYPE_RE = re.compile(r"^(int|uint|float|bfloat|handle|bool)(\d+)?(?:x(\d+))?$")
+# Longest names first, so that ``float8_e4m3fnuz`` is not read as ``float8_e4m3fn`` + junk.
+_MINIFLOAT_RE = re.compile(
+    r"^(" + "|".join(sorted(_MINIFLOAT_BY_NAME, key=len, reverse=True)) + r")(?:x(\d+))?$"
+)
+# Integer widths: 2 and 4 bits are stored one element per byte, like ml_dtypes.
+_INT_BITS = (2, 4, 8, 16, 32, 64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +157,11 @@ class DataType:
                 bits = 1
             elif code == TypeCode.HANDLE:
                 bits = 64
+            elif code in MINIFLOATS:
+                bits = MINIFLOATS[code].bits
+        if code in MINIFLOATS and bits != MINIFLOATS[code].bits:
+            raise DTypeError(f"{MINIFLOATS[code].name} has {MINIFLOATS[code].bits} bits, "
+                             f"got {bits}")
         if not 1 <= lanes <= _LANES_MAX:
             raise DTypeError(f"lanes must be in [1, {_LANES_MAX}], got {lanes}")
         if not 0 < bits <= _BITS_MAX:
@@ -108,6 +174,10 @@ class DataType:
     @staticmethod
     @functools.lru_cache(maxsize=1024)
     def parse(text: str) -> DataType:
+        mf = _MINIFLOAT_RE.match(text.strip())
+        if mf:
+            code = _MINIFLOAT_BY_NAME[mf.group(1)]
+            return DataType(code, MINIFLOATS[code].bits, int(mf.group(2)) if mf.group(2) else 1)
         m = _DTYPE_RE.match(text.strip())
         if not m:
             raise DTypeError(f"cannot parse data type {text!r}")
@@ -131,7 +201,7 @@ class DataType:
             raise DTypeError(f"unsupported float width in {text!r}")
         if kind == "bfloat" and nbits != 16:
             raise DTypeError(f"only bfloat16 is supported, got {text!r}")
-        if kind in ("int", "uint") and nbits not in (8, 16, 32, 64):
+        if kind in ("int", "uint") and nbits not in _INT_BITS:
             raise DTypeError(f"unsupported integer width in {text!r}")
         return DataType(code, nbits, int(lanes) if lanes else 1)
 
@@ -140,6 +210,8 @@ class DataType:
             base = "bool"
         elif self.code == TypeCode.HANDLE:
             base = "handle"
+        elif self.code in MINIFLOATS:
+            base = MINIFLOATS[self.code].name
         else:
             base = f"{_CODE_NAMES[self.code]}{self.bits}"
         return base if self.lanes == 1 else f"{base}x{self.lanes}"
@@ -182,8 +254,23 @@ class DataType:
 
     @property
     def is_float(self) -> bool:
-        """True for IEEE floats and bfloat16."""
-        return self.code in (TypeCode.FLOAT, TypeCode.BFLOAT)
+        """True for IEEE floats, bfloat16 and the float8/float6/float4 formats."""
+        return self.code in (TypeCode.FLOAT, TypeCode.BFLOAT) or self.code in MINIFLOATS
+
+    @property
+    def is_minifloat(self) -> bool:
+        """A float8/float6/float4 format (see :data:`MINIFLOATS`)."""
+        return self.code in MINIFLOATS
+
+    @property
+    def minifloat(self) -> MiniFloat | None:
+        """The encoding of a float8/float6/float4 type, else None."""
+        return MINIFLOATS.get(self.code)
+
+    @property
+    def is_subbyte(self) -> bool:
+        """Narrower than a byte (int4, uint2, float4_e2m1fn...): stored one element per byte."""
+        return self.code not in (TypeCode.BOOL, TypeCode.HANDLE) and self.bits < 8
 
     @property
     def is_bfloat(self) -> bool:
@@ -224,11 +311,16 @@ class DataType:
 
     # ---- numpy interop ------------------------------------------------------------------
     def to_numpy(self) -> np.dtype:
-        """The numpy dtype of one lane (vector types map to their element type)."""
+        """The numpy dtype of one lane (vector types map to their element type); bfloat16, the
+        float8/float6/float4 formats and 2/4-bit integers are ``ml_dtypes`` types."""
         if self.code == TypeCode.BFLOAT:
             import ml_dtypes
 
             return np.dtype(ml_dtypes.bfloat16)
+        if self.code in MINIFLOATS or (self.is_integer and self.bits < 8):
+            import ml_dtypes
+
+            return np.dtype(getattr(ml_dtypes, str(self.element)))
         if self.code == TypeCode.BOOL:
             return np.dtype(np.bool_)
         if self.code == TypeCode.HANDLE:
@@ -240,12 +332,20 @@ class DataType:
         dt = np.dtype(dtype)
         if dt.name == "bfloat16":
             return DataType(TypeCode.BFLOAT, 16, 1)
+        if dt.name in _ML_DTYPES_NAMES and dt.kind in "Vf":
+            return DataType.parse(dt.name)
         if dt.kind == "b":
             return DataType(TypeCode.BOOL, 1, 1)
         kinds = {"i": TypeCode.INT, "u": TypeCode.UINT, "f": TypeCode.FLOAT}
         if dt.kind not in kinds:
             raise DTypeError(f"numpy dtype {dt} has no kiln equivalent")
         return DataType(kinds[dt.kind], dt.itemsize * 8, 1)
+
+
+# ml_dtypes types with a kiln equivalent (numpy ``kind`` "V", "f" for float8_e5m2).
+_ML_DTYPES_NAMES = frozenset(
+    [*_MINIFLOAT_BY_NAME, "int2", "uint2", "int4", "uint4"]
+)
 
 
 @functools.lru_cache(maxsize=256)
@@ -257,9 +357,21 @@ def _element(code: int, bits: int) -> DataType:
 def _value_range(code: int, bits: int) -> tuple[int | float, int | float]:
     if code in (TypeCode.FLOAT, TypeCode.BFLOAT):
         return -float("inf"), float("inf")
+    if code in MINIFLOATS:
+        # Formats without Inf: the finite extremes (the identity of a max/min reduction).
+        fmt = MINIFLOATS[TypeCode(code)]
+        if fmt.kind == "ieee":
+            return -float("inf"), float("inf")
+        import ml_dtypes
+
+        info = ml_dtypes.finfo(getattr(ml_dtypes, fmt.name))
+        lo = float(info.smallest_normal) if fmt.kind == "fnu" else -float(info.max)
+        return lo, float(info.max)
     if code == TypeCode.BOOL:
         return 0, 1
-    return _INT_RANGES[f"{_CODE_NAMES[TypeCode(code)]}{bits}"]
+    if code == TypeCode.INT:
+        return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    return 0, 2**bits - 1
 
 
 def as_dtype(value: Any) -> DataType:

@@ -13,7 +13,10 @@ Copies happen in two cases only, both documented behaviour:
 - a Python number passed for a scalar parameter becomes a 0-d array of the parameter's dtype.
 
 Data types follow DLPack: ``bool`` is type code 6 with 8 bits (one byte per element, as numpy
-stores it), ``bfloat16`` arrays are ``ml_dtypes.bfloat16``.
+stores it), ``bfloat16`` arrays are ``ml_dtypes.bfloat16``. float8/float6/float4 arrays (DLPack
+codes 7..17) and 2/4-bit integer arrays are ``ml_dtypes`` arrays too, one element per byte: the
+DLTensor keeps their logical width (``int4``: code 0, bits 4) and the storage is *padded*
+(DLPack's ``DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED`` layout, not its packed default).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from ..ir.errors import ArgumentError
 
 
 def dl_dtype_fields(dtype: Any) -> tuple[int, int, int]:
-    """(code, bits, lanes) of ``dtype`` as a DLTensor carries it (bool is 8 bits)."""
+    """(code, bits, lanes) of ``dtype`` as a DLTensor carries it (bool is 8 bits; sub-byte
+    types keep their width, stored one element per byte)."""
     dt = as_dtype(dtype)
     bits = 8 if dt.is_bool else dt.bits
     return int(dt.code), bits, dt.lanes

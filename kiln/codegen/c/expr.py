@@ -7,10 +7,12 @@ Semantics kept from TIR, not inherited from C:
 - ``FloorDiv``/``FloorMod`` round toward minus infinity: plain ``/`` and ``%`` only when the
   operands are provably non-negative (``analyzer``), a helper otherwise;
 - ``Min``/``Max`` on floats propagate NaN like numpy;
-- float16/bfloat16 values are held in float32 (``float``, ``float32xN`` vectors): loads widen
-  exactly, arithmetic is float32 arithmetic, stores and explicit casts to float16/bfloat16 round
-  to nearest even. With ``helpers.native_fp16`` (a target with AVX512-FP16) float16 values are
-  ``_Float16`` and arithmetic rounds to float16 after every operation (see :mod:`.types`);
+- 2/4-bit integers are held in 8 bits and wrap to their width (loads sign-extend);
+- float16/bfloat16 (and float8/float6/float4) values are held in float32 (``float``,
+  ``float32xN`` vectors): loads widen exactly, arithmetic is float32 arithmetic, stores and
+  explicit casts to these types round to nearest even. With ``helpers.native_fp16`` (a target
+  with AVX512-FP16) float16 values are ``_Float16`` and arithmetic rounds to float16 after
+  every operation (see :mod:`.types`);
 - bool vectors are lane masks (see :mod:`.types`); :meth:`ExprEmitter.mask_bits` tracks the
   lane width of the mask an expression produces and conversions are inserted where widths meet.
 """
@@ -29,6 +31,7 @@ from .types import (
     is_low_float,
     storage_ctype,
     value_ctype,
+    wrap_int,
 )
 
 _BIN_OPS = {
@@ -168,7 +171,11 @@ class ExprEmitter:
         a, b = self._operand(e.a, e.b), self._operand(e.b, e.a)
         text = f"({a} {op} {b})"
         dt = e.dtype
-        if dt.lanes == 1 and isinstance(e, _WRAPPING) and _is_narrow_int(dt):
+        if isinstance(e, _WRAPPING) and dt.is_integer and dt.bits < 8:
+            text = wrap_int(dt, text)
+            if dt.lanes == 1:
+                text = f"(({value_ctype(dt)}){text})"
+        elif dt.lanes == 1 and isinstance(e, _WRAPPING) and _is_narrow_int(dt):
             text = f"(({value_ctype(dt)}){text})"
         return text
 
@@ -290,9 +297,9 @@ class ExprEmitter:
         if self.widened(dst):
             if src.element == dst.element:
                 return v
-            key, fn = ("bf16", "kiln_bf16_round") if dst.is_bfloat else ("f16", "kiln_f16_round")
-            self.helpers.use(key)
-            return f"{fn}((float)({v}))"
+            return f"kiln_{self.helpers.soft_float(dst)}_round((float)({v}))"
+        if dst.is_integer and dst.bits < 8:
+            return f"(({self.scalar_ctype(dst)}){wrap_int(dst, f'(int64_t)({v})')})"
         return f"(({self.scalar_ctype(dst)})({v}))"
 
     def float32_value(self, e: E.PrimExpr) -> str:
@@ -324,7 +331,12 @@ class ExprEmitter:
             m = self.expr(e.value)
             return f"__builtin_convertvector(-{m}, {target})"
         v = self.expr(e.value)
-        if self.compute_dtype(src) != self.compute_dtype(dst):
+        if dst.is_integer and dst.bits < 8:  # wrap from 32 bits: exact for any int32 value
+            if src.is_float:
+                i32 = self.helpers.vec(DataType("int32"), dst.lanes)
+                v = f"__builtin_convertvector({v}, {i32})"
+            v = wrap_int(dst, v)
+        if self.compute_dtype(src) != self.compute_dtype(dst) or dst.is_integer and dst.bits < 8:
             v = f"__builtin_convertvector({v}, {target})"
         if self.widened(dst) and src.element != dst.element:
             v = f"{self.helpers.lowp_round(dst, dst.lanes)}({v})"
@@ -372,6 +384,8 @@ class ExprEmitter:
                 return f"({raw} != 0)"
             if self.widened(el):
                 return self.widen_scalar(el, raw)
+            if el.is_int and el.bits < 8:  # stored zero-extended: sign-extend
+                return f"(({self.scalar_ctype(el)}){wrap_int(el, raw)})"
             return raw
         lanes = e.dtype.lanes
         if self.widened(el):
@@ -393,23 +407,17 @@ class ExprEmitter:
             raw = f"{fn}({ptr}, {self.expr(idx)})"
         if el.is_bool:
             return f"({raw} != ({vt}){{0}})"
+        if el.is_int and el.bits < 8:
+            return wrap_int(el, raw)
         return raw
 
     def widen_scalar(self, el: DataType, raw: str) -> str:
-        """A float16/bfloat16 storage value (16 bits) as a float."""
-        if el.is_bfloat:
-            self.helpers.use("bf16")
-            return f"kiln_bf16_to_f32({raw})"
-        self.helpers.use("f16")
-        return f"kiln_f16_to_f32({raw})"
+        """A soft float's storage bits (float16/bfloat16/float8...) as a float."""
+        return f"kiln_{self.helpers.soft_float(el)}_to_f32({raw})"
 
     def narrow_scalar(self, el: DataType, value: str) -> str:
-        """A float value rounded to float16/bfloat16 storage bits (nearest even)."""
-        if el.is_bfloat:
-            self.helpers.use("bf16")
-            return f"kiln_f32_to_bf16({value})"
-        self.helpers.use("f16")
-        return f"kiln_f32_to_f16({value})"
+        """A float value rounded to a soft float's storage bits (nearest even)."""
+        return f"kiln_f32_to_{self.helpers.soft_float(el)}({value})"
 
     def _widened_vector_load(self, e: E.BufferLoad, ptr: str, idx: E.PrimExpr) -> str:
         el, lanes = e.buffer.dtype.element, e.dtype.lanes
@@ -422,8 +430,8 @@ class ExprEmitter:
         vt = self.helpers.vec(F32, lanes)
         it = self.ctype_of(idx)
         lane = self.widen_scalar(el, "a0[a1[l]]")
-        fn = self.helpers.lanewise(f"gather_{el}_{vt}_{it}", vt, ["const uint16_t*", it], lanes,
-                                   lane)
+        fn = self.helpers.lanewise(f"gather_{el}_{vt}_{it}", vt,
+                                   [f"const {self.storage_ctype(el)}*", it], lanes, lane)
         return f"{fn}({ptr}, {self.expr(idx)})"
 
     # ---- calls ----------------------------------------------------------------------------

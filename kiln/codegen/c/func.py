@@ -22,7 +22,7 @@ from ...tir.transform.flatten_buffers import flat_size
 from .expr import ExprEmitter
 from .helpers import Helpers
 from .names import NameTable
-from .types import c_string, value_ctype
+from .types import c_string, soft_float_storage, value_ctype, wrap_int
 
 #: Largest "local" allocation (bytes) placed on the stack; larger ones go to the heap.
 STACK_LIMIT = 64 * 1024
@@ -125,8 +125,11 @@ class FunctionEmitter(ExprEmitter):
                 ct = self.scalar_ctype(p.dtype)
                 name = self.define_var(p)
                 if self.widened(p.dtype):
-                    raw = f"*(const uint16_t*)data[{i}]"
+                    raw = f"*(const {self.storage_ctype(p.dtype)}*)data[{i}]"
                     self.line(f"const {ct} {name} = {self.widen_scalar(p.dtype, raw)};")
+                elif p.dtype.is_int and p.dtype.bits < 8:
+                    raw = f"*(const {ct}*)data[{i}]"
+                    self.line(f"const {ct} {name} = ({ct}){wrap_int(p.dtype, raw)};")
                 else:
                     self.line(f"const {ct} {name} = *(const {ct}*)data[{i}];")
                 continue
@@ -269,14 +272,18 @@ class FunctionEmitter(ExprEmitter):
                 v = _strip_parens(self.expr(value))
                 if el.is_bool:
                     v = f"(uint8_t)({v})"
+                elif el.is_int and el.bits < 8:  # the bit pattern, zero-extended
+                    v = f"({self.scalar_ctype(el)})({v} & {(1 << el.bits) - 1})"
             self.line(f"{ptr}[{_strip_parens(self.expr(idx))}] = {v};")
             return
-        storage_el = DataType("uint8") if el.is_bool else el
-        if self.widened(el):  # stored as 16-bit patterns, rounded to nearest even
-            storage_el = DataType("uint16")
+        storage_el = DataType("uint8") if el.is_bool else self.compute_dtype(el)
+        if self.widened(el):  # stored as bit patterns, rounded to nearest even
+            storage_el = soft_float_storage(el)
             v = copy or f"{self.helpers.lowp_bits(el, lanes)}({self.float32_value(value)})"
         else:
             v = self.expr(value)
+            if el.is_int and el.bits < 8:
+                v = f"({v} & {(1 << el.bits) - 1})"
         vt = self.helpers.vec(storage_el, lanes)
         if el.is_bool:
             v = f"__builtin_convertvector(-{v}, {vt})"
@@ -298,7 +305,7 @@ class FunctionEmitter(ExprEmitter):
 
 
     def _lowp_copy(self, el: DataType, value: E.PrimExpr) -> str | None:
-        """The 16-bit patterns of a widened float16/bfloat16 value that is a plain (scalar or
+        """The bit patterns of a widened float16/bfloat16/float8 value that is a plain (scalar or
         contiguous) load of the same type: copied as is, with no conversion."""
         if not (self.widened(el) and isinstance(value, E.BufferLoad)
                 and value.buffer.dtype.element == el and len(value.indices) == 1):
@@ -310,7 +317,7 @@ class FunctionEmitter(ExprEmitter):
         base = self.contiguous_base(idx)
         if base is None:
             return None
-        vt = self.helpers.vec(DataType("uint16"), value.dtype.lanes)
+        vt = self.helpers.vec(soft_float_storage(el), value.dtype.lanes)
         return f"(*({vt}_u*)({src} + {self.expr(base)}))"
 
 

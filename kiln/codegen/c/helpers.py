@@ -8,8 +8,9 @@ NaN-propagating min/max, floor division) are generated from the type.
 
 from __future__ import annotations
 
-from ...ir.dtype import DataType
-from .types import value_ctype, vector_name
+from ...ir.dtype import MINIFLOATS, DataType
+from .minifloat import helper_code as minifloat_helper_code
+from .types import soft_float_storage, soft_float_tag, value_ctype, vector_name
 
 ENTRY_SUPPORT = r"""
 /* ---- argument checking; failures leave a message for kiln_last_error() ---- */
@@ -34,9 +35,11 @@ static void kiln_dtype_str(char* out, size_t n, DLDataType t) {
     case 3: base = "handle"; break;
     case 4: base = "bfloat"; break;
     case 6: base = "bool"; break;
+@MINIFLOAT_CASES@
     default: base = "unknown"; break;
   }
-  int k = (t.code == 6) ? snprintf(out, n, "bool") : snprintf(out, n, "%s%d", base, (int)t.bits);
+  int named = t.code >= 6;  /* bool and the float8/float6/float4 names carry their width */
+  int k = named ? snprintf(out, n, "%s", base) : snprintf(out, n, "%s%d", base, (int)t.bits);
   if (t.lanes != 1 && k > 0 && (size_t)k < n) snprintf(out + k, n - (size_t)k, "x%d", (int)t.lanes);
 }
 
@@ -119,6 +122,10 @@ static inline void* kiln_data(const DLTensor* t) {
   return (void*)((char*)t->data + t->byte_offset);
 }
 """
+
+# The dtype names of the float8/float6/float4 type codes, from kiln.ir.dtype's one table.
+ENTRY_SUPPORT = ENTRY_SUPPORT.replace("@MINIFLOAT_CASES@", "\n".join(
+    f'    case {int(code)}: base = "{fmt.name}"; break;' for code, fmt in MINIFLOATS.items()))
 
 _FIXED: dict[str, tuple[str, tuple[str, ...]]] = {
     "alloc": (r"""
@@ -298,6 +305,19 @@ class Helpers:
                 self.use(d)
             self._funcs[key] = code
 
+    def soft_float(self, dt: DataType) -> str:
+        """Request the float32 conversions of a soft float (see :mod:`.types`); returns its
+        tag, so that the functions are ``kiln_<tag>_to_f32``, ``kiln_f32_to_<tag>`` and
+        ``kiln_<tag>_round``."""
+        t = soft_float_tag(dt, self.native_fp16)
+        if t is None:
+            raise KeyError(f"{dt} is not held in float32")
+        if t in _FIXED:
+            self.use(t)
+        else:
+            self._add(t, minifloat_helper_code(dt.element.minifloat))
+        return t
+
     def _add(self, name: str, code: str) -> str:
         if name not in self._funcs:
             self._funcs[name] = code
@@ -383,8 +403,15 @@ class Helpers:
     # ---- low-precision float vectors (held as float32 vectors) -----------------------------
     def lowp_load(self, dt: DataType, lanes: int) -> str:
         """``load(const uint16_t* p) -> float32xL``: ``lanes`` contiguous float16/bfloat16
-        values widened to float32 (exact)."""
+        values widened to float32 (exact); float8/float4 (``const uint8_t* p``) lane by lane."""
         fv = self.vec(DataType("float32"), lanes)
+        if dt.element.is_minifloat:
+            t = self.soft_float(dt)
+            name = f"kiln_load_{t}_{fv}"
+            body = (f"  {fv} r;\n"
+                    f"  for (int l = 0; l < {lanes}; ++l) r[l] = kiln_{t}_to_f32(p[l]);\n"
+                    f"  return r;\n")
+            return self._add(name, f"static inline {fv} {name}(const uint8_t* p) {{\n{body}}}\n")
         if dt.element.is_bfloat:
             self.use("bf16")
             hv = self.vec(DataType("uint16"), lanes)
@@ -406,8 +433,16 @@ class Helpers:
 
     def lowp_bits(self, dt: DataType, lanes: int) -> str:
         """``bits(float32xL v) -> uint16xL``: each lane rounded to nearest even float16 or
-        bfloat16 (NaN stays NaN), as 16-bit patterns."""
+        bfloat16 (NaN stays NaN), as 16-bit patterns (``uint8xL`` for float8/float4)."""
         fv = self.vec(DataType("float32"), lanes)
+        if dt.element.is_minifloat:
+            t = self.soft_float(dt)
+            bv = self.vec(DataType("uint8"), lanes)
+            name = f"kiln_bits_{t}_{fv}"
+            body = (f"  {bv} r;\n"
+                    f"  for (int l = 0; l < {lanes}; ++l) r[l] = kiln_f32_to_{t}(v[l]);\n"
+                    f"  return r;\n")
+            return self._add(name, f"static inline {bv} {name}({fv} v) {{\n{body}}}\n")
         hv = self.vec(DataType("uint16"), lanes)
         if dt.element.is_bfloat:
             uv = self.vec(DataType("uint32"), lanes)
@@ -431,18 +466,19 @@ class Helpers:
     def lowp_unbits(self, dt: DataType, lanes: int) -> str:
         """``unbits(uint16xL h) -> float32xL``: 16-bit patterns widened to float32."""
         fv = self.vec(DataType("float32"), lanes)
-        hv = self.vec(DataType("uint16"), lanes)
+        st = soft_float_storage(dt)
+        hv = self.vec(st, lanes)
         load = self.lowp_load(dt, lanes)
-        name = f"kiln_unbits_{'bf16' if dt.element.is_bfloat else 'f16'}_{fv}"
+        name = f"kiln_unbits_{self.soft_float(dt)}_{fv}"
         return self._add(name, f"static inline {fv} {name}({hv} h) {{ return {load}((const "
-                               f"uint16_t*)&h); }}\n")
+                               f"{value_ctype(st)}*)&h); }}\n")
 
     def lowp_round(self, dt: DataType, lanes: int) -> str:
         """``round(float32xL v) -> float32xL``: each lane rounded to float16/bfloat16."""
         fv = self.vec(DataType("float32"), lanes)
         bits = self.lowp_bits(dt, lanes)
         unbits = self.lowp_unbits(dt, lanes)
-        name = f"kiln_round_{'bf16' if dt.element.is_bfloat else 'f16'}_{fv}"
+        name = f"kiln_round_{self.soft_float(dt)}_{fv}"
         return self._add(name, f"static inline {fv} {name}({fv} v) {{ return {unbits}({bits}"
                                f"(v)); }}\n")
 
