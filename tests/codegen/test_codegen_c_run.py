@@ -126,18 +126,20 @@ def test_matmul_loop_nest_scheduled():
 
 
 def test_intermediate_buffers_heap_and_unroll_pragma():
-    A = te.placeholder((16, 16), "float32", name="A")
-    B = te.compute((16, 16), lambda i, j: A[i, j] * 2.0, name="B")
-    C = te.compute((16, 16), lambda i, j: B[j, i] + 1.0, name="C")
+    A = te.placeholder((16, 128), "float32", name="A")
+    B = te.compute((128, 16), lambda i, j: A[j, i] * 2.0, name="B")
+    C = te.compute((16, 128), lambda i, j: B[j, i] + 1.0, name="C")
     sch = Schedule(te.create_prim_func([A, C]))
-    sch.unroll(sch.get_loops(sch.get_block("C"))[1])
+    sch.unroll(sch.get_loops(sch.get_block("C"))[1])  # 128 copies: too many, a pragma
+    sch.unroll(sch.get_loops(sch.get_block("B"))[1])  # 16 copies: written out
     mod = cg.build({"twostage": sch.func})
     assert "kiln_alloc(" in mod.source and "free(B);" in mod.source
-    assert "#pragma GCC unroll 16" in mod.source
-    a = RNG.standard_normal((16, 16), dtype=np.float32)
+    assert mod.source.count("#pragma GCC unroll") == 1
+    assert "#pragma GCC unroll 128" in mod.source
+    a = RNG.standard_normal((16, 128), dtype=np.float32)
     c = np.empty_like(a)
     mod["twostage"](a, c)
-    np.testing.assert_allclose(c, a.T * 2 + 1, rtol=1e-6)
+    np.testing.assert_allclose(c, a * 2 + 1, rtol=1e-6)
 
 
 def test_local_buffer_on_stack_and_nested_parallel_serialized():

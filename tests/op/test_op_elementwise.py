@@ -379,7 +379,8 @@ def test_graph_end_to_end_symbolic():
         want = np.where(want_mask, np_gelu(xv + bv), -np.exp(xv))
         np.testing.assert_array_equal(got_mask, want_mask)
         assert got_z.dtype == np.float16 and got_z.shape == (rows, 16)
-        np.testing.assert_allclose(got_z, np.clip(want, -1, 1).astype(np.float16), rtol=1e-3)
+        np.testing.assert_allclose(got_z, np.clip(want, -1, 1).astype(np.float16), rtol=1e-3,
+                                   atol=1e-6)  # gelu(x << 0) = x * (1 + erf): cancellation
 
 
 def test_schedule_injective_inlines_intermediate_stages():

@@ -8,6 +8,7 @@ from ..function import PrimFunc
 from .convert_blocks_to_loops import convert_blocks_to_loops
 from .flatten_buffers import flatten_buffers
 from .simplify import simplify
+from .unroll_loops import unroll_loops
 from .vectorize_loops import vectorize_loops
 
 #: Attribute set on a lowered function so that codegen does not lower it twice.
@@ -21,8 +22,9 @@ def is_lowered(func: PrimFunc) -> bool:
 def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     """Lower ``func`` for ``target`` (a Target, a target string or None for the default CPU).
 
-    Runs, in order: convert blocks to loops, flatten buffers, simplify, vectorize loops, and
-    simplify again (vectorization leaves ``Ramp(i * 8 + 0, ...)``-style bases). The result
+    Runs, in order: convert blocks to loops, flatten buffers, simplify, vectorize loops, write
+    out small unrolled loops, and simplify again (vectorization leaves ``Ramp(i * 8 + 0, ...)``-
+    style bases, unrolling constant indices). The result
     carries the ``"kiln.lowered"`` attribute; lowering a lowered function returns it unchanged.
     """
     if is_lowered(func):
@@ -32,5 +34,6 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     func = flatten_buffers(func)
     func = simplify(func)
     func = vectorize_loops(func)
+    func = unroll_loops(func)
     func = simplify(func)
     return func.with_attr(LOWERED_ATTR, True)
