@@ -8,6 +8,12 @@ Result dtypes: ``sum``/``prod`` keep the input dtype, except bool which counts i
 float16/bfloat16 ``sum``/``mean``/``prod`` accumulate in float32 and round once at the end.
 ``argmax``/``argmin`` return int64 indices of the first occurrence of the extreme value; with
 ``axis=None`` the index is into the flattened tensor.
+
+``reduce_to(x, shape, kind)`` reduces to a same-rank ``shape`` whose dims are each 1 (reduced)
+or x's dim (kept), possibly symbolic: the form a reduction takes when *which* axes it reduces is
+only known at run time (ONNX reductions whose ``axes`` is a graph input; a host shape function
+binds the dims). Output element ``o`` reduces ``x[o + k]`` over ``k_d < x_d - shape_d + 1``, so a
+kept axis has a one-step reduction loop and a reduced one the whole axis.
 """
 
 from __future__ import annotations
@@ -32,8 +38,9 @@ from .elementwise import (
 )
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpDef, OpPattern, register_op
 from .schedule_helpers import schedule_reduction
+from .sort import topk  # noqa: F401 - selection lives in sort.py; exported with the reductions
 
-__all__ = ["sum", "mean", "max", "min", "prod", "argmax", "argmin"]
+__all__ = ["sum", "mean", "max", "min", "prod", "argmax", "argmin", "reduce_to", "topk"]
 
 
 @dataclass(frozen=True)
@@ -387,4 +394,104 @@ argmax = _declare(
 )
 argmin = _declare(
     "argmin", MixedPrecision.FOLLOW, "Index (int64) of the first minimum.", arg_reduce=True
+)
+
+
+# ---- reduce_to: reduced axes chosen at run time ---------------------------------------------
+_REDUCE_TO_KINDS = ("sum", "max", "min", "prod", "logsumexp")
+
+
+@dataclass(frozen=True)
+class ReduceToAttrs:
+    """``shape``: the result shape, of x's rank, each dim 1 or x's dim (ints or int64
+    PrimExprs); ``kind``: sum, max, min, prod or logsumexp (``log(sum(exp(x)))``, shifted by
+    the maximum so that it does not overflow)."""
+
+    shape: tuple[Any, ...]
+    kind: str = "sum"
+
+    def __post_init__(self):
+        from .shape import shape_attr_value
+
+        object.__setattr__(self, "shape", shape_attr_value(self.shape, "reduce_to"))
+        if self.kind not in _REDUCE_TO_KINDS:
+            raise KilnError(f"reduce_to: kind must be one of {_REDUCE_TO_KINDS}, got "
+                            f"{self.kind!r}")
+
+
+def _reduce_to_dtype(kind: str, dtype: DataType) -> DataType:
+    return dtype if kind == "logsumexp" else _result_dtype(kind, dtype)
+
+
+def _reduce_to_infer(call: Any) -> Any:
+    from .elementwise import as_dim
+
+    x = tensor_arg(call, 0, "reduce_to", "x")
+    attrs = call.attrs
+    dtype = as_dtype(x.dtype)
+    if dtype.is_handle or (attrs.kind == "logsumexp" and not dtype.is_float):
+        raise StructInfoError(f"reduce_to: x must be a tensor of numbers (floats for "
+                              f"logsumexp), got dtype {dtype} for kind {attrs.kind!r}")
+    ndim = arg_ndim(x)
+    if ndim >= 0 and ndim != len(attrs.shape):
+        raise StructInfoError(f"reduce_to: shape {attrs.shape} must have x's rank {ndim}")
+    return tensor_sinfo(tuple(as_dim(d) for d in attrs.shape), _reduce_to_dtype(attrs.kind, dtype))
+
+
+def _reduce_to_compute(x: te.Tensor, attrs: ReduceToAttrs) -> te.Tensor:
+    from .elementwise import as_dim, simplify
+
+    out = tuple(as_dim(d) for d in attrs.shape)
+    one = tx.const(INDEX_DTYPE, 1)
+
+    def axes() -> list[Any]:
+        return [te.reduce_axis((0, simplify(x.shape[d] - out[d] + one)), name=f"k{d}")
+                for d in range(x.ndim)]
+
+    def load(o: Sequence[PrimExpr], red: Sequence[Any], dtype: DataType) -> PrimExpr:
+        return tx.cast(dtype, x(*[simplify(i + r.var) for i, r in zip(o, red)]))
+
+    kind = attrs.kind
+    if kind in ("max", "min"):
+        reducer = te.max if kind == "max" else te.min
+        red_mm = axes()
+        return te.compute(out, lambda *o: reducer(load(o, red_mm, x.dtype), axis=red_mm),
+                          name="reduce_to")
+    acc = _accumulator(x.dtype)
+    if kind != "logsumexp":
+        red = axes()
+        reducer = _prod if kind == "prod" else te.sum
+        total = te.compute(out, lambda *o: reducer(load(o, red, acc), axis=red),
+                           name="reduce_to")
+        return _finish(total, _result_dtype(kind, x.dtype), "reduce_to_cast")
+    red_m = axes()
+    peak = te.compute(out, lambda *o: te.max(load(o, red_m, acc), axis=red_m),
+                      name="reduce_to_max")
+    inf = tx.const(acc, float("inf"))
+
+    def shift(o: Sequence[PrimExpr]) -> PrimExpr:  # an infinite maximum shifts by 0
+        m = peak(*o)
+        return tx.select(tx.lt(tx.fabs(m), inf), m, tx.const(acc, 0))
+
+    red_s = axes()
+    total = te.compute(out, lambda *o: te.sum(tx.exp(load(o, red_s, acc) - shift(o)),
+                                              axis=red_s), name="reduce_to_sum")
+    return te.compute(out, lambda *o: tx.cast(x.dtype, tx.log(total(*o)) + shift(o)),
+                      name="reduce_to")
+
+
+reduce_to = register_op(
+    "reduce_to",
+    inputs=("x",),
+    infer=_reduce_to_infer,
+    pattern=OpPattern.COMM_REDUCE,
+    attrs=ReduceToAttrs,
+    compute=_reduce_to_compute,
+    schedules={"c": schedule_reduction},
+    mixed_precision=MixedPrecision.NEVER,
+    # made by the ONNX importer for inference graphs with run-time axes; a gradient would need
+    # its own run-time shape steps (the static reductions above carry the rules)
+    gradient=NON_DIFFERENTIABLE,
+    doc="Reduce to a same-rank shape of 1s (reduced axes) and x's dims (kept), symbolic dims "
+        "allowed (reduced axes chosen at run time).",
 )
