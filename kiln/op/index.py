@@ -1,3 +1,494 @@
-"""Indexing operators: gather_elements, gather_nd, scatter_elements, scatter_nd."""
+"""Indexing operators: gather_elements, gather_nd, scatter_elements, scatter_nd (ONNX semantics).
+
+Indices may be negative (counted from the end of their axis). Gathers are tensor expressions
+(each output element reads one input element: INJECTIVE). An index outside its axis cannot be
+reported from generated code without aborting the process, so gathers clamp it into range and
+scatters skip the update (ONNX leaves both undefined).
+
+Scatters are loop programs, written as block TIR by their ``legalize`` hook: a parallel copy of
+``data`` into the output, then a block that walks the updates in row-major order and combines
+each into the output. Only lines of updates that can never collide (scatter_elements: every
+axis but ``axis``; scatter_nd: the slice axes) are iteration variables a schedule may
+parallelize; within a line the walk is sequential. That makes repeated indices well defined:
+with ``reduction="none"`` the last write wins (as in the ONNX reference), and the reductions
+(``add``, ``mul``, ``max``, ``min``) accumulate every update.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import te, tir
+from ..ir.dtype import as_dtype
+from ..ir.errors import KilnError, StructInfoError
+from ..tir import expr as tx
+from ..tir.expr import PrimExpr
+from .elementwise import (
+    INDEX_DTYPE,
+    arg_ndim,
+    arg_shape,
+    const_int,
+    dims_equal,
+    fmt_shape,
+    normalize_axis,
+    tensor_arg,
+    tensor_sinfo,
+)
+from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
+from .schedule_helpers import PARALLEL_MIN_WORK, schedule_injective
+
+__all__ = ["gather_elements", "gather_nd", "scatter_elements", "scatter_nd"]
+
+REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def _zero() -> PrimExpr:
+    return tx.const(INDEX_DTYPE, 0)
+
+
+def _wrap_negative(v: PrimExpr, n: PrimExpr) -> PrimExpr:
+    """An index as int64 with a negative value counted from the end of an axis of size ``n``."""
+    v = tx.cast(INDEX_DTYPE, v)
+    return tx.select(v < _zero(), v + n, v)
+
+
+def _clamped(v: PrimExpr, n: PrimExpr) -> PrimExpr:
+    """A gather index resolved and clamped into ``[0, n)`` (loads never leave the buffer)."""
+    return tx.max(tx.min(_wrap_negative(v, n), n - 1), _zero())
+
+
+def _integer_indices(op: str, sinfo: Any) -> None:
+    if not as_dtype(sinfo.dtype).is_integer:
+        raise StructInfoError(f"{op}: indices must be an integer tensor, got dtype {sinfo.dtype}")
+
+
+# =============================================================================================
+# gather_elements
+# =============================================================================================
+@dataclass(frozen=True)
+class GatherElementsAttrs:
+    """``axis``: the axis the indices select along (negative counts from the end)."""
+
+    axis: int = 0
+
+    def __post_init__(self):
+        if isinstance(self.axis, bool) or not isinstance(self.axis, int):
+            raise KilnError(f"gather_elements: axis must be an int, got {self.axis!r}")
+
+
+def _gather_elements_infer(call: Any) -> Any:
+    op = "gather_elements"
+    data, ind = tensor_arg(call, 0, op, "data"), tensor_arg(call, 1, op, "indices")
+    _integer_indices(op, ind)
+    attrs = call.attrs or GatherElementsAttrs()
+    nd, ni = arg_ndim(data), arg_ndim(ind)
+    if nd >= 0 and ni >= 0 and nd != ni:
+        raise StructInfoError(f"{op}: data (rank {nd}) and indices (rank {ni}) must have the "
+                              "same rank")
+    if nd >= 0:
+        normalize_axis(attrs.axis, nd, op)
+    return tensor_sinfo(arg_shape(ind), data.dtype, ndim=ni)
+
+
+def _gather_elements_compute(data: te.Tensor, indices: te.Tensor,
+                             attrs: GatherElementsAttrs | None = None) -> te.Tensor:
+    """``out[i] = data[i with i[axis] replaced by indices[i]]``."""
+    attrs = attrs or GatherElementsAttrs()
+    axis = normalize_axis(attrs.axis, data.ndim, "gather_elements")
+    n = data.shape[axis]
+
+    def body(*i: PrimExpr) -> PrimExpr:
+        return data(*i[:axis], _clamped(indices(*i), n), *i[axis + 1:])
+
+    return te.compute(indices.shape, body, name="gather_elements")
+
+
+gather_elements = register_op(
+    "gather_elements",
+    inputs=("data", "indices"),
+    attrs=GatherElementsAttrs,
+    infer=_gather_elements_infer,
+    pattern=OpPattern.INJECTIVE,
+    compute=_gather_elements_compute,
+    schedules={"c": schedule_injective},
+    mixed_precision=MixedPrecision.FOLLOW,
+    gradient=NON_DIFFERENTIABLE,
+    doc="Gather along ``axis`` element by element: the result has the shape of ``indices`` "
+    "(ONNX GatherElements, numpy ``take_along_axis``).",
+)
+
+
+# =============================================================================================
+# gather_nd
+# =============================================================================================
+@dataclass(frozen=True)
+class GatherNDAttrs:
+    """``batch_dims``: leading axes shared by data and indices (not indexed)."""
+
+    batch_dims: int = 0
+
+    def __post_init__(self):
+        b = self.batch_dims
+        if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+            raise KilnError(f"gather_nd: batch_dims must be a non-negative int, got {b!r}")
+
+
+def _nd_depth(op: str, ishape: Sequence[Any], data_ndim: int, batch_dims: int) -> int:
+    """The static length ``k`` of the index tuples (last axis of indices), checked."""
+    if not ishape:
+        raise StructInfoError(f"{op}: indices must have rank >= 1")
+    k = const_int(ishape[-1])
+    if k is None:
+        raise StructInfoError(f"{op}: the last axis of indices must be static, got "
+                              f"{fmt_shape(ishape)}")
+    if batch_dims + k > data_ndim or batch_dims >= len(ishape):
+        raise StructInfoError(f"{op}: batch_dims {batch_dims} + index length {k} does not fit "
+                              f"data of rank {data_ndim} and indices {fmt_shape(ishape)}")
+    return k
+
+
+def _gather_nd_infer(call: Any) -> Any:
+    op = "gather_nd"
+    data, ind = tensor_arg(call, 0, op, "data"), tensor_arg(call, 1, op, "indices")
+    _integer_indices(op, ind)
+    b = (call.attrs or GatherNDAttrs()).batch_dims
+    shape, ishape = arg_shape(data), arg_shape(ind)
+    if shape is None or ishape is None:
+        return tensor_sinfo(None, data.dtype)
+    k = _nd_depth(op, ishape, len(shape), b)
+    for d in range(b):
+        if not dims_equal(shape[d], ishape[d]):
+            raise StructInfoError(f"{op}: batch dimension {d} differs: data {fmt_shape(shape)}, "
+                                  f"indices {fmt_shape(ishape)}")
+    return tensor_sinfo([*ishape[:-1], *shape[b + k:]], data.dtype)
+
+
+def _gather_nd_compute(data: te.Tensor, indices: te.Tensor,
+                       attrs: GatherNDAttrs | None = None) -> te.Tensor:
+    """``out[batch, q, rest] = data[batch, indices[batch, q, :], rest]``."""
+    b = (attrs or GatherNDAttrs()).batch_dims
+    q = indices.ndim - 1
+    k = _nd_depth("gather_nd", indices.shape, data.ndim, b)
+
+    def body(*i: PrimExpr) -> PrimExpr:
+        pos = [_clamped(indices(*i[:q], tx.const(INDEX_DTYPE, j)), data.shape[b + j])
+               for j in range(k)]
+        return data(*i[:b], *pos, *i[q:])
+
+    shape = [*indices.shape[:-1], *data.shape[b + k:]]
+    return te.compute(shape, body, name="gather_nd")
+
+
+gather_nd = register_op(
+    "gather_nd",
+    inputs=("data", "indices"),
+    attrs=GatherNDAttrs,
+    infer=_gather_nd_infer,
+    pattern=OpPattern.INJECTIVE,
+    compute=_gather_nd_compute,
+    schedules={"c": schedule_injective},
+    mixed_precision=MixedPrecision.FOLLOW,
+    gradient=NON_DIFFERENTIABLE,
+    doc="Gather slices of ``data`` addressed by the index tuples in the last axis of "
+    "``indices`` (ONNX GatherND, with ``batch_dims``).",
+)
+
+
+# =============================================================================================
+# scatters: shared loop-program builder
+# =============================================================================================
+def _check_reduction(op: str, reduction: str) -> None:
+    if reduction not in REDUCTIONS:
+        raise KilnError(f"{op}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+
+
+def _combine(reduction: str) -> Callable[[PrimExpr, PrimExpr], PrimExpr]:
+    if reduction == "add":
+        return lambda old, new: old + new
+    if reduction == "mul":
+        return lambda old, new: old * new
+    if reduction == "max":
+        return tx.max
+    if reduction == "min":
+        return tx.min
+    return lambda old, new: new
+
+
+def _nest(extents: Sequence[PrimExpr], prefix: str,
+          body_of: Callable[[list[PrimExpr]], tir.Stmt]) -> tir.Stmt:
+    """Serial loops over ``extents`` around ``body_of(loop vars)``."""
+    vs = [tir.Var(f"{prefix}{k}", INDEX_DTYPE) for k in range(len(extents))]
+    stmt = body_of(vs)
+    for v, e in reversed(list(zip(vs, extents))):
+        stmt = tir.For(v, _zero(), e, tir.ForKind.SERIAL, stmt)
+    return stmt
+
+
+def _copy_stage(src: tir.Buffer, dst: tir.Buffer, name: str) -> tir.Stmt:
+    """A spatial block ``dst[v] = src[v]`` (schedulable like any injective block)."""
+    loop_vars = [tir.Var(f"i{d}", INDEX_DTYPE) for d in range(src.ndim)]
+    iter_vars = [tx.IterVar(tx.Range(_zero(), e), tir.Var(f"v{d}", INDEX_DTYPE),
+                            tx.IterType.DATA_PAR) for d, e in enumerate(src.shape)]
+    idx = tuple(iv.var for iv in iter_vars)
+
+    def point(buf: tir.Buffer) -> tir.BufferRegion:
+        return tir.BufferRegion(buf, tuple(tx.Range(v, tx.const(INDEX_DTYPE, 1)) for v in idx))
+
+    block = tir.Block(tuple(iter_vars), (point(src),), (point(dst),), name,
+                      tir.BufferStore(dst, src.load(idx), idx))
+    stmt: tir.Stmt = tir.BlockRealize(tuple(loop_vars), tir.true_predicate(), block)
+    for lv, iv in reversed(list(zip(loop_vars, iter_vars))):
+        stmt = tir.For(lv, iv.dom.min, iv.dom.extent, tir.ForKind.SERIAL, stmt)
+    return stmt
+
+
+def scatter_prim_func(op: str, data_shape: Sequence[Any], ind_shape: Sequence[Any],
+                      upd_shape: Sequence[Any], dtype: Any, ind_dtype: Any, reduction: str,
+                      target_of: Callable[..., tuple[list[Any], list[PrimExpr], list[PrimExpr]]],
+                      lines: Sequence[int] = (), y_line_axes: Sequence[int] = (),
+                      i_line_axes: Sequence[int] = ()) -> tir.PrimFunc:
+    """The PrimFunc ``(D, I, U, Y)`` of a scatter: ``Y = D`` (block ``<op>_copy``), then the
+    update block ``<op>``: for each update position ``u`` (row-major), ``target_of(u, I, Y)``
+    gives ``(lets, position, conditions)`` -- the resolved indices bound once as
+    ``(var, value)`` lets, the output position and its in-range conditions -- and the update is
+    combined into ``Y`` there (skipped when an index is out of range).
+
+    ``lines``: axes of the updates along which updates never collide (their coordinate is also
+    the output's, at ``y_line_axes``, and the indices', at ``i_line_axes``). They become the
+    update block's spatial iteration variables, so a schedule may run lines in parallel; the
+    other axes are serial loops inside the block, so repeated indices within a line are
+    combined in order.
+    """
+    dbuf = tir.decl_buffer(tuple(data_shape), dtype, "D")
+    ibuf = tir.decl_buffer(tuple(ind_shape), ind_dtype, "I")
+    ubuf = tir.decl_buffer(tuple(upd_shape), dtype, "U")
+    ybuf = tir.decl_buffer(tuple(data_shape), dtype, "Y")
+    combine = _combine(reduction)
+    iter_vars = [tx.IterVar(tx.Range(_zero(), ubuf.shape[d]), tir.Var(f"v{d}", INDEX_DTYPE),
+                            tx.IterType.DATA_PAR) for d in lines]
+    serial = [d for d in range(ubuf.ndim) if d not in lines]
+
+    def update(ss: list[PrimExpr]) -> tir.Stmt:
+        at = dict(zip(lines, (iv.var for iv in iter_vars))) | dict(zip(serial, ss))
+        us = [at[d] for d in range(ubuf.ndim)]
+        lets, dst, conds = target_of(us, ibuf, ybuf)
+        stmt: tir.Stmt = tir.BufferStore(
+            ybuf, combine(ybuf.load(tuple(dst)), ubuf.load(tuple(us))), tuple(dst))
+        stmt = tir.IfThenElse(tx.all_of(conds), stmt) if conds else stmt
+        for var, value in reversed(lets):
+            stmt = tir.LetStmt(var, value, stmt)
+        return stmt
+
+    def region(buf: tir.Buffer, axes: Sequence[int]) -> tir.BufferRegion:
+        """One line of ``buf``: ``axes[j]`` is at line variable ``j``, the rest in full."""
+        var_at = {a: iv.var for a, iv in zip(axes, iter_vars)}
+        return tir.BufferRegion(buf, tuple(
+            tx.Range(var_at[d], tx.const(INDEX_DTYPE, 1)) if d in var_at else
+            tx.Range(_zero(), buf.shape[d]) for d in range(buf.ndim)))
+
+    scatter = tir.Block(tuple(iter_vars),
+                        (region(ibuf, i_line_axes), region(ubuf, lines),
+                         region(ybuf, y_line_axes)),
+                        (region(ybuf, y_line_axes),), op,
+                        _nest([ubuf.shape[d] for d in serial], "s", update))
+    loop_vars = [tir.Var(f"i{d}", INDEX_DTYPE) for d in lines]
+    stmt: tir.Stmt = tir.BlockRealize(tuple(loop_vars), tir.true_predicate(), scatter)
+    for lv, iv in reversed(list(zip(loop_vars, iter_vars))):
+        stmt = tir.For(lv, iv.dom.min, iv.dom.extent, tir.ForKind.SERIAL, stmt)
+    root = tir.Block((), (), (), "root", tir.seq(_copy_stage(dbuf, ybuf, f"{op}_copy"), stmt))
+    params = tuple(tir.Var(nm, "handle") for nm in ("D", "I", "U", "Y"))
+    return tir.PrimFunc(params, dict(zip(params, (dbuf, ibuf, ubuf, ybuf))),
+                        tir.BlockRealize((), tir.true_predicate(), root),
+                        {"global_symbol": op, "num_outputs": 1})
+
+
+# (target_of, update line axes, their output axes, their indices axes): see scatter_prim_func
+_ScatterPlan = tuple[Callable[..., Any], list[int], list[int], list[int]]
+
+
+def _kernel_dims(shapes: Sequence[Sequence[Any]]) -> list[tuple[PrimExpr, ...]]:
+    from .grad import _KernelDims
+
+    dims = _KernelDims()
+    return [dims(s) for s in shapes]
+
+
+def _scatter_legalize(op: str, target_factory: Callable[..., Any]) -> Callable[..., Any]:
+    def legalize(bb: Any, call: Any) -> Any:
+        from ..graph import expr as gx
+        from .registry import get_op_def
+
+        sinfos = [a.struct_info for a in call.args]
+        for name, s in zip(("data", "indices", "updates"), sinfos):
+            if arg_shape(s) is None:
+                raise StructInfoError(f"LegalizeOps: {op} needs {name} of known shape")
+        dshape, ishape, ushape = _kernel_dims([arg_shape(s) for s in sinfos])
+        attrs = call.attrs or get_op_def(op).attrs()
+        target_of, lines, y_axes, i_axes = target_factory(attrs, dshape, ishape)
+        func = scatter_prim_func(op, dshape, ishape, ushape, sinfos[0].dtype, sinfos[1].dtype,
+                                 attrs.reduction, target_of, lines, y_axes, i_axes)
+        opdef = get_op_def(op)
+        func = func.with_attr("op_name", op).with_attr("op_pattern", int(opdef.pattern))
+        gvar = bb.add_func(func, op)
+        return gx.call_tir(gvar, list(call.args), call.struct_info)
+
+    return legalize
+
+
+def _schedule_scatter(sch: Any, target: Any) -> None:
+    """The copy is injective (parallel, vectorized). Update lines are independent: their loops
+    are fused into one, parallel when there is enough work; inside a line the updates stay
+    sequential (indices may repeat, and the order decides which repeated write wins)."""
+    name = sch.func.attrs.get("op_name", "scatter_elements")
+    schedule_injective(sch, target, block=sch.get_block(f"{name}_copy"))
+    loops = sch.get_loops(sch.get_block(name))
+    if not loops or getattr(target, "num_threads", 0) == 1:
+        return
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    n_lines = const_int(sch.get(fused).extent)
+    updates = sch.func.buffer_map[sch.func.params[2]]
+    work: int | None = 1
+    for d in updates.shape:
+        work = None if work is None or const_int(d) is None else work * const_int(d)
+    if (n_lines is None or n_lines > 1) and (work is None or work >= PARALLEL_MIN_WORK):
+        sch.parallel(fused)
+
+
+def _scatter_common_infer(op: str, call: Any, reduction: str) -> tuple[Any, Any, Any]:
+    data = tensor_arg(call, 0, op, "data")
+    ind = tensor_arg(call, 1, op, "indices")
+    upd = tensor_arg(call, 2, op, "updates")
+    _integer_indices(op, ind)
+    if as_dtype(upd.dtype) != as_dtype(data.dtype):
+        raise StructInfoError(f"{op}: updates ({upd.dtype}) must have the dtype of data "
+                              f"({data.dtype})")
+    if as_dtype(data.dtype).is_bool and reduction in ("add", "mul"):
+        raise StructInfoError(f"{op}: reduction {reduction!r} is not defined for bool data")
+    return data, ind, upd
+
+
+# =============================================================================================
+# scatter_elements
+# =============================================================================================
+@dataclass(frozen=True)
+class ScatterElementsAttrs:
+    """``axis``: the axis indices address; ``reduction``: none (last write wins), add, mul,
+    max or min."""
+
+    axis: int = 0
+    reduction: str = "none"
+
+    def __post_init__(self):
+        if isinstance(self.axis, bool) or not isinstance(self.axis, int):
+            raise KilnError(f"scatter_elements: axis must be an int, got {self.axis!r}")
+        _check_reduction("scatter_elements", self.reduction)
+
+
+def _scatter_elements_infer(call: Any) -> Any:
+    op = "scatter_elements"
+    attrs = call.attrs or ScatterElementsAttrs()
+    data, ind, upd = _scatter_common_infer(op, call, attrs.reduction)
+    nd = arg_ndim(data)
+    for name, s in (("indices", ind), ("updates", upd)):
+        if nd >= 0 and arg_ndim(s) >= 0 and arg_ndim(s) != nd:
+            raise StructInfoError(f"{op}: {name} (rank {arg_ndim(s)}) must have the rank of "
+                                  f"data ({nd})")
+    ishape, ushape = arg_shape(ind), arg_shape(upd)
+    if ishape is not None and ushape is not None and not all(
+            dims_equal(a, b) for a, b in zip(ishape, ushape)):
+        raise StructInfoError(f"{op}: indices {fmt_shape(ishape)} and updates "
+                              f"{fmt_shape(ushape)} must have the same shape")
+    if nd >= 0:
+        normalize_axis(attrs.axis, nd, op)
+    return tensor_sinfo(arg_shape(data), data.dtype, ndim=nd)
+
+
+def _elements_target(attrs: ScatterElementsAttrs, dshape: Sequence[PrimExpr],
+                     ishape: Sequence[PrimExpr]) -> _ScatterPlan:
+    axis = normalize_axis(attrs.axis, len(dshape), "scatter_elements")
+    n = dshape[axis]
+
+    def target_of(us: list[PrimExpr], ibuf: tir.Buffer, ybuf: tir.Buffer) -> Any:
+        pos = tir.Var("pos", INDEX_DTYPE)
+        dst = [pos if d == axis else u for d, u in enumerate(us)]
+        return [(pos, _wrap_negative(ibuf.load(tuple(us)), n))], dst, [pos >= _zero(), pos < n]
+
+    lines = [d for d in range(len(dshape)) if d != axis]  # updates collide only along axis
+    return target_of, lines, lines, lines
+
+
+scatter_elements = register_op(
+    "scatter_elements",
+    inputs=("data", "indices", "updates"),
+    attrs=ScatterElementsAttrs,
+    infer=_scatter_elements_infer,
+    pattern=OpPattern.OPAQUE,
+    legalize=_scatter_legalize("scatter_elements", _elements_target),
+    schedules={"c": _schedule_scatter},
+    mixed_precision=MixedPrecision.FOLLOW,
+    gradient=NON_DIFFERENTIABLE,
+    doc="A copy of ``data`` with ``updates[u]`` combined in at ``u`` with its ``axis`` "
+    "coordinate replaced by ``indices[u]`` (ONNX ScatterElements).",
+)
+
+
+# =============================================================================================
+# scatter_nd
+# =============================================================================================
+@dataclass(frozen=True)
+class ScatterNDAttrs:
+    """``reduction``: none (last write wins), add, mul, max or min."""
+
+    reduction: str = "none"
+
+    def __post_init__(self):
+        _check_reduction("scatter_nd", self.reduction)
+
+
+def _scatter_nd_infer(call: Any) -> Any:
+    op = "scatter_nd"
+    data, ind, upd = _scatter_common_infer(op, call, (call.attrs or ScatterNDAttrs()).reduction)
+    shape, ishape, ushape = arg_shape(data), arg_shape(ind), arg_shape(upd)
+    if shape is not None and ishape is not None and ushape is not None:
+        k = _nd_depth(op, ishape, len(shape), 0)
+        expected = [*ishape[:-1], *shape[k:]]
+        if len(expected) != len(ushape) or not all(
+                dims_equal(a, b) for a, b in zip(expected, ushape)):
+            raise StructInfoError(f"{op}: updates must have shape {fmt_shape(expected)} "
+                                  f"(indices.shape[:-1] + data.shape[k:]), got "
+                                  f"{fmt_shape(ushape)}")
+    return tensor_sinfo(shape, data.dtype, ndim=arg_ndim(data))
+
+
+def _nd_target(attrs: ScatterNDAttrs, dshape: Sequence[PrimExpr],
+               ishape: Sequence[PrimExpr]) -> _ScatterPlan:
+    q = len(ishape) - 1
+    k = _nd_depth("scatter_nd", ishape, len(dshape), 0)
+
+    def target_of(us: list[PrimExpr], ibuf: tir.Buffer, ybuf: tir.Buffer) -> Any:
+        pos = [tir.Var(f"pos{j}", INDEX_DTYPE) for j in range(k)]
+        lets = [(p, _wrap_negative(ibuf.load((*us[:q], tx.const(INDEX_DTYPE, j))), dshape[j]))
+                for j, p in enumerate(pos)]
+        conds = [c for j, p in enumerate(pos) for c in (p >= _zero(), p < dshape[j])]
+        return lets, [*pos, *us[q:]], conds
+
+    # the slice axes: an update's trailing coordinates are the output's trailing ones
+    slices = list(range(q, q + len(dshape) - k))
+    return target_of, slices, list(range(k, len(dshape))), []
+
+
+scatter_nd = register_op(
+    "scatter_nd",
+    inputs=("data", "indices", "updates"),
+    attrs=ScatterNDAttrs,
+    infer=_scatter_nd_infer,
+    pattern=OpPattern.OPAQUE,
+    legalize=_scatter_legalize("scatter_nd", _nd_target),
+    schedules={"c": _schedule_scatter},
+    mixed_precision=MixedPrecision.FOLLOW,
+    gradient=NON_DIFFERENTIABLE,
+    doc="A copy of ``data`` with each slice ``updates[q]`` combined in at the index tuple "
+    "``indices[q]`` (ONNX ScatterND).",
+)
