@@ -45,6 +45,8 @@ __all__ = [
     "round", "sin", "cos",
     # activations and others
     "relu", "gelu", "silu", "clip", "cast", "where",
+    # bitwise
+    "bitwise_and", "bitwise_or", "bitwise_xor",
 ]
 
 INDEX_DTYPE = DataType("int64")
@@ -242,6 +244,7 @@ _KINDS = {
     "numeric": (lambda d: d.is_float or d.is_integer, "a numeric (float or integer) tensor"),
     "float": (lambda d: d.is_float, "a float tensor"),
     "bool": (lambda d: d.is_bool, "a bool tensor"),
+    "bits": (lambda d: d.is_integer or d.is_bool, "an integer or bool tensor"),
 }
 
 
@@ -363,13 +366,55 @@ def _divide_scalar(a: PrimExpr, b: PrimExpr) -> PrimExpr:
     return _floor_div_scalar(a, b)
 
 
+def _float_floor_mod(a: PrimExpr, b: PrimExpr) -> PrimExpr:
+    """numpy's float ``np.mod``: C ``fmod`` (exact) moved into the divisor's sign. Unlike
+    ``a - floor(a / b) * b`` it is exact and keeps numpy's corners: ``-3 mod inf == inf``,
+    ``3 mod inf == 3``, ``x mod 0``/``inf mod x`` are NaN."""
+    r = tx.fmod(a, b)
+    zero = tx.const(a.dtype, 0)
+    fix = tx.logical_and(tx.ne(r, zero), tx.ne(tx.lt(r, zero), tx.lt(b, zero)))
+    return tx.select(fix, r + b, r)
+
+
 def _mod_scalar(a: PrimExpr, b: PrimExpr) -> PrimExpr:
     if a.dtype.is_float:
         if a.dtype.bits < 32:
-            return tx.cast(a.dtype, tx.floormod(a.astype("float32"), b.astype("float32")))
-        return tx.floormod(a, b)
+            return tx.cast(a.dtype, _float_floor_mod(a.astype("float32"), b.astype("float32")))
+        return _float_floor_mod(a, b)
     safe, _ = _safe_int_divisor(b)
     return tx.floormod(a, safe)  # x % 1 == 0 also covers b == 0 and b == -1 (numpy gives 0)
+
+
+def _bitwise_scalar(kind: str) -> Callable[[PrimExpr, PrimExpr], PrimExpr]:
+    """Bitwise AND / OR / XOR of two integers (bool: the logical ones).
+
+    TIR has no bitwise nodes yet, so the value is computed with exact integer arithmetic in the
+    unsigned type of the same width (two's complement casts are modular): ``a & b`` is the sum
+    over the bits ``i`` of ``bit_i(a) * bit_i(b) * 2**i`` with ``bit_i(u) = u / 2**i % 2``
+    (a shift and a mask once compiled), and ``a | b = a + b - (a & b)``, ``a ^ b = a + b -
+    2 (a & b)`` modulo ``2**bits``. About ``5 * bits`` operations per element: correct, but
+    slower than one instruction; a bitwise TIR node would make it one.
+    """
+
+    def scalar(a: PrimExpr, b: PrimExpr) -> PrimExpr:
+        dt = a.dtype
+        if dt.is_bool:
+            return {"and": tx.logical_and, "or": tx.logical_or, "xor": tx.ne}[kind](a, b)
+        ut = as_dtype(f"uint{dt.bits}").with_lanes(dt.lanes)
+        ua, ub = tx.cast(ut, a), tx.cast(ut, b)
+        two = tx.const(ut, 2)
+        both: PrimExpr = tx.const(ut, 0)
+        for i in range(dt.bits):
+            p = tx.const(ut, 1 << i)
+            bits = tx.floormod(tx.floordiv(ua, p), two) * tx.floormod(tx.floordiv(ub, p), two)
+            both = both + bits * p
+        if kind == "or":
+            both = ua + ub - both
+        elif kind == "xor":
+            both = ua + ub - both - both
+        return tx.cast(dt, both)
+
+    return scalar
 
 
 def _power_scalar(a: PrimExpr, b: PrimExpr) -> PrimExpr:
@@ -473,9 +518,18 @@ def _clip(x: PrimExpr, attrs: ClipAttrs) -> PrimExpr:
 
 @dataclass(frozen=True)
 class CastAttrs:
-    """``dtype``: the target data type (normalized to its string form)."""
+    """``dtype``: the target data type (normalized to its string form).
+
+    For float8/float6/float4 targets (ONNX Cast-19+): ``saturate`` makes out-of-range values
+    and +-Inf the largest finite value (default False: ``ml_dtypes``' conversion, where they
+    become Inf or NaN as the format allows); ``round_mode`` ("nearest", "up", "down"; None:
+    ``ml_dtypes``' conversion) applies to ``float8_e8m0fnu`` only, which then follows ONNX
+    (the sign is ignored, 0 -> 2^-127).
+    """
 
     dtype: str
+    saturate: bool = False
+    round_mode: str | None = None
 
     def __post_init__(self):
         try:
@@ -484,13 +538,47 @@ class CastAttrs:
             raise KilnError(f"cast: bad dtype {self.dtype!r}: {err}") from err
         if dt.lanes != 1 or dt.is_handle:
             raise KilnError(f"cast: dtype must be a scalar tensor type, got {dt}")
+        if self.round_mode not in (None, "nearest", "up", "down"):
+            raise KilnError(f"cast: round_mode must be nearest, up or down, got "
+                            f"{self.round_mode!r}")
         object.__setattr__(self, "dtype", str(dt))
+        object.__setattr__(self, "saturate", bool(self.saturate))
+
+
+def _minifloat_limit(dt: DataType) -> float:
+    """The largest finite value of a float8/float6/float4 type."""
+    import ml_dtypes
+
+    return float(ml_dtypes.finfo(dt.to_numpy()).max)
+
+
+def _cast_e8m0(x: PrimExpr, attrs: CastAttrs) -> PrimExpr:
+    """ONNX's cast to float8_e8m0fnu (a power of two): from the nearest power of two that the
+    plain conversion gives, one step down or up where it is above/below ``|x|``."""
+    dt, f32 = as_dtype(attrs.dtype), DataType("float32")
+    a = tx.call_intrin("fabs", tx.cast(f32, x))
+    if attrs.saturate or attrs.round_mode == "down":  # finite values stop at 2^127; Inf: NaN
+        a = tx.select(tx.call_intrin("isinf", a), a, tx.min(a, tx.const(f32, 2.0**127)))
+    p = tx.cast(f32, tx.cast(dt, a))
+    if attrs.round_mode == "up":
+        p = tx.select(tx.lt(p, a), p * tx.const(f32, 2.0), p)
+    elif attrs.round_mode == "down":
+        p = tx.select(tx.gt(p, a), p * tx.const(f32, 0.5), p)
+    p = tx.select(tx.eq(a, tx.const(f32, 0.0)), tx.const(f32, 2.0**-127), p)
+    return tx.cast(dt, p)
 
 
 def _cast(x: PrimExpr, attrs: CastAttrs) -> PrimExpr:
     dt = as_dtype(attrs.dtype)
     if dt.is_bool and not x.dtype.is_bool:
         return tx.ne(x, tx.const(x.dtype, 0))
+    if dt.is_minifloat and dt.minifloat.kind == "fnu" and attrs.round_mode is not None:
+        return _cast_e8m0(x, attrs)
+    if dt.is_minifloat and attrs.saturate and x.dtype != dt:
+        if not x.dtype.is_float or x.dtype.is_minifloat:  # the limit is exact in float32
+            x = tx.cast(DataType("float32"), x)
+        limit = _minifloat_limit(dt)  # min/max keep NaN (see kiln.codegen.c.expr)
+        x = tx.max(tx.min(x, tx.const(x.dtype, limit)), tx.const(x.dtype, -limit))
     return tx.cast(dt, x)
 
 
@@ -696,6 +784,14 @@ logical_or = _binary("logical_or", tx.logical_or, kind="bool", mixed_precision=_
                      gradient=_ND, doc="Element-wise OR of bool tensors.")
 logical_not = _unary("logical_not", tx.logical_not, kind="bool", mixed_precision=_N,
                      gradient=_ND, doc="Element-wise NOT of a bool tensor.")
+
+# ---- bitwise (integer and bool tensors; no gradient) ----------------------------------------
+bitwise_and = _binary("bitwise_and", _bitwise_scalar("and"), kind="bits", mixed_precision=_N,
+                      gradient=_ND, doc="Bitwise AND of integer (or bool) tensors.")
+bitwise_or = _binary("bitwise_or", _bitwise_scalar("or"), kind="bits", mixed_precision=_N,
+                     gradient=_ND, doc="Bitwise OR of integer (or bool) tensors.")
+bitwise_xor = _binary("bitwise_xor", _bitwise_scalar("xor"), kind="bits", mixed_precision=_N,
+                      gradient=_ND, doc="Bitwise XOR of integer (or bool) tensors.")
 
 # ---- unary math (pattern ELEMWISE, mixed precision FOLLOW) ----------------------------------
 negative = _unary("negative", _negative, kind="numeric", gradient=_negative_grad, doc="``-x``.")

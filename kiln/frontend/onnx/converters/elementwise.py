@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 from typing import Any
 
 import numpy as np
 
+from .... import graph as g
 from .... import op
 from ..registry import converter
-from .common import dtype_of, scalar
+from .common import dtype_of, ndim_of, scalar, shape_of, static_int
 
 _BINARY = {
     "Add": op.add, "Sub": op.subtract, "Mul": op.multiply,
@@ -177,18 +180,483 @@ def clip_v11(ctx: Any, node: Any) -> Any:
     return out
 
 
+def _onnx_cast(node: Any, dtype: str) -> Any:
+    """Input 0 of a Cast/CastLike node converted to ``dtype``. float8/float4 targets follow
+    ``saturate`` (default 1: out of range -> largest finite value) and, for float8e8m0,
+    ``round_mode`` (default "up"); they are never folded with numpy, whose conversion (that of
+    ml_dtypes) does not saturate, but converted by kiln's cast."""
+    from ....ir.dtype import as_dtype
+
+    dt = as_dtype(dtype)
+    value = node.const_value(0)
+    if not dt.is_minifloat:
+        return value.astype(dtype) if value is not None else op.cast(node.input(0), dtype)
+    saturate = int(node.attr("saturate", 1))
+    if saturate not in (0, 1):
+        raise node.error(f"saturate must be 0 or 1, got {saturate}")
+    round_mode = str(node.attr("round_mode", "up")) if dt.minifloat.kind == "fnu" else None
+    if round_mode not in (None, "nearest", "up", "down"):
+        raise node.error(f"round_mode must be nearest, up or down, got {round_mode!r}")
+    return op.cast(node.input(0), dtype, saturate=bool(saturate), round_mode=round_mode)
+
+
 @converter("Cast")
 def cast(ctx: Any, node: Any) -> Any:
     from ..importer import onnx_dtype
 
-    dtype = onnx_dtype(node.attr("to"), str(node))
+    return _onnx_cast(node, onnx_dtype(node.attr("to"), str(node)))
+
+
+@converter("CastLike", since=15)
+def cast_like(ctx: Any, node: Any) -> Any:
+    """Cast input 0 to the dtype of input 1 (``saturate`` only matters for float8 targets)."""
+    dtype = dtype_of(node.input(1))
     x = node.input(0)
-    value = node.const_value(0)
-    if value is not None:
-        return value.astype(dtype)
-    return op.cast(x, dtype)
+    if node.const_value(0) is None and dtype_of(x) == dtype:
+        return x
+    return _onnx_cast(node, dtype)
+
+
+@converter("Mod", since=10)
+def mod(ctx: Any, node: Any) -> Any:
+    """``fmod=0``: floor modulo (sign of the divisor, like Python); ``fmod=1``: C ``fmod``
+    (sign of the dividend). Floats: ``fmod(a, b) = sign(a) * mod(|a|, |b|)`` (exact: the floor
+    modulo of non-negative operands is the truncated one). Integers: from the floor modulo
+    ``r``, where a non-zero ``r`` has not the dividend's sign the truncated one is ``r - b``
+    (exact, and safe for INT_MIN)."""
+    a, b = node.input(0), node.input(1)
+    dt = dtype_of(a)
+    fmod = int(node.attr("fmod", 0))
+    if fmod not in (0, 1):
+        raise node.error(f"fmod must be 0 or 1, got {fmod}")
+    if fmod == 0 or dt.startswith("uint"):
+        return op.mod(a, b)
+    zero = scalar(0, dt)
+    if not dt.startswith("int"):
+        m = op.mod(op.abs(a), op.abs(b))
+        return op.where(op.less(a, zero), op.negative(m), m)
+    r = op.mod(a, b)
+    wrong_sign = op.logical_and(op.not_equal(r, zero),
+                                op.not_equal(op.less(r, zero), op.less(a, zero)))
+    return op.where(wrong_sign, op.subtract(r, b), r)
 
 
 @converter("Where", since=9)
 def where(ctx: Any, node: Any) -> Any:
     return op.where(node.input(0), node.input(1), node.input(2))
+
+
+# =============================================================================================
+# activations and math functions, decomposed into kiln ops (exact, fused into one kernel, and
+# differentiable through the ops' own gradient rules)
+# =============================================================================================
+def _in_float64(ctx: Any, x: Any, fn: Any) -> Any:
+    """``fn(ctx, x)`` evaluated in float64 and rounded back once: the closed forms below (asin
+    via atan, sinh via exp, ...) cancel or round near some inputs, which float64 hides for every
+    narrower float type. float64 inputs are computed as they are."""
+    dt = dtype_of(x)
+    if dt == "float64":
+        return fn(ctx, x)
+    return op.cast(fn(ctx, ctx.emit(op.cast(x, "float64"))), dt)
+
+
+def _k64(value: float) -> Any:
+    return scalar(value, "float64")
+
+
+def _atan64(ctx: Any, x: Any) -> Any:
+    """atan of a float64 tensor: ``|x| > 1`` maps to ``pi/2 - atan(1/|x|)``, then ``t >
+    tan(pi/12)`` to ``pi/6 + atan((sqrt3 t - 1) / (sqrt3 + t))``, leaving ``|u| <= 0.268``
+    where 13 terms of the Taylor series are exact to about 1e-16. Values used twice are
+    emitted (a nested expression is a tree: sharing it unemitted would copy it)."""
+    em = ctx.emit
+    t = em(op.abs(x))
+    inv = em(op.greater(t, _k64(1.0)))
+    t = em(op.where(inv, op.divide(_k64(1.0), t), t))
+    sqrt3 = math.sqrt(3.0)
+    big = em(op.greater(t, _k64(2.0 - sqrt3)))  # tan(pi/12)
+    u = em(op.where(big, op.divide(op.subtract(op.multiply(t, _k64(sqrt3)), _k64(1.0)),
+                                   op.add(t, _k64(sqrt3))), t))
+    u2 = em(op.multiply(u, u))
+    poly = _k64(1.0 / 25.0)  # atan(u) = u sum_n (-1)^n u^2n / (2n + 1), n <= 12 (Horner)
+    for n in range(11, -1, -1):
+        poly = op.add(op.multiply(poly, u2), _k64((-1.0) ** n / (2 * n + 1)))
+    r = em(op.multiply(u, poly))
+    r = em(op.where(big, op.add(r, _k64(math.pi / 6)), r))
+    r = em(op.where(inv, op.subtract(_k64(math.pi / 2), r), r))
+    return op.where(op.less(x, _k64(0.0)), op.negative(r), r)
+
+
+def _asin64(ctx: Any, x: Any) -> Any:
+    q = ctx.emit(op.divide(x, op.sqrt(op.subtract(_k64(1.0), op.multiply(x, x)))))
+    return _atan64(ctx, q)
+
+
+def _acos64(ctx: Any, x: Any) -> Any:
+    one = _k64(1.0)
+    q = ctx.emit(op.sqrt(op.divide(op.subtract(one, x), op.add(one, x))))
+    return op.multiply(_k64(2.0), _atan64(ctx, q))
+
+
+def _sinh64(ctx: Any, x: Any) -> Any:
+    return op.multiply(_k64(0.5), op.subtract(op.exp(x), op.exp(op.negative(x))))
+
+
+def _cosh64(ctx: Any, x: Any) -> Any:
+    return op.multiply(_k64(0.5), op.add(op.exp(x), op.exp(op.negative(x))))
+
+
+def _asinh64(ctx: Any, x: Any) -> Any:
+    # odd, evaluated on |x| so that log(t + sqrt(t^2 + 1)) does not cancel for negative x
+    t = ctx.emit(op.abs(x))
+    r = ctx.emit(op.log(op.add(t, op.sqrt(op.add(op.multiply(t, t), _k64(1.0))))))
+    return op.where(op.less(x, _k64(0.0)), op.negative(r), r)
+
+
+def _acosh64(ctx: Any, x: Any) -> Any:
+    return op.log(op.add(x, op.sqrt(op.subtract(op.multiply(x, x), _k64(1.0)))))
+
+
+def _atanh64(ctx: Any, x: Any) -> Any:
+    one = _k64(1.0)
+    return op.multiply(_k64(0.5), op.log(op.divide(op.add(one, x), op.subtract(one, x))))
+
+
+def _tan64(ctx: Any, x: Any) -> Any:
+    return op.divide(op.sin(x), op.cos(x))
+
+
+_FLOAT64_MATH = {
+    "Tan": _tan64, "Atan": _atan64, "Asin": _asin64, "Acos": _acos64, "Sinh": _sinh64,
+    "Cosh": _cosh64, "Asinh": _asinh64, "Acosh": _acosh64, "Atanh": _atanh64,
+}
+
+
+def _math(fn: Any) -> Any:
+    def convert(ctx: Any, node: Any) -> Any:
+        x = node.input(0)
+        if not dtype_of(x).startswith(("float", "bfloat")):
+            raise node.error(f"expects a float tensor, got {dtype_of(x)}")
+        return _in_float64(ctx, x, fn)
+
+    return convert
+
+
+for _name, _fn in _FLOAT64_MATH.items():
+    converter(_name, since=7 if _name in ("Tan", "Atan", "Asin", "Acos") else 9)(_math(_fn))
+
+
+@converter("Sign", since=9)
+def sign(ctx: Any, node: Any) -> Any:
+    """1 / -1 / the input itself (0, -0 or NaN, as numpy ``sign``)."""
+    x = node.input(0)
+    dt = dtype_of(x)
+    zero, one = scalar(0, dt), scalar(1, dt)
+    pos = op.where(op.greater(x, zero), one, x)
+    if dt.startswith(("uint", "bool")):
+        return pos
+    return op.where(op.less(x, zero), scalar(-1, dt), pos)
+
+
+@converter("Softsign")
+def softsign(ctx: Any, node: Any) -> Any:
+    x = node.input(0)
+    return op.divide(x, op.add(scalar(1, dtype_of(x)), op.abs(x)))
+
+
+@converter("ThresholdedRelu", since=10)
+def thresholded_relu(ctx: Any, node: Any) -> Any:
+    x = node.input(0)
+    dt = dtype_of(x)
+    return op.where(op.greater(x, scalar(node.attr("alpha", 1.0), dt)), x, scalar(0, dt))
+
+
+@converter("Celu", since=12)
+def celu(ctx: Any, node: Any) -> Any:
+    """``max(0, x) + min(0, alpha (exp(x / alpha) - 1))``."""
+    x = node.input(0)
+    dt = dtype_of(x)
+    alpha = node.attr("alpha", 1.0)
+    if alpha == 0:
+        raise node.error("alpha must not be 0")
+    if dt in ("float16", "bfloat16"):  # in float32, rounded once (as the ONNX reference)
+        return op.cast(_celu(op.cast(x, "float32"), alpha, "float32"), dt)
+    return _celu(x, alpha, dt)
+
+
+def _celu(x: Any, alpha: float, dt: str) -> Any:
+    zero = scalar(0, dt)
+    neg = op.multiply(scalar(alpha, dt),
+                      op.subtract(op.exp(op.divide(x, scalar(alpha, dt))), scalar(1, dt)))
+    return op.add(op.maximum(x, zero), op.minimum(neg, zero))
+
+
+@converter("Shrink", since=9)
+def shrink(ctx: Any, node: Any) -> Any:
+    """``x + bias`` below ``-lambd``, ``x - bias`` above ``lambd``, else 0. Integer inputs
+    compare against the tightest integer bounds (``x < -0.5`` is ``x < 0``)."""
+    x = node.input(0)
+    dt = dtype_of(x)
+    lambd, bias = float(node.attr("lambd", 0.5)), float(node.attr("bias", 0.0))
+    if dt.startswith(("int", "uint")):
+        if bias != int(bias):
+            raise node.error(f"bias {bias} is not an integer for a {dt} input")
+        lo, hi, bias_c = math.ceil(-lambd), math.floor(lambd), scalar(int(bias), dt)
+        below = op.less(x, scalar(lo, dt)) if lo > 0 or not dt.startswith("uint") else None
+    else:
+        lo, hi, bias_c = -lambd, lambd, scalar(bias, dt)
+        below = op.less(x, scalar(lo, dt))
+    zero = scalar(0, dt)
+    out = op.where(op.greater(x, scalar(hi, dt)), op.subtract(x, bias_c), zero)
+    if below is not None:
+        out = op.where(below, op.add(x, bias_c), out)
+    return out
+
+
+def _swish(x: Any, alpha: float) -> Any:
+    if alpha == 1.0:
+        return op.silu(x)
+    return op.multiply(x, op.sigmoid(op.multiply(x, scalar(alpha, dtype_of(x)))))
+
+
+@converter("Swish", since=24)
+def swish(ctx: Any, node: Any) -> Any:
+    return _swish(node.input(0), float(node.attr("alpha", 1.0)))
+
+
+@converter("SwiGLU", since=28)
+def swiglu(ctx: Any, node: Any) -> Any:
+    """``Swish_alpha(A) * B`` (A and B have the same shape; no broadcasting in ONNX)."""
+    return op.multiply(_swish(node.input(0), float(node.attr("alpha", 1.0))), node.input(1))
+
+
+@converter("Mish", since=18)
+def mish(ctx: Any, node: Any) -> Any:
+    """``x tanh(softplus(x))``; softplus as ``log(1 + exp(x))`` saturates correctly (exp
+    overflowing to inf gives tanh(inf) = 1)."""
+    x = node.input(0)
+    sp = op.log(op.add(op.exp(x), scalar(1, dtype_of(x))))
+    return op.multiply(x, op.tanh(sp))
+
+
+@converter("PRelu")
+def prelu(ctx: Any, node: Any) -> Any:
+    x, slope = node.input(0), node.input(1)
+    dt = dtype_of(x)
+    return op.where(op.less(x, scalar(0, dt)), op.multiply(x, slope), x)
+
+
+@converter("Xor")
+def xor(ctx: Any, node: Any) -> Any:
+    return op.not_equal(node.input(0), node.input(1))
+
+
+@converter("IsNaN", since=9)
+def isnan(ctx: Any, node: Any) -> Any:
+    x = node.input(0)
+    return op.not_equal(x, x)  # the IEEE definition (kiln never compiles with -ffast-math)
+
+
+@converter("IsInf", since=10)
+def isinf(ctx: Any, node: Any) -> Any:
+    x = node.input(0)
+    dt = dtype_of(x)
+    pos, neg = int(node.attr("detect_positive", 1)), int(node.attr("detect_negative", 1))
+    inf = scalar(np.inf, dt)
+    if pos and neg:
+        return op.equal(op.abs(x), inf)
+    if pos:
+        return op.equal(x, inf)
+    if neg:
+        return op.equal(x, op.negative(inf))
+    return op.less(op.abs(x), scalar(-1, dt))  # detects nothing: all False
+
+
+# =============================================================================================
+# integer bit operations
+# =============================================================================================
+_BITWISE = {"BitwiseAnd": op.bitwise_and, "BitwiseOr": op.bitwise_or,
+            "BitwiseXor": op.bitwise_xor}
+for _name, _fn in _BITWISE.items():
+    converter(_name, since=18)(_binary(_fn))
+
+
+@converter("BitwiseNot", since=18)
+def bitwise_not(ctx: Any, node: Any) -> Any:
+    """``~x`` is ``-1 - x`` (signed) or ``max - x`` (unsigned): exact, no wrap-around."""
+    x = node.input(0)
+    dt = dtype_of(x)
+    if dt == "bool":
+        return op.logical_not(x)
+    if not dt.startswith(("int", "uint")):
+        raise node.error(f"expects an integer tensor, got {dt}")
+    top = np.iinfo(dt).max if dt.startswith("uint") else -1
+    return op.subtract(scalar(top, dt), x)
+
+
+def _pow2(shift: Any, shift_const: np.ndarray | None, dt: str) -> Any:
+    """``2 ** shift`` in ``dt`` for shifts already clamped to ``[0, bits)`` (``shift`` is
+    ignored when the constant ``shift_const`` is given)."""
+    if shift_const is not None:
+        return g.const(np.left_shift(np.ones((), dt), shift_const.astype(dt)))
+    return op.power(scalar(2, dt), shift)
+
+
+@converter("BitShift", since=11)
+def bit_shift(ctx: Any, node: Any) -> Any:
+    """``x << y`` / ``x >> y`` through exact integer arithmetic (TIR has no shift node yet):
+    a left shift multiplies by ``2**y`` in the unsigned type of the same width (modular, so bits
+    past the top, the sign bit included, are dropped); a right shift floor-divides by ``2**y``,
+    which for signed types is the arithmetic (sign-extending) shift. Shifts that are negative or
+    at least the bit width give the sign fill: -1 for a right shift of a negative value, else 0
+    (ONNX). A constant shift amount folds ``2**y`` at import."""
+    x, y = node.input(0), node.input(1)
+    dt = dtype_of(x)
+    if not dt.startswith(("int", "uint")) or dtype_of(y) != dt:
+        raise node.error(f"expects two tensors of one integer dtype, got {dt} and {dtype_of(y)}")
+    direction = node.attr("direction", "")
+    if direction not in ("LEFT", "RIGHT"):
+        raise node.error(f"direction must be 'LEFT' or 'RIGHT', got {direction!r}")
+    bits = np.dtype(dt).itemsize * 8
+    signed = dt.startswith("int")
+    ut = "u" + dt if signed else dt
+    # the largest shift computed: a signed right shift by bits - 1 is the sign fill itself
+    # (and 2**(bits-1) does not fit the signed type the division is done in)
+    top = bits - 2 if signed and direction == "RIGHT" else bits - 1
+    fdt = ut if direction == "LEFT" else dt  # dtype of the factor 2**y
+    zero = scalar(0, dt)
+    y_const = node.const_value(1)
+    fill = op.where(op.less(x, zero), scalar(-1, dt), zero) if signed else zero
+    if y_const is not None:
+        ok = (y_const >= 0) & (y_const <= top)
+        factor = _pow2(None, np.where(ok, y_const, 0), fdt)
+        if not ok.any():
+            return op.multiply(x, zero) if direction == "LEFT" or not signed else fill
+        # every shift valid: no select (a 0-d condition would also hit a C codegen bug: a
+        # vector select under a scalar condition mixes vector typedefs)
+        valid: Any = None if ok.all() else g.const(np.asarray(ok))
+    else:
+        valid = op.less_equal(y, scalar(top, dt))
+        if signed:
+            valid = op.logical_and(valid, op.greater_equal(y, zero))
+        valid = ctx.emit(valid)
+        shift = op.where(valid, y, zero)
+        factor = _pow2(shift if fdt == dt else op.cast(shift, fdt), None, fdt)
+    if direction == "LEFT":
+        shifted = op.multiply(x if ut == dt else op.cast(x, ut), factor)
+        out, other = (shifted if ut == dt else op.cast(shifted, dt)), zero
+    else:
+        out, other = op.floor_divide(x, factor), fill
+    return out if valid is None else op.where(valid, out, other)
+
+
+# =============================================================================================
+# matrices built from indices
+# =============================================================================================
+def _static_dims(node: Any, x: Any, what: str) -> list[int]:
+    dims = [static_int(d) for d in shape_of(x)]
+    if any(d is None for d in dims):
+        raise node.error(f"{what} needs static dimensions, got shape {shape_of(x)}")
+    return [int(d) for d in dims]
+
+
+@converter("Trilu", since=14)
+def trilu(ctx: Any, node: Any) -> Any:
+    """Keep ``j - i >= k`` (upper) or ``j - i <= k`` (lower) of the last two axes, zero the
+    rest: ``where(mask, x, 0)`` with the diagonal index ``j - i`` made from two small constant
+    ranges (fused, never materialized). ``k`` may be a run-time 0-d tensor."""
+    x = node.input(0)
+    if ndim_of(x) < 2:
+        raise node.error(f"expects a tensor of rank >= 2, got rank {ndim_of(x)}")
+    n, m = _static_dims(node, x, "Trilu")[-2:]
+    diag = op.subtract(g.const(np.arange(m, dtype="int64").reshape(1, m)),
+                       g.const(np.arange(n, dtype="int64").reshape(n, 1)))
+    k_const = node.const_value(1)
+    if k_const is not None:
+        k = scalar(int(np.asarray(k_const).reshape(())), "int64")
+    elif node.has_input(1):
+        k = node.input(1)
+        k = op.reshape(k if dtype_of(k) == "int64" else op.cast(k, "int64"), ())
+    else:
+        k = scalar(0, "int64")
+    keep = op.greater_equal(diag, k) if int(node.attr("upper", 1)) else op.less_equal(diag, k)
+    return op.where(keep, x, scalar(0, dtype_of(x)))
+
+
+@converter("EyeLike", since=9)
+def eye_like(ctx: Any, node: Any) -> Any:
+    """Ones on diagonal ``k`` of a 2-D tensor shaped like the input: a constant."""
+    from ..importer import onnx_dtype
+
+    x = node.input(0)
+    if ndim_of(x) != 2:
+        raise node.error(f"expects a 2-D tensor, got rank {ndim_of(x)}")
+    n, m = _static_dims(node, x, "EyeLike")
+    dt = onnx_dtype(node.attr("dtype"), str(node)) if "dtype" in node.attrs else dtype_of(x)
+    return np.eye(n, m, k=int(node.attr("k", 0)), dtype=dt)
+
+
+@converter("Binarizer", domain="ai.onnx.ml")
+def binarizer(ctx: Any, node: Any) -> Any:
+    """1 where ``x > threshold``, else 0, in the input dtype."""
+    x = node.input(0)
+    dt = dtype_of(x)
+    cond = op.greater(x, scalar(node.attr("threshold", 0.0), dt))
+    return op.where(cond, scalar(1, dt), scalar(0, dt))
+
+
+_DET_MAX = 4
+
+
+@converter("Det", since=11)
+def det(ctx: Any, node: Any) -> Any:
+    """Determinants of the trailing ``n x n`` matrices by the Leibniz formula (``n! `` products
+    of ``n`` entries, each entry gathered once): exact and fused for the small matrices models
+    use; larger ``n`` (over 4) would need an LU kernel and is refused."""
+    x = node.input(0)
+    if ndim_of(x) < 2:
+        raise node.error(f"expects a tensor of rank >= 2, got rank {ndim_of(x)}")
+    n, m = [static_int(d) for d in shape_of(x)[-2:]]
+    if n is None or n != m:
+        raise node.error(f"expects square trailing matrices, got shape {shape_of(x)}")
+    if n > _DET_MAX:
+        raise node.error(f"{n}x{n} matrices: only up to {_DET_MAX}x{_DET_MAX} are supported")
+    if n == 0:
+        return op.add(op.multiply(op.sum(x, axis=(-2, -1)), scalar(0, dtype_of(x))),
+                      scalar(1, dtype_of(x)))
+    flat = ctx.emit(op.reshape(x, (*shape_of(x)[:-2], n * n)))
+    entry = {(i, j): ctx.emit(op.take(flat, g.const(np.array(i * n + j, "int64")), axis=-1))
+             for i in range(n) for j in range(n)}
+    total = None
+    for perm in itertools.permutations(range(n)):
+        inversions = sum(perm[a] > perm[b] for a in range(n) for b in range(a + 1, n))
+        term = entry[0, perm[0]]
+        for i in range(1, n):
+            term = op.multiply(term, entry[i, perm[i]])
+        if total is None:
+            total = term if inversions % 2 == 0 else op.negative(term)
+        else:
+            total = op.add(total, term) if inversions % 2 == 0 else op.subtract(total, term)
+    return total
+
+
+@converter("BitCast", since=26)
+def bit_cast(ctx: Any, node: Any) -> Any:
+    """Reinterpret the bits as another type of the same width. Between integer (and bool)
+    types this is a modular ``cast`` (two's complement). Reinterpreting float bits needs a
+    reinterpret node in TIR, which does not exist yet: those are refused (constants fold)."""
+    from ..importer import onnx_dtype
+
+    x = node.input(0)
+    src, dst = dtype_of(x), onnx_dtype(node.attr("to"), str(node))
+    if np.dtype(src).itemsize != np.dtype(dst).itemsize:
+        raise node.error(f"{src} and {dst} differ in width")
+    value = node.const_value(0)
+    if value is not None:
+        return np.ascontiguousarray(value).view(dst)
+    if src == dst:
+        return x
+    if all(np.dtype(t).kind in "biu" for t in (src, dst)):
+        return op.cast(x, dst)
+    raise node.error(f"reinterpreting {src} as {dst} is not supported yet (needs a "
+                     "bit-reinterpret TIR node)")
