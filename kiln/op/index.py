@@ -12,6 +12,9 @@ axis but ``axis``; scatter_nd: the slice axes) are iteration variables a schedul
 parallelize; within a line the walk is sequential. That makes repeated indices well defined:
 with ``reduction="none"`` the last write wins (as in the ONNX reference), and the reductions
 (``add``, ``mul``, ``max``, ``min``) accumulate every update.
+
+Gradients: gathers and scatters are each other's adjoints (see "gradient rules" below); the
+scatters are differentiable for reductions ``none`` and ``add`` only.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from .elementwise import (
     tensor_arg,
     tensor_sinfo,
 )
-from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
+from .registry import MixedPrecision, OpPattern, register_op
 from .schedule_helpers import PARALLEL_MIN_WORK, schedule_injective
 
 __all__ = ["gather_elements", "gather_nd", "scatter_elements", "scatter_nd"]
@@ -62,6 +65,146 @@ def _clamped(v: PrimExpr, n: PrimExpr) -> PrimExpr:
 def _integer_indices(op: str, sinfo: Any) -> None:
     if not as_dtype(sinfo.dtype).is_integer:
         raise StructInfoError(f"{op}: indices must be an integer tensor, got dtype {sinfo.dtype}")
+
+
+# =============================================================================================
+# gradient rules
+# =============================================================================================
+# Gathers and scatters are each other's adjoints: a gather's gradient is a scatter-add of the
+# output gradient into zeros, a scatter's is a gather of it. The exceptions, where the rules
+# give the gradient of the ONNX-defined behaviour and not of kiln's fallback for undefined
+# input: an out-of-range gather index (clamped forward) gets no gradient (the scatter skips
+# it). A scatter with reduction "none" and a repeated index is handled exactly: only the
+# update that won the position (the last in row-major order) gets its gradient.
+def _is_float(expr: Any) -> bool:
+    return as_dtype(expr.struct_info.dtype).is_float
+
+
+def _unsupported_reduction(op: str, reduction: str) -> KilnError:
+    return KilnError(f"{op}: no gradient for reduction {reduction!r} (only 'none' and 'add' "
+                     "are differentiable here)")
+
+
+def _gather_elements_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """Scatter-add of the gradient into zeros shaped like data; indices get none."""
+    from .grad import zeros
+
+    data, indices = call.args
+    if not _is_float(data):
+        return [None, None]
+    axis = (call.attrs or GatherElementsAttrs()).axis
+    return [scatter_elements(zeros(data.struct_info, "gather_elements gradient"), indices,
+                             output_grad, axis, "add"), None]
+
+
+def _gather_nd_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """Scatter-add of the gradient slices into zeros shaped like data; indices get none."""
+    from .grad import zeros
+
+    data, indices = call.args
+    if not _is_float(data):
+        return [None, None]
+    b = (call.attrs or GatherNDAttrs()).batch_dims
+    zero = zeros(data.struct_info, "gather_nd gradient")
+    if b == 0:
+        return [scatter_nd(zero, indices, output_grad, "add"), None]
+    return [_batched_scatter_nd_add(data, zero, indices, output_grad, b), None]
+
+
+def _batched_scatter_nd_add(like: Any, data: Any, indices: Any, updates: Any, b: int) -> Any:
+    """``scatter_nd(data, indices, updates, "add")`` with ``b`` leading batch axes (the adjoint
+    of ``gather_nd`` with ``batch_dims=b``): the batch axes are flattened into one, whose
+    coordinate is prepended to every index tuple, so one ``scatter_nd`` without batch axes
+    does it. ``like``: a normalized tensor shaped like ``data``. Needs static shapes (the
+    batch coordinates are a constant)."""
+    import numpy as np
+
+    from ..graph.expr import Constant
+    from .elementwise import cast
+    from .grad import shape_of
+    from .shape import broadcast_to, concat, reshape
+
+    what = "gather_nd gradient (batch_dims > 0)"
+    dshape, ishape = shape_of(like, what), shape_of(indices, what)
+    static = [const_int(d) for d in (*dshape, *ishape)]
+    if any(d is None for d in static):
+        raise KilnError(f"{what}: needs static shapes, got data {fmt_shape(dshape)} and "
+                        f"indices {fmt_shape(ishape)}")
+    nb = 1
+    for d in dshape[:b]:
+        nb *= d
+    k = ishape[-1]
+    nq = 1
+    for d in ishape[b:-1]:
+        nq *= d
+    batch = Constant(np.arange(nb, dtype=np.int64).reshape(nb, 1, 1))
+    flat_ind = reshape(cast(indices, "int64"), (nb, nq, k))
+    full_ind = concat([broadcast_to(batch, (nb, nq, 1)), flat_ind], axis=2)
+    rest = tuple(dshape[b + k:])
+    flat = scatter_nd(reshape(data, (nb, *dshape[b:])), full_ind,
+                      reshape(updates, (nb, nq, *rest)), "add")
+    return reshape(flat, tuple(dshape))
+
+
+def _winners_only(bb: Any, d_updates: Any, data: Any, indices: Any, updates: Any,
+                  scatter: Callable[..., Any], gather: Callable[..., Any]) -> Any:
+    """``d_updates`` zeroed for the updates a later one overwrote (reduction "none" with a
+    repeated index): every update's row-major number is scattered the same way, and an
+    update keeps its gradient where its own number is the one that landed."""
+    from .elementwise import equal, where
+    from .grad import scalar, shape_of
+    from .scan import cumsum
+    from .shape import broadcast_to, reshape
+
+    ushape = shape_of(updates, "scatter gradient")
+    ones = broadcast_to(scalar(1, INDEX_DTYPE), ushape) if ushape else scalar(1, INDEX_DTYPE)
+    ids = bb.emit(reshape(cumsum(ones, None, exclusive=True), ushape))
+    unset = broadcast_to(scalar(-1, INDEX_DTYPE), shape_of(data, "scatter gradient"))
+    landed = gather(scatter(unset, indices, ids), indices)
+    return where(equal(landed, ids), d_updates, scalar(0, updates.struct_info.dtype))
+
+
+def _scatter_elements_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """data: the gradient, zeroed where "none" overwrote it; updates: the gradient gathered at
+    their targets; indices: none."""
+    from .grad import zeros
+
+    data, indices, updates = call.args
+    if not _is_float(data):
+        return [None, None, None]
+    attrs = call.attrs or ScatterElementsAttrs()
+    if attrs.reduction not in ("none", "add"):
+        raise _unsupported_reduction("scatter_elements", attrs.reduction)
+    d_updates = gather_elements(output_grad, indices, attrs.axis)
+    if attrs.reduction == "add":
+        return [output_grad, None, d_updates]
+    cleared = scatter_elements(output_grad, indices,
+                               zeros(updates.struct_info, "scatter_elements gradient"),
+                               attrs.axis, "none")
+    d_updates = _winners_only(bb, d_updates, data, indices, updates,
+                              lambda d, i, u: scatter_elements(d, i, u, attrs.axis, "none"),
+                              lambda d, i: gather_elements(d, i, attrs.axis))
+    return [cleared, None, d_updates]
+
+
+def _scatter_nd_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """As for scatter_elements, with gather_nd/scatter_nd."""
+    from .grad import zeros
+
+    data, indices, updates = call.args
+    if not _is_float(data):
+        return [None, None, None]
+    reduction = (call.attrs or ScatterNDAttrs()).reduction
+    if reduction not in ("none", "add"):
+        raise _unsupported_reduction("scatter_nd", reduction)
+    d_updates = gather_nd(output_grad, indices)
+    if reduction == "add":
+        return [output_grad, None, d_updates]
+    cleared = scatter_nd(output_grad, indices,
+                         zeros(updates.struct_info, "scatter_nd gradient"), "none")
+    d_updates = _winners_only(bb, d_updates, data, indices, updates,
+                              lambda d, i, u: scatter_nd(d, i, u, "none"), gather_nd)
+    return [cleared, None, d_updates]
 
 
 # =============================================================================================
@@ -114,7 +257,7 @@ gather_elements = register_op(
     compute=_gather_elements_compute,
     schedules={"c": schedule_injective},
     mixed_precision=MixedPrecision.FOLLOW,
-    gradient=NON_DIFFERENTIABLE,
+    gradient=_gather_elements_grad,
     doc="Gather along ``axis`` element by element: the result has the shape of ``indices`` "
     "(ONNX GatherElements, numpy ``take_along_axis``).",
 )
@@ -190,7 +333,7 @@ gather_nd = register_op(
     compute=_gather_nd_compute,
     schedules={"c": schedule_injective},
     mixed_precision=MixedPrecision.FOLLOW,
-    gradient=NON_DIFFERENTIABLE,
+    gradient=_gather_nd_grad,
     doc="Gather slices of ``data`` addressed by the index tuples in the last axis of "
     "``indices`` (ONNX GatherND, with ``batch_dims``).",
 )
@@ -428,7 +571,7 @@ scatter_elements = register_op(
     legalize=_scatter_legalize("scatter_elements", _elements_target),
     schedules={"c": _schedule_scatter},
     mixed_precision=MixedPrecision.FOLLOW,
-    gradient=NON_DIFFERENTIABLE,
+    gradient=_scatter_elements_grad,
     doc="A copy of ``data`` with ``updates[u]`` combined in at ``u`` with its ``axis`` "
     "coordinate replaced by ``indices[u]`` (ONNX ScatterElements).",
 )
@@ -488,7 +631,7 @@ scatter_nd = register_op(
     legalize=_scatter_legalize("scatter_nd", _nd_target),
     schedules={"c": _schedule_scatter},
     mixed_precision=MixedPrecision.FOLLOW,
-    gradient=NON_DIFFERENTIABLE,
+    gradient=_scatter_nd_grad,
     doc="A copy of ``data`` with each slice ``updates[q]`` combined in at the index tuple "
     "``indices[q]`` (ONNX ScatterND).",
 )

@@ -13,7 +13,9 @@ float16/bfloat16 ``sum``/``mean``/``prod`` accumulate in float32 and round once 
 or x's dim (kept), possibly symbolic: the form a reduction takes when *which* axes it reduces is
 only known at run time (ONNX reductions whose ``axes`` is a graph input; a host shape function
 binds the dims). Output element ``o`` reduces ``x[o + k]`` over ``k_d < x_d - shape_d + 1``, so a
-kept axis has a one-step reduction loop and a reduced one the whole axis.
+kept axis has a one-step reduction loop and a reduced one the whole axis. Its gradient spreads
+the adjoint back with clipped ``take`` ops, so it also works when the reduced axes are only known
+at run time.
 """
 
 from __future__ import annotations
@@ -480,6 +482,61 @@ def _reduce_to_compute(x: te.Tensor, attrs: ReduceToAttrs) -> te.Tensor:
                       name="reduce_to")
 
 
+def _spread(value: Any, x: Any, out_dims: Sequence[Any]) -> Any:
+    """``value`` (shaped like a ``reduce_to`` result) repeated along the reduced axes to x's
+    shape. Which axes are reduced may be known only at run time, so each axis not statically
+    kept is a clipped ``take`` of ``arange(x_d)``: the identity on a kept axis (``out_d ==
+    x_d``), all zeros on a reduced one (``out_d == 1``). Needs those axes of x static."""
+    import numpy as np
+
+    from ..graph.expr import Constant
+    from .elementwise import dims_equal
+    from .shape import take
+
+    for d, (n, o) in enumerate(zip(arg_shape(x.struct_info), out_dims)):
+        if dims_equal(n, o):
+            continue
+        if const_int(n) is None:
+            raise KilnError(f"reduce_to gradient: axis {d} of x must be static (x is "
+                            f"{x.struct_info}, result shape {tuple(out_dims)})")
+        value = take(value, Constant(np.arange(const_int(n), dtype=np.int64)), axis=d,
+                     mode="clip")
+    return value
+
+
+def _reduce_to_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """The reduced-dims adjoint spread back over x (:func:`_spread`), like the static
+    reductions' rules: max/min send it to every element equal to the extreme, prod multiplies
+    by the product of the other elements (exact with zeros: counted, not divided by),
+    logsumexp by the softmax ``exp(x - result)``."""
+    from .elementwise import as_dim, divide, equal, exp, logical_and, multiply, subtract, where
+    from .grad import scalar
+
+    x = call.args[0]
+    dtype = x.struct_info.dtype
+    if not as_dtype(dtype).is_float or arg_shape(x.struct_info) is None:
+        if as_dtype(dtype).is_float:
+            raise KilnError(f"reduce_to gradient: needs x of known shape, got {x.struct_info}")
+        return [None]
+    attrs = call.attrs
+    out = tuple(as_dim(d) for d in attrs.shape)
+    g = _spread(output_grad, x, out)
+    zero, one = scalar(0, dtype), scalar(1, dtype)
+    if attrs.kind == "sum":
+        return [g]
+    if attrs.kind in ("max", "min"):
+        return [where(equal(x, _spread(call, x, out)), g, zero)]
+    if attrs.kind == "logsumexp":
+        return [multiply(g, exp(subtract(x, _spread(call, x, out))))]
+    is_zero = bb.emit(equal(x, zero))
+    nonzero = bb.emit(where(is_zero, one, x))
+    p_nz = _spread(reduce_to(nonzero, attrs.shape, "prod"), x, out)
+    zeros_n = bb.emit(_spread(reduce_to(where(is_zero, one, zero), attrs.shape, "sum"), x, out))
+    others = where(equal(zeros_n, zero), divide(p_nz, nonzero),
+                   where(logical_and(equal(zeros_n, one), is_zero), p_nz, zero))
+    return [multiply(g, others)]
+
+
 reduce_to = register_op(
     "reduce_to",
     inputs=("x",),
@@ -489,9 +546,7 @@ reduce_to = register_op(
     compute=_reduce_to_compute,
     schedules={"c": schedule_reduction},
     mixed_precision=MixedPrecision.NEVER,
-    # made by the ONNX importer for inference graphs with run-time axes; a gradient would need
-    # its own run-time shape steps (the static reductions above carry the rules)
-    gradient=NON_DIFFERENTIABLE,
+    gradient=_reduce_to_grad,
     doc="Reduce to a same-rank shape of 1s (reduced axes) and x's dims (kept), symbolic dims "
         "allowed (reduced axes chosen at run time).",
 )

@@ -25,8 +25,10 @@ schedule fuses and parallelizes them, as for the scans in ``kiln/op/scan.py``), 
   sort of the k, on a busy 2-core machine). A worst case (ascending input with largest=True)
   still costs O(n*k).
 
-``topk`` has no gradient rule (NON_DIFFERENTIABLE): the indices are integers, and a gradient
-for the values would be a scatter of the output gradient to ``indices`` (a possible addition).
+Gradient: the values' adjoint is scattered back to the positions ``indices`` selected (a
+``scatter_elements`` add into zeros; positions within a line are distinct); the indices are
+integers and carry none. Ties select one of the equal elements, so, as for a sort, the
+gradient goes to the selected one only.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
 from .elementwise import arg_ndim, arg_shape, as_dim, const_int, tensor_sinfo
-from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, get_op_def, register_op
+from .registry import MixedPrecision, OpPattern, get_op_def, register_op
 from .scan import _kernel_dims, schedule_scan
 
 __all__ = ["topk"]
@@ -176,6 +178,21 @@ def _legalize(bb: Any, call: Any) -> Any:
     return gx.call_tir(gvar, [call.args[0]], list(call.struct_info.fields))
 
 
+def _gradient(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """The values' adjoint scattered to the selected positions of x (zeros elsewhere)."""
+    from ..graph.expr import Tuple, TupleGetItem
+    from .grad import zeros
+    from .index import scatter_elements
+
+    x = call.args[0]
+    if not as_dtype(x.struct_info.dtype).is_float:
+        return [None]
+    g_values = (output_grad.fields[0] if isinstance(output_grad, Tuple)
+                else TupleGetItem(output_grad, 0))
+    return [scatter_elements(zeros(x.struct_info, "topk gradient"), TupleGetItem(call, 1),
+                             g_values, call.attrs.axis, "add")]
+
+
 topk = register_op(
     "topk",
     inputs=("x",),
@@ -185,6 +202,6 @@ topk = register_op(
     legalize=_legalize,
     schedules={"c": schedule_scan},  # lines fused into one parallel loop, like a scan
     mixed_precision=MixedPrecision.FOLLOW,
-    gradient=NON_DIFFERENTIABLE,
+    gradient=_gradient,
     doc="The k largest (or smallest) elements along ``axis``, sorted, and their int64 indices.",
 )

@@ -6,6 +6,8 @@ checked automatically once it declares a gradient). For each case the test build
 
     loss(inputs) = sum_k sum(op(inputs)[k] * R_k)        (R_k fixed random weights)
 
+(over the float results ``k``: an integer result such as topk's indices carries no gradient),
+
 runs ``kiln.transform.Gradient`` on it, compiles the forward function and its adjoint with
 ``kiln.build`` (all cases in one library), and compares the adjoint's gradients with central
 finite differences of the compiled forward function (eps = 1e-6, one element at a time).
@@ -23,6 +25,7 @@ import pytest
 import kiln
 from kiln import graph as g
 from kiln.ir import IRModule
+from kiln.ir.errors import KilnError
 from kiln.op.registry import get_op_def, list_ops
 from kiln.transform import Gradient, PassContext
 
@@ -125,6 +128,13 @@ SAMPLES: dict[str, list[Case]] = {
              case(F(values=[[0.5, 0.0, 2.0], [1.5, -1.0, 0.0]]), axis=1)],
     "max": [case(f(2, 3, 4), axis=1), case(f(3, 4), axis=None)],
     "min": [case(f(2, 3, 4), axis=(0, 2), keepdims=True)],
+    "reduce_to": [case(f(2, 3, 4), shape=(1, 3, 1)), case(f(2, 3), shape=(2, 1), kind="max"),
+                  case(f(2, 3), shape=(1, 3), kind="min"),
+                  case(f(2, 3, 2), shape=(2, 1, 1), kind="logsumexp"),
+                  case(f(2, 3, lo=0.5, hi=1.5), shape=(2, 1), kind="prod"),
+                  # no zero, one zero and two zeros in a reduced line
+                  case(F(values=[[0.5, 0.0, 2.0], [1.5, -1.0, 0.7], [0.0, 0.0, 1.2]]),
+                       shape=(3, 1), kind="prod")],
     # ---- shape ----
     "reshape": [case(f(2, 3, 2), shape=(3, -1))],
     "transpose": [case(f(2, 3, 4), axes=(1, 2, 0))],
@@ -146,6 +156,23 @@ SAMPLES: dict[str, list[Case]] = {
     "pad": [case(f(2, 3), pad_width=((1, 0), (2, 1)), pad_value=0.5),
             case(f(2, 3), pad_width=((1, 1), (2, 1)), mode="edge"),
             case(f(3, 4), pad_width=((2, 1), (0, 3)), mode="reflect")],
+    # ---- indexing (ONNX gathers/scatters; a repeat under "none": the last write wins) ----
+    "gather_elements": [case(f(3, 4), C(np.array([[0, 2, 2, -1], [1, 0, 3, 3]])), axis=1),
+                        case(f(3, 2), C(np.array([[2, 0], [2, -3]], dtype=np.int32)), axis=0)],
+    "gather_nd": [case(f(3, 4), C(np.array([[0, 1], [2, -1], [0, 1]]))),
+                  case(f(3, 4), C(np.array([[2], [0], [2]]))),
+                  case(f(2, 3, 2), C(np.array([[[1], [1]], [[0], [2]]])), batch_dims=1)],
+    "scatter_elements": [
+        case(f(3, 4), C(np.array([[1, 0], [2, -1]])), f(2, 2), axis=1),
+        case(f(3, 2), C(np.array([[2, 0], [2, 0]])), f(2, 2), axis=0, reduction="add"),
+        case(f(2, 4), C(np.array([[3, 1, -1], [0, 0, 2]], dtype=np.int32)), f(2, 3), axis=1),
+    ],
+    "scatter_nd": [case(f(3, 4), C(np.array([[0, 1], [2, -1]])), f(2)),
+                   case(f(3, 4), C(np.array([[2], [0], [2]])), f(3, 4), reduction="add"),
+                   case(f(3, 4), C(np.array([[-1], [0]])), f(2, 4)),
+                   case(f(3, 2), C(np.array([[0, 1], [2, 0], [0, 1], [-3, -1]])), f(4))],
+    # ---- selection (distinct values: the selection is locally constant) ----
+    "topk": [case(f(3, 5), k=2), case(f(4, 3), k=3, axis=0, largest=False)],
     # ---- linear algebra ----
     "matmul": [case(f(3, 4), f(4, 2)), case(f(2, 1, 3, 4), f(3, 4, 2)), case(f(4), f(2, 4, 3)),
                case(f(2, 3, 4), f(4)), case(f(4), f(4))],
@@ -242,6 +269,8 @@ def _build_case(name: str, k: int, rng: np.random.Generator) -> tuple[IRModule, 
             total = None
             for fld in fields:
                 fs = bb.normalize(fld).struct_info
+                if str(fs.dtype) != "float64":  # e.g. topk's indices: no gradient flows
+                    continue
                 weights = rng.uniform(0.5, 1.5, size=fs.static_shape()) * rng.choice([-1, 1])
                 term = kiln.op.sum(kiln.op.multiply(fld, g.const(weights)))
                 total = term if total is None else kiln.op.add(total, term)
@@ -323,3 +352,50 @@ def test_gradients_match_finite_differences(group):
                                 f"input {i} is off by up to {err:.3g}\n  got {got.ravel()}"
                                 f"\n  want {want.ravel()}")
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("name", ["scatter_elements", "scatter_nd"])
+def test_scatter_gradient_rejects_mul_max_min(name):
+    """Only reductions none and add have a rule; the others fail naming the op and reduction."""
+    x = g.Var("x", g.TensorStructInfo((3, 2), "float64"))
+    u = g.Var("u", g.TensorStructInfo((1, 2), "float64"))
+    idx = g.const(np.array([[1, 0]] if name == "scatter_elements" else [[2]]))
+    bb = g.BlockBuilder()
+    with bb.function("f", [x, u], {"global_symbol": "f"}):
+        with bb.dataflow():
+            out = bb.emit(get_op_def(name)(x, idx, u, reduction="mul"))
+            loss = bb.emit_output(kiln.op.sum(out))
+        bb.emit_func_output(loss)
+    with pytest.raises(KilnError, match=f"{name}: no gradient for reduction 'mul'"):
+        Gradient("f")(bb.get())
+
+
+def test_reduce_to_gradient_with_run_time_axes():
+    """reduce_to's rule when which axes are reduced is bound only at run time (symbolic result
+    dims, as the ONNX importer makes them): finite differences for several bindings."""
+    from kiln import tir
+
+    funcs: dict[str, Any] = {}
+    kinds = ("sum", "max", "prod", "logsumexp")
+    for kind in kinds:
+        a, b = tir.Var("a", "int64"), tir.Var("b", "int64")
+        x = g.Var("x", g.TensorStructInfo((3, 4), "float64"))
+        s = g.Var("s", g.TensorStructInfo((a, b), "int8"))  # binds a, b from its shape
+        bb = g.BlockBuilder()
+        with bb.function(f"f_{kind}", [x, s], {"global_symbol": f"f_{kind}"}):
+            with bb.dataflow():
+                r = bb.emit(kiln.op.reduce_to(x, shape=(a, b), kind=kind))
+                loss = bb.emit_output(kiln.op.sum(kiln.op.multiply(r, kiln.op.exp(r))))
+            bb.emit_func_output(loss)
+        funcs.update(Gradient(f"f_{kind}")(bb.get()).items())
+    exe = kiln.build(IRModule(funcs))
+    v = np.random.default_rng(5).uniform(0.5, 1.5, (3, 4))
+    v[1, 2] = 0.0
+    for kind in kinds:
+        for shape in ((1, 4), (3, 1), (1, 1), (3, 4)):
+            sv = np.zeros(shape, "int8")
+            _, grads = exe[f"f_{kind}_adjoint"](v, sv)
+            forward = exe[f"f_{kind}"]
+            numeric = _finite_differences(lambda xv, fw=forward, sv=sv: fw(xv, sv), [v])[0]
+            np.testing.assert_allclose(np.asarray(grads[0]), numeric, rtol=RTOL, atol=ATOL,
+                                       err_msg=f"{kind} to {shape}")
