@@ -172,6 +172,10 @@ def _stage(t: Tensor, out: Buffer, bmap: dict[int, Buffer], block_name: str) -> 
     op = t.op
     assert isinstance(op, ComputeOp)
     axes = list(op.axis) + list(op.reduce_axis)
+    if isinstance(op.body, Reduce) and any(_static_empty(iv) for iv in op.reduce_axis):
+        # An empty reduction is its identity. As a reduction block its init would sit inside
+        # the zero-trip reduction loops and never run, leaving the output uninitialized.
+        axes = list(op.axis)
     loop_vars = [Var(iv.var.name, iv.var.dtype) for iv in axes]
     block_ivs = [
         IterVar(iv.dom, Var("v_" + iv.var.name, iv.var.dtype), iv.iter_type) for iv in axes
@@ -179,7 +183,10 @@ def _stage(t: Tensor, out: Buffer, bmap: dict[int, Buffer], block_name: str) -> 
     rw = _Rewrite({iv.var: b.var for iv, b in zip(axes, block_ivs)}, bmap)
     idx = tuple(b.var for b in block_ivs[: len(op.axis)])
     init: Stmt | None = None
-    if isinstance(op.body, Reduce):
+    if isinstance(op.body, Reduce) and len(axes) == len(op.axis) and op.reduce_axis:
+        value = rw.visit(op.body.combiner.identity)
+        reads = _reads([value])
+    elif isinstance(op.body, Reduce):
         red = op.body
         source = rw.visit(red.source)
         cond = rw.visit(red.condition) if red.condition is not None else None
@@ -206,6 +213,12 @@ def _stage(t: Tensor, out: Buffer, bmap: dict[int, Buffer], block_name: str) -> 
     for lv, iv in reversed(list(zip(loop_vars, axes))):
         stmt = For(lv, iv.dom.min, iv.dom.extent, ForKind.SERIAL, stmt)
     return stmt
+
+
+def _static_empty(iv: IterVar) -> bool:
+    from ..tir.expr import IntImm
+
+    return isinstance(iv.dom.extent, IntImm) and iv.dom.extent.value == 0
 
 
 def _is_true(e: PrimExpr) -> bool:

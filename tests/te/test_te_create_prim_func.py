@@ -314,3 +314,24 @@ def test_unbound_symbolic_var():
     B = te.compute((8,), lambda i: A[i] * n.astype("float32"), name="B")
     with pytest.raises(KilnError, match="'n' are used but not bound"):
         te.create_prim_func([A, B])
+
+
+def test_empty_reduction_is_its_identity():
+    """A reduction over a statically empty axis stores the reducer's identity (as a reduction
+    block its init would sit inside the zero-trip loop and never run)."""
+    import numpy as np
+
+    import kiln
+    from kiln import graph as g
+    from kiln import op
+
+    u = g.Var("u", g.TensorStructInfo((2, 0), "float64"))
+    bb = g.BlockBuilder()
+    with bb.function("main", [u]):
+        with bb.dataflow():
+            out = bb.emit_output(g.Tuple((op.sum(u), op.prod(u, axis=1), op.max(u, axis=1))))
+        bb.emit_func_output(out)
+    s, p, m = kiln.build(bb.get())(np.zeros((2, 0)))
+    assert float(s) == 0.0
+    np.testing.assert_array_equal(p, [1.0, 1.0])
+    np.testing.assert_array_equal(m, [-np.inf, -np.inf])
