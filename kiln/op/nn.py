@@ -812,7 +812,9 @@ def _window(data: Any, attrs: Any, out_shape: tuple, pad_value: Any, name: str, 
         return reducer(val, axis=[ry, rx])
 
     guarded = glo_h or ghi_h or glo_w or ghi_w
-    contiguous = wi == len(data.shape) - 1 and sw == 1 and not (glo_w or ghi_w)
+    # a guard on any axis is a scalar condition around vector loads, which the C code generator
+    # cannot emit yet (see _pool_annotations), so guarded windows stay scalar
+    contiguous = wi == len(data.shape) - 1 and sw == 1 and not guarded
     out = te.compute(out_shape, body, name=name,
                      attrs=_pool_annotations(attrs.layout, contiguous, guarded))
     return out, guarded

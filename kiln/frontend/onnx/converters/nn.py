@@ -1,14 +1,23 @@
-"""Neural-network ONNX operators: MatMul/Gemm, Conv, pooling, normalization, softmax."""
+"""Neural-network ONNX operators: MatMul/Gemm, Conv, ConvTranspose, DeformConv, Col2Im,
+pooling (Max/Average/Lp, MaxPool's Indices, MaxUnpool), normalization, softmax.
+
+The kiln kernels are 2-D (``nn.conv2d``, ``nn.conv2d_backward_data``, ``nn.max_pool2d``,
+``nn.avg_pool2d``): 1-D inputs are lifted to a unit height, 3-D ones are decomposed exactly --
+convolutions into a sum over the kernel depth of 2-D convolutions of depth slices, max and
+average pooling separably (H and W, then D).
+"""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
 
+from .... import graph as g
 from .... import op
 from ..registry import converter
-from .common import dtype_of, ndim_of, prod, reshape, scalar, shape_of, static_int
+from .common import dtype_of, ints, ndim_of, prod, reshape, scalar, shape_of, static_int
 
 
 @converter("MatMul")
@@ -35,16 +44,10 @@ def gemm(ctx: Any, node: Any) -> Any:
     return out
 
 
-def _spatial_2d(node: Any, x: Any) -> None:
-    if ndim_of(x) != 4:
-        raise node.error(f"only 1-D and 2-D spatial inputs (rank 3 or 4) are supported, got "
-                         f"rank {ndim_of(x)}")
-
-
 def _lift_1d(ctx: Any, node: Any, x: Any) -> Any:
     """Rewrite a 1-D op as 2-D with a unit height: (N, C, L) -> (N, C, 1, L) and attributes
     [a] -> [1, a] (pads [b, e] -> [0, b, 0, e]); the caller squeezes axis 2 off again."""
-    for name in ("kernel_shape", "strides", "dilations"):
+    for name in ("kernel_shape", "strides", "dilations", "output_padding", "output_shape"):
         if name in node.attrs:
             node.attrs[name] = [1, *node.attrs[name]]
     if "pads" in node.attrs:
@@ -54,95 +57,496 @@ def _lift_1d(ctx: Any, node: Any, x: Any) -> Any:
 
 
 def _spatial(convert: Any) -> Any:
-    """Run a 2-D converter on 1-D inputs too (see ``_lift_1d``)."""
+    """Run a 2-D/3-D converter on 1-D inputs too (see ``_lift_1d``); other ranks are errors."""
 
     def wrapped(ctx: Any, node: Any) -> Any:
         x = node.input(0)
+        if ndim_of(x) not in (3, 4, 5):
+            raise node.error(f"only 1-D, 2-D and 3-D spatial inputs (rank 3, 4 or 5) are "
+                             f"supported, got rank {ndim_of(x)}")
         if ndim_of(x) != 3:
             return convert(ctx, node, x)
-        return op.squeeze(convert(ctx, node, _lift_1d(ctx, node, x)), axis=(2,))
+        out = convert(ctx, node, _lift_1d(ctx, node, x))
+        if isinstance(out, (list, tuple)):
+            return [op.squeeze(o, axis=(2,)) for o in out]
+        return op.squeeze(out, axis=(2,))
 
     return wrapped
 
 
-def _pads(node: Any, x: Any, kernel: tuple[int, int], strides: tuple[int, int],
-          dilations: tuple[int, int], ceil_mode: bool = False) -> tuple[int, int, int, int]:
-    """(top, left, bottom, right) from ``pads`` or ``auto_pad``."""
+def _static_spatial(node: Any, x: Any) -> tuple[int, ...]:
+    """The spatial sizes of ``x`` (axes 2...), which must be static."""
+    sizes = tuple(static_int(d) for d in shape_of(x)[2:])
+    if any(s is None for s in sizes):
+        raise node.error("this form needs static spatial dimensions")
+    return sizes  # type: ignore[return-value]
+
+
+def _pads(node: Any, x: Any, kernel: tuple[int, ...], strides: tuple[int, ...],
+          dilations: tuple[int, ...]) -> tuple[int, ...]:
+    """ONNX-ordered pads ``(begin..., end...)`` from ``pads`` or ``auto_pad``."""
+    n = len(kernel)
     auto = node.attr("auto_pad", "NOTSET")
     if auto in ("NOTSET", ""):
-        pads = node.attr("pads", [0, 0, 0, 0])
-        return tuple(int(p) for p in pads)  # type: ignore[return-value]
+        pads = tuple(int(p) for p in node.attr("pads", [0] * (2 * n)))
+        if len(pads) != 2 * n:
+            raise node.error(f"pads must have {2 * n} entries, got {list(pads)}")
+        return pads
     if auto == "VALID":
-        return (0, 0, 0, 0)
+        return (0,) * (2 * n)
     if auto not in ("SAME_UPPER", "SAME_LOWER"):
         raise node.error(f"unknown auto_pad {auto!r}")
+    sizes = _static_spatial(node, x)
     begin, end = [], []
-    for i in range(2):
-        size = static_int(shape_of(x)[2 + i])
-        if size is None:
-            raise node.error("auto_pad SAME needs static spatial dimensions")
-        out = -(-size // strides[i])
-        total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - size)
+    for i in range(n):
+        out = -(-sizes[i] // strides[i])
+        total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - sizes[i])
         small, big = total // 2, total - total // 2
         begin.append(small if auto == "SAME_UPPER" else big)
         end.append(big if auto == "SAME_UPPER" else small)
-    return (begin[0], begin[1], end[0], end[1])
+    return (*begin, *end)
+
+
+def _ints_attr(node: Any, name: str, n: int, default: int = 1) -> tuple[int, ...]:
+    """An n-entry int attribute (``default`` everywhere when absent)."""
+    v = node.attr(name, None)
+    if v is None:
+        return (default,) * n
+    if len(v) != n:
+        raise node.error(f"{name} must have {n} entries for a {n}-D op, got {list(v)}")
+    return tuple(int(a) for a in v)
+
+
+Ints = tuple[int, ...]
 
 
 def _pair(node: Any, name: str, default: int = 1) -> tuple[int, int]:
-    v = node.attr(name, None)
-    if v is None:
-        return (default, default)
-    if len(v) != 2:
-        raise node.error(f"{name} must have 2 entries for a 2-D op, got {list(v)}")
-    return (int(v[0]), int(v[1]))
+    """A 2-entry int attribute (used by the quantized convolution converters)."""
+    return _ints_attr(node, name, 2, default)  # type: ignore[return-value]
+
+
+def _window_attrs(node: Any, x: Any, kernel: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """``(strides, dilations, pads)`` of a window op with ``kernel``."""
+    n = len(kernel)
+    strides, dilations = _ints_attr(node, "strides", n), _ints_attr(node, "dilations", n)
+    return strides, dilations, _pads(node, x, kernel, strides, dilations)
+
+
+def _bias(out: Any, b: Any, ndim: int) -> Any:
+    """``out`` (rank ``ndim``) plus a per-channel bias ``b`` (or ``out`` when there is none)."""
+    if b is None:
+        return out
+    return op.add(out, reshape(b, (1, -1) + (1,) * (ndim - 2)))
 
 
 @converter("Conv")
 @_spatial
 def conv(ctx: Any, node: Any, x: Any) -> Any:
     w, b = node.input(1), node.input(2)
-    if ndim_of(w) == 3:
-        w = op.expand_dims(w, 2)
-    _spatial_2d(node, x)
-    kernel = tuple(int(static_int(d) or 0) for d in shape_of(node.input(1))[2:])
-    kernel = kernel if len(kernel) == 2 else (1, *kernel)
-    strides, dilations = _pair(node, "strides"), _pair(node, "dilations")
-    pads = _pads(node, x, kernel, strides, dilations)  # type: ignore[arg-type]
-    out = op.nn.conv2d(x, w, strides=strides, padding=pads, dilation=dilations,
-                       groups=int(node.attr("group", 1)))
-    if b is not None:
-        out = op.add(out, reshape(b, (1, -1, 1, 1)))
-    return out
+    if ndim_of(w) == ndim_of(x) - 1:
+        w = ctx.emit(op.expand_dims(w, 2))
+    kernel = tuple(int(static_int(d) or 0) for d in shape_of(w)[2:])
+    strides, dilations, pads = _window_attrs(node, x, kernel)
+    groups = int(node.attr("group", 1))
+    if ndim_of(x) == 5:
+        return _bias(_conv3d(ctx, x, w, strides, dilations, pads, groups), b, 5)
+    dt = dtype_of(x)
+    # 16-bit floats accumulate in float32 and round once (as onnxruntime does)
+    wide = "float32" if dt in ("float16", "bfloat16") else None
+    out = op.nn.conv2d(x, w, strides=strides, padding=pads, dilation=dilations, groups=groups,
+                       out_dtype=wide)
+    return _bias(op.cast(out, dt) if wide else out, b, 4)
 
 
-def _pool_args(node: Any, x: Any) -> dict[str, Any]:
-    _spatial_2d(node, x)
-    kernel = _pair(node, "kernel_shape")
-    strides, dilations = _pair(node, "strides"), _pair(node, "dilations")
-    return dict(pool_size=kernel, strides=strides, dilation=dilations,
-                padding=_pads(node, x, kernel, strides, dilations),
-                ceil_mode=bool(node.attr("ceil_mode", 0)))
+def _conv3d(ctx: Any, x: Any, w: Any, strides: tuple[int, ...], dilations: tuple[int, ...],
+            pads: tuple[int, ...], groups: int) -> Any:
+    """A 3-D convolution as a sum over the kernel depth of 2-D convolutions: tap ``k`` convolves
+    the depth slices ``k*dd + od*sd`` (folded into the batch) with ``w[:, :, k]``. Exact, and
+    each term runs on the tuned ``nn.conv2d`` (and its NCHWc layout)."""
+    if pads[0] or pads[3]:
+        x = ctx.emit(op.pad(x, ((0, 0), (0, 0), (pads[0], pads[3]), (0, 0), (0, 0))))
+    n, c, d, h, wd = shape_of(x)
+    kd = int(static_int(shape_of(w)[2]) or 0)
+    d = static_int(d)
+    od = (d - (kd - 1) * dilations[0] - 1) // strides[0] + 1
+    acc = None
+    for k in range(kd):
+        start = k * dilations[0]
+        xs = op.strided_slice(x, (start,), (start + (od - 1) * strides[0] + 1,), (strides[0],),
+                              axes=(2,))
+        xs = reshape(op.transpose(xs, (0, 2, 1, 3, 4)), (-1, c, h, wd))
+        wk = op.squeeze(op.strided_slice(w, (k,), (k + 1,), axes=(2,)), axis=(2,))
+        y = op.nn.conv2d(xs, wk, strides=strides[1:], dilation=dilations[1:], groups=groups,
+                         padding=(pads[1], pads[2], pads[4], pads[5]))
+        acc = y if acc is None else op.add(acc, y)
+    acc = ctx.emit(acc)
+    o, oh, ow = shape_of(acc)[1:]
+    return op.transpose(reshape(acc, (n, od, o, oh, ow)), (0, 2, 1, 3, 4))
+
+
+def _pool(ctx: Any, node: Any, x: Any, fn: Any, **extra: Any) -> Any:
+    """A 2-D pooling op (``fn``) over ``x``; rank-5 inputs pool separably: H and W first (depth
+    folded into the channels), then D (H and W folded into one axis). Max and average pooling
+    are separable -- a window's count of counted taps is the product of its per-axis counts --
+    so this is exact (up to the order of an average's additions)."""
+    n = ndim_of(x) - 2
+    kernel = _ints_attr(node, "kernel_shape", n)
+    strides, dilations, pads = _window_attrs(node, x, kernel)
+    ceil_mode = bool(node.attr("ceil_mode", 0))
+    if n == 2:
+        return fn(x, pool_size=kernel, strides=strides, dilation=dilations, padding=pads,
+                  ceil_mode=ceil_mode, **extra)
+    nb, c, d, h, w = shape_of(x)
+    y = ctx.emit(fn(reshape(x, (nb, -1, h, w)), pool_size=kernel[1:], strides=strides[1:],
+                    dilation=dilations[1:], padding=(pads[1], pads[2], pads[4], pads[5]),
+                    ceil_mode=ceil_mode, **extra))
+    oh, ow = shape_of(y)[2:]
+    y = fn(reshape(y, (nb, c, d, -1)), pool_size=(kernel[0], 1), strides=(strides[0], 1),
+           dilation=(dilations[0], 1), padding=(pads[0], 0, pads[3], 0), ceil_mode=ceil_mode,
+           **extra)
+    return reshape(y, (nb, c, -1, oh, ow))
+
+
+def _pool_out_size(size: int, k: int, s: int, d: int, lo: int, hi: int, ceil_mode: bool) -> int:
+    """ONNX pooling output length (ceil_mode: the last window must start inside the input or
+    the leading padding)."""
+    span = size + lo + hi - (k - 1) * d - 1
+    if not ceil_mode:
+        return span // s + 1
+    out = -(-span // s) + 1
+    return out - 1 if (out - 1) * s >= size + lo else out
+
+
+def _max_pool_with_indices(node: Any, x: Any) -> list[Any]:
+    """Values and flat Indices of a max pooling, from the stack of its window taps: tap ``t``
+    is a strided slice of the padded input, the first maximal tap (``argmax``; ties go to the
+    first tap in row-major window order, as in ONNX) gives each output's input coordinates.
+    Index = ``(n*C + c) * prod(S) + `` the spatial offset, row-major or, with
+    ``storage_order=1``, column-major."""
+    nsp = ndim_of(x) - 2
+    kernel = _ints_attr(node, "kernel_shape", nsp)
+    strides, dil, pads = _window_attrs(node, x, kernel)
+    ceil_mode = bool(node.attr("ceil_mode", 0))
+    sizes = _static_spatial(node, x)
+    nb, ch = (static_int(v) for v in shape_of(x)[:2])
+    if nb is None or ch is None:
+        raise node.error("the Indices output needs static batch and channel dimensions")
+    outs = [_pool_out_size(sizes[i], kernel[i], strides[i], dil[i], pads[i], pads[nsp + i],
+                           ceil_mode) for i in range(nsp)]
+    width = []
+    for i in range(nsp):
+        need = (outs[i] - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1
+        width.append((pads[i], max(pads[nsp + i], need - sizes[i] - pads[i])))
+    dt = np.dtype(dtype_of(x))
+    lowest = float(np.finfo(dt).min) if dt.kind == "f" else int(np.iinfo(dt).min)
+    xp = op.pad(x, ((0, 0), (0, 0), *width), pad_value=lowest)
+    taps = list(itertools.product(*(range(k) for k in kernel)))
+    sl = []
+    for t in taps:
+        begin = tuple(t[i] * dil[i] for i in range(nsp))
+        end = tuple(begin[i] + (outs[i] - 1) * strides[i] + 1 for i in range(nsp))
+        sl.append(op.expand_dims(op.strided_slice(xp, begin, end, strides,
+                                                  axes=tuple(range(2, 2 + nsp))), -1))
+    stack = op.concat(sl, axis=-1) if len(sl) > 1 else sl[0]
+    arg = op.argmax(stack, axis=-1)
+    values = op.max(stack, axis=-1)
+    total = int(np.prod(sizes))
+    base = (np.arange(nb * ch, dtype=np.int64) * total).reshape((nb, ch) + (1,) * nsp)
+    index: Any = g.const(base)
+    order = range(nsp) if node.attr("storage_order", 0) else range(nsp - 1, -1, -1)
+    mult = 1
+    for i in order:
+        tap = g.const(np.array([t[i] * dil[i] for t in taps], dtype=np.int64))
+        shape = [1] * (2 + nsp)
+        shape[2 + i] = outs[i]
+        start = (np.arange(outs[i], dtype=np.int64) * strides[i] - pads[i]).reshape(shape)
+        pos = op.add(op.take(tap, arg, axis=0), g.const(start))
+        index = op.add(index, op.multiply(pos, scalar(mult, "int64")))
+        mult *= sizes[i]
+    return [values, index]
 
 
 @converter("MaxPool")
 @_spatial
 def max_pool(ctx: Any, node: Any, x: Any) -> Any:
     if node.num_outputs > 1 and node.proto.output[1]:
-        raise node.error("the Indices output of MaxPool is not supported")
-    if node.attr("storage_order", 0):
-        raise node.error("storage_order=1 is not supported")
-    return op.nn.max_pool2d(x, **_pool_args(node, x))
+        return _max_pool_with_indices(node, x)
+    return _pool(ctx, node, x, op.nn.max_pool2d)
 
 
 @converter("AveragePool")
 @_spatial
 def avg_pool(ctx: Any, node: Any, x: Any) -> Any:
-    args = _pool_args(node, x)
-    if args["dilation"] != (1, 1) and node.opset < 19:
-        args["dilation"] = (1, 1)
-    return op.nn.avg_pool2d(x, count_include_pad=bool(node.attr("count_include_pad", 0)),
-                            **args)
+    if node.opset < 19 and "dilations" in node.attrs:
+        node.attrs.pop("dilations")
+    return _pool(ctx, node, x, op.nn.avg_pool2d,
+                 count_include_pad=bool(node.attr("count_include_pad", 0)))
+
+
+def _transpose_geometry(node: Any, x: Any, kernel: Ints) -> tuple[Ints, Ints, Ints, Ints]:
+    """``(strides, dilations, begin pads, output sizes)`` of a ConvTranspose: from
+    ``output_shape`` or ``auto_pad`` SAME (the total padding split as the spec says: SAME_UPPER
+    puts the smaller half first, anything else the larger), else from ``pads``."""
+    n = len(kernel)
+    strides, dil = _ints_attr(node, "strides", n), _ints_attr(node, "dilations", n)
+    out_pad = _ints_attr(node, "output_padding", n, 0)
+    sizes = _static_spatial(node, x)
+    full = [strides[i] * (sizes[i] - 1) + out_pad[i] + (kernel[i] - 1) * dil[i] + 1
+            for i in range(n)]
+    auto = node.attr("auto_pad", "NOTSET")
+    out_shape = node.attr("output_shape", None)
+    if out_shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
+        outs = (tuple(int(v) for v in out_shape[-n:]) if out_shape is not None
+                else tuple(sizes[i] * strides[i] for i in range(n)))
+        total = [full[i] - outs[i] for i in range(n)]
+        begin = tuple(t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total)
+        return strides, dil, begin, outs
+    pads = (0,) * (2 * n) if auto == "VALID" else _ints_attr(node, "pads", 2 * n, 0)
+    outs = tuple(full[i] - pads[i] - pads[n + i] for i in range(n))
+    return strides, dil, pads[:n], outs
+
+
+def _crop(x: Any, ndim: int, axis: int, full: int, begin: int, out: int) -> Any:
+    """Positions ``[begin, begin + out)`` of an axis of length ``full`` of a rank-``ndim``
+    tensor, zeros outside it."""
+    lo, hi = max(begin, 0), min(begin + out, full)
+    if lo or hi < full:
+        x = op.strided_slice(x, (lo,), (hi,), axes=(axis,))
+    front, back = max(-begin, 0), out - (hi - lo) - max(-begin, 0)
+    if front or back:
+        width = [(0, 0)] * ndim
+        width[axis] = (front, back)
+        x = op.pad(x, tuple(width))
+    return x
+
+
+def _conv_transpose2d(ctx: Any, x: Any, w: Any, strides: tuple[int, ...],
+                      dil: tuple[int, ...], groups: int, begin: tuple[int, ...],
+                      outs: tuple[int, ...]) -> Any:
+    """A 2-D transposed convolution: the data adjoint of a convolution
+    (``nn.conv2d_backward_data``), whose weight layout (C, M/group, kh, kw) ONNX shares. The
+    adjoint covers the positions that receive taps; the rest (negative padding,
+    ``output_padding`` past the last tap) are zeros."""
+    kernel = tuple(int(static_int(d) or 0) for d in shape_of(w)[2:])
+    sizes = tuple(static_int(d) for d in shape_of(x)[2:])
+    full = [strides[i] * (sizes[i] - 1) + (kernel[i] - 1) * dil[i] + 1 for i in range(2)]
+    lo = [max(b, 0) for b in begin]
+    hi = [min(begin[i] + outs[i], full[i]) for i in range(2)]
+    span = [hi[i] - lo[i] for i in range(2)]
+    m = shape_of(w)[1] * groups
+    like = op.broadcast_to(scalar(0, dtype_of(x)), (shape_of(x)[0], m, *span))
+    y = op.conv2d_backward_data(x, w, like, strides=strides, dilation=dil, groups=groups,
+                                   padding=(lo[0], lo[1], full[0] - hi[0], full[1] - hi[1]))
+    for i in range(2):
+        y = _crop(y, 4, 2 + i, span[i], begin[i] - lo[i], outs[i])
+    return y
+
+
+@converter("ConvTranspose")
+@_spatial
+def conv_transpose(ctx: Any, node: Any, x: Any) -> Any:
+    w, b = node.input(1), node.input(2)
+    if ndim_of(w) == ndim_of(x) - 1:
+        w = ctx.emit(op.expand_dims(w, 2))
+    kernel = tuple(int(static_int(d) or 0) for d in shape_of(w)[2:])
+    strides, dil, begin, outs = _transpose_geometry(node, x, kernel)
+    groups = int(node.attr("group", 1))
+    if ndim_of(x) == 4:
+        return _bias(_conv_transpose2d(ctx, x, w, strides, dil, groups, begin, outs), b, 4)
+    return _bias(_conv_transpose3d(ctx, x, w, strides, dil, groups, begin, outs), b, 5)
+
+
+def _conv_transpose3d(ctx: Any, x: Any, w: Any, strides: Ints, dil: Ints, groups: int,
+                      begin: Ints, outs: Ints) -> Any:
+    """A 3-D transposed convolution: for each kernel depth tap, a 2-D transposed convolution of
+    every input depth slice (folded into the batch), spread to depths ``id*sd + k*dd`` (zeros
+    between) and summed."""
+    kernel = tuple(int(static_int(d) or 0) for d in shape_of(w)[2:])
+    nb, c, d, h, wd = shape_of(x)
+    d = static_int(d)
+    flat = ctx.emit(reshape(op.transpose(x, (0, 2, 1, 3, 4)), (-1, c, h, wd)))
+    full = strides[0] * (d - 1) + (kernel[0] - 1) * dil[0] + 1
+    acc = None
+    for k in range(kernel[0]):
+        wk = ctx.emit(op.squeeze(op.strided_slice(w, (k,), (k + 1,), axes=(2,)), axis=(2,)))
+        y = ctx.emit(_conv_transpose2d(ctx, flat, wk, strides[1:], dil[1:], groups, begin[1:],
+                                       outs[1:]))
+        m, oh, ow = shape_of(y)[1:]
+        y = op.transpose(reshape(y, (nb, d, m, oh, ow)), (0, 2, 1, 3, 4))
+        if strides[0] > 1:  # zero-insert between depth slices
+            y = op.pad(op.expand_dims(y, 3), ((0, 0),) * 3 + ((0, strides[0] - 1),)
+                       + ((0, 0),) * 2)
+            y = op.strided_slice(reshape(y, (nb, m, -1, oh, ow)), (0,),
+                                 ((d - 1) * strides[0] + 1,), axes=(2,))
+        start = k * dil[0]
+        y = op.pad(y, ((0, 0), (0, 0), (start, full - start - (d - 1) * strides[0] - 1),
+                       (0, 0), (0, 0)))
+        acc = y if acc is None else op.add(acc, y)
+    return _crop(acc, 5, 2, full, begin[0], outs[0])
+
+
+@converter("Col2Im", since=18)
+def col2im(ctx: Any, node: Any) -> Any:
+    """Col2Im as a grouped transposed convolution: the columns, viewed as an image of block
+    positions, are spread by one-hot kernels (channel ``c*K + k`` to offset ``k`` of channel
+    ``c``'s block) and overlapping taps summed."""
+    x = node.input(0)
+    image, block = node.const_input(1, "image_shape"), node.const_input(2, "block_shape")
+    if image is None or block is None:
+        raise node.error("image_shape and block_shape must be constants")
+    image, block = ints(image), ints(block)
+    nsp = len(image)
+    if len(block) != nsp or nsp not in (1, 2, 3):
+        raise node.error(f"image_shape {image} and block_shape {block} must have 1 to 3 "
+                         f"equal-length entries")
+    strides, dil = _ints_attr(node, "strides", nsp), _ints_attr(node, "dilations", nsp)
+    pads = _ints_attr(node, "pads", 2 * nsp, 0)
+    lifted = nsp == 1
+    if lifted:  # a unit height
+        image, block, strides, dil = [1, *image], [1, *block], (1, *strides), (1, *dil)
+        pads, nsp = (0, pads[0], 0, pads[1]), 2
+    nb, ck, length = shape_of(x)
+    k = int(np.prod(block))
+    ck, length = static_int(ck), static_int(length)
+    counts = [(image[i] + pads[i] + pads[nsp + i] - (block[i] - 1) * dil[i] - 1) // strides[i]
+              + 1 for i in range(nsp)]
+    if ck is None or ck % k or length != int(np.prod(counts)):
+        raise node.error(f"input {list(shape_of(x))} does not hold {counts} blocks of "
+                         f"{block} per channel")
+    c = ck // k
+    weight = np.zeros((ck, 1, k), dtype=dtype_of(x))
+    weight[:, 0, :] = np.tile(np.eye(k, dtype=weight.dtype), (c, 1))
+    w = g.const(weight.reshape((ck, 1, *block)))
+    cols = ctx.emit(reshape(x, (nb, ck, *counts)))
+    fn = _conv_transpose2d if nsp == 2 else _conv_transpose3d
+    out = fn(ctx, cols, w, strides, dil, c, tuple(pads[:nsp]), tuple(image))
+    return op.squeeze(out, axis=(2,)) if lifted else out
+
+
+@converter("MaxUnpool", since=9)
+def max_unpool(ctx: Any, node: Any) -> Any:
+    """MaxUnpool as a scatter of X into a zero tensor at the flat Indices (they index the whole
+    output, as MaxPool's Indices index its input)."""
+    x, idx = node.input(0), node.input(1)
+    nsp = ndim_of(x) - 2
+    kernel = _ints_attr(node, "kernel_shape", nsp)
+    strides = _ints_attr(node, "strides", nsp)
+    pads = _ints_attr(node, "pads", 2 * nsp, 0)
+    sizes = _static_spatial(node, x)
+    nb, ch = (static_int(v) for v in shape_of(x)[:2])
+    if nb is None or ch is None:
+        raise node.error("MaxUnpool needs static batch and channel dimensions")
+    out: tuple[int, ...] = tuple((sizes[i] - 1) * strides[i] + kernel[i] - pads[i] - pads[nsp + i]
+                                 for i in range(nsp))
+    if node.num_inputs > 2 and node.proto.input[2]:
+        given = node.const_input(2, "output_shape")
+        if given is None:
+            raise node.error("output_shape must be a constant")
+        out = tuple(ints(given)[-nsp:])
+    total = nb * ch * int(np.prod(out))
+    zeros = op.broadcast_to(scalar(0, dtype_of(x)), (total,))
+    flat = op.scatter_elements(zeros, reshape(idx, (-1,)), reshape(x, (-1,)), axis=0)
+    return reshape(flat, (nb, ch, *out))
+
+
+@converter("DeformConv", since=19)
+def deform_conv(ctx: Any, node: Any) -> Any:
+    """DeformConv (2-D): each tap samples the input bilinearly (zeros outside, GridSample's
+    align_corners=1 bilinear) at its window position plus its learned offset, optionally scaled
+    by the mask; the sampled columns are then a grouped matmul with the weight."""
+    x, w, offset, b, mask = (node.input(i) for i in range(5))
+    if ndim_of(x) != 4:
+        raise node.error(f"only 2-D DeformConv (rank-4 input) is supported, got rank "
+                         f"{ndim_of(x)}")
+    nb, ch, h, wd = (static_int(d) for d in shape_of(x))
+    oc, cg, kh, kw = (static_int(d) for d in shape_of(w))
+    oh, ow = (static_int(d) for d in shape_of(offset)[2:])
+    if None in (nb, ch, h, wd, oc, cg, kh, kw, oh, ow):
+        raise node.error("DeformConv needs static shapes")
+    groups, og = int(node.attr("group", 1)), int(node.attr("offset_group", 1))
+    (sh, sw), (dh, dw) = _ints_attr(node, "strides", 2), _ints_attr(node, "dilations", 2)
+    pads = _ints_attr(node, "pads", 4, 0)
+    if ch % og or ch != cg * groups or oc % groups:
+        raise node.error(f"channels {ch} do not split into offset_group={og} / group={groups} "
+                         f"(weight {[oc, cg, kh, kw]})")
+    k, dt = kh * kw, dtype_of(x)
+    # window positions of every tap: (1, 1, kh, kw, oh, ow)
+    base_y = (np.arange(kh)[:, None, None, None] * dh + np.arange(oh)[None, None, :, None] * sh
+              - pads[0]).astype(dt) + np.zeros((kh, kw, oh, ow), dt)
+    base_x = (np.arange(kw)[None, :, None, None] * dw + np.arange(ow)[None, None, None, :] * sw
+              - pads[1]).astype(dt) + np.zeros((kh, kw, oh, ow), dt)
+    off = reshape(offset, (nb, og, kh, kw, 2, oh, ow))
+    py = op.add(op.squeeze(op.strided_slice(off, (0,), (1,), axes=(4,)), axis=(4,)),
+                g.const(base_y[None, None]))
+    px = op.add(op.squeeze(op.strided_slice(off, (1,), (2,), axes=(4,)), axis=(4,)),
+                g.const(base_x[None, None]))
+    y0, x0 = op.floor(py), op.floor(px)
+    ly, lx = op.subtract(py, y0), op.subtract(px, x0)
+    one = scalar(1, dt)
+    data = reshape(x, (nb, og, ch // og, h * wd))
+    cols = None
+    for a, bb in itertools.product((0, 1), (0, 1)):
+        yy, xx = op.add(y0, scalar(a, dt)), op.add(x0, scalar(bb, dt))
+        wgt = op.multiply(ly if a else op.subtract(one, ly), lx if bb else op.subtract(one, lx))
+        inside = op.logical_and(
+            op.logical_and(op.greater_equal(yy, scalar(0, dt)), op.less(yy, scalar(h, dt))),
+            op.logical_and(op.greater_equal(xx, scalar(0, dt)), op.less(xx, scalar(wd, dt))))
+        wgt = op.where(inside, wgt, scalar(0, dt))
+        yi = op.cast(op.clip(yy, 0, h - 1), "int64")
+        xi = op.cast(op.clip(xx, 0, wd - 1), "int64")
+        idx = op.add(op.multiply(yi, scalar(wd, "int64")), xi)
+        idx = op.broadcast_to(reshape(idx, (nb, og, 1, k * oh * ow)),
+                              (nb, og, ch // og, k * oh * ow))
+        term = op.multiply(op.gather_elements(data, idx, axis=3),
+                           reshape(wgt, (nb, og, 1, k * oh * ow)))
+        cols = term if cols is None else op.add(cols, term)
+    if mask is not None:
+        cols = op.multiply(cols, reshape(mask, (nb, og, 1, k * oh * ow)))
+    cols = reshape(cols, (nb, groups, cg * k, oh * ow))  # channel-major, then tap
+    out = op.matmul(reshape(w, (1, groups, oc // groups, cg * k)), cols)
+    return _bias(reshape(out, (nb, oc, oh, ow)), b, 4)
+
+
+@converter("LpPool")
+@_spatial
+def lp_pool(ctx: Any, node: Any, x: Any) -> Any:
+    """``(sum over the window of |x|^p)^(1/p)``: the input is zero-padded explicitly (also past
+    the end for ceil_mode, so every window is whole) and the sum is a padless average times the
+    window size."""
+    nsp = ndim_of(x) - 2
+    kernel = _ints_attr(node, "kernel_shape", nsp)
+    strides, dil, pads = _window_attrs(node, x, kernel)
+    sizes = _static_spatial(node, x)
+    ceil_mode = bool(node.attr("ceil_mode", 0))
+    width = []
+    for i in range(nsp):
+        out = _pool_out_size(sizes[i], kernel[i], strides[i], dil[i], pads[i], pads[nsp + i],
+                             ceil_mode)
+        need = (out - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1
+        width.append((pads[i], need - sizes[i] - pads[i]))
+    p = float(node.attr("p", 2))
+    dt = dtype_of(x)
+    xa = op.multiply(x, x) if p == 2 else op.power(op.abs(x), scalar(p, dt))
+    xa = op.strided_slice(op.pad(xa, ((0, 0), (0, 0), *((b, max(e, 0)) for b, e in width))),
+                          (0,) * nsp, tuple(sizes[i] + b + e for i, (b, e) in enumerate(width)),
+                          axes=tuple(range(2, 2 + nsp)))
+    xa = ctx.emit(xa)
+    for name in ("pads", "auto_pad", "ceil_mode", "count_include_pad"):
+        node.attrs.pop(name, None)
+    total = op.multiply(_pool(ctx, node, xa, op.nn.avg_pool2d), scalar(int(np.prod(kernel)), dt))
+    return op.sqrt(total) if p == 2 else op.power(total, scalar(1.0 / p, dt))
+
+
+@converter("GlobalLpPool")
+def global_lp_pool(ctx: Any, node: Any) -> Any:
+    x = node.input(0)
+    p = float(node.attr("p", 2))
+    dt = dtype_of(x)
+    axes = tuple(range(2, ndim_of(x)))
+    if p == 2:
+        return op.sqrt(op.sum(op.multiply(x, x), axis=axes, keepdims=True))
+    total = op.sum(op.power(op.abs(x), scalar(p, dt)), axis=axes, keepdims=True)
+    return op.power(total, scalar(1.0 / p, dt))
 
 
 @converter("GlobalAveragePool")

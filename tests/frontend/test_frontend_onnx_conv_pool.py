@@ -1,0 +1,197 @@
+"""3-D Conv/pooling, MaxPool's Indices output and ConvTranspose checked against onnxruntime on
+random inputs (shapes and attributes the ONNX backend node cases do not cover)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import kiln
+from kiln.frontend.onnx import from_onnx
+
+ort = pytest.importorskip("onnxruntime")
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+RNG = np.random.default_rng(0)
+
+
+def _run(op_type, inputs, n_out=1, out_types=(F, I64), opset=19, **attrs):
+    """Import a one-node model, run it with kiln and onnxruntime, return both results."""
+    names = [f"i{k}" for k in range(len(inputs))]
+    outs = [f"o{k}" for k in range(n_out)]
+    node = helper.make_node(op_type, names, outs, **attrs)
+    graph = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info(n, F, a.shape) for n, a in zip(names, inputs)],
+        [helper.make_tensor_value_info(o, out_types[k], None) for k, o in enumerate(outs)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 9
+    mod, params = from_onnx(model)
+    exe = kiln.build(mod, params=params)
+    feeds = dict(zip(names, inputs))
+    got = exe(**feeds)
+    got = list(got) if isinstance(got, (list, tuple)) else [got]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return got, sess.run(None, feeds)
+
+
+def _close(got, ref, tol=1e-4):
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+def _rand(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("attrs", [
+    dict(strides=[2, 1, 2], pads=[1, 0, 2, 0, 1, 1], dilations=[1, 2, 1]),
+    dict(group=2, auto_pad="SAME_UPPER", strides=[2, 2, 1]),
+])
+def test_conv3d(attrs):
+    x, w, b = _rand(2, 4, 7, 6, 5), _rand(6, 4 // attrs.get("group", 1), 3, 2, 3), _rand(6)
+    _close(*_run("Conv", [x, w, b], **attrs))
+
+
+@pytest.mark.parametrize("op_type,attrs", [
+    ("MaxPool", dict(kernel_shape=[3, 2, 2], strides=[2, 1, 2], pads=[1, 0, 1, 1, 1, 0])),
+    ("AveragePool", dict(kernel_shape=[3, 3, 2], strides=[2, 2, 1], pads=[1, 1, 0, 1, 0, 1],
+                         ceil_mode=1)),
+    ("AveragePool", dict(kernel_shape=[2, 3, 3], strides=[1, 2, 2], pads=[0, 1, 1, 1, 1, 0],
+                         count_include_pad=1)),
+])
+def test_pool3d_separable(op_type, attrs):
+    _close(*_run(op_type, [_rand(2, 3, 7, 6, 8)], **attrs), tol=1e-5)
+
+
+@pytest.mark.parametrize("shape,attrs", [
+    ((2, 3, 9), dict(kernel_shape=[3], strides=[2], pads=[1, 1])),
+    ((2, 3, 7, 6), dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 1, 1], ceil_mode=1)),
+    ((2, 3, 7, 6), dict(kernel_shape=[2, 3], dilations=[2, 1], storage_order=1)),
+    ((1, 2, 5, 4, 6), dict(kernel_shape=[2, 2, 3], strides=[2, 1, 2], pads=[0, 1, 1, 1, 0, 1])),
+])
+def test_maxpool_indices(shape, attrs):
+    _close(*_run("MaxPool", [_rand(*shape)], n_out=2, **attrs), tol=0)
+
+
+@pytest.mark.parametrize("shape,wshape,attrs", [
+    ((2, 4, 5, 4), (4, 3, 3, 2), dict(strides=[2, 3], pads=[2, 0, 1, 1], output_padding=[1, 2],
+                                       group=2)),
+    ((1, 2, 4, 3), (2, 3, 2, 3), dict(strides=[2, 2], output_shape=[9, 8],
+                                       auto_pad="SAME_LOWER")),
+    ((1, 2, 6), (2, 2, 3), dict(strides=[3], dilations=[2], pads=[1, 2])),
+    ((1, 2, 3, 4, 3), (2, 2, 2, 3, 2), dict(strides=[2, 1, 2], pads=[1, 0, 1, 0, 1, 0],
+                                             dilations=[2, 1, 1])),
+])
+def test_conv_transpose(shape, wshape, attrs):
+    x, w, b = _rand(*shape), _rand(*wshape), _rand(wshape[1] * attrs.get("group", 1))
+    _close(*_run("ConvTranspose", [x, w, b], **attrs))
+
+
+@pytest.mark.parametrize("shape,attrs", [
+    ((2, 3, 9, 8), dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 1, 1], p=3,
+                        ceil_mode=1)),
+    ((1, 2, 5, 6, 4), dict(kernel_shape=[2, 3, 2], strides=[2, 1, 2], p=2)),
+])
+def test_lp_pool(shape, attrs):
+    _close(*_run("LpPool", [_rand(*shape)], **attrs))
+
+
+def test_global_lp_pool():
+    _close(*_run("GlobalLpPool", [_rand(2, 3, 5, 4)], p=3))
+
+
+def _col2im_model(x, image, block, **attrs):
+    node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"], **attrs)
+    inits = [helper.make_tensor("image", I64, [len(image)], image),
+             helper.make_tensor("block", I64, [len(block)], block)]
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F, x.shape)],
+                              [helper.make_tensor_value_info("y", F, None)], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    return model
+
+
+@pytest.mark.parametrize("shape,image,block,attrs", [
+    ((2, 2 * 6, 15), [5, 6], [2, 3], dict(strides=[2, 1], pads=[1, 0, 0, 1])),
+    ((1, 3 * 4, 4), [6, 5], [2, 2], dict(strides=[2, 2], dilations=[2, 1])),
+    ((1, 2 * 3, 4), [6], [3], dict(strides=[2], pads=[1, 2])),
+    # an output width of 5: with a multiple of 4 the depth padding of the 3-D path hits a C
+    # codegen bug (a select under a scalar condition between an unaligned vector load and a
+    # broadcast: gcc's "type mismatch in conditional expression"; any Pad of a non-inner axis)
+    ((1, 2 * 8, 8), [3, 3, 5], [2, 2, 2], dict(strides=[1, 2, 2], pads=[0, 0, 0, 0, 1, 0])),
+])
+def test_col2im_constant_shapes(shape, image, block, attrs):
+    from onnx.reference import ReferenceEvaluator
+
+    x = _rand(*shape)
+    model = _col2im_model(x, image, block, **attrs)
+    mod, params = from_onnx(model)
+    got = kiln.build(mod, params=params)(x=x)
+    ref = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_max_unpool_roundtrip():
+    """MaxPool's Indices fed to MaxUnpool (with a constant output_shape) against onnxruntime."""
+    x = _rand(2, 3, 7, 6)
+    pool = helper.make_node("MaxPool", ["x"], ["v", "i"], kernel_shape=[2, 2], strides=[2, 2])
+    unpool = helper.make_node("MaxUnpool", ["v", "i", "s"], ["y"], kernel_shape=[2, 2],
+                              strides=[2, 2])
+    graph = helper.make_graph(
+        [pool, unpool], "g", [helper.make_tensor_value_info("x", F, x.shape)],
+        [helper.make_tensor_value_info("y", F, None)],
+        initializer=[helper.make_tensor("s", I64, [4], [2, 3, 7, 6])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    mod, params = from_onnx(model)
+    got = kiln.build(mod, params=params)(x=x)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(got, sess.run(None, {"x": x})[0])
+
+
+@pytest.mark.parametrize("pads", [[0, 1, 2, 0, 2, 1], [1, 0, 7, 0, 2, 0]])
+def test_wrap_pad_constant_pads(pads):
+    """Pad mode 'wrap' with constant pads (also wider than the axis) against numpy."""
+    x = _rand(2, 3, 4)
+    node = helper.make_node("Pad", ["x", "p"], ["y"], mode="wrap")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F, x.shape)],
+                              [helper.make_tensor_value_info("y", F, None)],
+                              initializer=[helper.make_tensor("p", I64, [6], pads)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    mod, params = from_onnx(model)
+    got = kiln.build(mod, params=params)(x=x)
+    want = np.pad(x, [(pads[i], pads[i + 3]) for i in range(3)], mode="wrap")
+    np.testing.assert_array_equal(got, want)
+
+
+def test_deform_conv_groups_strides_mask():
+    """DeformConv with group=2, offset_group=2, strides, dilations, pads, mask and bias against
+    the ONNX reference (offsets up to +-2 pixels, so taps also fall outside the input)."""
+    from onnx.reference import ReferenceEvaluator
+
+    x, w, b = _rand(1, 4, 6, 5), _rand(4, 2, 2, 3), _rand(4)
+    attrs = dict(group=2, offset_group=2, strides=[2, 1], dilations=[1, 2], pads=[1, 1, 0, 1])
+    oh, ow = (6 + 1 - 2) // 2 + 1, (5 + 2 - 5) // 1 + 1
+    offset = (2 * RNG.standard_normal((1, 2 * 2 * 6, oh, ow))).astype(np.float32)
+    mask = RNG.random((1, 2 * 6, oh, ow)).astype(np.float32)
+    names = ["x", "w", "offset", "b", "mask"]
+    node = helper.make_node("DeformConv", names, ["y"], **attrs)
+    arrays = [x, w, offset, b, mask]
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, F, a.shape) for n, a in zip(names, arrays)],
+        [helper.make_tensor_value_info("y", F, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    feeds = dict(zip(names, arrays))
+    mod, params = from_onnx(model)
+    got = kiln.build(mod, params=params)(**feeds)
+    ref = ReferenceEvaluator(model).run(None, feeds)[0]
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
