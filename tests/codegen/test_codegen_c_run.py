@@ -416,3 +416,20 @@ def test_non_divisible_vectorized_split_keeps_the_tail_correct():
     out = np.full(30, np.nan, np.float32)
     mod["tail"](a, out)
     np.testing.assert_allclose(out, a * 3, rtol=1e-6)
+
+
+def test_vector_select_under_a_scalar_condition_compiles():
+    """Padding a middle axis vectorizes the inner one: ``cond ? load : broadcast`` with a scalar
+    condition; the arms (an unaligned-load vector type and a plain vector) must be one type."""
+    import kiln
+    from kiln import graph as g
+    from kiln import op
+
+    x = g.Var("x", g.TensorStructInfo((2, 3, 8), "float32"))
+    bb = g.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(op.pad(x, pad_width=((0, 0), (1, 1), (0, 0))))
+        bb.emit_func_output(out)
+    a = RNG.standard_normal((2, 3, 8), dtype=np.float32)
+    np.testing.assert_array_equal(kiln.build(bb.get())(a), np.pad(a, ((0, 0), (1, 1), (0, 0))))

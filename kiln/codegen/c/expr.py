@@ -272,7 +272,13 @@ class ExprEmitter:
         if e.dtype.lanes == 1 or cond.dtype.lanes == 1 or isinstance(cond, E.Broadcast):
             c = self.expr(cond.value if isinstance(cond, E.Broadcast) and e.dtype.lanes > 1
                           else cond)
-            return f"({c} ? {self.expr(e.true_value)} : {self.expr(e.false_value)})"
+            t, f = self.expr(e.true_value), self.expr(e.false_value)
+            if e.dtype.lanes > 1 and not e.dtype.is_bool:
+                # both arms in the one vector type: a load is the unaligned ``_u`` twin type,
+                # and ``?:`` rejects arms of different types
+                vt = self.helpers.vec(self.compute_dtype(e.dtype), e.dtype.lanes)
+                t, f = f"(({vt}){t})", f"(({vt}){f})"
+            return f"({c} ? {t} : {f})"
         dt = e.dtype
         if dt.is_bool:
             bits = self.mask_bits(e.true_value)
