@@ -84,7 +84,10 @@ def _static_kernel(func: PrimFunc, nargs: int) -> bool:
 
 def supports_entry(plan: Plan, funcs: Mapping[str, PrimFunc]) -> bool:
     """Whether ``plan`` can run through a native entry: static shapes everywhere and kernels
-    whose parameters are exactly the call's tensors (no symbolic dims, no scalars)."""
+    whose parameters are exactly the call's tensors (no symbolic dims, no scalars), and no host
+    steps (run-time shapes need the Python executor)."""
+    if plan.has_host_steps:
+        return False
     if not all(memory_plan.is_static_slot(plan, s) for s in range(len(plan.slots))):
         return False
     for call in plan.calls:

@@ -1,4 +1,10 @@
-"""Turn a legalized graph function (only ``call_tir`` calls left) into an execution Plan."""
+"""Turn a legalized graph function (only ``call_tir`` calls left) into an execution Plan.
+
+Run-time shapes (``kiln.runtime.shape_funcs``): a call of ``ExternFunc("kiln.shape_func.F")``
+becomes a host ``"shape_func"`` step binding fresh names, and a ``match_cast`` of its shape
+value a ``"match"`` step binding the graph's symbolic dims; shape values live in the builder
+as ``_Shape`` (encoded dims), never in slots.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +14,14 @@ import numpy as np
 
 from .. import tir
 from ..graph import expr as gx
-from ..graph.struct_info import TensorStructInfo, TupleStructInfo
+from ..graph.struct_info import ShapeStructInfo, TensorStructInfo, TupleStructInfo
 from ..ir.errors import KilnError
-from ..runtime import memory_plan, shape_expr
+from ..runtime import memory_plan, shape_expr, shape_funcs
 from ..runtime.plan import KernelCall, Plan, SlotSpec
+
+
+class _Shape(tuple):
+    """A shape value during plan building: its encoded dims."""
 
 
 class _PlanBuilder:
@@ -22,13 +32,15 @@ class _PlanBuilder:
         self.calls: list[KernelCall] = []
         self.values: dict[int, Any] = {}  # id(graph var) -> slot or nested list of slots
         self.var_names: dict[int, str] = {}  # id(tir var) -> unique name
+        self.reserved: set[str] = set()  # names of dims bound by shape functions
+        self.binding = ""  # name of the variable being bound (for run-time error messages)
 
     # ---- shapes -------------------------------------------------------------------------
     def _name_sym_vars(self, shape: Any) -> None:
         for dim in shape:
             for v in tir.collect_vars(dim):
                 if id(v) not in self.var_names:
-                    used = set(self.var_names.values())
+                    used = set(self.var_names.values()) | self.reserved
                     name, k = v.name, 1
                     while name in used:
                         name, k = f"{v.name}_{k}", k + 1
@@ -78,6 +90,15 @@ class _PlanBuilder:
             return value[e.index]
         if isinstance(e, gx.Call) and isinstance(e.op, gx.Op) and e.op.name == "call_tir":
             return self.call_tir(e)
+        if isinstance(e, gx.ShapeExpr):
+            self._name_sym_vars(e.values)
+            return _Shape(self._encode_dim(d) for d in e.values)
+        if isinstance(e, gx.PrimValue):
+            self._name_sym_vars([e.value])
+            return _Shape([self._encode_dim(e.value)])
+        if (isinstance(e, gx.Call) and isinstance(e.op, gx.ExternFunc)
+                and e.op.symbol.startswith(shape_funcs.PREFIX)):
+            return self.shape_func(e)
         if isinstance(e, gx.Call) and isinstance(e.op, gx.Op):
             raise KilnError(
                 f"{self.name}: operator {e.op.name} was not legalized (run LegalizeOps first)"
@@ -98,6 +119,63 @@ class _PlanBuilder:
         flat_outs = outs if isinstance(outs, list) else [outs]
         self.calls.append(KernelCall(gvar.name_hint, in_slots + flat_outs, len(flat_outs)))
         return outs
+
+    def shape_func(self, call: gx.Call) -> _Shape:
+        """A host step running a shape function; its result dims get fresh names."""
+        name = call.op.symbol[len(shape_funcs.PREFIX):]
+        if name not in shape_funcs.SHAPE_FUNCS:
+            raise KilnError(f"{self.name}: unknown shape function {call.op.symbol!r}")
+        sinfo = call.struct_info
+        if not isinstance(sinfo, ShapeStructInfo) or sinfo.ndim < 0:
+            raise KilnError(f"{self.name}: {call.op.symbol} must return a shape of known rank")
+        slots: list[int] = []
+        inputs: list[Any] = []
+        for a in call.args:
+            v = self.resolve(a)
+            if isinstance(v, _Shape):
+                prim = isinstance(a, gx.PrimValue)
+                inputs.append(["prim", v[0]] if prim else ["shape", list(v)])
+            elif isinstance(v, int):
+                inputs.append(["tensor", len(slots)])
+                slots.append(v)
+            else:
+                raise KilnError(f"{self.name}: {call.op.symbol}: tuple arguments are not supported")
+        step = len(self.calls)
+        binds = [self._fresh_name(f"_s{step}_{i}") for i in range(sinfo.ndim)]
+        self.calls.append(KernelCall(name, slots, 0, "shape_func",
+                                     {"inputs": inputs, "binds": binds, "what": self.binding}))
+        return _Shape(["var", b] for b in binds)
+
+    def _fresh_name(self, base: str) -> str:
+        used = set(self.var_names.values()) | self.reserved
+        name, k = base, 1
+        while name in used:
+            name, k = f"{base}_{k}", k + 1
+        self.reserved.add(name)
+        return name
+
+    def match_cast(self, b: gx.MatchCast) -> Any:
+        """``match_cast`` of a shape value: bind new symbolic dims, check the others."""
+        value = self.resolve(b.value)
+        target = b.struct_info
+        if not (isinstance(value, _Shape) and isinstance(target, ShapeStructInfo)):
+            raise KilnError(f"{self.name}: match_cast of {b.var.name_hint} is only supported "
+                            "for shape values")
+        if target.values is None:
+            return value
+        if len(target.values) != len(value):
+            raise KilnError(f"{self.name}: match_cast of {b.var.name_hint}: rank mismatch")
+        pairs = []
+        for dim, src in zip(target.values, value):
+            if isinstance(dim, tir.Var) and id(dim) not in self.var_names:
+                self._name_sym_vars([dim])
+                pairs.append([["bind", self.var_names[id(dim)]], src])
+            else:
+                self._name_sym_vars([dim])
+                pairs.append([self._encode_dim(dim), src])
+        self.calls.append(KernelCall("match_cast", [], 0, "match",
+                                     {"pairs": pairs, "what": b.var.name_hint}))
+        return _Shape(self._encode_dim(d) for d in target.values)
 
     def mark_outputs(self, value: Any) -> None:
         if isinstance(value, list):
@@ -120,8 +198,12 @@ def build_plan(func: gx.Function, name: str = "main") -> Plan:
     result_expr = body.body if isinstance(body, gx.SeqExpr) else body
     for block in blocks:
         for binding in block.bindings:
+            if isinstance(binding, gx.MatchCast):
+                pb.values[id(binding.var)] = pb.match_cast(binding)
+                continue
             if not isinstance(binding, gx.VarBinding):
                 raise KilnError(f"{name}: {type(binding).__name__} bindings are not supported yet")
+            pb.binding = binding.var.name_hint
             pb.values[id(binding.var)] = pb.resolve(binding.value)
     result = pb.resolve(result_expr)
     pb.mark_outputs(result)

@@ -8,6 +8,11 @@ bytes), reused by every run; intermediates of symbolic shape are allocated per r
 fresh arrays each run, owned by the caller. An executor is therefore not re-entrant: use one
 per thread.
 
+Plans with host steps (run-time shapes, ``kiln.runtime.shape_funcs``) bind symbolic names while
+they run: a shape function step reads tensor values on the host, a match step binds the graph's
+symbolic dims from them, and every tensor of symbolic shape is allocated just before the kernel
+that writes it, once the names its shape uses are bound.
+
 A plan with a whole-model native entry (``plan.entry``, see ``kiln.codegen.graph_entry``) runs
 with one ctypes call after the Python input checks; other plans call each kernel's checked
 entry in turn.
@@ -22,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from ..ir.dtype import DataType
-from ..ir.errors import ArgumentError
-from . import memory_plan, shape_expr
+from ..ir.errors import ArgumentError, KilnError
+from . import memory_plan, shape_expr, shape_funcs
 from .plan import Plan
 
 
@@ -88,7 +93,7 @@ class Executor:
         if plan.entry is not None:
             self._setup_entry(plan.entry)
         else:
-            self._funcs = {c.func: module[c.func] for c in plan.calls}
+            self._funcs = {c.func: module[c.func] for c in plan.calls if c.is_kernel}
 
     def _setup_entry(self, symbol: str) -> None:
         plan = self.plan
@@ -165,13 +170,56 @@ class Executor:
             values[slot] = arr
         for slot, arr in self._static.items():
             values[slot] = arr
-        for slot, spec in enumerate(plan.slots):
-            if values[slot] is None:
-                shape = tuple(shape_expr.evaluate(d, env) for d in spec.shape)
-                values[slot] = np.empty(shape, dtype=spec.dtype.to_numpy())
         for call in plan.calls:
+            if not call.is_kernel:
+                self._host_step(call, values, env)
+                continue
+            for s in call.args[len(call.args) - call.num_outputs:]:
+                if values[s] is None:  # symbolic shape: its names are bound by now
+                    spec = plan.slots[s]
+                    shape = tuple(shape_expr.evaluate(d, env) for d in spec.shape)
+                    values[s] = np.empty(shape, dtype=spec.dtype.to_numpy())
             self._funcs[call.func](*[values[s] for s in call.args])
         return self._collect(plan.outputs, values)
+
+    def _host_step(self, call: Any, values: list[Any], env: dict[str, int]) -> None:
+        """Run a shape function or a match step, binding symbolic names in ``env``."""
+        extra = call.extra or {}
+        if call.kind == "match":
+            for target, src in extra["pairs"]:
+                got = shape_expr.evaluate(src, env)
+                if isinstance(target, list) and target[0] == "bind":
+                    env[target[1]] = got
+                elif shape_expr.evaluate(target, env) != got:
+                    raise ArgumentError(
+                        f"{self.plan.name}: match_cast of {extra.get('what', '?')}: dimension "
+                        f"{_fmt_dim(target)} = {shape_expr.evaluate(target, env)} but the value "
+                        f"has {got}"
+                    )
+            return
+        if call.kind != "shape_func":
+            raise KilnError(f"{self.plan.name}: unknown plan step kind {call.kind!r}")
+        inputs: list[Any] = []
+        for kind, v in extra["inputs"]:
+            if kind == "tensor":
+                inputs.append(values[call.args[v]])
+            elif kind == "shape":
+                inputs.append(tuple(shape_expr.evaluate(d, env) for d in v))
+            else:
+                inputs.append(shape_expr.evaluate(v, env))
+        try:
+            dims = shape_funcs.run(call.func, inputs)
+        except KeyError:
+            raise KilnError(f"{self.plan.name}: this kiln has no shape function "
+                            f"{call.func!r}") from None
+        except ValueError as err:
+            raise ArgumentError(f"{self.plan.name}: {extra.get('what') or call.func}: {err}"
+                                ) from None
+        binds = extra["binds"]
+        if len(dims) != len(binds):
+            raise KilnError(f"{self.plan.name}: shape function {call.func} returned "
+                            f"{len(dims)} dims, expected {len(binds)}")
+        env.update(zip(binds, dims))
 
     def _run_entry(self, arrays: list[np.ndarray]) -> Any:
         plan = self.plan

@@ -27,9 +27,24 @@ class SlotSpec:
 
 @dataclass
 class KernelCall:
+    """One step of a plan: a native kernel call, or a host step (``kind != "kernel"``).
+
+    Host steps compute run-time shapes (see ``kiln.runtime.shape_funcs``): ``"shape_func"``
+    runs the shape function ``func`` on the tensors in ``args`` (read, never written; listed
+    so that memory planning keeps them alive) and binds the symbolic names of
+    ``extra["binds"]``; ``"match"`` binds or checks names from already bound values
+    (a ``match_cast``). ``extra`` is JSON data.
+    """
+
     func: str
     args: list[int]  # input slots then output slots
     num_outputs: int
+    kind: str = "kernel"
+    extra: dict[str, Any] | None = None
+
+    @property
+    def is_kernel(self) -> bool:
+        return self.kind == "kernel"
 
 
 @dataclass
@@ -50,7 +65,12 @@ class Plan:
 
     @property
     def num_kernels(self) -> int:
-        return len(self.calls)
+        return sum(1 for c in self.calls if c.is_kernel)
+
+    @property
+    def has_host_steps(self) -> bool:
+        """Whether shapes are computed while running (no static memory plan / native entry)."""
+        return any(not c.is_kernel for c in self.calls)
 
     def to_json(self, dtype_index: dict[DataType, int]) -> dict[str, Any]:
         return {
@@ -61,9 +81,7 @@ class Plan:
                 {"shape": s.shape, "dtype": dtype_index[s.dtype], "kind": s.kind}
                 for s in self.slots
             ],
-            "calls": [
-                {"func": c.func, "args": c.args, "num_outputs": c.num_outputs} for c in self.calls
-            ],
+            "calls": [_call_json(c) for c in self.calls],
             "outputs": self.outputs,
             "workspace_offsets": sorted([s, o] for s, o in self.workspace_offsets.items()),
             "workspace_bytes": self.workspace_bytes,
@@ -78,10 +96,19 @@ class Plan:
             input_names=list(data["input_names"]),
             input_slots=list(data["input_slots"]),
             slots=[SlotSpec(s["shape"], dtypes[s["dtype"]], s["kind"]) for s in data["slots"]],
-            calls=[KernelCall(c["func"], list(c["args"]), c["num_outputs"]) for c in data["calls"]],
+            calls=[KernelCall(c["func"], list(c["args"]), c["num_outputs"],
+                              c.get("kind", "kernel"), c.get("extra")) for c in data["calls"]],
             outputs=data["outputs"],
             constants=constants,
             workspace_offsets={int(s): int(o) for s, o in data["workspace_offsets"]},
             workspace_bytes=int(data["workspace_bytes"]),
             entry=data["entry"],
         )
+
+
+def _call_json(c: KernelCall) -> dict[str, Any]:
+    out: dict[str, Any] = {"func": c.func, "args": c.args, "num_outputs": c.num_outputs}
+    if not c.is_kernel:
+        out["kind"] = c.kind
+        out["extra"] = c.extra
+    return out

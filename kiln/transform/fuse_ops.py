@@ -52,6 +52,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import tir
 from ..graph import expr as gx
 from ..graph.block_builder import BlockBuilder
 from ..graph.functor import ExprVisitor
@@ -99,11 +100,15 @@ def _fusable_call(value: gx.Expr, mod: IRModule) -> PrimFunc | None:
         return None  # scalar parameters
     if len(func.params) != len(args.fields) + 1:
         return None
+    arg_dims: set[int] = set()
     for a in args.fields:
         if not isinstance(a, (gx.Var, gx.Constant)):
             return None
         if not isinstance(a.struct_info, TensorStructInfo) or a.struct_info.shape is None:
             return None
+        arg_dims.update(id(v) for d in a.struct_info.shape for v in tir.collect_vars(d))
+    if any(id(v) not in arg_dims for d in value.struct_info.shape for v in tir.collect_vars(d)):
+        return None  # output dims bound at run time (a match_cast): only its own call has them
     return func
 
 

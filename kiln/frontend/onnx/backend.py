@@ -1,11 +1,9 @@
 """An ``onnx.backend`` implementation, so ONNX's own conformance tests can run kiln.
 
-``prepare`` imports nothing yet: the model is imported and compiled on the first ``run``. When
-a shape-determining input (Reshape's shape, ...) is a graph input, the import is retried with
-that input frozen to the value of the first run -- the compiled model is then specialized to
-it, and later runs with a different value of that input are rejected. When the non-constant
-value is computed from graph inputs, every integer graph input is frozen (shape arguments).
-Run-time shape functions (a later part of the frontend) will remove this restriction.
+``prepare`` imports and compiles the model once. Shape-determining inputs that are graph inputs
+(Reshape's shape, Expand's shape, Slice's starts, ...) are ordinary run-time inputs: their
+values are read by host shape functions while the model runs (``kiln.runtime.shape_funcs``),
+so one compiled model serves every value; nothing is specialized to the first run.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ import onnx.numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
 from ...ir import KilnError
-from .importer import NonConstantInputError, from_onnx, load_model, onnx_dtype
+from .importer import from_onnx, load_model, onnx_dtype
 
 
 def _array(value: Any) -> Any:
@@ -29,60 +27,31 @@ def _array(value: Any) -> Any:
 
 
 class KilnBackendRep(BackendRep):
-    """A prepared model; compiled lazily on the first ``run``."""
+    """A prepared model: imported and compiled once by ``prepare``."""
 
     def __init__(self, model: onnx.ModelProto):
+        import kiln
+
         super().__init__()
         self.model = model
         inits = {i.name for i in model.graph.initializer}
         self.input_names = [vi.name for vi in model.graph.input if vi.name not in inits]
-        self.frozen: dict[str, np.ndarray] = {}
-        self.exe: Any = None
-
-    def _compile(self, feeds: dict[str, np.ndarray]) -> None:
-        import kiln
-
-        while True:
-            try:
-                mod, params = from_onnx(self.model, freeze_inputs=self.frozen)
-                break
-            except NonConstantInputError as err:
-                name = err.value_name
-                if name in feeds and name not in self.frozen:
-                    self.frozen[name] = np.asarray(feeds[name])
-                    continue
-                # computed from graph inputs: freeze the integer ones (shape arguments)
-                ints = {n: v for n, v in feeds.items()
-                        if v.dtype.kind in "iu" and n not in self.frozen}
-                if not ints:
-                    raise
-                self.frozen.update(ints)
-        self.exe = kiln.build(mod, params=params)
+        mod, params = from_onnx(model)
+        self.exe: Any = kiln.build(mod, params=params)
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
         if isinstance(inputs, dict):
-            inputs = {k: _array(v) for k, v in inputs.items()}
-        elif isinstance(inputs, (list, tuple)):
-            inputs = [_array(v) for v in inputs]
-        if isinstance(inputs, dict):
-            feeds = {k: np.asarray(v) for k, v in inputs.items()}
+            feeds = {k: np.asarray(_array(v)) for k, v in inputs.items()}
         else:
             if not isinstance(inputs, (list, tuple)):
                 inputs = [inputs]
-            feeds = {n: np.asarray(v) for n, v in zip(self.input_names, inputs)}
+            feeds = {n: np.asarray(_array(v)) for n, v in zip(self.input_names, inputs)}
         for vi in self.model.graph.input:
             # object arrays (e.g. parsed from text) take the dtype the model declares
             if vi.name in feeds and feeds[vi.name].dtype == object:
                 elem = vi.type.tensor_type.elem_type
                 feeds[vi.name] = feeds[vi.name].astype(onnx_dtype(elem, vi.name))
-        if self.exe is None:
-            self._compile(feeds)
-        for name, value in self.frozen.items():
-            if name in feeds and not np.array_equal(feeds[name], value):
-                raise KilnError(f"input {name!r} determines a shape and was specialized to "
-                                f"{value.tolist()} on the first run; got {feeds[name].tolist()}")
-        args = {n: v for n, v in feeds.items() if n not in self.frozen}
-        out = self.exe(**args)
+        out = self.exe(**feeds)
         outs = out if isinstance(out, (list, tuple)) else (out,)
         return tuple(np.asarray(o) for o in outs)
 

@@ -8,8 +8,10 @@ topological order (ONNX requires it) calling one converter per node inside a dat
 Values known at import time (initializers, ``Constant`` nodes, ``Shape`` of static tensors and
 the small integer arithmetic models do on them) are kept in a table of numpy arrays so that
 shape-determining inputs (Reshape's shape, Slice's starts, reduction axes, ...) can be folded.
-A shape-determining input that is only known at run time raises ``NonConstantInputError``;
-run-time shape functions are a later part of the frontend.
+Shapes that depend on values only known at run time become host shape functions that bind
+fresh symbolic dims while the model runs (``converters/dynamic.py``); an input that would set a
+value's *rank* (reduction or squeeze axes, ...) must still be known here, else
+``NonConstantInputError``.
 
 Initializers that feed tensor inputs become trailing parameters of ``main`` and are returned in
 ``params`` (bind them with ``kiln.build(mod, params=params)``), as TVM does: the weights stay
@@ -153,7 +155,7 @@ class NodeView:
         if value is None:
             raise NonConstantInputError(
                 f"{self}: input {i} ({what}, {name!r}) must be a constant (an initializer or "
-                "computed from constants); run-time shape values are not supported yet",
+                "computed from constants): it is not computed at run time for this operator",
                 name,
             )
         return value
@@ -184,6 +186,7 @@ class GraphContext:
         self.consts: dict[str, np.ndarray] = {}
         self.initializers: dict[str, np.ndarray] = {}
         self.param_vars: dict[str, g.Var] = {}
+        self.opsets: dict[str, int] = {}  # the model's opsets (for subgraph import)
 
     def value(self, name: str) -> Any:
         if name in self.values:
@@ -296,7 +299,7 @@ def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
     overrides the default-domain opset. ``main``'s parameters are the graph inputs (minus
     initializers) in model order, then -- unless ``bind_params`` -- the initializers used as
     tensors, whose values are returned in ``params``. ``freeze_inputs`` replaces graph inputs by
-    the given constant values (used by the ONNX backend for shape-determining inputs).
+    the given constant values (specializes the model to them; never needed for shapes).
     Several graph outputs are returned as a Tuple in model order.
     """
     proto = load_model(model)
@@ -310,6 +313,7 @@ def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
 
     bb = g.BlockBuilder()
     ctx = GraphContext(bb, bind_params)
+    ctx.opsets = dict(opsets)
     for init in graph.initializer:
         try:
             arr = onnx.numpy_helper.to_array(init)
@@ -387,3 +391,42 @@ def _convert_node(ctx: GraphContext, node: Any, opsets: Mapping[str, int]) -> No
             ctx.values[name] = res
         else:
             ctx.values[name] = ctx.emit(res, name)
+
+
+def convert_subgraph(ctx: GraphContext, graph: Any, bindings: Mapping[str, Any]) -> list[Any]:
+    """Import the nodes of subgraph ``graph`` (an If branch, a Loop/Scan body) into the current
+    function and return its outputs (Exprs; numpy arrays when known at import time).
+
+    ``bindings`` maps the subgraph's formal input names to Exprs or numpy arrays. Outer-scope
+    values stay visible, as ONNX requires. The subgraph's own names are dropped afterwards, so a
+    body can be imported once per iteration (unrolling) with fresh values each time.
+    """
+    check_supported(graph, ctx.opsets)
+    onnx = _load_onnx()
+    saved_values, saved_consts = dict(ctx.values), dict(ctx.consts)
+    try:
+        for init in graph.initializer:
+            arr = onnx.numpy_helper.to_array(init)
+            ctx.consts[init.name] = arr
+            ctx.values[init.name] = g.const(arr)
+        for name, value in bindings.items():
+            if isinstance(value, (np.ndarray, np.generic)):
+                ctx.consts[name] = np.asarray(value)
+                ctx.values[name] = g.const(np.asarray(value))
+            else:
+                ctx.consts.pop(name, None)
+                ctx.values[name] = value
+        for node in graph.node:
+            _convert_node(ctx, node, ctx.opsets)
+        outs: list[Any] = []
+        for vo in graph.output:
+            if vo.name in ctx.consts:
+                outs.append(ctx.consts[vo.name])
+            else:
+                outs.append(ctx.value(vo.name))
+        return outs
+    finally:
+        # keep outer initializers first used inside the subgraph (they became parameters)
+        kept = {n: v for n, v in ctx.values.items() if n in ctx.param_vars}
+        ctx.values, ctx.consts = saved_values, saved_consts
+        ctx.values.update(kept)

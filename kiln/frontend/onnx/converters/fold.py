@@ -21,6 +21,14 @@ def _int_div(node: Any, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a / b).astype(a.dtype)
 
 
+def _mod(node: Any, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ONNX Mod: ``fmod=1`` is C fmod (sign of the dividend), else the floor modulo; an
+    integer modulo by zero gives 0 (as the compiled kernel does)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.fmod(a, b) if node.attr("fmod", 0) else np.mod(a, b)
+    return np.asarray(out).astype(a.dtype)
+
+
 def _binary(fn: Callable[..., Any]) -> Callable[..., Any]:
     def fold(node: Any, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         out = np.asarray(fn(a, b))
@@ -52,4 +60,9 @@ FOLDERS: dict[str, Callable[..., np.ndarray]] = {
     "Neg": _unary(np.negative), "Abs": _unary(np.abs), "Max": _variadic(np.maximum),
     "Min": _variadic(np.minimum), "Identity": lambda node, a: a,
     "Where": lambda node, c, a, b: np.where(c, a, b).astype(a.dtype),
+    # element-wise family (helper A)
+    "Mod": _mod, "CastLike": lambda node, a, b: a.astype(b.dtype), "Sign": _unary(np.sign),
+    "Xor": _binary(np.logical_xor), "BitwiseAnd": _binary(np.bitwise_and),
+    "BitwiseOr": _binary(np.bitwise_or), "BitwiseXor": _binary(np.bitwise_xor),
+    "BitwiseNot": _unary(np.invert),
 }

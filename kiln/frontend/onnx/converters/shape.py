@@ -1,8 +1,11 @@
 """Shape and data-movement ONNX operators.
 
-Shape-determining inputs (Reshape's shape, Slice's starts, Pad's pads, ...) must be known at
-import time (``node.const_input``). When every input is a known constant the result is computed
-with numpy so that shape arithmetic chains (Shape -> Gather -> Concat -> Reshape) fold.
+Shape-determining inputs (Reshape's shape, Slice's starts, Pad's pads, ...) are folded when
+known at import time; otherwise Reshape, Expand, ConstantOfShape, Range, Tile, Slice and Pad
+compute their output shape at run time (``converters/dynamic.py``). Inputs that set the output
+*rank* (Squeeze's axes, Slice's axes, ...) must be constant. When every input is a known
+constant the result is computed with numpy so that shape arithmetic chains (Shape -> Gather ->
+Concat -> Reshape) fold.
 """
 
 from __future__ import annotations
@@ -11,8 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from .... import graph as g
 from .... import op
+from ....ir.errors import StructInfoError
 from ..registry import converter
+from . import dynamic as rt
 from .common import ints, ndim_of, norm_axis, prod, reshape, shape_of, static_int
 
 
@@ -43,9 +49,11 @@ def constant(ctx: Any, node: Any) -> Any:
 def constant_of_shape(ctx: Any, node: Any) -> Any:
     import onnx.numpy_helper as nh
 
-    shape = ints(node.const_input(0, "shape"))
     value = node.attrs.get("value")
     fill = nh.to_array(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
+    if not node.is_const(0):
+        return rt.constant_of_shape_rt(ctx, node, node.input(0), fill)
+    shape = ints(node.const_input(0, "shape"))
     return np.full(shape, fill[0], dtype=fill.dtype)
 
 
@@ -53,36 +61,43 @@ def constant_of_shape(ctx: Any, node: Any) -> Any:
 def shape(ctx: Any, node: Any) -> Any:
     x = node.input(0)
     static = ctx.static_shape(x)
-    if static is None:
-        raise node.error("the input shape is not static; run-time shape values are not "
-                         "supported yet")
-    dims = np.array(static, dtype=np.int64)
-    if node.opset >= 15:
-        start, end = node.attr("start", 0), node.attr("end", None)
-        dims = dims[start:end]
-    return dims
+    start, end = (node.attr("start", 0), node.attr("end", None)) if node.opset >= 15 else (0, None)
+    if static is not None:
+        return np.array(static, dtype=np.int64)[start:end]
+    # symbolic dims: a kernel writes them (bound from its argument) at run time
+    begin, stop, _ = slice(start, end).indices(ndim_of(x))
+    out = op.dynamic_shape_of(x)
+    if (begin, stop) == (0, ndim_of(x)):
+        return out
+    return op.strided_slice(out, (begin,), (max(stop, begin),))
 
 
 @converter("Size")
 def size(ctx: Any, node: Any) -> Any:
     static = ctx.static_shape(node.input(0))
     if static is None:
-        raise node.error("the input shape is not static")
+        return op.prod(op.dynamic_shape_of(node.input(0)))
     return np.array(int(np.prod(static)), dtype=np.int64)
 
 
 @converter("Reshape", since=5)
 def reshape_(ctx: Any, node: Any) -> Any:
     x = node.input(0)
-    target = ints(node.const_input(1, "shape"))
     allowzero = bool(node.attr("allowzero", 0))
+    if not node.is_const(1):
+        return rt.reshape_rt(ctx, node, x, node.input(1), allowzero)
+    target = ints(node.const_input(1, "shape"))
     in_shape = shape_of(x)
     dims = [in_shape[i] if (d == 0 and not allowzero) else d for i, d in enumerate(target)]
     const = node.const_value(0)
     if const is not None:
         return const.reshape([d if isinstance(d, int) else const.shape[i]
                               for i, d in enumerate(dims)])
-    return reshape(x, dims)
+    try:
+        return ctx.emit(reshape(x, dims), node.name)
+    except StructInfoError:
+        # the element count is not provable (dims bound at run time): checked when it runs
+        return rt.reshape_rt(ctx, node, x, g.const(np.array(target, np.int64)), allowzero)
 
 
 @converter("Flatten")
@@ -128,6 +143,8 @@ def _split_sizes(ctx: Any, node: Any, x: Any, axis: int) -> list[int]:
 def split(ctx: Any, node: Any) -> Any:
     x = node.input(0)
     axis = norm_axis(int(node.attr("axis", 0)), ndim_of(x))
+    if node.opset >= 13 and node.has_input(1) and not node.is_const(1):
+        return rt.split_rt(ctx, node, x, node.input(1), axis)
     sizes = _split_sizes(ctx, node, x, axis)
     indices = tuple(int(v) for v in np.cumsum(sizes)[:-1])
     if len(sizes) == 1:
@@ -138,6 +155,8 @@ def split(ctx: Any, node: Any) -> Any:
 @converter("Squeeze")
 def squeeze(ctx: Any, node: Any) -> Any:
     x = node.input(0)
+    if node.opset >= 13 and node.has_input(1) and not node.is_const(1):
+        return rt.squeeze_rt(ctx, node, x, node.input(1))
     if node.opset >= 13:
         value = node.const_input(1, "axes")
         axes = None if value is None else ints(value)
@@ -152,6 +171,8 @@ def squeeze(ctx: Any, node: Any) -> Any:
 @converter("Unsqueeze")
 def unsqueeze(ctx: Any, node: Any) -> Any:
     x = node.input(0)
+    if node.opset >= 13 and not node.is_const(1):
+        return rt.unsqueeze_rt(ctx, node, x, node.input(1))
     axes = ints(node.const_input(1, "axes")) if node.opset >= 13 else node.attr("axes")
     in_shape = list(shape_of(x))
     rank = len(in_shape) + len(axes)
@@ -167,6 +188,8 @@ def unsqueeze(ctx: Any, node: Any) -> Any:
 @converter("Expand", since=8)
 def expand(ctx: Any, node: Any) -> Any:
     x = node.input(0)
+    if not node.is_const(1):
+        return rt.expand_rt(ctx, node, x, node.input(1))
     target = ints(node.const_input(1, "shape"))
     in_shape = list(shape_of(x))
     rank = max(len(in_shape), len(target))
@@ -199,6 +222,11 @@ def slice_v1(ctx: Any, node: Any) -> Any:
 
 @converter("Slice", since=10)
 def slice_v10(ctx: Any, node: Any) -> Any:
+    if not all(node.is_const(i) for i in (1, 2, 3, 4) if node.has_input(i)):
+        axes = node.const_value(3)
+        axes = node.input(3) if axes is None else ints(axes)
+        return rt.slice_rt(ctx, node, node.input(0), node.input(1), node.input(2), axes,
+                           node.input(4))
     axes, steps = node.const_input(3, "axes"), node.const_input(4, "steps")
     return _slice(node, node.input(0), ints(node.const_input(1, "starts")),
                   ints(node.const_input(2, "ends")), None if axes is None else ints(axes),
@@ -224,9 +252,15 @@ def pad_v2(ctx: Any, node: Any) -> Any:
 
 @converter("Pad", since=11)
 def pad_v11(ctx: Any, node: Any) -> Any:
+    if not all(node.is_const(i) for i in (1, 2, 3) if node.has_input(i)):
+        axes = node.const_value(3)
+        axes = node.input(3) if axes is None and node.has_input(3) else (
+            None if axes is None else ints(axes))
+        return rt.pad_rt(ctx, node, node.input(0), node.input(1), node.input(2), axes,
+                         node.attr("mode", "constant"))
+    axes = node.const_input(3, "axes")
     value = node.const_input(2, "constant_value")
     fill = 0.0 if value is None else np.asarray(value).reshape(()).item()
-    axes = node.const_input(3, "axes")
     return _pad(node, node.input(0), ints(node.const_input(1, "pads")), fill,
                 None if axes is None else ints(axes))
 
@@ -240,14 +274,33 @@ def _pad(node: Any, x: Any, pads: list[int], fill: Any, axes: list[int] | None) 
     if any(p < 0 for w in width for p in w):
         raise node.error(f"negative pads {pads} (cropping) are not supported yet")
     mode = node.attr("mode", "constant")
+    if mode == "wrap":
+        return _wrap_pad(node, x, width)
     if mode not in ("constant", "edge", "reflect"):
         raise node.error(f"pad mode {mode!r} is not supported")
     return op.pad(x, tuple(tuple(w) for w in width), pad_value=fill, mode=mode)
 
 
+def _wrap_pad(node: Any, x: Any, width: list[list[int]]) -> Any:
+    """Pad mode 'wrap' (numpy ``wrap``): one gather per padded axis of the positions
+    ``(i - before) mod dim``; exact for any pad size, and differentiable through ``take``."""
+    dims = shape_of(x)  # padding one axis leaves the others' sizes
+    for axis, (b, e) in enumerate(width):
+        if not (b or e):
+            continue
+        dim = static_int(dims[axis])
+        if not dim:
+            raise node.error("pad mode 'wrap' needs static, non-empty padded dimensions")
+        idx = np.arange(-b, dim + e, dtype=np.int64) % dim
+        x = op.take(x, g.const(idx), axis=axis)
+    return x
+
+
 @converter("Tile", since=6)
 def tile(ctx: Any, node: Any) -> Any:
     x = node.input(0)
+    if not node.is_const(1):
+        return rt.tile_rt(ctx, node, x, node.input(1))
     reps = ints(node.const_input(1, "repeats"))
     s = list(shape_of(x))
     if len(reps) != len(s):
@@ -285,6 +338,8 @@ def space_to_depth(ctx: Any, node: Any) -> Any:
 
 @converter("Range", since=11)
 def range_(ctx: Any, node: Any) -> Any:
+    if not all(node.is_const(i) for i in range(3)):
+        return rt.range_rt(ctx, node, node.input(0), node.input(1), node.input(2))
     start, limit, delta = (np.asarray(node.const_input(i, n)) for i, n in
                            enumerate(("start", "limit", "delta")))
     return np.arange(start.item(), limit.item(), delta.item()).astype(start.dtype)
