@@ -1,16 +1,20 @@
-"""ONNX's official backend node tests run through ``kiln.frontend.onnx.backend``.
+"""ONNX's official backend tests run through ``kiln.frontend.onnx.backend``: the node cases and
+the pytorch-converted, pytorch-operator and simple model folders.
 
 Only cases whose operators all have converters run (``kiln.frontend.onnx.exclusions``); every
 other case is excluded with its reason, which shows in the skip message (a regex comment).
-``benchmarks/onnx_suite.py`` runs the same selection and prints a pass table per op type.
+``benchmarks/onnx_suite.py`` runs the same selection and prints pass tables per folder and op
+type.
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import re
 import warnings
 
+import onnx
 import onnx.backend.test
 import pytest
 from onnx.backend.test.loader import load_model_tests
@@ -23,14 +27,25 @@ from kiln.frontend.onnx.exclusions import KNOWN_FAILURES, exclusion_reason
 # fall below this floor.
 MIN_PASSING_CASES = 688
 
+#: The folders run here: generated node cases and the model files shipped with onnx ("real"
+#: needs downloads and is not run).
+KINDS = ("node", "pytorch-converted", "pytorch-operator", "simple")
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    _CASES = load_model_tests(kind="node")
+    _CASES = [c for kind in KINDS for c in load_model_tests(kind=kind)]
+
+
+def _model(case):
+    if case.model is not None:
+        return case.model
+    return onnx.load(os.path.join(case.model_dir, "model.onnx"))
+
 
 _RUN: list[str] = []
 _EXCLUDED: dict[str, list[str]] = collections.defaultdict(list)
 for _case in _CASES:
-    _reason = exclusion_reason(_case.model, _case.name)
+    _reason = exclusion_reason(_model(_case), _case.name)
     if _reason is None:
         _RUN.append(_case.name)
     else:
@@ -48,7 +63,7 @@ globals().update(backend_test.test_cases)
 def test_node_case_counts():
     """Print the selection and check that the passing floor is kept."""
     groups = collections.Counter(r.split(":")[0] for r in exclusion_reasons())
-    print(f"\nONNX node cases: {len(_CASES)}; run: {len(_RUN)}; "
+    print(f"\nONNX backend cases: {len(_CASES)}; run: {len(_RUN)}; "
           f"known failures: {len(KNOWN_FAILURES)}")
     for reason, n in groups.most_common():
         print(f"  excluded {n:4d}: {reason}")

@@ -439,9 +439,21 @@ def mish(ctx: Any, node: Any) -> Any:
     return op.multiply(x, op.tanh(sp))
 
 
-@converter("PRelu")
+@converter("PRelu", since=7)
 def prelu(ctx: Any, node: Any) -> Any:
     x, slope = node.input(0), node.input(1)
+    dt = dtype_of(x)
+    return op.where(op.less(x, scalar(0, dt)), op.multiply(x, slope), x)
+
+
+@converter("PRelu", since=1)
+def prelu_v1(ctx: Any, node: Any) -> Any:
+    """Before opset 7 a 1-d slope of length C applies per channel (axis 1), not along the
+    last axis as numpy broadcasting would have it."""
+    x, slope = node.input(0), node.input(1)
+    xs, ss = shape_of(x), shape_of(slope)
+    if len(ss) == 1 and len(xs) > 2 and static_int(ss[0]) not in (None, 1):
+        slope = op.reshape(slope, (ss[0],) + (1,) * (len(xs) - 2))
     dt = dtype_of(x)
     return op.where(op.less(x, scalar(0, dt)), op.multiply(x, slope), x)
 
