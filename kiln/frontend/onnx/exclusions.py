@@ -27,18 +27,9 @@ _BF16_ATTENTION = (
     "bfloat16 Attention: the reference rounds every intermediate (scaled Q/K, scores, exp, "
     "row sums) to bfloat16, kiln computes in float32 and rounds once; the results differ by "
     "1-2 bfloat16 ulps (0.8%), the case's rtol 1e-3 is below one ulp")
-_EXPANDED_FOLDING = (
-    "Attention function body: Mod and Squeeze of constant shape values are not folded at "
-    "import (no FOLDERS entry), so the GQA repeat count becomes a run-time value and "
-    "Expand/Reshape fail; passes once fold.py folds Mod and Squeeze")
 _EXPANDED_HALF = (
     "Attention function body in float16/bfloat16: run op by op in 16 bits, kiln's MatMul/"
-    "Softmax round differently from numpy's by more than the case's rtol 1e-3 (1 fp16 ulp); "
-    "also needs the Mod/Squeeze folding")
-_WHERE_CODEGEN = (
-    "C codegen: Where whose condition broadcasts along the vectorized inner axis emits "
-    "'scalar ? vector : vector' (gcc: type mismatch in conditional expression); also needs "
-    "the Mod/Squeeze folding")
+    "Softmax round differently from numpy's by more than the case's rtol 1e-3 (1 fp16 ulp)")
 
 _RUNTIME_RESIZE = (
     "run-time scales/sizes: Resize/Upsample scales, sizes or roi are graph inputs; the "
@@ -52,12 +43,6 @@ KNOWN_FAILURES: dict[str, str] = {
     # -- run-time shapes (helper F): the backend no longer specializes a model to the first
     # run's values of its inputs, so converters that need an input at import time fail on
     # cases that feed it as a graph input
-    **{f"test_clip{c}": (
-        "Clip min/max are graph inputs: the Clip converter needs them constant (these passed "
-        "only while the backend froze inputs; fix: maximum/minimum with the tensors)")
-       for c in ("_example", "", "_inbounds", "_outbounds", "_splitbounds",
-                 "_min_greater_than_max", "_default_min", "_default_max",
-                 "_default_int8_min", "_default_int8_max")},
     # -- convolution and pooling (helper D2): Col2Im's image_shape/block_shape are graph inputs
     # in these cases; the output shape depends on their values, so the converter needs them at
     # import time (it passes with initializers: tests/frontend/test_frontend_onnx_conv_pool.py)
@@ -104,53 +89,10 @@ KNOWN_FAILURES: dict[str, str] = {
     **{f"test_attention_{c}": _BF16_ATTENTION for c in (
         "4d_causal_bf16", "4d_padded_kv_bf16", "4d_causal_padded_kv_bf16",
         "4d_attn_mask_causal_bf16", "3d_causal_bf16")},
-    **{f"test_attention_{c}_expanded": _EXPANDED_FOLDING for c in (
-        "4d", "4d_gqa", "4d_diff_heads_sizes", "4d_scaled", "4d_gqa_scaled",
-        "4d_diff_heads_sizes_scaled", "4d_causal", "4d_gqa_causal",
-        "4d_diff_heads_sizes_causal", "4d_attn_mask", "4d_attn_mask_3d",
-        "4d_attn_mask_3d_causal", "4d_attn_mask_4d", "4d_attn_mask_4d_causal",
-        "4d_attn_mask_bool", "4d_attn_mask_bool_4d", "4d_gqa_attn_mask",
-        "4d_diff_heads_sizes_attn_mask", "4d_with_past_and_present",
-        "4d_gqa_with_past_and_present", "4d_diff_heads_with_past_and_present",
-        "4d_diff_heads_with_past_and_present_mask3d",
-        "4d_diff_heads_with_past_and_present_mask4d", "4d_softcap", "4d_gqa_softcap",
-        "4d_diff_heads_sizes_softcap", "4d_with_qk_matmul", "4d_with_qk_matmul_bias",
-        "4d_with_qk_matmul_softcap", "4d_with_qk_matmul_softmax",
-        "4d_with_past_and_present_qk_matmul_bias",
-        "4d_with_past_and_present_qk_matmul_bias_3d_mask",
-        "4d_with_past_and_present_qk_matmul_bias_4d_mask",
-        "4d_with_past_and_present_qk_matmul_bias_3d_mask_causal",
-        "4d_with_past_and_present_qk_matmul_bias_4d_mask_causal",
-        "4d_with_past_and_present_qk_matmul", "3d", "3d_gqa", "3d_diff_heads_sizes",
-        "3d_scaled", "3d_gqa_scaled", "3d_diff_heads_sizes_scaled", "3d_causal",
-        "3d_gqa_causal", "3d_diff_heads_sizes_causal", "3d_attn_mask", "3d_gqa_attn_mask",
-        "3d_diff_heads_sizes_attn_mask", "3d_softcap", "3d_gqa_softcap",
-        "3d_diff_heads_sizes_softcap", "3d_with_past_and_present",
-        "3d_gqa_with_past_and_present", "3d_diff_heads_with_past_and_present",
-        "3d_with_past_and_present_qk_matmul", "3d_with_past_and_present_qk_matmul_bias",
-        "3d_with_past_and_present_qk_matmul_softcap",
-        "3d_with_past_and_present_qk_matmul_softmax", "3d_transpose_verification",
-        "4d_diff_heads_mask4d_padded_kv", "4d_softcap_neginf_mask",
-        "4d_softcap_neginf_mask_poison", "4d_gqa_causal_nonpad_decode_fp16",
-        "4d_causal_with_past_and_present", "causal_boolmask_nan_robustness",
-        "23_boolmask_fullymasked_row_nan_robustness",
-        "23_fullymasked_qk_matmul_output_mode3_zero",
-        "24_fullymasked_qk_matmul_output_mode3_zero",
-        "24_qk_matmul_output_mode3_softmax_precision",
-        "4d_causal_nonpad_attn_mask_composition", "4d_causal_nonpad_batch_prefill",
-        "local_window", "bidirectional_window", "local_window_default",
-        "local_window_rank1_boolean_mask", "local_window_with_past",
-        "local_window_ext_cache_float16_mask", "3d_local_window",
-        "local_window_gqa_rank4_mask")},
     **{f"test_attention_{c}_expanded": _EXPANDED_HALF for c in (
         "4d_fp16", "4d_gqa_with_past_and_present_fp16", "4d_causal_bf16", "4d_causal_fp16",
         "4d_padded_kv_bf16", "4d_causal_padded_kv_bf16", "4d_attn_mask_causal_bf16",
         "3d_causal_bf16")},
-    **{f"test_attention_{c}_expanded": _WHERE_CODEGEN for c in (
-        "4d_gqa_causal_nonpad_decode", "4d_causal_nonpad_continued_prefill",
-        "4d_causal_nonpad_negative_offset_structural_empty",
-        "local_window_ext_cache_rank3_head_mask",
-        "local_window_ext_cache_rank4_batch_mask", "local_window_ext_cache_rank2_mask")},
     # -- recurrent / subgraph / signal (helper H) --
     "test_loop11": "Loop trip count is a graph input: Loop is unrolled at import and needs "
                    "a trip count known at import time",
@@ -198,10 +140,6 @@ KNOWN_FAILURES: dict[str, str] = {
         "bfloat16 Celu spelled out in Div/Exp/Sub/Mul/Max/Min nodes: kiln rounds every node's "
         "result to bfloat16, the reference computes in float32 and rounds once (0.4453 vs "
         "0.4434, beyond rtol 1e-3); the Celu node itself computes in float32 and passes",
-    "test_causal_conv_with_state_silu_fp16_expanded":
-        "float16 Conv/Sigmoid/Mul spelled out in nodes (runs now that CastLike converts): kiln "
-        "rounds each node's result to float16, the reference differs by one float16 ulp in 3 "
-        "of 64 values (1.286 vs 1.285), beyond rtol 1e-3",
     "test_bitcast_float32_to_int32": _FLOAT_BITCAST,
     "test_bitcast_int32_to_float32": _FLOAT_BITCAST,
     "test_bitcast_float64_to_int64": _FLOAT_BITCAST,

@@ -157,9 +157,15 @@ def softplus(ctx: Any, node: Any) -> Any:
     return op.log(op.add(op.exp(x), scalar(1, dtype_of(x))))
 
 
-def _bound(ctx: Any, node: Any, i: int, what: str) -> float | None:
-    v = node.const_input(i, what)
-    return None if v is None else float(np.asarray(v).reshape(()))
+def _bound(node: Any, i: int, dtype: str) -> Any:
+    """Clip's bound ``i`` as a 0-d Expr of x's dtype (a constant when known at import, else the
+    run-time input), or None when absent."""
+    if not node.has_input(i):
+        return None
+    v = node.const_value(i)
+    if v is not None:
+        return g.const(np.asarray(v).reshape(()).astype(dtype))
+    return op.reshape(node.input(i), ())
 
 
 @converter("Clip", since=1)
@@ -171,12 +177,12 @@ def clip_v1(ctx: Any, node: Any) -> Any:
 def clip_v11(ctx: Any, node: Any) -> Any:
     # min(max(x, lo), hi): ONNX sets every value to ``max`` when min > max
     x = node.input(0)
-    lo, hi = _bound(ctx, node, 1, "min"), _bound(ctx, node, 2, "max")
+    lo, hi = _bound(node, 1, dtype_of(x)), _bound(node, 2, dtype_of(x))
     out = x
     if lo is not None:
-        out = op.maximum(out, scalar(lo, dtype_of(x)))
+        out = op.maximum(out, lo)
     if hi is not None:
-        out = op.minimum(out, scalar(hi, dtype_of(x)))
+        out = op.minimum(out, hi)
     return out
 
 

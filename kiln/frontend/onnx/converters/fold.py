@@ -51,6 +51,25 @@ def _variadic(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fold
 
 
+def _axes(node: Any, axes: np.ndarray | None) -> tuple[int, ...] | None:
+    """Squeeze/Unsqueeze axes: the input (opset 13+) or the attribute (before)."""
+    if axes is not None:
+        return tuple(int(a) for a in np.asarray(axes).reshape(-1))
+    attr = node.attr("axes", None)
+    return None if attr is None else tuple(int(a) for a in attr)
+
+
+def _squeeze(node: Any, x: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
+    ax = _axes(node, axes)
+    return np.squeeze(x) if ax is None else np.squeeze(x, axis=ax)
+
+
+def _unsqueeze(node: Any, x: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
+    ax = _axes(node, axes) or ()
+    rank = x.ndim + len(ax)
+    return np.expand_dims(x, tuple(sorted(a % rank for a in ax)))
+
+
 FOLDERS: dict[str, Callable[..., np.ndarray]] = {
     "Add": _binary(np.add), "Sub": _binary(np.subtract), "Mul": _binary(np.multiply),
     "Div": _int_div, "Equal": _binary(np.equal), "Less": _binary(np.less),
@@ -65,4 +84,6 @@ FOLDERS: dict[str, Callable[..., np.ndarray]] = {
     "Xor": _binary(np.logical_xor), "BitwiseAnd": _binary(np.bitwise_and),
     "BitwiseOr": _binary(np.bitwise_or), "BitwiseXor": _binary(np.bitwise_xor),
     "BitwiseNot": _unary(np.invert),
+    # shape values (attention function bodies squeeze a gathered dim before Range)
+    "Squeeze": _squeeze, "Unsqueeze": _unsqueeze,
 }
