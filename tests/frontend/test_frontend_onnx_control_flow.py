@@ -9,6 +9,8 @@ from onnx import TensorProto, helper
 import kiln
 from kiln.frontend.onnx import from_onnx
 from kiln.ir import KilnError
+from kiln.testing.onnx_graphs import onnx_model
+from kiln.testing.onnx_graphs import value_info as _vi
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -16,15 +18,8 @@ F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 RNG = np.random.default_rng(0)
 
 
-def _vi(name, shape, dtype=F):
-    return helper.make_tensor_value_info(name, dtype, shape)
-
-
 def _model(nodes, inputs, outputs, inits=(), opset=13):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    return model
+    return onnx_model(nodes, inputs, outputs, inits, opset)
 
 
 def _compare(model, feed_sets):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.frontend.onnx import converter, from_onnx, lookup_converter
 from kiln.ir import KilnError, ModelFormatError, UnsupportedOperatorError
+from kiln.testing.onnx_graphs import onnx_model
+from kiln.testing.onnx_graphs import value_info as _vi
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -18,11 +19,7 @@ RNG = np.random.default_rng(0)
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
+    return onnx_model(nodes, inputs, outputs, inits, opset, check=True)
 
 
 def _ort(model, feeds):
@@ -46,10 +43,6 @@ def _check(model, feeds, rtol=1e-5):
 
 def _x(*shape):
     return RNG.standard_normal(shape).astype("float32")
-
-
-def _vi(name, shape, dtype=F):
-    return helper.make_tensor_value_info(name, dtype, shape)
 
 
 def test_elementwise_family():

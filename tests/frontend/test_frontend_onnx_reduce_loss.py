@@ -15,20 +15,15 @@ from onnx.reference import ReferenceEvaluator
 import kiln
 from kiln.frontend.onnx import from_onnx
 from kiln.ir import KilnError
+from kiln.testing.onnx_graphs import onnx_model
+from kiln.testing.onnx_graphs import value_info as _vi
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 RNG = np.random.default_rng(7)
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=18):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    return model
-
-
-def _vi(name, shape, dtype=F):
-    return helper.make_tensor_value_info(name, dtype, shape)
+    return onnx_model(nodes, inputs, outputs, inits, opset)
 
 
 def _build(model):

@@ -11,20 +11,15 @@ import kiln
 from kiln.frontend.onnx import from_onnx
 from kiln.frontend.onnx.converters.signal import mel_weight_matrix
 from kiln.ir import KilnError
+from kiln.testing.onnx_graphs import onnx_model
+from kiln.testing.onnx_graphs import value_info as _vi
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 RNG = np.random.default_rng(0)
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=20):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 9
-    return model
-
-
-def _vi(name, shape, dtype=F):
-    return helper.make_tensor_value_info(name, dtype, shape)
+    return onnx_model(nodes, inputs, outputs, inits, opset, ir_version=9)
 
 
 def _run(model, feeds):
