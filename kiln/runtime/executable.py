@@ -32,7 +32,7 @@ import numpy as np
 from ..ir import abi
 from ..ir.dtype import DataType
 from ..ir.errors import KilnError, ModelFormatError
-from . import memory_plan
+from . import memory_plan, shape_expr
 from .executor import Executor
 from .module import FunctionInfo, Module, ParamInfo
 from .plan import Plan
@@ -92,7 +92,8 @@ class Executable:
         lines = [f"kiln executable: {len(self.module.functions)} kernels in {self.module.lib_path}"]
         for name, plan in self.plans.items():
             ins = ", ".join(
-                f"{n}: {plan.slots[s].dtype}{list(plan.slots[s].shape)}"
+                f"{n}: {plan.slots[s].dtype}"
+                f"[{', '.join(shape_expr.to_str(c) for c in plan.slots[s].shape)}]"
                 for n, s in zip(plan.input_names, plan.input_slots)
             )
             lines.append(f"  {name}({ins}): {plan.num_kernels} kernel calls")

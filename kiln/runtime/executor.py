@@ -37,12 +37,7 @@ def _fmt_shape(shape: Sequence[Any]) -> str:
     return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
 
 
-def _fmt_dim(code: Any) -> str:
-    if isinstance(code, int):
-        return str(code)
-    if code[0] == "var":
-        return code[1]
-    return f"{code[0]}({_fmt_dim(code[1])}, {_fmt_dim(code[2])})"
+_fmt_dim = shape_expr.to_str
 
 
 def as_input_array(value: Any, name: str, dtype: DataType) -> np.ndarray:

@@ -67,5 +67,14 @@ def evaluate(code: Any, env: dict[str, int]) -> int:
     raise KilnError(f"unknown shape operation {op!r}")
 
 
+def to_str(code: Any) -> str:
+    """Readable form of an encoded dimension: ``4``, ``batch``, ``mul(2, n)``."""
+    if isinstance(code, int):
+        return str(code)
+    if code[0] == "var":
+        return code[1]
+    return f"{code[0]}({', '.join(to_str(c) for c in code[1:])})"
+
+
 def is_static(code: Any) -> bool:
     return isinstance(code, int)
