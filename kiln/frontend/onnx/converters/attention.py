@@ -23,7 +23,7 @@ import numpy as np
 from .... import graph as g
 from .... import op
 from ..registry import converter
-from .common import dtype_of, ndim_of, reshape, scalar, shape_of, static_int
+from .common import dtype_of, ndim_of, node_axis, reshape, scalar, shape_of, static_int
 
 # ---------------------------------------------------------------------------------------------
 # helpers
@@ -275,10 +275,7 @@ def _stash(ctx: Any, node: Any, x: Any) -> Any:
 def rms_norm(ctx: Any, node: Any) -> Any:
     x, w = node.input(0), node.input(1)
     nd = ndim_of(x)
-    axis = int(node.attr("axis", -1))
-    if not -nd <= axis < nd:
-        raise node.error(f"axis {axis} is out of range for rank {nd}")
-    axes = tuple(range(axis % nd, nd))
+    axes = tuple(range(node_axis(node, nd), nd))
     xs = _stash(ctx, node, x)
     dt, sdt = dtype_of(x), dtype_of(xs)
     eps = scalar(node.attr("epsilon", 1e-5), sdt)

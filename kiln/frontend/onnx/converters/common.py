@@ -50,5 +50,14 @@ def norm_axis(axis: int, ndim: int) -> int:
     return axis + ndim if axis < 0 else axis
 
 
+def node_axis(node: Any, ndim: int, default: int = -1, what: str = "rank") -> int:
+    """The node's ``axis`` attribute checked against ``ndim`` and made non-negative (an error
+    naming the node when out of range; ``what`` names the rank in the message)."""
+    axis = int(node.attr("axis", default))
+    if not -ndim <= axis < ndim:
+        raise node.error(f"axis {axis} is out of range for {what} {ndim}")
+    return norm_axis(axis, ndim)
+
+
 def reshape(x: Any, shape: Any) -> Any:
     return op.reshape(x, tuple(shape))

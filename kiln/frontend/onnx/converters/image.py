@@ -268,12 +268,8 @@ def upsample_v7(ctx: Any, node: Any) -> Any:
                    None, None, None)
 
 
-@converter("Upsample", since=9)
-def upsample_v9(ctx: Any, node: Any) -> Any:
-    spec = ResizeSpec(mode=_mode(node), coord="asymmetric", nearest_mode="simple")
-    _check_spec(node, spec)
-    return _resize(ctx, node, node.input(0), spec, node.const_input(1, "scales"), None, None,
-                   None)
+# Upsample-9 is Resize-10 (scales as an input, asymmetric coordinates)
+converter("Upsample", since=9)(resize_v10)
 
 
 # =============================================================================================

@@ -16,7 +16,7 @@ import numpy as np
 from .... import graph as g
 from .... import op
 from ..registry import converter
-from .common import dtype_of, ints, ndim_of, scalar, shape_of, static_int
+from .common import dtype_of, ints, ndim_of, node_axis, scalar, shape_of, static_int
 
 
 def _square(x: Any) -> Any:
@@ -269,10 +269,7 @@ def hardmax_v1(ctx: Any, node: Any) -> Any:
 def hardmax(ctx: Any, node: Any) -> Any:
     x = node.input(0)
     nd = ndim_of(x)
-    axis = int(node.attr("axis", -1))
-    if not -nd <= axis < nd:
-        raise node.error(f"axis {axis} is out of range for rank {nd}")
-    axis = axis + nd if axis < 0 else axis
+    axis = node_axis(node, nd)
     first = op.argmax(x, axis=axis, keepdims=True)  # ties: the first maximum
     return op.cast(_one_hot_along(first, shape_of(x)[axis], axis, nd), dtype_of(x))
 
@@ -281,10 +278,7 @@ def hardmax(ctx: Any, node: Any) -> Any:
 def one_hot(ctx: Any, node: Any) -> Any:
     indices, values = node.input(0), node.input(2)
     nd = ndim_of(indices) + 1
-    axis = int(node.attr("axis", -1))
-    if not -nd <= axis < nd:
-        raise node.error(f"axis {axis} is out of range for output rank {nd}")
-    axis = axis + nd if axis < 0 else axis
+    axis = node_axis(node, nd, what="output rank")
     i64 = "int64"
     depth_v = node.const_value(1)
     if depth_v is not None:
@@ -312,10 +306,7 @@ def one_hot(ctx: Any, node: Any) -> Any:
 def _topk(ctx: Any, node: Any, k: Any) -> Any:
     x = node.input(0)
     nd = ndim_of(x)
-    axis = int(node.attr("axis", -1))
-    if not -nd <= axis < nd:
-        raise node.error(f"axis {axis} is out of range for rank {nd}")
-    axis = axis + nd if axis < 0 else axis
+    axis = node_axis(node, nd)
     n = static_int(shape_of(x)[axis])
     if isinstance(k, int) and n is not None and not 0 <= k <= n:
         raise node.error(f"k={k} must be in [0, {n}] (the length of axis {axis})")
