@@ -25,7 +25,8 @@ def _single_op_module(shapes, make_call):
     bb = g.BlockBuilder()
     params = [g.Var(f"x{i}", g.TensorStructInfo(s, "float32")) for i, s in enumerate(shapes)]
     with bb.function("main", params):
-        out = bb.emit(make_call(*params))
+        with bb.dataflow():  # graph passes (layouts, fusion) work on dataflow blocks, as in a model
+            out = bb.emit_output(make_call(*params))
         bb.emit_func_output(out)
     return bb.get()
 
@@ -67,18 +68,19 @@ def cases():
     rng = np.random.default_rng(0)
     from onnx import helper
 
-    # dense 1024^3 (x @ w.T)
-    x = rng.standard_normal((1024, 1024), dtype=np.float32)
-    w = rng.standard_normal((1024, 1024), dtype=np.float32)
-    yield (
-        "dense 1024x1024x1024 fp32",
-        _single_op_module([x.shape, w.shape], lambda a, b: op.dense(a, b)),
-        [x, w],
-        lambda: x @ w.T,
-        _ort_session([helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)],
-                     [("x", x), ("w", w)], (1024, 1024)),
-        2 * 1024**3,
-    )
+    # dense n^3 (x @ w.T), the weight an input (packed at run time, O(n^2))
+    for n in (1024, 2048):
+        x = rng.standard_normal((n, n), dtype=np.float32)
+        w = rng.standard_normal((n, n), dtype=np.float32)
+        yield (
+            f"dense {n}x{n}x{n} fp32",
+            _single_op_module([x.shape, w.shape], lambda a, b: op.dense(a, b)),
+            [x, w],
+            lambda x=x, w=w: x @ w.T,
+            _ort_session([helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)],
+                         [("x", x), ("w", w)], (n, n)),
+            2 * n**3,
+        )
     # conv2d 1x64x56x56, 64 3x3 filters, padding 1
     xc = rng.standard_normal((1, 64, 56, 56), dtype=np.float32)
     wc = rng.standard_normal((64, 64, 3, 3), dtype=np.float32)

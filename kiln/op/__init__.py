@@ -15,6 +15,7 @@ from .index import *  # noqa: F403
 from .layout import *  # noqa: F403
 from .linalg import *  # noqa: F403
 from .loss import *  # noqa: F403
+from .matmul_packed import *  # noqa: F403
 from .nn import *  # noqa: F403
 from .quantize import *  # noqa: F403
 from .reduce import *  # noqa: F403

@@ -3,9 +3,10 @@
 Both are one reduction over the contracted axis ``k``. Their CPU schedule
 (:func:`schedule_gemm`) walks the output in blocks of a few rows and, for each ``k``, adds
 ``A[i, k] * B[k, :]`` to those rows with SIMD vectors along the columns (each vector of ``B``
-is loaded once for all rows of the block); the row blocks run in parallel. ``C`` accumulates
-in place, which measured fastest while the lowering has no buffer compaction (see the
-docstring of :func:`schedule_gemm`).
+is loaded once for all rows of the block); the row blocks run in parallel. That schedule is
+what runs when the right operand cannot be packed: on CPUs at opt level 2 both ops declare an
+``alter_layout`` hook that turns a product with enough rows into ``matmul_packed``
+(:mod:`kiln.op.matmul_packed`: ``b`` packed in column panels, a register-tiled micro-kernel).
 
 ``dense(x, w)`` is ``x @ w.T`` with ``w`` laid out ``[units, in]`` (ONNX Gemm with transB,
 torch.nn.Linear). In that layout no output axis is contiguous in ``w``, so the compute reads
@@ -234,6 +235,12 @@ def _schedule_matmul(sch: Any, target: Any) -> None:
     schedule_epilogue(sch, target, rest, at)
 
 
+def _alter_matmul_c(call: Any, target: Any) -> Any:
+    from .matmul_packed import alter_to_packed
+
+    return alter_to_packed(call, target, "matmul")
+
+
 def _swap_last(x: Any, ndim: int) -> Any:
     """``x`` with its last two axes swapped (a batched matrix transpose)."""
     from .shape import transpose
@@ -284,6 +291,7 @@ matmul = register_op(
     pattern=OpPattern.OUT_EWISE_FUSABLE,
     compute=_matmul_compute,
     schedules={"c": _schedule_matmul},
+    alter_layout={"c": _alter_matmul_c},
     mixed_precision=MixedPrecision.ALWAYS,
     gradient=_matmul_grad,
     doc="Matrix product with numpy semantics: a 1-d operand is promoted to a matrix (and the "
@@ -365,6 +373,12 @@ def _schedule_dense(sch: Any, target: Any) -> None:
     schedule_epilogue(sch, target, rest, at)
 
 
+def _alter_dense_c(call: Any, target: Any) -> Any:
+    from .matmul_packed import alter_to_packed
+
+    return alter_to_packed(call, target, "dense")
+
+
 def _dense_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """``d data = g @ w`` and ``d w = g^T @ data`` with the leading dimensions of ``data``
     flattened into rows; computed in the result's dtype, cast back to each input's."""
@@ -398,6 +412,7 @@ dense = register_op(
     pattern=OpPattern.OUT_EWISE_FUSABLE,
     compute=_dense_compute,
     schedules={"c": _schedule_dense},
+    alter_layout={"c": _alter_dense_c},
     mixed_precision=MixedPrecision.ALWAYS,
     gradient=_dense_grad,
     doc="``data @ weight.T`` with weight ``[units, in]``; data may have leading batch "
@@ -521,13 +536,10 @@ def schedule_gemm(sch: Any, target: Any, block: Any, *, has_i: bool, has_j: bool
                   for ji in LANES (vector)
                     C[i, j] += A[i, k] * B[k, j]
 
-    C accumulates in place. The classic register tile (``cache_write(C, "local")`` at the tile
-    loop) and a packed panel of B (``cache_read`` + ``compute_at``) need buffer compaction,
-    which the lowering does not do yet: the caches would be full-size copies. Measured on
-    AVX2, in-place accumulation in this outer-product order was the fastest form without it
-    (~25% of OpenBLAS on one core); C written the way kiln's codegen would emit the packed
-    panel + small local tile reaches ~65%, so this schedule should switch once compaction
-    exists. An extent that no vector length divides is not vectorized (a predicated
+    C accumulates in place. This is the fallback for products AlterOpLayout did not pack
+    (too few rows, a column count 16 does not divide, opt level < 2, non-float32): with B
+    unpacked, each ``k`` strides a whole row of B, which defeats the register tile that
+    ``matmul_packed`` uses. An extent that no vector length divides is not vectorized (a predicated
     vector loop falls back to scalar code anyway); symbolic extents are not split. Returns
     the parallel loop (or None).
     """

@@ -67,17 +67,6 @@ def _copy_block(src: Buffer, dst: Buffer, name: str) -> Block:
     )
 
 
-def _lca(index: TreeIndex, srefs: list[SRef]) -> SRef:
-    """The deepest loop holding every one of ``srefs`` (or their common block scope)."""
-    chains = [index.ancestors(s) for s in srefs]
-    common = chains[0][0]
-    for nodes in zip(*chains):
-        if any(n is not nodes[0] for n in nodes):
-            break
-        common = nodes[0]
-    return common
-
-
 def _place_copy(
     index: TreeIndex, sref: SRef, others: list[SRef], buf: Buffer, copy: Block,
     writes: bool, what: str,
@@ -89,7 +78,7 @@ def _place_copy(
     ``buf`` in one iteration of that loop, or the whole buffer at the top level.
     """
     scope = index.scope_of(sref)
-    lca = _lca(index, [sref, *others]) if others else scope
+    lca = index.lowest_common_ancestor([sref, *others]) if others else scope
     if lca.is_block:
         anchor = index.child_containing(scope, sref)
         return regenerate(copy, {}, False, new_analyzer()), anchor

@@ -170,6 +170,16 @@ class TreeIndex:
             p = p.parent
         return out[::-1]
 
+    def lowest_common_ancestor(self, srefs: list[SRef]) -> SRef:
+        """The deepest loop (or block) strictly above every one of ``srefs``."""
+        chains = [self.ancestors(s) for s in srefs]
+        common = chains[0][0]
+        for nodes in zip(*chains):
+            if any(n is not nodes[0] for n in nodes):
+                break
+            common = nodes[0]
+        return common
+
     def blocks_under(self, sref: SRef) -> list[SRef]:
         """Blocks strictly inside ``sref`` (any depth), in program order."""
         return [b for b in self.block_list if sref.is_ancestor_of(b)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..function import PrimFunc
+from .compact_buffers import compact_buffers
 from .convert_blocks_to_loops import convert_blocks_to_loops
 from .flatten_buffers import flatten_buffers
 from .simplify import simplify
@@ -22,14 +23,16 @@ def is_lowered(func: PrimFunc) -> bool:
 def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     """Lower ``func`` for ``target`` (a Target, a target string or None for the default CPU).
 
-    Runs, in order: convert blocks to loops, flatten buffers, simplify, vectorize loops, write
-    out small unrolled loops, and simplify again (vectorization leaves ``Ramp(i * 8 + 0, ...)``-
-    style bases, unrolling constant indices). The result
+    Runs, in order: compact scheduled buffers (allocate caches inside the loop using them),
+    convert blocks to loops, flatten buffers, simplify, vectorize loops, write out small
+    unrolled loops, and simplify again (vectorization leaves ``Ramp(i * 8 + 0, ...)``-style
+    bases, unrolling constant indices). The result
     carries the ``"kiln.lowered"`` attribute; lowering a lowered function returns it unchanged.
     """
     if is_lowered(func):
         return func
     del target  # the passes are target independent today; kept for target-specific passes
+    func = compact_buffers(func)
     func = convert_blocks_to_loops(func)
     func = flatten_buffers(func)
     func = simplify(func)

@@ -1,0 +1,242 @@
+"""``matmul_packed``: a matrix product whose right operand is packed in column panels.
+
+``matmul_packed(a, bp)`` computes ``a @ b`` with ``b [..., K, N]`` stored as
+``bp [..., N / nb, K, nb]`` (layout ``"KN" -> "NK{nb}n"``): the ``nb`` columns that one register
+tile of the product needs are contiguous for every ``k``, so the inner loop streams through
+memory instead of striding by a row of ``b`` (with ``N`` a power of two that stride also maps
+every row to the same cache set). It is what ``matmul`` and ``dense`` become on CPUs through
+their ``alter_layout`` hooks (AlterOpLayout, opt level 2): a constant weight is packed once at
+compile time; a computed operand gets a ``layout_transform`` (one pass over ``b``, O(K*N)
+against the product's O(M*K*N)).
+
+The CPU schedule is the classic register-blocked GEMM (GotoBLAS' micro-kernel, written with
+kiln's schedule primitives): for each panel of ``nb`` columns (in parallel) and each block of
+:data:`GEMM_MR` rows, a ``GEMM_MR x nb`` tile of the result accumulates in a local buffer over
+the whole reduction -- buffer compaction (``kiln.tir.transform.compact_buffers``) makes it a
+small stack array, and with the tile loops unrolled the C compiler keeps it in vector
+registers -- then is written back, and fused element-wise consumers (bias, activation,
+residual) run on the tile while it is in L1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import te, tir
+from ..ir.dtype import as_dtype
+from ..ir.errors import StructInfoError
+from .layout import LayoutRewrite
+from .linalg import (
+    _batch_index,
+    _broadcast_batch,
+    attr_out_dtype,
+    block_work,
+    const_int,
+    fmt_dim,
+    fmt_shape,
+    loop_extent,
+    norm_dtype,
+    other_blocks,
+    parallel_outer,
+    provably_unequal,
+    result_dtype,
+    schedule_epilogue,
+    simplify,
+    tensor_arg,
+)
+from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
+
+__all__ = ["matmul_packed", "GEMM_MR", "GEMM_NR"]
+
+#: Rows of the register tile: 6 rows x 2 AVX2 vectors = 12 accumulators of the 16 registers
+#: (measured best on Zen 3 against 4x16, 8x8 and 4x24).
+GEMM_MR = 6
+#: Columns of a packed panel (two AVX2 vectors or one AVX-512 vector of float32).
+GEMM_NR = 16
+#: Fewer rows than this: a matrix-vector style product, where packing does not pay.
+GEMM_MIN_ROWS = 8
+
+
+@dataclass(frozen=True)
+class MatmulPackedAttrs:
+    """``out_dtype``: dtype of the result and of the accumulation (None: the inputs' dtype)."""
+
+    out_dtype: str | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "out_dtype", norm_dtype(self.out_dtype, "matmul_packed"))
+
+
+def _infer(call: Any) -> Any:
+    from ..graph.struct_info import TensorStructInfo
+
+    op = "matmul_packed"
+    a = tensor_arg(call, 0, op, "a")
+    bp = tensor_arg(call, 1, op, "bp")
+    dtype = result_dtype(op, attr_out_dtype(call), ("a", a), ("bp", bp))
+    if 0 <= a.ndim < 2 or 0 <= bp.ndim < 3:
+        raise StructInfoError(
+            f"{op}: a must have at least 2 dimensions and bp (packed [..., N/nb, K, nb]) at least "
+            f"3; got {a.ndim} and {bp.ndim}"
+        )
+    if a.shape is None or bp.shape is None:
+        if a.ndim < 0 or bp.ndim < 0:
+            return TensorStructInfo(None, dtype)
+        return TensorStructInfo(None, dtype, max(a.ndim - 2, bp.ndim - 3) + 2)
+    if provably_unequal(a.shape[-1], bp.shape[-2]):
+        raise StructInfoError(
+            f"{op}: a {fmt_shape(a.shape)} has {fmt_dim(a.shape[-1])} columns but bp "
+            f"{fmt_shape(bp.shape)} packs {fmt_dim(bp.shape[-2])} rows"
+        )
+    batch = _broadcast_batch(op, tuple(a.shape[:-2]), tuple(bp.shape[:-3]))
+    return TensorStructInfo(batch + (a.shape[-2], simplify(bp.shape[-3] * bp.shape[-1])), dtype)
+
+
+def _compute(a: Any, bp: Any, *, attrs: MatmulPackedAttrs) -> Any:
+    """``out[..., i, j] = sum_k a[..., i, k] * bp[..., j // nb, k, j % nb]``."""
+    out_dtype = as_dtype(attrs.out_dtype) if attrs.out_dtype else a.dtype
+    a_batch, b_batch = tuple(a.shape[:-2]), tuple(bp.shape[:-3])
+    batch = _broadcast_batch("matmul_packed", a_batch, b_batch)
+    nb = bp.shape[-1]
+    k = te.reduce_axis((0, a.shape[-1]), name="k")
+    nbatch = len(batch)
+
+    def body(*idx):
+        bidx, i, j = idx[:nbatch], idx[nbatch], idx[nbatch + 1]
+        av = a[tuple(_batch_index(a_batch, batch, bidx)) + (i, k)]
+        bv = bp[tuple(_batch_index(b_batch, batch, bidx)) + (j // nb, k, j % nb)]
+        return te.sum(tir.cast(out_dtype, av) * tir.cast(out_dtype, bv), axis=k)
+
+    shape = batch + (a.shape[-2], simplify(bp.shape[-3] * nb))
+    return te.compute(shape, body, name="matmul_packed")
+
+
+def _tile_loops(sch: Any, block: Any, io: Any) -> list[Any]:
+    """The loops of ``block`` below the row-block loop ``io`` (those of one tile)."""
+    loops = sch.get_loops(block)
+    io_node = sch.get(io)
+    for n, lp in enumerate(loops):
+        if sch.get(lp) is io_node:
+            return loops[n + 1:]
+    return []
+
+
+def _write_out_tile(sch: Any, target: Any, block: Any, io: Any, dtype: Any) -> None:
+    """Unroll the loops of a tile-sized block (the tile's init or write-back) and vectorize
+    its innermost loop in register-sized pieces: with every index constant the C compiler can
+    keep the tile in registers."""
+    loops = _tile_loops(sch, block, io)
+    if not loops:
+        return
+    *outer, inner = loops
+    ext = loop_extent(sch, inner)
+    lanes = target.vector_lanes(dtype)
+    if ext is not None and lanes > 1 and ext % lanes == 0:
+        if ext > lanes:
+            lo, inner = sch.split(inner, factors=[None, lanes])
+            outer.append(lo)
+        sch.vectorize(inner)
+    for lp in outer:
+        if loop_extent(sch, lp) is not None:
+            sch.unroll(lp)
+
+
+def schedule_packed_gemm(sch: Any, target: Any, block: Any) -> tuple[Any, Any]:
+    """Register-blocked schedule of a block with loops ``batch..., i, j, k`` reading a packed
+    operand ``[..., j // nb, k, j % nb]`` (see the module docstring).
+
+    Returns ``(row-block loop, parallel loop or None)``: the first
+    is where fused consumers go.
+    """
+    blk = sch.get(block)
+    work = block_work(sch, block)
+    dtype = blk.writes[0].buffer.dtype
+    packed = blk.reads[1].buffer
+    nb = const_int(packed.shape[-1])
+    *batch, i, j, k = sch.get_loops(block)
+    m = loop_extent(sch, i)
+    mr = GEMM_MR if m is None else min(GEMM_MR, m)
+    io, ii = sch.split(i, factors=[None, mr]) if mr > 1 else (i, None)
+    jo, ji = sch.split(j, factors=[None, nb])
+    lanes = target.vector_lanes(dtype)
+    vec = next((v for v in (lanes, lanes // 2) if v > 1 and nb % v == 0), None)
+    jv, jl = (sch.split(ji, factors=[None, vec]) if vec is not None and vec < nb
+              else (None, ji))
+    sch.reorder(*batch, jo, io, k, *(lp for lp in (ii, jv) if lp is not None), jl)
+    local = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(local, io)
+    init = sch.decompose_reduction(block, k)
+    for lp in (ii, jv):
+        if lp is not None:
+            sch.unroll(lp)
+    if vec is not None:
+        sch.vectorize(jl)
+    for b in (init, local):
+        _write_out_tile(sch, target, b, io, dtype)
+    par = parallel_outer(sch, [*batch, jo], target, work=work)
+    return io, par
+
+
+def _schedule(sch: Any, target: Any) -> None:
+    rest = other_blocks(sch, {"matmul_packed"})
+    at, _ = schedule_packed_gemm(sch, target, sch.get_block("matmul_packed"))
+    schedule_epilogue(sch, target, rest, at)
+
+
+matmul_packed = register_op(
+    "matmul_packed",
+    inputs=("a", "bp"),
+    attrs=MatmulPackedAttrs,
+    infer=_infer,
+    pattern=OpPattern.OUT_EWISE_FUSABLE,
+    compute=_compute,
+    schedules={"c": _schedule},
+    mixed_precision=MixedPrecision.ALWAYS,
+    gradient=NON_DIFFERENTIABLE,
+    doc="``a @ b`` with ``b [..., K, N]`` packed as ``bp [..., N/nb, K, nb]`` (layout "
+    "``NK{nb}n``); batch dimensions broadcast. Made by AlterOpLayout from matmul/dense on CPUs.",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# alter_layout hooks of matmul and dense
+# ---------------------------------------------------------------------------------------------
+_BATCH_LETTERS = "ABCDEFGHIJLMOPQRSTUVWXYZ"  # no K, N
+
+
+def alter_to_packed(call: Any, target: Any, op: str) -> LayoutRewrite | None:
+    """On CPUs, a float32 ``matmul(a, b)`` / ``dense(a, w)`` with at least
+    :data:`GEMM_MIN_ROWS` rows (or a symbolic row count) and a column count that
+    :data:`GEMM_NR` divides becomes ``matmul_packed`` with ``b`` packed ``NK{nb}n``; a
+    computed ``b`` needs a static row count of at least two tiles to pay for its packing."""
+    from ..graph import expr as gx
+
+    a, b = call.args[0].struct_info, call.args[1].struct_info
+    if a.shape is None or b.shape is None or a.ndim < 2 or b.ndim < 2:
+        return None
+    if a.dtype != "float32" or b.dtype != "float32" or call.attrs.out_dtype not in (None,
+                                                                                     "float32"):
+        return None
+    if op == "dense":
+        if b.ndim != 2:
+            return None
+        n, src = const_int(b.shape[0]), "NK"
+    else:
+        n = const_int(b.shape[-1])
+        src = _BATCH_LETTERS[: b.ndim - 2] + "KN"
+    if n is None or n % GEMM_NR:
+        return None
+    m = const_int(a.shape[-2])
+    if m is not None and m < GEMM_MIN_ROWS:
+        return None
+    if not isinstance(call.args[1], gx.Constant) and m is not None and m < 2 * GEMM_MR:
+        return None
+    dst = src[:-2] + f"NK{GEMM_NR}n"
+    out = _BATCH_LETTERS[: len(call.struct_info.shape) - 2] + "MN"
+    out_dtype = call.attrs.out_dtype
+
+    def build(x: Any, bp: Any) -> Any:
+        return matmul_packed(x, bp, out_dtype=out_dtype)
+
+    return LayoutRewrite(inputs=(None, (src, dst)), output=(out, out), build=build)

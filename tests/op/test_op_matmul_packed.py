@@ -1,0 +1,193 @@
+"""matmul_packed: inference, numerics of its register-blocked CPU schedule, and the
+alter_layout hooks that turn matmul/dense into it."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import graph as g
+from kiln import op, te, tir
+from kiln.ir.errors import StructInfoError
+from kiln.op.layout import transform_array
+from kiln.op.matmul_packed import GEMM_MR, GEMM_NR
+from kiln.op.registry import get_op_def
+from kiln.target import Target
+from kiln.testing.op_testing import check, dims, infer, make_rand, run_cases, tvar
+from kiln.tir.schedule import Schedule
+from kiln.transform import AlterOpLayout
+
+TARGET = Target("c")
+RNG = np.random.default_rng(7)
+rand = make_rand(RNG)
+check = functools.partial(check, check_shape=True)
+
+
+def pack(b: np.ndarray, nb: int = GEMM_NR) -> np.ndarray:
+    """``b [..., K, N]`` -> ``[..., N/nb, K, nb]`` (what the layout rewrite produces)."""
+    *batch, k, n = b.shape
+    return np.ascontiguousarray(
+        b.reshape(*batch, k, n // nb, nb).swapaxes(-3, -2))
+
+
+def test_pack_is_the_layout_transform():
+    b = rand((5, 32))
+    np.testing.assert_array_equal(pack(b), transform_array(b, "KN", "NK16n"))
+    np.testing.assert_array_equal(pack(b), transform_array(np.ascontiguousarray(b.T), "NK",
+                                                           "NK16n"))
+
+
+def test_inference_and_errors():
+    assert dims(infer(op.matmul_packed(tvar("a", (7, 12)), tvar("b", (3, 12, 16))))) == (7, 48)
+    out = infer(op.matmul_packed(tvar("a", (2, 1, 7, 12)), tvar("b", (4, 3, 12, 16))))
+    assert dims(out) == (2, 4, 7, 48)
+    with pytest.raises(StructInfoError, match="columns"):
+        infer(op.matmul_packed(tvar("a", (7, 11)), tvar("b", (3, 12, 16))))
+    with pytest.raises(StructInfoError, match="at least"):
+        infer(op.matmul_packed(tvar("a", (7,)), tvar("b", (3, 12, 16))))
+
+
+# rows around the register tile's height, tails in rows, batch broadcasting both ways
+CASES = [
+    ((1, 8), (8, 16)),
+    ((GEMM_MR, 20), (20, 32)),
+    ((GEMM_MR + 1, 33), (33, 48)),
+    ((4 * GEMM_MR - 1, 64), (64, 64)),
+    ((128, 96), (96, 128)),
+    ((3, 9, 16), (16, 32)),
+    ((2, 5, 16), (2, 16, 16)),
+    ((1, 7, 8), (3, 8, 32)),
+]
+
+
+def test_matches_numpy():
+    cases = [("matmul_packed", [rand(a), pack(rand(b))], {}) for a, b in CASES]
+    outs = run_cases(cases)
+    for (_, (a, b), _), out in zip(cases, outs):
+        k, n = b.shape[-2], b.shape[-3] * b.shape[-1]
+        unpacked = b.swapaxes(-3, -2).reshape(*b.shape[:-3], k, n)
+        check(out, np.matmul(a, unpacked))
+
+
+def test_schedule_keeps_the_tile_in_a_small_local_buffer():
+    from kiln.codegen import c as codegen_c
+
+    a = te.placeholder((64, 32), "float32", name="a")
+    bp = te.placeholder((4, 32, GEMM_NR), "float32", name="bp")
+    out = get_op_def("matmul_packed").compute(a, bp, attrs=get_op_def("matmul_packed").make_attrs())
+    sch = Schedule(te.create_prim_func([a, bp, out]))
+    get_op_def("matmul_packed").schedules["c"](sch, TARGET)
+    mod = codegen_c.build({"mmp": sch.func}, TARGET)
+    assert f"matmul_packed_local[{GEMM_MR * GEMM_NR}]" in mod.source
+    x, y = rand((64, 32)), rand((32, 4 * GEMM_NR))
+    res = np.zeros((64, 4 * GEMM_NR), "float32")
+    mod["mmp"](x, pack(y), res)
+    check(res, x @ y)
+
+
+def test_symbolic_rows():
+    from kiln.codegen import c as codegen_c
+
+    n = te.size_var("n")
+    a = te.placeholder((n, 24), "float32", name="a")
+    bp = te.placeholder((2, 24, GEMM_NR), "float32", name="bp")
+    out = get_op_def("matmul_packed").compute(a, bp, attrs=get_op_def("matmul_packed").make_attrs())
+    sch = Schedule(te.create_prim_func([a, bp, out]))
+    get_op_def("matmul_packed").schedules["c"](sch, TARGET)
+    mod = codegen_c.build({"mmp": sch.func}, TARGET)
+    for rows in (1, 5, 13):
+        x, y = rand((rows, 24)), rand((24, 2 * GEMM_NR))
+        res = np.zeros((rows, 2 * GEMM_NR), "float32")
+        mod["mmp"](x, pack(y), res)
+        check(res, x @ y)
+
+
+# ---------------------------------------------------------------------------------------------
+# alter_layout: matmul / dense -> matmul_packed
+# ---------------------------------------------------------------------------------------------
+def _ops(func):
+    return [b.value.op.name for blk in func.body.blocks for b in blk.bindings
+            if isinstance(b.value, g.Call)]
+
+
+def _module(x_shape, make):
+    x = g.Var("x", g.TensorStructInfo(x_shape, "float32"))
+    bb = g.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(make(x))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _altered(mod):
+    from kiln.transform import FoldConstant
+
+    return FoldConstant()(AlterOpLayout(TARGET)(mod))
+
+
+def test_constant_weight_is_packed_at_compile_time():
+    w = rand((32, 48))
+    bias = rand((48,))
+    mod = _module((16, 32), lambda x: op.nn.relu(op.add(op.matmul(x, g.const(w)),
+                                                         g.const(bias))))
+    after = _altered(mod)
+    assert _ops(after["main"]) == ["matmul_packed", "add", "relu"]
+    x = rand((16, 32))
+    out = kiln.build(mod)(x)
+    check(np.asarray(out), np.maximum(x @ w + bias, 0))
+
+
+def test_computed_weight_gets_a_runtime_layout_transform():
+    w = rand((48, 32))
+    x_shape = (24, 32)  # two register tiles of rows: packing a computed weight pays
+    xw = g.Var("w", g.TensorStructInfo((48, 32), "float32"))
+    x = g.Var("x", g.TensorStructInfo(x_shape, "float32"))
+    bb = g.BlockBuilder()
+    with bb.function("main", [x, xw]):
+        with bb.dataflow():
+            out = bb.emit_output(op.dense(x, xw))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert _ops(_altered(mod)["main"]) == ["layout_transform", "matmul_packed"]
+    xv = rand(x_shape)
+    check(np.asarray(kiln.build(mod)(xv, w)), xv @ w.T)
+
+
+@pytest.mark.parametrize("x_shape, w_shape", [
+    ((4, 32), (32, 48)),    # too few rows: matrix-vector style, stays matmul
+    ((16, 32), (32, 40)),   # columns not a multiple of the panel width
+])
+def test_declined_shapes_stay_matmul(x_shape, w_shape):
+    w = rand(w_shape)
+    mod = _module(x_shape, lambda x: op.matmul(x, g.const(w)))
+    assert _ops(_altered(mod)["main"]) == ["matmul"]
+
+
+def test_symbolic_rows_are_packed_and_run_at_any_batch():
+    n = tir.Var("n", "int64")
+    w = rand((32, 64))
+    mod = _module((n, 32), lambda x: op.matmul(x, g.const(w)))
+    assert _ops(_altered(mod)["main"]) == ["matmul_packed"]
+    exe = kiln.build(mod)
+    for rows in (1, 7, 30):
+        x = rand((rows, 32))
+        check(np.asarray(exe(x)), x @ w)
+
+
+def test_batched_attention_style_product():
+    """A computed right operand with batch dims (q @ k^T in attention) is packed per batch."""
+    q = g.Var("q", g.TensorStructInfo((2, 3, 24, 8), "float32"))
+    k = g.Var("k", g.TensorStructInfo((2, 3, 8, 32), "float32"))
+    bb = g.BlockBuilder()
+    with bb.function("main", [q, k]):
+        with bb.dataflow():
+            out = bb.emit_output(op.matmul(q, k))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert _ops(_altered(mod)["main"]) == ["layout_transform", "matmul_packed"]
+    qv, kv = rand((2, 3, 24, 8)), rand((2, 3, 8, 32))
+    check(np.asarray(kiln.build(mod)(qv, kv)), qv @ kv)
