@@ -8,6 +8,7 @@ from ..function import PrimFunc
 from .compact_buffers import compact_buffers
 from .convert_blocks_to_loops import convert_blocks_to_loops
 from .flatten_buffers import flatten_buffers
+from .hoist_reduction_init import hoist_reduction_init
 from .simplify import simplify
 from .unroll_loops import unroll_loops
 from .vectorize_loops import vectorize_loops
@@ -23,7 +24,8 @@ def is_lowered(func: PrimFunc) -> bool:
 def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     """Lower ``func`` for ``target`` (a Target, a target string or None for the default CPU).
 
-    Runs, in order: compact scheduled buffers (allocate caches inside the loop using them),
+    Runs, in order: hoist the init of reductions over symbolic extents (so an empty one still
+    stores its identity), compact scheduled buffers (allocate caches inside the loop using them),
     convert blocks to loops, flatten buffers, simplify, vectorize loops, write out small
     unrolled loops, and simplify again (vectorization leaves ``Ramp(i * 8 + 0, ...)``-style
     bases, unrolling constant indices). The result
@@ -32,6 +34,7 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     if is_lowered(func):
         return func
     del target  # the passes are target independent today; kept for target-specific passes
+    func = hoist_reduction_init(func)
     func = compact_buffers(func)
     func = convert_blocks_to_loops(func)
     func = flatten_buffers(func)
