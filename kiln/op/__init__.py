@@ -6,6 +6,7 @@
 
 from . import nn  # noqa: F401 - op.nn namespace
 from .attention import *  # noqa: F403
+from .detection import *  # noqa: F403
 from .dynamic import *  # noqa: F403
 from .elementwise import *  # noqa: F403
 from .fast_math import *  # noqa: F403
