@@ -188,6 +188,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if times:
         print(f"latency: median {np.median(times) * 1e3:.3f} ms, min {min(times) * 1e3:.3f} ms "
               f"over {len(times)} runs")
+    if args.profile:
+        print(exe.profile(repeat=max(args.repeat, 1), **feeds))
     return 0
 
 
@@ -234,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--threads", type=int, default=0, help="OpenMP threads (default: all)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     run.add_argument("--print-values", action="store_true", help="print the output arrays")
+    run.add_argument("--profile", action="store_true",
+                     help="also time every kernel (median per run, slowest first)")
     run.add_argument("-o", "--output", help="write outputs as .npy")
     run.set_defaults(fn=cmd_run)
 

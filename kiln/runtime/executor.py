@@ -21,6 +21,7 @@ entry in turn.
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -156,10 +157,16 @@ class Executor:
 
     # ---- running ------------------------------------------------------------------------
     def run(self, *args: Any) -> Any:
-        plan = self.plan
         arrays, env = self._bind_inputs(args)
         if self._entry is not None:
             return self._run_entry(arrays)
+        return self._run_steps(arrays, env, self._funcs)
+
+    def _run_steps(self, arrays: list[np.ndarray], env: dict[str, int], funcs: dict[str, Any],
+                   times: dict[str, float] | None = None) -> Any:
+        """Run the plan call by call (host steps included); with ``times``, add each kernel
+        call's wall time to ``times[kernel name]``."""
+        plan = self.plan
         values: list[np.ndarray | None] = [None] * len(plan.slots)
         for slot, arr in zip(plan.input_slots, arrays):
             values[slot] = arr
@@ -174,8 +181,37 @@ class Executor:
                     spec = plan.slots[s]
                     shape = tuple(shape_expr.evaluate(d, env) for d in spec.shape)
                     values[s] = np.empty(shape, dtype=spec.dtype.to_numpy())
-            self._funcs[call.func](*[values[s] for s in call.args])
+            if times is None:
+                funcs[call.func](*[values[s] for s in call.args])
+                continue
+            kernel_args = [values[s] for s in call.args]
+            start = time.perf_counter()
+            funcs[call.func](*kernel_args)
+            times[call.func] = times.get(call.func, 0.0) + time.perf_counter() - start
         return self._collect(plan.outputs, values)
+
+    def profile(self, *args: Any, repeat: int = 10) -> list[tuple[str, int, float]]:
+        """Time every kernel of one run: ``(kernel, calls per run, median seconds per run)``,
+        slowest first. Kernels run one by one through their checked entries (a few
+        microseconds of call overhead each), not through the native whole-model entry."""
+        if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
+            raise KilnError(f"profile: repeat must be a positive int, got {repeat!r}")
+        plan = self.plan
+        funcs = {c.func: self.module[c.func] for c in plan.calls if c.is_kernel}
+        calls: dict[str, int] = {}
+        for c in plan.calls:
+            if c.is_kernel:
+                calls[c.func] = calls.get(c.func, 0) + 1
+        samples: dict[str, list[float]] = {name: [] for name in calls}
+        for run in range(repeat + 1):  # the first run warms caches and is not counted
+            arrays, env = self._bind_inputs(args)
+            times: dict[str, float] = {}
+            self._run_steps(arrays, env, funcs, times)
+            if run:
+                for name, t in times.items():
+                    samples[name].append(t)
+        rows = [(name, calls[name], float(np.median(ts))) for name, ts in samples.items()]
+        return sorted(rows, key=lambda r: -r[2])
 
     def _host_step(self, call: Any, values: list[Any], env: dict[str, int]) -> None:
         """Run a shape function or a match step, binding symbolic names in ``env``."""
