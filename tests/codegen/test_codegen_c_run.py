@@ -125,7 +125,19 @@ def test_matmul_loop_nest_scheduled():
         np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
 
 
-def test_intermediate_buffers_heap_and_unroll_pragma():
+def test_large_intermediate_goes_to_the_heap():
+    A = te.placeholder((128, 160), "float32", name="A")
+    B = te.compute((160, 128), lambda i, j: A[j, i] * 2.0, name="B")  # 80 KiB
+    C = te.compute((128, 160), lambda i, j: B[j, i] + 1.0, name="C")
+    mod = cg.build({"bigstage": te.create_prim_func([A, C])})
+    assert "kiln_alloc(" in mod.source and "free(B);" in mod.source
+    a = RNG.standard_normal((128, 160), dtype=np.float32)
+    c = np.empty_like(a)
+    mod["bigstage"](a, c)
+    np.testing.assert_allclose(c, a * 2 + 1, rtol=1e-6)
+
+
+def test_intermediate_buffers_stack_and_unroll_pragma():
     A = te.placeholder((16, 128), "float32", name="A")
     B = te.compute((128, 16), lambda i, j: A[j, i] * 2.0, name="B")
     C = te.compute((16, 128), lambda i, j: B[j, i] + 1.0, name="C")
@@ -133,7 +145,7 @@ def test_intermediate_buffers_heap_and_unroll_pragma():
     sch.unroll(sch.get_loops(sch.get_block("C"))[1])  # 128 copies: too many, a pragma
     sch.unroll(sch.get_loops(sch.get_block("B"))[1])  # 16 copies: written out
     mod = cg.build({"twostage": sch.func})
-    assert "kiln_alloc(" in mod.source and "free(B);" in mod.source
+    assert "B[2048] __attribute__((aligned(64)))" in mod.source  # 8 KiB: a stack array
     assert mod.source.count("#pragma GCC unroll") == 1
     assert "#pragma GCC unroll 128" in mod.source
     a = RNG.standard_normal((16, 128), dtype=np.float32)

@@ -3,8 +3,8 @@
 The body is the function's statements printed as C: ``For`` loops with OpenMP pragmas
 (``parallel for`` on the outermost parallel loop only -- a parallel loop nested in another runs
 serially in each thread; ``simd`` on scalar loops the vectorizer marked safe; ``GCC unroll``),
-``Allocate`` as a stack array (scope "local", constant size up to :data:`STACK_LIMIT` bytes) or
-64-byte aligned heap memory freed after its body, and stores/loads on the flattened buffers.
+``Allocate`` as a stack array (constant size up to :data:`STACK_LIMIT` bytes) or 64-byte
+aligned heap memory freed after its body, and stores/loads on the flattened buffers.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .helpers import Helpers
 from .names import NameTable
 from .types import c_string, soft_float_storage, value_ctype, wrap_int
 
-#: Largest "local" allocation (bytes) placed on the stack; larger ones go to the heap.
+#: Largest allocation (bytes) placed on the stack; larger ones go to the heap.
 STACK_LIMIT = 64 * 1024
 
 INDENT = "  "
@@ -311,8 +311,10 @@ class FunctionEmitter(ExprEmitter):
         ct = self.storage_ctype(buf.dtype)
         name = self.define_var(buf.data)
         itemsize = max(1, buf.dtype.element.itemsize)
-        on_stack = (buf.scope == "local" and isinstance(size, E.IntImm)
-                    and 0 < size.value * itemsize <= STACK_LIMIT)
+        # Any small constant-size buffer goes on the stack, whatever its scope: compaction puts
+        # a stage's scratch (a row's sum, a tile) inside the loop using it, where a heap
+        # allocation would run once per iteration.
+        on_stack = isinstance(size, E.IntImm) and 0 < size.value * itemsize <= STACK_LIMIT
         if on_stack:
             self.line(f"{ct} {name}[{size.value}] __attribute__((aligned(64)));")
             self.stmt(s.body)
