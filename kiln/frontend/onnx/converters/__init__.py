@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     image,
     index,
     loss,
+    ml,
     nn,
     quantize,
     reduce,
