@@ -16,6 +16,12 @@ the whole reduction -- buffer compaction (``kiln.tir.transform.compact_buffers``
 small stack array, and with the tile loops unrolled the C compiler keeps it in vector
 registers -- then is written back, and fused element-wise consumers (bias, activation,
 residual) run on the tile while it is in L1.
+
+``matmul_vnni(a, bp)`` is the AMX form: bfloat16 (int8) operands with ``b`` in the VNNI layout
+``[K / P, N, P]`` (``"KN" -> "KN{P}k"``, P = 2 for bfloat16, 4 for int8) that the tile
+instructions read, accumulated in float32 (int32). Its schedule tensorizes the product onto
+16x16 AMX tiles (``kiln.tir.tensor_intrin.x86.tensorize_gemm_amx``); the hooks choose it when
+the target has AMX for the dtype and the static shapes fit whole tiles.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from .linalg import (
 )
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
 
-__all__ = ["matmul_packed", "GEMM_MR", "GEMM_NR"]
+__all__ = ["matmul_packed", "matmul_vnni", "GEMM_MR", "GEMM_NR"]
 
 #: Rows of the register tile: 6 rows x 2 AVX2 vectors = 12 accumulators of the 16 registers
 #: (measured best on Zen 3 against 4x16, 8x8 and 4x24).
@@ -200,13 +206,123 @@ matmul_packed = register_op(
 
 
 # ---------------------------------------------------------------------------------------------
+# matmul_vnni: the AMX tile form
+# ---------------------------------------------------------------------------------------------
+def _infer_vnni(call: Any) -> Any:
+    from ..graph.struct_info import TensorStructInfo
+
+    op = "matmul_vnni"
+    a = tensor_arg(call, 0, op, "a", ndim=2)
+    bp = tensor_arg(call, 1, op, "bp", ndim=3)
+    dtype = result_dtype(op, attr_out_dtype(call), ("a", a), ("bp", bp))
+    if a.shape is None or bp.shape is None:
+        return TensorStructInfo(None, dtype, 2)
+    k = simplify(bp.shape[0] * bp.shape[2])
+    if provably_unequal(a.shape[1], k):
+        raise StructInfoError(
+            f"{op}: a {fmt_shape(a.shape)} has {fmt_dim(a.shape[1])} columns but bp "
+            f"{fmt_shape(bp.shape)} (VNNI [K/P, N, P]) packs {fmt_dim(k)} rows"
+        )
+    return TensorStructInfo((a.shape[0], bp.shape[1]), dtype)
+
+
+def _compute_vnni(a: Any, bp: Any, *, attrs: MatmulPackedAttrs) -> Any:
+    """``out[i, j] = sum_k acc(a[i, k]) * acc(bp[k // P, j, k % P])``."""
+    out_dtype = as_dtype(attrs.out_dtype) if attrs.out_dtype else a.dtype
+    pack = bp.shape[2]
+    k = te.reduce_axis((0, a.shape[1]), name="k")
+    return te.compute(
+        (a.shape[0], bp.shape[1]),
+        lambda i, j: te.sum(tir.cast(out_dtype, a[i, k])
+                            * tir.cast(out_dtype, bp[k // pack, j, k % pack]), axis=k),
+        name="matmul_vnni")
+
+
+def _schedule_vnni(sch: Any, target: Any) -> None:
+    """AMX tiles when the target has them (16x16 output tiles in parallel), else the generic
+    reduction schedule (the same function built for a CPU without AMX)."""
+    from ..ir.errors import ScheduleError
+    from ..tir.tensor_intrin.x86 import tensorize_gemm_amx
+    from .schedule_helpers import schedule_reduction
+
+    rest = other_blocks(sch, {"matmul_vnni"})
+    block = sch.get_block("matmul_vnni")
+    work = block_work(sch, block)
+    try:
+        outer = tensorize_gemm_amx(sch, block, target)
+    except ScheduleError:
+        schedule_reduction(sch, target, block)
+        schedule_epilogue(sch, target, rest, None)
+        return
+    par = parallel_outer(sch, sch.get_loops(outer), target, work=work)
+    schedule_epilogue(sch, target, rest, par)
+
+
+matmul_vnni = register_op(
+    "matmul_vnni",
+    inputs=("a", "bp"),
+    attrs=MatmulPackedAttrs,
+    infer=_infer_vnni,
+    pattern=OpPattern.OUT_EWISE_FUSABLE,
+    compute=_compute_vnni,
+    schedules={"c": _schedule_vnni},
+    mixed_precision=MixedPrecision.NEVER,
+    gradient=NON_DIFFERENTIABLE,
+    doc="``a @ b`` for bfloat16/int8 ``a [M, K]`` with ``b`` in the VNNI layout ``[K/P, N, P]`` "
+    "(P = 2 for bfloat16, 4 for int8), accumulated in ``out_dtype``: AMX tiles on targets "
+    "with AMX. Made by AlterOpLayout from matmul/dense.",
+)
+
+
+# ---------------------------------------------------------------------------------------------
 # alter_layout hooks of matmul and dense
 # ---------------------------------------------------------------------------------------------
 _BATCH_LETTERS = "ABCDEFGHIJLMOPQRSTUVWXYZ"  # no K, N
 
+#: Side of an AMX result tile (16 rows x 16 float32/int32 columns).
+AMX_TILE = 16
+#: input dtype -> (accumulation dtype, VNNI pack factor P, Target property that enables it)
+_AMX_KINDS = {"bfloat16": ("float32", 2, "has_amx_bf16"), "int8": ("int32", 4, "has_amx_int8")}
+
+
+def _alter_to_vnni(call: Any, target: Any, op: str) -> LayoutRewrite | None:
+    """bfloat16/int8 products on a target with AMX for that dtype: ``matmul_vnni`` with ``b``
+    in the VNNI layout (a constant weight packed at compile time); ``a``'s leading dims are
+    folded into the rows. Needs static shapes that fill whole 16x16 tiles."""
+    from .shape import reshape
+
+    a, b = call.args[0].struct_info, call.args[1].struct_info
+    spec = _AMX_KINDS.get(str(a.dtype))
+    if spec is None or str(b.dtype) != str(a.dtype) or b.ndim != 2:
+        return None
+    acc, pack, feature = spec
+    if not getattr(target, feature, False) or call.attrs.out_dtype != acc:
+        return None
+    dims = [const_int(d) for d in a.shape]
+    n = const_int(b.shape[0] if op == "dense" else b.shape[1])
+    if any(d is None for d in dims) or n is None:
+        return None
+    k, rows = dims[-1], 1
+    for d in dims[:-1]:
+        rows *= d
+    if rows % AMX_TILE or n % AMX_TILE or k % pack:
+        return None
+    out_shape = tuple(call.struct_info.shape)
+    src = "NK" if op == "dense" else "KN"
+    out = _BATCH_LETTERS[: len(out_shape) - 2] + "MN"
+
+    def build(x: Any, bp: Any) -> Any:
+        if len(dims) == 2:
+            return matmul_vnni(x, bp, out_dtype=acc)
+        y = matmul_vnni(reshape(x, (rows, k)), bp, out_dtype=acc)
+        return reshape(y, out_shape)
+
+    return LayoutRewrite(inputs=(None, (src, f"KN{pack}k")), output=(out, out), build=build)
+
 
 def alter_to_packed(call: Any, target: Any, op: str) -> LayoutRewrite | None:
-    """On CPUs, a float32 ``matmul(a, b)`` / ``dense(a, w)`` with at least
+    """On CPUs with AMX, bfloat16/int8 products become ``matmul_vnni`` (see
+    :func:`_alter_to_vnni`). A float32 ``matmul(a, b)`` / ``dense(a, w)`` with at least
     :data:`GEMM_MIN_ROWS` rows (or a symbolic row count) and a column count that
     :data:`GEMM_NR` divides becomes ``matmul_packed`` with ``b`` packed ``NK{nb}n``; a
     computed ``b`` needs a static row count of at least two tiles to pay for its packing."""
@@ -215,6 +331,9 @@ def alter_to_packed(call: Any, target: Any, op: str) -> LayoutRewrite | None:
     a, b = call.args[0].struct_info, call.args[1].struct_info
     if a.shape is None or b.shape is None or a.ndim < 2 or b.ndim < 2:
         return None
+    vnni = _alter_to_vnni(call, target, op)
+    if vnni is not None:
+        return vnni
     if a.dtype != "float32" or b.dtype != "float32" or call.attrs.out_dtype not in (None,
                                                                                      "float32"):
         return None

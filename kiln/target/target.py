@@ -73,7 +73,18 @@ class Target:
 
     @property
     def has_amx(self) -> bool:
+        """AMX tile registers (``amx_tile``); see ``has_amx_bf16`` / ``has_amx_int8``."""
         return "amx_tile" in self.features
+
+    @property
+    def has_amx_bf16(self) -> bool:
+        """AMX tiles with the bfloat16 dot product (``_tile_dpbf16ps``)."""
+        return self.has_amx and "amx_bf16" in self.features
+
+    @property
+    def has_amx_int8(self) -> bool:
+        """AMX tiles with the int8 dot products (``_tile_dpbssd``...)."""
+        return self.has_amx and "amx_int8" in self.features
 
     def __str__(self) -> str:
         return self.kind

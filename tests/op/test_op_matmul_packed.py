@@ -191,3 +191,78 @@ def test_batched_attention_style_product():
     assert _ops(_altered(mod)["main"]) == ["layout_transform", "matmul_packed"]
     qv, kv = rand((2, 3, 24, 8)), rand((2, 3, 8, 32))
     check(np.asarray(kiln.build(mod)(qv, kv)), qv @ kv)
+
+
+# ---------------------------------------------------------------------------------------------
+# matmul_vnni: bfloat16 / int8 products on AMX targets
+# ---------------------------------------------------------------------------------------------
+AMX_TARGET = Target("c", features=frozenset({"amx_tile", "amx_bf16", "amx_int8", "avx2"}))
+
+
+def _bf16(shape):
+    import ml_dtypes
+
+    return RNG.standard_normal(shape).astype(ml_dtypes.bfloat16)
+
+
+def _bf16_dense_module(x_shape, w, out_dtype="float32"):
+    return _module_typed(x_shape, "bfloat16",
+                         lambda x: op.dense(x, g.const(w), out_dtype=out_dtype))
+
+
+def _module_typed(x_shape, dtype, make):
+    x = g.Var("x", g.TensorStructInfo(x_shape, dtype))
+    bb = g.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(make(x))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_amx_target_packs_bf16_weights_in_vnni_layout():
+    from kiln.transform import FoldConstant
+
+    w = _bf16((32, 64))  # dense weight [N, K]
+    mod = _bf16_dense_module((2, 16, 64), w)
+    after = FoldConstant()(AlterOpLayout(AMX_TARGET)(mod))
+    assert _ops(after["main"]) == ["reshape", "matmul_vnni", "reshape"]
+    # no AMX: the float32 path's hook declines bfloat16, the op stays
+    assert "matmul_vnni" not in _ops(_altered(mod)["main"])
+    # the rewritten graph runs on this CPU (generic schedule) and matches numpy
+    x = _bf16((2, 16, 64))
+    out = np.asarray(kiln.build(after, target=TARGET)(x))
+    ref = x.astype(np.float32) @ w.astype(np.float32).T
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("x_shape, n, out_dtype", [
+    ((8, 64), 32, "float32"),     # rows not a whole tile
+    ((16, 64), 24, "float32"),    # columns not a whole tile
+    ((16, 64), 32, None),         # bfloat16 result: not the float32-accumulating form
+])
+def test_amx_declines_partial_tiles(x_shape, n, out_dtype):
+    mod = _bf16_dense_module(x_shape, _bf16((n, 64)), out_dtype=out_dtype)
+    assert "matmul_vnni" not in _ops(AlterOpLayout(AMX_TARGET)(mod)["main"])
+
+
+def test_amx_schedule_emits_tile_instructions():
+    from kiln.codegen import c as codegen_c
+
+    a = te.placeholder((32, 64), "bfloat16", name="a")
+    bp = te.placeholder((32, 32, 2), "bfloat16", name="bp")
+    d = get_op_def("matmul_vnni")
+    out = d.compute(a, bp, attrs=d.make_attrs(out_dtype="float32"))
+    sch = Schedule(te.create_prim_func([a, bp, out]))
+    d.schedules["c"](sch, AMX_TARGET)
+    source, _ = codegen_c.generate_source({"mmv": sch.func}, AMX_TARGET)
+    assert "_tile_dpbf16ps" in source and "_tile_loadconfig" in source
+
+
+def test_vnni_inference_errors():
+    with pytest.raises(StructInfoError, match="packs"):
+        infer(op.matmul_vnni(tvar("a", (16, 30), "bfloat16"),
+                             tvar("b", (16, 16, 2), "bfloat16"), out_dtype="float32"))
+    assert dims(infer(op.matmul_vnni(tvar("a", (16, 32), "bfloat16"),
+                                     tvar("b", (16, 48, 2), "bfloat16"),
+                                     out_dtype="float32"))) == (16, 48)

@@ -19,6 +19,7 @@ from ...target.target import Target
 from ...tir.expr import IntImm
 from ...tir.function import PrimFunc
 from ...tir.transform.lower import is_lowered, lower
+from . import externs
 from .compiler import compile_source, libmvec_functions, supports_float16
 from .entry import dim_text, emit_checked_entry
 from .func import FunctionEmitter
@@ -136,6 +137,7 @@ def build(funcs: Mapping[str, PrimFunc] | PrimFunc, target: Any = None,
             raise CodegenError(f"build expects a dict of PrimFuncs, got {type(funcs).__name__}")
         funcs = {k: v for k, v in items() if isinstance(v, PrimFunc)}
     source, infos = generate_source(funcs, target, extra_source)
+    externs.before_load(source, Target.create(target))  # e.g. AMX permission (tensor intrins)
     result = compile_source(source)
     try:
         return Module(result.lib_path, source, infos, result.source_path, result.from_cache)

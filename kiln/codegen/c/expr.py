@@ -22,6 +22,7 @@ from __future__ import annotations
 from ...ir.dtype import DataType
 from ...ir.errors import CodegenError
 from ...tir import expr as E
+from . import externs
 from .helpers import LIBM, Helpers
 from .types import (
     F32,
@@ -442,6 +443,8 @@ class ExprEmitter:
 
     # ---- calls ----------------------------------------------------------------------------
     def expr_Call(self, e: E.Call) -> str:
+        if e.op in externs.EXTERN_OPS:  # tensor intrinsics: C helpers and buffer addresses
+            return externs.emit(self, e)
         if e.op not in E.INTRINSICS:
             raise CodegenError(f"unknown intrinsic {e.op!r}")
         if e.dtype.lanes > 1:

@@ -22,11 +22,13 @@ from typing import Any, TypeVar
 from ...ir.errors import ScheduleError
 from ..function import PrimFunc
 from ..stmt import Block, For, ForKind
+from . import blockize as _blockize
 from . import cache as _cache
 from . import compute_location as _at
 from . import inline as _inline
 from . import loop_transform as _loops
 from . import reduction as _reduction
+from . import tensorize as _tensorize
 from .state import Key, SRef, TreeIndex, make_unique
 from .trace import _RV, BlockRV, LoopRV, Trace, make_instruction
 
@@ -310,6 +312,28 @@ class Schedule:
         func, name = _reduction.decompose_reduction(self._index_for_new_names(), b, lp)
         self._commit(func)
         return self._new_block_rv(name)
+
+    # -- tensorization ---------------------------------------------------------------------------
+    @_traced
+    def blockize(self, loop: LoopRV) -> BlockRV:
+        """Make the loop nest under ``loop`` (around one block) the body of a new outer block;
+        returns it (see :mod:`kiln.tir.schedule.blockize`)."""
+        func, name = _blockize.blockize(self._index_for_new_names(), self._loop(loop, "blockize"))
+        self._commit(func)
+        return self._new_block_rv(name)
+
+    @_traced
+    def tensorize(self, block_or_loop: BlockRV | LoopRV, tensor_intrin: str) -> None:
+        """Replace a block (or the loop nest under a loop, blockized first) by the tensor
+        intrinsic registered as ``tensor_intrin`` (see :mod:`kiln.tir.tensor_intrin`)."""
+        sref = self._sref(block_or_loop, "tensorize")
+        if not sref.is_block:
+            func, name = _blockize.blockize(self._index_for_new_names(), sref)
+            index = TreeIndex(func)
+            sref = index.blocks[name]
+        else:
+            index = self._index
+        self._commit(_tensorize.tensorize(index, sref, tensor_intrin))
 
     def __repr__(self) -> str:
         return f"Schedule({len(self._trace)} instructions)\n{self.func}"
