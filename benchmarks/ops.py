@@ -2,6 +2,7 @@
 
     python benchmarks/ops.py            # all cases
     python benchmarks/ops.py dense      # cases whose name contains "dense"
+    python benchmarks/ops.py --depthwise  # MobileNetV2's depthwise layers: NCHWc vs NCHW vs ORT
 
 Prints median latency of each implementation and the ratio kiln / peer (lower is better).
 """
@@ -135,7 +136,69 @@ def cases():
     )
 
 
+#: MobileNetV2's depthwise 3x3 layers at batch 1 (channels, input size, stride).
+DEPTHWISE_LAYERS = [(32, 112, 1), (96, 112, 2), (144, 56, 1), (144, 56, 2), (192, 28, 1),
+                    (384, 14, 1), (576, 14, 1), (960, 7, 1)]
+
+
+def _one_input_module(shape, make_call):
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(make_call(x))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def depthwise_table() -> int:
+    """Per-layer latency of MobileNetV2's depthwise convolutions (padding 1, constant weights):
+    kiln's nn.depthwise_conv2d_nchwc on NCHW[lanes]c data (the kernel alone, as it runs inside
+    the blocked network), kiln's NCHW conv2d (AlterOpLayout disabled) and onnxruntime's Conv."""
+    from onnx import helper, numpy_helper
+
+    from kiln.op.layout import transform_array
+    from kiln.target import Target
+    from kiln.transform import PassContext
+
+    lanes = Target.create("c").vector_lanes("float32")
+    rng = np.random.default_rng(0)
+    print(f"threads: {THREADS} (kiln and onnxruntime); channel block {lanes}")
+    header = f"{'depthwise 3x3 layer':28s} {'nchwc ms':>9s} {'nchw ms':>9s} {'ort ms':>9s} " \
+             f"{'nchwc/ort':>9s} {'nchw/ort':>9s}"
+    print(header)
+    print("-" * len(header))
+    for c, size, stride in DEPTHWISE_LAYERS:
+        x = rng.standard_normal((1, c, size, size), dtype=np.float32)
+        w = rng.standard_normal((c, 1, 3, 3), dtype=np.float32)
+        xb = transform_array(x, "NCHW", f"NCHW{lanes}c")
+        wb = transform_array(w, "OIHW", f"OIHW{lanes}o")
+        blocked = kiln.build(_one_input_module(xb.shape, lambda a, wb=wb, s=stride: (
+            op.nn.depthwise_conv2d_nchwc(a, g.const(wb), padding=1, strides=s))))
+        with PassContext(opt_level=2, disabled_pass=["AlterOpLayout"]):
+            plain = kiln.build(_one_input_module(x.shape, lambda a, w=w, c=c, s=stride: (
+                op.nn.conv2d(a, g.const(w), padding=1, strides=s, groups=c))))
+        ort_fn = _ort_session(
+            [helper.make_node("Conv", ["x", "w"], ["y"], group=c, pads=[1] * 4,
+                              strides=[stride] * 2)],
+            [("x", x)], plain(x).shape, initializers=[numpy_helper.from_array(w, "w")])
+        ref = plain(x)
+        got = transform_array(np.asarray(blocked(xb)), f"NCHW{lanes}c", "NCHW")
+        assert np.allclose(got, ref, rtol=1e-4, atol=1e-4), f"depthwise C={c}: results differ"
+        for exe in (blocked, plain):
+            exe.set_num_threads(THREADS)
+        t_b = median_seconds(lambda e=blocked, a=xb: e(a))
+        t_p = median_seconds(lambda e=plain, a=x: e(a))
+        t_o = median_seconds(ort_fn) if ort_fn is not None else float("nan")
+        name = f"C={c} {size}x{size} stride {stride}"
+        print(f"{name:28s} {t_b * 1e3:9.3f} {t_p * 1e3:9.3f} {t_o * 1e3:9.3f} "
+              f"{t_b / t_o:9.2f} {t_p / t_o:9.2f}", flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if "--depthwise" in argv:
+        return depthwise_table()
     pattern = argv[1] if len(argv) > 1 else ""
     header = (f"{'case':34s} {'kiln ms':>9s} {'numpy ms':>9s} {'k/np':>6s} "
               f"{'ort ms':>9s} {'k/ort':>6s}")

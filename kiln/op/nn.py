@@ -7,8 +7,9 @@ Layouts (see ``kiln.op.layout``) are NCHW for data and OIHW for convolution weig
 ``conv2d`` also takes other ``data_layout``/``kernel_layout`` permutations (NHWC/HWIO has its
 own CPU schedule, vectorized along the output channels), pooling any ``layout`` with unsplit H
 and W (NCHW, NHWC, NCHW8c: the other axes are carried through), and ``conv2d_nchwc`` works on
-channel-blocked NCHW[x]c data; it is what ``conv2d``'s CPU ``alter_layout`` hook asks for, so
-the AlterOpLayout pass can turn convolutions into it. Padding is given as one int, two values
+channel-blocked NCHW[x]c data (``groups`` too) and ``depthwise_conv2d_nchwc`` does depthwise
+convolutions on it; they are what ``conv2d``'s CPU ``alter_layout`` hook asks for, so the
+AlterOpLayout pass can turn convolutions into them. Padding is given as one int, two values
 ``(vertical, horizontal)``, or four values ``(top, left, bottom, right)``.
 
 Fusion patterns follow TVM: convolution and pooling are OUT_EWISE_FUSABLE (element-wise
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from .. import te, tir
 from ..ir.dtype import DataType, as_dtype
@@ -58,7 +59,7 @@ from .schedule_helpers import PARALLEL_MIN_WORK, schedule_injective, schedule_re
 
 __all__ = [
     "adaptive_avg_pool2d", "adaptive_max_pool2d", "avg_pool2d", "batch_norm", "conv2d",
-    "conv2d_nchwc",
+    "conv2d_nchwc", "depthwise_conv2d_nchwc",
     "dropout", "global_avg_pool2d", "global_max_pool2d", "layer_norm", "log_softmax",
     "max_pool2d", "softmax",
 ]
@@ -457,10 +458,11 @@ def _schedule_conv2d_nhwc(sch: Any, target: Any) -> None:
 def _alter_conv2d_c(call: Any, target: Any) -> LayoutRewrite | None:
     """On CPUs, a float32 NCHW/OIHW convolution (groups=1) becomes ``nn.conv2d_nchwc`` with
     output channels in blocks of one SIMD vector (when the vector length divides them) and
-    input channels in blocks of the largest divisor of the channel count up to that length."""
+    input channels in blocks of the largest divisor of the channel count up to that length;
+    depthwise and grouped ones go to :func:`_alter_grouped_conv2d_c`."""
     attrs: Conv2DAttrs = call.attrs
     data, weight = call.args[0].struct_info, call.args[1].struct_info
-    if attrs.groups != 1 or (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW"):
+    if (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW"):
         return None
     if data.shape is None or not weight.is_static or attrs.out_dtype not in (None, "float32"):
         return None
@@ -470,6 +472,8 @@ def _alter_conv2d_c(call: Any, target: Any) -> LayoutRewrite | None:
     o, c = weight.static_shape()[0], const_int(data.shape[1])
     if lanes < 2 or o % lanes or c is None:
         return None
+    if attrs.groups != 1:
+        return _alter_grouped_conv2d_c(attrs, c, o, lanes)
     ic = max(d for d in range(1, min(lanes, c) + 1) if c % d == 0)
 
     def build(d: Any, w: Any) -> Any:
@@ -480,6 +484,32 @@ def _alter_conv2d_c(call: Any, target: Any) -> LayoutRewrite | None:
         inputs=(("NCHW", f"NCHW{ic}c"), ("OIHW", f"OIHW{ic}i{lanes}o")),
         output=("NCHW", f"NCHW{lanes}c"),
         build=build,
+    )
+
+
+def _alter_grouped_conv2d_c(attrs: Conv2DAttrs, c: int, o: int,
+                            lanes: int) -> LayoutRewrite | None:
+    """A float32 grouped convolution with ``c`` input and ``o`` output channels (``o`` a
+    multiple of ``lanes``) in blocks of ``lanes`` channels, so it stays in the NCHW[lanes]c of
+    its neighbours: a depthwise one (``groups == c == o``) becomes
+    ``nn.depthwise_conv2d_nchwc``; one whose groups have a multiple of ``lanes`` input and
+    output channels each becomes a grouped ``nn.conv2d_nchwc``; the others stay NCHW."""
+    g = attrs.groups
+    window = {"strides": attrs.strides, "padding": attrs.padding, "dilation": attrs.dilation,
+              "out_dtype": attrs.out_dtype}
+    data_layout = ("NCHW", f"NCHW{lanes}c")
+    if g == c == o:
+        return LayoutRewrite(
+            inputs=(data_layout, ("OIHW", f"OIHW{lanes}o")),
+            output=data_layout,
+            build=lambda d, w: depthwise_conv2d_nchwc(d, w, **window),
+        )
+    if c % g or (c // g) % lanes or (o // g) % lanes:
+        return None
+    return LayoutRewrite(
+        inputs=(data_layout, ("OIHW", f"OIHW{lanes}i{lanes}o")),
+        output=data_layout,
+        build=lambda d, w: conv2d_nchwc(d, w, groups=g, **window),
     )
 
 
@@ -548,10 +578,11 @@ conv2d = register_op(
 
 # ---- conv2d on channel-blocked data -----------------------------------------------------------
 @dataclass(frozen=True)
-class Conv2DNCHWcAttrs:
-    """Convolution of NCHW[x]c data with an OIHW[x]i[y]o weight into NCHW[y]c; the block sizes
-    come from the shapes. ``strides``, ``padding``, ``dilation``, ``out_dtype`` as in
-    :class:`Conv2DAttrs` (no groups)."""
+class _BlockedConvAttrs:
+    """Window attributes shared by the channel-blocked convolutions (``OP`` names the op in
+    errors): ``strides``, ``padding``, ``dilation``, ``out_dtype`` as in :class:`Conv2DAttrs`."""
+
+    OP: ClassVar[str] = "nn.conv2d_nchwc"
 
     strides: Any = (1, 1)
     padding: Any = (0, 0, 0, 0)
@@ -559,11 +590,26 @@ class Conv2DNCHWcAttrs:
     out_dtype: str | None = None
 
     def __post_init__(self):
-        op = "nn.conv2d_nchwc"
+        op = self.OP
         _set(self, "strides", _pair(self.strides, op, "strides"))
         _set(self, "padding", _padding(self.padding, op))
         _set(self, "dilation", _pair(self.dilation, op, "dilation"))
         _set(self, "out_dtype", norm_dtype(self.out_dtype, op))
+
+
+@dataclass(frozen=True)
+class Conv2DNCHWcAttrs(_BlockedConvAttrs):
+    """Convolution of NCHW[x]c data with an OIHW[x]i[y]o weight into NCHW[y]c; the block sizes
+    come from the shapes. ``groups``: input and output channels split into that many groups,
+    each group's channel counts a multiple of its block size (the weight's I axis is the
+    channels of one group)."""
+
+    groups: int = 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.groups, int) or isinstance(self.groups, bool) or self.groups < 1:
+            raise KilnError(f"{self.OP}: groups must be a positive int, got {self.groups!r}")
 
 
 def _infer_conv2d_nchwc(call: Any) -> Any:
@@ -577,6 +623,10 @@ def _infer_conv2d_nchwc(call: Any) -> Any:
         return TensorStructInfo(None, dtype, 5)
     n, cb, h, w, ic = data.shape
     ob, wcb, kh, kw, wic, oc = weight.shape
+    groups = call.attrs.groups
+    if groups > 1:
+        _check_groups(op, groups, cb, wcb, ob)
+        wcb = cb
     for what, a, b in (("input channel blocks", cb, wcb), ("input channel block size", ic, wic)):
         if provably_unequal(a, b):
             raise StructInfoError(
@@ -589,12 +639,29 @@ def _infer_conv2d_nchwc(call: Any) -> Any:
     return TensorStructInfo((n, ob, oh, ow, oc), dtype)
 
 
+def _check_groups(op: str, groups: int, cb: Any, wcb: Any, ob: Any) -> None:
+    """Grouped blocked convolution: the data's channel blocks are ``groups`` times the weight's
+    (per group), and the output channel blocks split evenly into the groups."""
+    cbs, wcbs, obs = const_int(cb), const_int(wcb), const_int(ob)
+    if cbs is not None and wcbs is not None and cbs != wcbs * groups:
+        raise StructInfoError(
+            f"{op}: data has {cbs} channel blocks but the weight expects {wcbs} per group "
+            f"x groups={groups}"
+        )
+    if obs is not None and obs % groups:
+        raise StructInfoError(
+            f"{op}: {obs} output channel blocks do not split into groups={groups} (each group's "
+            "output channels must be a multiple of the output block)"
+        )
+
+
 def _conv2d_nchwc_compute(data: Any, weight: Any, *, attrs: Conv2DNCHWcAttrs) -> Any:
-    """``out[n, ob, y, x, oi] = sum_{cb, ry, rx, ci} pad(data)[n, cb, y*sh + ry*dh,
-    x*sw + rx*dw, ci] * weight[ob, cb, ry, rx, ci, oi]``."""
+    """``out[n, ob, y, x, oi] = sum_{cb, ry, rx, ci} pad(data)[n, g(ob) + cb, y*sh + ry*dh,
+    x*sw + rx*dw, ci] * weight[ob, cb, ry, rx, ci, oi]``, ``g(ob)`` the first channel block of
+    output block ``ob``'s group (0 without groups)."""
     out_dtype = as_dtype(attrs.out_dtype) if attrs.out_dtype else data.dtype
-    n, cb, h, w, ic = data.shape
-    ob, _, kh, kw, _, oc = weight.shape
+    n, _, h, w, ic = data.shape
+    ob, cb, kh, kw, _, oc = weight.shape
     (sh, sw), (dh, dw) = attrs.strides, attrs.dilation
     oh, ow = _conv_hw(attrs, h, w, kh, kw)
     src = _pad_hw(data, 2, 3, attrs.padding, "conv2d_nchwc_pad")
@@ -602,9 +669,12 @@ def _conv2d_nchwc_compute(data: Any, weight: Any, *, attrs: Conv2DNCHWcAttrs) ->
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
     rci = te.reduce_axis((0, ic), name="rci")
+    groups = attrs.groups
+    ob_per_group = ob // groups if groups > 1 else None
 
     def body(nn, oo, yy, xx, oi):
-        v = src[nn, rco, yy * sh + ry * dh, xx * sw + rx * dw, rci]
+        chan = rco if ob_per_group is None else (oo // ob_per_group) * cb + rco
+        v = src[nn, chan, yy * sh + ry * dh, xx * sw + rx * dw, rci]
         prod = tir.cast(out_dtype, v) * tir.cast(out_dtype, weight[oo, rco, ry, rx, rci, oi])
         return te.sum(prod, axis=[rco, ry, rx, rci])
 
@@ -634,15 +704,15 @@ def _conv2d_nchwc_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     if not (_is_float_arg(x) and _is_float_arg(w)):
         return [None, None]
     n, cb, h, wd, ci = shape_attr(x.struct_info.shape)
-    ob, _, kh, kw, _, oc = shape_attr(w.struct_info.shape)
+    ob, wcb, kh, kw, _, oc = shape_attr(w.struct_info.shape)
     gs = shape_attr(output_grad.struct_info.shape)
-    c, o = shape_attr((cb * ci, ob * oc))
+    c, cg, o = shape_attr((cb * ci, wcb * ci, ob * oc))
     xn = bb.normalize(reshape(_permute(x, (0, 1, 4, 2, 3)), (n, c, h, wd)))
-    wn = bb.normalize(reshape(_permute(w, (0, 5, 1, 4, 2, 3)), (o, c, kh, kw)))
+    wn = bb.normalize(reshape(_permute(w, (0, 5, 1, 4, 2, 3)), (o, cg, kh, kw)))
     g = bb.normalize(reshape(_permute(output_grad, (0, 1, 4, 2, 3)), (gs[0], o, gs[2], gs[3])))
-    dx, dw = _conv_adjoints(g, xn, wn, call.attrs, 1)
+    dx, dw = _conv_adjoints(g, xn, wn, call.attrs, call.attrs.groups)
     dx = _permute(reshape(dx, (n, cb, ci, h, wd)), (0, 1, 3, 4, 2))
-    dw = _permute(reshape(dw, (ob, oc, cb, ci, kh, kw)), (0, 2, 4, 5, 3, 1))
+    dw = _permute(reshape(dw, (ob, oc, wcb, ci, kh, kw)), (0, 2, 4, 5, 3, 1))
     return [fit_to(bb, dx, x), fit_to(bb, dw, w)]
 
 
@@ -659,6 +729,163 @@ conv2d_nchwc = register_op(
     doc="2-d convolution of channel-blocked data: data NCHW[x]c ``[N, C/x, H, W, x]``, weight "
     "OIHW[x]i[y]o ``[O/y, C/x, KH, KW, x, y]``, result NCHW[y]c ``[N, O/y, OH, OW, y]`` "
     "(what AlterOpLayout makes of nn.conv2d on CPUs).",
+)
+
+
+# ---- depthwise conv2d on channel-blocked data -------------------------------------------------
+@dataclass(frozen=True)
+class DepthwiseConv2DNCHWcAttrs(_BlockedConvAttrs):
+    """Depthwise convolution of NCHW[x]c data with an OIHW[x]o weight (one input channel per
+    output channel, channel multiplier 1) into NCHW[x]c. ``strides``, ``padding``,
+    ``dilation``, ``out_dtype`` as in :class:`Conv2DAttrs`."""
+
+    OP: ClassVar[str] = "nn.depthwise_conv2d_nchwc"
+
+
+def _infer_depthwise_conv2d_nchwc(call: Any) -> Any:
+    from ..graph.struct_info import TensorStructInfo
+
+    op = DepthwiseConv2DNCHWcAttrs.OP
+    data = tensor_arg(call, 0, op, "data", ndim=5)
+    weight = tensor_arg(call, 1, op, "weight", ndim=5)
+    dtype = result_dtype(op, attr_out_dtype(call), ("data", data), ("weight", weight))
+    if data.shape is None or weight.shape is None:
+        return TensorStructInfo(None, dtype, 5)
+    n, cb, h, w, c = data.shape
+    wcb, one, kh, kw, wc = weight.shape
+    checks = (("channel blocks", cb, wcb), ("channel block size", c, wc),
+              ("input channels", tir.const(I64, 1), one))
+    for what, a, b in checks:
+        if provably_unequal(a, b):
+            raise StructInfoError(
+                f"{op}: data {fmt_shape(data.shape)} (NCHW[x]c) has {fmt_dim(a)} {what} but "
+                f"weight {fmt_shape(weight.shape)} (OIHW[x]o, I == 1) has {fmt_dim(b)}"
+            )
+    oh, ow = _conv_hw(call.attrs, h, w, kh, kw)
+    _check_out_dim(op, "height", oh, h)
+    _check_out_dim(op, "width", ow, w)
+    return TensorStructInfo((n, cb, oh, ow, c), dtype)
+
+
+def _depthwise_conv2d_nchwc_compute(data: Any, weight: Any, *,
+                                    attrs: DepthwiseConv2DNCHWcAttrs) -> Any:
+    """``out[n, cb, y, x, ci] = sum_{ry, rx} pad(data)[n, cb, y*sh + ry*dh, x*sw + rx*dw, ci]
+    * weight[cb, 0, ry, rx, ci]``: every tap is one contiguous vector of the channel block."""
+    out_dtype = as_dtype(attrs.out_dtype) if attrs.out_dtype else data.dtype
+    n, cb, h, w, c = data.shape
+    _, _, kh, kw, _ = weight.shape
+    (sh, sw), (dh, dw) = attrs.strides, attrs.dilation
+    oh, ow = _conv_hw(attrs, h, w, kh, kw)
+    src = _pad_hw(data, 2, 3, attrs.padding, "depthwise_conv2d_nchwc_pad")
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    zero = tir.const(I64, 0)
+
+    def body(nn, cc, yy, xx, ci):
+        v = src[nn, cc, yy * sh + ry * dh, xx * sw + rx * dw, ci]
+        prod = tir.cast(out_dtype, v) * tir.cast(out_dtype, weight[cc, zero, ry, rx, ci])
+        return te.sum(prod, axis=[ry, rx])
+
+    return te.compute((n, cb, oh, ow, c), body, name="depthwise_conv2d_nchwc")
+
+
+#: Largest kernel whose taps the depthwise schedule unrolls.
+DEPTHWISE_UNROLL_TAPS = 7
+
+
+def _schedule_depthwise_conv2d_nchwc(sch: Any, target: Any) -> None:
+    """Parallel over (n, channel block[, row]); a row segment of output pixels of one channel
+    block (one SIMD vector each) is accumulated over the taps (unrolled), every tap one
+    contiguous vector load of the input and of the weight.
+
+    Loops: parallel(n, cb[, y]) / y / x_outer / ry, rx (unrolled) / x_inner (unrolled) / lanes
+    (vectorized). The padded input is copied one channel block at a time inside the parallel
+    loop (vectorized along the lanes), so the copy is parallel and still in cache when read.
+    """
+    pad, name = "depthwise_conv2d_nchwc_pad", "depthwise_conv2d_nchwc"
+    names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_block("root"))}
+    rest = other_blocks(sch, {pad, name})
+    block = sch.get_block(name)
+    work = block_work(sch, block)
+    n, cb, y, x, ci, ry, rx = sch.get_loops(block)
+    xo, xi = split_off(sch, x, pick_factor(loop_extent(sch, x), CONV_X_TILES))
+    _, ci, vec = _vector_channels(sch, target, block, ci)
+    sch.reorder(*[lp for lp in (n, cb, y, xo, ry, rx, xi, ci) if lp is not None])
+    init = sch.decompose_reduction(block, ry)
+    for lp in (ry, rx):
+        if (loop_extent(sch, lp) or DEPTHWISE_UNROLL_TAPS + 1) <= DEPTHWISE_UNROLL_TAPS:
+            sch.unroll(lp)
+    if xi is not None:
+        sch.unroll(xi)
+    if vec:
+        sch.vectorize(ci)
+        sch.vectorize(sch.get_loops(init)[-1])
+    # the padded copy of a whole channel block goes under (n, cb) when those feed the threads
+    # (measured faster than copying the rows of each output row); else under (n, cb, y)
+    per_block = pad in names and _enough_blocks(sch, target, [n, cb])
+    at = parallel_outer(sch, [n, cb] if per_block else [n, cb, y], target, work=work)
+    if pad in names:
+        pb = sch.get_block(pad)
+        sch.compute_at(pb, at if at is not None else cb if per_block else y)
+        vectorize_inner(sch, target, pb)
+    schedule_epilogue(sch, target, rest, at)
+
+
+def _enough_blocks(sch: Any, target: Any, loops: list[Any]) -> bool:
+    """Whether ``loops`` have at least two iterations per thread of ``target``."""
+    import os
+
+    total = 1
+    for lp in loops:
+        ext = loop_extent(sch, lp)
+        if ext is None:
+            return False
+        total *= ext
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = getattr(target, "num_threads", 0) or cores or 1
+    return total >= 2 * threads
+
+
+def _depthwise_conv2d_nchwc_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """Unblock data ``[N, C/x, H, W, x]``, weight ``[C/x, 1, KH, KW, x]`` and the gradient to
+    NCHW/OIHW, take the adjoints of the plain convolution with groups = C, block them again."""
+    from .grad import fit_to, shape_attr
+    from .shape import reshape
+
+    x, w = call.args
+    if not (_is_float_arg(x) and _is_float_arg(w)):
+        return [None, None]
+    n, cb, h, wd, ci = shape_attr(x.struct_info.shape)
+    _, _, kh, kw, _ = shape_attr(w.struct_info.shape)
+    gs = shape_attr(output_grad.struct_info.shape)
+    c = cb * ci
+    (cs,) = shape_attr((c,))
+    xn = bb.normalize(reshape(_permute(x, (0, 1, 4, 2, 3)), (n, cs, h, wd)))
+    wn = bb.normalize(reshape(_permute(w, (0, 4, 1, 2, 3)), (cs, 1, kh, kw)))
+    g = bb.normalize(reshape(_permute(output_grad, (0, 1, 4, 2, 3)), (gs[0], cs, gs[2], gs[3])))
+    groups = const_int(c)
+    if groups is None:
+        raise KilnError(f"{DepthwiseConv2DNCHWcAttrs.OP}: the gradient needs a static channel "
+                        f"count, got {fmt_dim(c)}")
+    dx, dw = _conv_adjoints(g, xn, wn, call.attrs, groups)
+    dx = _permute(reshape(dx, (n, cb, ci, h, wd)), (0, 1, 3, 4, 2))
+    dw = _permute(reshape(dw, (cb, ci, 1, kh, kw)), (0, 2, 3, 4, 1))
+    return [fit_to(bb, dx, x), fit_to(bb, dw, w)]
+
+
+depthwise_conv2d_nchwc = register_op(
+    DepthwiseConv2DNCHWcAttrs.OP,
+    inputs=("data", "weight"),
+    attrs=DepthwiseConv2DNCHWcAttrs,
+    infer=_infer_depthwise_conv2d_nchwc,
+    pattern=OpPattern.OUT_EWISE_FUSABLE,
+    compute=_depthwise_conv2d_nchwc_compute,
+    schedules={"c": _schedule_depthwise_conv2d_nchwc},
+    mixed_precision=MixedPrecision.ALWAYS,
+    gradient=_depthwise_conv2d_nchwc_grad,
+    doc="depthwise 2-d convolution of channel-blocked data (channel multiplier 1): data "
+    "NCHW[x]c ``[N, C/x, H, W, x]``, weight OIHW[x]o ``[C/x, 1, KH, KW, x]``, result NCHW[x]c "
+    "(what AlterOpLayout makes of a depthwise nn.conv2d on CPUs).",
 )
 
 

@@ -4,7 +4,10 @@ An operator declares, next to its compute and schedules, a per-target ``alter_la
 (``kiln.op.registry.OpDef.alter_layout[target.kind]``); the hook sees the call (with its
 argument types) and the Target and returns a :class:`~kiln.op.layout.LayoutRewrite` or None.
 On CPUs ``nn.conv2d`` asks to become ``nn.conv2d_nchwc``: NCHW[x]c data, an OIHW[x]i[y]o weight,
-output channels in blocks of one SIMD vector of float32 (see ``kiln.op.nn``).
+output channels in blocks of one SIMD vector of float32 (see ``kiln.op.nn``); a depthwise
+convolution becomes ``nn.depthwise_conv2d_nchwc`` (OIHW[y]o weight) and a grouped one whose
+groups hold whole blocks a grouped ``nn.conv2d_nchwc``, so networks such as MobileNetV2 stay in
+NCHW[y]c across their depthwise layers.
 
 The rewrite goes through the layout propagation engine
 (:mod:`kiln.transform.layout_propagation`): the data gets a ``layout_transform`` where it

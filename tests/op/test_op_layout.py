@@ -299,9 +299,13 @@ def test_conv2d_alter_layout_hook():
     x16 = tvar("x", (1, 2 * lanes, 8, 8))
     req = hook(call(x16, tvar("w", (lanes, 2 * lanes, 1, 1))), TARGET)
     assert req.inputs[0] == ("NCHW", f"NCHW{lanes}c")
-    # declined: output channels not a vector multiple, groups, other layouts, other dtypes
+    # depthwise: nn.depthwise_conv2d_nchwc (tests/transform/test_transform_alter_layout_depthwise)
+    dw = hook(call(x16, tvar("w", (2 * lanes, 1, 3, 3)), groups=2 * lanes), TARGET)
+    assert dw.inputs[1] == ("OIHW", f"OIHW{lanes}o")
+    # declined: output channels not a vector multiple, a channel multiplier, other layouts,
+    # other dtypes
     assert hook(call(x, tvar("w", (lanes + 1, 3, 3, 3))), TARGET) is None
-    assert hook(call(x16, tvar("w", (2 * lanes, 1, 3, 3)), groups=2 * lanes), TARGET) is None
+    assert hook(call(x16, tvar("w", (4 * lanes, 1, 3, 3)), groups=2 * lanes), TARGET) is None
     assert hook(call(tvar("x", (1, 8, 8, 3)), tvar("w", (3, 3, 3, lanes)),
                      data_layout="NHWC", kernel_layout="HWIO"), TARGET) is None
     assert hook(call(tvar("x", (1, 3, 8, 8), "float16"),
