@@ -493,13 +493,13 @@ def parallel_outer(sch: Any, loops: list[Any], target: Any, min_chunks: int = 0,
     Nothing is parallelized for a single-threaded target or when ``work`` (scalar operations,
     when known) is below the size at which a parallel region pays for itself.
     """
-    from .schedule_helpers import PARALLEL_MIN_WORK
+    from .schedule_helpers import PARALLEL_MIN_WORK, cpu_count
 
     if not loops or getattr(target, "num_threads", 0) == 1:
         return None
     if work is not None and work < PARALLEL_MIN_WORK:
         return None
-    threads = getattr(target, "num_threads", 0) or _cpu_count()
+    threads = getattr(target, "num_threads", 0) or cpu_count()
     want = max(min_chunks, 4 * threads)
     take, total = 0, 1
     for lp in loops:
@@ -513,12 +513,6 @@ def parallel_outer(sch: Any, loops: list[Any], target: Any, min_chunks: int = 0,
     fused = sch.fuse(*loops[:take]) if take > 1 else loops[0]
     sch.parallel(fused)
     return fused
-
-
-def _cpu_count() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def schedule_gemm(sch: Any, target: Any, block: Any, *, has_i: bool, has_j: bool) -> Any:

@@ -38,10 +38,17 @@ __all__ = [
 
 # Below this many scalar operations a parallel region costs more than it saves.
 PARALLEL_MIN_WORK = 16384
+#: Chunks of a parallel element-wise loop per thread (static scheduling: a few per thread
+#: even out uneven progress).
+PARALLEL_CHUNKS_PER_THREAD = 8
 # Narrowest vector worth emitting.
 _MIN_LANES = 4
 # Elements of the contiguous output axis updated per step of a column reduction.
 _COLUMN_CHUNK = 256
+# Shortest innermost reduce loop given vector partial results (rfactor) by the default
+# reduction schedule: shorter rows do not pay for the extra combine loop (the threshold of
+# kiln.op.reduce's interleaved partials, which cover the long multiples of 8 themselves).
+_RFACTOR_MIN_EXTENT = 64
 
 
 def _const(extent: Any) -> int | None:
@@ -175,12 +182,40 @@ def _injective_block(sch: Any, target: Any, b: Any) -> None:
     if lanes > 1:
         outer, inner = sch.split(loops[-1], factors=[None, lanes])
         loops = [*loops[:-1], outer]
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    # Fuse only the outer loops that give every thread several chunks; the inner ones stay
+    # nested, so their index arithmetic is an increment rather than a div/mod of one big
+    # fused counter per element (which cost more than the copy in transposes and splits).
+    take = _chunk_loops(sch, loops, target)
+    fused = sch.fuse(*loops[:take]) if take > 1 else loops[0]
     outer_extent = _const(sch.get(fused).extent)
     if _worth_parallel(target, _product(extents), outer_extent):
         sch.parallel(fused)
     if inner is not None:
         sch.vectorize(inner)
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (its affinity mask), the default thread count."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def _chunk_loops(sch: Any, loops: list[Any], target: Any) -> int:
+    """How many leading ``loops`` to fuse into the parallel loop: enough for
+    :data:`PARALLEL_CHUNKS_PER_THREAD` chunks per thread (all of them when an extent is
+    symbolic or the nest is small)."""
+    threads = getattr(target, "num_threads", 0) or cpu_count()
+    want = PARALLEL_CHUNKS_PER_THREAD * max(threads, 1)
+    total = 1
+    for k, lp in enumerate(loops):
+        ext = _const(sch.get(lp).extent)
+        if ext is None:
+            return len(loops)
+        total *= ext
+        if total >= want:
+            return k + 1
+    return len(loops)
 
 
 def _strided_reduce_read(block: Any) -> bool:
@@ -235,6 +270,12 @@ def _reduction_block(sch: Any, target: Any, b: Any) -> None:
         outer, mid, inner = sch.split(spatial[-1], factors=[None, per_chunk, lanes])
         sch.reorder(outer, *reduce, mid, inner)
         spatial = [*spatial[:-1], outer]
+    rf = None
+    rf_lanes = _contiguous_reduce_lanes(sch, target, blk, reduce) if lanes == 1 else 1
+    if rf_lanes > 1 and _rfactor_applies(sch, reduce[-1], rf_lanes):
+        rf = _rfactor_innermost(sch, reduce[-1], rf_lanes)
+        loops = list(sch.get_loops(b))  # now the write-back block: spatial loops + partials
+        spatial, reduce = loops[:n_spatial], loops[n_spatial:]
     fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
     if _worth_parallel(target, work, _const(sch.get(fused).extent)):
         sch.parallel(fused)
@@ -243,6 +284,61 @@ def _reduction_block(sch: Any, target: Any, b: Any) -> None:
     if inner is not None:
         sch.vectorize(inner)
         sch.vectorize(sch.get_loops(init)[-1])
+    if rf is not None:  # its loops: fused spatial, reduce..., chunks, vectorized partials
+        sch.decompose_reduction(rf, sch.get_loops(rf)[1])
+
+
+def _contiguous_reduce_lanes(sch: Any, target: Any, block: Any, reduce: list[Any]) -> int:
+    """Vector width for partial results of a float reduction whose innermost reduce variable
+    is the contiguous index of every load that uses it (``sum(x, axis=-1)``), when the
+    innermost reduce loop is long enough (:data:`_RFACTOR_MIN_EXTENT`); else 1."""
+    dtype = block.writes[0].buffer.dtype if len(block.writes) == 1 else None
+    if dtype is None or not dtype.is_float or not reduce:
+        return 1
+    ext = _const(sch.get(reduce[-1]).extent)
+    last = next((iv.var for iv in reversed(block.iter_vars)
+                 if iv.iter_type == IterType.COMM_REDUCE), None)
+    if ext is None or last is None:
+        return 1
+    loads: list[Any] = []
+    post_order_visit(block.body, lambda n: loads.append(n) if isinstance(n, BufferLoad) else None)
+    uses = [ld for ld in loads if any(last in collect_vars(i) for i in ld.indices)]
+    if not uses or not all(_unit_stride(ld.indices[-1], last) and not any(
+            last in collect_vars(i) for i in ld.indices[:-1]) for ld in uses):
+        return 1
+    lanes = _pick_lanes(target, dtype, ext)
+    return lanes if ext >= max(2 * lanes, _RFACTOR_MIN_EXTENT) else 1
+
+
+def _unit_stride(index: Any, var: Any) -> bool:
+    """``index`` is ``var`` or ``e + var`` with ``e`` free of ``var``."""
+    if index is var:
+        return True
+    if isinstance(index, Add):
+        for a, b in ((index.a, index.b), (index.b, index.a)):
+            if a is var and var not in collect_vars(b):
+                return True
+    return False
+
+
+def _rfactor_innermost(sch: Any, loop: Any, lanes: int) -> Any:
+    """Split ``loop`` by ``lanes`` and keep that many partial results in a vector (rfactor);
+    returns the block of partial results."""
+    _, ki = sch.split(loop, factors=[None, lanes])
+    block = sch.get(sch.get_child_blocks(ki)[0])
+    rf = sch.rfactor(ki, len(block.writes[0].buffer.shape))
+    sch.vectorize(ki)
+    return rf
+
+
+def _rfactor_applies(sch: Any, loop: Any, lanes: int) -> bool:
+    """Whether :func:`_rfactor_innermost` succeeds (tried on a copy: an unsupported combiner
+    keeps the scalar reduction instead of leaving the block unscheduled)."""
+    try:
+        _rfactor_innermost(sch.copy(), loop, lanes)
+    except ScheduleError:
+        return False
+    return True
 
 
 def _apply_safely(sch: Any, fn: Any, *args: Any) -> bool:

@@ -523,7 +523,7 @@ class SplitAttrs:
             raise KilnError(f"split: sections must be a positive int or a tuple of ints: {v!r}")
 
 
-def _split_ranges(dim: PrimExpr, attrs: SplitAttrs) -> list[tuple[PrimExpr, PrimExpr]]:
+def split_ranges(dim: PrimExpr, attrs: SplitAttrs) -> list[tuple[PrimExpr, PrimExpr]]:
     """(start, length) of each piece along the split axis."""
     spec = attrs.indices_or_sections
     if isinstance(spec, int):
@@ -566,7 +566,7 @@ def _split_infer(call: Any) -> Any:
                                      for _ in range(count)))
     axis = normalize_axis(attrs.axis, ndim, "split")
     fields = []
-    for _, length in _split_ranges(shape[axis], attrs):
+    for _, length in split_ranges(shape[axis], attrs):
         piece = list(shape)
         piece[axis] = length
         fields.append(tensor_sinfo(piece, x.dtype))
@@ -576,7 +576,7 @@ def _split_infer(call: Any) -> Any:
 def _split_compute(x: te.Tensor, attrs: SplitAttrs) -> tuple[te.Tensor, ...]:
     axis = normalize_axis(attrs.axis, x.ndim, "split")
     outs = []
-    for k, (start, length) in enumerate(_split_ranges(x.shape[axis], attrs)):
+    for k, (start, length) in enumerate(split_ranges(x.shape[axis], attrs)):
         shape = list(x.shape)
         shape[axis] = length
 

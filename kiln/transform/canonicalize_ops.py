@@ -21,6 +21,10 @@ fusion, layout and combine passes, schedules) match one form. The rewrites, all 
   for a single row (GEMV); so ``dense`` is kept for weights known only at run time.
 - ``multiply(x, sigmoid(x))`` (either order) -> ``silu(x)``: SiLU/swish as exported by
   frameworks, one fused element-wise op.
+- ``split(x, ...)[i]`` with static pieces -> ``strided_slice(x, ...)``: each piece becomes an
+  injective op of its own that fuses into its consumer (a Q/K/V split followed by reshapes and
+  transposes becomes three single-pass kernels instead of a copy per piece first); the split
+  is left for DCE when nothing else uses the tuple.
 - ``power(x, 2)`` with a float x and a constant exponent of 2 that does not broadcast x ->
   ``multiply(x, x)`` (exact, and no ``pow`` call per element; LayerNorm decompositions square
   this way).
@@ -36,6 +40,7 @@ import numpy as np
 from ..graph import expr as gx
 from ..graph.struct_info import TensorStructInfo, TupleStructInfo
 from ..ir.module import IRModule
+from ..tir import expr as tir_expr
 from .pass_infra import PassContext, function_pass
 from .simplify_expr import RewriteMutator, call_op, is_identity_constant, op_name, same_tensor_type
 
@@ -114,6 +119,8 @@ def canonical_attrs(call: gx.Call) -> Any:
 
 class _Canonicalizer(RewriteMutator):
     def rewrite(self, var: gx.Var, value: gx.Expr) -> gx.Expr | None:
+        if isinstance(value, gx.TupleGetItem):
+            return self._split_piece(value)
         name = op_name(value)
         if name is None:
             return None
@@ -159,6 +166,25 @@ class _Canonicalizer(RewriteMutator):
 
         wt = np.ascontiguousarray(self.constant_of(w).data.T)
         return call_op("matmul", [x, const(wt)], get_op_def("matmul").make_attrs(out_dtype))
+
+    def _split_piece(self, item: gx.TupleGetItem) -> gx.Expr | None:
+        """``split(x, ...)[i]`` -> ``strided_slice(x, ...)`` when the pieces are static."""
+        from ..op.registry import get_op_def
+        from ..op.shape import split_ranges
+
+        p = self.producer(item.tuple_value)
+        if op_name(p) != "split" or p.attrs is None:
+            return None
+        xs = p.args[0].struct_info
+        if not isinstance(xs, TensorStructInfo) or xs.shape is None:
+            return None
+        axis = p.attrs.axis % xs.ndim
+        start, length = split_ranges(xs.shape[axis], p.attrs)[item.index]
+        if not (isinstance(start, tir_expr.IntImm) and isinstance(length, tir_expr.IntImm)):
+            return None
+        begin, end = start.value, start.value + length.value
+        attrs = get_op_def("strided_slice").make_attrs(begin=(begin,), end=(end,), axes=(axis,))
+        return call_op("strided_slice", [p.args[0]], attrs)
 
     def _silu(self, call: gx.Call) -> gx.Expr | None:
         a, b = call.args

@@ -1,5 +1,5 @@
 """CanonicalizeOps: explicit axes, matmul-of-transpose -> dense, x*sigmoid(x) -> silu,
-power(x, 2) -> x*x."""
+power(x, 2) -> x*x, split pieces -> strided_slice."""
 
 import numpy as np
 import pytest
@@ -156,3 +156,32 @@ def test_square_of_integers_is_kept():
     x = g.Var("x", _t(4, dtype="int32"))
     mod = _single(x, op.power(x, g.const(np.full((4,), 2, "int32"))))
     assert CanonicalizeOps()(mod)["main"] is mod["main"]
+
+
+def test_split_pieces_become_slices_that_fuse_into_their_consumers():
+    x = g.Var("x", _t(4, 12))
+    bb = g.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            parts = bb.emit(op.split(x, (3, 7), axis=-1))
+            a = bb.emit(op.nn.relu(g.TupleGetItem(parts, 0)))
+            b = bb.emit(op.exp(g.TupleGetItem(parts, 1)))
+            c = bb.emit(op.negative(g.TupleGetItem(parts, 2)))
+            out = bb.emit_output(op.concat([a, b, c], axis=1))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    got = DeadCodeElimination()(CanonicalizeOps()(mod))
+    names = [b.value.op.name for blk in got["main"].body.blocks for b in blk.bindings
+             if isinstance(b.value, g.Call)]
+    assert "split" not in names and names.count("strided_slice") == 3
+    xv = RNG.standard_normal((4, 12)).astype("float32")
+    ref = np.concatenate([np.maximum(xv[:, :3], 0), np.exp(xv[:, 3:7]), -xv[:, 7:]], axis=1)
+    np.testing.assert_allclose(kiln.build(mod)(xv), ref, rtol=1e-6)
+
+
+def test_split_used_as_a_tuple_is_kept():
+    x = g.Var("x", _t(4, 12))
+    got = CanonicalizeOps()(_single(x, op.split(x, 3, axis=1)))
+    names = [b.value.op.name for blk in got["main"].body.blocks for b in blk.bindings
+             if isinstance(b.value, g.Call)]
+    assert names == ["split"]
