@@ -242,6 +242,14 @@ class BoundAnalyzer:
             return ConstIntBound(max(a.min_value, b.min_value), max(a.max_value, b.max_value))
         if t is E.Select:
             return b_union(self(e.true_value), self(e.false_value))
+        if t is E.BitwiseAnd:  # a non-negative operand bounds the result to [0, its max]
+            a, b = self(e.a), self(e.b)
+            his = [x.max_value for x in (a, b) if x.min_value >= 0]
+            if his:
+                return ConstIntBound(0, min(his))
+        if t is E.ShiftRight:  # moves toward 0 (or -1): within [min(a, 0), max(a, 0)]
+            a = self(e.a)
+            return ConstIntBound(min(a.min_value, 0), max(a.max_value, 0))
         if t is E.Cast:
             target = dtype_bound(dt)
             if e.value.dtype.is_float:

@@ -47,7 +47,7 @@ def fits_within(inner: DataType, outer: DataType) -> bool:
     return outer.min_value() <= inner.min_value() and inner.max_value() <= outer.max_value()
 
 
-_SAME_BINARY = frozenset(ARITH + CMP + (E.And, E.Or))
+_SAME_BINARY = frozenset(ARITH + CMP + E.BIT_OPS + (E.And, E.Or))
 
 
 def same(a: Any, b: Any) -> bool:

@@ -70,6 +70,35 @@ def fold_int(cls: type, dt: DataType, a: int, b: int) -> int | None:
     return r if fits(dt, r) else None
 
 
+def fold_bits(cls: type, dt: DataType, a: int, b: int) -> int:
+    """``a <cls> b`` for the bit operations (:data:`~kiln.tir.expr.BIT_OPS`) on scalar integer
+    or bool type ``dt``, with TIR's results for shift amounts outside ``[0, bits)``."""
+    if cls is E.BitwiseAnd:
+        return a & b  # Python ints are two's complement of unbounded width: in range
+    if cls is E.BitwiseOr:
+        return a | b
+    if cls is E.BitwiseXor:
+        return a ^ b
+    if not 0 <= b < dt.bits:
+        return -1 if cls is E.ShiftRight and a < 0 else 0
+    if cls is E.ShiftRight:
+        return a >> b
+    r = (a << b) & ((1 << dt.bits) - 1)
+    return r - (1 << dt.bits) if dt.is_int and r >= 1 << (dt.bits - 1) else r
+
+
+def fold_reinterpret(dt: DataType, value: E.PrimExpr) -> E.PrimExpr | None:
+    """``reinterpret(dt, imm)`` of a scalar immediate, through numpy's view of the bits."""
+    if type(value) not in (E.IntImm, E.FloatImm) or dt.bits < 8:
+        return None
+    src = value.dtype.element.to_numpy()
+    with np.errstate(all="ignore"):
+        bits = np.array(value.value).astype(src).view(dt.to_numpy()).item()
+    if dt.is_float:
+        return E.FloatImm(dt, float(bits))
+    return E.IntImm(dt, int(bits))
+
+
 # ---- floats ----------------------------------------------------------------------------------
 
 

@@ -37,7 +37,7 @@ from .expr_utils import (
     same,
     true,
 )
-from .fold import CMP_OPS, fold_cast, fold_float, fold_int
+from .fold import CMP_OPS, fold_bits, fold_cast, fold_float, fold_int, fold_reinterpret
 from .recombine import recombine
 from .vector_rules import VectorRules
 
@@ -63,7 +63,9 @@ class Simplifier(VectorRules):
             E.And: self._v_logic, E.Or: self._v_logic, E.Not: self._v_not,
             E.Select: self._v_select, E.Cast: self._v_cast,
             E.Ramp: self._v_ramp, E.Broadcast: self._v_broadcast, E.Let: self._v_let,
+            E.Call: self._v_call,
         })
+        h.update({c: self._v_bits for c in E.BIT_OPS})
         self._handlers = h
 
     # ---- driver -----------------------------------------------------------------------------
@@ -488,6 +490,48 @@ class Simplifier(VectorRules):
             t = self.ana._atom_truth(out)
             if t is not None:
                 return imm(BOOL, int(t))
+        return out
+
+    # ---- bit operations ---------------------------------------------------------------------
+    def _v_bits(self, e: Any) -> E.PrimExpr:
+        a, b = self.visit(e.a), self.visit(e.b)
+        return self.bits(type(e), a, b, e)
+
+    def bits(self, cls: type, a: E.PrimExpr, b: E.PrimExpr, orig: Any = None) -> E.PrimExpr:
+        """Simplified bit operation: immediates fold, identities (``x & 0``, ``x | 0``,
+        ``x ^ 0``, ``x & -1``, shifts by 0) drop, broadcasts combine lane-free."""
+        dt = orig.dtype if orig is not None else a.dtype
+        if dt.lanes > 1 and type(a) is E.Broadcast and type(b) is E.Broadcast:
+            return E.Broadcast(self.bits(cls, a.value, b.value), dt.lanes)
+        ca, cb = const_int(a), const_int(b)
+        if dt.lanes == 1 and ca is not None and cb is not None:
+            return imm(dt, fold_bits(cls, dt, ca, cb))
+        ones = 1 if dt.is_bool else dt.element.max_value() if dt.is_uint else -1
+        if cb == 0 and cls is not E.BitwiseAnd:
+            return a  # x | 0, x ^ 0, x << 0, x >> 0
+        if cls in (E.BitwiseAnd, E.BitwiseOr, E.BitwiseXor):
+            if ca == 0 and cls is not E.BitwiseAnd:
+                return b
+            if (cb == 0 or ca == 0) and cls is E.BitwiseAnd:
+                return a if ca == 0 else b
+            if cb == ones and cls is E.BitwiseAnd:
+                return a
+            if ca == ones and cls is E.BitwiseAnd:
+                return b
+        elif ca == 0:
+            return a  # 0 << n, 0 >> n
+        return node(cls, a, b, orig)
+
+    def _v_call(self, e: E.Call) -> E.PrimExpr:
+        out = self._generic(e)
+        if out.op == "reinterpret":
+            (v,) = out.args
+            if out.dtype.lanes > 1 and type(v) is E.Broadcast:
+                return E.Broadcast(self._v_call(E.Call(out.dtype.element, out.op, (v.value,))),
+                                   out.dtype.lanes)
+            folded = fold_reinterpret(out.dtype, v)
+            if folded is not None:
+                return folded
         return out
 
     # ---- select / cast ----------------------------------------------------------------------

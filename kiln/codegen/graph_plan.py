@@ -3,11 +3,14 @@
 Run-time shapes (``kiln.runtime.shape_funcs``): a call of ``ExternFunc("kiln.shape_func.F")``
 becomes a host ``"shape_func"`` step binding fresh names, and a ``match_cast`` of its shape
 value a ``"match"`` step binding the graph's symbolic dims; shape values live in the builder
-as ``_Shape`` (encoded dims), never in slots.
+as ``_Shape`` (encoded dims), never in slots. A call of ``ExternFunc("kiln.host_func.F")``
+(``kiln.runtime.host_funcs``) becomes a ``"host_func"`` step whose output slot has fresh dim
+names the step binds; a ``match_cast`` of that tensor binds the graph's dims from them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -16,7 +19,7 @@ from .. import tir
 from ..graph import expr as gx
 from ..graph.struct_info import ShapeStructInfo, TensorStructInfo, TupleStructInfo
 from ..ir.errors import KilnError
-from ..runtime import memory_plan, shape_expr, shape_funcs
+from ..runtime import host_funcs, memory_plan, shape_expr, shape_funcs
 from ..runtime.plan import KernelCall, Plan, SlotSpec
 
 
@@ -99,6 +102,9 @@ class _PlanBuilder:
         if (isinstance(e, gx.Call) and isinstance(e.op, gx.ExternFunc)
                 and e.op.symbol.startswith(shape_funcs.PREFIX)):
             return self.shape_func(e)
+        if (isinstance(e, gx.Call) and isinstance(e.op, gx.ExternFunc)
+                and e.op.symbol.startswith(host_funcs.PREFIX)):
+            return self.host_func(e)
         if isinstance(e, gx.Call) and isinstance(e.op, gx.Op):
             raise KilnError(
                 f"{self.name}: operator {e.op.name} was not legalized (run LegalizeOps first)"
@@ -146,6 +152,30 @@ class _PlanBuilder:
                                      {"inputs": inputs, "binds": binds, "what": self.binding}))
         return _Shape(["var", b] for b in binds)
 
+    def host_func(self, call: gx.Call) -> int:
+        """A host step computing a tensor; its output slot's dims get fresh names that the step
+        binds from the result (a ``match_cast`` of the value then binds the graph's dims)."""
+        name = call.op.symbol[len(host_funcs.PREFIX):]
+        if name not in host_funcs.HOST_FUNCS:
+            raise KilnError(f"{self.name}: unknown host function {call.op.symbol!r}")
+        sinfo = call.struct_info
+        if not isinstance(sinfo, TensorStructInfo) or sinfo.ndim < 0:
+            raise KilnError(f"{self.name}: {call.op.symbol} must return a tensor of known rank")
+        in_slots = []
+        for a in call.args:
+            v = self.resolve(a)
+            if not isinstance(v, int):
+                raise KilnError(f"{self.name}: {call.op.symbol}: arguments must be tensors")
+            in_slots.append(v)
+        step = len(self.calls)
+        binds = [self._fresh_name(f"_h{step}_{i}") for i in range(sinfo.ndim)]
+        self.slots.append(SlotSpec([["var", b] for b in binds], sinfo.dtype, "temp"))
+        out = len(self.slots) - 1
+        attrs = dataclasses.asdict(call.attrs) if call.attrs is not None else {}
+        self.calls.append(KernelCall(name, in_slots + [out], 1, "host_func",
+                                     {"attrs": attrs, "binds": binds, "what": self.binding}))
+        return out
+
     def _fresh_name(self, base: str) -> str:
         used = set(self.var_names.values()) | self.reserved
         name, k = base, 1
@@ -155,18 +185,29 @@ class _PlanBuilder:
         return name
 
     def match_cast(self, b: gx.MatchCast) -> Any:
-        """``match_cast`` of a shape value: bind new symbolic dims, check the others."""
+        """``match_cast`` of a shape value, or of a tensor (a host function's result: its
+        slot's dims): bind new symbolic dims, check the others."""
         value = self.resolve(b.value)
         target = b.struct_info
-        if not (isinstance(value, _Shape) and isinstance(target, ShapeStructInfo)):
+        if isinstance(value, int) and isinstance(target, TensorStructInfo):
+            spec = self.slots[value]
+            if target.dtype != spec.dtype:
+                raise KilnError(f"{self.name}: match_cast of {b.var.name_hint}: dtype "
+                                f"{target.dtype} but the value has {spec.dtype}")
+            if target.shape is None:
+                return value
+            target_dims, src_dims = target.shape, spec.shape
+        elif isinstance(value, _Shape) and isinstance(target, ShapeStructInfo):
+            if target.values is None:
+                return value
+            target_dims, src_dims = target.values, list(value)
+        else:
             raise KilnError(f"{self.name}: match_cast of {b.var.name_hint} is only supported "
-                            "for shape values")
-        if target.values is None:
-            return value
-        if len(target.values) != len(value):
+                            "for shape values and tensors")
+        if len(target_dims) != len(src_dims):
             raise KilnError(f"{self.name}: match_cast of {b.var.name_hint}: rank mismatch")
         pairs = []
-        for dim, src in zip(target.values, value):
+        for dim, src in zip(target_dims, src_dims):
             if isinstance(dim, tir.Var) and id(dim) not in self.var_names:
                 self._name_sym_vars([dim])
                 pairs.append([["bind", self.var_names[id(dim)]], src])
@@ -175,7 +216,9 @@ class _PlanBuilder:
                 pairs.append([self._encode_dim(dim), src])
         self.calls.append(KernelCall("match_cast", [], 0, "match",
                                      {"pairs": pairs, "what": b.var.name_hint}))
-        return _Shape(self._encode_dim(d) for d in target.values)
+        if isinstance(value, int):
+            return value
+        return _Shape(self._encode_dim(d) for d in target_dims)
 
     def mark_outputs(self, value: Any) -> None:
         if isinstance(value, list):

@@ -11,6 +11,7 @@ from .dynamic import *  # noqa: F403
 from .elementwise import *  # noqa: F403
 from .fast_math import *  # noqa: F403
 from .grad import *  # noqa: F403
+from .host import *  # noqa: F403
 from .image import *  # noqa: F403
 from .index import *  # noqa: F403
 from .layout import *  # noqa: F403
@@ -19,6 +20,7 @@ from .loss import *  # noqa: F403
 from .matmul_packed import *  # noqa: F403
 from .nn import *  # noqa: F403
 from .quantize import *  # noqa: F403
+from .random import *  # noqa: F403
 from .reduce import *  # noqa: F403
 from .registry import (  # noqa: F401 - re-exported API
     NON_DIFFERENTIABLE,

@@ -7,7 +7,8 @@ shapes that are provably compatible at compile time. Values the kernel needs bey
 (a slice's starts and steps, pads, a range's start and delta) are small int64 tensor inputs read
 by the kernel: kernels bind symbolic dims only from their tensor arguments' shapes.
 
-They are INJECTIVE with the shared injective schedule. They carry no gradient rule: they appear
+They are INJECTIVE with the shared injective schedule, except ``dynamic_col2im`` (a sum over
+the block offsets: OPAQUE, reduction schedule). They carry no gradient rule: they appear
 where an imported model computes shapes at run time (inference graphs); a gradient through them
 would need its own run-time shape steps.
 """
@@ -26,12 +27,12 @@ from ..tir import functor as tir_functor
 from ..tir.expr import PrimExpr
 from .elementwise import INDEX_DTYPE, arg_shape, as_dim, simplify, tensor_arg, tensor_sinfo
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpDef, OpPattern, register_op
-from .schedule_helpers import schedule_injective
+from .schedule_helpers import schedule_injective, schedule_reduction
 from .shape import ravel, shape_attr_value, unravel
 
 __all__ = [
     "dynamic_reshape", "dynamic_arange", "dynamic_strided_slice", "dynamic_pad", "dynamic_nonzero",
-    "dynamic_shape_of",
+    "dynamic_shape_of", "dynamic_col2im",
 ]
 
 
@@ -194,7 +195,8 @@ dynamic_strided_slice = _declare(
 # =============================================================================================
 @dataclass(frozen=True)
 class DynamicPadAttrs:
-    """``axes``: padded axes; ``shape``: output shape; ``mode``: constant, edge or reflect."""
+    """``axes``: padded axes; ``shape``: output shape; ``mode``: constant, edge, reflect or
+    wrap."""
 
     axes: tuple[int, ...]
     shape: tuple[Any, ...]
@@ -203,9 +205,9 @@ class DynamicPadAttrs:
     def __post_init__(self):
         object.__setattr__(self, "axes", tuple(int(a) for a in self.axes))
         object.__setattr__(self, "shape", shape_attr_value(self.shape, "dynamic_pad"))
-        if self.mode not in ("constant", "edge", "reflect"):
-            raise KilnError(f"dynamic_pad: mode must be 'constant', 'edge' or 'reflect', got "
-                            f"{self.mode!r}")
+        if self.mode not in ("constant", "edge", "reflect", "wrap"):
+            raise KilnError(f"dynamic_pad: mode must be 'constant', 'edge', 'reflect' or "
+                            f"'wrap', got {self.mode!r}")
 
 
 def _pad_infer(call: Any) -> Any:
@@ -236,6 +238,9 @@ def _pad_compute(x: te.Tensor, pads: te.Tensor, value: te.Tensor,
                 period = tx.max(_c(2) * (dim - _c(1)), _c(1))
                 r = tx.floormod(m, period)
                 idx.append(tx.select(r < dim, r, period - r))
+                continue
+            if attrs.mode == "wrap":  # numpy 'wrap': the axis repeats periodically
+                idx.append(tx.floormod(m, tx.max(dim, _c(1))))
                 continue
             idx.append(_clip(m, _c(0), dim - _c(1)))
             if attrs.mode == "constant":
@@ -370,4 +375,86 @@ dynamic_shape_of = register_op(
     mixed_precision=MixedPrecision.NEVER, gradient=NON_DIFFERENTIABLE,
     doc="The shape of ``x`` as an int64 tensor, read from the (symbolic) dims the kernel binds "
     "from its argument (ONNX Shape of a tensor whose shape is known only at run time).",
+)
+
+
+# =============================================================================================
+# dynamic_col2im
+# =============================================================================================
+@dataclass(frozen=True)
+class DynamicCol2ImAttrs:
+    """``shape``: the output (N, C, *image) (symbolic dims bound at run time); ``strides``,
+    ``dilations``: one per spatial axis; ``pads``: begins then ends."""
+
+    shape: tuple[Any, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads: tuple[int, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", shape_attr_value(self.shape, "dynamic_col2im"))
+        nsp = len(self.shape) - 2
+        for name in ("strides", "dilations", "pads"):
+            v = tuple(int(a) for a in getattr(self, name))
+            want = 2 * nsp if name == "pads" else nsp
+            if len(v) != want or any(a < (0 if name == "pads" else 1) for a in v):
+                raise KilnError(f"dynamic_col2im: {name} must be {want} "
+                                f"{'non-negative' if name == 'pads' else 'positive'} ints, "
+                                f"got {v}")
+            object.__setattr__(self, name, v)
+
+
+def _col2im_infer(call: Any) -> Any:
+    op = "dynamic_col2im"
+    x = tensor_arg(call, 0, op, "x")
+    shape = _out_shape(call.attrs)
+    nsp = len(shape) - 2
+    _int_tensor(call, 1, op, "image_shape", nsp)
+    _int_tensor(call, 2, op, "block_shape", nsp)
+    if nsp < 1 or (x.ndim >= 0 and x.ndim != 3):
+        raise StructInfoError(f"{op}: x must be (N, C*K, L) and the output (N, C, ...), got "
+                              f"{x} and {shape}")
+    return tensor_sinfo(shape, x.dtype)
+
+
+def _col2im_compute(x: te.Tensor, image: te.Tensor, block: te.Tensor,
+                    attrs: DynamicCol2ImAttrs) -> te.Tensor:
+    out = _out_shape(attrs)
+    nsp = len(out) - 2
+    ck, length = x.shape[1], x.shape[2]
+    kk = tx.floordiv(ck, tx.max(out[1], _c(1)))  # K = prod(block): C*K channels hold C
+    k = te.reduce_axis((0, kk), name="k")
+
+    def body(n: PrimExpr, c: PrimExpr, *p: PrimExpr) -> PrimExpr:
+        conds: list[PrimExpr] = []
+        flat: PrimExpr = _c(0)
+        for i in range(nsp):
+            b = block(_c(i))
+            inner: PrimExpr = _c(1)
+            for j in range(i + 1, nsp):
+                inner = inner * block(_c(j))
+            ki = tx.floormod(tx.floordiv(k, inner), b)
+            stride, dil = _c(attrs.strides[i]), _c(attrs.dilations[i])
+            lo, hi = attrs.pads[i], attrs.pads[nsp + i]
+            count = tx.floordiv(image(_c(i)) + _c(lo + hi) - (b - _c(1)) * dil - _c(1),
+                                stride) + _c(1)
+            q = p[i] + _c(lo) - ki * dil
+            pos = tx.floordiv(q, stride)
+            conds += [q >= _c(0), tx.eq(tx.floormod(q, stride), _c(0)), pos < count]
+            flat = flat * count + pos
+        flat = _clip(flat, _c(0), length - _c(1))
+        return te.sum(x(n, c * kk + k, flat), axis=k, where=tx.all_of(conds))
+
+    return te.compute(out, body, name="dynamic_col2im")
+
+
+dynamic_col2im = register_op(
+    "dynamic_col2im", inputs=("x", "image_shape", "block_shape"), infer=_col2im_infer,
+    pattern=OpPattern.OPAQUE, attrs=DynamicCol2ImAttrs, compute=_col2im_compute,
+    schedules={"c": schedule_reduction}, mixed_precision=MixedPrecision.FOLLOW,
+    gradient=NON_DIFFERENTIABLE,
+    doc="ONNX Col2Im with image_shape and block_shape known only at run time (int64 tensors; "
+    "the output dims are bound by the ``col2im`` shape function): each output element sums "
+    "the column entries of the blocks that cover it (the block offset ``k`` of each column "
+    "channel ``c*K + k`` decoded row-major over the block shape).",
 )

@@ -46,7 +46,8 @@ __all__ = [
     # activations and others
     "relu", "gelu", "silu", "clip", "cast", "where",
     # bitwise
-    "bitwise_and", "bitwise_or", "bitwise_xor",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "left_shift", "right_shift",
+    "reinterpret",
 ]
 
 INDEX_DTYPE = DataType("int64")
@@ -245,6 +246,7 @@ _KINDS = {
     "float": (lambda d: d.is_float, "a float tensor"),
     "bool": (lambda d: d.is_bool, "a bool tensor"),
     "bits": (lambda d: d.is_integer or d.is_bool, "an integer or bool tensor"),
+    "int": (lambda d: d.is_integer, "an integer tensor"),
 }
 
 
@@ -386,35 +388,9 @@ def _mod_scalar(a: PrimExpr, b: PrimExpr) -> PrimExpr:
 
 
 def _bitwise_scalar(kind: str) -> Callable[[PrimExpr, PrimExpr], PrimExpr]:
-    """Bitwise AND / OR / XOR of two integers (bool: the logical ones).
-
-    TIR has no bitwise nodes yet, so the value is computed with exact integer arithmetic in the
-    unsigned type of the same width (two's complement casts are modular): ``a & b`` is the sum
-    over the bits ``i`` of ``bit_i(a) * bit_i(b) * 2**i`` with ``bit_i(u) = u / 2**i % 2``
-    (a shift and a mask once compiled), and ``a | b = a + b - (a & b)``, ``a ^ b = a + b -
-    2 (a & b)`` modulo ``2**bits``. About ``5 * bits`` operations per element: correct, but
-    slower than one instruction; a bitwise TIR node would make it one.
-    """
-
-    def scalar(a: PrimExpr, b: PrimExpr) -> PrimExpr:
-        dt = a.dtype
-        if dt.is_bool:
-            return {"and": tx.logical_and, "or": tx.logical_or, "xor": tx.ne}[kind](a, b)
-        ut = as_dtype(f"uint{dt.bits}").with_lanes(dt.lanes)
-        ua, ub = tx.cast(ut, a), tx.cast(ut, b)
-        two = tx.const(ut, 2)
-        both: PrimExpr = tx.const(ut, 0)
-        for i in range(dt.bits):
-            p = tx.const(ut, 1 << i)
-            bits = tx.floormod(tx.floordiv(ua, p), two) * tx.floormod(tx.floordiv(ub, p), two)
-            both = both + bits * p
-        if kind == "or":
-            both = ua + ub - both
-        elif kind == "xor":
-            both = ua + ub - both - both
-        return tx.cast(dt, both)
-
-    return scalar
+    """Bitwise AND / OR / XOR of two integers (bool: the logical ones): one TIR bit node, one
+    instruction once compiled (and one vector instruction in vectorized loops)."""
+    return {"and": tx.bitwise_and, "or": tx.bitwise_or, "xor": tx.bitwise_xor}[kind]
 
 
 def _power_scalar(a: PrimExpr, b: PrimExpr) -> PrimExpr:
@@ -792,6 +768,53 @@ bitwise_or = _binary("bitwise_or", _bitwise_scalar("or"), kind="bits", mixed_pre
                      gradient=_ND, doc="Bitwise OR of integer (or bool) tensors.")
 bitwise_xor = _binary("bitwise_xor", _bitwise_scalar("xor"), kind="bits", mixed_precision=_N,
                       gradient=_ND, doc="Bitwise XOR of integer (or bool) tensors.")
+
+
+@dataclass(frozen=True)
+class ReinterpretAttrs:
+    """``dtype``: the type whose bits are read (same width as the input, not bool)."""
+
+    dtype: str
+
+    def __post_init__(self):
+        try:
+            dt = as_dtype(self.dtype)
+        except (DTypeError, TypeError, ValueError) as err:
+            raise KilnError(f"reinterpret: bad dtype {self.dtype!r}: {err}") from err
+        if dt.lanes != 1 or dt.is_handle or dt.is_bool:
+            raise KilnError(f"reinterpret: dtype must be a scalar non-bool type, got {dt}")
+        object.__setattr__(self, "dtype", str(dt))
+
+
+def _reinterpret_infer(call: Any) -> Any:
+    x = tensor_arg(call, 0, "reinterpret", "x")
+    src, dst = as_dtype(x.dtype), as_dtype(call.attrs.dtype)
+    if src.is_bool or src.bits != dst.bits:
+        raise StructInfoError(f"reinterpret: x ({src}) must be a non-bool type of {dst.bits} "
+                              f"bits to be read as {dst}")
+    return tensor_sinfo(arg_shape(x), dst, ndim=arg_ndim(x))
+
+
+reinterpret = register_op(
+    "reinterpret",
+    inputs=("x",),
+    infer=_reinterpret_infer,
+    pattern=OpPattern.ELEMWISE,
+    attrs=ReinterpretAttrs,
+    compute=lambda x, attrs: te.compute(
+        x.shape, lambda *i: tx.reinterpret(attrs.dtype, x(*i)), name="reinterpret"),
+    schedules={"c": schedule_injective},
+    mixed_precision=_N,
+    gradient=_ND,
+    doc="The bits of each element read as ``dtype`` (same width; numpy ``view``).",
+)
+bitwise_not = _unary("bitwise_not", tx.bitwise_not, kind="bits", mixed_precision=_N,
+                     gradient=_ND, doc="Bitwise NOT of an integer tensor (bool: logical NOT).")
+left_shift = _binary("left_shift", tx.shift_left, kind="int", mixed_precision=_N, gradient=_ND,
+                     doc="``lhs << rhs`` (modular); shifts outside [0, bits) give 0 (numpy).")
+right_shift = _binary("right_shift", tx.shift_right, kind="int", mixed_precision=_N,
+                      gradient=_ND, doc="``lhs >> rhs``: arithmetic for signed, logical for "
+                      "unsigned; shifts outside [0, bits) give the sign fill (numpy).")
 
 # ---- unary math (pattern ELEMWISE, mixed precision FOLLOW) ----------------------------------
 negative = _unary("negative", _negative, kind="numeric", gradient=_negative_grad, doc="``-x``.")

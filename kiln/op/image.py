@@ -9,6 +9,12 @@ and the kernel is the same for all of them. Interpolation is separable, so an N-
 ``resample`` per resized axis (the ONNX reference evaluates it the same way). The taps are
 unrolled in the compute (a static count: 1 to a few dozen), which keeps the op INJECTIVE.
 
+``image.resize_axis`` is the same resampling when the scales (or sizes, or roi) are known only
+at run time: the kernel computes each output position's source coordinate (a stage of its own),
+taps and weights from a float64 scales tensor, in the reference's order of operations, so one
+compiled model serves every scale. ``image.resize_axis_antialias`` adds antialiasing, whose tap
+count depends on the scale: a reduction over a length bound at run time.
+
 ``image.grid_sample`` (ONNX GridSample, PyTorch ``grid_sample``) samples ``x`` at normalized
 coordinates given per output position, for any number of spatial dims (usually 2 or 3), with
 nearest / linear / cubic interpolation and zeros / border / reflection padding.
@@ -24,7 +30,7 @@ from typing import Any
 
 from .. import te
 from ..ir.dtype import DataType, as_dtype
-from ..ir.errors import KilnError, StructInfoError
+from ..ir.errors import KilnError, ScheduleError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
 from .elementwise import (
@@ -40,7 +46,7 @@ from .elementwise import (
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
 from .schedule_helpers import schedule_injective, schedule_reduction
 
-__all__ = ["grid_sample", "resample", "roi_align"]
+__all__ = ["grid_sample", "resample", "resize_axis", "resize_axis_antialias", "roi_align"]
 
 
 def _c(v: int) -> PrimExpr:
@@ -458,4 +464,378 @@ roi_align = register_op(
     gradient=NON_DIFFERENTIABLE,
     doc="RoiAlign (Mask R-CNN): average or max of bilinear samples on a fixed grid in every "
         "bin of every roi (x1, y1, x2, y2) of image ``batch_indices[r]``; ONNX RoiAlign.",
+)
+
+
+# =============================================================================================
+# resize_axis: one axis of a resize whose scales / sizes / roi are known only at run time
+# =============================================================================================
+RESIZE_COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel",
+                      "align_corners", "asymmetric", "tf_crop_and_resize", "tf_half_pixel_for_nn")
+RESIZE_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "simple")
+
+
+@dataclass(frozen=True)
+class ResizeAxisAttrs:
+    """One axis of an ONNX Resize whose tables cannot be built at import time.
+
+    ``axis``: the resized axis; ``slot``: its entry in the ``scales`` (k,) and ``roi`` (2k,)
+    inputs; ``length``: the output length (usually a symbolic dim bound by the ``resize`` shape
+    function); the rest are the Resize attributes (``nearest_mode="simple"`` is Resize-10 /
+    Upsample: floor when upsampling, ceil when downsampling).
+    """
+
+    axis: int = 0
+    slot: int = 0
+    length: Any = 1
+    mode: str = "nearest"
+    coord: str = "half_pixel"
+    nearest_mode: str = "round_prefer_floor"
+    cubic_a: float = -0.75
+    exclude_outside: bool = False
+    extrapolation_value: float = 0.0
+
+    def __post_init__(self):
+        name = "image.resize_axis"
+        for what in ("axis", "slot"):
+            v = getattr(self, what)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise KilnError(f"{name}: {what} must be a non-negative int, got {v!r}")
+        if isinstance(self.length, bool) or not isinstance(self.length, (int, PrimExpr)):
+            raise KilnError(f"{name}: length must be an int or a PrimExpr, got {self.length!r}")
+        if self.mode not in ("nearest", "linear", "cubic"):
+            raise KilnError(f"{name}: mode must be nearest, linear or cubic, got {self.mode!r}")
+        if self.coord not in RESIZE_COORD_MODES:
+            raise KilnError(f"{name}: unknown coordinate mode {self.coord!r}")
+        if self.nearest_mode not in RESIZE_NEAREST_MODES:
+            raise KilnError(f"{name}: unknown nearest_mode {self.nearest_mode!r}")
+        object.__setattr__(self, "cubic_a", float(self.cubic_a))
+        object.__setattr__(self, "exclude_outside", bool(self.exclude_outside))
+        object.__setattr__(self, "extrapolation_value", float(self.extrapolation_value))
+
+
+def _resize_axis_infer(call: Any) -> Any:
+    name = "image.resize_axis"
+    x = tensor_arg(call, 0, name, "x")
+    scales = tensor_arg(call, 1, name, "scales")
+    roi = tensor_arg(call, 2, name, "roi")
+    ss, rs = arg_shape(scales), arg_shape(roi)
+    k = const_int(ss[0]) if ss is not None and len(ss) == 1 else None
+    if scales.dtype != "float64" or k is None or call.attrs.slot >= k:
+        raise StructInfoError(f"{name}: scales must be a 1-d float64 tensor of static length "
+                              f"above slot {call.attrs.slot}, got {scales}")
+    if not as_dtype(roi.dtype).is_float or rs is None or len(rs) != 1 or \
+            const_int(rs[0]) != 2 * k:
+        raise StructInfoError(f"{name}: roi must be a float tensor of {2 * k} entries, got "
+                              f"{roi}")
+    if call.attrs.mode != "nearest" and as_dtype(x.dtype).is_bool:
+        raise StructInfoError(f"{name}: mode {call.attrs.mode!r} needs a numeric input")
+    ndim = arg_ndim(x)
+    if ndim < 0:
+        return tensor_sinfo(None, x.dtype, ndim=-1)
+    axis = normalize_axis(call.attrs.axis, ndim, name)
+    shape = arg_shape(x)
+    if shape is None:
+        return tensor_sinfo(None, x.dtype, ndim=ndim)
+    return tensor_sinfo([*shape[:axis], call.attrs.length, *shape[axis + 1:]], x.dtype)
+
+
+def resize_source_coord(coord: str, y: PrimExpr, scale: PrimExpr, in_len: PrimExpr,
+                        out_len: PrimExpr, roi: tuple[PrimExpr, PrimExpr]) -> PrimExpr:
+    """Input coordinate (float64) of output position ``y`` (float64) under ONNX Resize's
+    ``coord`` mode, in the reference implementation's order of operations; the roi terms are
+    computed in the roi's own dtype (float32 roi values round there, as in numpy, which
+    decides ties of nearest rounding)."""
+    f64 = DataType("float64")
+
+    def f(v: float) -> PrimExpr:
+        return tx.const(f64, v)
+
+    n, m = tx.cast(f64, in_len), tx.cast(f64, out_len)
+    width = scale * n  # the "real" output length the coordinate rules use
+    single = tx.eq(width, f(1.0))
+    if coord == "align_corners":
+        return tx.select(single, f(0.0), y * (n - f(1.0)) / (width - f(1.0)))
+    if coord == "asymmetric":
+        return y / scale
+    if coord == "tf_half_pixel_for_nn":
+        return (y + f(0.5)) / scale
+    if coord == "tf_crop_and_resize":
+        start, end = roi
+        rdt = as_dtype(start.dtype)
+        span = end - start
+        n_1 = tx.cast(rdt, in_len - 1)
+        x = tx.select(single, tx.cast(f64, span * n_1 / tx.const(rdt, 2.0)),
+                      y * tx.cast(f64, span) * (n - f(1.0)) / (width - f(1.0)))
+        return x + tx.cast(f64, start * n_1)
+    if coord == "pytorch_half_pixel":
+        return tx.select(single, f(-0.5), (y + f(0.5)) / scale - f(0.5))
+    if coord == "half_pixel_symmetric":
+        offset = n / f(2.0) * (f(1.0) - m / width)
+        return offset + (y + f(0.5)) / scale - f(0.5)
+    return (y + f(0.5)) / scale - f(0.5)  # half_pixel
+
+
+def _resize_taps(x: PrimExpr, scale: PrimExpr, attrs: ResizeAxisAttrs
+                 ) -> list[tuple[PrimExpr, PrimExpr | None]]:
+    """(unclamped input index, float64 weight or None) of every tap at source coordinate ``x``,
+    as ``converters/image.py``'s constant tables make them."""
+    f64 = DataType("float64")
+
+    def f(v: float) -> PrimExpr:
+        return tx.const(f64, v)
+
+    base = tx.floor(x)
+    if attrs.mode == "nearest":
+        frac = x - base
+        mode = attrs.nearest_mode
+        up = {"round_prefer_floor": frac > f(0.5), "round_prefer_ceil": frac >= f(0.5),
+              "floor": None, "ceil": frac > f(0.0)}
+        if mode == "simple":  # ceil when downsampling, floor otherwise
+            cond: PrimExpr | None = tx.logical_and(scale < f(1.0), frac > f(0.0))
+        else:
+            cond = up[mode]
+        idx = tx.cast(INDEX_DTYPE, base)
+        return [(idx if cond is None else tx.select(cond, idx + _c(1), idx), None)]
+    # ratio in (0, 1]: an exact integer coordinate counts as the right end of its interval
+    base = tx.select(tx.eq(x, base), base - f(1.0), base)
+    r = x - base
+    first = tx.cast(INDEX_DTYPE, base)
+    if attrs.mode == "linear":
+        return [(first, f(1.0) - r), (first + _c(1), r)]
+    a = f(attrs.cubic_a)
+
+    def near(d: PrimExpr) -> PrimExpr:
+        return ((a + f(2.0)) * d - (a + f(3.0))) * d * d + f(1.0)
+
+    def far(d: PrimExpr) -> PrimExpr:
+        return ((a * d - f(5.0) * a) * d + f(8.0) * a) * d - f(4.0) * a
+
+    weights = [far(r + f(1.0)), near(r), near(f(1.0) - r), far(f(2.0) - r)]
+    return [(first + _c(k - 1) if k != 1 else first, w) for k, w in enumerate(weights)]
+
+
+def _resize_axis_compute(x: te.Tensor, scales: te.Tensor, roi: te.Tensor,
+                         attrs: ResizeAxisAttrs) -> te.Tensor:
+    axis = normalize_axis(attrs.axis, x.ndim, "image.resize_axis")
+    n = x.shape[axis]
+    k = const_int(scales.shape[0])
+    out_len = tx.const(INDEX_DTYPE, attrs.length) if isinstance(attrs.length, int) \
+        else attrs.length
+    f64 = DataType("float64")
+    acc_dt = resample_dtype(x.dtype)
+    out_dt = as_dtype(x.dtype)
+    out_shape = [*x.shape[:axis], out_len, *x.shape[axis + 1:]]
+    slot = _c(attrs.slot)
+    box = (roi(slot), roi(_c(attrs.slot + k)))
+    # the source coordinates are a stage of their own: every tap uses them several times
+    coords = te.compute((out_len,), lambda o: resize_source_coord(
+        attrs.coord, tx.cast(f64, o), scales(slot), n, out_len, box), name="resize_src")
+
+    # per output position of the axis: the (clamped) input index and weight of every tap,
+    # tables computed once per call like the import-time ones (weights renormalized over the
+    # taps inside the input with exclude_outside)
+    count = len(_resize_taps(tx.const(f64, 0.0), tx.const(f64, 1.0), attrs))
+    exclude = attrs.exclude_outside and attrs.mode != "nearest"
+
+    def pick(t: PrimExpr, values: list[PrimExpr]) -> PrimExpr:
+        out = values[-1]
+        for q in range(len(values) - 2, -1, -1):
+            out = tx.select(tx.eq(t, _c(q)), values[q], out)
+        return out
+
+    def index(o: PrimExpr, t: PrimExpr) -> PrimExpr:
+        taps = _resize_taps(coords(o), scales(slot), attrs)
+        return pick(t, [_clamp_index(j, n) for j, _ in taps])
+
+    def weight(o: PrimExpr, t: PrimExpr) -> PrimExpr:
+        zero = tx.const(f64, 0.0)
+        taps = _resize_taps(coords(o), scales(slot), attrs)
+        if not exclude:
+            return pick(t, [w for _, w in taps])
+        kept = [tx.select(tx.logical_and(j >= _c(0), j < n), w, zero) for j, w in taps]
+        total = kept[0]
+        for w in kept[1:]:
+            total = total + w
+        return pick(t, kept) / tx.select(tx.eq(total, zero), tx.const(f64, 1.0), total)
+
+    indices = te.compute((out_len, count), index, name="resize_index")
+    if attrs.mode != "nearest":
+        weights = te.compute((out_len, count), weight, name="resize_weight")
+
+    def body(*i: PrimExpr) -> PrimExpr:
+        o = i[axis]
+        value: PrimExpr | None = None
+        for q in range(count):
+            v = x(*i[:axis], indices(o, _c(q)), *i[axis + 1:])
+            term = v if attrs.mode == "nearest" else \
+                tx.cast(acc_dt, weights(o, _c(q))) * tx.cast(acc_dt, v)
+            value = term if value is None else value + term
+        assert value is not None
+        out = value if attrs.mode == "nearest" else _to_output(value, out_dt)
+        if attrs.coord == "tf_crop_and_resize":
+            src = coords(i[axis])
+            outside = tx.logical_or(src < tx.const(f64, 0.0), src > tx.cast(f64, n - _c(1)))
+            fill = tx.cast(out_dt, tx.const(f64, attrs.extrapolation_value))
+            if out_dt.is_bool:
+                fill = tx.const(out_dt, bool(attrs.extrapolation_value))
+            out = tx.select(outside, fill, out)
+        return out
+
+    return te.compute(out_shape, body, name="resize_axis")
+
+
+def _outer_parallel(sch: Any, block: Any) -> None:
+    """Fuse and parallelize all loops of ``block`` but the innermost, which stays a plain
+    counted loop: with symbolic lengths the default injective schedule fuses every loop, and
+    each element then pays a chain of 64-bit div/mods by run-time lengths."""
+    loops = list(sch.get_loops(block))
+    if len(loops) != len(sch.get(block).iter_vars) or not loops:
+        return  # already transformed
+    outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+    sch.parallel(outer)
+
+
+def schedule_resize_axis(sch: Any, target: Any, block: Any = None) -> None:
+    """CPU schedule of ``image.resize_axis``: the small coordinate / weight stages stay
+    materialized (computed once per output position of the axis, not per element) and the
+    output block is parallel over its outer loops."""
+    if block is not None:
+        blocks = [block]
+    else:
+        outputs = {id(b) for b in sch.func.buffer_map.values()}
+        blocks = [b for b in sch.get_child_blocks(sch.get_block("root"))
+                  if any(id(w.buffer) in outputs for w in sch.get(b).writes)]
+    for b in blocks:
+        try:
+            _outer_parallel(sch.copy(), b)
+        except ScheduleError:
+            continue
+        _outer_parallel(sch, b)
+
+
+resize_axis = register_op(
+    "image.resize_axis",
+    inputs=("x", "scales", "roi"),
+    attrs=ResizeAxisAttrs,
+    infer=_resize_axis_infer,
+    pattern=OpPattern.INJECTIVE,
+    compute=_resize_axis_compute,
+    schedules={"c": schedule_resize_axis},
+    mixed_precision=MixedPrecision.FOLLOW,
+    gradient=NON_DIFFERENTIABLE,
+    doc="One axis of an ONNX Resize with run-time scales (float64 (k,): entry ``slot`` is this "
+        "axis's scale) and roi (float (2k,): starts then ends): the kernel computes every "
+        "output position's source coordinate, taps and weights (nearest, linear, cubic) the "
+        "way ``image.resample``'s import-time tables are made.",
+)
+
+
+# =============================================================================================
+# resize_axis_antialias: the same with a kernel stretched by 1/scale (its tap count is run-time)
+# =============================================================================================
+def _resize_aa_infer(call: Any) -> Any:
+    name = "image.resize_axis_antialias"
+    if call.attrs.mode not in ("linear", "cubic"):
+        raise StructInfoError(f"{name}: antialias is defined for linear and cubic modes, got "
+                              f"{call.attrs.mode!r}")
+    taps = arg_shape(tensor_arg(call, 3, name, "taps"))
+    if taps is None or len(taps) != 1:
+        raise StructInfoError(f"{name}: taps must be a 1-d tensor (its length is the tap "
+                              "count)")
+    return _resize_axis_infer(call)
+
+
+def _antialias_weight(d: PrimExpr, attrs: ResizeAxisAttrs) -> PrimExpr:
+    """The antialiasing kernel (triangle or Keys cubic) at float64 distance ``d``."""
+    f64 = DataType("float64")
+
+    def f(v: float) -> PrimExpr:
+        return tx.const(f64, v)
+
+    d = tx.fabs(d)
+    if attrs.mode == "linear":
+        return tx.max(f(1.0) - d, f(0.0))
+    a = f(attrs.cubic_a)
+    d2 = d * d
+    d3 = d * d2
+    near = (a + f(2.0)) * d3 - (a + f(3.0)) * d2 + f(1.0)
+    far = a * d3 - f(5.0) * a * d2 + f(8.0) * a * d - f(4.0) * a
+    return tx.select(d <= f(1.0), near, tx.select(d < f(2.0), far, f(0.0)))
+
+
+def _resize_aa_compute(x: te.Tensor, scales: te.Tensor, roi: te.Tensor, taps: te.Tensor,
+                       attrs: ResizeAxisAttrs) -> te.Tensor:
+    """Taps ``i`` in ``[1 - T/2, T/2]`` around the source coordinate weigh ``kernel((i - r) *
+    min(scale, 1))``, normalized by their sum (a first reduction); ``T`` (even, from the
+    ``resize_taps`` shape function) is the length of ``taps``."""
+    axis = normalize_axis(attrs.axis, x.ndim, "image.resize_axis_antialias")
+    n = x.shape[axis]
+    k = const_int(scales.shape[0])
+    count = taps.shape[0]
+    out_len = tx.const(INDEX_DTYPE, attrs.length) if isinstance(attrs.length, int) \
+        else attrs.length
+    f64 = DataType("float64")
+    acc_dt = resample_dtype(x.dtype)
+    out_dt = as_dtype(x.dtype)
+    out_shape = [*x.shape[:axis], out_len, *x.shape[axis + 1:]]
+    slot = _c(attrs.slot)
+    zero, one = tx.const(f64, 0.0), tx.const(f64, 1.0)
+    box = (roi(slot), roi(_c(attrs.slot + k)))
+    coords = te.compute((out_len,), lambda o: resize_source_coord(
+        attrs.coord, tx.cast(f64, o), scales(slot), n, out_len, box), name="resize_src")
+
+    def tap(o: PrimExpr, j: PrimExpr) -> tuple[PrimExpr, PrimExpr]:
+        """(unclamped index, weight) of reduction step ``j`` at output position ``o``."""
+        src, s = coords(o), tx.min(scales(slot), one)
+        base = tx.floor(src)
+        base = tx.select(tx.eq(src, base), base - one, base)
+        i = j + _c(1) - tx.floordiv(count, _c(2))
+        w = _antialias_weight((tx.cast(f64, i) - (src - base)) * s, attrs)
+        idx = tx.cast(INDEX_DTYPE, base) + i
+        if attrs.exclude_outside:
+            w = tx.select(tx.logical_and(idx >= _c(0), idx < n), w, zero)
+        return idx, w
+
+    jw = te.reduce_axis((0, count), name="jw")
+    wsum = te.compute((out_len,), lambda o: te.sum(tap(o, jw)[1], axis=jw), name="resize_wsum")
+    jx = te.reduce_axis((0, count), name="jx")
+
+    def body(*i: PrimExpr) -> PrimExpr:
+        idx, w = tap(i[axis], jx)
+        total = wsum(i[axis])
+        w = w / tx.select(tx.eq(total, zero), one, total)
+        v = x(*i[:axis], _clamp_index(idx, n), *i[axis + 1:])
+        return te.sum(tx.cast(acc_dt, w) * tx.cast(acc_dt, v), axis=jx)
+
+    acc = te.compute(out_shape, body, name="resize_antialias")
+    crop = attrs.coord == "tf_crop_and_resize"
+    if out_dt == acc_dt and not crop:
+        return acc
+
+    def finish(*i: PrimExpr) -> PrimExpr:
+        out = _to_output(acc(*i), out_dt)
+        if crop:
+            src = coords(i[axis])
+            outside = tx.logical_or(src < zero, src > tx.cast(f64, n - _c(1)))
+            out = tx.select(outside, tx.cast(out_dt, tx.const(f64, attrs.extrapolation_value)),
+                            out)
+        return out
+
+    return te.compute(out_shape, finish, name="resize_antialias_out")
+
+
+resize_axis_antialias = register_op(
+    "image.resize_axis_antialias",
+    inputs=("x", "scales", "roi", "taps"),
+    attrs=ResizeAxisAttrs,
+    infer=_resize_aa_infer,
+    pattern=OpPattern.OUT_EWISE_FUSABLE,
+    compute=_resize_aa_compute,
+    schedules={"c": schedule_reduction},
+    mixed_precision=MixedPrecision.NEVER,
+    gradient=NON_DIFFERENTIABLE,
+    doc="``image.resize_axis`` with ONNX Resize's antialias (linear or cubic): when "
+        "downsampling the kernel is stretched by 1/scale, so the tap count (the length of "
+        "``taps``, bound at run time) depends on the scale; weights are normalized.",
 )

@@ -11,7 +11,8 @@ per thread.
 Plans with host steps (run-time shapes, ``kiln.runtime.shape_funcs``) bind symbolic names while
 they run: a shape function step reads tensor values on the host, a match step binds the graph's
 symbolic dims from them, and every tensor of symbolic shape is allocated just before the kernel
-that writes it, once the names its shape uses are bound.
+that writes it, once the names its shape uses are bound. A host function step
+(``kiln.runtime.host_funcs``) computes a tensor in Python and binds its output's dim names.
 
 A plan with a whole-model native entry (``plan.entry``, see ``kiln.codegen.graph_entry``) runs
 with one ctypes call after the Python input checks; other plans call each kernel's checked
@@ -29,7 +30,7 @@ import numpy as np
 
 from ..ir.dtype import DataType
 from ..ir.errors import ArgumentError, KilnError
-from . import memory_plan, shape_expr, shape_funcs
+from . import host_funcs, memory_plan, shape_expr, shape_funcs
 from .plan import Plan
 
 
@@ -228,6 +229,9 @@ class Executor:
                         f"has {got}"
                     )
             return
+        if call.kind == "host_func":
+            self._host_func(call, values, env)
+            return
         if call.kind != "shape_func":
             raise KilnError(f"{self.plan.name}: unknown plan step kind {call.kind!r}")
         inputs: list[Any] = []
@@ -251,6 +255,32 @@ class Executor:
             raise KilnError(f"{self.plan.name}: shape function {call.func} returned "
                             f"{len(dims)} dims, expected {len(binds)}")
         env.update(zip(binds, dims))
+
+    def _host_func(self, call: Any, values: list[Any], env: dict[str, int]) -> None:
+        """Run a host function (``kiln.runtime.host_funcs``): its result fills the output slot
+        and binds the slot's dim names (``extra["binds"]``) to the result's shape."""
+        extra = call.extra or {}
+        what = extra.get("what") or call.func
+        inputs = [values[s] for s in call.args[:len(call.args) - 1]]
+        if call.func not in host_funcs.HOST_FUNCS:
+            raise KilnError(f"{self.plan.name}: this kiln has no host function {call.func!r}")
+        try:
+            result = host_funcs.run(call.func, inputs, extra.get("attrs") or {})
+        except ValueError as err:
+            raise ArgumentError(f"{self.plan.name}: {what}: {err}") from None
+        except KilnError as err:
+            raise KilnError(f"{self.plan.name}: {what}: {err}") from err
+        out = call.args[-1]
+        spec = self.plan.slots[out]
+        binds = extra["binds"]
+        if (not isinstance(result, np.ndarray) or result.dtype != spec.dtype.to_numpy()
+                or result.ndim != len(binds)):
+            raise KilnError(f"{self.plan.name}: host function {call.func} returned "
+                            f"{getattr(result, 'dtype', type(result).__name__)} of shape "
+                            f"{getattr(result, 'shape', '?')}, expected {spec.dtype} of rank "
+                            f"{len(binds)}")
+        env.update(zip(binds, (int(d) for d in result.shape)))
+        values[out] = np.ascontiguousarray(result)
 
     def _run_entry(self, arrays: list[np.ndarray]) -> Any:
         plan = self.plan

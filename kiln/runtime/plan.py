@@ -33,7 +33,9 @@ class KernelCall:
     runs the shape function ``func`` on the tensors in ``args`` (read, never written; listed
     so that memory planning keeps them alive) and binds the symbolic names of
     ``extra["binds"]``; ``"match"`` binds or checks names from already bound values
-    (a ``match_cast``). ``extra`` is JSON data.
+    (a ``match_cast``); ``"host_func"`` runs host function ``func``
+    (``kiln.runtime.host_funcs``) on its input slots with ``extra["attrs"]``, fills its one
+    output slot and binds that slot's dim names ``extra["binds"]``. ``extra`` is JSON data.
     """
 
     func: str

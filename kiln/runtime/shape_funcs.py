@@ -165,6 +165,80 @@ def split(in_shape: Sequence[int], sizes: np.ndarray, axis: int) -> tuple[int, .
     return out
 
 
+#: ONNX Resize keep_aspect_ratio_policy values, by the int the graph passes (a PrimValue).
+RESIZE_POLICIES = ("stretch", "not_larger", "not_smaller")
+
+
+def resize_factors(in_shape: Sequence[int], given: np.ndarray, axes: Sequence[int],
+                   use_sizes: int, policy: int) -> tuple[list[float], list[int]]:
+    """(scale, output length) of each of ``axes`` for ONNX Resize given scales or sizes, as the
+    reference computes them: ``floor(in * scale)``; sizes give ``scale = out / in``, or with
+    ``keep_aspect_ratio_policy`` one scale (the min or max) and ``round_half_up(scale * in)``."""
+    vals = np.asarray(given).reshape(-1)
+    if vals.size != len(axes):
+        raise ValueError(f"{'sizes' if use_sizes else 'scales'} has {vals.size} entries for "
+                         f"{len(axes)} resized axes")
+    dims = [int(in_shape[a]) for a in axes]
+    if not use_sizes:
+        scales = [float(v) for v in vals.astype(np.float64)]
+        if any(not s > 0 for s in scales):
+            raise ValueError(f"scales must be positive, got {scales}")
+        return scales, [int(s * d) for s, d in zip(scales, dims)]
+    out = [int(v) for v in vals]
+    if any(v <= 0 for v in out) or any(d == 0 for d in dims):
+        raise ValueError(f"sizes {out} must be positive for input lengths {dims}")
+    scales = [o / d for o, d in zip(out, dims)]
+    if RESIZE_POLICIES[policy] != "stretch":
+        s = min(scales) if RESIZE_POLICIES[policy] == "not_larger" else max(scales)
+        scales, out = [s] * len(dims), [int(s * d + 0.5) for d in dims]
+    return scales, out
+
+
+@shape_func("resize")
+def resize(in_shape: Sequence[int], given: np.ndarray, axes: Sequence[int], use_sizes: int,
+           policy: int) -> tuple[int, ...]:
+    """ONNX Resize output shape (``given``: the scales or, with ``use_sizes``, the sizes of
+    ``axes``; ``policy`` indexes ``RESIZE_POLICIES``)."""
+    _, lengths = resize_factors(in_shape, given, axes, use_sizes, policy)
+    if any(v <= 0 for v in lengths):
+        raise ValueError(f"resized lengths {lengths} of axes {list(axes)} must be positive "
+                         f"(input shape {tuple(in_shape)})")
+    out = list(in_shape)
+    for a, v in zip(axes, lengths):
+        out[a] = v
+    return tuple(out)
+
+
+
+@shape_func("resize_taps")
+def resize_taps(in_shape: Sequence[int], given: np.ndarray, axes: Sequence[int], use_sizes: int,
+                policy: int, support: int) -> tuple[int, ...]:
+    """Tap count of each of ``axes`` for an antialiased Resize: ``2 - 2 * start`` with ``start
+    = floor(-support / min(scale, 1)) + 1`` (support 1: linear, 2: cubic), as the reference."""
+    scales, _ = resize_factors(in_shape, given, axes, use_sizes, policy)
+    return tuple(2 - 2 * (int(np.floor(-support / min(s, 1.0))) + 1) for s in scales)
+
+@shape_func("col2im")
+def col2im(in_shape: Sequence[int], image: np.ndarray, block: np.ndarray,
+           strides: Sequence[int], dilations: Sequence[int],
+           pads: Sequence[int]) -> tuple[int, ...]:
+    """ONNX Col2Im output (N, C, *image_shape), checking that the (N, C*K, L) input holds
+    ``K = prod(block_shape)`` column channels per channel and one column per block position."""
+    img, blk = _ints(image), _ints(block)
+    nsp = len(img)
+    if len(blk) != nsp or any(v <= 0 for v in img + blk):
+        raise ValueError(f"image_shape {img} and block_shape {blk} must be positive and of "
+                         "equal length")
+    counts = [(img[i] + pads[i] + pads[nsp + i] - (blk[i] - 1) * dilations[i] - 1)
+              // strides[i] + 1 for i in range(nsp)]
+    k = int(np.prod(blk, dtype=np.int64))
+    n, ck, length = (int(v) for v in in_shape)
+    if ck % k or any(c <= 0 for c in counts) or length != int(np.prod(counts, dtype=np.int64)):
+        raise ValueError(f"input {tuple(in_shape)} does not hold {counts} blocks of {blk} per "
+                         f"channel for image_shape {img}")
+    return (n, ck // k, *img)
+
+
 def run(name: str, inputs: Sequence[Any]) -> tuple[int, ...]:
     """Run shape function ``name`` (KeyError when the runtime does not know it)."""
     return tuple(int(v) for v in SHAPE_FUNCS[name](*inputs))

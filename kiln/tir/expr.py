@@ -2,10 +2,11 @@
 
 Every PrimExpr has a ``dtype`` (a :class:`~kiln.ir.DataType`, possibly a vector type). Python
 operators build expressions: ``+ - * // % / -x`` (``//`` and ``%`` are *floor* division and
-modulo, ``/`` is true division and needs a float operand), comparisons ``< <= > >=``, and
-``& | ~`` for logical and/or/not. ``==`` stays identity (nodes are dict keys); use :func:`eq` /
-:func:`ne` or ``a.equal(b)`` to build equality tests. Python numbers are converted to the dtype
-of the other operand.
+modulo, ``/`` is true division and needs a float operand), comparisons ``< <= > >=``,
+``& | ~`` for logical and/or/not, and ``^ << >>`` for bitwise xor and shifts (bitwise
+and/or/not: :func:`bitwise_and`, :func:`bitwise_or`, :func:`bitwise_not`). ``==`` stays
+identity (nodes are dict keys); use :func:`eq` / :func:`ne` or ``a.equal(b)`` to build
+equality tests. Python numbers are converted to the dtype of the other operand.
 """
 
 from __future__ import annotations
@@ -96,6 +97,18 @@ class PrimExpr(Node):
 
     def __invert__(self):
         return logical_not(self)
+
+    def __xor__(self, o):
+        return bitwise_xor(self, o)
+
+    def __rxor__(self, o):
+        return bitwise_xor(o, self)
+
+    def __lshift__(self, o):
+        return shift_left(self, o)
+
+    def __rshift__(self, o):
+        return shift_right(self, o)
 
     def equal(self, o) -> PrimExpr:
         return eq(self, o)
@@ -285,6 +298,41 @@ class And(BinaryOp):
 @node
 class Or(BinaryOp):
     pass
+
+
+@node
+class BitwiseAnd(BinaryOp):
+    """Bitwise AND of two integers (of two bools: logical AND)."""
+
+
+@node
+class BitwiseOr(BinaryOp):
+    """Bitwise OR of two integers (of two bools: logical OR)."""
+
+
+@node
+class BitwiseXor(BinaryOp):
+    """Bitwise XOR of two integers (of two bools: ``a != b``). ``~a`` is ``a ^ all-ones``
+    (:func:`bitwise_not`), so there is no separate NOT node to vectorize and simplify."""
+
+
+@node
+class ShiftLeft(BinaryOp):
+    """``a << b`` in ``a``'s type, modular (bits past the top, the sign bit too, are dropped).
+
+    Defined for every shift amount, unlike C: ``b`` outside ``[0, bits)`` gives 0 (numpy's
+    ``left_shift`` and ONNX BitShift agree)."""
+
+
+@node
+class ShiftRight(BinaryOp):
+    """``a >> b``: logical for unsigned types, arithmetic (sign-extending) for signed ones.
+
+    Defined for every shift amount, unlike C: ``b`` outside ``[0, bits)`` gives the sign fill
+    (-1 for a negative signed ``a``, else 0), like numpy's ``right_shift``."""
+
+
+BIT_OPS: tuple[type[BinaryOp], ...] = (BitwiseAnd, BitwiseOr, BitwiseXor, ShiftLeft, ShiftRight)
 
 
 @node
@@ -672,6 +720,83 @@ def logical_not(a) -> PrimExpr:
     return Not(_as_bool(a))
 
 
+def _bits_operand(x: Any, what: str, allow_bool: bool = True) -> None:
+    dt = x.dtype
+    if not (dt.is_integer or (allow_bool and dt.is_bool)):
+        kinds = "integer or bool" if allow_bool else "integer"
+        raise DTypeError(f"{what} needs {kinds} operands, got {dt}")
+
+
+def _bitwise(cls: type[BinaryOp], a: Any, b: Any) -> PrimExpr:
+    a, b = _match(a, b)
+    _bits_operand(a, cls.__name__)
+    return cls(a, b)
+
+
+def bitwise_and(a, b) -> PrimExpr:
+    return _bitwise(BitwiseAnd, a, b)
+
+
+def bitwise_or(a, b) -> PrimExpr:
+    return _bitwise(BitwiseOr, a, b)
+
+
+def bitwise_xor(a, b) -> PrimExpr:
+    return _bitwise(BitwiseXor, a, b)
+
+
+def bitwise_not(a) -> PrimExpr:
+    """``~a``: ``a ^ -1`` (all bits set in ``a``'s type); a bool gives the logical NOT."""
+    a = convert(a.var if isinstance(a, IterVar) else a)
+    if a.dtype.is_bool:
+        return Not(a)
+    _bits_operand(a, "bitwise_not", allow_bool=False)
+    el = a.dtype.element
+    ones = make_const(a.dtype, el.max_value() if el.is_uint else -1)
+    return BitwiseXor(a, ones)
+
+
+def _shift(cls: type[BinaryOp], a: Any, b: Any) -> PrimExpr:
+    """A shift keeps the type of the shifted value: the amount is converted to it."""
+    a = convert(a.var if isinstance(a, IterVar) else a)
+    b = b.var if isinstance(b, IterVar) else b
+    _bits_operand(a, cls.__name__, allow_bool=False)
+    b = make_const(a.dtype.element, b) if not isinstance(b, PrimExpr) else b
+    _bits_operand(b, cls.__name__, allow_bool=False)
+    if b.dtype.element != a.dtype.element:
+        b = cast(a.dtype.element.with_lanes(b.dtype.lanes), b)
+    a, b = _match(a, b)  # lanes
+    return cls(a, b)
+
+
+def shift_left(a, b) -> PrimExpr:
+    """``a << b`` (see :class:`ShiftLeft` for amounts outside ``[0, bits)``)."""
+    return _shift(ShiftLeft, a, b)
+
+
+def shift_right(a, b) -> PrimExpr:
+    """``a >> b`` (see :class:`ShiftRight` for amounts outside ``[0, bits)``)."""
+    return _shift(ShiftRight, a, b)
+
+
+def reinterpret(dtype: Any, value: Any) -> PrimExpr:
+    """The bits of ``value`` read as ``dtype`` (same bits per lane, same lanes), e.g. a
+    float32 as its int32 pattern. A ``Call`` of the ``reinterpret`` intrinsic, as in TVM;
+    the C code generator copies the bits (no pointer punning, so no strict-aliasing UB)."""
+    dt = as_dtype(dtype)
+    value = convert(value)
+    src = value.dtype
+    if dt.lanes == 1 and src.lanes > 1:
+        dt = dt.with_lanes(src.lanes)
+    if src.lanes != dt.lanes or src.element.bits != dt.element.bits:
+        raise DTypeError(f"reinterpret needs the same bits and lanes: {src} -> {dt}")
+    if src.is_bool or dt.is_bool or src.is_handle or dt.is_handle:
+        raise DTypeError(f"reinterpret of bool or handle types is not defined: {src} -> {dt}")
+    if src == dt:
+        return value
+    return Call(dt, "reinterpret", (value,))
+
+
 def select(cond, t, f) -> PrimExpr:
     t, f = _match(t, f)
     return Select(_as_bool(cond), t, f)
@@ -696,6 +821,8 @@ INTRINSICS: dict[str, int] = {
     "exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1, "tanh": 1, "erf": 1, "sigmoid": 1,
     "fabs": 1, "floor": 1, "ceil": 1, "round": 1, "trunc": 1, "pow": 2,
     "sin": 1, "cos": 1, "log2": 1, "log1p": 1, "exp2": 1, "isnan": 1, "isinf": 1, "fmod": 2,
+    "reinterpret": 1,  # bit copy to the call's dtype; build it with reinterpret()
+    "fresh_seed": 0,  # uint64: a new value on every evaluation (kiln.op.random's seed kernel)
 }
 
 

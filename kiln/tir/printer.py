@@ -47,7 +47,11 @@ _BINARY: dict[type, tuple[str, int]] = {
     E.EQ: ("==", P_CMP), E.NE: ("!=", P_CMP), E.LT: ("<", P_CMP), E.LE: ("<=", P_CMP),
     E.GT: (">", P_CMP), E.GE: (">=", P_CMP), E.And: ("and", P_AND), E.Or: ("or", P_OR),
 }
-_FUNC_BINARY: dict[type, str] = {E.Min: "min", E.Max: "max", E.Mod: "truncmod"}
+_FUNC_BINARY: dict[type, str] = {
+    E.Min: "min", E.Max: "max", E.Mod: "truncmod", E.BitwiseAnd: "bitwise_and",
+    E.BitwiseOr: "bitwise_or", E.BitwiseXor: "bitwise_xor", E.ShiftLeft: "shift_left",
+    E.ShiftRight: "shift_right",
+}
 
 _FOR_KIND = {
     ForKind.SERIAL: "range", ForKind.PARALLEL: "parallel", ForKind.VECTORIZED: "vectorized",
@@ -147,6 +151,8 @@ class TIRPrinter:
             )
         if t is E.Call:
             args = ", ".join(self.expr(a) for a in e.args)
+            if e.op == "reinterpret":
+                return f"reinterpret({e.dtype}, {args})", P_ATOM
             return f"{e.op}({args})", P_ATOM
         if t is E.BufferLoad:
             return f"{self.name(e.buffer)}{self._indices(e.indices)}", P_ATOM

@@ -113,15 +113,16 @@ def test_if_constant_condition_imports_one_branch():
     _compare(model, [{"a": a, "b": b}])
 
 
-def test_if_runtime_condition_with_different_shapes_errors():
+def test_if_runtime_condition_with_different_dims_binds_them_at_run_time():
     then_b, else_b = _branches([4], [2])
     node = helper.make_node("If", ["c"], ["y"], then_branch=then_b, else_branch=else_b,
-                            name="if_bad")
+                            name="if_dims")
     inits = [helper.make_tensor("st", I64, [1], [1]), helper.make_tensor("en", I64, [1], [3])]
     model = _model([node], [_vi("c", [], B), _vi("a", [4]), _vi("b", [4])], [_vi("y", None)],
                    inits)
-    with pytest.raises(KilnError, match="if_bad.*differs in shape"):
-        from_onnx(model)
+    a, b = RNG.standard_normal(4).astype("float32"), RNG.standard_normal(4).astype("float32")
+    _compare(model, [{"c": np.array(True), "a": a, "b": b},
+                     {"c": np.array(False), "a": a, "b": b}])
 
 
 def _loop_body(stop_after=None):

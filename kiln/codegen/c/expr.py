@@ -13,6 +13,8 @@ Semantics kept from TIR, not inherited from C:
   explicit casts to these types round to nearest even. With ``helpers.native_fp16`` (a target
   with AVX512-FP16) float16 values are ``_Float16`` and arithmetic rounds to float16 after
   every operation (see :mod:`.types`);
+- shifts are defined for every amount (see ``E.ShiftLeft``/``E.ShiftRight``), reinterpret
+  copies bits (no pointer punning);
 - bool vectors are lane masks (see :mod:`.types`); :meth:`ExprEmitter.mask_bits` tracks the
   lane width of the mask an expression produces and conversions are inserted where widths meet.
 """
@@ -112,7 +114,7 @@ class ExprEmitter:
         if isinstance(e, E.CmpOp):
             a = e.a
             return self.mask_bits(a) if a.dtype.is_bool else self.lane_bits(a.dtype)
-        if isinstance(e, (E.And, E.Or, E.Not)):
+        if isinstance(e, (E.And, E.Or, E.Not, E.BitwiseAnd, E.BitwiseOr, E.BitwiseXor)):
             return self.mask_bits(e.a)
         if isinstance(e, E.BufferLoad):
             return 8
@@ -267,6 +269,117 @@ class ExprEmitter:
         if e.dtype.lanes == 1:
             return f"(!{self.expr(e.a)})"
         return f"(~{self.expr(e.a)})"
+
+    # ---- bit operations -------------------------------------------------------------------
+    def _bitwise(self, e: E.BinaryOp, op: str) -> str:
+        dt = e.dtype
+        if dt.is_bool:
+            if dt.lanes == 1:
+                return f"({self.expr(e.a)} {op} {self.expr(e.b)})"
+            bits = self.mask_bits(e.a)
+            return f"({self.to_mask(e.a, bits)} {op} {self.to_mask(e.b, bits)})"
+        text = f"({self._operand(e.a, e.b)} {op} {self._operand(e.b, e.a)})"
+        if dt.is_uint and dt.bits < 8:  # ``x ^ 15`` on a uint4 held in a byte stays in range
+            text = wrap_int(dt, text)
+        return f"(({self.scalar_ctype(dt)}){text})" if dt.lanes == 1 else text
+
+    def expr_BitwiseAnd(self, e: E.BitwiseAnd) -> str:
+        return self._bitwise(e, "&")
+
+    def expr_BitwiseOr(self, e: E.BitwiseOr) -> str:
+        return self._bitwise(e, "|")
+
+    def expr_BitwiseXor(self, e: E.BitwiseXor) -> str:
+        return self._bitwise(e, "^")
+
+    def _shift_amount(self, b: E.PrimExpr, nbits: int) -> int | None:
+        """The constant shift amount when it is one in ``[0, nbits)`` (a plain C shift)."""
+        c = b.value if isinstance(b, E.Broadcast) else b
+        if isinstance(c, E.IntImm) and 0 <= c.value < nbits:
+            return c.value
+        return None
+
+    def _shift(self, e: E.BinaryOp, left: bool) -> str:
+        """Shifts with TIR's defined out-of-range results (C leaves them undefined): the
+        amount is compared as unsigned, so negative amounts are out of range too; a left shift
+        is done in the unsigned type (no signed-overflow UB)."""
+        dt = e.dtype
+        nbits = dt.bits
+        cdt = self.compute_dtype(dt)
+        udt = DataType(f"uint{cdt.bits}")
+        a, b = self.expr(e.a), self.expr(e.b)
+        k = self._shift_amount(e.b, nbits)
+        if dt.lanes == 1:
+            t, u = self.scalar_ctype(dt), value_ctype(udt)
+            if k is not None:
+                text = f"(({u}){a} << {k})" if left else f"({a} >> {k})"
+            elif left:
+                text = f"(({u}){b} < {nbits} ? ({u}){a} << ({u}){b} : 0)"
+            elif dt.is_uint:
+                text = f"(({u}){b} < {nbits} ? {a} >> {b} : 0)"
+            else:
+                text = f"({a} >> (({u}){b} < {nbits} ? {b} : {nbits - 1}))"
+            if dt.bits < 8:
+                text = wrap_int(dt, text)
+            return f"(({t}){text})"
+        vt = self.vec_type(dt)
+        if k is not None:
+            uvt = self.helpers.vec(udt, dt.lanes)
+            text = f"({vt})(({uvt}){a} << {k})" if left else f"({a} >> {k})"
+        else:
+            fn = self.helpers.shift("shl" if left else "shr", cdt, dt.lanes, nbits)
+            text = f"{fn}({a}, {b})"
+        return wrap_int(dt, text) if dt.bits < 8 else text
+
+    def expr_ShiftLeft(self, e: E.ShiftLeft) -> str:
+        return self._shift(e, left=True)
+
+    def expr_ShiftRight(self, e: E.ShiftRight) -> str:
+        return self._shift(e, left=False)
+
+    def _reinterpret(self, e: E.Call) -> str:
+        """Bit copy between types of one width: GCC vector casts between vectors of one size
+        are bit copies; scalars go through ``__builtin_memcpy`` (no pointer punning). Soft
+        floats (float16/bfloat16/float8 held in float32) are rounded to their storage bits
+        first (exact for their values; a NaN keeps its sign but may lose its payload)."""
+        (x,) = e.args
+        src, dst = x.dtype, e.dtype
+        value = self.expr(x)
+        src_soft = self.widened(src)
+        dst_soft = self.widened(dst)
+        if dst.lanes > 1:
+            if not src_soft and not dst_soft:
+                text = f"(({self.vec_type(dst)})({value}))"
+                return wrap_int(dst, text) if dst.is_integer and dst.bits < 8 else text
+            arg = self.ctype_of(x)
+            ret = self.vec_type(dst)
+            fn = self.helpers.lanewise(
+                f"reinterpret_{arg}_{ret}_{src.element}_{dst.element}".replace(" ", ""), ret,
+                [arg], dst.lanes, self._reinterpret_scalar(src.element, dst.element, "a0[l]"))
+            return f"{fn}({value})"
+        if src_soft and isinstance(x, E.BufferLoad) and len(x.indices) == 1:
+            # the stored bits themselves: exact, NaN payloads included
+            raw = f"{self.buffer_ptr(x.buffer)}[{self.expr(x.indices[0])}]"
+            return self._reinterpret_scalar(DataType(f"uint{max(8, src.bits)}"), dst, raw)
+        return self._reinterpret_scalar(src, dst, value)
+
+    def _reinterpret_scalar(self, src: DataType, dst: DataType, value: str) -> str:
+        storage = DataType(f"uint{max(8, src.bits)}")
+        if self.widened(src):
+            value, src = self.narrow_scalar(src, value), storage
+        if self.widened(dst):
+            if not src.is_integer:  # e.g. a native _Float16 -> bfloat16
+                value = self.helpers.bitcast(self.compute_dtype(src), storage) + f"({value})"
+            bits = wrap_int(DataType(f"uint{dst.bits}"), value) if dst.bits < 8 else value
+            return self.widen_scalar(dst, f"(({value_ctype(storage)}){bits})")
+        cs, cd = self.compute_dtype(src), self.compute_dtype(dst)
+        if cs.is_integer and cd.is_integer:
+            text = f"(({self.scalar_ctype(dst)})({value}))"
+        else:
+            text = self.helpers.bitcast(cs, cd) + f"({value})"
+        if dst.is_integer and dst.bits < 8:
+            text = f"(({self.scalar_ctype(dst)}){wrap_int(dst, text)})"
+        return text
 
     def expr_Select(self, e: E.Select) -> str:
         cond = e.condition
@@ -447,6 +560,12 @@ class ExprEmitter:
             return externs.emit(self, e)
         if e.op not in E.INTRINSICS:
             raise CodegenError(f"unknown intrinsic {e.op!r}")
+        if e.op == "reinterpret":
+            return self._reinterpret(e)
+        if e.op == "fresh_seed":
+            if e.dtype != DataType("uint64"):
+                raise CodegenError(f"fresh_seed gives uint64, not {e.dtype}")
+            return f"{self.helpers.fresh_seed()}()"
         if e.dtype.lanes > 1:
             return self._vector_call(e)
         return self.scalar_call(e.op, e.dtype, [self.expr(a) for a in e.args],

@@ -383,7 +383,12 @@ class FunctionEmitter(ExprEmitter):
 
     def _lowp_copy(self, el: DataType, value: E.PrimExpr) -> str | None:
         """The bit patterns of a widened float16/bfloat16/float8 value that is a plain (scalar or
-        contiguous) load of the same type: copied as is, with no conversion."""
+        contiguous) load of the same type: copied as is, with no conversion. A scalar
+        ``reinterpret`` to that type stores the source bits themselves (a NaN keeps its
+        payload and signalling bit, which a trip through float32 would not)."""
+        if (self.widened(el) and isinstance(value, E.Call) and value.op == "reinterpret"
+                and value.dtype.lanes == 1 and el.bits >= 8):
+            return self.expr(E.Call(DataType(f"uint{el.bits}"), "reinterpret", value.args))
         if not (self.widened(el) and isinstance(value, E.BufferLoad)
                 and value.buffer.dtype.element == el and len(value.indices) == 1):
             return None

@@ -386,6 +386,51 @@ class Helpers:
         return self._add(name, f"static inline {vt} {name}({vt} a, {vt} b) "
                                f"{{ {body.format(vt=vt)} }}\n")
 
+    def shift(self, op: str, el: DataType, lanes: int, nbits: int) -> str:
+        """``shl``/``shr`` of integer vectors with the amount in every lane, defined for
+        amounts outside ``[0, nbits)`` (0, or the sign fill for a signed right shift):
+        comparisons give -1 lanes, so the in-range test is a mask."""
+        vt = self.vec(el, lanes)
+        uvt = self.vec(DataType(f"uint{el.bits}"), lanes)
+        name = f"kiln_{op}{nbits}_{vt}"
+        ok = f"({uvt})((({uvt})b) < {nbits})"
+        if op == "shl":
+            body = f"return ({vt})((({uvt})a << (({uvt})b & {nbits - 1})) & {ok});"
+        elif el.is_uint:
+            body = f"return (a >> (b & {nbits - 1})) & ({vt}){ok};"
+        else:
+            body = (f"{uvt} m = {ok}; "
+                    f"return a >> ({vt})((({uvt})b & m) | ({nbits - 1} & ~m));")
+        return self._add(name, f"static inline {vt} {name}({vt} a, {vt} b) {{ {body} }}\n")
+
+    def fresh_seed(self) -> str:
+        """``uint64_t kiln_fresh_seed(void)``: a new seed on every call, for unseeded random
+        ops: a process-wide atomic counter, the wall clock, the CPU clock and a stack address
+        (ASLR) mixed by splitmix64. Distinct per call and per process; not cryptographic."""
+        name = "kiln_fresh_seed"
+        code = (
+            "#include <time.h>\n"
+            f"static uint64_t {name}(void) {{\n"
+            "  static uint64_t counter;\n"
+            "  uint64_t n = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);\n"
+            "  uint64_t x = n * 0x9E3779B97F4A7C15ull\n"
+            "      ^ (uint64_t)time(NULL) * 0xD6E8FEB86659FD93ull\n"
+            "      ^ (uint64_t)clock() ^ (uint64_t)(uintptr_t)&n;\n"
+            "  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;\n"
+            "  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;\n"
+            "  return x ^ (x >> 31);\n"
+            "}\n"
+        )
+        return self._add(name, code)
+
+    def bitcast(self, src: DataType, dst: DataType) -> str:
+        """``dst f(src x)``: the bits of a scalar ``src`` as a ``dst`` of one width (a copy,
+        which the compiler turns into a register move; no aliasing UB)."""
+        s, d = value_ctype(src), value_ctype(dst)
+        name = f"kiln_bitcast_{src}_{dst}"
+        return self._add(name, f"static inline {d} {name}({s} x) {{ {d} r; "
+                               f"__builtin_memcpy(&r, &x, sizeof r); return r; }}\n")
+
     def scalar_intrinsic(self, op: str, dt: DataType) -> str:
         """Helpers for intrinsics libm lacks: ``rsqrt`` and ``sigmoid`` (float or double)."""
         ct = "double" if dt.bits == 64 else "float"

@@ -7,8 +7,10 @@ kiln's graph IR runs straight-line dataflow, so control flow is resolved at impo
   import time (Scan: the scan axis length; Loop: a constant ``M``, and a condition that folds
   to a constant after every iteration), else a clear error.
 * ``If`` imports only the chosen branch when the condition is known at import time. When it is
-  only known at run time and both branches give the same shapes and dtypes, *both branches
-  run* and ``where`` selects the result -- correct, but the cost of both is paid.
+  only known at run time, *both branches run* and ``where`` selects the result -- correct, but
+  the cost of both is paid. Outputs whose dims differ between the branches get dims bound at
+  run time (``dynamic.select_shaped``); outputs whose rank or dtype differ are refused, since
+  a value's rank and dtype are static in kiln.
 
 Subgraphs see outer-scope values. Body outputs known at import time stay numpy arrays, so
 constant state (counters, shapes) keeps folding across iterations.
@@ -25,6 +27,7 @@ from .... import op
 from ..importer import convert_subgraph
 from ..registry import converter
 from .common import norm_axis, static_int
+from .dynamic import select_shaped
 
 # Unrolling more iterations than this is refused (the graph would grow without bound).
 MAX_UNROLL = 4096
@@ -183,13 +186,18 @@ def if_(ctx: Any, node: Any) -> Any:
     else_out = convert_subgraph(ctx, else_b, {})
     outs = []
     for i, (a, b) in enumerate(zip(then_out, else_out)):
-        if not _same_type(ctx, a, b):
+        if _same_type(ctx, a, b):
+            outs.append(op.where(c, _expr(a), _expr(b)))
+            continue
+        sa, sb = _expr(a).struct_info, _expr(b).struct_info
+        if (str(sa.dtype) != str(sb.dtype) or sa.shape is None or sb.shape is None
+                or len(sa.shape) != len(sb.shape)):
             raise node.error(
-                f"the condition is only known at run time and output {i} differs in shape or "
-                f"dtype between the branches ({_expr(a).struct_info} vs "
-                f"{_expr(b).struct_info}); kiln runs both branches and selects, which needs "
-                "equal shapes")
-        outs.append(op.where(c, _expr(a), _expr(b)))
+                f"the condition is only known at run time and output {i} differs in rank or "
+                f"dtype between the branches ({sa} vs {sb}); a value's rank and dtype are "
+                "static in kiln, so the branches cannot be merged")
+        # same rank, different dims: the output dims are bound at run time
+        outs.append(select_shaped(ctx, node, _expr(b), [(c, _expr(a))]))
     return outs
 
 

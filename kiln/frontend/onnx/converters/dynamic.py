@@ -13,6 +13,10 @@ The executor runs the shape function when its inputs exist, binds the dims and a
 outputs; the compiled model is not specialized to the values. Where the output dim must equal a
 known input dim (an axis a Slice does not touch, an Expand axis of a non-1 input dim) the
 match_cast uses that dim, so the run-time value is checked instead of trusted.
+
+``select_shaped`` picks, by run-time flags, one of several values of one rank but different
+dims (an If's branches, DFT's candidate axes): padded to the largest shape, selected, and cut
+back by a run-time slice.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ def int64_tensor(x: Any) -> Any:
     return x if str(x.struct_info.dtype) == "int64" else op.cast(x, "int64")
 
 
-def _static_len(node: Any, x: Any, what: str) -> int:
+def static_len(node: Any, x: Any, what: str) -> int:
     shape = shape_of(x)
     n = static_int(shape[0]) if len(shape) == 1 else None
     if n is None:
@@ -75,7 +79,7 @@ def _is_one(d: Any) -> bool:
 
 def reshape_rt(ctx: Any, node: Any, x: Any, shape_t: Any, allowzero: bool) -> Any:
     """Reshape to a shape tensor known at run time (0 copies a dim, -1 is inferred)."""
-    k = _static_len(node, shape_t, "the shape input")
+    k = static_len(node, shape_t, "the shape input")
     dims = runtime_shape(ctx, node, "reshape", [shape_expr(x), shape_t, g.PrimValue(
         int(allowzero))], [None] * k)
     return op.dynamic_reshape(x, dims)
@@ -83,7 +87,7 @@ def reshape_rt(ctx: Any, node: Any, x: Any, shape_t: Any, allowzero: bool) -> An
 
 def expand_rt(ctx: Any, node: Any, x: Any, shape_t: Any) -> Any:
     """Expand to a shape tensor known at run time (numpy broadcasting)."""
-    k = _static_len(node, shape_t, "the shape input")
+    k = static_len(node, shape_t, "the shape input")
     in_shape = list(shape_of(x))
     rank = max(len(in_shape), k)
     aligned = [None] * (rank - len(in_shape)) + in_shape
@@ -94,7 +98,7 @@ def expand_rt(ctx: Any, node: Any, x: Any, shape_t: Any) -> Any:
 
 def constant_of_shape_rt(ctx: Any, node: Any, shape_t: Any, fill: np.ndarray) -> Any:
     """A tensor of ``fill`` whose shape is a tensor known at run time."""
-    k = _static_len(node, shape_t, "the shape input")
+    k = static_len(node, shape_t, "the shape input")
     dims = runtime_shape(ctx, node, "values", [shape_t], [None] * k)
     return op.broadcast_to(g.const(np.asarray(fill.reshape(-1)[0], dtype=fill.dtype)), dims)
 
@@ -108,7 +112,7 @@ def range_rt(ctx: Any, node: Any, start: Any, limit: Any, delta: Any) -> Any:
 def tile_rt(ctx: Any, node: Any, x: Any, repeats: Any) -> Any:
     """Tile by repeats known at run time: reshape, broadcast and reshape, with symbolic repeats."""
     s = list(shape_of(x))
-    if _static_len(node, repeats, "repeats") != len(s):
+    if static_len(node, repeats, "repeats") != len(s):
         raise node.error(f"repeats must have one entry per input axis ({len(s)})")
     reps = runtime_shape(ctx, node, "values", [repeats], [None] * len(s), "repeats")
     inter = [v for d in s for v in (1, d)]
@@ -139,7 +143,7 @@ def slice_rt(ctx: Any, node: Any, x: Any, starts: Any, ends: Any, axes: Any,
     """ONNX Slice with starts/ends/steps (and axes: a list, or a tensor known at run time)
     known at run time."""
     nd = ndim_of(x)
-    n = _static_len(node, starts, "starts")
+    n = static_len(node, starts, "starts")
     if axes is not None and not isinstance(axes, list):
         steps = g.const(np.ones(n, np.int64)) if steps is None else steps
         full = _per_axis(nd, axes, [(starts, 0), (ends, np.iinfo(np.int64).max), (steps, 1)])
@@ -162,14 +166,14 @@ def pad_rt(ctx: Any, node: Any, x: Any, pads: Any, fill: Any, axes: Any, mode: s
     crop)."""
     nd = ndim_of(x)
     if axes is not None and not isinstance(axes, list):
-        n = _static_len(node, pads, "pads") // 2
+        n = static_len(node, pads, "pads") // 2
         begin = ctx.emit(op.strided_slice(pads, (0,), (n,)), f"{node.name}_begin")
         end = ctx.emit(op.strided_slice(pads, (n,), (2 * n,)), f"{node.name}_end")
         pads = ctx.emit(op.concat(_per_axis(nd, axes, [(begin, 0), (end, 0)]), axis=0),
                         f"{node.name}_pads")
         axes = None
     axes = list(range(nd)) if axes is None else [norm_axis(a, nd) for a in axes]
-    if _static_len(node, pads, "pads") != 2 * len(axes):
+    if static_len(node, pads, "pads") != 2 * len(axes):
         raise node.error(f"pads must have 2 entries per padded axis ({len(axes)})")
     pads = int64_tensor(pads)
     known = [None if a in axes else d for a, d in enumerate(shape_of(x))]
@@ -184,21 +188,21 @@ def pad_rt(ctx: Any, node: Any, x: Any, pads: Any, fill: Any, axes: Any, mode: s
 
 def unsqueeze_rt(ctx: Any, node: Any, x: Any, axes: Any) -> Any:
     """Unsqueeze by axes known at run time (their count, hence the rank, is static)."""
-    rank = ndim_of(x) + _static_len(node, axes, "axes")
+    rank = ndim_of(x) + static_len(node, axes, "axes")
     dims = runtime_shape(ctx, node, "unsqueeze", [shape_expr(x), axes], [None] * rank)
     return op.dynamic_reshape(x, dims)
 
 
 def squeeze_rt(ctx: Any, node: Any, x: Any, axes: Any) -> Any:
     """Squeeze axes known at run time (their count, hence the rank, is static)."""
-    rank = ndim_of(x) - _static_len(node, axes, "axes")
+    rank = ndim_of(x) - static_len(node, axes, "axes")
     dims = runtime_shape(ctx, node, "squeeze", [shape_expr(x), axes], [None] * rank)
     return op.dynamic_reshape(x, dims)
 
 
 def split_rt(ctx: Any, node: Any, x: Any, sizes: Any, axis: int) -> list[Any]:
     """Split by sizes known at run time (their count, the number of outputs, is static)."""
-    k = _static_len(node, sizes, "split")
+    k = static_len(node, sizes, "split")
     sizes = ctx.emit(int64_tensor(sizes), f"{node.name}_sizes")
     lens = runtime_shape(ctx, node, "split", [shape_expr(x), sizes, g.PrimValue(axis)],
                          [None] * k, "part")
@@ -211,6 +215,46 @@ def split_rt(ctx: Any, node: Any, x: Any, sizes: Any, axis: int) -> list[Any]:
         outs.append(op.dynamic_strided_slice(x, start, one, (axis,), dims))
     return outs
 
+
+
+def select_shaped(ctx: Any, node: Any, default: Any, choices: Sequence[tuple[Any, Any]]
+                  ) -> Any:
+    """The value of the last of ``choices`` (``(bool scalar, value)``) whose flag holds at run
+    time, else ``default``, when the values differ in shape (not in rank or dtype): each is
+    zero-padded to the largest shape, ``where`` picks one, and a run-time slice cuts it back to
+    its own shape; the output dims are bound by the slice shape function (static where every
+    value agrees). A rank that depends on a run-time choice cannot be expressed (a value's rank
+    is static in kiln): that is an error naming the node."""
+    def bound(v: Any) -> Any:
+        return v if isinstance(v, (g.Var, g.Constant)) else ctx.emit(v)
+
+    default, choices = bound(default), [(f, bound(v)) for f, v in choices]
+    values = [default, *(v for _, v in choices)]
+    shapes = [[static_int(d) for d in shape_of(v)] for v in values]
+    dtypes = {str(v.struct_info.dtype) for v in values}
+    if len({len(sh) for sh in shapes}) != 1 or len(dtypes) != 1:
+        raise node.error("the candidate values differ in rank or dtype ("
+                         + ", ".join(str(v.struct_info) for v in values) + "); kiln needs a "
+                         "static rank and dtype for a value chosen at run time")
+    if any(None in sh for sh in shapes):
+        raise node.error("the candidate values have symbolic dims and differ in shape ("
+                         + ", ".join(str(v.struct_info) for v in values) + ")")
+    big = [max(col) for col in zip(*shapes)]
+    nd = len(big)
+
+    def padded(v: Any, sh: list[int]) -> Any:
+        return op.pad(v, tuple((0, b - d) for b, d in zip(big, sh))) if sh != big else v
+
+    out, ends = padded(default, shapes[0]), g.const(np.array(shapes[0], np.int64))
+    for (flag, v), sh in zip(choices, shapes[1:]):
+        out = op.where(flag, padded(v, sh), out)
+        ends = op.where(flag, g.const(np.array(sh, np.int64)), ends)
+    out, ends = ctx.emit(out, f"{node.name}_padded"), ctx.emit(ends, f"{node.name}_ends")
+    zeros, ones = g.const(np.zeros(nd, np.int64)), g.const(np.ones(nd, np.int64))
+    known = [big[k] if len({sh[k] for sh in shapes}) == 1 else None for k in range(nd)]
+    dims = runtime_shape(ctx, node, "slice", [shape_expr(out), zeros, ends, g.ShapeExpr(
+        tuple(range(nd))), ones], known)
+    return op.dynamic_strided_slice(out, zeros, ones, tuple(range(nd)), dims)
 
 
 # ---- data-dependent output shapes ---------------------------------------------------------

@@ -501,33 +501,20 @@ for _name, _fn in _BITWISE.items():
 
 @converter("BitwiseNot", since=18)
 def bitwise_not(ctx: Any, node: Any) -> Any:
-    """``~x`` is ``-1 - x`` (signed) or ``max - x`` (unsigned): exact, no wrap-around."""
+    """``~x`` (bool: logical NOT)."""
     x = node.input(0)
     dt = dtype_of(x)
-    if dt == "bool":
-        return op.logical_not(x)
-    if not dt.startswith(("int", "uint")):
+    if dt != "bool" and not dt.startswith(("int", "uint")):
         raise node.error(f"expects an integer tensor, got {dt}")
-    top = np.iinfo(dt).max if dt.startswith("uint") else -1
-    return op.subtract(scalar(top, dt), x)
-
-
-def _pow2(shift: Any, shift_const: np.ndarray | None, dt: str) -> Any:
-    """``2 ** shift`` in ``dt`` for shifts already clamped to ``[0, bits)`` (``shift`` is
-    ignored when the constant ``shift_const`` is given)."""
-    if shift_const is not None:
-        return g.const(np.left_shift(np.ones((), dt), shift_const.astype(dt)))
-    return op.power(scalar(2, dt), shift)
+    return op.bitwise_not(x)
 
 
 @converter("BitShift", since=11)
 def bit_shift(ctx: Any, node: Any) -> Any:
-    """``x << y`` / ``x >> y`` through exact integer arithmetic (TIR has no shift node yet):
-    a left shift multiplies by ``2**y`` in the unsigned type of the same width (modular, so bits
-    past the top, the sign bit included, are dropped); a right shift floor-divides by ``2**y``,
-    which for signed types is the arithmetic (sign-extending) shift. Shifts that are negative or
-    at least the bit width give the sign fill: -1 for a right shift of a negative value, else 0
-    (ONNX). A constant shift amount folds ``2**y`` at import."""
+    """``x << y`` / ``x >> y`` with kiln's shift ops, whose results for amounts outside
+    ``[0, bits)`` are ONNX's (numpy's): 0, or the sign fill (-1 for a right shift of a negative
+    value). Right shifts of signed types are arithmetic. ONNX lists unsigned types only; the
+    signed ones are accepted with numpy's semantics."""
     x, y = node.input(0), node.input(1)
     dt = dtype_of(x)
     if not dt.startswith(("int", "uint")) or dtype_of(y) != dt:
@@ -535,37 +522,7 @@ def bit_shift(ctx: Any, node: Any) -> Any:
     direction = node.attr("direction", "")
     if direction not in ("LEFT", "RIGHT"):
         raise node.error(f"direction must be 'LEFT' or 'RIGHT', got {direction!r}")
-    bits = np.dtype(dt).itemsize * 8
-    signed = dt.startswith("int")
-    ut = "u" + dt if signed else dt
-    # the largest shift computed: a signed right shift by bits - 1 is the sign fill itself
-    # (and 2**(bits-1) does not fit the signed type the division is done in)
-    top = bits - 2 if signed and direction == "RIGHT" else bits - 1
-    fdt = ut if direction == "LEFT" else dt  # dtype of the factor 2**y
-    zero = scalar(0, dt)
-    y_const = node.const_value(1)
-    fill = op.where(op.less(x, zero), scalar(-1, dt), zero) if signed else zero
-    if y_const is not None:
-        ok = (y_const >= 0) & (y_const <= top)
-        factor = _pow2(None, np.where(ok, y_const, 0), fdt)
-        if not ok.any():
-            return op.multiply(x, zero) if direction == "LEFT" or not signed else fill
-        # every shift valid: no select (a 0-d condition would also hit a C codegen bug: a
-        # vector select under a scalar condition mixes vector typedefs)
-        valid: Any = None if ok.all() else g.const(np.asarray(ok))
-    else:
-        valid = op.less_equal(y, scalar(top, dt))
-        if signed:
-            valid = op.logical_and(valid, op.greater_equal(y, zero))
-        valid = ctx.emit(valid)
-        shift = op.where(valid, y, zero)
-        factor = _pow2(shift if fdt == dt else op.cast(shift, fdt), None, fdt)
-    if direction == "LEFT":
-        shifted = op.multiply(x if ut == dt else op.cast(x, ut), factor)
-        out, other = (shifted if ut == dt else op.cast(shifted, dt)), zero
-    else:
-        out, other = op.floor_divide(x, factor), fill
-    return out if valid is None else op.where(valid, out, other)
+    return (op.left_shift if direction == "LEFT" else op.right_shift)(x, y)
 
 
 # =============================================================================================
@@ -660,9 +617,9 @@ def det(ctx: Any, node: Any) -> Any:
 
 @converter("BitCast", since=26)
 def bit_cast(ctx: Any, node: Any) -> Any:
-    """Reinterpret the bits as another type of the same width. Between integer (and bool)
-    types this is a modular ``cast`` (two's complement). Reinterpreting float bits needs a
-    reinterpret node in TIR, which does not exist yet: those are refused (constants fold)."""
+    """Reinterpret the bits as another type of the same width (numpy ``view``). Between
+    integer (and bool) types this is a modular ``cast`` (two's complement, and fuses like any
+    cast); float bits go through kiln's ``reinterpret`` op (constants fold at import)."""
     from ..importer import onnx_dtype
 
     x = node.input(0)
@@ -676,5 +633,6 @@ def bit_cast(ctx: Any, node: Any) -> Any:
         return x
     if all(np.dtype(t).kind in "biu" for t in (src, dst)):
         return op.cast(x, dst)
-    raise node.error(f"reinterpreting {src} as {dst} is not supported yet (needs a "
-                     "bit-reinterpret TIR node)")
+    if "bool" in (src, dst):  # a float's bits as bool have no defined value
+        raise node.error(f"reinterpreting {src} as {dst} is not defined")
+    return op.reinterpret(x, dst)

@@ -5,7 +5,11 @@ position a few input positions and their weights. Those ``(out_len, taps)`` tabl
 here, in float64, following the ONNX reference implementation step by step (coordinate
 transformation, neighbour selection, coefficients, ``exclude_outside``, antialiasing), and the
 model runs one ``image.resample`` per resized axis (``take`` for nearest, which needs no
-arithmetic and so works for every dtype). Sizes, scales and roi must be known at import time.
+arithmetic and so works for every dtype) when sizes, scales and roi are known at import time.
+When they are graph values, ``resize_rt`` emits the ``resize`` shape function (output lengths
+bound at run time) and one ``image.resize_axis`` per axis, whose kernel computes the same
+coordinates, taps and weights from a small float64 tensor of scales: one executable serves any
+scale.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ import numpy as np
 from .... import graph as g
 from .... import op
 from ....op.image import resample_dtype
+from ....runtime.shape_funcs import RESIZE_POLICIES
 from ..registry import converter
+from . import dynamic as rt
 from .common import dtype_of, ints, ndim_of, norm_axis, reshape, scalar, shape_of, static_int
 
 # =============================================================================================
@@ -224,10 +230,108 @@ def _present(arr: np.ndarray | None) -> np.ndarray | None:
     return None if arr is None or np.asarray(arr).size == 0 else np.asarray(arr)
 
 
+# =============================================================================================
+# Resize with scales / sizes / roi known only at run time
+# =============================================================================================
+def _given(node: Any, i: int) -> bool:
+    """Whether optional input ``i`` is given: present and not an empty tensor (opset-11
+    placeholders), whether its value is known at import time or not."""
+    if not node.has_input(i):
+        return False
+    if node.is_const(i):
+        return np.asarray(node.const_value(i)).size > 0
+    shape = shape_of(node.input(i))
+    return not (len(shape) == 1 and static_int(shape[0]) == 0)
+
+
+def _in_lengths(x: Any, axes: list[int]) -> Any:
+    """The input lengths of ``axes`` as a float64 (k,) tensor (read at run time if symbolic)."""
+    dims = [static_int(shape_of(x)[a]) for a in axes]
+    if None not in dims:
+        return g.const(np.array(dims, np.float64))
+    picked = op.take(op.dynamic_shape_of(x), g.const(np.array(axes, np.int64)), axis=0)
+    return op.cast(picked, "float64")
+
+
+def resize_rt(ctx: Any, node: Any, x: Any, spec: ResizeSpec, scales: Any, sizes: Any,
+              roi: Any, axes: list[int] | None, policy: str = "stretch") -> Any:
+    """Resize whose scales, sizes or roi are graph values: the ``resize`` shape function binds
+    the output lengths, a float64 tensor carries each axis's scale (``out / in`` for sizes, one
+    min/max scale under keep_aspect_ratio_policy) and one ``image.resize_axis`` per axis
+    computes coordinates, taps and weights in the kernel. Every listed axis is resampled (an
+    identity axis is an exact copy), since which ones change is known only at run time."""
+    nd = ndim_of(x)
+    axes = list(range(nd)) if axes is None else [norm_axis(a, nd) for a in axes]
+    if len(set(axes)) != len(axes):
+        raise node.error(f"axes {axes} repeat an axis")
+    if policy not in RESIZE_POLICIES:
+        raise node.error(f"unknown keep_aspect_ratio_policy {policy!r}")
+    if spec.mode != "nearest" and dtype_of(x) == "bool":
+        raise node.error(f"mode {spec.mode!r} needs a numeric input, got bool")
+    given = sizes if sizes is not None else scales
+    k = len(axes)
+    glen = shape_of(given)
+    if len(glen) != 1 or static_int(glen[0]) != k:
+        raise node.error(f"{'sizes' if sizes is not None else 'scales'} must have {k} entries "
+                         f"(one per resized axis), got {given.struct_info}")
+    known = [None if a in axes else d for a, d in enumerate(shape_of(x))]
+    how = [g.ShapeExpr(shape_of(x)), given, g.ShapeExpr(tuple(axes)),
+           g.PrimValue(int(sizes is not None)), g.PrimValue(RESIZE_POLICIES.index(policy))]
+    dims = rt.runtime_shape(ctx, node, "resize", how, known)
+    taps: list[Any] = []
+    if spec.antialias:  # the tap count of each axis depends on its scale
+        support = g.PrimValue(1 if spec.mode == "linear" else 2)
+        counts = rt.runtime_shape(ctx, node, "resize_taps", [*how, support], [None] * k, "taps")
+        taps = [ctx.emit(op.broadcast_to(g.const(np.zeros((), np.int8)), (t,)),
+                         f"{node.name}_taps{i}") for i, t in enumerate(counts)]
+    if sizes is None:
+        scale = op.cast(scales, "float64")
+    else:
+        scale = op.divide(op.cast(sizes, "float64"), _in_lengths(x, axes))
+        if policy != "stretch":
+            pick = op.min if policy == "not_larger" else op.max
+            scale = op.broadcast_to(pick(scale), (k,))
+    scale = ctx.emit(scale, f"{node.name}_scales")
+    if roi is None:
+        roi = g.const(np.array([0.0] * k + [1.0] * k))
+    else:
+        if len(shape_of(roi)) != 1 or static_int(shape_of(roi)[0]) != 2 * k:
+            raise node.error(f"roi must have {2 * k} entries (starts then ends of the resized "
+                             f"axes), got {roi.struct_info}")
+        if not str(roi.struct_info.dtype).startswith("float"):
+            raise node.error(f"roi must be a float tensor, got {roi.struct_info}")
+    attrs = dict(mode=spec.mode, coord=spec.coord, nearest_mode=spec.nearest_mode,
+                 cubic_a=spec.cubic_a, exclude_outside=spec.exclude_outside,
+                 extrapolation_value=spec.extrapolation_value)
+    dt = dtype_of(x)
+    # interpolate integers in float64 and 16-bit floats in float32 and round once at the end,
+    # as the reference does (all axes in float64, one saturating cast)
+    work = dt
+    if spec.mode != "nearest" and dt not in ("float32", "float64"):
+        work = "float32" if dt in ("float16", "bfloat16") else "float64"
+        x = ctx.emit(op.cast(x, work), f"{node.name}_{work}")
+    for slot, a in enumerate(axes):
+        if spec.antialias:
+            call = op.image.resize_axis_antialias(x, scale, roi, taps[slot], axis=a, slot=slot,
+                                                  length=dims[a], **attrs)
+        else:
+            call = op.image.resize_axis(x, scale, roi, axis=a, slot=slot, length=dims[a],
+                                        **attrs)
+        x = ctx.emit(call)
+    if work == dt:
+        return x
+    if work == "float64":  # round half to even and saturate (ONNX saturate_cast)
+        info = np.iinfo(dt)
+        x = op.clip(op.round(x), min=float(info.min), max=float(info.max))
+    return op.cast(x, dt)
+
+
 @converter("Resize", since=10)
 def resize_v10(ctx: Any, node: Any) -> Any:
     spec = ResizeSpec(mode=_mode(node), coord="asymmetric", nearest_mode="simple")
     _check_spec(node, spec)
+    if not node.is_const(1):
+        return resize_rt(ctx, node, node.input(0), spec, node.input(1), None, None, None)
     return _resize(ctx, node, node.input(0), spec, node.const_input(1, "scales"), None, None,
                    None)
 
@@ -244,15 +348,19 @@ def resize_v11(ctx: Any, node: Any) -> Any:
         extrapolation_value=float(node.attr("extrapolation_value", 0.0)),
     )
     _check_spec(node, spec)
-    roi = _present(node.const_input(1, "roi")) if spec.coord == "tf_crop_and_resize" else None
-    scales = _present(node.const_input(2, "scales"))
-    sizes = _present(node.const_input(3, "sizes"))
-    if (scales is None) == (sizes is None):
-        raise node.error("exactly one of scales and sizes must be given")
     axes = node.attr("axes", None)
-    return _resize(ctx, node, node.input(0), spec, scales, sizes, roi,
-                   None if axes is None else list(axes),
-                   node.attr("keep_aspect_ratio_policy", "stretch"))
+    axes = None if axes is None else list(axes)
+    policy = node.attr("keep_aspect_ratio_policy", "stretch")
+    crop = spec.coord == "tf_crop_and_resize"
+    used = [i for i in ((1,) if crop else ()) + (2, 3) if _given(node, i)]
+    if (2 in used) == (3 in used):
+        raise node.error("exactly one of scales and sizes must be given")
+    if not all(node.is_const(i) for i in used):  # run-time values: computed in the kernels
+        roi, scales, sizes = (node.input(i) if i in used else None for i in (1, 2, 3))
+        return resize_rt(ctx, node, node.input(0), spec, scales, sizes, roi, axes, policy)
+    roi, scales, sizes = (_present(node.const_input(i, what)) if i in used else None
+                          for i, what in ((1, "roi"), (2, "scales"), (3, "sizes")))
+    return _resize(ctx, node, node.input(0), spec, scales, sizes, roi, axes, policy)
 
 
 def _mode(node: Any) -> str:
@@ -268,7 +376,7 @@ def upsample_v7(ctx: Any, node: Any) -> Any:
                    None, None, None)
 
 
-# Upsample-9 is Resize-10 (scales as an input, asymmetric coordinates)
+# Upsample-9 is Resize-10 (scales as an input, asymmetric coordinates; run-time scales too)
 converter("Upsample", since=9)(resize_v10)
 
 
@@ -311,6 +419,8 @@ def affine_base_grid(spatial: list[int], align_corners: bool) -> np.ndarray:
 @converter("AffineGrid", since=20)
 def affine_grid(ctx: Any, node: Any) -> Any:
     theta = node.input(0)
+    if not node.is_const(1):
+        return _affine_grid_rt(ctx, node, theta)
     size = ints(node.const_input(1, "size"))
     spatial = size[2:]
     if len(spatial) not in (2, 3):
@@ -322,6 +432,51 @@ def affine_grid(ctx: Any, node: Any) -> Any:
     return reshape(grid, [size[0], *spatial, len(spatial)])
 
 
+def _affine_grid_rt(ctx: Any, node: Any, theta: Any) -> Any:
+    """AffineGrid with ``size`` known only at run time: the output dims are bound by a shape
+    function of ``size`` (N checked against theta's), and the base grid is computed in the
+    graph from a ``dynamic_arange`` per spatial length instead of a constant table. Each
+    output component ``j`` is ``theta[:, j, k] + sum_c theta[:, j, c] * coord_c`` broadcast
+    over the spatial axes (coordinate 0 is x: the last spatial axis)."""
+    size = node.input(1)
+    n_size = rt.static_len(node, size, "size")
+    k = n_size - 2
+    if k not in (2, 3) or [static_int(d) for d in shape_of(theta)[1:]] != [k, k + 1]:
+        raise node.error(f"size of {n_size} entries does not fit theta {theta.struct_info} "
+                         "(N, 2, 3) or (N, 3, 4)")
+    dims = rt.runtime_shape(ctx, node, "values", [size], [shape_of(theta)[0]] + [None] * (
+        n_size - 1))
+    spatial = dims[2:]
+    dt = dtype_of(theta)
+    size_f = ctx.emit(op.cast(size, dt), f"{node.name}_size_f")
+    one = g.const(np.ones(1, dt))
+    coords = []  # coords[c]: coordinate c (x, y, z) shaped (1, ..., len, ..., 1)
+    for a in range(k - 1, -1, -1):
+        i = op.dynamic_arange(scalar(0, dt), scalar(1, dt), (spatial[a],))
+        n = op.strided_slice(size_f, (2 + a,), (3 + a,))
+        if node.attr("align_corners", 0):
+            c = op.divide(op.add(i, i), op.maximum(op.subtract(n, one), one))
+        else:
+            c = op.divide(op.add(op.add(i, i), one), n)
+        c = op.subtract(c, one)
+        for _ in range(a + 1):
+            c = op.expand_dims(c, 0)
+        for _ in range(k - 1 - a):
+            c = op.expand_dims(c, -1)
+        coords.append(ctx.emit(c, f"{node.name}_coord{a}"))
+    parts = []
+    for j in range(k):
+        def coef(c: int, j: int = j) -> Any:
+            t = op.strided_slice(theta, (j, c), (j + 1, c + 1), axes=(1, 2))
+            return op.reshape(t, (shape_of(theta)[0],) + (1,) * k)
+
+        acc = coef(k)
+        for c in range(k):
+            acc = op.add(acc, op.multiply(coef(c), coords[c]))
+        parts.append(op.expand_dims(acc, -1))
+    return op.concat(parts, axis=-1)
+
+
 # =============================================================================================
 # CenterCropPad
 # =============================================================================================
@@ -329,9 +484,11 @@ def affine_grid(ctx: Any, node: Any) -> Any:
 def center_crop_pad(ctx: Any, node: Any) -> Any:
     x = node.input(0)
     nd = ndim_of(x)
-    target = ints(node.const_input(1, "shape"))
     axes = node.attr("axes", None)
     axes = list(range(nd)) if axes is None else [norm_axis(int(a), nd) for a in axes]
+    if not node.is_const(1):
+        return _center_crop_pad_rt(ctx, node, x, axes)
+    target = ints(node.const_input(1, "shape"))
     if len(target) != len(axes):
         raise node.error(f"shape {target} has {len(target)} entries for axes {axes}")
     dims = [static_int(d) for d in shape_of(x)]
@@ -353,6 +510,24 @@ def center_crop_pad(ctx: Any, node: Any) -> Any:
     if any(p != (0, 0) for p in pads):
         x = op.pad(x, tuple(pads))
     return x
+
+
+def _center_crop_pad_rt(ctx: Any, node: Any, x: Any, axes: list[int]) -> Any:
+    """CenterCropPad to a shape known only at run time: one ``dynamic_pad`` whose pads are
+    computed in the graph (a negative pad crops). Cropping puts the extra element of an odd
+    difference at the end and padding puts it at the end too, so the begin pad is the
+    difference divided by two rounded toward zero."""
+    i64 = "int64"
+    dims = [static_int(shape_of(x)[a]) for a in axes]
+    have: Any = g.const(np.array(dims, i64)) if None not in dims else op.take(
+        op.dynamic_shape_of(x), g.const(np.array(axes, i64)), axis=0)
+    diff = ctx.emit(op.subtract(rt.int64_tensor(node.input(1)), have), f"{node.name}_diff")
+    zero, two = g.const(np.zeros(1, i64)), g.const(np.full(1, 2, i64))
+    grow = op.floor_divide(op.maximum(diff, zero), two)
+    shrink = op.floor_divide(op.maximum(op.negative(diff), zero), two)
+    begin = ctx.emit(op.subtract(grow, shrink), f"{node.name}_begin")
+    pads = ctx.emit(op.concat([begin, op.subtract(diff, begin)], axis=0), f"{node.name}_pads")
+    return rt.pad_rt(ctx, node, x, pads, None, axes, "constant")
 
 
 # =============================================================================================

@@ -17,6 +17,7 @@ import numpy as np
 from .... import graph as g
 from .... import op
 from ..registry import converter
+from . import dynamic as rt
 from .common import dtype_of, ints, ndim_of, prod, reshape, scalar, shape_of, static_int
 
 
@@ -391,9 +392,11 @@ def col2im(ctx: Any, node: Any) -> Any:
     positions, are spread by one-hot kernels (channel ``c*K + k`` to offset ``k`` of channel
     ``c``'s block) and overlapping taps summed."""
     x = node.input(0)
+    if not (node.is_const(1) and node.is_const(2)):
+        return _col2im_rt(ctx, node, x)
     image, block = node.const_input(1, "image_shape"), node.const_input(2, "block_shape")
     if image is None or block is None:
-        raise node.error("image_shape and block_shape must be constants")
+        raise node.error("image_shape and block_shape must be given")
     image, block = ints(image), ints(block)
     nsp = len(image)
     if len(block) != nsp or nsp not in (1, 2, 3):
@@ -423,10 +426,33 @@ def col2im(ctx: Any, node: Any) -> Any:
     return op.squeeze(out, axis=(2,)) if lifted else out
 
 
+def _col2im_rt(ctx: Any, node: Any, x: Any) -> Any:
+    """Col2Im with image_shape/block_shape known only at run time: ``dynamic_col2im`` (a
+    gather-sum over the block offsets) with its output dims bound by the col2im shape
+    function, which also checks the input's channel and column counts against the values."""
+    image, block = (rt.int64_tensor(node.input(i)) for i in (1, 2))
+    nsp = rt.static_len(node, image, "image_shape")
+    if rt.static_len(node, block, "block_shape") != nsp or nsp < 1 or ndim_of(x) != 3:
+        raise node.error(f"image_shape and block_shape must have the same number of entries, "
+                         f"and the input must be (N, C*K, L), got {x.struct_info}")
+    strides, dil = _ints_attr(node, "strides", nsp), _ints_attr(node, "dilations", nsp)
+    pads = _ints_attr(node, "pads", 2 * nsp, 0)
+    image, block = ctx.emit(image, f"{node.name}_image"), ctx.emit(block, f"{node.name}_block")
+    dims = rt.runtime_shape(ctx, node, "col2im", [
+        rt.shape_expr(x), image, block, g.ShapeExpr(strides), g.ShapeExpr(dil),
+        g.ShapeExpr(pads)], [shape_of(x)[0]] + [None] * (nsp + 1))
+    return op.dynamic_col2im(x, image, block, dims, strides, dil, pads)
+
+
 @converter("MaxUnpool", since=9)
 def max_unpool(ctx: Any, node: Any) -> Any:
     """MaxUnpool as a scatter of X into a zero tensor at the flat Indices (they index the whole
-    output, as MaxPool's Indices index its input)."""
+    output, as MaxPool's Indices index its input). With ``output_shape`` the indices index a
+    tensor of that shape, as in PyTorch's max_unpool and onnxruntime (the ONNX reference
+    instead scatters into the inferred shape and zero-pads it); when ``output_shape`` is known
+    only at run time its spatial dims are bound by a shape function (N and C are checked
+    against X's) and so is the flat size (kernels bind symbolic dims only from plain dims of
+    their arguments)."""
     x, idx = node.input(0), node.input(1)
     nsp = ndim_of(x) - 2
     kernel = _ints_attr(node, "kernel_shape", nsp)
@@ -438,11 +464,18 @@ def max_unpool(ctx: Any, node: Any) -> Any:
         raise node.error("MaxUnpool needs static batch and channel dimensions")
     out: tuple[int, ...] = tuple((sizes[i] - 1) * strides[i] + kernel[i] - pads[i] - pads[nsp + i]
                                  for i in range(nsp))
-    if node.num_inputs > 2 and node.proto.input[2]:
-        given = node.const_input(2, "output_shape")
-        if given is None:
-            raise node.error("output_shape must be a constant")
-        out = tuple(ints(given)[-nsp:])
+    if node.has_input(2) and not node.is_const(2):
+        if rt.static_len(node, node.input(2), "output_shape") != nsp + 2:
+            raise node.error(f"output_shape must have {nsp + 2} entries")
+        dims = rt.runtime_shape(ctx, node, "values", [node.input(2)], [nb, ch] + [None] * nsp)
+        zeros = ctx.emit(op.broadcast_to(scalar(0, dtype_of(x)), dims), f"{node.name}_zeros")
+        total = rt.runtime_shape(ctx, node, "reshape", [rt.shape_expr(zeros), g.const(
+            np.array([-1], np.int64)), g.PrimValue(0)], [None], "flat")
+        flat = op.scatter_elements(op.dynamic_reshape(zeros, total), reshape(idx, (-1,)),
+                                   reshape(x, (-1,)), axis=0)
+        return op.dynamic_reshape(flat, dims)
+    if node.has_input(2):
+        out = tuple(ints(node.const_input(2, "output_shape"))[-nsp:])
     total = nb * ch * int(np.prod(out))
     zeros = op.broadcast_to(scalar(0, dtype_of(x)), (total,))
     flat = op.scatter_elements(zeros, reshape(idx, (-1,)), reshape(x, (-1,)), axis=0)
@@ -635,11 +668,15 @@ converter("LogSoftmax", since=13)(_softmax_v13(op.nn.log_softmax))
 
 @converter("Dropout")
 def dropout(ctx: Any, node: Any) -> Any:
+    """Inference: the identity (mask all True). Training mode (opset 12+, ``training_mode``
+    true or a run-time input): kiln's random converters draw the mask."""
     x = node.input(0)
-    if node.opset >= 12:
-        training = node.const_input(2, "training_mode")
-        if training is not None and bool(np.asarray(training).reshape(())):
-            raise node.error("training-mode dropout is not supported")
+    if node.opset >= 12 and node.has_input(2):
+        training = node.const_value(2)
+        if training is None or bool(np.asarray(training).reshape(())):
+            from .random import training_dropout
+
+            return training_dropout(ctx, node, None if training is not None else node.input(2))
     outs = [x]
     if node.num_outputs > 1 and node.proto.output[1]:
         shape = ctx.static_shape(x)

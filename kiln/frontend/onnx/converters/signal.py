@@ -22,7 +22,7 @@ from ....ir import KilnError
 from ..importer import onnx_dtype
 from ..registry import converter
 from .common import dtype_of, scalar, shape_of, static_int
-from .dynamic import range_rt
+from .dynamic import range_rt, select_shaped
 
 
 def _angles(rows: int, cols: int, n: int) -> np.ndarray:
@@ -148,8 +148,8 @@ def dft_v17(ctx: Any, node: Any) -> Any:
 @converter("DFT", since=20)
 def dft_v20(ctx: Any, node: Any) -> Any:
     """Opset 20: ``axis`` is an input. When it is only known at run time, the DFT is computed
-    along every candidate axis and the result selected (NaN for an invalid axis); that needs
-    all candidates to give the same output shape."""
+    along every candidate axis and the result selected (NaN for an invalid axis); when the
+    candidates differ in shape (one-sided), the output dims are bound at run time."""
     x = node.input(0)
     nd = len(shape_of(x))
     length = _dft_length(node)
@@ -168,16 +168,18 @@ def dft_v20(ctx: Any, node: Any) -> Any:
             cands.append((a, ctx.emit(_dft(ctx, node, x, a, length, inverse, onesided))))
         except KilnError:
             continue  # not a valid axis for this input (e.g. too short): NaN if chosen
-    shapes = {tuple(str(d) for d in shape_of(c)) for _, c in cands}
-    if len(shapes) != 1:
-        raise node.error("axis is only known at run time and the output shape depends on it "
-                         f"(candidate shapes {sorted(shapes)}); give axis as a constant")
+    if not cands:
+        raise node.error(f"no axis of the input {x.struct_info} can be transformed")
     axis_t = op.cast(op.reshape(node.input(2), ()), "int64")
     axis_t = ctx.emit(op.where(op.less(axis_t, scalar(0, "int64")),
                                op.add(axis_t, scalar(nd, "int64")), axis_t))
     out = op.multiply(cands[0][1], scalar(np.nan, dtype_of(x)))  # invalid axis: NaN
-    for a, c in cands:
-        out = op.where(op.equal(axis_t, scalar(a, "int64")), c, out)
+    choices = [(op.equal(axis_t, scalar(a, "int64")), c) for a, c in cands]
+    if len({tuple(str(d) for d in shape_of(c)) for _, c in cands}) != 1:
+        # a one-sided output halves the transformed axis: the shape depends on the axis
+        return select_shaped(ctx, node, out, choices)
+    for flag, c in choices:
+        out = op.where(flag, c, out)
     return out
 
 
