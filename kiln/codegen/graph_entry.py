@@ -73,11 +73,17 @@ def entry_symbol(name: str, taken: set[str]) -> str:
 
 
 def _static_kernel(func: PrimFunc, nargs: int) -> bool:
+    """Whether ``func`` takes exactly ``nargs`` buffers of constant shapes (a dim may be an
+    unfolded constant expression such as ``1 * 512``, as a reshape's compute writes it)."""
+    from ..arith import Analyzer
+
     if len(func.params) != nargs:
         return False
+    ana = Analyzer()
     for p in func.params:
         buf = func.buffer_map.get(p)
-        if buf is None or not all(isinstance(d, IntImm) for d in buf.shape):
+        if buf is None or not all(isinstance(d, IntImm) or isinstance(ana.simplify(d), IntImm)
+                                  for d in buf.shape):
             return False
     return True
 

@@ -537,6 +537,8 @@ def schedule_gemm(sch: Any, target: Any, block: Any, *, has_i: bool, has_j: bool
     vector loop falls back to scalar code anyway); symbolic extents are not split. Returns
     the parallel loop (or None).
     """
+    from .schedule_helpers import cpu_count
+
     if not has_j:
         return schedule_gemv(sch, target, block)
     blk = sch.get(block)
@@ -557,6 +559,19 @@ def schedule_gemm(sch: Any, target: Any, block: Any, *, has_i: bool, has_j: bool
     jc = jv = ji = None
     if lanes is not None:
         chunk = pick_factor(n_ext, [lanes * GEMM_CHUNK_VECTORS])
+        outer_ext = 1
+        for lp in [*batch] + ([io] if io is not None else []):
+            ext = loop_extent(sch, lp)
+            outer_ext = None if ext is None or outer_ext is None else outer_ext * ext
+        if outer_ext is not None and getattr(target, "num_threads", 0) != 1:
+            # few rows (a matrix-vector product): the column chunks are what the threads
+            # share, so make enough of them
+            threads = getattr(target, "num_threads", 0) or cpu_count()
+            want = -(-2 * threads // outer_ext)
+            if want > 1 and (chunk is None or n_ext // chunk < want):
+                sizes = [lanes * v for v in (GEMM_CHUNK_VECTORS, 64, 32, 16, 8, 4)]
+                fits = [c for c in sizes if n_ext % c == 0 and n_ext // c >= want]
+                chunk = fits[0] if fits else chunk
         if chunk is not None and chunk < n_ext:
             jc, j = sch.split(j, factors=[None, chunk])
         jv, ji = sch.split(j, factors=[None, lanes])
@@ -572,9 +587,9 @@ def schedule_gemm(sch: Any, target: Any, block: Any, *, has_i: bool, has_j: bool
     if ji is not None:
         sch.vectorize(ji)
         sch.vectorize(sch.get_loops(init)[-1])
-    outer = [*batch] + ([io] if io is not None else [])
-    return parallel_outer(sch, outer or [lp for lp in (jc,) if lp is not None], target,
-                          work=work)
+    # batch, row blocks, then column chunks (adjacent in the nest): as many as the threads need
+    outer = [*batch] + [lp for lp in (io, jc) if lp is not None]
+    return parallel_outer(sch, outer, target, work=work)
 
 
 #: Side of the square tiles a transposition copies (both sides touch TILE cache lines).

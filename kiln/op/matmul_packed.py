@@ -128,7 +128,7 @@ def _tile_loops(sch: Any, block: Any, io: Any) -> list[Any]:
     return []
 
 
-def _write_out_tile(sch: Any, target: Any, block: Any, io: Any, dtype: Any) -> None:
+def write_out_tile(sch: Any, target: Any, block: Any, io: Any, dtype: Any) -> None:
     """Unroll the loops of a tile-sized block (the tile's init or write-back) and vectorize
     its innermost loop in register-sized pieces: with every index constant the C compiler can
     keep the tile in registers."""
@@ -179,7 +179,7 @@ def schedule_packed_gemm(sch: Any, target: Any, block: Any) -> tuple[Any, Any]:
     if vec is not None:
         sch.vectorize(jl)
     for b in (init, local):
-        _write_out_tile(sch, target, b, io, dtype)
+        write_out_tile(sch, target, b, io, dtype)
     par = parallel_outer(sch, [*batch, jo], target, work=work)
     return io, par
 

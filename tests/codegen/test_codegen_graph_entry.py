@@ -106,3 +106,23 @@ def test_old_format_version_is_rejected(exe, tmp_path):
     old.write_bytes(bytes(data))
     with pytest.raises(ModelFormatError, match="version 1"):
         kiln.load(str(old))
+
+
+def test_constant_dim_expressions_keep_the_native_entry():
+    """A kernel whose buffer shape holds an unfolded constant (``1 * 512``, as ONNX Flatten's
+    reshape writes it) is still static: the model keeps its native entry."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from kiln.frontend.onnx import from_onnx
+
+    graph = helper.make_graph(
+        [helper.make_node("Flatten", ["x"], ["y"], axis=1)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512, 1, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 512])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    mod, params = from_onnx(onnx.load_from_string(model.SerializeToString()))
+    built = kiln.build(mod, params=params)
+    assert built.memory_report()["main"]["native_entry"]
+    xv = np.random.default_rng(0).standard_normal((1, 512, 1, 1)).astype("float32")
+    np.testing.assert_array_equal(built(xv), xv.reshape(1, 512))

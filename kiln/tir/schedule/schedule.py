@@ -28,6 +28,7 @@ from . import compute_location as _at
 from . import inline as _inline
 from . import loop_transform as _loops
 from . import reduction as _reduction
+from . import rfactor as _rfactor
 from . import tensorize as _tensorize
 from .state import Key, SRef, TreeIndex, make_unique
 from .trace import _RV, BlockRV, LoopRV, Trace, make_instruction
@@ -310,6 +311,17 @@ class Schedule:
         b = self._block(block, "decompose_reduction")
         lp = self._loop(loop, "decompose_reduction")
         func, name = _reduction.decompose_reduction(self._index_for_new_names(), b, lp)
+        self._commit(func)
+        return self._new_block_rv(name)
+
+    @_traced
+    def rfactor(self, loop: LoopRV, factor_axis: int) -> BlockRV:
+        """Turn reduction ``loop`` into a spatial axis of partial results: a new block fills
+        a buffer with one more dimension (at ``factor_axis``) and the original block, moved
+        after the reduction loops, combines them; returns the new block (see
+        :mod:`kiln.tir.schedule.rfactor`)."""
+        lp = self._loop(loop, "rfactor")
+        func, name = _rfactor.rfactor(self._index_for_new_names(), lp, factor_axis)
         self._commit(func)
         return self._new_block_rv(name)
 

@@ -113,7 +113,11 @@ def _plan(index: TreeIndex, buf: Buffer) -> tuple[SRef, list[PrimExpr], list[int
         if any(v in loop_vars and v not in allowed for v in collect_vars(lo)):
             return None
         if isinstance(dim, IntImm) and ext.value > dim.value:
-            return None
+            # a predicated tail tile reaches past the buffer; its accesses there are guarded
+            # off, so the region is clipped to the buffer (possible when it starts at a constant)
+            if not isinstance(lo, IntImm) or not 0 <= lo.value < dim.value:
+                return None
+            ext = IntImm(ext.dtype, dim.value - lo.value)
         starts.append(lo)
         extents.append(ext.value)
     if all(isinstance(d, IntImm) and d.value == e for d, e in zip(buf.shape, extents)):
