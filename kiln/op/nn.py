@@ -1100,17 +1100,14 @@ def _window(data: Any, attrs: Any, out_shape: tuple, pad_value: Any, name: str, 
 
 def _pool_annotations(layout: str, contiguous: bool, guarded: bool) -> dict[str, Any]:
     """Facts for the pooling schedule: whether the innermost axis is W read with unit stride,
-    or an axis the window carries through (a channel axis: always contiguous).
-
-    A carried axis is only marked when no tap needs the padding guard: the C code generator
-    cannot yet emit a select between vectors under a scalar condition (a padded window's
-    guard), so such windows stay scalar.
-    """
+    or an axis the window carries through (a channel axis: always contiguous, also under a
+    padded window's guard -- a scalar condition selecting between vectors)."""
+    del guarded
     hi, wi = _hw(layout)
     ndim = Layout(layout).ndim
     if ndim - 1 in (hi, wi):
         return {UNIT_STRIDE_W: contiguous}
-    return {UNIT_STRIDE_W: False, CARRIED_INNER: not guarded}
+    return {UNIT_STRIDE_W: False, CARRIED_INNER: True}
 
 
 def _max_pool2d_compute(data: Any, *, attrs: MaxPool2DAttrs) -> Any:
