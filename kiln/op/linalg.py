@@ -5,7 +5,7 @@ Both are one reduction over the contracted axis ``k``. Their CPU schedule
 ``A[i, k] * B[k, :]`` to those rows with SIMD vectors along the columns (each vector of ``B``
 is loaded once for all rows of the block); the row blocks run in parallel. That schedule is
 what runs when the right operand cannot be packed: on CPUs at opt level 2 both ops declare an
-``alter_layout`` hook that turns a product with enough rows into ``matmul_packed``
+``alter_layout`` hook that turns a product into ``matmul_packed``
 (:mod:`kiln.op.matmul_packed`: ``b`` packed in column panels, a register-tiled micro-kernel).
 
 ``dense(x, w)`` is ``x @ w.T`` with ``w`` laid out ``[units, in]`` (ONNX Gemm with transB,
@@ -531,7 +531,8 @@ def schedule_gemm(sch: Any, target: Any, block: Any, *, has_i: bool, has_j: bool
                     C[i, j] += A[i, k] * B[k, j]
 
     C accumulates in place. This is the fallback for products AlterOpLayout did not pack
-    (too few rows, a column count 16 does not divide, opt level < 2, non-float32): with B
+    (a column count 16 does not divide, a computed B with few rows, opt level < 2,
+    non-float32): with B
     unpacked, each ``k`` strides a whole row of B, which defeats the register tile that
     ``matmul_packed`` uses. An extent that no vector length divides is not vectorized (a predicated
     vector loop falls back to scalar code anyway); symbolic extents are not split. Returns

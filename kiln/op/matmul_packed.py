@@ -60,8 +60,6 @@ __all__ = ["matmul_packed", "matmul_vnni", "GEMM_MR", "GEMM_NR"]
 GEMM_MR = 6
 #: Columns of a packed panel (two AVX2 vectors or one AVX-512 vector of float32).
 GEMM_NR = 16
-#: Fewer rows than this: a matrix-vector style product, where packing does not pay.
-GEMM_MIN_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -322,10 +320,12 @@ def _alter_to_vnni(call: Any, target: Any, op: str) -> LayoutRewrite | None:
 
 def alter_to_packed(call: Any, target: Any, op: str) -> LayoutRewrite | None:
     """On CPUs with AMX, bfloat16/int8 products become ``matmul_vnni`` (see
-    :func:`_alter_to_vnni`). A float32 ``matmul(a, b)`` / ``dense(a, w)`` with at least
-    :data:`GEMM_MIN_ROWS` rows (or a symbolic row count) and a column count that
-    :data:`GEMM_NR` divides becomes ``matmul_packed`` with ``b`` packed ``NK{nb}n``; a
-    computed ``b`` needs a static row count of at least two tiles to pay for its packing."""
+    :func:`_alter_to_vnni`). A float32 ``matmul(a, b)`` / ``dense(a, w)`` whose column count
+    :data:`GEMM_NR` divides becomes ``matmul_packed`` with ``b`` packed ``NK{nb}n``. A constant
+    ``b`` is packed at compile time, so any row count gains -- a matrix-vector product too: each
+    panel is then one contiguous stream (measured: MLP 784-1024-1024-10 at batch 1, 0.135 ms
+    against 0.17-0.19 ms unpacked). A computed ``b`` is packed at run time and needs a static
+    row count of at least two tiles (or a symbolic one) to pay for it."""
     from ..graph import expr as gx
 
     a, b = call.args[0].struct_info, call.args[1].struct_info
@@ -347,8 +347,6 @@ def alter_to_packed(call: Any, target: Any, op: str) -> LayoutRewrite | None:
     if n is None or n % GEMM_NR:
         return None
     m = const_int(a.shape[-2])
-    if m is not None and m < GEMM_MIN_ROWS:
-        return None
     if not isinstance(call.args[1], gx.Constant) and m is not None and m < 2 * GEMM_MR:
         return None
     dst = src[:-2] + f"NK{GEMM_NR}n"

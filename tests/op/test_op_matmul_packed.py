@@ -157,14 +157,28 @@ def test_computed_weight_gets_a_runtime_layout_transform():
     check(np.asarray(kiln.build(mod)(xv, w)), xv @ w.T)
 
 
-@pytest.mark.parametrize("x_shape, w_shape", [
-    ((4, 32), (32, 48)),    # too few rows: matrix-vector style, stays matmul
-    ((16, 32), (32, 40)),   # columns not a multiple of the panel width
-])
-def test_declined_shapes_stay_matmul(x_shape, w_shape):
-    w = rand(w_shape)
-    mod = _module(x_shape, lambda x: op.matmul(x, g.const(w)))
+def test_declined_shapes_stay_matmul():
+    # columns not a multiple of the panel width
+    w = rand((32, 40))
+    mod = _module((16, 32), lambda x: op.matmul(x, g.const(w)))
     assert _ops(_altered(mod)["main"]) == ["matmul"]
+    # a computed right operand with few rows: packing it at run time does not pay
+    x = g.Var("x", g.TensorStructInfo((4, 32), "float32"))
+    wv = g.Var("w", g.TensorStructInfo((32, 48), "float32"))
+    bb = g.BlockBuilder()
+    with bb.function("main", [x, wv]):
+        with bb.dataflow():
+            out = bb.emit_output(op.matmul(x, wv))
+        bb.emit_func_output(out)
+    assert _ops(_altered(bb.get())["main"]) == ["matmul"]
+
+
+def test_matrix_vector_product_with_constant_weight_is_packed():
+    w = rand((64, 48))
+    mod = _module((1, 64), lambda x: op.matmul(x, g.const(w)))
+    assert _ops(_altered(mod)["main"]) == ["matmul_packed"]
+    x = rand((1, 64))
+    check(np.asarray(kiln.build(mod)(x)), x @ w)
 
 
 def test_symbolic_rows_are_packed_and_run_at_any_batch():
