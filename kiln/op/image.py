@@ -615,22 +615,43 @@ def _resize_taps(x: PrimExpr, scale: PrimExpr, attrs: ResizeAxisAttrs
     return [(first + _c(k - 1) if k != 1 else first, w) for k, w in enumerate(weights)]
 
 
-def _resize_axis_compute(x: te.Tensor, scales: te.Tensor, roi: te.Tensor,
-                         attrs: ResizeAxisAttrs) -> te.Tensor:
-    axis = normalize_axis(attrs.axis, x.ndim, "image.resize_axis")
+@dataclass(frozen=True)
+class _AxisFrame:
+    """What both run-time resize kernels derive from their inputs and attributes."""
+
+    axis: int
+    n: PrimExpr          # input length along the axis
+    out_len: PrimExpr
+    out_shape: list
+    acc_dt: DataType
+    out_dt: DataType
+    slot: PrimExpr       # this axis' entry in the scales tensor
+    coords: te.Tensor    # source coordinate of every output position (float64)
+
+
+def _axis_frame(x: te.Tensor, scales: te.Tensor, roi: te.Tensor, attrs: ResizeAxisAttrs,
+                name: str) -> _AxisFrame:
+    axis = normalize_axis(attrs.axis, x.ndim, name)
     n = x.shape[axis]
     k = const_int(scales.shape[0])
     out_len = tx.const(INDEX_DTYPE, attrs.length) if isinstance(attrs.length, int) \
         else attrs.length
     f64 = DataType("float64")
-    acc_dt = resample_dtype(x.dtype)
-    out_dt = as_dtype(x.dtype)
-    out_shape = [*x.shape[:axis], out_len, *x.shape[axis + 1:]]
     slot = _c(attrs.slot)
     box = (roi(slot), roi(_c(attrs.slot + k)))
     # the source coordinates are a stage of their own: every tap uses them several times
     coords = te.compute((out_len,), lambda o: resize_source_coord(
         attrs.coord, tx.cast(f64, o), scales(slot), n, out_len, box), name="resize_src")
+    return _AxisFrame(axis, n, out_len, [*x.shape[:axis], out_len, *x.shape[axis + 1:]],
+                      resample_dtype(x.dtype), as_dtype(x.dtype), slot, coords)
+
+
+def _resize_axis_compute(x: te.Tensor, scales: te.Tensor, roi: te.Tensor,
+                         attrs: ResizeAxisAttrs) -> te.Tensor:
+    fr = _axis_frame(x, scales, roi, attrs, "image.resize_axis")
+    axis, n, out_len, out_shape = fr.axis, fr.n, fr.out_len, fr.out_shape
+    acc_dt, out_dt, slot, coords = fr.acc_dt, fr.out_dt, fr.slot, fr.coords
+    f64 = DataType("float64")
 
     # per output position of the axis: the (clamped) input index and weight of every tap,
     # tables computed once per call like the import-time ones (weights renormalized over the
@@ -769,21 +790,12 @@ def _resize_aa_compute(x: te.Tensor, scales: te.Tensor, roi: te.Tensor, taps: te
     """Taps ``i`` in ``[1 - T/2, T/2]`` around the source coordinate weigh ``kernel((i - r) *
     min(scale, 1))``, normalized by their sum (a first reduction); ``T`` (even, from the
     ``resize_taps`` shape function) is the length of ``taps``."""
-    axis = normalize_axis(attrs.axis, x.ndim, "image.resize_axis_antialias")
-    n = x.shape[axis]
-    k = const_int(scales.shape[0])
+    fr = _axis_frame(x, scales, roi, attrs, "image.resize_axis_antialias")
+    axis, n, out_len, out_shape = fr.axis, fr.n, fr.out_len, fr.out_shape
+    acc_dt, out_dt, slot, coords = fr.acc_dt, fr.out_dt, fr.slot, fr.coords
     count = taps.shape[0]
-    out_len = tx.const(INDEX_DTYPE, attrs.length) if isinstance(attrs.length, int) \
-        else attrs.length
     f64 = DataType("float64")
-    acc_dt = resample_dtype(x.dtype)
-    out_dt = as_dtype(x.dtype)
-    out_shape = [*x.shape[:axis], out_len, *x.shape[axis + 1:]]
-    slot = _c(attrs.slot)
     zero, one = tx.const(f64, 0.0), tx.const(f64, 1.0)
-    box = (roi(slot), roi(_c(attrs.slot + k)))
-    coords = te.compute((out_len,), lambda o: resize_source_coord(
-        attrs.coord, tx.cast(f64, o), scales(slot), n, out_len, box), name="resize_src")
 
     def tap(o: PrimExpr, j: PrimExpr) -> tuple[PrimExpr, PrimExpr]:
         """(unclamped index, weight) of reduction step ``j`` at output position ``o``."""

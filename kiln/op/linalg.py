@@ -646,6 +646,36 @@ def vectorize_inner(sch: Any, target: Any, block: Any) -> None:
         sch.vectorize(vi)
 
 
+def _tile_loops(sch: Any, block: Any, io: Any) -> list[Any]:
+    """The loops of ``block`` below the row-block loop ``io`` (those of one tile)."""
+    loops = sch.get_loops(block)
+    io_node = sch.get(io)
+    for n, lp in enumerate(loops):
+        if sch.get(lp) is io_node:
+            return loops[n + 1:]
+    return []
+
+
+def write_out_tile(sch: Any, target: Any, block: Any, io: Any, dtype: Any) -> None:
+    """Unroll the loops of a tile-sized block (the tile's init or write-back) and vectorize
+    its innermost loop in register-sized pieces: with every index constant the C compiler can
+    keep the tile in registers."""
+    loops = _tile_loops(sch, block, io)
+    if not loops:
+        return
+    *outer, inner = loops
+    ext = loop_extent(sch, inner)
+    lanes = target.vector_lanes(dtype)
+    if ext is not None and lanes > 1 and ext % lanes == 0:
+        if ext > lanes:
+            lo, inner = sch.split(inner, factors=[None, lanes])
+            outer.append(lo)
+        sch.vectorize(inner)
+    for lp in outer:
+        if loop_extent(sch, lp) is not None:
+            sch.unroll(lp)
+
+
 def other_blocks(sch: Any, known: set[str]) -> list[str]:
     """Names of the top-level blocks not in ``known`` (call before scheduling: primitives such
     as decompose_reduction add blocks of their own)."""

@@ -53,8 +53,8 @@ from .linalg import (
     tensor_arg,
     vector_factor,
     vectorize_inner,
+    write_out_tile,
 )
-from .matmul_packed import write_out_tile
 from .registry import MixedPrecision, OpPattern, register_op
 from .schedule_helpers import PARALLEL_MIN_WORK, schedule_injective, schedule_reduction
 

@@ -24,7 +24,15 @@ from ..expr import IterType, IterVar, PrimExpr, Range, Var, const
 from ..function import PrimFunc
 from ..functor import collect_vars, substitute
 from ..stmt import Block, BlockRealize, For, IfThenElse, Stmt, true_predicate
-from .analysis import analyzer_at, as_int, bind_loop, eval_bound, is_true, loop_domains
+from .analysis import (
+    analyzer_at,
+    as_int,
+    bind_loop,
+    eval_bound,
+    is_true,
+    loop_domains,
+    region_bounds,
+)
 from .state import SRef, TreeIndex, rewrite_func, unique_name
 
 
@@ -118,7 +126,7 @@ def blockize(index: TreeIndex, loop: SRef) -> tuple[PrimFunc, str]:
     def relax(regions: tuple[BufferRegion, ...]) -> tuple[BufferRegion, ...]:
         out = []
         for reg in regions:
-            bounds = _region_bounds(reg, new_inner, dom, ana)
+            bounds = region_bounds(reg, new_inner, dom, ana)
             if bounds is None:
                 raise ScheduleError(
                     f"blockize: cannot bound the region of {reg.buffer.name!r} accessed under "
@@ -138,19 +146,6 @@ def blockize(index: TreeIndex, loop: SRef) -> tuple[PrimFunc, str]:
     )
     outer = BlockRealize(tuple(outer_values), true_predicate(), outer_block)
     return rewrite_func(index.func, {id(loop.node): outer}), outer_block.name_hint
-
-
-def _region_bounds(region: BufferRegion, realize: BlockRealize, dom: dict, ana: Any
-                   ) -> list[tuple[PrimExpr, PrimExpr]] | None:
-    vmap = {iv.var: v for iv, v in zip(realize.block.iter_vars, realize.iter_values)}
-    out = []
-    for rng in region.region:
-        lo = eval_bound(substitute(rng.min, vmap), dom, ana)
-        hi = eval_bound(substitute(rng.min + rng.extent - 1, vmap), dom, ana)
-        if lo is None or hi is None:
-            return None
-        out.append((lo[0], hi[1]))
-    return out
 
 
 def _outer_init(block: Block, inner: BlockRealize, chain: list[For], what: str) -> Stmt:

@@ -29,7 +29,7 @@ from ..buffer import Buffer, BufferRegion
 from ..expr import BufferLoad, IntImm, PrimExpr, Range, Var, sub
 from ..function import PrimFunc
 from ..functor import Mutator, Visitor, collect_vars
-from ..schedule.analysis import analyzer_at
+from ..schedule.analysis import analyzer_at, union_bound
 from ..schedule.compute_location import accessed_region
 from ..schedule.state import SRef, TreeIndex, update_root_allocs
 from ..stmt import Allocate, Block, BlockRealize, BufferStore, For
@@ -97,8 +97,7 @@ def _plan(index: TreeIndex, buf: Buffer) -> tuple[SRef, list[PrimExpr], list[int
                 continue
             part = accessed_region(index, lca, blocks, buf, writes, ana, "compact_buffers")
             bounds = part if bounds is None else [
-                (ana.simplify(_min(a[0], b[0], ana)), ana.simplify(_max(a[1], b[1], ana)))
-                for a, b in zip(bounds, part)
+                union_bound(a, b, ana) for a, b in zip(bounds, part)
             ]
     except ScheduleError:  # a region beyond the analysis: keep the buffer as it is
         return None
@@ -123,26 +122,6 @@ def _plan(index: TreeIndex, buf: Buffer) -> tuple[SRef, list[PrimExpr], list[int
     if all(isinstance(d, IntImm) and d.value == e for d, e in zip(buf.shape, extents)):
         starts = [IntImm(s.dtype, 0) for s in starts]  # whole buffer: only move it
     return lca, starts, extents
-
-
-def _min(a: PrimExpr, b: PrimExpr, ana: Any) -> PrimExpr:
-    from ..expr import Min
-
-    if ana.can_prove(a <= b):
-        return a
-    if ana.can_prove(b <= a):
-        return b
-    return Min(a, b)
-
-
-def _max(a: PrimExpr, b: PrimExpr, ana: Any) -> PrimExpr:
-    from ..expr import Max
-
-    if ana.can_prove(a >= b):
-        return a
-    if ana.can_prove(b >= a):
-        return b
-    return Max(a, b)
 
 
 class _Compact(Mutator):
