@@ -3,7 +3,8 @@
 The body is the function's statements printed as C: ``For`` loops with OpenMP pragmas
 (``parallel for`` on the outermost parallel loop only -- a parallel loop nested in another runs
 serially in each thread; ``simd`` on scalar loops the vectorizer marked safe; ``GCC unroll``),
-``Allocate`` as a stack array (constant size up to :data:`STACK_LIMIT` bytes) or 64-byte
+``Allocate`` as a stack array (constant size up to
+``kiln.tir.transform.hoist_allocations.STACK_LIMIT`` bytes) or 64-byte
 aligned heap memory freed after its body, and stores/loads on the flattened buffers.
 """
 
@@ -19,14 +20,17 @@ from ...tir import stmt as S
 from ...tir.buffer import Buffer
 from ...tir.function import PrimFunc
 from ...tir.functor import post_order_visit
-from ...tir.transform.flatten_buffers import flat_size
+from ...tir.transform.hoist_allocations import (
+    alloc_size,
+    invariant_heap_allocations,
+    on_stack,
+)
 from .expr import ExprEmitter
 from .helpers import Helpers
 from .names import NameTable
 from .types import c_string, soft_float_storage, value_ctype, wrap_int
 
 #: Largest allocation (bytes) placed on the stack; larger ones go to the heap.
-STACK_LIMIT = 64 * 1024
 
 INDENT = "  "
 
@@ -196,12 +200,20 @@ class FunctionEmitter(ExprEmitter):
         parallel = s.kind == S.ForKind.PARALLEL and self.parallel_depth == 0
         if parallel:
             threads = f" num_threads({self.num_threads})" if self.num_threads > 0 else ""
+            scratch, body = invariant_heap_allocations(s)
+            if scratch:
+                self._parallel_with_scratch(s.replace(body=body), scratch, threads)
+                return
             self.line(f"#pragma omp parallel for{threads}")
         elif ann.get("kiln.simd"):
             self.line("#pragma omp simd")
         elif s.kind == S.ForKind.UNROLLED and isinstance(s.extent, E.IntImm):
             if 1 < s.extent.value <= 65534:
                 self.line(f"#pragma GCC unroll {s.extent.value}")
+        self._loop(s, parallel)
+
+    def _loop(self, s: S.For, parallel: bool) -> None:
+        """The C ``for`` of ``s``; the body of a parallel loop is outlined (see ``_outline``)."""
         lo = self.expr(s.min)
         end_expr = s.extent if _is_zero(s.min) else E.add(s.min, s.extent)
         end = self.expr(end_expr)
@@ -220,6 +232,24 @@ class FunctionEmitter(ExprEmitter):
             self.parallel_depth -= 1
         else:
             self.stmt(s.body)
+        self.depth -= 1
+        self.line("}")
+
+    def _parallel_with_scratch(self, s: S.For, scratch: list[S.Allocate], threads: str
+                               ) -> None:
+        """A parallel loop whose iterations each allocate the same heap scratch: one buffer per
+        thread, allocated once in the parallel region, instead of a ``malloc``/``free`` pair
+        per iteration (with buffers over glibc's trim threshold each pair also page-faults the
+        memory in again)."""
+        self.line(f"#pragma omp parallel{threads}")
+        self.line("{")
+        self.depth += 1
+        for alloc in scratch:
+            self._heap_alloc(alloc.buffer)
+        self.line("#pragma omp for")
+        self._loop(s, parallel=True)
+        for alloc in reversed(scratch):
+            self.line(f"free({self.var_names[alloc.buffer.data]});")
         self.depth -= 1
         self.line("}")
 
@@ -307,23 +337,26 @@ class FunctionEmitter(ExprEmitter):
 
     def stmt_Allocate(self, s: S.Allocate) -> None:
         buf = s.buffer
-        size = flat_size(buf) if len(buf.shape) != 1 else buf.shape[0]
-        ct = self.storage_ctype(buf.dtype)
-        name = self.define_var(buf.data)
-        itemsize = max(1, buf.dtype.element.itemsize)
         # Any small constant-size buffer goes on the stack, whatever its scope: compaction puts
         # a stage's scratch (a row's sum, a tile) inside the loop using it, where a heap
-        # allocation would run once per iteration.
-        on_stack = isinstance(size, E.IntImm) and 0 < size.value * itemsize <= STACK_LIMIT
-        if on_stack:
-            self.line(f"{ct} {name}[{size.value}] __attribute__((aligned(64)));")
+        # allocation would run once per iteration (larger ones are hoisted out of serial loops
+        # by kiln.tir.transform.hoist_allocations).
+        if on_stack(buf):
+            ct, name = self.storage_ctype(buf.dtype), self.define_var(buf.data)
+            self.line(f"{ct} {name}[{alloc_size(buf).value}] __attribute__((aligned(64)));")
             self.stmt(s.body)
             return
-        self.helpers.use("alloc")
-        self.line(f"{ct}* {name} = ({ct}*)kiln_alloc((size_t)({_strip_parens(self.expr(size))})"
-                  f" * sizeof({ct}));")
+        self._heap_alloc(buf)
         self.stmt(s.body)
-        self.line(f"free({name});")
+        self.line(f"free({self.var_names[buf.data]});")
+
+    def _heap_alloc(self, buf: Buffer) -> None:
+        """Declare ``buf``'s data pointer and allocate it (64-byte aligned) on the heap."""
+        ct = self.storage_ctype(buf.dtype)
+        name = self.define_var(buf.data)
+        self.helpers.use("alloc")
+        size = _strip_parens(self.expr(alloc_size(buf)))
+        self.line(f"{ct}* {name} = ({ct}*)kiln_alloc((size_t)({size}) * sizeof({ct}));")
 
     def stmt_BufferStore(self, s: S.BufferStore) -> None:
         buf = s.buffer

@@ -11,6 +11,12 @@ to ``B``'s top-level loop nest and covers the whole buffer; ``compute_at`` /
 ``reverse_compute_at`` of the copy block then shrink what each iteration copies. When they
 share loops (``B`` was already moved under a consumer), the copy goes inside the deepest shared
 loop, next to the subtree holding ``B``, and covers what ``B`` accesses in one iteration of it.
+
+``cache_inplace(B, i, scope, L)`` stages a buffer that ``B`` both reads and writes (a reduction's
+update after ``decompose_reduction``): inside loop ``L`` the region ``B`` touches in one
+iteration is copied into a ``scope`` buffer before the subtree holding ``B`` and back after it.
+That is how a K-blocked GEMM keeps its register tile: the tile is reloaded from the output and
+stored back once per block of the reduction, while the reduction loop stays outside the tile.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from ..buffer import Buffer, BufferRegion
 from ..expr import BufferLoad, IterType, IterVar, Range, Var, const
 from ..function import PrimFunc
 from ..functor import Mutator
-from ..stmt import Block, BlockRealize, BufferStore, Stmt
+from ..stmt import Block, BlockRealize, BufferStore, SeqStmt, Stmt
 from .analysis import analyzer_at, check_block, new_analyzer, point_region
 from .compute_location import accessed_region, iter_var_ranges, regenerate
 from .state import (
@@ -188,3 +194,54 @@ def cache_write(index: TreeIndex, sref: SRef, write_buffer_index: int, scope: st
                                True, what)
     func = _commit(index, realize, new_realize, nest, anchor, after=True)
     return update_root_allocs(func, add=(cache,)), cname
+
+
+def cache_inplace(index: TreeIndex, sref: SRef, read_buffer_index: int, scope: str, loop: SRef
+                  ) -> tuple[PrimFunc, str, str]:
+    """Stage the buffer ``sref`` reads and writes through a ``scope`` copy inside ``loop``;
+    returns the new function and the names of the read and the write copy blocks."""
+    what = "cache_inplace"
+    check_block(index, sref, what)
+    _check_scope(scope, what)
+    block = sref.block
+    name = block.name_hint
+    buf = _region_buffer(block.reads, read_buffer_index, "read", what, name)
+    if not any(w.buffer is buf for w in block.writes):
+        raise ScheduleError(f"{what}: block {name!r} reads {buf.name!r} but does not write it")
+    if not any(lp is loop for lp in index.loops_above(sref)):
+        raise ScheduleError(
+            f"{what}: loop {loop.loop.loop_var.name!r} is not a loop above block {name!r}"
+        )
+    scope_sref = index.scope_of(sref)
+    for other in index.readers(buf, scope_sref) + index.writers(buf, scope_sref):
+        if other is not sref and loop.is_ancestor_of(other):
+            raise ScheduleError(
+                f"{what}: block {other.block.name_hint!r} also accesses {buf.name!r} inside "
+                f"loop {loop.loop.loop_var.name!r}; the copy would hide its accesses"
+            )
+    ana = analyzer_at(index, loop)
+    region = accessed_region(index, loop, [sref], buf, True, ana, what)
+    read_region = accessed_region(index, loop, [sref], buf, False, ana, what)
+    if any(not (ana.can_prove(r[0] >= w[0]) and ana.can_prove(r[1] <= w[1]))
+           for r, w in zip(read_region, region)):
+        raise ScheduleError(
+            f"{what}: block {name!r} reads a part of {buf.name!r} it does not write; "
+            "cache_inplace stages an accumulator updated in place"
+        )
+    cache, rname = _new_cache(index, buf, scope)
+    wname = unique_name(f"{rname}_wb", index.taken_names() | {rname})
+    read_copy = _copy_block(buf, cache, rname)
+    write_copy = _copy_block(cache, buf, wname)
+    read_nest = regenerate(
+        read_copy, iter_var_ranges(read_copy, [(buf, region)], False, ana, what), False, ana)
+    write_nest = regenerate(
+        write_copy, iter_var_ranges(write_copy, [(buf, region)], True, ana, what), False, ana)
+    anchor = index.child_containing(loop, sref)
+    realize = sref.node
+    assert isinstance(realize, BlockRealize)
+    new_realize = realize.replace(block=_swap_in_block(block, buf, cache))
+    func = rewrite_func(index.func, {id(realize): new_realize})
+    anchor2 = TreeIndex(func).lookup(anchor.key)
+    assert anchor2 is not None
+    func = rewrite_func(func, {id(anchor2.node): SeqStmt((read_nest, anchor2.node, write_nest))})
+    return update_root_allocs(func, add=(cache,)), rname, wname

@@ -304,6 +304,20 @@ class Schedule:
         self._commit(func)
         return self._new_block_rv(name)
 
+    @_traced
+    def cache_inplace(self, block: BlockRV, read_buffer_index: int, storage_scope: str,
+                      loop: LoopRV) -> tuple[BlockRV, BlockRV]:
+        """Stage the buffer ``block`` reads (``read_buffer_index``) and updates in place
+        through a ``storage_scope`` copy made inside ``loop``: copied in before the subtree
+        holding ``block``, back after it. Returns the two copy blocks (read, write)."""
+        sref = self._block(block, "cache_inplace")
+        lp = self._loop(loop, "cache_inplace")
+        func, rname, wname = _cache.cache_inplace(
+            self._index_for_new_names(), sref, read_buffer_index, storage_scope, lp
+        )
+        self._commit(func)
+        return self._new_block_rv(rname), self._new_block_rv(wname)
+
     # -- reduction -----------------------------------------------------------------------------
     @_traced
     def decompose_reduction(self, block: BlockRV, loop: LoopRV) -> BlockRV:

@@ -8,6 +8,7 @@ from ..function import PrimFunc
 from .compact_buffers import compact_buffers
 from .convert_blocks_to_loops import convert_blocks_to_loops
 from .flatten_buffers import flatten_buffers
+from .hoist_allocations import hoist_allocations
 from .hoist_reduction_init import hoist_reduction_init
 from .simplify import simplify
 from .unroll_loops import unroll_loops
@@ -26,9 +27,9 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
 
     Runs, in order: hoist the init of reductions over symbolic extents (so an empty one still
     stores its identity), compact scheduled buffers (allocate caches inside the loop using them),
-    convert blocks to loops, flatten buffers, simplify, vectorize loops, write out small
-    unrolled loops, and simplify again (vectorization leaves ``Ramp(i * 8 + 0, ...)``-style
-    bases, unrolling constant indices). The result
+    convert blocks to loops, flatten buffers, hoist heap allocations out of serial loops,
+    simplify, vectorize loops, write out small unrolled loops, and simplify again (vectorization
+    leaves ``Ramp(i * 8 + 0, ...)``-style bases, unrolling constant indices). The result
     carries the ``"kiln.lowered"`` attribute; lowering a lowered function returns it unchanged.
     """
     if is_lowered(func):
@@ -38,6 +39,7 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     func = compact_buffers(func)
     func = convert_blocks_to_loops(func)
     func = flatten_buffers(func)
+    func = hoist_allocations(func)
     func = simplify(func)
     func = vectorize_loops(func)
     func = unroll_loops(func)
