@@ -69,7 +69,7 @@ def cases():
     rng = np.random.default_rng(0)
     from onnx import helper
 
-    # dense n^3 (x @ w.T), the weight an input (packed at run time, O(n^2))
+    # dense n^3 (x @ w.T), the weight an input (packed at run time, O(n^2), in the timing)
     for n in (1024, 2048):
         x = rng.standard_normal((n, n), dtype=np.float32)
         w = rng.standard_normal((n, n), dtype=np.float32)
@@ -80,6 +80,21 @@ def cases():
             lambda x=x, w=w: x @ w.T,
             _ort_session([helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)],
                          [("x", x), ("w", w)], (n, n)),
+            2 * n**3,
+        )
+    # the same with a constant weight, as in a model: packed once at compile time
+    from onnx import numpy_helper
+
+    for n in (1024, 2048):
+        x = rng.standard_normal((n, n), dtype=np.float32)
+        w = rng.standard_normal((n, n), dtype=np.float32)
+        yield (
+            f"dense {n}x{n}x{n} fp32 const w",
+            _one_input_module(x.shape, lambda a, w=w: op.dense(a, g.const(w))),
+            [x],
+            lambda x=x, w=w: x @ w.T,
+            _ort_session([helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)],
+                         [("x", x)], (n, n), initializers=[numpy_helper.from_array(w, "w")]),
             2 * n**3,
         )
     # conv2d 1x64x56x56, 64 3x3 filters, padding 1
