@@ -30,8 +30,6 @@ from .helpers import Helpers
 from .names import NameTable
 from .types import c_string, soft_float_storage, value_ctype, wrap_int
 
-#: Largest allocation (bytes) placed on the stack; larger ones go to the heap.
-
 INDENT = "  "
 
 
