@@ -10,6 +10,7 @@ from .convert_blocks_to_loops import convert_blocks_to_loops
 from .flatten_buffers import flatten_buffers
 from .hoist_allocations import hoist_allocations
 from .hoist_reduction_init import hoist_reduction_init
+from .partition_loops import partition_loops
 from .simplify import simplify
 from .unroll_loops import unroll_loops
 from .vectorize_loops import vectorize_loops
@@ -29,7 +30,8 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     stores its identity), compact scheduled buffers (allocate caches inside the loop using them),
     convert blocks to loops, flatten buffers, hoist heap allocations out of serial loops,
     simplify, vectorize loops, write out small unrolled loops, and simplify again (vectorization
-    leaves ``Ramp(i * 8 + 0, ...)``-style bases, unrolling constant indices). The result
+    leaves ``Ramp(i * 8 + 0, ...)``-style bases, unrolling constant indices); then split guarded
+    tail iterations off tile loops (``partition_loops``) and simplify the guards away. The result
     carries the ``"kiln.lowered"`` attribute; lowering a lowered function returns it unchanged.
     """
     if is_lowered(func):
@@ -44,4 +46,7 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     func = vectorize_loops(func)
     func = unroll_loops(func)
     func = simplify(func)
+    partitioned = partition_loops(func)
+    if partitioned is not func:
+        func = simplify(partitioned)
     return func.with_attr(LOWERED_ATTR, True)
