@@ -35,8 +35,6 @@ from .state import (
     SRef,
     TreeIndex,
     buffer_names,
-    insert_after,
-    insert_before,
     rewrite_func,
     unique_name,
     update_root_allocs,
@@ -94,13 +92,14 @@ def _place_copy(
     return regenerate(copy, ranges, False, ana), index.child_containing(lca, sref)
 
 
-def _commit(index: TreeIndex, realize: BlockRealize, new_realize: BlockRealize, nest: Stmt,
-            anchor: SRef, after: bool) -> PrimFunc:
+def _commit(index: TreeIndex, realize: BlockRealize, new_realize: BlockRealize, anchor: SRef,
+            before: Stmt | None = None, after: Stmt | None = None) -> PrimFunc:
+    """Replace ``realize`` by ``new_realize`` and put ``before``/``after`` around ``anchor``."""
     func = rewrite_func(index.func, {id(realize): new_realize})
     anchor2 = TreeIndex(func).lookup(anchor.key)
     assert anchor2 is not None
-    place = insert_after if after else insert_before
-    return rewrite_func(func, {id(anchor2.node): place(anchor2.node, nest)})
+    seq = tuple(x for x in (before, anchor2.node, after) if x is not None)
+    return rewrite_func(func, {id(anchor2.node): SeqStmt(seq)})
 
 
 def _new_cache(index: TreeIndex, buf: Buffer, scope: str) -> tuple[Buffer, str]:
@@ -160,7 +159,7 @@ def cache_read(index: TreeIndex, sref: SRef, read_buffer_index: int, scope: str
     new_realize = realize.replace(block=_swap_in_block(block, buf, cache))
     nest, anchor = _place_copy(index, sref, writers, buf, _copy_block(buf, cache, cname),
                                False, what)
-    func = _commit(index, realize, new_realize, nest, anchor, after=False)
+    func = _commit(index, realize, new_realize, anchor, before=nest)
     return update_root_allocs(func, add=(cache,)), cname
 
 
@@ -192,7 +191,7 @@ def cache_write(index: TreeIndex, sref: SRef, write_buffer_index: int, scope: st
     new_realize = realize.replace(block=_swap_in_block(block, buf, cache))
     nest, anchor = _place_copy(index, sref, readers, buf, _copy_block(cache, buf, cname),
                                True, what)
-    func = _commit(index, realize, new_realize, nest, anchor, after=True)
+    func = _commit(index, realize, new_realize, anchor, after=nest)
     return update_root_allocs(func, add=(cache,)), cname
 
 
@@ -240,8 +239,5 @@ def cache_inplace(index: TreeIndex, sref: SRef, read_buffer_index: int, scope: s
     realize = sref.node
     assert isinstance(realize, BlockRealize)
     new_realize = realize.replace(block=_swap_in_block(block, buf, cache))
-    func = rewrite_func(index.func, {id(realize): new_realize})
-    anchor2 = TreeIndex(func).lookup(anchor.key)
-    assert anchor2 is not None
-    func = rewrite_func(func, {id(anchor2.node): SeqStmt((read_nest, anchor2.node, write_nest))})
+    func = _commit(index, realize, new_realize, anchor, before=read_nest, after=write_nest)
     return update_root_allocs(func, add=(cache,)), rname, wname

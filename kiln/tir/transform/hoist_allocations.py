@@ -17,7 +17,7 @@ Hoisting only widens the buffer's lifetime: every iteration still writes what it
 from __future__ import annotations
 
 from ..buffer import Buffer
-from ..expr import IntImm, PrimExpr
+from ..expr import IntImm, PrimExpr, Var
 from ..function import PrimFunc
 from ..functor import Mutator, collect_vars
 from ..stmt import Allocate, For, ForKind, SeqStmt, Stmt
@@ -40,18 +40,23 @@ def on_stack(buffer: Buffer) -> bool:
     return isinstance(size, IntImm) and 0 < size.value * itemsize <= STACK_LIMIT
 
 
+def _heap_chain(stmt: Stmt, var: Var | None = None) -> tuple[list[Allocate], Stmt]:
+    """The chain of heap allocations at the top of ``stmt`` (those whose sizes do not use
+    ``var``, when given) and the statement inside them."""
+    found: list[Allocate] = []
+    while isinstance(stmt, Allocate) and not on_stack(stmt.buffer) and not (
+            var is not None and any(v is var for v in collect_vars(tuple(stmt.buffer.shape)))):
+        found.append(stmt)
+        stmt = stmt.body
+    return found, stmt
+
+
 def invariant_heap_allocations(loop: For) -> tuple[list[Allocate], Stmt]:
     """The heap allocations at the top of ``loop``'s body whose sizes do not use its variable
     (one buffer can serve every iteration), and the statement inside them. C code generation
     uses it too: such an allocation at the top of a parallel loop becomes one buffer per
     thread."""
-    found: list[Allocate] = []
-    body = loop.body
-    while isinstance(body, Allocate) and not on_stack(body.buffer) and not any(
-            v is loop.loop_var for v in collect_vars(tuple(body.buffer.shape))):
-        found.append(body)
-        body = body.body
-    return found, body
+    return _heap_chain(loop.body, loop.loop_var)
 
 
 class _Hoist(Mutator):
@@ -72,10 +77,9 @@ class _Hoist(Mutator):
         lifted: list[Allocate] = []
         items: list[Stmt] = []
         for item in seq.seq:
-            while isinstance(item, Allocate) and not on_stack(item.buffer):
-                lifted.append(item)
-                item = item.body
-            items.append(item)
+            allocs, inner = _heap_chain(item)
+            lifted += allocs
+            items.append(inner)
         if not lifted:
             return seq
         out: Stmt = SeqStmt(tuple(items))

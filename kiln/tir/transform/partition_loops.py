@@ -20,6 +20,7 @@ from ..expr import LE, LT, And, IntImm, PrimExpr, Var
 from ..function import PrimFunc
 from ..functor import Mutator, collect_vars, post_order_visit, substitute
 from ..stmt import For, ForKind, IfThenElse, Stmt, seq
+from .unroll_loops import tree_size
 
 #: Largest loop body (statement and expression nodes) that may be copied into a tail.
 MAX_NODES = 16384
@@ -70,17 +71,6 @@ def _guards_on(body: Stmt, v: Var) -> list[PrimExpr]:
     return out
 
 
-def _size(stmt: Stmt) -> int:
-    count = 0
-
-    def visit(_: object) -> None:
-        nonlocal count
-        count += 1
-
-    post_order_visit(stmt, visit)
-    return count
-
-
 class _Partitioner(Mutator):
     def __init__(self) -> None:
         self.ana = Analyzer()
@@ -92,7 +82,7 @@ class _Partitioner(Mutator):
         if loop.kind != ForKind.SERIAL or lo is None or n is None or n < 2:
             return loop
         guards = _guards_on(loop.body, loop.loop_var)
-        if not guards or _size(loop.body) > MAX_NODES:
+        if not guards or tree_size(loop.body)[0] > MAX_NODES:
             return loop
         firsts = [_first_failure(g, loop.loop_var, lo, self.ana) for g in guards]
         known = [f for f in firsts if f is not None]

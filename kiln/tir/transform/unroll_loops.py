@@ -23,7 +23,7 @@ MAX_COPIES = 64
 MAX_NODES = 4096
 
 
-def _size(stmt: Stmt) -> tuple[int, bool]:
+def tree_size(stmt: Stmt) -> tuple[int, bool]:
     """(number of nodes, whether ``stmt`` declares something) of a statement tree."""
     count, declares = 0, False
 
@@ -42,7 +42,7 @@ class _Unroller(Mutator):
         body = self.visit(s.body)
         if (s.kind == ForKind.UNROLLED and isinstance(s.extent, IntImm)
                 and isinstance(s.min, IntImm) and 1 <= s.extent.value <= MAX_COPIES):
-            nodes, declares = _size(body)
+            nodes, declares = tree_size(body)
             if not declares and nodes * s.extent.value <= MAX_NODES:
                 copies = [substitute(body, {s.loop_var: add(s.min, IntImm(s.loop_var.dtype, k))})
                           for k in range(s.extent.value)]
