@@ -9,6 +9,8 @@ The networks (``kiln.testing.torch_models``) are exported from PyTorch to ONNX w
 weights; kiln imports the ONNX file at the default opt level (``-O`` to change). Every engine
 gets the same thread count (``KILN_BENCH_THREADS``, default 2). Prints the median latency of each
 engine and kiln / onnxruntime (lower is better; the target of the CPU-speed issue is <= 1.2).
+The engines are timed in alternating rounds (``kiln.testing.timing.compare``); the ratio is the
+median of the per-round ratios, with their range in brackets.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def bench_case(name: str, opt_level: int, bf16: bool) -> None:
     import torch
 
     from kiln.testing import torch_models
-    from kiln.testing.timing import median_seconds
+    from kiln.testing.timing import compare, median_seconds
 
     model_name, batch = CASES[name]
     module, data, inputs = torch_models.exported(model_name, batch)
@@ -77,19 +79,21 @@ def bench_case(name: str, opt_level: int, bf16: bool) -> None:
         sess = _ort_session(path)
         feeds = {i.name: a for i, a in zip(sess.get_inputs(), inputs)}
         ref = sess.run(None, feeds)[0]
-        t_ort = median_seconds(lambda: sess.run(None, feeds))
 
         exe = _kiln_build(path, opt_level)
         out = np.asarray(exe(**feeds))
         err = _rel_err(out, ref)
-        t_kiln = median_seconds(lambda: exe(**feeds))
 
         torch.set_num_threads(THREADS)
         targs = [torch.from_numpy(a) for a in inputs]
         with torch.inference_mode():
-            t_torch = median_seconds(lambda: module(*targs))
-        print(f"{name:14s} kiln {t_kiln * 1e3:9.3f} ms | onnxruntime {t_ort * 1e3:9.3f} ms | "
-              f"torch {t_torch * 1e3:9.3f} ms | kiln/ort {t_kiln / t_ort:6.2f} | "
+            times = compare({"kiln": lambda: exe(**feeds),
+                             "onnxruntime": lambda: sess.run(None, feeds),
+                             "torch": lambda: module(*targs)})
+        t_ort = times.median("onnxruntime")
+        print(f"{name:14s} kiln {times.median('kiln') * 1e3:9.3f} ms | onnxruntime "
+              f"{t_ort * 1e3:9.3f} ms | torch {times.median('torch') * 1e3:9.3f} ms | "
+              f"kiln/ort {times.ratio_text('kiln', 'onnxruntime')} | "
               f"rel.err {err:.1e} | {exe.num_kernels} kernels", flush=True)
         if bf16:
             exe16 = _kiln_build(path, opt_level, bf16=True)
