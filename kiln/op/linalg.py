@@ -515,6 +515,19 @@ def parallel_outer(sch: Any, loops: list[Any], target: Any, min_chunks: int = 0,
     return fused
 
 
+def _column_chunk(n: int, lanes: int, want: int) -> int | None:
+    """The widest chunk of whole vectors (at most :data:`GEMM_CHUNK_VECTORS`) that splits ``n``
+    columns evenly into at least ``want`` chunks: ``n = 1000`` on 8 lanes gives chunks of 25
+    vectors (a classifier's 1000 classes shared by 2 threads), not a single serial chunk."""
+    if n % lanes:
+        return None
+    vectors = n // lanes
+    for v in range(min(GEMM_CHUNK_VECTORS, vectors // want), 0, -1):
+        if vectors % v == 0:
+            return v * lanes
+    return None
+
+
 def schedule_gemm(sch: Any, target: Any, block: Any, *, has_i: bool, has_j: bool) -> Any:
     """CPU schedule of ``C[..., i, j] += A[..., i, k] * B[..., k, j]`` (B contiguous in j).
 
@@ -570,9 +583,7 @@ def schedule_gemm(sch: Any, target: Any, block: Any, *, has_i: bool, has_j: bool
             threads = getattr(target, "num_threads", 0) or cpu_count()
             want = -(-2 * threads // outer_ext)
             if want > 1 and (chunk is None or n_ext // chunk < want):
-                sizes = [lanes * v for v in (GEMM_CHUNK_VECTORS, 64, 32, 16, 8, 4)]
-                fits = [c for c in sizes if n_ext % c == 0 and n_ext // c >= want]
-                chunk = fits[0] if fits else chunk
+                chunk = _column_chunk(n_ext, lanes, want) or chunk
         if chunk is not None and chunk < n_ext:
             jc, j = sch.split(j, factors=[None, chunk])
         jv, ji = sch.split(j, factors=[None, lanes])
