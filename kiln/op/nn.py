@@ -683,28 +683,32 @@ def _conv2d_nchwc_compute(data: Any, weight: Any, *, attrs: Conv2DNCHWcAttrs) ->
 
 
 #: Register tiles of the NCHWc convolution, (output pixels along the row, output channel
-#: blocks), in order of preference. 6 x 2 blocks of one vector = 12 accumulators, which with the
-#: 2 weight vectors and the broadcast input fill AVX2's 16 registers; it is taken when the row
-#: splits into such tiles with at most :data:`CONV_TILE_WASTE` of the last one predicated off,
-#: else the first tile whose sizes divide the row and the block count. Measured on one Zen 3
-#: core (GFLOP/s, 3x3 convs of ResNet-18): 6x2 82/91 on the 56/28-wide rows against 68/64 for
-#: 8x1; on 14/7-wide rows 7x1 63/53 against 42/37 for a predicated 6x2 (7x2: 59/52).
+#: blocks). 6 x 2 blocks of one vector = 12 accumulators, which with the 2 weight vectors and
+#: the broadcast input fill AVX2's 16 registers. The tiles of :data:`CONV_NCHWC_WIDE_TILES`
+#: are tried first, in order, each taken when the row splits into such tiles with at most
+#: :data:`CONV_TILE_WASTE` of the last one predicated off (loop partitioning gives that last
+#: tile its own code, so the cost is a narrower tile, not wasted FMAs); else the first tile of
+#: :data:`CONV_NCHWC_TILES` whose sizes divide the row and the block count.
+#:
 #: The input channels of a block (``rci``) are unrolled under the tile: against a loop of 8,
-#: paired-call timing (2 threads) gives 0.90/0.87/0.87/0.72 of the time on ResNet-18's 3x3
-#: convs at 56/28/14/7-pixel rows and 0.89-0.97 on 1x1 convs; unrolling the kernel's width
-#: as well made them slower (up to 2.9x, register spills).
+#: paired-call timing (2 threads, Zen 3) gives 0.90/0.87/0.87/0.72 of the time on ResNet-18's
+#: 3x3 convs at 56/28/14/7-pixel rows and 0.89-0.97 on 1x1 convs; unrolling the kernel's width
+#: as well made them slower (up to 2.9x, register spills). With that unrolling, against 7 x 1
+#: tiles (which divide the 14/7-pixel rows): 6 x 2 (a 2-pixel tail) 0.84-0.86 on 14-pixel
+#: rows (ResNet-18's 3x3 at 256 channels, MobileNetV2's 1x1), 5 x 2 0.91-0.97 on 7-pixel rows.
+CONV_NCHWC_WIDE_TILES = [(6, 2), (5, 2)]
 CONV_NCHWC_TILES = [(6, 2), (8, 1), (7, 1), (6, 1), (5, 1), (4, 1), (3, 1), (2, 1)]
-CONV_TILE_WASTE = 0.1
+CONV_TILE_WASTE = 0.3
 
 
 def _nchwc_tile(ow: int | None, ob: int | None) -> tuple[int, int]:
     """The register tile for a row of ``ow`` pixels and ``ob`` output channel blocks."""
     if ow is None or ob is None:
         return min(CONV_NCHWC_TILES[0][0], ow or CONV_NCHWC_TILES[0][0]), 1
-    xt, bt = CONV_NCHWC_TILES[0]
-    padded = -(-ow // xt) * xt
-    if ob % bt == 0 and ow >= xt and (padded - ow) / padded <= CONV_TILE_WASTE:
-        return xt, bt
+    for xt, bt in CONV_NCHWC_WIDE_TILES:
+        padded = -(-ow // xt) * xt
+        if ob % bt == 0 and ow >= xt and (padded - ow) / padded <= CONV_TILE_WASTE:
+            return xt, bt
     for xt, bt in CONV_NCHWC_TILES:
         if ow % xt == 0 and ob % bt == 0:
             return xt, bt
