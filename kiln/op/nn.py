@@ -715,53 +715,97 @@ def _nchwc_tile(ow: int | None, ob: int | None) -> tuple[int, int]:
     return min(CONV_NCHWC_TILES[0][0], ow), 1
 
 
+#: Weight size (bytes) up to which the threads of a convolution share its output rows even
+#: when the input is the smaller operand (see :func:`_rows_outer`).
+CONV_ROWS_MAX_WEIGHT_BYTES = 1 << 20
+CONV_ROW_BLOCK = 4
+
+
 def _rows_outer(sch: Any, block: Any, rows: int | None, target: Any) -> bool:
     """Whether the threads of a convolution should share its output rows (each running every
     output channel block over its rows) rather than its output channel blocks (each running
-    every row for its blocks): rows when the input is larger than the weight and there are
-    rows enough for every thread. Sharing channel blocks makes every thread stream the whole
-    input; sharing rows makes every thread read the whole weight. Paired-call timing on
-    ResNet-18 (2 threads), rows against channel blocks: 0.93 for the 3x3 conv at 56x56x64
-    (861 KB input, 147 KB weight), 0.89 for the strided one, 0.95 for a 1x1 at 56x56; but
-    1.03 at 14x14x256 and 1.44 at 7x7x512 (9.4 MB of weight)."""
+    every row for its blocks).
+
+    Sharing channel blocks makes every thread stream the whole input; sharing rows makes
+    every thread read the whole weight once per row, and lets the padded input be made row by
+    row where it is used (no separate pass over a padded copy). Rows win when there are enough
+    of them for every thread and the input is the larger operand or the weight is small
+    enough to be re-read from cache (:data:`CONV_ROWS_MAX_WEIGHT_BYTES`). Paired-call timing
+    on ResNet-18 (2 threads, Zen 3), rows with the padding made per row against channel
+    blocks with a padded copy: 0.90 for the 3x3 conv at 56x56x64 (861 KB of input, 147 KB of
+    weight), 0.89 for the strided one, 0.935 at 28x28x128 (590 KB of weight), 1.00 at
+    14x14x256 (2.4 MB of weight), 1.44 at 7x7x512 (7 rows for 2 threads). The rows go to the
+    threads in blocks of :data:`CONV_ROW_BLOCK` (channel blocks inside a block, so each output
+    and residual plane is walked a few rows at a time): in the model's fused 56x56x64 kernels,
+    blocks of 1/2/4/8 rows took 0.98/0.94/0.94/0.98 of the channel-block order's time."""
     from .schedule_helpers import cpu_count
 
     blk = sch.get(block)
     sizes = []
     for region in blk.reads[:2]:
-        dims = [const_int(d) for d in region.buffer.shape]
+        dims = [const_int(simplify(d)) for d in region.buffer.shape]
         if any(d is None for d in dims):
             return False
-        size = 1
+        size = as_dtype(region.buffer.dtype).bits // 8
         for d in dims:
             size *= d
         sizes.append(size)
     threads = getattr(target, "num_threads", 0) or cpu_count()
-    return rows is not None and rows >= 4 * threads and sizes[0] > sizes[1]
+    if rows is None or rows < 4 * threads:
+        return False
+    return sizes[0] > sizes[1] or sizes[1] <= CONV_ROWS_MAX_WEIGHT_BYTES
+
+
+def _row_block(rows: int | None, target: Any) -> int | None:
+    """Output rows per parallel chunk when the threads share rows: the most, up to
+    :data:`CONV_ROW_BLOCK`, that divide the rows and leave every thread a few chunks."""
+    from .schedule_helpers import cpu_count
+
+    if rows is None:
+        return None
+    threads = getattr(target, "num_threads", 0) or cpu_count()
+    for r in range(min(CONV_ROW_BLOCK, rows), 1, -1):
+        if rows % r == 0 and rows // r >= 4 * threads:
+            return r
+    return None
 
 
 def _schedule_conv2d_nchwc(sch: Any, target: Any) -> None:
-    """Register-blocked: parallel over (n, pairs of output channel blocks, row); a tile of a few
-    output pixels x output channel blocks (one vector each) accumulates over all the taps in a
-    local buffer -- compacted to a small array that the C compiler keeps in registers -- then
-    is written out and the fused epilogue applied to it while it is in L1. Each weight vector
-    is loaded once per tap for the tile's pixels, each input element broadcast once for its
-    channel blocks."""
+    """Register-blocked: parallel over (n, row, pairs of output channel blocks) -- or (n,
+    pairs of blocks, row) where :func:`_rows_outer` says so; a tile of a few output pixels x
+    output channel blocks (one vector each) accumulates over all the taps in a local buffer --
+    compacted to a small array that the C compiler keeps in registers -- then is written out
+    and the fused epilogue applied to it while it is in L1. Each weight vector is loaded once
+    per tap for the tile's pixels, each input element broadcast once for its channel blocks.
+    With rows outermost, the padded input rows an output row needs are made right before it
+    (a few KiB that stay in L1/L2) instead of in a pass over a padded copy of the input."""
     names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_block("root"))}
     rest = other_blocks(sch, {"conv2d_nchwc_pad", "conv2d_nchwc"})
-    _schedule_pad(sch, target, "conv2d_nchwc_pad", names)
     block = sch.get_block("conv2d_nchwc")
     work = block_work(sch, block)
     n, ob, y, x, oi, rco, ry, rx, rci = sch.get_loops(block)
+    rows_outer = _rows_outer(sch, block, loop_extent(sch, y), target)
+    pad_at_row = rows_outer and "conv2d_nchwc_pad" in names
+    if not pad_at_row:
+        _schedule_pad(sch, target, "conv2d_nchwc_pad", names)
     xt, bt = _nchwc_tile(loop_extent(sch, x), loop_extent(sch, ob))
     xo, xi = split_off(sch, x, xt if xt > 1 else None)
     obo, obi = split_off(sch, ob, bt if bt > 1 else None)
     co, ci, vec = _vector_channels(sch, target, block, oi)
     tile_at = co if co is not None else xo
-    outer = [n, y, obo] if _rows_outer(sch, block, loop_extent(sch, y), target) else [n, obo, y]
+    if rows_outer:
+        yo, yi = split_off(sch, y, _row_block(loop_extent(sch, y), target))
+        outer = [n, yo, obo] + ([yi] if yi is not None else [])
+        par = [n, yo]
+    else:
+        outer = par = [n, obo, y]
     order = outer + [xo] + ([co] if co is not None else []) + [rco, ry, rx, rci]
     order += [lp for lp in (xi, obi, ci) if lp is not None]
     sch.reorder(*order)
+    if pad_at_row:
+        pad = sch.get_block("conv2d_nchwc_pad")
+        sch.compute_at(pad, outer[1])
+        vectorize_inner(sch, target, pad)
     local = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(local, tile_at)
     init = sch.decompose_reduction(block, rco)
@@ -774,7 +818,7 @@ def _schedule_conv2d_nchwc(sch: Any, target: Any) -> None:
         sch.vectorize(ci)
     for b in (init, local):
         write_out_tile(sch, target, b, tile_at, dtype)
-    parallel_outer(sch, outer, target, work=work)
+    parallel_outer(sch, par, target, work=work)
     # fused consumers (bias, activation, residual) run on each tile right after it is written
     schedule_epilogue(sch, target, rest, tile_at)
 
