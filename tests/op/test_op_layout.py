@@ -232,6 +232,40 @@ def test_conv2d_nchwc_schedule_shape():
     assert loops[-2].kind == tir.ForKind.UNROLLED
 
 
+@pytest.mark.parametrize("shape, wshape, rows_outer", [
+    ((1, 16, 32, 32), (16, 16, 3, 3), True),   # input larger than weight: threads share rows
+    ((1, 64, 6, 6), (64, 64, 3, 3), False),    # few rows, large weight: channel blocks
+])
+def test_conv2d_nchwc_thread_split_orders(shape, wshape, rows_outer):
+    """Both ways of sharing a convolution among threads compute the convolution; with rows
+    shared, the padded rows are made inside the parallel loop (no separate padding pass)."""
+    import kiln.codegen.c as cg
+    from kiln.op import nn as knn
+
+    target = Target("c", num_threads=2)
+    lanes = 8
+    x, w = rand(shape), rand(wshape)
+    xb, wb = _to(x, "NCHW", f"NCHW{lanes}c"), _to(w, "OIHW", f"OIHW{lanes}i{lanes}o")
+    opdef = get_op_def("nn.conv2d_nchwc")
+    data = te.placeholder(xb.shape, "float32", name="data")
+    weight = te.placeholder(wb.shape, "float32", name="weight")
+    out = opdef.compute(data, weight, attrs=opdef.make_attrs(padding=1))
+    sch = Schedule(te.create_prim_func([data, weight, out]))
+    block = sch.get_block("conv2d_nchwc")
+    assert knn._rows_outer(sch, block, shape[2], target) is rows_outer
+    opdef.schedules["c"](sch, target)
+    pad_loops = [sch.get(lp) for lp in sch.get_loops(sch.get_block("conv2d_nchwc_pad"))]
+    conv_loops = [sch.get(lp) for lp in sch.get_loops(sch.get_block("conv2d_nchwc"))]
+    assert conv_loops[0].kind == tir.ForKind.PARALLEL
+    # rows shared: the padding runs under the convolution's parallel loop
+    assert (pad_loops[0] is conv_loops[0]) is rows_outer
+    mod = cg.build({"conv": sch.func}, target)
+    ref = _to(conv_ref(x, w, padding=1), "NCHW", f"NCHW{lanes}c")
+    got = np.zeros(ref.shape, "float32")
+    mod["conv"](xb, wb, got)
+    check(got, ref)
+
+
 # ---- pooling layouts ----------------------------------------------------------------------------
 def pool_ref(x, kind, k, s, p):
     """NCHW max/avg pool reference (avg excludes padding)."""
