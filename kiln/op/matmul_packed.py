@@ -31,7 +31,7 @@ from typing import Any
 
 from .. import te, tir
 from ..ir.dtype import as_dtype
-from ..ir.errors import StructInfoError
+from ..ir.errors import ScheduleError, StructInfoError
 from .layout import LayoutRewrite
 from .linalg import (
     _batch_index,
@@ -61,6 +61,9 @@ __all__ = ["matmul_packed", "matmul_vnni", "GEMM_MR", "GEMM_NR"]
 GEMM_MR = 6
 #: Columns of a packed panel (two AVX2 vectors or one AVX-512 vector of float32).
 GEMM_NR = 16
+#: Largest panel result (rows x ``GEMM_NR`` columns) that fused consumers read back from a
+#: buffer once the panel is done, rather than per register tile (see schedule_packed_gemm).
+GEMM_PANEL_EPILOGUE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -121,8 +124,13 @@ def schedule_packed_gemm(sch: Any, target: Any, block: Any) -> tuple[Any, Any]:
     """Register-blocked schedule of a block with loops ``batch..., i, j, k`` reading a packed
     operand ``[..., j // nb, k, j % nb]`` (see the module docstring).
 
-    Returns ``(row-block loop, parallel loop or None)``: the first
-    is where fused consumers go.
+    Returns ``(loop for fused consumers, parallel loop or None)``: the consumers of a panel
+    run once its rows are done, from a panel-sized buffer (:data:`GEMM_PANEL_EPILOGUE_BYTES`
+    at most; larger panels get them per register tile). Run per tile, GCC hoists the
+    consumers' loop-invariant operands (a bias vector, the zero of a ReLU) above the
+    reduction loop and, short of registers, re-reads the packed operand from memory in every
+    FMA: 0.84 of the time for MLP layer 784 -> 1024 at batch 64 and 0.95 for 1024 -> 1024
+    with the consumers per panel (paired calls, 2 threads, Zen 3).
     """
     blk = sch.get(block)
     work = block_work(sch, block)
@@ -150,7 +158,14 @@ def schedule_packed_gemm(sch: Any, target: Any, block: Any) -> tuple[Any, Any]:
     for b in (init, local):
         write_out_tile(sch, target, b, io, dtype)
     par = parallel_outer(sch, [*batch, jo], target, work=work)
-    return io, par
+    panel_bytes = None if m is None else m * nb * as_dtype(dtype).bits // 8
+    if panel_bytes is None or panel_bytes > GEMM_PANEL_EPILOGUE_BYTES:
+        return io, par
+    try:
+        sch.get(jo)
+    except ScheduleError:  # fused into the parallel loop
+        return (par if par is not None else io), par
+    return jo, par
 
 
 def _schedule(sch: Any, target: Any) -> None:
