@@ -105,6 +105,34 @@ def test_symbolic_rows():
         check(res, x @ y)
 
 
+@pytest.mark.parametrize("rows, per_panel", [(64, True), (2048, False)])
+def test_fused_consumers_run_per_panel_when_it_fits(rows, per_panel):
+    """A bias + ReLU fused after the product runs once per column panel from a panel-sized
+    buffer (up to GEMM_PANEL_EPILOGUE_BYTES), else per register tile; both compute it."""
+    from kiln.codegen import c as codegen_c
+
+    k = 24
+    a = te.placeholder((rows, k), "float32", name="a")
+    bp = te.placeholder((2, k, GEMM_NR), "float32", name="bp")
+    bias = te.placeholder((2 * GEMM_NR,), "float32", name="bias")
+    opdef = get_op_def("matmul_packed")
+    prod = opdef.compute(a, bp, attrs=opdef.make_attrs())
+    out = te.compute(prod.shape, lambda i, j: tir.max(prod[i, j] + bias[j],
+                                                      tir.const("float32", 0.0)), name="relu")
+    sch = Schedule(te.create_prim_func([a, bp, bias, out]))
+    opdef.schedules["c"](sch, Target("c", num_threads=2))
+    relu_loops = sch.get_loops(sch.get_block("relu"))
+    gemm_loops = sch.get_loops(sch.get_block("matmul_packed"))
+    # the consumer shares only the panel loop with the product, or also its row-block loop
+    shared = sum(1 for x, y in zip(relu_loops, gemm_loops) if sch.get(x) is sch.get(y))
+    assert shared == (1 if per_panel else 2)
+    mod = codegen_c.build({"mmp": sch.func}, TARGET)
+    x, y, b = rand((rows, k)), rand((k, 2 * GEMM_NR)), rand((2 * GEMM_NR,))
+    res = np.zeros((rows, 2 * GEMM_NR), "float32")
+    mod["mmp"](x, pack(y), b, res)
+    check(res, np.maximum(x @ y + b, 0))
+
+
 # ---------------------------------------------------------------------------------------------
 # alter_layout: matmul / dense -> matmul_packed
 # ---------------------------------------------------------------------------------------------
