@@ -4,7 +4,9 @@
     python benchmarks/ops.py dense      # cases whose name contains "dense"
     python benchmarks/ops.py --depthwise  # MobileNetV2's depthwise layers: NCHWc vs NCHW vs ORT
 
-Prints median latency of each implementation and the ratio kiln / peer (lower is better).
+Prints median latency of each implementation and the ratio kiln / peer (lower is better): the
+engines are timed in alternating rounds (``kiln.testing.timing.compare``), the ratio is the
+median of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 import kiln
 from kiln import graph as g
 from kiln import op
-from kiln.testing.timing import median_seconds
+from kiln.testing.timing import compare, median_seconds
 
 THREADS = int(os.environ.get("KILN_BENCH_THREADS", "2"))
 
@@ -227,12 +229,15 @@ def main(argv: list[str]) -> int:
         out = exe(*inputs)
         ref = np_fn()
         assert np.allclose(out, ref, rtol=1e-3, atol=1e-3), f"{name}: kiln result differs"
-        t_k = median_seconds(lambda exe=exe, inputs=inputs: exe(*inputs))
-        t_np = median_seconds(np_fn)
-        line = f"{name:34s} {t_k * 1e3:9.3f} {t_np * 1e3:9.3f} {t_k / t_np:6.2f}"
+        engines = {"kiln": lambda exe=exe, inputs=inputs: exe(*inputs), "numpy": np_fn}
         if ort_fn is not None:
-            t_ort = median_seconds(ort_fn)
-            line += f" {t_ort * 1e3:9.3f} {t_k / t_ort:6.2f}"
+            engines["ort"] = ort_fn
+        times = compare(engines)
+        t_k, t_np = times.median("kiln"), times.median("numpy")
+        line = f"{name:34s} {t_k * 1e3:9.3f} {t_np * 1e3:9.3f} {times.ratio('kiln', 'numpy'):6.2f}"
+        if ort_fn is not None:
+            t_ort = times.median("ort")
+            line += f" {t_ort * 1e3:9.3f} {times.ratio('kiln', 'ort'):6.2f}"
         if flops:
             line += f"   kiln {flops / t_k / 1e9:.1f} GFLOP/s, numpy {flops / t_np / 1e9:.1f}"
         print(line, flush=True)

@@ -49,7 +49,7 @@ class Comparison:
 
 
 def compare(fns: Mapping[str, Callable[[], object]], rounds: int = 5,
-            min_time: float = 0.2, min_repeat: int = 3) -> Comparison:
+            min_time: float = 0.2, min_repeat: int = 3, settle: float = 0.1) -> Comparison:
     """Time each engine of ``fns`` in turn, ``rounds`` times over, each turn a block of calls
     (at least ``min_repeat`` and ``min_time`` seconds) whose median is that round's figure.
 
@@ -58,10 +58,12 @@ def compare(fns: Mapping[str, Callable[[], object]], rounds: int = 5,
     by tens of percent from run to run. Alternating blocks exposes every engine to the same
     phases, and the per-round ratio compares engines measured seconds apart. Blocks, not
     call-by-call interleaving, because a thread pool left spinning by one engine's call slows
-    the next engine's."""
+    the next engine's; ``settle`` seconds of sleep between blocks let such a pool park
+    (OpenBLAS's spins for tens of milliseconds after numpy's last call)."""
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            time.sleep(settle)
             samples[name].append(median_seconds(fn, min_repeat=min_repeat, min_time=min_time,
                                                 warmup=1))
     return Comparison(samples)
