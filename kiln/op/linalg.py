@@ -493,13 +493,13 @@ def parallel_outer(sch: Any, loops: list[Any], target: Any, min_chunks: int = 0,
     Nothing is parallelized for a single-threaded target or when ``work`` (scalar operations,
     when known) is below the size at which a parallel region pays for itself.
     """
-    from .schedule_helpers import PARALLEL_MIN_WORK, cpu_count
+    from .schedule_helpers import PARALLEL_MIN_WORK, target_threads
 
     if not loops or getattr(target, "num_threads", 0) == 1:
         return None
     if work is not None and work < PARALLEL_MIN_WORK:
         return None
-    threads = getattr(target, "num_threads", 0) or cpu_count()
+    threads = target_threads(target)
     want = max(min_chunks, 4 * threads)
     take, total = 0, 1
     for lp in loops:
@@ -551,7 +551,7 @@ def schedule_gemm(sch: Any, target: Any, block: Any, *, has_i: bool, has_j: bool
     vector loop falls back to scalar code anyway); symbolic extents are not split. Returns
     the parallel loop (or None).
     """
-    from .schedule_helpers import cpu_count
+    from .schedule_helpers import target_threads
 
     if not has_j:
         return schedule_gemv(sch, target, block)
@@ -580,7 +580,7 @@ def schedule_gemm(sch: Any, target: Any, block: Any, *, has_i: bool, has_j: bool
         if outer_ext is not None and getattr(target, "num_threads", 0) != 1:
             # few rows (a matrix-vector product): the column chunks are what the threads
             # share, so make enough of them
-            threads = getattr(target, "num_threads", 0) or cpu_count()
+            threads = target_threads(target)
             want = -(-2 * threads // outer_ext)
             if want > 1 and (chunk is None or n_ext // chunk < want):
                 chunk = _column_chunk(n_ext, lanes, want) or chunk

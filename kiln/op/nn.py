@@ -56,7 +56,12 @@ from .linalg import (
     write_out_tile,
 )
 from .registry import MixedPrecision, OpPattern, register_op
-from .schedule_helpers import PARALLEL_MIN_WORK, schedule_injective, schedule_reduction
+from .schedule_helpers import (
+    PARALLEL_MIN_WORK,
+    schedule_injective,
+    schedule_reduction,
+    target_threads,
+)
 
 __all__ = [
     "adaptive_avg_pool2d", "adaptive_max_pool2d", "avg_pool2d", "batch_norm", "conv2d",
@@ -738,8 +743,9 @@ def _rows_outer(sch: Any, block: Any, rows: int | None, target: Any) -> bool:
     threads in blocks of :data:`CONV_ROW_BLOCK` (channel blocks inside a block, so each output
     and residual plane is walked a few rows at a time): in the model's fused 56x56x64 kernels,
     blocks of 1/2/4/8 rows took 0.98/0.94/0.94/0.98 of the channel-block order's time."""
-    from .schedule_helpers import cpu_count
-
+    threads = target_threads(target)
+    if rows is None or rows < 4 * threads:
+        return False
     blk = sch.get(block)
     sizes = []
     for region in blk.reads[:2]:
@@ -750,20 +756,15 @@ def _rows_outer(sch: Any, block: Any, rows: int | None, target: Any) -> bool:
         for d in dims:
             size *= d
         sizes.append(size)
-    threads = getattr(target, "num_threads", 0) or cpu_count()
-    if rows is None or rows < 4 * threads:
-        return False
     return sizes[0] > sizes[1] or sizes[1] <= CONV_ROWS_MAX_WEIGHT_BYTES
 
 
 def _row_block(rows: int | None, target: Any) -> int | None:
     """Output rows per parallel chunk when the threads share rows: the most, up to
     :data:`CONV_ROW_BLOCK`, that divide the rows and leave every thread a few chunks."""
-    from .schedule_helpers import cpu_count
-
     if rows is None:
         return None
-    threads = getattr(target, "num_threads", 0) or cpu_count()
+    threads = target_threads(target)
     for r in range(min(CONV_ROW_BLOCK, rows), 1, -1):
         if rows % r == 0 and rows // r >= 4 * threads:
             return r
@@ -784,9 +785,10 @@ def _schedule_conv2d_nchwc(sch: Any, target: Any) -> None:
     block = sch.get_block("conv2d_nchwc")
     work = block_work(sch, block)
     n, ob, y, x, oi, rco, ry, rx, rci = sch.get_loops(block)
+    dtype = sch.get(block).writes[0].buffer.dtype
     # rows shared only for input channels in whole vectors: ResNet's stem (3 channels, 7x7
     # taps) took 1.17x the time that way (1.06x with a separate padding pass)
-    lanes = target.vector_lanes(sch.get(block).writes[0].buffer.dtype)
+    lanes = target.vector_lanes(dtype)
     rows_outer = ((loop_extent(sch, rci) or 1) % lanes == 0
                   and _rows_outer(sch, block, loop_extent(sch, y), target))
     pad_at_row = rows_outer and "conv2d_nchwc_pad" in names
@@ -817,7 +819,6 @@ def _schedule_conv2d_nchwc(sch: Any, target: Any) -> None:
     for lp in (xi, obi, rci):
         if lp is not None:
             sch.unroll(lp)
-    dtype = sch.get(block).writes[0].buffer.dtype
     if vec:
         sch.vectorize(ci)
     for b in (init, local):
@@ -967,17 +968,13 @@ def _schedule_depthwise_conv2d_nchwc(sch: Any, target: Any) -> None:
 
 def _enough_blocks(sch: Any, target: Any, loops: list[Any]) -> bool:
     """Whether ``loops`` have at least two iterations per thread of ``target``."""
-    import os
-
     total = 1
     for lp in loops:
         ext = loop_extent(sch, lp)
         if ext is None:
             return False
         total *= ext
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads = getattr(target, "num_threads", 0) or cores or 1
-    return total >= 2 * threads
+    return total >= 2 * (target_threads(target) or 1)
 
 
 def _depthwise_conv2d_nchwc_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:

@@ -201,11 +201,16 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
+def target_threads(target: Any) -> int:
+    """The threads a target's kernels run on: its ``num_threads``, else :func:`cpu_count`."""
+    return getattr(target, "num_threads", 0) or cpu_count()
+
+
 def _chunk_loops(sch: Any, loops: list[Any], target: Any) -> int:
     """How many leading ``loops`` to fuse into the parallel loop: enough for
     :data:`PARALLEL_CHUNKS_PER_THREAD` chunks per thread (all of them when an extent is
     symbolic or the nest is small)."""
-    threads = getattr(target, "num_threads", 0) or cpu_count()
+    threads = target_threads(target)
     want = PARALLEL_CHUNKS_PER_THREAD * max(threads, 1)
     total = 1
     for k, lp in enumerate(loops):

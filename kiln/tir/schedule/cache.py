@@ -136,14 +136,33 @@ def _region_buffer(regions: Any, index: Any, kind: str, what: str, block_name: s
     return regions[index].buffer
 
 
-def cache_read(index: TreeIndex, sref: SRef, read_buffer_index: int, scope: str
-               ) -> tuple[PrimFunc, str]:
-    what = "cache_read"
+def _staged_buffer(index: TreeIndex, sref: SRef, regions: str, buffer_index: Any,
+                   scope: str, what: str) -> tuple[Block, str, Buffer]:
+    """The checks every cache primitive starts with; returns ``sref``'s block, its name and
+    the buffer of its ``regions`` (``"reads"`` or ``"writes"``) at ``buffer_index``."""
     check_block(index, sref, what)
     _check_scope(scope, what)
     block = sref.block
     name = block.name_hint
-    buf = _region_buffer(block.reads, read_buffer_index, "read", what, name)
+    kind = regions[:-1]
+    return block, name, _region_buffer(getattr(block, regions), buffer_index, kind, what, name)
+
+
+def _swap_and_commit(index: TreeIndex, sref: SRef, buf: Buffer, cache: Buffer, anchor: Any,
+                     before: Any = None, after: Any = None) -> PrimFunc:
+    """``sref``'s block reading and writing ``cache`` instead of ``buf``, the copy nests
+    ``before``/``after`` placed around ``anchor``, and ``cache`` allocated at the root."""
+    realize = sref.node
+    assert isinstance(realize, BlockRealize)
+    new_realize = realize.replace(block=_swap_in_block(sref.block, buf, cache))
+    func = _commit(index, realize, new_realize, anchor, before=before, after=after)
+    return update_root_allocs(func, add=(cache,))
+
+
+def cache_read(index: TreeIndex, sref: SRef, read_buffer_index: int, scope: str
+               ) -> tuple[PrimFunc, str]:
+    what = "cache_read"
+    block, name, buf = _staged_buffer(index, sref, "reads", read_buffer_index, scope, what)
     if any(w.buffer is buf for w in block.writes):
         raise ScheduleError(f"{what}: block {name!r} also writes {buf.name!r}")
     writers = [w for w in index.writers(buf, index.scope_of(sref)) if w is not sref]
@@ -154,23 +173,15 @@ def cache_read(index: TreeIndex, sref: SRef, read_buffer_index: int, scope: str
                 f"{name!r} reads it"
             )
     cache, cname = _new_cache(index, buf, scope)
-    realize = sref.node
-    assert isinstance(realize, BlockRealize)
-    new_realize = realize.replace(block=_swap_in_block(block, buf, cache))
     nest, anchor = _place_copy(index, sref, writers, buf, _copy_block(buf, cache, cname),
                                False, what)
-    func = _commit(index, realize, new_realize, anchor, before=nest)
-    return update_root_allocs(func, add=(cache,)), cname
+    return _swap_and_commit(index, sref, buf, cache, anchor, before=nest), cname
 
 
 def cache_write(index: TreeIndex, sref: SRef, write_buffer_index: int, scope: str
                 ) -> tuple[PrimFunc, str]:
     what = "cache_write"
-    check_block(index, sref, what)
-    _check_scope(scope, what)
-    block = sref.block
-    name = block.name_hint
-    buf = _region_buffer(block.writes, write_buffer_index, "write", what, name)
+    _, name, buf = _staged_buffer(index, sref, "writes", write_buffer_index, scope, what)
     scope_sref = index.scope_of(sref)
     for w in index.writers(buf, scope_sref):
         if w is not sref:
@@ -186,13 +197,9 @@ def cache_write(index: TreeIndex, sref: SRef, write_buffer_index: int, scope: st
                 "writes it"
             )
     cache, cname = _new_cache(index, buf, scope)
-    realize = sref.node
-    assert isinstance(realize, BlockRealize)
-    new_realize = realize.replace(block=_swap_in_block(block, buf, cache))
     nest, anchor = _place_copy(index, sref, readers, buf, _copy_block(cache, buf, cname),
                                True, what)
-    func = _commit(index, realize, new_realize, anchor, after=nest)
-    return update_root_allocs(func, add=(cache,)), cname
+    return _swap_and_commit(index, sref, buf, cache, anchor, after=nest), cname
 
 
 def cache_inplace(index: TreeIndex, sref: SRef, read_buffer_index: int, scope: str, loop: SRef
@@ -200,11 +207,7 @@ def cache_inplace(index: TreeIndex, sref: SRef, read_buffer_index: int, scope: s
     """Stage the buffer ``sref`` reads and writes through a ``scope`` copy inside ``loop``;
     returns the new function and the names of the read and the write copy blocks."""
     what = "cache_inplace"
-    check_block(index, sref, what)
-    _check_scope(scope, what)
-    block = sref.block
-    name = block.name_hint
-    buf = _region_buffer(block.reads, read_buffer_index, "read", what, name)
+    block, name, buf = _staged_buffer(index, sref, "reads", read_buffer_index, scope, what)
     if not any(w.buffer is buf for w in block.writes):
         raise ScheduleError(f"{what}: block {name!r} reads {buf.name!r} but does not write it")
     if not any(lp is loop for lp in index.loops_above(sref)):
@@ -236,8 +239,5 @@ def cache_inplace(index: TreeIndex, sref: SRef, read_buffer_index: int, scope: s
     write_nest = regenerate(
         write_copy, iter_var_ranges(write_copy, [(buf, region)], True, ana, what), False, ana)
     anchor = index.child_containing(loop, sref)
-    realize = sref.node
-    assert isinstance(realize, BlockRealize)
-    new_realize = realize.replace(block=_swap_in_block(block, buf, cache))
-    func = _commit(index, realize, new_realize, anchor, before=read_nest, after=write_nest)
-    return update_root_allocs(func, add=(cache,)), rname, wname
+    func = _swap_and_commit(index, sref, buf, cache, anchor, before=read_nest, after=write_nest)
+    return func, rname, wname
