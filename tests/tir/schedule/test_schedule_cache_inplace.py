@@ -6,28 +6,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kiln import te
 from kiln.codegen import c as codegen_c
 from kiln.ir import ScheduleError
+from kiln.testing.tir_testing import allocations, check_matmul, matmul_func
 from kiln.tir import Schedule
-from kiln.tir import stmt as S
 from kiln.tir.transform.compact_buffers import compact_buffers
 
 RNG = np.random.default_rng(11)
 
 
-def _func(m, n, k):
-    a = te.placeholder((m, k), "float32", name="A")
-    b = te.placeholder((k, n), "float32", name="B")
-    r = te.reduce_axis((0, k), name="r")
-    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
-    return te.create_prim_func([a, b, c])
-
-
 def _k_blocked(m=10, n=32, k=24, rows=4, cols=16, kc=8):
     """Loops ``i_0, j_0, r_0, i_1, j_1, r_1``... with the tile loops inside the reduction
     block loop ``r_0``: the accumulator is reloaded from C once per block of ``kc``."""
-    sch = Schedule(_func(m, n, k))
+    sch = Schedule(matmul_func(m, n, k))
     blk = sch.get_block("C")
     i, j, r = sch.get_loops(blk)
     io, ii = sch.split(i, factors=[None, rows])
@@ -39,25 +30,6 @@ def _k_blocked(m=10, n=32, k=24, rows=4, cols=16, kc=8):
     return sch, read, write
 
 
-def _allocs(stmt, loops=(), out=None):
-    out = [] if out is None else out
-    if isinstance(stmt, S.Allocate):
-        out.append((stmt.buffer.name, tuple(int(d.value) for d in stmt.buffer.shape), loops))
-        _allocs(stmt.body, loops, out)
-    elif isinstance(stmt, S.For):
-        _allocs(stmt.body, (*loops, stmt.loop_var.name), out)
-    elif isinstance(stmt, S.SeqStmt):
-        for s in stmt.seq:
-            _allocs(s, loops, out)
-    elif isinstance(stmt, S.BlockRealize):
-        _allocs(stmt.block.body, loops, out)
-    elif isinstance(stmt, S.IfThenElse):
-        _allocs(stmt.then_case, loops, out)
-    elif hasattr(stmt, "body"):
-        _allocs(stmt.body, loops, out)
-    return out
-
-
 def test_copies_surround_the_update_inside_the_loop():
     sch, read, write = _k_blocked()
     assert sch.get(read).name_hint == "C_local"
@@ -67,7 +39,8 @@ def test_copies_surround_the_update_inside_the_loop():
         "C"))[2])]
     assert names == ["C_local", "C", "C_local_wb"]
     # compaction shrinks the accumulator to one tile, allocated inside the reduction-block loop
-    assert _allocs(compact_buffers(sch.func).body) == [("C_local", (4, 16), ("i_0", "j_0", "r_0"))]
+    allocs = allocations(compact_buffers(sch.func).body)
+    assert allocs == [("C_local", (4, 16), ("i_0", "j_0", "r_0"))]
 
 
 @pytest.mark.parametrize("m", [8, 10])  # 10 rows: the last row tile is predicated
@@ -75,23 +48,19 @@ def test_numerics(m):
     sch, _, _ = _k_blocked(m=m)
     mod = codegen_c.build({"mm": sch.func})
     assert "C_local[64]" in mod.source  # the tile is a stack array
-    a = RNG.standard_normal((m, 24), dtype=np.float32)
-    b = RNG.standard_normal((24, 32), dtype=np.float32)
-    c = np.full((m, 32), np.nan, np.float32)
-    mod["mm"](a, b, c)
-    np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
+    check_matmul(mod, "mm", m, 32, 24, RNG)
 
 
 def test_trace_replays():
     sch, _, _ = _k_blocked()
-    again = sch.trace.apply_to_schedule(Schedule(_func(10, 32, 24)))
+    again = sch.trace.apply_to_schedule(Schedule(matmul_func(10, 32, 24)))
     from kiln.ir import assert_structural_equal
 
     assert_structural_equal(again.func, sch.func)
 
 
 def test_errors():
-    sch = Schedule(_func(8, 16, 8))
+    sch = Schedule(matmul_func(8, 16, 8))
     blk = sch.get_block("C")
     i, j, r = sch.get_loops(blk)
     with pytest.raises(ScheduleError, match="does not write"):
@@ -104,7 +73,7 @@ def test_errors():
     # the init block writes C inside loop i too: staging C there would hide its stores
     with pytest.raises(ScheduleError, match="also accesses"):
         sch.cache_inplace(blk, 0, "local", i)
-    other = Schedule(_func(8, 16, 8))
+    other = Schedule(matmul_func(8, 16, 8))
     (oi, _, _) = other.get_loops(other.get_block("C"))
     with pytest.raises(ScheduleError):
         sch.cache_inplace(blk, 0, "local", oi)  # a loop of another schedule

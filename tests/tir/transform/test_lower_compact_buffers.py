@@ -7,46 +7,15 @@ import numpy as np
 
 from kiln import te
 from kiln.codegen import c as codegen_c
-from kiln.tir import stmt as S
+from kiln.testing.tir_testing import allocations, check_matmul, matmul_func
 from kiln.tir.schedule import Schedule
 from kiln.tir.transform.compact_buffers import compact_buffers
 
 RNG = np.random.default_rng(3)
 
 
-def _allocs(func):
-    """``(buffer name, shape, enclosing loop var names)`` of every Allocate, outermost first."""
-    out = []
-
-    def walk(stmt, loops):
-        if isinstance(stmt, S.Allocate):
-            out.append((stmt.buffer.name, tuple(int(d.value) for d in stmt.buffer.shape),
-                        tuple(loops)))
-            walk(stmt.body, loops)
-        elif isinstance(stmt, S.For):
-            walk(stmt.body, [*loops, stmt.loop_var.name])
-        elif isinstance(stmt, S.SeqStmt):
-            for s in stmt.seq:
-                walk(s, loops)
-        elif isinstance(stmt, S.BlockRealize):
-            walk(stmt.block.body, loops)
-        elif isinstance(stmt, S.IfThenElse):
-            walk(stmt.then_case, loops)
-            if stmt.else_case is not None:
-                walk(stmt.else_case, loops)
-        elif hasattr(stmt, "body"):
-            walk(stmt.body, loops)
-
-    walk(func.body, [])
-    return out
-
-
 def _tiled_matmul(m=12, n=32, k=8, rows=4, cols=16):
-    a = te.placeholder((m, k), "float32", name="A")
-    b = te.placeholder((k, n), "float32", name="B")
-    r = te.reduce_axis((0, k), name="r")
-    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
-    sch = Schedule(te.create_prim_func([a, b, c]))
+    sch = Schedule(matmul_func(m, n, k))
     blk = sch.get_block("C")
     i, j, rr = sch.get_loops(blk)
     io, ii = sch.split(i, factors=[None, rows])
@@ -60,27 +29,19 @@ def _tiled_matmul(m=12, n=32, k=8, rows=4, cols=16):
 
 def test_register_tile_becomes_a_small_buffer_inside_its_loop():
     sch = _tiled_matmul()
-    assert _allocs(compact_buffers(sch.func)) == [("C_local", (4, 16), ("i_0", "j_0"))]
+    assert allocations(compact_buffers(sch.func).body) == [("C_local", (4, 16), ("i_0", "j_0"))]
 
 
 def test_numerics_and_stack_array():
     sch = _tiled_matmul(m=10)  # 10 rows: the last tile is predicated
     mod = codegen_c.build({"mm": sch.func})
     assert "C_local[64]" in mod.source
-    a = RNG.standard_normal((10, 8), dtype=np.float32)
-    b = RNG.standard_normal((8, 32), dtype=np.float32)
-    c = np.full((10, 32), np.nan, np.float32)
-    mod["mm"](a, b, c)
-    np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
+    check_matmul(mod, "mm", 10, 32, 8, RNG)
 
 
 def test_packed_panel_under_parallel_loop():
     """cache_read of B at the column-panel loop: one panel per iteration (and per thread)."""
-    a = te.placeholder((16, 8), "float32", name="A")
-    b = te.placeholder((8, 32), "float32", name="B")
-    r = te.reduce_axis((0, 8), name="r")
-    c = te.compute((16, 32), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
-    sch = Schedule(te.create_prim_func([a, b, c]))
+    sch = Schedule(matmul_func(16, 32, 8))
     blk = sch.get_block("C")
     i, j, rr = sch.get_loops(blk)
     jo, ji = sch.split(j, factors=[None, 8])
@@ -88,13 +49,8 @@ def test_packed_panel_under_parallel_loop():
     panel = sch.cache_read(blk, 1, "global")
     sch.compute_at(panel, jo)
     sch.parallel(jo)
-    assert _allocs(compact_buffers(sch.func)) == [("B_global", (8, 8), ("j_0",))]
-    mod = codegen_c.build({"mm": sch.func})
-    x = RNG.standard_normal((16, 8), dtype=np.float32)
-    y = RNG.standard_normal((8, 32), dtype=np.float32)
-    out = np.full((16, 32), np.nan, np.float32)
-    mod["mm"](x, y, out)
-    np.testing.assert_allclose(out, x @ y, rtol=1e-5, atol=1e-5)
+    assert allocations(compact_buffers(sch.func).body) == [("B_global", (8, 8), ("j_0",))]
+    check_matmul(codegen_c.build({"mm": sch.func}), "mm", 16, 32, 8, RNG)
 
 
 def test_top_level_intermediate_is_left_alone():

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kiln import te, tir
+from kiln import tir
 from kiln.arith import Analyzer
 from kiln.codegen import c as codegen_c
+from kiln.testing.tir_testing import check_matmul, matmul_func
 from kiln.tir import stmt as S
 from kiln.tir.schedule import Schedule
 from kiln.tir.transform import partition_loops as pl
@@ -19,11 +20,7 @@ RNG = np.random.default_rng(9)
 
 def _tiled(m=20, n=16, k=8, rows=6):
     """C = A @ B with 6-row register tiles: 20 rows leave a tail of 2 rows."""
-    a = te.placeholder((m, k), "float32", name="A")
-    b = te.placeholder((k, n), "float32", name="B")
-    r = te.reduce_axis((0, k), name="r")
-    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
-    sch = Schedule(te.create_prim_func([a, b, c]))
+    sch = Schedule(matmul_func(m, n, k))
     blk = sch.get_block("C")
     i, j, rr = sch.get_loops(blk)
     io, ii = sch.split(i, factors=[None, rows])
@@ -66,11 +63,7 @@ def test_full_tiles_lose_their_guards():
 @pytest.mark.parametrize("m", [18, 20, 23])
 def test_numerics(m):
     mod = codegen_c.build({"mm": _tiled(m=m).func})
-    a = RNG.standard_normal((m, 8), dtype=np.float32)
-    b = RNG.standard_normal((8, 16), dtype=np.float32)
-    c = np.full((m, 16), np.nan, np.float32)
-    mod["mm"](a, b, c)
-    np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
+    check_matmul(mod, "mm", m, 16, 8, RNG)
 
 
 def test_divisible_tiles_are_left_alone():
