@@ -4,6 +4,7 @@
     python benchmarks/models.py resnet18 mlp_b1    # some of them
     python benchmarks/models.py --memory           # + peak memory of ResNet-18, kiln vs ORT
     python benchmarks/models.py --bf16             # + bfloat16 (ToMixedPrecision) variants
+    python benchmarks/models.py --layers resnet18  # + per-layer times, kiln next to ORT
 
 The networks (``kiln.testing.torch_models``) are exported from PyTorch to ONNX with random
 weights; kiln imports the ONNX file at the default opt level (``-O`` to change). Every engine
@@ -16,6 +17,7 @@ median of the per-round ratios, with their range in brackets.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -64,7 +66,56 @@ def _rel_err(out: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(out.astype(np.float64) - ref).max() / np.abs(ref).max())
 
 
-def bench_case(name: str, opt_level: int, bf16: bool) -> None:
+def _ort_node_times(path: str, feeds: dict, runs: int, tmp: str) -> tuple[list[str], np.ndarray]:
+    """ORT's own per-node kernel times (its profiler) over ``runs`` runs after a warm-up: the
+    nodes in execution order (``"OpType name"``) and a ``(runs, nodes)`` array of seconds."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = THREADS
+    opts.inter_op_num_threads = 1
+    opts.enable_profiling = True
+    opts.profile_file_prefix = os.path.join(tmp, "ort_profile")
+    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    for _ in range(runs + 1):
+        sess.run(None, feeds)
+    profile = sess.end_profiling()
+    with open(profile) as f:
+        events = [e for e in json.load(f) if e.get("cat") == "Node"
+                  and e["name"].endswith("_kernel_time")]
+    os.remove(profile)
+    events.sort(key=lambda e: e["ts"])
+    per_run = len(events) // (runs + 1)
+    names = [f"{e.get('args', {}).get('op_name', '?')[:14]:14s} "
+             f"{e['name'][:-len('_kernel_time')][-33:]}" for e in events[:per_run]]
+    times = np.array([e["dur"] * 1e-6 for e in events[per_run:per_run * (runs + 1)]])
+    return names, times.reshape(runs, per_run)
+
+
+def bench_layers(exe, path: str, feeds: dict, rounds: int = 5, runs: int = 5) -> None:
+    """Per-layer times in execution order: kiln's kernel calls (timed inside its native entry)
+    next to ORT's nodes (its profiler), alternating between the engines for ``rounds`` rounds
+    of ``runs`` runs each; medians over all of them. The two graphs are fused differently, so
+    the rows are not matched: read the columns side by side."""
+    kiln_rounds, ort_rounds = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(rounds):
+            kiln_rounds.append([t for _, t in exe.call_times(**feeds, repeat=runs)])
+            ort_names, times = _ort_node_times(path, feeds, runs, tmp)
+            ort_rounds.append(np.median(times, axis=0))
+    kernels = [k for k, _ in exe.call_times(**feeds, repeat=1)]
+    k_ms = np.median(kiln_rounds, axis=0) * 1e3
+    o_ms = np.median(ort_rounds, axis=0) * 1e3
+    print(f"  {'kiln kernel call':38s} {'ms':>7s} | {'onnxruntime node':48s} {'ms':>7s}")
+    for i in range(max(len(kernels), len(ort_names))):
+        left = f"{kernels[i][:38]:38s} {k_ms[i]:7.3f}" if i < len(kernels) else " " * 46
+        right = f"{ort_names[i]:48s} {o_ms[i]:7.3f}" if i < len(ort_names) else ""
+        print(f"  {left} | {right}")
+    print(f"  {'sum':38s} {k_ms.sum():7.3f} | {'sum':48s} {o_ms.sum():7.3f}   "
+          f"kiln/ort {k_ms.sum() / o_ms.sum():.2f}", flush=True)
+
+
+def bench_case(name: str, opt_level: int, bf16: bool, layers: bool = False) -> None:
     import torch
 
     from kiln.testing import torch_models
@@ -95,6 +146,8 @@ def bench_case(name: str, opt_level: int, bf16: bool) -> None:
               f"{t_ort * 1e3:9.3f} ms | torch {times.median('torch') * 1e3:9.3f} ms | "
               f"kiln/ort {times.ratio_text('kiln', 'onnxruntime')} | "
               f"rel.err {err:.1e} | {exe.num_kernels} kernels", flush=True)
+        if layers:
+            bench_layers(exe, path, feeds)
         if bf16:
             exe16 = _kiln_build(path, opt_level, bf16=True)
             out16 = np.asarray(exe16(**feeds)).astype(np.float32)
@@ -157,13 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-O", "--opt-level", type=int, default=2)
     ap.add_argument("--memory", action="store_true")
     ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--layers", action="store_true",
+                    help="also print per-layer times, kiln next to onnxruntime")
     args = ap.parse_args(argv)
     unknown = set(args.cases) - set(CASES)
     if unknown:
         ap.error(f"unknown cases {sorted(unknown)}; choose from {sorted(CASES)}")
     print(f"threads: {THREADS}; kiln opt level {args.opt_level}")
     for name in args.cases or CASES:
-        bench_case(name, args.opt_level, args.bf16)
+        bench_case(name, args.opt_level, args.bf16, args.layers)
     if args.memory:
         bench_memory(args.opt_level)
     return 0

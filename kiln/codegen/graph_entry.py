@@ -9,7 +9,11 @@ sym)``) in plan order. ``inputs`` are the data pointers of the inputs in paramet
 ``outputs`` those of the plan's ``"output"`` slots in increasing slot order, ``consts`` those of
 the constants in increasing slot order, and every temp lives at its memory-plan offset in
 ``workspace`` (at least ``plan.workspace_bytes`` bytes, 64-byte aligned). Nothing is checked
-in C: the Python executor validates inputs first. The kernels' C symbols are predicted with
+in C: the Python executor validates inputs first. Beside it, ``<symbol>_profile``
+(``Plan.profile_entry``) takes one more argument, ``double* seconds``, and adds each call's
+wall time to ``seconds[i]`` (``i`` the call's index in ``plan.calls``): what
+``Executable.profile`` reads, so a kernel's time is measured in the model's own sequence,
+without per-call Python overhead. The kernels' C symbols are predicted with
 the same naming rule the C backend uses (:func:`predict_unchecked_symbols`); the build checks
 the prediction against the compiled module.
 
@@ -22,12 +26,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from ..runtime import memory_plan
-from ..runtime.plan import Plan
+from ..runtime.plan import Plan, profile_symbol
 from ..tir.expr import IntImm
 from ..tir.function import PrimFunc
 from .c.names import NameTable, sanitize
 
 THREADS_SOURCE = """
+#include <time.h>
+/* Monotonic wall clock in seconds, for the profiling entries. */
+static double kiln_wall_seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 /* Thread count of the OpenMP regions started from the calling thread (OpenMP keeps this
    setting per process thread, not per library: it also applies to other kiln libraries). */
 #ifdef _OPENMP
@@ -66,9 +77,9 @@ def predict_unchecked_symbols(names: Iterable[str]) -> dict[str, str]:
 def entry_symbol(name: str, taken: set[str]) -> str:
     base = "kiln_entry_" + sanitize(name).rstrip("_")
     sym, k = base, 1
-    while sym in taken:
+    while sym in taken or profile_symbol(sym) in taken:
         sym, k = f"{base}_{k}", k + 1
-    taken.add(sym)
+    taken.update((sym, profile_symbol(sym)))
     return sym
 
 
@@ -129,11 +140,22 @@ def emit_entry(plan: Plan, symbol: str, unchecked: Mapping[str, str]) -> str:
         "  char* ws = (char*)workspace;",
         "  (void)inputs; (void)outputs; (void)ws; (void)consts;",
     ]
-    for call in plan.calls:
-        args = ", ".join(where[s] for s in call.args)
-        lines.append(f"  {{ void* a[] = {{{args}}}; {unchecked[call.func]}(a, NULL); }}")
+    calls = [f"{{ void* a[] = {{{', '.join(where[s] for s in call.args)}}}; "
+             f"{unchecked[call.func]}(a, NULL); }}" for call in plan.calls]
+    lines += [f"  {c}" for c in calls] + ["  return 0;", "}"]
+    lines += [
+        f"/* {symbol} with each call's wall time added to seconds[call index] */",
+        f"int32_t {profile_symbol(symbol)}(void** inputs, void** outputs, void* workspace, "
+        "void** consts, double* seconds) {",
+        "  char* ws = (char*)workspace;",
+        "  (void)inputs; (void)outputs; (void)ws; (void)consts;",
+        "  double t0;",
+    ]
+    lines += [f"  t0 = kiln_wall_seconds(); {c} seconds[{i}] += kiln_wall_seconds() - t0;"
+              for i, c in enumerate(calls)]
     lines += ["  return 0;", "}"]
     return "\n".join(lines) + "\n"
+
 
 
 def emit_entries(plans: Mapping[str, Plan], funcs: Mapping[str, PrimFunc]) -> str:

@@ -97,6 +97,15 @@ class Executable:
         lines.append(f"{'total':{width}s} {sum(n for _, n, _ in rows):5d} {total * 1e3:9.3f}")
         return "\n".join(lines)
 
+    def call_times(self, *args: Any, repeat: int = 10, **kwargs: Any) -> list[tuple[str, float]]:
+        """Median wall time of each kernel call of main, in the order the calls run:
+        ``(kernel, seconds)``. With a native entry the kernels are timed inside it, one after
+        the other as in a normal run."""
+        name = "main" if "main" in self.plans else next(iter(self.plans))
+        ex = self._executor(name)
+        kernels, samples = ex.call_samples(*_order(ex.plan, args, kwargs), repeat=repeat)
+        return [(k, float(t)) for k, t in zip(kernels, np.median(samples, axis=0))]
+
     @property
     def num_kernels(self) -> int:
         """Kernel calls made by one run of main."""

@@ -86,7 +86,7 @@ class Executor:
                 self._static[slot] = memory_plan.temp_view(self.workspace, plan, slot)
             elif spec.kind == "temp" and all(shape_expr.is_static(d) for d in spec.shape):
                 self._static[slot] = np.empty(spec.shape, dtype=spec.dtype.to_numpy())
-        self._entry = None
+        self._entry = self._profile_entry = None
         if plan.entry is not None:
             self._setup_entry(plan.entry)
         else:
@@ -98,6 +98,12 @@ class Executor:
         fn.restype = ctypes.c_int32
         fn.argtypes = (ctypes.c_void_p,) * 4
         self._entry = fn
+        # the profiling twin; a library saved before it existed has none (profile then calls
+        # the kernels' checked entries one by one)
+        self._profile_entry = getattr(self.module.lib, plan.profile_entry, None)
+        if self._profile_entry is not None:
+            self._profile_entry.restype = ctypes.c_int32
+            self._profile_entry.argtypes = (ctypes.c_void_p,) * 5
         self._out_slots = [s for s, spec in enumerate(plan.slots) if spec.kind == "output"]
         self._out_specs = [(tuple(plan.slots[s].shape), plan.slots[s].dtype.to_numpy())
                            for s in self._out_slots]
@@ -164,9 +170,9 @@ class Executor:
         return self._run_steps(arrays, env, self._funcs)
 
     def _run_steps(self, arrays: list[np.ndarray], env: dict[str, int], funcs: dict[str, Any],
-                   times: dict[str, float] | None = None) -> Any:
-        """Run the plan call by call (host steps included); with ``times``, add each kernel
-        call's wall time to ``times[kernel name]``."""
+                   times: list[float] | None = None) -> Any:
+        """Run the plan call by call (host steps included); with ``times``, append each kernel
+        call's wall time to it."""
         plan = self.plan
         values: list[np.ndarray | None] = [None] * len(plan.slots)
         for slot, arr in zip(plan.input_slots, arrays):
@@ -188,30 +194,43 @@ class Executor:
             kernel_args = [values[s] for s in call.args]
             start = time.perf_counter()
             funcs[call.func](*kernel_args)
-            times[call.func] = times.get(call.func, 0.0) + time.perf_counter() - start
+            times.append(time.perf_counter() - start)
         return self._collect(plan.outputs, values)
 
-    def profile(self, *args: Any, repeat: int = 10) -> list[tuple[str, int, float]]:
-        """Time every kernel of one run: ``(kernel, calls per run, median seconds per run)``,
-        slowest first. Kernels run one by one through their checked entries (a few
-        microseconds of call overhead each), not through the native whole-model entry."""
+    def call_samples(self, *args: Any, repeat: int = 10) -> tuple[list[str], np.ndarray]:
+        """Wall time of every kernel call over ``repeat`` runs (after one warm-up run): the
+        kernels in plan order and a ``(repeat, calls)`` array of seconds. A plan with a native
+        entry runs through its profiling twin, so the kernels run in the model's own sequence
+        with nothing between them; other plans call each kernel's checked entry (a few
+        microseconds of call overhead each)."""
         if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
             raise KilnError(f"profile: repeat must be a positive int, got {repeat!r}")
         plan = self.plan
-        funcs = {c.func: self.module[c.func] for c in plan.calls if c.is_kernel}
-        calls: dict[str, int] = {}
-        for c in plan.calls:
-            if c.is_kernel:
-                calls[c.func] = calls.get(c.func, 0) + 1
-        samples: dict[str, list[float]] = {name: [] for name in calls}
+        kernels = [c.func for c in plan.calls if c.is_kernel]
+        native = self._entry is not None and self._profile_entry is not None
+        funcs = None if native else {name: self.module[name] for name in kernels}
+        samples = np.zeros((repeat + 1, len(kernels)))
         for run in range(repeat + 1):  # the first run warms caches and is not counted
             arrays, env = self._bind_inputs(args)
-            times: dict[str, float] = {}
-            self._run_steps(arrays, env, funcs, times)
-            if run:
-                for name, t in times.items():
-                    samples[name].append(t)
-        rows = [(name, calls[name], float(np.median(ts))) for name, ts in samples.items()]
+            if native:
+                seconds = (ctypes.c_double * max(len(kernels), 1))()
+                self._run_entry(arrays, seconds)
+                samples[run] = seconds[:len(kernels)]
+            else:
+                times: list[float] = []
+                self._run_steps(arrays, env, funcs, times)
+                samples[run] = times
+        return kernels, samples[1:]
+
+    def profile(self, *args: Any, repeat: int = 10) -> list[tuple[str, int, float]]:
+        """Time every kernel of one run: ``(kernel, calls per run, median seconds per run)``,
+        slowest first (see :meth:`call_samples` for how)."""
+        kernels, samples = self.call_samples(*args, repeat=repeat)
+        columns: dict[str, list[int]] = {}
+        for i, name in enumerate(kernels):
+            columns.setdefault(name, []).append(i)
+        rows = [(name, len(cols), float(np.median(samples[:, cols].sum(axis=1))))
+                for name, cols in columns.items()]
         return sorted(rows, key=lambda r: -r[2])
 
     def _host_step(self, call: Any, values: list[Any], env: dict[str, int]) -> None:
@@ -282,7 +301,9 @@ class Executor:
         env.update(zip(binds, (int(d) for d in result.shape)))
         values[out] = np.ascontiguousarray(result)
 
-    def _run_entry(self, arrays: list[np.ndarray]) -> Any:
+    def _run_entry(self, arrays: list[np.ndarray], seconds: Any = None) -> Any:
+        """Run the native entry (its profiling twin, adding call times to ``seconds``, when
+        that is given)."""
         plan = self.plan
         values: list[Any] = [None] * len(plan.slots)
         for i, (slot, arr) in enumerate(zip(plan.input_slots, arrays)):
@@ -293,7 +314,11 @@ class Executor:
         for i, (slot, (shape, dt)) in enumerate(zip(self._out_slots, self._out_specs)):
             arr = values[slot] = np.empty(shape, dtype=dt)
             self._out_ptrs[i] = arr.__array_interface__["data"][0]
-        self._entry(self._in_ptrs, self._out_ptrs, self._ws_ptr, self._consts)
+        if seconds is None:
+            self._entry(self._in_ptrs, self._out_ptrs, self._ws_ptr, self._consts)
+        else:
+            self._profile_entry(self._in_ptrs, self._out_ptrs, self._ws_ptr, self._consts,
+                                seconds)
         return self._collect(plan.outputs, values)
 
     def _collect(self, out: Any, values: list[Any]) -> Any:

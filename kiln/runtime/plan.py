@@ -49,6 +49,12 @@ class KernelCall:
         return self.kind == "kernel"
 
 
+
+def profile_symbol(entry: str) -> str:
+    """The C symbol of the profiling twin of the native entry ``entry``."""
+    return entry + "_profile"
+
+
 @dataclass
 class Plan:
     name: str
@@ -64,6 +70,12 @@ class Plan:
     workspace_bytes: int = 0
     #: C symbol of the whole-model native entry (``graph_entry``), None when there is none.
     entry: str | None = None
+
+    @property
+    def profile_entry(self) -> str | None:
+        """C symbol of the native entry's profiling twin, which also takes ``double* seconds``
+        and adds each call's wall time to ``seconds[call index]``."""
+        return None if self.entry is None else profile_symbol(self.entry)
 
     @property
     def num_kernels(self) -> int:

@@ -64,6 +64,43 @@ def test_entry_calls_kernels_in_plan_order(exe):
     assert positions == sorted(positions)
 
 
+def test_profile_times_every_call_through_the_native_twin(exe):
+    plan = exe.plans["main"]
+    src = exe.module.source
+    assert plan.profile_entry == plan.entry + "_profile"
+    body = src[src.index(f"int32_t {plan.profile_entry}("):]
+    for i, c in enumerate(plan.calls):  # every call, in plan order, timed into its own slot
+        call = exe.module.functions[c.func].unchecked_symbol + "(a, NULL);"
+        assert f"{call} }} seconds[{i}] += kiln_wall_seconds() - t0;" in body
+    ex = exe._executor("main")
+    xv = np.ones((3, 5), "float32")
+    kernels, samples = ex.call_samples(xv, repeat=3)
+    assert kernels == [c.func for c in plan.calls] and samples.shape == (3, len(kernels))
+    assert (samples > 0).all()
+    assert exe.module._cache == {}  # no checked (per-kernel) entry was used
+    table = exe.profile(xv, repeat=2)
+    assert all(k in table for k in kernels)
+    times = exe.call_times(x=xv, repeat=2)
+    assert [k for k, _ in times] == kernels and all(t > 0 for _, t in times)
+
+
+def test_profile_without_the_native_twin_calls_kernels_one_by_one(exe):
+    ex = kiln.runtime.executor.Executor(exe.plans["main"], exe.module)
+    ex._profile_entry = None  # as with a library saved before the twin existed
+    kernels, samples = ex.call_samples(np.ones((3, 5), "float32"), repeat=2)
+    assert samples.shape == (2, len(kernels)) and (samples > 0).all()
+    with pytest.raises(KilnError, match="repeat"):
+        ex.call_samples(np.ones((3, 5), "float32"), repeat=0)
+
+
+def test_entry_and_profile_symbols_never_collide():
+    taken: set[str] = set()
+    first = graph_entry.entry_symbol("main", taken)
+    second = graph_entry.entry_symbol("main_profile", {"kiln_entry_main_profile"} | taken)
+    assert first == "kiln_entry_main" and second != "kiln_entry_main_profile"
+    assert graph_entry.entry_symbol("main", taken) == "kiln_entry_main_1"
+
+
 def test_inputs_are_still_checked_with_names(exe):
     with pytest.raises(ArgumentError, match=r"'x'.*\(3, 5\).*\(3, 4\)"):
         exe(np.zeros((3, 4), "float32"))
