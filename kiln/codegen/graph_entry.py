@@ -157,7 +157,6 @@ def emit_entry(plan: Plan, symbol: str, unchecked: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-
 def emit_entries(plans: Mapping[str, Plan], funcs: Mapping[str, PrimFunc]) -> str:
     """Set ``plan.entry`` on every plan that supports one and return all entries' C source
     (plus :data:`THREADS_SOURCE`), for ``codegen.c.build(..., extra_source=...)``."""

@@ -207,7 +207,7 @@ class Executor:
             raise KilnError(f"profile: repeat must be a positive int, got {repeat!r}")
         plan = self.plan
         kernels = [c.func for c in plan.calls if c.is_kernel]
-        native = self._entry is not None and self._profile_entry is not None
+        native = self._profile_entry is not None  # set only beside a native entry
         funcs = None if native else {name: self.module[name] for name in kernels}
         samples = np.zeros((repeat + 1, len(kernels)))
         for run in range(repeat + 1):  # the first run warms caches and is not counted

@@ -49,7 +49,6 @@ class KernelCall:
         return self.kind == "kernel"
 
 
-
 def profile_symbol(entry: str) -> str:
     """The C symbol of the profiling twin of the native entry ``entry``."""
     return entry + "_profile"

@@ -45,7 +45,7 @@ class Comparison:
     def ratio_text(self, a: str, b: str) -> str:
         """``"1.10 (1.04-1.21)"``: the median per-round ratio and its range over the rounds."""
         r = self.ratios(a, b)
-        return f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})"
+        return f"{self.ratio(a, b):.2f} ({min(r):.2f}-{max(r):.2f})"
 
 
 def compare(fns: Mapping[str, Callable[[], object]], rounds: int = 5,

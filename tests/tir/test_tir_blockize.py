@@ -8,6 +8,7 @@ import pytest
 from kiln import te, tir
 from kiln.codegen import c as cg
 from kiln.ir import ScheduleError, assert_structural_equal, structural_equal
+from kiln.testing.tir_testing import check_matmul, matmul_func
 from kiln.tir import (
     Block,
     BlockRealize,
@@ -38,14 +39,6 @@ def _c(v: int) -> tir.PrimExpr:
     return tir.const("int64", v)
 
 
-def _matmul(n: int, m: int, p: int) -> PrimFunc:
-    A = te.placeholder((n, p), "float32", name="A")
-    B = te.placeholder((p, m), "float32", name="B")
-    k = te.reduce_axis((0, p), name="k")
-    C = te.compute((n, m), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
-    return te.create_prim_func([A, B, C])
-
-
 def _scale() -> PrimFunc:
     A = te.placeholder((16,), "float32", name="A")
     B = te.compute((16,), lambda i: A[i] * tir.const("float32", 2.0), name="B")
@@ -53,11 +46,7 @@ def _scale() -> PrimFunc:
 
 
 def _run_matmul(func: PrimFunc, n: int, m: int, p: int) -> None:
-    a = RNG.standard_normal((n, p), dtype=np.float32)
-    b = RNG.standard_normal((p, m), dtype=np.float32)
-    out = np.full((n, m), np.nan, np.float32)
-    cg.build({"f": func}, "c")["f"](a, b, out)
-    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+    check_matmul(cg.build({"f": func}, "c"), "f", n, m, p, RNG)
 
 
 def test_blockize_elementwise_ir():
@@ -93,7 +82,7 @@ def test_blockize_elementwise_ir():
 
 
 def test_blockize_moves_reduction_init_to_outer_block():
-    sch = Schedule(_matmul(8, 8, 8))
+    sch = Schedule(matmul_func(8, 8, 8))
     c = sch.get_block("C")
     i, j, k = sch.get_loops(c)
     i0, i1 = sch.split(i, factors=[None, 4])
@@ -116,7 +105,7 @@ def test_blockize_moves_reduction_init_to_outer_block():
 
 def test_blockize_inside_reduction_loop_keeps_outer_reduce_var():
     """k outside the blockized loop: the outer block is itself a reduction over k."""
-    sch = Schedule(_matmul(8, 12, 6))
+    sch = Schedule(matmul_func(8, 12, 6))
     c = sch.get_block("C")
     i, j, k = sch.get_loops(c)
     j0, j1 = sch.split(j, factors=[None, 4])
@@ -128,7 +117,7 @@ def test_blockize_inside_reduction_loop_keeps_outer_reduce_var():
 
 
 def test_blockize_whole_nest_and_nested_blockize():
-    sch = Schedule(_matmul(6, 10, 4))
+    sch = Schedule(matmul_func(6, 10, 4))
     c = sch.get_block("C")
     i, j, k = sch.get_loops(c)
     mid = sch.blockize(j)
@@ -140,18 +129,18 @@ def test_blockize_whole_nest_and_nested_blockize():
 
 
 def test_blockize_trace_replays():
-    sch = Schedule(_matmul(8, 8, 8))
+    sch = Schedule(matmul_func(8, 8, 8))
     c = sch.get_block("C")
     i, _, _ = sch.get_loops(c)
     _, i1 = sch.split(i, factors=[None, 2])
     sch.blockize(i1)
     assert "sch.blockize(loop=" in str(sch.trace)
-    replay = sch.trace.apply_to_schedule(Schedule(_matmul(8, 8, 8)))
+    replay = sch.trace.apply_to_schedule(Schedule(matmul_func(8, 8, 8)))
     assert structural_equal(replay.func, sch.func)
 
 
 def test_blockize_parallel_outer_loop_still_allowed():
-    sch = Schedule(_matmul(8, 8, 8))
+    sch = Schedule(matmul_func(8, 8, 8))
     c = sch.get_block("C")
     i, j, k = sch.get_loops(c)
     i0, i1 = sch.split(i, factors=[None, 4])
@@ -172,7 +161,7 @@ def test_blockize_errors():
     with pytest.raises(ScheduleError, match="perfect loop nest around exactly one block"):
         sch.blockize(ci)
     # binding that does not separate (fused loop split again: v = (f // 4) ... )
-    sch = Schedule(_matmul(6, 6, 6))
+    sch = Schedule(matmul_func(6, 6, 6))
     c = sch.get_block("C")
     i, j, k = sch.get_loops(c)
     f = sch.fuse(i, j)
