@@ -488,7 +488,8 @@ def block_work(sch: Any, block: Any) -> int | None:
 
 def parallel_outer(sch: Any, loops: list[Any], target: Any, min_chunks: int = 0,
                    work: int | None = None) -> Any | None:
-    """Fuse leading ``loops`` into one parallel loop, enough of them to feed every thread.
+    """Fuse leading ``loops`` into one parallel loop, enough of them to feed every thread
+    whatever the symbolic extents among them turn out to be.
 
     Nothing is parallelized for a single-threaded target or when ``work`` (scalar operations,
     when known) is below the size at which a parallel region pays for itself.
@@ -501,14 +502,19 @@ def parallel_outer(sch: Any, loops: list[Any], target: Any, min_chunks: int = 0,
         return None
     threads = target_threads(target)
     want = max(min_chunks, 4 * threads)
-    take, total = 0, 1
+    # a symbolic extent (a dynamic batch) may be 1 at run time: only the constant extents
+    # count towards ``want``, so the loops after it are fused in too
+    take, total, symbolic = 0, 1, False
     for lp in loops:
         take += 1
         ext = loop_extent(sch, lp)
-        total = None if ext is None or total is None else total * ext
-        if total is None or total >= want:
+        if ext is None:
+            symbolic = True
+        else:
+            total *= ext
+        if total >= want:
             break
-    if total is not None and total <= 1:
+    if total <= 1 and not symbolic:
         return None
     fused = sch.fuse(*loops[:take]) if take > 1 else loops[0]
     sch.parallel(fused)

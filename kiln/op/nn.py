@@ -749,12 +749,11 @@ def _rows_outer(sch: Any, block: Any, rows: int | None, target: Any) -> bool:
     blk = sch.get(block)
     sizes = []
     for region in blk.reads[:2]:
+        # a symbolic dim (a dynamic batch) counts as 1: the input's size is then a lower bound
         dims = [const_int(simplify(d)) for d in region.buffer.shape]
-        if any(d is None for d in dims):
-            return False
         size = as_dtype(region.buffer.dtype).bits // 8
         for d in dims:
-            size *= d
+            size *= 1 if d is None else d
         sizes.append(size)
     return sizes[0] > sizes[1] or sizes[1] <= CONV_ROWS_MAX_WEIGHT_BYTES
 

@@ -266,6 +266,36 @@ def test_conv2d_nchwc_thread_split_orders(shape, wshape, rows_outer):
     check(got, ref)
 
 
+def test_conv2d_nchwc_symbolic_batch_shares_rows():
+    """With a dynamic batch the threads still share the rows: the parallel loop fuses the batch
+    with the row blocks (at batch 1 a loop over the batch alone would leave one thread idle),
+    and the padded rows are made inside it."""
+    import kiln.codegen.c as cg
+
+    target = Target("c", num_threads=2)
+    lanes = 8
+    n = tir.Var("n", "int64")
+    opdef = get_op_def("nn.conv2d_nchwc")
+    data = te.placeholder((n, 2, 32, 32, lanes), "float32", name="data")
+    weight = te.placeholder((2, 2, 3, 3, lanes, lanes), "float32", name="weight")
+    out = opdef.compute(data, weight, attrs=opdef.make_attrs(padding=1))
+    sch = Schedule(te.create_prim_func([data, weight, out]))
+    opdef.schedules["c"](sch, target)
+    conv_loops = [sch.get(lp) for lp in sch.get_loops(sch.get_block("conv2d_nchwc"))]
+    pad_loops = [sch.get(lp) for lp in sch.get_loops(sch.get_block("conv2d_nchwc_pad"))]
+    par = conv_loops[0]
+    assert par.kind == tir.ForKind.PARALLEL and pad_loops[0] is par
+    assert "n" in str(par.extent) and str(par.extent) != "n"
+    mod = cg.build({"conv": sch.func}, target)
+    for batch in (1, 3):
+        x, w = rand((batch, 16, 32, 32)), rand((16, 16, 3, 3))
+        xb, wb = _to(x, "NCHW", f"NCHW{lanes}c"), _to(w, "OIHW", f"OIHW{lanes}i{lanes}o")
+        ref = _to(conv_ref(x, w, padding=1), "NCHW", f"NCHW{lanes}c")
+        got = np.zeros(ref.shape, "float32")
+        mod["conv"](xb, wb, got)
+        check(got, ref)
+
+
 # ---- pooling layouts ----------------------------------------------------------------------------
 def pool_ref(x, kind, k, s, p):
     """NCHW max/avg pool reference (avg excludes padding)."""
