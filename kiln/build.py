@@ -274,4 +274,12 @@ def build(mod: IRModule, target: Target | str | None = "c",
     if any(module.functions[n].unchecked_symbol != sym for n, sym in predicted.items()):
         raise KilnError("kiln.build: internal error: kernel symbols differ from the whole-model "
                         "entry's prediction")
+    for plan in plans.values():
+        for call, dims in zip(plan.calls, plan.entry_sym_dims or ()):
+            func = prim_funcs[call.func]
+            names = [func.buffer_map[func.params[arg]].shape[axis].name for arg, axis in dims]
+            if names != list(module.functions[call.func].sym_vars):
+                raise KilnError(f"kiln.build: internal error: kernel {call.func!r} takes its "
+                                f"symbolic dims as {module.functions[call.func].sym_vars}, the "
+                                f"whole-model entry passes {names}")
     return Executable(module, plans)

@@ -17,6 +17,19 @@ without per-call Python overhead. The kernels' C symbols are predicted with
 the same naming rule the C backend uses (:func:`predict_unchecked_symbols`); the build checks
 the prediction against the compiled module.
 
+A plan with symbolic dims (a dynamic batch) gets an entry too, as long as it has no host steps
+and every symbolic dim of every kernel is a plain dimension of one of the call's tensors::
+
+    int32_t kiln_entry_<name>(void** inputs, void** outputs, void** temps, void** consts,
+                              const int64_t* sym)
+
+``temps`` holds the data pointer of every temp slot in increasing slot order and ``sym`` the
+kernels' symbolic dims one call after another, each call's in its kernel's ``sym`` order;
+``plan.entry_sym_dims`` says where each of them is read from (``[arg index, axis]`` of the
+call's tensors). The executor evaluates the shapes, plans the workspace and fills both arrays
+once per distinct binding of the symbolic names (:class:`kiln.runtime.executor.Executor`), so a
+call costs the same as with static shapes. Its profiling twin again adds ``double* seconds``.
+
 :data:`THREADS_SOURCE` adds ``void kiln_set_num_threads(int32_t)`` and ``int32_t
 kiln_get_max_threads(void)`` around OpenMP's ``omp_set_num_threads``/``omp_get_max_threads``.
 """
@@ -25,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from ..ir.errors import KilnError
 from ..runtime import memory_plan
 from ..runtime.plan import Plan, profile_symbol
 from ..tir.expr import IntImm
@@ -83,35 +97,63 @@ def entry_symbol(name: str, taken: set[str]) -> str:
     return sym
 
 
-def _static_kernel(func: PrimFunc, nargs: int) -> bool:
-    """Whether ``func`` takes exactly ``nargs`` buffers of constant shapes (a dim may be an
-    unfolded constant expression such as ``1 * 512``, as a reshape's compute writes it)."""
+def kernel_sym_dims(func: PrimFunc, nargs: int) -> list[tuple[int, int]] | None:
+    """Where the unchecked entry of ``func`` reads each of its symbolic dims from, in the
+    order of its ``sym`` array: ``(parameter index, axis)`` of a buffer dim that is exactly
+    that variable (what the C backend binds it from, see ``analyze_signature``). ``[]`` for a
+    kernel of constant shapes (a dim may be an unfolded constant expression such as
+    ``1 * 512``, as a reshape's compute writes it); None when ``func`` does not take exactly
+    ``nargs`` buffers or binds a dim from a stride."""
     from ..arith import Analyzer
+    from ..tir.expr import Var
+    from .c.func import analyze_signature
 
-    if len(func.params) != nargs:
-        return False
+    if len(func.params) != nargs or any(p not in func.buffer_map for p in func.params):
+        return None
     ana = Analyzer()
-    for p in func.params:
-        buf = func.buffer_map.get(p)
-        if buf is None or not all(isinstance(d, IntImm) or isinstance(ana.simplify(d), IntImm)
-                                  for d in buf.shape):
-            return False
-    return True
+    buffers = [func.buffer_map[p] for p in func.params]
+    if all(isinstance(d, IntImm) or isinstance(ana.simplify(d), IntImm)
+           for b in buffers for d in b.shape):
+        return []
+    where: dict[Var, tuple[int, int]] = {}
+    for i, buf in enumerate(buffers):
+        for axis, dim in enumerate(buf.shape):
+            if isinstance(dim, Var):
+                where.setdefault(dim, (i, axis))
+    try:
+        order = analyze_signature(func, "kernel").sym_vars
+    except KilnError:
+        return None
+    if any(v not in where for v in order):
+        return None
+    return [where[v] for v in order]
+
+
+def entry_sym_dims(plan: Plan, funcs: Mapping[str, PrimFunc]) -> list[list[tuple[int, int]]] | None:
+    """Per call of ``plan``, where its kernel's symbolic dims come from (:func:`kernel_sym_dims`),
+    or None when the plan cannot run through a native entry: it has host steps (run-time shapes
+    need the Python executor) or a kernel whose parameters are not exactly the call's tensors."""
+    if plan.has_host_steps:
+        return None
+    dims = []
+    for call in plan.calls:
+        func = funcs.get(call.func)
+        where = None if func is None else kernel_sym_dims(func, len(call.args))
+        if where is None:
+            return None
+        dims.append(where)
+    return dims
 
 
 def supports_entry(plan: Plan, funcs: Mapping[str, PrimFunc]) -> bool:
-    """Whether ``plan`` can run through a native entry: static shapes everywhere and kernels
-    whose parameters are exactly the call's tensors (no symbolic dims, no scalars), and no host
-    steps (run-time shapes need the Python executor)."""
-    if plan.has_host_steps:
-        return False
-    if not all(memory_plan.is_static_slot(plan, s) for s in range(len(plan.slots))):
-        return False
-    for call in plan.calls:
-        func = funcs.get(call.func)
-        if func is None or not _static_kernel(func, len(call.args)):
-            return False
-    return True
+    """Whether ``plan`` can run through a native entry (see :func:`entry_sym_dims`)."""
+    return entry_sym_dims(plan, funcs) is not None
+
+
+def is_dynamic(plan: Plan) -> bool:
+    """Whether some tensor of ``plan`` has a symbolic shape (its entry then takes ``temps`` and
+    ``sym``, see the module docstring)."""
+    return not all(memory_plan.is_static_slot(plan, s) for s in range(len(plan.slots)))
 
 
 def output_slots(plan: Plan) -> list[int]:
@@ -122,8 +164,14 @@ def const_slots(plan: Plan) -> list[int]:
     return sorted(plan.constants)
 
 
+def temp_slots(plan: Plan) -> list[int]:
+    return [s for s, spec in enumerate(plan.slots) if spec.kind == "temp"]
+
+
 def emit_entry(plan: Plan, symbol: str, unchecked: Mapping[str, str]) -> str:
-    """C source of the native entry ``symbol`` of ``plan`` (see the module docstring)."""
+    """C source of the native entry ``symbol`` of ``plan`` and its profiling twin (see the
+    module docstring); a plan with symbolic shapes needs ``plan.entry_sym_dims`` set."""
+    dynamic = plan.entry_sym_dims is not None
     where: dict[int, str] = {}
     for i, s in enumerate(plan.input_slots):
         where[s] = f"inputs[{i}]"
@@ -131,24 +179,37 @@ def emit_entry(plan: Plan, symbol: str, unchecked: Mapping[str, str]) -> str:
         where[s] = f"outputs[{i}]"
     for i, s in enumerate(const_slots(plan)):
         where[s] = f"consts[{i}]"
-    for s, off in plan.workspace_offsets.items():
-        where[s] = f"(void*)(ws + {off})"
+    if dynamic:
+        for i, s in enumerate(temp_slots(plan)):
+            where[s] = f"temps[{i}]"
+        params = "void** inputs, void** outputs, void** temps, void** consts, const int64_t* sym"
+        used = "(void)inputs; (void)outputs; (void)temps; (void)consts; (void)sym;"
+        head = "symbolic shapes, workspace planned per binding by the caller"
+    else:
+        for s, off in plan.workspace_offsets.items():
+            where[s] = f"(void*)(ws + {off})"
+        params = "void** inputs, void** outputs, void* workspace, void** consts"
+        used = ("char* ws = (char*)workspace;\n"
+                "  (void)inputs; (void)outputs; (void)ws; (void)consts;")
+        head = f"workspace {plan.workspace_bytes} bytes"
     lines = [
         f"/* whole-model entry of graph function {plan.name!r}: {len(plan.calls)} kernel calls, "
-        f"workspace {plan.workspace_bytes} bytes */",
-        f"int32_t {symbol}(void** inputs, void** outputs, void* workspace, void** consts) {{",
-        "  char* ws = (char*)workspace;",
-        "  (void)inputs; (void)outputs; (void)ws; (void)consts;",
+        f"{head} */",
+        f"int32_t {symbol}({params}) {{",
+        f"  {used}",
     ]
-    calls = [f"{{ void* a[] = {{{', '.join(where[s] for s in call.args)}}}; "
-             f"{unchecked[call.func]}(a, NULL); }}" for call in plan.calls]
+    calls, base = [], 0
+    for k, call in enumerate(plan.calls):
+        n_sym = len(plan.entry_sym_dims[k]) if dynamic else 0
+        sym = f"sym + {base}" if n_sym else "NULL"
+        base += n_sym
+        calls.append(f"{{ void* a[] = {{{', '.join(where[s] for s in call.args)}}}; "
+                     f"{unchecked[call.func]}(a, {sym}); }}")
     lines += [f"  {c}" for c in calls] + ["  return 0;", "}"]
     lines += [
         f"/* {symbol} with each call's wall time added to seconds[call index] */",
-        f"int32_t {profile_symbol(symbol)}(void** inputs, void** outputs, void* workspace, "
-        "void** consts, double* seconds) {",
-        "  char* ws = (char*)workspace;",
-        "  (void)inputs; (void)outputs; (void)ws; (void)consts;",
+        f"int32_t {profile_symbol(symbol)}({params}, double* seconds) {{",
+        f"  {used}",
         "  double t0;",
     ]
     lines += [f"  t0 = kiln_wall_seconds(); {c} seconds[{i}] += kiln_wall_seconds() - t0;"
@@ -164,8 +225,12 @@ def emit_entries(plans: Mapping[str, Plan], funcs: Mapping[str, PrimFunc]) -> st
     taken: set[str] = set()
     parts = [THREADS_SOURCE]
     for name, plan in plans.items():
-        plan.entry = None
-        if supports_entry(plan, funcs):
-            plan.entry = entry_symbol(name, taken)
-            parts.append(emit_entry(plan, plan.entry, unchecked))
+        plan.entry, plan.entry_sym_dims = None, None
+        dims = entry_sym_dims(plan, funcs)
+        if dims is None:
+            continue
+        if is_dynamic(plan) or any(dims):
+            plan.entry_sym_dims = [[list(d) for d in call] for call in dims]
+        plan.entry = entry_symbol(name, taken)
+        parts.append(emit_entry(plan, plan.entry, unchecked))
     return "\n".join(parts)

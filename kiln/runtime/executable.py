@@ -184,14 +184,14 @@ class Executable:
             outputs <n>       then per output: <itemsize> <ndim> <dims...>
             consts <n>        then per constant: <offset> <nbytes>
 
-        ``examples/run_from_c.c`` reads it. Only functions with a native entry (static
-        shapes) can be exported.
+        ``examples/run_from_c.c`` reads it. Only functions with a native entry over static
+        shapes can be exported.
         """
         self._executor(name)  # validates the name
         plan = self.plans[name]
-        if plan.entry is None:
-            raise KilnError(f"export_native: function {name!r} has symbolic shapes and no "
-                            "native entry")
+        if plan.entry is None or plan.entry_sym_dims is not None:
+            raise KilnError(f"export_native: function {name!r} has symbolic shapes (its native "
+                            "entry, if any, needs the shapes planned per call by kiln's runtime)")
         os.makedirs(directory, exist_ok=True)
         with open(self.module.lib_path, "rb") as src, \
                 open(os.path.join(directory, "lib.so"), "wb") as dst:

@@ -16,7 +16,10 @@ that writes it, once the names its shape uses are bound. A host function step
 
 A plan with a whole-model native entry (``plan.entry``, see ``kiln.codegen.graph_entry``) runs
 with one ctypes call after the Python input checks; other plans call each kernel's checked
-entry in turn.
+entry in turn. When that plan has symbolic shapes (a dynamic batch), the executor evaluates
+every slot's shape, plans the temps' memory and lays out the entry's ``temps`` and ``sym``
+arrays once per binding of the symbolic names (a :class:`_Frame`, cached); the workspace is
+one buffer, grown to the largest binding seen.
 """
 
 from __future__ import annotations
@@ -69,6 +72,33 @@ def as_input_array(value: Any, name: str, dtype: DataType) -> np.ndarray:
     return arr
 
 
+#: Bindings of symbolic names whose frames an executor keeps (see :class:`_Frame`).
+MAX_FRAMES = 64
+
+
+class _Frame:
+    """What a native entry over symbolic shapes needs for one binding of the names: the output
+    shapes, the temps' workspace offsets and bytes, their data pointers (once placed in a
+    workspace) and the kernels' ``sym`` values."""
+
+    def __init__(self, plan: Plan, env: dict[str, int]):
+        shapes = [tuple(shape_expr.evaluate(d, env) for d in spec.shape)
+                  for spec in plan.slots]
+        self.out_shapes = [shapes[s] for s, spec in enumerate(plan.slots) if spec.kind == "output"]
+        self.offsets, self.nbytes = memory_plan.plan_memory(plan, shapes)
+        self.temp_slots = [s for s, spec in enumerate(plan.slots) if spec.kind == "temp"]
+        self.temps = (ctypes.c_void_p * max(len(self.temp_slots), 1))()
+        sym = [shapes[call.args[arg]][axis]
+               for call, dims in zip(plan.calls, plan.entry_sym_dims or ())
+               for arg, axis in dims]
+        self.sym = (ctypes.c_int64 * max(len(sym), 1))(*sym)
+
+    def place(self, base: int) -> None:
+        """Point the temps into a workspace whose data starts at address ``base``."""
+        for i, slot in enumerate(self.temp_slots):
+            self.temps[i] = base + self.offsets[slot] if slot in self.offsets else None
+
+
 class Executor:
     """Runs one Plan against a loaded native Module."""
 
@@ -94,16 +124,20 @@ class Executor:
 
     def _setup_entry(self, symbol: str) -> None:
         plan = self.plan
+        self._dynamic = plan.entry_sym_dims is not None
+        nargs = 5 if self._dynamic else 4
         fn = getattr(self.module.lib, symbol)
         fn.restype = ctypes.c_int32
-        fn.argtypes = (ctypes.c_void_p,) * 4
+        fn.argtypes = (ctypes.c_void_p,) * nargs
         self._entry = fn
         # the profiling twin; a library saved before it existed has none (profile then calls
         # the kernels' checked entries one by one)
         self._profile_entry = getattr(self.module.lib, plan.profile_entry, None)
         if self._profile_entry is not None:
             self._profile_entry.restype = ctypes.c_int32
-            self._profile_entry.argtypes = (ctypes.c_void_p,) * 5
+            self._profile_entry.argtypes = (ctypes.c_void_p,) * (nargs + 1)
+        self._frames: dict[tuple[tuple[str, int], ...], _Frame] = {}
+        self._dyn_workspace = memory_plan.aligned_workspace(0)
         self._out_slots = [s for s, spec in enumerate(plan.slots) if spec.kind == "output"]
         self._out_specs = [(tuple(plan.slots[s].shape), plan.slots[s].dtype.to_numpy())
                            for s in self._out_slots]
@@ -166,8 +200,26 @@ class Executor:
     def run(self, *args: Any) -> Any:
         arrays, env = self._bind_inputs(args)
         if self._entry is not None:
-            return self._run_entry(arrays)
+            return self._run_entry(arrays, env)
         return self._run_steps(arrays, env, self._funcs)
+
+    def _frame(self, env: dict[str, int]) -> _Frame:
+        """The frame of this binding of the symbolic names, made (and the workspace grown)
+        on its first use."""
+        key = tuple(sorted(env.items()))
+        frame = self._frames.get(key)
+        if frame is not None:
+            return frame
+        frame = _Frame(self.plan, env)
+        if frame.nbytes > self._dyn_workspace.nbytes:
+            # the frames made so far point into the old buffer
+            self._frames.clear()
+            self._dyn_workspace = memory_plan.aligned_workspace(frame.nbytes)
+        frame.place(self._dyn_workspace.ctypes.data)
+        if len(self._frames) >= MAX_FRAMES:
+            self._frames.pop(next(iter(self._frames)))
+        self._frames[key] = frame
+        return frame
 
     def _run_steps(self, arrays: list[np.ndarray], env: dict[str, int], funcs: dict[str, Any],
                    times: list[float] | None = None) -> Any:
@@ -214,7 +266,7 @@ class Executor:
             arrays, env = self._bind_inputs(args)
             if native:
                 seconds = (ctypes.c_double * max(len(kernels), 1))()
-                self._run_entry(arrays, seconds)
+                self._run_entry(arrays, env, seconds)
                 samples[run] = seconds[:len(kernels)]
             else:
                 times: list[float] = []
@@ -301,7 +353,8 @@ class Executor:
         env.update(zip(binds, (int(d) for d in result.shape)))
         values[out] = np.ascontiguousarray(result)
 
-    def _run_entry(self, arrays: list[np.ndarray], seconds: Any = None) -> Any:
+    def _run_entry(self, arrays: list[np.ndarray], env: dict[str, int],
+                   seconds: Any = None) -> Any:
         """Run the native entry (its profiling twin, adding call times to ``seconds``, when
         that is given)."""
         plan = self.plan
@@ -311,14 +364,22 @@ class Executor:
             self._in_ptrs[i] = arr.__array_interface__["data"][0]
         for slot, arr in self._static.items():
             values[slot] = arr
-        for i, (slot, (shape, dt)) in enumerate(zip(self._out_slots, self._out_specs)):
+        if self._dynamic:
+            frame = self._frame(env)
+            args: tuple[Any, ...] = (self._in_ptrs, self._out_ptrs, frame.temps, self._consts,
+                                     frame.sym)
+            out_shapes = frame.out_shapes
+        else:
+            args = (self._in_ptrs, self._out_ptrs, self._ws_ptr, self._consts)
+            out_shapes = [shape for shape, _ in self._out_specs]
+        for i, (slot, shape, (_, dt)) in enumerate(zip(self._out_slots, out_shapes,
+                                                       self._out_specs)):
             arr = values[slot] = np.empty(shape, dtype=dt)
             self._out_ptrs[i] = arr.__array_interface__["data"][0]
         if seconds is None:
-            self._entry(self._in_ptrs, self._out_ptrs, self._ws_ptr, self._consts)
+            self._entry(*args)
         else:
-            self._profile_entry(self._in_ptrs, self._out_ptrs, self._ws_ptr, self._consts,
-                                seconds)
+            self._profile_entry(*args, seconds)
         return self._collect(plan.outputs, values)
 
     def _collect(self, out: Any, values: list[Any]) -> Any:

@@ -10,12 +10,15 @@ gap (between the already placed temps it is live together with) that holds it, e
 all of them. Every offset and size is a multiple of :data:`ALIGN` bytes, so vector loads of any
 width the code generator uses stay aligned when the workspace itself is.
 
-Outputs (handed to the caller, fresh per run), inputs and constants are not planned; neither
-are temps of symbolic shape (allocated per run by the executor).
+Outputs (handed to the caller, fresh per run), inputs and constants are not planned. Temps of
+symbolic shape are planned by the executor once per binding of the symbolic names when the plan
+has a native entry (:func:`plan_memory` with the slots' concrete shapes), else allocated per
+run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,9 +72,11 @@ def place(intervals: list[Interval]) -> tuple[dict[int, int], int]:
     return offsets, peak
 
 
-def slot_nbytes(plan: Plan, slot: int) -> int:
+def slot_nbytes(plan: Plan, slot: int, shape: Sequence[int] | None = None) -> int:
+    """Bytes of ``slot`` (its static shape, or ``shape`` when given)."""
     spec = plan.slots[slot]
-    count = int(np.prod(spec.shape, dtype=np.int64)) if spec.shape else 1
+    dims = spec.shape if shape is None else shape
+    count = int(np.prod(dims, dtype=np.int64)) if len(dims) else 1
     return count * np.dtype(spec.dtype.to_numpy()).itemsize
 
 
@@ -79,8 +84,10 @@ def is_static_slot(plan: Plan, slot: int) -> bool:
     return all(shape_expr.is_static(d) for d in plan.slots[slot].shape)
 
 
-def live_intervals(plan: Plan) -> list[Interval]:
-    """The live range of every static-shape temp slot of ``plan``."""
+def live_intervals(plan: Plan, shapes: Sequence[Sequence[int] | None] | None = None
+                   ) -> list[Interval]:
+    """The live range of every static-shape temp slot of ``plan``, or, given the concrete
+    ``shapes`` of the slots (those of one binding of the symbolic names), of every temp."""
     start: dict[int, int] = {}
     end: dict[int, int] = {}
     for k, call in enumerate(plan.calls):
@@ -92,16 +99,21 @@ def live_intervals(plan: Plan) -> list[Interval]:
             end.setdefault(s, k)
     out = []
     for slot, spec in enumerate(plan.slots):
-        if spec.kind != "temp" or slot not in start or not is_static_slot(plan, slot):
+        if spec.kind != "temp" or slot not in start:
+            continue
+        if shapes is None and not is_static_slot(plan, slot):
             continue
         last = max(end[slot], start[slot])
-        out.append(Interval(slot, slot_nbytes(plan, slot), start[slot], last))
+        size = slot_nbytes(plan, slot, None if shapes is None else shapes[slot])
+        out.append(Interval(slot, size, start[slot], last))
     return out
 
 
-def plan_memory(plan: Plan) -> tuple[dict[int, int], int]:
-    """Workspace offsets of ``plan``'s static temps and the workspace size (its peak)."""
-    return place(live_intervals(plan))
+def plan_memory(plan: Plan, shapes: Sequence[Sequence[int] | None] | None = None
+                ) -> tuple[dict[int, int], int]:
+    """Workspace offsets of ``plan``'s static temps and the workspace size (its peak); given
+    the concrete ``shapes`` of all slots, of all its temps."""
+    return place(live_intervals(plan, shapes))
 
 
 def memory_stats(plan: Plan) -> dict[str, Any]:

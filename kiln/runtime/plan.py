@@ -69,6 +69,10 @@ class Plan:
     workspace_bytes: int = 0
     #: C symbol of the whole-model native entry (``graph_entry``), None when there is none.
     entry: str | None = None
+    #: For an entry over symbolic shapes: per call, ``[arg index, axis]`` of each of its
+    #: kernel's symbolic dims (in its ``sym`` order); None for an entry over static shapes,
+    #: which takes a planned workspace instead (see ``kiln.codegen.graph_entry``).
+    entry_sym_dims: list[list[list[int]]] | None = None
 
     @property
     def profile_entry(self) -> str | None:
@@ -99,6 +103,7 @@ class Plan:
             "workspace_offsets": sorted([s, o] for s, o in self.workspace_offsets.items()),
             "workspace_bytes": self.workspace_bytes,
             "entry": self.entry,
+            "entry_sym_dims": self.entry_sym_dims,
         }
 
     @staticmethod
@@ -116,6 +121,7 @@ class Plan:
             workspace_offsets={int(s): int(o) for s, o in data["workspace_offsets"]},
             workspace_bytes=int(data["workspace_bytes"]),
             entry=data["entry"],
+            entry_sym_dims=data.get("entry_sym_dims"),
         )
 
 

@@ -163,3 +163,81 @@ def test_constant_dim_expressions_keep_the_native_entry():
     assert built.memory_report()["main"]["native_entry"]
     xv = np.random.default_rng(0).standard_normal((1, 512, 1, 1)).astype("float32")
     np.testing.assert_array_equal(built(xv), xv.reshape(1, 512))
+
+
+# ---- symbolic shapes (a dynamic batch) ---------------------------------------------------
+@pytest.fixture(scope="module")
+def dyn_exe():
+    """Two inputs sharing the symbolic batch ``n``, a temp of shape (n, 6), a constant and a
+    tuple output: the kernels read ``n`` from different arguments."""
+    n = kiln.tir.Var("n", "int64")
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo((n, 4), "float32"))
+    b = g.Var("b", g.TensorStructInfo((n, 6), "float32"))
+    w = np.random.default_rng(1).standard_normal((4, 6)).astype("float32")
+    with bb.function("main", [x, b]):
+        h = bb.emit(op.matmul(x, g.const(w)))
+        r = bb.emit(op.nn.relu(op.add(h, b)))
+        s = bb.emit(op.sum(r, axis=1))
+        bb.emit_func_output(g.Tuple((bb.emit(op.exp(r)), s)))
+    return kiln.build(bb.get()), w
+
+
+def _dyn_reference(xv, bv, w):
+    r = np.maximum(xv @ w + bv, 0)
+    return np.exp(r), r.sum(axis=1)
+
+
+def test_symbolic_function_runs_through_its_native_entry(dyn_exe):
+    exe, w = dyn_exe
+    plan = exe.plans["main"]
+    assert plan.entry == "kiln_entry_main" and plan.entry_sym_dims is not None
+    assert len(plan.entry_sym_dims) == len(plan.calls)
+    src = exe.module.source
+    assert (f"int32_t {plan.entry}(void** inputs, void** outputs, void** temps, void** consts, "
+            "const int64_t* sym)") in src
+    body = src[src.index(f"int32_t {plan.entry}("):src.index(f"int32_t {plan.profile_entry}(")]
+    # every kernel reads its batch from its own slice of sym
+    assert body.count("(a, sym + ") == sum(bool(d) for d in plan.entry_sym_dims)
+    rng = np.random.default_rng(0)
+    for batch in (3, 1, 7, 3):
+        xv = rng.standard_normal((batch, 4)).astype("float32")
+        bv = rng.standard_normal((batch, 6)).astype("float32")
+        outs = exe(xv, bv)
+        assert [o.shape for o in outs] == [(batch, 6), (batch,)]
+        for got, want in zip(outs, _dyn_reference(xv, bv, w)):
+            np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert exe.module._cache == {}  # no kernel went through its checked entry
+
+
+def test_symbolic_entry_checks_inputs_first(dyn_exe):
+    exe, _ = dyn_exe
+    with pytest.raises(ArgumentError, match="'b'"):
+        exe(np.zeros((3, 4), "float32"), np.zeros((2, 6), "float32"))
+
+
+def test_symbolic_entry_profile_and_save_load(dyn_exe, tmp_path):
+    exe, w = dyn_exe
+    xv = np.random.default_rng(5).standard_normal((4, 4)).astype("float32")
+    bv = np.random.default_rng(6).standard_normal((4, 6)).astype("float32")
+    times = exe.call_times(xv, bv, repeat=2)
+    assert [k for k, _ in times] == [c.func for c in exe.plans["main"].calls]
+    assert all(t > 0 for _, t in times)
+    path = tmp_path / "dyn.kiln"
+    exe.save(str(path))
+    loaded = kiln.load(str(path))
+    assert loaded.plans["main"].entry_sym_dims == exe.plans["main"].entry_sym_dims
+    for got, want in zip(loaded(xv, bv), _dyn_reference(xv, bv, w)):
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_kernel_sym_dims():
+    n = kiln.tir.Var("n", "int64")
+    A = te.placeholder((4, n), name="A")
+    B = te.compute((4, n), lambda i, j: A[i, j] * 2.0, name="B")
+    func = te.create_prim_func([A, B])
+    assert graph_entry.kernel_sym_dims(func, 2) == [(0, 1)]
+    assert graph_entry.kernel_sym_dims(func, 3) is None  # not the call's tensors
+    S = te.placeholder((4, 4), name="S")
+    T = te.compute((4, 4), lambda i, j: S[i, j] + 1.0, name="T")
+    assert graph_entry.kernel_sym_dims(te.create_prim_func([S, T]), 2) == []

@@ -97,7 +97,7 @@ def test_numerics_match_reference_and_unplanned_run(built):
     assert again is not out and not np.shares_memory(again, out)
 
 
-def test_symbolic_temps_are_allocated_per_run():
+def _symbolic_batch_exe():
     n = kiln.tir.Var("n", "int64")
     bb = g.BlockBuilder()
     x = g.Var("x", g.TensorStructInfo((n, 8), "float32"))
@@ -106,9 +106,36 @@ def test_symbolic_temps_are_allocated_per_run():
         h = bb.emit(op.matmul(x, g.const(w)))
         h = bb.emit(op.nn.relu(h))
         bb.emit_func_output(bb.emit(op.exp(h)))
-    exe = kiln.build(bb.get())
+    return kiln.build(bb.get()), w
+
+
+def test_symbolic_temps_are_planned_per_binding():
+    exe, w = _symbolic_batch_exe()
     plan = exe.plans["main"]
-    assert plan.entry is None and plan.workspace_offsets == {} and exe.workspace_bytes == 0
-    for batch in (1, 5):
+    # nothing to plan at build time; the native entry takes the temps per call
+    assert plan.workspace_offsets == {} and exe.workspace_bytes == 0
+    assert plan.entry is not None and plan.entry_sym_dims is not None
+    ex = exe._executor("main")
+    sizes = []
+    for batch in (1, 5, 3, 5, 1):
         xv = np.random.default_rng(batch).standard_normal((batch, 8)).astype("float32")
         np.testing.assert_allclose(exe(xv), np.exp(np.maximum(xv @ w, 0)), rtol=1e-5)
+        frame = ex._frame({"n": batch})
+        live = [s for s, spec in enumerate(plan.slots) if spec.kind == "temp"]
+        assert set(frame.offsets) == set(live)
+        sizes.append(ex._dyn_workspace.nbytes)
+    # the workspace grows to the largest binding and stays; frames are reused per binding
+    assert sizes[0] <= sizes[1] == sizes[2] == sizes[3] == sizes[4]
+    assert sorted(ex._frames) == [(("n", 1),), (("n", 3),), (("n", 5),)]
+
+
+def test_symbolic_plan_memory_shares_bytes_by_liveness():
+    exe, _ = _symbolic_batch_exe()
+    plan = exe.plans["main"]
+    shapes = [(7, 8) if spec.kind != "const" else tuple(spec.shape) for spec in plan.slots]
+    offsets, peak = memory_plan.plan_memory(plan, shapes)
+    temps = [s for s, spec in enumerate(plan.slots) if spec.kind == "temp"]
+    assert set(offsets) == set(temps)
+    one = -(-7 * 8 * 4 // ALIGN) * ALIGN
+    # a chain of temps: no more than two live at once
+    assert peak <= 2 * one and all(off % ALIGN == 0 for off in offsets.values())
