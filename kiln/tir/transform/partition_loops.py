@@ -10,16 +10,24 @@ that matters here) finds, for a serial loop ``v`` of constant bounds, the guards
 the loop at the first iteration where one fails: ``for v in [0, v0)`` -- where the following
 ``simplify`` proves every such guard true and drops it -- and a tail ``for v' in [v0, n)``
 keeping them. A body larger than :data:`MAX_NODES` is left alone (it would be copied).
+
+A loop over a symbolic range (a dynamic batch: ``for i_0 in [0, (n + 5) / 6)`` with guards
+``i_0 * 6 + 5 < n``) is split the same way at a symbolic point, the least over its guards of
+the first iteration where the guard fails (``n / 6`` here); the guards may use variables bound
+outside the loop. No simplifier proves those guards from the split, so the pass itself
+replaces them by ``true`` in the full-iteration copy: they hold there by construction.
 """
 
 from __future__ import annotations
 
 from ...arith import Analyzer
 from ...arith.expr_utils import const_int
-from ..expr import LE, LT, And, IntImm, PrimExpr, Var
+from ..expr import LE, LT, And, IntImm, PrimExpr, Var, floordiv
+from ..expr import max as tmax
+from ..expr import min as tmin
 from ..function import PrimFunc
 from ..functor import Mutator, collect_vars, post_order_visit, substitute
-from ..stmt import For, ForKind, IfThenElse, Stmt, seq
+from ..stmt import For, ForKind, IfThenElse, LetStmt, Stmt, seq
 from .unroll_loops import tree_size
 
 #: Largest loop body (statement and expression nodes) that may be copied into a tail.
@@ -71,6 +79,90 @@ def _guards_on(body: Stmt, v: Var) -> list[PrimExpr]:
     return out
 
 
+def _symbolic_failure(atom: PrimExpr, v: Var, lo: int, ana: Analyzer,
+                      inner: dict[int, tuple[Var, int, int]] | None = None) -> PrimExpr | None:
+    """The least ``v >= lo`` from which ``atom`` (``lhs < rhs`` or ``lhs <= rhs``, affine in
+    ``v`` with a constant positive slope, any other terms invariant) is false, as an
+    expression; None when ``atom`` is not of that form. Variables of loops inside ``v``'s
+    body (``inner``: id -> (var, min, max)) are taken at the end of their range where the
+    guard is strictest, so that it holds for all of them before that point."""
+    if not isinstance(atom, (LT, LE)) or atom.a.dtype.lanes != 1:
+        return None
+    dt = v.dtype
+    diff = atom.a - atom.b
+    for x in collect_vars(atom):
+        if inner is None or id(x) not in inner:
+            continue
+        w, w_lo, w_hi = inner[id(x)]
+        at_lo = substitute(diff, {w: IntImm(w.dtype, w_lo)})
+        at_hi = substitute(diff, {w: IntImm(w.dtype, w_hi)})
+        rise = const_int(ana.simplify(at_hi - at_lo))
+        if rise is None:
+            return None
+        diff = at_hi if rise >= 0 else at_lo
+    d0 = ana.simplify(substitute(diff, {v: IntImm(dt, lo)}))
+    d1 = ana.simplify(substitute(diff, {v: IntImm(dt, lo + 1)}))
+    slope = const_int(ana.simplify(d1 - d0))
+    if slope is None or slope <= 0:
+        return None
+    # affine in v: diff == d0 + slope * (v - lo) must simplify to an identity
+    if const_int(ana.simplify(diff - (d0 + (v - lo) * slope))) != 0:
+        return None
+    # f(k) = d0 + slope * k (k = v - lo); LT holds while f < 0, LE while f <= 0
+    steps = (floordiv(slope - 1 - d0, slope) if isinstance(atom, LT)
+             else floordiv(0 - d0, slope) + 1)
+    return steps + lo
+
+
+def _bound_inside(body: Stmt) -> tuple[set[int], dict[int, tuple[Var, int, int]]]:
+    """Ids of the variables bound inside ``body`` (loop and let variables), and of those the
+    loops of constant range: id -> (variable, first value, last value)."""
+    out: set[int] = set()
+    ranges: dict[int, tuple[Var, int, int]] = {}
+
+    def visit(n: object) -> None:
+        if isinstance(n, For):
+            out.add(id(n.loop_var))
+            lo, ext = const_int(n.min), const_int(n.extent)
+            if lo is not None and ext is not None and ext > 0:
+                ranges[id(n.loop_var)] = (n.loop_var, lo, lo + ext - 1)
+        elif isinstance(n, LetStmt):
+            out.add(id(n.var))
+
+    post_order_visit(body, visit)
+    return out, ranges
+
+
+class _AssumeTrue(Mutator):
+    """Replaces the given expression nodes (by identity) with ``true``."""
+
+    def __init__(self, atoms: list[PrimExpr]):
+        self.ids = {id(a) for a in atoms}
+
+    def visit(self, x: object) -> object:
+        if id(x) in self.ids:
+            return IntImm("bool", 1)
+        return super().visit(x)
+
+
+def _symbolic_guards(body: Stmt, v: Var) -> tuple[list[PrimExpr], dict[int, tuple[Var, int, int]]]:
+    """Conjuncts of the ``if`` conditions in ``body`` that use ``v`` and otherwise only
+    variables bound outside ``body`` or by its loops of constant range (returned too)."""
+    inner, ranges = _bound_inside(body)
+    out: list[PrimExpr] = []
+
+    def visit(n: object) -> None:
+        if isinstance(n, IfThenElse):
+            for atom in _conjuncts(n.condition):
+                names = collect_vars(atom)
+                if any(x is v for x in names) and all(
+                        id(x) not in inner or id(x) in ranges for x in names):
+                    out.append(atom)
+
+    post_order_visit(body, visit)
+    return out, ranges
+
+
 class _Partitioner(Mutator):
     def __init__(self) -> None:
         self.ana = Analyzer()
@@ -79,7 +171,11 @@ class _Partitioner(Mutator):
     def visit_For(self, loop: For) -> Stmt:
         loop = self.generic_visit(loop)
         lo, n = const_int(loop.min), const_int(loop.extent)
-        if loop.kind != ForKind.SERIAL or lo is None or n is None or n < 2:
+        if loop.kind != ForKind.SERIAL or lo is None:
+            return loop
+        if n is None:
+            return self._partition_symbolic(loop, lo)
+        if n < 2:
             return loop
         guards = _guards_on(loop.body, loop.loop_var)
         if not guards or tree_size(loop.body)[0] > MAX_NODES:
@@ -98,6 +194,33 @@ class _Partitioner(Mutator):
         tail = loop.replace(loop_var=tail_var, min=IntImm(dt, split),
                             extent=IntImm(dt, lo + n - split),
                             body=substitute(loop.body, {loop.loop_var: tail_var}))
+        return seq(main, tail)
+
+
+    def _partition_symbolic(self, loop: For, lo: int) -> Stmt:
+        """Split a loop of symbolic extent at the first iteration where one of its guards
+        fails (see the module docstring)."""
+        v = loop.loop_var
+        guards, ranges = _symbolic_guards(loop.body, v)
+        if not guards or tree_size(loop.body)[0] > MAX_NODES:
+            return loop
+        found = [(g, f) for g in guards
+                 if (f := _symbolic_failure(g, v, lo, self.ana, ranges)) is not None]
+        if not found:
+            return loop
+        split = found[0][1]
+        for _, f in found[1:]:
+            split = tmin(split, f)
+        dt = v.dtype
+        end = loop.extent + lo
+        split = self.ana.simplify(tmax(IntImm(dt, lo), tmin(split, end)))
+        self.changed = True
+        tail_var = Var(f"{v.name}_t", dt)
+        main = loop.replace(extent=self.ana.simplify(split - lo),
+                            body=_AssumeTrue([g for g, _ in found]).visit(loop.body))
+        tail = loop.replace(loop_var=tail_var, min=split,
+                            extent=self.ana.simplify(end - split),
+                            body=substitute(loop.body, {v: tail_var}))
         return seq(main, tail)
 
 

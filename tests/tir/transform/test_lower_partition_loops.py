@@ -91,3 +91,55 @@ def _var():
 def test_first_failure(make, first):
     v = _var()
     assert pl._first_failure(make(v), v, 0, Analyzer()) == first
+
+
+# ---- symbolic extents (a dynamic batch) ------------------------------------------------------
+def test_symbolic_rows_split_into_full_tiles_and_a_tail():
+    """``for i_0 in [0, (m + 5) / 6)`` with guards ``i_0 * 6 + r < m``: the full tiles run
+    ``[0, m / 6)`` with no guard left, the tail keeps them."""
+    m = tir.Var("m", "int64")
+    low = lower(_tiled(m=m).func)
+    loops = _loops_named(low.body, "i_0")
+    assert len(loops) == 2
+    main, tail = loops
+    assert not _has_if(main.body) and _has_if(tail.body)
+    assert "m" in str(main.extent) and "m" in str(tail.min)
+
+
+@pytest.mark.parametrize("m", [0, 1, 5, 6, 7, 13, 20])
+def test_symbolic_numerics(m):
+    mod = codegen_c.build({"mm": _tiled(m=tir.Var("m", "int64")).func})
+    check_matmul(mod, "mm", m, 16, 8, RNG)
+
+
+@pytest.mark.parametrize("make,first", [
+    (lambda v, n: v * 6 + 5 < n, lambda n: n // 6),
+    (lambda v, n: v * 6 < n, lambda n: -(-n // 6)),
+    (lambda v, n: v * 4 + 1 <= n, lambda n: (n - 1) // 4 + 1),
+])
+@pytest.mark.parametrize("n", [0, 1, 5, 6, 7, 12, 13, 100])
+def test_symbolic_failure(make, first, n):
+    from kiln.tir.functor import substitute
+
+    v, nv = _var(), tir.Var("n", "int64")
+    got = pl._symbolic_failure(make(v, nv), v, 0, Analyzer())
+    value = Analyzer().simplify(substitute(got, {nv: tir.IntImm("int64", n)}))
+    assert int(value.value) == first(n)
+
+
+def test_symbolic_failure_refuses_non_affine_and_inner_variables():
+    v, nv = _var(), tir.Var("n", "int64")
+    assert pl._symbolic_failure((v // 2) * 2 < nv, v, 0, Analyzer()) is None
+    assert pl._symbolic_failure(nv - v < 3, v, 0, Analyzer()) is None  # holds on a suffix
+    # a guard on a variable a let binds inside the loop is not a candidate; one on an inner
+    # loop of constant range is, taken at the loop's strictest end
+    w = tir.Var("w", "int64")
+    let = S.LetStmt(w, nv * 2, S.IfThenElse(v * 6 + w < nv, S.Evaluate(tir.IntImm("int32", 0))))
+    assert pl._symbolic_guards(let, v)[0] == []
+    loop = S.For(w, tir.IntImm("int64", 0), tir.IntImm("int64", 4), S.ForKind.SERIAL,
+                 S.IfThenElse(v * 6 + w < nv, S.Evaluate(tir.IntImm("int32", 0))))
+    (atom,), ranges = pl._symbolic_guards(loop, v)
+    got = pl._symbolic_failure(atom, v, 0, Analyzer(), ranges)
+    for n in (0, 3, 4, 9, 10, 20):  # 6v + 3 < n for every w in [0, 3]
+        value = Analyzer().simplify(tir.substitute(got, {nv: tir.IntImm("int64", n)}))
+        assert int(value.value) == max(0, -(-(n - 3) // 6))
