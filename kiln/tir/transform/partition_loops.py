@@ -15,7 +15,9 @@ A loop over a symbolic range (a dynamic batch: ``for i_0 in [0, (n + 5) / 6)`` w
 ``i_0 * 6 + 5 < n``) is split the same way at a symbolic point, the least over its guards of
 the first iteration where the guard fails (``n / 6`` here); the guards may use variables bound
 outside the loop. No simplifier proves those guards from the split, so the pass itself
-replaces them by ``true`` in the full-iteration copy: they hold there by construction.
+replaces them by ``true`` in the full-iteration copy: they hold there by construction. The
+tail (with a dynamic batch of 1, the only tile) gets one copy per number of guards that hold,
+chosen by an if-chain, so its FMAs carry no guards either.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from .unroll_loops import tree_size
 
 #: Largest loop body (statement and expression nodes) that may be copied into a tail.
 MAX_NODES = 16384
+#: Largest total size of the per-row-count copies of a symbolic tail (see ``_specialise``).
+MAX_SPECIALISED_NODES = 4 * MAX_NODES
 
 
 def _conjuncts(cond: PrimExpr) -> list[PrimExpr]:
@@ -86,6 +90,21 @@ def _symbolic_failure(atom: PrimExpr, v: Var, lo: int, ana: Analyzer,
     expression; None when ``atom`` is not of that form. Variables of loops inside ``v``'s
     body (``inner``: id -> (var, min, max)) are taken at the end of their range where the
     guard is strictest, so that it holds for all of them before that point."""
+    form = _affine_form(atom, v, lo, ana, inner)
+    if form is None:
+        return None
+    d0, slope = form
+    # f(k) = d0 + slope * k (k = v - lo); LT holds while f < 0, LE while f <= 0
+    steps = (floordiv(slope - 1 - d0, slope) if isinstance(atom, LT)
+             else floordiv(0 - d0, slope) + 1)
+    return steps + lo
+
+
+def _affine_form(atom: PrimExpr, v: Var, lo: int, ana: Analyzer,
+                 inner: dict[int, tuple[Var, int, int]] | None = None
+                 ) -> tuple[PrimExpr, int] | None:
+    """``(d0, slope)`` with ``lhs - rhs == d0 + slope * (v - lo)`` for a comparison ``atom``
+    (see :func:`_symbolic_failure`), or None."""
     if not isinstance(atom, (LT, LE)) or atom.a.dtype.lanes != 1:
         return None
     dt = v.dtype
@@ -108,10 +127,7 @@ def _symbolic_failure(atom: PrimExpr, v: Var, lo: int, ana: Analyzer,
     # affine in v: diff == d0 + slope * (v - lo) must simplify to an identity
     if const_int(ana.simplify(diff - (d0 + (v - lo) * slope))) != 0:
         return None
-    # f(k) = d0 + slope * k (k = v - lo); LT holds while f < 0, LE while f <= 0
-    steps = (floordiv(slope - 1 - d0, slope) if isinstance(atom, LT)
-             else floordiv(0 - d0, slope) + 1)
-    return steps + lo
+    return d0, slope
 
 
 def _bound_inside(body: Stmt) -> tuple[set[int], dict[int, tuple[Var, int, int]]]:
@@ -133,15 +149,16 @@ def _bound_inside(body: Stmt) -> tuple[set[int], dict[int, tuple[Var, int, int]]
     return out, ranges
 
 
-class _AssumeTrue(Mutator):
-    """Replaces the given expression nodes (by identity) with ``true``."""
+class _Assume(Mutator):
+    """Replaces the given expression nodes (by identity) with constants: ``values`` maps
+    ``id(node)`` to the truth value."""
 
-    def __init__(self, atoms: list[PrimExpr]):
-        self.ids = {id(a) for a in atoms}
+    def __init__(self, values: dict[int, bool]):
+        self.values = values
 
     def visit(self, x: object) -> object:
-        if id(x) in self.ids:
-            return IntImm("bool", 1)
+        if id(x) in self.values:
+            return IntImm("bool", int(self.values[id(x)]))
         return super().visit(x)
 
 
@@ -217,11 +234,47 @@ class _Partitioner(Mutator):
         self.changed = True
         tail_var = Var(f"{v.name}_t", dt)
         main = loop.replace(extent=self.ana.simplify(split - lo),
-                            body=_AssumeTrue([g for g, _ in found]).visit(loop.body))
+                            body=_Assume({id(g): True for g, _ in found}).visit(loop.body))
+        tail_body = substitute(loop.body, {v: tail_var})
         tail = loop.replace(loop_var=tail_var, min=split,
                             extent=self.ana.simplify(end - split),
-                            body=substitute(loop.body, {v: tail_var}))
+                            body=self._specialise(tail_body, tail_var, lo) or tail_body)
         return seq(main, tail)
+
+    def _specialise(self, body: Stmt, v: Var, lo: int) -> Stmt | None:
+        """``body`` with its guards on ``v`` alone (and invariant terms) resolved per case of
+        how many of them hold: in a tail tile (``6 * v + r < n``, r = 0..5) they differ only
+        by a constant, so they hold for ``r < R``, ``R = n - 6 * v``, and an if-chain on ``R``
+        leads to a copy of the body without guards for each row count. None when the guards
+        are not of that form or the copies would be too large."""
+        guards, _ = _symbolic_guards(body, v)
+        inner, _ = _bound_inside(body)
+        forms = []
+        for g in guards:
+            if any(id(x) in inner for x in collect_vars(g)):
+                continue  # depends on an inner loop: stays a run-time guard
+            form = _affine_form(g, v, lo, self.ana)
+            if form is not None:
+                forms.append((g, *form))
+        if not forms:
+            return None
+        _, d_ref, slope = forms[0]
+        thresholds: dict[int, int] = {}
+        for g, d0, sl in forms:
+            c = const_int(self.ana.simplify(d0 - d_ref))
+            if sl != slope or c is None:
+                return None
+            # g holds iff c < R (LT) or c <= R (LE), R = -(d_ref + slope * (v - lo))
+            thresholds[id(g)] = c if isinstance(g, LT) else c - 1
+        cuts = sorted(set(thresholds.values()))
+        if tree_size(body)[0] * (len(cuts) + 1) > MAX_SPECIALISED_NODES:
+            return None
+        rest = self.ana.simplify(0 - (d_ref + (v - lo) * slope))
+        stmt: Stmt = _Assume({k: False for k in thresholds}).visit(body)
+        for t in cuts:
+            case = _Assume({k: th <= t for k, th in thresholds.items()}).visit(body)
+            stmt = IfThenElse(rest > t, case, stmt)
+        return stmt
 
 
 def partition_loops(func: PrimFunc) -> PrimFunc:

@@ -106,6 +106,22 @@ def test_symbolic_rows_split_into_full_tiles_and_a_tail():
     assert "m" in str(main.extent) and "m" in str(tail.min)
 
 
+def test_symbolic_tail_is_specialised_per_row_count(monkeypatch):
+    """In the tail tile the guards ``6 * i_0_t + r < m`` hold for ``r < m - 6 * i_0_t``: one
+    copy of the tile per row count, chosen by an if-chain, none with a guard in its reduction
+    loop; too large a body keeps the guarded tail."""
+    m = tir.Var("m", "int64")
+    low = lower(_tiled(m=m).func)
+    _, tail = _loops_named(low.body, "i_0")
+    reductions = _loops_named(tail.body, "r")
+    assert len(reductions) == 6  # row counts 1..5 and 6 (the none-hold case does no work)
+    assert not any(_has_if(r.body) for r in reductions)
+    monkeypatch.setattr(pl, "MAX_SPECIALISED_NODES", 10)
+    _, tail = _loops_named(lower(_tiled(m=m).func).body, "i_0")
+    (reduction,) = _loops_named(tail.body, "r")
+    assert _has_if(reduction.body)
+
+
 @pytest.mark.parametrize("m", [0, 1, 5, 6, 7, 13, 20])
 def test_symbolic_numerics(m):
     mod = codegen_c.build({"mm": _tiled(m=tir.Var("m", "int64")).func})
