@@ -115,10 +115,11 @@ def _affine_form(atom: PrimExpr, v: Var, lo: int, ana: Analyzer,
         w, w_lo, w_hi = inner[id(x)]
         at_lo = substitute(diff, {w: IntImm(w.dtype, w_lo)})
         at_hi = substitute(diff, {w: IntImm(w.dtype, w_hi)})
-        rise = const_int(ana.simplify(at_hi - at_lo))
-        if rise is None:
+        step = const_int(ana.simplify(substitute(diff, {w: IntImm(w.dtype, w_lo + 1)}) - at_lo))
+        # affine in w (so monotone): the strictest value is at one end of the range
+        if step is None or const_int(ana.simplify(diff - (at_lo + (w - w_lo) * step))) != 0:
             return None
-        diff = at_hi if rise >= 0 else at_lo
+        diff = at_hi if step >= 0 else at_lo
     d0 = ana.simplify(substitute(diff, {v: IntImm(dt, lo)}))
     d1 = ana.simplify(substitute(diff, {v: IntImm(dt, lo + 1)}))
     slope = const_int(ana.simplify(d1 - d0))

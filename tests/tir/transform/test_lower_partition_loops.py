@@ -159,3 +159,8 @@ def test_symbolic_failure_refuses_non_affine_and_inner_variables():
     for n in (0, 3, 4, 9, 10, 20):  # 6v + 3 < n for every w in [0, 3]
         value = Analyzer().simplify(tir.substitute(got, {nv: tir.IntImm("int64", n)}))
         assert int(value.value) == max(0, -(-(n - 3) // 6))
+    # not affine in the inner variable: its strictest value is not known from the ends
+    loop = S.For(w, tir.IntImm("int64", 0), tir.IntImm("int64", 4), S.ForKind.SERIAL,
+                 S.IfThenElse(v * 6 + (w // 2) * 3 < nv, S.Evaluate(tir.IntImm("int32", 0))))
+    (atom,), ranges = pl._symbolic_guards(loop, v)
+    assert pl._symbolic_failure(atom, v, 0, Analyzer(), ranges) is None
