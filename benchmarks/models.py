@@ -5,6 +5,7 @@
     python benchmarks/models.py --memory           # + peak memory of ResNet-18, kiln vs ORT
     python benchmarks/models.py --bf16             # + bfloat16 (ToMixedPrecision) variants
     python benchmarks/models.py --layers resnet18  # + per-layer times, kiln next to ORT
+    python benchmarks/models.py --dynamic-batch    # exported with a symbolic batch dimension
 
 The networks (``kiln.testing.torch_models``) are exported from PyTorch to ONNX with random
 weights; kiln imports the ONNX file at the default opt level (``-O`` to change). Every engine
@@ -115,14 +116,16 @@ def bench_layers(exe, path: str, feeds: dict, rounds: int = 5, runs: int = 5) ->
           f"kiln/ort {k_ms.sum() / o_ms.sum():.2f}", flush=True)
 
 
-def bench_case(name: str, opt_level: int, bf16: bool, layers: bool = False) -> None:
+def bench_case(name: str, opt_level: int, bf16: bool, layers: bool = False,
+               dynamic_batch: bool = False) -> None:
     import torch
 
     from kiln.testing import torch_models
     from kiln.testing.timing import compare, median_seconds
 
     model_name, batch = CASES[name]
-    module, data, inputs = torch_models.exported(model_name, batch)
+    module, data, inputs = torch_models.exported(model_name, batch, dynamic_batch)
+    label = name + (" dyn" if dynamic_batch else "")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"{name}.onnx")
         with open(path, "wb") as f:
@@ -142,7 +145,7 @@ def bench_case(name: str, opt_level: int, bf16: bool, layers: bool = False) -> N
                              "onnxruntime": lambda: sess.run(None, feeds),
                              "torch": lambda: module(*targs)})
         t_ort = times.median("onnxruntime")
-        print(f"{name:14s} kiln {times.median('kiln') * 1e3:9.3f} ms | onnxruntime "
+        print(f"{label:14s} kiln {times.median('kiln') * 1e3:9.3f} ms | onnxruntime "
               f"{t_ort * 1e3:9.3f} ms | torch {times.median('torch') * 1e3:9.3f} ms | "
               f"kiln/ort {times.ratio_text('kiln', 'onnxruntime')} | "
               f"rel.err {err:.1e} | {exe.num_kernels} kernels", flush=True)
@@ -152,7 +155,7 @@ def bench_case(name: str, opt_level: int, bf16: bool, layers: bool = False) -> N
             exe16 = _kiln_build(path, opt_level, bf16=True)
             out16 = np.asarray(exe16(**feeds)).astype(np.float32)
             t16 = median_seconds(lambda: exe16(**feeds))
-            print(f"{name + ' bf16':14s} kiln {t16 * 1e3:9.3f} ms | speed-up over ORT fp32 "
+            print(f"{label + ' bf16':14s} kiln {t16 * 1e3:9.3f} ms | speed-up over ORT fp32 "
                   f"{t_ort / t16:5.2f}x | rel.err vs fp32 ORT {_rel_err(out16, ref):.1e}",
                   flush=True)
 
@@ -212,13 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--layers", action="store_true",
                     help="also print per-layer times, kiln next to onnxruntime")
+    ap.add_argument("--dynamic-batch", action="store_true",
+                    help="export the models with a symbolic batch dimension (as users often "
+                    "do); both engines then compile for any batch")
     args = ap.parse_args(argv)
     unknown = set(args.cases) - set(CASES)
     if unknown:
         ap.error(f"unknown cases {sorted(unknown)}; choose from {sorted(CASES)}")
     print(f"threads: {THREADS}; kiln opt level {args.opt_level}")
     for name in args.cases or CASES:
-        bench_case(name, args.opt_level, args.bf16, args.layers)
+        bench_case(name, args.opt_level, args.bf16, args.layers, args.dynamic_batch)
     if args.memory:
         bench_memory(args.opt_level)
     return 0

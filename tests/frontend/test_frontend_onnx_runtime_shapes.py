@@ -166,3 +166,21 @@ def test_unique_matches_onnxruntime(axis, is_sorted):
         x = x.astype("float32")
         for got, want in zip(rep.run([x]), sess.run(None, {"x": x})):
             np.testing.assert_array_equal(got, want)
+
+
+def test_static_entries_of_a_partly_symbolic_shape_fold():
+    """A model exported with a dynamic batch reads its static sequence length through
+    Shape -> Gather -> Range (position ids): that length folds to a constant at import, so the
+    positions keep a static shape; the batch entry stays a run-time value."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "one"], ["len"]),
+             helper.make_node("Range", ["zero", "len", "step"], ["pos"]),
+             helper.make_node("Cast", ["pos"], ["posf"], to=F),
+             helper.make_node("Add", ["x", "posf"], ["y"])]
+    inits = [helper.make_tensor("one", I64, [], [1]), helper.make_tensor("zero", I64, [], [0]),
+             helper.make_tensor("step", I64, [], [1])]
+    m = _model(nodes, [_vi("x", F, ["batch", 5])], inits=inits)
+    mod, _ = from_onnx(m)
+    out = mod["main"].ret_struct_info
+    assert out.shape is not None and [str(d) for d in out.shape][1] == "5"
+    _check_runs(m, [(RNG.standard_normal((b, 5)).astype("float32"),) for b in (1, 3)])

@@ -187,6 +187,9 @@ class GraphContext:
         self.initializers: dict[str, np.ndarray] = {}
         self.param_vars: dict[str, g.Var] = {}
         self.opsets: dict[str, int] = {}  # the model's opsets (for subgraph import)
+        #: The dims (ints or symbolic) of values made by Shape nodes whose shape is partly
+        #: symbolic, so a Gather of its static entries folds to a constant.
+        self.shape_dims: dict[str, list[Any]] = {}
 
     def value(self, name: str) -> Any:
         if name in self.values:

@@ -8,6 +8,7 @@ import numpy as np
 
 from .... import graph as g
 from .... import op, tir
+from ....ir.errors import StructInfoError
 
 
 def scalar(value: float, dtype: str) -> Any:
@@ -24,7 +25,15 @@ def shape_of(x: Any) -> tuple[Any, ...]:
 
 
 def ndim_of(x: Any) -> int:
-    return len(x.struct_info.shape)
+    """The rank of ``x``, also when only the rank is known (a shape computed at run time)."""
+    sinfo = x.struct_info
+    if sinfo.shape is not None:
+        return len(sinfo.shape)
+    ndim = getattr(sinfo, "ndim", -1)
+    if ndim < 0:
+        raise StructInfoError(f"the rank of {getattr(x, 'name_hint', 'a value')!r} is not known "
+                              "when the model is imported; this operator needs it")
+    return ndim
 
 
 def ints(arr: Any) -> list[int]:

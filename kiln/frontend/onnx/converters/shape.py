@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .... import graph as g
-from .... import op
+from .... import op, tir
 from ....ir.errors import StructInfoError
 from ..registry import converter
 from . import dynamic as rt
@@ -66,6 +66,8 @@ def shape(ctx: Any, node: Any) -> Any:
         return np.array(static, dtype=np.int64)[start:end]
     # symbolic dims: a kernel writes them (bound from its argument) at run time
     begin, stop, _ = slice(start, end).indices(ndim_of(x))
+    if ctx.shape(x) is not None:
+        ctx.shape_dims[node.proto.output[0]] = list(ctx.shape(x)[begin:max(stop, begin)])
     out = op.dynamic_shape_of(x)
     if (begin, stop) == (0, ndim_of(x)):
         return out
@@ -240,8 +242,27 @@ def gather(ctx: Any, node: Any) -> Any:
     consts = _all_const(node)
     if consts is not None:
         return np.take(consts[0], consts[1], axis=axis)
+    picked = _static_shape_entries(ctx, node)
+    if picked is not None:
+        return picked
     # "wrap" maps ONNX's negative indices (counted from the end) onto the axis
     return op.take(x, indices, axis=axis, mode="wrap")
+
+
+def _static_shape_entries(ctx: Any, node: Any) -> np.ndarray | None:
+    """Gather of constant indices from a Shape whose picked dims are all static (a model
+    exported with a dynamic batch reads its static sequence length this way): a constant."""
+    dims = ctx.shape_dims.get(node.proto.input[0])
+    index = node.const_value(1)
+    if dims is None or index is None:
+        return None
+    picked = []
+    for i in np.asarray(index).reshape(-1):
+        d = dims[int(i) % len(dims)] if -len(dims) <= int(i) < len(dims) else None
+        if not isinstance(d, tir.IntImm):
+            return None
+        picked.append(int(d.value))
+    return np.array(picked, dtype=np.int64).reshape(np.shape(index))
 
 
 @converter("Pad", since=2)
