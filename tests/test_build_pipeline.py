@@ -33,7 +33,7 @@ def test_default_pipeline_by_opt_level():
 
 @pytest.fixture(scope="module")
 def resnet():
-    model = models.resnet_block_cnn(batch=2, channels=8, size=12)
+    model = models.resnet_block_cnn(batch=2, channels=16, size=12)
     exes = {}
     for level in (0, 2, 3):
         with PassContext(opt_level=level):
@@ -50,7 +50,8 @@ def test_resnet_fused_build_has_fewer_kernels_and_same_numerics(resnet):
     assert exes[0].num_kernels == 21
     # without layout changes: each conv with its epilogue, pool, reshape, dense+bias
     assert exes["nchw"].num_kernels == 8
-    # opt 2 (and 3): AlterOpLayout runs the convs in NCHW8c: one more kernel transforms the
+    # opt 2 (and 3): AlterOpLayout runs the convs in NCHW{lanes}c (16 channels: AVX2 and
+    # AVX-512 alike): one more kernel transforms the
     # input (the weights are transformed at compile time)
     assert exes[2].num_kernels == exes[3].num_kernels == 9
     out0 = exes[0](*model.inputs)

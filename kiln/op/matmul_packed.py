@@ -11,7 +11,7 @@ against the product's O(M*K*N)).
 
 The CPU schedule is the classic register-blocked GEMM (GotoBLAS' micro-kernel, written with
 kiln's schedule primitives): for each panel of ``nb`` columns (in parallel) and each block of
-:data:`GEMM_MR` rows, a ``GEMM_MR x nb`` tile of the result accumulates in a local buffer over
+:func:`gemm_tile` rows, a ``rows x nb`` tile of the result accumulates in a local buffer over
 the whole reduction -- buffer compaction (``kiln.tir.transform.compact_buffers``) makes it a
 small stack array, and with the tile loops unrolled the C compiler keeps it in vector
 registers -- then is written back, and fused element-wise consumers (bias, activation,
@@ -54,14 +54,27 @@ from .linalg import (
 )
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
 
-__all__ = ["matmul_packed", "matmul_vnni", "GEMM_MR", "GEMM_NR"]
+__all__ = ["matmul_packed", "matmul_vnni", "gemm_tile", "GEMM_TILES"]
 
-#: Rows of the register tile: 6 rows x 2 AVX2 vectors = 12 accumulators of the 16 registers
-#: (measured best on Zen 3 against 4x16, 8x8 and 4x24).
-GEMM_MR = 6
-#: Columns of a packed panel (two AVX2 vectors or one AVX-512 vector of float32).
-GEMM_NR = 16
-#: Largest panel result (rows x ``GEMM_NR`` columns) that fused consumers read back from a
+#: float32 register tile (rows, columns) per vector length in float32 lanes; the columns are
+#: also the width of a packed panel. AVX2 (8 lanes, 16 registers): 6 rows x 2 vectors = 12
+#: accumulators (measured best on Zen 3 against 4x16, 8x8 and 4x24). AVX-512 (16 lanes, 32
+#: registers): 8 rows x 2 vectors = 16 accumulators, enough independent FMA chains to cover
+#: two FMA pipes of 4-cycle latency; against 6 x 1 vector (the AVX2 tile's 16 columns), one
+#: dense 1024 -> 1024 layer at batch 64 took 0.80 of the time and 1024^3 0.54 (Zen 5, 2
+#: threads, 454 GFLOP/s, 94% of an FMA loop's peak); 6 x 2 vectors 0.83 and 0.55, 12 x 2 and
+#: 14 x 2 1.12-1.15 at batch 64 (``benchmarks/ops.py dense``).
+GEMM_TILES = {16: (8, 32), 8: (6, 16)}
+
+
+def gemm_tile(target: Any) -> tuple[int, int]:
+    """``(rows, columns)`` of the float32 register tile of ``matmul_packed`` on ``target``
+    (:data:`GEMM_TILES`; narrower vectors take the AVX2 tile, which they split into more
+    vectors)."""
+    lanes = target.vector_lanes("float32")
+    return GEMM_TILES.get(lanes, GEMM_TILES[8])
+
+#: Largest panel result (rows x the tile's columns) that fused consumers read back from a
 #: buffer once the panel is done, rather than per register tile (see schedule_packed_gemm).
 GEMM_PANEL_EPILOGUE_BYTES = 64 * 1024
 
@@ -139,7 +152,8 @@ def schedule_packed_gemm(sch: Any, target: Any, block: Any) -> tuple[Any, Any]:
     nb = const_int(packed.shape[-1])
     *batch, i, j, k = sch.get_loops(block)
     m = loop_extent(sch, i)
-    mr = GEMM_MR if m is None else min(GEMM_MR, m)
+    rows = gemm_tile(target)[0]
+    mr = rows if m is None else min(rows, m)
     io, ii = sch.split(i, factors=[None, mr]) if mr > 1 else (i, None)
     jo, ji = sch.split(j, factors=[None, nb])
     lanes = target.vector_lanes(dtype)
@@ -307,7 +321,8 @@ def _alter_to_vnni(call: Any, target: Any, op: str) -> LayoutRewrite | None:
 def alter_to_packed(call: Any, target: Any, op: str) -> LayoutRewrite | None:
     """On CPUs with AMX, bfloat16/int8 products become ``matmul_vnni`` (see
     :func:`_alter_to_vnni`). A float32 ``matmul(a, b)`` / ``dense(a, w)`` whose column count
-    :data:`GEMM_NR` divides becomes ``matmul_packed`` with ``b`` packed ``NK{nb}n``. A constant
+    :func:`gemm_tile`'s column count divides becomes ``matmul_packed`` with ``b`` packed
+    ``NK{nb}n``. A constant
     ``b`` is packed at compile time, so any row count gains -- a matrix-vector product too: each
     panel is then one contiguous stream (measured: MLP 784-1024-1024-10 at batch 1, 0.135 ms
     against 0.17-0.19 ms unpacked). A computed ``b`` is packed at run time and needs a static
@@ -330,12 +345,13 @@ def alter_to_packed(call: Any, target: Any, op: str) -> LayoutRewrite | None:
     else:
         n = const_int(b.shape[-1])
         src = _BATCH_LETTERS[: b.ndim - 2] + "KN"
-    if n is None or n % GEMM_NR:
+    mr, nr = gemm_tile(target)
+    if n is None or n % nr:
         return None
     m = const_int(a.shape[-2])
-    if not isinstance(call.args[1], gx.Constant) and m is not None and m < 2 * GEMM_MR:
+    if not isinstance(call.args[1], gx.Constant) and m is not None and m < 2 * mr:
         return None
-    dst = src[:-2] + f"NK{GEMM_NR}n"
+    dst = src[:-2] + f"NK{nr}n"
     out = _BATCH_LETTERS[: len(call.struct_info.shape) - 2] + "MN"
     out_dtype = call.attrs.out_dtype
 

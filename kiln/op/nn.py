@@ -688,36 +688,50 @@ def _conv2d_nchwc_compute(data: Any, weight: Any, *, attrs: Conv2DNCHWcAttrs) ->
 
 
 #: Register tiles of the NCHWc convolution, (output pixels along the row, output channel
-#: blocks). 6 x 2 blocks of one vector = 12 accumulators, which with the 2 weight vectors and
-#: the broadcast input fill AVX2's 16 registers. The tiles of :data:`CONV_NCHWC_WIDE_TILES`
-#: are tried first, in order, each taken when the row splits into such tiles with at most
-#: :data:`CONV_TILE_WASTE` of the last one predicated off (loop partitioning gives that last
-#: tile its own code, so the cost is a narrower tile, not wasted FMAs); else the first tile of
-#: :data:`CONV_NCHWC_TILES` whose sizes divide the row and the block count.
+#: blocks of one vector), per vector length in float32 lanes: ``(wide, narrow)``. The wide
+#: tiles are tried first, in order, each taken when the row splits into such tiles with at
+#: most :data:`CONV_TILE_WASTE` of the last one predicated off (loop partitioning gives that
+#: last tile its own code, so the cost is a narrower tile, not wasted FMAs); else the first
+#: narrow tile whose sizes divide the row and the block count.
 #:
-#: The input channels of a block (``rci``) are unrolled under the tile: against a loop of 8,
-#: paired-call timing (2 threads, Zen 3) gives 0.90/0.87/0.87/0.72 of the time on ResNet-18's
-#: 3x3 convs at 56/28/14/7-pixel rows and 0.89-0.97 on 1x1 convs; unrolling the kernel's width
-#: as well made them slower (up to 2.9x, register spills). With that unrolling, against 7 x 1
-#: tiles (which divide the 14/7-pixel rows): 6 x 2 (a 2-pixel tail) 0.84-0.86 on 14-pixel
-#: rows (ResNet-18's 3x3 at 256 channels, MobileNetV2's 1x1), 5 x 2 0.91-0.97 on 7-pixel rows.
-CONV_NCHWC_WIDE_TILES = [(6, 2), (5, 2)]
-CONV_NCHWC_TILES = [(6, 2), (8, 1), (7, 1), (6, 1), (5, 1), (4, 1), (3, 1), (2, 1)]
+#: AVX2 (8 lanes, 16 registers): 6 x 2 = 12 accumulators, which with the 2 weight vectors
+#: and the broadcast input fill the registers. The input channels of a block (``rci``) are
+#: unrolled under the tile: against a loop of 8, paired-call timing (2 threads, Zen 3) gives
+#: 0.90/0.87/0.87/0.72 of the time on ResNet-18's 3x3 convs at 56/28/14/7-pixel rows and
+#: 0.89-0.97 on 1x1 convs; unrolling the kernel's width as well made them slower (up to 2.9x,
+#: register spills). With that unrolling, against 7 x 1 tiles (which divide the 14/7-pixel
+#: rows): 6 x 2 (a 2-pixel tail) 0.84-0.86 on 14-pixel rows (ResNet-18's 3x3 at 256
+#: channels, MobileNetV2's 1x1), 5 x 2 0.91-0.97 on 7-pixel rows.
+#:
+#: AVX-512 (16 lanes, 32 registers): 7 x 2 = 14 accumulators divides ResNet's 112/56/28/14/7
+#: pixel rows. Against the AVX2 tiles (2 threads, Zen 5, conv + bias + ReLU, interleaved
+#: runs): 0.95 / 0.95 / 0.84 / 0.70 of the time on the 3x3 convs at 56/28/14/7-pixel rows,
+#: 0.92 / 0.84 / 0.78 on the strided ones, 0.94 on the 7x7 stem and on a 1x1 at 14 pixels;
+#: 8 x 2 first was 1.10-1.12 at 28 pixels (a 4-pixel tail), 6 x 4 (24 accumulators)
+#: 1.06-1.09 there.
+CONV_NCHWC_TILES: dict[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {
+    8: ([(6, 2), (5, 2)],
+        [(6, 2), (8, 1), (7, 1), (6, 1), (5, 1), (4, 1), (3, 1), (2, 1)]),
+    16: ([(7, 2), (8, 2), (6, 2)],
+         [(7, 2), (8, 1), (7, 1), (6, 1), (5, 1), (4, 1), (3, 1), (2, 1)]),
+}
 CONV_TILE_WASTE = 0.3
 
 
-def _nchwc_tile(ow: int | None, ob: int | None) -> tuple[int, int]:
-    """The register tile for a row of ``ow`` pixels and ``ob`` output channel blocks."""
+def _nchwc_tile(ow: int | None, ob: int | None, lanes: int = 8) -> tuple[int, int]:
+    """The register tile for a row of ``ow`` pixels and ``ob`` output channel blocks of
+    ``lanes`` float32 lanes (other vector lengths take the AVX2 tiles)."""
+    wide_tiles, tiles = CONV_NCHWC_TILES.get(lanes, CONV_NCHWC_TILES[8])
     if ow is None or ob is None:
-        return min(CONV_NCHWC_TILES[0][0], ow or CONV_NCHWC_TILES[0][0]), 1
-    for xt, bt in CONV_NCHWC_WIDE_TILES:
+        return min(tiles[0][0], ow or tiles[0][0]), 1
+    for xt, bt in wide_tiles:
         padded = -(-ow // xt) * xt
         if ob % bt == 0 and ow >= xt and (padded - ow) / padded <= CONV_TILE_WASTE:
             return xt, bt
-    for xt, bt in CONV_NCHWC_TILES:
+    for xt, bt in tiles:
         if ow % xt == 0 and ob % bt == 0:
             return xt, bt
-    return min(CONV_NCHWC_TILES[0][0], ow), 1
+    return min(tiles[0][0], ow), 1
 
 
 #: Weight size (bytes) up to which the threads of a convolution share its output rows even
@@ -793,7 +807,8 @@ def _schedule_conv2d_nchwc(sch: Any, target: Any) -> None:
     pad_at_row = rows_outer and "conv2d_nchwc_pad" in names
     if not pad_at_row:
         _schedule_pad(sch, target, "conv2d_nchwc_pad", names)
-    xt, bt = _nchwc_tile(loop_extent(sch, x), loop_extent(sch, ob))
+    xt, bt = _nchwc_tile(loop_extent(sch, x), loop_extent(sch, ob),
+                          target.vector_lanes("float32"))
     xo, xi = split_off(sch, x, xt if xt > 1 else None)
     obo, obi = split_off(sch, ob, bt if bt > 1 else None)
     co, ci, vec = _vector_channels(sch, target, block, oi)

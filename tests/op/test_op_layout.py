@@ -243,7 +243,7 @@ def test_conv2d_nchwc_thread_split_orders(shape, wshape, rows_outer):
     from kiln.op import nn as knn
 
     target = Target("c", num_threads=2)
-    lanes = 8
+    lanes = target.vector_lanes("float32")
     x, w = rand(shape), rand(wshape)
     xb, wb = _to(x, "NCHW", f"NCHW{lanes}c"), _to(w, "OIHW", f"OIHW{lanes}i{lanes}o")
     opdef = get_op_def("nn.conv2d_nchwc")
@@ -273,7 +273,7 @@ def test_conv2d_nchwc_symbolic_batch_shares_rows():
     import kiln.codegen.c as cg
 
     target = Target("c", num_threads=2)
-    lanes = 8
+    lanes = target.vector_lanes("float32")
     n = tir.Var("n", "int64")
     opdef = get_op_def("nn.conv2d_nchwc")
     data = te.placeholder((n, 2, 32, 32, lanes), "float32", name="data")
@@ -288,11 +288,49 @@ def test_conv2d_nchwc_symbolic_batch_shares_rows():
     assert "n" in str(par.extent) and str(par.extent) != "n"
     mod = cg.build({"conv": sch.func}, target)
     for batch in (1, 3):
-        x, w = rand((batch, 16, 32, 32)), rand((16, 16, 3, 3))
+        x, w = rand((batch, 2 * lanes, 32, 32)), rand((2 * lanes, 2 * lanes, 3, 3))
         xb, wb = _to(x, "NCHW", f"NCHW{lanes}c"), _to(w, "OIHW", f"OIHW{lanes}i{lanes}o")
         ref = _to(conv_ref(x, w, padding=1), "NCHW", f"NCHW{lanes}c")
         got = np.zeros(ref.shape, "float32")
         mod["conv"](xb, wb, got)
+        check(got, ref)
+
+
+@pytest.mark.parametrize("lanes, expect", [
+    # AVX2: 6 x 2 blocks where the row tail wastes little, 5 x 2 on 7-pixel rows
+    (8, {56: (6, 2), 28: (6, 2), 14: (6, 2), 7: (5, 2), 3: (3, 1)}),
+    # AVX-512: 7 x 2 divides ResNet's rows; 8 x 2 where 7 would waste a third of a tile
+    (16, {112: (7, 2), 56: (7, 2), 28: (7, 2), 14: (7, 2), 7: (7, 2), 8: (8, 2), 3: (3, 1)}),
+])
+def test_conv2d_nchwc_tile_follows_the_vector_length(lanes, expect):
+    from kiln.op import nn as knn
+
+    assert {ow: knn._nchwc_tile(ow, 4, lanes) for ow in expect} == expect
+    assert knn._nchwc_tile(14, 3, lanes) == (7, 1)  # an odd block count: one block wide
+
+
+@pytest.mark.parametrize("features", [{"avx2", "fma"}, {"avx2", "fma", "avx512f"}],
+                         ids=["avx2", "avx512"])
+def test_conv2d_nchwc_each_tile_matches_numpy(features, monkeypatch):
+    """Both vector lengths' tiles, whatever this machine has (GCC splits wider vectors), on
+    rows their tiles divide and rows with a tail."""
+    import kiln.codegen.c as cg
+
+    monkeypatch.delenv("KILN_VECTOR_BITS", raising=False)  # the override would win
+    target = Target("c", features=frozenset(features))
+    lanes = target.vector_lanes("float32")
+    opdef = get_op_def("nn.conv2d_nchwc")
+    for hw in (14, 10):
+        x, w = rand((1, lanes, hw, hw)), rand((4 * lanes, lanes, 3, 3))
+        xb, wb = _to(x, "NCHW", f"NCHW{lanes}c"), _to(w, "OIHW", f"OIHW{lanes}i{lanes}o")
+        data = te.placeholder(xb.shape, "float32", name="data")
+        weight = te.placeholder(wb.shape, "float32", name="weight")
+        out = opdef.compute(data, weight, attrs=opdef.make_attrs(padding=1))
+        sch = Schedule(te.create_prim_func([data, weight, out]))
+        opdef.schedules["c"](sch, target)
+        ref = _to(conv_ref(x, w, padding=1), "NCHW", f"NCHW{lanes}c")
+        got = np.zeros(ref.shape, "float32")
+        cg.build({"conv": sch.func}, target)["conv"](xb, wb, got)
         check(got, ref)
 
 

@@ -13,20 +13,25 @@ from kiln import graph as g
 from kiln import op, te, tir
 from kiln.ir.errors import StructInfoError
 from kiln.op.layout import transform_array
-from kiln.op.matmul_packed import GEMM_MR, GEMM_NR
+from kiln.op.matmul_packed import GEMM_TILES, gemm_tile
 from kiln.op.registry import get_op_def
 from kiln.target import Target
 from kiln.testing.op_testing import check, dims, infer, make_rand, run_cases, tvar
 from kiln.tir.schedule import Schedule
-from kiln.transform import AlterOpLayout
+from kiln.transform import AlterOpLayout, FoldConstant
 
 TARGET = Target("c")
+GEMM_MR, GEMM_NR = gemm_tile(TARGET)
+#: Targets with each register tile, whatever this machine has (the code runs on any x86-64
+#: with AVX2: GCC splits wider vector types).
+TILE_TARGETS = [Target("c", features=frozenset({"avx2", "fma"})),
+                Target("c", features=frozenset({"avx2", "fma", "avx512f"}))]
 RNG = np.random.default_rng(7)
 rand = make_rand(RNG)
 check = functools.partial(check, check_shape=True)
 
 
-def pack(b: np.ndarray, nb: int = GEMM_NR) -> np.ndarray:
+def pack(b: np.ndarray, nb: int = 16) -> np.ndarray:
     """``b [..., K, N]`` -> ``[..., N/nb, K, nb]`` (what the layout rewrite produces)."""
     *batch, k, n = b.shape
     return np.ascontiguousarray(
@@ -65,6 +70,8 @@ CASES = [
 
 def test_matches_numpy():
     cases = [("matmul_packed", [rand(a), pack(rand(b))], {}) for a, b in CASES]
+    cases += [("matmul_packed", [rand(a), pack(rand(b), 32)], {}) for a, b in CASES
+              if b[-1] % 32 == 0]
     outs = run_cases(cases)
     for (_, (a, b), _), out in zip(cases, outs):
         k, n = b.shape[-2], b.shape[-3] * b.shape[-1]
@@ -84,7 +91,7 @@ def test_schedule_keeps_the_tile_in_a_small_local_buffer():
     assert f"matmul_packed_local[{GEMM_MR * GEMM_NR}]" in mod.source
     x, y = rand((64, 32)), rand((32, 4 * GEMM_NR))
     res = np.zeros((64, 4 * GEMM_NR), "float32")
-    mod["mmp"](x, pack(y), res)
+    mod["mmp"](x, pack(y, GEMM_NR), res)
     check(res, x @ y)
 
 
@@ -101,7 +108,7 @@ def test_symbolic_rows():
     for rows in (1, 5, 13):
         x, y = rand((rows, 24)), rand((24, 2 * GEMM_NR))
         res = np.zeros((rows, 2 * GEMM_NR), "float32")
-        mod["mmp"](x, pack(y), res)
+        mod["mmp"](x, pack(y, GEMM_NR), res)
         check(res, x @ y)
 
 
@@ -129,7 +136,7 @@ def test_fused_consumers_run_per_panel_when_it_fits(rows, per_panel):
     mod = codegen_c.build({"mmp": sch.func}, TARGET)
     x, y, b = rand((rows, k)), rand((k, 2 * GEMM_NR)), rand((2 * GEMM_NR,))
     res = np.zeros((rows, 2 * GEMM_NR), "float32")
-    mod["mmp"](x, pack(y), b, res)
+    mod["mmp"](x, pack(y, GEMM_NR), b, res)
     check(res, np.maximum(x @ y + b, 0))
 
 
@@ -157,9 +164,32 @@ def _altered(mod):
     return FoldConstant()(AlterOpLayout(TARGET)(mod))
 
 
+def test_tile_follows_the_vector_length(monkeypatch):
+    monkeypatch.delenv("KILN_VECTOR_BITS", raising=False)  # the override would win
+    assert [gemm_tile(t) for t in TILE_TARGETS] == [GEMM_TILES[8], GEMM_TILES[16]]
+
+
+@pytest.mark.parametrize("target", TILE_TARGETS, ids=["avx2", "avx512"])
+def test_each_tile_packs_and_matches_numpy(target, monkeypatch):
+    """Both register tiles, whatever this machine has: the panel width and row count follow
+    the target's vector length; row counts around the tile's height, with a fused epilogue."""
+    monkeypatch.delenv("KILN_VECTOR_BITS", raising=False)  # the override would win
+    rows, cols = gemm_tile(target)
+    w, bias = rand((40, 4 * cols)), rand((4 * cols,))
+    for m in (1, rows - 1, rows + 3, 3 * rows):
+        mod = _module((m, 40), lambda x: op.nn.relu(op.add(op.matmul(x, g.const(w)),
+                                                           g.const(bias))))
+        after = FoldConstant()(AlterOpLayout(target)(mod))
+        packed = [c for blk in after["main"].body.blocks for c in blk.bindings
+                  if isinstance(c.value, g.Call) and c.value.op.name == "matmul_packed"]
+        assert packed and packed[0].value.args[1].struct_info.shape[-1].value == cols
+        x = rand((m, 40))
+        check(np.asarray(kiln.build(mod, target=target)(x)), np.maximum(x @ w + bias, 0))
+
+
 def test_constant_weight_is_packed_at_compile_time():
-    w = rand((32, 48))
-    bias = rand((48,))
+    w = rand((32, 64))
+    bias = rand((64,))
     mod = _module((16, 32), lambda x: op.nn.relu(op.add(op.matmul(x, g.const(w)),
                                                          g.const(bias))))
     after = _altered(mod)
@@ -170,9 +200,9 @@ def test_constant_weight_is_packed_at_compile_time():
 
 
 def test_computed_weight_gets_a_runtime_layout_transform():
-    w = rand((48, 32))
+    w = rand((64, 32))
     x_shape = (24, 32)  # two register tiles of rows: packing a computed weight pays
-    xw = g.Var("w", g.TensorStructInfo((48, 32), "float32"))
+    xw = g.Var("w", g.TensorStructInfo((64, 32), "float32"))
     x = g.Var("x", g.TensorStructInfo(x_shape, "float32"))
     bb = g.BlockBuilder()
     with bb.function("main", [x, xw]):
@@ -192,7 +222,7 @@ def test_declined_shapes_stay_matmul():
     assert _ops(_altered(mod)["main"]) == ["matmul"]
     # a computed right operand with few rows: packing it at run time does not pay
     x = g.Var("x", g.TensorStructInfo((4, 32), "float32"))
-    wv = g.Var("w", g.TensorStructInfo((32, 48), "float32"))
+    wv = g.Var("w", g.TensorStructInfo((32, 64), "float32"))
     bb = g.BlockBuilder()
     with bb.function("main", [x, wv]):
         with bb.dataflow():
@@ -202,7 +232,7 @@ def test_declined_shapes_stay_matmul():
 
 
 def test_matrix_vector_product_with_constant_weight_is_packed():
-    w = rand((64, 48))
+    w = rand((64, 64))
     mod = _module((1, 64), lambda x: op.matmul(x, g.const(w)))
     assert _ops(_altered(mod)["main"]) == ["matmul_packed"]
     x = rand((1, 64))
