@@ -184,3 +184,49 @@ def test_static_entries_of_a_partly_symbolic_shape_fold():
     out = mod["main"].ret_struct_info
     assert out.shape is not None and [str(d) for d in out.shape][1] == "5"
     _check_runs(m, [(RNG.standard_normal((b, 5)).astype("float32"),) for b in (1, 3)])
+
+
+def test_reshape_target_built_from_a_dynamic_batch_keeps_its_shape():
+    """The reshape targets of an attention block exported with a dynamic batch: Shape ->
+    Gather -> Unsqueeze -> Concat with constants -> Reshape. Their entries are tracked at import,
+    so the reshapes keep symbolic shapes (batch, 4, 2, 3) and the whole graph its output shape
+    (a run-time reshape would leave fresh dims that the following matmul cannot relate)."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["b"]),
+             helper.make_node("Gather", ["s", "one"], ["t"]),
+             helper.make_node("Unsqueeze", ["b", "axes0"], ["b1"]),
+             helper.make_node("Identity", ["b1"], ["b1i"]),
+             helper.make_node("Unsqueeze", ["t", "axes0"], ["t1"]),
+             helper.make_node("Cast", ["t1"], ["t1c"], to=I64),
+             helper.make_node("Concat", ["b1i", "t1c", "heads", "dh"], ["split_shape"], axis=0),
+             helper.make_node("Reshape", ["x", "split_shape"], ["q"]),
+             helper.make_node("Transpose", ["q"], ["qt"], perm=[0, 2, 1, 3]),
+             helper.make_node("Transpose", ["q"], ["kt"], perm=[0, 2, 3, 1]),
+             helper.make_node("MatMul", ["qt", "kt"], ["att"]),
+             helper.make_node("Softmax", ["att"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "qt"], ["o"]),
+             helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+             helper.make_node("Concat", ["b1", "t1", "width"], ["merge_shape"], axis=0),
+             helper.make_node("Reshape", ["ot", "merge_shape"], ["y"])]
+    inits = [helper.make_tensor("zero", I64, [], [0]), helper.make_tensor("one", I64, [], [1]),
+             helper.make_tensor("axes0", I64, [1], [0]), helper.make_tensor("heads", I64, [1], [2]),
+             helper.make_tensor("dh", I64, [1], [3]), helper.make_tensor("width", I64, [1], [6])]
+    m = _model(nodes, [_vi("x", F, ["batch", 4, 6])], inits=inits)
+    mod, _ = from_onnx(m)
+    out = mod["main"].ret_struct_info
+    assert out.shape is not None and [str(d) for d in out.shape] == ["batch", "4", "6"]
+    assert "dynamic_reshape" not in str(mod)
+    _check_runs(m, [(RNG.standard_normal((b, 4, 6)).astype("float32"),) for b in (1, 3)])
+
+
+def test_reshape_of_a_value_whose_rank_alone_is_known_is_a_clear_error():
+    """A run-time reshape of a value whose dims are not known at import (the sum of two
+    run-time reshapes, whose dims cannot be related): a KilnError that names the node."""
+    nodes = [helper.make_node("Reshape", ["x", "s1"], ["a"]),
+             helper.make_node("Reshape", ["w", "s2"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["c"]),
+             helper.make_node("Reshape", ["c", "s3"], ["y"], name="merge")]
+    m = _model(nodes, [_vi("x", F, [2, 3, 4]), _vi("w", F, [2, 3, 4]), _vi("s1", I64, [3]),
+                       _vi("s2", I64, [3]), _vi("s3", I64, [2])])
+    with pytest.raises(KilnError, match="merge.*dims of its input are not known"):
+        from_onnx(m)

@@ -210,7 +210,7 @@ class GraphContext:
     def shape(expr: Any) -> tuple[Any, ...]:
         sinfo = expr.struct_info
         if not isinstance(sinfo, g.TensorStructInfo) or sinfo.shape is None:
-            raise KilnError(f"expected a tensor of known rank, got {sinfo}")
+            raise KilnError(f"expected a tensor of known shape, got {sinfo}")
         return tuple(sinfo.shape)
 
     @staticmethod

@@ -55,7 +55,12 @@ def runtime_shape(ctx: Any, node: Any, fn: str, args: Sequence[Any], known: Sequ
     return dims
 
 
-def shape_expr(x: Any) -> Any:
+def shape_expr(ctx: Any, node: Any, x: Any) -> Any:
+    """``x``'s shape as a ShapeExpr for a shape function; a clear error when only its rank is
+    known at import (the sum of two run-time reshapes, whose dims cannot be related)."""
+    if x.struct_info.shape is None:
+        raise node.error(f"the dims of its input are not known at import ({x.struct_info}); "
+                         "a shape computed at run time needs them")
     return g.ShapeExpr(shape_of(x))
 
 
@@ -80,7 +85,7 @@ def _is_one(d: Any) -> bool:
 def reshape_rt(ctx: Any, node: Any, x: Any, shape_t: Any, allowzero: bool) -> Any:
     """Reshape to a shape tensor known at run time (0 copies a dim, -1 is inferred)."""
     k = static_len(node, shape_t, "the shape input")
-    dims = runtime_shape(ctx, node, "reshape", [shape_expr(x), shape_t, g.PrimValue(
+    dims = runtime_shape(ctx, node, "reshape", [shape_expr(ctx, node, x), shape_t, g.PrimValue(
         int(allowzero))], [None] * k)
     return op.dynamic_reshape(x, dims)
 
@@ -92,7 +97,7 @@ def expand_rt(ctx: Any, node: Any, x: Any, shape_t: Any) -> Any:
     rank = max(len(in_shape), k)
     aligned = [None] * (rank - len(in_shape)) + in_shape
     known = [None if d is None or _is_one(d) else d for d in aligned]
-    dims = runtime_shape(ctx, node, "expand", [shape_expr(x), shape_t], known)
+    dims = runtime_shape(ctx, node, "expand", [shape_expr(ctx, node, x), shape_t], known)
     return op.broadcast_to(x, dims)
 
 
@@ -156,7 +161,7 @@ def slice_rt(ctx: Any, node: Any, x: Any, starts: Any, ends: Any, axes: Any,
     starts = int64_tensor(starts)
     steps = g.const(np.ones(n, np.int64)) if steps is None else int64_tensor(steps)
     known = [None if a in axes else d for a, d in enumerate(shape_of(x))]
-    dims = runtime_shape(ctx, node, "slice", [shape_expr(x), starts, int64_tensor(ends),
+    dims = runtime_shape(ctx, node, "slice", [shape_expr(ctx, node, x), starts, int64_tensor(ends),
                                               g.ShapeExpr(tuple(axes)), steps], known)
     return op.dynamic_strided_slice(x, starts, steps, tuple(axes), dims)
 
@@ -177,8 +182,8 @@ def pad_rt(ctx: Any, node: Any, x: Any, pads: Any, fill: Any, axes: Any, mode: s
         raise node.error(f"pads must have 2 entries per padded axis ({len(axes)})")
     pads = int64_tensor(pads)
     known = [None if a in axes else d for a, d in enumerate(shape_of(x))]
-    dims = runtime_shape(ctx, node, "pad", [shape_expr(x), pads, g.ShapeExpr(tuple(axes))],
-                         known)
+    dims = runtime_shape(ctx, node, "pad",
+                         [shape_expr(ctx, node, x), pads, g.ShapeExpr(tuple(axes))], known)
     if fill is None:
         fill = g.const(np.zeros((), dtype=str(x.struct_info.dtype)))
     elif shape_of(fill):
@@ -189,14 +194,14 @@ def pad_rt(ctx: Any, node: Any, x: Any, pads: Any, fill: Any, axes: Any, mode: s
 def unsqueeze_rt(ctx: Any, node: Any, x: Any, axes: Any) -> Any:
     """Unsqueeze by axes known at run time (their count, hence the rank, is static)."""
     rank = ndim_of(x) + static_len(node, axes, "axes")
-    dims = runtime_shape(ctx, node, "unsqueeze", [shape_expr(x), axes], [None] * rank)
+    dims = runtime_shape(ctx, node, "unsqueeze", [shape_expr(ctx, node, x), axes], [None] * rank)
     return op.dynamic_reshape(x, dims)
 
 
 def squeeze_rt(ctx: Any, node: Any, x: Any, axes: Any) -> Any:
     """Squeeze axes known at run time (their count, hence the rank, is static)."""
     rank = ndim_of(x) - static_len(node, axes, "axes")
-    dims = runtime_shape(ctx, node, "squeeze", [shape_expr(x), axes], [None] * rank)
+    dims = runtime_shape(ctx, node, "squeeze", [shape_expr(ctx, node, x), axes], [None] * rank)
     return op.dynamic_reshape(x, dims)
 
 
@@ -204,7 +209,7 @@ def split_rt(ctx: Any, node: Any, x: Any, sizes: Any, axis: int) -> list[Any]:
     """Split by sizes known at run time (their count, the number of outputs, is static)."""
     k = static_len(node, sizes, "split")
     sizes = ctx.emit(int64_tensor(sizes), f"{node.name}_sizes")
-    lens = runtime_shape(ctx, node, "split", [shape_expr(x), sizes, g.PrimValue(axis)],
+    lens = runtime_shape(ctx, node, "split", [shape_expr(ctx, node, x), sizes, g.PrimValue(axis)],
                          [None] * k, "part")
     offsets = ctx.emit(op.cumsum(sizes, axis=0, exclusive=True), f"{node.name}_offsets")
     one = g.const(np.ones(1, np.int64))
@@ -252,7 +257,7 @@ def select_shaped(ctx: Any, node: Any, default: Any, choices: Sequence[tuple[Any
     out, ends = ctx.emit(out, f"{node.name}_padded"), ctx.emit(ends, f"{node.name}_ends")
     zeros, ones = g.const(np.zeros(nd, np.int64)), g.const(np.ones(nd, np.int64))
     known = [big[k] if len({sh[k] for sh in shapes}) == 1 else None for k in range(nd)]
-    dims = runtime_shape(ctx, node, "slice", [shape_expr(out), zeros, ends, g.ShapeExpr(
+    dims = runtime_shape(ctx, node, "slice", [shape_expr(ctx, node, out), zeros, ends, g.ShapeExpr(
         tuple(range(nd))), ones], known)
     return op.dynamic_strided_slice(out, zeros, ones, tuple(range(nd)), dims)
 

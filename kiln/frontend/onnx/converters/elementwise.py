@@ -11,6 +11,7 @@ import numpy as np
 from .... import graph as g
 from .... import op
 from ..registry import converter
+from . import shape_values as sv
 from .common import dtype_of, ndim_of, scalar, shape_of, static_int
 
 _BINARY = {
@@ -63,6 +64,8 @@ def div(ctx: Any, node: Any) -> Any:
 
 @converter("Identity")
 def identity(ctx: Any, node: Any) -> Any:
+    if sv.entries(ctx, node, 0) is not None and node.const_value(0) is None:
+        sv.track(ctx, node, sv.entries(ctx, node, 0))
     return node.input(0)
 
 
@@ -210,7 +213,12 @@ def _onnx_cast(node: Any, dtype: str) -> Any:
 def cast(ctx: Any, node: Any) -> Any:
     from ..importer import onnx_dtype
 
-    return _onnx_cast(node, onnx_dtype(node.attr("to"), str(node)))
+    dtype = onnx_dtype(node.attr("to"), str(node))
+    if dtype in ("int64", "int32") and node.const_value(0) is None:
+        values = sv.entries(ctx, node, 0)
+        if values is not None:
+            sv.track(ctx, node, values)
+    return _onnx_cast(node, dtype)
 
 
 @converter("CastLike", since=15)

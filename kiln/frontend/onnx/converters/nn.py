@@ -439,7 +439,7 @@ def _col2im_rt(ctx: Any, node: Any, x: Any) -> Any:
     pads = _ints_attr(node, "pads", 2 * nsp, 0)
     image, block = ctx.emit(image, f"{node.name}_image"), ctx.emit(block, f"{node.name}_block")
     dims = rt.runtime_shape(ctx, node, "col2im", [
-        rt.shape_expr(x), image, block, g.ShapeExpr(strides), g.ShapeExpr(dil),
+        rt.shape_expr(ctx, node, x), image, block, g.ShapeExpr(strides), g.ShapeExpr(dil),
         g.ShapeExpr(pads)], [shape_of(x)[0]] + [None] * (nsp + 1))
     return op.dynamic_col2im(x, image, block, dims, strides, dil, pads)
 
@@ -469,7 +469,7 @@ def max_unpool(ctx: Any, node: Any) -> Any:
             raise node.error(f"output_shape must have {nsp + 2} entries")
         dims = rt.runtime_shape(ctx, node, "values", [node.input(2)], [nb, ch] + [None] * nsp)
         zeros = ctx.emit(op.broadcast_to(scalar(0, dtype_of(x)), dims), f"{node.name}_zeros")
-        total = rt.runtime_shape(ctx, node, "reshape", [rt.shape_expr(zeros), g.const(
+        total = rt.runtime_shape(ctx, node, "reshape", [rt.shape_expr(ctx, node, zeros), g.const(
             np.array([-1], np.int64)), g.PrimValue(0)], [None], "flat")
         flat = op.scatter_elements(op.dynamic_reshape(zeros, total), reshape(idx, (-1,)),
                                    reshape(x, (-1,)), axis=0)

@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 
 from .... import graph as g
-from .... import op, tir
+from .... import op
 from ....ir.errors import StructInfoError
 from ..registry import converter
 from . import dynamic as rt
+from . import shape_values as sv
 from .common import ints, ndim_of, norm_axis, prod, reshape, shape_of, static_int
 
 
@@ -60,14 +61,15 @@ def constant_of_shape(ctx: Any, node: Any) -> Any:
 @converter("Shape")
 def shape(ctx: Any, node: Any) -> Any:
     x = node.input(0)
-    static = ctx.static_shape(x)
+    dims = x.struct_info.shape  # None: only the rank is known
+    static = None if dims is None else ctx.static_shape(x)
     start, end = (node.attr("start", 0), node.attr("end", None)) if node.opset >= 15 else (0, None)
     if static is not None:
         return np.array(static, dtype=np.int64)[start:end]
     # symbolic dims: a kernel writes them (bound from its argument) at run time
     begin, stop, _ = slice(start, end).indices(ndim_of(x))
-    if ctx.shape(x) is not None:
-        ctx.shape_dims[node.proto.output[0]] = list(ctx.shape(x)[begin:max(stop, begin)])
+    if dims is not None:
+        sv.track(ctx, node, list(dims)[begin:max(stop, begin)])
     out = op.dynamic_shape_of(x)
     if (begin, stop) == (0, ndim_of(x)):
         return out
@@ -87,6 +89,9 @@ def reshape_(ctx: Any, node: Any) -> Any:
     x = node.input(0)
     allowzero = bool(node.attr("allowzero", 0))
     if not node.is_const(1):
+        known = _reshape_to_entries(ctx, node, x, allowzero)
+        if known is not None:
+            return known
         return rt.reshape_rt(ctx, node, x, node.input(1), allowzero)
     target = ints(node.const_input(1, "shape"))
     in_shape = shape_of(x)
@@ -100,6 +105,29 @@ def reshape_(ctx: Any, node: Any) -> Any:
     except StructInfoError:
         # the element count is not provable (dims bound at run time): checked when it runs
         return rt.reshape_rt(ctx, node, x, g.const(np.array(target, np.int64)), allowzero)
+
+
+def _reshape_to_entries(ctx: Any, node: Any, x: Any, allowzero: bool) -> Any | None:
+    """Reshape to a computed shape whose entries are known at import (``shape_values``): a
+    reshape to those dims, so the result keeps a (symbolic) shape. None when the entries are
+    unknown or the element count is not provably kept (then checked at run time)."""
+    target = sv.entries(ctx, node, 1)
+    in_shape = x.struct_info.shape
+    if target is None or in_shape is None:
+        return None
+    dims = []
+    for i, d in enumerate(target):
+        if isinstance(d, int) and d == 0 and not allowzero:
+            if i >= len(in_shape):
+                return None
+            d = in_shape[i]
+        elif isinstance(d, int) and d < -1:
+            return None
+        dims.append(d)
+    try:
+        return ctx.emit(reshape(x, dims), node.name)
+    except StructInfoError:
+        return None
 
 
 @converter("Flatten")
@@ -122,6 +150,9 @@ def concat(ctx: Any, node: Any) -> Any:
     consts = _all_const(node)
     if consts is not None:
         return np.concatenate(consts, axis=axis)
+    parts = [sv.entries(ctx, node, i) for i in range(node.num_inputs)]
+    if all(p is not None for p in parts):
+        sv.track(ctx, node, [v for p in parts for v in p])
     return op.concat([x for x in node.inputs() if x is not None], axis=axis)
 
 
@@ -164,6 +195,8 @@ def squeeze(ctx: Any, node: Any) -> Any:
         axes = None if value is None else ints(value)
     else:
         axes = node.attr("axes", None)
+    if ndim_of(x) <= 1 and sv.entries(ctx, node, 0) is not None:
+        sv.track(ctx, node, sv.entries(ctx, node, 0))
     if axes is None:
         return op.squeeze(x)
     nd = ndim_of(x)
@@ -184,6 +217,8 @@ def unsqueeze(ctx: Any, node: Any) -> Any:
     const = node.const_value(0)
     if const is not None:
         return np.expand_dims(const, tuple(sorted(pos)))
+    if rank <= 1 and sv.entries(ctx, node, 0) is not None:
+        sv.track(ctx, node, sv.entries(ctx, node, 0))
     return reshape(x, out)
 
 
@@ -242,27 +277,30 @@ def gather(ctx: Any, node: Any) -> Any:
     consts = _all_const(node)
     if consts is not None:
         return np.take(consts[0], consts[1], axis=axis)
-    picked = _static_shape_entries(ctx, node)
+    picked = _shape_entries(ctx, node)
     if picked is not None:
-        return picked
+        static = sv.static_entries(picked)
+        if static is not None:
+            return np.array(static, dtype=np.int64).reshape(np.shape(node.const_value(1)))
+        sv.track(ctx, node, picked)
     # "wrap" maps ONNX's negative indices (counted from the end) onto the axis
     return op.take(x, indices, axis=axis, mode="wrap")
 
 
-def _static_shape_entries(ctx: Any, node: Any) -> np.ndarray | None:
-    """Gather of constant indices from a Shape whose picked dims are all static (a model
-    exported with a dynamic batch reads its static sequence length this way): a constant."""
-    dims = ctx.shape_dims.get(node.proto.input[0])
+def _shape_entries(ctx: Any, node: Any) -> list[Any] | None:
+    """Gather of constant indices from a tracked shape value: the picked entries. All static
+    (a model exported with a dynamic batch reads its sequence length this way), the Gather
+    folds to a constant; else its entries are tracked (the batch, for a reshape target)."""
+    dims = sv.entries(ctx, node, 0)
     index = node.const_value(1)
-    if dims is None or index is None:
+    if dims is None or index is None or np.ndim(index) > 1:
         return None
     picked = []
     for i in np.asarray(index).reshape(-1):
-        d = dims[int(i) % len(dims)] if -len(dims) <= int(i) < len(dims) else None
-        if not isinstance(d, tir.IntImm):
+        if not -len(dims) <= int(i) < len(dims):
             return None
-        picked.append(int(d.value))
-    return np.array(picked, dtype=np.int64).reshape(np.shape(index))
+        picked.append(dims[int(i) % len(dims)])
+    return picked
 
 
 @converter("Pad", since=2)
