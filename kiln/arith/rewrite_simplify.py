@@ -420,7 +420,29 @@ class Simplifier(VectorRules):
                 return True
             if self._le0_shift(d.scaled(-1), 1 - strict, -hi, -lo):
                 return False
+            if self._floordiv_le0(d, strict):
+                return True
         return None
+
+    def _floordiv_le0(self, d: Linear, k: int) -> bool:
+        """Provably ``d + k <= 0`` where ``d`` is ``x // c + rest`` (``c > 0`` constant): the
+        same as ``x + c*(rest + k) - c + 1 <= 0``, free of the division. A loop fused over a
+        symbolic batch, ``for i in range(batch * 28)``, guards its batch index with
+        ``i // 28 < batch``, which the facts prove only in that form."""
+        for key, (t, coef) in d.terms.items():
+            if coef != 1 or type(t) is not E.FloorDiv or type(t.b) is not E.IntImm:
+                continue
+            c = t.b.value
+            if c <= 0:
+                continue
+            rest = d.copy()
+            del rest.terms[key]
+            rest.const += k
+            free = self.parse(t.a, d.dtype).plus(rest, c)
+            free.const += 1 - c
+            lo, hi = self.lin_bound(free)
+            return self._le0_shift(free, 0, lo, hi)
+        return False
 
     def _le0_shift(self, d: Linear, k: int, lo: int, hi: int) -> bool:
         """Provably ``d + k <= 0``."""

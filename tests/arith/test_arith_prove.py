@@ -56,6 +56,21 @@ def test_symbolic_extents():
     assert not ana.can_prove(io < m)
 
 
+def test_floordiv_against_a_symbolic_extent():
+    """A loop fused over a symbolic batch, ``for f in range(n * 28)``, reads its batch index as
+    ``f // 28``: that index is provably below ``n`` (the guard a schedule over such a loop
+    would otherwise keep in every store)."""
+    ana = Analyzer()
+    f = tir.Var("f", "int64")
+    ana.bind(f, tir.Range(c64(0), n * 28))
+    assert ana.can_prove(tir.floordiv(f, 28) < n)
+    assert ana.can_prove(tir.floordiv(f, 28) <= n - 1)
+    assert ana.can_prove(tir.floordiv(f, 28) + 1 <= n)
+    assert not ana.can_prove(tir.floordiv(f, 28) < n - 1)
+    assert not ana.can_prove(tir.floordiv(f, 14) < n)  # f = 28n - 1 gives 2n - 1
+    assert not ana.can_prove(tir.floordiv(f, 28) < m)
+
+
 def test_symbolic_min():
     ana = Analyzer()
     ana.bind(io, tir.Range(n, c64(8)))

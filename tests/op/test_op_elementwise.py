@@ -383,6 +383,33 @@ def test_graph_end_to_end_symbolic():
                                    atol=1e-6)  # gelu(x << 0) = x * (1 + erf): cancellation
 
 
+def test_schedule_injective_with_a_symbolic_batch_keeps_inner_loops():
+    """A dynamic batch (which may be 1) counts as 1 when choosing the loops the threads share:
+    the constant loops after it join the parallel loop until they alone give every thread
+    chunks, and the rest stay nested (fusing them all costs a div/mod per element)."""
+    from kiln.codegen import c as codegen_c
+    from kiln.op.schedule_helpers import schedule_injective
+    from kiln.tir.schedule import Schedule
+
+    n = te.size_var("n")
+    a = te.placeholder((n, 3, 64, 64), "float32", name="A")
+    b = te.compute((n, 64, 64, 3), lambda i, y, x, c: a[i, c, y, x], name="B")
+    sch = Schedule(te.create_prim_func([a, b]))
+    schedule_injective(sch, Target("c", num_threads=2))
+    loops = []
+    tir.post_order_visit(sch.func.body, lambda x: loops.append(x)
+                         if isinstance(x, tir.For) else None)
+    par = [lp for lp in loops if lp.kind == tir.ForKind.PARALLEL]
+    assert len(par) == 1 and str(par[0].extent) == "n * 64"
+    assert len(loops) == 3  # the parallel (n, y) loop, x and c nested
+    mod = codegen_c.build({"f": sch.func}, TARGET)
+    for batch in (1, 2):
+        av = rand((batch, 3, 64, 64))
+        out = np.empty((batch, 64, 64, 3), np.float32)
+        mod["f"](av, out)
+        np.testing.assert_array_equal(out, av.transpose(0, 2, 3, 1))
+
+
 def test_schedule_injective_inlines_intermediate_stages():
     from kiln.codegen import c as codegen_c
     from kiln.op.schedule_helpers import schedule_injective

@@ -245,6 +245,34 @@ def test_dense_symbolic_rows_uses_transposed_weight():
         check(res, xv @ wv.T)
 
 
+def test_gemm_with_symbolic_rows_shares_column_chunks():
+    """An unpacked product with a dynamic row count (a classifier of 1000 classes at a dynamic
+    batch) splits its columns into chunks and fuses them with the rows into the parallel loop,
+    so at one row every thread still has columns to compute."""
+    from kiln.codegen import c as codegen_c
+
+    n = te.size_var("n")
+    x = te.placeholder((n, 40), "float32", name="x")
+    w = te.placeholder((40, 1000), "float32", name="w")
+    opdef = get_op_def("matmul")
+    out = opdef.compute(x, w, attrs=opdef.make_attrs())
+    sch = Schedule(te.create_prim_func([x, w, out]))
+    target = Target("c", num_threads=2)
+    opdef.schedules["c"](sch, target)
+    loops = []
+    tir.post_order_visit(sch.func.body, lambda lp: loops.append(lp)
+                         if isinstance(lp, tir.For) else None)
+    par = [lp for lp in loops if lp.kind == tir.ForKind.PARALLEL]
+    assert len(par) == 1 and str(par[0].extent) not in ("n", "1")
+    mod = codegen_c.build({"mm": sch.func}, target)
+    wv = rand((40, 1000))
+    for rows in (1, 3):
+        xv = rand((rows, 40))
+        res = np.empty((rows, 1000), "float32")
+        mod["mm"](xv, wv, res)
+        check(res, xv @ wv)
+
+
 def test_schedules_handle_fused_epilogues():
     """After fusion an op's PrimFunc also holds its element-wise consumers; the op's schedule
     computes them under its parallel loop (vectorized) and the result stays right."""
