@@ -32,6 +32,9 @@ class _PlanBuilder:
         self.name = name
         self.slots: list[SlotSpec] = []
         self.constants: dict[int, np.ndarray] = {}
+        # id(constant array) -> (the array, its aligned copy); the array is kept so its id
+        # cannot be reused while the plan is built
+        self._aligned: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.calls: list[KernelCall] = []
         self.values: dict[int, Any] = {}  # id(graph var) -> slot or nested list of slots
         self.var_names: dict[int, str] = {}  # id(tir var) -> unique name
@@ -69,6 +72,17 @@ class _PlanBuilder:
             return [self.new_value(f, kind, what) for f in sinfo.fields]
         return self.new_slot(sinfo, kind, what)
 
+    def _aligned_constant(self, data: np.ndarray) -> np.ndarray:
+        """The constant's bytes at a 64-byte address (``memory_plan.aligned_copy``: vector loads
+        of a weight never straddle cache lines), copied once per array however often it is
+        used."""
+        key = id(data)
+        if key not in self._aligned:
+            # (ascontiguousarray alone turns a 0-d array into shape (1,))
+            flat = np.ascontiguousarray(data).reshape(data.shape)
+            self._aligned[key] = (data, memory_plan.aligned_copy(flat))
+        return self._aligned[key][1]
+
     # ---- expressions --------------------------------------------------------------------
     def resolve(self, e: gx.Expr) -> Any:
         if isinstance(e, gx.Var):
@@ -79,10 +93,8 @@ class _PlanBuilder:
                     f"{self.name}: variable {e.name_hint} used before it is bound"
                 ) from None
         if isinstance(e, gx.Constant):
-            # (ascontiguousarray alone turns a 0-d array into shape (1,))
-            data = np.ascontiguousarray(e.data).reshape(e.data.shape)
             slot = self.new_slot(e.struct_info, "const", "a constant")
-            self.constants[slot] = data
+            self.constants[slot] = self._aligned_constant(e.data)
             return slot
         if isinstance(e, gx.Tuple):
             return [self.resolve(f) for f in e.fields]

@@ -356,8 +356,9 @@ def load(path: str) -> Executable:
             for c in pj["constants"]:
                 dt = dtypes[pj["slots"][c["slot"]]["dtype"]]
                 raw = const_blob[c["offset"]:c["offset"] + c["nbytes"]]
-                constants[c["slot"]] = np.frombuffer(raw, dtype=dt.to_numpy()).reshape(
-                    c["shape"]).copy()
+                const = memory_plan.aligned_empty(c["shape"], dt.to_numpy())
+                const[...] = np.frombuffer(raw, dtype=dt.to_numpy()).reshape(c["shape"])
+                constants[c["slot"]] = const
             plans[name] = Plan.from_json(pj, dtypes, constants)
     except (KeyError, IndexError, TypeError, ValueError) as err:
         raise ModelFormatError(f"{path}: malformed executable header ({err})") from err

@@ -110,12 +110,15 @@ class Executor:
         for slot, spec in enumerate(plan.slots):
             if spec.kind == "const":
                 const = plan.constants[slot]
-                # (ascontiguousarray alone would turn a 0-d array into shape (1,))
-                self._static[slot] = np.ascontiguousarray(const).reshape(const.shape)
+                # (ascontiguousarray alone would turn a 0-d array into shape (1,)); plans made
+                # by kiln.build or kiln.load hold aligned constants already (no copy then)
+                self._static[slot] = memory_plan.aligned_copy(
+                    np.ascontiguousarray(const).reshape(const.shape))
             elif slot in plan.workspace_offsets:
                 self._static[slot] = memory_plan.temp_view(self.workspace, plan, slot)
             elif spec.kind == "temp" and all(shape_expr.is_static(d) for d in spec.shape):
-                self._static[slot] = np.empty(spec.shape, dtype=spec.dtype.to_numpy())
+                self._static[slot] = memory_plan.aligned_empty(spec.shape,
+                                                               spec.dtype.to_numpy())
         self._entry = self._profile_entry = None
         if plan.entry is not None:
             self._setup_entry(plan.entry)
@@ -239,7 +242,7 @@ class Executor:
                 if values[s] is None:  # symbolic shape: its names are bound by now
                     spec = plan.slots[s]
                     shape = tuple(shape_expr.evaluate(d, env) for d in spec.shape)
-                    values[s] = np.empty(shape, dtype=spec.dtype.to_numpy())
+                    values[s] = memory_plan.aligned_empty(shape, spec.dtype.to_numpy())
             if times is None:
                 funcs[call.func](*[values[s] for s in call.args])
                 continue

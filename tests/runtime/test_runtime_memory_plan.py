@@ -139,3 +139,69 @@ def test_symbolic_plan_memory_shares_bytes_by_liveness():
     one = -(-7 * 8 * 4 // ALIGN) * ALIGN
     # a chain of temps: no more than two live at once
     assert peak <= 2 * one and all(off % ALIGN == 0 for off in offsets.values())
+
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+@pytest.mark.parametrize("shape,dtype", [((3, 5), "float32"), ((), "float64"), ((4, 0), "int8"),
+                                         ((7,), "uint8")])
+def test_aligned_empty_has_the_shape_dtype_and_alignment(shape, dtype):
+    for _ in range(8):  # numpy's own placement varies from one allocation to the next
+        a = memory_plan.aligned_empty(shape, dtype)
+        assert a.shape == shape and a.dtype == np.dtype(dtype) and a.flags.c_contiguous
+        if a.size:  # (an empty array's address means nothing)
+            assert _address(a) % ALIGN == 0
+
+
+def test_aligned_copy_copies_only_misaligned_arrays():
+    raw = memory_plan.aligned_empty((40,), "float32")
+    aligned, shifted = raw[:32].reshape(4, 8), raw[4:36].reshape(4, 8)  # 16 bytes off
+    raw[:] = np.arange(40)
+    assert memory_plan.aligned_copy(aligned) is aligned
+    copy = memory_plan.aligned_copy(shifted)
+    assert copy is not shifted and _address(copy) % ALIGN == 0
+    np.testing.assert_array_equal(copy, shifted)
+    strided = memory_plan.aligned_copy(raw[::2])
+    assert strided.flags.c_contiguous and _address(strided) % ALIGN == 0
+    np.testing.assert_array_equal(strided, raw[::2])
+
+
+def test_constants_and_unplanned_temps_are_aligned(built, tmp_path):
+    """Kernels load weights with full-width vector loads: numpy's 16-byte alignment would make
+    half of them straddle cache lines. Constants are aligned when the plan is made (no copy
+    per executor), again when a saved executable is loaded, and temps kept outside the
+    workspace are too."""
+    model, exe = built
+    plan = exe.plans["main"]
+    assert plan.constants
+    assert all(_address(c) % ALIGN == 0 for c in plan.constants.values())
+    ex = Executor(plan, exe.module)
+    assert all(_address(ex._static[s]) == _address(plan.constants[s]) for s in plan.constants)
+    path = tmp_path / "m.kiln"
+    exe.save(str(path))
+    loaded = kiln.load(str(path))
+    lplan = loaded.plans["main"]
+    assert all(_address(c) % ALIGN == 0 for c in lplan.constants.values())
+    unplanned = type(plan)(**{**plan.__dict__, "workspace_offsets": {}, "workspace_bytes": 0,
+                              "entry": None})
+    temps = [a for s, a in Executor(unplanned, exe.module)._static.items()
+             if plan.slots[s].kind == "temp"]
+    assert temps and all(_address(a) % ALIGN == 0 for a in temps)
+    np.testing.assert_array_equal(loaded(*model.inputs), exe(*model.inputs))
+
+
+def test_misaligned_constants_given_to_an_executor_are_realigned(built):
+    model, exe = built
+    plan = exe.plans["main"]
+    shifted = {}
+    for slot, c in plan.constants.items():
+        raw = memory_plan.aligned_empty((c.nbytes + ALIGN,), "uint8")
+        a = raw[16:16 + c.nbytes].view(c.dtype).reshape(c.shape)
+        a[...] = c
+        shifted[slot] = a
+    odd = type(plan)(**{**plan.__dict__, "constants": shifted})
+    ex = Executor(odd, exe.module)
+    assert all(_address(ex._static[s]) % ALIGN == 0 for s in shifted)
+    np.testing.assert_array_equal(ex.run(*model.inputs), exe(*model.inputs))
