@@ -30,8 +30,9 @@ def _model(nodes, inputs, out_elem=F, inits=(), opset=18):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def _check_runs(model, feeds_list):
-    """One kiln build; every feed set must match onnxruntime (shape, dtype and values)."""
+def _check_runs(model, feeds_list, atol=0.0):
+    """One kiln build; every feed set must match onnxruntime (shape, dtype and values; ``atol``
+    for models that sum products, whose results near zero carry the rounding of O(1) terms)."""
     rep = prepare(model)
     exe = rep.exe
     sess = ort.InferenceSession(model.SerializeToString())
@@ -40,7 +41,7 @@ def _check_runs(model, feeds_list):
         (want,) = sess.run(None, dict(zip(names, feeds)))
         (got,) = rep.run(list(feeds))
         assert got.shape == want.shape and got.dtype == want.dtype
-        np.testing.assert_allclose(got, want, rtol=1e-6)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=atol)
     assert rep.exe is exe  # never recompiled
     return rep
 
@@ -216,7 +217,8 @@ def test_reshape_target_built_from_a_dynamic_batch_keeps_its_shape():
     out = mod["main"].ret_struct_info
     assert out.shape is not None and [str(d) for d in out.shape] == ["batch", "4", "6"]
     assert "dynamic_reshape" not in str(mod)
-    _check_runs(m, [(RNG.standard_normal((b, 4, 6)).astype("float32"),) for b in (1, 3)])
+    _check_runs(m, [(RNG.standard_normal((b, 4, 6)).astype("float32"),) for b in (1, 3)],
+                atol=1e-6)
 
 
 def test_reshape_of_a_value_whose_rank_alone_is_known_is_a_clear_error():
