@@ -78,9 +78,7 @@ class _PlanBuilder:
         used."""
         key = id(data)
         if key not in self._aligned:
-            # (ascontiguousarray alone turns a 0-d array into shape (1,))
-            flat = np.ascontiguousarray(data).reshape(data.shape)
-            self._aligned[key] = (data, memory_plan.aligned_copy(flat))
+            self._aligned[key] = (data, memory_plan.aligned_copy(data))
         return self._aligned[key][1]
 
     # ---- expressions --------------------------------------------------------------------

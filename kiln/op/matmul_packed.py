@@ -74,6 +74,7 @@ def gemm_tile(target: Any) -> tuple[int, int]:
     lanes = target.vector_lanes("float32")
     return GEMM_TILES.get(lanes, GEMM_TILES[8])
 
+
 #: Largest panel result (rows x the tile's columns) that fused consumers read back from a
 #: buffer once the panel is done, rather than per register tile (see schedule_packed_gemm).
 GEMM_PANEL_EPILOGUE_BYTES = 64 * 1024

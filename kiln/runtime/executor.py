@@ -110,10 +110,9 @@ class Executor:
         for slot, spec in enumerate(plan.slots):
             if spec.kind == "const":
                 const = plan.constants[slot]
-                # (ascontiguousarray alone would turn a 0-d array into shape (1,)); plans made
-                # by kiln.build or kiln.load hold aligned constants already (no copy then)
-                self._static[slot] = memory_plan.aligned_copy(
-                    np.ascontiguousarray(const).reshape(const.shape))
+                # plans made by kiln.build or kiln.load hold aligned constants already (no
+                # copy then)
+                self._static[slot] = memory_plan.aligned_copy(const)
             elif slot in plan.workspace_offsets:
                 self._static[slot] = memory_plan.temp_view(self.workspace, plan, slot)
             elif spec.kind == "temp" and all(shape_expr.is_static(d) for d in spec.shape):

@@ -226,51 +226,50 @@ def test_build_linear_with_bias_and_matmul():
     check(exe(xv), (xv @ w.T + b) @ m)
 
 
-def test_dense_symbolic_rows_uses_transposed_weight():
-    from kiln.codegen import c as codegen_c
-
+def _symbolic_rows_schedule(op_name, k, w_shape, target):
+    """``op_name(x [n, k], w)`` with a symbolic row count ``n``, scheduled for ``target``."""
     n = te.size_var("n")
-    x = te.placeholder((n, 12), "float32", name="x")
-    w = te.placeholder((24, 12), "float32", name="w")
-    opdef = get_op_def("dense")
+    x = te.placeholder((n, k), "float32", name="x")
+    w = te.placeholder(w_shape, "float32", name="w")
+    opdef = get_op_def(op_name)
     out = opdef.compute(x, w, attrs=opdef.make_attrs())
     sch = Schedule(te.create_prim_func([x, w, out]))
-    opdef.schedules["c"](sch, TARGET)
-    mod = codegen_c.build({"dense": sch.func}, TARGET)
-    wv = rand((24, 12))
-    for rows in (1, 7):
-        xv = rand((rows, 12))
-        res = np.empty((rows, 24), "float32")
-        mod["dense"](xv, wv, res)
-        check(res, xv @ wv.T)
+    opdef.schedules["c"](sch, target)
+    return sch
+
+
+def _check_symbolic_rows(sch, target, w_shape, row_counts, reference):
+    """Build ``sch`` and compare it with ``reference(x, w)`` at each row count."""
+    from kiln.codegen import c as codegen_c
+
+    mod = codegen_c.build({"f": sch.func}, target)
+    wv = rand(w_shape)
+    k = sch.func.buffer_map[sch.func.params[0]].shape[1].value
+    for rows in row_counts:
+        xv = rand((rows, k))
+        want = reference(xv, wv)
+        res = np.empty(want.shape, "float32")
+        mod["f"](xv, wv, res)
+        check(res, want)
+
+
+def test_dense_symbolic_rows_uses_transposed_weight():
+    sch = _symbolic_rows_schedule("dense", 12, (24, 12), TARGET)
+    _check_symbolic_rows(sch, TARGET, (24, 12), (1, 7), lambda x, w: x @ w.T)
 
 
 def test_gemm_with_symbolic_rows_shares_column_chunks():
     """An unpacked product with a dynamic row count (a classifier of 1000 classes at a dynamic
     batch) splits its columns into chunks and fuses them with the rows into the parallel loop,
     so at one row every thread still has columns to compute."""
-    from kiln.codegen import c as codegen_c
-
-    n = te.size_var("n")
-    x = te.placeholder((n, 40), "float32", name="x")
-    w = te.placeholder((40, 1000), "float32", name="w")
-    opdef = get_op_def("matmul")
-    out = opdef.compute(x, w, attrs=opdef.make_attrs())
-    sch = Schedule(te.create_prim_func([x, w, out]))
     target = Target("c", num_threads=2)
-    opdef.schedules["c"](sch, target)
+    sch = _symbolic_rows_schedule("matmul", 40, (40, 1000), target)
     loops = []
     tir.post_order_visit(sch.func.body, lambda lp: loops.append(lp)
                          if isinstance(lp, tir.For) else None)
     par = [lp for lp in loops if lp.kind == tir.ForKind.PARALLEL]
     assert len(par) == 1 and str(par[0].extent) not in ("n", "1")
-    mod = codegen_c.build({"mm": sch.func}, target)
-    wv = rand((40, 1000))
-    for rows in (1, 3):
-        xv = rand((rows, 40))
-        res = np.empty((rows, 1000), "float32")
-        mod["mm"](xv, wv, res)
-        check(res, xv @ wv)
+    _check_symbolic_rows(sch, target, (40, 1000), (1, 3), lambda x, w: x @ w)
 
 
 def test_schedules_handle_fused_epilogues():

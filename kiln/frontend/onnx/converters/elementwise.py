@@ -64,8 +64,7 @@ def div(ctx: Any, node: Any) -> Any:
 
 @converter("Identity")
 def identity(ctx: Any, node: Any) -> Any:
-    if sv.entries(ctx, node, 0) is not None and node.const_value(0) is None:
-        sv.track(ctx, node, sv.entries(ctx, node, 0))
+    sv.forward(ctx, node)
     return node.input(0)
 
 
@@ -214,10 +213,8 @@ def cast(ctx: Any, node: Any) -> Any:
     from ..importer import onnx_dtype
 
     dtype = onnx_dtype(node.attr("to"), str(node))
-    if dtype in ("int64", "int32") and node.const_value(0) is None:
-        values = sv.entries(ctx, node, 0)
-        if values is not None:
-            sv.track(ctx, node, values)
+    if dtype in ("int64", "int32"):
+        sv.forward(ctx, node)
     return _onnx_cast(node, dtype)
 
 

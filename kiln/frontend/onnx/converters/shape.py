@@ -195,8 +195,8 @@ def squeeze(ctx: Any, node: Any) -> Any:
         axes = None if value is None else ints(value)
     else:
         axes = node.attr("axes", None)
-    if ndim_of(x) <= 1 and sv.entries(ctx, node, 0) is not None:
-        sv.track(ctx, node, sv.entries(ctx, node, 0))
+    if ndim_of(x) <= 1:
+        sv.forward(ctx, node)
     if axes is None:
         return op.squeeze(x)
     nd = ndim_of(x)
@@ -217,8 +217,8 @@ def unsqueeze(ctx: Any, node: Any) -> Any:
     const = node.const_value(0)
     if const is not None:
         return np.expand_dims(const, tuple(sorted(pos)))
-    if rank <= 1 and sv.entries(ctx, node, 0) is not None:
-        sv.track(ctx, node, sv.entries(ctx, node, 0))
+    if rank <= 1:
+        sv.forward(ctx, node)
     return reshape(x, out)
 
 

@@ -45,6 +45,14 @@ def track(ctx: Any, node: Any, values: list[Any]) -> None:
     ctx.shape_dims[node.proto.output[0]] = [_norm(v) for v in values]
 
 
+def forward(ctx: Any, node: Any) -> None:
+    """Pass the known entries of ``node``'s first input on to its first output (an Identity,
+    an integer Cast, a Squeeze or Unsqueeze between a scalar and a 1-element vector)."""
+    values = entries(ctx, node, 0)
+    if values is not None:
+        track(ctx, node, values)
+
+
 def static_entries(values: list[Any]) -> list[int] | None:
     """``values`` as ints when every entry is static."""
     out = [static_int(v) if not isinstance(v, int) else v for v in values]
