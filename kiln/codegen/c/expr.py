@@ -24,6 +24,7 @@ from __future__ import annotations
 from ...ir.dtype import DataType
 from ...ir.errors import CodegenError
 from ...tir import expr as E
+from ...tir.buffer import Buffer
 from . import externs
 from .helpers import LIBM, Helpers
 from .types import (
@@ -56,6 +57,10 @@ class ExprEmitter:
         self.analyzer = analyzer
         self.var_names: dict[E.Var, str] = {}
         self.var_mask_bits: dict[E.Var, int] = {}
+        #: Data variables of the buffers the function allocates itself (stack arrays and
+        #: ``kiln_alloc`` memory, both 64-byte aligned): their vector accesses at offsets
+        #: that are multiples of the vector's size take the aligned type (see ``vector_ref``).
+        self.aligned_data: set[E.Var] = set()
         self._tmp = 0
         self.native_fp16 = helpers.native_fp16
 
@@ -483,6 +488,24 @@ class ExprEmitter:
         return f"({base} + ({vt}){{{iota}}} * {stride})"
 
     # ---- memory ---------------------------------------------------------------------------
+    def vector_ref(self, vt: str, buffer: Buffer, base: E.PrimExpr, lanes: int, itemsize: int
+                   ) -> str:
+        """``*(T*)(ptr + base)``: the ``lanes``-wide vector of type ``vt`` stored at element
+        ``base`` of ``buffer``, through the aligned twin type (``vt_a``) where the address is
+        provably a multiple of the vector's size, else through the unaligned one."""
+        size = lanes * itemsize
+        aligned = (buffer.data in self.aligned_data and size & (size - 1) == 0
+                   and size <= 64 and self._multiple_of(base, lanes))
+        return f"*({vt}_{'a' if aligned else 'u'}*)({self.buffer_ptr(buffer)} + {self.expr(base)})"
+
+    def _multiple_of(self, e: E.PrimExpr, n: int) -> bool:
+        if isinstance(e, E.IntImm):
+            return e.value % n == 0
+        if self.analyzer is None:
+            return False
+        zero = E.IntImm(e.dtype, 0)
+        return self.analyzer.can_prove(E.EQ(E.FloorMod(e, E.IntImm(e.dtype, n)), zero))
+
     def contiguous_base(self, index: E.PrimExpr) -> E.PrimExpr | None:
         if (isinstance(index, E.Ramp) and isinstance(index.stride, E.IntImm)
                 and index.stride.value == 1):
@@ -514,7 +537,7 @@ class ExprEmitter:
         vt = self.helpers.vec(storage_el, lanes)
         base = self.contiguous_base(idx)
         if base is not None:
-            raw = f"(*({vt}_u*)({ptr} + {self.expr(base)}))"
+            raw = f"({self.vector_ref(vt, e.buffer, base, lanes, storage_el.itemsize)})"
         elif isinstance(idx, E.Broadcast):
             fn = self.helpers.broadcast(storage_el, lanes)
             raw = f"{fn}({ptr}[{self.expr(idx.value)}])"

@@ -341,6 +341,7 @@ class FunctionEmitter(ExprEmitter):
         # by kiln.tir.transform.hoist_allocations).
         if on_stack(buf):
             ct, name = self.storage_ctype(buf.dtype), self.define_var(buf.data)
+            self.aligned_data.add(buf.data)
             self.line(f"{ct} {name}[{alloc_size(buf).value}] __attribute__((aligned(64)));")
             self.stmt(s.body)
             return
@@ -352,6 +353,7 @@ class FunctionEmitter(ExprEmitter):
         """Declare ``buf``'s data pointer and allocate it (64-byte aligned) on the heap."""
         ct = self.storage_ctype(buf.dtype)
         name = self.define_var(buf.data)
+        self.aligned_data.add(buf.data)
         self.helpers.use("alloc")
         size = _strip_parens(self.expr(alloc_size(buf)))
         self.line(f"{ct}* {name} = ({ct}*)kiln_alloc((size_t)({size}) * sizeof({ct}));")
@@ -397,7 +399,8 @@ class FunctionEmitter(ExprEmitter):
             v = f"__builtin_convertvector(-{v}, {vt})"
         base = self.contiguous_base(idx)
         if base is not None:
-            self.line(f"*({vt}_u*)({ptr} + {self.expr(base)}) = {_strip_parens(v)};")
+            ref = self.vector_ref(vt, buf, base, lanes, storage_el.itemsize)
+            self.line(f"{ref} = {_strip_parens(v)};")
             return
         # scatter: one lane at a time
         it = self.ctype_of(idx)
@@ -430,8 +433,9 @@ class FunctionEmitter(ExprEmitter):
         base = self.contiguous_base(idx)
         if base is None:
             return None
-        vt = self.helpers.vec(soft_float_storage(el), value.dtype.lanes)
-        return f"(*({vt}_u*)({src} + {self.expr(base)}))"
+        storage = soft_float_storage(el)
+        vt = self.helpers.vec(storage, value.dtype.lanes)
+        return f"({self.vector_ref(vt, value.buffer, base, value.dtype.lanes, storage.itemsize)})"
 
 
 def _is_zero(e: E.PrimExpr) -> bool:
