@@ -30,6 +30,12 @@ class ForKind(IntEnum):
     UNROLLED = 3
 
 
+#: Loop annotation: the C compiler unrolls a serial loop by this many iterations (``#pragma GCC
+#: unroll N``) -- a partial unroll left to the compiler, where ``ForKind.UNROLLED`` unrolls the
+#: whole loop.
+UNROLL_BY = "kiln.unroll_by"
+
+
 @node
 class BufferStore(Stmt):
     buffer: Buffer

@@ -13,7 +13,7 @@ from kiln import graph as g
 from kiln import op, te, tir
 from kiln.ir.errors import StructInfoError
 from kiln.op.layout import transform_array
-from kiln.op.matmul_packed import GEMM_TILES, gemm_tile
+from kiln.op.matmul_packed import GEMM_K_UNROLL, GEMM_TILES, gemm_tile
 from kiln.op.registry import get_op_def
 from kiln.target import Target
 from kiln.testing.op_testing import check, dims, infer, make_rand, run_cases, tvar
@@ -89,6 +89,8 @@ def test_schedule_keeps_the_tile_in_a_small_local_buffer():
     get_op_def("matmul_packed").schedules["c"](sch, TARGET)
     mod = codegen_c.build({"mmp": sch.func}, TARGET)
     assert f"matmul_packed_local[{GEMM_MR * GEMM_NR}]" in mod.source
+    # the tile's reduction loop is left to GCC to unroll a few steps at a time
+    assert f"#pragma GCC unroll {GEMM_K_UNROLL}\n    for (int64_t k = 0; k < 32; ++k)" in mod.source
     x, y = rand((64, 32)), rand((32, 4 * GEMM_NR))
     res = np.zeros((64, 4 * GEMM_NR), "float32")
     mod["mmp"](x, pack(y, GEMM_NR), res)

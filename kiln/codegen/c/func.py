@@ -208,6 +208,8 @@ class FunctionEmitter(ExprEmitter):
         elif s.kind == S.ForKind.UNROLLED and isinstance(s.extent, E.IntImm):
             if 1 < s.extent.value <= 65534:
                 self.line(f"#pragma GCC unroll {s.extent.value}")
+        elif s.kind == S.ForKind.SERIAL and 1 < int(ann.get(S.UNROLL_BY, 0)) <= 65534:
+            self.line(f"#pragma GCC unroll {int(ann[S.UNROLL_BY])}")
         self._loop(s, parallel)
 
     def _loop(self, s: S.For, parallel: bool) -> None:
