@@ -171,15 +171,19 @@ def inline_injective_stages(sch: Any) -> None:
             pass
 
 
-def _unit_stride(index: Any, var: Any) -> bool:
-    """``index`` is ``var`` or ``e + var`` with ``e`` free of ``var``."""
-    if index is var:
-        return True
-    if isinstance(index, Add):
-        for a, b in ((index.a, index.b), (index.b, index.a)):
-            if a is var and var not in collect_vars(b):
-                return True
-    return False
+def _loads(block: Any) -> list[Any]:
+    """The buffer loads in ``block``'s body."""
+    loads: list[Any] = []
+    post_order_visit(block.body, lambda n: loads.append(n) if isinstance(n, BufferLoad)
+                     else None)
+    return loads
+
+
+def _walks_contiguously(load: Any, var: Any) -> bool:
+    """``load`` steps through its buffer one element per step of ``var``: ``var`` has unit
+    stride in the last index and appears in no other."""
+    return (bool(load.indices) and _unit_stride(load.indices[-1], var)
+            and not any(var in collect_vars(i) for i in load.indices[:-1]))
 
 
 def _input_stride(load: Any, var: Any) -> int | None:
@@ -230,9 +234,7 @@ def _transposed_axis(block: Any, extents: list[int | None]) -> int | None:
     0.25-0.29 ms with the contiguous axis innermost, 2 threads, Zen 3). Without conflicts
     the vectorized gather is the faster one (NCHW -> NCHW8c at 56 x 56 x 64: 0.047 ms
     against 0.075 ms for the scalar transposed loop)."""
-    loads: list[Any] = []
-    post_order_visit(block.body, lambda n: loads.append(n) if isinstance(n, BufferLoad)
-                     else None)
+    loads = _loads(block)
     spatial = [iv.var for iv in block.iter_vars if iv.iter_type == IterType.DATA_PAR]
     if len(loads) != 1 or len(spatial) != len(block.iter_vars) or len(spatial) < 2:
         return None
@@ -247,11 +249,8 @@ def _transposed_axis(block: Any, extents: list[int | None]) -> int | None:
     if extents[-1] is None or stride is None or not _conflicting_rows(extents[-1],
                                                                       stride * itemsize):
         return None
-    for pos, var in enumerate(spatial[:-1]):
-        if _unit_stride(indices[-1], var) and all(var not in collect_vars(i)
-                                                   for i in indices[:-1]):
-            return pos
-    return None
+    return next((pos for pos, var in enumerate(spatial[:-1])
+                 if _walks_contiguously(loads[0], var)), None)
 
 
 #: Bytes of the contiguous input axis a transposing copy reads per innermost loop (see
@@ -275,10 +274,7 @@ def _transpose_block(sch: Any, target: Any, b: Any, loops: list[Any], extents: l
     loops = [*loops[:pos], outer, *loops[pos + 1:]]
     sch.reorder(*loops, inner)
     sch.unroll(inner)
-    take = _chunk_loops(sch, loops, target)
-    fused = sch.fuse(*loops[:take]) if take > 1 else loops[0]
-    if _worth_parallel(target, _product(extents), _const(sch.get(fused).extent)):
-        sch.parallel(fused)
+    _parallel_outer_loops(sch, target, loops, extents)
     return True
 
 
@@ -295,16 +291,20 @@ def _injective_block(sch: Any, target: Any, b: Any) -> None:
     if lanes > 1:
         outer, inner = sch.split(loops[-1], factors=[None, lanes])
         loops = [*loops[:-1], outer]
-    # Fuse only the outer loops that give every thread several chunks; the inner ones stay
-    # nested, so their index arithmetic is an increment rather than a div/mod of one big
-    # fused counter per element (which cost more than the copy in transposes and splits).
-    take = _chunk_loops(sch, loops, target)
-    fused = sch.fuse(*loops[:take]) if take > 1 else loops[0]
-    outer_extent = _const(sch.get(fused).extent)
-    if _worth_parallel(target, _product(extents), outer_extent):
-        sch.parallel(fused)
+    _parallel_outer_loops(sch, target, loops, extents)
     if inner is not None:
         sch.vectorize(inner)
+
+
+def _parallel_outer_loops(sch: Any, target: Any, loops: list[Any], extents: list[Any]) -> None:
+    """Fuse only the outer ``loops`` that give every thread several chunks and run them in
+    parallel when the nest is worth it; the inner ones stay nested, so their index arithmetic
+    is an increment rather than a div/mod of one big fused counter per element (which cost
+    more than the copy in transposes and splits)."""
+    take = _chunk_loops(sch, loops, target)
+    fused = sch.fuse(*loops[:take]) if take > 1 else loops[0]
+    if _worth_parallel(target, _product(extents), _const(sch.get(fused).extent)):
+        sch.parallel(fused)
 
 
 def cpu_count() -> int:
@@ -410,11 +410,8 @@ def _contiguous_reduce_lanes(sch: Any, target: Any, block: Any, reduce: list[Any
                  if iv.iter_type == IterType.COMM_REDUCE), None)
     if ext is None or last is None:
         return 1
-    loads: list[Any] = []
-    post_order_visit(block.body, lambda n: loads.append(n) if isinstance(n, BufferLoad) else None)
-    uses = [ld for ld in loads if any(last in collect_vars(i) for i in ld.indices)]
-    if not uses or not all(_unit_stride(ld.indices[-1], last) and not any(
-            last in collect_vars(i) for i in ld.indices[:-1]) for ld in uses):
+    uses = [ld for ld in _loads(block) if any(last in collect_vars(i) for i in ld.indices)]
+    if not uses or not all(_walks_contiguously(ld, last) for ld in uses):
         return 1
     lanes = _pick_lanes(target, dtype, ext)
     return lanes if ext >= max(2 * lanes, _RFACTOR_MIN_EXTENT) else 1
