@@ -34,6 +34,9 @@ class ForKind(IntEnum):
 #: unroll N``) -- a partial unroll left to the compiler, where ``ForKind.UNROLLED`` unrolls the
 #: whole loop.
 UNROLL_BY = "kiln.unroll_by"
+#: Loop annotation: FMAs inside the loop that accumulate into an array on the stack (a register
+#: tile) keep both factors in registers (see ``Helpers.tile_fma`` in the C backend).
+FMA_IN_REGISTERS = "kiln.fma_in_registers"
 
 
 @node

@@ -107,6 +107,49 @@ def test_vector_access_to_local_arrays_uses_the_aligned_type():
     np.testing.assert_array_equal(y[8:], 2 * x[8:])
 
 
+@pytest.mark.parametrize("dtype,lanes", [("float32", 8), ("float64", 4)])
+def test_register_tile_accumulates_through_the_fma_helper(dtype, lanes):
+    """``acc = acc + a * b`` into a register tile (an array on the stack) in a loop annotated
+    FMA_IN_REGISTERS goes through ``kiln_fma_<vector>``, whose operands must be registers
+    (inline ``vfmadd231`` on x86 with FMA); without the annotation, or into the caller's
+    buffer, it stays a plain expression. All give numpy's result."""
+    from kiln.tir import stmt as S
+
+    m, n, k = 10, lanes, 16
+    a = te.placeholder((m, k), dtype, name="A")
+    b = te.placeholder((k, n), dtype, name="B")
+    r = te.reduce_axis((0, k), name="r")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    funcs = {}
+    for name, tiled, annotated in [("tiled", True, True), ("plain", True, False),
+                                   ("direct", False, True)]:
+        sch = Schedule(te.create_prim_func([a, b, c]))
+        blk = sch.get_block("C")
+        i, j, rr = sch.get_loops(blk)
+        io, ii = sch.split(i, factors=[None, 5])
+        sch.reorder(io, rr, ii, j)
+        if tiled:
+            sch.reverse_compute_at(sch.cache_write(blk, 0, "local"), io)
+        sch.decompose_reduction(blk, rr)
+        sch.unroll(ii)
+        sch.vectorize(j)
+        if annotated:
+            sch.annotate(rr, S.FMA_IN_REGISTERS, 1)
+        funcs[name] = sch.func
+    mod = cg.build(funcs)
+    vt = f"{dtype}x{lanes}"
+    bodies = {name: mod.source.split(f"{name}__body", 1)[1].split("_unchecked", 1)[0]
+              for name in funcs}
+    assert bodies["tiled"].count(f"kiln_fma_{vt}(*({vt}_a*)(C_local + ") == 5
+    assert f"kiln_fma_{vt}" not in bodies["plain"] + bodies["direct"]
+    x = RNG.standard_normal((m, k)).astype(dtype)
+    w = RNG.standard_normal((k, n)).astype(dtype)
+    for name in funcs:
+        out = np.full((m, n), np.nan, dtype)
+        mod[name](x, w, out)
+        np.testing.assert_allclose(out, x @ w, rtol=1e-5)
+
+
 def test_reduction_with_init_resets_output():
     A = te.placeholder((8, 37), "float32", name="A")
     k = te.reduce_axis((0, 37), name="k")

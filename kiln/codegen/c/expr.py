@@ -61,6 +61,10 @@ class ExprEmitter:
         #: ``kiln_alloc`` memory, both 64-byte aligned): their vector accesses at offsets
         #: that are multiples of the vector's size take the aligned type (see ``vector_ref``).
         self.aligned_data: set[E.Var] = set()
+        # the function's small arrays on the stack (register tiles among them)
+        self.stack_data: set[E.Var] = set()
+        # depth of loops annotated FMA_IN_REGISTERS around the statement being written
+        self.fma_in_registers = 0
         self._tmp = 0
         self.native_fp16 = helpers.native_fp16
 

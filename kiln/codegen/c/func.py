@@ -15,6 +15,7 @@ from typing import Any
 
 from ...ir.dtype import DataType
 from ...ir.errors import CodegenError
+from ...ir.node import structural_equal
 from ...tir import expr as E
 from ...tir import stmt as S
 from ...tir.buffer import Buffer
@@ -222,6 +223,8 @@ class FunctionEmitter(ExprEmitter):
         ct = value_ctype(s.loop_var.dtype)
         self.line(f"for ({ct} {var} = {lo}; {var} < {end}; ++{var}) {{")
         self.depth += 1
+        in_registers = int(bool(s.annotations.get(S.FMA_IN_REGISTERS)))
+        self.fma_in_registers += in_registers
         if parallel:
             self.parallel_depth += 1
             call = self._outline(s, var, ct)
@@ -232,6 +235,7 @@ class FunctionEmitter(ExprEmitter):
             self.parallel_depth -= 1
         else:
             self.stmt(s.body)
+        self.fma_in_registers -= in_registers
         self.depth -= 1
         self.line("}")
 
@@ -344,6 +348,7 @@ class FunctionEmitter(ExprEmitter):
         if on_stack(buf):
             ct, name = self.storage_ctype(buf.dtype), self.define_var(buf.data)
             self.aligned_data.add(buf.data)
+            self.stack_data.add(buf.data)
             self.line(f"{ct} {name}[{alloc_size(buf).value}] __attribute__((aligned(64)));")
             self.stmt(s.body)
             return
@@ -393,7 +398,7 @@ class FunctionEmitter(ExprEmitter):
             storage_el = soft_float_storage(el)
             v = copy or f"{self.helpers.lowp_bits(el, lanes)}({self.float32_value(value)})"
         else:
-            v = self.expr(value)
+            v = self._tile_fma(s) or self.expr(value)
             if el.is_int and el.bits < 8:
                 v = f"({v} & {(1 << el.bits) - 1})"
         vt = self.helpers.vec(storage_el, lanes)
@@ -416,6 +421,26 @@ class FunctionEmitter(ExprEmitter):
         self.depth -= 1
         self.line("}")
 
+
+    def _tile_fma(self, s: S.BufferStore) -> str | None:
+        """``acc[i] = acc[i] + a * b`` on a float vector in an array on the stack (a register
+        tile's accumulator), inside a loop annotated ``FMA_IN_REGISTERS``, as the helper that
+        keeps ``a`` and ``b`` in registers (see :meth:`Helpers.tile_fma`); None for any other
+        store."""
+        value, el = s.value, s.buffer.dtype.element
+        if (not self.fma_in_registers or not isinstance(value, E.Add)
+                or s.buffer.data not in self.stack_data
+                or not el.is_float or el.bits not in (32, 64) or self.widened(el)
+                or el.itemsize * value.dtype.lanes not in (16, 32, 64)):
+            return None
+        for acc, prod in ((value.a, value.b), (value.b, value.a)):
+            if (isinstance(acc, E.BufferLoad) and acc.buffer.data is s.buffer.data
+                    and isinstance(prod, E.Mul)
+                    and structural_equal(acc.indices[0], s.indices[0], map_free_vars=False)):
+                fn = self.helpers.tile_fma(self.compute_dtype(el), value.dtype.lanes)
+                args = ", ".join(_strip_parens(self.expr(x)) for x in (acc, prod.a, prod.b))
+                return f"{fn}({args})"
+        return None
 
     def _lowp_copy(self, el: DataType, value: E.PrimExpr) -> str | None:
         """The bit patterns of a widened float16/bfloat16/float8 value that is a plain (scalar or
