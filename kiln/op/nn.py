@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 from .. import te, tir
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
+from ..tir.stmt import FMA_IN_REGISTERS, JAM_TAILS
 from .elementwise import gelu, relu, sigmoid, silu, tanh  # noqa: F401  (kiln.op.nn.relu ...)
 from .layout import Layout, LayoutRewrite, as_layout
 from .linalg import (
@@ -707,6 +708,10 @@ def _conv2d_nchwc_compute(data: Any, weight: Any, *, attrs: Conv2DNCHWcAttrs) ->
 #: rows): 6 x 2 (a 2-pixel tail) 0.84-0.86 on 14-pixel rows (ResNet-18's 3x3 at 256
 #: channels, MobileNetV2's 1x1), 5 x 2 0.91-0.97 on 7-pixel rows.
 #:
+#: With the tile's FMAs in registers (``FMA_IN_REGISTERS``) and small row tails jammed
+#: (``JAM_TAILS``), 4 x 2 tiles (which divide 56 and 28) took 1.06 / 1.04 / 0.98 / 1.02 of the
+#: time of these at 56 / 28 / 14 / 7-pixel rows.
+#:
 #: AVX-512 (16 lanes, 32 registers): 7 x 2 = 14 accumulators divides ResNet's 112/56/28/14/7
 #: pixel rows. Against the AVX2 tiles (2 threads, Zen 5, conv + bias + ReLU, interleaved
 #: runs): 0.95 / 0.95 / 0.84 / 0.70 of the time on the 3x3 convs at 56/28/14/7-pixel rows,
@@ -736,6 +741,26 @@ def _nchwc_tile(ow: int | None, ob: int | None, lanes: int = 8) -> tuple[int, in
         if ow % xt == 0 and ob % bt == 0:
             return xt, bt
     return min(tiles[0][0], ow), 1
+
+
+#: Fewest vector accumulators a tile needs to keep both FMA pipes busy (4-cycle latency, two
+#: per cycle). A row's tail tile with fewer (2 pixels x 2 blocks) is jammed with the tails of
+#: the next rows (``JAM_TAILS``) up to this many. Paired-call timing (2 threads, Zen 3), jammed
+#: against not, on ResNet-18's 3x3 convs: 0.91 of the time at 7 x 7 x 512 (5-pixel tiles and a
+#: 2-pixel tail, 2/7 of the work, which had taken 44% of the time), 0.94-0.96 at 14 x 14 x 256,
+#: 0.95 at 56 x 56 x 64 (rows shared by the threads in blocks of 4).
+CONV_TAIL_MIN_ACCUMULATORS = 8
+
+
+def _tail_jam(ow: int | None, xt: int, bt: int) -> int | None:
+    """How many rows' tail tiles to run together (``JAM_TAILS``) for a row of ``ow`` pixels in
+    tiles of ``xt`` pixels x ``bt`` blocks; None when there is no tail or it is big enough."""
+    if ow is None or xt < 2 or ow % xt == 0:
+        return None
+    acc = (ow % xt) * bt
+    if acc >= CONV_TAIL_MIN_ACCUMULATORS:
+        return None
+    return -(-CONV_TAIL_MIN_ACCUMULATORS // acc)
 
 
 #: Weight size (bytes) up to which the threads of a convolution share its output rows even
@@ -796,7 +821,9 @@ def _schedule_conv2d_nchwc(sch: Any, target: Any) -> None:
     and the fused epilogue applied to it while it is in L1. Each weight vector is loaded once
     per tap for the tile's pixels, each input element broadcast once for its channel blocks.
     With rows outermost, the padded input rows an output row needs are made right before it
-    (a few KiB that stay in L1/L2) instead of in a pass over a padded copy of the input."""
+    (a few KiB that stay in L1/L2) instead of in a pass over a padded copy of the input. The
+    tile's FMAs keep their operands in registers (``FMA_IN_REGISTERS``), and a row's tail tile
+    too small to fill the FMA pipes runs jammed with the next rows' (``JAM_TAILS``)."""
     names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_block("root"))}
     rest = other_blocks(sch, {"conv2d_nchwc_pad", "conv2d_nchwc"})
     block = sch.get_block("conv2d_nchwc")
@@ -811,8 +838,8 @@ def _schedule_conv2d_nchwc(sch: Any, target: Any) -> None:
     pad_at_row = rows_outer and "conv2d_nchwc_pad" in names
     if not pad_at_row:
         _schedule_pad(sch, target, "conv2d_nchwc_pad", names)
-    xt, bt = _nchwc_tile(loop_extent(sch, x), loop_extent(sch, ob),
-                          target.vector_lanes("float32"))
+    ow = loop_extent(sch, x)
+    xt, bt = _nchwc_tile(ow, loop_extent(sch, ob), target.vector_lanes("float32"))
     xo, xi = split_off(sch, x, xt if xt > 1 else None)
     obo, obi = split_off(sch, ob, bt if bt > 1 else None)
     co, ci, vec = _vector_channels(sch, target, block, oi)
@@ -841,6 +868,12 @@ def _schedule_conv2d_nchwc(sch: Any, target: Any) -> None:
         sch.vectorize(ci)
     for b in (init, local):
         write_out_tile(sch, target, b, tile_at, dtype)
+    # the tile's FMAs keep their weight vectors and broadcasts in registers (see tile_fma)
+    sch.annotate(rco, FMA_IN_REGISTERS, 1)
+    row = yi if rows_outer else y
+    jam = _tail_jam(ow, xt, bt)
+    if row is not None and jam is not None:
+        sch.annotate(row, JAM_TAILS, jam)
     parallel_outer(sch, par, target, work=work)
     # fused consumers (bias, activation, residual) run on each tile right after it is written
     schedule_epilogue(sch, target, rest, tile_at)

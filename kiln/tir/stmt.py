@@ -34,6 +34,10 @@ class ForKind(IntEnum):
 #: unroll N``) -- a partial unroll left to the compiler, where ``ForKind.UNROLLED`` unrolls the
 #: whole loop.
 UNROLL_BY = "kiln.unroll_by"
+#: Loop annotation: the last statement of the loop's body (the partitioned tail tile of a row)
+#: runs this many iterations at once, its copies jammed into one loop nest (see
+#: :mod:`kiln.tir.transform.jam_tails`). Only for loops whose iterations are independent.
+JAM_TAILS = "kiln.jam_tails"
 #: Loop annotation: FMAs inside the loop that accumulate into an array on the stack (a register
 #: tile) keep both factors in registers (see ``Helpers.tile_fma`` in the C backend).
 FMA_IN_REGISTERS = "kiln.fma_in_registers"

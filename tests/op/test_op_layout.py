@@ -334,6 +334,39 @@ def test_conv2d_nchwc_each_tile_matches_numpy(features, monkeypatch):
         check(got, ref)
 
 
+# threads share output channel blocks (few rows) / rows (more rows, a small weight)
+@pytest.mark.parametrize("h, blocks", [(7, 16), (16, 4)])
+def test_conv2d_nchwc_jams_small_row_tails(h, blocks):
+    """9-pixel rows in 6-pixel tiles leave a 3 x 2-block tail (6 accumulators, too few to keep
+    the FMA pipes busy): the row loop asks for the tails of 2 rows to be jammed, and the
+    lowered kernel runs them in one loop nest; the result is numpy's."""
+    import kiln.codegen.c as cg
+    from kiln.op import nn as knn
+    from kiln.tir.transform.lower import lower
+
+    assert knn._tail_jam(9, 6, 2) == 2 and knn._tail_jam(7, 5, 2) == 2
+    assert knn._tail_jam(7, 5, 1) == 4 and knn._tail_jam(28, 6, 2) is None
+    assert knn._tail_jam(12, 6, 2) is None
+    target = Target("c", num_threads=2)
+    lanes = target.vector_lanes("float32")
+    x, w = rand((1, 4 * lanes, h, 9)), rand((blocks * lanes, 4 * lanes, 3, 3))
+    xb, wb = _to(x, "NCHW", f"NCHW{lanes}c"), _to(w, "OIHW", f"OIHW{lanes}i{lanes}o")
+    opdef = get_op_def("nn.conv2d_nchwc")
+    data = te.placeholder(xb.shape, "float32", name="data")
+    weight = te.placeholder(wb.shape, "float32", name="weight")
+    out = opdef.compute(data, weight, attrs=opdef.make_attrs(padding=1))
+    sch = Schedule(te.create_prim_func([data, weight, out]))
+    opdef.schedules["c"](sch, target)
+    jammed = []  # the second row's accumulators
+    tir.post_order_visit(lower(sch.func).body, lambda n: jammed.append(n) if isinstance(
+        n, tir.Allocate) and n.buffer.name.endswith("_j1") else None)
+    assert jammed
+    ref = _to(conv_ref(x, w, padding=1), "NCHW", f"NCHW{lanes}c")
+    got = np.zeros(ref.shape, "float32")
+    cg.build({"conv": sch.func}, target)["conv"](xb, wb, got)
+    check(got, ref)
+
+
 # ---- pooling layouts ----------------------------------------------------------------------------
 def pool_ref(x, kind, k, s, p):
     """NCHW max/avg pool reference (avg excludes padding)."""

@@ -10,6 +10,7 @@ from .convert_blocks_to_loops import convert_blocks_to_loops
 from .flatten_buffers import flatten_buffers
 from .hoist_allocations import hoist_allocations
 from .hoist_reduction_init import hoist_reduction_init
+from .jam_tails import jam_tails
 from .partition_loops import partition_loops
 from .simplify import simplify
 from .unroll_loops import unroll_loops
@@ -31,7 +32,8 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     convert blocks to loops, flatten buffers, hoist heap allocations out of serial loops,
     simplify, vectorize loops, write out small unrolled loops, and simplify again (vectorization
     leaves ``Ramp(i * 8 + 0, ...)``-style bases, unrolling constant indices); then split guarded
-    tail iterations off tile loops (``partition_loops``) and simplify the guards away. The result
+    tail iterations off tile loops (``partition_loops``) and simplify the guards away, and jam
+    the tail tiles of independent rows where a schedule asked for it (``jam_tails``). The result
     carries the ``"kiln.lowered"`` attribute; lowering a lowered function returns it unchanged.
     """
     if is_lowered(func):
@@ -49,4 +51,7 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     partitioned = partition_loops(func)
     if partitioned is not func:
         func = simplify(partitioned)
+    jammed = jam_tails(func)
+    if jammed is not func:
+        func = simplify(jammed)
     return func.with_attr(LOWERED_ATTR, True)
