@@ -142,6 +142,42 @@ def test_fused_consumers_run_per_panel_when_it_fits(rows, per_panel):
     check(res, np.maximum(x @ y + b, 0))
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_few_rows_run_several_panels_at_once(rows):
+    """A tile of all of 1-3 rows has 2-6 accumulators per panel, too few for the FMA pipes:
+    the panels run jammed a few at a time (each its own accumulators, one reduction loop),
+    with the fused bias + ReLU; the result is numpy's."""
+    import sys
+
+    from kiln.codegen import c as codegen_c
+    from kiln.tir.transform.lower import lower
+
+    mp = sys.modules["kiln.op.matmul_packed"]  # kiln.op.matmul_packed names the op
+    assert [mp._panels_at_once(m, m, 2, 8) for m in (1, 2, 3, 4)] == [4, 2, 2, None]
+    assert mp._panels_at_once(1, 1, 2, 6) == 3 and mp._panels_at_once(1, 1, 2, 1) is None
+    assert mp._panels_at_once(None, 6, 2, 8) is None and mp._panels_at_once(64, 6, 2, 8) is None
+    k, panels = 40, 8
+    a = te.placeholder((rows, k), "float32", name="a")
+    bp = te.placeholder((panels, k, GEMM_NR), "float32", name="bp")
+    bias = te.placeholder((panels * GEMM_NR,), "float32", name="bias")
+    opdef = get_op_def("matmul_packed")
+    prod = opdef.compute(a, bp, attrs=opdef.make_attrs())
+    out = te.compute(prod.shape, lambda i, j: tir.max(prod[i, j] + bias[j],
+                                                      tir.const("float32", 0.0)), name="relu")
+    sch = Schedule(te.create_prim_func([a, bp, bias, out]))
+    target = Target("c", num_threads=2)
+    opdef.schedules["c"](sch, target)
+    allocs = []
+    tir.post_order_visit(lower(sch.func).body, lambda n: allocs.append(n.buffer.name)
+                         if isinstance(n, tir.Allocate) else None)
+    assert "matmul_packed_local_j1" in allocs
+    mod = codegen_c.build({"mmp": sch.func}, target)
+    x, y, b = rand((rows, k)), rand((k, panels * GEMM_NR)), rand((panels * GEMM_NR,))
+    res = np.zeros((rows, panels * GEMM_NR), "float32")
+    mod["mmp"](x, pack(y, GEMM_NR), b, res)
+    check(res, np.maximum(x @ y + b, 0))
+
+
 # ---------------------------------------------------------------------------------------------
 # alter_layout: matmul / dense -> matmul_packed
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,9 @@ outputs and read nothing another iteration writes) is rewritten as
                                               for y' in [0, n // k): jam(T(k*y'), ..., T(k*y'+k-1))
                                               T(n - n % k) ... T(n - 1)
 
-where ``T`` is the last statement of the body (the partitioned tail). ``jam`` merges copies of
+where ``T`` is the last statement of the body (the partitioned tail), or the whole body when it
+is a single statement (a GEMM tile of one row, 2 accumulators per panel: the panels of a loop
+run ``k`` at a time). ``jam`` merges copies of
 a statement node by node: loops of equal range become one loop over the jammed bodies, the
 copies' stack arrays become distinct arrays, sequences of equal length are jammed element by
 element, and anything else runs one copy after the other -- an interleaving of the iterations
@@ -78,13 +80,12 @@ class _JamTails(Mutator):
         loop = self.generic_visit(loop)
         k = int(loop.annotations.get(JAM_TAILS, 0))
         lo, n = const_int(loop.min), const_int(loop.extent)
-        if (k < 2 or loop.kind != ForKind.SERIAL or lo is None or n is None or n < k
-                or not isinstance(loop.body, SeqStmt)):
+        if k < 2 or loop.kind != ForKind.SERIAL or lo is None or n is None or n < k:
             return loop
-        *head, tail = loop.body.seq
+        *head, tail = loop.body.seq if isinstance(loop.body, SeqStmt) else (loop.body,)
         v, dt = loop.loop_var, loop.loop_var.dtype
         ann = {a: b for a, b in loop.annotations.items() if a != JAM_TAILS}
-        rows = loop.replace(body=seq(*head), annotations=ann)
+        rows = loop.replace(body=seq(*head), annotations=ann) if head else None
         j = Var(f"{v.name}_j", dt)
         copies = [_Rename(f"_j{i}").visit(substitute(tail, {v: j * k + (lo + i)}))
                   if i else substitute(tail, {v: j * k + lo}) for i in range(k)]

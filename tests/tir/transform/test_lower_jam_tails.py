@@ -84,3 +84,19 @@ def test_without_annotation_nothing_is_jammed():
 def test_fewer_rows_than_the_factor_are_left_alone():
     low = lower(_batched(1, 20))
     assert not _loops(low.body, "bb_j")
+
+
+def test_a_single_statement_body_is_jammed_whole():
+    """With no full tiles before it (a tile that is all of its rows) the body is one statement:
+    the loop itself runs k iterations at a time, jammed."""
+    func = _batched(5, 4, rows=4)  # 4 rows in 4-row tiles: no partition, one tile per batch
+    low = lower(func)
+    assert not [lp for lp in _loops(low.body, "bb") if lp.loop_var.name == "bb"]
+    (jammed,) = _loops(low.body, "bb_j")
+    assert len(_loops(jammed.body, "r")) == 1
+    mod = codegen_c.build({"mm": func})
+    a = RNG.standard_normal((5, 4, 8), dtype=np.float32)
+    w = RNG.standard_normal((8, 16), dtype=np.float32)
+    c = np.full((5, 4, 16), np.nan, np.float32)
+    mod["mm"](a, w, c)
+    np.testing.assert_allclose(c, a @ w, rtol=1e-5, atol=1e-5)
