@@ -62,6 +62,7 @@ class Executable:
         self.module = module
         self.plans = dict(plans)
         self._executors: dict[str, Executor] = {}
+        self._main: Executor | None = None  # what calling the executable runs
 
     def _executor(self, name: str) -> Executor:
         ex = self._executors.get(name)
@@ -78,9 +79,11 @@ class Executable:
         return lambda *args, **kwargs: ex.run(*_order(ex.plan, args, kwargs))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        name = "main" if "main" in self.plans else next(iter(self.plans))
-        ex = self._executor(name)
-        return ex.run(*_order(ex.plan, args, kwargs))
+        ex = self._main
+        if ex is None:
+            ex = self._main = self._executor("main" if "main" in self.plans
+                                             else next(iter(self.plans)))
+        return ex.run(*args) if not kwargs else ex.run(*_order(ex.plan, args, kwargs))
 
     def profile(self, *args: Any, repeat: int = 10, **kwargs: Any) -> str:
         """A table of main's kernels, slowest first: calls per run, median milliseconds per

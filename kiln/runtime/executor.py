@@ -45,6 +45,10 @@ def _fmt_shape(shape: Sequence[Any]) -> str:
 _fmt_dim = shape_expr.to_str
 
 
+def _flat(x: Any) -> list[Any]:
+    return [y for e in x for y in _flat(e)] if isinstance(x, list) else [x]
+
+
 def as_input_array(value: Any, name: str, dtype: DataType) -> np.ndarray:
     """Zero-copy view of an input (numpy or any ``__dlpack__`` producer) as a numpy array.
 
@@ -119,8 +123,10 @@ class Executor:
                 self._static[slot] = memory_plan.aligned_empty(spec.shape,
                                                                spec.dtype.to_numpy())
         self._entry = self._profile_entry = None
+        self._fast = None
         if plan.entry is not None:
             self._setup_entry(plan.entry)
+            self._fast = self._fast_path()
         else:
             self._funcs = {c.func: module[c.func] for c in plan.calls if c.is_kernel}
 
@@ -200,10 +206,66 @@ class Executor:
 
     # ---- running ------------------------------------------------------------------------
     def run(self, *args: Any) -> Any:
+        if self._fast is not None:
+            out = self._run_fast(args)
+            if out is not None:
+                return out
         arrays, env = self._bind_inputs(args)
         if self._entry is not None:
             return self._run_entry(arrays, env)
         return self._run_steps(arrays, env, self._funcs)
+
+    def _fast_path(self) -> tuple[list[tuple[tuple[int, ...], np.dtype]], Any] | None:
+        """What :meth:`_run_fast` checks and returns, for a plan with a native entry, static
+        shapes and outputs that are all fresh ``output`` slots: ``([(input shape, numpy
+        dtype)...], outputs as indices into the entry's output list)``; None otherwise."""
+        plan = self.plan
+        if self._entry is None or self._dynamic:
+            return None
+        specs = []
+        for slot in plan.input_slots:
+            spec = plan.slots[slot]
+            if not all(isinstance(d, int) for d in spec.shape):
+                return None
+            specs.append((tuple(spec.shape), spec.dtype.to_numpy()))
+        index = {slot: i for i, slot in enumerate(self._out_slots)}
+
+        def pick(out: Any) -> Any:
+            if isinstance(out, list):
+                picked = [pick(o) for o in out]
+                return None if any(p is None for p in picked) else picked
+            return index.get(out)
+
+        picked = pick(plan.outputs)
+        if picked is None or len(index) != len(set(_flat(picked))):
+            return None
+        return specs, picked
+
+    def _run_fast(self, args: Sequence[Any]) -> Any:
+        """One call of a static model on C-contiguous numpy inputs of the exact shapes and
+        dtypes, checked in a few comparisons (a 784-1024-1024-10 MLP at batch 1 runs in ~0.1
+        ms, and the general path's argument binding took ~20 us of Python per call); None
+        (nothing run) for any other arguments, which take the general path and its errors."""
+        specs, picked = self._fast
+        if len(args) != len(specs):
+            return None
+        ptrs = self._in_ptrs
+        for i, (arr, (shape, dt)) in enumerate(zip(args, specs)):
+            if (type(arr) is not np.ndarray or arr.shape != shape or arr.dtype != dt
+                    or not arr.flags.c_contiguous):
+                return None
+            ptrs[i] = arr.__array_interface__["data"][0]
+        outs = []
+        for i, (shape, dt) in enumerate(self._out_specs):
+            arr = np.empty(shape, dtype=dt)
+            self._out_ptrs[i] = arr.__array_interface__["data"][0]
+            outs.append(arr)
+        self._entry(ptrs, self._out_ptrs, self._ws_ptr, self._consts)
+
+        def collect(p: Any) -> Any:
+            return tuple(collect(q) for q in p) if isinstance(p, list) else outs[p]
+
+        return collect(picked)
 
     def _frame(self, env: dict[str, int]) -> _Frame:
         """The frame of this binding of the symbolic names, made (and the workspace grown)

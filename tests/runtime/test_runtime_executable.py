@@ -74,3 +74,52 @@ def test_long_vector_dtype_survives_a_real_executable_file(exe, tmp_path):
     loaded = kiln.load(str(path))
     assert loaded.plans["vec"].slots[0].dtype == wide
     assert loaded.plans["vec"].slots[0].dtype.lanes == 65536
+
+
+def test_fast_call_checks_its_arguments(exe, monkeypatch):
+    """A static model with a native entry runs exact-shape, exact-dtype contiguous numpy
+    inputs without the general binding; anything else takes the general path, which converts
+    (lists, non-contiguous arrays) or names the culprit (shape, dtype, count)."""
+    from kiln.ir.errors import ArgumentError
+    from kiln.runtime.executor import Executor
+
+    ex = exe._executor("main")
+    assert ex._fast is not None
+    x = np.random.default_rng(1).standard_normal((3, 5)).astype("float32")
+    want = (x + np.arange(5, dtype="float32")) ** 2
+    general = Executor._bind_inputs
+
+    def refuse(self, args):
+        raise AssertionError("general path taken")
+
+    monkeypatch.setattr(Executor, "_bind_inputs", refuse)
+    out = exe(x)
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+    assert out is not exe(x)  # a fresh output array per call
+    monkeypatch.setattr(Executor, "_bind_inputs", general)
+    wide = np.zeros((3, 10), "float32")
+    wide[:, ::2] = x
+    np.testing.assert_allclose(exe(wide[:, ::2]), want, rtol=1e-6)
+    np.testing.assert_allclose(exe(x.tolist()), want, rtol=1e-6)
+    np.testing.assert_allclose(exe(x=x), want, rtol=1e-6)
+    with pytest.raises(ArgumentError, match="expected dtype float32"):
+        exe(x.astype("float64"))
+    with pytest.raises(ArgumentError, match=r"expected shape \(3, 5\)"):
+        exe(x[:2])
+    with pytest.raises(ArgumentError, match="expected 1 input"):
+        exe(x, x)
+
+
+def test_fast_call_returns_tuple_outputs():
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo((4,), "float32"))
+    with bb.function("main", [x]):
+        a = bb.emit(op.add(x, x))
+        m = bb.emit(op.multiply(x, x))
+        bb.emit_func_output(g.Tuple([m, a]))
+    tup = kiln.build(bb.get())
+    assert tup._executor("main")._fast is not None
+    v = np.arange(4, dtype="float32")
+    m, a = tup(v)
+    np.testing.assert_array_equal(m, v * v)
+    np.testing.assert_array_equal(a, v + v)
