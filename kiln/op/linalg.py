@@ -674,6 +674,20 @@ def _tile_loops(sch: Any, block: Any, io: Any) -> list[Any]:
     return []
 
 
+#: Fewest vector accumulators a register tile needs to keep both FMA pipes busy (an FMA takes
+#: 4 cycles and two start per cycle, Zen 3 and Intel cores alike). Smaller tiles -- a
+#: convolution row's tail, a GEMM tile of one row -- run several at once, jammed (``JAM_TAILS``).
+TILE_MIN_ACCUMULATORS = 8
+
+
+def tiles_to_fill(accumulators: int) -> int | None:
+    """How many tiles of ``accumulators`` vector accumulators to run at once to have
+    :data:`TILE_MIN_ACCUMULATORS`; None when one is enough."""
+    if accumulators >= TILE_MIN_ACCUMULATORS:
+        return None
+    return -(-TILE_MIN_ACCUMULATORS // accumulators)
+
+
 def write_out_tile(sch: Any, target: Any, block: Any, io: Any, dtype: Any) -> None:
     """Unroll the loops of a tile-sized block (the tile's init or write-back) and vectorize
     its innermost loop in register-sized pieces: with every index constant the C compiler can

@@ -51,6 +51,7 @@ from .linalg import (
     schedule_epilogue,
     simplify,
     tensor_arg,
+    tiles_to_fill,
     write_out_tile,
 )
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
@@ -84,20 +85,15 @@ def gemm_tile(target: Any) -> tuple[int, int]:
 GEMM_K_UNROLL = 4
 
 
-#: Fewest vector accumulators a register tile needs to keep both FMA pipes busy (4-cycle
-#: latency, two per cycle). A tile of fewer rows has fewer (one row of a 16-column panel: 2), so
-#: the panels run this many accumulators at a time, jammed (``JAM_TAILS``). Paired calls, a
-#: one-row 1024 x 1024 layer (+ bias, 2 threads, Zen 3): 0.73 of the time with 4 panels at
-#: once (2 panels 0.75, 8 panels 0.80); MLP 784-1024-1024-10 at batch 1: 0.84-0.97.
-GEMM_MIN_ACCUMULATORS = 8
-
-
 def _panels_at_once(m: int | None, rows: int, vectors: int, panels: int | None) -> int | None:
-    """How many panels a tile of ``rows`` rows (of ``m``) x ``vectors`` vectors runs at once:
-    enough for :data:`GEMM_MIN_ACCUMULATORS`, a divisor of the panel count (None: one)."""
+    """How many panels a tile of all ``m`` rows x ``vectors`` vectors runs at once, jammed
+    (``JAM_TAILS``): enough for :data:`~kiln.op.linalg.TILE_MIN_ACCUMULATORS` (one row of a
+    16-column panel has 2), a divisor of the panel count; None for one. Paired calls, a
+    one-row 1024 x 1024 layer (+ bias, 2 threads, Zen 3): 0.73 of the time with 4 panels at
+    once (2 panels 0.75, 8 panels 0.80); MLP 784-1024-1024-10 at batch 1: 0.84-0.97."""
     if m is None or panels is None or rows < m:
         return None
-    need = -(-GEMM_MIN_ACCUMULATORS // (rows * vectors))
+    need = tiles_to_fill(rows * vectors) or 1
     for p in range(min(need, panels), 1, -1):
         if panels % p == 0:
             return p

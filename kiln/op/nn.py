@@ -52,6 +52,7 @@ from .linalg import (
     simplify,
     split_off,
     tensor_arg,
+    tiles_to_fill,
     vector_factor,
     vectorize_inner,
     write_out_tile,
@@ -743,24 +744,17 @@ def _nchwc_tile(ow: int | None, ob: int | None, lanes: int = 8) -> tuple[int, in
     return min(tiles[0][0], ow), 1
 
 
-#: Fewest vector accumulators a tile needs to keep both FMA pipes busy (4-cycle latency, two
-#: per cycle). A row's tail tile with fewer (2 pixels x 2 blocks) is jammed with the tails of
-#: the next rows (``JAM_TAILS``) up to this many. Paired-call timing (2 threads, Zen 3), jammed
-#: against not, on ResNet-18's 3x3 convs: 0.91 of the time at 7 x 7 x 512 (5-pixel tiles and a
-#: 2-pixel tail, 2/7 of the work, which had taken 44% of the time), 0.94-0.96 at 14 x 14 x 256,
-#: 0.95 at 56 x 56 x 64 (rows shared by the threads in blocks of 4).
-CONV_TAIL_MIN_ACCUMULATORS = 8
-
-
 def _tail_jam(ow: int | None, xt: int, bt: int) -> int | None:
     """How many rows' tail tiles to run together (``JAM_TAILS``) for a row of ``ow`` pixels in
-    tiles of ``xt`` pixels x ``bt`` blocks; None when there is no tail or it is big enough."""
+    tiles of ``xt`` pixels x ``bt`` blocks; None when there is no tail or it has
+    :data:`~kiln.op.linalg.TILE_MIN_ACCUMULATORS` already (a 2-pixel x 2-block tail: 4).
+    Paired-call timing (2 threads, Zen 3), jammed against not, on ResNet-18's 3x3 convs: 0.91
+    of the time at 7 x 7 x 512 (5-pixel tiles and a 2-pixel tail, 2/7 of the work, which had
+    taken 44% of the time), 0.94-0.96 at 14 x 14 x 256, 0.95 at 56 x 56 x 64 (rows shared by
+    the threads in blocks of 4)."""
     if ow is None or xt < 2 or ow % xt == 0:
         return None
-    acc = (ow % xt) * bt
-    if acc >= CONV_TAIL_MIN_ACCUMULATORS:
-        return None
-    return -(-CONV_TAIL_MIN_ACCUMULATORS // acc)
+    return tiles_to_fill((ow % xt) * bt)
 
 
 #: Weight size (bytes) up to which the threads of a convolution share its output rows even

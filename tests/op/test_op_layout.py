@@ -232,6 +232,28 @@ def test_conv2d_nchwc_schedule_shape():
     assert loops[-2].kind == tir.ForKind.UNROLLED
 
 
+def _nchwc_conv(x, w, lanes):
+    """NCHW input and OIHW weight blocked by ``lanes`` and the (unscheduled) NCHWc convolution
+    of them, padding 1: ``(blocked input, blocked weight, schedule)``."""
+    xb, wb = _to(x, "NCHW", f"NCHW{lanes}c"), _to(w, "OIHW", f"OIHW{lanes}i{lanes}o")
+    opdef = get_op_def("nn.conv2d_nchwc")
+    data = te.placeholder(xb.shape, "float32", name="data")
+    weight = te.placeholder(wb.shape, "float32", name="weight")
+    out = opdef.compute(data, weight, attrs=opdef.make_attrs(padding=1))
+    return xb, wb, Schedule(te.create_prim_func([data, weight, out]))
+
+
+def _check_nchwc_conv(sch, target, x, w, xb, wb):
+    """Build the scheduled convolution and compare it with numpy's."""
+    import kiln.codegen.c as cg
+
+    lanes = target.vector_lanes("float32")
+    ref = _to(conv_ref(x, w, padding=1), "NCHW", f"NCHW{lanes}c")
+    got = np.zeros(ref.shape, "float32")
+    cg.build({"conv": sch.func}, target)["conv"](xb, wb, got)
+    check(got, ref)
+
+
 @pytest.mark.parametrize("shape, wshape, rows_outer", [
     ((1, 16, 32, 32), (16, 16, 3, 3), True),   # input larger than weight: threads share rows
     ((1, 64, 6, 6), (64, 64, 3, 3), False),    # few rows, large weight: channel blocks
@@ -239,31 +261,20 @@ def test_conv2d_nchwc_schedule_shape():
 def test_conv2d_nchwc_thread_split_orders(shape, wshape, rows_outer):
     """Both ways of sharing a convolution among threads compute the convolution; with rows
     shared, the padded rows are made inside the parallel loop (no separate padding pass)."""
-    import kiln.codegen.c as cg
     from kiln.op import nn as knn
 
     target = Target("c", num_threads=2)
-    lanes = target.vector_lanes("float32")
     x, w = rand(shape), rand(wshape)
-    xb, wb = _to(x, "NCHW", f"NCHW{lanes}c"), _to(w, "OIHW", f"OIHW{lanes}i{lanes}o")
-    opdef = get_op_def("nn.conv2d_nchwc")
-    data = te.placeholder(xb.shape, "float32", name="data")
-    weight = te.placeholder(wb.shape, "float32", name="weight")
-    out = opdef.compute(data, weight, attrs=opdef.make_attrs(padding=1))
-    sch = Schedule(te.create_prim_func([data, weight, out]))
+    xb, wb, sch = _nchwc_conv(x, w, target.vector_lanes("float32"))
     block = sch.get_block("conv2d_nchwc")
     assert knn._rows_outer(sch, block, shape[2], target) is rows_outer
-    opdef.schedules["c"](sch, target)
+    get_op_def("nn.conv2d_nchwc").schedules["c"](sch, target)
     pad_loops = [sch.get(lp) for lp in sch.get_loops(sch.get_block("conv2d_nchwc_pad"))]
     conv_loops = [sch.get(lp) for lp in sch.get_loops(sch.get_block("conv2d_nchwc"))]
     assert conv_loops[0].kind == tir.ForKind.PARALLEL
     # rows shared: the padding runs under the convolution's parallel loop
     assert (pad_loops[0] is conv_loops[0]) is rows_outer
-    mod = cg.build({"conv": sch.func}, target)
-    ref = _to(conv_ref(x, w, padding=1), "NCHW", f"NCHW{lanes}c")
-    got = np.zeros(ref.shape, "float32")
-    mod["conv"](xb, wb, got)
-    check(got, ref)
+    _check_nchwc_conv(sch, target, x, w, xb, wb)
 
 
 def test_conv2d_nchwc_symbolic_batch_shares_rows():
@@ -314,24 +325,14 @@ def test_conv2d_nchwc_tile_follows_the_vector_length(lanes, expect):
 def test_conv2d_nchwc_each_tile_matches_numpy(features, monkeypatch):
     """Both vector lengths' tiles, whatever this machine has (GCC splits wider vectors), on
     rows their tiles divide and rows with a tail."""
-    import kiln.codegen.c as cg
-
     monkeypatch.delenv("KILN_VECTOR_BITS", raising=False)  # the override would win
     target = Target("c", features=frozenset(features))
     lanes = target.vector_lanes("float32")
-    opdef = get_op_def("nn.conv2d_nchwc")
     for hw in (14, 10):
         x, w = rand((1, lanes, hw, hw)), rand((4 * lanes, lanes, 3, 3))
-        xb, wb = _to(x, "NCHW", f"NCHW{lanes}c"), _to(w, "OIHW", f"OIHW{lanes}i{lanes}o")
-        data = te.placeholder(xb.shape, "float32", name="data")
-        weight = te.placeholder(wb.shape, "float32", name="weight")
-        out = opdef.compute(data, weight, attrs=opdef.make_attrs(padding=1))
-        sch = Schedule(te.create_prim_func([data, weight, out]))
-        opdef.schedules["c"](sch, target)
-        ref = _to(conv_ref(x, w, padding=1), "NCHW", f"NCHW{lanes}c")
-        got = np.zeros(ref.shape, "float32")
-        cg.build({"conv": sch.func}, target)["conv"](xb, wb, got)
-        check(got, ref)
+        xb, wb, sch = _nchwc_conv(x, w, lanes)
+        get_op_def("nn.conv2d_nchwc").schedules["c"](sch, target)
+        _check_nchwc_conv(sch, target, x, w, xb, wb)
 
 
 # threads share output channel blocks (few rows) / rows (more rows, a small weight)
@@ -340,7 +341,6 @@ def test_conv2d_nchwc_jams_small_row_tails(h, blocks):
     """9-pixel rows in 6-pixel tiles leave a 3 x 2-block tail (6 accumulators, too few to keep
     the FMA pipes busy): the row loop asks for the tails of 2 rows to be jammed, and the
     lowered kernel runs them in one loop nest; the result is numpy's."""
-    import kiln.codegen.c as cg
     from kiln.op import nn as knn
     from kiln.tir.transform.lower import lower
 
@@ -350,21 +350,13 @@ def test_conv2d_nchwc_jams_small_row_tails(h, blocks):
     target = Target("c", num_threads=2)
     lanes = target.vector_lanes("float32")
     x, w = rand((1, 4 * lanes, h, 9)), rand((blocks * lanes, 4 * lanes, 3, 3))
-    xb, wb = _to(x, "NCHW", f"NCHW{lanes}c"), _to(w, "OIHW", f"OIHW{lanes}i{lanes}o")
-    opdef = get_op_def("nn.conv2d_nchwc")
-    data = te.placeholder(xb.shape, "float32", name="data")
-    weight = te.placeholder(wb.shape, "float32", name="weight")
-    out = opdef.compute(data, weight, attrs=opdef.make_attrs(padding=1))
-    sch = Schedule(te.create_prim_func([data, weight, out]))
-    opdef.schedules["c"](sch, target)
+    xb, wb, sch = _nchwc_conv(x, w, lanes)
+    get_op_def("nn.conv2d_nchwc").schedules["c"](sch, target)
     jammed = []  # the second row's accumulators
     tir.post_order_visit(lower(sch.func).body, lambda n: jammed.append(n) if isinstance(
         n, tir.Allocate) and n.buffer.name.endswith("_j1") else None)
     assert jammed
-    ref = _to(conv_ref(x, w, padding=1), "NCHW", f"NCHW{lanes}c")
-    got = np.zeros(ref.shape, "float32")
-    cg.build({"conv": sch.func}, target)["conv"](xb, wb, got)
-    check(got, ref)
+    _check_nchwc_conv(sch, target, x, w, xb, wb)
 
 
 # ---- pooling layouts ----------------------------------------------------------------------------
