@@ -477,8 +477,9 @@ class Helpers:
         name = f"kiln_{op}_{'float64' if dt.bits == 64 else 'float32'}"
         if op == "rsqrt":
             body = f"return {one} / sqrt{f}(x);"
-        elif op == "sigmoid":
-            body = f"return {one} / ({one} + exp{f}(-x));"
+        elif op == "sigmoid":  # exp(-|x|) never overflows: e / (1 + e) keeps tiny results
+            body = (f"{ct} e = exp{f}(-fabs{f}(x)); "
+                    f"return (x >= 0 ? {one} : e) / ({one} + e);")
         else:  # pragma: no cover - guarded by the caller
             raise KeyError(op)
         return self._add(name, f"static inline {ct} {name}({ct} x) {{ {body} }}\n")

@@ -9,11 +9,13 @@ that ``A[i * 8 + j]`` vectorized over ``j`` is recognised as contiguous.
 
 When the body cannot be written with vectors -- a gather or scatter (non-contiguous index), a
 store to a location that does not depend on the loop variable (a reduction over the vectorized
-axis), an intrinsic without a vector form (``exp``...), a nested loop, a branch on a condition
+axis), an intrinsic without a vector form (``tanh``, float64 ``exp``...; ``exp`` and ``sigmoid``
+of float32 and narrower floats are expanded into branch-free formulas,
+:mod:`kiln.tir.math_formulas`), a nested loop, a branch on a condition
 that differs between lanes, or an extent that is not a small power of two -- the loop stays a
 scalar loop, annotated with the reason (``"kiln.not_vectorized"``) and, when it is safe to
 execute its iterations as SIMD lanes, with ``"kiln.simd": True`` so that the C code generator
-emits ``#pragma omp simd`` and lets GCC vectorize it (e.g. with libmvec's vector ``expf``).
+emits ``#pragma omp simd`` and lets GCC vectorize it (e.g. with libmvec's vector ``tanhf``).
 Safety means: every store goes to a distinct address per iteration (an index affine in the loop
 variable with a non-zero step) and every load of a stored buffer reads the very element the
 iteration stores, so no iteration depends on another.
@@ -50,6 +52,7 @@ from ..expr import (
 )
 from ..function import PrimFunc
 from ..functor import Mutator, post_order_visit
+from ..math_formulas import expand_call
 from ..stmt import (
     Allocate,
     AssertStmt,
@@ -66,8 +69,19 @@ from ..stmt import (
 #: Largest vector a vectorized loop is turned into; longer loops use ``#pragma omp simd``.
 MAX_LANES = 64
 
-#: Intrinsics the C code generator can apply to a whole vector without a per-lane loop.
-VECTOR_INTRINSICS = frozenset({"fabs"})
+#: Intrinsics the C code generator can apply to a whole vector without a per-lane loop. Others
+#: with a formula in :data:`kiln.tir.math_formulas.EXPANSIONS` (``exp``, ``sigmoid``) are
+#: expanded into it.
+VECTOR_INTRINSICS = frozenset({"fabs", "reinterpret"})
+
+
+def _has_vector_form(call: Call) -> bool:
+    """Whether ``call`` is in :data:`VECTOR_INTRINSICS` for its types. ``reinterpret`` of a
+    float narrower than 32 bits is not: its vector form goes through float32 values, and a
+    signalling NaN's bits would come back quiet (the scalar form reads the stored bits)."""
+    if call.op == "reinterpret":
+        return not any(t.is_float and t.bits < 32 for t in (call.dtype, call.args[0].dtype))
+    return call.op in VECTOR_INTRINSICS
 
 
 class CannotVectorize(Exception):
@@ -137,8 +151,11 @@ class _Vectorizer:
                 if all(a is b for a, b in zip(args, e.args)):
                     return e
                 return Call(e.dtype, e.op, tuple(args))
-            if e.op not in VECTOR_INTRINSICS:
-                raise CannotVectorize(f"intrinsic {e.op} has no vector form")
+            if not _has_vector_form(e):
+                formula = expand_call(e)
+                if formula is None:
+                    raise CannotVectorize(f"intrinsic {e.op} has no vector form for {e.dtype}")
+                return self.expr(formula)
             return Call(e.dtype.with_lanes(self.lanes), e.op, tuple(self.bcast(a) for a in args))
         if isinstance(e, Let):
             value = self.expr(e.value)

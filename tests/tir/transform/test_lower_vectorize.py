@@ -68,7 +68,7 @@ def _fallback(body_fn, extent=8):
 
 
 @pytest.mark.parametrize("make, reason, simd", [
-    (lambda j: tir.BufferStore(B, tir.exp(A[j]), (j,)), "intrinsic exp", True),
+    (lambda j: tir.BufferStore(B, tir.tanh(A[j]), (j,)), "intrinsic tanh", True),
     (lambda j: tir.BufferStore(B, A[j * c64(2)], (j,)), "gather", True),
     (lambda j: tir.BufferStore(B, B[c64(0)] + A[j], (c64(0),)), "does not depend", False),
     (lambda j: tir.BufferStore(B, A[j], (j * c64(2),)), "scatter", True),
@@ -86,6 +86,29 @@ def test_scalar_fallback_and_simd_safety(make, reason, simd):
     ann = _fallback(make)
     assert reason in ann["kiln.not_vectorized"]
     assert bool(ann.get("kiln.simd", False)) is simd
+
+
+def test_exp_and_sigmoid_expand_into_vector_formulas():
+    # float32 (and float16/bfloat16) exp/sigmoid become branch-free vector arithmetic: no call
+    # of the intrinsic is left, the 2^n scaling is a vector reinterpret
+    for fn in (tir.exp, tir.sigmoid):
+        j = v64("j")
+        out = vectorize_loops(func_of(vec_loop(j, 8, tir.BufferStore(B, fn(A[j]), (j,))), A, B))
+        assert isinstance(out.body, tir.BufferStore) and out.body.value.dtype.lanes == 8
+        nodes = []
+        tir.post_order_visit(out.body, nodes.append)
+        calls = [n for n in nodes if isinstance(n, tir.Call)]
+        assert {c.op for c in calls} <= {"reinterpret", "fabs"}  # fabs: sigmoid's |x|
+        assert all(c.dtype.lanes == 8 for c in calls)
+
+
+def test_float64_exp_keeps_the_scalar_loop():
+    D = tir.decl_buffer((c64(64),), "float64", "D")
+    j = v64("j")
+    out = vectorize_loops(func_of(vec_loop(j, 4, tir.BufferStore(D, tir.exp(D[j]), (j,))), D))
+    ann = out.body.annotations
+    assert "intrinsic exp has no vector form for float64" in ann["kiln.not_vectorized"]
+    assert ann["kiln.simd"] is True
 
 
 def test_non_power_of_two_and_nested_loops_fall_back():
