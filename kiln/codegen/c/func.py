@@ -276,7 +276,7 @@ class FunctionEmitter(ExprEmitter):
                 used.setdefault(n, None)
             elif isinstance(n, S.For):
                 defined.add(n.loop_var)
-            elif isinstance(n, S.LetStmt):
+            elif isinstance(n, (S.LetStmt, E.Let)):
                 defined.add(n.var)
             elif isinstance(n, S.Allocate):
                 defined.add(n.buffer.data)
