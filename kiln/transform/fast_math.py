@@ -10,10 +10,11 @@ approximations only have float32 accuracy.
 Which ops are replaced: ``FastMath(ops=...)`` names them; the default (``ops=None``) is
 ``tanh``, ``erf`` and ``sigmoid``, whose fast forms are branch-free arithmetic that vectorizes
 (measured on x86-64, one thread, 1M float32 elements: tanh 2.3x, sigmoid 1.5x, erf 1.1x faster
-than the libm/libmvec kernels). ``exp`` is replaced only when asked for: kiln's TIR has no
-bit-reinterpret, so ``fast_exp`` scales by ``2^n`` with an ``exp2`` call and is slower than the
-C library's vectorized ``expf`` (about 2x); with a reinterpret intrinsic ``2^n`` would be one
-integer add and shift.
+than the libm/libmvec kernels; sigmoid's gain predates the exact sigmoid's own vector formula,
+see below). ``exp`` is replaced only when asked for: ``fast_exp`` is the formula that a
+vectorized loop already uses for the exact ``exp`` (and ``sigmoid``) of these types
+(:mod:`kiln.tir.math_formulas`, within 1 ulp), so replacing it only changes loops that kiln
+does not vectorize.
 """
 
 from __future__ import annotations
