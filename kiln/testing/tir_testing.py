@@ -1,5 +1,6 @@
-"""Helpers shared by the loop-level tests (tests/tir): a matrix product to schedule, its
-numeric check, and where a lowered function allocates its buffers."""
+"""Helpers shared by the loop-level tests (tests/tir, tests/codegen): an element-wise function
+and a matrix product to schedule, the product's numeric check, and where a lowered function
+allocates its buffers."""
 
 from __future__ import annotations
 
@@ -10,6 +11,30 @@ import numpy as np
 from .. import te
 from ..tir import stmt as S
 from ..tir.function import PrimFunc
+from ..tir.schedule import Schedule
+
+
+def elementwise_func(shape: Any, dtype: str, fcompute: Any, nin: int = 1, name: str = "out",
+                     vectorize: int | None = None, parallel: bool = False,
+                     in_dtypes: Any = None) -> PrimFunc:
+    """``name = fcompute(*inputs)`` over ``shape`` (inputs ``x0``, ``x1``... of ``dtype`` or
+    ``in_dtypes``), its innermost loop split by ``vectorize`` and vectorized, its outermost loop
+    parallel when asked."""
+    ins = [te.placeholder(shape, (in_dtypes or [dtype] * nin)[k], name=f"x{k}")
+           for k in range(nin)]
+    out = te.compute(shape, lambda *idx: fcompute(*[x[idx] for x in ins]), name=name)
+    func = te.create_prim_func([*ins, out])
+    if vectorize is None and not parallel:
+        return func
+    sch = Schedule(func)
+    loops = list(sch.get_loops(sch.get_block(name)))
+    if vectorize:
+        outer, inner = sch.split(loops[-1], factors=[None, vectorize])
+        sch.vectorize(inner)
+        loops[-1] = outer
+    if parallel:
+        sch.parallel(loops[0])
+    return sch.func
 
 
 def matmul_func(m: int, n: int, k: int) -> PrimFunc:

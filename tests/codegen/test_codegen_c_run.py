@@ -10,6 +10,7 @@ import pytest
 
 from kiln import te, tir
 from kiln.codegen import c as cg
+from kiln.testing.tir_testing import elementwise_func as ew_func
 from kiln.tir.schedule import Schedule
 
 RNG = np.random.default_rng(0)
@@ -21,26 +22,6 @@ def _cache_dir(tmp_path_factory):
     mp.setenv("KILN_CACHE_DIR", str(tmp_path_factory.mktemp("kiln_cache")))
     yield
     mp.undo()
-
-
-def ew_func(shape, dtype, fcompute, nin=1, name="out", vectorize=None, parallel=False,
-            in_dtypes=None):
-    """An elementwise PrimFunc ``out = fcompute(*inputs)``, optionally scheduled."""
-    ins = [te.placeholder(shape, (in_dtypes or [dtype] * nin)[k], name=f"x{k}")
-           for k in range(nin)]
-    out = te.compute(shape, lambda *idx: fcompute(*[x[idx] for x in ins]), name=name)
-    func = te.create_prim_func([*ins, out])
-    if vectorize is None and not parallel:
-        return func
-    sch = Schedule(func)
-    loops = list(sch.get_loops(sch.get_block(name)))
-    if vectorize:
-        outer, inner = sch.split(loops[-1], factors=[None, vectorize])
-        sch.vectorize(inner)
-        loops[-1] = outer
-    if parallel:
-        sch.parallel(loops[0])
-    return sch.func
 
 
 # ---------------------------------------------------------------------------------------------

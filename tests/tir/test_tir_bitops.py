@@ -8,12 +8,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kiln import te, tir
+from kiln import tir
 from kiln.arith import Analyzer
 from kiln.codegen import c as cg
 from kiln.ir.errors import DTypeError
+from kiln.testing.tir_testing import elementwise_func
 from kiln.tir import Broadcast, BufferLoad, Ramp
-from kiln.tir.schedule import Schedule
 
 RNG = np.random.default_rng(7)
 INTS = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
@@ -35,16 +35,8 @@ def _cache_dir(tmp_path_factory):
 
 
 def _ew(n, dtype, fcompute, in_dtypes, vectorize=None):
-    ins = [te.placeholder((n,), d, name=f"x{k}") for k, d in enumerate(in_dtypes)]
-    out = te.compute((n,), lambda i: fcompute(*[x[i] for x in ins]), name="out")
-    func = te.create_prim_func([*ins, out])
-    if vectorize:
-        sch = Schedule(func)
-        (loop,) = sch.get_loops(sch.get_block("out"))
-        _, inner = sch.split(loop, factors=[None, vectorize])
-        sch.vectorize(inner)
-        func = sch.func
-    return func
+    return elementwise_func((n,), dtype, fcompute, nin=len(in_dtypes), vectorize=vectorize,
+                            in_dtypes=in_dtypes)
 
 
 def _random_ints(dtype, n):

@@ -6,34 +6,22 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kiln import te, tir
+from kiln import tir
 from kiln.codegen import c as cg
+from kiln.testing.tir_testing import elementwise_func
 from kiln.tir.math_formulas import EXPANSIONS, exp_float32, expand_call
-from kiln.tir.schedule import Schedule
 
 N = 1 << 20
-
-
-def _kernel(n, dtype, fn, lanes):
-    """``out[i] = fn(x[i])``, its loop split by ``lanes`` and vectorized (lanes=None: scalar)."""
-    x = te.placeholder((n,), dtype, name="x")
-    out = te.compute((n,), lambda i: fn(x[i]), name="out")
-    sch = Schedule(te.create_prim_func([x, out]))
-    if lanes:
-        (i,) = sch.get_loops(sch.get_block("out"))
-        _, inner = sch.split(i, factors=[None, lanes])
-        sch.vectorize(inner)
-    return sch.func
 
 
 @pytest.fixture(scope="module")
 def mod():
     funcs = {}
     for name, fn in (("exp", tir.exp), ("sigmoid", tir.sigmoid)):
-        funcs[name] = _kernel(N, "float32", fn, 8)
-        funcs[name + "_scalar"] = _kernel(N, "float32", fn, None)
+        funcs[name] = elementwise_func((N,), "float32", fn, vectorize=8)
+        funcs[name + "_scalar"] = elementwise_func((N,), "float32", fn)
     for dt in ("float16", "bfloat16"):
-        funcs["exp_" + dt] = _kernel(1024, dt, tir.exp, 8)
+        funcs["exp_" + dt] = elementwise_func((1024,), dt, tir.exp, vectorize=8)
     return cg.build(funcs)
 
 
