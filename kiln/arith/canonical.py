@@ -13,11 +13,10 @@ are wrapped in a ``Cast``, so the result never mixes operand dtypes.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from ..ir.dtype import DataType
-from ..ir.node import Node
+from ..ir.node import Node, field_names_of
 from ..tir import expr as E
 from .const_int_bound import dtype_bound
 from .fold import fits
@@ -48,16 +47,6 @@ def imm(dt: DataType, v: int) -> E.IntImm:
 
 def is_signed_scalar(dt: DataType) -> bool:
     return dt.lanes == 1 and dt.is_int
-
-
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _fields_of(cls: type) -> tuple[str, ...]:
-    f = _FIELDS.get(cls)
-    if f is None:
-        f = _FIELDS[cls] = tuple(x.name for x in dataclasses.fields(cls))
-    return f
 
 
 class KeyTable:
@@ -109,7 +98,7 @@ class KeyTable:
         if t is E.FloatImm:
             # repr distinguishes -0.0 from 0.0; NaN never equals itself (never merged)
             return ("float", e.dtype, repr(e.value))
-        return (t,) + tuple(self._part(getattr(e, f)) for f in _fields_of(t))
+        return (t,) + tuple(self._part(getattr(e, f)) for f in field_names_of(t))
 
     def _part(self, v: Any) -> Any:
         if isinstance(v, Node):

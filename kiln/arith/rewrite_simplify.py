@@ -19,6 +19,7 @@ from math import gcd
 from typing import TYPE_CHECKING, Any
 
 from ..ir.dtype import DataType
+from ..ir.node import field_names_of
 from ..tir import expr as E
 from . import divmod as dm
 from .canonical import Linear, LinearParser, Unrepresentable, build, imm, is_signed_scalar
@@ -44,7 +45,6 @@ from .vector_rules import VectorRules
 if TYPE_CHECKING:
     from .analyzer import Analyzer
 
-_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 class Simplifier(VectorRules):
@@ -102,11 +102,8 @@ class Simplifier(VectorRules):
     def _generic(self, e: Any) -> Any:
         """Simplify every PrimExpr field of a node we have no rule for."""
         t = type(e)
-        names = _FIELDS.get(t)
-        if names is None:
-            names = _FIELDS[t] = tuple(f.name for f in dataclasses.fields(t))
         changes = {}
-        for name in names:
+        for name in field_names_of(t):
             v = getattr(e, name)
             if isinstance(v, E.PrimExpr):
                 nv = self.visit(v)

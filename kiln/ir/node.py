@@ -18,11 +18,23 @@ import numpy as np
 
 from .dtype import DataType
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def field_names_of(cls: type) -> tuple[str, ...]:
+    """Field names of a node class, computed once per class: ``dataclasses.fields`` rebuilds its
+    tuple on every call, and the generic visitors ask for every node they walk (it was the
+    largest single cost of lowering a model)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
 
 def node_field_names(n: Node) -> tuple[str, ...]:
     """Field names of a node. Use this, not ``n.fields()``, in generic code: a node may have a
     field called ``fields`` (graph ``Tuple``, ``TupleStructInfo``) that hides the method."""
-    return tuple(f.name for f in dataclasses.fields(n))  # type: ignore[arg-type]
+    return field_names_of(type(n))
 
 
 class Node:

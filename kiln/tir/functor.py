@@ -10,10 +10,11 @@ them); the variables bound by loops, lets and blocks are visited like any other 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..ir.node import Node
+from ..ir.node import Node, field_names_of
 from .buffer import Buffer
 from .expr import PrimExpr, Var
 
@@ -39,8 +40,8 @@ class Visitor:
     def generic_visit(self, n: Node) -> None:
         if isinstance(n, Buffer):
             return
-        for f in dataclasses.fields(n):  # type: ignore[arg-type]
-            self.visit(getattr(n, f.name))
+        for name in field_names_of(type(n)):
+            self.visit(getattr(n, name))
 
     def visit_Buffer(self, b: Buffer) -> None:
         return
@@ -72,11 +73,11 @@ class Mutator:
         if isinstance(n, Buffer):
             return n
         changes = {}
-        for f in dataclasses.fields(n):  # type: ignore[arg-type]
-            old = getattr(n, f.name)
+        for name in field_names_of(type(n)):
+            old = getattr(n, name)
             new = self.visit(old)
             if new is not old:
-                changes[f.name] = new
+                changes[name] = new
         if not changes:
             return n
         if isinstance(n, PrimExpr) and "dtype" not in changes and _dtype_derived(n):
@@ -88,12 +89,17 @@ class Mutator:
         return b
 
 
-def _dtype_derived(n: PrimExpr) -> bool:
-    """True for node types whose dtype defaults from their operands."""
-    for f in dataclasses.fields(n):  # type: ignore[arg-type]
+@functools.cache
+def _dtype_derived_type(cls: type) -> bool:
+    for f in dataclasses.fields(cls):
         if f.name == "dtype":
             return f.default is None
     return False
+
+
+def _dtype_derived(n: PrimExpr) -> bool:
+    """True for node types whose dtype defaults from their operands."""
+    return _dtype_derived_type(type(n))
 
 
 # TVM-style aliases.
@@ -121,20 +127,23 @@ def substitute(node: Any, vmap: Mapping[Var, PrimExpr] | Callable[[Var], PrimExp
     return _Substituter(vmap).visit(node)
 
 
+class _PostOrder(Visitor):
+    def __init__(self, fvisit: Callable[[Node], None]):
+        self.fvisit = fvisit
+
+    def visit(self, x: Any) -> None:
+        if isinstance(x, Node):
+            if not isinstance(x, Buffer):
+                for name in field_names_of(type(x)):
+                    self.visit(getattr(x, name))
+            self.fvisit(x)
+        else:
+            super().visit(x)
+
+
 def post_order_visit(node: Any, fvisit: Callable[[Node], None]) -> None:
     """Call ``fvisit`` on every node of the tree, children first (buffers are not entered)."""
-
-    class _V(Visitor):
-        def visit(self, x: Any) -> None:
-            if isinstance(x, Node):
-                if not isinstance(x, Buffer):
-                    for f in dataclasses.fields(x):  # type: ignore[arg-type]
-                        self.visit(getattr(x, f.name))
-                fvisit(x)
-            else:
-                super().visit(x)
-
-    _V().visit(node)
+    _PostOrder(fvisit).visit(node)
 
 
 def collect_vars(node: Any) -> list[Var]:
