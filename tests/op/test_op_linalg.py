@@ -272,6 +272,17 @@ def test_gemm_with_symbolic_rows_shares_column_chunks():
     _check_symbolic_rows(sch, target, (40, 1000), (1, 3), lambda x, w: x @ w)
 
 
+def test_gemv_column_chunks_balance_the_threads():
+    """A classifier's 1000 columns (125 vectors of 8) in 25 chunks of 5 vectors, not 5 of 25
+    that give one of 2 threads 3 chunks (60% of the work); 1024 columns keep 4 wide chunks."""
+    from kiln.op.linalg import _column_chunk
+
+    assert _column_chunk(1000, 8, 4, threads=2) == 40
+    assert _column_chunk(1024, 8, 4, threads=2) == 256
+    assert _column_chunk(1000, 8, 2, threads=2, outer=2) == 200  # 2 rows x 5 chunks: 10 for 2
+    assert _column_chunk(1001, 8, 4, threads=2) is None
+
+
 def test_schedules_handle_fused_epilogues():
     """After fusion an op's PrimFunc also holds its element-wise consumers; the op's schedule
     computes them under its parallel loop (vectorized) and the result stays right."""
