@@ -64,9 +64,22 @@ def test_which_rows_get_vector_partials(n):
     assert bool(ln) == expect
 
 
+@pytest.mark.parametrize("n, partials", [(LANES * 16, 2 * LANES), (LANES * 6, 2 * LANES),
+                                         (LANES * 3, LANES)])
+def test_row_partials_run_in_independent_chains(n, partials):
+    """Rows of an even number of vectors accumulate in ROW_REDUCTION_CHAINS (2) vectors of
+    partials, so consecutive steps do not wait on each other; an odd count keeps one."""
+    widths = []
+    tir.post_order_visit(
+        _scheduled("nn.softmax", [(6, n)]).body,
+        lambda b: widths.append(b.writes[0].buffer.shape[-1].value)
+        if isinstance(b, tir.Block) and b.name_hint.endswith("_rf") else None)
+    assert widths == [partials, partials]
+
+
 def test_row_ops_match_numpy_at_several_lengths():
     cases, refs = [], []
-    for shape in [(4, 64), (3, 5, 128), (2, 13), (7, 100), (2, 768), (5, 8), (3, 1)]:
+    for shape in [(4, 64), (3, 5, 128), (2, 13), (7, 100), (2, 768), (3, 24), (5, 8), (3, 1)]:
         x = _rand(shape, scale=20.0)  # large logits: the row max matters
         cases.append(("nn.softmax", [x], {}))
         refs.append(_softmax_ref(x))
