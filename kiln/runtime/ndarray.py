@@ -87,6 +87,17 @@ def _dl_dtype_of_numpy(dt: np.dtype) -> DLDataType:
     return dl
 
 
+def data_address(arr: np.ndarray) -> int:
+    """Address of a C-contiguous array's first element, through a ctypes view of its buffer
+    (about 0.3 us) rather than ``__array_interface__`` (about 1.5 us: it builds a dict); a
+    small model's call spent more time on these than in its kernels. Read-only and empty arrays,
+    which ctypes cannot view, take the slow way."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(arr))
+    except (TypeError, ValueError, BufferError):
+        return arr.__array_interface__["data"][0]
+
+
 class DLTensorArg:
     """A ctypes ``DLTensor`` viewing an array, plus the objects its pointers refer to.
 
@@ -101,7 +112,7 @@ class DLTensorArg:
         self.original = original
         ndim = array.ndim
         self._shape = (ctypes.c_int64 * max(ndim, 1))(*array.shape)
-        self.tensor = DLTensor(array.ctypes.data, _CPU, ndim, _dl_dtype_of_numpy(array.dtype),
+        self.tensor = DLTensor(data_address(array), _CPU, ndim, _dl_dtype_of_numpy(array.dtype),
                                self._shape, None, 0)
 
     @property
