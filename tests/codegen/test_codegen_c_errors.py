@@ -152,3 +152,56 @@ def test_cache_dir_environment(monkeypatch, tmp_path):
     assert cc.cache_dir() == tmp_path / "kiln"
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "x"))
     assert cc.cache_dir() == tmp_path / "x"
+
+
+def test_large_file_compiles_in_parallel_pieces(tmp_path, monkeypatch):
+    """A file split into translation units (forced here: no size threshold, 2 jobs) is one
+    library: every function runs, and an argument error in either piece reaches
+    ``kiln_last_error`` (the error buffer is shared, not one per piece)."""
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("KILN_COMPILE_JOBS", "2")
+    monkeypatch.setattr(cc, "PARALLEL_MIN_CHARS", 0)
+    commands = []
+    real_popen = subprocess.Popen
+
+    def popen(cmd, *args, **kwargs):
+        commands.append(cmd)
+        return real_popen(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(cc.subprocess, "Popen", popen)
+    split = cg.build({"add": _add_func(), "scale": _fixed_func()})
+    # subprocess.run goes through Popen too: the link (and any probe) are counted apart
+    assert len([cmd for cmd in commands if "-c" in cmd]) == 2
+    a, out = np.ones((4, 8), np.float32), f32(4, 8)
+    split["scale"](a, out)
+    np.testing.assert_array_equal(out, 2 * a)
+    split["add"](a, 3 * a, out)
+    np.testing.assert_array_equal(out, 4 * a)
+    with pytest.raises(ArgumentError, match=r"^scale: argument 1 \(B\): expected shape"):
+        split["scale"](f32(4, 8), f32(4, 9))
+    with pytest.raises(ArgumentError, match=r"^add: argument 2 \(C\): expected shape"):
+        split["add"](f32(3, 8), f32(3, 8), f32(5, 8))
+    assert not [p for p in os.listdir(tmp_path / "c") if not p.endswith((".c", ".so"))]
+
+
+def test_failing_piece_keeps_its_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("KILN_COMPILE_JOBS", "2")
+    monkeypatch.setattr(cc, "PARALLEL_MIN_CHARS", 0)
+    mark = f"\n{cc.UNIT_MARK}\n"
+    source = ("#include <stdint.h>\n" + mark + "int32_t good(void) { return 1; }\n"
+              + mark + "int32_t bad(void) { return undefined_name; }\n")
+    with pytest.raises(CompileError) as info:
+        cc.compile_source(source)
+    err = info.value
+    assert err.source_path and os.path.exists(err.source_path)
+    assert "undefined_name" in open(err.source_path).read()
+    assert "undefined_name" in err.diagnostics
+
+
+def test_compile_jobs_setting(monkeypatch):
+    monkeypatch.setenv("KILN_COMPILE_JOBS", "3")
+    assert cc.compile_jobs() == 3
+    monkeypatch.setenv("KILN_COMPILE_JOBS", "many")
+    with pytest.raises(CompileError, match="KILN_COMPILE_JOBS"):
+        cc.compile_jobs()

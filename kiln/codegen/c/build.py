@@ -2,8 +2,12 @@
 
 The file starts with ``kiln.ir.abi.c_header()`` (the DLTensor structs, never restated here),
 then the C library includes, libmvec vector-variant declarations for the libm functions the
-code uses, the error-reporting support, the vector typedefs and helpers the functions need, and
-per function its unchecked entry followed by its checked entry.
+code uses, the error-reporting support, the vector typedefs and helpers the functions need and
+the prototypes of every function's entries. That prelude is followed by compilation units
+(separated by :data:`~kiln.codegen.c.compiler.UNIT_MARK` lines): the error buffer's
+definition, then per function its unchecked entry (with the static functions it calls)
+followed by its checked entry, then the extra source. The file is one valid C file; a large
+one is compiled in pieces in parallel (:func:`~kiln.codegen.c.compiler.compile_source`).
 """
 
 from __future__ import annotations
@@ -20,10 +24,10 @@ from ...tir.expr import IntImm
 from ...tir.function import PrimFunc
 from ...tir.transform.lower import is_lowered, lower
 from . import externs
-from .compiler import compile_source, libmvec_functions, supports_float16
-from .entry import dim_text, emit_checked_entry
-from .func import FunctionEmitter
-from .helpers import ENTRY_SUPPORT, Helpers
+from .compiler import UNIT_MARK, compile_source, libmvec_functions, supports_float16
+from .entry import checked_signature, dim_text, emit_checked_entry
+from .func import FunctionEmitter, unchecked_signature
+from .helpers import ENTRY_SUPPORT, ERROR_BUFFER, Helpers
 from .names import NameTable
 
 INCLUDES = "#include <math.h>\n#include <stdarg.h>\n#include <stdio.h>\n#include <stdlib.h>\n"
@@ -83,7 +87,8 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any = None, extra_sou
     """The C source for ``funcs`` (lowered first when needed) and each function's metadata.
 
     ``extra_source`` is appended after all functions (e.g. a whole-model entry that calls the
-    ``*_unchecked`` entries; it may use the static helpers such as ``kiln_fail``).
+    ``*_unchecked`` entries; it may use the static helpers such as ``kiln_fail``), as a
+    compilation unit of its own.
     """
     tgt = Target.create(target)
     helpers = Helpers(native_fp16=native_float16(tgt))
@@ -111,13 +116,20 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any = None, extra_sou
         infos[name] = _function_info(name, symbol, func, emitter)
     support = helpers.render()
     code = support + "\n".join(bodies)
-    source = "\n".join([
+    prototypes = ["/* every function's entries (units call each other's: the model entry) */"]
+    for info in infos.values():
+        prototypes += [unchecked_signature(info.symbol) + ";",
+                       checked_signature(info.symbol) + ";"]
+    prelude = "\n".join([
         c_header(),
         INCLUDES,
-        _mvec_declarations(code),
+        _mvec_declarations(code + extra_source),
         ENTRY_SUPPORT.strip("\n") + "\n",
-        code,
-    ]) + (("\n" + extra_source) if extra_source else "")
+        support,
+        "\n".join(prototypes) + "\n",
+    ])
+    units = [ERROR_BUFFER, *bodies] + ([extra_source] if extra_source else [])
+    source = prelude + "".join(f"\n{UNIT_MARK}\n{u}" for u in units)
     return source, infos
 
 

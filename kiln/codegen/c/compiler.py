@@ -16,6 +16,13 @@ Libraries are cached under ``$KILN_CACHE_DIR``, else ``$XDG_CACHE_HOME/kiln``, e
 sha256 of the source, the flags, the compiler's version text and the host CPU's features (the
 code is built with ``-march=native``). Files are written to a temporary name and renamed, so
 concurrent builds (parallel test workers) never see a half-written library.
+
+A large file (:data:`PARALLEL_MIN_CHARS`) whose text is divided into compilation units
+(:data:`UNIT_MARK` lines after a common prelude, as ``kiln.codegen.c.build`` writes it) is
+compiled as several translation units at once -- each the prelude plus a share of the units,
+balanced by size -- and linked: one per CPU this process may use, or ``$KILN_COMPILE_JOBS``.
+ResNet-18's kernels took 7.5 s of GCC in one piece, 3.9 s in two on 2 cores. The library
+is cached under the whole file's key, however many pieces made it.
 """
 
 from __future__ import annotations
@@ -34,6 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...ir.errors import CompileError, CompilerNotFoundError
+
+#: The line between compilation units of a generated file (see the module docstring).
+UNIT_MARK = "/* ---- kiln: compilation unit ---- */"
+#: Size of a generated file (characters) from which it is compiled in parallel pieces: below,
+#: one more compiler process costs more than it saves.
+PARALLEL_MIN_CHARS = 100_000
 
 FLAGS: tuple[str, ...] = (
     "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11",
@@ -207,14 +220,109 @@ def compile_source(source: str, force: bool = False) -> CompileResult:
             f"cannot write the kiln build cache in {directory} ({err}); set KILN_CACHE_DIR to a "
             f"writable directory"
         ) from err
-    cmd = [*compiler.command, *FLAGS, "-o", tmp_lib, str(src_path), *_link_flags()]
+    pieces = _pieces(source, compile_jobs())
+    try:
+        if len(pieces) == 1:
+            _run([*compiler.command, *FLAGS, "-o", tmp_lib, str(src_path), *_link_flags()],
+                 src_path)
+        else:
+            _compile_pieces(compiler, pieces, directory, key, tmp_lib)
+    except BaseException:
+        os.unlink(tmp_lib)
+        raise
+    os.replace(tmp_lib, lib_path)
+    return CompileResult(str(lib_path), str(src_path), False)
+
+
+def compile_jobs() -> int:
+    """How many compiler processes a large file is compiled by: ``$KILN_COMPILE_JOBS``, else
+    the CPUs this process may run on."""
+    env = os.environ.get("KILN_COMPILE_JOBS", "").strip()
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise CompileError(f"KILN_COMPILE_JOBS={env!r} is not a number of processes") from None
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _pieces(source: str, jobs: int) -> list[str]:
+    """``source`` as translation units: itself, or (a large file with compilation units, more
+    than one job) the prelude followed by a share of the units, at most ``jobs`` pieces of
+    about equal size, each keeping the units' order."""
+    parts = source.split(f"\n{UNIT_MARK}\n")
+    if jobs < 2 or len(parts) < 3 or len(source) < PARALLEL_MIN_CHARS:
+        return [source]
+    prelude, units = parts[0], parts[1:]
+    n = min(jobs, len(units))
+    shares: list[list[int]] = [[] for _ in range(n)]
+    sizes = [0] * n
+    for i in sorted(range(len(units)), key=lambda i: -len(units[i])):
+        k = sizes.index(min(sizes))
+        shares[k].append(i)
+        sizes[k] += len(units[i])
+    return [prelude + "".join(f"\n{UNIT_MARK}\n{units[i]}" for i in sorted(share))
+            for share in shares if share]
+
+
+def _compile_pieces(compiler: Compiler, pieces: list[str], directory: Path, key: str,
+                    lib: str) -> None:
+    """Compile the translation units ``pieces`` at once, then link them into ``lib``. A piece
+    that fails keeps its source, as ``<key>.<i>.c`` in the cache, for its diagnostics."""
+    with tempfile.TemporaryDirectory(dir=directory, prefix=f"{key}.") as tmp:
+        procs = []
+        for i, text in enumerate(pieces):
+            src, obj = Path(tmp) / f"{key}.{i}.c", Path(tmp) / f"{key}.{i}.o"
+            src.write_text(text, encoding="utf-8")
+            cmd = [*compiler.command, *FLAGS, "-c", "-o", str(obj), str(src)]
+            try:
+                procs.append((cmd, src, subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                                         stderr=subprocess.PIPE, text=True)))
+            except OSError as err:
+                _stop(procs)
+                raise CompileError(f"running the C compiler failed: {err}", str(src)) from err
+        failure = None
+        for i, (cmd, src, proc) in enumerate(procs):
+            try:
+                stdout, stderr = proc.communicate(timeout=600)
+            except subprocess.TimeoutExpired:
+                _stop(procs)
+                raise CompileError("the C compiler ran for more than 600 s", str(src)) from None
+            if proc.returncode != 0 and failure is None:
+                kept = directory / f"{key}.{i}.c"
+                _atomic_write(kept, pieces[i])
+                failure = (proc.returncode, [c if c != str(src) else str(kept) for c in cmd],
+                           kept, (stderr or "") + (stdout or ""))
+        if failure is not None:
+            code, cmd, kept, diagnostics = failure
+            raise CompileError(
+                f"C compilation failed (exit {code}) for {kept}\n"
+                f"command: {' '.join(shlex.quote(c) for c in cmd)}\n{diagnostics.strip()}",
+                str(kept),
+                diagnostics,
+            )
+        objs = [str(Path(tmp) / f"{key}.{i}.o") for i in range(len(pieces))]
+        _run([*compiler.command, *FLAGS, "-o", lib, *objs, *_link_flags()],
+             directory / f"{key}.c")
+
+
+def _stop(procs: list) -> None:
+    for *_, proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _run(cmd: list[str], src_path: Path) -> None:
+    """Run one compiler command; a failure raises CompileError with its diagnostics."""
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     except (OSError, subprocess.SubprocessError) as err:
-        os.unlink(tmp_lib)
         raise CompileError(f"running the C compiler failed: {err}", str(src_path)) from err
     if out.returncode != 0:
-        os.unlink(tmp_lib)
         diagnostics = (out.stderr or "") + (out.stdout or "")
         raise CompileError(
             f"C compilation failed (exit {out.returncode}) for {src_path}\n"
@@ -222,5 +330,3 @@ def compile_source(source: str, force: bool = False) -> CompileResult:
             str(src_path),
             diagnostics,
         )
-    os.replace(tmp_lib, lib_path)
-    return CompileResult(str(lib_path), str(src_path), False)

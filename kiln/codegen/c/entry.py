@@ -51,6 +51,11 @@ class _SymEmitter(ExprEmitter):
         raise CodegenError("shape expressions cannot bind variables")
 
 
+def checked_signature(symbol: str) -> str:
+    """The C declarator of a function's checked entry."""
+    return f"int32_t {symbol}(DLTensor** args, int32_t num_args)"
+
+
 def emit_checked_entry(name: str, symbol: str, sig: FunctionSignature, helpers: Helpers) -> str:
     n = len(sig.params)
     ex = _SymEmitter(helpers)
@@ -66,7 +71,7 @@ def emit_checked_entry(name: str, symbol: str, sig: FunctionSignature, helpers: 
         else f"{p.name} {p.dtype} scalar" for p, buf in sig.params
     )
     lines.append(f"/* {name}: checked entry. Arguments: {sig_text.replace('*/', '* /')} */")
-    lines.append(f"int32_t {symbol}(DLTensor** args, int32_t num_args) {{")
+    lines.append(f"{checked_signature(symbol)} {{")
     line(1, f"void* data[{max(n, 1)}];")
     if sig.sym_vars:
         line(1, f"int64_t sym[{len(sig.sym_vars)}];")

@@ -86,6 +86,11 @@ def analyze_signature(func: PrimFunc, name: str) -> FunctionSignature:
     return FunctionSignature(params, sym)
 
 
+
+def unchecked_signature(symbol: str) -> str:
+    """The C declarator of a function's unchecked entry (``symbol`` the checked entry's)."""
+    return f"void {symbol}_unchecked(void** data, const int64_t* sym)"
+
 class FunctionEmitter(ExprEmitter):
     """Generates the unchecked entry of one lowered PrimFunc."""
 
@@ -167,7 +172,7 @@ class FunctionEmitter(ExprEmitter):
                   f"/* {self.name}: the kernel; buffers do not overlap */",
                   f"static void {impl}({params}) {{"]
         wrapper = [f"/* {self.name}: unchecked entry (arguments already validated) */",
-                   f"void {self.symbol}_unchecked(void** data, const int64_t* sym) {{",
+                   f"{unchecked_signature(self.symbol)} {{",
                    f"  {impl}({args});", "}"]
         return "\n".join(header + self.lines + ["}", ""] + wrapper) + "\n"
 

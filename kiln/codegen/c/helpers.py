@@ -14,9 +14,8 @@ from .types import soft_float_storage, soft_float_tag, value_ctype, vector_name
 
 ENTRY_SUPPORT = r"""
 /* ---- argument checking; failures leave a message for kiln_last_error() ---- */
-static __thread char kiln_error_buf[1024];
-
-const char* kiln_last_error(void) { return kiln_error_buf; }
+/* defined once (ERROR_BUFFER), shared by the file's compilation units */
+extern __thread char kiln_error_buf[1024] __attribute__((visibility("hidden")));
 
 static int32_t kiln_fail(const char* fmt, ...) {
   va_list ap;
@@ -124,6 +123,12 @@ static inline void* kiln_data(const DLTensor* t) {
 """
 
 # The dtype names of the float8/float6/float4 type codes, from kiln.ir.dtype's one table.
+#: The definitions :data:`ENTRY_SUPPORT` declares: a compilation unit of their own.
+ERROR_BUFFER = r"""/* the last failure's message, one per thread, and its reader */
+__attribute__((visibility("hidden"))) __thread char kiln_error_buf[1024];
+const char* kiln_last_error(void) { return kiln_error_buf; }
+"""
+
 ENTRY_SUPPORT = ENTRY_SUPPORT.replace("@MINIFLOAT_CASES@", "\n".join(
     f'    case {int(code)}: base = "{fmt.name}"; break;' for code, fmt in MINIFLOATS.items()))
 
