@@ -27,6 +27,7 @@ is cached under the whole file's key, however many pieces made it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -228,7 +229,8 @@ def compile_source(source: str, force: bool = False) -> CompileResult:
         else:
             _compile_pieces(compiler, pieces, directory, key, tmp_lib)
     except BaseException:
-        os.unlink(tmp_lib)
+        with contextlib.suppress(FileNotFoundError):  # a failed link may have removed it
+            os.unlink(tmp_lib)
         raise
     os.replace(tmp_lib, lib_path)
     return CompileResult(str(lib_path), str(src_path), False)
@@ -294,16 +296,10 @@ def _compile_pieces(compiler: Compiler, pieces: list[str], directory: Path, key:
             if proc.returncode != 0 and failure is None:
                 kept = directory / f"{key}.{i}.c"
                 _atomic_write(kept, pieces[i])
-                failure = (proc.returncode, [c if c != str(src) else str(kept) for c in cmd],
-                           kept, (stderr or "") + (stdout or ""))
+                failure = _failed(proc.returncode, [str(kept) if c == str(src) else c for c in cmd],
+                                  kept, (stderr or "") + (stdout or ""))
         if failure is not None:
-            code, cmd, kept, diagnostics = failure
-            raise CompileError(
-                f"C compilation failed (exit {code}) for {kept}\n"
-                f"command: {' '.join(shlex.quote(c) for c in cmd)}\n{diagnostics.strip()}",
-                str(kept),
-                diagnostics,
-            )
+            raise failure
         objs = [str(Path(tmp) / f"{key}.{i}.o") for i in range(len(pieces))]
         _run([*compiler.command, *FLAGS, "-o", lib, *objs, *_link_flags()],
              directory / f"{key}.c")
@@ -323,10 +319,13 @@ def _run(cmd: list[str], src_path: Path) -> None:
     except (OSError, subprocess.SubprocessError) as err:
         raise CompileError(f"running the C compiler failed: {err}", str(src_path)) from err
     if out.returncode != 0:
-        diagnostics = (out.stderr or "") + (out.stdout or "")
-        raise CompileError(
-            f"C compilation failed (exit {out.returncode}) for {src_path}\n"
-            f"command: {' '.join(shlex.quote(c) for c in cmd)}\n{diagnostics.strip()}",
-            str(src_path),
-            diagnostics,
-        )
+        raise _failed(out.returncode, cmd, src_path, (out.stderr or "") + (out.stdout or ""))
+
+
+def _failed(code: int, cmd: list[str], src_path: Path, diagnostics: str) -> CompileError:
+    return CompileError(
+        f"C compilation failed (exit {code}) for {src_path}\n"
+        f"command: {' '.join(shlex.quote(c) for c in cmd)}\n{diagnostics.strip()}",
+        str(src_path),
+        diagnostics,
+    )
