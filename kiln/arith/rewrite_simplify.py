@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from .analyzer import Analyzer
 
 
-
 class Simplifier(VectorRules):
     """Simplifies PrimExprs in the context (bounds, bindings, facts) of an Analyzer."""
 

@@ -260,7 +260,7 @@ class Executor:
         Its outputs are the plan's output slots, each once (see :meth:`_fast_path`), so they
         are returned as made, in the outputs' structure (``_fast_outputs``). About 5 us of
         Python per call for one input and output (13 us before the addresses went through
-        :func:`data_address` and this path stopped sharing the general one's helpers)."""
+        :func:`data_address` and this path stopped building the general one's slot maps)."""
         specs = self._fast
         if len(args) != len(specs):
             return None
@@ -271,25 +271,22 @@ class Executor:
                     or not arr.flags.c_contiguous):
                 return None
             in_ptrs[i] = data_address(arr)
-        out_ptrs = self._out_ptrs
-        outs = []
-        for i, (shape, dt) in enumerate(self._out_specs):
-            arr = np.empty(shape, dt)
-            out_ptrs[i] = data_address(arr)
-            outs.append(arr)
-        self._entry(in_ptrs, out_ptrs, self._ws_ptr, self._consts)
+        outs = self._new_outputs()
+        self._entry(in_ptrs, self._out_ptrs, self._ws_ptr, self._consts)
         where = self._fast_outputs
         if type(where) is int:
             return outs[where]
         return _pick(where, outs)
 
-    def _new_outputs(self, shapes: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
-        """Fresh arrays for the entry's outputs (of these shapes), their addresses set in the
-        entry's output pointers."""
+    def _new_outputs(self, shapes: Sequence[tuple[int, ...]] | None = None
+                     ) -> list[np.ndarray]:
+        """Fresh arrays for the entry's outputs (of these shapes, else the static ones), their
+        addresses set in the entry's output pointers."""
+        out_ptrs = self._out_ptrs
         outs = []
-        for i, (shape, (_, dt)) in enumerate(zip(shapes, self._out_specs)):
-            arr = np.empty(shape, dtype=dt)
-            self._out_ptrs[i] = data_address(arr)
+        for i, (shape, dt) in enumerate(self._out_specs):
+            arr = np.empty(shape if shapes is None else shapes[i], dt)
+            out_ptrs[i] = data_address(arr)
             outs.append(arr)
         return outs
 
@@ -461,7 +458,7 @@ class Executor:
             out_shapes = frame.out_shapes
         else:
             args = (self._in_ptrs, self._out_ptrs, self._ws_ptr, self._consts)
-            out_shapes = [shape for shape, _ in self._out_specs]
+            out_shapes = None
         for slot, arr in zip(self._out_slots, self._new_outputs(out_shapes)):
             values[slot] = arr
         if seconds is None:

@@ -86,10 +86,10 @@ def analyze_signature(func: PrimFunc, name: str) -> FunctionSignature:
     return FunctionSignature(params, sym)
 
 
-
 def unchecked_signature(symbol: str) -> str:
     """The C declarator of a function's unchecked entry (``symbol`` the checked entry's)."""
     return f"void {symbol}_unchecked(void** data, const int64_t* sym)"
+
 
 class FunctionEmitter(ExprEmitter):
     """Generates the unchecked entry of one lowered PrimFunc."""
@@ -425,7 +425,6 @@ class FunctionEmitter(ExprEmitter):
                   f"{ptr}[{ti}[kiln_l]] = {tv}[kiln_l];")
         self.depth -= 1
         self.line("}")
-
 
     def _tile_fma(self, s: S.BufferStore) -> str | None:
         """``acc[i] = acc[i] + a * b`` on a float vector in an array on the stack (a register

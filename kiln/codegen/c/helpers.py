@@ -122,13 +122,13 @@ static inline void* kiln_data(const DLTensor* t) {
 }
 """
 
-# The dtype names of the float8/float6/float4 type codes, from kiln.ir.dtype's one table.
 #: The definitions :data:`ENTRY_SUPPORT` declares: a compilation unit of their own.
 ERROR_BUFFER = r"""/* the last failure's message, one per thread, and its reader */
 __attribute__((visibility("hidden"))) __thread char kiln_error_buf[1024];
 const char* kiln_last_error(void) { return kiln_error_buf; }
 """
 
+# The dtype names of the float8/float6/float4 type codes, from kiln.ir.dtype's one table.
 ENTRY_SUPPORT = ENTRY_SUPPORT.replace("@MINIFLOAT_CASES@", "\n".join(
     f'    case {int(code)}: base = "{fmt.name}"; break;' for code, fmt in MINIFLOATS.items()))
 
