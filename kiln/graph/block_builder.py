@@ -32,6 +32,7 @@ from .. import tir
 from ..ir.errors import InternalError, KilnError, StructInfoError
 from ..ir.module import IRModule
 from ..ir.node import structural_equal, structural_hash
+from ..ir.span import Span
 from .expr import (
     Binding,
     BindingBlock,
@@ -119,6 +120,8 @@ class BlockBuilder:
         self._scopes: list[_Scope] = []
         self._frames: list[_FunctionFrame] = []
         self._bound: dict[Var, Expr] = {}
+        #: The span given to calls bound without one (see :meth:`span`).
+        self._span: Span | None = None
         # structural hash -> names, per function class; built on first add_func of that class
         # (hashing a graph function hashes its constants, so never do it needlessly)
         self._hash_index: dict[type, dict[int, list[str]]] = {}
@@ -313,6 +316,23 @@ class BlockBuilder:
         frame.result = Function(tuple(frame.params), SeqExpr(tuple(scope.blocks), body),
                                 None, frame.attrs)
 
+    @contextmanager
+    def span(self, span: Span | None) -> Iterator[None]:
+        """Calls bound inside this context without a span of their own get ``span`` (the model
+        node a frontend is converting, the call a pass is rewriting); ``None`` keeps the
+        enclosing context's span."""
+        saved = self._span
+        if span is not None:
+            self._span = span
+        try:
+            yield
+        finally:
+            self._span = saved
+
+    @property
+    def current_span(self) -> Span | None:
+        return self._span
+
     def current_block_is_dataflow(self) -> bool:
         return bool(self._scopes) and self._scopes[-1].block is not None and (
             self._scopes[-1].block.dataflow
@@ -367,8 +387,7 @@ class BlockBuilder:
                                                       not scope.block.dataflow):
             raise KilnError(f"DataflowVar {binding.var.name} bound outside a dataflow block")
         scope.names.add(binding.var.name)
-        self._append(binding)
-        return binding
+        return self._append(binding)
 
     # -----------------------------------------------------------------------------------------
     # internals
@@ -395,12 +414,16 @@ class BlockBuilder:
         names.add(name)
         return name
 
-    def _append(self, binding: Binding) -> None:
+    def _append(self, binding: Binding) -> Binding:
         scope = self._require_scope("emit")
         if scope.block is None:
             scope.block = _Block(dataflow=False)
+        value = binding.value
+        if self._span is not None and isinstance(value, Call) and value.span is None:
+            binding = binding.replace(value=value.with_span(self._span))
         scope.block.bindings.append(binding)
         self._bound[binding.var] = binding.value
+        return binding
 
     def _emit_value(self, value: Expr, name_hint: str, dataflow: bool) -> Var:
         if value.struct_info is None:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.dtype import DataType
+from ..ir.span import Span
 
 
 @dataclass
@@ -43,6 +44,8 @@ class KernelCall:
     num_outputs: int
     kind: str = "kernel"
     extra: dict[str, Any] | None = None
+    #: The model nodes the call was made from (the graph call's span), None if unknown.
+    span: Span | None = None
 
     @property
     def is_kernel(self) -> bool:
@@ -115,7 +118,8 @@ class Plan:
             input_slots=list(data["input_slots"]),
             slots=[SlotSpec(s["shape"], dtypes[s["dtype"]], s["kind"]) for s in data["slots"]],
             calls=[KernelCall(c["func"], list(c["args"]), c["num_outputs"],
-                              c.get("kind", "kernel"), c.get("extra")) for c in data["calls"]],
+                              c.get("kind", "kernel"), c.get("extra"),
+                              Span.from_json(c.get("span"))) for c in data["calls"]],
             outputs=data["outputs"],
             constants=constants,
             workspace_offsets={int(s): int(o) for s, o in data["workspace_offsets"]},
@@ -130,4 +134,6 @@ def _call_json(c: KernelCall) -> dict[str, Any]:
     if not c.is_kernel:
         out["kind"] = c.kind
         out["extra"] = c.extra
+    if c.span is not None:
+        out["span"] = c.span.to_json()
     return out

@@ -30,6 +30,7 @@ from ... import graph as g
 from ... import tir
 from ...ir import KilnError, ModelFormatError, UnsupportedOperatorError
 from ...ir.module import IRModule
+from ...ir.span import Span
 from .converters.fold import FOLDERS
 from .registry import lookup_converter
 
@@ -364,6 +365,12 @@ def _convert_node(ctx: GraphContext, node: Any, opsets: Mapping[str, int]) -> No
     folder = FOLDERS.get(node.op_type) if not dom else None
     if folder is not None and present and all(n in ctx.consts for n in present):
         fn = lambda c, v: folder(v, *(c.consts[n] for n in present))  # noqa: E731
+    with ctx.bb.span(Span.of(view.name, node.op_type)):
+        _run_converter(ctx, view, fn)
+
+
+def _run_converter(ctx: GraphContext, view: NodeView, fn: Any) -> None:
+    node = view.proto
     try:
         result = fn(ctx, view)
     except NonConstantInputError:
