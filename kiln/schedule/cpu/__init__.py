@@ -1,0 +1,1 @@
+"""CPU schedules (target family ``"c"``): registered into the op registry on import."""
