@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # snapshot the tree this script is in, not an installed kiln
 DEMO = ROOT / "examples" / "models" / "demo_resnet.onnx"
 #: benchmarks/models.py cases: name -> (kiln.testing.torch_models name, batch)
 NETWORKS = {
