@@ -32,7 +32,6 @@ from ..ir.errors import DTypeError, KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import IntImm, PrimExpr
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpDef, OpPattern, register_op
-from .schedule_helpers import schedule_injective
 
 __all__ = [
     # binary arithmetic
@@ -288,7 +287,6 @@ def _unary(
         pattern=OpPattern.ELEMWISE,
         attrs=attrs,
         compute=compute,
-        schedules={"c": schedule_injective},
         mixed_precision=mixed_precision,
         gradient=gradient,
         doc=doc,
@@ -329,7 +327,6 @@ def _binary(
         infer=infer,
         pattern=OpPattern.BROADCAST,
         compute=compute,
-        schedules={"c": schedule_injective},
         mixed_precision=mixed_precision,
         gradient=gradient,
         doc=doc,
@@ -803,7 +800,6 @@ reinterpret = register_op(
     attrs=ReinterpretAttrs,
     compute=lambda x, attrs: te.compute(
         x.shape, lambda *i: tx.reinterpret(attrs.dtype, x(*i)), name="reinterpret"),
-    schedules={"c": schedule_injective},
     mixed_precision=_N,
     gradient=_ND,
     doc="The bits of each element read as ``dtype`` (same width; numpy ``view``).",
@@ -883,7 +879,6 @@ where = register_op(
     infer=_where_infer,
     pattern=OpPattern.BROADCAST,
     compute=_where_compute,
-    schedules={"c": schedule_injective},
     mixed_precision=_F,
     gradient=_where_grad,
     doc="``x`` where ``condition`` holds, else ``y`` (all three broadcast).",

@@ -58,7 +58,7 @@ from .elementwise import (
     tensor_sinfo,
 )
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
-from .schedule_helpers import PARALLEL_MIN_WORK, schedule_injective, schedule_reduction
+from .schedule_helpers import PARALLEL_MIN_WORK
 from .shape import shape_attr_value
 
 __all__ = [
@@ -234,7 +234,6 @@ collapse_sum_like = register_op(
     infer=_collapse_like_infer,
     pattern=OpPattern.COMM_REDUCE,
     compute=_collapse_like_compute,
-    schedules={"c": schedule_reduction},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=_collapse_like_grad,
     doc="Sum ``data`` down to the shape of ``collapse_target`` (which ``data``'s shape must be "
@@ -281,7 +280,6 @@ collapse_sum_to = register_op(
     infer=_collapse_to_infer,
     pattern=OpPattern.COMM_REDUCE,
     compute=_collapse_to_compute,
-    schedules={"c": schedule_reduction},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=_collapse_to_grad,
     doc="Sum ``data`` down to ``shape`` (the inverse of a numpy broadcast to data's shape).",
@@ -604,7 +602,6 @@ strided_slice_backward = register_op(
     infer=_slice_backward_infer,
     pattern=OpPattern.INJECTIVE,
     compute=_slice_backward_compute,
-    schedules={"c": schedule_injective},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=_slice_backward_grad,
     doc="The adjoint of ``strided_slice(data, ...)``: ``grad`` at the sliced positions of a "
@@ -688,7 +685,6 @@ pad_backward = register_op(
     infer=_pad_backward_infer,
     pattern=OpPattern.COMM_REDUCE,
     compute=_pad_backward_compute,
-    schedules={"c": schedule_reduction},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=_pad_backward_grad,
     doc="The adjoint of ``pad(data, pad_width, pad_value, mode)``: the gradient of the padded "
@@ -860,7 +856,6 @@ conv2d_backward_data = register_op(
     infer=_conv_bwd_data_infer,
     pattern=OpPattern.OUT_EWISE_FUSABLE,
     compute=_conv_bwd_data_compute,
-    schedules={"c": schedule_reduction},
     mixed_precision=MixedPrecision.ALWAYS,
     gradient=_conv_bwd_data_grad,
     doc="The adjoint of ``nn.conv2d(data, weight)`` with respect to ``data`` (a transposed "
@@ -874,7 +869,6 @@ conv2d_backward_weight = register_op(
     infer=_conv_bwd_weight_infer,
     pattern=OpPattern.OUT_EWISE_FUSABLE,
     compute=_conv_bwd_weight_compute,
-    schedules={"c": schedule_reduction},
     mixed_precision=MixedPrecision.ALWAYS,
     gradient=_conv_bwd_weight_grad,
     doc="The adjoint of ``nn.conv2d(data, weight)`` with respect to ``weight`` (a correlation "
@@ -1042,7 +1036,6 @@ max_pool2d_backward = register_op(
     infer=_pool_infer("nn.max_pool2d_backward", with_out=True),
     pattern=OpPattern.OUT_EWISE_FUSABLE,
     compute=_max_pool_backward_compute,
-    schedules={"c": schedule_reduction},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=NON_DIFFERENTIABLE,
     doc="The adjoint of ``nn.max_pool2d``: ``grad`` of each window sent to the inputs equal to "
@@ -1056,7 +1049,6 @@ avg_pool2d_backward = register_op(
     infer=_pool_infer("nn.avg_pool2d_backward", with_out=False),
     pattern=OpPattern.OUT_EWISE_FUSABLE,
     compute=_avg_pool_backward_compute,
-    schedules={"c": schedule_reduction},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=_avg_pool_backward_grad,
     doc="The adjoint of ``nn.avg_pool2d``: each window's ``grad`` divided by its tap count and "
@@ -1070,7 +1062,6 @@ adaptive_avg_pool2d_backward = register_op(
     infer=_pool_infer("nn.adaptive_avg_pool2d_backward", with_out=False),
     pattern=OpPattern.OUT_EWISE_FUSABLE,
     compute=_adaptive_avg_backward_compute,
-    schedules={"c": schedule_reduction},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=_adaptive_avg_backward_grad,
     doc="The adjoint of ``nn.adaptive_avg_pool2d``; ``data`` only gives the result's shape.",
@@ -1083,7 +1074,6 @@ adaptive_max_pool2d_backward = register_op(
     infer=_pool_infer("nn.adaptive_max_pool2d_backward", with_out=True),
     pattern=OpPattern.OUT_EWISE_FUSABLE,
     compute=_adaptive_max_backward_compute,
-    schedules={"c": schedule_reduction},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=NON_DIFFERENTIABLE,
     doc="The adjoint of ``nn.adaptive_max_pool2d``: each cell's ``grad`` sent to the inputs of "

@@ -44,7 +44,6 @@ from .elementwise import (
     tensor_sinfo,
 )
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
-from .schedule_helpers import schedule_injective, schedule_reduction
 
 __all__ = ["grid_sample", "resample", "resize_axis", "resize_axis_antialias", "roi_align"]
 
@@ -154,7 +153,6 @@ resample = register_op(
     infer=_resample_infer,
     pattern=OpPattern.INJECTIVE,
     compute=_resample_compute,
-    schedules={"c": schedule_injective},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=NON_DIFFERENTIABLE,
     doc="Weighted gather along ``axis``: ``y[.., i, ..] = sum_k weight[i, k] * x[.., "
@@ -332,7 +330,6 @@ grid_sample = register_op(
     infer=_grid_sample_infer,
     pattern=OpPattern.INJECTIVE,
     compute=_grid_sample_compute,
-    schedules={"c": schedule_injective},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=NON_DIFFERENTIABLE,
     doc="Sample ``x`` (N, C, *spatial) at the normalized coordinates of ``grid`` (N, "
@@ -459,7 +456,6 @@ roi_align = register_op(
     infer=_roi_align_infer,
     pattern=OpPattern.OUT_EWISE_FUSABLE,
     compute=_roi_align_compute,
-    schedules={"c": schedule_reduction},
     mixed_precision=MixedPrecision.NEVER,
     gradient=NON_DIFFERENTIABLE,
     doc="RoiAlign (Mask R-CNN): average or max of bilinear samples on a fixed grid in every "
@@ -844,7 +840,6 @@ resize_axis_antialias = register_op(
     infer=_resize_aa_infer,
     pattern=OpPattern.OUT_EWISE_FUSABLE,
     compute=_resize_aa_compute,
-    schedules={"c": schedule_reduction},
     mixed_precision=MixedPrecision.NEVER,
     gradient=NON_DIFFERENTIABLE,
     doc="``image.resize_axis`` with ONNX Resize's antialias (linear or cubic): when "

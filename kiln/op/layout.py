@@ -35,7 +35,6 @@ from ..ir.dtype import DataType
 from ..ir.errors import KilnError, StructInfoError
 from .linalg import const_int, fmt_dim, fmt_shape, simplify, tensor_arg
 from .registry import MixedPrecision, OpPattern, register_op
-from .schedule_helpers import schedule_injective
 
 __all__ = ["Layout", "LayoutRewrite", "layout_transform"]
 
@@ -346,7 +345,6 @@ layout_transform = register_op(
     infer=_infer_layout_transform,
     pattern=OpPattern.INJECTIVE,
     compute=_layout_transform_compute,
-    schedules={"c": schedule_injective},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=_layout_transform_grad,
     doc="Move a tensor from ``src_layout`` to ``dst_layout`` (e.g. 'NCHW' -> 'NCHW8c'); "

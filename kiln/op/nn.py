@@ -60,7 +60,6 @@ from .linalg import (
 from .registry import MixedPrecision, OpPattern, register_op
 from .schedule_helpers import (
     PARALLEL_MIN_WORK,
-    schedule_injective,
     schedule_reduction,
     target_threads,
 )
@@ -2038,7 +2037,6 @@ batch_norm = register_op(
     infer=_infer_batch_norm,
     pattern=OpPattern.BROADCAST,
     compute=_batch_norm_compute,
-    schedules={"c": schedule_injective},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=_batch_norm_grad,
     doc="Batch normalization in inference form: normalizes with the given moving statistics "
@@ -2081,7 +2079,6 @@ dropout = register_op(
     infer=_infer_dropout,
     pattern=OpPattern.ELEMWISE,
     compute=lambda x, *, attrs: te.compute(x.shape, lambda *i: x[i], name="dropout"),
-    schedules={"c": schedule_injective},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=_dropout_grad,
     doc="Dropout in inference form: the identity (training-time dropping is not modelled).",

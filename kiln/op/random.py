@@ -37,7 +37,7 @@ from ..ir.errors import DTypeError, KilnError, StructInfoError
 from ..tir import expr as tx
 from .elementwise import arg_ndim, arg_shape, const_int, tensor_arg, tensor_sinfo
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
-from .schedule_helpers import PARALLEL_MIN_WORK, schedule_injective
+from .schedule_helpers import PARALLEL_MIN_WORK
 
 __all__ = ["bernoulli", "categorical_sample", "philox4x32", "random_normal", "random_seed",
            "random_uniform"]
@@ -364,7 +364,6 @@ random_seed = register_op(
     infer=_seed_infer,
     pattern=OpPattern.OPAQUE,
     compute=_fresh_seed_compute,
-    schedules={"c": schedule_injective},
     mixed_precision=_N,
     gradient=_ND,
     doc="A fresh 0-d uint64 seed on every run (the seed of unseeded random ops).",
@@ -416,7 +415,6 @@ categorical_sample = register_op(
     infer=_categorical_infer,
     pattern=OpPattern.OPAQUE,
     compute=_categorical_compute,
-    schedules={"c": schedule_injective},
     mixed_precision=_N,
     gradient=_ND,
     doc="Class indices drawn by inverse CDF: ``cdf`` (batch, classes) holds cumulative "

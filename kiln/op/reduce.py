@@ -39,7 +39,6 @@ from .elementwise import (
     tensor_sinfo,
 )
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpDef, OpPattern, register_op
-from .schedule_helpers import schedule_reduction
 from .sort import topk  # noqa: F401 - selection lives in sort.py; exported with the reductions
 
 __all__ = ["sum", "mean", "max", "min", "prod", "argmax", "argmin", "reduce_to", "topk"]
@@ -377,7 +376,6 @@ def _declare(
         pattern=OpPattern.COMM_REDUCE,
         attrs=ArgReduceAttrs if arg_reduce else ReduceAttrs,
         compute=_make_arg_compute(op) if arg_reduce else _make_compute(op),
-        schedules={"c": schedule_reduction},
         mixed_precision=mixed_precision,
         gradient=NON_DIFFERENTIABLE if arg_reduce else _GRADIENTS[op],
         doc=doc,
@@ -544,7 +542,6 @@ reduce_to = register_op(
     pattern=OpPattern.COMM_REDUCE,
     attrs=ReduceToAttrs,
     compute=_reduce_to_compute,
-    schedules={"c": schedule_reduction},
     mixed_precision=MixedPrecision.NEVER,
     gradient=_reduce_to_grad,
     doc="Reduce to a same-rank shape of 1s (reduced axes) and x's dims (kept), symbolic dims "

@@ -36,7 +36,6 @@ from .elementwise import (
 )
 from .reduce import reduce_axes
 from .registry import MixedPrecision, OpDef, OpPattern, register_op
-from .schedule_helpers import schedule_injective
 
 __all__ = [
     "reshape", "transpose", "concat", "split", "squeeze", "expand_dims", "broadcast_to",
@@ -138,7 +137,6 @@ def _declare(name: str, inputs: Sequence[str], infer: Any, compute: Any, attrs: 
         pattern=OpPattern.INJECTIVE,
         attrs=attrs,
         compute=compute,
-        schedules={"c": schedule_injective},
         mixed_precision=MixedPrecision.FOLLOW,
         gradient=gradient,
         doc=doc,

@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..ir.errors import ScheduleError
-from ..op.registry import get_op_def
 from ..op.schedule_helpers import inline_is_cheap
 from ..target import Target
 from ..tir.function import PrimFunc
+from .registry import lookup_epilogue, lookup_fallback, lookup_schedule
 
 __all__ = ["schedule_fused_prim_func", "schedule_prim_func"]
 
@@ -32,7 +32,7 @@ def schedule_prim_func(func: PrimFunc, target: Target) -> PrimFunc:
     op_name = func.attrs.get("op_name")
     if op_name is None:
         return func
-    sched = get_op_def(op_name).schedules.get(target.kind)
+    sched = lookup_schedule(op_name, target)
     if sched is None:
         return func
     sch = Schedule(func)
@@ -80,46 +80,6 @@ def _block_or_none(sch: Any, name: str) -> Any:
         return None  # inlined by the anchor's schedule
 
 
-def _attach_epilogue(sch: Any, target: Any, block: Any, anchor_blocks: set[str]) -> None:
-    """Schedule an epilogue block the anchor's schedule left alone: compute it under the
-    outermost loop of the anchor block it reads (one chunk of anchor results, still in cache),
-    else give it its own injective loop nest."""
-    from ..op.schedule_helpers import schedule_injective
-
-    producers = [p for p in sch.get_producers(block) if sch.get(p).name_hint in anchor_blocks]
-    if producers:
-        outer = sch.get_loops(producers[-1])
-        if outer:
-            try:
-                sch.reverse_compute_at(block, outer[0])
-            except ScheduleError:
-                pass
-            else:
-                _vectorize_innermost(sch, target, block, skip=1)
-                return
-    schedule_injective(sch, target, block)
-
-
-def _vectorize_innermost(sch: Any, target: Any, block: Any, skip: int = 0) -> None:
-    """Vectorize the block's innermost loop when a vector length divides it; the outer
-    ``skip`` loops (shared with the anchor) are left alone."""
-    from ..op.linalg import loop_extent, vector_factor
-
-    loops = sch.get_loops(block)[skip:]
-    if not loops:
-        return
-    inner = loops[-1]
-    dtype = sch.get(block).writes[0].buffer.dtype
-    factor = vector_factor(target, dtype, loop_extent(sch, inner))
-    if factor is None:
-        return
-    if factor == loop_extent(sch, inner):
-        sch.vectorize(inner)
-    else:
-        _, vi = sch.split(inner, factors=[None, factor])
-        sch.vectorize(vi)
-
-
 def schedule_fused_prim_func(func: PrimFunc, target: Target) -> PrimFunc:
     """Schedule a fused PrimFunc (made by FuseTIR).
 
@@ -130,18 +90,21 @@ def schedule_fused_prim_func(func: PrimFunc, target: Target) -> PrimFunc:
     3. Apply the anchor op's schedule: its blocks kept their names through FuseTIR, and op
        schedules handle the fused blocks they find next to their own (the CPU schedules of
        dense, matmul, conv2d and pooling compute them under their parallel loop).
-    4. An epilogue the anchor's schedule left untouched is computed under the anchor's
-       outermost loop, or failing that gets its own injective loop nest.
+    4. An epilogue the anchor's schedule left untouched goes where the target family's epilogue
+       hook puts it (:func:`~kiln.schedule.registry.register_epilogue`; on CPUs under the
+       anchor's outermost loop, or failing that in its own injective loop nest).
 
     If the anchor's schedule cannot handle the fused function (a ScheduleError), the function
-    gets the generic injective/reduction schedule instead: slower, never wrong.
+    gets the family's fallback schedule instead (on CPUs the generic injective/reduction
+    one): slower, never wrong.
     """
-    from ..op.schedule_helpers import schedule_default
     from ..tir.schedule import Schedule
 
     anchor_blocks = set(func.attrs.get("kiln.anchor_blocks", ()))
     op_name = func.attrs.get("op_name")
-    sched = get_op_def(op_name).schedules.get(target.kind) if op_name else None
+    sched = lookup_schedule(op_name, target) if op_name else None
+    attach = lookup_epilogue(target)
+    fallback = lookup_fallback(target)
     sch = Schedule(func)
     _inline_members(sch, anchor_blocks)
     for b in _others(sch, anchor_blocks):
@@ -156,9 +119,11 @@ def schedule_fused_prim_func(func: PrimFunc, target: Target) -> PrimFunc:
             sched(sch, target)
         for name, before in epilogues.items():
             b = _block_or_none(sch, name)
-            if b is not None and _loop_signature(sch, b) == before:
-                _attach_epilogue(sch, target, b, anchor_blocks)
+            if b is not None and _loop_signature(sch, b) == before and attach is not None:
+                attach(sch, target, b, anchor_blocks)
     except ScheduleError:
+        if fallback is None:
+            raise
         sch = Schedule(func)
-        schedule_default(sch, target)
+        fallback(sch, target)
     return sch.func.with_attr("scheduled", True)

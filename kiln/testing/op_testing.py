@@ -18,6 +18,7 @@ from kiln.graph.block_builder import BlockBuilder
 from kiln.graph.expr import Var
 from kiln.graph.struct_info import StructInfo, TensorStructInfo
 from kiln.op.registry import get_op_def
+from kiln.schedule import lookup_schedule
 from kiln.target import Target
 
 # An op case: (registered op name, inputs, attribute keywords). An input is an array, or a list
@@ -114,7 +115,7 @@ def _compile_case(
 
     sch = Schedule(te.create_prim_func([*flat_ph, *outs]))
     if schedule:
-        opdef.schedules[target.kind](sch, target)
+        lookup_schedule(name, target)(sch, target)
     return sch.func, flat_arr, outs, isinstance(out, tuple)
 
 
