@@ -270,19 +270,6 @@ def _legalize(bb: Any, call: Any) -> Any:
     return gx.call_tir(bb.add_func(func, _OP), list(call.args), call.struct_info)
 
 
-def schedule_nms(sch: Any, target: Any) -> None:
-    """Fuse the (batch, class) loops into one loop, parallel when there are several lines (each
-    line's selection is serial; lines are independent)."""
-    block = sch.get_block(_OP)
-    loops = sch.get_loops(block)
-    if not loops:
-        return
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    lines = const_int(sch.get(fused).extent)
-    if getattr(target, "num_threads", 0) != 1 and (lines is None or lines > 1):
-        sch.parallel(fused)
-
-
 non_max_suppression = register_op(
     _OP,
     inputs=("boxes", "scores", "max_output", "iou_threshold", "score_threshold"),
@@ -290,7 +277,6 @@ non_max_suppression = register_op(
     infer=_infer,
     pattern=OpPattern.OPAQUE,
     legalize=_legalize,
-    schedules={"c": schedule_nms},
     mixed_precision=MixedPrecision.NEVER,
     gradient=NON_DIFFERENTIABLE,
     doc="Greedy non-maximum suppression per (batch, class) line: the selected box indices in "

@@ -58,7 +58,6 @@ from .elementwise import (
     tensor_sinfo,
 )
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
-from .schedule_helpers import PARALLEL_MIN_WORK
 from .shape import shape_attr_value
 
 __all__ = [
@@ -495,23 +494,6 @@ def _take_backward_legalize(bb: Any, call: Any) -> Any:
     return gx.call_tir(gvar, [call.args[0], call.args[2]], call.struct_info)
 
 
-def _schedule_take_backward(sch: Any, target: Any) -> None:
-    """Lines of the output are independent: fuse their loops into one parallel loop when
-    there is enough work (the scatter inside a line stays serial: indices may repeat)."""
-    block = sch.get_block("take_backward")
-    loops = sch.get_loops(block)
-    if not loops or getattr(target, "num_threads", 0) == 1:
-        return
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    lines = const_int(sch.get(fused).extent)
-    grad = sch.func.buffer_map[sch.func.params[0]]
-    work = 1
-    for d in grad.shape:
-        work = None if work is None or const_int(d) is None else work * const_int(d)
-    if (lines is None or lines > 1) and (work is None or work >= PARALLEL_MIN_WORK):
-        sch.parallel(fused)
-
-
 def _take_backward_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     from .shape import TakeAttrs, take
 
@@ -532,7 +514,6 @@ take_backward = register_op(
     infer=_take_backward_infer,
     pattern=OpPattern.OPAQUE,
     legalize=_take_backward_legalize,
-    schedules={"c": _schedule_take_backward},
     mixed_precision=MixedPrecision.NEVER,
     gradient=_take_backward_grad,
     doc="The adjoint of ``take(data, indices, axis, mode)``: a tensor shaped like ``data`` "

@@ -40,7 +40,6 @@ from .elementwise import (
     tensor_sinfo,
 )
 from .registry import MixedPrecision, OpPattern, register_op
-from .schedule_helpers import PARALLEL_MIN_WORK, schedule_injective
 
 __all__ = ["gather_elements", "gather_nd", "scatter_elements", "scatter_nd"]
 
@@ -478,25 +477,6 @@ def _scatter_legalize(op: str, target_factory: Callable[..., Any]) -> Callable[.
     return legalize
 
 
-def _schedule_scatter(sch: Any, target: Any) -> None:
-    """The copy is injective (parallel, vectorized). Update lines are independent: their loops
-    are fused into one, parallel when there is enough work; inside a line the updates stay
-    sequential (indices may repeat, and the order decides which repeated write wins)."""
-    name = sch.func.attrs.get("op_name", "scatter_elements")
-    schedule_injective(sch, target, block=sch.get_block(f"{name}_copy"))
-    loops = sch.get_loops(sch.get_block(name))
-    if not loops or getattr(target, "num_threads", 0) == 1:
-        return
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    n_lines = const_int(sch.get(fused).extent)
-    updates = sch.func.buffer_map[sch.func.params[2]]
-    work: int | None = 1
-    for d in updates.shape:
-        work = None if work is None or const_int(d) is None else work * const_int(d)
-    if (n_lines is None or n_lines > 1) and (work is None or work >= PARALLEL_MIN_WORK):
-        sch.parallel(fused)
-
-
 def _scatter_common_infer(op: str, call: Any, reduction: str) -> tuple[Any, Any, Any]:
     data = tensor_arg(call, 0, op, "data")
     ind = tensor_arg(call, 1, op, "indices")
@@ -567,7 +547,6 @@ scatter_elements = register_op(
     infer=_scatter_elements_infer,
     pattern=OpPattern.OPAQUE,
     legalize=_scatter_legalize("scatter_elements", _elements_target),
-    schedules={"c": _schedule_scatter},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=_scatter_elements_grad,
     doc="A copy of ``data`` with ``updates[u]`` combined in at ``u`` with its ``axis`` "
@@ -627,7 +606,6 @@ scatter_nd = register_op(
     infer=_scatter_nd_infer,
     pattern=OpPattern.OPAQUE,
     legalize=_scatter_legalize("scatter_nd", _nd_target),
-    schedules={"c": _schedule_scatter},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=_scatter_nd_grad,
     doc="A copy of ``data`` with each slice ``updates[q]`` combined in at the index tuple "

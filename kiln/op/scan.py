@@ -40,7 +40,6 @@ from ..ir.errors import DTypeError, KilnError, StructInfoError
 from ..tir import expr as tx
 from .elementwise import arg_ndim, arg_shape, as_dim, const_int, tensor_sinfo
 from .registry import MixedPrecision, OpPattern, get_op_def, register_op
-from .schedule_helpers import PARALLEL_MIN_WORK
 
 __all__ = ["cumprod", "cumsum"]
 
@@ -218,21 +217,6 @@ def _make_legalize(op: str, combine: Callable[..., Any], identity: float) -> Cal
 
 
 # ---- CPU schedule -------------------------------------------------------------------------
-def schedule_scan(sch: Any, target: Any) -> None:
-    """Fuse the loops over the scan lines into one loop, parallel when there is enough work
-    (the serial loop along the axis stays inside the block)."""
-    block = sch.get_block(sch.func.attrs.get("op_name", "cumsum"))
-    loops = sch.get_loops(block)
-    if not loops:
-        return  # one line (1-D or flattened): inherently sequential
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    lines = const_int(sch.get(fused).extent)
-    body = sch.get(block).body  # (init of the accumulator, the loop along the axis)
-    along = const_int(body.seq[1].extent) if isinstance(body, tir.SeqStmt) else None
-    work = None if lines is None or along is None else lines * along
-    if getattr(target, "num_threads", 0) != 1 and (lines is None or lines > 1) and (
-            work is None or work >= PARALLEL_MIN_WORK):
-        sch.parallel(fused)
 
 
 # ---- gradients ----------------------------------------------------------------------------
@@ -303,7 +287,6 @@ cumsum = register_op(
     infer=_make_infer("cumsum"),
     pattern=OpPattern.OPAQUE,
     legalize=_make_legalize("cumsum", lambda a, b: a + b, 0),
-    schedules={"c": schedule_scan},
     mixed_precision=MixedPrecision.NEVER,
     gradient=_cumsum_grad,
     doc="Cumulative sum along ``axis`` (None: of the flattened tensor).",
@@ -316,7 +299,6 @@ cumprod = register_op(
     infer=_make_infer("cumprod"),
     pattern=OpPattern.OPAQUE,
     legalize=_make_legalize("cumprod", lambda a, b: a * b, 1),
-    schedules={"c": schedule_scan},
     mixed_precision=MixedPrecision.NEVER,
     gradient=_cumprod_grad,
     doc="Cumulative product along ``axis`` (None: of the flattened tensor).",

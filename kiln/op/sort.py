@@ -45,7 +45,7 @@ from ..tir import expr as tx
 from ..tir.expr import PrimExpr
 from .elementwise import arg_ndim, arg_shape, as_dim, const_int, tensor_sinfo
 from .registry import MixedPrecision, OpPattern, get_op_def, register_op
-from .scan import _kernel_dims, schedule_scan
+from .scan import _kernel_dims
 
 __all__ = ["topk"]
 
@@ -200,7 +200,6 @@ topk = register_op(
     infer=_infer,
     pattern=OpPattern.OPAQUE,
     legalize=_legalize,
-    schedules={"c": schedule_scan},  # lines fused into one parallel loop, like a scan
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=_gradient,
     doc="The k largest (or smallest) elements along ``axis``, sorted, and their int64 indices.",

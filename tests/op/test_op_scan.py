@@ -11,8 +11,9 @@ from kiln import op, tir
 from kiln.graph.block_builder import BlockBuilder
 from kiln.ir.errors import KilnError, StructInfoError
 from kiln.op.registry import OpPattern, get_op_def
-from kiln.op.scan import ScanAttrs, scan_prim_func, schedule_scan
+from kiln.op.scan import ScanAttrs, scan_prim_func
 from kiln.schedule import lookup_schedule
+from kiln.schedule.cpu.scan import schedule_scan
 from kiln.target import Target
 from kiln.testing.op_testing import dims, infer, tvar
 from kiln.tir.schedule import Schedule
