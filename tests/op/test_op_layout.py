@@ -262,7 +262,7 @@ def _check_nchwc_conv(sch, target, x, w, xb, wb):
 def test_conv2d_nchwc_thread_split_orders(shape, wshape, rows_outer):
     """Both ways of sharing a convolution among threads compute the convolution; with rows
     shared, the padded rows are made inside the parallel loop (no separate padding pass)."""
-    from kiln.op import nn as knn
+    from kiln.schedule.cpu import convolution as knn
 
     target = Target("c", num_threads=2)
     x, w = rand(shape), rand(wshape)
@@ -315,7 +315,7 @@ def test_conv2d_nchwc_symbolic_batch_shares_rows():
     (16, {112: (7, 2), 56: (7, 2), 28: (7, 2), 14: (7, 2), 7: (7, 2), 8: (8, 2), 3: (3, 1)}),
 ])
 def test_conv2d_nchwc_tile_follows_the_vector_length(lanes, expect):
-    from kiln.op import nn as knn
+    from kiln.schedule.cpu import convolution as knn
 
     assert {ow: knn._nchwc_tile(ow, 4, lanes) for ow in expect} == expect
     assert knn._nchwc_tile(14, 3, lanes) == (7, 1)  # an odd block count: one block wide
@@ -342,7 +342,7 @@ def test_conv2d_nchwc_jams_small_row_tails(h, blocks):
     """9-pixel rows in 6-pixel tiles leave a 3 x 2-block tail (6 accumulators, too few to keep
     the FMA pipes busy): the row loop asks for the tails of 2 rows to be jammed, and the
     lowered kernel runs them in one loop nest; the result is numpy's."""
-    from kiln.op import nn as knn
+    from kiln.schedule.cpu import convolution as knn
     from kiln.tir.transform.lower import lower
 
     assert knn._tail_jam(9, 6, 2) == 2 and knn._tail_jam(7, 5, 2) == 2

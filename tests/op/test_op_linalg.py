@@ -276,7 +276,7 @@ def test_gemm_with_symbolic_rows_shares_column_chunks():
 def test_gemv_column_chunks_balance_the_threads():
     """A classifier's 1000 columns (125 vectors of 8) in 25 chunks of 5 vectors, not 5 of 25
     that give one of 2 threads 3 chunks (60% of the work); 1024 columns keep 4 wide chunks."""
-    from kiln.op.linalg import _column_chunk
+    from kiln.schedule.cpu.linalg import _column_chunk
 
     assert _column_chunk(1000, 8, 4, threads=2) == 40
     assert _column_chunk(1024, 8, 4, threads=2) == 256

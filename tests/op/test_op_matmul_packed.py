@@ -13,9 +13,10 @@ from kiln import graph as g
 from kiln import op, te, tir
 from kiln.ir.errors import StructInfoError
 from kiln.op.layout import transform_array
-from kiln.op.matmul_packed import GEMM_K_UNROLL, GEMM_TILES, gemm_tile
 from kiln.op.registry import get_op_def
 from kiln.schedule import lookup_schedule
+from kiln.schedule.cpu import matmul_packed as cpu_matmul_packed
+from kiln.schedule.cpu.matmul_packed import GEMM_K_UNROLL, GEMM_TILES, gemm_tile
 from kiln.target import Target
 from kiln.testing.op_testing import check, dims, infer, make_rand, run_cases, tvar
 from kiln.tir.schedule import Schedule
@@ -148,12 +149,11 @@ def test_few_rows_run_several_panels_at_once(rows):
     """A tile of all of 1-3 rows has 2-6 accumulators per panel, too few for the FMA pipes:
     the panels run jammed a few at a time (each its own accumulators, one reduction loop),
     with the fused bias + ReLU; the result is numpy's."""
-    import sys
 
     from kiln.codegen import c as codegen_c
     from kiln.tir.transform.lower import lower
 
-    mp = sys.modules["kiln.op.matmul_packed"]  # kiln.op.matmul_packed names the op
+    mp = cpu_matmul_packed
     assert [mp._panels_at_once(m, m, 2, 8) for m in (1, 2, 3, 4)] == [4, 2, 2, None]
     assert mp._panels_at_once(1, 1, 2, 6) == 3 and mp._panels_at_once(1, 1, 2, 1) is None
     assert mp._panels_at_once(None, 6, 2, 8) is None and mp._panels_at_once(64, 6, 2, 8) is None

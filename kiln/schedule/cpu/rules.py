@@ -64,7 +64,7 @@ def _attach_epilogue(sch: Any, target: Any, block: Any, anchor_blocks: set[str])
 def _vectorize_innermost(sch: Any, target: Any, block: Any, skip: int = 0) -> None:
     """Vectorize the block's innermost loop when a vector length divides it; the outer
     ``skip`` loops (shared with the anchor) are left alone."""
-    from ...op.linalg import loop_extent, vector_factor
+    from .loops import loop_extent, vector_factor
 
     loops = sch.get_loops(block)[skip:]
     if not loops:
