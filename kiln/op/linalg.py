@@ -1,18 +1,14 @@
 """Linear algebra operators: ``matmul`` and ``dense`` (``linear``).
 
-Both are one reduction over the contracted axis ``k``. Their CPU schedule
-(:func:`schedule_gemm`) walks the output in blocks of a few rows and, for each ``k``, adds
-``A[i, k] * B[k, :]`` to those rows with SIMD vectors along the columns (each vector of ``B``
-is loaded once for all rows of the block); the row blocks run in parallel. That schedule is
-what runs when the right operand cannot be packed: on CPUs at opt level 2 both ops declare an
-``alter_layout`` hook that turns a product into ``matmul_packed``
-(:mod:`kiln.op.matmul_packed`: ``b`` packed in column panels, a register-tiled micro-kernel).
+Both are one reduction over the contracted axis ``k``. On CPUs at opt level 2 a product whose
+right operand can be packed becomes ``matmul_packed`` (:mod:`kiln.op.matmul_packed`: ``b``
+packed in column panels, a register-tiled micro-kernel; the layout hook and the schedules are
+in ``kiln/schedule/cpu/``).
 
 ``dense(x, w)`` is ``x @ w.T`` with ``w`` laid out ``[units, in]`` (ONNX Gemm with transB,
 torch.nn.Linear). In that layout no output axis is contiguous in ``w``, so the compute reads
-the weight through a transposed stage ``dense_weight_t`` (``[in, units]``); the CPU schedule
-materializes it when there are enough rows to amortize the copy (then the matmul schedule
-applies unchanged) and inlines it otherwise (matrix-vector products are memory bound anyway).
+the weight through a transposed stage ``dense_weight_t`` (``[in, units]``), which a schedule
+may materialize or inline.
 A bias is not an input of the op: ``linear(x, w, b)`` emits ``add(dense(x, w), b)`` and
 operator fusion merges the add into the dense kernel.
 """

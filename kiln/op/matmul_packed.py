@@ -5,23 +5,15 @@
 tile of the product needs are contiguous for every ``k``, so the inner loop streams through
 memory instead of striding by a row of ``b`` (with ``N`` a power of two that stride also maps
 every row to the same cache set). It is what ``matmul`` and ``dense`` become on CPUs through
-their ``alter_layout`` hooks (AlterOpLayout, opt level 2): a constant weight is packed once at
-compile time; a computed operand gets a ``layout_transform`` (one pass over ``b``, O(K*N)
-against the product's O(M*K*N)).
-
-The CPU schedule is the classic register-blocked GEMM (GotoBLAS' micro-kernel, written with
-kiln's schedule primitives): for each panel of ``nb`` columns (in parallel) and each block of
-:func:`gemm_tile` rows, a ``rows x nb`` tile of the result accumulates in a local buffer over
-the whole reduction -- buffer compaction (``kiln.tir.transform.compact_buffers``) makes it a
-small stack array, and with the tile loops unrolled the C compiler keeps it in vector
-registers -- then is written back, and fused element-wise consumers (bias, activation,
-residual) run on the tile while it is in L1.
+their layout hooks (AlterOpLayout, opt level 2): a constant weight is packed once at compile
+time; a computed operand gets a ``layout_transform`` (one pass over ``b``, O(K*N) against the
+product's O(M*K*N)). Its CPU schedule, a register-blocked GEMM micro-kernel, and the hooks are
+in ``kiln/schedule/cpu/matmul_packed.py``.
 
 ``matmul_vnni(a, bp)`` is the AMX form: bfloat16 (int8) operands with ``b`` in the VNNI layout
 ``[K / P, N, P]`` (``"KN" -> "KN{P}k"``, P = 2 for bfloat16, 4 for int8) that the tile
-instructions read, accumulated in float32 (int32). Its schedule tensorizes the product onto
-16x16 AMX tiles (``kiln.tir.tensor_intrin.x86.tensorize_gemm_amx``); the hooks choose it when
-the target has AMX for the dtype and the static shapes fit whole tiles.
+instructions read, accumulated in float32 (int32); its CPU schedule tensorizes the product
+onto 16x16 AMX tiles.
 """
 
 from __future__ import annotations

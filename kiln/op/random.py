@@ -336,9 +336,6 @@ def _categorical_compute(cdf: te.Tensor, u: te.Tensor, attrs: CategoricalAttrs) 
     return te.compute((batch, u.shape[1]), f, name="categorical_sample")
 
 
-# ---- schedule -------------------------------------------------------------------------------
-
-
 # ---- declarations ---------------------------------------------------------------------------
 _ND = NON_DIFFERENTIABLE
 _N = MixedPrecision.NEVER

@@ -19,8 +19,9 @@ per element, O(n²) work along the axis. A scan's natural form is a sequential l
 accumulator, O(n). The op therefore declares ``legalize`` (not ``compute``): it builds the block
 TIR directly — one block per scan line, iterating over the non-scanned axes (spatial, so the
 schedule can fuse and parallelize them), whose body is the serial loop along the axis with a
-one-element ``local`` accumulator. The CPU schedule fuses the outer loops into one parallel
-loop when there is enough work. Lines are independent, so threads never share an accumulator.
+one-element ``local`` accumulator. The CPU schedule (``kiln/schedule/cpu/scan.py``) fuses the
+outer loops into one parallel loop when there is enough work. Lines are independent, so
+threads never share an accumulator.
 
 Gradients (one declaration each, ``gradient=``): cumsum's is a cumsum of the output gradient
 in the opposite direction; cumprod's handles zeros in the input exactly (see
@@ -214,9 +215,6 @@ def _make_legalize(op: str, combine: Callable[..., Any], identity: float) -> Cal
         return gx.call_tir(gvar, [call.args[0]], call.struct_info)
 
     return legalize
-
-
-# ---- CPU schedule -------------------------------------------------------------------------
 
 
 # ---- gradients ----------------------------------------------------------------------------
