@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..ir.errors import ScheduleError
-from ..op.schedule_helpers import inline_is_cheap
 from ..target import Target
 from ..tir.function import PrimFunc
+from .cpu.generic import inline_is_cheap
 from .registry import lookup_epilogue, lookup_fallback, lookup_schedule
 
 __all__ = ["schedule_fused_prim_func", "schedule_prim_func"]

@@ -389,7 +389,7 @@ def test_schedule_injective_with_a_symbolic_batch_keeps_inner_loops():
     the constant loops after it join the parallel loop until they alone give every thread
     chunks, and the rest stay nested (fusing them all costs a div/mod per element)."""
     from kiln.codegen import c as codegen_c
-    from kiln.op.schedule_helpers import schedule_injective
+    from kiln.schedule.cpu.generic import schedule_injective
     from kiln.tir.schedule import Schedule
 
     n = te.size_var("n")
@@ -413,7 +413,7 @@ def test_schedule_injective_with_a_symbolic_batch_keeps_inner_loops():
 
 def test_schedule_injective_inlines_intermediate_stages():
     from kiln.codegen import c as codegen_c
-    from kiln.op.schedule_helpers import schedule_injective
+    from kiln.schedule.cpu.generic import schedule_injective
     from kiln.tir.schedule import Schedule
 
     a = te.placeholder((6, 16), "float32", name="A")
@@ -440,7 +440,7 @@ def test_schedule_injective_transposes_rows_that_conflict_in_l1(k, transposed):
     so the copy runs with a tile of the contiguous input axis innermost instead; rows whose
     lines spread over the sets (k = 1000) keep the vectorized gather."""
     from kiln.codegen import c as codegen_c
-    from kiln.op.schedule_helpers import _conflicting_rows, schedule_injective
+    from kiln.schedule.cpu.generic import _conflicting_rows, schedule_injective
     from kiln.tir.schedule import Schedule
 
     assert _conflicting_rows(16, 4096) and _conflicting_rows(8, 8192)

@@ -12,9 +12,9 @@ from ...ir.dtype import as_dtype
 from ...op.layout import LayoutRewrite
 from ...op.linalg import const_int, simplify
 from ...op.nn import CONV_LAYOUTS, Conv2DAttrs, conv2d_nchwc, depthwise_conv2d_nchwc
-from ...op.schedule_helpers import schedule_reduction, target_threads
 from ...tir.stmt import FMA_IN_REGISTERS, JAM_TAILS
 from ..registry import register_alter_layout, register_schedule
+from .generic import schedule_reduction, target_threads
 from .loops import (
     block_work,
     loop_extent,

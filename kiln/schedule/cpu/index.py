@@ -8,8 +8,8 @@ from typing import Any
 from ...op.elementwise import const_int
 from ...op.grad import take_backward
 from ...op.index import scatter_elements, scatter_nd
-from ...op.schedule_helpers import PARALLEL_MIN_WORK, schedule_injective
 from ..registry import register_schedule
+from .generic import PARALLEL_MIN_WORK, schedule_injective
 
 
 @register_schedule((scatter_elements.name, scatter_nd.name), "c")

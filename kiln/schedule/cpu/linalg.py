@@ -87,7 +87,7 @@ def schedule_gemm(sch: Any, target: Any, block: Any, *, has_i: bool, has_j: bool
     vector loop falls back to scalar code anyway); symbolic extents are not split. Returns
     the parallel loop (or None).
     """
-    from ...op.schedule_helpers import target_threads
+    from .generic import target_threads
 
     if not has_j:
         return schedule_gemv(sch, target, block)

@@ -62,7 +62,7 @@ def parallel_outer(sch: Any, loops: list[Any], target: Any, min_chunks: int = 0,
     Nothing is parallelized for a single-threaded target or when ``work`` (scalar operations,
     when known) is below the size at which a parallel region pays for itself.
     """
-    from ...op.schedule_helpers import PARALLEL_MIN_WORK, target_threads
+    from .generic import PARALLEL_MIN_WORK, target_threads
 
     if not loops or getattr(target, "num_threads", 0) == 1:
         return None
@@ -169,7 +169,7 @@ def schedule_epilogue(sch: Any, target: Any, names: list[str], at: Any | None) -
     gets the generic injective schedule, and stray reductions the generic reduction schedule.
     """
     from ...ir.errors import ScheduleError
-    from ...op.schedule_helpers import schedule_injective, schedule_reduction
+    from .generic import schedule_injective, schedule_reduction
 
     for name in names:
         b = sch.get_block(name)

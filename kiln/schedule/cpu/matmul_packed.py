@@ -151,8 +151,8 @@ def _schedule_vnni(sch: Any, target: Any) -> None:
     """AMX tiles when the target has them (16x16 output tiles in parallel), else the generic
     reduction schedule (the same function built for a CPU without AMX)."""
     from ...ir.errors import ScheduleError
-    from ...op.schedule_helpers import schedule_reduction
     from ...tir.tensor_intrin.x86 import tensorize_gemm_amx
+    from .generic import schedule_reduction
 
     rest = other_blocks(sch, {"matmul_vnni"})
     block = sch.get_block("matmul_vnni")

@@ -6,8 +6,8 @@ from typing import Any
 
 from ...op import random  # noqa: F401 - declare the ops registered below
 from ...op.elementwise import const_int
-from ...op.schedule_helpers import PARALLEL_MIN_WORK
 from ..registry import register_schedule
+from .generic import PARALLEL_MIN_WORK
 
 
 @register_schedule(("random_uniform", "random_normal", "bernoulli"), "c")

@@ -8,8 +8,8 @@ from typing import Any
 
 from ... import tir
 from ...op.nn import ROW_AXES
-from ...op.schedule_helpers import PARALLEL_MIN_WORK, schedule_reduction
 from ..registry import register_schedule
+from .generic import PARALLEL_MIN_WORK, schedule_reduction
 from .loops import block_work, loop_extent, schedule_epilogue, vector_factor, vectorize_inner
 
 

@@ -1,9 +1,9 @@
 """The CPU's generic schedules: rules by fusion pattern, and what fused functions get.
 
 Most operators need no schedule of their own on a CPU: every element-wise, broadcast and
-injective op gets :func:`~kiln.op.schedule_helpers.schedule_injective` (parallel outer loops, a
+injective op gets :func:`~kiln.schedule.cpu.generic.schedule_injective` (parallel outer loops, a
 SIMD-wide inner loop), every reduction and every op whose output loop takes element-wise
-consumers :func:`~kiln.op.schedule_helpers.schedule_reduction`. Opaque ops are scheduled one by
+consumers :func:`~kiln.schedule.cpu.generic.schedule_reduction`. Opaque ops are scheduled one by
 one: the ones whose loops those two fit are listed here; the others have their own schedule in
 this room, next to their family's other schedules.
 
@@ -19,7 +19,6 @@ from typing import Any
 from ...ir.errors import ScheduleError
 from ...op import dynamic, host, random  # noqa: F401 - declare the ops registered below
 from ...op.registry import OpPattern
-from ...op.schedule_helpers import schedule_default, schedule_injective, schedule_reduction
 from ..registry import (
     register_epilogue,
     register_fallback,
@@ -27,6 +26,7 @@ from ..registry import (
     register_rule,
     register_schedule,
 )
+from .generic import schedule_default, schedule_injective, schedule_reduction
 
 register_rule({OpPattern.ELEMWISE, OpPattern.BROADCAST, OpPattern.INJECTIVE}, "c",
               name="injective")(schedule_injective)
@@ -45,7 +45,7 @@ def _attach_epilogue(sch: Any, target: Any, block: Any, anchor_blocks: set[str])
     """Schedule an epilogue block the anchor's schedule left alone: compute it under the
     outermost loop of the anchor block it reads (one chunk of anchor results, still in cache),
     else give it its own injective loop nest."""
-    from ...op.schedule_helpers import schedule_injective
+    from .generic import schedule_injective
 
     producers = [p for p in sch.get_producers(block) if sch.get(p).name_hint in anchor_blocks]
     if producers:

@@ -8,8 +8,8 @@ from typing import Any
 from ... import tir
 from ...op import scan, sort  # noqa: F401 - declare the ops registered below
 from ...op.elementwise import const_int
-from ...op.schedule_helpers import PARALLEL_MIN_WORK
 from ..registry import register_schedule
+from .generic import PARALLEL_MIN_WORK
 
 
 # topk too: its lines are fused into one parallel loop, like a scan

@@ -6,8 +6,8 @@ from typing import Any
 
 from ...op import tree  # noqa: F401 - declare the op registered below
 from ...op.elementwise import const_int
-from ...op.schedule_helpers import PARALLEL_MIN_WORK
 from ..registry import register_schedule
+from .generic import PARALLEL_MIN_WORK
 
 
 @register_schedule("tree_ensemble", "c")

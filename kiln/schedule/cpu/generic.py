@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ir.errors import ScheduleError
-from ..tir.expr import Add, BufferLoad, IntImm, IterType
-from ..tir.functor import collect_vars, post_order_visit, substitute
+from ...ir.errors import ScheduleError
+from ...tir.expr import Add, BufferLoad, IntImm, IterType
+from ...tir.functor import collect_vars, post_order_visit, substitute
 
 __all__ = [
     "PARALLEL_MIN_WORK",
@@ -189,7 +189,7 @@ def _walks_contiguously(load: Any, var: Any) -> bool:
 def _input_stride(load: Any, var: Any) -> int | None:
     """Elements between the input elements ``load`` reads at ``var`` and ``var + 1`` (the
     other variables at 0); None for a symbolic shape or a non-linear index."""
-    from ..arith import simplify
+    from ...arith import simplify
 
     strides, step = [], 1
     for d in reversed(load.buffer.shape):
