@@ -11,11 +11,12 @@ from typing import Any
 
 from ..ir.errors import ScheduleError
 from ..target import Target
+from ..tir.expr import BufferLoad
 from ..tir.function import PrimFunc
-from .cpu.generic import inline_is_cheap
+from ..tir.functor import post_order_visit
 from .registry import lookup_epilogue, lookup_fallback, lookup_schedule
 
-__all__ = ["schedule_fused_prim_func", "schedule_prim_func"]
+__all__ = ["INLINE_MAX_NODES", "inline_is_cheap", "schedule_fused_prim_func", "schedule_prim_func"]
 
 
 def schedule_prim_func(func: PrimFunc, target: Target) -> PrimFunc:
@@ -127,3 +128,43 @@ def schedule_fused_prim_func(func: PrimFunc, target: Target) -> PrimFunc:
         sch = Schedule(func)
         fallback(sch, target)
     return sch.func.with_attr("scheduled", True)
+
+
+# Inlining substitutes a producer's whole expression for every load of its buffer, so a chain of
+# stages that each read their input several times (polynomial approximations, for instance)
+# grows exponentially. Past this many expression nodes a stage stays materialized.
+INLINE_MAX_NODES = 512
+
+
+def _expr_size(expr: Any) -> int:
+    count = 0
+
+    def visit(_: Any) -> None:
+        nonlocal count
+        count += 1
+
+    post_order_visit(expr, visit)
+    return count
+
+
+def inline_is_cheap(sch: Any, block: Any, max_nodes: int = INLINE_MAX_NODES) -> bool:
+    """Whether ``compute_inline(block)`` keeps the consumers' expressions small.
+
+    The cost is the producer's expression size times the number of places its buffer is read
+    in the consumers; a stage read once is always cheap to inline.
+    """
+    blk = sch.get(block)
+    value = getattr(blk.body, "value", None)
+    if value is None or len(blk.writes) != 1:
+        return False
+    buf = blk.writes[0].buffer
+    loads = 0
+
+    def count(node: Any) -> None:
+        nonlocal loads
+        if isinstance(node, BufferLoad) and node.buffer is buf:
+            loads += 1
+
+    for consumer in sch.get_consumers(block):
+        post_order_visit(sch.get(consumer).body, count)
+    return loads <= 1 or _expr_size(value) * loads <= max_nodes
