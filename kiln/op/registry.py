@@ -11,11 +11,15 @@ kiln knows about it:
 - ``pattern``: the fusion pattern (:class:`OpPattern`),
 - ``compute``: the tensor expression ``compute(*te_tensors, attrs=attrs) -> te.Tensor | tuple``
   used by LegalizeOps (or ``legalize(bb, call) -> graph.Expr`` for ops that lower otherwise),
-- ``schedules``: per target kind, ``schedule(sch, target)`` applied to the legalized PrimFunc,
 - ``mixed_precision``: :class:`MixedPrecision` policy,
-- ``gradient``: the gradient rule, or :data:`NON_DIFFERENTIABLE`,
-- ``alter_layout``: per target kind, ``hook(call, target) -> kiln.op.layout.LayoutRewrite |
-  None``: the layout the op prefers on that target (used by the AlterOpLayout pass).
+- ``gradient``: the gradient rule, or :data:`NON_DIFFERENTIABLE`.
+
+How the op runs on a target is not part of the declaration: each target family's room
+(``kiln/schedule/cpu/`` ...) registers its schedules and layout preferences through
+:mod:`kiln.schedule.registry`. The op's own entries land in ``OpDef.schedules[family]`` and
+``OpDef.alter_layout[family]`` (``schedule(sch, target)``; ``hook(call, target) ->
+kiln.op.layout.LayoutRewrite | None``); most ops get theirs from a family's rules instead
+(``kiln.schedule.lookup_schedule`` finds either).
 
 The Python API (``kiln.op.relu(x)``) is generated from the declaration: tensor inputs first,
 then attribute fields positionally or by keyword.
@@ -88,10 +92,12 @@ class OpDef:
     attrs: type | None = None
     compute: Callable[..., Any] | None = None
     legalize: Callable[..., Any] | None = None
-    schedules: dict[str, Callable[..., None]] = field(default_factory=dict)
     mixed_precision: MixedPrecision = MixedPrecision.FOLLOW
     gradient: Any = None
     doc: str = ""
+    #: per target family, the op's own schedule (filled by ``kiln.schedule.register_schedule``)
+    schedules: dict[str, Callable[..., None]] = field(default_factory=dict)
+    #: per target family, its layout hook (filled by ``kiln.schedule.register_alter_layout``)
     alter_layout: dict[str, Callable[..., Any]] = field(default_factory=dict)
 
     @property
@@ -159,11 +165,9 @@ def register_op(
     attrs: type | None = None,
     compute: Callable[..., Any] | None = None,
     legalize: Callable[..., Any] | None = None,
-    schedules: dict[str, Callable[..., None]] | None = None,
     mixed_precision: MixedPrecision = MixedPrecision.FOLLOW,
     gradient: Any = None,
     doc: str = "",
-    alter_layout: dict[str, Callable[..., Any]] | None = None,
 ) -> OpDef:
     """Declare an operator; returns the OpDef, which is also its Python API (callable)."""
     if name in _REGISTRY:
@@ -180,11 +184,9 @@ def register_op(
         attrs=attrs,
         compute=compute,
         legalize=legalize,
-        schedules=dict(schedules or {}),
         mixed_precision=mixed_precision,
         gradient=gradient,
         doc=doc or (inspect.getdoc(compute) or ""),
-        alter_layout=dict(alter_layout or {}),
     )
     _REGISTRY[name] = opdef
     return opdef
