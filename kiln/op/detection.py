@@ -50,9 +50,8 @@ from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
-from .elementwise import arg_shape, const_int, dims_equal, tensor_arg, tensor_sinfo
+from .common import _kernel_dims, arg_shape, const_int, dims_equal, tensor_arg, tensor_sinfo
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, get_op_def, register_op
-from .scan import _kernel_dims
 
 __all__ = ["non_max_suppression"]
 

@@ -25,9 +25,17 @@ from ..tir import buffer as tir_buffer
 from ..tir import expr as tx
 from ..tir import functor as tir_functor
 from ..tir.expr import PrimExpr
-from .elementwise import INDEX_DTYPE, arg_shape, as_dim, simplify, tensor_arg, tensor_sinfo
+from .common import (
+    INDEX_DTYPE,
+    arg_shape,
+    as_dim,
+    shape_attr_value,
+    simplify,
+    tensor_arg,
+    tensor_sinfo,
+)
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpDef, OpPattern, register_op
-from .shape import ravel, shape_attr_value, unravel
+from .shape import ravel, unravel
 
 __all__ = [
     "dynamic_reshape", "dynamic_arange", "dynamic_strided_slice", "dynamic_pad", "dynamic_nonzero",

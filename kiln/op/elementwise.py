@@ -15,8 +15,8 @@ scalar expression. Semantics follow numpy, with these deliberate choices:
   in float32 and rounded back once.
 - Comparisons and logical operators return ``bool``; logical operators take ``bool`` inputs.
 
-Shared inference helpers (``tensor_arg``, ``broadcast_shape``, ``tensor_sinfo``...) live here and
-are used by the reduction and shape families too.
+The inference helpers every family uses (``tensor_arg``, ``broadcast_shape``,
+``tensor_sinfo``...) are in :mod:`kiln.op.common`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,16 @@ from .. import te
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import DTypeError, KilnError, StructInfoError
 from ..tir import expr as tx
-from ..tir.expr import IntImm, PrimExpr
+from ..tir.expr import PrimExpr
+from .common import (
+    arg_ndim,
+    arg_shape,
+    broadcast_load,
+    broadcast_sinfo,
+    te_broadcast_shape,
+    tensor_arg,
+    tensor_sinfo,
+)
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpDef, OpPattern, register_op
 
 __all__ = [
@@ -49,149 +58,10 @@ __all__ = [
     "reinterpret",
 ]
 
-INDEX_DTYPE = DataType("int64")
-
 
 # =============================================================================================
-# shared inference helpers (also used by reduce.py and shape.py)
+# checks and te helpers of the element-wise ops
 # =============================================================================================
-def _graph_sinfo():
-    from ..graph import struct_info
-
-    return struct_info
-
-
-def as_dim(value: Any) -> PrimExpr:
-    """A shape entry as an int64 PrimExpr (python ints and int32 immediates are widened)."""
-    if isinstance(value, bool):
-        raise KilnError(f"shape entry {value!r} is not an integer")
-    if isinstance(value, int):
-        return tx.const(INDEX_DTYPE, value)
-    if isinstance(value, IntImm):
-        return value if value.dtype == INDEX_DTYPE else tx.const(INDEX_DTYPE, value.value)
-    if isinstance(value, PrimExpr):
-        return value if value.dtype == INDEX_DTYPE else tx.cast(INDEX_DTYPE, value)
-    if hasattr(value, "__index__"):
-        return tx.const(INDEX_DTYPE, int(value))
-    raise KilnError(f"shape entry {value!r} is not an integer or PrimExpr")
-
-
-def const_int(value: Any) -> int | None:
-    """The python int of a constant dimension, else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, IntImm):
-        return value.value
-    return None
-
-
-def simplify(expr: PrimExpr) -> PrimExpr:
-    """Simplify a shape or index expression with kiln.arith.
-
-    Every free variable of such an expression is a shape dimension or a loop index, so each is
-    assumed non-negative (this is what lets ``n - min(n, 0)`` become ``n``).
-    """
-    if isinstance(expr, IntImm):
-        return expr
-    from ..arith import Analyzer
-    from ..tir.functor import collect_vars
-
-    analyzer = Analyzer()
-    for v in collect_vars(expr):
-        if v.dtype.is_int and v.dtype.lanes == 1:
-            extent = tx.const(v.dtype, 2 ** (v.dtype.bits - 2))
-            analyzer.bind(v, tx.Range(tx.const(v.dtype, 0), extent))
-    return analyzer.simplify(expr)
-
-
-def dims_equal(a: Any, b: Any) -> bool:
-    """True when two dimensions are provably equal (distinct symbols are not)."""
-    ca, cb = const_int(a), const_int(b)
-    if ca is not None and cb is not None:
-        return ca == cb
-    return bool(_graph_sinfo().dims_equal(as_dim(a), as_dim(b)))
-
-
-def fmt_shape(shape: Sequence[Any] | None) -> str:
-    if shape is None:
-        return "(unknown)"
-    parts = [str(const_int(d)) if const_int(d) is not None else str(d) for d in shape]
-    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
-
-
-def tensor_sinfo(shape: Sequence[Any] | None, dtype: Any, ndim: int = -1) -> Any:
-    """A TensorStructInfo with int64 PrimExpr dims (or unknown shape with a known rank)."""
-    si = _graph_sinfo()
-    if shape is None:
-        return si.TensorStructInfo(None, as_dtype(dtype), ndim=ndim)
-    return si.TensorStructInfo(tuple(as_dim(d) for d in shape), as_dtype(dtype))
-
-
-def tensor_arg(call: Any, index: int, op: str, arg: str) -> Any:
-    """The TensorStructInfo of argument ``index`` of ``call``, or a StructInfoError."""
-    si = _graph_sinfo()
-    sinfo = call.args[index].struct_info
-    if not isinstance(sinfo, si.TensorStructInfo):
-        raise StructInfoError(f"{op}: {arg} must be a tensor, got {sinfo}")
-    return sinfo
-
-
-def arg_shape(sinfo: Any) -> tuple[PrimExpr, ...] | None:
-    """The shape of a TensorStructInfo as int64 dims, or None when unknown."""
-    shape = getattr(sinfo, "shape", None)
-    if shape is None:
-        return None
-    values = getattr(shape, "values", shape)  # a ShapeExpr-like holder or a plain tuple
-    if values is None:
-        return None
-    return tuple(as_dim(d) for d in values)
-
-
-def arg_ndim(sinfo: Any) -> int:
-    shape = arg_shape(sinfo)
-    if shape is not None:
-        return len(shape)
-    ndim = getattr(sinfo, "ndim", -1)
-    return -1 if ndim is None else ndim
-
-
-def normalize_axis(axis: int, ndim: int, op: str, what: str = "axis") -> int:
-    """``axis`` in ``[-ndim, ndim)`` mapped to ``[0, ndim)``; StructInfoError otherwise."""
-    from ..graph import shape_utils
-
-    return shape_utils.normalize_axis(axis, ndim, op, what)
-
-
-def broadcast_shape(op: str, shapes: Sequence[Sequence[Any]]) -> tuple[PrimExpr, ...] | None:
-    """numpy broadcasting of several shapes; None when symbolic dims make it undecidable.
-
-    Raises StructInfoError naming ``op`` when two constant dimensions disagree.
-    """
-    from ..graph import shape_utils
-
-    result: tuple[PrimExpr, ...] | None = ()
-    for s in shapes:
-        result = shape_utils.broadcast_shapes(result, tuple(as_dim(d) for d in s), op)
-        if result is None:
-            return None
-    return result
-
-
-def broadcast_sinfo(call: Any, op: str, names: Sequence[str], dtype: Any) -> Any:
-    """Output TensorStructInfo of a broadcasting op over the arguments ``names``."""
-    infos = [tensor_arg(call, i, op, n) for i, n in enumerate(names)]
-    shapes = [arg_shape(s) for s in infos]
-    if any(s is None for s in shapes):
-        ndims = [arg_ndim(s) for s in infos]
-        return tensor_sinfo(None, dtype, ndim=-1 if -1 in ndims else max(ndims))
-    out = broadcast_shape(op, shapes)
-    if out is None:
-        return tensor_sinfo(None, dtype, ndim=max(len(s) for s in shapes))
-    return tensor_sinfo(out, dtype)
-
-
 def _same_dtype(op: str, infos: Sequence[Any], names: Sequence[str]) -> DataType:
     first = as_dtype(infos[0].dtype)
     for s, n in zip(infos[1:], names[1:]):
@@ -201,28 +71,6 @@ def _same_dtype(op: str, infos: Sequence[Any], names: Sequence[str]) -> DataType
                 "insert a cast to make them agree"
             )
     return first
-
-
-# ---- te side ---------------------------------------------------------------------------------
-def broadcast_load(t: te.Tensor, out_index: Sequence[PrimExpr]) -> PrimExpr:
-    """``t`` read at the (right-aligned) broadcast position of an output index."""
-    off = len(out_index) - t.ndim
-    idx = [
-        tx.const(INDEX_DTYPE, 0) if const_int(d) == 1 else out_index[off + k]
-        for k, d in enumerate(t.shape)
-    ]
-    return t(*idx)
-
-
-def te_broadcast_shape(op: str, tensors: Sequence[te.Tensor]) -> tuple[PrimExpr, ...]:
-    shape = broadcast_shape(op, [t.shape for t in tensors])
-    if shape is None:
-        raise KilnError(
-            f"{op}: cannot decide the broadcast of shapes "
-            + " and ".join(fmt_shape(t.shape) for t in tensors)
-            + " (distinct symbolic dimensions)"
-        )
-    return shape
 
 
 def _with_float32(fn: Callable[[PrimExpr], PrimExpr]) -> Callable[[PrimExpr], PrimExpr]:
@@ -565,7 +413,7 @@ def _is_float(x: Any) -> bool:
 
 def _k(value: float, like: Any) -> Any:
     """A 0-d constant of ``like``'s dtype."""
-    from .grad import scalar
+    from .common import scalar
 
     return scalar(value, like.struct_info.dtype)
 

@@ -37,15 +37,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from .. import te, tir
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
-from .elementwise import (
+from .common import (
     INDEX_DTYPE,
+    _KernelDims,
     arg_ndim,
     arg_shape,
     as_dim,
@@ -53,12 +52,15 @@ from .elementwise import (
     dims_equal,
     fmt_shape,
     normalize_axis,
+    scalar,
+    shape_attr,
+    shape_attr_value,
+    shape_of,
     simplify,
     tensor_arg,
     tensor_sinfo,
 )
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
-from .shape import shape_attr_value
 
 __all__ = [
     "adaptive_avg_pool2d_backward", "adaptive_max_pool2d_backward", "avg_pool2d_backward",
@@ -70,26 +72,6 @@ __all__ = [
 # =============================================================================================
 # helpers for gradient rules (graph level)
 # =============================================================================================
-def shape_attr(dims: Sequence[Any]) -> tuple[Any, ...]:
-    """Dimensions as a shape attribute: python ints for constants, symbolic ones as they are
-    (so attributes print and compare like hand-written ones)."""
-    return tuple(const_int(d) if const_int(d) is not None else d for d in dims)
-
-
-def shape_of(expr: Any, what: str = "gradient") -> tuple[Any, ...]:
-    """The shape of a normalized tensor expression as a shape attribute (see
-    :func:`shape_attr`); KilnError if unknown."""
-    shape = arg_shape(expr.struct_info)
-    if shape is None:
-        raise KilnError(f"{what}: needs a tensor of known shape, got {expr.struct_info}")
-    return shape_attr(shape)
-
-
-def scalar(value: float, dtype: Any) -> Any:
-    """A 0-d constant of ``dtype`` (broadcasts against any tensor of that dtype)."""
-    from ..graph.expr import Constant
-
-    return Constant(np.array(value, dtype=as_dtype(dtype).to_numpy()))
 
 
 def zeros(sinfo: Any, what: str = "gradient") -> Any:
@@ -359,26 +341,6 @@ def _fix_index(v: PrimExpr, n: PrimExpr, mode: str) -> PrimExpr:
     if mode == "wrap":
         return tx.floormod(v, tx.max(n, tx.const(INDEX_DTYPE, 1)))
     return tx.select(v < zero, v + n, v)
-
-
-class _KernelDims:
-    """Symbolic sizes as plain variables (a kernel binds its sizes from argument shapes, which
-    needs each dimension to be a constant or a variable); shared by all buffers of a kernel."""
-
-    def __init__(self) -> None:
-        self.known: dict[str, tir.Var] = {}
-
-    def __call__(self, shape: Sequence[Any]) -> tuple[PrimExpr, ...]:
-        out = []
-        for d in shape:
-            d = as_dim(d)
-            if const_int(d) is not None or isinstance(d, tir.Var):
-                out.append(d)
-            else:
-                key = str(d)
-                self.known.setdefault(key, tir.Var(f"d{len(self.known)}", INDEX_DTYPE))
-                out.append(self.known[key])
-        return tuple(out)
 
 
 def take_backward_prim_func(grad_shape: Sequence[Any], data_shape: Sequence[Any],

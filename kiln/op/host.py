@@ -23,7 +23,7 @@ from typing import Any
 from ..graph import expr as gx
 from ..ir.errors import KilnError, StructInfoError
 from ..runtime import host_funcs
-from .elementwise import arg_shape, tensor_arg, tensor_sinfo
+from .common import arg_shape, tensor_arg, tensor_sinfo
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
 
 __all__ = ["image_decode"]

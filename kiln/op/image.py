@@ -33,7 +33,7 @@ from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
-from .elementwise import (
+from .common import (
     INDEX_DTYPE,
     arg_ndim,
     arg_shape,

@@ -28,7 +28,7 @@ from ..ir.dtype import as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
-from .elementwise import (
+from .common import (
     INDEX_DTYPE,
     arg_ndim,
     arg_shape,
@@ -119,8 +119,8 @@ def _batched_scatter_nd_add(like: Any, data: Any, indices: Any, updates: Any, b:
     import numpy as np
 
     from ..graph.expr import Constant
+    from .common import shape_of
     from .elementwise import cast
-    from .grad import shape_of
     from .shape import broadcast_to, concat, reshape
 
     what = "gather_nd gradient (batch_dims > 0)"
@@ -150,8 +150,8 @@ def _winners_only(bb: Any, d_updates: Any, data: Any, indices: Any, updates: Any
     """``d_updates`` zeroed for the updates a later one overwrote (reduction "none" with a
     repeated index): every update's row-major number is scattered the same way, and an
     update keeps its gradient where its own number is the one that landed."""
+    from .common import scalar, shape_of
     from .elementwise import equal, where
-    from .grad import scalar, shape_of
     from .scan import cumsum
     from .shape import broadcast_to, reshape
 
@@ -449,7 +449,7 @@ _ScatterPlan = tuple[Callable[..., Any], list[int], list[int], list[int]]
 
 
 def _kernel_dims(shapes: Sequence[Sequence[Any]]) -> list[tuple[PrimExpr, ...]]:
-    from .grad import _KernelDims
+    from .common import _KernelDims
 
     dims = _KernelDims()
     return [dims(s) for s in shapes]

@@ -499,7 +499,8 @@ def _conv2d_nchwc_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """Unblock data ``[N, C/x, H, W, x]``, weight ``[O/y, C/x, KH, KW, x, y]`` and the gradient
     ``[N, O/y, OH, OW, y]`` to NCHW/OIHW, take the plain convolution's adjoints, and block
     them again."""
-    from .grad import fit_to, shape_attr
+    from .common import shape_attr
+    from .grad import fit_to
     from .shape import reshape
 
     x, w = call.args
@@ -593,7 +594,8 @@ def _depthwise_conv2d_nchwc_compute(data: Any, weight: Any, *,
 def _depthwise_conv2d_nchwc_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """Unblock data ``[N, C/x, H, W, x]``, weight ``[C/x, 1, KH, KW, x]`` and the gradient to
     NCHW/OIHW, take the adjoints of the plain convolution with groups = C, block them again."""
-    from .grad import fit_to, shape_attr
+    from .common import shape_attr
+    from .grad import fit_to
     from .shape import reshape
 
     x, w = call.args
@@ -1299,8 +1301,8 @@ def _layer_norm_compute(x: Any, gamma: Any, beta: Any, *, attrs: LayerNormAttrs)
 def _layer_norm_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """With ``xh = (x - mean) rstd`` and ``gh = g gamma``: ``dx = rstd (gh - mean(gh) -
     xh mean(gh xh))``, ``dgamma = sum(g xh)``, ``dbeta = sum(g)`` (sums over the other axes)."""
+    from .common import scalar, shape_attr
     from .elementwise import add, multiply, rsqrt, subtract
-    from .grad import scalar, shape_attr
     from .reduce import mean
     from .reduce import sum as reduce_sum
     from .shape import reshape
@@ -1413,8 +1415,8 @@ def _batch_norm_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """Inference batch norm ``y = (x - m) gamma rstd + beta`` with ``rstd = (v + eps)^-1/2``
     per channel: ``dx = g gamma rstd``, ``dgamma = sum(g (x - m)) rstd``, ``dbeta = sum(g)``,
     ``dm = -sum(g) gamma rstd``, ``dv = -sum(g (x - m)) gamma rstd^3 / 2``."""
+    from .common import scalar
     from .elementwise import add, multiply, negative, rsqrt, subtract
-    from .grad import scalar
     from .reduce import sum as reduce_sum
     from .shape import reshape
 

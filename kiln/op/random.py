@@ -35,7 +35,7 @@ from .. import te
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import DTypeError, KilnError, StructInfoError
 from ..tir import expr as tx
-from .elementwise import arg_ndim, arg_shape, tensor_arg, tensor_sinfo
+from .common import arg_ndim, arg_shape, tensor_arg, tensor_sinfo
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
 
 __all__ = ["bernoulli", "categorical_sample", "philox4x32", "random_normal", "random_seed",

@@ -29,12 +29,12 @@ from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
-from .elementwise import (
+from .common import (
     INDEX_DTYPE,
     arg_ndim,
     arg_shape,
     const_int,
-    normalize_axis,
+    reduce_axes,
     tensor_arg,
     tensor_sinfo,
 )
@@ -77,17 +77,6 @@ class ArgReduceAttrs:
             raise KilnError(f"argmax/argmin axis must be an int or None, got {self.axis!r}")
         if not isinstance(self.keepdims, bool):
             raise KilnError(f"keepdims must be a bool, got {self.keepdims!r}")
-
-
-def reduce_axes(axis: Any, ndim: int, op: str) -> tuple[int, ...]:
-    """The sorted, normalized axes a reduction runs over; errors name ``op``."""
-    if axis is None:
-        return tuple(range(ndim))
-    items = axis if isinstance(axis, tuple) else (axis,)
-    axes = tuple(normalize_axis(a, ndim, op) for a in items)
-    if len(set(axes)) != len(axes):
-        raise StructInfoError(f"{op}: axis {axis!r} names the same dimension twice")
-    return tuple(sorted(axes))
 
 
 def reduced_shape(shape: Sequence[Any], axes: Sequence[int], keepdims: bool) -> list[Any]:
@@ -156,7 +145,7 @@ def _count(x: te.Tensor, axes: Sequence[int]) -> PrimExpr:
     n: PrimExpr = tx.const(INDEX_DTYPE, 1)
     for a in axes:
         n = n * x.shape[a]
-    from .elementwise import simplify
+    from .common import simplify
 
     return simplify(n)
 
@@ -299,8 +288,8 @@ def _products_of_others(x: Any, axes: Sequence[int], ndim: int) -> Any:
     """``prod_{j != i} x[j]`` over the reduced axes, for every position ``i`` (exact with
     zeros): the reduced axes are moved last and flattened, and the exclusive cumulative
     products from both ends are multiplied."""
+    from .common import shape_attr
     from .elementwise import multiply
-    from .grad import shape_attr
     from .scan import cumprod
     from .shape import reshape, transpose
 
@@ -322,8 +311,9 @@ def _products_of_others(x: Any, axes: Sequence[int], ndim: int) -> Any:
 
 def _make_grad(op: str) -> Callable[..., list[Any]]:
     def rule(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+        from .common import scalar
         from .elementwise import divide, equal, multiply, where
-        from .grad import expand_reduced, scalar
+        from .grad import expand_reduced
 
         x = call.args[0]
         xs = x.struct_info
@@ -348,7 +338,7 @@ def _make_grad(op: str) -> Callable[..., list[Any]]:
 
 def _count_expr(x: Any, axes: Sequence[int]) -> Any:
     """The number of reduced elements as a 0-d constant (a run-time count when symbolic)."""
-    from .grad import scalar, shape_attr
+    from .common import scalar, shape_attr
     from .shape import broadcast_to
 
     shape = shape_attr(arg_shape(x.struct_info))
@@ -411,7 +401,7 @@ class ReduceToAttrs:
     kind: str = "sum"
 
     def __post_init__(self):
-        from .shape import shape_attr_value
+        from .common import shape_attr_value
 
         object.__setattr__(self, "shape", shape_attr_value(self.shape, "reduce_to"))
         if self.kind not in _REDUCE_TO_KINDS:
@@ -424,7 +414,7 @@ def _reduce_to_dtype(kind: str, dtype: DataType) -> DataType:
 
 
 def _reduce_to_infer(call: Any) -> Any:
-    from .elementwise import as_dim
+    from .common import as_dim
 
     x = tensor_arg(call, 0, "reduce_to", "x")
     attrs = call.attrs
@@ -439,7 +429,7 @@ def _reduce_to_infer(call: Any) -> Any:
 
 
 def _reduce_to_compute(x: te.Tensor, attrs: ReduceToAttrs) -> te.Tensor:
-    from .elementwise import as_dim, simplify
+    from .common import as_dim, simplify
 
     out = tuple(as_dim(d) for d in attrs.shape)
     one = tx.const(INDEX_DTYPE, 1)
@@ -488,7 +478,7 @@ def _spread(value: Any, x: Any, out_dims: Sequence[Any]) -> Any:
     import numpy as np
 
     from ..graph.expr import Constant
-    from .elementwise import dims_equal
+    from .common import dims_equal
     from .shape import take
 
     for d, (n, o) in enumerate(zip(arg_shape(x.struct_info), out_dims)):
@@ -507,8 +497,8 @@ def _reduce_to_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     reductions' rules: max/min send it to every element equal to the extreme, prod multiplies
     by the product of the other elements (exact with zeros: counted, not divided by),
     logsumexp by the softmax ``exp(x - result)``."""
-    from .elementwise import as_dim, divide, equal, exp, logical_and, multiply, subtract, where
-    from .grad import scalar
+    from .common import as_dim, scalar
+    from .elementwise import divide, equal, exp, logical_and, multiply, subtract, where
 
     x = call.args[0]
     dtype = x.struct_info.dtype

@@ -39,7 +39,7 @@ from ..graph import shape_utils
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import DTypeError, KilnError, StructInfoError
 from ..tir import expr as tx
-from .elementwise import arg_ndim, arg_shape, as_dim, const_int, tensor_sinfo
+from .common import _kernel_dims, arg_ndim, arg_shape, as_dim, tensor_sinfo
 from .registry import MixedPrecision, OpPattern, get_op_def, register_op
 
 __all__ = ["cumprod", "cumsum"]
@@ -186,20 +186,6 @@ def scan_prim_func(
                         {"global_symbol": name, "num_outputs": 1})
 
 
-def _kernel_dims(shape: Sequence[Any]) -> list[Any]:
-    """A kernel binds its symbolic sizes from argument shapes, which needs each dimension to be
-    a constant or a plain variable: a compound one (``2*n``) becomes a fresh variable."""
-    out, known = [], {}
-    for d in shape:
-        if const_int(d) is not None or isinstance(d, tir.Var):
-            out.append(d)
-        else:
-            key = str(d)
-            known.setdefault(key, tir.Var(f"d{len(known)}", INDEX))
-            out.append(known[key])
-    return out
-
-
 def _make_legalize(op: str, combine: Callable[..., Any], identity: float) -> Callable:
     def legalize(bb: Any, call: Any) -> Any:
         from ..graph import expr as gx
@@ -221,7 +207,8 @@ def _make_legalize(op: str, combine: Callable[..., Any], identity: float) -> Cal
 def _cumsum_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """``dx[k]`` sums ``g[i]`` over every ``i`` whose scan includes ``k``: the same scan of
     ``g`` run in the opposite direction (exclusive stays exclusive)."""
-    from .grad import cast_to, shape_of
+    from .common import shape_of
+    from .grad import cast_to
     from .shape import reshape
 
     x = call.args[0]
@@ -249,8 +236,9 @@ def _cumprod_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     Zeros are located with an inclusive cumsum of ``x == 0`` in scan order (count 0: before
     ``z``; count 1 at a zero: ``z``). All of it is O(n) scans and element-wise ops.
     """
+    from .common import scalar, shape_of
     from .elementwise import divide, equal, logical_and, multiply, where
-    from .grad import cast_to, scalar, shape_of
+    from .grad import cast_to
     from .shape import reshape
 
     x = call.args[0]

@@ -20,7 +20,7 @@ from ..ir.dtype import as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
-from .elementwise import (
+from .common import (
     INDEX_DTYPE,
     arg_ndim,
     arg_shape,
@@ -30,11 +30,12 @@ from .elementwise import (
     dims_equal,
     fmt_shape,
     normalize_axis,
+    reduce_axes,
+    shape_attr_value,
     simplify,
     tensor_arg,
     tensor_sinfo,
 )
-from .reduce import reduce_axes
 from .registry import MixedPrecision, OpDef, OpPattern, register_op
 
 __all__ = [
@@ -291,7 +292,7 @@ def _reshape_compute(x: te.Tensor, attrs: ReshapeAttrs) -> te.Tensor:
 
 
 def _reshape_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .grad import shape_of
+    from .common import shape_of
 
     return [reshape(output_grad, shape_of(call.args[0], "reshape gradient"))]
 
@@ -663,7 +664,7 @@ def _squeeze_compute(x: te.Tensor, attrs: SqueezeAttrs | None = None) -> te.Tens
 
 
 def _squeeze_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .grad import shape_of
+    from .common import shape_of
 
     return [reshape(output_grad, shape_of(call.args[0], "squeeze gradient"))]
 
@@ -719,7 +720,7 @@ def _expand_compute(x: te.Tensor, attrs: ExpandDimsAttrs) -> te.Tensor:
 
 
 def _expand_dims_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .grad import shape_of
+    from .common import shape_of
 
     return [reshape(output_grad, shape_of(call.args[0], "expand_dims gradient"))]
 
@@ -734,15 +735,6 @@ expand_dims = _declare(
 # =============================================================================================
 # broadcast_to
 # =============================================================================================
-def shape_attr_value(shape: Any, op_name: str) -> tuple[Any, ...]:
-    """A target-shape attribute as a tuple of non-negative ints / PrimExprs (or a clear error)."""
-    shape = tuple(shape) if isinstance(shape, (list, tuple)) else (shape,)
-    for d in shape:
-        if isinstance(d, bool) or not isinstance(d, (int, PrimExpr)) or (
-            isinstance(d, int) and d < 0
-        ):
-            raise KilnError(f"{op_name}: bad shape {shape!r}")
-    return shape
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,8 @@ from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
-from .elementwise import arg_ndim, arg_shape, as_dim, const_int, tensor_sinfo
+from .common import _kernel_dims, arg_ndim, arg_shape, as_dim, const_int, tensor_sinfo
 from .registry import MixedPrecision, OpPattern, get_op_def, register_op
-from .scan import _kernel_dims
 
 __all__ = ["topk"]
 

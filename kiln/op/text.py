@@ -32,7 +32,7 @@ from .. import tir
 from ..ir.dtype import as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
-from .elementwise import INDEX_DTYPE, arg_ndim, arg_shape, const_int, tensor_arg, tensor_sinfo
+from .common import INDEX_DTYPE, arg_ndim, arg_shape, const_int, tensor_arg, tensor_sinfo
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
 
 __all__ = ["ngram_count", "ngram_trie"]

@@ -320,7 +320,7 @@ def gradient_function(bb: BlockBuilder, func: gx.Function, fname: str, name: str
             out = _remap(result, remap)
             n_forward = len(forward)
             if isinstance(out, gx.Var) and state.deps.get(id(out)):
-                from ..op.grad import scalar
+                from ..op.common import scalar
 
                 state.adj[id(out)] = scalar(1, out.struct_info.dtype)
             for _, var, value in reversed(forward):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...op.common import const_int
 from ...op.detection import non_max_suppression
-from ...op.elementwise import const_int
 from ..registry import register_schedule
 
 _OP = non_max_suppression.name

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...op.elementwise import const_int
+from ...op.common import const_int
 from ...op.grad import take_backward
 from ...op.index import scatter_elements, scatter_nd
 from ..registry import register_schedule

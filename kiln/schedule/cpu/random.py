@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...op import random  # noqa: F401 - declare the ops registered below
-from ...op.elementwise import const_int
+from ...op.common import const_int
 from ..registry import register_schedule
 from .generic import PARALLEL_MIN_WORK
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from ... import tir
 from ...op import scan, sort  # noqa: F401 - declare the ops registered below
-from ...op.elementwise import const_int
+from ...op.common import const_int
 from ..registry import register_schedule
 from .generic import PARALLEL_MIN_WORK
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...op import text  # noqa: F401 - declare the op registered below
-from ...op.elementwise import const_int
+from ...op.common import const_int
 from ..registry import register_schedule
 from .generic import PARALLEL_MIN_WORK
 

@@ -160,7 +160,7 @@ def _same_type(ctx: Any, a: Any, b: Any) -> bool:
         return False
     if len(sa.shape) != len(sb.shape):
         return False
-    from ....op.elementwise import dims_equal
+    from ....op.common import dims_equal
 
     return all(dims_equal(x, y) for x, y in zip(sa.shape, sb.shape))
 
