@@ -227,7 +227,7 @@ def scalar(value: float, dtype: Any) -> Any:
     return Constant(np.array(value, dtype=as_dtype(dtype).to_numpy()))
 
 
-class _KernelDims:
+class KernelDims:
     """Symbolic sizes as plain variables (a kernel binds its sizes from argument shapes, which
     needs each dimension to be a constant or a variable); shared by all buffers of a kernel."""
 
@@ -247,7 +247,7 @@ class _KernelDims:
         return tuple(out)
 
 
-def _kernel_dims(shape: Sequence[Any]) -> list[Any]:
+def kernel_dims(shape: Sequence[Any]) -> list[Any]:
     """A kernel binds its symbolic sizes from argument shapes, which needs each dimension to be
     a constant or a plain variable: a compound one (``2*n``) becomes a fresh variable."""
     out, known = [], {}

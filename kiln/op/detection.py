@@ -50,7 +50,7 @@ from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
-from .common import _kernel_dims, arg_shape, const_int, dims_equal, tensor_arg, tensor_sinfo
+from .common import arg_shape, const_int, dims_equal, kernel_dims, tensor_arg, tensor_sinfo
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, get_op_def, register_op
 
 __all__ = ["non_max_suppression"]
@@ -261,7 +261,7 @@ def _legalize(bb: Any, call: Any) -> Any:
     from ..graph import expr as gx
 
     boxes, scores = call.args[0].struct_info, call.args[1].struct_info
-    batch, n, classes = _kernel_dims([boxes.shape[0], boxes.shape[1], scores.shape[1]])
+    batch, n, classes = kernel_dims([boxes.shape[0], boxes.shape[1], scores.shape[1]])
     func = nms_prim_func(batch, classes, n, boxes.dtype, call.attrs.center_point_box,
                          call.attrs.use_score_threshold)
     func = func.with_attr("op_name", _OP).with_attr("op_pattern",

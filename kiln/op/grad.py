@@ -44,7 +44,7 @@ from ..tir import expr as tx
 from ..tir.expr import PrimExpr
 from .common import (
     INDEX_DTYPE,
-    _KernelDims,
+    KernelDims,
     arg_ndim,
     arg_shape,
     as_dim,
@@ -444,7 +444,7 @@ def _take_backward_legalize(bb: Any, call: Any) -> Any:
         if arg_shape(s) is None:
             raise StructInfoError(f"LegalizeOps: take_backward needs {name} of known shape")
     attrs = call.attrs or TakeAttrs()
-    dims = _KernelDims()
+    dims = KernelDims()
     data_shape = dims(arg_shape(data))
     axis = None if attrs.axis is None else normalize_axis(attrs.axis, len(data_shape),
                                                           "take_backward")

@@ -449,9 +449,9 @@ _ScatterPlan = tuple[Callable[..., Any], list[int], list[int], list[int]]
 
 
 def _kernel_dims(shapes: Sequence[Sequence[Any]]) -> list[tuple[PrimExpr, ...]]:
-    from .common import _KernelDims
+    from .common import KernelDims
 
-    dims = _KernelDims()
+    dims = KernelDims()
     return [dims(s) for s in shapes]
 
 

@@ -39,7 +39,7 @@ from ..graph import shape_utils
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import DTypeError, KilnError, StructInfoError
 from ..tir import expr as tx
-from .common import _kernel_dims, arg_ndim, arg_shape, as_dim, tensor_sinfo
+from .common import arg_ndim, arg_shape, as_dim, kernel_dims, tensor_sinfo
 from .registry import MixedPrecision, OpPattern, get_op_def, register_op
 
 __all__ = ["cumprod", "cumsum"]
@@ -194,7 +194,7 @@ def _make_legalize(op: str, combine: Callable[..., Any], identity: float) -> Cal
         if getattr(x, "shape", None) is None:
             raise StructInfoError(f"LegalizeOps: {op} needs an input of known rank, got {x}")
         attrs = call.attrs or ScanAttrs()
-        func = scan_prim_func(_kernel_dims(x.shape), x.dtype, attrs, combine, identity, op)
+        func = scan_prim_func(kernel_dims(x.shape), x.dtype, attrs, combine, identity, op)
         pattern = int(get_op_def(op).pattern)
         func = func.with_attr("op_name", op).with_attr("op_pattern", pattern)
         gvar = bb.add_func(func, op)

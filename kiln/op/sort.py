@@ -43,7 +43,7 @@ from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
-from .common import _kernel_dims, arg_ndim, arg_shape, as_dim, const_int, tensor_sinfo
+from .common import arg_ndim, arg_shape, as_dim, const_int, kernel_dims, tensor_sinfo
 from .registry import MixedPrecision, OpPattern, get_op_def, register_op
 
 __all__ = ["topk"]
@@ -169,7 +169,7 @@ def _legalize(bb: Any, call: Any) -> Any:
     if getattr(x, "shape", None) is None:
         raise StructInfoError(f"LegalizeOps: topk needs an input of known shape, got {x}")
     attrs = call.attrs
-    dims = _kernel_dims([*x.shape, as_dim(attrs.k)])
+    dims = kernel_dims([*x.shape, as_dim(attrs.k)])
     func = topk_prim_func(dims[:-1], x.dtype, dims[-1], attrs.axis, attrs.largest)
     func = func.with_attr("op_name", "topk").with_attr("op_pattern",
                                                        int(get_op_def("topk").pattern))
