@@ -34,5 +34,6 @@ from .registry import (  # noqa: F401 - re-exported API
 from .scan import *  # noqa: F403
 from .shape import *  # noqa: F403
 from .signal import *  # noqa: F403
+from .slicing import *  # noqa: F403
 from .text import *  # noqa: F403
 from .tree import *  # noqa: F403

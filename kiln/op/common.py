@@ -21,6 +21,7 @@ from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import IntImm, PrimExpr
+from .registry import MixedPrecision, OpDef, OpPattern, register_op
 
 INDEX_DTYPE = DataType("int64")
 
@@ -259,3 +260,64 @@ def kernel_dims(shape: Sequence[Any]) -> list[Any]:
             known.setdefault(key, tir.Var(f"d{len(known)}", INDEX_DTYPE))
             out.append(known[key])
     return out
+
+
+def index_const(v: int) -> PrimExpr:
+    return tx.const(INDEX_DTYPE, v)
+
+
+def int_tuple(value: Any, op: str, what: str) -> tuple[int, ...]:
+    items = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise KilnError(f"{op}: {what} must be ints, got {value!r}")
+    return items
+
+
+def declare_injective(name: str, inputs: Sequence[str], infer: Any, compute: Any,
+                      attrs: type | None, doc: str, gradient: Any = None) -> OpDef:
+    return register_op(
+        name,
+        inputs=tuple(inputs),
+        infer=infer,
+        pattern=OpPattern.INJECTIVE,
+        attrs=attrs,
+        compute=compute,
+        mixed_precision=MixedPrecision.FOLLOW,
+        gradient=gradient,
+        doc=doc,
+    )
+
+
+def known_shape(call: Any, op: str, arg: str = "x", index: int = 0) -> tuple[Any, Any]:
+    """(TensorStructInfo, shape or None) of an argument."""
+    x = tensor_arg(call, index, op, arg)
+    return x, arg_shape(x)
+
+
+def dims_sum(dims: Sequence[Any]) -> PrimExpr:
+    """Sum of dims with the constants folded (``n + 3`` rather than ``0 + n + 1 + 2``)."""
+    const, expr = 0, None
+    for d in dims:
+        v = const_int(d)
+        if v is not None:
+            const += v
+        else:
+            expr = as_dim(d) if expr is None else expr + as_dim(d)
+    if expr is None:
+        return index_const(const)
+    return simplify(expr + index_const(const)) if const else simplify(expr)
+
+
+def clamp_between(v: PrimExpr, lo: PrimExpr | None, hi: PrimExpr | None) -> PrimExpr:
+    if hi is not None:
+        v = tx.min(v, hi)
+    if lo is not None:
+        v = tx.max(v, lo)
+    return v
+
+
+def attr_fields(attrs: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: getattr(attrs, f.name) for f in dataclasses.fields(attrs)}

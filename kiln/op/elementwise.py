@@ -434,7 +434,7 @@ def _binary_grad(fn: Callable[[Any, Any, Any, Any], tuple[Any, Any]]) -> Callabl
     summed down to its input's shape where that input was broadcast."""
 
     def rule(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-        from .grad import unbroadcast
+        from .shape import unbroadcast
 
         a, b = call.args
         grads = fn(call, a, b, output_grad)
@@ -471,7 +471,7 @@ _power_grad = _binary_grad(lambda c, a, b, g: (
 
 
 def _where_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .grad import unbroadcast
+    from .shape import unbroadcast
 
     cond, x, y = call.args
     zero = _k(0, output_grad)
@@ -520,7 +520,7 @@ def _clip_grad_fn(call: Any, x: Any, g: Any) -> Any:
 
 def _cast_grad_fn(call: Any, x: Any, g: Any) -> Any:
     """The gradient cast back to the input's (float) dtype; none through a non-float result."""
-    from .grad import cast_to
+    from .elementwise import cast_to
 
     if not as_dtype(call.attrs.dtype).is_float:
         return None
@@ -731,3 +731,10 @@ where = register_op(
     gradient=_where_grad,
     doc="``x`` where ``condition`` holds, else ``y`` (all three broadcast).",
 )
+
+
+def cast_to(expr: Any, dtype: Any, current: Any) -> Any:
+    """``expr`` (of dtype ``current``) cast to ``dtype`` when they differ."""
+    from .elementwise import cast
+
+    return expr if as_dtype(current) == as_dtype(dtype) else cast(expr, str(as_dtype(dtype)))

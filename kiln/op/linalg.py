@@ -236,8 +236,8 @@ def _matmul_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     operands are handled as the matrices numpy promotes them to. Computed in the result's
     dtype (``out_dtype``) and cast back to each input's."""
     from .common import shape_attr
-    from .elementwise import multiply
-    from .grad import cast_to, fit_to
+    from .elementwise import cast_to, multiply
+    from .grad import fit_to
     from .shape import expand_dims, reshape, squeeze
 
     a, b = call.args
@@ -338,7 +338,8 @@ def _dense_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """``d data = g @ w`` and ``d w = g^T @ data`` with the leading dimensions of ``data``
     flattened into rows; computed in the result's dtype, cast back to each input's."""
     from .common import shape_attr
-    from .grad import cast_to, fit_to
+    from .elementwise import cast_to
+    from .grad import fit_to
     from .shape import reshape, transpose
 
     x, w = call.args

@@ -347,7 +347,8 @@ def _inverse(perm: Sequence[int]) -> list[int]:
 def _conv_adjoints(g: Any, x: Any, w: Any, attrs: Any, groups: int) -> tuple[Any, Any]:
     """(d data, d weight) of an NCHW/OIHW convolution, computed in ``g``'s dtype (``g``,
     ``x`` and ``w`` are normalized expressions)."""
-    from .grad import cast_to, conv2d_backward_data, conv2d_backward_weight
+    from .elementwise import cast_to
+    from .grad import conv2d_backward_data, conv2d_backward_weight
 
     gdt = g.struct_info.dtype
     kw = {"strides": attrs.strides, "padding": attrs.padding, "dilation": attrs.dilation,

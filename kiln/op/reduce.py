@@ -479,7 +479,7 @@ def _spread(value: Any, x: Any, out_dims: Sequence[Any]) -> Any:
 
     from ..graph.expr import Constant
     from .common import dims_equal
-    from .shape import take
+    from .index import take
 
     for d, (n, o) in enumerate(zip(arg_shape(x.struct_info), out_dims)):
         if dims_equal(n, o):

@@ -208,7 +208,7 @@ def _cumsum_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """``dx[k]`` sums ``g[i]`` over every ``i`` whose scan includes ``k``: the same scan of
     ``g`` run in the opposite direction (exclusive stays exclusive)."""
     from .common import shape_of
-    from .grad import cast_to
+    from .elementwise import cast_to
     from .shape import reshape
 
     x = call.args[0]
@@ -237,8 +237,7 @@ def _cumprod_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     ``z``; count 1 at a zero: ``z``). All of it is O(n) scans and element-wise ops.
     """
     from .common import scalar, shape_of
-    from .elementwise import divide, equal, logical_and, multiply, where
-    from .grad import cast_to
+    from .elementwise import cast_to, divide, equal, logical_and, multiply, where
     from .shape import reshape
 
     x = call.args[0]

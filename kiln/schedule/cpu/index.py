@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...op.common import const_int
-from ...op.grad import take_backward
-from ...op.index import scatter_elements, scatter_nd
+from ...op.index import scatter_elements, scatter_nd, take_backward
 from ..registry import register_schedule
 from .generic import PARALLEL_MIN_WORK, schedule_injective
 
