@@ -29,12 +29,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .. import te, tir
-from ..ir.dtype import DataType, as_dtype
-from ..ir.errors import KilnError, StructInfoError
-from .elementwise import gelu, relu, sigmoid, silu, tanh  # noqa: F401  (kiln.op.nn.relu ...)
-from .layout import Layout, as_layout
-from .linalg import (
+from ... import te, tir
+from ...ir.dtype import DataType, as_dtype
+from ...ir.errors import KilnError, StructInfoError
+from ..elementwise import gelu, relu, sigmoid, silu, tanh  # noqa: F401  (kiln.op.nn.relu ...)
+from ..layout import Layout, as_layout
+from ..linalg import (
     attr_out_dtype,
     const_int,
     fmt_dim,
@@ -45,7 +45,7 @@ from .linalg import (
     simplify,
     tensor_arg,
 )
-from .registry import MixedPrecision, OpPattern, register_op
+from ..registry import MixedPrecision, OpPattern, register_op
 
 __all__ = [
     "adaptive_avg_pool2d", "adaptive_max_pool2d", "avg_pool2d", "batch_norm", "conv2d",
@@ -235,7 +235,7 @@ def _conv2d_out_shape(attrs: Conv2DAttrs, dshape: Sequence[Any], wshape: Sequenc
 
 
 def _infer_conv2d(call: Any) -> Any:
-    from ..graph.struct_info import TensorStructInfo
+    from ...graph.struct_info import TensorStructInfo
 
     op = "nn.conv2d"
     data = tensor_arg(call, 0, op, "data", ndim=4)
@@ -335,7 +335,7 @@ def _is_float_arg(x: Any) -> bool:
 
 def _permute(x: Any, perm: Sequence[int]) -> Any:
     """``x`` transposed by ``perm`` (nothing for the identity)."""
-    from .shape import transpose
+    from ..shape import transpose
 
     return x if list(perm) == list(range(len(perm))) else transpose(x, tuple(perm))
 
@@ -347,8 +347,8 @@ def _inverse(perm: Sequence[int]) -> list[int]:
 def _conv_adjoints(g: Any, x: Any, w: Any, attrs: Any, groups: int) -> tuple[Any, Any]:
     """(d data, d weight) of an NCHW/OIHW convolution, computed in ``g``'s dtype (``g``,
     ``x`` and ``w`` are normalized expressions)."""
-    from .elementwise import cast_to
-    from .grad import conv2d_backward_data, conv2d_backward_weight
+    from ..elementwise import cast_to
+    from ..grad import conv2d_backward_data, conv2d_backward_weight
 
     gdt = g.struct_info.dtype
     kw = {"strides": attrs.strides, "padding": attrs.padding, "dilation": attrs.dilation,
@@ -360,7 +360,7 @@ def _conv_adjoints(g: Any, x: Any, w: Any, attrs: Any, groups: int) -> tuple[Any
 def _conv2d_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """Adjoints through ``nn.conv2d_backward_data``/``_weight`` (NCHW/OIHW; other layouts
     are transposed there and back), computed in the result's dtype and cast back."""
-    from .grad import fit_to
+    from ..grad import fit_to
 
     x, w = call.args
     if not (_is_float_arg(x) and _is_float_arg(w)):
@@ -428,7 +428,7 @@ class Conv2DNCHWcAttrs(_BlockedConvAttrs):
 
 
 def _infer_conv2d_nchwc(call: Any) -> Any:
-    from ..graph.struct_info import TensorStructInfo
+    from ...graph.struct_info import TensorStructInfo
 
     op = "nn.conv2d_nchwc"
     data = tensor_arg(call, 0, op, "data", ndim=5)
@@ -500,9 +500,9 @@ def _conv2d_nchwc_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """Unblock data ``[N, C/x, H, W, x]``, weight ``[O/y, C/x, KH, KW, x, y]`` and the gradient
     ``[N, O/y, OH, OW, y]`` to NCHW/OIHW, take the plain convolution's adjoints, and block
     them again."""
-    from .common import shape_attr
-    from .grad import fit_to
-    from .shape import reshape
+    from ..common import shape_attr
+    from ..grad import fit_to
+    from ..shape import reshape
 
     x, w = call.args
     if not (_is_float_arg(x) and _is_float_arg(w)):
@@ -546,7 +546,7 @@ class DepthwiseConv2DNCHWcAttrs(_BlockedConvAttrs):
 
 
 def _infer_depthwise_conv2d_nchwc(call: Any) -> Any:
-    from ..graph.struct_info import TensorStructInfo
+    from ...graph.struct_info import TensorStructInfo
 
     op = DepthwiseConv2DNCHWcAttrs.OP
     data = tensor_arg(call, 0, op, "data", ndim=5)
@@ -595,9 +595,9 @@ def _depthwise_conv2d_nchwc_compute(data: Any, weight: Any, *,
 def _depthwise_conv2d_nchwc_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """Unblock data ``[N, C/x, H, W, x]``, weight ``[C/x, 1, KH, KW, x]`` and the gradient to
     NCHW/OIHW, take the adjoints of the plain convolution with groups = C, block them again."""
-    from .common import shape_attr
-    from .grad import fit_to
-    from .shape import reshape
+    from ..common import shape_attr
+    from ..grad import fit_to
+    from ..shape import reshape
 
     x, w = call.args
     if not (_is_float_arg(x) and _is_float_arg(w)):
@@ -744,7 +744,7 @@ def _pool_data(call: Any, op: str, float_only: bool) -> Any:
 
 def _make_pool_infer(op: str, float_only: bool):
     def infer(call: Any) -> Any:
-        from ..graph.struct_info import TensorStructInfo
+        from ...graph.struct_info import TensorStructInfo
 
         data = _pool_data(call, op, float_only)
         ndim = Layout(call.attrs.layout).ndim
@@ -872,7 +872,7 @@ def _pool_fields(attrs: Any) -> dict[str, Any]:
 
 def _max_pool2d_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """Each window's gradient to the inputs equal to its maximum (the forward result)."""
-    from .grad import max_pool2d_backward
+    from ..grad import max_pool2d_backward
 
     x = call.args[0]
     if not _is_float_arg(x):
@@ -893,7 +893,7 @@ max_pool2d = register_op(
 )
 
 def _avg_pool2d_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .grad import avg_pool2d_backward
+    from ..grad import avg_pool2d_backward
 
     return [avg_pool2d_backward(output_grad, call.args[0], **_pool_fields(call.attrs))]
 
@@ -928,7 +928,7 @@ class AdaptivePool2DAttrs:
 
 def _infer_adaptive(op: str, float_only: bool):
     def infer(call: Any) -> Any:
-        from ..graph.struct_info import TensorStructInfo
+        from ...graph.struct_info import TensorStructInfo
 
         data = _pool_data(call, op, float_only)
         if data.shape is None:
@@ -1007,7 +1007,7 @@ def _adaptive_compute(kind: str):
 
 
 def _adaptive_avg_pool2d_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .grad import adaptive_avg_pool2d_backward
+    from ..grad import adaptive_avg_pool2d_backward
 
     return [adaptive_avg_pool2d_backward(output_grad, call.args[0],
                                          **_pool_fields(call.attrs))]
@@ -1027,7 +1027,7 @@ adaptive_avg_pool2d = register_op(
 )
 
 def _adaptive_max_pool2d_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .grad import adaptive_max_pool2d_backward
+    from ..grad import adaptive_max_pool2d_backward
 
     x = call.args[0]
     if not _is_float_arg(x):
@@ -1075,8 +1075,8 @@ class SoftmaxAttrs:
 
 def _float_like_infer(op: str):
     def infer(call: Any) -> Any:
-        from ..graph.shape_utils import normalize_axis
-        from ..graph.struct_info import TensorStructInfo
+        from ...graph.shape_utils import normalize_axis
+        from ...graph.struct_info import TensorStructInfo
 
         x = tensor_arg(call, 0, op, "data")
         if not x.dtype.is_float:
@@ -1151,8 +1151,8 @@ def _log_softmax_compute(x: Any, *, attrs: SoftmaxAttrs) -> Any:
 
 def _softmax_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """``y (g - sum(g y))`` along the axis, ``y`` the forward result."""
-    from .elementwise import multiply, subtract
-    from .reduce import sum as reduce_sum
+    from ..elementwise import multiply, subtract
+    from ..reduce import sum as reduce_sum
 
     g, y = output_grad, call
     return [multiply(y, subtract(g, reduce_sum(multiply(g, y), call.attrs.axis, True)))]
@@ -1172,8 +1172,8 @@ softmax = register_op(
 
 def _log_softmax_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """``g - exp(y) sum(g)`` along the axis, ``y`` the forward result."""
-    from .elementwise import exp, multiply, subtract
-    from .reduce import sum as reduce_sum
+    from ..elementwise import exp, multiply, subtract
+    from ..reduce import sum as reduce_sum
 
     g = output_grad
     return [subtract(g, multiply(exp(call), reduce_sum(g, call.attrs.axis, True)))]
@@ -1217,8 +1217,8 @@ class LayerNormAttrs:
 
 
 def _infer_layer_norm(call: Any) -> Any:
-    from ..graph.shape_utils import normalize_axes
-    from ..graph.struct_info import TensorStructInfo
+    from ...graph.shape_utils import normalize_axes
+    from ...graph.struct_info import TensorStructInfo
 
     op = "nn.layer_norm"
     x = tensor_arg(call, 0, op, "data")
@@ -1302,11 +1302,11 @@ def _layer_norm_compute(x: Any, gamma: Any, beta: Any, *, attrs: LayerNormAttrs)
 def _layer_norm_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """With ``xh = (x - mean) rstd`` and ``gh = g gamma``: ``dx = rstd (gh - mean(gh) -
     xh mean(gh xh))``, ``dgamma = sum(g xh)``, ``dbeta = sum(g)`` (sums over the other axes)."""
-    from .common import scalar, shape_attr
-    from .elementwise import add, multiply, rsqrt, subtract
-    from .reduce import mean
-    from .reduce import sum as reduce_sum
-    from .shape import reshape
+    from ..common import scalar, shape_attr
+    from ..elementwise import add, multiply, rsqrt, subtract
+    from ..reduce import mean
+    from ..reduce import sum as reduce_sum
+    from ..shape import reshape
 
     x, gamma, _ = call.args
     xs = x.struct_info
@@ -1368,8 +1368,8 @@ _BN_PARAMS = ("gamma", "beta", "moving_mean", "moving_var")
 
 
 def _infer_batch_norm(call: Any) -> Any:
-    from ..graph.shape_utils import normalize_axis
-    from ..graph.struct_info import TensorStructInfo
+    from ...graph.shape_utils import normalize_axis
+    from ...graph.struct_info import TensorStructInfo
 
     op = "nn.batch_norm"
     x = tensor_arg(call, 0, op, "data")
@@ -1416,10 +1416,10 @@ def _batch_norm_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """Inference batch norm ``y = (x - m) gamma rstd + beta`` with ``rstd = (v + eps)^-1/2``
     per channel: ``dx = g gamma rstd``, ``dgamma = sum(g (x - m)) rstd``, ``dbeta = sum(g)``,
     ``dm = -sum(g) gamma rstd``, ``dv = -sum(g (x - m)) gamma rstd^3 / 2``."""
-    from .common import scalar
-    from .elementwise import add, multiply, negative, rsqrt, subtract
-    from .reduce import sum as reduce_sum
-    from .shape import reshape
+    from ..common import scalar
+    from ..elementwise import add, multiply, negative, rsqrt, subtract
+    from ..reduce import sum as reduce_sum
+    from ..shape import reshape
 
     x, gamma, _, m, v = call.args
     xs = x.struct_info
@@ -1478,7 +1478,7 @@ class DropoutAttrs:
 
 
 def _infer_dropout(call: Any) -> Any:
-    from ..graph.struct_info import TensorStructInfo
+    from ...graph.struct_info import TensorStructInfo
 
     x = tensor_arg(call, 0, "nn.dropout", "data")
     return TensorStructInfo(x.shape, x.dtype, x.ndim)
