@@ -321,3 +321,7 @@ def attr_fields(attrs: Any) -> dict[str, Any]:
     import dataclasses
 
     return {f.name: getattr(attrs, f.name) for f in dataclasses.fields(attrs)}
+
+
+def is_float_arg(x: Any) -> bool:
+    return as_dtype(x.struct_info.dtype).is_float

@@ -11,7 +11,12 @@ from typing import Any
 from ...ir.dtype import as_dtype
 from ...op.layout import LayoutRewrite
 from ...op.linalg import const_int, simplify
-from ...op.nn import CONV_LAYOUTS, Conv2DAttrs, conv2d_nchwc, depthwise_conv2d_nchwc
+from ...op.nn.convolution import (
+    CONV_LAYOUTS,
+    Conv2DAttrs,
+    conv2d_nchwc,
+    depthwise_conv2d_nchwc,
+)
 from ...tir.stmt import FMA_IN_REGISTERS, JAM_TAILS
 from ..registry import register_alter_layout, register_schedule
 from .generic import schedule_reduction, target_threads

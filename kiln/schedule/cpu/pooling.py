@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ... import tir
-from ...op.nn import CARRIED_INNER, UNIT_STRIDE_W
+from ...op.nn.pooling import CARRIED_INNER, UNIT_STRIDE_W
 from ..registry import register_schedule
 from .loops import (
     block_work,

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ... import tir
-from ...op.nn import ROW_AXES
+from ...op.nn.softmax import ROW_AXES
 from ..registry import register_schedule
 from .generic import PARALLEL_MIN_WORK, schedule_reduction
 from .loops import block_work, loop_extent, schedule_epilogue, vector_factor, vectorize_inner
