@@ -12,7 +12,7 @@ mod = bb.get()
 ```
 
 Normalization (:meth:`BlockBuilder.normalize`) fills every expression's ``struct_info``: an
-operator call through its declaration in ``kiln.op`` (``kiln.op.registry.infer_struct_info``),
+operator call through its declaration in ``kiln.op`` (``kiln.graph.op_registry.infer_struct_info``),
 ``call_tir`` from its ``out_sinfo``, a call of a graph function from the callee's signature
 (binding its symbolic dimensions). :meth:`emit` also puts the value in A-normal form: nested
 non-leaf arguments are emitted as their own bindings first.
@@ -53,6 +53,7 @@ from .expr import (
     as_expr,
     is_leaf,
 )
+from .op_registry import get_op_def, infer_struct_info
 from .struct_info import (
     FuncStructInfo,
     ObjectStructInfo,
@@ -589,8 +590,6 @@ def _default_attrs(call: Call) -> Any:
     """Default attributes for an op call built without attrs (None if nothing to do)."""
     if not isinstance(call.op, Op) or call.op.name == "call_tir" or call.attrs is not None:
         return None
-    from ..op.registry import get_op_def  # lazy: kiln.op imports kiln.graph
-
     try:
         opdef = get_op_def(call.op.name)
     except KilnError as err:
@@ -605,8 +604,6 @@ def _default_attrs(call: Call) -> Any:
 
 
 def _infer_op_call(call: Call) -> StructInfo:
-    from ..op.registry import get_op_def, infer_struct_info  # lazy: kiln.op imports kiln.graph
-
     try:
         opdef = get_op_def(call.op.name)
     except KilnError as err:

@@ -20,6 +20,7 @@ from typing import Any
 from .. import tir
 from ..ir.dtype import DataType
 from ..ir.errors import StructInfoError
+from .op_registry import get_op_def
 from .struct_info import (
     StructInfo,
     TensorStructInfo,
@@ -45,7 +46,7 @@ def op_label(call: Any) -> str:
 def input_name(call: Any, index: int) -> str:
     """``'weight' (input 1)``: the declared input name of argument ``index`` when known."""
     try:
-        inputs = call.op.op_def.inputs
+        inputs = get_op_def(call.op.name).inputs
     except Exception:  # noqa: BLE001 - not a registered op: fall back to the position
         inputs = ()
     if index < len(inputs):
