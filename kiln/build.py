@@ -23,14 +23,12 @@ from typing import Any
 
 from . import graph as g
 from . import transform as _transform  # noqa: F401 - declares every pass (get_pass by name)
-from .codegen import graph_entry
-from .codegen.graph_plan import build_plan
+from .codegen.executable import build_executable
 from .ir.errors import KilnError
 from .ir.module import IRModule
 from .runtime.executable import Executable
 from .schedule.apply import schedule_prim_func
 from .target import Target
-from .tir.function import PrimFunc
 from .transform.bind_params import BindParams, bind_params  # noqa: F401 - re-exported
 from .transform.fuse_tir import FuseTIR
 from .transform.legalize_ops import LegalizeOps
@@ -97,8 +95,6 @@ def build(mod: IRModule, target: Target | str | None = "c",
     ``pipeline`` replaces the default pass pipeline (:func:`default_pipeline` of the current
     PassContext's opt level), e.g. ``Sequential([LegalizeOps(), FuseOps(), FuseTIR()])``.
     """
-    from .codegen import c as codegen_c
-
     if not isinstance(mod, IRModule):
         raise KilnError(f"kiln.build expects an IRModule, got {type(mod).__name__}")
     if pipeline is not None and not isinstance(pipeline, Pass):
@@ -109,27 +105,4 @@ def build(mod: IRModule, target: Target | str | None = "c",
         mod = BindParams("main", params)(mod)
     mod = (pipeline or default_pipeline(target=tgt))(mod)
     mod = _finish_graph(mod)
-    prim_funcs = {
-        name: schedule_prim_func(f, tgt) for name, f in mod.items() if isinstance(f, PrimFunc)
-    }
-    plans = {
-        name: build_plan(f, name) for name, f in mod.items()
-        if isinstance(f, g.Function) and not f.attrs.get("Primitive")
-    }
-    if not plans:
-        raise KilnError("kiln.build: the module has no graph function to run")
-    extra = graph_entry.emit_entries(plans, prim_funcs)
-    module = codegen_c.build(prim_funcs, tgt, extra_source=extra)
-    predicted = graph_entry.predict_unchecked_symbols(prim_funcs)
-    if any(module.functions[n].unchecked_symbol != sym for n, sym in predicted.items()):
-        raise KilnError("kiln.build: internal error: kernel symbols differ from the whole-model "
-                        "entry's prediction")
-    for plan in plans.values():
-        for call, dims in zip(plan.calls, plan.entry_sym_dims or ()):
-            func = prim_funcs[call.func]
-            names = [func.buffer_map[func.params[arg]].shape[axis].name for arg, axis in dims]
-            if names != list(module.functions[call.func].sym_vars):
-                raise KilnError(f"kiln.build: internal error: kernel {call.func!r} takes its "
-                                f"symbolic dims as {module.functions[call.func].sym_vars}, the "
-                                f"whole-model entry passes {names}")
-    return Executable(module, plans)
+    return build_executable(mod, tgt)
