@@ -27,7 +27,7 @@ from ..tir.expr import (
     const,
 )
 from ..tir.function import PrimFunc
-from ..tir.functor import Mutator, collect_vars, post_order_visit
+from ..tir.functor import Mutator, collect_vars, post_order_visit, substitute
 from ..tir.stmt import Block, BlockRealize, BufferStore, For, ForKind, Stmt, seq, true_predicate
 from .tensor import ComputeOp, PlaceholderOp, Tensor
 
@@ -192,7 +192,8 @@ def _stage(t: Tensor, out: Buffer, bmap: dict[int, Buffer], block_name: str) -> 
         cond = rw.visit(red.condition) if red.condition is not None else None
         identity = rw.visit(red.combiner.identity)
         acc = BufferLoad(out, idx)
-        value: PrimExpr = red.combiner(acc, source)
+        comb = red.combiner
+        value: PrimExpr = substitute(comb.result, {comb.lhs: acc, comb.rhs: source})
         if cond is not None and not _is_true(cond):
             value = Select(cond, value, acc)
         init = BufferStore(out, identity, idx)

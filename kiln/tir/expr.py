@@ -15,14 +15,11 @@ import builtins
 from collections.abc import Sequence
 from dataclasses import field
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import DTypeError, KilnError
 from ..ir.node import Node, node, set_field
-
-if TYPE_CHECKING:
-    from .buffer import Buffer
 
 
 class PrimExpr(Node):
@@ -426,9 +423,10 @@ class Call(PrimExpr):
 
 @node
 class BufferLoad(PrimExpr):
-    """``buffer[indices]``; a Ramp index makes a vector load."""
+    """``buffer[indices]``; a Ramp index makes a vector load. ``buffer`` is a
+    :class:`kiln.tir.buffer.Buffer` (a module built on this one)."""
 
-    buffer: Buffer
+    buffer: Any
     indices: tuple[PrimExpr, ...]
     dtype: DataType = None  # type: ignore[assignment]
 
@@ -442,20 +440,14 @@ class BufferLoad(PrimExpr):
 
 @node
 class CommReducer(Node):
-    """A commutative reducer: ``combine(lhs, rhs)`` with identity ``identity``.
-
-    ``lhs``/``rhs`` are the variables of ``result``; ``identity`` is the neutral element.
+    """A commutative reducer: ``result``, an expression of ``lhs`` and ``rhs``, combines two
+    values (substitute them for ``lhs``/``rhs``); ``identity`` is the neutral element.
     """
 
     lhs: Var
     rhs: Var
     result: PrimExpr
     identity: PrimExpr
-
-    def __call__(self, x: PrimExpr, y: PrimExpr) -> PrimExpr:
-        from .functor import substitute
-
-        return substitute(self.result, {self.lhs: x, self.rhs: y})
 
 
 @node
