@@ -29,6 +29,7 @@ from .ir.module import IRModule
 from .runtime.executable import Executable
 from .schedule.apply import schedule_prim_func
 from .target import Target
+from .transform.alter_op_layout import AlterOpLayout
 from .transform.bind_params import BindParams, bind_params  # noqa: F401 - re-exported
 from .transform.fuse_tir import FuseTIR
 from .transform.legalize_ops import LegalizeOps
@@ -66,8 +67,6 @@ def default_pipeline(opt_level: int | None = None, target: Target | str | None =
     if level >= 1:
         passes += _declared(SIMPLIFY_PASSES)
     if level >= 2:
-        from .transform.alter_op_layout import AlterOpLayout
-
         passes += [AlterOpLayout(target=Target.create(target)) if p.info.name == "AlterOpLayout"
                    else p for p in _declared(LAYOUT_PASSES)]
     passes.append(LegalizeOps())

@@ -21,6 +21,7 @@ from .. import tir
 from ..ir.dtype import DataType
 from ..ir.errors import StructInfoError
 from .op_registry import get_op_def
+from .printer import format_shape
 from .struct_info import (
     StructInfo,
     TensorStructInfo,
@@ -110,8 +111,6 @@ def is_one(dim: tir.PrimExpr) -> bool:
 
 
 def _fmt_shape(shape: Sequence[tir.PrimExpr]) -> str:
-    from .printer import format_shape
-
     return format_shape(shape)
 
 

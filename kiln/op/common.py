@@ -11,24 +11,27 @@ rules) and the plain-variable dimensions a hand-written kernel binds (``KernelDi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from .. import te, tir
+from ..arith import Analyzer
+from ..graph import shape_utils, struct_info
+from ..graph.expr import Constant
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import IntImm, PrimExpr
+from ..tir.functor import collect_vars
 from .registry import MixedPrecision, OpDef, OpPattern, register_op
 
 INDEX_DTYPE = DataType("int64")
 
 
 def _graph_sinfo():
-    from ..graph import struct_info
-
     return struct_info
 
 
@@ -66,8 +69,6 @@ def simplify(expr: PrimExpr) -> PrimExpr:
     """
     if isinstance(expr, IntImm):
         return expr
-    from ..arith import Analyzer
-    from ..tir.functor import collect_vars
 
     analyzer = Analyzer()
     for v in collect_vars(expr):
@@ -130,8 +131,6 @@ def arg_ndim(sinfo: Any) -> int:
 
 def normalize_axis(axis: int, ndim: int, op: str, what: str = "axis") -> int:
     """``axis`` in ``[-ndim, ndim)`` mapped to ``[0, ndim)``; StructInfoError otherwise."""
-    from ..graph import shape_utils
-
     return shape_utils.normalize_axis(axis, ndim, op, what)
 
 
@@ -140,8 +139,6 @@ def broadcast_shape(op: str, shapes: Sequence[Sequence[Any]]) -> tuple[PrimExpr,
 
     Raises StructInfoError naming ``op`` when two constant dimensions disagree.
     """
-    from ..graph import shape_utils
-
     result: tuple[PrimExpr, ...] | None = ()
     for s in shapes:
         result = shape_utils.broadcast_shapes(result, tuple(as_dim(d) for d in s), op)
@@ -223,8 +220,6 @@ def shape_of(expr: Any, what: str = "gradient") -> tuple[Any, ...]:
 
 def scalar(value: float, dtype: Any) -> Any:
     """A 0-d constant of ``dtype`` (broadcasts against any tensor of that dtype)."""
-    from ..graph.expr import Constant
-
     return Constant(np.array(value, dtype=as_dtype(dtype).to_numpy()))
 
 
@@ -318,8 +313,6 @@ def clamp_between(v: PrimExpr, lo: PrimExpr | None, hi: PrimExpr | None) -> Prim
 
 
 def attr_fields(attrs: Any) -> dict[str, Any]:
-    import dataclasses
-
     return {f.name: getattr(attrs, f.name) for f in dataclasses.fields(attrs)}
 
 

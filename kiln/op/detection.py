@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import tir
+from ..graph import expr as gx
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
@@ -258,8 +259,6 @@ def nms_prim_func(batch: Any, classes: Any, n: Any, dtype: Any, center_point_box
 
 
 def _legalize(bb: Any, call: Any) -> Any:
-    from ..graph import expr as gx
-
     boxes, scores = call.args[0].struct_info, call.args[1].struct_info
     batch, n, classes = kernel_dims([boxes.shape[0], boxes.shape[1], scores.shape[1]])
     func = nms_prim_func(batch, classes, n, boxes.dtype, call.attrs.center_point_box,

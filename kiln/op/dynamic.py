@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import te
+from ..graph import expr as gx
 from ..ir.dtype import as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import buffer as tir_buffer
@@ -329,8 +330,6 @@ class _FullReads(tir_functor.Mutator):
 
 
 def _nonzero_legalize(bb: Any, call: Any) -> Any:
-    from ..graph import expr as gx
-
     x, counts = (a.struct_info for a in call.args)
     if x.shape is None or counts.shape is None:
         raise StructInfoError(f"LegalizeOps: dynamic_nonzero needs inputs of known shape, got "

@@ -1,8 +1,8 @@
 """Element-wise operators: arithmetic, math, comparisons, logic, activations, cast, where.
 
 Every operator here is one :func:`~kiln.op.registry.register_op` declaration made through a small
-factory (:func:`_unary`, :func:`_binary`), so adding a unary math function is one line plus its
-scalar expression. Semantics follow numpy, with these deliberate choices:
+factory (:func:`declare_unary`, :func:`_binary`), so adding a unary math function is one line
+plus its scalar expression. Semantics follow numpy, with these deliberate choices:
 
 - Binary operators broadcast like numpy (dimensions are right-aligned; a dimension of 1
   stretches). Both operands must have the same dtype: kiln never promotes implicitly, frontends
@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
+
 from .. import te
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import DTypeError, KilnError, StructInfoError
@@ -36,11 +38,13 @@ from .common import (
     arg_shape,
     broadcast_load,
     broadcast_sinfo,
+    scalar,
     te_broadcast_shape,
     tensor_arg,
     tensor_sinfo,
 )
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpDef, OpPattern, register_op
+from .shape import unbroadcast
 
 __all__ = [
     # binary arithmetic
@@ -73,7 +77,7 @@ def _same_dtype(op: str, infos: Sequence[Any], names: Sequence[str]) -> DataType
     return first
 
 
-def _with_float32(fn: Callable[[PrimExpr], PrimExpr]) -> Callable[[PrimExpr], PrimExpr]:
+def with_float32(fn: Callable[[PrimExpr], PrimExpr]) -> Callable[[PrimExpr], PrimExpr]:
     """Evaluate ``fn`` in float32 for float16/bfloat16 inputs (one rounding at the end)."""
 
     def wrapped(x: PrimExpr) -> PrimExpr:
@@ -103,7 +107,7 @@ def _check_kind(op: str, arg: str, sinfo: Any, kind: str) -> None:
         raise StructInfoError(f"{op}: {arg} must be {what}, got dtype {sinfo.dtype}")
 
 
-def _unary(
+def declare_unary(
     name: str,
     scalar: Callable[..., PrimExpr],
     *,
@@ -297,11 +301,11 @@ def _gelu(x: PrimExpr, attrs: GeluAttrs) -> PrimExpr:
             return c(0.5) * v * (c(1.0) + tx.tanh(inner))
         return c(0.5) * v * (c(1.0) + tx.erf(v * c(_SQRT_HALF)))
 
-    return _with_float32(f)(x)
+    return with_float32(f)(x)
 
 
 def _silu(x: PrimExpr) -> PrimExpr:
-    return _with_float32(lambda v: v * tx.sigmoid(v))(x)
+    return with_float32(lambda v: v * tx.sigmoid(v))(x)
 
 
 @dataclass(frozen=True)
@@ -368,8 +372,6 @@ class CastAttrs:
 
 def _minifloat_limit(dt: DataType) -> float:
     """The largest finite value of a float8/float6/float4 type."""
-    import ml_dtypes
-
     return float(ml_dtypes.finfo(dt.to_numpy()).max)
 
 
@@ -413,8 +415,6 @@ def _is_float(x: Any) -> bool:
 
 def _k(value: float, like: Any) -> Any:
     """A 0-d constant of ``like``'s dtype."""
-    from .common import scalar
-
     return scalar(value, like.struct_info.dtype)
 
 
@@ -434,8 +434,6 @@ def _binary_grad(fn: Callable[[Any, Any, Any, Any], tuple[Any, Any]]) -> Callabl
     summed down to its input's shape where that input was broadcast."""
 
     def rule(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-        from .shape import unbroadcast
-
         a, b = call.args
         grads = fn(call, a, b, output_grad)
         return [None if d is None or not _is_float(x) else unbroadcast(d, call.struct_info, x)
@@ -471,8 +469,6 @@ _power_grad = _binary_grad(lambda c, a, b, g: (
 
 
 def _where_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .shape import unbroadcast
-
     cond, x, y = call.args
     zero = _k(0, output_grad)
     dx = unbroadcast(where(cond, output_grad, zero), call.struct_info, x)
@@ -520,8 +516,6 @@ def _clip_grad_fn(call: Any, x: Any, g: Any) -> Any:
 
 def _cast_grad_fn(call: Any, x: Any, g: Any) -> Any:
     """The gradient cast back to the input's (float) dtype; none through a non-float result."""
-    from .elementwise import cast_to
-
     if not as_dtype(call.attrs.dtype).is_float:
         return None
     return cast_to(g, x.struct_info.dtype, call.attrs.dtype)
@@ -603,7 +597,7 @@ logical_and = _binary("logical_and", tx.logical_and, kind="bool", mixed_precisio
                       gradient=_ND, doc="Element-wise AND of bool tensors.")
 logical_or = _binary("logical_or", tx.logical_or, kind="bool", mixed_precision=_N,
                      gradient=_ND, doc="Element-wise OR of bool tensors.")
-logical_not = _unary("logical_not", tx.logical_not, kind="bool", mixed_precision=_N,
+logical_not = declare_unary("logical_not", tx.logical_not, kind="bool", mixed_precision=_N,
                      gradient=_ND, doc="Element-wise NOT of a bool tensor.")
 
 # ---- bitwise (integer and bool tensors; no gradient) ----------------------------------------
@@ -652,7 +646,7 @@ reinterpret = register_op(
     gradient=_ND,
     doc="The bits of each element read as ``dtype`` (same width; numpy ``view``).",
 )
-bitwise_not = _unary("bitwise_not", tx.bitwise_not, kind="bits", mixed_precision=_N,
+bitwise_not = declare_unary("bitwise_not", tx.bitwise_not, kind="bits", mixed_precision=_N,
                      gradient=_ND, doc="Bitwise NOT of an integer tensor (bool: logical NOT).")
 left_shift = _binary("left_shift", tx.shift_left, kind="int", mixed_precision=_N, gradient=_ND,
                      doc="``lhs << rhs`` (modular); shifts outside [0, bits) give 0 (numpy).")
@@ -661,40 +655,41 @@ right_shift = _binary("right_shift", tx.shift_right, kind="int", mixed_precision
                       "unsigned; shifts outside [0, bits) give the sign fill (numpy).")
 
 # ---- unary math (pattern ELEMWISE, mixed precision FOLLOW) ----------------------------------
-negative = _unary("negative", _negative, kind="numeric", gradient=_negative_grad, doc="``-x``.")
-abs = _unary("abs", tx.abs, kind="numeric", gradient=_abs_grad, doc="``|x|``.")  # noqa: A001
-exp = _unary("exp", _with_float32(tx.exp), gradient=_exp_grad, doc="``e ** x``.")
-log = _unary("log", _with_float32(tx.log), gradient=_log_grad, doc="Natural logarithm.")
-sqrt = _unary("sqrt", _with_float32(tx.sqrt), gradient=_sqrt_grad, doc="Square root.")
-rsqrt = _unary("rsqrt", _with_float32(tx.rsqrt), gradient=_rsqrt_grad,
+negative = declare_unary("negative", _negative, kind="numeric", gradient=_negative_grad,
+                         doc="``-x``.")
+abs = declare_unary("abs", tx.abs, kind="numeric", gradient=_abs_grad, doc="``|x|``.")  # noqa: A001
+exp = declare_unary("exp", with_float32(tx.exp), gradient=_exp_grad, doc="``e ** x``.")
+log = declare_unary("log", with_float32(tx.log), gradient=_log_grad, doc="Natural logarithm.")
+sqrt = declare_unary("sqrt", with_float32(tx.sqrt), gradient=_sqrt_grad, doc="Square root.")
+rsqrt = declare_unary("rsqrt", with_float32(tx.rsqrt), gradient=_rsqrt_grad,
                doc="``1 / sqrt(x)``.")
-tanh = _unary("tanh", _with_float32(tx.tanh), gradient=_tanh_grad, doc="Hyperbolic tangent.")
-sigmoid = _unary("sigmoid", _with_float32(_sigmoid), gradient=_sigmoid_grad,
+tanh = declare_unary("tanh", with_float32(tx.tanh), gradient=_tanh_grad, doc="Hyperbolic tangent.")
+sigmoid = declare_unary("sigmoid", with_float32(_sigmoid), gradient=_sigmoid_grad,
                  doc="``1 / (1 + exp(-x))``.")
-erf = _unary("erf", _with_float32(tx.erf), gradient=_erf_grad, doc="The error function.")
-sin = _unary("sin", _with_float32(tx.sin), gradient=_sin_grad, doc="Sine.")
-cos = _unary("cos", _with_float32(tx.cos), gradient=_cos_grad, doc="Cosine.")
-floor = _unary("floor", _with_float32(tx.floor), gradient=_step_grad,
+erf = declare_unary("erf", with_float32(tx.erf), gradient=_erf_grad, doc="The error function.")
+sin = declare_unary("sin", with_float32(tx.sin), gradient=_sin_grad, doc="Sine.")
+cos = declare_unary("cos", with_float32(tx.cos), gradient=_cos_grad, doc="Cosine.")
+floor = declare_unary("floor", with_float32(tx.floor), gradient=_step_grad,
                doc="Largest integer <= x (float).")
-ceil = _unary("ceil", _with_float32(tx.ceil), gradient=_step_grad,
+ceil = declare_unary("ceil", with_float32(tx.ceil), gradient=_step_grad,
               doc="Smallest integer >= x (float).")
-round = _unary(  # noqa: A001
-    "round", _with_float32(_round_half_even), gradient=_step_grad,
+round = declare_unary(  # noqa: A001
+    "round", with_float32(_round_half_even), gradient=_step_grad,
     doc="Round to nearest, ties to even (numpy/ONNX)."
 )
 
 # ---- activations and friends ------------------------------------------------------------------
-relu = _unary("relu", _relu, kind="numeric", gradient=_relu_grad, doc="``max(x, 0)``.")
-gelu = _unary(
+relu = declare_unary("relu", _relu, kind="numeric", gradient=_relu_grad, doc="``max(x, 0)``.")
+gelu = declare_unary(
     "gelu", _gelu, attrs=GeluAttrs, gradient=_gelu_grad,
     doc="GELU: ``0.5 x (1 + erf(x / sqrt 2))``; approximate='tanh' uses the tanh form.",
 )
-silu = _unary("silu", _silu, gradient=_silu_grad, doc="SiLU / swish: ``x * sigmoid(x)``.")
-clip = _unary(
+silu = declare_unary("silu", _silu, gradient=_silu_grad, doc="SiLU / swish: ``x * sigmoid(x)``.")
+clip = declare_unary(
     "clip", _clip, kind="numeric", attrs=ClipAttrs, gradient=_clip_grad,
     doc="Clamp to ``[min, max]`` (either may be None). Integer tensors use integer bounds.",
 )
-cast = _unary(
+cast = declare_unary(
     "cast", _cast, kind="any", attrs=CastAttrs, mixed_precision=_N, gradient=_cast_grad,
     out_dtype=lambda attrs: attrs.dtype,
     doc="Convert to ``dtype`` (numpy ``astype``: float -> int truncates; -> bool is x != 0).",
@@ -735,6 +730,4 @@ where = register_op(
 
 def cast_to(expr: Any, dtype: Any, current: Any) -> Any:
     """``expr`` (of dtype ``current``) cast to ``dtype`` when they differ."""
-    from .elementwise import cast
-
     return expr if as_dtype(current) == as_dtype(dtype) else cast(expr, str(as_dtype(dtype)))

@@ -23,7 +23,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .. import te, tir
+from ..graph import expr as gx
+from ..graph.expr import Constant
 from ..ir.dtype import as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
@@ -41,13 +45,17 @@ from .common import (
     index_const,
     known_shape,
     normalize_axis,
+    scalar,
+    shape_of,
     simplify,
     tensor_arg,
     tensor_sinfo,
 )
-from .grad import check_grad_shape, float_grad, like_result
-from .registry import MixedPrecision, OpPattern, register_op
-from .shape import dims_product, unravel
+from .elementwise import cast, equal, where
+from .grad import check_grad_shape, float_grad, like_result, zeros
+from .registry import MixedPrecision, OpPattern, get_op_def, register_op
+from .scan import cumsum
+from .shape import broadcast_to, concat, dims_product, reshape, unravel
 
 __all__ = [
     "gather_elements", "gather_nd", "scatter_elements", "scatter_nd", "take", "take_backward",
@@ -96,8 +104,6 @@ def _unsupported_reduction(op: str, reduction: str) -> KilnError:
 
 def _gather_elements_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """Scatter-add of the gradient into zeros shaped like data; indices get none."""
-    from .grad import zeros
-
     data, indices = call.args
     if not _is_float(data):
         return [None, None]
@@ -108,8 +114,6 @@ def _gather_elements_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
 
 def _gather_nd_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """Scatter-add of the gradient slices into zeros shaped like data; indices get none."""
-    from .grad import zeros
-
     data, indices = call.args
     if not _is_float(data):
         return [None, None]
@@ -126,13 +130,6 @@ def _batched_scatter_nd_add(like: Any, data: Any, indices: Any, updates: Any, b:
     coordinate is prepended to every index tuple, so one ``scatter_nd`` without batch axes
     does it. ``like``: a normalized tensor shaped like ``data``. Needs static shapes (the
     batch coordinates are a constant)."""
-    import numpy as np
-
-    from ..graph.expr import Constant
-    from .common import shape_of
-    from .elementwise import cast
-    from .shape import broadcast_to, concat, reshape
-
     what = "gather_nd gradient (batch_dims > 0)"
     dshape, ishape = shape_of(like, what), shape_of(indices, what)
     static = [const_int(d) for d in (*dshape, *ishape)]
@@ -160,11 +157,6 @@ def _winners_only(bb: Any, d_updates: Any, data: Any, indices: Any, updates: Any
     """``d_updates`` zeroed for the updates a later one overwrote (reduction "none" with a
     repeated index): every update's row-major number is scattered the same way, and an
     update keeps its gradient where its own number is the one that landed."""
-    from .common import scalar, shape_of
-    from .elementwise import equal, where
-    from .scan import cumsum
-    from .shape import broadcast_to, reshape
-
     ushape = shape_of(updates, "scatter gradient")
     ones = broadcast_to(scalar(1, INDEX_DTYPE), ushape) if ushape else scalar(1, INDEX_DTYPE)
     ids = bb.emit(reshape(cumsum(ones, None, exclusive=True), ushape))
@@ -176,8 +168,6 @@ def _winners_only(bb: Any, d_updates: Any, data: Any, indices: Any, updates: Any
 def _scatter_elements_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """data: the gradient, zeroed where "none" overwrote it; updates: the gradient gathered at
     their targets; indices: none."""
-    from .grad import zeros
-
     data, indices, updates = call.args
     if not _is_float(data):
         return [None, None, None]
@@ -198,8 +188,6 @@ def _scatter_elements_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
 
 def _scatter_nd_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """As for scatter_elements, with gather_nd/scatter_nd."""
-    from .grad import zeros
-
     data, indices, updates = call.args
     if not _is_float(data):
         return [None, None, None]
@@ -459,17 +447,12 @@ _ScatterPlan = tuple[Callable[..., Any], list[int], list[int], list[int]]
 
 
 def _kernel_dims(shapes: Sequence[Sequence[Any]]) -> list[tuple[PrimExpr, ...]]:
-    from .common import KernelDims
-
     dims = KernelDims()
     return [dims(s) for s in shapes]
 
 
 def _scatter_legalize(op: str, target_factory: Callable[..., Any]) -> Callable[..., Any]:
     def legalize(bb: Any, call: Any) -> Any:
-        from ..graph import expr as gx
-        from .registry import get_op_def
-
         sinfos = [a.struct_info for a in call.args]
         for name, s in zip(("data", "indices", "updates"), sinfos):
             if arg_shape(s) is None:
@@ -692,8 +675,6 @@ def _take_compute(x: te.Tensor, indices: te.Tensor, attrs: TakeAttrs | None = No
 
 def _take_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """Scatter-add of the gradient at the taken positions; indices get none."""
-    from .index import take_backward
-
     attrs = call.attrs or TakeAttrs()
     x, indices = call.args
     if not as_dtype(x.struct_info.dtype).is_float:
@@ -712,8 +693,6 @@ take = declare_injective(
 # take_backward (scatter-add, written as a loop program)
 # =============================================================================================
 def _take_backward_infer(call: Any) -> Any:
-    from .index import TakeAttrs
-
     op = "take_backward"
     g = float_grad(call, op)
     data = tensor_arg(call, 1, op, "data")
@@ -751,8 +730,6 @@ def take_backward_prim_func(grad_shape: Sequence[Any], data_shape: Sequence[Any]
     spatial, so lines run in parallel); with ``axis=None`` one instance scatters into the
     flattened output.
     """
-    from .shape import unravel
-
     i64 = INDEX_DTYPE
     zero = tx.const(i64, 0)
     gbuf = tir.decl_buffer(tuple(grad_shape), dtype, "G")
@@ -834,10 +811,6 @@ def _flat_size(dims: Sequence[Any]) -> PrimExpr:
 
 
 def _take_backward_legalize(bb: Any, call: Any) -> Any:
-    from ..graph import expr as gx
-    from .index import TakeAttrs
-    from .registry import get_op_def
-
     g, data, ind = (a.struct_info for a in call.args)
     for name, s in (("grad", g), ("data", data), ("indices", ind)):
         if arg_shape(s) is None:
@@ -856,15 +829,11 @@ def _take_backward_legalize(bb: Any, call: Any) -> Any:
 
 
 def _take_backward_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .index import TakeAttrs, take
-
     attrs = call.attrs or TakeAttrs()
     return [take(output_grad, call.args[2], axis=attrs.axis, mode=attrs.mode), None, None]
 
 
 def _take_attrs() -> type:
-    from .index import TakeAttrs
-
     return TakeAttrs
 
 

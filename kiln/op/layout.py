@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from .. import te, tir
+from ..graph.struct_info import TensorStructInfo
 from ..ir.dtype import DataType
 from ..ir.errors import KilnError, StructInfoError
 from .linalg import const_int, fmt_dim, fmt_shape, simplify, tensor_arg
@@ -304,8 +305,6 @@ class LayoutTransformAttrs:
 
 
 def _infer_layout_transform(call: Any) -> Any:
-    from ..graph.struct_info import TensorStructInfo
-
     op = "layout_transform"
     attrs: LayoutTransformAttrs = call.attrs
     src, dst = Layout(attrs.src_layout), Layout(attrs.dst_layout)

@@ -19,9 +19,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import te, tir
+from ..arith import Analyzer
+from ..graph.printer import format_shape
+from ..graph.struct_info import TensorStructInfo, dims_differ
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import DTypeError, KilnError, StructInfoError
+from .common import shape_attr
+from .elementwise import add, cast_to, multiply
+from .grad import fit_to
 from .registry import MixedPrecision, OpPattern, register_op
+from .shape import expand_dims, reshape, squeeze, transpose
 
 __all__ = ["dense", "linear", "matmul"]
 
@@ -51,14 +58,10 @@ def const_int(dim: Any) -> int | None:
 
 def provably_unequal(a: Any, b: Any) -> bool:
     """True when two dimensions are known to differ (distinct symbols get the benefit)."""
-    from ..graph.struct_info import dims_differ
-
     return bool(dims_differ(a, b))
 
 
 def fmt_shape(shape: Any) -> str:
-    from ..graph.printer import format_shape
-
     return format_shape(shape)
 
 
@@ -70,7 +73,6 @@ def simplify(expr: Any) -> Any:
     """Simplify a shape expression (constants stay constants)."""
     if isinstance(expr, tir.IntImm):
         return expr
-    from ..arith import Analyzer
 
     return Analyzer().simplify(expr)
 
@@ -94,8 +96,6 @@ def result_dtype(op: str, out_dtype: str | None, *infos: tuple[str, Any]) -> Dat
 
 def tensor_arg(call: Any, index: int, op: str, name: str, ndim: int | None = None) -> Any:
     """The TensorStructInfo of argument ``index``; StructInfoError naming it otherwise."""
-    from ..graph.struct_info import TensorStructInfo
-
     sinfo = call.args[index].struct_info
     if not isinstance(sinfo, TensorStructInfo):
         raise StructInfoError(f"{op}: {name} must be a tensor, got {sinfo}")
@@ -126,7 +126,7 @@ class MatmulAttrs:
         object.__setattr__(self, "out_dtype", norm_dtype(self.out_dtype, "matmul"))
 
 
-def _broadcast_batch(op: str, a_batch: tuple, b_batch: tuple) -> tuple:
+def broadcast_batch(op: str, a_batch: tuple, b_batch: tuple) -> tuple:
     """numpy broadcasting of the batch dimensions of two matmul operands."""
     n = max(len(a_batch), len(b_batch))
     a_pad = (None,) * (n - len(a_batch)) + tuple(a_batch)
@@ -163,13 +163,11 @@ def _matmul_parts(a_shape: tuple, b_shape: tuple) -> dict[str, Any]:
 
 
 def _matmul_out_shape(op: str, p: dict[str, Any]) -> tuple:
-    batch = _broadcast_batch(op, p["a_batch"], p["b_batch"])
+    batch = broadcast_batch(op, p["a_batch"], p["b_batch"])
     return batch + (() if p["a_vec"] else (p["m"],)) + (() if p["b_vec"] else (p["n"],))
 
 
 def _infer_matmul(call: Any) -> Any:
-    from ..graph.struct_info import TensorStructInfo
-
     a = tensor_arg(call, 0, "matmul", "a")
     b = tensor_arg(call, 1, "matmul", "b")
     dtype = result_dtype("matmul", attr_out_dtype(call), ("a", a), ("b", b))
@@ -191,7 +189,7 @@ def _infer_matmul(call: Any) -> Any:
     return TensorStructInfo(_matmul_out_shape("matmul", p), dtype)
 
 
-def _batch_index(operand_batch: tuple, out_batch: tuple, idx: tuple) -> list:
+def batch_index(operand_batch: tuple, out_batch: tuple, idx: tuple) -> list:
     """Indices into an operand's batch dims for output batch indices ``idx`` (broadcasting)."""
     offset = len(out_batch) - len(operand_batch)
     res: list[Any] = []
@@ -216,8 +214,8 @@ def _matmul_compute(a: Any, b: Any, *, attrs: MatmulAttrs) -> Any:
         bidx, rest = idx[:nb], list(idx[nb:])
         i = None if p["a_vec"] else rest.pop(0)
         j = None if p["b_vec"] else rest.pop(0)
-        a_idx = _batch_index(p["a_batch"], batch, bidx) + ([] if i is None else [i]) + [k]
-        b_idx = _batch_index(p["b_batch"], batch, bidx) + [k] + ([] if j is None else [j])
+        a_idx = batch_index(p["a_batch"], batch, bidx) + ([] if i is None else [i]) + [k]
+        b_idx = batch_index(p["b_batch"], batch, bidx) + [k] + ([] if j is None else [j])
         prod = tir.cast(out_dtype, a[tuple(a_idx)]) * tir.cast(out_dtype, b[tuple(b_idx)])
         return te.sum(prod, axis=k)
 
@@ -226,8 +224,6 @@ def _matmul_compute(a: Any, b: Any, *, attrs: MatmulAttrs) -> Any:
 
 def _swap_last(x: Any, ndim: int) -> Any:
     """``x`` with its last two axes swapped (a batched matrix transpose)."""
-    from .shape import transpose
-
     return transpose(x, tuple(range(ndim - 2)) + (ndim - 1, ndim - 2))
 
 
@@ -235,11 +231,6 @@ def _matmul_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """``da = g @ b^T``, ``db = a^T @ g``, each summed over broadcast batch dimensions; 1-d
     operands are handled as the matrices numpy promotes them to. Computed in the result's
     dtype (``out_dtype``) and cast back to each input's."""
-    from .common import shape_attr
-    from .elementwise import cast_to, multiply
-    from .grad import fit_to
-    from .shape import expand_dims, reshape, squeeze
-
     a, b = call.args
     sa, sb = a.struct_info, b.struct_info
     if not (as_dtype(sa.dtype).is_float and as_dtype(sb.dtype).is_float):
@@ -296,8 +287,6 @@ class DenseAttrs:
 
 
 def _infer_dense(call: Any) -> Any:
-    from ..graph.struct_info import TensorStructInfo
-
     x = tensor_arg(call, 0, "dense", "data")
     w = tensor_arg(call, 1, "dense", "weight")
     dtype = result_dtype("dense", attr_out_dtype(call), ("data", x), ("weight", w))
@@ -337,11 +326,6 @@ def _dense_compute(x: Any, w: Any, *, attrs: DenseAttrs) -> Any:
 def _dense_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """``d data = g @ w`` and ``d w = g^T @ data`` with the leading dimensions of ``data``
     flattened into rows; computed in the result's dtype, cast back to each input's."""
-    from .common import shape_attr
-    from .elementwise import cast_to
-    from .grad import fit_to
-    from .shape import reshape, transpose
-
     x, w = call.args
     sx, sw = x.struct_info, w.struct_info
     if not (as_dtype(sx.dtype).is_float and as_dtype(sw.dtype).is_float):
@@ -384,6 +368,5 @@ def linear(data: Any, weight: Any, bias: Any = None, out_dtype: Any = None) -> A
     out = dense(data, weight, out_dtype=out_dtype)
     if bias is None:
         return out
-    from .elementwise import add
 
     return add(out, bias)

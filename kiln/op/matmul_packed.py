@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import te, tir
+from ..graph.struct_info import TensorStructInfo
 from ..ir.dtype import as_dtype
 from ..ir.errors import StructInfoError
 from .linalg import (
-    _batch_index,
-    _broadcast_batch,
     attr_out_dtype,
+    batch_index,
+    broadcast_batch,
     fmt_dim,
     fmt_shape,
     norm_dtype,
@@ -52,8 +53,6 @@ class MatmulPackedAttrs:
 
 
 def _infer(call: Any) -> Any:
-    from ..graph.struct_info import TensorStructInfo
-
     op = "matmul_packed"
     a = tensor_arg(call, 0, op, "a")
     bp = tensor_arg(call, 1, op, "bp")
@@ -72,7 +71,7 @@ def _infer(call: Any) -> Any:
             f"{op}: a {fmt_shape(a.shape)} has {fmt_dim(a.shape[-1])} columns but bp "
             f"{fmt_shape(bp.shape)} packs {fmt_dim(bp.shape[-2])} rows"
         )
-    batch = _broadcast_batch(op, tuple(a.shape[:-2]), tuple(bp.shape[:-3]))
+    batch = broadcast_batch(op, tuple(a.shape[:-2]), tuple(bp.shape[:-3]))
     return TensorStructInfo(batch + (a.shape[-2], simplify(bp.shape[-3] * bp.shape[-1])), dtype)
 
 
@@ -80,15 +79,15 @@ def _compute(a: Any, bp: Any, *, attrs: MatmulPackedAttrs) -> Any:
     """``out[..., i, j] = sum_k a[..., i, k] * bp[..., j // nb, k, j % nb]``."""
     out_dtype = as_dtype(attrs.out_dtype) if attrs.out_dtype else a.dtype
     a_batch, b_batch = tuple(a.shape[:-2]), tuple(bp.shape[:-3])
-    batch = _broadcast_batch("matmul_packed", a_batch, b_batch)
+    batch = broadcast_batch("matmul_packed", a_batch, b_batch)
     nb = bp.shape[-1]
     k = te.reduce_axis((0, a.shape[-1]), name="k")
     nbatch = len(batch)
 
     def body(*idx):
         bidx, i, j = idx[:nbatch], idx[nbatch], idx[nbatch + 1]
-        av = a[tuple(_batch_index(a_batch, batch, bidx)) + (i, k)]
-        bv = bp[tuple(_batch_index(b_batch, batch, bidx)) + (j // nb, k, j % nb)]
+        av = a[tuple(batch_index(a_batch, batch, bidx)) + (i, k)]
+        bv = bp[tuple(batch_index(b_batch, batch, bidx)) + (j // nb, k, j % nb)]
         return te.sum(tir.cast(out_dtype, av) * tir.cast(out_dtype, bv), axis=k)
 
     shape = batch + (a.shape[-2], simplify(bp.shape[-3] * nb))
@@ -113,8 +112,6 @@ matmul_packed = register_op(
 # matmul_vnni: the AMX tile form
 # ---------------------------------------------------------------------------------------------
 def _infer_vnni(call: Any) -> Any:
-    from ..graph.struct_info import TensorStructInfo
-
     op = "matmul_vnni"
     a = tensor_arg(call, 0, op, "a", ndim=2)
     bp = tensor_arg(call, 1, op, "bp", ndim=3)

@@ -24,7 +24,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .. import te
+from ..graph.expr import Constant
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
@@ -33,12 +36,23 @@ from .common import (
     INDEX_DTYPE,
     arg_ndim,
     arg_shape,
+    as_dim,
     const_int,
+    dims_equal,
     reduce_axes,
+    scalar,
+    shape_attr,
+    shape_attr_value,
+    simplify,
     tensor_arg,
     tensor_sinfo,
 )
+from .elementwise import divide, equal, exp, logical_and, multiply, subtract, where
+from .grad import expand_reduced
+from .index import take
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpDef, OpPattern, register_op
+from .scan import cumprod
+from .shape import broadcast_to, reshape, transpose
 from .sort import topk  # noqa: F401 - selection lives in sort.py; exported with the reductions
 
 __all__ = ["sum", "mean", "max", "min", "prod", "argmax", "argmin", "reduce_to", "topk"]
@@ -145,7 +159,6 @@ def _count(x: te.Tensor, axes: Sequence[int]) -> PrimExpr:
     n: PrimExpr = tx.const(INDEX_DTYPE, 1)
     for a in axes:
         n = n * x.shape[a]
-    from .common import simplify
 
     return simplify(n)
 
@@ -288,11 +301,6 @@ def _products_of_others(x: Any, axes: Sequence[int], ndim: int) -> Any:
     """``prod_{j != i} x[j]`` over the reduced axes, for every position ``i`` (exact with
     zeros): the reduced axes are moved last and flattened, and the exclusive cumulative
     products from both ends are multiplied."""
-    from .common import shape_attr
-    from .elementwise import multiply
-    from .scan import cumprod
-    from .shape import reshape, transpose
-
     kept = [d for d in range(ndim) if d not in axes]
     perm = kept + list(axes)
     moved = perm != list(range(ndim))
@@ -311,10 +319,6 @@ def _products_of_others(x: Any, axes: Sequence[int], ndim: int) -> Any:
 
 def _make_grad(op: str) -> Callable[..., list[Any]]:
     def rule(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-        from .common import scalar
-        from .elementwise import divide, equal, multiply, where
-        from .grad import expand_reduced
-
         x = call.args[0]
         xs = x.struct_info
         if not as_dtype(xs.dtype).is_float:
@@ -338,9 +342,6 @@ def _make_grad(op: str) -> Callable[..., list[Any]]:
 
 def _count_expr(x: Any, axes: Sequence[int]) -> Any:
     """The number of reduced elements as a 0-d constant (a run-time count when symbolic)."""
-    from .common import scalar, shape_attr
-    from .shape import broadcast_to
-
     shape = shape_attr(arg_shape(x.struct_info))
     dtype = x.struct_info.dtype
     sizes = [const_int(shape[a]) for a in axes]
@@ -401,8 +402,6 @@ class ReduceToAttrs:
     kind: str = "sum"
 
     def __post_init__(self):
-        from .common import shape_attr_value
-
         object.__setattr__(self, "shape", shape_attr_value(self.shape, "reduce_to"))
         if self.kind not in _REDUCE_TO_KINDS:
             raise KilnError(f"reduce_to: kind must be one of {_REDUCE_TO_KINDS}, got "
@@ -414,8 +413,6 @@ def _reduce_to_dtype(kind: str, dtype: DataType) -> DataType:
 
 
 def _reduce_to_infer(call: Any) -> Any:
-    from .common import as_dim
-
     x = tensor_arg(call, 0, "reduce_to", "x")
     attrs = call.attrs
     dtype = as_dtype(x.dtype)
@@ -429,8 +426,6 @@ def _reduce_to_infer(call: Any) -> Any:
 
 
 def _reduce_to_compute(x: te.Tensor, attrs: ReduceToAttrs) -> te.Tensor:
-    from .common import as_dim, simplify
-
     out = tuple(as_dim(d) for d in attrs.shape)
     one = tx.const(INDEX_DTYPE, 1)
 
@@ -475,12 +470,6 @@ def _spread(value: Any, x: Any, out_dims: Sequence[Any]) -> Any:
     shape. Which axes are reduced may be known only at run time, so each axis not statically
     kept is a clipped ``take`` of ``arange(x_d)``: the identity on a kept axis (``out_d ==
     x_d``), all zeros on a reduced one (``out_d == 1``). Needs those axes of x static."""
-    import numpy as np
-
-    from ..graph.expr import Constant
-    from .common import dims_equal
-    from .index import take
-
     for d, (n, o) in enumerate(zip(arg_shape(x.struct_info), out_dims)):
         if dims_equal(n, o):
             continue
@@ -497,9 +486,6 @@ def _reduce_to_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     reductions' rules: max/min send it to every element equal to the extreme, prod multiplies
     by the product of the other elements (exact with zeros: counted, not divided by),
     logsumexp by the softmax ``exp(x - result)``."""
-    from .common import as_dim, scalar
-    from .elementwise import divide, equal, exp, logical_and, multiply, subtract, where
-
     x = call.args[0]
     dtype = x.struct_info.dtype
     if not as_dtype(dtype).is_float or arg_shape(x.struct_info) is None:

@@ -35,12 +35,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import tir
+from ..graph import expr as gx
 from ..graph import shape_utils
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import DTypeError, KilnError, StructInfoError
 from ..tir import expr as tx
-from .common import arg_ndim, arg_shape, as_dim, kernel_dims, tensor_sinfo
+from .common import arg_ndim, arg_shape, as_dim, kernel_dims, scalar, shape_of, tensor_sinfo
+from .elementwise import cast_to, divide, equal, logical_and, multiply, where
 from .registry import MixedPrecision, OpPattern, get_op_def, register_op
+from .shape import reshape
 
 __all__ = ["cumprod", "cumsum"]
 
@@ -188,8 +191,6 @@ def scan_prim_func(
 
 def _make_legalize(op: str, combine: Callable[..., Any], identity: float) -> Callable:
     def legalize(bb: Any, call: Any) -> Any:
-        from ..graph import expr as gx
-
         x = call.args[0].struct_info
         if getattr(x, "shape", None) is None:
             raise StructInfoError(f"LegalizeOps: {op} needs an input of known rank, got {x}")
@@ -207,10 +208,6 @@ def _make_legalize(op: str, combine: Callable[..., Any], identity: float) -> Cal
 def _cumsum_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """``dx[k]`` sums ``g[i]`` over every ``i`` whose scan includes ``k``: the same scan of
     ``g`` run in the opposite direction (exclusive stays exclusive)."""
-    from .common import shape_of
-    from .elementwise import cast_to
-    from .shape import reshape
-
     x = call.args[0]
     if not as_dtype(x.struct_info.dtype).is_float:
         return [None]
@@ -236,10 +233,6 @@ def _cumprod_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     Zeros are located with an inclusive cumsum of ``x == 0`` in scan order (count 0: before
     ``z``; count 1 at a zero: ``z``). All of it is O(n) scans and element-wise ops.
     """
-    from .common import scalar, shape_of
-    from .elementwise import cast_to, divide, equal, logical_and, multiply, where
-    from .shape import reshape
-
     x = call.args[0]
     dt = x.struct_info.dtype
     if not as_dtype(dt).is_float:

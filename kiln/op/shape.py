@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import te
+from ..graph.expr import Tuple, TupleGetItem
+from ..graph.struct_info import TensorStructInfo, TupleStructInfo, shapes_equal
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
@@ -262,8 +264,6 @@ def _reshape_compute(x: te.Tensor, attrs: ReshapeAttrs) -> te.Tensor:
 
 
 def _reshape_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .common import shape_of
-
     return [reshape(output_grad, shape_of(call.args[0], "reshape gradient"))]
 
 
@@ -341,8 +341,6 @@ class ConcatAttrs:
 
 
 def _concat_infer(call: Any) -> Any:
-    from ..graph.struct_info import TensorStructInfo, TupleStructInfo
-
     tup = call.args[0].struct_info
     if not isinstance(tup, TupleStructInfo):
         raise StructInfoError(f"concat: tensors must be a tuple of tensors, got {tup}")
@@ -417,8 +415,6 @@ def _concat_compute(tensors: Sequence[te.Tensor], attrs: ConcatAttrs | None = No
 def _concat_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """The output gradient split back into the pieces (their lengths along ``axis`` must be
     known constants)."""
-    from ..graph.expr import Tuple, TupleGetItem
-
     fields = call.args[0].struct_info.fields
     if not as_dtype(fields[0].dtype).is_float:
         return [None]
@@ -500,8 +496,6 @@ def split_ranges(dim: PrimExpr, attrs: SplitAttrs) -> list[tuple[PrimExpr, PrimE
 
 
 def _split_infer(call: Any) -> Any:
-    from ..graph.struct_info import TupleStructInfo
-
     x, shape = known_shape(call, "split")
     ndim = arg_ndim(x)
     attrs = call.attrs
@@ -537,8 +531,6 @@ def _split_compute(x: te.Tensor, attrs: SplitAttrs) -> tuple[te.Tensor, ...]:
 
 def _split_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """The pieces' gradients concatenated back (the pass gives an explicit Tuple)."""
-    from ..graph.expr import Tuple, TupleGetItem
-
     if not as_dtype(call.args[0].struct_info.dtype).is_float:
         return [None]
     if isinstance(output_grad, Tuple):
@@ -613,8 +605,6 @@ def _squeeze_compute(x: te.Tensor, attrs: SqueezeAttrs | None = None) -> te.Tens
 
 
 def _squeeze_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .common import shape_of
-
     return [reshape(output_grad, shape_of(call.args[0], "squeeze gradient"))]
 
 
@@ -669,8 +659,6 @@ def _expand_compute(x: te.Tensor, attrs: ExpandDimsAttrs) -> te.Tensor:
 
 
 def _expand_dims_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .common import shape_of
-
     return [reshape(output_grad, shape_of(call.args[0], "expand_dims gradient"))]
 
 
@@ -730,8 +718,6 @@ def _broadcast_to_compute(x: te.Tensor, attrs: BroadcastToAttrs) -> te.Tensor:
 
 
 def _broadcast_to_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .shape import unbroadcast
-
     return [unbroadcast(output_grad, call.struct_info, call.args[0])]
 
 
@@ -818,8 +804,6 @@ def _collapse_like_compute(data: te.Tensor, target: te.Tensor, attrs: Any = None
 
 
 def _collapse_like_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .shape import broadcast_to
-
     data = call.args[0]
     return [broadcast_to(output_grad, shape_of(data, "collapse_sum_like gradient")), None]
 
@@ -864,8 +848,6 @@ def _collapse_to_compute(data: te.Tensor, attrs: CollapseSumToAttrs) -> te.Tenso
 
 
 def _collapse_to_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .shape import broadcast_to
-
     return [broadcast_to(output_grad, shape_of(call.args[0], "collapse_sum_to gradient"))]
 
 
@@ -885,8 +867,6 @@ collapse_sum_to = register_op(
 def unbroadcast(grad: Any, out_sinfo: Any, x: Any) -> Any:
     """The adjoint of a broadcast input ``x``: ``grad`` (shaped like ``out_sinfo``) summed down
     to ``x``'s shape, or ``grad`` itself when no broadcasting happened."""
-    from ..graph.struct_info import shapes_equal
-
     if shapes_equal(arg_shape(out_sinfo), arg_shape(x.struct_info)):
         return grad
     return collapse_sum_like(grad, x)

@@ -38,7 +38,7 @@ from .common import (
     tensor_sinfo,
 )
 from .grad import all_of_or_none, check_grad_shape, clamp_into, float_grad, like_result, masked
-from .registry import MixedPrecision, OpPattern, register_op
+from .registry import MixedPrecision, OpPattern, get_op_def, register_op
 
 __all__ = ["pad", "pad_backward", "strided_slice", "strided_slice_backward"]
 
@@ -167,8 +167,6 @@ def _strided_slice_compute(x: te.Tensor, attrs: StridedSliceAttrs) -> te.Tensor:
 
 
 def _strided_slice_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .slicing import strided_slice_backward
-
     a = call.attrs
     return [strided_slice_backward(output_grad, call.args[0], a.begin, a.end, a.strides,
                                    a.axes)]
@@ -286,8 +284,6 @@ def _pad_compute(x: te.Tensor, attrs: PadAttrs) -> te.Tensor:
 def _pad_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """Constant mode: the interior slice of the gradient; edge/reflect: the border folded back
     (``pad_backward``)."""
-    from .slicing import pad_backward
-
     a = call.attrs
     x = call.args[0]
     if not as_dtype(x.struct_info.dtype).is_float:
@@ -312,8 +308,6 @@ pad = declare_injective(
 # strided_slice_backward
 # =============================================================================================
 def _slice_backward_infer(call: Any) -> Any:
-    from .slicing import _slice_plan
-
     op = "strided_slice_backward"
     g = float_grad(call, op)
     data = tensor_arg(call, 1, op, "data")
@@ -325,8 +319,6 @@ def _slice_backward_infer(call: Any) -> Any:
 
 def _slice_backward_compute(grad: te.Tensor, data: te.Tensor, attrs: Any) -> te.Tensor:
     """``grad`` placed at the sliced positions of a zero tensor shaped like ``data``."""
-    from .slicing import _slice_plan
-
     plan = _slice_plan(data.shape, attrs)
     if any(const_int(length) == 0 for _, length, _ in plan):
         return te.compute(data.shape, lambda *i: tx.const(grad.dtype, 0),
@@ -350,15 +342,11 @@ def _slice_backward_compute(grad: te.Tensor, data: te.Tensor, attrs: Any) -> te.
 
 
 def _slice_backward_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .registry import get_op_def
-
     a = call.attrs
     return [get_op_def("strided_slice")(output_grad, **attr_fields(a)), None]
 
 
 def _slice_attrs() -> type:
-    from .slicing import StridedSliceAttrs
-
     return StridedSliceAttrs
 
 
@@ -433,15 +421,11 @@ def _pad_backward_compute(grad: te.Tensor, data: te.Tensor, attrs: Any) -> te.Te
 
 
 def _pad_backward_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .slicing import pad
-
     a = call.attrs
     return [pad(output_grad, a.pad_width, 0.0, a.mode), None]
 
 
 def _pad_attrs() -> type:
-    from .slicing import PadAttrs
-
     return PadAttrs
 
 

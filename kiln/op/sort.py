@@ -38,12 +38,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import tir
+from ..graph import expr as gx
 from ..graph import shape_utils
+from ..graph.expr import Tuple, TupleGetItem
+from ..graph.struct_info import TupleStructInfo
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
 from .common import arg_ndim, arg_shape, as_dim, const_int, kernel_dims, tensor_sinfo
+from .grad import zeros
+from .index import scatter_elements
 from .registry import MixedPrecision, OpPattern, get_op_def, register_op
 
 __all__ = ["topk"]
@@ -72,8 +77,6 @@ class TopKAttrs:
 
 
 def _infer(call: Any) -> Any:
-    from ..graph.struct_info import TupleStructInfo
-
     x = shape_utils.tensor_sinfo(call, 0)
     attrs = call.attrs
     dtype = as_dtype(x.dtype)
@@ -163,8 +166,6 @@ def topk_prim_func(shape: Sequence[Any], dtype: Any, k: Any, axis: int, largest:
 
 
 def _legalize(bb: Any, call: Any) -> Any:
-    from ..graph import expr as gx
-
     x = call.args[0].struct_info
     if getattr(x, "shape", None) is None:
         raise StructInfoError(f"LegalizeOps: topk needs an input of known shape, got {x}")
@@ -179,10 +180,6 @@ def _legalize(bb: Any, call: Any) -> Any:
 
 def _gradient(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """The values' adjoint scattered to the selected positions of x (zeros elsewhere)."""
-    from ..graph.expr import Tuple, TupleGetItem
-    from .grad import zeros
-    from .index import scatter_elements
-
     x = call.args[0]
     if not as_dtype(x.struct_info.dtype).is_float:
         return [None]

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from .. import tir
+from ..graph import expr as gx
 from ..ir.dtype import as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
@@ -160,8 +161,6 @@ def ngram_prim_func(x_shape: Sequence[Any], x_dtype: str, n_nodes: int, attrs: N
 
 
 def _legalize(bb: Any, call: Any) -> Any:
-    from ..graph import expr as gx
-
     x, trie = (a.struct_info for a in call.args)
     if getattr(x, "shape", None) is None or getattr(trie, "shape", None) is None:
         raise StructInfoError("LegalizeOps: ngram_count needs inputs of known shape")

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .. import tir
+from ..graph import expr as gx
 from ..ir.dtype import as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
@@ -174,8 +175,6 @@ def tree_prim_func(shapes: list[Any], dtypes: list[str], attrs: TreeEnsembleAttr
 
 
 def _legalize(bb: Any, call: Any) -> Any:
-    from ..graph import expr as gx
-
     sinfos = [a.struct_info for a in call.args]
     if any(getattr(si, "shape", None) is None for si in sinfos):
         raise StructInfoError("LegalizeOps: tree_ensemble needs inputs of known shape")

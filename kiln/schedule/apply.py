@@ -11,9 +11,10 @@ from typing import Any
 
 from ..ir.errors import ScheduleError
 from ..target import Target
-from ..tir.expr import BufferLoad
+from ..tir.expr import BufferLoad, IterType
 from ..tir.function import PrimFunc
 from ..tir.functor import post_order_visit
+from ..tir.schedule import Schedule
 from .registry import lookup_epilogue, lookup_fallback, lookup_schedule
 
 __all__ = ["INLINE_MAX_NODES", "inline_is_cheap", "schedule_fused_prim_func", "schedule_prim_func"]
@@ -24,8 +25,6 @@ def schedule_prim_func(func: PrimFunc, target: Target) -> PrimFunc:
 
     A fused PrimFunc (made by FuseTIR) gets :func:`schedule_fused_prim_func`.
     """
-    from ..tir.schedule import Schedule
-
     if func.attrs.get("scheduled"):
         return func
     if func.attrs.get("fused_ops"):
@@ -47,8 +46,6 @@ def _writes_output(sch: Any, block: Any) -> bool:
 
 
 def _is_reduction(sch: Any, block: Any) -> bool:
-    from ..tir.expr import IterType
-
     return any(iv.iter_type == IterType.COMM_REDUCE for iv in sch.get(block).iter_vars)
 
 
@@ -99,8 +96,6 @@ def schedule_fused_prim_func(func: PrimFunc, target: Target) -> PrimFunc:
     gets the family's fallback schedule instead (on CPUs the generic injective/reduction
     one): slower, never wrong.
     """
-    from ..tir.schedule import Schedule
-
     anchor_blocks = set(func.attrs.get("kiln.anchor_blocks", ()))
     op_name = func.attrs.get("op_name")
     sched = lookup_schedule(op_name, target) if op_name else None

@@ -17,6 +17,7 @@ from ..ir.node import Node, structural_equal, structural_hash
 from ..tir.buffer import Buffer, BufferRegion
 from ..tir.expr import (
     BufferLoad,
+    IntImm,
     IterVar,
     Let,
     PrimExpr,
@@ -217,14 +218,10 @@ def _stage(t: Tensor, out: Buffer, bmap: dict[int, Buffer], block_name: str) -> 
 
 
 def _static_empty(iv: IterVar) -> bool:
-    from ..tir.expr import IntImm
-
     return isinstance(iv.dom.extent, IntImm) and iv.dom.extent.value == 0
 
 
 def _is_true(e: PrimExpr) -> bool:
-    from ..tir.expr import IntImm
-
     return isinstance(e, IntImm) and e.dtype.is_bool and e.value == 1
 
 

@@ -17,6 +17,8 @@ from dataclasses import field
 from enum import IntEnum
 from typing import Any
 
+import numpy as np
+
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import DTypeError, KilnError
 from ..ir.node import Node, node, set_field
@@ -560,8 +562,6 @@ def convert(value: Any) -> PrimExpr:
     if isinstance(value, float):
         return FloatImm("float32", value)
     try:
-        import numpy as np
-
         if isinstance(value, np.generic):
             return make_const(DataType.from_numpy(value.dtype), value.item())
     except ImportError:  # pragma: no cover

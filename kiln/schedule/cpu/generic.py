@@ -22,8 +22,10 @@ of the schedule first, so a refusal never leaves it half transformed).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from ...arith import simplify
 from ...ir.errors import ScheduleError
 from ...tir.expr import Add, BufferLoad, IntImm, IterType
 from ...tir.functor import collect_vars, post_order_visit, substitute
@@ -150,8 +152,6 @@ def _walks_contiguously(load: Any, var: Any) -> bool:
 def _input_stride(load: Any, var: Any) -> int | None:
     """Elements between the input elements ``load`` reads at ``var`` and ``var + 1`` (the
     other variables at 0); None for a symbolic shape or a non-linear index."""
-    from ...arith import simplify
-
     strides, step = [], 1
     for d in reversed(load.buffer.shape):
         strides.insert(0, step)
@@ -270,8 +270,6 @@ def _parallel_outer_loops(sch: Any, target: Any, loops: list[Any], extents: list
 
 def cpu_count() -> int:
     """CPUs this process may run on (its affinity mask), the default thread count."""
-    import os
-
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from ... import tir
 from ...op.linalg import const_int
 from ..registry import register_alter_layout, register_schedule
+from .generic import target_threads
 from .loops import (
     block_work,
     loop_extent,
@@ -26,6 +27,7 @@ from .loops import (
     split_off,
     vector_factor,
 )
+from .matmul_packed import alter_to_packed
 
 #: Rows of A that share each vector load of B in the GEMM inner loop.
 GEMM_ROWS = 4
@@ -87,8 +89,6 @@ def schedule_gemm(sch: Any, target: Any, block: Any, *, has_i: bool, has_j: bool
     vector loop falls back to scalar code anyway); symbolic extents are not split. Returns
     the parallel loop (or None).
     """
-    from .generic import target_threads
-
     if not has_j:
         return schedule_gemv(sch, target, block)
     blk = sch.get(block)
@@ -184,8 +184,6 @@ def _schedule_matmul(sch: Any, target: Any) -> None:
 
 @register_alter_layout("matmul", "c")
 def _alter_matmul_c(call: Any, target: Any) -> Any:
-    from .matmul_packed import alter_to_packed
-
     return alter_to_packed(call, target, "matmul")
 
 
@@ -213,6 +211,4 @@ def _schedule_dense(sch: Any, target: Any) -> None:
 
 @register_alter_layout("dense", "c")
 def _alter_dense_c(call: Any, target: Any) -> Any:
-    from .matmul_packed import alter_to_packed
-
     return alter_to_packed(call, target, "dense")

@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from ... import tir
+from ...ir.errors import ScheduleError
 from ...op.linalg import const_int
+from .generic import PARALLEL_MIN_WORK, schedule_injective, schedule_reduction, target_threads
 
 
 def loop_extent(sch: Any, loop: Any) -> int | None:
@@ -62,8 +64,6 @@ def parallel_outer(sch: Any, loops: list[Any], target: Any, min_chunks: int = 0,
     Nothing is parallelized for a single-threaded target or when ``work`` (scalar operations,
     when known) is below the size at which a parallel region pays for itself.
     """
-    from .generic import PARALLEL_MIN_WORK, target_threads
-
     if not loops or getattr(target, "num_threads", 0) == 1:
         return None
     if work is not None and work < PARALLEL_MIN_WORK:
@@ -168,9 +168,6 @@ def schedule_epilogue(sch: Any, target: Any, names: list[str], at: Any | None) -
     tile while it is in cache) with its inner loop vectorized; a block that cannot move there
     gets the generic injective schedule, and stray reductions the generic reduction schedule.
     """
-    from ...ir.errors import ScheduleError
-    from .generic import schedule_injective, schedule_reduction
-
     for name in names:
         b = sch.get_block(name)
         blk = sch.get(b)

@@ -16,13 +16,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...graph import expr as gx
 from ...ir.dtype import as_dtype
 from ...ir.errors import ScheduleError
 from ...op.layout import LayoutRewrite
 from ...op.linalg import const_int
 from ...op.matmul_packed import matmul_packed, matmul_vnni
+from ...op.shape import reshape
 from ...tir.stmt import JAM_TAILS, UNROLL_BY
+from ...tir.tensor_intrin.x86 import tensorize_gemm_amx
 from ..registry import register_schedule
+from .generic import schedule_reduction
 from .loops import (
     block_work,
     loop_extent,
@@ -150,10 +154,6 @@ def _schedule(sch: Any, target: Any) -> None:
 def _schedule_vnni(sch: Any, target: Any) -> None:
     """AMX tiles when the target has them (16x16 output tiles in parallel), else the generic
     reduction schedule (the same function built for a CPU without AMX)."""
-    from ...ir.errors import ScheduleError
-    from ...tir.tensor_intrin.x86 import tensorize_gemm_amx
-    from .generic import schedule_reduction
-
     rest = other_blocks(sch, {"matmul_vnni"})
     block = sch.get_block("matmul_vnni")
     work = block_work(sch, block)
@@ -182,8 +182,6 @@ def _alter_to_vnni(call: Any, target: Any, op: str) -> LayoutRewrite | None:
     """bfloat16/int8 products on a target with AMX for that dtype: ``matmul_vnni`` with ``b``
     in the VNNI layout (a constant weight packed at compile time); ``a``'s leading dims are
     folded into the rows. Needs static shapes that fill whole 16x16 tiles."""
-    from ...op.shape import reshape
-
     a, b = call.args[0].struct_info, call.args[1].struct_info
     spec = _AMX_KINDS.get(str(a.dtype))
     if spec is None or str(b.dtype) != str(a.dtype) or b.ndim != 2:
@@ -222,8 +220,6 @@ def alter_to_packed(call: Any, target: Any, op: str) -> LayoutRewrite | None:
     panel is then one contiguous stream (measured: MLP 784-1024-1024-10 at batch 1, 0.135 ms
     against 0.17-0.19 ms unpacked). A computed ``b`` is packed at run time and needs a static
     row count of at least two tiles (or a symbolic one) to pay for it."""
-    from ...graph import expr as gx
-
     a, b = call.args[0].struct_info, call.args[1].struct_info
     if a.shape is None or b.shape is None or a.ndim < 2 or b.ndim < 2:
         return None

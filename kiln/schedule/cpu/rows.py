@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ... import tir
+from ...ir.errors import ScheduleError
 from ...op.nn.softmax import ROW_AXES
 from ..registry import register_schedule
 from .generic import PARALLEL_MIN_WORK, schedule_reduction
@@ -62,8 +63,6 @@ def _row_reduction(sch: Any, target: Any, block: Any, outer: Any) -> None:
     after buffer compaction), then combined by a short scalar loop. Otherwise (symbolic or odd
     lengths, or a refused transformation) the init is just hoisted.
     """
-    from ...ir.errors import ScheduleError
-
     trial = sch.copy()
     try:
         vectorized = _rfactor_row(trial, target, block, outer)

@@ -27,6 +27,7 @@ from ..registry import (
     register_schedule,
 )
 from .generic import schedule_default, schedule_injective, schedule_reduction
+from .loops import loop_extent, vector_factor
 
 register_rule({OpPattern.ELEMWISE, OpPattern.BROADCAST, OpPattern.INJECTIVE}, "c",
               name="injective")(schedule_injective)
@@ -45,8 +46,6 @@ def _attach_epilogue(sch: Any, target: Any, block: Any, anchor_blocks: set[str])
     """Schedule an epilogue block the anchor's schedule left alone: compute it under the
     outermost loop of the anchor block it reads (one chunk of anchor results, still in cache),
     else give it its own injective loop nest."""
-    from .generic import schedule_injective
-
     producers = [p for p in sch.get_producers(block) if sch.get(p).name_hint in anchor_blocks]
     if producers:
         outer = sch.get_loops(producers[-1])
@@ -64,8 +63,6 @@ def _attach_epilogue(sch: Any, target: Any, block: Any, anchor_blocks: set[str])
 def _vectorize_innermost(sch: Any, target: Any, block: Any, skip: int = 0) -> None:
     """Vectorize the block's innermost loop when a vector length divides it; the outer
     ``skip`` loops (shared with the anchor) are left alone."""
-    from .loops import loop_extent, vector_factor
-
     loops = sch.get_loops(block)[skip:]
     if not loops:
         return

@@ -23,6 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...ir.errors import ScheduleError
+from ...runtime.amx import request_amx_permission
+from ...target.target import Target
 from ..buffer import Buffer
 from ..expr import IterType, IterVar, PrimExpr, Range, Var, cast, const
 from ..function import PrimFunc
@@ -153,8 +155,6 @@ static int kiln_amx_ready(void) { return 0; }
 def _request_permission(target: Any) -> None:
     """On an AMX target, ask for the tile-data permission now (raises when refused)."""
     if getattr(target, "has_amx", False):
-        from ...runtime.amx import request_amx_permission
-
         request_amx_permission()
 
 
@@ -261,8 +261,6 @@ def tensorize_gemm_amx(sch: Any, block: Any, target: Any = None) -> Any:
     around the tensorized block, whose ``init`` zeroes the tile. Raises ScheduleError when the
     target lacks AMX for the dtype or the block does not have this form.
     """
-    from ...target.target import Target
-
     tgt = Target.create(target)
     func_block = sch.get(block)
     if not func_block.writes:
