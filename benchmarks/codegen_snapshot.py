@@ -41,14 +41,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # snapshot the tree this script is in, not an installed kiln
 DEMO = ROOT / "examples" / "models" / "demo_resnet.onnx"
-#: benchmarks/models.py cases: name -> (kiln.testing.torch_models name, batch)
-NETWORKS = {
-    "resnet18": ("resnet18", 1),
-    "mobilenet_v2": ("mobilenet_v2", 1),
-    "mlp_b1": ("mlp", 1),
-    "mlp_b64": ("mlp", 64),
-    "bert_seq128": ("bert_encoder", 1),
-}
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from models import CASES as NETWORKS  # noqa: E402 - name -> (torch_models name, batch)
 
 
 # ---------------------------------------------------------------------------------------------

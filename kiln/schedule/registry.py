@@ -107,27 +107,34 @@ def _names(op_names: str | Iterable[str]) -> list[str]:
     return names
 
 
+def _register_per_op(op_names: str | Iterable[str], targets: str | Iterable[str], table: str,
+                     what: str) -> Callable[[F], F]:
+    """Decorator storing ``fn`` in ``get_op_def(name).<table>[family]`` for every op and family,
+    refusing a second entry (and, for schedules, an op registered as having none)."""
+    names, families = _names(op_names), _families(targets)
+
+    def register(fn: F) -> F:
+        for name in names:
+            entries = getattr(get_op_def(name), table)
+            for family in families:
+                if family in entries:
+                    raise KilnError(f"operator {name!r} already has a {family!r} {what} "
+                                    f"({getattr(entries[family], '__qualname__', '?')})")
+                if table == "schedules" and (family, name) in _NO_SCHEDULE:
+                    raise KilnError(f"operator {name!r} is registered as having no {family!r} "
+                                    f"schedule ({_NO_SCHEDULE[family, name]})")
+                entries[family] = fn
+        return fn
+
+    return register
+
+
 def register_schedule(op_names: str | Iterable[str], targets: str | Iterable[str]
                       ) -> Callable[[F], F]:
     """Decorator: ``fn`` is the schedule of each op in ``op_names`` on each family of
     ``targets`` (stored as ``get_op_def(name).schedules[family]``). An op has at most one per
     family: registering a second is an error, never a silent replacement."""
-    names, families = _names(op_names), _families(targets)
-
-    def register(fn: F) -> F:
-        for name in names:
-            opdef = get_op_def(name)
-            for family in families:
-                if family in opdef.schedules:
-                    raise KilnError(f"operator {name!r} already has a {family!r} schedule "
-                                    f"({getattr(opdef.schedules[family], '__qualname__', '?')})")
-                if (family, name) in _NO_SCHEDULE:
-                    raise KilnError(f"operator {name!r} is registered as having no {family!r} "
-                                    f"schedule ({_NO_SCHEDULE[family, name]})")
-                opdef.schedules[family] = fn
-        return fn
-
-    return register
+    return _register_per_op(op_names, targets, "schedules", "schedule")
 
 
 def register_rule(match: OpPattern | Iterable[OpPattern] | Callable[[OpDef], bool],
@@ -180,17 +187,19 @@ def register_alter_layout(op_names: str | Iterable[str], targets: str | Iterable
     """Decorator: ``hook(call, target) -> LayoutRewrite | None`` is the layout preference of
     each op on each family (``get_op_def(name).alter_layout[family]``, applied by
     AlterOpLayout). One per op and family."""
-    names, families = _names(op_names), _families(targets)
+    return _register_per_op(op_names, targets, "alter_layout", "alter_layout hook")
 
-    def register(hook: F) -> F:
-        for name in names:
-            opdef = get_op_def(name)
-            for family in families:
-                if family in opdef.alter_layout:
-                    raise KilnError(f"operator {name!r} already has a {family!r} "
-                                    "alter_layout hook")
-                opdef.alter_layout[family] = hook
-        return hook
+
+def _register_family_hook(table: dict[str, Callable[..., Any]], what: str,
+                          targets: str | Iterable[str]) -> Callable[[F], F]:
+    families = _families(targets)
+
+    def register(fn: F) -> F:
+        for family in families:
+            if family in table:
+                raise KilnError(f"family {family!r} already has {what}")
+            table[family] = fn
+        return fn
 
     return register
 
@@ -198,32 +207,14 @@ def register_alter_layout(op_names: str | Iterable[str], targets: str | Iterable
 def register_fallback(targets: str | Iterable[str]) -> Callable[[F], F]:
     """Decorator: ``fn(sch, target)``, the generic schedule of a family: what a fused PrimFunc
     gets when its anchor op's schedule refuses it (raises ScheduleError)."""
-    families = _families(targets)
-
-    def register(fn: F) -> F:
-        for family in families:
-            if family in _FALLBACK:
-                raise KilnError(f"family {family!r} already has a fallback schedule")
-            _FALLBACK[family] = fn
-        return fn
-
-    return register
+    return _register_family_hook(_FALLBACK, "a fallback schedule", targets)
 
 
 def register_epilogue(targets: str | Iterable[str]) -> Callable[[F], F]:
     """Decorator: ``fn(sch, target, block, anchor_blocks)`` places an element-wise block of a
     fused PrimFunc that the anchor op's schedule left alone (``anchor_blocks``: the names of the
     anchor's own blocks)."""
-    families = _families(targets)
-
-    def register(fn: F) -> F:
-        for family in families:
-            if family in _EPILOGUE:
-                raise KilnError(f"family {family!r} already has an epilogue hook")
-            _EPILOGUE[family] = fn
-        return fn
-
-    return register
+    return _register_family_hook(_EPILOGUE, "an epilogue hook", targets)
 
 
 def rules(target: Target | str) -> list[Rule]:
