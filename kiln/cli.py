@@ -7,9 +7,23 @@ import argparse
 import importlib.util
 import os
 import sys
+import time
 from typing import Any
 
 import numpy as np
+
+from . import __version__
+from .build import build, default_pipeline, schedule_prim_func
+from .codegen import c as codegen_c
+from .frontend.onnx import from_onnx
+from .ir.errors import KilnError
+from .runtime import shape_expr
+from .runtime.executable import load
+from .target import Target
+from .testing import models
+from .tir.function import PrimFunc
+from .tir.transform import lower
+from .transform import PassContext
 
 STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c")
 
@@ -17,11 +31,7 @@ STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c")
 def _load_module(spec: str) -> Any:
     """``demo:mlp`` / ``demo:small_cnn``, an ``.onnx`` file (weights bound as constants), or
     ``path/to/file.py`` defining ``module()``."""
-    from .testing import models
-
     if spec.endswith(".onnx"):
-        from .frontend.onnx import from_onnx
-
         return from_onnx(spec, bind_params=True)[0]
 
     if spec.startswith("demo:"):
@@ -41,13 +51,6 @@ def _load_module(spec: str) -> Any:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from .build import default_pipeline, schedule_prim_func
-    from .codegen import c as codegen_c
-    from .target import Target
-    from .tir.function import PrimFunc
-    from .tir.transform import lower
-    from .transform import PassContext
-
     mod = _load_module(args.model)
     if args.stage == "graph":
         print(mod)
@@ -80,8 +83,6 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from .runtime.executable import load
-
     exe = load(args.file)
     print(exe.summary())
     if args.source:
@@ -90,12 +91,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    import time
-
-    from .build import build
-    from .frontend.onnx import from_onnx
-    from .transform import PassContext
-
     shapes = {}
     for spec in args.shape:
         name, _, dims = spec.partition("=")
@@ -118,8 +113,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def _parse_inputs(args: argparse.Namespace, plan: Any) -> dict[str, np.ndarray]:
     """Feeds from ``--input name=file.npy`` / positional .npy files; random for the rest."""
-    from .runtime import shape_expr
-
     feeds: dict[str, np.ndarray] = {}
     for name, path in zip(plan.input_names, args.inputs):
         feeds[name] = np.load(path)
@@ -157,10 +150,6 @@ def _parse_inputs(args: argparse.Namespace, plan: Any) -> dict[str, np.ndarray]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import time
-
-    from .runtime.executable import load
-
     exe = load(args.file)
     if args.threads:
         exe.set_num_threads(args.threads)
@@ -194,9 +183,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import __version__
-    from .ir.errors import KilnError
-
     parser = argparse.ArgumentParser(prog="kiln", description=__doc__)
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

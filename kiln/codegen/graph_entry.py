@@ -38,11 +38,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from ..arith import Analyzer
 from ..ir.errors import KilnError
 from ..runtime import memory_plan
 from ..runtime.plan import Plan, profile_symbol
-from ..tir.expr import IntImm
+from ..tir.expr import IntImm, Var
 from ..tir.function import PrimFunc
+from .c.func import analyze_signature
 from .c.names import NameTable, sanitize
 
 THREADS_SOURCE = """
@@ -104,10 +106,6 @@ def kernel_sym_dims(func: PrimFunc, nargs: int) -> list[tuple[int, int]] | None:
     kernel of constant shapes (a dim may be an unfolded constant expression such as
     ``1 * 512``, as a reshape's compute writes it); None when ``func`` does not take exactly
     ``nargs`` buffers or binds a dim from a stride."""
-    from ..arith import Analyzer
-    from ..tir.expr import Var
-    from .c.func import analyze_signature
-
     if len(func.params) != nargs or any(p not in func.buffer_map for p in func.params):
         return None
     ana = Analyzer()

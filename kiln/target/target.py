@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..ir.dtype import as_dtype
 from ..ir.errors import KilnError
 
 
@@ -62,8 +63,6 @@ class Target:
 
     def vector_lanes(self, dtype: Any) -> int:
         """How many lanes of ``dtype`` fit one SIMD register."""
-        from ..ir.dtype import as_dtype
-
         dt = as_dtype(dtype)
         return max(1, self.vector_bits // max(8, dt.bits))
 

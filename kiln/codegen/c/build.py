@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ...arith import Analyzer
 from ...ir.abi import c_header
 from ...ir.errors import CodegenError, KilnError
 from ...runtime.module import FunctionInfo, Module, ParamInfo
@@ -34,10 +35,6 @@ INCLUDES = "#include <math.h>\n#include <stdarg.h>\n#include <stdio.h>\n#include
 
 
 def _make_analyzer() -> Any:
-    try:
-        from ...arith import Analyzer
-    except ImportError:  # pragma: no cover - kiln.arith is part of kiln
-        return None
     return Analyzer()
 
 

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...ir.errors import CompileError, CompilerNotFoundError
+from ...target.target import detect_cpu_features
+from .helpers import MVEC_CANDIDATES
 
 #: The line between compilation units of a generated file (see the module docstring).
 UNIT_MARK = "/* ---- kiln: compilation unit ---- */"
@@ -111,8 +113,6 @@ def cache_dir() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def _host_fingerprint() -> str:
-    from ...target.target import detect_cpu_features
-
     return platform.machine() + ":" + ",".join(sorted(detect_cpu_features()))
 
 
@@ -133,7 +133,6 @@ def libmvec_functions() -> frozenset[str]:
         lib = ctypes.CDLL(name)
     except OSError:
         return frozenset()
-    from .helpers import MVEC_CANDIDATES
 
     found = set()
     for fn in MVEC_CANDIDATES:

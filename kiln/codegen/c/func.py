@@ -20,7 +20,7 @@ from ...tir import expr as E
 from ...tir import stmt as S
 from ...tir.buffer import Buffer
 from ...tir.function import PrimFunc
-from ...tir.functor import post_order_visit
+from ...tir.functor import collect_vars, post_order_visit
 from ...tir.transform.hoist_allocations import (
     alloc_size,
     invariant_heap_allocations,
@@ -70,7 +70,6 @@ def analyze_signature(func: PrimFunc, name: str) -> FunctionSignature:
                 f"{name}: parameter buffer {buf.name!r} has a symbolic elem_offset, which the C "
                 f"backend does not support"
             )
-    from ...tir.functor import collect_vars
 
     for _p, buf in params:
         if buf is None:

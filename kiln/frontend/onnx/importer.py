@@ -25,13 +25,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import onnx
 
 from ... import graph as g
 from ... import tir
 from ...ir import KilnError, ModelFormatError, UnsupportedOperatorError
 from ...ir.module import IRModule
 from ...ir.span import Span
-from .converters.fold import FOLDERS
+from .fold import FOLDERS
 from .registry import lookup_converter
 
 
@@ -46,18 +47,9 @@ class NonConstantInputError(KilnError):
         self.value_name = value_name
 
 
-def _load_onnx() -> Any:
-    try:
-        import onnx
-    except ImportError as err:  # pragma: no cover - onnx is a test dependency
-        raise KilnError("kiln.frontend.onnx needs the 'onnx' package (pip install onnx)") from err
-    return onnx
-
-
 def load_model(model: Any) -> Any:
     """A ModelProto from a ModelProto, a file path or serialized bytes (ModelFormatError if
     the data is not a valid ONNX model)."""
-    onnx = _load_onnx()
     if isinstance(model, onnx.ModelProto):
         proto = model
     elif isinstance(model, (bytes, bytearray)):
@@ -78,7 +70,6 @@ def load_model(model: Any) -> Any:
 
 
 def _parse(data: bytes, where: str) -> Any:
-    onnx = _load_onnx()
     proto = onnx.ModelProto()
     try:
         proto.ParseFromString(data)
@@ -92,7 +83,6 @@ def _parse(data: bytes, where: str) -> Any:
 
 def onnx_dtype(elem_type: int, what: str) -> str:
     """The kiln dtype name of ONNX tensor element type ``elem_type``."""
-    onnx = _load_onnx()
     if elem_type == onnx.TensorProto.STRING:
         raise KilnError(f"{what}: string tensors are not supported")
     try:
@@ -117,7 +107,6 @@ class NodeView:
         self.op_type: str = proto.op_type
         self.name: str = proto.name or (proto.output[0] if proto.output else proto.op_type)
         self.attrs: dict[str, Any] = {}
-        onnx = _load_onnx()
         for a in proto.attribute:
             self.attrs[a.name] = onnx.helper.get_attribute_value(a)
 
@@ -313,7 +302,6 @@ def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
     shape_dict = dict(shape_dict or {})
     dtype_dict = dict(dtype_dict or {})
     freeze = dict(freeze_inputs or {})
-    onnx = _load_onnx()
 
     bb = g.BlockBuilder()
     ctx = GraphContext(bb, bind_params)
@@ -412,7 +400,6 @@ def convert_subgraph(ctx: GraphContext, graph: Any, bindings: Mapping[str, Any])
     body can be imported once per iteration (unrolling) with fresh values each time.
     """
     check_supported(graph, ctx.opsets)
-    onnx = _load_onnx()
     saved_values, saved_consts = dict(ctx.values), dict(ctx.consts)
     try:
         for init in graph.initializer:

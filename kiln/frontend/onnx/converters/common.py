@@ -70,3 +70,19 @@ def node_axis(node: Any, ndim: int, default: int = -1, what: str = "rank") -> in
 
 def reshape(x: Any, shape: Any) -> Any:
     return op.reshape(x, tuple(shape))
+
+
+def iota(n: Any, dtype: str) -> Any:
+    """``[0, 1, ..., n-1]`` of ``dtype``: a constant when ``n`` is static, else an exclusive
+    cumsum of ones (a run-time length)."""
+    size = static_int(n)
+    if size is not None:
+        return g.const(np.arange(size, dtype=dtype))
+    return op.cumsum(op.broadcast_to(scalar(1, dtype), (n,)), axis=0, exclusive=True)
+
+
+def along(vec: Any, axis: int, ndim: int) -> Any:
+    """The 1-D ``vec`` shaped to broadcast along ``axis`` of a rank-``ndim`` tensor."""
+    if ndim == 1:
+        return vec
+    return op.reshape(vec, tuple(-1 if d == axis else 1 for d in range(ndim)))
