@@ -1,0 +1,446 @@
+"""Neural-network ATen ops: matrix products, convolution, pooling, normalization, embedding,
+upsampling and attention.
+
+Convolutions and poolings of every rank reuse the ONNX converters' decompositions (1-D lifted
+to 2-D, 3-D as sums of 2-D convolutions and separable pooling) through ``onnx_reuse``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .... import graph as g
+from .... import op
+from ..registry import converter
+from .common import (
+    as_tensor,
+    cast,
+    dtype_of,
+    ndim_of,
+    norm_dim,
+    reshape,
+    scalar,
+    shape_of,
+    static_int,
+)
+from .onnx_reuse import onnx_op
+
+
+# ---- matrix products ----------------------------------------------------------------------
+@converter("aten.mm.default", "aten.bmm.default", "aten.matmul.default", "aten.mv.default",
+           "aten.dot.default")
+def matmul(ctx: Any, node: Any) -> Any:
+    return op.matmul(node.arg(0), node.arg(1))
+
+
+def _scale(x: Any, k: Any) -> Any:
+    return x if k == 1 else op.multiply(x, as_tensor(k, dtype_of(x)))
+
+
+@converter("aten.addmm.default", "aten.addmv.default", "aten.baddbmm.default",
+           "aten.addbmm.default")
+def addmm(ctx: Any, node: Any) -> Any:
+    """``beta * input + alpha * (a @ b)`` (addbmm sums the batch of products)."""
+    c, a, b = node.arg(0), node.arg(1), node.arg(2)
+    prod_ = op.matmul(a, b)
+    if node.op_name == "aten.addbmm.default":
+        prod_ = op.sum(prod_, axis=0)
+    beta, alpha = node.arg("beta", 1), node.arg("alpha", 1)
+    out = _scale(prod_, alpha)
+    if beta == 0:
+        return out
+    return op.add(_scale(c, beta), out)
+
+
+@converter("aten.outer.default")
+def outer(ctx: Any, node: Any) -> Any:
+    a, b = node.arg(0), node.arg(1)
+    return op.multiply(op.expand_dims(a, 1), op.expand_dims(b, 0))
+
+
+# ---- convolution --------------------------------------------------------------------------
+@converter("aten.convolution.default")
+def convolution(ctx: Any, node: Any) -> Any:
+    x, w, b = node.arg(0), node.arg(1), node.arg(2)
+    n = ndim_of(x) - 2
+    batched = True
+    if ndim_of(x) == ndim_of(w) - 1:  # an unbatched input
+        x, batched, n = op.expand_dims(x, 0), False, n + 1
+    stride, pad, dil = (list(node.arg(k)) for k in (3, 4, 5))
+    transposed, out_pad, groups = bool(node.arg(6)), list(node.arg(7)), int(node.arg(8))
+    stride, dil, out_pad = (v * n if len(v) == 1 else v for v in (stride, dil, out_pad))
+    pad = pad * n if len(pad) == 1 else pad
+    attrs = {"strides": stride, "dilations": dil, "pads": [*pad, *pad], "group": groups}
+    if transposed:
+        attrs["output_padding"] = out_pad
+        out = onnx_op(ctx, node, "ConvTranspose", [ctx.emit(x), w, b], attrs)
+    else:
+        out = onnx_op(ctx, node, "Conv", [ctx.emit(x), w, b], attrs)
+    return out if batched else op.squeeze(out, axis=(0,))
+
+
+# ---- pooling ------------------------------------------------------------------------------
+def _pool_attrs(node: Any, n: int, kernel_key: int = 1) -> dict[str, Any]:
+    kernel = list(node.arg(kernel_key))
+    kernel = kernel * n if len(kernel) == 1 else kernel
+    stride = list(node.arg(kernel_key + 1) or []) or kernel
+    stride = stride * n if len(stride) == 1 else stride
+    pad = list(node.arg(kernel_key + 2))
+    pad = pad * n if len(pad) == 1 else pad
+    return {"kernel_shape": kernel, "strides": stride, "pads": [*pad, *pad]}
+
+
+def _unbatched(x: Any, n: int) -> tuple[Any, bool]:
+    if ndim_of(x) == n + 1:
+        return op.expand_dims(x, 0), True
+    return x, False
+
+
+@converter("aten.max_pool2d_with_indices.default", "aten.max_pool3d_with_indices.default",
+           "aten.max_pool1d_with_indices.default")
+def max_pool_with_indices(ctx: Any, node: Any) -> Any:
+    """Values, and -- when used -- torch's indices (flat offsets within each channel's plane)
+    from the ONNX MaxPool Indices (offsets within the whole tensor) modulo the plane size."""
+    n = int(node.op_name.split("max_pool")[1][0])
+    x, unbatched = _unbatched(node.arg(0), n)
+    x = ctx.emit(x)
+    attrs = _pool_attrs(node, n)
+    dil = list(node.arg(4))
+    attrs["dilations"] = dil * n if len(dil) == 1 else dil
+    attrs["ceil_mode"] = int(bool(node.arg(5)))
+    want_index = node.output_used(1)
+    outs = onnx_op(ctx, node, "MaxPool", [x], attrs, num_outputs=2 if want_index else 1)
+    values = outs[0] if want_index else outs
+    index = None
+    if want_index:
+        plane = int(np.prod([static_int(d) for d in shape_of(x)[2:]]))
+        index = op.mod(outs[1], scalar(plane, "int64"))
+    if unbatched:
+        values = op.squeeze(values, axis=(0,))
+        index = None if index is None else op.squeeze(index, axis=(0,))
+    return [values, index if index is not None else values]
+
+
+@converter("aten.max_pool2d.default", "aten.max_pool1d.default", "aten.max_pool3d.default")
+def max_pool(ctx: Any, node: Any) -> Any:
+    n = int(node.op_name.split("max_pool")[1][0])
+    x, unbatched = _unbatched(node.arg(0), n)
+    attrs = _pool_attrs(node, n)
+    dil = list(node.arg(4))
+    attrs["dilations"] = dil * n if len(dil) == 1 else dil
+    attrs["ceil_mode"] = int(bool(node.arg(5)))
+    out = onnx_op(ctx, node, "MaxPool", [ctx.emit(x)], attrs)
+    return op.squeeze(out, axis=(0,)) if unbatched else out
+
+
+@converter("aten.avg_pool2d.default", "aten.avg_pool1d.default", "aten.avg_pool3d.default")
+def avg_pool(ctx: Any, node: Any) -> Any:
+    n = int(node.op_name.split("avg_pool")[1][0])
+    x, unbatched = _unbatched(node.arg(0), n)
+    x = ctx.emit(x)
+    attrs = _pool_attrs(node, n)
+    attrs["ceil_mode"] = int(bool(node.arg(4)))
+    include = bool(node.arg(5))
+    divisor = node.arg(6) if n != 1 else None
+    attrs["count_include_pad"] = int(include)
+    if divisor:
+        # window sums (the average over every tap, padding included, times the tap count)
+        # over the given divisor
+        mean = onnx_op(ctx, node, "AveragePool", [x], {**attrs, "count_include_pad": 1})
+        taps = float(np.prod(attrs["kernel_shape"]))
+        out = op.multiply(mean, scalar(taps / float(divisor), dtype_of(x)))
+    else:
+        out = onnx_op(ctx, node, "AveragePool", [x], attrs)
+    return op.squeeze(out, axis=(0,)) if unbatched else out
+
+
+@converter("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default",
+           "aten._adaptive_avg_pool1d.default", "aten.adaptive_avg_pool1d.default",
+           "aten._adaptive_avg_pool3d.default")
+def adaptive_avg_pool(ctx: Any, node: Any) -> Any:
+    return _adaptive(ctx, node, op.nn.adaptive_avg_pool2d)
+
+
+@converter("aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool1d.default")
+def adaptive_max_pool(ctx: Any, node: Any) -> Any:
+    if node.output_used(1):
+        raise node.error("the indices of adaptive max pooling are not supported")
+    out = _adaptive(ctx, node, op.nn.adaptive_max_pool2d)
+    return [out, out]
+
+
+def _adaptive(ctx: Any, node: Any, fn: Any) -> Any:
+    x = node.arg(0)
+    size = [int(s) for s in node.arg(1)]
+    n = len(size)
+    x, unbatched = _unbatched(x, n)
+    if n == 1:
+        out = op.squeeze(fn(op.expand_dims(x, 2), output_size=(1, size[0])), axis=(2,))
+    elif n == 2:
+        out = fn(x, output_size=tuple(size))
+    else:  # 3-D: pool H, W per depth slice, then D (separable for averages)
+        nb, c, d, h, w = shape_of(x)
+        y = fn(reshape(x, (nb, -1, h, w)), output_size=tuple(size[1:]))
+        y = fn(reshape(y, (nb, c, d, size[1] * size[2])), output_size=(size[0], size[1] * size[2]))
+        out = reshape(y, (nb, c, *size))
+    return op.squeeze(out, axis=(0,)) if unbatched else out
+
+
+# ---- normalization ------------------------------------------------------------------------
+def _channel(v: Any, ndim: int) -> Any:
+    return reshape(v, (1, -1) + (1,) * (ndim - 2))
+
+
+def _ones_or(v: Any, x: Any, value: float) -> Any:
+    if v is not None:
+        return v
+    c = shape_of(x)[1] if ndim_of(x) > 1 else 1
+    return g.const(np.full((static_int(c),), value, dtype=np.dtype(dtype_of(x))))
+
+
+@converter("aten._native_batch_norm_legit_no_training.default")
+def batch_norm_inference(ctx: Any, node: Any) -> Any:
+    x = node.arg(0)
+    w, b = _ones_or(node.arg(1), x, 1.0), _ones_or(node.arg(2), x, 0.0)
+    mean, var = node.arg(3), node.arg(4)
+    eps = float(node.arg(6))
+    out = op.nn.batch_norm(x, w, b, mean, var, axis=1, epsilon=eps)
+    empty = g.const(np.zeros((0,), dtype=np.dtype(dtype_of(x))))
+    return [out, empty, empty]
+
+
+@converter("aten._native_batch_norm_legit.default", "aten._native_batch_norm_legit.no_stats",
+           "aten._native_batch_norm_legit_functional.default",
+           "aten.native_batch_norm.default")
+def batch_norm_training(ctx: Any, node: Any) -> Any:
+    """Training-mode batch norm: batch statistics (biased variance to normalize); returns the
+    output, the batch mean and 1/sqrt(var + eps), and for the functional form the updated
+    running statistics (unbiased variance)."""
+    x = node.arg(0)
+    nd = ndim_of(x)
+    dt = dtype_of(x)
+    axes = tuple(a for a in range(nd) if a != 1)
+    name = node.op_name
+    if name == "aten.native_batch_norm.default" and not node.arg(5):
+        return _eval_native_batch_norm(ctx, node, x)
+    w, b = _ones_or(node.arg(1), x, 1.0), _ones_or(node.arg(2), x, 0.0)
+    no_stats = name.endswith("no_stats")
+    mom_i, eps_i = (4, 5) if no_stats else (6, 7) if "native_batch_norm.default" in name \
+        else (6, 7)
+    eps = float(node.arg(eps_i))
+    mom = float(node.arg(mom_i))
+    mean = ctx.emit(op.mean(x, axis=axes, keepdims=True))
+    dev = ctx.emit(op.subtract(x, mean))
+    var = ctx.emit(op.mean(op.multiply(dev, dev), axis=axes, keepdims=True))
+    rstd = ctx.emit(op.rsqrt(op.add(var, scalar(eps, dt))))
+    out = op.add(op.multiply(op.multiply(dev, rstd), _channel(w, nd)), _channel(b, nd))
+    flat_mean, flat_rstd = reshape(mean, (-1,)), reshape(rstd, (-1,))
+    results = [out, flat_mean, flat_rstd]
+    if "functional" in name:
+        count = int(np.prod([static_int(shape_of(x)[a]) for a in axes]))
+        rm, rv = node.arg(3), node.arg(4)
+        unbiased = op.multiply(reshape(var, (-1,)), scalar(count / max(count - 1, 1), dt))
+        keep = scalar(1.0 - mom, dt)
+        results += [op.add(op.multiply(rm, keep), op.multiply(flat_mean, scalar(mom, dt))),
+                    op.add(op.multiply(rv, keep), op.multiply(unbiased, scalar(mom, dt)))]
+    return results
+
+
+def _eval_native_batch_norm(ctx: Any, node: Any, x: Any) -> Any:
+    w, b = _ones_or(node.arg(1), x, 1.0), _ones_or(node.arg(2), x, 0.0)
+    out = op.nn.batch_norm(x, w, b, node.arg(3), node.arg(4), axis=1,
+                           epsilon=float(node.arg(7)))
+    empty = g.const(np.zeros((0,), dtype=np.dtype(dtype_of(x))))
+    return [out, empty, empty]
+
+
+@converter("aten.native_layer_norm.default")
+def layer_norm(ctx: Any, node: Any) -> Any:
+    x = node.arg(0)
+    k = len(node.arg(1))
+    nd = ndim_of(x)
+    axes = tuple(range(nd - k, nd))
+    dt = dtype_of(x)
+    eps = float(node.arg(4))
+    w, b = node.arg(2), node.arg(3)
+    if not (node.output_used(1) or node.output_used(2)) and nd > 0:
+        norm_shape = shape_of(x)[nd - k:]
+        if w is None:
+            w = op.broadcast_to(scalar(1.0, dt), tuple(norm_shape))
+        if b is None:
+            b = op.broadcast_to(scalar(0.0, dt), tuple(norm_shape))
+        out = op.nn.layer_norm(x, w, b, axes=axes, epsilon=eps)
+        return [out, out, out]
+    mean = ctx.emit(op.mean(x, axis=axes, keepdims=True))
+    dev = ctx.emit(op.subtract(x, mean))
+    var = op.mean(op.multiply(dev, dev), axis=axes, keepdims=True)
+    rstd = ctx.emit(op.rsqrt(op.add(var, scalar(eps, dt))))
+    out = op.multiply(dev, rstd)
+    if w is not None:
+        out = op.multiply(out, w)
+    if b is not None:
+        out = op.add(out, b)
+    return [out, mean, rstd]
+
+
+@converter("aten.native_group_norm.default")
+def group_norm(ctx: Any, node: Any) -> Any:
+    x, w, b = node.arg(0), node.arg(1), node.arg(2)
+    n, c = (static_int(node.arg(i)) for i in (3, 4))
+    groups = int(node.arg(6))
+    eps = float(node.arg(7))
+    dt = dtype_of(x)
+    nd = ndim_of(x)
+    xg = ctx.emit(reshape(x, (n, groups, -1)))
+    mean = ctx.emit(op.mean(xg, axis=(2,), keepdims=True))
+    dev = ctx.emit(op.subtract(xg, mean))
+    var = op.mean(op.multiply(dev, dev), axis=(2,), keepdims=True)
+    rstd = ctx.emit(op.rsqrt(op.add(var, scalar(eps, dt))))
+    out = reshape(op.multiply(dev, rstd), shape_of(x))
+    if w is not None:
+        out = op.multiply(out, _channel(w, nd))
+    if b is not None:
+        out = op.add(out, _channel(b, nd))
+    return [out, reshape(mean, (n, groups)), reshape(rstd, (n, groups))]
+
+
+# ---- embedding, upsampling, attention ---------------------------------------------------------
+@converter("aten.embedding.default")
+def embedding(ctx: Any, node: Any) -> Any:
+    return op.take(node.arg(0), node.arg(1), axis=0)
+
+
+def _upsample_scales(node: Any, x: Any, n: int) -> list[float]:
+    out = [static_int(d) for d in node.out_shape[-n:]]
+    ins = [static_int(d) for d in shape_of(x)[-n:]]
+    scales = node.arg("scale_factors") if "scale_factors" in node._names else None
+    if scales:
+        return [float(s) for s in scales]
+    return [o / i for o, i in zip(out, ins)]
+
+
+@converter("aten.upsample_nearest2d.vec", "aten.upsample_nearest1d.vec",
+           "aten.upsample_nearest3d.vec", "aten.upsample_nearest2d.default")
+def upsample_nearest(ctx: Any, node: Any) -> Any:
+    """torch 'nearest': source index ``floor(dst * in / out)`` (or ``floor(dst / scale)`` when
+    a scale is given): a gather per spatial axis with indices known at import time."""
+    x = node.arg(0)
+    n = ndim_of(x) - 2
+    out = node.out_shape[-n:]
+    scales = node.arg("scale_factors") if "scale_factors" in node._names else None
+    for i in range(n):
+        size_in = static_int(shape_of(x)[2 + i])
+        size_out = static_int(out[i])
+        if scales:
+            idx = np.floor(np.arange(size_out) * (1.0 / float(scales[i]))).astype(np.int64)
+        else:
+            idx = np.floor(np.arange(size_out) * (size_in / size_out)).astype(np.int64)
+        idx = np.minimum(idx, size_in - 1)
+        x = op.take(x, g.const(idx), axis=2 + i)
+    return x
+
+
+@converter("aten.upsample_bilinear2d.vec", "aten.upsample_linear1d.vec",
+           "aten.upsample_bilinear2d.default", "aten.upsample_trilinear3d.vec")
+def upsample_linear(ctx: Any, node: Any) -> Any:
+    """Separable linear interpolation: per spatial axis, two gathers weighted by constants
+    (torch's source coordinates: align_corners, or half-pixel clamped at 0)."""
+    x = node.arg(0)
+    n = ndim_of(x) - 2
+    out = node.out_shape[-n:]
+    align = bool(node.arg("align_corners"))
+    scales = node.arg("scale_factors") if "scale_factors" in node._names else None
+    dt = dtype_of(x)
+    for i in range(n):
+        size_in, size_out = static_int(shape_of(x)[2 + i]), static_int(out[i])
+        dst = np.arange(size_out, dtype=np.float64)
+        if align:
+            src = dst * ((size_in - 1) / (size_out - 1)) if size_out > 1 else dst * 0
+        else:
+            scale = 1.0 / float(scales[i]) if scales else size_in / size_out
+            src = np.maximum((dst + 0.5) * scale - 0.5, 0.0)
+        lo = np.minimum(np.floor(src).astype(np.int64), size_in - 1)
+        hi = np.minimum(lo + 1, size_in - 1)
+        frac = (src - lo).astype(np.dtype(dt) if dt != "bfloat16" else np.float32)
+        shape = (-1,) + (1,) * (n - 1 - i)
+        w1 = g.const(frac.reshape(shape))
+        w0 = g.const((1 - frac).reshape(shape))
+        xe = ctx.emit(x)
+        a = op.take(xe, g.const(lo), axis=2 + i)
+        b = op.take(xe, g.const(hi), axis=2 + i)
+        x = ctx.emit(op.add(op.multiply(a, cast(w0, dt)), op.multiply(b, cast(w1, dt))))
+    return x
+
+
+@converter("aten._scaled_dot_product_flash_attention_for_cpu.default",
+           "aten.scaled_dot_product_attention.default",
+           "aten._scaled_dot_product_attention_math.default")
+def sdpa(ctx: Any, node: Any) -> Any:
+    """``softmax(q k^T * scale + mask) v`` (causal: future keys masked; GQA keys repeated)."""
+    q, k, v = node.arg(0), node.arg(1), node.arg(2)
+    dt = dtype_of(q)
+    flash = "flash" in node.op_name
+    mask = node.arg("attn_mask")
+    causal = bool(node.arg("is_causal", False))
+    scale = node.arg("scale")
+    d = static_int(shape_of(q)[-1])
+    scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+    hq, hk = static_int(shape_of(q)[-3]) if ndim_of(q) > 2 else 1, \
+        static_int(shape_of(k)[-3]) if ndim_of(k) > 2 else 1
+    if hq and hk and hq != hk:
+        rep = hq // hk
+        k = _repeat_heads(k, rep)
+        v = _repeat_heads(v, rep)
+    kt = op.transpose(k, tuple(range(ndim_of(k) - 2)) + (ndim_of(k) - 1, ndim_of(k) - 2))
+    scores = op.multiply(op.matmul(q, kt), scalar(scale, dt))
+    lq, lk = shape_of(q)[-2], shape_of(k)[-2]
+    if causal:
+        tri = np.tril(np.ones((static_int(lq), static_int(lk)), dtype=bool))
+        scores = op.where(g.const(tri), scores, scalar(float("-inf"), dt))
+    if mask is not None:
+        if dtype_of(mask) == "bool":
+            scores = op.where(mask, scores, scalar(float("-inf"), dt))
+        else:
+            scores = op.add(scores, mask)
+    probs = op.nn.softmax(scores, axis=-1)
+    out = op.matmul(probs, v)
+    if flash:
+        return [out, out]
+    return out
+
+
+def _repeat_heads(x: Any, rep: int) -> Any:
+    shape = shape_of(x)
+    b, h, s, d = shape
+    y = op.broadcast_to(op.expand_dims(x, 2), (b, h, rep, s, d))
+    return reshape(y, (b, h * rep, s, d))
+
+
+@converter("aten.pixel_shuffle.default")
+def pixel_shuffle(ctx: Any, node: Any) -> Any:
+    x = node.arg(0)
+    r = int(node.arg(1))
+    *lead, c, h, w = shape_of(x)
+    oc = static_int(c) // (r * r)
+    y = reshape(x, (*lead, oc, r, r, h, w))
+    nl = len(lead)
+    perm = tuple(range(nl)) + tuple(nl + i for i in (0, 3, 1, 4, 2))
+    return reshape(op.transpose(y, perm), (*lead, oc, h * r, w * r))
+
+
+@converter("aten.pixel_unshuffle.default")
+def pixel_unshuffle(ctx: Any, node: Any) -> Any:
+    x = node.arg(0)
+    r = int(node.arg(1))
+    *lead, c, h, w = shape_of(x)
+    oh, ow = static_int(h) // r, static_int(w) // r
+    y = reshape(x, (*lead, c, oh, r, ow, r))
+    nl = len(lead)
+    perm = tuple(range(nl)) + tuple(nl + i for i in (0, 2, 4, 1, 3))
+    return reshape(op.transpose(y, perm), (*lead, static_int(c) * r * r, oh, ow))
+
+
+__all__ = ["norm_dim"]
