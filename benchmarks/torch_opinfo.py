@@ -38,8 +38,11 @@ def main() -> None:
     names = args.ops.split(",") if args.ops else None
     t0 = time.time()
     cases = list(torch_opinfo.cases(names, args.max_samples))
+    print(f"exported {len(cases)} samples in {time.time() - t0:.0f} s", file=sys.stderr,
+          flush=True)
     t1 = time.time()
-    torch_opinfo.run(cases, batch=args.batch)
+    torch_opinfo.run(cases, batch=args.batch,
+                     log=lambda m: print(m, file=sys.stderr, flush=True))
     t2 = time.time()
     by_op: dict[str, list] = defaultdict(list)
     for c in cases:
@@ -47,7 +50,7 @@ def main() -> None:
     total = exportable = passed = 0
     print(f"{'op':40s} {'samples':>7s} {'export':>6s} {'pass':>5s}  first failure")
     for name, cs in sorted(by_op.items()):
-        ex = [c for c in cs if c.program is not None]
+        ex = [c for c in cs if c.exportable]
         ok = [c for c in ex if c.result == "pass"]
         fail = next((c for c in ex if c.result != "pass"), None)
         total += len(cs)
@@ -70,7 +73,7 @@ def main() -> None:
           f"({pct:.1f}% of exportable); export {t1 - t0:.0f} s, kiln {t2 - t1:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([{"op": c.op, "index": c.index, "exportable": c.program is not None,
+            json.dump([{"op": c.op, "index": c.index, "exportable": c.exportable,
                         "not_exportable": c.not_exportable, "result": c.result,
                         "stage": c.stage} for c in cases], f, indent=1)
 

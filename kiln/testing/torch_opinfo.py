@@ -47,6 +47,12 @@ class Case:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def exportable(self) -> bool:
+        """Whether the sample is a kiln test: exported, and the program agrees with eager
+        (checked when kiln's result differs)."""
+        return self.program is not None and self.not_exportable is None
+
+    @property
     def key(self) -> str:
         return f"{self.op}#{self.index}"
 
@@ -152,22 +158,24 @@ def _export_case(opinfo: Any, name: str, index: int, sample: Any) -> Case:
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             ep = torch.export.export(module, inputs, strict=False)
-            ep = ep.run_decompositions()
-            with torch.no_grad():
-                again = ep.module()(*inputs)
+            case.program = ep.run_decompositions()
     except Exception as err:  # noqa: BLE001 - torch.export's own limits
         case.not_exportable = f"export fails: {type(err).__name__}: {str(err)[:120]}"
-        return case
-    try:
-        same = _same(case.expected, again)
-    except Exception as err:  # noqa: BLE001 - results torch itself cannot compare (sparse)
-        case.not_exportable = f"results not comparable: {type(err).__name__}"
-        return case
-    if not same:
-        case.not_exportable = "the exported program disagrees with eager"
-        return case
-    case.program = ep
     return case
+
+
+def export_agrees(case: Case) -> bool:
+    """Whether the exported program itself computes eager's result (checked for cases kiln
+    fails: a program torch.export got wrong is not kiln's to pass)."""
+    import torch
+
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            again = case.program.module()(*case.inputs)
+        return _same(case.expected, again)
+    except Exception:  # noqa: BLE001 - a program that does not run, or results torch
+        return False  # cannot compare (sparse)
 
 
 def compare(got: Any, expected: Any) -> str | None:
@@ -213,9 +221,12 @@ def _as_tree(got: Any, expected: Any) -> Any:
     return type(expected)(*items) if hasattr(expected, "_fields") else tuple(items)
 
 
-def run(all_cases: list[Case], batch: int = 32) -> None:
+def run(all_cases: list[Case], batch: int = 32, log: Any = None) -> None:
     """Import, compile (``batch`` cases per kiln build) and run every exportable case, setting
-    ``case.result`` (and ``case.stage`` of a failure: import, build or run)."""
+    ``case.result`` (and ``case.stage`` of a failure: import, build or run). ``log``: a
+    function of one progress line (per build)."""
+    import time
+
     import kiln
     from kiln.frontend.torch import from_exported_program
 
@@ -228,14 +239,22 @@ def run(all_cases: list[Case], batch: int = 32) -> None:
                                                 run_decompositions=False)
         except Exception as err:  # noqa: BLE001 - recorded per case
             case.result, case.stage = f"{type(err).__name__}: {err}", "import"
+            if not export_agrees(case):
+                case.not_exportable = "the exported program disagrees with eager"
             continue
         pending.append((case, mod))
     for start in range(0, len(pending), batch):
         group = [(f"case{start + i}", case, mod)
                  for i, (case, mod) in enumerate(pending[start:start + batch])]
+        t0 = time.perf_counter()
         try:
             exe = kiln.build(_merge([(name, mod) for name, _, mod in group]))
+            if log is not None:
+                log(f"built {len(group)} cases ({group[0][1].key} ...) in "
+                    f"{time.perf_counter() - t0:.1f} s")
         except Exception:  # noqa: BLE001 - find the culprits one by one
+            if log is not None:
+                log(f"build of {len(group)} cases ({group[0][1].key} ...) failed; one by one")
             for name, case, mod in group:
                 try:
                     one = kiln.build(_merge([(name, mod)]))
@@ -264,3 +283,5 @@ def _run_one(case: Case, exe: Any, name: str) -> None:
     diff = compare(got, case.expected)
     case.result = "pass" if diff is None else diff
     case.stage = "" if diff is None else "compare"
+    if diff is not None and not export_agrees(case):
+        case.not_exportable = "the exported program disagrees with eager"

@@ -2,14 +2,28 @@
 
 ``from_exported_program(ep) -> (IRModule, params)`` imports an ExportedProgram (its core ATen
 graph, one converter per ATen overload in ``kiln.frontend.torch.converters``, registered with
-``@converter("aten.add.Tensor", ...)``); ``kiln.frontend.torch.dynamo`` is the
-``torch.compile(model, backend="kiln")`` backend. PyTorch is imported only when these are used,
-so ``import kiln`` works without it.
+``@converter("aten.add.Tensor", ...)``); ``from_pt2(path)`` a saved one;
+``kiln.frontend.torch.dynamo`` is the ``torch.compile(model, backend="kiln")`` backend.
+
+PyTorch is imported only when these are used, and this package loads its converters on first
+use of its API, so ``import kiln`` (which installs the backend's registration hook from
+``dynamo``) stays light.
 """
 
-from . import converters  # noqa: F401 - registers every converter
-from .importer import NodeView, ProgramContext, from_exported_program
-from .registry import converter, lookup_converter, supported_ops
+from __future__ import annotations
 
-__all__ = ["NodeView", "ProgramContext", "converter", "from_exported_program",
-           "lookup_converter", "supported_ops"]
+import importlib
+from typing import Any
+
+_API = {"from_exported_program": "importer", "from_pt2": "importer", "NodeView": "importer",
+        "ProgramContext": "importer", "converter": "registry",
+        "lookup_converter": "registry", "supported_ops": "registry"}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _API:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    importlib.import_module(f"{__name__}.converters")  # registers every converter
+    return getattr(importlib.import_module(f"{__name__}.{_API[name]}"), name)

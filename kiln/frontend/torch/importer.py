@@ -25,6 +25,7 @@ executable is called like the exported module and returns the same nesting.
 
 from __future__ import annotations
 
+import importlib
 import operator
 import re
 import warnings
@@ -34,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from ... import graph as g
-from ... import tir
-from ...ir import KilnError, UnsupportedOperatorError
+from ... import op, tir
+from ...ir import KilnError, ModelFormatError, UnsupportedOperatorError
 from ...ir.module import IRModule
 from ...ir.span import Span
 from .registry import lookup_converter
@@ -205,9 +206,9 @@ class ProgramContext:
     def __init__(self, bb: g.BlockBuilder):
         self.bb = bb
         self.values: dict[Any, Any] = {}
-        #: sympy symbol name -> tir.Var, and each var's first (input name, axis)
+        #: sympy symbol name -> tir.Var, and each var's first (input Var, axis)
         self.symbols: dict[str, tir.Var] = {}
-        self.sym_origin: dict[str, tuple[str, int]] = {}
+        self.sym_origin: dict[tir.Var, tuple[g.Var, int]] = {}
 
     # ---- arguments ----------------------------------------------------------------------
     def convert_arg(self, raw: Any) -> Any:
@@ -270,6 +271,27 @@ class ProgramContext:
             return out
         raise KilnError(f"size expression {expr} ({kind}) is not supported")
 
+    def size_tensor(self, expr: Any) -> Any:
+        """A 0-d int64 tensor holding size ``expr`` (a PrimExpr over the input dims), read at
+        run time from the inputs' shapes (``dynamic_shape_of``)."""
+        if isinstance(expr, int):
+            return g.const(np.array(expr, dtype=np.int64))
+        if isinstance(expr, tir.IntImm):
+            return g.const(np.array(int(expr.value), dtype=np.int64))
+        if isinstance(expr, tir.Var):
+            if expr not in self.sym_origin:
+                raise KilnError(f"size {expr} is not the size of an input")
+            src, axis = self.sym_origin[expr]
+            shape = op.dynamic_shape_of(src)
+            return self.emit(op.reshape(op.strided_slice(shape, (axis,), (axis + 1,)), ()))
+        ops = {"Add": op.add, "Sub": op.subtract, "Mul": op.multiply,
+               "FloorDiv": op.floor_divide, "FloorMod": op.mod, "Min": op.minimum,
+               "Max": op.maximum}
+        kind = type(expr).__name__
+        if kind not in ops:
+            raise KilnError(f"size expression {expr} cannot be computed as a tensor")
+        return self.emit(ops[kind](self.size_tensor(expr.a), self.size_tensor(expr.b)))
+
     # ---- emitting -----------------------------------------------------------------------
     def emit(self, expr: Any, name: str = "") -> Any:
         """Bind ``expr`` (left as is when it is already a Var or Constant)."""
@@ -294,6 +316,7 @@ def _is_sym_node(node: Any) -> bool:
 def check_supported(graph: Any) -> None:
     """Raise one UnsupportedOperatorError naming every operator without a converter, each
     with the nodes that use it."""
+    importlib.import_module(f"{__package__}.converters")  # registers every converter
     missing: dict[str, list[str]] = {}
     for node in graph.nodes:
         if node.op == "get_attr":
@@ -355,6 +378,9 @@ def from_exported_program(ep: Any, bind_params: bool = False, run_decompositions
                                   else {"kind": "none"})
                 continue
             var = g.Var(safe_name(node.name), _input_sinfo(ctx, node.name, val))
+            for axis, d in enumerate(var.struct_info.shape):
+                if isinstance(d, tir.Var):
+                    ctx.sym_origin.setdefault(d, (var, axis))
             ctx.values[node] = var
             user_vars.append(var)
             leaf_nodes.append({"kind": "leaf"})
@@ -417,6 +443,17 @@ def from_exported_program(ep: Any, bind_params: bool = False, run_decompositions
     return mod, params
 
 
+def from_pt2(path: str, bind_params: bool = False) -> tuple[IRModule, dict[str, np.ndarray]]:
+    """``from_exported_program`` of a program saved with ``torch.export.save`` (a ``.pt2``
+    file); ModelFormatError when the file cannot be read as one."""
+    torch = _torch()
+    try:
+        ep = torch.export.load(path)
+    except Exception as err:  # noqa: BLE001 - zip, pickle and version errors alike
+        raise ModelFormatError(f"cannot load exported program {path!r}: {err}") from err
+    return from_exported_program(ep, bind_params=bind_params)
+
+
 def _plain(value: Any) -> Any:
     """A JSON-able Python value of an output constant."""
     if isinstance(value, (bool, int, float, str)) or value is None:
@@ -434,7 +471,6 @@ def _input_sinfo(ctx: ProgramContext, name: str, val: Any) -> g.TensorStructInfo
             key = str(d.node.expr)
             if key not in ctx.symbols:
                 ctx.symbols[key] = tir.Var(safe_name(f"{name}_dim{axis}"), "int64")
-                ctx.sym_origin[key] = (name, axis)
             dims.append(ctx.symbols[key])
         else:
             dims.append(d)

@@ -12,16 +12,23 @@ from .... import op, tir
 from ....ir.errors import KilnError
 
 
+def sinfo(x: Any) -> Any:
+    """``x``'s StructInfo, inferred when ``x`` is a nested call not yet emitted."""
+    if x.struct_info is None:
+        return g.BlockBuilder().normalize(x).struct_info
+    return x.struct_info
+
+
 def dtype_of(x: Any) -> str:
-    return str(x.struct_info.dtype)
+    return str(sinfo(x).dtype)
 
 
 def shape_of(x: Any) -> tuple[Any, ...]:
-    return tuple(x.struct_info.shape)
+    return tuple(sinfo(x).shape)
 
 
 def ndim_of(x: Any) -> int:
-    return len(x.struct_info.shape)
+    return len(sinfo(x).shape)
 
 
 def static_int(d: Any) -> int | None:
@@ -52,12 +59,19 @@ def cast(x: Any, dtype: str) -> Any:
     return x if dtype_of(x) == dtype else op.cast(x, dtype)
 
 
-def as_tensor(x: Any, dtype: str) -> Any:
-    """A tensor operand of ``dtype`` from an Expr (cast if needed) or a Python number."""
+def as_tensor(x: Any, dtype: str, ctx: Any = None) -> Any:
+    """A tensor operand of ``dtype`` from an Expr (cast if needed), a Python number or -- with
+    the import context ``ctx`` -- a symbolic size (read from the inputs' shapes)."""
     if isinstance(x, g.Expr):
         return cast(x, dtype)
     if isinstance(x, tir.PrimExpr) and not isinstance(x, (tir.IntImm, tir.FloatImm)):
-        raise KilnError(f"a symbolic size ({x}) used as a tensor value is not supported")
+        from ....arith import simplify
+
+        x = simplify(x)
+        if not isinstance(x, tir.IntImm):
+            if ctx is None:
+                raise KilnError(f"a symbolic size ({x}) used as a tensor value")
+            return cast(ctx.size_tensor(x), dtype)
     if isinstance(x, (tir.IntImm, tir.FloatImm)):
         x = x.value
     if isinstance(x, float) and not is_float(dtype):
@@ -126,3 +140,47 @@ def reshape(x: Any, shape: Sequence[Any]) -> Any:
 def sizes(values: Sequence[Any]) -> tuple[Any, ...]:
     """A size list (ints and PrimExprs) as dims kiln shapes take."""
     return tuple(int(v) if isinstance(v, (int, np.integer)) else v for v in values)
+
+
+def producer(ctx: Any, x: Any, op_name: str) -> Any:
+    """The call of op ``op_name`` that variable ``x`` is bound to, or None."""
+    if not isinstance(x, g.Var):
+        return None
+    value = ctx.bb.lookup_binding(x)
+    if isinstance(value, g.Call) and isinstance(value.op, g.Op) and value.op.name == op_name:
+        return value
+    return None
+
+
+def _factors(d: Any) -> tuple[int, tuple[str, ...]] | None:
+    """A product of sizes as (constant, sorted variable names), None for other expressions
+    (kiln's simplifier does not reorder products of variables: ``a*b`` vs ``b*a``)."""
+    if isinstance(d, int):
+        return d, ()
+    if isinstance(d, tir.IntImm):
+        return int(d.value), ()
+    if isinstance(d, tir.Var):
+        return 1, (d.name,)
+    if type(d).__name__ == "Mul":
+        fa, fb = _factors(d.a), _factors(d.b)
+        if fa is None or fb is None:
+            return None
+        return fa[0] * fb[0], tuple(sorted(fa[1] + fb[1]))
+    return None
+
+
+def same_dim(a: Any, b: Any) -> bool:
+    """Whether two sizes (ints or PrimExprs) are provably equal."""
+    from ....arith import Analyzer
+
+    fa, fb = _factors(a), _factors(b)
+    if fa is not None and fb is not None:
+        return fa == fb
+    if isinstance(a, int) or isinstance(b, int):
+        return False
+    return Analyzer().can_prove_equal(a, b)
+
+
+def same_shape(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Whether two shapes are provably equal (ints or PrimExprs)."""
+    return len(a) == len(b) and all(same_dim(x, y) for x, y in zip(a, b))

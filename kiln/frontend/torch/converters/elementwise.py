@@ -29,7 +29,7 @@ def in_float64(x: Any, fn: Any) -> Any:
 
 
 def _operands(node: Any, dtype: str, *keys: Any) -> list[Any]:
-    return [as_tensor(node.arg(k), dtype) for k in keys]
+    return [as_tensor(node.arg(k), dtype, node.ctx) for k in keys]
 
 
 # ---- arithmetic ---------------------------------------------------------------------------

@@ -20,10 +20,11 @@ from .common import (
 )
 
 
-def _wrap(idx: Any, size: Any) -> Any:
+def _wrap(ctx: Any, idx: Any, size: Any) -> Any:
     """Negative indices counted from the end (``i + size`` where ``i < 0``)."""
     idx = cast(idx, "int64")
-    return op.where(op.less(idx, scalar(0, "int64")), op.add(idx, as_tensor(size, "int64")), idx)
+    return op.where(op.less(idx, scalar(0, "int64")),
+                    op.add(idx, as_tensor(size, "int64", ctx)), idx)
 
 
 @converter("aten.index_select.default")
@@ -34,7 +35,7 @@ def index_select(ctx: Any, node: Any) -> Any:
     d = norm_dim(int(node.arg(1)), ndim_of(x))
     if ndim_of(idx) == 0:
         idx = op.reshape(idx, (1,))
-    return op.take(x, _wrap(idx, shape_of(x)[d]), axis=d)
+    return op.take(x, _wrap(ctx, idx, shape_of(x)[d]), axis=d)
 
 
 @converter("aten.gather.default")
@@ -43,14 +44,14 @@ def gather(ctx: Any, node: Any) -> Any:
     if ndim_of(x) == 0:
         return op.reshape(x, shape_of(idx)) if ndim_of(idx) else x
     d = norm_dim(int(node.arg(1)), ndim_of(x))
-    return op.gather_elements(x, _wrap(idx, shape_of(x)[d]), axis=d)
+    return op.gather_elements(x, _wrap(ctx, idx, shape_of(x)[d]), axis=d)
 
 
 _REDUCE = {"sum": "add", "add": "add", "prod": "mul", "multiply": "mul", "amax": "max",
            "amin": "min", "mean": "mean"}
 
 
-def _scatter(node: Any, x: Any, idx: Any, src: Any, reduction: str) -> Any:
+def _scatter(ctx: Any, node: Any, x: Any, idx: Any, src: Any, reduction: str) -> Any:
     if ndim_of(x) == 0:
         x, idx = op.reshape(x, (1,)), op.reshape(idx, (1,))
         src = op.reshape(src, (1,)) if ndim_of(src) == 0 else src
@@ -62,7 +63,7 @@ def _scatter(node: Any, x: Any, idx: Any, src: Any, reduction: str) -> Any:
                                axes=tuple(range(ndim_of(idx))))
     elif ndim_of(src) == 0:
         src = op.broadcast_to(src, shape_of(idx))
-    return op.scatter_elements(x, _wrap(idx, shape_of(x)[d]), src, axis=d, reduction=reduction)
+    return op.scatter_elements(x, _wrap(ctx, idx, shape_of(x)[d]), src, axis=d, reduction=reduction)
 
 
 @converter("aten.scatter.src", "aten.scatter.value", "aten.scatter.reduce",
@@ -71,13 +72,13 @@ def scatter(ctx: Any, node: Any) -> Any:
     x = node.arg(0)
     src = as_tensor(node.arg(3), dtype_of(x))
     reduce = node.arg("reduce") if "reduce" in node._names else None
-    return _scatter(node, x, node.arg(2), src, _REDUCE[reduce] if reduce else "none")
+    return _scatter(ctx, node, x, node.arg(2), src, _REDUCE[reduce] if reduce else "none")
 
 
 @converter("aten.scatter_add.default")
 def scatter_add(ctx: Any, node: Any) -> Any:
     x = node.arg(0)
-    return _scatter(node, x, node.arg(2), cast(node.arg(3), dtype_of(x)), "add")
+    return _scatter(ctx, node, x, node.arg(2), cast(node.arg(3), dtype_of(x)), "add")
 
 
 @converter("aten.scatter_reduce.two")
@@ -90,7 +91,7 @@ def scatter_reduce(ctx: Any, node: Any) -> Any:
     kind = _REDUCE[reduce]
     if kind == "mean" or not include_self:
         return _scatter_mean_or_exclusive(ctx, node, x, idx, src, kind, include_self)
-    return _scatter(node, x, idx, src, kind)
+    return _scatter(ctx, node, x, idx, src, kind)
 
 
 def _scatter_mean_or_exclusive(ctx: Any, node: Any, x: Any, idx: Any, src: Any, kind: str,
@@ -99,10 +100,10 @@ def _scatter_mean_or_exclusive(ctx: Any, node: Any, x: Any, idx: Any, src: Any, 
     ``mean``: a reduction into an identity-filled tensor, then merged with ``x``."""
     dt = dtype_of(x)
     if kind == "mean":
-        total = _scatter(node, x if include_self else op.multiply(x, scalar(0, dt)), idx, src,
+        total = _scatter(ctx, node, x if include_self else op.multiply(x, scalar(0, dt)), idx, src,
                          "add")
         ones = op.broadcast_to(scalar(1, dt), shape_of(idx))
-        count = _scatter(node, op.broadcast_to(scalar(1 if include_self else 0, dt),
+        count = _scatter(ctx, node, op.broadcast_to(scalar(1 if include_self else 0, dt),
                                                shape_of(x)), idx, ones, "add")
         hit = op.greater(count, scalar(0, dt))
         safe = op.where(hit, count, scalar(1, dt))
@@ -112,8 +113,8 @@ def _scatter_mean_or_exclusive(ctx: Any, node: Any, x: Any, idx: Any, src: Any, 
     ident = {"add": 0, "mul": 1, "max": float("-inf") if dt.startswith("float")
              else -(2 ** 62), "min": float("inf") if dt.startswith("float") else 2 ** 62}[kind]
     base = op.broadcast_to(scalar(ident, dt), shape_of(x))
-    reduced = _scatter(node, base, idx, src, kind)
-    hit = _scatter(node, op.broadcast_to(scalar(False, "bool"), shape_of(x)), idx,
+    reduced = _scatter(ctx, node, base, idx, src, kind)
+    hit = _scatter(ctx, node, op.broadcast_to(scalar(False, "bool"), shape_of(x)), idx,
                    op.broadcast_to(scalar(True, "bool"), shape_of(idx)), "none")
     return op.where(hit, reduced, x)
 
@@ -143,8 +144,8 @@ def index(ctx: Any, node: Any) -> Any:
     nd = ndim_of(x)
     if len(pos) == 1:
         d = pos[0]
-        return op.take(x, _wrap(indices[d], shape_of(x)[d]), axis=d)
-    idx = _broadcast_indices(ctx, [_wrap(indices[i], shape_of(x)[i]) for i in pos])
+        return op.take(x, _wrap(ctx, indices[d], shape_of(x)[d]), axis=d)
+    idx = _broadcast_indices(ctx, [_wrap(ctx, indices[i], shape_of(x)[i]) for i in pos])
     rest = [d for d in range(nd) if d not in pos]
     xt = op.transpose(x, tuple(pos + rest)) if pos + rest != list(range(nd)) else x
     stacked = op.concat([op.expand_dims(i, -1) for i in idx], axis=-1)
@@ -170,7 +171,7 @@ def index_put(ctx: Any, node: Any) -> Any:
         raise node.error("boolean mask index_put (a data-dependent shape) is not supported")
     if pos != list(range(len(pos))):
         raise node.error("index_put with indices that do not start at dim 0 is not supported")
-    idx = _broadcast_indices(ctx, [_wrap(indices[i], shape_of(x)[i]) for i in pos])
+    idx = _broadcast_indices(ctx, [_wrap(ctx, indices[i], shape_of(x)[i]) for i in pos])
     stacked = op.concat([op.expand_dims(i, -1) for i in idx], axis=-1)
     target = tuple(shape_of(idx[0])) + tuple(shape_of(x)[len(pos):])
     if tuple(shape_of(values)) != target:

@@ -14,6 +14,7 @@ import numpy as np
 
 from .... import graph as g
 from .... import op
+from ....arith import simplify
 from ..registry import converter
 from .common import (
     as_tensor,
@@ -21,7 +22,10 @@ from .common import (
     dtype_of,
     ndim_of,
     norm_dim,
+    prod,
+    producer,
     reshape,
+    same_shape,
     scalar,
     shape_of,
     static_int,
@@ -30,10 +34,73 @@ from .onnx_reuse import onnx_op
 
 
 # ---- matrix products ----------------------------------------------------------------------
-@converter("aten.mm.default", "aten.bmm.default", "aten.matmul.default", "aten.mv.default",
-           "aten.dot.default")
+def _unflatten_rows(ctx: Any, a: Any) -> Any:
+    """``a`` (rows x k) when it is a reshape of a tensor of more dims whose leading dims
+    multiply to the rows and trailing dims to ``k``: that tensor with its trailing dims merged
+    (``(b, s, h, d) -> (b, s, h*d)``), so the product keeps the batch dims as kiln's GEMM
+    takes them and the merged row count never appears."""
+    inner = producer(ctx, a, "reshape")
+    if inner is None or ndim_of(a) != 2:
+        return a
+    src = inner.args[0]
+    dims = shape_of(src)
+    rows, k = shape_of(a)
+    for p in range(2, len(dims)):
+        if same_shape((simplify(prod(dims[:p])),), (rows,)) and same_shape(
+                (simplify(prod(dims[p:])),), (k,)):
+            return src if p == len(dims) - 1 else ctx.emit(op.reshape(src, (*dims[:p], k)))
+    return a
+
+
+def _shared_weight(ctx: Any, b: Any) -> Any:
+    """The 2-D matrix behind ``b`` when ``b`` only repeats it along a batch dim (a linear
+    layer on 3-D input decomposes to ``bmm(x, expand(w))``), else ``b``."""
+    src = b
+    for name in ("reshape", "broadcast_to"):
+        call = producer(ctx, src, name)
+        if call is not None:
+            src = call.args[0]
+    if ndim_of(src) == 2 and ndim_of(b) == 3 and same_shape(shape_of(src), shape_of(b)[1:]):
+        return src
+    return b
+
+
+def _matmul(ctx: Any, a: Any, b: Any) -> Any:
+    """``a @ b`` computed on ``a``'s unflattened rows (see ``_unflatten_rows``) and reshaped
+    to the 2-D result the graph expects (a reshape later views fold away)."""
+    full = _unflatten_rows(ctx, a)
+    if full is a or ndim_of(b) != 2:
+        return op.matmul(a, b)
+    out = ctx.emit(op.matmul(full, b))
+    return op.reshape(out, (shape_of(a)[0], shape_of(b)[1]))
+
+
+@converter("aten.mm.default", "aten.matmul.default", "aten.mv.default", "aten.dot.default")
 def matmul(ctx: Any, node: Any) -> Any:
-    return op.matmul(node.arg(0), node.arg(1))
+    return _matmul(ctx, node.arg(0), node.arg(1))
+
+
+def _merged_batch(ctx: Any, x: Any) -> Any:
+    """The 4-D tensor a 3-D ``x`` flattens (``(b, h, s, d) -> (b*h, s, d)``), or None."""
+    inner = producer(ctx, x, "reshape")
+    if inner is None:
+        return None
+    src = inner.args[0]
+    if ndim_of(src) == 4 and same_shape(shape_of(src)[2:], shape_of(x)[1:]):
+        return src
+    return None
+
+
+@converter("aten.bmm.default")
+def bmm(ctx: Any, node: Any) -> Any:
+    """A batched product; attention's ``(b*h, s, d)`` operands flattened from 4-D tensors are
+    multiplied as 4-D (the merged batch size never appears: see ``view``)."""
+    a, b = node.arg(0), node.arg(1)
+    a4, b4 = _merged_batch(ctx, a), _merged_batch(ctx, b)
+    if a4 is not None and b4 is not None and same_shape(shape_of(a4)[:2], shape_of(b4)[:2]):
+        out = ctx.emit(op.matmul(a4, b4))
+        return op.reshape(out, (shape_of(a)[0], shape_of(a)[1], shape_of(b)[2]))
+    return op.matmul(a, _shared_weight(ctx, b))
 
 
 def _scale(x: Any, k: Any) -> Any:
@@ -45,10 +112,15 @@ def _scale(x: Any, k: Any) -> Any:
 def addmm(ctx: Any, node: Any) -> Any:
     """``beta * input + alpha * (a @ b)`` (addbmm sums the batch of products)."""
     c, a, b = node.arg(0), node.arg(1), node.arg(2)
-    prod_ = op.matmul(a, b)
+    beta, alpha = node.arg("beta", 1), node.arg("alpha", 1)
+    full = _unflatten_rows(ctx, a) if node.op_name == "aten.addmm.default" else a
+    if full is not a and alpha == 1 and beta == 1 and ndim_of(c) <= 1:
+        # a linear layer on flattened rows: bias added to the product of the unflattened rows
+        out = ctx.emit(op.add(op.matmul(full, b), c))
+        return op.reshape(out, (shape_of(a)[0], shape_of(b)[1]))
+    prod_ = op.matmul(a, _shared_weight(ctx, b) if ndim_of(b) == 3 else b)
     if node.op_name == "aten.addbmm.default":
         prod_ = op.sum(prod_, axis=0)
-    beta, alpha = node.arg("beta", 1), node.arg("alpha", 1)
     out = _scale(prod_, alpha)
     if beta == 0:
         return out

@@ -31,6 +31,8 @@ def _reduce(fn: Any) -> Any:
         dt = node.out_dtype
         if dtype_of(x) != dt:  # sum(int) -> int64, sum(dtype=...), mean of an int...
             x = op.cast(x, dt)
+        if ndim_of(x) == 0:  # dims 0 / -1 of a 0-d tensor: the value itself
+            return x
         if "dim" not in node._names:
             return fn(x)
         keep = bool(node.arg("keepdim", False))
@@ -138,7 +140,7 @@ def _variance(ctx: Any, node: Any) -> tuple[Any, Any]:
     dev = ctx.emit(op.subtract(x, mean))
     ss = op.sum(op.multiply(dev, dev), axis=axes, keepdims=keep)
     n = _count(x, axes)
-    denom = op.maximum(op.subtract(as_tensor(n, dt), scalar(correction, dt)), scalar(0, dt))
+    denom = op.maximum(op.subtract(as_tensor(n, dt, ctx), scalar(correction, dt)), scalar(0, dt))
     var = op.divide(ss, denom)
     return var, (mean if keep else op.mean(x, axis=axes, keepdims=False))
 

@@ -7,8 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .... import arith, op, tir
-from ....ir.errors import KilnError
+from .... import op, tir
 from ..importer import kiln_dtype
 from ..registry import converter
 from .common import (
@@ -19,7 +18,10 @@ from .common import (
     norm_dim,
     norm_dims,
     prod,
+    producer,
     result_dtype,
+    same_dim,
+    same_shape,
     scalar,
     shape_of,
     sizes,
@@ -27,25 +29,21 @@ from .common import (
 )
 
 
-def _same_dim(a: Any, b: Any) -> bool:
-    sa, sb = static_int(a), static_int(b)
-    if sa is not None and sb is not None:
-        return sa == sb
-    if isinstance(a, int) or isinstance(b, int):
-        return False
-    return arith.Analyzer().can_prove_equal(a, b)
-
-
 @converter("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
            "aten.view_copy.default")
 def view(ctx: Any, node: Any) -> Any:
+    """A reshape; a reshape of a reshape reads the first one's input (torch's decompositions
+    flatten ``(b, s, k)`` to ``(b*s, k)`` around matrix products and back: the merged sizes
+    then never appear, which keeps symbolic shapes plain)."""
     x = node.arg(0)
     shape = sizes(node.arg(1))
-    if len(shape) == ndim_of(x) and all(_same_dim(a, b) for a, b in zip(shape, shape_of(x))):
-        return x
     if ndim_of(x) and len(shape) and any(static_int(d) == -1 for d in shape):
-        out = node.out_shape  # torch resolved the -1 (symbolically when the sizes are)
-        shape = tuple(out)
+        shape = tuple(node.out_shape)  # torch resolved the -1 (symbolically when sizes are)
+    inner = producer(ctx, x, "reshape")
+    if inner is not None:
+        x = inner.args[0]
+    if same_shape(shape, shape_of(x)):
+        return x
     return op.reshape(x, shape)
 
 
@@ -84,7 +82,7 @@ def expand(ctx: Any, node: Any) -> Any:
     for i, d in enumerate(target):
         if static_int(d) == -1:
             target[i] = shape_of(x)[i - off]
-    if len(target) == ndim_of(x) and all(_same_dim(a, b) for a, b in zip(target, shape_of(x))):
+    if len(target) == ndim_of(x) and all(same_dim(a, b) for a, b in zip(target, shape_of(x))):
         return x
     return op.broadcast_to(x, tuple(target))
 
@@ -128,17 +126,17 @@ def cat(ctx: Any, node: Any) -> Any:
     return op.concat(nonempty, axis=d)
 
 
-def _slice_bound(v: Any, dim: Any, default: int | None) -> int | None:
-    """A slice start/end as an int (None: the default end); a symbolic bound must be the
-    dimension itself (``x[:n]`` with ``n`` the size) or past it."""
+def _slice_bound(v: Any, dim: Any, default: int | None) -> int | None | Any:
+    """A slice start/end as an int (None: the default); a symbolic bound equal to the
+    dimension is the end; other symbolic bounds are returned as they are."""
     if v is None:
         return default
     s = static_int(v)
     if s is not None:
         return s
-    if _same_dim(v, dim):
+    if same_dim(v, dim):
         return None
-    raise KilnError(f"slice bound {v} depends on a symbolic size in a way kiln cannot resolve")
+    return v
 
 
 @converter("aten.slice.Tensor", "aten.slice_copy.Tensor")
@@ -152,6 +150,8 @@ def slice_(ctx: Any, node: Any) -> Any:
     end = _slice_bound(node.arg("end"), dim, None)
     step = int(node.arg("step", 1))
     n = static_int(dim)
+    if not isinstance(start, int) or not (end is None or isinstance(end, int)):
+        return _symbolic_slice(ctx, node, x, d, start, step)
     if n is not None:
         start = min(max(start + n if start < 0 else start, 0), n)
         end = n if end is None else min(max(end + n if end < 0 else end, 0), n)
@@ -161,6 +161,20 @@ def slice_(ctx: Any, node: Any) -> Any:
     elif start == 0 and end is None and step == 1:
         return x
     return op.strided_slice(x, (start,), (end,), strides=(step,), axes=(d,))
+
+
+def _symbolic_slice(ctx: Any, node: Any, x: Any, d: int, start: Any, step: int) -> Any:
+    """A slice with a symbolic bound (``pos_ids[:, :seq]``) as a gather of
+    ``start + i * step`` for ``i`` below the length torch worked out for the result."""
+    if not isinstance(start, int) or start < 0:
+        raise node.error(f"a slice starting at {start} of a symbolic extent is not supported")
+    length = node.out_shape[d]
+    idx = _iota(ctx, length, "int64")
+    if step != 1:
+        idx = op.multiply(idx, scalar(step, "int64"))
+    if start:
+        idx = op.add(idx, scalar(start, "int64"))
+    return op.take(x, idx, axis=d)
 
 
 @converter("aten.select.int", "aten.select_copy.int")
