@@ -40,112 +40,70 @@ def _is_state(node: Any, value: Any) -> bool:
         return True
     grapharg = node.meta.get("grapharg")
     source = getattr(grapharg, "source", None)
-    name = source.name() if source is not None else ""
+    name = source.name if isinstance(getattr(source, "name", None), str) else (
+        source.name() if source is not None else "")
     return "_buffers[" in name or "_parameters[" in name
 
 
 class KilnCompiledGraph:
-    """One Dynamo graph compiled by kiln: called with the graph's inputs, returns its outputs."""
+    """One ATen graph compiled by kiln: called with the graph's inputs (a list, AOT
+    Autograd's boxed convention), returns its outputs as torch tensors."""
 
-    def __init__(self, gm: Any, example_inputs: list[Any], freeze_params: bool = True):
-        import torch
+    _boxed_call = True
 
+    def __init__(self, gm: Any, constants: dict[int, Any]):
         import kiln
 
-        from .importer import from_exported_program
+        from .importer import from_graph_module
 
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        metas = [n.meta.get("example_value") for n in placeholders]
-        self.num_inputs = len(example_inputs)
-        #: positions of the run-time tensor inputs, of frozen state, and of SymInt inputs
-        self.runtime: list[int] = []
-        state: dict[int, Any] = {}
-        syms: dict[int, tuple[int, int]] = {}
-        sym_source: dict[str, tuple[int, int]] = {}
-        for i, (node, value, meta) in enumerate(zip(placeholders, example_inputs, metas)):
-            if isinstance(value, torch.Tensor):
-                if freeze_params and _is_state(node, value):
-                    state[i] = value.detach()
-                    continue
-                self.runtime.append(i)
-                for axis, d in enumerate(getattr(meta, "shape", ())):
-                    if isinstance(d, torch.SymInt):
-                        sym_source.setdefault(str(d.node.expr), (i, axis))
-        for i, meta in enumerate(metas):
-            if isinstance(meta, torch.SymInt) and i not in state:
-                src = sym_source.get(str(meta.node.expr))
-                if src is None:
-                    raise KilnError(f"graph input {placeholders[i].name!r}: a size ({meta}) "
-                                    "that no tensor input has; kiln cannot compile it")
-                syms[i] = src
-            elif not isinstance(example_inputs[i], torch.Tensor) and i not in syms:
-                state[i] = example_inputs[i]
-        self.syms = syms
-        module = _GraphWrapper(gm, self.num_inputs, self.runtime, state, syms)
-        args = tuple(example_inputs[i] for i in self.runtime)
-        dynamic = []
-        for i in self.runtime:
-            shape = getattr(metas[i], "shape", ())
-            dims = {axis: torch.export.Dim.DYNAMIC for axis, d in enumerate(shape)
-                    if isinstance(d, torch.SymInt)}
-            dynamic.append(dims or None)
-        with torch.no_grad():
-            ep = torch.export.export(module, args, dynamic_shapes=tuple(dynamic), strict=False)
-        mod, params = from_exported_program(ep, bind_params=True)
-        self.exe = kiln.build(mod, params=params)
-        self.source = ep
+        #: positions of the run-time tensor inputs (frozen state and sizes are not passed)
+        self.runtime = [i for i, n in enumerate(placeholders)
+                        if i not in constants and _is_tensor(n.meta.get("val"))]
+        self.exe = kiln.build(from_graph_module(gm, constants))
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, args: list[Any]) -> Any:
         inputs = [to_kiln(args[i], f"input {i}") for i in self.runtime]
-        out = self.exe(*inputs)
-        return to_torch(out)
+        args.clear()  # the boxed convention: the callee frees its inputs
+        return list(to_torch(self.exe(*inputs)))
 
 
-class _GraphWrapper:
-    """A module whose inputs are the run-time tensors of a Dynamo graph: frozen state is held
-    as parameters/buffers (so export lifts it as such) and SymInt inputs are computed from the
-    tensors' shapes."""
+def _is_tensor(val: Any) -> bool:
+    import torch
 
-    def __new__(cls, gm: Any, num_inputs: int, runtime: list[int], state: dict[int, Any],
-                syms: dict[int, tuple[int, int]]) -> Any:
-        import torch
-
-        class Wrapper(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.gm = gm
-                self.consts: dict[int, Any] = {}
-                for i, v in state.items():
-                    if isinstance(v, torch.Tensor):
-                        self.register_buffer(f"state_{i}", v, persistent=True)
-                    else:
-                        self.consts[i] = v
-
-            def forward(self, *tensors: Any) -> Any:
-                full: list[Any] = [None] * num_inputs
-                for i, t in zip(runtime, tensors):
-                    full[i] = t
-                for i in state:
-                    full[i] = self.consts[i] if i in self.consts else getattr(
-                        self, f"state_{i}")
-                for i, (j, axis) in syms.items():
-                    full[i] = full[j].shape[axis]
-                return self.gm(*full)
-
-        return Wrapper()
+    return isinstance(val, torch.Tensor)
 
 
 def kiln_backend(gm: Any, example_inputs: list[Any], **kwargs: Any) -> Any:
     """``torch.compile`` backend entry: compile Dynamo graph ``gm`` with kiln.
 
-    ``options={"freeze_params": False}`` (``torch.compile(..., options=...)``) keeps
-    parameters and buffers as run-time inputs.
+    AOT Autograd traces it to functional core ATen (PyTorch's own decompositions) and hands
+    the forward graph to kiln. ``options={"freeze_params": False}`` (``torch.compile(...,
+    options=...)``) keeps parameters and buffers as run-time inputs.
     """
+    from torch._decomp import core_aten_decompositions
+    from torch._dynamo.backends.common import aot_autograd
+
     options = dict(kwargs.get("options") or {})
     freeze = bool(options.pop("freeze_params", True))
     if options:
         raise KilnError(f"kiln backend: unknown options {sorted(options)}")
-    return KilnCompiledGraph(gm, list(example_inputs), freeze_params=freeze)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    constants = {i: v for i, (n, v) in enumerate(zip(placeholders, example_inputs))
+                 if freeze and _is_tensor(v) and _is_state(n, v)}
+
+    def forward_compiler(fw: Any, fw_inputs: list[Any]) -> Any:
+        n_in = len([n for n in fw.graph.nodes if n.op == "placeholder"])
+        if n_in != len(example_inputs):
+            raise KilnError(f"kiln backend: the traced graph takes {n_in} inputs, Dynamo's "
+                            f"{len(example_inputs)} (input mutations are not supported)")
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():  # AOT compiles under a fake mode; weights are real
+            return KilnCompiledGraph(fw, constants)
+
+    return aot_autograd(fw_compiler=forward_compiler,
+                        decompositions=core_aten_decompositions())(gm, example_inputs)
 
 
 #: The module of torch's backend registry, which a hook registers kiln into once imported.

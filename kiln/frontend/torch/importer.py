@@ -377,12 +377,7 @@ def from_exported_program(ep: Any, bind_params: bool = False, run_decompositions
                 leaf_nodes.append({"kind": "const", "value": val} if val is not None
                                   else {"kind": "none"})
                 continue
-            var = g.Var(safe_name(node.name), _input_sinfo(ctx, node.name, val))
-            for axis, d in enumerate(var.struct_info.shape):
-                if isinstance(d, tir.Var):
-                    ctx.sym_origin.setdefault(d, (var, axis))
-            ctx.values[node] = var
-            user_vars.append(var)
+            user_vars.append(_user_input(ctx, node, val))
             leaf_nodes.append({"kind": "leaf"})
         elif kind in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
             store = ep.state_dict if spec.target in ep.state_dict else ep.constants
@@ -411,36 +406,92 @@ def from_exported_program(ep: Any, bind_params: bool = False, run_decompositions
     flat_out = list(out_node.args[0])
     by_name = {getattr(o, "name", None): o for o in flat_out}
 
+    results = []
+    for spec_out in sig.output_specs:
+        if spec_out.kind.name == "USER_OUTPUT":
+            src = by_name.get(spec_out.arg.name)
+            results.append((spec_out.arg.name, src if src is not None
+                            else getattr(spec_out.arg, "value", None)))
+    attrs = {"kiln.input_tree": input_tree}
+    if ranges:
+        attrs["kiln.dim_ranges"] = ranges
+    mod = _build_main(ctx, graph, results, [*user_vars, *param_vars], attrs,
+                      lambda leaves: tree_json(ep.call_spec.out_spec, lambda i: leaves[i]))
+    return mod, params
+
+
+def _user_input(ctx: ProgramContext, node: Any, val: Any) -> g.Var:
+    """The graph parameter of a tensor input (its size symbols recorded)."""
+    var = g.Var(safe_name(node.name), _input_sinfo(ctx, node.name, val))
+    for axis, d in enumerate(var.struct_info.shape):
+        if isinstance(d, tir.Var):
+            ctx.sym_origin.setdefault(d, (var, axis))
+    ctx.values[node] = var
+    return var
+
+
+def _build_main(ctx: ProgramContext, graph: Any, results: list[tuple[str, Any]],
+                params: list[g.Var], attrs: dict[str, Any], output_tree: Any) -> IRModule:
+    """Convert every node of ``graph`` into ``main`` returning the tensors of ``results``
+    (``(name, FX node or constant)``); ``output_tree(leaves)`` makes the output tree from the
+    results' leaf records."""
+    bb = ctx.bb
     with bb.function("main"):
         with bb.dataflow():
             for node in graph.nodes:
                 if node.op == "call_function":
                     _convert_node(ctx, node)
             outs: list[Any] = []
-            out_leaves: list[dict[str, Any]] = []
-            for spec_out in sig.output_specs:
-                if spec_out.kind.name != "USER_OUTPUT":
-                    continue
-                src = by_name.get(spec_out.arg.name)
-                value = ctx.values.get(src) if src is not None else None
+            leaves: list[dict[str, Any]] = []
+            for name, src in results:
+                value = ctx.values.get(src) if hasattr(src, "op") else None
                 if isinstance(value, g.Expr) and not isinstance(value, g.Tuple):
-                    outs.append(bb.emit_output(value, safe_name(spec_out.arg.name)))
-                    out_leaves.append({"kind": "leaf"})
+                    outs.append(bb.emit_output(value, safe_name(name)))
+                    leaves.append({"kind": "leaf"})
                 else:
-                    const = getattr(spec_out.arg, "value", value)
-                    out_leaves.append({"kind": "none"} if const is None
-                                      else {"kind": "const", "value": _plain(const)})
-        attrs = {"kiln.input_tree": input_tree,
-                 "kiln.output_tree": tree_json(ep.call_spec.out_spec, lambda i: out_leaves[i])}
-        if ranges:
-            attrs["kiln.dim_ranges"] = ranges
-        bb.emit_func_output(outs, params=[*user_vars, *param_vars])
+                    const = value if hasattr(src, "op") else src
+                    leaves.append({"kind": "none"} if const is None
+                                  else {"kind": "const", "value": _plain(const)})
+        attrs = {**attrs, "kiln.output_tree": output_tree(leaves)}
+        bb.emit_func_output(outs, params=params)
     mod = bb.get()
     func = mod["main"]
     for k, v in attrs.items():
         func = func.with_attr(k, v)
     mod["main"] = func
-    return mod, params
+    return mod
+
+
+def from_graph_module(gm: Any, constants: dict[int, Any]) -> IRModule:
+    """Import an ATen-level ``torch.fx.GraphModule`` (what ``torch.compile`` hands a backend
+    after AOT tracing): placeholder ``i`` is the constant ``constants[i]`` (a frozen parameter
+    or buffer) or a run-time input; SymInt placeholders are sizes of the tensor inputs, read
+    from their shapes (not inputs of ``main``). ``main`` returns the graph's outputs as a
+    flat tuple (``None`` entries kept in its output tree)."""
+    torch = _torch()
+    graph = gm.graph
+    check_supported(graph)
+    ctx = ProgramContext(g.BlockBuilder())
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    inputs: list[g.Var] = []
+    for i, node in enumerate(placeholders):
+        val = node.meta.get("val")
+        if i in constants:
+            ctx.values[node] = g.const(to_numpy(constants[i]))
+        elif is_tensor_val(val):
+            inputs.append(_user_input(ctx, node, val))
+    for i, node in enumerate(placeholders):
+        val = node.meta.get("val")
+        if i not in constants and not is_tensor_val(val):
+            if not isinstance(val, torch.SymInt):
+                raise KilnError(f"graph input {node.name!r} ({type(val).__name__}) is neither "
+                                "a tensor nor a size")
+            ctx.values[node] = ctx.size(val)
+    out = next(n for n in graph.nodes if n.op == "output").args[0]
+    out = list(out) if isinstance(out, (tuple, list)) else [out]
+    results = [(getattr(o, "name", f"out{k}"), o) for k, o in enumerate(out)]
+    return _build_main(ctx, graph, results, inputs, {},
+                       lambda leaves: {"kind": "tuple", "items": leaves})
 
 
 def from_pt2(path: str, bind_params: bool = False) -> tuple[IRModule, dict[str, np.ndarray]]:
