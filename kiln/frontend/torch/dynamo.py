@@ -118,10 +118,12 @@ def register() -> None:
 
 
 def _register_into(registry: Any) -> None:
-    try:
-        registry.register_backend(kiln_backend, name="kiln")
-    except AssertionError:  # registered already (by the entry point or an earlier import)
-        pass
+    # torch registers a backend it found through the entry point itself when it is first
+    # looked up (loading the entry point imports kiln, which must not register it first:
+    # torch then refuses the duplicate); torch keeps those names in its ``_BACKENDS`` table
+    if "kiln" in getattr(registry, "_BACKENDS", {}):
+        return
+    registry.register_backend(kiln_backend, name="kiln")
 
 
 class _RegisterOnImport(importlib.abc.MetaPathFinder):
