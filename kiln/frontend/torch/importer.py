@@ -206,8 +206,9 @@ class ProgramContext:
     def __init__(self, bb: g.BlockBuilder):
         self.bb = bb
         self.values: dict[Any, Any] = {}
-        #: sympy symbol name -> tir.Var, and each var's first (input Var, axis)
-        self.symbols: dict[str, tir.Var] = {}
+        #: sympy symbol name -> tir.Var (or the IntImm of a frozen tensor's size), and each
+        #: var's first (input Var, axis)
+        self.symbols: dict[str, Any] = {}
         self.sym_origin: dict[tir.Var, tuple[g.Var, int]] = {}
 
     # ---- arguments ----------------------------------------------------------------------
@@ -466,7 +467,7 @@ def from_graph_module(gm: Any, constants: dict[int, Any]) -> IRModule:
     """Import an ATen-level ``torch.fx.GraphModule`` (what ``torch.compile`` hands a backend
     after AOT tracing): placeholder ``i`` is the constant ``constants[i]`` (a frozen parameter
     or buffer) or a run-time input; SymInt placeholders are sizes of the tensor inputs, read
-    from their shapes (not inputs of ``main``). ``main`` returns the graph's outputs as a
+    from their shapes (not inputs of ``main``; unused ones are ignored). ``main`` returns the graph's outputs as a
     flat tuple (``None`` entries kept in its output tree)."""
     torch = _torch()
     graph = gm.graph
@@ -478,11 +479,16 @@ def from_graph_module(gm: Any, constants: dict[int, Any]) -> IRModule:
         val = node.meta.get("val")
         if i in constants:
             ctx.values[node] = g.const(to_numpy(constants[i]))
+            # a frozen tensor Dynamo traced with symbolic sizes (dynamic=True marks every
+            # input): its sizes are its own
+            for d, size in zip(getattr(val, "shape", ()), constants[i].shape):
+                if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol:
+                    ctx.symbols.setdefault(str(d.node.expr), tir.IntImm("int64", int(size)))
         elif is_tensor_val(val):
             inputs.append(_user_input(ctx, node, val))
     for i, node in enumerate(placeholders):
         val = node.meta.get("val")
-        if i not in constants and not is_tensor_val(val):
+        if i not in constants and not is_tensor_val(val) and node.users:
             if not isinstance(val, torch.SymInt):
                 raise KilnError(f"graph input {node.name!r} ({type(val).__name__}) is neither "
                                 "a tensor nor a size")
@@ -537,7 +543,7 @@ def _dim_ranges(ctx: ProgramContext, constraints: Any) -> dict[str, list[int | N
     out: dict[str, list[int | None]] = {}
     for sym, vr in constraints.items():
         var = ctx.symbols.get(str(sym))
-        if var is None:
+        if not isinstance(var, tir.Var):
             continue
         lo = int(vr.lower) if vr.lower.is_finite and vr.lower != -int_oo else 0
         hi = None if (vr.upper == int_oo or not vr.upper.is_finite) else int(vr.upper)
@@ -563,9 +569,9 @@ def _convert_node(ctx: ProgramContext, node: Any) -> None:
         try:
             ctx.values[node] = ctx.size(val) if val is not None else None
             return
-        except KilnError:
+        except KilnError as err:
             if lookup_converter(name) is None:
-                raise
+                raise KilnError(f"{name} node {node.name!r}: {err}") from err
     fn = lookup_converter(name)
     view = NodeView(ctx, node)
     with ctx.bb.span(Span.of(node.name, name)):

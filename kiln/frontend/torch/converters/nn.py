@@ -516,3 +516,44 @@ def pixel_unshuffle(ctx: Any, node: Any) -> Any:
 
 
 __all__ = ["norm_dim"]
+
+
+@converter("aten.mkldnn_rnn_layer.default")
+def mkldnn_rnn_layer(ctx: Any, node: Any) -> Any:
+    """One LSTM layer (what ``nn.LSTM`` becomes on CPU under AOT Autograd), unrolled over its
+    static number of steps: the input projection for all steps in one product, then per step
+    ``gates = xw[t] + h @ w_hh^T`` in torch's order (input, forget, cell, output).
+    Returns (output, last h, last c, an empty workspace)."""
+    x, w_ih, w_hh, b_ih, b_hh, h, c = (node.arg(i) for i in range(7))
+    reverse, hidden = bool(node.arg(7)), int(node.arg(10))
+    has_bias, batch_first = bool(node.arg(12)), bool(node.arg(14))
+    if node.arg(9) != 2:  # mkldnn's mode 2 is LSTM
+        raise node.error(f"RNN mode {node.arg(9)} is not supported (LSTM only)")
+    if batch_first:
+        x = ctx.emit(op.transpose(x, (1, 0, 2)))
+    state_shape = shape_of(h)
+    h, c = (ctx.emit(op.reshape(v, (-1, hidden))) for v in (h, c))  # (batch, hidden)
+    steps = static_int(shape_of(x)[0])
+    if steps is None:
+        raise node.error("an LSTM over a symbolic number of steps is not supported")
+    dt = dtype_of(x)
+    xw = op.matmul(x, op.transpose(w_ih, (1, 0)))
+    if has_bias:
+        xw = op.add(xw, op.add(b_ih, b_hh))
+    xw = ctx.emit(xw)
+    w_hh_t = ctx.emit(op.transpose(w_hh, (1, 0)))
+    outs: list[Any] = [None] * steps
+    for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
+        step = op.squeeze(op.strided_slice(xw, (t,), (t + 1,), axes=(0,)), axis=(0,))
+        gates = ctx.emit(op.add(step, op.matmul(h, w_hh_t)))
+        i, f, g_, o = (op.strided_slice(gates, (k * hidden,), ((k + 1) * hidden,), axes=(1,))
+                       for k in range(4))
+        c = ctx.emit(op.add(op.multiply(op.sigmoid(f), c),
+                            op.multiply(op.sigmoid(i), op.tanh(g_))))
+        h = ctx.emit(op.multiply(op.sigmoid(o), op.tanh(c)))
+        outs[t] = op.expand_dims(h, 0)
+    out = op.concat(outs, axis=0) if steps > 1 else outs[0]
+    if batch_first:
+        out = op.transpose(out, (1, 0, 2))
+    empty = g.const(np.zeros((0,), dtype=np.dtype(dt)))
+    return [out, op.reshape(h, state_shape), op.reshape(c, state_shape), empty]
