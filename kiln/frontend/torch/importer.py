@@ -467,7 +467,8 @@ def from_graph_module(gm: Any, constants: dict[int, Any]) -> IRModule:
     """Import an ATen-level ``torch.fx.GraphModule`` (what ``torch.compile`` hands a backend
     after AOT tracing): placeholder ``i`` is the constant ``constants[i]`` (a frozen parameter
     or buffer) or a run-time input; SymInt placeholders are sizes of the tensor inputs, read
-    from their shapes (not inputs of ``main``; unused ones are ignored). ``main`` returns the graph's outputs as a
+    from their shapes (not inputs of ``main``; unused ones are ignored). ``main``
+    returns the graph's outputs as a
     flat tuple (``None`` entries kept in its output tree)."""
     torch = _torch()
     graph = gm.graph

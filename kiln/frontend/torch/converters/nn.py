@@ -67,7 +67,10 @@ def _shared_weight(ctx: Any, b: Any) -> Any:
 
 def _matmul(ctx: Any, a: Any, b: Any) -> Any:
     """``a @ b`` computed on ``a``'s unflattened rows (see ``_unflatten_rows``) and reshaped
-    to the 2-D result the graph expects (a reshape later views fold away)."""
+    to the 2-D result the graph expects (a reshape later views fold away). An empty inner
+    dimension gives zeros."""
+    if static_int(shape_of(a)[-1]) == 0:
+        return op.broadcast_to(scalar(0, dtype_of(a)), shape_of(op.matmul(a, b)))
     full = _unflatten_rows(ctx, a)
     if full is a or ndim_of(b) != 2:
         return op.matmul(a, b)
@@ -96,6 +99,8 @@ def bmm(ctx: Any, node: Any) -> Any:
     """A batched product; attention's ``(b*h, s, d)`` operands flattened from 4-D tensors are
     multiplied as 4-D (the merged batch size never appears: see ``view``)."""
     a, b = node.arg(0), node.arg(1)
+    if static_int(shape_of(a)[-1]) == 0:
+        return _matmul(ctx, a, b)
     a4, b4 = _merged_batch(ctx, a), _merged_batch(ctx, b)
     if a4 is not None and b4 is not None and same_shape(shape_of(a4)[:2], shape_of(b4)[:2]):
         out = ctx.emit(op.matmul(a4, b4))
@@ -219,14 +224,31 @@ def avg_pool(ctx: Any, node: Any) -> Any:
     divisor = node.arg(6) if n != 1 else None
     attrs["count_include_pad"] = int(include)
     if divisor:
-        # window sums (the average over every tap, padding included, times the tap count)
-        # over the given divisor
-        mean = onnx_op(ctx, node, "AveragePool", [x], {**attrs, "count_include_pad": 1})
-        taps = float(np.prod(attrs["kernel_shape"]))
-        out = op.multiply(mean, scalar(taps / float(divisor), dtype_of(x)))
+        out = _window_sums(ctx, node, x, attrs, n, unbatched)
+        out = op.divide(out, scalar(float(divisor), dtype_of(x)))
     else:
         out = onnx_op(ctx, node, "AveragePool", [x], attrs)
     return op.squeeze(out, axis=(0,)) if unbatched else out
+
+
+def _window_sums(ctx: Any, node: Any, x: Any, attrs: dict[str, Any], n: int,
+                 unbatched: bool) -> Any:
+    """Each pooling window's sum (for ``divisor_override``): the input zero-padded so that
+    every window torch makes (ceil_mode's partial ones too) is whole, averaged with every tap
+    counted, times the tap count."""
+    kernel, stride = attrs["kernel_shape"], attrs["strides"]
+    pads = attrs["pads"][:n]
+    out = node.out_shape[-n:]
+    width = [(0, 0), (0, 0)]
+    for i in range(n):
+        size = static_int(shape_of(x)[2 + i])
+        need = (static_int(out[i]) - 1) * stride[i] + kernel[i]
+        width.append((pads[i], max(pads[i], need - size - pads[i])))
+    xp = ctx.emit(op.pad(x, tuple(width)))
+    mean = onnx_op(ctx, node, "AveragePool", [xp], {"kernel_shape": kernel, "strides": stride,
+                                                    "pads": [0] * (2 * n)})
+    taps = float(np.prod(kernel))
+    return op.multiply(mean, scalar(taps, dtype_of(x)))
 
 
 @converter("aten._adaptive_avg_pool2d.default", "aten.adaptive_avg_pool2d.default",
