@@ -21,7 +21,6 @@ from .common import (
     cast,
     dtype_of,
     ndim_of,
-    norm_dim,
     prod,
     producer,
     reshape,
@@ -536,8 +535,6 @@ def pixel_unshuffle(ctx: Any, node: Any) -> Any:
     perm = tuple(range(nl)) + tuple(nl + i for i in (0, 2, 4, 1, 3))
     return reshape(op.transpose(y, perm), (*lead, static_int(c) * r * r, oh, ow))
 
-
-__all__ = ["norm_dim"]
 
 
 @converter("aten.mkldnn_rnn_layer.default")

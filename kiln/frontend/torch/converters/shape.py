@@ -17,9 +17,7 @@ from .common import (
     ndim_of,
     norm_dim,
     norm_dims,
-    prod,
     producer,
-    result_dtype,
     same_dim,
     same_shape,
     scalar,
@@ -407,13 +405,3 @@ def triangle(ctx: Any, node: Any) -> Any:
 def eye(ctx: Any, node: Any) -> Any:
     n, m = (static_int(d) for d in node.out_shape)
     return _const_of(np.eye(n, m), node.out_dtype)
-
-
-def broadcast_all(node: Any, keys: tuple[Any, ...]) -> list[Any]:
-    """The arguments ``keys`` broadcast to one shape in their promoted dtype."""
-    dt = result_dtype(node, *keys)
-    xs = [as_tensor(node.arg(k), dt) for k in keys]
-    return xs
-
-
-__all__ = ["broadcast_all", "prod"]
