@@ -498,7 +498,8 @@ def where(ctx: Any, node: Any) -> Any:
 # ---- casts and copies ---------------------------------------------------------------------
 @converter("aten._to_copy.default", "aten.clone.default", "aten.alias.default",
            "aten.lift_fresh_copy.default", "aten.detach.default",
-           "aten._conj.default", "aten.conj_physical.default", "aten.positive.default",
+           "aten._conj.default", "aten.conj_physical.default", "aten._conj_physical.default",
+           "aten.positive.default",
            "aten.resolve_conj.default", "aten.resolve_neg.default")
 def to_copy(ctx: Any, node: Any) -> Any:
     return cast(node.arg(0), node.out_dtype)

@@ -308,6 +308,16 @@ def _dtype_arg(node: Any, default: str) -> str:
     return kiln_dtype(dt) if dt is not None else default
 
 
+@converter("aten.empty.memory_format", "aten.empty_permuted.default",
+           "aten.empty_strided.default", "aten.empty_like.default", "aten.new_empty.default")
+def empty(ctx: Any, node: Any) -> Any:
+    """Uninitialized memory: any values are valid (a program writes before it reads), kiln
+    gives zeros so runs are deterministic."""
+    shape = node.out_shape
+    zero = scalar(0, node.out_dtype)
+    return op.broadcast_to(zero, tuple(shape)) if shape else zero
+
+
 @converter("aten.full.default", "aten.full_like.default", "aten.zeros_like.default",
            "aten.ones_like.default", "aten.zeros.default", "aten.ones.default",
            "aten.new_full.default", "aten.new_zeros.default", "aten.new_ones.default",
