@@ -16,6 +16,7 @@ from . import __version__
 from .build import build, default_pipeline, schedule_prim_func
 from .codegen import c as codegen_c
 from .frontend.onnx import from_onnx
+from .frontend.torch import from_pt2
 from .ir.errors import KilnError
 from .runtime import shape_expr
 from .runtime.executable import load
@@ -98,7 +99,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
             raise SystemExit(f"kiln: --shape expects NAME=D0,D1,..., got {spec!r}")
         shapes[name] = [int(d) if d.lstrip("-").isdigit() else d for d in dims.split(",")]
     t0 = time.perf_counter()
-    mod, params = from_onnx(args.model, shape_dict=shapes or None)
+    if args.model.endswith(".pt2"):  # a torch.export.save'd ExportedProgram
+        if shapes:
+            raise SystemExit("kiln: --shape is for ONNX models (a .pt2 program has its shapes)")
+        mod, params = from_pt2(args.model)
+    else:
+        mod, params = from_onnx(args.model, shape_dict=shapes or None)
     t1 = time.perf_counter()
     with PassContext(opt_level=args.opt_level):
         exe = build(mod, params=params)
@@ -203,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     insp.set_defaults(fn=cmd_inspect)
 
     comp = sub.add_parser("compile", help="compile an ONNX model into a saved executable")
-    comp.add_argument("model", help="path of the .onnx file")
+    comp.add_argument("model", help="path of the .onnx file or torch.export .pt2 program")
     comp.add_argument("-o", "--output", help="executable path (default: MODEL with .kiln)")
     comp.add_argument("-O", "--opt-level", type=int, default=2,
                       help="optimization level of the pass pipeline (0-3, default 2)")

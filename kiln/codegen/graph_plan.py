@@ -271,6 +271,9 @@ def build_plan(func: gx.Function, name: str = "main") -> Plan:
         calls=pb.calls,
         outputs=result,
         constants=pb.constants,
+        input_tree=func.attrs.get("kiln.input_tree"),
+        output_tree=func.attrs.get("kiln.output_tree"),
+        dim_ranges=dict(func.attrs.get("kiln.dim_ranges") or {}),
     )
     plan.workspace_offsets, plan.workspace_bytes = memory_plan.plan_memory(plan)
     return plan

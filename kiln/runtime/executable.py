@@ -32,7 +32,7 @@ import numpy as np
 from ..ir import abi
 from ..ir.dtype import DataType
 from ..ir.errors import KilnError, ModelFormatError
-from . import memory_plan, shape_expr
+from . import memory_plan, pytree, shape_expr
 from .executor import Executor
 from .module import FunctionInfo, Module, ParamInfo
 from .plan import Plan
@@ -76,13 +76,15 @@ class Executable:
 
     def __getitem__(self, name: str):
         ex = self._executor(name)
-        return lambda *args, **kwargs: ex.run(*_order(ex.plan, args, kwargs))
+        return lambda *args, **kwargs: _call(ex, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         ex = self._main
         if ex is None:
             ex = self._main = self._executor("main" if "main" in self.plans
                                              else next(iter(self.plans)))
+        if ex.plan.input_tree is not None:
+            return _call(ex, args, kwargs)
         return ex.run(*args) if not kwargs else ex.run(*_order(ex.plan, args, kwargs))
 
     def profile(self, *args: Any, repeat: int = 10, **kwargs: Any) -> str:
@@ -270,6 +272,18 @@ class Executable:
             for p in parts:
                 f.write(p)
         os.replace(tmp, path)
+
+
+def _call(ex: Executor, args: tuple, kwargs: dict) -> Any:
+    """Run ``ex`` on a call's arguments: flattened and rebuilt along the plan's call trees
+    when it has them (``kiln.runtime.pytree``), else as flat inputs."""
+    plan = ex.plan
+    if plan.input_tree is None:
+        return ex.run(*_order(plan, args, kwargs))
+    out = ex.run(*pytree.flatten_call(args, kwargs, plan.input_tree))
+    if plan.output_tree is None:
+        return out
+    return pytree.unflatten(out if isinstance(out, tuple) else (out,), plan.output_tree)
 
 
 def _order(plan: Plan, args: tuple, kwargs: dict) -> list[Any]:

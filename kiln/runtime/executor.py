@@ -220,7 +220,26 @@ class Executor:
                             f"{fname}: input {name!r} expected shape "
                             f"{_fmt_shape(plan.slots[slot].shape)} but got {tuple(arr.shape)}"
                         )
+        if plan.dim_ranges:
+            self._check_ranges(env)
         return arrays, env
+
+    def _check_ranges(self, env: dict[str, int]) -> None:
+        """ArgumentError naming the input and axis of the first dim bound outside the range
+        the model was exported for (``plan.dim_ranges``)."""
+        plan = self.plan
+        for dim, (lo, hi) in plan.dim_ranges.items():
+            size = env.get(dim)
+            if size is None or (size >= lo and (hi is None or size <= hi)):
+                continue
+            where = next((f"input {n!r} axis {axis}"
+                          for n, slot in zip(plan.input_names, plan.input_slots)
+                          for axis, d in enumerate(plan.slots[slot].shape)
+                          if d == ["var", dim]), "an input")
+            raise ArgumentError(
+                f"{plan.name}: {where} has size {size}, outside the range "
+                f"[{lo}, {'inf' if hi is None else hi}] of dim {dim!r} the model was "
+                "exported for")
 
     # ---- running ------------------------------------------------------------------------
     def run(self, *args: Any) -> Any:

@@ -76,6 +76,13 @@ class Plan:
     #: kernel's symbolic dims (in its ``sym`` order); None for an entry over static shapes,
     #: which takes a planned workspace instead (see ``kiln.codegen.graph_entry``).
     entry_sym_dims: list[list[list[int]]] | None = None
+    #: Nested call structure (``kiln.runtime.pytree``) of the inputs and outputs, None when
+    #: the executable is called with the flat inputs and returns the graph's result.
+    input_tree: dict[str, Any] | None = None
+    output_tree: dict[str, Any] | None = None
+    #: ``{symbolic dim name: [min, max or None]}``: the sizes the model was exported for,
+    #: checked when a run binds the dim (a frontend records them, e.g. ``torch.export.Dim``).
+    dim_ranges: dict[str, list[int | None]] = field(default_factory=dict)
 
     @property
     def profile_entry(self) -> str | None:
@@ -107,6 +114,9 @@ class Plan:
             "workspace_bytes": self.workspace_bytes,
             "entry": self.entry,
             "entry_sym_dims": self.entry_sym_dims,
+            "input_tree": self.input_tree,
+            "output_tree": self.output_tree,
+            "dim_ranges": self.dim_ranges,
         }
 
     @staticmethod
@@ -126,6 +136,9 @@ class Plan:
             workspace_bytes=int(data["workspace_bytes"]),
             entry=data["entry"],
             entry_sym_dims=data.get("entry_sym_dims"),
+            input_tree=data.get("input_tree"),
+            output_tree=data.get("output_tree"),
+            dim_ranges=dict(data.get("dim_ranges") or {}),
         )
 
 
