@@ -32,7 +32,7 @@ import numpy as np
 from ..ir import abi
 from ..ir.dtype import DataType
 from ..ir.errors import KilnError, ModelFormatError
-from . import memory_plan, shape_expr
+from . import memory_plan, shape_expr, threads
 from .executor import Executor
 from .module import FunctionInfo, Module, ParamInfo
 from .plan import Plan
@@ -63,6 +63,7 @@ class Executable:
         self.plans = dict(plans)
         self._executors: dict[str, Executor] = {}
         self._main: Executor | None = None  # what calling the executable runs
+        self._num_threads: int | None = None
 
     def _executor(self, name: str) -> Executor:
         ex = self._executors.get(name)
@@ -71,7 +72,8 @@ class Executable:
                 raise KilnError(
                     f"executable has no function {name!r} (it has: {', '.join(self.plans)})"
                 )
-            ex = self._executors[name] = Executor(self.plans[name], self.module)
+            ex = self._executors[name] = Executor(self.plans[name], self.module,
+                                                  self._num_threads)
         return ex
 
     def __getitem__(self, name: str):
@@ -145,32 +147,29 @@ class Executable:
             report[name] = stats
         return report
 
-    def set_num_threads(self, n: int) -> None:
-        """Use ``n`` OpenMP threads for later runs from the calling thread.
+    def set_num_threads(self, n: int | None) -> None:
+        """Run later calls of this executable with ``n`` OpenMP threads, from whichever thread
+        they are made (None: back to OpenMP's default, ``OMP_NUM_THREADS`` or every CPU).
 
-        This calls ``omp_set_num_threads``: OpenMP keeps the setting per process *thread* (it
-        applies to runs started from the thread that set it, in this and every other kiln
-        executable of the process). Kernels compiled for a target with an explicit
+        The count belongs to the executable: other executables keep theirs, and each call
+        applies it in its own thread (``kiln.runtime.threads``). Concurrent calls each run
+        their own team of ``n`` threads. Kernels compiled for a target with an explicit
         ``num_threads`` keep that count.
         """
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise KilnError(f"set_num_threads: expected a positive int, got {n!r}")
-        fn = self._native("kiln_set_num_threads")
-        fn.restype, fn.argtypes = None, (ctypes.c_int32,)
-        fn(n)
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+            raise KilnError(f"set_num_threads: expected a positive int or None, got {n!r}")
+        self._num_threads = n
+        for ex in self._executors.values():
+            ex.num_threads = n
+
+    @property
+    def num_threads(self) -> int | None:
+        """The thread count set with :meth:`set_num_threads` (None: OpenMP's default)."""
+        return self._num_threads
 
     def get_max_threads(self) -> int:
-        """OpenMP's thread count for the next parallel region started from this thread."""
-        fn = self._native("kiln_get_max_threads")
-        fn.restype, fn.argtypes = ctypes.c_int32, ()
-        return int(fn())
-
-    def _native(self, symbol: str) -> Any:
-        try:
-            return getattr(self.module.lib, symbol)
-        except AttributeError:
-            raise KilnError(f"library {self.module.lib_path} lacks {symbol} (not built by "
-                            "kiln.build)") from None
+        """How many OpenMP threads a call made now from this thread uses."""
+        return threads.effective_count(threads.setter(self.module), self._num_threads)
 
     # ---- native export -------------------------------------------------------------------
     def export_native(self, directory: str, name: str = "main") -> None:
