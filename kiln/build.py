@@ -25,7 +25,7 @@ from . import graph as g
 from . import transform as _transform  # noqa: F401 - declares every pass (get_pass by name)
 from .codegen import graph_entry
 from .codegen.graph_plan import build_plan
-from .ir.errors import KilnError, ScheduleError
+from .ir.errors import KilnError, ScheduleError, TargetError
 from .ir.module import IRModule
 from .op.registry import get_op_def
 from .op.schedule_helpers import inline_is_cheap
@@ -37,7 +37,21 @@ from .transform.fuse_tir import FuseTIR
 from .transform.legalize_ops import LegalizeOps
 from .transform.pass_infra import Pass, PassContext, Sequential, get_pass, list_passes
 
-__all__ = ["build", "default_pipeline", "schedule_prim_func"]
+__all__ = ["BUILDABLE_KINDS", "build", "check_buildable", "default_pipeline",
+           "schedule_prim_func"]
+
+#: Target kinds ``kiln.build`` generates code for. ``Target`` knows more kinds (cuda, opencl,
+#: npu); building for one without a code generator is refused here -- the one place to add a
+#: kind once its code generator exists -- instead of silently producing CPU code.
+BUILDABLE_KINDS = ("c",)
+
+
+def check_buildable(target: Target) -> None:
+    """Raise TargetError when ``kiln.build`` cannot generate code for ``target`` yet."""
+    if target.kind not in BUILDABLE_KINDS:
+        raise TargetError(f"kiln.build: target {target.kind!r} is not supported yet (kiln "
+                          f"generates code for: {', '.join(BUILDABLE_KINDS)}); nothing was "
+                          "built")
 
 #: Graph simplification before legalization (opt level >= 1), in order.
 SIMPLIFY_PASSES = ("CanonicalizeOps", "SimplifyExpr", "FoldConstant", "EliminateCommonSubexpr",
@@ -255,6 +269,7 @@ def build(mod: IRModule, target: Target | str | None = "c",
         raise KilnError(f"kiln.build: pipeline must be a Pass (e.g. a Sequential), got "
                         f"{type(pipeline).__name__}")
     tgt = Target.create(target)
+    check_buildable(tgt)
     if params:
         mod = BindParams("main", params)(mod)
     mod = (pipeline or default_pipeline(target=tgt))(mod)
@@ -282,4 +297,5 @@ def build(mod: IRModule, target: Target | str | None = "c",
                 raise KilnError(f"kiln.build: internal error: kernel {call.func!r} takes its "
                                 f"symbolic dims as {module.functions[call.func].sym_vars}, the "
                                 f"whole-model entry passes {names}")
-    return Executable(module, plans)
+    return Executable(module, plans, target=tgt.spec,
+                      required_features=tgt.required_features)

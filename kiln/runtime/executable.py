@@ -1,54 +1,59 @@
 """Executable: compiled kernels + execution plans + constants, saved to and loaded from one file.
 
-File format (little-endian), version 2 (version 1 files, without memory plans and native
-entries, are rejected with ModelFormatError: rebuild them)::
+The file (``kiln.runtime.file_format``: magic number, format version 3, named sections each
+with a sha256 checked at load) holds these sections::
 
-    b"KILNEXE\\0"  magic
-    u32           format version
-    u32           number of distinct data types, then each packed with kiln.ir.abi.DTYPE_STRUCT
-                  (derived from DTYPE_LAYOUT; JSON below refers to data types by index)
-    u64 + bytes   JSON header: kernels' FunctionInfo, plans (with their workspace offsets,
-                  workspace size and whole-model entry symbol), constant table
-    u64 + bytes   the shared library
-    u64 + bytes   the generated source
-    u64 + bytes   constant data (each constant at the offset the header gives)
+    meta        JSON: kiln's version, the target (``Target.spec``), the machine architecture
+                and the CPU features the code needs (``kiln.load`` refuses the file on a CPU
+                lacking any of them, before loading the library)
+    dtypes      the distinct data types, each packed with kiln.ir.abi.DTYPE_STRUCT (derived
+                from DTYPE_LAYOUT; JSON refers to data types by index)
+    header      JSON: kernels' FunctionInfo, plans (with their workspace offsets, workspace
+                size and whole-model entry symbol), constant table
+    library     the shared library
+    source      the generated source
+    constants   constant data (each constant at the offset the header gives)
+
+followed by any extra sections a code generator added (``Executable.add_section``: for example
+device code for a GPU target), kept verbatim.
 
 A loaded executable runs without recompiling: the library is written to the kernel cache under
-its content hash and loaded from there.
+its content hash and loaded from there. Where the cache cannot be written (a read-only
+directory), the library is loaded from an anonymous in-memory file instead.
 """
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import hashlib
 import json
 import os
-import struct
 import tempfile
 from typing import Any
 
 import numpy as np
 
+from .. import __version__
 from ..ir import abi
 from ..ir.dtype import DataType
-from ..ir.errors import KilnError, ModelFormatError
-from . import memory_plan, shape_expr, threads
+from ..ir.errors import KilnError, ModelFormatError, TargetError
+from ..target.cpu import host_features, host_machine
+from . import cache, file_format, memory_plan, shape_expr, threads
 from .executor import Executor
 from .module import FunctionInfo, Module, ParamInfo
 from .plan import Plan
 
-MAGIC = b"KILNEXE\0"
-VERSION = 2
+MAGIC = file_format.MAGIC
+VERSION = file_format.VERSION
+#: The sections every executable file has (``Executable.add_section`` may not use these names).
+CORE_SECTIONS = ("meta", "dtypes", "header", "library", "source", "constants")
 
 
 def cache_dir() -> str:
-    """Where compiled libraries live: $KILN_CACHE_DIR, $XDG_CACHE_HOME/kiln or ~/.cache/kiln."""
-    root = os.environ.get("KILN_CACHE_DIR")
-    if not root:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = os.path.join(xdg, "kiln")
+    """Where compiled libraries live (``kiln.runtime.cache.cache_dir``), created if missing."""
+    root = cache.cache_dir()
     os.makedirs(root, exist_ok=True)
-    return root
+    return str(root)
 
 
 class Executable:
@@ -58,20 +63,37 @@ class Executable:
     function; ``exe.save(path)`` writes one file that ``kiln.load`` reads back.
     """
 
-    def __init__(self, module: Module, plans: dict[str, Plan]):
+    def __init__(self, module: Module, plans: dict[str, Plan], target: str = "c",
+                 required_features: frozenset[str] | None = None,
+                 kiln_version: str = __version__, machine: str | None = None):
         self.module = module
         self.plans = dict(plans)
+        #: The target the code was built for (``Target.spec``: ``"c"``, ``"c -mcpu=znver3"``).
+        self.target = target
+        #: CPU features (/proc/cpuinfo names) the code may use; ``kiln.load`` checks them.
+        self.required_features = frozenset(required_features or ())
+        #: The kiln that built the code, and the machine architecture it is for.
+        self.kiln_version = kiln_version
+        self.machine = machine or host_machine()
+        #: Extra named sections saved with the file (see :meth:`add_section`).
+        self.sections: dict[str, bytes] = {}
         self._executors: dict[str, Executor] = {}
         self._main: Executor | None = None  # what calling the executable runs
         self._num_threads: int | None = None
 
+    def _plan(self, name: str) -> Plan:
+        try:
+            return self.plans[name]
+        except KeyError:
+            raise KilnError(
+                f"executable has no function {name!r} (it has: {', '.join(self.plans)})"
+            ) from None
+
     def _executor(self, name: str) -> Executor:
         ex = self._executors.get(name)
         if ex is None:
-            if name not in self.plans:
-                raise KilnError(
-                    f"executable has no function {name!r} (it has: {', '.join(self.plans)})"
-                )
+            self._plan(name)
+            check_runs_here(self.meta(), "this executable")
             ex = self._executors[name] = Executor(self.plans[name], self.module,
                                                   self._num_threads)
         return ex
@@ -189,8 +211,7 @@ class Executable:
         ``examples/run_from_c.c`` reads it. Only functions with a native entry over static
         shapes can be exported.
         """
-        self._executor(name)  # validates the name
-        plan = self.plans[name]
+        plan = self._plan(name)
         if plan.entry is None or plan.entry_sym_dims is not None:
             raise KilnError(f"export_native: function {name!r} has symbolic shapes (its native "
                             "entry, if any, needs the shapes planned per call by kiln's runtime)")
@@ -222,8 +243,37 @@ class Executable:
         with open(os.path.join(directory, "manifest.txt"), "w") as f:
             f.write("\n".join(lines) + "\n")
 
+    # ---- extra sections ------------------------------------------------------------------
+    def add_section(self, name: str, data: bytes) -> None:
+        """Save ``data`` with the executable as section ``name`` (checksummed like the core
+        sections and returned by :meth:`section` after ``kiln.load``): where a code generator
+        keeps what the CPU library does not hold, such as device code of a GPU target."""
+        if not isinstance(name, str) or not name or len(name.encode("utf-8")) > 255:
+            raise KilnError(f"section name must be a non-empty string of at most 255 bytes, "
+                            f"got {name!r}")
+        if name in CORE_SECTIONS:
+            raise KilnError(f"section name {name!r} is reserved (core sections: "
+                            f"{', '.join(CORE_SECTIONS)})")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise KilnError(f"section {name!r}: expected bytes, got {type(data).__name__}")
+        self.sections[name] = bytes(data)
+
+    def section(self, name: str) -> bytes:
+        """The bytes of extra section ``name`` (KilnError listing the sections if absent)."""
+        try:
+            return self.sections[name]
+        except KeyError:
+            raise KilnError(f"executable has no section {name!r} (extra sections: "
+                            f"{', '.join(self.sections) or 'none'})") from None
+
     # ---- persistence --------------------------------------------------------------------
+    def meta(self) -> dict[str, Any]:
+        """What the file's ``meta`` section records (see the module docstring)."""
+        return {"kiln_version": self.kiln_version, "format": VERSION, "target": self.target,
+                "machine": self.machine, "required_features": sorted(self.required_features)}
+
     def save(self, path: str) -> None:
+        """Write the executable to ``path`` (one file, see the module docstring)."""
         dtypes: dict[DataType, int] = {}
 
         def idx(dt: DataType) -> int:
@@ -256,19 +306,26 @@ class Executable:
             pj["constants"] = table
             plans_json[name] = pj
         header = json.dumps({"kernels": kernels, "plans": plans_json}).encode()
-        with open(self.module.lib_path, "rb") as f:
-            lib = f.read()
-        source = self.module.source.encode()
+        try:
+            with open(self.module.lib_path, "rb") as f:
+                lib = f.read()
+        except OSError as err:
+            raise KilnError(f"cannot read the executable's library {self.module.lib_path}: "
+                            f"{err}") from err
         ordered = sorted(dtypes, key=dtypes.__getitem__)
-        parts = [MAGIC, struct.pack("<II", VERSION, len(ordered))]
-        parts += [abi.pack_dtype(dt) for dt in ordered]
-        for blob in (header, lib, source, bytes(const_blob)):
-            parts += [struct.pack("<Q", len(blob)), blob]
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            for p in parts:
-                f.write(p)
-        os.replace(tmp, path)
+        sections = [
+            ("meta", json.dumps(self.meta()).encode()),
+            ("dtypes", b"".join(abi.pack_dtype(dt) for dt in ordered)),
+            ("header", header),
+            ("library", lib),
+            ("source", self.module.source.encode()),
+            ("constants", bytes(const_blob)),
+            *self.sections.items(),
+        ]
+        try:
+            file_format.write(path, sections)
+        except OSError as err:
+            raise KilnError(f"cannot write executable {path}: {err.strerror or err}") from err
 
 
 def _order(plan: Plan, args: tuple, kwargs: dict) -> list[Any]:
@@ -291,55 +348,99 @@ def _order(plan: Plan, args: tuple, kwargs: dict) -> list[Any]:
     return values
 
 
-class _Reader:
-    def __init__(self, data: bytes, path: str):
-        self.data, self.pos, self.path = data, 0, path
+def check_runs_here(meta: dict[str, Any], path: str) -> None:
+    """Refuse (TargetError) an executable built for another architecture or for CPU features
+    this CPU lacks: its code would die of an illegal instruction."""
+    machine = meta.get("machine")
+    if machine and machine != host_machine():
+        raise TargetError(f"{path} was built for {machine} (target {meta.get('target')!r}); "
+                          f"this machine is {host_machine()}")
+    have = host_features()
+    missing = sorted(set(meta.get("required_features") or ()) - have) if have else []
+    if missing:
+        raise TargetError(
+            f"{path} was built for target {meta.get('target')!r}, whose code uses CPU "
+            f"features this CPU lacks: {', '.join(missing)}. Build the model for a CPU this "
+            "machine has (for example Target('c', mcpu='x86-64-v3'), `kiln compile --target "
+            "x86-64-v3`, or the default 'native' on this machine)")
 
-    def take(self, n: int) -> bytes:
-        if self.pos + n > len(self.data):
-            raise ModelFormatError(f"{self.path}: truncated kiln executable")
-        out = self.data[self.pos:self.pos + n]
-        self.pos += n
-        return out
 
-    def unpack(self, fmt: str) -> tuple:
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))
-
-    def blob(self) -> bytes:
-        (n,) = self.unpack("<Q")
-        return self.take(n)
+def _library_file(lib: bytes, path: str) -> tuple[str, Any]:
+    """A file holding ``lib`` to load: the cache's copy (written if missing or different), or,
+    where the cache cannot be written, an anonymous in-memory file (Linux) or a private
+    temporary file. Returns the path and an object to keep alive while the library is used."""
+    digest = hashlib.sha256(lib).hexdigest()[:32]
+    try:
+        root = cache_dir()
+        lib_path = os.path.join(root, f"exe-{digest}.so")
+        try:
+            with open(lib_path, "rb") as f:
+                same = f.read() == lib
+        except FileNotFoundError:
+            same = False
+        if same:
+            cache.touch(lib_path)
+            return lib_path, None
+        fd, tmp = tempfile.mkstemp(dir=root, suffix=".so.tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(lib)
+            os.replace(tmp, lib_path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        cache.evict(keep=lib_path)
+        return lib_path, None
+    except OSError:
+        pass  # a read-only (or full) cache: load without it
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create(f"kiln-{digest}.so")
+        holder = os.fdopen(fd, "wb")
+        holder.write(lib)
+        holder.flush()
+        return f"/proc/self/fd/{fd}", holder
+    handle = tempfile.NamedTemporaryFile(prefix="kiln-", suffix=".so")  # noqa: SIM115
+    handle.write(lib)
+    handle.flush()
+    return handle.name, handle
 
 
 def load(path: str) -> Executable:
-    """Load an executable saved with :meth:`Executable.save` (no compiler needed)."""
+    """Load an executable saved with :meth:`Executable.save` (no compiler needed).
+
+    Raises ModelFormatError for a file that is not a kiln executable, is of an unknown format
+    version or fails a section's checksum (naming the section), and TargetError for code this
+    CPU cannot run."""
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as err:
-        raise ModelFormatError(f"cannot read kiln executable {path}: {err}") from err
-    r = _Reader(data, path)
-    if r.take(len(MAGIC)) != MAGIC:
-        raise ModelFormatError(f"{path} is not a kiln executable (bad magic)")
-    version, ndtypes = r.unpack("<II")
-    if version != VERSION:
-        raise ModelFormatError(
-            f"{path}: unsupported executable version {version} (this kiln reads version "
-            f"{VERSION}; rebuild and save the model again)"
-        )
-    dtypes = [abi.unpack_dtype(r.take(abi.DTYPE_STRUCT.size)) for _ in range(ndtypes)]
+        raise ModelFormatError(f"cannot read kiln executable {path}: "
+                               f"{err.strerror or err}") from err
+    sections = file_format.read(data, path)
+    missing = [n for n in CORE_SECTIONS if n not in sections]
+    if missing:
+        raise ModelFormatError(f"{path}: malformed kiln executable (no section(s) "
+                               f"{', '.join(missing)})")
     try:
-        header = json.loads(r.blob().decode())
+        meta = json.loads(bytes(sections["meta"]).decode())
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ModelFormatError(f"{path}: malformed meta section ({err})") from err
+    check_runs_here(meta, path)
+    raw_dtypes = bytes(sections["dtypes"])
+    size = abi.DTYPE_STRUCT.size
+    if len(raw_dtypes) % size:
+        raise ModelFormatError(f"{path}: malformed dtypes section ({len(raw_dtypes)} bytes)")
+    dtypes = [abi.unpack_dtype(raw_dtypes, i) for i in range(0, len(raw_dtypes), size)]
+    try:
+        header = json.loads(bytes(sections["header"]).decode())
+        source = bytes(sections["source"]).decode()
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ModelFormatError(f"{path}: corrupt header ({err})") from err
-    lib, source, const_blob = r.blob(), r.blob().decode(), r.blob()
-
-    digest = hashlib.sha256(lib).hexdigest()[:32]
-    lib_path = os.path.join(cache_dir(), f"exe-{digest}.so")
-    if not os.path.exists(lib_path):
-        fd, tmp = tempfile.mkstemp(dir=cache_dir(), suffix=".so")
-        with os.fdopen(fd, "wb") as f:
-            f.write(lib)
-        os.replace(tmp, lib_path)
+    const_blob = sections["constants"]
     try:
         functions = {
             k["name"]: FunctionInfo(
@@ -364,11 +465,19 @@ def load(path: str) -> Executable:
             plans[name] = Plan.from_json(pj, dtypes, constants)
     except (KeyError, IndexError, TypeError, ValueError) as err:
         raise ModelFormatError(f"{path}: malformed executable header ({err})") from err
-    module = Module(lib_path, source, functions)
+    lib_path, holder = _library_file(bytes(sections["library"]), path)
+    module = Module(lib_path, source, functions, keep_alive=holder)
     for name, plan in plans.items():
         if plan.entry is not None and not hasattr(module.lib, plan.entry):
             raise ModelFormatError(
                 f"{path}: function {name!r} names native entry {plan.entry!r}, which the "
                 "library lacks"
             )
-    return Executable(module, plans)
+    exe = Executable(module, plans, target=str(meta.get("target", "c")),
+                     required_features=frozenset(meta.get("required_features") or ()),
+                     kiln_version=str(meta.get("kiln_version", "?")),
+                     machine=meta.get("machine"))
+    for name, view in sections.items():
+        if name not in CORE_SECTIONS:
+            exe.sections[name] = bytes(view)
+    return exe

@@ -148,14 +148,15 @@ def build(funcs: Mapping[str, PrimFunc] | PrimFunc, target: Any = None,
         if items is None:
             raise CodegenError(f"build expects a dict of PrimFuncs, got {type(funcs).__name__}")
         funcs = {k: v for k, v in items() if isinstance(v, PrimFunc)}
-    source, infos = generate_source(funcs, target, extra_source)
-    externs.before_load(source, Target.create(target))  # e.g. AMX permission (tensor intrins)
-    result = compile_source(source)
+    tgt = Target.create(target)
+    source, infos = generate_source(funcs, tgt, extra_source)
+    externs.before_load(source, tgt)  # e.g. AMX permission (tensor intrins)
+    result = compile_source(source, march=tgt.mcpu)
     try:
         return Module(result.lib_path, source, infos, result.source_path, result.from_cache)
     except KilnError:
         if not result.from_cache:
             raise
         # A damaged cache entry: rebuild it once.
-        result = compile_source(source, force=True)
+        result = compile_source(source, force=True, march=tgt.mcpu)
         return Module(result.lib_path, source, infos, result.source_path, False)
