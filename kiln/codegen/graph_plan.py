@@ -271,6 +271,7 @@ def build_plan(func: gx.Function, name: str = "main") -> Plan:
         calls=pb.calls,
         outputs=result,
         constants=pb.constants,
+        output_names=[str(n) for n in func.attrs.get("output_names") or ()],
     )
     plan.workspace_offsets, plan.workspace_bytes = memory_plan.plan_memory(plan)
     return plan

@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,7 @@ from ..target.cpu import host_features, host_machine
 from . import cache, file_format, memory_plan, shape_expr, threads
 from .executor import Executor
 from .module import FunctionInfo, Module, ParamInfo
-from .plan import Plan
+from .plan import Plan, TensorInfo
 
 MAGIC = file_format.MAGIC
 VERSION = file_format.VERSION
@@ -105,15 +106,64 @@ class Executable:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         ex = self._main
         if ex is None:
-            ex = self._main = self._executor("main" if "main" in self.plans
-                                             else next(iter(self.plans)))
+            ex = self._main = self._executor(self.main_name)
         return ex.run(*args) if not kwargs else ex.run(*_order(ex.plan, args, kwargs))
+
+    @property
+    def main_name(self) -> str:
+        """The graph function calling the executable runs: ``main``, else the first one."""
+        return "main" if "main" in self.plans else next(iter(self.plans))
+
+    # ---- onnxruntime-style description and call -----------------------------------------
+    @property
+    def inputs(self) -> list[TensorInfo]:
+        """main's inputs in call order: name, shape (names for symbolic dims), dtype (as
+        onnxruntime's ``get_inputs()``)."""
+        return self.plans[self.main_name].inputs
+
+    @property
+    def outputs(self) -> list[TensorInfo]:
+        """main's outputs in the order :meth:`run` returns them, named after the model's
+        outputs (an ONNX graph's output names; ``output_0``... for a graph built in Python)."""
+        return self.plans[self.main_name].output_infos
+
+    def run(self, feeds: Mapping[str, Any] | Sequence[Any],
+            output_names: Sequence[str] | None = None, as_dict: bool = False) -> Any:
+        """Run main as onnxruntime's ``session.run`` does: ``feeds`` maps input names to
+        arrays (or lists them in input order); the result is the list of outputs named by
+        ``output_names`` in that order (all of them when None), or a ``{name: array}`` dict
+        with ``as_dict``. Nested tuple results are flattened, in the order of
+        :attr:`outputs`."""
+        plan = self.plans[self.main_name]
+        names = plan.output_names
+        if output_names is None:
+            picked = list(range(len(names)))
+        else:
+            if isinstance(output_names, str):
+                raise KilnError("run: output_names must be a list of names, got the string "
+                                f"{output_names!r}")
+            unknown = [n for n in output_names if n not in names]
+            if unknown:
+                raise KilnError(f"run: unknown output name(s) {unknown}; the outputs are "
+                                f"{names}")
+            picked = [names.index(n) for n in output_names]
+        if isinstance(feeds, Mapping):
+            result = self(**dict(feeds))
+        elif isinstance(feeds, Sequence) and not isinstance(feeds, (str, bytes)):
+            result = self(*feeds)
+        else:
+            raise KilnError(f"run: feeds must be a dict of input name -> array or a list of "
+                            f"arrays, got {type(feeds).__name__}")
+        flat = flatten_outputs(result)
+        if as_dict:
+            return {names[i]: flat[i] for i in picked}
+        return [flat[i] for i in picked]
 
     def profile(self, *args: Any, repeat: int = 10, **kwargs: Any) -> str:
         """A table of main's kernels, slowest first: calls per run, median milliseconds per
         run and share of the total (inputs as for calling the executable). What TVM's debug
         executor gives: where a model's time goes, kernel by kernel."""
-        name = "main" if "main" in self.plans else next(iter(self.plans))
+        name = self.main_name
         ex = self._executor(name)
         rows = ex.profile(*_order(ex.plan, args, kwargs), repeat=repeat)
         total = sum(t for _, _, t in rows) or 1.0
@@ -128,7 +178,7 @@ class Executable:
         """Median wall time of each kernel call of main, in the order the calls run:
         ``(kernel, seconds)``. With a native entry the kernels are timed inside it, one after
         the other as in a normal run."""
-        name = "main" if "main" in self.plans else next(iter(self.plans))
+        name = self.main_name
         ex = self._executor(name)
         kernels, samples = ex.call_samples(*_order(ex.plan, args, kwargs), repeat=repeat)
         return [(k, float(t)) for k, t in zip(kernels, np.median(samples, axis=0))]
@@ -136,7 +186,7 @@ class Executable:
     @property
     def num_kernels(self) -> int:
         """Kernel calls made by one run of main."""
-        name = "main" if "main" in self.plans else next(iter(self.plans))
+        name = self.main_name
         return self.plans[name].num_kernels
 
     def summary(self) -> str:
@@ -147,7 +197,9 @@ class Executable:
                 f"[{', '.join(shape_expr.to_str(c) for c in plan.slots[s].shape)}]"
                 for n, s in zip(plan.input_names, plan.input_slots)
             )
-            lines.append(f"  {name}({ins}): {plan.num_kernels} kernel calls")
+            outs = ", ".join(f"{o.name}: {o.dtype}[{', '.join(map(str, o.shape))}]"
+                             for o in plan.output_infos)
+            lines.append(f"  {name}({ins}) -> ({outs}): {plan.num_kernels} kernel calls")
             for c in plan.calls:
                 lines.append(f"    {c.func}({', '.join(map(str, c.args))})")
         return "\n".join(lines)
@@ -156,7 +208,7 @@ class Executable:
     @property
     def workspace_bytes(self) -> int:
         """Workspace bytes of main's memory plan (the peak of its static intermediates)."""
-        name = "main" if "main" in self.plans else next(iter(self.plans))
+        name = self.main_name
         return self.plans[name].workspace_bytes
 
     def memory_report(self) -> dict[str, dict[str, Any]]:
@@ -326,6 +378,13 @@ class Executable:
             file_format.write(path, sections)
         except OSError as err:
             raise KilnError(f"cannot write executable {path}: {err.strerror or err}") from err
+
+
+def flatten_outputs(result: Any) -> list[Any]:
+    """The arrays of a call's result (an array or nested tuples of them), in order."""
+    if isinstance(result, tuple):
+        return [a for r in result for a in flatten_outputs(r)]
+    return [result]
 
 
 def _order(plan: Plan, args: tuple, kwargs: dict) -> list[Any]:

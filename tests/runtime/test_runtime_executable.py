@@ -287,3 +287,40 @@ def _load_read_only(exe, tmp_path, cache=None):
                    cwd=os.path.dirname(os.path.dirname(kiln.__file__)))
     x = np.arange(15, dtype="float32").reshape(3, 5)
     np.testing.assert_allclose(np.load(out), (x + np.arange(5, dtype="float32")) ** 2)
+
+
+def test_inputs_outputs_and_run_like_onnxruntime(tmp_path):
+    n = kiln.tir.Var("n", "int64")
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo((n, 4), "float32"))
+    y = g.Var("y", g.TensorStructInfo((4,), "int32"))
+    with bb.function("main", [x, y]):
+        s = bb.emit(op.add(x, x))
+        c = bb.emit(op.multiply(y, y))
+        bb.emit_func_output(g.Tuple([s, g.Tuple([c, bb.emit(op.exp(x))])]))
+    exe = kiln.build(bb.get())
+    from kiln.runtime.plan import TensorInfo
+
+    assert exe.inputs == [TensorInfo("x", ("n", 4), "float32"), TensorInfo("y", (4,), "int32")]
+    assert exe.outputs == [TensorInfo("output_0", ("n", 4), "float32"),
+                           TensorInfo("output_1", (4,), "int32"),
+                           TensorInfo("output_2", ("n", 4), "float32")]
+    xv = np.arange(8, dtype="float32").reshape(2, 4)
+    yv = np.arange(4, dtype="int32")
+    feeds = {"x": xv, "y": yv}
+    full = exe.run(feeds)
+    assert [a.shape for a in full] == [(2, 4), (4,), (2, 4)]
+    np.testing.assert_array_equal(full[1], yv * yv)
+    picked = exe.run(feeds, ["output_2", "output_0"])
+    np.testing.assert_allclose(picked[0], np.exp(xv), rtol=1e-6)
+    np.testing.assert_array_equal(picked[1], xv + xv)
+    as_dict = exe.run([xv, yv], as_dict=True)
+    assert list(as_dict) == ["output_0", "output_1", "output_2"]
+    with pytest.raises(kiln.KilnError, match=r"unknown output name\(s\) \['out'\].*output_0"):
+        exe.run(feeds, ["out"])
+    with pytest.raises(kiln.KilnError, match=r"unknown input\(s\) \['z'\]"):
+        exe.run({"x": xv, "z": yv})
+    path = str(tmp_path / "m.kiln")
+    exe.save(path)
+    assert kiln.load(path).outputs == exe.outputs
+    assert "-> (output_0: float32[n, 4]" in exe.summary()

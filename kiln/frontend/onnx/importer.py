@@ -361,7 +361,8 @@ def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
         ctx.values[vi.name] = var
         inputs.append(var)
 
-    with bb.function("main"):
+    # the graph's output names, kept for the executable's outputs (``exe.outputs``)
+    with bb.function("main", attrs={"output_names": tuple(vo.name for vo in graph.output)}):
         with bb.dataflow():
             for node in graph.node:
                 _convert_node(ctx, node, opsets)
