@@ -39,10 +39,11 @@ from ..ir import abi
 from ..ir.dtype import DataType
 from ..ir.errors import KilnError, ModelFormatError, TargetError
 from ..target.cpu import host_features, host_machine
-from . import cache, file_format, memory_plan, shape_expr, threads
+from . import cache, file_format, memory_plan, profiling, shape_expr, threads
 from .executor import Executor
 from .module import FunctionInfo, Module, ParamInfo
 from .plan import Plan, TensorInfo
+from .profiling import Profile
 
 MAGIC = file_format.MAGIC
 VERSION = file_format.VERSION
@@ -159,20 +160,24 @@ class Executable:
             return {names[i]: flat[i] for i in picked}
         return [flat[i] for i in picked]
 
-    def profile(self, *args: Any, repeat: int = 10, **kwargs: Any) -> str:
-        """A table of main's kernels, slowest first: calls per run, median milliseconds per
-        run and share of the total (inputs as for calling the executable). What TVM's debug
-        executor gives: where a model's time goes, kernel by kernel."""
-        name = self.main_name
-        ex = self._executor(name)
-        rows = ex.profile(*_order(ex.plan, args, kwargs), repeat=repeat)
-        total = sum(t for _, _, t in rows) or 1.0
-        width = max([len(r[0]) for r in rows] + [6])
-        lines = [f"{'kernel':{width}s} {'calls':>5s} {'ms':>9s} {'share':>6s}"]
-        for kname, n, t in rows:
-            lines.append(f"{kname:{width}s} {n:5d} {t * 1e3:9.3f} {t / total:6.1%}")
-        lines.append(f"{'total':{width}s} {sum(n for _, n, _ in rows):5d} {total * 1e3:9.3f}")
-        return "\n".join(lines)
+    def profile(self, *args: Any, repeat: int = 10, trace: str | None = None,
+                **kwargs: Any) -> Profile:
+        """Time main's kernels over ``repeat`` runs (inputs as for calling the executable):
+        a :class:`~kiln.runtime.profiling.Profile` whose rows give, per kernel, its calls per
+        run, median time per run, share of the total, its calls' shapes and the model nodes
+        it was made from; ``str()`` of it is a table, slowest first. ``trace``: also write a
+        Chrome trace of the runs to that path. What TVM's debug executor gives: where a
+        model's time goes, kernel by kernel, named after the model."""
+        ex = self._executor(self.main_name)
+        calls, samples, env = ex.sample_calls(*_order(ex.plan, args, kwargs), repeat=repeat)
+        prof = profiling.make_profile(ex.plan, calls, samples, env)
+        if trace is not None:
+            try:
+                prof.write_chrome_trace(trace)
+            except OSError as err:
+                raise KilnError(f"cannot write the trace {trace}: {err.strerror or err}"
+                                ) from err
+        return prof
 
     def call_times(self, *args: Any, repeat: int = 10, **kwargs: Any) -> list[tuple[str, float]]:
         """Median wall time of each kernel call of main, in the order the calls run:

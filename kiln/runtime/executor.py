@@ -387,46 +387,42 @@ class Executor:
             times.append(time.perf_counter() - start)
         return self._collect(plan.outputs, values)
 
-    def call_samples(self, *args: Any, repeat: int = 10) -> tuple[list[str], np.ndarray]:
+    def sample_calls(self, *args: Any, repeat: int = 10
+                     ) -> tuple[list[Any], np.ndarray, dict[str, int]]:
         """Wall time of every kernel call over ``repeat`` runs (after one warm-up run): the
-        kernels in plan order and a ``(repeat, calls)`` array of seconds. A plan with a native
-        entry runs through its profiling twin, so the kernels run in the model's own sequence
-        with nothing between them; other plans call each kernel's checked entry (a few
-        microseconds of call overhead each)."""
+        kernel calls in plan order, a ``(repeat, calls)`` array of seconds, and the symbolic
+        dims of the last run. A plan with a native entry runs through its profiling twin, so
+        the kernels run in the model's own sequence with nothing between them; other plans
+        call each kernel's checked entry (a few microseconds of call overhead each)."""
         if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
             raise KilnError(f"profile: repeat must be a positive int, got {repeat!r}")
         plan = self.plan
-        kernels = [c.func for c in plan.calls if c.is_kernel]
+        calls = [c for c in plan.calls if c.is_kernel]
         native = self._profile_entry is not None  # set only beside a native entry
-        funcs = None if native else {name: self.module[name] for name in kernels}
-        samples = np.zeros((repeat + 1, len(kernels)))
+        funcs = None if native else {c.func: self.module[c.func] for c in calls}
+        samples = np.zeros((repeat + 1, len(calls)))
         threads.use(self._set_threads, self.num_threads)
         state = self.acquire()
+        env: dict[str, int] = {}
         try:
             for run in range(repeat + 1):  # the first run warms caches and is not counted
                 arrays, env = self._bind_inputs(args)
                 if native:
-                    seconds = (ctypes.c_double * max(len(kernels), 1))()
+                    seconds = (ctypes.c_double * max(len(calls), 1))()
                     self._run_entry(state, arrays, env, seconds)
-                    samples[run] = seconds[:len(kernels)]
+                    samples[run] = seconds[:len(calls)]
                 else:
                     times: list[float] = []
-                    self._run_steps(state, arrays, env, funcs, times)
+                    self._run_steps(state, arrays, env, funcs, times)  # binds env's names
                     samples[run] = times
         finally:
             self.release(state)
-        return kernels, samples[1:]
+        return calls, samples[1:], env
 
-    def profile(self, *args: Any, repeat: int = 10) -> list[tuple[str, int, float]]:
-        """Time every kernel of one run: ``(kernel, calls per run, median seconds per run)``,
-        slowest first (see :meth:`call_samples` for how)."""
-        kernels, samples = self.call_samples(*args, repeat=repeat)
-        columns: dict[str, list[int]] = {}
-        for i, name in enumerate(kernels):
-            columns.setdefault(name, []).append(i)
-        rows = [(name, len(cols), float(np.median(samples[:, cols].sum(axis=1))))
-                for name, cols in columns.items()]
-        return sorted(rows, key=lambda r: -r[2])
+    def call_samples(self, *args: Any, repeat: int = 10) -> tuple[list[str], np.ndarray]:
+        """:meth:`sample_calls` with the calls as kernel names."""
+        calls, samples, _ = self.sample_calls(*args, repeat=repeat)
+        return [c.func for c in calls], samples
 
     def _host_step(self, call: Any, values: list[Any], env: dict[str, int]) -> None:
         """Run a shape function or a match step, binding symbolic names in ``env``."""
