@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import graph as g
+from . import progress
 from . import transform as _transform  # noqa: F401 - declares every pass (get_pass by name)
 from .codegen import graph_entry
 from .codegen.graph_plan import build_plan
@@ -260,7 +261,15 @@ def build(mod: IRModule, target: Target | str | None = "c",
 
     ``pipeline`` replaces the default pass pipeline (:func:`default_pipeline` of the current
     PassContext's opt level), e.g. ``Sequential([LegalizeOps(), FuseOps(), FuseTIR()])``.
+    Progress (stages, kernels done of total) is logged under the ``"kiln"`` logger
+    (``kiln.progress``).
     """
+    with progress.scope():
+        return _build(mod, target, params, pipeline)
+
+
+def _build(mod: IRModule, target: Target | str | None, params: Mapping[str, Any] | None,
+           pipeline: Pass | None) -> Executable:
     from .codegen import c as codegen_c
 
     if not isinstance(mod, IRModule):
@@ -272,11 +281,17 @@ def build(mod: IRModule, target: Target | str | None = "c",
     check_buildable(tgt)
     if params:
         mod = BindParams("main", params)(mod)
+    stage = progress.Stage("graph passes")
     mod = (pipeline or default_pipeline(target=tgt))(mod)
     mod = _finish_graph(mod)
-    prim_funcs = {
-        name: schedule_prim_func(f, tgt) for name, f in mod.items() if isinstance(f, PrimFunc)
-    }
+    unscheduled = {name: f for name, f in mod.items() if isinstance(f, PrimFunc)}
+    stage.finish(f"{len(unscheduled)} kernels")
+    stage = progress.Stage("scheduling kernels", len(unscheduled))
+    prim_funcs = {}
+    for i, (name, f) in enumerate(unscheduled.items()):
+        prim_funcs[name] = schedule_prim_func(f, tgt)
+        stage.step(i + 1)
+    stage.finish()
     plans = {
         name: build_plan(f, name) for name, f in mod.items()
         if isinstance(f, g.Function) and not f.attrs.get("Primitive")

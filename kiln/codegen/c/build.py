@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ... import progress
 from ...ir.abi import c_header
 from ...ir.errors import CodegenError, KilnError
 from ...runtime.module import FunctionInfo, Module, ParamInfo
@@ -95,6 +96,7 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any = None, extra_sou
     symbols = NameTable()
     bodies: list[str] = []
     infos: dict[str, FunctionInfo] = {}
+    stage = progress.Stage("lowering kernels and generating C", len(funcs))
     for name, func in funcs.items():
         if not isinstance(func, PrimFunc):
             raise CodegenError(f"{name}: expected a tir.PrimFunc, got {type(func).__name__}")
@@ -114,6 +116,8 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any = None, extra_sou
         checked = emit_checked_entry(name, symbol, emitter.signature, helpers)
         bodies.append(unchecked + "\n" + checked)
         infos[name] = _function_info(name, symbol, func, emitter)
+        stage.step(len(infos))
+    stage.finish()
     support = helpers.render()
     code = support + "\n".join(bodies)
     prototypes = ["/* every function's entries (units call each other's: the model entry) */"]

@@ -44,6 +44,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ... import progress
 from ...ir.errors import CompileError, CompilerNotFoundError
 from ...runtime import cache
 from ...runtime.cache import cache_dir
@@ -218,6 +219,7 @@ def compile_source(source: str, force: bool = False, march: str = "native") -> C
             if not src_path.exists():
                 _atomic_write(src_path, source)
             cache.touch(lib_path, src_path)
+            progress.info("C compile: library found in the cache (%s)", lib_path.name)
             return CompileResult(str(lib_path), str(src_path), True)
         _atomic_write(src_path, source)
         fd, tmp_lib = tempfile.mkstemp(dir=directory, prefix=f"{key}.", suffix=".so.tmp")
@@ -229,6 +231,8 @@ def compile_source(source: str, force: bool = False, march: str = "native") -> C
         ) from err
     pieces = _pieces(source, compile_jobs())
     cflags = flags(march)
+    stage = progress.Stage(f"C compile ({len(source) // 1024} KiB, -march={march}, "
+                           f"{len(pieces)} translation unit{'s' if len(pieces) > 1 else ''})")
     try:
         if len(pieces) == 1:
             _run([*compiler.command, *cflags, "-o", tmp_lib, str(src_path), *_link_flags()],
@@ -240,6 +244,7 @@ def compile_source(source: str, force: bool = False, march: str = "native") -> C
             os.unlink(tmp_lib)
         raise
     os.replace(tmp_lib, lib_path)
+    stage.finish()
     cache.evict(keep=lib_path)
     return CompileResult(str(lib_path), str(src_path), False)
 
