@@ -5,9 +5,10 @@ then the C library includes, libmvec vector-variant declarations for the libm fu
 code uses, the error-reporting support, the vector typedefs and helpers the functions need and
 the prototypes of every function's entries. That prelude is followed by compilation units
 (separated by :data:`~kiln.codegen.c.compiler.UNIT_MARK` lines): the error buffer's
-definition, then per function its unchecked entry (with the static functions it calls)
-followed by its checked entry, then the extra source. The file is one valid C file; a large
-one is compiled in pieces in parallel (:func:`~kiln.codegen.c.compiler.compile_source`).
+definition, kiln's thread pool (``thread_pool.py``), then per function its unchecked entry
+(with the static functions it calls) followed by its checked entry, then the extra source.
+The file is one valid C file; a large one is compiled in pieces in parallel
+(:func:`~kiln.codegen.c.compiler.compile_source`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ...target.target import Target
 from ...tir.expr import IntImm
 from ...tir.function import PrimFunc
 from ...tir.transform.lower import is_lowered, lower
-from . import externs
+from . import externs, thread_pool
 from .compiler import UNIT_MARK, compile_source, libmvec_functions, supports_float16
 from .entry import checked_signature, dim_text, emit_checked_entry
 from .func import FunctionEmitter, unchecked_signature
@@ -32,6 +33,8 @@ from .helpers import ENTRY_SUPPORT, ERROR_BUFFER, Helpers
 from .names import NameTable
 
 INCLUDES = "#include <math.h>\n#include <stdarg.h>\n#include <stdio.h>\n#include <stdlib.h>\n"
+#: First line of every file: the thread pool asks glibc for the CPUs the process may use.
+FEATURES = "#ifndef _GNU_SOURCE\n#define _GNU_SOURCE\n#endif\n"
 
 
 def _make_analyzer() -> Any:
@@ -125,14 +128,15 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any = None, extra_sou
         prototypes += [unchecked_signature(info.symbol) + ";",
                        checked_signature(info.symbol) + ";"]
     prelude = "\n".join([
-        c_header(),
+        FEATURES + c_header(),
         INCLUDES,
         _mvec_declarations(code + extra_source),
         ENTRY_SUPPORT.strip("\n") + "\n",
+        thread_pool.DECLARATIONS.strip("\n") + "\n",
         support,
         "\n".join(prototypes) + "\n",
     ])
-    units = [ERROR_BUFFER, *bodies] + ([extra_source] if extra_source else [])
+    units = [ERROR_BUFFER, thread_pool.SOURCE, *bodies] + ([extra_source] if extra_source else [])
     source = prelude + "".join(f"\n{UNIT_MARK}\n{u}" for u in units)
     return source, infos
 

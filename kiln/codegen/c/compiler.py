@@ -1,10 +1,12 @@
 """Compiling generated C into a shared library, with an on-disk cache.
 
 The compiler is ``$CC`` (may include arguments, e.g. ``"ccache gcc"``) or else ``gcc`` / ``cc``
-from ``PATH``. Flags: ``-O3 -march=<mcpu> -fopenmp -shared -fPIC -std=gnu11
--ffp-contract=fast -fno-math-errno -fwrapv -fno-predictive-commoning`` (``mcpu`` is the
+from ``PATH``. Flags: ``-O3 -march=<mcpu> -fopenmp-simd -pthread -shared -fPIC
+-std=gnu11 -ffp-contract=fast -fno-math-errno -fwrapv -fno-predictive-commoning`` (``mcpu`` is the
 target's CPU, ``native`` by default: ``flags(march)``). Deliberately *not*
-``-ffast-math``: NaN and infinity must behave as IEEE says. ``-fno-math-errno`` only stops libm
+``-ffast-math``: NaN and infinity must behave as IEEE says. ``-fopenmp-simd`` reads ``#pragma
+omp simd`` only: parallel loops run on kiln's own thread pool, not OpenMP's
+(``kiln.codegen.c.thread_pool``). ``-fno-math-errno`` only stops libm
 calls from setting ``errno`` (which lets GCC vectorize ``sqrtf`` and call libmvec), ``-fwrapv``
 gives signed integer overflow the wrap-around numpy has. ``-fno-predictive-commoning``: that
 -O3 pass keeps values loaded in one iteration in registers for the next ones; in a
@@ -57,7 +59,7 @@ UNIT_MARK = "/* ---- kiln: compilation unit ---- */"
 PARALLEL_MIN_CHARS = 100_000
 
 BASE_FLAGS: tuple[str, ...] = (
-    "-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11",
+    "-O3", "-fopenmp-simd", "-pthread", "-shared", "-fPIC", "-std=gnu11",
     "-ffp-contract=fast", "-fno-math-errno", "-fwrapv", "-fno-predictive-commoning",
 )
 
