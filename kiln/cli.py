@@ -578,7 +578,7 @@ def build_parser() -> ArgumentParser:
     run.add_argument("--repeat", type=_int_type("--repeat", 0), default=10,
                      help="timed runs after the first (default 10)")
     run.add_argument("--threads", type=_int_type("--threads", 1), default=None,
-                     help="threads per run (default: OpenMP's, all CPUs)")
+                     help="threads per run (default: KILN_NUM_THREADS, else all CPUs)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     run.add_argument("--print-values", action="store_true", help="print the output arrays")
     run.add_argument("--profile", action="store_true",

@@ -227,13 +227,14 @@ class Executable:
         return report
 
     def set_num_threads(self, n: int | None) -> None:
-        """Run later calls of this executable with ``n`` OpenMP threads, from whichever thread
-        they are made (None: back to OpenMP's default, ``OMP_NUM_THREADS`` or every CPU).
+        """Run later calls of this executable with ``n`` threads, from whichever thread they
+        are made (None: back to the default, ``KILN_NUM_THREADS``, else ``OMP_NUM_THREADS``,
+        else every CPU the process may use).
 
         The count belongs to the executable: other executables keep theirs, and each call
-        applies it in its own thread (``kiln.runtime.threads``). Concurrent calls each run
-        their own team of ``n`` threads. Kernels compiled for a target with an explicit
-        ``num_threads`` keep that count.
+        applies it in its own thread (``kiln.runtime.threads``). Concurrent calls share the
+        library's thread pool (docs/executables.md, "Calls from several threads"). Kernels
+        compiled for a target with an explicit ``num_threads`` keep that count.
         """
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
             raise KilnError(f"set_num_threads: expected a positive int or None, got {n!r}")
@@ -243,11 +244,11 @@ class Executable:
 
     @property
     def num_threads(self) -> int | None:
-        """The thread count set with :meth:`set_num_threads` (None: OpenMP's default)."""
+        """The thread count set with :meth:`set_num_threads` (None: the default)."""
         return self._num_threads
 
     def get_max_threads(self) -> int:
-        """How many OpenMP threads a call made now from this thread uses."""
+        """How many threads a call made now from this thread uses."""
         return threads.effective_count(threads.setter(self.module), self._num_threads)
 
     # ---- native export -------------------------------------------------------------------

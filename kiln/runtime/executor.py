@@ -12,8 +12,8 @@ pointer arrays handed to the native entry, the frames of symbolic bindings -- is
 :class:`CallState`. A call takes one from the executor's pool (a new one when every state is
 busy) and puts it back afterwards, so concurrent calls from several Python threads never share
 one, and a thread that calls again reuses a warm workspace. ctypes releases the GIL around the
-native call, so concurrent calls really run at the same time, each with its own OpenMP team of
-the executable's thread count (``kiln.runtime.threads``).
+native call, so concurrent calls really run at the same time; their parallel loops run on the
+library's thread pool with the executable's thread count (``kiln.runtime.threads``).
 
 Plans with host steps (run-time shapes, ``kiln.runtime.shape_funcs``) bind symbolic names while
 they run: a shape function step reads tensor values on the host, a match step binds the graph's
@@ -174,8 +174,8 @@ class CallState:
 class Executor:
     """Runs one Plan against a loaded native Module (thread-safe, see the module docstring).
 
-    ``num_threads``: the OpenMP thread count of this executor's calls, from whichever thread
-    they are made (None: OpenMP's default, see ``kiln.runtime.threads``)."""
+    ``num_threads``: the thread count of this executor's calls, from whichever thread they are
+    made (None: the library's default, see ``kiln.runtime.threads``)."""
 
     def __init__(self, plan: Plan, module: Any, num_threads: int | None = None):
         self.plan = plan

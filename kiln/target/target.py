@@ -38,7 +38,7 @@ class Target:
     #: CPU's for ``native``). Given explicitly, they steer the schedules only: the C code is
     #: still compiled for ``mcpu``.
     features: frozenset[str] | None = None
-    num_threads: int = 0  # 0: OpenMP's default (all cores)
+    num_threads: int = 0  # 0: the caller's setting (kiln_set_num_threads; default all cores)
     attrs: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
