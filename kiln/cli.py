@@ -194,13 +194,14 @@ def _load_module(spec: str) -> Any:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from .build import default_pipeline, schedule_prim_func
+    from .build import check_buildable, default_pipeline, schedule_prim_func
     from .codegen import c as codegen_c
     from .tir.function import PrimFunc
     from .tir.transform import lower
     from .transform import PassContext
 
     target = _target(args.target)
+    check_buildable(target)
     mod = _load_module(args.model)
     if args.stage == "graph":
         print(mod)
