@@ -288,11 +288,13 @@ class FunctionEmitter(ExprEmitter):
         captures = self._captures(s, scratch_vars)
         if captures is None:
             return False
-        fn = f"{self.symbol}__par{len(self.outlined)}"
+        k = len(self.outlined)
+        fn = f"{self.symbol}__par{k}"
         var = self.define_var(s.loop_var)
         self.bind_range(s.loop_var, s.min, s.extent)
         ct = value_ctype(s.loop_var.dtype)
-        sizes = [f"{fn}_size{i}" for i in range(len(scratch))]
+        # kiln's own names start with kiln_, which no sanitized TIR name does
+        sizes = [f"kiln_par{k}_size{i}" for i in range(len(scratch))]
         for size, a in zip(sizes, scratch):
             self.helpers.use("alloc")
             count = _strip_parens(self.expr(alloc_size(a.buffer)))
@@ -315,23 +317,24 @@ class FunctionEmitter(ExprEmitter):
                           for a in scratch]
         params = [f"{ct} {var}"] + [d for d, _ in captures + scratch_params]
         fields = [d.replace("* restrict ", "* ") for d, _ in captures]
-        fields += [f"size_t {size}" for size in sizes] + [f"{ct} lo"]
-        call_args = [f"({ct})(c->lo + i)"] + [f"c->{n}" for _, n in captures]
+        fields += [f"size_t {size}" for size in sizes] + [f"{ct} kiln_lo"]
+        call_args = [f"({ct})(kiln_c->kiln_lo + kiln_i)"] + [f"kiln_c->{n}" for _, n in captures]
         call_args += [n for _, n in scratch_params]
-        task = [f"static void {fn}_task(void* ctx, int64_t begin, int64_t end) {{",
-                f"  const struct {fn}_ctx* c = (const struct {fn}_ctx*)ctx;"]
+        task = [f"static void {fn}_task(void* kiln_ctx, int64_t kiln_begin, int64_t kiln_end) {{",
+                f"  const struct {fn}_ctx* kiln_c = (const struct {fn}_ctx*)kiln_ctx;"]
         for size, (decl, name) in zip(sizes, scratch_params):
             el = decl.split("* restrict ")[0]
-            task.append(f"  {el}* {name} = ({el}*)kiln_alloc(c->{size});")
-        task.append(f"  for (int64_t i = begin; i < end; ++i) {fn}({', '.join(call_args)});")
+            task.append(f"  {el}* {name} = ({el}*)kiln_alloc(kiln_c->{size});")
+        task.append(f"  for (int64_t kiln_i = kiln_begin; kiln_i < kiln_end; ++kiln_i) "
+                    f"{fn}({', '.join(call_args)});")
         task += [f"  free({name});" for _, name in reversed(scratch_params)] + ["}", ""]
         self.outlined.append("\n".join([
             f"static void {fn}({', '.join(params)}) {{", *body, "}",
             f"struct {fn}_ctx {{ {' '.join(f + ';' for f in fields)} }};", *task]))
         values = [n for _, n in captures] + sizes + [_strip_parens(self.expr(s.min))]
         extent = _strip_parens(self.expr(s.extent))
-        self.line(f"{{ struct {fn}_ctx {fn}_c = {{{', '.join(values)}}};")
-        self.line(f"  kiln_parallel_for({fn}_task, &{fn}_c, (int64_t)({extent}), "
+        self.line(f"{{ struct {fn}_ctx kiln_par{k}_ctx = {{{', '.join(values)}}};")
+        self.line(f"  kiln_parallel_for({fn}_task, &kiln_par{k}_ctx, (int64_t)({extent}), "
                   f"{self.num_threads}); }}")
         return True
 

@@ -76,7 +76,7 @@ def test_parallel_loop_gets_one_buffer_per_thread():
     # each task of the thread pool allocates it once for its range of iterations
     task = src[src.index("static void f__par0_task("):]
     task = task[:task.index("\n}")]
-    assert task.index("kiln_alloc(") < task.index("for (int64_t i = begin") < task.index("free(")
+    assert task.index("kiln_alloc(") < task.index("for (int64_t kiln_i") < task.index("free(")
 
 
 def test_sequence_allocation_is_lifted_then_hoisted():
