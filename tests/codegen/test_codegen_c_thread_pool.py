@@ -148,6 +148,9 @@ def threads():
     return names.count("kiln-pool")
 before = threads()
 assert run(64, 3, 200000) >= 1
+deadline = time.time() + 20  # (a worker takes its name once the scheduler first runs it)
+while threads() < 2 and time.time() < deadline:
+    time.sleep(0.05)
 started = threads()
 pid = os.fork()
 if pid == 0:  # the child has no workers: its loops still run, with fresh ones
