@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Packages a function may import lazily: optional dependencies, not installed everywhere.
-OPTIONAL_DEPENDENCIES = {"torch", "PIL", "pyopencl", "cuda", "ray", "onnxruntime"}
+OPTIONAL_DEPENDENCIES = {"torch", "PIL", "pyopencl", "cuda", "ray", "onnxruntime", "transformers"}
 
 
 @dataclass
