@@ -5,7 +5,8 @@ One instruction per line, ``opcode`` then every schema field as ``name=value``::
     dma.load shape=[16,8,56] dst=input[0x0]:int8{1,1024,16} src=dram[0x4000]:int8{3136,56,1} \
         pad_lo=[0,1,1] pad_hi=[0,1,1] fill=#0
     mma shape=[8,56,64,144] c=acc[0x0]:int32{3584,64,1} a=input[0x0]:int8{1152,32,1} ...
-    vadd shape=[1,448,64] dst=acc[0x0]:int32{0,64,1} a=acc[0x0]:int32{0,64,1} b=weight[0x80]:int32{0,0,1}
+    vadd shape=[1,448,64] dst=acc[0x0]:int32{0,64,1} a=acc[0x0]:int32{0,64,1} \
+        b=weight[0x80]:int32{0,0,1}
     tok.push src=dma_in dst=tensor
 
 Values: extents ``[a,b,c]``; blocks ``mem[addr]:dtype{s0,s1,s2}``; immediates ``#3`` (int32) or
@@ -24,7 +25,8 @@ from .isa import OPCODES, SUB_TABLES, UNITS, Block, Instr, IsaError, mem_id, mem
 
 __all__ = ["assemble", "assemble_program", "disassemble", "disassemble_program", "format_instr"]
 
-_BLOCK = re.compile(r"^([a-z0-9_]+)\[(0x[0-9a-fA-F]+|\d+)\]:([a-z0-9]+)\{(-?\d+),(-?\d+),(-?\d+)\}$")
+_BLOCK = re.compile(r"^([a-z0-9_]+)\[(0x[0-9a-fA-F]+|\d+)\]:([a-z0-9]+)"
+                    r"\{(-?\d+),(-?\d+),(-?\d+)\}$")
 
 
 def _fmt_imm(v: Any) -> str:

@@ -421,8 +421,9 @@ class Simulator:
         for u in self._units:
             if u.pc < len(u.queue):
                 ins = u.queue[u.pc]
-                waits.append(f"core {u.core} {UNITS[u.kind]} at {ins.op} "
-                             f"{' '.join(f'{k}={v}' for k, v in ins.args.items() if k in ('src', 'dst', 'id'))}")
+                fields = " ".join(f"{k}={v}" for k, v in ins.args.items()
+                                  if k in ("src", "dst", "id"))
+                waits.append(f"core {u.core} {UNITS[u.kind]} at {ins.op} {fields}")
         return "NPU program deadlocked: " + "; ".join(waits)
 
     def _ready(self, u: _Unit) -> float | None:

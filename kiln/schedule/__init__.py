@@ -12,7 +12,10 @@ Importing this package imports every room, so a lookup (:func:`lookup_schedule`)
 every registration, whatever was imported first.
 """
 
-from . import cpu  # noqa: F401 - registers the CPU schedules
+from . import (
+    cpu,  # noqa: F401 - registers the CPU schedules
+    npu,  # noqa: F401 - registers the NPU lowerings
+)
 from .registry import (  # noqa: F401 - the registration API
     FAMILIES,
     TARGET_FAMILIES,

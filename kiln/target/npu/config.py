@@ -274,8 +274,7 @@ def _load_path(path: str) -> NPUConfig:
         dma_channels=channels,
         dma_latency=_get(dma, "latency", f"{what}: [dma]"),
         dma_onchip_bandwidth=_get(dma, "onchip_bandwidth", f"{what}: [dma]"),
-        tensor_shape=(_get(tensor, "m", f"{what}: [tensor]"), _get(tensor, "k", f"{what}: [tensor]"),
-                      _get(tensor, "n", f"{what}: [tensor]")),
+        tensor_shape=tuple(_get(tensor, d, f"{what}: [tensor]") for d in "mkn"),  # type: ignore[arg-type]
         tensor_latency=_get(tensor, "latency", f"{what}: [tensor]"),
         tensor_dtypes=tuple(tdtypes),
         vector_width=_get(vector, "width", f"{what}: [vector]"),

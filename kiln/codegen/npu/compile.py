@@ -1,0 +1,168 @@
+"""Graph -> NPU executable: partitioning, DRAM layout, kernels, CPU fallback.
+
+The graph function ``main`` (after the graph simplification passes, before legalization) is
+walked in order. Each op call is *annotated* with its target: the NPU when a lowering is
+registered (:mod:`kiln.schedule.npu`) and accepts the call's attributes and dtypes, else the
+CPU. Neighbouring NPU calls form one *region* (one :class:`~kiln.npu.program.Program`, its
+kernels separated by barriers), so data crosses between the NPU and the CPU only at region
+boundaries; each CPU call becomes a one-op kiln executable for the C target, which reads its
+operands from the NPU's DRAM and writes its result back (the explicit copies of heterogeneous
+execution). ``strict=True`` refuses any CPU call with a :class:`NPUUnsupportedError` that names
+every op without an NPU lowering and the reason.
+
+Views (reshape, squeeze, expand_dims) are aliases of their operand's DRAM, no kernel. Every
+tensor gets its own DRAM range (no reuse yet: the follow-up issue's on-chip residency and
+memory planning).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ... import graph as g
+from ...ir.errors import KilnError
+from ...ir.module import IRModule
+from ...schedule.npu import DramTensor, LoweringContext, NotSupported, lookup_lowering
+from ...target import Target
+from ...target.npu import NPUConfig, load_config
+from ...transform.legalize_ops import LegalizeOps
+from ..executable import build_executable
+from .executable import CpuStep, NPUExecutable, NpuStep
+
+__all__ = ["NPUUnsupportedError", "VIEW_OPS", "build_npu", "npu_config_of"]
+
+VIEW_OPS = ("reshape", "squeeze", "expand_dims")
+
+
+class NPUUnsupportedError(KilnError):
+    """``strict=True`` and some ops of the model have no NPU lowering (each is named)."""
+
+
+def npu_config_of(target: Target) -> NPUConfig:
+    """The hardware description a target names (``Target("npu", hw="edge")``; default:
+    ``"default"``)."""
+    return load_config(target.hw or "default")
+
+
+@dataclass
+class _Walk:
+    ctx: LoweringContext
+    env: dict[int, Any]
+    steps: list[Any]
+    unsupported: list[str]
+    strict: bool
+
+
+def _sinfo(var: Any) -> tuple[tuple[int, ...], str]:
+    si = var.struct_info
+    dims = [getattr(d, "value", d) for d in (si.shape or ())] \
+        if isinstance(si, g.TensorStructInfo) else None
+    if dims is None or si.shape is None or not all(isinstance(d, int) for d in dims):
+        raise NPUUnsupportedError(f"{getattr(var, 'name_hint', var)}: not a tensor of static "
+                                  "shape (the NPU build needs static shapes)")
+    return tuple(dims), str(si.dtype)
+
+
+def _operand(w: _Walk, arg: Any) -> Any:
+    if isinstance(arg, g.Constant):
+        return np.asarray(arg.data)
+    if isinstance(arg, g.Var) and id(arg) in w.env:
+        return w.env[id(arg)]
+    raise NotSupported(f"operand {type(arg).__name__} is not a tensor")
+
+
+def _close_region(w: _Walk) -> None:
+    kb = w.ctx.new_region()
+    if kb.kernels:
+        w.steps.append(NpuStep(kb.program(0), list(kb.kernels)))
+
+
+def _cpu_step(w: _Walk, call: g.Call, args: list[Any], out: DramTensor) -> None:
+    """Build ``call`` alone for the C target, its tensor operands read from DRAM."""
+    _close_region(w)
+    bb = g.BlockBuilder()
+    params, new_args, inputs = [], [], []
+    for i, (a, v) in enumerate(zip(call.args, args)):
+        if isinstance(v, DramTensor):
+            p = g.Var(f"arg{i}", g.TensorStructInfo(v.shape, v.dtype))
+            params.append(p)
+            new_args.append(p)
+            inputs.append(v)
+        else:
+            new_args.append(a)
+    with bb.function("main", params):
+        with bb.dataflow():
+            res = bb.emit_output(call.replace(args=tuple(new_args)))
+        bb.emit_func_output(res)
+    exe = build_executable(LegalizeOps()(bb.get()), Target("c"))
+    w.steps.append(CpuStep(call.op.name, exe, inputs, out))
+
+
+def _binding(w: _Walk, var: Any, value: Any) -> None:
+    if isinstance(value, g.Var):
+        w.env[id(var)] = w.env[id(value)]
+        return
+    if isinstance(value, g.Constant):
+        w.env[id(var)] = w.ctx.constant(np.asarray(value.data))
+        return
+    if not (isinstance(value, g.Call) and isinstance(value.op, g.Op)):
+        raise NPUUnsupportedError(f"{var.name_hint}: {type(value).__name__} bindings are not "
+                                  "supported by the NPU build")
+    name = value.op.name
+    shape, dtype = _sinfo(var)
+    args = [_operand(w, a) for a in value.args]
+    if name in VIEW_OPS and isinstance(args[0], DramTensor):
+        w.env[id(var)] = DramTensor(args[0].addr, shape, dtype)
+        return
+    out = w.ctx.alloc(shape, dtype)
+    w.env[id(var)] = out
+    lower = lookup_lowering(name)
+    reason = "no NPU lowering"
+    if lower is not None:
+        try:
+            lower(w.ctx, value, args, out)
+            return
+        except NotSupported as err:
+            reason = str(err)
+    if w.strict:
+        w.unsupported.append(f"{name} ({var.name_hint}): {reason}")
+        return
+    dram_args = [a if isinstance(a, DramTensor) or isinstance(b, g.Constant) else
+                 w.ctx.tensor(a) for a, b in zip(args, value.args)]
+    _cpu_step(w, value, dram_args, out)
+
+
+def build_npu(mod: IRModule, target: Target, strict: bool = False,
+              double_buffer: bool = True) -> NPUExecutable:
+    """Compile graph function ``main`` of ``mod`` (not legalized) for ``target``'s NPU."""
+    cfg = npu_config_of(target)
+    main = mod["main"]
+    if not isinstance(main, g.Function) or not isinstance(main.body, g.SeqExpr):
+        raise KilnError("the NPU build needs a graph function 'main'")
+    ctx = LoweringContext(cfg, double_buffer)
+    w = _Walk(ctx, {}, [], [], strict)
+    inputs = []
+    for p in main.params:
+        shape, dtype = _sinfo(p)
+        t = ctx.alloc(shape, dtype)
+        w.env[id(p)] = t
+        inputs.append((p.name_hint, t))
+    for blk in main.body.blocks:
+        for b in blk.bindings:
+            if not isinstance(b, g.VarBinding):
+                raise NPUUnsupportedError(f"{type(b).__name__} bindings are not supported by "
+                                          "the NPU build")
+            _binding(w, b.var, b.value)
+    if w.unsupported:
+        raise NPUUnsupportedError("strict NPU build: these ops have no NPU lowering: " +
+                                  "; ".join(w.unsupported))
+    _close_region(w)
+    result = main.body.body
+    outs = list(result.fields) if isinstance(result, g.Tuple) else [result]
+    out_tensors = [_operand(w, o) for o in outs]
+    out_tensors = [o if isinstance(o, DramTensor) else ctx.constant(o) for o in out_tensors]
+    return NPUExecutable(cfg, inputs, out_tensors, isinstance(result, g.Tuple), w.steps,
+                         ctx.constants, ctx.top, double_buffer)

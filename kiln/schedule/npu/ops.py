@@ -1,0 +1,302 @@
+"""The NPU lowerings of graph ops (registered with :func:`.lowering.register_lowering`).
+
+Float products run on the tensor unit in float16 with float32 accumulation (the description's
+fp16 x fp16 -> fp32 tile product): a float32 activation is cast to float16 by a vector kernel
+before the product, constant weights are cast and laid out at compile time. int8 x int8 ->
+int32 products (``out_dtype="int32"``) run as they are and are exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .emit import DramTensor, KernelInfo, block, itemsize
+from .gemm import GemmShape, emit_gemm, gemm_roofline, plan_gemm
+from .lowering import LoweringContext, NotSupported, register_lowering
+from .vector import VecStep, emit_elementwise, emit_global_avg_pool, emit_pool2d, emit_softmax
+
+__all__ = ["BINARY_OPS", "UNARY_OPS"]
+
+#: Graph op -> vector opcode of the element-wise ops.
+BINARY_OPS = {"add": "vadd", "subtract": "vsub", "multiply": "vmul", "divide": "vdiv",
+              "maximum": "vmax", "minimum": "vmin"}
+UNARY_OPS = {"relu": "vrelu", "exp": "vexp", "negative": "vneg", "abs": "vabs",
+             "rsqrt": "vrsqrt", "erf": "verf"}
+_FLOAT = ("float32", "float16", "bfloat16")
+
+
+def _vector_dtype(ctx: LoweringContext, dtype: str, op: str) -> None:
+    if not ctx.config.supports_vector_dtype(dtype):
+        raise NotSupported(f"{op}: the vector unit does not compute in {dtype}")
+
+
+def _scalar(arg: Any) -> float | None:
+    """A constant operand with one element, as an immediate (else None)."""
+    if isinstance(arg, np.ndarray) and arg.size == 1:
+        return float(arg.reshape(-1)[0])
+    return None
+
+
+@register_lowering(list(BINARY_OPS))
+def lower_binary(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
+    op = call.op.name
+    _vector_dtype(ctx, out.dtype, op)
+    if op == "divide" and out.dtype not in _FLOAT:
+        raise NotSupported("divide: the vector unit divides floats only")
+    imm = _scalar(args[1])
+    if imm is not None:
+        if not isinstance(args[0], DramTensor) or args[0].shape != out.shape:
+            raise NotSupported(f"{op}: scalar operand with a broadcast tensor")
+        return emit_elementwise(ctx, op, out, [args[0]],
+                                [VecStep(BINARY_OPS[op], (("in", 0), ("imm", imm)))])
+    xs = [ctx.tensor(np.asarray(a, out.dtype) if isinstance(a, np.ndarray) else a) for a in args]
+    if any(x.dtype != out.dtype for x in xs):
+        raise NotSupported(f"{op}: operands of different dtypes")
+    emit_elementwise(ctx, op, out, xs, [VecStep(BINARY_OPS[op], (("in", 0), ("in", 1)))])
+
+
+@register_lowering(list(UNARY_OPS))
+def lower_unary(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
+    op = call.op.name
+    _vector_dtype(ctx, out.dtype, op)
+    if op != "relu" and op != "negative" and op != "abs" and out.dtype not in _FLOAT:
+        raise NotSupported(f"{op}: only on floats")
+    emit_elementwise(ctx, op, out, [ctx.tensor(args[0])],
+                     [VecStep(UNARY_OPS[op], (("in", 0),))])
+
+
+@register_lowering("clip")
+def lower_clip(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
+    _vector_dtype(ctx, out.dtype, "clip")
+    lo, hi = float(call.attrs.a_min), float(call.attrs.a_max)
+    emit_elementwise(ctx, "clip", out, [ctx.tensor(args[0])],
+                     [VecStep("vmax", (("in", 0), ("imm", lo))),
+                      VecStep("vmin", (("out",), ("imm", hi)))])
+
+
+def cast_kernel(ctx: LoweringContext, x: DramTensor, dtype: str, op: str = "cast") -> DramTensor:
+    """A new DRAM tensor holding ``x`` converted to ``dtype`` on the vector unit."""
+    out = ctx.alloc(x.shape, dtype)
+    emit_elementwise(ctx, op, out, [x], [VecStep("vcast", (("in", 0),), (("mode", "rne"),))])
+    return out
+
+
+@register_lowering("cast")
+def lower_cast(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
+    x = ctx.tensor(args[0])
+    for dt in (x.dtype, out.dtype):
+        _vector_dtype(ctx, dt, "cast")
+    emit_elementwise(ctx, "cast", out, [x], [VecStep("vcast", (("in", 0),),
+                                                     (("mode", "rtz"),))])
+
+
+@register_lowering(("reshape", "squeeze", "expand_dims"))
+def lower_view(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
+    """Handled by the caller as an alias of the operand's DRAM (no data moves)."""
+    raise NotSupported("views are aliases, never kernels")
+
+
+# ---------------------------------------------------------------------------------------------
+# products
+# ---------------------------------------------------------------------------------------------
+def _operand_dtype(ctx: LoweringContext, op: str, x_dtype: str, w_dtype: str,
+                   out_dtype: str) -> str:
+    """The tensor unit's operand type for a product of these dtypes."""
+    if x_dtype == w_dtype == "int8" and out_dtype == "int32":
+        dt = "int8"
+    elif x_dtype in _FLOAT and w_dtype in _FLOAT and out_dtype == "float32":
+        dt = "float16"
+    else:
+        raise NotSupported(f"{op}: no tensor-unit product for {x_dtype} x {w_dtype} -> "
+                           f"{out_dtype}")
+    if ctx.config.tensor_dtype(dt, dt) is None:
+        raise NotSupported(f"{op}: the tensor unit of {ctx.config.name!r} lacks {dt}")
+    return dt
+
+
+def _activation(ctx: LoweringContext, x: Any, dt: str, op: str) -> DramTensor:
+    if isinstance(x, np.ndarray):
+        return ctx.constant(x, dt)
+    return x if x.dtype == dt else cast_kernel(ctx, x, dt, f"{op}.cast")
+
+
+def _plan(ctx: LoweringContext, op: str, shape: GemmShape) -> Any:
+    try:
+        return plan_gemm(ctx.config, shape, ctx.kb.nbuf)
+    except ValueError as err:
+        raise NotSupported(f"{op}: {err}") from None
+
+
+def _gemm_2d(ctx: LoweringContext, op: str, x: Any, w: Any, out: DramTensor,
+             w_is_nk: bool) -> None:
+    """``out[..., M, N] = x[..., M, K] @ W`` with W ``[N, K]`` (dense) or ``[K, N]``."""
+    wd = w.dtype if isinstance(w, DramTensor) else str(w.dtype)
+    xd = x.dtype if isinstance(x, DramTensor) else str(x.dtype)
+    dt = _operand_dtype(ctx, op, xd, wd, out.dtype)
+    if len(w.shape) != 2:
+        raise NotSupported(f"{op}: batched right operand")
+    k = w.shape[1] if w_is_nk else w.shape[0]
+    n = w.shape[0] if w_is_nk else w.shape[1]
+    m = int(np.prod(out.shape[:-1], dtype=np.int64))
+    shape = GemmShape(1, m, 1, n, k, 1, dt)
+    tiling = _plan(ctx, op, shape)
+    xa = _activation(ctx, x, dt, op)
+    if isinstance(w, np.ndarray):
+        wt = ctx.constant(np.ascontiguousarray(w.T if w_is_nk else w), dt)  # [K, N]
+        b_strides = (0, n, 1)
+    else:
+        wt = _activation(ctx, w, dt, op)
+        b_strides = (0, 1, k) if w_is_nk else (0, n, 1)
+    kb = ctx.kb
+
+    def load_a(core: int, b: int, m0: int, ms: int, k0: int, ks: int, addr: int) -> None:
+        kb.emit(core, "dma.load", shape=(1, ms, ks), dst=block("input", addr, dt, (0, ks, 1)),
+                src=xa.at(m0 * k + k0, (0, k, 1)), pad_lo=(0, 0, 0), pad_hi=(0, 0, 0), fill=0)
+
+    def load_b(core: int, b: int, k0: int, ks: int, n0: int, ns: int, addr: int) -> None:
+        off = (k0 * n + n0) if b_strides[1] == n else (n0 * k + k0)
+        kb.emit(core, "dma.load", shape=(1, ks, ns), dst=block("weight", addr, dt, (0, ns, 1)),
+                src=wt.at(off, b_strides), pad_lo=(0, 0, 0), pad_hi=(0, 0, 0), fill=0)
+
+    def store_c(core: int, b: int, m0: int, ms: int, n0: int, ns: int, addr: int) -> None:
+        kb.emit(core, "dma.store", shape=(1, ms, ns), dst=out.at(m0 * n + n0, (0, n, 1)),
+                src=block("acc", addr, out.dtype, (0, ns, 1)))
+
+    emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
+    kb.end_kernel(KernelInfo(ctx.label(op), op, tiling.describe(shape), tiling.estimate,
+                             gemm_roofline(ctx.config, shape)))
+
+
+@register_lowering("dense")
+def lower_dense(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
+    _gemm_2d(ctx, "dense", args[0], args[1], out, w_is_nk=True)
+
+
+@register_lowering("matmul")
+def lower_matmul(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
+    if len(args[0].shape) < 2:
+        raise NotSupported("matmul: vector left operand")
+    _gemm_2d(ctx, "matmul", args[0], args[1], out, w_is_nk=False)
+
+
+@register_lowering("nn.conv2d")
+def lower_conv2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
+    """Implicit GEMM: M = output rows of OW pixels, K = input channels x taps, N = output
+    channels; the A tile is gathered by one strided DMA with padding per tap."""
+    at = call.attrs
+    if at.data_layout != "NCHW" or at.kernel_layout != "OIHW":
+        raise NotSupported(f"nn.conv2d: layout {at.data_layout}/{at.kernel_layout}")
+    if at.groups != 1:
+        raise NotSupported(f"nn.conv2d: groups={at.groups}")
+    x, w = args
+    if not isinstance(w, np.ndarray):
+        raise NotSupported("nn.conv2d: weights computed at run time")
+    dt = _operand_dtype(ctx, "nn.conv2d", x.dtype if isinstance(x, DramTensor) else
+                        str(x.dtype), str(w.dtype), out.dtype)
+    nb, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    _, _, oh, ow = out.shape
+    (sh, sw), (dh, dw) = at.strides, at.dilation
+    pt, pl = at.padding[0], at.padding[1]
+    taps = kh * kw
+    shape = GemmShape(nb, oh, ow, o, c, taps, dt, a_dmas=taps)
+    tiling = _plan(ctx, "nn.conv2d", shape)
+    xa = _activation(ctx, x, dt, "nn.conv2d")
+    wl = ctx.constant(np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(taps, c, o)), dt)
+    kb = ctx.kb
+    zero = block("dram", 0, dt, (0, 0, 0))
+    xa_isz = itemsize(dt)
+
+    def valid(lo: int, n: int, tap: int, s: int, d: int, pad: int, size: int
+              ) -> tuple[int, int]:
+        first = max(lo, -(-(pad - tap * d) // s))
+        last = min(lo + n, (size - 1 + pad - tap * d) // s + 1)
+        return first, max(first, last)
+
+    def load_a(core: int, b: int, r0: int, rs: int, c0: int, cs: int, addr: int) -> None:
+        kt = cs * taps
+        dst_st = (1, ow * kt, kt)
+        for a in range(kh):
+            h0, h1 = valid(r0, rs, a, sh, dh, pt, h)
+            for e in range(kw):
+                w0, w1 = valid(0, ow, e, sw, dw, pl, wd)
+                dst = block("input", addr + (a * kw + e) * cs * xa_isz, dt, dst_st)
+                if h0 == h1 or w0 == w1:
+                    kb.emit(core, "dma.load", shape=(cs, rs, ow), dst=dst, src=zero,
+                            pad_lo=(0, 0, 0), pad_hi=(0, 0, 0), fill=0)
+                    continue
+                ih, iw = h0 * sh + a * dh - pt, w0 * sw + e * dw - pl
+                kb.emit(core, "dma.load", shape=(cs, h1 - h0, w1 - w0), dst=dst,
+                        src=xa.at(((b * c + c0) * h + ih) * wd + iw, (h * wd, sh * wd, sw)),
+                        pad_lo=(0, h0 - r0, w0), pad_hi=(0, r0 + rs - h1, ow - w1), fill=0)
+
+    def load_b(core: int, b: int, c0: int, cs: int, n0: int, ns: int, addr: int) -> None:
+        kb.emit(core, "dma.load", shape=(taps, cs, ns),
+                dst=block("weight", addr, dt, (cs * ns, ns, 1)),
+                src=wl.at(c0 * o + n0, (c * o, o, 1)), pad_lo=(0, 0, 0), pad_hi=(0, 0, 0),
+                fill=0)
+
+    def store_c(core: int, b: int, r0: int, rs: int, n0: int, ns: int, addr: int) -> None:
+        kb.emit(core, "dma.store", shape=(1, ns, rs * ow),
+                dst=out.at((b * o + n0) * oh * ow + r0 * ow, (0, oh * ow, 1)),
+                src=block("acc", addr, out.dtype, (0, 1, ns)))
+
+    emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
+    kb.end_kernel(KernelInfo(ctx.label("nn.conv2d"), "nn.conv2d", tiling.describe(shape),
+                             tiling.estimate, gemm_roofline(ctx.config, shape)))
+
+
+# ---------------------------------------------------------------------------------------------
+# pooling, softmax
+# ---------------------------------------------------------------------------------------------
+def _float_input(ctx: LoweringContext, op: str, x: Any) -> DramTensor:
+    if not isinstance(x, DramTensor):
+        raise NotSupported(f"{op} of a constant")
+    _vector_dtype(ctx, x.dtype, op)
+    if x.dtype not in _FLOAT:
+        raise NotSupported(f"{op}: only on floats")
+    return x
+
+
+@register_lowering(("nn.max_pool2d", "nn.avg_pool2d"))
+def lower_pool2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
+    op = call.op.name
+    at = call.attrs
+    x = _float_input(ctx, op, args[0])
+    if at.layout != "NCHW" or at.ceil_mode:
+        raise NotSupported(f"{op}: layout {at.layout}, ceil_mode={at.ceil_mode}")
+    kind = "max" if op == "nn.max_pool2d" else "avg"
+    divisor = None
+    if kind == "avg":
+        if any(at.padding) and not at.count_include_pad:
+            raise NotSupported(f"{op}: padding not counted (count_include_pad=False)")
+        divisor = float(at.pool_size[0] * at.pool_size[1])
+    emit_pool2d(ctx, op, x, out, kind, tuple(at.pool_size), tuple(at.strides),
+                tuple(at.padding), tuple(at.dilation), divisor)
+
+
+@register_lowering("nn.adaptive_avg_pool2d")
+def lower_adaptive_avg_pool2d(ctx: LoweringContext, call: Any, args: list[Any],
+                              out: DramTensor) -> None:
+    op = call.op.name
+    x = _float_input(ctx, op, args[0])
+    if call.attrs.layout != "NCHW":
+        raise NotSupported(f"{op}: layout {call.attrs.layout}")
+    h, w = x.shape[2:]
+    oh, ow = out.shape[2:]
+    if (oh, ow) == (1, 1):
+        return emit_global_avg_pool(ctx, op, x, out)
+    if h % oh or w % ow:
+        raise NotSupported(f"{op}: {h}x{w} -> {oh}x{ow} has unequal windows")
+    emit_pool2d(ctx, op, x, out, "avg", (h // oh, w // ow), (h // oh, w // ow), (0, 0, 0, 0),
+                (1, 1), float(h // oh * (w // ow)))
+
+
+@register_lowering("nn.softmax")
+def lower_softmax(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
+    x = _float_input(ctx, "nn.softmax", args[0])
+    if call.attrs.axis not in (-1, len(x.shape) - 1) or x.dtype != "float32":
+        raise NotSupported("nn.softmax: only over the last axis, in float32")
+    emit_softmax(ctx, "nn.softmax", x, out)
