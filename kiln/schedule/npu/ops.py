@@ -70,10 +70,15 @@ def lower_unary(ctx: LoweringContext, call: Any, args: list[Any], out: DramTenso
 @register_lowering("clip")
 def lower_clip(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
     _vector_dtype(ctx, out.dtype, "clip")
-    lo, hi = float(call.attrs.a_min), float(call.attrs.a_max)
-    emit_elementwise(ctx, "clip", out, [ctx.tensor(args[0])],
-                     [VecStep("vmax", (("in", 0), ("imm", lo))),
-                      VecStep("vmin", (("out",), ("imm", hi)))])
+    if out.dtype not in _FLOAT:
+        raise NotSupported("clip: only on floats")
+    lo, hi = call.attrs.min, call.attrs.max
+    steps = ([VecStep("vmax", (("in", 0), ("imm", float(lo))))] if lo is not None else []) + \
+        ([VecStep("vmin", (("out",) if lo is not None else ("in", 0), ("imm", float(hi))))]
+         if hi is not None else [])
+    if not steps:
+        steps = [VecStep("vmov", (("in", 0),))]
+    emit_elementwise(ctx, "clip", out, [ctx.tensor(args[0])], steps)
 
 
 def cast_kernel(ctx: LoweringContext, x: DramTensor, dtype: str, op: str = "cast") -> DramTensor:
