@@ -162,6 +162,20 @@ def test_pooling(hw):
 
 
 @pytest.mark.parametrize("hw", HW)
+def test_mean_over_trailing_axes(hw):
+    rng = np.random.default_rng(10)
+    x = _rand(rng, 2, 7, 97)
+    for axis, keep in (((1, 2), True), (-1, False)):
+        exe = _build(lambda x, a=axis, k=keep: op.mean(x, axis=a, keepdims=k), [x.shape], hw)
+        np.testing.assert_allclose(exe(x), x.mean(axis=axis, keepdims=keep), rtol=1e-5,
+                                   atol=1e-6)
+        assert exe.cpu_ops == []
+    exe = _build(lambda x: op.mean(x, axis=0), [x.shape], hw)
+    assert exe.cpu_ops == ["mean"]  # a leading axis: not a row reduction, runs on the CPU
+    np.testing.assert_allclose(exe(x), x.mean(axis=0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("hw", HW)
 def test_softmax(hw):
     rng = np.random.default_rng(6)
     x = _rand(rng, 3, 7, 1021) * 3

@@ -15,7 +15,7 @@ import numpy as np
 from .emit import DramTensor, KernelInfo, block, itemsize
 from .gemm import GemmShape, emit_gemm, gemm_roofline, plan_gemm
 from .lowering import LoweringContext, NotSupported, register_lowering
-from .vector import VecStep, emit_elementwise, emit_global_avg_pool, emit_pool2d, emit_softmax
+from .vector import VecStep, emit_elementwise, emit_row_mean, emit_pool2d, emit_softmax
 
 __all__ = ["BINARY_OPS", "UNARY_OPS"]
 
@@ -292,11 +292,24 @@ def lower_adaptive_avg_pool2d(ctx: LoweringContext, call: Any, args: list[Any],
     h, w = x.shape[2:]
     oh, ow = out.shape[2:]
     if (oh, ow) == (1, 1):
-        return emit_global_avg_pool(ctx, op, x, out)
+        return emit_row_mean(ctx, op, x, out, x.shape[0] * x.shape[1])
     if h % oh or w % ow:
         raise NotSupported(f"{op}: {h}x{w} -> {oh}x{ow} has unequal windows")
     emit_pool2d(ctx, op, x, out, "avg", (h // oh, w // ow), (h // oh, w // ow), (0, 0, 0, 0),
                 (1, 1), float(h // oh * (w // ow)))
+
+
+@register_lowering("mean")
+def lower_mean(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
+    """A mean over trailing axes (global average pooling as ONNX exports it)."""
+    x = _float_input(ctx, "mean", args[0])
+    rank = len(x.shape)
+    axes = call.attrs.axis
+    axes = list(range(rank)) if axes is None else \
+        sorted(a % rank for a in ((axes,) if isinstance(axes, int) else axes))
+    if not axes or axes != list(range(rank - len(axes), rank)):
+        raise NotSupported(f"mean over axes {axes} (only trailing axes)")
+    emit_row_mean(ctx, "mean", x, out, int(np.prod(x.shape[:rank - len(axes)], dtype=np.int64)))
 
 
 @register_lowering("nn.softmax")

@@ -29,7 +29,7 @@ from ...target.npu.config import DRAM
 from .emit import DramTensor, KernelBuilder, KernelInfo, Pipeline, block, itemsize, row_major
 from .lowering import LoweringContext, NotSupported
 
-__all__ = ["VecStep", "emit_elementwise", "emit_global_avg_pool", "emit_pool2d",
+__all__ = ["VecStep", "emit_elementwise", "emit_row_mean", "emit_pool2d",
            "emit_softmax", "traffic_cycles"]
 
 L0_INPUTS = ("input", "weight")
@@ -301,17 +301,18 @@ def _rows_kernel(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, 
     kb.end_kernel(KernelInfo(ctx.label(op), op, f"{rt} rows of {rows} x {length}", bound, bound))
 
 
-def emit_global_avg_pool(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor) -> None:
-    """Mean over H x W of NCHW ``x``: one ``vred.sum`` per block of channels."""
-    n, c, h, w = x.shape
-    hw = h * w
+def emit_row_mean(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
+                  rows: int) -> None:
+    """Mean of each of the ``rows`` rows of ``x`` (its trailing dims: H x W of a global average
+    pool): one ``vred.sum`` and one ``vmul`` per block of rows."""
+    length = int(np.prod(x.shape, dtype=np.int64)) // rows
 
     def body(core: int, rs: int, src: Any, dst: Any, tmp: Any) -> None:
-        ctx.kb.emit(core, "vred.sum", shape=(1, rs, hw), dst=dst, a=src, acc=0)
+        ctx.kb.emit(core, "vred.sum", shape=(1, rs, length), dst=dst, a=src, acc=0)
         ctx.kb.fence(core, UNIT_VECTOR)
-        ctx.kb.emit(core, "vmul", shape=(1, rs, 1), dst=dst, a=dst, b=1.0 / hw)
+        ctx.kb.emit(core, "vmul", shape=(1, rs, 1), dst=dst, a=dst, b=1.0 / length)
 
-    _rows_kernel(ctx, op, x, out, n * c, hw, 1, body)
+    _rows_kernel(ctx, op, x, out, rows, length, 1, body)
 
 
 def emit_softmax(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor) -> None:
