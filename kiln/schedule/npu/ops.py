@@ -15,7 +15,7 @@ import numpy as np
 from .emit import DramTensor, KernelInfo, block, itemsize
 from .gemm import GemmShape, emit_gemm, gemm_roofline, plan_gemm
 from .lowering import LoweringContext, NotSupported, register_lowering
-from .vector import VecStep, emit_elementwise, emit_row_mean, emit_pool2d, emit_softmax
+from .vector import VecStep, emit_elementwise, emit_pool2d, emit_row_mean, emit_softmax
 
 __all__ = ["BINARY_OPS", "UNARY_OPS"]
 
