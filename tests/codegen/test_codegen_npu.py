@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln.codegen.npu import NPUExecutable
+from kiln.build import npu_pipeline
+from kiln.codegen.npu import NPUExecutable, build_npu
 from kiln.ir import ArgumentError, KilnError
 from kiln.npu import SimulationError
 from kiln.testing import models
@@ -81,3 +82,17 @@ def test_hazard_checker_catches_a_missing_token():
                        if not (i.op in ("tok.push", "tok.pop") and i.args["src"] == 0)]
     with pytest.raises(SimulationError, match="hazard|deadlock"):
         exe(*model.inputs)
+
+
+def test_elementwise_chains_become_one_kernel():
+    model = models.resnet_block_cnn(batch=1, channels=8, size=8, blocks=1)
+    mod = npu_pipeline()(model.mod)
+    fused = build_npu(mod, kiln.Target("npu"), fuse=True)
+    alone = build_npu(mod, kiln.Target("npu"), fuse=False)
+    ops = [k.op for k in fused.kernels]
+    assert "multiply+add+relu" in ops and "multiply+add+add+relu" in ops
+    assert len(fused.kernels) < len(alone.kernels)
+    ref = model.reference(*model.inputs)
+    assert _rel(fused(*model.inputs), ref) <= 1e-2
+    assert _rel(alone(*model.inputs), ref) <= 1e-2
+    assert fused.last_cycles < alone.last_cycles

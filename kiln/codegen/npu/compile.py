@@ -10,8 +10,9 @@ operands from the NPU's DRAM and writes its result back (the explicit copies of 
 execution). ``strict=True`` refuses any CPU call with a :class:`NPUUnsupportedError` that names
 every op without an NPU lowering and the reason.
 
-Views (reshape, squeeze, expand_dims) are aliases of their operand's DRAM, no kernel. Every
-tensor gets its own DRAM range (no reuse yet: the follow-up issue's on-chip residency and
+A chain of element-wise calls, each result used only by the next, becomes one vector kernel
+(the intermediate values stay on chip). Views (reshape, squeeze, expand_dims) are aliases of
+their operand's DRAM, no kernel. Every tensor gets its own DRAM range (no reuse yet: the follow-up issue's on-chip residency and
 memory planning).
 """
 
@@ -26,6 +27,7 @@ from ... import graph as g
 from ...ir.errors import KilnError
 from ...ir.module import IRModule
 from ...schedule.npu import DramTensor, LoweringContext, NotSupported, lookup_lowering
+from ...schedule.npu.ops import ELEMENTWISE_OPS, lower_elementwise_chain
 from ...target import Target
 from ...target.npu import NPUConfig, load_config
 from ...transform.legalize_ops import LegalizeOps
@@ -135,9 +137,67 @@ def _binding(w: _Walk, var: Any, value: Any) -> None:
     _cpu_step(w, value, dram_args, out)
 
 
+def _uses(main: g.Function) -> dict[int, int]:
+    """How many times each variable is used (as a call operand, an alias or an output)."""
+    counts: dict[int, int] = {}
+
+    def visit(e: Any) -> None:
+        if isinstance(e, g.Var):
+            counts[id(e)] = counts.get(id(e), 0) + 1
+        elif isinstance(e, g.Call):
+            for a in e.args:
+                visit(a)
+        elif isinstance(e, g.Tuple):
+            for f in e.fields:
+                visit(f)
+
+    for blk in main.body.blocks:
+        for b in blk.bindings:
+            visit(b.value)
+    visit(main.body.body)
+    return counts
+
+
+def _elementwise(b: Any) -> bool:
+    return isinstance(b, g.VarBinding) and isinstance(b.value, g.Call) and \
+        isinstance(b.value.op, g.Op) and b.value.op.name in ELEMENTWISE_OPS
+
+
+def _chain(bindings: list[Any], i: int, uses: dict[int, int]) -> int:
+    """The end (exclusive) of the longest element-wise chain starting at binding ``i``: each
+    result used once, by the next binding, all of one shape and dtype."""
+    j = i
+    while j + 1 < len(bindings) and _elementwise(bindings[j]) and \
+            _elementwise(bindings[j + 1]) and uses.get(id(bindings[j].var)) == 1 and \
+            any(a is bindings[j].var for a in bindings[j + 1].value.args) and \
+            _sinfo(bindings[j].var) == _sinfo(bindings[j + 1].var):
+        j += 1
+    return j + 1
+
+
+def _fused(w: _Walk, chain: list[Any]) -> bool:
+    """Lower an element-wise chain as one kernel; False when some call cannot be."""
+    shape, dtype = _sinfo(chain[-1].var)
+    steps = []
+    prev = None
+    for b in chain:
+        args = [None if a is prev else _operand(w, a) for a in b.value.args]
+        running = next((k for k, a in enumerate(b.value.args) if a is prev), None)
+        steps.append((b.value, args, running))
+        prev = b.var
+    out = w.ctx.alloc(shape, dtype)
+    try:
+        lower_elementwise_chain(w.ctx, steps, out)
+    except NotSupported:
+        return False
+    w.env[id(chain[-1].var)] = out
+    return True
+
+
 def build_npu(mod: IRModule, target: Target, strict: bool = False,
-              double_buffer: bool = True) -> NPUExecutable:
-    """Compile graph function ``main`` of ``mod`` (not legalized) for ``target``'s NPU."""
+              double_buffer: bool = True, fuse: bool = True) -> NPUExecutable:
+    """Compile graph function ``main`` of ``mod`` (not legalized) for ``target``'s NPU
+    (``fuse``: chains of element-wise ops become one kernel each)."""
     cfg = npu_config_of(target)
     main = mod["main"]
     if not isinstance(main, g.Function) or not isinstance(main.body, g.SeqExpr):
@@ -150,12 +210,20 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
         t = ctx.alloc(shape, dtype)
         w.env[id(p)] = t
         inputs.append((p.name_hint, t))
-    for blk in main.body.blocks:
-        for b in blk.bindings:
-            if not isinstance(b, g.VarBinding):
-                raise NPUUnsupportedError(f"{type(b).__name__} bindings are not supported by "
-                                          "the NPU build")
-            _binding(w, b.var, b.value)
+    bindings = [b for blk in main.body.blocks for b in blk.bindings]
+    for b in bindings:
+        if not isinstance(b, g.VarBinding):
+            raise NPUUnsupportedError(f"{type(b).__name__} bindings are not supported by the "
+                                      "NPU build")
+    uses = _uses(main)
+    i = 0
+    while i < len(bindings):
+        end = _chain(bindings, i, uses) if fuse else i + 1
+        if end - i > 1 and _fused(w, bindings[i:end]):
+            i = end
+            continue
+        _binding(w, bindings[i].var, bindings[i].value)
+        i += 1
     if w.unsupported:
         raise NPUUnsupportedError("strict NPU build: these ops have no NPU lowering: " +
                                   "; ".join(w.unsupported))

@@ -33,7 +33,13 @@ class GemmShape:
     ``K = k_units * k_unit`` in ``dtype`` (the tensor unit's operand type);
     ``a_dmas``: DMAs that gather one A tile (1, or ``KH * KW`` for a convolution);
     ``b_shared``: B is the same for every batch entry (weights: loaded once per tile, counted
-    once by the roofline)."""
+    once by the roofline); ``a_elems``: elements of A's source per batch entry (a conv's
+    image: what the roofline counts; 0: M x K).
+
+    A convolution stages its input rows in L1 (one contiguous DMA per step) and gathers the
+    taps from there: ``stage_stride`` (rows of input per M unit; 0: no staging),
+    ``stage_halo`` (extra rows of the window) and ``stage_row`` (elements per input row and
+    K unit) size the L1 slot."""
 
     batch: int
     m_units: int
@@ -44,6 +50,17 @@ class GemmShape:
     dtype: str
     a_dmas: int = 1
     b_shared: bool = True
+    a_elems: int = 0
+    stage_stride: int = 0
+    stage_halo: int = 0
+    stage_row: int = 0
+
+    def stage_bytes(self, mu: int, ku: int) -> int:
+        """Bytes of one L1 staging slot for tiles of ``mu`` M units and ``ku`` K units."""
+        if not self.stage_stride:
+            return 0
+        return ku * ((mu - 1) * self.stage_stride + self.stage_halo) * self.stage_row * \
+            itemsize(self.dtype)
 
     @property
     def m(self) -> int:
@@ -89,7 +106,8 @@ def gemm_roofline(cfg: NPUConfig, shape: GemmShape) -> float:
     isz = itemsize(shape.dtype)
     tensor = shape.batch * _tile_cycles(cfg, shape.m, shape.n, shape.k, cpt) / cfg.cores
     b_bytes = shape.k * shape.n * isz * (1 if shape.b_shared else shape.batch)
-    traffic = shape.batch * (shape.m * shape.k * isz + shape.m * shape.n * itemsize(acc)) + b_bytes
+    a_elems = shape.a_elems or shape.m * shape.k
+    traffic = shape.batch * (a_elems * isz + shape.m * shape.n * itemsize(acc)) + b_bytes
     return max(tensor, traffic / cfg.memory(DRAM).bandwidth)
 
 
@@ -105,9 +123,13 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     steps = shape.batch * nm * nn * nk
     tensor = steps * _tile_cycles(cfg, mt, nt, kt, cpt) / cfg.cores
     dram = cfg.memory(DRAM)
-    traffic = steps * (mt * kt + kt * nt) * isz + shape.batch * shape.m * shape.n * itemsize(acc)
-    issue = (steps * (shape.a_dmas + 1) + shape.batch * nm * nn) * cfg.dma_latency / cfg.cores
-    dma = max(traffic / dram.bandwidth, issue)
+    a_bytes = shape.stage_bytes(mu, ku) or mt * kt * isz
+    traffic = steps * (a_bytes + kt * nt * isz) + shape.batch * shape.m * shape.n * itemsize(acc)
+    dmas = shape.a_dmas + 1 + (1 if shape.stage_stride else 0)
+    issue = (steps * dmas + shape.batch * nm * nn) * cfg.dma_latency / cfg.cores
+    onchip = steps * mt * kt * isz / cfg.dma_onchip_bandwidth / cfg.cores \
+        if shape.stage_stride else 0.0
+    dma = max(traffic / dram.bandwidth + onchip, issue)
     fill = dram.latency + cfg.tensor_latency + steps / cfg.cores * cfg.tensor_latency
     if nbuf >= 2:
         return max(tensor, dma) + fill
@@ -135,13 +157,14 @@ def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int) -> GemmTiling:
     isz, asz = itemsize(shape.dtype), itemsize(acc)
     tm, tk, tn = cfg.tensor_shape
     max_ext = cfg.encoding.max_extent
-    sizes = {n: cfg.memory(n).size for n in ("input", "weight", "acc")}
+    sizes = {n: cfg.memory(n).size for n in ("input", "weight", "acc", "l1")}
     best: GemmTiling | None = None
     for mu in _candidates(shape.m_units, math.ceil(tm / shape.m_unit)):
         mt = mu * shape.m_unit
         for ku in _candidates(shape.k_units, math.ceil(tk / shape.k_unit)):
             kt = ku * shape.k_unit
-            if nbuf * mt * kt * isz > sizes["input"] or max(mt, kt) > max_ext:
+            if nbuf * mt * kt * isz > sizes["input"] or max(mt, kt) > max_ext or \
+                    cfg.cores * nbuf * shape.stage_bytes(mu, ku) > sizes["l1"]:
                 continue
             for nt in _candidates(shape.n, tn):
                 if nbuf * kt * nt * isz > sizes["weight"] or nbuf * mt * nt * asz > sizes["acc"] \
@@ -157,9 +180,10 @@ def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int) -> GemmTiling:
     return best
 
 
-#: ``load_a(core, batch, m0, m_units, k0, k_units, addr)``: DMA the A tile (row-major,
-#: ``m_units * m_unit`` rows of ``k_units * k_unit``) to L0 input at ``addr``.
-LoadA = Callable[[int, int, int, int, int, int, int], None]
+#: ``load_a(core, batch, m0, m_units, k0, k_units, addr, slot)``: DMA the A tile (row-major,
+#: ``m_units * m_unit`` rows of ``k_units * k_unit``) to L0 input at ``addr`` (``slot``: the
+#: pipeline slot, for a staging buffer of its own).
+LoadA = Callable[[int, int, int, int, int, int, int, int], None]
 #: ``load_b(core, batch, k0, k_units, n0, n, addr)``: DMA the B tile (row-major K x N) to L0
 #: weight at ``addr``.
 LoadB = Callable[[int, int, int, int, int, int, int], None]
@@ -192,7 +216,7 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
             kts = kus * shape.k_unit
             slot = p.load_slot()
             a_addr, b_addr = slot * in_bytes, slot * w_bytes
-            load_a(core, b, m0, mus, k0, kus, a_addr)
+            load_a(core, b, m0, mus, k0, kus, a_addr, slot)
             load_b(core, b, k0, kus, n0, nts, b_addr)
             p.loaded()
             p.compute_begin()

@@ -12,18 +12,22 @@ from typing import Any
 
 import numpy as np
 
+from ...npu.isa import UNIT_DMA_IN
 from .emit import DramTensor, KernelInfo, block, itemsize
 from .gemm import GemmShape, emit_gemm, gemm_roofline, plan_gemm
 from .lowering import LoweringContext, NotSupported, register_lowering
 from .vector import VecStep, emit_elementwise, emit_pool2d, emit_row_mean, emit_softmax
 
-__all__ = ["BINARY_OPS", "UNARY_OPS"]
+__all__ = ["BINARY_OPS", "ELEMENTWISE_OPS", "UNARY_OPS", "elementwise_steps",
+           "lower_elementwise_chain"]
 
 #: Graph op -> vector opcode of the element-wise ops.
 BINARY_OPS = {"add": "vadd", "subtract": "vsub", "multiply": "vmul", "divide": "vdiv",
               "maximum": "vmax", "minimum": "vmin"}
 UNARY_OPS = {"relu": "vrelu", "exp": "vexp", "negative": "vneg", "abs": "vabs",
              "rsqrt": "vrsqrt", "erf": "verf"}
+#: What :func:`lower_elementwise` (and a fused chain) takes.
+ELEMENTWISE_OPS = (*BINARY_OPS, *UNARY_OPS, "clip")
 _FLOAT = ("float32", "float16", "bfloat16")
 
 
@@ -39,46 +43,74 @@ def _scalar(arg: Any) -> float | None:
     return None
 
 
-@register_lowering(list(BINARY_OPS))
-def lower_binary(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
+def elementwise_steps(ctx: LoweringContext, call: Any, args: list[Any], dtype: str,
+                      running: int | None, inputs: list[DramTensor]) -> list[VecStep]:
+    """The vector steps of element-wise ``call`` computing into the output block; operand
+    ``running`` (if given) is the output block's current value (an element-wise chain's
+    previous result), other tensor operands are appended to ``inputs``. Raises NotSupported."""
     op = call.op.name
-    _vector_dtype(ctx, out.dtype, op)
-    if op == "divide" and out.dtype not in _FLOAT:
-        raise NotSupported("divide: the vector unit divides floats only")
-    imm = _scalar(args[1])
-    if imm is not None:
-        if not isinstance(args[0], DramTensor) or args[0].shape != out.shape:
-            raise NotSupported(f"{op}: scalar operand with a broadcast tensor")
-        return emit_elementwise(ctx, op, out, [args[0]],
-                                [VecStep(BINARY_OPS[op], (("in", 0), ("imm", imm)))])
-    xs = [ctx.tensor(np.asarray(a, out.dtype) if isinstance(a, np.ndarray) else a) for a in args]
-    if any(x.dtype != out.dtype for x in xs):
-        raise NotSupported(f"{op}: operands of different dtypes")
-    emit_elementwise(ctx, op, out, xs, [VecStep(BINARY_OPS[op], (("in", 0), ("in", 1)))])
+    _vector_dtype(ctx, dtype, op)
+    if (op in ("divide", "clip") or op in UNARY_OPS and op not in ("relu", "negative", "abs")) \
+            and dtype not in _FLOAT:
+        raise NotSupported(f"{op}: the vector unit computes it on floats only")
+
+    def src(i: int) -> tuple[Any, ...]:
+        if i == running:
+            return ("out",)
+        a = args[i]
+        if isinstance(a, np.ndarray):
+            a = ctx.constant(np.asarray(a, dtype))
+        if a.dtype != dtype:
+            raise NotSupported(f"{op}: operands of different dtypes")
+        inputs.append(a)
+        return ("in", len(inputs) - 1)
+
+    if op in BINARY_OPS:
+        imm = _scalar(args[1])
+        if imm is not None and (running == 0 or isinstance(args[0], DramTensor)):
+            return [VecStep(BINARY_OPS[op], (src(0), ("imm", imm)))]
+        return [VecStep(BINARY_OPS[op], (src(0), src(1)))]
+    if op in UNARY_OPS:
+        return [VecStep(UNARY_OPS[op], (src(0),))]
+    if op == "clip":
+        lo, hi = call.attrs.min, call.attrs.max
+        x = src(0)
+        steps = [VecStep("vmax", (x, ("imm", float(lo))))] if lo is not None else []
+        if hi is not None:
+            steps.append(VecStep("vmin", (("out",) if steps else x, ("imm", float(hi)))))
+        return steps or [VecStep("vmov", (x,))]
+    raise NotSupported(f"{op} is not element-wise")
 
 
-@register_lowering(list(UNARY_OPS))
-def lower_unary(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
-    op = call.op.name
-    _vector_dtype(ctx, out.dtype, op)
-    if op != "relu" and op != "negative" and op != "abs" and out.dtype not in _FLOAT:
-        raise NotSupported(f"{op}: only on floats")
-    emit_elementwise(ctx, op, out, [ctx.tensor(args[0])],
-                     [VecStep(UNARY_OPS[op], (("in", 0),))])
+def _check_shape(op: str, inputs: list[DramTensor], out: DramTensor) -> None:
+    for x in inputs:
+        shape = (1,) * (len(out.shape) - len(x.shape)) + x.shape
+        if len(shape) != len(out.shape) or \
+                any(a not in (1, b) for a, b in zip(shape, out.shape)):
+            raise NotSupported(f"{op}: operand {x.shape} does not broadcast to {out.shape}")
 
 
-@register_lowering("clip")
-def lower_clip(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
-    _vector_dtype(ctx, out.dtype, "clip")
-    if out.dtype not in _FLOAT:
-        raise NotSupported("clip: only on floats")
-    lo, hi = call.attrs.min, call.attrs.max
-    steps = ([VecStep("vmax", (("in", 0), ("imm", float(lo))))] if lo is not None else []) + \
-        ([VecStep("vmin", (("out",) if lo is not None else ("in", 0), ("imm", float(hi))))]
-         if hi is not None else [])
-    if not steps:
-        steps = [VecStep("vmov", (("in", 0),))]
-    emit_elementwise(ctx, "clip", out, [ctx.tensor(args[0])], steps)
+@register_lowering(ELEMENTWISE_OPS)
+def lower_elementwise(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor
+                      ) -> None:
+    inputs: list[DramTensor] = []
+    steps = elementwise_steps(ctx, call, args, out.dtype, None, inputs)
+    _check_shape(call.op.name, inputs, out)
+    emit_elementwise(ctx, call.op.name, out, inputs, steps)
+
+
+def lower_elementwise_chain(ctx: LoweringContext, chain: list[tuple[Any, list[Any], int | None]],
+                            out: DramTensor) -> None:
+    """One kernel for a chain of element-wise calls, each (but the first) consuming the
+    previous one's result (operand ``running``), all of ``out``'s shape and dtype: the
+    intermediate results stay in the accumulator block instead of going through DRAM."""
+    inputs: list[DramTensor] = []
+    steps: list[VecStep] = []
+    for call, args, running in chain:
+        steps += elementwise_steps(ctx, call, args, out.dtype, running, inputs)
+    names = "+".join(c.op.name for c, _, _ in chain)
+    _check_shape(names, inputs, out)
+    emit_elementwise(ctx, names, out, inputs, steps)
 
 
 def cast_kernel(ctx: LoweringContext, x: DramTensor, dtype: str, op: str = "cast") -> DramTensor:
@@ -156,7 +188,8 @@ def _gemm_2d(ctx: LoweringContext, op: str, x: Any, w: Any, out: DramTensor,
         b_strides = (0, 1, k) if w_is_nk else (0, n, 1)
     kb = ctx.kb
 
-    def load_a(core: int, b: int, m0: int, ms: int, k0: int, ks: int, addr: int) -> None:
+    def load_a(core: int, b: int, m0: int, ms: int, k0: int, ks: int, addr: int,
+               slot: int) -> None:
         kb.emit(core, "dma.load", shape=(1, ms, ks), dst=block("input", addr, dt, (0, ks, 1)),
                 src=xa.at(m0 * k + k0, (0, k, 1)), pad_lo=(0, 0, 0), pad_hi=(0, 0, 0), fill=0)
 
@@ -206,8 +239,10 @@ def lower_conv2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
     (sh, sw), (dh, dw) = at.strides, at.dilation
     pt, pl = at.padding[0], at.padding[1]
     taps = kh * kw
-    shape = GemmShape(nb, oh, ow, o, c, taps, dt, a_dmas=taps)
+    shape = GemmShape(nb, oh, ow, o, c, taps, dt, a_dmas=taps, a_elems=c * h * wd,
+                      stage_stride=sh, stage_halo=(kh - 1) * dh + 1, stage_row=wd)
     tiling = _plan(ctx, "nn.conv2d", shape)
+    stage_slot = shape.stage_bytes(tiling.m_units, tiling.k_units)
     xa = _activation(ctx, x, dt, "nn.conv2d")
     wl = ctx.constant(np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(taps, c, o)), dt)
     kb = ctx.kb
@@ -220,9 +255,23 @@ def lower_conv2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
         last = min(lo + n, (size - 1 + pad - tap * d) // s + 1)
         return first, max(first, last)
 
-    def load_a(core: int, b: int, r0: int, rs: int, c0: int, cs: int, addr: int) -> None:
+    def load_a(core: int, b: int, r0: int, rs: int, c0: int, cs: int, addr: int,
+               slot: int) -> None:
+        """Stage the input rows the tile's windows cover in L1 (one DMA, contiguous in DRAM),
+        then gather each tap from L1 with a strided DMA whose padding fills the border."""
         kt = cs * taps
         dst_st = (1, ow * kt, kt)
+        i0 = max(0, r0 * sh - pt)
+        i1 = min(h, (r0 + rs - 1) * sh - pt + (kh - 1) * dh + 1)
+        nrows = max(0, i1 - i0)
+        staged = block("l1", (core * kb.nbuf + slot) * stage_slot, dt, (nrows * wd, wd, 1))
+        if nrows:
+            if kb.nbuf == 1:  # the one slot may still be read by the last step's gathers
+                kb.fence(core, UNIT_DMA_IN)
+            kb.emit(core, "dma.load", shape=(cs, nrows, wd), dst=staged,
+                    src=xa.at(((b * c + c0) * h + i0) * wd, (h * wd, wd, 1)),
+                    pad_lo=(0, 0, 0), pad_hi=(0, 0, 0), fill=0)
+            kb.fence(core, UNIT_DMA_IN)
         for a in range(kh):
             h0, h1 = valid(r0, rs, a, sh, dh, pt, h)
             for e in range(kw):
@@ -233,8 +282,9 @@ def lower_conv2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
                             pad_lo=(0, 0, 0), pad_hi=(0, 0, 0), fill=0)
                     continue
                 ih, iw = h0 * sh + a * dh - pt, w0 * sw + e * dw - pl
-                kb.emit(core, "dma.load", shape=(cs, h1 - h0, w1 - w0), dst=dst,
-                        src=xa.at(((b * c + c0) * h + ih) * wd + iw, (h * wd, sh * wd, sw)),
+                src = staged._replace(addr=staged.addr + ((ih - i0) * wd + iw) * xa_isz,
+                                      strides=(nrows * wd, sh * wd, sw))
+                kb.emit(core, "dma.load", shape=(cs, h1 - h0, w1 - w0), dst=dst, src=src,
                         pad_lo=(0, h0 - r0, w0), pad_hi=(0, r0 + rs - h1, ow - w1), fill=0)
 
     def load_b(core: int, b: int, c0: int, cs: int, n0: int, ns: int, addr: int) -> None:
