@@ -12,8 +12,8 @@ every op without an NPU lowering and the reason.
 
 A chain of element-wise calls, each result used only by the next, becomes one vector kernel
 (the intermediate values stay on chip). Views (reshape, squeeze, expand_dims) are aliases of
-their operand's DRAM, no kernel. Every tensor gets its own DRAM range (no reuse yet: the follow-up issue's on-chip residency and
-memory planning).
+their operand's DRAM, no kernel. Every tensor gets its own DRAM range (no reuse yet: the
+follow-up issue's on-chip residency and memory planning).
 """
 
 from __future__ import annotations
