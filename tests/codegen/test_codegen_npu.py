@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import kiln
+from kiln import cli
 from kiln.build import npu_pipeline
 from kiln.codegen.npu import NPUExecutable, build_npu
 from kiln.ir import ArgumentError, KilnError
@@ -96,3 +97,14 @@ def test_elementwise_chains_become_one_kernel():
     assert _rel(fused(*model.inputs), ref) <= 1e-2
     assert _rel(alone(*model.inputs), ref) <= 1e-2
     assert fused.last_cycles < alone.last_cycles
+
+
+def test_cli_show_prints_npu_tilings_and_assembly(capsys, tmp_path):
+    assert cli.main(["show", "demo:small_cnn", "--target", "npu -hw=edge", "--stage", "npu"]) == 0
+    out = capsys.readouterr().out
+    assert "'edge'" in out and "nn.conv2d" in out and "tile M" in out
+    assert cli.main(["show", "demo:mlp", "--target", "npu", "--stage", "asm"]) == 0
+    out = capsys.readouterr().out
+    assert ".core 0" in out and "mma.set" in out and "barrier" in out
+    assert cli.main(["show", "demo:mlp", "--target", "npu", "--stage", "tir"]) != 0
+    assert "stages graph, optimized, npu, asm" in capsys.readouterr().err
