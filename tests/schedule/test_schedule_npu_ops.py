@@ -198,6 +198,14 @@ def test_unsupported_op_runs_on_cpu_or_is_refused_when_strict():
         [_conv_ref(x[:, :2], w[:2], (1, 1), (1, 1, 1, 1), (1, 1)),
          _conv_ref(x[:, 2:], w[2:], (1, 1), (1, 1, 1, 1), (1, 1))], axis=1)), rtol=1e-4,
         atol=1e-5)
+    exe = _build(lambda x: op.nn.conv2d(op.nn.relu(x), g.const(w), padding=(1, 1), groups=2),
+                 [x.shape], "default")
+    assert exe.cpu_ops == ["nn.conv2d"]
+    xr = np.maximum(x, 0)
+    np.testing.assert_allclose(exe(x), np.concatenate(
+        [_conv_ref(xr[:, :2], w[:2], (1, 1), (1, 1, 1, 1), (1, 1)),
+         _conv_ref(xr[:, 2:], w[2:], (1, 1), (1, 1, 1, 1), (1, 1))], axis=1), rtol=1e-4,
+        atol=1e-5)
     with pytest.raises(NPUUnsupportedError, match=r"nn\.conv2d .*groups=2.*tanh .*no NPU"):
         _build(fn, [x.shape], "edge", strict=True)
     with pytest.raises(KilnError, match="strict= applies to NPU targets only"):

@@ -27,7 +27,11 @@ from ... import graph as g
 from ...ir.errors import KilnError
 from ...ir.module import IRModule
 from ...schedule.npu import DramTensor, LoweringContext, NotSupported, lookup_lowering
-from ...schedule.npu.ops import ELEMENTWISE_OPS, lower_elementwise_chain
+from ...schedule.npu.ops import (
+    ELEMENTWISE_OPS,
+    lower_elementwise_chain,
+    product_operand_dtype,
+)
 from ...target import Target
 from ...target.npu import NPUConfig, load_config
 from ...transform.legalize_ops import LegalizeOps
@@ -89,10 +93,11 @@ def _cpu_step(w: _Walk, call: g.Call, args: list[Any], out: DramTensor) -> None:
     params, new_args, inputs = [], [], []
     for i, (a, v) in enumerate(zip(call.args, args)):
         if isinstance(v, DramTensor):
-            p = g.Var(f"arg{i}", g.TensorStructInfo(v.shape, v.dtype))
+            dtype = str(a.struct_info.dtype)  # DRAM may hold it narrower (a fused cast)
+            p = g.Var(f"arg{i}", g.TensorStructInfo(v.shape, dtype))
             params.append(p)
             new_args.append(p)
-            inputs.append(v)
+            inputs.append((v, dtype))
         else:
             new_args.append(a)
     with bb.function("main", params):
@@ -175,8 +180,22 @@ def _chain(bindings: list[Any], i: int, uses: dict[int, int]) -> int:
     return j + 1
 
 
-def _fused(w: _Walk, chain: list[Any]) -> bool:
-    """Lower an element-wise chain as one kernel; False when some call cannot be."""
+def _consumer_cast(w: _Walk, bindings: list[Any], end: int, uses: dict[int, int]
+                   ) -> str | None:
+    """The dtype the only consumer of binding ``end - 1`` -- the next binding, a product --
+    wants it in (its cast is then fused into the producer), else None."""
+    if end >= len(bindings) or uses.get(id(bindings[end - 1].var)) != 1:
+        return None
+    nxt = bindings[end].value
+    if not (isinstance(nxt, g.Call) and isinstance(nxt.op, g.Op) and nxt.args and
+            nxt.args[0] is bindings[end - 1].var):
+        return None
+    return product_operand_dtype(w.ctx, nxt, _sinfo(bindings[end - 1].var)[1])
+
+
+def _fused(w: _Walk, chain: list[Any], cast: str | None) -> bool:
+    """Lower an element-wise chain as one kernel (its result cast to ``cast`` if given);
+    False when some call cannot be."""
     shape, dtype = _sinfo(chain[-1].var)
     steps = []
     prev = None
@@ -185,9 +204,9 @@ def _fused(w: _Walk, chain: list[Any]) -> bool:
         running = next((k for k, a in enumerate(b.value.args) if a is prev), None)
         steps.append((b.value, args, running))
         prev = b.var
-    out = w.ctx.alloc(shape, dtype)
+    out = w.ctx.alloc(shape, cast or dtype)
     try:
-        lower_elementwise_chain(w.ctx, steps, out)
+        lower_elementwise_chain(w.ctx, steps, out, dtype)
     except NotSupported:
         return False
     w.env[id(chain[-1].var)] = out
@@ -219,7 +238,9 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
     i = 0
     while i < len(bindings):
         end = _chain(bindings, i, uses) if fuse else i + 1
-        if end - i > 1 and _fused(w, bindings[i:end]):
+        cast = _consumer_cast(w, bindings, end, uses) if fuse else None
+        if _elementwise(bindings[i]) and (end - i > 1 or cast) and \
+                _fused(w, bindings[i:end], cast):
             i = end
             continue
         _binding(w, bindings[i].var, bindings[i].value)

@@ -35,11 +35,12 @@ class NpuStep:
 
 @dataclass
 class CpuStep:
-    """One op on the CPU: its executable, operands and result in DRAM."""
+    """One op on the CPU: its executable, operands in DRAM (each with the dtype the CPU op
+    takes: DRAM may hold it narrower) and result in DRAM."""
 
     op: str
     exe: Executable
-    inputs: list[DramTensor]
+    inputs: list[tuple[DramTensor, str]]
     out: DramTensor
 
 
@@ -99,7 +100,8 @@ class NPUExecutable:
                 sim = Simulator(self.config, self.machine, trace=trace)
                 self.last_reports.append(sim.run(step.program))
             else:
-                ins = [self.machine.read(t.addr, t.shape, t.dtype) for t in step.inputs]
+                ins = [self.machine.read(t.addr, t.shape, t.dtype).astype(dt)
+                       for t, dt in step.inputs]
                 res = np.asarray(step.exe(*ins))
                 self.machine.write(step.out.addr, res.astype(step.out.dtype))
         outs = [self.machine.read(t.addr, t.shape, t.dtype) for t in self.outputs]

@@ -38,8 +38,8 @@ class GemmShape:
 
     A convolution stages its input rows in L1 (one contiguous DMA per step) and gathers the
     taps from there: ``stage_stride`` (rows of input per M unit; 0: no staging),
-    ``stage_halo`` (extra rows of the window) and ``stage_row`` (elements per input row and
-    K unit) size the L1 slot."""
+    ``stage_halo`` (extra rows of the window), ``stage_row`` (elements per input row and
+    K unit) and ``stage_pad`` size the L1 slot."""
 
     batch: int
     m_units: int
@@ -54,13 +54,16 @@ class GemmShape:
     stage_stride: int = 0
     stage_halo: int = 0
     stage_row: int = 0
+    stage_pad: int = 0
 
     def stage_bytes(self, mu: int, ku: int) -> int:
-        """Bytes of one L1 staging slot for tiles of ``mu`` M units and ``ku`` K units."""
+        """Bytes of one L1 staging slot for tiles of ``mu`` M units and ``ku`` K units (each
+        K unit's rows, plus ``stage_pad`` bytes that keep its start off the previous one's
+        banks)."""
         if not self.stage_stride:
             return 0
-        return ku * ((mu - 1) * self.stage_stride + self.stage_halo) * self.stage_row * \
-            itemsize(self.dtype)
+        rows = (mu - 1) * self.stage_stride + self.stage_halo
+        return ku * (rows * self.stage_row * itemsize(self.dtype) + self.stage_pad)
 
     @property
     def m(self) -> int:

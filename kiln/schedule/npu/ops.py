@@ -18,8 +18,8 @@ from .gemm import GemmShape, emit_gemm, gemm_roofline, plan_gemm
 from .lowering import LoweringContext, NotSupported, register_lowering
 from .vector import VecStep, emit_elementwise, emit_pool2d, emit_row_mean, emit_softmax
 
-__all__ = ["BINARY_OPS", "ELEMENTWISE_OPS", "UNARY_OPS", "elementwise_steps",
-           "lower_elementwise_chain"]
+__all__ = ["BINARY_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS", "elementwise_steps",
+           "lower_elementwise_chain", "product_operand_dtype"]
 
 #: Graph op -> vector opcode of the element-wise ops.
 BINARY_OPS = {"add": "vadd", "subtract": "vsub", "multiply": "vmul", "divide": "vdiv",
@@ -100,17 +100,20 @@ def lower_elementwise(ctx: LoweringContext, call: Any, args: list[Any], out: Dra
 
 
 def lower_elementwise_chain(ctx: LoweringContext, chain: list[tuple[Any, list[Any], int | None]],
-                            out: DramTensor) -> None:
+                            out: DramTensor, dtype: str) -> None:
     """One kernel for a chain of element-wise calls, each (but the first) consuming the
-    previous one's result (operand ``running``), all of ``out``'s shape and dtype: the
-    intermediate results stay in the accumulator block instead of going through DRAM."""
+    previous one's result (operand ``running``), all of ``out``'s shape and of ``dtype``: the
+    intermediate results stay in the accumulator block instead of going through DRAM. An
+    ``out`` of another dtype gets the result cast (for a product's operand)."""
     inputs: list[DramTensor] = []
     steps: list[VecStep] = []
     for call, args, running in chain:
-        steps += elementwise_steps(ctx, call, args, out.dtype, running, inputs)
+        steps += elementwise_steps(ctx, call, args, dtype, running, inputs)
     names = "+".join(c.op.name for c, _, _ in chain)
     _check_shape(names, inputs, out)
-    emit_elementwise(ctx, names, out, inputs, steps)
+    if out.dtype != dtype:
+        _vector_dtype(ctx, out.dtype, names)
+    emit_elementwise(ctx, names, out, inputs, steps, dtype)
 
 
 def cast_kernel(ctx: LoweringContext, x: DramTensor, dtype: str, op: str = "cast") -> DramTensor:
@@ -151,6 +154,25 @@ def _operand_dtype(ctx: LoweringContext, op: str, x_dtype: str, w_dtype: str,
     if ctx.config.tensor_dtype(dt, dt) is None:
         raise NotSupported(f"{op}: the tensor unit of {ctx.config.name!r} lacks {dt}")
     return dt
+
+
+#: The ops computed on the tensor unit (their first operand is the activation).
+GEMM_OPS = ("dense", "matmul", "nn.conv2d")
+
+
+def product_operand_dtype(ctx: LoweringContext, call: Any, x_dtype: str) -> str | None:
+    """The dtype GEMM op ``call`` wants its activation in (None: as it is or no product):
+    float16 for a float product with a constant float weight."""
+    if call.op.name not in GEMM_OPS or len(call.args) < 2 or \
+            getattr(call.attrs, "groups", 1) != 1:  # a grouped conv runs on the CPU
+        return None
+    w = call.args[1]
+    wd = str(getattr(w.struct_info, "dtype", ""))
+    out_dt = str(getattr(call.struct_info, "dtype", ""))
+    if x_dtype in _FLOAT and wd in _FLOAT and out_dt == "float32" and x_dtype != "float16" \
+            and ctx.config.tensor_dtype("float16", "float16") is not None:
+        return "float16"
+    return None
 
 
 def _activation(ctx: LoweringContext, x: Any, dt: str, op: str) -> DramTensor:
@@ -219,6 +241,14 @@ def lower_matmul(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
     _gemm_2d(ctx, "matmul", args[0], args[1], out, w_is_nk=False)
 
 
+def _odd_lines(elems: int, isz: int, bank_width: int) -> int:
+    """``elems`` rounded up so that the span is an odd number of bank lines: a gather that
+    reads one element per channel plane then spreads over every bank instead of a few."""
+    per_line = max(1, bank_width // isz)
+    lines = -(-elems // per_line)
+    return (lines + 1 - lines % 2) * per_line if bank_width % isz == 0 else elems
+
+
 @register_lowering("nn.conv2d")
 def lower_conv2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
     """Implicit GEMM: M = output rows of OW pixels, K = input channels x taps, N = output
@@ -239,8 +269,10 @@ def lower_conv2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
     (sh, sw), (dh, dw) = at.strides, at.dilation
     pt, pl = at.padding[0], at.padding[1]
     taps = kh * kw
+    l1 = ctx.config.memory("l1")
     shape = GemmShape(nb, oh, ow, o, c, taps, dt, a_dmas=taps, a_elems=c * h * wd,
-                      stage_stride=sh, stage_halo=(kh - 1) * dh + 1, stage_row=wd)
+                      stage_stride=sh, stage_halo=(kh - 1) * dh + 1, stage_row=wd,
+                      stage_pad=2 * l1.bank_width)
     tiling = _plan(ctx, "nn.conv2d", shape)
     stage_slot = shape.stage_bytes(tiling.m_units, tiling.k_units)
     xa = _activation(ctx, x, dt, "nn.conv2d")
@@ -260,11 +292,12 @@ def lower_conv2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
         """Stage the input rows the tile's windows cover in L1 (one DMA, contiguous in DRAM),
         then gather each tap from L1 with a strided DMA whose padding fills the border."""
         kt = cs * taps
-        dst_st = (1, ow * kt, kt)
+        dst_st = (ow * kt, kt, 1)  # (row, pixel, channel): the channel run is contiguous
         i0 = max(0, r0 * sh - pt)
         i1 = min(h, (r0 + rs - 1) * sh - pt + (kh - 1) * dh + 1)
         nrows = max(0, i1 - i0)
-        staged = block("l1", (core * kb.nbuf + slot) * stage_slot, dt, (nrows * wd, wd, 1))
+        plane = _odd_lines(nrows * wd, xa_isz, l1.bank_width)
+        staged = block("l1", (core * kb.nbuf + slot) * stage_slot, dt, (plane, wd, 1))
         if nrows:
             if kb.nbuf == 1:  # the one slot may still be read by the last step's gathers
                 kb.fence(core, UNIT_DMA_IN)
@@ -278,14 +311,14 @@ def lower_conv2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
                 w0, w1 = valid(0, ow, e, sw, dw, pl, wd)
                 dst = block("input", addr + (a * kw + e) * cs * xa_isz, dt, dst_st)
                 if h0 == h1 or w0 == w1:
-                    kb.emit(core, "dma.load", shape=(cs, rs, ow), dst=dst, src=zero,
+                    kb.emit(core, "dma.load", shape=(rs, ow, cs), dst=dst, src=zero,
                             pad_lo=(0, 0, 0), pad_hi=(0, 0, 0), fill=0)
                     continue
                 ih, iw = h0 * sh + a * dh - pt, w0 * sw + e * dw - pl
                 src = staged._replace(addr=staged.addr + ((ih - i0) * wd + iw) * xa_isz,
-                                      strides=(nrows * wd, sh * wd, sw))
-                kb.emit(core, "dma.load", shape=(cs, h1 - h0, w1 - w0), dst=dst, src=src,
-                        pad_lo=(0, h0 - r0, w0), pad_hi=(0, r0 + rs - h1, ow - w1), fill=0)
+                                      strides=(sh * wd, sw, plane))
+                kb.emit(core, "dma.load", shape=(h1 - h0, w1 - w0, cs), dst=dst, src=src,
+                        pad_lo=(h0 - r0, w0, 0), pad_hi=(r0 + rs - h1, ow - w1, 0), fill=0)
 
     def load_b(core: int, b: int, c0: int, cs: int, n0: int, ns: int, addr: int) -> None:
         kb.emit(core, "dma.load", shape=(taps, cs, ns),

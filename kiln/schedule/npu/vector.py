@@ -89,8 +89,12 @@ def _fit(dims: list[int], fits: Callable[[tuple[int, int, int]], bool]) -> tuple
 
 
 def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor,
-                     inputs: list[DramTensor], steps: list[VecStep]) -> None:
-    """``out = steps(inputs)`` with numpy broadcasting (see the module docstring)."""
+                     inputs: list[DramTensor], steps: list[VecStep],
+                     compute_dtype: str | None = None) -> None:
+    """``out = steps(inputs)`` with numpy broadcasting (see the module docstring); with a
+    ``compute_dtype`` other than ``out.dtype`` the steps compute in it and a final ``vcast``
+    converts the block (the cast a consumer's product needs, fused into its producer)."""
+    cdt = compute_dtype or out.dtype
     kb, cfg = ctx.kb, ctx.config
     nbuf = kb.nbuf
     rank = len(out.shape)
@@ -100,7 +104,7 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor,
     outer_dims, dims = dims_all[:-3], dims_all[-3:]
     o_str, in_str = strides[0], strides[1:]
     mem_of = [L0_INPUTS[k % 2] for k in range(len(inputs))]
-    osz = itemsize(out.dtype)
+    osz = itemsize(out.dtype) + (itemsize(cdt) if cdt != out.dtype else 0)
 
     def compact(t: tuple[int, int, int], s: list[int]) -> tuple[int, int, int]:
         return tuple(n if st else 1 for n, st in zip(t, s[-3:]))  # type: ignore[return-value]
@@ -123,6 +127,7 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor,
         region.append(used[m])
         used[m] += nbuf * int(np.prod(compact(t, s))) * itemsize(x.dtype)
     out_slot_bytes = int(np.prod(t)) * osz
+    cast_at = int(np.prod(t)) * itemsize(out.dtype)  # the compute block after the result
     pipes = [Pipeline(kb, c, UNIT_VECTOR) for c in range(cfg.cores)]
     blocks = [(idx, o) for idx in np.ndindex(*outer_dims)
               for o in np.ndindex(*(math.ceil(d / b) for d, b in zip(dims, t)))]
@@ -150,6 +155,9 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor,
         p.loaded()
         p.compute_begin()
         dst = block("acc", p.out_slot() * out_slot_bytes, out.dtype, row_major(ext))
+        result = dst
+        if cdt != out.dtype:
+            dst = dst._replace(addr=dst.addr + cast_at, dtype=cdt)
         for i, st in enumerate(steps):
             if i:
                 kb.fence(core, UNIT_VECTOR)
@@ -158,11 +166,14 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor,
             names = ("a", "b") if len(srcs) == 2 else ("a",)
             kb.emit(core, st.opcode, shape=ext, dst=dst, **dict(zip(names, srcs)),
                     **dict(st.extra))
+        if result is not dst:
+            kb.fence(core, UNIT_VECTOR)
+            kb.emit(core, "vcast", shape=ext, mode="rne", dst=result, a=dst)
         p.computed()
         p.produced()
         p.store_begin()
         kb.emit(core, "dma.store", shape=ext, dst=out.at(offset(o_str), tuple(o_str[-3:])),
-                src=dst)
+                src=result)
         p.stored()
     for p in pipes:
         p.finish()
