@@ -114,6 +114,14 @@ def gemm_roofline(cfg: NPUConfig, shape: GemmShape) -> float:
     return max(tensor, traffic / cfg.memory(DRAM).bandwidth)
 
 
+def _gather_conflicts(cfg: NPUConfig, isz: int) -> int:
+    """Slowdown of a tap gather reading one element per L1 channel plane (planes an odd
+    number of bank lines apart: the lanes of a cycle spread evenly over the banks)."""
+    l1 = cfg.memory("l1")
+    lanes = max(1, cfg.dma_onchip_bandwidth // isz)
+    return max(1, math.ceil(math.ceil(lanes / l1.banks) / l1.ports))
+
+
 def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf: int) -> float:
     """Estimated cycles of a tiling: the busier of the tensor unit and the DMA (DRAM bytes at
     the chip's bandwidth, per-transfer issue overhead), plus the pipeline's fill; without
@@ -124,19 +132,20 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     nm, nn, nk = (math.ceil(shape.m_units / mu), math.ceil(shape.n / nt),
                   math.ceil(shape.k_units / ku))
     steps = shape.batch * nm * nn * nk
-    tensor = steps * _tile_cycles(cfg, mt, nt, kt, cpt) / cfg.cores
+    core_steps = math.ceil(shape.batch * nm * nn / cfg.cores) * nk  # the busiest core's
+    tensor = core_steps * _tile_cycles(cfg, mt, nt, kt, cpt)
     dram = cfg.memory(DRAM)
     a_bytes = shape.stage_bytes(mu, ku) or mt * kt * isz
     traffic = steps * (a_bytes + kt * nt * isz) + shape.batch * shape.m * shape.n * itemsize(acc)
     dmas = shape.a_dmas + 1 + (1 if shape.stage_stride else 0)
-    issue = (steps * dmas + shape.batch * nm * nn) * cfg.dma_latency / cfg.cores
-    onchip = steps * mt * kt * isz / cfg.dma_onchip_bandwidth / cfg.cores \
+    issue = core_steps * (dmas + 1 / nk) * cfg.dma_latency
+    onchip = core_steps * mt * kt * isz / cfg.dma_onchip_bandwidth * _gather_conflicts(cfg, isz) \
         if shape.stage_stride else 0.0
     dma = max(traffic / dram.bandwidth + onchip, issue)
-    fill = dram.latency + cfg.tensor_latency + steps / cfg.cores * cfg.tensor_latency
+    fill = dram.latency + cfg.tensor_latency + core_steps * cfg.tensor_latency
     if nbuf >= 2:
         return max(tensor, dma) + fill
-    return tensor + dma + fill + steps / cfg.cores * dram.latency
+    return tensor + dma + fill + core_steps * dram.latency
 
 
 def _candidates(extent: int, quantum: int) -> list[int]:
