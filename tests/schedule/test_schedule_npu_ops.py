@@ -107,6 +107,21 @@ def test_conv2d_implicit_gemm(hw, xs, ws, stride, pad, dil):
 
 
 @pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("stride,pad", [((1, 1), (1, 1, 1, 1)), ((2, 2), (1, 1, 1, 1)),
+                                        ((1, 1), (0, 2, 1, 0))])
+def test_depthwise_conv2d_on_the_vector_unit(hw, stride, pad):
+    rng = np.random.default_rng(11)
+    x = _rand(rng, 2, 7, 13, 11)
+    w = _rand(rng, 7, 1, 3, 3)
+    exe = _build(lambda v: op.nn.conv2d(v, g.const(w), strides=stride, padding=pad, groups=7),
+                 [x.shape], hw)
+    assert exe.cpu_ops == [] and [k.op for k in exe.kernels] == ["nn.conv2d.depthwise"]
+    ref = np.concatenate([_conv_ref(x[:, i:i + 1], w[i:i + 1], stride, pad, (1, 1))
+                          for i in range(7)], axis=1)
+    np.testing.assert_allclose(exe(x), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("hw", HW)
 def test_conv2d_int8_is_exact(hw):
     rng = np.random.default_rng(3)
     w = rng.integers(-128, 128, (9, 6, 3, 3), dtype=np.int8)

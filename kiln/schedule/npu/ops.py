@@ -256,9 +256,9 @@ def lower_conv2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
     at = call.attrs
     if at.data_layout != "NCHW" or at.kernel_layout != "OIHW":
         raise NotSupported(f"nn.conv2d: layout {at.data_layout}/{at.kernel_layout}")
-    if at.groups != 1:
-        raise NotSupported(f"nn.conv2d: groups={at.groups}")
     x, w = args
+    if at.groups != 1:
+        return _depthwise(ctx, call, x, w, out)
     if not isinstance(w, np.ndarray):
         raise NotSupported("nn.conv2d: weights computed at run time")
     dt = _operand_dtype(ctx, "nn.conv2d", x.dtype if isinstance(x, DramTensor) else
@@ -334,6 +334,24 @@ def lower_conv2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
     emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
     kb.end_kernel(KernelInfo(ctx.label("nn.conv2d"), "nn.conv2d", tiling.describe(shape),
                              tiling.estimate, gemm_roofline(ctx.config, shape)))
+
+
+def _depthwise(ctx: LoweringContext, call: Any, x: Any, w: Any, out: DramTensor) -> None:
+    """A depthwise convolution (one input channel per group, multiplier 1) on the vector
+    unit: the pooling kernel's taps, each multiplied by its channel's weight."""
+    at = call.attrs
+    if not isinstance(x, DramTensor) or not isinstance(w, np.ndarray):
+        raise NotSupported("nn.conv2d: depthwise with run-time weights or a constant image")
+    c, o = x.shape[1], w.shape[0]
+    if not (at.groups == c == o and w.shape[1] == 1):
+        raise NotSupported(f"nn.conv2d: groups={at.groups} (only depthwise: groups = "
+                           "channels, one output per channel)")
+    if x.dtype not in _FLOAT or out.dtype != x.dtype:
+        raise NotSupported(f"nn.conv2d: depthwise {x.dtype} -> {out.dtype}")
+    _vector_dtype(ctx, x.dtype, "nn.conv2d")
+    wt = ctx.constant(w.reshape(c, -1), x.dtype)
+    emit_pool2d(ctx, "nn.conv2d.depthwise", x, out, "dw", (w.shape[2], w.shape[3]),
+                tuple(at.strides), tuple(at.padding), tuple(at.dilation), None, wt)
 
 
 # ---------------------------------------------------------------------------------------------

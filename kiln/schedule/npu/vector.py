@@ -187,9 +187,11 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor,
 def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
                 kind: str, pool: tuple[int, int], strides: tuple[int, int],
                 pad: tuple[int, int, int, int], dilation: tuple[int, int],
-                divisor: float | None) -> None:
+                divisor: float | None, weights: DramTensor | None = None) -> None:
     """Max (``kind="max"``) or average pooling of NCHW ``x`` (``divisor``: the window size
-    an average divides by; every window must count the same taps)."""
+    an average divides by; every window must count the same taps), or with ``weights``
+    (``(C, KH * KW)`` in ``x``'s dtype) a depthwise convolution: each tap's strided view times
+    its channel's weight (a stride-0 block), accumulated with ``vmac``."""
     kb, cfg = ctx.kb, ctx.config
     nbuf = kb.nbuf
     n, c, h, w = x.shape
@@ -203,21 +205,31 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
     def rows_in(r: int) -> int:
         return (r - 1) * sh + (kh - 1) * dh + 1
 
+    taps = kh * kw
+
     def fits(t: tuple[int, int, int]) -> bool:
         ct, r = t[0], t[1]
         return (nbuf * ct * rows_in(r) * wp * isz <= cfg.memory("input").size and
+                nbuf * ct * taps * isz <= cfg.memory("weight").size and
                 nbuf * ct * r * ow * isz <= cfg.memory("acc").size)
 
-    ct, rt, _ = _fit([nc, oh, 1], lambda t: fits(t))
+    # a depthwise conv's channel blocks stay within one image (their weights are contiguous)
+    ct, rt, _ = _fit([c if weights is not None else nc, oh, 1], lambda t: fits(t))
     fill = float("-inf") if kind == "max" else 0.0
+    w_slot = ct * taps * isz
     pipes = [Pipeline(kb, core, UNIT_VECTOR) for core in range(cfg.cores)]
     in_slot = ct * rows_in(rt) * wp * isz
     out_slot = ct * rt * ow * isz
-    blocks = [(c0, r0) for c0 in range(0, nc, ct) for r0 in range(0, oh, rt)]
-    for j, (c0, r0) in enumerate(blocks):
+    if weights is None:
+        blocks = [(c0, r0, min(ct, nc - c0)) for c0 in range(0, nc, ct)
+                  for r0 in range(0, oh, rt)]
+    else:
+        blocks = [(i * c + c0, r0, min(ct, c - c0)) for i in range(n)
+                  for c0 in range(0, c, ct) for r0 in range(0, oh, rt)]
+    for j, (c0, r0, cs) in enumerate(blocks):
         core = j % cfg.cores
         p = pipes[core]
-        cs, rs = min(ct, nc - c0), min(rt, oh - r0)
+        rs = min(rt, oh - r0)
         ih0 = r0 * sh - pt
         ihn = rows_in(rs)
         lo, hi = max(ih0, 0), min(ih0 + ihn, h)
@@ -235,6 +247,11 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
                     dst=block("input", base, x.dtype, tile_st),
                     src=block("dram", 0, x.dtype, (0, 0, 0)), pad_lo=(0, 0, 0),
                     pad_hi=(0, 0, 0), fill=0)
+        if weights is not None:
+            kb.emit(core, "dma.load", shape=(1, cs, taps),
+                    dst=block("weight", slot * w_slot, x.dtype, (0, taps, 1)),
+                    src=weights.at((c0 % c) * taps, (0, taps, 1)), pad_lo=(0, 0, 0),
+                    pad_hi=(0, 0, 0), fill=0)
         p.loaded()
         p.compute_begin()
         dst = block("acc", p.out_slot() * out_slot, out.dtype, (rs * ow, ow, 1))
@@ -243,13 +260,19 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
             for b in range(kw):
                 tap = block("input", base + (a * dh * wp + b * dw) * isz, x.dtype,
                             (ihn * wp, sh * wp, sw))
-                if first:
-                    kb.emit(core, "vmov", shape=(cs, rs, ow), dst=dst, a=tap)
-                    first = False
-                else:
+                if not first:
                     kb.fence(core, UNIT_VECTOR)
+                if weights is not None:
+                    wt = block("weight", slot * w_slot + (a * kw + b) * isz, x.dtype,
+                               (taps, 0, 0))
+                    kb.emit(core, "vmul" if first else "vmac", shape=(cs, rs, ow), dst=dst,
+                            a=tap, b=wt)
+                elif first:
+                    kb.emit(core, "vmov", shape=(cs, rs, ow), dst=dst, a=tap)
+                else:
                     kb.emit(core, "vmax" if kind == "max" else "vadd", shape=(cs, rs, ow),
                             dst=dst, a=dst, b=tap)
+                first = False
         if divisor is not None:
             kb.fence(core, UNIT_VECTOR)
             kb.emit(core, "vmul", shape=(cs, rs, ow), dst=dst, a=dst, b=1.0 / divisor)
@@ -262,6 +285,8 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
     for p in pipes:
         p.finish()
     bound = traffic_cycles(kb, (nc * h * w + nc * oh * ow) * isz)
+    if weights is not None:  # the vector unit's MACs: one pass over the output per tap
+        bound = max(bound, nc * oh * ow * isz * taps / cfg.vector_width / cfg.cores)
     kb.end_kernel(KernelInfo(ctx.label(op), op, f"{ct} channels x {rt} rows of "
                              f"{nc} x {oh}", bound, bound))
 
