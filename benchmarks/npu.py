@@ -4,6 +4,7 @@ description, with and without double buffering.
     python benchmarks/npu.py                          # resnet18, mlp, small_cnn on "default"
     python benchmarks/npu.py --hw edge resnet18       # another description, some models
     python benchmarks/npu.py --size 112 resnet18      # a smaller image (faster to simulate)
+    python benchmarks/npu.py mobilenet_v2             # depthwise convolutions on the vector unit
 
 Every model is compiled twice with ``kiln.build(target="npu -hw=...")``'s lowering -- double
 buffering on (the default) and off -- and run once on the simulator. Per GEMM/conv layer it
@@ -12,7 +13,7 @@ cycles of the layer's minimum traffic, both from the description: ``gemm_rooflin
 utilization = bound / cycles, and the cycles without double buffering with the speed-up
 (off / on). Per model: total cycles (all kernels, vector ones included), the sum of the bounds,
 DRAM traffic, the simulation's wall time, and the ops left on the CPU. Outputs are checked
-against the float32 reference (torch for ResNet-18, numpy for the others).
+against the float32 reference (torch for ResNet-18 and MobileNetV2, numpy for the others).
 """
 
 from __future__ import annotations
@@ -29,16 +30,16 @@ from kiln.build import npu_pipeline
 from kiln.codegen.npu import build_npu
 from kiln.testing import models
 
-GEMM_OPS = ("dense", "matmul", "nn.conv2d")
+GEMM_OPS = ("dense", "matmul", "nn.conv2d", "nn.conv2d.depthwise")
 
 
-def _resnet18(size: int):
+def _torch_net(name: str, size: int):
     import torch
 
     from kiln.frontend.onnx import from_onnx
     from kiln.testing import torch_models
 
-    net = torch_models.resnet18()
+    net = getattr(torch_models, name)()
     x = np.random.default_rng(0).standard_normal((1, 3, size, size)).astype("float32")
     data = torch_models.export_onnx(net, (torch.from_numpy(x),), ["x"])
     with tempfile.NamedTemporaryFile(suffix=".onnx") as f:
@@ -52,8 +53,8 @@ def _resnet18(size: int):
 
 
 def _model(name: str, size: int):
-    if name == "resnet18":
-        return _resnet18(size)
+    if name in ("resnet18", "mobilenet_v2"):
+        return _torch_net(name, size)
     m = {"mlp": lambda: models.mlp(batch=64),
          "small_cnn": lambda: models.small_cnn(batch=8, channels=32, size=32)}[name]()
     return m.mod, m.inputs, m.reference(*m.inputs)
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("models", nargs="*", default=["resnet18", "mlp", "small_cnn"])
     ap.add_argument("--hw", default="default", help="hardware description (name or path)")
-    ap.add_argument("--size", type=int, default=224, help="ResNet-18 image size")
+    ap.add_argument("--size", type=int, default=224, help="ResNet-18 / MobileNetV2 image size")
     args = ap.parse_args(argv)
     for name in args.models:
         bench(name, args.hw, args.size)
