@@ -33,8 +33,8 @@ class GemmShape:
     ``K = k_units * k_unit`` in ``dtype`` (the tensor unit's operand type);
     ``a_dmas``: DMAs that gather one A tile (1, or ``KH * KW`` for a convolution);
     ``b_shared``: B is the same for every batch entry (weights: loaded once per tile, counted
-    once by the roofline); ``a_elems``: elements of A's source per batch entry (a conv's
-    image: what the roofline counts; 0: M x K).
+    once by the roofline; ``a_shared`` likewise for A); ``a_elems``: elements of A's source
+    per batch entry (a conv's image: what the roofline counts; 0: M x K).
 
     A convolution stages its input rows in L1 (one contiguous DMA per step) and gathers the
     taps from there: ``stage_stride`` (rows of input per M unit; 0: no staging),
@@ -50,6 +50,7 @@ class GemmShape:
     dtype: str
     a_dmas: int = 1
     b_shared: bool = True
+    a_shared: bool = False
     a_elems: int = 0
     stage_stride: int = 0
     stage_halo: int = 0
@@ -110,7 +111,8 @@ def gemm_roofline(cfg: NPUConfig, shape: GemmShape) -> float:
     tensor = shape.batch * _tile_cycles(cfg, shape.m, shape.n, shape.k, cpt) / cfg.cores
     b_bytes = shape.k * shape.n * isz * (1 if shape.b_shared else shape.batch)
     a_elems = shape.a_elems or shape.m * shape.k
-    traffic = shape.batch * (a_elems * isz + shape.m * shape.n * itemsize(acc)) + b_bytes
+    a_bytes = a_elems * isz * (1 if shape.a_shared else shape.batch)
+    traffic = a_bytes + shape.batch * shape.m * shape.n * itemsize(acc) + b_bytes
     return max(tensor, traffic / cfg.memory(DRAM).bandwidth)
 
 

@@ -267,6 +267,8 @@ def lower_conv2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
     o, _, kh, kw = w.shape
     _, _, oh, ow = out.shape
     (sh, sw), (dh, dw) = at.strides, at.dilation
+    if (kh, kw, sh, sw) == (1, 1, 1, 1) and not any(at.padding):
+        return _pointwise(ctx, x, w, out, dt)
     pt, pl = at.padding[0], at.padding[1]
     taps = kh * kw
     l1 = ctx.config.memory("l1")
@@ -334,6 +336,39 @@ def lower_conv2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
     emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
     kb.end_kernel(KernelInfo(ctx.label("nn.conv2d"), "nn.conv2d", tiling.describe(shape),
                              tiling.estimate, gemm_roofline(ctx.config, shape)))
+
+
+def _pointwise(ctx: LoweringContext, x: Any, w: np.ndarray, out: DramTensor, dt: str) -> None:
+    """A 1x1 stride-1 convolution as ``out[n] = W @ X[n]`` per image: the weights ``[O, C]``
+    are A and the image's channel planes ``[C, H*W]`` are B, both contiguous in DRAM, and C is
+    NCHW as it is -- no staging, no gathers."""
+    nb, c, h, wd = x.shape
+    o, hw = w.shape[0], h * wd
+    shape = GemmShape(nb, o, 1, hw, c, 1, dt, b_shared=False, a_shared=True)
+    tiling = _plan(ctx, "nn.conv2d", shape)
+    xa = _activation(ctx, x, dt, "nn.conv2d")
+    wc = ctx.constant(np.ascontiguousarray(w.reshape(o, c)), dt)
+    kb = ctx.kb
+
+    def load_a(core: int, b: int, m0: int, ms: int, k0: int, ks: int, addr: int,
+               slot: int) -> None:
+        kb.emit(core, "dma.load", shape=(1, ms, ks), dst=block("input", addr, dt, (0, ks, 1)),
+                src=wc.at(m0 * c + k0, (0, c, 1)), pad_lo=(0, 0, 0), pad_hi=(0, 0, 0), fill=0)
+
+    def load_b(core: int, b: int, k0: int, ks: int, n0: int, ns: int, addr: int) -> None:
+        kb.emit(core, "dma.load", shape=(1, ks, ns), dst=block("weight", addr, dt, (0, ns, 1)),
+                src=xa.at((b * c + k0) * hw + n0, (0, hw, 1)), pad_lo=(0, 0, 0),
+                pad_hi=(0, 0, 0), fill=0)
+
+    def store_c(core: int, b: int, m0: int, ms: int, n0: int, ns: int, addr: int) -> None:
+        kb.emit(core, "dma.store", shape=(1, ms, ns),
+                dst=out.at((b * o + m0) * hw + n0, (0, hw, 1)),
+                src=block("acc", addr, out.dtype, (0, ns, 1)))
+
+    emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
+    kb.end_kernel(KernelInfo(ctx.label("nn.conv2d"), "nn.conv2d",
+                             "1x1 as W @ X: " + tiling.describe(shape), tiling.estimate,
+                             gemm_roofline(ctx.config, shape)))
 
 
 def _depthwise(ctx: LoweringContext, call: Any, x: Any, w: Any, out: DramTensor) -> None:
