@@ -103,6 +103,13 @@ class KernelBuilder:
     def pop(self, core: int, src: int, dst: int) -> None:
         self.emit(core, "tok.pop", src=src, dst=dst)
 
+    def load(self, core: int, shape: tuple[int, ...], dst: Block, src: Block,
+             pad_lo: tuple[int, int, int] = (0, 0, 0), pad_hi: tuple[int, int, int] = (0, 0, 0),
+             fill: float = 0) -> None:
+        """A ``dma.load`` (no padding unless given)."""
+        self.emit(core, "dma.load", shape=shape, dst=dst, src=src, pad_lo=pad_lo, pad_hi=pad_hi,
+                  fill=fill)
+
     def fence(self, core: int, unit: int) -> None:
         """Wait until everything ``unit`` issued has completed (a unit pipelines its
         instructions: one that reads or rewrites what the previous one writes must wait)."""

@@ -212,13 +212,13 @@ def _gemm_2d(ctx: LoweringContext, op: str, x: Any, w: Any, out: DramTensor,
 
     def load_a(core: int, b: int, m0: int, ms: int, k0: int, ks: int, addr: int,
                slot: int) -> None:
-        kb.emit(core, "dma.load", shape=(1, ms, ks), dst=block("input", addr, dt, (0, ks, 1)),
-                src=xa.at(m0 * k + k0, (0, k, 1)), pad_lo=(0, 0, 0), pad_hi=(0, 0, 0), fill=0)
+        kb.load(core, shape=(1, ms, ks), dst=block("input", addr, dt, (0, ks, 1)),
+                src=xa.at(m0 * k + k0, (0, k, 1)))
 
     def load_b(core: int, b: int, k0: int, ks: int, n0: int, ns: int, addr: int) -> None:
         off = (k0 * n + n0) if b_strides[1] == n else (n0 * k + k0)
-        kb.emit(core, "dma.load", shape=(1, ks, ns), dst=block("weight", addr, dt, (0, ns, 1)),
-                src=wt.at(off, b_strides), pad_lo=(0, 0, 0), pad_hi=(0, 0, 0), fill=0)
+        kb.load(core, shape=(1, ks, ns), dst=block("weight", addr, dt, (0, ns, 1)),
+                src=wt.at(off, b_strides))
 
     def store_c(core: int, b: int, m0: int, ms: int, n0: int, ns: int, addr: int) -> None:
         kb.emit(core, "dma.store", shape=(1, ms, ns), dst=out.at(m0 * n + n0, (0, n, 1)),
@@ -303,9 +303,8 @@ def lower_conv2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
         if nrows:
             if kb.nbuf == 1:  # the one slot may still be read by the last step's gathers
                 kb.fence(core, UNIT_DMA_IN)
-            kb.emit(core, "dma.load", shape=(cs, nrows, wd), dst=staged,
-                    src=xa.at(((b * c + c0) * h + i0) * wd, (h * wd, wd, 1)),
-                    pad_lo=(0, 0, 0), pad_hi=(0, 0, 0), fill=0)
+            kb.load(core, shape=(cs, nrows, wd), dst=staged,
+                    src=xa.at(((b * c + c0) * h + i0) * wd, (h * wd, wd, 1)))
             kb.fence(core, UNIT_DMA_IN)
         for a in range(kh):
             h0, h1 = valid(r0, rs, a, sh, dh, pt, h)
@@ -313,20 +312,18 @@ def lower_conv2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
                 w0, w1 = valid(0, ow, e, sw, dw, pl, wd)
                 dst = block("input", addr + (a * kw + e) * cs * xa_isz, dt, dst_st)
                 if h0 == h1 or w0 == w1:
-                    kb.emit(core, "dma.load", shape=(rs, ow, cs), dst=dst, src=zero,
-                            pad_lo=(0, 0, 0), pad_hi=(0, 0, 0), fill=0)
+                    kb.load(core, shape=(rs, ow, cs), dst=dst, src=zero)
                     continue
                 ih, iw = h0 * sh + a * dh - pt, w0 * sw + e * dw - pl
                 src = staged._replace(addr=staged.addr + ((ih - i0) * wd + iw) * xa_isz,
                                       strides=(sh * wd, sw, plane))
-                kb.emit(core, "dma.load", shape=(h1 - h0, w1 - w0, cs), dst=dst, src=src,
+                kb.load(core, shape=(h1 - h0, w1 - w0, cs), dst=dst, src=src,
                         pad_lo=(h0 - r0, w0, 0), pad_hi=(r0 + rs - h1, ow - w1, 0), fill=0)
 
     def load_b(core: int, b: int, c0: int, cs: int, n0: int, ns: int, addr: int) -> None:
-        kb.emit(core, "dma.load", shape=(taps, cs, ns),
+        kb.load(core, shape=(taps, cs, ns),
                 dst=block("weight", addr, dt, (cs * ns, ns, 1)),
-                src=wl.at(c0 * o + n0, (c * o, o, 1)), pad_lo=(0, 0, 0), pad_hi=(0, 0, 0),
-                fill=0)
+                src=wl.at(c0 * o + n0, (c * o, o, 1)))
 
     def store_c(core: int, b: int, r0: int, rs: int, n0: int, ns: int, addr: int) -> None:
         kb.emit(core, "dma.store", shape=(1, ns, rs * ow),
@@ -352,13 +349,12 @@ def _pointwise(ctx: LoweringContext, x: Any, w: np.ndarray, out: DramTensor, dt:
 
     def load_a(core: int, b: int, m0: int, ms: int, k0: int, ks: int, addr: int,
                slot: int) -> None:
-        kb.emit(core, "dma.load", shape=(1, ms, ks), dst=block("input", addr, dt, (0, ks, 1)),
-                src=wc.at(m0 * c + k0, (0, c, 1)), pad_lo=(0, 0, 0), pad_hi=(0, 0, 0), fill=0)
+        kb.load(core, shape=(1, ms, ks), dst=block("input", addr, dt, (0, ks, 1)),
+                src=wc.at(m0 * c + k0, (0, c, 1)))
 
     def load_b(core: int, b: int, k0: int, ks: int, n0: int, ns: int, addr: int) -> None:
-        kb.emit(core, "dma.load", shape=(1, ks, ns), dst=block("weight", addr, dt, (0, ns, 1)),
-                src=xa.at((b * c + k0) * hw + n0, (0, hw, 1)), pad_lo=(0, 0, 0),
-                pad_hi=(0, 0, 0), fill=0)
+        kb.load(core, shape=(1, ks, ns), dst=block("weight", addr, dt, (0, ns, 1)),
+                src=xa.at((b * c + k0) * hw + n0, (0, hw, 1)))
 
     def store_c(core: int, b: int, m0: int, ms: int, n0: int, ns: int, addr: int) -> None:
         kb.emit(core, "dma.store", shape=(1, ms, ns),

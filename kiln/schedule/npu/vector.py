@@ -147,9 +147,8 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor,
             e = compact(ext, s)
             cst = row_major(e)
             addr = region[k] + slot * int(np.prod(compact(t, s))) * itemsize(x.dtype)
-            kb.emit(core, "dma.load", shape=e, dst=block(mem_of[k], addr, x.dtype, cst),
-                    src=x.at(offset(s), tuple(s[-3:])), pad_lo=(0, 0, 0), pad_hi=(0, 0, 0),
-                    fill=0)
+            kb.load(core, shape=e, dst=block(mem_of[k], addr, x.dtype, cst),
+                    src=x.at(offset(s), tuple(s[-3:])))
             l0.append(block(mem_of[k], addr, x.dtype,
                             tuple(c if st else 0 for c, st in zip(cst, s[-3:]))))
         p.loaded()
@@ -237,21 +236,19 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
         base = slot * in_slot
         tile_st = (ihn * wp, wp, 1)
         if lo < hi:
-            kb.emit(core, "dma.load", shape=(cs, hi - lo, w),
+            kb.load(core, shape=(cs, hi - lo, w),
                     dst=block("input", base, x.dtype, tile_st),
                     src=x.at(c0 * h * w + lo * w, (h * w, w, 1)),
                     pad_lo=(0, lo - ih0, pl), pad_hi=(0, ih0 + ihn - hi, wp - pl - w),
                     fill=fill)
         else:
-            kb.emit(core, "dma.load", shape=(cs, ihn, wp),
+            kb.load(core, shape=(cs, ihn, wp),
                     dst=block("input", base, x.dtype, tile_st),
-                    src=block("dram", 0, x.dtype, (0, 0, 0)), pad_lo=(0, 0, 0),
-                    pad_hi=(0, 0, 0), fill=0)
+                    src=block("dram", 0, x.dtype, (0, 0, 0)))
         if weights is not None:
-            kb.emit(core, "dma.load", shape=(1, cs, taps),
+            kb.load(core, shape=(1, cs, taps),
                     dst=block("weight", slot * w_slot, x.dtype, (0, taps, 1)),
-                    src=weights.at((c0 % c) * taps, (0, taps, 1)), pad_lo=(0, 0, 0),
-                    pad_hi=(0, 0, 0), fill=0)
+                    src=weights.at((c0 % c) * taps, (0, taps, 1)))
         p.loaded()
         p.compute_begin()
         dst = block("acc", p.out_slot() * out_slot, out.dtype, (rs * ow, ow, 1))
@@ -316,9 +313,8 @@ def _rows_kernel(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, 
         rs = min(rt, rows - r0)
         slot = p.load_slot()
         src = block("input", slot * rt * length * isz, x.dtype, (0, length, 1))
-        kb.emit(core, "dma.load", shape=(1, rs, length), dst=src,
-                src=x.at(r0 * length, (0, length, 1)), pad_lo=(0, 0, 0), pad_hi=(0, 0, 0),
-                fill=0)
+        kb.load(core, shape=(1, rs, length), dst=src,
+                src=x.at(r0 * length, (0, length, 1)))
         p.loaded()
         p.compute_begin()
         oslot = p.out_slot()
