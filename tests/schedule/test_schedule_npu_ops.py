@@ -4,6 +4,8 @@ accumulation (rel. error <= 1e-2 against float64 numpy); int8 products are exact
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import kiln
 from kiln import graph as g
@@ -258,3 +260,27 @@ def test_double_buffering_overlaps_dma_and_compute():
         assert _rel(exe(x), x.astype(np.float64) @ w.T) <= 1e-2
         cycles[db] = exe.last_cycles
     assert cycles[True] < cycles[False]
+
+
+_DIMS = st.integers(1, 300)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(m=_DIMS, k=_DIMS, n=_DIMS, hw=st.sampled_from(HW), seed=st.integers(0, 2 ** 16))
+def test_random_fused_kernels_match_numpy(m, k, n, hw, seed):
+    """Random sizes through a product and its fused epilogue (bias, scale, relu, clip)."""
+    rng = np.random.default_rng(seed)
+    w, bias = _rand(rng, n, k), _rand(rng, n)
+
+    def fn(x):
+        h = op.dense(x, g.const(w))
+        return op.clip(op.nn.relu(op.multiply(op.add(h, g.const(bias)), g.const(np.float32(
+            0.5)))), min=0.0, max=2.0)
+
+    exe = _build(fn, [(m, k)], hw)
+    assert exe.cpu_ops == [] and exe.kernels[-1].op == "add+multiply+relu+clip"
+    x = _rand(rng, m, k)
+    ref = np.clip((x.astype(np.float64) @ w.T + bias) * 0.5, 0.0, 2.0)
+    out = exe(x)
+    scale = max(1.0, float(np.max(np.abs(x.astype(np.float64) @ w.T))))
+    assert float(np.max(np.abs(out - ref))) <= 1e-2 * scale
