@@ -240,12 +240,36 @@ def _finish_graph(mod: IRModule) -> IRModule:
     return mod
 
 
+def _plans(mod: IRModule) -> dict[str, Any]:
+    plans = {
+        name: build_plan(f, name) for name, f in mod.items()
+        if isinstance(f, g.Function) and not f.attrs.get("Primitive")
+    }
+    if not plans:
+        raise KilnError("kiln.build: the module has no graph function to run")
+    return plans
+
+
+def _build_gpu(mod: IRModule, target: Target) -> Executable:
+    """The GPU half of :func:`build`: GPU schedules (lowered for the target), one CUDA/OpenCL
+    program, and the same plans as on the CPU run by the GPU executor."""
+    from .codegen.gpu.build import build as gpu_build
+    from .schedule.gpu import schedule_prim_func as gpu_schedule
+
+    prim_funcs = {name: gpu_schedule(f, target) for name, f in mod.items()
+                  if isinstance(f, PrimFunc)}
+    plans = _plans(mod)
+    return Executable(gpu_build(prim_funcs, target), plans)
+
+
 def build(mod: IRModule, target: Target | str | None = "c",
           params: Mapping[str, Any] | None = None, pipeline: Pass | None = None) -> Executable:
     """Compile every function of ``mod``; the result runs graph function ``main`` when called.
 
     ``pipeline`` replaces the default pass pipeline (:func:`default_pipeline` of the current
     PassContext's opt level), e.g. ``Sequential([LegalizeOps(), FuseOps(), FuseTIR()])``.
+    ``target="cuda"`` (``Target("cuda", arch="sm_90")``) or ``"opencl"`` builds GPU kernels
+    (:mod:`kiln.schedule.gpu`, :mod:`kiln.codegen.gpu`) run by the GPU executor.
     """
     from .codegen import c as codegen_c
 
@@ -259,15 +283,12 @@ def build(mod: IRModule, target: Target | str | None = "c",
         mod = BindParams("main", params)(mod)
     mod = (pipeline or default_pipeline(target=tgt))(mod)
     mod = _finish_graph(mod)
+    if tgt.is_gpu:
+        return _build_gpu(mod, tgt)
     prim_funcs = {
         name: schedule_prim_func(f, tgt) for name, f in mod.items() if isinstance(f, PrimFunc)
     }
-    plans = {
-        name: build_plan(f, name) for name, f in mod.items()
-        if isinstance(f, g.Function) and not f.attrs.get("Primitive")
-    }
-    if not plans:
-        raise KilnError("kiln.build: the module has no graph function to run")
+    plans = _plans(mod)
     extra = graph_entry.emit_entries(plans, prim_funcs)
     module = codegen_c.build(prim_funcs, tgt, extra_source=extra)
     predicted = graph_entry.predict_unchecked_symbols(prim_funcs)

@@ -71,7 +71,8 @@ class Executable:
                 raise KilnError(
                     f"executable has no function {name!r} (it has: {', '.join(self.plans)})"
                 )
-            ex = self._executors[name] = Executor(self.plans[name], self.module)
+            make = getattr(self.module, "executor_class", Executor)  # GPU modules bring theirs
+            ex = self._executors[name] = make(self.plans[name], self.module)
         return ex
 
     def __getitem__(self, name: str):

@@ -3,6 +3,8 @@
 ``Target("c")`` (alias ``"cpu"``/``"llvm"``) means C compiled by the system compiler for this CPU
 (``-march=native``), with features read from ``/proc/cpuinfo``: the vector width used by
 schedules (512 bits with AVX-512, 256 with AVX2, else 128), fp16/bf16/AMX availability.
+``Target("cuda", arch="sm_90")`` and ``Target("opencl")`` are GPU targets: their limits
+(``target.gpu``) live in :mod:`kiln.target.gpu`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..ir.errors import KilnError
+from . import gpu as gpu_targets
 
 
 @functools.lru_cache(maxsize=1)
@@ -34,12 +37,15 @@ class Target:
     features: frozenset[str] = field(default_factory=detect_cpu_features)
     num_threads: int = 0  # 0: OpenMP's default (all cores)
     attrs: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    arch: str = ""  # GPU architecture (``sm_90``) of a CUDA target
 
     def __post_init__(self):
         kind = {"cpu": "c", "llvm": "c"}.get(self.kind, self.kind)
-        if kind not in ("c", "cuda", "npu"):
-            raise KilnError(f"unknown target kind {self.kind!r} (expected 'c', 'cuda' or 'npu')")
+        if kind not in ("c", "cuda", "opencl", "npu"):
+            raise KilnError(f"unknown target kind {self.kind!r} (expected 'c', 'cuda', 'opencl' "
+                            "or 'npu')")
         object.__setattr__(self, "kind", kind)
+        gpu_targets.check_target(self)
 
     @staticmethod
     def create(target: Target | str | None) -> Target:
@@ -85,6 +91,16 @@ class Target:
     def has_amx_int8(self) -> bool:
         """AMX tiles with the int8 dot products (``_tile_dpbssd``...)."""
         return self.has_amx and "amx_int8" in self.features
+
+    @property
+    def is_gpu(self) -> bool:
+        """Whether code is generated as GPU kernels (CUDA or OpenCL)."""
+        return gpu_targets.is_gpu_kind(self.kind)
+
+    @property
+    def gpu(self) -> gpu_targets.GpuLimits:
+        """The limits of a GPU target (threads, shared memory, registers...)."""
+        return gpu_targets.limits_of(self)
 
     def __str__(self) -> str:
         return self.kind

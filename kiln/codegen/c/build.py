@@ -26,7 +26,7 @@ from ...tir.transform.lower import is_lowered, lower
 from . import externs
 from .compiler import UNIT_MARK, compile_source, libmvec_functions, supports_float16
 from .entry import checked_signature, dim_text, emit_checked_entry
-from .func import FunctionEmitter, unchecked_signature
+from .func import FunctionEmitter, FunctionSignature, unchecked_signature
 from .helpers import ENTRY_SUPPORT, ERROR_BUFFER, Helpers
 from .names import NameTable
 
@@ -54,10 +54,11 @@ def _mvec_declarations(code: str) -> str:
             "under -ffast-math) */\n" + "\n".join(decls) + "\n")
 
 
-def _function_info(name: str, symbol: str, func: PrimFunc, emitter: FunctionEmitter
-                   ) -> FunctionInfo:
+def function_info(name: str, symbol: str, func: PrimFunc, signature: FunctionSignature
+                  ) -> FunctionInfo:
+    """The metadata callers need of a generated function (shared with the GPU backend)."""
     params = []
-    for p, buf in emitter.signature.params:
+    for p, buf in signature.params:
         if buf is None:
             params.append(ParamInfo(p.name, (), p.dtype, True))
         else:
@@ -69,7 +70,7 @@ def _function_info(name: str, symbol: str, func: PrimFunc, emitter: FunctionEmit
         symbol=symbol,
         unchecked_symbol=symbol + "_unchecked",
         params=tuple(params),
-        sym_vars=tuple(v.name for v in emitter.signature.sym_vars),
+        sym_vars=tuple(v.name for v in signature.sym_vars),
         num_outputs=int(num_outputs) if num_outputs is not None else None,
     )
 
@@ -113,7 +114,7 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any = None, extra_sou
             raise CodegenError(f"{name}: C code generation failed: {err}") from err
         checked = emit_checked_entry(name, symbol, emitter.signature, helpers)
         bodies.append(unchecked + "\n" + checked)
-        infos[name] = _function_info(name, symbol, func, emitter)
+        infos[name] = function_info(name, symbol, func, emitter.signature)
     support = helpers.render()
     code = support + "\n".join(bodies)
     prototypes = ["/* every function's entries (units call each other's: the model entry) */"]

@@ -246,6 +246,12 @@ class Schedule:
                                      ForKind.UNROLLED))
 
     @_traced
+    def bind(self, loop: LoopRV, thread_axis: str) -> None:
+        """Run ``loop``'s iterations on GPU blocks or threads: ``thread_axis`` is one of
+        ``blockIdx.x/y/z``, ``threadIdx.x/y/z`` (see :func:`loop_transform.bind`)."""
+        self._commit(_loops.bind(self._index, self._loop(loop, "bind"), thread_axis))
+
+    @_traced
     def annotate(self, block_or_loop: BlockRV | LoopRV, key: str, value: Any) -> None:
         """Set annotation ``key`` of a block or loop to ``value``."""
         sref = self._sref(block_or_loop, "annotate")

@@ -16,6 +16,9 @@ the root block allocates:
 
 An allocation inside a loop is private to each iteration -- and so to each thread of a parallel
 loop -- and a small ``local`` one becomes a stack array that the C compiler keeps in registers.
+A ``shared`` buffer (GPU shared memory) belongs to a block of threads: it is allocated above
+the outermost ``threadIdx`` loop around its users, and its region covers what all the threads
+of the block touch.
 Buffers used by top-level stages, regions whose extent depends on a loop variable, and blocks
 that touch a buffer without declaring it in their regions are left as they are.
 """
@@ -29,10 +32,11 @@ from ..buffer import Buffer, BufferRegion
 from ..expr import BufferLoad, IntImm, PrimExpr, Range, Var, sub
 from ..function import PrimFunc
 from ..functor import Mutator, Visitor, collect_vars
+from ..gpu import is_thread_tag
 from ..schedule.analysis import analyzer_at, union_bound
 from ..schedule.compute_location import accessed_region
 from ..schedule.state import SRef, TreeIndex, update_root_allocs
-from ..stmt import Allocate, Block, BlockRealize, BufferStore, For
+from ..stmt import THREAD_TAG, Allocate, Block, BlockRealize, BufferStore, For, ForKind
 
 
 def _touches(regions: tuple[BufferRegion, ...], buf: Buffer) -> bool:
@@ -64,6 +68,17 @@ def _body_touches(block: Block, buf: Buffer) -> bool:
     return finder.found
 
 
+def _above_thread_loops(index: TreeIndex, sref: SRef) -> SRef:
+    """``sref``, or the parent of the outermost ``threadIdx`` loop at or above it: where memory
+    shared by the threads of a block is allocated."""
+    chain = [*index.ancestors(sref), sref]
+    for k, s in enumerate(chain):
+        if not s.is_block and s.loop.kind == ForKind.THREAD_BINDING and is_thread_tag(
+                str(s.loop.annotations.get(THREAD_TAG))):
+            return chain[k - 1] if k > 0 else index.root
+    return sref
+
+
 def _in_scope_vars(index: TreeIndex, lca: SRef) -> set[Var]:
     """Loop variables bound at the body of ``lca`` (its own and those of the loops above)."""
     out = {s.loop.loop_var for s in index.ancestors(lca) if not s.is_block}
@@ -87,6 +102,8 @@ def _plan(index: TreeIndex, buf: Buffer) -> tuple[SRef, list[PrimExpr], list[int
     if not users:
         return None
     lca = index.lowest_common_ancestor(users)
+    if buf.scope == "shared":
+        lca = _above_thread_loops(index, lca)
     if lca.is_block:
         return None
     ana = analyzer_at(index, lca)

@@ -1,0 +1,1 @@
+"""Default schedules per target (``kiln.schedule.gpu``: generic GPU rules)."""
