@@ -226,6 +226,11 @@ class Executable:
 
     # ---- persistence --------------------------------------------------------------------
     def save(self, path: str) -> None:
+        if getattr(self.module, "is_device_module", False):  # GPU: its own file format
+            from .gpu.serialize import save as save_gpu
+
+            save_gpu(self, path)
+            return
         dtypes: dict[DataType, int] = {}
 
         def idx(dt: DataType) -> int:
@@ -319,6 +324,12 @@ def load(path: str) -> Executable:
             data = f.read()
     except OSError as err:
         raise ModelFormatError(f"cannot read kiln executable {path}: {err}") from err
+    from .gpu.serialize import is_gpu_file
+
+    if is_gpu_file(data):
+        from .gpu.serialize import load as load_gpu
+
+        return load_gpu(path, data)
     r = _Reader(data, path)
     if r.take(len(MAGIC)) != MAGIC:
         raise ModelFormatError(f"{path} is not a kiln executable (bad magic)")

@@ -94,7 +94,7 @@ def _kernel_params(name: str, launch: KernelLaunch, sig: FunctionSignature,
     buffers, scalars = _free_vars(launch)
     params: list[KernelParam] = []
     args: list[KernelArg] = []
-    for i, (p, buf) in enumerate(sig.params):
+    for i, (_, buf) in enumerate(sig.params):
         if buf is not None and buf.data in buffers:
             params.append(KernelParam(buffer=buffers.pop(buf.data)))
             args.append(KernelArg("buffer", i))

@@ -143,7 +143,9 @@ class Dialect:
                     "#pragma OPENCL EXTENSION cl_khr_fp64 : enable",
                     "#endif"]
             # the C library's float32 spellings (expf...) of OpenCL's overloaded built-ins
-            consts = [f"#define {fn}f {fn}" for fn in sorted(set(LIBM.values()) | {"fabs"})]
+            consts = [f"#define {fn}f {fn}" for fn in sorted(set(LIBM.values()) | {"fabs"})
+                      if fn != "nearbyint"]
+            consts += ["#define nearbyintf rint", "#define nearbyint rint"]
         typedefs = [f"typedef {t} {n};" for t, n in zip(types, _INT_TYPES)]
         return "\n".join(head + typedefs + consts) + "\n"
 

@@ -66,4 +66,8 @@ class GpuHelpers(Helpers):
 
     def render(self) -> str:
         text = super().render()
+        # x86 instruction paths of the C helpers stay out of device code (an OpenCL compiler
+        # for the host CPU, such as PoCL's, defines the x86 feature macros)
+        for macro in ("__F16C__", "__AVX2__", "__AVX512F__", "__FMA__"):
+            text = text.replace(f"defined({macro})", "0")
         return text.replace("static inline", self.dialect.function_qualifier)
