@@ -69,7 +69,7 @@ class CudaDevice(Device):
             raise missing_runtime("cuda", err) from err
         self.arch = f"sm_{major}{minor}"
         self.ordinal = ordinal
-        self.stream = 0  # the legacy default stream
+        self.stream = cu.CUstream(0)  # the legacy default stream
         self._modules: dict[int, dict[str, Any]] = {}
 
     def __repr__(self) -> str:

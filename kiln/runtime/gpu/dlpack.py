@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ...ir.abi import DEVICE_CUDA, DLTensor
+from ...ir.abi import DEVICE_CUDA, DLDataType, DLDevice
 from ...ir.dtype import DataType
 from ...ir.errors import ArgumentError
 from ..ndarray import from_dl_dtype
@@ -26,8 +26,21 @@ from .device import DeviceBuffer
 CUDA_DEVICE_TYPES = (DEVICE_CUDA, 13)
 
 
+class _DLPackDataType(ctypes.Structure):
+    """DLPack's own ``DLDataType`` (16-bit lanes): the layout other frameworks export. kiln's
+    ABI struct (:mod:`kiln.ir.abi`) widens ``lanes`` to 32 bits and cannot read theirs."""
+
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLPackTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLPackDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
 class _DLManagedTensor(ctypes.Structure):
-    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p),
+    _fields_ = [("dl_tensor", _DLPackTensor), ("manager_ctx", ctypes.c_void_p),
                 ("deleter", ctypes.c_void_p)]
 
 
@@ -70,7 +83,7 @@ def import_cuda_array(obj: Any, name: str) -> DeviceArray:
                             f"DLPack ({err})") from err
     t = _DLManagedTensor.from_address(address).dl_tensor
     shape = tuple(int(t.shape[i]) for i in range(t.ndim))
-    dtype: DataType = from_dl_dtype(t.dtype)
+    dtype: DataType = from_dl_dtype(DLDataType(t.dtype.code, t.dtype.bits, t.dtype.lanes))
     if t.strides:
         expected = 1
         for axis in range(t.ndim - 1, -1, -1):
