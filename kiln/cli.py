@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c")
+STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c", "cuda", "opencl")
 
 
 def _load_module(spec: str) -> Any:
@@ -52,7 +52,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.stage == "graph":
         print(mod)
         return 0
-    target = Target.create(args.target)
+    target = Target.create(args.stage if args.stage in ("cuda", "opencl") else args.target)
     with PassContext(opt_level=args.opt_level):
         mod = default_pipeline(target=target)(mod)
     if args.stage == "optimized":
@@ -65,6 +65,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         for f in funcs.values():
             print(f, end="\n\n")
         return 0
+    if target.is_gpu:
+        return _show_gpu(args.stage, funcs, target)
     funcs = {n: schedule_prim_func(f, target) for n, f in funcs.items()}
     if args.stage == "scheduled":
         for f in funcs.values():
@@ -75,6 +77,21 @@ def cmd_show(args: argparse.Namespace) -> int:
             print(lower(f, target), end="\n\n")
         return 0
     source, _ = codegen_c.generate_source(funcs, target)
+    print(source)
+    return 0
+
+
+def _show_gpu(stage: str, funcs: dict[str, Any], target: Any) -> int:
+    """The scheduled/lowered TIR or the CUDA/OpenCL source of a GPU target's functions."""
+    from .codegen.gpu.build import generate_source
+    from .schedule.gpu import schedule_and_lower
+
+    pairs = {n: schedule_and_lower(f, target) for n, f in funcs.items()}
+    if stage in ("scheduled", "lowered"):
+        for scheduled, lowered in pairs.values():
+            print(scheduled if stage == "scheduled" else lowered, end="\n\n")
+        return 0
+    source, _ = generate_source({n: p[1] for n, p in pairs.items()}, target)
     print(source)
     return 0
 

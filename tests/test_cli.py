@@ -87,3 +87,16 @@ def test_run_profile_lists_every_kernel(tmp_path, capsys):
     assert all(k in exe.profile(model.inputs[0], repeat=1) for k in kernels)
     with pytest.raises(KilnError, match="repeat"):
         exe.profile(model.inputs[0], repeat=0)
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["--stage", "cuda"], ['extern "C" __global__', "__launch_bounds__"]),
+    (["--stage", "opencl"], ["__kernel", "get_group_id(0)"]),
+    (["--stage", "lowered", "--target", "opencl"], ['kernel "', 'env("threadIdx.x")']),
+    (["--stage", "scheduled", "--target", "cuda"], ['thread="threadIdx.x"']),
+])
+def test_show_gpu_stages(capsys, argv, needles):
+    assert cli.main(["show", "demo:mlp", *argv]) == 0
+    out = capsys.readouterr().out
+    for needle in needles:
+        assert needle in out

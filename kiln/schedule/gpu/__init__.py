@@ -30,7 +30,7 @@ from ...tir.transform.lower import lower
 from . import rules
 
 __all__ = ["GPU_KINDS", "SCHEDULE_ATTR", "register_gpu_schedule", "rule_for_pattern",
-           "schedule_generic", "schedule_prim_func"]
+           "schedule_and_lower", "schedule_generic", "schedule_prim_func"]
 
 GPU_KINDS = ("cuda", "opencl")
 #: Attribute naming the attempt that scheduled a GPU function (see the module docstring).
@@ -95,6 +95,11 @@ def _pattern(func: PrimFunc) -> OpPattern | None:
 
 def schedule_prim_func(func: PrimFunc, target: Any) -> PrimFunc:
     """Schedule ``func`` for the GPU ``target`` and lower it (see the module docstring)."""
+    return schedule_and_lower(func, target)[1]
+
+
+def schedule_and_lower(func: PrimFunc, target: Any) -> tuple[PrimFunc, PrimFunc]:
+    """(scheduled, lowered) ``func`` for the GPU ``target`` (see the module docstring)."""
     op_name = func.attrs.get("op_name")
     op_sched = None
     if op_name:
@@ -123,7 +128,7 @@ def schedule_prim_func(func: PrimFunc, target: Any) -> PrimFunc:
         try:
             sch = attempt(Schedule(func))
             scheduled = sch.func.with_attr("scheduled", True).with_attr(SCHEDULE_ATTR, name)
-            return lower(scheduled, target)
+            return scheduled, lower(scheduled, target)
         except (ScheduleError, LoweringError) as err:
             errors.append(f"{name}: {err}")
     raise LoweringError(f"{func.attrs.get('global_symbol', op_name)}: no GPU schedule lowers "
