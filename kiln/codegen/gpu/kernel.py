@@ -305,6 +305,8 @@ class KernelEmitter(FunctionEmitter):
 
     def stmt_LetStmt(self, s: S.LetStmt) -> None:
         if s.var.dtype.lanes == 1:
+            if s.var.dtype.is_integer and self.analyzer is not None:
+                self.analyzer.bind(s.var, s.value)  # alignment proofs see through indices
             super().stmt_LetStmt(s)
             return
         lanes = []

@@ -168,11 +168,43 @@ def _bind_flat(sch: Any, target: Any, loop: Any, vector: int = 1) -> None:
     sch.bind(tx, "threadIdx.x")
 
 
+#: Largest expression (nodes) of a vectorized element-wise block: vectors are written lane by
+#: lane, so a big expression is emitted four times for no gain (gathers, select trees).
+VECTOR_MAX_NODES = 128
+
+
+def _streams_contiguously(block: Any) -> bool:
+    """Every load of the block reads its innermost axis at the innermost iteration variable
+    (plus a constant) or does not depend on it: what vectors load whole."""
+    inner = block.iter_vars[-1].var if block.iter_vars else None
+    if inner is None:
+        return False
+    ok = [True]
+    count = [0]
+
+    def visit(n: Any) -> None:
+        count[0] += 1
+        if isinstance(n, BufferLoad) and n.indices:
+            *outer, last = n.indices
+            if any(inner in collect_vars(i) for i in outer):
+                ok[0] = False
+            elif inner in collect_vars(last) and not (
+                    last is inner or (type(last).__name__ == "Add" and (
+                        last.a is inner and isinstance(last.b, IntImm)))):
+                ok[0] = False
+
+    post_order_visit(block.body, visit)
+    return ok[0] and count[0] <= VECTOR_MAX_NODES
+
+
 def _vector_lanes(sch: Any, block: Any, loops: list[Any]) -> int:
     """4 when a vectorized nest would load and store whole ``float4``-like vectors."""
     inner = _const(sch.get(loops[-1]).extent)
-    el = sch.get(block).writes[0].buffer.dtype.element
+    blk = sch.get(block)
+    el = blk.writes[0].buffer.dtype.element
     if inner is None or inner % VECTOR or el.is_bool or el.bits not in (16, 32):
+        return 1
+    if not _streams_contiguously(blk):
         return 1
     total = 1
     for lp in loops:

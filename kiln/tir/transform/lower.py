@@ -59,7 +59,7 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
         func = lower_cross_thread_reduction(func)
     func = hoist_reduction_init(func)
     func = compact_buffers(func)
-    func = convert_blocks_to_loops(func)
+    func = convert_blocks_to_loops(func, let_bindings=gpu)
     func = flatten_buffers(func)
     if not gpu:
         func = hoist_allocations(func)

@@ -242,6 +242,9 @@ class _Vectorizer:
             return IfThenElse(cond, then_case, else_case)
         if isinstance(s, LetStmt):
             value = self.expr(s.value)
+            if isinstance(value, (Ramp, Broadcast)):  # an index: keep it affine (contiguous)
+                self.vmap[s.var] = value
+                return self.stmt(s.body)
             if value.dtype.lanes != 1:
                 nv = Var(s.var.name, value.dtype)
                 self.vmap[s.var] = nv
