@@ -175,6 +175,9 @@ def _check_on_gpu(cases: Sequence[Case], results: list[Any], target: Target) -> 
     funcs, plans = {}, []
     for k, (name, args, attrs) in enumerate(cases):
         func, arrays, outs, is_tuple = _compile_case(name, args, attrs, False, target)
+        # as LegalizeOps names it, so that the op's own GPU schedule (if any) is the one used
+        func = func.with_attr("op_name", name).with_attr(
+            "op_pattern", int(get_op_def(name).pattern))
         funcs[f"case{k}"] = schedule_prim_func(func, target)
         plans.append((arrays, outs, is_tuple))
     mod = gpu_build(funcs, target)

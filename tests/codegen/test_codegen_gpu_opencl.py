@@ -136,3 +136,13 @@ def test_one_renderer_two_dialects():
     assert "__kernel" in ocl and "get_group_id(0)" in ocl and "__global" in ocl
     assert '__global__ void __launch_bounds__' in cuda and "blockIdx.x" in cuda
     assert "__restrict__" in cuda and "get_local_id" not in cuda
+
+
+def test_kernel_parameter_bytes_are_checked():
+    from kiln.ir.errors import CodegenError
+
+    func = schedule_prim_func(elementwise_func((8,), "float32", lambda *xs: sum(xs[1:], xs[0]),
+                                               nin=40), OPENCL)
+    small = Target("opencl", attrs={"max_kernel_param_bytes": 256})
+    with pytest.raises(CodegenError, match=r"41 arguments \(328 bytes\).*256 bytes"):
+        generate_source({"f": func}, small)

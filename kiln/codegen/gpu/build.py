@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ...ir.dtype import DataType
 from ...ir.errors import CodegenError, KilnError
 from ...runtime import shape_expr
 from ...runtime.gpu.program import (
@@ -167,6 +168,13 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any
             kname = symbols.get(f"{symbol}_k{k}")
             launch = launch.replace(name=kname)
             params, args = _kernel_params(name, launch, sig, workspaces)
+            param_bytes = sum(8 if a.kind in ("buffer", "workspace", "seed", "sym")
+                              else max(DataType(a.dtype).itemsize, 4) for a in args)
+            if param_bytes > limits.max_kernel_param_bytes:
+                raise CodegenError(
+                    f"{name}: kernel {kname} takes {len(args)} arguments ({param_bytes} bytes), "
+                    f"more than the target's {limits.max_kernel_param_bytes} bytes of kernel "
+                    "parameters (split the operation, e.g. a concat of fewer tensors)")
             shared = sum(byte_size(b) or 0 for b in launch.shared)
             dynamic = dialect.is_cuda and shared > limits.shared_memory_per_block
             emitter = KernelEmitter(func, launch, params, dialect, helpers, Analyzer(),
