@@ -139,7 +139,12 @@ class GpuModule:
                 elif a.kind == "sym":
                     values.append(np.int64(env[f.info.sym_vars[a.index]]))
                 elif a.kind == "scalar":
-                    values.append(scalar_arg(args[a.index], DataType(a.dtype)))
+                    value = args[a.index]
+                    if isinstance(value, DeviceBuffer):  # a 0-d tensor of the plan
+                        host = np.empty((), DataType(a.dtype).to_numpy())
+                        device.download(value, host)
+                        value = host
+                    values.append(scalar_arg(value, DataType(a.dtype)))
                 else:
                     values.append((seed or self.fresh_seed)())
             out.append((kernels[k.name], grid, k.block, values,  # type: ignore[arg-type]
