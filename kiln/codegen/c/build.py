@@ -13,7 +13,7 @@ one is compiled in pieces in parallel (:func:`~kiln.codegen.c.compiler.compile_s
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ...ir.abi import c_header
@@ -75,6 +75,16 @@ def function_info(name: str, symbol: str, func: PrimFunc, signature: FunctionSig
     )
 
 
+def lowered_functions(funcs: Mapping[str, PrimFunc], target: Target
+                      ) -> Iterator[tuple[str, PrimFunc]]:
+    """``(name, func)`` of each function, lowered for ``target`` when it is not yet (shared
+    with the GPU backend)."""
+    for name, func in funcs.items():
+        if not isinstance(func, PrimFunc):
+            raise CodegenError(f"{name}: expected a tir.PrimFunc, got {type(func).__name__}")
+        yield name, func if is_lowered(func) else lower(func, target)
+
+
 def native_float16(target: Any = None) -> bool:
     """Whether float16 is computed natively (``_Float16`` arithmetic) for ``target``: the
     target has AVX512-FP16 and the C compiler knows ``_Float16``. Otherwise float16, like
@@ -96,11 +106,7 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any = None, extra_sou
     symbols = NameTable()
     bodies: list[str] = []
     infos: dict[str, FunctionInfo] = {}
-    for name, func in funcs.items():
-        if not isinstance(func, PrimFunc):
-            raise CodegenError(f"{name}: expected a tir.PrimFunc, got {type(func).__name__}")
-        if not is_lowered(func):
-            func = lower(func, tgt)
+    for name, func in lowered_functions(funcs, tgt):
         symbol = symbols.get(name)
         while symbol + "_unchecked" in symbols.used:
             symbol = symbols.get(name)

@@ -42,6 +42,31 @@ class FunctionSignature:
     sym_vars: list[E.Var] = field(default_factory=list)
 
 
+def variable_uses(stmt: S.Stmt) -> tuple[dict[E.Var, Buffer], dict[E.Var, None], set[E.Var]]:
+    """What ``stmt`` uses and defines: the buffers it loads or stores (by data variable), every
+    variable it uses (data variables too, first-use order) and the variables it binds itself
+    (loops, lets, allocations). A used variable it does not define comes from outside."""
+    buffers: dict[E.Var, Buffer] = {}
+    used: dict[E.Var, None] = {}
+    defined: set[E.Var] = set()
+
+    def visit(n: Any) -> None:
+        if isinstance(n, (E.BufferLoad, S.BufferStore)):
+            buffers.setdefault(n.buffer.data, n.buffer)
+            used.setdefault(n.buffer.data, None)
+        elif isinstance(n, E.Var):
+            used.setdefault(n, None)
+        elif isinstance(n, S.For):
+            defined.add(n.loop_var)
+        elif isinstance(n, (S.LetStmt, E.Let)):
+            defined.add(n.var)
+        elif isinstance(n, S.Allocate):
+            defined.add(n.buffer.data)
+
+    post_order_visit(stmt, visit)
+    return buffers, used, defined
+
+
 def analyze_signature(func: PrimFunc, name: str) -> FunctionSignature:
     """Parameters in order and the symbolic dims, ordered by first plain occurrence.
 
@@ -269,24 +294,8 @@ class FunctionEmitter(ExprEmitter):
         OpenMP outlines a parallel region into a function that receives the pointers through a
         struct, which drops ``restrict``; passing them as parameters again restores it, so
         GCC keeps register tiles in registers inside parallel loops too."""
-        buffers: dict[E.Var, Buffer] = {}
-        used: dict[E.Var, None] = {}
-        defined: set[E.Var] = {s.loop_var}
-
-        def visit(n: Any) -> None:
-            if isinstance(n, (E.BufferLoad, S.BufferStore)):
-                buffers.setdefault(n.buffer.data, n.buffer)
-                used.setdefault(n.buffer.data, None)
-            elif isinstance(n, E.Var):
-                used.setdefault(n, None)
-            elif isinstance(n, S.For):
-                defined.add(n.loop_var)
-            elif isinstance(n, (S.LetStmt, E.Let)):
-                defined.add(n.var)
-            elif isinstance(n, S.Allocate):
-                defined.add(n.buffer.data)
-
-        post_order_visit(s.body, visit)
+        buffers, used, defined = variable_uses(s.body)
+        defined.add(s.loop_var)
         params, args = [f"{var_ct} {var}"], [var]
         for v in used:
             if v in defined:

@@ -30,13 +30,11 @@ from ...tir import expr as E
 from ...tir import stmt as S
 from ...tir.buffer import Buffer
 from ...tir.function import PrimFunc
-from ...tir.functor import post_order_visit
 from ...tir.gpu import KernelLaunch
 from ...tir.transform.gpu_kernels import byte_size
 from ...tir.transform.hoist_allocations import alloc_size
-from ...tir.transform.lower import is_lowered, lower
-from ..c.build import function_info
-from ..c.func import FunctionSignature, analyze_signature
+from ..c.build import function_info, lowered_functions
+from ..c.func import FunctionSignature, analyze_signature, variable_uses
 from ..c.names import NameTable
 from .dialect import dialect_for
 from .helpers import GpuHelpers
@@ -68,23 +66,8 @@ def host_parts(func: PrimFunc) -> tuple[list[Buffer], list[KernelLaunch]]:
 
 def _free_vars(launch: KernelLaunch) -> tuple[dict[E.Var, Buffer], list[E.Var]]:
     """The buffers (by data variable) and the scalar variables a kernel uses from outside."""
-    buffers: dict[E.Var, Buffer] = {}
-    used: dict[E.Var, None] = {}
-    defined: set[E.Var] = {v for v, _ in launch.env} | {b.data for b in launch.shared}
-
-    def visit(n: Any) -> None:
-        if isinstance(n, (E.BufferLoad, S.BufferStore)):
-            buffers.setdefault(n.buffer.data, n.buffer)
-        elif isinstance(n, E.Var):
-            used.setdefault(n, None)
-        elif isinstance(n, S.For):
-            defined.add(n.loop_var)
-        elif isinstance(n, (S.LetStmt, E.Let)):
-            defined.add(n.var)
-        elif isinstance(n, S.Allocate):
-            defined.add(n.buffer.data)
-
-    post_order_visit(launch.body, visit)
+    buffers, used, defined = variable_uses(launch.body)
+    defined |= {v for v, _ in launch.env} | {b.data for b in launch.shared}
     buffers = {v: b for v, b in buffers.items() if v not in defined}
     scalars = [v for v in used if v not in defined and v not in buffers]
     return buffers, scalars
@@ -155,11 +138,7 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any
     symbols = NameTable()
     bodies: list[str] = []
     functions: dict[str, DeviceFunction] = {}
-    for name, func in funcs.items():
-        if not isinstance(func, PrimFunc):
-            raise CodegenError(f"{name}: expected a tir.PrimFunc, got {type(func).__name__}")
-        if not is_lowered(func):
-            func = lower(func, tgt)
+    for name, func in lowered_functions(funcs, tgt):
         symbol = symbols.get(name)
         sig = analyze_signature(func, name)
         workspaces, launches = host_parts(func)

@@ -19,6 +19,7 @@ and tools can see which operators fell back.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,8 @@ __all__ = ["GPU_KINDS", "SCHEDULE_ATTR", "register_gpu_schedule", "rule_for_patt
            "schedule_and_lower", "schedule_generic", "schedule_prim_func"]
 
 GPU_KINDS = ("cuda", "opencl")
+#: Logs, per function, the attempt that scheduled it (INFO; DEBUG: the attempts that failed).
+logger = logging.getLogger(__name__)
 #: Attribute naming the attempt that scheduled a GPU function (see the module docstring).
 SCHEDULE_ATTR = "kiln.gpu_schedule"
 
@@ -128,8 +131,11 @@ def schedule_and_lower(func: PrimFunc, target: Any) -> tuple[PrimFunc, PrimFunc]
         try:
             sch = attempt(Schedule(func))
             scheduled = sch.func.with_attr("scheduled", True).with_attr(SCHEDULE_ATTR, name)
-            return scheduled, lower(scheduled, target)
+            lowered = lower(scheduled, target)
+            logger.info("%s (%s): %s", op_name, func.attrs.get("global_symbol"), name)
+            return scheduled, lowered
         except (ScheduleError, LoweringError) as err:
+            logger.debug("%s: attempt %s failed: %s", op_name, name, err)
             errors.append(f"{name}: {err}")
     raise LoweringError(f"{func.attrs.get('global_symbol', op_name)}: no GPU schedule lowers "
                         "(" + "; ".join(errors) + ")")

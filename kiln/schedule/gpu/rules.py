@@ -36,6 +36,7 @@ from typing import Any
 from ...ir.errors import ScheduleError
 from ...tir.expr import BufferLoad, IntImm, IterType
 from ...tir.functor import collect_vars, post_order_visit
+from ...tir.schedule.analysis import as_int
 from ...tir.schedule.rfactor import split_reduction_update
 from ...tir.stmt import BlockRealize, ForKind
 
@@ -48,10 +49,6 @@ MIN_THREADS = 32
 VECTOR = 4
 #: Shortest reduction given a block of threads (shorter ones: one thread per output).
 ROW_MIN = 32
-
-
-def _const(e: Any) -> int | None:
-    return e.value if isinstance(e, IntImm) else None
 
 
 def _pow2_at_least(n: int) -> int:
@@ -85,23 +82,9 @@ def _is_reduction(block: Any) -> bool:
 def inline_stages(sch: Any) -> None:
     """Inline element-wise stages into their consumers and fold element-wise consumers into
     their producer, where the schedule allows it (see the module docstring)."""
-    from ...op.schedule_helpers import inline_is_cheap
+    from ...op.schedule_helpers import inline_injective_stages
 
-    outputs = _output_buffers(sch)
-    changed = True
-    while changed:
-        changed = False
-        for b in stages(sch):
-            blk = sch.get(b)
-            if _is_reduction(blk) or any(id(w.buffer) in outputs for w in blk.writes):
-                continue
-            if not inline_is_cheap(sch, b):
-                continue
-            try:
-                sch.compute_inline(b)
-                changed = True
-            except ScheduleError:
-                pass
+    inline_injective_stages(sch)
     for b in stages(sch):
         producers = sch.get_producers(b)
         if len(producers) != 1 or _is_reduction(sch.get(producers[0])):
@@ -152,7 +135,7 @@ def _loop_roles(sch: Any, block: Any, loops: list[Any]) -> list[str]:
 def _bind_flat(sch: Any, target: Any, loop: Any, vector: int = 1) -> None:
     """Split one loop over ``blockIdx.x`` x ``threadIdx.x`` (x ``vector`` lanes), with a
     grid-stride loop when the blocks would exceed the grid limit."""
-    extent = _const(sch.get(loop).extent)
+    extent = as_int(sch.get(loop).extent)
     if vector > 1:
         loop, lanes = sch.split(loop, [None, vector])
         sch.vectorize(lanes)
@@ -199,7 +182,7 @@ def _streams_contiguously(block: Any) -> bool:
 
 def _vector_lanes(sch: Any, block: Any, loops: list[Any]) -> int:
     """4 when a vectorized nest would load and store whole ``float4``-like vectors."""
-    inner = _const(sch.get(loops[-1]).extent)
+    inner = as_int(sch.get(loops[-1]).extent)
     blk = sch.get(block)
     el = blk.writes[0].buffer.dtype.element
     if inner is None or inner % VECTOR or el.is_bool or el.bits not in (16, 32):
@@ -208,7 +191,7 @@ def _vector_lanes(sch: Any, block: Any, loops: list[Any]) -> int:
         return 1
     total = 1
     for lp in loops:
-        total *= _const(sch.get(lp).extent) or 0
+        total *= as_int(sch.get(lp).extent) or 0
     return VECTOR if total >= VECTOR * MIN_THREADS else 1
 
 
@@ -253,7 +236,7 @@ def schedule_reduction_block(sch: Any, target: Any, block: Any) -> bool:
     reduce = [lp for lp, r in zip(loops, roles) if r == "reduce"]
     if len(spatial) + len(reduce) != len(loops) or loops[:len(spatial)] != spatial:
         return False
-    extents = [_const(sch.get(lp).extent) for lp in reduce]
+    extents = [as_int(sch.get(lp).extent) for lp in reduce]
     k = None if any(e is None for e in extents) else math.prod(extents)  # type: ignore
     try:
         split_reduction_update(blk, "gpu schedule")

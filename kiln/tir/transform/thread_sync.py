@@ -144,34 +144,26 @@ class _Sync:
 
     def head(self, s: Stmt, env: dict[Var, PrimExpr]) -> list[Access]:
         """Accesses that may come before the first barrier of ``s``."""
-        if isinstance(s, SeqStmt):
-            out: list[Access] = []
-            for x in s.seq:
-                if self.has_barrier(x):
-                    return out + self.head(x, env)
-                out += self.accesses(x, env)
-            return out
-        if isinstance(s, (LetStmt, Allocate)) and self.has_barrier(s.body):
-            inner = dict(env)
-            if isinstance(s, LetStmt):
-                inner[s.var] = substitute(s.value, env)
-            return self.head(s.body, inner)
-        return self.accesses(s, env)
+        return self._edge(s, env, first=True)
 
     def tail(self, s: Stmt, env: dict[Var, PrimExpr]) -> list[Access]:
         """Accesses that may come after the last barrier of ``s``."""
+        return self._edge(s, env, first=False)
+
+    def _edge(self, s: Stmt, env: dict[Var, PrimExpr], first: bool) -> list[Access]:
         if isinstance(s, SeqStmt):
             out: list[Access] = []
-            for x in reversed(s.seq):
+            for x in (s.seq if first else reversed(s.seq)):
                 if self.has_barrier(x):
-                    return self.tail(x, env) + out
-                out = self.accesses(x, env) + out
+                    edge = self._edge(x, env, first)
+                    return out + edge if first else edge + out
+                out = out + self.accesses(x, env) if first else self.accesses(x, env) + out
             return out
         if isinstance(s, (LetStmt, Allocate)) and self.has_barrier(s.body):
             inner = dict(env)
             if isinstance(s, LetStmt):
                 inner[s.var] = substitute(s.value, env)
-            return self.tail(s.body, inner)
+            return self._edge(s.body, inner, first)
         return self.accesses(s, env)
 
     # ---- the walk ---------------------------------------------------------------------------
