@@ -19,12 +19,15 @@ Statements only GPU lowering makes (code generation renders them per dialect):
 
 Intrinsics (``tir.Call`` ops) only GPU code uses: :data:`BARRIER` (all threads of a block
 wait; shared and global memory written before is visible after), :data:`SHFL_DOWN` /
-:data:`SHFL` (read a value of another lane of the warp: ``(value, offset_or_lane, width)``).
+:data:`SHFL` (read a value of another lane of the warp: ``(value, offset_or_lane, width)``),
+:data:`ATOMIC_ADD` (``atomic_add(buffer[index], value)``: add to memory other threads may
+update at the same time; the old value).
 """
 
 from __future__ import annotations
 
 from dataclasses import field
+from typing import Any
 
 from ..ir.errors import ScheduleError
 from ..ir.node import node, set_field
@@ -39,8 +42,11 @@ BARRIER = "gpu.barrier"
 SHFL_DOWN = "gpu.shfl_down"
 #: Intrinsic: ``shfl(value, lane, width)``, the value of lane ``lane`` of the segment.
 SHFL = "gpu.shfl"
+#: Intrinsic: ``atomic_add(BufferLoad(buf, (i,)), value)`` adds ``value`` to ``buf[i]``
+#: atomically and gives the old value (int32/uint32/int64/uint64/float32/float64).
+ATOMIC_ADD = "gpu.atomic_add"
 #: Intrinsics of GPU code only (the C backend rejects them).
-GPU_INTRINSICS = (BARRIER, SHFL_DOWN, SHFL)
+GPU_INTRINSICS = (BARRIER, SHFL_DOWN, SHFL, ATOMIC_ADD)
 
 #: Every tag a loop may be bound to.
 THREAD_TAGS = tuple(f"{scope}.{d}" for scope in ("blockIdx", "threadIdx") for d in "xyz")
@@ -74,6 +80,12 @@ def axis_of(tag: str) -> int:
 def index_var(tag: str) -> Var:
     """A fresh int32 variable standing for the thread index ``tag`` in a kernel body."""
     return Var(tag, "int32")
+
+
+def atomic_add(buffer: Buffer, indices: Any, value: Any) -> Stmt:
+    """The statement ``buffer[indices] += value``, done atomically."""
+    load = buffer.load(indices)
+    return Evaluate(Call(buffer.dtype.element, ATOMIC_ADD, (load, convert(value))))
 
 
 def barrier() -> Stmt:

@@ -146,3 +146,49 @@ def test_kernel_parameter_bytes_are_checked():
     small = Target("opencl", attrs={"max_kernel_param_bytes": 256})
     with pytest.raises(CodegenError, match=r"41 arguments \(328 bytes\).*256 bytes"):
         generate_source({"f": func}, small)
+
+
+def _scatter_add(dtype, n=1000, m=16):
+    """``out[idx[i]] += val[i]`` with one thread per i: atomics (an opaque block written by
+    hand), split over blocks of 128 threads (the last one partly guarded)."""
+    from kiln.tir import Schedule
+    from kiln.tir.gpu import atomic_add
+
+    idx = tir.decl_buffer((n,), "int32", "idx")
+    val = tir.decl_buffer((n,), dtype, "val")
+    out = tir.decl_buffer((m,), dtype, "out")
+    i = tir.Var("i", "int64")
+    scatter = tir.Block((), (), (), "scatter",
+                        atomic_add(out, [tir.cast("int64", idx[i])], val[i]))
+    body = tir.For(i, 0, n, tir.ForKind.SERIAL,
+                   tir.BlockRealize((), tir.const("bool", True), scatter))
+    root = tir.BlockRealize((), tir.const("bool", True), tir.Block((), (), (), "root", body))
+    handles = [tir.Var(b.name, "handle") for b in (idx, val, out)]
+    sch = Schedule(tir.PrimFunc(tuple(handles), dict(zip(handles, (idx, val, out))), root))
+    (loop,) = sch.get_loops(sch.get_block("scatter"))
+    bo, bi = sch.split(loop, [None, 128])
+    sch.bind(bo, "blockIdx.x")
+    sch.bind(bi, "threadIdx.x")
+    return sch.func
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "int64", "float64"])
+def test_atomic_add_scatter(dtype):
+    from kiln.codegen.gpu.nvrtc import compile_cuda
+
+    n, m = 1000, 16
+    func = _scatter_add(dtype, n, m)
+    mod = build({"f": func}, OPENCL)
+    idx = RNG.integers(0, m, n).astype("int32")
+    val = (RNG.standard_normal(n) * 100).astype(dtype)
+    out = np.zeros(m, dtype)
+    mod["f"](idx, val, out)
+    ref = np.zeros(m, dtype)
+    np.add.at(ref, idx, val)
+    if dtype.startswith("float"):
+        check(out, ref, rtol=1e-5)  # the order of the additions varies
+    else:
+        np.testing.assert_array_equal(out, ref)
+    source, _ = generate_source({"f": func}, Target("cuda", arch="sm_80"))
+    assert "atomicAdd(" in source
+    compile_cuda(source, "sm_80")

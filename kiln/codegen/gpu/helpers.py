@@ -61,6 +61,20 @@ class GpuHelpers(Helpers):
         return self._add(name, f"static inline {d} {name}({s} x) {{ union {{ {s} a; {d} b; }} "
                                f"u; u.a = x; return u.b; }}\n")
 
+    def atomic_add_float(self, dtype: DataType) -> str:
+        """OpenCL's float atomic add: a compare-and-swap loop on the value's bits (OpenCL 1.2
+        has integer atomics only)."""
+        bits = dtype.bits
+        ft, ut = ("float", "uint") if bits == 32 else ("double", "ulong")
+        cas = "atomic_cmpxchg" if bits == 32 else "atom_cmpxchg"
+        name = f"kiln_atomic_add_{dtype}"
+        return self._add(name, (
+            f"static inline {ft} {name}(volatile __global {ft}* p, {ft} v) {{\n"
+            f"  union {{ {ut} u; {ft} f; }} old, sum;\n"
+            f"  do {{ old.f = *p; sum.f = old.f + v; }} while ({cas}((volatile __global "
+            f"{ut}*)p, old.u, sum.u) != old.u);\n"
+            f"  return old.f;\n}}\n"))
+
     def fresh_seed(self) -> str:  # pragma: no cover - the kernel emitter reads a parameter
         raise CodegenError("GPU kernels read their fresh seed from a parameter")
 

@@ -29,7 +29,15 @@ from ...tir import stmt as S
 from ...tir.buffer import Buffer
 from ...tir.function import PrimFunc
 from ...tir.functor import post_order_visit
-from ...tir.gpu import BARRIER, SHFL, SHFL_DOWN, KernelLaunch, axis_of, is_block_tag
+from ...tir.gpu import (
+    ATOMIC_ADD,
+    BARRIER,
+    SHFL,
+    SHFL_DOWN,
+    KernelLaunch,
+    axis_of,
+    is_block_tag,
+)
 from ...tir.transform.hoist_allocations import alloc_size
 from ..c import externs
 from ..c.func import FunctionEmitter, strip_parens
@@ -59,11 +67,15 @@ def uses_fresh_seed(stmt: S.Stmt) -> bool:
 
 
 def written_buffers(stmt: S.Stmt) -> set[E.Var]:
+    """The data variables of the buffers ``stmt`` stores to (atomics included)."""
     out: set[E.Var] = set()
 
     def visit(n: Any) -> None:
         if isinstance(n, S.BufferStore):
             out.add(n.buffer.data)
+        elif isinstance(n, E.Call) and n.op == ATOMIC_ADD and isinstance(n.args[0],
+                                                                          E.BufferLoad):
+            out.add(n.args[0].buffer.data)
 
     post_order_visit(stmt, visit)
     return out
@@ -154,6 +166,8 @@ class KernelEmitter(FunctionEmitter):
             return "kiln_seed[0]"
         if e.op in (SHFL, SHFL_DOWN):
             return self._shuffle(e)
+        if e.op == ATOMIC_ADD:
+            return self._atomic_add(e)
         if e.op == BARRIER:
             raise CodegenError(f"{self.name}: a barrier is a statement, not a value")
         if e.op in externs.EXTERN_OPS:
@@ -176,6 +190,18 @@ class KernelEmitter(FunctionEmitter):
         if dt.is_integer and dt.bits < 32:
             return f"(({self.scalar_ctype(dt)}){text})"
         return text
+
+    def _atomic_add(self, e: E.Call) -> str:
+        target, value = e.args
+        el = target.dtype
+        if not isinstance(target, E.BufferLoad) or el.lanes != 1 or el.is_bool or (
+                el.is_float and el.bits < 32) or (el.is_integer and el.bits < 32):
+            raise CodegenError(f"{self.name}: atomic_add on {el} (32/64-bit ints and floats)")
+        address = f"&{self.buffer_ptr(target.buffer)}[{strip_parens(self.expr(target.indices[0]))}]"
+        v = f"({self.scalar_ctype(el)})({strip_parens(self.expr(value))})"
+        if el.is_float and not self.dialect.is_cuda:
+            return f"{self.helpers.atomic_add_float(el)}({address}, {v})"
+        return self.dialect.atomic_add(address, v, el)
 
     def expr_Ramp(self, e: E.Ramp) -> str:
         raise CodegenError(f"{self.name}: vector index outside a vector load or store")
