@@ -35,10 +35,11 @@ from typing import Any
 from ...ir.dtype import DataType
 from ...ir.errors import LoweringError
 from ..buffer import Buffer
-from ..expr import BufferLoad, IntImm, PrimExpr, Var, add, cast, const, lt
+from ..expr import BufferLoad, PrimExpr, Var, add, cast, const, lt
 from ..function import PrimFunc
 from ..functor import Mutator, post_order_visit
 from ..gpu import KernelLaunch, axis_of, index_var, is_block_tag, is_thread_tag
+from ..schedule.analysis import as_int
 from ..stmt import (
     THREAD_TAG,
     Allocate,
@@ -74,10 +75,6 @@ def _has_binding(stmt: Stmt) -> bool:
     return found[0]
 
 
-def _as_int(e: PrimExpr) -> int | None:
-    return e.value if isinstance(e, IntImm) else None
-
-
 def buffers_used(stmt: Any) -> dict[Var, Buffer]:
     """The buffers loaded or stored in ``stmt``, by data variable, in first-use order."""
     out: dict[Var, Buffer] = {}
@@ -92,7 +89,7 @@ def buffers_used(stmt: Any) -> dict[Var, Buffer]:
 
 def byte_size(buf: Buffer) -> int | None:
     """Bytes of a constant-size allocation of ``buf`` (None when its size is symbolic)."""
-    n = _as_int(alloc_size(buf))
+    n = as_int(alloc_size(buf))
     return None if n is None else n * max(1, buf.dtype.element.itemsize)
 
 
@@ -154,7 +151,7 @@ class _Spmd(Mutator):
                                     f"size that is not a constant ({alloc_size(buf)})")
             self.shared.append(buf)
             return body
-        needed = {t for t, d in self.block_dims.items() if _as_int(d) != 1}
+        needed = {t for t, d in self.block_dims.items() if as_int(d) != 1}
         per_thread = needed <= set(self.bound)
         if size is not None and size <= PRIVATE_LIMIT and per_thread:
             return alloc if body is alloc.body else Allocate(buf, body)
@@ -200,7 +197,7 @@ def _check_no_grid_loops(stmt: Stmt, kernel: str) -> None:
     post_order_visit(stmt, visit)
 
 
-def _thread_extents(stmt: Stmt, kernel: str) -> dict[str, list[PrimExpr]]:
+def _thread_extents(stmt: Stmt) -> dict[str, list[PrimExpr]]:
     out: dict[str, list[PrimExpr]] = {}
 
     def visit(n: Any) -> None:
@@ -236,13 +233,13 @@ class KernelBuilder:
             ext = lp.extent if lp.extent.dtype == DataType("int64") else cast("int64", lp.extent)
             grid[axis_of(tag)] = ext
             limit = limits.max_grid_dims[axis_of(tag)]
-            if _as_int(ext) is not None and not 0 < _as_int(ext) <= limit:  # type: ignore
+            if as_int(ext) is not None and not 0 < as_int(ext) <= limit:  # type: ignore
                 raise LoweringError(f"kernel {kname}: {tag} extent {ext} is outside the "
                                     f"target's grid limit [1, {limit}]")
         block_dims: dict[str, PrimExpr] = {}
         block = [1, 1, 1]
-        for tag, extents in _thread_extents(inner, kname).items():
-            values = [_as_int(e) for e in extents]
+        for tag, extents in _thread_extents(inner).items():
+            values = [as_int(e) for e in extents]
             if any(v is None for v in values):
                 raise LoweringError(
                     f"kernel {kname}: a loop bound to {tag} has the symbolic extent "
