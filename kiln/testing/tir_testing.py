@@ -128,3 +128,27 @@ def gpu_tiled_matmul_func(m: int, n: int, k: int, tile: int = 16) -> PrimFunc:
         sch.bind(a0, "threadIdx.y")
         sch.bind(a1, "threadIdx.x")
     return sch.func
+
+
+def gpu_scatter_add_func(dtype: str, n: int = 1000, m: int = 16) -> PrimFunc:
+    """``out[idx[i]] += val[i]`` with one thread per i: atomics (an opaque block written by
+    hand), split over blocks of 128 threads (the last one partly guarded)."""
+    from .. import tir
+    from ..tir.gpu import atomic_add
+
+    idx = tir.decl_buffer((n,), "int32", "idx")
+    val = tir.decl_buffer((n,), dtype, "val")
+    out = tir.decl_buffer((m,), dtype, "out")
+    i = tir.Var("i", "int64")
+    scatter = tir.Block((), (), (), "scatter",
+                        atomic_add(out, [tir.cast("int64", idx[i])], val[i]))
+    body = tir.For(i, 0, n, tir.ForKind.SERIAL,
+                   tir.BlockRealize((), tir.const("bool", True), scatter))
+    root = tir.BlockRealize((), tir.const("bool", True), tir.Block((), (), (), "root", body))
+    handles = [tir.Var(b.name, "handle") for b in (idx, val, out)]
+    sch = Schedule(tir.PrimFunc(tuple(handles), dict(zip(handles, (idx, val, out))), root))
+    (loop,) = sch.get_loops(sch.get_block("scatter"))
+    bo, bi = sch.split(loop, [None, 128])
+    sch.bind(bo, "blockIdx.x")
+    sch.bind(bi, "threadIdx.x")
+    return sch.func

@@ -13,7 +13,7 @@ from kiln.codegen.gpu.build import build, generate_source
 from kiln.schedule.gpu import schedule_prim_func
 from kiln.target import Target
 from kiln.testing.op_testing import check
-from kiln.testing.tir_testing import elementwise_func
+from kiln.testing.tir_testing import elementwise_func, gpu_scatter_add_func
 
 OPENCL = Target("opencl")
 RNG = np.random.default_rng(5)
@@ -148,36 +148,12 @@ def test_kernel_parameter_bytes_are_checked():
         generate_source({"f": func}, small)
 
 
-def _scatter_add(dtype, n=1000, m=16):
-    """``out[idx[i]] += val[i]`` with one thread per i: atomics (an opaque block written by
-    hand), split over blocks of 128 threads (the last one partly guarded)."""
-    from kiln.tir import Schedule
-    from kiln.tir.gpu import atomic_add
-
-    idx = tir.decl_buffer((n,), "int32", "idx")
-    val = tir.decl_buffer((n,), dtype, "val")
-    out = tir.decl_buffer((m,), dtype, "out")
-    i = tir.Var("i", "int64")
-    scatter = tir.Block((), (), (), "scatter",
-                        atomic_add(out, [tir.cast("int64", idx[i])], val[i]))
-    body = tir.For(i, 0, n, tir.ForKind.SERIAL,
-                   tir.BlockRealize((), tir.const("bool", True), scatter))
-    root = tir.BlockRealize((), tir.const("bool", True), tir.Block((), (), (), "root", body))
-    handles = [tir.Var(b.name, "handle") for b in (idx, val, out)]
-    sch = Schedule(tir.PrimFunc(tuple(handles), dict(zip(handles, (idx, val, out))), root))
-    (loop,) = sch.get_loops(sch.get_block("scatter"))
-    bo, bi = sch.split(loop, [None, 128])
-    sch.bind(bo, "blockIdx.x")
-    sch.bind(bi, "threadIdx.x")
-    return sch.func
-
-
 @pytest.mark.parametrize("dtype", ["float32", "int32", "int64", "float64"])
 def test_atomic_add_scatter(dtype):
     from kiln.codegen.gpu.nvrtc import compile_cuda
 
     n, m = 1000, 16
-    func = _scatter_add(dtype, n, m)
+    func = gpu_scatter_add_func(dtype, n, m)
     mod = build({"f": func}, OPENCL)
     idx = RNG.integers(0, m, n).astype("int32")
     val = (RNG.standard_normal(n) * 100).astype(dtype)

@@ -4,6 +4,8 @@ plan, DLPack zero-copy with torch and CuPy, CUDA Graph replay, saved executables
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -16,6 +18,7 @@ from kiln.testing import models
 from kiln.testing.tir_testing import (
     elementwise_func,
     gpu_row_reduce_func,
+    gpu_scatter_add_func,
     gpu_tiled_matmul_func,
 )
 
@@ -124,3 +127,32 @@ def test_saved_executable_reloads_from_its_cubin(tmp_path):
     exe.save(path)
     loaded = kiln.load(path)
     np.testing.assert_allclose(loaded(*m.inputs), exe(*m.inputs), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64"])
+def test_atomic_scatter_add(dtype):
+    n, m = 5000, 7
+    mod = gpu_build({"f": gpu_scatter_add_func(dtype, n, m)}, _target())
+    idx = RNG.integers(0, m, n).astype("int32")
+    val = (RNG.standard_normal(n) * 100).astype(dtype)
+    out = np.zeros(m, dtype)
+    mod["f"](idx, val, out)
+    ref = np.zeros(m, dtype)
+    np.add.at(ref, idx, val)
+    np.testing.assert_allclose(out, ref, rtol=1e-4)
+
+
+def test_symbolic_batch_on_the_gpu():
+    from kiln.frontend.onnx import from_onnx
+
+    demo = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "models",
+                        "demo_resnet.onnx")
+    mod, params = from_onnx(demo)
+    cpu = kiln.build(mod, "c", params=params)
+    gpu = kiln.build(mod, _target(), params=params)
+    plan = cpu.plans["main"]
+    shape = plan.slots[plan.input_slots[0]].shape
+    for batch in (1, 5):
+        dims = tuple(d if isinstance(d, int) else batch for d in shape)
+        x = RNG.standard_normal(dims).astype("float32")
+        np.testing.assert_allclose(gpu(x), cpu(x), rtol=1e-4, atol=1e-5)
