@@ -49,9 +49,11 @@ def save(exe: Any, path: str) -> None:
         for spec in plan.slots:
             dtypes.setdefault(spec.dtype, len(dtypes))
         pj = plan.to_json(dtypes)
-        pj["constants"] = [[slot, len(sections), list(arr.shape)]
-                           for slot, arr in plan.constants.items()]
-        sections += [np.ascontiguousarray(arr).tobytes() for arr in plan.constants.values()]
+        table = []
+        for slot, arr in plan.constants.items():
+            table.append([slot, len(sections), list(arr.shape)])
+            sections.append(np.ascontiguousarray(arr).tobytes())
+        pj["constants"] = table
         plans[name] = pj
     offsets, at = [], 0
     for data in sections:
