@@ -44,7 +44,7 @@ JAM_TAILS = "kiln.jam_tails"
 #: tile) keep both factors in registers (see ``Helpers.tile_fma`` in the C backend).
 FMA_IN_REGISTERS = "kiln.fma_in_registers"
 #: Loop annotation of a ``ForKind.THREAD_BINDING`` loop: the thread index it runs on
-#: (``"blockIdx.x"``, ``"threadIdx.y"``...; see :mod:`kiln.tir.thread`).
+#: (``"blockIdx.x"``, ``"threadIdx.y"``...; see :mod:`kiln.tir.gpu`).
 THREAD_TAG = "kiln.thread_tag"
 
 
