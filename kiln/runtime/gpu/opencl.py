@@ -10,6 +10,7 @@ Programs are built once per process per source text.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from typing import Any
 
 import numpy as np
@@ -70,8 +71,10 @@ class OpenCLDevice(Device):
         kernels = self._programs.get(key)
         if kernels is None:
             try:
-                built = self.cl.Program(self.context, program.source).build(
-                    options=["-cl-std=CL1.2"])
+                with warnings.catch_warnings():  # the compiler's notes on generated code
+                    warnings.simplefilter("ignore", self.cl.CompilerWarning)
+                    built = self.cl.Program(self.context, program.source).build(
+                        options=["-cl-std=CL1.2"])
             except self.cl.Error as err:
                 raise CompileError(f"OpenCL could not build the generated program:\n{err}"
                                    ) from err
