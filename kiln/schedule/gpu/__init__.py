@@ -88,6 +88,23 @@ def schedule_generic(sch: Schedule, target: Any, pattern: OpPattern | None = Non
     return sch
 
 
+def kernel_shapes(lowered: PrimFunc) -> str:
+    """``grid x block`` of each kernel of a lowered function (``1x1`` marks a one-thread
+    kernel: a stage no rule parallelized)."""
+    from ...tir.functor import post_order_visit
+    from ...tir.gpu import KernelLaunch
+
+    shapes: list[str] = []
+
+    def visit(n: Any) -> None:
+        if isinstance(n, KernelLaunch):
+            grid = "*".join(str(g) for g in n.grid)
+            shapes.append(f"{grid}x{n.threads_per_block}")
+
+    post_order_visit(lowered.body, visit)
+    return " ".join(shapes)
+
+
 def _pattern(func: PrimFunc) -> OpPattern | None:
     value = func.attrs.get("op_pattern")
     try:
@@ -132,7 +149,9 @@ def schedule_and_lower(func: PrimFunc, target: Any) -> tuple[PrimFunc, PrimFunc]
             sch = attempt(Schedule(func))
             scheduled = sch.func.with_attr("scheduled", True).with_attr(SCHEDULE_ATTR, name)
             lowered = lower(scheduled, target)
-            logger.info("%s (%s): %s", op_name, func.attrs.get("global_symbol"), name)
+            if logger.isEnabledFor(logging.INFO):
+                logger.info("%s (%s): %s, %s", op_name, func.attrs.get("global_symbol"), name,
+                            kernel_shapes(lowered))
             return scheduled, lowered
         except (ScheduleError, LoweringError) as err:
             logger.debug("%s: attempt %s failed: %s", op_name, name, err)
