@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import kiln
-    from kiln.runtime.gpu.device import get_device
+    from kiln.runtime.gpu.module import get_device
 
     arch = get_device("cuda").arch
     target = kiln.Target("cuda", arch=arch if arch in ("sm_80", "sm_86", "sm_89", "sm_90")

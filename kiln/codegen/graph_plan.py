@@ -133,7 +133,8 @@ class _PlanBuilder:
         out_sinfo = call.sinfo_args[0]
         outs = self.new_value(out_sinfo, "temp", f"the output of {gvar.name_hint}")
         flat_outs = outs if isinstance(outs, list) else [outs]
-        self.calls.append(KernelCall(gvar.name_hint, in_slots + flat_outs, len(flat_outs)))
+        self.calls.append(KernelCall(gvar.name_hint, in_slots + flat_outs, len(flat_outs),
+                                     span=call.span))
         return outs
 
     def shape_func(self, call: gx.Call) -> _Shape:
@@ -159,7 +160,8 @@ class _PlanBuilder:
         step = len(self.calls)
         binds = [self._fresh_name(f"_s{step}_{i}") for i in range(sinfo.ndim)]
         self.calls.append(KernelCall(name, slots, 0, "shape_func",
-                                     {"inputs": inputs, "binds": binds, "what": self.binding}))
+                                     {"inputs": inputs, "binds": binds, "what": self.binding},
+                                     span=call.span))
         return _Shape(["var", b] for b in binds)
 
     def host_func(self, call: gx.Call) -> int:
@@ -183,7 +185,8 @@ class _PlanBuilder:
         out = len(self.slots) - 1
         attrs = dataclasses.asdict(call.attrs) if call.attrs is not None else {}
         self.calls.append(KernelCall(name, in_slots + [out], 1, "host_func",
-                                     {"attrs": attrs, "binds": binds, "what": self.binding}))
+                                     {"attrs": attrs, "binds": binds, "what": self.binding},
+                                     span=call.span))
         return out
 
     def _fresh_name(self, base: str) -> str:
@@ -268,6 +271,10 @@ def build_plan(func: gx.Function, name: str = "main") -> Plan:
         calls=pb.calls,
         outputs=result,
         constants=pb.constants,
+        input_tree=func.attrs.get("kiln.input_tree"),
+        output_tree=func.attrs.get("kiln.output_tree"),
+        dim_ranges=dict(func.attrs.get("kiln.dim_ranges") or {}),
+        output_names=[str(n) for n in func.attrs.get("output_names") or ()],
     )
     plan.workspace_offsets, plan.workspace_bytes = memory_plan.plan_memory(plan)
     return plan

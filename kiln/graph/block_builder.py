@@ -12,7 +12,7 @@ mod = bb.get()
 ```
 
 Normalization (:meth:`BlockBuilder.normalize`) fills every expression's ``struct_info``: an
-operator call through its declaration in ``kiln.op`` (``kiln.op.registry.infer_struct_info``),
+operator call through its declaration in ``kiln.op`` (``kiln.graph.op_registry.infer_struct_info``),
 ``call_tir`` from its ``out_sinfo``, a call of a graph function from the callee's signature
 (binding its symbolic dimensions). :meth:`emit` also puts the value in A-normal form: nested
 non-leaf arguments are emitted as their own bindings first.
@@ -32,6 +32,7 @@ from .. import tir
 from ..ir.errors import InternalError, KilnError, StructInfoError
 from ..ir.module import IRModule
 from ..ir.node import structural_equal, structural_hash
+from ..ir.span import Span
 from .expr import (
     Binding,
     BindingBlock,
@@ -53,6 +54,8 @@ from .expr import (
     as_expr,
     is_leaf,
 )
+from .op_registry import get_op_def, infer_struct_info
+from .printer import format_prim
 from .struct_info import (
     FuncStructInfo,
     ObjectStructInfo,
@@ -119,6 +122,8 @@ class BlockBuilder:
         self._scopes: list[_Scope] = []
         self._frames: list[_FunctionFrame] = []
         self._bound: dict[Var, Expr] = {}
+        #: The span given to calls bound without one (see :meth:`span`).
+        self._span: Span | None = None
         # structural hash -> names, per function class; built on first add_func of that class
         # (hashing a graph function hashes its constants, so never do it needlessly)
         self._hash_index: dict[type, dict[int, list[str]]] = {}
@@ -313,6 +318,23 @@ class BlockBuilder:
         frame.result = Function(tuple(frame.params), SeqExpr(tuple(scope.blocks), body),
                                 None, frame.attrs)
 
+    @contextmanager
+    def span(self, span: Span | None) -> Iterator[None]:
+        """Calls bound inside this context without a span of their own get ``span`` (the model
+        node a frontend is converting, the call a pass is rewriting); ``None`` keeps the
+        enclosing context's span."""
+        saved = self._span
+        if span is not None:
+            self._span = span
+        try:
+            yield
+        finally:
+            self._span = saved
+
+    @property
+    def current_span(self) -> Span | None:
+        return self._span
+
     def current_block_is_dataflow(self) -> bool:
         return bool(self._scopes) and self._scopes[-1].block is not None and (
             self._scopes[-1].block.dataflow
@@ -367,8 +389,7 @@ class BlockBuilder:
                                                       not scope.block.dataflow):
             raise KilnError(f"DataflowVar {binding.var.name} bound outside a dataflow block")
         scope.names.add(binding.var.name)
-        self._append(binding)
-        return binding
+        return self._append(binding)
 
     # -----------------------------------------------------------------------------------------
     # internals
@@ -395,12 +416,16 @@ class BlockBuilder:
         names.add(name)
         return name
 
-    def _append(self, binding: Binding) -> None:
+    def _append(self, binding: Binding) -> Binding:
         scope = self._require_scope("emit")
         if scope.block is None:
             scope.block = _Block(dataflow=False)
+        value = binding.value
+        if self._span is not None and isinstance(value, Call) and value.span is None:
+            binding = binding.replace(value=value.with_span(self._span))
         scope.block.bindings.append(binding)
         self._bound[binding.var] = binding.value
+        return binding
 
     def _emit_value(self, value: Expr, name_hint: str, dataflow: bool) -> Var:
         if value.struct_info is None:
@@ -566,13 +591,13 @@ class BlockBuilder:
         if isinstance(op, Op):
             if op.name == "call_tir":
                 return call.sinfo_args[0]
-            return _infer_op_call(call)
+            return infer_op_call(call)
         if call.sinfo_args:
             return call.sinfo_args[0]
         if isinstance(op, GlobalVar):
             func = self._mod.functions.get(op.name)
             if isinstance(func, Function) and func.struct_info is not None:
-                return _call_sinfo(op.name, func.struct_info, call)
+                return call_sinfo(op.name, func.struct_info, call)
             what = "a PrimFunc" if func is not None else "not in the module"
             raise StructInfoError(
                 f"call of {op.name} ({what}): give its result StructInfo in sinfo_args"
@@ -581,7 +606,7 @@ class BlockBuilder:
             raise StructInfoError(f"call of extern {op.symbol}: give its result in sinfo_args")
         fs = op.struct_info
         if isinstance(fs, FuncStructInfo):
-            return _call_sinfo(label, fs, call)
+            return call_sinfo(label, fs, call)
         raise StructInfoError(f"{label} is not callable (its StructInfo is {fs})")
 
 
@@ -589,8 +614,6 @@ def _default_attrs(call: Call) -> Any:
     """Default attributes for an op call built without attrs (None if nothing to do)."""
     if not isinstance(call.op, Op) or call.op.name == "call_tir" or call.attrs is not None:
         return None
-    from ..op.registry import get_op_def  # lazy: kiln.op imports kiln.graph
-
     try:
         opdef = get_op_def(call.op.name)
     except KilnError as err:
@@ -604,9 +627,7 @@ def _default_attrs(call: Call) -> Any:
                               ) from err
 
 
-def _infer_op_call(call: Call) -> StructInfo:
-    from ..op.registry import get_op_def, infer_struct_info  # lazy: kiln.op imports kiln.graph
-
+def infer_op_call(call: Call) -> StructInfo:
     try:
         opdef = get_op_def(call.op.name)
     except KilnError as err:
@@ -653,7 +674,7 @@ def _check_call_tir(args: tuple[Expr, ...], sinfo_args: tuple[StructInfo, ...]) 
 # ---------------------------------------------------------------------------------------------
 # calls of graph functions: match the arguments, bind symbolic dims, derive the result
 # ---------------------------------------------------------------------------------------------
-def _call_sinfo(name: str, fs: FuncStructInfo, call: Call) -> StructInfo:
+def call_sinfo(name: str, fs: FuncStructInfo, call: Call) -> StructInfo:
     if fs.params is None:
         return fs.ret
     if len(fs.params) != len(call.args):
@@ -720,7 +741,5 @@ def check_match_cast(value: StructInfo | None, target: StructInfo, what: str = "
 
 
 def _fmt(e: Any) -> str:
-    from .printer import format_prim
-
     return format_prim(e)
 

@@ -33,6 +33,7 @@ from .. import tir
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..ir.node import Node, node, set_field
+from ..ir.span import Span
 from .struct_info import (
     FuncStructInfo,
     ObjectStructInfo,
@@ -117,16 +118,11 @@ class GlobalVar(Expr):
 
 @node
 class Op(Expr):
-    """A registered operator, by name (``Op("nn.relu").op_def`` is its declaration)."""
+    """A registered operator, by name (``kiln.graph.op_registry.get_op_def(op.name)`` is its
+    declaration)."""
 
     name: str
     struct_info: StructInfo | None = _sinfo_field()
-
-    @property
-    def op_def(self):
-        from ..op.registry import get_op_def
-
-        return get_op_def(self.name)
 
 
 @node
@@ -210,6 +206,8 @@ class Call(Expr):
 
     ``attrs`` is the op's attribute dataclass (or None); ``sinfo_args`` give the result's
     StructInfo where it cannot be inferred (``call_tir``, extern and PrimFunc calls).
+    ``span`` names the model nodes the call was made from (:mod:`kiln.ir.span`); like
+    struct_info it is ignored by structural equality and kept by ``replace``.
     """
 
     op: Expr
@@ -217,6 +215,11 @@ class Call(Expr):
     attrs: Any = None
     sinfo_args: tuple[StructInfo, ...] = ()
     struct_info: StructInfo | None = _sinfo_field()
+    span: Span | None = field(default=None, kw_only=True)
+
+    def with_span(self, span: Span | None) -> Call:
+        """This call with ``span`` (struct_info kept: the value is the same)."""
+        return self if span is self.span else dataclasses.replace(self, span=span)
 
     def __post_init__(self):
         if not isinstance(self.op, Expr):

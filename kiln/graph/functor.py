@@ -288,11 +288,17 @@ class ExprMutator:
         return self._rebuild_block(b, dataflow=True)
 
     def visit_binding(self, b: Binding) -> None:
-        """Visit one binding, emitting its (possibly new) form into ``self.builder``."""
-        if isinstance(b, MatchCast):
-            self.visit_MatchCast(b)
-        else:
-            self.visit_VarBinding(b)
+        """Visit one binding, emitting its (possibly new) form into ``self.builder``.
+
+        Calls emitted while rewriting it inherit its call's span (the model nodes it came from),
+        so every pass built on this mutator keeps provenance without doing anything.
+        """
+        span = b.value.span if isinstance(b.value, Call) else None
+        with self.builder.span(span):
+            if isinstance(b, MatchCast):
+                self.visit_MatchCast(b)
+            else:
+                self.visit_VarBinding(b)
 
     def visit_VarBinding(self, b: VarBinding) -> None:
         value = self.visit_expr(b.value)

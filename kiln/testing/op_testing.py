@@ -16,12 +16,17 @@ from typing import Any
 import numpy as np
 
 from kiln import te, tir
+from kiln.codegen import c as codegen_c
+from kiln.codegen.gpu.build import build as gpu_build
 from kiln.graph.block_builder import BlockBuilder
 from kiln.graph.expr import Var
 from kiln.graph.struct_info import StructInfo, TensorStructInfo
 from kiln.op.registry import get_op_def
+from kiln.schedule import lookup_schedule
+from kiln.schedule.gpu import schedule_prim_func as gpu_schedule_prim_func
 from kiln.target import Target
 from kiln.testing.gpu_testing import assert_close, draws_fresh_seed, gpu_test_targets
+from kiln.tir.schedule import Schedule
 
 # An op case: (registered op name, inputs, attribute keywords). An input is an array, or a list
 # of arrays for a variadic input (e.g. concat's tensors).
@@ -113,11 +118,10 @@ def _compile_case(
         flat_arr += [np.array(x, order="C") for x in group]
     out = opdef.compute(*grouped, attrs=opdef.make_attrs(**attrs))
     outs = list(out) if isinstance(out, tuple) else [out]
-    from kiln.tir.schedule import Schedule
 
     sch = Schedule(te.create_prim_func([*flat_ph, *outs]))
     if schedule:
-        opdef.schedules[target.kind](sch, target)
+        lookup_schedule(name, target)(sch, target)
     return sch.func, flat_arr, outs, isinstance(out, tuple)
 
 
@@ -144,8 +148,6 @@ def run_cases(
     kernel which leaves part of its output unwritten fails the comparison. Returns one result
     per case: an array, or a tuple of arrays for tuple-valued ops.
     """
-    from kiln.codegen import c as codegen_c
-
     target = Target.create(target)
     funcs, plans = {}, []
     for k, (name, args, attrs) in enumerate(cases):
@@ -169,16 +171,13 @@ def run_cases(
 def _check_on_gpu(cases: Sequence[Case], results: list[Any], target: Target) -> None:
     """Run ``cases`` on a GPU target (the op's GPU schedule or the generic rules) and compare
     with the CPU's ``results`` (see :mod:`kiln.testing.gpu_testing`)."""
-    from kiln.codegen.gpu.build import build as gpu_build
-    from kiln.schedule.gpu import schedule_prim_func
-
     funcs, plans = {}, []
     for k, (name, args, attrs) in enumerate(cases):
         func, arrays, outs, is_tuple = _compile_case(name, args, attrs, False, target)
         # as LegalizeOps names it, so that the op's own GPU schedule (if any) is the one used
         func = func.with_attr("op_name", name).with_attr(
             "op_pattern", int(get_op_def(name).pattern))
-        funcs[f"case{k}"] = schedule_prim_func(func, target)
+        funcs[f"case{k}"] = gpu_schedule_prim_func(func, target)
         plans.append((arrays, outs, is_tuple))
     mod = gpu_build(funcs, target)
     exact = not draws_fresh_seed(mod)

@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import te
+from .. import te, tir
 from ..tir import stmt as S
 from ..tir.function import PrimFunc
+from ..tir.gpu import atomic_add
 from ..tir.schedule import Schedule
 
 
@@ -133,9 +134,6 @@ def gpu_tiled_matmul_func(m: int, n: int, k: int, tile: int = 16) -> PrimFunc:
 def gpu_scatter_add_func(dtype: str, n: int = 1000, m: int = 16) -> PrimFunc:
     """``out[idx[i]] += val[i]`` with one thread per i: atomics (an opaque block written by
     hand), split over blocks of 128 threads (the last one partly guarded)."""
-    from .. import tir
-    from ..tir.gpu import atomic_add
-
     idx = tir.decl_buffer((n,), "int32", "idx")
     val = tir.decl_buffer((n,), dtype, "val")
     out = tir.decl_buffer((m,), dtype, "out")

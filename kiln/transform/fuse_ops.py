@@ -59,6 +59,7 @@ from ..graph.functor import ExprVisitor
 from ..graph.struct_info import TensorStructInfo, shapes_equal
 from ..ir.errors import InternalError
 from ..ir.module import IRModule
+from ..ir.span import Span
 from ..op.registry import OpPattern
 from ..tir.function import PrimFunc
 from .annotate_tir_op_pattern import pattern_of
@@ -349,7 +350,7 @@ def _make_group_function(nodes: list[_Node], members: list[int], used_outside: s
                 b = nodes[i].binding
                 call = b.value
                 args = [remap.get(id(a), a) for a in call.args[1].fields]
-                new = gx.call_tir(call.args[0], args, call.sinfo_args[0])
+                new = gx.call_tir(call.args[0], args, call.sinfo_args[0]).with_span(call.span)
                 hint = b.var.name_hint
                 if i in outputs:
                     v = bb.emit_output(new, hint)
@@ -408,7 +409,8 @@ class _BlockFuser:
         func, args, outputs = _make_group_function(nodes, members, used_outside)
         name = "fused_" + "_".join(nodes[i].label for i in members)
         gv = self.bb.add_func(func, name)
-        call = self.bb.normalize(gx.Call(gv, tuple(args)))
+        span = Span.merge(nodes[i].binding.value.span for i in members)
+        call = self.bb.normalize(gx.Call(gv, tuple(args), span=span))
         if len(outputs) == 1:
             var = nodes[outputs[0]].binding.var
             return [gx.VarBinding(var, call)]

@@ -27,7 +27,7 @@ RNG = np.random.default_rng(7)
 
 
 def _target() -> Target:
-    from kiln.runtime.gpu.device import get_device
+    from kiln.runtime.gpu.module import get_device
 
     arch = get_device("cuda").arch
     return Target("cuda", arch=arch if arch in ("sm_80", "sm_86", "sm_89", "sm_90") else "sm_90")

@@ -106,7 +106,7 @@ def test_missing_runtime_names_the_extra(monkeypatch):
 
 
 def test_cuda_without_a_device_names_the_extra():
-    from kiln.runtime.gpu.device import get_device
+    from kiln.runtime.gpu.module import get_device
 
     try:
         get_device("cuda")

@@ -14,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ...arith import Analyzer
 from ...ir.dtype import DataType
 from ...ir.errors import CodegenError, KilnError
 from ...runtime import shape_expr
+from ...runtime.gpu.module import GpuModule
 from ...runtime.gpu.program import (
     DeviceFunction,
     DeviceProgram,
@@ -39,6 +41,7 @@ from ..c.names import NameTable
 from .dialect import dialect_for
 from .helpers import GpuHelpers
 from .kernel import KernelEmitter, KernelParam, uses_fresh_seed
+from .nvrtc import compile_cuda
 
 
 def host_parts(func: PrimFunc) -> tuple[list[Buffer], list[KernelLaunch]]:
@@ -127,8 +130,6 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any
                     ) -> tuple[str, dict[str, DeviceFunction]]:
     """The program's source for ``funcs`` (lowered first when needed) and each function's
     description for the runtime."""
-    from ...arith import Analyzer
-
     tgt = Target.create(target)
     if not tgt.is_gpu:
         raise KilnError(f"kiln.codegen.gpu: {tgt.kind!r} is not a GPU target")
@@ -182,8 +183,6 @@ def build(funcs: Mapping[str, PrimFunc] | PrimFunc, target: Any) -> Any:
     """Generate and compile the GPU program of ``funcs``; returns a loaded
     :class:`~kiln.runtime.gpu.module.GpuModule` (the device runtime the target needs must be
     installed: ``pip install "kiln[cuda]"`` or ``"kiln[opencl]"``)."""
-    from ...runtime.gpu.module import GpuModule
-
     if isinstance(funcs, PrimFunc):
         funcs = {str(funcs.attrs.get("global_symbol", "main")): funcs}
     tgt = Target.create(target)
@@ -195,8 +194,6 @@ def compile_program(funcs: Mapping[str, PrimFunc], target: Target) -> DeviceProg
     """The :class:`DeviceProgram` of ``funcs``: source, descriptions and (CUDA) binaries."""
     source, functions = generate_source(funcs, target)
     if target.kind == "cuda":
-        from .nvrtc import compile_cuda
-
         arch = cuda_arch(target)
         result = compile_cuda(source, arch)
         return DeviceProgram("cuda", arch, source, functions,

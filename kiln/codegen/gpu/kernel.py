@@ -356,7 +356,7 @@ class KernelEmitter(FunctionEmitter):
             self.line("#pragma unroll")
         elif 1 < int(s.annotations.get(S.UNROLL_BY, 0)) <= 65534:
             self.line(f"#pragma unroll {int(s.annotations[S.UNROLL_BY])}")
-        self._loop(s, parallel=False)
+        self.emit_for(s)
 
     def stmt_Allocate(self, s: S.Allocate) -> None:
         buf = s.buffer

@@ -21,6 +21,7 @@ import tempfile
 from dataclasses import dataclass
 
 from ...ir.errors import CompileError, KilnError
+from ...runtime.executable import cache_dir
 
 #: Options of every compilation (the architecture is added per call).
 OPTIONS = ("--std=c++17", "-default-device", "--ptxas-options=-v")
@@ -76,8 +77,6 @@ def nvrtc_version() -> tuple[int, int]:
 
 
 def _cache_paths(key: str) -> dict[str, str]:
-    from ...runtime.executable import cache_dir
-
     root = os.path.join(cache_dir(), "cuda")
     os.makedirs(root, exist_ok=True)
     return {ext: os.path.join(root, f"{key}.{ext}") for ext in ("ptx", "cubin", "log")}

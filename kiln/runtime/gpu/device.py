@@ -6,12 +6,12 @@ queue (CUDA stream, OpenCL in-order command queue): a kernel sees everything the
 before it wrote. Two implementations: :mod:`kiln.runtime.gpu.opencl` (``pyopencl``; with PoCL
 it runs the kernels on the CPU, which is how CI tests GPU code without a GPU) and
 :mod:`kiln.runtime.gpu.cuda` (``cuda-bindings``, the CUDA driver API). Each is an optional
-extra of the package; without it :func:`get_device` raises a KilnError naming the extra.
+extra of the package; without it :func:`kiln.runtime.gpu.module.get_device` raises a KilnError
+naming the extra.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,17 +79,3 @@ class Device:
             if g > limit:
                 raise KilnError(f"kernel {name}: {g} blocks along {'xyz'[axis]} exceed the "
                                 f"device's limit of {limit}")
-
-
-@functools.cache
-def get_device(kind: str) -> Device:
-    """The device of a target kind (made once per process)."""
-    if kind == "opencl":
-        from .opencl import OpenCLDevice
-
-        return OpenCLDevice()
-    if kind == "cuda":
-        from .cuda import CudaDevice
-
-        return CudaDevice()
-    raise KilnError(f"no GPU runtime for target kind {kind!r}")

@@ -19,10 +19,13 @@ import numpy as np
 
 from ...ir.dtype import DataType
 from ...ir.errors import ArgumentError, KilnError
+from ...target.target import Target
 from .. import shape_expr
 from ..executor import as_input_array
 from ..module import FunctionInfo
-from .device import Device, DeviceBuffer, get_device
+from .cuda import CudaDevice
+from .device import Device, DeviceBuffer
+from .opencl import OpenCLDevice
 from .program import DeviceFunction, DeviceProgram
 
 #: One kernel launch: (kernel handle, grid, block, arguments, dynamic shared bytes).
@@ -44,11 +47,18 @@ def scalar_arg(value: Any, dtype: DataType) -> Any:
     return arr[()]
 
 
+@functools.cache
+def get_device(kind: str) -> Device:
+    """The device of a target kind (made once per process)."""
+    if kind == "opencl":
+        return OpenCLDevice()
+    if kind == "cuda":
+        return CudaDevice()
+    raise KilnError(f"no GPU runtime for target kind {kind!r}")
+
+
 class GpuModule:
     """See the module docstring. ``functions`` maps names to their ``FunctionInfo``."""
-
-    #: Executables pick the GPU executor for modules that say so.
-    is_device_module = True
 
     def __init__(self, program: DeviceProgram, device: Device | None = None):
         self.program = program
@@ -58,12 +68,6 @@ class GpuModule:
         self.lib_path = None
         self._device = device
         self._kernels: dict[str, Any] | None = None
-
-    @property
-    def executor_class(self) -> type:
-        from .executor import GpuExecutor
-
-        return GpuExecutor
 
     @property
     def kind(self) -> str:
@@ -160,8 +164,6 @@ class GpuModule:
     @functools.cached_property
     def limits(self) -> Any:
         """The target's limits (grids evaluated at run time are checked against them)."""
-        from ...target import Target
-
         return Target(self.program.kind, arch=self.program.arch).gpu
 
     def fresh_seed(self, buf: DeviceBuffer | None = None) -> DeviceBuffer:

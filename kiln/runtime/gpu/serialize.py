@@ -1,25 +1,24 @@
-"""Saving and loading GPU executables: the program's source and binaries, plans, constants.
+"""The sections of a GPU executable's file: the program's source and binaries, plans, constants.
 
-A GPU executable file reloads without a compiler: CUDA programs keep their cubin and PTX
-(NVRTC is not needed to load them), OpenCL programs their source (the OpenCL driver compiles
-it when the program is loaded, as it does after a build). Layout (little-endian)::
+A GPU executable is saved in the same container as a CPU one (:mod:`kiln.runtime.file_format`:
+named sections, each checksummed) with ``meta`` as on the CPU and these sections instead of the
+CPU library's::
 
-    b"KILNGPU\0"   magic
-    u32           format version (:data:`VERSION`)
-    u64 + bytes   JSON header: the program's description (DeviceProgram.to_json), the plans
-                  (data types by name), the constant table, and where each section is
-    bytes         the sections: the source, each binary, each constant
-    32 bytes      sha256 of everything before it
+    gpu.header          JSON: the program's description (DeviceProgram.to_json), the plans
+                        (data types by name), each plan's constant table, the binaries' names
+    gpu.source          the CUDA C or OpenCL C source
+    gpu.binary.<name>   each binary of the program (CUDA: the cubin and the PTX)
+    gpu.constants       the constants' bytes, at the offsets the header gives
 
-The checksum makes a truncated or damaged file a ModelFormatError instead of a wrong model.
+It reloads without a compiler: CUDA programs from their cubin and PTX (NVRTC is not needed),
+OpenCL programs from their source (the OpenCL driver compiles it when the program is loaded, as
+it does after a build).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import struct
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -30,73 +29,69 @@ from .. import memory_plan
 from ..plan import Plan
 from .program import DeviceProgram
 
-MAGIC = b"KILNGPU\0"
-VERSION = 1
+HEADER = "gpu.header"
+SOURCE = "gpu.source"
+CONSTANTS = "gpu.constants"
+BINARY_PREFIX = "gpu.binary."
 
 
-def is_gpu_file(data: bytes) -> bool:
-    return data.startswith(MAGIC)
+def is_gpu_file(sections: Mapping[str, Any]) -> bool:
+    """Whether a file's sections are a GPU executable's."""
+    return HEADER in sections
 
 
-def save(exe: Any, path: str) -> None:
-    """Write a GPU :class:`~kiln.runtime.executable.Executable` to ``path``."""
-    program: DeviceProgram = exe.module.program
+def sections(program: DeviceProgram, plans: Mapping[str, Plan]) -> list[tuple[str, bytes]]:
+    """The sections (``(name, bytes)``) that save ``program`` and ``plans``."""
     dtypes: dict[DataType, int] = {}
-    binaries = list(program.binaries)
-    sections: list[bytes] = [program.source.encode(), *program.binaries.values()]
-    plans = {}
-    for name, plan in exe.plans.items():
+    blob = bytearray()
+    plans_json = {}
+    for name, plan in plans.items():
         for spec in plan.slots:
             dtypes.setdefault(spec.dtype, len(dtypes))
         pj = plan.to_json(dtypes)
         table = []
         for slot, arr in plan.constants.items():
-            table.append([slot, len(sections), list(arr.shape)])
-            sections.append(np.ascontiguousarray(arr).tobytes())
+            data = np.ascontiguousarray(arr).tobytes()
+            table.append({"slot": slot, "offset": len(blob), "nbytes": len(data),
+                          "shape": list(arr.shape)})
+            blob += data
         pj["constants"] = table
-        plans[name] = pj
-    offsets, at = [], 0
-    for data in sections:
-        offsets.append([at, len(data)])
-        at += len(data)
+        plans_json[name] = pj
     header = json.dumps({
-        "program": program.to_json(), "plans": plans, "binaries": binaries,
-        "dtypes": [str(d) for d in sorted(dtypes, key=dtypes.__getitem__)],
-        "sections": offsets}).encode()
-    body = b"".join([MAGIC, struct.pack("<IQ", VERSION, len(header)), header, *sections])
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(body + hashlib.sha256(body).digest())
-    os.replace(tmp, path)
+        "program": program.to_json(), "plans": plans_json, "binaries": list(program.binaries),
+        "dtypes": [str(d) for d in sorted(dtypes, key=dtypes.__getitem__)]}).encode()
+    return [(HEADER, header), (SOURCE, program.source.encode()),
+            *((BINARY_PREFIX + n, bytes(b)) for n, b in program.binaries.items()),
+            (CONSTANTS, bytes(blob))]
 
 
-def load(path: str, data: bytes) -> Any:
-    """The executable saved by :func:`save` (``data`` is the file's content)."""
-    from ..executable import Executable
-    from .module import GpuModule
-
-    fixed = len(MAGIC) + struct.calcsize("<IQ")
-    if len(data) < fixed + 32 or hashlib.sha256(data[:-32]).digest() != data[-32:]:
-        raise ModelFormatError(f"{path}: damaged kiln GPU executable (checksum mismatch)")
-    version, size = struct.unpack_from("<IQ", data, len(MAGIC))
-    if version != VERSION:
-        raise ModelFormatError(f"{path}: unsupported GPU executable version {version} (this "
-                               f"kiln reads version {VERSION}; rebuild and save again)")
+def load(secs: Mapping[str, Any], path: str) -> tuple[DeviceProgram, dict[str, Plan],
+                                                       tuple[str, ...]]:
+    """The program and plans saved by :func:`sections`, and the names of the sections they
+    took (the file's other sections are the executable's extra ones)."""
     try:
-        header = json.loads(data[fixed:fixed + size].decode())
-        base = fixed + size
-        sections = [data[base + o:base + o + n] for o, n in header["sections"]]
+        header = json.loads(bytes(secs[HEADER]).decode())
         names = header["binaries"]
-        binaries = dict(zip(names, sections[1:1 + len(names)]))
-        program = DeviceProgram.from_json(header["program"], sections[0].decode(), binaries)
+        core = (HEADER, SOURCE, CONSTANTS, *(BINARY_PREFIX + n for n in names))
+        missing = [n for n in core if n not in secs]
+        if missing:
+            raise ModelFormatError(f"{path}: malformed GPU executable (no section(s) "
+                                   f"{', '.join(missing)})")
+        binaries = {n: bytes(secs[BINARY_PREFIX + n]) for n in names}
+        program = DeviceProgram.from_json(header["program"], bytes(secs[SOURCE]).decode(),
+                                          binaries)
         dtypes = [DataType(d) for d in header["dtypes"]]
+        blob = secs[CONSTANTS]
         plans = {}
         for name, pj in header["plans"].items():
-            constants = {
-                slot: memory_plan.aligned_copy(np.frombuffer(sections[section], dtype=dtypes[
-                    pj["slots"][slot]["dtype"]].to_numpy()).reshape(shape))
-                for slot, section, shape in pj["constants"]}
+            constants = {}
+            for c in pj["constants"]:
+                dt = dtypes[pj["slots"][c["slot"]]["dtype"]].to_numpy()
+                raw = blob[c["offset"]:c["offset"] + c["nbytes"]]
+                const = memory_plan.aligned_empty(c["shape"], dt)
+                const[...] = np.frombuffer(raw, dtype=dt).reshape(c["shape"])
+                constants[c["slot"]] = const
             plans[name] = Plan.from_json(pj, dtypes, constants)
     except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError) as err:
         raise ModelFormatError(f"{path}: malformed GPU executable header ({err})") from err
-    return Executable(GpuModule(program), plans)
+    return program, plans, core

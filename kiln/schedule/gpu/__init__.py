@@ -1,14 +1,17 @@
-"""Default GPU schedules (CUDA and OpenCL): per-op schedules first, generic rules for the rest.
+"""Default GPU schedules (family ``"gpu"``: CUDA and OpenCL): per-op schedules first, generic
+rules for the rest.
 
 :func:`schedule_prim_func` gives every PrimFunc a valid GPU schedule and returns it *lowered*
 for the target (lowering checks what a schedule cannot: thread and shared-memory limits,
 barrier placement). The order of attempts:
 
-1. the op's own GPU schedule, when one is registered (``register_gpu_schedule``: it sets
-   ``get_op_def(name).schedules["cuda"]`` / ``["opencl"]``); phase 2's GEMM, convolution,
-   softmax... schedules go there;
+1. the op's own GPU schedule, when one is registered (``@register_schedule(op, "gpu")`` of
+   :mod:`kiln.schedule.registry`, in a module of this package); GEMM, convolution, softmax...
+   schedules go there;
 2. the generic rules of :mod:`kiln.schedule.gpu.rules`, chosen per stage of the function
-   (:func:`rule_for_pattern` names the rule an op pattern gets first);
+   (:func:`rule_for_pattern` names the rule an op pattern gets first); they are registered as
+   the family's rules for every pattern (:func:`schedule_generic_op`), so the registry audit
+   sees every op scheduled on the GPU;
 3. the rules without binding opaque stages (what fails to lower with them runs unbound);
 4. no binding at all: every stage a kernel of one thread.
 
@@ -23,30 +26,26 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ...ir.errors import LoweringError, ScheduleError
-from ...op.registry import OpPattern, get_op_def
+from ...graph.op_registry import OpPattern
+from ...ir.errors import KilnError, LoweringError, ScheduleError
+from ...op.registry import get_op_def
 from ...tir.function import PrimFunc
+from ...tir.functor import post_order_visit
+from ...tir.gpu import KernelLaunch
 from ...tir.schedule import Schedule
+from ...tir.stmt import ForKind
 from ...tir.transform.lower import lower
+from ..registry import register_no_schedule, register_rule, target_family
 from . import rules
 
-__all__ = ["GPU_KINDS", "SCHEDULE_ATTR", "register_gpu_schedule", "rule_for_pattern",
-           "schedule_and_lower", "schedule_generic", "schedule_prim_func"]
+__all__ = ["GPU_KINDS", "SCHEDULE_ATTR", "own_schedule", "rule_for_pattern",
+           "schedule_and_lower", "schedule_generic", "schedule_generic_op", "schedule_prim_func"]
 
 GPU_KINDS = ("cuda", "opencl")
 #: Logs, per function, the attempt that scheduled it (INFO; DEBUG: the attempts that failed).
 logger = logging.getLogger(__name__)
 #: Attribute naming the attempt that scheduled a GPU function (see the module docstring).
 SCHEDULE_ATTR = "kiln.gpu_schedule"
-
-
-def register_gpu_schedule(op_name: str, schedule: Callable[[Schedule, Any], None],
-                          kinds: tuple[str, ...] = GPU_KINDS) -> None:
-    """Make ``schedule(sch, target)`` the GPU schedule of ``op_name`` (for fused functions:
-    of those it anchors) on the given target kinds."""
-    opdef = get_op_def(op_name)
-    for kind in kinds:
-        opdef.schedules[kind] = schedule
 
 
 def rule_for_pattern(pattern: OpPattern | None) -> Callable[[Any, Any, Any], bool]:
@@ -63,8 +62,6 @@ def schedule_generic(sch: Schedule, target: Any, pattern: OpPattern | None = Non
     """``sch`` with the generic rules applied to every stage (``outer``: also bind the
     outermost data-parallel loop of stages no other rule takes). A rule that refuses a stage
     leaves it as it was (each is tried on a copy of the schedule)."""
-    from ...tir.stmt import ForKind
-
     rules.inline_stages(sch)
     first = rule_for_pattern(pattern)
     order = [first] + [r for r in (rules.schedule_injective_block,
@@ -88,12 +85,39 @@ def schedule_generic(sch: Schedule, target: Any, pattern: OpPattern | None = Non
     return sch
 
 
+def schedule_generic_op(pattern: OpPattern) -> Callable[[Schedule, Any], None]:
+    """The generic rules as the registry's ``schedule(sch, target)`` for ops of ``pattern``
+    (``sch`` takes over the result of :func:`schedule_generic`)."""
+    def schedule(sch: Schedule, target: Any) -> None:
+        sch.adopt(schedule_generic(sch, target, pattern))
+
+    schedule.__name__ = f"schedule_generic_{pattern.name.lower()}"
+    return schedule
+
+
+for _pattern_group in ((OpPattern.ELEMWISE, OpPattern.BROADCAST, OpPattern.INJECTIVE),
+                       (OpPattern.COMM_REDUCE, OpPattern.OUT_EWISE_FUSABLE),
+                       (OpPattern.TUPLE, OpPattern.OPAQUE)):
+    register_rule(set(_pattern_group), "gpu", name="generic GPU rules")(
+        schedule_generic_op(_pattern_group[0]))
+register_no_schedule("image_decode", "gpu",
+                     "a host function (Pillow): it never becomes a kernel")
+
+
+def own_schedule(op_name: str | None, target: Any) -> Callable[[Schedule, Any], None] | None:
+    """The op's own GPU schedule (registered for the ``"gpu"`` family), if any."""
+    if not op_name:
+        return None
+    try:
+        opdef = get_op_def(str(op_name))
+    except KilnError:
+        return None  # a PrimFunc named after no registered op
+    return opdef.schedules.get(target_family(target))
+
+
 def kernel_shapes(lowered: PrimFunc) -> str:
     """``grid x block`` of each kernel of a lowered function (``1x1`` marks a one-thread
     kernel: a stage no rule parallelized)."""
-    from ...tir.functor import post_order_visit
-    from ...tir.gpu import KernelLaunch
-
     shapes: list[str] = []
 
     def visit(n: Any) -> None:
@@ -121,12 +145,7 @@ def schedule_prim_func(func: PrimFunc, target: Any) -> PrimFunc:
 def schedule_and_lower(func: PrimFunc, target: Any) -> tuple[PrimFunc, PrimFunc]:
     """(scheduled, lowered) ``func`` for the GPU ``target`` (see the module docstring)."""
     op_name = func.attrs.get("op_name")
-    op_sched = None
-    if op_name:
-        try:
-            op_sched = get_op_def(str(op_name)).schedules.get(target.kind)
-        except Exception:  # noqa: BLE001 - a PrimFunc named after no registered op
-            op_sched = None
+    op_sched = own_schedule(op_name, target)
     pattern = _pattern(func)
 
     def by_op(sch: Schedule) -> Schedule:

@@ -39,6 +39,7 @@ from ...tir.functor import collect_vars, post_order_visit
 from ...tir.schedule.analysis import as_int
 from ...tir.schedule.rfactor import split_reduction_update
 from ...tir.stmt import BlockRealize, ForKind
+from ..cpu.generic import inline_injective_stages
 
 #: Threads per block the rules use (capped by the target's limit): enough warps per block to
 #: hide latency, small enough for several blocks per multiprocessor.
@@ -82,8 +83,6 @@ def _is_reduction(block: Any) -> bool:
 def inline_stages(sch: Any) -> None:
     """Inline element-wise stages into their consumers and fold element-wise consumers into
     their producer, where the schedule allows it (see the module docstring)."""
-    from ...op.schedule_helpers import inline_injective_stages
-
     inline_injective_stages(sch)
     for b in stages(sch):
         producers = sch.get_producers(b)

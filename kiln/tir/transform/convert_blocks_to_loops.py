@@ -17,6 +17,7 @@ Read/write regions and block annotations carry no run-time meaning and are dropp
 
 from __future__ import annotations
 
+from ...ir.errors import LoweringError
 from ..expr import Div, FloorDiv, FloorMod, IntImm, IterType, Mod, PrimExpr, all_of, eq
 from ..function import PrimFunc
 from ..functor import Mutator, post_order_visit, substitute
@@ -42,8 +43,6 @@ def _has_division(e: PrimExpr) -> bool:
 def _lower_block(block: Block, iter_values: tuple[PrimExpr, ...], predicate: PrimExpr,
                  visit, let_bindings: bool = False) -> Stmt:
     if len(iter_values) != len(block.iter_vars):
-        from ...ir.errors import LoweringError
-
         raise LoweringError(
             f"block {block.name_hint!r} has {len(block.iter_vars)} iteration variables but its "
             f"realize binds {len(iter_values)} values"

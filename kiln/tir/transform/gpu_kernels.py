@@ -32,12 +32,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...arith import Analyzer
 from ...ir.dtype import DataType
 from ...ir.errors import LoweringError
 from ..buffer import Buffer
 from ..expr import BufferLoad, PrimExpr, Var, add, cast, const, lt
 from ..function import PrimFunc
-from ..functor import Mutator, post_order_visit
+from ..functor import Mutator, collect_vars, post_order_visit
 from ..gpu import KernelLaunch, axis_of, index_var, is_block_tag, is_thread_tag
 from ..schedule.analysis import as_int
 from ..stmt import (
@@ -130,8 +131,6 @@ class _Spmd(Mutator):
         v = loop.loop_var
         out: Stmt = LetStmt(v, add(loop.min, cast(v.dtype, tv)), body)
         if is_thread_tag(tag):
-            from ...arith import Analyzer
-
             if not Analyzer().can_prove(loop.extent >= self.block_dims[tag]):
                 out = IfThenElse(lt(tv, cast(tv.dtype, loop.extent)), out)
         return out
@@ -157,8 +156,6 @@ class _Spmd(Mutator):
             return alloc if body is alloc.body else Allocate(buf, body)
         if self.single_thread and not self.bound:
             used = {id(v) for v in self.loops}
-            from ..functor import collect_vars
-
             if any(id(v) in used or v in self.env.values() for v in collect_vars(
                     alloc_size(buf))):
                 raise LoweringError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...target import Target
 from ..function import PrimFunc
 from .compact_buffers import compact_buffers
 from .convert_blocks_to_loops import convert_blocks_to_loops
@@ -51,8 +52,6 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     if is_lowered(func):
         return func
     if isinstance(target, str):
-        from ...target import Target
-
         target = Target.create(target)
     gpu = getattr(target, "is_gpu", False)
     if gpu:

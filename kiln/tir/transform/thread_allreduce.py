@@ -28,7 +28,7 @@ from ...ir.errors import LoweringError
 from ..buffer import Buffer
 from ..expr import BufferLoad, Call, PrimExpr, const, eq, lt
 from ..function import PrimFunc
-from ..functor import Mutator
+from ..functor import Mutator, substitute
 from ..gpu import SHFL, SHFL_DOWN, KernelLaunch, ThreadAllreduce, axis_of, index_var
 from ..stmt import Allocate, BufferStore, IfThenElse, Stmt, seq
 from .gpu_kernels import byte_size
@@ -39,6 +39,12 @@ I32 = "int32"
 def _dims(kernel: KernelLaunch) -> list[int]:
     return [int(b.value) for b in kernel.block]  # type: ignore[attr-defined]
 
+
+
+def combine(reducer: Any, x: PrimExpr, y: PrimExpr) -> PrimExpr:
+    """``x`` and ``y`` combined by ``reducer`` (a CommReducer: its result with ``x``/``y``
+    substituted for ``lhs``/``rhs``)."""
+    return substitute(reducer.result, {reducer.lhs: x, reducer.rhs: y})
 
 class _Expand(Mutator):
     def __init__(self, kernel: KernelLaunch, target: Any):
@@ -109,7 +115,7 @@ class _Expand(Mutator):
         while off >= 1:
             cur = BufferLoad(v, zero)
             other = Call(v.dtype, SHFL_DOWN, (cur, const(I32, off), const(I32, width)))
-            out.append(BufferStore(v, node.reducer(cur, other), zero))
+            out.append(BufferStore(v, combine(node.reducer, cur, other), zero))
             off //= 2
         return out
 
@@ -158,7 +164,7 @@ class _Expand(Mutator):
             here = BufferLoad(buf, (at,))
             there = BufferLoad(buf, (at + const("int64", width),))
             return IfThenElse(lt(r, const(I32, width)),
-                              BufferStore(buf, node.reducer(here, there), (at,)))
+                              BufferStore(buf, combine(node.reducer, here, there), (at,)))
 
         body: list[Stmt] = [BufferStore(buf, node.value, (at,))]
         p2 = 1
@@ -169,7 +175,7 @@ class _Expand(Mutator):
             here = BufferLoad(buf, (at,))
             there = BufferLoad(buf, (at + const("int64", p2),))
             body.append(IfThenElse(lt(r, const(I32, rest)),
-                                   BufferStore(buf, node.reducer(here, there), (at,))))
+                                   BufferStore(buf, combine(node.reducer, here, there), (at,))))
         off = p2 // 2
         while off >= 1:
             body.append(step(off))
