@@ -94,7 +94,7 @@ def inline_stages(sch: Any) -> None:
             pass
 
 
-def _perfect_loops(sch: Any, block: Any) -> list[Any] | None:
+def perfect_loops(sch: Any, block: Any) -> list[Any] | None:
     """The loops of a stage that is one perfect nest around ``block``, else None."""
     loops = sch.get_loops(block)
     nodes = [sch.get(lp) for lp in loops]
@@ -108,7 +108,7 @@ def _perfect_loops(sch: Any, block: Any) -> list[Any] | None:
     return loops
 
 
-def _loop_roles(sch: Any, block: Any, loops: list[Any]) -> list[str]:
+def loop_roles(sch: Any, block: Any, loops: list[Any]) -> list[str]:
     """Per loop: ``"spatial"``, ``"reduce"``, ``"mixed"`` or ``"unused"``."""
     realize_vars: dict[Any, set[IterType]] = {}
     node = sch.get(loops[-1]).body if loops else None
@@ -197,8 +197,8 @@ def _vector_lanes(sch: Any, block: Any, loops: list[Any]) -> int:
 def schedule_injective_block(sch: Any, target: Any, block: Any) -> bool:
     """Bind a spatial nest over blocks x threads (see the module docstring); False when the
     block is not one."""
-    loops = _perfect_loops(sch, block)
-    if not loops or any(r != "spatial" for r in _loop_roles(sch, block, loops)):
+    loops = perfect_loops(sch, block)
+    if not loops or any(r != "spatial" for r in loop_roles(sch, block, loops)):
         return False
     vector = _vector_lanes(sch, block, loops)
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
@@ -227,10 +227,10 @@ def schedule_reduction_block(sch: Any, target: Any, block: Any) -> bool:
     blk = sch.get(block)
     if not _is_reduction(blk):
         return False
-    loops = _perfect_loops(sch, block)
+    loops = perfect_loops(sch, block)
     if not loops:
         return False
-    roles = _loop_roles(sch, block, loops)
+    roles = loop_roles(sch, block, loops)
     spatial = [lp for lp, r in zip(loops, roles) if r == "spatial"]
     reduce = [lp for lp, r in zip(loops, roles) if r == "reduce"]
     if len(spatial) + len(reduce) != len(loops) or loops[:len(spatial)] != spatial:

@@ -31,7 +31,7 @@ from ...ir.errors import ScheduleError
 from ..buffer import Buffer, BufferRegion
 from ..expr import BufferLoad, IntImm, PrimExpr, Range, Var, sub
 from ..function import PrimFunc
-from ..functor import Mutator, Visitor, collect_vars
+from ..functor import Mutator, Visitor, collect_vars, substitute
 from ..gpu import is_thread_tag
 from ..schedule.analysis import analyzer_at, union_bound
 from ..schedule.compute_location import accessed_region
@@ -102,9 +102,8 @@ def _plan(index: TreeIndex, buf: Buffer) -> tuple[SRef, list[PrimExpr], list[int
     if not users:
         return None
     lca = index.lowest_common_ancestor(users)
-    if buf.scope == "shared":
-        lca = _above_thread_loops(index, lca)
-    if lca.is_block:
+    place = _above_thread_loops(index, lca) if buf.scope == "shared" else lca
+    if lca.is_block or place.is_block:
         return None
     ana = analyzer_at(index, lca)
     try:
@@ -119,6 +118,11 @@ def _plan(index: TreeIndex, buf: Buffer) -> tuple[SRef, list[PrimExpr], list[int
     except ScheduleError:  # a region beyond the analysis: keep the buffer as it is
         return None
     assert bounds is not None
+    if place is not lca:
+        relaxed = _relax_thread_vars(index, lca, bounds, ana)
+        if relaxed is None:
+            return None
+        bounds = relaxed
     allowed = _in_scope_vars(index, lca)
     loop_vars = set(index.loops)
     starts, extents = [], []
@@ -138,7 +142,34 @@ def _plan(index: TreeIndex, buf: Buffer) -> tuple[SRef, list[PrimExpr], list[int
         extents.append(ext.value)
     if all(isinstance(d, IntImm) and d.value == e for d, e in zip(buf.shape, extents)):
         starts = [IntImm(s.dtype, 0) for s in starts]  # whole buffer: only move it
-    return lca, starts, extents
+    return place, starts, extents
+
+
+def _relax_thread_vars(index: TreeIndex, lca: SRef, bounds: list[tuple[PrimExpr, PrimExpr]],
+                       ana: Any) -> list[tuple[PrimExpr, PrimExpr]] | None:
+    """``bounds`` (the region one thread touches in one iteration of ``lca``) widened to what
+    every thread of the block touches: each ``threadIdx`` variable above ``lca`` replaced by
+    its first value in the start and its last in the end. The region of a shared tile staged
+    once per step of a serial loop under the thread loops (a GEMM's reduction step) is then
+    that step's tile, not the whole loop's. None unless each bound grows with each thread
+    variable (provably), where the first and last threads bound the region."""
+    threads = [s.loop for s in [*index.ancestors(lca), lca] if not s.is_block
+               and s.loop.kind == ForKind.THREAD_BINDING
+               and is_thread_tag(str(s.loop.annotations.get(THREAD_TAG)))]
+    out = []
+    for lo, hi in bounds:
+        for loop in threads:
+            v = loop.loop_var
+            if v not in collect_vars(lo) and v not in collect_vars(hi):
+                continue
+            step = {v: v + 1}
+            if not (ana.can_prove(substitute(lo, step) - lo >= 0)
+                    and ana.can_prove(substitute(hi, step) - hi >= 0)):
+                return None
+            lo = ana.simplify(substitute(lo, {v: loop.min}))
+            hi = ana.simplify(substitute(hi, {v: loop.min + loop.extent - 1}))
+        out.append((lo, hi))
+    return out
 
 
 class _Compact(Mutator):
