@@ -13,7 +13,7 @@ from kiln import op
 from kiln.codegen.gpu.build import build as gpu_build
 from kiln.codegen.gpu.nvrtc import compile_cuda
 from kiln.schedule.gpu import SCHEDULE_ATTR, schedule_and_lower
-from kiln.schedule.gpu.linalg import BK, REG_M, REG_N, TILE_THREADS
+from kiln.schedule.gpu.linalg import BK, TILE_THREADS, register_tile
 from kiln.target import Target
 from kiln.testing.op_testing import scheduled
 from kiln.tir.functor import post_order_visit
@@ -22,7 +22,6 @@ from kiln.tir.gpu import KernelLaunch
 OPENCL = Target("opencl")
 CUDA = Target("cuda", arch="sm_90")
 RNG = np.random.default_rng(3)
-BM, BN = TILE_THREADS * REG_M, TILE_THREADS * REG_N
 
 
 def _lowered(name: str, arrays: list[np.ndarray], target: Target):
@@ -37,7 +36,8 @@ def _launches(func) -> list[KernelLaunch]:
 
 
 @pytest.mark.parametrize("name,a_shape,b_shape", [
-    ("matmul", (128, 96), (96, 192)),
+    ("matmul", (128, 96), (96, 192)),             # 8 x 4 register tiles
+    ("matmul", (256, 32), (32, 128)),             # 8 x 8
     ("matmul", (2, 3, 64, 32), (2, 3, 32, 128)),
     ("matmul", (2, 64, 48), (48, 64)),            # B broadcast over the batch
     ("dense", (128, 48), (64, 48)),
@@ -54,10 +54,13 @@ def test_tiled_gemm_matches_numpy_on_opencl(name, a_shape, b_shape):
     # the shared tiles hold one reduction step, not the whole reduction (fused rows: the
     # interval analysis of i // 16, i % 16 over a tile overestimates the rows, within 2x)
     sizes = sorted(int(np.prod([d.value for d in s.shape])) for s in launch.shared)
-    if a_shape[-2] % BM == 0:
-        assert sizes == sorted([BM * BK, BK * BN])
+    n = b_shape[-1] if name == "matmul" else b_shape[0]
+    tile = register_tile(a_shape[-2], n) or register_tile(int(np.prod(a_shape[:-1])), n)
+    bm, bn = TILE_THREADS * tile[0], TILE_THREADS * tile[1]
+    if register_tile(a_shape[-2], n):
+        assert sizes == sorted([bm * BK, BK * bn])
     else:
-        assert sum(sizes) <= 2 * (BM + BN) * BK
+        assert sum(sizes) <= 2 * (bm + bn) * BK
     ref = a @ (b if name == "matmul" else b.T)
     out = np.full(ref.shape, np.nan, "float32")
     gpu_build({"f": lowered}, OPENCL)["f"](a, b, out)
@@ -97,7 +100,8 @@ def test_large_gemm_compiles_within_the_limits(dtype):
     sched, lowered = _lowered("matmul", arrays, CUDA)
     assert sched.attrs[SCHEDULE_ATTR] == "op"
     (launch,) = _launches(lowered)
-    assert [x.value for x in launch.grid[:2]] == [1024 // BN, 1024 // BM]
+    assert register_tile(1024, 1024) == (8, 8)
+    assert [x.value for x in launch.grid[:2]] == [1024 // 128, 1024 // 128]
     res = compile_cuda(gpu_build({"f": lowered}, CUDA).program.source, "sm_90").resources()
     (usage,) = res.values()
     assert usage.spill_stores == usage.spill_loads == 0

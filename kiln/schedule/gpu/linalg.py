@@ -2,7 +2,8 @@
 shared memory, a register tile per thread.
 
 Each block of ``TILE_THREADS x TILE_THREADS`` threads computes a ``BM x BN`` tile of the
-output (``BM = TILE_THREADS * REG_M``): every step of the reduction, the threads copy the
+output (``BM = TILE_THREADS * REG_M``, the register tile ``REG_M x REG_N`` the largest of
+:data:`REGISTER_TILES` that divides the product): every step of the reduction, the threads copy the
 ``BM x BK`` tile of A and the ``BK x BN`` tile of B into shared memory together (lowering
 inserts the barriers), then each thread accumulates its ``REG_M x REG_N`` outputs in registers
 (``local`` scope), reading each shared value once per ``REG_N``/``REG_M`` products instead of
@@ -28,9 +29,10 @@ from . import rules
 
 #: Threads per block along each of the tile's two axes.
 TILE_THREADS = 16
-#: Outputs per thread along the rows (M) and the columns (N) of the tile.
-REG_M = 4
-REG_N = 4
+#: Outputs per thread along the rows (M) and the columns (N) of the tile, largest first: the
+#: first whose tile divides the product is used (8 x 8: 128 x 128 tiles, half the shared loads
+#: per multiply-add of 4 x 4).
+REGISTER_TILES = ((8, 8), (8, 4), (4, 8), (4, 4))
 #: Reduction elements staged in shared memory per step.
 BK = 16
 
@@ -40,6 +42,14 @@ def _extents(sch: Any, loops: list[Any]) -> list[int]:
     if any(e is None for e in out):
         raise ScheduleError("tiled GEMM: symbolic extents (the generic rules take them)")
     return out  # type: ignore[return-value]
+
+
+def register_tile(m: int, n: int) -> tuple[int, int] | None:
+    """The register tile (outputs per thread along M and N) for an ``m x n`` product, None
+    when no tile divides it."""
+    t = TILE_THREADS
+    return next(((rm, rn) for rm, rn in REGISTER_TILES if m % (t * rm) == 0
+                 and n % (t * rn) == 0), None)
 
 
 def schedule_tiled_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> None:
@@ -56,7 +66,7 @@ def schedule_tiled_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> 
         raise ScheduleError("tiled GEMM: expected spatial loops, then one reduction loop")
     ext = _extents(sch, loops)
     *spatial, k = loops
-    if rows_fused and len(spatial) > 2 and ext[-3] % (t * REG_M) == 0:
+    if rows_fused and len(spatial) > 2 and register_tile(ext[-3], ext[-2]) is not None:
         rows_fused = False  # the last row axis alone fills the tiles: no div/mod in indices
     if rows_fused:
         batch, i, j = [], (sch.fuse(*spatial[:-1]) if len(spatial) > 2 else spatial[0]), \
@@ -66,15 +76,16 @@ def schedule_tiled_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> 
         batch, i, j = spatial[:-2], spatial[-2], spatial[-1]
         m = ext[-3]
     n, kk = ext[-2], ext[-1]
-    bm, bn = t * REG_M, t * REG_N
-    if m % bm or n % bn or kk % BK:
-        raise ScheduleError(f"tiled GEMM: {m}x{n}x{kk} is not a multiple of the "
-                            f"{bm}x{bn}x{BK} tile")
+    tile = register_tile(m, n)
+    if tile is None or kk % BK:
+        raise ScheduleError(f"tiled GEMM: {m}x{n}x{kk} is not a multiple of a tile")
+    reg_m, reg_n = tile
+    bm, bn = t * reg_m, t * reg_n
     shared = (bm + bn) * BK * 4
     if shared > target.gpu.shared_memory_per_block:
         raise ScheduleError("tiled GEMM: the tiles exceed the target's shared memory")
-    io, ty, ii = sch.split(i, [None, t, REG_M])
-    jo, tx, ji = sch.split(j, [None, t, REG_N])
+    io, ty, ii = sch.split(i, [None, t, reg_m])
+    jo, tx, ji = sch.split(j, [None, t, reg_n])
     ko, ki = sch.split(k, [None, BK])
     sch.reorder(io, jo, ty, tx, ko, ki, ii, ji)
     if batch:
