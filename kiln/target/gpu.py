@@ -52,6 +52,9 @@ class GpuLimits:
     #: Alignment (bytes) of buffer addresses given to kernels (OpenCL sub-buffer offsets must
     #: be multiples of the device's ``CL_DEVICE_MEM_BASE_ADDR_ALIGN``).
     buffer_alignment: int = 256
+    #: Multiprocessors (OpenCL: compute units) of the device the schedules size their grids
+    #: for: a schedule choosing between tile sizes keeps at least this many blocks.
+    multiprocessors: int = 1
 
     def with_overrides(self, attrs: dict[str, Any]) -> GpuLimits:
         names = {f.name for f in dataclasses.fields(self)}
@@ -83,12 +86,18 @@ _CUDA_COMMON = dict(
     buffer_alignment=256,
 )
 
-#: Limits per CUDA architecture; the opt-in shared memory per block is what differs.
+#: Limits per CUDA architecture: the opt-in shared memory per block, and the multiprocessors
+#: of the architecture's data-center part (A100 108, A10/RTX 3090 84, L40/RTX 4090 128 ~ 142,
+#: H100 SXM 132); ``Target("cuda", attrs={"multiprocessors": n})`` sets another GPU's.
 CUDA_ARCHS: dict[str, GpuLimits] = {
-    "sm_80": GpuLimits(**_CUDA_COMMON, shared_memory_per_block_optin=163 * _KIB),
-    "sm_86": GpuLimits(**_CUDA_COMMON, shared_memory_per_block_optin=99 * _KIB),
-    "sm_89": GpuLimits(**_CUDA_COMMON, shared_memory_per_block_optin=99 * _KIB),
-    "sm_90": GpuLimits(**_CUDA_COMMON, shared_memory_per_block_optin=227 * _KIB),
+    "sm_80": GpuLimits(**_CUDA_COMMON, shared_memory_per_block_optin=163 * _KIB,
+                       multiprocessors=108),
+    "sm_86": GpuLimits(**_CUDA_COMMON, shared_memory_per_block_optin=99 * _KIB,
+                       multiprocessors=84),
+    "sm_89": GpuLimits(**_CUDA_COMMON, shared_memory_per_block_optin=99 * _KIB,
+                       multiprocessors=128),
+    "sm_90": GpuLimits(**_CUDA_COMMON, shared_memory_per_block_optin=227 * _KIB,
+                       multiprocessors=132),
 }
 #: The architecture a bare ``Target("cuda")`` means.
 DEFAULT_CUDA_ARCH = "sm_80"
@@ -160,6 +169,7 @@ def opencl_device_limits() -> GpuLimits | None:
         warp_size=warp,
         max_kernel_param_bytes=int(device.max_parameter_size),
         buffer_alignment=max(int(device.mem_base_addr_align) // 8, 16),
+        multiprocessors=max(int(device.max_compute_units), 1),
     )
 
 

@@ -55,7 +55,10 @@ def test_tiled_gemm_matches_numpy_on_opencl(name, a_shape, b_shape):
     # interval analysis of i // 16, i % 16 over a tile overestimates the rows, within 2x)
     sizes = sorted(int(np.prod([d.value for d in s.shape])) for s in launch.shared)
     n = b_shape[-1] if name == "matmul" else b_shape[0]
-    tile = register_tile(a_shape[-2], n) or register_tile(int(np.prod(a_shape[:-1])), n)
+    sms = OPENCL.gpu.multiprocessors
+    batch = int(np.prod(a_shape[:-2]))
+    tile = register_tile(a_shape[-2], n, batch, sms) or register_tile(batch * a_shape[-2], n, 1,
+                                                                      sms)
     bm, bn = TILE_THREADS * tile[0], TILE_THREADS * tile[1]
     if register_tile(a_shape[-2], n):
         assert sizes == sorted([bm * BK, BK * bn])
@@ -96,13 +99,23 @@ def test_fused_bias_and_relu_fold_into_the_write_back():
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_large_gemm_compiles_within_the_limits(dtype):
-    arrays = [np.zeros((1024, 1024), dtype)] * 2
+    arrays = [np.zeros((2048, 2048), dtype)] * 2
     sched, lowered = _lowered("matmul", arrays, CUDA)
     assert sched.attrs[SCHEDULE_ATTR] == "op"
     (launch,) = _launches(lowered)
-    assert register_tile(1024, 1024) == (8, 8)
-    assert [x.value for x in launch.grid[:2]] == [1024 // 128, 1024 // 128]
+    assert [x.value for x in launch.grid[:2]] == [2048 // 128, 2048 // 128]  # 8 x 8 tiles
     res = compile_cuda(gpu_build({"f": lowered}, CUDA).program.source, "sm_90").resources()
     (usage,) = res.values()
     assert usage.spill_stores == usage.spill_loads == 0
     assert usage.registers * TILE_THREADS ** 2 <= CUDA.gpu.max_registers_per_block
+
+
+def test_register_tiles_keep_every_multiprocessor_busy():
+    sms = CUDA.gpu.multiprocessors
+    assert sms == 132
+    assert register_tile(4096, 4096, 1, sms) == (8, 8)       # 1024 blocks of 128 x 128
+    assert register_tile(128, 768, 8, sms) == (4, 4)         # the encoder's projections: 192
+    assert register_tile(128, 3072, 8, sms) == (8, 8)        # its first FFN product: 192
+    assert register_tile(128, 128, 96, sms) == (8, 4)        # attention scores, 96 heads
+    assert register_tile(64, 64, 1, sms) == (4, 4)           # too small for any: the most
+    assert register_tile(100, 64) is None
