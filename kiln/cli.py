@@ -28,19 +28,21 @@ import numpy as np
 from . import __version__, progress
 from .build import build, check_buildable, default_pipeline, schedule_prim_func
 from .codegen import c as codegen_c
+from .codegen.gpu.build import generate_source as generate_gpu_source
 from .frontend.onnx import from_onnx
 from .frontend.onnx.importer import load_model
 from .frontend.torch import from_pt2
 from .ir.errors import ArgumentError, KilnError, ModelFormatError
 from .runtime import cache, shape_expr
 from .runtime.executable import load
+from .schedule.gpu import schedule_and_lower
 from .target import Target
 from .testing import models
 from .tir.function import PrimFunc
 from .tir.transform import lower
 from .transform import PassContext
 
-STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c")
+STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c", "cuda", "opencl")
 OPT_LEVELS = (0, 1, 2, 3)
 
 EXAMPLES = """\
@@ -52,6 +54,8 @@ examples:
   kiln run model.kiln --dim batch=8 --profile            random inputs; time per kernel
   kiln inspect model.kiln                                target, inputs, outputs, kernels
   kiln show model.onnx --stage c                         print a compilation stage
+  kiln compile model.onnx --target cuda -o model.kiln    GPU kernels (also: --target opencl)
+  kiln show model.onnx --stage cuda                      the CUDA source (also: opencl)
   kiln cache info                                        the compile cache and its cap
 
 exit status: 0 success, 1 error, 2 command-line mistake, 130 interrupted
@@ -198,7 +202,7 @@ def _load_module(spec: str) -> Any:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    target = _target(args.target)
+    target = _target(args.stage if args.stage in ("cuda", "opencl") else args.target)
     check_buildable(target)
     mod = _load_module(args.model)
     if args.stage == "graph":
@@ -219,6 +223,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         for f in funcs.values():
             print(f, end="\n\n")
         return 0
+    if target.is_gpu:
+        return _show_gpu(args.stage, funcs, target)
     funcs = {n: schedule_prim_func(f, target) for n, f in funcs.items()}
     if args.stage == "scheduled":
         for f in funcs.values():
@@ -229,6 +235,18 @@ def cmd_show(args: argparse.Namespace) -> int:
             print(lower(f, target), end="\n\n")
         return 0
     source, _ = codegen_c.generate_source(funcs, target)
+    print(source)
+    return 0
+
+
+def _show_gpu(stage: str, funcs: dict[str, Any], target: Any) -> int:
+    """The scheduled/lowered TIR or the CUDA/OpenCL source of a GPU target's functions."""
+    pairs = {n: schedule_and_lower(f, target) for n, f in funcs.items()}
+    if stage in ("scheduled", "lowered"):
+        for scheduled, lowered in pairs.values():
+            print(scheduled if stage == "scheduled" else lowered, end="\n\n")
+        return 0
+    source, _ = generate_gpu_source({n: p[1] for n, p in pairs.items()}, target)
     print(source)
     return 0
 

@@ -17,10 +17,11 @@ from kiln.testing import models
 @pytest.mark.parametrize("mcpu,bits,has,lacks", [
     ("x86-64-v2", 128, {"sse4_2", "popcnt"}, {"avx", "avx2", "fma"}),
     ("x86-64-v3", 256, {"avx2", "fma", "f16c", "bmi2"}, {"avx512f"}),
-    ("x86-64-v4", 512, {"avx2", "avx512f", "avx512bw", "avx512vl"}, {"avx512fp16"}),
+    ("x86-64-v4", 512, {"avx2", "avx512f", "avx512bw", "avx512vl"}, {"avx512_fp16"}),
     ("znver3", 256, {"avx2", "fma", "sha_ni"}, {"avx512f"}),
     ("skylake-avx512", 512, {"avx512f", "avx512dq"}, {"amx_tile"}),
-    ("sapphirerapids", 512, {"avx512fp16", "amx_tile", "amx_bf16"}, set()),
+    # spelled as Linux writes the flags: avx512_fp16 (a Sapphire Rapids host lists it so)
+    ("sapphirerapids", 512, {"avx512_fp16", "amx_tile", "amx_bf16"}, set()),
 ])
 def test_a_cpu_name_implies_its_features(mcpu, bits, has, lacks):
     t = Target("c", mcpu=mcpu)
@@ -94,10 +95,10 @@ def test_executables_for_other_cpus_run_here_or_are_refused(mcpu, tmp_path):
                                rtol=1e-4, atol=1e-5)
 
 
-def test_gpu_and_npu_targets_are_refused_by_build():
+def test_npu_target_is_refused_by_build():
+    """(cuda and opencl build: tests/runtime/test_runtime_gpu_*.py.)"""
     model = models.mlp(batch=1, sizes=(8, 4))
-    for kind in ("cuda", "npu", "opencl"):
-        with pytest.raises(kiln.KilnError, match=f"target '{kind}' is not supported yet"):
-            kiln.build(model.mod, target=kind)
+    with pytest.raises(kiln.TargetError, match="target 'npu' is not supported yet"):
+        kiln.build(model.mod, target="npu")
     with pytest.raises(kiln.TargetError):
-        kiln.build(model.mod, target=Target("cuda"))
+        kiln.build(model.mod, target=Target("npu"))
