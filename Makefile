@@ -27,10 +27,12 @@ $(TEST_STAMP): pyproject.toml $(VENV)/bin/python
 demo: $(DEMO_STAMP)
 	$(PY) examples/demo.py
 
-## Lint, then the whole test suite on both cores.
+## Lint, then the whole test suite on both cores; the operator tests run on OpenCL (PoCL)
+## too, every case compared with the CPU's result (kiln.testing.gpu_testing).
 test: $(TEST_STAMP)
 	$(PY) -m ruff check kiln tests benchmarks examples
-	$(PY) -m pytest -n 2 tests
+	$(PY) -m pytest -n 2 tests --ignore=tests/op
+	KILN_TEST_TARGETS=c,opencl $(PY) -m pytest -n 2 tests/op
 
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check kiln tests benchmarks examples

@@ -41,10 +41,10 @@ from .transform.pass_infra import Pass, PassContext, Sequential, get_pass, list_
 __all__ = ["BUILDABLE_KINDS", "build", "check_buildable", "default_pipeline", "npu_pipeline",
            "schedule_prim_func"]
 
-#: Target kinds ``kiln.build`` generates code for. ``Target`` knows more kinds (cuda, opencl,
-#: npu); building for one without a code generator is refused here -- the one place to add a
-#: kind once its code generator exists -- instead of silently producing CPU code.
-BUILDABLE_KINDS = ("c", "npu")
+#: Target kinds ``kiln.build`` generates code for (every kind ``Target`` knows, now): a kind
+#: without a code generator is refused here -- the one place to add a kind once its code
+#: generator exists -- instead of silently producing CPU code.
+BUILDABLE_KINDS = ("c", "cuda", "opencl", "npu")
 
 
 def check_buildable(target: Target) -> None:
@@ -111,6 +111,8 @@ def build(mod: IRModule, target: Target | str | None = "c",
 
     ``pipeline`` replaces the default pass pipeline (:func:`default_pipeline` of the current
     PassContext's opt level), e.g. ``Sequential([LegalizeOps(), FuseOps(), FuseTIR()])``.
+    ``target="cuda"`` (``Target("cuda", arch="sm_90")``) or ``"opencl"`` builds GPU kernels
+    (:mod:`kiln.schedule.gpu`, :mod:`kiln.codegen.gpu`) run by the GPU executor.
     Progress (stages, kernels done of total) is logged under the ``"kiln"`` logger
     (``kiln.progress``).
 

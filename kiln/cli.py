@@ -28,6 +28,7 @@ import numpy as np
 from . import __version__, progress
 from .build import build, check_buildable, default_pipeline, npu_pipeline, schedule_prim_func
 from .codegen import c as codegen_c
+from .codegen.gpu.build import generate_source as generate_gpu_source
 from .codegen.npu import build_npu
 from .frontend.onnx import from_onnx
 from .frontend.onnx.importer import load_model
@@ -35,13 +36,15 @@ from .frontend.torch import from_pt2
 from .ir.errors import ArgumentError, KilnError, ModelFormatError
 from .runtime import cache, shape_expr
 from .runtime.executable import load
+from .schedule.gpu import schedule_and_lower
 from .target import Target
 from .testing import models
 from .tir.function import PrimFunc
 from .tir.transform import lower
 from .transform import PassContext
 
-STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c", "npu", "asm")
+STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c", "cuda", "opencl", "npu",
+          "asm")
 #: The stages of an NPU target: the NPU lowers graph ops (no TIR), its kernels and tilings
 #: (``npu``) and its assembly (``asm``).
 NPU_STAGES = ("graph", "optimized", "npu", "asm")
@@ -56,6 +59,8 @@ examples:
   kiln run model.kiln --dim batch=8 --profile            random inputs; time per kernel
   kiln inspect model.kiln                                target, inputs, outputs, kernels
   kiln show model.onnx --stage c                         print a compilation stage
+  kiln compile model.onnx --target cuda -o model.kiln    GPU kernels (also: --target opencl)
+  kiln show model.onnx --stage cuda                      the CUDA source (also: opencl)
   kiln cache info                                        the compile cache and its cap
 
 exit status: 0 success, 1 error, 2 command-line mistake, 130 interrupted
@@ -202,7 +207,7 @@ def _load_module(spec: str) -> Any:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    target = _target(args.target)
+    target = _target(args.stage if args.stage in ("cuda", "opencl") else args.target)
     check_buildable(target)
     mod = _load_module(args.model)
     if args.stage == "graph":
@@ -227,6 +232,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         for f in funcs.values():
             print(f, end="\n\n")
         return 0
+    if target.is_gpu:
+        return _show_gpu(args.stage, funcs, target)
     funcs = {n: schedule_prim_func(f, target) for n, f in funcs.items()}
     if args.stage == "scheduled":
         for f in funcs.values():
@@ -257,6 +264,18 @@ def _show_npu(mod: Any, target: Target, args: argparse.Namespace) -> int:
     for step in exe.steps:
         print(step.program.assembly() if hasattr(step, "program") else
               f"; CPU: {step.op}", end="\n\n")
+    return 0
+
+
+def _show_gpu(stage: str, funcs: dict[str, Any], target: Any) -> int:
+    """The scheduled/lowered TIR or the CUDA/OpenCL source of a GPU target's functions."""
+    pairs = {n: schedule_and_lower(f, target) for n, f in funcs.items()}
+    if stage in ("scheduled", "lowered"):
+        for scheduled, lowered in pairs.values():
+            print(scheduled if stage == "scheduled" else lowered, end="\n\n")
+        return 0
+    source, _ = generate_gpu_source({n: p[1] for n, p in pairs.items()}, target)
+    print(source)
     return 0
 
 

@@ -4,7 +4,10 @@
 (``call_tir`` after LegalizeOps, fused or not), applies each PrimFunc's schedule for the target
 (:mod:`kiln.schedule`), makes an execution plan for every graph function that is not a
 Primitive one, generates and compiles one library with the whole-model entries, and checks that
-the kernels' symbols and symbolic dims are what the entries call them with. ``kiln.build`` runs
+the kernels' symbols and symbolic dims are what the entries call them with. For a GPU target
+(``cuda``, ``opencl``) each PrimFunc gets its GPU schedule, lowered (:mod:`kiln.schedule.gpu`),
+one CUDA/OpenCL program is generated (:mod:`kiln.codegen.gpu`) and the same plans are run by
+the GPU executor (no whole-model C entry). ``kiln.build`` runs
 the graph passes first; ``FoldConstant`` legalizes a single call and runs it through here, so a
 folded value is what kiln's own kernel computes, without the transform layer calling the build.
 """
@@ -17,10 +20,12 @@ from ..ir.errors import KilnError
 from ..ir.module import IRModule
 from ..runtime.executable import Executable
 from ..schedule.apply import schedule_prim_func
+from ..schedule.gpu import schedule_prim_func as gpu_schedule_prim_func
 from ..target import Target
 from ..tir.function import PrimFunc
 from . import c as codegen_c
 from . import graph_entry
+from .gpu.build import build as gpu_build
 from .graph_plan import build_plan
 
 __all__ = ["build_executable"]
@@ -30,9 +35,10 @@ def build_executable(mod: IRModule, tgt: Target) -> Executable:
     """Schedule, plan, generate and compile a legalized ``mod`` for target ``tgt``."""
     unscheduled = {name: f for name, f in mod.items() if isinstance(f, PrimFunc)}
     stage = progress.Stage("scheduling kernels", len(unscheduled))
+    schedule = gpu_schedule_prim_func if tgt.is_gpu else schedule_prim_func
     prim_funcs = {}
     for i, (name, f) in enumerate(unscheduled.items()):
-        prim_funcs[name] = schedule_prim_func(f, tgt)
+        prim_funcs[name] = schedule(f, tgt)
         stage.step(i + 1)
     stage.finish()
     plans = {
@@ -41,6 +47,8 @@ def build_executable(mod: IRModule, tgt: Target) -> Executable:
     }
     if not plans:
         raise KilnError("kiln.build: the module has no graph function to run")
+    if tgt.is_gpu:
+        return Executable(gpu_build(prim_funcs, tgt), plans, target=tgt.spec)
     extra = graph_entry.emit_entries(plans, prim_funcs)
     module = codegen_c.build(prim_funcs, tgt, extra_source=extra)
     predicted = graph_entry.predict_unchecked_symbols(prim_funcs)

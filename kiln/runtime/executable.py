@@ -41,6 +41,9 @@ from ..target.cpu import host_features, host_machine
 from ..version import __version__
 from . import cache, file_format, memory_plan, profiling, pytree, shape_expr, threads
 from .executor import Executor
+from .gpu import serialize as gpu_serialize
+from .gpu.executor import GpuExecutor
+from .gpu.module import GpuModule
 from .module import FunctionInfo, Module, ParamInfo
 from .plan import Plan, TensorInfo
 from .profiling import Profile
@@ -96,8 +99,11 @@ class Executable:
         if ex is None:
             self._plan(name)
             check_runs_here(self.meta(), "this executable")
-            ex = self._executors[name] = Executor(self.plans[name], self.module,
-                                                  self._num_threads)
+            if isinstance(self.module, GpuModule):
+                ex = self._executors[name] = GpuExecutor(self.plans[name], self.module)
+            else:
+                ex = self._executors[name] = Executor(self.plans[name], self.module,
+                                                      self._num_threads)
         return ex
 
     def __getitem__(self, name: str):
@@ -334,6 +340,11 @@ class Executable:
 
     def save(self, path: str) -> None:
         """Write the executable to ``path`` (one file, see the module docstring)."""
+        if isinstance(self.module, GpuModule):
+            self._write(path, [("meta", json.dumps(self.meta()).encode()),
+                               *gpu_serialize.sections(self.module.program, self.plans),
+                               *self.sections.items()])
+            return
         dtypes: dict[DataType, int] = {}
 
         def idx(dt: DataType) -> int:
@@ -382,6 +393,10 @@ class Executable:
             ("constants", bytes(const_blob)),
             *self.sections.items(),
         ]
+        self._write(path, sections)
+
+    @staticmethod
+    def _write(path: str, sections: list[tuple[str, bytes]]) -> None:
         try:
             file_format.write(path, sections)
         except OSError as err:
@@ -498,17 +513,13 @@ def load(path: str) -> Executable:
         raise ModelFormatError(f"cannot read kiln executable {path}: "
                                f"{err.strerror or err}") from err
     sections = file_format.read(data, path)
+    if gpu_serialize.is_gpu_file(sections):
+        return _load_gpu(sections, path)
     missing = [n for n in CORE_SECTIONS if n not in sections]
     if missing:
         raise ModelFormatError(f"{path}: malformed kiln executable (no section(s) "
                                f"{', '.join(missing)})")
-    try:
-        meta = json.loads(bytes(sections["meta"]).decode())
-        if not isinstance(meta, dict):
-            raise ValueError("not a JSON object")
-    except (UnicodeDecodeError, ValueError) as err:
-        raise ModelFormatError(f"{path}: malformed meta section ({err})") from err
-    check_runs_here(meta, path)
+    meta = _read_meta(sections, path)
     raw_dtypes = bytes(sections["dtypes"])
     size = abi.DTYPE_STRUCT.size
     if len(raw_dtypes) % size:
@@ -552,11 +563,39 @@ def load(path: str) -> Executable:
                 f"{path}: function {name!r} names native entry {plan.entry!r}, which the "
                 "library lacks"
             )
+    return _executable(module, plans, meta, sections, CORE_SECTIONS)
+
+
+def _read_meta(sections: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """The meta section, checked for this machine (see :func:`check_runs_here`)."""
+    if "meta" not in sections:
+        raise ModelFormatError(f"{path}: malformed kiln executable (no section meta)")
+    try:
+        meta = json.loads(bytes(sections["meta"]).decode())
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ModelFormatError(f"{path}: malformed meta section ({err})") from err
+    check_runs_here(meta, path)
+    return meta
+
+
+def _executable(module: Any, plans: dict[str, Plan], meta: dict[str, Any],
+                sections: Mapping[str, Any], core: Sequence[str]) -> Executable:
+    """The loaded executable, with the file's sections beyond ``core`` kept as extra ones."""
     exe = Executable(module, plans, target=str(meta.get("target", "c")),
                      required_features=frozenset(meta.get("required_features") or ()),
                      kiln_version=str(meta.get("kiln_version", "?")),
                      machine=meta.get("machine"))
     for name, view in sections.items():
-        if name not in CORE_SECTIONS:
+        if name != "meta" and name not in core:
             exe.sections[name] = bytes(view)
     return exe
+
+
+def _load_gpu(sections: Mapping[str, Any], path: str) -> Executable:
+    """A GPU executable's file (:mod:`kiln.runtime.gpu.serialize`): no compiler needed, CUDA
+    programs reload from their cubin/PTX, OpenCL ones from their source."""
+    meta = _read_meta(sections, path)
+    program, plans, core = gpu_serialize.load(sections, path)
+    return _executable(GpuModule(program), plans, meta, sections, core)

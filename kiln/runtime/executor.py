@@ -232,6 +232,11 @@ class Executor:
         self._consts = (ctypes.c_void_p * max(len(consts), 1))(*[a.ctypes.data for a in consts])
 
     # ---- argument checking --------------------------------------------------------------
+    def _input_array(self, value: Any, name: str, dtype: DataType) -> Any:
+        """An input as an array with ``shape``/``dtype`` (the GPU executor also takes device
+        arrays)."""
+        return as_input_array(value, name, dtype)
+
     def _bind_inputs(self, args: Sequence[Any]) -> tuple[list[np.ndarray], dict[str, int]]:
         plan = self.plan
         fname = plan.name
@@ -244,7 +249,7 @@ class Executor:
         arrays = []
         for name, slot, value in zip(plan.input_names, plan.input_slots, args):
             spec = plan.slots[slot]
-            arr = as_input_array(value, name, spec.dtype)
+            arr = self._input_array(value, name, spec.dtype)
             want_np = spec.dtype.to_numpy()
             if arr.dtype != want_np:
                 raise ArgumentError(

@@ -49,15 +49,16 @@ class Interval:
         return self.start <= other.end and other.start <= self.end
 
 
-def place(intervals: list[Interval]) -> tuple[dict[int, int], int]:
+def place(intervals: list[Interval], align: int = ALIGN) -> tuple[dict[int, int], int]:
     """Offsets (by key) for ``intervals`` such that two live at once never share a byte, and
-    the peak (total bytes needed). Sizes are rounded up to :data:`ALIGN` first."""
+    the peak (total bytes needed). Sizes are rounded up to ``align`` (default :data:`ALIGN`;
+    a GPU device asks for its own) first."""
     offsets: dict[int, int] = {}
     placed: list[tuple[int, int, Interval]] = []  # (offset, aligned size, interval)
     peak = 0
     order = sorted(intervals, key=lambda iv: (-iv.size, iv.start, iv.key))
     for iv in order:
-        size = _round_up(max(iv.size, 1))
+        size = _round_up(max(iv.size, 1), align)
         busy = sorted((off, sz) for off, sz, other in placed if other.overlaps(iv))
         best: tuple[int, int] | None = None  # (gap size, offset)
         cursor = 0

@@ -37,8 +37,9 @@ X86_MACRO_FEATURES: dict[str, str] = {
     "AVX512BW": "avx512bw", "AVX512DQ": "avx512dq", "AVX512IFMA": "avx512ifma",
     "AVX512VBMI": "avx512vbmi", "AVX512VBMI2": "avx512_vbmi2", "AVX512VNNI": "avx512_vnni",
     "AVX512BITALG": "avx512_bitalg", "AVX512VPOPCNTDQ": "avx512_vpopcntdq",
-    "AVX512BF16": "avx512_bf16", "AVX512FP16": "avx512fp16", "AVX512ER": "avx512er",
-    "AVX512PF": "avx512pf", "AVX5124FMAPS": "avx512_4fmaps", "AVX5124VNNIW": "avx512_4vnniw",
+    "AVX512BF16": "avx512_bf16", "AVX512FP16": "avx512_fp16", "AVX512ER": "avx512er",
+    "AVX512PF": "avx512pf", "AVX512VP2INTERSECT": "avx512_vp2intersect",
+    "AVX5124FMAPS": "avx512_4fmaps", "AVX5124VNNIW": "avx512_4vnniw",
     "AVXVNNI": "avx_vnni", "AMX_TILE": "amx_tile", "AMX_BF16": "amx_bf16",
     "AMX_INT8": "amx_int8", "AMX_FP16": "amx_fp16",
 }

@@ -10,7 +10,11 @@ An executable records its target and ``required_features``; ``kiln.load`` refuse
 that lacks any of them.
 
 Strings: ``Target.create("c")``, ``"native"``, ``"x86-64-v3"`` (a CPU name alone means the C
-target for that CPU), ``"c -mcpu=znver3"`` (TVM's spelling; ``llvm -mcpu=...`` too), ``"cuda"``.
+target for that CPU), ``"c -mcpu=znver3"`` (TVM's spelling; ``llvm -mcpu=...`` too).
+
+``Target("cuda", arch="sm_90")`` (string ``"cuda -arch=sm_90"``) and ``Target("opencl")`` are GPU
+targets: their limits (``target.gpu``: threads, shared memory, registers) live in
+:mod:`kiln.target.gpu`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 from ..ir.dtype import as_dtype
 from ..ir.errors import KilnError
+from . import gpu as gpu_targets
 from .cpu import NATIVE, host_features, mcpu_features, normalize_mcpu
 
 #: Target kinds, and the spellings that mean one of them.
@@ -41,6 +46,7 @@ class Target:
     features: frozenset[str] | None = None
     num_threads: int = 0  # 0: the caller's setting (kiln_set_num_threads; default all cores)
     attrs: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    arch: str = ""  # GPU architecture (``sm_90``) of a CUDA target
     #: The NPU's hardware description (``Target("npu", hw="edge")``): a shipped
     #: configuration's name or a TOML file's path (None: ``"default"``). NPU targets only.
     hw: str | None = None
@@ -61,6 +67,7 @@ class Target:
             object.__setattr__(self, "features", implied)
         else:
             object.__setattr__(self, "features", frozenset(self.features))
+        gpu_targets.check_target(self)
 
     @staticmethod
     def create(target: Target | str | None) -> Target:
@@ -87,11 +94,14 @@ class Target:
                 kwargs["mcpu"] = value
             elif key == "num_threads" and eq and value.isdigit():
                 kwargs["num_threads"] = int(value)
+            elif key == "arch" and eq and value and kind == "cuda":
+                kwargs["arch"] = value
             elif key == "hw" and eq and value and kind == "npu":
                 kwargs["hw"] = value
             else:
                 raise KilnError(f"target {target!r}: unknown option {opt!r} (options: "
-                                f"-mcpu=NAME, -num_threads=N, npu: -hw=CONFIG)")
+                                f"-mcpu=NAME, -num_threads=N; cuda: -arch=sm_NN; npu: "
+                                f"-hw=CONFIG)")
         return Target(kind, **kwargs)
 
     @property
@@ -108,6 +118,8 @@ class Target:
             text += f" -mcpu={self.mcpu}"
         if self.num_threads:
             text += f" -num_threads={self.num_threads}"
+        if self.arch:
+            text += f" -arch={self.arch}"
         if self.hw is not None:
             text += f" -hw={self.hw}"
         return text
@@ -130,7 +142,7 @@ class Target:
 
     @property
     def has_fp16(self) -> bool:
-        return "avx512fp16" in self.features
+        return "avx512_fp16" in self.features
 
     @property
     def has_amx(self) -> bool:
@@ -146,6 +158,16 @@ class Target:
     def has_amx_int8(self) -> bool:
         """AMX tiles with the int8 dot products (``_tile_dpbssd``...)."""
         return self.has_amx and "amx_int8" in self.features
+
+    @property
+    def is_gpu(self) -> bool:
+        """Whether code is generated as GPU kernels (CUDA or OpenCL)."""
+        return gpu_targets.is_gpu_kind(self.kind)
+
+    @property
+    def gpu(self) -> gpu_targets.GpuLimits:
+        """The limits of a GPU target (threads, shared memory, registers...)."""
+        return gpu_targets.limits_of(self)
 
     def __str__(self) -> str:
         return self.kind

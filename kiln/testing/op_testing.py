@@ -3,7 +3,9 @@
 The operator tests check two things per op: the StructInfo a call normalizes to (``tvar``,
 ``infer``, ``dims``) and the numbers its te compute + CPU schedule produce (``run_cases``,
 ``check``, ``check_exact``). Numeric cases are compiled in batches, many cases per generated C
-module, because compiling a module is what dominates a test's run time.
+module, because compiling a module is what dominates a test's run time. With
+``KILN_TEST_TARGETS=c,opencl`` every case also runs on the GPU targets listed and must match the
+CPU's result (:mod:`kiln.testing.gpu_testing`).
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ import numpy as np
 
 from kiln import te, tir
 from kiln.codegen import c as codegen_c
+from kiln.codegen.gpu.build import build as gpu_build
 from kiln.graph.block_builder import BlockBuilder
 from kiln.graph.expr import Var
 from kiln.graph.struct_info import StructInfo, TensorStructInfo
 from kiln.op.registry import get_op_def
 from kiln.schedule import lookup_schedule
+from kiln.schedule.gpu import schedule_prim_func as gpu_schedule_prim_func
 from kiln.target import Target
+from kiln.testing.gpu_testing import assert_close, draws_fresh_seed, gpu_test_targets
 from kiln.tir.schedule import Schedule
 
 # An op case: (registered op name, inputs, attribute keywords). An input is an array, or a list
@@ -158,7 +163,32 @@ def run_cases(
             buf.fill(np.nan if buf.dtype.kind == "f" else 77)
         mod[f"case{k}"](*arrays, *bufs)
         results.append(tuple(bufs) if is_tuple else bufs[0])
+    for gpu in gpu_test_targets():
+        _check_on_gpu(cases, results, gpu)
     return results
+
+
+def _check_on_gpu(cases: Sequence[Case], results: list[Any], target: Target) -> None:
+    """Run ``cases`` on a GPU target (the op's GPU schedule or the generic rules) and compare
+    with the CPU's ``results`` (see :mod:`kiln.testing.gpu_testing`)."""
+    funcs, plans = {}, []
+    for k, (name, args, attrs) in enumerate(cases):
+        func, arrays, outs, is_tuple = _compile_case(name, args, attrs, False, target)
+        # as LegalizeOps names it, so that the op's own GPU schedule (if any) is the one used
+        func = func.with_attr("op_name", name).with_attr(
+            "op_pattern", int(get_op_def(name).pattern))
+        funcs[f"case{k}"] = gpu_schedule_prim_func(func, target)
+        plans.append((arrays, outs, is_tuple))
+    mod = gpu_build(funcs, target)
+    exact = not draws_fresh_seed(mod)
+    for k, ((arrays, outs, is_tuple), cpu) in enumerate(zip(plans, results)):
+        bufs = [np.empty(tuple(d.value for d in o.shape), o.dtype.to_numpy()) for o in outs]
+        for buf in bufs:
+            buf.fill(np.nan if buf.dtype.kind == "f" else 77)
+        mod[f"case{k}"](*arrays, *bufs)
+        got = tuple(bufs) if is_tuple else bufs[0]
+        name, _, attrs = cases[k]
+        assert_close(got, cpu, f"{target.kind}: {name} {attrs}", exact)
 
 
 def check(out: np.ndarray, ref: Any, rtol: float = 1e-5, check_shape: bool = True) -> None:

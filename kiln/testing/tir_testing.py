@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import te
+from .. import te, tir
 from ..tir import stmt as S
 from ..tir.function import PrimFunc
+from ..tir.gpu import atomic_add
 from ..tir.schedule import Schedule
 
 
@@ -81,3 +82,71 @@ def allocations(stmt: Any) -> list[tuple[str, tuple[int, ...], tuple[str, ...]]]
 
     walk(stmt, ())
     return out
+
+
+# ---- GPU schedules written by hand (tests/tir/transform, tests/codegen, tests/runtime) ---------
+def gpu_row_reduce_func(rows: Any, cols: Any, dtype: str = "float32", threads: int = 128,
+                        reducer: str = "sum", rows_per_block: int = 1) -> PrimFunc:
+    """``out[i] = reduce(x[i, :])`` with ``threads`` threads of ``threadIdx.x`` per row (a
+    cross-thread reduction) and ``rows_per_block`` rows per block on ``threadIdx.y``."""
+    x = te.placeholder((rows, cols), dtype, name="x")
+    k = te.reduce_axis((0, cols), name="k")
+    fn = {"sum": te.sum, "max": te.max, "min": te.min}[reducer]
+    out = te.compute((rows,), lambda i: fn(x[i, k], axis=k), name="out")
+    sch = Schedule(te.create_prim_func([x, out]))
+    i, r = sch.get_loops(sch.get_block("out"))
+    ro, ri = sch.split(r, [None, threads])
+    sch.reorder(ri, ro)
+    if rows_per_block > 1:
+        bo, bi = sch.split(i, [None, rows_per_block])
+        sch.bind(bo, "blockIdx.x")
+        sch.bind(bi, "threadIdx.y")
+    else:
+        sch.bind(i, "blockIdx.x")
+    sch.bind(ri, "threadIdx.x")
+    return sch.func
+
+
+def gpu_tiled_matmul_func(m: int, n: int, k: int, tile: int = 16) -> PrimFunc:
+    """``C = A @ B`` (float32) tiled for a GPU: a ``tile x tile`` block of threads per output
+    tile, the tiles of A and B staged in shared memory by all threads of the block once per
+    step of the reduction (loads and barriers, the shape of every shared-memory GEMM)."""
+    sch = Schedule(matmul_func(m, n, k))
+    c = sch.get_block("C")
+    i, j, r = sch.get_loops(c)
+    io, ii = sch.split(i, [None, tile])
+    jo, ji = sch.split(j, [None, tile])
+    ko, ki = sch.split(r, [None, tile])
+    sch.reorder(io, jo, ko, ii, ji, ki)
+    sch.bind(io, "blockIdx.y")
+    sch.bind(jo, "blockIdx.x")
+    sch.bind(ii, "threadIdx.y")
+    sch.bind(ji, "threadIdx.x")
+    for index in (0, 1):
+        cache = sch.cache_read(c, index, "shared")
+        sch.compute_at(cache, ko)
+        a0, a1 = sch.get_loops(cache)[-2:]
+        sch.bind(a0, "threadIdx.y")
+        sch.bind(a1, "threadIdx.x")
+    return sch.func
+
+
+def gpu_scatter_add_func(dtype: str, n: int = 1000, m: int = 16) -> PrimFunc:
+    """``out[idx[i]] += val[i]`` with one thread per i: atomics (an opaque block written by
+    hand), split over blocks of 128 threads (the last one partly guarded)."""
+    idx = tir.decl_buffer((n,), "int32", "idx")
+    val = tir.decl_buffer((n,), dtype, "val")
+    out = tir.decl_buffer((m,), dtype, "out")
+    i = tir.Var("i", "int64")
+    scatter = tir.Block((), (), (), "scatter",
+                        atomic_add(out, [tir.cast("int64", idx[i])], val[i]))
+    body = tir.For(i, 0, n, tir.ForKind.SERIAL,
+                   tir.BlockRealize((), tir.const("bool", True), scatter))
+    root = tir.BlockRealize((), tir.const("bool", True), tir.Block((), (), (), "root", body))
+    handles = [tir.Var(b.name, "handle") for b in (idx, val, out)]
+    sch = Schedule(tir.PrimFunc(tuple(handles), dict(zip(handles, (idx, val, out))), root))
+    (loop,) = sch.get_loops(sch.get_block("scatter"))
+    bo, bi = sch.split(loop, [None, 128])
+    sch.bind(bo, "blockIdx.x")
+    sch.bind(bi, "threadIdx.x")
+    return sch.func

@@ -165,7 +165,7 @@ def bert_encoder(layers: int = 6, hidden: int = 768, heads: int = 12, ffn: int =
             self.blocks = nn.ModuleList(Block() for _ in range(layers))
 
         def forward(self, input_ids: Any, attention_mask: Any) -> Any:
-            pos = torch.arange(input_ids.shape[1]).unsqueeze(0)
+            pos = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
             x = self.ln(self.tok(input_ids) + self.pos(pos))
             bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * -10000.0
             for blk in self.blocks:

@@ -24,6 +24,7 @@ from .buffer import Buffer, BufferRegion
 from .function import PrimFunc
 from .functor import collect_vars
 from .stmt import (
+    THREAD_TAG,
     Allocate,
     AssertStmt,
     Block,
@@ -56,7 +57,7 @@ _FUNC_BINARY: dict[type, str] = {
 
 _FOR_KIND = {
     ForKind.SERIAL: "range", ForKind.PARALLEL: "parallel", ForKind.VECTORIZED: "vectorized",
-    ForKind.UNROLLED: "unroll",
+    ForKind.UNROLLED: "unroll", ForKind.THREAD_BINDING: "thread_binding",
 }
 _ITER_KIND = {
     E.IterType.DATA_PAR: "spatial", E.IterType.COMM_REDUCE: "reduce",
@@ -296,8 +297,11 @@ class TIRPrinter:
                 args = [self.expr(s.extent)]
             else:
                 args = [self.expr(s.min), self._end(s.min, s.extent)]
-            if s.annotations:
-                args.append(f"annotations={self.value(s.annotations)}")
+            ann = dict(s.annotations)
+            if s.kind == ForKind.THREAD_BINDING:
+                args.append(f"thread={json.dumps(str(ann.pop(THREAD_TAG, '?')))}")
+            if ann:
+                args.append(f"annotations={self.value(ann)}")
             self._line(out, ind, f"for {var} in {fn}({', '.join(args)}):")
             self._stmt(s.body, ind + 1, out)
         elif t is BlockRealize:
@@ -324,6 +328,19 @@ class TIRPrinter:
             self._line(out, ind, f"evaluate({self.expr(s.value)})")
         elif s is None:
             self._line(out, ind, "pass")
+        elif t.__name__ == "KernelLaunch":  # kiln.tir.gpu (lowered GPU functions)
+            dims = [f"{k}=({', '.join(self.expr(e) for e in getattr(s, k))})"
+                    for k in ("grid", "block")]
+            self._line(out, ind, f"kernel {json.dumps(s.name)}({', '.join(dims)}):")
+            for b in s.shared:
+                self._line(out, ind + 1, f"shared {self.buffer_decl(b)}")
+            for v, tag in s.env:
+                self._line(out, ind + 1, f"{self.name(v)} = env({json.dumps(tag)})")
+            self._stmt(s.body, ind + 1, out)
+        elif t.__name__ == "ThreadAllreduce":
+            self._line(out, ind, f"{self.name(s.result)}[0] = thread_allreduce("
+                                 f"{self.expr(s.reducer.result)}, {self.expr(s.value)}, "
+                                 f"over={list(s.tags)})")
         else:
             self._line(out, ind, f"<{t.__name__}>")
 

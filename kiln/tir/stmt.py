@@ -28,6 +28,8 @@ class ForKind(IntEnum):
     PARALLEL = 1
     VECTORIZED = 2
     UNROLLED = 3
+    #: Bound to a GPU thread index (annotation :data:`THREAD_TAG`; see ``Schedule.bind``).
+    THREAD_BINDING = 4
 
 
 #: Loop annotation: the C compiler unrolls a serial loop by this many iterations (``#pragma GCC
@@ -41,6 +43,9 @@ JAM_TAILS = "kiln.jam_tails"
 #: Loop annotation: FMAs inside the loop that accumulate into an array on the stack (a register
 #: tile) keep both factors in registers (see ``Helpers.tile_fma`` in the C backend).
 FMA_IN_REGISTERS = "kiln.fma_in_registers"
+#: Loop annotation of a ``ForKind.THREAD_BINDING`` loop: the thread index it runs on
+#: (``"blockIdx.x"``, ``"threadIdx.y"``...; see :mod:`kiln.tir.gpu`).
+THREAD_TAG = "kiln.thread_tag"
 
 
 @node

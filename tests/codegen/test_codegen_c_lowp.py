@@ -3,7 +3,7 @@
 Widened (every bfloat16, and float16 on targets without AVX512-FP16 -- this CPU family): 16-bit
 storage, exact widening loads, float32 arithmetic, round-to-nearest-even stores (F16C
 instructions where the compiler targets them, portable C otherwise). Native float16 (a target
-with ``avx512fp16``): ``_Float16`` storage and arithmetic, checked in the generated source and
+with ``avx512_fp16``): ``_Float16`` storage and arithmetic, checked in the generated source and
 run where the compiler accepts ``_Float16`` (GCC emulates it on x86-64 without the ISA).
 """
 
@@ -27,9 +27,9 @@ from kiln.tir.schedule import Schedule
 RNG = np.random.default_rng(3)
 BF16 = ml_dtypes.bfloat16
 #: The host's features without AVX512-FP16: the widened code path, whatever this CPU is.
-WIDE = Target("c", features=Target("c").features - {"avx512fp16"})
+WIDE = Target("c", features=Target("c").features - {"avx512_fp16"})
 #: A target that computes float16 natively.
-NATIVE = Target("c", features=frozenset({"avx2", "fma", "f16c", "avx512f", "avx512fp16"}))
+NATIVE = Target("c", features=frozenset({"avx2", "fma", "f16c", "avx512f", "avx512_fp16"}))
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -27,7 +27,7 @@ from kiln.schedule import FAMILIES, schedule_source
 TESTS = Path(__file__).resolve().parent
 NOT_NUMERIC = {"test_op_registry_audit.py", "test_op_gradients.py"}
 #: Target families whose schedules are audited (a family joins once its room schedules every op).
-AUDITED_FAMILIES = ("c",)
+AUDITED_FAMILIES = ("c", "gpu")
 
 
 @cache

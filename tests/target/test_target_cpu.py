@@ -17,10 +17,11 @@ from kiln.testing import models
 @pytest.mark.parametrize("mcpu,bits,has,lacks", [
     ("x86-64-v2", 128, {"sse4_2", "popcnt"}, {"avx", "avx2", "fma"}),
     ("x86-64-v3", 256, {"avx2", "fma", "f16c", "bmi2"}, {"avx512f"}),
-    ("x86-64-v4", 512, {"avx2", "avx512f", "avx512bw", "avx512vl"}, {"avx512fp16"}),
+    ("x86-64-v4", 512, {"avx2", "avx512f", "avx512bw", "avx512vl"}, {"avx512_fp16"}),
     ("znver3", 256, {"avx2", "fma", "sha_ni"}, {"avx512f"}),
     ("skylake-avx512", 512, {"avx512f", "avx512dq"}, {"amx_tile"}),
-    ("sapphirerapids", 512, {"avx512fp16", "amx_tile", "amx_bf16"}, set()),
+    # spelled as Linux writes the flags: avx512_fp16 (a Sapphire Rapids host lists it so)
+    ("sapphirerapids", 512, {"avx512_fp16", "amx_tile", "amx_bf16"}, set()),
 ])
 def test_a_cpu_name_implies_its_features(mcpu, bits, has, lacks):
     t = Target("c", mcpu=mcpu)
@@ -92,12 +93,3 @@ def test_executables_for_other_cpus_run_here_or_are_refused(mcpu, tmp_path):
     assert loaded.target == exe.target and loaded.required_features == exe.required_features
     np.testing.assert_allclose(loaded(*model.inputs), model.reference(*model.inputs),
                                rtol=1e-4, atol=1e-5)
-
-
-def test_gpu_targets_are_refused_by_build():
-    model = models.mlp(batch=1, sizes=(8, 4))
-    for kind in ("cuda", "opencl"):
-        with pytest.raises(kiln.KilnError, match=f"target '{kind}' is not supported yet"):
-            kiln.build(model.mod, target=kind)
-    with pytest.raises(kiln.TargetError):
-        kiln.build(model.mod, target=Target("cuda"))

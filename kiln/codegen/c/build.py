@@ -14,7 +14,7 @@ The file is one valid C file; a large one is compiled in pieces in parallel
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ... import progress
@@ -29,7 +29,7 @@ from ...tir.transform.lower import is_lowered, lower
 from . import externs, thread_pool
 from .compiler import UNIT_MARK, compile_source, libmvec_functions, supports_float16
 from .entry import checked_signature, dim_text, emit_checked_entry
-from .func import FunctionEmitter, unchecked_signature
+from .func import FunctionEmitter, FunctionSignature, unchecked_signature
 from .helpers import ENTRY_SUPPORT, ERROR_BUFFER, Helpers
 from .names import NameTable
 
@@ -55,10 +55,11 @@ def _mvec_declarations(code: str) -> str:
             "under -ffast-math) */\n" + "\n".join(decls) + "\n")
 
 
-def _function_info(name: str, symbol: str, func: PrimFunc, emitter: FunctionEmitter
-                   ) -> FunctionInfo:
+def function_info(name: str, symbol: str, func: PrimFunc, signature: FunctionSignature
+                  ) -> FunctionInfo:
+    """The metadata callers need of a generated function (shared with the GPU backend)."""
     params = []
-    for p, buf in emitter.signature.params:
+    for p, buf in signature.params:
         if buf is None:
             params.append(ParamInfo(p.name, (), p.dtype, True))
         else:
@@ -70,9 +71,19 @@ def _function_info(name: str, symbol: str, func: PrimFunc, emitter: FunctionEmit
         symbol=symbol,
         unchecked_symbol=symbol + "_unchecked",
         params=tuple(params),
-        sym_vars=tuple(v.name for v in emitter.signature.sym_vars),
+        sym_vars=tuple(v.name for v in signature.sym_vars),
         num_outputs=int(num_outputs) if num_outputs is not None else None,
     )
+
+
+def lowered_functions(funcs: Mapping[str, PrimFunc], target: Target
+                      ) -> Iterator[tuple[str, PrimFunc]]:
+    """``(name, func)`` of each function, lowered for ``target`` when it is not yet (shared
+    with the GPU backend)."""
+    for name, func in funcs.items():
+        if not isinstance(func, PrimFunc):
+            raise CodegenError(f"{name}: expected a tir.PrimFunc, got {type(func).__name__}")
+        yield name, func if is_lowered(func) else lower(func, target)
 
 
 def native_float16(target: Any = None) -> bool:
@@ -97,11 +108,7 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any = None, extra_sou
     bodies: list[str] = []
     infos: dict[str, FunctionInfo] = {}
     stage = progress.Stage("lowering kernels and generating C", len(funcs))
-    for name, func in funcs.items():
-        if not isinstance(func, PrimFunc):
-            raise CodegenError(f"{name}: expected a tir.PrimFunc, got {type(func).__name__}")
-        if not is_lowered(func):
-            func = lower(func, tgt)
+    for name, func in lowered_functions(funcs, tgt):
         symbol = symbols.get(name)
         while symbol + "_unchecked" in symbols.used:
             symbol = symbols.get(name)
@@ -115,7 +122,7 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any = None, extra_sou
             raise CodegenError(f"{name}: C code generation failed: {err}") from err
         checked = emit_checked_entry(name, symbol, emitter.signature, helpers)
         bodies.append(unchecked + "\n" + checked)
-        infos[name] = _function_info(name, symbol, func, emitter)
+        infos[name] = function_info(name, symbol, func, emitter.signature)
         stage.step(len(infos))
     stage.finish()
     support = helpers.render()

@@ -43,6 +43,31 @@ class FunctionSignature:
     sym_vars: list[E.Var] = field(default_factory=list)
 
 
+def variable_uses(stmt: S.Stmt) -> tuple[dict[E.Var, Buffer], dict[E.Var, None], set[E.Var]]:
+    """What ``stmt`` uses and defines: the buffers it loads or stores (by data variable), every
+    variable it uses (data variables too, first-use order) and the variables it binds itself
+    (loops, lets, allocations). A used variable it does not define comes from outside."""
+    buffers: dict[E.Var, Buffer] = {}
+    used: dict[E.Var, None] = {}
+    defined: set[E.Var] = set()
+
+    def visit(n: Any) -> None:
+        if isinstance(n, (E.BufferLoad, S.BufferStore)):
+            buffers.setdefault(n.buffer.data, n.buffer)
+            used.setdefault(n.buffer.data, None)
+        elif isinstance(n, E.Var):
+            used.setdefault(n, None)
+        elif isinstance(n, S.For):
+            defined.add(n.loop_var)
+        elif isinstance(n, (S.LetStmt, E.Let)):
+            defined.add(n.var)
+        elif isinstance(n, S.Allocate):
+            defined.add(n.buffer.data)
+
+    post_order_visit(stmt, visit)
+    return buffers, used, defined
+
+
 def analyze_signature(func: PrimFunc, name: str) -> FunctionSignature:
     """Parameters in order and the symbolic dims, ordered by first plain occurrence.
 
@@ -213,9 +238,9 @@ class FunctionEmitter(ExprEmitter):
                 self.line(f"#pragma GCC unroll {s.extent.value}")
         elif s.kind == S.ForKind.SERIAL and 1 < int(ann.get(S.UNROLL_BY, 0)) <= 65534:
             self.line(f"#pragma GCC unroll {int(ann[S.UNROLL_BY])}")
-        self._loop(s)
+        self.emit_for(s)
 
-    def _loop(self, s: S.For) -> None:
+    def emit_for(self, s: S.For) -> None:
         """The C ``for`` of ``s``."""
         lo = self.expr(s.min)
         end_expr = s.extent if _is_zero(s.min) else E.add(s.min, s.extent)
@@ -237,24 +262,8 @@ class FunctionEmitter(ExprEmitter):
         declaration, name)`` per variable (buffers as ``restrict`` pointers); ``scratch``
         buffers are left out (each task allocates its own). None if some variable has no C
         name here."""
-        buffers: dict[E.Var, Buffer] = {}
-        used: dict[E.Var, None] = {}
-        defined: set[E.Var] = {s.loop_var}
-
-        def visit(n: Any) -> None:
-            if isinstance(n, (E.BufferLoad, S.BufferStore)):
-                buffers.setdefault(n.buffer.data, n.buffer)
-                used.setdefault(n.buffer.data, None)
-            elif isinstance(n, E.Var):
-                used.setdefault(n, None)
-            elif isinstance(n, S.For):
-                defined.add(n.loop_var)
-            elif isinstance(n, (S.LetStmt, E.Let)):
-                defined.add(n.var)
-            elif isinstance(n, S.Allocate):
-                defined.add(n.buffer.data)
-
-        post_order_visit(s.body, visit)
+        buffers, used, defined = variable_uses(s.body)
+        defined.add(s.loop_var)
         out = []
         for v in used:
             if v in defined or v in scratch:
@@ -296,7 +305,7 @@ class FunctionEmitter(ExprEmitter):
         sizes = [f"kiln_par{k}_size{i}" for i in range(len(scratch))]
         for size, a in zip(sizes, scratch):
             self.helpers.use("alloc")
-            count = _strip_parens(self.expr(alloc_size(a.buffer)))
+            count = strip_parens(self.expr(alloc_size(a.buffer)))
             self.line(f"const size_t {size} = (size_t)({count}) * "
                       f"sizeof({self.storage_ctype(a.buffer.dtype)});")
         saved, depth = self.lines, self.depth
@@ -330,8 +339,8 @@ class FunctionEmitter(ExprEmitter):
         self.outlined.append("\n".join([
             f"static void {fn}({', '.join(params)}) {{", *body, "}",
             f"struct {fn}_ctx {{ {' '.join(f + ';' for f in fields)} }};", *task]))
-        values = [n for _, n in captures] + sizes + [_strip_parens(self.expr(s.min))]
-        extent = _strip_parens(self.expr(s.extent))
+        values = [n for _, n in captures] + sizes + [strip_parens(self.expr(s.min))]
+        extent = strip_parens(self.expr(s.extent))
         self.line(f"{{ struct {fn}_ctx kiln_par{k}_ctx = {{{', '.join(values)}}};")
         self.line(f"  kiln_parallel_for({fn}_task, &kiln_par{k}_ctx, (int64_t)({extent}), "
                   f"{self.num_threads}); }}")
@@ -341,7 +350,7 @@ class FunctionEmitter(ExprEmitter):
         cond = s.condition
         if cond.dtype.lanes != 1:
             raise CodegenError(f"{self.name}: if condition must be a scalar, got {cond.dtype}")
-        self.line(f"if ({_strip_parens(self.expr(cond))}) {{")
+        self.line(f"if ({strip_parens(self.expr(cond))}) {{")
         self.depth += 1
         self.stmt(s.then_case)
         self.depth -= 1
@@ -359,7 +368,7 @@ class FunctionEmitter(ExprEmitter):
             self.var_mask_bits[s.var] = self.mask_bits(s.value)
         name = self.define_var(s.var)
         const = "const " if s.var.dtype.lanes == 1 else ""
-        self.line(f"{const}{ct} {name} = {_strip_parens(value)};")
+        self.line(f"{const}{ct} {name} = {strip_parens(value)};")
         self.stmt(s.body)
 
     def stmt_AssertStmt(self, s: S.AssertStmt) -> None:
@@ -391,7 +400,7 @@ class FunctionEmitter(ExprEmitter):
         name = self.define_var(buf.data)
         self.aligned_data.add(buf.data)
         self.helpers.use("alloc")
-        size = _strip_parens(self.expr(alloc_size(buf)))
+        size = strip_parens(self.expr(alloc_size(buf)))
         self.line(f"{ct}* {name} = ({ct}*)kiln_alloc((size_t)({size}) * sizeof({ct}));")
 
     def stmt_BufferStore(self, s: S.BufferStore) -> None:
@@ -406,22 +415,10 @@ class FunctionEmitter(ExprEmitter):
         el = buf.dtype.element
         value = s.value
         lanes = value.dtype.lanes
-        copy = self._lowp_copy(el, value)
         if lanes == 1:
-            if idx.dtype.lanes != 1:
-                raise CodegenError(f"{self.name}: scalar value stored at a vector index")
-            if copy is not None:
-                v = copy
-            elif self.widened(el):
-                v = self.narrow_scalar(el, _strip_parens(self.float32_value(value)))
-            else:
-                v = _strip_parens(self.expr(value))
-                if el.is_bool:
-                    v = f"(uint8_t)({v})"
-                elif el.is_int and el.bits < 8:  # the bit pattern, zero-extended
-                    v = f"({self.scalar_ctype(el)})({v} & {(1 << el.bits) - 1})"
-            self.line(f"{ptr}[{_strip_parens(self.expr(idx))}] = {v};")
+            self.line(self.scalar_store(s))
             return
+        copy = self._lowp_copy(el, value)
         storage_el = DataType("uint8") if el.is_bool else self.compute_dtype(el)
         if self.widened(el):  # stored as bit patterns, rounded to nearest even
             storage_el = soft_float_storage(el)
@@ -436,7 +433,7 @@ class FunctionEmitter(ExprEmitter):
         base = self.contiguous_base(idx)
         if base is not None:
             ref = self.vector_ref(vt, buf, base, lanes, storage_el.itemsize)
-            self.line(f"{ref} = {_strip_parens(v)};")
+            self.line(f"{ref} = {strip_parens(v)};")
             return
         # scatter: one lane at a time
         it = self.ctype_of(idx)
@@ -449,6 +446,26 @@ class FunctionEmitter(ExprEmitter):
                   f"{ptr}[{ti}[kiln_l]] = {tv}[kiln_l];")
         self.depth -= 1
         self.line("}")
+
+    def scalar_store(self, s: S.BufferStore) -> str:
+        """The C statement of a store of one scalar (rounded to a soft float's bits, a bool as
+        one byte, a 2/4-bit integer as its zero-extended bit pattern)."""
+        buf, idx, value = s.buffer, s.indices[0], s.value
+        el = buf.dtype.element
+        if idx.dtype.lanes != 1:
+            raise CodegenError(f"{self.name}: scalar value stored at a vector index")
+        copy = self._lowp_copy(el, value)
+        if copy is not None:
+            v = copy
+        elif self.widened(el):
+            v = self.narrow_scalar(el, strip_parens(self.float32_value(value)))
+        else:
+            v = strip_parens(self.expr(value))
+            if el.is_bool:
+                v = f"(uint8_t)({v})"
+            elif el.is_int and el.bits < 8:  # the bit pattern, zero-extended
+                v = f"({self.scalar_ctype(el)})({v} & {(1 << el.bits) - 1})"
+        return f"{self.buffer_ptr(buf)}[{strip_parens(self.expr(idx))}] = {v};"
 
     def _tile_fma(self, s: S.BufferStore) -> str | None:
         """``acc[i] = acc[i] + a * b`` on a float vector in an array on the stack (a register
@@ -466,7 +483,7 @@ class FunctionEmitter(ExprEmitter):
                     and isinstance(prod, E.Mul)
                     and structural_equal(acc.indices[0], s.indices[0], map_free_vars=False)):
                 fn = self.helpers.tile_fma(self.compute_dtype(el), value.dtype.lanes)
-                args = ", ".join(_strip_parens(self.expr(x)) for x in (acc, prod.a, prod.b))
+                args = ", ".join(strip_parens(self.expr(x)) for x in (acc, prod.a, prod.b))
                 return f"{fn}({args})"
         return None
 
@@ -484,7 +501,7 @@ class FunctionEmitter(ExprEmitter):
         src = self.buffer_ptr(value.buffer)
         idx = value.indices[0]
         if value.dtype.lanes == 1:
-            return f"{src}[{_strip_parens(self.expr(idx))}]"
+            return f"{src}[{strip_parens(self.expr(idx))}]"
         base = self.contiguous_base(idx)
         if base is None:
             return None
@@ -497,7 +514,7 @@ def _is_zero(e: E.PrimExpr) -> bool:
     return isinstance(e, E.IntImm) and e.value == 0
 
 
-def _strip_parens(text: str) -> str:
+def strip_parens(text: str) -> str:
     """Drop one pair of enclosing parentheses when they wrap the whole text (never those of a
     GNU statement expression ``({ ...; })``, which are part of its syntax)."""
     if not (text.startswith("(") and text.endswith(")")) or text.startswith("({"):

@@ -11,7 +11,7 @@ computes in float16 natively, *computed* in float32 (see :func:`compute_dtype`):
 - widened (the default; every bfloat16, and float16 on targets without AVX512-FP16): buffers are
   ``uint16_t``; a load converts to float32 exactly, arithmetic runs in float32, and a store or an
   explicit cast to float16/bfloat16 rounds to nearest even (NaN stays NaN);
-- native float16 (``native_fp16=True``: the target has ``avx512fp16``): buffers and values are
+- native float16 (``native_fp16=True``: the target has ``avx512_fp16``): buffers and values are
   ``_Float16`` and arithmetic is float16 arithmetic.
 
 The float8/float6/float4 formats (``float8_e4m3fn``...) take the widened path too, stored as

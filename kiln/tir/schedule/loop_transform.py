@@ -1,4 +1,5 @@
-"""Loop primitives: split, fuse, reorder, loop kinds (parallel/vectorize/unroll), annotate.
+"""Loop primitives: split, fuse, reorder, loop kinds (parallel/vectorize/unroll), GPU thread
+binding, annotate.
 
 Each takes the :class:`TreeIndex` of the current function and returns the new function (plus
 the identity keys of new loops). Block bindings under a transformed loop are rewritten by
@@ -16,7 +17,8 @@ from ...ir.errors import ScheduleError
 from ..expr import IterType, PrimExpr, Var, const
 from ..function import PrimFunc
 from ..functor import collect_vars, substitute
-from ..stmt import BlockRealize, For, ForKind, SeqStmt, Stmt
+from ..gpu import check_tag, is_thread_tag
+from ..stmt import THREAD_TAG, BlockRealize, For, ForKind, SeqStmt, Stmt
 from .analysis import (
     analyzer_at,
     as_int,
@@ -45,6 +47,13 @@ def _add_predicate(stmt: Stmt, pred: PrimExpr) -> Stmt:
     return stmt
 
 
+def _refuse_bound(what: str, loop: For) -> None:
+    """Splitting or fusing a bound loop would silently drop its binding."""
+    if loop.kind == ForKind.THREAD_BINDING:
+        raise ScheduleError(f"{what}: loop {loop.loop_var.name!r} is bound to "
+                            f"{loop.annotations.get(THREAD_TAG)}; {what} before binding")
+
+
 def _factor_expr(f: Any, dtype: DataType) -> PrimExpr | None:
     if f is None:
         return None
@@ -71,6 +80,7 @@ def split(index: TreeIndex, sref: SRef, factors: Sequence[Any]) -> tuple[PrimFun
             f"split: factors must be a list of at least two entries, got {factors!r}"
         )
     loop = sref.loop
+    _refuse_bound("split", loop)
     dtype = loop.loop_var.dtype
     exprs = [_factor_expr(f, dtype) for f in factors]
     if sum(e is None for e in exprs) > 1:
@@ -130,6 +140,8 @@ def fuse(index: TreeIndex, srefs: Sequence[SRef]) -> tuple[PrimFunc, Var]:
                 "(list them outermost first)"
             )
     loops = [s.loop for s in srefs]
+    for lp in loops:
+        _refuse_bound("fuse", lp)
     fused_vars = {lp.loop_var for lp in loops}
     for lp in loops[1:]:
         if uses_any((lp.min, lp.extent), fused_vars):
@@ -206,6 +218,7 @@ _KIND_NAMES = {
     ForKind.VECTORIZED: "vectorize",
     ForKind.UNROLLED: "unroll",
     ForKind.SERIAL: "serial",
+    ForKind.THREAD_BINDING: "bound to a thread index",
 }
 
 
@@ -213,6 +226,9 @@ def set_kind(index: TreeIndex, sref: SRef, kind: ForKind) -> PrimFunc:
     """Mark a loop parallel / vectorized / unrolled, after checking it may be."""
     loop = sref.loop
     what = _KIND_NAMES[kind]
+    if loop.kind == ForKind.THREAD_BINDING:
+        raise ScheduleError(f"{what}: loop {loop.loop_var.name!r} is bound to "
+                            f"{loop.annotations.get(THREAD_TAG)}")
     if kind in (ForKind.PARALLEL, ForKind.VECTORIZED):
         for block, iter_type in bound_iter_types(loop, index.blocks_under(sref)):
             if iter_type != IterType.DATA_PAR:
@@ -233,6 +249,50 @@ def set_kind(index: TreeIndex, sref: SRef, kind: ForKind) -> PrimFunc:
     if loop.kind == kind:
         return index.func
     return rewrite_func(index.func, {id(loop): loop.replace(kind=kind)})
+
+
+def bind(index: TreeIndex, sref: SRef, tag: str) -> PrimFunc:
+    """Run a loop's iterations on GPU threads or blocks (``tag``: ``threadIdx.x``...).
+
+    The loop must be serial. A loop bound to ``blockIdx.*`` must be data parallel (every block
+    under it binds its variable to spatial iteration variables only); a loop bound to
+    ``threadIdx.*`` may also carry a reduction, which lowering turns into a cross-thread
+    reduction (``kiln.tir.transform.cross_thread_reduction``). A thread index drives one loop
+    per nest: no loop above or below may be bound to the same tag. Extents are checked against
+    the target's limits when the function is lowered.
+    """
+    tag = check_tag(tag)
+    loop = sref.loop
+    name = loop.loop_var.name
+    if loop.kind == ForKind.THREAD_BINDING:
+        have = loop.annotations.get(THREAD_TAG)
+        if have == tag:
+            return index.func
+        raise ScheduleError(f"bind: loop {name!r} is already bound to {have}")
+    if loop.kind != ForKind.SERIAL:
+        raise ScheduleError(f"bind: loop {name!r} is {_KIND_NAMES[loop.kind]}, not serial; only "
+                            "a serial loop can be bound to a thread index")
+    for block, iter_type in bound_iter_types(loop, index.blocks_under(sref)):
+        if iter_type == IterType.DATA_PAR:
+            continue
+        if iter_type == IterType.COMM_REDUCE and is_thread_tag(tag):
+            continue  # a cross-thread reduction
+        kind_name = "a reduction" if iter_type == IterType.COMM_REDUCE else iter_type.name
+        raise ScheduleError(
+            f"bind: loop {name!r} is bound to {kind_name} iteration variable of block "
+            f"{block!r}; only threadIdx loops may carry a reduction (a cross-thread reduction)")
+    nest = [s for s in index.ancestors(sref) if not s.is_block]
+    nest += [s for s in index.loops.values() if sref.is_ancestor_of(s)]
+    for other in nest:
+        lp = other.loop
+        if lp.kind == ForKind.THREAD_BINDING and lp.annotations.get(THREAD_TAG) == tag:
+            raise ScheduleError(
+                f"bind: loop {lp.loop_var.name!r} of the same nest is already bound to {tag}; a "
+                "thread index drives one loop per nest")
+    ann = dict(loop.annotations)
+    ann[THREAD_TAG] = tag
+    new = loop.replace(kind=ForKind.THREAD_BINDING, annotations=ann)
+    return rewrite_func(index.func, {id(loop): new})
 
 
 def annotate(index: TreeIndex, sref: SRef, key: str, value: Any) -> PrimFunc:

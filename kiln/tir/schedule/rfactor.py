@@ -73,7 +73,7 @@ def _is_self_load(e: PrimExpr, store: BufferStore) -> bool:
             and structural_equal(e.indices, store.indices, map_free_vars=False))
 
 
-def _split_update(block: Block, what: str) -> tuple[BufferStore, type, PrimExpr]:
+def split_reduction_update(block: Block, what: str) -> tuple[BufferStore, type, PrimExpr]:
     """The block's store, its combiner class and the value combined into the accumulator."""
     name = block.name_hint
     store, init = block.body, block.init
@@ -160,7 +160,7 @@ def rfactor(index: TreeIndex, loop: SRef, factor_axis: int) -> tuple[PrimFunc, s
     assert isinstance(realize, BlockRealize)
     block = realize.block
     name = block.name_hint
-    store, combiner, rhs = _split_update(block, what)
+    store, combiner, rhs = split_reduction_update(block, what)
     above = index.loops_above(sref)
     spatial_loops, reduce_loops = _classify(realize, above, what)
     lvar = loop.loop.loop_var

@@ -97,6 +97,14 @@ class Schedule:
         other._depth = 0
         return other
 
+    def adopt(self, other: Schedule) -> None:
+        """Take over the state of ``other``, a :meth:`copy` of this schedule transformed
+        further: how a caller tries transformations on a copy and keeps those that worked."""
+        self._index = other._index
+        self._names = set(other._names)
+        self._rvs = dict(other._rvs)
+        self._trace = other._trace.copy()
+
     def _commit(self, func: PrimFunc) -> None:
         self._index = TreeIndex(func)
         self._names.update(self._index.blocks)
@@ -244,6 +252,12 @@ class Schedule:
         """Unroll ``loop``."""
         self._commit(_loops.set_kind(self._index, self._loop(loop, "unroll"),
                                      ForKind.UNROLLED))
+
+    @_traced
+    def bind(self, loop: LoopRV, thread_axis: str) -> None:
+        """Run ``loop``'s iterations on GPU blocks or threads: ``thread_axis`` is one of
+        ``blockIdx.x/y/z``, ``threadIdx.x/y/z`` (see :func:`loop_transform.bind`)."""
+        self._commit(_loops.bind(self._index, self._loop(loop, "bind"), thread_axis))
 
     @_traced
     def annotate(self, block_or_loop: BlockRV | LoopRV, key: str, value: Any) -> None:

@@ -16,6 +16,9 @@ the root block allocates:
 
 An allocation inside a loop is private to each iteration -- and so to each thread of a parallel
 loop -- and a small ``local`` one becomes a stack array that the C compiler keeps in registers.
+A ``shared`` buffer (GPU shared memory) belongs to a block of threads: it is allocated above
+the outermost ``threadIdx`` loop around its users, and its region covers what all the threads
+of the block touch.
 Buffers used by top-level stages, regions whose extent depends on a loop variable, and blocks
 that touch a buffer without declaring it in their regions are left as they are.
 """
@@ -28,11 +31,12 @@ from ...ir.errors import ScheduleError
 from ..buffer import Buffer, BufferRegion
 from ..expr import BufferLoad, IntImm, PrimExpr, Range, Var, sub
 from ..function import PrimFunc
-from ..functor import Mutator, Visitor, collect_vars
+from ..functor import Mutator, Visitor, collect_vars, substitute
+from ..gpu import is_thread_tag
 from ..schedule.analysis import analyzer_at, union_bound
 from ..schedule.compute_location import accessed_region
 from ..schedule.state import SRef, TreeIndex, update_root_allocs
-from ..stmt import Allocate, Block, BlockRealize, BufferStore, For
+from ..stmt import THREAD_TAG, Allocate, Block, BlockRealize, BufferStore, For, ForKind
 
 
 def _touches(regions: tuple[BufferRegion, ...], buf: Buffer) -> bool:
@@ -64,6 +68,17 @@ def _body_touches(block: Block, buf: Buffer) -> bool:
     return finder.found
 
 
+def _above_thread_loops(index: TreeIndex, sref: SRef) -> SRef:
+    """``sref``, or the parent of the outermost ``threadIdx`` loop at or above it: where memory
+    shared by the threads of a block is allocated."""
+    chain = [*index.ancestors(sref), sref]
+    for k, s in enumerate(chain):
+        if not s.is_block and s.loop.kind == ForKind.THREAD_BINDING and is_thread_tag(
+                str(s.loop.annotations.get(THREAD_TAG))):
+            return chain[k - 1] if k > 0 else index.root
+    return sref
+
+
 def _in_scope_vars(index: TreeIndex, lca: SRef) -> set[Var]:
     """Loop variables bound at the body of ``lca`` (its own and those of the loops above)."""
     out = {s.loop.loop_var for s in index.ancestors(lca) if not s.is_block}
@@ -87,7 +102,8 @@ def _plan(index: TreeIndex, buf: Buffer) -> tuple[SRef, list[PrimExpr], list[int
     if not users:
         return None
     lca = index.lowest_common_ancestor(users)
-    if lca.is_block:
+    place = _above_thread_loops(index, lca) if buf.scope == "shared" else lca
+    if lca.is_block or place.is_block:
         return None
     ana = analyzer_at(index, lca)
     try:
@@ -102,6 +118,11 @@ def _plan(index: TreeIndex, buf: Buffer) -> tuple[SRef, list[PrimExpr], list[int
     except ScheduleError:  # a region beyond the analysis: keep the buffer as it is
         return None
     assert bounds is not None
+    if place is not lca:
+        relaxed = _relax_thread_vars(index, lca, bounds, ana)
+        if relaxed is None:
+            return None
+        bounds = relaxed
     allowed = _in_scope_vars(index, lca)
     loop_vars = set(index.loops)
     starts, extents = [], []
@@ -121,7 +142,34 @@ def _plan(index: TreeIndex, buf: Buffer) -> tuple[SRef, list[PrimExpr], list[int
         extents.append(ext.value)
     if all(isinstance(d, IntImm) and d.value == e for d, e in zip(buf.shape, extents)):
         starts = [IntImm(s.dtype, 0) for s in starts]  # whole buffer: only move it
-    return lca, starts, extents
+    return place, starts, extents
+
+
+def _relax_thread_vars(index: TreeIndex, lca: SRef, bounds: list[tuple[PrimExpr, PrimExpr]],
+                       ana: Any) -> list[tuple[PrimExpr, PrimExpr]] | None:
+    """``bounds`` (the region one thread touches in one iteration of ``lca``) widened to what
+    every thread of the block touches: each ``threadIdx`` variable above ``lca`` replaced by
+    its first value in the start and its last in the end. The region of a shared tile staged
+    once per step of a serial loop under the thread loops (a GEMM's reduction step) is then
+    that step's tile, not the whole loop's. None unless each bound grows with each thread
+    variable (provably), where the first and last threads bound the region."""
+    threads = [s.loop for s in [*index.ancestors(lca), lca] if not s.is_block
+               and s.loop.kind == ForKind.THREAD_BINDING
+               and is_thread_tag(str(s.loop.annotations.get(THREAD_TAG)))]
+    out = []
+    for lo, hi in bounds:
+        for loop in threads:
+            v = loop.loop_var
+            if v not in collect_vars(lo) and v not in collect_vars(hi):
+                continue
+            step = {v: v + 1}
+            if not (ana.can_prove(substitute(lo, step) - lo >= 0)
+                    and ana.can_prove(substitute(hi, step) - hi >= 0)):
+                return None
+            lo = ana.simplify(substitute(lo, {v: loop.min}))
+            hi = ana.simplify(substitute(hi, {v: loop.min + loop.extent - 1}))
+        out.append((lo, hi))
+    return out
 
 
 class _Compact(Mutator):

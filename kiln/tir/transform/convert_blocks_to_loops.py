@@ -18,24 +18,40 @@ Read/write regions and block annotations carry no run-time meaning and are dropp
 from __future__ import annotations
 
 from ...ir.errors import LoweringError
-from ..expr import IntImm, IterType, PrimExpr, all_of, eq
+from ..expr import Div, FloorDiv, FloorMod, IntImm, IterType, Mod, PrimExpr, all_of, eq
 from ..function import PrimFunc
-from ..functor import Mutator, substitute
-from ..stmt import Allocate, Block, BlockRealize, IfThenElse, Stmt, seq
+from ..functor import Mutator, post_order_visit, substitute
+from ..stmt import Allocate, Block, BlockRealize, IfThenElse, LetStmt, Stmt, seq
 
 
 def _is_const_true(expr: PrimExpr) -> bool:
     return isinstance(expr, IntImm) and expr.dtype.is_bool and expr.value == 1
 
 
+def _has_division(e: PrimExpr) -> bool:
+    """Whether ``e`` divides (what ``fuse`` leaves in the bindings of a fused nest)."""
+    found = [False]
+
+    def visit(n: object) -> None:
+        if isinstance(n, (FloorDiv, FloorMod, Div, Mod)):
+            found[0] = True
+
+    post_order_visit(e, visit)
+    return found[0]
+
+
 def _lower_block(block: Block, iter_values: tuple[PrimExpr, ...], predicate: PrimExpr,
-                 visit) -> Stmt:
+                 visit, let_bindings: bool = False) -> Stmt:
     if len(iter_values) != len(block.iter_vars):
         raise LoweringError(
             f"block {block.name_hint!r} has {len(block.iter_vars)} iteration variables but its "
             f"realize binds {len(iter_values)} values"
         )
-    vmap = {iv.var: value for iv, value in zip(block.iter_vars, iter_values)}
+    lets = [(iv.var, value) for iv, value in zip(block.iter_vars, iter_values)
+            if let_bindings and _has_division(value)]
+    let_vars = {v for v, _ in lets}
+    vmap = {iv.var: value for iv, value in zip(block.iter_vars, iter_values)
+            if iv.var not in let_vars}
     # Children first: nested blocks see this block's iter vars, which substitution replaces.
     body = substitute(visit(block.body), vmap)
     if block.init is not None:
@@ -52,19 +68,30 @@ def _lower_block(block: Block, iter_values: tuple[PrimExpr, ...], predicate: Pri
         body = Allocate(buf, body)
     if not _is_const_true(predicate):
         body = IfThenElse(substitute(predicate, vmap), body)
+    for var, value in reversed(lets):
+        body = LetStmt(var, value, body)
     return body
 
 
 class _BlockToLoop(Mutator):
+    def __init__(self, let_bindings: bool = False):
+        self.let_bindings = let_bindings
+
     def visit_BlockRealize(self, realize: BlockRealize) -> Stmt:
-        return _lower_block(realize.block, realize.iter_values, realize.predicate, self.visit)
+        return _lower_block(realize.block, realize.iter_values, realize.predicate, self.visit,
+                            self.let_bindings)
 
     def visit_Block(self, block: Block) -> Stmt:
         # A bare block (no realize) only makes sense without iteration variables.
         return _lower_block(block, (), IntImm("bool", 1), self.visit)
 
 
-def convert_blocks_to_loops(func: PrimFunc) -> PrimFunc:
-    """Return ``func`` with every Block/BlockRealize replaced by loops, ifs and allocations."""
-    body = _BlockToLoop().visit(func.body)
+def convert_blocks_to_loops(func: PrimFunc, let_bindings: bool = False) -> PrimFunc:
+    """Return ``func`` with every Block/BlockRealize replaced by loops, ifs and allocations.
+
+    ``let_bindings``: an iteration variable bound to an expression that divides (``fused //
+    24 % 2`` after ``fuse``) is defined once by a ``LetStmt`` instead of being substituted into
+    every use (GPU lowering: a fused nest's large body would repeat the division at each
+    use); affine bindings are substituted as always, so index arithmetic still simplifies."""
+    body = _BlockToLoop(let_bindings).visit(func.body)
     return func if body is func.body else func.with_body(body)

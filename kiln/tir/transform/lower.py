@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...target import Target
 from ..function import PrimFunc
 from .compact_buffers import compact_buffers
 from .convert_blocks_to_loops import convert_blocks_to_loops
+from .cross_thread_reduction import lower_cross_thread_reduction
 from .flatten_buffers import flatten_buffers
+from .gpu_kernels import extract_kernels
 from .hoist_allocations import hoist_allocations
 from .hoist_reduction_init import hoist_reduction_init
 from .jam_tails import jam_tails
 from .partition_loops import partition_loops
 from .simplify import simplify
+from .thread_allreduce import lower_thread_allreduce
+from .thread_sync import insert_thread_sync
 from .unroll_loops import unroll_loops
 from .vectorize_loops import vectorize_loops
 
@@ -35,19 +40,38 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     tail iterations off tile loops (``partition_loops``) and simplify the guards away, and jam
     the tail tiles of independent rows where a schedule asked for it (``jam_tails``). The result
     carries the ``"kiln.lowered"`` attribute; lowering a lowered function returns it unchanged.
+
+    For a GPU target (CUDA, OpenCL) the same passes run with GPU passes around them: first
+    reductions bound to ``threadIdx`` become per-thread accumulation plus a cross-thread
+    reduction (``cross_thread_reduction``); heap hoisting and the CPU's tail partitioning and
+    jamming are left out, vector expressions keep every intrinsic (evaluated lane by lane);
+    last the body is split into kernels with their launch shapes and allocations placed by
+    scope (``gpu_kernels``), cross-thread reductions are expanded for the block's shape
+    (``thread_allreduce``) and barriers inserted (``thread_sync``).
     """
     if is_lowered(func):
         return func
-    del target  # the passes are target independent today; kept for target-specific passes
+    if isinstance(target, str):
+        target = Target.create(target)
+    gpu = getattr(target, "is_gpu", False)
+    if gpu:
+        func = lower_cross_thread_reduction(func)
     func = hoist_reduction_init(func)
     func = compact_buffers(func)
-    func = convert_blocks_to_loops(func)
+    func = convert_blocks_to_loops(func, let_bindings=gpu)
     func = flatten_buffers(func)
-    func = hoist_allocations(func)
+    if not gpu:
+        func = hoist_allocations(func)
     func = simplify(func)
-    func = vectorize_loops(func)
+    func = vectorize_loops(func, lanewise_calls=gpu)
     func = unroll_loops(func)
     func = simplify(func)
+    if gpu:
+        func = extract_kernels(func, target)
+        func = lower_thread_allreduce(func, target)
+        func = insert_thread_sync(func)
+        func = simplify(func)
+        return func.with_attr(LOWERED_ATTR, True)
     partitioned = partition_loops(func)
     if partitioned is not func:
         func = simplify(partitioned)

@@ -6,7 +6,8 @@ Loop variables are bound to their ranges while their body is simplified, so rang
 (``0 <= i < 8``) fold comparisons and floordiv/floormod. Besides expressions, the pass
 
 - drops loops of extent 0 and replaces loops of extent 1 by their body with the loop variable
-  substituted by the loop's start;
+  substituted by the loop's start (except a loop bound to a GPU thread index: its body runs on
+  one thread of the block, the others skip it);
 - folds ``IfThenElse`` whose condition is provably true or false.
 """
 
@@ -16,7 +17,7 @@ from ...arith import Analyzer
 from ..expr import IntImm, PrimExpr, Range
 from ..function import PrimFunc
 from ..functor import Mutator, post_order_visit, substitute
-from ..stmt import Evaluate, For, IfThenElse, LetStmt, SeqStmt, Stmt, seq
+from ..stmt import Evaluate, For, ForKind, IfThenElse, LetStmt, SeqStmt, Stmt, seq
 
 
 def _no_op() -> Stmt:
@@ -61,7 +62,7 @@ class _Simplifier(Mutator):
         ext = self.visit(loop.extent)
         if isinstance(ext, IntImm) and ext.value <= 0:
             return _no_op()
-        if isinstance(ext, IntImm) and ext.value == 1:
+        if isinstance(ext, IntImm) and ext.value == 1 and loop.kind != ForKind.THREAD_BINDING:
             return self.visit(substitute(loop.body, {loop.loop_var: lo}))
         self.analyzer.bind(loop.loop_var, Range(lo, ext))
         body = self.visit(loop.body)

@@ -104,9 +104,10 @@ def _structural_eq(a, b) -> bool:
 class _Vectorizer:
     """Vectorizes one loop body over ``var`` (``lanes`` lanes starting at ``start``)."""
 
-    def __init__(self, var: Var, start: PrimExpr, lanes: int):
+    def __init__(self, var: Var, start: PrimExpr, lanes: int, lanewise_calls: bool = False):
         self.var = var
         self.lanes = lanes
+        self.lanewise_calls = lanewise_calls
         self.vmap: dict[Var, PrimExpr] = {var: Ramp(start, IntImm(var.dtype, 1), lanes)}
 
     # ---- helpers -------------------------------------------------------------------------
@@ -149,7 +150,7 @@ class _Vectorizer:
                 if all(a is b for a, b in zip(args, e.args)):
                     return e
                 return Call(e.dtype, e.op, tuple(args))
-            if not _has_vector_form(e):
+            if not (self.lanewise_calls or _has_vector_form(e)):
                 formula = expand_call(e)
                 if formula is None:
                     raise CannotVectorize(f"intrinsic {e.op} has no vector form for {e.dtype}")
@@ -239,6 +240,9 @@ class _Vectorizer:
             return IfThenElse(cond, then_case, else_case)
         if isinstance(s, LetStmt):
             value = self.expr(s.value)
+            if isinstance(value, (Ramp, Broadcast)):  # an index: keep it affine (contiguous)
+                self.vmap[s.var] = value
+                return self.stmt(s.body)
             if value.dtype.lanes != 1:
                 nv = Var(s.var.name, value.dtype)
                 self.vmap[s.var] = nv
@@ -301,6 +305,9 @@ def _is_pow2(n: int) -> bool:
 
 
 class _VectorizeLoops(Mutator):
+    def __init__(self, lanewise_calls: bool = False):
+        self.lanewise_calls = lanewise_calls
+
     def visit_For(self, loop: For) -> Stmt:
         body = self.visit(loop.body)
         if body is not loop.body:
@@ -317,7 +324,8 @@ class _VectorizeLoops(Mutator):
                 raise CannotVectorize(
                     f"extent {lanes} is not a power of two up to {MAX_LANES}"
                 )
-            return _Vectorizer(loop.loop_var, loop.min, lanes).stmt(loop.body)
+            return _Vectorizer(loop.loop_var, loop.min, lanes, self.lanewise_calls).stmt(
+                loop.body)
         except CannotVectorize as why:
             ann = dict(loop.annotations)
             ann["kiln.not_vectorized"] = str(why)
@@ -326,9 +334,12 @@ class _VectorizeLoops(Mutator):
             return For(loop.loop_var, loop.min, loop.extent, ForKind.SERIAL, loop.body, ann)
 
 
-def vectorize_loops(func: PrimFunc) -> PrimFunc:
-    """Return ``func`` with vectorized loops lowered (see the module docstring)."""
-    body = _VectorizeLoops().visit(func.body)
+def vectorize_loops(func: PrimFunc, lanewise_calls: bool = False) -> PrimFunc:
+    """Return ``func`` with vectorized loops lowered (see the module docstring).
+
+    ``lanewise_calls``: every intrinsic call keeps its vector form (the GPU code generator
+    evaluates vector expressions lane by lane), none is expanded into a formula."""
+    body = _VectorizeLoops(lanewise_calls).visit(func.body)
     return func if body is func.body else func.with_body(body)
 
 

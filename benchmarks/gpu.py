@@ -1,0 +1,156 @@
+"""kiln on a CUDA GPU next to torch eager and torch.compile, on the same GPU, in one run.
+
+    python benchmarks/gpu.py                      # GEMM, ResNet-18 (batch 1, 32), the encoder
+    python benchmarks/gpu.py gemm resnet18_b1     # some of them
+    python benchmarks/gpu.py --arch sm_90 --repeat 50
+
+The workloads:
+
+- ``gemm``: a 4096 x 4096 x 4096 float16 matrix product (kiln's ``matmul``; torch.matmul is
+  cuBLAS), reported in TFLOP/s too;
+- ``resnet18_b1``, ``resnet18_b32``: ResNet-18 at 224 x 224 (``kiln.testing.torch_models``,
+  random weights, BatchNorm statistics randomized), float32;
+- ``encoder_b8``: the BERT-base-style encoder (6 layers, hidden 768, 12 heads) at sequence 128,
+  batch 8, float32, with an attention mask.
+
+kiln builds each model from its ONNX export (``kiln.build(..., Target("cuda", arch=...))``)
+and is called with ``torch.cuda`` tensors (zero-copy DLPack; a static model replays as a CUDA
+Graph). torch eager and ``torch.compile`` (inductor) run the same module on the same GPU.
+Each engine's output is checked against eager's before timing (``max err`` is the largest
+absolute difference over the largest magnitude). Times: mean of ``--repeat`` calls after
+warm-up, the device synchronized before and after (so batch-1 latencies include each engine's
+launch overhead). Ratios are kiln's time over the peer's: above 1, kiln is slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import kiln  # noqa: E402
+from kiln import graph as g  # noqa: E402
+from kiln import op  # noqa: E402
+from kiln.frontend.onnx import from_onnx  # noqa: E402
+from kiln.target import Target  # noqa: E402
+from kiln.testing import torch_models  # noqa: E402
+
+WORKLOADS = ("gemm", "resnet18_b1", "resnet18_b32", "encoder_b8")
+
+
+def timed(fn: Callable[[], Any], repeat: int, warmup: int = 3) -> float:
+    """Mean seconds per call of ``fn`` on the GPU (synchronized around the timed calls)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / repeat
+
+
+def rel_err(got: Any, ref: Any) -> float:
+    got = torch.as_tensor(got).float().cpu()
+    ref = ref.float().cpu()
+    return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+def gemm_case(n: int) -> tuple[Any, Callable, list]:
+    """(kiln module, torch function, inputs) of an n x n x n float16 matrix product."""
+    bb = g.BlockBuilder()
+    a = g.Var("a", g.TensorStructInfo((n, n), "float16"))
+    b = g.Var("b", g.TensorStructInfo((n, n), "float16"))
+    with bb.function("main"):
+        with bb.dataflow():
+            c = bb.emit_output(op.matmul(a, b))
+        bb.emit_func_output(c, params=[a, b])
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    inputs = [torch.randn(n, n, device="cuda", dtype=torch.float16, generator=gen)
+              for _ in range(2)]
+    return bb.get(), torch.matmul, inputs
+
+
+def model_case(name: str, batch: int) -> tuple[Any, Any, Any, list]:
+    """(kiln module, params, torch module on the GPU, inputs on the GPU)."""
+    module, data, arrays = torch_models.exported(name, batch)
+    mod, params = from_onnx(data)
+    module = module.eval().cuda()
+    return mod, params, module, [torch.from_numpy(a).cuda() for a in arrays]
+
+
+def run(workload: str, target: Target, repeat: int) -> dict[str, Any]:
+    if workload == "gemm":
+        mod, torch_fn, inputs = gemm_case(4096)
+        params = None
+        flops = 2 * 4096 ** 3
+    else:
+        name, batch = {"resnet18_b1": ("resnet18", 1), "resnet18_b32": ("resnet18", 32),
+                       "encoder_b8": ("bert_encoder", 8)}[workload]
+        mod, params, module, inputs = model_case(name, batch)
+        torch_fn, flops = module, 0
+    t0 = time.perf_counter()
+    exe = kiln.build(mod, target, params=params)
+    build_s = time.perf_counter() - t0
+    compiled = torch.compile(torch_fn)
+    row: dict[str, Any] = {"workload": workload, "build_s": build_s, "flops": flops,
+                           "kernels": sum(len(f.kernels) for f in
+                                          exe.module.program.functions.values())}
+    with torch.no_grad():
+        ref = torch_fn(*inputs)
+        row["err_kiln"] = rel_err(exe(*inputs), ref)
+        row["err_compile"] = rel_err(compiled(*inputs), ref)
+        row["kiln"] = timed(lambda: exe(*inputs), repeat)
+        row["eager"] = timed(lambda: torch_fn(*inputs), repeat)
+        row["compile"] = timed(lambda: compiled(*inputs), repeat)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("workloads", nargs="*", default=list(WORKLOADS))
+    ap.add_argument("--arch", default=None, help="sm_80, sm_89, sm_90 (default: the device's)")
+    ap.add_argument("--repeat", type=int, default=30)
+    args = ap.parse_args()
+    warnings.simplefilter("ignore")
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/gpu.py needs a CUDA GPU (torch.cuda.is_available() is False)")
+    major, minor = torch.cuda.get_device_capability()
+    arch = args.arch or f"sm_{major}{minor}"
+    target = Target("cuda", arch=arch)
+    print(f"{torch.cuda.get_device_name()} ({arch}), torch {torch.__version__}, "
+          f"repeat {args.repeat}")
+    print(f"{'workload':14s} {'kiln ms':>9s} {'eager ms':>9s} {'compile ms':>10s} "
+          f"{'kiln/eager':>10s} {'kiln/compile':>12s} {'kiln err':>9s} {'build s':>8s} "
+          f"{'kernels':>7s}")
+    for w in args.workloads:
+        try:
+            r = run(w, target, args.repeat)
+        except Exception:  # noqa: BLE001 - report and go on with the next workload
+            print(f"{w:14s} FAILED")
+            traceback.print_exc()
+            continue
+        print(f"{w:14s} {r['kiln'] * 1e3:9.3f} {r['eager'] * 1e3:9.3f} "
+              f"{r['compile'] * 1e3:10.3f} {r['kiln'] / r['eager']:10.2f} "
+              f"{r['kiln'] / r['compile']:12.2f} {r['err_kiln']:9.1e} {r['build_s']:8.1f} "
+              f"{r['kernels']:7d}", flush=True)
+        if r["flops"]:
+            print(f"{'':14s} TFLOP/s: kiln {r['flops'] / r['kiln'] / 1e12:.1f}, cuBLAS "
+                  f"(torch.matmul) {r['flops'] / r['eager'] / 1e12:.1f}, torch.compile "
+                  f"{r['flops'] / r['compile'] / 1e12:.1f}; kiln at "
+                  f"{100 * r['eager'] / r['kiln']:.1f}% of cuBLAS", flush=True)
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=4)
+    main()

@@ -1,0 +1,138 @@
+"""What a GPU executable holds, as plain data: the program and how to launch its kernels.
+
+A :class:`DeviceProgram` is made by the GPU code generator (:mod:`kiln.codegen.gpu`) and read
+by the GPU runtime; it survives an executable file as JSON plus the source and the compiled
+binary (PTX/cubin), so a saved executable runs without a compiler. Per lowered PrimFunc, a
+:class:`DeviceFunction` lists
+
+- its signature (``FunctionInfo``, as for the C backend) and where each symbolic dimension is
+  read from (``sym_sources``: parameter index and axis of its first plain occurrence);
+- its *workspaces*: global intermediates the function allocates itself (their sizes in
+  elements, encoded shape expressions of the symbolic dims);
+- its kernels in launch order (:class:`KernelSpec`): the kernel's symbol, its arguments
+  (:class:`KernelArg`: a parameter's buffer or scalar, a workspace, a symbolic dim, the fresh
+  seed), grid extents (encoded expressions, evaluated when a call binds the dims), block
+  extents and dynamic shared memory bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...ir.dtype import DataType
+from .. import shape_expr
+from ..module import FunctionInfo, ParamInfo
+
+
+@dataclass(frozen=True)
+class KernelArg:
+    """One kernel argument: ``kind`` is ``"buffer"`` (parameter ``index`` of the function),
+    ``"workspace"`` (workspace ``index``), ``"sym"`` (symbolic dim ``index``, int64 by value),
+    ``"scalar"`` (scalar parameter ``index``, by value, ``dtype``) or ``"seed"`` (a pointer to
+    a fresh uint64 per launch)."""
+
+    kind: str
+    index: int = 0
+    dtype: str = "int64"
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel launch of a function (see the module docstring)."""
+
+    name: str
+    args: tuple[KernelArg, ...]
+    grid: tuple[Any, Any, Any]
+    block: tuple[int, int, int]
+    dynamic_shared_bytes: int = 0
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+
+@dataclass(frozen=True)
+class WorkspaceSpec:
+    """A global intermediate of a function: ``size`` elements of ``dtype`` (encoded)."""
+
+    name: str
+    dtype: DataType
+    size: Any
+
+    def nbytes(self, env: dict[str, int]) -> int:
+        return shape_expr.evaluate(self.size, env) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class DeviceFunction:
+    """One lowered PrimFunc: signature, workspaces and kernels (see the module docstring)."""
+
+    info: FunctionInfo
+    sym_sources: tuple[tuple[int, int], ...]
+    workspaces: tuple[WorkspaceSpec, ...]
+    kernels: tuple[KernelSpec, ...]
+
+    def bind_dims(self, shapes: list[tuple[int, ...]]) -> dict[str, int]:
+        """The symbolic dims' values read from the argument shapes (parameter order)."""
+        return {name: int(shapes[p][a])
+                for name, (p, a) in zip(self.info.sym_vars, self.sym_sources)}
+
+
+@dataclass
+class DeviceProgram:
+    """All kernels of an executable: one source (and, for CUDA, its compiled binary)."""
+
+    kind: str  # "cuda" | "opencl"
+    arch: str  # CUDA: "sm_90"...; OpenCL: ""
+    source: str
+    functions: dict[str, DeviceFunction]
+    #: CUDA: the cubin for ``arch`` and the PTX (portable to later architectures).
+    binaries: dict[str, bytes] = field(default_factory=dict)
+
+    # ---- JSON ----------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "arch": self.arch,
+            "functions": {name: _function_json(f) for name, f in self.functions.items()},
+        }
+
+    @staticmethod
+    def from_json(data: dict[str, Any], source: str, binaries: dict[str, bytes]
+                  ) -> DeviceProgram:
+        return DeviceProgram(
+            kind=data["kind"], arch=data["arch"], source=source, binaries=dict(binaries),
+            functions={name: _function_from_json(f) for name, f in data["functions"].items()})
+
+
+def _function_json(f: DeviceFunction) -> dict[str, Any]:
+    info = f.info
+    return {
+        "name": info.name, "symbol": info.symbol, "sym_vars": list(info.sym_vars),
+        "num_outputs": info.num_outputs,
+        "params": [{"name": p.name, "shape": list(p.shape), "dtype": str(p.dtype),
+                    "is_scalar": p.is_scalar} for p in info.params],
+        "sym_sources": [list(s) for s in f.sym_sources],
+        "workspaces": [{"name": w.name, "dtype": str(w.dtype), "size": w.size}
+                       for w in f.workspaces],
+        "kernels": [{"name": k.name, "grid": list(k.grid), "block": list(k.block),
+                     "dynamic_shared_bytes": k.dynamic_shared_bytes,
+                     "args": [[a.kind, a.index, a.dtype] for a in k.args]}
+                    for k in f.kernels],
+    }
+
+
+def _function_from_json(d: dict[str, Any]) -> DeviceFunction:
+    info = FunctionInfo(
+        name=d["name"], symbol=d["symbol"], unchecked_symbol="", sym_vars=tuple(d["sym_vars"]),
+        num_outputs=d["num_outputs"],
+        params=tuple(ParamInfo(p["name"], tuple(p["shape"]), DataType(p["dtype"]),
+                               p["is_scalar"]) for p in d["params"]))
+    return DeviceFunction(
+        info=info,
+        sym_sources=tuple(tuple(s) for s in d["sym_sources"]),  # type: ignore[misc]
+        workspaces=tuple(WorkspaceSpec(w["name"], DataType(w["dtype"]), w["size"])
+                         for w in d["workspaces"]),
+        kernels=tuple(KernelSpec(k["name"], tuple(KernelArg(*a) for a in k["args"]),
+                                 tuple(k["grid"]), tuple(k["block"]),  # type: ignore[arg-type]
+                                 k["dynamic_shared_bytes"]) for k in d["kernels"]))

@@ -1,0 +1,135 @@
+"""Executables built for OpenCL (run by PoCL on the CPU): the executor's memory plan on the
+device, numpy in and out, symbolic shapes, host steps, saving and loading, the errors of a
+missing runtime."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import graph as g
+from kiln import op
+from kiln.frontend.onnx import from_onnx
+from kiln.ir.errors import ArgumentError, KilnError, ModelFormatError
+from kiln.target import Target
+from kiln.testing import models
+
+DEMO = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "models",
+                    "demo_resnet.onnx")
+
+
+@pytest.mark.parametrize("name", ["mlp", "small_cnn", "resnet_block_cnn"])
+def test_models_match_the_cpu_and_numpy(name):
+    m = getattr(models, name)()
+    exe = kiln.build(m.mod, "opencl")
+    out = exe(*m.inputs)
+    np.testing.assert_allclose(out, m.reference(*m.inputs), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out, kiln.build(m.mod, "c")(*m.inputs), rtol=1e-5, atol=1e-6)
+    report = exe.memory_report()["main"]
+    assert report["temps"] > 0 and report["workspace_bytes"] <= report["unshared_bytes"]
+
+
+def test_dynamic_batch_model_runs_at_several_batch_sizes():
+    mod, params = from_onnx(DEMO)
+    cpu = kiln.build(mod, "c", params=params)
+    gpu = kiln.build(mod, "opencl", params=params)
+    rng = np.random.default_rng(0)
+    shape = [d if isinstance(d, int) else None for d in cpu.plans["main"].slots[
+        cpu.plans["main"].input_slots[0]].shape]
+    for batch in (1, 3):
+        dims = tuple(batch if d is None else d for d in shape)
+        x = rng.standard_normal(dims).astype("float32")
+        np.testing.assert_allclose(gpu(x), cpu(x), rtol=1e-4, atol=1e-5)
+
+
+def _softmax_module():
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo((4, 50), "float32"))
+    with bb.function("main"):
+        with bb.dataflow():
+            y = bb.emit_output(op.nn.softmax(op.multiply(x, x), axis=-1))
+        bb.emit_func_output(y, params=[x])
+    return bb.get()
+
+
+def test_save_and_load_without_a_compiler(tmp_path):
+    m = models.mlp(batch=2)  # several constants (weights, biases)
+    exe = kiln.build(m.mod, "opencl")
+    path = str(tmp_path / "m.kiln")
+    exe.save(path)
+    loaded = kiln.load(path)
+    assert loaded.module.program.kind == "opencl" and len(loaded.plans["main"].constants) > 2
+    np.testing.assert_array_equal(loaded(*m.inputs), exe(*m.inputs))
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[:-40] + bytes(40))
+    with pytest.raises(ModelFormatError, match="checksum"):
+        kiln.load(path)
+
+
+def test_bad_inputs_are_argument_errors():
+    exe = kiln.build(_softmax_module(), "opencl")
+    with pytest.raises(ArgumentError, match="input 'x' expected shape \\(4, 50\\)"):
+        exe(np.zeros((5, 50), "float32"))
+    with pytest.raises(ArgumentError, match="expected dtype float32"):
+        exe(np.zeros((4, 50), "float64"))
+
+
+def test_every_kernel_of_a_run_is_enqueued_before_results_are_read():
+    exe = kiln.build(_softmax_module(), "opencl")
+    device = exe.module.device
+    calls = {"sync": 0}
+    original = device.synchronize
+
+    def counting() -> None:
+        calls["sync"] += 1
+        original()
+
+    device.synchronize = counting  # type: ignore[method-assign]
+    try:
+        exe(np.ones((4, 50), "float32"))
+    finally:
+        device.synchronize = original  # type: ignore[method-assign]
+    assert calls["sync"] == 0  # only the download of the output waits
+
+
+def test_missing_runtime_names_the_extra(monkeypatch):
+    from kiln.runtime.gpu.opencl import OpenCLDevice
+
+    monkeypatch.setitem(sys.modules, "pyopencl", None)
+    with pytest.raises(KilnError, match=r'pip install "kiln\[opencl\]"'):
+        OpenCLDevice()
+
+
+def test_cuda_without_a_device_names_the_extra():
+    from kiln.runtime.gpu.module import get_device
+
+    try:
+        get_device("cuda")
+    except KilnError as err:
+        assert 'pip install "kiln[cuda]"' in str(err)
+    else:
+        pytest.skip("a CUDA device is present")
+
+
+def test_host_steps_run_on_host_copies():
+    """A Reshape to a shape given as an input: a shape function runs on the host between
+    kernels, on a copy of the tensor it reads."""
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Reshape", ["x", "shape"], ["y"])
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
+                      helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    mod, params = from_onnx(model)
+    exe = kiln.build(mod, Target("opencl"), params=params)
+    assert exe.plans["main"].has_host_steps
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    np.testing.assert_array_equal(exe(x, np.array([3, 4])), x.reshape(3, 4))
+    np.testing.assert_array_equal(exe(x, np.array([4, -1])), x.reshape(4, 3))
