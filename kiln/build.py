@@ -25,6 +25,7 @@ from . import graph as g
 from . import progress
 from . import transform as _transform  # noqa: F401 - declares every pass (get_pass by name)
 from .codegen.executable import build_executable
+from .codegen.npu import NPUExecutable, build_npu
 from .ir.errors import KilnError, TargetError
 from .ir.module import IRModule
 from .runtime.executable import Executable
@@ -37,13 +38,13 @@ from .transform.fuse_tir import FuseTIR
 from .transform.legalize_ops import LegalizeOps
 from .transform.pass_infra import Pass, PassContext, Sequential, get_pass, list_passes
 
-__all__ = ["BUILDABLE_KINDS", "build", "check_buildable", "default_pipeline",
+__all__ = ["BUILDABLE_KINDS", "build", "check_buildable", "default_pipeline", "npu_pipeline",
            "schedule_prim_func"]
 
-#: Target kinds ``kiln.build`` generates code for. ``Target`` knows more kinds (npu); building
-#: for one without a code generator is refused here -- the one place to add a kind once its
-#: code generator exists -- instead of silently producing CPU code.
-BUILDABLE_KINDS = ("c", "cuda", "opencl")
+#: Target kinds ``kiln.build`` generates code for (every kind ``Target`` knows, now): a kind
+#: without a code generator is refused here -- the one place to add a kind once its code
+#: generator exists -- instead of silently producing CPU code.
+BUILDABLE_KINDS = ("c", "cuda", "opencl", "npu")
 
 
 def check_buildable(target: Target) -> None:
@@ -104,7 +105,8 @@ def _finish_graph(mod: IRModule) -> IRModule:
 
 
 def build(mod: IRModule, target: Target | str | None = "c",
-          params: Mapping[str, Any] | None = None, pipeline: Pass | None = None) -> Executable:
+          params: Mapping[str, Any] | None = None, pipeline: Pass | None = None,
+          strict: bool = False) -> Executable | NPUExecutable:
     """Compile every function of ``mod``; the result runs graph function ``main`` when called.
 
     ``pipeline`` replaces the default pass pipeline (:func:`default_pipeline` of the current
@@ -113,13 +115,26 @@ def build(mod: IRModule, target: Target | str | None = "c",
     (:mod:`kiln.schedule.gpu`, :mod:`kiln.codegen.gpu`) run by the GPU executor.
     Progress (stages, kernels done of total) is logged under the ``"kiln"`` logger
     (``kiln.progress``).
+
+    ``target="npu"`` (``Target("npu", hw="edge")`` for another hardware description) compiles
+    for the NPU and returns a :class:`~kiln.codegen.npu.NPUExecutable` that runs on its
+    simulator; ops without an NPU lowering run on the CPU, unless ``strict=True``, which
+    raises a KilnError naming them (:mod:`kiln.codegen.npu.compile`).
     """
     with progress.scope():
-        return _build(mod, target, params, pipeline)
+        return _build(mod, target, params, pipeline, strict)
+
+
+def npu_pipeline(opt_level: int | None = None) -> Sequential:
+    """The graph passes before NPU lowering: inference simplification and graph cleanup (the
+    NPU lowers graph ops, not legalized PrimFuncs; no CPU layout choices)."""
+    level = PassContext.current().opt_level if opt_level is None else opt_level
+    names = (INFERENCE_PASSES if level >= 2 else ()) + (SIMPLIFY_PASSES if level >= 1 else ())
+    return Sequential(_declared(names), name=f"kiln.build.npu.opt{level}")
 
 
 def _build(mod: IRModule, target: Target | str | None, params: Mapping[str, Any] | None,
-           pipeline: Pass | None) -> Executable:
+           pipeline: Pass | None, strict: bool = False) -> Executable | NPUExecutable:
     if not isinstance(mod, IRModule):
         raise KilnError(f"kiln.build expects an IRModule, got {type(mod).__name__}")
     if pipeline is not None and not isinstance(pipeline, Pass):
@@ -129,6 +144,10 @@ def _build(mod: IRModule, target: Target | str | None, params: Mapping[str, Any]
     check_buildable(tgt)
     if params:
         mod = BindParams("main", params)(mod)
+    if tgt.kind == "npu":
+        return build_npu((pipeline or npu_pipeline())(mod), tgt, strict=strict)
+    if strict:
+        raise KilnError("kiln.build: strict= applies to NPU targets only")
     stage = progress.Stage("graph passes")
     mod = (pipeline or default_pipeline(target=tgt))(mod)
     mod = _finish_graph(mod)

@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 
 from . import __version__, progress
-from .build import build, check_buildable, default_pipeline, schedule_prim_func
+from .build import build, check_buildable, default_pipeline, npu_pipeline, schedule_prim_func
 from .codegen import c as codegen_c
 from .codegen.gpu.build import generate_source as generate_gpu_source
+from .codegen.npu import build_npu
 from .frontend.onnx import from_onnx
 from .frontend.onnx.importer import load_model
 from .frontend.torch import from_pt2
@@ -42,7 +43,11 @@ from .tir.function import PrimFunc
 from .tir.transform import lower
 from .transform import PassContext
 
-STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c", "cuda", "opencl")
+STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c", "cuda", "opencl", "npu",
+          "asm")
+#: The stages of an NPU target: the NPU lowers graph ops (no TIR), its kernels and tilings
+#: (``npu``) and its assembly (``asm``).
+NPU_STAGES = ("graph", "optimized", "npu", "asm")
 OPT_LEVELS = (0, 1, 2, 3)
 
 EXAMPLES = """\
@@ -208,6 +213,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.stage == "graph":
         print(mod)
         return 0
+    if target.kind == "npu":
+        return _show_npu(mod, target, args)
+    if args.stage in ("npu", "asm"):
+        raise UsageError(f"--stage {args.stage} is for --target npu")
     with PassContext(opt_level=args.opt_level):
         mod = default_pipeline(target=target)(mod)
     if args.stage == "optimized":
@@ -236,6 +245,25 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     source, _ = codegen_c.generate_source(funcs, target)
     print(source)
+    return 0
+
+
+def _show_npu(mod: Any, target: Target, args: argparse.Namespace) -> int:
+    if args.stage not in NPU_STAGES:
+        raise UsageError(f"--stage {args.stage}: an NPU target has the stages "
+                         f"{', '.join(NPU_STAGES)} (it lowers graph ops, not TIR)")
+    with PassContext(opt_level=args.opt_level):
+        mod = npu_pipeline()(mod)
+    if args.stage == "optimized":
+        print(mod)
+        return 0
+    exe = build_npu(mod, target)
+    if args.stage == "npu":
+        print(exe.describe())
+        return 0
+    for step in exe.steps:
+        print(step.program.assembly() if hasattr(step, "program") else
+              f"; CPU: {step.op}", end="\n\n")
     return 0
 
 
@@ -346,6 +374,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
                                 base_dir=os.path.dirname(os.path.abspath(args.model)))
         t1 = time.perf_counter()
         stage.finish(f"{len(proto.graph.node)} nodes")
+    if target.kind == "npu":
+        raise UsageError("--target npu: NPU executables cannot be saved to a file yet; "
+                         "`kiln show MODEL --target npu --stage npu` prints the kernels and "
+                         "tilings, `--stage asm` the program")
     with PassContext(opt_level=args.opt_level):
         exe = build(mod, target=target, params=params)
     t2 = time.perf_counter()

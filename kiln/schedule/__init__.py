@@ -12,7 +12,11 @@ Importing this package imports every room, so a lookup (:func:`lookup_schedule`)
 every registration, whatever was imported first.
 """
 
-from . import cpu, gpu  # noqa: F401 - registers the CPU and GPU schedules
+from . import (  # noqa: F401 - registers the CPU and GPU schedules and the NPU lowerings
+    cpu,
+    gpu,
+    npu,
+)
 from .registry import (  # noqa: F401 - the registration API
     FAMILIES,
     TARGET_FAMILIES,

@@ -47,6 +47,9 @@ class Target:
     num_threads: int = 0  # 0: the caller's setting (kiln_set_num_threads; default all cores)
     attrs: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     arch: str = ""  # GPU architecture (``sm_90``) of a CUDA target
+    #: The NPU's hardware description (``Target("npu", hw="edge")``): a shipped
+    #: configuration's name or a TOML file's path (None: ``"default"``). NPU targets only.
+    hw: str | None = None
 
     def __post_init__(self):
         kind = KIND_ALIASES.get(self.kind, self.kind)
@@ -55,6 +58,8 @@ class Target:
                             f"{', '.join(repr(k) for k in KINDS)}, or a CPU name such as "
                             f"'x86-64-v3')")
         object.__setattr__(self, "kind", kind)
+        if self.hw is not None and kind != "npu":
+            raise KilnError(f"target {kind!r}: hw= names an NPU hardware description")
         mcpu = normalize_mcpu(self.mcpu)
         object.__setattr__(self, "mcpu", mcpu)
         if self.features is None:
@@ -91,9 +96,12 @@ class Target:
                 kwargs["num_threads"] = int(value)
             elif key == "arch" and eq and value and kind == "cuda":
                 kwargs["arch"] = value
+            elif key == "hw" and eq and value and kind == "npu":
+                kwargs["hw"] = value
             else:
                 raise KilnError(f"target {target!r}: unknown option {opt!r} (options: "
-                                f"-mcpu=NAME, -num_threads=N; cuda: -arch=sm_NN)")
+                                f"-mcpu=NAME, -num_threads=N; cuda: -arch=sm_NN; npu: "
+                                f"-hw=CONFIG)")
         return Target(kind, **kwargs)
 
     @property
@@ -112,6 +120,8 @@ class Target:
             text += f" -num_threads={self.num_threads}"
         if self.arch:
             text += f" -arch={self.arch}"
+        if self.hw is not None:
+            text += f" -hw={self.hw}"
         return text
 
     @property

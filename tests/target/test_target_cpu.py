@@ -93,12 +93,3 @@ def test_executables_for_other_cpus_run_here_or_are_refused(mcpu, tmp_path):
     assert loaded.target == exe.target and loaded.required_features == exe.required_features
     np.testing.assert_allclose(loaded(*model.inputs), model.reference(*model.inputs),
                                rtol=1e-4, atol=1e-5)
-
-
-def test_npu_target_is_refused_by_build():
-    """(cuda and opencl build: tests/runtime/test_runtime_gpu_*.py.)"""
-    model = models.mlp(batch=1, sizes=(8, 4))
-    with pytest.raises(kiln.TargetError, match="target 'npu' is not supported yet"):
-        kiln.build(model.mod, target="npu")
-    with pytest.raises(kiln.TargetError):
-        kiln.build(model.mod, target=Target("npu"))

@@ -1,0 +1,12 @@
+"""The NPU's room: per-op lowerings onto its instruction set (:mod:`.ops`), the tiled GEMM
+(:mod:`.gemm`), vector kernels (:mod:`.vector`), the pipeline's token protocol and DRAM
+tensors (:mod:`.emit`), and the lowering registry (:mod:`.lowering`)."""
+
+from . import ops  # noqa: F401 - registers the lowerings
+from .emit import DramTensor, KernelBuilder, KernelInfo
+from .gemm import GemmShape, GemmTiling, gemm_cost, gemm_roofline, plan_gemm
+from .lowering import LoweringContext, NotSupported, lookup_lowering, lowered_ops
+
+__all__ = ["DramTensor", "GemmShape", "GemmTiling", "KernelBuilder", "KernelInfo",
+           "LoweringContext", "NotSupported", "gemm_cost", "gemm_roofline", "lookup_lowering",
+           "lowered_ops", "plan_gemm"]

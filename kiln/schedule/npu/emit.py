@@ -1,0 +1,180 @@
+"""Building NPU kernels: DRAM tensors, instruction streams, and the token protocol of a
+double-buffered pipeline.
+
+A kernel is emitted into :class:`KernelBuilder`: one instruction list per core, kernels separated
+by chip-wide barriers (which order their DRAM traffic and name their phase in the simulator's
+report). Inside a kernel, each core runs a three-stage pipeline -- DMA-in, a compute unit
+(tensor or vector), DMA-out -- whose stages order themselves only through dependency tokens
+(:class:`Pipeline`), as in VTA: with ``nbuf = 2`` slots per on-chip buffer the DMA loads step
+``s + 1`` while the compute unit works on step ``s`` (double buffering); ``nbuf = 1`` serializes
+them (what the benchmark compares).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, Block, Instr
+from ...npu.program import Program
+from ...target.npu.config import MEMORY_NAMES, NPUConfig
+
+__all__ = ["DramTensor", "KernelBuilder", "KernelInfo", "Pipeline", "block", "itemsize",
+           "row_major"]
+
+MEM_ID = {name: i for i, name in enumerate(MEMORY_NAMES)}
+#: DRAM alignment of every tensor (a whole burst of the largest shipped description).
+DRAM_ALIGN = 64
+
+
+def block(mem: str, addr: int, dtype: str, strides: tuple[int, ...]) -> Block:
+    """A block operand of memory ``mem`` (strides in elements, right-aligned to 3)."""
+    s = tuple(int(x) for x in strides)
+    return Block(MEM_ID[mem], int(addr), dtype, (0,) * (3 - len(s)) + s)
+
+
+def row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major element strides of ``shape``."""
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= n
+    return tuple(reversed(out))
+
+
+@dataclass(frozen=True)
+class DramTensor:
+    """A tensor in DRAM: byte address, shape, dtype, row-major."""
+
+    addr: int
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return row_major(self.shape)
+
+    def at(self, offset: int, strides: tuple[int, ...]) -> Block:
+        """The block starting ``offset`` elements into the tensor with ``strides``."""
+        return block("dram", self.addr + offset * itemsize(self.dtype), self.dtype, strides)
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of an NPU dtype."""
+    return {"int8": 1, "uint8": 1, "int16": 2, "float16": 2, "bfloat16": 2, "int32": 4,
+            "float32": 4, "int64": 8}[dtype]
+
+
+@dataclass
+class KernelInfo:
+    """One emitted kernel: its label (the phase name in reports), the op, the tiling chosen
+    and the cost model's estimate of its cycles."""
+
+    label: str
+    op: str
+    tiling: str
+    estimate: float
+    roofline: float = 0.0
+
+
+@dataclass
+class KernelBuilder:
+    """Instruction streams per core under construction, plus the kernels emitted so far."""
+
+    config: NPUConfig
+    double_buffer: bool = True
+    streams: list[list[Instr]] = field(default_factory=list)
+    labels: dict[int, str] = field(default_factory=dict)
+    kernels: list[KernelInfo] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.streams:
+            self.streams = [[] for _ in range(self.config.cores)]
+
+    @property
+    def nbuf(self) -> int:
+        return 2 if self.double_buffer else 1
+
+    def emit(self, core: int, op: str, note: str = "", **args: object) -> None:
+        self.streams[core].append(Instr(op, note=note, **args))
+
+    def push(self, core: int, src: int, dst: int) -> None:
+        self.emit(core, "tok.push", src=src, dst=dst)
+
+    def pop(self, core: int, src: int, dst: int) -> None:
+        self.emit(core, "tok.pop", src=src, dst=dst)
+
+    def load(self, core: int, shape: tuple[int, ...], dst: Block, src: Block,
+             pad_lo: tuple[int, int, int] = (0, 0, 0), pad_hi: tuple[int, int, int] = (0, 0, 0),
+             fill: float = 0) -> None:
+        """A ``dma.load`` (no padding unless given)."""
+        self.emit(core, "dma.load", shape=shape, dst=dst, src=src, pad_lo=pad_lo, pad_hi=pad_hi,
+                  fill=fill)
+
+    def fence(self, core: int, unit: int) -> None:
+        """Wait until everything ``unit`` issued has completed (a unit pipelines its
+        instructions: one that reads or rewrites what the previous one writes must wait)."""
+        self.push(core, unit, unit)
+        self.pop(core, unit, unit)
+
+    def end_kernel(self, info: KernelInfo) -> None:
+        """Close the kernel with a barrier on every core (its id labels the phase)."""
+        bid = len(self.labels) + 1
+        self.labels[bid] = info.label
+        for core in range(self.config.cores):
+            self.emit(core, "barrier", id=bid)
+        self.kernels.append(info)
+
+    def program(self, dram_bytes: int) -> Program:
+        return Program(self.config, self.streams, dict(self.labels), dram_bytes)
+
+
+class Pipeline:
+    """The token protocol of one core's load -> compute -> store pipeline with ``nbuf`` slots.
+
+    Call order per step: ``load_slot()`` (DMA-in waits until the slot is free), the loads,
+    ``loaded()``; ``compute_begin()``, for the first step of an output ``out_slot()``, the
+    compute, ``computed()`` (frees the input slot); after an output's last step ``produced()``,
+    ``store_begin()``, the stores, ``stored()``. ``finish()`` pops the tokens left so that the
+    next kernel starts with empty queues.
+    """
+
+    def __init__(self, kb: KernelBuilder, core: int, unit: int):
+        self.kb, self.core, self.unit, self.nbuf = kb, core, unit, kb.nbuf
+        self.loads = 0
+        self.outs = 0
+
+    def load_slot(self) -> int:
+        if self.loads >= self.nbuf:
+            self.kb.pop(self.core, self.unit, UNIT_DMA_IN)
+        return self.loads % self.nbuf
+
+    def loaded(self) -> None:
+        self.kb.push(self.core, UNIT_DMA_IN, self.unit)
+        self.loads += 1
+
+    def compute_begin(self) -> None:
+        self.kb.pop(self.core, UNIT_DMA_IN, self.unit)
+
+    def out_slot(self) -> int:
+        if self.outs >= self.nbuf:
+            self.kb.pop(self.core, UNIT_DMA_OUT, self.unit)
+        return self.outs % self.nbuf
+
+    def computed(self) -> None:
+        self.kb.push(self.core, self.unit, UNIT_DMA_IN)
+
+    def produced(self) -> None:
+        self.kb.push(self.core, self.unit, UNIT_DMA_OUT)
+        self.outs += 1
+
+    def store_begin(self) -> None:
+        self.kb.pop(self.core, self.unit, UNIT_DMA_OUT)
+
+    def stored(self) -> None:
+        self.kb.push(self.core, UNIT_DMA_OUT, self.unit)
+
+    def finish(self) -> None:
+        for _ in range(min(self.loads, self.nbuf)):
+            self.kb.pop(self.core, self.unit, UNIT_DMA_IN)
+        for _ in range(min(self.outs, self.nbuf)):
+            self.kb.pop(self.core, UNIT_DMA_OUT, self.unit)

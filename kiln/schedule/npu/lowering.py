@@ -1,0 +1,99 @@
+"""The NPU's per-op lowerings and what they emit into.
+
+A lowering turns one graph op call into NPU kernels: ``fn(ctx, call, args, out)`` where
+``args`` are the call's operands -- a :class:`~.emit.DramTensor` for a tensor computed at run
+time, a numpy array for a constant (which the lowering may lay out for the hardware: weights
+transposed, cast to the tensor unit's type) -- and ``out`` the DRAM tensor to write. A lowering
+that cannot handle the call (an attribute, a dtype the units lack) raises :class:`NotSupported`
+*before* emitting anything; the caller then runs the op on the CPU, or reports it
+(``strict=True``).
+
+Lowerings are registered per op name with :func:`register_lowering`. They are not TIR
+schedules (``kiln.schedule.registry``'s ``fn(sch, target)``): the NPU's coarse instructions are
+emitted per op from its attributes and the hardware description, like a vendor's kernel
+library for a BYOC partition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from ...ir.errors import KilnError
+from ...target.npu.config import NPUConfig
+from .emit import DRAM_ALIGN, DramTensor, KernelBuilder, itemsize
+
+__all__ = ["LoweringContext", "LoweringFn", "NotSupported", "lookup_lowering",
+           "lowered_ops", "register_lowering"]
+
+
+class NotSupported(KilnError):
+    """The NPU cannot run this op call (the message says why)."""
+
+
+LoweringFn = Callable[["LoweringContext", Any, list[Any], DramTensor], None]
+_LOWERINGS: dict[str, LoweringFn] = {}
+
+
+def register_lowering(op_names: str | Iterable[str]) -> Callable[[LoweringFn], LoweringFn]:
+    """Decorator: ``fn`` lowers each op of ``op_names`` onto the NPU (one per op)."""
+    names = [op_names] if isinstance(op_names, str) else list(op_names)
+
+    def register(fn: LoweringFn) -> LoweringFn:
+        for name in names:
+            if name in _LOWERINGS:
+                raise KilnError(f"operator {name!r} already has an NPU lowering")
+            _LOWERINGS[name] = fn
+        return fn
+
+    return register
+
+
+def lookup_lowering(op_name: str) -> LoweringFn | None:
+    return _LOWERINGS.get(op_name)
+
+
+def lowered_ops() -> list[str]:
+    """The ops the NPU can run (subject to their attributes and dtypes)."""
+    return sorted(_LOWERINGS)
+
+
+class LoweringContext:
+    """DRAM layout (a bump allocator; bytes ``[0, DRAM_ALIGN)`` hold zeros, the source of
+    all-padding DMAs), constants to preload, and the kernel builder of the current NPU region."""
+
+    def __init__(self, config: NPUConfig, double_buffer: bool = True):
+        self.config = config
+        self.double_buffer = double_buffer
+        self.kb = KernelBuilder(config, double_buffer)
+        self.top = DRAM_ALIGN
+        self.constants: list[tuple[DramTensor, np.ndarray]] = []
+        self.zero = DramTensor(0, (DRAM_ALIGN // 8,), "int64")
+        self._kernel_count = 0
+
+    def alloc(self, shape: tuple[int, ...], dtype: str) -> DramTensor:
+        t = DramTensor(self.top, tuple(int(s) for s in shape), dtype)
+        nbytes = int(np.prod(t.shape, dtype=np.int64)) * itemsize(dtype)
+        self.top += max(DRAM_ALIGN, -(-nbytes // DRAM_ALIGN) * DRAM_ALIGN)
+        return t
+
+    def constant(self, value: np.ndarray, dtype: str | None = None) -> DramTensor:
+        arr = np.ascontiguousarray(value, dtype=dtype or str(value.dtype))
+        t = self.alloc(arr.shape, str(arr.dtype))
+        self.constants.append((t, arr))
+        return t
+
+    def tensor(self, arg: Any) -> DramTensor:
+        """An operand as a DRAM tensor (a constant is uploaded as it is)."""
+        return arg if isinstance(arg, DramTensor) else self.constant(np.asarray(arg))
+
+    def label(self, op: str) -> str:
+        self._kernel_count += 1
+        return f"{self._kernel_count:03d}:{op}"
+
+    def new_region(self) -> KernelBuilder:
+        """Start the kernels of the next NPU region (after a CPU op); returns the old one."""
+        old, self.kb = self.kb, KernelBuilder(self.config, self.double_buffer)
+        return old

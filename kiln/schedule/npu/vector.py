@@ -1,0 +1,366 @@
+"""Element-wise, broadcast, pooling and softmax kernels on the vector unit.
+
+All of them are tiled the same way: the output is cut into blocks that fit ``nbuf`` slots of
+the L0 buffers (inputs in L0 input and weight, the result in the accumulators), each block is
+DMAed in, computed by a few vector instructions on 1-3-D blocks, and DMAed out, in the
+double-buffered pipeline of :class:`~.emit.Pipeline`.
+
+- element-wise: the output and the broadcast operands are collapsed to at most three dims
+  (adjacent dims merge when every operand's strides allow); a broadcast operand is loaded once
+  per block at its own extent and read by the vector unit with stride 0;
+- pooling (NCHW): a block of channels and output rows is loaded with its padding filled by the
+  DMA (-inf for max, 0 for average); every tap is a strided view of it, combined with
+  ``vmax``/``vadd``; global average pooling is a ``vred.sum``;
+- softmax over the last axis: ``vred.max``, ``vsub`` (the max broadcast), ``vexp``,
+  ``vred.sum``, ``vdiv``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...npu.isa import UNIT_VECTOR
+from ...target.npu.config import DRAM
+from .emit import DramTensor, KernelBuilder, KernelInfo, Pipeline, block, itemsize, row_major
+from .lowering import LoweringContext, NotSupported
+
+__all__ = ["VecStep", "emit_elementwise", "emit_row_mean", "emit_pool2d",
+           "emit_softmax", "traffic_cycles"]
+
+L0_INPUTS = ("input", "weight")
+
+
+@dataclass(frozen=True)
+class VecStep:
+    """One vector instruction of an element-wise kernel: ``dst = opcode(srcs...)`` on the
+    output block; a source is ``("in", k)`` (operand k), ``("imm", value)`` or ``("out",)``
+    (the output block, for chains); ``extra`` holds other fields (a cast's ``mode``)."""
+
+    opcode: str
+    srcs: tuple[tuple[Any, ...], ...]
+    extra: tuple[tuple[str, Any], ...] = ()
+
+
+def traffic_cycles(kb: KernelBuilder, nbytes: int) -> float:
+    """DRAM cycles of ``nbytes`` at the chip's bandwidth (a vector kernel's roofline)."""
+    return nbytes / kb.config.memory(DRAM).bandwidth
+
+
+def _collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]
+              ) -> tuple[list[int], list[list[int]]]:
+    dims = [(n, [s[i] for s in strides]) for i, n in enumerate(shape) if n != 1]
+    out: list[tuple[int, list[int]]] = []
+    for n, ss in dims:
+        if out and all(p == q * n for p, q in zip(out[-1][1], ss)):
+            out[-1] = (out[-1][0] * n, ss)
+        else:
+            out.append((n, ss))
+    if not out:
+        out = [(1, [0] * len(strides))]
+    while len(out) < 3:
+        out.insert(0, (1, [0] * len(strides)))
+    return [n for n, _ in out], [[ss[k] for _, ss in out] for k in range(len(strides))]
+
+
+def _bcast(t: DramTensor, rank: int) -> tuple[int, ...]:
+    shape = (1,) * (rank - len(t.shape)) + t.shape
+    st = row_major(shape)
+    return tuple(0 if n == 1 else s for n, s in zip(shape, st))
+
+
+def _fit(dims: list[int], fits: Callable[[tuple[int, int, int]], bool]) -> tuple[int, int, int]:
+    """The largest block (t0, t1, t2), innermost first, that ``fits`` (halving)."""
+    t = [1, 1, 1]
+    for axis in (2, 1, 0):
+        e = dims[axis]
+        while e > 1 and not fits(tuple(e if i == axis else t[i] for i in range(3))):
+            e = math.ceil(e / 2)
+        t[axis] = e
+        if e < dims[axis]:
+            break
+    if not fits(tuple(t)):
+        raise NotSupported("not even one element of each operand fits the L0 buffers")
+    return tuple(t)  # type: ignore[return-value]
+
+
+def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor,
+                     inputs: list[DramTensor], steps: list[VecStep],
+                     compute_dtype: str | None = None) -> None:
+    """``out = steps(inputs)`` with numpy broadcasting (see the module docstring); with a
+    ``compute_dtype`` other than ``out.dtype`` the steps compute in it and a final ``vcast``
+    converts the block (the cast a consumer's product needs, fused into its producer)."""
+    cdt = compute_dtype or out.dtype
+    kb, cfg = ctx.kb, ctx.config
+    nbuf = kb.nbuf
+    rank = len(out.shape)
+    if any(len(t.shape) > rank for t in inputs):
+        raise NotSupported("an operand has more dims than the result")
+    dims_all, strides = _collapse(out.shape, [out.strides] + [_bcast(t, rank) for t in inputs])
+    outer_dims, dims = dims_all[:-3], dims_all[-3:]
+    o_str, in_str = strides[0], strides[1:]
+    mem_of = [L0_INPUTS[k % 2] for k in range(len(inputs))]
+    osz = itemsize(out.dtype) + (itemsize(cdt) if cdt != out.dtype else 0)
+
+    def compact(t: tuple[int, int, int], s: list[int]) -> tuple[int, int, int]:
+        return tuple(n if st else 1 for n, st in zip(t, s[-3:]))  # type: ignore[return-value]
+
+    def fits(t: tuple[int, int, int]) -> bool:
+        if max(t) > cfg.encoding.max_extent:
+            return False
+        for mem in L0_INPUTS:
+            need = sum(nbuf * int(np.prod(compact(t, s))) * itemsize(x.dtype)
+                       for x, s, m in zip(inputs, in_str, mem_of) if m == mem)
+            if need > cfg.memory(mem).size:
+                return False
+        return nbuf * int(np.prod(t)) * osz <= cfg.memory("acc").size
+
+    t = _fit(dims, fits)
+    # L0 layout: per memory, the operands' regions one after the other, each nbuf slots
+    region: list[int] = []
+    used = {m: 0 for m in L0_INPUTS}
+    for x, s, m in zip(inputs, in_str, mem_of):
+        region.append(used[m])
+        used[m] += nbuf * int(np.prod(compact(t, s))) * itemsize(x.dtype)
+    out_slot_bytes = int(np.prod(t)) * osz
+    cast_at = int(np.prod(t)) * itemsize(out.dtype)  # the compute block after the result
+    pipes = [Pipeline(kb, c, UNIT_VECTOR) for c in range(cfg.cores)]
+    blocks = [(idx, o) for idx in np.ndindex(*outer_dims)
+              for o in np.ndindex(*(math.ceil(d / b) for d, b in zip(dims, t)))]
+    for j, (idx, o) in enumerate(blocks):
+        core = j % cfg.cores
+        p = pipes[core]
+        origin = [oi * ti for oi, ti in zip(o, t)]
+        ext = tuple(min(ti, d - oi) for ti, d, oi in zip(t, dims, origin))
+
+        def offset(s: list[int], idx: tuple[int, ...] = idx, origin: list[int] = origin) -> int:
+            return sum(i * st for i, st in zip(idx, s[:-3])) + \
+                sum(a * st for a, st in zip(origin, s[-3:]))
+
+        slot = p.load_slot()
+        l0 = []
+        for k, (x, s) in enumerate(zip(inputs, in_str)):
+            e = compact(ext, s)
+            cst = row_major(e)
+            addr = region[k] + slot * int(np.prod(compact(t, s))) * itemsize(x.dtype)
+            kb.load(core, shape=e, dst=block(mem_of[k], addr, x.dtype, cst),
+                    src=x.at(offset(s), tuple(s[-3:])))
+            l0.append(block(mem_of[k], addr, x.dtype,
+                            tuple(c if st else 0 for c, st in zip(cst, s[-3:]))))
+        p.loaded()
+        p.compute_begin()
+        dst = block("acc", p.out_slot() * out_slot_bytes, out.dtype, row_major(ext))
+        result = dst
+        if cdt != out.dtype:
+            dst = dst._replace(addr=dst.addr + cast_at, dtype=cdt)
+        for i, st in enumerate(steps):
+            if i:
+                kb.fence(core, UNIT_VECTOR)
+            srcs = [l0[s[1]] if s[0] == "in" else s[1] if s[0] == "imm" else dst
+                    for s in st.srcs]
+            names = ("a", "b") if len(srcs) == 2 else ("a",)
+            kb.emit(core, st.opcode, shape=ext, dst=dst, **dict(zip(names, srcs)),
+                    **dict(st.extra))
+        if result is not dst:
+            kb.fence(core, UNIT_VECTOR)
+            kb.emit(core, "vcast", shape=ext, mode="rne", dst=result, a=dst)
+        p.computed()
+        p.produced()
+        p.store_begin()
+        kb.emit(core, "dma.store", shape=ext, dst=out.at(offset(o_str), tuple(o_str[-3:])),
+                src=result)
+        p.stored()
+    for p in pipes:
+        p.finish()
+    nbytes = sum(int(np.prod(x.shape)) * itemsize(x.dtype) for x in inputs) + \
+        int(np.prod(out.shape)) * osz
+    bound = traffic_cycles(kb, nbytes)
+    kb.end_kernel(KernelInfo(ctx.label(op), op, f"block {t} of {tuple(dims_all)}",
+                             bound, bound))
+
+
+def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
+                kind: str, pool: tuple[int, int], strides: tuple[int, int],
+                pad: tuple[int, int, int, int], dilation: tuple[int, int],
+                divisor: float | None, weights: DramTensor | None = None) -> None:
+    """Max (``kind="max"``) or average pooling of NCHW ``x`` (``divisor``: the window size
+    an average divides by; every window must count the same taps), or with ``weights``
+    (``(C, KH * KW)`` in ``x``'s dtype) a depthwise convolution: each tap's strided view times
+    its channel's weight (a stride-0 block), accumulated with ``vmac``."""
+    kb, cfg = ctx.kb, ctx.config
+    nbuf = kb.nbuf
+    n, c, h, w = x.shape
+    oh, ow = out.shape[2:]
+    (kh, kw), (sh, sw), (dh, dw) = pool, strides, dilation
+    pt, pl, _, _ = pad
+    wp = max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1)
+    isz = itemsize(x.dtype)
+    nc = n * c
+
+    def rows_in(r: int) -> int:
+        return (r - 1) * sh + (kh - 1) * dh + 1
+
+    taps = kh * kw
+
+    def fits(t: tuple[int, int, int]) -> bool:
+        ct, r = t[0], t[1]
+        return (nbuf * ct * rows_in(r) * wp * isz <= cfg.memory("input").size and
+                nbuf * ct * taps * isz <= cfg.memory("weight").size and
+                nbuf * ct * r * ow * isz <= cfg.memory("acc").size)
+
+    # a depthwise conv's channel blocks stay within one image (their weights are contiguous)
+    ct, rt, _ = _fit([c if weights is not None else nc, oh, 1], lambda t: fits(t))
+    fill = float("-inf") if kind == "max" else 0.0
+    w_slot = ct * taps * isz
+    pipes = [Pipeline(kb, core, UNIT_VECTOR) for core in range(cfg.cores)]
+    in_slot = ct * rows_in(rt) * wp * isz
+    out_slot = ct * rt * ow * isz
+    if weights is None:
+        blocks = [(c0, r0, min(ct, nc - c0)) for c0 in range(0, nc, ct)
+                  for r0 in range(0, oh, rt)]
+    else:
+        blocks = [(i * c + c0, r0, min(ct, c - c0)) for i in range(n)
+                  for c0 in range(0, c, ct) for r0 in range(0, oh, rt)]
+    for j, (c0, r0, cs) in enumerate(blocks):
+        core = j % cfg.cores
+        p = pipes[core]
+        rs = min(rt, oh - r0)
+        ih0 = r0 * sh - pt
+        ihn = rows_in(rs)
+        lo, hi = max(ih0, 0), min(ih0 + ihn, h)
+        slot = p.load_slot()
+        base = slot * in_slot
+        tile_st = (ihn * wp, wp, 1)
+        if lo < hi:
+            kb.load(core, shape=(cs, hi - lo, w),
+                    dst=block("input", base, x.dtype, tile_st),
+                    src=x.at(c0 * h * w + lo * w, (h * w, w, 1)),
+                    pad_lo=(0, lo - ih0, pl), pad_hi=(0, ih0 + ihn - hi, wp - pl - w),
+                    fill=fill)
+        else:
+            kb.load(core, shape=(cs, ihn, wp),
+                    dst=block("input", base, x.dtype, tile_st),
+                    src=block("dram", 0, x.dtype, (0, 0, 0)))
+        if weights is not None:
+            kb.load(core, shape=(1, cs, taps),
+                    dst=block("weight", slot * w_slot, x.dtype, (0, taps, 1)),
+                    src=weights.at((c0 % c) * taps, (0, taps, 1)))
+        p.loaded()
+        p.compute_begin()
+        dst = block("acc", p.out_slot() * out_slot, out.dtype, (rs * ow, ow, 1))
+        first = True
+        for a in range(kh):
+            for b in range(kw):
+                tap = block("input", base + (a * dh * wp + b * dw) * isz, x.dtype,
+                            (ihn * wp, sh * wp, sw))
+                if not first:
+                    kb.fence(core, UNIT_VECTOR)
+                if weights is not None:
+                    wt = block("weight", slot * w_slot + (a * kw + b) * isz, x.dtype,
+                               (taps, 0, 0))
+                    kb.emit(core, "vmul" if first else "vmac", shape=(cs, rs, ow), dst=dst,
+                            a=tap, b=wt)
+                elif first:
+                    kb.emit(core, "vmov", shape=(cs, rs, ow), dst=dst, a=tap)
+                else:
+                    kb.emit(core, "vmax" if kind == "max" else "vadd", shape=(cs, rs, ow),
+                            dst=dst, a=dst, b=tap)
+                first = False
+        if divisor is not None:
+            kb.fence(core, UNIT_VECTOR)
+            kb.emit(core, "vmul", shape=(cs, rs, ow), dst=dst, a=dst, b=1.0 / divisor)
+        p.computed()
+        p.produced()
+        p.store_begin()
+        kb.emit(core, "dma.store", shape=(cs, rs, ow), src=dst,
+                dst=out.at(c0 * oh * ow + r0 * ow, (oh * ow, ow, 1)))
+        p.stored()
+    for p in pipes:
+        p.finish()
+    bound = traffic_cycles(kb, (nc * h * w + nc * oh * ow) * isz)
+    if weights is not None:  # the vector unit's MACs: one pass over the output per tap
+        bound = max(bound, nc * oh * ow * isz * taps / cfg.vector_width / cfg.cores)
+    kb.end_kernel(KernelInfo(ctx.label(op), op, f"{ct} channels x {rt} rows of "
+                             f"{nc} x {oh}", bound, bound))
+
+
+def _rows_kernel(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, rows: int,
+                 length: int, out_len: int, body: Callable[..., None]) -> None:
+    """Blocks of whole rows of a (rows, length) view -> (rows, out_len); ``body(core, r,
+    src, dst, tmp)`` emits the vector work of ``r`` rows."""
+    kb, cfg = ctx.kb, ctx.config
+    nbuf = kb.nbuf
+    isz = itemsize(x.dtype)
+
+    def fits(t: tuple[int, int, int]) -> bool:
+        r = t[1]
+        return (max(r, length) <= cfg.encoding.max_extent and
+                nbuf * r * length * isz <= cfg.memory("input").size and
+                nbuf * r * 4 * isz <= cfg.memory("weight").size and
+                nbuf * r * out_len * isz <= cfg.memory("acc").size)
+
+    _, rt, _ = _fit([1, rows, 1], fits)
+    if length * isz * nbuf > cfg.memory("input").size:
+        raise NotSupported(f"a row of {length} elements does not fit L0")
+    pipes = [Pipeline(kb, core, UNIT_VECTOR) for core in range(cfg.cores)]
+    for j, r0 in enumerate(range(0, rows, rt)):
+        core = j % cfg.cores
+        p = pipes[core]
+        rs = min(rt, rows - r0)
+        slot = p.load_slot()
+        src = block("input", slot * rt * length * isz, x.dtype, (0, length, 1))
+        kb.load(core, shape=(1, rs, length), dst=src,
+                src=x.at(r0 * length, (0, length, 1)))
+        p.loaded()
+        p.compute_begin()
+        oslot = p.out_slot()
+        dst = block("acc", oslot * rt * out_len * isz, out.dtype, (0, out_len, 1))
+        tmp = block("weight", oslot * rt * 4 * isz, x.dtype, (0, 1, 0))
+        body(core, rs, src, dst, tmp)
+        p.computed()
+        p.produced()
+        p.store_begin()
+        kb.emit(core, "dma.store", shape=(1, rs, out_len), src=dst,
+                dst=out.at(r0 * out_len, (0, out_len, 1)))
+        p.stored()
+    for p in pipes:
+        p.finish()
+    bound = traffic_cycles(kb, (rows * length + rows * out_len) * isz)
+    kb.end_kernel(KernelInfo(ctx.label(op), op, f"{rt} rows of {rows} x {length}", bound, bound))
+
+
+def emit_row_mean(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
+                  rows: int) -> None:
+    """Mean of each of the ``rows`` rows of ``x`` (its trailing dims: H x W of a global average
+    pool): one ``vred.sum`` and one ``vmul`` per block of rows."""
+    length = int(np.prod(x.shape, dtype=np.int64)) // rows
+
+    def body(core: int, rs: int, src: Any, dst: Any, tmp: Any) -> None:
+        ctx.kb.emit(core, "vred.sum", shape=(1, rs, length), dst=dst, a=src, acc=0)
+        ctx.kb.fence(core, UNIT_VECTOR)
+        ctx.kb.emit(core, "vmul", shape=(1, rs, 1), dst=dst, a=dst, b=1.0 / length)
+
+    _rows_kernel(ctx, op, x, out, rows, length, 1, body)
+
+
+def emit_softmax(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor) -> None:
+    """Softmax over the last axis of ``x``."""
+    length = x.shape[-1]
+    rows = int(np.prod(x.shape[:-1], dtype=np.int64))
+
+    def body(core: int, rs: int, src: Any, dst: Any, tmp: Any) -> None:
+        kb = ctx.kb
+        row = tmp._replace(strides=(0, 1, 0))
+        shape = (1, rs, length)
+        kb.emit(core, "vred.max", shape=shape, dst=row, a=src, acc=0)
+        for op, args in (("vsub", dict(dst=dst, a=src, b=row)), ("vexp", dict(dst=dst, a=dst)),
+                         ("vred.sum", dict(dst=row, a=dst, acc=0)),
+                         ("vdiv", dict(dst=dst, a=dst, b=row))):
+            kb.fence(core, UNIT_VECTOR)
+            kb.emit(core, op, shape=shape, **args)
+
+    _rows_kernel(ctx, op, x, out, rows, length, length, body)

@@ -1,0 +1,132 @@
+"""Models end to end through ``kiln.build(target="npu")`` on both hardware descriptions: the
+executable runs the simulator, reports cycles, and matches the numpy reference (float16
+products with float32 accumulation: rel. error <= 1e-2)."""
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import cli
+from kiln.build import npu_pipeline
+from kiln.codegen.npu import NPUExecutable, build_npu
+from kiln.frontend.onnx import from_onnx
+from kiln.ir import ArgumentError, KilnError
+from kiln.npu import SimulationError
+from kiln.testing import models, torch_models
+from kiln.transform.pass_infra import PassContext
+
+HW = ["default", "edge"]
+MODELS = {
+    "mlp": lambda: models.mlp(batch=4, sizes=(64, 96, 32, 10)),
+    "small_cnn": lambda: models.small_cnn(batch=2, channels=8, size=16),
+    "resnet_block_cnn": lambda: models.resnet_block_cnn(batch=1, channels=16, size=16),
+}
+
+
+def _rel(out, ref):
+    return float(np.max(np.abs(out.astype(np.float64) - ref)) / np.max(np.abs(ref)))
+
+
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_model_on_npu_matches_numpy(hw, name):
+    model = MODELS[name]()
+    exe = kiln.build(model.mod, target=f"npu -hw={hw}")
+    assert isinstance(exe, NPUExecutable) and exe.config.name == hw
+    assert exe.cpu_ops == []  # every op of these models has an NPU lowering
+    out = exe(*model.inputs)
+    assert _rel(out, model.reference(*model.inputs)) <= 1e-2
+    assert exe.last_cycles > 0 and len(exe.last_reports) == 1
+    phases = exe.last_reports[0].phase_cycles()
+    assert [k.label for k in exe.kernels] == [p for p in phases if p != "tail"]
+    x = np.random.default_rng(9).standard_normal(model.inputs[0].shape).astype("float32")
+    assert _rel(exe(x), model.reference(x)) <= 1e-2
+
+
+def test_describe_names_each_kernel_and_its_tiling():
+    exe = kiln.build(models.small_cnn(batch=1, channels=8, size=16).mod,
+                     target=kiln.Target("npu", hw="edge"))
+    text = exe.describe()
+    assert "'edge'" in text and "nn.conv2d" in text and "tile M" in text
+
+
+def test_opt_level_0_keeps_dense_and_batch_norm_runs_on_cpu():
+    model = models.small_cnn(batch=1, channels=4, size=8)
+    with PassContext(opt_level=0):
+        exe = kiln.build(model.mod, target="npu")
+    assert exe.cpu_ops == ["nn.batch_norm"]  # not simplified at opt level 0
+    assert "dense" in [k.op for k in exe.kernels]
+    assert _rel(exe(*model.inputs), model.reference(*model.inputs)) <= 1e-2
+
+
+def test_bad_inputs_and_targets():
+    model = models.mlp(batch=2, sizes=(8, 4))
+    exe = kiln.build(model.mod, target="npu")
+    with pytest.raises(ArgumentError, match=r"'x'.*\(2, 8\).*\(2, 7\)"):
+        exe(np.zeros((2, 7), "float32"))
+    with pytest.raises(ArgumentError, match="expected 1 input"):
+        exe()
+    with pytest.raises(KilnError, match="hw= names an NPU"):
+        kiln.Target("c", hw="edge")
+    with pytest.raises(KilnError, match="unknown"):
+        kiln.build(model.mod, target="npu -hw=no_such_chip")
+    assert kiln.Target.create("npu -hw=edge").hw == "edge"
+    assert kiln.Target.create("npu -hw=edge").spec == "npu -hw=edge"
+
+
+def test_hazard_checker_catches_a_missing_token():
+    """The pipeline's tokens are what make the program correct: dropping the DMA-in ->
+    tensor tokens makes the simulator report the hazard instead of a wrong answer."""
+    model = models.mlp(batch=2, sizes=(64, 32))
+    exe = kiln.build(model.mod, target="npu")
+    prog = exe.steps[0].program
+    prog.streams[0] = [i for i in prog.streams[0]
+                       if not (i.op in ("tok.push", "tok.pop") and i.args["src"] == 0)]
+    with pytest.raises(SimulationError, match="hazard|deadlock"):
+        exe(*model.inputs)
+
+
+def test_elementwise_chains_become_one_kernel():
+    model = models.resnet_block_cnn(batch=1, channels=8, size=8, blocks=1)
+    mod = npu_pipeline()(model.mod)
+    fused = build_npu(mod, kiln.Target("npu"), fuse=True)
+    alone = build_npu(mod, kiln.Target("npu"), fuse=False)
+    ops = [k.op for k in fused.kernels]
+    assert "multiply+add+relu" in ops and "multiply+add+add+relu" in ops
+    assert len(fused.kernels) < len(alone.kernels)
+    ref = model.reference(*model.inputs)
+    assert _rel(fused(*model.inputs), ref) <= 1e-2
+    assert _rel(alone(*model.inputs), ref) <= 1e-2
+    assert fused.last_cycles < alone.last_cycles
+
+
+def test_cli_show_prints_npu_tilings_and_assembly(capsys, tmp_path):
+    assert cli.main(["show", "demo:small_cnn", "--target", "npu -hw=edge", "--stage", "npu"]) == 0
+    out = capsys.readouterr().out
+    assert "'edge'" in out and "nn.conv2d" in out and "tile M" in out
+    assert cli.main(["show", "demo:mlp", "--target", "npu", "--stage", "asm"]) == 0
+    out = capsys.readouterr().out
+    assert ".core 0" in out and "mma.set" in out and "barrier" in out
+    assert cli.main(["show", "demo:mlp", "--target", "npu", "--stage", "tir"]) != 0
+    assert "stages graph, optimized, npu, asm" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+def test_vision_models_from_onnx_run_entirely_on_npu(hw, name, tmp_path):
+    """ResNet-18 and MobileNetV2 (random weights, 32x32 images to keep the simulation short)
+    exported by torch to ONNX: every op on the NPU (MobileNetV2's depthwise convolutions on
+    the vector unit), rel. error <= 1e-2 and the same top-1 class as torch in float32."""
+    torch = pytest.importorskip("torch")
+    net = getattr(torch_models, name)()
+    x = np.random.default_rng(12).standard_normal((1, 3, 32, 32)).astype("float32")
+    path = tmp_path / f"{name}.onnx"
+    path.write_bytes(torch_models.export_onnx(net, (torch.from_numpy(x),), ["x"]))
+    mod, params = from_onnx(str(path))
+    exe = kiln.build(mod, target=f"npu -hw={hw}", params=params)
+    assert exe.cpu_ops == []
+    with torch.no_grad():
+        ref = net(torch.from_numpy(x)).numpy()
+    out = exe(x)
+    assert _rel(out, ref) <= 1e-2
+    np.testing.assert_array_equal(out.argmax(-1), ref.argmax(-1))

@@ -1,0 +1,286 @@
+"""NPU lowerings of single ops, run on the simulator and checked against numpy on random inputs,
+on both shipped hardware descriptions. Float products run in float16 with float32
+accumulation (rel. error <= 1e-2 against float64 numpy); int8 products are exact."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kiln
+from kiln import graph as g
+from kiln import op
+from kiln.codegen.npu import NPUUnsupportedError, build_npu
+from kiln.ir import KilnError
+from kiln.schedule.npu import GemmShape, gemm_roofline, lowered_ops, plan_gemm
+from kiln.target.npu import load_config
+from kiln.testing import models
+
+HW = ["default", "edge"]
+
+
+def _build(fn, shapes, hw, dtype="float32", **kw):
+    bb = g.BlockBuilder()
+    xs = [g.Var(f"x{i}", g.TensorStructInfo(s, dtype)) for i, s in enumerate(shapes)]
+    with bb.function("main", xs):
+        with bb.dataflow():
+            out = bb.emit_output(fn(*xs))
+        bb.emit_func_output(out)
+    return kiln.build(bb.get(), target=kiln.Target("npu", hw=hw), **kw)
+
+
+def _rel(out, ref):
+    return float(np.max(np.abs(out.astype(np.float64) - ref)) / (np.max(np.abs(ref)) or 1.0))
+
+
+def _rand(rng, *shape):
+    return rng.standard_normal(shape).astype("float32")
+
+
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("m,k,n", [(5, 97, 251), (64, 1021, 33), (1, 16, 16)])
+def test_dense_fp16_tiles(hw, m, k, n):
+    rng = np.random.default_rng(m + k + n)
+    w = _rand(rng, n, k)
+    exe = _build(lambda x: op.dense(x, g.const(w)), [(m, k)], hw)
+    x = _rand(rng, m, k)
+    assert _rel(exe(x), x.astype(np.float64) @ w.T) <= 1e-2
+    assert exe.cpu_ops == [] and exe.last_cycles > 0
+    assert [k.op for k in exe.kernels] in (["dense.cast", "dense"], ["matmul.cast", "matmul"])
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_dense_int8_is_exact(hw):
+    rng = np.random.default_rng(1)
+    w = rng.integers(-128, 128, (61, 251), dtype=np.int8)
+    exe = _build(lambda x: op.dense(x, g.const(w), out_dtype="int32"), [(37, 251)], hw,
+                 dtype="int8")
+    x = rng.integers(-128, 128, (37, 251), dtype=np.int8)
+    np.testing.assert_array_equal(exe(x), x.astype(np.int32) @ w.T.astype(np.int32))
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_matmul_batched_left_and_runtime_operands(hw):
+    rng = np.random.default_rng(2)
+    b = _rand(rng, 33, 19)
+    exe = _build(lambda x: op.matmul(x, g.const(b)), [(2, 7, 33)], hw)
+    x = _rand(rng, 2, 7, 33)
+    assert _rel(exe(x), x.astype(np.float64) @ b) <= 1e-2
+    exe = _build(lambda x, y: op.matmul(x, y), [(9, 40), (40, 23)], hw)
+    x, y = _rand(rng, 9, 40), _rand(rng, 40, 23)
+    assert _rel(exe(x, y), x.astype(np.float64) @ y) <= 1e-2
+
+
+def _conv_ref(x, w, stride, pad, dil):
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad[0], pad[2]), (pad[1], pad[3])))
+    oh = (h + pad[0] + pad[2] - dil[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (wd + pad[1] + pad[3] - dil[1] * (kw - 1) - 1) // stride[1] + 1
+    out = np.zeros((n, o, oh, ow))
+    for a in range(kh):
+        for b in range(kw):
+            patch = xp[:, :, a * dil[0]:a * dil[0] + stride[0] * (oh - 1) + 1:stride[0],
+                       b * dil[1]:b * dil[1] + stride[1] * (ow - 1) + 1:stride[1]]
+            out += np.einsum("nchw,oc->nohw", patch, w[:, :, a, b].astype(np.float64))
+    return out
+
+
+CONVS = [  # (n, c, h, w), (o, kh, kw), stride, padding, dilation
+    ((2, 5, 11, 11), (7, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    ((1, 3, 13, 17), (16, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
+    ((1, 19, 7, 7), (11, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1)),
+    ((1, 4, 9, 9), (6, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2)),
+    ((1, 64, 14, 14), (64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    ((1, 2, 1, 1), (3, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),  # taps reading only padding
+]
+
+
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("xs,ws,stride,pad,dil", CONVS)
+def test_conv2d_implicit_gemm(hw, xs, ws, stride, pad, dil):
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    w = (_rand(rng, ws[0], xs[1], ws[1], ws[2]) * 0.3).astype("float32")
+    exe = _build(lambda x: op.nn.conv2d(x, g.const(w), strides=stride, padding=pad,
+                                        dilation=dil), [xs], hw)
+    x = _rand(rng, *xs)
+    assert _rel(exe(x), _conv_ref(x, w, stride, pad, dil)) <= 1e-2
+    assert exe.cpu_ops == []
+
+
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("stride,pad", [((1, 1), (1, 1, 1, 1)), ((2, 2), (1, 1, 1, 1)),
+                                        ((1, 1), (0, 2, 1, 0))])
+def test_depthwise_conv2d_on_the_vector_unit(hw, stride, pad):
+    rng = np.random.default_rng(11)
+    x = _rand(rng, 2, 7, 13, 11)
+    w = _rand(rng, 7, 1, 3, 3)
+    exe = _build(lambda v: op.nn.conv2d(v, g.const(w), strides=stride, padding=pad, groups=7),
+                 [x.shape], hw)
+    assert exe.cpu_ops == [] and [k.op for k in exe.kernels] == ["nn.conv2d.depthwise"]
+    ref = np.concatenate([_conv_ref(x[:, i:i + 1], w[i:i + 1], stride, pad, (1, 1))
+                          for i in range(7)], axis=1)
+    np.testing.assert_allclose(exe(x), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_conv2d_int8_is_exact(hw):
+    rng = np.random.default_rng(3)
+    w = rng.integers(-128, 128, (9, 6, 3, 3), dtype=np.int8)
+    exe = _build(lambda x: op.nn.conv2d(x, g.const(w), padding=(1, 1), out_dtype="int32"),
+                 [(1, 6, 10, 10)], hw, dtype="int8")
+    x = rng.integers(-128, 128, (1, 6, 10, 10), dtype=np.int8)
+    ref = _conv_ref(x, w, (1, 1), (1, 1, 1, 1), (1, 1))
+    np.testing.assert_array_equal(exe(x), ref.astype(np.int32))
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_elementwise_broadcast_and_chains(hw):
+    rng = np.random.default_rng(4)
+    bias = _rand(rng, 6, 1, 1)
+    cases = [
+        (lambda x: op.add(x, g.const(bias)), lambda x: x + bias),
+        (lambda x: op.multiply(x, g.const(np.float32(0.5))), lambda x: x * 0.5),
+        (lambda x: op.subtract(g.const(bias), x), lambda x: bias - x),
+        (lambda x: op.maximum(x, g.const(bias)), lambda x: np.maximum(x, bias)),
+        (lambda x: op.nn.relu(x), lambda x: np.maximum(x, 0)),
+        (lambda x: op.clip(x, min=-0.5, max=0.7), lambda x: np.clip(x, -0.5, 0.7)),
+        (lambda x: op.exp(x), np.exp),
+    ]
+    x = _rand(rng, 2, 6, 31, 97)
+    for fn, ref in cases:
+        exe = _build(fn, [x.shape], hw)
+        np.testing.assert_allclose(exe(x), ref(x), rtol=1e-5, atol=1e-6)
+        assert exe.cpu_ops == []
+    exe = _build(lambda x, y: op.divide(x, y), [(251,), (3, 251)], hw)
+    a, b = _rand(rng, 251), _rand(rng, 3, 251) + 4
+    np.testing.assert_allclose(exe(a, b), a / b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_pooling(hw):
+    rng = np.random.default_rng(5)
+    x = _rand(rng, 2, 5, 17, 15)
+    exe = _build(lambda x: op.nn.max_pool2d(x, pool_size=(3, 3), strides=(2, 2),
+                                            padding=(1, 1)), [x.shape], hw)
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    ref = np.stack([np.stack([xp[:, :, 2 * i:2 * i + 3, 2 * j:2 * j + 3].max(axis=(2, 3))
+                              for j in range(8)], -1) for i in range(9)], -2)
+    np.testing.assert_array_equal(exe(x), ref)
+    exe = _build(lambda x: op.nn.avg_pool2d(x, pool_size=(2, 3), strides=(2, 3)),
+                 [(1, 3, 8, 9)], hw)
+    y = _rand(rng, 1, 3, 8, 9)
+    np.testing.assert_allclose(exe(y), y.reshape(1, 3, 4, 2, 3, 3).mean(axis=(3, 5)),
+                               rtol=1e-5, atol=1e-6)
+    exe = _build(lambda x: op.nn.adaptive_avg_pool2d(x, output_size=(1, 1)), [x.shape], hw)
+    np.testing.assert_allclose(exe(x), x.mean(axis=(2, 3), keepdims=True), rtol=1e-5,
+                               atol=1e-6)
+    assert exe.cpu_ops == []
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_mean_over_trailing_axes(hw):
+    rng = np.random.default_rng(10)
+    x = _rand(rng, 2, 7, 97)
+    for axis, keep in (((1, 2), True), (-1, False)):
+        exe = _build(lambda x, a=axis, k=keep: op.mean(x, axis=a, keepdims=k), [x.shape], hw)
+        np.testing.assert_allclose(exe(x), x.mean(axis=axis, keepdims=keep), rtol=1e-5,
+                                   atol=1e-6)
+        assert exe.cpu_ops == []
+    exe = _build(lambda x: op.mean(x, axis=0), [x.shape], hw)
+    assert exe.cpu_ops == ["mean"]  # a leading axis: not a row reduction, runs on the CPU
+    np.testing.assert_allclose(exe(x), x.mean(axis=0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_softmax(hw):
+    rng = np.random.default_rng(6)
+    x = _rand(rng, 3, 7, 1021) * 3
+    exe = _build(lambda x: op.nn.softmax(x, axis=-1), [x.shape], hw)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(exe(x), e / e.sum(-1, keepdims=True), rtol=1e-4, atol=1e-7)
+
+
+def test_unsupported_op_runs_on_cpu_or_is_refused_when_strict():
+    rng = np.random.default_rng(7)
+    w = _rand(rng, 4, 2, 3, 3)  # grouped convolution: no NPU lowering
+
+    def fn(x):
+        return op.tanh(op.nn.conv2d(x, g.const(w), padding=(1, 1), groups=2))
+
+    x = _rand(rng, 1, 4, 6, 6)
+    exe = _build(fn, [x.shape], "edge")
+    assert exe.cpu_ops == ["nn.conv2d", "tanh"]
+    np.testing.assert_allclose(exe(x), np.tanh(np.concatenate(
+        [_conv_ref(x[:, :2], w[:2], (1, 1), (1, 1, 1, 1), (1, 1)),
+         _conv_ref(x[:, 2:], w[2:], (1, 1), (1, 1, 1, 1), (1, 1))], axis=1)), rtol=1e-4,
+        atol=1e-5)
+    exe = _build(lambda x: op.nn.conv2d(op.nn.relu(x), g.const(w), padding=(1, 1), groups=2),
+                 [x.shape], "default")
+    assert exe.cpu_ops == ["nn.conv2d"]
+    xr = np.maximum(x, 0)
+    np.testing.assert_allclose(exe(x), np.concatenate(
+        [_conv_ref(xr[:, :2], w[:2], (1, 1), (1, 1, 1, 1), (1, 1)),
+         _conv_ref(xr[:, 2:], w[2:], (1, 1), (1, 1, 1, 1), (1, 1))], axis=1), rtol=1e-4,
+        atol=1e-5)
+    with pytest.raises(NPUUnsupportedError, match=r"nn\.conv2d .*groups=2.*tanh .*no NPU"):
+        _build(fn, [x.shape], "edge", strict=True)
+    with pytest.raises(KilnError, match="strict= applies to NPU targets only"):
+        kiln.build(models.mlp(batch=1, sizes=(4, 2)).mod, target="c", strict=True)
+
+
+def test_tiling_fits_the_description_and_beats_the_alternatives():
+    for hw in HW:
+        cfg = load_config(hw)
+        shape = GemmShape(1, 256, 1, 512, 1152, 1, "float16")
+        t = plan_gemm(cfg, shape, 2)
+        mt, kt = t.m_units, t.k_units
+        assert 2 * mt * kt * 2 <= cfg.memory("input").size
+        assert 2 * kt * t.n * 2 <= cfg.memory("weight").size
+        assert 2 * mt * t.n * 4 <= cfg.memory("acc").size
+        assert t.estimate >= gemm_roofline(cfg, shape)
+    with pytest.raises(ValueError, match="fits the L0 buffers"):
+        plan_gemm(load_config("edge"), GemmShape(1, 4, 1, 4, 1, 100000, "float16"), 2)
+    assert {"dense", "nn.conv2d", "add", "relu", "nn.max_pool2d"} <= set(lowered_ops())
+
+
+def test_double_buffering_overlaps_dma_and_compute():
+    rng = np.random.default_rng(8)
+    w = _rand(rng, 512, 512)
+    x = _rand(rng, 64, 512)
+    cycles = {}
+    for db in (False, True):
+        bb = g.BlockBuilder()
+        v = g.Var("x", g.TensorStructInfo(x.shape, "float32"))
+        with bb.function("main", [v]):
+            with bb.dataflow():
+                out = bb.emit_output(op.dense(v, g.const(w)))
+            bb.emit_func_output(out)
+        exe = build_npu(bb.get(), kiln.Target("npu", hw="edge"), double_buffer=db)
+        assert _rel(exe(x), x.astype(np.float64) @ w.T) <= 1e-2
+        cycles[db] = exe.last_cycles
+    assert cycles[True] < cycles[False]
+
+
+_DIMS = st.integers(1, 300)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(m=_DIMS, k=_DIMS, n=_DIMS, hw=st.sampled_from(HW), seed=st.integers(0, 2 ** 16))
+def test_random_fused_kernels_match_numpy(m, k, n, hw, seed):
+    """Random sizes through a product and its fused epilogue (bias, scale, relu, clip)."""
+    rng = np.random.default_rng(seed)
+    w, bias = _rand(rng, n, k), _rand(rng, n)
+
+    def fn(x):
+        h = op.dense(x, g.const(w))
+        return op.clip(op.nn.relu(op.multiply(op.add(h, g.const(bias)), g.const(np.float32(
+            0.5)))), min=0.0, max=2.0)
+
+    exe = _build(fn, [(m, k)], hw)
+    assert exe.cpu_ops == [] and exe.kernels[-1].op == "add+multiply+relu+clip"
+    x = _rand(rng, m, k)
+    ref = np.clip((x.astype(np.float64) @ w.T + bias) * 0.5, 0.0, 2.0)
+    out = exe(x)
+    scale = max(1.0, float(np.max(np.abs(x.astype(np.float64) @ w.T))))
+    assert float(np.max(np.abs(out - ref))) <= 1e-2 * scale
