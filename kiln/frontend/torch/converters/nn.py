@@ -66,10 +66,7 @@ def _shared_weight(ctx: Any, b: Any) -> Any:
 
 def _matmul(ctx: Any, a: Any, b: Any) -> Any:
     """``a @ b`` computed on ``a``'s unflattened rows (see ``_unflatten_rows``) and reshaped
-    to the 2-D result the graph expects (a reshape later views fold away). An empty inner
-    dimension gives zeros."""
-    if static_int(shape_of(a)[-1]) == 0:
-        return op.broadcast_to(scalar(0, dtype_of(a)), shape_of(op.matmul(a, b)))
+    to the 2-D result the graph expects (a reshape later views fold away)."""
     full = _unflatten_rows(ctx, a)
     if full is a or ndim_of(b) != 2:
         return op.matmul(a, b)
@@ -98,8 +95,6 @@ def bmm(ctx: Any, node: Any) -> Any:
     """A batched product; attention's ``(b*h, s, d)`` operands flattened from 4-D tensors are
     multiplied as 4-D (the merged batch size never appears: see ``view``)."""
     a, b = node.arg(0), node.arg(1)
-    if static_int(shape_of(a)[-1]) == 0:
-        return _matmul(ctx, a, b)
     a4, b4 = _merged_batch(ctx, a), _merged_batch(ctx, b)
     if a4 is not None and b4 is not None and same_shape(shape_of(a4)[:2], shape_of(b4)[:2]):
         out = ctx.emit(op.matmul(a4, b4))
