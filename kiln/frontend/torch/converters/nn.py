@@ -252,12 +252,49 @@ def adaptive_avg_pool(ctx: Any, node: Any) -> Any:
     return _adaptive(ctx, node, op.nn.adaptive_avg_pool2d)
 
 
-@converter("aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool1d.default")
+@converter("aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool1d.default",
+           "aten.adaptive_max_pool3d.default")
 def adaptive_max_pool(ctx: Any, node: Any) -> Any:
-    if node.output_used(1):
-        raise node.error("the indices of adaptive max pooling are not supported")
+    if node.output_used(1) or "3d" in node.op_name:
+        return _adaptive_max_with_indices(ctx, node)
     out = _adaptive(ctx, node, op.nn.adaptive_max_pool2d)
     return [out, out]
+
+
+def _adaptive_windows(in_size: list[int], out_size: list[int]) -> np.ndarray:
+    """(prod(out), K): the flat input positions of each adaptive window (torch's bounds
+    ``floor(o*in/out)`` to ``ceil((o+1)*in/out)``), short windows padded with their first
+    position (which a first-maximum search never prefers)."""
+    axes = [[list(range(o * i // n, -(-(o + 1) * i // n))) for o in range(n)]
+            for i, n in zip(in_size, out_size)]
+    strides = np.cumprod([1, *in_size[::-1]])[::-1][1:]
+    wins = []
+    for cell in np.ndindex(*out_size):
+        grids = np.meshgrid(*[axes[d][c] for d, c in enumerate(cell)], indexing="ij")
+        wins.append(sum(gr.ravel() * st for gr, st in zip(grids, strides)))
+    k = max(len(w) for w in wins)
+    return np.stack([np.concatenate([w, np.full(k - len(w), w[0])]) for w in wins])
+
+
+def _adaptive_max_with_indices(ctx: Any, node: Any) -> Any:
+    """Adaptive max pooling with torch's indices (flat within each channel's plane): every
+    window's values gathered (constant positions), then max and first argmax per window."""
+    x = node.arg(0)
+    out_size = [int(s) for s in node.arg(1)]
+    n = len(out_size)
+    lead, in_size = shape_of(x)[:-n], [static_int(d) for d in shape_of(x)[-n:]]
+    if any(d is None for d in in_size):
+        raise node.error("adaptive max pooling needs static spatial sizes")
+    table = _adaptive_windows(in_size, out_size)
+    o, k = table.shape
+    flat = ctx.emit(reshape(x, (*lead, -1)))
+    vals = ctx.emit(reshape(op.take(flat, g.const(table.ravel().astype(np.int64)),
+                                    axis=len(lead)), (*lead, o, k)))
+    best = ctx.emit(op.argmax(vals, axis=len(lead) + 1, keepdims=True))
+    value = op.gather_elements(vals, best, axis=len(lead) + 1)
+    index = op.gather_elements(op.broadcast_to(g.const(table), (*lead, o, k)), best,
+                               axis=len(lead) + 1)
+    return [reshape(value, (*lead, *out_size)), reshape(index, (*lead, *out_size))]
 
 
 def _adaptive(ctx: Any, node: Any, fn: Any) -> Any:
@@ -571,3 +608,29 @@ def mkldnn_rnn_layer(ctx: Any, node: Any) -> Any:
         out = op.transpose(out, (1, 0, 2))
     empty = g.const(np.zeros((0,), dtype=np.dtype(dt)))
     return [out, op.reshape(h, state_shape), op.reshape(c, state_shape), empty]
+
+
+@converter("aten.max_pool2d_with_indices_backward.default",
+           "aten.max_pool3d_with_indices_backward.default")
+def max_pool_with_indices_backward(ctx: Any, node: Any) -> Any:
+    """The gradient of max pooling: each output gradient added at the input position its
+    index names (flat within its channel's plane), a scatter-add into zeros."""
+    grad, x, index = node.arg(0), node.arg(1), node.arg(7)
+    shape = shape_of(x)
+    n = 3 if "3d" in node.op_name else 2
+    lead, plane = shape[:-n], prod(shape[-n:])
+    rows = (*lead, -1)
+    zeros = op.broadcast_to(scalar(0, dtype_of(grad)), (*lead, plane))
+    flat = op.scatter_elements(zeros, reshape(cast(index, "int64"), rows), reshape(grad, rows),
+                               axis=len(lead), reduction="add")
+    return reshape(flat, shape)
+
+
+@converter("aten.native_dropout.default")
+def native_dropout(ctx: Any, node: Any) -> Any:
+    """Dropout outside training (``train`` false, or p = 0) is the identity with an all-true
+    mask; in training its result is a random draw kiln does not reproduce."""
+    x, p, train = node.arg(0), node.arg(1), node.arg(2)
+    if train and p:
+        raise node.error("dropout in training mode (a random mask) is not supported")
+    return [x, op.broadcast_to(scalar(True, "bool"), shape_of(x))]
