@@ -22,20 +22,36 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import graph as g
+from . import progress
 from . import transform as _transform  # noqa: F401 - declares every pass (get_pass by name)
 from .codegen.executable import build_executable
-from .ir.errors import KilnError
+from .ir.errors import KilnError, TargetError
 from .ir.module import IRModule
 from .runtime.executable import Executable
 from .schedule.apply import schedule_prim_func
 from .target import Target
+from .tir.function import PrimFunc
 from .transform.alter_op_layout import AlterOpLayout
 from .transform.bind_params import BindParams, bind_params  # noqa: F401 - re-exported
 from .transform.fuse_tir import FuseTIR
 from .transform.legalize_ops import LegalizeOps
 from .transform.pass_infra import Pass, PassContext, Sequential, get_pass, list_passes
 
-__all__ = ["build", "default_pipeline", "schedule_prim_func"]
+__all__ = ["BUILDABLE_KINDS", "build", "check_buildable", "default_pipeline",
+           "schedule_prim_func"]
+
+#: Target kinds ``kiln.build`` generates code for. ``Target`` knows more kinds (cuda, opencl,
+#: npu); building for one without a code generator is refused here -- the one place to add a
+#: kind once its code generator exists -- instead of silently producing CPU code.
+BUILDABLE_KINDS = ("c",)
+
+
+def check_buildable(target: Target) -> None:
+    """Raise TargetError when ``kiln.build`` cannot generate code for ``target`` yet."""
+    if target.kind not in BUILDABLE_KINDS:
+        raise TargetError(f"kiln.build: target {target.kind!r} is not supported yet (kiln "
+                          f"generates code for: {', '.join(BUILDABLE_KINDS)}); nothing was "
+                          "built")
 
 #: Graph simplification before legalization (opt level >= 1), in order.
 SIMPLIFY_PASSES = ("CanonicalizeOps", "SimplifyExpr", "FoldConstant", "EliminateCommonSubexpr",
@@ -93,15 +109,26 @@ def build(mod: IRModule, target: Target | str | None = "c",
 
     ``pipeline`` replaces the default pass pipeline (:func:`default_pipeline` of the current
     PassContext's opt level), e.g. ``Sequential([LegalizeOps(), FuseOps(), FuseTIR()])``.
+    Progress (stages, kernels done of total) is logged under the ``"kiln"`` logger
+    (``kiln.progress``).
     """
+    with progress.scope():
+        return _build(mod, target, params, pipeline)
+
+
+def _build(mod: IRModule, target: Target | str | None, params: Mapping[str, Any] | None,
+           pipeline: Pass | None) -> Executable:
     if not isinstance(mod, IRModule):
         raise KilnError(f"kiln.build expects an IRModule, got {type(mod).__name__}")
     if pipeline is not None and not isinstance(pipeline, Pass):
         raise KilnError(f"kiln.build: pipeline must be a Pass (e.g. a Sequential), got "
                         f"{type(pipeline).__name__}")
     tgt = Target.create(target)
+    check_buildable(tgt)
     if params:
         mod = BindParams("main", params)(mod)
+    stage = progress.Stage("graph passes")
     mod = (pipeline or default_pipeline(target=tgt))(mod)
     mod = _finish_graph(mod)
+    stage.finish(f"{sum(isinstance(f, PrimFunc) for _, f in mod.items())} kernels")
     return build_executable(mod, tgt)

@@ -11,6 +11,7 @@ folded value is what kiln's own kernel computes, without the transform layer cal
 
 from __future__ import annotations
 
+from .. import progress
 from ..graph import expr as g
 from ..ir.errors import KilnError
 from ..ir.module import IRModule
@@ -27,9 +28,13 @@ __all__ = ["build_executable"]
 
 def build_executable(mod: IRModule, tgt: Target) -> Executable:
     """Schedule, plan, generate and compile a legalized ``mod`` for target ``tgt``."""
-    prim_funcs = {
-        name: schedule_prim_func(f, tgt) for name, f in mod.items() if isinstance(f, PrimFunc)
-    }
+    unscheduled = {name: f for name, f in mod.items() if isinstance(f, PrimFunc)}
+    stage = progress.Stage("scheduling kernels", len(unscheduled))
+    prim_funcs = {}
+    for i, (name, f) in enumerate(unscheduled.items()):
+        prim_funcs[name] = schedule_prim_func(f, tgt)
+        stage.step(i + 1)
+    stage.finish()
     plans = {
         name: build_plan(f, name) for name, f in mod.items()
         if isinstance(f, g.Function) and not f.attrs.get("Primitive")
@@ -50,4 +55,5 @@ def build_executable(mod: IRModule, tgt: Target) -> Executable:
                 raise KilnError(f"kiln.build: internal error: kernel {call.func!r} takes its "
                                 f"symbolic dims as {module.functions[call.func].sym_vars}, the "
                                 f"whole-model entry passes {names}")
-    return Executable(module, plans)
+    return Executable(module, plans, target=tgt.spec,
+                      required_features=tgt.required_features)

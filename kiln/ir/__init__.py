@@ -13,6 +13,7 @@ from .errors import (
     ModelFormatError,
     ScheduleError,
     StructInfoError,
+    TargetError,
     UnsupportedOperatorError,
     WellFormedError,
 )
@@ -22,7 +23,7 @@ from .node import Node, assert_structural_equal, node, structural_equal, structu
 __all__ = [
     "ArgumentError", "CodegenError", "CompileError", "CompilerNotFoundError", "DTypeError",
     "DataType", "IRModule", "InternalError", "KilnError", "LoweringError", "ModelFormatError",
-    "Node", "ScheduleError", "StructInfoError", "TypeCode", "UnsupportedOperatorError",
-    "WellFormedError", "as_dtype", "assert_structural_equal", "node", "structural_equal",
-    "structural_hash",
+    "Node", "ScheduleError", "StructInfoError", "TargetError", "TypeCode",
+    "UnsupportedOperatorError", "WellFormedError", "as_dtype", "assert_structural_equal", "node",
+    "structural_equal", "structural_hash",
 ]

@@ -63,3 +63,8 @@ class UnsupportedOperatorError(KilnError):
 
 class ModelFormatError(KilnError):
     """A model or executable file is malformed, truncated or of an unknown version."""
+
+
+class TargetError(KilnError):
+    """A target kiln cannot build for yet, or code built for a CPU (or architecture) this
+    machine does not have."""

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import progress
 from ..codegen.executable import build_executable
 from ..graph import expr as gx
 from ..graph.block_builder import BlockBuilder
@@ -142,9 +143,9 @@ class ConstantEvaluator:
                 out = bb.emit_output(new_call)
             bb.emit_func_output(out)
         # a private context: no instruments of the caller, legalization only
-        with PassContext(opt_level=0, instruments=()):
+        with PassContext(opt_level=0, instruments=()), progress.quiet():
             mod = LegalizeOps()(bb.get())
-        return build_executable(mod, Target.create(self.target))
+            return build_executable(mod, Target.create(self.target))
 
 
 class _Folder(RewriteMutator):

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import kiln
-from kiln.frontend.torch import from_exported_program
+from kiln.frontend.torch import dynamo, from_exported_program
 from kiln.testing import torch_programs
 
 SEQUENCE_MODELS = ("bert", "gpt2")
@@ -61,8 +61,8 @@ def test_torch_compile_matches_eager(name: str, monkeypatch) -> None:
     ``allow_rnn`` is set; the LSTM reaches kiln as ``aten.mkldnn_rnn_layer``."""
     torch._dynamo.reset()
     built = []
-    build = kiln.build
-    monkeypatch.setattr(kiln, "build", lambda *a, **k: built.append(1) or build(*a, **k))
+    build = dynamo.build
+    monkeypatch.setattr(dynamo, "build", lambda *a, **k: built.append(1) or build(*a, **k))
     model, inputs, _ = torch_programs.MODELS[name]("test")
     compiled = torch.compile(model, backend="kiln")
     with torch._dynamo.config.patch(allow_rnn=True):

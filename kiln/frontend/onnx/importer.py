@@ -20,6 +20,7 @@ replaceable without re-importing. ``bind_params=True`` embeds them as constants 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -32,6 +33,7 @@ from ... import tir
 from ...ir import KilnError, ModelFormatError, UnsupportedOperatorError
 from ...ir.module import IRModule
 from ...ir.span import Span
+from .external_data import is_external, read_external
 from .fold import FOLDERS
 from .registry import lookup_converter
 
@@ -169,9 +171,11 @@ class NodeView:
 class GraphContext:
     """Import state: the builder, Exprs and known constant values by ONNX value name."""
 
-    def __init__(self, bb: g.BlockBuilder, bind_params: bool):
+    def __init__(self, bb: g.BlockBuilder, bind_params: bool, base_dir: str | None = None):
         self.bb = bb
         self.bind_params = bind_params
+        #: The folder external data files are relative to (None: unknown).
+        self.base_dir = base_dir
         self.values: dict[str, Any] = {}
         self.consts: dict[str, np.ndarray] = {}
         self.initializers: dict[str, np.ndarray] = {}
@@ -280,14 +284,31 @@ def check_supported(graph: Any, opsets: Mapping[str, int]) -> None:
         )
 
 
+def initializer_array(init: Any, base_dir: str | None) -> np.ndarray:
+    """The value of initializer ``init``; external data is read from ``base_dir``
+    (``external_data``)."""
+    try:
+        if is_external(init):
+            return read_external(init, base_dir)
+        return onnx.numpy_helper.to_array(init)
+    except KilnError:
+        raise
+    except Exception as err:  # noqa: BLE001
+        raise ModelFormatError(f"initializer {init.name!r} cannot be read: {err}") from err
+
+
 def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
               dtype_dict: Mapping[str, Any] | None = None, opset: int | None = None,
               bind_params: bool = False,
               freeze_inputs: Mapping[str, np.ndarray] | None = None,
+              base_dir: str | None = None,
               ) -> tuple[IRModule, dict[str, np.ndarray]]:
     """Import an ONNX model as an IRModule with function ``main``.
 
-    ``model``: a ModelProto, a file path or serialized bytes. ``shape_dict``/``dtype_dict``
+    ``model``: a ModelProto, a file path or serialized bytes. ``base_dir``: the folder that
+    external data files (weights kept outside the .onnx file) are relative to; by default the
+    folder of a model given by path, whatever the current directory (a ModelProto loaded with
+    ``onnx.load(path, load_external_data=False)`` needs it). ``shape_dict``/``dtype_dict``
     override graph input shapes (str entries become symbolic dims) and dtypes. ``opset``
     overrides the default-domain opset. ``main``'s parameters are the graph inputs (minus
     initializers) in model order, then -- unless ``bind_params`` -- the initializers used as
@@ -296,6 +317,8 @@ def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
     Several graph outputs are returned as a Tuple in model order.
     """
     proto = load_model(model)
+    if base_dir is None and isinstance(model, str):
+        base_dir = os.path.dirname(os.path.abspath(model))
     graph = proto.graph
     opsets = _opsets(proto, opset)
     check_supported(graph, opsets)
@@ -304,13 +327,10 @@ def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
     freeze = dict(freeze_inputs or {})
 
     bb = g.BlockBuilder()
-    ctx = GraphContext(bb, bind_params)
+    ctx = GraphContext(bb, bind_params, base_dir)
     ctx.opsets = dict(opsets)
     for init in graph.initializer:
-        try:
-            arr = onnx.numpy_helper.to_array(init)
-        except Exception as err:  # noqa: BLE001
-            raise ModelFormatError(f"initializer {init.name!r} cannot be read: {err}") from err
+        arr = initializer_array(init, base_dir)
         if arr.dtype.kind in "OUS":
             raise KilnError(f"initializer {init.name!r}: string tensors are not supported")
         ctx.initializers[init.name] = arr
@@ -329,7 +349,8 @@ def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
         ctx.values[vi.name] = var
         inputs.append(var)
 
-    with bb.function("main"):
+    # the graph's output names, kept for the executable's outputs (``exe.outputs``)
+    with bb.function("main", attrs={"output_names": tuple(vo.name for vo in graph.output)}):
         with bb.dataflow():
             for node in graph.node:
                 _convert_node(ctx, node, opsets)
@@ -403,7 +424,7 @@ def convert_subgraph(ctx: GraphContext, graph: Any, bindings: Mapping[str, Any])
     saved_values, saved_consts = dict(ctx.values), dict(ctx.consts)
     try:
         for init in graph.initializer:
-            arr = onnx.numpy_helper.to_array(init)
+            arr = initializer_array(init, ctx.base_dir)
             ctx.consts[init.name] = arr
             ctx.values[init.name] = g.const(arr)
         for name, value in bindings.items():

@@ -21,7 +21,17 @@ def dtype_of(x: Any) -> str:
 
 
 def shape_of(x: Any) -> tuple[Any, ...]:
-    return tuple(x.struct_info.shape)
+    """The shape of ``x``; StructInfoError when only its rank is known at import (a symbolic
+    dim met a different one: ``(1, seq, 64) + (1, 16, 64)``), which the converter's node then
+    names."""
+    shape = x.struct_info.shape
+    if shape is None:
+        raise StructInfoError(
+            f"the shape of {getattr(x, 'name_hint', 'an input')!r} is not known when the model "
+            "is imported (a symbolic dimension met a different one earlier, for example a "
+            "dynamic sequence length added to a fixed-length position table); this operator "
+            "needs it: give that input a static shape")
+    return tuple(shape)
 
 
 def ndim_of(x: Any) -> int:
