@@ -171,26 +171,34 @@ def _cache_stem(cache: str, name: str, max_samples: int | None) -> str:
 def _save_cases(cache: str | None, name: str, done: list[Case], max_samples: int | None
                 ) -> None:
     """Keep an op's exported cases: one ``.pt2`` per program, one ``.pt`` file for the rest
-    (written last, so an interrupted sweep never leaves a half-kept op)."""
+    (written last, so an interrupted sweep never leaves a half-kept op). An op torch cannot
+    serialize is not kept (a later sweep exports it again), so caching never changes which
+    samples count as exportable."""
     if cache is None:
         return
     import torch
+    from torch.utils import _pytree as pytree
+
+    def own(v: Any) -> Any:  # tensors with storages of their own (views cannot be saved)
+        return v.detach().clone() if isinstance(v, torch.Tensor) else v
 
     os.makedirs(cache, exist_ok=True)
     stem = _cache_stem(cache, name, max_samples)
     records = []
-    for case in done:
-        program = None
-        if case.program is not None:
-            program = f"{stem}#{case.index}.pt2"
-            try:
+    try:
+        for case in done:
+            program = None
+            if case.program is not None:
+                program = f"{stem}#{case.index}.pt2"
                 torch.export.save(case.program, program)
-            except Exception as err:  # noqa: BLE001 - programs torch cannot serialize
-                program, case.not_exportable = None, f"cannot save the program: {err}"[:200]
-        records.append({"op": case.op, "index": case.index, "inputs": case.inputs,
-                        "expected": case.expected, "not_exportable": case.not_exportable,
-                        "program": program})
-    torch.save(records, stem + ".pt")
+            records.append({"op": case.op, "index": case.index,
+                            "inputs": pytree.tree_map(own, case.inputs),
+                            "expected": pytree.tree_map(own, case.expected),
+                            "not_exportable": case.not_exportable, "program": program})
+        torch.save(records, stem + ".pt")
+    except Exception:  # noqa: BLE001 - programs or values torch cannot serialize: not kept
+        if os.path.exists(stem + ".pt"):
+            os.remove(stem + ".pt")
 
 
 def _cached_cases(cache: str | None, name: str, max_samples: int | None

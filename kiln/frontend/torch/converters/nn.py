@@ -339,22 +339,25 @@ def batch_norm_inference(ctx: Any, node: Any) -> Any:
 
 @converter("aten._native_batch_norm_legit.default", "aten._native_batch_norm_legit.no_stats",
            "aten._native_batch_norm_legit_functional.default",
-           "aten.native_batch_norm.default")
+           "aten.native_batch_norm.default",
+           "aten._batch_norm_with_update_functional.default")
 def batch_norm_training(ctx: Any, node: Any) -> Any:
     """Training-mode batch norm: batch statistics (biased variance to normalize); returns the
-    output, the batch mean and 1/sqrt(var + eps), and for the functional form the updated
-    running statistics (unbiased variance)."""
+    output, the batch mean and 1/sqrt(var + eps), and for the functional forms the updated
+    running statistics (unbiased variance; ``_batch_norm_with_update_functional`` has an empty
+    reserve buffer before them)."""
     x = node.arg(0)
     nd = ndim_of(x)
     dt = dtype_of(x)
     axes = tuple(a for a in range(nd) if a != 1)
     name = node.op_name
-    if name == "aten.native_batch_norm.default" and not node.arg(5):
-        return _eval_native_batch_norm(ctx, node, x)
-    w, b = _ones_or(node.arg(1), x, 1.0), _ones_or(node.arg(2), x, 0.0)
     no_stats = name.endswith("no_stats")
-    mom_i, eps_i = (4, 5) if no_stats else (6, 7) if "native_batch_norm.default" in name \
-        else (6, 7)
+    with_update = "with_update" in name
+    if not (no_stats or with_update) and not node.arg(5):  # eval: running stats unchanged
+        results = _eval_native_batch_norm(ctx, node, x)
+        return results + [node.arg(3), node.arg(4)] if "functional" in name else results
+    w, b = _ones_or(node.arg(1), x, 1.0), _ones_or(node.arg(2), x, 0.0)
+    mom_i, eps_i = (4, 5) if no_stats else (5, 6) if with_update else (6, 7)
     eps = float(node.arg(eps_i))
     mom = float(node.arg(mom_i))
     mean = ctx.emit(op.mean(x, axis=axes, keepdims=True))
@@ -369,6 +372,8 @@ def batch_norm_training(ctx: Any, node: Any) -> Any:
         rm, rv = node.arg(3), node.arg(4)
         unbiased = op.multiply(reshape(var, (-1,)), scalar(count / max(count - 1, 1), dt))
         keep = scalar(1.0 - mom, dt)
+        if with_update:
+            results.append(g.const(np.zeros((0,), dtype=np.uint8)))
         results += [op.add(op.multiply(rm, keep), op.multiply(flat_mean, scalar(mom, dt))),
                     op.add(op.multiply(rv, keep), op.multiply(unbiased, scalar(mom, dt)))]
     return results

@@ -1,0 +1,189 @@
+"""Special functions of the gamma family (lgamma, digamma, polygamma, mvlgamma's lgamma) and
+small real-valued ops (ldexp, angle), composed from kiln's element-wise ops.
+
+The gamma-family functions are evaluated in float64 and rounded once to the result dtype, the
+way kiln evaluates other transcendental closed forms (``in_float64``): the argument is shifted
+up by a fixed number of steps with the functions' recurrences (so the asymptotic series is
+accurate to float64 precision at the shifted point), negative arguments go through the
+reflection formulas, and the poles give torch's values (inf for lgamma, NaN or +-inf for the
+psi functions).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .... import op
+from ..registry import converter
+from .common import as_tensor, cast, dtype_of, scalar
+
+F64 = "float64"
+
+
+def _c(v: float) -> Any:
+    return scalar(v, F64)
+
+
+def _add(*xs: Any) -> Any:
+    out = xs[0]
+    for x in xs[1:]:
+        out = op.add(out, x)
+    return out
+
+
+def _is_nonpositive_integer(x: Any) -> Any:
+    return op.logical_and(op.less_equal(x, _c(0.0)), op.equal(op.floor(x), x))
+
+
+#: the Stirling series' coefficients B_2k / (2k (2k-1)) for k = 1..5
+_STIRLING = (1 / 12, -1 / 360, 1 / 1260, -1 / 1680, 1 / 1188)
+
+
+def _lgamma_positive(x: Any, shift: int = 8) -> Any:
+    """log|Gamma(x)| for x > 0: the Stirling series at z = x + shift (z >= 8: error < 1e-15)
+    minus the logs of the ``shift`` factors ``x + k`` the recurrence divides out."""
+    z = op.add(x, _c(float(shift)))
+    series = _c(0.0)
+    zi = op.divide(_c(1.0), z)
+    z2 = op.multiply(zi, zi)
+    power = zi
+    for coef in _STIRLING:
+        series = op.add(series, op.multiply(_c(coef), power))
+        power = op.multiply(power, z2)
+    stirling = _add(op.multiply(op.subtract(z, _c(0.5)), op.log(z)), op.negative(z),
+                    _c(0.5 * math.log(2 * math.pi)), series)
+    factors = op.log(op.abs(_product(x, shift)))
+    return op.subtract(stirling, factors)
+
+
+def _product(x: Any, n: int) -> Any:
+    out = x
+    for k in range(1, n):
+        out = op.multiply(out, op.add(x, _c(float(k))))
+    return out
+
+
+def _sin_pi(x: Any) -> Any:
+    """sin(pi * x) with the argument reduced to [-1, 1] first (exact zeros at integers)."""
+    r = op.subtract(x, op.multiply(_c(2.0), op.round(op.multiply(x, _c(0.5)))))
+    return op.sin(op.multiply(r, _c(math.pi)))
+
+
+def lgamma64(x: Any) -> Any:
+    """log|Gamma(x)| of a float64 tensor: x < 0.5 by reflection,
+    ``log(pi / |sin(pi x)|) - lgamma(1 - x)``; +inf at 0 and the negative integers."""
+    neg = op.less(x, _c(0.5))
+    pos = op.where(neg, op.subtract(_c(1.0), x), x)
+    lg = _lgamma_positive(pos)
+    refl = op.subtract(op.log(op.divide(_c(math.pi), op.abs(_sin_pi(x)))), lg)
+    out = op.where(neg, refl, lg)
+    return op.where(_is_nonpositive_integer(x), _c(math.inf), out)
+
+
+#: digamma's asymptotic series: B_2k / (2k) for k = 1..6
+_PSI = (1 / 12, -1 / 120, 1 / 252, -1 / 240, 1 / 132, -691 / 32760)
+
+
+def digamma64(x: Any, shift: int = 10) -> Any:
+    """psi(x) of a float64 tensor: ``psi(x + shift) - sum 1/(x + k)``, the asymptotic series
+    at x + shift; x < 0.5 by reflection ``psi(1 - x) - pi / tan(pi x)``. As torch: -inf*sign
+    at 0 (``psi(+-0) = -+inf``), NaN at the negative integers."""
+    neg = op.less(x, _c(0.5))
+    pos = op.where(neg, op.subtract(_c(1.0), x), x)
+    z = op.add(pos, _c(float(shift)))
+    zi2 = op.divide(_c(1.0), op.multiply(z, z))
+    series = _c(0.0)
+    power = zi2
+    for coef in _PSI:
+        series = op.add(series, op.multiply(_c(coef), power))
+        power = op.multiply(power, zi2)
+    psi = _add(op.log(z), op.negative(op.divide(_c(0.5), z)), op.negative(series))
+    for k in range(shift):
+        psi = op.subtract(psi, op.divide(_c(1.0), op.add(pos, _c(float(k)))))
+    sin = _sin_pi(x)
+    cos = op.cos(op.multiply(op.subtract(x, op.multiply(_c(2.0), op.round(
+        op.multiply(x, _c(0.5))))), _c(math.pi)))
+    refl = op.subtract(psi, op.divide(op.multiply(_c(math.pi), cos), sin))
+    out = op.where(neg, refl, psi)
+    zero = op.equal(x, _c(0.0))
+    out = op.where(_is_nonpositive_integer(x), _c(math.nan), out)
+    # psi(+0) = -inf, psi(-0) = +inf: the sign of 1/x tells the zeros apart
+    signed_inf = op.where(op.less(op.divide(_c(1.0), x), _c(0.0)), _c(math.inf), _c(-math.inf))
+    return op.where(zero, signed_inf, out)
+
+
+#: Euler-Maclaurin's coefficients (2k)! / B_2k for the Hurwitz zeta tail
+_ZETA_A = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9,
+           7.47242496e10, -2.950130727918164224e12, 1.1646782814350067249e14,
+           -4.5979787224074726105e15, 1.8152105401943546773e17, -7.1661652561756670113e18)
+
+
+def hurwitz_zeta64(s: float, q: Any, terms: int = 20) -> Any:
+    """zeta(s, q) = sum_k (q + k)^-s for an integer order s >= 2 and a float64 tensor q: the
+    first ``terms`` summands, then Euler-Maclaurin's tail at w = q + terms. Poles (q a
+    non-positive integer) give +inf as in torch."""
+    neg_s = _c(-s)
+    total = _c(0.0)
+    for k in range(terms):
+        total = op.add(total, op.power(op.add(q, _c(float(k))), neg_s))
+    w = op.add(q, _c(float(terms)))
+    b = op.power(w, neg_s)
+    total = _add(total, op.divide(op.multiply(b, w), _c(s - 1.0)), op.multiply(_c(0.5), b))
+    a, k = 1.0, 0.0
+    wi = op.divide(_c(1.0), w)
+    for coef in _ZETA_A:
+        a *= s + k
+        b = op.multiply(b, wi)
+        total = op.add(total, op.multiply(_c(a / coef), b))
+        k += 1.0
+        a *= s + k
+        b = op.multiply(b, wi)
+        k += 1.0
+    return op.where(_is_nonpositive_integer(q), _c(math.inf), total)
+
+
+def _float64_unary(ctx: Any, node: Any, fn: Any) -> Any:
+    dt = node.out_dtype
+    return op.cast(fn(cast(cast(node.arg(0), dt), F64)), dt)
+
+
+@converter("aten.lgamma.default")
+def lgamma(ctx: Any, node: Any) -> Any:
+    return _float64_unary(ctx, node, lgamma64)
+
+
+@converter("aten.digamma.default")
+def digamma(ctx: Any, node: Any) -> Any:
+    return _float64_unary(ctx, node, digamma64)
+
+
+@converter("aten.polygamma.default")
+def polygamma(ctx: Any, node: Any) -> Any:
+    """psi^(n)(x) = (-1)^(n+1) n! zeta(n + 1, x) for n >= 1, digamma for n = 0."""
+    n = int(node.arg(0))
+    dt = node.out_dtype
+    x = cast(cast(node.arg(1), dt), F64)
+    if n < 0:
+        raise node.error(f"polygamma of negative order {n}")
+    if n == 0:
+        return op.cast(digamma64(x), dt)
+    sign = -1.0 if n % 2 == 0 else 1.0
+    return op.cast(op.multiply(_c(sign * math.factorial(n)), hurwitz_zeta64(n + 1.0, x)), dt)
+
+
+@converter("aten.ldexp.Tensor")
+def ldexp(ctx: Any, node: Any) -> Any:
+    """x * 2^other, computed in the result dtype (float)."""
+    dt = node.out_dtype
+    x, e = cast(node.arg(0), dt), cast(node.arg(1), dt)
+    return op.multiply(x, op.power(scalar(2.0, dt), e))
+
+
+@converter("aten.angle.default")
+def angle(ctx: Any, node: Any) -> Any:
+    """The angle of a real number: pi for negatives, 0 otherwise, NaN kept."""
+    dt = node.out_dtype
+    x = cast(node.arg(0), dt)
+    out = op.where(op.less(x, as_tensor(0, dtype_of(x))), scalar(math.pi, dt), scalar(0.0, dt))
+    return op.where(op.not_equal(x, x), x, out)
