@@ -190,15 +190,24 @@ def _save_cases(cache: str | None, name: str, done: list[Case], max_samples: int
             program = None
             if case.program is not None:
                 program = f"{stem}#{case.index}.pt2"
-                torch.export.save(case.program, program)
+                _atomic(program, lambda path, c=case: torch.export.save(c.program, path))
             records.append({"op": case.op, "index": case.index,
                             "inputs": pytree.tree_map(own, case.inputs),
                             "expected": pytree.tree_map(own, case.expected),
                             "not_exportable": case.not_exportable, "program": program})
-        torch.save(records, stem + ".pt")
+        _atomic(stem + ".pt", lambda path: torch.save(records, path))
     except Exception:  # noqa: BLE001 - programs or values torch cannot serialize: not kept
         if os.path.exists(stem + ".pt"):
             os.remove(stem + ".pt")
+
+
+def _atomic(path: str, write: Any) -> None:
+    """``write(tmp)`` then a rename onto ``path``: sweeps sharing a cache never read a file
+    another one is still writing."""
+    root, ext = os.path.splitext(path)
+    tmp = f"{root}.{os.getpid()}.tmp{ext}"  # torch.export.save wants the .pt2 ending
+    write(tmp)
+    os.replace(tmp, path)
 
 
 def _cached_cases(cache: str | None, name: str, max_samples: int | None
@@ -208,12 +217,16 @@ def _cached_cases(cache: str | None, name: str, max_samples: int | None
     import torch
 
     out = []
-    for r in torch.load(_cache_stem(cache, name, max_samples) + ".pt", weights_only=False):
-        case = Case(r["op"], r["index"], r["inputs"], r["expected"],
-                    not_exportable=r["not_exportable"])
-        if r["program"] is not None:
-            case.program = torch.export.load(r["program"])
-        out.append(case)
+    try:
+        records = torch.load(_cache_stem(cache, name, max_samples) + ".pt", weights_only=False)
+        for r in records:
+            case = Case(r["op"], r["index"], r["inputs"], r["expected"],
+                        not_exportable=r["not_exportable"])
+            if r["program"] is not None:
+                case.program = torch.export.load(r["program"])
+            out.append(case)
+    except Exception:  # noqa: BLE001 - an unreadable entry: exported again
+        return None
     return out
 
 

@@ -639,3 +639,33 @@ def native_dropout(ctx: Any, node: Any) -> Any:
     if train and p:
         raise node.error("dropout in training mode (a random mask) is not supported")
     return [x, op.broadcast_to(scalar(True, "bool"), shape_of(x))]
+
+
+_GRID_MODES = {0: "linear", 1: "nearest", 2: "cubic"}
+_GRID_PADDING = {0: "zeros", 1: "border", 2: "reflection"}
+
+
+@converter("aten.grid_sampler_2d.default", "aten.grid_sampler_3d.default")
+def grid_sampler(ctx: Any, node: Any) -> Any:
+    """torch's grid_sample (modes and padding as enum ints): kiln's image.grid_sample, which
+    follows the same coordinate conventions."""
+    mode, padding = int(node.arg(2)), int(node.arg(3))
+    if mode not in _GRID_MODES or padding not in _GRID_PADDING:
+        raise node.error(f"unknown interpolation mode {mode} or padding mode {padding}")
+    return op.image.grid_sample(node.arg(0), cast(node.arg(1), dtype_of(node.arg(0))),
+                                mode=_GRID_MODES[mode], padding_mode=_GRID_PADDING[padding],
+                                align_corners=bool(node.arg(4)))
+
+
+@converter("aten._trilinear.default")
+def trilinear(ctx: Any, node: Any) -> Any:
+    """``sum_{sumdim}(i1' * i2' * i3')`` where each input gets unit dims inserted at its
+    ``expand`` positions (nn.functional.bilinear's kernel)."""
+    out = None
+    for k in range(3):
+        x = node.arg(k)
+        for d in sorted(int(v) for v in node.arg(3 + k)):
+            x = op.expand_dims(x, d)
+        out = x if out is None else op.multiply(out, x)
+    dims = sorted(int(v) for v in node.arg(6))
+    return op.sum(out, axis=tuple(dims)) if dims else out

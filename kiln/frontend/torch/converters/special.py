@@ -148,6 +148,11 @@ def _float64_unary(ctx: Any, node: Any, fn: Any) -> Any:
     return op.cast(fn(cast(cast(node.arg(0), dt), F64)), dt)
 
 
+def _float64_converter(fn: Any) -> Any:
+    """A converter applying ``fn`` (a float64 closed form) to the node's one input."""
+    return lambda ctx, node: _float64_unary(ctx, node, fn)
+
+
 @converter("aten.lgamma.default")
 def lgamma(ctx: Any, node: Any) -> Any:
     return _float64_unary(ctx, node, lgamma64)
@@ -187,3 +192,132 @@ def angle(ctx: Any, node: Any) -> Any:
     x = cast(node.arg(0), dt)
     out = op.where(op.less(x, as_tensor(0, dtype_of(x))), scalar(math.pi, dt), scalar(0.0, dt))
     return op.where(op.not_equal(x, x), x, out)
+
+
+# ---- modified Bessel functions I0, I1 -------------------------------------------------------
+def _bessel_i_scaled(nu: int, x: Any, switch: float = 15.0, series_terms: int = 50,
+                     asym_terms: int = 14) -> Any:
+    """exp(-|x|) * I_nu(|x|) for nu in (0, 1) of a float64 tensor: the power series
+    ``(x/2)^nu * sum_k q^k / (k! (k+nu)!)`` (q = x^2/4) below ``switch``, the asymptotic
+    expansion ``1/sqrt(2 pi x) * sum_k (-1)^k a_k(nu) / x^k`` above it (both accurate to
+    ~1e-12 there). Both sums are Horner chains (each value used once: fused kernels stay
+    linear in the number of terms)."""
+    a = op.abs(x)
+    small = op.less(a, _c(switch))
+    xs = op.where(small, a, _c(1.0))
+    half = op.multiply(xs, _c(0.5))
+    series_coefs = tuple(1.0 / (math.factorial(k) * math.factorial(k + nu))
+                         for k in reversed(range(series_terms)))
+    series = _poly(op.multiply(half, half), series_coefs)
+    if nu == 1:
+        series = op.multiply(series, half)
+    series = op.multiply(series, op.exp(op.negative(xs)))
+    xl = op.where(small, _c(switch), a)
+    mu = 4.0 * nu * nu
+    asym_coefs, coef = [1.0], 1.0
+    for k in range(1, asym_terms):
+        coef *= -(mu - (2 * k - 1) ** 2) / (k * 8.0)
+        asym_coefs.append(coef * (-1) ** k)
+    asym = _poly(op.divide(_c(1.0), xl), tuple(reversed(asym_coefs)))
+    asym = op.divide(asym, op.sqrt(op.multiply(xl, _c(2 * math.pi))))
+    return op.where(small, series, asym)
+
+
+def _bessel(nu: int, scaled: bool) -> Any:
+    def fn(x: Any) -> Any:
+        out = _bessel_i_scaled(nu, x)
+        if not scaled:
+            out = op.multiply(out, op.exp(op.abs(x)))
+        if nu == 1:  # odd
+            out = op.where(op.less(x, _c(0.0)), op.negative(out), out)
+        return op.where(op.not_equal(x, x), x, out)
+
+    return fn
+
+
+for _name, (_nu, _scaled) in {"i0": (0, False), "special_i0e": (0, True),
+                              "special_i1": (1, False), "special_i1e": (1, True)}.items():
+    converter(f"aten.{_name}.default")(_float64_converter(_bessel(_nu, _scaled)))
+
+
+# ---- erfcx, log_ndtr, erfinv, ndtri -----------------------------------------------------
+def erfcx64(x: Any, switch: float = 3.0, depth: int = 60) -> Any:
+    """exp(x^2) erfc(x) of a float64 tensor: directly below ``switch`` (erfc loses no
+    precision there in float64), Laplace's continued fraction
+    ``1 / (sqrt(pi) (x + (1/2) / (x + 1 / (x + (3/2) / ...))))`` above it."""
+    big = op.greater_equal(x, _c(switch))
+    xd = op.where(big, _c(0.0), x)
+    direct = op.multiply(op.exp(op.multiply(xd, xd)), op.subtract(_c(1.0), op.erf(xd)))
+    xc = op.where(big, x, _c(switch))
+    t = xc
+    for k in range(depth, 0, -1):
+        t = op.add(xc, op.divide(_c(k / 2.0), t))
+    frac = op.divide(_c(1.0 / math.sqrt(math.pi)), t)
+    return op.where(big, frac, direct)
+
+
+def _log_ndtr64(x: Any) -> Any:
+    """log(Phi(x)): log(erfc(-x/sqrt 2) / 2), through erfcx below -3 (where Phi underflows)."""
+    low = op.less(x, _c(-3.0))
+    xd = op.where(low, _c(0.0), x)
+    direct = op.log(op.multiply(_c(0.5), op.subtract(
+        _c(1.0), op.erf(op.multiply(xd, _c(-1 / math.sqrt(2)))))))
+    xl = op.where(low, x, _c(-3.0))
+    z = op.multiply(xl, _c(-1 / math.sqrt(2)))
+    tail = op.subtract(op.log(op.multiply(_c(0.5), erfcx64(z))), op.multiply(z, z))
+    return op.where(low, tail, direct)
+
+
+def _poly(w: Any, coefs: tuple[float, ...]) -> Any:
+    p = _c(coefs[0])
+    for c in coefs[1:]:
+        p = op.add(_c(c), op.multiply(p, w))
+    return p
+
+
+#: M. Giles, "Approximating the erfinv function" (GPU Computing Gems): single-precision
+#: polynomials in w = -log(1 - x^2), the central (w < 5) and tail branches
+_ERFINV_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
+                   0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
+_ERFINV_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
+                0.00573950773, -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
+
+
+def erfinv64(x: Any, newton: int = 1) -> Any:
+    """erf^-1 of a float64 tensor: Giles' polynomial (~1e-7), then a Newton step on erf in
+    float64 (the error squares); +-inf at +-1, NaN outside [-1, 1]. Each step uses ``y``
+    several times, which fused kernels inline: more steps than needed cost compile time."""
+    inside = op.less(op.abs(x), _c(1.0))
+    xi = op.where(inside, x, _c(0.0))
+    w = op.negative(op.log(op.multiply(op.subtract(_c(1.0), xi), op.add(_c(1.0), xi))))
+    central = _poly(op.subtract(w, _c(2.5)), _ERFINV_CENTRAL)
+    tail = _poly(op.subtract(op.sqrt(w), _c(3.0)), _ERFINV_TAIL)
+    y = op.multiply(op.where(op.less(w, _c(5.0)), central, tail), xi)
+    for _ in range(newton):
+        slope = op.multiply(_c(2 / math.sqrt(math.pi)), op.exp(op.negative(op.multiply(y, y))))
+        y = op.subtract(y, op.divide(op.subtract(op.erf(y), xi), slope))
+    edge = op.where(op.equal(x, _c(1.0)), _c(math.inf),
+                    op.where(op.equal(x, _c(-1.0)), _c(-math.inf), _c(math.nan)))
+    return op.where(inside, y, edge)
+
+
+def _ndtri64(p: Any) -> Any:
+    """Phi^-1(p) = sqrt(2) erfinv(2p - 1), refined by a Newton step on Phi itself (so small p
+    keep their relative precision)."""
+    y = op.multiply(erfinv64(op.subtract(op.multiply(p, _c(2.0)), _c(1.0)), newton=0),
+                    _c(math.sqrt(2)))
+    inside = op.logical_and(op.greater(p, _c(0.0)), op.less(p, _c(1.0)))
+    y = op.where(inside, y, _c(0.0))
+    phi = op.multiply(_c(0.5), op.subtract(_c(1.0), op.erf(
+        op.multiply(y, _c(-1 / math.sqrt(2))))))
+    dens = op.multiply(_c(1 / math.sqrt(2 * math.pi)),
+                       op.exp(op.multiply(op.multiply(y, y), _c(-0.5))))
+    y = op.subtract(y, op.divide(op.subtract(phi, p), dens))
+    edge = op.where(op.equal(p, _c(0.0)), _c(-math.inf),
+                    op.where(op.equal(p, _c(1.0)), _c(math.inf), _c(math.nan)))
+    return op.where(inside, y, edge)
+
+
+for _name, _fn in {"special_erfcx": erfcx64, "special_log_ndtr": _log_ndtr64,
+                   "erfinv": erfinv64, "special_ndtri": _ndtri64}.items():
+    converter(f"aten.{_name}.default")(_float64_converter(_fn))
