@@ -305,3 +305,37 @@ def pdist(ctx: Any, node: Any) -> Any:
     a = op.take(x, g.const(i.astype(np.int64)), axis=0)
     b = op.take(x, g.const(j.astype(np.int64)), axis=0)
     return _p_norm(op.subtract(a, b), float(node.arg(1, 2)), 1)
+
+
+@converter("aten.cummax.default", "aten.cummin.default")
+def cummax(ctx: Any, node: Any) -> Any:
+    """Running max (min) and the position holding it, by log2(n) doubling steps (each
+    position merges the summary of the ``s`` positions before it). The later of equal values
+    wins and NaN, once seen, stays until the next NaN, as torch's sequential loop has it:
+    ``later if isnan(later) or (not isnan(earlier) and later >= earlier) else earlier``."""
+    x = node.arg(0)
+    if ndim_of(x) == 0:
+        return [x, scalar(0, "int64")]
+    d = norm_dim(int(node.arg(1)), ndim_of(x))
+    n = static_int(shape_of(x)[d])
+    if n is None:
+        raise node.error("needs a static size along the scanned dimension")
+    is_bool = dtype_of(x) == "bool"
+    v = op.cast(x, "int8") if is_bool else x
+    better = op.greater_equal if "cummax" in node.op_name else op.less_equal
+    line = [1] * ndim_of(x)
+    line[d] = n
+    pos = g.const(np.arange(n, dtype=np.int64).reshape(line))
+    i = op.broadcast_to(pos, shape_of(x))
+    s = 1
+    while s < n:
+        width = [(0, 0)] * ndim_of(x)
+        width[d] = (s, 0)
+        pv = op.pad(op.strided_slice(v, (0,), (n - s,), axes=(d,)), tuple(width))
+        pi = op.pad(op.strided_slice(i, (0,), (n - s,), axes=(d,)), tuple(width))
+        later = op.logical_or(op.not_equal(v, v), op.logical_and(op.equal(pv, pv),
+                                                                 better(v, pv)))
+        take = ctx.emit(op.logical_or(later, op.less(pos, scalar(s, "int64"))))
+        v, i = ctx.emit(op.where(take, v, pv)), ctx.emit(op.where(take, i, pi))
+        s *= 2
+    return [op.cast(v, "bool") if is_bool else v, i]

@@ -321,3 +321,23 @@ def _ndtri64(p: Any) -> Any:
 for _name, _fn in {"special_erfcx": erfcx64, "special_log_ndtr": _log_ndtr64,
                    "erfinv": erfinv64, "special_ndtri": _ndtri64}.items():
     converter(f"aten.{_name}.default")(_float64_converter(_fn))
+
+
+@converter("aten.frexp.Tensor")
+def frexp(ctx: Any, node: Any) -> Any:
+    """(mantissa, exponent) with x = m * 2^e and 0.5 <= |m| < 1: e from log2 in float64, then
+    one correction step each way for log2's rounding at powers of two; zeros, infinities and
+    NaN give (x, 0)."""
+    x = node.arg(0)
+    dt = dtype_of(x)
+    x64 = ctx.emit(op.cast(x, F64))
+    a = op.abs(x64)
+    e = op.add(op.floor(op.multiply(op.log(a), _c(1 / math.log(2)))), _c(1.0))
+    finite = op.logical_and(op.greater(a, _c(0.0)), op.less(a, _c(math.inf)))
+    e = ctx.emit(op.where(finite, e, _c(0.0)))
+    m = ctx.emit(op.divide(x64, op.power(_c(2.0), e)))
+    up = op.greater_equal(op.abs(m), _c(1.0))
+    down = op.logical_and(finite, op.less(op.abs(m), _c(0.5)))
+    m2 = op.where(up, op.multiply(m, _c(0.5)), op.where(down, op.multiply(m, _c(2.0)), m))
+    e2 = op.where(up, op.add(e, _c(1.0)), op.where(down, op.subtract(e, _c(1.0)), e))
+    return [op.cast(op.where(finite, m2, x64), dt), op.cast(e2, "int32")]
