@@ -9,6 +9,9 @@ Prints one line per op (exportable samples, passed, first failure) and the total
     python benchmarks/torch_opinfo.py                  # every op (~30 min on 2 cores)
     python benchmarks/torch_opinfo.py --ops add,mul    # some ops
     python benchmarks/torch_opinfo.py --json out.json  # also write every case's result
+    python benchmarks/torch_opinfo.py --cache DIR --export-only --shard 0/2  # export (and
+                                # keep) half of the samples; a later run with --cache DIR
+                                # imports, compiles and compares without exporting again
 """
 
 from __future__ import annotations
@@ -33,13 +36,19 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=48, help="cases per kiln build")
     ap.add_argument("--json", help="write each case's result here")
     ap.add_argument("--failures", action="store_true", help="print every failing case")
+    ap.add_argument("--cache", help="directory keeping the exported cases")
+    ap.add_argument("--shard", default="0/1", help="k/n: only the ops at positions k mod n")
+    ap.add_argument("--export-only", action="store_true", help="export (into --cache) only")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     names = args.ops.split(",") if args.ops else None
     t0 = time.time()
-    cases = list(torch_opinfo.cases(names, args.max_samples))
+    k, n = (int(v) for v in args.shard.split("/"))
+    cases = list(torch_opinfo.cases(names, args.max_samples, args.cache, (k, n)))
     print(f"exported {len(cases)} samples in {time.time() - t0:.0f} s", file=sys.stderr,
           flush=True)
+    if args.export_only:
+        return
     t1 = time.time()
     torch_opinfo.run(cases, batch=args.batch,
                      log=lambda m: print(m, file=sys.stderr, flush=True))

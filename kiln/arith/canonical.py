@@ -98,7 +98,26 @@ class KeyTable:
         if t is E.FloatImm:
             # repr distinguishes -0.0 from 0.0; NaN never equals itself (never merged)
             return ("float", e.dtype, repr(e.value))
+        if t is E.Mul and is_signed_scalar(e.dtype):
+            return self._product_parts(e)
         return (t,) + tuple(self._part(getattr(e, f)) for f in field_names_of(t))
+
+    def _product_parts(self, e: E.Mul) -> tuple[Any, ...]:
+        """Key parts of an integer product as a monomial: its constant factor and the sorted
+        keys of its other factors, so that ``a*b``, ``b*a`` and ``(a*2)*b`` vs ``a*(b*2)``
+        are one term (integer multiplication is commutative and associative; index
+        arithmetic does not overflow)."""
+        const, factors = 1, []
+        stack: list[Any] = [e]
+        while stack:
+            x = stack.pop()
+            if type(x) is E.Mul and x.dtype == e.dtype:
+                stack += (x.a, x.b)
+            elif type(x) is E.IntImm:
+                const *= x.value
+            else:
+                factors.append(self.key(x))
+        return ("monomial", e.dtype, const, tuple(sorted(factors)))
 
     def _part(self, v: Any) -> Any:
         if isinstance(v, Node):

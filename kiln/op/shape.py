@@ -146,9 +146,12 @@ class ReshapeAttrs:
         object.__setattr__(self, "shape", shape)
 
 
-def _reshape_target(op: str, in_shape: Sequence[PrimExpr] | None, new: Sequence[Any]
-                    ) -> tuple[PrimExpr, ...] | None:
-    """The new shape with -1 resolved; None when the input shape is unknown and -1 is used."""
+def _reshape_target(op: str, in_shape: Sequence[PrimExpr] | None, new: Sequence[Any],
+                    check: bool = True) -> tuple[PrimExpr, ...] | None:
+    """The new shape with -1 resolved; None when the input shape is unknown and -1 is used.
+    ``check=False`` skips proving that the element counts agree (the compute: inference
+    proved it on the graph's dims, and a kernel's dims may be LegalizeOps' fresh variables,
+    ``(d0, k) -> (b, s, k)``, that no longer show the relation)."""
     infer_at = [k for k, d in enumerate(new) if isinstance(d, int) and d == -1]
     if in_shape is None:
         return None if infer_at else tuple(as_dim(d) for d in new)
@@ -165,7 +168,7 @@ def _reshape_target(op: str, in_shape: Sequence[PrimExpr] | None, new: Sequence[
         out[infer_at[0]] = dim
         return tuple(out)
     out = tuple(as_dim(d) for d in new)
-    if not _products_equal(out, in_shape):
+    if check and not _products_equal(out, in_shape):
         raise StructInfoError(
             f"{op}: cannot reshape {fmt_shape(in_shape)} into {fmt_shape(out)}: the element "
             f"counts {dims_product(in_shape)} and {dims_product(out)} differ or are not provably "
@@ -247,7 +250,7 @@ def _reshape_groups(ins: Sequence[PrimExpr], outs: Sequence[PrimExpr]
 
 
 def _reshape_compute(x: te.Tensor, attrs: ReshapeAttrs) -> te.Tensor:
-    out = _reshape_target("reshape", x.shape, attrs.shape)
+    out = _reshape_target("reshape", x.shape, attrs.shape, check=False)
     groups = _reshape_groups(x.shape, out)
 
     def body(*i: PrimExpr) -> PrimExpr:

@@ -7,6 +7,11 @@ inputs are the sample's tensors (every other argument is baked in), exports it w
 ``from_exported_program``, compiles them many per kiln build (one C library for a batch of
 cases: compiling dominates the time) and compares with eager.
 
+Exporting dominates the time of a whole sweep (about half a second a sample, some 19000
+samples), so :func:`cases` can keep each exported case in a cache directory (the program
+saved with ``torch.export.save``, the inputs and eager's result with ``torch.save``) and later
+sweeps import and compile from there.
+
 A sample that ``torch.export`` cannot export (or whose exported program disagrees with eager)
 is not kiln's to pass: it is counted apart. Ops that cannot be compared at all (random
 results, uninitialized memory) are in ``kiln.frontend.torch.exclusions``.
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import time
 import warnings
 from collections.abc import Iterable, Iterator
@@ -80,7 +86,8 @@ def _float32_ops() -> list[Any]:
 
 def _module(fn: Any, sample: Any) -> tuple[Any, tuple[Any, ...]]:
     """A module computing ``fn(sample.input, *sample.args, **sample.kwargs)`` from the
-    sample's tensors only (in pytree order); other leaves are kept as constants."""
+    sample's tensors only (in pytree order); other leaves are kept as constants. Named tuple
+    results (``torch.return_types``) come back as plain tuples."""
     import torch
     from torch.utils import _pytree as pytree
 
@@ -94,7 +101,9 @@ def _module(fn: Any, sample: Any) -> tuple[Any, tuple[Any, ...]]:
             for i, t in zip(where, tensors):
                 vals[i] = t
             inp, args, kwargs = pytree.tree_unflatten(vals, spec)
-            return fn(inp, *args, **kwargs)
+            out = fn(inp, *args, **kwargs)
+            # torch.return_types named tuples as plain ones (a saved program cannot name them)
+            return tuple(out) if type(out).__module__ == "torch.return_types" else out
 
     return OpCall(), tuple(leaves[i] for i in where)
 
@@ -124,24 +133,101 @@ def _same(a: Any, b: Any) -> bool:
     return True
 
 
-def cases(names: Iterable[str] | None = None, max_samples: int | None = None
-          ) -> Iterator[Case]:
+def cases(names: Iterable[str] | None = None, max_samples: int | None = None,
+          cache: str | None = None, shard: tuple[int, int] = (0, 1)) -> Iterator[Case]:
     """Every float32 sample of the named ops (all float32-capable ops by default), exported;
-    excluded ops (``EXCLUDED_OPS``) are skipped."""
+    excluded ops (``EXCLUDED_OPS``) are skipped. ``cache``: a directory where each exported
+    case is kept (and read back when it is there); ``shard=(k, n)``: only the ops at
+    positions ``k mod n`` of op_db (to export in several processes)."""
     import torch
 
     wanted = set(names) if names is not None else None
-    for opinfo in _float32_ops():
+    for position, opinfo in enumerate(_float32_ops()):
         name = _full_name(opinfo)
-        if (wanted is not None and name not in wanted) or name in EXCLUDED_OPS:
+        if (wanted is not None and name not in wanted) or name in EXCLUDED_OPS or (
+                position % shard[1] != shard[0]):
+            continue
+        cached = _cached_cases(cache, name, max_samples)
+        if cached is not None:
+            yield from cached
             continue
         try:
             samples = list(opinfo.sample_inputs("cpu", torch.float32, requires_grad=False))
         except Exception as err:  # noqa: BLE001 - a broken sample generator
-            yield Case(name, 0, not_exportable=f"sample_inputs failed: {err}")
-            continue
-        for index, sample in enumerate(samples[:max_samples]):
-            yield _export_case(opinfo, name, index, sample)
+            samples, broken = [], Case(name, 0, not_exportable=f"sample_inputs failed: {err}")
+        else:
+            broken = None
+        done = [broken] if broken is not None else [
+            _export_case(opinfo, name, index, sample)
+            for index, sample in enumerate(samples[:max_samples])]
+        _save_cases(cache, name, done, max_samples)
+        yield from done
+
+
+def _cache_stem(cache: str, name: str, max_samples: int | None) -> str:
+    return os.path.join(cache, f"{name}@{max_samples or 'all'}")
+
+
+def _save_cases(cache: str | None, name: str, done: list[Case], max_samples: int | None
+                ) -> None:
+    """Keep an op's exported cases: one ``.pt2`` per program, one ``.pt`` file for the rest
+    (written last, so an interrupted sweep never leaves a half-kept op). An op torch cannot
+    serialize is not kept (a later sweep exports it again), so caching never changes which
+    samples count as exportable."""
+    if cache is None:
+        return
+    import torch
+    from torch.utils import _pytree as pytree
+
+    def own(v: Any) -> Any:  # tensors with storages of their own (views cannot be saved)
+        return v.detach().clone() if isinstance(v, torch.Tensor) else v
+
+    os.makedirs(cache, exist_ok=True)
+    stem = _cache_stem(cache, name, max_samples)
+    records = []
+    try:
+        for case in done:
+            program = None
+            if case.program is not None:
+                program = f"{stem}#{case.index}.pt2"
+                _atomic(program, lambda path, c=case: torch.export.save(c.program, path))
+            records.append({"op": case.op, "index": case.index,
+                            "inputs": pytree.tree_map(own, case.inputs),
+                            "expected": pytree.tree_map(own, case.expected),
+                            "not_exportable": case.not_exportable, "program": program})
+        _atomic(stem + ".pt", lambda path: torch.save(records, path))
+    except Exception:  # noqa: BLE001 - programs or values torch cannot serialize: not kept
+        if os.path.exists(stem + ".pt"):
+            os.remove(stem + ".pt")
+
+
+def _atomic(path: str, write: Any) -> None:
+    """``write(tmp)`` then a rename onto ``path``: sweeps sharing a cache never read a file
+    another one is still writing."""
+    root, ext = os.path.splitext(path)
+    tmp = f"{root}.{os.getpid()}.tmp{ext}"  # torch.export.save wants the .pt2 ending
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _cached_cases(cache: str | None, name: str, max_samples: int | None
+                  ) -> list[Case] | None:
+    if cache is None or not os.path.exists(_cache_stem(cache, name, max_samples) + ".pt"):
+        return None
+    import torch
+
+    out = []
+    try:
+        records = torch.load(_cache_stem(cache, name, max_samples) + ".pt", weights_only=False)
+        for r in records:
+            case = Case(r["op"], r["index"], r["inputs"], r["expected"],
+                        not_exportable=r["not_exportable"])
+            if r["program"] is not None:
+                case.program = torch.export.load(r["program"])
+            out.append(case)
+    except Exception:  # noqa: BLE001 - an unreadable entry: exported again
+        return None
+    return out
 
 
 def _export_case(opinfo: Any, name: str, index: int, sample: Any) -> Case:

@@ -124,6 +124,20 @@ def test_can_prove_equal():
     assert not ana.can_prove_equal(f * 2.0, f * 3.0)
 
 
+def test_products_of_variables_commute():
+    """``a*b`` and ``b*a`` are one term (the merged dims ``batch*seq`` of a reshape written
+    either way round), also regrouped and with constant factors."""
+    ana = Analyzer()
+    assert ana.can_prove_equal(n * m, m * n)
+    assert ana.can_prove_equal(n * m * 4, (m * 2) * (n * 2))
+    assert ana.can_prove_equal((n * m) * x, n * (x * m))
+    assert ana.can_prove_equal(n * m + m * n, n * m * 2)
+    assert ana.can_prove(n * m - m * n <= 0)
+    assert not ana.can_prove_equal(n * m, n * n)
+    f, h = tir.Var("f", "float32"), tir.Var("h", "float32")
+    assert not ana.can_prove_equal((f * h) * f, f * (h * f))  # float products do not regroup
+
+
 def test_schedule_style_split_check():
     """split(i, [None, 8]) of a loop of extent 60 needs a guard; of extent 64 it does not."""
     ana = Analyzer()

@@ -4,7 +4,8 @@
 its own, imports and compiles them many per kiln build and compares each result with eager
 (rtol 1e-5, atol 1e-5; integers and bools exactly). The default run covers the ops below --
 every family the converters have (arithmetic, math, activations, reductions, shapes,
-indexing, convolution, pooling, normalization, attention) -- with up to ``SAMPLES`` samples
+indexing, strided views and scatters, order statistics, convolution, pooling,
+normalization, attention, special functions) -- with up to ``SAMPLES`` samples
 each, in a fixed order; ``benchmarks/torch_opinfo.py`` runs the whole database and prints
 the pass table.
 """
@@ -33,6 +34,8 @@ OPS = [
     "nn.functional.batch_norm", "nn.functional.group_norm", "nn.functional.embedding",
     "nn.functional.interpolate.nearest", "nn.functional.interpolate.bilinear",
     "nn.functional.scaled_dot_product_attention", "full_like", "arange",
+    "diagonal", "unfold", "as_strided_scatter", "median", "cummax", "searchsorted", "lgamma",
+    "erfinv",
 ]
 
 

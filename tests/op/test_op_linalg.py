@@ -150,6 +150,26 @@ def test_matmul_matches_numpy():
         check(out, np.matmul(a, b))
 
 
+def test_empty_inner_dimension_gives_zeros():
+    """K = 0: every product is an empty sum, zeros as numpy gives (the schedules met a block
+    without a reduction loop); also packed (opt level 2, 16 columns) with a constant
+    weight."""
+    cases = [("matmul", [rand((3, 0)), rand((0, 4))], {}),
+             ("matmul", [rand((2, 3, 0)), rand((0, 5))], {}),
+             ("matmul", [rand((3, 0)), rand((0,))], {}),
+             ("dense", [rand((4, 0)), rand((6, 0))], {})]
+    for (name, (a, b), _), out in zip(cases, run_cases(cases)):
+        want = a @ (b.T if name == "dense" else b)
+        assert out.shape == want.shape and not out.any()
+    x = g.Var("x", TensorStructInfo((5, 0), "float32"))
+    bb = BlockBuilder()
+    with bb.function("main", [x]):
+        bb.emit_func_output(bb.emit(op.nn.relu(op.matmul(x, g.const(rand((0, 16)))))))
+    with kiln.transform.PassContext(opt_level=2):
+        out = kiln.build(bb.get())(rand((5, 0)))
+    assert out.shape == (5, 16) and not out.any()
+
+
 def test_matmul_integer_and_out_dtype():
     a, b = rand((5, 7), "int32"), rand((7, 16), "int32")
     a8, b8 = rand((6, 10), "int8"), rand((10, 8), "int8")

@@ -96,6 +96,8 @@ def schedule_gemm(sch: Any, target: Any, block: Any, *, has_i: bool, has_j: bool
     loops = sch.get_loops(block)
     n_sp = sum(iv.iter_type == tir.IterType.DATA_PAR for iv in blk.iter_vars)
     spatial, red = loops[:n_sp], loops[n_sp:]
+    if not red:  # an empty inner dimension: the block only stores zeros
+        return parallel_outer(sch, spatial, target, work=work)
     dtype = blk.writes[0].buffer.dtype
     n_batch = n_sp - int(has_i) - 1
     batch, j = spatial[:n_batch], spatial[-1]

@@ -48,10 +48,13 @@ def gemm(ctx: Any, node: Any) -> Any:
 
 def lift_1d(ctx: Any, node: Any, x: Any) -> Any:
     """Rewrite a 1-D op as 2-D with a unit height: (N, C, L) -> (N, C, 1, L) and attributes
-    [a] -> [1, a] (pads [b, e] -> [0, b, 0, e]); the caller squeezes axis 2 off again."""
-    for name in ("kernel_shape", "strides", "dilations", "output_padding", "output_shape"):
+    [a] -> [1, a] (pads [b, e] -> [0, b, 0, e], output_padding [p] -> [0, p]); the caller
+    squeezes axis 2 off again."""
+    for name in ("kernel_shape", "strides", "dilations", "output_shape"):
         if name in node.attrs:
             node.attrs[name] = [1, *node.attrs[name]]
+    if "output_padding" in node.attrs:
+        node.attrs["output_padding"] = [0, *node.attrs["output_padding"]]
     if "pads" in node.attrs:
         b, e = node.attrs["pads"]
         node.attrs["pads"] = [0, b, 0, e]

@@ -4,6 +4,9 @@ from . import (  # noqa: F401
     elementwise,
     index,
     nn,
+    order,
     reduce,
     shape,
+    special,
+    strided,
 )

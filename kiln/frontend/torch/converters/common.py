@@ -149,31 +149,14 @@ def producer(ctx: Any, x: Any, op_name: str) -> Any:
     return None
 
 
-def _factors(d: Any) -> tuple[int, tuple[str, ...]] | None:
-    """A product of sizes as (constant, sorted variable names), None for other expressions
-    (kiln's simplifier does not reorder products of variables: ``a*b`` vs ``b*a``)."""
-    if isinstance(d, int):
-        return d, ()
-    if isinstance(d, tir.IntImm):
-        return int(d.value), ()
-    if isinstance(d, tir.Var):
-        return 1, (d.name,)
-    if type(d).__name__ == "Mul":
-        fa, fb = _factors(d.a), _factors(d.b)
-        if fa is None or fb is None:
-            return None
-        return fa[0] * fb[0], tuple(sorted(fa[1] + fb[1]))
-    return None
-
-
 def same_dim(a: Any, b: Any) -> bool:
-    """Whether two sizes (ints or PrimExprs) are provably equal."""
-    fa, fb = _factors(a), _factors(b)
-    if fa is not None and fb is not None:
-        return fa == fb
-    if isinstance(a, int) or isinstance(b, int):
-        return False
-    return Analyzer().can_prove_equal(a, b)
+    """Whether two sizes (ints or PrimExprs) are provably equal (``b*s`` and ``s*b`` are)."""
+    return Analyzer().can_prove_equal(as_dim(a), as_dim(b))
+
+
+def as_dim(d: Any) -> Any:
+    """A size as a PrimExpr (ints as int64 immediates)."""
+    return tir.IntImm("int64", int(d)) if isinstance(d, (int, np.integer)) else d
 
 
 def same_shape(a: Sequence[Any], b: Sequence[Any]) -> bool:

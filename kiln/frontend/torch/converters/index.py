@@ -209,3 +209,52 @@ def sort(ctx: Any, node: Any) -> Any:
         raise node.error("sort along a symbolic dimension")
     out = ctx.emit(op.topk(x, n, axis=d, largest=desc))
     return [g.TupleGetItem(out, 0), g.TupleGetItem(out, 1)]
+
+
+@converter("aten.index_reduce.default")
+def index_reduce(ctx: Any, node: Any) -> Any:
+    """``x.index_reduce_(dim, index, source, reduce)``: a scatter_reduce along ``dim`` with the
+    1-D index spread over ``source``'s other dims."""
+    x = node.arg(0)
+    src, idx = cast(node.arg(3), dtype_of(x)), cast(node.arg(2), "int64")
+    if ndim_of(x) > 0:
+        shape = [1] * ndim_of(src)
+        shape[norm_dim(int(node.arg(1)), ndim_of(x))] = -1
+        idx = op.broadcast_to(op.reshape(idx, tuple(shape)), shape_of(src))
+    kind = _REDUCE[node.arg(4)]
+    include_self = bool(node.arg("include_self", True))
+    if kind == "mean" or not include_self:
+        return _scatter_mean_or_exclusive(ctx, node, x, idx, src, kind, include_self)
+    return _scatter(ctx, node, x, idx, src, kind)
+
+
+def _count_below(seq: Any, values: Any, right: bool) -> Any:
+    """For each value, how many entries of the sorted last axis of ``seq`` lie below it
+    (``right``: at or below): the insertion point ``searchsorted`` returns."""
+    if ndim_of(seq) == 1:
+        s, v = seq, op.expand_dims(values, -1)
+    else:
+        s, v = op.expand_dims(seq, -2), op.expand_dims(values, -1)
+    hit = op.less_equal(s, v) if right else op.less(s, v)
+    # NaN values sort after every number: every entry lies below them
+    hit = op.logical_or(hit, op.not_equal(v, v))
+    return op.sum(op.cast(hit, "int64"), axis=-1)
+
+
+@converter("aten.searchsorted.Tensor", "aten.searchsorted.Scalar")
+def searchsorted(ctx: Any, node: Any) -> Any:
+    seq, values = node.arg(0), node.arg(1)
+    dt = node.out_dtype
+    values = as_tensor(values, dtype_of(seq), ctx)
+    if node.has("sorter"):
+        seq = op.gather_elements(seq, cast(node.arg("sorter"), "int64"), axis=ndim_of(seq) - 1)
+    right = bool(node.arg("right", False)) or node.arg("side") == "right"
+    return cast(_count_below(seq, cast(values, dtype_of(seq)), right), dt)
+
+
+@converter("aten.bucketize.Tensor", "aten.bucketize.Scalar")
+def bucketize(ctx: Any, node: Any) -> Any:
+    values, bounds = node.arg(0), node.arg(1)
+    values = as_tensor(values, dtype_of(bounds), ctx)
+    out = _count_below(bounds, cast(values, dtype_of(bounds)), bool(node.arg("right", False)))
+    return cast(out, node.out_dtype)

@@ -66,10 +66,7 @@ def _shared_weight(ctx: Any, b: Any) -> Any:
 
 def _matmul(ctx: Any, a: Any, b: Any) -> Any:
     """``a @ b`` computed on ``a``'s unflattened rows (see ``_unflatten_rows``) and reshaped
-    to the 2-D result the graph expects (a reshape later views fold away). An empty inner
-    dimension gives zeros."""
-    if static_int(shape_of(a)[-1]) == 0:
-        return op.broadcast_to(scalar(0, dtype_of(a)), shape_of(op.matmul(a, b)))
+    to the 2-D result the graph expects (a reshape later views fold away)."""
     full = _unflatten_rows(ctx, a)
     if full is a or ndim_of(b) != 2:
         return op.matmul(a, b)
@@ -98,8 +95,6 @@ def bmm(ctx: Any, node: Any) -> Any:
     """A batched product; attention's ``(b*h, s, d)`` operands flattened from 4-D tensors are
     multiplied as 4-D (the merged batch size never appears: see ``view``)."""
     a, b = node.arg(0), node.arg(1)
-    if static_int(shape_of(a)[-1]) == 0:
-        return _matmul(ctx, a, b)
     a4, b4 = _merged_batch(ctx, a), _merged_batch(ctx, b)
     if a4 is not None and b4 is not None and same_shape(shape_of(a4)[:2], shape_of(b4)[:2]):
         out = ctx.emit(op.matmul(a4, b4))
@@ -257,12 +252,49 @@ def adaptive_avg_pool(ctx: Any, node: Any) -> Any:
     return _adaptive(ctx, node, op.nn.adaptive_avg_pool2d)
 
 
-@converter("aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool1d.default")
+@converter("aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool1d.default",
+           "aten.adaptive_max_pool3d.default")
 def adaptive_max_pool(ctx: Any, node: Any) -> Any:
-    if node.output_used(1):
-        raise node.error("the indices of adaptive max pooling are not supported")
+    if node.output_used(1) or "3d" in node.op_name:
+        return _adaptive_max_with_indices(ctx, node)
     out = _adaptive(ctx, node, op.nn.adaptive_max_pool2d)
     return [out, out]
+
+
+def _adaptive_windows(in_size: list[int], out_size: list[int]) -> np.ndarray:
+    """(prod(out), K): the flat input positions of each adaptive window (torch's bounds
+    ``floor(o*in/out)`` to ``ceil((o+1)*in/out)``), short windows padded with their first
+    position (which a first-maximum search never prefers)."""
+    axes = [[list(range(o * i // n, -(-(o + 1) * i // n))) for o in range(n)]
+            for i, n in zip(in_size, out_size)]
+    strides = np.cumprod([1, *in_size[::-1]])[::-1][1:]
+    wins = []
+    for cell in np.ndindex(*out_size):
+        grids = np.meshgrid(*[axes[d][c] for d, c in enumerate(cell)], indexing="ij")
+        wins.append(sum(gr.ravel() * st for gr, st in zip(grids, strides)))
+    k = max(len(w) for w in wins)
+    return np.stack([np.concatenate([w, np.full(k - len(w), w[0])]) for w in wins])
+
+
+def _adaptive_max_with_indices(ctx: Any, node: Any) -> Any:
+    """Adaptive max pooling with torch's indices (flat within each channel's plane): every
+    window's values gathered (constant positions), then max and first argmax per window."""
+    x = node.arg(0)
+    out_size = [int(s) for s in node.arg(1)]
+    n = len(out_size)
+    lead, in_size = shape_of(x)[:-n], [static_int(d) for d in shape_of(x)[-n:]]
+    if any(d is None for d in in_size):
+        raise node.error("adaptive max pooling needs static spatial sizes")
+    table = _adaptive_windows(in_size, out_size)
+    o, k = table.shape
+    flat = ctx.emit(reshape(x, (*lead, -1)))
+    vals = ctx.emit(reshape(op.take(flat, g.const(table.ravel().astype(np.int64)),
+                                    axis=len(lead)), (*lead, o, k)))
+    best = ctx.emit(op.argmax(vals, axis=len(lead) + 1, keepdims=True))
+    value = op.gather_elements(vals, best, axis=len(lead) + 1)
+    index = op.gather_elements(op.broadcast_to(g.const(table), (*lead, o, k)), best,
+                               axis=len(lead) + 1)
+    return [reshape(value, (*lead, *out_size)), reshape(index, (*lead, *out_size))]
 
 
 def _adaptive(ctx: Any, node: Any, fn: Any) -> Any:
@@ -307,22 +339,25 @@ def batch_norm_inference(ctx: Any, node: Any) -> Any:
 
 @converter("aten._native_batch_norm_legit.default", "aten._native_batch_norm_legit.no_stats",
            "aten._native_batch_norm_legit_functional.default",
-           "aten.native_batch_norm.default")
+           "aten.native_batch_norm.default",
+           "aten._batch_norm_with_update_functional.default")
 def batch_norm_training(ctx: Any, node: Any) -> Any:
     """Training-mode batch norm: batch statistics (biased variance to normalize); returns the
-    output, the batch mean and 1/sqrt(var + eps), and for the functional form the updated
-    running statistics (unbiased variance)."""
+    output, the batch mean and 1/sqrt(var + eps), and for the functional forms the updated
+    running statistics (unbiased variance; ``_batch_norm_with_update_functional`` has an empty
+    reserve buffer before them)."""
     x = node.arg(0)
     nd = ndim_of(x)
     dt = dtype_of(x)
     axes = tuple(a for a in range(nd) if a != 1)
     name = node.op_name
-    if name == "aten.native_batch_norm.default" and not node.arg(5):
-        return _eval_native_batch_norm(ctx, node, x)
-    w, b = _ones_or(node.arg(1), x, 1.0), _ones_or(node.arg(2), x, 0.0)
     no_stats = name.endswith("no_stats")
-    mom_i, eps_i = (4, 5) if no_stats else (6, 7) if "native_batch_norm.default" in name \
-        else (6, 7)
+    with_update = "with_update" in name
+    if not (no_stats or with_update) and not node.arg(5):  # eval: running stats unchanged
+        results = _eval_native_batch_norm(ctx, node, x)
+        return results + [node.arg(3), node.arg(4)] if "functional" in name else results
+    w, b = _ones_or(node.arg(1), x, 1.0), _ones_or(node.arg(2), x, 0.0)
+    mom_i, eps_i = (4, 5) if no_stats else (5, 6) if with_update else (6, 7)
     eps = float(node.arg(eps_i))
     mom = float(node.arg(mom_i))
     mean = ctx.emit(op.mean(x, axis=axes, keepdims=True))
@@ -337,6 +372,8 @@ def batch_norm_training(ctx: Any, node: Any) -> Any:
         rm, rv = node.arg(3), node.arg(4)
         unbiased = op.multiply(reshape(var, (-1,)), scalar(count / max(count - 1, 1), dt))
         keep = scalar(1.0 - mom, dt)
+        if with_update:
+            results.append(g.const(np.zeros((0,), dtype=np.uint8)))
         results += [op.add(op.multiply(rm, keep), op.multiply(flat_mean, scalar(mom, dt))),
                     op.add(op.multiply(rv, keep), op.multiply(unbiased, scalar(mom, dt)))]
     return results
@@ -576,3 +613,59 @@ def mkldnn_rnn_layer(ctx: Any, node: Any) -> Any:
         out = op.transpose(out, (1, 0, 2))
     empty = g.const(np.zeros((0,), dtype=np.dtype(dt)))
     return [out, op.reshape(h, state_shape), op.reshape(c, state_shape), empty]
+
+
+@converter("aten.max_pool2d_with_indices_backward.default",
+           "aten.max_pool3d_with_indices_backward.default")
+def max_pool_with_indices_backward(ctx: Any, node: Any) -> Any:
+    """The gradient of max pooling: each output gradient added at the input position its
+    index names (flat within its channel's plane), a scatter-add into zeros."""
+    grad, x, index = node.arg(0), node.arg(1), node.arg(7)
+    shape = shape_of(x)
+    n = 3 if "3d" in node.op_name else 2
+    lead, plane = shape[:-n], prod(shape[-n:])
+    rows = (*lead, -1)
+    zeros = op.broadcast_to(scalar(0, dtype_of(grad)), (*lead, plane))
+    flat = op.scatter_elements(zeros, reshape(cast(index, "int64"), rows), reshape(grad, rows),
+                               axis=len(lead), reduction="add")
+    return reshape(flat, shape)
+
+
+@converter("aten.native_dropout.default")
+def native_dropout(ctx: Any, node: Any) -> Any:
+    """Dropout outside training (``train`` false, or p = 0) is the identity with an all-true
+    mask; in training its result is a random draw kiln does not reproduce."""
+    x, p, train = node.arg(0), node.arg(1), node.arg(2)
+    if train and p:
+        raise node.error("dropout in training mode (a random mask) is not supported")
+    return [x, op.broadcast_to(scalar(True, "bool"), shape_of(x))]
+
+
+_GRID_MODES = {0: "linear", 1: "nearest", 2: "cubic"}
+_GRID_PADDING = {0: "zeros", 1: "border", 2: "reflection"}
+
+
+@converter("aten.grid_sampler_2d.default", "aten.grid_sampler_3d.default")
+def grid_sampler(ctx: Any, node: Any) -> Any:
+    """torch's grid_sample (modes and padding as enum ints): kiln's image.grid_sample, which
+    follows the same coordinate conventions."""
+    mode, padding = int(node.arg(2)), int(node.arg(3))
+    if mode not in _GRID_MODES or padding not in _GRID_PADDING:
+        raise node.error(f"unknown interpolation mode {mode} or padding mode {padding}")
+    return op.image.grid_sample(node.arg(0), cast(node.arg(1), dtype_of(node.arg(0))),
+                                mode=_GRID_MODES[mode], padding_mode=_GRID_PADDING[padding],
+                                align_corners=bool(node.arg(4)))
+
+
+@converter("aten._trilinear.default")
+def trilinear(ctx: Any, node: Any) -> Any:
+    """``sum_{sumdim}(i1' * i2' * i3')`` where each input gets unit dims inserted at its
+    ``expand`` positions (nn.functional.bilinear's kernel)."""
+    out = None
+    for k in range(3):
+        x = node.arg(k)
+        for d in sorted(int(v) for v in node.arg(3 + k)):
+            x = op.expand_dims(x, d)
+        out = x if out is None else op.multiply(out, x)
+    dims = sorted(int(v) for v in node.arg(6))
+    return op.sum(out, axis=tuple(dims)) if dims else out

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from .... import graph as g
 from .... import op
 from ..registry import converter
 from .common import (
@@ -18,6 +21,7 @@ from .common import (
     prod,
     scalar,
     shape_of,
+    static_int,
 )
 
 
@@ -109,6 +113,8 @@ converter("aten.argmin.default")(_arg(op.argmin))
 def _logic(fn: Any) -> Any:
     def convert(ctx: Any, node: Any) -> Any:
         x = op.cast(op.cast(node.arg(0), "bool"), "int8")
+        if ndim_of(x) == 0:  # dims 0 / -1 of a 0-d tensor: the value itself
+            return cast(op.cast(x, "bool"), node.out_dtype)
         keep = bool(node.arg("keepdim", False))
         axes = None
         if node.has("dim"):
@@ -235,3 +241,101 @@ def _softmax(fn: Any) -> Any:
 
 converter("aten._softmax.default", "aten.softmax.int")(_softmax(op.nn.softmax))
 converter("aten._log_softmax.default", "aten.log_softmax.int")(_softmax(op.nn.log_softmax))
+
+
+@converter("aten.logcumsumexp.default")
+def logcumsumexp(ctx: Any, node: Any) -> Any:
+    """log(cumsum(exp(x))) along a dim, in float64 shifted by the line's largest finite value
+    (so the exponentials neither overflow nor, for float32 inputs, underflow)."""
+    x = node.arg(0)
+    dt = node.out_dtype
+    if ndim_of(x) == 0:
+        return cast(x, dt)
+    d = norm_dim(int(node.arg(1)), ndim_of(x))
+    x64 = ctx.emit(op.cast(x, "float64"))
+    finite = op.less(op.abs(x64), scalar(float("inf"), "float64"))
+    top = op.max(op.where(finite, x64, scalar(float("-inf"), "float64")), axis=(d,),
+                 keepdims=True)
+    top = ctx.emit(op.where(op.less(op.abs(top), scalar(float("inf"), "float64")), top,
+                            scalar(0.0, "float64")))
+    s = op.cumsum(op.exp(op.subtract(x64, top)), axis=d)
+    return op.cast(op.add(op.log(s), top), dt)
+
+
+def _p_norm(diff: Any, p: float, axis: int) -> Any:
+    """The p-norm of ``diff`` along ``axis`` (p = 0 counts non-zeros, inf the largest)."""
+    dt = dtype_of(diff)
+    a = op.abs(diff)
+    if p == float("inf"):
+        return op.max(a, axis=(axis,))
+    if p == 0:
+        return op.sum(op.cast(op.not_equal(a, scalar(0, dt)), dt), axis=(axis,))
+    if p == 1:
+        return op.sum(a, axis=(axis,))
+    if p == 2:
+        return op.sqrt(op.sum(op.multiply(a, a), axis=(axis,)))
+    s = op.sum(op.power(a, scalar(p, dt)), axis=(axis,))
+    return op.power(s, scalar(1.0 / p, dt))
+
+
+@converter("aten.dist.default")
+def dist(ctx: Any, node: Any) -> Any:
+    dt = node.out_dtype
+    diff = op.subtract(cast(node.arg(0), dt), cast(node.arg(1), dt))
+    flat = op.reshape(diff, (-1,))
+    return _p_norm(flat, float(node.arg(2, 2)), 0)
+
+
+@converter("aten._cdist_forward.default")
+def cdist(ctx: Any, node: Any) -> Any:
+    """Distances between the rows of x1 (..., P, M) and x2 (..., R, M): (..., P, R)."""
+    x1, x2 = node.arg(0), node.arg(1)
+    diff = op.subtract(op.expand_dims(x1, -2), op.expand_dims(x2, -3))
+    return _p_norm(diff, float(node.arg(2)), ndim_of(x1))
+
+
+@converter("aten._pdist_forward.default")
+def pdist(ctx: Any, node: Any) -> Any:
+    """Distances between row pairs i < j of x (N, M), in row-major pair order."""
+    x = node.arg(0)
+    n = static_int(shape_of(x)[0])
+    if n is None:
+        raise node.error("pdist needs a static number of rows")
+    i, j = np.triu_indices(n, k=1)
+    a = op.take(x, g.const(i.astype(np.int64)), axis=0)
+    b = op.take(x, g.const(j.astype(np.int64)), axis=0)
+    return _p_norm(op.subtract(a, b), float(node.arg(1, 2)), 1)
+
+
+@converter("aten.cummax.default", "aten.cummin.default")
+def cummax(ctx: Any, node: Any) -> Any:
+    """Running max (min) and the position holding it, by log2(n) doubling steps (each
+    position merges the summary of the ``s`` positions before it). The later of equal values
+    wins and NaN, once seen, stays until the next NaN, as torch's sequential loop has it:
+    ``later if isnan(later) or (not isnan(earlier) and later >= earlier) else earlier``."""
+    x = node.arg(0)
+    if ndim_of(x) == 0:
+        return [x, scalar(0, "int64")]
+    d = norm_dim(int(node.arg(1)), ndim_of(x))
+    n = static_int(shape_of(x)[d])
+    if n is None:
+        raise node.error("needs a static size along the scanned dimension")
+    is_bool = dtype_of(x) == "bool"
+    v = op.cast(x, "int8") if is_bool else x
+    better = op.greater_equal if "cummax" in node.op_name else op.less_equal
+    line = [1] * ndim_of(x)
+    line[d] = n
+    pos = g.const(np.arange(n, dtype=np.int64).reshape(line))
+    i = op.broadcast_to(pos, shape_of(x))
+    s = 1
+    while s < n:
+        width = [(0, 0)] * ndim_of(x)
+        width[d] = (s, 0)
+        pv = op.pad(op.strided_slice(v, (0,), (n - s,), axes=(d,)), tuple(width))
+        pi = op.pad(op.strided_slice(i, (0,), (n - s,), axes=(d,)), tuple(width))
+        later = op.logical_or(op.not_equal(v, v), op.logical_and(op.equal(pv, pv),
+                                                                 better(v, pv)))
+        take = ctx.emit(op.logical_or(later, op.less(pos, scalar(s, "int64"))))
+        v, i = ctx.emit(op.where(take, v, pv)), ctx.emit(op.where(take, i, pi))
+        s *= 2
+    return [op.cast(v, "bool") if is_bool else v, i]

@@ -92,6 +92,8 @@ def expand(ctx: Any, node: Any) -> Any:
 def squeeze(ctx: Any, node: Any) -> Any:
     x = node.arg(0)
     n = ndim_of(x)
+    if node.has(1) and isinstance(node.arg(1), (list, tuple)) and not node.arg(1):
+        return x  # squeeze(dims=[]) removes nothing
     dims = norm_dims(node.arg(1), n) if node.has(1) else tuple(range(n))
     if n == 0:
         return x
