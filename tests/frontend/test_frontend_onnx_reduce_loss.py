@@ -141,6 +141,25 @@ def test_topk():
         exe(x=x, k=np.array([7], np.int64))
 
 
+def test_argmax_argmin_of_rows_with_nan():
+    """A NaN is the extreme of its row, as numpy and onnx.reference have it: the first (or with
+    select_last_index the last) NaN's index, never the axis length. onnxruntime skips NaNs
+    instead; the references disagree, kiln follows numpy."""
+    nodes = [helper.make_node("ArgMax", ["x"], ["a"], axis=1),
+             helper.make_node("ArgMin", ["x"], ["b"], axis=1, keepdims=0),
+             helper.make_node("ArgMax", ["x"], ["c"], axis=1, select_last_index=1),
+             helper.make_node("ArgMin", ["x"], ["d"], axis=0, select_last_index=1)]
+    model = _model(nodes, [_vi("x", [4, 5])], [_vi(n, None, I64) for n in "abcd"])
+    nan = np.nan
+    x = np.array([[1, nan, 3, nan, 2], [nan] * 5, [5, 1, 7, 0, 2], [0, 0, nan, 4, 4]],
+                 np.float32)
+    exe = _build(model)
+    _compare(exe, model, {"x": x})
+    a, b, c, d = exe(x=x)
+    assert a[:, 0].tolist() == [1, 0, 2, 2] and b.tolist() == [1, 0, 3, 2]
+    assert c[:, 0].tolist() == [3, 4, 2, 2] and d[0].tolist() == [1, 1, 3, 1, 1]
+
+
 def test_hardmax_onehot_einsum():
     nodes = [helper.make_node("Hardmax", ["x"], ["h"], axis=1),
              helper.make_node("OneHot", ["ind", "depth", "vals"], ["oh"], axis=1),
