@@ -795,7 +795,9 @@ def _conv_bwd_data_compute(grad: te.Tensor, weight: te.Tensor, data: te.Tensor, 
             oo, ci = grp * og + ro.var, tx.floormod(c, ig)
         qy, cy = _window_source(y, ry.var, sh, dh, pt, oh)
         qx, cx = _window_source(x, rx.var, sw, dw, pl, ow)
-        value = _masked(tx.all_of(cy + cx), grad[n, oo, qy, qx]) * weight[oo, ci, ry, rx]
+        # the product is masked, not the gradient: a tap with no output position adds 0, even
+        # with an inf/NaN weight (0 * inf would make the sum NaN)
+        value = _masked(tx.all_of(cy + cx), grad[n, oo, qy, qx] * weight[oo, ci, ry, rx])
         return te.sum(value, axis=[ro, ry, rx])
 
     return te.compute(data.shape, body, name="conv2d_backward_data")
@@ -821,8 +823,8 @@ def _conv_bwd_weight_compute(grad: te.Tensor, data: te.Tensor, weight: te.Tensor
         hy = ry.var * sh + ky * dh - pt
         wx = rx.var * sw + kx * dw - pl
         inside = tx.all_of([hy >= 0, hy < h, wx >= 0, wx < w])
-        value = _masked(inside, data[rn, chan, _clamp(hy, h), _clamp(wx, w)])
-        return te.sum(grad[rn, oo, ry, rx] * value, axis=[rn, ry, rx])
+        value = data[rn, chan, _clamp(hy, h), _clamp(wx, w)]
+        return te.sum(_masked(inside, grad[rn, oo, ry, rx] * value), axis=[rn, ry, rx])
 
     return te.compute(weight.shape, body, name="conv2d_backward_weight")
 
