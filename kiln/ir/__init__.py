@@ -11,6 +11,7 @@ from .errors import (
     KilnError,
     LoweringError,
     ModelFormatError,
+    RuntimeCheckError,
     ScheduleError,
     StructInfoError,
     UnsupportedOperatorError,
@@ -23,7 +24,7 @@ from .well_formed import well_formed
 __all__ = [
     "ArgumentError", "CodegenError", "CompileError", "CompilerNotFoundError", "DTypeError",
     "DataType", "IRModule", "InternalError", "KilnError", "LoweringError", "ModelFormatError",
-    "Node", "ScheduleError", "StructInfoError", "TypeCode", "UnsupportedOperatorError",
-    "WellFormedError", "as_dtype", "assert_structural_equal", "node", "structural_equal",
-    "structural_hash", "well_formed",
+    "Node", "RuntimeCheckError", "ScheduleError", "StructInfoError", "TypeCode",
+    "UnsupportedOperatorError", "WellFormedError", "as_dtype", "assert_structural_equal", "node",
+    "structural_equal", "structural_hash", "well_formed",
 ]

@@ -57,6 +57,11 @@ class ArgumentError(KilnError, ValueError):
     """A runtime argument (an input array) has the wrong dtype, rank, shape or device."""
 
 
+class RuntimeCheckError(ArgumentError):
+    """A check inside a compiled kernel failed while it ran: an index value out of range, or
+    symbolic dimensions that do not fit together (the message names the model node)."""
+
+
 class UnsupportedOperatorError(KilnError):
     """A model uses operators kiln does not implement (lists every op type and node name)."""
 

@@ -355,8 +355,10 @@ def _take_backward_infer(call: Any) -> Any:
 
 
 def _fix_index(v: PrimExpr, n: PrimExpr, mode: str) -> PrimExpr:
-    """An index as ``take`` resolves it (clip / wrap / fast), int64."""
+    """An index as ``take`` resolves it (raise / clip / wrap / fast), int64."""
     zero = tx.const(INDEX_DTYPE, 0)
+    if mode == "raise":
+        return tx.check_index(v, n, "take gradient")
     if mode == "clip":
         return tx.max(tx.min(v, n - 1), zero)
     if mode == "wrap":

@@ -1,9 +1,10 @@
 """Indexing operators: gather_elements, gather_nd, scatter_elements, scatter_nd (ONNX semantics).
 
 Indices may be negative (counted from the end of their axis). Gathers are tensor expressions
-(each output element reads one input element: INJECTIVE). An index outside its axis cannot be
-reported from generated code without aborting the process, so gathers clamp it into range and
-scatters skip the update (ONNX leaves both undefined).
+(each output element reads one input element: INJECTIVE). An index outside ``[-n, n)`` makes
+the kernel fail with a :class:`~kiln.ir.errors.RuntimeCheckError` naming the op, the axis and
+the index, as onnxruntime does (``kiln.tir.check_index``: the check leaves the loops it does not
+depend on, so a gather of rows checks each index once).
 
 Scatters are loop programs, written as block TIR by their ``legalize`` hook: a parallel copy of
 ``data`` into the output, then a block that walks the updates in row-major order and combines
@@ -51,15 +52,10 @@ def _zero() -> PrimExpr:
     return tx.const(INDEX_DTYPE, 0)
 
 
-def _wrap_negative(v: PrimExpr, n: PrimExpr) -> PrimExpr:
-    """An index as int64 with a negative value counted from the end of an axis of size ``n``."""
-    v = tx.cast(INDEX_DTYPE, v)
-    return tx.select(v < _zero(), v + n, v)
-
-
-def _clamped(v: PrimExpr, n: PrimExpr) -> PrimExpr:
-    """A gather index resolved and clamped into ``[0, n)`` (loads never leave the buffer)."""
-    return tx.max(tx.min(_wrap_negative(v, n), n - 1), _zero())
+def _checked(v: PrimExpr, n: PrimExpr, op: str, axis: int) -> PrimExpr:
+    """An index into axis ``axis`` (of size ``n``) of ``op``'s data, resolved into ``[0, n)``
+    and checked while the kernel runs (an index outside ``[-n, n)`` fails the call)."""
+    return tx.check_index(v, n, f"{op} along axis {axis}")
 
 
 def _integer_indices(op: str, sinfo: Any) -> None:
@@ -71,11 +67,9 @@ def _integer_indices(op: str, sinfo: Any) -> None:
 # gradient rules
 # =============================================================================================
 # Gathers and scatters are each other's adjoints: a gather's gradient is a scatter-add of the
-# output gradient into zeros, a scatter's is a gather of it. The exceptions, where the rules
-# give the gradient of the ONNX-defined behaviour and not of kiln's fallback for undefined
-# input: an out-of-range gather index (clamped forward) gets no gradient (the scatter skips
-# it). A scatter with reduction "none" and a repeated index is handled exactly: only the
-# update that won the position (the last in row-major order) gets its gradient.
+# output gradient into zeros, a scatter's is a gather of it. A scatter with reduction "none"
+# and a repeated index is handled exactly: only the update that won the position (the last in
+# row-major order) gets its gradient.
 def _is_float(expr: Any) -> bool:
     return as_dtype(expr.struct_info.dtype).is_float
 
@@ -243,7 +237,7 @@ def _gather_elements_compute(data: te.Tensor, indices: te.Tensor,
     n = data.shape[axis]
 
     def body(*i: PrimExpr) -> PrimExpr:
-        return data(*i[:axis], _clamped(indices(*i), n), *i[axis + 1:])
+        return data(*i[:axis], _checked(indices(*i), n, "gather_elements", axis), *i[axis + 1:])
 
     return te.compute(indices.shape, body, name="gather_elements")
 
@@ -316,8 +310,8 @@ def _gather_nd_compute(data: te.Tensor, indices: te.Tensor,
     k = _nd_depth("gather_nd", indices.shape, data.ndim, b)
 
     def body(*i: PrimExpr) -> PrimExpr:
-        pos = [_clamped(indices(*i[:q], tx.const(INDEX_DTYPE, j)), data.shape[b + j])
-               for j in range(k)]
+        pos = [_checked(indices(*i[:q], tx.const(INDEX_DTYPE, j)), data.shape[b + j],
+                        "gather_nd", b + j) for j in range(k)]
         return data(*i[:b], *pos, *i[q:])
 
     shape = [*indices.shape[:-1], *data.shape[b + k:]]
@@ -394,9 +388,9 @@ def scatter_prim_func(op: str, data_shape: Sequence[Any], ind_shape: Sequence[An
                       i_line_axes: Sequence[int] = ()) -> tir.PrimFunc:
     """The PrimFunc ``(D, I, U, Y)`` of a scatter: ``Y = D`` (block ``<op>_copy``), then the
     update block ``<op>``: for each update position ``u`` (row-major), ``target_of(u, I, Y)``
-    gives ``(lets, position, conditions)`` -- the resolved indices bound once as
-    ``(var, value)`` lets, the output position and its in-range conditions -- and the update is
-    combined into ``Y`` there (skipped when an index is out of range).
+    gives ``(lets, position, conditions)`` -- the resolved (checked) indices bound once as
+    ``(var, value)`` lets, the output position and the conditions under which the update
+    applies (none for the scatters here) -- and the update is combined into ``Y`` there.
 
     ``lines``: axes of the updates along which updates never collide (their coordinate is also
     the output's, at ``y_line_axes``, and the indices', at ``i_line_axes``). They become the
@@ -556,7 +550,7 @@ def _elements_target(attrs: ScatterElementsAttrs, dshape: Sequence[PrimExpr],
     def target_of(us: list[PrimExpr], ibuf: tir.Buffer, ybuf: tir.Buffer) -> Any:
         pos = tir.Var("pos", INDEX_DTYPE)
         dst = [pos if d == axis else u for d, u in enumerate(us)]
-        return [(pos, _wrap_negative(ibuf.load(tuple(us)), n))], dst, [pos >= _zero(), pos < n]
+        return [(pos, _checked(ibuf.load(tuple(us)), n, "scatter_elements", axis))], dst, []
 
     lines = [d for d in range(len(dshape)) if d != axis]  # updates collide only along axis
     return target_of, lines, lines, lines
@@ -612,10 +606,9 @@ def _nd_target(attrs: ScatterNDAttrs, dshape: Sequence[PrimExpr],
 
     def target_of(us: list[PrimExpr], ibuf: tir.Buffer, ybuf: tir.Buffer) -> Any:
         pos = [tir.Var(f"pos{j}", INDEX_DTYPE) for j in range(k)]
-        lets = [(p, _wrap_negative(ibuf.load((*us[:q], tx.const(INDEX_DTYPE, j))), dshape[j]))
-                for j, p in enumerate(pos)]
-        conds = [c for j, p in enumerate(pos) for c in (p >= _zero(), p < dshape[j])]
-        return lets, [*pos, *us[q:]], conds
+        lets = [(p, _checked(ibuf.load((*us[:q], tx.const(INDEX_DTYPE, j))), dshape[j],
+                             "scatter_nd", j)) for j, p in enumerate(pos)]
+        return lets, [*pos, *us[q:]], []
 
     # the slice axes: an update's trailing coordinates are the output's trailing ones
     slices = list(range(q, q + len(dshape) - k))

@@ -33,7 +33,15 @@ from .. import te, tir
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir.stmt import FMA_IN_REGISTERS, JAM_TAILS
-from .elementwise import gelu, relu, sigmoid, silu, tanh  # noqa: F401  (kiln.op.nn.relu ...)
+from .elementwise import (  # noqa: F401  (kiln.op.nn.relu ...)
+    assume,
+    equal_dims,
+    gelu,
+    relu,
+    sigmoid,
+    silu,
+    tanh,
+)
 from .layout import Layout, LayoutRewrite, as_layout
 from .linalg import (
     attr_out_dtype,
@@ -344,6 +352,10 @@ def _conv2d_compute(data: Any, weight: Any, *, attrs: Conv2DAttrs) -> Any:
 
     layouts = (dl.name, kl.name)
     ann = {} if layouts == ("NCHW", "OIHW") else {CONV_LAYOUTS: layouts}
+    (c,) = _pick(data.shape, dl, "C")
+    ann |= assume(equal_dims([(c, simplify(ig * groups), f"nn.conv2d: data has {fmt_dim(c)} "
+                               f"channels but the weight expects {fmt_dim(ig)} x "
+                               f"groups={groups}")]))
     return te.compute(shape, body, name="conv2d", attrs=ann)
 
 
@@ -690,7 +702,14 @@ def _conv2d_nchwc_compute(data: Any, weight: Any, *, attrs: Conv2DNCHWcAttrs) ->
         prod = tir.cast(out_dtype, v) * tir.cast(out_dtype, weight[oo, rco, ry, rx, rci, oi])
         return te.sum(prod, axis=[rco, ry, rx, rci])
 
-    return te.compute((n, ob, oh, ow, oc), body, name="conv2d_nchwc")
+    op = "nn.conv2d_nchwc"
+    checks = equal_dims([
+        (data.shape[1], simplify(cb * groups), f"{op}: data has {fmt_dim(data.shape[1])} channel "
+                                               f"blocks but the weight expects {fmt_dim(cb)} x "
+                                               f"groups={groups}"),
+        (ic, weight.shape[4], f"{op}: data's channel block is {fmt_dim(ic)} but the weight's "
+                              f"is {fmt_dim(weight.shape[4])}")])
+    return te.compute((n, ob, oh, ow, oc), body, name="conv2d_nchwc", attrs=assume(checks))
 
 
 #: Register tiles of the NCHWc convolution, (output pixels along the row, output channel
@@ -966,7 +985,13 @@ def _depthwise_conv2d_nchwc_compute(data: Any, weight: Any, *,
         prod = tir.cast(out_dtype, v) * tir.cast(out_dtype, weight[cc, zero, ry, rx, ci])
         return te.sum(prod, axis=[ry, rx])
 
-    return te.compute((n, cb, oh, ow, c), body, name="depthwise_conv2d_nchwc")
+    op = DepthwiseConv2DNCHWcAttrs.OP
+    checks = equal_dims([(d, wd, f"{op}: data {fmt_shape(data.shape)} and weight "
+                                 f"{fmt_shape(weight.shape)} disagree on {what}")
+                         for what, d, wd in (("channel blocks", cb, weight.shape[0]),
+                                             ("the channel block", c, weight.shape[4]))])
+    return te.compute((n, cb, oh, ow, c), body, name="depthwise_conv2d_nchwc",
+                      attrs=assume(checks))
 
 
 #: Largest kernel whose taps the depthwise schedule unrolls.
@@ -1879,7 +1904,13 @@ def _layer_norm_compute(x: Any, gamma: Any, beta: Any, *, attrs: LayerNormAttrs)
         norm = (tir.cast(ct, x[i]) - total[r] * inv_n) * tir.rsqrt(sq[r] * inv_n + eps)
         return tir.cast(x.dtype, norm * tir.cast(ct, gamma[p]) + tir.cast(ct, beta[p]))
 
-    return te.compute(x.shape, body, name="layer_norm", attrs={ROW_AXES: tuple(axes)})
+    want = [x.shape[a] for a in axes]
+    checks = equal_dims([(d, w, f"nn.layer_norm: {name} {fmt_shape(p.shape)} must have the "
+                                f"shape {fmt_shape(want)} of the normalized axes")
+                         for name, p in (("gamma", gamma), ("beta", beta))
+                         for d, w in zip(p.shape, want)])
+    return te.compute(x.shape, body, name="layer_norm",
+                      attrs={ROW_AXES: tuple(axes)} | assume(checks))
 
 
 def _layer_norm_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
@@ -1993,7 +2024,10 @@ def _batch_norm_compute(x: Any, gamma: Any, beta: Any, mean: Any, var: Any, *,
         scale = p(gamma) * tir.rsqrt(p(var) + eps)
         return tir.cast(x.dtype, (tir.cast(ct, x[i]) - p(mean)) * scale + p(beta))
 
-    return te.compute(x.shape, body, name="batch_norm")
+    checks = equal_dims([(t.shape[0], x.shape[axis], f"nn.batch_norm: {name} has "
+                          f"{fmt_dim(t.shape[0])} elements but data has {fmt_dim(x.shape[axis])} "
+                          f"channels") for name, t in zip(_BN_PARAMS, (gamma, beta, mean, var))])
+    return te.compute(x.shape, body, name="batch_norm", attrs=assume(checks))
 
 
 def _batch_norm_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:

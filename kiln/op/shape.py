@@ -25,6 +25,7 @@ from .elementwise import (
     arg_ndim,
     arg_shape,
     as_dim,
+    broadcast_assumptions,
     broadcast_load,
     const_int,
     dims_equal,
@@ -756,6 +757,8 @@ class BroadcastToAttrs:
 
 
 def _check_broadcast_to(shape: Sequence[PrimExpr], target: Sequence[PrimExpr]) -> None:
+    """Rank and constant dims; a symbolic dim that may or may not fit is checked by the kernel
+    while it runs (``broadcast_assumptions``)."""
     if len(shape) > len(target):
         raise StructInfoError(
             f"broadcast_to: cannot broadcast {fmt_shape(shape)} to the lower-rank "
@@ -770,10 +773,6 @@ def _check_broadcast_to(shape: Sequence[PrimExpr], target: Sequence[PrimExpr]) -
             raise StructInfoError(
                 f"broadcast_to: cannot broadcast {fmt_shape(shape)} to {fmt_shape(target)}"
             )
-        raise StructInfoError(
-            f"broadcast_to: cannot prove that dimension {d} of {fmt_shape(shape)} matches "
-            f"{t} of {fmt_shape(target)}"
-        )
 
 
 def _broadcast_to_infer(call: Any) -> Any:
@@ -787,7 +786,8 @@ def _broadcast_to_infer(call: Any) -> Any:
 def _broadcast_to_compute(x: te.Tensor, attrs: BroadcastToAttrs) -> te.Tensor:
     target = tuple(as_dim(d) for d in attrs.shape)
     _check_broadcast_to(x.shape, target)
-    return te.compute(target, lambda *i: broadcast_load(x, i), name="broadcast_to")
+    return te.compute(target, lambda *i: broadcast_load(x, i, target), name="broadcast_to",
+                      attrs=broadcast_assumptions("broadcast_to", (x.shape,), ("x",), target))
 
 
 def _broadcast_to_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
@@ -944,16 +944,19 @@ strided_slice = _declare(
 # =============================================================================================
 @dataclass(frozen=True)
 class TakeAttrs:
-    """``axis``: None indexes the flattened tensor. ``mode``: out-of-range indices are clamped
-    ("clip", numpy: negatives go to 0), wrapped ("wrap") or, with "fast", only negative indices
-    are counted from the end (no bounds check)."""
+    """``axis``: None indexes the flattened tensor. ``mode``: an index outside ``[-n, n)``
+    fails the call while it runs ("raise", numpy's default: a RuntimeCheckError naming the
+    index; negative ones count from the end), or out-of-range indices are clamped ("clip",
+    numpy: negatives go to 0) or wrapped ("wrap"); with "fast", only negative indices are
+    counted from the end (no bounds check: the caller guarantees the range)."""
 
     axis: int | None = None
     mode: str = "clip"
 
     def __post_init__(self):
-        if self.mode not in ("clip", "wrap", "fast"):
-            raise KilnError(f"take: mode must be 'clip', 'wrap' or 'fast', got {self.mode!r}")
+        if self.mode not in ("raise", "clip", "wrap", "fast"):
+            raise KilnError(f"take: mode must be 'raise', 'clip', 'wrap' or 'fast', got "
+                            f"{self.mode!r}")
         ax = self.axis
         if ax is not None and (isinstance(ax, bool) or not isinstance(ax, int)):
             raise KilnError(f"take: axis must be an int or None, got {self.axis!r}")
@@ -990,6 +993,9 @@ def _take_compute(x: te.Tensor, indices: te.Tensor, attrs: TakeAttrs | None = No
     k = indices.ndim
 
     def fix(v: PrimExpr) -> PrimExpr:
+        if attrs.mode == "raise":
+            where = "the flattened input" if attrs.axis is None else f"axis {attrs.axis}"
+            return tx.check_index(v, n, f"take along {where}")
         if attrs.mode == "clip":
             return tx.max(tx.min(v, n - 1), _c(0))
         if attrs.mode == "wrap":

@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from ..ir.dtype import DataType
-from ..ir.errors import ArgumentError, KilnError
+from ..ir.errors import ArgumentError, KilnError, RuntimeCheckError
+from ..ir.span import describe
 from . import host_funcs, memory_plan, shape_expr, shape_funcs
 from .ndarray import data_address
 from .plan import Plan
@@ -272,7 +273,9 @@ class Executor:
                 return None
             in_ptrs[i] = data_address(arr)
         outs = self._new_outputs()
-        self._entry(in_ptrs, self._out_ptrs, self._ws_ptr, self._consts)
+        rc = self._entry(in_ptrs, self._out_ptrs, self._ws_ptr, self._consts)
+        if rc:
+            raise self._check_failed(rc - 1)
         where = self._fast_outputs
         if type(where) is int:
             return outs[where]
@@ -327,14 +330,27 @@ class Executor:
                     spec = plan.slots[s]
                     shape = tuple(shape_expr.evaluate(d, env) for d in spec.shape)
                     values[s] = memory_plan.aligned_empty(shape, spec.dtype.to_numpy())
-            if times is None:
-                funcs[call.func](*[values[s] for s in call.args])
-                continue
             kernel_args = [values[s] for s in call.args]
             start = time.perf_counter()
-            funcs[call.func](*kernel_args)
-            times.append(time.perf_counter() - start)
+            try:
+                funcs[call.func](*kernel_args)
+            except RuntimeCheckError as err:
+                raise RuntimeCheckError(f"{self._step_name(call)}: {err}") from None
+            if times is not None:
+                times.append(time.perf_counter() - start)
         return self._collect(plan.outputs, values)
+
+    def _step_name(self, call: Any) -> str:
+        """``main: Gather node 'g'``: the function and the model nodes of a plan step (its
+        kernel's name when the plan does not know them)."""
+        return f"{self.plan.name}: {describe(call.span, f'kernel {call.func}')}"
+
+    def _check_failed(self, index: int) -> RuntimeCheckError:
+        """The error of plan call ``index``, whose kernel failed a check inside the native
+        entry (the message is the kernel's, from ``kiln_last_error``)."""
+        call = self.plan.calls[index]
+        message = self.module.last_error() or f"{call.func}: a run-time check failed"
+        return RuntimeCheckError(f"{self._step_name(call)}: {message}")
 
     def call_samples(self, *args: Any, repeat: int = 10) -> tuple[list[str], np.ndarray]:
         """Wall time of every kernel call over ``repeat`` runs (after one warm-up run): the
@@ -462,9 +478,11 @@ class Executor:
         for slot, arr in zip(self._out_slots, self._new_outputs(out_shapes)):
             values[slot] = arr
         if seconds is None:
-            self._entry(*args)
+            rc = self._entry(*args)
         else:
-            self._profile_entry(*args, seconds)
+            rc = self._profile_entry(*args, seconds)
+        if rc:
+            raise self._check_failed(rc - 1)
         return self._collect(plan.outputs, values)
 
     def _collect(self, out: Any, values: list[Any] | dict[int, Any]) -> Any:

@@ -19,13 +19,14 @@ from ...ir.node import structural_equal
 from ...tir import expr as E
 from ...tir import stmt as S
 from ...tir.buffer import Buffer
-from ...tir.function import PrimFunc
-from ...tir.functor import post_order_visit
+from ...tir.function import ASSUME_ATTR, PrimFunc
+from ...tir.functor import collect_vars, post_order_visit
 from ...tir.transform.hoist_allocations import (
     alloc_size,
     invariant_heap_allocations,
     on_stack,
 )
+from ...tir.transform.hoist_checks import has_checks
 from .expr import ExprEmitter
 from .helpers import Helpers
 from .names import NameTable
@@ -70,8 +71,6 @@ def analyze_signature(func: PrimFunc, name: str) -> FunctionSignature:
                 f"{name}: parameter buffer {buf.name!r} has a symbolic elem_offset, which the C "
                 f"backend does not support"
             )
-    from ...tir.functor import collect_vars
-
     for _p, buf in params:
         if buf is None:
             continue
@@ -87,8 +86,15 @@ def analyze_signature(func: PrimFunc, name: str) -> FunctionSignature:
 
 
 def unchecked_signature(symbol: str) -> str:
-    """The C declarator of a function's unchecked entry (``symbol`` the checked entry's)."""
-    return f"void {symbol}_unchecked(void** data, const int64_t* sym)"
+    """The C declarator of a function's unchecked entry (``symbol`` the checked entry's). It
+    returns 0, or ``KILN_CHECK_FAILED`` when a check inside the kernel failed (see
+    :meth:`FunctionEmitter.emit`)."""
+    return f"int32_t {symbol}_unchecked(void** data, const int64_t* sym)"
+
+
+#: The C name of the kernel's check record (see the ``check`` helper): a pointer to a record on
+#: the stack of the thread that called the kernel, passed to the outlined parallel loop bodies.
+CHECK_RECORD = "kiln_chk"
 
 
 class FunctionEmitter(ExprEmitter):
@@ -132,7 +138,13 @@ class FunctionEmitter(ExprEmitter):
         as a ``restrict`` pointer parameter: kernels never get overlapping buffers (the memory
         plan keeps a call's inputs and outputs apart), and GCC only trusts ``restrict`` on
         parameters -- with it, accumulator tiles stay in registers across a reduction loop
-        instead of being stored on every iteration."""
+        instead of being stored on every iteration.
+
+        The body returns 0, or ``KILN_CHECK_FAILED`` with a message for ``kiln_last_error()``:
+        first when an assumption of the function (attr :data:`~kiln.tir.function.ASSUME_ATTR`,
+        a condition on its symbolic dims) does not hold, before anything is computed; else
+        after the whole body when one of its run-time checks (``check_index``, assertions)
+        failed, which the check record collects from every thread."""
         sig = self.signature
         ptr_params: list[str] = []
         ptr_args: list[str] = []
@@ -164,16 +176,26 @@ class FunctionEmitter(ExprEmitter):
         self.line("(void)data;")
         if not sig.sym_vars:
             self.line("(void)sym;")
+        for cond, message in self.func.attrs.get(ASSUME_ATTR) or ():
+            self._assumption(cond, message)
+        checks = has_checks(self.func.body)
+        if checks:
+            self.helpers.use("check")
+            self.line(f"kiln_check_t {CHECK_RECORD}_rec = {{0}};")
+            self.line(f"kiln_check_t* const {CHECK_RECORD} = &{CHECK_RECORD}_rec;")
         self.stmt(self.func.body)
+        if checks:
+            self.line(f"if ({CHECK_RECORD}->failed) return kiln_check_report({CHECK_RECORD});")
+        self.line("return 0;")
         impl = f"{self.symbol}__body"
         params = ", ".join(["void** data", "const int64_t* sym", *ptr_params])
         args = ", ".join(["data", "sym", *ptr_args])
         header = [*self.outlined,
                   f"/* {self.name}: the kernel; buffers do not overlap */",
-                  f"static void {impl}({params}) {{"]
+                  f"static int32_t {impl}({params}) {{"]
         wrapper = [f"/* {self.name}: unchecked entry (arguments already validated) */",
                    f"{unchecked_signature(self.symbol)} {{",
-                   f"  {impl}({args});", "}"]
+                   f"  return {impl}({args});", "}"]
         return "\n".join(header + self.lines + ["}", ""] + wrapper) + "\n"
 
     # ---- statements -------------------------------------------------------------------------
@@ -288,6 +310,9 @@ class FunctionEmitter(ExprEmitter):
 
         post_order_visit(s.body, visit)
         params, args = [f"{var_ct} {var}"], [var]
+        if has_checks(s.body):
+            params.append(f"kiln_check_t* const {CHECK_RECORD}")
+            args.append(CHECK_RECORD)
         for v in used:
             if v in defined:
                 continue
@@ -339,10 +364,33 @@ class FunctionEmitter(ExprEmitter):
         self.stmt(s.body)
 
     def stmt_AssertStmt(self, s: S.AssertStmt) -> None:
-        self.helpers.use("fatal")
-        msg = c_string(s.message)
-        self.line(f"if (!{self.expr(s.condition)}) kiln_fatal({msg});")
+        """A failed assertion is recorded (the kernel then fails) and skips its body."""
+        self.helpers.use("check")
+        msg = c_string(f"{self.name}: {s.message}")
+        self.line(f"if (!({_strip_parens(self.expr(s.condition))})) {{")
+        self.line(f"{INDENT}kiln_check_record({CHECK_RECORD}, {msg}, 0, 0, 0, 0);")
+        self.line("} else {")
+        self.depth += 1
         self.stmt(s.body)
+        self.depth -= 1
+        self.line("}")
+
+    def _assumption(self, cond: E.PrimExpr, message: str) -> None:
+        """Return ``KILN_CHECK_FAILED`` when ``cond`` (on the symbolic dims) does not hold,
+        with ``message`` and the values of the dims it uses."""
+        used = collect_vars(cond)
+        dims = [v for v in self.signature.sym_vars if v in used]
+        if len(dims) != len(used):
+            raise CodegenError(f"{self.name}: an assumption uses variables that are not "
+                               f"symbolic dims of its buffers: {cond}")
+        shown = ", ".join(f"{v.name} = %lld" for v in dims)
+        fmt = c_string(message, printf=True)[:-1] + (
+            f" ({shown})" if shown else "") + '"'
+        values = "".join(f", (long long){self.var_names[v]}" for v in dims)
+        self.line(f"if (!({_strip_parens(self.expr(cond))})) {{")
+        self.line(f"{INDENT}kiln_fail({fmt}{values});")
+        self.line(f"{INDENT}return KILN_CHECK_FAILED;")
+        self.line("}")
 
     def stmt_Allocate(self, s: S.Allocate) -> None:
         buf = s.buffer

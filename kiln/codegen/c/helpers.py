@@ -145,10 +145,52 @@ static void* kiln_alloc(size_t nbytes) {
   return p;
 }
 """, ()),
-    "fatal": (r"""
-static void kiln_fatal(const char* msg) {
-  fprintf(stderr, "kiln: assertion failed in generated code: %s\n", msg);
-  abort();
+    "check": (r"""
+/* ---- checks inside a kernel while it runs ----
+   An index out of range or a failed assertion is recorded in the kernel's check record, which
+   lives on the stack of the thread that called the kernel and is shared with the threads of
+   its parallel loops (the first failure wins). The kernel finishes -- a failed index reads
+   position 0, a failed assertion skips what it guards -- and returns KILN_CHECK_FAILED with
+   the message in the calling thread's kiln_error_buf (kiln_check_report). */
+typedef struct {
+  int failed;
+  int is_index;  /* 1: an index out of range [lo, hi); 0: a failed assertion */
+  long long value, lo, hi;
+  const char* what;
+} kiln_check_t;
+
+static void kiln_check_record(kiln_check_t* c, const char* what, int is_index,
+                              long long value, long long lo, long long hi) {
+  int expected = 0;
+  if (__atomic_compare_exchange_n(&c->failed, &expected, 1, 0, __ATOMIC_ACQ_REL,
+                                  __ATOMIC_RELAXED)) {
+    c->is_index = is_index;
+    c->value = value;
+    c->lo = lo;
+    c->hi = hi;
+    c->what = what;
+  }
+}
+
+/* An index along an axis of size n, allowed in [lo, n) (lo is -n or 0), counted from the end
+   when negative; 0 after recording a failure. */
+static inline int64_t kiln_check_index(kiln_check_t* c, int64_t v, int64_t lo, int64_t n,
+                                       const char* what) {
+  /* lo <= v < n in one unsigned comparison (wrapping subtraction) */
+  if (__builtin_expect((uint64_t)v - (uint64_t)lo < (uint64_t)n - (uint64_t)lo, 1)) {
+    return v < 0 ? v + n : v;
+  }
+  kiln_check_record(c, what, 1, (long long)v, (long long)lo, (long long)n);
+  return 0;
+}
+
+static int32_t kiln_check_report(const kiln_check_t* c) {
+  if (c->is_index) {
+    kiln_fail("%s: index %lld is out of range [%lld, %lld)", c->what, c->value, c->lo, c->hi);
+  } else {
+    kiln_fail("%s", c->what);
+  }
+  return KILN_CHECK_FAILED;
 }
 """, ()),
     "bf16": (r"""
@@ -313,7 +355,7 @@ class Helpers:
 
     # ---- functions ---------------------------------------------------------------------
     def use(self, key: str) -> None:
-        """Request one of the fixed helpers (``alloc``, ``fatal``, ``bf16``, ``f16``)."""
+        """Request one of the fixed helpers (``alloc``, ``check``, ``bf16``, ``f16``)."""
         if key not in self._funcs:
             code, deps = _FIXED[key]
             for d in deps:

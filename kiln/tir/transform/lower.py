@@ -9,6 +9,7 @@ from .compact_buffers import compact_buffers
 from .convert_blocks_to_loops import convert_blocks_to_loops
 from .flatten_buffers import flatten_buffers
 from .hoist_allocations import hoist_allocations
+from .hoist_checks import hoist_checks
 from .hoist_reduction_init import hoist_reduction_init
 from .jam_tails import jam_tails
 from .partition_loops import partition_loops
@@ -30,10 +31,11 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     Runs, in order: hoist the init of reductions over symbolic extents (so an empty one still
     stores its identity), compact scheduled buffers (allocate caches inside the loop using them),
     convert blocks to loops, flatten buffers, hoist heap allocations out of serial loops,
-    simplify, vectorize loops, write out small unrolled loops, and simplify again (vectorization
-    leaves ``Ramp(i * 8 + 0, ...)``-style bases, unrolling constant indices); then split guarded
-    tail iterations off tile loops (``partition_loops``) and simplify the guards away, and jam
-    the tail tiles of independent rows where a schedule asked for it (``jam_tails``). The result
+    hoist run-time checks out of the loops they do not depend on, simplify, vectorize loops,
+    write out small unrolled loops, and simplify again (vectorization leaves
+    ``Ramp(i * 8 + 0, ...)``-style bases, unrolling constant indices); then split guarded tail
+    iterations off tile loops (``partition_loops``) and simplify the guards away, and jam the
+    tail tiles of independent rows where a schedule asked for it (``jam_tails``). The result
     carries the ``"kiln.lowered"`` attribute; lowering a lowered function returns it unchanged.
     """
     if is_lowered(func):
@@ -44,6 +46,7 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     func = convert_blocks_to_loops(func)
     func = flatten_buffers(func)
     func = hoist_allocations(func)
+    func = hoist_checks(func)
     func = simplify(func)
     func = vectorize_loops(func)
     func = unroll_loops(func)

@@ -283,8 +283,8 @@ def gather(ctx: Any, node: Any) -> Any:
         if static is not None:
             return np.array(static, dtype=np.int64).reshape(np.shape(node.const_value(1)))
         sv.track(ctx, node, picked)
-    # "wrap" maps ONNX's negative indices (counted from the end) onto the axis
-    return op.take(x, indices, axis=axis, mode="wrap")
+    # negative indices count from the end; one outside [-n, n) fails the run, as in onnxruntime
+    return op.take(x, indices, axis=axis, mode="raise")
 
 
 def _shape_entries(ctx: Any, node: Any) -> list[Any] | None:
