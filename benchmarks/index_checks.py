@@ -107,7 +107,7 @@ def main() -> None:
             fn, shape, dtype = make(fix)
             out = np.empty(shape, dtype)
             fn(*arrays, out)
-            fns[label] = lambda fn=fn, out=out: fn(*arrays, out)
+            fns[label] = lambda fn=fn, out=out, arrays=arrays: fn(*arrays, out)
         if ort_fn is not None:
             fns["ORT"] = ort_fn
         result = compare(fns, rounds=5)

@@ -25,13 +25,17 @@ from . import graph as g
 from . import transform as _transform  # noqa: F401 - declares every pass (get_pass by name)
 from .codegen import graph_entry
 from .codegen.graph_plan import build_plan
-from .ir.errors import KilnError, ScheduleError
+from .graph.functor import post_order_visit
+from .ir.errors import KilnError, ScheduleError, error_context
 from .ir.module import IRModule
+from .ir.span import Span, describe
 from .op.registry import get_op_def
 from .op.schedule_helpers import inline_is_cheap
+from .runtime import memory_plan
 from .runtime.executable import Executable
 from .target import Target
 from .tir.function import PrimFunc
+from .tir.transform.lower import lower
 from .transform.bind_params import BindParams, bind_params  # noqa: F401 - re-exported
 from .transform.fuse_tir import FuseTIR
 from .transform.legalize_ops import LegalizeOps
@@ -240,6 +244,21 @@ def _finish_graph(mod: IRModule) -> IRModule:
     return mod
 
 
+def kernel_spans(mod: IRModule) -> dict[str, Span]:
+    """The model nodes behind each PrimFunc of ``mod``: the merged spans of the ``call_tir``
+    calls of it in the graph functions."""
+    found: dict[str, list[Span | None]] = {}
+
+    def visit(e: Any) -> None:
+        if isinstance(e, g.Call) and isinstance(e.op, g.Op) and e.op.name == "call_tir":
+            found.setdefault(e.args[0].name_hint, []).append(e.span)
+
+    for _, f in mod.items():
+        if isinstance(f, g.Function):
+            post_order_visit(f, visit)
+    return {name: span for name, ss in found.items() if (span := Span.merge(ss)) is not None}
+
+
 def build(mod: IRModule, target: Target | str | None = "c",
           params: Mapping[str, Any] | None = None, pipeline: Pass | None = None) -> Executable:
     """Compile every function of ``mod``; the result runs graph function ``main`` when called.
@@ -259,13 +278,19 @@ def build(mod: IRModule, target: Target | str | None = "c",
         mod = BindParams("main", params)(mod)
     mod = (pipeline or default_pipeline(target=tgt))(mod)
     mod = _finish_graph(mod)
-    prim_funcs = {
-        name: schedule_prim_func(f, tgt) for name, f in mod.items() if isinstance(f, PrimFunc)
-    }
-    plans = {
-        name: build_plan(f, name) for name, f in mod.items()
-        if isinstance(f, g.Function) and not f.attrs.get("Primitive")
-    }
+    spans = kernel_spans(mod)
+    prim_funcs = {}
+    for name, f in mod.items():
+        if isinstance(f, PrimFunc):
+            # an error scheduling or lowering a kernel names the model nodes it computes
+            with error_context(describe(spans.get(name), f"kernel {name}")):
+                prim_funcs[name] = lower(schedule_prim_func(f, tgt), tgt)
+    plans = {}
+    for name, f in mod.items():
+        if isinstance(f, g.Function) and not f.attrs.get("Primitive"):
+            with error_context(f"graph function {name}", prefix=False):
+                plans[name] = build_plan(f, name)
+            memory_plan.check_run_memory(plans[name])
     if not plans:
         raise KilnError("kiln.build: the module has no graph function to run")
     extra = graph_entry.emit_entries(plans, prim_funcs)

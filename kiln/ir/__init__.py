@@ -10,6 +10,7 @@ from .errors import (
     InternalError,
     KilnError,
     LoweringError,
+    MemoryLimitError,
     ModelFormatError,
     RuntimeCheckError,
     ScheduleError,
@@ -23,8 +24,8 @@ from .well_formed import well_formed
 
 __all__ = [
     "ArgumentError", "CodegenError", "CompileError", "CompilerNotFoundError", "DTypeError",
-    "DataType", "IRModule", "InternalError", "KilnError", "LoweringError", "ModelFormatError",
-    "Node", "RuntimeCheckError", "ScheduleError", "StructInfoError", "TypeCode",
+    "DataType", "IRModule", "InternalError", "KilnError", "LoweringError", "MemoryLimitError",
+    "ModelFormatError", "Node", "RuntimeCheckError", "ScheduleError", "StructInfoError", "TypeCode",
     "UnsupportedOperatorError", "WellFormedError", "as_dtype", "assert_structural_equal", "node",
     "structural_equal", "structural_hash", "well_formed",
 ]

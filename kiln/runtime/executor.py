@@ -32,7 +32,13 @@ from typing import Any
 import numpy as np
 
 from ..ir.dtype import DataType
-from ..ir.errors import ArgumentError, KilnError, RuntimeCheckError
+from ..ir.errors import (
+    ArgumentError,
+    KilnError,
+    MemoryLimitError,
+    RuntimeCheckError,
+    internal_error,
+)
 from ..ir.span import describe
 from . import host_funcs, memory_plan, shape_expr, shape_funcs
 from .ndarray import data_address
@@ -71,7 +77,8 @@ def as_input_array(value: Any, name: str, dtype: DataType) -> np.ndarray:
     """Zero-copy view of an input (numpy or any ``__dlpack__`` producer) as a numpy array.
 
     Python scalars and lists are converted to the expected dtype; arrays must already have it
-    (kiln never casts silently). Non-contiguous arrays are copied to contiguous ones.
+    (kiln never casts silently). A non-contiguous array is returned as it is: the executor
+    copies it once its shape has been checked (a broadcast view may stand for terabytes).
     """
     if isinstance(value, np.ndarray):
         arr = value
@@ -89,8 +96,6 @@ def as_input_array(value: Any, name: str, dtype: DataType) -> np.ndarray:
         raise ArgumentError(
             f"input {name!r}: expected an array (numpy or __dlpack__), got {type(value).__name__}"
         )
-    if not arr.flags.c_contiguous:
-        arr = np.ascontiguousarray(arr)
     return arr
 
 
@@ -106,6 +111,7 @@ class _Frame:
     def __init__(self, plan: Plan, env: dict[str, int]):
         shapes = [tuple(shape_expr.evaluate(d, env) for d in spec.shape)
                   for spec in plan.slots]
+        self.shapes = shapes
         self.out_shapes = [shapes[s] for s, spec in enumerate(plan.slots) if spec.kind == "output"]
         self.offsets, self.nbytes = memory_plan.plan_memory(plan, shapes)
         self.temp_slots = [s for s, spec in enumerate(plan.slots) if spec.kind == "temp"]
@@ -128,18 +134,16 @@ class Executor:
         self.plan = plan
         self.module = module
         self._static: dict[int, np.ndarray] = {}
-        self.workspace = memory_plan.aligned_workspace(plan.workspace_bytes)
         for slot, spec in enumerate(plan.slots):
             if spec.kind == "const":
                 const = plan.constants[slot]
                 # plans made by kiln.build or kiln.load hold aligned constants already (no
                 # copy then)
                 self._static[slot] = memory_plan.aligned_copy(const)
-            elif slot in plan.workspace_offsets:
-                self._static[slot] = memory_plan.temp_view(self.workspace, plan, slot)
-            elif spec.kind == "temp" and all(shape_expr.is_static(d) for d in spec.shape):
-                self._static[slot] = memory_plan.aligned_empty(spec.shape,
-                                                               spec.dtype.to_numpy())
+        # the workspace and static temps are allocated by the first run, once its inputs are
+        # checked (_allocate), and only within the memory limit
+        self.workspace: np.ndarray | None = None
+        self._ws_ptr: int | None = None
         self._entry = self._profile_entry = None
         self._fast = None
         self._fast_outputs: Any = None
@@ -172,6 +176,19 @@ class Executor:
         self._consts = (ctypes.c_void_p * max(len(consts), 1))(*[a.ctypes.data for a in consts])
         self._in_ptrs = (ctypes.c_void_p * max(len(plan.input_slots), 1))()
         self._out_ptrs = (ctypes.c_void_p * max(len(self._out_slots), 1))()
+
+    def _allocate(self) -> None:
+        """The static plan's workspace and the static temps outside it, allocated once, by the
+        first run after its inputs passed the checks, if one run fits the memory limit."""
+        plan = self.plan
+        memory_plan.check_run_memory(plan)
+        self.workspace = memory_plan.aligned_workspace(plan.workspace_bytes)
+        for slot, spec in enumerate(plan.slots):
+            if slot in plan.workspace_offsets:
+                self._static[slot] = memory_plan.temp_view(self.workspace, plan, slot)
+            elif spec.kind == "temp" and all(shape_expr.is_static(d) for d in spec.shape):
+                self._static[slot] = memory_plan.aligned_empty(spec.shape,
+                                                               spec.dtype.to_numpy())
         self._ws_ptr = self.workspace.ctypes.data
 
     # ---- argument checking --------------------------------------------------------------
@@ -221,18 +238,34 @@ class Executor:
                             f"{fname}: input {name!r} expected shape "
                             f"{_fmt_shape(plan.slots[slot].shape)} but got {tuple(arr.shape)}"
                         )
+        for k, (name, arr) in enumerate(zip(plan.input_names, arrays)):
+            if not arr.flags.c_contiguous:
+                memory_plan.check_memory(arr.nbytes, f"{fname}: input {name!r} (not contiguous: "
+                                                     "kiln copies it)")
+                arrays[k] = np.ascontiguousarray(arr)
         return arrays, env
 
     # ---- running ------------------------------------------------------------------------
     def run(self, *args: Any) -> Any:
-        if self._fast is not None:
-            out = self._run_fast(args)
-            if out is not None:
-                return out
-        arrays, env = self._bind_inputs(args)
-        if self._entry is not None:
-            return self._run_entry(arrays, env)
-        return self._run_steps(arrays, env, self._funcs)
+        try:
+            if self._fast is not None:
+                out = self._run_fast(args)
+                if out is not None:
+                    return out
+            arrays, env = self._bind_inputs(args)
+            if self._ws_ptr is None:
+                self._allocate()
+            if self._entry is not None:
+                return self._run_entry(arrays, env)
+            return self._run_steps(arrays, env, self._funcs)
+        except KilnError:
+            raise
+        except MemoryError as err:
+            raise MemoryLimitError(f"{self.plan.name}: out of memory while running (the "
+                                   "memory limit is above what the machine can give; set "
+                                   f"{memory_plan.MEMORY_LIMIT_ENV} lower)") from err
+        except Exception as err:  # noqa: BLE001 - never a bare traceback from a run
+            raise internal_error(f"running {self.plan.name}", err) from err
 
     def _fast_path(self) -> list[tuple[tuple[int, ...], np.dtype]] | None:
         """``[(input shape, numpy dtype)...]`` that :meth:`_run_fast` checks, for a plan with a
@@ -272,6 +305,8 @@ class Executor:
                     or not arr.flags.c_contiguous):
                 return None
             in_ptrs[i] = data_address(arr)
+        if self._ws_ptr is None:
+            self._allocate()
         outs = self._new_outputs()
         rc = self._entry(in_ptrs, self._out_ptrs, self._ws_ptr, self._consts)
         if rc:
@@ -301,6 +336,7 @@ class Executor:
         if frame is not None:
             return frame
         frame = _Frame(self.plan, env)
+        memory_plan.check_run_memory(self.plan, frame.shapes, frame.nbytes)
         if frame.nbytes > self._dyn_workspace.nbytes:
             # the frames made so far point into the old buffer
             self._frames.clear()
@@ -321,6 +357,7 @@ class Executor:
             values[slot] = arr
         for slot, arr in self._static.items():
             values[slot] = arr
+        allocated = 0
         for call in plan.calls:
             if not call.is_kernel:
                 self._host_step(call, values, env)
@@ -329,6 +366,9 @@ class Executor:
                 if values[s] is None:  # symbolic shape: its names are bound by now
                     spec = plan.slots[s]
                     shape = tuple(shape_expr.evaluate(d, env) for d in spec.shape)
+                    allocated += memory_plan.slot_nbytes(plan, s, shape)
+                    memory_plan.check_memory(allocated, f"{self._step_name(call)} (with what "
+                                                        "this run allocated before it)")
                     values[s] = memory_plan.aligned_empty(shape, spec.dtype.to_numpy())
             kernel_args = [values[s] for s in call.args]
             start = time.perf_counter()
@@ -367,6 +407,8 @@ class Executor:
         samples = np.zeros((repeat + 1, len(kernels)))
         for run in range(repeat + 1):  # the first run warms caches and is not counted
             arrays, env = self._bind_inputs(args)
+            if self._ws_ptr is None:
+                self._allocate()
             if native:
                 seconds = (ctypes.c_double * max(len(kernels), 1))()
                 self._run_entry(arrays, env, seconds)

@@ -13,10 +13,9 @@ from kiln import te, tir
 from kiln.codegen import c as cg
 from kiln.codegen.c import compiler as cc
 from kiln.ir import ArgumentError, CompileError, CompilerNotFoundError, RuntimeCheckError
-from kiln.ir.abi import CHECK_FAILED
-from kiln.tir.function import ASSUME_ATTR
-from kiln.ir.abi import DLTensor
+from kiln.ir.abi import CHECK_FAILED, DLTensor
 from kiln.runtime import as_dltensor
+from kiln.tir.function import ASSUME_ATTR
 
 
 @pytest.fixture(autouse=True, scope="module")

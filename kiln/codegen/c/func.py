@@ -95,6 +95,22 @@ def unchecked_signature(symbol: str) -> str:
 #: The C name of the kernel's check record (see the ``check`` helper): a pointer to a record on
 #: the stack of the thread that called the kernel, passed to the outlined parallel loop bodies.
 CHECK_RECORD = "kiln_chk"
+#: The flag of a thread whose scratch buffers were allocated (``_parallel_with_scratch``).
+SCRATCH_OK = "kiln_scratch_ok"
+
+
+def needs_check_record(stmt: S.Stmt) -> bool:
+    """Whether code for ``stmt`` records failures: it holds run-time checks or allocates on
+    the heap (an allocation can fail)."""
+    found = [has_checks(stmt)]
+
+    def visit(n: Any) -> None:
+        if isinstance(n, S.Allocate) and not on_stack(n.buffer):
+            found[0] = True
+
+    if not found[0]:
+        post_order_visit(stmt, visit)
+    return found[0]
 
 
 class FunctionEmitter(ExprEmitter):
@@ -114,6 +130,9 @@ class FunctionEmitter(ExprEmitter):
         self.signature = analyze_signature(func, name)
         #: Static functions holding the bodies of parallel loops (see ``_outline``).
         self.outlined: list[str] = []
+        #: Inside a parallel loop whose threads allocate scratch: the flag saying a thread's
+        #: allocation succeeded (see ``_parallel_with_scratch``).
+        self.scratch_guard: str | None = None
 
     # ---- helpers --------------------------------------------------------------------------
     def line(self, text: str) -> None:
@@ -178,7 +197,7 @@ class FunctionEmitter(ExprEmitter):
             self.line("(void)sym;")
         for cond, message in self.func.attrs.get(ASSUME_ATTR) or ():
             self._assumption(cond, message)
-        checks = has_checks(self.func.body)
+        checks = needs_check_record(self.func.body)
         if checks:
             self.helpers.use("check")
             self.line(f"kiln_check_t {CHECK_RECORD}_rec = {{0}};")
@@ -254,6 +273,9 @@ class FunctionEmitter(ExprEmitter):
         self.fma_in_registers += in_registers
         if parallel:
             self.parallel_depth += 1
+            guard = self.scratch_guard
+            if guard is not None:  # the thread's scratch could not be allocated: skip
+                self.line(f"if (!{guard}) continue;")
             call = self._outline(s, var, ct)
             if call is not None:
                 self.line(call)
@@ -271,14 +293,20 @@ class FunctionEmitter(ExprEmitter):
         """A parallel loop whose iterations each allocate the same heap scratch: one buffer per
         thread, allocated once in the parallel region, instead of a ``malloc``/``free`` pair
         per iteration (with buffers over glibc's trim threshold each pair also page-faults the
-        memory in again)."""
+        memory in again). A thread whose allocation failed records it and skips its
+        iterations (it still takes part in the ``omp for``, as OpenMP requires)."""
         self.line(f"#pragma omp parallel{threads}")
         self.line("{")
         self.depth += 1
         for alloc in scratch:
             self._heap_alloc(alloc.buffer)
+        names = [self.var_names[a.buffer.data] for a in scratch]
+        self.line(f"const int {SCRATCH_OK} = {' && '.join(f'{n} != NULL' for n in names)};")
+        self.line(f"if (!{SCRATCH_OK}) {self._alloc_failure(scratch[0].buffer)}")
         self.line("#pragma omp for")
+        self.scratch_guard = SCRATCH_OK
         self._loop(s, parallel=True)
+        self.scratch_guard = None
         for alloc in reversed(scratch):
             self.line(f"free({self.var_names[alloc.buffer.data]});")
         self.depth -= 1
@@ -310,7 +338,7 @@ class FunctionEmitter(ExprEmitter):
 
         post_order_visit(s.body, visit)
         params, args = [f"{var_ct} {var}"], [var]
-        if has_checks(s.body):
+        if needs_check_record(s.body):
             params.append(f"kiln_check_t* const {CHECK_RECORD}")
             args.append(CHECK_RECORD)
         for v in used:
@@ -406,17 +434,32 @@ class FunctionEmitter(ExprEmitter):
             self.stmt(s.body)
             return
         self._heap_alloc(buf)
+        name = self.var_names[buf.data]
+        # no memory for it: the failure is recorded and what would use it skipped
+        self.line(f"if ({name} == NULL) {self._alloc_failure(buf)} else {{")
+        self.depth += 1
         self.stmt(s.body)
-        self.line(f"free({self.var_names[buf.data]});")
+        self.line(f"free({name});")
+        self.depth -= 1
+        self.line("}")
 
     def _heap_alloc(self, buf: Buffer) -> None:
-        """Declare ``buf``'s data pointer and allocate it (64-byte aligned) on the heap."""
+        """Declare ``buf``'s data pointer and allocate it (64-byte aligned) on the heap; the
+        pointer is NULL when the memory is not there (the caller checks)."""
         ct = self.storage_ctype(buf.dtype)
         name = self.define_var(buf.data)
         self.aligned_data.add(buf.data)
         self.helpers.use("alloc")
         size = _strip_parens(self.expr(alloc_size(buf)))
-        self.line(f"{ct}* {name} = ({ct}*)kiln_alloc((size_t)({size}) * sizeof({ct}));")
+        self.line(f"{ct}* {name} = ({ct}*)kiln_alloc((int64_t)({size}), sizeof({ct}));")
+
+    def _alloc_failure(self, buf: Buffer) -> str:
+        """The C statement recording that ``buf`` could not be allocated."""
+        ct = self.storage_ctype(buf.dtype)
+        size = _strip_parens(self.expr(alloc_size(buf)))
+        what = c_string(f"{self.name}: buffer {buf.name}")
+        return (f"{{ kiln_check_record({CHECK_RECORD}, {what}, KILN_CHECK_ALLOC, "
+                f"(long long)({size}), (long long)sizeof({ct}), 0); }}")
 
     def stmt_BufferStore(self, s: S.BufferStore) -> None:
         buf = s.buffer

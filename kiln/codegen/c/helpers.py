@@ -134,17 +134,19 @@ ENTRY_SUPPORT = ENTRY_SUPPORT.replace("@MINIFLOAT_CASES@", "\n".join(
 
 _FIXED: dict[str, tuple[str, tuple[str, ...]]] = {
     "alloc": (r"""
-/* 64-byte aligned heap storage for intermediate buffers. */
-static void* kiln_alloc(size_t nbytes) {
-  size_t n = (nbytes + 63) & ~(size_t)63;
-  void* p = aligned_alloc(64, n ? n : 64);
-  if (p == NULL) {
-    fprintf(stderr, "kiln: out of memory allocating %zu bytes\n", nbytes);
-    abort();
+/* 64-byte aligned heap storage for `count` intermediate elements of `itemsize` bytes; NULL when
+   the size overflows or the memory is not there (the kernel records the failure and skips
+   what would use the buffer: see kiln_check_t). */
+static void* kiln_alloc(int64_t count, size_t itemsize) {
+  size_t nbytes;
+  if (count < 0 || __builtin_mul_overflow((size_t)count, itemsize, &nbytes) ||
+      nbytes > SIZE_MAX - 63) {
+    return NULL;
   }
-  return p;
+  size_t n = (nbytes + 63) & ~(size_t)63;
+  return aligned_alloc(64, n ? n : 64);
 }
-""", ()),
+""", ("check",)),
     "check": (r"""
 /* ---- checks inside a kernel while it runs ----
    An index out of range or a failed assertion is recorded in the kernel's check record, which
@@ -154,17 +156,18 @@ static void* kiln_alloc(size_t nbytes) {
    the message in the calling thread's kiln_error_buf (kiln_check_report). */
 typedef struct {
   int failed;
-  int is_index;  /* 1: an index out of range [lo, hi); 0: a failed assertion */
+  int kind;  /* KILN_CHECK_ASSERT, KILN_CHECK_INDEX (value out of [lo, hi)), KILN_CHECK_ALLOC */
   long long value, lo, hi;
   const char* what;
 } kiln_check_t;
+enum { KILN_CHECK_ASSERT = 0, KILN_CHECK_INDEX = 1, KILN_CHECK_ALLOC = 2 };
 
-static void kiln_check_record(kiln_check_t* c, const char* what, int is_index,
+static void kiln_check_record(kiln_check_t* c, const char* what, int kind,
                               long long value, long long lo, long long hi) {
   int expected = 0;
   if (__atomic_compare_exchange_n(&c->failed, &expected, 1, 0, __ATOMIC_ACQ_REL,
                                   __ATOMIC_RELAXED)) {
-    c->is_index = is_index;
+    c->kind = kind;
     c->value = value;
     c->lo = lo;
     c->hi = hi;
@@ -180,13 +183,16 @@ static inline int64_t kiln_check_index(kiln_check_t* c, int64_t v, int64_t lo, i
   if (__builtin_expect((uint64_t)v - (uint64_t)lo < (uint64_t)n - (uint64_t)lo, 1)) {
     return v < 0 ? v + n : v;
   }
-  kiln_check_record(c, what, 1, (long long)v, (long long)lo, (long long)n);
+  kiln_check_record(c, what, KILN_CHECK_INDEX, (long long)v, (long long)lo, (long long)n);
   return 0;
 }
 
 static int32_t kiln_check_report(const kiln_check_t* c) {
-  if (c->is_index) {
+  if (c->kind == KILN_CHECK_INDEX) {
     kiln_fail("%s: index %lld is out of range [%lld, %lld)", c->what, c->value, c->lo, c->hi);
+  } else if (c->kind == KILN_CHECK_ALLOC) {
+    kiln_fail("%s: out of memory allocating %lld elements of %lld bytes", c->what, c->value,
+              c->lo);
   } else {
     kiln_fail("%s", c->what);
   }

@@ -78,10 +78,6 @@ def static_len(node: Any, x: Any, what: str) -> int:
     return n
 
 
-def _is_one(d: Any) -> bool:
-    return static_int(d) == 1
-
-
 def reshape_rt(ctx: Any, node: Any, x: Any, shape_t: Any, allowzero: bool) -> Any:
     """Reshape to a shape tensor known at run time (0 copies a dim, -1 is inferred)."""
     k = static_len(node, shape_t, "the shape input")
@@ -96,7 +92,8 @@ def expand_rt(ctx: Any, node: Any, x: Any, shape_t: Any) -> Any:
     in_shape = list(shape_of(x))
     rank = max(len(in_shape), k)
     aligned = [None] * (rank - len(in_shape)) + in_shape
-    known = [None if d is None or _is_one(d) else d for d in aligned]
+    # a static dim other than 1 stays; a symbolic one may be 1 and broadcast: a fresh dim
+    known = [d if d is not None and static_int(d) not in (None, 1) else None for d in aligned]
     dims = runtime_shape(ctx, node, "expand", [shape_expr(ctx, node, x), shape_t], known)
     return op.broadcast_to(x, dims)
 

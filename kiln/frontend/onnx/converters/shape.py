@@ -162,13 +162,23 @@ def _split_sizes(ctx: Any, node: Any, x: Any, axis: int) -> list[int]:
         sizes = None if value is None else ints(value)
     else:
         sizes = node.attr("split", None)
-    if sizes:
-        return [int(s) for s in sizes]
     dim = static_int(shape_of(x)[axis])
+    if sizes:
+        sizes = [int(s) for s in sizes]
+        if len(sizes) != node.num_outputs or min(sizes) < 0 or (
+                dim is not None and sum(sizes) != dim):
+            raise node.error(f"split sizes {sizes} must be {node.num_outputs} non-negative "
+                             f"sizes adding up to the axis length {dim}")
+        return sizes
     n = int(node.attr("num_outputs", 0)) or node.num_outputs
+    if n != node.num_outputs:
+        raise node.error(f"num_outputs is {n} but the node has {node.num_outputs} outputs")
     if dim is None:
         raise node.error("an even split of a symbolic axis is not supported yet")
     chunk = -(-dim // n)
+    if dim and (n - 1) * chunk >= dim:
+        raise node.error(f"an axis of length {dim} cannot be split into {n} parts of "
+                         f"{chunk} (the last would be empty or negative)")
     return [min(chunk, dim - i * chunk) for i in range(n)]
 
 

@@ -1,0 +1,128 @@
+"""Malformed nodes are rejected before their converter runs (``kiln.frontend.onnx.spec``), and
+whatever goes wrong while a node converts names the node.
+
+Each case is a model an exporter or an attacker could write -- the failures of issue 22: a list
+where an int belongs, an unknown attribute, a required input given as '', an axis outside the
+rank (Concat/Gather axis 100, a rank-0 input, Softmax at opset 11), a count that would make a
+converter loop for hours (Split num_outputs 2^31 - 1, TfIdfVectorizer max_skip_count 2^62),
+Attention with zero heads, non-UTF-8 text, a Constant whose dims disagree with its data, an
+initializer that shadows an input with another shape. Every one is a KilnError naming the node
+(or the graph input) and none shows Python's own wording.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from kiln.frontend.onnx import from_onnx, lookup_converter
+from kiln.frontend.onnx.registry import _CONVERTERS
+from kiln.frontend.onnx.spec import MAX_SIZE
+from kiln.ir import InternalError, KilnError
+from kiln.testing.onnx_graphs import onnx_model, value_info
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+PYTHON_WORDING = re.compile(r"NoneType|object has no attribute|not subscriptable|index out of")
+
+
+def _node(op_type, inputs, outputs=("y",), **attrs):
+    return helper.make_node(op_type, list(inputs), list(outputs), name="n", **attrs)
+
+
+def _expect(model, pattern):
+    with pytest.raises(KilnError) as info:
+        from_onnx(model)
+    text = str(info.value)
+    assert re.search(pattern, text), text
+    assert not PYTHON_WORDING.search(text), text
+    return info.value
+
+
+def _one(node, inputs, opset=18, inits=()):
+    return onnx_model([node], inputs, [value_info(o, None) for o in node.output], inits, opset)
+
+
+CASES = [
+    # (node, inputs, opset, expected message)
+    (_node("Gather", ["x", "i"], axis=[0, 1]), [value_info("x", [3, 4]), value_info("i", [2], I64)],
+     18, r"Gather node 'n': attribute 'axis' must be an int, got a list of ints"),
+    (_node("Relu", ["x"], alpha=1.0), [value_info("x", [3])], 18,
+     r"Relu node 'n': unknown attribute 'alpha'"),
+    (_node("Reshape", ["x", ""]), [value_info("x", [3])], 18,
+     r"Reshape node 'n': input 1 \(shape\) is required but given as ''"),
+    (_node("Concat", ["x", "x"], axis=100), [value_info("x", [3, 4])], 18,
+     r"Concat node 'n': attribute 'axis' = 100 is out of range for the rank 2 input"),
+    (_node("Gather", ["x", "i"], axis=100), [value_info("x", [3, 4]), value_info("i", [2], I64)],
+     18, r"Gather node 'n': attribute 'axis' = 100 is out of range"),
+    (_node("Softmax", ["x"], axis=1), [value_info("x", [])], 18,
+     r"Softmax node 'n': attribute 'axis' = 1 is out of range for the rank 0 input"),
+    (_node("Softmax", ["x"], axis=5), [value_info("x", [2, 3])], 11,
+     r"Softmax node 'n': attribute 'axis' = 5 is out of range for the rank 2 input"),
+    (_node("Split", ["x"], ["a", "b"], axis=0, num_outputs=2**31 - 1), [value_info("x", [4, 3])],
+     18, r"Split node 'n': attribute 'num_outputs' = 2147483647: each value must be in \[1, "),
+    (_node("TfIdfVectorizer", ["x"], max_gram_length=2, min_gram_length=1, max_skip_count=2**62,
+           mode="TF", ngram_counts=[0, 2], ngram_indexes=[0, 1, 2], pool_int64s=[1, 2, 1, 2]),
+     [value_info("x", [2, 6], I64)], 9,
+     rf"TfIdfVectorizer node 'n': attribute 'max_skip_count' = {2**62}: each value must be in "
+     rf"\[0, {MAX_SIZE}\] \(kiln's limit\)"),
+    (_node("Attention", ["q", "k", "v"], q_num_heads=0, kv_num_heads=2),
+     [value_info("q", [1, 4, 8]), value_info("k", [1, 4, 8]), value_info("v", [1, 4, 8])], 23,
+     r"Attention node 'n': attribute 'q_num_heads' = 0: each value must be in \[1, "),
+    (_node("Einsum", ["x"], equation=b"i\xff->i"), [value_info("x", [3])], 18,
+     r"Einsum node 'n': attribute 'equation' is not UTF-8 text"),
+    (_node("MaxPool", ["x"], kernel_shape=[10**6, 10**6]), [value_info("x", [1, 1, 4, 4])], 18,
+     r"MaxPool node 'n'.*window does not fit"),
+    (_node("Conv", ["x", "w"], kernel_shape=[3, 3], strides=[0, 1]),
+     [value_info("x", [1, 1, 4, 4]), value_info("w", [1, 1, 3, 3])], 18,
+     r"Conv node 'n': attribute 'strides' = \[0, 1\]: each value must be in \[1, "),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[c[-1][:40] for c in CASES])
+def test_a_malformed_node_is_a_kiln_error_naming_it(case):
+    node, inputs, opset, pattern = CASES[case]
+    _expect(_one(node, inputs, opset), pattern)
+
+
+def test_split_sizes_and_counts_must_fit_the_axis():
+    _expect(_one(_node("Split", ["x"], ["a", "b"], axis=0, num_outputs=3),
+                 [value_info("x", [4, 3])]), r"Split node 'n': num_outputs is 3 but the node has 2")
+    _expect(_one(_node("Split", ["x"], ["a", "b", "c", "d", "e"], axis=0, num_outputs=5),
+                 [value_info("x", [4, 3])]), r"cannot be split into 5 parts")
+    node = _node("Split", ["x", "s"], ["a", "b"], axis=0)
+    sizes = numpy_helper.from_array(np.array([5, -1], np.int64), "s")
+    _expect(_one(node, [value_info("x", [4, 3])], inits=[sizes]),
+            r"split sizes \[5, -1\] must be 2 non-negative sizes adding up to the axis length 4")
+
+
+def test_constant_whose_dims_disagree_with_its_data():
+    value = numpy_helper.from_array(np.arange(6, dtype=np.float32), "v")
+    value.dims[:] = [4, 4]
+    model = onnx_model([_node("Constant", [], ["c"], value=value)], [], [value_info("c", None)])
+    _expect(model, r"Constant node 'n': attribute 'value'")
+
+
+def test_initializer_shadowing_an_input_with_another_shape():
+    model = onnx_model([_node("Relu", ["x"])], [value_info("x", [3, 4])], [value_info("y", None)],
+                       [numpy_helper.from_array(np.zeros(2, np.float32), "x")])
+    _expect(model, r"graph input 'x' is declared with shape \(3, 4\) but its initializer has "
+                   r"shape \(2,\)")
+
+
+def test_an_internal_error_in_a_converter_names_the_node(monkeypatch):
+    """A bug inside a converter (here a planted AttributeError) becomes an InternalError that
+    names the node, with the original exception chained."""
+    entries = _CONVERTERS[("", "Relu")]
+
+    def broken(ctx, node):
+        return None.struct_info  # type: ignore[attr-defined]
+
+    monkeypatch.setitem(_CONVERTERS, ("", "Relu"), [(1, broken)])
+    err = _expect(_one(_node("Relu", ["x"]), [value_info("x", [3])]),
+                  r"Relu node 'n': internal error in kiln \(AttributeError at kiln/")
+    assert isinstance(err, InternalError) and isinstance(err.__cause__, AttributeError)
+    monkeypatch.setitem(_CONVERTERS, ("", "Relu"), entries)
+    assert lookup_converter("Relu", 18) is entries[0][1]
