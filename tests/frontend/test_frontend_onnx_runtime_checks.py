@@ -18,7 +18,7 @@ from onnx import helper
 
 import kiln
 from kiln.frontend.onnx import from_onnx
-from kiln.ir import RuntimeCheckError
+from kiln.ir import ArgumentError, RuntimeCheckError
 from kiln.testing.onnx_graphs import onnx_model, value_info
 
 RNG = np.random.default_rng(22)
@@ -166,3 +166,17 @@ def test_contracted_and_channel_dims_are_checked():
     np.testing.assert_allclose(exe(**feeds), _ort(conv, feeds), rtol=1e-5, atol=1e-5)
     with pytest.raises(RuntimeCheckError, match=r"Conv node 'conv': .*channels.*C = 1"):
         exe(x=_x(1, 1, 5, 5), w=_x(2, 3, 3, 3))
+
+
+def test_expand_of_a_symbolic_dim_that_is_one_broadcasts():
+    """Expand's target is known at run time: a symbolic input dim of 1 broadcasts to it (it
+    was taken for the output dim and the run refused)."""
+    model = onnx_model([helper.make_node("Expand", ["x", "s"], ["y"], name="e")],
+                       [value_info("x", ["N", 3]), value_info("s", [2], I64)],
+                       [value_info("y", None)])
+    exe = _build(model)
+    for n, shape in ((1, [4, 3]), (4, [4, 3]), (4, [1, 3])):
+        feeds = {"x": _x(n, 3), "s": np.array(shape)}
+        np.testing.assert_array_equal(exe(**feeds), _ort(model, feeds))
+    with pytest.raises(ArgumentError, match="cannot expand"):
+        exe(x=_x(2, 3), s=np.array([4, 3]))
