@@ -141,6 +141,17 @@ def test_topk():
         exe(x=x, k=np.array([7], np.int64))
 
 
+def test_reduce_sum_of_a_concat_of_split_halves():
+    """Split, Concat in the other order, ReduceSum: one fused kernel summing values read out of
+    order, which GCC 12.2's vectorizer summed wrong (found by benchmarks/fuzz.py, seed 75)."""
+    nodes = [helper.make_node("Split", ["x"], ["s0", "s1"], axis=1, num_outputs=2),
+             helper.make_node("Concat", ["s1", "s0"], ["c"], axis=1),
+             helper.make_node("ReduceSum", ["c"], ["y"], keepdims=1)]
+    model = _model(nodes, [_vi("x", [3, 6])], [_vi("y", None)])
+    x = np.arange(18, dtype=np.float32).reshape(3, 6)
+    _compare(_build(model), model, {"x": x})
+
+
 def test_argmax_argmin_of_rows_with_nan():
     """A NaN is the extreme of its row, as numpy and onnx.reference have it: the first (or with
     select_last_index the last) NaN's index, never the axis length. onnxruntime skips NaNs

@@ -133,6 +133,8 @@ class FunctionEmitter(ExprEmitter):
         #: Inside a parallel loop whose threads allocate scratch: the flag saying a thread's
         #: allocation succeeded (see ``_parallel_with_scratch``).
         self.scratch_guard: str | None = None
+        #: The variables of the loops around the statement being emitted, outermost first.
+        self.loop_vars: list[E.Var] = []
 
     # ---- helpers --------------------------------------------------------------------------
     def line(self, text: str) -> None:
@@ -271,6 +273,7 @@ class FunctionEmitter(ExprEmitter):
         self.depth += 1
         in_registers = int(bool(s.annotations.get(S.FMA_IN_REGISTERS)))
         self.fma_in_registers += in_registers
+        self.loop_vars.append(s.loop_var)
         if parallel:
             self.parallel_depth += 1
             guard = self.scratch_guard
@@ -284,6 +287,7 @@ class FunctionEmitter(ExprEmitter):
             self.parallel_depth -= 1
         else:
             self.stmt(s.body)
+        self.loop_vars.pop()
         self.fma_in_registers -= in_registers
         self.depth -= 1
         self.line("}")
@@ -487,6 +491,8 @@ class FunctionEmitter(ExprEmitter):
                     v = f"(uint8_t)({v})"
                 elif el.is_int and el.bits < 8:  # the bit pattern, zero-extended
                     v = f"({self.scalar_ctype(el)})({v} & {(1 << el.bits) - 1})"
+                elif el.bits in (32, 64) and self._sum_along_loop(s):
+                    v = f"{self.helpers.opaque(el)}({v})"
             self.line(f"{ptr}[{_strip_parens(self.expr(idx))}] = {v};")
             return
         storage_el = DataType("uint8") if el.is_bool else self.compute_dtype(el)
@@ -516,6 +522,15 @@ class FunctionEmitter(ExprEmitter):
                   f"{ptr}[{ti}[kiln_l]] = {tv}[kiln_l];")
         self.depth -= 1
         self.line("}")
+
+    def _sum_along_loop(self, s: S.BufferStore) -> bool:
+        """Whether ``s`` is a step of an in-order float sum along the innermost loop around
+        it: it adds to the element it stores to, whose index that loop's variable does not
+        change (see ``Helpers.opaque``; an accumulation across the loop's elements, the
+        vectorizable kind, is left alone)."""
+        if not self.loop_vars or not _is_float_sum(s):
+            return False
+        return all(self.loop_vars[-1] is not v for v in collect_vars(s.indices[0]))
 
     def _tile_fma(self, s: S.BufferStore) -> str | None:
         """``acc[i] = acc[i] + a * b`` on a float vector in an array on the stack (a register
@@ -558,6 +573,16 @@ class FunctionEmitter(ExprEmitter):
         storage = soft_float_storage(el)
         vt = self.helpers.vec(storage, value.dtype.lanes)
         return f"({self.vector_ref(vt, value.buffer, base, value.dtype.lanes, storage.itemsize)})"
+
+
+def _is_float_sum(s: S.BufferStore) -> bool:
+    """Whether ``s`` adds to (or subtracts from) the float element it stores to."""
+    value = s.value
+    if not (value.dtype.is_float and isinstance(value, (E.Add, E.Sub))):
+        return False
+    return any(isinstance(x, E.BufferLoad) and x.buffer.data is s.buffer.data
+               and structural_equal(x.indices, s.indices, map_free_vars=False)
+               for x in (value.a, value.b))
 
 
 def _is_zero(e: E.PrimExpr) -> bool:

@@ -368,6 +368,30 @@ class Helpers:
                 self.use(d)
             self._funcs[key] = code
 
+    def opaque(self, dt: DataType) -> str:
+        """``kiln_opaque_<type>(v)``: ``v``, through an empty ``asm`` GCC cannot see into.
+
+        Each step of a scalar float sum that kiln leaves to the C compiler (``B[i] = B[i] + v``
+        in a loop kiln did not vectorize) passes through it. GCC 12's loop vectorizer
+        miscompiles in-order (fold-left) float sums whose loads it groups out of order: a
+        4-iteration ``a += x[2k + 2]; a += x[2k + 1]`` added x[1] and x[3] twice (GCC 12.2 at
+        -O3, float and double; a ReduceSum of a Concat of two Split halves summed wrong). With
+        the asm in the cycle GCC keeps the sum scalar -- in order, as the C says -- and emits
+        the same adds (the asm is no instruction)."""
+        ct = value_ctype(dt)
+        name = f"kiln_opaque_{dt.element}"
+        return self._add(name, (
+            f"static inline {ct} {name}({ct} v) {{\n"
+            "#if defined(__x86_64__) || defined(__i386__)\n"
+            '  __asm__("" : "+x"(v));\n'
+            "#elif defined(__aarch64__)\n"
+            '  __asm__("" : "+w"(v));\n'
+            "#else\n"
+            '  __asm__("" : "+g"(v));\n'
+            "#endif\n"
+            "  return v;\n"
+            "}\n"))
+
     def soft_float(self, dt: DataType) -> str:
         """Request the float32 conversions of a soft float (see :mod:`.types`); returns its
         tag, so that the functions are ``kiln_<tag>_to_f32``, ``kiln_f32_to_<tag>`` and
