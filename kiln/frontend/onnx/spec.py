@@ -15,9 +15,11 @@ node (``kiln.frontend.onnx.importer``). The rules come from two places:
 * kiln's rules by attribute name, which mean the same thing in every operator
   (:data:`RULES`): an ``axis``/``axes`` indexes the rank of the operator's first input, sizes
   and counts (``kernel_shape``, ``strides``, ``group``, ``num_outputs``, head counts...) lie in
-  a sane range (:data:`MAX_SIZE`), so no converter loops over a count the data cannot have.
-  :data:`OP_RULES` overrides them where an operator means something else (Flatten's axis may
-  equal the rank, Unsqueeze's axes index the output).
+  a sane range (:data:`MAX_SIZE`), so no converter loops over a count the data cannot have,
+  flags are 0 or 1, and text choices (``auto_pad``, a ``mode``, a ``reduction``) are one of
+  the spelled ones (:data:`CHOICES`, :data:`OP_CHOICES`): a converter would take an unknown
+  one for its last branch. :data:`OP_RULES` overrides the rules where an operator means
+  something else (Flatten's axis may equal the rank, Unsqueeze's axes index the output).
 """
 
 from __future__ import annotations
@@ -82,6 +84,13 @@ RULES: dict[str, Axis | Sizes] = {
     "pooled_shape": Sizes(1),
     "k": Sizes(0),
     "rotary_embedding_dim": Sizes(0),
+    # flags: 0 or 1 (another value means nothing, and references read it differently)
+    **{flag: Sizes(0, 1) for flag in (
+        "keepdims", "noop_with_empty_axes", "select_last_index", "transA", "transB",
+        "count_include_pad", "ceil_mode", "largest", "sorted", "exclusive", "reverse", "fmod",
+        "saturate", "center_point_box", "storage_order", "allowzero", "detect_negative",
+        "detect_positive", "upper", "is_causal", "interleaved", "input_forget",
+        "linear_before_reset", "align_corners")},
 }
 
 #: Per-operator overrides of :data:`RULES` (None: the attribute is the converter's business).
@@ -97,6 +106,45 @@ OP_RULES: dict[str, dict[str, Axis | Sizes | None]] = {
     "Pad": {"pads": Sizes(-MAX_SIZE)},
     "RotaryEmbedding": {"num_heads": Sizes(0)},
     "EyeLike": {"k": None},
+}
+
+
+#: Text attributes that name one of a few choices, by attribute name...
+_SCATTER = ("none", "add", "mul", "max", "min")
+_LOSS = ("none", "sum", "mean")
+_DIRECTIONS = ("forward", "reverse", "bidirectional")
+CHOICES: dict[str, tuple[str, ...]] = {
+    "auto_pad": ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"),
+    "approximate": ("none", "tanh"),
+    "coordinate_transformation_mode": (
+        "half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
+        "asymmetric", "tf_half_pixel_for_nn", "tf_crop_and_resize"),
+    "keep_aspect_ratio_policy": ("stretch", "not_larger", "not_smaller"),
+    "nearest_mode": ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"),
+    "padding_mode": ("zeros", "border", "reflection"),
+    "round_mode": ("up", "down", "nearest"),
+}
+#: ... and by operator where one name means different things (a converter would otherwise take
+#: an unknown choice for its last branch).
+OP_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("DepthToSpace", "mode"): ("DCR", "CRD"),
+    ("SpaceToDepth", "mode"): ("DCR", "CRD"),
+    ("Pad", "mode"): ("constant", "reflect", "edge", "wrap"),
+    ("Resize", "mode"): ("nearest", "linear", "cubic"),
+    ("Upsample", "mode"): ("nearest", "linear", "bilinear"),
+    ("GridSample", "mode"): ("bilinear", "nearest", "bicubic", "linear", "cubic"),
+    ("RoiAlign", "mode"): ("avg", "max"),
+    ("RoiAlign", "coordinate_transformation_mode"): ("half_pixel", "output_half_pixel"),
+    ("TfIdfVectorizer", "mode"): ("TF", "IDF", "TFIDF"),
+    ("TensorScatter", "mode"): ("linear", "circular"),
+    ("BitShift", "direction"): ("LEFT", "RIGHT"),
+    ("RNN", "direction"): _DIRECTIONS,
+    ("GRU", "direction"): _DIRECTIONS,
+    ("LSTM", "direction"): _DIRECTIONS,
+    ("ScatterElements", "reduction"): _SCATTER,
+    ("ScatterND", "reduction"): _SCATTER,
+    ("NegativeLogLikelihoodLoss", "reduction"): _LOSS,
+    ("SoftmaxCrossEntropyLoss", "reduction"): _LOSS,
 }
 
 
@@ -232,3 +280,8 @@ def check_node(node: Any, opset: int, domain: str, ranks: list[int]) -> None:
         rule = overrides.get(attr.name, RULES.get(attr.name))
         if rule is not None:
             _check_rule(attr.name, rule, _value(attr), ranks)
+        choices = OP_CHOICES.get((node.op_type, attr.name), CHOICES.get(attr.name))
+        value = _value(attr)
+        if choices is not None and isinstance(value, bytes) and value.decode() not in choices:
+            raise KilnError(f"attribute {attr.name!r} = {value.decode()!r} is not one of "
+                            f"{', '.join(choices)}")
