@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 from kiln.frontend.onnx import from_onnx, lookup_converter
 from kiln.frontend.onnx.registry import _CONVERTERS
 from kiln.frontend.onnx.spec import MAX_SIZE
-from kiln.ir import InternalError, KilnError
+from kiln.ir import InternalError, KilnError, ModelFormatError
 from kiln.testing.onnx_graphs import onnx_model, value_info
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -126,3 +126,66 @@ def test_an_internal_error_in_a_converter_names_the_node(monkeypatch):
     assert isinstance(err, InternalError) and isinstance(err.__cause__, AttributeError)
     monkeypatch.setitem(_CONVERTERS, ("", "Relu"), entries)
     assert lookup_converter("Relu", 18) is entries[0][1]
+
+
+# ---- found by benchmarks/fuzz.py ------------------------------------------------------------
+def test_a_name_that_is_not_utf8_is_a_model_format_error():
+    model = onnx_model([_node("Relu", ["x"])], [value_info("x", [3])], [value_info("y", None)])
+    data = model.SerializeToString().replace(b"\x1a\x01n", b"\x1a\x01\xff")  # node name "n"
+    with pytest.raises(ModelFormatError, match=r"node #0 is not UTF-8 text: b'\\xff'"):
+        from_onnx(data)
+
+
+def test_a_model_without_a_default_opset_import():
+    model = onnx_model([_node("Relu", ["x"])], [value_info("x", [3])], [value_info("y", None)])
+    del model.opset_import[:]
+    with pytest.raises(ModelFormatError, match="imports no opset of the default domain"):
+        from_onnx(model)
+    from_onnx(model, opset=18)  # unless the caller names it
+
+
+@pytest.mark.parametrize("node,inputs,opset,pattern", [
+    (_node("Equal", ["a", "b"]), [value_info("a", [3]), value_info("b", [3], I64)], 18,
+     r"Equal node 'n': inputs 0 and 1 must have one type \(T\), got tensor\(float\) and "
+     r"tensor\(int64\)"),
+    (_node("Conv", ["x", "w"]), [value_info("x", [1, 1, 5]), value_info("w", [1, 1, 3, 3])], 18,
+     r"Conv node 'n': the weight \(rank 4\) must have the rank of the input \(rank 3\)"),
+    (_node("RNN", ["x", "w", "r"], hidden_size=3),
+     [value_info("x", [2, 1, 4]), value_info("w", [1, 2, 4]), value_info("r", [1, 2, 2])], 18,
+     r"RNN node 'n': W \[1, 2, 4\] and R \[1, 2, 2\] do not fit 1 direction\(s\) of 1 gates of "
+     r"hidden_size 3"),
+    (_node("ReduceMean", ["x", "a"]), [value_info("x", [2, 3]), value_info("a", [5], I64)], 18,
+     r"ReduceMean node 'n': axes has 5 entries, more than the input's rank 2"),
+    (_node("GatherElements", ["x", "i"], axis=0),
+     [value_info("x", [2, 3]), value_info("i", [2, 5], I64)], 18,
+     r"GatherElements node 'n': gather_elements: indices \(2, 5\) is longer than data \(2, 3\) "
+     r"in dimension 1"),
+])
+def test_types_and_shapes_a_converter_relies_on(node, inputs, opset, pattern):
+    _expect(_one(node, inputs, opset), pattern)
+
+
+def test_rnn_infers_hidden_size_from_its_weights():
+    model = _one(_node("RNN", ["x", "w", "r"], ["y", "h"]),
+                 [value_info("x", [2, 1, 4]), value_info("w", [1, 3, 4]),
+                  value_info("r", [1, 3, 3])])
+    mod, _ = from_onnx(model)
+    assert "(1, 1, 3)" in str(mod)  # Y_h: (num_directions, batch, hidden_size 3)
+
+
+def test_range_and_constant_of_shape_constants():
+    start = numpy_helper.from_array(np.array([0, 1], np.int64), "s")
+    limit = numpy_helper.from_array(np.array(5, np.int64), "l")
+    one = numpy_helper.from_array(np.array(1, np.int64), "d")
+    _expect(onnx_model([_node("Range", ["s", "l", "d"])], [], [value_info("y", None)],
+                       [start, limit, one]),
+            r"Range node 'n': start, limit and delta must be scalars")
+    huge = numpy_helper.from_array(np.array(2**40, np.int64), "l")
+    zero = numpy_helper.from_array(np.array(0, np.int64), "s")
+    mod, _ = from_onnx(onnx_model([_node("Range", ["s", "l", "d"])], [],
+                                  [value_info("y", None)], [zero, huge, one]))
+    assert "dynamic_arange" in str(mod)  # 2^40 values are not made at import
+    shape = numpy_helper.from_array(np.array([2**20, 2**20], np.int64), "sh")
+    mod, _ = from_onnx(onnx_model([_node("ConstantOfShape", ["sh"])], [],
+                                  [value_info("y", None)], [shape]))
+    assert "broadcast_to" in str(mod)

@@ -209,6 +209,14 @@ class GraphContext:
             return expr
         raise KilnError(f"ONNX value {name!r} is used before it is defined")
 
+    def dtype_of(self, name: str) -> str | None:
+        """The kiln dtype name of value ``name`` when known at import, else None."""
+        if name in self.consts:
+            return np.asarray(self.consts[name]).dtype.name
+        expr = self.values.get(name)
+        sinfo = getattr(expr, "struct_info", None)
+        return str(sinfo.dtype) if isinstance(sinfo, g.TensorStructInfo) else None
+
     def rank(self, name: str) -> int:
         """The rank of value ``name`` when known at import, else -1 (also for '' and values
         not defined yet, which the converter reports)."""
@@ -275,6 +283,38 @@ def _input_sinfo(vi: Any, shape_dict: Mapping[str, Sequence[Any]], dtype_dict: M
             key = _safe_name(key)
             dims.append(sym.setdefault(key, tir.Var(key, "int64")))
     return g.TensorStructInfo(tuple(dims), dtype)
+
+
+def check_text(proto: Any) -> None:
+    """Every name of the model (nodes, values, opset domains, attributes) must be UTF-8 text:
+    protobuf hands a string field that is not as bytes, which no converter expects."""
+
+    def bad(value: Any, where: str) -> None:
+        if isinstance(value, bytes):
+            raise ModelFormatError(f"{where} is not UTF-8 text: {value[:40]!r}")
+
+    for imp in proto.opset_import:
+        bad(imp.domain, "an opset domain")
+
+    def walk(graph: Any) -> None:
+        for vi in (*graph.input, *graph.output, *graph.value_info):
+            bad(vi.name, "a graph input, output or value name")
+        for init in graph.initializer:
+            bad(init.name, "an initializer name")
+        for k, node in enumerate(graph.node):
+            where = f"node #{k}"
+            for field in (node.name, node.op_type, node.domain):
+                bad(field, f"the name, op type or domain of {where}")
+            for name in (*node.input, *node.output):
+                bad(name, f"a value name of {where} ({node.op_type})")
+            for attr in node.attribute:
+                bad(attr.name, f"an attribute name of {where} ({node.op_type})")
+                if attr.HasField("g"):
+                    walk(attr.g)
+                for sub in attr.graphs:
+                    walk(sub)
+
+    walk(proto.graph)
 
 
 def _check_default(vi: Any, value: np.ndarray) -> None:
@@ -354,6 +394,11 @@ def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
     Several graph outputs are returned as a Tuple in model order.
     """
     proto = load_model(model)
+    check_text(proto)
+    if opset is None and not any(imp.domain in ("", "ai.onnx") for imp in proto.opset_import) \
+            and any(node.domain in ("", "ai.onnx") for node in proto.graph.node):
+        raise ModelFormatError("the model uses ONNX operators but imports no opset of the "
+                               "default domain (opset_import; or pass opset=)")
     graph = proto.graph
     opsets = _opsets(proto, opset)
     check_supported(graph, opsets)
@@ -414,7 +459,8 @@ def _convert_node(ctx: GraphContext, node: Any, opsets: Mapping[str, int]) -> No
     gets the name as a prefix, anything else becomes an InternalError naming it)."""
     dom = "" if node.domain in ("", "ai.onnx") else node.domain
     with ctx.bb.span(Span.of(node_name(node), node.op_type)):
-        check_node(node, opsets.get(dom, 0), dom, [ctx.rank(n) for n in node.input])
+        check_node(node, opsets.get(dom, 0), dom, [ctx.rank(n) for n in node.input],
+                   [ctx.dtype_of(n) for n in node.input])
         view = NodeView(ctx, node, opsets.get(dom, 0))
         fn = lookup_converter(node.op_type, view.opset, dom)
         assert fn is not None  # check_supported ran first

@@ -9,9 +9,10 @@ node (``kiln.frontend.onnx.importer``). The rules come from two places:
 
 * the operator's schema in ``onnx.defs`` for the model's opset: the attribute names and types
   it declares (an unknown attribute, or a list where an int belongs, is an error, as in
-  onnxruntime), the required attributes, the number of inputs and outputs, and which inputs
-  may be omitted (``''``); text attributes must be UTF-8. Operators without a schema (kiln's
-  own domains) skip this part;
+  onnxruntime), the required attributes, the number of inputs and outputs, which inputs
+  may be omitted (``''``), the input types (one type per type parameter, among the allowed
+  ones); text attributes must be UTF-8. Operators without
+  a schema (kiln's own domains) skip this part;
 * kiln's rules by attribute name, which mean the same thing in every operator
   (:data:`RULES`): an ``axis``/``axes`` indexes the rank of the operator's first input, sizes
   and counts (``kernel_shape``, ``strides``, ``group``, ``num_outputs``, head counts...) lie in
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...ir import KilnError
+from ...ir.dtype import DataType
 
 #: The largest size-like attribute value (a kernel extent, a stride, a count) kiln accepts:
 #: far beyond any real model, far below what would make a converter loop for hours.
@@ -203,6 +205,49 @@ def _check_schema(node: Any, schema: Any) -> None:
             raise KilnError(f"input {i} ({param.name}) is required but given as ''")
 
 
+def _onnx_type(dtype: str | None) -> str | None:
+    """``tensor(float)`` for kiln's ``float32`` (None when ONNX has no name for it)."""
+    if dtype is None:
+        return None
+    import onnx
+
+    try:
+        code = onnx.helper.np_dtype_to_tensor_dtype(DataType(dtype).to_numpy())
+        return f"tensor({onnx.TensorProto.DataType.Name(code).lower()})"
+    except Exception:  # noqa: BLE001 - a dtype ONNX does not name
+        return None
+
+
+def _check_types(node: Any, schema: Any, dtypes: list[str | None]) -> None:
+    """Inputs that share a type parameter (``T``) have one type, and each is one the
+    constraint allows (as onnxruntime requires: an Equal of a float and an int64 is an
+    error, not an implicit cast)."""
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    formal = list(schema.inputs)
+    bound: dict[str, tuple[int, str]] = {}
+    for i, name in enumerate(node.input):
+        if not name or i >= len(dtypes) or not formal:
+            continue
+        param = formal[min(i, len(formal) - 1)]
+        have = _onnx_type(dtypes[i])
+        if have is None:
+            continue
+        ts = param.type_str
+        if ts in allowed:
+            if have not in allowed[ts]:
+                raise KilnError(f"input {i} ({param.name}) is {have}, which the {node.op_type} "
+                                f"schema does not allow for {ts}")
+            variadic = i >= len(formal) - 1 and _option(param) == "Variadic"
+            if variadic and not param.is_homogeneous:
+                continue
+            first = bound.setdefault(ts, (i, have))
+            if first[1] != have:
+                raise KilnError(f"inputs {first[0]} and {i} must have one type ({ts}), got "
+                                f"{first[1]} and {have}")
+        elif ts.startswith("tensor(") and have != ts:
+            raise KilnError(f"input {i} ({param.name}) must be {ts}, got {have}")
+
+
 def _option(param: Any) -> str:
     return str(param.option).rsplit(".", 1)[-1]
 
@@ -255,10 +300,12 @@ def _check_tensor(name: str, tensor: Any) -> None:
                         f"{tensor.data_type}) cannot be read: its data does not match") from err
 
 
-def check_node(node: Any, opset: int, domain: str, ranks: list[int]) -> None:
+def check_node(node: Any, opset: int, domain: str, ranks: list[int],
+               dtypes: list[str | None] | None = None) -> None:
     """Check ``node`` (a NodeProto of a model whose ``domain`` opset is ``opset``) against its
-    schema and kiln's rules (see the module docstring); ``ranks`` are its inputs' ranks (-1
-    where unknown). Raises KilnError; the importer names the node."""
+    schema and kiln's rules (see the module docstring); ``ranks`` and ``dtypes`` are its
+    inputs' ranks (-1 where unknown) and kiln dtype names (None where unknown). Raises
+    KilnError; the importer names the node."""
     import onnx
 
     for attr in node.attribute:
@@ -275,6 +322,8 @@ def check_node(node: Any, opset: int, domain: str, ranks: list[int]) -> None:
     schema = _schema(node.op_type, opset, domain)
     if schema is not None:
         _check_schema(node, schema)
+        if dtypes is not None:
+            _check_types(node, schema, dtypes)
     overrides: Mapping[str, Axis | Sizes | None] = OP_RULES.get(node.op_type, {})
     for attr in node.attribute:
         rule = overrides.get(attr.name, RULES.get(attr.name))

@@ -60,8 +60,14 @@ def _lift_1d(ctx: Any, node: Any, x: Any) -> Any:
     [a] -> [1, a] (pads [b, e] -> [0, b, 0, e]); the caller squeezes axis 2 off again."""
     for name in ("kernel_shape", "strides", "dilations", "output_padding", "output_shape"):
         if name in node.attrs:
+            if len(node.attrs[name]) != 1:
+                raise node.error(f"{name} must have 1 entry for a 1-D input, got "
+                                 f"{list(node.attrs[name])}")
             node.attrs[name] = [1, *node.attrs[name]]
     if "pads" in node.attrs:
+        if len(node.attrs["pads"]) != 2:
+            raise node.error(f"pads must have 2 entries for a 1-D input, got "
+                             f"{list(node.attrs['pads'])}")
         b, e = node.attrs["pads"]
         node.attrs["pads"] = [0, b, 0, e]
     return ctx.emit(op.expand_dims(x, 2))
@@ -75,6 +81,11 @@ def _spatial(convert: Any) -> Any:
         if ndim_of(x) not in (3, 4, 5):
             raise node.error(f"only 1-D, 2-D and 3-D spatial inputs (rank 3, 4 or 5) are "
                              f"supported, got rank {ndim_of(x)}")
+        if node.op_type in ("Conv", "ConvTranspose") and node.has_input(1):
+            w = node.input(1)
+            if ndim_of(w) != ndim_of(x):
+                raise node.error(f"the weight (rank {ndim_of(w)}) must have the rank of the "
+                                 f"input (rank {ndim_of(x)})")
         if ndim_of(x) != 3:
             return convert(ctx, node, x)
         out = convert(ctx, node, _lift_1d(ctx, node, x))

@@ -126,8 +126,8 @@ converter("ArgMin")(_arg(op.argmin))
 def check_range(ctx: Any, node: Any, value: Any, lo: int, hi: int, what: str) -> None:
     """Check at run time that every element of the int tensor ``value`` (static size) lies in
     ``[lo, hi]``: the shape function ``values`` rejects the negative entries of
-    ``[value - lo, hi - value]``, so the model raises (naming this node) instead of computing
-    with an invalid value."""
+    ``[min(value) - lo, hi - max(value)]``, so the model raises (naming this node) instead of
+    computing with an invalid value."""
     from .dynamic import runtime_shape
 
     value = ctx.emit(value, f"{node.name}_{what}") if value.struct_info is None else value
@@ -135,10 +135,14 @@ def check_range(ctx: Any, node: Any, value: Any, lo: int, hi: int, what: str) ->
     n = None if None in sizes else int(np.prod(sizes, dtype=np.int64))
     if n is None:
         raise node.error(f"{what} must have a static number of elements, got {value.struct_info}")
-    v = op.reshape(op.cast(value, "int64"), (n,))
-    bounds = op.concat([op.subtract(v, _i64(lo)), op.subtract(_i64(hi), v)], axis=0)
-    bounds = ctx.emit(bounds, f"{node.name}_{what}_bounds")
-    runtime_shape(ctx, node, "values", [bounds], [None] * (2 * n),
+    if n == 0:
+        return
+    # the smallest and the largest value: two numbers to check however many values there are
+    v = op.cast(value, "int64")
+    low = op.reshape(op.subtract(op.min(v), _i64(lo)), (1,))
+    high = op.reshape(op.subtract(_i64(hi), op.max(v)), (1,))
+    bounds = ctx.emit(op.concat([low, high], axis=0), f"{node.name}_{what}_bounds")
+    runtime_shape(ctx, node, "values", [bounds], [None, None],
                   f"{node.op_type}_{what}_range_check")
 
 
@@ -160,6 +164,9 @@ def _reduce_runtime_axes(ctx: Any, node: Any, x: Any, axes_t: Any, kind: str,
     if ndim_of(axes_t) != 1 or static_int(shape_of(axes_t)[0]) is None:
         raise node.error(f"axes must be a 1-d tensor of static length, got {axes_t.struct_info}")
     r, n_axes = len(dims), static_int(shape_of(axes_t)[0])
+    if n_axes > r:
+        raise node.error(f"axes has {n_axes} entries, more than the input's rank {r} (an axis "
+                         "may appear once)")
     i64 = "int64"
     a = ctx.emit(op.cast(axes_t, i64), f"{node.name}_axes")
     check_range(ctx, node, a, -r, r - 1, "axes")

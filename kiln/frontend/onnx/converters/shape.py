@@ -52,9 +52,15 @@ def constant_of_shape(ctx: Any, node: Any) -> Any:
 
     value = node.attrs.get("value")
     fill = nh.to_array(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
+    if fill.size != 1:
+        raise node.error(f"value must hold one element, got {fill.size}")
     if not node.is_const(0):
         return rt.constant_of_shape_rt(ctx, node, node.input(0), fill)
     shape = ints(node.const_input(0, "shape"))
+    if any(d < 0 for d in shape):
+        raise node.error(f"negative dimension in the shape {shape}")
+    if int(np.prod(shape, dtype=np.float64)) > FOLD_LIMIT:  # made while the model runs
+        return op.broadcast_to(g.const(fill.reshape(())), tuple(shape))
     return np.full(shape, fill[0], dtype=fill.dtype)
 
 
@@ -405,12 +411,26 @@ def space_to_depth(ctx: Any, node: Any) -> Any:
     return reshape(t, (n, c * bs * bs, h // bs, w // bs))
 
 
+#: The most elements an import-time constant (a folded Range, ConstantOfShape...) may have:
+#: larger ones are made by a kernel while the model runs.
+FOLD_LIMIT = 1 << 24
+
+
 @converter("Range", since=11)
 def range_(ctx: Any, node: Any) -> Any:
     if not all(node.is_const(i) for i in range(3)):
         return rt.range_rt(ctx, node, node.input(0), node.input(1), node.input(2))
     start, limit, delta = (np.asarray(node.const_input(i, n)) for i, n in
                            enumerate(("start", "limit", "delta")))
+    if any(v.size != 1 for v in (start, limit, delta)):
+        raise node.error(f"start, limit and delta must be scalars, got shapes {start.shape}, "
+                         f"{limit.shape} and {delta.shape}")
+    if delta.item() == 0 or not all(np.isfinite(v.item()) for v in (start, limit, delta)):
+        raise node.error(f"Range({start.item()}, {limit.item()}, {delta.item()}) has no "
+                         "length (delta 0 or a bound not finite)")
+    count = max(int(np.ceil((limit.item() - start.item()) / delta.item())), 0)
+    if count > FOLD_LIMIT:  # made while the model runs, within its memory limit
+        return rt.range_rt(ctx, node, node.input(0), node.input(1), node.input(2))
     return np.arange(start.item(), limit.item(), delta.item()).astype(start.dtype)
 
 
