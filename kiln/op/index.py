@@ -33,6 +33,7 @@ from .elementwise import (
     INDEX_DTYPE,
     arg_ndim,
     arg_shape,
+    assume,
     const_int,
     dims_equal,
     fmt_shape,
@@ -56,6 +57,28 @@ def _checked(v: PrimExpr, n: PrimExpr, op: str, axis: int) -> PrimExpr:
     """An index into axis ``axis`` (of size ``n``) of ``op``'s data, resolved into ``[0, n)``
     and checked while the kernel runs (an index outside ``[-n, n)`` fails the call)."""
     return tx.check_index(v, n, f"{op} along axis {axis}")
+
+
+def _fits(op: str, what: str, small: Sequence[Any] | None, big: Sequence[Any] | None,
+          axes: Sequence[int]) -> list[tuple[PrimExpr, str]]:
+    """Dims ``axes`` of ``small`` (indices, updates) walk the same dims of ``big`` (data), so
+    they must not be longer: a StructInfoError for constant dims that are, the conditions (for
+    ``assume``) for symbolic ones."""
+    if small is None or big is None:
+        return []
+    conds = []
+    for d in axes:
+        a, b = small[d], big[d]
+        if dims_equal(a, b):
+            continue
+        if const_int(a) is not None and const_int(b) is not None:
+            if const_int(a) > const_int(b):
+                raise StructInfoError(f"{op}: {what} {fmt_shape(small)} is longer than data "
+                                      f"{fmt_shape(big)} in dimension {d}")
+            continue
+        conds.append((tx.le(a, b), f"{op}: {what} {fmt_shape(small)} must not be longer than "
+                                   f"data {fmt_shape(big)} in dimension {d}"))
+    return conds
 
 
 def _integer_indices(op: str, sinfo: Any) -> None:
@@ -225,7 +248,8 @@ def _gather_elements_infer(call: Any) -> Any:
         raise StructInfoError(f"{op}: data (rank {nd}) and indices (rank {ni}) must have the "
                               "same rank")
     if nd >= 0:
-        normalize_axis(attrs.axis, nd, op)
+        axis = normalize_axis(attrs.axis, nd, op)
+        _fits(op, "indices", arg_shape(ind), arg_shape(data), [d for d in range(nd) if d != axis])
     return tensor_sinfo(arg_shape(ind), data.dtype, ndim=ni)
 
 
@@ -239,7 +263,9 @@ def _gather_elements_compute(data: te.Tensor, indices: te.Tensor,
     def body(*i: PrimExpr) -> PrimExpr:
         return data(*i[:axis], _checked(indices(*i), n, "gather_elements", axis), *i[axis + 1:])
 
-    return te.compute(indices.shape, body, name="gather_elements")
+    fits = _fits("gather_elements", "indices", indices.shape, data.shape,
+                 [d for d in range(data.ndim) if d != axis])
+    return te.compute(indices.shape, body, name="gather_elements", attrs=assume(fits))
 
 
 gather_elements = register_op(
@@ -436,9 +462,15 @@ def scatter_prim_func(op: str, data_shape: Sequence[Any], ind_shape: Sequence[An
         stmt = tir.For(lv, iv.dom.min, iv.dom.extent, tir.ForKind.SERIAL, stmt)
     root = tir.Block((), (), (), "root", tir.seq(_copy_stage(dbuf, ybuf, f"{op}_copy"), stmt))
     params = tuple(tir.Var(nm, "handle") for nm in ("D", "I", "U", "Y"))
+    # update lines walk the output at the same coordinates: they must fit in it
+    fits = [(tx.le(ubuf.shape[d], ybuf.shape[y]), f"{op}: updates dimension {d} must not be "
+                                                  f"longer than data dimension {y}")
+            for d, y in zip(lines, y_line_axes)
+            if not (dims_equal(ubuf.shape[d], ybuf.shape[y])
+                    or None not in (const_int(ubuf.shape[d]), const_int(ybuf.shape[y])))]
     return tir.PrimFunc(params, dict(zip(params, (dbuf, ibuf, ubuf, ybuf))),
                         tir.BlockRealize((), tir.true_predicate(), root),
-                        {"global_symbol": op, "num_outputs": 1})
+                        {"global_symbol": op, "num_outputs": 1, **assume(fits)})
 
 
 # (target_of, update line axes, their output axes, their indices axes): see scatter_prim_func
@@ -538,7 +570,8 @@ def _scatter_elements_infer(call: Any) -> Any:
         raise StructInfoError(f"{op}: indices {fmt_shape(ishape)} and updates "
                               f"{fmt_shape(ushape)} must have the same shape")
     if nd >= 0:
-        normalize_axis(attrs.axis, nd, op)
+        axis = normalize_axis(attrs.axis, nd, op)
+        _fits(op, "updates", ushape, arg_shape(data), [d for d in range(nd) if d != axis])
     return tensor_sinfo(arg_shape(data), data.dtype, ndim=nd)
 
 

@@ -25,10 +25,12 @@ from .elementwise import (
     arg_ndim,
     arg_shape,
     as_dim,
+    assume,
     broadcast_assumptions,
     broadcast_load,
     const_int,
     dims_equal,
+    equal_dims,
     fmt_shape,
     normalize_axis,
     simplify,
@@ -465,7 +467,13 @@ def _concat_compute(tensors: Sequence[te.Tensor], attrs: ConcatAttrs | None = No
             value = tx.select(i[axis] < offsets[k + 1], load(k), value)
         return value
 
-    return te.compute(out_shape, body, name="concat")
+    # symbolic dims outside the axis are taken from the first tensor: the others must agree
+    checks = equal_dims([(t.shape[d], out_shape[d], f"concat: tensors[{k}] {fmt_shape(t.shape)} "
+                          f"differs from tensors[0] {fmt_shape(tensors[0].shape)} outside axis "
+                          f"{axis}")
+                         for k, t in enumerate(tensors[1:], start=1)
+                         for d in range(len(out_shape)) if d != axis])
+    return te.compute(out_shape, body, name="concat", attrs=assume(checks))
 
 
 def _concat_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:

@@ -99,6 +99,21 @@ def as_input_array(value: Any, name: str, dtype: DataType) -> np.ndarray:
     return arr
 
 
+def slot_shape(plan: Plan, slot: int, env: dict[str, int]) -> tuple[int, ...]:
+    """The shape of ``slot`` for the bound names ``env``: an ArgumentError naming the step that
+    makes it when a dim comes out negative (inputs the model's arithmetic does not fit: a
+    pooling window larger than a symbolic input dim)."""
+    shape = tuple(shape_expr.evaluate(d, env) for d in plan.slots[slot].shape)
+    if any(d < 0 for d in shape):
+        maker = next((c for c in plan.calls if slot in c.args[len(c.args) - c.num_outputs:]),
+                     None)
+        where = describe(maker.span, maker.func) if maker is not None else f"slot {slot}"
+        names = ", ".join(f"{k} = {v}" for k, v in sorted(env.items()))
+        raise ArgumentError(f"{plan.name}: {where}: the result would have the negative shape "
+                            f"{shape} for {names}: the inputs do not fit the model")
+    return shape
+
+
 #: Bindings of symbolic names whose frames an executor keeps (see :class:`_Frame`).
 MAX_FRAMES = 64
 
@@ -109,8 +124,7 @@ class _Frame:
     workspace) and the kernels' ``sym`` values."""
 
     def __init__(self, plan: Plan, env: dict[str, int]):
-        shapes = [tuple(shape_expr.evaluate(d, env) for d in spec.shape)
-                  for spec in plan.slots]
+        shapes = [slot_shape(plan, slot, env) for slot in range(len(plan.slots))]
         self.shapes = shapes
         self.out_shapes = [shapes[s] for s, spec in enumerate(plan.slots) if spec.kind == "output"]
         self.offsets, self.nbytes = memory_plan.plan_memory(plan, shapes)
@@ -365,7 +379,7 @@ class Executor:
             for s in call.args[len(call.args) - call.num_outputs:]:
                 if values[s] is None:  # symbolic shape: its names are bound by now
                     spec = plan.slots[s]
-                    shape = tuple(shape_expr.evaluate(d, env) for d in spec.shape)
+                    shape = slot_shape(plan, s, env)
                     allocated += memory_plan.slot_nbytes(plan, s, shape)
                     memory_plan.check_memory(allocated, f"{self._step_name(call)} (with what "
                                                         "this run allocated before it)")

@@ -180,3 +180,58 @@ def test_expand_of_a_symbolic_dim_that_is_one_broadcasts():
         np.testing.assert_array_equal(exe(**feeds), _ort(model, feeds))
     with pytest.raises(ArgumentError, match="cannot expand"):
         exe(x=_x(2, 3), s=np.array([4, 3]))
+
+
+# ---- found by benchmarks/fuzz.py ------------------------------------------------------------
+def test_indices_longer_than_the_data_at_run_time():
+    """GatherElements/ScatterElements walk data's other dims with the indices': longer indices
+    read (or, scattering, wrote) past the data -- heap corruption, found as "double free"."""
+    model = onnx_model([helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], axis=1,
+                                         name="se")],
+                       [value_info("x", ["R", 4]), value_info("i", ["S", 2], I64),
+                        value_info("u", ["S", 2])], [value_info("y", None)])
+    exe = _build(model)
+    feeds = {"x": _x(3, 4), "i": np.array([[0, 3], [1, 2]]), "u": _x(2, 2)}
+    np.testing.assert_array_equal(exe(**feeds), _ort(model, feeds))
+    with pytest.raises(RuntimeCheckError, match=r"ScatterElements node 'se'.*must not be longer"):
+        exe(x=_x(1, 4), i=np.array([[0, 3], [1, 2]]), u=_x(2, 2))
+
+
+def test_a_window_larger_than_a_symbolic_input_fails_naming_the_node():
+    model = onnx_model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[5, 5],
+                                         name="pool")],
+                       [value_info("x", [1, 1, "H", "W"])], [value_info("y", None)])
+    exe = _build(model)
+    feeds = {"x": _x(1, 1, 6, 7)}
+    np.testing.assert_array_equal(exe(**feeds), _ort(model, feeds))
+    with pytest.raises(ArgumentError, match=r"MaxPool node 'pool': the result would have the "
+                                            r"negative shape"):
+        exe(x=_x(1, 1, 3, 7))
+
+
+def test_attention_row_with_no_key_is_zero_even_with_inf_scores():
+    """A fully masked row gives zeros; it was softmax * 0, NaN where a key held inf."""
+    model = onnx_model([helper.make_node("Attention", ["q", "k", "v", "m"], ["y"], name="att")],
+                       [value_info("q", [1, 2, 2, 8]), value_info("k", [1, 2, 2, 8]),
+                        value_info("v", [1, 2, 2, 8]),
+                        value_info("m", [2, 2], TP.BOOL)], [value_info("y", None)], opset=23)
+    k = _x(1, 2, 2, 8)
+    k[0, 0, 1, 6] = np.inf
+    feeds = {"q": _x(1, 2, 2, 8), "k": k, "v": _x(1, 2, 2, 8),
+             "m": np.array([[False, False], [True, True]])}
+    got, want = _build(model)(**feeds), _ort(model, feeds)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(want), rtol=1e-5, atol=1e-6)
+
+
+def test_concat_of_symbolic_dims_that_differ_outside_the_axis():
+    """The output takes dims outside the axis from the first input: a second input with another
+    length there read past its end."""
+    model = onnx_model([helper.make_node("Concat", ["a", "b"], ["y"], axis=1, name="cat")],
+                       [value_info("a", ["N", 3]), value_info("b", ["M", 2])],
+                       [value_info("y", None)])
+    exe = _build(model)
+    feeds = {"a": _x(4, 3), "b": _x(4, 2)}
+    np.testing.assert_array_equal(exe(**feeds), _ort(model, feeds))
+    with pytest.raises(RuntimeCheckError, match=r"Concat node 'cat': .*differs from tensors\[0\]"):
+        exe(a=_x(4, 3), b=_x(5, 2))

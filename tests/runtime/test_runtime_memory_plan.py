@@ -222,13 +222,15 @@ def _chain(shape):
     return bb.get()
 
 
-def test_a_plan_over_the_memory_limit_is_refused_at_build_with_its_size():
-    """A model declaring 2^31 - 1 rows (16 GiB per temp): the build refuses it, naming the
-    largest tensor and its node, instead of the first call allocating the workspace."""
+@pytest.mark.parametrize("rows,size", [(2**31 - 1, r"64\.0 GiB"), (2**32 + 1, r"128\.0 GiB")])
+def test_a_plan_over_the_memory_limit_is_refused_at_build_with_its_size(rows, size):
+    """A model declaring 2^31 - 1 (or 2^32 + 1) rows: the build -- whose transpose schedule
+    once looped over every row -- refuses it, naming the largest tensor and its node, instead
+    of the first call allocating the workspace."""
     with pytest.raises(kiln.ir.MemoryLimitError,
-                       match=r"one run of main \(largest tensor 64\.0 GiB, made by MatMul node "
+                       match=rf"one run of main \(largest tensor {size}, made by MatMul node "
                              r"'mm'\) needs .* more than the memory limit of"):
-        kiln.build(_chain((2**31 - 1, 8)))
+        kiln.build(_chain((rows, 8)))
 
 
 def test_the_limit_is_set_by_the_environment(monkeypatch):
