@@ -5,15 +5,18 @@
     python benchmarks/fuzz.py --seed 1234                         # one case, in this process
 
 Prints the table of outcomes by class (with example seeds) and by kind of case; ``--json``
-writes one line per case. Every case runs in a worker process under ``--timeout`` seconds;
-kernels compile into ``$KILN_CACHE_DIR`` (set it to keep the fuzzer's out of the shared cache).
+writes one line per case as it ends. Every case runs in a worker process under ``--timeout``
+seconds; kernels compile into ``$KILN_CACHE_DIR`` (set it to keep the fuzzer's out of the shared
+cache).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from dataclasses import asdict
 
 from kiln.testing.fuzz import KINDS, fuzz, run_one
 
@@ -39,8 +42,12 @@ def main(argv: list[str] | None = None) -> int:
         print(run_one(args.seed, kinds))
         return 0
     start = time.monotonic()
+    log = open(args.json, "w") if args.json else None  # written as cases end
 
     def progress(outcome, report):
+        if log is not None:
+            log.write(json.dumps(asdict(outcome)) + "\n")
+            log.flush()
         n = len(report.outcomes)
         if n % 100 == 0:
             rate = n / (time.monotonic() - start)
@@ -51,9 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                   kinds, progress=progress)
     print(report.table())
     print(f"\n{time.monotonic() - start:.0f} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(report.to_json() + "\n")
+    if log is not None:
+        log.close()
     return 1 if report.failures() else 0
 
 

@@ -101,11 +101,19 @@ def _misbehaving(case: Case, report) -> Outcome:
     return Outcome(case.seed, case.kind, case.source, case.what, "correct")
 
 
+def _broken(case: Case, report) -> Outcome:
+    """A case runner with a bug of its own (the fuzzer's, not kiln's)."""
+    raise ValueError("a bug in the fuzzer")
+
+
 def test_a_crashing_or_hanging_worker_is_classified_and_replaced():
     report = fuzz(range(6), workers=2, timeout=5, run=_misbehaving)
     assert [o.cls for o in report.outcomes] == ["correct", "crash", "hang"] * 2
     assert report.outcomes[1].error == "SIGSEGV"
     assert "6 cases" in report.table()
+    report = fuzz(range(2), workers=1, timeout=5, run=_broken)
+    assert [o.cls for o in report.outcomes] == ["harness_error"] * 2
+    assert "ValueError: a bug in the fuzzer" in report.outcomes[0].message
 
 
 def test_fixed_seeds_run_clean():

@@ -33,7 +33,7 @@ __all__ = [
 
 #: Classes that break kiln's promise (the "wrong answers explained by the references' own
 #: disagreement" are listed apart, "unverified" is kiln running what no reference would).
-FAILURES = ("crash", "hang", "other_exception", "wrong")
+FAILURES = ("crash", "hang", "other_exception", "wrong", "harness_error")
 
 
 @dataclass

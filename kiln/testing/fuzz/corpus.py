@@ -121,10 +121,12 @@ def _rand(rng: np.random.Generator, shape: list[int]) -> np.ndarray:
 def _conv(rng: np.random.Generator) -> Sample:
     from onnx import helper, numpy_helper
 
-    n, c, h, w = int(rng.integers(1, 3)), int(rng.integers(1, 5)), *rng.integers(3, 9, 2)
     o, k = int(rng.integers(1, 6)), int(rng.integers(1, 4))
     pad = int(rng.integers(0, k))
     stride = int(rng.integers(1, 3))
+    # big enough for the 2x2 pool after the convolution: (h + 2 pad - k) // stride + 1 >= 2
+    n, c = int(rng.integers(1, 3)), int(rng.integers(1, 5))
+    h, w = (int(v) + k + stride for v in rng.integers(0, 6, 2))
     weight = numpy_helper.from_array(_rand(rng, [o, c, k, k]), "w")
     bias = numpy_helper.from_array(_rand(rng, [o]), "b")
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[pad] * 4,
@@ -197,13 +199,94 @@ def _split_concat(rng: np.random.Generator) -> Sample:
              helper.make_node("Concat", list(reversed(outs)), ["c"], axis=1, name="concat"),
              helper.make_node("ReduceSum", ["c"], ["y"], keepdims=1, name="sum")]
     shape = [int(rng.integers(1, 4)), d]
-    return Sample("handbuilt_split", _model(nodes, [_vi("x", _dims(rng, shape, "N"))],
-                                            [_vi("y", None)]),
+    declared = [_dims(rng, shape[:1], "N")[0], d]  # the split axis stays static
+    return Sample("handbuilt_split", _model(nodes, [_vi("x", declared)], [_vi("y", None)]),
                   (("x", _rand(rng, shape)),))
 
 
+def _attention(rng: np.random.Generator) -> Sample:
+    """Scaled dot-product attention spelled in plain ops, with an additive mask."""
+    from onnx import helper, numpy_helper
+
+    b, s, d = int(rng.integers(1, 3)), int(rng.integers(1, 6)), int(rng.choice([2, 4, 8]))
+    scale = numpy_helper.from_array(np.array(1.0 / np.sqrt(d), np.float32), "scale")
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1], name="kt"),
+             helper.make_node("MatMul", ["q", "kt"], ["qk"], name="qk"),
+             helper.make_node("Mul", ["qk", "scale"], ["scaled"], name="scale"),
+             helper.make_node("Add", ["scaled", "mask"], ["masked"], name="mask"),
+             helper.make_node("Softmax", ["masked"], ["p"], axis=-1, name="softmax"),
+             helper.make_node("MatMul", ["p", "v"], ["y"], name="pv")]
+    mask = np.where(rng.random((s, s)) < 0.2, -1e9, 0.0).astype(np.float32)
+    return Sample("handbuilt_attention", _model(
+        nodes, [_vi(n, _dims(rng, [b, s, d], "BSD")) for n in ("q", "k", "v")]
+        + [_vi("mask", [s, s])], [_vi("y", None)], [scale]),
+        (("q", _rand(rng, [b, s, d])), ("k", _rand(rng, [b, s, d])),
+         ("v", _rand(rng, [b, s, d])), ("mask", mask)))
+
+
+def _slice_pad(rng: np.random.Generator) -> Sample:
+    """Slice with run-time starts, then Pad with constant pads."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    n = int(rng.integers(2, 9))
+    pads = numpy_helper.from_array(rng.integers(0, 3, 4).astype(np.int64), "pads")
+    nodes = [helper.make_node("Slice", ["x", "starts", "ends"], ["s"], name="slice"),
+             helper.make_node("Pad", ["s", "pads"], ["y"], mode=str(rng.choice(
+                 ["constant", "reflect", "edge"])), name="pad")]
+    starts = rng.integers(-n, n, 2).astype(np.int64)
+    ends = rng.integers(-n, n + 2, 2).astype(np.int64)
+    return Sample("handbuilt_slice_pad", _model(
+        nodes, [_vi("x", [n, n]), _vi("starts", [2], TensorProto.INT64),
+                _vi("ends", [2], TensorProto.INT64)], [_vi("y", None)], [pads]),
+        (("x", _rand(rng, [n, n])), ("starts", starts), ("ends", ends)))
+
+
+def _reduce_axes(rng: np.random.Generator) -> Sample:
+    """A reduction whose axes are a run-time input, then a normalization."""
+    from onnx import TensorProto, helper
+
+    shape = [int(v) for v in rng.integers(1, 5, 3)]
+    op_type = str(rng.choice(["ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2"]))
+    nodes = [helper.make_node(op_type, ["x", "axes"], ["r"], keepdims=1, name="reduce"),
+             helper.make_node("Sub", ["x", "r"], ["y"], name="center")]
+    axes = rng.choice(np.arange(-3, 3), int(rng.integers(1, 3)), replace=False) % 3
+    return Sample("handbuilt_reduce", _model(
+        nodes, [_vi("x", shape), _vi("axes", [len(axes)], TensorProto.INT64)],
+        [_vi("y", None)]),
+        (("x", _rand(rng, shape)), ("axes", axes.astype(np.int64))))
+
+
+def _conv_transpose(rng: np.random.Generator) -> Sample:
+    from onnx import helper, numpy_helper
+
+    c, o, k = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.integers(1, 4))
+    stride = int(rng.integers(1, 3))
+    weight = numpy_helper.from_array(_rand(rng, [c, o, k, k]), "w")
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["t"], strides=[stride] * 2,
+                              name="deconv"),
+             helper.make_node("Sigmoid", ["t"], ["y"], name="sigmoid")]
+    shape = [1, c, int(rng.integers(1, 6)), int(rng.integers(1, 6))]
+    return Sample("handbuilt_conv_transpose", _model(
+        nodes, [_vi("x", shape)], [_vi("y", None)], [weight]), (("x", _rand(rng, shape)),))
+
+
+def _layer_norm(rng: np.random.Generator) -> Sample:
+    from onnx import helper, numpy_helper
+
+    shape = [int(rng.integers(1, 4)), int(rng.integers(1, 5)), int(rng.integers(1, 9))]
+    gamma = numpy_helper.from_array(_rand(rng, shape[-1:]), "g")
+    beta = numpy_helper.from_array(_rand(rng, shape[-1:]), "b")
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["n"], axis=-1,
+                              name="ln"),
+             helper.make_node("Gelu", ["n"], ["y"], name="gelu")]
+    return Sample("handbuilt_layer_norm", _model(
+        nodes, [_vi("x", _dims(rng, shape, "BTC"))], [_vi("y", None)], [gamma, beta], opset=20),
+        (("x", _rand(rng, shape)),))
+
+
 HANDBUILT: tuple[Callable[[np.random.Generator], Sample], ...] = (
-    _conv, _matmul, _gather, _reshape, _split_concat,
+    _conv, _matmul, _gather, _reshape, _split_concat, _attention, _slice_pad, _reduce_axes,
+    _conv_transpose, _layer_norm,
 )
 
 

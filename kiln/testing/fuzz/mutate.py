@@ -309,7 +309,8 @@ def mutate_initializer(rng: np.random.Generator, model: Any, feeds: dict) -> str
             arr.reshape(-1)[int(rng.integers(arr.size))] = _pick(rng, (np.nan, np.inf, -np.inf))
         elif arr.size and arr.dtype.kind in "iu":
             info = np.iinfo(arr.dtype)
-            arr.reshape(-1)[int(rng.integers(arr.size))] = _pick(rng, (info.min, info.max, -1))
+            arr.reshape(-1)[int(rng.integers(arr.size))] = _pick(rng, (info.min, info.max,
+                                                                       info.max // 2))
         init.CopyFrom(numpy_helper.from_array(arr, init.name))
         return f"initializer {init.name!r}: an extreme value"
     if choice < 0.9:
@@ -352,7 +353,8 @@ def mutate_inputs(rng: np.random.Generator, model: Any, feeds: dict) -> str:
             flat[int(rng.integers(flat.size))] = _pick(rng, (np.nan, np.inf, -np.inf, 3e38))
         elif out.dtype.kind in "iu":
             info = np.iinfo(out.dtype)
-            flat[int(rng.integers(flat.size))] = _pick(rng, (info.min, info.max, -1, 0, 1))
+            flat[int(rng.integers(flat.size))] = _pick(rng, (info.min, info.max, info.min + 1,
+                                                             0, 1))
         feeds[name] = out
         return f"input {name}: an extreme value"
     if choice < 0.5:

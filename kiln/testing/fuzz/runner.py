@@ -52,10 +52,11 @@ def _worker(conn: Any, corpus_path: str, memory_limit: int, kinds: dict | None,
             return
         try:
             case = make_case(seed, corpus, kinds)
+            outcome = run(case, report)
         except Exception:  # noqa: BLE001 - a bug of the fuzzer itself: the parent stops
             conn.send(("harness_error", traceback.format_exc(), seed))
             return
-        conn.send(("outcome", run(case, report), None))
+        conn.send(("outcome", outcome, None))
 
 
 @dataclass
@@ -155,8 +156,14 @@ class Pool:
                         slots[k] = self._replace(slot)
                         ready.discard(k)
                         continue
-                    if kind == "harness_error":
-                        raise RuntimeError(f"the fuzzer failed to make case {extra}:\n{value}")
+                    if kind == "harness_error":  # a bug of the fuzzer: recorded, not kiln's
+                        busy -= 1
+                        yield Outcome(extra, "?", "?", "?", "harness_error",
+                                      message=value.strip().splitlines()[-1],
+                                      notes=[value[-2000:]])
+                        slots[k] = self._replace(slot)
+                        ready.discard(k)
+                        continue
                     if kind == "ready":
                         ready.add(k)
                     elif kind == "phase":
