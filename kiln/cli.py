@@ -1,58 +1,209 @@
-"""The ``kiln`` command: compile ONNX models, print any compilation stage, inspect and run
-saved executables."""
+"""The ``kiln`` command: compile ONNX models, print any compilation stage, inspect and run saved
+executables, manage the compile cache.
+
+Every failure is one line on stderr, ``kiln: error: ...``: exit status 2 for a mistake on the
+command line (an unknown option or choice, a malformed value, a name the model does not have, a
+missing or unreadable file it names), 1 for a failure of the work itself (an operator kiln
+cannot convert, a compile error), 130 when interrupted. ``--verbose`` adds progress (stages,
+kernels done of total, times) and the full text of multi-line errors; ``--traceback`` the
+Python traceback of an unexpected error.
+"""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.util
+import logging
 import os
+import re
 import sys
+import time
+import traceback as tb
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from . import __version__, progress
+from .build import build, check_buildable, default_pipeline, schedule_prim_func
+from .codegen import c as codegen_c
+from .frontend.onnx import from_onnx
+from .frontend.onnx.importer import load_model
+from .frontend.torch import from_pt2
+from .ir.errors import ArgumentError, KilnError, ModelFormatError
+from .runtime import cache, shape_expr
+from .runtime.executable import load
+from .target import Target
+from .testing import models
+from .tir.function import PrimFunc
+from .tir.transform import lower
+from .transform import PassContext
+
 STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c")
+OPT_LEVELS = (0, 1, 2, 3)
+
+EXAMPLES = """\
+examples:
+  kiln compile model.onnx -o model.kiln                  import, compile, save
+  kiln compile model.onnx --shape image=1,3,224,224      fix an input's dynamic shape
+  kiln compile model.onnx --target x86-64-v3 --verbose   build for any AVX2 CPU, with progress
+  kiln run model.kiln --input image=x.npy -o outputs/    run; outputs saved by name
+  kiln run model.kiln --dim batch=8 --profile            random inputs; time per kernel
+  kiln inspect model.kiln                                target, inputs, outputs, kernels
+  kiln show model.onnx --stage c                         print a compilation stage
+  kiln cache info                                        the compile cache and its cap
+
+exit status: 0 success, 1 error, 2 command-line mistake, 130 interrupted
+environment: KILN_CACHE_DIR, KILN_CACHE_MAX_SIZE (default 2G), KILN_COMPILE_JOBS, CC,
+             OMP_NUM_THREADS
+"""
 
 
+class UsageError(KilnError):
+    """A mistake on the command line or in a file it names (exit status 2)."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, with usage mistakes raised as :class:`UsageError` (one line, exit 2) instead
+    of a usage block printed by argparse itself."""
+
+    def error(self, message: str) -> Any:
+        raise UsageError(_with_suggestion(message, self))
+
+
+def _all_options(parser: argparse.ArgumentParser) -> list[str]:
+    opts = []
+    for action in parser._actions:  # argparse offers no public listing
+        opts += [o for o in action.option_strings if o.startswith("--")]
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                opts += _all_options(sub)
+    return opts
+
+
+def _with_suggestion(message: str, parser: argparse.ArgumentParser) -> str:
+    """``unrecognized arguments: --shpae`` + ``(did you mean --shape?)``."""
+    m = re.match(r"unrecognized arguments: (\S+)", message)
+    if m:
+        close = difflib.get_close_matches(m.group(1), sorted(set(_all_options(parser))), n=1)
+        if close:
+            return f"{message} (did you mean {close[0]}?)"
+    return message
+
+
+def _closest(name: str, choices: Sequence[str]) -> str:
+    """`` (did you mean 'N'?)`` for a near miss, case-insensitively first."""
+    folded = [c for c in choices if c.lower() == name.lower()]
+    close = folded or difflib.get_close_matches(name, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# ---- values ----------------------------------------------------------------------------------
+def _count(text: str, what: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{what}: expected an integer, got {text!r}") from None
+    if value < minimum:
+        raise UsageError(f"{what}: expected an integer >= {minimum}, got {value}")
+    return value
+
+
+def _int_type(what: str, minimum: int):
+    def parse(text: str) -> int:
+        try:
+            return _count(text, what, minimum)
+        except UsageError as err:
+            raise argparse.ArgumentTypeError(str(err).split(": ", 1)[1]) from None
+    parse.__name__ = what
+    return parse
+
+
+def _pair(spec: str, option: str, value_help: str) -> tuple[str, str]:
+    name, eq, value = spec.partition("=")
+    if not eq or not name or not value:
+        raise UsageError(f"{option} {spec!r}: expected {value_help}")
+    return name, value
+
+
+def _check_output_folder(path: str, what: str) -> None:
+    """Refuse, before any work, an output path whose folder does not exist."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"{what} {path!r}: folder {os.path.dirname(path) or folder!r} does "
+                         "not exist")
+    if os.path.isdir(path):
+        raise UsageError(f"{what} {path!r} is a folder; give a file name")
+
+
+def _existing_file(path: str, what: str) -> str:
+    if not os.path.exists(path):
+        raise UsageError(f"{what} {path!r} does not exist")
+    if os.path.isdir(path):
+        raise UsageError(f"{what} {path!r} is a folder, not a file")
+    return path
+
+
+def _load_executable(path: str) -> Any:
+    _existing_file(path, "executable")
+    try:
+        return load(path)
+    except ModelFormatError as err:
+        raise UsageError(str(err)) from err
+
+
+def _load_onnx(path: str) -> Any:
+    _existing_file(path, "model")
+    try:
+        return load_model(path)
+    except ModelFormatError as err:
+        raise UsageError(str(err)) from err
+
+
+def _target(spec: str) -> Any:
+    try:
+        return Target.create(spec)
+    except KilnError as err:
+        raise UsageError(f"--target {spec!r}: {err}") from err
+
+
+# ---- show ------------------------------------------------------------------------------------
 def _load_module(spec: str) -> Any:
     """``demo:mlp`` / ``demo:small_cnn``, an ``.onnx`` file (weights bound as constants), or
     ``path/to/file.py`` defining ``module()``."""
-    from .testing import models
-
-    if spec.endswith(".onnx"):
-        from .frontend.onnx import from_onnx
-
-        return from_onnx(spec, bind_params=True)[0]
-
     if spec.startswith("demo:"):
         name = spec.split(":", 1)[1]
-        builder = getattr(models, name, None)
-        if builder is None:
-            raise SystemExit(f"kiln: unknown demo model {name!r} (try mlp, small_cnn)")
-        return builder().mod
+        demos = ("mlp", "small_cnn", "resnet_block_cnn")
+        if name not in demos:
+            raise UsageError(f"unknown demo model {name!r} (choose from "
+                             f"{', '.join(demos)}){_closest(name, demos)}")
+        return getattr(models, name)().mod
+    if spec.endswith(".onnx"):
+        proto = _load_onnx(spec)
+        return from_onnx(proto, bind_params=True,
+                         base_dir=os.path.dirname(os.path.abspath(spec)))[0]
+    if not spec.endswith(".py"):
+        raise UsageError(f"model {spec!r}: expected demo:NAME, an .onnx file or a .py file "
+                         "defining module()")
+    _existing_file(spec, "model")
     loader = importlib.util.spec_from_file_location("kiln_user_model", spec)
     if loader is None or loader.loader is None:
-        raise SystemExit(f"kiln: cannot load {spec!r}")
+        raise UsageError(f"cannot load {spec!r}")
     user = importlib.util.module_from_spec(loader)
     loader.loader.exec_module(user)
     if not hasattr(user, "module"):
-        raise SystemExit(f"kiln: {spec} must define module() returning an IRModule")
+        raise UsageError(f"{spec} must define module() returning an IRModule")
     return user.module()
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from .build import default_pipeline, schedule_prim_func
-    from .codegen import c as codegen_c
-    from .target import Target
-    from .tir.function import PrimFunc
-    from .tir.transform import lower
-    from .transform import PassContext
-
+    target = _target(args.target)
+    check_buildable(target)
     mod = _load_module(args.model)
     if args.stage == "graph":
         print(mod)
         return 0
-    target = Target.create(args.target)
     with PassContext(opt_level=args.opt_level):
         mod = default_pipeline(target=target)(mod)
     if args.stage == "optimized":
@@ -60,7 +211,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     funcs = {n: f for n, f in mod.items() if isinstance(f, PrimFunc)}
     if args.func:
-        funcs = {n: f for n, f in funcs.items() if n == args.func}
+        if args.func not in funcs:
+            raise UsageError(f"--func {args.func!r}: no such PrimFunc (the module has: "
+                             f"{', '.join(funcs)}){_closest(args.func, list(funcs))}")
+        funcs = {args.func: funcs[args.func]}
     if args.stage == "tir":
         for f in funcs.values():
             print(f, end="\n\n")
@@ -79,71 +233,182 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_inspect(args: argparse.Namespace) -> int:
-    from .runtime.executable import load
+# ---- inspect ---------------------------------------------------------------------------------
+def _describe(infos: Sequence[Any]) -> str:
+    return ", ".join(f"{t.name}: {t.dtype}[{', '.join(map(str, t.shape))}]" for t in infos)
 
-    exe = load(args.file)
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    exe = _load_executable(args.file)
+    size = os.path.getsize(args.file)
+    print(f"{args.file}: {size / 1024:.0f} KiB, built by kiln {exe.kiln_version} for target "
+          f"{exe.target!r} ({exe.machine})")
+    print(f"needs CPU features: {' '.join(sorted(exe.required_features)) or '(none recorded)'}")
+    print(f"inputs:  {_describe(exe.inputs)}")
+    print(f"outputs: {_describe(exe.outputs)}")
+    if exe.sections:
+        print("extra sections: " + ", ".join(f"{n} ({len(d)} bytes)"
+                                             for n, d in exe.sections.items()))
     print(exe.summary())
     if args.source:
         print(exe.module.source)
     return 0
 
 
+# ---- compile ---------------------------------------------------------------------------------
+def _graph_inputs(proto: Any) -> dict[str, list[Any]]:
+    """The model's real inputs (not initializers) and their declared dims (int, name or None)."""
+    inits = {i.name for i in proto.graph.initializer}
+    out: dict[str, list[Any]] = {}
+    for vi in proto.graph.input:
+        if vi.name in inits:
+            continue
+        dims: list[Any] = []
+        tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+        if tt is not None and tt.HasField("shape"):
+            for d in tt.shape.dim:
+                if d.HasField("dim_value"):
+                    dims.append(int(d.dim_value))
+                else:
+                    dims.append(d.dim_param or None)
+        out[vi.name] = dims if tt is not None and tt.HasField("shape") else None
+    return out
+
+
+def _parse_shapes(specs: Sequence[str], inputs: dict[str, Any]) -> dict[str, list[Any]]:
+    """``--shape NAME=D0,D1,...`` checked against the model's inputs: each dim a positive
+    integer or a name (a symbolic dim), as many as the input's declared rank."""
+    shapes: dict[str, list[Any]] = {}
+    names = list(inputs)
+    for spec in specs:
+        name, dims_text = _pair(spec, "--shape", "NAME=D0,D1,... (e.g. image=1,3,224,224)")
+        if name not in inputs:
+            raise UsageError(f"--shape {spec!r}: the model has no input {name!r} (its inputs: "
+                             f"{', '.join(names) or 'none'}){_closest(name, names)}")
+        if name in shapes:
+            raise UsageError(f"--shape: input {name!r} given twice")
+        dims: list[Any] = []
+        for d in dims_text.split(","):
+            d = d.strip()
+            if re.fullmatch(r"\d+", d):
+                if int(d) < 1:
+                    raise UsageError(f"--shape {spec!r}: dimension {d} must be positive")
+                dims.append(int(d))
+            elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", d):
+                dims.append(d)
+            else:
+                raise UsageError(f"--shape {spec!r}: {d!r} is not a dimension (expected a "
+                                 "positive integer, or a name for a symbolic dimension)")
+        declared = inputs[name]
+        if declared is not None and len(declared) != len(dims):
+            shown = "x".join("?" if v is None else str(v) for v in declared)
+            raise UsageError(f"--shape {spec!r}: input {name!r} has rank {len(declared)} "
+                             f"({shown}), not {len(dims)}")
+        shapes[name] = dims
+    return shapes
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
-    import time
-
-    from .build import build
-    from .frontend.onnx import from_onnx
-    from .transform import PassContext
-
-    shapes = {}
-    for spec in args.shape:
-        name, _, dims = spec.partition("=")
-        if not dims:
-            raise SystemExit(f"kiln: --shape expects NAME=D0,D1,..., got {spec!r}")
-        shapes[name] = [int(d) if d.lstrip("-").isdigit() else d for d in dims.split(",")]
-    t0 = time.perf_counter()
-    mod, params = from_onnx(args.model, shape_dict=shapes or None)
-    t1 = time.perf_counter()
-    with PassContext(opt_level=args.opt_level):
-        exe = build(mod, params=params)
-    t2 = time.perf_counter()
+    target = _target(args.target)
     out = args.output or os.path.splitext(args.model)[0] + ".kiln"
+    _check_output_folder(out, "output")
+    stage = progress.Stage(f"importing {args.model}")
+    t0 = time.perf_counter()
+    if args.model.endswith(".pt2"):  # a torch.export.save'd ExportedProgram
+        if args.shape:
+            raise UsageError("--shape is for ONNX models (a .pt2 program has its shapes)")
+        _existing_file(args.model, "model")
+        mod, params = from_pt2(args.model)
+        t1 = time.perf_counter()
+        stage.finish()
+    else:
+        proto = _load_onnx(args.model)
+        shapes = _parse_shapes(args.shape, _graph_inputs(proto))
+        mod, params = from_onnx(proto, shape_dict=shapes or None,
+                                base_dir=os.path.dirname(os.path.abspath(args.model)))
+        t1 = time.perf_counter()
+        stage.finish(f"{len(proto.graph.node)} nodes")
+    with PassContext(opt_level=args.opt_level):
+        exe = build(mod, target=target, params=params)
+    t2 = time.perf_counter()
     exe.save(out)
-    print(f"imported {args.model} in {t1 - t0:.2f} s, compiled {exe.num_kernels} kernels in "
-          f"{t2 - t1:.2f} s -> {out}")
-    print(exe.summary().splitlines()[1].strip())
+    print(f"imported {args.model} in {t1 - t0:.2f} s, compiled {exe.num_kernels} kernels for "
+          f"target {exe.target!r} in {t2 - t1:.2f} s -> {out}")
+    print(f"inputs:  {_describe(exe.inputs)}")
+    print(f"outputs: {_describe(exe.outputs)}")
     return 0
 
 
-def _parse_inputs(args: argparse.Namespace, plan: Any) -> dict[str, np.ndarray]:
-    """Feeds from ``--input name=file.npy`` / positional .npy files; random for the rest."""
-    from .runtime import shape_expr
+# ---- run -------------------------------------------------------------------------------------
+def _read_npy(path: str, name: str) -> np.ndarray:
+    """The array of input ``name`` from the .npy file ``path``."""
+    what = f"input file for {name!r},"
+    _existing_file(path, what)
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+        if magic != b"\x93NUMPY":
+            raise UsageError(f"{what} {path!r}, is not a .npy file (save arrays with "
+                             "numpy.save)")
+        arr = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise UsageError(f"{what} {path!r}, cannot be read as a .npy file ({err})") from err
+    return arr
 
-    feeds: dict[str, np.ndarray] = {}
-    for name, path in zip(plan.input_names, args.inputs):
-        feeds[name] = np.load(path)
+
+def _symbolic_names(plan: Any) -> list[str]:
+    """The names of the symbolic dims of the plan's inputs, in order of appearance."""
+    names: dict[str, None] = {}
+
+    def walk(code: Any) -> None:
+        if isinstance(code, list):
+            if code[0] == "var":
+                names[code[1]] = None
+            else:
+                for c in code[1:]:
+                    walk(c)
+
+    for slot in plan.input_slots:
+        for d in plan.slots[slot].shape:
+            walk(d)
+    return list(names)
+
+
+def _parse_feeds(args: argparse.Namespace, plan: Any) -> dict[str, np.ndarray]:
+    """Feeds from positional .npy files (in input order) and ``--input NAME=FILE``; random
+    arrays for the rest, with symbolic dims from ``--dim NAME=N`` (default 1)."""
+    names = plan.input_names
+    if len(args.inputs) > len(names):
+        raise UsageError(f"{len(args.inputs)} input files given, but the model has "
+                         f"{len(names)} input(s): {', '.join(names) or 'none'}")
+    feeds = {name: _read_npy(path, name) for name, path in zip(names, args.inputs)}
     for spec in args.input:
-        name, _, path = spec.partition("=")
-        if name not in plan.input_names or not path:
-            raise SystemExit(f"kiln: --input {spec!r}: expected NAME=FILE.npy with NAME one of "
-                             f"{plan.input_names}")
-        feeds[name] = np.load(path)
-    dims = {}
+        name, path = _pair(spec, "--input", "NAME=FILE.npy")
+        if name not in names:
+            raise UsageError(f"--input {spec!r}: the model has no input {name!r} (its inputs: "
+                             f"{', '.join(names)}){_closest(name, names)}")
+        if name in feeds:
+            raise UsageError(f"input {name!r} given twice")
+        feeds[name] = _read_npy(path, name)
+    symbolic = _symbolic_names(plan)
+    dims: dict[str, int] = {}
     for spec in args.dim:
-        name, _, value = spec.partition("=")
-        dims[name] = int(value)
+        name, value = _pair(spec, "--dim", "NAME=N (e.g. batch=8)")
+        if name not in symbolic:
+            known = (f"its symbolic dimensions: {', '.join(symbolic)}" if symbolic
+                     else "all its input dimensions are fixed")
+            raise UsageError(f"--dim {spec!r}: the model has no symbolic dimension {name!r} "
+                             f"({known}){_closest(name, symbolic)}")
+        dims[name] = _count(value, f"--dim {spec!r}", 1)
     rng = np.random.default_rng(args.seed)
-    for name, slot in zip(plan.input_names, plan.input_slots):
+    for name, slot in zip(names, plan.input_slots):
         if name in feeds:
             continue
         spec = plan.slots[slot]
+        unbound = [n for n in symbolic if n not in dims]
         shape = []
         for code in spec.shape:
-            try:
-                shape.append(shape_expr.evaluate(code, dims))
-            except Exception:  # noqa: BLE001 - unbound symbolic dim: default 1, said below
-                shape.append(1)
+            shape.append(shape_expr.evaluate(code, {**dict.fromkeys(unbound, 1), **dims}))
         dt = spec.dtype.to_numpy()
         if dt.kind == "f":
             arr = rng.standard_normal(shape).astype(dt)
@@ -151,35 +416,70 @@ def _parse_inputs(args: argparse.Namespace, plan: Any) -> dict[str, np.ndarray]:
             arr = rng.integers(0, 2, size=shape).astype(bool)
         else:
             arr = rng.integers(0, 10, size=shape).astype(dt)
-        print(f"input {name}: random {dt} {tuple(shape)}")
+        note = (f" (symbolic {', '.join(unbound)} = 1; set with --dim)"
+                if unbound and any(isinstance(c, list) for c in spec.shape) else "")
+        print(f"input {name}: random {dt} {tuple(shape)}{note}")
         feeds[name] = arr
     return feeds
 
 
+def _output_paths(target: str | None, names: Sequence[str]) -> list[str | None]:
+    """Where each output goes: ``-o FILE.npy`` for a single output, else ``-o FOLDER`` holding
+    ``<name>.npy`` per output (the name made a file name); None without ``-o``."""
+    if target is None:
+        return [None] * len(names)
+    if target.endswith(".npy"):
+        if len(names) != 1:
+            raise UsageError(f"-o {target!r}: the model has {len(names)} outputs "
+                             f"({', '.join(names)}); give a folder to write one .npy per output")
+        _check_output_folder(target, "-o")
+        return [target]
+    if os.path.exists(target) and not os.path.isdir(target):
+        raise UsageError(f"-o {target!r} exists and is not a folder")
+    parent = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(parent):
+        raise UsageError(f"-o {target!r}: folder {os.path.dirname(target) or parent!r} does "
+                         "not exist")
+    paths, used = [], set()
+    for name in names:
+        base = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "output"
+        stem, k = base, 1
+        while stem in used:
+            stem, k = f"{base}_{k}", k + 1
+        used.add(stem)
+        paths.append(os.path.join(target, stem + ".npy"))
+    return paths
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    import time
-
-    from .runtime.executable import load
-
-    exe = load(args.file)
+    if args.trace is not None:
+        _check_output_folder(args.trace, "--trace")
+    stage = progress.Stage(f"loading {args.file}")
+    exe = _load_executable(args.file)
+    stage.finish()
+    plan = exe.plans[exe.main_name]
+    paths = _output_paths(args.output, plan.output_names)
     if args.threads:
         exe.set_num_threads(args.threads)
-    plan = exe.plans["main"] if "main" in exe.plans else next(iter(exe.plans.values()))
-    feeds = _parse_inputs(args, plan)
-    out = exe(**feeds)
+    feeds = _parse_feeds(args, plan)
+    try:
+        outs = exe.run(feeds)
+    except ArgumentError as err:  # an input file of the wrong shape or dtype
+        raise UsageError(str(err)) from err
     times = []
     for _ in range(args.repeat):
         t0 = time.perf_counter()
-        exe(**feeds)
+        exe.run(feeds)
         times.append(time.perf_counter() - t0)
-    outs = out if isinstance(out, tuple) else (out,)
-    for i, o in enumerate(outs):
+    if args.output and not args.output.endswith(".npy"):
+        os.makedirs(args.output, exist_ok=True)
+    for name, o, path in zip(plan.output_names, outs, paths):
         o = np.asarray(o)
-        line = f"output {i}: shape {o.shape} dtype {o.dtype}"
+        line = f"output {name}: shape {o.shape} dtype {o.dtype}"
         if o.size and o.dtype.kind in "fiub":
-            line += f" min {o.min():.6g} max {o.max():.6g} mean {o.astype(np.float64).mean():.6g}"
-        if args.output:
-            path = args.output if len(outs) == 1 else f"{args.output}.{i}.npy"
+            line += (f" min {o.min():.6g} max {o.max():.6g} "
+                     f"mean {o.astype(np.float64).mean():.6g}")
+        if path is not None:
             np.save(path, o)
             line += f" -> {path}"
         print(line)
@@ -187,66 +487,213 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(o)
     if times:
         print(f"latency: median {np.median(times) * 1e3:.3f} ms, min {min(times) * 1e3:.3f} ms "
-              f"over {len(times)} runs")
-    if args.profile:
-        print(exe.profile(repeat=max(args.repeat, 1), **feeds))
+              f"over {len(times)} runs ({exe.get_max_threads()} threads)")
+    if args.profile or args.trace:
+        prof = exe.profile(repeat=max(args.repeat, 1), trace=args.trace, **feeds)
+        print(prof)
+        if args.trace:
+            print(f"trace of {prof.runs} runs -> {args.trace}")
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    from . import __version__
-    from .ir.errors import KilnError
+# ---- cache -----------------------------------------------------------------------------------
+def cmd_cache(args: argparse.Namespace) -> int:
+    if args.action == "clear":
+        files, freed = cache.clear()
+        print(f"removed {files} files ({cache.format_bytes(freed)}) from {cache.cache_dir()}")
+        return 0
+    info = cache.info()
+    cap = info["max_bytes"]
+    print(f"directory: {info['directory']}"
+          + ("" if info["writable"] in (True, None) else " (read-only)"))
+    print(f"entries:   {info['entries']} ({info['libraries']} libraries), "
+          f"{cache.format_bytes(info['bytes'])}")
+    print(f"size cap:  {cache.format_bytes(cap) if cap else 'none'} "
+          "(KILN_CACHE_MAX_SIZE; least recently used entries are evicted beyond it)")
+    if info["newest_use"] is not None:
+        fmt = "%Y-%m-%d %H:%M"
+        print(f"last used: {time.strftime(fmt, time.localtime(info['newest_use']))}, oldest "
+              f"entry last used {time.strftime(fmt, time.localtime(info['oldest_use']))}")
+    return 0
 
-    parser = argparse.ArgumentParser(prog="kiln", description=__doc__)
+
+# ---- the parser ------------------------------------------------------------------------------
+def build_parser() -> ArgumentParser:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = ArgumentParser(prog="kiln", description=__doc__.split("\n\n")[0],
+                            epilog=EXAMPLES, formatter_class=formatter)
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    common = ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true",
+                        help="print progress (stages, kernels done, times) on stderr, and the "
+                        "full text of multi-line errors")
+    common.add_argument("--traceback", action="store_true",
+                        help="print the Python traceback of an unexpected error")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    show = sub.add_parser("show", help="print a compilation stage of a model")
-    show.add_argument("model",
-                      help="demo:mlp, demo:small_cnn, an .onnx file, or a .py defining module()")
-    show.add_argument("--stage", choices=STAGES, default="graph")
-    show.add_argument("--target", default="c")
-    show.add_argument("-O", "--opt-level", type=int, default=2,
-                      help="optimization level of the pass pipeline (0-3, default 2)")
-    show.add_argument("--func", help="only this PrimFunc (tir/scheduled/lowered stages)")
-    show.set_defaults(fn=cmd_show)
+    def command(name: str, help_text: str, examples: str) -> ArgumentParser:
+        return sub.add_parser(name, help=help_text, description=help_text[0].upper()
+                              + help_text[1:] + ".", parents=[common], formatter_class=formatter,
+                              epilog="examples:\n" + examples)
 
-    insp = sub.add_parser("inspect", help="summarize a saved executable (.kiln)")
-    insp.add_argument("file")
-    insp.add_argument("--source", action="store_true", help="also print the generated C")
-    insp.set_defaults(fn=cmd_inspect)
+    target_help = ("the CPU to build for: native (this CPU, the default), x86-64-v2/v3/v4, a "
+                   "CPU name the C compiler knows (znver3, skylake-avx512...), or "
+                   "'c -mcpu=NAME'")
+    opt_help = "optimization level of the pass pipeline (0-3, default 2)"
 
-    comp = sub.add_parser("compile", help="compile an ONNX model into a saved executable")
-    comp.add_argument("model", help="path of the .onnx file")
+    comp = command("compile", "compile an ONNX model into a saved executable (.kiln)", """\
+  kiln compile model.onnx                                 -> model.kiln
+  kiln compile model.onnx -o m.kiln --shape image=1,3,224,224
+  kiln compile bert.onnx --shape input_ids=1,seq --shape attention_mask=1,seq
+  kiln compile model.onnx --target x86-64-v3 --verbose
+""")
+    comp.add_argument("model", help="path of the .onnx file (external data files next to it) "
+                      "or of a torch.export .pt2 program")
     comp.add_argument("-o", "--output", help="executable path (default: MODEL with .kiln)")
-    comp.add_argument("-O", "--opt-level", type=int, default=2,
-                      help="optimization level of the pass pipeline (0-3, default 2)")
+    comp.add_argument("-O", "--opt-level", type=int, choices=OPT_LEVELS, default=2,
+                      help=opt_help)
     comp.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
-                      help="input shape (fixes dynamic dimensions; a name keeps one symbolic)")
+                      help="an input's shape: integers fix dimensions, a name keeps one "
+                      "symbolic (repeatable)")
+    comp.add_argument("--target", default="native", help=target_help)
     comp.set_defaults(fn=cmd_compile)
 
-    run = sub.add_parser("run", help="run a saved executable; prints outputs and latency")
-    run.add_argument("file")
-    run.add_argument("inputs", nargs="*", help=".npy files for the inputs, in order")
+    run = command("run", "run a saved executable: prints outputs and latency", """\
+  kiln run model.kiln                                     random inputs
+  kiln run model.kiln x.npy                               inputs in order
+  kiln run model.kiln --input image=x.npy -o out/         out/<output name>.npy
+  kiln run model.kiln --dim batch=8 --threads 4 --profile --trace trace.json
+""")
+    run.add_argument("file", help="the .kiln executable")
+    run.add_argument("inputs", nargs="*", help=".npy files for the inputs, in input order")
     run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                      help="an input by name (inputs not given are random)")
-    run.add_argument("--dim", action="append", default=[], metavar="SYM=N",
+    run.add_argument("--dim", action="append", default=[], metavar="NAME=N",
                      help="value of a symbolic dimension for random inputs (default 1)")
-    run.add_argument("--repeat", type=int, default=10, help="timed runs after a warm-up run")
-    run.add_argument("--threads", type=int, default=0, help="OpenMP threads (default: all)")
+    run.add_argument("--repeat", type=_int_type("--repeat", 0), default=10,
+                     help="timed runs after the first (default 10)")
+    run.add_argument("--threads", type=_int_type("--threads", 1), default=None,
+                     help="threads per run (default: KILN_NUM_THREADS, else all CPUs)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     run.add_argument("--print-values", action="store_true", help="print the output arrays")
     run.add_argument("--profile", action="store_true",
-                     help="also time every kernel (median per run, slowest first)")
-    run.add_argument("-o", "--output", help="write outputs as .npy")
+                     help="also time every kernel: source nodes, shapes, share of the time")
+    run.add_argument("--trace", metavar="FILE.json",
+                     help="write a Chrome trace of the profiled runs (implies --profile)")
+    run.add_argument("-o", "--output", metavar="PATH",
+                     help="FILE.npy (one output) or a FOLDER for <output name>.npy files")
     run.set_defaults(fn=cmd_run)
 
-    args = parser.parse_args(argv)
+    insp = command("inspect", "describe a saved executable", """\
+  kiln inspect model.kiln
+  kiln inspect model.kiln --source
+""")
+    insp.add_argument("file", help="the .kiln executable")
+    insp.add_argument("--source", action="store_true", help="also print the generated C")
+    insp.set_defaults(fn=cmd_inspect)
+
+    show = command("show", "print a compilation stage of a model", """\
+  kiln show model.onnx                                    the imported graph
+  kiln show model.onnx --stage lowered --func fused_conv2d_nchwc_add_relu
+  kiln show demo:mlp --stage c
+""")
+    show.add_argument("model", help="demo:mlp, demo:small_cnn, an .onnx file, or a .py "
+                      "defining module()")
+    show.add_argument("--stage", choices=STAGES, default="graph",
+                      help=f"what to print ({', '.join(STAGES)}; default graph)")
+    show.add_argument("--target", default="native", help=target_help)
+    show.add_argument("-O", "--opt-level", type=int, choices=OPT_LEVELS, default=2,
+                      help=opt_help)
+    show.add_argument("--func", help="only this PrimFunc (tir/scheduled/lowered/c stages)")
+    show.set_defaults(fn=cmd_show)
+
+    cache_cmd = command("cache", "show or empty the compile cache", """\
+  kiln cache info
+  kiln cache clear
+  KILN_CACHE_MAX_SIZE=500M kiln cache info
+""")
+    cache_cmd.add_argument("action", choices=("info", "clear"),
+                           help="info: location, size and cap; clear: remove every entry")
+    cache_cmd.set_defaults(fn=cmd_cache)
+    return parser
+
+
+# ---- main ------------------------------------------------------------------------------------
+class _ProgressFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.start = time.perf_counter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"kiln: [{time.perf_counter() - self.start:6.2f} s] {record.getMessage()}"
+
+
+def _configure_progress(verbose: bool) -> logging.Handler | None:
+    if not verbose:
+        return None
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_ProgressFormatter())
+    logger = logging.getLogger("kiln")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    return handler
+
+
+def _one_line(err: BaseException, verbose: bool) -> str:
+    """The message of ``err`` on one line: short multi-line messages joined, long ones cut
+    to their first line (all of it with --verbose, printed after)."""
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(err).__name__
+    if len(lines) == 1:
+        return lines[0]
+    joined = "; ".join(lines)
+    if len(joined) <= 300:
+        return joined
+    return lines[0] + ("" if verbose else f" ({len(lines) - 1} more lines with --verbose)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    verbose = traceback = False
+    handler = None
     try:
+        args, extra = parser.parse_known_args(argv)
+        if args.command == "run":
+            # `kiln run m.kiln --threads 2 x.npy`: argparse leaves input files given after an
+            # option unparsed
+            args.inputs += [a for a in extra if not a.startswith("-")]
+            extra = [a for a in extra if a.startswith("-")]
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        verbose, traceback = args.verbose, args.traceback
+        handler = _configure_progress(verbose)
         return args.fn(args)
-    except KilnError as err:
-        print(f"kiln: error: {err}", file=sys.stderr)
+    except UsageError as err:
+        print(f"kiln: error: {_one_line(err, verbose)}", file=sys.stderr)
         return 2
+    except KilnError as err:
+        print(f"kiln: error: {_one_line(err, verbose)}", file=sys.stderr)
+        if verbose and len(str(err).strip().splitlines()) > 1:
+            print(str(err).strip(), file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # the reader went away (`kiln run ... | head`): stop quietly, as other tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except KeyboardInterrupt:
+        print("kiln: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - a bug in kiln: still one line, not a traceback
+        if traceback:
+            tb.print_exc()
+        print(f"kiln: error: internal error: {type(err).__name__}: {_one_line(err, verbose)} "
+              "(please report it; --traceback shows where)", file=sys.stderr)
+        return 1
+    finally:
+        if handler is not None:
+            logging.getLogger("kiln").removeHandler(handler)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ are wrapped in a ``Cast``, so the result never mixes operand dtypes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from ..ir.dtype import DataType
 from ..ir.node import Node, field_names_of
@@ -260,3 +260,19 @@ def build(lin: Linear) -> E.PrimExpr:
     elif const < 0:
         out = E.Sub(out, imm(dt, -const))
     return out
+
+
+class LinearRewriter(Protocol):
+    """What the rules written over linear forms (:mod:`.divmod`, :mod:`.recombine`) use of the
+    simplifier that calls them (:class:`~kiln.arith.rewrite_simplify.Simplifier`)."""
+
+    keys: KeyTable
+
+    def parse(self, e: E.PrimExpr, dt: DataType | None = None) -> Linear:
+        """``e`` as a linear form (its atoms keyed in :attr:`keys`)."""
+
+    def finish(self, lin: Linear) -> E.PrimExpr:
+        """The simplified expression of a linear form."""
+
+    def lin_bound(self, lin: Linear) -> tuple[int, int]:
+        """The constant bounds of a linear form."""

@@ -16,15 +16,11 @@ that they stay independent of the rest of the simplifier.
 from __future__ import annotations
 
 from math import gcd
-from typing import TYPE_CHECKING
 
 from ..ir.dtype import DataType
 from ..tir import expr as E
-from .canonical import Linear, build, imm
+from .canonical import Linear, LinearRewriter, build, imm
 from .const_int_bound import NEG_INF, POS_INF
-
-if TYPE_CHECKING:
-    from .rewrite_simplify import Simplifier
 
 
 def _split(lin: Linear, c: int) -> tuple[Linear, Linear]:
@@ -44,7 +40,7 @@ def _candidate_gcds(r: Linear, c: int) -> list[int]:
     return sorted((g for g in gs if 1 < g < c), reverse=True)
 
 
-def _gsplit(s: Simplifier, r: Linear, g: int) -> tuple[Linear, Linear] | None:
+def _gsplit(s: LinearRewriter, r: Linear, g: int) -> tuple[Linear, Linear] | None:
     """``r = g*A + B`` with ``0 <= B < g`` provable, or None."""
     a, b = Linear(r.dtype), Linear(r.dtype)
     for k, (t, coef) in r.terms.items():
@@ -68,7 +64,7 @@ def _content(r: Linear, c: int) -> int:
     return gcd(g, r.const)
 
 
-def floordiv_const(s: Simplifier, lin: Linear, c: int) -> E.PrimExpr:
+def floordiv_const(s: LinearRewriter, lin: Linear, c: int) -> E.PrimExpr:
     """Simplified ``lin // c`` (floor semantics) for a constant ``c > 0``."""
     dt: DataType = lin.dtype
     if c == 1:
@@ -106,7 +102,7 @@ def _divide(r: Linear, g: int) -> Linear:
     return Linear(r.dtype, {k: (t, coef // g) for k, (t, coef) in r.terms.items()}, r.const // g)
 
 
-def floormod_const(s: Simplifier, lin: Linear, c: int) -> E.PrimExpr:
+def floormod_const(s: LinearRewriter, lin: Linear, c: int) -> E.PrimExpr:
     """Simplified ``lin % c`` (floor semantics, result in ``[0, c)``) for a constant ``c > 0``."""
     dt: DataType = lin.dtype
     if c == 1:

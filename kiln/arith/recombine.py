@@ -13,17 +13,14 @@ The remainder/quotient is matched in its *simplified* form, so ``(x % 12) % 4`` 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..tir import expr as E
 from . import divmod as dm
-from .canonical import Linear
-
-if TYPE_CHECKING:
-    from .rewrite_simplify import Simplifier
+from .canonical import Linear, LinearRewriter
 
 
-def recombine(s: Simplifier, lin: Linear) -> Linear:
+def recombine(s: LinearRewriter, lin: Linear) -> Linear:
     """Merge ``x // m`` terms with the matching remainder or dividend in the same sum:
     ``c*m*(x // m) + c*(x % m) -> c*x`` and ``c*x - c*m*(x // m) -> c*(x % m)``."""
     for _ in range(8):
@@ -44,7 +41,7 @@ def recombine(s: Simplifier, lin: Linear) -> Linear:
     return lin
 
 
-def _with_divisor(s: Simplifier, lin: Linear, t: Any, c: int) -> Linear | None:
+def _with_divisor(s: LinearRewriter, lin: Linear, t: Any, c: int) -> Linear | None:
     m = t.b.value
     dt = lin.dtype
     k = s.keys.key(t)
@@ -64,7 +61,7 @@ def _with_divisor(s: Simplifier, lin: Linear, t: Any, c: int) -> Linear | None:
     return None
 
 
-def _digits(s: Simplifier, lin: Linear, t: Any, c: int) -> Linear | None:
+def _digits(s: LinearRewriter, lin: Linear, t: Any, c: int) -> Linear | None:
     """``c*(m1/m2)*(x // m1) + c*((x % m1) // m2) -> c*(x // m2)`` when ``m2 | m1``."""
     inner, m2 = t.a, t.b.value
     if type(inner.b) is not E.IntImm or inner.b.value <= 0 or inner.b.value % m2:

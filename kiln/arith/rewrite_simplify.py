@@ -16,14 +16,22 @@ from __future__ import annotations
 
 import dataclasses
 from math import gcd
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..ir.dtype import DataType
 from ..ir.node import field_names_of
 from ..tir import expr as E
 from . import divmod as dm
-from .canonical import Linear, LinearParser, Unrepresentable, build, imm, is_signed_scalar
-from .const_int_bound import NEG_INF, POS_INF, ConstIntBound, b_add, b_scale
+from .canonical import (
+    KeyTable,
+    Linear,
+    LinearParser,
+    Unrepresentable,
+    build,
+    imm,
+    is_signed_scalar,
+)
+from .const_int_bound import NEG_INF, POS_INF, BoundAnalyzer, ConstIntBound, b_add, b_scale
 from .expr_utils import (
     ARITH,
     BOOL,
@@ -42,14 +50,27 @@ from .fold import CMP_OPS, fold_bits, fold_cast, fold_float, fold_int, fold_rein
 from .recombine import recombine
 from .vector_rules import VectorRules
 
-if TYPE_CHECKING:
-    from .analyzer import Analyzer
+
+class AnalyzerState(Protocol):
+    """What a :class:`Simplifier` reads of the :class:`~kiln.arith.Analyzer` it works for: the
+    atoms' key table, the bound analysis, the variable bindings, and the facts (linear forms
+    known ``<= 0`` and boolean atoms) of the enclosing constraint scopes."""
+
+    _keys: KeyTable
+    _bound: BoundAnalyzer
+    _var_subst: dict[E.Var, E.PrimExpr]
+    _facts: list[Linear]
+    _atoms: list[tuple[E.PrimExpr, bool]]
+
+    def _prove_by_facts(self, goal: Linear) -> bool: ...
+
+    def _atom_truth(self, e: E.PrimExpr) -> bool | None: ...
 
 
 class Simplifier(VectorRules):
     """Simplifies PrimExprs in the context (bounds, bindings, facts) of an Analyzer."""
 
-    def __init__(self, ana: Analyzer):
+    def __init__(self, ana: AnalyzerState):
         self.ana = ana
         self.keys = ana._keys
         self.parser = LinearParser(self.keys)

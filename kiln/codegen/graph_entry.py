@@ -32,47 +32,31 @@ call's tensors). The executor evaluates the shapes, plans the workspace and fill
 once per distinct binding of the symbolic names (:class:`kiln.runtime.executor.Executor`), so a
 call costs the same as with static shapes. Its profiling twin again adds ``double* seconds``.
 
-:data:`THREADS_SOURCE` adds ``void kiln_set_num_threads(int32_t)`` and ``int32_t
-kiln_get_max_threads(void)`` around OpenMP's ``omp_set_num_threads``/``omp_get_max_threads``.
+:data:`CLOCK_SOURCE` is the clock of the profiling twins (the thread count functions,
+``kiln_set_num_threads``/``kiln_get_max_threads``, come with the thread pool of every library,
+``kiln.codegen.c.thread_pool``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from ..arith import Analyzer
 from ..ir.errors import KilnError
 from ..runtime import memory_plan
 from ..runtime.plan import Plan, profile_symbol
-from ..tir.expr import IntImm
+from ..tir.expr import IntImm, Var
 from ..tir.function import PrimFunc
+from .c.func import analyze_signature
 from .c.names import NameTable, sanitize
 
-THREADS_SOURCE = """
+CLOCK_SOURCE = """
 #include <time.h>
 /* Monotonic wall clock in seconds, for the profiling entries. */
 static double kiln_wall_seconds(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-/* Thread count of the OpenMP regions started from the calling thread (OpenMP keeps this
-   setting per process thread, not per library: it also applies to other kiln libraries). */
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-void kiln_set_num_threads(int32_t n) {
-#ifdef _OPENMP
-  if (n > 0) omp_set_num_threads(n);
-#else
-  (void)n;
-#endif
-}
-int32_t kiln_get_max_threads(void) {
-#ifdef _OPENMP
-  return (int32_t)omp_get_max_threads();
-#else
-  return 1;
-#endif
 }
 """
 
@@ -106,10 +90,6 @@ def kernel_sym_dims(func: PrimFunc, nargs: int) -> list[tuple[int, int]] | None:
     kernel of constant shapes (a dim may be an unfolded constant expression such as
     ``1 * 512``, as a reshape's compute writes it); None when ``func`` does not take exactly
     ``nargs`` buffers or binds a dim from a stride."""
-    from ..arith import Analyzer
-    from ..tir.expr import Var
-    from .c.func import analyze_signature
-
     if len(func.params) != nargs or any(p not in func.buffer_map for p in func.params):
         return None
     ana = Analyzer()
@@ -222,10 +202,10 @@ def emit_entry(plan: Plan, symbol: str, unchecked: Mapping[str, str]) -> str:
 
 def emit_entries(plans: Mapping[str, Plan], funcs: Mapping[str, PrimFunc]) -> str:
     """Set ``plan.entry`` on every plan that supports one and return all entries' C source
-    (plus :data:`THREADS_SOURCE`), for ``codegen.c.build(..., extra_source=...)``."""
+    (plus :data:`CLOCK_SOURCE`), for ``codegen.c.build(..., extra_source=...)``."""
     unchecked = predict_unchecked_symbols(funcs)
     taken: set[str] = set()
-    parts = [THREADS_SOURCE]
+    parts = [CLOCK_SOURCE]
     for name, plan in plans.items():
         plan.entry, plan.entry_sym_dims = None, None
         dims = entry_sym_dims(plan, funcs)

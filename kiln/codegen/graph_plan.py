@@ -271,6 +271,10 @@ def build_plan(func: gx.Function, name: str = "main") -> Plan:
         calls=pb.calls,
         outputs=result,
         constants=pb.constants,
+        input_tree=func.attrs.get("kiln.input_tree"),
+        output_tree=func.attrs.get("kiln.output_tree"),
+        dim_ranges=dict(func.attrs.get("kiln.dim_ranges") or {}),
+        output_names=[str(n) for n in func.attrs.get("output_names") or ()],
     )
     plan.workspace_offsets, plan.workspace_bytes = memory_plan.plan_memory(plan)
     return plan

@@ -45,8 +45,10 @@ from .struct_info import (
     TupleStructInfo,
     struct_info_lca,
 )
+from .well_formed import well_formed
 
 __all__ = [
+    "well_formed",
     "Binding", "BindingBlock", "BlockBuilder", "Call", "Constant", "DataflowBlock",
     "DataflowVar", "Expr", "ExprMutator", "ExprVisitor", "ExternFunc", "FuncStructInfo",
     "Function", "GlobalVar", "If", "MatchCast", "ObjectStructInfo", "Op", "PrimStructInfo",

@@ -12,7 +12,7 @@ mod = bb.get()
 ```
 
 Normalization (:meth:`BlockBuilder.normalize`) fills every expression's ``struct_info``: an
-operator call through its declaration in ``kiln.op`` (``kiln.op.registry.infer_struct_info``),
+operator call through its declaration in ``kiln.op`` (``kiln.graph.op_registry.infer_struct_info``),
 ``call_tir`` from its ``out_sinfo``, a call of a graph function from the callee's signature
 (binding its symbolic dimensions). :meth:`emit` also puts the value in A-normal form: nested
 non-leaf arguments are emitted as their own bindings first.
@@ -54,6 +54,8 @@ from .expr import (
     as_expr,
     is_leaf,
 )
+from .op_registry import get_op_def, infer_struct_info
+from .printer import format_prim
 from .struct_info import (
     FuncStructInfo,
     ObjectStructInfo,
@@ -596,13 +598,13 @@ class BlockBuilder:
         if isinstance(op, Op):
             if op.name == "call_tir":
                 return call.sinfo_args[0]
-            return _infer_op_call(call)
+            return infer_op_call(call)
         if call.sinfo_args:
             return call.sinfo_args[0]
         if isinstance(op, GlobalVar):
             func = self._mod.functions.get(op.name)
             if isinstance(func, Function) and func.struct_info is not None:
-                return _call_sinfo(op.name, func.struct_info, call)
+                return call_sinfo(op.name, func.struct_info, call)
             what = "a PrimFunc" if func is not None else "not in the module"
             raise StructInfoError(
                 f"call of {op.name} ({what}): give its result StructInfo in sinfo_args"
@@ -611,7 +613,7 @@ class BlockBuilder:
             raise StructInfoError(f"call of extern {op.symbol}: give its result in sinfo_args")
         fs = op.struct_info
         if isinstance(fs, FuncStructInfo):
-            return _call_sinfo(label, fs, call)
+            return call_sinfo(label, fs, call)
         raise StructInfoError(f"{label} is not callable (its StructInfo is {fs})")
 
 
@@ -619,8 +621,6 @@ def _default_attrs(call: Call) -> Any:
     """Default attributes for an op call built without attrs (None if nothing to do)."""
     if not isinstance(call.op, Op) or call.op.name == "call_tir" or call.attrs is not None:
         return None
-    from ..op.registry import get_op_def  # lazy: kiln.op imports kiln.graph
-
     try:
         opdef = get_op_def(call.op.name)
     except KilnError as err:
@@ -634,9 +634,7 @@ def _default_attrs(call: Call) -> Any:
                               ) from err
 
 
-def _infer_op_call(call: Call) -> StructInfo:
-    from ..op.registry import get_op_def, infer_struct_info  # lazy: kiln.op imports kiln.graph
-
+def infer_op_call(call: Call) -> StructInfo:
     try:
         opdef = get_op_def(call.op.name)
     except KilnError as err:
@@ -683,7 +681,7 @@ def _check_call_tir(args: tuple[Expr, ...], sinfo_args: tuple[StructInfo, ...]) 
 # ---------------------------------------------------------------------------------------------
 # calls of graph functions: match the arguments, bind symbolic dims, derive the result
 # ---------------------------------------------------------------------------------------------
-def _call_sinfo(name: str, fs: FuncStructInfo, call: Call) -> StructInfo:
+def call_sinfo(name: str, fs: FuncStructInfo, call: Call) -> StructInfo:
     if fs.params is None:
         return fs.ret
     if len(fs.params) != len(call.args):
@@ -750,7 +748,5 @@ def check_match_cast(value: StructInfo | None, target: StructInfo, what: str = "
 
 
 def _fmt(e: Any) -> str:
-    from .printer import format_prim
-
     return format_prim(e)
 

@@ -118,16 +118,11 @@ class GlobalVar(Expr):
 
 @node
 class Op(Expr):
-    """A registered operator, by name (``Op("nn.relu").op_def`` is its declaration)."""
+    """A registered operator, by name (``kiln.graph.op_registry.get_op_def(op.name)`` is its
+    declaration)."""
 
     name: str
     struct_info: StructInfo | None = _sinfo_field()
-
-    @property
-    def op_def(self):
-        from ..op.registry import get_op_def
-
-        return get_op_def(self.name)
 
 
 @node

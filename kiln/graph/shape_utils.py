@@ -20,6 +20,8 @@ from typing import Any
 from .. import tir
 from ..ir.dtype import DataType
 from ..ir.errors import StructInfoError
+from .op_registry import get_op_def
+from .printer import format_shape
 from .struct_info import (
     StructInfo,
     TensorStructInfo,
@@ -45,7 +47,7 @@ def op_label(call: Any) -> str:
 def input_name(call: Any, index: int) -> str:
     """``'weight' (input 1)``: the declared input name of argument ``index`` when known."""
     try:
-        inputs = call.op.op_def.inputs
+        inputs = get_op_def(call.op.name).inputs
     except Exception:  # noqa: BLE001 - not a registered op: fall back to the position
         inputs = ()
     if index < len(inputs):
@@ -109,8 +111,6 @@ def is_one(dim: tir.PrimExpr) -> bool:
 
 
 def _fmt_shape(shape: Sequence[tir.PrimExpr]) -> str:
-    from .printer import format_shape
-
     return format_shape(shape)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import tir
+from ..arith import Analyzer, simplify
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import StructInfoError
 from ..ir.node import Node, node, set_field, structural_equal
@@ -83,10 +84,6 @@ def simplify_dim(e: tir.PrimExpr, what: str = "dimension") -> tir.PrimExpr:
         if value < 0:
             raise StructInfoError(f"{what} must be non-negative, got {value}")
         return tir.IntImm("int64", value)
-    try:
-        from ..arith import simplify
-    except Exception:  # noqa: BLE001 - arith unavailable: keep the expression as written
-        return e
     try:
         out = simplify(e)
     except Exception:  # noqa: BLE001 - simplification is an optimization only
@@ -240,10 +237,6 @@ def dims_differ(a: tir.PrimExpr, b: tir.PrimExpr) -> bool:
 
 
 def _analyzer():
-    try:
-        from ..arith import Analyzer
-    except Exception:  # noqa: BLE001 - arith unavailable: fall back to structural comparison
-        return None
     try:
         return Analyzer()
     except Exception:  # noqa: BLE001

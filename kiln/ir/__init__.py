@@ -15,17 +15,17 @@ from .errors import (
     RuntimeCheckError,
     ScheduleError,
     StructInfoError,
+    TargetError,
     UnsupportedOperatorError,
     WellFormedError,
 )
 from .module import IRModule
 from .node import Node, assert_structural_equal, node, structural_equal, structural_hash
-from .well_formed import well_formed
 
 __all__ = [
     "ArgumentError", "CodegenError", "CompileError", "CompilerNotFoundError", "DTypeError",
     "DataType", "IRModule", "InternalError", "KilnError", "LoweringError", "MemoryLimitError",
-    "ModelFormatError", "Node", "RuntimeCheckError", "ScheduleError", "StructInfoError", "TypeCode",
-    "UnsupportedOperatorError", "WellFormedError", "as_dtype", "assert_structural_equal", "node",
-    "structural_equal", "structural_hash", "well_formed",
+    "ModelFormatError", "Node", "RuntimeCheckError", "ScheduleError", "StructInfoError",
+    "TargetError", "TypeCode", "UnsupportedOperatorError", "WellFormedError", "as_dtype",
+    "assert_structural_equal", "node", "structural_equal", "structural_hash",
 ]

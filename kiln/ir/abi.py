@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import struct
 
-from .dtype import DTYPE_LAYOUT
+from .dtype import DTYPE_LAYOUT, DataType
 
 # C spelling and ctypes class of each fixed-width type used in the tables.
 _SCALARS: dict[str, tuple[str, type]] = {
@@ -109,7 +109,5 @@ def pack_dtype(dtype) -> bytes:
 
 
 def unpack_dtype(data: bytes, offset: int = 0):
-    from .dtype import DataType
-
     values = dict(zip((f for f, _ in DTYPE_LAYOUT), DTYPE_STRUCT.unpack_from(data, offset)))
     return DataType(values["code"], values["bits"], values["lanes"])

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from .errors import DTypeError
@@ -314,12 +315,8 @@ class DataType:
         """The numpy dtype of one lane (vector types map to their element type); bfloat16, the
         float8/float6/float4 formats and 2/4-bit integers are ``ml_dtypes`` types."""
         if self.code == TypeCode.BFLOAT:
-            import ml_dtypes
-
             return np.dtype(ml_dtypes.bfloat16)
         if self.code in MINIFLOATS or (self.is_integer and self.bits < 8):
-            import ml_dtypes
-
             return np.dtype(getattr(ml_dtypes, str(self.element)))
         if self.code == TypeCode.BOOL:
             return np.dtype(np.bool_)
@@ -362,7 +359,6 @@ def _value_range(code: int, bits: int) -> tuple[int | float, int | float]:
         fmt = MINIFLOATS[TypeCode(code)]
         if fmt.kind == "ieee":
             return -float("inf"), float("inf")
-        import ml_dtypes
 
         info = ml_dtypes.finfo(getattr(ml_dtypes, fmt.name))
         lo = float(info.smallest_normal) if fmt.kind == "fnu" else -float(info.max)

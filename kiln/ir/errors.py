@@ -75,6 +75,11 @@ class ModelFormatError(KilnError):
     """A model or executable file is malformed, truncated or of an unknown version."""
 
 
+class TargetError(KilnError):
+    """A target kiln cannot build for yet, or code built for a CPU (or architecture) this
+    machine does not have."""
+
+
 class MemoryLimitError(KilnError):
     """A model needs more memory than the limit allows (the message gives both sizes; the
     limit is ``kiln.runtime.memory_limit()``, set with ``KILN_MEMORY_LIMIT``)."""

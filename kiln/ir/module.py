@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .errors import KilnError
-from .node import _PRINTERS
+from .node import printer_of
 
 
 class IRModule:
@@ -54,14 +54,6 @@ class IRModule:
     def functions(self) -> dict[str, Any]:
         return dict(self._funcs)
 
-    def get_global_var(self, name: str):
-        """The GlobalVar that refers to function ``name``."""
-        from ..graph.expr import GlobalVar
-
-        if name not in self._funcs:
-            raise KilnError(f"IRModule has no function named {name!r}")
-        return GlobalVar(name)
-
     def copy(self) -> IRModule:
         return IRModule(self._funcs, self.attrs)
 
@@ -79,7 +71,7 @@ class IRModule:
         parts = []
         for name, func in self._funcs.items():
             layer = "kiln.tir" if type(func).__module__.startswith("kiln.tir") else "kiln.graph"
-            printer = _PRINTERS.get(layer)
+            printer = printer_of(layer)
             body = printer(func, name=name) if printer else repr(func)
             parts.append(body)
         return "\n\n".join(parts)

@@ -93,6 +93,11 @@ def register_printer(layer: str, printer) -> None:
     _PRINTERS[layer] = printer
 
 
+def printer_of(layer: str) -> Any:
+    """The text printer registered for an IR layer, or None."""
+    return _PRINTERS.get(layer)
+
+
 def node(cls=None, /, **kwargs):
     """Decorator: make ``cls`` an immutable IR node (a frozen dataclass with identity ``==``)."""
 

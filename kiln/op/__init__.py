@@ -4,13 +4,12 @@
 ``kiln.op.nn.relu(x)`` (also ``kiln.op.relu``). Families: elementwise, reduce, shape, linalg, nn.
 """
 
-from . import nn  # noqa: F401 - op.nn namespace
+from . import grad, nn  # noqa: F401 - kiln.op.grad (gradient helpers), the op.nn namespace
 from .attention import *  # noqa: F403
 from .detection import *  # noqa: F403
 from .dynamic import *  # noqa: F403
 from .elementwise import *  # noqa: F403
 from .fast_math import *  # noqa: F403
-from .grad import *  # noqa: F403
 from .host import *  # noqa: F403
 from .image import *  # noqa: F403
 from .index import *  # noqa: F403
@@ -34,5 +33,6 @@ from .registry import (  # noqa: F401 - re-exported API
 from .scan import *  # noqa: F403
 from .shape import *  # noqa: F403
 from .signal import *  # noqa: F403
+from .slicing import *  # noqa: F403
 from .text import *  # noqa: F403
 from .tree import *  # noqa: F403

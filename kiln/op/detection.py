@@ -46,13 +46,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import tir
+from ..graph import expr as gx
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
-from .elementwise import arg_shape, const_int, dims_equal, tensor_arg, tensor_sinfo
+from .common import arg_shape, const_int, dims_equal, kernel_dims, tensor_arg, tensor_sinfo
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, get_op_def, register_op
-from .scan import _kernel_dims
 
 __all__ = ["non_max_suppression"]
 
@@ -259,28 +259,13 @@ def nms_prim_func(batch: Any, classes: Any, n: Any, dtype: Any, center_point_box
 
 
 def _legalize(bb: Any, call: Any) -> Any:
-    from ..graph import expr as gx
-
     boxes, scores = call.args[0].struct_info, call.args[1].struct_info
-    batch, n, classes = _kernel_dims([boxes.shape[0], boxes.shape[1], scores.shape[1]])
+    batch, n, classes = kernel_dims([boxes.shape[0], boxes.shape[1], scores.shape[1]])
     func = nms_prim_func(batch, classes, n, boxes.dtype, call.attrs.center_point_box,
                          call.attrs.use_score_threshold)
     func = func.with_attr("op_name", _OP).with_attr("op_pattern",
                                                     int(get_op_def(_OP).pattern))
     return gx.call_tir(bb.add_func(func, _OP), list(call.args), call.struct_info)
-
-
-def schedule_nms(sch: Any, target: Any) -> None:
-    """Fuse the (batch, class) loops into one loop, parallel when there are several lines (each
-    line's selection is serial; lines are independent)."""
-    block = sch.get_block(_OP)
-    loops = sch.get_loops(block)
-    if not loops:
-        return
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    lines = const_int(sch.get(fused).extent)
-    if getattr(target, "num_threads", 0) != 1 and (lines is None or lines > 1):
-        sch.parallel(fused)
 
 
 non_max_suppression = register_op(
@@ -290,7 +275,6 @@ non_max_suppression = register_op(
     infer=_infer,
     pattern=OpPattern.OPAQUE,
     legalize=_legalize,
-    schedules={"c": schedule_nms},
     mixed_precision=MixedPrecision.NEVER,
     gradient=NON_DIFFERENTIABLE,
     doc="Greedy non-maximum suppression per (batch, class) line: the selected box indices in "

@@ -19,16 +19,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import te
+from ..graph import expr as gx
 from ..ir.dtype import as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import buffer as tir_buffer
 from ..tir import expr as tx
 from ..tir import functor as tir_functor
 from ..tir.expr import PrimExpr
-from .elementwise import INDEX_DTYPE, arg_shape, as_dim, simplify, tensor_arg, tensor_sinfo
+from .common import (
+    INDEX_DTYPE,
+    arg_shape,
+    as_dim,
+    shape_attr_value,
+    simplify,
+    tensor_arg,
+    tensor_sinfo,
+)
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpDef, OpPattern, register_op
-from .schedule_helpers import schedule_injective, schedule_reduction
-from .shape import ravel, shape_attr_value, unravel
+from .shape import ravel, unravel
 
 __all__ = [
     "dynamic_reshape", "dynamic_arange", "dynamic_strided_slice", "dynamic_pad", "dynamic_nonzero",
@@ -44,7 +52,7 @@ def _declare(name: str, inputs: tuple[str, ...], infer: Any, compute: Any, attrs
              doc: str) -> OpDef:
     return register_op(
         name, inputs=inputs, infer=infer, pattern=OpPattern.INJECTIVE, attrs=attrs,
-        compute=compute, schedules={"c": schedule_injective},
+        compute=compute,
         mixed_precision=MixedPrecision.FOLLOW, gradient=NON_DIFFERENTIABLE, doc=doc,
     )
 
@@ -322,8 +330,6 @@ class _FullReads(tir_functor.Mutator):
 
 
 def _nonzero_legalize(bb: Any, call: Any) -> Any:
-    from ..graph import expr as gx
-
     x, counts = (a.struct_info for a in call.args)
     if x.shape is None or counts.shape is None:
         raise StructInfoError(f"LegalizeOps: dynamic_nonzero needs inputs of known shape, got "
@@ -339,7 +345,7 @@ def _nonzero_legalize(bb: Any, call: Any) -> Any:
 dynamic_nonzero = register_op(
     "dynamic_nonzero", inputs=("x", "counts"), infer=_nonzero_infer,
     pattern=OpPattern.INJECTIVE, attrs=DynamicShapeAttrs, legalize=_nonzero_legalize,
-    schedules={"c": schedule_injective}, mixed_precision=MixedPrecision.NEVER,
+    mixed_precision=MixedPrecision.NEVER,
     gradient=NON_DIFFERENTIABLE,
     doc="Coordinates (ndim, count) of the nonzero elements of ``x`` in row-major order, given "
     "``counts``: the inclusive cumsum of the flattened nonzero mask (each output looks its "
@@ -371,7 +377,7 @@ def _shape_of_compute(x: te.Tensor, attrs: Any = None) -> te.Tensor:
 
 dynamic_shape_of = register_op(
     "dynamic_shape_of", inputs=("x",), infer=_shape_of_infer, pattern=OpPattern.INJECTIVE,
-    compute=_shape_of_compute, schedules={"c": schedule_injective},
+    compute=_shape_of_compute,
     mixed_precision=MixedPrecision.NEVER, gradient=NON_DIFFERENTIABLE,
     doc="The shape of ``x`` as an int64 tensor, read from the (symbolic) dims the kernel binds "
     "from its argument (ONNX Shape of a tensor whose shape is known only at run time).",
@@ -451,7 +457,7 @@ def _col2im_compute(x: te.Tensor, image: te.Tensor, block: te.Tensor,
 dynamic_col2im = register_op(
     "dynamic_col2im", inputs=("x", "image_shape", "block_shape"), infer=_col2im_infer,
     pattern=OpPattern.OPAQUE, attrs=DynamicCol2ImAttrs, compute=_col2im_compute,
-    schedules={"c": schedule_reduction}, mixed_precision=MixedPrecision.FOLLOW,
+    mixed_precision=MixedPrecision.FOLLOW,
     gradient=NON_DIFFERENTIABLE,
     doc="ONNX Col2Im with image_shape and block_shape known only at run time (int64 tensors; "
     "the output dims are bound by the ``col2im`` shape function): each output element sums "

@@ -1,8 +1,8 @@
 """Element-wise operators: arithmetic, math, comparisons, logic, activations, cast, where.
 
 Every operator here is one :func:`~kiln.op.registry.register_op` declaration made through a small
-factory (:func:`_unary`, :func:`_binary`), so adding a unary math function is one line plus its
-scalar expression. Semantics follow numpy, with these deliberate choices:
+factory (:func:`declare_unary`, :func:`_binary`), so adding a unary math function is one line
+plus its scalar expression. Semantics follow numpy, with these deliberate choices:
 
 - Binary operators broadcast like numpy (dimensions are right-aligned; a dimension of 1
   stretches). Both operands must have the same dtype: kiln never promotes implicitly, frontends
@@ -15,8 +15,8 @@ scalar expression. Semantics follow numpy, with these deliberate choices:
   in float32 and rounded back once.
 - Comparisons and logical operators return ``bool``; logical operators take ``bool`` inputs.
 
-Shared inference helpers (``tensor_arg``, ``broadcast_shape``, ``tensor_sinfo``...) live here and
-are used by the reduction and shape families too.
+The inference helpers every family uses (``tensor_arg``, ``broadcast_shape``,
+``tensor_sinfo``...) are in :mod:`kiln.op.common`.
 """
 
 from __future__ import annotations
@@ -26,13 +26,26 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
+
 from .. import te
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import DTypeError, KilnError, StructInfoError
 from ..tir import expr as tx
-from ..tir.expr import IntImm, PrimExpr
+from ..tir.expr import PrimExpr
+from .common import (
+    arg_ndim,
+    arg_shape,
+    broadcast_assumptions,
+    broadcast_load,
+    broadcast_sinfo,
+    scalar,
+    te_broadcast_shape,
+    tensor_arg,
+    tensor_sinfo,
+)
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpDef, OpPattern, register_op
-from .schedule_helpers import schedule_injective
+from .shape import unbroadcast
 
 __all__ = [
     # binary arithmetic
@@ -50,149 +63,10 @@ __all__ = [
     "reinterpret",
 ]
 
-INDEX_DTYPE = DataType("int64")
-
 
 # =============================================================================================
-# shared inference helpers (also used by reduce.py and shape.py)
+# checks and te helpers of the element-wise ops
 # =============================================================================================
-def _graph_sinfo():
-    from ..graph import struct_info
-
-    return struct_info
-
-
-def as_dim(value: Any) -> PrimExpr:
-    """A shape entry as an int64 PrimExpr (python ints and int32 immediates are widened)."""
-    if isinstance(value, bool):
-        raise KilnError(f"shape entry {value!r} is not an integer")
-    if isinstance(value, int):
-        return tx.const(INDEX_DTYPE, value)
-    if isinstance(value, IntImm):
-        return value if value.dtype == INDEX_DTYPE else tx.const(INDEX_DTYPE, value.value)
-    if isinstance(value, PrimExpr):
-        return value if value.dtype == INDEX_DTYPE else tx.cast(INDEX_DTYPE, value)
-    if hasattr(value, "__index__"):
-        return tx.const(INDEX_DTYPE, int(value))
-    raise KilnError(f"shape entry {value!r} is not an integer or PrimExpr")
-
-
-def const_int(value: Any) -> int | None:
-    """The python int of a constant dimension, else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, IntImm):
-        return value.value
-    return None
-
-
-def simplify(expr: PrimExpr) -> PrimExpr:
-    """Simplify a shape or index expression with kiln.arith.
-
-    Every free variable of such an expression is a shape dimension or a loop index, so each is
-    assumed non-negative (this is what lets ``n - min(n, 0)`` become ``n``).
-    """
-    if isinstance(expr, IntImm):
-        return expr
-    from ..arith import Analyzer
-    from ..tir.functor import collect_vars
-
-    analyzer = Analyzer()
-    for v in collect_vars(expr):
-        if v.dtype.is_int and v.dtype.lanes == 1:
-            extent = tx.const(v.dtype, 2 ** (v.dtype.bits - 2))
-            analyzer.bind(v, tx.Range(tx.const(v.dtype, 0), extent))
-    return analyzer.simplify(expr)
-
-
-def dims_equal(a: Any, b: Any) -> bool:
-    """True when two dimensions are provably equal (distinct symbols are not)."""
-    ca, cb = const_int(a), const_int(b)
-    if ca is not None and cb is not None:
-        return ca == cb
-    return bool(_graph_sinfo().dims_equal(as_dim(a), as_dim(b)))
-
-
-def fmt_shape(shape: Sequence[Any] | None) -> str:
-    if shape is None:
-        return "(unknown)"
-    parts = [str(const_int(d)) if const_int(d) is not None else str(d) for d in shape]
-    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
-
-
-def tensor_sinfo(shape: Sequence[Any] | None, dtype: Any, ndim: int = -1) -> Any:
-    """A TensorStructInfo with int64 PrimExpr dims (or unknown shape with a known rank)."""
-    si = _graph_sinfo()
-    if shape is None:
-        return si.TensorStructInfo(None, as_dtype(dtype), ndim=ndim)
-    return si.TensorStructInfo(tuple(as_dim(d) for d in shape), as_dtype(dtype))
-
-
-def tensor_arg(call: Any, index: int, op: str, arg: str) -> Any:
-    """The TensorStructInfo of argument ``index`` of ``call``, or a StructInfoError."""
-    si = _graph_sinfo()
-    sinfo = call.args[index].struct_info
-    if not isinstance(sinfo, si.TensorStructInfo):
-        raise StructInfoError(f"{op}: {arg} must be a tensor, got {sinfo}")
-    return sinfo
-
-
-def arg_shape(sinfo: Any) -> tuple[PrimExpr, ...] | None:
-    """The shape of a TensorStructInfo as int64 dims, or None when unknown."""
-    shape = getattr(sinfo, "shape", None)
-    if shape is None:
-        return None
-    values = getattr(shape, "values", shape)  # a ShapeExpr-like holder or a plain tuple
-    if values is None:
-        return None
-    return tuple(as_dim(d) for d in values)
-
-
-def arg_ndim(sinfo: Any) -> int:
-    shape = arg_shape(sinfo)
-    if shape is not None:
-        return len(shape)
-    ndim = getattr(sinfo, "ndim", -1)
-    return -1 if ndim is None else ndim
-
-
-def normalize_axis(axis: int, ndim: int, op: str, what: str = "axis") -> int:
-    """``axis`` in ``[-ndim, ndim)`` mapped to ``[0, ndim)``; StructInfoError otherwise."""
-    from ..graph import shape_utils
-
-    return shape_utils.normalize_axis(axis, ndim, op, what)
-
-
-def broadcast_shape(op: str, shapes: Sequence[Sequence[Any]]) -> tuple[PrimExpr, ...] | None:
-    """numpy broadcasting of several shapes; None when symbolic dims make it undecidable.
-
-    Raises StructInfoError naming ``op`` when two constant dimensions disagree.
-    """
-    from ..graph import shape_utils
-
-    result: tuple[PrimExpr, ...] | None = ()
-    for s in shapes:
-        result = shape_utils.broadcast_shapes(result, tuple(as_dim(d) for d in s), op)
-        if result is None:
-            return None
-    return result
-
-
-def broadcast_sinfo(call: Any, op: str, names: Sequence[str], dtype: Any) -> Any:
-    """Output TensorStructInfo of a broadcasting op over the arguments ``names``."""
-    infos = [tensor_arg(call, i, op, n) for i, n in enumerate(names)]
-    shapes = [arg_shape(s) for s in infos]
-    if any(s is None for s in shapes):
-        ndims = [arg_ndim(s) for s in infos]
-        return tensor_sinfo(None, dtype, ndim=-1 if -1 in ndims else max(ndims))
-    out = broadcast_shape(op, shapes)
-    if out is None:
-        return tensor_sinfo(None, dtype, ndim=max(len(s) for s in shapes))
-    return tensor_sinfo(out, dtype)
-
-
 def _same_dtype(op: str, infos: Sequence[Any], names: Sequence[str]) -> DataType:
     first = as_dtype(infos[0].dtype)
     for s, n in zip(infos[1:], names[1:]):
@@ -204,74 +78,7 @@ def _same_dtype(op: str, infos: Sequence[Any], names: Sequence[str]) -> DataType
     return first
 
 
-# ---- te side ---------------------------------------------------------------------------------
-def broadcast_load(t: te.Tensor, out_index: Sequence[PrimExpr],
-                   out_shape: Sequence[PrimExpr] | None = None) -> PrimExpr:
-    """``t`` read at the (right-aligned) broadcast position of an output index. With the
-    output's shape, a dim of ``t`` that is neither 1 nor provably the output's is decided
-    while the kernel runs: position 0 when it is 1 (see :func:`broadcast_assumptions`)."""
-    off = len(out_index) - t.ndim
-    zero = tx.const(INDEX_DTYPE, 0)
-    idx = []
-    for k, d in enumerate(t.shape):
-        i = out_index[off + k]
-        if const_int(d) == 1:
-            idx.append(zero)
-        elif out_shape is not None and not dims_equal(d, out_shape[off + k]):
-            idx.append(tx.select(tx.eq(d, tx.const(d.dtype, 1)), zero, i))
-        else:
-            idx.append(i)
-    return t(*idx)
-
-
-def assume(conditions: Sequence[tuple[PrimExpr, str]]) -> dict[str, Any]:
-    """``te.compute`` attrs declaring ``(condition, message)`` pairs on symbolic dims that the
-    kernel checks before it runs (``kiln.tir.function.ASSUME_ATTR``); empty when none."""
-    from ..tir.function import ASSUME_ATTR
-
-    return {ASSUME_ATTR: tuple(conditions)} if conditions else {}
-
-
-def equal_dims(pairs: Sequence[tuple[PrimExpr, PrimExpr, str]]) -> list[tuple[PrimExpr, str]]:
-    """The conditions (for :func:`assume`) that each ``(a, b, message)`` pair of dims a
-    compute relies on being equal is so, for the pairs not provably equal at compile time."""
-    return [(tx.eq(a, b), message) for a, b, message in pairs if not dims_equal(a, b)]
-
-
-def broadcast_assumptions(op: str, shapes: Sequence[Sequence[PrimExpr]], names: Sequence[str],
-                          out_shape: Sequence[PrimExpr]) -> dict[str, Any]:
-    """``te.compute`` attrs declaring what the kernel checks before it runs: each operand dim
-    that broadcasting could not decide when the model was compiled (a symbolic dim against
-    another) must be 1 or the output's."""
-    return assume(broadcast_checks(op, shapes, names, out_shape))
-
-
-def broadcast_checks(op: str, shapes: Sequence[Sequence[PrimExpr]], names: Sequence[str],
-                     out_shape: Sequence[PrimExpr]) -> list[tuple[PrimExpr, str]]:
-    """The conditions of :func:`broadcast_assumptions` (to combine with others)."""
-    from ..graph.shape_utils import broadcast_conditions
-
-    conds = []
-    for shape, name in zip(shapes, names):
-        for axis, cond in broadcast_conditions(shape, out_shape):
-            out_dim = out_shape[len(out_shape) - len(shape) + axis]
-            conds.append((cond, f"{op}: dimension {axis} of {name} {fmt_shape(shape)} must be 1 "
-                                f"or {out_dim} to broadcast to {fmt_shape(out_shape)}"))
-    return conds
-
-
-def te_broadcast_shape(op: str, tensors: Sequence[te.Tensor]) -> tuple[PrimExpr, ...]:
-    shape = broadcast_shape(op, [t.shape for t in tensors])
-    if shape is None:
-        raise KilnError(
-            f"{op}: cannot decide the broadcast of shapes "
-            + " and ".join(fmt_shape(t.shape) for t in tensors)
-            + " (distinct symbolic dimensions)"
-        )
-    return shape
-
-
-def _with_float32(fn: Callable[[PrimExpr], PrimExpr]) -> Callable[[PrimExpr], PrimExpr]:
+def with_float32(fn: Callable[[PrimExpr], PrimExpr]) -> Callable[[PrimExpr], PrimExpr]:
     """Evaluate ``fn`` in float32 for float16/bfloat16 inputs (one rounding at the end)."""
 
     def wrapped(x: PrimExpr) -> PrimExpr:
@@ -301,7 +108,7 @@ def _check_kind(op: str, arg: str, sinfo: Any, kind: str) -> None:
         raise StructInfoError(f"{op}: {arg} must be {what}, got dtype {sinfo.dtype}")
 
 
-def _unary(
+def declare_unary(
     name: str,
     scalar: Callable[..., PrimExpr],
     *,
@@ -333,7 +140,6 @@ def _unary(
         pattern=OpPattern.ELEMWISE,
         attrs=attrs,
         compute=compute,
-        schedules={"c": schedule_injective},
         mixed_precision=mixed_precision,
         gradient=gradient,
         doc=doc,
@@ -375,7 +181,6 @@ def _binary(
         infer=infer,
         pattern=OpPattern.BROADCAST,
         compute=compute,
-        schedules={"c": schedule_injective},
         mixed_precision=mixed_precision,
         gradient=gradient,
         doc=doc,
@@ -498,11 +303,11 @@ def _gelu(x: PrimExpr, attrs: GeluAttrs) -> PrimExpr:
             return c(0.5) * v * (c(1.0) + tx.tanh(inner))
         return c(0.5) * v * (c(1.0) + tx.erf(v * c(_SQRT_HALF)))
 
-    return _with_float32(f)(x)
+    return with_float32(f)(x)
 
 
 def _silu(x: PrimExpr) -> PrimExpr:
-    return _with_float32(lambda v: v * tx.sigmoid(v))(x)
+    return with_float32(lambda v: v * tx.sigmoid(v))(x)
 
 
 @dataclass(frozen=True)
@@ -569,8 +374,6 @@ class CastAttrs:
 
 def _minifloat_limit(dt: DataType) -> float:
     """The largest finite value of a float8/float6/float4 type."""
-    import ml_dtypes
-
     return float(ml_dtypes.finfo(dt.to_numpy()).max)
 
 
@@ -614,8 +417,6 @@ def _is_float(x: Any) -> bool:
 
 def _k(value: float, like: Any) -> Any:
     """A 0-d constant of ``like``'s dtype."""
-    from .grad import scalar
-
     return scalar(value, like.struct_info.dtype)
 
 
@@ -635,8 +436,6 @@ def _binary_grad(fn: Callable[[Any, Any, Any, Any], tuple[Any, Any]]) -> Callabl
     summed down to its input's shape where that input was broadcast."""
 
     def rule(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-        from .grad import unbroadcast
-
         a, b = call.args
         grads = fn(call, a, b, output_grad)
         return [None if d is None or not _is_float(x) else unbroadcast(d, call.struct_info, x)
@@ -672,8 +471,6 @@ _power_grad = _binary_grad(lambda c, a, b, g: (
 
 
 def _where_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .grad import unbroadcast
-
     cond, x, y = call.args
     zero = _k(0, output_grad)
     dx = unbroadcast(where(cond, output_grad, zero), call.struct_info, x)
@@ -721,8 +518,6 @@ def _clip_grad_fn(call: Any, x: Any, g: Any) -> Any:
 
 def _cast_grad_fn(call: Any, x: Any, g: Any) -> Any:
     """The gradient cast back to the input's (float) dtype; none through a non-float result."""
-    from .grad import cast_to
-
     if not as_dtype(call.attrs.dtype).is_float:
         return None
     return cast_to(g, x.struct_info.dtype, call.attrs.dtype)
@@ -804,7 +599,7 @@ logical_and = _binary("logical_and", tx.logical_and, kind="bool", mixed_precisio
                       gradient=_ND, doc="Element-wise AND of bool tensors.")
 logical_or = _binary("logical_or", tx.logical_or, kind="bool", mixed_precision=_N,
                      gradient=_ND, doc="Element-wise OR of bool tensors.")
-logical_not = _unary("logical_not", tx.logical_not, kind="bool", mixed_precision=_N,
+logical_not = declare_unary("logical_not", tx.logical_not, kind="bool", mixed_precision=_N,
                      gradient=_ND, doc="Element-wise NOT of a bool tensor.")
 
 # ---- bitwise (integer and bool tensors; no gradient) ----------------------------------------
@@ -849,12 +644,11 @@ reinterpret = register_op(
     attrs=ReinterpretAttrs,
     compute=lambda x, attrs: te.compute(
         x.shape, lambda *i: tx.reinterpret(attrs.dtype, x(*i)), name="reinterpret"),
-    schedules={"c": schedule_injective},
     mixed_precision=_N,
     gradient=_ND,
     doc="The bits of each element read as ``dtype`` (same width; numpy ``view``).",
 )
-bitwise_not = _unary("bitwise_not", tx.bitwise_not, kind="bits", mixed_precision=_N,
+bitwise_not = declare_unary("bitwise_not", tx.bitwise_not, kind="bits", mixed_precision=_N,
                      gradient=_ND, doc="Bitwise NOT of an integer tensor (bool: logical NOT).")
 left_shift = _binary("left_shift", tx.shift_left, kind="int", mixed_precision=_N, gradient=_ND,
                      doc="``lhs << rhs`` (modular); shifts outside [0, bits) give 0 (numpy).")
@@ -863,40 +657,41 @@ right_shift = _binary("right_shift", tx.shift_right, kind="int", mixed_precision
                       "unsigned; shifts outside [0, bits) give the sign fill (numpy).")
 
 # ---- unary math (pattern ELEMWISE, mixed precision FOLLOW) ----------------------------------
-negative = _unary("negative", _negative, kind="numeric", gradient=_negative_grad, doc="``-x``.")
-abs = _unary("abs", tx.abs, kind="numeric", gradient=_abs_grad, doc="``|x|``.")  # noqa: A001
-exp = _unary("exp", _with_float32(tx.exp), gradient=_exp_grad, doc="``e ** x``.")
-log = _unary("log", _with_float32(tx.log), gradient=_log_grad, doc="Natural logarithm.")
-sqrt = _unary("sqrt", _with_float32(tx.sqrt), gradient=_sqrt_grad, doc="Square root.")
-rsqrt = _unary("rsqrt", _with_float32(tx.rsqrt), gradient=_rsqrt_grad,
+negative = declare_unary("negative", _negative, kind="numeric", gradient=_negative_grad,
+                         doc="``-x``.")
+abs = declare_unary("abs", tx.abs, kind="numeric", gradient=_abs_grad, doc="``|x|``.")  # noqa: A001
+exp = declare_unary("exp", with_float32(tx.exp), gradient=_exp_grad, doc="``e ** x``.")
+log = declare_unary("log", with_float32(tx.log), gradient=_log_grad, doc="Natural logarithm.")
+sqrt = declare_unary("sqrt", with_float32(tx.sqrt), gradient=_sqrt_grad, doc="Square root.")
+rsqrt = declare_unary("rsqrt", with_float32(tx.rsqrt), gradient=_rsqrt_grad,
                doc="``1 / sqrt(x)``.")
-tanh = _unary("tanh", _with_float32(tx.tanh), gradient=_tanh_grad, doc="Hyperbolic tangent.")
-sigmoid = _unary("sigmoid", _with_float32(_sigmoid), gradient=_sigmoid_grad,
+tanh = declare_unary("tanh", with_float32(tx.tanh), gradient=_tanh_grad, doc="Hyperbolic tangent.")
+sigmoid = declare_unary("sigmoid", with_float32(_sigmoid), gradient=_sigmoid_grad,
                  doc="``1 / (1 + exp(-x))``.")
-erf = _unary("erf", _with_float32(tx.erf), gradient=_erf_grad, doc="The error function.")
-sin = _unary("sin", _with_float32(tx.sin), gradient=_sin_grad, doc="Sine.")
-cos = _unary("cos", _with_float32(tx.cos), gradient=_cos_grad, doc="Cosine.")
-floor = _unary("floor", _with_float32(tx.floor), gradient=_step_grad,
+erf = declare_unary("erf", with_float32(tx.erf), gradient=_erf_grad, doc="The error function.")
+sin = declare_unary("sin", with_float32(tx.sin), gradient=_sin_grad, doc="Sine.")
+cos = declare_unary("cos", with_float32(tx.cos), gradient=_cos_grad, doc="Cosine.")
+floor = declare_unary("floor", with_float32(tx.floor), gradient=_step_grad,
                doc="Largest integer <= x (float).")
-ceil = _unary("ceil", _with_float32(tx.ceil), gradient=_step_grad,
+ceil = declare_unary("ceil", with_float32(tx.ceil), gradient=_step_grad,
               doc="Smallest integer >= x (float).")
-round = _unary(  # noqa: A001
-    "round", _with_float32(_round_half_even), gradient=_step_grad,
+round = declare_unary(  # noqa: A001
+    "round", with_float32(_round_half_even), gradient=_step_grad,
     doc="Round to nearest, ties to even (numpy/ONNX)."
 )
 
 # ---- activations and friends ------------------------------------------------------------------
-relu = _unary("relu", _relu, kind="numeric", gradient=_relu_grad, doc="``max(x, 0)``.")
-gelu = _unary(
+relu = declare_unary("relu", _relu, kind="numeric", gradient=_relu_grad, doc="``max(x, 0)``.")
+gelu = declare_unary(
     "gelu", _gelu, attrs=GeluAttrs, gradient=_gelu_grad,
     doc="GELU: ``0.5 x (1 + erf(x / sqrt 2))``; approximate='tanh' uses the tanh form.",
 )
-silu = _unary("silu", _silu, gradient=_silu_grad, doc="SiLU / swish: ``x * sigmoid(x)``.")
-clip = _unary(
+silu = declare_unary("silu", _silu, gradient=_silu_grad, doc="SiLU / swish: ``x * sigmoid(x)``.")
+clip = declare_unary(
     "clip", _clip, kind="numeric", attrs=ClipAttrs, gradient=_clip_grad,
     doc="Clamp to ``[min, max]`` (either may be None). Integer tensors use integer bounds.",
 )
-cast = _unary(
+cast = declare_unary(
     "cast", _cast, kind="any", attrs=CastAttrs, mixed_precision=_N, gradient=_cast_grad,
     out_dtype=lambda attrs: attrs.dtype,
     doc="Convert to ``dtype`` (numpy ``astype``: float -> int truncates; -> bool is x != 0).",
@@ -932,8 +727,12 @@ where = register_op(
     infer=_where_infer,
     pattern=OpPattern.BROADCAST,
     compute=_where_compute,
-    schedules={"c": schedule_injective},
     mixed_precision=_F,
     gradient=_where_grad,
     doc="``x`` where ``condition`` holds, else ``y`` (all three broadcast).",
 )
+
+
+def cast_to(expr: Any, dtype: Any, current: Any) -> Any:
+    """``expr`` (of dtype ``current``) cast to ``dtype`` when they differ."""
+    return expr if as_dtype(current) == as_dtype(dtype) else cast(expr, str(as_dtype(dtype)))

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
 from ..tir.math_formulas import clamp, exp_float32, horner, let
-from .elementwise import _unary, _with_float32
+from .elementwise import declare_unary, with_float32
 from .registry import NON_DIFFERENTIABLE
 
 __all__ = ["fast_erf", "fast_exp", "fast_sigmoid", "fast_tanh"]
@@ -75,11 +75,11 @@ def _fast_sigmoid(x: PrimExpr) -> PrimExpr:
 # their own; differentiate the exact ops, then approximate.
 _ND = NON_DIFFERENTIABLE
 
-fast_exp = _unary("fast_exp", _with_float32(_fast_exp), gradient=_ND,
+fast_exp = declare_unary("fast_exp", with_float32(_fast_exp), gradient=_ND,
                   doc="Approximate ``e ** x`` (within about 1 ulp; see kiln.op.fast_math).")
-fast_tanh = _unary("fast_tanh", _with_float32(_fast_tanh), gradient=_ND,
+fast_tanh = declare_unary("fast_tanh", with_float32(_fast_tanh), gradient=_ND,
                    doc="Approximate tanh (absolute error < 1e-6; see kiln.op.fast_math).")
-fast_erf = _unary("fast_erf", _with_float32(_fast_erf), gradient=_ND,
+fast_erf = declare_unary("fast_erf", with_float32(_fast_erf), gradient=_ND,
                   doc="Approximate erf (absolute error < 1e-6; see kiln.op.fast_math).")
-fast_sigmoid = _unary("fast_sigmoid", _with_float32(_fast_sigmoid), gradient=_ND,
+fast_sigmoid = declare_unary("fast_sigmoid", with_float32(_fast_sigmoid), gradient=_ND,
                       doc="Approximate sigmoid (absolute error < 1e-6; see kiln.op.fast_math).")

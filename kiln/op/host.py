@@ -11,8 +11,8 @@ frontend then ``match_cast``\\ s the value to ``(h, w, c)`` with fresh symbolic 
 ops named dims, as after a shape function.
 
 These ops are OPAQUE (nothing fuses into a host call), never constant-folded (their shape is
-not static), and NON_DIFFERENTIABLE (decoding bytes has no gradient). The CPU "schedule" of
-the audit contract only says that no kernel exists to schedule.
+not static), and NON_DIFFERENTIABLE (decoding bytes has no gradient). They have no schedule on
+any target (``kiln.schedule.register_no_schedule`` records why).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 from ..graph import expr as gx
 from ..ir.errors import KilnError, StructInfoError
 from ..runtime import host_funcs
-from .elementwise import arg_shape, tensor_arg, tensor_sinfo
+from .common import arg_shape, tensor_arg, tensor_sinfo
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
 
 __all__ = ["image_decode"]
@@ -38,11 +38,6 @@ def host_legalize(func: str) -> Any:
                        attrs=call.attrs, sinfo_args=[call.struct_info])
 
     return legalize
-
-
-def no_kernel_schedule(sch: Any, target: Any, block: Any = None) -> None:
-    """Host ops legalize to host calls, never to PrimFuncs: there is nothing to schedule."""
-    raise KilnError("a host-function op has no kernel to schedule")
 
 
 # =============================================================================================
@@ -72,7 +67,7 @@ def _image_decode_infer(call: Any) -> Any:
 image_decode = register_op(
     "image_decode", inputs=("encoded",), infer=_image_decode_infer, pattern=OpPattern.OPAQUE,
     attrs=ImageDecodeAttrs, legalize=host_legalize("image_decode"),
-    schedules={"c": no_kernel_schedule}, mixed_precision=MixedPrecision.NEVER,
+    mixed_precision=MixedPrecision.NEVER,
     gradient=NON_DIFFERENTIABLE,
     doc="Decode an encoded image (a 1-d uint8 tensor of JPEG/PNG/BMP/TIFF/WebP/... bytes) to "
     "an [H, W, C] uint8 tensor: C = 3 for RGB and BGR, 1 for Grayscale. H and W are known only "

@@ -30,10 +30,10 @@ from typing import Any
 
 from .. import te
 from ..ir.dtype import DataType, as_dtype
-from ..ir.errors import KilnError, ScheduleError, StructInfoError
+from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
-from .elementwise import (
+from .common import (
     INDEX_DTYPE,
     arg_ndim,
     arg_shape,
@@ -44,7 +44,6 @@ from .elementwise import (
     tensor_sinfo,
 )
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
-from .schedule_helpers import schedule_injective, schedule_reduction
 
 __all__ = ["grid_sample", "resample", "resize_axis", "resize_axis_antialias", "roi_align"]
 
@@ -154,7 +153,6 @@ resample = register_op(
     infer=_resample_infer,
     pattern=OpPattern.INJECTIVE,
     compute=_resample_compute,
-    schedules={"c": schedule_injective},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=NON_DIFFERENTIABLE,
     doc="Weighted gather along ``axis``: ``y[.., i, ..] = sum_k weight[i, k] * x[.., "
@@ -332,7 +330,6 @@ grid_sample = register_op(
     infer=_grid_sample_infer,
     pattern=OpPattern.INJECTIVE,
     compute=_grid_sample_compute,
-    schedules={"c": schedule_injective},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=NON_DIFFERENTIABLE,
     doc="Sample ``x`` (N, C, *spatial) at the normalized coordinates of ``grid`` (N, "
@@ -459,7 +456,6 @@ roi_align = register_op(
     infer=_roi_align_infer,
     pattern=OpPattern.OUT_EWISE_FUSABLE,
     compute=_roi_align_compute,
-    schedules={"c": schedule_reduction},
     mixed_precision=MixedPrecision.NEVER,
     gradient=NON_DIFFERENTIABLE,
     doc="RoiAlign (Mask R-CNN): average or max of bilinear samples on a fixed grid in every "
@@ -706,35 +702,6 @@ def _resize_axis_compute(x: te.Tensor, scales: te.Tensor, roi: te.Tensor,
     return te.compute(out_shape, body, name="resize_axis")
 
 
-def _outer_parallel(sch: Any, block: Any) -> None:
-    """Fuse and parallelize all loops of ``block`` but the innermost, which stays a plain
-    counted loop: with symbolic lengths the default injective schedule fuses every loop, and
-    each element then pays a chain of 64-bit div/mods by run-time lengths."""
-    loops = list(sch.get_loops(block))
-    if len(loops) != len(sch.get(block).iter_vars) or not loops:
-        return  # already transformed
-    outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
-    sch.parallel(outer)
-
-
-def schedule_resize_axis(sch: Any, target: Any, block: Any = None) -> None:
-    """CPU schedule of ``image.resize_axis``: the small coordinate / weight stages stay
-    materialized (computed once per output position of the axis, not per element) and the
-    output block is parallel over its outer loops."""
-    if block is not None:
-        blocks = [block]
-    else:
-        outputs = {id(b) for b in sch.func.buffer_map.values()}
-        blocks = [b for b in sch.get_child_blocks(sch.get_block("root"))
-                  if any(id(w.buffer) in outputs for w in sch.get(b).writes)]
-    for b in blocks:
-        try:
-            _outer_parallel(sch.copy(), b)
-        except ScheduleError:
-            continue
-        _outer_parallel(sch, b)
-
-
 resize_axis = register_op(
     "image.resize_axis",
     inputs=("x", "scales", "roi"),
@@ -742,7 +709,6 @@ resize_axis = register_op(
     infer=_resize_axis_infer,
     pattern=OpPattern.INJECTIVE,
     compute=_resize_axis_compute,
-    schedules={"c": schedule_resize_axis},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=NON_DIFFERENTIABLE,
     doc="One axis of an ONNX Resize with run-time scales (float64 (k,): entry ``slot`` is this "
@@ -844,7 +810,6 @@ resize_axis_antialias = register_op(
     infer=_resize_aa_infer,
     pattern=OpPattern.OUT_EWISE_FUSABLE,
     compute=_resize_aa_compute,
-    schedules={"c": schedule_reduction},
     mixed_precision=MixedPrecision.NEVER,
     gradient=NON_DIFFERENTIABLE,
     doc="``image.resize_axis`` with ONNX Resize's antialias (linear or cubic): when "

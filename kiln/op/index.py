@@ -24,27 +24,44 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .. import te, tir
+from ..graph import expr as gx
+from ..graph.expr import Constant
 from ..ir.dtype import as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
-from .elementwise import (
+from .common import (
     INDEX_DTYPE,
+    KernelDims,
     arg_ndim,
     arg_shape,
+    as_dim,
     assume,
     const_int,
+    declare_injective,
     dims_equal,
     fmt_shape,
+    index_const,
+    known_shape,
     normalize_axis,
+    scalar,
+    shape_of,
+    simplify,
     tensor_arg,
     tensor_sinfo,
 )
-from .registry import MixedPrecision, OpPattern, register_op
-from .schedule_helpers import PARALLEL_MIN_WORK, schedule_injective
+from .elementwise import cast, equal, where
+from .grad import check_grad_shape, float_grad, like_result, zeros
+from .registry import MixedPrecision, OpPattern, get_op_def, register_op
+from .scan import cumsum
+from .shape import broadcast_to, concat, dims_product, reshape, unravel
 
-__all__ = ["gather_elements", "gather_nd", "scatter_elements", "scatter_nd"]
+__all__ = [
+    "gather_elements", "gather_nd", "scatter_elements", "scatter_nd", "take", "take_backward",
+]
 
 REDUCTIONS = ("none", "add", "mul", "max", "min")
 
@@ -104,8 +121,6 @@ def _unsupported_reduction(op: str, reduction: str) -> KilnError:
 
 def _gather_elements_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """Scatter-add of the gradient into zeros shaped like data; indices get none."""
-    from .grad import zeros
-
     data, indices = call.args
     if not _is_float(data):
         return [None, None]
@@ -116,8 +131,6 @@ def _gather_elements_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
 
 def _gather_nd_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """Scatter-add of the gradient slices into zeros shaped like data; indices get none."""
-    from .grad import zeros
-
     data, indices = call.args
     if not _is_float(data):
         return [None, None]
@@ -134,13 +147,6 @@ def _batched_scatter_nd_add(like: Any, data: Any, indices: Any, updates: Any, b:
     coordinate is prepended to every index tuple, so one ``scatter_nd`` without batch axes
     does it. ``like``: a normalized tensor shaped like ``data``. Needs static shapes (the
     batch coordinates are a constant)."""
-    import numpy as np
-
-    from ..graph.expr import Constant
-    from .elementwise import cast
-    from .grad import shape_of
-    from .shape import broadcast_to, concat, reshape
-
     what = "gather_nd gradient (batch_dims > 0)"
     dshape, ishape = shape_of(like, what), shape_of(indices, what)
     static = [const_int(d) for d in (*dshape, *ishape)]
@@ -168,11 +174,6 @@ def _winners_only(bb: Any, d_updates: Any, data: Any, indices: Any, updates: Any
     """``d_updates`` zeroed for the updates a later one overwrote (reduction "none" with a
     repeated index): every update's row-major number is scattered the same way, and an
     update keeps its gradient where its own number is the one that landed."""
-    from .elementwise import equal, where
-    from .grad import scalar, shape_of
-    from .scan import cumsum
-    from .shape import broadcast_to, reshape
-
     ushape = shape_of(updates, "scatter gradient")
     ones = broadcast_to(scalar(1, INDEX_DTYPE), ushape) if ushape else scalar(1, INDEX_DTYPE)
     ids = bb.emit(reshape(cumsum(ones, None, exclusive=True), ushape))
@@ -184,8 +185,6 @@ def _winners_only(bb: Any, d_updates: Any, data: Any, indices: Any, updates: Any
 def _scatter_elements_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """data: the gradient, zeroed where "none" overwrote it; updates: the gradient gathered at
     their targets; indices: none."""
-    from .grad import zeros
-
     data, indices, updates = call.args
     if not _is_float(data):
         return [None, None, None]
@@ -206,8 +205,6 @@ def _scatter_elements_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
 
 def _scatter_nd_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """As for scatter_elements, with gather_nd/scatter_nd."""
-    from .grad import zeros
-
     data, indices, updates = call.args
     if not _is_float(data):
         return [None, None, None]
@@ -275,7 +272,6 @@ gather_elements = register_op(
     infer=_gather_elements_infer,
     pattern=OpPattern.INJECTIVE,
     compute=_gather_elements_compute,
-    schedules={"c": schedule_injective},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=_gather_elements_grad,
     doc="Gather along ``axis`` element by element: the result has the shape of ``indices`` "
@@ -351,7 +347,6 @@ gather_nd = register_op(
     infer=_gather_nd_infer,
     pattern=OpPattern.INJECTIVE,
     compute=_gather_nd_compute,
-    schedules={"c": schedule_injective},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=_gather_nd_grad,
     doc="Gather slices of ``data`` addressed by the index tuples in the last axis of "
@@ -478,17 +473,12 @@ _ScatterPlan = tuple[Callable[..., Any], list[int], list[int], list[int]]
 
 
 def _kernel_dims(shapes: Sequence[Sequence[Any]]) -> list[tuple[PrimExpr, ...]]:
-    from .grad import _KernelDims
-
-    dims = _KernelDims()
+    dims = KernelDims()
     return [dims(s) for s in shapes]
 
 
 def _scatter_legalize(op: str, target_factory: Callable[..., Any]) -> Callable[..., Any]:
     def legalize(bb: Any, call: Any) -> Any:
-        from ..graph import expr as gx
-        from .registry import get_op_def
-
         sinfos = [a.struct_info for a in call.args]
         for name, s in zip(("data", "indices", "updates"), sinfos):
             if arg_shape(s) is None:
@@ -504,25 +494,6 @@ def _scatter_legalize(op: str, target_factory: Callable[..., Any]) -> Callable[.
         return gx.call_tir(gvar, list(call.args), call.struct_info)
 
     return legalize
-
-
-def _schedule_scatter(sch: Any, target: Any) -> None:
-    """The copy is injective (parallel, vectorized). Update lines are independent: their loops
-    are fused into one, parallel when there is enough work; inside a line the updates stay
-    sequential (indices may repeat, and the order decides which repeated write wins)."""
-    name = sch.func.attrs.get("op_name", "scatter_elements")
-    schedule_injective(sch, target, block=sch.get_block(f"{name}_copy"))
-    loops = sch.get_loops(sch.get_block(name))
-    if not loops or getattr(target, "num_threads", 0) == 1:
-        return
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    n_lines = const_int(sch.get(fused).extent)
-    updates = sch.func.buffer_map[sch.func.params[2]]
-    work: int | None = 1
-    for d in updates.shape:
-        work = None if work is None or const_int(d) is None else work * const_int(d)
-    if (n_lines is None or n_lines > 1) and (work is None or work >= PARALLEL_MIN_WORK):
-        sch.parallel(fused)
 
 
 def _scatter_common_infer(op: str, call: Any, reduction: str) -> tuple[Any, Any, Any]:
@@ -596,7 +567,6 @@ scatter_elements = register_op(
     infer=_scatter_elements_infer,
     pattern=OpPattern.OPAQUE,
     legalize=_scatter_legalize("scatter_elements", _elements_target),
-    schedules={"c": _schedule_scatter},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=_scatter_elements_grad,
     doc="A copy of ``data`` with ``updates[u]`` combined in at ``u`` with its ``axis`` "
@@ -655,9 +625,262 @@ scatter_nd = register_op(
     infer=_scatter_nd_infer,
     pattern=OpPattern.OPAQUE,
     legalize=_scatter_legalize("scatter_nd", _nd_target),
-    schedules={"c": _schedule_scatter},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=_scatter_nd_grad,
     doc="A copy of ``data`` with each slice ``updates[q]`` combined in at the index tuple "
     "``indices[q]`` (ONNX ScatterND).",
+)
+
+
+# =============================================================================================
+# take
+# =============================================================================================
+@dataclass(frozen=True)
+class TakeAttrs:
+    """``axis``: None indexes the flattened tensor. ``mode``: an index outside ``[-n, n)``
+    fails the call while it runs ("raise", numpy's default: a RuntimeCheckError naming the
+    index; negative ones count from the end), or out-of-range indices are clamped ("clip",
+    numpy: negatives go to 0) or wrapped ("wrap"); with "fast", only negative indices are
+    counted from the end (no bounds check: the caller guarantees the range)."""
+
+    axis: int | None = None
+    mode: str = "clip"
+
+    def __post_init__(self):
+        if self.mode not in ("raise", "clip", "wrap", "fast"):
+            raise KilnError(f"take: mode must be 'raise', 'clip', 'wrap' or 'fast', got "
+                            f"{self.mode!r}")
+        ax = self.axis
+        if ax is not None and (isinstance(ax, bool) or not isinstance(ax, int)):
+            raise KilnError(f"take: axis must be an int or None, got {self.axis!r}")
+
+
+def _take_infer(call: Any) -> Any:
+    x, shape = known_shape(call, "take")
+    ind, ishape = known_shape(call, "take", "indices", 1)
+    idt = as_dtype(ind.dtype)
+    if not idt.is_integer:
+        raise StructInfoError(f"take: indices must be an integer tensor, got dtype {idt}")
+    axis = call.attrs.axis if call.attrs else None
+    ndim = arg_ndim(x)
+    if axis is None:
+        return tensor_sinfo(ishape, x.dtype, ndim=arg_ndim(ind))
+    if ndim < 0:
+        return tensor_sinfo(None, x.dtype, ndim=-1)
+    axis = normalize_axis(axis, ndim, "take")
+    if shape is None or ishape is None:
+        ind_ndim = arg_ndim(ind)
+        return tensor_sinfo(None, x.dtype, ndim=-1 if ind_ndim < 0 else ndim - 1 + ind_ndim)
+    return tensor_sinfo([*shape[:axis], *ishape, *shape[axis + 1:]], x.dtype)
+
+
+def _take_compute(x: te.Tensor, indices: te.Tensor, attrs: TakeAttrs | None = None) -> te.Tensor:
+    attrs = attrs or TakeAttrs()
+    if attrs.axis is None:
+        n = dims_product(x.shape)
+        out_shape = list(indices.shape)
+    else:
+        axis = normalize_axis(attrs.axis, x.ndim, "take")
+        n = x.shape[axis]
+        out_shape = [*x.shape[:axis], *indices.shape, *x.shape[axis + 1:]]
+    k = indices.ndim
+
+    def fix(v: PrimExpr) -> PrimExpr:
+        if attrs.mode == "raise":
+            where = "the flattened input" if attrs.axis is None else f"axis {attrs.axis}"
+            return tx.check_index(v, n, f"take along {where}")
+        if attrs.mode == "clip":
+            return tx.max(tx.min(v, n - 1), index_const(0))
+        if attrs.mode == "wrap":
+            return tx.floormod(v, tx.max(n, index_const(1)))
+        return tx.select(v < 0, v + n, v)
+
+    def body(*i: PrimExpr) -> PrimExpr:
+        if attrs.axis is None:
+            pos = fix(tx.cast(INDEX_DTYPE, indices(*i)))
+            return x(*unravel(pos, x.shape)) if x.ndim else x()
+        pos = fix(tx.cast(INDEX_DTYPE, indices(*i[axis:axis + k])))
+        return x(*i[:axis], pos, *i[axis + k:])
+
+    return te.compute(out_shape, body, name="take")
+
+
+def _take_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    """Scatter-add of the gradient at the taken positions; indices get none."""
+    attrs = call.attrs or TakeAttrs()
+    x, indices = call.args
+    if not as_dtype(x.struct_info.dtype).is_float:
+        return [None, None]
+    return [take_backward(output_grad, x, indices, attrs.axis, attrs.mode), None]
+
+
+take = declare_injective(
+    "take", ("x", "indices"), _take_infer, _take_compute, TakeAttrs,
+    "Gather entries of ``x`` along ``axis`` at ``indices`` (numpy ``take``).",
+    gradient=_take_grad,
+)
+
+
+# =============================================================================================
+# take_backward (scatter-add, written as a loop program)
+# =============================================================================================
+def _take_backward_infer(call: Any) -> Any:
+    op = "take_backward"
+    g = float_grad(call, op)
+    data = tensor_arg(call, 1, op, "data")
+    ind = tensor_arg(call, 2, op, "indices")
+    if not as_dtype(ind.dtype).is_integer:
+        raise StructInfoError(f"{op}: indices must be an integer tensor, got dtype {ind.dtype}")
+    attrs = call.attrs or TakeAttrs()
+    shape, ishape = arg_shape(data), arg_shape(ind)
+    if shape is not None and ishape is not None:
+        if attrs.axis is None:
+            expected = ishape
+        else:
+            axis = normalize_axis(attrs.axis, len(shape), op)
+            expected = (*shape[:axis], *ishape, *shape[axis + 1:])
+        check_grad_shape(op, g, expected)
+    return like_result(call, op, g, 1, "data")
+
+
+def _fix_index(v: PrimExpr, n: PrimExpr, mode: str) -> PrimExpr:
+    """An index as ``take`` resolves it (raise / clip / wrap / fast), int64."""
+    zero = tx.const(INDEX_DTYPE, 0)
+    if mode == "raise":
+        return tx.check_index(v, n, "take gradient")
+    if mode == "clip":
+        return tx.max(tx.min(v, n - 1), zero)
+    if mode == "wrap":
+        return tx.floormod(v, tx.max(n, tx.const(INDEX_DTYPE, 1)))
+    return tx.select(v < zero, v + n, v)
+
+
+def take_backward_prim_func(grad_shape: Sequence[Any], data_shape: Sequence[Any],
+                            ind_shape: Sequence[Any], dtype: Any, ind_dtype: Any,
+                            axis: int | None, mode: str) -> tir.PrimFunc:
+    """The PrimFunc ``(G, I, Y)``: ``Y = 0; Y[..., fix(I[q]), ...] += G[..., q, ...]``.
+
+    With an ``axis`` there is one block instance per output line (every axis but ``axis``:
+    spatial, so lines run in parallel); with ``axis=None`` one instance scatters into the
+    flattened output.
+    """
+    i64 = INDEX_DTYPE
+    zero = tx.const(i64, 0)
+    gbuf = tir.decl_buffer(tuple(grad_shape), dtype, "G")
+    ibuf = tir.decl_buffer(tuple(ind_shape), ind_dtype, "I")
+    ybuf = tir.decl_buffer(tuple(data_shape), dtype, "Y")
+    ndim = len(data_shape)
+    spatial = [] if axis is None else [d for d in range(ndim) if d != axis]
+    loop_vars = [tir.Var(f"i{d}", i64) for d in spatial]
+    iter_vars = [tx.IterVar(tx.Range(zero, data_shape[d]), tir.Var(f"v{d}", i64),
+                            tx.IterType.DATA_PAR) for d in spatial]
+    line = dict(zip(spatial, (iv.var for iv in iter_vars)))
+
+    def nest(extents: Sequence[PrimExpr], prefix: str, body_of: Any) -> tir.Stmt:
+        """Serial loops over ``extents`` around ``body_of(loop vars)``."""
+        vs = [tir.Var(f"{prefix}{k}", i64) for k in range(len(extents))]
+        stmt = body_of(vs)
+        for v, e in reversed(list(zip(vs, extents))):
+            stmt = tir.For(v, zero, e, tir.ForKind.SERIAL, stmt)
+        return stmt
+
+    if axis is None:
+        n = simplify(_flat_size(data_shape))
+
+        def clear(vs: list[PrimExpr]) -> tir.Stmt:
+            return tir.BufferStore(ybuf, tx.const(ybuf.dtype, 0), tuple(vs))
+
+        def scatter(qs: list[PrimExpr]) -> tir.Stmt:
+            pos = _fix_index(tx.cast(i64, ibuf.load(tuple(qs))), n, mode)
+            dst = tuple(unravel(pos, data_shape)) if ndim else ()
+            return tir.BufferStore(ybuf, ybuf.load(dst) + gbuf.load(tuple(qs)), dst)
+
+        reads = (gbuf.full_region(), ibuf.full_region(), ybuf.full_region())
+        writes = (ybuf.full_region(),)
+        body = tir.seq(nest(data_shape, "c", clear), nest(ind_shape, "q", scatter))
+    else:
+        n = data_shape[axis]
+
+        def at(p: PrimExpr) -> tuple[PrimExpr, ...]:
+            return tuple(p if d == axis else line[d] for d in range(ndim))
+
+        def clear(vs: list[PrimExpr]) -> tir.Stmt:
+            return tir.BufferStore(ybuf, tx.const(ybuf.dtype, 0), at(vs[0]))
+
+        def scatter(qs: list[PrimExpr]) -> tir.Stmt:
+            pos = _fix_index(tx.cast(i64, ibuf.load(tuple(qs))), n, mode)
+            src = (*[line[d] for d in range(axis)], *qs,
+                   *[line[d] for d in range(axis + 1, ndim)])
+            return tir.BufferStore(ybuf, ybuf.load(at(pos)) + gbuf.load(src), at(pos))
+
+        def region(buf: tir.Buffer, full_axes: Sequence[int]) -> tir.BufferRegion:
+            ranges, it = [], iter(iv.var for iv in iter_vars)
+            for d in range(buf.ndim):
+                if d in full_axes:
+                    ranges.append(tx.Range(zero, buf.shape[d]))
+                else:
+                    ranges.append(tx.Range(next(it), tx.const(i64, 1)))
+            return tir.BufferRegion(buf, tuple(ranges))
+
+        k = len(ind_shape)
+        reads = (region(gbuf, range(axis, axis + k)), ibuf.full_region(), region(ybuf, [axis]))
+        writes = (region(ybuf, [axis]),)
+        body = tir.seq(nest([n], "c", clear), nest(ind_shape, "q", scatter))
+    block = tir.Block(tuple(iter_vars), reads, writes, "take_backward", body)
+    stmt: tir.Stmt = tir.BlockRealize(tuple(loop_vars), tir.true_predicate(), block)
+    for lv, iv in reversed(list(zip(loop_vars, iter_vars))):
+        stmt = tir.For(lv, iv.dom.min, iv.dom.extent, tir.ForKind.SERIAL, stmt)
+    root = tir.Block((), (), (), "root", stmt)
+    params = tuple(tir.Var(nm, "handle") for nm in ("G", "I", "Y"))
+    return tir.PrimFunc(params, dict(zip(params, (gbuf, ibuf, ybuf))),
+                        tir.BlockRealize((), tir.true_predicate(), root),
+                        {"global_symbol": "take_backward", "num_outputs": 1})
+
+
+def _flat_size(dims: Sequence[Any]) -> PrimExpr:
+    total: PrimExpr = tx.const(INDEX_DTYPE, 1)
+    for d in dims:
+        total = total * as_dim(d)
+    return total
+
+
+def _take_backward_legalize(bb: Any, call: Any) -> Any:
+    g, data, ind = (a.struct_info for a in call.args)
+    for name, s in (("grad", g), ("data", data), ("indices", ind)):
+        if arg_shape(s) is None:
+            raise StructInfoError(f"LegalizeOps: take_backward needs {name} of known shape")
+    attrs = call.attrs or TakeAttrs()
+    dims = KernelDims()
+    data_shape = dims(arg_shape(data))
+    axis = None if attrs.axis is None else normalize_axis(attrs.axis, len(data_shape),
+                                                          "take_backward")
+    func = take_backward_prim_func(dims(arg_shape(g)), data_shape, dims(arg_shape(ind)),
+                                   g.dtype, ind.dtype, axis, attrs.mode)
+    opdef = get_op_def("take_backward")
+    func = func.with_attr("op_name", opdef.name).with_attr("op_pattern", int(opdef.pattern))
+    gvar = bb.add_func(func, "take_backward")
+    return gx.call_tir(gvar, [call.args[0], call.args[2]], call.struct_info)
+
+
+def _take_backward_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    attrs = call.attrs or TakeAttrs()
+    return [take(output_grad, call.args[2], axis=attrs.axis, mode=attrs.mode), None, None]
+
+
+def _take_attrs() -> type:
+    return TakeAttrs
+
+
+take_backward = register_op(
+    "take_backward",
+    inputs=("grad", "data", "indices"),
+    attrs=_take_attrs(),
+    infer=_take_backward_infer,
+    pattern=OpPattern.OPAQUE,
+    legalize=_take_backward_legalize,
+    mixed_precision=MixedPrecision.NEVER,
+    gradient=_take_backward_grad,
+    doc="The adjoint of ``take(data, indices, axis, mode)``: a tensor shaped like ``data`` "
+    "(whose values are not used) with every entry of ``grad`` added at the position its index "
+    "selects (repeated indices accumulate).",
 )

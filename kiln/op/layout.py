@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 
 from .. import te, tir
+from ..graph.struct_info import TensorStructInfo
 from ..ir.dtype import DataType
 from ..ir.errors import KilnError, StructInfoError
 from .linalg import const_int, fmt_dim, fmt_shape, simplify, tensor_arg
 from .registry import MixedPrecision, OpPattern, register_op
-from .schedule_helpers import schedule_injective
 
 __all__ = ["Layout", "LayoutRewrite", "layout_transform"]
 
@@ -305,8 +305,6 @@ class LayoutTransformAttrs:
 
 
 def _infer_layout_transform(call: Any) -> Any:
-    from ..graph.struct_info import TensorStructInfo
-
     op = "layout_transform"
     attrs: LayoutTransformAttrs = call.attrs
     src, dst = Layout(attrs.src_layout), Layout(attrs.dst_layout)
@@ -346,7 +344,6 @@ layout_transform = register_op(
     infer=_infer_layout_transform,
     pattern=OpPattern.INJECTIVE,
     compute=_layout_transform_compute,
-    schedules={"c": schedule_injective},
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=_layout_transform_grad,
     doc="Move a tensor from ``src_layout`` to ``dst_layout`` (e.g. 'NCHW' -> 'NCHW8c'); "

@@ -1,18 +1,14 @@
 """Linear algebra operators: ``matmul`` and ``dense`` (``linear``).
 
-Both are one reduction over the contracted axis ``k``. Their CPU schedule
-(:func:`schedule_gemm`) walks the output in blocks of a few rows and, for each ``k``, adds
-``A[i, k] * B[k, :]`` to those rows with SIMD vectors along the columns (each vector of ``B``
-is loaded once for all rows of the block); the row blocks run in parallel. That schedule is
-what runs when the right operand cannot be packed: on CPUs at opt level 2 both ops declare an
-``alter_layout`` hook that turns a product into ``matmul_packed``
-(:mod:`kiln.op.matmul_packed`: ``b`` packed in column panels, a register-tiled micro-kernel).
+Both are one reduction over the contracted axis ``k``. On CPUs at opt level 2 a product whose
+right operand can be packed becomes ``matmul_packed`` (:mod:`kiln.op.matmul_packed`: ``b``
+packed in column panels, a register-tiled micro-kernel; the layout hook and the schedules are
+in ``kiln/schedule/cpu/``).
 
 ``dense(x, w)`` is ``x @ w.T`` with ``w`` laid out ``[units, in]`` (ONNX Gemm with transB,
 torch.nn.Linear). In that layout no output axis is contiguous in ``w``, so the compute reads
-the weight through a transposed stage ``dense_weight_t`` (``[in, units]``); the CPU schedule
-materializes it when there are enough rows to amortize the copy (then the matmul schedule
-applies unchanged) and inlines it otherwise (matrix-vector products are memory bound anyway).
+the weight through a transposed stage ``dense_weight_t`` (``[in, units]``), which a schedule
+may materialize or inline.
 A bias is not an input of the op: ``linear(x, w, b)`` emits ``add(dense(x, w), b)`` and
 operator fusion merges the add into the dense kernel.
 """
@@ -23,9 +19,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import te, tir
+from ..arith import Analyzer
+from ..graph.printer import format_shape
+from ..graph.shape_utils import broadcast_dim
+from ..graph.struct_info import TensorStructInfo, dims_differ
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import DTypeError, KilnError, StructInfoError
+from .common import assume, broadcast_checks, dims_equal, equal_dims, shape_attr
+from .elementwise import add, cast_to, multiply
+from .grad import fit_to
 from .registry import MixedPrecision, OpPattern, register_op
+from .shape import expand_dims, reshape, squeeze, transpose
 
 __all__ = ["dense", "linear", "matmul"]
 
@@ -55,14 +59,10 @@ def const_int(dim: Any) -> int | None:
 
 def provably_unequal(a: Any, b: Any) -> bool:
     """True when two dimensions are known to differ (distinct symbols get the benefit)."""
-    from ..graph.struct_info import dims_differ
-
     return bool(dims_differ(a, b))
 
 
 def fmt_shape(shape: Any) -> str:
-    from ..graph.printer import format_shape
-
     return format_shape(shape)
 
 
@@ -74,7 +74,6 @@ def simplify(expr: Any) -> Any:
     """Simplify a shape expression (constants stay constants)."""
     if isinstance(expr, tir.IntImm):
         return expr
-    from ..arith import Analyzer
 
     return Analyzer().simplify(expr)
 
@@ -98,8 +97,6 @@ def result_dtype(op: str, out_dtype: str | None, *infos: tuple[str, Any]) -> Dat
 
 def tensor_arg(call: Any, index: int, op: str, name: str, ndim: int | None = None) -> Any:
     """The TensorStructInfo of argument ``index``; StructInfoError naming it otherwise."""
-    from ..graph.struct_info import TensorStructInfo
-
     sinfo = call.args[index].struct_info
     if not isinstance(sinfo, TensorStructInfo):
         raise StructInfoError(f"{op}: {name} must be a tensor, got {sinfo}")
@@ -130,11 +127,9 @@ class MatmulAttrs:
         object.__setattr__(self, "out_dtype", norm_dtype(self.out_dtype, "matmul"))
 
 
-def _broadcast_batch(op: str, a_batch: tuple, b_batch: tuple) -> tuple:
+def broadcast_batch(op: str, a_batch: tuple, b_batch: tuple) -> tuple:
     """numpy broadcasting of the batch dimensions of two matmul operands; a symbolic pair is
     decided while the kernel runs (``kiln.graph.shape_utils.broadcast_dim``)."""
-    from ..graph.shape_utils import broadcast_dim
-
     n = max(len(a_batch), len(b_batch))
     a_pad = (None,) * (n - len(a_batch)) + tuple(a_batch)
     b_pad = (None,) * (n - len(b_batch)) + tuple(b_batch)
@@ -155,8 +150,6 @@ def matmul_assumptions(op: str, ka: Any, kb: Any, a_batch: tuple = (), b_batch: 
     """``te.compute`` attrs with what a product's kernel checks before it runs: the contracted
     dims ``ka`` of a and ``kb`` of b when they are not provably equal, and batch dims that
     broadcasting could not decide at compile time (see ``kiln.tir.function.ASSUME_ATTR``)."""
-    from .elementwise import assume, broadcast_checks, equal_dims
-
     return assume(
         broadcast_checks(op, (a_batch, b_batch), ("the batch dims of a", "the batch dims of b"),
                          batch)
@@ -180,13 +173,11 @@ def _matmul_parts(a_shape: tuple, b_shape: tuple) -> dict[str, Any]:
 
 
 def _matmul_out_shape(op: str, p: dict[str, Any]) -> tuple:
-    batch = _broadcast_batch(op, p["a_batch"], p["b_batch"])
+    batch = broadcast_batch(op, p["a_batch"], p["b_batch"])
     return batch + (() if p["a_vec"] else (p["m"],)) + (() if p["b_vec"] else (p["n"],))
 
 
 def _infer_matmul(call: Any) -> Any:
-    from ..graph.struct_info import TensorStructInfo
-
     a = tensor_arg(call, 0, "matmul", "a")
     b = tensor_arg(call, 1, "matmul", "b")
     dtype = result_dtype("matmul", attr_out_dtype(call), ("a", a), ("b", b))
@@ -208,12 +199,10 @@ def _infer_matmul(call: Any) -> Any:
     return TensorStructInfo(_matmul_out_shape("matmul", p), dtype)
 
 
-def _batch_index(operand_batch: tuple, out_batch: tuple, idx: tuple) -> list:
+def batch_index(operand_batch: tuple, out_batch: tuple, idx: tuple) -> list:
     """Indices into an operand's batch dims for output batch indices ``idx`` (broadcasting:
     position 0 along a dim of 1, decided while the kernel runs for a symbolic dim that is not
     provably the output's)."""
-    from .elementwise import dims_equal
-
     offset = len(out_batch) - len(operand_batch)
     res: list[Any] = []
     for d, dim in enumerate(operand_batch):
@@ -240,8 +229,8 @@ def _matmul_compute(a: Any, b: Any, *, attrs: MatmulAttrs) -> Any:
         bidx, rest = idx[:nb], list(idx[nb:])
         i = None if p["a_vec"] else rest.pop(0)
         j = None if p["b_vec"] else rest.pop(0)
-        a_idx = _batch_index(p["a_batch"], batch, bidx) + ([] if i is None else [i]) + [k]
-        b_idx = _batch_index(p["b_batch"], batch, bidx) + [k] + ([] if j is None else [j])
+        a_idx = batch_index(p["a_batch"], batch, bidx) + ([] if i is None else [i]) + [k]
+        b_idx = batch_index(p["b_batch"], batch, bidx) + [k] + ([] if j is None else [j])
         prod = tir.cast(out_dtype, a[tuple(a_idx)]) * tir.cast(out_dtype, b[tuple(b_idx)])
         return te.sum(prod, axis=k)
 
@@ -250,23 +239,8 @@ def _matmul_compute(a: Any, b: Any, *, attrs: MatmulAttrs) -> Any:
                                                p["b_batch"], batch))
 
 
-def _schedule_matmul(sch: Any, target: Any) -> None:
-    a, b = (sch.func.buffer_map[p] for p in sch.func.params[:2])
-    rest = other_blocks(sch, {"matmul"})
-    at = schedule_gemm(sch, target, sch.get_block("matmul"), has_i=a.ndim > 1, has_j=b.ndim > 1)
-    schedule_epilogue(sch, target, rest, at)
-
-
-def _alter_matmul_c(call: Any, target: Any) -> Any:
-    from .matmul_packed import alter_to_packed
-
-    return alter_to_packed(call, target, "matmul")
-
-
 def _swap_last(x: Any, ndim: int) -> Any:
     """``x`` with its last two axes swapped (a batched matrix transpose)."""
-    from .shape import transpose
-
     return transpose(x, tuple(range(ndim - 2)) + (ndim - 1, ndim - 2))
 
 
@@ -274,10 +248,6 @@ def _matmul_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """``da = g @ b^T``, ``db = a^T @ g``, each summed over broadcast batch dimensions; 1-d
     operands are handled as the matrices numpy promotes them to. Computed in the result's
     dtype (``out_dtype``) and cast back to each input's."""
-    from .elementwise import multiply
-    from .grad import cast_to, fit_to, shape_attr
-    from .shape import expand_dims, reshape, squeeze
-
     a, b = call.args
     sa, sb = a.struct_info, b.struct_info
     if not (as_dtype(sa.dtype).is_float and as_dtype(sb.dtype).is_float):
@@ -312,8 +282,6 @@ matmul = register_op(
     infer=_infer_matmul,
     pattern=OpPattern.OUT_EWISE_FUSABLE,
     compute=_matmul_compute,
-    schedules={"c": _schedule_matmul},
-    alter_layout={"c": _alter_matmul_c},
     mixed_precision=MixedPrecision.ALWAYS,
     gradient=_matmul_grad,
     doc="Matrix product with numpy semantics: a 1-d operand is promoted to a matrix (and the "
@@ -336,8 +304,6 @@ class DenseAttrs:
 
 
 def _infer_dense(call: Any) -> Any:
-    from ..graph.struct_info import TensorStructInfo
-
     x = tensor_arg(call, 0, "dense", "data")
     w = tensor_arg(call, 1, "dense", "weight")
     dtype = result_dtype("dense", attr_out_dtype(call), ("data", x), ("weight", w))
@@ -375,39 +341,9 @@ def _dense_compute(x: Any, w: Any, *, attrs: DenseAttrs) -> Any:
                       attrs=matmul_assumptions("dense", x.shape[-1], in_features))
 
 
-#: Rows of ``data`` from which materializing the transposed weight pays for itself.
-DENSE_TRANSPOSE_MIN_ROWS = 8
-
-
-def _schedule_dense(sch: Any, target: Any) -> None:
-    x = sch.func.buffer_map[sch.func.params[0]]
-    rows: int | None = 1
-    for d in x.shape[:-1]:
-        rows = rows * const_int(d) if rows is not None and const_int(d) is not None else None
-    rest = other_blocks(sch, {"dense", "dense_weight_t"})
-    wt = sch.get_block("dense_weight_t")
-    block = sch.get_block("dense")
-    if rows is not None and rows < DENSE_TRANSPOSE_MIN_ROWS:
-        sch.compute_inline(wt)
-        at = schedule_gemv(sch, target, block)
-    else:
-        schedule_transpose(sch, target, wt)
-        at = schedule_gemm(sch, target, block, has_i=x.ndim > 1, has_j=True)
-    schedule_epilogue(sch, target, rest, at)
-
-
-def _alter_dense_c(call: Any, target: Any) -> Any:
-    from .matmul_packed import alter_to_packed
-
-    return alter_to_packed(call, target, "dense")
-
-
 def _dense_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """``d data = g @ w`` and ``d w = g^T @ data`` with the leading dimensions of ``data``
     flattened into rows; computed in the result's dtype, cast back to each input's."""
-    from .grad import cast_to, fit_to, shape_attr
-    from .shape import reshape, transpose
-
     x, w = call.args
     sx, sw = x.struct_info, w.struct_info
     if not (as_dtype(sx.dtype).is_float and as_dtype(sw.dtype).is_float):
@@ -434,8 +370,6 @@ dense = register_op(
     infer=_infer_dense,
     pattern=OpPattern.OUT_EWISE_FUSABLE,
     compute=_dense_compute,
-    schedules={"c": _schedule_dense},
-    alter_layout={"c": _alter_dense_c},
     mixed_precision=MixedPrecision.ALWAYS,
     gradient=_dense_grad,
     doc="``data @ weight.T`` with weight ``[units, in]``; data may have leading batch "
@@ -452,330 +386,5 @@ def linear(data: Any, weight: Any, bias: Any = None, out_dtype: Any = None) -> A
     out = dense(data, weight, out_dtype=out_dtype)
     if bias is None:
         return out
-    from .elementwise import add
 
     return add(out, bias)
-
-
-# ---------------------------------------------------------------------------------------------
-# CPU schedules
-# ---------------------------------------------------------------------------------------------
-#: Rows of A that share each vector load of B in the GEMM inner loop.
-GEMM_ROWS = 4
-#: Vectors of C per column chunk: ``GEMM_ROWS`` rows of a chunk (16 KiB of float32 with AVX2)
-#: stay in L1 while the rows of B stream past (measured best for 1024^3 on a Zen 3 core).
-GEMM_CHUNK_VECTORS = 128
-
-
-def loop_extent(sch: Any, loop: Any) -> int | None:
-    return const_int(sch.get(loop).extent)
-
-
-def pick_factor(extent: int | None, candidates: list[int]) -> int | None:
-    """The first candidate that divides ``extent`` (None if none does or it is symbolic)."""
-    if extent is None:
-        return None
-    for c in candidates:
-        if 1 < c <= extent and extent % c == 0:
-            return c
-    return None
-
-
-def vector_factor(target: Any, dtype: Any, extent: int | None) -> int | None:
-    """A vector length that divides ``extent``: one SIMD register of ``dtype``, or half of one.
-
-    Longer vectors (two registers) are not used: GCC lowers over-wide vector types poorly.
-    """
-    lanes = target.vector_lanes(dtype)
-    return pick_factor(extent, [c for c in (lanes, lanes // 2) if c >= 4])
-
-
-def split_off(sch: Any, loop: Any, factor: int | None) -> tuple[Any, Any]:
-    """``(outer, inner)`` with ``inner`` of ``factor`` iterations, or ``(loop, None)``."""
-    if factor is None:
-        return loop, None
-    outer, inner = sch.split(loop, factors=[None, factor])
-    return outer, inner
-
-
-def block_work(sch: Any, block: Any) -> int | None:
-    """Iterations of ``block`` (product of its iteration domains), None when symbolic."""
-    total = 1
-    for iv in sch.get(block).iter_vars:
-        ext = const_int(iv.dom.extent)
-        if ext is None:
-            return None
-        total *= ext
-    return total
-
-
-def parallel_outer(sch: Any, loops: list[Any], target: Any, min_chunks: int = 0,
-                   work: int | None = None) -> Any | None:
-    """Fuse leading ``loops`` into one parallel loop, enough of them to feed every thread
-    whatever the symbolic extents among them turn out to be.
-
-    Nothing is parallelized for a single-threaded target or when ``work`` (scalar operations,
-    when known) is below the size at which a parallel region pays for itself.
-    """
-    from .schedule_helpers import PARALLEL_MIN_WORK, target_threads
-
-    if not loops or getattr(target, "num_threads", 0) == 1:
-        return None
-    if work is not None and work < PARALLEL_MIN_WORK:
-        return None
-    threads = target_threads(target)
-    want = max(min_chunks, 4 * threads)
-    # a symbolic extent (a dynamic batch) may be 1 at run time: only the constant extents
-    # count towards ``want``, so the loops after it are fused in too
-    take, total, symbolic = 0, 1, False
-    for lp in loops:
-        take += 1
-        ext = loop_extent(sch, lp)
-        if ext is None:
-            symbolic = True
-        else:
-            total *= ext
-        if total >= want:
-            break
-    if total <= 1 and not symbolic:
-        return None
-    fused = sch.fuse(*loops[:take]) if take > 1 else loops[0]
-    sch.parallel(fused)
-    return fused
-
-
-#: Least share of the threads' time a matrix-vector product's column chunks must keep busy
-#: (chunks / (threads x the chunks of the busiest thread)).
-GEMV_CHUNK_BALANCE = 0.9
-
-
-def _column_chunk(n: int, lanes: int, want: int, threads: int, outer: int = 1) -> int | None:
-    """The widest chunk of whole vectors (at most :data:`GEMM_CHUNK_VECTORS`) that splits ``n``
-    columns evenly into at least ``want`` chunks, which ``outer`` x chunks parallel iterations
-    share among ``threads`` with at least :data:`GEMV_CHUNK_BALANCE` of them busy (else the
-    best-balanced). ``n = 1000`` on 8 lanes and 2 threads: 25 chunks of 5 vectors; 5 chunks
-    of 25 left one thread 3 of them, and a 1280 x 1000 classifier at batch 1 took 1.5x ORT's
-    time."""
-    if n % lanes:
-        return None
-    vectors = n // lanes
-    best: tuple[float, int] | None = None
-    for v in range(min(GEMM_CHUNK_VECTORS, vectors // want), 0, -1):
-        if vectors % v:
-            continue
-        total = outer * (vectors // v)
-        balance = total / (threads * -(-total // threads))
-        if balance >= GEMV_CHUNK_BALANCE:
-            return v * lanes
-        if best is None or balance > best[0]:
-            best = (balance, v)
-    return None if best is None else best[1] * lanes
-
-
-def schedule_gemm(sch: Any, target: Any, block: Any, *, has_i: bool, has_j: bool) -> Any:
-    """CPU schedule of ``C[..., i, j] += A[..., i, k] * B[..., k, j]`` (B contiguous in j).
-
-    ``block`` has loops ``batch..., [i], [j], k`` (``i``/``j`` absent for 1-d operands). The
-    nest becomes::
-
-        parallel for (batch, io)               # fused
-          for jc                               # column chunk of C (128 vectors)
-            C[rows, chunk] = 0                 # vectorized
-            for k
-              for jv                           # vectors of the chunk
-                for ii in ROWS (unrolled)      # B[k, jv] loaded once for ROWS rows
-                  for ji in LANES (vector)
-                    C[i, j] += A[i, k] * B[k, j]
-
-    C accumulates in place. This is the fallback for products AlterOpLayout did not pack
-    (a column count 16 does not divide, a computed B with few rows, opt level < 2,
-    non-float32): with B
-    unpacked, each ``k`` strides a whole row of B, which defeats the register tile that
-    ``matmul_packed`` uses. An extent that no vector length divides is not vectorized (a predicated
-    vector loop falls back to scalar code anyway); symbolic extents are not split. Returns
-    the parallel loop (or None).
-    """
-    from .schedule_helpers import target_threads
-
-    if not has_j:
-        return schedule_gemv(sch, target, block)
-    blk = sch.get(block)
-    work = block_work(sch, block)
-    loops = sch.get_loops(block)
-    n_sp = sum(iv.iter_type == tir.IterType.DATA_PAR for iv in blk.iter_vars)
-    spatial, red = loops[:n_sp], loops[n_sp:]
-    dtype = blk.writes[0].buffer.dtype
-    n_batch = n_sp - int(has_i) - 1
-    batch, j = spatial[:n_batch], spatial[-1]
-    io, ii = (spatial[n_batch], None) if has_i else (None, None)
-    if io is not None:
-        m_ext = loop_extent(sch, io)
-        if m_ext is not None and m_ext > 1:
-            io, ii = sch.split(io, factors=[None, min(GEMM_ROWS, m_ext)])
-    n_ext = loop_extent(sch, j)
-    lanes = vector_factor(target, dtype, n_ext)
-    jc = jv = ji = None
-    if lanes is not None:
-        chunk = pick_factor(n_ext, [lanes * GEMM_CHUNK_VECTORS])
-        outer_ext = 1
-        for lp in [*batch] + ([io] if io is not None else []):
-            # a symbolic extent (a dynamic batch) may be 1 at run time
-            outer_ext *= loop_extent(sch, lp) or 1
-        if getattr(target, "num_threads", 0) != 1:
-            # few rows (a matrix-vector product): the column chunks are what the threads
-            # share, so make enough of them (a classifier at a dynamic batch of 1 ran on one
-            # thread: 1.6x the time of the static build's)
-            threads = target_threads(target)
-            want = -(-2 * threads // outer_ext)
-            if want > 1 and (chunk is None or n_ext // chunk < want):
-                chunk = _column_chunk(n_ext, lanes, want, threads, outer_ext) or chunk
-        if chunk is not None and chunk < n_ext:
-            jc, j = sch.split(j, factors=[None, chunk])
-        jv, ji = sch.split(j, factors=[None, lanes])
-    else:
-        jv = j
-    k_outer = red[0]
-    order = [*batch, *(lp for lp in (io, jc) if lp is not None), *red, jv]
-    order += [lp for lp in (ii, ji) if lp is not None]
-    sch.reorder(*order)
-    init = sch.decompose_reduction(block, k_outer)
-    if ii is not None:
-        sch.unroll(ii)
-    if ji is not None:
-        sch.vectorize(ji)
-        sch.vectorize(sch.get_loops(init)[-1])
-    # batch, row blocks, then column chunks (adjacent in the nest): as many as the threads need
-    outer = [*batch] + [lp for lp in (io, jc) if lp is not None]
-    return parallel_outer(sch, outer, target, work=work)
-
-
-#: Side of the square tiles a transposition copies (both sides touch TILE cache lines).
-TRANSPOSE_TILE = 16
-
-
-def schedule_transpose(sch: Any, target: Any, block: Any) -> None:
-    """CPU schedule of a 2-d transposition ``out[k, j] = in[j, k]``: square tiles, so reads
-    and writes both stay within a few cache lines, parallel over rows of tiles."""
-    k, j = sch.get_loops(block)
-    ko, ki = split_off(sch, k, pick_factor(loop_extent(sch, k), [TRANSPOSE_TILE]))
-    jo, ji = split_off(sch, j, pick_factor(loop_extent(sch, j), [TRANSPOSE_TILE]))
-    if ki is not None and ji is not None:
-        sch.reorder(ko, jo, ki, ji)
-    parallel_outer(sch, [ko], target, work=block_work(sch, block))
-
-
-def schedule_gemv(sch: Any, target: Any, block: Any) -> Any:
-    """CPU schedule of a reduction whose output axes are not contiguous in both operands.
-
-    The spatial loops are fused and run in parallel; the reduction runs innermost, serially,
-    with its init hoisted out of the reduction loop. Returns the parallel loop (or None).
-    """
-    blk = sch.get(block)
-    work = block_work(sch, block)
-    loops = sch.get_loops(block)
-    n_sp = sum(iv.iter_type == tir.IterType.DATA_PAR for iv in blk.iter_vars)
-    spatial, red = loops[:n_sp], loops[n_sp:]
-    if red and spatial:
-        sch.decompose_reduction(block, red[0])
-    if not spatial:
-        return None
-    return parallel_outer(sch, spatial, target, min_chunks=1 << 30, work=work)
-
-
-def vectorize_inner(sch: Any, target: Any, block: Any) -> None:
-    """Vectorize the innermost loop of an element-wise block when a vector length divides it
-    (splitting a vector loop off a longer one)."""
-    loops = sch.get_loops(block)
-    if not loops:
-        return
-    inner = loops[-1]
-    if sch.get(inner).kind != tir.ForKind.SERIAL:
-        return
-    extent = loop_extent(sch, inner)
-    factor = vector_factor(target, sch.get(block).writes[0].buffer.dtype, extent)
-    if factor is None:
-        return
-    if factor == extent:
-        sch.vectorize(inner)
-    else:
-        _, vi = sch.split(inner, factors=[None, factor])
-        sch.vectorize(vi)
-
-
-def _tile_loops(sch: Any, block: Any, io: Any) -> list[Any]:
-    """The loops of ``block`` below the row-block loop ``io`` (those of one tile)."""
-    loops = sch.get_loops(block)
-    io_node = sch.get(io)
-    for n, lp in enumerate(loops):
-        if sch.get(lp) is io_node:
-            return loops[n + 1:]
-    return []
-
-
-#: Fewest vector accumulators a register tile needs to keep both FMA pipes busy (an FMA takes
-#: 4 cycles and two start per cycle, Zen 3 and Intel cores alike). Smaller tiles -- a
-#: convolution row's tail, a GEMM tile of one row -- run several at once, jammed (``JAM_TAILS``).
-TILE_MIN_ACCUMULATORS = 8
-
-
-def tiles_to_fill(accumulators: int) -> int | None:
-    """How many tiles of ``accumulators`` vector accumulators to run at once to have
-    :data:`TILE_MIN_ACCUMULATORS`; None when one is enough."""
-    if accumulators >= TILE_MIN_ACCUMULATORS:
-        return None
-    return -(-TILE_MIN_ACCUMULATORS // accumulators)
-
-
-def write_out_tile(sch: Any, target: Any, block: Any, io: Any, dtype: Any) -> None:
-    """Unroll the loops of a tile-sized block (the tile's init or write-back) and vectorize
-    its innermost loop in register-sized pieces: with every index constant the C compiler can
-    keep the tile in registers."""
-    loops = _tile_loops(sch, block, io)
-    if not loops:
-        return
-    *outer, inner = loops
-    ext = loop_extent(sch, inner)
-    lanes = target.vector_lanes(dtype)
-    if ext is not None and lanes > 1 and ext % lanes == 0:
-        if ext > lanes:
-            lo, inner = sch.split(inner, factors=[None, lanes])
-            outer.append(lo)
-        sch.vectorize(inner)
-    for lp in outer:
-        if loop_extent(sch, lp) is not None:
-            sch.unroll(lp)
-
-
-def other_blocks(sch: Any, known: set[str]) -> list[str]:
-    """Names of the top-level blocks not in ``known`` (call before scheduling: primitives such
-    as decompose_reduction add blocks of their own)."""
-    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_block("root"))]
-    return [n for n in names if n not in known]
-
-
-def schedule_epilogue(sch: Any, target: Any, names: list[str], at: Any | None) -> None:
-    """Schedule the blocks ``names`` that an op's schedule did not handle itself.
-
-    After fusion an op's PrimFunc also holds the element-wise consumers merged into it (a bias
-    add, an activation). Each is computed under ``at`` (the op's parallel loop, so it reads the
-    tile while it is in cache) with its inner loop vectorized; a block that cannot move there
-    gets the generic injective schedule, and stray reductions the generic reduction schedule.
-    """
-    from ..ir.errors import ScheduleError
-    from .schedule_helpers import schedule_injective, schedule_reduction
-
-    for name in names:
-        b = sch.get_block(name)
-        blk = sch.get(b)
-        if any(iv.iter_type == tir.IterType.COMM_REDUCE for iv in blk.iter_vars):
-            schedule_reduction(sch, target, b)
-            continue
-        if at is not None:
-            try:
-                sch.reverse_compute_at(b, at)
-            except ScheduleError:
-                pass
-            else:
-                vectorize_inner(sch, target, b)
-                continue
-        schedule_injective(sch, target, b)

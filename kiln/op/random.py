@@ -35,9 +35,8 @@ from .. import te
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import DTypeError, KilnError, StructInfoError
 from ..tir import expr as tx
-from .elementwise import arg_ndim, arg_shape, const_int, tensor_arg, tensor_sinfo
+from .common import arg_ndim, arg_shape, tensor_arg, tensor_sinfo
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
-from .schedule_helpers import PARALLEL_MIN_WORK, schedule_injective
 
 __all__ = ["bernoulli", "categorical_sample", "philox4x32", "random_normal", "random_seed",
            "random_uniform"]
@@ -337,23 +336,6 @@ def _categorical_compute(cdf: te.Tensor, u: te.Tensor, attrs: CategoricalAttrs) 
     return te.compute((batch, u.shape[1]), f, name="categorical_sample")
 
 
-# ---- schedule -------------------------------------------------------------------------------
-def schedule_random(sch: Any, target: Any, block: Any = None) -> None:
-    """Fuse the loops into one loop, parallel when there is enough work, and leave the
-    vectorization to the C compiler: it turns Philox's 32x32->64-bit products into
-    ``vpmuludq`` lanes, where an explicit vector of uint64 multiplies is emulated with three
-    (measured 2.8x slower for random_uniform)."""
-    if block is None:
-        block = sch.get_block(sch.func.attrs.get("op_name", ""))
-    loops = sch.get_loops(block)
-    if not loops:
-        return
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    work = const_int(sch.get(fused).extent)
-    if getattr(target, "num_threads", 0) != 1 and (work is None or work >= PARALLEL_MIN_WORK):
-        sch.parallel(fused)
-
-
 # ---- declarations ---------------------------------------------------------------------------
 _ND = NON_DIFFERENTIABLE
 _N = MixedPrecision.NEVER
@@ -364,7 +346,6 @@ random_seed = register_op(
     infer=_seed_infer,
     pattern=OpPattern.OPAQUE,
     compute=_fresh_seed_compute,
-    schedules={"c": schedule_injective},
     mixed_precision=_N,
     gradient=_ND,
     doc="A fresh 0-d uint64 seed on every run (the seed of unseeded random ops).",
@@ -377,7 +358,6 @@ random_uniform = register_op(
     infer=_shaped_infer("random_uniform"),
     pattern=OpPattern.INJECTIVE,
     compute=_uniform_compute,
-    schedules={"c": schedule_random},
     mixed_precision=_N,
     gradient=_ND,
     doc="Uniform values in ``[low, high)`` of ``shape``, from Philox(seed, element index).",
@@ -390,7 +370,6 @@ random_normal = register_op(
     infer=_shaped_infer("random_normal"),
     pattern=OpPattern.INJECTIVE,
     compute=_normal_compute,
-    schedules={"c": schedule_random},
     mixed_precision=_N,
     gradient=_ND,
     doc="Normal values (``mean``, ``scale``) of ``shape``, Box-Muller on Philox uniforms.",
@@ -403,7 +382,6 @@ bernoulli = register_op(
     infer=_bernoulli_infer,
     pattern=OpPattern.INJECTIVE,
     compute=_bernoulli_compute,
-    schedules={"c": schedule_random},
     mixed_precision=_N,
     gradient=_ND,
     doc="1 with probability ``p`` (element-wise), else 0, in ``dtype`` (default p's).",
@@ -416,7 +394,6 @@ categorical_sample = register_op(
     infer=_categorical_infer,
     pattern=OpPattern.OPAQUE,
     compute=_categorical_compute,
-    schedules={"c": schedule_injective},
     mixed_precision=_N,
     gradient=_ND,
     doc="Class indices drawn by inverse CDF: ``cdf`` (batch, classes) holds cumulative "

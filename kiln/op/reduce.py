@@ -26,22 +26,35 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .. import te
+from ..graph.expr import Constant
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
-from .elementwise import (
+from .common import (
     INDEX_DTYPE,
     arg_ndim,
     arg_shape,
+    as_dim,
     const_int,
-    normalize_axis,
+    dims_equal,
+    reduce_axes,
+    scalar,
+    shape_attr,
+    shape_attr_value,
+    simplify,
     tensor_arg,
     tensor_sinfo,
 )
+from .elementwise import divide, equal, exp, logical_and, multiply, subtract, where
+from .grad import expand_reduced
+from .index import take
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpDef, OpPattern, register_op
-from .schedule_helpers import schedule_reduction
+from .scan import cumprod
+from .shape import broadcast_to, reshape, transpose
 from .sort import topk  # noqa: F401 - selection lives in sort.py; exported with the reductions
 
 __all__ = ["sum", "mean", "max", "min", "prod", "argmax", "argmin", "reduce_to", "topk"]
@@ -80,17 +93,6 @@ class ArgReduceAttrs:
             raise KilnError(f"argmax/argmin axis must be an int or None, got {self.axis!r}")
         if not isinstance(self.keepdims, bool):
             raise KilnError(f"keepdims must be a bool, got {self.keepdims!r}")
-
-
-def reduce_axes(axis: Any, ndim: int, op: str) -> tuple[int, ...]:
-    """The sorted, normalized axes a reduction runs over; errors name ``op``."""
-    if axis is None:
-        return tuple(range(ndim))
-    items = axis if isinstance(axis, tuple) else (axis,)
-    axes = tuple(normalize_axis(a, ndim, op) for a in items)
-    if len(set(axes)) != len(axes):
-        raise StructInfoError(f"{op}: axis {axis!r} names the same dimension twice")
-    return tuple(sorted(axes))
 
 
 def reduced_shape(shape: Sequence[Any], axes: Sequence[int], keepdims: bool) -> list[Any]:
@@ -159,7 +161,6 @@ def _count(x: te.Tensor, axes: Sequence[int]) -> PrimExpr:
     n: PrimExpr = tx.const(INDEX_DTYPE, 1)
     for a in axes:
         n = n * x.shape[a]
-    from .elementwise import simplify
 
     return simplify(n)
 
@@ -306,11 +307,6 @@ def _products_of_others(x: Any, axes: Sequence[int], ndim: int) -> Any:
     """``prod_{j != i} x[j]`` over the reduced axes, for every position ``i`` (exact with
     zeros): the reduced axes are moved last and flattened, and the exclusive cumulative
     products from both ends are multiplied."""
-    from .elementwise import multiply
-    from .grad import shape_attr
-    from .scan import cumprod
-    from .shape import reshape, transpose
-
     kept = [d for d in range(ndim) if d not in axes]
     perm = kept + list(axes)
     moved = perm != list(range(ndim))
@@ -329,9 +325,6 @@ def _products_of_others(x: Any, axes: Sequence[int], ndim: int) -> Any:
 
 def _make_grad(op: str) -> Callable[..., list[Any]]:
     def rule(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-        from .elementwise import divide, equal, multiply, where
-        from .grad import expand_reduced, scalar
-
         x = call.args[0]
         xs = x.struct_info
         if not as_dtype(xs.dtype).is_float:
@@ -355,9 +348,6 @@ def _make_grad(op: str) -> Callable[..., list[Any]]:
 
 def _count_expr(x: Any, axes: Sequence[int]) -> Any:
     """The number of reduced elements as a 0-d constant (a run-time count when symbolic)."""
-    from .grad import scalar, shape_attr
-    from .shape import broadcast_to
-
     shape = shape_attr(arg_shape(x.struct_info))
     dtype = x.struct_info.dtype
     sizes = [const_int(shape[a]) for a in axes]
@@ -383,7 +373,6 @@ def _declare(
         pattern=OpPattern.COMM_REDUCE,
         attrs=ArgReduceAttrs if arg_reduce else ReduceAttrs,
         compute=_make_arg_compute(op) if arg_reduce else _make_compute(op),
-        schedules={"c": schedule_reduction},
         mixed_precision=mixed_precision,
         gradient=NON_DIFFERENTIABLE if arg_reduce else _GRADIENTS[op],
         doc=doc,
@@ -419,8 +408,6 @@ class ReduceToAttrs:
     kind: str = "sum"
 
     def __post_init__(self):
-        from .shape import shape_attr_value
-
         object.__setattr__(self, "shape", shape_attr_value(self.shape, "reduce_to"))
         if self.kind not in _REDUCE_TO_KINDS:
             raise KilnError(f"reduce_to: kind must be one of {_REDUCE_TO_KINDS}, got "
@@ -432,8 +419,6 @@ def _reduce_to_dtype(kind: str, dtype: DataType) -> DataType:
 
 
 def _reduce_to_infer(call: Any) -> Any:
-    from .elementwise import as_dim
-
     x = tensor_arg(call, 0, "reduce_to", "x")
     attrs = call.attrs
     dtype = as_dtype(x.dtype)
@@ -447,8 +432,6 @@ def _reduce_to_infer(call: Any) -> Any:
 
 
 def _reduce_to_compute(x: te.Tensor, attrs: ReduceToAttrs) -> te.Tensor:
-    from .elementwise import as_dim, simplify
-
     out = tuple(as_dim(d) for d in attrs.shape)
     one = tx.const(INDEX_DTYPE, 1)
 
@@ -493,12 +476,6 @@ def _spread(value: Any, x: Any, out_dims: Sequence[Any]) -> Any:
     shape. Which axes are reduced may be known only at run time, so each axis not statically
     kept is a clipped ``take`` of ``arange(x_d)``: the identity on a kept axis (``out_d ==
     x_d``), all zeros on a reduced one (``out_d == 1``). Needs those axes of x static."""
-    import numpy as np
-
-    from ..graph.expr import Constant
-    from .elementwise import dims_equal
-    from .shape import take
-
     for d, (n, o) in enumerate(zip(arg_shape(x.struct_info), out_dims)):
         if dims_equal(n, o):
             continue
@@ -515,9 +492,6 @@ def _reduce_to_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     reductions' rules: max/min send it to every element equal to the extreme, prod multiplies
     by the product of the other elements (exact with zeros: counted, not divided by),
     logsumexp by the softmax ``exp(x - result)``."""
-    from .elementwise import as_dim, divide, equal, exp, logical_and, multiply, subtract, where
-    from .grad import scalar
-
     x = call.args[0]
     dtype = x.struct_info.dtype
     if not as_dtype(dtype).is_float or arg_shape(x.struct_info) is None:
@@ -550,7 +524,6 @@ reduce_to = register_op(
     pattern=OpPattern.COMM_REDUCE,
     attrs=ReduceToAttrs,
     compute=_reduce_to_compute,
-    schedules={"c": schedule_reduction},
     mixed_precision=MixedPrecision.NEVER,
     gradient=_reduce_to_grad,
     doc="Reduce to a same-rank shape of 1s (reduced axes) and x's dims (kept), symbolic dims "

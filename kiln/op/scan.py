@@ -19,8 +19,9 @@ per element, O(n²) work along the axis. A scan's natural form is a sequential l
 accumulator, O(n). The op therefore declares ``legalize`` (not ``compute``): it builds the block
 TIR directly — one block per scan line, iterating over the non-scanned axes (spatial, so the
 schedule can fuse and parallelize them), whose body is the serial loop along the axis with a
-one-element ``local`` accumulator. The CPU schedule fuses the outer loops into one parallel
-loop when there is enough work. Lines are independent, so threads never share an accumulator.
+one-element ``local`` accumulator. The CPU schedule (``kiln/schedule/cpu/scan.py``) fuses the
+outer loops into one parallel loop when there is enough work. Lines are independent, so
+threads never share an accumulator.
 
 Gradients (one declaration each, ``gradient=``): cumsum's is a cumsum of the output gradient
 in the opposite direction; cumprod's handles zeros in the input exactly (see
@@ -34,13 +35,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import tir
+from ..graph import expr as gx
 from ..graph import shape_utils
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import DTypeError, KilnError, StructInfoError
 from ..tir import expr as tx
-from .elementwise import arg_ndim, arg_shape, as_dim, const_int, tensor_sinfo
+from .common import arg_ndim, arg_shape, as_dim, kernel_dims, scalar, shape_of, tensor_sinfo
+from .elementwise import cast_to, divide, equal, logical_and, multiply, where
 from .registry import MixedPrecision, OpPattern, get_op_def, register_op
-from .schedule_helpers import PARALLEL_MIN_WORK
+from .shape import reshape
 
 __all__ = ["cumprod", "cumsum"]
 
@@ -186,29 +189,13 @@ def scan_prim_func(
                         {"global_symbol": name, "num_outputs": 1})
 
 
-def _kernel_dims(shape: Sequence[Any]) -> list[Any]:
-    """A kernel binds its symbolic sizes from argument shapes, which needs each dimension to be
-    a constant or a plain variable: a compound one (``2*n``) becomes a fresh variable."""
-    out, known = [], {}
-    for d in shape:
-        if const_int(d) is not None or isinstance(d, tir.Var):
-            out.append(d)
-        else:
-            key = str(d)
-            known.setdefault(key, tir.Var(f"d{len(known)}", INDEX))
-            out.append(known[key])
-    return out
-
-
 def _make_legalize(op: str, combine: Callable[..., Any], identity: float) -> Callable:
     def legalize(bb: Any, call: Any) -> Any:
-        from ..graph import expr as gx
-
         x = call.args[0].struct_info
         if getattr(x, "shape", None) is None:
             raise StructInfoError(f"LegalizeOps: {op} needs an input of known rank, got {x}")
         attrs = call.attrs or ScanAttrs()
-        func = scan_prim_func(_kernel_dims(x.shape), x.dtype, attrs, combine, identity, op)
+        func = scan_prim_func(kernel_dims(x.shape), x.dtype, attrs, combine, identity, op)
         pattern = int(get_op_def(op).pattern)
         func = func.with_attr("op_name", op).with_attr("op_pattern", pattern)
         gvar = bb.add_func(func, op)
@@ -217,31 +204,10 @@ def _make_legalize(op: str, combine: Callable[..., Any], identity: float) -> Cal
     return legalize
 
 
-# ---- CPU schedule -------------------------------------------------------------------------
-def schedule_scan(sch: Any, target: Any) -> None:
-    """Fuse the loops over the scan lines into one loop, parallel when there is enough work
-    (the serial loop along the axis stays inside the block)."""
-    block = sch.get_block(sch.func.attrs.get("op_name", "cumsum"))
-    loops = sch.get_loops(block)
-    if not loops:
-        return  # one line (1-D or flattened): inherently sequential
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    lines = const_int(sch.get(fused).extent)
-    body = sch.get(block).body  # (init of the accumulator, the loop along the axis)
-    along = const_int(body.seq[1].extent) if isinstance(body, tir.SeqStmt) else None
-    work = None if lines is None or along is None else lines * along
-    if getattr(target, "num_threads", 0) != 1 and (lines is None or lines > 1) and (
-            work is None or work >= PARALLEL_MIN_WORK):
-        sch.parallel(fused)
-
-
 # ---- gradients ----------------------------------------------------------------------------
 def _cumsum_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """``dx[k]`` sums ``g[i]`` over every ``i`` whose scan includes ``k``: the same scan of
     ``g`` run in the opposite direction (exclusive stays exclusive)."""
-    from .grad import cast_to, shape_of
-    from .shape import reshape
-
     x = call.args[0]
     if not as_dtype(x.struct_info.dtype).is_float:
         return [None]
@@ -267,10 +233,6 @@ def _cumprod_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     Zeros are located with an inclusive cumsum of ``x == 0`` in scan order (count 0: before
     ``z``; count 1 at a zero: ``z``). All of it is O(n) scans and element-wise ops.
     """
-    from .elementwise import divide, equal, logical_and, multiply, where
-    from .grad import cast_to, scalar, shape_of
-    from .shape import reshape
-
     x = call.args[0]
     dt = x.struct_info.dtype
     if not as_dtype(dt).is_float:
@@ -303,7 +265,6 @@ cumsum = register_op(
     infer=_make_infer("cumsum"),
     pattern=OpPattern.OPAQUE,
     legalize=_make_legalize("cumsum", lambda a, b: a + b, 0),
-    schedules={"c": schedule_scan},
     mixed_precision=MixedPrecision.NEVER,
     gradient=_cumsum_grad,
     doc="Cumulative sum along ``axis`` (None: of the flattened tensor).",
@@ -316,7 +277,6 @@ cumprod = register_op(
     infer=_make_infer("cumprod"),
     pattern=OpPattern.OPAQUE,
     legalize=_make_legalize("cumprod", lambda a, b: a * b, 1),
-    schedules={"c": schedule_scan},
     mixed_precision=MixedPrecision.NEVER,
     gradient=_cumprod_grad,
     doc="Cumulative product along ``axis`` (None: of the flattened tensor).",

@@ -10,48 +10,48 @@ check is done at inference and must be provable.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .. import te
-from ..ir.dtype import as_dtype
+from ..graph.expr import Tuple, TupleGetItem
+from ..graph.struct_info import TensorStructInfo, TupleStructInfo, shapes_equal
+from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
-from .elementwise import (
-    INDEX_DTYPE,
+from .common import (
     arg_ndim,
     arg_shape,
     as_dim,
     assume,
     broadcast_assumptions,
     broadcast_load,
+    clamp_between,
     const_int,
+    declare_injective,
     dims_equal,
+    dims_sum,
     equal_dims,
     fmt_shape,
+    index_const,
+    int_tuple,
+    known_shape,
     normalize_axis,
+    reduce_axes,
+    shape_attr_value,
+    shape_of,
     simplify,
     tensor_arg,
     tensor_sinfo,
 )
-from .reduce import reduce_axes
-from .registry import MixedPrecision, OpDef, OpPattern, register_op
-from .schedule_helpers import schedule_injective
+from .registry import MixedPrecision, OpPattern, register_op
 
 __all__ = [
     "reshape", "transpose", "concat", "split", "squeeze", "expand_dims", "broadcast_to",
-    "strided_slice", "take", "pad",
+    "collapse_sum_like", "collapse_sum_to",
 ]
-
-# An end index at least this large (ONNX's INT_MAX sentinels) means "to the end".
-_HUGE = 2**31 - 1
-
-
-def _c(v: int) -> PrimExpr:
-    return tx.const(INDEX_DTYPE, v)
 
 
 def _monomial(dims: Sequence[Any]) -> tuple[int, list[PrimExpr]]:
@@ -75,11 +75,11 @@ def _build(const: int, syms: Sequence[PrimExpr]) -> PrimExpr:
     for s in syms:
         expr = s if expr is None else expr * s
     if expr is None or const == 0:
-        return _c(const)
-    return expr if const == 1 else expr * _c(const)
+        return index_const(const)
+    return expr if const == 1 else expr * index_const(const)
 
 
-def _prod(dims: Sequence[Any]) -> PrimExpr:
+def dims_product(dims: Sequence[Any]) -> PrimExpr:
     """Product of dims with the constant factors folded (``n * 32`` rather than ``n * 4 * 8``)."""
     return simplify(_build(*_monomial(dims)))
 
@@ -124,36 +124,6 @@ def _products_equal(a: Sequence[Any], b: Sequence[Any]) -> bool:
     return dims_equal(simplify(_build(ca, sa)), simplify(_build(cb, sb)))
 
 
-def _ints(value: Any, op: str, what: str) -> tuple[int, ...]:
-    items = tuple(value) if isinstance(value, (list, tuple)) else (value,)
-    for v in items:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise KilnError(f"{op}: {what} must be ints, got {value!r}")
-    return items
-
-
-def _declare(name: str, inputs: Sequence[str], infer: Any, compute: Any, attrs: type | None,
-             doc: str, gradient: Any = None) -> OpDef:
-    return register_op(
-        name,
-        inputs=tuple(inputs),
-        infer=infer,
-        pattern=OpPattern.INJECTIVE,
-        attrs=attrs,
-        compute=compute,
-        schedules={"c": schedule_injective},
-        mixed_precision=MixedPrecision.FOLLOW,
-        gradient=gradient,
-        doc=doc,
-    )
-
-
-def _known_shape(call: Any, op: str, arg: str = "x", index: int = 0) -> tuple[Any, Any]:
-    """(TensorStructInfo, shape or None) of an argument."""
-    x = tensor_arg(call, index, op, arg)
-    return x, arg_shape(x)
-
-
 # =============================================================================================
 # reshape
 # =============================================================================================
@@ -190,9 +160,9 @@ def _reshape_target(op: str, in_shape: Sequence[PrimExpr] | None, new: Sequence[
         dim = _exact_quotient(in_shape, known_dims)
         if dim is None:
             raise StructInfoError(
-                f"{op}: cannot reshape {fmt_shape(in_shape)} ({_prod(in_shape)} elements) into "
-                f"{fmt_shape(new)}: the element count is not (provably) a multiple of "
-                f"{_prod(known_dims)}"
+                f"{op}: cannot reshape {fmt_shape(in_shape)} ({dims_product(in_shape)} elements) "
+                f"into {fmt_shape(new)}: the element count is not (provably) a multiple of "
+                f"{dims_product(known_dims)}"
             )
         out = [as_dim(d) for d in new]
         out[infer_at[0]] = dim
@@ -201,13 +171,14 @@ def _reshape_target(op: str, in_shape: Sequence[PrimExpr] | None, new: Sequence[
     if not _products_equal(out, in_shape):
         raise StructInfoError(
             f"{op}: cannot reshape {fmt_shape(in_shape)} into {fmt_shape(out)}: the element "
-            f"counts {_prod(in_shape)} and {_prod(out)} differ or are not provably equal"
+            f"counts {dims_product(in_shape)} and {dims_product(out)} differ or are not provably "
+            "equal"
         )
     return out
 
 
 def _reshape_infer(call: Any) -> Any:
-    x, shape = _known_shape(call, "reshape")
+    x, shape = known_shape(call, "reshape")
     new = call.attrs.shape
     out = _reshape_target("reshape", shape, new)
     if out is None:
@@ -229,7 +200,7 @@ def unravel(flat: PrimExpr, shape: Sequence[PrimExpr]) -> list[PrimExpr]:
 
 def ravel(index: Sequence[PrimExpr], shape: Sequence[PrimExpr]) -> PrimExpr:
     """Row-major flat offset of a multi-index."""
-    flat: PrimExpr = _c(0)
+    flat: PrimExpr = index_const(0)
     for i, d in zip(index, shape):
         flat = flat * d + i
     return flat
@@ -296,12 +267,10 @@ def _reshape_compute(x: te.Tensor, attrs: ReshapeAttrs) -> te.Tensor:
 
 
 def _reshape_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .grad import shape_of
-
     return [reshape(output_grad, shape_of(call.args[0], "reshape gradient"))]
 
 
-reshape = _declare(
+reshape = declare_injective(
     "reshape", ("x",), _reshape_infer, _reshape_compute, ReshapeAttrs,
     "Reshape to ``shape`` (one -1 is inferred); the element count must be provably equal.",
     gradient=_reshape_grad,
@@ -319,7 +288,7 @@ class TransposeAttrs:
 
     def __post_init__(self):
         if self.axes is not None:
-            object.__setattr__(self, "axes", _ints(self.axes, "transpose", "axes"))
+            object.__setattr__(self, "axes", int_tuple(self.axes, "transpose", "axes"))
 
 
 def _perm(axes: tuple[int, ...] | None, ndim: int) -> tuple[int, ...]:
@@ -334,7 +303,7 @@ def _perm(axes: tuple[int, ...] | None, ndim: int) -> tuple[int, ...]:
 
 
 def _transpose_infer(call: Any) -> Any:
-    x, shape = _known_shape(call, "transpose")
+    x, shape = known_shape(call, "transpose")
     ndim = arg_ndim(x)
     if ndim < 0:
         return tensor_sinfo(None, x.dtype, ndim=-1)
@@ -359,7 +328,7 @@ def _transpose_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     return [transpose(output_grad, tuple(perm.index(d) for d in range(len(perm))))]
 
 
-transpose = _declare(
+transpose = declare_injective(
     "transpose", ("x",), _transpose_infer, _transpose_compute, TransposeAttrs,
     "Permute axes (numpy ``transpose``; default reverses them).",
     gradient=_transpose_grad,
@@ -375,8 +344,6 @@ class ConcatAttrs:
 
 
 def _concat_infer(call: Any) -> Any:
-    from ..graph.struct_info import TensorStructInfo, TupleStructInfo
-
     tup = call.args[0].struct_info
     if not isinstance(tup, TupleStructInfo):
         raise StructInfoError(f"concat: tensors must be a tuple of tensors, got {tup}")
@@ -416,30 +383,8 @@ def _concat_shape(shapes: Sequence[Sequence[PrimExpr]], axis: int) -> list[PrimE
                         f"concat: tensors[{k}] has shape {fmt_shape(s)}, which differs from "
                         f"{fmt_shape(shapes[0])} outside axis {axis}"
                     )
-    out[axis] = _sum([s[axis] for s in shapes])
+    out[axis] = dims_sum([s[axis] for s in shapes])
     return out
-
-
-def _sum(dims: Sequence[Any]) -> PrimExpr:
-    """Sum of dims with the constants folded (``n + 3`` rather than ``0 + n + 1 + 2``)."""
-    const, expr = 0, None
-    for d in dims:
-        v = const_int(d)
-        if v is not None:
-            const += v
-        else:
-            expr = as_dim(d) if expr is None else expr + as_dim(d)
-    if expr is None:
-        return _c(const)
-    return simplify(expr + _c(const)) if const else simplify(expr)
-
-
-def _clamp(v: PrimExpr, lo: PrimExpr | None, hi: PrimExpr | None) -> PrimExpr:
-    if hi is not None:
-        v = tx.min(v, hi)
-    if lo is not None:
-        v = tx.max(v, lo)
-    return v
 
 
 def _concat_compute(tensors: Sequence[te.Tensor], attrs: ConcatAttrs | None = None) -> te.Tensor:
@@ -449,15 +394,15 @@ def _concat_compute(tensors: Sequence[te.Tensor], attrs: ConcatAttrs | None = No
     out_shape = _concat_shape([t.shape for t in tensors], axis)
     # pieces of constant length 0 are never read
     parts = [t for t in tensors if const_int(t.shape[axis]) != 0] or [tensors[0]]
-    offsets = [_sum([t.shape[axis] for t in parts[:k]]) for k in range(len(parts))]
+    offsets = [dims_sum([t.shape[axis] for t in parts[:k]]) for k in range(len(parts))]
 
     def body(*i: PrimExpr) -> PrimExpr:
         def load(k: int) -> PrimExpr:
             t, o = parts[k], offsets[k]
             # clamp: a select may evaluate both sides, so every load must stay in bounds
-            pos = _clamp(
+            pos = clamp_between(
                 simplify(i[axis] - o),
-                None if k == 0 else _c(0),
+                None if k == 0 else index_const(0),
                 None if k == len(parts) - 1 else simplify(t.shape[axis] - 1),
             )
             return t(*[pos if d == axis else i[d] for d in range(len(i))])
@@ -479,8 +424,6 @@ def _concat_compute(tensors: Sequence[te.Tensor], attrs: ConcatAttrs | None = No
 def _concat_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """The output gradient split back into the pieces (their lengths along ``axis`` must be
     known constants)."""
-    from ..graph.expr import Tuple, TupleGetItem
-
     fields = call.args[0].struct_info.fields
     if not as_dtype(fields[0].dtype).is_float:
         return [None]
@@ -507,7 +450,7 @@ def _running_sums(sizes: Sequence[int]) -> list[int]:
     return out
 
 
-concat = _declare(
+concat = declare_injective(
     "concat", ("tensors*",), _concat_infer, _concat_compute, ConcatAttrs,
     "Join tensors along ``axis`` (numpy ``concatenate``).",
     gradient=_concat_grad,
@@ -527,7 +470,7 @@ class SplitAttrs:
     def __post_init__(self):
         v = self.indices_or_sections
         if isinstance(v, (list, tuple)):
-            object.__setattr__(self, "indices_or_sections", _ints(v, "split", "indices"))
+            object.__setattr__(self, "indices_or_sections", int_tuple(v, "split", "indices"))
         elif isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise KilnError(f"split: sections must be a positive int or a tuple of ints: {v!r}")
 
@@ -541,29 +484,28 @@ def split_ranges(dim: PrimExpr, attrs: SplitAttrs) -> list[tuple[PrimExpr, PrimE
             raise StructInfoError(
                 f"split: an axis of length {dim} cannot be split into {spec} equal sections"
             )
-        return [(_prod([size, k]), size) for k in range(spec)]
+        return [(dims_product([size, k]), size) for k in range(spec)]
     cd = const_int(dim)
     if cd is not None:  # numpy slice normalization of the split points
         pts = [0, *(slice(p).indices(cd)[1] for p in spec), cd]
-        return [(_c(lo), _c(max(hi - lo, 0))) for lo, hi in zip(pts[:-1], pts[1:])]
+        return [(index_const(lo), index_const(max(hi - lo, 0)))
+                for lo, hi in zip(pts[:-1], pts[1:])]
     points: list[PrimExpr] = []
     for p in spec:
         if p >= 0:
-            points.append(simplify(tx.min(_c(p), dim)))
+            points.append(simplify(tx.min(index_const(p), dim)))
         else:
-            points.append(simplify(tx.max(dim + p, _c(0))))
-    bounds = [_c(0), *points, dim]
+            points.append(simplify(tx.max(dim + p, index_const(0))))
+    bounds = [index_const(0), *points, dim]
     ranges = []
     for lo, hi in zip(bounds[:-1], bounds[1:]):
-        length = simplify(tx.max(hi - lo, _c(0)))
+        length = simplify(tx.max(hi - lo, index_const(0)))
         ranges.append((lo, length))
     return ranges
 
 
 def _split_infer(call: Any) -> Any:
-    from ..graph.struct_info import TupleStructInfo
-
-    x, shape = _known_shape(call, "split")
+    x, shape = known_shape(call, "split")
     ndim = arg_ndim(x)
     attrs = call.attrs
     if ndim < 0 or shape is None:
@@ -598,8 +540,6 @@ def _split_compute(x: te.Tensor, attrs: SplitAttrs) -> tuple[te.Tensor, ...]:
 
 def _split_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """The pieces' gradients concatenated back (the pass gives an explicit Tuple)."""
-    from ..graph.expr import Tuple, TupleGetItem
-
     if not as_dtype(call.args[0].struct_info.dtype).is_float:
         return [None]
     if isinstance(output_grad, Tuple):
@@ -610,7 +550,7 @@ def _split_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     return [concat(pieces, call.attrs.axis)]
 
 
-split = _declare(
+split = declare_injective(
     "split", ("x",), _split_infer, _split_compute, SplitAttrs,
     "Split into a tuple of tensors along ``axis`` (numpy ``split``).",
     gradient=_split_grad,
@@ -628,7 +568,7 @@ class SqueezeAttrs:
 
     def __post_init__(self):
         if self.axis is not None and not isinstance(self.axis, int):
-            object.__setattr__(self, "axis", _ints(self.axis, "squeeze", "axis"))
+            object.__setattr__(self, "axis", int_tuple(self.axis, "squeeze", "axis"))
         elif isinstance(self.axis, bool):
             raise KilnError(f"squeeze: axis must be an int, a tuple or None: {self.axis!r}")
 
@@ -650,7 +590,7 @@ def _squeeze_axes(shape: Sequence[PrimExpr] | None, ndim: int, axis: Any) -> tup
 
 
 def _squeeze_infer(call: Any) -> Any:
-    x, shape = _known_shape(call, "squeeze")
+    x, shape = known_shape(call, "squeeze")
     ndim = arg_ndim(x)
     axis = call.attrs.axis if call.attrs else None
     if ndim < 0:
@@ -668,18 +608,16 @@ def _squeeze_compute(x: te.Tensor, attrs: SqueezeAttrs | None = None) -> te.Tens
     kept = [d for d in range(x.ndim) if d not in axes]
 
     def body(*i: PrimExpr) -> PrimExpr:
-        return x(*[_c(0) if d in axes else i[kept.index(d)] for d in range(x.ndim)])
+        return x(*[index_const(0) if d in axes else i[kept.index(d)] for d in range(x.ndim)])
 
     return te.compute([x.shape[d] for d in kept], body, name="squeeze")
 
 
 def _squeeze_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .grad import shape_of
-
     return [reshape(output_grad, shape_of(call.args[0], "squeeze gradient"))]
 
 
-squeeze = _declare(
+squeeze = declare_injective(
     "squeeze", ("x",), _squeeze_infer, _squeeze_compute, SqueezeAttrs,
     "Remove length-1 axes (numpy ``squeeze``); symbolic axes named in ``axis`` are assumed 1.",
     gradient=_squeeze_grad,
@@ -694,7 +632,7 @@ class ExpandDimsAttrs:
 
     def __post_init__(self):
         if not isinstance(self.axis, int) or isinstance(self.axis, bool):
-            object.__setattr__(self, "axis", _ints(self.axis, "expand_dims", "axis"))
+            object.__setattr__(self, "axis", int_tuple(self.axis, "expand_dims", "axis"))
 
 
 def _new_axes(ndim: int, axis: Any) -> tuple[int, ...]:
@@ -710,7 +648,7 @@ def _expand_shape(shape: Sequence[Any], axis: Any) -> list[Any]:
 
 
 def _expand_infer(call: Any) -> Any:
-    x, shape = _known_shape(call, "expand_dims")
+    x, shape = known_shape(call, "expand_dims")
     ndim = arg_ndim(x)
     if ndim < 0:
         return tensor_sinfo(None, x.dtype, ndim=-1)
@@ -730,12 +668,10 @@ def _expand_compute(x: te.Tensor, attrs: ExpandDimsAttrs) -> te.Tensor:
 
 
 def _expand_dims_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .grad import shape_of
-
     return [reshape(output_grad, shape_of(call.args[0], "expand_dims gradient"))]
 
 
-expand_dims = _declare(
+expand_dims = declare_injective(
     "expand_dims", ("x",), _expand_infer, _expand_compute, ExpandDimsAttrs,
     "Insert length-1 axes at ``axis`` (positions in the output).",
     gradient=_expand_dims_grad,
@@ -745,15 +681,6 @@ expand_dims = _declare(
 # =============================================================================================
 # broadcast_to
 # =============================================================================================
-def shape_attr_value(shape: Any, op_name: str) -> tuple[Any, ...]:
-    """A target-shape attribute as a tuple of non-negative ints / PrimExprs (or a clear error)."""
-    shape = tuple(shape) if isinstance(shape, (list, tuple)) else (shape,)
-    for d in shape:
-        if isinstance(d, bool) or not isinstance(d, (int, PrimExpr)) or (
-            isinstance(d, int) and d < 0
-        ):
-            raise KilnError(f"{op_name}: bad shape {shape!r}")
-    return shape
 
 
 @dataclass(frozen=True)
@@ -784,7 +711,7 @@ def _check_broadcast_to(shape: Sequence[PrimExpr], target: Sequence[PrimExpr]) -
 
 
 def _broadcast_to_infer(call: Any) -> Any:
-    x, shape = _known_shape(call, "broadcast_to")
+    x, shape = known_shape(call, "broadcast_to")
     target = tuple(as_dim(d) for d in call.attrs.shape)
     if shape is not None:
         _check_broadcast_to(shape, target)
@@ -799,12 +726,10 @@ def _broadcast_to_compute(x: te.Tensor, attrs: BroadcastToAttrs) -> te.Tensor:
 
 
 def _broadcast_to_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .grad import unbroadcast
-
     return [unbroadcast(output_grad, call.struct_info, call.args[0])]
 
 
-broadcast_to = _declare(
+broadcast_to = declare_injective(
     "broadcast_to", ("x",), _broadcast_to_infer, _broadcast_to_compute, BroadcastToAttrs,
     "Broadcast to ``shape`` (numpy ``broadcast_to``).",
     gradient=_broadcast_to_grad,
@@ -812,353 +737,144 @@ broadcast_to = _declare(
 
 
 # =============================================================================================
-# strided_slice
+# collapse_sum_like / collapse_sum_to: the adjoints of broadcasting
 # =============================================================================================
-@dataclass(frozen=True)
-class StridedSliceAttrs:
-    """numpy slicing ``x[begin:end:strides]`` on ``axes`` (default: the leading axes).
-
-    ``None`` entries in begin/end mean "from the start"/"to the end" for the stride's direction;
-    ends at or beyond 2**31-1 (ONNX sentinels) mean "to the end".
-    """
-
-    begin: tuple[int | None, ...]
-    end: tuple[int | None, ...]
-    strides: tuple[int, ...] | None = None
-    axes: tuple[int, ...] | None = None
-
-    def __post_init__(self):
-        for name in ("begin", "end"):
-            v = getattr(self, name)
-            v = tuple(v) if isinstance(v, (list, tuple)) else (v,)
-            for e in v:
-                if e is not None and (isinstance(e, bool) or not isinstance(e, int)):
-                    raise KilnError(f"strided_slice: {name} must be ints or None, got {v!r}")
-            object.__setattr__(self, name, v)
-        n = len(self.begin)
-        if len(self.end) != n:
-            raise KilnError(
-                f"strided_slice: begin {self.begin} and end {self.end} differ in length"
-            )
-        for name in ("strides", "axes"):
-            v = getattr(self, name)
-            if v is not None:
-                v = _ints(v, "strided_slice", name)
-                if len(v) != n:
-                    raise KilnError(f"strided_slice: {name} {v} must have {n} entries like begin")
-                object.__setattr__(self, name, v)
-        if self.strides is not None and 0 in self.strides:
-            raise KilnError(f"strided_slice: strides must be non-zero, got {self.strides}")
 
 
-def _slice_dim(dim: PrimExpr, b: int | None, e: int | None, s: int
-               ) -> tuple[PrimExpr, PrimExpr]:
-    """(start, length) of ``range(dim)[b:e:s]`` (numpy clamping), symbolic dims allowed."""
-    cd = const_int(dim)
-    if cd is not None:
-        start, stop, step = slice(b, e, s).indices(cd)
-        return _c(start), _c(len(range(start, stop, step)))
-    zero, neg1 = _c(0), _c(-1)
-    if s > 0:
-        if b is None:
-            start = zero
-        elif b >= 0:
-            start = tx.min(_c(b), dim)
-        else:
-            start = tx.max(dim + b, zero)
-        if e is None or e >= _HUGE:
-            stop = dim
-        elif e >= 0:
-            stop = tx.min(_c(e), dim)
-        else:
-            stop = tx.max(dim + e, zero)
-        length = tx.floordiv(stop - start + (s - 1), _c(s))
-    else:
-        last = dim - 1
-        if b is None or b >= _HUGE:
-            start = last
-        elif b >= 0:
-            start = tx.min(_c(b), last)
-        else:
-            start = tx.max(dim + b, neg1)
-        if e is None or e <= -_HUGE:
-            stop = neg1
-        elif e >= 0:
-            stop = tx.min(_c(e), last)
-        else:
-            stop = tx.max(dim + e, neg1)
-        length = tx.floordiv(start - stop + (-s - 1), _c(-s))
-    return simplify(start), simplify(tx.max(length, zero))
-
-
-def _slice_plan(shape: Sequence[PrimExpr], attrs: StridedSliceAttrs
-                ) -> list[tuple[PrimExpr, PrimExpr, int]]:
-    """Per input axis: (start, length, stride)."""
-    ndim = len(shape)
-    n = len(attrs.begin)
-    axes = attrs.axes if attrs.axes is not None else tuple(range(n))
-    if attrs.axes is None and n > ndim:
+def _collapse_axes(op: str, data: Sequence[Any], target: Sequence[Any]) -> tuple[int, ...]:
+    """Axes of ``data`` summed to reach ``target`` (numpy broadcasting run backwards)."""
+    if len(target) > len(data):
         raise StructInfoError(
-            f"strided_slice: {n} begin entries for a tensor of rank {ndim}"
+            f"{op}: cannot collapse shape {fmt_shape(data)} to the higher-rank "
+            f"{fmt_shape(target)}"
         )
-    norm = [normalize_axis(a, ndim, "strided_slice", "axis") for a in axes]
-    if len(set(norm)) != len(norm):
-        raise StructInfoError(f"strided_slice: axes {axes} names a dimension twice")
-    strides = attrs.strides or (1,) * n
-    plan = [(_c(0), d, 1) for d in shape]
-    for k, a in enumerate(norm):
-        start, length = _slice_dim(shape[a], attrs.begin[k], attrs.end[k], strides[k])
-        plan[a] = (start, length, strides[k])
-    return plan
-
-
-def _strided_slice_infer(call: Any) -> Any:
-    x, shape = _known_shape(call, "strided_slice")
-    if shape is None:
-        return tensor_sinfo(None, x.dtype, ndim=arg_ndim(x))
-    return tensor_sinfo([length for _, length, _ in _slice_plan(shape, call.attrs)], x.dtype)
-
-
-def _strided_slice_compute(x: te.Tensor, attrs: StridedSliceAttrs) -> te.Tensor:
-    plan = _slice_plan(x.shape, attrs)
-
-    def body(*i: PrimExpr) -> PrimExpr:
-        return x(*[
-            i[d] if (const_int(st) == 0 and s == 1) else st + i[d] * s
-            for d, (st, _, s) in enumerate(plan)
-        ])
-
-    return te.compute([length for _, length, _ in plan], body, name="strided_slice")
-
-
-def _strided_slice_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    from .grad import strided_slice_backward
-
-    a = call.attrs
-    return [strided_slice_backward(output_grad, call.args[0], a.begin, a.end, a.strides,
-                                   a.axes)]
-
-
-strided_slice = _declare(
-    "strided_slice", ("x",), _strided_slice_infer, _strided_slice_compute, StridedSliceAttrs,
-    "numpy basic slicing ``x[b0:e0:s0, ...]`` on the given axes, negative indices and strides "
-    "included.",
-    gradient=_strided_slice_grad,
-)
-
-
-# =============================================================================================
-# take
-# =============================================================================================
-@dataclass(frozen=True)
-class TakeAttrs:
-    """``axis``: None indexes the flattened tensor. ``mode``: an index outside ``[-n, n)``
-    fails the call while it runs ("raise", numpy's default: a RuntimeCheckError naming the
-    index; negative ones count from the end), or out-of-range indices are clamped ("clip",
-    numpy: negatives go to 0) or wrapped ("wrap"); with "fast", only negative indices are
-    counted from the end (no bounds check: the caller guarantees the range)."""
-
-    axis: int | None = None
-    mode: str = "clip"
-
-    def __post_init__(self):
-        if self.mode not in ("raise", "clip", "wrap", "fast"):
-            raise KilnError(f"take: mode must be 'raise', 'clip', 'wrap' or 'fast', got "
-                            f"{self.mode!r}")
-        ax = self.axis
-        if ax is not None and (isinstance(ax, bool) or not isinstance(ax, int)):
-            raise KilnError(f"take: axis must be an int or None, got {self.axis!r}")
-
-
-def _take_infer(call: Any) -> Any:
-    x, shape = _known_shape(call, "take")
-    ind, ishape = _known_shape(call, "take", "indices", 1)
-    idt = as_dtype(ind.dtype)
-    if not idt.is_integer:
-        raise StructInfoError(f"take: indices must be an integer tensor, got dtype {idt}")
-    axis = call.attrs.axis if call.attrs else None
-    ndim = arg_ndim(x)
-    if axis is None:
-        return tensor_sinfo(ishape, x.dtype, ndim=arg_ndim(ind))
-    if ndim < 0:
-        return tensor_sinfo(None, x.dtype, ndim=-1)
-    axis = normalize_axis(axis, ndim, "take")
-    if shape is None or ishape is None:
-        ind_ndim = arg_ndim(ind)
-        return tensor_sinfo(None, x.dtype, ndim=-1 if ind_ndim < 0 else ndim - 1 + ind_ndim)
-    return tensor_sinfo([*shape[:axis], *ishape, *shape[axis + 1:]], x.dtype)
-
-
-def _take_compute(x: te.Tensor, indices: te.Tensor, attrs: TakeAttrs | None = None) -> te.Tensor:
-    attrs = attrs or TakeAttrs()
-    if attrs.axis is None:
-        n = _prod(x.shape)
-        out_shape = list(indices.shape)
-    else:
-        axis = normalize_axis(attrs.axis, x.ndim, "take")
-        n = x.shape[axis]
-        out_shape = [*x.shape[:axis], *indices.shape, *x.shape[axis + 1:]]
-    k = indices.ndim
-
-    def fix(v: PrimExpr) -> PrimExpr:
-        if attrs.mode == "raise":
-            where = "the flattened input" if attrs.axis is None else f"axis {attrs.axis}"
-            return tx.check_index(v, n, f"take along {where}")
-        if attrs.mode == "clip":
-            return tx.max(tx.min(v, n - 1), _c(0))
-        if attrs.mode == "wrap":
-            return tx.floormod(v, tx.max(n, _c(1)))
-        return tx.select(v < 0, v + n, v)
-
-    def body(*i: PrimExpr) -> PrimExpr:
-        if attrs.axis is None:
-            pos = fix(tx.cast(INDEX_DTYPE, indices(*i)))
-            return x(*unravel(pos, x.shape)) if x.ndim else x()
-        pos = fix(tx.cast(INDEX_DTYPE, indices(*i[axis:axis + k])))
-        return x(*i[:axis], pos, *i[axis + k:])
-
-    return te.compute(out_shape, body, name="take")
-
-
-def _take_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    """Scatter-add of the gradient at the taken positions; indices get none."""
-    from .grad import take_backward
-
-    attrs = call.attrs or TakeAttrs()
-    x, indices = call.args
-    if not as_dtype(x.struct_info.dtype).is_float:
-        return [None, None]
-    return [take_backward(output_grad, x, indices, attrs.axis, attrs.mode), None]
-
-
-take = _declare(
-    "take", ("x", "indices"), _take_infer, _take_compute, TakeAttrs,
-    "Gather entries of ``x`` along ``axis`` at ``indices`` (numpy ``take``).",
-    gradient=_take_grad,
-)
-
-
-# =============================================================================================
-# pad
-# =============================================================================================
-@dataclass(frozen=True)
-class PadAttrs:
-    """``pad_width``: ((before, after), ...) per axis; ``mode``: constant, edge or reflect."""
-
-    pad_width: tuple[tuple[int, int], ...]
-    pad_value: float = 0.0
-    mode: str = "constant"
-
-    def __post_init__(self):
-        try:
-            pw = tuple((int(b), int(a)) for b, a in self.pad_width)
-        except (TypeError, ValueError):
-            raise KilnError(
-                f"pad: pad_width must be ((before, after), ...), got {self.pad_width!r}"
-            ) from None
-        if any(v < 0 for p in pw for v in p):
-            raise KilnError(f"pad: pad widths must be non-negative, got {pw}")
-        object.__setattr__(self, "pad_width", pw)
-        if self.mode not in ("constant", "edge", "reflect"):
-            raise KilnError(f"pad: mode must be 'constant', 'edge' or 'reflect', got {self.mode!r}")
-        if isinstance(self.pad_value, bool) or not isinstance(self.pad_value, (int, float)):
-            raise KilnError(f"pad: pad_value must be a number, got {self.pad_value!r}")
-
-
-def _pad_check(ndim: int, attrs: PadAttrs, shape: Sequence[PrimExpr] | None) -> None:
-    if len(attrs.pad_width) != ndim:
+    lead = len(data) - len(target)
+    axes = list(range(lead))
+    for t, td in enumerate(target):
+        d = lead + t
+        if dims_equal(data[d], td):
+            continue
+        if const_int(td) == 1:
+            axes.append(d)
+            continue
         raise StructInfoError(
-            f"pad: pad_width has {len(attrs.pad_width)} entries for a tensor of rank {ndim}"
+            f"{op}: cannot collapse {fmt_shape(data)} to {fmt_shape(target)}: dimension {d} "
+            f"({data[d]}) is not a broadcast of {td}"
         )
-    if shape is not None and attrs.mode != "constant":
-        for d, (dim, (b, a)) in enumerate(zip(shape, attrs.pad_width)):
-            if (b or a) and const_int(dim) == 0:
-                raise StructInfoError(f"pad: mode {attrs.mode!r} cannot pad the empty axis {d}")
+    return tuple(axes)
 
 
-def _pad_infer(call: Any) -> Any:
-    x, shape = _known_shape(call, "pad")
-    ndim = arg_ndim(x)
-    if ndim < 0:
-        return tensor_sinfo(None, x.dtype, ndim=len(call.attrs.pad_width))
-    _pad_check(ndim, call.attrs, shape)
-    if shape is None:
-        return tensor_sinfo(None, x.dtype, ndim=ndim)
-    out = [_sum([d, b, a]) for d, (b, a) in zip(shape, call.attrs.pad_width)]
-    return tensor_sinfo(out, x.dtype)
+def _accumulator(dtype: DataType) -> DataType:
+    return DataType("float32") if dtype.is_float and dtype.bits < 32 else dtype
 
 
-def _pad_value(dtype: Any, value: float) -> PrimExpr:
-    dt = as_dtype(dtype)
-    if dt.is_float:
-        return tx.const(dt, value)
-    if dt.is_bool:
-        return tx.const(dt, bool(value))
-    v = math.trunc(value)
-    return tx.const(dt, min(max(v, dt.min_value()), dt.max_value()))
+def _collapse_compute(x: te.Tensor, target: Sequence[Any], name: str) -> te.Tensor:
+    target = tuple(as_dim(d) for d in target)
+    axes = _collapse_axes(name, x.shape, target)
+    lead = x.ndim - len(target)
+    if not axes:
+        return te.compute(target, lambda *j: x(*j), name=name)
+    acc = _accumulator(x.dtype)
+    red = {a: te.reduce_axis((0, x.shape[a]), name=f"k{a}") for a in axes}
+
+    def body(*j: PrimExpr) -> PrimExpr:
+        idx = [red[d].var if d in red else j[d - lead] for d in range(x.ndim)]
+        return te.sum(tx.cast(acc, x(*idx)), axis=list(red.values()))
+
+    out = te.compute(target, body, name=name)
+    if acc != x.dtype:
+        out = te.compute(target, lambda *j: tx.cast(x.dtype, out(*j)), name=name + "_cast")
+    return out
 
 
-def _pad_compute(x: te.Tensor, attrs: PadAttrs) -> te.Tensor:
-    _pad_check(x.ndim, attrs, x.shape)
-    pw = attrs.pad_width
-    out = [_sum([d, b, a]) for d, (b, a) in zip(x.shape, pw)]
-
-    def source(k: int, i: PrimExpr) -> tuple[PrimExpr, PrimExpr | None]:
-        """(input index, in-bounds condition or None) of output position i on axis k."""
-        b, a = pw[k]
-        dim = x.shape[k]
-        if not (b or a):
-            return i, None
-        m = simplify(i - b) if b else i
-        if attrs.mode == "reflect":
-            period = simplify(tx.max(2 * (dim - 1), _c(1)))
-            r = tx.floormod(m, period)
-            return tx.select(r < dim, r, period - r), None
-        clamped = _clamp(m, _c(0) if b else None, simplify(dim - 1) if a else None)
-        if attrs.mode == "edge":
-            return clamped, None
-        conds = []
-        if b:
-            conds.append(i >= _c(b))
-        if a:
-            conds.append(m < dim)
-        return clamped, tx.all_of(conds)
-
-    def body(*i: PrimExpr) -> PrimExpr:
-        idx, conds = [], []
-        for k in range(x.ndim):
-            src, cond = source(k, i[k])
-            idx.append(src)
-            if cond is not None:
-                conds.append(cond)
-        value = x(*idx)
-        if not conds:
-            return value
-        return tx.select(tx.all_of(conds), value, _pad_value(x.dtype, attrs.pad_value))
-
-    return te.compute(out, body, name="pad")
+def _numeric(op: str, arg: str, sinfo: Any) -> None:
+    dt = as_dtype(sinfo.dtype)
+    if not (dt.is_float or dt.is_integer):
+        raise StructInfoError(f"{op}: {arg} must be a numeric tensor, got dtype {dt}")
 
 
-def _pad_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
-    """Constant mode: the interior slice of the gradient; edge/reflect: the border folded back
-    (``pad_backward``)."""
-    from .grad import pad_backward
-
-    a = call.attrs
-    x = call.args[0]
-    if not as_dtype(x.struct_info.dtype).is_float:
-        return [None]
-    if not any(b or e for b, e in a.pad_width):
-        return [output_grad]
-    if a.mode == "constant":
-        begin = tuple(b for b, _ in a.pad_width)
-        end = tuple(-e if e else None for _, e in a.pad_width)
-        return [strided_slice(output_grad, begin, end)]
-    return [pad_backward(output_grad, x, a.pad_width, a.pad_value, a.mode)]
+def _collapse_like_infer(call: Any) -> Any:
+    op = "collapse_sum_like"
+    data = tensor_arg(call, 0, op, "data")
+    target = tensor_arg(call, 1, op, "collapse_target")
+    _numeric(op, "data", data)
+    dshape, tshape = arg_shape(data), arg_shape(target)
+    if tshape is None:
+        return tensor_sinfo(None, data.dtype, ndim=arg_ndim(target))
+    if dshape is not None:
+        _collapse_axes(op, dshape, tshape)
+    return tensor_sinfo(tshape, data.dtype)
 
 
-pad = _declare(
-    "pad", ("x",), _pad_infer, _pad_compute, PadAttrs,
-    "Pad with a constant, the edge values, or a reflection (numpy ``pad``).",
-    gradient=_pad_grad,
+def _collapse_like_compute(data: te.Tensor, target: te.Tensor, attrs: Any = None) -> te.Tensor:
+    """Sum ``data`` down to the shape of ``collapse_target``."""
+    return _collapse_compute(data, target.shape, "collapse_sum_like")
+
+
+def _collapse_like_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    data = call.args[0]
+    return [broadcast_to(output_grad, shape_of(data, "collapse_sum_like gradient")), None]
+
+
+collapse_sum_like = register_op(
+    "collapse_sum_like",
+    inputs=("data", "collapse_target"),
+    infer=_collapse_like_infer,
+    pattern=OpPattern.COMM_REDUCE,
+    compute=_collapse_like_compute,
+    mixed_precision=MixedPrecision.FOLLOW,
+    gradient=_collapse_like_grad,
+    doc="Sum ``data`` down to the shape of ``collapse_target`` (which ``data``'s shape must be "
+    "a numpy broadcast of); the values of ``collapse_target`` are not used.",
 )
+
+
+@dataclass(frozen=True)
+class CollapseSumToAttrs:
+    """``shape``: the target shape (ints or PrimExprs); ``data`` must broadcast from it."""
+
+    shape: tuple[Any, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", shape_attr_value(self.shape, "collapse_sum_to"))
+
+
+def _collapse_to_infer(call: Any) -> Any:
+    op = "collapse_sum_to"
+    data = tensor_arg(call, 0, op, "data")
+    _numeric(op, "data", data)
+    target = tuple(as_dim(d) for d in call.attrs.shape)
+    dshape = arg_shape(data)
+    if dshape is not None:
+        _collapse_axes(op, dshape, target)
+    return tensor_sinfo(target, data.dtype)
+
+
+def _collapse_to_compute(data: te.Tensor, attrs: CollapseSumToAttrs) -> te.Tensor:
+    """Sum ``data`` down to ``shape``."""
+    return _collapse_compute(data, attrs.shape, "collapse_sum_to")
+
+
+def _collapse_to_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
+    return [broadcast_to(output_grad, shape_of(call.args[0], "collapse_sum_to gradient"))]
+
+
+collapse_sum_to = register_op(
+    "collapse_sum_to",
+    inputs=("data",),
+    attrs=CollapseSumToAttrs,
+    infer=_collapse_to_infer,
+    pattern=OpPattern.COMM_REDUCE,
+    compute=_collapse_to_compute,
+    mixed_precision=MixedPrecision.FOLLOW,
+    gradient=_collapse_to_grad,
+    doc="Sum ``data`` down to ``shape`` (the inverse of a numpy broadcast to data's shape).",
+)
+
+
+def unbroadcast(grad: Any, out_sinfo: Any, x: Any) -> Any:
+    """The adjoint of a broadcast input ``x``: ``grad`` (shaped like ``out_sinfo``) summed down
+    to ``x``'s shape, or ``grad`` itself when no broadcasting happened."""
+    if shapes_equal(arg_shape(out_sinfo), arg_shape(x.struct_info)):
+        return grad
+    return collapse_sum_like(grad, x)

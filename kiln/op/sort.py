@@ -38,14 +38,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import tir
+from ..graph import expr as gx
 from ..graph import shape_utils
+from ..graph.expr import Tuple, TupleGetItem
+from ..graph.struct_info import TupleStructInfo
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
-from .elementwise import arg_ndim, arg_shape, as_dim, const_int, tensor_sinfo
+from .common import arg_ndim, arg_shape, as_dim, const_int, kernel_dims, tensor_sinfo
+from .grad import zeros
+from .index import scatter_elements
 from .registry import MixedPrecision, OpPattern, get_op_def, register_op
-from .scan import _kernel_dims, schedule_scan
 
 __all__ = ["topk"]
 
@@ -73,8 +77,6 @@ class TopKAttrs:
 
 
 def _infer(call: Any) -> Any:
-    from ..graph.struct_info import TupleStructInfo
-
     x = shape_utils.tensor_sinfo(call, 0)
     attrs = call.attrs
     dtype = as_dtype(x.dtype)
@@ -164,13 +166,11 @@ def topk_prim_func(shape: Sequence[Any], dtype: Any, k: Any, axis: int, largest:
 
 
 def _legalize(bb: Any, call: Any) -> Any:
-    from ..graph import expr as gx
-
     x = call.args[0].struct_info
     if getattr(x, "shape", None) is None:
         raise StructInfoError(f"LegalizeOps: topk needs an input of known shape, got {x}")
     attrs = call.attrs
-    dims = _kernel_dims([*x.shape, as_dim(attrs.k)])
+    dims = kernel_dims([*x.shape, as_dim(attrs.k)])
     func = topk_prim_func(dims[:-1], x.dtype, dims[-1], attrs.axis, attrs.largest)
     func = func.with_attr("op_name", "topk").with_attr("op_pattern",
                                                        int(get_op_def("topk").pattern))
@@ -180,10 +180,6 @@ def _legalize(bb: Any, call: Any) -> Any:
 
 def _gradient(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     """The values' adjoint scattered to the selected positions of x (zeros elsewhere)."""
-    from ..graph.expr import Tuple, TupleGetItem
-    from .grad import zeros
-    from .index import scatter_elements
-
     x = call.args[0]
     if not as_dtype(x.struct_info.dtype).is_float:
         return [None]
@@ -200,7 +196,6 @@ topk = register_op(
     infer=_infer,
     pattern=OpPattern.OPAQUE,
     legalize=_legalize,
-    schedules={"c": schedule_scan},  # lines fused into one parallel loop, like a scan
     mixed_precision=MixedPrecision.FOLLOW,
     gradient=_gradient,
     doc="The k largest (or smallest) elements along ``axis``, sorted, and their int64 indices.",

@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 
 from .. import tir
+from ..graph import expr as gx
 from ..ir.dtype import as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
-from .elementwise import INDEX_DTYPE, arg_ndim, arg_shape, const_int, tensor_arg, tensor_sinfo
+from .common import INDEX_DTYPE, arg_ndim, arg_shape, const_int, tensor_arg, tensor_sinfo
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
-from .schedule_helpers import PARALLEL_MIN_WORK
 
 __all__ = ["ngram_count", "ngram_trie"]
 
@@ -161,8 +161,6 @@ def ngram_prim_func(x_shape: Sequence[Any], x_dtype: str, n_nodes: int, attrs: N
 
 
 def _legalize(bb: Any, call: Any) -> Any:
-    from ..graph import expr as gx
-
     x, trie = (a.struct_info for a in call.args)
     if getattr(x, "shape", None) is None or getattr(trie, "shape", None) is None:
         raise StructInfoError("LegalizeOps: ngram_count needs inputs of known shape")
@@ -177,19 +175,6 @@ def _legalize(bb: Any, call: Any) -> Any:
     return gx.call_tir(bb.add_func(func, "ngram_count"), list(call.args), call.struct_info)
 
 
-def schedule_ngram_count(sch: Any, target: Any) -> None:
-    """The loop over rows parallel when there is enough work (``row_work`` per row)."""
-    block = sch.get_block(sch.func.attrs.get("op_name", "ngram_count"))
-    loops = sch.get_loops(block)
-    if not loops:
-        return
-    rows = const_int(sch.get(loops[0]).extent)
-    work = int(sch.func.attrs.get("row_work", 1))
-    if getattr(target, "num_threads", 0) != 1 and (rows is None or (
-            rows > 1 and rows * work >= PARALLEL_MIN_WORK)):
-        sch.parallel(loops[0])
-
-
 ngram_count = register_op(
     "ngram_count",
     inputs=("x", "trie"),
@@ -197,7 +182,6 @@ ngram_count = register_op(
     infer=_infer,
     pattern=OpPattern.OPAQUE,
     legalize=_legalize,
-    schedules={"c": schedule_ngram_count},
     mixed_precision=MixedPrecision.NEVER,
     gradient=NON_DIFFERENTIABLE,
     doc="Occurrences of pool n-grams (a trie) in each row of an integer tensor, with skips, "

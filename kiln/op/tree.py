@@ -37,12 +37,12 @@ from typing import Any
 import numpy as np
 
 from .. import tir
+from ..graph import expr as gx
 from ..ir.dtype import as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
-from .elementwise import INDEX_DTYPE, arg_ndim, arg_shape, const_int, tensor_arg, tensor_sinfo
+from .common import INDEX_DTYPE, arg_ndim, arg_shape, const_int, tensor_arg, tensor_sinfo
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
-from .schedule_helpers import PARALLEL_MIN_WORK
 
 __all__ = ["tree_ensemble"]
 
@@ -175,8 +175,6 @@ def tree_prim_func(shapes: list[Any], dtypes: list[str], attrs: TreeEnsembleAttr
 
 
 def _legalize(bb: Any, call: Any) -> Any:
-    from ..graph import expr as gx
-
     sinfos = [a.struct_info for a in call.args]
     if any(getattr(si, "shape", None) is None for si in sinfos):
         raise StructInfoError("LegalizeOps: tree_ensemble needs inputs of known shape")
@@ -187,20 +185,6 @@ def _legalize(bb: Any, call: Any) -> Any:
     return gx.call_tir(bb.add_func(func, "tree_ensemble"), list(call.args), call.struct_info)
 
 
-def schedule_tree_ensemble(sch: Any, target: Any) -> None:
-    """The loop over rows parallel when there is enough work (each row walks every tree:
-    ``tree_steps`` per row)."""
-    block = sch.get_block(sch.func.attrs.get("op_name", "tree_ensemble"))
-    loops = sch.get_loops(block)
-    if not loops:
-        return
-    rows = const_int(sch.get(loops[0]).extent)
-    steps = int(sch.func.attrs.get("tree_steps", 1))  # trees * (depth + 1) per row
-    if getattr(target, "num_threads", 0) != 1 and (rows is None or (
-            rows > 1 and rows * steps >= PARALLEL_MIN_WORK)):
-        sch.parallel(loops[0])
-
-
 tree_ensemble = register_op(
     "tree_ensemble",
     inputs=tuple(name for name, _, _ in _ARGS),
@@ -208,7 +192,6 @@ tree_ensemble = register_op(
     infer=_infer,
     pattern=OpPattern.OPAQUE,
     legalize=_legalize,
-    schedules={"c": schedule_tree_ensemble},
     mixed_precision=MixedPrecision.NEVER,
     gradient=NON_DIFFERENTIABLE,
     doc="Evaluate a tree ensemble given as node/leaf tables (ONNX ai.onnx.ml TreeEnsemble).",

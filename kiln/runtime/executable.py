@@ -1,54 +1,61 @@
 """Executable: compiled kernels + execution plans + constants, saved to and loaded from one file.
 
-File format (little-endian), version 2 (version 1 files, without memory plans and native
-entries, are rejected with ModelFormatError: rebuild them)::
+The file (``kiln.runtime.file_format``: magic number, format version 3, named sections each
+with a sha256 checked at load) holds these sections::
 
-    b"KILNEXE\\0"  magic
-    u32           format version
-    u32           number of distinct data types, then each packed with kiln.ir.abi.DTYPE_STRUCT
-                  (derived from DTYPE_LAYOUT; JSON below refers to data types by index)
-    u64 + bytes   JSON header: kernels' FunctionInfo, plans (with their workspace offsets,
-                  workspace size and whole-model entry symbol), constant table
-    u64 + bytes   the shared library
-    u64 + bytes   the generated source
-    u64 + bytes   constant data (each constant at the offset the header gives)
+    meta        JSON: kiln's version, the target (``Target.spec``), the machine architecture
+                and the CPU features the code needs (``kiln.load`` refuses the file on a CPU
+                lacking any of them, before loading the library)
+    dtypes      the distinct data types, each packed with kiln.ir.abi.DTYPE_STRUCT (derived
+                from DTYPE_LAYOUT; JSON refers to data types by index)
+    header      JSON: kernels' FunctionInfo, plans (with their workspace offsets, workspace
+                size and whole-model entry symbol), constant table
+    library     the shared library
+    source      the generated source
+    constants   constant data (each constant at the offset the header gives)
+
+followed by any extra sections a code generator added (``Executable.add_section``: for example
+device code for a GPU target), kept verbatim.
 
 A loaded executable runs without recompiling: the library is written to the kernel cache under
-its content hash and loaded from there.
+its content hash and loaded from there. Where the cache cannot be written (a read-only
+directory), the library is loaded from an anonymous in-memory file instead.
 """
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import hashlib
 import json
 import os
-import struct
 import tempfile
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..ir import abi
 from ..ir.dtype import DataType
-from ..ir.errors import KilnError, ModelFormatError
-from . import memory_plan, shape_expr
+from ..ir.errors import KilnError, ModelFormatError, TargetError
+from ..target.cpu import host_features, host_machine
+from ..version import __version__
+from . import cache, file_format, memory_plan, profiling, pytree, shape_expr, threads
 from .executor import Executor
 from .module import FunctionInfo, Module, ParamInfo
-from .plan import Plan
+from .plan import Plan, TensorInfo
+from .profiling import Profile
 
-MAGIC = b"KILNEXE\0"
-VERSION = 2
+MAGIC = file_format.MAGIC
+VERSION = file_format.VERSION
+#: The sections every executable file has (``Executable.add_section`` may not use these names).
+CORE_SECTIONS = ("meta", "dtypes", "header", "library", "source", "constants")
 
 
 def cache_dir() -> str:
-    """Where compiled libraries live: $KILN_CACHE_DIR, $XDG_CACHE_HOME/kiln or ~/.cache/kiln."""
-    root = os.environ.get("KILN_CACHE_DIR")
-    if not root:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = os.path.join(xdg, "kiln")
+    """Where compiled libraries live (``kiln.runtime.cache.cache_dir``), created if missing."""
+    root = cache.cache_dir()
     os.makedirs(root, exist_ok=True)
-    return root
+    return str(root)
 
 
 class Executable:
@@ -58,53 +65,127 @@ class Executable:
     function; ``exe.save(path)`` writes one file that ``kiln.load`` reads back.
     """
 
-    def __init__(self, module: Module, plans: dict[str, Plan]):
+    def __init__(self, module: Module, plans: dict[str, Plan], target: str = "c",
+                 required_features: frozenset[str] | None = None,
+                 kiln_version: str = __version__, machine: str | None = None):
         self.module = module
         self.plans = dict(plans)
+        #: The target the code was built for (``Target.spec``: ``"c"``, ``"c -mcpu=znver3"``).
+        self.target = target
+        #: CPU features (/proc/cpuinfo names) the code may use; ``kiln.load`` checks them.
+        self.required_features = frozenset(required_features or ())
+        #: The kiln that built the code, and the machine architecture it is for.
+        self.kiln_version = kiln_version
+        self.machine = machine or host_machine()
+        #: Extra named sections saved with the file (see :meth:`add_section`).
+        self.sections: dict[str, bytes] = {}
         self._executors: dict[str, Executor] = {}
         self._main: Executor | None = None  # what calling the executable runs
+        self._num_threads: int | None = None
+
+    def _plan(self, name: str) -> Plan:
+        try:
+            return self.plans[name]
+        except KeyError:
+            raise KilnError(
+                f"executable has no function {name!r} (it has: {', '.join(self.plans)})"
+            ) from None
 
     def _executor(self, name: str) -> Executor:
         ex = self._executors.get(name)
         if ex is None:
-            if name not in self.plans:
-                raise KilnError(
-                    f"executable has no function {name!r} (it has: {', '.join(self.plans)})"
-                )
-            ex = self._executors[name] = Executor(self.plans[name], self.module)
+            self._plan(name)
+            check_runs_here(self.meta(), "this executable")
+            ex = self._executors[name] = Executor(self.plans[name], self.module,
+                                                  self._num_threads)
         return ex
 
     def __getitem__(self, name: str):
         ex = self._executor(name)
-        return lambda *args, **kwargs: ex.run(*_order(ex.plan, args, kwargs))
+        return lambda *args, **kwargs: _call(ex, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         ex = self._main
         if ex is None:
-            ex = self._main = self._executor("main" if "main" in self.plans
-                                             else next(iter(self.plans)))
+            ex = self._main = self._executor(self.main_name)
+        if ex.plan.input_tree is not None:
+            return _call(ex, args, kwargs)
         return ex.run(*args) if not kwargs else ex.run(*_order(ex.plan, args, kwargs))
 
-    def profile(self, *args: Any, repeat: int = 10, **kwargs: Any) -> str:
-        """A table of main's kernels, slowest first: calls per run, median milliseconds per
-        run and share of the total (inputs as for calling the executable). What TVM's debug
-        executor gives: where a model's time goes, kernel by kernel."""
-        name = "main" if "main" in self.plans else next(iter(self.plans))
-        ex = self._executor(name)
-        rows = ex.profile(*_order(ex.plan, args, kwargs), repeat=repeat)
-        total = sum(t for _, _, t in rows) or 1.0
-        width = max([len(r[0]) for r in rows] + [6])
-        lines = [f"{'kernel':{width}s} {'calls':>5s} {'ms':>9s} {'share':>6s}"]
-        for kname, n, t in rows:
-            lines.append(f"{kname:{width}s} {n:5d} {t * 1e3:9.3f} {t / total:6.1%}")
-        lines.append(f"{'total':{width}s} {sum(n for _, n, _ in rows):5d} {total * 1e3:9.3f}")
-        return "\n".join(lines)
+    @property
+    def main_name(self) -> str:
+        """The graph function calling the executable runs: ``main``, else the first one."""
+        return "main" if "main" in self.plans else next(iter(self.plans))
+
+    # ---- onnxruntime-style description and call -----------------------------------------
+    @property
+    def inputs(self) -> list[TensorInfo]:
+        """main's inputs in call order: name, shape (names for symbolic dims), dtype (as
+        onnxruntime's ``get_inputs()``)."""
+        return self.plans[self.main_name].inputs
+
+    @property
+    def outputs(self) -> list[TensorInfo]:
+        """main's outputs in the order :meth:`run` returns them, named after the model's
+        outputs (an ONNX graph's output names; ``output_0``... for a graph built in Python)."""
+        return self.plans[self.main_name].output_infos
+
+    def run(self, feeds: Mapping[str, Any] | Sequence[Any],
+            output_names: Sequence[str] | None = None, as_dict: bool = False) -> Any:
+        """Run main as onnxruntime's ``session.run`` does: ``feeds`` maps input names to
+        arrays (or lists them in input order); the result is the list of outputs named by
+        ``output_names`` in that order (all of them when None), or a ``{name: array}`` dict
+        with ``as_dict``. Nested tuple results are flattened, in the order of
+        :attr:`outputs`."""
+        plan = self.plans[self.main_name]
+        names = plan.output_names
+        if output_names is None:
+            picked = list(range(len(names)))
+        else:
+            if isinstance(output_names, str):
+                raise KilnError("run: output_names must be a list of names, got the string "
+                                f"{output_names!r}")
+            unknown = [n for n in output_names if n not in names]
+            if unknown:
+                raise KilnError(f"run: unknown output name(s) {unknown}; the outputs are "
+                                f"{names}")
+            picked = [names.index(n) for n in output_names]
+        if isinstance(feeds, Mapping):
+            result = self(**dict(feeds))
+        elif isinstance(feeds, Sequence) and not isinstance(feeds, (str, bytes)):
+            result = self(*feeds)
+        else:
+            raise KilnError(f"run: feeds must be a dict of input name -> array or a list of "
+                            f"arrays, got {type(feeds).__name__}")
+        flat = flatten_outputs(result)
+        if as_dict:
+            return {names[i]: flat[i] for i in picked}
+        return [flat[i] for i in picked]
+
+    def profile(self, *args: Any, repeat: int = 10, trace: str | None = None,
+                **kwargs: Any) -> Profile:
+        """Time main's kernels over ``repeat`` runs (inputs as for calling the executable):
+        a :class:`~kiln.runtime.profiling.Profile` whose rows give, per kernel, its calls per
+        run, median time per run, share of the total, its calls' shapes and the model nodes
+        it was made from; ``str()`` of it is a table, slowest first. ``trace``: also write a
+        Chrome trace of the runs to that path. What TVM's debug executor gives: where a
+        model's time goes, kernel by kernel, named after the model."""
+        ex = self._executor(self.main_name)
+        calls, samples, env = ex.sample_calls(*_order(ex.plan, args, kwargs), repeat=repeat)
+        prof = profiling.make_profile(ex.plan, calls, samples, env)
+        if trace is not None:
+            try:
+                prof.write_chrome_trace(trace)
+            except OSError as err:
+                raise KilnError(f"cannot write the trace {trace}: {err.strerror or err}"
+                                ) from err
+        return prof
 
     def call_times(self, *args: Any, repeat: int = 10, **kwargs: Any) -> list[tuple[str, float]]:
         """Median wall time of each kernel call of main, in the order the calls run:
         ``(kernel, seconds)``. With a native entry the kernels are timed inside it, one after
         the other as in a normal run."""
-        name = "main" if "main" in self.plans else next(iter(self.plans))
+        name = self.main_name
         ex = self._executor(name)
         kernels, samples = ex.call_samples(*_order(ex.plan, args, kwargs), repeat=repeat)
         return [(k, float(t)) for k, t in zip(kernels, np.median(samples, axis=0))]
@@ -112,7 +193,7 @@ class Executable:
     @property
     def num_kernels(self) -> int:
         """Kernel calls made by one run of main."""
-        name = "main" if "main" in self.plans else next(iter(self.plans))
+        name = self.main_name
         return self.plans[name].num_kernels
 
     def summary(self) -> str:
@@ -123,7 +204,9 @@ class Executable:
                 f"[{', '.join(shape_expr.to_str(c) for c in plan.slots[s].shape)}]"
                 for n, s in zip(plan.input_names, plan.input_slots)
             )
-            lines.append(f"  {name}({ins}): {plan.num_kernels} kernel calls")
+            outs = ", ".join(f"{o.name}: {o.dtype}[{', '.join(map(str, o.shape))}]"
+                             for o in plan.output_infos)
+            lines.append(f"  {name}({ins}) -> ({outs}): {plan.num_kernels} kernel calls")
             for c in plan.calls:
                 lines.append(f"    {c.func}({', '.join(map(str, c.args))})")
         return "\n".join(lines)
@@ -132,7 +215,7 @@ class Executable:
     @property
     def workspace_bytes(self) -> int:
         """Workspace bytes of main's memory plan (the peak of its static intermediates)."""
-        name = "main" if "main" in self.plans else next(iter(self.plans))
+        name = self.main_name
         return self.plans[name].workspace_bytes
 
     def memory_report(self) -> dict[str, dict[str, Any]]:
@@ -145,32 +228,30 @@ class Executable:
             report[name] = stats
         return report
 
-    def set_num_threads(self, n: int) -> None:
-        """Use ``n`` OpenMP threads for later runs from the calling thread.
+    def set_num_threads(self, n: int | None) -> None:
+        """Run later calls of this executable with ``n`` threads, from whichever thread they
+        are made (None: back to the default, ``KILN_NUM_THREADS``, else ``OMP_NUM_THREADS``,
+        else every CPU the process may use).
 
-        This calls ``omp_set_num_threads``: OpenMP keeps the setting per process *thread* (it
-        applies to runs started from the thread that set it, in this and every other kiln
-        executable of the process). Kernels compiled for a target with an explicit
-        ``num_threads`` keep that count.
+        The count belongs to the executable: other executables keep theirs, and each call
+        applies it in its own thread (``kiln.runtime.threads``). Concurrent calls share the
+        library's thread pool (docs/executables.md, "Calls from several threads"). Kernels
+        compiled for a target with an explicit ``num_threads`` keep that count.
         """
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise KilnError(f"set_num_threads: expected a positive int, got {n!r}")
-        fn = self._native("kiln_set_num_threads")
-        fn.restype, fn.argtypes = None, (ctypes.c_int32,)
-        fn(n)
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+            raise KilnError(f"set_num_threads: expected a positive int or None, got {n!r}")
+        self._num_threads = n
+        for ex in self._executors.values():
+            ex.num_threads = n
+
+    @property
+    def num_threads(self) -> int | None:
+        """The thread count set with :meth:`set_num_threads` (None: the default)."""
+        return self._num_threads
 
     def get_max_threads(self) -> int:
-        """OpenMP's thread count for the next parallel region started from this thread."""
-        fn = self._native("kiln_get_max_threads")
-        fn.restype, fn.argtypes = ctypes.c_int32, ()
-        return int(fn())
-
-    def _native(self, symbol: str) -> Any:
-        try:
-            return getattr(self.module.lib, symbol)
-        except AttributeError:
-            raise KilnError(f"library {self.module.lib_path} lacks {symbol} (not built by "
-                            "kiln.build)") from None
+        """How many threads a call made now from this thread uses."""
+        return threads.effective_count(threads.setter(self.module), self._num_threads)
 
     # ---- native export -------------------------------------------------------------------
     def export_native(self, directory: str, name: str = "main") -> None:
@@ -190,8 +271,7 @@ class Executable:
         ``examples/run_from_c.c`` reads it. Only functions with a native entry over static
         shapes can be exported.
         """
-        self._executor(name)  # validates the name
-        plan = self.plans[name]
+        plan = self._plan(name)
         if plan.entry is None or plan.entry_sym_dims is not None:
             raise KilnError(f"export_native: function {name!r} has symbolic shapes (its native "
                             "entry, if any, needs the shapes planned per call by kiln's runtime)")
@@ -223,8 +303,37 @@ class Executable:
         with open(os.path.join(directory, "manifest.txt"), "w") as f:
             f.write("\n".join(lines) + "\n")
 
+    # ---- extra sections ------------------------------------------------------------------
+    def add_section(self, name: str, data: bytes) -> None:
+        """Save ``data`` with the executable as section ``name`` (checksummed like the core
+        sections and returned by :meth:`section` after ``kiln.load``): where a code generator
+        keeps what the CPU library does not hold, such as device code of a GPU target."""
+        if not isinstance(name, str) or not name or len(name.encode("utf-8")) > 255:
+            raise KilnError(f"section name must be a non-empty string of at most 255 bytes, "
+                            f"got {name!r}")
+        if name in CORE_SECTIONS:
+            raise KilnError(f"section name {name!r} is reserved (core sections: "
+                            f"{', '.join(CORE_SECTIONS)})")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise KilnError(f"section {name!r}: expected bytes, got {type(data).__name__}")
+        self.sections[name] = bytes(data)
+
+    def section(self, name: str) -> bytes:
+        """The bytes of extra section ``name`` (KilnError listing the sections if absent)."""
+        try:
+            return self.sections[name]
+        except KeyError:
+            raise KilnError(f"executable has no section {name!r} (extra sections: "
+                            f"{', '.join(self.sections) or 'none'})") from None
+
     # ---- persistence --------------------------------------------------------------------
+    def meta(self) -> dict[str, Any]:
+        """What the file's ``meta`` section records (see the module docstring)."""
+        return {"kiln_version": self.kiln_version, "format": VERSION, "target": self.target,
+                "machine": self.machine, "required_features": sorted(self.required_features)}
+
     def save(self, path: str) -> None:
+        """Write the executable to ``path`` (one file, see the module docstring)."""
         dtypes: dict[DataType, int] = {}
 
         def idx(dt: DataType) -> int:
@@ -257,19 +366,45 @@ class Executable:
             pj["constants"] = table
             plans_json[name] = pj
         header = json.dumps({"kernels": kernels, "plans": plans_json}).encode()
-        with open(self.module.lib_path, "rb") as f:
-            lib = f.read()
-        source = self.module.source.encode()
+        try:
+            with open(self.module.lib_path, "rb") as f:
+                lib = f.read()
+        except OSError as err:
+            raise KilnError(f"cannot read the executable's library {self.module.lib_path}: "
+                            f"{err}") from err
         ordered = sorted(dtypes, key=dtypes.__getitem__)
-        parts = [MAGIC, struct.pack("<II", VERSION, len(ordered))]
-        parts += [abi.pack_dtype(dt) for dt in ordered]
-        for blob in (header, lib, source, bytes(const_blob)):
-            parts += [struct.pack("<Q", len(blob)), blob]
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            for p in parts:
-                f.write(p)
-        os.replace(tmp, path)
+        sections = [
+            ("meta", json.dumps(self.meta()).encode()),
+            ("dtypes", b"".join(abi.pack_dtype(dt) for dt in ordered)),
+            ("header", header),
+            ("library", lib),
+            ("source", self.module.source.encode()),
+            ("constants", bytes(const_blob)),
+            *self.sections.items(),
+        ]
+        try:
+            file_format.write(path, sections)
+        except OSError as err:
+            raise KilnError(f"cannot write executable {path}: {err.strerror or err}") from err
+
+
+def flatten_outputs(result: Any) -> list[Any]:
+    """The arrays of a call's result (an array or nested tuples of them), in order."""
+    if isinstance(result, tuple):
+        return [a for r in result for a in flatten_outputs(r)]
+    return [result]
+
+
+def _call(ex: Executor, args: tuple, kwargs: dict) -> Any:
+    """Run ``ex`` on a call's arguments: flattened and rebuilt along the plan's call trees
+    when it has them (``kiln.runtime.pytree``), else as flat inputs."""
+    plan = ex.plan
+    if plan.input_tree is None:
+        return ex.run(*_order(plan, args, kwargs))
+    out = ex.run(*pytree.flatten_call(args, kwargs, plan.input_tree))
+    if plan.output_tree is None:
+        return out
+    return pytree.unflatten(out if isinstance(out, tuple) else (out,), plan.output_tree)
 
 
 def _order(plan: Plan, args: tuple, kwargs: dict) -> list[Any]:
@@ -292,55 +427,99 @@ def _order(plan: Plan, args: tuple, kwargs: dict) -> list[Any]:
     return values
 
 
-class _Reader:
-    def __init__(self, data: bytes, path: str):
-        self.data, self.pos, self.path = data, 0, path
+def check_runs_here(meta: dict[str, Any], path: str) -> None:
+    """Refuse (TargetError) an executable built for another architecture or for CPU features
+    this CPU lacks: its code would die of an illegal instruction."""
+    machine = meta.get("machine")
+    if machine and machine != host_machine():
+        raise TargetError(f"{path} was built for {machine} (target {meta.get('target')!r}); "
+                          f"this machine is {host_machine()}")
+    have = host_features()
+    missing = sorted(set(meta.get("required_features") or ()) - have) if have else []
+    if missing:
+        raise TargetError(
+            f"{path} was built for target {meta.get('target')!r}, whose code uses CPU "
+            f"features this CPU lacks: {', '.join(missing)}. Build the model for a CPU this "
+            "machine has (for example Target('c', mcpu='x86-64-v3'), `kiln compile --target "
+            "x86-64-v3`, or the default 'native' on this machine)")
 
-    def take(self, n: int) -> bytes:
-        if self.pos + n > len(self.data):
-            raise ModelFormatError(f"{self.path}: truncated kiln executable")
-        out = self.data[self.pos:self.pos + n]
-        self.pos += n
-        return out
 
-    def unpack(self, fmt: str) -> tuple:
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))
-
-    def blob(self) -> bytes:
-        (n,) = self.unpack("<Q")
-        return self.take(n)
+def _library_file(lib: bytes, path: str) -> tuple[str, Any]:
+    """A file holding ``lib`` to load: the cache's copy (written if missing or different), or,
+    where the cache cannot be written, an anonymous in-memory file (Linux) or a private
+    temporary file. Returns the path and an object to keep alive while the library is used."""
+    digest = hashlib.sha256(lib).hexdigest()[:32]
+    try:
+        root = cache_dir()
+        lib_path = os.path.join(root, f"exe-{digest}.so")
+        try:
+            with open(lib_path, "rb") as f:
+                same = f.read() == lib
+        except FileNotFoundError:
+            same = False
+        if same:
+            cache.touch(lib_path)
+            return lib_path, None
+        fd, tmp = tempfile.mkstemp(dir=root, suffix=".so.tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(lib)
+            os.replace(tmp, lib_path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        cache.evict(keep=lib_path)
+        return lib_path, None
+    except OSError:
+        pass  # a read-only (or full) cache: load without it
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create(f"kiln-{digest}.so")
+        holder = os.fdopen(fd, "wb")
+        holder.write(lib)
+        holder.flush()
+        return f"/proc/self/fd/{fd}", holder
+    handle = tempfile.NamedTemporaryFile(prefix="kiln-", suffix=".so")  # noqa: SIM115
+    handle.write(lib)
+    handle.flush()
+    return handle.name, handle
 
 
 def load(path: str) -> Executable:
-    """Load an executable saved with :meth:`Executable.save` (no compiler needed)."""
+    """Load an executable saved with :meth:`Executable.save` (no compiler needed).
+
+    Raises ModelFormatError for a file that is not a kiln executable, is of an unknown format
+    version or fails a section's checksum (naming the section), and TargetError for code this
+    CPU cannot run."""
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as err:
-        raise ModelFormatError(f"cannot read kiln executable {path}: {err}") from err
-    r = _Reader(data, path)
-    if r.take(len(MAGIC)) != MAGIC:
-        raise ModelFormatError(f"{path} is not a kiln executable (bad magic)")
-    version, ndtypes = r.unpack("<II")
-    if version != VERSION:
-        raise ModelFormatError(
-            f"{path}: unsupported executable version {version} (this kiln reads version "
-            f"{VERSION}; rebuild and save the model again)"
-        )
-    dtypes = [abi.unpack_dtype(r.take(abi.DTYPE_STRUCT.size)) for _ in range(ndtypes)]
+        raise ModelFormatError(f"cannot read kiln executable {path}: "
+                               f"{err.strerror or err}") from err
+    sections = file_format.read(data, path)
+    missing = [n for n in CORE_SECTIONS if n not in sections]
+    if missing:
+        raise ModelFormatError(f"{path}: malformed kiln executable (no section(s) "
+                               f"{', '.join(missing)})")
     try:
-        header = json.loads(r.blob().decode())
+        meta = json.loads(bytes(sections["meta"]).decode())
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ModelFormatError(f"{path}: malformed meta section ({err})") from err
+    check_runs_here(meta, path)
+    raw_dtypes = bytes(sections["dtypes"])
+    size = abi.DTYPE_STRUCT.size
+    if len(raw_dtypes) % size:
+        raise ModelFormatError(f"{path}: malformed dtypes section ({len(raw_dtypes)} bytes)")
+    dtypes = [abi.unpack_dtype(raw_dtypes, i) for i in range(0, len(raw_dtypes), size)]
+    try:
+        header = json.loads(bytes(sections["header"]).decode())
+        source = bytes(sections["source"]).decode()
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ModelFormatError(f"{path}: corrupt header ({err})") from err
-    lib, source, const_blob = r.blob(), r.blob().decode(), r.blob()
-
-    digest = hashlib.sha256(lib).hexdigest()[:32]
-    lib_path = os.path.join(cache_dir(), f"exe-{digest}.so")
-    if not os.path.exists(lib_path):
-        fd, tmp = tempfile.mkstemp(dir=cache_dir(), suffix=".so")
-        with os.fdopen(fd, "wb") as f:
-            f.write(lib)
-        os.replace(tmp, lib_path)
+    const_blob = sections["constants"]
     try:
         functions = {
             k["name"]: FunctionInfo(
@@ -365,11 +544,19 @@ def load(path: str) -> Executable:
             plans[name] = Plan.from_json(pj, dtypes, constants)
     except (KeyError, IndexError, TypeError, ValueError) as err:
         raise ModelFormatError(f"{path}: malformed executable header ({err})") from err
-    module = Module(lib_path, source, functions)
+    lib_path, holder = _library_file(bytes(sections["library"]), path)
+    module = Module(lib_path, source, functions, keep_alive=holder)
     for name, plan in plans.items():
         if plan.entry is not None and not hasattr(module.lib, plan.entry):
             raise ModelFormatError(
                 f"{path}: function {name!r} names native entry {plan.entry!r}, which the "
                 "library lacks"
             )
-    return Executable(module, plans)
+    exe = Executable(module, plans, target=str(meta.get("target", "c")),
+                     required_features=frozenset(meta.get("required_features") or ()),
+                     kiln_version=str(meta.get("kiln_version", "?")),
+                     machine=meta.get("machine"))
+    for name, view in sections.items():
+        if name not in CORE_SECTIONS:
+            exe.sections[name] = bytes(view)
+    return exe

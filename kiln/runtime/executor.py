@@ -1,12 +1,19 @@
 """Executor: runs a graph function's Plan by calling its native kernels in order.
 
 Inputs are checked against the function's signature before any kernel touches memory (a wrong
-shape or dtype raises ArgumentError naming the input and both values). Constants are bound once;
-intermediates of static shape live in one workspace, allocated when the executor is made and
-laid out by the plan's memory plan (``memory_plan``: temps not live at the same time share
-bytes), reused by every run; intermediates of symbolic shape are allocated per run; outputs are
-fresh arrays each run, owned by the caller. An executor is therefore not re-entrant: use one
-per thread.
+shape or dtype raises ArgumentError naming the input and both values). Constants are bound once
+and shared by every call; intermediates of static shape live in a workspace laid out by the
+plan's memory plan (``memory_plan``: temps not live at the same time share bytes);
+intermediates of symbolic shape are allocated per run; outputs are fresh arrays each run, owned
+by the caller.
+
+Calls are thread-safe: everything a call writes besides its outputs -- the workspace, the
+pointer arrays handed to the native entry, the frames of symbolic bindings -- is a
+:class:`CallState`. A call takes one from the executor's pool (a new one when every state is
+busy) and puts it back afterwards, so concurrent calls from several Python threads never share
+one, and a thread that calls again reuses a warm workspace. ctypes releases the GIL around the
+native call, so concurrent calls really run at the same time; their parallel loops run on the
+library's thread pool with the executable's thread count (``kiln.runtime.threads``).
 
 Plans with host steps (run-time shapes, ``kiln.runtime.shape_funcs``) bind symbolic names while
 they run: a shape function step reads tensor values on the host, a match step binds the graph's
@@ -40,7 +47,7 @@ from ..ir.errors import (
     internal_error,
 )
 from ..ir.span import describe
-from . import host_funcs, memory_plan, shape_expr, shape_funcs
+from . import host_funcs, memory_plan, shape_expr, shape_funcs, threads
 from .ndarray import data_address
 from .plan import Plan
 
@@ -141,23 +148,73 @@ class _Frame:
             self.temps[i] = base + self.offsets[slot] if slot in self.offsets else None
 
 
-class Executor:
-    """Runs one Plan against a loaded native Module."""
+#: Call states an executor keeps for reuse; more concurrent calls make extra ones, dropped
+#: after use (each holds a workspace of ``plan.workspace_bytes``).
+POOL_SIZE = 8
 
-    def __init__(self, plan: Plan, module: Any):
+
+class CallState:
+    """What one call writes besides its outputs (see the module docstring): the workspace and
+    the static temps in it (or beside it, for temps the memory plan left out), the input and
+    output pointer arrays of the native entry, and, for an entry over symbolic shapes, the
+    frames of the bindings seen so far with the workspace they point into."""
+
+    def __init__(self, plan: Plan, num_outputs: int):
+        # made once a call's inputs passed the checks, and only if one run fits the memory
+        # limit (a MemoryLimitError giving the size otherwise)
+        memory_plan.check_run_memory(plan)
+        self.workspace = memory_plan.aligned_workspace(plan.workspace_bytes)
+        self.ws_ptr = self.workspace.ctypes.data
+        self.temps: dict[int, np.ndarray] = {}
+        for slot, spec in enumerate(plan.slots):
+            if slot in plan.workspace_offsets:
+                self.temps[slot] = memory_plan.temp_view(self.workspace, plan, slot)
+            elif spec.kind == "temp" and all(shape_expr.is_static(d) for d in spec.shape):
+                self.temps[slot] = memory_plan.aligned_empty(spec.shape, spec.dtype.to_numpy())
+        self.in_ptrs = (ctypes.c_void_p * max(len(plan.input_slots), 1))()
+        self.out_ptrs = (ctypes.c_void_p * max(num_outputs, 1))()
+        self.frames: dict[tuple[tuple[str, int], ...], _Frame] = {}
+        self.dyn_workspace = memory_plan.aligned_workspace(0)
+
+    def frame(self, plan: Plan, env: dict[str, int]) -> _Frame:
+        """The frame of this binding of the symbolic names, made (and the workspace grown)
+        on its first use."""
+        key = tuple(sorted(env.items()))
+        frame = self.frames.get(key)
+        if frame is not None:
+            return frame
+        frame = _Frame(plan, env)
+        memory_plan.check_run_memory(plan, frame.shapes, frame.nbytes)
+        if frame.nbytes > self.dyn_workspace.nbytes:
+            # the frames made so far point into the old buffer
+            self.frames.clear()
+            self.dyn_workspace = memory_plan.aligned_workspace(frame.nbytes)
+        frame.place(self.dyn_workspace.ctypes.data)
+        if len(self.frames) >= MAX_FRAMES:
+            self.frames.pop(next(iter(self.frames)))
+        self.frames[key] = frame
+        return frame
+
+
+class Executor:
+    """Runs one Plan against a loaded native Module (thread-safe, see the module docstring).
+
+    ``num_threads``: the thread count of this executor's calls, from whichever thread they are
+    made (None: the library's default, see ``kiln.runtime.threads``)."""
+
+    def __init__(self, plan: Plan, module: Any, num_threads: int | None = None):
         self.plan = plan
         self.module = module
-        self._static: dict[int, np.ndarray] = {}
-        for slot, spec in enumerate(plan.slots):
-            if spec.kind == "const":
-                const = plan.constants[slot]
-                # plans made by kiln.build or kiln.load hold aligned constants already (no
-                # copy then)
-                self._static[slot] = memory_plan.aligned_copy(const)
-        # the workspace and static temps are allocated by the first run, once its inputs are
-        # checked (_allocate), and only within the memory limit
-        self.workspace: np.ndarray | None = None
-        self._ws_ptr: int | None = None
+        self.num_threads = num_threads
+        self._set_threads = threads.setter(module)
+        #: Constants, bound once and shared by every call (read only).
+        self._consts_by_slot: dict[int, np.ndarray] = {
+            # plans made by kiln.build or kiln.load hold aligned constants already (no copy)
+            slot: memory_plan.aligned_copy(plan.constants[slot])
+            for slot, spec in enumerate(plan.slots) if spec.kind == "const"
+        }
+        self._out_slots = [s for s, spec in enumerate(plan.slots) if spec.kind == "output"]
+        self._pool: list[CallState] = []
         self._entry = self._profile_entry = None
         self._fast = None
         self._fast_outputs: Any = None
@@ -166,6 +223,19 @@ class Executor:
             self._fast = self._fast_path()
         else:
             self._funcs = {c.func: module[c.func] for c in plan.calls if c.is_kernel}
+
+    # ---- per-call state -----------------------------------------------------------------
+    def acquire(self) -> CallState:
+        """A call state no other call is using (from the pool, else a new one)."""
+        try:
+            return self._pool.pop()  # atomic: concurrent calls never get the same state
+        except IndexError:
+            return CallState(self.plan, len(self._out_slots))
+
+    def release(self, state: CallState) -> None:
+        """Give ``state`` back for later calls (kept only while the pool is small)."""
+        if len(self._pool) < POOL_SIZE:
+            self._pool.append(state)
 
     def _setup_entry(self, symbol: str) -> None:
         plan = self.plan
@@ -181,29 +251,10 @@ class Executor:
         if self._profile_entry is not None:
             self._profile_entry.restype = ctypes.c_int32
             self._profile_entry.argtypes = (ctypes.c_void_p,) * (nargs + 1)
-        self._frames: dict[tuple[tuple[str, int], ...], _Frame] = {}
-        self._dyn_workspace = memory_plan.aligned_workspace(0)
-        self._out_slots = [s for s, spec in enumerate(plan.slots) if spec.kind == "output"]
         self._out_specs = [(tuple(plan.slots[s].shape), plan.slots[s].dtype.to_numpy())
                            for s in self._out_slots]
-        consts = [self._static[s] for s in sorted(plan.constants)]
+        consts = [self._consts_by_slot[s] for s in sorted(plan.constants)]
         self._consts = (ctypes.c_void_p * max(len(consts), 1))(*[a.ctypes.data for a in consts])
-        self._in_ptrs = (ctypes.c_void_p * max(len(plan.input_slots), 1))()
-        self._out_ptrs = (ctypes.c_void_p * max(len(self._out_slots), 1))()
-
-    def _allocate(self) -> None:
-        """The static plan's workspace and the static temps outside it, allocated once, by the
-        first run after its inputs passed the checks, if one run fits the memory limit."""
-        plan = self.plan
-        memory_plan.check_run_memory(plan)
-        self.workspace = memory_plan.aligned_workspace(plan.workspace_bytes)
-        for slot, spec in enumerate(plan.slots):
-            if slot in plan.workspace_offsets:
-                self._static[slot] = memory_plan.temp_view(self.workspace, plan, slot)
-            elif spec.kind == "temp" and all(shape_expr.is_static(d) for d in spec.shape):
-                self._static[slot] = memory_plan.aligned_empty(spec.shape,
-                                                               spec.dtype.to_numpy())
-        self._ws_ptr = self.workspace.ctypes.data
 
     # ---- argument checking --------------------------------------------------------------
     def _bind_inputs(self, args: Sequence[Any]) -> tuple[list[np.ndarray], dict[str, int]]:
@@ -252,6 +303,8 @@ class Executor:
                             f"{fname}: input {name!r} expected shape "
                             f"{_fmt_shape(plan.slots[slot].shape)} but got {tuple(arr.shape)}"
                         )
+        if plan.dim_ranges:
+            self._check_ranges(env)
         for k, (name, arr) in enumerate(zip(plan.input_names, arrays)):
             if not arr.flags.c_contiguous:
                 memory_plan.check_memory(arr.nbytes, f"{fname}: input {name!r} (not contiguous: "
@@ -259,19 +312,42 @@ class Executor:
                 arrays[k] = np.ascontiguousarray(arr)
         return arrays, env
 
+    def _check_ranges(self, env: dict[str, int]) -> None:
+        """ArgumentError naming the input and axis of the first dim bound outside the range
+        the model was exported for (``plan.dim_ranges``)."""
+        plan = self.plan
+        for dim, (lo, hi) in plan.dim_ranges.items():
+            size = env.get(dim)
+            if size is None or (size >= lo and (hi is None or size <= hi)):
+                continue
+            where = next((f"input {n!r} axis {axis}"
+                          for n, slot in zip(plan.input_names, plan.input_slots)
+                          for axis, d in enumerate(plan.slots[slot].shape)
+                          if d == ["var", dim]), "an input")
+            raise ArgumentError(
+                f"{plan.name}: {where} has size {size}, outside the range "
+                f"[{lo}, {'inf' if hi is None else hi}] of dim {dim!r} the model was "
+                "exported for")
+
     # ---- running ------------------------------------------------------------------------
     def run(self, *args: Any) -> Any:
+        """One call. The inputs are checked before a call state (workspace) is taken; a
+        KilnError passes as it is, running out of memory is a MemoryLimitError and anything
+        else an InternalError naming the function (never a bare traceback)."""
+        threads.use(self._set_threads, self.num_threads)
         try:
             if self._fast is not None:
                 out = self._run_fast(args)
                 if out is not None:
                     return out
             arrays, env = self._bind_inputs(args)
-            if self._ws_ptr is None:
-                self._allocate()
-            if self._entry is not None:
-                return self._run_entry(arrays, env)
-            return self._run_steps(arrays, env, self._funcs)
+            state = self.acquire()
+            try:
+                if self._entry is not None:
+                    return self._run_entry(state, arrays, env)
+                return self._run_steps(state, arrays, env, self._funcs)
+            finally:
+                self.release(state)
         except KilnError:
             raise
         except MemoryError as err:
@@ -312,17 +388,20 @@ class Executor:
         specs = self._fast
         if len(args) != len(specs):
             return None
-        in_ptrs = self._in_ptrs
         for i, arr in enumerate(args):
             shape, dt = specs[i]
             if (type(arr) is not np.ndarray or arr.shape != shape or arr.dtype != dt
                     or not arr.flags.c_contiguous):
                 return None
-            in_ptrs[i] = data_address(arr)
-        if self._ws_ptr is None:
-            self._allocate()
-        outs = self._new_outputs()
-        rc = self._entry(in_ptrs, self._out_ptrs, self._ws_ptr, self._consts)
+        state = self.acquire()  # the inputs are right: now the workspace
+        try:
+            in_ptrs = state.in_ptrs
+            for i, arr in enumerate(args):
+                in_ptrs[i] = data_address(arr)
+            outs = self._new_outputs(state)
+            rc = self._entry(in_ptrs, state.out_ptrs, state.ws_ptr, self._consts)
+        finally:
+            self.release(state)
         if rc:
             raise self._check_failed(rc - 1)
         where = self._fast_outputs
@@ -330,11 +409,11 @@ class Executor:
             return outs[where]
         return _pick(where, outs)
 
-    def _new_outputs(self, shapes: Sequence[tuple[int, ...]] | None = None
+    def _new_outputs(self, state: CallState, shapes: Sequence[tuple[int, ...]] | None = None
                      ) -> list[np.ndarray]:
         """Fresh arrays for the entry's outputs (of these shapes, else the static ones), their
-        addresses set in the entry's output pointers."""
-        out_ptrs = self._out_ptrs
+        addresses set in the state's output pointers."""
+        out_ptrs = state.out_ptrs
         outs = []
         for i, (shape, dt) in enumerate(self._out_specs):
             arr = np.empty(shape if shapes is None else shapes[i], dt)
@@ -342,35 +421,22 @@ class Executor:
             outs.append(arr)
         return outs
 
-    def _frame(self, env: dict[str, int]) -> _Frame:
-        """The frame of this binding of the symbolic names, made (and the workspace grown)
-        on its first use."""
-        key = tuple(sorted(env.items()))
-        frame = self._frames.get(key)
-        if frame is not None:
-            return frame
-        frame = _Frame(self.plan, env)
-        memory_plan.check_run_memory(self.plan, frame.shapes, frame.nbytes)
-        if frame.nbytes > self._dyn_workspace.nbytes:
-            # the frames made so far point into the old buffer
-            self._frames.clear()
-            self._dyn_workspace = memory_plan.aligned_workspace(frame.nbytes)
-        frame.place(self._dyn_workspace.ctypes.data)
-        if len(self._frames) >= MAX_FRAMES:
-            self._frames.pop(next(iter(self._frames)))
-        self._frames[key] = frame
-        return frame
+    def _values(self, state: CallState, arrays: list[np.ndarray]) -> list[Any]:
+        """The arrays of a call's slots known before it runs: inputs, constants, static temps."""
+        values: list[Any] = [None] * len(self.plan.slots)
+        for slot, arr in zip(self.plan.input_slots, arrays):
+            values[slot] = arr
+        for table in (self._consts_by_slot, state.temps):
+            for slot, arr in table.items():
+                values[slot] = arr
+        return values
 
-    def _run_steps(self, arrays: list[np.ndarray], env: dict[str, int], funcs: dict[str, Any],
-                   times: list[float] | None = None) -> Any:
+    def _run_steps(self, state: CallState, arrays: list[np.ndarray], env: dict[str, int],
+                   funcs: dict[str, Any], times: list[float] | None = None) -> Any:
         """Run the plan call by call (host steps included); with ``times``, append each kernel
         call's wall time to it."""
         plan = self.plan
-        values: list[np.ndarray | None] = [None] * len(plan.slots)
-        for slot, arr in zip(plan.input_slots, arrays):
-            values[slot] = arr
-        for slot, arr in self._static.items():
-            values[slot] = arr
+        values = self._values(state, arrays)
         allocated = 0
         for call in plan.calls:
             if not call.is_kernel:
@@ -406,43 +472,42 @@ class Executor:
         message = self.module.last_error() or f"{call.func}: a run-time check failed"
         return RuntimeCheckError(f"{self._step_name(call)}: {message}")
 
-    def call_samples(self, *args: Any, repeat: int = 10) -> tuple[list[str], np.ndarray]:
+    def sample_calls(self, *args: Any, repeat: int = 10
+                     ) -> tuple[list[Any], np.ndarray, dict[str, int]]:
         """Wall time of every kernel call over ``repeat`` runs (after one warm-up run): the
-        kernels in plan order and a ``(repeat, calls)`` array of seconds. A plan with a native
-        entry runs through its profiling twin, so the kernels run in the model's own sequence
-        with nothing between them; other plans call each kernel's checked entry (a few
-        microseconds of call overhead each)."""
+        kernel calls in plan order, a ``(repeat, calls)`` array of seconds, and the symbolic
+        dims of the last run. A plan with a native entry runs through its profiling twin, so
+        the kernels run in the model's own sequence with nothing between them; other plans
+        call each kernel's checked entry (a few microseconds of call overhead each)."""
         if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
             raise KilnError(f"profile: repeat must be a positive int, got {repeat!r}")
         plan = self.plan
-        kernels = [c.func for c in plan.calls if c.is_kernel]
+        calls = [c for c in plan.calls if c.is_kernel]
         native = self._profile_entry is not None  # set only beside a native entry
-        funcs = None if native else {name: self.module[name] for name in kernels}
-        samples = np.zeros((repeat + 1, len(kernels)))
-        for run in range(repeat + 1):  # the first run warms caches and is not counted
-            arrays, env = self._bind_inputs(args)
-            if self._ws_ptr is None:
-                self._allocate()
-            if native:
-                seconds = (ctypes.c_double * max(len(kernels), 1))()
-                self._run_entry(arrays, env, seconds)
-                samples[run] = seconds[:len(kernels)]
-            else:
-                times: list[float] = []
-                self._run_steps(arrays, env, funcs, times)
-                samples[run] = times
-        return kernels, samples[1:]
+        funcs = None if native else {c.func: self.module[c.func] for c in calls}
+        samples = np.zeros((repeat + 1, len(calls)))
+        threads.use(self._set_threads, self.num_threads)
+        state = self.acquire()
+        env: dict[str, int] = {}
+        try:
+            for run in range(repeat + 1):  # the first run warms caches and is not counted
+                arrays, env = self._bind_inputs(args)
+                if native:
+                    seconds = (ctypes.c_double * max(len(calls), 1))()
+                    self._run_entry(state, arrays, env, seconds)
+                    samples[run] = seconds[:len(calls)]
+                else:
+                    times: list[float] = []
+                    self._run_steps(state, arrays, env, funcs, times)  # binds env's names
+                    samples[run] = times
+        finally:
+            self.release(state)
+        return calls, samples[1:], env
 
-    def profile(self, *args: Any, repeat: int = 10) -> list[tuple[str, int, float]]:
-        """Time every kernel of one run: ``(kernel, calls per run, median seconds per run)``,
-        slowest first (see :meth:`call_samples` for how)."""
-        kernels, samples = self.call_samples(*args, repeat=repeat)
-        columns: dict[str, list[int]] = {}
-        for i, name in enumerate(kernels):
-            columns.setdefault(name, []).append(i)
-        rows = [(name, len(cols), float(np.median(samples[:, cols].sum(axis=1))))
-                for name, cols in columns.items()]
-        return sorted(rows, key=lambda r: -r[2])
+    def call_samples(self, *args: Any, repeat: int = 10) -> tuple[list[str], np.ndarray]:
+        """:meth:`sample_calls` with the calls as kernel names."""
+        calls, samples, _ = self.sample_calls(*args, repeat=repeat)
+        return [c.func for c in calls], samples
 
     def _host_step(self, call: Any, values: list[Any], env: dict[str, int]) -> None:
         """Run a shape function or a match step, binding symbolic names in ``env``."""
@@ -512,26 +577,23 @@ class Executor:
         env.update(zip(binds, (int(d) for d in result.shape)))
         values[out] = np.ascontiguousarray(result)
 
-    def _run_entry(self, arrays: list[np.ndarray], env: dict[str, int],
+    def _run_entry(self, state: CallState, arrays: list[np.ndarray], env: dict[str, int],
                    seconds: Any = None) -> Any:
         """Run the native entry (its profiling twin, adding call times to ``seconds``, when
         that is given)."""
         plan = self.plan
-        values: list[Any] = [None] * len(plan.slots)
-        for i, (slot, arr) in enumerate(zip(plan.input_slots, arrays)):
-            values[slot] = arr
-            self._in_ptrs[i] = data_address(arr)
-        for slot, arr in self._static.items():
-            values[slot] = arr
+        values = self._values(state, arrays)
+        for i, arr in enumerate(arrays):
+            state.in_ptrs[i] = data_address(arr)
         if self._dynamic:
-            frame = self._frame(env)
-            args: tuple[Any, ...] = (self._in_ptrs, self._out_ptrs, frame.temps, self._consts,
+            frame = state.frame(plan, env)
+            args: tuple[Any, ...] = (state.in_ptrs, state.out_ptrs, frame.temps, self._consts,
                                      frame.sym)
             out_shapes = frame.out_shapes
         else:
-            args = (self._in_ptrs, self._out_ptrs, self._ws_ptr, self._consts)
+            args = (state.in_ptrs, state.out_ptrs, state.ws_ptr, self._consts)
             out_shapes = None
-        for slot, arr in zip(self._out_slots, self._new_outputs(out_shapes)):
+        for slot, arr in zip(self._out_slots, self._new_outputs(state, out_shapes)):
             values[slot] = arr
         if seconds is None:
             rc = self._entry(*args)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.errors import MemoryLimitError
+from ..ir.span import describe
 from . import shape_expr
 from .plan import Plan
 
@@ -197,8 +198,6 @@ def check_run_memory(plan: Plan, shapes: Sequence[Sequence[int]] | None = None,
                      workspace: int | None = None) -> None:
     """MemoryLimitError when one run of ``plan`` (see :func:`run_bytes`) needs more than the
     memory limit, naming its largest tensor and the model nodes that make it."""
-    from ..ir.span import describe
-
     need, slot = run_bytes(plan, shapes, workspace)
     what = f"one run of {plan.name}"
     if slot is not None:

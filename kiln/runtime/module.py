@@ -111,12 +111,15 @@ class Module:
 
     ``lib_path`` is the shared library, ``source`` the generated source text and
     ``source_path`` where it was written; ``from_cache`` tells whether the library came from
-    the build cache instead of a fresh compile.
+    the build cache instead of a fresh compile. ``keep_alive`` is held as long as the module
+    (the open in-memory file a library was loaded from, when the cache was read-only).
     """
 
     def __init__(self, lib_path: str, source: str, functions: dict[str, FunctionInfo],
-                 source_path: str | None = None, from_cache: bool = False):
+                 source_path: str | None = None, from_cache: bool = False,
+                 keep_alive: Any = None):
         self.lib_path = str(lib_path)
+        self.keep_alive = keep_alive
         self.source = source
         self.source_path = source_path
         self.from_cache = from_cache

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..ir.dtype import DataType
 from ..ir.span import Span
+from . import shape_expr
 
 
 @dataclass
@@ -57,6 +58,27 @@ def profile_symbol(entry: str) -> str:
     return entry + "_profile"
 
 
+@dataclass(frozen=True)
+class TensorInfo:
+    """An input or output of a graph function, as onnxruntime's ``get_inputs()`` describes
+    one: its name, its shape (ints, and names for symbolic dims: ``("batch", 3, 224, 224)``;
+    an expression of names reads like ``"mul(2, n)"``) and its numpy dtype name."""
+
+    name: str
+    shape: tuple[int | str, ...]
+    dtype: str
+
+
+def default_output_names(count: int) -> list[str]:
+    """Names of the outputs of a function whose model named none: ``output_0``, ..."""
+    return [f"output_{i}" for i in range(count)]
+
+
+def flat_slots(out: Any) -> list[int]:
+    """The slots of an output structure (a slot, or nested lists of them), in order."""
+    return [s for o in out for s in flat_slots(o)] if isinstance(out, list) else [out]
+
+
 @dataclass
 class Plan:
     name: str
@@ -76,6 +98,37 @@ class Plan:
     #: kernel's symbolic dims (in its ``sym`` order); None for an entry over static shapes,
     #: which takes a planned workspace instead (see ``kiln.codegen.graph_entry``).
     entry_sym_dims: list[list[list[int]]] | None = None
+    #: Nested call structure (``kiln.runtime.pytree``) of the inputs and outputs, None when
+    #: the executable is called with the flat inputs and returns the graph's result.
+    input_tree: dict[str, Any] | None = None
+    output_tree: dict[str, Any] | None = None
+    #: ``{symbolic dim name: [min, max or None]}``: the sizes the model was exported for,
+    #: checked when a run binds the dim (a frontend records them, e.g. ``torch.export.Dim``).
+    dim_ranges: dict[str, list[int | None]] = field(default_factory=dict)
+    #: One name per output tensor, in the order of :func:`flat_slots` of ``outputs``: the
+    #: model's names (an ONNX graph's outputs) or :func:`default_output_names`.
+    output_names: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        count = len(flat_slots(self.outputs))
+        if len(self.output_names) != count:
+            self.output_names = default_output_names(count)
+
+    def tensor_info(self, slot: int, name: str) -> TensorInfo:
+        """The :class:`TensorInfo` of ``slot`` under ``name``."""
+        spec = self.slots[slot]
+        shape = tuple(d if isinstance(d, int) else shape_expr.to_str(d) for d in spec.shape)
+        return TensorInfo(name, shape, spec.dtype.to_numpy().name if spec.dtype.lanes == 1
+                          else str(spec.dtype))
+
+    @property
+    def inputs(self) -> list[TensorInfo]:
+        return [self.tensor_info(s, n) for n, s in zip(self.input_names, self.input_slots)]
+
+    @property
+    def output_infos(self) -> list[TensorInfo]:
+        return [self.tensor_info(s, n)
+                for n, s in zip(self.output_names, flat_slots(self.outputs))]
 
     @property
     def profile_entry(self) -> str | None:
@@ -107,6 +160,10 @@ class Plan:
             "workspace_bytes": self.workspace_bytes,
             "entry": self.entry,
             "entry_sym_dims": self.entry_sym_dims,
+            "input_tree": self.input_tree,
+            "output_tree": self.output_tree,
+            "dim_ranges": self.dim_ranges,
+            "output_names": self.output_names,
         }
 
     @staticmethod
@@ -126,6 +183,10 @@ class Plan:
             workspace_bytes=int(data["workspace_bytes"]),
             entry=data["entry"],
             entry_sym_dims=data.get("entry_sym_dims"),
+            input_tree=data.get("input_tree"),
+            output_tree=data.get("output_tree"),
+            dim_ranges=dict(data.get("dim_ranges") or {}),
+            output_names=list(data.get("output_names") or ()),
         )
 
 

@@ -17,6 +17,7 @@ from ..ir.node import Node, structural_equal, structural_hash
 from ..tir.buffer import Buffer, BufferRegion
 from ..tir.expr import (
     BufferLoad,
+    IntImm,
     IterVar,
     Let,
     PrimExpr,
@@ -27,7 +28,7 @@ from ..tir.expr import (
     const,
 )
 from ..tir.function import ASSUME_ATTR, PrimFunc
-from ..tir.functor import Mutator, collect_vars, post_order_visit
+from ..tir.functor import Mutator, collect_vars, post_order_visit, substitute
 from ..tir.stmt import Block, BlockRealize, BufferStore, For, ForKind, Stmt, seq, true_predicate
 from .tensor import ComputeOp, PlaceholderOp, Tensor
 
@@ -192,7 +193,8 @@ def _stage(t: Tensor, out: Buffer, bmap: dict[int, Buffer], block_name: str) -> 
         cond = rw.visit(red.condition) if red.condition is not None else None
         identity = rw.visit(red.combiner.identity)
         acc = BufferLoad(out, idx)
-        value: PrimExpr = red.combiner(acc, source)
+        comb = red.combiner
+        value: PrimExpr = substitute(comb.result, {comb.lhs: acc, comb.rhs: source})
         if cond is not None and not _is_true(cond):
             value = Select(cond, value, acc)
         init = BufferStore(out, identity, idx)
@@ -216,14 +218,10 @@ def _stage(t: Tensor, out: Buffer, bmap: dict[int, Buffer], block_name: str) -> 
 
 
 def _static_empty(iv: IterVar) -> bool:
-    from ..tir.expr import IntImm
-
     return isinstance(iv.dom.extent, IntImm) and iv.dom.extent.value == 0
 
 
 def _is_true(e: PrimExpr) -> bool:
-    from ..tir.expr import IntImm
-
     return isinstance(e, IntImm) and e.dtype.is_bool and e.value == 1
 
 

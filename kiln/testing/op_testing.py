@@ -14,11 +14,14 @@ from typing import Any
 import numpy as np
 
 from kiln import te, tir
+from kiln.codegen import c as codegen_c
 from kiln.graph.block_builder import BlockBuilder
 from kiln.graph.expr import Var
 from kiln.graph.struct_info import StructInfo, TensorStructInfo
 from kiln.op.registry import get_op_def
+from kiln.schedule import lookup_schedule
 from kiln.target import Target
+from kiln.tir.schedule import Schedule
 
 # An op case: (registered op name, inputs, attribute keywords). An input is an array, or a list
 # of arrays for a variadic input (e.g. concat's tensors).
@@ -110,11 +113,10 @@ def _compile_case(
         flat_arr += [np.array(x, order="C") for x in group]
     out = opdef.compute(*grouped, attrs=opdef.make_attrs(**attrs))
     outs = list(out) if isinstance(out, tuple) else [out]
-    from kiln.tir.schedule import Schedule
 
     sch = Schedule(te.create_prim_func([*flat_ph, *outs]))
     if schedule:
-        opdef.schedules[target.kind](sch, target)
+        lookup_schedule(name, target)(sch, target)
     return sch.func, flat_arr, outs, isinstance(out, tuple)
 
 
@@ -141,8 +143,6 @@ def run_cases(
     kernel which leaves part of its output unwritten fails the comparison. Returns one result
     per case: an array, or a tuple of arrays for tuple-valued ops.
     """
-    from kiln.codegen import c as codegen_c
-
     target = Target.create(target)
     funcs, plans = {}, []
     for k, (name, args, attrs) in enumerate(cases):

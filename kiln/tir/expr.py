@@ -15,14 +15,13 @@ import builtins
 from collections.abc import Sequence
 from dataclasses import field
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import numpy as np
 
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import DTypeError, KilnError
 from ..ir.node import Node, node, set_field
-
-if TYPE_CHECKING:
-    from .buffer import Buffer
 
 
 class PrimExpr(Node):
@@ -426,9 +425,10 @@ class Call(PrimExpr):
 
 @node
 class BufferLoad(PrimExpr):
-    """``buffer[indices]``; a Ramp index makes a vector load."""
+    """``buffer[indices]``; a Ramp index makes a vector load. ``buffer`` is a
+    :class:`kiln.tir.buffer.Buffer` (a module built on this one)."""
 
-    buffer: Buffer
+    buffer: Any
     indices: tuple[PrimExpr, ...]
     dtype: DataType = None  # type: ignore[assignment]
 
@@ -442,20 +442,14 @@ class BufferLoad(PrimExpr):
 
 @node
 class CommReducer(Node):
-    """A commutative reducer: ``combine(lhs, rhs)`` with identity ``identity``.
-
-    ``lhs``/``rhs`` are the variables of ``result``; ``identity`` is the neutral element.
+    """A commutative reducer: ``result``, an expression of ``lhs`` and ``rhs``, combines two
+    values (substitute them for ``lhs``/``rhs``); ``identity`` is the neutral element.
     """
 
     lhs: Var
     rhs: Var
     result: PrimExpr
     identity: PrimExpr
-
-    def __call__(self, x: PrimExpr, y: PrimExpr) -> PrimExpr:
-        from .functor import substitute
-
-        return substitute(self.result, {self.lhs: x, self.rhs: y})
 
 
 @node
@@ -568,8 +562,6 @@ def convert(value: Any) -> PrimExpr:
     if isinstance(value, float):
         return FloatImm("float32", value)
     try:
-        import numpy as np
-
         if isinstance(value, np.generic):
             return make_const(DataType.from_numpy(value.dtype), value.item())
     except ImportError:  # pragma: no cover

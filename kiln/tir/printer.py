@@ -22,6 +22,7 @@ from ..ir.node import Node, register_printer
 from . import expr as E
 from .buffer import Buffer, BufferRegion
 from .function import PrimFunc
+from .functor import collect_vars
 from .stmt import (
     Allocate,
     AssertStmt,
@@ -377,7 +378,6 @@ class TIRPrinter:
         # Symbolic dimensions (vars in buffer shapes that are not parameters) with their dtype.
         declared = {id(p) for p in f.params}
         sym: list[E.Var] = []
-        from .functor import collect_vars
 
         for buf in f.buffers:
             for v in collect_vars((buf.shape, buf.strides, buf.elem_offset)):

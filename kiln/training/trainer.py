@@ -29,11 +29,14 @@ from typing import Any
 
 import numpy as np
 
+import kiln
+
 from .. import graph as g
 from ..graph.block_builder import BlockBuilder
 from ..graph.struct_info import TensorStructInfo
 from ..ir.errors import ArgumentError, KilnError
 from ..ir.module import IRModule
+from ..transform.gradient import Gradient
 from .loss import Loss, attach_loss, emit_body
 from .optimizer import Optimizer
 
@@ -62,8 +65,6 @@ def _split_params(model: g.Function, names: Mapping[str, Any],
 
 
 def _gradient_pass(func: str, require: list[g.Var]) -> Any:
-    from ..transform.gradient import Gradient
-
     return Gradient(func, require_grads=require)
 
 
@@ -146,8 +147,6 @@ class Trainer:
     def __init__(self, model: IRModule | ModelBuilder, loss: Loss, optimizer: Optimizer,
                  params: Mapping[str, np.ndarray] | None = None, *,
                  batch_size: int | None = None, func: str = "main", target: Any = "c"):
-        import kiln
-
         if not isinstance(loss, Loss):
             raise KilnError(f"Trainer: loss must be a kiln.training.Loss, got {loss!r}")
         if not isinstance(optimizer, Optimizer):

@@ -1,8 +1,9 @@
 """AlterOpLayout: let each operator pick the layout it runs fastest in on the target.
 
-An operator declares, next to its compute and schedules, a per-target ``alter_layout`` hook
-(``kiln.op.registry.OpDef.alter_layout[target.kind]``); the hook sees the call (with its
-argument types) and the Target and returns a :class:`~kiln.op.layout.LayoutRewrite` or None.
+A target's room registers, next to its schedules, an ``alter_layout`` hook per operator
+(``kiln.schedule.register_alter_layout``, looked up with ``kiln.schedule.lookup_alter_layout``);
+the hook sees the call (with its argument types) and the Target and returns a
+:class:`~kiln.op.layout.LayoutRewrite` or None.
 On CPUs ``nn.conv2d`` asks to become ``nn.conv2d_nchwc``: NCHW[x]c data, an OIHW[x]i[y]o weight,
 output channels in blocks of one SIMD vector of float32 (see ``kiln.op.nn``); a depthwise
 convolution becomes ``nn.depthwise_conv2d_nchwc`` (OIHW[y]o weight) and a grouped one whose
@@ -22,7 +23,7 @@ from __future__ import annotations
 from ..graph import expr as gx
 from ..ir.module import IRModule
 from ..op.layout import LayoutRewrite
-from ..op.registry import get_op_def
+from ..schedule.registry import lookup_alter_layout
 from ..target import Target
 from .layout_propagation import LayoutRewriter
 from .pass_infra import PassContext, function_pass
@@ -42,7 +43,7 @@ class AlterOpLayout:
         target = self.target
 
         def decide(call: gx.Call) -> LayoutRewrite | None:
-            hook = get_op_def(call.op.name).alter_layout.get(target.kind)
+            hook = lookup_alter_layout(call.op.name, target)
             return hook(call, target) if hook is not None else None
 
         return LayoutRewriter(mod, decide).visit(func)

@@ -21,13 +21,14 @@ from typing import Any
 import numpy as np
 
 from .. import tir
+from ..arith import simplify
 from ..graph import expr as gx
 from ..graph.functor import ExprMutator
 from ..graph.struct_info import TensorStructInfo
 from ..ir.dtype import DataType
 from ..ir.errors import KilnError
 from ..ir.module import IRModule
-from .normalize import _Reinferrer
+from .normalize import Reinferrer
 from .pass_infra import PassContext, module_pass
 
 __all__ = ["BindParams", "bind_params", "substitute_sym_vars"]
@@ -35,8 +36,6 @@ __all__ = ["BindParams", "bind_params", "substitute_sym_vars"]
 
 def _simplify(e: Any) -> Any:
     if isinstance(e, tir.PrimExpr) and not isinstance(e, (tir.IntImm, tir.Var)):
-        from ..arith import simplify
-
         return simplify(e)
     return e
 
@@ -67,7 +66,7 @@ def _subst_attrs(attrs: Any, vmap: Mapping[tir.Var, tir.PrimExpr]) -> Any:
     return dataclasses.replace(attrs, **changes) if changes else attrs
 
 
-class _SymSubstituter(ExprMutator):
+class SymSubstituter(ExprMutator):
     """Replaces symbolic TIR variables throughout a graph function."""
 
     def __init__(self, mod: Any, vmap: Mapping[tir.Var, tir.PrimExpr]):
@@ -116,7 +115,7 @@ def substitute_sym_vars(func: gx.Function, vmap: Mapping[tir.Var, tir.PrimExpr],
     annotations, attributes, shape values, call_tir outputs, the result annotation)."""
     if not vmap:
         return func
-    sub = _SymSubstituter(mod, vmap)
+    sub = SymSubstituter(mod, vmap)
     new = sub.visit(func)
     ret = _subst(func.ret_struct_info, vmap)
     if ret is not func.ret_struct_info:
@@ -221,7 +220,7 @@ def bind_params(mod: IRModule, params: Mapping[Any, Any], func_name: str = "main
     new_func = _Bind(mod).visit(stripped)
     if vmap:
         new_func = substitute_sym_vars(new_func, vmap, mod)
-        new_func = _Reinferrer(mod).visit(new_func)
+        new_func = Reinferrer(mod).visit(new_func)
     return mod.with_function(func_name, new_func)
 
 

@@ -37,9 +37,13 @@ from typing import Any
 
 import numpy as np
 
+from ..graph import const
 from ..graph import expr as gx
 from ..graph.struct_info import TensorStructInfo, TupleStructInfo
 from ..ir.module import IRModule
+from ..op.registry import get_op_def
+from ..op.shape import split_ranges
+from ..tir import IntImm
 from ..tir import expr as tir_expr
 from .pass_infra import PassContext, function_pass
 from .simplify_expr import RewriteMutator, call_op, is_identity_constant, op_name, same_tensor_type
@@ -97,8 +101,6 @@ def canonical_attrs(call: gx.Call) -> Any:
         if axis is None:
             shape = call.args[0].struct_info.shape
             if shape is not None:
-                from ..tir import IntImm
-
                 new["axis"] = tuple(i for i, d in enumerate(shape)
                                     if isinstance(d, IntImm) and d.value == 1)
         else:
@@ -148,7 +150,6 @@ class _Canonicalizer(RewriteMutator):
         out_dtype = call.attrs.out_dtype if call.attrs is not None else None
         if self.constant_of(t.args[0]) is not None:
             return self._matmul_transposed_const(x, t.args[0], out_dtype)
-        from ..op.registry import get_op_def
 
         return call_op("dense", [x, t.args[0]], get_op_def("dense").make_attrs(out_dtype))
 
@@ -161,17 +162,11 @@ class _Canonicalizer(RewriteMutator):
 
     def _matmul_transposed_const(self, x: gx.Expr, w: gx.Expr, out_dtype: Any) -> gx.Expr:
         """``matmul(x, W.T)`` with the transposed constant made now (see the module doc)."""
-        from ..graph import const
-        from ..op.registry import get_op_def
-
         wt = np.ascontiguousarray(self.constant_of(w).data.T)
         return call_op("matmul", [x, const(wt)], get_op_def("matmul").make_attrs(out_dtype))
 
     def _split_piece(self, item: gx.TupleGetItem) -> gx.Expr | None:
         """``split(x, ...)[i]`` -> ``strided_slice(x, ...)`` when the pieces are static."""
-        from ..op.registry import get_op_def
-        from ..op.shape import split_ranges
-
         p = self.producer(item.tuple_value)
         if op_name(p) != "split" or p.attrs is None:
             return None

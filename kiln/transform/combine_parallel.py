@@ -32,6 +32,7 @@ from ..graph import expr as gx
 from ..graph.functor import ExprMutator, ExprVisitor
 from ..graph.struct_info import TensorStructInfo, sinfo_equal
 from ..ir.module import IRModule
+from ..op import concat, split
 from ..op.registry import OpPattern, get_op_def
 
 __all__ = ["BranchInfo", "ParallelCombiner"]
@@ -277,8 +278,6 @@ class ParallelCombiner(ExprMutator):
         return out
 
     def _emit_group(self, bindings: tuple[gx.Binding, ...], grp: _Group) -> None:
-        from ..op import concat, split
-
         calls = [bindings[i].value for i in grp.members]
         first, info = calls[0], grp.infos[0]
         weights = [c.args[1] for c in calls]

@@ -48,7 +48,7 @@ def op_is_pure(name: str) -> bool:
     return bool(getattr(opdef, "pure", True))
 
 
-class _Purity:
+class Purity:
     """Purity of values, with a memo of the module's graph functions."""
 
     def __init__(self, mod: IRModule | None):
@@ -98,7 +98,7 @@ class _Purity:
 
 def is_pure(value: gx.Expr, mod: IRModule | None = None) -> bool:
     """Whether evaluating ``value`` has no effect besides producing it (see module doc)."""
-    return _Purity(mod).value(value)
+    return Purity(mod).value(value)
 
 
 def _uses(e: gx.Expr) -> set[gx.Var]:
@@ -107,7 +107,7 @@ def _uses(e: gx.Expr) -> set[gx.Var]:
 
 class _BindingCleaner:
     def __init__(self, mod: IRModule | None):
-        self.purity = _Purity(mod)
+        self.purity = Purity(mod)
 
     def seq(self, s: gx.SeqExpr) -> gx.SeqExpr:
         used = _uses(s.body)

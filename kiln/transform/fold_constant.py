@@ -14,11 +14,12 @@ so a large constant is stored once whatever the number of its users.
 
 Evaluation uses kiln itself, so a folded value is what kiln's own kernel for that op computes
 (no second implementation of every op to keep in sync): the call is put alone in a module whose
-parameters are the constants' types, built with :func:`kiln.build` (the native-code cache makes
-repeated builds cheap) and run. Pure data movement (reshape, squeeze, expand_dims, transpose,
-broadcast_to, concat) is done with numpy instead, which is exact for it. Builds are memoized
-per pass run by (op, attributes, argument types). A call kiln cannot build or run (a KilnError)
-is left as it was.
+parameters are the constants' types, legalized, compiled with
+:func:`kiln.codegen.executable.build_executable` (what ``kiln.build`` compiles with; the
+native-code cache makes repeated builds cheap) and run. Pure data movement (reshape, squeeze,
+expand_dims, transpose, broadcast_to, concat) is done with numpy instead, which is exact for it.
+Builds are memoized per pass run by (op, attributes, argument types). A call kiln cannot build
+or run (a KilnError) is left as it was.
 
 Size cap: folding must not blow up the model. A result is folded only if it has at most
 ``transform.fold_constant.max_elements`` elements (a PassContext config, default 2**18) or no
@@ -33,14 +34,18 @@ from typing import Any
 
 import numpy as np
 
+from .. import progress
+from ..codegen.executable import build_executable
 from ..graph import expr as gx
 from ..graph.block_builder import BlockBuilder
 from ..graph.struct_info import TensorStructInfo, TupleStructInfo
 from ..ir.errors import KilnError
 from ..ir.module import IRModule
+from ..target import Target
 from ..tir.function import PrimFunc
 from .dead_code_elimination import op_is_pure
 from .eliminate_common_subexpr import Exact, attrs_equal, attrs_key
+from .legalize_ops import LegalizeOps
 from .pass_infra import PassContext, module_pass, register_config
 from .simplify_expr import RewriteMutator
 
@@ -116,8 +121,6 @@ class ConstantEvaluator:
 
     def _build(self, call: gx.Call, arrays: list[np.ndarray],
                prim_funcs: dict[str, PrimFunc]) -> Any:
-        from ..build import build
-
         params = [gx.Var(f"a{i}", TensorStructInfo(a.shape, str(a.dtype)))
                   for i, a in enumerate(arrays)]
         it = iter(params)
@@ -139,9 +142,10 @@ class ConstantEvaluator:
             with bb.dataflow():
                 out = bb.emit_output(new_call)
             bb.emit_func_output(out)
-        # a private context: no instruments of the caller, the minimal pipeline
-        with PassContext(opt_level=0, instruments=()):
-            return build(bb.get(), target=self.target)
+        # a private context: no instruments of the caller, legalization only
+        with PassContext(opt_level=0, instruments=()), progress.quiet():
+            mod = LegalizeOps()(bb.get())
+            return build_executable(mod, Target.create(self.target))
 
 
 class _Folder(RewriteMutator):

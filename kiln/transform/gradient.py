@@ -46,6 +46,9 @@ from ..graph.struct_info import (
 from ..ir.dtype import as_dtype
 from ..ir.errors import InternalError, KilnError
 from ..ir.module import IRModule
+from ..op.common import scalar
+from ..op.elementwise import add
+from ..op.grad import zeros
 from ..op.registry import NON_DIFFERENTIABLE, get_op_def
 from .pass_infra import PassContext, module_pass
 
@@ -220,7 +223,6 @@ class _Adjoints:
         new = self._leaf(new, sinfo, what)
         if old is None:
             return new
-        from ..op.elementwise import add
 
         return self.bb.emit(add(old, new), "grad")
 
@@ -245,8 +247,6 @@ class _Adjoints:
         return self._materialize(self.adj[id(var)], var.struct_info)
 
     def _materialize(self, value: Any, sinfo: Any) -> Any:
-        from ..op.grad import zeros
-
         if isinstance(sinfo, TupleStructInfo):
             fields = value if isinstance(value, list) else [None] * len(sinfo.fields)
             return gx.Tuple(tuple(self._materialize(v, s) for v, s in zip(fields, sinfo.fields)))
@@ -320,8 +320,6 @@ def gradient_function(bb: BlockBuilder, func: gx.Function, fname: str, name: str
             out = _remap(result, remap)
             n_forward = len(forward)
             if isinstance(out, gx.Var) and state.deps.get(id(out)):
-                from ..op.grad import scalar
-
                 state.adj[id(out)] = scalar(1, out.struct_info.dtype)
             for _, var, value in reversed(forward):
                 if not state.deps.get(id(var)) or state.get(var) is None:
@@ -333,7 +331,6 @@ def gradient_function(bb: BlockBuilder, func: gx.Function, fname: str, name: str
                 g = state.get(p)
                 if g is None:
                     _check_not_blocked(fname, func, bindings, result, k, wanted)
-                    from ..op.grad import zeros
 
                     g = bb.emit(zeros(p.struct_info), f"d_{p.name}")
                 grads.append(g)

@@ -31,10 +31,10 @@ from .. import tir
 from ..graph import expr as gx
 from ..graph.block_builder import BlockBuilder
 from ..graph.functor import ExprMutator, ExprVisitor
-from ..graph.struct_info import StructInfo, TensorStructInfo, TupleStructInfo
+from ..graph.struct_info import StructInfo, TensorStructInfo, TupleStructInfo, sinfo_equal
 from ..ir.module import IRModule
-from .bind_params import _SymSubstituter
-from .dead_code_elimination import _Purity, reachable_functions
+from .bind_params import SymSubstituter
+from .dead_code_elimination import Purity, reachable_functions
 from .normalize import called_functions, callees_first
 from .pass_infra import PassContext, module_pass
 from .simplify_expr import can_alias
@@ -94,7 +94,7 @@ def _bind_sym(param: StructInfo, arg: StructInfo, vmap: dict) -> None:
             _bind_sym(p, a, vmap)
 
 
-class _BodyCopier(_SymSubstituter):
+class _BodyCopier(SymSubstituter):
     """Re-emits a callee's bindings into the caller's current block with fresh variables."""
 
     def __init__(self, bb: BlockBuilder, vmap: dict, args: dict[gx.Var, gx.Expr]):
@@ -122,7 +122,7 @@ class _BodyCopier(_SymSubstituter):
 
 class _Inliner(ExprMutator):
     def __init__(self, bb: BlockBuilder, funcs: dict[str, Any], targets: set[str],
-                 purity: _Purity):
+                 purity: Purity):
         super().__init__(bb)
         self.funcs = funcs
         self.targets = targets
@@ -183,8 +183,6 @@ class _Inliner(ExprMutator):
 
 
 def _same(a: Any, b: Any) -> bool:
-    from ..graph.struct_info import sinfo_equal
-
     return a is not None and b is not None and sinfo_equal(a, b)
 
 
@@ -220,7 +218,7 @@ class Inline:
         inlined: set[str] = set()
         for name in callees_first(mod):
             func = current[name]
-            purity = _Purity(IRModule(current))
+            purity = Purity(IRModule(current))
             inliner = _Inliner(bb, current, targets - {name}, purity)
             new = inliner.visit(func)
             inlined |= inliner.inlined

@@ -6,7 +6,7 @@ An instrument sees each pass run (``run_before_pass``/``run_after_pass``), can v
 - :class:`PassTimingInstrument` — wall time per pass run, as a report and a dict;
 - :class:`DumpIR` / :class:`PrintIRInstrument` — the module text before/after chosen passes,
   to numbered files (``003_after_FoldConstant.txt``) or to a stream;
-- :class:`WellFormedInstrument` — ``kiln.ir.well_formed`` after every pass, so that a pass that
+- :class:`WellFormedInstrument` — ``kiln.graph.well_formed`` after every pass, so that a pass that
   breaks the IR is named by the error instead of a failure three passes later.
 """
 
@@ -20,8 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from ..graph import expr as gx
+from ..graph.well_formed import well_formed
 from ..ir.errors import WellFormedError
 from ..ir.module import IRModule
+from ..ir.node import structural_equal
 from .pass_infra import PassInfo
 
 __all__ = [
@@ -204,14 +207,12 @@ class DumpIR(PrintIRInstrument):
 # ---------------------------------------------------------------------------------------------
 def _result_types(mod: IRModule) -> dict[str, object]:
     """Result StructInfo of every graph function of ``mod``, by name."""
-    from ..graph import expr as gx
-
     return {name: func.ret_struct_info for name, func in mod.items()
             if isinstance(func, gx.Function) and func.ret_struct_info is not None}
 
 
 class WellFormedInstrument(PassInstrument):
-    """Check ``kiln.ir.well_formed`` after every pass; the error names the pass that broke it.
+    """Check ``kiln.graph.well_formed`` after every pass; the error names the pass that broke it.
 
     With ``check_input`` (default) a pass's input is checked too unless it is the module the
     previous check accepted, so an ill-formed *input* is not blamed on the first pass.
@@ -238,7 +239,6 @@ class WellFormedInstrument(PassInstrument):
 
     def run_after_pass(self, mod: IRModule, info: PassInfo) -> None:
         self._check(mod, f"pass {info.name} produced ill-formed IR")
-        from ..ir.node import structural_equal
 
         after = _result_types(mod)
         changed = [f"{name}: {before} -> {after[name]}" for name, before in self._results.items()
@@ -249,8 +249,6 @@ class WellFormedInstrument(PassInstrument):
                                   f"functions:\n  {listing}")
 
     def _check(self, mod: IRModule, what: str) -> None:
-        from ..ir.well_formed import well_formed
-
         problems = well_formed(mod, check=False)
         if problems:
             listing = "\n  ".join(problems)

@@ -38,7 +38,7 @@ from ..graph import expr as gx
 from ..graph.functor import ExprMutator
 from ..graph.struct_info import TensorStructInfo, shapes_equal, sinfo_equal
 from ..ir.errors import InternalError, KilnError
-from ..op.layout import Layout, LayoutRewrite, transform_array, transform_shape
+from ..op.layout import Layout, LayoutRewrite, layout_transform, transform_array, transform_shape
 from ..op.registry import OpPattern, get_op_def
 
 __all__ = ["LayoutRewriter", "POOL_OPS"]
@@ -120,8 +120,6 @@ class LayoutRewriter(ExprMutator):
         return found if found is not None else self._make_version(val.versions, val.layout)
 
     def _make_version(self, versions: dict[str, gx.Expr], layout: str) -> gx.Expr:
-        from ..op.layout import layout_transform
-
         if not versions:
             raise InternalError(f"layout propagation: no version to make {layout} from")
         src_layout, src = next(iter(versions.items()))
@@ -143,8 +141,6 @@ class LayoutRewriter(ExprMutator):
 
     def _get(self, arg: gx.Expr, declared: str, want: str) -> gx.Expr:
         """``arg`` (whose original value is in layout ``declared``) in layout ``want``."""
-        from ..op.layout import layout_transform
-
         const = self._constant(arg)
         if const is not None:
             if declared == want:
@@ -237,8 +233,6 @@ class LayoutRewriter(ExprMutator):
     def _bind(self, b: gx.VarBinding, call: gx.Call, new: gx.Call, orig: str,
               layout: str) -> None:
         """Bind ``new`` (``call`` computed in ``layout``; the original is in ``orig``)."""
-        from ..op.layout import layout_transform
-
         want = transform_shape(_shape(call), orig, layout)
         if not shapes_equal(_shape(new), want) or new.struct_info.dtype != call.struct_info.dtype:
             raise InternalError(

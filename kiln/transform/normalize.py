@@ -135,7 +135,7 @@ class _Normalizer(ExprMutator):
         return super().visit_Function(f)
 
 
-class _Reinferrer(_Normalizer):
+class Reinferrer(_Normalizer):
     """Rebuilds every compound expression so its StructInfo is inferred again."""
 
     def visit_Call(self, c: gx.Call) -> gx.Expr:
@@ -208,4 +208,4 @@ class InferStructInfo:
     """Re-infer the StructInfo of every expression, bound variable and function result."""
 
     def transform_module(self, mod: IRModule, ctx: PassContext) -> IRModule:
-        return _run(mod, _Reinferrer)
+        return _run(mod, Reinferrer)

@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from ..graph.expr import Function
 from ..ir.errors import InternalError, KilnError, error_context
 from ..ir.module import IRModule
+from ..tir.function import PrimFunc
 
 __all__ = [
     "FunctionPass", "ModulePass", "Pass", "PassContext", "PassInfo", "PrimFuncPass",
@@ -400,8 +402,6 @@ class FunctionPass(_PerFunctionPass):
     _kind_name = "graph Function"
 
     def _kind_type(self) -> type:
-        from ..graph.expr import Function
-
         return Function
 
 
@@ -411,8 +411,6 @@ class PrimFuncPass(_PerFunctionPass):
     _kind_name = "PrimFunc"
 
     def _kind_type(self) -> type:
-        from ..tir.function import PrimFunc
-
         return PrimFunc
 
 

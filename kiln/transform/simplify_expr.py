@@ -34,6 +34,7 @@ from ..graph.struct_info import TensorStructInfo, shapes_equal, sinfo_equal
 from ..ir.errors import InternalError
 from ..ir.module import IRModule
 from ..op import registry
+from ..tir import IntImm
 from .pass_infra import PassContext, function_pass
 
 __all__ = ["RewriteMutator", "SimplifyExpr", "is_identity_constant", "same_tensor_type"]
@@ -147,8 +148,6 @@ def _perm(call: gx.Call) -> tuple[int, ...] | None:
 
 def _static_dims(shape: Any) -> tuple[Any, ...]:
     """Shape dims for a reshape attribute (constants as python ints, symbolic dims as is)."""
-    from ..tir import IntImm
-
     return tuple(d.value if isinstance(d, IntImm) else d for d in shape)
 
 

@@ -39,7 +39,7 @@ def test_elementwise_vectorized_parallel_symbolic_dim():
     sch.vectorize(ji)
     mod = cg.build({"fused_mul_relu": sch.func})
     src = mod.source
-    assert "#pragma omp parallel for" in src
+    assert "kiln_parallel_for(fused_mul_relu__par0_task" in src  # kiln's thread pool
     assert "float32x8" in src and "*(float32x8_u*)(C + " in src
     for rows in (1, 13):  # the same module at two sizes of n
         a = RNG.standard_normal((rows, 64), dtype=np.float32)
@@ -273,7 +273,7 @@ def test_local_buffer_on_stack_and_nested_parallel_serialized():
     sch.parallel(i)
     sch.parallel(sch.get_loops(blk)[1])
     mod = cg.build({"cached": sch.func})
-    assert mod.source.count("#pragma omp parallel for") == 1
+    assert mod.source.count("kiln_parallel_for(cached__par") == 1
     assert "__attribute__((aligned(64)))" in mod.source  # the local cache is a stack array
     a = RNG.standard_normal((8, 16), dtype=np.float32)
     c = np.empty_like(a)
@@ -553,3 +553,22 @@ def test_vector_select_under_a_scalar_condition_compiles():
         bb.emit_func_output(out)
     a = RNG.standard_normal((2, 3, 8), dtype=np.float32)
     np.testing.assert_array_equal(kiln.build(bb.get())(a), np.pad(a, ((0, 0), (1, 1), (0, 0))))
+
+
+def test_parallel_loop_captures_with_any_names():
+    """Buffers and loop variables named like the thread pool's own helpers (``lo``, ``c``,
+    ``i``, ``begin``, ``end``, ``ctx``) are captured without clashing (an ONNX model whose
+    tensors were named ``lo``/``hi`` once did not compile)."""
+    lo = te.placeholder((16, 8), "float32", name="lo")
+    c = te.placeholder((16, 8), "float32", name="c")
+    begin = te.placeholder((8,), "float32", name="begin")
+    out = te.compute((16, 8), lambda i, end: lo[i, end] * c[i, end] + begin[end], name="ctx")
+    sch = Schedule(te.create_prim_func([lo, c, begin, out]))
+    sch.parallel(sch.get_loops(sch.get_block("ctx"))[0])
+    mod = cg.build({"clash": sch.func})
+    assert "kiln_parallel_for(clash__par0_task" in mod.source
+    a, b = RNG.standard_normal((2, 16, 8), dtype=np.float32)
+    v = RNG.standard_normal(8, dtype=np.float32)
+    r = np.empty((16, 8), np.float32)
+    mod["clash"](a, b, v, r)
+    np.testing.assert_allclose(r, a * b + v, rtol=1e-5, atol=1e-6)  # (a fused multiply-add)

@@ -265,3 +265,36 @@ def test_conv_and_pool_1d_are_lifted_to_2d():
     model = _model(nodes, [_vi("x", [2, 3, 16])], [_vi("y", [2, 4, 7])],
                    [numpy_helper.from_array(_x(4, 3, 3), "w")])
     _check(model, {"x": _x(2, 3, 16)})
+
+
+def test_output_names_and_io_description_match_onnxruntime(tmp_path):
+    """exe.inputs/exe.outputs describe the model as ORT's get_inputs()/get_outputs() do, the
+    outputs keep the graph's names (through save and load), and run(feeds, names) returns
+    what sess.run(names, feeds) returns."""
+    w = _x(8, 3)
+    nodes = [helper.make_node("MatMul", ["image", "w"], ["logits/raw"], name="mm"),
+             helper.make_node("Softmax", ["logits/raw"], ["probs"], axis=-1, name="sm"),
+             helper.make_node("ArgMax", ["probs"], ["label"], axis=-1, keepdims=0, name="am")]
+    model = _model(nodes, [_vi("image", ["batch", 8])],
+                   [_vi("probs", ["batch", 3]), _vi("label", ["batch"], TensorProto.INT64),
+                    _vi("logits/raw", ["batch", 3])],
+                   [numpy_helper.from_array(w, "w")])
+    mod, params = from_onnx(model)
+    exe = kiln.build(mod, params=params)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert [(i.name, tuple(i.shape), i.dtype) for i in exe.inputs] == [
+        (i.name, tuple(i.shape), "float32") for i in sess.get_inputs()]
+    assert [o.name for o in exe.outputs] == [o.name for o in sess.get_outputs()]
+    assert [o.shape for o in exe.outputs] == [("batch", 3), ("batch",), ("batch", 3)]
+    assert [o.dtype for o in exe.outputs] == ["float32", "int64", "float32"]
+    feeds = {"image": _x(5, 8)}
+    for names in (None, ["label"], ["logits/raw", "probs"]):
+        got, ref = exe.run(feeds, names), sess.run(names, feeds)
+        assert len(got) == len(ref)
+        for a, b in zip(got, ref):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert sorted(exe.run(feeds, as_dict=True)) == ["label", "logits/raw", "probs"]
+    path = str(tmp_path / "m.kiln")
+    exe.save(path)
+    assert kiln.load(path).outputs == exe.outputs

@@ -18,10 +18,13 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import kiln
+from kiln.codegen import executable
 from kiln.frontend.onnx import from_onnx, lookup_converter
 from kiln.frontend.onnx.registry import _CONVERTERS
 from kiln.frontend.onnx.spec import MAX_SIZE
-from kiln.ir import InternalError, KilnError, ModelFormatError
+from kiln.ir import InternalError, KilnError, MemoryLimitError, ModelFormatError
+from kiln.runtime.executor import Executor
 from kiln.testing.onnx_graphs import onnx_model, value_info
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -126,6 +129,44 @@ def test_an_internal_error_in_a_converter_names_the_node(monkeypatch):
     assert isinstance(err, InternalError) and isinstance(err.__cause__, AttributeError)
     monkeypatch.setitem(_CONVERTERS, ("", "Relu"), entries)
     assert lookup_converter("Relu", 18) is entries[0][1]
+
+
+def test_an_internal_error_in_the_build_names_the_node(monkeypatch):
+    """A bug while scheduling a kernel (planted) is an InternalError naming the ONNX node the
+    kernel computes (its Span), the original chained."""
+    mod, params = from_onnx(_one(_node("Relu", ["x"]), [value_info("x", [3])]))
+
+    def broken(func, target):
+        raise ValueError("planted")
+
+    monkeypatch.setattr(executable, "schedule_prim_func", broken)
+    with pytest.raises(InternalError, match=r"Relu node 'n': internal error in kiln "
+                                            r"\(ValueError at kiln/") as info:
+        kiln.build(mod, params=params)
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_an_internal_error_while_running_is_an_internal_error(monkeypatch):
+    """Anything but a KilnError escaping a run becomes an InternalError naming the function;
+    running out of memory a MemoryLimitError."""
+    mod, params = from_onnx(_one(_node("Relu", ["x"]), [value_info("x", [3])]))
+    exe = kiln.build(mod, params=params)
+    x = np.ones(3, np.float32)
+    np.testing.assert_array_equal(exe(x), x)
+
+    def fail(exc):
+        def run(*args, **kwargs):
+            raise exc
+        return run
+
+    monkeypatch.setattr(Executor, "_run_fast", fail(TypeError("planted")))
+    with pytest.raises(InternalError, match=r"running main: internal error in kiln \(TypeError") \
+            as info:
+        exe(x)
+    assert isinstance(info.value.__cause__, TypeError)
+    monkeypatch.setattr(Executor, "_run_fast", fail(MemoryError()))
+    with pytest.raises(MemoryLimitError, match="main: out of memory while running"):
+        exe(x)
 
 
 # ---- found by benchmarks/fuzz.py ------------------------------------------------------------

@@ -27,6 +27,7 @@ from kiln.graph import (
     is_call_tir,
     is_leaf,
 )
+from kiln.graph.op_registry import get_op_def
 from kiln.ir import KilnError, StructInfoError, structural_equal, structural_hash
 
 
@@ -150,4 +151,4 @@ def test_constant_equality_compares_data():
 
 def test_op_def_lookup():
     with pytest.raises(KilnError, match="no operator named"):
-        _ = Op("definitely.not.an.op").op_def
+        get_op_def(Op("definitely.not.an.op").name)

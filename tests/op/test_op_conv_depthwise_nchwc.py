@@ -13,6 +13,7 @@ from kiln import op, te, tir
 from kiln.ir.errors import KilnError, StructInfoError
 from kiln.op.layout import transform_array
 from kiln.op.registry import get_op_def
+from kiln.schedule import lookup_schedule
 from kiln.target import Target
 from kiln.testing.op_testing import check, dims, infer, make_rand, run_cases, tvar
 from kiln.tir.schedule import Schedule
@@ -107,7 +108,7 @@ def test_depthwise_schedule_shape():
     w = te.placeholder((4, 1, 3, 3, lanes), "float32", name="w")
     out = opdef.compute(x, w, attrs=opdef.make_attrs(padding=1))
     sch = Schedule(te.create_prim_func([x, w, out]))
-    opdef.schedules["c"](sch, TARGET)
+    lookup_schedule(opdef.name, "c")(sch, TARGET)
     loops = [sch.get(lp) for lp in sch.get_loops(sch.get_block("depthwise_conv2d_nchwc"))]
     kinds = [lp.kind for lp in loops]
     assert kinds[0] == tir.ForKind.PARALLEL

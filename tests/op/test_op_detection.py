@@ -33,7 +33,7 @@ def _build(b, c, n, dtype="float32", **attrs):
                                                         **attrs))
         bb.emit_func_output(out)
     mod = bb.get()
-    kiln.ir.well_formed(mod)
+    kiln.graph.well_formed(mod)
     return kiln.build(mod)
 
 

@@ -26,7 +26,7 @@ def _build(params, body):
             out = bb.emit_output(body(bb, *params))
         bb.emit_func_output(out)
     mod = bb.get()
-    kiln.ir.well_formed(mod)
+    kiln.graph.well_formed(mod)
     return kiln.build(mod)
 
 

@@ -15,6 +15,7 @@ from kiln import op, te, tir
 from kiln.graph.block_builder import BlockBuilder
 from kiln.ir.errors import KilnError, StructInfoError
 from kiln.op.registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, get_op_def
+from kiln.schedule import lookup_schedule
 from kiln.target import Target
 from kiln.testing.op_testing import dims, infer, make_rand, run_cases, tvar
 
@@ -140,7 +141,7 @@ def test_declarations():
         assert get_op_def(name).mixed_precision == MixedPrecision.NEVER
     assert callable(get_op_def("exp").gradient)  # checked in test_op_gradients.py
     for name in op.elementwise.__all__:
-        assert "c" in get_op_def(name).schedules
+        assert lookup_schedule(name, "c") is not None
         assert getattr(op, name) is get_op_def(name)
 
 
@@ -340,7 +341,7 @@ def _scheduled(name, shapes, dtype="float32"):
     phs = [te.placeholder(s, dtype, name=f"in{k}") for k, s in enumerate(shapes)]
     out = opdef.compute(*phs, attrs=None)
     sch = Schedule(te.create_prim_func([*phs, out]))
-    opdef.schedules["c"](sch, TARGET)
+    lookup_schedule(opdef.name, "c")(sch, TARGET)
     return sch.func
 
 
@@ -391,7 +392,7 @@ def test_schedule_injective_with_a_symbolic_batch_keeps_inner_loops():
     the constant loops after it join the parallel loop until they alone give every thread
     chunks, and the rest stay nested (fusing them all costs a div/mod per element)."""
     from kiln.codegen import c as codegen_c
-    from kiln.op.schedule_helpers import schedule_injective
+    from kiln.schedule.cpu.generic import schedule_injective
     from kiln.tir.schedule import Schedule
 
     n = te.size_var("n")
@@ -415,7 +416,7 @@ def test_schedule_injective_with_a_symbolic_batch_keeps_inner_loops():
 
 def test_schedule_injective_inlines_intermediate_stages():
     from kiln.codegen import c as codegen_c
-    from kiln.op.schedule_helpers import schedule_injective
+    from kiln.schedule.cpu.generic import schedule_injective
     from kiln.tir.schedule import Schedule
 
     a = te.placeholder((6, 16), "float32", name="A")
@@ -442,7 +443,7 @@ def test_schedule_injective_transposes_rows_that_conflict_in_l1(k, transposed):
     so the copy runs with a tile of the contiguous input axis innermost instead; rows whose
     lines spread over the sets (k = 1000) keep the vectorized gather."""
     from kiln.codegen import c as codegen_c
-    from kiln.op.schedule_helpers import _conflicting_rows, schedule_injective
+    from kiln.schedule.cpu.generic import _conflicting_rows, schedule_injective
     from kiln.tir.schedule import Schedule
 
     assert _conflicting_rows(16, 4096) and _conflicting_rows(8, 8192)

@@ -67,7 +67,7 @@ def _build(axis, antialias=False, **attrs):
             out = bb.emit_output(y)
         bb.emit_func_output(out)
     mod = bb.get()
-    kiln.ir.well_formed(mod)
+    kiln.graph.well_formed(mod)
     return kiln.build(mod)
 
 

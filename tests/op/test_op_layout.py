@@ -18,6 +18,7 @@ from kiln.graph.block_builder import BlockBuilder
 from kiln.ir.errors import KilnError, StructInfoError
 from kiln.op.layout import Layout, LayoutRewrite, transform_array, transform_shape
 from kiln.op.registry import OpPattern, get_op_def
+from kiln.schedule import lookup_schedule
 from kiln.target import Target
 from kiln.testing.op_testing import check, dims, infer, make_rand, run_cases, tvar
 from kiln.tir.schedule import Schedule
@@ -181,7 +182,7 @@ def test_conv2d_nhwc_schedule_vectorizes_channels():
     out = opdef.compute(x, w, attrs=opdef.make_attrs(padding=1, data_layout="NHWC",
                                                      kernel_layout="HWIO"))
     sch = Schedule(te.create_prim_func([x, w, out]))
-    opdef.schedules["c"](sch, TARGET)
+    lookup_schedule(opdef.name, "c")(sch, TARGET)
     kinds = [sch.get(lp).kind for lp in sch.get_loops(sch.get_block("conv2d"))]
     assert kinds[-1] == tir.ForKind.VECTORIZED and kinds[-2] == tir.ForKind.UNROLLED
 
@@ -225,7 +226,7 @@ def test_conv2d_nchwc_schedule_shape():
     w = te.placeholder((2, 2, 3, 3, 8, lanes), "float32", name="w")
     out = opdef.compute(x, w, attrs=opdef.make_attrs(padding=1))
     sch = Schedule(te.create_prim_func([x, w, out]))
-    opdef.schedules["c"](sch, TARGET)
+    lookup_schedule(opdef.name, "c")(sch, TARGET)
     loops = [sch.get(lp) for lp in sch.get_loops(sch.get_block("conv2d_nchwc"))]
     assert loops[0].kind == tir.ForKind.PARALLEL
     assert loops[-1].kind == tir.ForKind.VECTORIZED and loops[-1].extent.value == lanes
@@ -261,14 +262,14 @@ def _check_nchwc_conv(sch, target, x, w, xb, wb):
 def test_conv2d_nchwc_thread_split_orders(shape, wshape, rows_outer):
     """Both ways of sharing a convolution among threads compute the convolution; with rows
     shared, the padded rows are made inside the parallel loop (no separate padding pass)."""
-    from kiln.op import nn as knn
+    from kiln.schedule.cpu import convolution as knn
 
     target = Target("c", num_threads=2)
     x, w = rand(shape), rand(wshape)
     xb, wb, sch = _nchwc_conv(x, w, target.vector_lanes("float32"))
     block = sch.get_block("conv2d_nchwc")
     assert knn._rows_outer(sch, block, shape[2], target) is rows_outer
-    get_op_def("nn.conv2d_nchwc").schedules["c"](sch, target)
+    lookup_schedule("nn.conv2d_nchwc", "c")(sch, target)
     pad_loops = [sch.get(lp) for lp in sch.get_loops(sch.get_block("conv2d_nchwc_pad"))]
     conv_loops = [sch.get(lp) for lp in sch.get_loops(sch.get_block("conv2d_nchwc"))]
     assert conv_loops[0].kind == tir.ForKind.PARALLEL
@@ -291,7 +292,7 @@ def test_conv2d_nchwc_symbolic_batch_shares_rows():
     weight = te.placeholder((2, 2, 3, 3, lanes, lanes), "float32", name="weight")
     out = opdef.compute(data, weight, attrs=opdef.make_attrs(padding=1))
     sch = Schedule(te.create_prim_func([data, weight, out]))
-    opdef.schedules["c"](sch, target)
+    lookup_schedule(opdef.name, "c")(sch, target)
     conv_loops = [sch.get(lp) for lp in sch.get_loops(sch.get_block("conv2d_nchwc"))]
     pad_loops = [sch.get(lp) for lp in sch.get_loops(sch.get_block("conv2d_nchwc_pad"))]
     par = conv_loops[0]
@@ -314,7 +315,7 @@ def test_conv2d_nchwc_symbolic_batch_shares_rows():
     (16, {112: (7, 2), 56: (7, 2), 28: (7, 2), 14: (7, 2), 7: (7, 2), 8: (8, 2), 3: (3, 1)}),
 ])
 def test_conv2d_nchwc_tile_follows_the_vector_length(lanes, expect):
-    from kiln.op import nn as knn
+    from kiln.schedule.cpu import convolution as knn
 
     assert {ow: knn._nchwc_tile(ow, 4, lanes) for ow in expect} == expect
     assert knn._nchwc_tile(14, 3, lanes) == (7, 1)  # an odd block count: one block wide
@@ -331,7 +332,7 @@ def test_conv2d_nchwc_each_tile_matches_numpy(features, monkeypatch):
     for hw in (14, 10):
         x, w = rand((1, lanes, hw, hw)), rand((4 * lanes, lanes, 3, 3))
         xb, wb, sch = _nchwc_conv(x, w, lanes)
-        get_op_def("nn.conv2d_nchwc").schedules["c"](sch, target)
+        lookup_schedule("nn.conv2d_nchwc", "c")(sch, target)
         _check_nchwc_conv(sch, target, x, w, xb, wb)
 
 
@@ -341,7 +342,7 @@ def test_conv2d_nchwc_jams_small_row_tails(h, blocks):
     """9-pixel rows in 6-pixel tiles leave a 3 x 2-block tail (6 accumulators, too few to keep
     the FMA pipes busy): the row loop asks for the tails of 2 rows to be jammed, and the
     lowered kernel runs them in one loop nest; the result is numpy's."""
-    from kiln.op import nn as knn
+    from kiln.schedule.cpu import convolution as knn
     from kiln.tir.transform.lower import lower
 
     assert knn._tail_jam(9, 6, 2) == 2 and knn._tail_jam(7, 5, 2) == 2
@@ -351,7 +352,7 @@ def test_conv2d_nchwc_jams_small_row_tails(h, blocks):
     lanes = target.vector_lanes("float32")
     x, w = rand((1, 4 * lanes, h, 9)), rand((blocks * lanes, 4 * lanes, 3, 3))
     xb, wb, sch = _nchwc_conv(x, w, lanes)
-    get_op_def("nn.conv2d_nchwc").schedules["c"](sch, target)
+    lookup_schedule("nn.conv2d_nchwc", "c")(sch, target)
     jammed = []  # the second row's accumulators
     tir.post_order_visit(lower(sch.func).body, lambda n: jammed.append(n) if isinstance(
         n, tir.Allocate) and n.buffer.name.endswith("_j1") else None)
@@ -464,7 +465,7 @@ def test_pool_vectorizes_the_carried_channel_block():
         out = opdef.compute(x, attrs=opdef.make_attrs(pool_size=2, strides=2, padding=padding,
                                                       layout=f"NCHW{lanes}c"))
         sch = Schedule(te.create_prim_func([x, out]))
-        opdef.schedules["c"](sch, TARGET)
+        lookup_schedule(opdef.name, "c")(sch, TARGET)
         return sch.get(sch.get_loops(sch.get_block("max_pool2d"))[-1]).kind
 
     assert inner_kind(0) == tir.ForKind.VECTORIZED

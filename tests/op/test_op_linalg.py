@@ -18,6 +18,7 @@ from kiln.graph.block_builder import BlockBuilder
 from kiln.graph.struct_info import TensorStructInfo
 from kiln.ir.errors import KilnError, StructInfoError
 from kiln.op.registry import MixedPrecision, OpPattern, get_op_def
+from kiln.schedule import lookup_schedule
 from kiln.target import Target
 from kiln.testing.op_testing import (
     check,
@@ -47,7 +48,7 @@ def test_declarations():
         assert d.inputs == inputs
         assert d.pattern == OpPattern.OUT_EWISE_FUSABLE
         assert d.mixed_precision == MixedPrecision.ALWAYS
-        assert "c" in d.schedules and callable(d.gradient)
+        assert lookup_schedule(d.name, "c") is not None and callable(d.gradient)
     assert op.matmul is get_op_def("matmul") and op.dense is get_op_def("dense")
 
 
@@ -177,7 +178,7 @@ def test_matmul_symbolic_rows():
     b = te.placeholder((12, 16), "float32", name="b")
     out = get_op_def("matmul").compute(a, b, attrs=op.linalg.MatmulAttrs())
     sch = Schedule(te.create_prim_func([a, b, out]))
-    get_op_def("matmul").schedules["c"](sch, TARGET)
+    lookup_schedule("matmul", "c")(sch, TARGET)
     mod = codegen_c.build({"mm": sch.func}, TARGET)
     for rows in (1, 5, 9):
         x, y = rand((rows, 12)), rand((12, 16))
@@ -234,7 +235,7 @@ def _symbolic_rows_schedule(op_name, k, w_shape, target):
     opdef = get_op_def(op_name)
     out = opdef.compute(x, w, attrs=opdef.make_attrs())
     sch = Schedule(te.create_prim_func([x, w, out]))
-    opdef.schedules["c"](sch, target)
+    lookup_schedule(opdef.name, "c")(sch, target)
     return sch
 
 
@@ -275,7 +276,7 @@ def test_gemm_with_symbolic_rows_shares_column_chunks():
 def test_gemv_column_chunks_balance_the_threads():
     """A classifier's 1000 columns (125 vectors of 8) in 25 chunks of 5 vectors, not 5 of 25
     that give one of 2 threads 3 chunks (60% of the work); 1024 columns keep 4 wide chunks."""
-    from kiln.op.linalg import _column_chunk
+    from kiln.schedule.cpu.linalg import _column_chunk
 
     assert _column_chunk(1000, 8, 4, threads=2) == 40
     assert _column_chunk(1024, 8, 4, threads=2) == 256
@@ -302,7 +303,7 @@ def test_schedules_handle_fused_epilogues():
         bias = te.placeholder((96,), "float32", name="bias")
         out = epilogue(opdef.compute(a, b, attrs=opdef.make_attrs()), bias)
         sch = Schedule(te.create_prim_func([a, b, bias, out]))
-        opdef.schedules["c"](sch, TARGET)
+        lookup_schedule(opdef.name, "c")(sch, TARGET)
         key = f"f{len(funcs)}"
         funcs[key] = sch.func
         av, bv, cv = rand(a_shape), rand(b_shape), rand((96,))

@@ -13,8 +13,10 @@ from kiln import graph as g
 from kiln import op, te, tir
 from kiln.ir.errors import StructInfoError
 from kiln.op.layout import transform_array
-from kiln.op.matmul_packed import GEMM_K_UNROLL, GEMM_TILES, gemm_tile
 from kiln.op.registry import get_op_def
+from kiln.schedule import lookup_schedule
+from kiln.schedule.cpu import matmul_packed as cpu_matmul_packed
+from kiln.schedule.cpu.matmul_packed import GEMM_K_UNROLL, GEMM_TILES, gemm_tile
 from kiln.target import Target
 from kiln.testing.op_testing import check, dims, infer, make_rand, run_cases, tvar
 from kiln.tir.schedule import Schedule
@@ -86,7 +88,7 @@ def test_schedule_keeps_the_tile_in_a_small_local_buffer():
     bp = te.placeholder((4, 32, GEMM_NR), "float32", name="bp")
     out = get_op_def("matmul_packed").compute(a, bp, attrs=get_op_def("matmul_packed").make_attrs())
     sch = Schedule(te.create_prim_func([a, bp, out]))
-    get_op_def("matmul_packed").schedules["c"](sch, TARGET)
+    lookup_schedule("matmul_packed", "c")(sch, TARGET)
     mod = codegen_c.build({"mmp": sch.func}, TARGET)
     assert f"matmul_packed_local[{GEMM_MR * GEMM_NR}]" in mod.source
     # the tile's reduction loop is left to GCC to unroll a few steps at a time
@@ -105,7 +107,7 @@ def test_symbolic_rows():
     bp = te.placeholder((2, 24, GEMM_NR), "float32", name="bp")
     out = get_op_def("matmul_packed").compute(a, bp, attrs=get_op_def("matmul_packed").make_attrs())
     sch = Schedule(te.create_prim_func([a, bp, out]))
-    get_op_def("matmul_packed").schedules["c"](sch, TARGET)
+    lookup_schedule("matmul_packed", "c")(sch, TARGET)
     mod = codegen_c.build({"mmp": sch.func}, TARGET)
     for rows in (1, 5, 13):
         x, y = rand((rows, 24)), rand((24, 2 * GEMM_NR))
@@ -129,7 +131,7 @@ def test_fused_consumers_run_per_panel_when_it_fits(rows, per_panel):
     out = te.compute(prod.shape, lambda i, j: tir.max(prod[i, j] + bias[j],
                                                       tir.const("float32", 0.0)), name="relu")
     sch = Schedule(te.create_prim_func([a, bp, bias, out]))
-    opdef.schedules["c"](sch, Target("c", num_threads=2))
+    lookup_schedule(opdef.name, "c")(sch, Target("c", num_threads=2))
     relu_loops = sch.get_loops(sch.get_block("relu"))
     gemm_loops = sch.get_loops(sch.get_block("matmul_packed"))
     # the consumer shares only the panel loop with the product, or also its row-block loop
@@ -147,12 +149,11 @@ def test_few_rows_run_several_panels_at_once(rows):
     """A tile of all of 1-3 rows has 2-6 accumulators per panel, too few for the FMA pipes:
     the panels run jammed a few at a time (each its own accumulators, one reduction loop),
     with the fused bias + ReLU; the result is numpy's."""
-    import sys
 
     from kiln.codegen import c as codegen_c
     from kiln.tir.transform.lower import lower
 
-    mp = sys.modules["kiln.op.matmul_packed"]  # kiln.op.matmul_packed names the op
+    mp = cpu_matmul_packed
     assert [mp._panels_at_once(m, m, 2, 8) for m in (1, 2, 3, 4)] == [4, 2, 2, None]
     assert mp._panels_at_once(1, 1, 2, 6) == 3 and mp._panels_at_once(1, 1, 2, 1) is None
     assert mp._panels_at_once(None, 6, 2, 8) is None and mp._panels_at_once(64, 6, 2, 8) is None
@@ -166,7 +167,7 @@ def test_few_rows_run_several_panels_at_once(rows):
                                                       tir.const("float32", 0.0)), name="relu")
     sch = Schedule(te.create_prim_func([a, bp, bias, out]))
     target = Target("c", num_threads=2)
-    opdef.schedules["c"](sch, target)
+    lookup_schedule(opdef.name, "c")(sch, target)
     allocs = []
     tir.post_order_visit(lower(sch.func).body, lambda n: allocs.append(n.buffer.name)
                          if isinstance(n, tir.Allocate) else None)
@@ -364,7 +365,7 @@ def test_amx_schedule_emits_tile_instructions():
     d = get_op_def("matmul_vnni")
     out = d.compute(a, bp, attrs=d.make_attrs(out_dtype="float32"))
     sch = Schedule(te.create_prim_func([a, bp, out]))
-    d.schedules["c"](sch, AMX_TARGET)
+    lookup_schedule(d.name, "c")(sch, AMX_TARGET)
     source, _ = codegen_c.generate_source({"mmv": sch.func}, AMX_TARGET)
     assert "_tile_dpbf16ps" in source and "_tile_loadconfig" in source
 

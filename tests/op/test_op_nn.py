@@ -16,6 +16,7 @@ from kiln.graph.block_builder import BlockBuilder
 from kiln.graph.struct_info import TensorStructInfo
 from kiln.ir.errors import KilnError, StructInfoError
 from kiln.op.registry import MixedPrecision, OpPattern, get_op_def
+from kiln.schedule import lookup_schedule
 from kiln.target import Target
 from kiln.testing.op_testing import check, dims, infer, make_rand, run_cases, tvar
 from kiln.tir.schedule import Schedule
@@ -180,7 +181,7 @@ def test_declarations():
     for name, (pattern, mp) in expect.items():
         d = get_op_def(name)
         assert (d.pattern, d.mixed_precision) == (pattern, mp), name
-        assert "c" in d.schedules and callable(d.gradient)
+        assert lookup_schedule(d.name, "c") is not None and callable(d.gradient)
     assert op.nn.conv2d is get_op_def("nn.conv2d")
     # activations declared with the element-wise ops are reachable as nn.*
     assert op.nn.relu is get_op_def("relu") and op.nn.gelu is get_op_def("gelu")
@@ -305,7 +306,7 @@ def test_conv2d_symbolic_batch():
     opdef = get_op_def("nn.conv2d")
     out = opdef.compute(x, w, attrs=opdef.make_attrs(padding=1))
     sch = Schedule(te.create_prim_func([x, w, out]))
-    opdef.schedules["c"](sch, TARGET)
+    lookup_schedule(opdef.name, "c")(sch, TARGET)
     mod = codegen_c.build({"conv": sch.func}, TARGET)
     wv = rand((4, 3, 3, 3))
     for batch in (1, 3):
@@ -403,14 +404,14 @@ def test_row_schedule_parallelizes_and_vectorizes():
     opdef = get_op_def("nn.softmax")
     x = te.placeholder((256, 128), "float32", name="x")
     sch = Schedule(te.create_prim_func([x, opdef.compute(x, attrs=opdef.make_attrs())]))
-    opdef.schedules["c"](sch, TARGET)
+    lookup_schedule(opdef.name, "c")(sch, TARGET)
     kinds = []
     tir.post_order_visit(sch.func.body,
                          lambda n: kinds.append(n.kind) if isinstance(n, tir.For) else None)
     assert kinds.count(tir.ForKind.PARALLEL) == 1 and tir.ForKind.VECTORIZED in kinds
     small = te.placeholder((4, 13), "float32", name="x")  # too little work for threads
     sch = Schedule(te.create_prim_func([small, opdef.compute(small, attrs=opdef.make_attrs())]))
-    opdef.schedules["c"](sch, TARGET)
+    lookup_schedule(opdef.name, "c")(sch, TARGET)
     kinds = []
     tir.post_order_visit(sch.func.body,
                          lambda n: kinds.append(n.kind) if isinstance(n, tir.For) else None)
@@ -482,7 +483,7 @@ def test_symbolic_batch_for_row_ops_and_pooling():
         phs = [te.placeholder(s, "float32", name=f"in{i}") for i, s in enumerate(in_shapes)]
         out = opdef.compute(*phs, attrs=opdef.make_attrs(**attrs))
         sch = Schedule(te.create_prim_func([*phs, out]))
-        opdef.schedules["c"](sch, TARGET)
+        lookup_schedule(opdef.name, "c")(sch, TARGET)
         funcs[key] = sch.func
     mod = codegen_c.build(funcs, TARGET)
     for batch in (1, 3):

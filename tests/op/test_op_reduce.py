@@ -9,6 +9,7 @@ from kiln import op, te, tir
 from kiln.graph.block_builder import BlockBuilder
 from kiln.ir.errors import KilnError, StructInfoError
 from kiln.op.registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, get_op_def
+from kiln.schedule import lookup_schedule
 from kiln.target import Target
 from kiln.testing.op_testing import dims, infer, run_cases, tvar
 
@@ -81,7 +82,7 @@ def test_reduce_errors():
 def test_declarations():
     for name in ("sum", "mean", "max", "min", "prod", "argmax", "argmin"):
         d = get_op_def(name)
-        assert d.pattern == OpPattern.COMM_REDUCE and "c" in d.schedules
+        assert d.pattern == OpPattern.COMM_REDUCE and lookup_schedule(d.name, "c") is not None
         assert getattr(op, name) is d
     assert get_op_def("sum").mixed_precision == MixedPrecision.NEVER
     assert get_op_def("mean").mixed_precision == MixedPrecision.NEVER
@@ -200,7 +201,7 @@ def _schedule_kinds(shape, axis):
     opdef = get_op_def("sum")
     out = opdef.compute(x, attrs=opdef.make_attrs(axis=axis))
     sch = Schedule(te.create_prim_func([x, out]))
-    opdef.schedules["c"](sch, TARGET)
+    lookup_schedule(opdef.name, "c")(sch, TARGET)
     found = []
     tir.post_order_visit(sch.func.body, lambda n: found.append(n.kind)
                          if isinstance(n, tir.For) else None)

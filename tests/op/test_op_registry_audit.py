@@ -1,7 +1,9 @@
 """Registry audit: every registered operator is complete.
 
 Each operator must declare StructInfo inference, a fusion pattern, a compute (or a legalize
-hook), a CPU schedule, and either a gradient rule or an explicit ``NON_DIFFERENTIABLE`` mark;
+hook), and either a gradient rule or an explicit ``NON_DIFFERENTIABLE`` mark; every target family
+in ``AUDITED_FAMILIES`` must give it a schedule (its own or a rule's, ``kiln/schedule/<room>/``)
+or say why it has none (``kiln.schedule.register_no_schedule``);
 and it must have a numeric test: its registry name (as a string literal) or its Python API
 (``op.<name>`` / ``nn.<name>``) appears in a test module under ``tests/op/`` other than this
 audit and the generated gradient checks (which cover every differentiable op by construction,
@@ -20,9 +22,12 @@ import pytest
 import kiln.op
 from kiln.op import nn as op_nn
 from kiln.op.registry import NON_DIFFERENTIABLE, OpDef, OpPattern, get_op_def, list_ops
+from kiln.schedule import FAMILIES, schedule_source
 
 TESTS = Path(__file__).resolve().parent
 NOT_NUMERIC = {"test_op_registry_audit.py", "test_op_gradients.py"}
+#: Target families whose schedules are audited (a family joins once its room schedules every op).
+AUDITED_FAMILIES = ("c",)
 
 
 @cache
@@ -66,8 +71,11 @@ def test_operator_declaration_is_complete(name):
         problems.append("no fusion pattern (pattern=)")
     if not callable(opdef.compute) and not callable(opdef.legalize):
         problems.append("no compute (compute=) or legalize hook (legalize=)")
-    if not callable(opdef.schedules.get("c")):
-        problems.append("no CPU schedule (schedules={'c': ...})")
+    for family in AUDITED_FAMILIES:
+        if schedule_source(name, family) is None:
+            problems.append(f"no {family!r} schedule and no reason why not (kiln/schedule/"
+                            f"{FAMILIES[family]}/: register_schedule, a rule, or "
+                            "register_no_schedule)")
     if opdef.gradient is not NON_DIFFERENTIABLE and not callable(opdef.gradient):
         problems.append("no gradient rule (gradient=...) and no gradient=NON_DIFFERENTIABLE mark")
     elif callable(opdef.gradient):
@@ -78,6 +86,13 @@ def test_operator_declaration_is_complete(name):
         problems.append("no numeric test: neither its name nor its Python API appears in a "
                         "test module under tests/op/")
     assert not problems, f"operator {name}: " + "; ".join(problems)
+
+
+def test_the_audit_sees_rules_own_schedules_and_reasons():
+    """Where the audited schedules come from: a rule, the op's own entry, or a reason."""
+    assert schedule_source("add", "c").startswith("rule ")
+    assert schedule_source("nn.conv2d", "c") == "own"
+    assert schedule_source("image_decode", "c").startswith("none: ")
 
 
 def test_the_audit_finds_python_apis_and_names():

@@ -9,6 +9,7 @@ import pytest
 from kiln import te, tir
 from kiln.codegen import c as codegen_c
 from kiln.op.registry import get_op_def
+from kiln.schedule import lookup_schedule
 from kiln.target import Target
 from kiln.testing.op_testing import check, run_cases
 from kiln.tir.schedule import Schedule
@@ -40,7 +41,7 @@ def _scheduled(name, shapes, **attrs):
     phs = [te.placeholder(s, "float32", name=f"in{i}") for i, s in enumerate(shapes)]
     out = opdef.compute(*phs, attrs=opdef.make_attrs(**attrs))
     sch = Schedule(te.create_prim_func([*phs, out]))
-    opdef.schedules["c"](sch, TARGET)
+    lookup_schedule(opdef.name, "c")(sch, TARGET)
     return sch.func
 
 
@@ -145,7 +146,7 @@ def test_reductions_over_the_contiguous_axis(name):
         x = te.placeholder((64, length), "float32", name="x")
         sch = Schedule(te.create_prim_func(
             [x, opdef.compute(x, attrs=opdef.make_attrs(axis=(1,)))]))
-        opdef.schedules["c"](sch, TARGET)
+        lookup_schedule(opdef.name, "c")(sch, TARGET)
         assert bool(_rf_blocks(sch.func)) == expect
 
 

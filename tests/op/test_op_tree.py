@@ -12,7 +12,8 @@ from kiln import op
 from kiln.graph.block_builder import BlockBuilder
 from kiln.ir.errors import KilnError, StructInfoError
 from kiln.op.registry import NON_DIFFERENTIABLE, OpPattern, get_op_def
-from kiln.op.tree import TreeEnsembleAttrs, schedule_tree_ensemble, tree_prim_func
+from kiln.op.tree import TreeEnsembleAttrs, tree_prim_func
+from kiln.schedule.cpu.tree import schedule_tree_ensemble
 from kiln.testing.op_testing import dims, infer, tvar
 
 RNG = np.random.default_rng(12)

@@ -1,4 +1,12 @@
-"""Executable files: round trip, dtype table derived from the layout, malformed files."""
+"""Executable files: round trip, dtype table derived from the layout, malformed, damaged,
+foreign and newer files, extra sections, read-only caches, code for CPUs this one is not."""
+
+import json
+import os
+import stat
+import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -7,6 +15,7 @@ import kiln
 from kiln import graph as g
 from kiln import op
 from kiln.ir import DataType, ModelFormatError, abi
+from kiln.runtime import file_format
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +41,10 @@ def test_file_stores_dtypes_with_the_layout_struct(exe, tmp_path):
     path = tmp_path / "m.kiln"
     exe.save(str(path))
     data = path.read_bytes()
-    (count,) = np.frombuffer(data[12:16], dtype="<u4")
-    first = abi.unpack_dtype(data, 16)
-    assert count >= 1 and first == DataType("float32")
+    assert data[:8] == b"KILNEXE\0" and struct.unpack_from("<I", data, 8)[0] == 3
+    raw = bytes(file_format.read(data, str(path))["dtypes"])
+    assert len(raw) % abi.DTYPE_STRUCT.size == 0 and len(raw) >= abi.DTYPE_STRUCT.size
+    assert abi.unpack_dtype(raw, 0) == DataType("float32")
 
 
 def test_long_vector_dtype_survives_the_file_format():
@@ -55,9 +65,12 @@ def test_truncated_file_is_a_clear_error(exe, tmp_path, cut):
 def test_not_an_executable(tmp_path):
     path = tmp_path / "x.kiln"
     path.write_bytes(b"hello world, not a kiln file")
-    with pytest.raises(ModelFormatError, match="bad magic"):
+    with pytest.raises(ModelFormatError, match="is not a kiln executable"):
         kiln.load(str(path))
-    with pytest.raises(ModelFormatError):
+    path.write_bytes(b"")
+    with pytest.raises(ModelFormatError, match="is not a kiln executable"):
+        kiln.load(str(path))
+    with pytest.raises(ModelFormatError, match="No such file"):
         kiln.load(str(tmp_path / "missing.kiln"))
 
 
@@ -128,3 +141,186 @@ def test_fast_call_returns_tuple_outputs():
     np.testing.assert_array_equal(m, v * v)
     np.testing.assert_array_equal(a, v + v)
     np.testing.assert_array_equal(s, v - v)
+
+
+# ---- damage, versions, sections ------------------------------------------------------------
+def _saved(exe, tmp_path) -> tuple[str, bytes, list]:
+    path = str(tmp_path / "m.kiln")
+    exe.save(path)
+    data = open(path, "rb").read()
+    return path, data, file_format.read_table(data, path)
+
+
+def _flip(path: str, data: bytes, offset: int) -> None:
+    damaged = bytearray(data)
+    damaged[offset] ^= 0x20
+    with open(path, "wb") as f:
+        f.write(bytes(damaged))
+
+
+def test_a_flipped_byte_in_any_section_names_the_section(exe, tmp_path):
+    """Weights, code, plans: a flipped byte anywhere in a section is caught by its checksum
+    before the library is loaded or a constant is read (it used to run and print garbage, or
+    segfault)."""
+    path, data, table = _saved(exe, tmp_path)
+    assert [s.name for s in table] == ["meta", "dtypes", "header", "library", "source",
+                                       "constants"]
+    for section in table:
+        for offset in {section.offset, section.offset + section.size // 2,
+                       section.offset + section.size - 1}:
+            _flip(path, data, offset)
+            with pytest.raises(ModelFormatError,
+                               match=f"section '{section.name}' .* fails its checksum"):
+                kiln.load(path)
+
+
+@pytest.mark.parametrize("where,message", [
+    (0, "magic number .* is corrupt"), (7, "magic number .* is corrupt"),
+    (8, "format version field .* is corrupt"), (13, "header .* is corrupt"),
+    (20, "header .* is corrupt"), (60, "header .* is corrupt"),
+])
+def test_a_flipped_byte_in_the_header_is_named(exe, tmp_path, where, message):
+    path, data, _ = _saved(exe, tmp_path)
+    _flip(path, data, where)
+    with pytest.raises(ModelFormatError, match=message):
+        kiln.load(path)
+
+
+def test_extra_or_missing_bytes(exe, tmp_path):
+    path, data, _ = _saved(exe, tmp_path)
+    with open(path, "wb") as f:
+        f.write(data + b"\0")
+    with pytest.raises(ModelFormatError, match="extra bytes"):
+        kiln.load(path)
+    with open(path, "wb") as f:
+        f.write(data[:-1])
+    with pytest.raises(ModelFormatError, match="truncated"):
+        kiln.load(path)
+
+
+def _with_version(data: bytes, version: int) -> bytes:
+    """``data`` rewritten as a genuine file of format ``version`` (its preamble checksum
+    recomputed, as a newer kiln would write it)."""
+    import hashlib
+
+    table_len = struct.unpack_from("<I", data, 12)[0]
+    head = data[:8] + struct.pack("<II", version, table_len)
+    digest = hashlib.sha256(head + data[48:48 + table_len]).digest()
+    return head + digest + data[48:]
+
+
+def test_newer_and_older_formats_are_explained(exe, tmp_path):
+    path, data, _ = _saved(exe, tmp_path)
+    with open(path, "wb") as f:
+        f.write(_with_version(data, 4))
+    with pytest.raises(ModelFormatError, match="newer kiln .*version 4.*upgrade kiln"):
+        kiln.load(path)
+    with open(path, "wb") as f:  # a version 2 file: no checksums
+        f.write(b"KILNEXE\0" + struct.pack("<II", 2, 1) + bytes(100))
+    with pytest.raises(ModelFormatError, match="older kiln .*version 2.*rebuild"):
+        kiln.load(path)
+
+
+def test_extra_sections_round_trip(exe, tmp_path):
+    from kiln.runtime.executable import Executable
+
+    copy = Executable(exe.module, exe.plans, exe.target, exe.required_features)
+    copy.add_section("gpu.ptx", b"// device code")
+    copy.add_section("empty", b"")
+    with pytest.raises(kiln.KilnError, match="reserved"):
+        copy.add_section("library", b"x")
+    path, data, table = _saved(copy, tmp_path)
+    assert [s.name for s in table][-2:] == ["gpu.ptx", "empty"]
+    loaded = kiln.load(path)
+    assert loaded.section("gpu.ptx") == b"// device code" and loaded.section("empty") == b""
+    with pytest.raises(kiln.KilnError, match="no section 'cubin'.*gpu.ptx, empty"):
+        loaded.section("cubin")
+    ptx = next(s for s in table if s.name == "gpu.ptx")
+    _flip(path, data, ptx.offset + 3)
+    with pytest.raises(ModelFormatError, match="section 'gpu.ptx'"):
+        kiln.load(path)
+
+
+def test_meta_records_target_features_and_version(exe, tmp_path):
+    path, data, _ = _saved(exe, tmp_path)
+    meta = json.loads(bytes(file_format.read(data, path)["meta"]))
+    assert meta["kiln_version"] == kiln.__version__ and meta["target"] == "c"
+    assert meta["machine"] == "x86_64" or meta["machine"]
+    from kiln.target.cpu import host_features
+    assert set(meta["required_features"]) <= host_features()
+    if "avx2" in host_features():
+        assert "avx2" in meta["required_features"]  # -march=native on an AVX2 machine
+    loaded = kiln.load(path)
+    assert loaded.target == "c" and loaded.kiln_version == kiln.__version__
+
+
+_READ_ONLY_CHILD = """
+import sys, numpy as np, kiln
+exe = kiln.load(sys.argv[1])
+x = np.arange(15, dtype="float32").reshape(3, 5)
+np.save(sys.argv[2], exe(x))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_load_with_a_read_only_cache(exe, tmp_path):
+    _load_read_only(exe, tmp_path)
+
+
+def test_load_with_a_read_only_cache_as_any_user(exe, tmp_path):
+    """The cache directory is a file path that cannot be a directory (works as root too)."""
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("x")
+    _load_read_only(exe, tmp_path, str(blocker / "kiln"))
+
+
+def _load_read_only(exe, tmp_path, cache=None):
+    path = str(tmp_path / "m.kiln")
+    exe.save(path)
+    if cache is None:
+        cache = str(tmp_path / "ro_cache")
+        os.makedirs(cache)
+        os.chmod(cache, stat.S_IRUSR | stat.S_IXUSR)
+    env = {**os.environ, "KILN_CACHE_DIR": cache}
+    out = str(tmp_path / "y.npy")
+    subprocess.run([sys.executable, "-c", _READ_ONLY_CHILD, path, out], env=env, check=True,
+                   cwd=os.path.dirname(os.path.dirname(kiln.__file__)))
+    x = np.arange(15, dtype="float32").reshape(3, 5)
+    np.testing.assert_allclose(np.load(out), (x + np.arange(5, dtype="float32")) ** 2)
+
+
+def test_inputs_outputs_and_run_like_onnxruntime(tmp_path):
+    n = kiln.tir.Var("n", "int64")
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo((n, 4), "float32"))
+    y = g.Var("y", g.TensorStructInfo((4,), "int32"))
+    with bb.function("main", [x, y]):
+        s = bb.emit(op.add(x, x))
+        c = bb.emit(op.multiply(y, y))
+        bb.emit_func_output(g.Tuple([s, g.Tuple([c, bb.emit(op.exp(x))])]))
+    exe = kiln.build(bb.get())
+    from kiln.runtime.plan import TensorInfo
+
+    assert exe.inputs == [TensorInfo("x", ("n", 4), "float32"), TensorInfo("y", (4,), "int32")]
+    assert exe.outputs == [TensorInfo("output_0", ("n", 4), "float32"),
+                           TensorInfo("output_1", (4,), "int32"),
+                           TensorInfo("output_2", ("n", 4), "float32")]
+    xv = np.arange(8, dtype="float32").reshape(2, 4)
+    yv = np.arange(4, dtype="int32")
+    feeds = {"x": xv, "y": yv}
+    full = exe.run(feeds)
+    assert [a.shape for a in full] == [(2, 4), (4,), (2, 4)]
+    np.testing.assert_array_equal(full[1], yv * yv)
+    picked = exe.run(feeds, ["output_2", "output_0"])
+    np.testing.assert_allclose(picked[0], np.exp(xv), rtol=1e-6)
+    np.testing.assert_array_equal(picked[1], xv + xv)
+    as_dict = exe.run([xv, yv], as_dict=True)
+    assert list(as_dict) == ["output_0", "output_1", "output_2"]
+    with pytest.raises(kiln.KilnError, match=r"unknown output name\(s\) \['out'\].*output_0"):
+        exe.run(feeds, ["out"])
+    with pytest.raises(kiln.KilnError, match=r"unknown input\(s\) \['z'\]"):
+        exe.run({"x": xv, "z": yv})
+    path = str(tmp_path / "m.kiln")
+    exe.save(path)
+    assert kiln.load(path).outputs == exe.outputs
+    assert "-> (output_0: float32[n, 4]" in exe.summary()

@@ -120,13 +120,14 @@ def test_symbolic_temps_are_planned_per_binding():
     for batch in (1, 5, 3, 5, 1):
         xv = np.random.default_rng(batch).standard_normal((batch, 8)).astype("float32")
         np.testing.assert_allclose(exe(xv), np.exp(np.maximum(xv @ w, 0)), rtol=1e-5)
-        frame = ex._frame({"n": batch})
+        (state,) = ex._pool  # one thread: the same call state every time
+        frame = state.frame(plan, {"n": batch})
         live = [s for s, spec in enumerate(plan.slots) if spec.kind == "temp"]
         assert set(frame.offsets) == set(live)
-        sizes.append(ex._dyn_workspace.nbytes)
+        sizes.append(state.dyn_workspace.nbytes)
     # the workspace grows to the largest binding and stays; frames are reused per binding
     assert sizes[0] <= sizes[1] == sizes[2] == sizes[3] == sizes[4]
-    assert sorted(ex._frames) == [(("n", 1),), (("n", 3),), (("n", 5),)]
+    assert sorted(state.frames) == [(("n", 1),), (("n", 3),), (("n", 5),)]
 
 
 def test_symbolic_plan_memory_shares_bytes_by_liveness():
@@ -178,7 +179,8 @@ def test_constants_and_unplanned_temps_are_aligned(built, tmp_path):
     assert plan.constants
     assert all(_address(c) % ALIGN == 0 for c in plan.constants.values())
     ex = Executor(plan, exe.module)
-    assert all(_address(ex._static[s]) == _address(plan.constants[s]) for s in plan.constants)
+    assert all(_address(ex._consts_by_slot[s]) == _address(plan.constants[s])
+               for s in plan.constants)
     path = tmp_path / "m.kiln"
     exe.save(str(path))
     loaded = kiln.load(str(path))
@@ -186,9 +188,8 @@ def test_constants_and_unplanned_temps_are_aligned(built, tmp_path):
     assert all(_address(c) % ALIGN == 0 for c in lplan.constants.values())
     unplanned = type(plan)(**{**plan.__dict__, "workspace_offsets": {}, "workspace_bytes": 0,
                               "entry": None})
-    ex = Executor(unplanned, exe.module)
-    ex.run(*model.inputs)  # the first run allocates the temps
-    temps = [a for s, a in ex._static.items() if plan.slots[s].kind == "temp"]
+    temps = [a for s, a in Executor(unplanned, exe.module).acquire().temps.items()
+             if plan.slots[s].kind == "temp"]
     assert temps and all(_address(a) % ALIGN == 0 for a in temps)
     np.testing.assert_array_equal(loaded(*model.inputs), exe(*model.inputs))
 
@@ -204,7 +205,7 @@ def test_misaligned_constants_given_to_an_executor_are_realigned(built):
         shifted[slot] = a
     odd = type(plan)(**{**plan.__dict__, "constants": shifted})
     ex = Executor(odd, exe.module)
-    assert all(_address(ex._static[s]) % ALIGN == 0 for s in shifted)
+    assert all(_address(ex._consts_by_slot[s]) % ALIGN == 0 for s in shifted)
     np.testing.assert_array_equal(ex.run(*model.inputs), exe(*model.inputs))
 
 

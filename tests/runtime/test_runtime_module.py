@@ -141,3 +141,31 @@ def test_function_keeps_module_alive():
     out = np.zeros(3, np.int32)
     f(np.arange(3, dtype=np.int32), out)
     np.testing.assert_array_equal(out, np.arange(3) + 7)
+
+
+def test_error_messages_are_per_thread(mod):
+    """kiln_last_error is thread-local: eight threads passing differently wrong arrays at once
+    each read back the message about their own array."""
+    import threading
+
+    start = threading.Barrier(8)
+    wrong = []
+
+    def caller(k: int) -> None:
+        c = np.zeros(4 + k, np.int32)  # expected (3,)
+        start.wait()
+        for _ in range(200):
+            try:
+                mod["twice"](c, np.zeros(3, np.int32))
+            except ArgumentError as err:
+                if f"got ({4 + k},)" not in str(err):
+                    wrong.append((k, str(err)))
+            else:
+                wrong.append((k, "no error"))
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, wrong[:3]

@@ -5,8 +5,8 @@ import pytest
 
 from kiln import graph as g
 from kiln import op
+from kiln.graph.well_formed import well_formed
 from kiln.ir import IRModule, StructInfoError, assert_structural_equal
-from kiln.ir.well_formed import well_formed
 from kiln.transform import InferStructInfo, Normalize, PassContext
 
 

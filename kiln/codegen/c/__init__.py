@@ -1,4 +1,5 @@
-"""The C backend: lowered PrimFuncs -> readable C (OpenMP, GCC vector types) -> native module.
+"""The C backend: lowered PrimFuncs -> readable C (GCC vector types, kiln's thread pool) ->
+native module.
 
 ``build(funcs, target) -> kiln.runtime.Module``; ``generate_source`` gives the C text alone.
 See docs/internals.md ("kiln.tir.transform (lowering) and kiln.codegen.c") for the ABI.

@@ -5,9 +5,10 @@ then the C library includes, libmvec vector-variant declarations for the libm fu
 code uses, the error-reporting support, the vector typedefs and helpers the functions need and
 the prototypes of every function's entries. That prelude is followed by compilation units
 (separated by :data:`~kiln.codegen.c.compiler.UNIT_MARK` lines): the error buffer's
-definition, then per function its unchecked entry (with the static functions it calls)
-followed by its checked entry, then the extra source. The file is one valid C file; a large
-one is compiled in pieces in parallel (:func:`~kiln.codegen.c.compiler.compile_source`).
+definition, kiln's thread pool (``thread_pool.py``), then per function its unchecked entry
+(with the static functions it calls) followed by its checked entry, then the extra source.
+The file is one valid C file; a large one is compiled in pieces in parallel
+(:func:`~kiln.codegen.c.compiler.compile_source`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ... import progress
+from ...arith import Analyzer
 from ...ir.abi import c_header
 from ...ir.errors import CodegenError, KilnError
 from ...runtime.module import FunctionInfo, Module, ParamInfo
@@ -23,7 +26,7 @@ from ...target.target import Target
 from ...tir.expr import IntImm
 from ...tir.function import PrimFunc
 from ...tir.transform.lower import is_lowered, lower
-from . import externs
+from . import externs, thread_pool
 from .compiler import UNIT_MARK, compile_source, libmvec_functions, supports_float16
 from .entry import checked_signature, dim_text, emit_checked_entry
 from .func import FunctionEmitter, unchecked_signature
@@ -31,13 +34,11 @@ from .helpers import ENTRY_SUPPORT, ERROR_BUFFER, Helpers
 from .names import NameTable
 
 INCLUDES = "#include <math.h>\n#include <stdarg.h>\n#include <stdio.h>\n#include <stdlib.h>\n"
+#: First line of every file: the thread pool asks glibc for the CPUs the process may use.
+FEATURES = "#ifndef _GNU_SOURCE\n#define _GNU_SOURCE\n#endif\n"
 
 
 def _make_analyzer() -> Any:
-    try:
-        from ...arith import Analyzer
-    except ImportError:  # pragma: no cover - kiln.arith is part of kiln
-        return None
     return Analyzer()
 
 
@@ -95,6 +96,7 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any = None, extra_sou
     symbols = NameTable()
     bodies: list[str] = []
     infos: dict[str, FunctionInfo] = {}
+    stage = progress.Stage("lowering kernels and generating C", len(funcs))
     for name, func in funcs.items():
         if not isinstance(func, PrimFunc):
             raise CodegenError(f"{name}: expected a tir.PrimFunc, got {type(func).__name__}")
@@ -114,6 +116,8 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any = None, extra_sou
         checked = emit_checked_entry(name, symbol, emitter.signature, helpers)
         bodies.append(unchecked + "\n" + checked)
         infos[name] = _function_info(name, symbol, func, emitter)
+        stage.step(len(infos))
+    stage.finish()
     support = helpers.render()
     code = support + "\n".join(bodies)
     prototypes = ["/* every function's entries (units call each other's: the model entry) */"]
@@ -121,14 +125,15 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any = None, extra_sou
         prototypes += [unchecked_signature(info.symbol) + ";",
                        checked_signature(info.symbol) + ";"]
     prelude = "\n".join([
-        c_header(),
+        FEATURES + c_header(),
         INCLUDES,
         _mvec_declarations(code + extra_source),
         ENTRY_SUPPORT.strip("\n") + "\n",
+        thread_pool.DECLARATIONS.strip("\n") + "\n",
         support,
         "\n".join(prototypes) + "\n",
     ])
-    units = [ERROR_BUFFER, *bodies] + ([extra_source] if extra_source else [])
+    units = [ERROR_BUFFER, thread_pool.SOURCE, *bodies] + ([extra_source] if extra_source else [])
     source = prelude + "".join(f"\n{UNIT_MARK}\n{u}" for u in units)
     return source, infos
 
@@ -148,14 +153,15 @@ def build(funcs: Mapping[str, PrimFunc] | PrimFunc, target: Any = None,
         if items is None:
             raise CodegenError(f"build expects a dict of PrimFuncs, got {type(funcs).__name__}")
         funcs = {k: v for k, v in items() if isinstance(v, PrimFunc)}
-    source, infos = generate_source(funcs, target, extra_source)
-    externs.before_load(source, Target.create(target))  # e.g. AMX permission (tensor intrins)
-    result = compile_source(source)
+    tgt = Target.create(target)
+    source, infos = generate_source(funcs, tgt, extra_source)
+    externs.before_load(source, tgt)  # e.g. AMX permission (tensor intrins)
+    result = compile_source(source, march=tgt.mcpu)
     try:
         return Module(result.lib_path, source, infos, result.source_path, result.from_cache)
     except KilnError:
         if not result.from_cache:
             raise
         # A damaged cache entry: rebuild it once.
-        result = compile_source(source, force=True)
+        result = compile_source(source, force=True, march=tgt.mcpu)
         return Module(result.lib_path, source, infos, result.source_path, False)

@@ -1,9 +1,12 @@
 """Compiling generated C into a shared library, with an on-disk cache.
 
 The compiler is ``$CC`` (may include arguments, e.g. ``"ccache gcc"``) or else ``gcc`` / ``cc``
-from ``PATH``. Flags: ``-O3 -march=native -fopenmp -shared -fPIC -std=gnu11
--ffp-contract=fast -fno-math-errno -fwrapv -fno-predictive-commoning``. Deliberately *not*
-``-ffast-math``: NaN and infinity must behave as IEEE says. ``-fno-math-errno`` only stops libm
+from ``PATH``. Flags: ``-O3 -march=<mcpu> -fopenmp-simd -pthread -shared -fPIC
+-std=gnu11 -ffp-contract=fast -fno-math-errno -fwrapv -fno-predictive-commoning`` (``mcpu`` is the
+target's CPU, ``native`` by default: ``flags(march)``). Deliberately *not*
+``-ffast-math``: NaN and infinity must behave as IEEE says. ``-fopenmp-simd`` reads ``#pragma
+omp simd`` only: parallel loops run on kiln's own thread pool, not OpenMP's
+(``kiln.codegen.c.thread_pool``). ``-fno-math-errno`` only stops libm
 calls from setting ``errno`` (which lets GCC vectorize ``sqrtf`` and call libmvec), ``-fwrapv``
 gives signed integer overflow the wrap-around numpy has. ``-fno-predictive-commoning``: that
 -O3 pass keeps values loaded in one iteration in registers for the next ones; in a
@@ -13,9 +16,11 @@ once its tail guards were gone).
 
 Libraries are cached under ``$KILN_CACHE_DIR``, else ``$XDG_CACHE_HOME/kiln``, else
 ``~/.cache/kiln``, in ``c/<key>.so`` with the source next to it as ``c/<key>.c``; ``key`` is the
-sha256 of the source, the flags, the compiler's version text and the host CPU's features (the
-code is built with ``-march=native``). Files are written to a temporary name and renamed, so
-concurrent builds (parallel test workers) never see a half-written library.
+sha256 of the source, the flags, the compiler's version text and, for ``-march=native``, the
+host CPU's features (code for a named CPU is the same on every host). Files are written to a
+temporary name and renamed, so concurrent builds (parallel test workers) never see a
+half-written library. A cache hit marks the entry used and a new library may evict the least
+recently used ones (``kiln.runtime.cache``: the ``KILN_CACHE_MAX_SIZE`` cap).
 
 A large file (:data:`PARALLEL_MIN_CHARS`) whose text is divided into compilation units
 (:data:`UNIT_MARK` lines after a common prelude, as ``kiln.codegen.c.build`` writes it) is
@@ -35,13 +40,18 @@ import hashlib
 import os
 import platform
 import shlex
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...ir.errors import CompileError, CompilerNotFoundError
+from ... import progress
+from ...ir.errors import CompileError
+from ...runtime import cache
+from ...runtime.cache import cache_dir
+from ...target.c_compiler import Compiler, find_compiler
+from ...target.cpu import host_features
+from .helpers import MVEC_CANDIDATES
 
 #: The line between compilation units of a generated file (see the module docstring).
 UNIT_MARK = "/* ---- kiln: compilation unit ---- */"
@@ -49,71 +59,24 @@ UNIT_MARK = "/* ---- kiln: compilation unit ---- */"
 #: one more compiler process costs more than it saves.
 PARALLEL_MIN_CHARS = 100_000
 
-FLAGS: tuple[str, ...] = (
-    "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11",
+BASE_FLAGS: tuple[str, ...] = (
+    "-O3", "-fopenmp-simd", "-pthread", "-shared", "-fPIC", "-std=gnu11",
     "-ffp-contract=fast", "-fno-math-errno", "-fwrapv", "-fno-predictive-commoning",
 )
 
 
-@dataclass(frozen=True)
-class Compiler:
-    """A usable C compiler: the command (argv prefix) and its version text."""
-
-    command: tuple[str, ...]
-    version: str
+def flags(march: str = "native") -> tuple[str, ...]:
+    """The compiler flags for code built for CPU ``march`` (see the module docstring)."""
+    return (BASE_FLAGS[0], f"-march={march}", *BASE_FLAGS[1:])
 
 
-def find_compiler() -> Compiler:
-    """The C compiler to use (``$CC`` or gcc/cc); raises CompilerNotFoundError."""
-    env = os.environ.get("CC", "").strip()
-    if env:
-        argv = shlex.split(env)
-        exe = shutil.which(argv[0])
-        if exe is None:
-            raise CompilerNotFoundError(
-                f"the C compiler CC={env!r} was not found; set CC to an installed C compiler "
-                f"(e.g. gcc) or unset it"
-            )
-        return Compiler((exe, *argv[1:]), _version((exe, *argv[1:])))
-    for candidate in ("gcc", "cc"):
-        exe = shutil.which(candidate)
-        if exe is not None:
-            return Compiler((exe,), _version((exe,)))
-    raise CompilerNotFoundError(
-        "no C compiler found: install gcc (e.g. `apt install gcc`) or set CC to a C compiler"
-    )
-
-
-@functools.lru_cache(maxsize=8)
-def _version(command: tuple[str, ...]) -> str:
-    try:
-        out = subprocess.run([*command, "--version"], capture_output=True, text=True,
-                             timeout=60, check=False)
-    except (OSError, subprocess.SubprocessError) as err:
-        raise CompilerNotFoundError(f"cannot run the C compiler {command[0]}: {err}") from err
-    text = (out.stdout or out.stderr).strip()
-    if out.returncode != 0 or not text:
-        raise CompilerNotFoundError(
-            f"the C compiler {command[0]} does not work (`--version` exited with "
-            f"{out.returncode}): {out.stderr.strip()[:500]}"
-        )
-    return text.splitlines()[0]
-
-
-def cache_dir() -> Path:
-    """Where compiled libraries are cached (see the module docstring)."""
-    if os.environ.get("KILN_CACHE_DIR"):
-        return Path(os.environ["KILN_CACHE_DIR"])
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]) / "kiln"
-    return Path.home() / ".cache" / "kiln"
+#: The flags of code built for this CPU (the default target).
+FLAGS = flags("native")
 
 
 @functools.lru_cache(maxsize=1)
 def _host_fingerprint() -> str:
-    from ...target.target import detect_cpu_features
-
-    return platform.machine() + ":" + ",".join(sorted(detect_cpu_features()))
+    return platform.machine() + ":" + ",".join(sorted(host_features()))
 
 
 @functools.lru_cache(maxsize=1)
@@ -133,7 +96,6 @@ def libmvec_functions() -> frozenset[str]:
         lib = ctypes.CDLL(name)
     except OSError:
         return frozenset()
-    from .helpers import MVEC_CANDIDATES
 
     found = set()
     for fn in MVEC_CANDIDATES:
@@ -172,10 +134,11 @@ def _link_flags() -> list[str]:
     return flags
 
 
-def cache_key(source: str, compiler: Compiler) -> str:
+def cache_key(source: str, compiler: Compiler, march: str = "native") -> str:
     h = hashlib.sha256()
-    for part in (source, " ".join(FLAGS + tuple(_link_flags())), " ".join(compiler.command),
-                 compiler.version, _host_fingerprint()):
+    host = _host_fingerprint() if march == "native" else ""
+    for part in (source, " ".join(flags(march) + tuple(_link_flags())),
+                 " ".join(compiler.command), compiler.version, host):
         h.update(part.encode("utf-8"))
         h.update(b"\0")
     return h.hexdigest()
@@ -200,10 +163,10 @@ class CompileResult:
     from_cache: bool
 
 
-def compile_source(source: str, force: bool = False) -> CompileResult:
-    """Compile ``source`` into a shared library (or reuse the cached one)."""
+def compile_source(source: str, force: bool = False, march: str = "native") -> CompileResult:
+    """Compile ``source`` for CPU ``march`` into a shared library (or reuse the cached one)."""
     compiler = find_compiler()
-    key = cache_key(source, compiler)
+    key = cache_key(source, compiler, march)
     directory = cache_dir() / "c"
     src_path = directory / f"{key}.c"
     lib_path = directory / f"{key}.so"
@@ -212,6 +175,8 @@ def compile_source(source: str, force: bool = False) -> CompileResult:
         if lib_path.exists() and not force:
             if not src_path.exists():
                 _atomic_write(src_path, source)
+            cache.touch(lib_path, src_path)
+            progress.info("C compile: library found in the cache (%s)", lib_path.name)
             return CompileResult(str(lib_path), str(src_path), True)
         _atomic_write(src_path, source)
         fd, tmp_lib = tempfile.mkstemp(dir=directory, prefix=f"{key}.", suffix=".so.tmp")
@@ -222,17 +187,22 @@ def compile_source(source: str, force: bool = False) -> CompileResult:
             f"writable directory"
         ) from err
     pieces = _pieces(source, compile_jobs())
+    cflags = flags(march)
+    stage = progress.Stage(f"C compile ({len(source) // 1024} KiB, -march={march}, "
+                           f"{len(pieces)} translation unit{'s' if len(pieces) > 1 else ''})")
     try:
         if len(pieces) == 1:
-            _run([*compiler.command, *FLAGS, "-o", tmp_lib, str(src_path), *_link_flags()],
+            _run([*compiler.command, *cflags, "-o", tmp_lib, str(src_path), *_link_flags()],
                  src_path)
         else:
-            _compile_pieces(compiler, pieces, directory, key, tmp_lib)
+            _compile_pieces(compiler, pieces, directory, key, tmp_lib, cflags)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):  # a failed link may have removed it
             os.unlink(tmp_lib)
         raise
     os.replace(tmp_lib, lib_path)
+    stage.finish()
+    cache.evict(keep=lib_path)
     return CompileResult(str(lib_path), str(src_path), False)
 
 
@@ -271,7 +241,7 @@ def _pieces(source: str, jobs: int) -> list[str]:
 
 
 def _compile_pieces(compiler: Compiler, pieces: list[str], directory: Path, key: str,
-                    lib: str) -> None:
+                    lib: str, cflags: tuple[str, ...]) -> None:
     """Compile the translation units ``pieces`` at once, then link them into ``lib``. A piece
     that fails keeps its source, as ``<key>.<i>.c`` in the cache, for its diagnostics."""
     with tempfile.TemporaryDirectory(dir=directory, prefix=f"{key}.") as tmp:
@@ -279,7 +249,7 @@ def _compile_pieces(compiler: Compiler, pieces: list[str], directory: Path, key:
         for i, text in enumerate(pieces):
             src, obj = Path(tmp) / f"{key}.{i}.c", Path(tmp) / f"{key}.{i}.o"
             src.write_text(text, encoding="utf-8")
-            cmd = [*compiler.command, *FLAGS, "-c", "-o", str(obj), str(src)]
+            cmd = [*compiler.command, *cflags, "-c", "-o", str(obj), str(src)]
             try:
                 procs.append((cmd, src, subprocess.Popen(cmd, stdout=subprocess.PIPE,
                                                          stderr=subprocess.PIPE, text=True)))
@@ -301,7 +271,7 @@ def _compile_pieces(compiler: Compiler, pieces: list[str], directory: Path, key:
         if failure is not None:
             raise failure
         objs = [str(Path(tmp) / f"{key}.{i}.o") for i in range(len(pieces))]
-        _run([*compiler.command, *FLAGS, "-o", lib, *objs, *_link_flags()],
+        _run([*compiler.command, *cflags, "-o", lib, *objs, *_link_flags()],
              directory / f"{key}.c")
 
 

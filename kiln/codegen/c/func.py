@@ -1,8 +1,9 @@
 """C for one lowered PrimFunc: the unchecked entry ``void NAME_unchecked(void**, const int64_t*)``.
 
-The body is the function's statements printed as C: ``For`` loops with OpenMP pragmas
-(``parallel for`` on the outermost parallel loop only -- a parallel loop nested in another runs
-serially in each thread; ``simd`` on scalar loops the vectorizer marked safe; ``GCC unroll``),
+The body is the function's statements printed as C: ``For`` loops (the outermost parallel loop
+runs on kiln's thread pool, ``kiln_parallel_for`` of ``thread_pool.py`` -- a parallel loop
+nested in another runs serially in each task; ``#pragma omp simd`` on scalar loops the
+vectorizer marked safe; ``GCC unroll``),
 ``Allocate`` as a stack array (constant size up to
 ``kiln.tir.transform.hoist_allocations.STACK_LIMIT`` bytes) or 64-byte
 aligned heap memory freed after its body, and stores/loads on the flattened buffers.
@@ -71,6 +72,7 @@ def analyze_signature(func: PrimFunc, name: str) -> FunctionSignature:
                 f"{name}: parameter buffer {buf.name!r} has a symbolic elem_offset, which the C "
                 f"backend does not support"
             )
+
     for _p, buf in params:
         if buf is None:
             continue
@@ -93,10 +95,9 @@ def unchecked_signature(symbol: str) -> str:
 
 
 #: The C name of the kernel's check record (see the ``check`` helper): a pointer to a record on
-#: the stack of the thread that called the kernel, passed to the outlined parallel loop bodies.
+#: the stack of the thread that called the kernel, passed to the outlined parallel loop bodies
+#: (the calling thread waits for every task of ``kiln_parallel_for``).
 CHECK_RECORD = "kiln_chk"
-#: The flag of a thread whose scratch buffers were allocated (``_parallel_with_scratch``).
-SCRATCH_OK = "kiln_scratch_ok"
 
 
 def needs_check_record(stmt: S.Stmt) -> bool:
@@ -130,9 +131,6 @@ class FunctionEmitter(ExprEmitter):
         self.signature = analyze_signature(func, name)
         #: Static functions holding the bodies of parallel loops (see ``_outline``).
         self.outlined: list[str] = []
-        #: Inside a parallel loop whose threads allocate scratch: the flag saying a thread's
-        #: allocation succeeded (see ``_parallel_with_scratch``).
-        self.scratch_guard: str | None = None
         #: The variables of the loops around the statement being emitted, outermost first.
         self.loop_vars: list[E.Var] = []
 
@@ -164,8 +162,8 @@ class FunctionEmitter(ExprEmitter):
         The body returns 0, or ``KILN_CHECK_FAILED`` with a message for ``kiln_last_error()``:
         first when an assumption of the function (attr :data:`~kiln.tir.function.ASSUME_ATTR`,
         a condition on its symbolic dims) does not hold, before anything is computed; else
-        after the whole body when one of its run-time checks (``check_index``, assertions)
-        failed, which the check record collects from every thread."""
+        after the whole body when one of its run-time checks (``check_index``, assertions,
+        heap allocations) failed, which the check record collects from every task."""
         sig = self.signature
         ptr_params: list[str] = []
         ptr_args: list[str] = []
@@ -244,14 +242,11 @@ class FunctionEmitter(ExprEmitter):
         reason = ann.get("kiln.not_vectorized")
         if reason:
             self.line(f"/* not vectorized: {str(reason).replace('*/', '* /')} */")
-        parallel = s.kind == S.ForKind.PARALLEL and self.parallel_depth == 0
-        if parallel:
-            threads = f" num_threads({self.num_threads})" if self.num_threads > 0 else ""
+        if s.kind == S.ForKind.PARALLEL and self.parallel_depth == 0:
             scratch, body = invariant_heap_allocations(s)
-            if scratch:
-                self._parallel_with_scratch(s.replace(body=body), scratch, threads)
+            if self._parallel_for(s.replace(body=body) if scratch else s, scratch):
                 return
-            self.line(f"#pragma omp parallel for{threads}")
+            self.line("/* parallel loop run serially: its body could not be outlined */")
         elif ann.get("kiln.simd"):
             self.line("#pragma omp simd")
         elif s.kind == S.ForKind.UNROLLED and isinstance(s.extent, E.IntImm):
@@ -259,10 +254,10 @@ class FunctionEmitter(ExprEmitter):
                 self.line(f"#pragma GCC unroll {s.extent.value}")
         elif s.kind == S.ForKind.SERIAL and 1 < int(ann.get(S.UNROLL_BY, 0)) <= 65534:
             self.line(f"#pragma GCC unroll {int(ann[S.UNROLL_BY])}")
-        self._loop(s, parallel)
+        self._loop(s)
 
-    def _loop(self, s: S.For, parallel: bool) -> None:
-        """The C ``for`` of ``s``; the body of a parallel loop is outlined (see ``_outline``)."""
+    def _loop(self, s: S.For) -> None:
+        """The C ``for`` of ``s``."""
         lo = self.expr(s.min)
         end_expr = s.extent if _is_zero(s.min) else E.add(s.min, s.extent)
         end = self.expr(end_expr)
@@ -274,55 +269,17 @@ class FunctionEmitter(ExprEmitter):
         in_registers = int(bool(s.annotations.get(S.FMA_IN_REGISTERS)))
         self.fma_in_registers += in_registers
         self.loop_vars.append(s.loop_var)
-        if parallel:
-            self.parallel_depth += 1
-            guard = self.scratch_guard
-            if guard is not None:  # the thread's scratch could not be allocated: skip
-                self.line(f"if (!{guard}) continue;")
-            call = self._outline(s, var, ct)
-            if call is not None:
-                self.line(call)
-            else:
-                self.stmt(s.body)
-            self.parallel_depth -= 1
-        else:
-            self.stmt(s.body)
+        self.stmt(s.body)
         self.loop_vars.pop()
         self.fma_in_registers -= in_registers
         self.depth -= 1
         self.line("}")
 
-    def _parallel_with_scratch(self, s: S.For, scratch: list[S.Allocate], threads: str
-                               ) -> None:
-        """A parallel loop whose iterations each allocate the same heap scratch: one buffer per
-        thread, allocated once in the parallel region, instead of a ``malloc``/``free`` pair
-        per iteration (with buffers over glibc's trim threshold each pair also page-faults the
-        memory in again). A thread whose allocation failed records it and skips its
-        iterations (it still takes part in the ``omp for``, as OpenMP requires)."""
-        self.line(f"#pragma omp parallel{threads}")
-        self.line("{")
-        self.depth += 1
-        for alloc in scratch:
-            self._heap_alloc(alloc.buffer)
-        names = [self.var_names[a.buffer.data] for a in scratch]
-        self.line(f"const int {SCRATCH_OK} = {' && '.join(f'{n} != NULL' for n in names)};")
-        self.line(f"if (!{SCRATCH_OK}) {self._alloc_failure(scratch[0].buffer)}")
-        self.line("#pragma omp for")
-        self.scratch_guard = SCRATCH_OK
-        self._loop(s, parallel=True)
-        self.scratch_guard = None
-        for alloc in reversed(scratch):
-            self.line(f"free({self.var_names[alloc.buffer.data]});")
-        self.depth -= 1
-        self.line("}")
-
-    def _outline(self, s: S.For, var: str, var_ct: str) -> str | None:
-        """Move the body of parallel loop ``s`` into a static function whose buffers are
-        ``restrict`` parameters, and return the call to put in the loop (None: not possible).
-
-        OpenMP outlines a parallel region into a function that receives the pointers through a
-        struct, which drops ``restrict``; passing them as parameters again restores it, so
-        GCC keeps register tiles in registers inside parallel loops too."""
+    def _captures(self, s: S.For, scratch: set[E.Var]) -> list[tuple[str, str]] | None:
+        """What the body of loop ``s`` uses from outside it, in first-use order: ``(C
+        declaration, name)`` per variable (buffers as ``restrict`` pointers); ``scratch``
+        buffers are left out (each task allocates its own). None if some variable has no C
+        name here."""
         buffers: dict[E.Var, Buffer] = {}
         used: dict[E.Var, None] = {}
         defined: set[E.Var] = {s.loop_var}
@@ -341,34 +298,99 @@ class FunctionEmitter(ExprEmitter):
                 defined.add(n.buffer.data)
 
         post_order_visit(s.body, visit)
-        params, args = [f"{var_ct} {var}"], [var]
-        if needs_check_record(s.body):
-            params.append(f"kiln_check_t* const {CHECK_RECORD}")
-            args.append(CHECK_RECORD)
+        out = []
         for v in used:
-            if v in defined:
+            if v in defined or v in scratch:
                 continue
             name = self.var_names.get(v)
             if name is None:
                 return None
             if v in buffers:
-                params.append(f"{self.storage_ctype(buffers[v].dtype)}* restrict {name}")
-            elif v.dtype.lanes == 1 and not v.dtype.is_handle:
-                params.append(f"const {value_ctype(v.dtype)} {name}")
+                out.append((f"{self.storage_ctype(buffers[v].dtype)}* restrict {name}", name))
+            elif v.dtype.is_handle:
+                out.append((f"void* {name}", name))
             else:
-                return None
-            args.append(name)
-        fn = f"{self.symbol}__par{len(self.outlined)}"
+                out.append((f"{self.ctype_of(v)} {name}", name))
+        return out
+
+    def _parallel_for(self, s: S.For, scratch: list[S.Allocate]) -> bool:
+        """Run parallel loop ``s`` on kiln's thread pool; False (nothing emitted) when its body
+        cannot be outlined.
+
+        The body becomes ``static void F(loop var, captured values...)`` whose buffers are
+        ``restrict`` parameters (what the body of a parallel loop needs for GCC to keep
+        register tiles in registers), called by a task ``F_task(ctx, begin, end)`` over a range
+        of iterations; the loop itself becomes a ``kiln_parallel_for`` call with the captured
+        values in a struct. A buffer every iteration allocates alike (``scratch``) is
+        allocated once per task instead, its size computed here; a task that cannot allocate
+        it records the failure in the kernel's check record and skips its iterations."""
+        scratch_vars = {a.buffer.data for a in scratch}
+        for a in scratch:  # names (and alignment) first: the body refers to them
+            self.define_var(a.buffer.data)
+            self.aligned_data.add(a.buffer.data)
+        captures = self._captures(s, scratch_vars)
+        if captures is None:
+            return False
+        if scratch or needs_check_record(s.body):  # the body records failures
+            captures = [*captures, (f"kiln_check_t* const {CHECK_RECORD}", CHECK_RECORD)]
+        k = len(self.outlined)
+        fn = f"{self.symbol}__par{k}"
+        var = self.define_var(s.loop_var)
+        self.bind_range(s.loop_var, s.min, s.extent)
+        ct = value_ctype(s.loop_var.dtype)
+        # kiln's own names start with kiln_, which no sanitized TIR name does
+        sizes = [f"kiln_par{k}_size{i}" for i in range(len(scratch))]
+        for size, a in zip(sizes, scratch):
+            self.helpers.use("alloc")
+            count = _strip_parens(self.expr(alloc_size(a.buffer)))
+            self.line(f"const int64_t {size} = (int64_t)({count});")
         saved, depth = self.lines, self.depth
         self.lines, self.depth = [], 1
+        self.parallel_depth += 1
+        in_registers = int(bool(s.annotations.get(S.FMA_IN_REGISTERS)))
+        self.fma_in_registers += in_registers
+        self.loop_vars.append(s.loop_var)
         try:
             self.stmt(s.body)
             body = self.lines
         finally:
+            self.loop_vars.pop()
+            self.fma_in_registers -= in_registers
+            self.parallel_depth -= 1
             self.lines, self.depth = saved, depth
-        self.outlined.append("\n".join([f"static void {fn}({', '.join(params)}) {{", *body,
-                                          "}", ""]))
-        return f"{fn}({', '.join(args)});"
+        scratch_params = [(f"{self.storage_ctype(a.buffer.dtype)}* restrict "
+                           f"{self.var_names[a.buffer.data]}", self.var_names[a.buffer.data])
+                          for a in scratch]
+        params = [f"{ct} {var}"] + [d for d, _ in captures + scratch_params]
+        fields = [d.replace("* restrict ", "* ").replace("* const ", "* ") for d, _ in captures]
+        fields += [f"int64_t {size}" for size in sizes] + [f"{ct} kiln_lo"]
+        call_args = [f"({ct})(kiln_c->kiln_lo + kiln_i)"] + [f"kiln_c->{n}" for _, n in captures]
+        call_args += [n for _, n in scratch_params]
+        task = [f"static void {fn}_task(void* kiln_ctx, int64_t kiln_begin, int64_t kiln_end) {{",
+                f"  const struct {fn}_ctx* kiln_c = (const struct {fn}_ctx*)kiln_ctx;"]
+        for size, (decl, name), a in zip(sizes, scratch_params, scratch):
+            el = decl.split("* restrict ")[0]
+            what = c_string(f"{self.name}: buffer {a.buffer.name}")
+            task.append(f"  {el}* {name} = ({el}*)kiln_alloc(kiln_c->{size}, sizeof({el}));")
+            task.append(f"  if ({name} == NULL) kiln_check_record(kiln_c->{CHECK_RECORD}, {what}, "
+                        f"KILN_CHECK_ALLOC, (long long)kiln_c->{size}, (long long)sizeof({el}), "
+                        "0);")
+        if scratch:  # no memory for this task's scratch: its iterations are skipped
+            missing = " || ".join(f"{n} == NULL" for _, n in scratch_params)
+            frees = " ".join(f"free({n});" for _, n in scratch_params)
+            task.append(f"  if ({missing}) {{ {frees} return; }}")
+        task.append(f"  for (int64_t kiln_i = kiln_begin; kiln_i < kiln_end; ++kiln_i) "
+                    f"{fn}({', '.join(call_args)});")
+        task += [f"  free({name});" for _, name in reversed(scratch_params)] + ["}", ""]
+        self.outlined.append("\n".join([
+            f"static void {fn}({', '.join(params)}) {{", *body, "}",
+            f"struct {fn}_ctx {{ {' '.join(f + ';' for f in fields)} }};", *task]))
+        values = [n for _, n in captures] + sizes + [_strip_parens(self.expr(s.min))]
+        extent = _strip_parens(self.expr(s.extent))
+        self.line(f"{{ struct {fn}_ctx kiln_par{k}_ctx = {{{', '.join(values)}}};")
+        self.line(f"  kiln_parallel_for({fn}_task, &kiln_par{k}_ctx, (int64_t)({extent}), "
+                  f"{self.num_threads}); }}")
+        return True
 
     def stmt_IfThenElse(self, s: S.IfThenElse) -> None:
         cond = s.condition

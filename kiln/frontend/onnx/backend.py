@@ -15,6 +15,8 @@ import onnx
 import onnx.numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
+import kiln
+
 from ...ir import KilnError
 from .importer import from_onnx, load_model, onnx_dtype
 
@@ -30,8 +32,6 @@ class KilnBackendRep(BackendRep):
     """A prepared model: imported and compiled once by ``prepare``."""
 
     def __init__(self, model: onnx.ModelProto):
-        import kiln
-
         super().__init__()
         self.model = model
         inits = {i.name for i in model.graph.initializer}

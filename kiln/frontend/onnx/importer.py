@@ -21,11 +21,13 @@ replaceable without re-importing. ``bind_params=True`` embeds them as constants 
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import onnx
 
 from ... import graph as g
 from ... import tir
@@ -33,7 +35,8 @@ from ...ir import KilnError, ModelFormatError, UnsupportedOperatorError
 from ...ir.errors import error_context
 from ...ir.module import IRModule
 from ...ir.span import Span
-from .converters.fold import FOLDERS
+from .external_data import is_external, read_external
+from .fold import FOLDERS
 from .registry import lookup_converter
 from .spec import check_node
 
@@ -49,18 +52,9 @@ class NonConstantInputError(KilnError):
         self.value_name = value_name
 
 
-def _load_onnx() -> Any:
-    try:
-        import onnx
-    except ImportError as err:  # pragma: no cover - onnx is a test dependency
-        raise KilnError("kiln.frontend.onnx needs the 'onnx' package (pip install onnx)") from err
-    return onnx
-
-
 def load_model(model: Any) -> Any:
     """A ModelProto from a ModelProto, a file path or serialized bytes (ModelFormatError if
     the data is not a valid ONNX model)."""
-    onnx = _load_onnx()
     if isinstance(model, onnx.ModelProto):
         proto = model
     elif isinstance(model, (bytes, bytearray)):
@@ -81,7 +75,6 @@ def load_model(model: Any) -> Any:
 
 
 def _parse(data: bytes, where: str) -> Any:
-    onnx = _load_onnx()
     proto = onnx.ModelProto()
     try:
         proto.ParseFromString(data)
@@ -95,7 +88,6 @@ def _parse(data: bytes, where: str) -> Any:
 
 def onnx_dtype(elem_type: int, what: str) -> str:
     """The kiln dtype name of ONNX tensor element type ``elem_type``."""
-    onnx = _load_onnx()
     if elem_type == onnx.TensorProto.STRING:
         raise KilnError(f"{what}: string tensors are not supported")
     try:
@@ -120,7 +112,6 @@ class NodeView:
         self.op_type: str = proto.op_type
         self.name: str = node_name(proto)
         self.attrs: dict[str, Any] = {}
-        onnx = _load_onnx()
         for a in proto.attribute:
             self.attrs[a.name] = onnx.helper.get_attribute_value(a)
 
@@ -183,9 +174,11 @@ class NodeView:
 class GraphContext:
     """Import state: the builder, Exprs and known constant values by ONNX value name."""
 
-    def __init__(self, bb: g.BlockBuilder, bind_params: bool):
+    def __init__(self, bb: g.BlockBuilder, bind_params: bool, base_dir: str | None = None):
         self.bb = bb
         self.bind_params = bind_params
+        #: The folder external data files are relative to (None: unknown).
+        self.base_dir = base_dir
         self.values: dict[str, Any] = {}
         self.consts: dict[str, np.ndarray] = {}
         self.initializers: dict[str, np.ndarray] = {}
@@ -365,6 +358,19 @@ def check_supported(graph: Any, opsets: Mapping[str, int]) -> None:
         )
 
 
+def initializer_array(init: Any, base_dir: str | None) -> np.ndarray:
+    """The value of initializer ``init``; external data is read from ``base_dir``
+    (``external_data``)."""
+    try:
+        if is_external(init):
+            return read_external(init, base_dir)
+        return onnx.numpy_helper.to_array(init)
+    except KilnError:
+        raise
+    except Exception as err:  # noqa: BLE001
+        raise ModelFormatError(f"initializer {init.name!r} cannot be read: {err}") from err
+
+
 def _import_errors(fn: Any) -> Any:
     """An exception escaping the import outside any node (reading the graph's inputs,
     initializers and outputs) becomes an InternalError; KilnErrors pass as they are."""
@@ -382,10 +388,14 @@ def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
               dtype_dict: Mapping[str, Any] | None = None, opset: int | None = None,
               bind_params: bool = False,
               freeze_inputs: Mapping[str, np.ndarray] | None = None,
+              base_dir: str | None = None,
               ) -> tuple[IRModule, dict[str, np.ndarray]]:
     """Import an ONNX model as an IRModule with function ``main``.
 
-    ``model``: a ModelProto, a file path or serialized bytes. ``shape_dict``/``dtype_dict``
+    ``model``: a ModelProto, a file path or serialized bytes. ``base_dir``: the folder that
+    external data files (weights kept outside the .onnx file) are relative to; by default the
+    folder of a model given by path, whatever the current directory (a ModelProto loaded with
+    ``onnx.load(path, load_external_data=False)`` needs it). ``shape_dict``/``dtype_dict``
     override graph input shapes (str entries become symbolic dims) and dtypes. ``opset``
     overrides the default-domain opset. ``main``'s parameters are the graph inputs (minus
     initializers) in model order, then -- unless ``bind_params`` -- the initializers used as
@@ -399,22 +409,20 @@ def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
             and any(node.domain in ("", "ai.onnx") for node in proto.graph.node):
         raise ModelFormatError("the model uses ONNX operators but imports no opset of the "
                                "default domain (opset_import; or pass opset=)")
+    if base_dir is None and isinstance(model, str):
+        base_dir = os.path.dirname(os.path.abspath(model))
     graph = proto.graph
     opsets = _opsets(proto, opset)
     check_supported(graph, opsets)
     shape_dict = dict(shape_dict or {})
     dtype_dict = dict(dtype_dict or {})
     freeze = dict(freeze_inputs or {})
-    onnx = _load_onnx()
 
     bb = g.BlockBuilder()
-    ctx = GraphContext(bb, bind_params)
+    ctx = GraphContext(bb, bind_params, base_dir)
     ctx.opsets = dict(opsets)
     for init in graph.initializer:
-        try:
-            arr = onnx.numpy_helper.to_array(init)
-        except Exception as err:  # noqa: BLE001
-            raise ModelFormatError(f"initializer {init.name!r} cannot be read: {err}") from err
+        arr = initializer_array(init, base_dir)
         if arr.dtype.kind in "OUS":
             raise KilnError(f"initializer {init.name!r}: string tensors are not supported")
         ctx.initializers[init.name] = arr
@@ -434,7 +442,8 @@ def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
         ctx.values[vi.name] = var
         inputs.append(var)
 
-    with bb.function("main"):
+    # the graph's output names, kept for the executable's outputs (``exe.outputs``)
+    with bb.function("main", attrs={"output_names": tuple(vo.name for vo in graph.output)}):
         with bb.dataflow():
             for node in graph.node:
                 _convert_node(ctx, node, opsets)
@@ -521,11 +530,10 @@ def convert_subgraph(ctx: GraphContext, graph: Any, bindings: Mapping[str, Any])
     body can be imported once per iteration (unrolling) with fresh values each time.
     """
     check_supported(graph, ctx.opsets)
-    onnx = _load_onnx()
     saved_values, saved_consts = dict(ctx.values), dict(ctx.consts)
     try:
         for init in graph.initializer:
-            arr = onnx.numpy_helper.to_array(init)
+            arr = initializer_array(init, ctx.base_dir)
             ctx.consts[init.name] = arr
             ctx.values[init.name] = g.const(arr)
         for name, value in bindings.items():

@@ -29,6 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import onnx
+from onnx import helper
+
 from ...ir import KilnError
 from ...ir.dtype import DataType
 
@@ -151,8 +154,6 @@ OP_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
 
 
 def _schema(op_type: str, opset: int, domain: str) -> Any:
-    import onnx
-
     try:
         return onnx.defs.get_schema(op_type, opset, domain)
     except Exception:  # noqa: BLE001 - no schema (kiln's own domains, functions)
@@ -161,8 +162,6 @@ def _schema(op_type: str, opset: int, domain: str) -> Any:
 
 def _value(attr: Any) -> Any:
     """An attribute's value as Python data, or a KilnError for one that has none."""
-    from onnx import helper
-
     try:
         return helper.get_attribute_value(attr)
     except Exception as err:  # noqa: BLE001 - an attribute of an unknown type
@@ -209,8 +208,6 @@ def _onnx_type(dtype: str | None) -> str | None:
     """``tensor(float)`` for kiln's ``float32`` (None when ONNX has no name for it)."""
     if dtype is None:
         return None
-    import onnx
-
     try:
         code = onnx.helper.np_dtype_to_tensor_dtype(DataType(dtype).to_numpy())
         return f"tensor({onnx.TensorProto.DataType.Name(code).lower()})"
@@ -289,8 +286,6 @@ def _check_rule(name: str, rule: Axis | Sizes, value: Any, ranks: list[int]) -> 
 
 def _check_tensor(name: str, tensor: Any) -> None:
     """A tensor attribute must be readable: dims that agree with its data and type."""
-    import onnx
-
     if any(d < 0 for d in tensor.dims):
         raise KilnError(f"attribute {name!r}: the tensor has negative dims {list(tensor.dims)}")
     try:
@@ -306,8 +301,6 @@ def check_node(node: Any, opset: int, domain: str, ranks: list[int],
     schema and kiln's rules (see the module docstring); ``ranks`` and ``dtypes`` are its
     inputs' ranks (-1 where unknown) and kiln dtype names (None where unknown). Raises
     KilnError; the importer names the node."""
-    import onnx
-
     for attr in node.attribute:
         value = _value(attr)
         for item in (value if isinstance(value, list) else [value]):

@@ -22,6 +22,9 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
+import onnx
+
+from ...runtime.executable import cache_dir
 from .cases import CLASSES, KINDS, Case, Outcome, execute, make_case, same_outputs
 from .corpus import Sample, handbuilt, load_corpus
 from .runner import MEMORY_LIMIT, Pool
@@ -96,10 +99,6 @@ def _example(o: Outcome) -> str:
 def corpus_cache() -> str:
     """Where the node test samples are kept between runs (next to kiln's kernel cache), per
     onnx version (the node tests come with it)."""
-    import onnx
-
-    from ...runtime.executable import cache_dir
-
     return os.path.join(cache_dir(), f"fuzz_corpus_onnx{onnx.__version__}.pkl")
 
 

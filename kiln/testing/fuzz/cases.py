@@ -34,6 +34,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import onnx
+from onnx.reference import ReferenceEvaluator
+
+import kiln
+from kiln.frontend.onnx import from_onnx
+from kiln.ir import KilnError
 
 from .corpus import Sample, handbuilt
 from .mutate import MODEL_MUTATIONS, damage_bytes, mutate_inputs
@@ -108,8 +114,6 @@ def _choose(rng: np.random.Generator, weights: dict[str, float]) -> str:
 
 def make_case(seed: int, corpus: list[Sample], kinds: dict[str, float] | None = None) -> Case:
     """The case of ``seed``: a kind, a sample (node test model or hand-built) and a mutation."""
-    import onnx
-
     rng = np.random.default_rng(seed)
     kind = _choose(rng, kinds or KINDS)
     sample = handbuilt(rng) if not corpus or rng.random() < 0.2 else corpus[
@@ -173,9 +177,6 @@ def _as_list(out: Any) -> list[Any]:
 
 
 def _run_kiln(case: Case, stage: _Stage) -> list[Any]:
-    import kiln
-    from kiln.frontend.onnx import from_onnx
-
     stage.name = "import"
     mod, params = from_onnx(case.model)
     stage.name = "build"
@@ -187,9 +188,6 @@ def _run_kiln(case: Case, stage: _Stage) -> list[Any]:
 def _run_executable(case: Case, stage: _Stage) -> tuple[list[Any], list[Any]]:
     """Build the sample, save it, damage the file, load and run it: (outputs, undamaged
     outputs)."""
-    import kiln
-    from kiln.frontend.onnx import from_onnx
-
     stage.name = "import"
     mod, params = from_onnx(case.model)
     stage.name = "build"
@@ -221,8 +219,6 @@ def _ort(case: Case) -> list[Any]:
 
 
 def _onnx_reference(case: Case) -> list[Any]:
-    from onnx.reference import ReferenceEvaluator
-
     return _as_list(ReferenceEvaluator(case.model).run(None, case.feeds))
 
 
@@ -243,8 +239,6 @@ def _execute(case: Case, report: Callable[..., None]) -> Outcome:
     """Run ``case`` (kiln, then the references when kiln gave outputs) and classify it;
     ``report(phase)`` is called as each phase starts (``kiln``, ``reference``) and
     ``report("kiln_done", outcome)`` with kiln's own outcome before the references run."""
-    from kiln.ir import KilnError
-
     out = Outcome(case.seed, case.kind, case.source, case.what, "")
     stage = _Stage()
     want: list[Any] | None = None
@@ -320,8 +314,6 @@ def _message_notes(out: Outcome, err: BaseException, case: Case) -> None:
 
 
 def _node_names(model: bytes) -> set[str]:
-    import onnx
-
     proto = onnx.ModelProto()
     try:
         proto.ParseFromString(model)

@@ -19,6 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from onnx.backend.test.loader import load_model_tests
+
+from ...frontend.onnx.exclusions import KNOWN_FAILURES, exclusion_reason
 
 #: Input arrays larger than this (bytes) make a node test sample too slow to fuzz.
 MAX_SAMPLE_BYTES = 1 << 22
@@ -38,8 +43,6 @@ class Sample:
 
 def _tensor_inputs(model: Any, arrays: list[Any]) -> tuple[tuple[str, np.ndarray], ...] | None:
     """The test inputs as numpy arrays by name (None: a sequence, optional or string input)."""
-    import onnx
-
     inits = {i.name for i in model.graph.initializer}
     names = [vi.name for vi in model.graph.input if vi.name not in inits]
     out = []
@@ -55,10 +58,6 @@ def _tensor_inputs(model: Any, arrays: list[Any]) -> tuple[tuple[str, np.ndarray
 def node_test_samples() -> list[Sample]:
     """The ONNX node test models kiln runs (see ``kiln.frontend.onnx.exclusions``), each with
     the inputs of its first test data set."""
-    from onnx.backend.test.loader import load_model_tests
-
-    from ...frontend.onnx.exclusions import KNOWN_FAILURES, exclusion_reason
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cases = load_model_tests(kind="node")
@@ -93,8 +92,6 @@ def load_corpus(cache: str | None = None) -> list[Sample]:
 # ---- hand-built models ----------------------------------------------------------------------
 def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: list[Any] = (),
            opset: int = 18) -> bytes:
-    from onnx import helper
-
     graph = helper.make_graph(nodes, "fuzz", inputs, outputs, initializer=list(inits))
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
@@ -102,8 +99,6 @@ def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: list[
 
 
 def _vi(name: str, shape: list[Any] | None, elem: int | None = None) -> Any:
-    from onnx import TensorProto, helper
-
     return helper.make_tensor_value_info(name, TensorProto.FLOAT if elem is None else elem,
                                          shape)
 
@@ -119,8 +114,6 @@ def _rand(rng: np.random.Generator, shape: list[int]) -> np.ndarray:
 
 
 def _conv(rng: np.random.Generator) -> Sample:
-    from onnx import helper, numpy_helper
-
     o, k = int(rng.integers(1, 6)), int(rng.integers(1, 4))
     pad = int(rng.integers(0, k))
     stride = int(rng.integers(1, 3))
@@ -141,8 +134,6 @@ def _conv(rng: np.random.Generator) -> Sample:
 
 
 def _matmul(rng: np.random.Generator) -> Sample:
-    from onnx import helper
-
     m, k, n = (int(v) for v in rng.integers(1, 7, 3))
     batch_a = [int(v) for v in rng.integers(1, 4, int(rng.integers(0, 3)))]
     keep = int(rng.integers(0, len(batch_a) + 1))  # b's batch: a suffix of a's, some dims 1
@@ -157,8 +148,6 @@ def _matmul(rng: np.random.Generator) -> Sample:
 
 
 def _gather(rng: np.random.Generator) -> Sample:
-    from onnx import TensorProto, helper
-
     rows, cols, count = (int(v) for v in rng.integers(1, 9, 3))
     axis = int(rng.integers(0, 2))
     n = (rows, cols)[axis]
@@ -173,8 +162,6 @@ def _gather(rng: np.random.Generator) -> Sample:
 
 def _reshape(rng: np.random.Generator) -> Sample:
     """A dynamic batch reshaped through Shape -> Gather -> Concat, as exporters write it."""
-    from onnx import helper, numpy_helper
-
     b, s, h = int(rng.integers(1, 4)), int(rng.integers(1, 5)), int(rng.choice([2, 4, 6]))
     heads = int(rng.choice([1, 2]))
     consts = [numpy_helper.from_array(np.array([0], np.int64), "zero"),
@@ -190,8 +177,6 @@ def _reshape(rng: np.random.Generator) -> Sample:
 
 
 def _split_concat(rng: np.random.Generator) -> Sample:
-    from onnx import helper
-
     d = int(rng.integers(2, 9))
     parts = int(rng.integers(1, min(d, 4) + 1))
     outs = [f"s{k}" for k in range(parts)]
@@ -206,8 +191,6 @@ def _split_concat(rng: np.random.Generator) -> Sample:
 
 def _attention(rng: np.random.Generator) -> Sample:
     """Scaled dot-product attention spelled in plain ops, with an additive mask."""
-    from onnx import helper, numpy_helper
-
     b, s, d = int(rng.integers(1, 3)), int(rng.integers(1, 6)), int(rng.choice([2, 4, 8]))
     scale = numpy_helper.from_array(np.array(1.0 / np.sqrt(d), np.float32), "scale")
     nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1], name="kt"),
@@ -226,8 +209,6 @@ def _attention(rng: np.random.Generator) -> Sample:
 
 def _slice_pad(rng: np.random.Generator) -> Sample:
     """Slice with run-time starts, then Pad with constant pads."""
-    from onnx import TensorProto, helper, numpy_helper
-
     n = int(rng.integers(2, 9))
     pads = numpy_helper.from_array(rng.integers(0, 3, 4).astype(np.int64), "pads")
     nodes = [helper.make_node("Slice", ["x", "starts", "ends"], ["s"], name="slice"),
@@ -243,8 +224,6 @@ def _slice_pad(rng: np.random.Generator) -> Sample:
 
 def _reduce_axes(rng: np.random.Generator) -> Sample:
     """A reduction whose axes are a run-time input, then a normalization."""
-    from onnx import TensorProto, helper
-
     shape = [int(v) for v in rng.integers(1, 5, 3)]
     op_type = str(rng.choice(["ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2"]))
     nodes = [helper.make_node(op_type, ["x", "axes"], ["r"], keepdims=1, name="reduce"),
@@ -257,8 +236,6 @@ def _reduce_axes(rng: np.random.Generator) -> Sample:
 
 
 def _conv_transpose(rng: np.random.Generator) -> Sample:
-    from onnx import helper, numpy_helper
-
     c, o, k = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.integers(1, 4))
     stride = int(rng.integers(1, 3))
     weight = numpy_helper.from_array(_rand(rng, [c, o, k, k]), "w")
@@ -271,8 +248,6 @@ def _conv_transpose(rng: np.random.Generator) -> Sample:
 
 
 def _layer_norm(rng: np.random.Generator) -> Sample:
-    from onnx import helper, numpy_helper
-
     shape = [int(rng.integers(1, 4)), int(rng.integers(1, 5)), int(rng.integers(1, 9))]
     gamma = numpy_helper.from_array(_rand(rng, shape[-1:]), "g")
     beta = numpy_helper.from_array(_rand(rng, shape[-1:]), "b")

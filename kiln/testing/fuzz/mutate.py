@@ -14,6 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import onnx
+from onnx import AttributeProto as A
+from onnx import TensorProto, helper, numpy_helper
 
 #: Integers chosen for int attributes and dims: edges of types and of sizes.
 SPECIAL_INTS = (0, 1, 2, 3, -1, -2, 7, 100, 10**6, 2**31 - 1, -(2**31), 2**32 + 1, 2**62,
@@ -60,8 +63,6 @@ def _nodes(graph: Any) -> list[Any]:
 
 def _schema_attrs(node: Any) -> list[Any]:
     try:
-        import onnx
-
         return list(onnx.defs.get_schema(node.op_type, domain=node.domain).attributes.values())
     except Exception:  # noqa: BLE001 - unknown op or domain: no schema
         return []
@@ -69,9 +70,6 @@ def _schema_attrs(node: Any) -> list[Any]:
 
 def _set_value(rng: np.random.Generator, attr: Any, kind: int) -> None:
     """Give ``attr`` a random value of attribute type ``kind`` (clearing its old value)."""
-    from onnx import AttributeProto as A
-    from onnx import helper, numpy_helper
-
     old_ints, old_floats = list(attr.ints), list(attr.floats)
     name = attr.name
     attr.Clear()
@@ -104,8 +102,6 @@ def _set_value(rng: np.random.Generator, attr: Any, kind: int) -> None:
 
 def mutate_attribute(rng: np.random.Generator, model: Any, feeds: dict) -> str:
     """Change, retype, remove or add one attribute of one node."""
-    from onnx import AttributeProto as A
-
     nodes = _nodes(model.graph)
     if not nodes:
         return "no node to mutate"
@@ -139,8 +135,6 @@ def mutate_attribute(rng: np.random.Generator, model: Any, feeds: dict) -> str:
 
 
 def _show(attr: Any) -> str:
-    from onnx import helper
-
     try:
         value = helper.get_attribute_value(attr)
     except Exception:  # noqa: BLE001
@@ -166,8 +160,6 @@ def mutate_dims(rng: np.random.Generator, model: Any, feeds: dict) -> str:
     dims = tt.shape.dim
     choice = rng.random()
     if choice < 0.1:
-        from onnx import TensorProto
-
         tt.elem_type = int(_pick(rng, (TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32,
                                        TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BOOL,
                                        TensorProto.UINT8, TensorProto.STRING, 0, 99)))
@@ -243,8 +235,6 @@ def mutate_edges(rng: np.random.Generator, model: Any, feeds: dict) -> str:
         return "a graph output removed"
     outs = [o for n in graph.node for o in n.output if o]
     if outs:
-        from onnx import helper
-
         graph.output.append(helper.make_empty_tensor_value_info(_pick(rng, outs)))
         return f"graph output {graph.output[-1].name!r} added"
     return "nothing"
@@ -275,8 +265,6 @@ def mutate_opset(rng: np.random.Generator, model: Any, feeds: dict) -> str:
 def mutate_initializer(rng: np.random.Generator, model: Any, feeds: dict) -> str:
     """Dims that disagree with the data, a wrong data type, truncated raw data, NaN/Inf data,
     an initializer shadowing an input with another shape, a removed or duplicated one."""
-    from onnx import TensorProto, numpy_helper
-
     graph = model.graph
     choice = rng.random()
     inputs = _graph_inputs(model)

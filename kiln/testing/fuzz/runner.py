@@ -14,9 +14,11 @@ machine's memory.
 from __future__ import annotations
 
 import multiprocessing
+import resource
 import signal
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import wait
@@ -31,16 +33,11 @@ MEMORY_LIMIT = 6 << 30
 
 def _worker(conn: Any, corpus_path: str, memory_limit: int, kinds: dict | None,
             run: Callable[..., Outcome] = execute) -> None:
-    import resource
-    import warnings
-
     warnings.simplefilter("ignore")
     if memory_limit:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
     corpus = load_corpus(corpus_path)
     import onnxruntime  # noqa: F401
-
-    import kiln  # noqa: F401 - imported once, before the first case is timed
 
     def report(phase: str, outcome: Outcome | None = None) -> None:
         conn.send(("phase", phase, outcome))

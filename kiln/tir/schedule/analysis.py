@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ...arith import Analyzer
 from ...ir.errors import ScheduleError
 from ...ir.node import Node, structural_equal, structural_hash
 from ..buffer import Buffer, BufferRegion
@@ -36,7 +37,7 @@ from ..expr import (
     const,
     logical_and,
 )
-from ..functor import collect_vars, post_order_visit
+from ..functor import collect_vars, post_order_visit, substitute
 from ..stmt import Block, BlockRealize, BufferStore, For, SeqStmt, Stmt
 from .state import SRef, TreeIndex
 
@@ -47,8 +48,6 @@ from .state import SRef, TreeIndex
 
 def new_analyzer(loops: Iterable[For] = ()) -> Any:
     """An Analyzer with each loop variable bound to its range."""
-    from ...arith import Analyzer  # imported lazily: kiln.arith itself imports kiln.tir
-
     ana = Analyzer()
     for loop in loops:
         bind_loop(ana, loop)
@@ -237,8 +236,6 @@ def region_bounds(
     region: BufferRegion, realize: BlockRealize, dom: dict[Var, Bound], ana: Any
 ) -> list[Bound] | None:
     """Per dimension, the bounds of ``region`` (stated on the block's iter vars) over ``dom``."""
-    from ..functor import substitute
-
     vmap = {iv.var: v for iv, v in zip(realize.block.iter_vars, realize.iter_values)}
     out: list[Bound] = []
     for rng in region.region:

@@ -44,7 +44,7 @@ from ..expr import (
     Var,
 )
 from ..function import PrimFunc
-from ..functor import collect_vars, substitute
+from ..functor import collect_vars, post_order_visit, substitute
 from ..stmt import Block, BlockRealize, BufferStore, ForKind, Stmt, true_predicate
 from .analysis import (
     analyzer_at,
@@ -103,8 +103,6 @@ def _split_update(block: Block, what: str) -> tuple[BufferStore, type, PrimExpr]
 
 
 def _loads(e: PrimExpr, buffer: Buffer) -> bool:
-    from ..functor import post_order_visit
-
     found: list[Any] = []
     post_order_visit(e, lambda n: found.append(n) if isinstance(n, BufferLoad)
                      and n.buffer is buffer else None)

@@ -31,7 +31,7 @@ from . import reduction as _reduction
 from . import rfactor as _rfactor
 from . import tensorize as _tensorize
 from .state import Key, SRef, TreeIndex, make_unique
-from .trace import _RV, BlockRV, LoopRV, Trace, make_instruction
+from .trace import RV, BlockRV, LoopRV, Trace, make_instruction
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -72,7 +72,7 @@ class Schedule:
             raise ScheduleError(f"Schedule needs a tir.PrimFunc, got {type(func).__name__}")
         self._index = TreeIndex(make_unique(func))
         self._names: set[str] = set(self._index.blocks)
-        self._rvs: dict[int, tuple[_RV, Key]] = {}
+        self._rvs: dict[int, tuple[RV, Key]] = {}
         self._trace = Trace()
         self._depth = 0
 

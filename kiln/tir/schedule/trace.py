@@ -13,12 +13,9 @@ import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...ir.errors import InternalError, ScheduleError
-
-if TYPE_CHECKING:
-    from .schedule import Schedule
 
 _ids = itertools.count()
 
@@ -160,8 +157,9 @@ class Trace:
         return f"Trace({len(self._insts)} instructions)"
 
     # -- replay --------------------------------------------------------------------------------
-    def apply_to_schedule(self, sch: Schedule) -> Schedule:
-        """Redo every instruction on ``sch`` (a schedule of an equal function); returns it."""
+    def apply_to_schedule(self, sch: Any) -> Any:
+        """Redo every instruction on ``sch`` (a :class:`~kiln.tir.schedule.Schedule` of an equal
+        function: the schedule module builds on this one); returns it."""
         rv_map: dict[int, RV] = {}
 
         def lookup(rv: RV) -> RV:

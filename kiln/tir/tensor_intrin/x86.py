@@ -22,13 +22,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...codegen.c.externs import register_c_function
 from ...ir.errors import ScheduleError
+from ...runtime.amx import request_amx_permission
+from ...target.target import Target
 from ..buffer import Buffer
 from ..expr import IterType, IterVar, PrimExpr, Range, Var, cast, const
 from ..function import PrimFunc
 from ..stmt import Block, BlockRealize, BufferStore, Evaluate, For, ForKind, Stmt
-from . import address_of, call_extern, register
+from .intrin import address_of, call_extern, register, register_extern
 
 I64 = "int64"
 
@@ -113,7 +114,7 @@ def register_avx2_gemm(mr: int, nr: int) -> str:
         raise ScheduleError(f"avx2 gemm tile {mr}x{nr}: NR must be a positive multiple of 8")
     name = f"x86.avx2.gemm_f32_{mr}x{nr}"
     fn = f"kiln_avx2_gemm_f32_{mr}x{nr}"
-    register_c_function(fn, _avx2_c(fn, mr, nr), override=True)
+    register_extern(fn, _avx2_c(fn, mr, nr), override=True)
     K, lda, ldb, ldc = (Var(n, I64) for n in ("K", "lda", "ldb", "ldc"))
     A = Buffer("A", (mr, K), "float32", strides=(lda, const(I64, 1)))
     B = Buffer("B", (K, nr), "float32", strides=(ldb, const(I64, 1)))
@@ -154,8 +155,6 @@ static int kiln_amx_ready(void) { return 0; }
 def _request_permission(target: Any) -> None:
     """On an AMX target, ask for the tile-data permission now (raises when refused)."""
     if getattr(target, "has_amx", False):
-        from ...runtime.amx import request_amx_permission
-
         request_amx_permission()
 
 
@@ -224,8 +223,8 @@ def register_amx_gemm(kind: str) -> str:
     el, _acc, pack, *_ = _AMX[kind]
     name = f"x86.amx.gemm_{kind}_16x16"
     fn = f"kiln_amx_gemm_{kind}_16x16"
-    register_c_function(fn, AMX_PERMISSION_C + _amx_c(kind, fn), override=True,
-                        before_load=_request_permission)
+    register_extern(fn, AMX_PERMISSION_C + _amx_c(kind, fn), override=True,
+                    before_load=_request_permission)
     in_dt = "bfloat16" if kind == "bf16" else "int8"
     acc_dt = "float32" if kind == "bf16" else "int32"
     KP, lda, ldb, ldc = (Var(n, I64) for n in ("KP", "lda", "ldb", "ldc"))
@@ -262,8 +261,6 @@ def tensorize_gemm_amx(sch: Any, block: Any, target: Any = None) -> Any:
     around the tensorized block, whose ``init`` zeroes the tile. Raises ScheduleError when the
     target lacks AMX for the dtype or the block does not have this form.
     """
-    from ...target.target import Target
-
     tgt = Target.create(target)
     func_block = sch.get(block)
     if not func_block.writes:

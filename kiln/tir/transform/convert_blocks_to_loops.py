@@ -17,6 +17,7 @@ Read/write regions and block annotations carry no run-time meaning and are dropp
 
 from __future__ import annotations
 
+from ...ir.errors import LoweringError
 from ..expr import IntImm, IterType, PrimExpr, all_of, eq
 from ..function import PrimFunc
 from ..functor import Mutator, substitute
@@ -30,8 +31,6 @@ def _is_const_true(expr: PrimExpr) -> bool:
 def _lower_block(block: Block, iter_values: tuple[PrimExpr, ...], predicate: PrimExpr,
                  visit) -> Stmt:
     if len(iter_values) != len(block.iter_vars):
-        from ...ir.errors import LoweringError
-
         raise LoweringError(
             f"block {block.name_hint!r} has {len(block.iter_vars)} iteration variables but its "
             f"realize binds {len(iter_values)} values"

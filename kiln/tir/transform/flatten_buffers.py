@@ -11,6 +11,7 @@ generated entry checks. Only the body refers to the flat buffers.
 
 from __future__ import annotations
 
+from ...ir.errors import LoweringError
 from ..buffer import Buffer
 from ..expr import Broadcast, BufferLoad, IntImm, PrimExpr, Ramp, add, const, mul
 from ..function import PrimFunc
@@ -47,8 +48,6 @@ def _is_zero(e: PrimExpr | None) -> bool:
 def flat_index(buffer: Buffer, indices: tuple[PrimExpr, ...]) -> PrimExpr:
     """The element offset of ``buffer[indices]`` from the buffer's data pointer."""
     if len(indices) != len(buffer.shape):
-        from ...ir.errors import LoweringError
-
         raise LoweringError(
             f"buffer {buffer.name!r} has {len(buffer.shape)} dimensions but is indexed with "
             f"{len(indices)} indices"

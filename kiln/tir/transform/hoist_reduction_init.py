@@ -17,6 +17,9 @@ from ...ir.errors import ScheduleError
 from ..expr import IntImm, IterType
 from ..function import PrimFunc
 from ..functor import post_order_visit
+from ..schedule import Schedule
+from ..schedule.analysis import reduction_loops_of
+from ..schedule.state import TreeIndex
 from ..stmt import BlockRealize
 
 
@@ -42,9 +45,6 @@ def hoist_reduction_init(func: PrimFunc) -> PrimFunc:
     names = _symbolic_reductions(func)
     if not names:
         return func
-    from ..schedule import Schedule
-    from ..schedule.analysis import reduction_loops_of
-    from ..schedule.state import TreeIndex
 
     sch = Schedule(func)
     for name in names:

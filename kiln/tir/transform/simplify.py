@@ -12,9 +12,10 @@ Loop variables are bound to their ranges while their body is simplified, so rang
 
 from __future__ import annotations
 
+from ...arith import Analyzer
 from ..expr import IntImm, PrimExpr, Range
 from ..function import PrimFunc
-from ..functor import Mutator, substitute
+from ..functor import Mutator, post_order_visit, substitute
 from ..stmt import Evaluate, For, IfThenElse, LetStmt, SeqStmt, Stmt, seq
 
 
@@ -27,8 +28,6 @@ def _is_no_op(s: Stmt) -> bool:
 
 
 def _is_vector_free(e: PrimExpr) -> bool:
-    from ..functor import post_order_visit
-
     ok = [e.dtype.lanes == 1]
 
     def f(n) -> None:
@@ -104,16 +103,12 @@ class _Simplifier(Mutator):
 def simplify_stmt(stmt: Stmt, analyzer=None) -> Stmt:
     """Simplify ``stmt`` (see the module docstring); ``analyzer`` may carry known facts."""
     if analyzer is None:
-        from ...arith import Analyzer
-
         analyzer = Analyzer()
     return _Simplifier(analyzer).visit(stmt)
 
 
 def simplify(func: PrimFunc) -> PrimFunc:
     """Return ``func`` with simplified expressions and trivial loops/branches removed."""
-    from ...arith import Analyzer
-
     analyzer = Analyzer()
     # Shape variables are sizes: non-negative.
     for buf in func.buffer_map.values():

@@ -27,6 +27,8 @@ target computes in float16).
 
 from __future__ import annotations
 
+from ...arith import simplify
+from ...ir.node import structural_equal
 from ..expr import (
     Add,
     BinaryOp,
@@ -52,7 +54,7 @@ from ..expr import (
     sub,
 )
 from ..function import PrimFunc
-from ..functor import Mutator, post_order_visit
+from ..functor import Mutator, post_order_visit, substitute
 from ..math_formulas import expand_call
 from ..stmt import (
     Allocate,
@@ -92,15 +94,11 @@ class CannotVectorize(Exception):
 def _ramp(base: PrimExpr, stride: PrimExpr, lanes: int) -> Ramp:
     """A Ramp whose stride is folded (contiguity tests look for the constant 1)."""
     if not isinstance(stride, IntImm):
-        from ...arith import simplify
-
         stride = simplify(stride)
     return Ramp(base, stride, lanes)
 
 
 def _structural_eq(a, b) -> bool:
-    from ...ir.node import structural_equal
-
     return structural_equal(a, b, map_free_vars=False)
 
 
@@ -315,8 +313,6 @@ class _VectorizeLoops(Mutator):
                 raise CannotVectorize("the extent is not a constant")
             lanes = loop.extent.value
             if lanes == 1:
-                from ..functor import substitute
-
                 return substitute(loop.body, {loop.loop_var: loop.min})
             if not _is_pow2(lanes) or lanes > MAX_LANES:
                 raise CannotVectorize(

@@ -76,8 +76,11 @@ def test_parallel_loop_gets_one_buffer_per_thread():
     low = lower(_staged(parallel=True).func)
     assert _alloc_depths(low.body) == [("T", 1)]  # stays inside the parallel loop
     src = _run(_staged(parallel=True))
-    region = src[src.index("#pragma omp parallel\n"):]
-    assert region.index("kiln_alloc(") < region.index("#pragma omp for") < region.index("free(")
+    # each task of the thread pool allocates it once for its range of iterations
+    task = src[src.index("static void f__par0_task("):]
+    task = task[:task.index("\n}")]
+    assert task.index("kiln_alloc(") < task.index("for (int64_t kiln_i") < task.rindex("free(")
+    assert "KILN_CHECK_ALLOC" in task  # a task without its scratch records it and skips
 
 
 @pytest.mark.parametrize("parallel", [False, True])

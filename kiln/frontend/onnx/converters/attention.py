@@ -22,6 +22,7 @@ import numpy as np
 
 from .... import graph as g
 from .... import op
+from ..importer import convert_subgraph, onnx_dtype
 from ..registry import converter
 from .common import dtype_of, ndim_of, node_axis, reshape, scalar, shape_of, static_int
 
@@ -234,8 +235,6 @@ def attention(ctx: Any, node: Any) -> Any:
     logits = scores
     precision = node.attr("softmax_precision")
     if precision is not None:
-        from ..importer import onnx_dtype
-
         sdt = onnx_dtype(int(precision), str(node))
         if sdt != dt and sdt not in _WIDEN:
             logits = ctx.emit(op.cast(logits, sdt))
@@ -265,7 +264,6 @@ def _stash(ctx: Any, node: Any, x: Any) -> Any:
     dt = dtype_of(x)
     if dt not in _WIDEN:
         return x
-    from ..importer import onnx_dtype
 
     sdt = onnx_dtype(int(node.attr("stash_type", 1)), str(node))
     return x if sdt == dt else ctx.emit(op.cast(x, sdt))
@@ -592,8 +590,6 @@ def causal_conv_with_state(ctx: Any, node: Any) -> Any:
 
 def _apply_mod(ctx: Any, node: Any, name: str, x: Any) -> Any:
     """Import the graph attribute ``name`` (one input, one output) applied to ``x``."""
-    from ..importer import convert_subgraph
-
     graph = node.attrs.get(name)
     if graph is None:
         return x
@@ -621,8 +617,6 @@ def flex_attention(ctx: Any, node: Any) -> Any:
     reps = q_heads // kv_heads
     precision = node.attr("softmax_precision")
     if precision is not None:
-        from ..importer import onnx_dtype
-
         cdt = onnx_dtype(int(precision), str(node))
     else:
         cdt = "float32" if dt in _WIDEN else dt

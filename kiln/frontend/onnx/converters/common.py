@@ -21,7 +21,17 @@ def dtype_of(x: Any) -> str:
 
 
 def shape_of(x: Any) -> tuple[Any, ...]:
-    return tuple(x.struct_info.shape)
+    """The shape of ``x``; StructInfoError when only its rank is known at import (a symbolic
+    dim met a different one: ``(1, seq, 64) + (1, 16, 64)``), which the converter's node then
+    names."""
+    shape = x.struct_info.shape
+    if shape is None:
+        raise StructInfoError(
+            f"the shape of {getattr(x, 'name_hint', 'an input')!r} is not known when the model "
+            "is imported (a symbolic dimension met a different one earlier, for example a "
+            "dynamic sequence length added to a fixed-length position table); this operator "
+            "needs it: give that input a static shape")
+    return tuple(shape)
 
 
 def ndim_of(x: Any) -> int:
@@ -85,3 +95,19 @@ def static_kernel(node: Any, w: Any) -> tuple[int, ...]:
         raise node.error(f"kernel_shape {list(given)} disagrees with the weight's spatial dims "
                          f"{list(dims)}")
     return dims  # type: ignore[return-value]
+
+
+def iota(n: Any, dtype: str) -> Any:
+    """``[0, 1, ..., n-1]`` of ``dtype``: a constant when ``n`` is static, else an exclusive
+    cumsum of ones (a run-time length)."""
+    size = static_int(n)
+    if size is not None:
+        return g.const(np.arange(size, dtype=dtype))
+    return op.cumsum(op.broadcast_to(scalar(1, dtype), (n,)), axis=0, exclusive=True)
+
+
+def along(vec: Any, axis: int, ndim: int) -> Any:
+    """The 1-D ``vec`` shaped to broadcast along ``axis`` of a rank-``ndim`` tensor."""
+    if ndim == 1:
+        return vec
+    return op.reshape(vec, tuple(-1 if d == axis else 1 for d in range(ndim)))

@@ -24,6 +24,7 @@ import numpy as np
 
 from .... import graph as g
 from .... import op
+from ....op.common import dims_equal
 from ..importer import convert_subgraph
 from ..registry import converter
 from .common import norm_axis, static_int
@@ -160,7 +161,6 @@ def _same_type(ctx: Any, a: Any, b: Any) -> bool:
         return False
     if len(sa.shape) != len(sb.shape):
         return False
-    from ....op.elementwise import dims_equal
 
     return all(dims_equal(x, y) for x, y in zip(sa.shape, sb.shape))
 

@@ -33,7 +33,7 @@ from ..registry import converter
 from .common import ndim_of, norm_axis, prod, reshape, shape_of, static_int
 
 
-def _safe(name: str) -> str:
+def safe_name(name: str) -> str:
     out = "".join(c if c.isalnum() else "_" for c in name)
     return out if out and not out[0].isdigit() else f"v_{out}"
 
@@ -48,7 +48,7 @@ def runtime_shape(ctx: Any, node: Any, fn: str, args: Sequence[Any], known: Sequ
     call = g.Call(g.ExternFunc(PREFIX + fn), list(args),
                   sinfo_args=[g.ShapeStructInfo(ndim=len(known))])
     value = ctx.emit(call, f"{node.name}_{hint}")
-    base = _safe(node.name)
+    base = safe_name(node.name)
     dims = tuple(tir.Var(f"{base}_{hint}{i}", "int64") if k is None else k
                  for i, k in enumerate(known))
     ctx.bb.match_cast(value, g.ShapeStructInfo(dims))
@@ -383,3 +383,28 @@ def unique(ctx: Any, node: Any) -> Any:
         back = list(range(1, axis + 1)) + [0] + list(range(axis + 1, len(dims)))
         out = op.transpose(out, tuple(back))
     return [out, first, inverse, counts]
+
+
+def check_range(ctx: Any, node: Any, value: Any, lo: int, hi: int, what: str) -> None:
+    """Check at run time that every element of the int tensor ``value`` (static size) lies in
+    ``[lo, hi]``: the shape function ``values`` rejects the negative entries of
+    ``[min(value) - lo, hi - max(value)]``, so the model raises (naming this node) instead of
+    computing with an invalid value."""
+    value = ctx.emit(value, f"{node.name}_{what}") if value.struct_info is None else value
+    sizes = [static_int(d) for d in shape_of(value)]
+    n = None if None in sizes else int(np.prod(sizes, dtype=np.int64))
+    if n is None:
+        raise node.error(f"{what} must have a static number of elements, got {value.struct_info}")
+    if n == 0:
+        return
+    # the smallest and the largest value: two numbers to check however many values there are
+    v = op.cast(value, "int64")
+    low = op.reshape(op.subtract(op.min(v), _i64(lo)), (1,))
+    high = op.reshape(op.subtract(_i64(hi), op.max(v)), (1,))
+    bounds = ctx.emit(op.concat([low, high], axis=0), f"{node.name}_{what}_bounds")
+    runtime_shape(ctx, node, "values", [bounds], [None, None],
+                  f"{node.op_type}_{what}_range_check")
+
+
+def _i64(v: int) -> Any:
+    return g.const(np.array([v], dtype="int64"))

@@ -10,6 +10,8 @@ import numpy as np
 
 from .... import graph as g
 from .... import op
+from ....ir.dtype import as_dtype
+from ..importer import onnx_dtype
 from ..registry import converter
 from . import shape_values as sv
 from .common import dtype_of, ndim_of, scalar, shape_of, static_int
@@ -197,8 +199,6 @@ def _onnx_cast(node: Any, dtype: str) -> Any:
     ``saturate`` (default 1: out of range -> largest finite value) and, for float8e8m0,
     ``round_mode`` (default "up"); they are never folded with numpy, whose conversion (that of
     ml_dtypes) does not saturate, but converted by kiln's cast."""
-    from ....ir.dtype import as_dtype
-
     dt = as_dtype(dtype)
     value = node.const_value(0)
     if not dt.is_minifloat:
@@ -214,8 +214,6 @@ def _onnx_cast(node: Any, dtype: str) -> Any:
 
 @converter("Cast")
 def cast(ctx: Any, node: Any) -> Any:
-    from ..importer import onnx_dtype
-
     dtype = onnx_dtype(node.attr("to"), str(node))
     if dtype in ("int64", "int32"):
         sv.forward(ctx, node)
@@ -570,8 +568,6 @@ def trilu(ctx: Any, node: Any) -> Any:
 @converter("EyeLike", since=9)
 def eye_like(ctx: Any, node: Any) -> Any:
     """Ones on diagonal ``k`` of a 2-D tensor shaped like the input: a constant."""
-    from ..importer import onnx_dtype
-
     x = node.input(0)
     if ndim_of(x) != 2:
         raise node.error(f"expects a 2-D tensor, got rank {ndim_of(x)}")
@@ -629,8 +625,6 @@ def bit_cast(ctx: Any, node: Any) -> Any:
     """Reinterpret the bits as another type of the same width (numpy ``view``). Between
     integer (and bool) types this is a modular ``cast`` (two's complement, and fuses like any
     cast); float bits go through kiln's ``reinterpret`` op (constants fold at import)."""
-    from ..importer import onnx_dtype
-
     x = node.input(0)
     src, dst = dtype_of(x), onnx_dtype(node.attr("to"), str(node))
     if np.dtype(src).itemsize != np.dtype(dst).itemsize:

@@ -16,7 +16,7 @@ from ....ir.errors import KilnError
 from ....runtime import host_funcs
 from ..registry import converter
 from .common import dtype_of, ndim_of
-from .dynamic import _safe
+from .dynamic import safe_name
 
 
 @converter("ImageDecoder", since=20)
@@ -36,7 +36,7 @@ def image_decoder(ctx: Any, node: Any) -> Any:
     except (KilnError, ValueError) as err:
         raise node.error(str(err)) from None
     decoded = ctx.emit(op.image_decode(x, pixel_format=fmt), f"{node.name}_ImageDecoder")
-    base = _safe(node.name)
+    base = safe_name(node.name)
     dims = (tir.Var(f"{base}_height", "int64"), tir.Var(f"{base}_width", "int64"),
             1 if fmt == "Grayscale" else 3)
     return ctx.bb.match_cast(decoded, g.TensorStructInfo(dims, "uint8"))

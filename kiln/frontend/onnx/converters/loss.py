@@ -16,29 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from .... import op
 from ..registry import converter
-from .common import dtype_of, ndim_of, scalar, shape_of, static_int
-
-
-def iota(n: Any, dtype: str) -> Any:
-    """``[0, 1, ..., n-1]`` of ``dtype``: a constant when ``n`` is static, else an exclusive
-    cumsum of ones (a run-time length)."""
-    from .... import graph as g
-
-    size = static_int(n)
-    if size is not None:
-        return g.const(np.arange(size, dtype=dtype))
-    return op.cumsum(op.broadcast_to(scalar(1, dtype), (n,)), axis=0, exclusive=True)
-
-
-def along(vec: Any, axis: int, ndim: int) -> Any:
-    """The 1-D ``vec`` shaped to broadcast along ``axis`` of a rank-``ndim`` tensor."""
-    if ndim == 1:
-        return vec
-    return op.reshape(vec, tuple(-1 if d == axis else 1 for d in range(ndim)))
+from .common import along, dtype_of, iota, ndim_of, scalar, shape_of, static_int
+from .dynamic import check_range
 
 
 def class_mask(target: Any, num_classes: Any, ndim: int) -> Any:
@@ -51,8 +32,6 @@ def _check_targets(ctx: Any, node: Any, target: Any, valid: Any, num_classes: An
     """Reject (at run time, naming the node) a target outside ``[0, C)`` that is not
     ``ignore_index``: the one-hot selection would silently give it a loss of 0. Checks the
     minimum and maximum only (two small reductions), not every element on the host."""
-    from .reduce import check_range
-
     c = static_int(num_classes)
     if c is None:
         return

@@ -12,11 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from onnx import numpy_helper
 
 from .... import graph as g
 from .... import op
 from ..registry import converter
 from .common import dtype_of, ndim_of, shape_of, static_int
+from .dynamic import check_range
 
 ML = "ai.onnx.ml"
 
@@ -31,8 +33,6 @@ def array_feature_extractor(ctx: Any, node: Any) -> Any:
     Indices may be negative (counted from the end, as numpy does in the reference); one outside
     ``[-n, n)`` is an error: at import time for constant indices, at run time otherwise (the
     model raises instead of reading a clamped element)."""
-    from .reduce import check_range
-
     x, ind = node.input(0), node.input(1)
     nd = ndim_of(x)
     if nd == 0:
@@ -153,7 +153,6 @@ def _tensor_attr(node: Any, name: str, dtype: str) -> np.ndarray | None:
     value = node.attrs.get(name)
     if value is None:
         return None
-    from onnx import numpy_helper
 
     return np.asarray(numpy_helper.to_array(value), dtype=dtype).reshape(-1)
 

@@ -29,6 +29,7 @@ from .common import (
     static_int,
     static_kernel,
 )
+from .random import training_dropout
 
 
 @converter("MatMul")
@@ -55,7 +56,7 @@ def gemm(ctx: Any, node: Any) -> Any:
     return out
 
 
-def _lift_1d(ctx: Any, node: Any, x: Any) -> Any:
+def lift_1d(ctx: Any, node: Any, x: Any) -> Any:
     """Rewrite a 1-D op as 2-D with a unit height: (N, C, L) -> (N, C, 1, L) and attributes
     [a] -> [1, a] (pads [b, e] -> [0, b, 0, e]); the caller squeezes axis 2 off again."""
     for name in ("kernel_shape", "strides", "dilations", "output_padding", "output_shape"):
@@ -74,7 +75,7 @@ def _lift_1d(ctx: Any, node: Any, x: Any) -> Any:
 
 
 def _spatial(convert: Any) -> Any:
-    """Run a 2-D/3-D converter on 1-D inputs too (see ``_lift_1d``); other ranks are errors."""
+    """Run a 2-D/3-D converter on 1-D inputs too (see ``lift_1d``); other ranks are errors."""
 
     def wrapped(ctx: Any, node: Any) -> Any:
         x = node.input(0)
@@ -88,7 +89,7 @@ def _spatial(convert: Any) -> Any:
                                  f"input (rank {ndim_of(x)})")
         if ndim_of(x) != 3:
             return convert(ctx, node, x)
-        out = convert(ctx, node, _lift_1d(ctx, node, x))
+        out = convert(ctx, node, lift_1d(ctx, node, x))
         if isinstance(out, (list, tuple)):
             return [op.squeeze(o, axis=(2,)) for o in out]
         return op.squeeze(out, axis=(2,))
@@ -104,7 +105,7 @@ def _static_spatial(node: Any, x: Any) -> tuple[int, ...]:
     return sizes  # type: ignore[return-value]
 
 
-def _pads(node: Any, x: Any, kernel: tuple[int, ...], strides: tuple[int, ...],
+def window_pads(node: Any, x: Any, kernel: tuple[int, ...], strides: tuple[int, ...],
           dilations: tuple[int, ...]) -> tuple[int, ...]:
     """ONNX-ordered pads ``(begin..., end...)`` from ``pads`` or ``auto_pad``."""
     n = len(kernel)
@@ -142,7 +143,7 @@ def _ints_attr(node: Any, name: str, n: int, default: int = 1) -> tuple[int, ...
 Ints = tuple[int, ...]
 
 
-def _pair(node: Any, name: str, default: int = 1) -> tuple[int, int]:
+def pair_attr(node: Any, name: str, default: int = 1) -> tuple[int, int]:
     """A 2-entry int attribute (used by the quantized convolution converters)."""
     return _ints_attr(node, name, 2, default)  # type: ignore[return-value]
 
@@ -151,7 +152,7 @@ def _window_attrs(node: Any, x: Any, kernel: tuple[int, ...]) -> tuple[tuple[int
     """``(strides, dilations, pads)`` of a window op with ``kernel``."""
     n = len(kernel)
     strides, dilations = _ints_attr(node, "strides", n), _ints_attr(node, "dilations", n)
-    return strides, dilations, _pads(node, x, kernel, strides, dilations)
+    return strides, dilations, window_pads(node, x, kernel, strides, dilations)
 
 
 def _bias(out: Any, b: Any, ndim: int) -> Any:
@@ -695,8 +696,6 @@ def dropout(ctx: Any, node: Any) -> Any:
     if node.opset >= 12 and node.has_input(2):
         training = node.const_value(2)
         if training is None or bool(np.asarray(training).reshape(())):
-            from .random import training_dropout
-
             return training_dropout(ctx, node, None if training is not None else node.input(2))
     outs = [x]
     if node.num_outputs > 1 and node.proto.output[1]:

@@ -26,14 +26,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from .... import graph as g
 from .... import op
 from ....ir.dtype import as_dtype
+from ..importer import onnx_dtype
 from ..registry import converter
 from .common import dtype_of, ndim_of, norm_axis, scalar, shape_of, static_int, static_kernel
-from .nn import _lift_1d, _pads, _pair
+from .nn import lift_1d, pair_attr, window_pads
 
 # The integer types kiln quantizes to, with their ranges.
 QUANT_RANGES: dict[str, tuple[int, int]] = {
@@ -43,8 +45,6 @@ QUANT_RANGES: dict[str, tuple[int, int]] = {
 
 
 def _onnx_dtype_name(node: Any, elem_type: int) -> str:
-    from ..importer import onnx_dtype
-
     return onnx_dtype(elem_type, str(node))
 
 
@@ -61,8 +61,6 @@ def _is_minifloat(dtype: str) -> bool:
 
 def _float_target(node: Any, value: Any, zero_point: Any, dtype: str) -> Any:
     """``value`` (x / scale) quantized to a float8/float4 type, as the ONNX reference does."""
-    import ml_dtypes
-
     if as_dtype(dtype).minifloat.bits == 4:  # float4: zero point added, the cast saturates
         if zero_point is not None:
             value = op.add(op.cast(value, "float32"), op.cast(zero_point, "float32"))
@@ -239,7 +237,7 @@ def _integer_conv(ctx: Any, node: Any, x: Any, x_zp: Any, w: Any, w_zp: Any
     """
     lifted = ndim_of(x) == 3
     if lifted:
-        x = _lift_1d(ctx, node, x)
+        x = lift_1d(ctx, node, x)
         w = ctx.emit(op.expand_dims(w, 2))
     if ndim_of(x) != 4:
         raise node.error(f"only 1-D and 2-D convolutions (rank-3/4 input) are supported, got "
@@ -252,8 +250,8 @@ def _integer_conv(ctx: Any, node: Any, x: Any, x_zp: Any, w: Any, w_zp: Any
     xi = ctx.emit(_minus_zero_point(ctx, x, x_zp))
     wi = ctx.emit(_minus_zero_point(ctx, w, w_zp))
     kernel = static_kernel(node, w)
-    strides, dilations = _pair(node, "strides"), _pair(node, "dilations")
-    pads = _pads(node, x, kernel, strides, dilations)  # type: ignore[arg-type]
+    strides, dilations = pair_attr(node, "strides"), pair_attr(node, "dilations")
+    pads = window_pads(node, x, kernel, strides, dilations)  # type: ignore[arg-type]
     out = op.nn.conv2d(xi, wi, strides=strides, padding=pads, dilation=dilations,
                        groups=int(node.attr("group", 1)))
     return out, lifted

@@ -16,6 +16,7 @@ import numpy as np
 
 from .... import graph as g
 from .... import op
+from ..importer import onnx_dtype
 from ..registry import converter
 from .common import dtype_of, scalar, shape_of
 
@@ -32,8 +33,6 @@ def seed_input(ctx: Any, node: Any) -> Any:
 
 
 def _out_dtype(node: Any, default: str) -> str:
-    from ..importer import onnx_dtype
-
     dt = onnx_dtype(node.attr("dtype"), str(node)) if "dtype" in node.attrs else default
     if dt not in _FLOATS:
         raise node.error(f"random values of dtype {dt} are not supported (float types only)")
@@ -85,8 +84,6 @@ def random_normal_like(ctx: Any, node: Any) -> Any:
 
 @converter("Bernoulli", since=15)
 def bernoulli(ctx: Any, node: Any) -> Any:
-    from ..importer import onnx_dtype
-
     p = node.input(0)
     if dtype_of(p) not in _FLOATS:
         raise node.error(f"expects float probabilities, got {dtype_of(p)}")
@@ -98,8 +95,6 @@ def bernoulli(ctx: Any, node: Any) -> Any:
 def multinomial(ctx: Any, node: Any) -> Any:
     """Samples of each row's categorical distribution given by unnormalized log-probabilities:
     the row's cumulative ``exp(x - max)`` is searched for ``u * total`` (inverse CDF)."""
-    from ..importer import onnx_dtype
-
     x = node.input(0)
     dt = dtype_of(x)
     shape = ctx.static_shape(x)

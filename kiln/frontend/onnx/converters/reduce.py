@@ -16,7 +16,8 @@ import numpy as np
 from .... import graph as g
 from .... import op
 from ..registry import converter
-from .common import dtype_of, ints, ndim_of, node_axis, scalar, shape_of, static_int
+from .common import along, dtype_of, ints, iota, ndim_of, node_axis, scalar, shape_of, static_int
+from .dynamic import check_range, runtime_shape
 
 
 def _square(x: Any) -> Any:
@@ -123,27 +124,6 @@ converter("ArgMin")(_arg(op.argmin))
 
 
 # ---- run-time scalars ----------------------------------------------------------------------
-def check_range(ctx: Any, node: Any, value: Any, lo: int, hi: int, what: str) -> None:
-    """Check at run time that every element of the int tensor ``value`` (static size) lies in
-    ``[lo, hi]``: the shape function ``values`` rejects the negative entries of
-    ``[min(value) - lo, hi - max(value)]``, so the model raises (naming this node) instead of
-    computing with an invalid value."""
-    from .dynamic import runtime_shape
-
-    value = ctx.emit(value, f"{node.name}_{what}") if value.struct_info is None else value
-    sizes = [static_int(d) for d in shape_of(value)]
-    n = None if None in sizes else int(np.prod(sizes, dtype=np.int64))
-    if n is None:
-        raise node.error(f"{what} must have a static number of elements, got {value.struct_info}")
-    if n == 0:
-        return
-    # the smallest and the largest value: two numbers to check however many values there are
-    v = op.cast(value, "int64")
-    low = op.reshape(op.subtract(op.min(v), _i64(lo)), (1,))
-    high = op.reshape(op.subtract(_i64(hi), op.max(v)), (1,))
-    bounds = ctx.emit(op.concat([low, high], axis=0), f"{node.name}_{what}_bounds")
-    runtime_shape(ctx, node, "values", [bounds], [None, None],
-                  f"{node.op_type}_{what}_range_check")
 
 
 def _reduce_runtime_axes(ctx: Any, node: Any, x: Any, axes_t: Any, kind: str,
@@ -154,9 +134,6 @@ def _reduce_runtime_axes(ctx: Any, node: Any, x: Any, axes_t: Any, kind: str,
     shape function binds it, and ``reduce_to`` reduces; without ``keepdims`` a second shape
     function (``reshape``, which checks the element count, so repeated axes are an error)
     drops the reduced dims."""
-    from .dynamic import runtime_shape
-    from .loss import iota
-
     dims = [static_int(d) for d in shape_of(x)]
     if any(d is None for d in dims):
         raise node.error(f"axes known only at run time need a static input shape, got "
@@ -200,10 +177,6 @@ def _reduce_runtime_axes(ctx: Any, node: Any, x: Any, axes_t: Any, kind: str,
     return op.dynamic_reshape(y, out)
 
 
-def _i64(v: int) -> Any:
-    return g.const(np.array([v], dtype="int64"))
-
-
 # ---- CumSum / CumProd ----------------------------------------------------------------------
 def _scan(fn: Any) -> Any:
     def convert(ctx: Any, node: Any) -> Any:
@@ -243,8 +216,6 @@ converter("CumProd", since=26)(_scan(op.cumprod))
 # ---- Hardmax, OneHot (one-hot of an index, decomposed) -------------------------------------
 def _one_hot_along(index: Any, n: Any, axis: int, ndim: int) -> Any:
     """bool: ``index == position along axis`` (``index`` broadcasts along ``axis``)."""
-    from .loss import along, iota
-
     return op.equal(index, along(iota(n, "int64"), axis, ndim))
 
 
@@ -294,7 +265,6 @@ def one_hot(ctx: Any, node: Any) -> Any:
         depth: Any = int(depth_v.reshape(-1)[0])
         depth_t = scalar(depth, i64)
     else:  # known at run time: a host shape function binds the output dim (and checks > 0)
-        from .dynamic import runtime_shape
 
         raw = node.input(1)
         depth_t = ctx.emit(op.reshape(op.cast(raw, i64), ()), f"{node.name}_depth")
@@ -334,7 +304,6 @@ def topk_v10(ctx: Any, node: Any) -> Any:
     if value is not None:
         return _topk(ctx, node, ints(value)[0])
     # k known at run time: checked against the axis, then bound as the output dim
-    from .dynamic import runtime_shape
 
     x, k_t = node.input(0), node.input(1)
     axis = int(node.attr("axis", -1))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import onnx.numpy_helper as nh
 
 from .... import graph as g
 from .... import op
@@ -30,8 +31,6 @@ def _all_const(node: Any) -> list[np.ndarray] | None:
 
 @converter("Constant")
 def constant(ctx: Any, node: Any) -> Any:
-    import onnx.numpy_helper as nh
-
     a = node.attrs
     if "value" in a:
         return nh.to_array(a["value"])
@@ -48,8 +47,6 @@ def constant(ctx: Any, node: Any) -> Any:
 
 @converter("ConstantOfShape", since=9)
 def constant_of_shape(ctx: Any, node: Any) -> Any:
-    import onnx.numpy_helper as nh
-
     value = node.attrs.get("value")
     fill = nh.to_array(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
     if fill.size != 1:

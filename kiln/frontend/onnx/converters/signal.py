@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .... import graph as g
 from .... import op
 from ....ir import KilnError
 from ..importer import onnx_dtype
@@ -126,8 +127,6 @@ def _dft(ctx: Any, node: Any, x: Any, axis: int, length: int | None, inverse: bo
 
 
 def _const(arr: np.ndarray) -> Any:
-    from .... import graph as g
-
     return g.const(np.asarray(arr))
 
 

@@ -22,11 +22,14 @@ of the schedule first, so a refusal never leaves it half transformed).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from ..ir.errors import ScheduleError
-from ..tir.expr import Add, BufferLoad, IntImm, IterType
-from ..tir.functor import collect_vars, post_order_visit, substitute
+from ...arith import simplify
+from ...ir.errors import ScheduleError
+from ...tir.expr import Add, BufferLoad, IntImm, IterType
+from ...tir.functor import collect_vars, post_order_visit, substitute
+from ..apply import inline_is_cheap
 
 __all__ = [
     "PARALLEL_MIN_WORK",
@@ -111,46 +114,6 @@ def _pick_lanes(target: Any, dtype: Any, extent: int | None) -> int:
     return 1
 
 
-# Inlining substitutes a producer's whole expression for every load of its buffer, so a chain of
-# stages that each read their input several times (polynomial approximations, for instance)
-# grows exponentially. Past this many expression nodes a stage stays materialized.
-INLINE_MAX_NODES = 512
-
-
-def _expr_size(expr: Any) -> int:
-    count = 0
-
-    def visit(_: Any) -> None:
-        nonlocal count
-        count += 1
-
-    post_order_visit(expr, visit)
-    return count
-
-
-def inline_is_cheap(sch: Any, block: Any, max_nodes: int = INLINE_MAX_NODES) -> bool:
-    """Whether ``compute_inline(block)`` keeps the consumers' expressions small.
-
-    The cost is the producer's expression size times the number of places its buffer is read
-    in the consumers; a stage read once is always cheap to inline.
-    """
-    blk = sch.get(block)
-    value = getattr(blk.body, "value", None)
-    if value is None or len(blk.writes) != 1:
-        return False
-    buf = blk.writes[0].buffer
-    loads = 0
-
-    def count(node: Any) -> None:
-        nonlocal loads
-        if isinstance(node, BufferLoad) and node.buffer is buf:
-            loads += 1
-
-    for consumer in sch.get_consumers(block):
-        post_order_visit(sch.get(consumer).body, count)
-    return loads <= 1 or _expr_size(value) * loads <= max_nodes
-
-
 def inline_injective_stages(sch: Any) -> None:
     """Inline every intermediate stage that is a plain element-wise/injective computation.
 
@@ -189,8 +152,6 @@ def _walks_contiguously(load: Any, var: Any) -> bool:
 def _input_stride(load: Any, var: Any) -> int | None:
     """Elements between the input elements ``load`` reads at ``var`` and ``var + 1`` (the
     other variables at 0); None for a symbolic shape or a non-linear index."""
-    from ..arith import simplify
-
     strides, step = [], 1
     for d in reversed(load.buffer.shape):
         strides.insert(0, step)
@@ -312,8 +273,6 @@ def _parallel_outer_loops(sch: Any, target: Any, loops: list[Any], extents: list
 
 def cpu_count() -> int:
     """CPUs this process may run on (its affinity mask), the default thread count."""
-    import os
-
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 

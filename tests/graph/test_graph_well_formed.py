@@ -1,11 +1,12 @@
-"""kiln.ir.well_formed: scoping, StructInfo consistency, call_tir/callee agreement, light TIR."""
+"""kiln.graph.well_formed: scoping, StructInfo consistency, call_tir/callee agreement, light TIR."""
 
 import numpy as np
 import pytest
 
 from kiln import graph as g
 from kiln import op, te, tir
-from kiln.ir import IRModule, WellFormedError, well_formed
+from kiln.graph import well_formed
+from kiln.ir import IRModule, WellFormedError
 from kiln.testing import models
 from kiln.transform import LegalizeOps
 

@@ -26,8 +26,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import WellFormedError
-from .module import IRModule
+from .. import tir
+from ..ir.errors import KilnError, WellFormedError
+from ..ir.module import IRModule
+from ..ir.node import Node, node_field_names
+from ..tir import Var as TirVar
+from ..tir.function import PrimFunc
+from ..tir.functor import collect_vars, substitute
+from . import expr as gx
+from . import struct_info as si
+from .block_builder import call_sinfo, infer_op_call
+from .expr import DataflowBlock, DataflowVar, Function, MatchCast, SeqExpr, Var
+from .functor import bound_vars
+from .printer import format_shape
+from .struct_info import PrimStructInfo, TensorStructInfo, TupleStructInfo, dims_equal
 
 __all__ = ["well_formed"]
 
@@ -39,9 +51,6 @@ def well_formed(obj: Any, check: bool = True) -> list[str] | None:
     return None; with ``check=False`` return the list of problems (empty when well formed).
     A lone graph Function is checked without module context (callees are not looked up).
     """
-    from ..graph.expr import Function
-    from ..tir.function import PrimFunc
-
     problems: list[str] = []
     if isinstance(obj, IRModule):
         defs: dict[Any, str] = {}
@@ -73,20 +82,14 @@ def well_formed(obj: Any, check: bool = True) -> list[str] | None:
 # StructInfo comparison
 # ---------------------------------------------------------------------------------------------
 def _dims_same(a: Any, b: Any) -> bool:
-    from ..graph.struct_info import dims_equal
-
     return dims_equal(a, b)
 
 
 def _shape_text(shape: Any) -> str:
-    from ..graph.printer import format_shape
-
     return format_shape(shape)
 
 
 def _sinfo_text(sinfo: Any) -> str:
-    from ..graph.struct_info import TensorStructInfo
-
     if isinstance(sinfo, TensorStructInfo):
         if sinfo.shape is None:
             rank = f"ndim={sinfo.ndim}" if sinfo.ndim >= 0 else "?"
@@ -98,8 +101,6 @@ def _sinfo_text(sinfo: Any) -> str:
 def _covers(general: Any, specific: Any, exact: bool = False) -> bool:
     """True when every value described by ``specific`` is described by ``general`` (with
     ``exact``: they describe the same values)."""
-    from ..graph import struct_info as si
-
     if isinstance(general, si.ObjectStructInfo):
         return not exact or isinstance(specific, si.ObjectStructInfo)
     if type(general) is not type(specific):
@@ -166,8 +167,6 @@ class _GraphChecker:
 
     # -- definitions and uses ----------------------------------------------------------------
     def define(self, var: Any, how: str) -> None:
-        from ..graph.expr import Var
-
         if not isinstance(var, Var):
             self.report(f"{how} must be a Var, got {type(var).__name__}")
             return
@@ -181,8 +180,6 @@ class _GraphChecker:
         self.visible.add(var)
 
     def use(self, var: Any) -> None:
-        from ..graph.expr import DataflowVar
-
         if var in self.visible:
             return
         if isinstance(var, DataflowVar) and var in self.closed_dataflow:
@@ -196,14 +193,10 @@ class _GraphChecker:
             self.report(f"variable {var.name} is used but never defined")
 
     def define_sym(self, sinfo: Any) -> None:
-        from ..tir.functor import collect_vars
-
         if sinfo is not None:
             self.sym.update(collect_vars(sinfo))
 
     def check_sym(self, node: Any, what: str) -> None:
-        from ..tir.functor import collect_vars
-
         if node is None:
             return
         for v in collect_vars(node):
@@ -213,9 +206,6 @@ class _GraphChecker:
 
     # -- functions, sequences, blocks --------------------------------------------------------
     def check_function(self, func: Any) -> None:
-        from ..graph.expr import DataflowVar
-        from ..graph.functor import bound_vars
-
         outer = self.where
         self.where = f"{self.fname}: parameters"
         self.all_bound = set(bound_vars(func)) | self.all_bound
@@ -236,8 +226,6 @@ class _GraphChecker:
         self.where = outer
 
     def check_seq_or_expr(self, e: Any) -> None:
-        from ..graph.expr import SeqExpr
-
         if isinstance(e, SeqExpr):
             self.check_seq(e)
         else:
@@ -255,8 +243,6 @@ class _GraphChecker:
         self.visible = before
 
     def check_block(self, block: Any) -> None:
-        from ..graph.expr import DataflowBlock, DataflowVar, MatchCast
-
         dataflow = isinstance(block, DataflowBlock)
         local: list[Any] = []
         for b in block.bindings:
@@ -286,8 +272,6 @@ class _GraphChecker:
 
     # -- expressions -------------------------------------------------------------------------
     def expr(self, e: Any) -> None:
-        from ..graph import expr as gx
-
         if isinstance(e, gx.Var):
             self.use(e)
             return
@@ -337,8 +321,6 @@ class _GraphChecker:
             self.report(f"unexpected expression {type(e).__name__}")
 
     def check_tuple_get_item(self, e: Any) -> None:
-        from ..graph.struct_info import TupleStructInfo
-
         ts = e.tuple_value.struct_info
         if ts is None:
             return
@@ -353,8 +335,6 @@ class _GraphChecker:
                         f"but the tuple field is {_sinfo_text(ts.fields[e.index])}")
 
     def check_call(self, call: Any) -> None:
-        from ..graph import expr as gx
-
         leaves = gx.GlobalVar | gx.Op | gx.ExternFunc  # no StructInfo of their own
         if any(a.struct_info is None and not isinstance(a, leaves) for a in call.args):
             return  # already reported
@@ -372,11 +352,8 @@ class _GraphChecker:
                 self.check_graph_call(call, op.name, callee)
 
     def check_op_call(self, call: Any) -> None:
-        from ..graph.block_builder import _infer_op_call
-        from .errors import KilnError
-
         try:
-            inferred = _infer_op_call(call)
+            inferred = infer_op_call(call)
         except KilnError as err:
             self.report(f"call of {call.op.name} does not type-check: {err}")
             return
@@ -385,13 +362,10 @@ class _GraphChecker:
                         f"but inference gives {_sinfo_text(inferred)}")
 
     def check_graph_call(self, call: Any, name: str, callee: Any) -> None:
-        from ..graph.block_builder import _call_sinfo
-        from .errors import KilnError
-
         if callee.struct_info is None:
             return
         try:
-            inferred = _call_sinfo(name, callee.struct_info, call)
+            inferred = call_sinfo(name, callee.struct_info, call)
         except KilnError as err:
             self.report(str(err))
             return
@@ -401,10 +375,6 @@ class _GraphChecker:
 
     # -- call_tir ----------------------------------------------------------------------------
     def check_call_tir(self, call: Any) -> None:
-        from ..graph import expr as gx
-        from ..graph.struct_info import TensorStructInfo, TupleStructInfo
-        from ..tir.function import PrimFunc
-
         args = call.args
         if len(args) != 2 or not isinstance(args[0], gx.GlobalVar):
             self.report("call_tir must be call_tir(GlobalVar, Tuple of arguments)")
@@ -461,10 +431,6 @@ class _GraphChecker:
                      arg_vars: dict[str, str] | None = None) -> None:
         """Compare each argument/output with its parameter; callee symbolic dims are bound on
         first appearance and must agree everywhere else."""
-        from ..graph.struct_info import PrimStructInfo, TensorStructInfo
-        from ..tir import Var as TirVar
-        from ..tir.functor import substitute
-
         bind: dict[Any, Any] = {}
         shaped: list[tuple[str, Any, Any]] = []
         for label, sinfo, param in pairs:
@@ -541,8 +507,6 @@ class _TirChecker:
         self.problems.append(f"{self.fname}: {msg}")
 
     def check(self, func: Any) -> None:
-        from ..tir.functor import collect_vars
-
         seen: set[Any] = set()
         for p in func.params:
             if p in seen:
@@ -580,8 +544,6 @@ class _TirChecker:
 
     # -- statements --------------------------------------------------------------------------
     def stmt(self, s: Any) -> None:
-        from .. import tir
-
         if s is None:
             return
         if isinstance(s, tir.For):
@@ -646,9 +608,6 @@ class _TirChecker:
 
     # -- expressions -------------------------------------------------------------------------
     def expr(self, e: Any) -> None:
-        from .. import tir
-        from .node import Node, node_field_names
-
         if e is None or not isinstance(e, Node):
             return
         if isinstance(e, tir.Var):

@@ -1,0 +1,9 @@
+"""ATen converters by op family; importing this package registers them all."""
+
+from . import (  # noqa: F401
+    elementwise,
+    index,
+    nn,
+    reduce,
+    shape,
+)

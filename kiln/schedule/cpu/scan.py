@@ -1,0 +1,31 @@
+"""CPU schedule of the scans (``cumsum``, ``cumprod``) and of ``topk``, whose lines are
+sequential loops inside one block per line (``kiln.op.scan``, ``kiln.op.sort``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ... import tir
+from ...op import scan, sort  # noqa: F401 - declare the ops registered below
+from ...op.common import const_int
+from ..registry import register_schedule
+from .generic import PARALLEL_MIN_WORK
+
+
+# topk too: its lines are fused into one parallel loop, like a scan
+@register_schedule(("cumsum", "cumprod", "topk"), "c")
+def schedule_scan(sch: Any, target: Any) -> None:
+    """Fuse the loops over the scan lines into one loop, parallel when there is enough work
+    (the serial loop along the axis stays inside the block)."""
+    block = sch.get_block(sch.func.attrs.get("op_name", "cumsum"))
+    loops = sch.get_loops(block)
+    if not loops:
+        return  # one line (1-D or flattened): inherently sequential
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    lines = const_int(sch.get(fused).extent)
+    body = sch.get(block).body  # (init of the accumulator, the loop along the axis)
+    along = const_int(body.seq[1].extent) if isinstance(body, tir.SeqStmt) else None
+    work = None if lines is None or along is None else lines * along
+    if getattr(target, "num_threads", 0) != 1 and (lines is None or lines > 1) and (
+            work is None or work >= PARALLEL_MIN_WORK):
+        sch.parallel(fused)
