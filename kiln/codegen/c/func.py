@@ -1,4 +1,4 @@
-"""C for one lowered PrimFunc: the unchecked entry ``void NAME_unchecked(void**, const int64_t*)``.
+"""C for one lowered PrimFunc: the entry ``int32_t NAME_unchecked(void**, const int64_t*)``.
 
 The body is the function's statements printed as C: ``For`` loops (the outermost parallel loop
 runs on kiln's thread pool, ``kiln_parallel_for`` of ``thread_pool.py`` -- a parallel loop

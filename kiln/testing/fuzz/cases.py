@@ -70,10 +70,12 @@ PYTHON_WORDING = re.compile(r"NoneType|object has no attribute|object is not (su
 
 
 #: Errors about the model as a whole, not one of its nodes (a file that is no ONNX model, a
-#: graph input, an initializer or a graph output): they need not name a node.
+#: graph input, an initializer or a graph output): they need not name a node; one naming a
+#: node by its position (``node #3``, where its name is not text) names it.
 GRAPH_LEVEL = re.compile(r"not a valid ONNX model|graph input|graph output|initializer|"
                          r"ONNX value .* (is used before|never produced)|the ONNX model uses "
-                         r"\d+ operator type|opset")
+                         r"\d+ operator type|opset|"
+                         r"node #\d+")
 
 
 @dataclass
