@@ -215,11 +215,22 @@ def _onnx_type(dtype: str | None) -> str | None:
         return None
 
 
+#: Narrow float types kiln computes in wherever an operator's schema allows float (an
+#: extension over the schema, which lists them for few operators: an Add of float8 values).
+NARROW_FLOATS = frozenset({"tensor(float16)", "tensor(bfloat16)", "tensor(float8e4m3fn)",
+                           "tensor(float8e4m3fnuz)", "tensor(float8e5m2)",
+                           "tensor(float8e5m2fnuz)"})
+
+
 def _check_types(node: Any, schema: Any, dtypes: list[str | None]) -> None:
     """Inputs that share a type parameter (``T``) have one type, and each is one the
     constraint allows (as onnxruntime requires: an Equal of a float and an int64 is an
-    error, not an implicit cast)."""
+    error, not an implicit cast), or a narrow float where it allows float
+    (:data:`NARROW_FLOATS`)."""
     allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    for types in allowed.values():
+        if "tensor(float)" in types:
+            types |= NARROW_FLOATS
     formal = list(schema.inputs)
     bound: dict[str, tuple[int, str]] = {}
     for i, name in enumerate(node.input):
