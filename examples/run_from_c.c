@@ -93,7 +93,11 @@ int main(int argc, char** argv) {
   if (!lib) die("cannot load", dlerror());
   entry_fn entry = (entry_fn)dlsym(lib, entry_name);
   if (!entry) die("missing entry", entry_name);
-  if (entry(inputs, outputs, workspace, consts) != 0) die("the model failed", NULL);
+  if (entry(inputs, outputs, workspace, consts) != 0) {
+    /* a check inside a kernel failed (an index out of range): the library says which */
+    const char* (*last_error)(void) = (const char* (*)(void))dlsym(lib, "kiln_last_error");
+    die("the model failed", last_error ? last_error() : NULL);
+  }
 
   for (long long i = 0; i < n_out; i++) {
     FILE* f = fopen(argv[2 + n_in + i], "wb");

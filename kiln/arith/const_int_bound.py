@@ -264,6 +264,9 @@ class BoundAnalyzer:
             base, stride = self(e.base), self(e.stride)
             span = b_scale(stride, e.lanes - 1)
             return b_add(base, ConstIntBound(min(0, span.min_value), max(0, span.max_value)))
+        if t is E.Call and e.op == "check_index":  # an index resolved into [0, n)
+            n = self(e.args[2])
+            return ConstIntBound(0, max(0, n.max_value - 1) if n.max_value < POS_INF else POS_INF)
         if t is E.Let:
             self.let_bounds[e.var] = self(e.value)
             try:

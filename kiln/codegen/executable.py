@@ -14,21 +14,42 @@ folded value is what kiln's own kernel computes, without the transform layer cal
 
 from __future__ import annotations
 
+from typing import Any
+
 from .. import progress
 from ..graph import expr as g
-from ..ir.errors import KilnError
+from ..graph.functor import post_order_visit
+from ..ir.errors import KilnError, error_context
 from ..ir.module import IRModule
+from ..ir.span import Span, describe
+from ..runtime import memory_plan
 from ..runtime.executable import Executable
 from ..schedule.apply import schedule_prim_func
 from ..schedule.gpu import schedule_prim_func as gpu_schedule_prim_func
 from ..target import Target
 from ..tir.function import PrimFunc
+from ..tir.transform.lower import lower
 from . import c as codegen_c
 from . import graph_entry
 from .gpu.build import build as gpu_build
 from .graph_plan import build_plan
 
-__all__ = ["build_executable"]
+__all__ = ["build_executable", "kernel_spans"]
+
+
+def kernel_spans(mod: IRModule) -> dict[str, Span]:
+    """The model nodes behind each PrimFunc of ``mod``: the merged spans of the ``call_tir``
+    calls of it in the graph functions."""
+    found: dict[str, list[Span | None]] = {}
+
+    def visit(e: Any) -> None:
+        if isinstance(e, g.Call) and isinstance(e.op, g.Op) and e.op.name == "call_tir":
+            found.setdefault(e.args[0].name_hint, []).append(e.span)
+
+    for _, f in mod.items():
+        if isinstance(f, g.Function):
+            post_order_visit(f, visit)
+    return {name: span for name, ss in found.items() if (span := Span.merge(ss)) is not None}
 
 
 def build_executable(mod: IRModule, tgt: Target) -> Executable:
@@ -36,15 +57,20 @@ def build_executable(mod: IRModule, tgt: Target) -> Executable:
     unscheduled = {name: f for name, f in mod.items() if isinstance(f, PrimFunc)}
     stage = progress.Stage("scheduling kernels", len(unscheduled))
     schedule = gpu_schedule_prim_func if tgt.is_gpu else schedule_prim_func
+    spans = kernel_spans(mod)
     prim_funcs = {}
     for i, (name, f) in enumerate(unscheduled.items()):
-        prim_funcs[name] = schedule(f, tgt)
+        # an error scheduling or lowering a kernel names the model nodes it computes
+        with error_context(describe(spans.get(name), f"kernel {name}")):
+            prim_funcs[name] = lower(schedule(f, tgt), tgt)
         stage.step(i + 1)
     stage.finish()
-    plans = {
-        name: build_plan(f, name) for name, f in mod.items()
-        if isinstance(f, g.Function) and not f.attrs.get("Primitive")
-    }
+    plans = {}
+    for name, f in mod.items():
+        if isinstance(f, g.Function) and not f.attrs.get("Primitive"):
+            with error_context(f"graph function {name}", prefix=False):
+                plans[name] = build_plan(f, name)
+            memory_plan.check_run_memory(plans[name])
     if not plans:
         raise KilnError("kiln.build: the module has no graph function to run")
     if tgt.is_gpu:

@@ -8,8 +8,10 @@ which calls the kernels' unchecked entries (``NAME_unchecked(void** data, const 
 sym)``) in plan order. ``inputs`` are the data pointers of the inputs in parameter order,
 ``outputs`` those of the plan's ``"output"`` slots in increasing slot order, ``consts`` those of
 the constants in increasing slot order, and every temp lives at its memory-plan offset in
-``workspace`` (at least ``plan.workspace_bytes`` bytes, 64-byte aligned). Nothing is checked
-in C: the Python executor validates inputs first. Beside it, ``<symbol>_profile``
+``workspace`` (at least ``plan.workspace_bytes`` bytes, 64-byte aligned). The inputs are not
+checked in C: the Python executor validates them first. It returns 0, or ``k + 1`` when call
+``k`` of the plan failed a check inside its kernel (an index out of range; the message is in
+``kiln_last_error()``), after which it runs nothing more. Beside it, ``<symbol>_profile``
 (``Plan.profile_entry``) takes one more argument, ``double* seconds``, and adds each call's
 wall time to ``seconds[i]`` (``i`` the call's index in ``plan.calls``): what
 ``Executable.profile`` reads, so a kernel's time is measured in the model's own sequence,
@@ -184,7 +186,7 @@ def emit_entry(plan: Plan, symbol: str, unchecked: Mapping[str, str]) -> str:
         sym = f"sym + {base}" if n_sym else "NULL"
         base += n_sym
         calls.append(f"{{ void* a[] = {{{', '.join(where[s] for s in call.args)}}}; "
-                     f"{unchecked[call.func]}(a, {sym}); }}")
+                     f"if ({unchecked[call.func]}(a, {sym})) return {k + 1}; }}")
     lines += [f"  {c}" for c in calls] + ["  return 0;", "}"]
     lines += [
         f"/* {symbol} with each call's wall time added to seconds[call index] */",

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .. import tir
-from ..ir.errors import InternalError, KilnError, StructInfoError
+from ..ir.errors import InternalError, KilnError, StructInfoError, error_context
 from ..ir.module import IRModule
 from ..ir.node import structural_equal, structural_hash
 from ..ir.span import Span
@@ -322,12 +322,19 @@ class BlockBuilder:
     def span(self, span: Span | None) -> Iterator[None]:
         """Calls bound inside this context without a span of their own get ``span`` (the model
         node a frontend is converting, the call a pass is rewriting); ``None`` keeps the
-        enclosing context's span."""
+        enclosing context's span. An error escaping the context names the span's model nodes
+        (``kiln.ir.errors.error_context``: a KilnError gets them as a prefix, anything else
+        becomes an InternalError naming them)."""
         saved = self._span
         if span is not None:
             self._span = span
         try:
-            yield
+            if span is None:
+                yield
+            else:
+                # errors escaping the node's conversion or rewrite name its model nodes
+                with error_context(str(span)):
+                    yield
         finally:
             self._span = saved
 

@@ -32,9 +32,9 @@ from .struct_info import (
 )
 
 __all__ = [
-    "broadcast_shapes", "broadcast_sinfo", "dims_differ", "dims_equal", "input_name",
-    "is_one", "normalize_axes", "normalize_axis", "op_label", "prod", "same_dtype",
-    "shapes_equal", "tensor_list_sinfo", "tensor_sinfo",
+    "broadcast_conditions", "broadcast_dim", "broadcast_shapes", "broadcast_sinfo", "dims_differ",
+    "dims_equal", "input_name", "is_one", "normalize_axes", "normalize_axis", "op_label", "prod",
+    "same_dtype", "shapes_equal", "tensor_list_sinfo", "tensor_sinfo",
 ]
 
 
@@ -114,14 +114,38 @@ def _fmt_shape(shape: Sequence[tir.PrimExpr]) -> str:
     return format_shape(shape)
 
 
+def broadcast_dim(da: tir.PrimExpr, db: tir.PrimExpr) -> tir.PrimExpr | None:
+    """numpy broadcasting of two dimensions, decided at run time where it cannot be now.
+
+    A constant 1 gives the other; provably equal dims give either; two constants that differ
+    give None (they do not broadcast). A pair that cannot be decided yet is the dim the result
+    has at run time, and the kernels check that the inputs fit it (:func:`broadcast_conditions`):
+    a symbolic dim against a constant ``c != 1`` gives ``c`` (the symbolic one must be 1 or
+    ``c``), two symbolic dims ``n``, ``m`` give ``max(n, m)`` (each must be 1 or equal to the
+    other).
+    """
+    if is_one(db):
+        return da
+    if is_one(da) or dims_equal(da, db):
+        return db if is_one(da) else da
+    if dims_differ(da, db):
+        return None
+    if isinstance(db, tir.IntImm):
+        return db
+    if isinstance(da, tir.IntImm):
+        return da
+    return tir.max(da, db)
+
+
 def broadcast_shapes(
     a: Sequence[tir.PrimExpr] | None, b: Sequence[tir.PrimExpr] | None, op_name: str = "broadcast"
 ) -> tuple[tir.PrimExpr, ...] | None:
     """Numpy-style broadcast of two shapes (aligned at the right).
 
-    Returns None when the result cannot be decided statically (an unknown input shape, or two
-    symbolic dims that are not provably equal and neither is 1); raises StructInfoError when
-    two constant dims differ and neither is 1.
+    Returns None when an input shape is unknown; raises StructInfoError when two constant dims
+    differ and neither is 1. Symbolic dims that cannot be decided statically broadcast as
+    :func:`broadcast_dim` says: the result holds the dim they have at run time, and the kernel
+    computing it checks that they fit (``broadcast_conditions``).
     """
     if a is None or b is None:
         return None
@@ -129,20 +153,32 @@ def broadcast_shapes(
     for i in range(1, max(len(a), len(b)) + 1):
         da = a[-i] if i <= len(a) else None
         db = b[-i] if i <= len(b) else None
-        if da is None:
-            out.append(db)
-        elif db is None or is_one(db):
-            out.append(da)
-        elif is_one(da) or dims_equal(da, db):
-            out.append(db if is_one(da) else da)
-        elif dims_differ(da, db):
+        if da is None or db is None:
+            out.append(db if da is None else da)
+            continue
+        d = broadcast_dim(da, db)
+        if d is None:
             raise StructInfoError(
                 f"{op_name}: shapes {_fmt_shape(a)} and {_fmt_shape(b)} do not broadcast "
                 f"(dimension -{i}: {da.value} vs {db.value})"
             )
-        else:
-            return None
+        out.append(d)
     return tuple(reversed(out))
+
+
+def broadcast_conditions(shape: Sequence[tir.PrimExpr], out: Sequence[tir.PrimExpr]
+                         ) -> list[tuple[int, tir.PrimExpr]]:
+    """What an operand of ``shape`` must satisfy at run time to broadcast to ``out`` (both
+    right-aligned): ``(axis of the operand, condition)`` for each dim that is neither 1 nor
+    provably the output's: it must be 1 or equal to it. Empty when everything is decided."""
+    off = len(out) - len(shape)
+    conds = []
+    for k, d in enumerate(shape):
+        o = out[off + k]
+        if is_one(d) or dims_equal(d, o):
+            continue
+        conds.append((k, tir.logical_or(tir.eq(d, 1), tir.eq(d, o))))
+    return conds
 
 
 def broadcast_sinfo(

@@ -10,7 +10,9 @@ from .errors import (
     InternalError,
     KilnError,
     LoweringError,
+    MemoryLimitError,
     ModelFormatError,
+    RuntimeCheckError,
     ScheduleError,
     StructInfoError,
     TargetError,
@@ -22,8 +24,8 @@ from .node import Node, assert_structural_equal, node, structural_equal, structu
 
 __all__ = [
     "ArgumentError", "CodegenError", "CompileError", "CompilerNotFoundError", "DTypeError",
-    "DataType", "IRModule", "InternalError", "KilnError", "LoweringError", "ModelFormatError",
-    "Node", "ScheduleError", "StructInfoError", "TargetError", "TypeCode",
-    "UnsupportedOperatorError", "WellFormedError", "as_dtype", "assert_structural_equal", "node",
-    "structural_equal", "structural_hash",
+    "DataType", "IRModule", "InternalError", "KilnError", "LoweringError", "MemoryLimitError",
+    "ModelFormatError", "Node", "RuntimeCheckError", "ScheduleError", "StructInfoError",
+    "TargetError", "TypeCode", "UnsupportedOperatorError", "WellFormedError", "as_dtype",
+    "assert_structural_equal", "node", "structural_equal", "structural_hash",
 ]

@@ -45,6 +45,12 @@ STRUCTS: dict[str, tuple[tuple[str, str], ...]] = {
 DEVICE_CPU = 1
 DEVICE_CUDA = 2
 
+#: What a kernel returns when a check inside it failed while it ran (an index out of range, a
+#: symbolic dimension that does not fit): the message is in ``kiln_last_error()``. A checked
+#: entry returns -1 for a rejected argument; a whole-model entry returns the failing call's
+#: index + 1.
+CHECK_FAILED = -2
+
 # struct module format of each scalar, for binary serialization of DataType values.
 _STRUCT_FMT = {"uint8": "B", "int8": "b", "uint16": "H", "int16": "h", "uint32": "I",
                "int32": "i", "uint64": "Q", "int64": "q"}
@@ -81,6 +87,7 @@ def c_header() -> str:
         "",
         f"#define KILN_DEVICE_CPU {DEVICE_CPU}",
         f"#define KILN_DEVICE_CUDA {DEVICE_CUDA}",
+        f"#define KILN_CHECK_FAILED ({CHECK_FAILED})",
         "",
     ]
     for name, fields in STRUCTS.items():

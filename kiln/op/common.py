@@ -25,6 +25,7 @@ from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import IntImm, PrimExpr
+from ..tir.function import ASSUME_ATTR
 from ..tir.functor import collect_vars
 from .registry import MixedPrecision, OpDef, OpPattern, register_op
 
@@ -160,14 +161,55 @@ def broadcast_sinfo(call: Any, op: str, names: Sequence[str], dtype: Any) -> Any
     return tensor_sinfo(out, dtype)
 
 
-def broadcast_load(t: te.Tensor, out_index: Sequence[PrimExpr]) -> PrimExpr:
-    """``t`` read at the (right-aligned) broadcast position of an output index."""
+def broadcast_load(t: te.Tensor, out_index: Sequence[PrimExpr],
+                   out_shape: Sequence[PrimExpr] | None = None) -> PrimExpr:
+    """``t`` read at the (right-aligned) broadcast position of an output index. With the
+    output's shape, a dim of ``t`` that is neither 1 nor provably the output's is decided
+    while the kernel runs: position 0 when it is 1 (see :func:`broadcast_assumptions`)."""
     off = len(out_index) - t.ndim
-    idx = [
-        tx.const(INDEX_DTYPE, 0) if const_int(d) == 1 else out_index[off + k]
-        for k, d in enumerate(t.shape)
-    ]
+    zero = tx.const(INDEX_DTYPE, 0)
+    idx = []
+    for k, d in enumerate(t.shape):
+        i = out_index[off + k]
+        if const_int(d) == 1:
+            idx.append(zero)
+        elif out_shape is not None and not dims_equal(d, out_shape[off + k]):
+            idx.append(tx.select(tx.eq(d, tx.const(d.dtype, 1)), zero, i))
+        else:
+            idx.append(i)
     return t(*idx)
+
+
+def assume(conditions: Sequence[tuple[PrimExpr, str]]) -> dict[str, Any]:
+    """``te.compute`` attrs declaring ``(condition, message)`` pairs on symbolic dims that the
+    kernel checks before it runs (``kiln.tir.function.ASSUME_ATTR``); empty when none."""
+    return {ASSUME_ATTR: tuple(conditions)} if conditions else {}
+
+
+def equal_dims(pairs: Sequence[tuple[PrimExpr, PrimExpr, str]]) -> list[tuple[PrimExpr, str]]:
+    """The conditions (for :func:`assume`) that each ``(a, b, message)`` pair of dims a
+    compute relies on being equal is so, for the pairs not provably equal at compile time."""
+    return [(tx.eq(a, b), message) for a, b, message in pairs if not dims_equal(a, b)]
+
+
+def broadcast_assumptions(op: str, shapes: Sequence[Sequence[PrimExpr]], names: Sequence[str],
+                          out_shape: Sequence[PrimExpr]) -> dict[str, Any]:
+    """``te.compute`` attrs declaring what the kernel checks before it runs: each operand dim
+    that broadcasting could not decide when the model was compiled (a symbolic dim against
+    another) must be 1 or the output's."""
+    return assume(broadcast_checks(op, shapes, names, out_shape))
+
+
+def broadcast_checks(op: str, shapes: Sequence[Sequence[PrimExpr]], names: Sequence[str],
+                     out_shape: Sequence[PrimExpr]) -> list[tuple[PrimExpr, str]]:
+    """The conditions of :func:`broadcast_assumptions` (to combine with others)."""
+    conds = []
+    for shape, name in zip(shapes, names):
+        for axis, cond in shape_utils.broadcast_conditions(shape, out_shape):
+            out_dim = out_shape[len(out_shape) - len(shape) + axis]
+            conds.append((cond, f"{op}: dimension {axis} of {name} {fmt_shape(shape)} must be 1 "
+                                f"or {out_dim} to broadcast to {fmt_shape(out_shape)}"))
+    return conds
 
 
 def te_broadcast_shape(op: str, tensors: Sequence[te.Tensor]) -> tuple[PrimExpr, ...]:

@@ -36,6 +36,7 @@ from ..tir.expr import PrimExpr
 from .common import (
     arg_ndim,
     arg_shape,
+    broadcast_assumptions,
     broadcast_load,
     broadcast_sinfo,
     scalar,
@@ -169,8 +170,9 @@ def _binary(
         shape = te_broadcast_shape(name, (lhs, rhs))
         return te.compute(
             shape,
-            lambda *i: scalar(broadcast_load(lhs, i), broadcast_load(rhs, i)),
+            lambda *i: scalar(broadcast_load(lhs, i, shape), broadcast_load(rhs, i, shape)),
             name=name,
+            attrs=broadcast_assumptions(name, (lhs.shape, rhs.shape), names, shape),
         )
 
     return register_op(
@@ -710,9 +712,12 @@ def _where_compute(cond: te.Tensor, x: te.Tensor, y: te.Tensor, attrs: Any = Non
     return te.compute(
         shape,
         lambda *i: tx.select(
-            broadcast_load(cond, i), broadcast_load(x, i), broadcast_load(y, i)
+            broadcast_load(cond, i, shape), broadcast_load(x, i, shape),
+            broadcast_load(y, i, shape)
         ),
         name="where",
+        attrs=broadcast_assumptions("where", (cond.shape, x.shape, y.shape),
+                                    ("condition", "x", "y"), shape),
     )
 
 

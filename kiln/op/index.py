@@ -1,9 +1,10 @@
 """Indexing operators: gather_elements, gather_nd, scatter_elements, scatter_nd (ONNX semantics).
 
 Indices may be negative (counted from the end of their axis). Gathers are tensor expressions
-(each output element reads one input element: INJECTIVE). An index outside its axis cannot be
-reported from generated code without aborting the process, so gathers clamp it into range and
-scatters skip the update (ONNX leaves both undefined).
+(each output element reads one input element: INJECTIVE). An index outside ``[-n, n)`` makes
+the kernel fail with a :class:`~kiln.ir.errors.RuntimeCheckError` naming the op, the axis and
+the index, as onnxruntime does (``kiln.tir.check_index``: the check leaves the loops it does not
+depend on, so a gather of rows checks each index once).
 
 Scatters are loop programs, written as block TIR by their ``legalize`` hook: a parallel copy of
 ``data`` into the output, then a block that walks the updates in row-major order and combines
@@ -38,6 +39,7 @@ from .common import (
     arg_ndim,
     arg_shape,
     as_dim,
+    assume,
     const_int,
     declare_injective,
     dims_equal,
@@ -68,15 +70,32 @@ def _zero() -> PrimExpr:
     return tx.const(INDEX_DTYPE, 0)
 
 
-def _wrap_negative(v: PrimExpr, n: PrimExpr) -> PrimExpr:
-    """An index as int64 with a negative value counted from the end of an axis of size ``n``."""
-    v = tx.cast(INDEX_DTYPE, v)
-    return tx.select(v < _zero(), v + n, v)
+def _checked(v: PrimExpr, n: PrimExpr, op: str, axis: int) -> PrimExpr:
+    """An index into axis ``axis`` (of size ``n``) of ``op``'s data, resolved into ``[0, n)``
+    and checked while the kernel runs (an index outside ``[-n, n)`` fails the call)."""
+    return tx.check_index(v, n, f"{op} along axis {axis}")
 
 
-def _clamped(v: PrimExpr, n: PrimExpr) -> PrimExpr:
-    """A gather index resolved and clamped into ``[0, n)`` (loads never leave the buffer)."""
-    return tx.max(tx.min(_wrap_negative(v, n), n - 1), _zero())
+def _fits(op: str, what: str, small: Sequence[Any] | None, big: Sequence[Any] | None,
+          axes: Sequence[int]) -> list[tuple[PrimExpr, str]]:
+    """Dims ``axes`` of ``small`` (indices, updates) walk the same dims of ``big`` (data), so
+    they must not be longer: a StructInfoError for constant dims that are, the conditions (for
+    ``assume``) for symbolic ones."""
+    if small is None or big is None:
+        return []
+    conds = []
+    for d in axes:
+        a, b = small[d], big[d]
+        if dims_equal(a, b):
+            continue
+        if const_int(a) is not None and const_int(b) is not None:
+            if const_int(a) > const_int(b):
+                raise StructInfoError(f"{op}: {what} {fmt_shape(small)} is longer than data "
+                                      f"{fmt_shape(big)} in dimension {d}")
+            continue
+        conds.append((tx.le(a, b), f"{op}: {what} {fmt_shape(small)} must not be longer than "
+                                   f"data {fmt_shape(big)} in dimension {d}"))
+    return conds
 
 
 def _integer_indices(op: str, sinfo: Any) -> None:
@@ -88,11 +107,9 @@ def _integer_indices(op: str, sinfo: Any) -> None:
 # gradient rules
 # =============================================================================================
 # Gathers and scatters are each other's adjoints: a gather's gradient is a scatter-add of the
-# output gradient into zeros, a scatter's is a gather of it. The exceptions, where the rules
-# give the gradient of the ONNX-defined behaviour and not of kiln's fallback for undefined
-# input: an out-of-range gather index (clamped forward) gets no gradient (the scatter skips
-# it). A scatter with reduction "none" and a repeated index is handled exactly: only the
-# update that won the position (the last in row-major order) gets its gradient.
+# output gradient into zeros, a scatter's is a gather of it. A scatter with reduction "none"
+# and a repeated index is handled exactly: only the update that won the position (the last in
+# row-major order) gets its gradient.
 def _is_float(expr: Any) -> bool:
     return as_dtype(expr.struct_info.dtype).is_float
 
@@ -228,7 +245,8 @@ def _gather_elements_infer(call: Any) -> Any:
         raise StructInfoError(f"{op}: data (rank {nd}) and indices (rank {ni}) must have the "
                               "same rank")
     if nd >= 0:
-        normalize_axis(attrs.axis, nd, op)
+        axis = normalize_axis(attrs.axis, nd, op)
+        _fits(op, "indices", arg_shape(ind), arg_shape(data), [d for d in range(nd) if d != axis])
     return tensor_sinfo(arg_shape(ind), data.dtype, ndim=ni)
 
 
@@ -240,9 +258,11 @@ def _gather_elements_compute(data: te.Tensor, indices: te.Tensor,
     n = data.shape[axis]
 
     def body(*i: PrimExpr) -> PrimExpr:
-        return data(*i[:axis], _clamped(indices(*i), n), *i[axis + 1:])
+        return data(*i[:axis], _checked(indices(*i), n, "gather_elements", axis), *i[axis + 1:])
 
-    return te.compute(indices.shape, body, name="gather_elements")
+    fits = _fits("gather_elements", "indices", indices.shape, data.shape,
+                 [d for d in range(data.ndim) if d != axis])
+    return te.compute(indices.shape, body, name="gather_elements", attrs=assume(fits))
 
 
 gather_elements = register_op(
@@ -312,8 +332,8 @@ def _gather_nd_compute(data: te.Tensor, indices: te.Tensor,
     k = _nd_depth("gather_nd", indices.shape, data.ndim, b)
 
     def body(*i: PrimExpr) -> PrimExpr:
-        pos = [_clamped(indices(*i[:q], tx.const(INDEX_DTYPE, j)), data.shape[b + j])
-               for j in range(k)]
+        pos = [_checked(indices(*i[:q], tx.const(INDEX_DTYPE, j)), data.shape[b + j],
+                        "gather_nd", b + j) for j in range(k)]
         return data(*i[:b], *pos, *i[q:])
 
     shape = [*indices.shape[:-1], *data.shape[b + k:]]
@@ -389,9 +409,9 @@ def scatter_prim_func(op: str, data_shape: Sequence[Any], ind_shape: Sequence[An
                       i_line_axes: Sequence[int] = ()) -> tir.PrimFunc:
     """The PrimFunc ``(D, I, U, Y)`` of a scatter: ``Y = D`` (block ``<op>_copy``), then the
     update block ``<op>``: for each update position ``u`` (row-major), ``target_of(u, I, Y)``
-    gives ``(lets, position, conditions)`` -- the resolved indices bound once as
-    ``(var, value)`` lets, the output position and its in-range conditions -- and the update is
-    combined into ``Y`` there (skipped when an index is out of range).
+    gives ``(lets, position, conditions)`` -- the resolved (checked) indices bound once as
+    ``(var, value)`` lets, the output position and the conditions under which the update
+    applies (none for the scatters here) -- and the update is combined into ``Y`` there.
 
     ``lines``: axes of the updates along which updates never collide (their coordinate is also
     the output's, at ``y_line_axes``, and the indices', at ``i_line_axes``). They become the
@@ -437,9 +457,15 @@ def scatter_prim_func(op: str, data_shape: Sequence[Any], ind_shape: Sequence[An
         stmt = tir.For(lv, iv.dom.min, iv.dom.extent, tir.ForKind.SERIAL, stmt)
     root = tir.Block((), (), (), "root", tir.seq(_copy_stage(dbuf, ybuf, f"{op}_copy"), stmt))
     params = tuple(tir.Var(nm, "handle") for nm in ("D", "I", "U", "Y"))
+    # update lines walk the output at the same coordinates: they must fit in it
+    fits = [(tx.le(ubuf.shape[d], ybuf.shape[y]), f"{op}: updates dimension {d} must not be "
+                                                  f"longer than data dimension {y}")
+            for d, y in zip(lines, y_line_axes)
+            if not (dims_equal(ubuf.shape[d], ybuf.shape[y])
+                    or None not in (const_int(ubuf.shape[d]), const_int(ybuf.shape[y])))]
     return tir.PrimFunc(params, dict(zip(params, (dbuf, ibuf, ubuf, ybuf))),
                         tir.BlockRealize((), tir.true_predicate(), root),
-                        {"global_symbol": op, "num_outputs": 1})
+                        {"global_symbol": op, "num_outputs": 1, **assume(fits)})
 
 
 # (target_of, update line axes, their output axes, their indices axes): see scatter_prim_func
@@ -515,7 +541,8 @@ def _scatter_elements_infer(call: Any) -> Any:
         raise StructInfoError(f"{op}: indices {fmt_shape(ishape)} and updates "
                               f"{fmt_shape(ushape)} must have the same shape")
     if nd >= 0:
-        normalize_axis(attrs.axis, nd, op)
+        axis = normalize_axis(attrs.axis, nd, op)
+        _fits(op, "updates", ushape, arg_shape(data), [d for d in range(nd) if d != axis])
     return tensor_sinfo(arg_shape(data), data.dtype, ndim=nd)
 
 
@@ -527,7 +554,7 @@ def _elements_target(attrs: ScatterElementsAttrs, dshape: Sequence[PrimExpr],
     def target_of(us: list[PrimExpr], ibuf: tir.Buffer, ybuf: tir.Buffer) -> Any:
         pos = tir.Var("pos", INDEX_DTYPE)
         dst = [pos if d == axis else u for d, u in enumerate(us)]
-        return [(pos, _wrap_negative(ibuf.load(tuple(us)), n))], dst, [pos >= _zero(), pos < n]
+        return [(pos, _checked(ibuf.load(tuple(us)), n, "scatter_elements", axis))], dst, []
 
     lines = [d for d in range(len(dshape)) if d != axis]  # updates collide only along axis
     return target_of, lines, lines, lines
@@ -582,10 +609,9 @@ def _nd_target(attrs: ScatterNDAttrs, dshape: Sequence[PrimExpr],
 
     def target_of(us: list[PrimExpr], ibuf: tir.Buffer, ybuf: tir.Buffer) -> Any:
         pos = [tir.Var(f"pos{j}", INDEX_DTYPE) for j in range(k)]
-        lets = [(p, _wrap_negative(ibuf.load((*us[:q], tx.const(INDEX_DTYPE, j))), dshape[j]))
-                for j, p in enumerate(pos)]
-        conds = [c for j, p in enumerate(pos) for c in (p >= _zero(), p < dshape[j])]
-        return lets, [*pos, *us[q:]], conds
+        lets = [(p, _checked(ibuf.load((*us[:q], tx.const(INDEX_DTYPE, j))), dshape[j],
+                             "scatter_nd", j)) for j, p in enumerate(pos)]
+        return lets, [*pos, *us[q:]], []
 
     # the slice axes: an update's trailing coordinates are the output's trailing ones
     slices = list(range(q, q + len(dshape) - k))
@@ -611,16 +637,19 @@ scatter_nd = register_op(
 # =============================================================================================
 @dataclass(frozen=True)
 class TakeAttrs:
-    """``axis``: None indexes the flattened tensor. ``mode``: out-of-range indices are clamped
-    ("clip", numpy: negatives go to 0), wrapped ("wrap") or, with "fast", only negative indices
-    are counted from the end (no bounds check)."""
+    """``axis``: None indexes the flattened tensor. ``mode``: an index outside ``[-n, n)``
+    fails the call while it runs ("raise", numpy's default: a RuntimeCheckError naming the
+    index; negative ones count from the end), or out-of-range indices are clamped ("clip",
+    numpy: negatives go to 0) or wrapped ("wrap"); with "fast", only negative indices are
+    counted from the end (no bounds check: the caller guarantees the range)."""
 
     axis: int | None = None
     mode: str = "clip"
 
     def __post_init__(self):
-        if self.mode not in ("clip", "wrap", "fast"):
-            raise KilnError(f"take: mode must be 'clip', 'wrap' or 'fast', got {self.mode!r}")
+        if self.mode not in ("raise", "clip", "wrap", "fast"):
+            raise KilnError(f"take: mode must be 'raise', 'clip', 'wrap' or 'fast', got "
+                            f"{self.mode!r}")
         ax = self.axis
         if ax is not None and (isinstance(ax, bool) or not isinstance(ax, int)):
             raise KilnError(f"take: axis must be an int or None, got {self.axis!r}")
@@ -657,6 +686,9 @@ def _take_compute(x: te.Tensor, indices: te.Tensor, attrs: TakeAttrs | None = No
     k = indices.ndim
 
     def fix(v: PrimExpr) -> PrimExpr:
+        if attrs.mode == "raise":
+            where = "the flattened input" if attrs.axis is None else f"axis {attrs.axis}"
+            return tx.check_index(v, n, f"take along {where}")
         if attrs.mode == "clip":
             return tx.max(tx.min(v, n - 1), index_const(0))
         if attrs.mode == "wrap":
@@ -712,8 +744,10 @@ def _take_backward_infer(call: Any) -> Any:
 
 
 def _fix_index(v: PrimExpr, n: PrimExpr, mode: str) -> PrimExpr:
-    """An index as ``take`` resolves it (clip / wrap / fast), int64."""
+    """An index as ``take`` resolves it (raise / clip / wrap / fast), int64."""
     zero = tx.const(INDEX_DTYPE, 0)
+    if mode == "raise":
+        return tx.check_index(v, n, "take gradient")
     if mode == "clip":
         return tx.max(tx.min(v, n - 1), zero)
     if mode == "wrap":

@@ -21,10 +21,11 @@ from typing import Any
 from .. import te, tir
 from ..arith import Analyzer
 from ..graph.printer import format_shape
+from ..graph.shape_utils import broadcast_dim
 from ..graph.struct_info import TensorStructInfo, dims_differ
 from ..ir.dtype import DataType, as_dtype
 from ..ir.errors import DTypeError, KilnError, StructInfoError
-from .common import shape_attr
+from .common import assume, broadcast_checks, dims_equal, equal_dims, shape_attr
 from .elementwise import add, cast_to, multiply
 from .grad import fit_to
 from .registry import MixedPrecision, OpPattern, register_op
@@ -127,24 +128,33 @@ class MatmulAttrs:
 
 
 def broadcast_batch(op: str, a_batch: tuple, b_batch: tuple) -> tuple:
-    """numpy broadcasting of the batch dimensions of two matmul operands."""
+    """numpy broadcasting of the batch dimensions of two matmul operands; a symbolic pair is
+    decided while the kernel runs (``kiln.graph.shape_utils.broadcast_dim``)."""
     n = max(len(a_batch), len(b_batch))
     a_pad = (None,) * (n - len(a_batch)) + tuple(a_batch)
     b_pad = (None,) * (n - len(b_batch)) + tuple(b_batch)
     out = []
     for da, db in zip(a_pad, b_pad):
-        if da is None or const_int(da) == 1:
-            out.append(db if db is not None else da)
-        elif db is None or const_int(db) == 1:
-            out.append(da)
-        elif provably_unequal(da, db):
+        d = da if db is None else db if da is None else broadcast_dim(da, db)
+        if d is None:
             raise StructInfoError(
                 f"{op}: batch dimensions {fmt_shape(a_batch)} of a and {fmt_shape(b_batch)} of "
                 "b do not broadcast"
             )
-        else:
-            out.append(da)
+        out.append(d)
     return tuple(out)
+
+
+def matmul_assumptions(op: str, ka: Any, kb: Any, a_batch: tuple = (), b_batch: tuple = (),
+                       batch: tuple = ()) -> dict[str, Any]:
+    """``te.compute`` attrs with what a product's kernel checks before it runs: the contracted
+    dims ``ka`` of a and ``kb`` of b when they are not provably equal, and batch dims that
+    broadcasting could not decide at compile time (see ``kiln.tir.function.ASSUME_ATTR``)."""
+    return assume(
+        broadcast_checks(op, (a_batch, b_batch), ("the batch dims of a", "the batch dims of b"),
+                         batch)
+        + equal_dims([(ka, kb, f"{op}: a has {fmt_dim(ka)} columns but b has {fmt_dim(kb)} "
+                               "rows (the contracted dimensions must agree)")]))
 
 
 def _matmul_parts(a_shape: tuple, b_shape: tuple) -> dict[str, Any]:
@@ -190,14 +200,19 @@ def _infer_matmul(call: Any) -> Any:
 
 
 def batch_index(operand_batch: tuple, out_batch: tuple, idx: tuple) -> list:
-    """Indices into an operand's batch dims for output batch indices ``idx`` (broadcasting)."""
+    """Indices into an operand's batch dims for output batch indices ``idx`` (broadcasting:
+    position 0 along a dim of 1, decided while the kernel runs for a symbolic dim that is not
+    provably the output's)."""
     offset = len(out_batch) - len(operand_batch)
     res: list[Any] = []
     for d, dim in enumerate(operand_batch):
-        if const_int(dim) == 1 and const_int(out_batch[d + offset]) != 1:
+        out_dim, i = out_batch[d + offset], idx[d + offset]
+        if const_int(dim) == 1 and const_int(out_dim) != 1:
             res.append(0)
+        elif const_int(dim) != 1 and not dims_equal(dim, out_dim):
+            res.append(tir.select(tir.eq(dim, 1), tir.const(dim.dtype, 0), i))
         else:
-            res.append(idx[d + offset])
+            res.append(i)
     return res
 
 
@@ -219,7 +234,9 @@ def _matmul_compute(a: Any, b: Any, *, attrs: MatmulAttrs) -> Any:
         prod = tir.cast(out_dtype, a[tuple(a_idx)]) * tir.cast(out_dtype, b[tuple(b_idx)])
         return te.sum(prod, axis=k)
 
-    return te.compute(shape, body, name="matmul")
+    return te.compute(shape, body, name="matmul",
+                      attrs=matmul_assumptions("matmul", p["ka"], p["kb"], p["a_batch"],
+                                               p["b_batch"], batch))
 
 
 def _swap_last(x: Any, ndim: int) -> Any:
@@ -320,7 +337,8 @@ def _dense_compute(x: Any, w: Any, *, attrs: DenseAttrs) -> Any:
         xv = x[tuple(idx[:-1]) + (k,)]
         return te.sum(tir.cast(out_dtype, xv) * tir.cast(out_dtype, wt[k, idx[-1]]), axis=k)
 
-    return te.compute(shape, body, name="dense")
+    return te.compute(shape, body, name="dense",
+                      attrs=matmul_assumptions("dense", x.shape[-1], in_features))
 
 
 def _dense_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:

@@ -31,6 +31,7 @@ from .linalg import (
     broadcast_batch,
     fmt_dim,
     fmt_shape,
+    matmul_assumptions,
     norm_dtype,
     provably_unequal,
     result_dtype,
@@ -91,7 +92,9 @@ def _compute(a: Any, bp: Any, *, attrs: MatmulPackedAttrs) -> Any:
         return te.sum(tir.cast(out_dtype, av) * tir.cast(out_dtype, bv), axis=k)
 
     shape = batch + (a.shape[-2], simplify(bp.shape[-3] * nb))
-    return te.compute(shape, body, name="matmul_packed")
+    return te.compute(shape, body, name="matmul_packed",
+                      attrs=matmul_assumptions("matmul_packed", a.shape[-1], bp.shape[-2],
+                                               a_batch, b_batch, batch))
 
 
 matmul_packed = register_op(
@@ -136,7 +139,8 @@ def _compute_vnni(a: Any, bp: Any, *, attrs: MatmulPackedAttrs) -> Any:
         (a.shape[0], bp.shape[1]),
         lambda i, j: te.sum(tir.cast(out_dtype, a[i, k])
                             * tir.cast(out_dtype, bp[k // pack, j, k % pack]), axis=k),
-        name="matmul_vnni")
+        name="matmul_vnni",
+        attrs=matmul_assumptions("matmul_vnni", a.shape[1], simplify(bp.shape[0] * pack)))
 
 
 matmul_vnni = register_op(

@@ -7,7 +7,9 @@ Result dtypes: ``sum``/``prod`` keep the input dtype, except bool which counts i
 ``max``/``min`` keep it; ``mean`` keeps it too — for integers it is the floor of the exact mean.
 float16/bfloat16 ``sum``/``mean``/``prod`` accumulate in float32 and round once at the end.
 ``argmax``/``argmin`` return int64 indices of the first occurrence of the extreme value; with
-``axis=None`` the index is into the flattened tensor.
+``axis=None`` the index is into the flattened tensor. A NaN is the extreme of its row (as
+``max``/``min`` propagate it): the index of the first NaN (numpy, torch; onnxruntime skips
+NaNs instead).
 
 ``reduce_to(x, shape, kind)`` reduces to a same-rank ``shape`` whose dims are each 1 (reduced)
 or x's dim (kept), possibly symbolic: the form a reduction takes when *which* axes it reduces is
@@ -286,7 +288,11 @@ def _make_arg_compute(op: str) -> Callable[..., te.Tensor]:
 
         def body(*idx: PrimExpr) -> PrimExpr:
             value = x(*_input_index(x.ndim, axes, keep, idx, rvars))
-            hit = tx.eq(value, best(*idx))
+            extreme_value = best(*idx)
+            hit = tx.eq(value, extreme_value)
+            if x.dtype.is_float:  # max/min propagate NaN: a NaN is the extreme (numpy)
+                hit = tx.logical_or(hit, tx.logical_and(tx.isnan(value),
+                                                        tx.isnan(extreme_value)))
             # first occurrence: the smallest index whose value equals the extreme
             return te.min(tx.select(hit, flat, count), axis=red)
 

@@ -25,12 +25,15 @@ from .common import (
     arg_ndim,
     arg_shape,
     as_dim,
+    assume,
+    broadcast_assumptions,
     broadcast_load,
     clamp_between,
     const_int,
     declare_injective,
     dims_equal,
     dims_sum,
+    equal_dims,
     fmt_shape,
     index_const,
     int_tuple,
@@ -412,7 +415,13 @@ def _concat_compute(tensors: Sequence[te.Tensor], attrs: ConcatAttrs | None = No
             value = tx.select(i[axis] < offsets[k + 1], load(k), value)
         return value
 
-    return te.compute(out_shape, body, name="concat")
+    # symbolic dims outside the axis are taken from the first tensor: the others must agree
+    checks = equal_dims([(t.shape[d], out_shape[d], f"concat: tensors[{k}] {fmt_shape(t.shape)} "
+                          f"differs from tensors[0] {fmt_shape(tensors[0].shape)} outside axis "
+                          f"{axis}")
+                         for k, t in enumerate(tensors[1:], start=1)
+                         for d in range(len(out_shape)) if d != axis])
+    return te.compute(out_shape, body, name="concat", attrs=assume(checks))
 
 
 def _concat_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
@@ -686,6 +695,8 @@ class BroadcastToAttrs:
 
 
 def _check_broadcast_to(shape: Sequence[PrimExpr], target: Sequence[PrimExpr]) -> None:
+    """Rank and constant dims; a symbolic dim that may or may not fit is checked by the kernel
+    while it runs (``broadcast_assumptions``)."""
     if len(shape) > len(target):
         raise StructInfoError(
             f"broadcast_to: cannot broadcast {fmt_shape(shape)} to the lower-rank "
@@ -700,10 +711,6 @@ def _check_broadcast_to(shape: Sequence[PrimExpr], target: Sequence[PrimExpr]) -
             raise StructInfoError(
                 f"broadcast_to: cannot broadcast {fmt_shape(shape)} to {fmt_shape(target)}"
             )
-        raise StructInfoError(
-            f"broadcast_to: cannot prove that dimension {d} of {fmt_shape(shape)} matches "
-            f"{t} of {fmt_shape(target)}"
-        )
 
 
 def _broadcast_to_infer(call: Any) -> Any:
@@ -717,7 +724,8 @@ def _broadcast_to_infer(call: Any) -> Any:
 def _broadcast_to_compute(x: te.Tensor, attrs: BroadcastToAttrs) -> te.Tensor:
     target = tuple(as_dim(d) for d in attrs.shape)
     _check_broadcast_to(x.shape, target)
-    return te.compute(target, lambda *i: broadcast_load(x, i), name="broadcast_to")
+    return te.compute(target, lambda *i: broadcast_load(x, i, target), name="broadcast_to",
+                      attrs=broadcast_assumptions("broadcast_to", (x.shape,), ("x",), target))
 
 
 def _broadcast_to_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:

@@ -39,7 +39,14 @@ from typing import Any
 import numpy as np
 
 from ..ir.dtype import DataType
-from ..ir.errors import ArgumentError, KilnError
+from ..ir.errors import (
+    ArgumentError,
+    KilnError,
+    MemoryLimitError,
+    RuntimeCheckError,
+    internal_error,
+)
+from ..ir.span import describe
 from . import host_funcs, memory_plan, shape_expr, shape_funcs, threads
 from .ndarray import data_address
 from .plan import Plan
@@ -77,7 +84,8 @@ def as_input_array(value: Any, name: str, dtype: DataType) -> np.ndarray:
     """Zero-copy view of an input (numpy or any ``__dlpack__`` producer) as a numpy array.
 
     Python scalars and lists are converted to the expected dtype; arrays must already have it
-    (kiln never casts silently). Non-contiguous arrays are copied to contiguous ones.
+    (kiln never casts silently). A non-contiguous array is returned as it is: the executor
+    copies it once its shape has been checked (a broadcast view may stand for terabytes).
     """
     if isinstance(value, np.ndarray):
         arr = value
@@ -95,9 +103,22 @@ def as_input_array(value: Any, name: str, dtype: DataType) -> np.ndarray:
         raise ArgumentError(
             f"input {name!r}: expected an array (numpy or __dlpack__), got {type(value).__name__}"
         )
-    if not arr.flags.c_contiguous:
-        arr = np.ascontiguousarray(arr)
     return arr
+
+
+def slot_shape(plan: Plan, slot: int, env: dict[str, int]) -> tuple[int, ...]:
+    """The shape of ``slot`` for the bound names ``env``: an ArgumentError naming the step that
+    makes it when a dim comes out negative (inputs the model's arithmetic does not fit: a
+    pooling window larger than a symbolic input dim)."""
+    shape = tuple(shape_expr.evaluate(d, env) for d in plan.slots[slot].shape)
+    if any(d < 0 for d in shape):
+        maker = next((c for c in plan.calls if slot in c.args[len(c.args) - c.num_outputs:]),
+                     None)
+        where = describe(maker.span, maker.func) if maker is not None else f"slot {slot}"
+        names = ", ".join(f"{k} = {v}" for k, v in sorted(env.items()))
+        raise ArgumentError(f"{plan.name}: {where}: the result would have the negative shape "
+                            f"{shape} for {names}: the inputs do not fit the model")
+    return shape
 
 
 #: Bindings of symbolic names whose frames an executor keeps (see :class:`_Frame`).
@@ -110,8 +131,8 @@ class _Frame:
     workspace) and the kernels' ``sym`` values."""
 
     def __init__(self, plan: Plan, env: dict[str, int]):
-        shapes = [tuple(shape_expr.evaluate(d, env) for d in spec.shape)
-                  for spec in plan.slots]
+        shapes = [slot_shape(plan, slot, env) for slot in range(len(plan.slots))]
+        self.shapes = shapes
         self.out_shapes = [shapes[s] for s, spec in enumerate(plan.slots) if spec.kind == "output"]
         self.offsets, self.nbytes = memory_plan.plan_memory(plan, shapes)
         self.temp_slots = [s for s, spec in enumerate(plan.slots) if spec.kind == "temp"]
@@ -139,6 +160,9 @@ class CallState:
     frames of the bindings seen so far with the workspace they point into."""
 
     def __init__(self, plan: Plan, num_outputs: int):
+        # made once a call's inputs passed the checks, and only if one run fits the memory
+        # limit (a MemoryLimitError giving the size otherwise)
+        memory_plan.check_run_memory(plan)
         self.workspace = memory_plan.aligned_workspace(plan.workspace_bytes)
         self.ws_ptr = self.workspace.ctypes.data
         self.temps: dict[int, np.ndarray] = {}
@@ -160,6 +184,7 @@ class CallState:
         if frame is not None:
             return frame
         frame = _Frame(plan, env)
+        memory_plan.check_run_memory(plan, frame.shapes, frame.nbytes)
         if frame.nbytes > self.dyn_workspace.nbytes:
             # the frames made so far point into the old buffer
             self.frames.clear()
@@ -285,6 +310,11 @@ class Executor:
                         )
         if plan.dim_ranges:
             self._check_ranges(env)
+        for k, (name, arr) in enumerate(zip(plan.input_names, arrays)):
+            if not arr.flags.c_contiguous:
+                memory_plan.check_memory(arr.nbytes, f"{fname}: input {name!r} (not contiguous: "
+                                                     "kiln copies it)")
+                arrays[k] = np.ascontiguousarray(arr)
         return arrays, env
 
     def _check_ranges(self, env: dict[str, int]) -> None:
@@ -306,19 +336,31 @@ class Executor:
 
     # ---- running ------------------------------------------------------------------------
     def run(self, *args: Any) -> Any:
+        """One call. The inputs are checked before a call state (workspace) is taken; a
+        KilnError passes as it is, running out of memory is a MemoryLimitError and anything
+        else an InternalError naming the function (never a bare traceback)."""
         threads.use(self._set_threads, self.num_threads)
-        state = self.acquire()
         try:
             if self._fast is not None:
-                out = self._run_fast(state, args)
+                out = self._run_fast(args)
                 if out is not None:
                     return out
             arrays, env = self._bind_inputs(args)
-            if self._entry is not None:
-                return self._run_entry(state, arrays, env)
-            return self._run_steps(state, arrays, env, self._funcs)
-        finally:
-            self.release(state)
+            state = self.acquire()
+            try:
+                if self._entry is not None:
+                    return self._run_entry(state, arrays, env)
+                return self._run_steps(state, arrays, env, self._funcs)
+            finally:
+                self.release(state)
+        except KilnError:
+            raise
+        except MemoryError as err:
+            raise MemoryLimitError(f"{self.plan.name}: out of memory while running (the "
+                                   "memory limit is above what the machine can give; set "
+                                   f"{memory_plan.MEMORY_LIMIT_ENV} lower)") from err
+        except Exception as err:  # noqa: BLE001 - never a bare traceback from a run
+            raise internal_error(f"running {self.plan.name}", err) from err
 
     def _fast_path(self) -> list[tuple[tuple[int, ...], np.dtype]] | None:
         """``[(input shape, numpy dtype)...]`` that :meth:`_run_fast` checks, for a plan with a
@@ -339,7 +381,7 @@ class Executor:
         self._fast_outputs = _map_outputs(plan.outputs, position)
         return specs
 
-    def _run_fast(self, state: CallState, args: Sequence[Any]) -> Any:
+    def _run_fast(self, args: Sequence[Any]) -> Any:
         """One call of a static model on C-contiguous numpy inputs of the exact shapes and
         dtypes, checked in a few comparisons (a 784-1024-1024-10 MLP at batch 1 runs in ~0.1
         ms, and the general path's argument binding took ~20 us of Python per call); None
@@ -351,15 +393,22 @@ class Executor:
         specs = self._fast
         if len(args) != len(specs):
             return None
-        in_ptrs = state.in_ptrs
         for i, arr in enumerate(args):
             shape, dt = specs[i]
             if (type(arr) is not np.ndarray or arr.shape != shape or arr.dtype != dt
                     or not arr.flags.c_contiguous):
                 return None
-            in_ptrs[i] = data_address(arr)
-        outs = self._new_outputs(state)
-        self._entry(in_ptrs, state.out_ptrs, state.ws_ptr, self._consts)
+        state = self.acquire()  # the inputs are right: now the workspace
+        try:
+            in_ptrs = state.in_ptrs
+            for i, arr in enumerate(args):
+                in_ptrs[i] = data_address(arr)
+            outs = self._new_outputs(state)
+            rc = self._entry(in_ptrs, state.out_ptrs, state.ws_ptr, self._consts)
+        finally:
+            self.release(state)
+        if rc:
+            raise self._check_failed(rc - 1)
         where = self._fast_outputs
         if type(where) is int:
             return outs[where]
@@ -393,6 +442,7 @@ class Executor:
         call's wall time to it."""
         plan = self.plan
         values = self._values(state, arrays)
+        allocated = 0
         for call in plan.calls:
             if not call.is_kernel:
                 self._host_step(call, values, env)
@@ -400,16 +450,32 @@ class Executor:
             for s in call.args[len(call.args) - call.num_outputs:]:
                 if values[s] is None:  # symbolic shape: its names are bound by now
                     spec = plan.slots[s]
-                    shape = tuple(shape_expr.evaluate(d, env) for d in spec.shape)
+                    shape = slot_shape(plan, s, env)
+                    allocated += memory_plan.slot_nbytes(plan, s, shape)
+                    memory_plan.check_memory(allocated, f"{self._step_name(call)} (with what "
+                                                        "this run allocated before it)")
                     values[s] = memory_plan.aligned_empty(shape, spec.dtype.to_numpy())
-            if times is None:
-                funcs[call.func](*[values[s] for s in call.args])
-                continue
             kernel_args = [values[s] for s in call.args]
             start = time.perf_counter()
-            funcs[call.func](*kernel_args)
-            times.append(time.perf_counter() - start)
+            try:
+                funcs[call.func](*kernel_args)
+            except RuntimeCheckError as err:
+                raise RuntimeCheckError(f"{self._step_name(call)}: {err}") from None
+            if times is not None:
+                times.append(time.perf_counter() - start)
         return self._collect(plan.outputs, values)
+
+    def _step_name(self, call: Any) -> str:
+        """``main: Gather node 'g'``: the function and the model nodes of a plan step (its
+        kernel's name when the plan does not know them)."""
+        return f"{self.plan.name}: {describe(call.span, f'kernel {call.func}')}"
+
+    def _check_failed(self, index: int) -> RuntimeCheckError:
+        """The error of plan call ``index``, whose kernel failed a check inside the native
+        entry (the message is the kernel's, from ``kiln_last_error``)."""
+        call = self.plan.calls[index]
+        message = self.module.last_error() or f"{call.func}: a run-time check failed"
+        return RuntimeCheckError(f"{self._step_name(call)}: {message}")
 
     def sample_calls(self, *args: Any, repeat: int = 10
                      ) -> tuple[list[Any], np.ndarray, dict[str, int]]:
@@ -535,9 +601,11 @@ class Executor:
         for slot, arr in zip(self._out_slots, self._new_outputs(state, out_shapes)):
             values[slot] = arr
         if seconds is None:
-            self._entry(*args)
+            rc = self._entry(*args)
         else:
-            self._profile_entry(*args, seconds)
+            rc = self._profile_entry(*args, seconds)
+        if rc:
+            raise self._check_failed(rc - 1)
         return self._collect(plan.outputs, values)
 
     def _collect(self, out: Any, values: list[Any] | dict[int, Any]) -> Any:

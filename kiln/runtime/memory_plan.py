@@ -19,12 +19,15 @@ run.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..ir.errors import MemoryLimitError
+from ..ir.span import describe
 from . import shape_expr
 from .plan import Plan
 
@@ -78,8 +81,7 @@ def slot_nbytes(plan: Plan, slot: int, shape: Sequence[int] | None = None) -> in
     """Bytes of ``slot`` (its static shape, or ``shape`` when given)."""
     spec = plan.slots[slot]
     dims = spec.shape if shape is None else shape
-    count = int(np.prod(dims, dtype=np.int64)) if len(dims) else 1
-    return count * np.dtype(spec.dtype.to_numpy()).itemsize
+    return math.prod(int(d) for d in dims) * np.dtype(spec.dtype.to_numpy()).itemsize
 
 
 def is_static_slot(plan: Plan, slot: int) -> bool:
@@ -124,6 +126,88 @@ def memory_stats(plan: Plan) -> dict[str, Any]:
     total = sum(_round_up(max(iv.size, 1)) for iv in ivs)
     return {"temps": len(ivs), "workspace_bytes": plan.workspace_bytes,
             "unshared_bytes": total}
+
+
+#: Environment variable: the most memory (bytes; a K, M, G or T suffix multiplies by 1024 each)
+#: one run of a plan may allocate for its intermediates and outputs. Default: the machine's
+#: physical memory.
+MEMORY_LIMIT_ENV = "KILN_MEMORY_LIMIT"
+
+
+def memory_limit() -> int:
+    """The memory limit in bytes (see :data:`MEMORY_LIMIT_ENV`)."""
+    text = os.environ.get(MEMORY_LIMIT_ENV, "").strip()
+    if text:
+        scale = 1
+        if text[-1].upper() in "KMGT":
+            scale = 1024 ** ("KMGT".index(text[-1].upper()) + 1)
+            text = text[:-1]
+        try:
+            return int(float(text) * scale)
+        except ValueError:
+            raise MemoryLimitError(f"{MEMORY_LIMIT_ENV}={os.environ[MEMORY_LIMIT_ENV]!r} is not "
+                                   "a size (bytes, or a number with a K/M/G/T suffix)") from None
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # pragma: no cover - not POSIX
+        return 1 << 40
+
+
+def format_bytes(n: int) -> str:
+    """``1.5 GiB``: a size for messages."""
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)  # pragma: no cover
+
+
+def run_bytes(plan: Plan, shapes: Sequence[Sequence[int]] | None = None,
+              workspace: int | None = None) -> tuple[int, int | None]:
+    """What one run of ``plan`` allocates, and its largest slot (None: no temps or outputs).
+
+    Without ``shapes``: the static plan's workspace, the static temps outside it and the
+    static outputs (slots of symbolic shape are left out). With the concrete ``shapes`` of all
+    slots and the size of a ``workspace`` holding every temp (a binding's frame): that
+    workspace and the outputs."""
+    total = plan.workspace_bytes if workspace is None else workspace
+    biggest, big = None, -1
+    for slot, spec in enumerate(plan.slots):
+        if spec.kind not in ("temp", "output"):
+            continue
+        if shapes is None and not is_static_slot(plan, slot):
+            continue
+        size = slot_nbytes(plan, slot, None if shapes is None else shapes[slot])
+        if size > big:
+            biggest, big = slot, size
+        in_workspace = workspace is not None or slot in plan.workspace_offsets
+        if spec.kind == "output" or not in_workspace:
+            total += size
+    return total, biggest
+
+
+def check_memory(nbytes: int, what: str) -> None:
+    """MemoryLimitError when ``what`` needs more than :func:`memory_limit` (both sizes given)."""
+    limit = memory_limit()
+    if nbytes > limit:
+        raise MemoryLimitError(f"{what} needs {format_bytes(nbytes)} ({nbytes} bytes), more "
+                               f"than the memory limit of {format_bytes(limit)} (set "
+                               f"{MEMORY_LIMIT_ENV} to change it)")
+
+
+def check_run_memory(plan: Plan, shapes: Sequence[Sequence[int]] | None = None,
+                     workspace: int | None = None) -> None:
+    """MemoryLimitError when one run of ``plan`` (see :func:`run_bytes`) needs more than the
+    memory limit, naming its largest tensor and the model nodes that make it."""
+    need, slot = run_bytes(plan, shapes, workspace)
+    what = f"one run of {plan.name}"
+    if slot is not None:
+        size = format_bytes(slot_nbytes(plan, slot, None if shapes is None else shapes[slot]))
+        maker = next((c for c in plan.calls if slot in c.args[len(c.args) - c.num_outputs:]),
+                     None)
+        where = f", made by {describe(maker.span, maker.func)}" if maker is not None else ""
+        what += f" (largest tensor {size}{where})"
+    check_memory(need, what)
 
 
 def aligned_workspace(nbytes: int) -> np.ndarray:

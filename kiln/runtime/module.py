@@ -4,18 +4,21 @@ A :class:`Module` wraps one shared library together with the metadata of its fun
 (:class:`FunctionInfo`: parameter names, shapes, dtypes, the order of symbolic dimensions). Per
 function ``name`` the library exports (see docs/internals.md)
 
-- ``int32_t <symbol>(DLTensor** args, int32_t num_args)``: the checked entry; non-zero on a bad
-  argument, with the message readable through ``const char* kiln_last_error(void)``;
-- ``void <unchecked_symbol>(void** data, const int64_t* sym)``: raw data pointers in parameter
-  order, and the symbolic dimensions in the order of :attr:`FunctionInfo.sym_vars` (NULL when
-  there are none). Scalar parameters are passed as a pointer to the value.
+- ``int32_t <symbol>(DLTensor** args, int32_t num_args)``: the checked entry; -1 on a bad
+  argument, ``kiln.ir.abi.CHECK_FAILED`` when a check inside the kernel failed (an index out of
+  range), with the message readable through ``const char* kiln_last_error(void)``;
+- ``int32_t <unchecked_symbol>(void** data, const int64_t* sym)``: raw data pointers in
+  parameter order, and the symbolic dimensions in the order of :attr:`FunctionInfo.sym_vars`
+  (NULL when there are none); 0 or ``CHECK_FAILED``. Scalar parameters are passed as a pointer
+  to the value.
 
 ``symbol`` is ``name`` made into a C identifier (a suffix is added when it would clash with a C
 library name), ``unchecked_symbol`` is ``symbol + "_unchecked"``.
 
 ``mod[name](*arrays)`` calls the checked entry; arguments are numpy arrays or objects with
 ``__dlpack__`` (outputs are passed like inputs and written in place), Python numbers for scalar
-parameters. A rejected argument raises :class:`kiln.ir.ArgumentError` with the native message.
+parameters. A rejected argument raises :class:`kiln.ir.ArgumentError` with the native message,
+a failed check :class:`kiln.ir.RuntimeCheckError`.
 The library stays loaded as long as the Module or any function taken from it is referenced.
 """
 
@@ -25,8 +28,9 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
+from ..ir.abi import CHECK_FAILED
 from ..ir.dtype import DataType
-from ..ir.errors import ArgumentError, KilnError
+from ..ir.errors import ArgumentError, KilnError, RuntimeCheckError
 from .ndarray import DLTensorArg, as_dltensor
 
 # ``DLTensor**`` is passed as an array of addresses (cheaper than ctypes pointer objects).
@@ -92,7 +96,8 @@ class Function:
         argv = (ctypes.c_void_p * max(n, 1))(*[h.address for h in holders])
         rc = self._fn(argv, n)
         if rc != 0:
-            raise ArgumentError(self.module.last_error() or f"{info.name}: failed (code {rc})")
+            error = RuntimeCheckError if rc == CHECK_FAILED else ArgumentError
+            raise error(self.module.last_error() or f"{info.name}: failed (code {rc})")
         first_out = 0 if info.num_outputs is None else n - info.num_outputs
         for h in holders[first_out:]:
             h.writeback()
@@ -161,14 +166,14 @@ class Module:
         return ctypes.cast(getattr(self.lib, self.info(name).symbol), ctypes.c_void_p).value
 
     def unchecked_address(self, name: str) -> int:
-        """Address of the unchecked entry ``void f(void** data, const int64_t* sym)``."""
+        """Address of the unchecked entry ``int32_t f(void** data, const int64_t* sym)``."""
         sym = self.info(name).unchecked_symbol
         return ctypes.cast(getattr(self.lib, sym), ctypes.c_void_p).value
 
     def unchecked_function(self, name: str) -> Any:
         """The unchecked entry as a ctypes function (no argument checks: use with care)."""
         fn = getattr(self.lib, self.info(name).unchecked_symbol)
-        fn.restype, fn.argtypes = None, UNCHECKED_ARGTYPES
+        fn.restype, fn.argtypes = ctypes.c_int32, UNCHECKED_ARGTYPES
         return fn
 
     def __repr__(self) -> str:

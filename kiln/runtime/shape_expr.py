@@ -20,6 +20,22 @@ _OPS = {
     tir.FloorMod: "floormod",
     tir.Min: "min",
     tir.Max: "max",
+    # conditions on symbolic dims (a kernel's kiln.assume checks): 1 or 0
+    tir.EQ: "eq",
+    tir.NE: "ne",
+    tir.LT: "lt",
+    tir.LE: "le",
+    tir.GT: "gt",
+    tir.GE: "ge",
+    tir.And: "and",
+    tir.Or: "or",
+}
+
+
+_COMPARE = {
+    "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b,
+    "le": lambda a, b: a <= b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
+    "and": lambda a, b: bool(a) and bool(b), "or": lambda a, b: bool(a) or bool(b),
 }
 
 
@@ -33,6 +49,8 @@ def encode(expr: Any) -> Any:
         return ["var", expr.name]
     if isinstance(expr, tir.Cast):
         return encode(expr.value)
+    if isinstance(expr, tir.Not):
+        return ["eq", encode(expr.a), 0]
     name = _OPS.get(type(expr))
     if name is None:
         raise KilnError(f"shape expression {expr} is not supported at run time")
@@ -64,6 +82,9 @@ def evaluate(code: Any, env: dict[str, int]) -> int:
         return min(a, b)
     if op == "max":
         return max(a, b)
+    compare = _COMPARE.get(op)
+    if compare is not None:
+        return int(compare(a, b))
     raise KilnError(f"unknown shape operation {op!r}")
 
 

@@ -27,7 +27,7 @@ from ..tir.expr import (
     Var,
     const,
 )
-from ..tir.function import PrimFunc
+from ..tir.function import ASSUME_ATTR, PrimFunc
 from ..tir.functor import Mutator, collect_vars, post_order_visit, substitute
 from ..tir.stmt import Block, BlockRealize, BufferStore, For, ForKind, Stmt, seq, true_predicate
 from .tensor import ComputeOp, PlaceholderOp, Tensor
@@ -209,7 +209,7 @@ def _stage(t: Tensor, out: Buffer, bmap: dict[int, Buffer], block_name: str) -> 
         name_hint=block_name,
         body=BufferStore(out, value, idx),
         init=init,
-        annotations=dict(op.attrs),
+        annotations={k: v for k, v in op.attrs.items() if k != ASSUME_ATTR},
     )
     stmt: Stmt = BlockRealize(tuple(loop_vars), true_predicate(), block)
     for lv, iv in reversed(list(zip(loop_vars, axes))):
@@ -238,7 +238,9 @@ def create_prim_func(
     listed become intermediates allocated by the root block; placeholders reached must be
     listed. Placeholders not reached are still parameters. Buffer and block names are made
     unique within the function (``T_add``, ``T_add_1``). ``attrs`` are ``global_symbol`` (the
-    name of the last output) and ``num_outputs``.
+    name of the last output), ``num_outputs`` and, when computes declare them in their
+    ``attrs``, ``kiln.tir.function.ASSUME_ATTR`` (the conditions on symbolic dims the kernel
+    checks before it runs; they are not block annotations).
     """
     args = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
     if not args:
@@ -291,7 +293,10 @@ def create_prim_func(
     root = Block((), (), (), "root", seq(*nests), None, allocs)
     body = BlockRealize((), true_predicate(), root)
     last = bmap[id(outputs[-1].buffer)]
-    attrs = {"global_symbol": last.name, "num_outputs": n_out}
+    attrs: dict[str, Any] = {"global_symbol": last.name, "num_outputs": n_out}
+    assumed = tuple(a for t in stages for a in getattr(t.op, "attrs", {}).get(ASSUME_ATTR, ()))
+    if assumed:
+        attrs[ASSUME_ATTR] = assumed
     return PrimFunc(tuple(params), buffer_map, body, attrs)
 
 

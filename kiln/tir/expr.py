@@ -815,7 +815,31 @@ INTRINSICS: dict[str, int] = {
     "sin": 1, "cos": 1, "log2": 1, "log1p": 1, "exp2": 1, "isnan": 1, "isinf": 1, "fmod": 2,
     "reinterpret": 1,  # bit copy to the call's dtype; build it with reinterpret()
     "fresh_seed": 0,  # uint64: a new value on every evaluation (kiln.op.random's seed kernel)
+    "check_index": 4,  # an index checked while the kernel runs; build it with check_index()
 }
+
+
+def check_index(value: Any, n: Any, what: str, allow_negative: bool = True) -> PrimExpr:
+    """``value``, an index along an axis of size ``n``, checked while the kernel runs.
+
+    An index outside ``[-n, n)`` (``[0, n)`` without ``allow_negative``) makes the kernel
+    record the failure, finish, and return an error: a
+    :class:`~kiln.ir.errors.RuntimeCheckError` naming ``what``, the index and the model node
+    (see ``kiln/codegen/c/func.py``). The result is the index in ``[0, n)``, a negative one
+    counted from the end; after a failure it is 0, so the rest of the kernel reads in bounds.
+    The check is a side effect that simplification keeps; ``hoist_checks`` moves a check out of
+    the loops it does not depend on, so a gather checks each index once, not once per element
+    of the row it picks.
+    """
+    v = cast("int64", convert(value))
+    n = cast("int64", convert(n))
+    lo = sub(IntImm("int64", 0), n) if allow_negative else IntImm("int64", 0)
+    return Call(DataType("int64"), "check_index", (v, lo, n, StringImm(what)))
+
+
+def is_check(node: Any) -> bool:
+    """Whether ``node`` is a run-time check made by :func:`check_index`."""
+    return isinstance(node, Call) and node.op == "check_index"
 
 
 def call_intrin(name: str, *args: Any, dtype: Any = None) -> PrimExpr:

@@ -10,6 +10,14 @@ from .buffer import Buffer
 from .expr import Var
 from .stmt import Stmt
 
+#: PrimFunc attr: ``((condition, message), ...)``, conditions on the function's symbolic dims
+#: that its body relies on but its buffer shapes do not state (a broadcast dim that must be 1
+#: or equal to the other operand's, a contracted dim both operands must share). The kernel
+#: checks them before it computes anything and fails with ``message`` and the dims' values (see
+#: ``kiln/codegen/c/func.py``); ``te.compute(..., attrs={ASSUME_ATTR: ...})`` declares them,
+#: and FuseTIR carries them into fused kernels.
+ASSUME_ATTR = "kiln.assume"
+
 
 @node
 class PrimFunc(Node):

@@ -18,10 +18,11 @@ binding order:
 
 The fused PrimFunc's attrs: ``op_name`` and ``op_pattern`` of the anchor, ``fused_ops`` (the op
 names of the members in order), ``kiln.anchor_blocks`` (the anchor's block names),
-``num_outputs``, and ``kiln.fused_group`` (a :class:`FusedGroup` record of the Primitive
-function and the member PrimFuncs, which DefuseOps uses to undo the fusion). Callers' calls of
-the Primitive function become one ``call_tir``; the Primitive functions, and member PrimFuncs
-no graph function calls any more, leave the module.
+``num_outputs``, the members' ``kiln.assume`` conditions (in the fused kernel's dims), and
+``kiln.fused_group`` (a :class:`FusedGroup` record of the Primitive function and the member
+PrimFuncs, which DefuseOps uses to undo the fusion). Callers' calls of the Primitive function
+become one ``call_tir``; the Primitive functions, and member PrimFuncs no graph function calls
+any more, leave the module.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from ..ir.module import IRModule
 from ..ir.node import structural_equal, structural_hash
 from ..tir.buffer import Buffer
 from ..tir.expr import PrimExpr, Var
-from ..tir.function import PrimFunc
+from ..tir.function import ASSUME_ATTR, PrimFunc
 from ..tir.functor import Mutator, collect_vars, post_order_visit, substitute
 from ..tir.schedule.analysis import infer_regions
 from ..tir.stmt import Block, BlockRealize, seq, true_predicate
@@ -264,6 +265,7 @@ def fuse_primitive(name: str, func: gx.Function, mod: IRModule) -> PrimFunc:
 
     allocs: list[Buffer] = []
     stmts: list[Any] = []
+    assumed: list[tuple[PrimExpr, str]] = []
     for k, (b, callee) in enumerate(members):
         call = b.value
         args = call.args[1].fields
@@ -309,6 +311,8 @@ def fuse_primitive(name: str, func: gx.Function, mod: IRModule) -> PrimFunc:
                 f"FuseTIR: {call.args[0].name} (in {name}) has symbolic dims {unbound} that "
                 "are not plain dimensions of its buffers; they cannot be bound in a fused kernel"
             )
+        assumed += [(substitute(cond, sym), message)
+                    for cond, message in callee.attrs.get(ASSUME_ATTR, ())]
         bmap: dict[Buffer, Buffer] = dict(zip(cparams, actual))
         mstmts, mallocs = _root_parts(callee)
         for ab in mallocs:
@@ -348,6 +352,8 @@ def fuse_primitive(name: str, func: gx.Function, mod: IRModule) -> PrimFunc:
     }
     if attrs["op_name"] is None:
         del attrs["op_name"]
+    if assumed:
+        attrs[ASSUME_ATTR] = tuple(assumed)
     return PrimFunc(tuple(params), buffer_map, body, attrs)
 
 

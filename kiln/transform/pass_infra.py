@@ -27,7 +27,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..graph.expr import Function
-from ..ir.errors import InternalError, KilnError
+from ..ir.errors import InternalError, KilnError, error_context
 from ..ir.module import IRModule
 from ..tir.function import PrimFunc
 
@@ -295,14 +295,18 @@ class PassContext:
         info = p.info
         instruments = self.instruments
         if not p._instrumented:
-            return p._transform(mod, self)
+            with error_context(f"pass {info.name}", prefix=False):
+                return p._transform(mod, self)
         for inst in instruments:
             if not inst.should_run(mod, info):
                 return mod.copy()
         for inst in instruments:
             inst.run_before_pass(mod, info)
         snapshot = (dict(mod.items()), dict(mod.attrs))
-        new = p._transform(mod, self)
+        # a KilnError keeps its message (spans name the model nodes); anything else becomes an
+        # InternalError naming the pass
+        with error_context(f"pass {info.name}", prefix=False):
+            new = p._transform(mod, self)
         if not isinstance(new, IRModule):
             raise InternalError(
                 f"pass {info.name} returned {type(new).__name__}, expected an IRModule"

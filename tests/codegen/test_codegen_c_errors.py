@@ -12,9 +12,10 @@ import pytest
 from kiln import te, tir
 from kiln.codegen import c as cg
 from kiln.codegen.c import compiler as cc
-from kiln.ir import ArgumentError, CompileError, CompilerNotFoundError
-from kiln.ir.abi import DLTensor
+from kiln.ir import ArgumentError, CompileError, CompilerNotFoundError, RuntimeCheckError
+from kiln.ir.abi import CHECK_FAILED, DLTensor
 from kiln.runtime import as_dltensor
+from kiln.tir.function import ASSUME_ATTR
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -106,6 +107,45 @@ def test_checked_entry_from_c_abi(mod):
     null.tensor.data = None
     assert _raw_call(mod, "scale", [null.tensor, b.tensor]) != 0
     assert mod.last_error() == "scale: argument 0 (A): data pointer is NULL"
+
+
+def test_failed_assumption_returns_before_computing_with_the_dims():
+    n, m = tir.Var("n", "int64"), tir.Var("m", "int64")
+    a = te.placeholder((n,), "float32", name="A")
+    b = te.placeholder((m,), "float32", name="B")
+    c = te.compute((n,), lambda i: a[i] + b[i], name="C",
+                   attrs={ASSUME_ATTR: ((tir.eq(n, m), "A and B must have one length"),)})
+    func = te.create_prim_func([a, b, c])
+    assert func.attrs[ASSUME_ATTR][0][1] == "A and B must have one length"
+    mod = cg.build({"f": func})
+    out = np.full(3, -1.0, "float32")
+    with pytest.raises(RuntimeCheckError, match=r"A and B must have one length \(n = 3, m = 2\)"):
+        mod["f"](np.ones(3, "float32"), np.ones(2, "float32"), out)
+    assert (out == -1.0).all()  # nothing was computed
+    mod["f"](np.ones(3, "float32"), np.ones(3, "float32"), out)
+    assert (out == 2.0).all()
+    fn = mod.unchecked_function("f")
+    data = (ctypes.c_void_p * 3)(*[x.ctypes.data for x in (np.ones(3, "float32"),
+                                                           np.ones(2, "float32"), out)])
+    assert fn(data, (ctypes.c_int64 * 2)(3, 2)) == CHECK_FAILED
+
+
+def test_failed_assertion_fails_the_call_instead_of_aborting():
+    n = tir.Var("n", "int64")
+    buf = tir.decl_buffer((n,), "float32", "X")
+    i = tir.Var("i", "int64")
+    body = tir.For(i, tir.const("int64", 0), n, tir.ForKind.PARALLEL, tir.AssertStmt(
+        buf.load((i,)) >= tir.const("float32", 0), "X must not be negative",
+        tir.BufferStore(buf, buf.load((i,)) * tir.const("float32", 2), (i,))))
+    p = tir.Var("X", "handle")
+    mod = cg.build({"g": tir.PrimFunc((p,), {p: buf}, body)})
+    x = np.array([1, 2, -3, 4], "float32")
+    with pytest.raises(RuntimeCheckError, match="g: X must not be negative"):
+        mod["g"](x)
+    assert x.tolist() == [2, 4, -3, 8]  # the failed assertion skipped what it guards
+    x = np.array([1, 2], "float32")
+    mod["g"](x)
+    assert x.tolist() == [2, 4]
 
 
 def test_compile_error_keeps_source_and_diagnostics():

@@ -197,10 +197,10 @@ def test_broadcast_gather_and_copy(lp):
                     "transpose": _vec_inner(te.create_prim_func([x, gather])),
                     "copy": _vec_inner(te.create_prim_func([x, copy]))}, WIDE)
     short = "bf16" if lp == "bfloat16" else "f16"
-    body = mod.source.split("void bcast_add__body(")[1].split("\n}\n")[0]
+    body = mod.source.split("int32_t bcast_add__body(")[1].split("\n}\n")[0]
     assert f"kiln_broadcast_float32x8(kiln_{short}_to_f32(" in body
     assert f"kiln_load_{short}_float32x8(x + " in body
-    body = mod.source.split("void copy__body(")[1].split("\n}\n")[0]
+    body = mod.source.split("int32_t copy__body(")[1].split("\n}\n")[0]
     assert short not in body and "*(uint16x8_u*)(x + " in body  # 16-bit patterns copied
     xv = RNG.standard_normal((16, 16)).astype(np_lp)
     xv[3, 5] = np.nan
@@ -252,10 +252,10 @@ def test_native_float16_source_and_results():
     # native: _Float16 storage, vectors of _Float16 and _Float16 arithmetic
     assert "_Float16* restrict x0" in native_src and "(_Float16*)data[0]" in native_src
     assert "typedef _Float16 float16x16 __attribute__((vector_size(32)));" in native_src
-    body = native_src.split("void muladd__body(")[1].split("\n}\n")[0]
+    body = native_src.split("int32_t muladd__body(")[1].split("\n}\n")[0]
     assert "(*(float16x16_u*)(x0 + " in body and "*(float16x16_u*)(out + " in body
     assert "kiln_f16" not in body and "float32" not in body
-    scalar_body = native_src.split("void scalar__body(")[1].split("\n}\n")[0]
+    scalar_body = native_src.split("int32_t scalar__body(")[1].split("\n}\n")[0]
     assert "kiln_max_float16(" in scalar_body
     assert "_Float16 kiln_max_float16(_Float16 a, _Float16 b)" in native_src
     # it compiles (GCC emulates _Float16 arithmetic without the ISA) and computes in float16

@@ -148,6 +148,39 @@ def test_reduction_with_init_resets_output():
     np.testing.assert_allclose(s, a.sum(axis=1), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_in_order_sums_that_gcc_12_miscompiles(dtype):
+    """A sum over two loops of values read out of order -- what a ReduceSum of a Concat of
+    two Split halves lowers to. GCC 12.2's loop vectorizer summed some elements twice
+    (156 for the 153 of 0..17); each step now goes through kiln_opaque (see Helpers.opaque),
+    while an accumulation across a loop's elements (a row of a matmul) is left alone."""
+    A = te.placeholder((3, 6), dtype, name="A")
+    k0, k1 = te.reduce_axis((0, 3), name="k0"), te.reduce_axis((0, 6), name="k1")
+    first = A[k0, tir.min(k1.var, 2) + 3]
+    second = A[k0, tir.max(k1.var - 3, 0)]
+    S = te.compute((), lambda: te.sum(tir.select(k1.var < 3, first, second), axis=[k0, k1]),
+                   name="S")
+    B = te.placeholder((4, 8), dtype, name="B")
+    kk = te.reduce_axis((0, 4), name="kk")
+    R = te.compute((8,), lambda j: te.sum(B[kk, j], axis=kk), name="R")
+    sch = Schedule(te.create_prim_func([B, R]))
+    kk_loop, j_loop = sch.get_loops(sch.get_block("R"))[1], sch.get_loops(sch.get_block("R"))[0]
+    sch.reorder(kk_loop, j_loop)  # j innermost: each step adds across the row (vectorizable)
+    concat = Schedule(te.create_prim_func([A, S]))
+    concat.decompose_reduction(concat.get_block("S"), concat.get_loops(concat.get_block("S"))[0])
+    mod = cg.build({"concat_sum": concat.func, "rows": sch.func})
+    a = np.arange(18, dtype=dtype).reshape(3, 6)
+    out = np.zeros((), dtype)
+    mod["concat_sum"](a, out)
+    assert out == a.sum() == 153
+    assert "kiln_opaque" in mod.source.split("concat_sum__body(")[1].split("\n}\n")[0]
+    assert "kiln_opaque" not in mod.source.split("rows__body(")[1].split("\n}\n")[0]
+    b = RNG.standard_normal((4, 8)).astype(dtype)
+    r = np.zeros(8, dtype)
+    mod["rows"](b, r)
+    np.testing.assert_allclose(r, b.sum(axis=0), rtol=1e-6)
+
+
 def test_split_reduction_init_guard():
     """After splitting the reduce loop, init must run once (both parts at their start)."""
     A = te.placeholder((4, 32), "float32", name="A")

@@ -68,6 +68,19 @@ def test_pool3d_separable(op_type, attrs):
     _close(*_run(op_type, [_rand(2, 3, 7, 6, 8)], **attrs), tol=1e-5)
 
 
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_conv_transpose_nonfinite_weight_stays_in_its_outputs(bad):
+    """An inf/NaN weight reaches only the outputs its taps land on (the zeros between taps
+    once multiplied it: 0 * inf = NaN everywhere)."""
+    x, w = np.abs(_rand(1, 2, 4, 4)) + 0.1, _rand(2, 3, 3, 3)
+    w[0, 0, 0, 0] = bad
+    (got,), (ref,) = _run("ConvTranspose", [x, w], strides=[2, 2])
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
+    assert np.isfinite(got).sum() > got.size // 2
+    _close([np.where(np.isfinite(got), got, 0)], [np.where(np.isfinite(ref), ref, 0)])
+
+
 @pytest.mark.parametrize("shape,attrs", [
     ((2, 3, 9), dict(kernel_shape=[3], strides=[2], pads=[1, 1])),
     ((2, 3, 7, 6), dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 1, 1], ceil_mode=1)),

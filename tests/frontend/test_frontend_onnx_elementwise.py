@@ -145,6 +145,37 @@ def test_integer_bit_ops_and_mod(dtype):
         np.testing.assert_array_equal(x, y, err_msg=name)
 
 
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64"])
+def test_integer_division_corners_match_onnxruntime(dtype):
+    """ONNX integer Div truncates toward zero; Mod (both modes) at the type's corners:
+    ``INT_MIN / 2``, ``INT_MIN / -1`` (wraps), every sign combination. onnxruntime is the
+    reference (it traps on ``INT64_MIN / -1`` and on a zero divisor, so those pairs are checked
+    against the wrapped value and kiln's 0)."""
+    ort = pytest.importorskip("onnxruntime")
+    info = np.iinfo(dtype)
+    vals = np.array([info.min, info.min + 1, -7, -6, -1, 0, 1, 2, 6, 7, info.max], dtype)
+    a, b = np.repeat(vals, vals.size), np.tile(vals, vals.size)
+    ttype = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    n = helper.make_node
+    nodes = [n("Div", ["a", "b"], ["div"]), n("Mod", ["a", "b"], ["mod"]),
+             n("Mod", ["a", "b"], ["fmod"], fmod=1)]
+    vis = [helper.make_tensor_value_info(v, ttype, ("n",)) for v in ("a", "b")]
+    outs = [helper.make_tensor_value_info(v, ttype, ("n",)) for v in ("div", "mod", "fmod")]
+    model = helper.make_model(helper.make_graph(nodes, "g", vis, outs),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    mod, params = from_onnx(model)
+    got = kiln.build(mod, params=params)(a=a, b=b)
+    safe = (b != 0) & ~((a == info.min) & (b == -1))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"a": a[safe], "b": b[safe]})
+    for name, x, y in zip(("div", "mod", "fmod"), got, want):
+        np.testing.assert_array_equal(x[safe], y, err_msg=name)
+        assert (x[b == 0] == 0).all(), name
+    assert got[0][(a == info.min) & (b == 2)] == info.min // 2  # was +2**(bits-2)
+    assert got[0][(a == info.min) & (b == -1)] == info.min  # wraps, as numpy
+    assert (got[1][(a == info.min) & (b == -1)] == 0).all()
+
+
 def test_constant_shift_bool_xor_and_binarizer():
     a = np.arange(-8, 8, dtype="int32").reshape(2, 8)
     p = np.array([True, False, True, True])

@@ -155,7 +155,7 @@ def test_tfidf_vectorizer_without_weights_vs_onnxruntime():
 
 def test_tfidf_vectorizer_errors():
     nd = helper.make_node("TfIdfVectorizer", ["x"], ["y"], max_gram_length=1, min_gram_length=1,
-                          mode="TF", ngram_counts=[0], ngram_indexes=[0],
+                          max_skip_count=0, mode="TF", ngram_counts=[0], ngram_indexes=[0],
                           pool_strings=["a"], name="tfidf")
     model = _model([nd], [("x", TensorProto.INT64, (4,))], ["y"])
     with pytest.raises(KilnError, match="TfIdfVectorizer node 'tfidf'.*pool_strings"):

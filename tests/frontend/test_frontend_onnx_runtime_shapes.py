@@ -221,14 +221,19 @@ def test_reshape_target_built_from_a_dynamic_batch_keeps_its_shape():
                 atol=1e-6)
 
 
-def test_reshape_of_a_value_whose_rank_alone_is_known_is_a_clear_error():
-    """A run-time reshape of a value whose dims are not known at import (the sum of two
-    run-time reshapes, whose dims cannot be related): a KilnError that names the node."""
+def test_reshape_of_the_sum_of_two_run_time_reshapes():
+    """The sum of two run-time reshapes, whose dims cannot be related at import: each dim of
+    the sum is decided while the model runs (max of the two, each 1 or equal to it), so a
+    reshape of it works, broadcasting included, and a sum that does not broadcast fails."""
     nodes = [helper.make_node("Reshape", ["x", "s1"], ["a"]),
              helper.make_node("Reshape", ["w", "s2"], ["b"]),
-             helper.make_node("Add", ["a", "b"], ["c"]),
+             helper.make_node("Add", ["a", "b"], ["c"], name="sum"),
              helper.make_node("Reshape", ["c", "s3"], ["y"], name="merge")]
     m = _model(nodes, [_vi("x", F, [2, 3, 4]), _vi("w", F, [2, 3, 4]), _vi("s1", I64, [3]),
                        _vi("s2", I64, [3]), _vi("s3", I64, [2])])
-    with pytest.raises(KilnError, match="merge.*dims of its input are not known"):
-        from_onnx(m)
+    x, w = RNG.standard_normal((2, 3, 4), np.float32), RNG.standard_normal((2, 3, 4), np.float32)
+    shape = np.array
+    rep = _check_runs(m, [(x, w, shape([2, 3, 4]), shape([2, 3, 4]), shape([-1, 8])),
+                          (x, w, shape([24, 1, 1]), shape([1, 1, 24]), shape([24, -1]))])
+    with pytest.raises(KilnError, match="sum.*must be 1 or"):
+        rep.run([x, w, shape([4, 6, 1]), shape([6, 4, 1]), shape([-1, 1])])

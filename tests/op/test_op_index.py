@@ -9,7 +9,7 @@ import pytest
 import kiln
 from kiln import graph as g
 from kiln import op, tir
-from kiln.ir.errors import KilnError, StructInfoError
+from kiln.ir.errors import KilnError, RuntimeCheckError, StructInfoError
 from kiln.op.index import scatter_prim_func
 from kiln.op.registry import OpPattern, get_op_def
 from kiln.schedule import lookup_schedule
@@ -185,22 +185,25 @@ def test_numerics_against_numpy():
     np.testing.assert_array_equal(got[16], np.take_along_axis(bools, np.array([[1, 0, 1]]), 0))
 
 
-def test_out_of_range_indices_are_clamped_or_skipped():
-    """ONNX leaves them undefined; kiln never reads or writes outside a buffer."""
-    data = _f(2, 3)
-    got = _run([
-        (op.gather_elements, [data, np.array([[7, -9, 1]])], {"axis": 1}),
-        (op.scatter_elements, [data, np.array([[5, -4, 0]]), np.ones((1, 3), "float32")],
-         {"axis": 1}),
-        (op.scatter_nd, [data, np.array([[2], [0]]), np.zeros((2, 3), "float32")], {}),
-    ])
-    np.testing.assert_array_equal(got[0], data[[0], [2, 0, 1]][None])
-    want = data.copy()
-    want[0, 0] = 1.0
-    np.testing.assert_array_equal(got[1], want)
-    want = data.copy()
-    want[0] = 0.0
-    np.testing.assert_array_equal(got[2], want)
+@pytest.mark.parametrize("fn,inputs,attrs,bad", [
+    (op.gather_elements, [_f(2, 3), np.array([[2, -3, 1]])], {"axis": 1}, (0, 7)),
+    (op.gather_nd, [_f(2, 3), np.array([[1, 2], [0, -3]])], {}, (1, -4)),
+    (op.scatter_elements, [_f(2, 3), np.array([[1, -2, 0]]), np.ones((1, 3), "float32")],
+     {"axis": 1}, (1, -4)),
+    (op.scatter_nd, [_f(2, 3), np.array([[1], [0]]), np.zeros((2, 3), "float32")], {},
+     (0, 2)),
+    (op.take, [_f(2, 3), np.array([1, -2])], {"axis": 0, "mode": "raise"}, (1, 2)),
+])
+def test_out_of_range_indices_fail_the_run(fn, inputs, attrs, bad):
+    """An index outside [-n, n) fails the kernel with the index (ONNX leaves it undefined,
+    onnxruntime raises); kiln never reads or writes outside a buffer."""
+    got = _run([(fn, inputs, attrs)])[0]
+    assert got.shape
+    arrays = [a.copy() for a in inputs]
+    pos, value = bad
+    arrays[1].reshape(-1)[pos] = value
+    with pytest.raises(RuntimeCheckError, match=rf"index {value} is out of range"):
+        _run([(fn, arrays, attrs)])
 
 
 def test_parallel_lines_keep_repeated_updates_exact():

@@ -112,7 +112,7 @@ def test_slice_take_pad_inference():
     with pytest.raises(StructInfoError, match="take: indices must be an integer tensor"):
         infer(op.take(x, tvar("f", (3,))))
     with pytest.raises(KilnError, match="take: mode must be"):
-        op.take(x, ind, 0, "raise")
+        op.take(x, ind, 0, "throw")
 
     assert dims(infer(op.pad(x, ((1, 2), (0, 3))))) == (12, 11)
     with pytest.raises(StructInfoError, match="pad: pad_width has 1 entries for .* rank 2"):

@@ -9,14 +9,16 @@ import sys
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 
 import kiln
 from kiln import graph as g
 from kiln import op
 from kiln.frontend.onnx import from_onnx
-from kiln.ir.errors import ArgumentError, KilnError, ModelFormatError
+from kiln.ir.errors import ArgumentError, KilnError, ModelFormatError, RuntimeCheckError
 from kiln.target import Target
 from kiln.testing import models
+from kiln.testing.onnx_graphs import onnx_model, value_info
 
 DEMO = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "models",
                     "demo_resnet.onnx")
@@ -54,6 +56,37 @@ def _softmax_module():
             y = bb.emit_output(op.nn.softmax(op.multiply(x, x), axis=-1))
         bb.emit_func_output(y, params=[x])
     return bb.get()
+
+
+def test_conditions_on_symbolic_dims_are_checked_before_launch(tmp_path):
+    """``[2, N, 3, 4] @ [5, 4, 2]``: N = 1 broadcasts, N = 7 is refused on the host before any
+    kernel runs (the kernels' kiln.assume conditions, kept through save and load), naming
+    the node, as on the CPU."""
+    model = onnx_model([helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")],
+                       [value_info("a", [2, "N", 3, 4]), value_info("b", [5, 4, 2])],
+                       [value_info("y", None)])
+    mod, params = from_onnx(model)
+    exe = kiln.build(mod, "opencl", params=params)
+    exe.save(tmp_path / "mm.kiln")
+    rng = np.random.default_rng(3)
+    b = rng.standard_normal((5, 4, 2)).astype("float32")
+    for run in (exe, kiln.load(tmp_path / "mm.kiln")):
+        a = rng.standard_normal((2, 1, 3, 4)).astype("float32")
+        np.testing.assert_allclose(run(a, b), a @ b, rtol=1e-5, atol=1e-6)
+        with pytest.raises(RuntimeCheckError, match=r"MatMul node 'mm': .*must be 1 or 5.*N = 7"):
+            run(rng.standard_normal((2, 7, 3, 4)).astype("float32"), b)
+
+
+def test_checked_indices_resolve_negative_values():
+    """Gather's indices are checked kernel values (kiln.tir.check_index): counted from the end
+    when negative, on the device as on the CPU."""
+    model = onnx_model([helper.make_node("Gather", ["x", "i"], ["y"], axis=0, name="g")],
+                       [value_info("x", [6, 4]), value_info("i", [3], TensorProto.INT64)],
+                       [value_info("y", None)])
+    mod, params = from_onnx(model)
+    exe = kiln.build(mod, "opencl", params=params)
+    x = np.arange(24, dtype="float32").reshape(6, 4)
+    np.testing.assert_array_equal(exe(x, np.array([5, 0, -6])), x[[5, 0, 0]])
 
 
 def test_save_and_load_without_a_compiler(tmp_path):

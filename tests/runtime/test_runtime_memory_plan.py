@@ -207,3 +207,56 @@ def test_misaligned_constants_given_to_an_executor_are_realigned(built):
     ex = Executor(odd, exe.module)
     assert all(_address(ex._consts_by_slot[s]) % ALIGN == 0 for s in shifted)
     np.testing.assert_array_equal(ex.run(*model.inputs), exe(*model.inputs))
+
+
+# ---- the memory limit ---------------------------------------------------------------------
+def _chain(shape):
+    """x -> matmul -> relu -> exp: two temps the size of x's rows by 8 (not fused: a temp)."""
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo(shape, "float32"))
+    w = np.eye(8, dtype="float32")
+    with bb.function("main", [x]):
+        with bb.span(kiln.ir.span.Span.of("mm", "MatMul")):
+            h = bb.emit(op.matmul(x, g.const(w)))
+        h = bb.emit(op.transpose(op.nn.relu(h)))
+        bb.emit_func_output(bb.emit(op.exp(h)))
+    return bb.get()
+
+
+@pytest.mark.parametrize("rows,size", [(2**31 - 1, r"64\.0 GiB"), (2**32 + 1, r"128\.0 GiB")])
+def test_a_plan_over_the_memory_limit_is_refused_at_build_with_its_size(rows, size):
+    """A model declaring 2^31 - 1 (or 2^32 + 1) rows: the build -- whose transpose schedule
+    once looped over every row -- refuses it, naming the largest tensor and its node, instead
+    of the first call allocating the workspace."""
+    with pytest.raises(kiln.ir.MemoryLimitError,
+                       match=rf"one run of main \(largest tensor {size}, made by MatMul node "
+                             r"'mm'\) needs .* more than the memory limit of"):
+        kiln.build(_chain((rows, 8)))
+
+
+def test_the_limit_is_set_by_the_environment(monkeypatch):
+    monkeypatch.setenv(memory_plan.MEMORY_LIMIT_ENV, "1K")
+    with pytest.raises(kiln.ir.MemoryLimitError, match=r"memory limit of 1\.0 KiB"):
+        kiln.build(_chain((64, 8)))
+    monkeypatch.setenv(memory_plan.MEMORY_LIMIT_ENV, "lots")
+    with pytest.raises(kiln.ir.MemoryLimitError, match="is not a size"):
+        memory_plan.memory_limit()
+    monkeypatch.setenv(memory_plan.MEMORY_LIMIT_ENV, "2M")
+    assert memory_plan.memory_limit() == 2 << 20
+
+
+def test_symbolic_sizes_are_checked_against_the_limit_before_allocating(monkeypatch):
+    """With a dynamic batch the limit applies to each binding: a batch that fits runs, one
+    that does not fails before anything is allocated; a huge non-contiguous input (a
+    broadcast view, no memory of its own) is refused before kiln copies it."""
+    small = np.ones((4, 8), "float32")
+    with pytest.raises(kiln.ir.ArgumentError, match="expected shape"):
+        kiln.build(_chain((2**22, 8)))(small)  # inputs are checked before the workspace
+    exe = kiln.build(_chain((kiln.tir.Var("n", "int64"), 8)))
+    monkeypatch.setenv(memory_plan.MEMORY_LIMIT_ENV, "1M")
+    np.testing.assert_allclose(exe(small), np.exp(small.T), rtol=1e-6)
+    with pytest.raises(kiln.ir.MemoryLimitError, match=r"largest tensor .* MatMul node 'mm'"):
+        exe(np.ones((100000, 8), "float32"))
+    huge = np.broadcast_to(np.float32(1), (2**40, 8))
+    with pytest.raises(kiln.ir.MemoryLimitError, match=r"input 'x' \(not contiguous"):
+        exe(huge.T.T[::1])

@@ -7,7 +7,7 @@ import pytest
 
 from kiln import graph as g
 from kiln import op
-from kiln.ir import IRModule, WellFormedError
+from kiln.ir import InternalError, IRModule, WellFormedError
 from kiln.transform import (
     DumpIR,
     LegalizeOps,
@@ -99,8 +99,10 @@ def test_timing_survives_a_failing_pass():
 
     timing = PassTimingInstrument()
     with PassContext(instruments=[timing]):
-        with pytest.raises(RuntimeError):
+        # a bug in a pass is an InternalError naming it, the original chained
+        with pytest.raises(InternalError, match="pass instr_test_fails: internal error") as info:
             instr_test_fails(_module())
+        assert isinstance(info.value.__cause__, RuntimeError)
         instr_test_sleep(_module())
     assert [r.name for r in timing.records] == ["instr_test_sleep"]
 

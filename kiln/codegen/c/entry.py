@@ -12,7 +12,8 @@ It validates everything the unchecked body relies on before touching memory, in 
 A failure stores a message naming the function, the argument index and buffer name and both
 the expected and actual value (``"add: argument 1 (B): expected shape (4, 8) but got (4, 9)"``)
 for ``kiln_last_error()`` and returns -1. On success the data pointers (``data + byte_offset``)
-and the bound dimensions are handed to ``NAME_unchecked``.
+and the bound dimensions are handed to ``NAME_unchecked``, whose result it returns (0, or
+``KILN_CHECK_FAILED`` when a check inside the kernel failed).
 """
 
 from __future__ import annotations
@@ -131,8 +132,7 @@ def emit_checked_entry(name: str, symbol: str, sig: FunctionSignature, helpers: 
             line(1, "}")
         line(1, f"data[{i}] = kiln_data({t});")
     sym_arg = "sym" if sig.sym_vars else "NULL"
-    line(1, f"{symbol}_unchecked(data, {sym_arg});")
-    line(1, "return 0;")
+    line(1, f"return {symbol}_unchecked(data, {sym_arg});")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

@@ -29,6 +29,7 @@ from . import externs
 from .helpers import LIBM, Helpers
 from .types import (
     F32,
+    c_string,
     compute_dtype,
     float_literal,
     int_literal,
@@ -589,6 +590,8 @@ class ExprEmitter:
             raise CodegenError(f"unknown intrinsic {e.op!r}")
         if e.op == "reinterpret":
             return self._reinterpret(e)
+        if e.op == "check_index":
+            return self._check_index(e)
         if e.op == "fresh_seed":
             if e.dtype != DataType("uint64"):
                 raise CodegenError(f"fresh_seed gives uint64, not {e.dtype}")
@@ -597,6 +600,16 @@ class ExprEmitter:
             return self._vector_call(e)
         return self.scalar_call(e.op, e.dtype, [self.expr(a) for a in e.args],
                                 [a.dtype for a in e.args])
+
+    def _check_index(self, e: E.Call) -> str:
+        """``kiln_check_index(kiln_chk, v, lo, n, what)``: the kernel's check record is in
+        scope wherever a check is (see ``FunctionEmitter.emit``)."""
+        value, lo, n, what = e.args
+        if e.dtype.lanes != 1 or not isinstance(what, E.StringImm):
+            raise CodegenError(f"check_index takes scalars and a message, got {e}")
+        self.helpers.use("check")
+        args = ", ".join(self.expr(a) for a in (value, lo, n))
+        return f"kiln_check_index(kiln_chk, {args}, {c_string(what.value)})"
 
     def scalar_call(self, op: str, dt: DataType, args: list[str],
                     arg_types: list[DataType]) -> str:

@@ -1,4 +1,4 @@
-"""C for one lowered PrimFunc: the unchecked entry ``void NAME_unchecked(void**, const int64_t*)``.
+"""C for one lowered PrimFunc: the entry ``int32_t NAME_unchecked(void**, const int64_t*)``.
 
 The body is the function's statements printed as C: ``For`` loops (the outermost parallel loop
 runs on kiln's thread pool, ``kiln_parallel_for`` of ``thread_pool.py`` -- a parallel loop
@@ -20,13 +20,14 @@ from ...ir.node import structural_equal
 from ...tir import expr as E
 from ...tir import stmt as S
 from ...tir.buffer import Buffer
-from ...tir.function import PrimFunc
+from ...tir.function import ASSUME_ATTR, PrimFunc
 from ...tir.functor import collect_vars, post_order_visit
 from ...tir.transform.hoist_allocations import (
     alloc_size,
     invariant_heap_allocations,
     on_stack,
 )
+from ...tir.transform.hoist_checks import has_checks
 from .expr import ExprEmitter
 from .helpers import Helpers
 from .names import NameTable
@@ -112,8 +113,30 @@ def analyze_signature(func: PrimFunc, name: str) -> FunctionSignature:
 
 
 def unchecked_signature(symbol: str) -> str:
-    """The C declarator of a function's unchecked entry (``symbol`` the checked entry's)."""
-    return f"void {symbol}_unchecked(void** data, const int64_t* sym)"
+    """The C declarator of a function's unchecked entry (``symbol`` the checked entry's). It
+    returns 0, or ``KILN_CHECK_FAILED`` when a check inside the kernel failed (see
+    :meth:`FunctionEmitter.emit`)."""
+    return f"int32_t {symbol}_unchecked(void** data, const int64_t* sym)"
+
+
+#: The C name of the kernel's check record (see the ``check`` helper): a pointer to a record on
+#: the stack of the thread that called the kernel, passed to the outlined parallel loop bodies
+#: (the calling thread waits for every task of ``kiln_parallel_for``).
+CHECK_RECORD = "kiln_chk"
+
+
+def needs_check_record(stmt: S.Stmt) -> bool:
+    """Whether code for ``stmt`` records failures: it holds run-time checks or allocates on
+    the heap (an allocation can fail)."""
+    found = [has_checks(stmt)]
+
+    def visit(n: Any) -> None:
+        if isinstance(n, S.Allocate) and not on_stack(n.buffer):
+            found[0] = True
+
+    if not found[0]:
+        post_order_visit(stmt, visit)
+    return found[0]
 
 
 class FunctionEmitter(ExprEmitter):
@@ -133,6 +156,8 @@ class FunctionEmitter(ExprEmitter):
         self.signature = analyze_signature(func, name)
         #: Static functions holding the bodies of parallel loops (see ``_outline``).
         self.outlined: list[str] = []
+        #: The variables of the loops around the statement being emitted, outermost first.
+        self.loop_vars: list[E.Var] = []
 
     # ---- helpers --------------------------------------------------------------------------
     def line(self, text: str) -> None:
@@ -157,7 +182,13 @@ class FunctionEmitter(ExprEmitter):
         as a ``restrict`` pointer parameter: kernels never get overlapping buffers (the memory
         plan keeps a call's inputs and outputs apart), and GCC only trusts ``restrict`` on
         parameters -- with it, accumulator tiles stay in registers across a reduction loop
-        instead of being stored on every iteration."""
+        instead of being stored on every iteration.
+
+        The body returns 0, or ``KILN_CHECK_FAILED`` with a message for ``kiln_last_error()``:
+        first when an assumption of the function (attr :data:`~kiln.tir.function.ASSUME_ATTR`,
+        a condition on its symbolic dims) does not hold, before anything is computed; else
+        after the whole body when one of its run-time checks (``check_index``, assertions,
+        heap allocations) failed, which the check record collects from every task."""
         sig = self.signature
         ptr_params: list[str] = []
         ptr_args: list[str] = []
@@ -189,16 +220,26 @@ class FunctionEmitter(ExprEmitter):
         self.line("(void)data;")
         if not sig.sym_vars:
             self.line("(void)sym;")
+        for cond, message in self.func.attrs.get(ASSUME_ATTR) or ():
+            self._assumption(cond, message)
+        checks = needs_check_record(self.func.body)
+        if checks:
+            self.helpers.use("check")
+            self.line(f"kiln_check_t {CHECK_RECORD}_rec = {{0}};")
+            self.line(f"kiln_check_t* const {CHECK_RECORD} = &{CHECK_RECORD}_rec;")
         self.stmt(self.func.body)
+        if checks:
+            self.line(f"if ({CHECK_RECORD}->failed) return kiln_check_report({CHECK_RECORD});")
+        self.line("return 0;")
         impl = f"{self.symbol}__body"
         params = ", ".join(["void** data", "const int64_t* sym", *ptr_params])
         args = ", ".join(["data", "sym", *ptr_args])
         header = [*self.outlined,
                   f"/* {self.name}: the kernel; buffers do not overlap */",
-                  f"static void {impl}({params}) {{"]
+                  f"static int32_t {impl}({params}) {{"]
         wrapper = [f"/* {self.name}: unchecked entry (arguments already validated) */",
                    f"{unchecked_signature(self.symbol)} {{",
-                   f"  {impl}({args});", "}"]
+                   f"  return {impl}({args});", "}"]
         return "\n".join(header + self.lines + ["}", ""] + wrapper) + "\n"
 
     # ---- statements -------------------------------------------------------------------------
@@ -252,7 +293,9 @@ class FunctionEmitter(ExprEmitter):
         self.depth += 1
         in_registers = int(bool(s.annotations.get(S.FMA_IN_REGISTERS)))
         self.fma_in_registers += in_registers
+        self.loop_vars.append(s.loop_var)
         self.stmt(s.body)
+        self.loop_vars.pop()
         self.fma_in_registers -= in_registers
         self.depth -= 1
         self.line("}")
@@ -288,7 +331,8 @@ class FunctionEmitter(ExprEmitter):
         register tiles in registers), called by a task ``F_task(ctx, begin, end)`` over a range
         of iterations; the loop itself becomes a ``kiln_parallel_for`` call with the captured
         values in a struct. A buffer every iteration allocates alike (``scratch``) is
-        allocated once per task instead, its size computed here."""
+        allocated once per task instead, its size computed here; a task that cannot allocate
+        it records the failure in the kernel's check record and skips its iterations."""
         scratch_vars = {a.buffer.data for a in scratch}
         for a in scratch:  # names (and alignment) first: the body refers to them
             self.define_var(a.buffer.data)
@@ -296,6 +340,8 @@ class FunctionEmitter(ExprEmitter):
         captures = self._captures(s, scratch_vars)
         if captures is None:
             return False
+        if scratch or needs_check_record(s.body):  # the body records failures
+            captures = [*captures, (f"kiln_check_t* const {CHECK_RECORD}", CHECK_RECORD)]
         k = len(self.outlined)
         fn = f"{self.symbol}__par{k}"
         var = self.define_var(s.loop_var)
@@ -306,17 +352,18 @@ class FunctionEmitter(ExprEmitter):
         for size, a in zip(sizes, scratch):
             self.helpers.use("alloc")
             count = strip_parens(self.expr(alloc_size(a.buffer)))
-            self.line(f"const size_t {size} = (size_t)({count}) * "
-                      f"sizeof({self.storage_ctype(a.buffer.dtype)});")
+            self.line(f"const int64_t {size} = (int64_t)({count});")
         saved, depth = self.lines, self.depth
         self.lines, self.depth = [], 1
         self.parallel_depth += 1
         in_registers = int(bool(s.annotations.get(S.FMA_IN_REGISTERS)))
         self.fma_in_registers += in_registers
+        self.loop_vars.append(s.loop_var)
         try:
             self.stmt(s.body)
             body = self.lines
         finally:
+            self.loop_vars.pop()
             self.fma_in_registers -= in_registers
             self.parallel_depth -= 1
             self.lines, self.depth = saved, depth
@@ -324,15 +371,23 @@ class FunctionEmitter(ExprEmitter):
                            f"{self.var_names[a.buffer.data]}", self.var_names[a.buffer.data])
                           for a in scratch]
         params = [f"{ct} {var}"] + [d for d, _ in captures + scratch_params]
-        fields = [d.replace("* restrict ", "* ") for d, _ in captures]
-        fields += [f"size_t {size}" for size in sizes] + [f"{ct} kiln_lo"]
+        fields = [d.replace("* restrict ", "* ").replace("* const ", "* ") for d, _ in captures]
+        fields += [f"int64_t {size}" for size in sizes] + [f"{ct} kiln_lo"]
         call_args = [f"({ct})(kiln_c->kiln_lo + kiln_i)"] + [f"kiln_c->{n}" for _, n in captures]
         call_args += [n for _, n in scratch_params]
         task = [f"static void {fn}_task(void* kiln_ctx, int64_t kiln_begin, int64_t kiln_end) {{",
                 f"  const struct {fn}_ctx* kiln_c = (const struct {fn}_ctx*)kiln_ctx;"]
-        for size, (decl, name) in zip(sizes, scratch_params):
+        for size, (decl, name), a in zip(sizes, scratch_params, scratch):
             el = decl.split("* restrict ")[0]
-            task.append(f"  {el}* {name} = ({el}*)kiln_alloc(kiln_c->{size});")
+            what = c_string(f"{self.name}: buffer {a.buffer.name}")
+            task.append(f"  {el}* {name} = ({el}*)kiln_alloc(kiln_c->{size}, sizeof({el}));")
+            task.append(f"  if ({name} == NULL) kiln_check_record(kiln_c->{CHECK_RECORD}, {what}, "
+                        f"KILN_CHECK_ALLOC, (long long)kiln_c->{size}, (long long)sizeof({el}), "
+                        "0);")
+        if scratch:  # no memory for this task's scratch: its iterations are skipped
+            missing = " || ".join(f"{n} == NULL" for _, n in scratch_params)
+            frees = " ".join(f"free({n});" for _, n in scratch_params)
+            task.append(f"  if ({missing}) {{ {frees} return; }}")
         task.append(f"  for (int64_t kiln_i = kiln_begin; kiln_i < kiln_end; ++kiln_i) "
                     f"{fn}({', '.join(call_args)});")
         task += [f"  free({name});" for _, name in reversed(scratch_params)] + ["}", ""]
@@ -372,10 +427,33 @@ class FunctionEmitter(ExprEmitter):
         self.stmt(s.body)
 
     def stmt_AssertStmt(self, s: S.AssertStmt) -> None:
-        self.helpers.use("fatal")
-        msg = c_string(s.message)
-        self.line(f"if (!{self.expr(s.condition)}) kiln_fatal({msg});")
+        """A failed assertion is recorded (the kernel then fails) and skips its body."""
+        self.helpers.use("check")
+        msg = c_string(f"{self.name}: {s.message}")
+        self.line(f"if (!({strip_parens(self.expr(s.condition))})) {{")
+        self.line(f"{INDENT}kiln_check_record({CHECK_RECORD}, {msg}, 0, 0, 0, 0);")
+        self.line("} else {")
+        self.depth += 1
         self.stmt(s.body)
+        self.depth -= 1
+        self.line("}")
+
+    def _assumption(self, cond: E.PrimExpr, message: str) -> None:
+        """Return ``KILN_CHECK_FAILED`` when ``cond`` (on the symbolic dims) does not hold,
+        with ``message`` and the values of the dims it uses."""
+        used = collect_vars(cond)
+        dims = [v for v in self.signature.sym_vars if v in used]
+        if len(dims) != len(used):
+            raise CodegenError(f"{self.name}: an assumption uses variables that are not "
+                               f"symbolic dims of its buffers: {cond}")
+        shown = ", ".join(f"{v.name} = %lld" for v in dims)
+        fmt = c_string(message, printf=True)[:-1] + (
+            f" ({shown})" if shown else "") + '"'
+        values = "".join(f", (long long){self.var_names[v]}" for v in dims)
+        self.line(f"if (!({strip_parens(self.expr(cond))})) {{")
+        self.line(f"{INDENT}kiln_fail({fmt}{values});")
+        self.line(f"{INDENT}return KILN_CHECK_FAILED;")
+        self.line("}")
 
     def stmt_Allocate(self, s: S.Allocate) -> None:
         buf = s.buffer
@@ -391,17 +469,32 @@ class FunctionEmitter(ExprEmitter):
             self.stmt(s.body)
             return
         self._heap_alloc(buf)
+        name = self.var_names[buf.data]
+        # no memory for it: the failure is recorded and what would use it skipped
+        self.line(f"if ({name} == NULL) {self._alloc_failure(buf)} else {{")
+        self.depth += 1
         self.stmt(s.body)
-        self.line(f"free({self.var_names[buf.data]});")
+        self.line(f"free({name});")
+        self.depth -= 1
+        self.line("}")
 
     def _heap_alloc(self, buf: Buffer) -> None:
-        """Declare ``buf``'s data pointer and allocate it (64-byte aligned) on the heap."""
+        """Declare ``buf``'s data pointer and allocate it (64-byte aligned) on the heap; the
+        pointer is NULL when the memory is not there (the caller checks)."""
         ct = self.storage_ctype(buf.dtype)
         name = self.define_var(buf.data)
         self.aligned_data.add(buf.data)
         self.helpers.use("alloc")
         size = strip_parens(self.expr(alloc_size(buf)))
-        self.line(f"{ct}* {name} = ({ct}*)kiln_alloc((size_t)({size}) * sizeof({ct}));")
+        self.line(f"{ct}* {name} = ({ct}*)kiln_alloc((int64_t)({size}), sizeof({ct}));")
+
+    def _alloc_failure(self, buf: Buffer) -> str:
+        """The C statement recording that ``buf`` could not be allocated."""
+        ct = self.storage_ctype(buf.dtype)
+        size = strip_parens(self.expr(alloc_size(buf)))
+        what = c_string(f"{self.name}: buffer {buf.name}")
+        return (f"{{ kiln_check_record({CHECK_RECORD}, {what}, KILN_CHECK_ALLOC, "
+                f"(long long)({size}), (long long)sizeof({ct}), 0); }}")
 
     def stmt_BufferStore(self, s: S.BufferStore) -> None:
         buf = s.buffer
@@ -416,7 +509,7 @@ class FunctionEmitter(ExprEmitter):
         value = s.value
         lanes = value.dtype.lanes
         if lanes == 1:
-            self.line(self.scalar_store(s))
+            self.line(self.scalar_store(s, opaque_sum=self._sum_along_loop(s)))
             return
         copy = self._lowp_copy(el, value)
         storage_el = DataType("uint8") if el.is_bool else self.compute_dtype(el)
@@ -447,9 +540,11 @@ class FunctionEmitter(ExprEmitter):
         self.depth -= 1
         self.line("}")
 
-    def scalar_store(self, s: S.BufferStore) -> str:
+    def scalar_store(self, s: S.BufferStore, opaque_sum: bool = False) -> str:
         """The C statement of a store of one scalar (rounded to a soft float's bits, a bool as
-        one byte, a 2/4-bit integer as its zero-extended bit pattern)."""
+        one byte, a 2/4-bit integer as its zero-extended bit pattern); ``opaque_sum``: the
+        value passes through ``Helpers.opaque`` (a step of an in-order float sum, see
+        :meth:`_sum_along_loop`)."""
         buf, idx, value = s.buffer, s.indices[0], s.value
         el = buf.dtype.element
         if idx.dtype.lanes != 1:
@@ -465,7 +560,18 @@ class FunctionEmitter(ExprEmitter):
                 v = f"(uint8_t)({v})"
             elif el.is_int and el.bits < 8:  # the bit pattern, zero-extended
                 v = f"({self.scalar_ctype(el)})({v} & {(1 << el.bits) - 1})"
+            elif opaque_sum and el.bits in (32, 64):
+                v = f"{self.helpers.opaque(el)}({v})"
         return f"{self.buffer_ptr(buf)}[{strip_parens(self.expr(idx))}] = {v};"
+
+    def _sum_along_loop(self, s: S.BufferStore) -> bool:
+        """Whether ``s`` is a step of an in-order float sum along the innermost loop around
+        it: it adds to the element it stores to, whose index that loop's variable does not
+        change (see ``Helpers.opaque``; an accumulation across the loop's elements, the
+        vectorizable kind, is left alone)."""
+        if not self.loop_vars or not _is_float_sum(s):
+            return False
+        return all(self.loop_vars[-1] is not v for v in collect_vars(s.indices[0]))
 
     def _tile_fma(self, s: S.BufferStore) -> str | None:
         """``acc[i] = acc[i] + a * b`` on a float vector in an array on the stack (a register
@@ -508,6 +614,16 @@ class FunctionEmitter(ExprEmitter):
         storage = soft_float_storage(el)
         vt = self.helpers.vec(storage, value.dtype.lanes)
         return f"({self.vector_ref(vt, value.buffer, base, value.dtype.lanes, storage.itemsize)})"
+
+
+def _is_float_sum(s: S.BufferStore) -> bool:
+    """Whether ``s`` adds to (or subtracts from) the float element it stores to."""
+    value = s.value
+    if not (value.dtype.is_float and isinstance(value, (E.Add, E.Sub))):
+        return False
+    return any(isinstance(x, E.BufferLoad) and x.buffer.data is s.buffer.data
+               and structural_equal(x.indices, s.indices, map_free_vars=False)
+               for x in (value.a, value.b))
 
 
 def _is_zero(e: E.PrimExpr) -> bool:

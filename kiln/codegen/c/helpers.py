@@ -134,21 +134,69 @@ ENTRY_SUPPORT = ENTRY_SUPPORT.replace("@MINIFLOAT_CASES@", "\n".join(
 
 _FIXED: dict[str, tuple[str, tuple[str, ...]]] = {
     "alloc": (r"""
-/* 64-byte aligned heap storage for intermediate buffers. */
-static void* kiln_alloc(size_t nbytes) {
-  size_t n = (nbytes + 63) & ~(size_t)63;
-  void* p = aligned_alloc(64, n ? n : 64);
-  if (p == NULL) {
-    fprintf(stderr, "kiln: out of memory allocating %zu bytes\n", nbytes);
-    abort();
+/* 64-byte aligned heap storage for `count` intermediate elements of `itemsize` bytes; NULL when
+   the size overflows or the memory is not there (the kernel records the failure and skips
+   what would use the buffer: see kiln_check_t). */
+static void* kiln_alloc(int64_t count, size_t itemsize) {
+  size_t nbytes;
+  if (count < 0 || __builtin_mul_overflow((size_t)count, itemsize, &nbytes) ||
+      nbytes > SIZE_MAX - 63) {
+    return NULL;
   }
-  return p;
+  size_t n = (nbytes + 63) & ~(size_t)63;
+  return aligned_alloc(64, n ? n : 64);
 }
-""", ()),
-    "fatal": (r"""
-static void kiln_fatal(const char* msg) {
-  fprintf(stderr, "kiln: assertion failed in generated code: %s\n", msg);
-  abort();
+""", ("check",)),
+    "check": (r"""
+/* ---- checks inside a kernel while it runs ----
+   An index out of range or a failed assertion is recorded in the kernel's check record, which
+   lives on the stack of the thread that called the kernel and is shared with the threads of
+   its parallel loops (the first failure wins). The kernel finishes -- a failed index reads
+   position 0, a failed assertion skips what it guards -- and returns KILN_CHECK_FAILED with
+   the message in the calling thread's kiln_error_buf (kiln_check_report). */
+typedef struct {
+  int failed;
+  int kind;  /* KILN_CHECK_ASSERT, KILN_CHECK_INDEX (value out of [lo, hi)), KILN_CHECK_ALLOC */
+  long long value, lo, hi;
+  const char* what;
+} kiln_check_t;
+enum { KILN_CHECK_ASSERT = 0, KILN_CHECK_INDEX = 1, KILN_CHECK_ALLOC = 2 };
+
+static void kiln_check_record(kiln_check_t* c, const char* what, int kind,
+                              long long value, long long lo, long long hi) {
+  int expected = 0;
+  if (__atomic_compare_exchange_n(&c->failed, &expected, 1, 0, __ATOMIC_ACQ_REL,
+                                  __ATOMIC_RELAXED)) {
+    c->kind = kind;
+    c->value = value;
+    c->lo = lo;
+    c->hi = hi;
+    c->what = what;
+  }
+}
+
+/* An index along an axis of size n, allowed in [lo, n) (lo is -n or 0), counted from the end
+   when negative; 0 after recording a failure. */
+static inline int64_t kiln_check_index(kiln_check_t* c, int64_t v, int64_t lo, int64_t n,
+                                       const char* what) {
+  /* lo <= v < n in one unsigned comparison (wrapping subtraction) */
+  if (__builtin_expect((uint64_t)v - (uint64_t)lo < (uint64_t)n - (uint64_t)lo, 1)) {
+    return v < 0 ? v + n : v;
+  }
+  kiln_check_record(c, what, KILN_CHECK_INDEX, (long long)v, (long long)lo, (long long)n);
+  return 0;
+}
+
+static int32_t kiln_check_report(const kiln_check_t* c) {
+  if (c->kind == KILN_CHECK_INDEX) {
+    kiln_fail("%s: index %lld is out of range [%lld, %lld)", c->what, c->value, c->lo, c->hi);
+  } else if (c->kind == KILN_CHECK_ALLOC) {
+    kiln_fail("%s: out of memory allocating %lld elements of %lld bytes", c->what, c->value,
+              c->lo);
+  } else {
+    kiln_fail("%s", c->what);
+  }
+  return KILN_CHECK_FAILED;
 }
 """, ()),
     "bf16": (r"""
@@ -313,12 +361,36 @@ class Helpers:
 
     # ---- functions ---------------------------------------------------------------------
     def use(self, key: str) -> None:
-        """Request one of the fixed helpers (``alloc``, ``fatal``, ``bf16``, ``f16``)."""
+        """Request one of the fixed helpers (``alloc``, ``check``, ``bf16``, ``f16``)."""
         if key not in self._funcs:
             code, deps = _FIXED[key]
             for d in deps:
                 self.use(d)
             self._funcs[key] = code
+
+    def opaque(self, dt: DataType) -> str:
+        """``kiln_opaque_<type>(v)``: ``v``, through an empty ``asm`` GCC cannot see into.
+
+        Each step of a scalar float sum that kiln leaves to the C compiler (``B[i] = B[i] + v``
+        in a loop kiln did not vectorize) passes through it. GCC 12's loop vectorizer
+        miscompiles in-order (fold-left) float sums whose loads it groups out of order: a
+        4-iteration ``a += x[2k + 2]; a += x[2k + 1]`` added x[1] and x[3] twice (GCC 12.2 at
+        -O3, float and double; a ReduceSum of a Concat of two Split halves summed wrong). With
+        the asm in the cycle GCC keeps the sum scalar -- in order, as the C says -- and emits
+        the same adds (the asm is no instruction)."""
+        ct = value_ctype(dt)
+        name = f"kiln_opaque_{dt.element}"
+        return self._add(name, (
+            f"static inline {ct} {name}({ct} v) {{\n"
+            "#if defined(__x86_64__) || defined(__i386__)\n"
+            '  __asm__("" : "+x"(v));\n'
+            "#elif defined(__aarch64__)\n"
+            '  __asm__("" : "+w"(v));\n'
+            "#else\n"
+            '  __asm__("" : "+g"(v));\n'
+            "#endif\n"
+            "  return v;\n"
+            "}\n"))
 
     def soft_float(self, dt: DataType) -> str:
         """Request the float32 conversions of a soft float (see :mod:`.types`); returns its

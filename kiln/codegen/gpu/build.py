@@ -31,7 +31,7 @@ from ...target.gpu import cuda_arch
 from ...tir import expr as E
 from ...tir import stmt as S
 from ...tir.buffer import Buffer
-from ...tir.function import PrimFunc
+from ...tir.function import ASSUME_ATTR, PrimFunc
 from ...tir.gpu import KernelLaunch
 from ...tir.transform.gpu_kernels import byte_size
 from ...tir.transform.hoist_allocations import alloc_size
@@ -173,8 +173,10 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any
                                       dyn_bytes if dynamic else 0))
         ws = tuple(WorkspaceSpec(b.name, b.dtype.element, shape_expr.encode(alloc_size(b)))
                    for b in workspaces)
+        assumptions = tuple((shape_expr.encode(cond), message)
+                            for cond, message in func.attrs.get(ASSUME_ATTR) or ())
         functions[name] = DeviceFunction(function_info(name, symbol, func, sig),
-                                         _sym_sources(sig), ws, tuple(kernels))
+                                         _sym_sources(sig), ws, tuple(kernels), assumptions)
     source = "\n".join([dialect.prelude, helpers.render(), *bodies])
     return source, functions
 

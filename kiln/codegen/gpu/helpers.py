@@ -75,6 +75,16 @@ class GpuHelpers(Helpers):
             f"{ut}*)p, old.u, sum.u) != old.u);\n"
             f"  return old.f;\n}}\n"))
 
+    def resolve_index(self) -> str:
+        """``kiln_resolve_index(v, lo, n)``: a checked index (``kiln.tir.check_index``) in a GPU
+        kernel, counted from the end when negative. A value outside ``[lo, n)`` reads element
+        0 instead of out of bounds; it is not reported yet (kernels have no error record on
+        the device; the CPU target raises RuntimeCheckError)."""
+        name = "kiln_resolve_index"
+        return self._add(name, (
+            f"static inline long {name}(long v, long lo, long n) {{\n"
+            f"  return (v >= lo && v < n) ? (v < 0 ? v + n : v) : 0;\n}}\n"))
+
     def fresh_seed(self) -> str:  # pragma: no cover - the kernel emitter reads a parameter
         raise CodegenError("GPU kernels read their fresh seed from a parameter")
 

@@ -168,6 +168,10 @@ class KernelEmitter(FunctionEmitter):
             return self._shuffle(e)
         if e.op == ATOMIC_ADD:
             return self._atomic_add(e)
+        if E.is_check(e):
+            value, lo, n, _ = e.args
+            args = ", ".join(f"(long)({strip_parens(self.expr(a))})" for a in (value, lo, n))
+            return f"{self.helpers.resolve_index()}({args})"
         if e.op == BARRIER:
             raise CodegenError(f"{self.name}: a barrier is a statement, not a value")
         if e.op in externs.EXTERN_OPS:

@@ -3,7 +3,8 @@
 Models compute shapes with chains like Shape -> Gather -> Sub -> ConstantOfShape; evaluating
 them with numpy keeps every shape-determining input constant. ``FOLDERS`` maps an op type to
 ``fn(node, *arrays) -> array``; the importer uses it before the op's converter whenever every
-present input of the node is constant.
+present input of the node is constant. A folder that numpy cannot evaluate (shapes that do not
+broadcast, a squeeze of a dim that is not 1) falls back to the op's converter, which reports it.
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ import numpy as np
 
 
 def _int_div(node: Any, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if a.dtype.kind in "iu":
-        q = np.abs(a) // np.abs(b)
-        return np.where((a < 0) != (b < 0), -q, q).astype(a.dtype)
-    return (a / b).astype(a.dtype)
+    """ONNX Div: integers truncate toward zero (the floor quotient plus one where inexact and
+    the signs differ: exact at INT_MIN), a zero divisor gives 0, as the compiled kernel does."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if a.dtype.kind in "iu":
+            q, r = np.floor_divide(a, b), np.mod(a, b)
+            fix = (r != 0) & ((a < 0) != (b < 0))
+            return np.asarray(q + fix.astype(q.dtype)).astype(a.dtype)
+        return np.asarray(a / b).astype(a.dtype)
 
 
 def _mod(node: Any, a: np.ndarray, b: np.ndarray) -> np.ndarray:

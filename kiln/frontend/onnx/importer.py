@@ -20,6 +20,7 @@ replaceable without re-importing. ``bind_params=True`` embeds them as constants 
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -31,11 +32,13 @@ import onnx
 from ... import graph as g
 from ... import tir
 from ...ir import KilnError, ModelFormatError, UnsupportedOperatorError
+from ...ir.errors import error_context
 from ...ir.module import IRModule
 from ...ir.span import Span
 from .external_data import is_external, read_external
 from .fold import FOLDERS
 from .registry import lookup_converter
+from .spec import check_node
 
 
 class NonConstantInputError(KilnError):
@@ -107,7 +110,7 @@ class NodeView:
         self.proto = proto
         self.opset = opset
         self.op_type: str = proto.op_type
-        self.name: str = proto.name or (proto.output[0] if proto.output else proto.op_type)
+        self.name: str = node_name(proto)
         self.attrs: dict[str, Any] = {}
         for a in proto.attribute:
             self.attrs[a.name] = onnx.helper.get_attribute_value(a)
@@ -199,6 +202,25 @@ class GraphContext:
             return expr
         raise KilnError(f"ONNX value {name!r} is used before it is defined")
 
+    def dtype_of(self, name: str) -> str | None:
+        """The kiln dtype name of value ``name`` when known at import, else None."""
+        if name in self.consts:
+            return np.asarray(self.consts[name]).dtype.name
+        expr = self.values.get(name)
+        sinfo = getattr(expr, "struct_info", None)
+        return str(sinfo.dtype) if isinstance(sinfo, g.TensorStructInfo) else None
+
+    def rank(self, name: str) -> int:
+        """The rank of value ``name`` when known at import, else -1 (also for '' and values
+        not defined yet, which the converter reports)."""
+        if name in self.consts:
+            return np.ndim(self.consts[name])
+        expr = self.values.get(name)
+        sinfo = getattr(expr, "struct_info", None)
+        if isinstance(sinfo, g.TensorStructInfo):
+            return len(sinfo.shape) if sinfo.shape is not None else sinfo.ndim
+        return -1
+
     # ---- helpers for converters -----------------------------------------------------------
     @staticmethod
     def shape(expr: Any) -> tuple[Any, ...]:
@@ -256,6 +278,58 @@ def _input_sinfo(vi: Any, shape_dict: Mapping[str, Sequence[Any]], dtype_dict: M
     return g.TensorStructInfo(tuple(dims), dtype)
 
 
+def check_text(proto: Any) -> None:
+    """Every name of the model (nodes, values, opset domains, attributes) must be UTF-8 text:
+    protobuf hands a string field that is not as bytes, which no converter expects."""
+
+    def bad(value: Any, where: str) -> None:
+        if isinstance(value, bytes):
+            raise ModelFormatError(f"{where} is not UTF-8 text: {value[:40]!r}")
+
+    for imp in proto.opset_import:
+        bad(imp.domain, "an opset domain")
+
+    def walk(graph: Any) -> None:
+        for vi in (*graph.input, *graph.output, *graph.value_info):
+            bad(vi.name, "a graph input, output or value name")
+        for init in graph.initializer:
+            bad(init.name, "an initializer name")
+        for k, node in enumerate(graph.node):
+            where = f"node #{k}"
+            for field in (node.name, node.op_type, node.domain):
+                bad(field, f"the name, op type or domain of {where}")
+            for name in (*node.input, *node.output):
+                bad(name, f"a value name of {where} ({node.op_type})")
+            for attr in node.attribute:
+                bad(attr.name, f"an attribute name of {where} ({node.op_type})")
+                if attr.HasField("g"):
+                    walk(attr.g)
+                for sub in attr.graphs:
+                    walk(sub)
+
+    walk(proto.graph)
+
+
+def _check_default(vi: Any, value: np.ndarray) -> None:
+    """A graph input that an initializer of the same name gives a value (its default, which
+    kiln binds): the declared type and shape must describe that value."""
+    tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+    if tt is None:
+        raise KilnError(f"graph input {vi.name!r} has an initializer but is not a tensor")
+    dtype = onnx_dtype(tt.elem_type, f"graph input {vi.name!r}") if tt.elem_type else None
+    if dtype is not None and dtype != value.dtype.name:
+        raise KilnError(f"graph input {vi.name!r} is declared {dtype} but its initializer "
+                        f"holds {value.dtype.name}")
+    if not tt.HasField("shape"):
+        return
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+    if len(dims) != value.ndim or any(d is not None and d != n for d, n in
+                                      zip(dims, value.shape)):
+        shown = tuple(d if d is not None else "?" for d in dims)
+        raise KilnError(f"graph input {vi.name!r} is declared with shape {shown} but its "
+                        f"initializer has shape {value.shape}")
+
+
 def _opsets(proto: Any, opset: int | None) -> dict[str, int]:
     out: dict[str, int] = {}
     for imp in proto.opset_import:
@@ -297,6 +371,19 @@ def initializer_array(init: Any, base_dir: str | None) -> np.ndarray:
         raise ModelFormatError(f"initializer {init.name!r} cannot be read: {err}") from err
 
 
+def _import_errors(fn: Any) -> Any:
+    """An exception escaping the import outside any node (reading the graph's inputs,
+    initializers and outputs) becomes an InternalError; KilnErrors pass as they are."""
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with error_context("ONNX import", prefix=False):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+@_import_errors
 def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
               dtype_dict: Mapping[str, Any] | None = None, opset: int | None = None,
               bind_params: bool = False,
@@ -317,6 +404,11 @@ def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
     Several graph outputs are returned as a Tuple in model order.
     """
     proto = load_model(model)
+    check_text(proto)
+    if opset is None and not any(imp.domain in ("", "ai.onnx") for imp in proto.opset_import) \
+            and any(node.domain in ("", "ai.onnx") for node in proto.graph.node):
+        raise ModelFormatError("the model uses ONNX operators but imports no opset of the "
+                               "default domain (opset_import; or pass opset=)")
     if base_dir is None and isinstance(model, str):
         base_dir = os.path.dirname(os.path.abspath(model))
     graph = proto.graph
@@ -339,6 +431,7 @@ def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
     inputs: list[g.Var] = []
     for vi in graph.input:
         if vi.name in ctx.initializers:
+            _check_default(vi, ctx.initializers[vi.name])
             continue
         if vi.name in freeze:
             arr = np.asarray(freeze[vi.name])
@@ -365,29 +458,45 @@ def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
     return bb.get(), weights
 
 
+def node_name(node: Any) -> str:
+    """How a node is named in messages: its name, else its first output, else its op type."""
+    return node.name or (node.output[0] if node.output else node.op_type)
+
+
 def _convert_node(ctx: GraphContext, node: Any, opsets: Mapping[str, int]) -> None:
+    """Convert one node under its span: every error escaping it names the node (a KilnError
+    gets the name as a prefix, anything else becomes an InternalError naming it)."""
     dom = "" if node.domain in ("", "ai.onnx") else node.domain
-    view = NodeView(ctx, node, opsets.get(dom, 0))
-    fn = lookup_converter(node.op_type, view.opset, dom)
-    assert fn is not None  # check_supported ran first
-    present = [n for n in node.input if n]
-    folder = FOLDERS.get(node.op_type) if not dom else None
-    if folder is not None and present and all(n in ctx.consts for n in present):
-        fn = lambda c, v: folder(v, *(c.consts[n] for n in present))  # noqa: E731
-    with ctx.bb.span(Span.of(view.name, node.op_type)):
+    with ctx.bb.span(Span.of(node_name(node), node.op_type)):
+        check_node(node, opsets.get(dom, 0), dom, [ctx.rank(n) for n in node.input],
+                   [ctx.dtype_of(n) for n in node.input])
+        view = NodeView(ctx, node, opsets.get(dom, 0))
+        fn = lookup_converter(node.op_type, view.opset, dom)
+        assert fn is not None  # check_supported ran first
+        present = [n for n in node.input if n]
+        folder = FOLDERS.get(node.op_type) if not dom else None
+        if folder is not None and present and all(n in ctx.consts for n in present):
+            fn = _folding(folder, fn, present)
         _run_converter(ctx, view, fn)
+
+
+def _folding(folder: Any, converter: Any, present: list[str]) -> Any:
+    """A converter that evaluates the node on its constant inputs with numpy, and converts it
+    as usual when numpy cannot (the converter then reports what is wrong)."""
+
+    def convert(ctx: GraphContext, view: NodeView) -> Any:
+        try:
+            with np.errstate(all="ignore"):
+                return folder(view, *(ctx.consts[n] for n in present))
+        except (ValueError, TypeError, IndexError, ArithmeticError):
+            return converter(ctx, view)
+
+    return convert
 
 
 def _run_converter(ctx: GraphContext, view: NodeView, fn: Any) -> None:
     node = view.proto
-    try:
-        result = fn(ctx, view)
-    except NonConstantInputError:
-        raise
-    except KilnError as err:
-        if str(view) in str(err):
-            raise
-        raise KilnError(f"{view}: {err}") from err
+    result = fn(ctx, view)
     results = list(result) if isinstance(result, (list, tuple)) else [result]
     outputs = list(node.output)
     if len(results) < len([o for o in outputs if o]):

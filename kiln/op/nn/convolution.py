@@ -23,7 +23,9 @@ from ...tir.expr import PrimExpr
 from ..common import (
     arg_ndim,
     arg_shape,
+    assume,
     attr_fields,
+    equal_dims,
     is_float_arg,
     shape_attr,
     simplify,
@@ -218,6 +220,10 @@ def _conv2d_compute(data: Any, weight: Any, *, attrs: Conv2DAttrs) -> Any:
 
     layouts = (dl.name, kl.name)
     ann = {} if layouts == ("NCHW", "OIHW") else {CONV_LAYOUTS: layouts}
+    (c,) = _pick(data.shape, dl, "C")
+    ann |= assume(equal_dims([(c, simplify(ig * groups), f"nn.conv2d: data has {fmt_dim(c)} "
+                               f"channels but the weight expects {fmt_dim(ig)} x "
+                               f"groups={groups}")]))
     return te.compute(shape, body, name="conv2d", attrs=ann)
 
 
@@ -371,7 +377,14 @@ def _conv2d_nchwc_compute(data: Any, weight: Any, *, attrs: Conv2DNCHWcAttrs) ->
         prod = tir.cast(out_dtype, v) * tir.cast(out_dtype, weight[oo, rco, ry, rx, rci, oi])
         return te.sum(prod, axis=[rco, ry, rx, rci])
 
-    return te.compute((n, ob, oh, ow, oc), body, name="conv2d_nchwc")
+    op = "nn.conv2d_nchwc"
+    checks = equal_dims([
+        (data.shape[1], simplify(cb * groups), f"{op}: data has {fmt_dim(data.shape[1])} channel "
+                                               f"blocks but the weight expects {fmt_dim(cb)} x "
+                                               f"groups={groups}"),
+        (ic, weight.shape[4], f"{op}: data's channel block is {fmt_dim(ic)} but the weight's "
+                              f"is {fmt_dim(weight.shape[4])}")])
+    return te.compute((n, ob, oh, ow, oc), body, name="conv2d_nchwc", attrs=assume(checks))
 
 
 def _conv2d_nchwc_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
@@ -460,7 +473,13 @@ def _depthwise_conv2d_nchwc_compute(data: Any, weight: Any, *,
         prod = tir.cast(out_dtype, v) * tir.cast(out_dtype, weight[cc, zero, ry, rx, ci])
         return te.sum(prod, axis=[ry, rx])
 
-    return te.compute((n, cb, oh, ow, c), body, name="depthwise_conv2d_nchwc")
+    op = DepthwiseConv2DNCHWcAttrs.OP
+    checks = equal_dims([(d, wd, f"{op}: data {fmt_shape(data.shape)} and weight "
+                                 f"{fmt_shape(weight.shape)} disagree on {what}")
+                         for what, d, wd in (("channel blocks", cb, weight.shape[0]),
+                                             ("the channel block", c, weight.shape[4]))])
+    return te.compute((n, cb, oh, ow, c), body, name="depthwise_conv2d_nchwc",
+                      attrs=assume(checks))
 
 
 def _depthwise_conv2d_nchwc_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
@@ -581,7 +600,9 @@ def _conv_bwd_data_compute(grad: te.Tensor, weight: te.Tensor, data: te.Tensor, 
             oo, ci = grp * og + ro.var, tx.floormod(c, ig)
         qy, cy = window_source(y, ry.var, sh, dh, pt, oh)
         qx, cx = window_source(x, rx.var, sw, dw, pl, ow)
-        value = masked(tx.all_of(cy + cx), grad[n, oo, qy, qx]) * weight[oo, ci, ry, rx]
+        # the product is masked, not the gradient: a tap with no output position adds 0, even
+        # with an inf/NaN weight (0 * inf would make the sum NaN)
+        value = masked(tx.all_of(cy + cx), grad[n, oo, qy, qx] * weight[oo, ci, ry, rx])
         return te.sum(value, axis=[ro, ry, rx])
 
     return te.compute(data.shape, body, name="conv2d_backward_data")
@@ -607,8 +628,8 @@ def _conv_bwd_weight_compute(grad: te.Tensor, data: te.Tensor, weight: te.Tensor
         hy = ry.var * sh + ky * dh - pt
         wx = rx.var * sw + kx * dw - pl
         inside = tx.all_of([hy >= 0, hy < h, wx >= 0, wx < w])
-        value = masked(inside, data[rn, chan, clamp_into(hy, h), clamp_into(wx, w)])
-        return te.sum(grad[rn, oo, ry, rx] * value, axis=[rn, ry, rx])
+        value = data[rn, chan, clamp_into(hy, h), clamp_into(wx, w)]
+        return te.sum(masked(inside, grad[rn, oo, ry, rx] * value), axis=[rn, ry, rx])
 
     return te.compute(weight.shape, body, name="conv2d_backward_weight")
 

@@ -14,7 +14,7 @@ from ...graph.shape_utils import normalize_axes, normalize_axis
 from ...graph.struct_info import TensorStructInfo
 from ...ir.dtype import DataType
 from ...ir.errors import KilnError, StructInfoError
-from ..common import scalar, shape_attr
+from ..common import assume, equal_dims, scalar, shape_attr
 from ..elementwise import add, multiply, negative, rsqrt, subtract
 from ..linalg import const_int, fmt_dim, fmt_shape, provably_unequal, tensor_arg
 from ..reduce import mean
@@ -122,7 +122,13 @@ def _layer_norm_compute(x: Any, gamma: Any, beta: Any, *, attrs: LayerNormAttrs)
         norm = (tir.cast(ct, x[i]) - total[r] * inv_n) * tir.rsqrt(sq[r] * inv_n + eps)
         return tir.cast(x.dtype, norm * tir.cast(ct, gamma[p]) + tir.cast(ct, beta[p]))
 
-    return te.compute(x.shape, body, name="layer_norm", attrs={ROW_AXES: tuple(axes)})
+    want = [x.shape[a] for a in axes]
+    checks = equal_dims([(d, w, f"nn.layer_norm: {name} {fmt_shape(p.shape)} must have the "
+                                f"shape {fmt_shape(want)} of the normalized axes")
+                         for name, p in (("gamma", gamma), ("beta", beta))
+                         for d, w in zip(p.shape, want)])
+    return te.compute(x.shape, body, name="layer_norm",
+                      attrs={ROW_AXES: tuple(axes)} | assume(checks))
 
 
 def _layer_norm_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
@@ -223,7 +229,10 @@ def _batch_norm_compute(x: Any, gamma: Any, beta: Any, mean: Any, var: Any, *,
         scale = p(gamma) * tir.rsqrt(p(var) + eps)
         return tir.cast(x.dtype, (tir.cast(ct, x[i]) - p(mean)) * scale + p(beta))
 
-    return te.compute(x.shape, body, name="batch_norm")
+    checks = equal_dims([(t.shape[0], x.shape[axis], f"nn.batch_norm: {name} has "
+                          f"{fmt_dim(t.shape[0])} elements but data has {fmt_dim(x.shape[axis])} "
+                          f"channels") for name, t in zip(_BN_PARAMS, (gamma, beta, mean, var))])
+    return te.compute(x.shape, body, name="batch_norm", attrs=assume(checks))
 
 
 def _batch_norm_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:

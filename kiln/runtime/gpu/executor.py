@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ...ir.dtype import DataType
-from ...ir.errors import KilnError
+from ...ir.errors import KilnError, RuntimeCheckError
 from .. import memory_plan, shape_expr
 from ..executor import Executor
 from ..plan import Plan
@@ -134,7 +134,10 @@ class GpuExecutor(Executor):
             args = [bufs[s] for s in call.args]
             arg_shapes = [shapes[s] for s in call.args]
             scratch = self._scratch_of(module.scratch_for(call.func, arg_shapes))
-            new = module.launches(call.func, args, arg_shapes, scratch, seed)
+            try:
+                new = module.launches(call.func, args, arg_shapes, scratch, seed)
+            except RuntimeCheckError as err:  # a condition on the symbolic dims
+                raise RuntimeCheckError(f"{self._step_name(call)}: {err}") from None
             if times is not None:
                 start = time.perf_counter()
                 for launch in new:

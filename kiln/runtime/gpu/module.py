@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ...ir.dtype import DataType
-from ...ir.errors import ArgumentError, KilnError
+from ...ir.errors import ArgumentError, KilnError, RuntimeCheckError
 from ...target.target import Target
 from .. import shape_expr
 from ..executor import as_input_array
@@ -118,6 +118,10 @@ class GpuModule:
         f = self.function(name)
         device = self.device
         env = f.bind_dims(list(shapes))
+        for code, message in f.assumptions:
+            if not shape_expr.evaluate(code, env):
+                dims = ", ".join(f"{k} = {v}" for k, v in env.items())
+                raise RuntimeCheckError(f"{message} ({dims})" if dims else message)
         workspaces = []
         offset = 0
         for w in f.workspaces:

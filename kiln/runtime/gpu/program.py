@@ -72,6 +72,10 @@ class DeviceFunction:
     sym_sources: tuple[tuple[int, int], ...]
     workspaces: tuple[WorkspaceSpec, ...]
     kernels: tuple[KernelSpec, ...]
+    #: The function's conditions on its symbolic dims (``kiln.assume``: encoded
+    #: :mod:`~kiln.runtime.shape_expr` conditions and their messages), checked on the host
+    #: before its kernels launch, as the C entry checks them before computing.
+    assumptions: tuple[tuple[Any, str], ...] = ()
 
     def bind_dims(self, shapes: list[tuple[int, ...]]) -> dict[str, int]:
         """The symbolic dims' values read from the argument shapes (parameter order)."""
@@ -119,6 +123,7 @@ def _function_json(f: DeviceFunction) -> dict[str, Any]:
                      "dynamic_shared_bytes": k.dynamic_shared_bytes,
                      "args": [[a.kind, a.index, a.dtype] for a in k.args]}
                     for k in f.kernels],
+        "assumptions": [[code, message] for code, message in f.assumptions],
     }
 
 
@@ -135,4 +140,5 @@ def _function_from_json(d: dict[str, Any]) -> DeviceFunction:
                          for w in d["workspaces"]),
         kernels=tuple(KernelSpec(k["name"], tuple(KernelArg(*a) for a in k["args"]),
                                  tuple(k["grid"]), tuple(k["block"]),  # type: ignore[arg-type]
-                                 k["dynamic_shared_bytes"]) for k in d["kernels"]))
+                                 k["dynamic_shared_bytes"]) for k in d["kernels"]),
+        assumptions=tuple((code, message) for code, message in d.get("assumptions", ())))

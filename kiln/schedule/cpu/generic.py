@@ -178,8 +178,11 @@ _L1_LINE, _L1_SETS, _L1_SET_BUDGET = 64, 64, 4
 
 
 def _conflicting_rows(rows: int, stride_bytes: int) -> bool:
-    """Whether ``rows`` cache lines ``stride_bytes`` apart crowd one L1 set past the budget."""
-    sets = {(k * stride_bytes // _L1_LINE) % _L1_SETS for k in range(rows)}
+    """Whether ``rows`` cache lines ``stride_bytes`` apart crowd one L1 set past the budget.
+    The set of row ``k`` repeats with ``k * stride_bytes`` modulo the L1 way size (line x
+    sets), so a few thousand rows show every set however many there are."""
+    sets = {(k * stride_bytes // _L1_LINE) % _L1_SETS
+            for k in range(min(rows, _L1_LINE * _L1_SETS))}
     return rows > _L1_SET_BUDGET * len(sets)
 
 

@@ -12,6 +12,7 @@ from .cross_thread_reduction import lower_cross_thread_reduction
 from .flatten_buffers import flatten_buffers
 from .gpu_kernels import extract_kernels
 from .hoist_allocations import hoist_allocations
+from .hoist_checks import hoist_checks
 from .hoist_reduction_init import hoist_reduction_init
 from .jam_tails import jam_tails
 from .partition_loops import partition_loops
@@ -35,16 +36,18 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     Runs, in order: hoist the init of reductions over symbolic extents (so an empty one still
     stores its identity), compact scheduled buffers (allocate caches inside the loop using them),
     convert blocks to loops, flatten buffers, hoist heap allocations out of serial loops,
-    simplify, vectorize loops, write out small unrolled loops, and simplify again (vectorization
-    leaves ``Ramp(i * 8 + 0, ...)``-style bases, unrolling constant indices); then split guarded
-    tail iterations off tile loops (``partition_loops``) and simplify the guards away, and jam
-    the tail tiles of independent rows where a schedule asked for it (``jam_tails``). The result
+    hoist run-time checks out of the loops they do not depend on, simplify, vectorize loops,
+    write out small unrolled loops, and simplify again (vectorization leaves
+    ``Ramp(i * 8 + 0, ...)``-style bases, unrolling constant indices); then split guarded tail
+    iterations off tile loops (``partition_loops``) and simplify the guards away, and jam the
+    tail tiles of independent rows where a schedule asked for it (``jam_tails``). The result
     carries the ``"kiln.lowered"`` attribute; lowering a lowered function returns it unchanged.
 
     For a GPU target (CUDA, OpenCL) the same passes run with GPU passes around them: first
     reductions bound to ``threadIdx`` become per-thread accumulation plus a cross-thread
-    reduction (``cross_thread_reduction``); heap hoisting and the CPU's tail partitioning and
-    jamming are left out, vector expressions keep every intrinsic (evaluated lane by lane);
+    reduction (``cross_thread_reduction``); heap and check hoisting and the CPU's tail
+    partitioning and jamming are left out, vector expressions keep every intrinsic (evaluated
+    lane by lane);
     last the body is split into kernels with their launch shapes and allocations placed by
     scope (``gpu_kernels``), cross-thread reductions are expanded for the block's shape
     (``thread_allreduce``) and barriers inserted (``thread_sync``).
@@ -60,8 +63,9 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     func = compact_buffers(func)
     func = convert_blocks_to_loops(func, let_bindings=gpu)
     func = flatten_buffers(func)
-    if not gpu:
+    if not gpu:  # (a check hoisted out of a kernel's grid loops would land on the host)
         func = hoist_allocations(func)
+        func = hoist_checks(func)
     func = simplify(func)
     func = vectorize_loops(func, lanewise_calls=gpu)
     func = unroll_loops(func)

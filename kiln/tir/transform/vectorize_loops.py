@@ -49,6 +49,7 @@ from ..expr import (
     Sub,
     Var,
     add,
+    is_check,
     mul,
     sub,
 )
@@ -277,8 +278,8 @@ def simd_safe(loop: For) -> bool:
             stores.append(n)
         elif isinstance(n, BufferLoad):
             loads.append(n)
-        elif isinstance(n, (For, Allocate)):
-            nested[0] = True
+        elif isinstance(n, (For, Allocate, AssertStmt)) or is_check(n):
+            nested[0] = True  # (a run-time check records a failure: not a SIMD lane's work)
 
     post_order_visit(loop.body, f)
     if nested[0]:

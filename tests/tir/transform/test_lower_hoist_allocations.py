@@ -3,11 +3,14 @@ thread allocates it once."""
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
 from kiln import te, tir
 from kiln.codegen import c as codegen_c
+from kiln.ir.abi import CHECK_FAILED
 from kiln.tir import stmt as S
 from kiln.tir.schedule import Schedule
 from kiln.tir.transform.hoist_allocations import (
@@ -66,7 +69,7 @@ def test_serial_loop_allocation_is_hoisted():
     low = lower(_staged(parallel=False).func)
     assert _alloc_depths(low.body) == [("T", 0)]  # out of the loop over b
     src = _run(_staged(parallel=False))
-    assert src.count("kiln_alloc((size_t)") == 1
+    assert src.count("kiln_alloc((int64_t)") == 1
 
 
 def test_parallel_loop_gets_one_buffer_per_thread():
@@ -76,7 +79,34 @@ def test_parallel_loop_gets_one_buffer_per_thread():
     # each task of the thread pool allocates it once for its range of iterations
     task = src[src.index("static void f__par0_task("):]
     task = task[:task.index("\n}")]
-    assert task.index("kiln_alloc(") < task.index("for (int64_t kiln_i") < task.index("free(")
+    assert task.index("kiln_alloc(") < task.index("for (int64_t kiln_i") < task.rindex("free(")
+    assert "KILN_CHECK_ALLOC" in task  # a task without its scratch records it and skips
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_failed_allocation_fails_the_call_instead_of_aborting(parallel):
+    """A heap buffer whose size the machine cannot give (a symbolic size, here 2^61 floats)
+    makes the kernel fail with the buffer and its size, in a serial or a parallel loop."""
+    n = tir.Var("n", "int64")
+    x = te.placeholder((B, n), "float32", name="X")
+    t = te.compute((B, n), lambda b, i: x[b, i] * 2.0, name="T")
+    out = te.compute((B, n), lambda b, i: t[b, n - 1 - i] + 1.0, name="O")
+    sch = Schedule(te.create_prim_func([x, out]))
+    b = sch.get_loops(sch.get_block("O"))[0]
+    sch.compute_at(sch.get_block("T"), b)
+    if parallel:
+        sch.parallel(b)
+    mod = codegen_c.build({"f": sch.func})
+    size = 2**61
+    fn = mod.unchecked_function("f")  # the arrays are never touched: the allocation fails
+    tiny = np.zeros(1, np.float32)
+    data = (ctypes.c_void_p * 2)(tiny.ctypes.data, tiny.ctypes.data)
+    assert fn(data, (ctypes.c_int64 * 1)(size)) == CHECK_FAILED
+    assert "f: buffer T: out of memory allocating" in mod.last_error()
+    small = np.ones((B, 3), np.float32)
+    got = np.zeros((B, 3), np.float32)
+    mod["f"](small, got)
+    np.testing.assert_array_equal(got, small[:, ::-1] * 2 + 1)
 
 
 def test_sequence_allocation_is_lifted_then_hoisted():

@@ -162,16 +162,16 @@ _WIDEN = {"float16": "float32", "bfloat16": "float32"}
 def _softmax_rows(ctx: Any, logits: Any, bias: Any | None) -> Any:
     """Softmax over the last axis; a row whose bias is -inf everywhere (no attendable key)
     gives zeros, not NaN. The guard lifts such rows' bias to 0 (``maximum`` with a per-row
-    floor) before the softmax and zeroes them after it, so no NaN is ever produced."""
+    floor) before the softmax and sets them to 0 after it, so no NaN is ever produced."""
     if bias is None:
         return op.nn.softmax(logits, axis=-1)
     dt = dtype_of(logits)
     bias = ctx.emit(op.cast(bias, dt)) if dtype_of(bias) != dt else bias
     masked = ctx.emit(op.equal(op.max(bias, axis=-1, keepdims=True), scalar(-np.inf, dt)))
     floor = op.where(masked, scalar(0, dt), scalar(-np.inf, dt))
-    keep = op.where(masked, scalar(0, dt), scalar(1, dt))
     probs = op.nn.softmax(op.add(logits, op.maximum(bias, floor)), axis=-1)
-    return op.multiply(probs, keep)
+    # a select, not a product with 0: such a row is 0 even where its scores are inf or NaN
+    return op.where(masked, scalar(0, dt), probs)
 
 
 @converter("Attention", since=23)

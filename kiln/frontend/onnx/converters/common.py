@@ -82,6 +82,21 @@ def reshape(x: Any, shape: Any) -> Any:
     return op.reshape(x, tuple(shape))
 
 
+def static_kernel(node: Any, w: Any) -> tuple[int, ...]:
+    """The spatial dims of a convolution weight ``w`` (after its two channel dims), which the
+    window arithmetic needs at import: an error naming the node when one is symbolic, or
+    disagrees with the node's ``kernel_shape``."""
+    dims = tuple(static_int(d) for d in shape_of(w)[2:])
+    if None in dims:
+        raise node.error(f"the weight's spatial dims {shape_of(w)[2:]} must be known when the "
+                         "model is imported")
+    given = node.attr("kernel_shape", None)
+    if given is not None and tuple(int(k) for k in given) != dims:
+        raise node.error(f"kernel_shape {list(given)} disagrees with the weight's spatial dims "
+                         f"{list(dims)}")
+    return dims  # type: ignore[return-value]
+
+
 def iota(n: Any, dtype: str) -> Any:
     """``[0, 1, ..., n-1]`` of ``dtype``: a constant when ``n`` is static, else an exclusive
     cumsum of ones (a run-time length)."""

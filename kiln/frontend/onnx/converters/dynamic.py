@@ -78,10 +78,6 @@ def static_len(node: Any, x: Any, what: str) -> int:
     return n
 
 
-def _is_one(d: Any) -> bool:
-    return static_int(d) == 1
-
-
 def reshape_rt(ctx: Any, node: Any, x: Any, shape_t: Any, allowzero: bool) -> Any:
     """Reshape to a shape tensor known at run time (0 copies a dim, -1 is inferred)."""
     k = static_len(node, shape_t, "the shape input")
@@ -96,7 +92,8 @@ def expand_rt(ctx: Any, node: Any, x: Any, shape_t: Any) -> Any:
     in_shape = list(shape_of(x))
     rank = max(len(in_shape), k)
     aligned = [None] * (rank - len(in_shape)) + in_shape
-    known = [None if d is None or _is_one(d) else d for d in aligned]
+    # a static dim other than 1 stays; a symbolic one may be 1 and broadcast: a fresh dim
+    known = [d if d is not None and static_int(d) not in (None, 1) else None for d in aligned]
     dims = runtime_shape(ctx, node, "expand", [shape_expr(ctx, node, x), shape_t], known)
     return op.broadcast_to(x, dims)
 
@@ -391,17 +388,21 @@ def unique(ctx: Any, node: Any) -> Any:
 def check_range(ctx: Any, node: Any, value: Any, lo: int, hi: int, what: str) -> None:
     """Check at run time that every element of the int tensor ``value`` (static size) lies in
     ``[lo, hi]``: the shape function ``values`` rejects the negative entries of
-    ``[value - lo, hi - value]``, so the model raises (naming this node) instead of computing
-    with an invalid value."""
+    ``[min(value) - lo, hi - max(value)]``, so the model raises (naming this node) instead of
+    computing with an invalid value."""
     value = ctx.emit(value, f"{node.name}_{what}") if value.struct_info is None else value
     sizes = [static_int(d) for d in shape_of(value)]
     n = None if None in sizes else int(np.prod(sizes, dtype=np.int64))
     if n is None:
         raise node.error(f"{what} must have a static number of elements, got {value.struct_info}")
-    v = op.reshape(op.cast(value, "int64"), (n,))
-    bounds = op.concat([op.subtract(v, _i64(lo)), op.subtract(_i64(hi), v)], axis=0)
-    bounds = ctx.emit(bounds, f"{node.name}_{what}_bounds")
-    runtime_shape(ctx, node, "values", [bounds], [None] * (2 * n),
+    if n == 0:
+        return
+    # the smallest and the largest value: two numbers to check however many values there are
+    v = op.cast(value, "int64")
+    low = op.reshape(op.subtract(op.min(v), _i64(lo)), (1,))
+    high = op.reshape(op.subtract(_i64(hi), op.max(v)), (1,))
+    bounds = ctx.emit(op.concat([low, high], axis=0), f"{node.name}_{what}_bounds")
+    runtime_shape(ctx, node, "values", [bounds], [None, None],
                   f"{node.op_type}_{what}_range_check")
 
 

@@ -58,10 +58,14 @@ def div(ctx: Any, node: Any) -> Any:
         return op.divide(a, b)
     if dt.startswith("uint"):
         return op.floor_divide(a, b)
-    # ONNX integer division truncates toward zero: |a| // |b| with the quotient's sign
+    # ONNX integer division truncates toward zero: the floor quotient, plus one where the
+    # division is inexact and the operands' signs differ (exact at INT_MIN, whose absolute
+    # value overflows; INT_MIN / -1 wraps as in numpy and onnxruntime, x / 0 is 0)
     zero = scalar(0, dt)
-    q = op.floor_divide(op.abs(a), op.abs(b))
-    return op.where(op.not_equal(op.less(a, zero), op.less(b, zero)), op.negative(q), q)
+    q = op.floor_divide(a, b)
+    inexact = op.not_equal(op.mod(a, b), zero)
+    fix = op.logical_and(inexact, op.not_equal(op.less(a, zero), op.less(b, zero)))
+    return op.where(fix, op.add(q, scalar(1, dt)), q)
 
 
 @converter("Identity")

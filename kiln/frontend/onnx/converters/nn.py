@@ -18,7 +18,17 @@ from .... import graph as g
 from .... import op
 from ..registry import converter
 from . import dynamic as rt
-from .common import dtype_of, ints, ndim_of, prod, reshape, scalar, shape_of, static_int
+from .common import (
+    dtype_of,
+    ints,
+    ndim_of,
+    prod,
+    reshape,
+    scalar,
+    shape_of,
+    static_int,
+    static_kernel,
+)
 from .random import training_dropout
 
 
@@ -52,10 +62,16 @@ def lift_1d(ctx: Any, node: Any, x: Any) -> Any:
     squeezes axis 2 off again."""
     for name in ("kernel_shape", "strides", "dilations", "output_shape"):
         if name in node.attrs:
+            if len(node.attrs[name]) != 1:
+                raise node.error(f"{name} must have 1 entry for a 1-D input, got "
+                                 f"{list(node.attrs[name])}")
             node.attrs[name] = [1, *node.attrs[name]]
     if "output_padding" in node.attrs:
         node.attrs["output_padding"] = [0, *node.attrs["output_padding"]]
     if "pads" in node.attrs:
+        if len(node.attrs["pads"]) != 2:
+            raise node.error(f"pads must have 2 entries for a 1-D input, got "
+                             f"{list(node.attrs['pads'])}")
         b, e = node.attrs["pads"]
         node.attrs["pads"] = [0, b, 0, e]
     return ctx.emit(op.expand_dims(x, 2))
@@ -69,6 +85,11 @@ def _spatial(convert: Any) -> Any:
         if ndim_of(x) not in (3, 4, 5):
             raise node.error(f"only 1-D, 2-D and 3-D spatial inputs (rank 3, 4 or 5) are "
                              f"supported, got rank {ndim_of(x)}")
+        if node.op_type in ("Conv", "ConvTranspose") and node.has_input(1):
+            w = node.input(1)
+            if ndim_of(w) != ndim_of(x):
+                raise node.error(f"the weight (rank {ndim_of(w)}) must have the rank of the "
+                                 f"input (rank {ndim_of(x)})")
         if ndim_of(x) != 3:
             return convert(ctx, node, x)
         out = convert(ctx, node, lift_1d(ctx, node, x))
@@ -150,7 +171,7 @@ def conv(ctx: Any, node: Any, x: Any) -> Any:
     w, b = node.input(1), node.input(2)
     if ndim_of(w) == ndim_of(x) - 1:
         w = ctx.emit(op.expand_dims(w, 2))
-    kernel = tuple(int(static_int(d) or 0) for d in shape_of(w)[2:])
+    kernel = static_kernel(node, w)
     strides, dilations, pads = _window_attrs(node, x, kernel)
     groups = int(node.attr("group", 1))
     if ndim_of(x) == 5:
@@ -171,7 +192,7 @@ def _conv3d(ctx: Any, x: Any, w: Any, strides: tuple[int, ...], dilations: tuple
     if pads[0] or pads[3]:
         x = ctx.emit(op.pad(x, ((0, 0), (0, 0), (pads[0], pads[3]), (0, 0), (0, 0))))
     n, c, d, h, wd = shape_of(x)
-    kd = int(static_int(shape_of(w)[2]) or 0)
+    kd = int(static_int(shape_of(w)[2]))
     d = static_int(d)
     od = (d - (kd - 1) * dilations[0] - 1) // strides[0] + 1
     acc = None
@@ -332,7 +353,7 @@ def _conv_transpose2d(ctx: Any, x: Any, w: Any, strides: tuple[int, ...],
     (``nn.conv2d_backward_data``), whose weight layout (C, M/group, kh, kw) ONNX shares. The
     adjoint covers the positions that receive taps; the rest (negative padding,
     ``output_padding`` past the last tap) are zeros."""
-    kernel = tuple(int(static_int(d) or 0) for d in shape_of(w)[2:])
+    kernel = tuple(int(static_int(d)) for d in shape_of(w)[2:])  # static: checked
     sizes = tuple(static_int(d) for d in shape_of(x)[2:])
     full = [strides[i] * (sizes[i] - 1) + (kernel[i] - 1) * dil[i] + 1 for i in range(2)]
     lo = [max(b, 0) for b in begin]
@@ -353,7 +374,7 @@ def conv_transpose(ctx: Any, node: Any, x: Any) -> Any:
     w, b = node.input(1), node.input(2)
     if ndim_of(w) == ndim_of(x) - 1:
         w = ctx.emit(op.expand_dims(w, 2))
-    kernel = tuple(int(static_int(d) or 0) for d in shape_of(w)[2:])
+    kernel = static_kernel(node, w)
     strides, dil, begin, outs = _transpose_geometry(node, x, kernel)
     groups = int(node.attr("group", 1))
     if ndim_of(x) == 4:
@@ -366,7 +387,7 @@ def _conv_transpose3d(ctx: Any, x: Any, w: Any, strides: Ints, dil: Ints, groups
     """A 3-D transposed convolution: for each kernel depth tap, a 2-D transposed convolution of
     every input depth slice (folded into the batch), spread to depths ``id*sd + k*dd`` (zeros
     between) and summed."""
-    kernel = tuple(int(static_int(d) or 0) for d in shape_of(w)[2:])
+    kernel = tuple(int(static_int(d)) for d in shape_of(w)[2:])  # static: checked
     nb, c, d, h, wd = shape_of(x)
     d = static_int(d)
     flat = ctx.emit(reshape(op.transpose(x, (0, 2, 1, 3, 4)), (-1, c, h, wd)))

@@ -34,7 +34,7 @@ from .... import op
 from ....ir.dtype import as_dtype
 from ..importer import onnx_dtype
 from ..registry import converter
-from .common import dtype_of, ndim_of, norm_axis, scalar, shape_of, static_int
+from .common import dtype_of, ndim_of, norm_axis, scalar, shape_of, static_int, static_kernel
 from .nn import lift_1d, pair_attr, window_pads
 
 # The integer types kiln quantizes to, with their ranges.
@@ -249,7 +249,7 @@ def _integer_conv(ctx: Any, node: Any, x: Any, x_zp: Any, w: Any, w_zp: Any
     x_zp = None if x_zp is None else op.reshape(x_zp, ())
     xi = ctx.emit(_minus_zero_point(ctx, x, x_zp))
     wi = ctx.emit(_minus_zero_point(ctx, w, w_zp))
-    kernel = tuple(int(static_int(d) or 0) for d in shape_of(w)[2:])
+    kernel = static_kernel(node, w)
     strides, dilations = pair_attr(node, "strides"), pair_attr(node, "dilations")
     pads = window_pads(node, x, kernel, strides, dilations)  # type: ignore[arg-type]
     out = op.nn.conv2d(xi, wi, strides=strides, padding=pads, dilation=dilations,

@@ -141,6 +141,9 @@ def _reduce_runtime_axes(ctx: Any, node: Any, x: Any, axes_t: Any, kind: str,
     if ndim_of(axes_t) != 1 or static_int(shape_of(axes_t)[0]) is None:
         raise node.error(f"axes must be a 1-d tensor of static length, got {axes_t.struct_info}")
     r, n_axes = len(dims), static_int(shape_of(axes_t)[0])
+    if n_axes > r:
+        raise node.error(f"axes has {n_axes} entries, more than the input's rank {r} (an axis "
+                         "may appear once)")
     i64 = "int64"
     a = ctx.emit(op.cast(axes_t, i64), f"{node.name}_axes")
     check_range(ctx, node, a, -r, r - 1, "axes")

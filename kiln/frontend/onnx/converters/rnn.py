@@ -19,7 +19,8 @@ import numpy as np
 
 from .... import op
 from ..registry import converter
-from .common import dtype_of, scalar, static_int
+from .common import dtype_of, scalar, shape_of, static_int
+from .control_flow import MAX_UNROLL
 
 Act = Callable[[Any], Any]
 
@@ -95,17 +96,36 @@ class _Layer:
         if seq is None:
             raise node.error("the sequence length is symbolic; recurrent layers are unrolled "
                              "and need a static sequence length")
+        if seq > MAX_UNROLL:
+            raise node.error(f"{seq} time steps exceed the unrolling limit {MAX_UNROLL}")
         self.seq_len, self.batch = seq, shape[1]
-        self.hidden = int(node.attr("hidden_size"))
         direction = node.attr("direction", "forward")
         if direction not in ("forward", "reverse", "bidirectional"):
             raise node.error(f"unknown direction {direction!r}")
         self.direction = direction
         self.num_dirs = 2 if direction == "bidirectional" else 1
         self.gates = gates
+        self.hidden = self._hidden_size()
         clip = node.attr("clip", None)
         self.clip = None if clip is None else float(clip)
         self.mask = self._masks()
+
+    def _hidden_size(self) -> int:
+        """``hidden_size``, or the one ``W`` (num_directions, gates * hidden, input) implies;
+        the weights' shapes must agree with it and with the directions."""
+        node = self.node
+        dims = [static_int(d) for d in shape_of(node.input(1))] if node.has_input(1) else []
+        rdims = [static_int(d) for d in shape_of(node.input(2))] if node.has_input(2) else []
+        if len(dims) != 3 or len(rdims) != 3 or None in dims[:2] or None in rdims:
+            raise node.error("W and R must be 3-D with static dims (num_directions, gates * "
+                             f"hidden_size, ...), got {dims} and {rdims}")
+        given = node.attr("hidden_size", None)
+        hidden = int(given) if given is not None else dims[1] // self.gates
+        want = [self.num_dirs, self.gates * hidden]
+        if hidden < 1 or dims[:2] != want or rdims != [*want, hidden]:
+            raise node.error(f"W {dims} and R {rdims} do not fit {self.num_dirs} direction(s) "
+                             f"of {self.gates} gates of hidden_size {hidden}")
+        return hidden
 
     def dir_input(self, i: int, d: int) -> Any:
         """Input ``i`` (W, R, B, initial state...) of direction ``d`` with that axis dropped,

@@ -49,9 +49,15 @@ def constant(ctx: Any, node: Any) -> Any:
 def constant_of_shape(ctx: Any, node: Any) -> Any:
     value = node.attrs.get("value")
     fill = nh.to_array(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
+    if fill.size != 1:
+        raise node.error(f"value must hold one element, got {fill.size}")
     if not node.is_const(0):
         return rt.constant_of_shape_rt(ctx, node, node.input(0), fill)
     shape = ints(node.const_input(0, "shape"))
+    if any(d < 0 for d in shape):
+        raise node.error(f"negative dimension in the shape {shape}")
+    if int(np.prod(shape, dtype=np.float64)) > FOLD_LIMIT:  # made while the model runs
+        return op.broadcast_to(g.const(fill.reshape(())), tuple(shape))
     return np.full(shape, fill[0], dtype=fill.dtype)
 
 
@@ -159,13 +165,23 @@ def _split_sizes(ctx: Any, node: Any, x: Any, axis: int) -> list[int]:
         sizes = None if value is None else ints(value)
     else:
         sizes = node.attr("split", None)
-    if sizes:
-        return [int(s) for s in sizes]
     dim = static_int(shape_of(x)[axis])
+    if sizes:
+        sizes = [int(s) for s in sizes]
+        if len(sizes) != node.num_outputs or min(sizes) < 0 or (
+                dim is not None and sum(sizes) != dim):
+            raise node.error(f"split sizes {sizes} must be {node.num_outputs} non-negative "
+                             f"sizes adding up to the axis length {dim}")
+        return sizes
     n = int(node.attr("num_outputs", 0)) or node.num_outputs
+    if n != node.num_outputs:
+        raise node.error(f"num_outputs is {n} but the node has {node.num_outputs} outputs")
     if dim is None:
         raise node.error("an even split of a symbolic axis is not supported yet")
     chunk = -(-dim // n)
+    if dim and (n - 1) * chunk >= dim:
+        raise node.error(f"an axis of length {dim} cannot be split into {n} parts of "
+                         f"{chunk} (the last would be empty or negative)")
     return [min(chunk, dim - i * chunk) for i in range(n)]
 
 
@@ -280,8 +296,8 @@ def gather(ctx: Any, node: Any) -> Any:
         if static is not None:
             return np.array(static, dtype=np.int64).reshape(np.shape(node.const_value(1)))
         sv.track(ctx, node, picked)
-    # "wrap" maps ONNX's negative indices (counted from the end) onto the axis
-    return op.take(x, indices, axis=axis, mode="wrap")
+    # negative indices count from the end; one outside [-n, n) fails the run, as in onnxruntime
+    return op.take(x, indices, axis=axis, mode="raise")
 
 
 def _shape_entries(ctx: Any, node: Any) -> list[Any] | None:
@@ -392,12 +408,26 @@ def space_to_depth(ctx: Any, node: Any) -> Any:
     return reshape(t, (n, c * bs * bs, h // bs, w // bs))
 
 
+#: The most elements an import-time constant (a folded Range, ConstantOfShape...) may have:
+#: larger ones are made by a kernel while the model runs.
+FOLD_LIMIT = 1 << 24
+
+
 @converter("Range", since=11)
 def range_(ctx: Any, node: Any) -> Any:
     if not all(node.is_const(i) for i in range(3)):
         return rt.range_rt(ctx, node, node.input(0), node.input(1), node.input(2))
     start, limit, delta = (np.asarray(node.const_input(i, n)) for i, n in
                            enumerate(("start", "limit", "delta")))
+    if any(v.size != 1 for v in (start, limit, delta)):
+        raise node.error(f"start, limit and delta must be scalars, got shapes {start.shape}, "
+                         f"{limit.shape} and {delta.shape}")
+    if delta.item() == 0 or not all(np.isfinite(v.item()) for v in (start, limit, delta)):
+        raise node.error(f"Range({start.item()}, {limit.item()}, {delta.item()}) has no "
+                         "length (delta 0 or a bound not finite)")
+    count = max(int(np.ceil((limit.item() - start.item()) / delta.item())), 0)
+    if count > FOLD_LIMIT:  # made while the model runs, within its memory limit
+        return rt.range_rt(ctx, node, node.input(0), node.input(1), node.input(2))
     return np.arange(start.item(), limit.item(), delta.item()).astype(start.dtype)
 
 
