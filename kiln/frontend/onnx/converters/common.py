@@ -7,8 +7,9 @@ from typing import Any
 import numpy as np
 
 from .... import graph as g
-from .... import op, tir
+from .... import op
 from ....ir.errors import StructInfoError
+from ....op.common import const_int as static_int
 
 
 def scalar(value: float, dtype: str) -> Any:
@@ -55,14 +56,6 @@ def prod(dims: Any) -> Any:
     for d in dims:
         out = out * d
     return out
-
-
-def static_int(d: Any) -> int | None:
-    if isinstance(d, int):
-        return d
-    if isinstance(d, tir.IntImm):
-        return int(d.value)
-    return None
 
 
 def norm_axis(axis: int, ndim: int) -> int:

@@ -12,6 +12,7 @@ from .... import op, tir
 from ....arith import Analyzer, simplify
 from ....ir.dtype import as_dtype
 from ....ir.errors import KilnError
+from ....op.common import const_int as static_int  # noqa: F401 - the converters use it
 from ..tensors import kiln_dtype
 
 
@@ -32,14 +33,6 @@ def shape_of(x: Any) -> tuple[Any, ...]:
 
 def ndim_of(x: Any) -> int:
     return len(sinfo(x).shape)
-
-
-def static_int(d: Any) -> int | None:
-    if isinstance(d, int):
-        return d
-    if isinstance(d, tir.IntImm):
-        return int(d.value)
-    return None
 
 
 def is_float(dtype: str) -> bool:
