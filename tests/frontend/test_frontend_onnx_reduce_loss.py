@@ -228,3 +228,25 @@ def test_errors_name_the_node():
         outs = [_vi(o, None) for o in node.output]
         with pytest.raises(KilnError, match=msg):
             from_onnx(_model([node], inputs, outs, inits, opset=13))
+
+
+@pytest.mark.parametrize("op_type", ["ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum",
+                                     "ReduceLogSumExp", "ReduceSum", "ReduceMean", "ReduceMax"])
+@pytest.mark.parametrize("shape", [[2, 3], []])
+def test_a_reduction_over_no_axes_keeps_its_element_steps(op_type, shape):
+    """noop_with_empty_axes=1 without axes (and a 0-d input) reduces nothing, but each element
+    still goes through the reduction's element-wise steps: SumSquare gives x*x, L1/L2 |x|,
+    LogSum log(x) (kiln returned x unchanged for all of them; found by the fuzzer). Checked
+    against onnxruntime (onnx.reference fails on a 0-d ReduceLogSumExp)."""
+    ort = pytest.importorskip("onnxruntime")
+    node = helper.make_node(op_type, ["x"], ["y"], keepdims=1, noop_with_empty_axes=1)
+    model = _model([node], [_vi("x", shape)], [_vi("y", None)])
+    x = (RNG.random(shape) + 0.5).astype(np.float32) * np.sign(RNG.random(shape) - 0.3)
+    if op_type == "ReduceLogSum":
+        x = np.abs(x)
+    x = np.asarray(x, np.float32)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"x": x})[0]
+    got = _build(model)(x=x)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -1,7 +1,8 @@
 """Reductions: ReduceSum/Mean/Max/Min/Prod, ReduceL1/L2/SumSquare/LogSum/LogSumExp, ArgMax/ArgMin.
 
 Reduction axes moved from an attribute to an input (ReduceSum at opset 13, the others at 18);
-an empty axes list reduces everything unless ``noop_with_empty_axes``. The composite reductions
+an empty axes list reduces everything unless ``noop_with_empty_axes`` (then, as for a 0-d
+input, each element still goes through the reduction's element-wise steps). The composite reductions
 are decomposed into kiln ops (``abs``/``multiply`` + ``sum``, then ``sqrt``/``log``): FuseOps
 puts the element-wise prologue and epilogue into the reduction kernel. Over an empty set they
 give the ONNX values: 0 for L1/L2/SumSquare, -inf for LogSum/LogSumExp.
@@ -72,11 +73,16 @@ def _reduce(kind: str, pre: Any, post: Any, axes_from_input: bool) -> Any:
         else:
             axes = node.attr("axes", None)
             axes = None if axes is None else [int(a) for a in axes]
+        # over no axes (noop_with_empty_axes, or a 0-d input) each element is its own
+        # reduction: it still goes through the element-wise steps (SumSquare squares, L1/L2
+        # take |x|, LogSum the log), as in onnxruntime and onnx.reference
+        no_axes = ndim_of(x) == 0
         if runtime_axes is None and not axes:
             if node.attr("noop_with_empty_axes", 0):
-                return x
-            axes = list(range(ndim_of(x)))
-        if ndim_of(x) == 0:
+                no_axes = True
+            else:
+                axes = list(range(ndim_of(x)))
+        if no_axes and pre is None and post is None:
             return x
         dt = dtype_of(x)
         widen = (kind == "logsumexp" or post is not None) and not _is_float(x)
@@ -84,7 +90,9 @@ def _reduce(kind: str, pre: Any, post: Any, axes_from_input: bool) -> Any:
             x = op.cast(x, "float64")
         if pre is not None:
             x = pre(x)
-        if runtime_axes is None:
+        if no_axes:  # log(exp(x)) of logsumexp is x itself
+            out = x
+        elif runtime_axes is None:
             out = _STATIC[kind](x, axis=tuple(axes), keepdims=keepdims)
         else:
             x = ctx.emit(x, f"{node.name}_input") if x is not node.input(0) else x
