@@ -842,39 +842,27 @@ def _imm_as(v: Any, dtype: str) -> Any:
     return nm.np_dtype(dtype).type(min(max(int(v), lo), hi))
 
 
+#: The arithmetic of the binary vector ops but vdiv, on floats (float32) and integers (int64).
+_BINARY_FN = {"vadd": np.add, "vsub": np.subtract, "vmul": np.multiply, "vmin": np.minimum,
+              "vmax": np.maximum}
+
+
 def _binary(op: str, x: Any, y: Any, dt: str) -> np.ndarray:
     if not isinstance(y, np.ndarray):
         y = _imm_as(y, dt)
     if nm.is_float(dt):
         xf, yf = nm.to_f32(x), nm.to_f32(y)
         with np.errstate(all="ignore"):
-            if op == "vadd":
-                r = xf + yf
-            elif op == "vsub":
-                r = xf - yf
-            elif op == "vmul":
-                r = xf * yf
-            elif op == "vdiv":
+            if op == "vdiv":
                 r = nm.div_approx(xf, yf)
-            elif op == "vmin":
-                r = np.where(np.isnan(xf) | np.isnan(yf), np.float32(np.nan), np.minimum(xf, yf))
             else:
-                r = np.where(np.isnan(xf) | np.isnan(yf), np.float32(np.nan), np.maximum(xf, yf))
+                r = _BINARY_FN[op](xf, yf)
+            if op in ("vmin", "vmax"):  # a NaN operand gives the canonical NaN
+                r = np.where(np.isnan(xf) | np.isnan(yf), np.float32(np.nan), r)
         return nm.from_f32(r, dt)
     if op == "vdiv":
         raise SimulationError("vdiv divides floats only")
-    xi, yi = np.asarray(x, np.int64), np.asarray(y, np.int64)
-    if op == "vadd":
-        r = xi + yi
-    elif op == "vsub":
-        r = xi - yi
-    elif op == "vmul":
-        r = xi * yi
-    elif op == "vmin":
-        r = np.minimum(xi, yi)
-    else:
-        r = np.maximum(xi, yi)
-    return nm.saturate(r, dt)
+    return nm.saturate(_BINARY_FN[op](np.asarray(x, np.int64), np.asarray(y, np.int64)), dt)
 
 
 def _unary(op: str, x: np.ndarray, dt: str, where: str) -> np.ndarray:

@@ -867,14 +867,10 @@ def _take_backward_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     return [take(output_grad, call.args[2], axis=attrs.axis, mode=attrs.mode), None, None]
 
 
-def _take_attrs() -> type:
-    return TakeAttrs
-
-
 take_backward = register_op(
     "take_backward",
     inputs=("grad", "data", "indices"),
-    attrs=_take_attrs(),
+    attrs=TakeAttrs,
     infer=_take_backward_infer,
     pattern=OpPattern.OPAQUE,
     legalize=_take_backward_legalize,

@@ -346,14 +346,10 @@ def _slice_backward_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     return [get_op_def("strided_slice")(output_grad, **attr_fields(a)), None]
 
 
-def _slice_attrs() -> type:
-    return StridedSliceAttrs
-
-
 strided_slice_backward = register_op(
     "strided_slice_backward",
     inputs=("grad", "data"),
-    attrs=_slice_attrs(),
+    attrs=StridedSliceAttrs,
     infer=_slice_backward_infer,
     pattern=OpPattern.INJECTIVE,
     compute=_slice_backward_compute,
@@ -425,14 +421,10 @@ def _pad_backward_grad(call: Any, output_grad: Any, bb: Any) -> list[Any]:
     return [pad(output_grad, a.pad_width, 0.0, a.mode), None]
 
 
-def _pad_attrs() -> type:
-    return PadAttrs
-
-
 pad_backward = register_op(
     "pad_backward",
     inputs=("grad", "data"),
-    attrs=_pad_attrs(),
+    attrs=PadAttrs,
     infer=_pad_backward_infer,
     pattern=OpPattern.COMM_REDUCE,
     compute=_pad_backward_compute,

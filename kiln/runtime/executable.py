@@ -46,6 +46,7 @@ from .gpu.executor import GpuExecutor
 from .gpu.module import GpuModule
 from .module import FunctionInfo, Module, ParamInfo
 from .plan import Plan, TensorInfo
+from .plan_file import plans_from_json, plans_to_json
 from .profiling import Profile
 
 MAGIC = file_format.MAGIC
@@ -362,20 +363,7 @@ class Executable:
                     for p in info.params
                 ],
             })
-        const_blob = bytearray()
-        plans_json = {}
-        for name, plan in self.plans.items():
-            for spec in plan.slots:
-                idx(spec.dtype)
-            pj = plan.to_json(dtypes)
-            table = []
-            for slot, arr in plan.constants.items():
-                data = np.ascontiguousarray(arr).tobytes()
-                table.append({"slot": slot, "offset": len(const_blob), "nbytes": len(data),
-                              "shape": list(arr.shape)})
-                const_blob += data
-            pj["constants"] = table
-            plans_json[name] = pj
+        plans_json, const_blob = plans_to_json(self.plans, dtypes)
         header = json.dumps({"kernels": kernels, "plans": plans_json}).encode()
         try:
             with open(self.module.lib_path, "rb") as f:
@@ -543,16 +531,7 @@ def load(path: str) -> Executable:
             )
             for k in header["kernels"]
         }
-        plans = {}
-        for name, pj in header["plans"].items():
-            constants = {}
-            for c in pj["constants"]:
-                dt = dtypes[pj["slots"][c["slot"]]["dtype"]]
-                raw = const_blob[c["offset"]:c["offset"] + c["nbytes"]]
-                const = memory_plan.aligned_empty(c["shape"], dt.to_numpy())
-                const[...] = np.frombuffer(raw, dtype=dt.to_numpy()).reshape(c["shape"])
-                constants[c["slot"]] = const
-            plans[name] = Plan.from_json(pj, dtypes, constants)
+        plans = plans_from_json(header["plans"], dtypes, const_blob)
     except (KeyError, IndexError, TypeError, ValueError) as err:
         raise ModelFormatError(f"{path}: malformed executable header ({err})") from err
     lib_path, holder = _library_file(bytes(sections["library"]), path)

@@ -21,12 +21,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from ...ir.dtype import DataType
 from ...ir.errors import ModelFormatError
-from .. import memory_plan
 from ..plan import Plan
+from ..plan_file import plans_from_json, plans_to_json
 from .program import DeviceProgram
 
 HEADER = "gpu.header"
@@ -43,26 +41,13 @@ def is_gpu_file(sections: Mapping[str, Any]) -> bool:
 def sections(program: DeviceProgram, plans: Mapping[str, Plan]) -> list[tuple[str, bytes]]:
     """The sections (``(name, bytes)``) that save ``program`` and ``plans``."""
     dtypes: dict[DataType, int] = {}
-    blob = bytearray()
-    plans_json = {}
-    for name, plan in plans.items():
-        for spec in plan.slots:
-            dtypes.setdefault(spec.dtype, len(dtypes))
-        pj = plan.to_json(dtypes)
-        table = []
-        for slot, arr in plan.constants.items():
-            data = np.ascontiguousarray(arr).tobytes()
-            table.append({"slot": slot, "offset": len(blob), "nbytes": len(data),
-                          "shape": list(arr.shape)})
-            blob += data
-        pj["constants"] = table
-        plans_json[name] = pj
+    plans_json, blob = plans_to_json(plans, dtypes)
     header = json.dumps({
         "program": program.to_json(), "plans": plans_json, "binaries": list(program.binaries),
         "dtypes": [str(d) for d in sorted(dtypes, key=dtypes.__getitem__)]}).encode()
     return [(HEADER, header), (SOURCE, program.source.encode()),
             *((BINARY_PREFIX + n, bytes(b)) for n, b in program.binaries.items()),
-            (CONSTANTS, bytes(blob))]
+            (CONSTANTS, blob)]
 
 
 def load(secs: Mapping[str, Any], path: str) -> tuple[DeviceProgram, dict[str, Plan],
@@ -81,17 +66,7 @@ def load(secs: Mapping[str, Any], path: str) -> tuple[DeviceProgram, dict[str, P
         program = DeviceProgram.from_json(header["program"], bytes(secs[SOURCE]).decode(),
                                           binaries)
         dtypes = [DataType(d) for d in header["dtypes"]]
-        blob = secs[CONSTANTS]
-        plans = {}
-        for name, pj in header["plans"].items():
-            constants = {}
-            for c in pj["constants"]:
-                dt = dtypes[pj["slots"][c["slot"]]["dtype"]].to_numpy()
-                raw = blob[c["offset"]:c["offset"] + c["nbytes"]]
-                const = memory_plan.aligned_empty(c["shape"], dt)
-                const[...] = np.frombuffer(raw, dtype=dt).reshape(c["shape"])
-                constants[c["slot"]] = const
-            plans[name] = Plan.from_json(pj, dtypes, constants)
+        plans = plans_from_json(header["plans"], dtypes, secs[CONSTANTS])
     except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError) as err:
         raise ModelFormatError(f"{path}: malformed GPU executable header ({err})") from err
     return program, plans, core
