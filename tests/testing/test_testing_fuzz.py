@@ -26,7 +26,7 @@ from kiln.testing.fuzz import (
     same_outputs,
 )
 from kiln.testing.fuzz.cases import Case
-from kiln.testing.fuzz.mutate import damage_bytes
+from kiln.testing.fuzz.mutate import damage_bytes, mutate_inputs
 from kiln.testing.onnx_graphs import onnx_model, value_info
 
 #: The seeds CI runs, kinds in their usual shares. Damaged saved executables are among them
@@ -66,6 +66,22 @@ def test_outputs_compare_by_shape_dtype_and_value_with_nan():
     assert not same_outputs([a], [a, a])
     assert same_outputs([np.array([1, 2])], [np.array([1, 2])])
     assert not same_outputs([np.array([1, 2])], [np.array([1, 3])])
+
+
+def test_outputs_of_other_kinds_compare_bit_for_bit_also_as_views():
+    # seeds 1006840 and 1009868: a transposed bfloat16 output could not be viewed as bytes
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = np.arange(6, dtype=np.float32).reshape(2, 3).astype(ml_dtypes.bfloat16)
+    assert same_outputs([a.T], [np.ascontiguousarray(a.T)])
+    assert not same_outputs([a.T], [np.ascontiguousarray(a.T) * 2])
+    assert same_outputs([np.array([[True, False]]).T], [np.array([[True], [False]])])
+
+
+def test_input_mutations_of_a_0d_input():
+    # seed 1008223: the non-contiguous-view mutation indexed a 0-d input
+    for seed in range(200):
+        feeds = {"x": np.array(3.0, np.float32)}
+        assert mutate_inputs(np.random.default_rng(seed), None, feeds)
 
 
 def test_damaged_bytes_differ():

@@ -161,8 +161,10 @@ def same_outputs(got: list[Any], want: list[Any]) -> bool:
                 return False
         elif a.dtype.kind in "biu" and not np.array_equal(a, b):
             return False
-        elif a.dtype.kind not in "biufc" and not np.array_equal(a.view(np.uint8),
-                                                                b.view(np.uint8)):
+        elif a.dtype.kind not in "biufc" and not np.array_equal(
+                np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)):
+            # other kinds (bool, bfloat16/float8 from ml_dtypes, ...) compare bit for bit; a
+            # non-contiguous output (a transposed view) is copied first, as .view() requires
             return False
     return True
 

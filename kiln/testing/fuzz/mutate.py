@@ -375,7 +375,8 @@ def mutate_inputs(rng: np.random.Generator, model: Any, feeds: dict) -> str:
     if choice < 0.87:
         feeds["fuzz_extra"] = arr
         return "an extra input"
-    if choice < 0.94:
+    if choice < 0.94 and arr.ndim >= 1:
+        # a 0-d input has no non-contiguous view; it falls through to the next mutation
         feeds[name] = arr.T if arr.ndim >= 2 else arr[::-1]
         return f"input {name}: a non-contiguous view"
     feeds[name] = _pick(rng, (None, "text", [1, 2, 3], 3.5, {"a": 1}))
