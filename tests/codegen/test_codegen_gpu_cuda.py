@@ -8,12 +8,14 @@ import sys
 
 import pytest
 
+import kiln
 from kiln import te
 from kiln.codegen.gpu.build import compile_program, generate_source
 from kiln.codegen.gpu.nvrtc import compile_cuda, resource_usage
 from kiln.ir.errors import CompileError, KilnError
 from kiln.schedule.gpu import schedule_prim_func
 from kiln.target import Target
+from kiln.testing.index_checks import gather_scatter_model
 from kiln.testing.tir_testing import (
     elementwise_func,
     gpu_row_reduce_func,
@@ -64,6 +66,17 @@ def test_cuda_spellings():
                  "*(const float4*)(", "make_float4(", "*(const ushort4*)(", "cvt.f32.f16",
                  "const int32_t threadIdx_x = (int32_t)threadIdx.x;"):
         assert text in source, text
+
+
+def test_kernels_that_check_indices_compile_with_their_check_record():
+    """Checked indices write the check record (a 32-bit atomicCAS claims it); the function
+    lists its checks' messages by number."""
+    mod, params = gather_scatter_model()
+    program = kiln.build(mod, Target("cuda", arch="sm_90"), params=params).module.program
+    assert program.binaries["cubin"]
+    assert "atomicCAS((int*)(r), 0, 1) == 0" in program.source
+    checks = {f.checks for f in program.functions.values() if f.has_checks}
+    assert checks == {("take along axis 0",), ("scatter_elements along axis 1",)}
 
 
 def test_dynamic_shared_memory_beyond_48k():

@@ -15,6 +15,7 @@ from kiln import op
 from kiln.codegen.gpu.build import build as gpu_build
 from kiln.target import Target
 from kiln.testing import models
+from kiln.testing.index_checks import check_index_errors
 from kiln.testing.tir_testing import (
     elementwise_func,
     gpu_row_reduce_func,
@@ -160,3 +161,8 @@ def test_symbolic_batch_on_the_gpu():
         dims = tuple(d if isinstance(d, int) else batch for d in shape)
         x = RNG.standard_normal(dims).astype("float32")
         np.testing.assert_allclose(gpu(x), cpu(x), rtol=1e-4, atol=1e-5)
+
+
+def test_out_of_range_indices_raise(tmp_path):
+    """The kernels' check record on a CUDA device: the same errors as on the CPU."""
+    check_index_errors(_target(), tmp_path)

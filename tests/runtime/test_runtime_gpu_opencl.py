@@ -18,6 +18,7 @@ from kiln.frontend.onnx import from_onnx
 from kiln.ir.errors import ArgumentError, KilnError, ModelFormatError, RuntimeCheckError
 from kiln.target import Target
 from kiln.testing import models
+from kiln.testing.index_checks import check_index_errors
 from kiln.testing.onnx_graphs import onnx_model, value_info
 
 DEMO = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "models",
@@ -77,16 +78,12 @@ def test_conditions_on_symbolic_dims_are_checked_before_launch(tmp_path):
             run(rng.standard_normal((2, 7, 3, 4)).astype("float32"), b)
 
 
-def test_checked_indices_resolve_negative_values():
-    """Gather's indices are checked kernel values (kiln.tir.check_index): counted from the end
-    when negative, on the device as on the CPU."""
-    model = onnx_model([helper.make_node("Gather", ["x", "i"], ["y"], axis=0, name="g")],
-                       [value_info("x", [6, 4]), value_info("i", [3], TensorProto.INT64)],
-                       [value_info("y", None)])
-    mod, params = from_onnx(model)
-    exe = kiln.build(mod, "opencl", params=params)
-    x = np.arange(24, dtype="float32").reshape(6, 4)
-    np.testing.assert_array_equal(exe(x, np.array([5, 0, -6])), x[[5, 0, 0]])
+def test_checked_indices_resolve_negative_values_and_raise_out_of_range(tmp_path):
+    """Checked indices count from the end when negative; one out of range raises
+    RuntimeCheckError naming the node, the index and the range, as on the CPU (the kernels'
+    check record, read back after the run), also after save and load."""
+    check_index_errors("c", tmp_path)
+    check_index_errors("opencl", tmp_path)
 
 
 def test_save_and_load_without_a_compiler(tmp_path):
@@ -152,8 +149,6 @@ def test_cuda_without_a_device_names_the_extra():
 def test_host_steps_run_on_host_copies():
     """A Reshape to a shape given as an input: a shape function runs on the host between
     kernels, on a copy of the tensor it reads."""
-    from onnx import TensorProto, helper
-
     node = helper.make_node("Reshape", ["x", "shape"], ["y"])
     graph = helper.make_graph(
         [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),

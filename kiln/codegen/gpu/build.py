@@ -40,7 +40,7 @@ from ..c.func import FunctionSignature, analyze_signature, variable_uses
 from ..c.names import NameTable
 from .dialect import dialect_for
 from .helpers import GpuHelpers
-from .kernel import KernelEmitter, KernelParam, uses_fresh_seed
+from .kernel import KernelEmitter, KernelParam, uses_checks, uses_fresh_seed
 from .nvrtc import compile_cuda
 
 
@@ -106,8 +106,11 @@ def _kernel_params(name: str, launch: KernelLaunch, sig: FunctionSignature,
             raise CodegenError(f"{name}: kernel {launch.name} uses the undefined variable "
                                f"{v.name!r}")
     if uses_fresh_seed(launch.body):
-        params.append(KernelParam())
+        params.append(KernelParam(role="seed"))
         args.append(KernelArg("seed"))
+    if uses_checks(launch.body):
+        params += [KernelParam(role="checks"), KernelParam(role="call")]
+        args += [KernelArg("checks"), KernelArg("call")]
     return params, args
 
 
@@ -144,11 +147,13 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any
         sig = analyze_signature(func, name)
         workspaces, launches = host_parts(func)
         kernels = []
+        checks: list[str] = []
         for k, launch in enumerate(launches):
             kname = symbols.get(f"{symbol}_k{k}")
             launch = launch.replace(name=kname)
             params, args = _kernel_params(name, launch, sig, workspaces)
-            param_bytes = sum(8 if a.kind in ("buffer", "workspace", "seed", "sym")
+            param_bytes = sum(8 if a.kind in ("buffer", "workspace", "seed", "sym", "checks",
+                                              "call")
                               else max(DataType(a.dtype).itemsize, 4) for a in args)
             if param_bytes > limits.max_kernel_param_bytes:
                 raise CodegenError(
@@ -158,7 +163,7 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any
             shared = sum(byte_size(b) or 0 for b in launch.shared)
             dynamic = dialect.is_cuda and shared > limits.shared_memory_per_block
             emitter = KernelEmitter(func, launch, params, dialect, helpers, Analyzer(),
-                                    dynamic_shared=dynamic)
+                                    dynamic_shared=dynamic, checks=checks)
             try:
                 bodies.append(emitter.emit())
             except KilnError:
@@ -176,7 +181,8 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any
         assumptions = tuple((shape_expr.encode(cond), message)
                             for cond, message in func.attrs.get(ASSUME_ATTR) or ())
         functions[name] = DeviceFunction(function_info(name, symbol, func, sig),
-                                         _sym_sources(sig), ws, tuple(kernels), assumptions)
+                                         _sym_sources(sig), ws, tuple(kernels), assumptions,
+                                         tuple(checks))
     source = "\n".join([dialect.prelude, helpers.render(), *bodies])
     return source, functions
 

@@ -100,6 +100,13 @@ class Dialect:
             return f"atom_add({ptr}, {value})"  # cl_khr_int64_base_atomics
         return f"atomic_add({ptr}, {value})"
 
+    def claim(self, ptr: str) -> str:
+        """Atomically set the 32-bit int at ``ptr`` (a global pointer) from 0 to 1; true for
+        the one thread that did (``atomic_cmpxchg`` is core OpenCL 1.1)."""
+        fn = "atomicCAS" if self.is_cuda else "atomic_cmpxchg"
+        qual = "" if self.is_cuda else "volatile __global "
+        return f"({fn}(({qual}int*)({ptr}), 0, 1) == 0)"
+
     # ---- vectors ----------------------------------------------------------------------------
     def vector_type(self, ctype: str, lanes: int) -> str | None:
         """The built-in vector type of ``lanes`` ``ctype`` values, None where there is none."""

@@ -75,15 +75,22 @@ class GpuHelpers(Helpers):
             f"{ut}*)p, old.u, sum.u) != old.u);\n"
             f"  return old.f;\n}}\n"))
 
-    def resolve_index(self) -> str:
-        """``kiln_resolve_index(v, lo, n)``: a checked index (``kiln.tir.check_index``) in a GPU
-        kernel, counted from the end when negative. A value outside ``[lo, n)`` reads element
-        0 instead of out of bounds; it is not reported yet (kernels have no error record on
-        the device; the CPU target raises RuntimeCheckError)."""
-        name = "kiln_resolve_index"
+    def check_index(self) -> str:
+        """``kiln_check_index(record, call, v, lo, n, check)``: a checked index
+        (``kiln.tir.check_index``) in a GPU kernel, counted from the end when negative. A value
+        outside ``[lo, n)`` is written into the check record by the first thread that fails
+        (:data:`kiln.runtime.gpu.program.CHECK_RECORD`: failed, check, value, lo, hi, call;
+        the host raises RuntimeCheckError after the run) and reads element 0 instead of out
+        of bounds."""
+        name = "kiln_check_index"
+        ptr = self.dialect.pointer_param("long", "r", const=False)
         return self._add(name, (
-            f"static inline long {name}(long v, long lo, long n) {{\n"
-            f"  return (v >= lo && v < n) ? (v < 0 ? v + n : v) : 0;\n}}\n"))
+            f"static inline long {name}({ptr}, long call, long v, long lo, long n, "
+            f"long check) {{\n"
+            f"  if (v >= lo && v < n) return v < 0 ? v + n : v;\n"
+            f"  if {self.dialect.claim('r')} {{\n"
+            f"    r[1] = check; r[2] = v; r[3] = lo; r[4] = n; r[5] = call;\n  }}\n"
+            f"  return 0;\n}}\n"))
 
     def fresh_seed(self) -> str:  # pragma: no cover - the kernel emitter reads a parameter
         raise CodegenError("GPU kernels read their fresh seed from a parameter")

@@ -49,10 +49,16 @@ from .helpers import GpuHelpers
 @dataclass(frozen=True)
 class KernelParam:
     """One parameter of a kernel: a buffer (``buffer``), a scalar variable (``var``: a symbolic
-    dim or a scalar parameter of the function) or the fresh seed (neither)."""
+    dim or a scalar parameter of the function), or by ``role`` the fresh seed (``"seed"``),
+    the check record (``"checks"``) or the call's tag (``"call"``)."""
 
     var: E.Var | None = None
     buffer: Buffer | None = None
+    role: str = ""
+
+
+#: The names the check record and the call's tag have inside a kernel.
+CHECK_RECORD_PARAM, CALL_PARAM = "kiln_checks", "kiln_call"
 
 
 def uses_fresh_seed(stmt: S.Stmt) -> bool:
@@ -60,6 +66,18 @@ def uses_fresh_seed(stmt: S.Stmt) -> bool:
 
     def visit(n: Any) -> None:
         if isinstance(n, E.Call) and n.op == "fresh_seed":
+            found[0] = True
+
+    post_order_visit(stmt, visit)
+    return found[0]
+
+
+def uses_checks(stmt: S.Stmt) -> bool:
+    """Whether ``stmt`` checks an index at run time (``kiln.tir.check_index``)."""
+    found = [False]
+
+    def visit(n: Any) -> None:
+        if E.is_check(n):
             found[0] = True
 
     post_order_visit(stmt, visit)
@@ -86,7 +104,7 @@ class KernelEmitter(FunctionEmitter):
 
     def __init__(self, func: PrimFunc, launch: KernelLaunch, params: list[KernelParam],
                  dialect: Dialect, helpers: GpuHelpers, analyzer: Any = None,
-                 dynamic_shared: bool = False):
+                 dynamic_shared: bool = False, checks: list[str] | None = None):
         super().__init__(func, launch.name, launch.name, helpers, 0, analyzer)
         self.launch = launch
         self.params = params
@@ -97,6 +115,8 @@ class KernelEmitter(FunctionEmitter):
         #: contiguous vector loads of the store being written, loaded once into a vector
         self.hoisted: dict[int, list[E.PrimExpr]] = {}
         self.shared_data = {b.data for b in launch.shared}
+        #: the messages of the function's index checks, by number (shared by its kernels)
+        self.checks = [] if checks is None else checks
 
     # ---- the kernel -------------------------------------------------------------------------
     def emit(self) -> str:
@@ -111,6 +131,12 @@ class KernelEmitter(FunctionEmitter):
                                              const=buf.data not in written))
             elif p.var is not None:
                 decls.append(self._scalar_param(p.var))
+            elif p.role == "checks":
+                self.names.reserve(CHECK_RECORD_PARAM)
+                decls.append(d.pointer_param("long", CHECK_RECORD_PARAM))
+            elif p.role == "call":
+                self.names.reserve(CALL_PARAM)
+                decls.append(f"long {CALL_PARAM}")
             else:
                 self.names.reserve("kiln_seed")
                 decls.append(d.pointer_param("uint64_t", "kiln_seed", const=True))
@@ -169,9 +195,11 @@ class KernelEmitter(FunctionEmitter):
         if e.op == ATOMIC_ADD:
             return self._atomic_add(e)
         if E.is_check(e):
-            value, lo, n, _ = e.args
+            value, lo, n, what = e.args
             args = ", ".join(f"(long)({strip_parens(self.expr(a))})" for a in (value, lo, n))
-            return f"{self.helpers.resolve_index()}({args})"
+            self.checks.append(str(what.value))  # type: ignore[attr-defined]
+            return (f"{self.helpers.check_index()}({CHECK_RECORD_PARAM}, {CALL_PARAM}, {args}, "
+                    f"{len(self.checks) - 1})")
         if e.op == BARRIER:
             raise CodegenError(f"{self.name}: a barrier is a statement, not a value")
         if e.op in externs.EXTERN_OPS:

@@ -36,6 +36,7 @@ from ..plan import Plan
 from .device import DeviceBuffer
 from .dlpack import DeviceArray, empty_like_framework, import_cuda_array, is_cuda_array
 from .module import GpuModule, Launch
+from .program import check_failure
 
 
 class GpuExecutor(Executor):
@@ -62,6 +63,9 @@ class GpuExecutor(Executor):
         self._graph: Any = None
         self._graph_launches: list[Launch] | None = None
         self.use_graphs = device.kind == "cuda" and not plan.has_host_steps
+        #: the check record of the kernels that check indices (read after every run)
+        self._checks = module.check_record() if any(
+            module.function(c.func).has_checks for c in plan.calls if c.is_kernel) else None
 
     # ---- inputs -------------------------------------------------------------------------------
     def _input_array(self, value: Any, name: str, dtype: DataType) -> Any:
@@ -122,9 +126,10 @@ class GpuExecutor(Executor):
                 self._seeds.append(buf)
             return module.fresh_seed(buf)
 
-        for call in plan.calls:
+        for index, call in enumerate(plan.calls):
             if not call.is_kernel:
                 self._flush(launches)
+                self._raise_failed_check()
                 launches = []
                 self._gpu_host_step(call, bufs, shapes, env)
                 continue
@@ -135,7 +140,8 @@ class GpuExecutor(Executor):
             arg_shapes = [shapes[s] for s in call.args]
             scratch = self._scratch_of(module.scratch_for(call.func, arg_shapes))
             try:
-                new = module.launches(call.func, args, arg_shapes, scratch, seed)
+                new = module.launches(call.func, args, arg_shapes, scratch, seed, self._checks,
+                                      index)
             except RuntimeCheckError as err:  # a condition on the symbolic dims
                 raise RuntimeCheckError(f"{self._step_name(call)}: {err}") from None
             if times is not None:
@@ -147,7 +153,24 @@ class GpuExecutor(Executor):
             else:
                 launches += new
         self._flush(launches)
+        self._raise_failed_check()
         return self._results(plan.outputs, bufs, shapes, framework_out)
+
+    def _raise_failed_check(self) -> None:
+        """Raise the RuntimeCheckError of an index check a kernel failed (read back from the
+        check record after the kernels enqueued so far; a host step reads tensors anyway)."""
+        if self._checks is None:
+            return
+        record = self.module.read_check_record(self._checks)
+        if not record[0]:
+            return
+        tag = int(record[5])
+        if not 0 <= tag < len(self.plan.calls):
+            raise RuntimeCheckError(f"{self.plan.name}: an index check failed in a call "
+                                    f"tagged {tag}, which the plan does not have")
+        call = self.plan.calls[tag]
+        failure = check_failure(record, self.module.function(call.func))
+        raise RuntimeCheckError(f"{self._step_name(call)}: {failure}")
 
     def _allocate(self, slot: int, bufs: list[Any], shapes: list[Any], env: dict[str, int],
                   template: Any, framework_out: dict[int, Any]) -> None:

@@ -26,7 +26,7 @@ from ..module import FunctionInfo
 from .cuda import CudaDevice
 from .device import Device, DeviceBuffer
 from .opencl import OpenCLDevice
-from .program import DeviceFunction, DeviceProgram
+from .program import DeviceFunction, DeviceProgram, check_failure, empty_check_record
 
 #: One kernel launch: (kernel handle, grid, block, arguments, dynamic shared bytes).
 Launch = tuple[Any, tuple[int, int, int], tuple[int, int, int], list[Any], int]
@@ -109,12 +109,13 @@ class GpuModule:
 
     def launches(self, name: str, args: Sequence[Any], shapes: Sequence[tuple[int, ...]],
                  scratch: DeviceBuffer | None = None, seed: Callable[[], DeviceBuffer] | None
-                 = None) -> list[Launch]:
+                 = None, checks: DeviceBuffer | None = None, call: int = 0) -> list[Launch]:
         """The kernel launches of one call of function ``name``: ``args`` are its parameters
         in order (DeviceBuffers; values for scalar parameters), ``shapes`` their shapes
         (symbolic dims are read from them), ``scratch`` at least :meth:`scratch_bytes` of
         device memory for the function's workspaces, ``seed`` gives a buffer holding a fresh
-        seed (default: :meth:`fresh_seed`)."""
+        seed (default: :meth:`fresh_seed`), ``checks`` is the check record kernels that check
+        indices write (:meth:`check_record`) and ``call`` the tag they write with it."""
         f = self.function(name)
         device = self.device
         env = f.bind_dims(list(shapes))
@@ -153,6 +154,13 @@ class GpuModule:
                         device.download(value, host)
                         value = host
                     values.append(scalar_arg(value, DataType(a.dtype)))
+                elif a.kind == "checks":
+                    if checks is None:
+                        raise KilnError(f"{name}: kernel {k.name} checks indices; give it a "
+                                        "check record")
+                    values.append(checks)
+                elif a.kind == "call":
+                    values.append(np.int64(call))
                 else:
                     values.append((seed or self.fresh_seed)())
             out.append((kernels[k.name], grid, k.block, values,  # type: ignore[arg-type]
@@ -160,10 +168,27 @@ class GpuModule:
         return out
 
     def run_function(self, name: str, args: Sequence[Any], shapes: Sequence[tuple[int, ...]],
-                     scratch: DeviceBuffer | None = None) -> None:
+                     scratch: DeviceBuffer | None = None, checks: DeviceBuffer | None = None
+                     ) -> None:
         """Enqueue the kernels of one call of ``name`` (see :meth:`launches`)."""
-        for launch in self.launches(name, args, shapes, scratch):
+        for launch in self.launches(name, args, shapes, scratch, checks=checks):
             self.device.launch(*launch)
+
+    def check_record(self) -> DeviceBuffer:
+        """A new, cleared check record on the device (see :mod:`kiln.runtime.gpu.program`)."""
+        record = empty_check_record()
+        buf = self.device.alloc(record.nbytes)
+        self.device.upload(buf, record)
+        return buf
+
+    def read_check_record(self, buf: DeviceBuffer) -> np.ndarray:
+        """The check record in ``buf`` (after the kernels that write it finished); a failure
+        in it is cleared on the device, so the next run starts clean."""
+        record = empty_check_record()
+        self.device.download(buf, record)
+        if record[0]:
+            self.device.upload(buf, empty_check_record())
+        return record
 
     @functools.cached_property
     def limits(self) -> Any:
@@ -215,7 +240,12 @@ class GpuModule:
                     raise ArgumentError(f"{info.name}: argument {p.name!r} expected shape "
                                         f"{p.shape}, got {shape}")
         scratch = device.alloc(self.scratch_bytes(info.name, env))
-        self.run_function(info.name, args, shapes, scratch)
+        checks = self.check_record() if f.has_checks else None
+        self.run_function(info.name, args, shapes, scratch, checks)
+        if checks is not None:
+            failure = check_failure(self.read_check_record(checks), f)
+            if failure is not None:
+                raise RuntimeCheckError(f"{info.name}: {failure}")
         for value, arr, buf in zip(arrays, host, args):
             if arr is None:
                 continue

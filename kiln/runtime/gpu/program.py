@@ -11,8 +11,16 @@ binary (PTX/cubin), so a saved executable runs without a compiler. Per lowered P
   elements, encoded shape expressions of the symbolic dims);
 - its kernels in launch order (:class:`KernelSpec`): the kernel's symbol, its arguments
   (:class:`KernelArg`: a parameter's buffer or scalar, a workspace, a symbolic dim, the fresh
-  seed), grid extents (encoded expressions, evaluated when a call binds the dims), block
-  extents and dynamic shared memory bytes.
+  seed, the check record and the call's tag), grid extents (encoded expressions, evaluated when
+  a call binds the dims), block extents and dynamic shared memory bytes;
+- the messages of its run-time index checks (``checks``: ``kiln.tir.check_index``), by the
+  number a kernel writes into the *check record* when an index is out of range.
+
+The check record is one small device buffer per executor (:data:`CHECK_RECORD`): the first
+failing thread claims it (an atomic compare-and-swap of ``failed``) and writes which check of
+which call failed and the values; the host reads it after a run's kernels and raises
+``RuntimeCheckError``, as the CPU target does after its kernel returns. The kernel goes on
+with index 0 (inside the tensor), so nothing is read or written out of bounds.
 """
 
 from __future__ import annotations
@@ -20,7 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ...ir.dtype import DataType
+from ...ir.errors import RuntimeCheckError
 from .. import shape_expr
 from ..module import FunctionInfo, ParamInfo
 
@@ -29,12 +40,38 @@ from ..module import FunctionInfo, ParamInfo
 class KernelArg:
     """One kernel argument: ``kind`` is ``"buffer"`` (parameter ``index`` of the function),
     ``"workspace"`` (workspace ``index``), ``"sym"`` (symbolic dim ``index``, int64 by value),
-    ``"scalar"`` (scalar parameter ``index``, by value, ``dtype``) or ``"seed"`` (a pointer to
-    a fresh uint64 per launch)."""
+    ``"scalar"`` (scalar parameter ``index``, by value, ``dtype``), ``"seed"`` (a pointer to
+    a fresh uint64 per launch), ``"checks"`` (a pointer to the check record) or ``"call"``
+    (the tag of the plan call the launch belongs to, int64 by value, written into the check
+    record)."""
 
     kind: str
     index: int = 0
     dtype: str = "int64"
+
+
+#: The check record's layout, in int64 words: ``failed`` (its low 32 bits are claimed with a
+#: 32-bit compare-and-swap, which every OpenCL device has), the number of the failed check in
+#: its function's ``checks``, the index, the allowed range ``[lo, hi)`` and the call's tag.
+CHECK_RECORD = ("failed", "check", "value", "lo", "hi", "call")
+
+
+def empty_check_record() -> np.ndarray:
+    """A cleared check record (host side), to upload before kernels that check indices run."""
+    return np.zeros(len(CHECK_RECORD), np.int64)
+
+
+def check_failure(record: np.ndarray, function: DeviceFunction) -> RuntimeCheckError | None:
+    """The error a check record read back from the device reports (``None`` when no check
+    failed), with ``function``'s message for the failed check."""
+    fields = dict(zip(CHECK_RECORD, (int(x) for x in record)))
+    if not fields["failed"]:
+        return None
+    checks = function.checks
+    what = checks[fields["check"]] if 0 <= fields["check"] < len(checks) else (
+        f"{function.info.name}: check #{fields['check']}")
+    return RuntimeCheckError(f"{what}: index {fields['value']} is out of range "
+                             f"[{fields['lo']}, {fields['hi']})")
 
 
 @dataclass(frozen=True)
@@ -76,6 +113,14 @@ class DeviceFunction:
     #: :mod:`~kiln.runtime.shape_expr` conditions and their messages), checked on the host
     #: before its kernels launch, as the C entry checks them before computing.
     assumptions: tuple[tuple[Any, str], ...] = ()
+    #: The messages of the function's run-time index checks, by number (see the module
+    #: docstring).
+    checks: tuple[str, ...] = ()
+
+    @property
+    def has_checks(self) -> bool:
+        """Whether a kernel of the function writes the check record."""
+        return any(a.kind == "checks" for k in self.kernels for a in k.args)
 
     def bind_dims(self, shapes: list[tuple[int, ...]]) -> dict[str, int]:
         """The symbolic dims' values read from the argument shapes (parameter order)."""
@@ -124,6 +169,7 @@ def _function_json(f: DeviceFunction) -> dict[str, Any]:
                      "args": [[a.kind, a.index, a.dtype] for a in k.args]}
                     for k in f.kernels],
         "assumptions": [[code, message] for code, message in f.assumptions],
+        "checks": list(f.checks),
     }
 
 
@@ -141,4 +187,5 @@ def _function_from_json(d: dict[str, Any]) -> DeviceFunction:
         kernels=tuple(KernelSpec(k["name"], tuple(KernelArg(*a) for a in k["args"]),
                                  tuple(k["grid"]), tuple(k["block"]),  # type: ignore[arg-type]
                                  k["dynamic_shared_bytes"]) for k in d["kernels"]),
-        assumptions=tuple((code, message) for code, message in d.get("assumptions", ())))
+        assumptions=tuple((code, message) for code, message in d.get("assumptions", ())),
+        checks=tuple(str(m) for m in d.get("checks", ())))
