@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import tir
+from .. import te, tir
 from ..graph import expr as gx
 from ..graph import shape_utils
 from ..graph.struct_info import TupleStructInfo
@@ -60,7 +60,7 @@ from .reduce import sum as reduce_sum
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, get_op_def, register_op
 from .shape import reshape
 
-__all__ = ["cholesky", "lu_factor", "lu_solve", "triangular_solve"]  # the ops; helpers below
+__all__ = ["check_info", "cholesky", "lu_factor", "lu_solve", "triangular_solve"]
 
 INDEX = DataType("int64")
 #: The op names whose kernels are one block per matrix (the CPU schedule lists them).
@@ -442,6 +442,53 @@ triangular_solve = register_op(
     legalize=_triangular_solve_legalize, mixed_precision=MixedPrecision.NEVER,
     gradient=NON_DIFFERENTIABLE,
     doc="``x`` with ``a x = b`` for triangular ``a`` (see kiln.op.matrix).")
+
+
+@dataclass(frozen=True)
+class CheckInfoAttrs:
+    """``what``: the error's subject, e.g. ``"torch.linalg.inv: the matrix is singular (info
+    = the first zero pivot)"``."""
+
+    what: str
+
+    def __post_init__(self):
+        if not isinstance(self.what, str) or not self.what:
+            raise KilnError(f"check_info: what must be a non-empty str, got {self.what!r}")
+
+
+def _check_info_infer(call: Any) -> Any:
+    x = shape_utils.tensor_sinfo(call, 0)
+    info = shape_utils.tensor_sinfo(call, 1)
+    if not as_dtype(info.dtype).is_integer:
+        raise StructInfoError(f"check_info: info must be an integer tensor, got {info.dtype}")
+    sx, si = arg_shape(x), arg_shape(info)
+    if sx is not None and si is not None and (
+            len(sx) < max(len(si), 1)
+            or not all(dims_equal(a, b) for a, b in zip(sx, si))):
+        raise StructInfoError(f"check_info: info of shape {tuple(si)} must index the leading "
+                              f"axes of x of shape {tuple(sx)} (rank >= 1)")
+    return x
+
+
+def _check_info_compute(x: Any, info: Any, *, attrs: CheckInfoAttrs) -> Any:
+    """``x`` copied, each leading index ``i`` read through ``check_index(info[i], 1)``: an
+    ``info`` that is not 0 is a RuntimeCheckError (and the read stays in bounds)."""
+    k = len(info.shape)
+
+    def body(*i: PrimExpr) -> PrimExpr:
+        ok = tx.check_index(info[tuple(i[:k])], 1, attrs.what, allow_negative=False)
+        return x[(i[0] + ok, *i[1:])]
+
+    return te.compute(x.shape, body, name="check_info")
+
+
+check_info = register_op(
+    "check_info", inputs=("x", "info"), attrs=CheckInfoAttrs, infer=_check_info_infer,
+    pattern=OpPattern.INJECTIVE, compute=_check_info_compute,
+    mixed_precision=MixedPrecision.FOLLOW, gradient=NON_DIFFERENTIABLE,
+    doc="``x`` once every entry of ``info`` (over x's leading axes) is 0, else a run-time "
+        "error naming ``what``: the check of a factorization's ``info`` (a singular or "
+        "indefinite matrix) tied to the values computed with it.")
 
 
 # ---- graph helpers the frontends share ----------------------------------------------------------

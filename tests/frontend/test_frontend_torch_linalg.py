@@ -1,17 +1,20 @@
 """torch.linalg through kiln's matrix kernels: inv, solve (left and right, vector right-hand
 sides, broadcast batches), det, slogdet, LU (square and rectangular, factor/solve/unpack),
 Cholesky (factor, solve, inverse), triangular solves -- one exported program compared with
-eager on random matrices, plus the ``info`` outputs of singular and indefinite matrices."""
+eager on random matrices, plus the ``info`` outputs of singular and indefinite matrices and
+the run-time errors of the raising forms (``torch.linalg.inv`` of a singular matrix)."""
 
 from __future__ import annotations
 
 import warnings
 
 import numpy as np
+import pytest
 import torch
 
 import kiln
 from kiln.frontend.torch import from_exported_program
+from kiln.ir.errors import RuntimeCheckError
 
 
 class Linalg(torch.nn.Module):
@@ -71,3 +74,28 @@ def test_linalg_matches_eager():
     np.testing.assert_array_equal(got[10], want[10].numpy())  # lu_factor_ex info
     np.testing.assert_array_equal(got[19], want[19].numpy())  # cholesky_ex info
     np.testing.assert_allclose(got[5], want[5].numpy(), atol=1e-9)  # det 0
+
+
+class Checked(torch.nn.Module):
+    """The raising forms: their programs check ``info`` in a with_effects node."""
+
+    def forward(self, a, spd):
+        return torch.linalg.inv(a) * 2, torch.linalg.cholesky(spd), torch.linalg.solve(a, spd)
+
+
+def test_errors_of_the_raising_forms_are_run_time_errors():
+    a, _, _, spd = _inputs(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(Checked(), (a, spd))
+    mod, params = from_exported_program(ep)
+    exe = kiln.build(mod, "c", params=params)
+    for x, y in zip(exe(a, spd), Checked()(a, spd)):
+        np.testing.assert_allclose(x, y.numpy(), rtol=1e-9, atol=1e-9)
+    singular = a.clone()
+    singular[1, 3] = singular[1, 0]
+    with pytest.raises(RuntimeCheckError, match=r"torch\.linalg\.inv: the input is singular"):
+        exe(singular, spd)
+    spd[2, 1, 1] = -1.0
+    with pytest.raises(RuntimeCheckError, match=r"torch\.linalg\.cholesky: .* index 2 is out"):
+        exe(a, spd)

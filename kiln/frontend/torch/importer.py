@@ -62,6 +62,12 @@ NO_OP_TARGETS = {"aten._assert_scalar.default", "aten.sym_constrain_range_for_si
                  "aten._assert_async.msg", "aten._assert_async.default"}
 
 
+#: The value of an effect token (a TOKEN input of an exported program, threaded through
+#: ``with_effects`` nodes to order side effects): it has no run-time value in kiln, whose
+#: effects are tied to the values they guard (see ``converters/linalg.py``).
+EFFECT_TOKEN = "kiln.effect_token"
+
+
 def safe_name(name: str) -> str:
     """``name`` made a valid identifier (kiln variable names reach generated C)."""
     s = re.sub(r"[^0-9A-Za-z_]", "_", name)
@@ -370,6 +376,8 @@ def from_exported_program(ep: Any, bind_params: bool = False, run_decompositions
                 ctx.values[node] = var
                 param_vars.append(var)
                 params[var.name_hint] = arr
+        elif kind == "TOKEN":  # orders side effects (with_effects); no value at run time
+            ctx.values[node] = EFFECT_TOKEN
         else:
             raise KilnError(f"input {node.name!r} of kind {kind} is not supported")
 

@@ -2,6 +2,11 @@
 Cholesky, triangular solves, from kiln's ``lu_factor``, ``lu_solve``, ``cholesky`` and
 ``triangular_solve`` kernels (``kiln.op.matrix``).
 
+``torch.linalg.inv``/``solve``/``cholesky``/``lu_factor`` (not the ``*_ex`` forms) raise for a
+singular or indefinite matrix: the exported program checks ``info`` in a ``with_effects`` node
+(``aten._linalg_check_errors``), which becomes a ``check_info`` on the values computed with that
+``info`` (a RuntimeCheckError naming the function when it is not 0).
+
 torch's conventions kept: LU pivots are int32 and 1-based (LAPACK's), ``info`` outputs are
 int32 (0, or the 1-based index of the first zero pivot / the first column where Cholesky
 fails), ``linalg.lu`` returns ``P, L, U`` with ``A = P L U``. Errors are not raised for
@@ -11,6 +16,7 @@ singular or indefinite matrices (the ``*_ex`` forms the decompositions produce r
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
@@ -18,6 +24,7 @@ import numpy as np
 from .... import graph as g
 from .... import op
 from ....op.matrix import determinant, matrix_diagonal, pivot_sign
+from ..importer import EFFECT_TOKEN, overload_name
 from ..registry import converter
 from .common import dtype_of, ndim_of, scalar, shape_of, static_int
 
@@ -98,10 +105,10 @@ def _rectangle(node: Any, a: Any) -> tuple[int, int]:
     return m, n
 
 
-def _lumatrix_diagonal(lu_: Any, m: int, n: int) -> Any:
+def _lu_diagonal(ctx: Any, lu_: Any, m: int, n: int) -> Any:
     """The diagonal of ``U`` (``min(m, n)`` entries) of an ``m x n`` LU factorization."""
     k = min(m, n)
-    square = lu_ if m == n else op.strided_slice(lu_, (0, 0), (k, k), axes=(-2, -1))
+    square = lu_ if m == n else ctx.emit(op.strided_slice(lu_, (0, 0), (k, k), axes=(-2, -1)))
     return matrix_diagonal(square, k)
 
 
@@ -113,7 +120,7 @@ def lu_factor_ex(ctx: Any, node: Any) -> Any:
     m, n = _rectangle(node, a)
     lu_, piv = _lu(ctx, a)
     lu_ = ctx.emit(lu_)
-    info = _first_bad(op.equal(_lumatrix_diagonal(lu_, m, n), scalar(0, dtype_of(a))))
+    info = _first_bad(op.equal(_lu_diagonal(ctx, lu_, m, n), scalar(0, dtype_of(a))))
     return [lu_, _torch_pivots(piv), info]
 
 
@@ -305,3 +312,32 @@ def triangular_solve(ctx: Any, node: Any) -> Any:
         a, upper = _mT(a), not upper
     a, b = _broadcast_batch(node, a, b)
     return [op.triangular_solve(a, b, upper=upper, unit_diagonal=unit), node.arg(1)]
+
+
+@converter("torch.ops.higher_order.with_effects")
+def with_effects(ctx: Any, node: Any) -> Any:
+    """A side effect ordered by an effect token. The one exported programs carry is torch's
+    error check of a factorization's ``info`` (``aten._linalg_check_errors``): it becomes a
+    ``check_info`` on each value computed with that ``info`` (the other results of the same
+    node), so the check runs before those values are used and is never dead code."""
+    effect = node.raw(1)
+    if overload_name(effect) != "aten._linalg_check_errors.default":
+        raise node.error(f"the side-effecting operator {overload_name(effect)} is not "
+                         "supported")
+    info_node, api = node.raw(2), node.raw(3)
+    info = ctx.values.get(info_node)
+    producer = info_node.args[0] if getattr(info_node, "target", None) is operator.getitem \
+        else None
+    guarded = [u for u in (producer.users if producer is not None else ())
+               if u is not info_node and u.target is operator.getitem
+               and isinstance(ctx.values.get(u), g.Expr)]
+    if not guarded or not isinstance(info, g.Expr):
+        raise node.error(f"the error check of {api} guards no value kiln computes")
+    what = (f"torch.{api}: the input is singular or not positive definite (info, the 1-based "
+            "index of the first zero pivot or failing column")
+    for value_node in guarded:
+        if any(user in ctx.values for user in value_node.users):
+            raise node.error(f"the error check of {api} comes after a use of its result")
+        ctx.values[value_node] = ctx.emit(op.check_info(ctx.values[value_node], info,
+                                                        what=what + ", must be 0)"))
+    return [EFFECT_TOKEN]
