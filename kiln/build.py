@@ -29,6 +29,8 @@ from .codegen.npu import NPUExecutable, build_npu
 from .ir.errors import KilnError, TargetError
 from .ir.module import IRModule
 from .runtime.executable import Executable
+from .runtime.plan import MUTATIONS_ATTR
+from .runtime.state import state_array
 from .schedule.apply import schedule_prim_func
 from .target import Target
 from .tir.function import PrimFunc
@@ -142,8 +144,12 @@ def _build(mod: IRModule, target: Target | str | None, params: Mapping[str, Any]
                         f"{type(pipeline).__name__}")
     tgt = Target.create(target)
     check_buildable(tgt)
+    state = _state_params(mod, params)
     if params:
-        mod = BindParams("main", params)(mod)
+        mod = BindParams("main", {k: v for k, v in params.items() if k not in state})(mod)
+    if state and tgt.kind == "npu":
+        raise KilnError("kiln.build: the NPU target does not keep state between calls (the "
+                        f"model updates {', '.join(state)} in place)")
     if tgt.kind == "npu":
         return build_npu((pipeline or npu_pipeline())(mod), tgt, strict=strict)
     if strict:
@@ -152,4 +158,21 @@ def _build(mod: IRModule, target: Target | str | None, params: Mapping[str, Any]
     mod = (pipeline or default_pipeline(target=tgt))(mod)
     mod = _finish_graph(mod)
     stage.finish(f"{sum(isinstance(f, PrimFunc) for _, f in mod.items())} kernels")
-    return build_executable(mod, tgt)
+    exe = build_executable(mod, tgt)
+    if state:
+        plan = exe.plans["main"]
+        for i, name in enumerate(plan.input_names):
+            if name in state:
+                plan.state[i] = state_array(state[name], plan.inputs[i], name)
+    return exe
+
+
+def _state_params(mod: IRModule, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The values in ``params`` of main's parameters that its calls update in place
+    (``kiln.mutations``, e.g. a torch module's buffers): they stay parameters, fed from the
+    executable's state, instead of being bound as constants."""
+    main = mod["main"] if "main" in mod else None
+    if not params or not isinstance(main, g.Function):
+        return {}
+    updated = {m["param"] for m in main.attrs.get(MUTATIONS_ATTR) or ()}
+    return {k: v for k, v in params.items() if k in updated}

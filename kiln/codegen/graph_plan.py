@@ -20,7 +20,7 @@ from ..graph import expr as gx
 from ..graph.struct_info import ShapeStructInfo, TensorStructInfo, TupleStructInfo
 from ..ir.errors import KilnError
 from ..runtime import host_funcs, memory_plan, shape_expr, shape_funcs
-from ..runtime.plan import KernelCall, Plan, SlotSpec
+from ..runtime.plan import MUTATIONS_ATTR, KernelCall, Plan, SlotSpec
 
 
 class _Shape(tuple):
@@ -275,6 +275,20 @@ def build_plan(func: gx.Function, name: str = "main") -> Plan:
         output_tree=func.attrs.get("kiln.output_tree"),
         dim_ranges=dict(func.attrs.get("kiln.dim_ranges") or {}),
         output_names=[str(n) for n in func.attrs.get("output_names") or ()],
+        mutations=_mutations(func),
     )
     plan.workspace_offsets, plan.workspace_bytes = memory_plan.plan_memory(plan)
     return plan
+
+
+def _mutations(func: Any) -> list[dict[str, int]]:
+    """The function's in-place updates (:data:`MUTATIONS_ATTR`) by input position."""
+    position = {p.name_hint: i for i, p in enumerate(func.params)}
+    out = []
+    for m in func.attrs.get(MUTATIONS_ATTR) or ():
+        if m["param"] not in position:
+            raise KilnError(f"{func.attrs.get('global_symbol', 'main')}: an in-place update "
+                            f"of {m['param']!r}, which is not a parameter (bound as a "
+                            "constant? updated buffers must stay parameters)")
+        out.append({"input": position[m["param"]], "output": int(m["output"])})
+    return out

@@ -17,6 +17,7 @@ from .layout import *  # noqa: F403
 from .linalg import *  # noqa: F403
 from .loss import *  # noqa: F403
 from .matmul_packed import *  # noqa: F403
+from .matrix import *  # noqa: F403
 from .nn import *  # noqa: F403
 from .quantize import *  # noqa: F403
 from .random import *  # noqa: F403

@@ -48,6 +48,7 @@ from .module import FunctionInfo, Module, ParamInfo
 from .plan import Plan, TensorInfo
 from .plan_file import plans_from_json, plans_to_json
 from .profiling import Profile
+from .state import apply_updates, check_updatable, with_state
 
 MAGIC = file_format.MAGIC
 VERSION = file_format.VERSION
@@ -404,7 +405,14 @@ def _call(ex: Executor, args: tuple, kwargs: dict) -> Any:
     plan = ex.plan
     if plan.input_tree is None:
         return ex.run(*_order(plan, args, kwargs))
-    out = ex.run(*pytree.flatten_call(args, kwargs, plan.input_tree))
+    inputs = pytree.flatten_call(args, kwargs, plan.input_tree)
+    if plan.mutations:  # the executable's state in, each update written where it belongs
+        inputs = with_state(plan, inputs)
+        check_updatable(plan, inputs)
+        out = ex.run(*inputs)
+        out = tuple(apply_updates(plan, inputs, out if isinstance(out, tuple) else (out,)))
+    else:
+        out = ex.run(*inputs)
     if plan.output_tree is None:
         return out
     return pytree.unflatten(out if isinstance(out, tuple) else (out,), plan.output_tree)

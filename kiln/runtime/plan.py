@@ -79,6 +79,13 @@ def flat_slots(out: Any) -> list[int]:
     return [s for o in out for s in flat_slots(o)] if isinstance(out, list) else [out]
 
 
+#: The graph function attribute listing in-place updates a frontend recorded: ``[{"param":
+#: name of the updated parameter, "output": index of its new value among the flat outputs}]``
+#: (``kiln.frontend.torch``: buffer and input mutations of an exported program). A plan keeps
+#: them as :attr:`Plan.mutations`.
+MUTATIONS_ATTR = "kiln.mutations"
+
+
 @dataclass
 class Plan:
     name: str
@@ -108,6 +115,14 @@ class Plan:
     #: One name per output tensor, in the order of :func:`flat_slots` of ``outputs``: the
     #: model's names (an ONNX graph's outputs) or :func:`default_output_names`.
     output_names: list[str] = field(default_factory=list)
+    #: In-place updates (:data:`MUTATIONS_ATTR`): ``[{"input": input position, "output": flat
+    #: output index}]``. After a call the output's value replaces the input's: the plan's
+    #: :attr:`state` when it holds that input, else the caller's array is written
+    #: (``kiln.runtime.executable``); the update outputs are not returned.
+    mutations: list[dict[str, int]] = field(default_factory=list)
+    #: The executable's state: ``{input position: array}``, inputs the executable feeds itself
+    #: (a module's buffers that its calls update), saved with the executable.
+    state: dict[int, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         count = len(flat_slots(self.outputs))
@@ -164,11 +179,13 @@ class Plan:
             "output_tree": self.output_tree,
             "dim_ranges": self.dim_ranges,
             "output_names": self.output_names,
+            "mutations": self.mutations,
         }
 
     @staticmethod
     def from_json(data: dict[str, Any], dtypes: list[DataType],
-                  constants: dict[int, np.ndarray]) -> Plan:
+                  constants: dict[int, np.ndarray], state: dict[int, np.ndarray] | None = None
+                  ) -> Plan:
         return Plan(
             name=data["name"],
             input_names=list(data["input_names"]),
@@ -187,6 +204,9 @@ class Plan:
             output_tree=data.get("output_tree"),
             dim_ranges=dict(data.get("dim_ranges") or {}),
             output_names=list(data.get("output_names") or ()),
+            mutations=[{"input": int(m["input"]), "output": int(m["output"])}
+                       for m in data.get("mutations") or ()],
+            state=dict(state or {}),
         )
 
 

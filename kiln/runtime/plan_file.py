@@ -2,9 +2,10 @@
 
 The CPU and the GPU executables save plans the same way: each plan's JSON (slot dtypes as
 indices into the file's dtype table) carries a ``"constants"`` table of ``{slot, offset,
-nbytes, shape}`` into one constants section; loading copies each constant into an aligned
-array. Errors of a malformed table (KeyError, IndexError, TypeError, ValueError) are left to
-the caller, which names the file.
+nbytes, shape}`` into one constants section, and a ``"state"`` table (``{input, offset,
+nbytes, shape}``: the executable's state, :attr:`Plan.state`, as it is when saved) into the
+same section; loading copies each array into an aligned one. Errors of a malformed table
+(KeyError, IndexError, TypeError, ValueError) are left to the caller, which names the file.
 """
 
 from __future__ import annotations
@@ -29,13 +30,8 @@ def plans_to_json(plans: Mapping[str, Plan], dtypes: dict[DataType, int]
         for spec in plan.slots:
             dtypes.setdefault(spec.dtype, len(dtypes))
         pj = plan.to_json(dtypes)
-        table = []
-        for slot, arr in plan.constants.items():
-            data = np.ascontiguousarray(arr).tobytes()
-            table.append({"slot": slot, "offset": len(blob), "nbytes": len(data),
-                          "shape": list(arr.shape)})
-            blob += data
-        pj["constants"] = table
+        pj["constants"] = _table(plan.constants, "slot", blob)
+        pj["state"] = _table(plan.state, "input", blob)
         out[name] = pj
     return out, bytes(blob)
 
@@ -45,12 +41,29 @@ def plans_from_json(data: Mapping[str, Any], dtypes: list[DataType], blob: Any
     """The plans saved by :func:`plans_to_json` (``blob``: the constants section)."""
     plans = {}
     for name, pj in data.items():
-        constants = {}
-        for c in pj["constants"]:
-            dt = dtypes[pj["slots"][c["slot"]]["dtype"]].to_numpy()
-            raw = blob[c["offset"]:c["offset"] + c["nbytes"]]
-            const = memory_plan.aligned_empty(c["shape"], dt)
-            const[...] = np.frombuffer(raw, dtype=dt).reshape(c["shape"])
-            constants[c["slot"]] = const
-        plans[name] = Plan.from_json(pj, dtypes, constants)
+        constants = {c["slot"]: _array(c, dtypes[pj["slots"][c["slot"]]["dtype"]], blob)
+                     for c in pj["constants"]}
+        slot_of = pj["input_slots"]
+        state = {c["input"]: _array(c, dtypes[pj["slots"][slot_of[c["input"]]]["dtype"]], blob)
+                 for c in pj.get("state", ())}
+        plans[name] = Plan.from_json(pj, dtypes, constants, state)
     return plans
+
+
+def _table(arrays: Mapping[int, np.ndarray], key: str, blob: bytearray) -> list[dict[str, Any]]:
+    """The table of ``arrays`` (by ``key``), their bytes appended to ``blob``."""
+    table = []
+    for k, arr in arrays.items():
+        data = np.ascontiguousarray(arr).tobytes()
+        table.append({key: k, "offset": len(blob), "nbytes": len(data), "shape": list(arr.shape)})
+        blob += data
+    return table
+
+
+def _array(entry: Mapping[str, Any], dtype: DataType, blob: Any) -> np.ndarray:
+    """An aligned copy of the array a table entry describes."""
+    dt = dtype.to_numpy()
+    raw = blob[entry["offset"]:entry["offset"] + entry["nbytes"]]
+    arr = memory_plan.aligned_empty(entry["shape"], dt)
+    arr[...] = np.frombuffer(raw, dtype=dt).reshape(entry["shape"])
+    return arr

@@ -157,19 +157,85 @@ def test_not_an_exported_program() -> None:
         from_exported_program(torch.nn.Linear(2, 2))
 
 
-def test_buffer_mutation_warns() -> None:
-    class Counter(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.register_buffer("calls", torch.zeros(1))
+class Stateful(torch.nn.Module):
+    """Updates two buffers (a step counter, a running mean) and its second input in place."""
 
-        def forward(self, x):
-            self.calls.add_(1)
-            return x * 2
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("avg", torch.zeros(4))
+        self.lin = torch.nn.Linear(4, 4)
 
-    ep = _export(Counter(), (torch.randn(2),))
-    with pytest.warns(UserWarning, match="calls"):
-        from_exported_program(ep)
+    def forward(self, x, acc):
+        self.steps += 1
+        self.avg.mul_(0.9).add_(0.1 * x.mean(0))
+        acc.add_(x.sum(0))
+        return self.lin(x) + self.avg, self.steps * 2
+
+
+class KVCache(torch.nn.Module):
+    """Writes each call's row into a cache buffer at a position given as a tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(6, 3))
+
+    def forward(self, row, pos):
+        self.cache.index_copy_(0, pos, row)
+        return self.cache.cumsum(0)
+
+
+@pytest.mark.parametrize("target, bind", [("c", False), ("c", True), ("opencl", True)])
+def test_buffer_and_input_updates_are_kept_and_written_back(target, bind, tmp_path) -> None:
+    """Buffers the program updates are the executable's state (also with bind_params, also
+    after save and load); an updated input is written into the caller's numpy array or torch
+    tensor; three calls in a row match the eager module's."""
+    ep = _export(Stateful(), (torch.randn(3, 4), torch.zeros(4)))
+    mod, params = from_exported_program(ep, bind_params=bind)
+    assert {"b_steps", "b_avg"} <= set(params)
+    exe = kiln.build(mod, target, params=params)
+    ref = Stateful()
+    ref.load_state_dict(ep.state_dict)
+    acc, acc_ref = np.zeros(4, np.float32), torch.zeros(4)
+    for _ in range(3):
+        x = torch.randn(3, 4)
+        got, want = exe(x.numpy(), acc), ref(x, acc_ref)
+        np.testing.assert_allclose(got[0], want[0].detach().numpy(), rtol=1e-5, atol=1e-6)
+        assert int(got[1]) == int(want[1])
+        np.testing.assert_allclose(acc, acc_ref.numpy(), rtol=1e-6)
+    exe.save(tmp_path / "m.kiln")
+    loaded = kiln.load(tmp_path / "m.kiln")
+    for run in (exe, loaded):  # both continue from the saved state
+        x, acc_t = torch.randn(3, 4), torch.ones(4)
+        got = run(x, acc_t)
+        assert int(got[1]) == 8
+        np.testing.assert_allclose(acc_t.numpy(), 1 + x.sum(0).numpy(), rtol=1e-6)
+    want = ref(x, torch.ones(4))
+    np.testing.assert_allclose(got[0], want[0].detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_kv_cache_buffer_fills_call_after_call() -> None:
+    ep = _export(KVCache(), (torch.randn(1, 3), torch.tensor([0])))
+    mod, params = from_exported_program(ep, bind_params=True)
+    exe = kiln.build(mod, "c", params=params)
+    ref = KVCache()
+    for pos in (0, 3, 1, 3):
+        row, p = torch.randn(1, 3), torch.tensor([pos])
+        np.testing.assert_allclose(exe(row, p), ref(row, p).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_an_updated_input_must_be_writable() -> None:
+    ep = _export(Stateful(), (torch.randn(3, 4), torch.zeros(4)))
+    mod, params = from_exported_program(ep, bind_params=True)
+    exe = kiln.build(mod, "c", params=params)
+    frozen = np.zeros(4, np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(ArgumentError, match="'acc' is updated in place .* read-only"):
+        exe(np.ones((3, 4), np.float32), frozen)
+    with pytest.raises(ArgumentError, match="'acc' is updated in place .* not a list"):
+        exe(np.ones((3, 4), np.float32), [0.0] * 4)
+    # the failed calls changed no state: the step counter starts at 1
+    assert int(exe(np.ones((3, 4), np.float32), np.zeros(4, np.float32))[1]) == 2
 
 
 def test_pt2_file_and_cli_compile(tmp_path, capsys) -> None:

@@ -21,13 +21,20 @@ checks when a run binds the dim.
 Call structure: the program's input and output trees (tuples, lists, dicts) become ``main``'s
 ``kiln.input_tree`` and ``kiln.output_tree`` attributes (``kiln.runtime.pytree``), so the
 executable is called like the exported module and returns the same nesting.
+
+In-place updates: a program that updates a buffer (``self.steps += 1``, a running statistic,
+a KV cache) or one of its inputs (``x.add_(1)``) has one extra output per update after its user
+outputs; ``main``'s ``kiln.mutations`` attribute maps each to the parameter it updates
+(``kiln.runtime.plan.MUTATIONS_ATTR``). An updated buffer stays a parameter of ``main`` even
+with ``bind_params=True`` (its value is returned in ``params``): ``kiln.build`` keeps it as the
+executable's *state*, which every call reads and then replaces with the update, as the module
+would; an updated input is written back into the caller's array or tensor after the call.
 """
 
 from __future__ import annotations
 
 import operator
 import re
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +45,7 @@ from ... import op, tir
 from ...ir import KilnError, ModelFormatError, UnsupportedOperatorError
 from ...ir.module import IRModule
 from ...ir.span import Span
+from ...runtime.plan import MUTATIONS_ATTR
 from .registry import lookup_converter
 from .tensors import kiln_dtype, require_torch, to_numpy
 
@@ -52,6 +60,12 @@ SYM_TARGETS = {operator.add, operator.sub, operator.mul, operator.floordiv, oper
 NO_OP_TARGETS = {"aten._assert_scalar.default", "aten.sym_constrain_range_for_size.default",
                  "aten.sym_constrain_range.default", "aten._assert_tensor_metadata.default",
                  "aten._assert_async.msg", "aten._assert_async.default"}
+
+
+#: The value of an effect token (a TOKEN input of an exported program, threaded through
+#: ``with_effects`` nodes to order side effects): it has no run-time value in kiln, whose
+#: effects are tied to the values they guard (see ``converters/linalg.py``).
+EFFECT_TOKEN = "kiln.effect_token"
 
 
 def safe_name(name: str) -> str:
@@ -330,6 +344,8 @@ def from_exported_program(ep: Any, bind_params: bool = False, run_decompositions
     kinds = {spec.arg.name: spec for spec in sig.input_specs}
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
 
+    # buffers the program updates stay parameters (the executable's state), even when bound
+    mutated_buffers = {o.target for o in sig.output_specs if o.kind.name == "BUFFER_MUTATION"}
     bb = g.BlockBuilder()
     ctx = ProgramContext(bb)
     user_vars: list[g.Var] = []
@@ -353,26 +369,21 @@ def from_exported_program(ep: Any, bind_params: bool = False, run_decompositions
         elif kind in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
             store = ep.state_dict if spec.target in ep.state_dict else ep.constants
             arr = to_numpy(store[spec.target])
-            if bind_params:
+            if bind_params and spec.target not in mutated_buffers:
                 ctx.values[node] = g.const(arr)
             else:
                 var = g.Var(safe_name(node.name), g.TensorStructInfo(arr.shape, arr.dtype.name))
                 ctx.values[node] = var
                 param_vars.append(var)
                 params[var.name_hint] = arr
+        elif kind == "TOKEN":  # orders side effects (with_effects); no value at run time
+            ctx.values[node] = EFFECT_TOKEN
         else:
             raise KilnError(f"input {node.name!r} of kind {kind} is not supported")
 
     input_tree = tree_json(ep.call_spec.in_spec, lambda i: leaf_nodes[i])
     ranges = _dim_ranges(ctx, ep.range_constraints)
 
-    mutated = [o.target for o in sig.output_specs
-               if o.kind.name in ("BUFFER_MUTATION", "USER_INPUT_MUTATION")]
-    if mutated:
-        warnings.warn(f"kiln: the exported program updates {', '.join(map(str, mutated))} in "
-                      "place; the executable computes the outputs but does not write the "
-                      "updates back (use torch.compile(backend='kiln') for stateful modules)",
-                      stacklevel=2)
     out_node = next(n for n in graph.nodes if n.op == "output")
     flat_out = list(out_node.args[0])
     by_name = {getattr(o, "name", None): o for o in flat_out}
@@ -383,12 +394,42 @@ def from_exported_program(ep: Any, bind_params: bool = False, run_decompositions
             src = by_name.get(spec_out.arg.name)
             results.append((spec_out.arg.name, src if src is not None
                             else getattr(spec_out.arg, "value", None)))
-    attrs = {"kiln.input_tree": input_tree}
+    main_params = [*user_vars, *param_vars]
+    updates = _updates(sig, by_name, placeholders, ctx, main_params)
+    attrs: dict[str, Any] = {"kiln.input_tree": input_tree}
     if ranges:
         attrs["kiln.dim_ranges"] = ranges
-    mod = _build_main(ctx, graph, results, [*user_vars, *param_vars], attrs,
-                      lambda leaves: tree_json(ep.call_spec.out_spec, lambda i: leaves[i]))
+    mod = _build_main(ctx, graph, results, main_params, attrs,
+                      lambda leaves: tree_json(ep.call_spec.out_spec, lambda i: leaves[i]),
+                      updates)
     return mod, params
+
+
+def _updates(sig: Any, by_name: dict[str | None, Any], placeholders: list[Any],
+             ctx: ProgramContext, main_params: list[g.Var]) -> list[tuple[str, Any]]:
+    """``(name of the updated parameter of main, FX node of its new value)`` per in-place
+    update of a buffer or a user input (BUFFER_MUTATION / USER_INPUT_MUTATION outputs)."""
+    spec_of = {spec.arg.name: spec for spec in sig.input_specs}
+    names = {id(v): v.name_hint for v in main_params}
+    out = []
+    for spec_out in sig.output_specs:
+        kind = spec_out.kind.name
+        if kind not in ("BUFFER_MUTATION", "USER_INPUT_MUTATION"):
+            continue
+        node = next((n for n in placeholders if spec_of[n.name].kind.name ==
+                     ("BUFFER" if kind == "BUFFER_MUTATION" else "USER_INPUT")
+                     and (spec_of[n.name].target if kind == "BUFFER_MUTATION" else n.name)
+                     == spec_out.target), None)
+        var = ctx.values.get(node) if node is not None else None
+        if not isinstance(var, g.Var) or id(var) not in names:
+            raise KilnError(f"the exported program updates {spec_out.target!r} in place, "
+                            "which is not a tensor input or buffer of the program")
+        src = by_name.get(spec_out.arg.name)
+        if src is None:
+            raise KilnError(f"the exported program's update of {spec_out.target!r} has no "
+                            "value in its outputs")
+        out.append((names[id(var)], src))
+    return out
 
 
 def _user_input(ctx: ProgramContext, node: Any, val: Any) -> g.Var:
@@ -402,10 +443,12 @@ def _user_input(ctx: ProgramContext, node: Any, val: Any) -> g.Var:
 
 
 def _build_main(ctx: ProgramContext, graph: Any, results: list[tuple[str, Any]],
-                params: list[g.Var], attrs: dict[str, Any], output_tree: Any) -> IRModule:
+                params: list[g.Var], attrs: dict[str, Any], output_tree: Any,
+                updates: Sequence[tuple[str, Any]] = ()) -> IRModule:
     """Convert every node of ``graph`` into ``main`` returning the tensors of ``results``
     (``(name, FX node or constant)``); ``output_tree(leaves)`` makes the output tree from the
-    results' leaf records."""
+    results' leaf records. The new values of ``updates`` (``(parameter name, FX node)``) are
+    returned after them, recorded in ``kiln.mutations``."""
     bb = ctx.bb
     with bb.function("main"):
         with bb.dataflow():
@@ -423,7 +466,17 @@ def _build_main(ctx: ProgramContext, graph: Any, results: list[tuple[str, Any]],
                     const = value if hasattr(src, "op") else src
                     leaves.append({"kind": "none"} if const is None
                                   else {"kind": "const", "value": _plain(const)})
+            mutations = []
+            for name, src in updates:
+                value = ctx.values.get(src)
+                if not isinstance(value, g.Expr) or isinstance(value, g.Tuple):
+                    raise KilnError(f"the exported program's update of {name!r} is not a "
+                                    "tensor")
+                outs.append(bb.emit_output(value, safe_name(f"{name}_update")))
+                mutations.append({"param": name, "output": len(outs) - 1})
         attrs = {**attrs, "kiln.output_tree": output_tree(leaves)}
+        if mutations:
+            attrs[MUTATIONS_ATTR] = mutations
         bb.emit_func_output(outs, params=params)
     mod = bb.get()
     func = mod["main"]

@@ -11,6 +11,7 @@ import numpy as np
 from .... import graph as g
 from .... import op
 from ....ir.dtype import as_dtype
+from ....op.matrix import determinant
 from ..importer import onnx_dtype
 from ..registry import converter
 from . import shape_values as sv
@@ -585,14 +586,15 @@ def binarizer(ctx: Any, node: Any) -> Any:
     return op.where(cond, scalar(1, dt), scalar(0, dt))
 
 
+#: Up to this order a determinant is the Leibniz formula; above, an LU factorization.
 _DET_MAX = 4
 
 
 @converter("Det", since=11)
 def det(ctx: Any, node: Any) -> Any:
-    """Determinants of the trailing ``n x n`` matrices by the Leibniz formula (``n! `` products
-    of ``n`` entries, each entry gathered once): exact and fused for the small matrices models
-    use; larger ``n`` (over 4) would need an LU kernel and is refused."""
+    """Determinants of the trailing ``n x n`` matrices: by the Leibniz formula (``n! `` products
+    of ``n`` entries, each entry gathered once) for the small matrices models use (exact and
+    fused), else from an LU factorization with partial pivoting (``kiln.op.matrix``)."""
     x = node.input(0)
     if ndim_of(x) < 2:
         raise node.error(f"expects a tensor of rank >= 2, got rank {ndim_of(x)}")
@@ -600,7 +602,7 @@ def det(ctx: Any, node: Any) -> Any:
     if n is None or n != m:
         raise node.error(f"expects square trailing matrices, got shape {shape_of(x)}")
     if n > _DET_MAX:
-        raise node.error(f"{n}x{n} matrices: only up to {_DET_MAX}x{_DET_MAX} are supported")
+        return determinant(ctx.emit, x, n)
     if n == 0:
         return op.add(op.multiply(op.sum(x, axis=(-2, -1)), scalar(0, dtype_of(x))),
                       scalar(1, dtype_of(x)))

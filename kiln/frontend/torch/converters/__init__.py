@@ -3,6 +3,7 @@
 from . import (  # noqa: F401
     elementwise,
     index,
+    linalg,
     nn,
     order,
     reduce,

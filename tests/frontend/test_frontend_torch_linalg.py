@@ -1,0 +1,101 @@
+"""torch.linalg through kiln's matrix kernels: inv, solve (left and right, vector right-hand
+sides, broadcast batches), det, slogdet, LU (square and rectangular, factor/solve/unpack),
+Cholesky (factor, solve, inverse), triangular solves -- one exported program compared with
+eager on random matrices, plus the ``info`` outputs of singular and indefinite matrices and
+the run-time errors of the raising forms (``torch.linalg.inv`` of a singular matrix)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import kiln
+from kiln.frontend.torch import from_exported_program
+from kiln.ir.errors import RuntimeCheckError
+
+
+class Linalg(torch.nn.Module):
+    def forward(self, a, b, r, spd):
+        lu, piv, info = torch.linalg.lu_factor_ex(a)
+        p, lower, upper = torch.linalg.lu(r)
+        sign, logabs = torch.linalg.slogdet(a)
+        chol, cinfo = torch.linalg.cholesky_ex(spd)
+        return (
+            torch.linalg.inv_ex(a)[0],
+            torch.linalg.solve_ex(a, b)[0],
+            torch.linalg.solve_ex(a, b[..., 0])[0],
+            torch.linalg.solve_ex(a, b.mT, left=False)[0],
+            torch.linalg.solve_ex(a[0], b)[0],  # one matrix, a batch of right-hand sides
+            torch.linalg.det(a), sign, logabs, lu, piv, info, p, lower, upper,
+            torch.linalg.lu_solve(lu, piv, b), torch.linalg.lu_solve(lu, piv, b, adjoint=True),
+            torch.linalg.lu_solve(lu, piv, b.mT, left=False),
+            torch.lu_unpack(lu, piv)[1],
+            chol, cinfo, torch.linalg.cholesky_ex(spd, upper=True)[0],
+            torch.cholesky_solve(b, chol), torch.cholesky_inverse(chol),
+            torch.linalg.solve_triangular(a.triu(), b, upper=True),
+            torch.linalg.solve_triangular(a.tril(), b.mT, upper=False, left=False,
+                                          unitriangular=True),
+            torch.triangular_solve(b, a.triu(), upper=True, transpose=True)[0],
+        )
+
+
+def _inputs(seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(3, 5, 5, generator=gen, dtype=torch.float64) + 2 * torch.eye(5)
+    b = torch.randn(3, 5, 2, generator=gen, dtype=torch.float64)
+    r = torch.randn(3, 4, 6, generator=gen, dtype=torch.float64)
+    x = torch.randn(3, 5, 5, generator=gen, dtype=torch.float64)
+    return a, b, r, x @ x.mT + 5 * torch.eye(5, dtype=torch.float64)
+
+
+def test_linalg_matches_eager():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(Linalg(), _inputs(0))
+    mod, params = from_exported_program(ep)
+    exe = kiln.build(mod, "c", params=params)
+    for seed in (1, 2):
+        args = _inputs(seed)
+        got, want = exe(*args), Linalg()(*args)
+        assert len(got) == len(want)
+        for k, (x, y) in enumerate(zip(got, want)):
+            y = y.numpy()
+            assert x.dtype == y.dtype and x.shape == y.shape, k
+            np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-9, err_msg=f"output {k}")
+    # singular and indefinite matrices: info names the first bad pivot / column (1-based)
+    a, b, r, spd = _inputs(3)
+    a[0] = 0
+    a[1, 2, :] = a[1, 0, :]  # equal rows stay equal through elimination: an exact zero pivot
+    spd[2, 3, 3] = -100
+    got, want = exe(a, b, r, spd), Linalg()(a, b, r, spd)
+    np.testing.assert_array_equal(got[10], want[10].numpy())  # lu_factor_ex info
+    np.testing.assert_array_equal(got[19], want[19].numpy())  # cholesky_ex info
+    np.testing.assert_allclose(got[5], want[5].numpy(), atol=1e-9)  # det 0
+
+
+class Checked(torch.nn.Module):
+    """The raising forms: their programs check ``info`` in a with_effects node."""
+
+    def forward(self, a, spd):
+        return torch.linalg.inv(a) * 2, torch.linalg.cholesky(spd), torch.linalg.solve(a, spd)
+
+
+def test_errors_of_the_raising_forms_are_run_time_errors():
+    a, _, _, spd = _inputs(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(Checked(), (a, spd))
+    mod, params = from_exported_program(ep)
+    exe = kiln.build(mod, "c", params=params)
+    for x, y in zip(exe(a, spd), Checked()(a, spd)):
+        np.testing.assert_allclose(x, y.numpy(), rtol=1e-9, atol=1e-9)
+    singular = a.clone()
+    singular[1, 3] = singular[1, 0]
+    with pytest.raises(RuntimeCheckError, match=r"torch\.linalg\.inv: the input is singular"):
+        exe(singular, spd)
+    spd[2, 1, 1] = -1.0
+    with pytest.raises(RuntimeCheckError, match=r"torch\.linalg\.cholesky: .* index 2 is out"):
+        exe(a, spd)
