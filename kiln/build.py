@@ -36,9 +36,11 @@ from .target import Target
 from .tir.function import PrimFunc
 from .transform.alter_op_layout import AlterOpLayout
 from .transform.bind_params import BindParams, bind_params  # noqa: F401 - re-exported
+from .transform.fuse_ops import FuseOps
 from .transform.fuse_tir import FuseTIR
 from .transform.legalize_ops import LegalizeOps
 from .transform.pass_infra import Pass, PassContext, Sequential, get_pass, list_passes
+from .transform.split_args import SplitArgs, max_kernel_args
 
 __all__ = ["BUILDABLE_KINDS", "build", "check_buildable", "default_pipeline", "npu_pipeline",
            "schedule_prim_func"]
@@ -88,9 +90,13 @@ def default_pipeline(opt_level: int | None = None, target: Target | str | None =
     if level >= 2:
         passes += [AlterOpLayout(target=Target.create(target)) if p.info.name == "AlterOpLayout"
                    else p for p in _declared(LAYOUT_PASSES)]
+    max_args = max_kernel_args(target) if target is not None else None
+    if max_args is not None:  # a GPU kernel's parameters are bounded: split big concats
+        passes.append(SplitArgs(max_args))
     passes.append(LegalizeOps())
     if level >= 2:
-        passes += _declared(FUSION_PASSES)
+        passes += [FuseOps(max_args=max_args) if p.info.name == "FuseOps" and max_args
+                   else p for p in _declared(FUSION_PASSES)]
     return Sequential(passes, name=f"kiln.build.opt{level}")
 
 

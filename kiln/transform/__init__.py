@@ -49,4 +49,5 @@ from .pass_infra import (
 )
 from .simplify_expr import SimplifyExpr
 from .simplify_inference import SimplifyInference
+from .split_args import SplitArgs
 from .to_mixed_precision import ToMixedPrecision

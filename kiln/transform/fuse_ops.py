@@ -34,16 +34,18 @@ group (all nodes on every path between them join that group) when:
 4. COMM_REDUCE and OPAQUE nodes never fuse into their consumers.
 
 A fusion is skipped when the group would exceed ``max_depth`` nodes (config
-``transform.fuse_ops.max_depth``) or would make the grouped graph cyclic (a path leaving the
+``transform.fuse_ops.max_depth``), when its kernel would take more than ``max_args`` tensors
+(``transform.fuse_ops.max_args``; a GPU kernel's parameter space is bounded, see
+``kiln.transform.split_args``) or would make the grouped graph cyclic (a path leaving the
 group and coming back; the dominator rule rules it out, the check makes it explicit).
 
 Every group of two or more bindings becomes a graph function with attr ``"Primitive": True``
-(named ``fused_<ops>``; structurally equal groups share one function), whose parameters are the
-group's inputs (variables and constants) in order of first use and whose result is every member
-value used outside the group (one value, or a tuple). The block calls it in place of the
-members; a tuple result is unpacked with ``TupleGetItem`` bindings to the original variables.
-Only top-level dataflow blocks of graph functions are fused; Primitive functions are left
-alone.
+(named ``fused_<ops>``, cut at 64 characters; structurally equal groups share one function),
+whose parameters are the group's inputs (variables and constants) in order of first use and
+whose result is every member value used outside the group (one value, or a tuple). The block
+calls it in place of the members; a tuple result is unpacked with ``TupleGetItem`` bindings to
+the original variables. Only top-level dataflow blocks of graph functions are fused; Primitive
+functions are left alone.
 """
 
 from __future__ import annotations
@@ -65,11 +67,15 @@ from ..tir.function import PrimFunc
 from .annotate_tir_op_pattern import pattern_of
 from .pass_infra import PassContext, module_pass, register_config
 
-__all__ = ["FuseOps", "MAX_DEPTH_KEY", "partition_block"]
+__all__ = ["FuseOps", "MAX_ARGS_KEY", "MAX_DEPTH_KEY", "partition_block"]
 
 MAX_DEPTH_KEY = "transform.fuse_ops.max_depth"
 register_config(MAX_DEPTH_KEY, int, 256,
                 "FuseOps: the most bindings (operators) one fused group may hold")
+MAX_ARGS_KEY = "transform.fuse_ops.max_args"
+register_config(MAX_ARGS_KEY, int, 0,
+                "FuseOps: the most tensors (inputs and outputs) one fused kernel may take; 0 "
+                "for no limit (the build sets it for GPU targets: kiln.transform.split_args)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -84,6 +90,8 @@ class _Node:
     extern: bool  # value visible after the block
     inputs: list[int] = field(default_factory=list)
     outputs: list[tuple[int, OpPattern]] = field(default_factory=list)  # (consumer, edge)
+    #: the tensors the call reads (ids of its Var/Constant arguments)
+    reads: set[int] = field(default_factory=set)
 
 
 def _fusable_call(value: gx.Expr, mod: IRModule) -> PrimFunc | None:
@@ -145,6 +153,8 @@ def _build_graph(block: gx.DataflowBlock, mod: IRModule) -> list[_Node]:
         else:
             pattern, label = OpPattern.OPAQUE, "opaque"
         node = _Node(i, b, pattern, label, extern=not isinstance(b.var, gx.DataflowVar))
+        if func is not None:
+            node.reads = {id(a) for a in b.value.args[1].fields}
         out_shape = b.var.struct_info.shape if func is not None else None
         seen: set[int] = set()
         for v in _used_vars(b.value):
@@ -212,9 +222,10 @@ class _PostDom:
 # grouping
 # ---------------------------------------------------------------------------------------------
 class _Partitioner:
-    def __init__(self, nodes: list[_Node], max_depth: int):
+    def __init__(self, nodes: list[_Node], max_depth: int, max_args: int = 0):
         self.nodes = nodes
         self.max_depth = max_depth
+        self.max_args = max_args
         n = len(nodes)
         self.root = list(range(n))  # union-find parent
         self.size = [1] * n
@@ -245,6 +256,15 @@ class _Partitioner:
                 stack.extend(c for c, _ in self.nodes[k].outputs)
         return list(visited)
 
+    def _num_args(self, members: set[int]) -> int:
+        """Tensors the fused kernel of ``members`` takes: what they read from outside the
+        group, and its outputs (results used outside it)."""
+        produced = {id(self.nodes[i].binding.var) for i in members}
+        reads = {r for i in members for r in self.nodes[i].reads} - produced
+        outputs = sum(1 for i in members if self.nodes[i].extern or any(
+            c not in members for c, _ in self.nodes[i].outputs))
+        return len(reads) + max(outputs, 1)
+
     def _members(self, roots: set[int]) -> set[int]:
         return {i for r in roots for i in self.members_of[r]}
 
@@ -270,7 +290,10 @@ class _Partitioner:
         roots = {self.find(k) for k in (src, *path)}
         if sum(self.size[r] for r in roots) > self.max_depth:
             return False
-        if not self._acyclic(self._members(roots)):
+        members = self._members(roots)
+        if not self._acyclic(members):
+            return False
+        if self.max_args and self._num_args(members) > self.max_args:
             return False
         target = self.find(sink)
         for r in roots:
@@ -315,12 +338,32 @@ def _into_injective_or_anchor(kind: OpPattern, is_sink: bool) -> bool:
     return kind <= OpPattern.OUT_EWISE_FUSABLE
 
 
-def partition_block(block: gx.DataflowBlock, mod: IRModule, max_depth: int = 256
-                    ) -> list[list[int]]:
+#: Fused function names longer than this are cut (they become kernel symbols, which some
+#: OpenCL drivers cannot link when very long: a 119-op group of adds).
+MAX_NAME = 64
+
+
+def group_name(labels: list[str]) -> str:
+    """``fused_<op>_<op>...`` of a group's member labels, cut after :data:`MAX_NAME` characters
+    with the number of operators left out (``fused_add_add_..._and_112_more``)."""
+    name = "fused_" + "_".join(labels)
+    if len(name) <= MAX_NAME:
+        return name
+    kept, size = [], len("fused")
+    for label in labels:
+        if size + 1 + len(label) > MAX_NAME - 16:
+            break
+        kept.append(label)
+        size += 1 + len(label)
+    return "fused_" + "_".join(kept) + f"_and_{len(labels) - len(kept)}_more"
+
+
+def partition_block(block: gx.DataflowBlock, mod: IRModule, max_depth: int = 256,
+                    max_args: int = 0) -> list[list[int]]:
     """Binding indices of each group of ``block`` (singletons included), ordered by their last
     binding. Exposed for tests and tools."""
     nodes = _build_graph(block, mod)
-    return _Partitioner(nodes, max_depth).run()
+    return _Partitioner(nodes, max_depth, max_args).run()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,12 +406,12 @@ def _make_group_function(nodes: list[_Node], members: list[int], used_outside: s
 
 
 class _BlockFuser:
-    def __init__(self, bb: BlockBuilder, mod: IRModule, max_depth: int):
-        self.bb, self.mod, self.max_depth = bb, mod, max_depth
+    def __init__(self, bb: BlockBuilder, mod: IRModule, max_depth: int, max_args: int = 0):
+        self.bb, self.mod, self.max_depth, self.max_args = bb, mod, max_depth, max_args
 
     def fuse(self, block: gx.DataflowBlock) -> gx.DataflowBlock:
         nodes = _build_graph(block, self.mod)
-        groups = _Partitioner(nodes, self.max_depth).run()
+        groups = _Partitioner(nodes, self.max_depth, self.max_args).run()
         if all(len(g) == 1 for g in groups):
             return block
         group_of = {i: gi for gi, g in enumerate(groups) for i in g}
@@ -407,8 +450,7 @@ class _BlockFuser:
         used_outside = {i for i in members
                         if nodes[i].extern or any(group_of[c] != gi for c, _ in nodes[i].outputs)}
         func, args, outputs = _make_group_function(nodes, members, used_outside)
-        name = "fused_" + "_".join(nodes[i].label for i in members)
-        gv = self.bb.add_func(func, name)
+        gv = self.bb.add_func(func, group_name([nodes[i].label for i in members]))
         span = Span.merge(nodes[i].binding.value.span for i in members)
         call = self.bb.normalize(gx.Call(gv, tuple(args), span=span))
         if len(outputs) == 1:
@@ -423,13 +465,13 @@ class _BlockFuser:
         return out
 
 
-def fuse_function(func: gx.Function, bb: BlockBuilder, mod: IRModule, max_depth: int
-                  ) -> gx.Function:
+def fuse_function(func: gx.Function, bb: BlockBuilder, mod: IRModule, max_depth: int,
+                  max_args: int = 0) -> gx.Function:
     """``func`` with its top-level dataflow blocks fused (functions are added to ``bb``)."""
     body = func.body
     if not isinstance(body, gx.SeqExpr):
         return func
-    fuser = _BlockFuser(bb, mod, max_depth)
+    fuser = _BlockFuser(bb, mod, max_depth, max_args)
     blocks = [fuser.fuse(b) if isinstance(b, gx.DataflowBlock) else b for b in body.blocks]
     if all(a is b for a, b in zip(blocks, body.blocks)):
         return func
@@ -439,19 +481,23 @@ def fuse_function(func: gx.Function, bb: BlockBuilder, mod: IRModule, max_depth:
 
 @module_pass(opt_level=2)
 class FuseOps:
-    """Group call_tir bindings into Primitive functions by TVM's dominator-based fusion rules."""
+    """Group call_tir bindings into Primitive functions by TVM's dominator-based fusion rules
+    (``max_args``: the most tensors a fused kernel may take, else the PassContext's config)."""
 
-    def __init__(self, max_depth: int | None = None):
+    def __init__(self, max_depth: int | None = None, max_args: int | None = None):
         self.max_depth = max_depth
+        self.max_args = max_args
 
     def transform_module(self, mod: IRModule, ctx: PassContext) -> IRModule:
         max_depth = self.max_depth if self.max_depth is not None else ctx.get_config(
             MAX_DEPTH_KEY)
         max_depth = max(1, int(max_depth))
+        max_args = self.max_args if self.max_args is not None else ctx.get_config(MAX_ARGS_KEY)
+        max_args = max(0, int(max_args or 0))
         bb = BlockBuilder(mod)
         for name, func in mod.items():
             if isinstance(func, gx.Function) and not func.attrs.get("Primitive"):
-                new = fuse_function(func, bb, mod, max_depth)
+                new = fuse_function(func, bb, mod, max_depth, max_args)
                 if new is not func:
                     bb.update_func(name, new)
         return bb.get()

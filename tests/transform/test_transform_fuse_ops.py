@@ -8,7 +8,7 @@ from kiln import graph as g
 from kiln import op, te
 from kiln.ir import IRModule, KilnError, assert_structural_equal
 from kiln.transform import FuseOps, FuseTIR, LegalizeOps, PassContext, Sequential
-from kiln.transform.fuse_ops import MAX_DEPTH_KEY, partition_block
+from kiln.transform.fuse_ops import MAX_ARGS_KEY, MAX_DEPTH_KEY, group_name, partition_block
 
 T = g.TensorStructInfo
 
@@ -357,3 +357,40 @@ def test_fuse_ops_is_declared_at_opt_level_2():
     with PassContext(opt_level=1):
         gated = Sequential([FuseOps()])(before)
     assert graph_functions(gated) == ["main"]
+
+
+def _sum_of(n):
+    """main(x0..x{n-1}) = x0 + x1 + ... (one element-wise chain reading n distinct tensors)."""
+    xs = [g.Var(f"x{i}", T((4, 8), "float32")) for i in range(n)]
+
+    def body(bb, *params):
+        s = params[0]
+        for p in params[1:]:
+            s = bb.emit(op.add(s, p))
+        return s
+
+    return xs, legalized(xs, body)
+
+
+def test_max_args_caps_the_tensors_a_fused_kernel_takes():
+    def calls(mod):
+        return [b.value for b in mod["main"].body.blocks[0].bindings
+                if isinstance(b.value, g.Call)]
+
+    xs, before = _sum_of(40)
+    whole = calls(FuseOps()(before))
+    assert len(whole) == 1 and len(whole[0].args) == 40
+    with PassContext(config={MAX_ARGS_KEY: 10}):
+        after = FuseOps()(before)
+    for call in calls(after):  # each kernel: at most 9 inputs and its output
+        assert len(call.args) + 1 <= 10
+    assert len(calls(after)) >= 4
+    assert_structural_equal(FuseOps(max_args=10)(before)["main"], after["main"])
+    run_both(before, FuseOps(max_args=10)(before), [rand(4, 8) for _ in xs])
+
+
+def test_long_group_names_are_cut():
+    assert group_name(["conv2d", "add", "relu"]) == "fused_conv2d_add_relu"
+    long = group_name(["add"] * 119)
+    assert len(long) <= 64 and long.startswith("fused_add_add") and long.endswith("_more")
+    assert long == group_name(["add"] * 119)  # deterministic
