@@ -18,6 +18,7 @@ join without changes here; each pass is also gated by its own declared opt level
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,9 +38,10 @@ from .transform.bind_params import BindParams, bind_params  # noqa: F401 - re-ex
 from .transform.fuse_tir import FuseTIR
 from .transform.legalize_ops import LegalizeOps
 from .transform.pass_infra import Pass, PassContext, Sequential, get_pass, list_passes
+from .tune.database import TuningDatabase, open_database
 
-__all__ = ["BUILDABLE_KINDS", "build", "check_buildable", "default_pipeline", "npu_pipeline",
-           "schedule_prim_func"]
+__all__ = ["BUILDABLE_KINDS", "build", "check_buildable", "default_pipeline", "lower_graph",
+           "npu_pipeline", "schedule_prim_func"]
 
 #: Target kinds ``kiln.build`` generates code for (every kind ``Target`` knows, now): a kind
 #: without a code generator is refused here -- the one place to add a kind once its code
@@ -106,7 +108,8 @@ def _finish_graph(mod: IRModule) -> IRModule:
 
 def build(mod: IRModule, target: Target | str | None = "c",
           params: Mapping[str, Any] | None = None, pipeline: Pass | None = None,
-          strict: bool = False) -> Executable | NPUExecutable:
+          strict: bool = False, tuning_db: str | os.PathLike | TuningDatabase | None = None
+          ) -> Executable | NPUExecutable:
     """Compile every function of ``mod``; the result runs graph function ``main`` when called.
 
     ``pipeline`` replaces the default pass pipeline (:func:`default_pipeline` of the current
@@ -120,9 +123,13 @@ def build(mod: IRModule, target: Target | str | None = "c",
     for the NPU and returns a :class:`~kiln.codegen.npu.NPUExecutable` that runs on its
     simulator; ops without an NPU lowering run on the CPU, unless ``strict=True``, which
     raises a KilnError naming them (:mod:`kiln.codegen.npu.compile`).
+
+    ``tuning_db`` (a path or :class:`kiln.tune.TuningDatabase`, written by ``kiln tune``)
+    gives each CPU kernel the knobs of its best record there; a kernel without a record gets
+    the default schedule.
     """
     with progress.scope():
-        return _build(mod, target, params, pipeline, strict)
+        return _build(mod, target, params, pipeline, strict, tuning_db)
 
 
 def npu_pipeline(opt_level: int | None = None) -> Sequential:
@@ -134,7 +141,9 @@ def npu_pipeline(opt_level: int | None = None) -> Sequential:
 
 
 def _build(mod: IRModule, target: Target | str | None, params: Mapping[str, Any] | None,
-           pipeline: Pass | None, strict: bool = False) -> Executable | NPUExecutable:
+           pipeline: Pass | None, strict: bool = False,
+           tuning_db: str | os.PathLike | TuningDatabase | None = None
+           ) -> Executable | NPUExecutable:
     if not isinstance(mod, IRModule):
         raise KilnError(f"kiln.build expects an IRModule, got {type(mod).__name__}")
     if pipeline is not None and not isinstance(pipeline, Pass):
@@ -144,12 +153,25 @@ def _build(mod: IRModule, target: Target | str | None, params: Mapping[str, Any]
     check_buildable(tgt)
     if params:
         mod = BindParams("main", params)(mod)
+    if tuning_db is not None and tgt.kind != "c":
+        raise KilnError(f"kiln.build: tuning_db= applies to the CPU target ('c') only, not "
+                        f"{tgt.kind!r}")
     if tgt.kind == "npu":
         return build_npu((pipeline or npu_pipeline())(mod), tgt, strict=strict)
     if strict:
         raise KilnError("kiln.build: strict= applies to NPU targets only")
+    mod = lower_graph(mod, tgt, pipeline)
+    return build_executable(mod, tgt, knobs=None if tuning_db is None else
+                            open_database(tuning_db).knobs_for)
+
+
+def lower_graph(mod: IRModule, target: Target | str | None = "c", pipeline: Pass | None = None
+                ) -> IRModule:
+    """The graph half of :func:`build` (parameters bound already): the pass pipeline, then
+    legalization of what is left; the result's graph functions call PrimFuncs only (what the
+    tuner extracts its tasks from, :mod:`kiln.tune.tasks`)."""
     stage = progress.Stage("graph passes")
-    mod = (pipeline or default_pipeline(target=tgt))(mod)
+    mod = (pipeline or default_pipeline(target=Target.create(target)))(mod)
     mod = _finish_graph(mod)
     stage.finish(f"{sum(isinstance(f, PrimFunc) for _, f in mod.items())} kernels")
-    return build_executable(mod, tgt)
+    return mod
