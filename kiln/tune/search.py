@@ -116,6 +116,19 @@ class TaskSearch:
                 out.append(self._random())
         return out
 
+    def random_candidates(self, n: int, tries: int = 200
+                          ) -> list[tuple[dict[str, Any], np.ndarray]]:
+        """Up to ``n`` distinct unmeasured random points with their features (held-out
+        candidates to check the cost model on)."""
+        out: dict[str, tuple[dict[str, Any], np.ndarray]] = {}
+        for _ in range(tries):
+            if len(out) >= n:
+                break
+            got = self.features(self._random())
+            if got is not None and decision_key(got[0]) not in self.measured:
+                out.setdefault(decision_key(got[0]), got)
+        return list(out.values())
+
     def propose(self, n: int) -> list[dict[str, Any]]:
         """Up to ``n`` unmeasured candidates (knob decisions) to measure next."""
         self.rounds += 1

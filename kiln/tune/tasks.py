@@ -29,6 +29,7 @@ from ..tir.function import PrimFunc
 from ..tir.schedule import Schedule
 from ..transform.bind_params import BindParams
 from .database import kernel_key, target_key
+from .features import FEATURE_NAMES, extract_features
 
 __all__ = ["Task", "extract_tasks", "knob_domains", "make_task"]
 
@@ -57,6 +58,9 @@ class Task:
     space: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     #: the default schedule's knob values
     default: dict[str, Any] = field(default_factory=dict)
+    #: arithmetic operations per call (from the default schedule's features): what orders
+    #: the tasks before their default times are measured
+    flops: float = 0.0
 
     @property
     def op_name(self) -> str | None:
@@ -89,11 +93,12 @@ def make_task(name: str, func: PrimFunc, target: Target | str, weight: int = 1) 
         raise KilnError(f"kiln.tune: tuning targets the CPU ('c'), not {tgt.kind!r}")
     if not _static(func):
         return None
-    _, sch = schedule_with_trace(func, tgt)
+    scheduled, sch = schedule_with_trace(func, tgt)
     if sch is None:
         return None
+    flops = 2.0 ** float(extract_features(scheduled)[FEATURE_NAMES.index("log_flops")])
     task = Task(name, func, tgt, weight, kernel_key(func), target_key(tgt),
-                knob_domains(sch), sch.knob_decisions())
+                knob_domains(sch), sch.knob_decisions(), flops)
     return task if task.tunable else None
 
 

@@ -152,15 +152,20 @@ class Tuner:
              max_trials: int | None = None) -> list[TaskProgress]:
         """Tune ``tasks`` until ``budget_s`` seconds have passed, every task has had
         ``max_trials`` candidates measured, or every space is exhausted (at least one of the
-        limits must be given)."""
+        limits must be given). Tasks whose default is not measured when the budget ends are
+        left out (the heaviest, calls x operations, are started first)."""
         if budget_s is None and max_trials is None:
             raise ValueError("tune: give budget_s or max_trials")
         start = time.monotonic()
         deadline = start + budget_s if budget_s is not None else math.inf
         states = []
-        for task in sorted(tasks, key=lambda t: -t.weight):
+        # the heaviest first: a short budget may end before every default is measured
+        for task in sorted(tasks, key=lambda t: -t.weight * t.flops):
             if time.monotonic() >= deadline:
                 break
+            if task.key in self.progress:  # tuned before by this tuner: go on
+                states.append(self.progress[task.key])
+                continue
             states.append(self._start(task))
             progress.info("tune: %s: default %s", task.name, _ms(states[-1].default_s))
         while time.monotonic() < deadline:
