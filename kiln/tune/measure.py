@@ -126,12 +126,15 @@ class LocalBuilder:
 class LocalRunner:
     """Measures candidates in a child process, one at a time (see the module docstring).
 
-    ``timeout_s`` bounds one candidate (loading, checking, timing); ``repeat`` timings of
-    ``min_repeat_s`` each are taken per candidate.
+    ``timeout_s`` bounds one candidate (loading, checking, timing; the child's start-up,
+    importing kiln, has ``startup_timeout_s``); ``repeat`` timings of ``min_repeat_s`` each are
+    taken per candidate.
     """
 
-    def __init__(self, timeout_s: float = 30.0, repeat: int = 3, min_repeat_s: float = 0.02):
+    def __init__(self, timeout_s: float = 30.0, repeat: int = 3, min_repeat_s: float = 0.02,
+                 startup_timeout_s: float = 300.0):
         self.timeout_s, self.repeat, self.min_repeat_s = timeout_s, repeat, min_repeat_s
+        self.startup_timeout_s = startup_timeout_s
         self._proc: subprocess.Popen | None = None
         self.machine = machine_info()
 
@@ -142,6 +145,17 @@ class LocalRunner:
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=os.getcwd(),
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(
                     p for p in (_kiln_root(), os.environ.get("PYTHONPATH", "")) if p)})
+            # the child says when its imports are done (seconds on a busy machine): the
+            # candidates' timeout counts from there
+            ready, _, _ = select.select([self._proc.stdout], [], [], self.startup_timeout_s)
+            try:
+                if not ready:
+                    raise EOFError(f"no sign of life within {self.startup_timeout_s:g} s")
+                receive(self._proc.stdout)
+            except EOFError as err:
+                self.close()
+                raise KilnError(f"kiln.tune: the measuring process (python -m "
+                                f"kiln.tune.worker) did not start: {err}") from None
         return self._proc
 
     def close(self) -> None:

@@ -146,6 +146,7 @@ def main() -> None:
     sys.stdout = sys.stderr
     inp = sys.stdin.buffer
     worker = _Worker()
+    send(out, {"ready": os.getpid()})  # imports done: the parent's timeouts start now
     while True:
         try:
             req = receive(inp)
