@@ -60,8 +60,7 @@ def held_out_correlation(tuner, states, kernels: int = 4, per_kernel: int = 6):
             continue
         pred = tuner.model.predict([f for _, f in picked])
         measured = tuner.measurer.measure(state.task, [k for k, _ in picked])
-        pairs = [(p, math.log(state.default_s / m.run.mean_s))
-                 for p, m in zip(pred, measured) if m.run.mean_s]
+        pairs = [(p, -math.log(m.run.ratio)) for p, m in zip(pred, measured) if m.run.ratio]
         if len(pairs) >= 3:
             rho = spearman(*zip(*pairs))
             if not math.isnan(rho):

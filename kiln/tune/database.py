@@ -3,9 +3,11 @@
 A record is one measured point of a kernel's search space: the kernel's key (a structural hash
 of its unscheduled PrimFunc, :func:`kernel_key`, so the same kernel in another model finds it),
 the target (:func:`target_key`), the knob values (:mod:`kiln.schedule.knobs`), the trace they
-gave (its Python text, for people), the measured times, whether the candidate was good (built,
-ran, matched the default schedule's output) and the machine that measured it. ``kiln.build(mod,
-tuning_db=path)`` gives every kernel the knobs of its fastest good record
+gave (its Python text, for people), the measured times, their ratio to the default schedule's
+timed alternately with them, whether the candidate was good (built, ran, matched the default
+schedule's output) and the machine that measured it. The best record is the one of lowest
+ratio (comparable across sessions and machines under different load), then of lowest time.
+``kiln.build(mod, tuning_db=path)`` gives every kernel the knobs of its best good record
 (:meth:`TuningDatabase.knobs_for`).
 
 The file is SQLite in WAL mode: any number of processes (tuning workers, builds) read and
@@ -50,9 +52,13 @@ CREATE TABLE IF NOT EXISTS workloads (
 CREATE TABLE IF NOT EXISTS records (
     id INTEGER PRIMARY KEY AUTOINCREMENT, kernel TEXT NOT NULL, target TEXT NOT NULL,
     knobs TEXT NOT NULL, trace TEXT NOT NULL, times TEXT NOT NULL, mean_s REAL,
-    ok INTEGER NOT NULL, error TEXT, machine TEXT NOT NULL, created REAL NOT NULL);
-CREATE INDEX IF NOT EXISTS records_best ON records (kernel, target, ok, mean_s);
+    ratio REAL, ok INTEGER NOT NULL, error TEXT, machine TEXT NOT NULL, created REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS records_best ON records (kernel, target, ok, ratio, mean_s);
 """
+
+#: How records rank, best first: bad ones last, then by ratio to the default (when measured
+#: so), then by time.
+_BEST_ORDER = "mean_s IS NULL, ratio IS NULL, ratio, mean_s"
 
 #: Attributes of a PrimFunc that name it in one model and not what it computes.
 _NAMING_ATTRS = ("global_symbol",)
@@ -109,6 +115,8 @@ class Record:
     machine: dict[str, Any] = field(default_factory=machine_info)
     created: float = field(default_factory=time.time)
     id: int | None = None
+    #: time / the default schedule's time, measured in alternation (None: not measured so)
+    ratio: float | None = None
 
     @property
     def mean_s(self) -> float | None:
@@ -232,11 +240,12 @@ class TuningDatabase:
     def add_records(self, records: Sequence[Record]) -> None:
         """Store measured candidates, all in one transaction."""
         rows = [(r.kernel, r.target, json.dumps(r.knobs, sort_keys=True), r.trace,
-                 json.dumps(r.times), r.mean_s, int(r.ok), r.error, json.dumps(r.machine),
-                 r.created) for r in records]
+                 json.dumps(r.times), r.mean_s, r.ratio if r.ok else None, int(r.ok), r.error,
+                 json.dumps(r.machine), r.created) for r in records]
         with self._write() as c:
-            c.executemany("INSERT INTO records (kernel, target, knobs, trace, times, mean_s, ok, "
-                          "error, machine, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            c.executemany("INSERT INTO records (kernel, target, knobs, trace, times, mean_s, "
+                          "ratio, ok, error, machine, created) VALUES "
+                          "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
         for r in records:
             self._best.pop((r.kernel, r.target), None)
 
@@ -258,18 +267,18 @@ class TuningDatabase:
         if ok is not None:
             where.append("ok = ?")
             args.append(int(ok))
-        sql = ("SELECT kernel, target, knobs, trace, times, ok, error, machine, created, id "
-               "FROM records" + (" WHERE " + " AND ".join(where) if where else "")
-               + " ORDER BY mean_s IS NULL, mean_s, id")
+        sql = ("SELECT kernel, target, knobs, trace, times, ok, error, machine, created, id, "
+               "ratio FROM records" + (" WHERE " + " AND ".join(where) if where else "")
+               + f" ORDER BY {_BEST_ORDER}, id")
         return [Record(k, t, {n: _plain(v) for n, v in json.loads(kn).items()}, tr,
-                       json.loads(ti), bool(o), e or "", json.loads(m), cr, i)
-                for k, t, kn, tr, ti, o, e, m, cr, i in self._query(sql, args)]
+                       json.loads(ti), bool(o), e or "", json.loads(m), cr, i, ra)
+                for k, t, kn, tr, ti, o, e, m, cr, i, ra in self._query(sql, args)]
 
     def best(self, kernel: str, target: str) -> Record | None:
         """The fastest good record of a kernel on a target."""
         found = self._query(
             "SELECT id FROM records WHERE kernel = ? AND target = ? AND ok = 1 "
-            "AND mean_s IS NOT NULL ORDER BY mean_s LIMIT 1", (kernel, target))
+            f"AND mean_s IS NOT NULL ORDER BY {_BEST_ORDER} LIMIT 1", (kernel, target))
         if not found:
             return None
         return next(r for r in self.records(kernel, target, ok=True) if r.id == found[0][0])

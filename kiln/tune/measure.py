@@ -67,16 +67,27 @@ class BuildResult:
 
 @dataclass
 class RunResult:
-    """A measured candidate: seconds per call (good) or why it is bad."""
+    """A measured candidate: seconds per call (good) or why it is bad. ``ref_times`` are the
+    reference's, each measured right before the candidate's of the same index."""
 
     times: list[float]
     ok: bool
     error: str = ""
     machine: dict[str, Any] = field(default_factory=machine_info)
+    ref_times: list[float] = field(default_factory=list)
 
     @property
     def mean_s(self) -> float | None:
         return sum(self.times) / len(self.times) if self.ok and self.times else None
+
+    @property
+    def ratio(self) -> float | None:
+        """The median of the paired time ratios candidate / reference (None: not paired)."""
+        pairs = sorted(t / r for t, r in zip(self.times, self.ref_times) if r > 0)
+        if not self.ok or not pairs:
+            return None
+        mid = len(pairs) // 2
+        return pairs[mid] if len(pairs) % 2 else 0.5 * (pairs[mid - 1] + pairs[mid])
 
 
 class Builder(Protocol):
@@ -197,7 +208,8 @@ class LocalRunner:
                     signal.valid_signals() else f"exit code {code}")
             return RunResult([], False, f"crash: the measuring process died ({what})",
                              self.machine)
-        return RunResult(answer["times"], answer["ok"], answer["error"], self.machine)
+        return RunResult(answer["times"], answer["ok"], answer["error"], self.machine,
+                         answer.get("ref_times", []))
 
     def run(self, reference: Artifact, artifacts: Sequence[Artifact | None]
             ) -> list[RunResult]:

@@ -77,8 +77,12 @@ def report(db: TuningDatabase) -> str:
         for w in sorted((w for w in workloads if w.target == target), key=lambda w: w.name):
             recs = db.records(w.kernel, target)
             good = [r for r in recs if r.ok]
-            best = good[0].mean_s if good else None
-            speed = f"{w.default_s / best:.2f}x" if best and w.default_s else "-"
+            best, speed = None, "-"
+            if good and good[0].ratio and w.default_s:
+                best, speed = w.default_s * good[0].ratio, f"{1 / good[0].ratio:.2f}x"
+            elif good:
+                best = good[0].mean_s
+                speed = f"{w.default_s / best:.2f}x" if best and w.default_s else "-"
             hosts = sorted({r.machine.get("host", "?") for r in recs})
             lines.append(f"  {w.name[:44]:<44} {w.kernel:<16} {len(good):>5} "
                          f"{len(recs) - len(good):>4} {_ms(w.default_s):>12} {_ms(best):>12} "

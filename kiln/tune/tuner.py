@@ -9,6 +9,9 @@ the relative improvement its last round found (a task still improving keeps its 
 proposes a batch (:class:`~kiln.tune.search.TaskSearch`), measures it
 (:class:`~kiln.tune.measure.LocalMeasurer`, or the Ray one), stores every result in the
 database (bad ones too, with the reason: they are not tried again) and refits the cost model.
+Candidates are compared by their time paired with the default's (the default's time x the
+median ratio of alternating measurements), which a busy machine disturbs far less than
+times measured minutes apart.
 
 Tuning resumes: the records of a task already in the database are its measured set (not
 measured again) and the cost model's first training data.
@@ -53,6 +56,15 @@ class TaskProgress:
             return self.default_s / self.best_s
         return None
 
+    def effective(self, ratio: float | None, mean_s: float | None) -> float | None:
+        """A candidate's time as the tuner compares it: the default's time times the paired
+        ratio (see :mod:`kiln.tune.worker`), or the plain mean where there is no ratio."""
+        if mean_s is None:
+            return None
+        if ratio is not None and self.default_s:
+            return self.default_s * ratio
+        return mean_s
+
     def expected_gain(self) -> float:
         """Seconds per model run this task's next round may save (see the module docstring)."""
         if self.done or self.best_s is None:
@@ -91,19 +103,20 @@ class Tuner:
         # resume: what the database knows of this task is measured already
         features, times = [], []
         for rec in self.db.records(task.key, task.target_key):
-            search.add(rec.knobs, rec.mean_s)
+            seconds = state.effective(rec.ratio, rec.mean_s)
+            search.add(rec.knobs, seconds)
             state.trials += 1
             state.bad += not rec.ok
-            if rec.ok and rec.mean_s is not None:
+            if seconds is not None:
                 got = search.features(rec.knobs)
                 if got is not None:
                     features.append(got[1])
-                    times.append(rec.mean_s)
+                    times.append(seconds)
         if features:
             self.model.update(features, times, state.default_s)
         if not search.measured:
             self._store(task, [m], state)
-            search.add(m.build.decisions or task.default, m.run.mean_s)
+            search.add(m.build.decisions or task.default, state.default_s)
             state.trials += 1
         found = search.best()
         if found is not None:
@@ -114,7 +127,7 @@ class Tuner:
         self.db.add_records([
             Record(task.key, task.target_key, m.build.decisions or dict(m.build.knobs),
                    m.build.trace, list(m.run.times), m.run.ok,
-                   m.run.error or m.build.error, m.run.machine)
+                   m.run.error or m.build.error, m.run.machine, ratio=m.run.ratio)
             for m in measured])
 
     def round(self, state: TaskProgress) -> None:
@@ -131,16 +144,17 @@ class Tuner:
         features, times = [], []
         for cand, m in zip(candidates, measured):
             decisions = m.build.decisions or cand
-            search.add(decisions, m.run.mean_s)
+            seconds = state.effective(m.run.ratio, m.run.mean_s)
+            search.add(decisions, seconds)
             state.trials += 1
-            if m.run.mean_s is None:
+            if seconds is None:
                 state.bad += 1
                 continue
-            state.best_s = min(state.best_s, m.run.mean_s)
+            state.best_s = min(state.best_s, seconds)
             got = search.features(cand)
             if got is not None:
                 features.append(got[1])
-                times.append(m.run.mean_s)
+                times.append(seconds)
         if features:
             self.model.update(features, times, state.default_s)
         state.last_gain = (before - state.best_s) / before if before else 0.0

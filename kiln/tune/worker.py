@@ -1,14 +1,18 @@
 """The measuring process of the local runner (``python -m kiln.tune.worker``).
 
 It reads requests from its standard input and answers on its standard output, each message a
-pickled dict behind an 8-byte length (:func:`send`, :func:`receive`). A request names a
-reference artifact (the default schedule's kernel) and a candidate: the worker makes the
-kernel's inputs from a fixed seed, runs the reference once for the expected outputs (kept for
-the next candidates of the same kernel), runs the candidate on outputs poisoned with NaN,
-compares, and times it. A candidate that crashes takes this process down with it, one that
-hangs is killed by the parent (:class:`kiln.tune.measure.LocalRunner`): either way the tuner's
-own process goes on. Native code that prints would corrupt the answers, so the protocol runs on
-a copy of the original standard output, and file descriptor 1 goes to standard error.
+pickled dict behind an 8-byte length (:func:`send`, :func:`receive`); its first message says
+its imports are done. A request names a reference artifact (the default schedule's kernel)
+and a candidate: the worker makes the kernel's inputs from a fixed seed, runs the reference
+once for the expected outputs (kept for the next candidates of the same kernel), runs the
+candidate on outputs poisoned with NaN, compares, and times it in rounds alternating with the
+reference: the ratio of paired timings is what the tuner compares, so load from other
+processes that comes and goes (a shared machine) does not crown a candidate that happened to
+run in a quiet moment. A candidate that crashes takes this process down with it, one that
+hangs is killed by the parent (:class:`kiln.tune.measure.LocalRunner`): either way the
+tuner's own process goes on. Native code that prints would corrupt the answers, so the
+protocol runs on a copy of the original standard output, and file descriptor 1 goes to
+standard error.
 """
 
 from __future__ import annotations
@@ -136,8 +140,13 @@ class _Worker:
         if error:
             return {"ok": False, "times": [], "error": error}
         fn = self.module(cand).unchecked_function(cand.name)
-        return {"ok": True, "times": measure(fn, arrays, req["repeat"], req["min_repeat_s"]),
-                "error": ""}
+        ref_fn = self.module(ref).unchecked_function(ref.name)
+        ref_arrays = [a.copy() for a in inputs]
+        times, ref_times = [], []
+        for _ in range(req["repeat"]):
+            ref_times += measure(ref_fn, ref_arrays, 1, req["min_repeat_s"])
+            times += measure(fn, arrays, 1, req["min_repeat_s"])
+        return {"ok": True, "times": times, "ref_times": ref_times, "error": ""}
 
 
 def main() -> None:
