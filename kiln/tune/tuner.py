@@ -130,6 +130,22 @@ class Tuner:
                    m.run.error or m.build.error, m.run.machine, ratio=m.run.ratio)
             for m in measured])
 
+    def _confirm(self, task: Task, candidates: Sequence[Any], measured: Sequence[Any],
+                 state: TaskProgress) -> None:
+        """Measure once more every candidate that beats the best so far, and judge it on all
+        its paired timings: among tens of candidates timed on a busy machine the fastest
+        single measurement is biased low (the tuner then keeps lucky candidates)."""
+        for cand, m in zip(candidates, measured):
+            seconds = state.effective(m.run.ratio, m.run.mean_s)
+            if seconds is None or state.best_s is None or seconds >= state.best_s:
+                continue
+            [again] = self.measurer.measure(task, [cand])
+            if again.run.ok:
+                m.run.times += again.run.times
+                m.run.ref_times += again.run.ref_times
+            else:
+                m.run.ok, m.run.error = False, f"failed when measured again: {again.run.error}"
+
     def round(self, state: TaskProgress) -> None:
         """Propose, measure, record, learn: one round of one task."""
         task, search = state.task, self.searches[state.task.key]
@@ -139,6 +155,7 @@ class Tuner:
             state.done = True
             return
         measured = self.measurer.measure(task, candidates)
+        self._confirm(task, candidates, measured, state)
         self._store(task, measured, state)
         before = state.best_s
         features, times = [], []
