@@ -142,7 +142,7 @@ class LocalRunner:
     taken per candidate.
     """
 
-    def __init__(self, timeout_s: float = 30.0, repeat: int = 3, min_repeat_s: float = 0.02,
+    def __init__(self, timeout_s: float = 30.0, repeat: int = 5, min_repeat_s: float = 0.05,
                  startup_timeout_s: float = 300.0):
         self.timeout_s, self.repeat, self.min_repeat_s = timeout_s, repeat, min_repeat_s
         self.startup_timeout_s = startup_timeout_s
