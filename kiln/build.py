@@ -18,6 +18,7 @@ join without changes here; each pass is also gated by its own declared opt level
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,9 +42,10 @@ from .transform.fuse_tir import FuseTIR
 from .transform.legalize_ops import LegalizeOps
 from .transform.pass_infra import Pass, PassContext, Sequential, get_pass, list_passes
 from .transform.split_args import SplitArgs, max_kernel_args
+from .tune.database import TuningDatabase, open_database
 
-__all__ = ["BUILDABLE_KINDS", "build", "check_buildable", "default_pipeline", "npu_pipeline",
-           "schedule_prim_func"]
+__all__ = ["BUILDABLE_KINDS", "build", "check_buildable", "default_pipeline", "lower_graph",
+           "npu_pipeline", "schedule_prim_func"]
 
 #: Target kinds ``kiln.build`` generates code for (every kind ``Target`` knows, now): a kind
 #: without a code generator is refused here -- the one place to add a kind once its code
@@ -114,7 +116,8 @@ def _finish_graph(mod: IRModule) -> IRModule:
 
 def build(mod: IRModule, target: Target | str | None = "c",
           params: Mapping[str, Any] | None = None, pipeline: Pass | None = None,
-          strict: bool = False) -> Executable | NPUExecutable:
+          strict: bool = False, tuning_db: str | os.PathLike | TuningDatabase | None = None
+          ) -> Executable | NPUExecutable:
     """Compile every function of ``mod``; the result runs graph function ``main`` when called.
 
     ``pipeline`` replaces the default pass pipeline (:func:`default_pipeline` of the current
@@ -128,9 +131,13 @@ def build(mod: IRModule, target: Target | str | None = "c",
     for the NPU and returns a :class:`~kiln.codegen.npu.NPUExecutable` that runs on its
     simulator; ops without an NPU lowering run on the CPU, unless ``strict=True``, which
     raises a KilnError naming them (:mod:`kiln.codegen.npu.compile`).
+
+    ``tuning_db`` (a path or :class:`kiln.tune.TuningDatabase`, written by ``kiln tune``)
+    gives each CPU kernel the knobs of its best record there; a kernel without a record gets
+    the default schedule.
     """
     with progress.scope():
-        return _build(mod, target, params, pipeline, strict)
+        return _build(mod, target, params, pipeline, strict, tuning_db)
 
 
 def npu_pipeline(opt_level: int | None = None) -> Sequential:
@@ -142,7 +149,9 @@ def npu_pipeline(opt_level: int | None = None) -> Sequential:
 
 
 def _build(mod: IRModule, target: Target | str | None, params: Mapping[str, Any] | None,
-           pipeline: Pass | None, strict: bool = False) -> Executable | NPUExecutable:
+           pipeline: Pass | None, strict: bool = False,
+           tuning_db: str | os.PathLike | TuningDatabase | None = None
+           ) -> Executable | NPUExecutable:
     if not isinstance(mod, IRModule):
         raise KilnError(f"kiln.build expects an IRModule, got {type(mod).__name__}")
     if pipeline is not None and not isinstance(pipeline, Pass):
@@ -156,21 +165,34 @@ def _build(mod: IRModule, target: Target | str | None, params: Mapping[str, Any]
     if state and tgt.kind == "npu":
         raise KilnError("kiln.build: the NPU target does not keep state between calls (the "
                         f"model updates {', '.join(state)} in place)")
+    if tuning_db is not None and tgt.kind != "c":
+        raise KilnError(f"kiln.build: tuning_db= applies to the CPU target ('c') only, not "
+                        f"{tgt.kind!r}")
     if tgt.kind == "npu":
         return build_npu((pipeline or npu_pipeline())(mod), tgt, strict=strict)
     if strict:
         raise KilnError("kiln.build: strict= applies to NPU targets only")
-    stage = progress.Stage("graph passes")
-    mod = (pipeline or default_pipeline(target=tgt))(mod)
-    mod = _finish_graph(mod)
-    stage.finish(f"{sum(isinstance(f, PrimFunc) for _, f in mod.items())} kernels")
-    exe = build_executable(mod, tgt)
+    mod = lower_graph(mod, tgt, pipeline)
+    exe = build_executable(mod, tgt, knobs=None if tuning_db is None else
+                           open_database(tuning_db).knobs_for)
     if state:
         plan = exe.plans["main"]
         for i, name in enumerate(plan.input_names):
             if name in state:
                 plan.state[i] = state_array(state[name], plan.inputs[i], name)
     return exe
+
+
+def lower_graph(mod: IRModule, target: Target | str | None = "c", pipeline: Pass | None = None
+                ) -> IRModule:
+    """The graph half of :func:`build` (parameters bound already): the pass pipeline, then
+    legalization of what is left; the result's graph functions call PrimFuncs only (what the
+    tuner extracts its tasks from, :mod:`kiln.tune.tasks`)."""
+    stage = progress.Stage("graph passes")
+    mod = (pipeline or default_pipeline(target=Target.create(target)))(mod)
+    mod = _finish_graph(mod)
+    stage.finish(f"{sum(isinstance(f, PrimFunc) for _, f in mod.items())} kernels")
+    return mod
 
 
 def _state_params(mod: IRModule, params: Mapping[str, Any] | None) -> dict[str, Any]:

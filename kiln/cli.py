@@ -42,6 +42,11 @@ from .testing import models
 from .tir.function import PrimFunc
 from .tir.transform import lower
 from .transform import PassContext
+from .tune.database import TuningDatabase
+from .tune.ray_runner import RayMeasurer
+from .tune.report import parse_duration, progress_line, report, summary
+from .tune.tasks import extract_tasks
+from .tune.tuner import Tuner
 
 STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c", "cuda", "opencl", "npu",
           "asm")
@@ -379,7 +384,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                          "`kiln show MODEL --target npu --stage npu` prints the kernels and "
                          "tilings, `--stage asm` the program")
     with PassContext(opt_level=args.opt_level):
-        exe = build(mod, target=target, params=params)
+        exe = build(mod, target=target, params=params, tuning_db=args.tuning_db)
     t2 = time.perf_counter()
     exe.save(out)
     print(f"imported {args.model} in {t1 - t0:.2f} s, compiled {exe.num_kernels} kernels for "
@@ -606,6 +611,9 @@ def build_parser() -> ArgumentParser:
                       help="an input's shape: integers fix dimensions, a name keeps one "
                       "symbolic (repeatable)")
     comp.add_argument("--target", default="native", help=target_help)
+    comp.add_argument("--tuning-db", metavar="DB.sqlite",
+                      help="schedule each kernel as its best record in this tuning database "
+                      "says (made by `kiln tune`); kernels without one get the default")
     comp.set_defaults(fn=cmd_compile)
 
     run = command("run", "run a saved executable: prints outputs and latency", """\
@@ -665,7 +673,83 @@ def build_parser() -> ArgumentParser:
     cache_cmd.add_argument("action", choices=("info", "clear"),
                            help="info: location, size and cap; clear: remove every entry")
     cache_cmd.set_defaults(fn=cmd_cache)
+
+    tune = command("tune", "tune a model's kernels into a tuning database (resumable)", """\
+  kiln tune model.onnx --target c --budget 10m --db tuning.sqlite
+  kiln tune model.onnx --budget 30m --db tuning.sqlite    again: continues where it stopped
+  kiln tune demo:resnet_block_cnn --trials 16 --db t.sqlite --ray local
+  kiln tune model.onnx --db tuning.sqlite --ray 10.0.0.5:6379
+  kiln tune --report --db tuning.sqlite
+  kiln compile model.onnx --tuning-db tuning.sqlite        build with the tuned schedules
+""")
+    tune.add_argument("model", nargs="?", help="an .onnx file, demo:NAME, or a .py file "
+                      "defining module() (not needed with --report)")
+    tune.add_argument("--db", required=True, metavar="DB.sqlite",
+                      help="the tuning database (created if missing, never overwritten)")
+    tune.add_argument("--target", default="native", help=target_help)
+    tune.add_argument("--budget", default="10m", metavar="TIME",
+                      help="tuning time: 600, 90s, 10m, 1.5h (default 10m)")
+    tune.add_argument("--trials", type=_int_type("--trials", 1), default=None,
+                      help="stop a kernel after this many measured candidates")
+    tune.add_argument("--batch", type=_int_type("--batch", 1), default=8,
+                      help="candidates measured per round (default 8)")
+    tune.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
+                      help="an ONNX input's shape (tuning needs fixed shapes; repeatable)")
+    tune.add_argument("--ray", metavar="ADDRESS",
+                      help="build and measure on a Ray cluster (host:port, or 'local' to start "
+                      "one here); needs the ray extra")
+    tune.add_argument("--report", action="store_true",
+                      help="print a summary of the database and exit")
+    tune.set_defaults(fn=cmd_tune)
     return parser
+
+
+# ---- tune ------------------------------------------------------------------------------------
+def _tune_module(args: argparse.Namespace) -> tuple[Any, Any]:
+    if args.model.endswith(".onnx"):
+        proto = _load_onnx(args.model)
+        shapes = _parse_shapes(args.shape, _graph_inputs(proto))
+        return from_onnx(proto, shape_dict=shapes or None,
+                         base_dir=os.path.dirname(os.path.abspath(args.model)))
+    if args.shape:
+        raise UsageError("--shape is for ONNX models")
+    return _load_module(args.model), None
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    db = TuningDatabase(args.db)
+    if args.report:
+        print(report(db))
+        return 0
+    if args.model is None:
+        raise UsageError("kiln tune: name the model to tune (or give --report)")
+    try:
+        budget = parse_duration(args.budget)
+    except ValueError as err:
+        raise UsageError(f"--budget: {err}") from None
+    target = _target(args.target)
+    if target.kind != "c":
+        raise UsageError(f"--target {args.target!r}: tuning is for CPU targets")
+    mod, params = _tune_module(args)
+    tasks = extract_tasks(mod, target, params)
+    if not tasks:
+        print("nothing to tune: no kernel of the model has a tunable schedule with fixed shapes")
+        return 0
+    measurer = None
+    if args.ray:
+        measurer = RayMeasurer(None if args.ray == "local" else args.ray)
+    print(f"tuning {len(tasks)} kernels of {args.model} for {budget:g} s into {args.db}",
+          file=sys.stderr)
+    tuner = Tuner(db, measurer, batch=args.batch,
+                  on_round=lambda s, states, left: print(progress_line(s, states, left),
+                                                         file=sys.stderr, flush=True))
+    try:
+        states = tuner.tune(tasks, budget, args.trials)
+    finally:
+        tuner.close()
+    print(summary(states))
+    print(f"build with: kiln compile {args.model} --tuning-db {args.db}")
+    return 0
 
 
 # ---- main ------------------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Packages a function may import lazily: optional dependencies, not installed everywhere.
-OPTIONAL_DEPENDENCIES = {"torch", "PIL", "pyopencl", "cuda", "cupy", "ray", "onnxruntime",
-                         "transformers"}
+OPTIONAL_DEPENDENCIES = {"torch", "PIL", "pyopencl", "cuda", "cupy", "ray", "lightgbm",
+                         "onnxruntime", "transformers"}
 
 
 @dataclass

@@ -14,6 +14,7 @@ folded value is what kiln's own kernel computes, without the transform layer cal
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import progress
@@ -52,8 +53,13 @@ def kernel_spans(mod: IRModule) -> dict[str, Span]:
     return {name: span for name, ss in found.items() if (span := Span.merge(ss)) is not None}
 
 
-def build_executable(mod: IRModule, tgt: Target) -> Executable:
-    """Schedule, plan, generate and compile a legalized ``mod`` for target ``tgt``."""
+def build_executable(mod: IRModule, tgt: Target,
+                     knobs: Callable[[PrimFunc, Target], Mapping[str, Any] | None] | None = None
+                     ) -> Executable:
+    """Schedule, plan, generate and compile a legalized ``mod`` for target ``tgt``.
+
+    ``knobs(func, target)`` gives the schedule knobs of a CPU kernel (a tuning database's
+    best record; None: the default schedule)."""
     unscheduled = {name: f for name, f in mod.items() if isinstance(f, PrimFunc)}
     stage = progress.Stage("scheduling kernels", len(unscheduled))
     schedule = gpu_schedule_prim_func if tgt.is_gpu else schedule_prim_func
@@ -62,7 +68,9 @@ def build_executable(mod: IRModule, tgt: Target) -> Executable:
     for i, (name, f) in enumerate(unscheduled.items()):
         # an error scheduling or lowering a kernel names the model nodes it computes
         with error_context(describe(spans.get(name), f"kernel {name}")):
-            prim_funcs[name] = lower(schedule(f, tgt), tgt)
+            chosen = knobs(f, tgt) if knobs is not None and not tgt.is_gpu else None
+            prim_funcs[name] = lower(schedule(f, tgt, chosen) if chosen else schedule(f, tgt),
+                                     tgt)
         stage.step(i + 1)
     stage.finish()
     plans = {}

@@ -11,6 +11,7 @@ names and source spans never matter. :func:`structural_hash` is consistent with 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from typing import Any, ClassVar
 
@@ -263,3 +264,42 @@ class _Hasher:
 def structural_hash(x: Any) -> int:
     """A hash consistent with :func:`structural_equal` (variables hashed by binding order)."""
     return _Hasher().h(x)
+
+
+def _stable(value: Any) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=8).digest(), "big")
+
+
+class _StableHasher(_Hasher):
+    """:class:`_Hasher` with a digest of the text instead of Python's ``hash`` (which differs
+    between processes for strings)."""
+
+    def h(self, x: Any) -> int:
+        if isinstance(x, Node) or isinstance(x, (list, tuple, dict, np.ndarray)):
+            return _stable(self._parts(x))
+        if isinstance(x, float) and math.isnan(x):
+            return _stable("nan")
+        return _stable((type(x).__name__, repr(x)))
+
+    def _parts(self, x: Any) -> Any:
+        if isinstance(x, Node):
+            if x._is_var:
+                idx = self.var_index.get(id(x))
+                if idx is not None:
+                    return ("var-ref", idx)
+                self.var_index[id(x)] = idx = len(self.var_index)
+                return ("var", type(x).__name__, tuple(self.h(getattr(x, f))
+                                                       for f in x._type_fields))
+            return (type(x).__name__, tuple(self.h(getattr(x, f)) for f in node_field_names(x)
+                                            if f not in x._ignore_fields))
+        if isinstance(x, (list, tuple)):
+            return ("seq", tuple(self.h(e) for e in x))
+        if isinstance(x, dict):
+            return ("map", tuple((self.h(k), self.h(v)) for k, v in x.items()))
+        return ("nd", x.shape, str(x.dtype), hashlib.blake2b(x.tobytes()).hexdigest())
+
+
+def stable_structural_hash(x: Any) -> str:
+    """:func:`structural_hash` that is the same in every process and on every run (a hex
+    digest): the key of a kernel in a tuning database."""
+    return f"{_StableHasher().h(x):016x}"

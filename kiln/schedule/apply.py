@@ -7,6 +7,7 @@ PrimFunc (made by FuseTIR) :func:`schedule_fused_prim_func`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..ir.errors import ScheduleError
@@ -15,29 +16,49 @@ from ..tir.expr import BufferLoad, IterType
 from ..tir.function import PrimFunc
 from ..tir.functor import post_order_visit
 from ..tir.schedule import Schedule
+from .knobs import active_schedule
 from .registry import lookup_epilogue, lookup_fallback, lookup_schedule
 
-__all__ = ["INLINE_MAX_NODES", "inline_is_cheap", "schedule_fused_prim_func", "schedule_prim_func"]
+__all__ = ["INLINE_MAX_NODES", "inline_is_cheap", "schedule_fused_prim_func", "schedule_prim_func",
+           "schedule_with_trace"]
 
 
-def schedule_prim_func(func: PrimFunc, target: Target) -> PrimFunc:
+def schedule_prim_func(func: PrimFunc, target: Target,
+                       knobs: Mapping[str, Any] | None = None) -> PrimFunc:
     """Apply the default schedule of the op that produced ``func`` (if it declares one).
 
-    A fused PrimFunc (made by FuseTIR) gets :func:`schedule_fused_prim_func`.
+    A fused PrimFunc (made by FuseTIR) gets :func:`schedule_fused_prim_func`. ``knobs`` are
+    values for the schedule's tunable decisions (:mod:`kiln.schedule.knobs`; a tuning
+    record's), the defaults where absent.
     """
+    return schedule_with_trace(func, target, knobs)[0]
+
+
+def schedule_with_trace(func: PrimFunc, target: Target, knobs: Mapping[str, Any] | None = None
+                        ) -> tuple[PrimFunc, Schedule | None]:
+    """:func:`schedule_prim_func`, also returning the schedule that made the result (its
+    trace holds the knobs taken, :meth:`Schedule.knob_decisions`); None when ``func`` was
+    left as it is (already scheduled, or its op has no schedule)."""
     if func.attrs.get("scheduled"):
-        return func
+        return func, None
     if func.attrs.get("fused_ops"):
-        return schedule_fused_prim_func(func, target)
+        return _schedule_fused(func, target, knobs or {})
     op_name = func.attrs.get("op_name")
     if op_name is None:
-        return func
+        return func, None
     sched = lookup_schedule(op_name, target)
     if sched is None:
-        return func
+        return func, None
+    sch = _knobbed(func, knobs or {})
+    with active_schedule(sch):
+        sched(sch, target)
+    return sch.func.with_attr("scheduled", True), sch
+
+
+def _knobbed(func: PrimFunc, knobs: Mapping[str, Any]) -> Schedule:
     sch = Schedule(func)
-    sched(sch, target)
-    return sch.func.with_attr("scheduled", True)
+    sch.knob_values = dict(knobs)
+    return sch
 
 
 def _writes_output(sch: Any, block: Any) -> bool:
@@ -78,7 +99,8 @@ def _block_or_none(sch: Any, name: str) -> Any:
         return None  # inlined by the anchor's schedule
 
 
-def schedule_fused_prim_func(func: PrimFunc, target: Target) -> PrimFunc:
+def schedule_fused_prim_func(func: PrimFunc, target: Target,
+                             knobs: Mapping[str, Any] | None = None) -> PrimFunc:
     """Schedule a fused PrimFunc (made by FuseTIR).
 
     1. Inline the element-wise member stages that write intermediates into their consumers, so
@@ -94,14 +116,19 @@ def schedule_fused_prim_func(func: PrimFunc, target: Target) -> PrimFunc:
 
     If the anchor's schedule cannot handle the fused function (a ScheduleError), the function
     gets the family's fallback schedule instead (on CPUs the generic injective/reduction
-    one): slower, never wrong.
+    one): slower, never wrong. ``knobs`` as in :func:`schedule_prim_func`.
     """
+    return _schedule_fused(func, target, knobs or {})[0]
+
+
+def _schedule_fused(func: PrimFunc, target: Target, knobs: Mapping[str, Any]
+                    ) -> tuple[PrimFunc, Schedule]:
     anchor_blocks = set(func.attrs.get("kiln.anchor_blocks", ()))
     op_name = func.attrs.get("op_name")
     sched = lookup_schedule(op_name, target) if op_name else None
     attach = lookup_epilogue(target)
     fallback = lookup_fallback(target)
-    sch = Schedule(func)
+    sch = _knobbed(func, knobs)
     _inline_members(sch, anchor_blocks)
     for b in _others(sch, anchor_blocks):
         try:
@@ -111,18 +138,20 @@ def schedule_fused_prim_func(func: PrimFunc, target: Target) -> PrimFunc:
     epilogues = {sch.get(b).name_hint: _loop_signature(sch, b)
                  for b in _others(sch, anchor_blocks)}
     try:
-        if sched is not None:
-            sched(sch, target)
-        for name, before in epilogues.items():
-            b = _block_or_none(sch, name)
-            if b is not None and _loop_signature(sch, b) == before and attach is not None:
-                attach(sch, target, b, anchor_blocks)
+        with active_schedule(sch):
+            if sched is not None:
+                sched(sch, target)
+            for name, before in epilogues.items():
+                b = _block_or_none(sch, name)
+                if b is not None and _loop_signature(sch, b) == before and attach is not None:
+                    attach(sch, target, b, anchor_blocks)
     except ScheduleError:
         if fallback is None:
             raise
-        sch = Schedule(func)
-        fallback(sch, target)
-    return sch.func.with_attr("scheduled", True)
+        sch = _knobbed(func, knobs)
+        with active_schedule(sch):
+            fallback(sch, target)
+    return sch.func.with_attr("scheduled", True), sch
 
 
 # Inlining substitutes a producer's whole expression for every load of its buffer, so a chain of

@@ -107,8 +107,9 @@ def cross_checked_build(original: Any) -> Any:
     """``kiln.build`` that also builds for the GPU test targets (see the module docstring)."""
     targets = gpu_test_targets()
 
-    def build(mod: Any, target: Any = "c", params: Any = None, pipeline: Any = None) -> Any:
-        exe = original(mod, target, params=params, pipeline=pipeline)
+    def build(mod: Any, target: Any = "c", params: Any = None, pipeline: Any = None,
+              **cpu_only: Any) -> Any:
+        exe = original(mod, target, params=params, pipeline=pipeline, **cpu_only)
         if Target.create(target).is_gpu or not targets:
             return exe
         gpus = [(t, original(mod, t, params=params, pipeline=pipeline)) for t in targets]

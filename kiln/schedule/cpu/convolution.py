@@ -18,6 +18,7 @@ from ...op.nn.convolution import (
     depthwise_conv2d_nchwc,
 )
 from ...tir.stmt import FMA_IN_REGISTERS, JAM_TAILS
+from ..knobs import knob
 from ..registry import register_alter_layout, register_schedule
 from .generic import schedule_reduction, target_threads
 from .loops import (
@@ -84,7 +85,8 @@ def _schedule_conv2d_nchw(sch: Any, target: Any) -> None:
     if xb is None:
         xb = pick_factor(ow, list(range(min(16, ow or 0), 1, -1)))
     o_ext = loop_extent(sch, o)
-    ob = pick_factor(o_ext, [CONV_OC_TILE, 2]) if o_ext is not None else None
+    ob = pick_factor(o_ext, [knob("conv_oc_tile", (2, 4, 8), CONV_OC_TILE), CONV_OC_TILE, 2]
+                     ) if o_ext is not None else None
     oo, oi = split_off(sch, o, ob)
     xo, xi = split_off(sch, x, xb)
     order = [n, oo, y, rc, ry, rx, xo] + [lp for lp in (oi, xi) if lp is not None]
@@ -268,6 +270,14 @@ def _nchwc_tile(ow: int | None, ob: int | None, lanes: int = 8) -> tuple[int, in
     return min(tiles[0][0], ow), 1
 
 
+def tile_domain(ow: int | None, ob: int | None) -> tuple[tuple[int, int], ...]:
+    """The register tiles ``(pixels, channel blocks)`` the NCHWc schedule may take for a row
+    of ``ow`` pixels and ``ob`` output channel blocks (a tuning knob's domain)."""
+    widths = range(1, min(8, ow or 8) + 1)
+    blocks = [b for b in (1, 2, 4) if ob is not None and ob % b == 0] or [1]
+    return tuple((x, b) for x in widths for b in blocks)
+
+
 def _tail_jam(ow: int | None, xt: int, bt: int) -> int | None:
     """How many rows' tail tiles to run together (``JAM_TAILS``) for a row of ``ow`` pixels in
     tiles of ``xt`` pixels x ``bt`` blocks; None when there is no tail or it has
@@ -355,12 +365,14 @@ def _schedule_conv2d_nchwc(sch: Any, target: Any) -> None:
     # taps) took 1.17x the time that way (1.06x with a separate padding pass)
     lanes = target.vector_lanes(dtype)
     rows_outer = ((loop_extent(sch, rci) or 1) % lanes == 0
-                  and _rows_outer(sch, block, loop_extent(sch, y), target))
+                  and knob("conv_rows_outer", (False, True),
+                           _rows_outer(sch, block, loop_extent(sch, y), target)))
     pad_at_row = rows_outer and "conv2d_nchwc_pad" in names
     if not pad_at_row:
         _schedule_pad(sch, target, "conv2d_nchwc_pad", names)
     ow = loop_extent(sch, x)
-    xt, bt = _nchwc_tile(ow, loop_extent(sch, ob), target.vector_lanes("float32"))
+    xt, bt = knob("conv_tile", tile_domain(ow, loop_extent(sch, ob)),
+                  _nchwc_tile(ow, loop_extent(sch, ob), target.vector_lanes("float32")))
     xo, xi = split_off(sch, x, xt if xt > 1 else None)
     obo, obi = split_off(sch, ob, bt if bt > 1 else None)
     co, ci, vec = _vector_channels(sch, target, block, oi)

@@ -30,6 +30,7 @@ from ...ir.errors import ScheduleError
 from ...tir.expr import Add, BufferLoad, IntImm, IterType
 from ...tir.functor import collect_vars, post_order_visit, substitute
 from ..apply import inline_is_cheap
+from ..knobs import knob
 
 __all__ = [
     "PARALLEL_MIN_WORK",
@@ -112,6 +113,20 @@ def _pick_lanes(target: Any, dtype: Any, extent: int | None) -> int:
             return lanes
         lanes //= 2
     return 1
+
+
+def _lane_domain(target: Any, block: Any, extent: int | None) -> tuple[int, ...]:
+    """The vector widths an element-wise block may take (a tuning knob's domain): 1 and
+    the powers of two of at least :data:`_MIN_LANES` up to the target's that divide ``extent``."""
+    dtype = _vector_dtype(block)
+    if dtype is None or extent is None:
+        return (1,)
+    top, out = target.vector_lanes(dtype), [1]
+    while top >= _MIN_LANES:
+        if extent % top == 0:
+            out.append(top)
+        top //= 2
+    return tuple(sorted(out))
 
 
 def inline_injective_stages(sch: Any) -> None:
@@ -238,7 +253,7 @@ def _transpose_block(sch: Any, target: Any, b: Any, loops: list[Any], extents: l
     loops = [*loops[:pos], outer, *loops[pos + 1:]]
     sch.reorder(*loops, inner)
     sch.unroll(inner)
-    _parallel_outer_loops(sch, target, loops, extents)
+    _parallel_outer_loops(sch, target, loops, extents, sch.get(b).name_hint)
     return True
 
 
@@ -250,22 +265,24 @@ def _injective_block(sch: Any, target: Any, b: Any) -> None:
     extents = _loop_extents(sch, loops)
     if _transpose_block(sch, target, b, loops, extents):
         return
-    lanes = _pick_lanes(target, _vector_dtype(blk), extents[-1])
+    lanes = knob(f"{blk.name_hint}.vector_lanes", _lane_domain(target, blk, extents[-1]),
+                 _pick_lanes(target, _vector_dtype(blk), extents[-1]))
     inner = None
     if lanes > 1:
         outer, inner = sch.split(loops[-1], factors=[None, lanes])
         loops = [*loops[:-1], outer]
-    _parallel_outer_loops(sch, target, loops, extents)
+    _parallel_outer_loops(sch, target, loops, extents, blk.name_hint)
     if inner is not None:
         sch.vectorize(inner)
 
 
-def _parallel_outer_loops(sch: Any, target: Any, loops: list[Any], extents: list[Any]) -> None:
+def _parallel_outer_loops(sch: Any, target: Any, loops: list[Any], extents: list[Any],
+                          name: str = "") -> None:
     """Fuse only the outer ``loops`` that give every thread several chunks and run them in
     parallel when the nest is worth it; the inner ones stay nested, so their index arithmetic
     is an increment rather than a div/mod of one big fused counter per element (which cost
     more than the copy in transposes and splits)."""
-    take = _chunk_loops(sch, loops, target)
+    take = _chunk_loops(sch, loops, target, name)
     fused = sch.fuse(*loops[:take]) if take > 1 else loops[0]
     if _worth_parallel(target, _product(extents), _const(sch.get(fused).extent)):
         sch.parallel(fused)
@@ -281,7 +298,7 @@ def target_threads(target: Any) -> int:
     return getattr(target, "num_threads", 0) or cpu_count()
 
 
-def _chunk_loops(sch: Any, loops: list[Any], target: Any) -> int:
+def _chunk_loops(sch: Any, loops: list[Any], target: Any, name: str = "") -> int:
     """How many leading ``loops`` to fuse into the parallel loop: enough for
     :data:`PARALLEL_CHUNKS_PER_THREAD` chunks per thread (all of them when the nest is
     small). A symbolic extent (a dynamic batch, which may be 1) counts as 1: the constant
@@ -289,7 +306,8 @@ def _chunk_loops(sch: Any, loops: list[Any], target: Any) -> int:
     fusing them all made a layout transform of MobileNetV2's input at batch 1 take 16x the
     time (a div/mod of the fused counter per element)."""
     threads = target_threads(target)
-    want = PARALLEL_CHUNKS_PER_THREAD * max(threads, 1)
+    chunks = knob(f"{name}.parallel_chunks", (1, 2, 4, 8, 16, 32), PARALLEL_CHUNKS_PER_THREAD)
+    want = chunks * max(threads, 1)
     total = 1
     for k, lp in enumerate(loops):
         ext = _const(sch.get(lp).extent)

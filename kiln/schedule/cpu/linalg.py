@@ -15,6 +15,7 @@ from typing import Any
 
 from ... import tir
 from ...op.linalg import const_int
+from ..knobs import knob
 from ..registry import register_alter_layout, register_schedule
 from .generic import target_threads
 from .loops import (
@@ -105,12 +106,14 @@ def schedule_gemm(sch: Any, target: Any, block: Any, *, has_i: bool, has_j: bool
     if io is not None:
         m_ext = loop_extent(sch, io)
         if m_ext is not None and m_ext > 1:
-            io, ii = sch.split(io, factors=[None, min(GEMM_ROWS, m_ext)])
+            rows = knob("gemm_rows", (1, 2, 4, 6, 8), GEMM_ROWS)
+            io, ii = sch.split(io, factors=[None, min(rows, m_ext)])
     n_ext = loop_extent(sch, j)
     lanes = vector_factor(target, dtype, n_ext)
     jc = jv = ji = None
     if lanes is not None:
-        chunk = pick_factor(n_ext, [lanes * GEMM_CHUNK_VECTORS])
+        chunk = pick_factor(n_ext, [lanes * knob("gemm_chunk_vectors", (16, 32, 64, 128, 256),
+                                                 GEMM_CHUNK_VECTORS)])
         outer_ext = 1
         for lp in [*batch] + ([io] if io is not None else []):
             # a symbolic extent (a dynamic batch) may be 1 at run time

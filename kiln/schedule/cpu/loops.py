@@ -11,6 +11,7 @@ from typing import Any
 from ... import tir
 from ...ir.errors import ScheduleError
 from ...op.linalg import const_int
+from ..knobs import knob
 from .generic import PARALLEL_MIN_WORK, schedule_injective, schedule_reduction, target_threads
 
 
@@ -34,7 +35,9 @@ def vector_factor(target: Any, dtype: Any, extent: int | None) -> int | None:
     Longer vectors (two registers) are not used: GCC lowers over-wide vector types poorly.
     """
     lanes = target.vector_lanes(dtype)
-    return pick_factor(extent, [c for c in (lanes, lanes // 2) if c >= 4])
+    options = [c for c in (lanes, lanes // 2) if c >= 4]
+    first = knob("vector_lanes", options, options[0]) if options else None
+    return pick_factor(extent, sorted(options, key=lambda c: c != first))
 
 
 def split_off(sch: Any, loop: Any, factor: int | None) -> tuple[Any, Any]:
@@ -69,7 +72,7 @@ def parallel_outer(sch: Any, loops: list[Any], target: Any, min_chunks: int = 0,
     if work is not None and work < PARALLEL_MIN_WORK:
         return None
     threads = target_threads(target)
-    want = max(min_chunks, 4 * threads)
+    want = max(min_chunks, knob("parallel_chunks", (1, 2, 4, 8, 16), 4) * threads)
     # a symbolic extent (a dynamic batch) may be 1 at run time: only the constant extents
     # count towards ``want``, so the loops after it are fused in too
     take, total, symbolic = 0, 1, False

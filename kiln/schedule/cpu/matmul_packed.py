@@ -25,6 +25,7 @@ from ...op.matmul_packed import matmul_packed, matmul_vnni
 from ...op.shape import reshape
 from ...tir.stmt import JAM_TAILS, UNROLL_BY
 from ...tir.tensor_intrin.x86 import tensorize_gemm_amx
+from ..knobs import knob
 from ..registry import register_schedule
 from .generic import schedule_reduction
 from .loops import (
@@ -103,7 +104,7 @@ def schedule_packed_gemm(sch: Any, target: Any, block: Any) -> tuple[Any, Any]:
     nb = const_int(packed.shape[-1])
     *batch, i, j, k = sch.get_loops(block)
     m = loop_extent(sch, i)
-    rows = gemm_tile(target)[0]
+    rows = knob("gemm_tile_rows", (1, 2, 4, 6, 8, 12), gemm_tile(target)[0])
     mr = rows if m is None else min(rows, m)
     io, ii = sch.split(i, factors=[None, mr]) if mr > 1 else (i, None)
     jo, ji = sch.split(j, factors=[None, nb])
@@ -120,7 +121,7 @@ def schedule_packed_gemm(sch: Any, target: Any, block: Any) -> tuple[Any, Any]:
     local = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(local, io)
     init = sch.decompose_reduction(block, k)
-    sch.annotate(k, UNROLL_BY, GEMM_K_UNROLL)
+    sch.annotate(k, UNROLL_BY, knob("gemm_k_unroll", (1, 2, 4, 8), GEMM_K_UNROLL))
     for lp in (ii, jv):
         if lp is not None:
             sch.unroll(lp)

@@ -31,7 +31,7 @@ from . import reduction as _reduction
 from . import rfactor as _rfactor
 from . import tensorize as _tensorize
 from .state import Key, SRef, TreeIndex, make_unique
-from .trace import RV, BlockRV, LoopRV, Trace, make_instruction
+from .trace import RV, BlockRV, Instruction, LoopRV, Trace, make_instruction
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -75,6 +75,9 @@ class Schedule:
         self._rvs: dict[int, tuple[RV, Key]] = {}
         self._trace = Trace()
         self._depth = 0
+        #: The tuner's choices for the knobs of the schedule that runs on this one (name ->
+        #: value); a knob not named takes its default (see :meth:`knob`).
+        self.knob_values: dict[str, Any] = {}
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -95,6 +98,7 @@ class Schedule:
         other._rvs = dict(self._rvs)
         other._trace = self._trace.copy()
         other._depth = 0
+        other.knob_values = dict(self.knob_values)
         return other
 
     def adopt(self, other: Schedule) -> None:
@@ -103,7 +107,45 @@ class Schedule:
         self._index = other._index
         self._names = set(other._names)
         self._rvs = dict(other._rvs)
+        # knobs asked of this schedule while ``other`` was being transformed (the knob of the
+        # active schedule, kiln.schedule.knobs) stay in the trace
+        known = {id(inst) for inst in other._trace}
+        asked = [inst for inst in self._trace if inst.kind == "knob" and id(inst) not in known]
         self._trace = other._trace.copy()
+        for inst in asked:
+            self._trace.append(inst)
+
+    # -- knobs -------------------------------------------------------------------------------
+    def knob(self, name: str, domain: Sequence[Any], default: Any, decision: Any = None) -> Any:
+        """A tunable decision of the schedule: the value of knob ``name`` (one of ``domain``).
+
+        The value is ``decision`` when given (a replayed trace), else the tuner's choice in
+        :attr:`knob_values`, else ``default``. The call is recorded in the trace with the
+        domain and the decision taken, so a trace says which point of the search space it is
+        and replays to the same decisions. A name identifies one decision: asking again (a
+        trial run on a copy, then the real one) gives the same value and records nothing new,
+        so a helper that decides per block puts the block's name into the knob's.
+        """
+        domain = tuple(domain)
+        if default not in domain:
+            raise ScheduleError(f"knob {name!r}: default {default!r} is not in its domain "
+                                f"{domain!r}")
+        earlier = self.knob_decisions()
+        if name in earlier and decision is None:
+            return earlier[name]
+        if decision is None:
+            decision = self.knob_values.get(name, default)
+        if decision not in domain:
+            raise ScheduleError(f"knob {name!r}: value {decision!r} is not in its domain "
+                                f"{domain!r}")
+        args = (("name", name), ("domain", domain), ("default", default), ("decision", decision))
+        self._trace.append(Instruction("knob", args, ()))
+        return decision
+
+    def knob_decisions(self) -> dict[str, Any]:
+        """The knobs this schedule's trace took so far: name -> value."""
+        return {a["name"]: a["decision"]
+                for a in (dict(i.args) for i in self._trace if i.kind == "knob")}
 
     def _commit(self, func: PrimFunc) -> None:
         self._index = TreeIndex(func)

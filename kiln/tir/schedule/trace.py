@@ -188,7 +188,8 @@ class Trace:
                 raise ScheduleError(
                     f"trace replay failed at instruction {step} ({inst.kind}): {e}"
                 ) from e
-            new_outs = _outputs(result)
+            # an instruction that returns no handle (a knob returns its value) maps none
+            new_outs = () if inst.output_form == "none" else _outputs(result)
             if len(new_outs) != len(inst.outputs):
                 raise ScheduleError(
                     f"trace replay: instruction {step} ({inst.kind}) returned "
