@@ -44,7 +44,7 @@ KINDS = ("if", "loop", "scan")
 #: Most iterations one Loop step runs before it is stopped with an error (ONNX allows a
 #: trip count of 2**63-1 with a condition deciding; a model whose condition never turns false
 #: would otherwise hang).
-MAX_ITERATIONS = 1 << 24
+MAX_ITERATIONS = 1 << 20
 
 Runner = Callable[[str, Sequence[np.ndarray]], list[np.ndarray]]
 

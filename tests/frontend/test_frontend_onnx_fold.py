@@ -11,7 +11,12 @@ import kiln
 from kiln.frontend.onnx import from_onnx
 from kiln.frontend.onnx.fold import FOLD_MAX_ELEMENTS
 from kiln.graph import Call
-from kiln.testing.onnx_graphs import onnx_model
+from kiln.testing.onnx_graphs import (
+    constant_node,
+    onnx_model,
+    pad_amounts_chain,
+    squeeze_if_last_dim_is_one,
+)
 from kiln.testing.onnx_graphs import value_info as _vi
 
 ort = pytest.importorskip("onnxruntime")
@@ -20,51 +25,7 @@ F, I64 = TensorProto.FLOAT, TensorProto.INT64
 RNG = np.random.default_rng(0)
 
 
-def _const(name, arr):
-    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(
-        np.asarray(arr), name))
-
-
-def pad_amounts_chain(pad: int, rank: int) -> list:
-    """How torch exports ``F.pad(x, [pad, pad], mode="reflect")``: the ONNX pads are
-    computed from constants through ConstantOfShape -> Concat -> Reshape -> Slice(step -1)
-    -> Transpose -> Reshape -> Cast (output ``pads``)."""
-    return [
-        _const("pad_lr", np.array([pad, pad], np.int64)),
-        _const("n_zero", np.array([2 * rank - 2], np.int64)),
-        helper.make_node("ConstantOfShape", ["n_zero"], ["zeros"],
-                         value=numpy_helper.from_array(np.array([0], np.int64))),
-        helper.make_node("Concat", ["pad_lr", "zeros"], ["cat"], axis=0),
-        _const("shape_m12", np.array([-1, 2], np.int64)),
-        helper.make_node("Reshape", ["cat", "shape_m12"], ["pairs"]),
-        _const("s_start", np.array([-1], np.int64)),
-        _const("s_end", np.array([-(2 ** 62)], np.int64)),
-        _const("s_axes", np.array([0], np.int64)),
-        _const("s_steps", np.array([-1], np.int64)),
-        helper.make_node("Slice", ["pairs", "s_start", "s_end", "s_axes", "s_steps"], ["rev"]),
-        helper.make_node("Transpose", ["rev"], ["rev_t"], perm=[1, 0]),
-        _const("shape_m1", np.array([-1], np.int64)),
-        helper.make_node("Reshape", ["rev_t", "shape_m1"], ["pads_i"]),
-        helper.make_node("Cast", ["pads_i"], ["pads"], to=I64),
-    ]
-
-
-def squeeze_if_last_dim_is_one(x: str, out: str) -> list:
-    """``If(shape(x)[-1] == 1, Squeeze(x, -1), Identity(x))``: the branches differ in rank,
-    so the condition must fold at import."""
-    then_b = helper.make_graph([helper.make_node("Squeeze", [x, "sq_axes"], ["t_out"])],
-                               "then", [], [_vi("t_out", None)])
-    else_b = helper.make_graph([helper.make_node("Identity", [x], ["e_out"])],
-                               "else", [], [_vi("e_out", None)])
-    return [
-        helper.make_node("Shape", [x], [f"{x}_shape"]),
-        _const("last", np.array(-1, np.int64)),
-        helper.make_node("Gather", [f"{x}_shape", "last"], [f"{x}_last"], axis=0),
-        _const("one", np.array(1, np.int64)),
-        helper.make_node("Equal", [f"{x}_last", "one"], [f"{x}_is1"]),
-        _const("sq_axes", np.array([-1], np.int64)),
-        helper.make_node("If", [f"{x}_is1"], [out], then_branch=then_b, else_branch=else_b),
-    ]
+_const = constant_node
 
 
 @pytest.mark.parametrize("n_frames", [1, 5])
@@ -74,7 +35,7 @@ def test_pad_amounts_chain_folds_and_nested_if_is_decided(n_frames):
     n_fft = hop = 16
     t = 12 if n_frames == 1 else hop * (n_frames - 1)  # reflect needs t > n_fft / 2
     kernel = RNG.standard_normal((2 * (n_fft // 2 + 1), 1, n_fft)).astype(np.float32)
-    nodes = [*pad_amounts_chain(n_fft // 2, 3),
+    nodes = [*pad_amounts_chain(n_fft // 2, 3, "pads"),
              helper.make_node("Pad", ["x", "pads"], ["xp"], mode="reflect"),
              helper.make_node("Conv", ["xp", "k"], ["spec"], strides=[hop]),
              *squeeze_if_last_dim_is_one("spec", "y")]

@@ -70,11 +70,25 @@ def capture_sinfo(sinfo: Any) -> Any:
     return g.TensorStructInfo(tuple(dims), sinfo.dtype)
 
 
-def symbolic_sinfo(sinfo: g.TensorStructInfo, base: str) -> g.TensorStructInfo:
-    """``sinfo`` with every dim a fresh symbolic one (a value whose shape changes)."""
-    rank = len(sinfo.shape) if sinfo.shape is not None else sinfo.ndim
-    return g.TensorStructInfo(tuple(tir.Var(f"{base}_d{i}", "int64") for i in range(rank)),
-                              sinfo.dtype)
+def widen_sinfo(want: g.TensorStructInfo, got: g.TensorStructInfo, base: str,
+                fresh: set[int]) -> g.TensorStructInfo | None:
+    """The StructInfo of a loop-carried parameter that is ``want`` before an iteration and
+    ``got`` after it: dims that agree stay, and so do dims made fresh before (their ids in
+    ``fresh``: such a parameter takes any size), the others become fresh symbolic dims
+    (added to ``fresh``). None when nothing changes."""
+    rank = len(want.shape) if want.shape is not None else want.ndim
+    dims, changed = [], False
+    for i in range(rank):
+        w = want.shape[i] if want.shape is not None else None
+        if w is not None and (id(w) in fresh or (got.shape is not None
+                                                 and dims_equal(w, got.shape[i]))):
+            dims.append(w)
+            continue
+        v = tir.Var(f"{base}_d{i}", "int64")
+        fresh.add(id(v))
+        dims.append(v)
+        changed = True
+    return g.TensorStructInfo(tuple(dims), want.dtype) if changed else None
 
 
 class SubgraphFunction:

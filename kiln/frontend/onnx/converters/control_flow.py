@@ -29,7 +29,6 @@ import numpy as np
 
 from .... import graph as g
 from .... import op, tir
-from ....op.common import dims_equal
 from ....runtime import control_flow as rt_cf
 from ..importer import convert_subgraph
 from ..registry import converter
@@ -39,7 +38,7 @@ from ..subgraph import (
     outer_names,
     outer_vars,
     result_dims,
-    symbolic_sinfo,
+    widen_sinfo,
 )
 from .common import norm_axis, static_int
 from .dynamic import safe_name
@@ -197,13 +196,6 @@ def _control_call(ctx: Any, kind: str, funcs: list[g.GlobalVar], args: list[Any]
             for k, (dims, dtype, _) in enumerate(outputs)]
 
 
-def _same_shape(a: g.TensorStructInfo, b: g.TensorStructInfo) -> bool:
-    if a.shape is None or b.shape is None:
-        return False
-    return len(a.shape) == len(b.shape) and all(dims_equal(x, y)
-                                                 for x, y in zip(a.shape, b.shape))
-
-
 def _check_types(node: Any, what: str, got: Any, want: Any) -> None:
     if str(got.dtype) != str(want.dtype) or got.ndim != want.ndim:
         raise node.error(f"{what} is {got} after an iteration but {want} before; a loop-carried "
@@ -221,6 +213,7 @@ def _stable_body(ctx: Any, node: Any, body: Any, lead: list[Any], carried: list[
     names = [vi.name for vi in body.input]
     captures = outer_names(body)
     sinfos = list(carried)
+    fresh: set[int] = set()
     for _ in range(len(carried) + 1):
         probe = import_function(ctx, node, body, f"{base}_body",
                                 list(zip(names, [*lead, *sinfos, *rest])),
@@ -229,9 +222,9 @@ def _stable_body(ctx: Any, node: Any, body: Any, lead: list[Any], carried: list[
         for j, want in enumerate(sinfos):
             got = probe.outputs[out_offset + j]
             _check_types(node, f"loop-carried value {j} ({names[len(lead) + j]!r})", got, want)
-            if not _same_shape(got, want):
-                sinfos[j] = symbolic_sinfo(want, f"{base}_v{j}")
-                changed = True
+            wider = widen_sinfo(want, got, f"{base}_v{j}", fresh)
+            if wider is not None:
+                sinfos[j], changed = wider, True
         if not changed:
             break
     func = import_function(ctx, node, body, f"{base}_body",
