@@ -3,7 +3,7 @@
 Usage: ``python benchmarks/control_flow.py [--trips 4,16,64] [--width 64] [--repeat 200]``.
 
 The model is a recurrence ``acc = tanh(acc @ W + x)`` in a Loop with a constant trip count.
-kiln imports it twice: unrolled (``UNROLL_LIMIT`` raised above the trip count: one straight
+kiln imports it twice: unrolled (``UNROLL_LIMIT`` raised above trip x body nodes: one straight
 graph, the iterations fused and planned together) and as a run-time loop (``UNROLL_LIMIT`` 0:
 a ``kiln.control.loop`` step calling the body function once per iteration). Printed per trip
 count: the build time and the per-call latency of both, onnxruntime's latency, and the ratio
@@ -88,7 +88,7 @@ def main() -> None:
         model = loop_model(trip, args.width)
         feeds = {n: rng.standard_normal((1, args.width)).astype(np.float32)
                  for n in ("acc0", "x")}
-        unrolled, b_unrolled = build(model, trip)
+        unrolled, b_unrolled = build(model, trip * len(model.graph.node[0].attribute[0].g.node))
         looped, b_loop = build(model, 0)
         sess = ort.InferenceSession(model.SerializeToString(),
                                     providers=["CPUExecutionProvider"])

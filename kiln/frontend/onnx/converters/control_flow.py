@@ -8,8 +8,9 @@ executor otherwise (``kiln.runtime.control_flow``):
   executor runs only the branch taken; outputs whose dims differ between the branches get
   fresh dims bound when it runs. Outputs differing in rank or dtype are refused (a KilnError
   naming the node: a value's rank and dtype are static in kiln).
-* ``Loop`` and ``Scan`` with a trip count known at import of at most ``UNROLL_LIMIT``
-  iterations (and a condition that stays known) are unrolled: the body is imported once per
+* ``Loop`` and ``Scan`` with a trip count known at import whose unrolled graph would have at
+  most ``UNROLL_LIMIT`` body nodes (iterations x body nodes; and a condition that stays
+  known) are unrolled: the body is imported once per
   iteration (``importer.convert_subgraph``), so constant state keeps folding and the
   iterations fuse with their neighbours. Any other loop (a run-time trip count or condition,
   a symbolic scan length, a long loop) runs its body function as often as needed at run time,
@@ -45,9 +46,16 @@ from .dynamic import safe_name
 
 # Unrolling more iterations than this is refused (the graph would grow without bound).
 MAX_UNROLL = 4096
-#: Loops and scans of at most this many iterations known at import are unrolled; longer ones
-#: run their body function at run time (``benchmarks/control_flow.py`` measures the choice).
-UNROLL_LIMIT = 16
+#: Loops and scans whose trip count is known at import are unrolled while iterations x body
+#: nodes stays within this; larger ones run their body function at run time. Unrolled loops
+#: run faster (one planned, fused graph: ``benchmarks/control_flow.py`` measured 30x-600x for
+#: a 4-node body on a loaded 2-core machine) but build time and graph size grow with them.
+UNROLL_LIMIT = 256
+
+
+def unrolls(trip: int, body: Any) -> bool:
+    """Whether a loop of ``trip`` iterations over ONNX graph ``body`` is unrolled."""
+    return trip * max(len(body.node), 1) <= UNROLL_LIMIT
 
 
 class NotUnrolled(Exception):
@@ -141,7 +149,7 @@ def scan(ctx: Any, node: Any) -> Any:
             for a, x in zip(node.attr("scan_input_axes", None) or [0] * m, xs)]
     dirs = [int(d) for d in node.attr("scan_input_directions", None) or [0] * m]
     lengths = {static_int(_shape(ctx, x)[a]) for x, a in zip(xs, axes)}
-    if None not in lengths and len(lengths) == 1 and max(lengths) <= UNROLL_LIMIT:
+    if None not in lengths and len(lengths) == 1 and unrolls(max(lengths), node.attr("body")):
         states, steps = _scan_loop(ctx, node, states, xs, axes, dirs)
         return [*states, *_scan_outputs(ctx, node, steps)]
     return _runtime_scan(ctx, node, [_expr(v) for v in states], [_expr(x) for x in xs],
@@ -309,7 +317,7 @@ def if_(ctx: Any, node: Any) -> Any:
 
 @converter("Loop", since=1)
 def loop(ctx: Any, node: Any) -> Any:
-    """Unrolled when the trip count is known at import and at most ``UNROLL_LIMIT`` (and the
+    """Unrolled when the trip count is known at import and small (``unrolls``; and the
     condition stays known while unrolling), else run by the executor."""
     trip_known = not node.has_input(0) or node.is_const(0)
     cond_known = not node.has_input(1) or node.is_const(1)
@@ -317,7 +325,7 @@ def loop(ctx: Any, node: Any) -> Any:
         raise node.error("a Loop without trip count and condition never ends")
     if trip_known and cond_known:
         trip = node.const_value(0)
-        if trip is None or int(np.asarray(trip).reshape(-1)[0]) <= UNROLL_LIMIT:
+        if trip is None or unrolls(int(np.asarray(trip).reshape(-1)[0]), node.attr("body")):
             try:
                 return _unrolled_loop(ctx, node)
             except NotUnrolled:
@@ -355,7 +363,7 @@ def _runtime_loop(ctx: Any, node: Any) -> list[Any]:
 
 def _unrolled_loop(ctx: Any, node: Any) -> Any:
     """The body imported once per iteration; NotUnrolled when the condition turns out to be
-    computed at run time or the loop runs longer than ``MAX_UNROLL`` iterations."""
+    computed at run time or the loop runs longer than ``unrolls`` allows."""
     body = node.attr("body")
     trip = node.const_input(0, "trip count M")
     cond = node.const_input(1, "cond")
@@ -367,7 +375,7 @@ def _unrolled_loop(ctx: Any, node: Any) -> Any:
     steps: list[list[Any]] = [[] for _ in range(len(body.output) - 1 - n)]
     it = 0
     while alive and (max_trip is None or it < max_trip):
-        if it >= MAX_UNROLL:
+        if not unrolls(it + 1, body):
             raise NotUnrolled
         res = convert_subgraph(ctx, body, dict(zip(names, [np.array(it, np.int64),
                                                            np.array(True), *carried])))
