@@ -243,7 +243,7 @@ def _stable_body(ctx: Any, node: Any, body: Any, lead: list[Any], carried: list[
 def _scan_attrs(func: SubgraphFunction, first: int, **kw: Any) -> rt_cf.LoopAttrs:
     outs = func.outputs[first:]
     return rt_cf.LoopAttrs(
-        scan_output_shapes=tuple(tuple(int(d.value) if hasattr(d, "value") else -1
+        scan_output_shapes=tuple(tuple(int(d.value) if isinstance(d, tir.IntImm) else -1
                                        for d in (o.shape or ())) for o in outs),
         scan_output_dtypes=tuple(str(o.dtype) for o in outs), **kw)
 
