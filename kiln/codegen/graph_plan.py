@@ -19,7 +19,7 @@ from .. import tir
 from ..graph import expr as gx
 from ..graph.struct_info import ShapeStructInfo, TensorStructInfo, TupleStructInfo
 from ..ir.errors import KilnError
-from ..runtime import host_funcs, memory_plan, shape_expr, shape_funcs
+from ..runtime import control_flow, host_funcs, memory_plan, shape_expr, shape_funcs
 from ..runtime.plan import MUTATIONS_ATTR, KernelCall, Plan, SlotSpec
 
 
@@ -115,6 +115,9 @@ class _PlanBuilder:
         if (isinstance(e, gx.Call) and isinstance(e.op, gx.ExternFunc)
                 and e.op.symbol.startswith(host_funcs.PREFIX)):
             return self.host_func(e)
+        if (isinstance(e, gx.Call) and isinstance(e.op, gx.ExternFunc)
+                and e.op.symbol.startswith(control_flow.PREFIX)):
+            return self.control(e)
         if isinstance(e, gx.Call) and isinstance(e.op, gx.Op):
             raise KilnError(
                 f"{self.name}: operator {e.op.name} was not legalized (run LegalizeOps first)"
@@ -188,6 +191,40 @@ class _PlanBuilder:
                                      {"attrs": attrs, "binds": binds, "what": self.binding},
                                      span=call.span))
         return out
+
+    def control(self, call: gx.Call) -> list[int]:
+        """A control-flow step (If / Loop / Scan) running the graph functions its GlobalVar
+        arguments name; each output slot's dims get fresh names the step binds."""
+        kind = call.op.symbol[len(control_flow.PREFIX):]
+        if kind not in control_flow.KINDS:
+            raise KilnError(f"{self.name}: unknown control-flow call {call.op.symbol!r}")
+        funcs = [a.name for a in call.args if isinstance(a, gx.GlobalVar)]
+        in_slots = []
+        for a in call.args:
+            if isinstance(a, gx.GlobalVar):
+                continue
+            v = self.resolve(a)
+            if not isinstance(v, int):
+                raise KilnError(f"{self.name}: {call.op.symbol}: arguments must be tensors")
+            in_slots.append(v)
+        sinfo = call.struct_info
+        fields = sinfo.fields if isinstance(sinfo, TupleStructInfo) else ()
+        if not fields or not all(isinstance(f, TensorStructInfo) and f.ndim >= 0
+                                 for f in fields):
+            raise KilnError(f"{self.name}: {call.op.symbol} must return a tuple of tensors of "
+                            f"known rank, got {sinfo}")
+        step = len(self.calls)
+        outs, binds = [], []
+        for k, f in enumerate(fields):
+            names = [self._fresh_name(f"_c{step}_{k}_{i}") for i in range(f.ndim)]
+            self.slots.append(SlotSpec([["var", b] for b in names], f.dtype, "temp"))
+            outs.append(len(self.slots) - 1)
+            binds.append(names)
+        attrs = dataclasses.asdict(call.attrs) if call.attrs is not None else {}
+        self.calls.append(KernelCall(kind, in_slots + outs, len(outs), "control",
+                                     {"funcs": funcs, "attrs": attrs, "binds": binds,
+                                      "what": self.binding}, span=call.span))
+        return outs
 
     def _fresh_name(self, base: str) -> str:
         used = set(self.var_names.values()) | self.reserved

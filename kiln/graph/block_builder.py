@@ -592,7 +592,8 @@ class BlockBuilder:
     def _infer_call(self, call: Call) -> StructInfo:
         label = _callee_label(call)
         for i, a in enumerate(call.args):
-            if a.struct_info is None:
+            # a GlobalVar argument names a function (a control-flow call's branches)
+            if a.struct_info is None and not isinstance(a, GlobalVar):
                 raise StructInfoError(f"{label}: argument {i} has no struct_info")
         op = call.op
         if isinstance(op, Op):

@@ -30,6 +30,7 @@ from .. import tir
 from ..ir.errors import KilnError, WellFormedError
 from ..ir.module import IRModule
 from ..ir.node import Node, node_field_names
+from ..runtime import control_flow
 from ..tir import Var as TirVar
 from ..tir.function import PrimFunc
 from ..tir.functor import collect_vars, substitute
@@ -350,6 +351,31 @@ class _GraphChecker:
             callee = self.mod[op.name]
             if isinstance(callee, gx.Function) and not call.sinfo_args:
                 self.check_graph_call(call, op.name, callee)
+        elif isinstance(op, gx.ExternFunc) and op.symbol.startswith(control_flow.PREFIX):
+            self.check_control_call(call)
+
+    def check_control_call(self, call: Any) -> None:
+        """A control-flow call (``kiln.runtime.control_flow``) names graph functions of the
+        module: ``if`` two branches taking the same parameters, ``loop``/``scan`` one body."""
+        kind = call.op.symbol[len(control_flow.PREFIX):]
+        funcs = [a for a in call.args if isinstance(a, gx.GlobalVar)]
+        want = 2 if kind == "if" else 1
+        if kind not in control_flow.KINDS or len(funcs) != want:
+            self.report(f"control-flow call {call.op.symbol} with {len(funcs)} function(s)")
+            return
+        if self.mod is None:
+            return
+        callees = []
+        for f in funcs:
+            callee = self.mod[f.name] if f.name in self.mod else None
+            if not isinstance(callee, gx.Function):
+                self.report(f"{call.op.symbol} runs {f.name}, which is not a graph function "
+                            "of the module")
+                return
+            callees.append(callee)
+        if kind == "if" and len(callees[0].params) != len(callees[1].params):
+            self.report(f"{call.op.symbol}: the branches {funcs[0].name} and {funcs[1].name} "
+                        "take different parameters")
 
     def check_op_call(self, call: Any) -> None:
         try:

@@ -106,6 +106,7 @@ class Executable:
             else:
                 ex = self._executors[name] = Executor(self.plans[name], self.module,
                                                       self._num_threads)
+            ex.functions = self._executor  # what control-flow steps run (If/Loop bodies)
         return ex
 
     def __getitem__(self, name: str):

@@ -19,7 +19,9 @@ Plans with host steps (run-time shapes, ``kiln.runtime.shape_funcs``) bind symbo
 they run: a shape function step reads tensor values on the host, a match step binds the graph's
 symbolic dims from them, and every tensor of symbolic shape is allocated just before the kernel
 that writes it, once the names its shape uses are bound. A host function step
-(``kiln.runtime.host_funcs``) computes a tensor in Python and binds its output's dim names.
+(``kiln.runtime.host_funcs``) computes a tensor in Python and binds its output's dim names; a
+control-flow step (``kiln.runtime.control_flow``: If, Loop, Scan) runs other graph functions'
+executors, which ``functions`` (set by the Executable) looks up by name.
 
 A plan with a whole-model native entry (``plan.entry``, see ``kiln.codegen.graph_entry``) runs
 with one ctypes call after the Python input checks; other plans call each kernel's checked
@@ -47,7 +49,7 @@ from ..ir.errors import (
     internal_error,
 )
 from ..ir.span import describe
-from . import host_funcs, memory_plan, shape_expr, shape_funcs, threads
+from . import control_flow, host_funcs, memory_plan, shape_expr, shape_funcs, threads
 from .ndarray import data_address
 from .plan import Plan
 
@@ -207,6 +209,9 @@ class Executor:
         self.module = module
         self.num_threads = num_threads
         self._set_threads = threads.setter(module)
+        #: ``name -> Executor`` of the sibling graph functions that control-flow steps run
+        #: (set by the Executable; None: the plan has no such step).
+        self.functions: Any = None
         #: Constants, bound once and shared by every call (read only).
         self._consts_by_slot: dict[int, np.ndarray] = {
             # plans made by kiln.build or kiln.load hold aligned constants already (no copy)
@@ -532,6 +537,9 @@ class Executor:
         if call.kind == "host_func":
             self._host_func(call, values, env)
             return
+        if call.kind == "control":
+            self._control(call, values, env)
+            return
         if call.kind != "shape_func":
             raise KilnError(f"{self.plan.name}: unknown plan step kind {call.kind!r}")
         inputs: list[Any] = []
@@ -581,6 +589,36 @@ class Executor:
                             f"{len(binds)}")
         env.update(zip(binds, (int(d) for d in result.shape)))
         values[out] = np.ascontiguousarray(result)
+
+    def _control(self, call: Any, values: list[Any], env: dict[str, int]) -> None:
+        """Run a control-flow step: its functions run through their own executors; the
+        results fill the output slots and bind their dim names (``extra["binds"]``)."""
+        extra = call.extra or {}
+        what = f"{self.plan.name}: {describe(call.span, extra.get('what') or call.func)}"
+        if self.functions is None:
+            raise KilnError(f"{what}: control flow needs the executable's other functions")
+        outs = call.args[len(call.args) - call.num_outputs:]
+        inputs = [values[s] for s in call.args[:len(call.args) - call.num_outputs]]
+
+        def run_function(name: str, args: Any) -> list[np.ndarray]:
+            result = self.functions(name).run(*args)
+            return list(result) if isinstance(result, tuple) else [result]
+
+        try:
+            results = control_flow.run(call.func, run_function, extra["funcs"], inputs,
+                                       extra.get("attrs") or {}, what)
+        except ValueError as err:
+            raise ArgumentError(f"{what}: {err}") from None
+        if len(results) != len(outs):
+            raise KilnError(f"{what}: produced {len(results)} values, expected {len(outs)}")
+        for slot, names, arr in zip(outs, extra["binds"], results):
+            spec = self.plan.slots[slot]
+            arr = np.asarray(arr)
+            if arr.dtype != spec.dtype.to_numpy() or arr.ndim != len(names):
+                raise KilnError(f"{what}: a result is {arr.dtype} of shape {arr.shape}, "
+                                f"expected {spec.dtype} of rank {len(names)}")
+            env.update(zip(names, (int(d) for d in arr.shape)))
+            values[slot] = np.ascontiguousarray(arr)
 
     def _run_entry(self, state: CallState, arrays: list[np.ndarray], env: dict[str, int],
                    seconds: Any = None) -> Any:

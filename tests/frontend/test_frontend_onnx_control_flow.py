@@ -1,4 +1,5 @@
-"""Scan / Loop / If import (unrolled or branch-selected at import) checked against onnxruntime."""
+"""Scan / Loop / If import (unrolled or branch-selected at import, or run by the executor)
+checked against onnxruntime."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from onnx import TensorProto, helper
 
 import kiln
 from kiln.frontend.onnx import from_onnx
+from kiln.graph import Call, ExternFunc
 from kiln.ir import KilnError
 from kiln.testing.onnx_graphs import onnx_model
 from kiln.testing.onnx_graphs import value_info as _vi
@@ -91,13 +93,21 @@ def _branches(then_shape, else_shape):
     return then_b, else_b
 
 
-def test_if_runtime_condition_runs_both_branches_and_selects():
+def _extern_calls(mod, name="main"):
+    return [b.value.op.symbol for blk in mod[name].body.blocks for b in blk.bindings
+            if isinstance(b.value, Call) and isinstance(b.value.op, ExternFunc)]
+
+
+def test_if_runtime_condition_runs_the_taken_branch():
     then_b, else_b = _branches([4], [4])
     node = helper.make_node("If", ["c"], ["y"], then_branch=then_b, else_branch=else_b,
                             name="if0")
     inits = [helper.make_tensor("st", I64, [1], [0]), helper.make_tensor("en", I64, [1], [4])]
     model = _model([node], [_vi("c", [1], B), _vi("a", [4]), _vi("b", [4])], [_vi("y", [4])],
                    inits)
+    mod, _ = from_onnx(model)
+    assert _extern_calls(mod) == ["kiln.control.if"]
+    assert {"if0_then", "if0_else"} <= set(mod.functions)
     a, b = RNG.standard_normal(4).astype("float32"), RNG.standard_normal(4).astype("float32")
     _compare(model, [{"c": np.array([True]), "a": a, "b": b},
                      {"c": np.array([False]), "a": a, "b": b}])
@@ -155,12 +165,21 @@ def test_loop_unrolled_with_constant_trip_count_and_condition(trip, stop_after):
     _compare(model, [feeds])
 
 
-def test_loop_runtime_trip_count_errors():
+def test_loop_runtime_trip_count_runs_the_body_at_run_time():
     node = helper.make_node("Loop", ["M", "", "acc0"], ["acc", "traces"], body=_loop_body(),
                             name="loop_rt")
     model = _model([node], [_vi("M", [], I64), _vi("acc0", [3]), _vi("x", [3])],
                    [_vi("acc", [3]), _vi("traces", None)])
-    with pytest.raises(KilnError, match="loop_rt.*trip count"):
+    mod, _ = from_onnx(model)
+    assert _extern_calls(mod) == ["kiln.control.loop"]
+    acc0, x = RNG.standard_normal(3).astype("float32"), RNG.standard_normal(3).astype("float32")
+    _compare(model, [{"M": np.array(m, np.int64), "acc0": acc0, "x": x} for m in (1, 7, 40)])
+
+
+def test_loop_without_trip_count_and_condition_is_refused():
+    node = helper.make_node("Loop", ["", "", "acc0"], ["acc"], body=_loop_body(), name="inf")
+    model = _model([node], [_vi("acc0", [3]), _vi("x", [3])], [_vi("acc", [3])])
+    with pytest.raises(KilnError, match="inf.*never ends"):
         from_onnx(model)
 
 

@@ -36,7 +36,7 @@ from ...ir.errors import error_context
 from ...ir.module import IRModule
 from ...ir.span import Span
 from .external_data import is_external, read_external
-from .fold import FOLDERS
+from .fold import FOLDERS, evaluate_node
 from .registry import lookup_converter
 from .spec import check_node
 
@@ -475,8 +475,11 @@ def _convert_node(ctx: GraphContext, node: Any, opsets: Mapping[str, int]) -> No
         assert fn is not None  # check_supported ran first
         present = [n for n in node.input if n]
         folder = FOLDERS.get(node.op_type) if not dom else None
-        if folder is not None and present and all(n in ctx.consts for n in present):
-            fn = _folding(folder, fn, present)
+        if present and all(n in ctx.consts for n in present):
+            if folder is not None:
+                fn = _folding(folder, fn, present)
+            else:
+                fn = _evaluating(fn, dict(opsets))
         _run_converter(ctx, view, fn)
 
 
@@ -490,6 +493,22 @@ def _folding(folder: Any, converter: Any, present: list[str]) -> Any:
                 return folder(view, *(ctx.consts[n] for n in present))
         except (ValueError, TypeError, IndexError, ArithmeticError):
             return converter(ctx, view)
+
+    return convert
+
+
+def _evaluating(converter: Any, opsets: dict[str, int]) -> Any:
+    """A converter that folds a node whose inputs are all constants with onnx's reference
+    evaluator (``fold.evaluate_node``), and converts it as usual where that declines."""
+
+    def convert(ctx: GraphContext, view: NodeView) -> Any:
+        node = view.proto
+        arrays = [ctx.consts[n] if n else None for n in node.input]
+        results = evaluate_node(node, opsets, arrays)
+        if results is None or len(results) != len([o for o in node.output if o]):
+            return converter(ctx, view)
+        it = iter(results)
+        return [next(it) if o else None for o in node.output]
 
     return convert
 

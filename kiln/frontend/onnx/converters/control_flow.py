@@ -1,19 +1,25 @@
 """Subgraph ONNX operators: If, Loop, Scan.
 
-kiln's graph IR runs straight-line dataflow, so control flow is resolved at import time:
+Control flow is resolved at import time where the import knows enough, and run by the
+executor otherwise (``kiln.runtime.control_flow``):
 
-* ``Scan`` and ``Loop`` are unrolled: the body subgraph is imported once per iteration
-  (``importer.convert_subgraph``) with that iteration's values. The trip count must be known at
-  import time (Scan: the scan axis length; Loop: a constant ``M``, and a condition that folds
-  to a constant after every iteration), else a clear error.
-* ``If`` imports only the chosen branch when the condition is known at import time. When it is
-  only known at run time, *both branches run* and ``where`` selects the result -- correct, but
-  the cost of both is paid. Outputs whose dims differ between the branches get dims bound at
-  run time (``dynamic.select_shaped``); outputs whose rank or dtype differ are refused, since
-  a value's rank and dtype are static in kiln.
+* ``If`` with a condition known at import imports only the chosen branch. With a run-time
+  condition, each branch becomes a graph function (``subgraph.import_function``) and the
+  executor runs only the branch taken; outputs whose dims differ between the branches get
+  fresh dims bound when it runs. Outputs differing in rank or dtype are refused (a KilnError
+  naming the node: a value's rank and dtype are static in kiln).
+* ``Loop`` and ``Scan`` with a trip count known at import whose unrolled graph would have at
+  most ``UNROLL_LIMIT`` body nodes (iterations x body nodes; and a condition that stays
+  known) are unrolled: the body is imported once per
+  iteration (``importer.convert_subgraph``), so constant state keeps folding and the
+  iterations fuse with their neighbours. Any other loop (a run-time trip count or condition,
+  a symbolic scan length, a long loop) runs its body function as often as needed at run time,
+  re-binding the loop-carried values each iteration; a carried value whose shape the body
+  changes gets a body parameter of symbolic shape (found by importing the body until its
+  parameter shapes are stable).
 
 Subgraphs see outer-scope values. Body outputs known at import time stay numpy arrays, so
-constant state (counters, shapes) keeps folding across iterations.
+constant state (counters, shapes) keeps folding across unrolled iterations.
 """
 
 from __future__ import annotations
@@ -23,15 +29,37 @@ from typing import Any
 import numpy as np
 
 from .... import graph as g
-from .... import op
-from ....op.common import dims_equal
+from .... import op, tir
+from ....runtime import control_flow as rt_cf
 from ..importer import convert_subgraph
 from ..registry import converter
+from ..subgraph import (
+    SubgraphFunction,
+    import_function,
+    outer_names,
+    outer_vars,
+    result_dims,
+    widen_sinfo,
+)
 from .common import norm_axis, static_int
-from .dynamic import select_shaped
+from .dynamic import safe_name
 
 # Unrolling more iterations than this is refused (the graph would grow without bound).
 MAX_UNROLL = 4096
+#: Loops and scans whose trip count is known at import are unrolled while iterations x body
+#: nodes stays within this; larger ones run their body function at run time. Unrolled loops
+#: run faster (one planned, fused graph: ``benchmarks/control_flow.py`` measured 30x-600x for
+#: a 4-node body on a loaded 2-core machine) but build time and graph size grow with them.
+UNROLL_LIMIT = 256
+
+
+def unrolls(trip: int, body: Any) -> bool:
+    """Whether a loop of ``trip`` iterations over ONNX graph ``body`` is unrolled."""
+    return trip * max(len(body.node), 1) <= UNROLL_LIMIT
+
+
+class NotUnrolled(Exception):
+    """Raised inside the unroller when the loop turns out to need run-time control flow."""
 
 
 def _value(node: Any, i: int) -> Any:
@@ -120,8 +148,12 @@ def scan(ctx: Any, node: Any) -> Any:
     axes = [norm_axis(int(a), len(_shape(ctx, x)))
             for a, x in zip(node.attr("scan_input_axes", None) or [0] * m, xs)]
     dirs = [int(d) for d in node.attr("scan_input_directions", None) or [0] * m]
-    states, steps = _scan_loop(ctx, node, states, xs, axes, dirs)
-    return [*states, *_scan_outputs(ctx, node, steps)]
+    lengths = {static_int(_shape(ctx, x)[a]) for x, a in zip(xs, axes)}
+    if None not in lengths and len(lengths) == 1 and unrolls(max(lengths), node.attr("body")):
+        states, steps = _scan_loop(ctx, node, states, xs, axes, dirs)
+        return [*states, *_scan_outputs(ctx, node, steps)]
+    return _runtime_scan(ctx, node, [_expr(v) for v in states], [_expr(x) for x in xs],
+                         axes, dirs)
 
 
 @converter("Scan", since=8)
@@ -154,15 +186,99 @@ def scan_v8(ctx: Any, node: Any) -> Any:
     return [*out_states, *out_scans]
 
 
-def _same_type(ctx: Any, a: Any, b: Any) -> bool:
-    ea, eb = _expr(a), _expr(b)
-    sa, sb = ea.struct_info, eb.struct_info
-    if str(sa.dtype) != str(sb.dtype) or sa.shape is None or sb.shape is None:
-        return False
-    if len(sa.shape) != len(sb.shape):
-        return False
+def _scalar(ctx: Any, e: Any, dtype: str) -> Any:
+    """A one-element tensor as a 0-d one of ``dtype`` (a condition, a trip count)."""
+    e = ctx.emit(op.reshape(e, ()))
+    return e if ctx.dtype(e) == dtype else ctx.emit(op.cast(e, dtype))
 
-    return all(dims_equal(x, y) for x, y in zip(sa.shape, sb.shape))
+
+def _control_call(ctx: Any, kind: str, funcs: list[g.GlobalVar], args: list[Any],
+                  outputs: list[tuple[Any, str, int]], attrs: Any = None) -> list[Any]:
+    """Emit the ``kiln.control.<kind>`` call and match_cast its results to ``outputs``
+    ((dims, dtype, rank) each; dims None: all fresh)."""
+    fields = tuple(g.TensorStructInfo(None, dtype, ndim=rank) for _, dtype, rank in outputs)
+    call = g.Call(g.ExternFunc(rt_cf.PREFIX + kind), [*funcs, *args], attrs=attrs,
+                  sinfo_args=[g.TupleStructInfo(fields)])
+    tup = ctx.emit(call)
+    return [ctx.bb.match_cast(g.TupleGetItem(tup, k), g.TensorStructInfo(dims, dtype))
+            for k, (dims, dtype, _) in enumerate(outputs)]
+
+
+def _check_types(node: Any, what: str, got: Any, want: Any) -> None:
+    if str(got.dtype) != str(want.dtype) or got.ndim != want.ndim:
+        raise node.error(f"{what} is {got} after an iteration but {want} before; a loop-carried "
+                         "value may change its dims, not its rank or dtype")
+
+
+def _stable_body(ctx: Any, node: Any, body: Any, lead: list[Any], carried: list[Any],
+                 rest: list[Any], out_offset: int) -> tuple[SubgraphFunction, list[Any]]:
+    """Import loop ``body`` as a function whose carried parameters (initially ``carried``'s
+    StructInfo, after the ``lead`` formals and before ``rest``) keep their shape where the body
+    keeps it and become symbolic where it changes it (imported until stable; the probes'
+    nested functions go to a throwaway module). Returns the function and the carried
+    parameters' StructInfo."""
+    base = safe_name(node.name)
+    names = [vi.name for vi in body.input]
+    captures = outer_names(body)
+    sinfos = list(carried)
+    fresh: set[int] = set()
+    for _ in range(len(carried) + 1):
+        probe = import_function(ctx, node, body, f"{base}_body",
+                                list(zip(names, [*lead, *sinfos, *rest])),
+                                sink=g.BlockBuilder(), captures=captures)
+        changed = False
+        for j, want in enumerate(sinfos):
+            got = probe.outputs[out_offset + j]
+            _check_types(node, f"loop-carried value {j} ({names[len(lead) + j]!r})", got, want)
+            wider = widen_sinfo(want, got, f"{base}_v{j}", fresh)
+            if wider is not None:
+                sinfos[j], changed = wider, True
+        if not changed:
+            break
+    func = import_function(ctx, node, body, f"{base}_body",
+                           list(zip(names, [*lead, *sinfos, *rest])), captures=captures)
+    return func, sinfos
+
+
+def _scan_attrs(func: SubgraphFunction, first: int, **kw: Any) -> rt_cf.LoopAttrs:
+    outs = func.outputs[first:]
+    return rt_cf.LoopAttrs(
+        scan_output_shapes=tuple(tuple(int(d.value) if isinstance(d, tir.IntImm) else -1
+                                       for d in (o.shape or ())) for o in outs),
+        scan_output_dtypes=tuple(str(o.dtype) for o in outs), **kw)
+
+
+def _runtime_scan(ctx: Any, node: Any, states: list[Any], xs: list[Any], axes: list[int],
+                  dirs: list[int]) -> list[Any]:
+    """Scan run by the executor: the body function runs once per slice."""
+    body = node.attr("body")
+    n, m = len(states), len(xs)
+    slices = []
+    for x, a in zip(xs, axes):
+        sh = list(_shape(ctx, x))
+        del sh[a]
+        slices.append(g.TensorStructInfo(tuple(sh), ctx.dtype(x)))
+    func, sinfos = _stable_body(ctx, node, body, [], [s.struct_info for s in states], slices, 0)
+    k = len(func.outputs) - n
+    out_axes = [int(a) for a in node.attr("scan_output_axes", None) or [0] * k]
+    out_dirs = [int(d) for d in node.attr("scan_output_directions", None) or [0] * k]
+    captured = [e for _, e in func.captures]
+    known = outer_vars([*states, *xs, *captured])
+    base = safe_name(node.name)
+    length = _shape(ctx, xs[0])[axes[0]] if xs else 0
+    outputs = [(result_dims([s.shape], known, f"{base}_s{j}"), str(s.dtype), s.ndim)
+               for j, s in enumerate(sinfos)]
+    for j, o in enumerate(func.outputs[n:]):
+        elem = list(result_dims([o.shape], known, f"{base}_o{j}") if o.shape is not None
+                    else [None] * o.ndim)
+        axis = norm_axis(out_axes[j], o.ndim + 1)
+        elem.insert(axis, length)
+        dims = None if any(d is None for d in elem) else tuple(elem)
+        outputs.append((dims, str(o.dtype), o.ndim + 1))
+    attrs = _scan_attrs(func, n, num_carried=n, num_scan_inputs=m,
+                        scan_input_axes=tuple(axes), scan_input_directions=tuple(dirs),
+                        scan_output_axes=tuple(out_axes), scan_output_directions=tuple(out_dirs))
+    return _control_call(ctx, "scan", [func.gvar], [*states, *xs, *captured], outputs, attrs)
 
 
 @converter("If", since=1)
@@ -178,79 +294,99 @@ def if_(ctx: Any, node: Any) -> Any:
     shape = ctx.static_shape(c)
     if shape is None or int(np.prod(shape)) != 1:
         raise node.error(f"the condition must have one element, got shape {ctx.shape(c)}")
-    c = op.reshape(c, ())
-    if ctx.dtype(node.input(0)) != "bool":
-        c = op.cast(c, "bool")
-    c = ctx.emit(c)
-    then_out = convert_subgraph(ctx, then_b, {})
-    else_out = convert_subgraph(ctx, else_b, {})
-    outs = []
-    for i, (a, b) in enumerate(zip(then_out, else_out)):
-        if _same_type(ctx, a, b):
-            outs.append(op.where(c, _expr(a), _expr(b)))
-            continue
-        sa, sb = _expr(a).struct_info, _expr(b).struct_info
-        if (str(sa.dtype) != str(sb.dtype) or sa.shape is None or sb.shape is None
-                or len(sa.shape) != len(sb.shape)):
+    c = _scalar(ctx, c, "bool")
+    # both branch functions take the captures of either, in one order
+    names = list(dict.fromkeys([*outer_names(then_b), *outer_names(else_b)]))
+    base = safe_name(node.name)
+    then_f = import_function(ctx, node, then_b, f"{base}_then", [], captures=names)
+    else_f = import_function(ctx, node, else_b, f"{base}_else", [], captures=names)
+    captured = [e for _, e in then_f.captures]
+    known = outer_vars(captured)
+    outputs = []
+    for k, (a, b) in enumerate(zip(then_f.outputs, else_f.outputs)):
+        if str(a.dtype) != str(b.dtype) or a.ndim != b.ndim:
             raise node.error(
-                f"the condition is only known at run time and output {i} differs in rank or "
-                f"dtype between the branches ({sa} vs {sb}); a value's rank and dtype are "
-                "static in kiln, so the branches cannot be merged")
-        # same rank, different dims: the output dims are bound at run time
-        outs.append(select_shaped(ctx, node, _expr(b), [(c, _expr(a))]))
-    return outs
+                f"the condition is only known at run time and output {k} differs in rank or "
+                f"dtype between the branches ({a} vs {b}); a value's rank and dtype are static "
+                "in kiln, so what follows cannot be compiled for both")
+        dims = (None if a.shape is None or b.shape is None
+                else result_dims([a.shape, b.shape], known, f"{base}_out{k}"))
+        outputs.append((dims, str(a.dtype), a.ndim))
+    return _control_call(ctx, "if", [then_f.gvar, else_f.gvar], [c, *captured], outputs)
 
 
 @converter("Loop", since=1)
 def loop(ctx: Any, node: Any) -> Any:
-    """Unrolled. A condition computed at run time is supported with a constant trip count and
-    no scan outputs: every iteration then runs and ``where`` keeps the carried values of the
-    iterations after the loop would have stopped (their results are discarded)."""
+    """Unrolled when the trip count is known at import and small (``unrolls``; and the
+    condition stays known while unrolling), else run by the executor."""
+    trip_known = not node.has_input(0) or node.is_const(0)
+    cond_known = not node.has_input(1) or node.is_const(1)
+    if not node.has_input(0) and not node.has_input(1):
+        raise node.error("a Loop without trip count and condition never ends")
+    if trip_known and cond_known:
+        trip = node.const_value(0)
+        if trip is None or unrolls(int(np.asarray(trip).reshape(-1)[0]), node.attr("body")):
+            try:
+                return _unrolled_loop(ctx, node)
+            except NotUnrolled:
+                pass  # what the unroller emitted is dead code, removed by the graph passes
+    return _runtime_loop(ctx, node)
+
+
+def _runtime_loop(ctx: Any, node: Any) -> list[Any]:
+    body = node.attr("body")
+    carried = [_expr(_value(node, i)) for i in range(2, node.num_inputs)]
+    n = len(carried)
+    lead = [g.TensorStructInfo((), "int64"), g.TensorStructInfo((), "bool")]
+    func, sinfos = _stable_body(ctx, node, body, lead, [c.struct_info for c in carried], [],
+                                1)
+    k = len(func.outputs) - 1 - n
+    head = []
+    if node.has_input(0):
+        head.append(_scalar(ctx, node.input(0), "int64"))
+    if node.has_input(1):
+        head.append(_scalar(ctx, node.input(1), "bool"))
+    captured = [e for _, e in func.captures]
+    known = outer_vars([*carried, *captured])
+    base = safe_name(node.name)
+    outputs = [(result_dims([s.shape], known, f"{base}_out{j}"), str(s.dtype), s.ndim)
+               for j, s in enumerate(sinfos)]
+    for j, o in enumerate(func.outputs[1 + n:]):
+        dims = (None if o.shape is None else
+                (tir.Var(f"{base}_n{j}", "int64"), *result_dims([o.shape], known, f"{base}_o{j}")))
+        outputs.append((dims, str(o.dtype), o.ndim + 1))
+    attrs = _scan_attrs(func, 1 + n, num_carried=n, has_trip=node.has_input(0),
+                        has_cond=node.has_input(1), scan_output_axes=(0,) * k,
+                        scan_output_directions=(0,) * k)
+    return _control_call(ctx, "loop", [func.gvar], [*head, *carried, *captured], outputs, attrs)
+
+
+def _unrolled_loop(ctx: Any, node: Any) -> Any:
+    """The body imported once per iteration; NotUnrolled when the condition turns out to be
+    computed at run time or the loop runs longer than ``unrolls`` allows."""
     body = node.attr("body")
     trip = node.const_input(0, "trip count M")
     cond = node.const_input(1, "cond")
-    if trip is None and cond is None:
-        raise node.error("a Loop without trip count and condition never ends")
     max_trip = None if trip is None else int(np.asarray(trip).reshape(()))
-    alive: Any = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
+    alive = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
     carried = [_value(node, i) for i in range(2, node.num_inputs)]
     n = len(carried)
     names = [vi.name for vi in body.input]
     steps: list[list[Any]] = [[] for _ in range(len(body.output) - 1 - n)]
     it = 0
-    while alive is not False and (max_trip is None or it < max_trip):
-        if it >= MAX_UNROLL:
-            raise node.error(f"more than {MAX_UNROLL} iterations; Loop is unrolled")
-        cond_in = np.array(True) if alive is True else alive
-        res = convert_subgraph(ctx, body, dict(zip(names, [np.array(it, np.int64), cond_in,
-                                                           *carried])))
-        cond_out, new = res[0], res[1:1 + n]
+    while alive and (max_trip is None or it < max_trip):
+        if not unrolls(it + 1, body):
+            raise NotUnrolled
+        res = convert_subgraph(ctx, body, dict(zip(names, [np.array(it, np.int64),
+                                                           np.array(True), *carried])))
+        cond_out, carried = res[0], res[1:1 + n]
         for j, v in enumerate(res[1 + n:]):
             steps[j].append(v)
         it += 1
-        if alive is not True:  # run-time condition: keep the old values once it turned false
-            carried = [_select(ctx, node, alive, a, b) for a, b in zip(new, carried)]
-        else:
-            carried = new
         if isinstance(cond_out, (np.ndarray, np.generic)):
-            still = bool(np.asarray(cond_out).reshape(-1)[0])
-            alive = still if alive is True else (alive if still else False)
-            continue
-        if max_trip is not None and it >= max_trip:
-            break  # the last iteration's condition does not matter
-        if max_trip is None or steps:
-            raise node.error("the loop condition is computed at run time (data-dependent "
-                             "termination); kiln unrolls Loop and needs it known at import "
-                             "(or a constant trip count and no scan outputs)")
-        flag = ctx.emit(op.reshape(op.cast(cond_out, "bool"), ()))
-        alive = flag if alive is True else ctx.emit(op.logical_and(alive, flag))
+            alive = bool(np.asarray(cond_out).reshape(-1)[0])
+        elif max_trip is None or it < max_trip:
+            raise NotUnrolled  # the last iteration's condition does not matter
     if steps and it == 0:
-        raise node.error("a Loop that runs zero iterations with scan outputs is not supported")
+        raise NotUnrolled  # zero iterations: the scan outputs' element shape is the body's
     return [*carried, *[_stack(ctx, vals, 0) for vals in steps]]
-
-
-def _select(ctx: Any, node: Any, flag: Any, a: Any, b: Any) -> Any:
-    if not _same_type(ctx, a, b):
-        raise node.error("a loop-carried value changes shape or dtype under a run-time "
-                         "condition")
-    return ctx.emit(op.where(flag, _expr(a), _expr(b)))

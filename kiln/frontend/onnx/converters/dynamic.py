@@ -293,9 +293,9 @@ def compress(ctx: Any, node: Any) -> Any:
     if ndim_of(cond) != 1:
         raise node.error(f"condition must be 1-d, got {cond.struct_info}")
     dim, length = static_int(shape_of(x)[axis]), static_int(shape_of(cond)[0])
-    if length is None or dim is None:
-        raise node.error("condition and the compressed axis must have static lengths")
-    if length > dim:
+    # symbolic lengths: a condition longer than the axis selects an index out of range,
+    # which the gather's run-time check reports
+    if length is not None and dim is not None and length > dim:
         raise node.error(f"condition has {length} entries for an axis of {dim}")
     coords = ctx.emit(_nonzero_coords(ctx, node, cond), f"{node.name}_indices")
     (n,) = shape_of(coords)[1:]
