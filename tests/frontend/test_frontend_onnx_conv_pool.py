@@ -231,3 +231,24 @@ def test_deform_conv_groups_strides_mask():
     ref = ReferenceEvaluator(model).run(None, feeds)[0]
     assert got.shape == ref.shape
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_transpose_float16_accumulates_in_float32():
+    """A float16 ConvTranspose (its per-pixel GEMM a 1x1 conv accumulating in float32, rounded
+    once) against onnxruntime's float32 result on the same float16 values."""
+    x, w, b = _rand(1, 32, 6, 5), _rand(32, 8, 2, 2) * 0.2, _rand(8)
+    x16, w16, b16 = (a.astype(np.float16) for a in (x, w, b))
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2])
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT16, a.shape)
+                      for n, a in (("x", x16), ("w", w16), ("b", b16))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    mod, params = from_onnx(model)
+    got = kiln.build(mod, params=params)(x=x16, w=w16, b=b16)
+    _, (ref,) = _run("ConvTranspose", [x16.astype(np.float32), w16.astype(np.float32),
+                                       b16.astype(np.float32)], strides=[2, 2])
+    assert got.dtype == np.float16 and got.shape == ref.shape
+    # one rounding to float16 (half an ulp: 2^-11 relative) on top of the float32 sum
+    np.testing.assert_allclose(got.astype(np.float32), ref, rtol=2 ** -10, atol=1e-3)
