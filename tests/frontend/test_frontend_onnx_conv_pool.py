@@ -252,3 +252,25 @@ def test_conv_transpose_float16_accumulates_in_float32():
     assert got.dtype == np.float16 and got.shape == ref.shape
     # one rounding to float16 (half an ulp: 2^-11 relative) on top of the float32 sum
     np.testing.assert_allclose(got.astype(np.float32), ref, rtol=2 ** -10, atol=1e-3)
+
+
+def test_conv_transpose_dynamic_batch():
+    """A symbolic batch (the GEMM is a matmul broadcast over it): one executable, any batch."""
+    w = _rand(8, 4, 3, 3)
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2],
+                            pads=[1, 1, 1, 1], output_padding=[1, 1])
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", F, ["N", 8, 5, 6])],
+        [helper.make_tensor_value_info("y", F, None)],
+        initializer=[helper.make_tensor("w", F, w.shape, w.ravel())])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    mod, params = from_onnx(model)
+    exe = kiln.build(mod, params=params)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n in (1, 3):
+        x = _rand(n, 8, 5, 6)
+        ref = sess.run(None, {"x": x})[0]
+        got = exe(x=x)
+        assert got.shape == ref.shape == (n, 4, 10, 12)
+        assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
