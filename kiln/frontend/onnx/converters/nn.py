@@ -391,10 +391,11 @@ def _gemm_col2im_conv_transpose2d(ctx: Any, x: Any, w: Any, strides: tuple[int, 
     ``z[k]`` shifted by ``k*d // s``: per phase a few padded slices of ``z`` added, the phases
     stacked to ``(N, M, sh, sw, Qh, Qw)`` and interleaved to ``(N, M, Qh, sh, Qw, sw)`` (a
     depth-to-space shuffle); injective ops that fuse into one kernel with the bias and the
-    activation after it. Where ``k == s`` (2x2 stride 2, 4x4 stride 4: decoders' and detectors'
-    upsampling) each output has exactly one tap and the gather is the shuffle alone. Only real
-    products are summed, so an inf/NaN weight reaches only the outputs its tap lands on. The ONNX
-    pads and ``output_padding`` then crop or zero-extend the result."""
+    activation after it. Where ``s`` divides ``k`` (undilated) every phase sums the same ``k/s``
+    shifts and needs no stacking; where ``k == s`` (2x2 stride 2, 4x4 stride 4: decoders' and
+    detectors' upsampling) each output has exactly one tap and the gather is the shuffle alone.
+    Only real products are summed, so an inf/NaN weight reaches only the outputs its tap lands
+    on. The ONNX pads and ``output_padding`` then crop or zero-extend the result."""
     kh, kw = (int(static_int(d)) for d in shape_of(w)[2:])  # static: checked
     sh, sw = strides
     c, mg = shape_of(w)[:2]
@@ -411,8 +412,19 @@ def _gemm_col2im_conv_transpose2d(ctx: Any, x: Any, w: Any, strides: tuple[int, 
     else:
         z = _conv2d(ctx, x, reshape(wt, (-1, cg, 1, 1)), (1, 1), (0, 0, 0, 0), (1, 1), groups)
     z = ctx.emit(reshape(z, (nb, -1, kh, kw, h, wd)))
-    if (kh, kw) == (sh, sw) and tuple(dil) == (1, 1):
-        y, qh, qw = z, h, wd
+    if tuple(dil) == (1, 1) and kh % sh == 0 and kw % sw == 0:
+        # tap (t*s + r) is phase r shifted by t: every phase sums the same J = k/s shifts, so
+        # the phases need no stacking (one slice and no padding when k == s)
+        jh, jw = kh // sh, kw // sw
+        qh, qw = h + jh - 1, wd + jw - 1
+        z = reshape(z, (nb, -1, jh, sh, jw, sw, h, wd))
+        y = None
+        for ty, tx in itertools.product(range(jh), range(jw)):
+            tap = op.strided_slice(z, (ty, tx), (ty + 1, tx + 1), axes=(2, 4))
+            tap = reshape(tap, (nb, -1, sh, sw, h, wd))
+            if (jh, jw) != (1, 1):
+                tap = op.pad(tap, ((0, 0),) * 4 + ((ty, jh - 1 - ty), (tx, jw - 1 - tx)))
+            y = tap if y is None else op.add(y, tap)
     else:
         shift = [[(t * dil[i]) // strides[i] for t in range(k)] for i, k in enumerate((kh, kw))]
         qh, qw = h + max(shift[0]), wd + max(shift[1])
