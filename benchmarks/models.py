@@ -32,6 +32,7 @@ THREADS = int(os.environ.get("KILN_BENCH_THREADS", "2"))
 CASES = {
     "resnet18": ("resnet18", 1),
     "mobilenet_v2": ("mobilenet_v2", 1),
+    "text_detector": ("text_detector", 1),
     "mlp_b1": ("mlp", 1),
     "mlp_b64": ("mlp", 64),
     "bert_seq128": ("bert_encoder", 1),

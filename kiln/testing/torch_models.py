@@ -3,7 +3,9 @@
 They are what users bring to kiln: the ONNX frontend's end-to-end tests and
 ``benchmarks/models.py`` use them. torchvision has no CPU build on kiln's machines, so ResNet-18
 and MobileNetV2 are written here from their papers' layer tables (same layers, same shapes as
-torchvision's); the encoder is a BERT-base-style block stack with an attention mask.
+torchvision's); the encoder is a BERT-base-style block stack with an attention mask; the text
+detector is a small DBNet-style FPN on MobileNetV2's backbone (resizes, concats, transposed
+convolutions).
 
 PyTorch is a test-only dependency: this module imports it lazily, inside the functions.
 """
@@ -63,8 +65,9 @@ def resnet18(num_classes: int = 1000) -> Any:
     return ResNet18()
 
 
-def mobilenet_v2(num_classes: int = 1000) -> Any:
-    """MobileNetV2 (Sandler et al. 2018): inverted residual blocks with ReLU6, width 1.0."""
+def _inverted_residual_blocks() -> tuple[Any, Any]:
+    """``(conv_bn, InvertedResidual)``: MobileNetV2's building blocks, shared by
+    :func:`mobilenet_v2` and the backbone of :func:`text_detector`."""
     torch = _torch()
     nn = torch.nn
 
@@ -89,6 +92,25 @@ def mobilenet_v2(num_classes: int = 1000) -> Any:
         def forward(self, x: Any) -> Any:
             return x + self.body(x) if self.residual else self.body(x)
 
+    return conv_bn, InvertedResidual
+
+
+def _inverted_residual_stage(block: Any, cin: int, settings: Any) -> tuple[list[Any], int]:
+    """The blocks of MobileNetV2 setting rows ``(t, c, n, s)``, and the channels they end with."""
+    layers = []
+    for t, c, n, s in settings:
+        for i in range(n):
+            layers.append(block(cin, c, s if i == 0 else 1, t))
+            cin = c
+    return layers, cin
+
+
+def mobilenet_v2(num_classes: int = 1000) -> Any:
+    """MobileNetV2 (Sandler et al. 2018): inverted residual blocks with ReLU6, width 1.0."""
+    torch = _torch()
+    nn = torch.nn
+    conv_bn, block = _inverted_residual_blocks()
+
     class MobileNetV2(nn.Module):
         # (expansion t, channels c, repeats n, first stride s) from the paper's Table 2
         SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
@@ -96,13 +118,9 @@ def mobilenet_v2(num_classes: int = 1000) -> Any:
 
         def __init__(self) -> None:
             super().__init__()
-            layers, cin = [conv_bn(3, 32, 3, 2)], 32
-            for t, c, n, s in self.SETTINGS:
-                for i in range(n):
-                    layers.append(InvertedResidual(cin, c, s if i == 0 else 1, t))
-                    cin = c
-            layers.append(conv_bn(cin, 1280, 1, 1))
-            self.features = nn.Sequential(*layers)
+            stem = conv_bn(3, 32, 3, 2)
+            layers, cin = _inverted_residual_stage(block, 32, self.SETTINGS)
+            self.features = nn.Sequential(stem, *layers, conv_bn(cin, 1280, 1, 1))
             self.classifier = nn.Linear(1280, num_classes)
 
         def forward(self, x: Any) -> Any:
@@ -110,6 +128,62 @@ def mobilenet_v2(num_classes: int = 1000) -> Any:
             return self.classifier(x)
 
     return MobileNetV2()
+
+
+def text_detector(inner: int = 24) -> Any:
+    """A DBNet-style text detector (Liao et al. 2020), small: a MobileNetV2 backbone (width 1.0,
+    to stride 32), an FPN neck (1x1 laterals to ``inner`` channels, nearest-neighbour top-down
+    upsampling and sums, 3x3 smoothing to ``inner / 4`` channels per level, bilinear upsampling
+    of every level to stride 4 and a concat of the four), and the probability head: 3x3 conv,
+    two 2x2 stride-2 ConvTranspose layers (``inner -> inner`` to stride 2, ``inner -> 1`` to full
+    resolution, BatchNorm + ReLU between) and a sigmoid.
+
+    ``forward(image (B, 3, H, W))`` with H, W multiples of 32 returns the (B, 1, H, W) text
+    probability map. It holds what detection networks add to a classifier: resizes, concats of
+    feature maps at several scales, transposed convolutions and large maps with few channels.
+    """
+    torch = _torch()
+    nn = torch.nn
+    functional = nn.functional
+    conv_bn, block = _inverted_residual_blocks()
+    # MobileNetV2's rows up to stride 32 (the 96-channel row at stride 16, the last one at 32)
+    stages = (((1, 16, 1, 1), (6, 24, 2, 2)), ((6, 32, 3, 2),), ((6, 64, 4, 2), (6, 96, 3, 1)),
+              ((6, 160, 3, 2),))
+
+    class TextDetector(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = conv_bn(3, 32, 3, 2)
+            cin, self.stages, widths = 32, nn.ModuleList(), []
+            for rows in stages:
+                layers, cin = _inverted_residual_stage(block, cin, rows)
+                self.stages.append(nn.Sequential(*layers))
+                widths.append(cin)
+            self.lateral = nn.ModuleList(nn.Conv2d(c, inner, 1, bias=False) for c in widths)
+            self.smooth = nn.ModuleList(nn.Conv2d(inner, inner // 4, 3, padding=1, bias=False)
+                                        for _ in widths)
+            self.head = nn.Sequential(
+                nn.Conv2d(inner, inner, 3, padding=1, bias=False), nn.BatchNorm2d(inner),
+                nn.ReLU(), nn.ConvTranspose2d(inner, inner, 2, 2), nn.BatchNorm2d(inner),
+                nn.ReLU(), nn.ConvTranspose2d(inner, 1, 2, 2), nn.Sigmoid())
+
+        def forward(self, x: Any) -> Any:
+            x = self.stem(x)
+            feats = []
+            for stage in self.stages:
+                x = stage(x)
+                feats.append(x)
+            lat = [conv(f) for conv, f in zip(self.lateral, feats)]
+            for i in range(len(lat) - 2, -1, -1):  # top-down: nearest upsampling and sum
+                lat[i] = lat[i] + functional.interpolate(lat[i + 1], scale_factor=2.0,
+                                                         mode="nearest")
+            size = lat[0].shape[2:]
+            maps = [functional.interpolate(conv(p), size=size, mode="bilinear",
+                                           align_corners=False) if i else conv(p)
+                    for i, (conv, p) in enumerate(zip(self.smooth, lat))]
+            return self.head(torch.cat(maps, 1))
+
+    return TextDetector()
 
 
 def mlp(sizes: tuple[int, ...] = (784, 1024, 1024, 10)) -> Any:
@@ -202,11 +276,14 @@ def export_onnx(module: Any, example_inputs: tuple[Any, ...], input_names: list[
 
 
 def example_inputs(name: str, batch: int = 1, seq: int = 128, seed: int = 0) -> list[np.ndarray]:
-    """Random inputs for ``resnet18``/``mobilenet_v2`` (images), ``mlp`` (batch x 784) or
+    """Random inputs for ``resnet18``/``mobilenet_v2`` (224x224 images), ``text_detector``
+    (640x640 images), ``mlp`` (batch x 784) or
     ``bert_encoder`` (token ids + attention mask)."""
     rng = np.random.default_rng(seed)
     if name in ("resnet18", "mobilenet_v2"):
         return [rng.standard_normal((batch, 3, 224, 224), dtype=np.float32)]
+    if name == "text_detector":
+        return [rng.standard_normal((batch, 3, 640, 640), dtype=np.float32)]
     if name == "mlp":
         return [rng.standard_normal((batch, 784), dtype=np.float32)]
     if name == "bert_encoder":
@@ -218,6 +295,7 @@ def example_inputs(name: str, batch: int = 1, seq: int = 128, seed: int = 0) -> 
 
 
 MODELS = {"resnet18": (resnet18, ["input"]), "mobilenet_v2": (mobilenet_v2, ["input"]),
+          "text_detector": (text_detector, ["input"]),
           "mlp": (mlp, ["input"]),
           "bert_encoder": (bert_encoder, ["input_ids", "attention_mask"])}
 

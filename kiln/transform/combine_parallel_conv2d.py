@@ -38,9 +38,16 @@ def analyze_conv2d(call: gx.Call) -> BranchInfo | None:
 
 @function_pass(opt_level=2)
 class CombineParallelConv2D:
-    """Combine conv2d ops that share their input into one conv2d on concatenated weights."""
+    """Combine conv2d ops that share their input into one conv2d on concatenated weights.
 
-    def __init__(self, min_num_branches: int = 2):
+    Groups of at least ``min_num_branches`` (3 by default, as in TVM): the ``split`` after the
+    combined call has no NCHWc form, so on the CPU it costs a layout transform to NCHW and back
+    around the split, and the branches' bias/activation leave the conv's epilogue. Two
+    branches gain too little to pay for that: in the text detector of ``benchmarks/models.py``
+    (an FPN lateral 1x1 conv beside the next block's 1x1 expansion) the pair combined ran at
+    1.3x the time of the two convs apart (per-kernel sums, paired rounds)."""
+
+    def __init__(self, min_num_branches: int = 3):
         self.min_num_branches = max(2, int(min_num_branches))
 
     def transform_function(self, func: gx.Function, mod: IRModule,

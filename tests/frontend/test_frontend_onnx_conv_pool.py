@@ -105,6 +105,29 @@ def test_conv_transpose(shape, wshape, attrs):
     _close(*_run("ConvTranspose", [x, w, b], **attrs))
 
 
+@pytest.mark.parametrize("shape,wshape,attrs", [
+    # kernel == stride: one tap per output (the per-pixel GEMM and a depth-to-space shuffle)
+    ((1, 24, 10, 12), (24, 24, 2, 2), dict(strides=[2, 2])),
+    ((1, 24, 6, 5), (24, 1, 2, 2), dict(strides=[2, 2])),
+    ((2, 8, 5, 4), (8, 3, 4, 4), dict(strides=[4, 4])),
+    ((1, 6, 5, 7), (6, 2, 2, 3), dict(strides=[2, 3], group=3)),
+    # overlapping taps (kernel > stride), uneven phases, phases no tap reaches, output_padding
+    ((1, 16, 6, 7), (16, 8, 4, 4), dict(strides=[2, 2], pads=[1, 1, 1, 1])),
+    ((1, 8, 5, 6), (8, 4, 3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1],
+                                      output_padding=[1, 1])),
+    ((1, 4, 5, 6), (4, 6, 3, 3), dict(strides=[1, 1], pads=[1, 0, 1, 2])),
+    ((1, 4, 5, 6), (4, 3, 2, 2), dict(strides=[3, 3], pads=[0, 1, 1, 0])),
+    ((1, 4, 5, 6), (4, 3, 3, 2), dict(strides=[2, 2], dilations=[2, 3], output_padding=[1, 0])),
+])
+def test_conv_transpose_gemm_col2im(shape, wshape, attrs):
+    """The per-pixel GEMM + col2im formulation against onnxruntime in float32, at 1e-5 of the
+    output's scale."""
+    x, w, b = _rand(*shape), _rand(*wshape), _rand(wshape[1] * attrs.get("group", 1))
+    (got,), (ref,) = _run("ConvTranspose", [x, w, b], **attrs)
+    assert got.shape == ref.shape
+    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
 @pytest.mark.parametrize("shape,attrs", [
     ((2, 3, 9, 8), dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 1, 1], p=3,
                         ceil_mode=1)),
@@ -208,3 +231,46 @@ def test_deform_conv_groups_strides_mask():
     ref = ReferenceEvaluator(model).run(None, feeds)[0]
     assert got.shape == ref.shape
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_transpose_float16_accumulates_in_float32():
+    """A float16 ConvTranspose (its per-pixel GEMM a 1x1 conv accumulating in float32, rounded
+    once) against onnxruntime's float32 result on the same float16 values."""
+    x, w, b = _rand(1, 32, 6, 5), _rand(32, 8, 2, 2) * 0.2, _rand(8)
+    x16, w16, b16 = (a.astype(np.float16) for a in (x, w, b))
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2])
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT16, a.shape)
+                      for n, a in (("x", x16), ("w", w16), ("b", b16))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    mod, params = from_onnx(model)
+    got = kiln.build(mod, params=params)(x=x16, w=w16, b=b16)
+    _, (ref,) = _run("ConvTranspose", [x16.astype(np.float32), w16.astype(np.float32),
+                                       b16.astype(np.float32)], strides=[2, 2])
+    assert got.dtype == np.float16 and got.shape == ref.shape
+    # one rounding to float16 (half an ulp: 2^-11 relative) on top of the float32 sum
+    np.testing.assert_allclose(got.astype(np.float32), ref, rtol=2 ** -10, atol=1e-3)
+
+
+def test_conv_transpose_dynamic_batch():
+    """A symbolic batch (the GEMM is a matmul broadcast over it): one executable, any batch."""
+    w = _rand(8, 4, 3, 3)
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2],
+                            pads=[1, 1, 1, 1], output_padding=[1, 1])
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", F, ["N", 8, 5, 6])],
+        [helper.make_tensor_value_info("y", F, None)],
+        initializer=[helper.make_tensor("w", F, w.shape, w.ravel())])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    mod, params = from_onnx(model)
+    exe = kiln.build(mod, params=params)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n in (1, 3):
+        x = _rand(n, 8, 5, 6)
+        ref = sess.run(None, {"x": x})[0]
+        got = exe(x=x)
+        assert got.shape == ref.shape == (n, 4, 10, 12)
+        assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()

@@ -218,7 +218,7 @@ def test_conv2d_branches_combine_per_kernel_size():
             out = bb.emit_output(op.concat([r1, c3, r2], axis=1))
         bb.emit_func_output(out)
     mod = bb.get()
-    after = CombineParallelConv2D()(mod)
+    after = CombineParallelConv2D(min_num_branches=2)(mod)
     bb = g.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
@@ -247,7 +247,7 @@ def test_conv2d_nhwc_concatenates_along_o_and_splits_channels_last():
             out = bb.emit_output(op.add(a, op.concat([b, b], axis=3)))
         bb.emit_func_output(out)
     mod = bb.get()
-    after = CombineParallelConv2D()(mod)
+    after = CombineParallelConv2D(min_num_branches=2)(mod)
     bb = g.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
@@ -272,4 +272,25 @@ def test_conv2d_not_combined_when_attrs_differ():
             d = bb.emit(op.nn.conv2d(x, g.const(_rand(4, 1, 3, 3)), groups=4))
             out = bb.emit_output(g.Tuple((a, b, c, d)))
         bb.emit_func_output(out)
-    _unchanged(CombineParallelConv2D(), bb.get())
+    _unchanged(CombineParallelConv2D(min_num_branches=2), bb.get())
+
+
+def _conv_branches(n: int):
+    x = g.Var("x", _t(1, 8, 6, 6))
+    bb = g.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            convs = [bb.emit(op.nn.conv2d(x, g.const(_rand(4 + i, 8, 1, 1)))) for i in range(n)]
+            out = bb.emit_output(op.concat(convs, axis=1))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_conv2d_default_combines_three_branches_not_two():
+    """Two branches stay apart by default (their split would cost more than the combined conv
+    gains on NCHWc CPUs); three or more combine."""
+    _unchanged(CombineParallelConv2D(), _conv_branches(2))
+    mod = _conv_branches(3)
+    after = CombineParallelConv2D()(mod)
+    assert str(after["main"]).count("nn.conv2d(") == 1
+    _same_numerics(mod, after, _rand(1, 8, 6, 6))
