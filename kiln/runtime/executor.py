@@ -47,7 +47,7 @@ from ..ir.errors import (
     internal_error,
 )
 from ..ir.span import describe
-from . import host_funcs, memory_plan, shape_expr, shape_funcs, threads
+from . import host_funcs, host_values, memory_plan, shape_expr, shape_funcs, threads
 from .ndarray import data_address
 from .plan import Plan
 
@@ -169,7 +169,8 @@ class CallState:
         for slot, spec in enumerate(plan.slots):
             if slot in plan.workspace_offsets:
                 self.temps[slot] = memory_plan.temp_view(self.workspace, plan, slot)
-            elif spec.kind == "temp" and all(shape_expr.is_static(d) for d in spec.shape):
+            elif (spec.kind == "temp" and not spec.is_host_value
+                  and all(shape_expr.is_static(d) for d in spec.shape)):
                 self.temps[slot] = memory_plan.aligned_empty(spec.shape, spec.dtype.to_numpy())
         self.in_ptrs = (ctypes.c_void_p * max(len(plan.input_slots), 1))()
         self.out_ptrs = (ctypes.c_void_p * max(num_outputs, 1))()
@@ -274,7 +275,11 @@ class Executor:
         arrays = []
         for name, slot, value in zip(plan.input_names, plan.input_slots, args):
             spec = plan.slots[slot]
-            arr = self._input_array(value, name, spec.dtype)
+            if spec.form != "tensor":  # a sequence or optional (kiln.runtime.host_values)
+                arrays.append(host_values.check_value(value, spec, f"{fname}: input {name!r}"))
+                continue
+            arr = (host_values.string_array(value, f"{fname}: input {name!r}")
+                   if spec.dtype.is_string else self._input_array(value, name, spec.dtype))
             want_np = spec.dtype.to_numpy()
             if arr.dtype != want_np:
                 raise ArgumentError(
@@ -300,6 +305,8 @@ class Executor:
                     )
             arrays.append(arr)
         for name, slot, arr in zip(plan.input_names, plan.input_slots, arrays):
+            if plan.slots[slot].form != "tensor":
+                continue
             for axis, want in enumerate(plan.slots[slot].shape):
                 if isinstance(want, list) and want[0] != "var":
                     expected = shape_expr.evaluate(want, env)
@@ -311,7 +318,7 @@ class Executor:
         if plan.dim_ranges:
             self._check_ranges(env)
         for k, (name, arr) in enumerate(zip(plan.input_names, arrays)):
-            if not arr.flags.c_contiguous:
+            if isinstance(arr, np.ndarray) and not arr.flags.c_contiguous:
                 memory_plan.check_memory(arr.nbytes, f"{fname}: input {name!r} (not contiguous: "
                                                      "kiln copies it)")
                 arrays[k] = np.ascontiguousarray(arr)
@@ -573,6 +580,13 @@ class Executor:
         out = call.args[-1]
         spec = self.plan.slots[out]
         binds = extra["binds"]
+        if spec.form != "tensor":
+            try:
+                values[out] = host_values.check_value(result, spec, "the result")
+            except ArgumentError as err:
+                raise KilnError(f"{self.plan.name}: host function {call.func} returned "
+                                f"{host_values.describe(result)}: {err}") from None
+            return
         if (not isinstance(result, np.ndarray) or result.dtype != spec.dtype.to_numpy()
                 or result.ndim != len(binds)):
             raise KilnError(f"{self.plan.name}: host function {call.func} returned "
@@ -580,7 +594,8 @@ class Executor:
                             f"{getattr(result, 'shape', '?')}, expected {spec.dtype} of rank "
                             f"{len(binds)}")
         env.update(zip(binds, (int(d) for d in result.shape)))
-        values[out] = np.ascontiguousarray(result)
+        # (np.ascontiguousarray would make a 0-d result 1-d)
+        values[out] = result if result.flags.c_contiguous else np.array(result, order="C")
 
     def _run_entry(self, state: CallState, arrays: list[np.ndarray], env: dict[str, int],
                    seconds: Any = None) -> Any:
@@ -613,5 +628,7 @@ class Executor:
             return tuple(self._collect(o, values) for o in out)
         arr = values[out]
         kind = self.plan.slots[out].kind
+        if self.plan.slots[out].form != "tensor":
+            return host_values.copy_value(arr)
         # Never hand out storage the executor keeps (inputs, constants, reused temps).
         return arr if kind == "output" else np.array(arr, copy=True)

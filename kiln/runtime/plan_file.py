@@ -2,7 +2,8 @@
 
 The CPU and the GPU executables save plans the same way: each plan's JSON (slot dtypes as
 indices into the file's dtype table) carries a ``"constants"`` table of ``{slot, offset,
-nbytes, shape}`` into one constants section; loading copies each constant into an aligned
+nbytes, shape}`` into one constants section (string constants, numpy object arrays, as
+``{slot, strings, shape}``: their text in the JSON); loading copies each constant into an aligned
 array. Errors of a malformed table (KeyError, IndexError, TypeError, ValueError) are left to
 the caller, which names the file.
 """
@@ -31,6 +32,10 @@ def plans_to_json(plans: Mapping[str, Plan], dtypes: dict[DataType, int]
         pj = plan.to_json(dtypes)
         table = []
         for slot, arr in plan.constants.items():
+            if plan.slots[slot].dtype.is_string:
+                table.append({"slot": slot, "strings": [str(v) for v in arr.reshape(-1)],
+                              "shape": list(arr.shape)})
+                continue
             data = np.ascontiguousarray(arr).tobytes()
             table.append({"slot": slot, "offset": len(blob), "nbytes": len(data),
                           "shape": list(arr.shape)})
@@ -47,6 +52,11 @@ def plans_from_json(data: Mapping[str, Any], dtypes: list[DataType], blob: Any
     for name, pj in data.items():
         constants = {}
         for c in pj["constants"]:
+            if "strings" in c:
+                strings = np.empty(len(c["strings"]), object)
+                strings[:] = [str(v) for v in c["strings"]]
+                constants[c["slot"]] = strings.reshape(c["shape"])
+                continue
             dt = dtypes[pj["slots"][c["slot"]]["dtype"]].to_numpy()
             raw = blob[c["offset"]:c["offset"] + c["nbytes"]]
             const = memory_plan.aligned_empty(c["shape"], dt)

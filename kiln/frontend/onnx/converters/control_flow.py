@@ -186,6 +186,9 @@ def if_(ctx: Any, node: Any) -> Any:
     else_out = convert_subgraph(ctx, else_b, {})
     outs = []
     for i, (a, b) in enumerate(zip(then_out, else_out)):
+        if not isinstance(_expr(a).struct_info, g.TensorStructInfo):  # sequence / optional
+            outs.append(op.select_value(c, _expr(a), _expr(b)))
+            continue
         if _same_type(ctx, a, b):
             outs.append(op.where(c, _expr(a), _expr(b)))
             continue
