@@ -227,10 +227,33 @@ def _split_infer(call: Any) -> Any:
     if not isinstance(split, TensorStructInfo) or not split.dtype.is_integer or split.ndim > 1:
         raise StructInfoError(f"split_to_sequence: split must be a 0-d or 1-d integer tensor, "
                               f"got {split}")
+    sizes = _split_sizes(tail[0], n)
+    if sizes is not None:
+        piece = (*shape[:axis], sizes[0], *shape[axis + 1:]) if len(set(sizes)) == 1 else None
+        return SequenceStructInfo(tensor_sinfo(piece, x.dtype, ndim), len(sizes))
     length = None
     if split.ndim == 1 and split.shape is not None:
         length = split.shape[0]
     return SequenceStructInfo(tensor_sinfo(None, x.dtype, ndim), length)
+
+
+def _split_sizes(split: Any, n: Any) -> list[int] | None:
+    """The piece sizes of a constant ``split`` over a static axis of ``n`` (None otherwise,
+    or when they do not fit: the host function reports that)."""
+    total = getattr(n, "value", None)
+    if not isinstance(split, gx.Constant) or total is None:
+        return None
+    values = split.data.reshape(-1).tolist()
+    if split.data.ndim == 0:
+        size = int(values[0])
+        if size <= 0:
+            return None
+        sizes = [size] * (total // size) + ([total % size] if total % size else [])
+    else:
+        sizes = [int(v) for v in values]
+    if not sizes or any(v < 0 for v in sizes) or sum(sizes) != total:
+        return None
+    return sizes
 
 
 split_to_sequence = register_host_op(

@@ -42,7 +42,8 @@ def sequence_construct(*tensors: np.ndarray) -> list[np.ndarray]:
 
 
 @host_func("sequence_empty")
-def sequence_empty() -> list[np.ndarray]:
+def sequence_empty(**_type: Any) -> list[np.ndarray]:
+    """An empty sequence (the attributes give its tensors' dtype)."""
     return []
 
 

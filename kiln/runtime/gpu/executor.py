@@ -42,6 +42,12 @@ class GpuExecutor(Executor):
     """Runs one Plan on the device of a :class:`GpuModule` (see the module docstring)."""
 
     def __init__(self, plan: Plan, module: GpuModule):  # noqa: D107 - no CPU setup
+        held = [s for s, spec in enumerate(plan.slots) if spec.is_host_value]
+        if held:
+            spec = plan.slots[held[0]]
+            what = "string tensors" if spec.form == "tensor" else f"{spec.form}s"
+            raise KilnError(f"{plan.name}: {what} (slot {held[0]}) live on the host; the GPU "
+                            "executor runs device buffers only: build for the CPU (target 'c')")
         self.plan = plan
         self.module = module
         self.device = device = module.device

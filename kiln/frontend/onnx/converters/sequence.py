@@ -10,8 +10,9 @@ runs, so the ops after it see named dims as after any run-time shape.
 import time (built by SequenceConstruct / SplitToSequence of a static split, ...) the body is
 imported once per element (``importer.convert_subgraph``, as Loop/Scan unroll) on
 ``sequence_at`` of the inputs, and the outputs are gathered with ``sequence_construct``.
-A length known only at run time needs a body run per element by the executor: refused here
-with a KilnError naming the node.
+With a length known only at run time it becomes the ONNX function that defines it (a Loop
+over the length, appending the body's outputs to carried sequences), converted as any Loop:
+the body then runs per element while the model runs, as the Loop converter decides.
 """
 
 from __future__ import annotations
@@ -160,8 +161,8 @@ def sequence_map(ctx: Any, node: Any) -> Any:
         raise node.error("input 0 must be a sequence")
     lengths = {inputs[i].struct_info.static_length for i in seq_inputs}
     if None in lengths:
-        raise node.error("the length of an input sequence is known only at run time; kiln "
-                         "unrolls SequenceMap over sequences of known length")
+        return convert_subgraph(ctx, _as_loop(node, body, seq_inputs),
+                                dict(zip(_outer_names(node), inputs)))
     if len(lengths) != 1:
         raise node.error(f"the input sequences differ in length: {sorted(lengths)}")
     n = lengths.pop()
@@ -181,3 +182,55 @@ def sequence_map(ctx: Any, node: Any) -> Any:
         raise node.error("the input sequences are empty: the element types of the outputs "
                          "are unknown")
     return [op.sequence_construct(vals) for vals in outputs]
+
+
+def _outer_names(node: Any) -> list[str]:
+    return [f"{node.name}__seqmap_in{i}" for i in range(node.num_inputs)]
+
+
+def _as_loop(node: Any, body: Any, seq_inputs: list[int]) -> Any:
+    """SequenceMap over run-time lengths as the ONNX function that defines it: a Loop over
+    the first sequence's length whose body takes element ``i`` of every sequence input
+    (``SequenceAt``), runs ``body`` and appends its outputs to the carried output sequences
+    (``SequenceInsert``). Returned as a graph whose inputs are the node's inputs."""
+    h = onnx.helper
+    p = f"{node.name}__seqmap_"
+    outer = _outer_names(node)
+    nodes = [h.make_node("SequenceLength", [outer[0]], [p + "n"]),
+             h.make_node("Constant", [], [p + "cond"],
+                         value=h.make_tensor(p + "true", onnx.TensorProto.BOOL, [], [True]))]
+    inner = []
+    for i, formal in enumerate(body.input):
+        if i in seq_inputs:
+            inner.append(h.make_node("SequenceAt", [outer[i], p + "i"], [formal.name]))
+        else:
+            inner.append(h.make_node("Identity", [outer[i]], [formal.name]))
+    inner.extend(body.node)
+    carried_in, carried_out, empties = [], [], []
+    for j, out in enumerate(body.output):
+        tp = out.type
+        elem = tp.sequence_type.elem_type if tp.HasField("sequence_type") else tp
+        if not elem.HasField("tensor_type"):
+            raise node.error(f"body output {out.name!r} must be a tensor or a sequence of "
+                             "tensors")
+        empties.append(h.make_node("SequenceEmpty", [], [f"{p}empty{j}"],
+                                   dtype=elem.tensor_type.elem_type))
+        carried_in.append(h.make_value_info(f"{p}acc{j}_in", h.make_sequence_type_proto(elem)))
+        carried_out.append(h.make_value_info(f"{p}acc{j}_out",
+                                             h.make_sequence_type_proto(elem)))
+        inner.append(h.make_node("SequenceInsert", [f"{p}acc{j}_in", out.name],
+                                 [f"{p}acc{j}_out"]))
+    inner.append(h.make_node("Identity", [p + "cond_in"], [p + "cond_out"]))
+    scalar = [h.make_tensor_value_info(p + "i", onnx.TensorProto.INT64, []),
+              h.make_tensor_value_info(p + "cond_in", onnx.TensorProto.BOOL, [])]
+    loop_body = h.make_graph(inner, f"{p}body", [*scalar, *carried_in],
+                             [h.make_tensor_value_info(p + "cond_out", onnx.TensorProto.BOOL,
+                                                       []), *carried_out],
+                             initializer=list(body.initializer))
+    nodes.extend(empties)
+    outputs = [f"{p}out{j}" for j in range(len(body.output))]
+    nodes.append(h.make_node("Loop", [p + "n", p + "cond", *(e.output[0] for e in empties)],
+                             outputs, name=node.name, body=loop_body))
+    graph_inputs = [h.make_value_info(name, onnx.TypeProto()) for name in outer]
+    return h.make_graph(nodes, p + "graph", graph_inputs,
+                        [h.make_value_info(o, onnx.TypeProto()) for o in outputs])
