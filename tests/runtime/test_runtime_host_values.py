@@ -119,33 +119,6 @@ def test_optional_values():
         exe(np.array([1.0, 2.0]))
 
 
-def test_inference_tracks_lengths_and_rejects_mixing():
-    x = g.Var("x", g.TensorStructInfo((2, 3), "float32"))
-    y = g.Var("y", g.TensorStructInfo((5, 3), "float32"))
-    bb = g.BlockBuilder()
-    with bb.function("main", params=[x, y]):
-        seq = bb.emit(op.sequence_construct([x, y]))
-        assert seq.struct_info.static_length == 2
-        assert seq.struct_info.elem.shape is None and seq.struct_info.elem.ndim == 2
-        longer = bb.emit(op.sequence_insert(seq, x, []))
-        assert longer.struct_info.static_length == 3
-        shorter = bb.emit(op.sequence_erase(longer, []))
-        assert shorter.struct_info.static_length == 2
-        empty = bb.emit(op.sequence_empty(dtype="float32"))
-        one = bb.emit(op.sequence_insert(empty, x, []))
-        # an empty sequence takes what comes
-        assert one.struct_info.elem.static_shape() == (2, 3)
-        with pytest.raises(StructInfoError, match="into a sequence of float32"):
-            bb.emit(op.sequence_insert(seq, g.const(np.zeros(3, np.int32)), []))
-        with pytest.raises(StructInfoError, match="share a dtype"):
-            bb.emit(op.sequence_construct([x, g.const(np.zeros(3, np.int32))]))
-        with pytest.raises(StructInfoError, match="must be a sequence"):
-            bb.emit(op.sequence_length(x))
-        with pytest.raises(StructInfoError, match="sequence is empty"):
-            bb.emit(op.sequence_erase(empty, []))
-        bb.emit_func_output(x)
-
-
 def test_sequence_host_functions_match_numpy():
     x = RNG.standard_normal((5, 7)).astype("float32")
     parts = sequence_funcs.split_to_sequence(x, np.array(3), axis=1)
