@@ -79,7 +79,9 @@ def profile_symbol(entry: str) -> str:
 class TensorInfo:
     """An input or output of a graph function, as onnxruntime's ``get_inputs()`` describes
     one: its name, its shape (ints, and names for symbolic dims: ``("batch", 3, 224, 224)``;
-    an expression of names reads like ``"mul(2, n)"``) and its numpy dtype name."""
+    an expression of names reads like ``"mul(2, n)"``) and its numpy dtype name (``object``
+    for strings; ``"sequence(float32)"``, ``"optional(int64)"`` for those values, whose
+    shape is ``()``)."""
 
     name: str
     shape: tuple[int | str, ...]
@@ -135,8 +137,11 @@ class Plan:
         """The :class:`TensorInfo` of ``slot`` under ``name``."""
         spec = self.slots[slot]
         shape = tuple(d if isinstance(d, int) else shape_expr.to_str(d) for d in spec.shape)
-        return TensorInfo(name, shape, spec.dtype.to_numpy().name if spec.dtype.lanes == 1
-                          else str(spec.dtype))
+        dtype = spec.dtype.to_numpy().name if spec.dtype.lanes == 1 else str(spec.dtype)
+        if spec.form != "tensor":  # "sequence(float32)", "optional(sequence(int64))"
+            inner = dtype if spec.elem == "tensor" else f"{spec.elem}({dtype})"
+            dtype = f"{spec.form}({inner})"
+        return TensorInfo(name, shape, dtype)
 
     @property
     def inputs(self) -> list[TensorInfo]:

@@ -182,3 +182,11 @@ def test_string_tensors_stay_off_kernels():
         bb.emit_func_output(r)
     with pytest.raises(StructInfoError, match="is a string tensor"):
         kiln.build(bb.get())
+
+
+def test_described_inputs_and_outputs():
+    exe = kiln.build(_sequence_model())
+    assert [(i.name, i.dtype) for i in exe.inputs] == [("x", "float32"),
+                                                        ("s", "sequence(float32)")]
+    assert [o.dtype for o in exe.outputs] == ["float32", "int64", "sequence(float32)",
+                                              "float32"]
