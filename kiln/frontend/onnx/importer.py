@@ -387,7 +387,7 @@ def initializer_array(init: Any, base_dir: str | None) -> np.ndarray:
             return read_external(init, base_dir)
         arr = onnx.numpy_helper.to_array(init)
         if arr.dtype.kind in "OUS":  # text: an object array of str (kiln.op.strings)
-            return np.vectorize(_text, otypes=[object])(arr) if arr.size else arr.astype(object)
+            return np.vectorize(as_text, otypes=[object])(arr) if arr.size else arr.astype(object)
         return arr
     except KilnError:
         raise
@@ -395,7 +395,8 @@ def initializer_array(init: Any, base_dir: str | None) -> np.ndarray:
         raise ModelFormatError(f"initializer {init.name!r} cannot be read: {err}") from err
 
 
-def _text(v: Any) -> str:
+def as_text(v: Any) -> str:
+    """An ONNX string (protobuf gives bytes for tensor data and string attributes) as str."""
     return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
 

@@ -16,6 +16,7 @@ from onnx import numpy_helper
 
 from .... import graph as g
 from .... import op
+from ..importer import as_text
 from ..registry import converter
 from .common import dtype_of, ndim_of, shape_of, static_int
 from .dynamic import check_range
@@ -436,8 +437,7 @@ def tree_ensemble_classifier(ctx: Any, node: Any) -> Any:
     String class labels (``classlabels_strings``) are looked up on the host
     (``label_encoder``: class index -> label). Refused: the binary form (every weight on one
     class), whose score conventions differ between the reference and onnxruntime."""
-    text = [v.decode() if isinstance(v, bytes) else str(v)
-            for v in node.attr("classlabels_strings", None) or ()]
+    text = [as_text(v) for v in node.attr("classlabels_strings", None) or ()]
     labels = node.attr("classlabels_int64s") or text
     if not labels:
         raise node.error("classlabels_int64s or classlabels_strings is required")

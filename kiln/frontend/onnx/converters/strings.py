@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import onnx.numpy_helper
 
 from .... import op
 from ....ir.dtype import as_dtype
 from ....runtime import string_funcs
+from ..importer import as_text, initializer_array
 from ..registry import converter
 from .common import dtype_of
 from .sequence import bind_dims
@@ -38,12 +38,8 @@ def string_normalizer(ctx: Any, node: Any) -> Any:
         x, case_change_action=node.attr("case_change_action", "NONE"),
         is_case_sensitive=bool(node.attr("is_case_sensitive", 0)),
         locale=node.attr("locale", ""),
-        stopwords=tuple(_text(w) for w in node.attr("stopwords", ())))
+        stopwords=tuple(as_text(w) for w in node.attr("stopwords", ())))
     return bind_dims(ctx, node, value, "normalized")
-
-
-def _text(v: Any) -> str:
-    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
 
 @converter("StringConcat", since=20)
@@ -93,17 +89,7 @@ _LABEL_KINDS = (("strings", "default_string", "string", "_Unused"),
 
 def _tensor_attr(node: Any, name: str) -> np.ndarray | None:
     value = node.attrs.get(name)
-    if value is None:
-        return None
-    arr = np.asarray(_onnx_array(value))
-    return arr
-
-
-def _onnx_array(tensor: Any) -> np.ndarray:
-    arr = onnx.numpy_helper.to_array(tensor)
-    if arr.dtype.kind in "OUS":
-        arr = np.array([_text(v) for v in arr.reshape(-1)], dtype=object).reshape(arr.shape)
-    return arr
+    return None if value is None else initializer_array(value, None)
 
 
 def _label_side(node: Any, side: str) -> tuple[list[Any], str, Any]:
@@ -127,7 +113,7 @@ def _label_side(node: Any, side: str) -> tuple[list[Any], str, Any]:
     kind, dflt_attr, dtype, dflt = found[0]
     items = list(node.attr(f"{side}_{kind}"))
     if kind == "strings":
-        items = [_text(v) for v in items]
+        items = [as_text(v) for v in items]
     default = node.attr(dflt_attr, dflt)
     if kind == "floats":
         items = [float(np.float32(v)) for v in items]
@@ -154,9 +140,9 @@ def category_mapper(ctx: Any, node: Any) -> Any:
     if dtype_of(x) not in ("string", "int64"):
         raise node.error(f"the input must be a string or int64 tensor, got {x.struct_info}")
     return op.category_mapper(
-        x, cats_strings=tuple(_text(v) for v in node.attr("cats_strings", ())),
+        x, cats_strings=tuple(as_text(v) for v in node.attr("cats_strings", ())),
         cats_int64s=tuple(int(v) for v in node.attr("cats_int64s", ())),
-        default_string=_text(node.attr("default_string", "_Unused")),
+        default_string=as_text(node.attr("default_string", "_Unused")),
         default_int64=int(node.attr("default_int64", -1)))
 
 
