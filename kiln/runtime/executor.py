@@ -20,6 +20,9 @@ they run: a shape function step reads tensor values on the host, a match step bi
 symbolic dims from them, and every tensor of symbolic shape is allocated just before the kernel
 that writes it, once the names its shape uses are bound. A host function step
 (``kiln.runtime.host_funcs``) computes a tensor in Python and binds its output's dim names.
+Sequences, optionals and string tensors are held as Python values in their slots (lists of
+arrays, None or a value, object arrays of ``str``), checked where they enter and copied where
+they leave (``kiln.runtime.host_values``).
 
 A plan with a whole-model native entry (``plan.entry``, see ``kiln.codegen.graph_entry``) runs
 with one ctypes call after the Python input checks; other plans call each kernel's checked
