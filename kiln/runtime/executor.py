@@ -572,6 +572,8 @@ class Executor:
         extra = call.extra or {}
         what = extra.get("what") or call.func
         inputs = [values[s] for s in call.args[:len(call.args) - 1]]
+        if self.plan.slots[call.args[-1]].form != "tensor":
+            inputs = host_values.keep(self.plan, call.args[:len(call.args) - 1], inputs)
         if call.func not in host_funcs.HOST_FUNCS:
             raise KilnError(f"{self.plan.name}: this kiln has no host function {call.func!r}")
         try:

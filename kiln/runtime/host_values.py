@@ -11,13 +11,15 @@ function returned) and a model output (a fresh copy the caller owns).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from ..ir.dtype import DataType
 from ..ir.errors import ArgumentError
-from .plan import SlotSpec
+from . import shape_expr
+from .plan import Plan, SlotSpec
 
 
 def string_array(value: Any, what: str) -> np.ndarray:
@@ -71,6 +73,22 @@ def check_value(value: Any, spec: SlotSpec, what: str) -> Any:
                                 f"{type(value).__name__}")
         return [tensor_value(v, spec.dtype, f"{what}[{i}]") for i, v in enumerate(value)]
     return tensor_value(value, spec.dtype, what)
+
+
+def keep(plan: Plan, slots: Sequence[int], inputs: list[Any]) -> list[Any]:
+    """The inputs of a host function that makes a sequence or optional, with a copy of each
+    tensor whose memory the executor reuses (a static temp: its workspace bytes, or its
+    array in the call state, hold another value later in the run), since the result holds
+    its inputs' arrays for as long as it lives. Other arrays -- constants, inputs, tensors
+    allocated for this run, host values -- are never written again and are held as they are.
+    """
+    out = list(inputs)
+    for k, slot in enumerate(slots):
+        spec = plan.slots[slot]
+        if (spec.kind == "temp" and not spec.is_host_value
+                and all(shape_expr.is_static(d) for d in spec.shape)):
+            out[k] = np.array(inputs[k], copy=True)
+    return out
 
 
 def copy_value(value: Any) -> Any:

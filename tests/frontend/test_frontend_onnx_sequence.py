@@ -257,3 +257,36 @@ def test_sequence_errors_at_import():
                    [helper.make_tensor_value_info("r", F, None)])
     with pytest.raises(KilnError, match="SequenceAt node 'y'.*rank of the sequence's elements"):
         from_onnx(model)
+
+
+def test_loop_carrying_a_sequence_is_unrolled():
+    """A Loop of known trip count carrying a sequence (and an optional one, as ONNX's loop16
+    test does): the body's sequence ops are imported once per iteration."""
+    rng = np.random.default_rng(6)
+    n = helper.make_node
+    seq_t = _seq_type(F, None)
+    body = helper.make_graph(
+        [n("Cast", ["i"], ["fi"], to=F), n("Add", ["x", "fi"], ["xi"]),
+         n("SequenceInsert", ["acc_in", "xi"], ["acc_out"]),
+         n("OptionalGetElement", ["opt_in"], ["plain"]),
+         n("SequenceInsert", ["plain", "xi", "zero"], ["front"]),
+         n("Optional", ["front"], ["opt_out"]),
+         n("Identity", ["c_in"], ["c_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+         helper.make_value_info("acc_in", seq_t),
+         helper.make_value_info("opt_in", helper.make_optional_type_proto(seq_t))],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+         helper.make_value_info("acc_out", seq_t),
+         helper.make_value_info("opt_out", helper.make_optional_type_proto(seq_t))])
+    consts = [numpy_helper.from_array(np.array(v, dtype), name) for name, v, dtype in
+              (("m", 3, np.int64), ("c", True, np.bool_), ("zero", 0, np.int64))]
+    nodes = [n("SequenceEmpty", [], ["empty"]), n("Optional", ["empty"], ["opt"]),
+             n("Loop", ["m", "c", "empty", "opt"], ["acc", "opt_final"], body=body),
+             n("OptionalGetElement", ["opt_final"], ["fronts"]),
+             n("ConcatFromSequence", ["acc"], ["cat"], axis=0)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, (2,))],
+                   [helper.make_value_info("fronts", seq_t),
+                    helper.make_tensor_value_info("cat", F, None)], consts)
+    _check_ort(model, {"x": rng.standard_normal(2).astype("float32")})

@@ -190,3 +190,23 @@ def test_described_inputs_and_outputs():
                                                         ("s", "sequence(float32)")]
     assert [o.dtype for o in exe.outputs] == ["float32", "int64", "sequence(float32)",
                                               "float32"]
+
+
+def test_sequences_keep_their_tensors_when_the_workspace_is_reused():
+    """x+1 goes into a sequence, then x+2 and x+3 are computed by kernels whose static temps
+    may take x+1's workspace bytes: the sequence still holds x+1 (its tensors are copied out of
+    reused memory when they go in)."""
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo((16,), "float32"))
+    with bb.function("main"):
+        with bb.dataflow():
+            seq = bb.emit(op.sequence_construct([op.add(x, g.const(np.float32(1)))]))
+            for k in (2, 3):
+                seq = bb.emit(op.sequence_insert(
+                    seq, op.exp(op.add(x, g.const(np.float32(k)))), []))
+            out = bb.emit_output(op.concat_from_sequence(seq, axis=0))
+        bb.emit_func_output(out, params=[x])
+    exe = kiln.build(bb.get())
+    a = RNG.standard_normal(16).astype("float32")
+    np.testing.assert_allclose(exe(a), np.concatenate([a + 1, np.exp(a + 2), np.exp(a + 3)]),
+                               rtol=1e-5)

@@ -92,7 +92,11 @@ def sequence_length(ctx: Any, node: Any) -> Any:
 
 @converter("SplitToSequence", since=11)
 def split_to_sequence(ctx: Any, node: Any) -> Any:
-    return op.split_to_sequence(node.input(0), _optional_tail(node, 1),
+    split = node.const_value(1)
+    # a split known here (an initializer too) is given as a constant: the op's inference then
+    # knows the pieces (and binding the initializer later changes no type)
+    tail = [g.const(np.asarray(split))] if split is not None else _optional_tail(node, 1)
+    return op.split_to_sequence(node.input(0), tail,
                                 axis=int(node.attr("axis", 0)),
                                 keepdims=bool(node.attr("keepdims", 1)))
 
