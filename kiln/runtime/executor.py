@@ -599,8 +599,11 @@ class Executor:
                             f"{getattr(result, 'shape', '?')}, expected {spec.dtype} of rank "
                             f"{len(binds)}")
         env.update(zip(binds, (int(d) for d in result.shape)))
-        # (np.ascontiguousarray would make a 0-d result 1-d)
-        values[out] = result if result.flags.c_contiguous else np.array(result, order="C")
+        # (np.ascontiguousarray would make a 0-d result 1-d); a result that is one of the
+        # arrays the step read (SequenceAt's element) is copied: it may be a constant or an
+        # input the caller owns, and an output slot is handed out as it is
+        fresh = result.flags.c_contiguous and not host_values.aliases(result, inputs)
+        values[out] = result if fresh else np.array(result, order="C")
 
     def _run_entry(self, state: CallState, arrays: list[np.ndarray], env: dict[str, int],
                    seconds: Any = None) -> Any:

@@ -91,6 +91,18 @@ def keep(plan: Plan, slots: Sequence[int], inputs: list[Any]) -> list[Any]:
     return out
 
 
+def aliases(result: np.ndarray, inputs: Sequence[Any]) -> bool:
+    """Whether a host function's tensor ``result`` is (a view of) one of its inputs or of an
+    array they hold (a sequence's element, an optional's value)."""
+    base = result if result.base is None else result.base
+    for value in inputs:
+        for arr in (value if isinstance(value, list) else [value]):
+            if isinstance(arr, np.ndarray) and (arr is result or arr is base
+                                                or arr.base is base and base is not None):
+                return True
+    return False
+
+
 def copy_value(value: Any) -> Any:
     """A copy the caller owns of a host value (lists and arrays copied, None kept)."""
     if value is None:

@@ -210,3 +210,19 @@ def test_sequences_keep_their_tensors_when_the_workspace_is_reused():
     a = RNG.standard_normal(16).astype("float32")
     np.testing.assert_allclose(exe(a), np.concatenate([a + 1, np.exp(a + 2), np.exp(a + 3)]),
                                rtol=1e-5)
+
+
+def test_an_element_output_is_the_callers():
+    """SequenceAt of a constant's sequence is an output: changing it changes no later run."""
+    bb = g.BlockBuilder()
+    i = g.Var("i", g.TensorStructInfo((), "int64"))
+    table = g.const(np.arange(6, dtype=np.float32).reshape(2, 3))
+    with bb.function("main"):
+        with bb.dataflow():
+            seq = bb.emit(op.split_to_sequence(table, [], axis=0, keepdims=False))
+            out = bb.emit_output(op.sequence_at(seq, i))
+        bb.emit_func_output(out, params=[i])
+    exe = kiln.build(bb.get())
+    row = exe(np.array(1))
+    row[...] = -1
+    np.testing.assert_array_equal(exe(np.array(1)), [3, 4, 5])
