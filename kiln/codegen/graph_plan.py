@@ -6,6 +6,9 @@ value a ``"match"`` step binding the graph's symbolic dims; shape values live in
 as ``_Shape`` (encoded dims), never in slots. A call of ``ExternFunc("kiln.host_func.F")``
 (``kiln.runtime.host_funcs``) becomes a ``"host_func"`` step whose output slot has fresh dim
 names the step binds; a ``match_cast`` of that tensor binds the graph's dims from them.
+Sequence and optional values (``SequenceStructInfo``, ``OptionalStructInfo``) get a slot of
+that form (``SlotSpec.form``), with no shape: host functions make and read them, and a
+parameter or result of ``main`` of that kind is a Python list / None-or-value at the call.
 """
 
 from __future__ import annotations
@@ -17,7 +20,13 @@ import numpy as np
 
 from .. import tir
 from ..graph import expr as gx
-from ..graph.struct_info import ShapeStructInfo, TensorStructInfo, TupleStructInfo
+from ..graph.struct_info import (
+    OptionalStructInfo,
+    SequenceStructInfo,
+    ShapeStructInfo,
+    TensorStructInfo,
+    TupleStructInfo,
+)
 from ..ir.errors import KilnError
 from ..runtime import control_flow, host_funcs, memory_plan, shape_expr, shape_funcs
 from ..runtime.plan import MUTATIONS_ATTR, KernelCall, Plan, SlotSpec
@@ -61,6 +70,10 @@ class _PlanBuilder:
         return shape_expr.encode(renamed)
 
     def new_slot(self, sinfo: Any, kind: str, what: str) -> int:
+        if isinstance(sinfo, (SequenceStructInfo, OptionalStructInfo)):
+            form, elem, dtype = host_form(sinfo, f"{self.name}: {what}")
+            self.slots.append(SlotSpec([], dtype, kind, form, elem))
+            return len(self.slots) - 1
         if not isinstance(sinfo, TensorStructInfo) or sinfo.shape is None:
             raise KilnError(f"{self.name}: {what} must be a tensor of known rank, got {sinfo}")
         self._name_sym_vars(sinfo.shape)
@@ -174,18 +187,25 @@ class _PlanBuilder:
         if name not in host_funcs.HOST_FUNCS:
             raise KilnError(f"{self.name}: unknown host function {call.op.symbol!r}")
         sinfo = call.struct_info
-        if not isinstance(sinfo, TensorStructInfo) or sinfo.ndim < 0:
-            raise KilnError(f"{self.name}: {call.op.symbol} must return a tensor of known rank")
+        host_value = isinstance(sinfo, (SequenceStructInfo, OptionalStructInfo))
+        if not host_value and (not isinstance(sinfo, TensorStructInfo) or sinfo.ndim < 0):
+            raise KilnError(f"{self.name}: {call.op.symbol} must return a tensor of known "
+                            "rank, a sequence or an optional")
         in_slots = []
         for a in call.args:
             v = self.resolve(a)
             if not isinstance(v, int):
-                raise KilnError(f"{self.name}: {call.op.symbol}: arguments must be tensors")
+                raise KilnError(f"{self.name}: {call.op.symbol}: arguments must be tensors, "
+                                "sequences or optionals")
             in_slots.append(v)
         step = len(self.calls)
-        binds = [self._fresh_name(f"_h{step}_{i}") for i in range(sinfo.ndim)]
-        self.slots.append(SlotSpec([["var", b] for b in binds], sinfo.dtype, "temp"))
-        out = len(self.slots) - 1
+        if host_value:
+            binds = []
+            out = self.new_slot(sinfo, "temp", f"the result of {call.op.symbol}")
+        else:
+            binds = [self._fresh_name(f"_h{step}_{i}") for i in range(sinfo.ndim)]
+            self.slots.append(SlotSpec([["var", b] for b in binds], sinfo.dtype, "temp"))
+            out = len(self.slots) - 1
         attrs = dataclasses.asdict(call.attrs) if call.attrs is not None else {}
         self.calls.append(KernelCall(name, in_slots + [out], 1, "host_func",
                                      {"attrs": attrs, "binds": binds, "what": self.binding},
@@ -209,13 +229,18 @@ class _PlanBuilder:
             in_slots.append(v)
         sinfo = call.struct_info
         fields = sinfo.fields if isinstance(sinfo, TupleStructInfo) else ()
-        if not fields or not all(isinstance(f, TensorStructInfo) and f.ndim >= 0
-                                 for f in fields):
+        carried = (SequenceStructInfo, OptionalStructInfo)
+        if not fields or not all(isinstance(f, carried) or (
+                isinstance(f, TensorStructInfo) and f.ndim >= 0) for f in fields):
             raise KilnError(f"{self.name}: {call.op.symbol} must return a tuple of tensors of "
-                            f"known rank, got {sinfo}")
+                            f"known rank, sequences or optionals, got {sinfo}")
         step = len(self.calls)
         outs, binds = [], []
         for k, f in enumerate(fields):
+            if isinstance(f, carried):  # a host value: a slot of its form, no dims to bind
+                outs.append(self.new_slot(f, "temp", f"{call.op.symbol} result {k}"))
+                binds.append([])
+                continue
             names = [self._fresh_name(f"_c{step}_{k}_{i}") for i in range(f.ndim)]
             self.slots.append(SlotSpec([["var", b] for b in names], f.dtype, "temp"))
             outs.append(len(self.slots) - 1)
@@ -276,6 +301,20 @@ class _PlanBuilder:
                 self.mark_outputs(v)
         elif self.slots[value].kind == "temp":
             self.slots[value].kind = "output"
+
+
+def host_form(sinfo: Any, what: str) -> tuple[str, str, Any]:
+    """``(form, elem, dtype)`` of the slot of a sequence or optional value: what it holds and
+    the dtype of its tensors (KilnError when they are not tensors of one dtype)."""
+    form = "sequence" if isinstance(sinfo, SequenceStructInfo) else "optional"
+    inner = sinfo.elem
+    elem = "tensor"
+    if form == "optional" and isinstance(inner, SequenceStructInfo):
+        elem, inner = "sequence", inner.elem
+    if not isinstance(inner, TensorStructInfo):
+        raise KilnError(f"{what}: a {form} must hold tensors (or, for an optional, a sequence "
+                        f"of tensors), got {sinfo}")
+    return form, elem, inner.dtype
 
 
 def build_plan(func: gx.Function, name: str = "main") -> Plan:

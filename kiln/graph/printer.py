@@ -56,7 +56,9 @@ from .expr import (
 from .struct_info import (
     FuncStructInfo,
     ObjectStructInfo,
+    OptionalStructInfo,
     PrimStructInfo,
+    SequenceStructInfo,
     ShapeStructInfo,
     StructInfo,
     TensorStructInfo,
@@ -187,6 +189,11 @@ class _Printer:
             return f'Tensor(dtype="{s.dtype}")'
         if isinstance(s, TupleStructInfo):
             return "Tuple(" + ", ".join(self.sinfo(f) for f in s.fields) + ")"
+        if isinstance(s, SequenceStructInfo):
+            length = "" if s.length is None else f", length={self.prim(s.length)}"
+            return f"Sequence({self.sinfo(s.elem)}{length})"
+        if isinstance(s, OptionalStructInfo):
+            return f"Optional({self.sinfo(s.elem)})"
         if isinstance(s, ShapeStructInfo):
             if s.values is not None:
                 return f"Shape({format_shape(s.values, self.name)})"

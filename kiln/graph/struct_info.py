@@ -200,6 +200,45 @@ class TupleStructInfo(StructInfo):
 
 
 @node
+class SequenceStructInfo(StructInfo):
+    """An ONNX sequence: an ordered list of values that each have StructInfo ``elem`` (in
+    practice a tensor; its shape unknown when the elements differ), ``length`` elements when
+    known at compile time (a PrimExpr, usually an ``IntImm``), else None.
+
+    Unlike a tuple, a sequence's length may be a run-time value (``SequenceInsert`` in a
+    loop, ``SplitToSequence`` of a run-time split), so its elements are not separate graph
+    values: operators on sequences run as host functions (``kiln.op.sequence``) and the
+    executor holds the value as a Python list of arrays.
+    """
+
+    elem: StructInfo
+    length: tir.PrimExpr | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.elem, StructInfo):
+            raise StructInfoError(f"SequenceStructInfo elem is not a StructInfo: {self.elem!r}")
+        if self.length is not None:
+            set_field(self, "length", as_dim(self.length, "sequence length"))
+
+    @property
+    def static_length(self) -> int | None:
+        """The length as an int when it is a known constant, else None."""
+        return self.length.value if isinstance(self.length, tir.IntImm) else None
+
+
+@node
+class OptionalStructInfo(StructInfo):
+    """An ONNX optional: either no value (None) or a value with StructInfo ``elem``. Which
+    one is known only at run time; the executor holds None or the value."""
+
+    elem: StructInfo
+
+    def __post_init__(self):
+        if not isinstance(self.elem, StructInfo):
+            raise StructInfoError(f"OptionalStructInfo elem is not a StructInfo: {self.elem!r}")
+
+
+@node
 class FuncStructInfo(StructInfo):
     """A function taking ``params`` (None: unknown signature) and returning ``ret``."""
 
@@ -279,6 +318,11 @@ def struct_info_lca(a: StructInfo, b: StructInfo) -> StructInfo:
         return ShapeStructInfo(None, a.ndim if a.ndim == b.ndim else -1)
     if isinstance(a, PrimStructInfo) and isinstance(b, PrimStructInfo) and a.dtype == b.dtype:
         return PrimStructInfo(a.dtype)
+    if isinstance(a, SequenceStructInfo) and isinstance(b, SequenceStructInfo):
+        same = a.length is not None and b.length is not None and dims_equal(a.length, b.length)
+        return SequenceStructInfo(struct_info_lca(a.elem, b.elem), a.length if same else None)
+    if isinstance(a, OptionalStructInfo) and isinstance(b, OptionalStructInfo):
+        return OptionalStructInfo(struct_info_lca(a.elem, b.elem))
     return ObjectStructInfo()
 
 
@@ -313,4 +357,12 @@ def erase_sym_vars(sinfo: StructInfo, keep: set[int]) -> StructInfo:
         return sinfo if same else TupleStructInfo(fields)
     if isinstance(sinfo, FuncStructInfo):
         return sinfo  # a function's own signature binds its variables
+    if isinstance(sinfo, SequenceStructInfo):
+        elem = erase_sym_vars(sinfo.elem, keep)
+        length = sinfo.length if sinfo.length is None or ok((sinfo.length,)) else None
+        same = elem is sinfo.elem and length is sinfo.length
+        return sinfo if same else SequenceStructInfo(elem, length)
+    if isinstance(sinfo, OptionalStructInfo):
+        elem = erase_sym_vars(sinfo.elem, keep)
+        return sinfo if elem is sinfo.elem else OptionalStructInfo(elem)
     return sinfo

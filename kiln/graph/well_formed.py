@@ -122,6 +122,14 @@ def _covers(general: Any, specific: Any, exact: bool = False) -> bool:
         return len(general.fields) == len(specific.fields) and all(
             _covers(g, s, exact) for g, s in zip(general.fields, specific.fields)
         )
+    if isinstance(general, si.SequenceStructInfo):
+        if not _covers(general.elem, specific.elem, exact):
+            return False
+        if general.length is None:
+            return not exact or specific.length is None
+        return specific.length is not None and _dims_same(general.length, specific.length)
+    if isinstance(general, si.OptionalStructInfo):
+        return _covers(general.elem, specific.elem, exact)
     if isinstance(general, si.FuncStructInfo):
         if not _covers(general.ret, specific.ret, exact):
             return False

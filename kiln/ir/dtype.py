@@ -72,6 +72,10 @@ class TypeCode(IntEnum):
     FLOAT6_E2M3FN = 15
     FLOAT6_E3M2FN = 16
     FLOAT4_E2M1FN = 17
+    #: kiln's own code (outside DLPack's): a tensor of text strings, held on the host as a
+    #: numpy object array of ``str``. Only host functions read or write it (no kernel, no
+    #: DLPack exchange); ``bits`` is the width of the object pointer.
+    STRING = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,9 +128,10 @@ _CODE_NAMES = {
     TypeCode.HANDLE: "handle",
     TypeCode.BFLOAT: "bfloat",
     TypeCode.BOOL: "bool",
+    TypeCode.STRING: "string",
 }
 
-_DTYPE_RE = re.compile(r"^(int|uint|float|bfloat|handle|bool)(\d+)?(?:x(\d+))?$")
+_DTYPE_RE = re.compile(r"^(int|uint|float|bfloat|handle|bool|string)(\d+)?(?:x(\d+))?$")
 # Longest names first, so that ``float8_e4m3fnuz`` is not read as ``float8_e4m3fn`` + junk.
 _MINIFLOAT_RE = re.compile(
     r"^(" + "|".join(sorted(_MINIFLOAT_BY_NAME, key=len, reverse=True)) + r")(?:x(\d+))?$"
@@ -156,7 +161,7 @@ class DataType:
         if bits == 0:
             if code == TypeCode.BOOL:
                 bits = 1
-            elif code == TypeCode.HANDLE:
+            elif code in (TypeCode.HANDLE, TypeCode.STRING):
                 bits = 64
             elif code in MINIFLOATS:
                 bits = MINIFLOATS[code].bits
@@ -190,9 +195,12 @@ class DataType:
             "bfloat": TypeCode.BFLOAT,
             "handle": TypeCode.HANDLE,
             "bool": TypeCode.BOOL,
+            "string": TypeCode.STRING,
         }[kind]
+        if kind == "string" and (bits is not None or lanes is not None):
+            raise DTypeError(f"string has no bit width or lanes: {text!r}")
         if bits is None:
-            bits = {"bool": 1, "handle": 64}.get(kind)
+            bits = {"bool": 1, "handle": 64, "string": 64}.get(kind)
             if bits is None:
                 raise DTypeError(f"data type {text!r} needs a bit width (e.g. {kind}32)")
         nbits = int(bits)
@@ -209,8 +217,8 @@ class DataType:
     def __str__(self) -> str:
         if self.code == TypeCode.BOOL:
             base = "bool"
-        elif self.code == TypeCode.HANDLE:
-            base = "handle"
+        elif self.code in (TypeCode.HANDLE, TypeCode.STRING):
+            base = _CODE_NAMES[self.code]
         elif self.code in MINIFLOATS:
             base = MINIFLOATS[self.code].name
         else:
@@ -299,6 +307,11 @@ class DataType:
         return self.code == TypeCode.HANDLE
 
     @property
+    def is_string(self) -> bool:
+        """A tensor of text strings (host functions only, see ``TypeCode.STRING``)."""
+        return self.code == TypeCode.STRING
+
+    @property
     def itemsize(self) -> int:
         """Bytes of storage for one element of all lanes (bool takes one byte per lane)."""
         lane_bytes = 1 if self.code == TypeCode.BOOL else (self.bits + 7) // 8
@@ -322,6 +335,8 @@ class DataType:
             return np.dtype(np.bool_)
         if self.code == TypeCode.HANDLE:
             return np.dtype(np.uintp)
+        if self.code == TypeCode.STRING:
+            return np.dtype(object)
         return np.dtype(f"{_CODE_NAMES[self.code]}{self.bits}")
 
     @staticmethod
@@ -333,6 +348,8 @@ class DataType:
             return DataType.parse(dt.name)
         if dt.kind == "b":
             return DataType(TypeCode.BOOL, 1, 1)
+        if dt.kind in "OUS":  # object arrays (of str), numpy unicode and byte strings
+            return DataType(TypeCode.STRING, 64, 1)
         kinds = {"i": TypeCode.INT, "u": TypeCode.UINT, "f": TypeCode.FLOAT}
         if dt.kind not in kinds:
             raise DTypeError(f"numpy dtype {dt} has no kiln equivalent")
@@ -391,3 +408,4 @@ float32 = DataType(TypeCode.FLOAT, 32)
 float64 = DataType(TypeCode.FLOAT, 64)
 bfloat16 = DataType(TypeCode.BFLOAT, 16)
 handle = DataType(TypeCode.HANDLE, 64)
+string = DataType(TypeCode.STRING, 64)

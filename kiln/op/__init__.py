@@ -32,8 +32,10 @@ from .registry import (  # noqa: F401 - re-exported API
     register_op,
 )
 from .scan import *  # noqa: F403
+from .sequence import *  # noqa: F403
 from .shape import *  # noqa: F403
 from .signal import *  # noqa: F403
 from .slicing import *  # noqa: F403
+from .strings import *  # noqa: F403
 from .text import *  # noqa: F403
 from .tree import *  # noqa: F403

@@ -28,16 +28,34 @@ from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
 
 __all__ = ["image_decode"]
 
+#: The ops declared with :func:`register_host_op` (the schedule rooms record that they have no
+#: schedule: ``kiln.schedule.register_no_schedule``).
+HOST_OPS: list[str] = []
+
 
 def host_legalize(func: str) -> Any:
     """The legalize hook of an op run by host function ``func``: an extern call carrying the
-    op's attributes (the plan saves them as the step's JSON ``attrs``)."""
+    op's attributes (the plan saves them as the step's JSON ``attrs``). A variadic argument
+    (a Tuple) is passed as its fields, one host-function argument each."""
 
     def legalize(bb: Any, call: Any) -> Any:
-        return gx.Call(gx.ExternFunc(host_funcs.PREFIX + func), list(call.args),
+        args = []
+        for a in call.args:
+            args.extend(a.fields if isinstance(a, gx.Tuple) else [a])
+        return gx.Call(gx.ExternFunc(host_funcs.PREFIX + func), args,
                        attrs=call.attrs, sinfo_args=[call.struct_info])
 
     return legalize
+
+
+def register_host_op(name: str, inputs: tuple[str, ...], infer: Any, attrs: type | None,
+                     doc: str) -> Any:
+    """Declare op ``name`` run by the host function of the same name: OPAQUE, no mixed
+    precision, no gradient (sequence, optional and string ops)."""
+    HOST_OPS.append(name)
+    return register_op(name, inputs=inputs, infer=infer, pattern=OpPattern.OPAQUE, attrs=attrs,
+                       legalize=host_legalize(name), mixed_precision=MixedPrecision.NEVER,
+                       gradient=NON_DIFFERENTIABLE, doc=doc)
 
 
 # =============================================================================================

@@ -419,6 +419,10 @@ def _call(ex: Executor, args: tuple, kwargs: dict) -> Any:
     return pytree.unflatten(out if isinstance(out, tuple) else (out,), plan.output_tree)
 
 
+#: An input not given (None is a value: an empty optional).
+_MISSING = object()
+
+
 def _order(plan: Plan, args: tuple, kwargs: dict) -> list[Any]:
     """Positional args, or inputs by name (``exe(x=...)``), in the function's parameter order."""
     if not kwargs:
@@ -427,13 +431,13 @@ def _order(plan: Plan, args: tuple, kwargs: dict) -> list[Any]:
     unknown = set(kwargs) - set(names)
     if unknown:
         raise KilnError(f"{plan.name}: unknown input(s) {sorted(unknown)}; inputs are {names}")
-    values = list(args) + [None] * (len(names) - len(args))
+    values = list(args) + [_MISSING] * (len(names) - len(args))
     for name, value in kwargs.items():
         i = names.index(name)
         if i < len(args):
             raise KilnError(f"{plan.name}: input {name!r} given twice")
         values[i] = value
-    missing = [n for n, v in zip(names, values) if v is None]
+    missing = [n for n, v in zip(names, values) if v is _MISSING]
     if missing:
         raise KilnError(f"{plan.name}: missing input(s) {missing}")
     return values

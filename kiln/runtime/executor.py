@@ -21,7 +21,10 @@ symbolic dims from them, and every tensor of symbolic shape is allocated just be
 that writes it, once the names its shape uses are bound. A host function step
 (``kiln.runtime.host_funcs``) computes a tensor in Python and binds its output's dim names; a
 control-flow step (``kiln.runtime.control_flow``: If, Loop, Scan) runs other graph functions'
-executors, which ``functions`` (set by the Executable) looks up by name.
+executors, which ``functions`` (set by the Executable) looks up by name. Sequences, optionals
+and string tensors are held as Python values in their slots (lists of arrays, None or a value,
+object arrays of ``str``), checked where they enter and copied where they leave
+(``kiln.runtime.host_values``).
 
 A plan with a whole-model native entry (``plan.entry``, see ``kiln.codegen.graph_entry``) runs
 with one ctypes call after the Python input checks; other plans call each kernel's checked
@@ -49,7 +52,7 @@ from ..ir.errors import (
     internal_error,
 )
 from ..ir.span import describe
-from . import control_flow, host_funcs, memory_plan, shape_expr, shape_funcs, threads
+from . import control_flow, host_funcs, host_values, memory_plan, shape_expr, shape_funcs, threads
 from .ndarray import data_address
 from .plan import Plan
 
@@ -171,7 +174,8 @@ class CallState:
         for slot, spec in enumerate(plan.slots):
             if slot in plan.workspace_offsets:
                 self.temps[slot] = memory_plan.temp_view(self.workspace, plan, slot)
-            elif spec.kind == "temp" and all(shape_expr.is_static(d) for d in spec.shape):
+            elif (spec.kind == "temp" and not spec.is_host_value
+                  and all(shape_expr.is_static(d) for d in spec.shape)):
                 self.temps[slot] = memory_plan.aligned_empty(spec.shape, spec.dtype.to_numpy())
         self.in_ptrs = (ctypes.c_void_p * max(len(plan.input_slots), 1))()
         self.out_ptrs = (ctypes.c_void_p * max(num_outputs, 1))()
@@ -279,7 +283,11 @@ class Executor:
         arrays = []
         for name, slot, value in zip(plan.input_names, plan.input_slots, args):
             spec = plan.slots[slot]
-            arr = self._input_array(value, name, spec.dtype)
+            if spec.form != "tensor":  # a sequence or optional (kiln.runtime.host_values)
+                arrays.append(host_values.check_value(value, spec, f"{fname}: input {name!r}"))
+                continue
+            arr = (host_values.string_array(value, f"{fname}: input {name!r}")
+                   if spec.dtype.is_string else self._input_array(value, name, spec.dtype))
             want_np = spec.dtype.to_numpy()
             if arr.dtype != want_np:
                 raise ArgumentError(
@@ -305,6 +313,8 @@ class Executor:
                     )
             arrays.append(arr)
         for name, slot, arr in zip(plan.input_names, plan.input_slots, arrays):
+            if plan.slots[slot].form != "tensor":
+                continue
             for axis, want in enumerate(plan.slots[slot].shape):
                 if isinstance(want, list) and want[0] != "var":
                     expected = shape_expr.evaluate(want, env)
@@ -316,7 +326,7 @@ class Executor:
         if plan.dim_ranges:
             self._check_ranges(env)
         for k, (name, arr) in enumerate(zip(plan.input_names, arrays)):
-            if not arr.flags.c_contiguous:
+            if isinstance(arr, np.ndarray) and not arr.flags.c_contiguous:
                 memory_plan.check_memory(arr.nbytes, f"{fname}: input {name!r} (not contiguous: "
                                                      "kiln copies it)")
                 arrays[k] = np.ascontiguousarray(arr)
@@ -570,6 +580,8 @@ class Executor:
         extra = call.extra or {}
         what = extra.get("what") or call.func
         inputs = [values[s] for s in call.args[:len(call.args) - 1]]
+        if self.plan.slots[call.args[-1]].form != "tensor":
+            inputs = host_values.keep(self.plan, call.args[:len(call.args) - 1], inputs)
         if call.func not in host_funcs.HOST_FUNCS:
             raise KilnError(f"{self.plan.name}: this kiln has no host function {call.func!r}")
         try:
@@ -581,6 +593,13 @@ class Executor:
         out = call.args[-1]
         spec = self.plan.slots[out]
         binds = extra["binds"]
+        if spec.form != "tensor":
+            try:
+                values[out] = host_values.check_value(result, spec, "the result")
+            except ArgumentError as err:
+                raise KilnError(f"{self.plan.name}: host function {call.func} returned "
+                                f"{host_values.describe(result)}: {err}") from None
+            return
         if (not isinstance(result, np.ndarray) or result.dtype != spec.dtype.to_numpy()
                 or result.ndim != len(binds)):
             raise KilnError(f"{self.plan.name}: host function {call.func} returned "
@@ -588,7 +607,11 @@ class Executor:
                             f"{getattr(result, 'shape', '?')}, expected {spec.dtype} of rank "
                             f"{len(binds)}")
         env.update(zip(binds, (int(d) for d in result.shape)))
-        values[out] = np.ascontiguousarray(result)
+        # (np.ascontiguousarray would make a 0-d result 1-d); a result that is one of the
+        # arrays the step read (SequenceAt's element) is copied: it may be a constant or an
+        # input the caller owns, and an output slot is handed out as it is
+        fresh = result.flags.c_contiguous and not host_values.aliases(result, inputs)
+        values[out] = result if fresh else np.array(result, order="C")
 
     def _control(self, call: Any, values: list[Any], env: dict[str, int]) -> None:
         """Run a control-flow step: its functions run through their own executors; the
@@ -613,12 +636,21 @@ class Executor:
             raise KilnError(f"{what}: produced {len(results)} values, expected {len(outs)}")
         for slot, names, arr in zip(outs, extra["binds"], results):
             spec = self.plan.slots[slot]
+            if spec.is_host_value:  # a sequence, an optional or a string tensor
+                try:
+                    values[slot] = host_values.check_value(arr, spec, "a result")
+                except ArgumentError as err:
+                    raise KilnError(f"{what}: {err}") from None
+                if spec.form == "tensor":
+                    env.update(zip(names, (int(d) for d in values[slot].shape)))
+                continue
             arr = np.asarray(arr)
             if arr.dtype != spec.dtype.to_numpy() or arr.ndim != len(names):
                 raise KilnError(f"{what}: a result is {arr.dtype} of shape {arr.shape}, "
                                 f"expected {spec.dtype} of rank {len(names)}")
             env.update(zip(names, (int(d) for d in arr.shape)))
-            values[slot] = np.ascontiguousarray(arr)
+            # (np.ascontiguousarray would make a 0-d result 1-d)
+            values[slot] = arr if arr.flags.c_contiguous else np.array(arr, order="C")
 
     def _run_entry(self, state: CallState, arrays: list[np.ndarray], env: dict[str, int],
                    seconds: Any = None) -> Any:
@@ -651,5 +683,7 @@ class Executor:
             return tuple(self._collect(o, values) for o in out)
         arr = values[out]
         kind = self.plan.slots[out].kind
+        if self.plan.slots[out].form != "tensor":
+            return host_values.copy_value(arr)
         # Never hand out storage the executor keeps (inputs, constants, reused temps).
         return arr if kind == "output" else np.array(arr, copy=True)

@@ -103,7 +103,7 @@ def live_intervals(plan: Plan, shapes: Sequence[Sequence[int] | None] | None = N
             end.setdefault(s, k)
     out = []
     for slot, spec in enumerate(plan.slots):
-        if spec.kind != "temp" or slot not in start:
+        if spec.kind != "temp" or slot not in start or spec.is_host_value:
             continue
         if shapes is None and not is_static_slot(plan, slot):
             continue
@@ -173,7 +173,7 @@ def run_bytes(plan: Plan, shapes: Sequence[Sequence[int]] | None = None,
     total = plan.workspace_bytes if workspace is None else workspace
     biggest, big = None, -1
     for slot, spec in enumerate(plan.slots):
-        if spec.kind not in ("temp", "output"):
+        if spec.kind not in ("temp", "output") or spec.is_host_value:
             continue
         if shapes is None and not is_static_slot(plan, slot):
             continue
@@ -225,12 +225,17 @@ def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
     L2 then straddles two cache lines (ResNet-18's 56x56x64 3x3 convolution took 1.09x the time
     with its packed weight 16 bytes off, paired calls, Zen 3)."""
     dt = np.dtype(dtype)
+    if dt.kind == "O":  # string tensors (host functions only): references, not bytes
+        return np.empty(shape, object)
     return aligned_workspace(math.prod(shape) * dt.itemsize).view(dt).reshape(shape)
 
 
 def aligned_copy(array: np.ndarray) -> np.ndarray:
     """``array`` as a C-contiguous array at an :data:`ALIGN`-byte address: itself when it
-    already is one, else a copy (see :func:`aligned_empty`)."""
+    already is one, else a copy (see :func:`aligned_empty`). An object array (strings, host
+    only) is returned as it is: its elements are references, never read by a kernel."""
+    if array.dtype == object:
+        return array
     if array.flags.c_contiguous and array.__array_interface__["data"][0] % ALIGN == 0:
         return array
     out = aligned_empty(array.shape, array.dtype)

@@ -17,14 +17,31 @@ from ..ir.dtype import DataType
 from ..ir.span import Span
 from . import shape_expr
 
+#: What a slot holds besides a tensor (``SlotSpec.form``): a ``"sequence"`` is a Python list
+#: of arrays, an ``"optional"`` None or its value (an array or a list), see
+#: ``kiln.graph.struct_info.SequenceStructInfo`` / ``OptionalStructInfo``.
+HOST_FORMS = ("sequence", "optional")
+
 
 @dataclass
 class SlotSpec:
-    """Shape (encoded dims, see ``shape_expr``) and dtype of one slot."""
+    """Shape (encoded dims, see ``shape_expr``) and dtype of one slot.
+
+    ``form`` is ``"tensor"`` for an array; a sequence or optional slot (``HOST_FORMS``) has
+    no shape (``[]``), the dtype of its innermost tensors, and ``elem``: the form of what it
+    holds (``"tensor"``, or ``"sequence"`` for an optional sequence)."""
 
     shape: list[Any]
     dtype: DataType
     kind: str  # "input" | "const" | "temp" | "output"
+    form: str = "tensor"
+    elem: str = "tensor"
+
+    @property
+    def is_host_value(self) -> bool:
+        """Held only by the Python executor, never in native memory: a sequence, an optional
+        or a string tensor (no memory plan, no native entry)."""
+        return self.form != "tensor" or self.dtype.is_string
 
 
 @dataclass
@@ -62,7 +79,9 @@ def profile_symbol(entry: str) -> str:
 class TensorInfo:
     """An input or output of a graph function, as onnxruntime's ``get_inputs()`` describes
     one: its name, its shape (ints, and names for symbolic dims: ``("batch", 3, 224, 224)``;
-    an expression of names reads like ``"mul(2, n)"``) and its numpy dtype name."""
+    an expression of names reads like ``"mul(2, n)"``) and its numpy dtype name (``object``
+    for strings; ``"sequence(float32)"``, ``"optional(int64)"`` for those values, whose
+    shape is ``()``)."""
 
     name: str
     shape: tuple[int | str, ...]
@@ -133,8 +152,11 @@ class Plan:
         """The :class:`TensorInfo` of ``slot`` under ``name``."""
         spec = self.slots[slot]
         shape = tuple(d if isinstance(d, int) else shape_expr.to_str(d) for d in spec.shape)
-        return TensorInfo(name, shape, spec.dtype.to_numpy().name if spec.dtype.lanes == 1
-                          else str(spec.dtype))
+        dtype = spec.dtype.to_numpy().name if spec.dtype.lanes == 1 else str(spec.dtype)
+        if spec.form != "tensor":  # "sequence(float32)", "optional(sequence(int64))"
+            inner = dtype if spec.elem == "tensor" else f"{spec.elem}({dtype})"
+            dtype = f"{spec.form}({inner})"
+        return TensorInfo(name, shape, dtype)
 
     @property
     def inputs(self) -> list[TensorInfo]:
@@ -157,18 +179,17 @@ class Plan:
 
     @property
     def has_host_steps(self) -> bool:
-        """Whether shapes are computed while running (no static memory plan / native entry)."""
-        return any(not c.is_kernel for c in self.calls)
+        """Whether shapes are computed while running or values live only on the host
+        (sequences, optionals, strings): no static memory plan / native entry."""
+        return (any(not c.is_kernel for c in self.calls)
+                or any(s.is_host_value for s in self.slots))
 
     def to_json(self, dtype_index: dict[DataType, int]) -> dict[str, Any]:
         return {
             "name": self.name,
             "input_names": self.input_names,
             "input_slots": self.input_slots,
-            "slots": [
-                {"shape": s.shape, "dtype": dtype_index[s.dtype], "kind": s.kind}
-                for s in self.slots
-            ],
+            "slots": [_slot_json(s, dtype_index) for s in self.slots],
             "calls": [_call_json(c) for c in self.calls],
             "outputs": self.outputs,
             "workspace_offsets": sorted([s, o] for s, o in self.workspace_offsets.items()),
@@ -190,7 +211,8 @@ class Plan:
             name=data["name"],
             input_names=list(data["input_names"]),
             input_slots=list(data["input_slots"]),
-            slots=[SlotSpec(s["shape"], dtypes[s["dtype"]], s["kind"]) for s in data["slots"]],
+            slots=[SlotSpec(s["shape"], dtypes[s["dtype"]], s["kind"], s.get("form", "tensor"),
+                            s.get("elem", "tensor")) for s in data["slots"]],
             calls=[KernelCall(c["func"], list(c["args"]), c["num_outputs"],
                               c.get("kind", "kernel"), c.get("extra"),
                               Span.from_json(c.get("span"))) for c in data["calls"]],
@@ -208,6 +230,13 @@ class Plan:
                        for m in data.get("mutations") or ()],
             state=dict(state or {}),
         )
+
+
+def _slot_json(s: SlotSpec, dtype_index: dict[DataType, int]) -> dict[str, Any]:
+    out: dict[str, Any] = {"shape": s.shape, "dtype": dtype_index[s.dtype], "kind": s.kind}
+    if s.form != "tensor":
+        out["form"], out["elem"] = s.form, s.elem
+    return out
 
 
 def _call_json(c: KernelCall) -> dict[str, Any]:

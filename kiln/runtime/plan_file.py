@@ -2,7 +2,8 @@
 
 The CPU and the GPU executables save plans the same way: each plan's JSON (slot dtypes as
 indices into the file's dtype table) carries a ``"constants"`` table of ``{slot, offset,
-nbytes, shape}`` into one constants section, and a ``"state"`` table (``{input, offset,
+nbytes, shape}`` into one constants section (string constants, numpy object arrays, as
+``{slot, strings, shape}``: their text in the JSON), and a ``"state"`` table (``{input, offset,
 nbytes, shape}``: the executable's state, :attr:`Plan.state`, as it is when saved) into the
 same section; loading copies each array into an aligned one. Errors of a malformed table
 (KeyError, IndexError, TypeError, ValueError) are left to the caller, which names the file.
@@ -30,7 +31,8 @@ def plans_to_json(plans: Mapping[str, Plan], dtypes: dict[DataType, int]
         for spec in plan.slots:
             dtypes.setdefault(spec.dtype, len(dtypes))
         pj = plan.to_json(dtypes)
-        pj["constants"] = _table(plan.constants, "slot", blob)
+        text = {s for s in plan.constants if plan.slots[s].dtype.is_string}
+        pj["constants"] = _table(plan.constants, "slot", blob, text)
         pj["state"] = _table(plan.state, "input", blob)
         out[name] = pj
     return out, bytes(blob)
@@ -50,10 +52,16 @@ def plans_from_json(data: Mapping[str, Any], dtypes: list[DataType], blob: Any
     return plans
 
 
-def _table(arrays: Mapping[int, np.ndarray], key: str, blob: bytearray) -> list[dict[str, Any]]:
-    """The table of ``arrays`` (by ``key``), their bytes appended to ``blob``."""
+def _table(arrays: Mapping[int, np.ndarray], key: str, blob: bytearray,
+           text: set[int] = frozenset()) -> list[dict[str, Any]]:
+    """The table of ``arrays`` (by ``key``), their bytes appended to ``blob``; the arrays of
+    the keys in ``text`` are string tensors, saved as their text."""
     table = []
     for k, arr in arrays.items():
+        if k in text:
+            table.append({key: k, "strings": [str(v) for v in arr.reshape(-1)],
+                          "shape": list(arr.shape)})
+            continue
         data = np.ascontiguousarray(arr).tobytes()
         table.append({key: k, "offset": len(blob), "nbytes": len(data), "shape": list(arr.shape)})
         blob += data
@@ -61,7 +69,12 @@ def _table(arrays: Mapping[int, np.ndarray], key: str, blob: bytearray) -> list[
 
 
 def _array(entry: Mapping[str, Any], dtype: DataType, blob: Any) -> np.ndarray:
-    """An aligned copy of the array a table entry describes."""
+    """An aligned copy of the array a table entry describes (a string tensor: an object array
+    of ``str``)."""
+    if "strings" in entry:
+        strings = np.empty(len(entry["strings"]), object)
+        strings[:] = [str(v) for v in entry["strings"]]
+        return strings.reshape(entry["shape"])
     dt = dtype.to_numpy()
     raw = blob[entry["offset"]:entry["offset"] + entry["nbytes"]]
     arr = memory_plan.aligned_empty(entry["shape"], dt)

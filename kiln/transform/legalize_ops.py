@@ -99,6 +99,9 @@ def _placeholder(arg: gx.Expr, name: str, dims: _DimVars) -> te.Tensor:
         raise StructInfoError(
             f"LegalizeOps: argument {name} needs a tensor of known rank, got {sinfo}"
         )
+    if sinfo.dtype.is_string:
+        raise StructInfoError(f"LegalizeOps: argument {name} is a string tensor; only string "
+                              "operators (kiln.op.strings, run on the host) take text")
     return te.placeholder(tuple(dims(d) for d in sinfo.shape), sinfo.dtype, name=name)
 
 

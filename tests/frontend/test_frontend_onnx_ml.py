@@ -373,6 +373,28 @@ def test_tree_ensemble_classifier_random():
     _check(model, {"x": _features(rng, (40, 3), "float32")}, rtol=1e-5, atol=1e-6)
 
 
+def test_tree_ensemble_classifier_string_labels():
+    """classlabels_strings: the label output is a string tensor (vs the reference, as the
+    int64 labels above)."""
+    rng = np.random.default_rng(10)
+    nd = _classifier_node(rng, ["label", "score"], "SOFTMAX", base=True)
+    del nd.attribute[[a.name for a in nd.attribute].index("classlabels_int64s")]
+    nd.attribute.append(helper.make_attribute("classlabels_strings", ["cat", "dog", "émeu"]))
+    model = _model([nd], [("x", TensorProto.FLOAT, (30, 3))], ["label", "score"], ml_opset=3)
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.STRING
+    model.graph.output[1].type.tensor_type.elem_type = TensorProto.FLOAT
+    feeds = {"x": _features(rng, (30, 3), "float32")}
+    label, score = _run_raw(model, feeds)
+    want_label, want_score = ReferenceEvaluator(model).run(None, feeds)
+    assert label.dtype == object and label.tolist() == want_label.tolist()
+    np.testing.assert_allclose(score, want_score, rtol=1e-5, atol=1e-6)
+
+
+def _run_raw(model, feeds):
+    mod, params = from_onnx(model)
+    return kiln.build(mod, params=params)(**feeds)
+
+
 def test_tree_ensemble_classifier_refuses_binary():
     rng = np.random.default_rng(9)
     nd = _classifier_node(rng, ["label", "score"], "NONE", base=False)

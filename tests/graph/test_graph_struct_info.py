@@ -6,7 +6,9 @@ from kiln import tir
 from kiln.graph import (
     FuncStructInfo,
     ObjectStructInfo,
+    OptionalStructInfo,
     PrimStructInfo,
+    SequenceStructInfo,
     ShapeStructInfo,
     TensorStructInfo,
     TupleStructInfo,
@@ -195,3 +197,25 @@ def test_computed_dims_are_folded_and_simplified():
     assert s.shape[1] is n or structural_equal(s.shape[1], n, map_free_vars=False)
     with pytest.raises(StructInfoError, match="non-negative"):
         TensorStructInfo((h - 40,), "float32")
+
+
+def test_sequence_and_optional_struct_info():
+    n = tir.Var("n", "int64")
+    a = SequenceStructInfo(_t(2, 3), 4)
+    assert a.static_length == 4 and SequenceStructInfo(_t(2, 3), n).static_length is None
+    assert structural_equal(a, SequenceStructInfo(_t(2, 3), 4))
+    assert not structural_equal(a, SequenceStructInfo(_t(2, 3)))
+    # join: elements' shapes generalize, lengths kept only when equal
+    j = struct_info_lca(a, SequenceStructInfo(_t(5, 3), 4))
+    assert j.static_length == 4 and j.elem.shape is None and j.elem.ndim == 2
+    assert struct_info_lca(a, SequenceStructInfo(_t(2, 3), 1)).length is None
+    o = struct_info_lca(OptionalStructInfo(_t(2)), OptionalStructInfo(_t(3)))
+    assert isinstance(o, OptionalStructInfo) and o.elem.ndim == 1
+    assert isinstance(struct_info_lca(a, OptionalStructInfo(_t(2))), ObjectStructInfo)
+    # symbolic parts the caller cannot bind are erased
+    e = erase_sym_vars(SequenceStructInfo(TensorStructInfo((n, 3), "float32"), n), set())
+    assert e.length is None and e.elem.shape is None and e.elem.ndim == 2
+    with pytest.raises(StructInfoError):
+        SequenceStructInfo("not a struct info")
+    with pytest.raises(StructInfoError):
+        SequenceStructInfo(_t(1), -1)

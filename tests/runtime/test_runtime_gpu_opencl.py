@@ -161,3 +161,32 @@ def test_host_steps_run_on_host_copies():
     x = np.arange(12, dtype=np.float32).reshape(2, 6)
     np.testing.assert_array_equal(exe(x, np.array([3, 4])), x.reshape(3, 4))
     np.testing.assert_array_equal(exe(x, np.array([4, -1])), x.reshape(4, 3))
+
+
+def test_sequences_and_strings_stay_on_the_host():
+    """Sequence and string values live on the host between device kernels: a split of a
+    device tensor into a sequence, a kernel on one element, text mapped to ids that feed a
+    kernel; outputs as the CPU executor gives them."""
+    n = helper.make_node
+    nodes = [n("SplitToSequence", ["x"], ["s"], axis=1),
+             n("SequenceAt", ["s", "i"], ["piece"]), n("Relu", ["piece"], ["r"]),
+             n("SequenceInsert", ["s", "r"], ["s2"]),
+             n("LabelEncoder", ["w"], ["ids"], domain="ai.onnx.ml", keys_strings=["a", "b"],
+               values_int64s=[1, 2], default_int64=0),
+             n("Cast", ["ids"], ["fids"], to=TensorProto.FLOAT), n("Add", ["fids", "r"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4]),
+                     helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                     helper.make_tensor_value_info("w", TensorProto.STRING, [3, 1])],
+        [helper.make_value_info("s2", helper.make_sequence_type_proto(
+            helper.make_tensor_type_proto(TensorProto.FLOAT, None))),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                    helper.make_opsetid("ai.onnx.ml", 2)])
+    mod, params = from_onnx(model)
+    exe = kiln.build(mod, Target("opencl"), params=params)
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    seq, y = exe(x, np.array(2), np.array([["a"], ["c"], ["b"]]))
+    assert isinstance(seq, list) and len(seq) == 5
+    np.testing.assert_array_equal(seq[4], np.maximum(x[:, 2:3], 0))
+    np.testing.assert_allclose(y, np.array([[1], [0], [2]]) + np.maximum(x[:, 2:3], 0))

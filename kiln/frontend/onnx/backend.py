@@ -28,6 +28,16 @@ def _array(value: Any) -> Any:
     return value
 
 
+def _feed(value: Any) -> Any:
+    """An input value: arrays as arrays, a sequence (list) as a list of arrays, None (an
+    empty optional) as None."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [np.asarray(_array(v)) for v in value]
+    return np.asarray(_array(value))
+
+
 class KilnBackendRep(BackendRep):
     """A prepared model: imported and compiled once by ``prepare``."""
 
@@ -39,21 +49,28 @@ class KilnBackendRep(BackendRep):
         mod, params = from_onnx(model)
         self.exe: Any = kiln.build(mod, params=params)
 
-    def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """The outputs in model order: arrays, lists of arrays for sequences, None for an
+        empty optional (what onnxruntime returns)."""
         if isinstance(inputs, dict):
-            feeds = {k: np.asarray(_array(v)) for k, v in inputs.items()}
+            feeds = {k: _feed(v) for k, v in inputs.items()}
         else:
             if not isinstance(inputs, (list, tuple)):
                 inputs = [inputs]
-            feeds = {n: np.asarray(_array(v)) for n, v in zip(self.input_names, inputs)}
+            feeds = {n: _feed(v) for n, v in zip(self.input_names, inputs)}
         for vi in self.model.graph.input:
+            if vi.name not in feeds and vi.type.HasField("optional_type"):
+                feeds[vi.name] = None  # an optional input the test data leave out: empty
             # object arrays (e.g. parsed from text) take the dtype the model declares
-            if vi.name in feeds and feeds[vi.name].dtype == object:
+            value = feeds.get(vi.name)
+            if (isinstance(value, np.ndarray) and value.dtype == object
+                    and vi.type.HasField("tensor_type")
+                    and vi.type.tensor_type.elem_type != onnx.TensorProto.STRING):
                 elem = vi.type.tensor_type.elem_type
-                feeds[vi.name] = feeds[vi.name].astype(onnx_dtype(elem, vi.name))
+                feeds[vi.name] = value.astype(onnx_dtype(elem, vi.name))
         out = self.exe(**feeds)
-        outs = out if isinstance(out, (list, tuple)) else (out,)
-        return tuple(np.asarray(o) for o in outs)
+        outs = out if isinstance(out, tuple) else (out,)
+        return tuple(o if o is None or isinstance(o, list) else np.asarray(o) for o in outs)
 
 
 class KilnBackend(Backend):

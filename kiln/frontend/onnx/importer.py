@@ -87,9 +87,10 @@ def _parse(data: bytes, where: str) -> Any:
 
 
 def onnx_dtype(elem_type: int, what: str) -> str:
-    """The kiln dtype name of ONNX tensor element type ``elem_type``."""
+    """The kiln dtype name of ONNX tensor element type ``elem_type`` (``"string"`` for text,
+    held on the host: ``kiln.op.strings``)."""
     if elem_type == onnx.TensorProto.STRING:
-        raise KilnError(f"{what}: string tensors are not supported")
+        return "string"
     try:
         np_dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
     except Exception as err:  # noqa: BLE001 - KeyError / ValueError for unknown types
@@ -196,7 +197,7 @@ class GraphContext:
             if self.bind_params:
                 expr: Any = g.const(arr)
             else:
-                expr = g.Var(_safe_name(name), g.TensorStructInfo(arr.shape, arr.dtype.name))
+                expr = g.Var(_safe_name(name), g.TensorStructInfo(arr.shape, arr.dtype))
                 self.param_vars[name] = expr
             self.values[name] = expr
             return expr
@@ -247,14 +248,34 @@ class GraphContext:
         return self.bb.emit(expr, _safe_name(name) if name else "")
 
 
+def value_type_sinfo(tp: Any, what: str) -> g.StructInfo:
+    """The StructInfo of an ONNX sequence or optional type (``kiln.op.sequence``): their
+    tensors keep their dtype and rank, and their shape when every dim is a number (the
+    elements of a sequence may differ in the dims a model leaves symbolic)."""
+    kind = tp.WhichOneof("value")
+    if kind == "sequence_type":
+        return g.SequenceStructInfo(value_type_sinfo(tp.sequence_type.elem_type, what))
+    if kind == "optional_type":
+        return g.OptionalStructInfo(value_type_sinfo(tp.optional_type.elem_type, what))
+    if kind != "tensor_type":
+        raise KilnError(f"{what}: {kind} types are not supported (only tensors, sequences and "
+                        "optionals)")
+    tt = tp.tensor_type
+    dtype = onnx_dtype(tt.elem_type, what)
+    if not tt.HasField("shape"):
+        return g.TensorStructInfo(None, dtype)
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+    if any(d is None for d in dims):
+        return g.TensorStructInfo(None, dtype, len(dims))
+    return g.TensorStructInfo(tuple(dims), dtype)
+
+
 def _input_sinfo(vi: Any, shape_dict: Mapping[str, Sequence[Any]], dtype_dict: Mapping[str, Any],
-                 sym: dict[str, tir.Var]) -> g.TensorStructInfo:
+                 sym: dict[str, tir.Var]) -> g.StructInfo:
     name = vi.name
     tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
     if tt is None:
-        kind = vi.type.WhichOneof("value")
-        raise KilnError(f"graph input {name!r}: {kind} types (sequence/optional/map) are not "
-                        "supported")
+        return value_type_sinfo(vi.type, f"graph input {name!r}")
     dtype = str(dtype_dict[name]) if name in dtype_dict else onnx_dtype(
         tt.elem_type, f"graph input {name!r}")
     if name in shape_dict:
@@ -317,7 +338,7 @@ def _check_default(vi: Any, value: np.ndarray) -> None:
     if tt is None:
         raise KilnError(f"graph input {vi.name!r} has an initializer but is not a tensor")
     dtype = onnx_dtype(tt.elem_type, f"graph input {vi.name!r}") if tt.elem_type else None
-    if dtype is not None and dtype != value.dtype.name:
+    if dtype is not None and dtype != str(g.TensorStructInfo((), value.dtype).dtype):
         raise KilnError(f"graph input {vi.name!r} is declared {dtype} but its initializer "
                         f"holds {value.dtype.name}")
     if not tt.HasField("shape"):
@@ -364,11 +385,19 @@ def initializer_array(init: Any, base_dir: str | None) -> np.ndarray:
     try:
         if is_external(init):
             return read_external(init, base_dir)
-        return onnx.numpy_helper.to_array(init)
+        arr = onnx.numpy_helper.to_array(init)
+        if arr.dtype.kind in "OUS":  # text: an object array of str (kiln.op.strings)
+            return np.vectorize(as_text, otypes=[object])(arr) if arr.size else arr.astype(object)
+        return arr
     except KilnError:
         raise
     except Exception as err:  # noqa: BLE001
         raise ModelFormatError(f"initializer {init.name!r} cannot be read: {err}") from err
+
+
+def as_text(v: Any) -> str:
+    """An ONNX string (protobuf gives bytes for tensor data and string attributes) as str."""
+    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
 
 def _import_errors(fn: Any) -> Any:
@@ -423,8 +452,6 @@ def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
     ctx.opsets = dict(opsets)
     for init in graph.initializer:
         arr = initializer_array(init, base_dir)
-        if arr.dtype.kind in "OUS":
-            raise KilnError(f"initializer {init.name!r}: string tensors are not supported")
         ctx.initializers[init.name] = arr
         ctx.consts[init.name] = arr
     sym: dict[str, tir.Var] = {}

@@ -18,7 +18,10 @@ parameters of the nodes whose buffers changed (a caller's device arrays) updated
 
 Host steps (run-time shapes, host functions; see :mod:`kiln.runtime.executor`) run on the
 host: the tensors they read are copied back first, a host function's result is copied to the
-device. Like the CPU executor, an instance is not re-entrant.
+device. Sequences, optionals and string tensors (``SlotSpec.is_host_value``) never go to the
+device: their slots hold the Python value itself, which host functions read and write, and an
+output of that kind is returned as the CPU executor returns it. Like the CPU executor, an
+instance is not re-entrant.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import numpy as np
 
 from ...ir.dtype import DataType
 from ...ir.errors import KilnError, RuntimeCheckError
-from .. import memory_plan, shape_expr
+from .. import host_values, memory_plan, shape_expr
 from ..executor import Executor
 from ..plan import Plan
 from .device import DeviceBuffer
@@ -46,8 +49,11 @@ class GpuExecutor(Executor):
         self.plan = plan
         self.module = module
         self.device = device = module.device
-        self._const: dict[int, DeviceBuffer] = {}
+        self._const: dict[int, Any] = {}
         for slot, arr in plan.constants.items():
+            if plan.slots[slot].is_host_value:  # text stays on the host
+                self._const[slot] = arr
+                continue
             data = np.ascontiguousarray(arr)
             buf = device.alloc(data.nbytes)
             device.upload(buf, data)
@@ -103,12 +109,14 @@ class GpuExecutor(Executor):
         shapes: list[Any] = [None] * n
         template = next((a.obj for a in arrays if isinstance(a, DeviceArray)), None)
         for slot, arr in zip(plan.input_slots, arrays):
-            if isinstance(arr, DeviceArray):
+            if plan.slots[slot].is_host_value:
+                bufs[slot] = arr
+            elif isinstance(arr, DeviceArray):
                 bufs[slot] = arr.buffer
             else:
                 bufs[slot] = self._buffer(slot, arr.nbytes)
                 device.upload(bufs[slot], arr)
-            shapes[slot] = tuple(arr.shape)
+            shapes[slot] = tuple(getattr(arr, "shape", ()))
         for slot, buf in self._const.items():
             bufs[slot] = buf
             shapes[slot] = tuple(plan.constants[slot].shape)
@@ -225,6 +233,8 @@ class GpuExecutor(Executor):
             self.device.synchronize()
             return framework_out[out]
         spec = self.plan.slots[out]
+        if spec.is_host_value:
+            return host_values.copy_value(bufs[out])
         arr = np.empty(shapes[out], spec.dtype.to_numpy())
         self.device.download(bufs[out], arr)
         return arr
@@ -237,7 +247,9 @@ class GpuExecutor(Executor):
         host: list[Any] = [None] * len(plan.slots)
         reads = call.args if call.kind != "host_func" else call.args[:len(call.args) - 1]
         for s in reads:
-            if bufs[s] is not None:
+            if plan.slots[s].is_host_value:
+                host[s] = bufs[s]
+            elif bufs[s] is not None:
                 arr = np.empty(shapes[s], plan.slots[s].dtype.to_numpy())
                 self.device.download(bufs[s], arr)
                 host[s] = arr
@@ -245,6 +257,9 @@ class GpuExecutor(Executor):
         if call.kind == "host_func":
             out = call.args[-1]
             result = host[out]
+            if plan.slots[out].is_host_value:
+                bufs[out] = result
+                return
             bufs[out] = self.device.alloc(result.nbytes)
             self.device.upload(bufs[out], result)
             shapes[out] = tuple(result.shape)

@@ -39,6 +39,8 @@ register_fallback("c")(schedule_default)
 register_schedule(("random_seed", "categorical_sample"), "c")(schedule_injective)
 register_schedule("dynamic_col2im", "c")(schedule_reduction)
 register_no_schedule("image_decode", "c", "a host function (Pillow): it never becomes a kernel")
+register_no_schedule(host.HOST_OPS, "c", "a host function (sequences, optionals, strings): it "
+                     "never becomes a kernel")
 
 
 @register_epilogue("c")

@@ -28,6 +28,7 @@ from typing import Any
 
 from ...graph.op_registry import OpPattern
 from ...ir.errors import KilnError, LoweringError, ScheduleError
+from ...op import host
 from ...op.registry import get_op_def
 from ...tir.function import PrimFunc
 from ...tir.functor import post_order_visit
@@ -102,6 +103,8 @@ for _pattern_group in ((OpPattern.ELEMWISE, OpPattern.BROADCAST, OpPattern.INJEC
         schedule_generic_op(_pattern_group[0]))
 register_no_schedule("image_decode", "gpu",
                      "a host function (Pillow): it never becomes a kernel")
+register_no_schedule(host.HOST_OPS, "gpu", "a host function (sequences, optionals, strings): "
+                     "it never becomes a kernel")
 
 
 def own_schedule(op_name: str | None, target: Any) -> Callable[[Schedule, Any], None] | None:

@@ -16,6 +16,8 @@ from . import (  # noqa: F401
     random,
     reduce,
     rnn,
+    sequence,
     shape,
     signal,
+    strings,
 )

@@ -16,6 +16,7 @@ from ..importer import onnx_dtype
 from ..registry import converter
 from . import shape_values as sv
 from .common import dtype_of, ndim_of, scalar, shape_of, static_int
+from .strings import string_cast
 
 _BINARY = {
     "Add": op.add, "Sub": op.subtract, "Mul": op.multiply,
@@ -201,6 +202,8 @@ def _onnx_cast(node: Any, dtype: str) -> Any:
     ``round_mode`` (default "up"); they are never folded with numpy, whose conversion (that of
     ml_dtypes) does not saturate, but converted by kiln's cast."""
     dt = as_dtype(dtype)
+    if dt.is_string or dtype_of(node.input(0)) == "string":
+        return string_cast(node, dtype)
     value = node.const_value(0)
     if not dt.is_minifloat:
         return value.astype(dtype) if value is not None else op.cast(node.input(0), dtype)

@@ -16,6 +16,7 @@ from onnx import numpy_helper
 
 from .... import graph as g
 from .... import op
+from ..importer import as_text
 from ..registry import converter
 from .common import dtype_of, ndim_of, shape_of, static_int
 from .dynamic import check_range
@@ -433,12 +434,13 @@ def tree_ensemble_classifier(ctx: Any, node: Any) -> Any:
     """Class scores: the sum over trees of the reached leaves' class weights plus
     ``base_values``, then ``post_transform``; the label is the int64 class label of the best
     score (the first on ties). Integer features are compared as float32 (the reference).
-    Refused: string class labels (kiln has no string tensors) and the binary form (every
-    weight on one class), whose score conventions differ between the reference and
-    onnxruntime."""
-    labels = node.attr("classlabels_int64s")
+    String class labels (``classlabels_strings``) are looked up on the host
+    (``label_encoder``: class index -> label). Refused: the binary form (every weight on one
+    class), whose score conventions differ between the reference and onnxruntime."""
+    text = [as_text(v) for v in node.attr("classlabels_strings", None) or ()]
+    labels = node.attr("classlabels_int64s") or text
     if not labels:
-        raise node.error("only classlabels_int64s are supported (string labels are not)")
+        raise node.error("classlabels_int64s or classlabels_strings is required")
     class_ids = {int(c) for c in node.attr("class_ids", [])}
     if len(class_ids) < 2 or len(labels) < 2:
         raise node.error("the binary form (all weights on one class) is not supported")
@@ -451,5 +453,9 @@ def tree_ensemble_classifier(ctx: Any, node: Any) -> Any:
     scores = ctx.emit(_post_transform(node, scores, str(node.attr("post_transform", "NONE"))),
                       f"{node.name}_scores")
     best = op.argmax(scores, axis=1)
+    if text:
+        label = op.label_encoder(op.cast(best, "int64"), keys=tuple(range(len(text))),
+                                 values=tuple(text), default="", dtype="string")
+        return [label, scores]
     label = op.take(g.const(np.asarray(labels, np.int64)), best, axis=0, mode="clip")
     return [label, scores]
