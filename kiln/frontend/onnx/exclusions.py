@@ -43,7 +43,8 @@ _RANDOM_OUTPUT = ("random output: the expected values are numpy's generator's (n
 
 _SEQUENCE_LOOP = (
     "Loop over a sequence whose trip count is known only at run time (a sequence input's "
-    "length): Loop is unrolled at import and needs the trip count then")
+    "length): it runs as a run-time Loop, whose subgraph functions take and return tensors "
+    "only so far (a carried sequence or optional is refused, naming the node)")
 
 # Converted cases that fail, with the concrete reason (case name without the _cpu suffix).
 KNOWN_FAILURES: dict[str, str] = {
@@ -56,16 +57,6 @@ KNOWN_FAILURES: dict[str, str] = {
         "4d_padded_kv_bf16", "4d_causal_padded_kv_bf16", "4d_attn_mask_causal_bf16",
         "3d_causal_bf16")},
     # -- recurrent / subgraph / signal (helper H) --
-    "test_loop11": "Loop trip count is a graph input: Loop is unrolled at import and needs "
-                   "a trip count known at import time",
-    "test_range_float_type_positive_delta_expanded":
-        "Loop trip count computed from graph inputs: Loop is unrolled at import",
-    "test_range_float16_type_positive_delta_expanded":
-        "Loop trip count computed from graph inputs: Loop is unrolled at import",
-    "test_range_bfloat16_type_positive_delta_expanded":
-        "Loop trip count computed from graph inputs: Loop is unrolled at import",
-    "test_range_int32_type_negative_delta_expanded":
-        "Loop trip count computed from graph inputs: Loop is unrolled at import",
     "test_dft_inverse": "expected data carries float32 FFT round-off (1.9e-07 where the exact "
                         "value is 0) above the test's atol 1e-07; kiln's DFT is exact in float64",
     "test_dft_inverse_opset19":
@@ -92,7 +83,8 @@ KNOWN_FAILURES: dict[str, str] = {
     **{f"test_bernoulli{c}": _RANDOM_OUTPUT
        for c in ("", "_expanded", "_double", "_double_expanded", "_seed", "_seed_expanded")},
     # -- sequences (issue 26): a Loop carrying a sequence, with a trip count known only at run
-    # time (SequenceMap over a sequence input becomes such a Loop: kiln.op.sequence)
+    # time (SequenceMap over a sequence input becomes such a Loop: kiln.op.sequence); the
+    # run-time Loop's subgraph functions carry tensors only
     **{f"test_sequence_map_{c}{e}": _SEQUENCE_LOOP
        for c in ("identity_1_sequence", "identity_2_sequences", "identity_1_sequence_1_tensor",
                  "add_2_sequences", "add_1_sequence_1_tensor", "extract_shapes")
