@@ -16,7 +16,11 @@ ONNX file and times ``kiln.build`` alone (the import is printed beside it):
 - **cached**: the executable cache on: the stored executable is loaded.
 
 With ``--repeat N`` the warm and cached builds run N times each (fresh processes) and the
-minimum and maximum are printed (the machine may be shared). Targets (issue 27): cached < 1 s for
+minimum and maximum are printed. Beside each wall time is the CPU time the build used
+(``getrusage``: kiln's own process, and for the cold build the C compiler processes it ran):
+on a machine shared with other work the wall time grows with the load, the CPU time hardly
+(a cold build on an idle machine with ``c`` cores takes about cpu + C compiler / c seconds,
+the pieces of a large model being compiled in parallel). Targets (issue 27): cached < 1 s for
 every model, cold ResNet-18 < 10 s.
 """
 
@@ -37,7 +41,11 @@ CASES = {
 }
 
 _CHILD = r"""
-import json, sys, time
+import json, resource, sys, time
+def cpu():
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
 t0 = time.perf_counter()
 import kiln
 from kiln.frontend.onnx import from_onnx
@@ -48,14 +56,16 @@ if sys.argv[2] == "profile":
     import cProfile, pstats
     prof = cProfile.Profile()
     prof.enable()
+c0 = cpu()
 exe = kiln.build(mod, params=params)
 t3 = time.perf_counter()
+c1 = cpu()
 if sys.argv[2] == "profile":
     prof.disable()
     pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(40)
     pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
 print(json.dumps({"import_kiln": t1 - t0, "from_onnx": t2 - t1, "build": t3 - t2,
-                  "kernels": exe.num_kernels}))
+                  "cpu": c1[0] - c0[0], "cc_cpu": c1[1] - c0[1], "kernels": exe.num_kernels}))
 """
 
 
@@ -87,11 +97,13 @@ def bench(name: str, repeat: int, profile: bool) -> None:
             f.write(data)
         cache_dir = os.path.join(tmp, "cache")
         cold = _run(path, cache_dir, exe_cache=True, profile=profile)
-        warm = [_run(path, cache_dir, exe_cache=False)["build"] for _ in range(repeat)]
-        cached = [_run(path, cache_dir, exe_cache=True)["build"] for _ in range(repeat)]
-    print(f"{name:14s} | cold {cold['build']:7.2f} s | warm-process {_span(warm)} | "
-          f"cached {_span(cached)} | ONNX import {cold['from_onnx']:.2f} s | "
-          f"{cold['kernels']} kernels", flush=True)
+        warm = [_run(path, cache_dir, exe_cache=False) for _ in range(repeat)]
+        cached = [_run(path, cache_dir, exe_cache=True) for _ in range(repeat)]
+    print(f"{name:14s} | cold {cold['build']:6.2f} s (cpu {cold['cpu']:.2f} + C compiler "
+          f"{cold['cc_cpu']:.2f}) | warm-process {_span([r['build'] for r in warm])} (cpu "
+          f"{min(r['cpu'] for r in warm):.2f}) | cached {_span([r['build'] for r in cached])} "
+          f"(cpu {min(r['cpu'] for r in cached):.2f}) | ONNX import {cold['from_onnx']:.2f} s "
+          f"| {cold['kernels']} kernels", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
