@@ -13,10 +13,13 @@ the peak (a shared machine only ever makes a run slower) with the spread.
 Then ``y = x @ w.T`` (``kiln.op.dense``, n x n x n) in two forms: ``w`` a constant (packed once
 at compile time, as in a model) and ``w`` a run-time input (packed on every call, in the
 timing). kiln, numpy and the FMA loop (the faster kind) are timed in alternating rounds
-(``kiln.testing.timing.compare``), so each GEMM's fraction of peak compares it with the loop
-under the same load, round by round: printed are GFLOP/s (2 n^3 flops over the median time),
-the median fraction of peak with its range, and kiln / numpy (median of the per-round time
-ratios, with their range).
+(:func:`alternate`), so each GEMM's fraction of peak compares it with the loop under the same
+load, round by round. Printed: GFLOP/s (2 n^3 flops over the median wall time); the fraction
+of peak by wall time and by CPU time (flops per CPU-second of the process against the loop's,
+median and range over the rounds: on a machine shared with other work the wall fraction moves
+with the load, the CPU fraction measures the code -- note that a thread pool's idle spinning
+counts as CPU time); and kiln / numpy, the median of the per-round wall-time ratios with their
+range.
 
 OpenBLAS reads ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` when numpy is imported; a
 value set for another machine slows it down, so this script removes both from its own
@@ -39,13 +42,14 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 import kiln  # noqa: E402
 from kiln import graph as g  # noqa: E402
 from kiln import op  # noqa: E402
-from kiln.testing.timing import compare  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -106,9 +110,34 @@ def dense_module(n: int, w: np.ndarray | None) -> kiln.IRModule:
     return bb.get()
 
 
+def alternate(engines: dict[str, Callable[[], object]], rounds: int, min_time: float = 0.25
+              ) -> dict[str, list[tuple[float, float]]]:
+    """``(wall seconds, CPU seconds)`` per call of each engine, round by round: in every round
+    each engine runs a block of calls (one untimed first, then at least 3 and ``min_time``
+    seconds) in turn, so all engines see the same phases of a shared machine's load. CPU
+    seconds are the process's (every thread's, ``time.process_time``): on a loaded machine
+    they leave out the time spent waiting for a CPU, which the wall time includes."""
+    out: dict[str, list[tuple[float, float]]] = {name: [] for name in engines}
+    for _ in range(rounds):
+        for name, fn in engines.items():
+            fn()
+            calls, t0, c0 = 0, time.perf_counter(), time.process_time()
+            while calls < 3 or time.perf_counter() - t0 < min_time:
+                fn()
+                calls += 1
+            out[name].append(((time.perf_counter() - t0) / calls,
+                              (time.process_time() - c0) / calls))
+    return out
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    return (f"{format(statistics.median(values), fmt)} ({format(min(values), fmt)}-"
+            f"{format(max(values), fmt)})")
+
+
 def bench_dense(n: int, const_w: bool, peak: FmaPeak, kind: str, rounds: int) -> None:
     """kiln, numpy and the FMA loop in alternating rounds: each GEMM's GFLOP/s as a fraction
-    of the loop's in the same round (both saw the same load), median and range."""
+    of the loop's in the same round, by wall time and by CPU time (median and range)."""
     rng = np.random.default_rng(n)
     x = rng.standard_normal((n, n), dtype=np.float32)
     w = rng.standard_normal((n, n), dtype=np.float32)
@@ -118,20 +147,23 @@ def bench_dense(n: int, const_w: bool, peak: FmaPeak, kind: str, rounds: int) ->
     ref = x.astype(np.float64) @ w.T.astype(np.float64)
     err = float(np.abs(np.asarray(exe(*args)) - ref).max() / np.abs(ref).max())
     trips = peak.trips_for(kind, 0.02)
-    times = compare({"kiln": lambda: exe(*args), "numpy": lambda: x @ w.T,
-                     "peak": lambda: peak.seconds(kind, trips)}, rounds=rounds)
-    flops = 2.0 * n**3
-    peak_rates = [peak.flops(kind, trips) / t for t in times.rounds["peak"]]
+    times = alternate({"kiln": lambda: exe(*args), "numpy": lambda: x @ w.T,
+                       "peak": lambda: peak.seconds(kind, trips)}, rounds)
+    flops, peak_flops = 2.0 * n**3, peak.flops(kind, trips)
     cells = []
     for name in ("kiln", "numpy"):
-        fractions = [flops / t / p for t, p in zip(times.rounds[name], peak_rates)]
-        cells.append(f"{name} {flops / times.median(name) / 1e9:6.1f} GFLOP/s "
-                     f"{statistics.median(fractions):4.0%} of peak "
-                     f"({min(fractions):.0%}-{max(fractions):.0%})")
+        wall = [flops / t / (peak_flops / p) for (t, _), (p, _) in zip(times[name],
+                                                                      times["peak"])]
+        cpu = [flops / c / (peak_flops / p) for (_, c), (_, p) in zip(times[name],
+                                                                     times["peak"])]
+        rate = flops / statistics.median(t for t, _ in times[name]) / 1e9
+        cells.append(f"{name} {rate:6.1f} GFLOP/s, of peak: wall {_spread(wall, '.0%')} "
+                     f"cpu {_spread(cpu, '.0%')}")
+    ratio = [k / m for (k, _), (m, _) in zip(times["kiln"], times["numpy"])]
+    peak_rate = peak_flops / statistics.median(t for t, _ in times["peak"]) / 1e9
     label = f"dense {n}^3 {'const w' if const_w else 'w input'}"
-    print(f"{label:22s} | {' | '.join(cells)} | kiln/numpy time "
-          f"{times.ratio_text('kiln', 'numpy')} | peak {kind} "
-          f"{statistics.median(peak_rates) / 1e9:6.1f} | rel.err {err:.1e}", flush=True)
+    print(f"{label:22s} | {' | '.join(cells)} | kiln/numpy time {_spread(ratio, '.2f')} | "
+          f"{kind} loop {peak_rate:.1f} GFLOP/s | rel.err {err:.1e}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
