@@ -135,6 +135,7 @@ def build(mod: IRModule, target: Target | str | None = "c",
             if exe is not None:
                 stage.finish("loaded")
                 return exe
+            stage.finish("not stored yet: building")
         built = _build(mod, target, params, pipeline, strict)
         if key is not None and isinstance(built, Executable):
             build_cache.store(key, built)

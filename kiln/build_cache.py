@@ -145,7 +145,10 @@ def _target_key(tgt: Target) -> dict[str, Any]:
 
 
 def _params_key(params: Mapping[str, Any] | None) -> list[list[str]]:
-    return [[str(k), fingerprint_array(v).hex()] for k, v in sorted((params or {}).items())]
+    try:
+        return [[str(k), fingerprint_array(v).hex()] for k, v in sorted((params or {}).items())]
+    except Exception as err:  # noqa: BLE001 - not an array: the build reports it
+        raise NotFingerprintable(f"params: {err}") from None
 
 
 def build_key(mod: IRModule, tgt: Target, params: Mapping[str, Any] | None = None,

@@ -97,6 +97,19 @@ def test_params_are_part_of_the_key(cached, monkeypatch):
     assert len(_stored(cached)) == 2
 
 
+def test_params_that_are_not_arrays_get_the_builds_own_error(cached):
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo((4, 8), "float32"))
+    w = g.Var("w", g.TensorStructInfo((16, 8), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(op.dense(x, w))
+        bb.emit_func_output(out)
+    with pytest.raises(kiln.KilnError):
+        kiln.build(bb.get(), params={"w": object()})
+    assert _stored(cached) == []
+
+
 def test_the_key_changes_with_what_changes_the_result(monkeypatch):
     tgt = Target("c")
     with PassContext(opt_level=2, instruments=()) as ctx:
