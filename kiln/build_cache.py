@@ -40,6 +40,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -145,10 +146,16 @@ def _target_key(tgt: Target) -> dict[str, Any]:
 
 
 def _params_key(params: Mapping[str, Any] | None) -> list[list[str]]:
+    """``[name, digest]`` of every param. The arrays are hashed on one thread per CPU:
+    sha256 releases the GIL, and a transformer's weights are hundreds of megabytes (the
+    BERT-style encoder's: 0.5 s of one core's time, most of a cached build)."""
+    items = sorted((params or {}).items())
     try:
-        return [[str(k), fingerprint_array(v).hex()] for k, v in sorted((params or {}).items())]
+        with ThreadPoolExecutor(max_workers=max(1, min(len(items), os.cpu_count() or 1))) as ex:
+            digests = list(ex.map(fingerprint_array, [v for _, v in items]))
     except Exception as err:  # noqa: BLE001 - not an array: the build reports it
         raise NotFingerprintable(f"params: {err}") from None
+    return [[str(k), d.hex()] for (k, _), d in zip(items, digests)]
 
 
 def build_key(mod: IRModule, tgt: Target, params: Mapping[str, Any] | None = None,
