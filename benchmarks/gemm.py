@@ -3,6 +3,8 @@
     python benchmarks/gemm.py                 # peak, then 1024^3 and 2048^3
     python benchmarks/gemm.py --sizes 1024    # some sizes
     python benchmarks/gemm.py --peak-only     # the FMA peak alone
+    python benchmarks/gemm.py --target x86-64-v3   # kiln's AVX2 code on an AVX-512 machine
+    KILN_BENCH_THREADS=1 python benchmarks/gemm.py # one thread
 
 The peak is measured by ``benchmarks/fma_peak.c`` (compiled here with ``$CC`` or gcc, ``-O3
 -march=native``): independent FMA chains in registers, no memory traffic, on the benchmark's
@@ -135,13 +137,14 @@ def _spread(values: list[float], fmt: str) -> str:
             f"{format(max(values), fmt)})")
 
 
-def bench_dense(n: int, const_w: bool, peak: FmaPeak, kind: str, rounds: int) -> None:
+def bench_dense(n: int, const_w: bool, peak: FmaPeak, kind: str, rounds: int,
+                target: str = "c") -> None:
     """kiln, numpy and the FMA loop in alternating rounds: each GEMM's GFLOP/s as a fraction
     of the loop's in the same round, by wall time and by CPU time (median and range)."""
     rng = np.random.default_rng(n)
     x = rng.standard_normal((n, n), dtype=np.float32)
     w = rng.standard_normal((n, n), dtype=np.float32)
-    exe = kiln.build(dense_module(n, w if const_w else None))
+    exe = kiln.build(dense_module(n, w if const_w else None), target=target)
     exe.set_num_threads(THREADS)
     args = (x,) if const_w else (x, w)
     ref = x.astype(np.float64) @ w.T.astype(np.float64)
@@ -173,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peak-runs", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=7, help="alternating rounds per case")
     ap.add_argument("--peak-only", action="store_true")
+    ap.add_argument("--target", default="c",
+                    help="kiln's target (default: this CPU; x86-64-v3 for the AVX2 code)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         peak = FmaPeak(tmp)
@@ -182,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         kind = max(best, key=best.__getitem__)
         for n in args.sizes:
             for const_w in (True, False):
-                bench_dense(n, const_w, peak, kind, args.rounds)
+                bench_dense(n, const_w, peak, kind, args.rounds, args.target)
     return 0
 
 
