@@ -7,11 +7,11 @@ L2 (:data:`GEMM_ROW_BLOCK_BYTES`), each panel of ``nb`` columns (blocks and pane
 and each tile of :func:`gemm_tile` rows, a ``rows x nb`` tile of the result accumulates in a
 local buffer over the whole reduction -- buffer compaction
 (``kiln.tir.transform.compact_buffers``) makes it a small stack array, and with the tile loops
-unrolled the C compiler keeps it in vector registers -- then is written back, and fused element-
-wise consumers (bias, activation, residual) run on the tile while it is in L1. ``matmul_vnni``'s
-tensorizes the product onto 16x16 AMX tiles (``kiln.tir.tensor_intrin.x86.tensorize_gemm_amx``);
-:func:`alter_to_packed`
-chooses it when the target has AMX for the dtype and the static shapes fit whole tiles.
+unrolled the C compiler keeps it in vector registers -- then is written back, and fused
+element-wise consumers (bias, activation, residual) run on the tile while it is in L1.
+``matmul_vnni``'s tensorizes the product onto 16x16 AMX tiles
+(``kiln.tir.tensor_intrin.x86.tensorize_gemm_amx``); :func:`alter_to_packed` chooses it when
+the target has AMX for the dtype and the static shapes fit whole tiles.
 """
 
 from __future__ import annotations
