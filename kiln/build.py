@@ -22,12 +22,13 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from . import build_cache, progress
 from . import graph as g
-from . import progress
 from . import transform as _transform  # noqa: F401 - declares every pass (get_pass by name)
 from .codegen.executable import build_executable
 from .codegen.npu import NPUExecutable, build_npu
 from .ir.errors import KilnError, TargetError
+from .ir.fingerprint import NotFingerprintable
 from .ir.module import IRModule
 from .runtime.executable import Executable
 from .runtime.plan import MUTATIONS_ATTR
@@ -116,8 +117,8 @@ def _finish_graph(mod: IRModule) -> IRModule:
 
 def build(mod: IRModule, target: Target | str | None = "c",
           params: Mapping[str, Any] | None = None, pipeline: Pass | None = None,
-          strict: bool = False, tuning_db: str | os.PathLike | TuningDatabase | None = None
-          ) -> Executable | NPUExecutable:
+          strict: bool = False, tuning_db: str | os.PathLike | TuningDatabase | None = None,
+          cache: bool | None = None) -> Executable | NPUExecutable:
     """Compile every function of ``mod``; the result runs graph function ``main`` when called.
 
     ``pipeline`` replaces the default pass pipeline (:func:`default_pipeline` of the current
@@ -135,9 +136,48 @@ def build(mod: IRModule, target: Target | str | None = "c",
     ``tuning_db`` (a path or :class:`kiln.tune.TuningDatabase`, written by ``kiln tune``)
     gives each CPU kernel the knobs of its best record there; a kernel without a record gets
     the default schedule.
+
+    A CPU build is stored in the executable cache (:mod:`kiln.build_cache`) under a key of the
+    module, params, target, pass configuration and kiln's version; building the same again
+    loads it (well under a second instead of seconds). ``cache=False`` (or
+    ``KILN_EXECUTABLE_CACHE=0``) builds without it; builds with a ``tuning_db`` are not cached
+    (the database's records change what they compile to).
     """
     with progress.scope():
-        return _build(mod, target, params, pipeline, strict, tuning_db)
+        key = None if tuning_db is not None else _cache_key(mod, target, params, pipeline,
+                                                            cache)
+        if key is not None:
+            stage = progress.Stage("executable cache")
+            exe = build_cache.lookup(key)
+            if exe is not None:
+                stage.finish("loaded")
+                return exe
+            stage.finish("not stored yet: building")
+        built = _build(mod, target, params, pipeline, strict, tuning_db)
+        if key is not None and isinstance(built, Executable):
+            build_cache.store(key, built)
+        return built
+
+
+def _cache_key(mod: Any, target: Target | str | None, params: Mapping[str, Any] | None,
+               pipeline: Pass | None, option: bool | None) -> str | None:
+    """The executable cache's key of this build, or None when it is not cached (turned off, a
+    custom pipeline, pass instruments, a non-CPU target, IR without stable content)."""
+    if not build_cache.enabled(option) or pipeline is not None or not isinstance(mod, IRModule):
+        return None
+    ctx = PassContext.current()
+    if ctx.instruments:
+        return None
+    try:
+        tgt = Target.create(target)
+        if tgt.kind != "c":
+            return None
+        return build_cache.build_key(mod, tgt, params, ctx)
+    except NotFingerprintable as err:
+        progress.LOGGER.debug("kiln.build: not cached: %s", err)
+        return None
+    except KilnError:
+        return None  # a bad target or params: the build reports it
 
 
 def npu_pipeline(opt_level: int | None = None) -> Sequential:

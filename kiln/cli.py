@@ -69,8 +69,8 @@ examples:
   kiln cache info                                        the compile cache and its cap
 
 exit status: 0 success, 1 error, 2 command-line mistake, 130 interrupted
-environment: KILN_CACHE_DIR, KILN_CACHE_MAX_SIZE (default 2G), KILN_COMPILE_JOBS, CC,
-             OMP_NUM_THREADS
+environment: KILN_CACHE_DIR, KILN_CACHE_MAX_SIZE (default 2G), KILN_EXECUTABLE_CACHE (0: off),
+             KILN_COMPILE_JOBS, CC, OMP_NUM_THREADS
 """
 
 
@@ -561,7 +561,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
     cap = info["max_bytes"]
     print(f"directory: {info['directory']}"
           + ("" if info["writable"] in (True, None) else " (read-only)"))
-    print(f"entries:   {info['entries']} ({info['libraries']} libraries), "
+    print(f"entries:   {info['entries']} ({info['libraries']} libraries, "
+          f"{info['executables']} executables), "
           f"{cache.format_bytes(info['bytes'])}")
     print(f"size cap:  {cache.format_bytes(cap) if cap else 'none'} "
           "(KILN_CACHE_MAX_SIZE; least recently used entries are evicted beyond it)")

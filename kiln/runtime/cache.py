@@ -5,7 +5,10 @@ The cache is ``$KILN_CACHE_DIR``, else ``$XDG_CACHE_HOME/kiln``, else ``~/.cache
 - ``c/<key>.so`` and ``c/<key>.c``: a library compiled by ``kiln.codegen.c`` and its source
   (``key`` is the hash of the source, flags and compiler, see ``kiln.codegen.c.compiler``), plus
   ``c/<key>.<i>.c`` pieces kept for the diagnostics of a failed parallel compile;
-- ``exe-<digest>.so``: the library of a loaded executable file (``kiln.load``), by content hash.
+- ``exe-<digest>.so``: the library of a loaded executable file (``kiln.load``), by content hash;
+- ``executables/<key>.kiln``: a whole executable (``kiln.save``'s file format) that
+  ``kiln.build`` stored under the key of its input model and build configuration, so that
+  building the same model again loads it (the second-level cache, ``kiln.build_cache``).
 
 Every file that belongs to one key is one *entry*. Using an entry (a compile that finds its
 library, a load that finds its file) sets its files' modification time to now, so the oldest
@@ -29,6 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..ir.errors import KilnError
+
+#: The folder of the cache holding whole executables (``kiln.build_cache``).
+EXECUTABLES = "executables"
+#: The suffix of an executable file in that folder.
+EXECUTABLE_SUFFIX = ".kiln"
 
 #: The cap when ``KILN_CACHE_MAX_SIZE`` is not set.
 DEFAULT_MAX_BYTES = 2 * 1024**3
@@ -76,6 +84,9 @@ def _key_of(path: Path, root: Path) -> str | None:
         return None
     if path.parent == root and name.startswith("exe-") and name.endswith(".so"):
         return name[:-3]
+    if path.parent == root / EXECUTABLES:
+        m = re.fullmatch(r"([0-9a-f]{64})" + re.escape(EXECUTABLE_SUFFIX), name)
+        return f"{EXECUTABLES}/{m.group(1)}" if m else None
     if path.parent == root / "c":
         m = re.fullmatch(r"([0-9a-f]{64})(?:\.\d+)?\.(?:so|c)", name)
         return "c/" + m.group(1) if m else None
@@ -86,7 +97,7 @@ def entries(root: Path | None = None) -> list[Entry]:
     """Every entry of the cache, least recently used first."""
     root = cache_dir() if root is None else root
     groups: dict[str, list[tuple[Path, os.stat_result]]] = {}
-    for folder in (root, root / "c"):
+    for folder in (root, root / "c", root / EXECUTABLES):
         try:
             names = os.listdir(folder)
         except OSError:
@@ -150,7 +161,8 @@ def evict(keep: str | Path | None = None, root: Path | None = None) -> int:
 
 
 def clear(root: Path | None = None) -> tuple[int, int]:
-    """Remove every entry and leftovers of interrupted builds older than an hour; returns
+    """Remove every entry and leftovers of interrupted builds older than an hour (temporary
+    files: ``*.tmp``, ``*.so.tmp*``, ``*.kiln.tmp<pid>``); returns
     (files removed, bytes freed)."""
     root = cache_dir() if root is None else root
     files = freed = 0
@@ -158,7 +170,7 @@ def clear(root: Path | None = None) -> tuple[int, int]:
         freed += remove(e)
         files += len(e.files)
     stale = time.time() - 3600
-    for folder in (root, root / "c"):
+    for folder in (root, root / "c", root / EXECUTABLES):
         with contextlib.suppress(OSError):
             for name in os.listdir(folder):
                 path = folder / name
@@ -166,7 +178,7 @@ def clear(root: Path | None = None) -> tuple[int, int]:
                     st = path.lstat()
                     if path.is_dir() and folder == root / "c" and st.st_mtime < stale:
                         shutil.rmtree(path, ignore_errors=True)
-                    elif name.endswith(".tmp") and st.st_mtime < stale:
+                    elif ".tmp" in name and st.st_mtime < stale:
                         path.unlink()
                         files += 1
                         freed += st.st_size
@@ -181,6 +193,7 @@ def info(root: Path | None = None) -> dict[str, object]:
         "directory": str(root),
         "entries": len(es),
         "libraries": sum(1 for e in es for p in e.files if p.suffix == ".so"),
+        "executables": sum(1 for e in es if e.key.startswith(EXECUTABLES + "/")),
         "bytes": sum(e.nbytes for e in es),
         "max_bytes": max_bytes(),
         "oldest_use": es[0].last_used if es else None,

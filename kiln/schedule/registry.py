@@ -43,7 +43,7 @@ __all__ = [
     "FAMILIES", "TARGET_FAMILIES", "Rule", "ScheduleFn", "lookup_alter_layout", "lookup_epilogue",
     "lookup_fallback", "lookup_schedule", "no_schedule_reason", "register_alter_layout",
     "register_epilogue", "register_fallback", "register_no_schedule", "register_rule",
-    "register_schedule", "rules", "schedule_source", "target_family",
+    "register_schedule", "registered_hooks", "rules", "schedule_source", "target_family",
 ]
 
 #: Target kind -> the family whose schedules it uses.
@@ -220,6 +220,17 @@ def register_epilogue(targets: str | Iterable[str]) -> Callable[[F], F]:
 def rules(target: Target | str) -> list[Rule]:
     """The rules of ``target``'s family, in the order they are tried."""
     return list(_RULES[target_family(target)])
+
+
+def registered_hooks() -> list[Callable[..., Any]]:
+    """Every rule (its matcher and schedule), fallback and epilogue hook of every family: the
+    code besides the op declarations that decides a build's schedules (the executable cache,
+    ``kiln.build_cache``, keys on the code registered from outside kiln)."""
+    out: list[Callable[..., Any]] = []
+    for family_rules in _RULES.values():
+        for rule in family_rules:
+            out += [rule.matches, rule.schedule]
+    return out + list(_FALLBACK.values()) + list(_EPILOGUE.values())
 
 
 def lookup_schedule(op_name: str, target: Target | str) -> ScheduleFn | None:

@@ -144,6 +144,47 @@ def test_fused_consumers_run_per_panel_when_it_fits(rows, per_panel):
     check(res, np.maximum(x @ y + b, 0))
 
 
+def test_row_blocks_divide_the_tiles_and_fit_the_budget():
+    # 2048 rows of 2048 float32 in tiles of 8 rows: 1 MiB holds 16 tiles; 256 / 16 blocks
+    assert cpu_matmul_packed.row_block_tiles(2048, 8, 2048, 4) == 16
+    # 342 tiles of 6 rows: 21 fit, 19 divides 342
+    assert cpu_matmul_packed.row_block_tiles(2048, 6, 2048, 4) == 19
+    # everything fits: one block; unknown sizes: one block
+    assert cpu_matmul_packed.row_block_tiles(128, 8, 768, 4) is None
+    assert cpu_matmul_packed.row_block_tiles(None, 8, 2048, 4) is None
+    # 2 * 127 tiles: no divisor near the 64 that fit, no blocks rather than tiny ones
+    assert cpu_matmul_packed.row_block_tiles(8 * 254, 8, 512, 4) is None
+
+
+@pytest.mark.parametrize("target", TILE_TARGETS, ids=["avx2", "avx512"])
+@pytest.mark.parametrize("rows", [240, 235])
+def test_row_blocks_with_fused_consumers_match_numpy(rows, target, monkeypatch):
+    """With the rows cut into blocks (a small block budget here), every panel passes under
+    each block; a fused bias + ReLU still sees every row once, tails included."""
+    from kiln.codegen import c as codegen_c
+
+    monkeypatch.setattr(cpu_matmul_packed, "GEMM_ROW_BLOCK_BYTES", 16 * 1024)
+    mr, nr = gemm_tile(target)
+    k = 64
+    assert cpu_matmul_packed.row_block_tiles(rows, mr, k, 4) is not None
+    a = te.placeholder((rows, k), "float32", name="a")
+    bp = te.placeholder((3, k, nr), "float32", name="bp")
+    bias = te.placeholder((3 * nr,), "float32", name="bias")
+    opdef = get_op_def("matmul_packed")
+    prod = opdef.compute(a, bp, attrs=opdef.make_attrs())
+    out = te.compute(prod.shape, lambda i, j: tir.max(prod[i, j] + bias[j],
+                                                      tir.const("float32", 0.0)), name="relu")
+    sch = Schedule(te.create_prim_func([a, bp, bias, out]))
+    lookup_schedule(opdef.name, "c")(sch, target)
+    loops = [sch.get(lp) for lp in sch.get_loops(sch.get_block("matmul_packed"))]
+    assert loops[0].kind == tir.ForKind.PARALLEL  # the row blocks (and panels), in parallel
+    mod = codegen_c.build({"mmp": sch.func}, TARGET)
+    x, y, b = rand((rows, k)), rand((k, 3 * nr)), rand((3 * nr,))
+    res = np.zeros((rows, 3 * nr), "float32")
+    mod["mmp"](x, pack(y, nr), b, res)
+    check(res, np.maximum(x @ y + b, 0))
+
+
 @pytest.mark.parametrize("rows", [1, 2, 3])
 def test_few_rows_run_several_panels_at_once(rows):
     """A tile of all of 1-3 rows has 2-6 accumulators per panel, too few for the FMA pipes:

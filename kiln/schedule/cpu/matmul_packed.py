@@ -2,14 +2,16 @@
 the layout hook that makes them out of ``matmul``/``dense``.
 
 ``matmul_packed``'s schedule is the classic register-blocked GEMM (GotoBLAS' micro-kernel,
-written with kiln's schedule primitives): for each panel of ``nb`` columns (in parallel) and
-each block of :func:`gemm_tile` rows, a ``rows x nb`` tile of the result accumulates in a local
-buffer over the whole reduction -- buffer compaction (``kiln.tir.transform.compact_buffers``)
-makes it a small stack array, and with the tile loops unrolled the C compiler keeps it in
-vector registers -- then is written back, and fused element-wise consumers (bias, activation,
-residual) run on the tile while it is in L1. ``matmul_vnni``'s tensorizes the product onto
-16x16 AMX tiles (``kiln.tir.tensor_intrin.x86.tensorize_gemm_amx``); :func:`alter_to_packed`
-chooses it when the target has AMX for the dtype and the static shapes fit whole tiles.
+written with kiln's schedule primitives): for each block of rows of the left operand that fits
+L2 (:data:`GEMM_ROW_BLOCK_BYTES`), each panel of ``nb`` columns (blocks and panels in parallel)
+and each tile of :func:`gemm_tile` rows, a ``rows x nb`` tile of the result accumulates in a
+local buffer over the whole reduction -- buffer compaction
+(``kiln.tir.transform.compact_buffers``) makes it a small stack array, and with the tile loops
+unrolled the C compiler keeps it in vector registers -- then is written back, and fused
+element-wise consumers (bias, activation, residual) run on the tile while it is in L1.
+``matmul_vnni``'s tensorizes the product onto 16x16 AMX tiles
+(``kiln.tir.tensor_intrin.x86.tensorize_gemm_amx``); :func:`alter_to_packed` chooses it when
+the target has AMX for the dtype and the static shapes fit whole tiles.
 """
 
 from __future__ import annotations
@@ -80,6 +82,27 @@ def _panels_at_once(m: int | None, rows: int, vectors: int, panels: int | None) 
     return None
 
 
+#: Bytes of the left operand's rows that one block of rows keeps in L2 while every panel of
+#: the packed operand passes under it (see :func:`row_block_tiles`).
+GEMM_ROW_BLOCK_BYTES = 1024 * 1024
+
+
+def row_block_tiles(m: int | None, rows: int, k: int | None, itemsize: int) -> int | None:
+    """Register tiles of rows per block of rows (None: one block of all rows). Without
+    blocks, each panel of the packed operand streams the whole left operand through the
+    caches again (16 MB per panel at 2048^3); with the rows cut into blocks of
+    :data:`GEMM_ROW_BLOCK_BYTES` that stay in L2, every panel passes under a block instead. A
+    divisor of the tile count, so no block has a tail."""
+    if m is None or k is None or rows < 1:
+        return None
+    count = -(-m // rows)
+    want = max(1, GEMM_ROW_BLOCK_BYTES // (rows * k * itemsize))
+    if want >= count:
+        return None
+    best = next(t for t in range(want, 0, -1) if count % t == 0)
+    return best if 2 * best >= want else None
+
+
 #: Largest panel result (rows x the tile's columns) that fused consumers read back from a
 #: buffer once the panel is done, rather than per register tile (see schedule_packed_gemm).
 GEMM_PANEL_EPILOGUE_BYTES = 64 * 1024
@@ -107,6 +130,10 @@ def schedule_packed_gemm(sch: Any, target: Any, block: Any) -> tuple[Any, Any]:
     rows = knob("gemm_tile_rows", (1, 2, 4, 6, 8, 12), gemm_tile(target)[0])
     mr = rows if m is None else min(rows, m)
     io, ii = sch.split(i, factors=[None, mr]) if mr > 1 else (i, None)
+    ib = None
+    tiles = row_block_tiles(m, mr, const_int(packed.shape[-2]), as_dtype(dtype).bits // 8)
+    if tiles is not None:
+        ib, io = sch.split(io, factors=[None, tiles])
     jo, ji = sch.split(j, factors=[None, nb])
     lanes = target.vector_lanes(dtype)
     vec = next((v for v in (lanes, lanes // 2) if v > 1 and nb % v == 0), None)
@@ -117,7 +144,7 @@ def schedule_packed_gemm(sch: Any, target: Any, block: Any) -> tuple[Any, Any]:
     jj = None
     if at_once is not None:
         jo, jj = sch.split(jo, factors=[None, at_once])
-    sch.reorder(*batch, jo, *(lp for lp in (jj, io, k, ii, jv) if lp is not None), jl)
+    sch.reorder(*batch, *(lp for lp in (ib, jo, jj, io, k, ii, jv) if lp is not None), jl)
     local = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(local, io)
     init = sch.decompose_reduction(block, k)
@@ -131,7 +158,8 @@ def schedule_packed_gemm(sch: Any, target: Any, block: Any) -> tuple[Any, Any]:
         write_out_tile(sch, target, b, io, dtype)
     if jj is not None:
         sch.annotate(jj, JAM_TAILS, at_once)
-    par = parallel_outer(sch, [*batch, jo], target, work=work)
+    par = parallel_outer(sch, [*batch, *(lp for lp in (ib, jo) if lp is not None)], target,
+                         work=work)
     panel_bytes = None if m is None else m * nb * as_dtype(dtype).bits // 8
     if panel_bytes is None or panel_bytes > GEMM_PANEL_EPILOGUE_BYTES:
         return io, par
