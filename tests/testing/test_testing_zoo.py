@@ -13,7 +13,13 @@ import pytest
 
 from kiln.testing.zoo import CATALOGUE, FAMILIES, InputSpec, ZooModel
 from kiln.testing.zoo.export import cache_key, export_bytes, exported
-from kiln.testing.zoo.runner import error_node, max_error, ort_session, run_model
+from kiln.testing.zoo.runner import (
+    error_node,
+    max_error,
+    ort_session,
+    run_model,
+    run_model_torch,
+)
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("torch")
@@ -89,6 +95,14 @@ def test_runner_classifies_failures(tmp_path, monkeypatch):
     assert r.status in ("target", "compile") and r.error
     r = run_model(_model(), timing=False)
     assert r.passed and r.max_error <= 1e-4
+
+
+def test_torch_frontend_runs_the_same_entry():
+    """run_model_torch: torch.export of the entry's module, checked against eager."""
+    r = run_model_torch(_model(), timing=False)
+    assert r.passed and r.reference == "torch" and r.max_error <= 1e-4, r.error
+    r = run_model_torch(_model(_broken, name="test-broken"), timing=False)
+    assert r.status == "export" and "this builder fails" in r.error
 
 
 def test_input_specs():

@@ -112,14 +112,14 @@ hf("roberta", "encoder", "RobertaModel", BERTLIKE, text())
 hf("xlm-roberta", "encoder", "XLMRobertaModel", BERTLIKE, text())
 hf("camembert", "encoder", "CamembertModel", BERTLIKE, text())
 hf("electra", "encoder", "ElectraModel", {**BERTLIKE, "embedding_size": 32}, text())
-hf("deberta", "encoder", "DebertaModel", BERTLIKE, text(), ci=True)
+hf("deberta", "encoder", "DebertaModel", BERTLIKE, text())
 hf("deberta-v2", "encoder", "DebertaV2Model", BERTLIKE, text())
 hf("distilbert", "encoder", "DistilBertModel",
    {"dim": 64, "n_layers": 2, "n_heads": 4, "hidden_dim": 128, "vocab_size": VOCAB},
    text(), ci=True)
 hf("albert", "encoder", "AlbertModel", {**BERTLIKE, "embedding_size": 32}, text(), ci=True)
 hf("mpnet", "encoder", "MPNetModel", BERTLIKE, text())
-hf("convbert", "encoder", "ConvBertModel", {**BERTLIKE, "embedding_size": 64}, text(), ci=True)
+hf("convbert", "encoder", "ConvBertModel", {**BERTLIKE, "embedding_size": 64}, text())
 hf("squeezebert", "encoder", "SqueezeBertModel", {**BERTLIKE, "embedding_size": 64}, text())
 hf("mobilebert", "encoder", "MobileBertModel",
    {**BERTLIKE, "embedding_size": 32, "intra_bottleneck_size": 32, "true_hidden_size": 32,
@@ -155,7 +155,7 @@ hf("canine", "encoder", "CanineModel",
    {**BERTLIKE, "num_hash_buckets": 64, "downsampling_rate": 4, "local_transformer_stride": 8},
    text())
 hf("clip-text", "encoder", "CLIPTextModel",
-   {**BERTLIKE, "projection_dim": 32}, text(), ci=True)
+   {**BERTLIKE, "projection_dim": 32}, text())
 hf("siglip-text", "encoder", "SiglipTextModel", BERTLIKE, text(mask=False))
 hf("xmod", "encoder", "XmodModel", {**BERTLIKE, "languages": ["en_XX"],
                                     "default_language": "en_XX"}, text())
@@ -181,7 +181,7 @@ hf("codegen", "decoder", "CodeGenModel", {"n_embd": 64, "n_layer": 2, "n_head": 
                                           "rotary_dim": 8, "vocab_size": VOCAB,
                                           "n_positions": 64, "use_cache": False}, text())
 hf("bloom", "decoder", "BloomModel", {"hidden_size": 64, "n_layer": 2, "n_head": 4,
-                                      "vocab_size": VOCAB, "use_cache": False}, text(), ci=True)
+                                      "vocab_size": VOCAB, "use_cache": False}, text())
 hf("opt", "decoder", "OPTModel", {**BERTLIKE, "ffn_dim": 128, "word_embed_proj_dim": 64,
                                   "use_cache": False}, text(), ci=True)
 hf("xglm", "decoder", "XGLMModel", {"d_model": 64, "num_layers": 2, "attention_heads": 4,
@@ -201,11 +201,11 @@ hf("llama", "decoder", "LlamaModel", LLAMALIKE, text(), ci=True)
 hf("mistral", "decoder", "MistralModel", LLAMALIKE, text())
 hf("qwen2", "decoder", "Qwen2Model", LLAMALIKE, text(), ci=True)
 hf("qwen3", "decoder", "Qwen3Model", LLAMALIKE, text())
-hf("gemma", "decoder", "GemmaModel", LLAMALIKE, text(), ci=True)
+hf("gemma", "decoder", "GemmaModel", LLAMALIKE, text())
 hf("gemma2", "decoder", "Gemma2Model", LLAMALIKE, text())
 hf("gemma3", "decoder", "Gemma3TextModel", {**LLAMALIKE, "sliding_window": 8}, text(),
    config="Gemma3TextConfig")
-hf("phi", "decoder", "PhiModel", LLAMALIKE, text(), ci=True)
+hf("phi", "decoder", "PhiModel", LLAMALIKE, text())
 hf("phi3", "decoder", "Phi3Model", LLAMALIKE, text())
 hf("stablelm", "decoder", "StableLmModel", LLAMALIKE, text())
 hf("starcoder2", "decoder", "Starcoder2Model", LLAMALIKE, text())
@@ -263,7 +263,7 @@ hf("bart", "encoder-decoder", "BartModel", BARTLIKE, seq2seq(), ci=True)
 hf("mbart", "encoder-decoder", "MBartModel", BARTLIKE, seq2seq())
 hf("pegasus", "encoder-decoder", "PegasusModel", BARTLIKE, seq2seq())
 hf("marian", "encoder-decoder", "MarianModel", {**BARTLIKE, "decoder_vocab_size": VOCAB},
-   seq2seq(), ci=True)
+   seq2seq())
 hf("blenderbot", "encoder-decoder", "BlenderbotModel", BARTLIKE, seq2seq())
 hf("blenderbot-small", "encoder-decoder", "BlenderbotSmallModel", BARTLIKE, seq2seq())
 hf("m2m100", "encoder-decoder", "M2M100Model", BARTLIKE, seq2seq())
@@ -283,8 +283,7 @@ hf("bigbird-pegasus", "encoder-decoder", "BigBirdPegasusModel",
 # --- vision ---------------------------------------------------------------------------------
 hf("vit", "vision", "ViTModel", VIT, image(), ci=True)
 hf("deit", "vision", "DeiTModel", VIT, image())
-hf("beit", "vision", "BeitModel", {**VIT, "use_relative_position_bias": True}, image(),
-   ci=True)
+hf("beit", "vision", "BeitModel", {**VIT, "use_relative_position_bias": True}, image())
 hf("data2vec-vision", "vision", "Data2VecVisionModel", VIT, image())
 hf("dinov2", "vision", "Dinov2Model", VIT, image(), ci=True)
 hf("vit-msn", "vision", "ViTMSNModel", VIT, image())
@@ -307,7 +306,7 @@ hf("convnextv2", "vision", "ConvNextV2Model", {**STAGES, "hidden_sizes": [16, 32
 hf("resnet-hf", "vision", "ResNetModel", {"embedding_size": 16, "hidden_sizes": [16, 32],
                                           "depths": [1, 1]}, image())
 hf("regnet", "vision", "RegNetModel", {"embedding_size": 16, "hidden_sizes": [16, 32],
-                                       "depths": [1, 1], "groups_width": 8}, image(), ci=True)
+                                       "depths": [1, 1], "groups_width": 8}, image())
 hf("bit", "vision", "BitModel", {"embedding_size": 16, "hidden_sizes": [16, 32],
                                  "depths": [1, 1]}, image())
 hf("mobilevit", "vision", "MobileViTModel",
@@ -374,7 +373,7 @@ hf("textnet", "vision", "TextNetModel", {}, image())
 hf("wav2vec2", "speech", "Wav2Vec2Model", WAV2VEC, audio(), ci=True)
 hf("hubert", "speech", "HubertModel", WAV2VEC, audio())
 hf("wavlm", "speech", "WavLMModel", {**WAV2VEC, "num_buckets": 32, "max_bucket_distance": 64},
-   audio(), ci=True)
+   audio())
 hf("unispeech", "speech", "UniSpeechModel", WAV2VEC, audio())
 hf("unispeech-sat", "speech", "UniSpeechSatModel", WAV2VEC, audio())
 hf("data2vec-audio", "speech", "Data2VecAudioModel", {**WAV2VEC, "conv_pos_kernel_size": 5,

@@ -8,6 +8,10 @@ cannot compile for. Correctness: kiln's output must be within :data:`TOLERANCE` 
 reference output's largest magnitude of onnxruntime's (fp32), elementwise, with the same shape.
 Timing pairs the two engines in alternating rounds (:func:`kiln.testing.timing.compare`),
 both with the same thread count.
+
+:func:`run_model_torch` runs the same entry through kiln's PyTorch frontend instead
+(``torch.export`` -> :func:`kiln.frontend.torch.from_exported_program`), checked against and
+timed beside torch eager; ``export`` is then torch.export failing.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import re
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -22,11 +27,12 @@ import numpy as np
 
 from ...build import build as kiln_build
 from ...frontend.onnx import from_onnx
+from ...frontend.torch import from_exported_program
 from ...ir.errors import TargetError
 from ...target import Target
 from ..timing import compare
 from .catalogue import ZooModel
-from .export import exported
+from .export import exported, randomize_norms
 
 #: kiln's output may differ from onnxruntime's by this fraction of the output's scale.
 TOLERANCE = 1e-4
@@ -51,8 +57,10 @@ class ZooResult:
     export_s: float | None = None
     compile_s: float | None = None
     kiln_s: float | None = None
-    ort_s: float | None = None
-    ratio: float | None = None  # median per-round kiln/onnxruntime latency
+    #: the engine kiln is checked against and timed beside: onnxruntime or torch (eager)
+    reference: str = "onnxruntime"
+    ref_s: float | None = None
+    ratio: float | None = None  # median per-round kiln/reference latency
 
     @property
     def passed(self) -> bool:
@@ -123,6 +131,16 @@ def run_model(model: ZooModel, target: str = "c", timing: bool = True, threads: 
         mod, params = from_onnx(str(path))
     except Exception as exc:  # noqa: BLE001 - a crash in the importer is a failure too
         return _fail(result, "import", exc)
+    return compile_and_check(result, mod, params, lambda exe: exe(**inputs), ref,
+                             lambda: sess.run(None, inputs), target, timing, threads, rounds)
+
+
+def compile_and_check(result: ZooResult, mod: Any, params: Any, call: Callable[[Any], Any],
+                      ref: np.ndarray, reference: Callable[[], Any], target: str, timing: bool,
+                      threads: int, rounds: int) -> ZooResult:
+    """Build ``mod`` for ``target``, run it (``call(executable)`` passes the inputs), compare
+    with ``ref`` and time it beside ``reference()`` (the stages compile, run and mismatch of
+    :func:`run_model`)."""
     t0 = time.perf_counter()
     try:
         tgt = Target.create(target)
@@ -135,7 +153,7 @@ def run_model(model: ZooModel, target: str = "c", timing: bool = True, threads: 
     try:
         if hasattr(exe, "set_num_threads"):
             exe.set_num_threads(threads)
-        out = exe(**inputs)
+        out = call(exe)
         if isinstance(out, (tuple, list)):
             out = out[0]
         out = np.asarray(out.numpy() if hasattr(out, "numpy") else out)
@@ -145,12 +163,48 @@ def run_model(model: ZooModel, target: str = "c", timing: bool = True, threads: 
     if not result.max_error <= TOLERANCE:
         result.status = "mismatch"
         shape = "" if np.shape(out) == ref.shape else f" (shape {np.shape(out)} vs {ref.shape})"
-        result.error = (f"max |kiln - onnxruntime| = {result.max_error:.2e} of the output's "
-                        f"scale > {TOLERANCE:g}{shape}")
+        result.error = (f"max |kiln - {result.reference}| = {result.max_error:.2e} of the "
+                        f"output's scale > {TOLERANCE:g}{shape}")
         return result
     if timing:
-        cmp = compare({"kiln": lambda: exe(**inputs), "ort": lambda: sess.run(None, inputs)},
-                      rounds=rounds, min_time=0.1)
-        result.kiln_s, result.ort_s = cmp.median("kiln"), cmp.median("ort")
-        result.ratio = cmp.ratio("kiln", "ort")
+        cmp = compare({"kiln": lambda: call(exe), "ref": reference}, rounds=rounds,
+                      min_time=0.1)
+        result.kiln_s, result.ref_s = cmp.median("kiln"), cmp.median("ref")
+        result.ratio = cmp.ratio("kiln", "ref")
     return result
+
+
+def run_model_torch(model: ZooModel, target: str = "c", timing: bool = True, threads: int = 2,
+                    rounds: int = 3) -> ZooResult:
+    """:func:`run_model` through kiln's PyTorch frontend: the entry's module (same seeded
+    weights as its ONNX export) through ``torch.export``, checked against torch eager."""
+    import torch
+
+    result = ZooResult(model.name, model.family, model.source, reference="torch")
+    inputs = model.example_inputs()
+    args = tuple(torch.from_numpy(inputs[s.name]) for s in model.inputs)
+    t0 = time.perf_counter()
+    try:
+        torch.manual_seed(0)
+        module = model.build(model.config)
+        randomize_norms(module)
+        module.eval()
+        with torch.no_grad():
+            ref = module(*args).numpy()
+            ep = torch.export.export(module, args, strict=False)
+    except Exception as exc:  # noqa: BLE001
+        return _fail(result, "export", exc)
+    result.export_s = time.perf_counter() - t0
+    try:
+        mod, params = from_exported_program(ep)
+    except Exception as exc:  # noqa: BLE001
+        return _fail(result, "import", exc)
+    arrays = [inputs[s.name] for s in model.inputs]
+
+    def eager() -> Any:
+        with torch.no_grad():
+            return module(*args)
+
+    torch.set_num_threads(threads)
+    return compile_and_check(result, mod, params, lambda exe: exe(*arrays), ref, eager, target,
+                             timing, threads, rounds)
