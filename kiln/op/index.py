@@ -29,10 +29,12 @@ import numpy as np
 from .. import te, tir
 from ..graph import expr as gx
 from ..graph.expr import Constant
+from ..graph.struct_info import dims_differ
 from ..ir.dtype import as_dtype
 from ..ir.errors import KilnError, StructInfoError
 from ..tir import expr as tx
 from ..tir.expr import PrimExpr
+from ..tir.function import ASSUME_ATTR
 from .common import (
     INDEX_DTYPE,
     KernelDims,
@@ -43,6 +45,7 @@ from .common import (
     const_int,
     declare_injective,
     dims_equal,
+    equal_dims,
     fmt_shape,
     index_const,
     known_shape,
@@ -488,12 +491,31 @@ def _scatter_legalize(op: str, target_factory: Callable[..., Any]) -> Callable[.
         target_of, lines, y_axes, i_axes = target_factory(attrs, dshape, ishape)
         func = scatter_prim_func(op, dshape, ishape, ushape, sinfos[0].dtype, sinfos[1].dtype,
                                  attrs.reduction, target_of, lines, y_axes, i_axes)
+        checks = _update_checks(op, dshape, ishape, ushape)
+        if checks:  # run-time equalities of symbolic dims, before the kernel computes
+            func = func.with_attr(ASSUME_ATTR, (*(func.attrs.get(ASSUME_ATTR) or ()), *checks))
         opdef = get_op_def(op)
         func = func.with_attr("op_name", op).with_attr("op_pattern", int(opdef.pattern))
         gvar = bb.add_func(func, op)
         return gx.call_tir(gvar, list(call.args), call.struct_info)
 
     return legalize
+
+
+def _update_checks(op: str, dshape: Sequence[PrimExpr], ishape: Sequence[PrimExpr],
+                   ushape: Sequence[PrimExpr]) -> list[tuple[PrimExpr, str]]:
+    """The conditions (for ``assume``) that the updates have the shape the scatter reads them
+    in, for the dims inference could not prove equal: ScatterND's ``indices.shape[:-1] +
+    data.shape[k:]``, ScatterElements' indices shape (exported models compute such dims at run
+    time, e.g. from a NonZero or a Reshape)."""
+    if op == "scatter_nd":
+        k = _nd_depth(op, ishape, len(dshape), 0)
+        expected = [*ishape[:-1], *dshape[k:]]
+        what = "indices.shape[:-1] + data.shape[k:]"
+    else:
+        expected, what = list(ishape), "the shape of indices"
+    return equal_dims([(e, u, f"{op}: updates dimension {d} must equal {e} ({what})")
+                       for d, (e, u) in enumerate(zip(expected, ushape))])
 
 
 def _scatter_common_infer(op: str, call: Any, reduction: str) -> tuple[Any, Any, Any]:
@@ -536,8 +558,9 @@ def _scatter_elements_infer(call: Any) -> Any:
             raise StructInfoError(f"{op}: {name} (rank {arg_ndim(s)}) must have the rank of "
                                   f"data ({nd})")
     ishape, ushape = arg_shape(ind), arg_shape(upd)
-    if ishape is not None and ushape is not None and not all(
-            dims_equal(a, b) for a, b in zip(ishape, ushape)):
+    # dims not provably equal (symbolic) are checked when the kernel runs (_update_checks)
+    if ishape is not None and ushape is not None and any(
+            dims_differ(a, b) for a, b in zip(ishape, ushape)):
         raise StructInfoError(f"{op}: indices {fmt_shape(ishape)} and updates "
                               f"{fmt_shape(ushape)} must have the same shape")
     if nd >= 0:
@@ -594,8 +617,9 @@ def _scatter_nd_infer(call: Any) -> Any:
     if shape is not None and ishape is not None and ushape is not None:
         k = _nd_depth(op, ishape, len(shape), 0)
         expected = [*ishape[:-1], *shape[k:]]
-        if len(expected) != len(ushape) or not all(
-                dims_equal(a, b) for a, b in zip(expected, ushape)):
+        # dims not provably equal (symbolic) are checked when the kernel runs (_update_checks)
+        if len(expected) != len(ushape) or any(
+                dims_differ(a, b) for a, b in zip(expected, ushape)):
             raise StructInfoError(f"{op}: updates must have shape {fmt_shape(expected)} "
                                   f"(indices.shape[:-1] + data.shape[k:]), got "
                                   f"{fmt_shape(ushape)}")

@@ -20,6 +20,7 @@ from onnx.reference import ReferenceEvaluator
 import kiln
 from kiln.frontend.onnx import from_onnx
 from kiln.ir import KilnError
+from kiln.ir.errors import RuntimeCheckError
 
 RNG = np.random.default_rng(5)
 I64 = TP.INT64
@@ -212,3 +213,27 @@ def test_errors_name_the_node():
     inputs = [_vi("x", TP.FLOAT, (2, 3)), _vi("l", I64, (2,))]
     with pytest.raises(KilnError, match="ReverseSequence node 'rev'.*distinct"):
         from_onnx(_model(nodes, inputs, [_out("y", TP.FLOAT)], opset=10), opset=10)
+
+
+def test_scatter_updates_of_symbolic_shape_are_checked_at_run_time():
+    """Exported models compute the updates' dims at run time (a NonZero count, a Reshape:
+    longformer, xmod, switch-transformers in the model zoo): dims not provably equal to what the
+    scatter needs import, and a run whose sizes differ raises a RuntimeCheckError naming the
+    node before the kernel reads anything."""
+    n = helper.make_node
+    model = _model(
+        [n("ScatterND", ["x", "i", "u"], ["y"], name="s"),
+         n("ScatterElements", ["x", "j", "v"], ["z"], axis=1, name="e")],
+        [_vi("x", TP.FLOAT, [4, 3]), _vi("i", TP.INT64, ["N", 1]), _vi("u", TP.FLOAT, ["M", 3]),
+         _vi("j", TP.INT64, [2, "K"]), _vi("v", TP.FLOAT, [2, "L"])],
+        [_out("y", TP.FLOAT), _out("z", TP.FLOAT)], 18)
+    feeds = {"x": RNG.standard_normal((4, 3)).astype("float32"), "i": np.array([[2], [0]]),
+             "u": RNG.standard_normal((2, 3)).astype("float32"), "j": np.array([[0, 2], [1, 1]]),
+             "v": RNG.standard_normal((2, 2)).astype("float32")}
+    _compare(model, feeds, reference=_onnxruntime)
+    mod, params = from_onnx(model)
+    exe = kiln.build(mod, params=params)
+    with pytest.raises(RuntimeCheckError, match=r"ScatterND node 's'.*M = 3"):
+        exe(**dict(feeds, u=RNG.standard_normal((3, 3)).astype("float32")))
+    with pytest.raises(RuntimeCheckError, match=r"ScatterElements node 'e'.*L = 3"):
+        exe(**dict(feeds, v=RNG.standard_normal((2, 3)).astype("float32")))
