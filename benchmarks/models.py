@@ -39,7 +39,7 @@ CASES = {
 }
 
 
-def _ort_session(path: str):
+def ort_session(path: str):
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -131,7 +131,7 @@ def bench_case(name: str, opt_level: int, bf16: bool, layers: bool = False,
         path = os.path.join(tmp, f"{name}.onnx")
         with open(path, "wb") as f:
             f.write(data)
-        sess = _ort_session(path)
+        sess = ort_session(path)
         feeds = {i.name: a for i, a in zip(sess.get_inputs(), inputs)}
         ref = sess.run(None, feeds)[0]
 
@@ -180,7 +180,7 @@ x = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
 base = rss()
 if engine == "ort":
     sys.path.insert(0, sys.argv[3]); from models import _ort_session
-    s = _ort_session(path); run = lambda: s.run(None, {"input": x})
+    s = ort_session(path); run = lambda: s.run(None, {"input": x})
 else:
     sys.path.insert(0, sys.argv[3]); from models import _kiln_build
     exe = _kiln_build(path, int(sys.argv[4])); run = lambda: exe(input=x)

@@ -26,6 +26,7 @@ import tempfile
 import time
 
 import numpy as np
+from models import ort_session  # the script's folder: benchmarks/models.py
 
 THREADS = int(os.environ.get("KILN_BENCH_THREADS", "2"))
 
@@ -35,15 +36,6 @@ CASES = {
     "mobilenet_v2": ("mobilenet_v2", 1),
     "bert_seq128": ("bert_encoder", 1),
 }
-
-
-def _ort_session(path: str):
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = THREADS
-    opts.inter_op_num_threads = 1
-    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
 
 
 def held_out_correlation(tuner, states, kernels: int = 4, per_kernel: int = 6):
@@ -88,7 +80,7 @@ def bench_case(name: str, budgets: list[float], db_dir: str, batch: int) -> list
         path = os.path.join(tmp, f"{name}.onnx")
         with open(path, "wb") as f:
             f.write(data)
-        sess = _ort_session(path)
+        sess = ort_session(path)
         feeds = {i.name: a for i, a in zip(sess.get_inputs(), inputs)}
         ref = sess.run(None, feeds)[0]
         mod, params = from_onnx(path)

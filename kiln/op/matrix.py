@@ -230,19 +230,19 @@ def lu_solve_prim_func(batch: Sequence[Any], n: Any, m: Any, dtype: Any) -> tir.
 
         return tir.IfThenElse(tx.ne(p, s), _loop("c", 0, m, swap))
 
-    forward = _loop("r", 0, n, lambda r: _loop("j", 0, r, lambda j: _loop(
-        "c", 0, m, lambda c: tir.BufferStore(
-            x, x.load(k.at(r, c)) - lu.load(k.at(r, j)) * x.load(k.at(j, c)), k.at(r, c)))))
-    return k.func(tir.seq(_copy(k, b, x, n, m), _loop("s", 0, n, permute), forward,
-                          _back_substitution(k, lu, x, n, m, unit=False)))
+    return k.func(tir.seq(_copy(k, b, x, n, m), _loop("s", 0, n, permute),
+                          _substitution(k, lu, x, n, m, upper=False, unit=True),  # L y = P b
+                          _substitution(k, lu, x, n, m, upper=True, unit=False)))  # U x = y
 
 
-def _back_substitution(k: _Kernel, a: tir.Buffer, x: tir.Buffer, n: PrimExpr, m: PrimExpr,
-                       unit: bool) -> tir.Stmt:
-    """Solve ``U x = x`` in place (``U``: the upper triangle of ``a``), last row first."""
+def _substitution(k: _Kernel, a: tir.Buffer, x: tir.Buffer, n: PrimExpr, m: PrimExpr,
+                  upper: bool, unit: bool) -> tir.Stmt:
+    """Solve ``T x = x`` in place, ``T`` the upper (last row first) or lower (first row first)
+    triangle of ``a``; ``unit``: T's diagonal is taken as ones."""
     def row(q: PrimExpr) -> tir.Stmt:
-        r = n - 1 - q
-        sub = _loop("j", r + 1, n, lambda j: _loop("c", 0, m, lambda c: tir.BufferStore(
+        r = n - 1 - q if upper else q
+        lo, hi = (r + 1, n) if upper else (0, r)
+        sub = _loop("j", lo, hi, lambda j: _loop("c", 0, m, lambda c: tir.BufferStore(
             x, x.load(k.at(r, c)) - a.load(k.at(r, j)) * x.load(k.at(j, c)), k.at(r, c))))
         if unit:
             return sub
@@ -252,20 +252,6 @@ def _back_substitution(k: _Kernel, a: tir.Buffer, x: tir.Buffer, n: PrimExpr, m:
     return _loop("q", 0, n, row)
 
 
-def _forward_substitution(k: _Kernel, a: tir.Buffer, x: tir.Buffer, n: PrimExpr, m: PrimExpr,
-                          unit: bool) -> tir.Stmt:
-    """Solve ``L x = x`` in place (``L``: the lower triangle of ``a``), first row first."""
-    def row(r: PrimExpr) -> tir.Stmt:
-        sub = _loop("j", 0, r, lambda j: _loop("c", 0, m, lambda c: tir.BufferStore(
-            x, x.load(k.at(r, c)) - a.load(k.at(r, j)) * x.load(k.at(j, c)), k.at(r, c))))
-        if unit:
-            return sub
-        return tir.seq(sub, _loop("c", 0, m, lambda c: tir.BufferStore(
-            x, x.load(k.at(r, c)) / a.load(k.at(r, r)), k.at(r, c))))
-
-    return _loop("r", 0, n, row)
-
-
 def triangular_solve_prim_func(batch: Sequence[Any], n: Any, m: Any, dtype: Any, upper: bool,
                                unit_diagonal: bool) -> tir.PrimFunc:
     """``(A, B, X)``: ``X = A^-1 B`` for triangular ``A``."""
@@ -273,8 +259,7 @@ def triangular_solve_prim_func(batch: Sequence[Any], n: Any, m: Any, dtype: Any,
     a = k.buffer("A", (n, n), dtype)
     b = k.buffer("B", (n, m), dtype)
     x = k.buffer("X", (n, m), dtype, output=True)
-    solve = (_back_substitution if upper else _forward_substitution)(k, a, x, n, m,
-                                                                       unit_diagonal)
+    solve = _substitution(k, a, x, n, m, upper, unit_diagonal)
     return k.func(tir.seq(_copy(k, b, x, n, m), solve))
 
 

@@ -112,26 +112,27 @@ def _lu_diagonal(ctx: Any, lu_: Any, m: int, n: int) -> Any:
     return matrix_diagonal(square, k)
 
 
-@converter("aten.linalg_lu_factor_ex.default")
-def lu_factor_ex(ctx: Any, node: Any) -> Any:
+def _pivoted_lu(ctx: Any, node: Any) -> tuple[Any, int, int, Any, Any]:
+    """``(a, m, n, lu, pivots)`` of an LU node's ``m x n`` input (pivoting is required)."""
     a = node.arg(0)
     if not node.arg("pivot", True):
         raise node.error("LU without pivoting is not supported")
     m, n = _rectangle(node, a)
     lu_, piv = _lu(ctx, a)
-    lu_ = ctx.emit(lu_)
+    return a, m, n, ctx.emit(lu_), piv
+
+
+@converter("aten.linalg_lu_factor_ex.default")
+def lu_factor_ex(ctx: Any, node: Any) -> Any:
+    a, m, n, lu_, piv = _pivoted_lu(ctx, node)
     info = _first_bad(op.equal(_lu_diagonal(ctx, lu_, m, n), scalar(0, dtype_of(a))))
     return [lu_, _torch_pivots(piv), info]
 
 
 @converter("aten.linalg_lu.default")
 def lu(ctx: Any, node: Any) -> Any:
-    a = node.arg(0)
-    if not node.arg("pivot", True):
-        raise node.error("LU without pivoting is not supported")
-    m, n = _rectangle(node, a)
-    lu_, piv = _lu(ctx, a)
-    return _unpack(ctx.emit(lu_), piv, m, n)
+    _, m, n, lu_, piv = _pivoted_lu(ctx, node)
+    return _unpack(lu_, piv, m, n)
 
 
 @converter("aten.lu_unpack.default")
