@@ -30,6 +30,7 @@ import numpy as np
 
 from .... import graph as g
 from .... import op, tir
+from ....op.common import dims_equal
 from ....runtime import control_flow as rt_cf
 from ..importer import convert_subgraph
 from ..registry import converter
@@ -295,6 +296,8 @@ def if_(ctx: Any, node: Any) -> Any:
     if shape is None or int(np.prod(shape)) != 1:
         raise node.error(f"the condition must have one element, got shape {ctx.shape(c)}")
     c = _scalar(ctx, c, "bool")
+    if _carries_host_values(then_b) or _carries_host_values(else_b):
+        return _selected_if(ctx, node, c, then_b, else_b)
     # both branch functions take the captures of either, in one order
     names = list(dict.fromkeys([*outer_names(then_b), *outer_names(else_b)]))
     base = safe_name(node.name)
@@ -313,6 +316,39 @@ def if_(ctx: Any, node: Any) -> Any:
                 else result_dims([a.shape, b.shape], known, f"{base}_out{k}"))
         outputs.append((dims, str(a.dtype), a.ndim))
     return _control_call(ctx, "if", [then_f.gvar, else_f.gvar], [c, *captured], outputs)
+
+
+def _same_type(sa: Any, sb: Any) -> bool:
+    """Whether two tensor StructInfos have one dtype and provably equal shapes."""
+    return (str(sa.dtype) == str(sb.dtype) and sa.shape is not None and sb.shape is not None
+            and len(sa.shape) == len(sb.shape)
+            and all(dims_equal(x, y) for x, y in zip(sa.shape, sb.shape)))
+
+
+def _carries_host_values(graph: Any) -> bool:
+    """Whether an ONNX subgraph returns a sequence or an optional (declared output types)."""
+    return any(o.type.HasField("sequence_type") or o.type.HasField("optional_type")
+               for o in graph.output)
+
+
+def _selected_if(ctx: Any, node: Any, c: Any, then_b: Any, else_b: Any) -> list[Any]:
+    """An If on a run-time condition whose branches return sequences or optionals (which
+    subgraph functions do not carry yet): both branches are imported inline and each output
+    is selected by the condition (``select_value``; ``where`` for tensors of one type). Both
+    branches run: correct, and these branches are small host-side list operations."""
+    outs = []
+    then_out = convert_subgraph(ctx, then_b, {})
+    else_out = convert_subgraph(ctx, else_b, {})
+    for k, (a, b) in enumerate(zip(then_out, else_out)):
+        ea, eb = _expr(a), _expr(b)
+        if not isinstance(ea.struct_info, g.TensorStructInfo):
+            outs.append(op.select_value(c, ea, eb))
+        elif _same_type(ea.struct_info, eb.struct_info):
+            outs.append(op.where(c, ea, eb))
+        else:
+            raise node.error(f"output {k}: a tensor whose type differs between the branches, "
+                             "beside sequence or optional outputs, is not supported")
+    return outs
 
 
 @converter("Loop", since=1)
