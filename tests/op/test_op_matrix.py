@@ -11,7 +11,7 @@ import scipy.linalg
 import kiln
 from kiln import graph as g
 from kiln import op
-from kiln.ir.errors import KilnError, StructInfoError
+from kiln.ir.errors import KilnError, RuntimeCheckError, StructInfoError
 from kiln.op.matrix import determinant
 from kiln.op.registry import OpPattern, get_op_def
 from kiln.schedule import lookup_schedule
@@ -135,3 +135,15 @@ def test_determinant_from_lu():
     a = RNG.standard_normal((4, 7, 7)).astype("float32")
     got = _run(lambda bb, x: determinant(bb.emit, x, 7), a)
     np.testing.assert_allclose(got, np.linalg.det(a.astype(np.float64)), rtol=1e-4)
+
+
+def test_check_info_passes_values_through_or_raises():
+    x = RNG.standard_normal((3, 4, 4)).astype("float32")
+    ok = np.zeros(3, "int32")
+    got = _run(lambda bb, a, i: op.check_info(a, i, what="test: info must be 0"), x, ok)
+    np.testing.assert_array_equal(got, x)
+    bad = np.array([0, 2, 0], "int32")
+    with pytest.raises(RuntimeCheckError, match=r"test: info must be 0: index 2 is out of range"):
+        _run(lambda bb, a, i: op.check_info(a, i, what="test: info must be 0"), x, bad)
+    with pytest.raises(StructInfoError, match="check_info: info of shape"):
+        infer(op.check_info(tvar("x", (3, 4)), tvar("i", (2,), "int32"), what="w"))
