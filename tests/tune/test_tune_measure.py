@@ -97,6 +97,8 @@ def test_tuner_records_bad_candidates_and_keeps_tuning(task, tmp_path):
     assert state.bad == 2 and state.trials == len(records) >= 9
     assert sum(r.ok for r in records) >= 7  # it went on after the bad ones
     best = db.best(task.key, task.target_key)
-    assert best.ok and best.ratio * state.default_s == pytest.approx(state.best_s)
+    # the best time is the best candidate's, or the default's when no candidate beat it (on a
+    # busy machine a round of candidates may all time slower than the default)
+    assert best.ok and state.best_s == pytest.approx(min(best.ratio, 1.0) * state.default_s)
     assert best.ratio == min(r.ratio for r in records if r.ok)
     assert state.default_s > 0 and state.speedup >= 1.0
