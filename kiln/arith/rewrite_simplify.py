@@ -563,6 +563,8 @@ class Simplifier(VectorRules):
 
     def _v_call(self, e: E.Call) -> E.PrimExpr:
         out = self._generic(e)
+        if out.op == "rounded" and not isinstance(out.args[0], E.Mul):
+            return out.args[0]  # only a product can be contracted (see tir.rounded)
         if out.op == "reinterpret":
             (v,) = out.args
             if out.dtype.lanes > 1 and type(v) is E.Broadcast:

@@ -95,6 +95,7 @@ from .expr import (
     pow,
     reinterpret,
     round,
+    rounded,
     rsqrt,
     select,
     shift_left,

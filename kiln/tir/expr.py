@@ -816,7 +816,26 @@ INTRINSICS: dict[str, int] = {
     "reinterpret": 1,  # bit copy to the call's dtype; build it with reinterpret()
     "fresh_seed": 0,  # uint64: a new value on every evaluation (kiln.op.random's seed kernel)
     "check_index": 4,  # an index checked while the kernel runs; build it with check_index()
+    "rounded": 1,  # a float product rounded before any use; build it with rounded()
 }
+
+
+def rounded(value: Any) -> PrimExpr:
+    """``value`` as a result of its own, rounded to its dtype before it is used.
+
+    The C compiler fuses a product with an addition that uses it into one FMA (kiln compiles
+    with ``-ffp-contract=fast``: GEMM-like loops need it), which skips the product's rounding.
+    Inside one operator that is the operator's business; across the operators of a fused kernel
+    it changes the model's result where the rounding matters: ``E[x^2] - E[x]^2`` whose
+    ``E[x]^2`` overflows to inf gives ``inf - inf = NaN`` run node by node (onnxruntime, the
+    ONNX reference) but ``fma(-m, m, inf) = inf`` fused. FuseTIR wraps each member's result that
+    stays inside the kernel in it, so the fused kernel rounds as the operators would one after
+    the other. Only a float product can be contracted; any other value is returned as it is.
+    """
+    v = convert(value)
+    if not (v.dtype.is_float and isinstance(v, Mul)):
+        return v
+    return Call(v.dtype, "rounded", (v,))
 
 
 def check_index(value: Any, n: Any, what: str, allow_negative: bool = True) -> PrimExpr:

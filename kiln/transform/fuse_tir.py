@@ -12,6 +12,12 @@ binding order:
   root's allocations (renamed where names clash);
 - its symbolic dimensions are bound to the dimensions of the buffers it is called with, and its
   loop and block variables are copied, so a member called twice yields independent loop nests;
+- a member result that stays inside the kernel and is a float product is wrapped in
+  :func:`kiln.tir.rounded` when the anchor is element-wise, injective or a reduction: the C
+  compiler must not fuse it with a following member's addition into one FMA, so the kernel
+  rounds as the operators would one after the other (``E[x^2] - E[x]^2`` overflowing to
+  ``inf - inf = NaN`` as in onnxruntime, not to a finite value). A GEMM-like anchor's epilogue
+  (convolution, matmul, pooling) keeps its FMAs, as onnxruntime's own fused kernels do;
 - its blocks are renamed where their names clash, except the *anchor*'s: the member with the
   strongest fusion pattern (ties: the last one), whose op schedule the build applies to the
   fused function, finds its blocks under their original names.
@@ -34,6 +40,7 @@ from .. import tir
 from ..graph import expr as gx
 from ..graph.block_builder import BlockBuilder
 from ..graph.functor import ExprMutator, ExprVisitor
+from ..graph.op_registry import OpPattern
 from ..graph.struct_info import TensorStructInfo, TupleStructInfo
 from ..ir.errors import InternalError, KilnError
 from ..ir.module import IRModule
@@ -43,7 +50,7 @@ from ..tir.expr import PrimExpr, Var
 from ..tir.function import ASSUME_ATTR, PrimFunc
 from ..tir.functor import Mutator, collect_vars, post_order_visit, substitute
 from ..tir.schedule.analysis import infer_regions
-from ..tir.stmt import Block, BlockRealize, seq, true_predicate
+from ..tir.stmt import Block, BlockRealize, BufferStore, seq, true_predicate
 from .annotate_tir_op_pattern import pattern_of
 from .pass_infra import PassContext, module_pass
 
@@ -85,14 +92,25 @@ def _unique(name: str, used: set[str]) -> str:
 
 class _Inliner(Mutator):
     """Copies one member body: buffers remapped, symbolic dims bound, local vars renewed,
-    blocks renamed."""
+    blocks renamed; a float product stored into ``rounded`` (the member's result when it stays
+    inside the kernel) is wrapped in :func:`kiln.tir.rounded`, so that no FMA fuses it with the
+    consumer that is inlined into it."""
 
     def __init__(self, buffers: dict[Buffer, Buffer], sym: dict[Var, PrimExpr],
-                 block_names: dict[str, str]):
+                 block_names: dict[str, str], rounded: Buffer | None = None):
         self.buffers = buffers
         self.sym = sym
         self.block_names = block_names
+        self.rounded = rounded
         self.fresh: dict[Var, Var] = {}
+
+    def visit_BufferStore(self, s: BufferStore) -> BufferStore:
+        new = self.generic_visit(s)
+        if self.rounded is not None and new.buffer is self.rounded:
+            value = tir.rounded(new.value)
+            if value is not new.value:
+                new = new.replace(value=value)
+        return new
 
     def visit_Buffer(self, b: Buffer) -> Buffer:
         return self.buffers.get(b, b)
@@ -254,6 +272,7 @@ def fuse_primitive(name: str, func: gx.Function, mod: IRModule) -> PrimFunc:
             raise KilnError(f"FuseTIR: {b.value.args[0].name} called in {name} is not a PrimFunc")
     patterns = [pattern_of(f) for _, f in members]
     anchor = max(range(len(members)), key=lambda k: (patterns[k], k))
+    round_products = patterns[anchor] <= OpPattern.COMM_REDUCE
     anchor_stmts, _ = _root_parts(members[anchor][1])
     anchor_blocks = _block_names(anchor_stmts)
     used_blocks: set[str] = {"root", *anchor_blocks}
@@ -325,7 +344,8 @@ def fuse_primitive(name: str, func: gx.Function, mod: IRModule) -> PrimFunc:
         if k != anchor:
             for n in _block_names(mstmts):
                 names[n] = _unique(n, used_blocks)
-        inliner = _Inliner(bmap, sym, names)
+        rounded = None if b.var in out_set or not round_products else obuf
+        inliner = _Inliner(bmap, sym, names, rounded)
         stmts.extend(inliner.visit(s) for s in mstmts)
 
     for v in out_vars:

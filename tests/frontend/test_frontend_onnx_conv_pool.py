@@ -274,3 +274,37 @@ def test_conv_transpose_dynamic_batch():
         got = exe(x=x)
         assert got.shape == ref.shape == (n, 4, 10, 12)
         assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def _max_pool_skipping_nan(x, kernel, strides, pads):
+    """MaxPool with NaNs skipped (a window of NaNs only gives the lowest float): NaNs and
+    padding are the lowest value, then a plain windowed maximum."""
+    low = np.finfo(np.float32).min
+    n = len(kernel)
+    xp = np.pad(np.where(np.isnan(x), low, x), [(0, 0), (0, 0)] + [
+        (pads[i], pads[n + i]) for i in range(n)], constant_values=low)
+    win = np.lib.stride_tricks.sliding_window_view(xp, kernel, axis=tuple(range(2, 2 + n)))
+    win = win[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)]
+    return win.max(axis=tuple(range(-n, 0)))
+
+
+@pytest.mark.parametrize("shape,kernel,strides,pads", [
+    ((1, 2, 7, 9), [3, 3], [2, 2], [1, 1, 1, 1]),
+    ((2, 3, 8, 8), [2, 2], [1, 1], [0, 0, 0, 0]),
+    ((1, 2, 5, 6, 7), [3, 2, 3], [2, 1, 2], [1, 0, 1, 1, 1, 0]),
+])
+def test_maxpool_skips_nan(shape, kernel, strides, pads):
+    """NaN inputs are skipped, as onnxruntime's reference loop and onnx.reference's N-d pooling
+    do (onnxruntime's vectorized 2-D kernel gives an order-dependent result), a window of NaNs
+    only giving the lowest float; the Indices output skips them too."""
+    x = _rand(*shape)
+    x.flat[RNG.choice(x.size, x.size // 6, replace=False)] = np.nan
+    x[0, 0, :3, :3] = np.nan  # whole windows of NaNs
+    attrs = dict(kernel_shape=kernel, strides=strides, pads=pads)
+    (got,), _ = _run("MaxPool", [x], **attrs)
+    np.testing.assert_array_equal(got, _max_pool_skipping_nan(x, kernel, strides, pads))
+    (values, indices), _ = _run("MaxPool", [x], n_out=2, **attrs)
+    np.testing.assert_array_equal(values, got)
+    flat = np.where(np.isnan(x), np.finfo(np.float32).min, x).reshape(-1)
+    hit = indices >= 0
+    np.testing.assert_array_equal(flat[indices[hit]], got[hit])

@@ -334,6 +334,27 @@ def test_max_pool2d_matches_numpy():
         np.testing.assert_array_equal(out, pool2d_ref(x, "max", **attrs))
 
 
+def test_max_pool2d_nan_propagates_or_is_ignored():
+    """By default a NaN in a window is the window's maximum (numpy, PyTorch); ``ignore_nan``
+    skips it (ONNX MaxPool), a window of NaNs giving the lowest finite value."""
+    cases, inputs = [], []
+    for shape, attrs in POOL_CASES:
+        x = rand(shape)
+        x.flat[::5] = np.nan
+        x[0, 0, :3, :4] = np.nan
+        inputs.append((x, attrs))
+        cases.append(("nn.max_pool2d", [x], attrs))
+        cases.append(("nn.max_pool2d", [x], dict(attrs, ignore_nan=True)))
+    outs = run_cases(cases)
+    low = np.finfo(np.float32).min
+    for k, (x, attrs) in enumerate(inputs):
+        propagated, ignored = outs[2 * k], outs[2 * k + 1]
+        np.testing.assert_array_equal(propagated, pool2d_ref(x, "max", **attrs))
+        np.testing.assert_array_equal(ignored, pool2d_ref(np.where(np.isnan(x), low, x), "max",
+                                                          **attrs))
+        assert np.isnan(propagated).any() and not np.isnan(ignored).any()
+
+
 def test_avg_pool2d_matches_numpy():
     cases = []
     for shape, attrs in POOL_CASES:

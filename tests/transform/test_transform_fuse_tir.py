@@ -68,7 +68,8 @@ class _Rescope(tir.Mutator):
 def expected_double_addb(shape):
     x = te.placeholder(shape, "float32", name="x")
     b = te.placeholder((shape[1],), "float32", name="b")
-    d = te.compute(shape, lambda i, j: x[i, j] * 2.0, name="double")
+    # the product stays inside the kernel: rounded before the addition (no FMA across ops)
+    d = te.compute(shape, lambda i, j: tir.rounded(x[i, j] * 2.0), name="double")
     s = te.compute(shape, lambda i, j: d[i, j] + b[j], name="addb")
     f = te.create_prim_func([x, b, s])
     (alloc,) = f.body.block.alloc_buffers
@@ -257,3 +258,42 @@ def test_compound_symbolic_dims_become_kernel_variables():
     with PassContext(opt_level=2):
         got = kiln.build(mod)(xs)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _rounded_calls(func):
+    found = []
+    tir.post_order_visit(func.body, lambda n: found.append(n)
+                         if isinstance(n, tir.Call) and n.op == "rounded" else None)
+    return found
+
+
+def test_products_between_fused_ops_are_rounded_as_node_by_node():
+    # x*x - c, fused: an FMA would compute it exactly; the ops one after the other round x*x
+    # first. 1 + 2^-12 squared is 1 + 2^-11 + 2^-24, which rounds (to even) to 1 + 2^-11.
+    bb = g.BlockBuilder()
+    x = g.Var("x", T((64,), "float32"))
+    c = g.Var("c", T((64,), "float32"))
+    with bb.function("main", [x, c]):
+        with bb.dataflow():
+            sq = bb.emit(op.multiply(x, x))
+            out = bb.emit_output(op.subtract(sq, c))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    xs = np.full(64, 1 + 2.0 ** -12, np.float32)
+    cs = np.full(64, 1 + 2.0 ** -11, np.float32)
+    got = kiln.build(mod)(xs, cs)
+    np.testing.assert_array_equal(got, xs * xs - cs)  # numpy rounds the product: exactly 0
+    assert not got.any()
+    # overflow: a product rounded to inf minus inf is NaN, as node by node
+    big = np.full(64, 3e38, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = big * big - np.full(64, np.inf, np.float32)
+    np.testing.assert_array_equal(kiln.build(mod)(big, np.full(64, np.inf, np.float32)), want)
+
+
+def test_gemm_like_anchors_keep_fma_in_their_epilogue():
+    legal = conv_bias_relu_module()
+    fused = FuseTIR()(FuseOps()(legal))["fused_conv2d_add_relu"]
+    assert not _rounded_calls(fused)
+    chain = FuseTIR()(module((4, 8)))["fused"]  # x*2 + b: element-wise, the product rounded
+    assert len(_rounded_calls(chain)) == 1

@@ -592,6 +592,8 @@ class ExprEmitter:
             return self._reinterpret(e)
         if e.op == "check_index":
             return self._check_index(e)
+        if e.op == "rounded":  # any lanes: the barrier takes vectors too
+            return f"{self.helpers.rounded()}({self.expr(e.args[0])})"
         if e.op == "fresh_seed":
             if e.dtype != DataType("uint64"):
                 raise CodegenError(f"fresh_seed gives uint64, not {e.dtype}")

@@ -21,7 +21,7 @@ from ...tir import expr as E
 from ...tir import stmt as S
 from ...tir.buffer import Buffer
 from ...tir.function import ASSUME_ATTR, PrimFunc
-from ...tir.functor import collect_vars, post_order_visit
+from ...tir.functor import Visitor, collect_vars, post_order_visit
 from ...tir.transform.hoist_allocations import (
     alloc_size,
     invariant_heap_allocations,
@@ -123,6 +123,50 @@ def unchecked_signature(symbol: str) -> str:
 #: the stack of the thread that called the kernel, passed to the outlined parallel loop bodies
 #: (the calling thread waits for every task of ``kiln_parallel_for``).
 CHECK_RECORD = "kiln_chk"
+
+
+class _ContractedRounding(Visitor):
+    """Finds a rounded product (``kiln.tir.rounded``) that an FMA could swallow: an operand of an
+    addition or subtraction, or a value bound to a variable (its uses are not seen here)."""
+
+    def __init__(self) -> None:
+        self.found = False
+
+    @staticmethod
+    def _is_rounded(e: Any) -> bool:
+        return isinstance(e, E.Call) and e.op == "rounded"
+
+    def _operands(self, n: Any) -> None:
+        if self._is_rounded(n.a) or self._is_rounded(n.b):
+            self.found = True
+        self.generic_visit(n)
+
+    visit_Add = visit_Sub = _operands
+
+    def _bound(self, n: Any) -> None:
+        if self._is_rounded(n.value):
+            self.found = True
+        self.generic_visit(n)
+
+    visit_Let = visit_LetStmt = _bound
+
+
+def rounds_products(stmt: S.Stmt) -> bool:
+    """Whether ``stmt`` adds a product that must be rounded first (``kiln.tir.rounded``) to
+    something: then its kernel is compiled without FMA contraction (:data:`NO_CONTRACTION`).
+    Only such kernels pay for it (a rounded product that is only multiplied, divided or stored
+    cannot be contracted)."""
+    v = _ContractedRounding()
+    v.visit(stmt)
+    return v.found
+
+
+#: Around a kernel that rounds products across fused operators (:func:`rounds_products`): GCC
+#: compiles its functions with ``-ffp-contract=off`` (its ``__builtin_assoc_barrier`` alone does
+#: not survive SLP vectorization); clang keeps ``__arithmetic_fence`` (``KILN_ROUNDED``).
+NO_CONTRACTION = ("#if defined(__GNUC__) && !defined(__clang__)\n#pragma GCC push_options\n"
+                  '#pragma GCC optimize ("fp-contract=off")\n#endif')
+NO_CONTRACTION_END = "#if defined(__GNUC__) && !defined(__clang__)\n#pragma GCC pop_options\n#endif"
 
 
 def needs_check_record(stmt: S.Stmt) -> bool:
@@ -240,6 +284,9 @@ class FunctionEmitter(ExprEmitter):
         wrapper = [f"/* {self.name}: unchecked entry (arguments already validated) */",
                    f"{unchecked_signature(self.symbol)} {{",
                    f"  return {impl}({args});", "}"]
+        if rounds_products(self.func.body):
+            header.insert(0, NO_CONTRACTION)
+            wrapper.append(NO_CONTRACTION_END)
         return "\n".join(header + self.lines + ["}", ""] + wrapper) + "\n"
 
     # ---- statements -------------------------------------------------------------------------

@@ -392,6 +392,23 @@ class Helpers:
             "  return v;\n"
             "}\n"))
 
+    def rounded(self) -> str:
+        """``KILN_ROUNDED(x)``: ``x`` (scalar or vector) rounded before use, never contracted
+        into an FMA with what uses it (``kiln.tir.rounded``): GCC's ``__builtin_assoc_barrier``
+        (GCC 12), clang's ``__arithmetic_fence``; older compilers may contract."""
+        name = "KILN_ROUNDED"
+        return self._add(name, (
+            "#if defined(__has_builtin)\n"
+            "#if __has_builtin(__builtin_assoc_barrier)\n"
+            f"#define {name}(x) __builtin_assoc_barrier(x)\n"
+            "#elif __has_builtin(__arithmetic_fence)\n"
+            f"#define {name}(x) __arithmetic_fence(x)\n"
+            "#endif\n"
+            "#endif\n"
+            f"#ifndef {name}\n"
+            f"#define {name}(x) (x)\n"
+            "#endif\n"))
+
     def soft_float(self, dt: DataType) -> str:
         """Request the float32 conversions of a soft float (see :mod:`.types`); returns its
         tag, so that the functions are ``kiln_<tag>_to_f32``, ``kiln_f32_to_<tag>`` and

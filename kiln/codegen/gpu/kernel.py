@@ -202,11 +202,24 @@ class KernelEmitter(FunctionEmitter):
                     f"{len(self.checks) - 1})")
         if e.op == BARRIER:
             raise CodegenError(f"{self.name}: a barrier is a statement, not a value")
+        if e.op == "rounded":
+            return self._rounded(e.args[0])
         if e.op in externs.EXTERN_OPS:
             raise CodegenError(f"{self.name}: CPU tensor intrinsics cannot run in GPU kernels")
         if e.dtype.lanes > 1:
             raise CodegenError(f"{self.name}: vector call {e.op} outside a vector store")
         return super().expr_Call(e)
+
+    def _rounded(self, value: E.PrimExpr) -> str:
+        """A product rounded before use (``kiln.tir.rounded``): CUDA's ``__fmul_rn`` /
+        ``__dmul_rn``, which nvcc never contracts into an FMA. OpenCL C has no such function
+        (its ``FP_CONTRACT`` pragma covers whole kernels): the product as it is."""
+        dt = self.compute_dtype(value.dtype)
+        if (self.dialect.is_cuda and isinstance(value, E.Mul) and dt.lanes == 1
+                and dt.is_float and dt.bits in (32, 64)):
+            fn = "__fmul_rn" if dt.bits == 32 else "__dmul_rn"
+            return f"{fn}({strip_parens(self.expr(value.a))}, {strip_parens(self.expr(value.b))})"
+        return f"({self.expr(value)})"
 
     def _shuffle(self, e: E.Call) -> str:
         if not self.dialect.is_cuda:

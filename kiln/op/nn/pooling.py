@@ -5,7 +5,9 @@ sends a window's gradient to every input equal to the window's maximum (a tie gi
 input the full gradient; PyTorch gives it to one of them).
 
 Pooling is OUT_EWISE_FUSABLE. Padded taps never win a max and count for an average only with
-``count_include_pad``.
+``count_include_pad``. A NaN in a max pooling window makes the result NaN (numpy, PyTorch), or,
+with ``ignore_nan`` (ONNX MaxPool: what onnxruntime and the ONNX reference compute), is skipped:
+a window of NaNs only gives the dtype's lowest finite value (onnxruntime's).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import ml_dtypes
 
 from ... import te, tir
 from ...graph.struct_info import TensorStructInfo
@@ -64,7 +68,8 @@ class MaxPool2DAttrs:
     """``pool_size``/``strides``/``dilation``: int or (h, w) (strides default to 1);
     ``padding``: int, (v, h) or (top, left, bottom, right), padded taps never win;
     ``ceil_mode``: round the output size up (the last window may be partial); ``layout``: the
-    data's layout (NCHW, NHWC, NCHW8c...; every axis but H and W is carried through)."""
+    data's layout (NCHW, NHWC, NCHW8c...; every axis but H and W is carried through);
+    ``ignore_nan``: skip NaN inputs instead of propagating them (see the module docstring)."""
 
     pool_size: Any = (1, 1)
     strides: Any = (1, 1)
@@ -72,9 +77,11 @@ class MaxPool2DAttrs:
     dilation: Any = (1, 1)
     ceil_mode: bool = False
     layout: str = "NCHW"
+    ignore_nan: bool = False
 
     def __post_init__(self):
         _normalize_pool(self, "nn.max_pool2d")
+        set_frozen(self, "ignore_nan", bool(self.ignore_nan))
 
 
 @dataclass(frozen=True)
@@ -213,11 +220,25 @@ def _pool_annotations(layout: str, contiguous: bool, guarded: bool) -> dict[str,
     return {UNIT_STRIDE_W: False, CARRIED_INNER: True}
 
 
+def _lowest_finite(dtype: DataType) -> PrimExpr:
+    """The most negative finite value of float ``dtype`` (what a window of NaNs gives, as in
+    onnxruntime)."""
+    return tir.const(dtype, float(ml_dtypes.finfo(dtype.element.to_numpy()).min))
+
+
+#: The maximum that skips NaN: ``b`` wins unless ``a`` is greater or ``b`` is NaN, so a NaN
+#: never displaces the accumulator (which starts at the lowest finite value, never NaN).
+max_ignoring_nan = te.comm_reducer(
+    lambda a, b: tir.select(tir.logical_or(a > b, tx.isnan(b)), a, b), _lowest_finite,
+    name="max_ignoring_nan")
+
+
 def _max_pool2d_compute(data: Any, *, attrs: MaxPool2DAttrs) -> Any:
     """Maximum over each window; padded taps hold the dtype's lowest value."""
     shape = _pool_out_shape(attrs, data.shape)
     lowest = tir.const(data.dtype, data.dtype.min_value())
-    out, _ = _window(data, attrs, shape, lowest, "max_pool2d", te.max)
+    reducer = max_ignoring_nan if attrs.ignore_nan and data.dtype.is_float else te.max
+    out, _ = _window(data, attrs, shape, lowest, "max_pool2d", reducer)
     return out
 
 

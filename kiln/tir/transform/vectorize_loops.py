@@ -75,7 +75,7 @@ MAX_LANES = 64
 #: Intrinsics the C code generator can apply to a whole vector without a per-lane loop. Others
 #: with a formula in :data:`kiln.tir.math_formulas.EXPANSIONS` (``exp``, ``sigmoid``) are
 #: expanded into it.
-VECTOR_INTRINSICS = frozenset({"fabs", "reinterpret"})
+VECTOR_INTRINSICS = frozenset({"fabs", "reinterpret", "rounded"})
 
 
 def _has_vector_form(call: Call) -> bool:

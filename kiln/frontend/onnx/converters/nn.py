@@ -271,6 +271,8 @@ def _max_pool_with_indices(node: Any, x: Any) -> list[Any]:
         width.append((pads[i], max(pads[nsp + i], need - sizes[i] - pads[i])))
     dt = np.dtype(dtype_of(x))
     lowest = float(np.finfo(dt).min) if dt.kind == "f" else int(np.iinfo(dt).min)
+    if dt.kind == "f":  # NaNs never win, as in MaxPool without Indices (ignore_nan)
+        x = op.where(op.not_equal(x, x), scalar(lowest, dt.name), x)
     xp = op.pad(x, ((0, 0), (0, 0), *width), pad_value=lowest)
     taps = list(itertools.product(*(range(k) for k in kernel)))
     sl = []
@@ -303,7 +305,8 @@ def _max_pool_with_indices(node: Any, x: Any) -> list[Any]:
 def max_pool(ctx: Any, node: Any, x: Any) -> Any:
     if node.num_outputs > 1 and node.proto.output[1]:
         return _max_pool_with_indices(node, x)
-    return _pool(ctx, node, x, op.nn.max_pool2d)
+    # NaNs are skipped, as onnxruntime and the ONNX reference do (PyTorch propagates them)
+    return _pool(ctx, node, x, op.nn.max_pool2d, ignore_nan=True)
 
 
 @converter("AveragePool")
