@@ -207,6 +207,25 @@ def test_wrap_pad_constant_pads(pads):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect", "wrap"])
+@pytest.mark.parametrize("pads", [[0, 1, 0, 0, -1, 0], [0, -2, 1, 0, 3, -1]])
+def test_negative_pads_crop(mode, pads):
+    """Negative pads remove elements (RWKV's time shift: pads [0, 1, 0, 0, -1, 0]), before the
+    positive ones pad, against onnxruntime."""
+    x = _rand(3, 6, 7)
+    node = helper.make_node("Pad", ["x", "p", "v"], ["y"], mode=mode)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F, x.shape)],
+                              [helper.make_tensor_value_info("y", F, None)],
+                              initializer=[helper.make_tensor("p", I64, [6], pads),
+                                           helper.make_tensor("v", F, [], [1.5])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    mod, params = from_onnx(model)
+    got = kiln.build(mod, params=params)(x=x)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(got, sess.run(None, {"x": x})[0])
+
+
 def test_deform_conv_groups_strides_mask():
     """DeformConv with group=2, offset_group=2, strides, dilations, pads, mask and bias against
     the ONNX reference (offsets up to +-2 pixels, so taps also fall outside the input)."""

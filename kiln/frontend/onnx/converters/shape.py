@@ -318,7 +318,7 @@ def _shape_entries(ctx: Any, node: Any) -> list[Any] | None:
 
 @converter("Pad", since=2)
 def pad_v2(ctx: Any, node: Any) -> Any:
-    return _pad(node, node.input(0), list(node.attr("pads")), float(node.attr("value", 0.0)),
+    return _pad(ctx, node, node.input(0), list(node.attr("pads")), float(node.attr("value", 0.0)),
                 None)
 
 
@@ -333,18 +333,24 @@ def pad_v11(ctx: Any, node: Any) -> Any:
     axes = node.const_input(3, "axes")
     value = node.const_input(2, "constant_value")
     fill = 0.0 if value is None else np.asarray(value).reshape(()).item()
-    return _pad(node, node.input(0), ints(node.const_input(1, "pads")), fill,
+    return _pad(ctx, node, node.input(0), ints(node.const_input(1, "pads")), fill,
                 None if axes is None else ints(axes))
 
 
-def _pad(node: Any, x: Any, pads: list[int], fill: Any, axes: list[int] | None) -> Any:
+def _pad(ctx: Any, node: Any, x: Any, pads: list[int], fill: Any, axes: list[int] | None
+         ) -> Any:
     nd = ndim_of(x)
     axes = list(range(nd)) if axes is None else [norm_axis(a, nd) for a in axes]
     width = [[0, 0] for _ in range(nd)]
     for k, a in enumerate(axes):
         width[a] = [pads[k], pads[k + len(axes)]]
-    if any(p < 0 for w in width for p in w):
-        raise node.error(f"negative pads {pads} (cropping) are not supported yet")
+    crop = [a for a in range(nd) if min(width[a]) < 0]
+    if crop:  # negative pads remove elements: that slice first, then the padding (onnxruntime)
+        x = ctx.emit(op.strided_slice(x, tuple(max(-width[a][0], 0) for a in crop),
+                                      tuple(width[a][1] if width[a][1] < 0 else None
+                                            for a in crop), axes=tuple(crop)),
+                     f"{node.name}_cropped")
+        width = [[max(b, 0), max(e, 0)] for b, e in width]
     mode = node.attr("mode", "constant")
     if mode == "wrap":
         return _wrap_pad(node, x, width)
