@@ -36,6 +36,7 @@ from .sequence import *  # noqa: F403
 from .shape import *  # noqa: F403
 from .signal import *  # noqa: F403
 from .slicing import *  # noqa: F403
+from .special import *  # noqa: F403
 from .strings import *  # noqa: F403
 from .text import *  # noqa: F403
 from .tree import *  # noqa: F403

@@ -152,11 +152,13 @@ def _binary(
     *,
     kind: str = "numeric",
     out_dtype: str | None = None,
+    attrs: type | None = None,
     mixed_precision: MixedPrecision = MixedPrecision.FOLLOW,
     gradient: Any = None,
     doc: str,
 ) -> OpDef:
-    """Declare a two-input broadcasting op whose value is ``scalar(lhs_elem, rhs_elem)``."""
+    """Declare a two-input broadcasting op whose value is ``scalar(lhs_elem, rhs_elem)``
+    (``scalar(lhs_elem, rhs_elem, attrs)`` for an op with ``attrs``)."""
     names = ("lhs", "rhs")
 
     def infer(call: Any) -> Any:
@@ -168,9 +170,11 @@ def _binary(
 
     def compute(lhs: te.Tensor, rhs: te.Tensor, attrs: Any = None) -> te.Tensor:
         shape = te_broadcast_shape(name, (lhs, rhs))
+        extra = () if attrs is None else (attrs,)
         return te.compute(
             shape,
-            lambda *i: scalar(broadcast_load(lhs, i, shape), broadcast_load(rhs, i, shape)),
+            lambda *i: scalar(broadcast_load(lhs, i, shape), broadcast_load(rhs, i, shape),
+                              *extra),
             name=name,
             attrs=broadcast_assumptions(name, (lhs.shape, rhs.shape), names, shape),
         )
@@ -180,11 +184,16 @@ def _binary(
         inputs=names,
         infer=infer,
         pattern=OpPattern.BROADCAST,
+        attrs=attrs,
         compute=compute,
         mixed_precision=mixed_precision,
         gradient=gradient,
         doc=doc,
     )
+
+
+#: the two-input factory, for op families declared in other modules (kiln.op.special)
+declare_binary = _binary
 
 
 # =============================================================================================

@@ -817,7 +817,19 @@ INTRINSICS: dict[str, int] = {
     "fresh_seed": 0,  # uint64: a new value on every evaluation (kiln.op.random's seed kernel)
     "check_index": 4,  # an index checked while the kernel runs; build it with check_index()
     "rounded": 1,  # a float product rounded before any use; build it with rounded()
+    "nextafter": 2,
 }
+
+#: Special functions evaluated in float64 by helper functions of the generated code
+#: (``kiln/codegen/c/special_math.py``); build calls with :func:`special`.
+SPECIAL_FUNCTIONS: dict[str, int] = {
+    "bessel_j0": 1, "bessel_j1": 1, "bessel_y0": 1, "bessel_y1": 1, "bessel_i0": 1,
+    "bessel_i1": 1, "bessel_k0": 1, "bessel_k1": 1, "bessel_k0e": 1, "bessel_k1e": 1,
+    "airy_ai": 1, "spherical_j0": 1, "zeta": 2, "igamma": 2, "igammac": 2,
+    "chebyshev_t": 2, "chebyshev_u": 2, "chebyshev_v": 2, "chebyshev_w": 2,
+    "hermite_h": 2, "hermite_he": 2, "laguerre_l": 2, "legendre_p": 2,
+}
+INTRINSICS.update(SPECIAL_FUNCTIONS)
 
 
 def rounded(value: Any) -> PrimExpr:
@@ -874,6 +886,19 @@ def call_intrin(name: str, *args: Any, dtype: Any = None) -> PrimExpr:
         if name in ("isnan", "isinf"):
             dtype = DataType("bool").with_lanes(dtype.lanes)
     return Call(as_dtype(dtype), name, tuple(conv))
+
+
+def special(name: str, *args: Any) -> PrimExpr:
+    """The special function ``name`` (:data:`SPECIAL_FUNCTIONS`) of float operands of one
+    dtype, evaluated in float64 and rounded once to that dtype."""
+    if name not in SPECIAL_FUNCTIONS:
+        raise KilnError(f"unknown special function {name!r}")
+    conv = [convert(a) for a in args]
+    dt = conv[0].dtype
+    if not dt.is_float:
+        raise DTypeError(f"{name} needs float operands, got {dt}")
+    wide = DataType("float64").with_lanes(dt.lanes)
+    return cast(dt, call_intrin(name, *[cast(wide, a) for a in conv]))
 
 
 def _float_intrin(name: str):

@@ -138,18 +138,17 @@ def test_spans_name_the_fx_node_and_aten_overload() -> None:
 
 
 def test_unsupported_operators_are_listed_at_once() -> None:
-    class Special(torch.nn.Module):
-        def forward(self, x):
-            return (torch.special.bessel_j0(x) + torch.special.airy_ai(x)
-                    + torch.special.bessel_j0(x * 2))
+    class Unsupported(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.gcd(x, y) + torch.lcm(x, y) + torch.gcd(x * 2, y)
 
-    ep = _export(Special(), (torch.rand(3) + 1,))
+    ep = _export(Unsupported(), (torch.tensor([4, 6, 8]), torch.tensor([2, 3, 4])))
     with pytest.raises(UnsupportedOperatorError) as err:
         from_exported_program(ep)
     msg = str(err.value)
     assert "2 operator(s)" in msg
-    assert "aten.special_bessel_j0.default: nodes special_bessel_j0, special_bessel_j0_1" in msg
-    assert "aten.special_airy_ai.default: nodes special_airy_ai" in msg
+    assert "aten.gcd.default: nodes gcd, gcd_1" in msg
+    assert "aten.lcm.default: nodes lcm" in msg
 
 
 def test_not_an_exported_program() -> None:

@@ -35,7 +35,8 @@ OPS = [
     "nn.functional.interpolate.nearest", "nn.functional.interpolate.bilinear",
     "nn.functional.scaled_dot_product_attention", "full_like", "arange",
     "diagonal", "unfold", "as_strided_scatter", "median", "cummax", "searchsorted", "lgamma",
-    "erfinv", "linalg.det", "linalg.solve_ex", "linalg.lu",
+    "erfinv", "linalg.det", "linalg.solve_ex", "linalg.lu", "special.bessel_j0",
+    "special.hermite_polynomial_h", "igamma",
 ]
 
 

@@ -617,6 +617,11 @@ class ExprEmitter:
                     arg_types: list[DataType]) -> str:
         """C for a scalar intrinsic call on already printed arguments."""
         at = arg_types[0]
+        if op in E.SPECIAL_FUNCTIONS:  # float64 helpers (tir.special casts to float64 around)
+            if dt != DataType("float64") or any(t != dt for t in arg_types):
+                raise CodegenError(f"special function {op} takes and gives float64, got "
+                                   f"{[str(t) for t in arg_types]} -> {dt}")
+            return f"{self.helpers.special_function(op)}({', '.join(args)})"
         if op in ("isnan", "isinf"):
             a = args[0] if at.is_float and at.bits != 16 else f"(float)({args[0]})"
             if not at.is_float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ...ir.dtype import MINIFLOATS, DataType
 from .minifloat import helper_code as minifloat_helper_code
+from .special_math import SPECIAL_C
 from .types import soft_float_storage, soft_float_tag, value_ctype, vector_name
 
 ENTRY_SUPPORT = r"""
@@ -314,7 +315,7 @@ LIBM = {
     "exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "fabs": "fabs",
     "floor": "floor", "ceil": "ceil", "round": "nearbyint", "trunc": "trunc", "pow": "pow",
     "sin": "sin", "cos": "cos", "log2": "log2", "log1p": "log1p", "exp2": "exp2",
-    "fmod": "fmod",
+    "fmod": "fmod", "nextafter": "nextafter",
 }
 
 #: libm functions that libmvec may provide vector variants of (see compiler.libmvec_functions).
@@ -577,6 +578,14 @@ class Helpers:
         else:  # pragma: no cover - guarded by the caller
             raise KeyError(op)
         return self._add(name, f"static inline {ct} {name}({ct} x) {{ {body} }}\n")
+
+    def special_function(self, op: str) -> str:
+        """``kiln_sf_<op>``: a special function's float64 helper (see :mod:`.special_math`),
+        with the helpers it calls."""
+        code, deps = SPECIAL_C[op]
+        for d in deps:
+            self.special_function(d)
+        return self._add(f"kiln_sf_{op}", code)
 
     # ---- low-precision float vectors (held as float32 vectors) -----------------------------
     def lowp_load(self, dt: DataType, lanes: int) -> str:

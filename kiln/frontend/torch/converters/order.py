@@ -1,4 +1,5 @@
-"""Order statistics: median, nanmedian, kthvalue (values and indices), from kiln's ``topk``.
+"""Order statistics: median, nanmedian, kthvalue, mode (values and indices), from kiln's
+``topk``.
 
 Each is the k-th smallest entry of a line: ``topk`` of the k smallest (ascending, with their
 positions) and its last slot. NaN follows torch: ``median`` propagates it (a line holding
@@ -9,6 +10,8 @@ and ``nanmedian`` takes the median of the numbers only (NaN for a line of NaNs).
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from .... import graph as g
 from .... import op
@@ -115,3 +118,49 @@ def kthvalue(ctx: Any, node: Any) -> Any:
     # NaN counts as the largest value: ranked as +inf, read back from x
     _, idx = _kth(ctx, node, op.where(_isnan(x), scalar(float("inf"), dtype_of(x)), x), axis, k)
     return _finish(op.gather_elements(x, idx, axis=axis), idx, axis, keep)
+
+
+def _running_max(ctx: Any, v: Any, axis: int, n: int) -> Any:
+    """The running maximum of non-negative ints along ``axis``: log2(n) doubling steps, each
+    taking the max with the line shifted by ``s`` (zeros shifted in)."""
+    s = 1
+    while s < n:
+        width = [(0, 0)] * ndim_of(v)
+        width[axis] = (s, 0)
+        shifted = op.pad(op.strided_slice(v, (0,), (n - s,), axes=(axis,)), tuple(width))
+        v = ctx.emit(op.maximum(v, shifted))
+        s *= 2
+    return v
+
+
+@converter("aten.mode.default")
+def mode(ctx: Any, node: Any) -> Any:
+    """The most frequent value of each line and a position holding it: the line sorted
+    (``topk``, equal values in input order), the length of the run of equal values so far at
+    each sorted position (the position minus the run's start, a running max of the run
+    starts), the first position where it peaks. So ties between values go to the smallest,
+    and the position is the value's last occurrence, as torch's CPU kernel reports; NaNs
+    count as one value, sorted last."""
+    x = node.arg(0)
+    keep = bool(node.arg("keepdim", False))
+    if ndim_of(x) == 0:
+        return [x, scalar(0, "int64")]
+    axis = norm_dim(int(node.arg("dim", -1)), ndim_of(x))
+    n = _line_length(node, x, axis)
+    out = ctx.emit(op.topk(x, n, axis=axis, largest=False))
+    vals, idx = g.TupleGetItem(out, 0), g.TupleGetItem(out, 1)
+    line = [1] * ndim_of(x)
+    line[axis] = n
+    pos = g.const(np.arange(n, dtype=np.int64).reshape(line))
+    width = [(0, 0)] * ndim_of(x)
+    width[axis] = (1, 0)
+    prev = op.pad(op.strided_slice(vals, (0,), (n - 1,), axes=(axis,)), tuple(width))
+    same = op.equal(vals, prev)
+    if dtype_of(x).startswith(("float", "bfloat")):
+        same = op.logical_or(same, op.logical_and(_isnan(vals), _isnan(prev)))
+    same = op.logical_and(same, op.greater(pos, scalar(0, "int64")))
+    starts = op.where(same, scalar(0, "int64"), op.broadcast_to(pos, shape_of(x)))
+    run = op.subtract(pos, _running_max(ctx, ctx.emit(starts), axis, n))
+    best = op.expand_dims(op.argmax(run, axis=axis), axis)
+    return _finish(op.gather_elements(vals, best, axis=axis),
+                   op.gather_elements(idx, best, axis=axis), axis, keep)

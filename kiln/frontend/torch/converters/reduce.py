@@ -1,5 +1,6 @@
 """Reductions, scans and softmax: sum, mean, amax/amin, max/min (values and indices), argmax,
-prod, any/all, var/std, logsumexp, norms, cumsum/cumprod, (log_)softmax."""
+prod, any/all, var/std, logsumexp, norms, cumsum/cumprod, (log_)softmax, histc, and the
+reductions by segment (segment_reduce, embedding_bag)."""
 
 from __future__ import annotations
 
@@ -339,3 +340,192 @@ def cummax(ctx: Any, node: Any) -> Any:
         v, i = ctx.emit(op.where(take, v, pv)), ctx.emit(op.where(take, i, pi))
         s *= 2
     return [op.cast(v, "bool") if is_bool else v, i]
+
+
+@converter("aten.histc.default")
+def histc(ctx: Any, node: Any) -> Any:
+    """Counts of ``bins`` equal-width bins over [min, max] (the data's range when min == max,
+    widened by 1 each way when that is a single value), in x's dtype; values outside and NaN
+    are not counted, max falls in the last bin. The bin is ``(x - lo) * bins / (hi - lo)``,
+    moved by one where the bin edges (torch's linspace) say so, then counted by a scatter-add
+    into ``bins + 1`` slots (the last one collecting the values not counted)."""
+    x = op.reshape(node.arg(0), (-1,))
+    dt = dtype_of(x)
+    bins = int(node.arg(1, 100))
+    lo_v, hi_v = float(node.arg(2, 0)), float(node.arg(3, 0))
+    if bins <= 0:
+        raise node.error(f"histc needs bins > 0, got {bins}")
+    if lo_v > hi_v:
+        raise node.error(f"histc: min {lo_v} is greater than max {hi_v}")
+    if static_int(shape_of(x)[0]) == 0:
+        return op.broadcast_to(scalar(0, dt), (bins,))
+    if lo_v == hi_v:
+        finite = op.logical_and(op.equal(x, x), op.less(op.abs(x), scalar(float("inf"), dt)))
+        lo = ctx.emit(op.min(op.where(finite, x, scalar(float("inf"), dt))))
+        hi = ctx.emit(op.max(op.where(finite, x, scalar(float("-inf"), dt))))
+        flat = op.equal(lo, hi)
+        lo = ctx.emit(op.where(flat, op.subtract(lo, scalar(1, dt)), lo))
+        hi = ctx.emit(op.where(flat, op.add(hi, scalar(1, dt)), hi))
+    else:
+        lo, hi = scalar(lo_v, dt), scalar(hi_v, dt)
+    # torch.linspace(lo, hi, bins + 1): from lo in the first half, from hi in the second
+    k = g.const(np.arange(bins + 1, dtype=np.int64))
+    step = op.divide(op.subtract(hi, lo), scalar(bins, dt))
+    kf = op.cast(k, dt)
+    edges = ctx.emit(op.where(op.less(k, scalar((bins + 1) // 2, "int64")),
+                              op.add(lo, op.multiply(kf, step)),
+                              op.subtract(hi, op.multiply(op.subtract(scalar(bins, dt), kf),
+                                                          step))))
+    pos = op.floor(op.divide(op.multiply(op.subtract(x, lo), scalar(bins, dt)),
+                             op.subtract(hi, lo)))
+    inside = ctx.emit(op.logical_and(op.greater_equal(x, lo), op.less_equal(x, hi)))
+    pos = op.cast(op.clip(op.where(inside, pos, scalar(0, dt)), min=0, max=bins - 1), "int64")
+    pos = ctx.emit(pos)
+    down = op.logical_and(op.greater(pos, scalar(0, "int64")),
+                          op.less(x, op.take(edges, pos, axis=0)))
+    up = op.logical_and(op.less(pos, scalar(bins - 1, "int64")),
+                        op.greater_equal(x, op.take(edges, op.add(pos, scalar(1, "int64")),
+                                                    axis=0)))
+    pos = op.where(down, op.subtract(pos, scalar(1, "int64")),
+                   op.where(up, op.add(pos, scalar(1, "int64")), pos))
+    slot = op.where(inside, pos, scalar(bins, "int64"))
+    ones = op.broadcast_to(scalar(1, dt), shape_of(x))
+    counts = op.scatter_elements(op.broadcast_to(scalar(0, dt), (bins + 1,)), slot, ones,
+                                 axis=0, reduction="add")
+    return op.strided_slice(counts, (0,), (bins,), axes=(0,))
+
+
+_SEGMENT_REDUCE = {"sum": "add", "mean": "add", "max": "max", "min": "min", "prod": "mul"}
+
+
+def _segments_of(ctx: Any, starts_or_ends: Any, n_rows: int, ends: bool) -> Any:
+    """The segment of each of ``n_rows`` rows: how many segment ends lie at or before the row
+    (``ends``), or how many starts do, less one (rows before the first start give -1)."""
+    rows = g.const(np.arange(n_rows, dtype=np.int64))
+    hit = op.less_equal(op.expand_dims(starts_or_ends, 0), op.expand_dims(rows, 1))
+    seg = op.sum(op.cast(hit, "int64"), axis=1)
+    return ctx.emit(seg if ends else op.subtract(seg, scalar(1, "int64")))
+
+
+def _reduce_segments(ctx: Any, data: Any, seg: Any, segments: int, reduce: str, start: float,
+                     empty: float) -> tuple[Any, Any]:
+    """Rows of ``data`` scatter-reduced by segment (``seg``: one per row; rows outside
+    ``[0, segments)`` are dropped) into slots starting at ``start``; ``mean`` divides by the
+    count (``empty`` where a segment has no row). Returns the (segments, ...) result and the
+    per-segment row counts."""
+    dt = dtype_of(data)
+    valid = op.logical_and(op.greater_equal(seg, scalar(0, "int64")),
+                           op.less(seg, scalar(segments, "int64")))
+    seg = op.where(valid, seg, scalar(segments, "int64"))
+    line = (-1,) + (1,) * (ndim_of(data) - 1)
+    idx = ctx.emit(op.broadcast_to(op.reshape(seg, line), shape_of(data)))
+    out_shape = (segments + 1,) + tuple(shape_of(data)[1:])
+    acc = op.scatter_elements(op.broadcast_to(scalar(start, dt), out_shape), idx, data,
+                              axis=0, reduction=_SEGMENT_REDUCE[reduce])
+    count = ctx.emit(op.scatter_elements(op.broadcast_to(scalar(0, "int64"), (segments + 1,)),
+                                         seg, op.broadcast_to(scalar(1, "int64"),
+                                                              shape_of(seg)),
+                                         axis=0, reduction="add"))
+    count = ctx.emit(op.strided_slice(count, (0,), (segments,), axes=(0,)))
+    acc = op.strided_slice(acc, (0,), (segments,), axes=(0,))
+    if reduce == "mean":
+        c = op.reshape(op.cast(count, dt), (-1,) + (1,) * (ndim_of(data) - 1))
+        none = op.equal(c, scalar(0, dt))
+        acc = op.where(none, scalar(empty, dt), op.divide(acc, op.where(none, scalar(1, dt), c)))
+    return acc, count
+
+
+@converter("aten.segment_reduce.default")
+def segment_reduce(ctx: Any, node: Any) -> Any:
+    """Reductions of consecutive runs of rows (``lengths``, or ``offsets`` of their starts and
+    the end) of a tensor along its first axis (1-D lengths/offsets). Each row's segment is
+    the number of segment ends at or before it; rows are scatter-reduced into one slot per
+    segment, which starts at ``initial`` (else the reduction's identity): so ``initial``
+    takes part in every segment, as in torch, and an empty segment is ``initial``, or the
+    identity (NaN for mean)."""
+    data = node.arg(0)
+    reduce = str(node.arg(1))
+    if reduce not in _SEGMENT_REDUCE:
+        raise node.error(f"segment_reduce: unknown reduction {reduce!r}")
+    lengths, offsets = node.arg("lengths", None), node.arg("offsets", None)
+    bounds = lengths if lengths is not None else offsets
+    if bounds is None:
+        raise node.error("segment_reduce needs lengths or offsets")
+    if ndim_of(bounds) != 1 or int(node.arg("axis", 0)) != 0:
+        raise node.error("segment_reduce: only 1-D lengths/offsets (axis 0) are supported")
+    bounds = cast(bounds, "int64")
+    n_bounds, n_rows = static_int(shape_of(bounds)[0]), static_int(shape_of(data)[0])
+    if n_bounds is None or n_rows is None:
+        raise node.error("segment_reduce needs static numbers of rows and segments")
+    if lengths is not None:
+        ends, segments = op.cumsum(bounds, axis=0), n_bounds
+    else:
+        ends, segments = op.strided_slice(bounds, (1,), (n_bounds,), axes=(0,)), n_bounds - 1
+    initial = node.arg("initial", None)
+    ident = {"sum": 0.0, "mean": 0.0, "max": float("-inf"), "min": float("inf"),
+             "prod": 1.0}[reduce]
+    start = float(initial) if initial is not None else ident
+    seg = _segments_of(ctx, ends, n_rows, ends=True)
+    out, _ = _reduce_segments(ctx, data, seg, segments, reduce, start,
+                              start if initial is not None else float("nan"))
+    return out
+
+
+@converter("aten._embedding_bag_forward_only.default", "aten._embedding_bag.default")
+def embedding_bag(ctx: Any, node: Any) -> Any:
+    """Sums, means or maxima of bags of embedding rows: bag ``b`` holds the indices from
+    ``offsets[b]`` to the next bag's start (the last bag to the end, or with
+    ``include_last_offset`` to the final offset), ``per_sample_weights``
+    scale the rows (sum mode), indices equal to ``padding_idx`` (>= 0) are left out, and an
+    empty bag is zeros. Returns torch's four results: the bags, each index's bag
+    (``offset2bag``), each bag's size and ``max_indices`` (the row chosen per bag and column
+    in max mode, the bag sizes in mean mode); in sum mode, as torch's kernel, the sizes and
+    max_indices are zeros and offset2bag is empty unless ``padding_idx`` is set."""
+    weight, indices, offsets = node.arg(0), cast(node.arg(1), "int64"), cast(node.arg(2), "int64")
+    mode = int(node.arg("mode", 0))
+    psw = node.arg("per_sample_weights", None)
+    last = bool(node.arg("include_last_offset", False))
+    padding = int(node.arg("padding_idx", -1))
+    if ndim_of(indices) != 1 or ndim_of(offsets) != 1:
+        raise node.error("embedding_bag: indices and offsets must be 1-D")
+    n, n_off = static_int(shape_of(indices)[0]), static_int(shape_of(offsets)[0])
+    if n is None or n_off is None:
+        raise node.error("embedding_bag needs static numbers of indices and offsets")
+    bags = n_off - 1 if last else n_off
+    if mode not in (0, 1, 2):
+        raise node.error(f"embedding_bag: unknown mode {mode}")
+    dt = dtype_of(weight)
+    starts = op.strided_slice(offsets, (0,), (bags,), axes=(0,)) if last else offsets
+    bag = _segments_of(ctx, starts, n, ends=False)
+    skip = op.equal(indices, scalar(padding, "int64")) if padding >= 0 else None
+    if last:  # indices at or past the final offset belong to no bag
+        pos = g.const(np.arange(n, dtype=np.int64))
+        past = op.greater_equal(pos, op.strided_slice(offsets, (bags,), (bags + 1,), axes=(0,)))
+        skip = past if skip is None else op.logical_or(skip, past)
+    seg = bag if skip is None else ctx.emit(op.where(skip, scalar(-1, "int64"), bag))
+    rows = ctx.emit(op.take(weight, indices, axis=0))
+    if psw is not None:
+        rows = op.multiply(rows, op.expand_dims(cast(psw, dt), 1))
+    reduce = ("sum", "mean", "max")[mode]
+    out, count = _reduce_segments(ctx, rows, seg, bags, reduce,
+                                  float("-inf") if mode == 2 else 0.0, 0.0)
+    out = ctx.emit(out)
+    if mode == 2:
+        has = op.greater(op.expand_dims(count, 1), scalar(0, "int64"))
+        best = op.take(out, op.maximum(seg, scalar(0, "int64")), axis=0)
+        who = op.where(op.logical_and(op.equal(rows, best),
+                                      op.expand_dims(op.greater_equal(seg, scalar(0, "int64")),
+                                                     1)),
+                       op.broadcast_to(op.expand_dims(indices, 1), shape_of(rows)),
+                       scalar(-1, "int64"))
+        chosen, _ = _reduce_segments(ctx, who, seg, bags, "max", -1, 0)
+        max_indices = op.where(has, chosen, scalar(0, "int64"))
+        out = op.where(has, out, scalar(0, dt))
+        return [out, bag, count, max_indices]
+    if mode == 1:
+        return [out, bag, count, count]
+    # sum: torch's kernel fills neither the sizes nor (without padding_idx) offset2bag
+    zeros = op.broadcast_to(scalar(0, "int64"), (n_off,))
+    return [out, bag if padding >= 0 else g.const(np.zeros((0,), np.int64)), zeros, zeros]
+
+

@@ -1,5 +1,9 @@
-"""Special functions of the gamma family (lgamma, digamma, polygamma, mvlgamma's lgamma) and
-small real-valued ops (ldexp, angle), composed from kiln's element-wise ops.
+"""Special functions of the gamma family (lgamma, digamma, polygamma, mvlgamma's lgamma), the
+Bessel, error-function and normal-distribution families, and small real-valued ops (ldexp,
+angle, frexp), composed from kiln's element-wise ops; the Bessel J/Y/K, Airy, zeta,
+incomplete gamma and orthogonal polynomial functions and nextafter map onto the native
+special-function ops of :mod:`kiln.op.special` (loops in float64 helper functions that
+element-wise ops cannot express).
 
 The gamma-family functions are evaluated in float64 and rounded once to the result dtype, the
 way kiln evaluates other transcendental closed forms (``in_float64``): the argument is shifted
@@ -341,3 +345,85 @@ def frexp(ctx: Any, node: Any) -> Any:
     m2 = op.where(up, op.multiply(m, _c(0.5)), op.where(down, op.multiply(m, _c(2.0)), m))
     e2 = op.where(up, op.add(e, _c(1.0)), op.where(down, op.subtract(e, _c(1.0)), e))
     return [op.cast(op.where(finite, m2, x64), dt), op.cast(e2, "int32")]
+
+
+# ---- Bessel, Airy, zeta, incomplete gamma, orthogonal polynomials, nextafter -------------------
+# native kernels (kiln.op.special): float64 helper functions the code generators emit
+_UNARY_SPECIAL = {
+    "special_bessel_j0": "bessel_j0", "special_bessel_j1": "bessel_j1",
+    "special_bessel_y0": "bessel_y0", "special_bessel_y1": "bessel_y1",
+    "special_modified_bessel_i0": "bessel_i0", "special_modified_bessel_i1": "bessel_i1",
+    "special_modified_bessel_k0": "bessel_k0", "special_modified_bessel_k1": "bessel_k1",
+    "special_scaled_modified_bessel_k0": "bessel_k0e",
+    "special_scaled_modified_bessel_k1": "bessel_k1e",
+    "special_airy_ai": "airy_ai", "special_spherical_bessel_j0": "spherical_j0",
+}
+
+
+def _special_unary(function: str) -> Any:
+    def convert(ctx: Any, node: Any) -> Any:
+        return op.special_function(as_tensor(node.arg(0), node.out_dtype, ctx),
+                                   function=function)
+
+    return convert
+
+
+for _name, _function in _UNARY_SPECIAL.items():
+    converter(f"aten.{_name}.default")(_special_unary(_function))
+
+
+def _operands(ctx: Any, node: Any) -> tuple[Any, Any, str]:
+    """The two operands (tensors or Python numbers) in the result's float dtype."""
+    dt = node.out_dtype
+    return as_tensor(node.arg(0), dt, ctx), as_tensor(node.arg(1), dt, ctx), dt
+
+
+def _special_binary(function: str) -> Any:
+    def convert(ctx: Any, node: Any) -> Any:
+        a, b, _ = _operands(ctx, node)
+        return op.special_function2(a, b, function=function)
+
+    return convert
+
+
+converter("aten.special_zeta.default", "aten.special_zeta.self_scalar",
+          "aten.special_zeta.other_scalar")(_special_binary("zeta"))
+converter("aten.igamma.default")(_special_binary("igamma"))
+converter("aten.igammac.default")(_special_binary("igammac"))
+
+
+@converter("aten.nextafter.default")
+def nextafter(ctx: Any, node: Any) -> Any:
+    a, b, _ = _operands(ctx, node)
+    return op.nextafter(a, b)
+
+
+_POLYNOMIALS = {
+    "chebyshev_polynomial_t": "chebyshev_t", "chebyshev_polynomial_u": "chebyshev_u",
+    "chebyshev_polynomial_v": "chebyshev_v", "chebyshev_polynomial_w": "chebyshev_w",
+    "hermite_polynomial_h": "hermite_h", "hermite_polynomial_he": "hermite_he",
+    "laguerre_polynomial_l": "laguerre_l", "legendre_polynomial_p": "legendre_p",
+}
+
+
+def _polynomial(kind: str, shifted: bool) -> Any:
+    """P_n(x) with n a tensor or a number; the shifted Chebyshev polynomials are the plain ones
+    at 2x - 1, formed in float64 (exact for float32 x) so the argument is not rounded."""
+
+    def convert(ctx: Any, node: Any) -> Any:
+        x, n, dt = _operands(ctx, node)
+        if shifted:
+            x64 = op.subtract(op.multiply(cast(x, F64), _c(2.0)), _c(1.0))
+            return op.cast(op.orthogonal_polynomial(x64, cast(n, F64), kind=kind), dt)
+        return op.orthogonal_polynomial(x, n, kind=kind)
+
+    return convert
+
+
+for _name, _kind in _POLYNOMIALS.items():
+    _variants = [(_name, False)]
+    if _kind.startswith("chebyshev"):
+        _variants.append(("shifted_" + _name, True))
+    for _full, _shifted in _variants:
+        converter(*(f"aten.special_{_full}.{o}" for o in ("default", "x_scalar", "n_scalar")))(
+            _polynomial(_kind, _shifted))
