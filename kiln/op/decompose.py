@@ -55,6 +55,7 @@ from .common import arg_ndim, arg_shape, const_int, dims_equal, kernel_dims, ten
 from .matrix import (
     MatrixKernel,
     abs_value,
+    check_rhs,
     emit_kernel,
     matrix_arg,
     matrix_steps,
@@ -63,11 +64,11 @@ from .matrix import (
 )
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
 
-__all__ = ["eigh", "geqrf", "matrix_exp", "ormqr", "svd"]
+__all__ = ["eigh", "geqrf", "ldl_factor", "ldl_solve", "matrix_exp", "ormqr", "svd"]
 
 INDEX = DataType("int64")
 #: The op names whose kernels are one block per matrix (the CPU schedule lists them).
-DECOMPOSE_OPS = ("geqrf", "ormqr", "eigh", "svd", "matrix_exp")
+DECOMPOSE_OPS = ("geqrf", "ormqr", "eigh", "svd", "matrix_exp", "ldl_factor", "ldl_solve")
 #: Bound on the Jacobi sweeps of ``eigh`` and ``svd`` (they converge quadratically: a few
 #: sweeps for small matrices, some 10 for hundreds of rows).
 MAX_SWEEPS = 60
@@ -442,6 +443,179 @@ def matrix_exp_prim_func(batch: Sequence[Any], n: Any, dtype: Any) -> tir.PrimFu
         serial_loop("q", 0, max_squarings, square)))
 
 
+def _swap(get: Any, put: Any, dt: DataType) -> tir.Stmt:
+    """Exchange two entries: ``get``/``put`` are pairs of (load, store-of-value) closures."""
+    x = tir.Var("x", dt)
+    return tir.LetStmt(x, get[0], tir.seq(put[0](get[1]), put[1](x)))
+
+
+def _swap_entries(m: _Mat, i: PrimExpr, j: PrimExpr, p: PrimExpr, q: PrimExpr,
+                  dt: DataType) -> tir.Stmt:
+    """``m[i, j] <-> m[p, q]``."""
+    return _swap((m(i, j), m(p, q)), (lambda v: m.set(i, j, v), lambda v: m.set(p, q, v)), dt)
+
+
+def _skipping(state: _Slots, n: Any, backward: bool, step: Any) -> tir.Stmt:
+    """``step(k)`` for ``k`` over ``range(n)`` (reversed when ``backward``), except right after
+    a step that set ``state["skip"]`` (the second row of a 2x2 pivot block)."""
+    zero = tx.const(INDEX, 0)
+
+    def one(q: PrimExpr) -> tir.Stmt:
+        k = n - 1 - q if backward else q
+        return tir.IfThenElse(tx.ne(state["skip"], zero), state.set("skip", zero), step(k))
+
+    return tir.seq(state.set("skip", zero), serial_loop("k", 0, n, one))
+
+
+def ldl_factor_prim_func(batch: Sequence[Any], n: Any, dtype: Any) -> tir.PrimFunc:
+    """``(A, LD, P, INFO)``: the Bunch-Kaufman factorization ``P A Pᵀ = L D Lᵀ`` of each
+    symmetric ``n x n`` matrix (lower triangle read), LAPACK's sytf2 step for step."""
+    k_ = MatrixKernel("ldl_factor", batch)
+    dt = as_dtype(dtype)
+    a = _Mat(k_, k_.buffer("A", (n, n), dt))
+    ld = _Mat(k_, k_.buffer("LD", (n, n), dt, output=True))
+    piv = _Vec(k_, k_.buffer("P", (n,), INDEX, output=True))
+    info = k_.buffer("INFO", (), INDEX, output=True)
+    r = _Slots(k_, "reg", dt, ("absakk", "colmax", "rowmax", "d11", "d21", "d22", "wk", "wkp1"))
+    st = _Slots(k_, "state", INDEX, ("imax", "kp", "kstep", "skip"))
+    zero, one = tx.const(dt, 0), tx.const(dt, 1)
+    i0, i1, i2 = (tx.const(INDEX, v) for v in (0, 1, 2))
+    alpha = tx.const(dt, (1 + np.sqrt(17.0)) / 8)  # the growth bound's optimum
+
+    def step(k: PrimExpr) -> tir.Stmt:
+        absakk, colmax, rowmax = r["absakk"], r["colmax"], r["rowmax"]
+        imax, kp, kstep = st["imax"], st["kp"], st["kstep"]
+
+        def colmax_of(i: PrimExpr) -> tir.Stmt:  # the first largest below the diagonal
+            return tir.IfThenElse(tx.gt(abs_value(ld(i, k)), colmax), tir.seq(
+                r.set("colmax", abs_value(ld(i, k))), st.set("imax", i)))
+
+        def row_of_imax(lo: PrimExpr, hi: PrimExpr, entry: Any) -> tir.Stmt:
+            return serial_loop("j", lo, hi, lambda j: r.set("rowmax", tx.max(
+                rowmax, abs_value(entry(j)))))
+
+        iv = tir.Var("imax", INDEX)
+        choose = tir.IfThenElse(tx.ge(absakk, alpha * colmax), st.set("kp", k), tir.LetStmt(
+            iv, imax, tir.seq(
+                r.set("rowmax", zero),
+                row_of_imax(k, iv, lambda j: ld(iv, j)),
+                row_of_imax(iv + 1, n, lambda j: ld(j, iv)),
+                tir.IfThenElse(
+                    tx.ge(absakk, alpha * colmax * (colmax / rowmax)), st.set("kp", k),
+                    tir.IfThenElse(tx.ge(abs_value(ld(iv, iv)), alpha * rowmax),
+                                   st.set("kp", iv),
+                                   tir.seq(st.set("kp", iv), st.set("kstep", i2)))))))
+
+        kkv, kpv = tir.Var("kk", INDEX), tir.Var("kpv", INDEX)
+        interchange = tir.LetStmt(kkv, k + kstep - i1, tir.LetStmt(kpv, kp, tir.IfThenElse(
+            tx.ne(kpv, kkv), tir.seq(
+                serial_loop("i", kpv + 1, n, lambda i: _swap_entries(ld, i, kkv, i, kpv, dt)),
+                serial_loop("j", kkv + 1, kpv, lambda j: _swap_entries(ld, j, kkv, kpv, j, dt)),
+                _swap_entries(ld, kkv, kkv, kpv, kpv, dt),
+                tir.IfThenElse(tx.eq(kstep, i2), _swap_entries(ld, k + 1, k, kpv, k, dt))))))
+
+        one_by_one = tir.IfThenElse(tx.lt(k, n - 1), tir.seq(
+            r.set("d11", one / ld(k, k)),
+            serial_loop("j", k + 1, n, lambda j: serial_loop("i", j, n, lambda i: ld.set(
+                i, j, ld(i, j) - ld(i, k) * (r["d11"] * ld(j, k))))),
+            serial_loop("i", k + 1, n, lambda i: ld.set(i, k, ld(i, k) * r["d11"]))))
+
+        def two_column(j: PrimExpr) -> tir.Stmt:
+            wk, wkp1 = r["wk"], r["wkp1"]
+            return tir.seq(
+                r.set("wk", r["d21"] * (r["d11"] * ld(j, k) - ld(j, k + 1))),
+                r.set("wkp1", r["d21"] * (r["d22"] * ld(j, k + 1) - ld(j, k))),
+                serial_loop("i", j, n, lambda i: ld.set(
+                    i, j, ld(i, j) - (ld(i, k) * wk + ld(i, k + 1) * wkp1))),
+                ld.set(j, k, wk), ld.set(j, k + 1, wkp1))
+
+        two_by_two = tir.IfThenElse(tx.lt(k, n - 2), tir.seq(
+            r.set("d21", ld(k + 1, k)),
+            r.set("d11", ld(k + 1, k + 1) / r["d21"]),
+            r.set("d22", ld(k, k) / r["d21"]),
+            r.set("wk", one / (r["d11"] * r["d22"] - one)),
+            r.set("d21", r["wk"] / r["d21"]),
+            serial_loop("j", k + 2, n, two_column)))
+
+        singular = tx.logical_or(tx.eq(tx.max(absakk, colmax), zero), tx.isnan(absakk))
+        return tir.seq(
+            st.set("kstep", i1), st.set("imax", k), r.set("colmax", zero),
+            r.set("absakk", abs_value(ld(k, k))),
+            serial_loop("i", k + 1, n, colmax_of),
+            tir.IfThenElse(singular, tir.seq(
+                tir.IfThenElse(tx.eq(info.load(k_.at()), i0), tir.BufferStore(
+                    info, k + 1, k_.at())),
+                st.set("kp", k)), tir.seq(
+                choose, interchange,
+                tir.IfThenElse(tx.eq(kstep, i1), one_by_one, two_by_two))),
+            tir.IfThenElse(tx.eq(kstep, i1), piv.set(k, kp), tir.seq(
+                piv.set(k, i0 - kp - 1), piv.set(k + 1, i0 - kp - 1), st.set("skip", i1))))
+
+    copy = serial_loop("ci", 0, n, lambda i: serial_loop("cj", 0, n, lambda j: ld.set(
+        i, j, tx.Select(tx.ge(i, j), a(i, j), zero))))
+    return k_.func(tir.seq(copy, tir.BufferStore(info, i0, k_.at()),
+                           _skipping(st, n, False, step)))
+
+
+def ldl_solve_prim_func(batch: Sequence[Any], n: Any, m: Any, dtype: Any) -> tir.PrimFunc:
+    """``(LD, P, B, X)``: ``X = A^-1 B`` from ``A``'s ``ldl_factor`` (LAPACK's sytrs)."""
+    k_ = MatrixKernel("ldl_solve", batch)
+    dt = as_dtype(dtype)
+    ld = _Mat(k_, k_.buffer("LD", (n, n), dt))
+    piv = _Vec(k_, k_.buffer("P", (n,), INDEX))
+    b = _Mat(k_, k_.buffer("B", (n, m), dt))
+    x = _Mat(k_, k_.buffer("X", (n, m), dt, output=True))
+    r = _Slots(k_, "reg", dt, ("akm1k", "akm1", "ak", "denom", "acc"))
+    st = _Slots(k_, "state", INDEX, ("skip",))
+    one, i0, i1 = tx.const(dt, 1), tx.const(INDEX, 0), tx.const(INDEX, 1)
+
+    def swap_rows(p: PrimExpr, q: PrimExpr) -> tir.Stmt:
+        return tir.IfThenElse(tx.ne(p, q), serial_loop("c", 0, m, lambda c: _swap_entries(
+            x, p, c, q, c, dt)))
+
+    def eliminate(lo: PrimExpr, col: PrimExpr) -> tir.Stmt:  # rows >= lo -= L[:, col] x[col]
+        return serial_loop("i", lo, n, lambda i: serial_loop("c", 0, m, lambda c: x.set(
+            i, c, x(i, c) - ld(i, col) * x(col, c))))
+
+    def gather(row: PrimExpr, col: PrimExpr, lo: PrimExpr) -> tir.Stmt:
+        """``x[row] -= L[lo:, col]ᵀ x[lo:]``."""
+        return serial_loop("c", 0, m, lambda c: tir.seq(
+            _sum_into(r, "acc", lo, n, lambda i: ld(i, col) * x(i, c), dt),
+            x.set(row, c, x(row, c) - r["acc"])))
+
+    def forward(k: PrimExpr) -> tir.Stmt:  # L D y = P b
+        p = piv(k)
+        d = tir.Var("d", dt)
+        single = tir.seq(swap_rows(k, p), eliminate(k + 1, k), tir.LetStmt(
+            d, one / ld(k, k), serial_loop("c", 0, m, lambda c: x.set(k, c, x(k, c) * d))))
+        akm1k, akm1, ak, denom = r["akm1k"], r["akm1"], r["ak"], r["denom"]
+
+        def solve2(c: PrimExpr) -> tir.Stmt:
+            bkm1, bk = tir.Var("bkm1", dt), tir.Var("bk", dt)
+            return tir.LetStmt(bkm1, x(k, c) / akm1k, tir.LetStmt(
+                bk, x(k + 1, c) / akm1k, tir.seq(x.set(k, c, (ak * bkm1 - bk) / denom),
+                                                 x.set(k + 1, c, (akm1 * bk - bkm1) / denom))))
+
+        double = tir.seq(
+            swap_rows(k + 1, i0 - p - 1), eliminate(k + 2, k), eliminate(k + 2, k + 1),
+            r.set("akm1k", ld(k + 1, k)), r.set("akm1", ld(k, k) / akm1k),
+            r.set("ak", ld(k + 1, k + 1) / akm1k), r.set("denom", akm1 * ak - one),
+            serial_loop("c", 0, m, solve2), st.set("skip", i1))
+        return tir.IfThenElse(tx.ge(p, i0), single, double)
+
+    def backward(k: PrimExpr) -> tir.Stmt:  # Lᵀ Pᵀ x = y
+        p = piv(k)
+        single = tir.seq(gather(k, k, k + 1), swap_rows(k, p))
+        double = tir.seq(gather(k, k, k + 1), gather(k - 1, k - 1, k + 1), swap_rows(k, i0 - p - 1),
+                         st.set("skip", i1))
+        return tir.IfThenElse(tx.ge(p, i0), single, double)
+
+    copy = serial_loop("ci", 0, n, lambda i: serial_loop("cj", 0, m, lambda j: x.set(
+        i, j, b(i, j))))
+    return k_.func(tir.seq(copy, _skipping(st, n, False, forward),
+                           _skipping(st, n, True, backward)))
+
+
 # ---- ops --------------------------------------------------------------------------------------
 def _static(shape: Any, op_name: str) -> tuple[int, int]:
     m, n = const_int(shape[-2]), const_int(shape[-1])
@@ -617,3 +791,52 @@ matrix_exp = register_op(
     gradient=NON_DIFFERENTIABLE,
     doc="The matrix exponential by scaling and squaring (see kiln.op.decompose).")
 
+
+
+def _ldl_factor_infer(call: Any) -> Any:
+    a = matrix_arg(call, 0, "ldl_factor", "a", square=True)
+    shape = arg_shape(a)
+    if shape is None:
+        ndim = arg_ndim(a)
+        return TupleStructInfo((tensor_sinfo(None, a.dtype, ndim=ndim),
+                                tensor_sinfo(None, INDEX, ndim=ndim - 1 if ndim > 0 else -1),
+                                tensor_sinfo(None, INDEX, ndim=ndim - 2 if ndim > 0 else -1)))
+    return TupleStructInfo((tensor_sinfo(shape, a.dtype), tensor_sinfo(shape[:-1], INDEX),
+                            tensor_sinfo(shape[:-2], INDEX)))
+
+
+def _ldl_factor_legalize(bb: Any, call: Any) -> Any:
+    dims = kernel_dims(operand_dims(call, 0))
+    return emit_kernel(bb, call, ldl_factor_prim_func(dims[:-2], dims[-1],
+                                                      call.args[0].struct_info.dtype))
+
+
+ldl_factor = register_op(
+    "ldl_factor", inputs=("a",), infer=_ldl_factor_infer, pattern=OpPattern.OPAQUE,
+    legalize=_ldl_factor_legalize, mixed_precision=MixedPrecision.NEVER,
+    gradient=NON_DIFFERENTIABLE,
+    doc="``(ld, pivots, info)``: the Bunch-Kaufman LDLᵀ factorization of symmetric matrices "
+        "(see kiln.op.decompose).")
+
+
+def _ldl_solve_infer(call: Any) -> Any:
+    ld = matrix_arg(call, 0, "ldl_solve", "ld", square=True)
+    piv = call.args[1].struct_info
+    if as_dtype(piv.dtype) != INDEX:
+        raise StructInfoError(f"ldl_solve: pivots must be int64, got {piv.dtype}")
+    b = matrix_arg(call, 2, "ldl_solve", "b", square=False)
+    check_rhs("ldl_solve", ld, b)
+    return tensor_sinfo(arg_shape(b), b.dtype, ndim=arg_ndim(b))
+
+
+def _ldl_solve_legalize(bb: Any, call: Any) -> Any:
+    dims = kernel_dims(operand_dims(call, 2))
+    return emit_kernel(bb, call, ldl_solve_prim_func(dims[:-2], dims[-2], dims[-1],
+                                                     call.args[0].struct_info.dtype))
+
+
+ldl_solve = register_op(
+    "ldl_solve", inputs=("ld", "pivots", "b"), infer=_ldl_solve_infer, pattern=OpPattern.OPAQUE,
+    legalize=_ldl_solve_legalize, mixed_precision=MixedPrecision.NEVER,
+    gradient=NON_DIFFERENTIABLE,
+    doc="``x`` with ``a x = b`` from ``a``'s ``ldl_factor`` (see kiln.op.decompose).")

@@ -85,7 +85,7 @@ def matrix_arg(call: Any, i: int, op_name: str, what: str, square: bool) -> Any:
     return x
 
 
-def _check_rhs(op_name: str, a: Any, b: Any) -> None:
+def check_rhs(op_name: str, a: Any, b: Any) -> None:
     """``b`` ([..., n, k]) matches ``a`` ([..., n, n]): same dtype, batch axes and n."""
     if as_dtype(a.dtype) != as_dtype(b.dtype):
         raise StructInfoError(f"{op_name}: the matrices are {a.dtype} but b is {b.dtype}")
@@ -360,7 +360,7 @@ def _lu_solve_infer(call: Any) -> Any:
     if as_dtype(piv.dtype) != INDEX:
         raise StructInfoError(f"lu_solve: pivots must be int64, got {piv.dtype}")
     b = matrix_arg(call, 2, "lu_solve", "b", square=False)
-    _check_rhs("lu_solve", lu, b)
+    check_rhs("lu_solve", lu, b)
     return tensor_sinfo(arg_shape(b), b.dtype, ndim=arg_ndim(b))
 
 
@@ -426,7 +426,7 @@ class TriangularSolveAttrs:
 def _triangular_solve_infer(call: Any) -> Any:
     a = matrix_arg(call, 0, "triangular_solve", "a", square=True)
     b = matrix_arg(call, 1, "triangular_solve", "b", square=False)
-    _check_rhs("triangular_solve", a, b)
+    check_rhs("triangular_solve", a, b)
     return tensor_sinfo(arg_shape(b), b.dtype, ndim=arg_ndim(b))
 
 

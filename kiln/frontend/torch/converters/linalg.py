@@ -341,7 +341,7 @@ def with_effects(ctx: Any, node: Any) -> Any:
             raise node.error(f"the error check of {api} comes after a use of its result")
         ctx.values[value_node] = ctx.emit(op.check_info(ctx.values[value_node], info,
                                                         what=what + ", must be 0)"))
-    return [EFFECT_TOKEN]
+    return [EFFECT_TOKEN, None]  # the new token, and the check's own result (None)
 
 
 # ---- decompositions (kiln.op.decompose) ---------------------------------------------------------
@@ -504,3 +504,33 @@ def matrix_exp(ctx: Any, node: Any) -> Any:
     a = node.arg(0)
     n = _order(node, a)
     return a if n == 0 else op.matrix_exp(a)
+
+
+@converter("aten.linalg_ldl_factor_ex.default")
+def ldl_factor_ex(ctx: Any, node: Any) -> Any:
+    """Bunch-Kaufman ``LD, pivots, info`` as LAPACK's sytrf (lower): ``LD``'s upper triangle
+    zero, pivots 1-based, negative for the two rows of a 2x2 block; ``info`` the first zero
+    column (1-based) or 0. Real matrices: ``hermitian`` changes nothing."""
+    a = node.arg(0)
+    n = _order(node, a)
+    batch = shape_of(a)[:-2]
+    if n == 0:
+        return [a, _zeros((*batch, 0), "int32"), _zeros(batch, "int32")]
+    ld, piv, info = _items(ctx, op.ldl_factor(a), 3)
+    lapack = op.where(op.greater_equal(piv, scalar(0, "int64")),
+                      op.add(piv, scalar(1, "int64")), piv)
+    return [ld, op.cast(lapack, "int32"), op.cast(info, "int32")]
+
+
+@converter("aten.linalg_ldl_solve.default")
+def ldl_solve(ctx: Any, node: Any) -> Any:
+    ld, piv, b = node.arg(0), op.cast(node.arg(1), "int64"), node.arg(2)
+    n = _order(node, ld)
+    if n == 0 or 0 in (static_int(d) for d in shape_of(b)):
+        return b
+    kiln_piv = op.where(op.greater(piv, scalar(0, "int64")),
+                        op.subtract(piv, scalar(1, "int64")), piv)
+    wide, b = _broadcast_batch(node, ld, b)
+    if shape_of(wide) != shape_of(ld):
+        kiln_piv = op.broadcast_to(kiln_piv, shape_of(wide)[:-1])
+    return op.ldl_solve(wide, kiln_piv, b)
