@@ -180,3 +180,34 @@ def test_vectors_match_eager_up_to_sign():
     sign = np.sign(np.sum(u2 * want[5], axis=-2, keepdims=True))  # torch.svd: V, not Vh
     np.testing.assert_allclose(u2 * sign, want[5], atol=1e-10)
     np.testing.assert_allclose(v2 * sign, want[7], atol=1e-10)
+
+
+class Ldl(torch.nn.Module):
+    def forward(self, sym, b):
+        ld, piv, info = torch.linalg.ldl_factor_ex(sym)
+        ld2, piv2 = torch.linalg.ldl_factor(sym)  # the raising form: a check of info
+        return ld, piv, info, torch.linalg.ldl_solve(ld, piv, b), ld2, piv2
+
+
+def test_ldl_matches_eager():
+    """Bunch-Kaufman as LAPACK's sytrf: the same pivots (1x1 and 2x2 blocks) and factors."""
+    _, _, sym, _ = _decomposition_inputs(4)
+    b = torch.randn(2, 5, 3, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(Ldl(), (sym, b))
+    mod, params = from_exported_program(ep)
+    exe = kiln.build(mod, "c", params=params)
+    sym2 = sym.clone()
+    sym2[1].diagonal().zero_()  # 2x2 pivots
+    for args in ((sym, b), (sym2, b)):
+        got, want = exe(*args), Ldl()(*args)
+        for k, (x, y) in enumerate(zip(got, want)):
+            assert x.dtype == y.numpy().dtype, k
+            np.testing.assert_allclose(x, y.numpy(), rtol=1e-10, atol=1e-10, err_msg=str(k))
+    assert (exe(sym2, b)[1][1] < 0).any()
+    sym2[0, :, 2] = 0  # a zero column: info > 0, and ldl_factor raises
+    sym2[0, 2, :] = 0
+    assert torch.linalg.ldl_factor_ex(sym2)[2][0] > 0
+    with pytest.raises(RuntimeCheckError, match=r"torch\.linalg\.ldl_factor"):
+        exe(sym2, b)

@@ -212,3 +212,50 @@ def test_matrix_exp_matches_scipy(dtype):
     np.testing.assert_allclose(got / scale, want / scale, atol=50 * TOL[dtype])
     one = _run(lambda x: op.matrix_exp(x), np.array([[2.0]], dtype))
     np.testing.assert_allclose(one, [[np.exp(2.0)]], rtol=TOL[dtype])
+
+
+def _indefinite(batch, n):
+    a = RNG.standard_normal((batch, n, n))
+    a = a + a.swapaxes(-1, -2)
+    a[1][np.diag_indices(n)] = 0  # 2x2 pivots
+    a[2, :, 3] = a[2, 3, :] = 0  # a zero column: info > 0 (where the interchanges put it)
+    a[3] = np.diag(np.arange(n, dtype=float))
+    a[3, 0, -1] = a[3, -1, 0] = 1e-3  # a tiny off-diagonal entry: a far interchange
+    return a
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_ldl_factor_and_solve_match_lapack(dtype):
+    a = _indefinite(5, 7).astype(dtype)
+    b = RNG.standard_normal((5, 7, 3)).astype(dtype)
+    # only the lower triangle is read
+    noisy = np.where(np.triu(np.ones((7, 7), bool), 1), np.asarray(99, dtype), a)
+    ld, piv, info, x = _run(lambda m, y: g.Tuple([
+        *(g.TupleGetItem(op.ldl_factor(m), i) for i in range(3)),
+        op.ldl_solve(g.TupleGetItem(op.ldl_factor(m), 0), g.TupleGetItem(op.ldl_factor(m), 1),
+                     y)]), noisy, b)
+    assert piv.dtype == np.int64 and info.dtype == np.int64 and info.shape == (5,)
+    sytrf = scipy.linalg.lapack.dsytrf if dtype == "float64" else scipy.linalg.lapack.ssytrf
+    sytrs = scipy.linalg.lapack.dsytrs if dtype == "float64" else scipy.linalg.lapack.ssytrs
+    tol = 10 * TOL[dtype]
+    for i in range(5):
+        want, want_piv, want_info = sytrf(a[i], lower=1)
+        # kiln's pivots are 0-based, ~k (= -k - 1) for both rows of a 2x2 block: LAPACK's
+        np.testing.assert_array_equal(np.where(piv[i] >= 0, piv[i] + 1, piv[i]), want_piv)
+        assert info[i] == want_info
+        np.testing.assert_allclose(ld[i], np.tril(want), atol=tol)
+        if want_info == 0:
+            np.testing.assert_allclose(x[i], sytrs(want, want_piv, b[i], lower=1)[0],
+                                       atol=100 * tol)
+    assert (piv[1] < 0).any() and info[2] > 0 and piv[3][0] == 6
+
+
+def test_ldl_errors_name_the_op():
+    with pytest.raises(StructInfoError, match="ldl_factor: a must hold square matrices"):
+        infer(op.ldl_factor(tvar("a", (4, 3))))
+    with pytest.raises(StructInfoError, match="ldl_solve: pivots must be int64"):
+        infer(op.ldl_solve(tvar("a", (4, 4)), tvar("p", (4,), "int32"), tvar("b", (4, 1))))
+    with pytest.raises(StructInfoError, match="ldl_solve: b of shape"):
+        infer(op.ldl_solve(tvar("a", (4, 4)), tvar("p", (4,), "int64"), tvar("b", (3, 1))))
+    s = infer(op.ldl_factor(tvar("a", (2, 4, 4))))
+    assert [dims(f) for f in s.fields] == [(2, 4, 4), (2, 4), (2,)]
