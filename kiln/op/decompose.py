@@ -1,6 +1,7 @@
 """Dense decompositions: Householder QR (``geqrf``, ``ormqr``), the symmetric eigendecomposition
-(``eigh``), the singular value decomposition (``svd``) and the matrix exponential
-(``matrix_exp``), over the trailing two axes of batched float matrices.
+(``eigh``), the singular value decomposition (``svd``), the matrix exponential (``matrix_exp``)
+and the symmetric indefinite factorization (``ldl_factor``, ``ldl_solve``), over the trailing
+two axes of batched float matrices.
 
 What frameworks build on them (the torch frontend's ``linalg.qr``/``householder_product``/
 ``eigvalsh``/``svdvals``/``pinv``/``matrix_rank``, the nuclear norm) is graph code around these
@@ -30,6 +31,14 @@ kernels: ``Q = ormqr(qr, tau, I)``, ``pinv(a) = V diag(1/s) Uᵀ`` with small ``
 - ``matrix_exp(a)``: ``e^a`` by scaling and squaring: ``a / 2^s`` with ``‖a / 2^s‖₁ <= 1``,
   its degree-18 Taylor polynomial (truncation error below ``1/19! < 2^-55``) by Horner's rule,
   squared ``s`` times.
+- ``ldl_factor(a) -> (ld, pivots, info)``: ``P a Pᵀ = L D Lᵀ`` of the symmetric matrix in
+  ``a``'s lower triangle by Bunch-Kaufman diagonal pivoting, LAPACK's sytf2 step for step (the
+  same 1x1/2x2 pivot choices, interchanges and update order): ``ld`` holds ``D``'s blocks and
+  ``L`` below them (upper triangle zero); ``pivots`` (int64, 0-based) is the row interchanged
+  with row ``k`` for a 1x1 block, ``~kp = -kp - 1`` on both rows of a 2x2 block (LAPACK's
+  1-based ``-kp``); ``info`` (int64, one per matrix) the 1-based index of the first zero
+  column, else 0.
+- ``ldl_solve(ld, pivots, b) -> x`` with ``a x = b`` (LAPACK's sytrs).
 
 Same design as ``kiln.op.matrix`` (whose ``MatrixKernel`` builds these): one TIR block per
 matrix holding the serial steps, the blocks parallel over the batch axes; OPAQUE, no gradient.

@@ -1,6 +1,9 @@
 """Matrix factorizations and solves (``torch.linalg``): inv, solve, det, slogdet, LU,
 Cholesky, triangular solves, from kiln's ``lu_factor``, ``lu_solve``, ``cholesky`` and
-``triangular_solve`` kernels (``kiln.op.matrix``).
+``triangular_solve`` kernels (``kiln.op.matrix``); QR (``geqrf``, ``linalg_qr``, ``ormqr``,
+``householder_product``), eigh, SVD, pinv (torch's atol/rtol rules), LDL and matrix_exp from
+``kiln.op.decompose`` (svdvals, matrix_rank and the nuclear norm are torch's decompositions
+into ``_linalg_svd``/``_linalg_eigh``).
 
 ``torch.linalg.inv``/``solve``/``cholesky``/``lu_factor`` (not the ``*_ex`` forms) raise for a
 singular or indefinite matrix: the exported program checks ``info`` in a ``with_effects`` node
