@@ -448,11 +448,10 @@ def svd(ctx: Any, node: Any) -> Any:
     compute_uv = bool(node.arg("compute_uv", True))
     k, dt, batch = min(m, n), dtype_of(a), shape_of(a)[:-2]
     if k == 0:
-        u = _eye(batch, m, m if full else k, dt)
+        u, s = _eye(batch, m, m if full else k, dt), _zeros((*batch, 0), dt)
         vh = _eye(batch, n if full else k, n, dt)
     else:
         u, s, vh = _items(ctx, op.svd(a, full_matrices=full and compute_uv), 3)
-    s = _zeros((*batch, 0), dt) if k == 0 else s
     if not compute_uv:
         return [_nothing(dt), s, _nothing(dt)]
     return [u, s, vh]
