@@ -3,6 +3,10 @@
 For every op of ``op_db`` that runs in float32 on CPU and each of its float32 samples that
 ``torch.export`` can export (and whose exported program agrees with eager), kiln's result is
 compared with eager (rtol 1e-5, atol 1e-5, NaNs equal; integer and bool results exactly).
+Eigenvectors and singular vectors are unique only up to sign, so for ``linalg.eigh``, ``svd``
+and ``linalg.svd`` (``SIGN_FREE`` of ``kiln.testing.torch_opinfo``) kiln's factors must first
+reconstruct the matrix eager's reconstruct (same tolerances), then each vector's sign is set to
+eager's (a singular vector pair flips together) and the results are compared as above.
 Prints one line per op (exportable samples, passed, first failure) and the totals; ops excluded
 (``kiln.frontend.torch.exclusions``) are listed with their reasons.
 

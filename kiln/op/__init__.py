@@ -6,6 +6,7 @@
 
 from . import grad, nn  # noqa: F401 - kiln.op.grad (gradient helpers), the op.nn namespace
 from .attention import *  # noqa: F403
+from .decompose import *  # noqa: F403
 from .detection import *  # noqa: F403
 from .dynamic import *  # noqa: F403
 from .elementwise import *  # noqa: F403

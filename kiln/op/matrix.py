@@ -68,7 +68,7 @@ MATRIX_OPS = ("lu_factor", "lu_solve", "cholesky", "triangular_solve")
 
 
 # ---- shapes -----------------------------------------------------------------------------------
-def _matrix(call: Any, i: int, op_name: str, what: str, square: bool) -> Any:
+def matrix_arg(call: Any, i: int, op_name: str, what: str, square: bool) -> Any:
     """The StructInfo of argument ``i``: a float tensor of rank >= 2 (square matrices when
     ``square``)."""
     x = shape_utils.tensor_sinfo(call, i)
@@ -85,7 +85,7 @@ def _matrix(call: Any, i: int, op_name: str, what: str, square: bool) -> Any:
     return x
 
 
-def _check_rhs(op_name: str, a: Any, b: Any) -> None:
+def check_rhs(op_name: str, a: Any, b: Any) -> None:
     """``b`` ([..., n, k]) matches ``a`` ([..., n, n]): same dtype, batch axes and n."""
     if as_dtype(a.dtype) != as_dtype(b.dtype):
         raise StructInfoError(f"{op_name}: the matrices are {a.dtype} but b is {b.dtype}")
@@ -99,9 +99,11 @@ def _check_rhs(op_name: str, a: Any, b: Any) -> None:
 
 
 # ---- building the kernels ---------------------------------------------------------------------
-class _Kernel:
+class MatrixKernel:
     """One PrimFunc of batched matrices: buffers of shape ``batch + trailing``, one block per
-    batch index whose body ``at`` addresses by trailing indices."""
+    batch index whose body ``at`` addresses by trailing indices; ``scratch`` buffers are the
+    block's own (one per matrix, addressed without the batch indices). Shared by the kernels of
+    ``kiln.op.decompose``."""
 
     def __init__(self, name: str, batch: Sequence[PrimExpr]):
         self.name = name
@@ -110,6 +112,14 @@ class _Kernel:
         self.iter_vars = [tx.IterVar(tx.Range(tx.const(INDEX, 0), b), tir.Var(f"v{d}", INDEX),
                                      tx.IterType.DATA_PAR) for d, b in enumerate(batch)]
         self.buffers: list[tuple[tir.Var, tir.Buffer, bool]] = []
+        self.scratches: list[tir.Buffer] = []
+
+    def scratch(self, name: str, shape: Sequence[PrimExpr | int], dtype: Any) -> tir.Buffer:
+        """A work buffer of one matrix's block (a stack array when small, else heap memory
+        allocated once per thread)."""
+        buf = tir.decl_buffer(tuple(shape), dtype, name, scope="local")
+        self.scratches.append(buf)
+        return buf
 
     def buffer(self, name: str, trailing: Sequence[PrimExpr], dtype: Any,
                output: bool = False) -> tir.Buffer:
@@ -129,7 +139,8 @@ class _Kernel:
     def func(self, body: tir.Stmt) -> tir.PrimFunc:
         reads = tuple(self.region(b) for _, b, _ in self.buffers)
         writes = tuple(self.region(b) for _, b, out in self.buffers if out)
-        block = tir.Block(tuple(self.iter_vars), reads, writes, self.name, body)
+        block = tir.Block(tuple(self.iter_vars), reads, writes, self.name, body,
+                          alloc_buffers=tuple(self.scratches))
         stmt: tir.Stmt = tir.BlockRealize(tuple(self.loop_vars), tir.true_predicate(), block)
         for lv, iv in reversed(list(zip(self.loop_vars, self.iter_vars))):
             stmt = tir.For(lv, iv.dom.min, iv.dom.extent, tir.ForKind.SERIAL, stmt)
@@ -143,7 +154,7 @@ class _Kernel:
                              "op_pattern": int(get_op_def(self.name).pattern)})
 
 
-def _steps(m: Any, n: Any) -> PrimExpr:
+def matrix_steps(m: Any, n: Any) -> PrimExpr:
     """``min(m, n)``: the number of elimination steps (and pivots) of ``m x n`` matrices."""
     if dims_equal(m, n):
         return as_dim(m)
@@ -153,21 +164,24 @@ def _steps(m: Any, n: Any) -> PrimExpr:
     return tx.min(as_dim(m), as_dim(n))
 
 
-def _loop(var: str, lo: PrimExpr | int, hi: PrimExpr | int,
-          body: Callable[[PrimExpr], tir.Stmt]) -> tir.Stmt:
+def serial_loop(var: str, lo: PrimExpr | int, hi: PrimExpr | int,
+                body: Callable[[PrimExpr], tir.Stmt]) -> tir.Stmt:
+    """``for v in range(lo, hi): body(v)``, serial."""
     v = tir.Var(var, INDEX)
     lo_e = tx.const(INDEX, lo) if isinstance(lo, int) else lo
     hi_e = tx.const(INDEX, hi) if isinstance(hi, int) else hi
     return tir.For(v, lo_e, hi_e - lo_e, tir.ForKind.SERIAL, body(v))
 
 
-def _copy(k: _Kernel, src: tir.Buffer, dst: tir.Buffer, rows: PrimExpr,
-          cols: PrimExpr) -> tir.Stmt:
-    return _loop("ci", 0, rows, lambda i: _loop("cj", 0, cols, lambda j: tir.BufferStore(
-        dst, src.load(k.at(i, j)), k.at(i, j))))
+def copy_matrix(k: MatrixKernel, src: tir.Buffer, dst: tir.Buffer, rows: PrimExpr,
+                cols: PrimExpr) -> tir.Stmt:
+    """``dst[:rows, :cols] = src[:rows, :cols]`` of the block's matrix."""
+    return serial_loop("ci", 0, rows, lambda i: serial_loop("cj", 0, cols, lambda j: (
+        tir.BufferStore(dst, src.load(k.at(i, j)), k.at(i, j)))))
 
 
-def _abs(x: PrimExpr) -> PrimExpr:
+def abs_value(x: PrimExpr) -> PrimExpr:
+    """``|x|`` as a select (what every target compiles alike)."""
     zero = tx.const(x.dtype, 0)
     return tx.Select(tx.lt(x, zero), zero - x, x)
 
@@ -175,8 +189,8 @@ def _abs(x: PrimExpr) -> PrimExpr:
 def lu_factor_prim_func(batch: Sequence[Any], m: Any, n: Any, dtype: Any) -> tir.PrimFunc:
     """``(A, LU, P)``: LU factorization with partial pivoting of each ``m x n`` matrix
     (``min(m, n)`` steps and pivots)."""
-    k = _Kernel("lu_factor", batch)
-    steps = _steps(m, n)
+    k = MatrixKernel("lu_factor", batch)
+    steps = matrix_steps(m, n)
     a = k.buffer("A", (m, n), dtype)
     lu = k.buffer("LU", (m, n), dtype, output=True)
     piv = k.buffer("P", (steps,), INDEX, output=True)
@@ -184,8 +198,8 @@ def lu_factor_prim_func(batch: Sequence[Any], m: Any, n: Any, dtype: Any) -> tir
 
     def step(s: PrimExpr) -> tir.Stmt:
         p = piv.load(k.at(s))
-        search = _loop("r", s + 1, m, lambda r: tir.IfThenElse(
-            tx.gt(_abs(lu.load(k.at(r, s))), _abs(lu.load(k.at(p, s)))),
+        search = serial_loop("r", s + 1, m, lambda r: tir.IfThenElse(
+            tx.gt(abs_value(lu.load(k.at(r, s))), abs_value(lu.load(k.at(p, s)))),
             tir.BufferStore(piv, r, k.at(s))))
 
         def swap(j: PrimExpr) -> tir.Stmt:
@@ -199,21 +213,21 @@ def lu_factor_prim_func(batch: Sequence[Any], m: Any, n: Any, dtype: Any) -> tir
         def eliminate(r: PrimExpr) -> tir.Stmt:
             scale = tir.IfThenElse(tx.ne(pivot, zero), tir.BufferStore(
                 lu, lu.load(k.at(r, s)) / pivot, k.at(r, s)))
-            update = _loop("c", s + 1, n, lambda c: tir.BufferStore(
+            update = serial_loop("c", s + 1, n, lambda c: tir.BufferStore(
                 lu, lu.load(k.at(r, c)) - lu.load(k.at(r, s)) * lu.load(k.at(s, c)),
                 k.at(r, c)))
             return tir.seq(scale, update)
 
         return tir.seq(tir.BufferStore(piv, s, k.at(s)), search,
-                       tir.IfThenElse(tx.ne(p, s), _loop("j", 0, n, swap)),
-                       _loop("r", s + 1, m, eliminate))
+                       tir.IfThenElse(tx.ne(p, s), serial_loop("j", 0, n, swap)),
+                       serial_loop("r", s + 1, m, eliminate))
 
-    return k.func(tir.seq(_copy(k, a, lu, m, n), _loop("s", 0, steps, step)))
+    return k.func(tir.seq(copy_matrix(k, a, lu, m, n), serial_loop("s", 0, steps, step)))
 
 
 def lu_solve_prim_func(batch: Sequence[Any], n: Any, m: Any, dtype: Any) -> tir.PrimFunc:
     """``(LU, P, B, X)``: ``X = A^-1 B`` from ``A``'s LU factorization."""
-    k = _Kernel("lu_solve", batch)
+    k = MatrixKernel("lu_solve", batch)
     lu = k.buffer("LU", (n, n), dtype)
     piv = k.buffer("P", (n,), INDEX)
     b = k.buffer("B", (n, m), dtype)
@@ -228,45 +242,45 @@ def lu_solve_prim_func(batch: Sequence[Any], n: Any, m: Any, dtype: Any) -> tir.
                 tir.BufferStore(x, x.load(k.at(p, c)), k.at(s, c)),
                 tir.BufferStore(x, t, k.at(p, c))))
 
-        return tir.IfThenElse(tx.ne(p, s), _loop("c", 0, m, swap))
+        return tir.IfThenElse(tx.ne(p, s), serial_loop("c", 0, m, swap))
 
-    return k.func(tir.seq(_copy(k, b, x, n, m), _loop("s", 0, n, permute),
+    return k.func(tir.seq(copy_matrix(k, b, x, n, m), serial_loop("s", 0, n, permute),
                           _substitution(k, lu, x, n, m, upper=False, unit=True),  # L y = P b
                           _substitution(k, lu, x, n, m, upper=True, unit=False)))  # U x = y
 
 
-def _substitution(k: _Kernel, a: tir.Buffer, x: tir.Buffer, n: PrimExpr, m: PrimExpr,
+def _substitution(k: MatrixKernel, a: tir.Buffer, x: tir.Buffer, n: PrimExpr, m: PrimExpr,
                   upper: bool, unit: bool) -> tir.Stmt:
     """Solve ``T x = x`` in place, ``T`` the upper (last row first) or lower (first row first)
     triangle of ``a``; ``unit``: T's diagonal is taken as ones."""
     def row(q: PrimExpr) -> tir.Stmt:
         r = n - 1 - q if upper else q
         lo, hi = (r + 1, n) if upper else (0, r)
-        sub = _loop("j", lo, hi, lambda j: _loop("c", 0, m, lambda c: tir.BufferStore(
+        sub = serial_loop("j", lo, hi, lambda j: serial_loop("c", 0, m, lambda c: tir.BufferStore(
             x, x.load(k.at(r, c)) - a.load(k.at(r, j)) * x.load(k.at(j, c)), k.at(r, c))))
         if unit:
             return sub
-        return tir.seq(sub, _loop("c", 0, m, lambda c: tir.BufferStore(
+        return tir.seq(sub, serial_loop("c", 0, m, lambda c: tir.BufferStore(
             x, x.load(k.at(r, c)) / a.load(k.at(r, r)), k.at(r, c))))
 
-    return _loop("q", 0, n, row)
+    return serial_loop("q", 0, n, row)
 
 
 def triangular_solve_prim_func(batch: Sequence[Any], n: Any, m: Any, dtype: Any, upper: bool,
                                unit_diagonal: bool) -> tir.PrimFunc:
     """``(A, B, X)``: ``X = A^-1 B`` for triangular ``A``."""
-    k = _Kernel("triangular_solve", batch)
+    k = MatrixKernel("triangular_solve", batch)
     a = k.buffer("A", (n, n), dtype)
     b = k.buffer("B", (n, m), dtype)
     x = k.buffer("X", (n, m), dtype, output=True)
     solve = _substitution(k, a, x, n, m, upper, unit_diagonal)
-    return k.func(tir.seq(_copy(k, b, x, n, m), solve))
+    return k.func(tir.seq(copy_matrix(k, b, x, n, m), solve))
 
 
 def cholesky_prim_func(batch: Sequence[Any], n: Any, dtype: Any, upper: bool) -> tir.PrimFunc:
     """``(A, L)``: the Cholesky factor of each matrix (upper: ``U = Lᵀ``, from the upper
     triangle of ``A``)."""
-    k = _Kernel("cholesky", batch)
+    k = MatrixKernel("cholesky", batch)
     a = k.buffer("A", (n, n), dtype)
     out = k.buffer("L", (n, n), dtype, output=True)
     dt = as_dtype(dtype)
@@ -277,7 +291,7 @@ def cholesky_prim_func(batch: Sequence[Any], n: Any, dtype: Any, upper: bool) ->
     def column(j: PrimExpr) -> tir.Stmt:
         diag = tir.seq(
             tir.BufferStore(out, a.load(idx(j, j)), idx(j, j)),
-            _loop("p", 0, j, lambda p: tir.BufferStore(
+            serial_loop("p", 0, j, lambda p: tir.BufferStore(
                 out, out.load(idx(j, j)) - out.load(idx(j, p)) * out.load(idx(j, p)),
                 idx(j, j))),
             tir.BufferStore(out, tx.sqrt(out.load(idx(j, j))), idx(j, j)))
@@ -285,20 +299,21 @@ def cholesky_prim_func(batch: Sequence[Any], n: Any, dtype: Any, upper: bool) ->
         def below(r: PrimExpr) -> tir.Stmt:
             return tir.seq(
                 tir.BufferStore(out, a.load(idx(r, j)), idx(r, j)),
-                _loop("p", 0, j, lambda p: tir.BufferStore(
+                serial_loop("p", 0, j, lambda p: tir.BufferStore(
                     out, out.load(idx(r, j)) - out.load(idx(r, p)) * out.load(idx(j, p)),
                     idx(r, j))),
                 tir.BufferStore(out, out.load(idx(r, j)) / out.load(idx(j, j)), idx(r, j)))
 
-        return tir.seq(diag, _loop("r", j + 1, n, below))
+        return tir.seq(diag, serial_loop("r", j + 1, n, below))
 
-    clear = _loop("ci", 0, n, lambda i: _loop("cj", 0, n, lambda j: tir.BufferStore(
+    clear = serial_loop("ci", 0, n, lambda i: serial_loop("cj", 0, n, lambda j: tir.BufferStore(
         out, tx.const(dt, 0), k.at(i, j))))
-    return k.func(tir.seq(clear, _loop("j", 0, n, column)))
+    return k.func(tir.seq(clear, serial_loop("j", 0, n, column)))
 
 
 # ---- ops --------------------------------------------------------------------------------------
-def _dims(call: Any, i: int) -> list[Any]:
+def operand_dims(call: Any, i: int) -> list[Any]:
+    """The shape of argument ``i`` of ``call`` (known rank and shape, as legalizing needs)."""
     sinfo = call.args[i].struct_info
     if getattr(sinfo, "shape", None) is None:
         raise StructInfoError(f"LegalizeOps: {call.op.name} needs operands of known rank and "
@@ -306,7 +321,8 @@ def _dims(call: Any, i: int) -> list[Any]:
     return list(sinfo.shape)
 
 
-def _emit(bb: Any, call: Any, func: tir.PrimFunc) -> Any:
+def emit_kernel(bb: Any, call: Any, func: tir.PrimFunc) -> Any:
+    """``call_tir`` of ``func`` on ``call``'s arguments, with ``call``'s StructInfo."""
     gvar = bb.add_func(func, call.op.name)
     sinfo = call.struct_info
     outs = list(sinfo.fields) if isinstance(sinfo, TupleStructInfo) else sinfo
@@ -314,20 +330,20 @@ def _emit(bb: Any, call: Any, func: tir.PrimFunc) -> Any:
 
 
 def _lu_factor_infer(call: Any) -> Any:
-    a = _matrix(call, 0, "lu_factor", "a", square=False)
+    a = matrix_arg(call, 0, "lu_factor", "a", square=False)
     shape = arg_shape(a)
     if shape is None:
         ndim = arg_ndim(a)
         return TupleStructInfo((tensor_sinfo(None, a.dtype, ndim=ndim),
                                 tensor_sinfo(None, INDEX, ndim=ndim - 1 if ndim > 0 else -1)))
-    steps = _steps(*shape[-2:])
+    steps = matrix_steps(*shape[-2:])
     return TupleStructInfo((tensor_sinfo(shape, a.dtype),
                             tensor_sinfo((*shape[:-2], steps), INDEX)))
 
 
 def _lu_factor_legalize(bb: Any, call: Any) -> Any:
-    dims = kernel_dims(_dims(call, 0))
-    return _emit(bb, call, lu_factor_prim_func(dims[:-2], dims[-2], dims[-1],
+    dims = kernel_dims(operand_dims(call, 0))
+    return emit_kernel(bb, call, lu_factor_prim_func(dims[:-2], dims[-2], dims[-1],
                                                call.args[0].struct_info.dtype))
 
 
@@ -339,18 +355,18 @@ lu_factor = register_op(
 
 
 def _lu_solve_infer(call: Any) -> Any:
-    lu = _matrix(call, 0, "lu_solve", "lu", square=True)
+    lu = matrix_arg(call, 0, "lu_solve", "lu", square=True)
     piv = shape_utils.tensor_sinfo(call, 1)
     if as_dtype(piv.dtype) != INDEX:
         raise StructInfoError(f"lu_solve: pivots must be int64, got {piv.dtype}")
-    b = _matrix(call, 2, "lu_solve", "b", square=False)
-    _check_rhs("lu_solve", lu, b)
+    b = matrix_arg(call, 2, "lu_solve", "b", square=False)
+    check_rhs("lu_solve", lu, b)
     return tensor_sinfo(arg_shape(b), b.dtype, ndim=arg_ndim(b))
 
 
 def _lu_solve_legalize(bb: Any, call: Any) -> Any:
-    dims = kernel_dims(_dims(call, 2))
-    return _emit(bb, call, lu_solve_prim_func(dims[:-2], dims[-2], dims[-1],
+    dims = kernel_dims(operand_dims(call, 2))
+    return emit_kernel(bb, call, lu_solve_prim_func(dims[:-2], dims[-2], dims[-1],
                                               call.args[0].struct_info.dtype))
 
 
@@ -374,13 +390,13 @@ class CholeskyAttrs:
 
 
 def _cholesky_infer(call: Any) -> Any:
-    a = _matrix(call, 0, "cholesky", "a", square=True)
+    a = matrix_arg(call, 0, "cholesky", "a", square=True)
     return tensor_sinfo(arg_shape(a), a.dtype, ndim=arg_ndim(a))
 
 
 def _cholesky_legalize(bb: Any, call: Any) -> Any:
-    dims = kernel_dims(_dims(call, 0))
-    return _emit(bb, call, cholesky_prim_func(dims[:-2], dims[-1],
+    dims = kernel_dims(operand_dims(call, 0))
+    return emit_kernel(bb, call, cholesky_prim_func(dims[:-2], dims[-1],
                                               call.args[0].struct_info.dtype,
                                               call.attrs.upper))
 
@@ -408,15 +424,15 @@ class TriangularSolveAttrs:
 
 
 def _triangular_solve_infer(call: Any) -> Any:
-    a = _matrix(call, 0, "triangular_solve", "a", square=True)
-    b = _matrix(call, 1, "triangular_solve", "b", square=False)
-    _check_rhs("triangular_solve", a, b)
+    a = matrix_arg(call, 0, "triangular_solve", "a", square=True)
+    b = matrix_arg(call, 1, "triangular_solve", "b", square=False)
+    check_rhs("triangular_solve", a, b)
     return tensor_sinfo(arg_shape(b), b.dtype, ndim=arg_ndim(b))
 
 
 def _triangular_solve_legalize(bb: Any, call: Any) -> Any:
-    dims = kernel_dims(_dims(call, 1))
-    return _emit(bb, call, triangular_solve_prim_func(
+    dims = kernel_dims(operand_dims(call, 1))
+    return emit_kernel(bb, call, triangular_solve_prim_func(
         dims[:-2], dims[-2], dims[-1], call.args[0].struct_info.dtype, call.attrs.upper,
         call.attrs.unit_diagonal))
 

@@ -40,6 +40,11 @@ from kiln.ir.module import IRModule
 RTOL = 1e-5
 ATOL = 1e-5
 
+#: Ops whose vectors are unique only up to sign (eigenvectors; singular vector pairs, a ``U``
+#: column and the matching ``V`` column or ``Vh`` row flipping together): how their results
+#: hold them. See :func:`align_signs`.
+SIGN_FREE = {"linalg.eigh": "eigh", "svd": "svd_v", "linalg.svd": "svd_vh"}
+
 
 @dataclass
 class Case:
@@ -301,6 +306,44 @@ def compare(got: Any, expected: Any) -> str | None:
     return None
 
 
+def align_signs(op: str, got: Any, expected: Any) -> tuple[Any, str | None]:
+    """kiln's result for a :data:`SIGN_FREE` op with each vector's sign set to eager's (the
+    sign of its dot product with eager's), and None -- or what differs when kiln's factors do
+    not reconstruct the matrix eager's reconstruct (``V diag(w) Vᵀ``, ``U diag(s) Vᵀ``, in
+    float64, within RTOL/ATOL). The aligned result is then compared as any other (the same
+    tolerances), so a vector that differs by more than its sign still fails."""
+    kind = SIGN_FREE[op]
+    got = [np.asarray(x) for x in got]
+    want = [to_numpy(x) for x in expected]
+    if any(x.shape != y.shape for x, y in zip(got, want)) or any(x.size == 0 for x in got):
+        return got, None  # the plain comparison reports it (or there is nothing to align)
+    if kind == "eigh":
+        (w, v), (w0, v0) = got, want
+        u, s, vt, u0, s0, vt0 = v, w, v.swapaxes(-1, -2), v0, w0, v0.swapaxes(-1, -2)
+    else:
+        (u, s, v), (u0, s0, v0) = got, want
+        vt, vt0 = (v.swapaxes(-1, -2), v0.swapaxes(-1, -2)) if kind == "svd_v" else (v, v0)
+    k = s.shape[-1]
+
+    def rebuilt(u: Any, s: Any, vt: Any) -> Any:
+        return (u[..., :, :k].astype(np.float64) * s[..., None, :]) @ vt[..., :k, :]
+
+    if not np.allclose(rebuilt(u, s, vt), rebuilt(u0, s0, vt0), rtol=RTOL, atol=ATOL,
+                       equal_nan=True):
+        return got, "the factors do not reconstruct eager's matrix"
+    def signs(x: Any, y: Any, axis: int) -> Any:  # +-1 per vector of x along axis
+        return np.where(np.sum(x * y, axis=axis) < 0, -1, 1).astype(x.dtype)
+
+    flip = signs(u, u0, -2)  # one per U column; a V vector takes its U column's sign
+    if kind == "eigh":
+        return [w, u * flip[..., None, :]], None
+    axis = -2 if kind == "svd_v" else -1  # V's vectors are its columns, Vh's its rows
+    flip_v = signs(v, v0, axis)
+    flip_v[..., :k] = flip[..., :k]
+    v = v * (flip_v[..., None, :] if kind == "svd_v" else flip_v[..., :, None])
+    return [u * flip[..., None, :], s, v], None
+
+
 def _as_tree(got: Any, expected: Any) -> Any:
     """kiln's result in eager's container types (tuples for named tuples and lists)."""
     import torch
@@ -366,7 +409,10 @@ def _run_one(case: Case, exe: Any, name: str) -> None:
         case.result, case.stage = f"{type(err).__name__}: {err}"[:400], "run"
         return
     try:
-        diff = compare(got, case.expected)
+        diff = None
+        if case.op in SIGN_FREE:
+            got, diff = align_signs(case.op, got, case.expected)
+        diff = diff or compare(got, case.expected)
     except Exception as err:  # noqa: BLE001 - results numpy cannot hold (complex, sparse)
         diff = f"not comparable: {type(err).__name__}: {err}"[:200]
     case.result = "pass" if diff is None else diff

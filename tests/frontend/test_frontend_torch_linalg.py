@@ -99,3 +99,115 @@ def test_errors_of_the_raising_forms_are_run_time_errors():
     spd[2, 1, 1] = -1.0
     with pytest.raises(RuntimeCheckError, match=r"torch\.linalg\.cholesky: .* index 2 is out"):
         exe(a, spd)
+
+
+class Decompositions(torch.nn.Module):
+    """The decompositions torch.export leaves as ATen ops (geqrf, linalg_qr, ormqr,
+    householder_product, _linalg_eigh, _linalg_svd, linalg_pinv, matrix_exp), with results
+    unique up to sign returned in forms that are not (``Q R``, ``V diag(w) Vᵀ``, ``U S Vh``)."""
+
+    def forward(self, a, r, sym, low):
+        packed, tau = torch.geqrf(r)
+        q, rr = torch.linalg.qr(r)
+        qc, rc = torch.linalg.qr(r, mode="complete")
+        w, v = torch.linalg.eigh(sym)
+        wu, vu = torch.linalg.eigh(sym.triu(), UPLO="U")
+        u, s, vh = torch.linalg.svd(r, full_matrices=False)
+        uf, sf, vhf = torch.linalg.svd(r.mT)  # wide, full
+        return (
+            packed, tau, q, rr, qc, rc, torch.linalg.qr(r, mode="r")[1],
+            torch.linalg.householder_product(packed, tau),
+            torch.ormqr(packed, tau, r[..., :3], left=True, transpose=True),
+            torch.ormqr(packed, tau, r[..., :3].mT, left=False),
+            w, (v * w.unsqueeze(-2)) @ v.mT, wu, vu.abs(),
+            s, (u * s.unsqueeze(-2)) @ vh, sf, uf.mT @ uf, vhf @ vhf.mT,
+            torch.linalg.svdvals(a), torch.linalg.matrix_norm(a, "nuc"),
+            torch.linalg.pinv(r), torch.linalg.pinv(low), torch.linalg.pinv(sym, hermitian=True),
+            torch.linalg.pinv(low, atol=0.5), torch.linalg.pinv(low, rtol=0.3),
+            torch.linalg.matrix_rank(low), torch.linalg.matrix_rank(low, hermitian=True),
+            torch.linalg.matrix_exp(a * 0.5),
+        )
+
+
+def _decomposition_inputs(seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(2, 5, 5, generator=gen, dtype=torch.float64)
+    r = torch.randn(2, 6, 4, generator=gen, dtype=torch.float64)
+    x = torch.randn(2, 5, 5, generator=gen, dtype=torch.float64)
+    b = torch.randn(2, 5, 2, generator=gen, dtype=torch.float64)
+    return a, r, x + x.mT, b @ b.mT  # a rank-2 (singular) symmetric matrix
+
+
+def test_decompositions_match_eager():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(Decompositions(), _decomposition_inputs(0))
+    mod, params = from_exported_program(ep)
+    exe = kiln.build(mod, "c", params=params)
+    for seed in (1, 2):
+        args = _decomposition_inputs(seed)
+        got, want = exe(*args), Decompositions()(*args)
+        assert len(got) == len(want)
+        for k, (x, y) in enumerate(zip(got, want)):
+            y = y.numpy()
+            assert x.dtype == y.dtype and x.shape == y.shape, k
+            np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-9, err_msg=f"output {k}")
+
+
+class Vectors(torch.nn.Module):
+    def forward(self, sym, r):
+        return torch.linalg.eigh(sym) + torch.linalg.svd(r) + torch.svd(r)
+
+
+def test_vectors_match_eager_up_to_sign():
+    """Eigenvectors and singular vectors (distinct values) are LAPACK's up to each vector's sign
+    (a U column and its V column flip together)."""
+    _, r, sym, _ = _decomposition_inputs(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(Vectors(), (sym, r))
+    mod, params = from_exported_program(ep)
+    w, v, u, s, vh, u2, s2, v2 = kiln.build(mod, "c", params=params)(sym, r)
+    want = [t.numpy() for t in Vectors()(sym, r)]
+    np.testing.assert_allclose(w, want[0], atol=1e-10)
+    sign = np.sign(np.sum(v * want[1], axis=-2, keepdims=True))
+    np.testing.assert_allclose(v * sign, want[1], atol=1e-10)
+    assert u.shape == (2, 6, 6) and vh.shape == (2, 4, 4)  # full_matrices
+    sign = np.sign(np.sum(u[..., :4] * want[2][..., :4], axis=-2, keepdims=True))
+    np.testing.assert_allclose(u[..., :4] * sign, want[2][..., :4], atol=1e-10)
+    np.testing.assert_allclose(vh * sign.mT, want[4], atol=1e-10)
+    np.testing.assert_allclose(s, want[3], atol=1e-10)
+    sign = np.sign(np.sum(u2 * want[5], axis=-2, keepdims=True))  # torch.svd: V, not Vh
+    np.testing.assert_allclose(u2 * sign, want[5], atol=1e-10)
+    np.testing.assert_allclose(v2 * sign, want[7], atol=1e-10)
+
+
+class Ldl(torch.nn.Module):
+    def forward(self, sym, b):
+        ld, piv, info = torch.linalg.ldl_factor_ex(sym)
+        ld2, piv2 = torch.linalg.ldl_factor(sym)  # the raising form: a check of info
+        return ld, piv, info, torch.linalg.ldl_solve(ld, piv, b), ld2, piv2
+
+
+def test_ldl_matches_eager():
+    """Bunch-Kaufman as LAPACK's sytrf: the same pivots (1x1 and 2x2 blocks) and factors."""
+    _, _, sym, _ = _decomposition_inputs(4)
+    b = torch.randn(2, 5, 3, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(Ldl(), (sym, b))
+    mod, params = from_exported_program(ep)
+    exe = kiln.build(mod, "c", params=params)
+    sym2 = sym.clone()
+    sym2[1].diagonal().zero_()  # 2x2 pivots
+    for args in ((sym, b), (sym2, b)):
+        got, want = exe(*args), Ldl()(*args)
+        for k, (x, y) in enumerate(zip(got, want)):
+            assert x.dtype == y.numpy().dtype, k
+            np.testing.assert_allclose(x, y.numpy(), rtol=1e-10, atol=1e-10, err_msg=str(k))
+    assert (exe(sym2, b)[1][1] < 0).any()
+    sym2[0, :, 2] = 0  # a zero column: info > 0, and ldl_factor raises
+    sym2[0, 2, :] = 0
+    assert torch.linalg.ldl_factor_ex(sym2)[2][0] > 0
+    with pytest.raises(RuntimeCheckError, match=r"torch\.linalg\.ldl_factor"):
+        exe(sym2, b)

@@ -12,7 +12,9 @@ the pass table.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import torch
 
 from kiln.testing import torch_opinfo
 
@@ -35,8 +37,8 @@ OPS = [
     "nn.functional.interpolate.nearest", "nn.functional.interpolate.bilinear",
     "nn.functional.scaled_dot_product_attention", "full_like", "arange",
     "diagonal", "unfold", "as_strided_scatter", "median", "cummax", "searchsorted", "lgamma",
-    "erfinv", "linalg.det", "linalg.solve_ex", "linalg.lu", "special.bessel_j0",
-    "special.hermite_polynomial_h", "igamma",
+    "erfinv", "linalg.det", "linalg.solve_ex", "linalg.lu", "linalg.qr", "linalg.eigh",
+    "linalg.svd", "linalg.pinv", "special.bessel_j0", "special.hermite_polynomial_h", "igamma",
 ]
 
 
@@ -56,3 +58,25 @@ def test_opinfo_samples_match_eager(op: str, results) -> None:
     assert exportable, f"{op}: no exportable sample ({[c.not_exportable for c in results[op]]})"
     failures = [f"#{c.index} [{c.stage}] {c.result}" for c in exportable if c.result != "pass"]
     assert not failures, f"{op}: " + "; ".join(failures)
+
+
+def test_sign_free_vectors_are_compared_after_aligning_signs() -> None:
+    """An eigenvector (or singular vector pair) of the other sign passes; factors that do not
+    reconstruct eager's matrix, or a vector that differs by more than its sign, do not."""
+    q = np.linalg.qr(np.random.default_rng(0).standard_normal((4, 4)))[0].astype(np.float32)
+    w = np.array([-1.0, 0.5, 2.0, 3.0], np.float32)
+    eager = (torch.from_numpy(w), torch.from_numpy(q))
+    flipped = q * np.array([1, -1, -1, 1], np.float32)
+    got, diff = torch_opinfo.align_signs("linalg.eigh", [w, flipped], eager)
+    assert diff is None and torch_opinfo.compare(got, eager) is None
+    assert torch_opinfo.compare([w, flipped], eager) is not None  # the raw comparison fails
+    _, diff = torch_opinfo.align_signs("linalg.eigh", [w, q[:, [1, 0, 2, 3]]], eager)
+    assert diff == "the factors do not reconstruct eager's matrix"
+    s = np.array([3.0, 2.0, 1.0, 0.5], np.float32)
+    u, vh = q, q.T.copy()
+    flip = np.array([-1, 1, -1, 1], np.float32)
+    eager = tuple(torch.from_numpy(x) for x in (u, s, vh))
+    got, diff = torch_opinfo.align_signs("linalg.svd", [u * flip, s, vh * flip[:, None]], eager)
+    assert diff is None and torch_opinfo.compare(got, eager) is None
+    _, diff = torch_opinfo.align_signs("linalg.svd", [u * flip, s, vh], eager)  # U alone flipped
+    assert diff is not None

@@ -1,6 +1,6 @@
 """CPU schedule of the scans (``cumsum``, ``cumprod``), of ``topk`` and of the matrix
 factorizations and solves, whose lines (matrices) are sequential loops inside one block per
-line (``kiln.op.scan``, ``kiln.op.sort``, ``kiln.op.matrix``)."""
+line (``kiln.op.scan``, ``kiln.op.sort``, ``kiln.op.matrix``, ``kiln.op.decompose``)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from typing import Any
 from ... import tir
 from ...op import scan, sort  # noqa: F401 - declare the ops registered below
 from ...op.common import const_int
+from ...op.decompose import DECOMPOSE_OPS
 from ...op.matrix import MATRIX_OPS
 from ..registry import register_schedule
 from .generic import PARALLEL_MIN_WORK
 
 
 # topk and the matrix kernels too: their lines are fused into one parallel loop, like a scan
-@register_schedule(("cumsum", "cumprod", "topk", *MATRIX_OPS), "c")
+@register_schedule(("cumsum", "cumprod", "topk", *MATRIX_OPS, *DECOMPOSE_OPS), "c")
 def schedule_scan(sch: Any, target: Any) -> None:
     """Fuse the loops over the scan lines into one loop, parallel when there is enough work
     (the serial loop along the axis stays inside the block)."""

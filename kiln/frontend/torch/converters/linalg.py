@@ -1,6 +1,9 @@
 """Matrix factorizations and solves (``torch.linalg``): inv, solve, det, slogdet, LU,
 Cholesky, triangular solves, from kiln's ``lu_factor``, ``lu_solve``, ``cholesky`` and
-``triangular_solve`` kernels (``kiln.op.matrix``).
+``triangular_solve`` kernels (``kiln.op.matrix``); QR (``geqrf``, ``linalg_qr``, ``ormqr``,
+``householder_product``), eigh, SVD, pinv (torch's atol/rtol rules), LDL and matrix_exp from
+``kiln.op.decompose`` (svdvals, matrix_rank and the nuclear norm are torch's decompositions
+into ``_linalg_svd``/``_linalg_eigh``).
 
 ``torch.linalg.inv``/``solve``/``cholesky``/``lu_factor`` (not the ``*_ex`` forms) raise for a
 singular or indefinite matrix: the exported program checks ``info`` in a ``with_effects`` node
@@ -341,4 +344,195 @@ def with_effects(ctx: Any, node: Any) -> Any:
             raise node.error(f"the error check of {api} comes after a use of its result")
         ctx.values[value_node] = ctx.emit(op.check_info(ctx.values[value_node], info,
                                                         what=what + ", must be 0)"))
-    return [EFFECT_TOKEN]
+    return [EFFECT_TOKEN, None]  # the new token, and the check's own result (None)
+
+
+# ---- decompositions (kiln.op.decompose) ---------------------------------------------------------
+def _zeros(shape: Any, dtype: str) -> Any:
+    """Zeros of ``shape`` (the result of a decomposition of empty matrices)."""
+    return op.broadcast_to(scalar(0, dtype), tuple(shape))
+
+
+def _eye(batch: Any, rows: int, cols: int, dtype: str) -> Any:
+    return op.broadcast_to(g.const(np.eye(rows, cols, dtype=dtype)), (*batch, rows, cols))
+
+
+def _items(ctx: Any, call: Any, count: int) -> list[Any]:
+    out = ctx.emit(call)
+    return [ctx.emit(g.TupleGetItem(out, i)) for i in range(count)]
+
+
+def _nothing(dtype: str) -> Any:
+    """The empty tensor torch returns for a result not asked for (``compute_uv=False``...)."""
+    return g.const(np.zeros((0,), dtype=dtype))
+
+
+def _triu(x: Any, rows: int, cols: int) -> Any:
+    keep = g.const(np.triu(np.ones((rows, cols), bool)))
+    return op.where(keep, x, scalar(0, dtype_of(x)))
+
+
+@converter("aten.geqrf.default")
+def geqrf(ctx: Any, node: Any) -> Any:
+    a = node.arg(0)
+    m, n = _rectangle(node, a)
+    if m * n == 0:
+        return [a, _zeros((*shape_of(a)[:-2], min(m, n)), dtype_of(a))]
+    return _items(ctx, op.geqrf(a), 2)
+
+
+@converter("aten.linalg_householder_product.default")
+def householder_product(ctx: Any, node: Any) -> Any:
+    """``Q``'s first ``n`` columns (LAPACK's orgqr): the reflectors applied to ``eye(m, n)``."""
+    a, tau = node.arg(0), node.arg(1)
+    m, n = _rectangle(node, a)
+    if m * n == 0 or static_int(shape_of(tau)[-1]) == 0:
+        return _eye(shape_of(a)[:-2], m, n, dtype_of(a))
+    return op.ormqr(a, tau, _eye(shape_of(a)[:-2], m, n, dtype_of(a)))
+
+
+@converter("aten.ormqr.default")
+def ormqr(ctx: Any, node: Any) -> Any:
+    a, tau, c = node.arg(0), node.arg(1), node.arg(2)
+    _rectangle(node, c)
+    if static_int(shape_of(tau)[-1]) == 0 or 0 in (static_int(d) for d in shape_of(c)):
+        return c
+    return op.ormqr(a, tau, c, left=bool(node.arg("left", True)),
+                    transpose=bool(node.arg("transpose", False)))
+
+
+@converter("aten.linalg_qr.default")
+def qr(ctx: Any, node: Any) -> Any:
+    """``Q, R`` from ``geqrf``: ``R`` its upper triangle, ``Q`` its reflectors applied to the
+    identity's first ``k`` (``complete``: all ``m``) columns; ``mode='r'`` gives no ``Q``."""
+    a = node.arg(0)
+    mode = node.arg("mode", "reduced")
+    if mode not in ("reduced", "complete", "r"):
+        raise node.error(f"unknown mode {mode!r}")
+    m, n = _rectangle(node, a)
+    k, dt, batch = min(m, n), dtype_of(a), shape_of(a)[:-2]
+    q_cols = m if mode == "complete" else k
+    r_rows = m if mode == "complete" else k
+    if k == 0:
+        q = _nothing(dt) if mode == "r" else _eye(batch, m, q_cols, dt)
+        return [q, _zeros((*batch, r_rows, n), dt)]
+    packed, tau = _items(ctx, op.geqrf(a), 2)
+    rows = packed if r_rows == m else op.strided_slice(packed, (0,), (k,), axes=(-2,))
+    r = _triu(rows, r_rows, n)
+    if mode == "r":
+        return [_nothing(dt), r]
+    reflectors = packed if k == n else op.strided_slice(packed, (0,), (k,), axes=(-1,))
+    return [op.ormqr(reflectors, tau, _eye(batch, m, q_cols, dt)), r]
+
+
+@converter("aten._linalg_eigh.default")
+def eigh(ctx: Any, node: Any) -> Any:
+    a = node.arg(0)
+    n = _order(node, a)
+    uplo = node.arg("UPLO", "L")
+    if uplo not in ("L", "U"):
+        raise node.error(f"UPLO must be 'L' or 'U', got {uplo!r}")
+    dt = dtype_of(a)
+    compute_v = bool(node.arg("compute_v", True))
+    if n == 0:
+        return [_zeros(shape_of(a)[:-1], dt), a if compute_v else _nothing(dt)]
+    w, v = _items(ctx, op.eigh(a, upper=uplo == "U"), 2)
+    return [w, v if compute_v else _nothing(dt)]
+
+
+@converter("aten._linalg_svd.default")
+def svd(ctx: Any, node: Any) -> Any:
+    a = node.arg(0)
+    m, n = _rectangle(node, a)
+    full = bool(node.arg("full_matrices", False))
+    compute_uv = bool(node.arg("compute_uv", True))
+    k, dt, batch = min(m, n), dtype_of(a), shape_of(a)[:-2]
+    if k == 0:
+        u, s = _eye(batch, m, m if full else k, dt), _zeros((*batch, 0), dt)
+        vh = _eye(batch, n if full else k, n, dt)
+    else:
+        u, s, vh = _items(ctx, op.svd(a, full_matrices=full and compute_uv), 3)
+    if not compute_uv:
+        return [_nothing(dt), s, _nothing(dt)]
+    return [u, s, vh]
+
+
+def _tolerances(node: Any, a: Any, m: int, n: int) -> tuple[Any, Any]:
+    """torch's ``(atol, rtol)`` of pinv/matrix_rank, in ``a``'s dtype, each with a trailing
+    axis: ``atol`` 0 unless given; ``rtol`` given, else ``eps * max(m, n)`` -- or 0 where a
+    given ``atol`` is positive."""
+    dt = dtype_of(a)
+    default = scalar(float(np.finfo(dt).eps) * max(m, n), dt)
+    zero = scalar(0, dt)
+    atol = op.cast(node.arg("atol"), dt) if node.has("atol") else None
+    if node.has("rtol"):
+        rtol = op.cast(node.arg("rtol"), dt)
+    elif atol is not None:
+        rtol = op.where(op.greater(atol, zero), zero, default)
+    else:
+        rtol = default
+    atol = zero if atol is None else atol
+    return op.expand_dims(atol, -1), op.expand_dims(rtol, -1)
+
+
+@converter("aten.linalg_pinv.atol_rtol_tensor")
+def pinv(ctx: Any, node: Any) -> Any:
+    """The pseudoinverse ``V diag(1/s) Uᵀ`` of the SVD (of ``eigh`` for ``hermitian``), the
+    values not above ``max(atol, rtol * largest)`` dropped, as torch."""
+    a = node.arg(0)
+    m, n = _rectangle(node, a)
+    dt, batch = dtype_of(a), shape_of(a)[:-2]
+    if m * n == 0:
+        return _zeros((*batch, n, m), dt)
+    atol, rtol = _tolerances(node, a, m, n)
+    zero = scalar(0, dt)
+    if node.arg("hermitian", False):
+        if m != n:
+            raise node.error(f"hermitian needs square matrices, got shape {shape_of(a)}")
+        w, v = _items(ctx, op.eigh(a), 2)
+        size = ctx.emit(op.abs(w))
+        tol = op.maximum(atol, op.multiply(rtol, op.max(size, axis=(-1,), keepdims=True)))
+        inv = op.where(op.greater(size, tol), op.divide(scalar(1, dt), w), zero)
+        return op.matmul(op.multiply(v, op.expand_dims(inv, -2)), _mT(v))
+    u, s, vh = _items(ctx, op.svd(a), 3)
+    largest = op.strided_slice(s, (0,), (1,), axes=(-1,))
+    tol = op.maximum(atol, op.multiply(rtol, largest))
+    inv = op.where(op.greater(s, tol), op.divide(scalar(1, dt), s), zero)
+    return op.matmul(op.multiply(_mT(vh), op.expand_dims(inv, -2)), _mT(u))
+
+
+@converter("aten.linalg_matrix_exp.default")
+def matrix_exp(ctx: Any, node: Any) -> Any:
+    a = node.arg(0)
+    n = _order(node, a)
+    return a if n == 0 else op.matrix_exp(a)
+
+
+@converter("aten.linalg_ldl_factor_ex.default")
+def ldl_factor_ex(ctx: Any, node: Any) -> Any:
+    """Bunch-Kaufman ``LD, pivots, info`` as LAPACK's sytrf (lower): ``LD``'s upper triangle
+    zero, pivots 1-based, negative for the two rows of a 2x2 block; ``info`` the first zero
+    column (1-based) or 0. Real matrices: ``hermitian`` changes nothing."""
+    a = node.arg(0)
+    n = _order(node, a)
+    batch = shape_of(a)[:-2]
+    if n == 0:
+        return [a, _zeros((*batch, 0), "int32"), _zeros(batch, "int32")]
+    ld, piv, info = _items(ctx, op.ldl_factor(a), 3)
+    lapack = op.where(op.greater_equal(piv, scalar(0, "int64")),
+                      op.add(piv, scalar(1, "int64")), piv)
+    return [ld, op.cast(lapack, "int32"), op.cast(info, "int32")]
+
+
+@converter("aten.linalg_ldl_solve.default")
+def ldl_solve(ctx: Any, node: Any) -> Any:
+    ld, piv, b = node.arg(0), op.cast(node.arg(1), "int64"), node.arg(2)
+    n = _order(node, ld)
+    if n == 0 or 0 in (static_int(d) for d in shape_of(b)):
+        return b
+    kiln_piv = op.where(op.greater(piv, scalar(0, "int64")),
+                        op.subtract(piv, scalar(1, "int64")), piv)
+    wide, b = _broadcast_batch(node, ld, b)
+    if shape_of(wide) != shape_of(ld):
+        kiln_piv = op.broadcast_to(kiln_piv, shape_of(wide)[:-1])
+    return op.ldl_solve(wide, kiln_piv, b)
