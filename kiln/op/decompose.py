@@ -64,11 +64,11 @@ from .common import arg_ndim, arg_shape, const_int, dims_equal, kernel_dims, ten
 from .matrix import (
     MatrixKernel,
     abs_value,
-    check_rhs,
     emit_kernel,
     matrix_arg,
     matrix_steps,
     operand_dims,
+    register_pivoted_solve,
     serial_loop,
 )
 from .registry import NON_DIFFERENTIABLE, MixedPrecision, OpPattern, register_op
@@ -828,24 +828,5 @@ ldl_factor = register_op(
         "(see kiln.op.decompose).")
 
 
-def _ldl_solve_infer(call: Any) -> Any:
-    ld = matrix_arg(call, 0, "ldl_solve", "ld", square=True)
-    piv = call.args[1].struct_info
-    if as_dtype(piv.dtype) != INDEX:
-        raise StructInfoError(f"ldl_solve: pivots must be int64, got {piv.dtype}")
-    b = matrix_arg(call, 2, "ldl_solve", "b", square=False)
-    check_rhs("ldl_solve", ld, b)
-    return tensor_sinfo(arg_shape(b), b.dtype, ndim=arg_ndim(b))
-
-
-def _ldl_solve_legalize(bb: Any, call: Any) -> Any:
-    dims = kernel_dims(operand_dims(call, 2))
-    return emit_kernel(bb, call, ldl_solve_prim_func(dims[:-2], dims[-2], dims[-1],
-                                                     call.args[0].struct_info.dtype))
-
-
-ldl_solve = register_op(
-    "ldl_solve", inputs=("ld", "pivots", "b"), infer=_ldl_solve_infer, pattern=OpPattern.OPAQUE,
-    legalize=_ldl_solve_legalize, mixed_precision=MixedPrecision.NEVER,
-    gradient=NON_DIFFERENTIABLE,
-    doc="``x`` with ``a x = b`` from ``a``'s ``ldl_factor`` (see kiln.op.decompose).")
+ldl_solve = register_pivoted_solve("ldl_solve", "ld", "ldl_factor", ldl_solve_prim_func,
+                                   "kiln.op.decompose")

@@ -354,27 +354,34 @@ lu_factor = register_op(
     doc="``(lu, pivots)``: LU factorization with partial pivoting (see kiln.op.matrix).")
 
 
-def _lu_solve_infer(call: Any) -> Any:
-    lu = matrix_arg(call, 0, "lu_solve", "lu", square=True)
-    piv = shape_utils.tensor_sinfo(call, 1)
-    if as_dtype(piv.dtype) != INDEX:
-        raise StructInfoError(f"lu_solve: pivots must be int64, got {piv.dtype}")
-    b = matrix_arg(call, 2, "lu_solve", "b", square=False)
-    check_rhs("lu_solve", lu, b)
-    return tensor_sinfo(arg_shape(b), b.dtype, ndim=arg_ndim(b))
+def register_pivoted_solve(name: str, factors: str, factor_op: str,
+                           prim_func: Callable[..., Any], module: str) -> Any:
+    """Register op ``name(factors, pivots, b)``: ``x`` with ``a x = b`` from the factors and
+    int64 pivots that op ``factor_op`` made of ``a`` (``lu_solve``, ``ldl_solve``); the kernel
+    is ``prim_func(batch dims, n, k, dtype)``."""
+
+    def infer(call: Any) -> Any:
+        f = matrix_arg(call, 0, name, factors, square=True)
+        piv = shape_utils.tensor_sinfo(call, 1)
+        if as_dtype(piv.dtype) != INDEX:
+            raise StructInfoError(f"{name}: pivots must be int64, got {piv.dtype}")
+        b = matrix_arg(call, 2, name, "b", square=False)
+        check_rhs(name, f, b)
+        return tensor_sinfo(arg_shape(b), b.dtype, ndim=arg_ndim(b))
+
+    def legalize(bb: Any, call: Any) -> Any:
+        dims = kernel_dims(operand_dims(call, 2))
+        return emit_kernel(bb, call, prim_func(dims[:-2], dims[-2], dims[-1],
+                                               call.args[0].struct_info.dtype))
+
+    return register_op(
+        name, inputs=(factors, "pivots", "b"), infer=infer, pattern=OpPattern.OPAQUE,
+        legalize=legalize, mixed_precision=MixedPrecision.NEVER, gradient=NON_DIFFERENTIABLE,
+        doc=f"``x`` with ``a x = b`` from ``a``'s ``{factor_op}`` (see {module}).")
 
 
-def _lu_solve_legalize(bb: Any, call: Any) -> Any:
-    dims = kernel_dims(operand_dims(call, 2))
-    return emit_kernel(bb, call, lu_solve_prim_func(dims[:-2], dims[-2], dims[-1],
-                                              call.args[0].struct_info.dtype))
-
-
-lu_solve = register_op(
-    "lu_solve", inputs=("lu", "pivots", "b"), infer=_lu_solve_infer, pattern=OpPattern.OPAQUE,
-    legalize=_lu_solve_legalize, mixed_precision=MixedPrecision.NEVER,
-    gradient=NON_DIFFERENTIABLE,
-    doc="``x`` with ``a x = b`` from ``a``'s ``lu_factor`` (see kiln.op.matrix).")
+lu_solve = register_pivoted_solve("lu_solve", "lu", "lu_factor", lu_solve_prim_func,
+                                  "kiln.op.matrix")
 
 
 @dataclass(frozen=True)
