@@ -7,7 +7,12 @@ transformers versions and :data:`FORMAT` (bumped when the way of exporting chang
 (CI's second run, the benchmark after the tests) reads the files instead of exporting again.
 
 The exporter is torch's TorchScript-based one (``dynamo=False``): it works offline without the
-``onnxscript`` package and, with the weights seeded, writes the same bytes every time.
+``onnxscript`` package and, with the weights seeded, writes the same bytes every time. Two of its
+translations are replaced while a zoo model exports (:func:`exact_symbolics`), because torch's
+own fail or are wrong on what the zoo's architectures do: ``repeat_interleave`` (rotary
+embeddings of Cohere, GLM, Helium: torch's symbolic trips its own shape inference) and
+``index_add`` (mixture-of-experts combining, JetMoE: torch's symbolic scatters, which drops all
+but one of the rows added at a repeated index, and refuses such indices).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import io
 import json
 import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +34,7 @@ from ...runtime.cache import cache_dir
 from .catalogue import ZooModel
 
 #: Version of the export recipe; part of every key.
-FORMAT = 1
+FORMAT = 2
 OPSET = 17
 
 
@@ -73,6 +80,81 @@ def randomize_norms(module: Any) -> None:
                     m.bias.uniform_(-0.2, 0.2)
 
 
+def _const(g: Any, values: list[int]) -> Any:
+    import torch
+
+    return g.op("Constant", value_t=torch.tensor(values, dtype=torch.int64))
+
+
+def _static_sizes(value: Any) -> list[int] | None:
+    sizes = value.type().sizes() if value.type().kind() == "TensorType" else None
+    return None if sizes is None or any(d is None for d in sizes) else list(sizes)
+
+
+def _repeat_interleave(g: Any, self: Any, repeats: Any, dim: Any = None,
+                       output_size: Any = None) -> Any:
+    """``repeat_interleave`` by a constant count along one axis of a statically shaped tensor:
+    Unsqueeze after the axis, Expand the new axis to the count, Reshape it into the axis.
+    Other cases go to torch's own translation."""
+    from torch.onnx import symbolic_helper as sh
+    from torch.onnx._internal.torchscript_exporter import symbolic_opset13
+
+    count = sh._maybe_get_const(repeats, "i")
+    axis = sh._maybe_get_const(dim, "i") if not sh._is_none(dim) else None
+    sizes = _static_sizes(self)
+    if not isinstance(count, int) or not isinstance(axis, int) or sizes is None:
+        return symbolic_opset13.repeat_interleave(g, self, repeats, dim, output_size)
+    axis %= len(sizes)
+    wide = g.op("Unsqueeze", self, _const(g, [axis + 1]))
+    wide = g.op("Expand", wide, _const(g, sizes[:axis + 1] + [count] + sizes[axis + 1:]))
+    return g.op("Reshape", wide,
+                _const(g, sizes[:axis] + [sizes[axis] * count] + sizes[axis + 1:]))
+
+
+def _index_add(g: Any, self: Any, dim: Any, index: Any, source: Any, alpha: Any = None) -> Any:
+    """``index_add``: ScatterND with ``reduction="add"`` (opset 16), so that rows added at the
+    same index accumulate; the axis is moved to the front and back by Transposes."""
+    from torch.onnx import symbolic_helper as sh
+
+    axis = sh._maybe_get_const(dim, "i")
+    rank = sh._get_tensor_rank(self)
+    if not isinstance(axis, int) or rank is None or sh._get_tensor_rank(source) != rank:
+        raise sh.errors.SymbolicValueError(
+            "zoo export: index_add needs a constant axis and equal known ranks", self)
+    axis %= rank
+    if alpha is not None and not sh._is_none(alpha) and sh._maybe_get_const(alpha, "f") != 1:
+        source = g.op("Mul", source, alpha)
+    perm = [axis] + [d for d in range(rank) if d != axis]
+    if axis:
+        self = g.op("Transpose", self, perm_i=perm)
+        source = g.op("Transpose", source, perm_i=perm)
+    indices = g.op("Unsqueeze", index, _const(g, [1]))
+    out = g.op("ScatterND", self, indices, source, reduction_s="add")
+    if axis:
+        out = g.op("Transpose", out, perm_i=[perm.index(d) for d in range(rank)])
+    return out
+
+
+#: (aten op, symbolic) pairs that :func:`exact_symbolics` installs.
+SYMBOLICS = (("aten::repeat_interleave", _repeat_interleave), ("aten::index_add", _index_add))
+
+
+@contextmanager
+def exact_symbolics() -> Iterator[None]:
+    """Torch's ONNX translations of :data:`SYMBOLICS` replaced for the duration (see the
+    module docstring), restored afterwards so that other exports in the process are as torch
+    makes them."""
+    import torch
+
+    for name, fn in SYMBOLICS:
+        torch.onnx.register_custom_op_symbolic(name, fn, OPSET)
+    try:
+        yield
+    finally:
+        for name, _ in SYMBOLICS:
+            torch.onnx.unregister_custom_op_symbolic(name, OPSET)
+
+
 def export_bytes(model: ZooModel, inputs: dict[str, np.ndarray], seed: int = 0) -> bytes:
     """Build ``model`` with weights from ``seed`` and export it to ONNX bytes."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -84,7 +166,7 @@ def export_bytes(model: ZooModel, inputs: dict[str, np.ndarray], seed: int = 0) 
     module.eval()
     args = tuple(torch.from_numpy(inputs[s.name]) for s in model.inputs)
     buf = io.BytesIO()
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(), exact_symbolics():
         warnings.simplefilter("ignore")
         torch.onnx.export(module, args, buf, input_names=[s.name for s in model.inputs],
                           output_names=["output"], opset_version=OPSET, dynamo=False)

@@ -131,8 +131,14 @@ hf("longformer", "encoder", "LongformerModel", {**BERTLIKE, "attention_window": 
 hf("big-bird", "encoder", "BigBirdModel", {**BERTLIKE, "attention_type": "original_full"},
    text())
 hf("roformer", "encoder", "RoFormerModel", {**BERTLIKE, "embedding_size": 64}, text())
+#: Nystromformer's landmark path (num_landmarks < segment_means_seq_len) adds the attention mask
+#: to (landmarks x sequence) scores, which the (sequence x sequence) mask that this
+#: transformers version always builds (a mask of ones when none is given) cannot broadcast to:
+#: that path fails in torch itself. With as many landmarks as tokens the model takes its exact
+#: softmax path (plus its depthwise convolution of the values).
 hf("nystromformer", "encoder", "NystromformerModel",
-   {**BERTLIKE, "num_landmarks": 4, "segment_means_seq_len": SEQ}, text())
+   {**BERTLIKE, "num_landmarks": SEQ, "segment_means_seq_len": SEQ, "conv_kernel_size": 3},
+   text())
 hf("ibert", "encoder", "IBertModel", BERTLIKE, text())
 hf("megatron-bert", "encoder", "MegatronBertModel", BERTLIKE, text())
 hf("ernie", "encoder", "ErnieModel", BERTLIKE, text())
@@ -145,8 +151,16 @@ hf("flaubert", "encoder", "FlaubertModel",
    {"emb_dim": 64, "n_layers": 2, "n_heads": 4, "vocab_size": VOCAB}, text())
 hf("xlm", "encoder", "XLMModel", {"emb_dim": 64, "n_layers": 2, "n_heads": 4,
                                   "vocab_size": VOCAB}, text())
-hf("fnet", "encoder", "FNetModel", {**BERTLIKE, "use_tpu_fourier_optimizations": False},
-   text(mask=False))
+# FNet (aten::fft_fftn) and TAPAS (scatter_reduce with include_self=False) cannot be written
+# by torch's TorchScript ONNX exporter at all; two encoders not otherwise in the zoo stand in
+# for them: XLM-RoBERTa-XL (pre-norm RoBERTa) and RoCBERT (BERT whose token embedding is
+# combined with glyph-shape and pronunciation embeddings of their own id inputs).
+hf("xlm-roberta-xl", "encoder", "XLMRobertaXLModel", BERTLIKE, text())
+hf("roc-bert", "encoder", "RoCBertModel",
+   {**BERTLIKE, "shape_vocab_size": 64, "pronunciation_vocab_size": 48,
+    "shape_embed_dim": 32, "pronunciation_embed_dim": 24},
+   text() + (InputSpec("input_shape_ids", (BATCH, SEQ), "ids", 64),
+             InputSpec("input_pronunciation_ids", (BATCH, SEQ), "ids", 48)))
 hf("modernbert", "encoder", "ModernBertModel",
    {**BERTLIKE, "global_attn_every_n_layers": 2, "local_attention": 8}, text(), ci=True)
 hf("layoutlm", "encoder", "LayoutLMModel", BERTLIKE, text())
@@ -161,7 +175,6 @@ hf("xmod", "encoder", "XmodModel", {**BERTLIKE, "languages": ["en_XX"],
                                     "default_language": "en_XX"}, text())
 hf("luke", "encoder", "LukeModel", {**BERTLIKE, "entity_vocab_size": 16,
                                     "entity_emb_size": 32}, text())
-hf("tapas", "encoder", "TapasModel", BERTLIKE, text())
 
 # --- decoders -------------------------------------------------------------------------------
 hf("gpt2", "decoder", "GPT2Model", {"n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": VOCAB,
@@ -262,8 +275,10 @@ hf("longt5", "encoder-decoder", "LongT5Model", {**T5LIKE, "local_radius": 4}, se
 hf("bart", "encoder-decoder", "BartModel", BARTLIKE, seq2seq(), ci=True)
 hf("mbart", "encoder-decoder", "MBartModel", BARTLIKE, seq2seq())
 hf("pegasus", "encoder-decoder", "PegasusModel", BARTLIKE, seq2seq())
-hf("marian", "encoder-decoder", "MarianModel", {**BARTLIKE, "decoder_vocab_size": VOCAB},
-   seq2seq())
+#: Marian's pad and decoder-start id is the last of its vocabulary (58100 by default).
+hf("marian", "encoder-decoder", "MarianModel",
+   {**BARTLIKE, "decoder_vocab_size": VOCAB, "pad_token_id": VOCAB - 1,
+    "decoder_start_token_id": VOCAB - 1}, seq2seq())
 hf("blenderbot", "encoder-decoder", "BlenderbotModel", BARTLIKE, seq2seq())
 hf("blenderbot-small", "encoder-decoder", "BlenderbotSmallModel", BARTLIKE, seq2seq())
 hf("m2m100", "encoder-decoder", "M2M100Model", BARTLIKE, seq2seq())
@@ -308,7 +323,7 @@ hf("resnet-hf", "vision", "ResNetModel", {"embedding_size": 16, "hidden_sizes": 
 hf("regnet", "vision", "RegNetModel", {"embedding_size": 16, "hidden_sizes": [16, 32],
                                        "depths": [1, 1], "groups_width": 8}, image())
 hf("bit", "vision", "BitModel", {"embedding_size": 16, "hidden_sizes": [16, 32],
-                                 "depths": [1, 1]}, image())
+                                 "depths": [1, 1], "num_groups": 8}, image())
 hf("mobilevit", "vision", "MobileViTModel",
    {**STAGES, "hidden_sizes": [32, 32, 32], "neck_hidden_sizes": [8, 8, 16, 16, 16, 32, 64],
     "num_attention_heads": 2, "patch_size": 2}, image(), ci=True)
