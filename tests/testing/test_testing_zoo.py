@@ -147,14 +147,14 @@ def test_vad_has_an_if_gate():
     assert speech.shape == silence.shape and speech.min() > 0 and not silence.any()
 
 
-def _export_with_exact_symbolics(module, args):
+def _export_with_exact_symbolics(module, args, opset=OPSET):
     import io
 
     import torch
 
     buf = io.BytesIO()
-    with torch.no_grad(), exact_symbolics():
-        torch.onnx.export(module, args, buf, opset_version=OPSET, dynamo=False)
+    with torch.no_grad(), exact_symbolics(opset):
+        torch.onnx.export(module, args, buf, opset_version=opset, dynamo=False)
     return buf.getvalue()
 
 
@@ -178,8 +178,15 @@ def test_exact_symbolics_repeat_interleave_and_index_add():
     x = torch.randn(2, 4, 6)
     base, rows, cols = torch.randn(5, 5), torch.randn(7, 5), torch.randn(5, 7)
     index = torch.tensor([0, 3, 3, 1, 0, 3, 4])
-    for module, args in ((Repeat(), (x,)), (IndexAdd(), (base, rows, cols, index))):
-        sess = ort_session(_export_with_exact_symbolics(module, args), 1)
+    class Fold(torch.nn.Module):  # the output size read from a tensor's shape, as MobileViTV2
+        def forward(self, patches, like):
+            return torch.nn.functional.fold(patches, like.shape[-2:], (2, 3), stride=(2, 3))
+
+    fold = (torch.randn(1, 12, 8), torch.zeros(1, 1, 4, 12))
+    for module, args, opset in ((Repeat(), (x,), OPSET),
+                                (IndexAdd(), (base, rows, cols, index), OPSET),
+                                (Fold(), fold, 18)):
+        sess = ort_session(_export_with_exact_symbolics(module, args, opset), 1)
         feed = {i.name: a.numpy() for i, a in zip(sess.get_inputs(), args)}
         np.testing.assert_allclose(sess.run(None, feed)[0], module(*args).numpy(), rtol=1e-5,
                                    atol=1e-5)
@@ -194,4 +201,6 @@ def test_exact_symbolics_are_restored():
 
     with exact_symbolics():
         assert registry.get_function_group("aten::index_add").get(OPSET) is SYMBOLICS[1][1]
+        # Col2Im is an opset-18 operator: an opset-17 export keeps torch's refusal
+        assert registry.get_function_group("aten::col2im").get(OPSET) is not SYMBOLICS[2][1]
     assert registry.get_function_group("aten::index_add").get(OPSET) is not SYMBOLICS[1][1]

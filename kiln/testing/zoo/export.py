@@ -7,12 +7,13 @@ transformers versions and :data:`FORMAT` (bumped when the way of exporting chang
 (CI's second run, the benchmark after the tests) reads the files instead of exporting again.
 
 The exporter is torch's TorchScript-based one (``dynamo=False``): it works offline without the
-``onnxscript`` package and, with the weights seeded, writes the same bytes every time. Two of its
+``onnxscript`` package and, with the weights seeded, writes the same bytes every time. Some of its
 translations are replaced while a zoo model exports (:func:`exact_symbolics`), because torch's
 own fail or are wrong on what the zoo's architectures do: ``repeat_interleave`` (rotary
-embeddings of Cohere, GLM, Helium: torch's symbolic trips its own shape inference) and
+embeddings of Cohere, GLM, Helium: torch's symbolic trips its own shape inference),
 ``index_add`` (mixture-of-experts combining, JetMoE: torch's symbolic scatters, which drops all
-but one of the rows added at a repeated index, and refuses such indices).
+but one of the rows added at a repeated index, and refuses such indices) and, from opset 18,
+``col2im`` (``fold`` of MobileViTV2, whose output size is a traced list torch's cannot read).
 """
 
 from __future__ import annotations
@@ -31,11 +32,10 @@ from typing import Any
 import numpy as np
 
 from ...runtime.cache import cache_dir
-from .catalogue import ZooModel
+from .catalogue import OPSET, ZooModel
 
 #: Version of the export recipe; part of every key.
 FORMAT = 2
-OPSET = 17
 
 
 def _versions() -> dict[str, str]:
@@ -52,7 +52,7 @@ def _versions() -> dict[str, str]:
 
 def cache_key(model: ZooModel) -> str:
     """Hash of everything that decides ``model``'s exported file (see the module docstring)."""
-    spec = {"name": model.name, "config": model.config, "format": FORMAT, "opset": OPSET,
+    spec = {"name": model.name, "config": model.config, "format": FORMAT, "opset": model.opset,
             "inputs": [(s.name, s.shape, s.kind, s.high) for s in model.inputs],
             "builder": inspect.getsource(model.build),
             "edit": inspect.getsource(model.edit) if model.edit else None, **_versions()}
@@ -135,24 +135,49 @@ def _index_add(g: Any, self: Any, dim: Any, index: Any, source: Any, alpha: Any 
     return out
 
 
-#: (aten op, symbolic) pairs that :func:`exact_symbolics` installs.
-SYMBOLICS = (("aten::repeat_interleave", _repeat_interleave), ("aten::index_add", _index_add))
+def _int_vector(g: Any, value: Any) -> Any:
+    """A list of ints as a 1-D int64 tensor (a traced list of sizes is a ListConstruct of
+    scalars, which torch's Col2Im translation cannot read)."""
+    node = value.node()
+    if node.kind() != "prim::ListConstruct":
+        return value
+    parts = [g.op("Reshape", item, _const(g, [1])) for item in node.inputs()]
+    return g.op("Concat", *parts, axis_i=0)
+
+
+def _col2im(g: Any, self: Any, output_size: Any, kernel_size: Any, dilation: Any,
+            padding: Any, stride: Any) -> Any:
+    """``torch.nn.functional.fold``: ONNX Col2Im (opset 18) with the output and kernel sizes
+    as tensors, also where the output size is a traced list of sizes (MobileViTV2)."""
+    from torch.onnx import symbolic_helper as sh
+
+    pads = [p for p in sh._maybe_get_const(padding, "is") for _ in range(2)]
+    return g.op("Col2Im", self, _int_vector(g, output_size), _int_vector(g, kernel_size),
+                dilations_i=sh._maybe_get_const(dilation, "is"), pads_i=pads,
+                strides_i=sh._maybe_get_const(stride, "is"))
+
+
+#: (aten op, symbolic, first opset of the ONNX operators it writes) of :func:`exact_symbolics`.
+SYMBOLICS = (("aten::repeat_interleave", _repeat_interleave, 13),
+             ("aten::index_add", _index_add, 16), ("aten::col2im", _col2im, 18))
 
 
 @contextmanager
-def exact_symbolics() -> Iterator[None]:
-    """Torch's ONNX translations of :data:`SYMBOLICS` replaced for the duration (see the
-    module docstring), restored afterwards so that other exports in the process are as torch
-    makes them."""
+def exact_symbolics(opset: int = OPSET) -> Iterator[None]:
+    """Torch's ONNX translations of :data:`SYMBOLICS` at ``opset`` replaced for the duration
+    (see the module docstring), restored afterwards so that other exports in the process are
+    as torch makes them."""
     import torch
 
-    for name, fn in SYMBOLICS:
-        torch.onnx.register_custom_op_symbolic(name, fn, OPSET)
+    names = [name for name, _, first in SYMBOLICS if opset >= first]
+    for name, fn, first in SYMBOLICS:
+        if opset >= first:
+            torch.onnx.register_custom_op_symbolic(name, fn, opset)
     try:
         yield
     finally:
-        for name, _ in SYMBOLICS:
-            torch.onnx.unregister_custom_op_symbolic(name, OPSET)
+        for name in names:
+            torch.onnx.unregister_custom_op_symbolic(name, opset)
 
 
 def export_bytes(model: ZooModel, inputs: dict[str, np.ndarray], seed: int = 0) -> bytes:
@@ -166,10 +191,10 @@ def export_bytes(model: ZooModel, inputs: dict[str, np.ndarray], seed: int = 0) 
     module.eval()
     args = tuple(torch.from_numpy(inputs[s.name]) for s in model.inputs)
     buf = io.BytesIO()
-    with torch.no_grad(), warnings.catch_warnings(), exact_symbolics():
+    with torch.no_grad(), warnings.catch_warnings(), exact_symbolics(model.opset):
         warnings.simplefilter("ignore")
         torch.onnx.export(module, args, buf, input_names=[s.name for s in model.inputs],
-                          output_names=["output"], opset_version=OPSET, dynamo=False)
+                          output_names=["output"], opset_version=model.opset, dynamo=False)
     return model.edit(buf.getvalue()) if model.edit else buf.getvalue()
 
 

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .catalogue import InputSpec, ZooModel, register
+from .catalogue import OPSET, InputSpec, ZooModel, register
 
 VOCAB = 512
 SEQ = 16
@@ -90,7 +90,7 @@ def build(config: Mapping[str, Any]) -> Any:
 
 def hf(name: str, family: str, model: str, kwargs: Mapping[str, Any],
        inputs: tuple[InputSpec, ...], config: str | None = None, ci: bool = False,
-       attn: str | None = None) -> ZooModel:
+       attn: str | None = None, opset: int = OPSET) -> ZooModel:
     """Register ``transformers.<model>`` built from ``transformers.<config>(**kwargs)``
     (``config`` defaults to the model's name with ``Model``/``ForCausalLM`` replaced by
     ``Config``)."""
@@ -103,7 +103,8 @@ def hf(name: str, family: str, model: str, kwargs: Mapping[str, Any],
         config = stem + "Config"
     cfg = {"model": model, "config": config, "kwargs": dict(kwargs),
            "inputs": [s.name for s in inputs], "attn": attn}
-    return register(ZooModel(name, family, "transformers", build, cfg, inputs, ci=ci))
+    return register(ZooModel(name, family, "transformers", build, cfg, inputs, ci=ci,
+                             opset=opset))
 
 
 # --- text encoders --------------------------------------------------------------------------
@@ -327,10 +328,13 @@ hf("bit", "vision", "BitModel", {"embedding_size": 16, "hidden_sizes": [16, 32],
 hf("mobilevit", "vision", "MobileViTModel",
    {**STAGES, "hidden_sizes": [32, 32, 32], "neck_hidden_sizes": [8, 8, 16, 16, 16, 32, 64],
     "num_attention_heads": 2, "patch_size": 2}, image(), ci=True)
-hf("mobilevitv2", "vision", "MobileViTV2Model", {**STAGES, "width_multiplier": 0.5}, image())
+#: MobileViTV2 unfolds 2x2 patches at stride 32 (its smallest image is 64 pixels) and folds
+#: them back with torch.nn.functional.fold: ONNX Col2Im, opset 18.
+hf("mobilevitv2", "vision", "MobileViTV2Model",
+   {**STAGES, "image_size": 64, "width_multiplier": 0.5}, image(64), opset=18)
 hf("levit", "vision", "LevitModel", {"image_size": 32, "hidden_sizes": [32, 48],
                                      "num_attention_heads": [2, 2], "depths": [1, 1],
-                                     "key_dim": [8, 8], "drop_path_rate": 0.0,
+                                     "key_dim": [8, 8], "drop_path_rate": 0,
                                      "mlp_ratio": [2, 2], "attention_ratio": [2, 2],
                                      "down_ops": [["Subsample", 8, 2, 4, 2, 2]]}, image())
 hf("poolformer", "vision", "PoolFormerModel", {"hidden_sizes": [16, 32], "depths": [1, 1],
@@ -342,7 +346,7 @@ hf("segformer", "vision", "SegformerModel",
     "mlp_ratios": [2, 2]}, image(), ci=True)
 hf("efficientnet-hf", "vision", "EfficientNetModel",
    {"image_size": 32, "width_coefficient": 0.25, "depth_coefficient": 0.25,
-    "hidden_dim": 64}, image())
+    "hidden_dim": 320}, image())  # hidden_dim: the top convolution's 1280 channels x 0.25
 hf("mobilenet-v1-hf", "vision", "MobileNetV1Model", {"image_size": 32, "depth_multiplier": 0.25},
    image())
 hf("mobilenet-v2-hf", "vision", "MobileNetV2Model", {"image_size": 32, "depth_multiplier": 0.25},
