@@ -351,7 +351,9 @@ hf("mobilenet-v1-hf", "vision", "MobileNetV1Model", {"image_size": 32, "depth_mu
    image())
 hf("mobilenet-v2-hf", "vision", "MobileNetV2Model", {"image_size": 32, "depth_multiplier": 0.25},
    image())
-hf("cvt", "vision", "CvtModel", {"embed_dim": [16, 32], "num_heads": [1, 2], "depth": [1, 1],
+#: CvT stage s reads its layers' drop-path rate at index s of a list as long as its depth:
+#: stage 1 needs 2 layers.
+hf("cvt", "vision", "CvtModel", {"embed_dim": [16, 32], "num_heads": [1, 2], "depth": [1, 2],
                                  "patch_sizes": [7, 3], "patch_stride": [4, 2],
                                  "patch_padding": [2, 1], "mlp_ratio": [2.0, 2.0],
                                  "attention_drop_rate": [0.0, 0.0], "drop_rate": [0.0, 0.0],
