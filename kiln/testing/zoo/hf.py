@@ -411,8 +411,11 @@ hf("whisper", "speech", "WhisperModel",
     "vocab_size": VOCAB, "num_mel_bins": 16, "max_source_positions": 16,
     "max_target_positions": 32, "use_cache": False, "pad_token_id": 0,
     "decoder_start_token_id": 1},
+   # with a decoder mask: without one, transformers looks for packed sequences in the
+   # position ids with torch.diff, which has no ONNX export
    (InputSpec("input_features", (1, 16, 32)),
-    InputSpec("decoder_input_ids", (1, 8), "ids", VOCAB)))  # export: no ONNX aten::diff
+    InputSpec("decoder_input_ids", (1, 8), "ids", VOCAB),
+    InputSpec("decoder_attention_mask", (1, 8), "mask")))
 hf("speech-to-text", "speech", "Speech2TextModel",
    {**BARTLIKE, "input_feat_per_channel": 16, "num_conv_layers": 2, "conv_channels": 32,
     "max_source_positions": 64, "max_target_positions": 64},
