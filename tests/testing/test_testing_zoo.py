@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 
 from kiln.testing.zoo import CATALOGUE, FAMILIES, InputSpec, ZooModel
-from kiln.testing.zoo.export import cache_key, export_bytes, exported
+from kiln.testing.zoo.export import (
+    OPSET,
+    SYMBOLICS,
+    cache_key,
+    exact_symbolics,
+    export_bytes,
+    exported,
+)
 from kiln.testing.zoo.runner import (
     error_node,
     max_error,
@@ -138,3 +145,62 @@ def test_vad_has_an_if_gate():
     speech = sess.run(None, inputs)[0]
     silence = sess.run(None, {"audio": np.zeros_like(inputs["audio"])})[0]
     assert speech.shape == silence.shape and speech.min() > 0 and not silence.any()
+
+
+def _export_with_exact_symbolics(module, args, opset=OPSET):
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    with torch.no_grad(), exact_symbolics(opset):
+        torch.onnx.export(module, args, buf, opset_version=opset, dynamo=False)
+    return buf.getvalue()
+
+
+def test_exact_symbolics_repeat_interleave_and_index_add():
+    """The export's own translations (export.exact_symbolics) against torch eager, through
+    onnxruntime: an interleaving repeat on a middle and the last axis (torch's translation
+    fails on Cohere's and GLM's rotary tables), and index_add with repeated indices on axis 0
+    and 1 (torch's scatters, keeping one row per index, and refuses)."""
+    import onnx
+    import torch
+
+    class Repeat(torch.nn.Module):
+        def forward(self, x):
+            return torch.cat([x.repeat_interleave(3, dim=1).flatten(1),
+                              torch.repeat_interleave(x, 2, dim=-1).flatten(1)], 1)
+
+    class IndexAdd(torch.nn.Module):
+        def forward(self, base, rows, cols, index):
+            return base.index_add(0, index, rows) + base.index_add(1, index, cols, alpha=0.5)
+
+    x = torch.randn(2, 4, 6)
+    base, rows, cols = torch.randn(5, 5), torch.randn(7, 5), torch.randn(5, 7)
+    index = torch.tensor([0, 3, 3, 1, 0, 3, 4])
+    class Fold(torch.nn.Module):  # the output size read from a tensor's shape, as MobileViTV2
+        def forward(self, patches, like):
+            return torch.nn.functional.fold(patches, like.shape[-2:], (2, 3), stride=(2, 3))
+
+    fold = (torch.randn(1, 12, 8), torch.zeros(1, 1, 4, 12))
+    for module, args, opset in ((Repeat(), (x,), OPSET),
+                                (IndexAdd(), (base, rows, cols, index), OPSET),
+                                (Fold(), fold, 18)):
+        sess = ort_session(_export_with_exact_symbolics(module, args, opset), 1)
+        feed = {i.name: a.numpy() for i, a in zip(sess.get_inputs(), args)}
+        np.testing.assert_allclose(sess.run(None, feed)[0], module(*args).numpy(), rtol=1e-5,
+                                   atol=1e-5)
+    ops = [n.op_type for n in onnx.load_from_string(
+        _export_with_exact_symbolics(IndexAdd(), (base, rows, cols, index))).graph.node]
+    assert "ScatterND" in ops
+
+
+def test_exact_symbolics_are_restored():
+    """Leaving the context hands the ops back to torch's own translations."""
+    from torch.onnx._internal.torchscript_exporter.registration import registry
+
+    with exact_symbolics():
+        assert registry.get_function_group("aten::index_add").get(OPSET) is SYMBOLICS[1][1]
+        # Col2Im is an opset-18 operator: an opset-17 export keeps torch's refusal
+        assert registry.get_function_group("aten::col2im").get(OPSET) is not SYMBOLICS[2][1]
+    assert registry.get_function_group("aten::index_add").get(OPSET) is not SYMBOLICS[1][1]

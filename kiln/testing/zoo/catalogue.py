@@ -16,6 +16,8 @@ import numpy as np
 
 #: Families of the catalogue, as ``--family`` of ``benchmarks/zoo.py`` selects them.
 FAMILIES = ("encoder", "decoder", "encoder-decoder", "moe", "vision", "speech", "audio")
+#: ONNX opset of an export unless the entry names another (:attr:`ZooModel.opset`).
+OPSET = 17
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,9 @@ class ZooModel:
     ci: bool = False
     #: rewrites the exported ONNX bytes (what torch's exporter cannot write, e.g. an ``If``)
     edit: Callable[[bytes], bytes] | None = None
+    #: ONNX opset of the export (:data:`OPSET` unless the architecture needs a later
+    #: operator, such as Col2Im, opset 18, for ``torch.nn.functional.fold``)
+    opset: int = OPSET
 
     def example_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
         """The model's inputs by name, the same for every call with the same ``seed``."""

@@ -7,7 +7,13 @@ transformers versions and :data:`FORMAT` (bumped when the way of exporting chang
 (CI's second run, the benchmark after the tests) reads the files instead of exporting again.
 
 The exporter is torch's TorchScript-based one (``dynamo=False``): it works offline without the
-``onnxscript`` package and, with the weights seeded, writes the same bytes every time.
+``onnxscript`` package and, with the weights seeded, writes the same bytes every time. Some of its
+translations are replaced while a zoo model exports (:func:`exact_symbolics`), because torch's
+own fail or are wrong on what the zoo's architectures do: ``repeat_interleave`` (rotary
+embeddings of Cohere, GLM, Helium: torch's symbolic trips its own shape inference),
+``index_add`` (mixture-of-experts combining, JetMoE: torch's symbolic scatters, which drops all
+but one of the rows added at a repeated index, and refuses such indices) and, from opset 18,
+``col2im`` (``fold`` of MobileViTV2, whose output size is a traced list torch's cannot read).
 """
 
 from __future__ import annotations
@@ -18,17 +24,18 @@ import io
 import json
 import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ...runtime.cache import cache_dir
-from .catalogue import ZooModel
+from .catalogue import OPSET, ZooModel
 
 #: Version of the export recipe; part of every key.
-FORMAT = 1
-OPSET = 17
+FORMAT = 2
 
 
 def _versions() -> dict[str, str]:
@@ -45,7 +52,7 @@ def _versions() -> dict[str, str]:
 
 def cache_key(model: ZooModel) -> str:
     """Hash of everything that decides ``model``'s exported file (see the module docstring)."""
-    spec = {"name": model.name, "config": model.config, "format": FORMAT, "opset": OPSET,
+    spec = {"name": model.name, "config": model.config, "format": FORMAT, "opset": model.opset,
             "inputs": [(s.name, s.shape, s.kind, s.high) for s in model.inputs],
             "builder": inspect.getsource(model.build),
             "edit": inspect.getsource(model.edit) if model.edit else None, **_versions()}
@@ -73,6 +80,106 @@ def randomize_norms(module: Any) -> None:
                     m.bias.uniform_(-0.2, 0.2)
 
 
+def _const(g: Any, values: list[int]) -> Any:
+    import torch
+
+    return g.op("Constant", value_t=torch.tensor(values, dtype=torch.int64))
+
+
+def _static_sizes(value: Any) -> list[int] | None:
+    sizes = value.type().sizes() if value.type().kind() == "TensorType" else None
+    return None if sizes is None or any(d is None for d in sizes) else list(sizes)
+
+
+def _repeat_interleave(g: Any, self: Any, repeats: Any, dim: Any = None,
+                       output_size: Any = None) -> Any:
+    """``repeat_interleave`` by a constant count along one axis of a statically shaped tensor:
+    Unsqueeze after the axis, Expand the new axis to the count, Reshape it into the axis.
+    Other cases go to torch's own translation."""
+    from torch.onnx import symbolic_helper as sh
+    from torch.onnx._internal.torchscript_exporter import symbolic_opset13
+
+    count = sh._maybe_get_const(repeats, "i")
+    axis = sh._maybe_get_const(dim, "i") if not sh._is_none(dim) else None
+    sizes = _static_sizes(self)
+    if not isinstance(count, int) or not isinstance(axis, int) or sizes is None:
+        return symbolic_opset13.repeat_interleave(g, self, repeats, dim, output_size)
+    axis %= len(sizes)
+    wide = g.op("Unsqueeze", self, _const(g, [axis + 1]))
+    wide = g.op("Expand", wide, _const(g, sizes[:axis + 1] + [count] + sizes[axis + 1:]))
+    return g.op("Reshape", wide,
+                _const(g, sizes[:axis] + [sizes[axis] * count] + sizes[axis + 1:]))
+
+
+def _index_add(g: Any, self: Any, dim: Any, index: Any, source: Any, alpha: Any = None) -> Any:
+    """``index_add``: ScatterND with ``reduction="add"`` (opset 16), so that rows added at the
+    same index accumulate; the axis is moved to the front and back by Transposes."""
+    from torch.onnx import symbolic_helper as sh
+
+    axis = sh._maybe_get_const(dim, "i")
+    rank = sh._get_tensor_rank(self)
+    if not isinstance(axis, int) or rank is None or sh._get_tensor_rank(source) != rank:
+        raise sh.errors.SymbolicValueError(
+            "zoo export: index_add needs a constant axis and equal known ranks", self)
+    axis %= rank
+    if alpha is not None and not sh._is_none(alpha) and sh._maybe_get_const(alpha, "f") != 1:
+        source = g.op("Mul", source, alpha)
+    perm = [axis] + [d for d in range(rank) if d != axis]
+    if axis:
+        self = g.op("Transpose", self, perm_i=perm)
+        source = g.op("Transpose", source, perm_i=perm)
+    indices = g.op("Unsqueeze", index, _const(g, [1]))
+    out = g.op("ScatterND", self, indices, source, reduction_s="add")
+    if axis:
+        out = g.op("Transpose", out, perm_i=[perm.index(d) for d in range(rank)])
+    return out
+
+
+def _int_vector(g: Any, value: Any) -> Any:
+    """A list of ints as a 1-D int64 tensor (a traced list of sizes is a ListConstruct of
+    scalars, which torch's Col2Im translation cannot read)."""
+    node = value.node()
+    if node.kind() != "prim::ListConstruct":
+        return value
+    parts = [g.op("Reshape", item, _const(g, [1])) for item in node.inputs()]
+    return g.op("Concat", *parts, axis_i=0)
+
+
+def _col2im(g: Any, self: Any, output_size: Any, kernel_size: Any, dilation: Any,
+            padding: Any, stride: Any) -> Any:
+    """``torch.nn.functional.fold``: ONNX Col2Im (opset 18) with the output and kernel sizes
+    as tensors, also where the output size is a traced list of sizes (MobileViTV2)."""
+    from torch.onnx import symbolic_helper as sh
+
+    pads = [p for p in sh._maybe_get_const(padding, "is") for _ in range(2)]
+    return g.op("Col2Im", self, _int_vector(g, output_size), _int_vector(g, kernel_size),
+                dilations_i=sh._maybe_get_const(dilation, "is"), pads_i=pads,
+                strides_i=sh._maybe_get_const(stride, "is"))
+
+
+#: (aten op, symbolic, first opset of the ONNX operators it writes) of :func:`exact_symbolics`.
+SYMBOLICS = (("aten::repeat_interleave", _repeat_interleave, 13),
+             ("aten::index_add", _index_add, 16), ("aten::col2im", _col2im, 18))
+
+
+@contextmanager
+def exact_symbolics(opset: int = OPSET) -> Iterator[None]:
+    """Torch's ONNX translations of :data:`SYMBOLICS` at ``opset`` replaced for the duration
+    (see the module docstring), restored afterwards so that other exports in the process are
+    as torch makes them."""
+    import torch
+
+    names = [name for name, _, first in SYMBOLICS if opset >= first]
+    for name, fn, first in SYMBOLICS:
+        if opset >= first:
+            torch.onnx.register_custom_op_symbolic(name, fn, opset)
+    try:
+        yield
+    finally:
+        for name in names:
+            torch.onnx.unregister_custom_op_symbolic(name, opset)
+
+
 def export_bytes(model: ZooModel, inputs: dict[str, np.ndarray], seed: int = 0) -> bytes:
     """Build ``model`` with weights from ``seed`` and export it to ONNX bytes."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -84,10 +191,10 @@ def export_bytes(model: ZooModel, inputs: dict[str, np.ndarray], seed: int = 0) 
     module.eval()
     args = tuple(torch.from_numpy(inputs[s.name]) for s in model.inputs)
     buf = io.BytesIO()
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(), exact_symbolics(model.opset):
         warnings.simplefilter("ignore")
         torch.onnx.export(module, args, buf, input_names=[s.name for s in model.inputs],
-                          output_names=["output"], opset_version=OPSET, dynamo=False)
+                          output_names=["output"], opset_version=model.opset, dynamo=False)
     return model.edit(buf.getvalue()) if model.edit else buf.getvalue()
 
 

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .catalogue import InputSpec, ZooModel, register
+from .catalogue import OPSET, InputSpec, ZooModel, register
 
 VOCAB = 512
 SEQ = 16
@@ -90,7 +90,7 @@ def build(config: Mapping[str, Any]) -> Any:
 
 def hf(name: str, family: str, model: str, kwargs: Mapping[str, Any],
        inputs: tuple[InputSpec, ...], config: str | None = None, ci: bool = False,
-       attn: str | None = None) -> ZooModel:
+       attn: str | None = None, opset: int = OPSET) -> ZooModel:
     """Register ``transformers.<model>`` built from ``transformers.<config>(**kwargs)``
     (``config`` defaults to the model's name with ``Model``/``ForCausalLM`` replaced by
     ``Config``)."""
@@ -103,7 +103,8 @@ def hf(name: str, family: str, model: str, kwargs: Mapping[str, Any],
         config = stem + "Config"
     cfg = {"model": model, "config": config, "kwargs": dict(kwargs),
            "inputs": [s.name for s in inputs], "attn": attn}
-    return register(ZooModel(name, family, "transformers", build, cfg, inputs, ci=ci))
+    return register(ZooModel(name, family, "transformers", build, cfg, inputs, ci=ci,
+                             opset=opset))
 
 
 # --- text encoders --------------------------------------------------------------------------
@@ -131,8 +132,14 @@ hf("longformer", "encoder", "LongformerModel", {**BERTLIKE, "attention_window": 
 hf("big-bird", "encoder", "BigBirdModel", {**BERTLIKE, "attention_type": "original_full"},
    text())
 hf("roformer", "encoder", "RoFormerModel", {**BERTLIKE, "embedding_size": 64}, text())
+#: Nystromformer's landmark path (num_landmarks < segment_means_seq_len) adds the attention mask
+#: to (landmarks x sequence) scores, which the (sequence x sequence) mask that this
+#: transformers version always builds (a mask of ones when none is given) cannot broadcast to:
+#: that path fails in torch itself. With as many landmarks as tokens the model takes its exact
+#: softmax path (plus its depthwise convolution of the values).
 hf("nystromformer", "encoder", "NystromformerModel",
-   {**BERTLIKE, "num_landmarks": 4, "segment_means_seq_len": SEQ}, text())
+   {**BERTLIKE, "num_landmarks": SEQ, "segment_means_seq_len": SEQ, "conv_kernel_size": 3},
+   text())
 hf("ibert", "encoder", "IBertModel", BERTLIKE, text())
 hf("megatron-bert", "encoder", "MegatronBertModel", BERTLIKE, text())
 hf("ernie", "encoder", "ErnieModel", BERTLIKE, text())
@@ -145,8 +152,16 @@ hf("flaubert", "encoder", "FlaubertModel",
    {"emb_dim": 64, "n_layers": 2, "n_heads": 4, "vocab_size": VOCAB}, text())
 hf("xlm", "encoder", "XLMModel", {"emb_dim": 64, "n_layers": 2, "n_heads": 4,
                                   "vocab_size": VOCAB}, text())
-hf("fnet", "encoder", "FNetModel", {**BERTLIKE, "use_tpu_fourier_optimizations": False},
-   text(mask=False))
+# FNet (aten::fft_fftn) and TAPAS (scatter_reduce with include_self=False) cannot be written
+# by torch's TorchScript ONNX exporter at all; two encoders not otherwise in the zoo stand in
+# for them: XLM-RoBERTa-XL (pre-norm RoBERTa) and RoCBERT (BERT whose token embedding is
+# combined with glyph-shape and pronunciation embeddings of their own id inputs).
+hf("xlm-roberta-xl", "encoder", "XLMRobertaXLModel", BERTLIKE, text())
+hf("roc-bert", "encoder", "RoCBertModel",
+   {**BERTLIKE, "shape_vocab_size": 64, "pronunciation_vocab_size": 48,
+    "shape_embed_dim": 32, "pronunciation_embed_dim": 24},
+   text() + (InputSpec("input_shape_ids", (BATCH, SEQ), "ids", 64),
+             InputSpec("input_pronunciation_ids", (BATCH, SEQ), "ids", 48)))
 hf("modernbert", "encoder", "ModernBertModel",
    {**BERTLIKE, "global_attn_every_n_layers": 2, "local_attention": 8}, text(), ci=True)
 hf("layoutlm", "encoder", "LayoutLMModel", BERTLIKE, text())
@@ -161,7 +176,6 @@ hf("xmod", "encoder", "XmodModel", {**BERTLIKE, "languages": ["en_XX"],
                                     "default_language": "en_XX"}, text())
 hf("luke", "encoder", "LukeModel", {**BERTLIKE, "entity_vocab_size": 16,
                                     "entity_emb_size": 32}, text())
-hf("tapas", "encoder", "TapasModel", BERTLIKE, text())
 
 # --- decoders -------------------------------------------------------------------------------
 hf("gpt2", "decoder", "GPT2Model", {"n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": VOCAB,
@@ -262,8 +276,10 @@ hf("longt5", "encoder-decoder", "LongT5Model", {**T5LIKE, "local_radius": 4}, se
 hf("bart", "encoder-decoder", "BartModel", BARTLIKE, seq2seq(), ci=True)
 hf("mbart", "encoder-decoder", "MBartModel", BARTLIKE, seq2seq())
 hf("pegasus", "encoder-decoder", "PegasusModel", BARTLIKE, seq2seq())
-hf("marian", "encoder-decoder", "MarianModel", {**BARTLIKE, "decoder_vocab_size": VOCAB},
-   seq2seq())
+#: Marian's pad and decoder-start id is the last of its vocabulary (58100 by default).
+hf("marian", "encoder-decoder", "MarianModel",
+   {**BARTLIKE, "decoder_vocab_size": VOCAB, "pad_token_id": VOCAB - 1,
+    "decoder_start_token_id": VOCAB - 1}, seq2seq())
 hf("blenderbot", "encoder-decoder", "BlenderbotModel", BARTLIKE, seq2seq())
 hf("blenderbot-small", "encoder-decoder", "BlenderbotSmallModel", BARTLIKE, seq2seq())
 hf("m2m100", "encoder-decoder", "M2M100Model", BARTLIKE, seq2seq())
@@ -308,14 +324,17 @@ hf("resnet-hf", "vision", "ResNetModel", {"embedding_size": 16, "hidden_sizes": 
 hf("regnet", "vision", "RegNetModel", {"embedding_size": 16, "hidden_sizes": [16, 32],
                                        "depths": [1, 1], "groups_width": 8}, image())
 hf("bit", "vision", "BitModel", {"embedding_size": 16, "hidden_sizes": [16, 32],
-                                 "depths": [1, 1]}, image())
+                                 "depths": [1, 1], "num_groups": 8}, image())
 hf("mobilevit", "vision", "MobileViTModel",
    {**STAGES, "hidden_sizes": [32, 32, 32], "neck_hidden_sizes": [8, 8, 16, 16, 16, 32, 64],
     "num_attention_heads": 2, "patch_size": 2}, image(), ci=True)
-hf("mobilevitv2", "vision", "MobileViTV2Model", {**STAGES, "width_multiplier": 0.5}, image())
+#: MobileViTV2 unfolds 2x2 patches at stride 32 (its smallest image is 64 pixels) and folds
+#: them back with torch.nn.functional.fold: ONNX Col2Im, opset 18.
+hf("mobilevitv2", "vision", "MobileViTV2Model",
+   {**STAGES, "image_size": 64, "width_multiplier": 0.5}, image(64), opset=18)
 hf("levit", "vision", "LevitModel", {"image_size": 32, "hidden_sizes": [32, 48],
                                      "num_attention_heads": [2, 2], "depths": [1, 1],
-                                     "key_dim": [8, 8], "drop_path_rate": 0.0,
+                                     "key_dim": [8, 8], "drop_path_rate": 0,
                                      "mlp_ratio": [2, 2], "attention_ratio": [2, 2],
                                      "down_ops": [["Subsample", 8, 2, 4, 2, 2]]}, image())
 hf("poolformer", "vision", "PoolFormerModel", {"hidden_sizes": [16, 32], "depths": [1, 1],
@@ -327,12 +346,14 @@ hf("segformer", "vision", "SegformerModel",
     "mlp_ratios": [2, 2]}, image(), ci=True)
 hf("efficientnet-hf", "vision", "EfficientNetModel",
    {"image_size": 32, "width_coefficient": 0.25, "depth_coefficient": 0.25,
-    "hidden_dim": 64}, image())
+    "hidden_dim": 320}, image())  # hidden_dim: the top convolution's 1280 channels x 0.25
 hf("mobilenet-v1-hf", "vision", "MobileNetV1Model", {"image_size": 32, "depth_multiplier": 0.25},
    image())
 hf("mobilenet-v2-hf", "vision", "MobileNetV2Model", {"image_size": 32, "depth_multiplier": 0.25},
    image())
-hf("cvt", "vision", "CvtModel", {"embed_dim": [16, 32], "num_heads": [1, 2], "depth": [1, 1],
+#: CvT stage s reads its layers' drop-path rate at index s of a list as long as its depth:
+#: stage 1 needs 2 layers.
+hf("cvt", "vision", "CvtModel", {"embed_dim": [16, 32], "num_heads": [1, 2], "depth": [1, 2],
                                  "patch_sizes": [7, 3], "patch_stride": [4, 2],
                                  "patch_padding": [2, 1], "mlp_ratio": [2.0, 2.0],
                                  "attention_drop_rate": [0.0, 0.0], "drop_rate": [0.0, 0.0],
@@ -390,8 +411,11 @@ hf("whisper", "speech", "WhisperModel",
     "vocab_size": VOCAB, "num_mel_bins": 16, "max_source_positions": 16,
     "max_target_positions": 32, "use_cache": False, "pad_token_id": 0,
     "decoder_start_token_id": 1},
+   # with a decoder mask: without one, transformers looks for packed sequences in the
+   # position ids with torch.diff, which has no ONNX export
    (InputSpec("input_features", (1, 16, 32)),
-    InputSpec("decoder_input_ids", (1, 8), "ids", VOCAB)))  # export: no ONNX aten::diff
+    InputSpec("decoder_input_ids", (1, 8), "ids", VOCAB),
+    InputSpec("decoder_attention_mask", (1, 8), "mask")))
 hf("speech-to-text", "speech", "Speech2TextModel",
    {**BARTLIKE, "input_feat_per_channel": 16, "num_conv_layers": 2, "conv_channels": 32,
     "max_source_positions": 64, "max_target_positions": 64},
