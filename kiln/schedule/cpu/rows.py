@@ -39,19 +39,26 @@ def schedule_rows(sch: Any, target: Any, out_name: str, reduced_axes: Sequence[i
     outer = sch.fuse(*loops[:n_outer]) if n_outer > 1 else loops[0]
     for b in reversed(producers):
         sch.compute_at(b, outer)
-    vectorize_inner(sch, target, out)
+    _vectorize_row(sch, target, out, outer)
     for b in producers:
         blk = sch.get(b)
         if any(iv.iter_type == tir.IterType.COMM_REDUCE for iv in blk.iter_vars):
             _row_reduction(sch, target, b, outer)
         else:
-            vectorize_inner(sch, target, b)
+            _vectorize_row(sch, target, b, outer)
     work = block_work(sch, out)
     if loop_extent(sch, outer) != 1 and getattr(target, "num_threads", 0) != 1 and (
         work is None or work >= PARALLEL_MIN_WORK
     ):
         sch.parallel(outer)
     schedule_epilogue(sch, target, rest, outer)
+
+
+def _vectorize_row(sch: Any, target: Any, block: Any, outer: Any) -> None:
+    """Vectorize ``block``'s loop along the row; a row of one element has none left under
+    ``outer`` (compute_at drops unit loops), and ``outer`` itself runs over rows."""
+    if _loops_below(sch, block, outer):
+        vectorize_inner(sch, target, block)
 
 
 def _row_reduction(sch: Any, target: Any, block: Any, outer: Any) -> None:
