@@ -36,6 +36,7 @@ CASES = {
     "mlp_b1": ("mlp", 1),
     "mlp_b64": ("mlp", 64),
     "bert_seq128": ("bert_encoder", 1),
+    "lstm_seq64": ("lstm", 1),
 }
 
 

@@ -249,6 +249,28 @@ def bert_encoder(layers: int = 6, hidden: int = 768, heads: int = 12, ffn: int =
     return Encoder()
 
 
+def lstm_classifier(vocab: int = 1000, hidden: int = 512, layers: int = 2,
+                    classes: int = 10) -> Any:
+    """Embedding -> ``layers``-layer LSTM (batch first) -> linear classifier of the last step's
+    hidden state: the recurrent model of the speed targets (ONNX ``LSTM`` nodes once exported;
+    ``kiln.testing.torch_programs.lstm`` is the same network for the torch frontend)."""
+    torch = _torch()
+    nn = torch.nn
+
+    class LSTMClassifier(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab, hidden)
+            self.lstm = nn.LSTM(hidden, hidden, num_layers=layers, batch_first=True)
+            self.head = nn.Linear(hidden, classes)
+
+        def forward(self, ids: Any) -> Any:
+            out, _ = self.lstm(self.embed(ids))
+            return self.head(out[:, -1])
+
+    return LSTMClassifier()
+
+
 def export_onnx(module: Any, example_inputs: tuple[Any, ...], input_names: list[str],
                 dynamic_batch: bool = False, opset: int = 17, seed: int = 0) -> bytes:
     """Serialize ``module`` (random weights, eval mode) to ONNX bytes with torch's exporter.
@@ -277,7 +299,7 @@ def export_onnx(module: Any, example_inputs: tuple[Any, ...], input_names: list[
 
 def example_inputs(name: str, batch: int = 1, seq: int = 128, seed: int = 0) -> list[np.ndarray]:
     """Random inputs for ``resnet18``/``mobilenet_v2`` (224x224 images), ``text_detector``
-    (640x640 images), ``mlp`` (batch x 784) or
+    (640x640 images), ``mlp`` (batch x 784), ``lstm`` (batch x 64 token ids) or
     ``bert_encoder`` (token ids + attention mask)."""
     rng = np.random.default_rng(seed)
     if name in ("resnet18", "mobilenet_v2"):
@@ -286,6 +308,8 @@ def example_inputs(name: str, batch: int = 1, seq: int = 128, seed: int = 0) -> 
         return [rng.standard_normal((batch, 3, 640, 640), dtype=np.float32)]
     if name == "mlp":
         return [rng.standard_normal((batch, 784), dtype=np.float32)]
+    if name == "lstm":
+        return [rng.integers(0, 1000, size=(batch, 64), dtype=np.int64)]
     if name == "bert_encoder":
         ids = rng.integers(0, 30522, size=(batch, seq), dtype=np.int64)
         mask = np.ones((batch, seq), dtype=np.int64)
@@ -296,7 +320,7 @@ def example_inputs(name: str, batch: int = 1, seq: int = 128, seed: int = 0) -> 
 
 MODELS = {"resnet18": (resnet18, ["input"]), "mobilenet_v2": (mobilenet_v2, ["input"]),
           "text_detector": (text_detector, ["input"]),
-          "mlp": (mlp, ["input"]),
+          "mlp": (mlp, ["input"]), "lstm": (lstm_classifier, ["ids"]),
           "bert_encoder": (bert_encoder, ["input_ids", "attention_mask"])}
 
 

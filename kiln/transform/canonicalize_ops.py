@@ -16,9 +16,10 @@ fusion, layout and combine passes, schedules) match one form. The rewrites, all 
   schedule reads the ``[units, in]`` weight directly; the transpose is left for DCE.
 - A **constant** weight goes the other way: ``dense(x, W)`` and ``matmul(x, transpose(W))``
   with a constant 2-d ``W`` -> ``matmul(x, W.T)`` with ``W.T`` stored transposed at compile
-  time. ``dense`` must transpose (or read across) its weight on every call, while matmul's
-  schedule streams the ``[in, units]`` rows contiguously and vectorizes along the units, also
-  for a single row (GEMV); so ``dense`` is kept for weights known only at run time.
+  time (once per weight, shared by all its products). ``dense`` must transpose (or read
+  across) its weight on every call, while matmul's schedule streams the ``[in, units]`` rows
+  contiguously and vectorizes along the units, also for a single row (GEMV); so ``dense`` is
+  kept for weights known only at run time.
 - ``multiply(x, sigmoid(x))`` (either order) -> ``silu(x)``: SiLU/swish as exported by
   frameworks, one fused element-wise op.
 - ``split(x, ...)[i]`` with static pieces -> ``strided_slice(x, ...)``: each piece becomes an
@@ -120,6 +121,11 @@ def canonical_attrs(call: gx.Call) -> Any:
 
 
 class _Canonicalizer(RewriteMutator):
+    def __init__(self, mod: IRModule):
+        super().__init__(mod)
+        #: id of a constant weight -> (its transposed Constant, the weight)
+        self.transposed: dict[int, tuple[gx.Constant, gx.Constant]] = {}
+
     def rewrite(self, var: gx.Var, value: gx.Expr) -> gx.Expr | None:
         if isinstance(value, gx.TupleGetItem):
             return self._split_piece(value)
@@ -161,9 +167,14 @@ class _Canonicalizer(RewriteMutator):
         return self._matmul_transposed_const(x, w, out_dtype)
 
     def _matmul_transposed_const(self, x: gx.Expr, w: gx.Expr, out_dtype: Any) -> gx.Expr:
-        """``matmul(x, W.T)`` with the transposed constant made now (see the module doc)."""
-        wt = np.ascontiguousarray(self.constant_of(w).data.T)
-        return call_op("matmul", [x, const(wt)], get_op_def("matmul").make_attrs(out_dtype))
+        """``matmul(x, W.T)`` with the transposed constant made now (see the module doc), once
+        per constant: every product with ``W`` (each time step of an unrolled RNN) shares one
+        ``W.T``, so later passes see one weight, not a copy per call."""
+        c = self.constant_of(w)
+        made = self.transposed.get(id(c))
+        if made is None:  # the source is kept with its transpose, so its id stays unique
+            made = self.transposed[id(c)] = (const(np.ascontiguousarray(c.data.T)), c)
+        return call_op("matmul", [x, made[0]], get_op_def("matmul").make_attrs(out_dtype))
 
     def _split_piece(self, item: gx.TupleGetItem) -> gx.Expr | None:
         """``split(x, ...)[i]`` -> ``strided_slice(x, ...)`` when the pieces are static."""

@@ -19,7 +19,12 @@ parameters are the constants' types, legalized, compiled with
 native-code cache makes repeated builds cheap) and run. Pure data movement (reshape, squeeze,
 expand_dims, transpose, broadcast_to, concat) is done with numpy instead, which is exact for it.
 Builds are memoized per pass run by (op, attributes, argument types). A call kiln cannot build
-or run (a KilnError) is left as it was.
+or run (a KilnError) is left as it was. Folds are memoized too, by (op, attributes, argument
+Constant objects): equal calls on the same constants -- torch's decompositions transpose a
+recurrent weight once per time step -- give one shared Constant, not a copy per call (with
+CanonicalizeOps' one transpose per weight, the 64-step LSTM of ``benchmarks/torch_models.py``
+went from 139 distinct constants, 539 MB, every step reading its own copy from memory, to 15,
+19 MB).
 
 Size cap: folding must not blow up the model. A result is folded only if it has at most
 ``transform.fold_constant.max_elements`` elements (a PassContext config, default 2**18) or no
@@ -92,6 +97,16 @@ def _numpy_eval(call: gx.Call, arrays: list[np.ndarray]) -> np.ndarray:
     raise KilnError(f"FoldConstant: no numpy evaluation for {name}")
 
 
+def _call_key(call: gx.Call, operands: tuple) -> Any:
+    """A hashable key of ``call``: op, attributes, how the constants fill the arguments (tuple
+    fields) and ``operands`` (what is known of the constants); None for ``call_tir`` (PrimFuncs
+    are not hashed; call_tir folds are rare)."""
+    if gx.is_call_tir(call):
+        return None
+    structure = tuple(len(a.fields) if isinstance(a, gx.Tuple) else -1 for a in call.args)
+    return (call.op.name, Exact(call.attrs, attrs_key, attrs_equal), structure, operands)
+
+
 class ConstantEvaluator:
     """Builds and runs single-call modules with kiln, memoizing the executables."""
 
@@ -113,11 +128,7 @@ class ConstantEvaluator:
 
     @staticmethod
     def _key(call: gx.Call, arrays: list[np.ndarray]) -> Any:
-        if gx.is_call_tir(call):
-            return None  # PrimFuncs are not hashed; call_tir folds are rare
-        structure = tuple(len(a.fields) if isinstance(a, gx.Tuple) else -1 for a in call.args)
-        types = tuple((a.shape, str(a.dtype)) for a in arrays)
-        return (call.op.name, Exact(call.attrs, attrs_key, attrs_equal), structure, types)
+        return _call_key(call, tuple((a.shape, str(a.dtype)) for a in arrays))
 
     def _build(self, call: gx.Call, arrays: list[np.ndarray],
                prim_funcs: dict[str, PrimFunc]) -> Any:
@@ -155,6 +166,8 @@ class _Folder(RewriteMutator):
         self.prim_funcs = {n: f for n, f in mod.items() if isinstance(f, PrimFunc)}
         self.max_elements = max_elements
         self.evaluator = evaluator
+        # fold key -> (result, the argument Constants: kept alive so that their ids stay unique)
+        self.folded: dict[Any, tuple[gx.Expr, list[gx.Constant]]] = {}
 
     def _const_args(self, call: gx.Call) -> list[gx.Constant] | None:
         out: list[gx.Constant] = []
@@ -194,6 +207,19 @@ class _Folder(RewriteMutator):
         biggest_in = max(c.data.size for c in consts)
         if out_elems > self.max_elements and out_elems > biggest_in:
             return None
+        # the same call on the same Constant objects: the same result
+        key = _call_key(value, tuple(id(c) for c in consts))
+        hit = self.folded.get(key) if key is not None else None
+        if hit is not None:
+            return hit[0]
+        folded = self._fold(value, consts, shapes)
+        if folded is not None and key is not None:
+            self.folded[key] = (folded, consts)
+        return folded
+
+    def _fold(self, value: gx.Call, consts: list[gx.Constant],
+              shapes: list[tuple[int, ...]]) -> gx.Expr | None:
+        name = value.op.name
         arrays = [np.asarray(c.data) for c in consts]
         try:
             if name in _NUMPY_OPS and isinstance(value.struct_info, TensorStructInfo):

@@ -5,7 +5,9 @@ A pass built on it says, for each op call, whether to compute it in other layout
 its new result, how to build the new call). The engine then rewrites a graph function so that
 
 - the chosen ops get their inputs in the layouts they asked for: a ``layout_transform`` is
-  inserted for a variable, and a constant is transformed at compile time (numpy, exact);
+  inserted for a variable, and a constant is transformed at compile time (numpy, exact; once
+  per constant, however many calls read it); the hooks see a variable bound to a constant as
+  that Constant;
 - ops that do not care about the layout *follow* an input that is already in a new layout
   instead of forcing it back: element-wise ops (any ``ELEMWISE`` op), broadcasting ops without
   attributes (``add``, ``multiply``, ``where``...; a broadcast constant such as a per-channel
@@ -139,6 +141,16 @@ class LayoutRewriter(ExprMutator):
             return e
         return self.constants.get(e) if isinstance(e, gx.Var) else None
 
+    def _constants_shown(self, call: gx.Call) -> gx.Call:
+        """``call`` as the layout hooks see it: arguments bound to constants are the Constants
+        (a weight FoldConstant made is a variable bound to one, read by every time step of an
+        unrolled RNN), so a hook that packs constant weights at compile time recognizes it."""
+        args = tuple(self.constants.get(a, a) if isinstance(a, gx.Var) else a
+                     for a in call.args)
+        if all(x is y for x, y in zip(args, call.args)):
+            return call
+        return call.replace(args=args, struct_info=call.struct_info)
+
     def _get(self, arg: gx.Expr, declared: str, want: str) -> gx.Expr:
         """``arg`` (whose original value is in layout ``declared``) in layout ``want``."""
         const = self._constant(arg)
@@ -206,7 +218,7 @@ class LayoutRewriter(ExprMutator):
             return
         if call.op.name == "layout_transform" and self._explicit_transform(b, call):
             return
-        req = self.decide(call)
+        req = self.decide(self._constants_shown(call))
         if req is not None and self._rewrite(b, call, req):
             return
         pref = self._preferred(call)

@@ -1,7 +1,8 @@
 """Real networks exported from PyTorch (random weights) run through kiln and match onnxruntime.
 
-ResNet-18, MobileNetV2, a 6-layer BERT-style encoder (seq 128, attention mask) and a DBNet-style
-text detector (640x640: resizes, concats, transposed convolutions) are defined in
+ResNet-18, MobileNetV2, a 6-layer BERT-style encoder (seq 128, attention mask), a DBNet-style
+text detector (640x640: resizes, concats, transposed convolutions) and an LSTM classifier (two
+ONNX LSTM nodes of width 512 over 64 steps) are defined in
 ``kiln.testing.torch_models``; each is exported with torch's ONNX exporter, imported with
 ``from_onnx``, compiled at the default opt level and compared with onnxruntime on the same
 random inputs: max |kiln - ort| / max |ort| <= 1e-5 (float32).
@@ -31,7 +32,8 @@ def _rel_err(out: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(out - ref).max() / np.abs(ref).max())
 
 
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "bert_encoder", "text_detector"])
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "bert_encoder", "text_detector",
+                                  "lstm"])
 def test_exported_network_matches_onnxruntime(name: str) -> None:
     data, inputs = torch_models.onnx_model(name)
     model = onnx.load_from_string(data)

@@ -116,6 +116,39 @@ def test_symbolic_rows():
         check(res, x @ y)
 
 
+@pytest.mark.parametrize("batch, rows", [((64,), 1), ((5, 3), 3), (("n",), 2), ((2,), "m")])
+def test_batch_sharing_one_packed_operand_is_more_rows(batch, rows):
+    """``a [..., rows, K]`` against a packed operand without batch dims (an RNN's input
+    projection: every time step times one weight) is one GEMM of ``prod(batch) * rows`` rows,
+    not one tiny product per batch entry: the batch and row loops are fused, the fused loop is
+    tiled like any row loop (tiles cross batch entries), and a fused consumer reading another
+    batched tensor still lines up; symbolic batches too. A symbolic row count keeps its batch
+    loops (a row's batch index would not be affine in the fused loop)."""
+    from kiln.codegen import c as codegen_c
+
+    k, panels = 24, 3
+    shape = tuple(te.size_var(d) if isinstance(d, str) else d for d in (*batch, rows)) + (k,)
+    a = te.placeholder(shape, "float32", name="a")
+    bp = te.placeholder((panels, k, GEMM_NR), "float32", name="bp")
+    add = te.placeholder(shape[:-1] + (panels * GEMM_NR,), "float32", name="add")
+    opdef = get_op_def("matmul_packed")
+    prod = opdef.compute(a, bp, attrs=opdef.make_attrs())
+    out = te.compute(prod.shape, lambda *i: prod(*i) + add(*i), name="plus")
+    sch = Schedule(te.create_prim_func([a, bp, add, out]))
+    lookup_schedule(opdef.name, "c")(sch, Target("c", num_threads=2))
+    names = [sch.get(lp).loop_var.name for lp in sch.get_loops(sch.get_block("matmul_packed"))]
+    fused = not any(n.startswith(("i0", "i1")) and "fused" not in n for n in names)
+    assert fused == (rows != "m"), names
+    mod = codegen_c.build({"mmp": sch.func}, TARGET)
+    for n in (1, 7) if "n" in batch or rows == "m" else (None,):
+        dims_ = tuple(n if isinstance(d, str) else d for d in (*batch, rows))
+        x, y = rand(dims_ + (k,)), rand((k, panels * GEMM_NR))
+        z = rand(dims_ + (panels * GEMM_NR,))
+        res = np.zeros_like(z)
+        mod["mmp"](x, pack(y, GEMM_NR), z, res)
+        check(res, x @ y + z)
+
+
 @pytest.mark.parametrize("rows, per_panel", [(64, True), (2048, False)])
 def test_fused_consumers_run_per_panel_when_it_fits(rows, per_panel):
     """A bias + ReLU fused after the product runs once per column panel from a panel-sized
@@ -317,6 +350,37 @@ def test_matrix_vector_product_with_constant_weight_is_packed():
     assert _ops(_altered(mod)["main"]) == ["matmul_packed"]
     x = rand((1, 64))
     check(np.asarray(kiln.build(mod)(x)), x @ w)
+
+
+def test_weight_bound_to_a_variable_is_packed_once_for_all_its_users():
+    """FoldConstant leaves a folded weight as a variable bound to a Constant (an ONNX RNN's
+    recurrent weight, sliced per direction, read by every time step): the layout hook sees the
+    Constant, so even one-row products are packed at compile time, and all of them read one
+    packed copy."""
+    w = rand((2 * GEMM_NR, 64))  # dense's [units, in]
+    x = g.Var("x", g.TensorStructInfo((1, 64), "float32"))
+    bb = g.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            wv = bb.emit(g.const(w))
+            h = x
+            for _ in range(3):
+                y = bb.emit(op.dense(h, wv))
+                h = bb.emit(op.tanh(op.strided_slice(y, (0,), (64,), axes=(1,))))
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    after = _altered(mod)["main"]
+    assert [n for n in _ops(after) if n != "tanh" and n != "strided_slice"] == ["matmul_packed"] * 3
+    packed = {id(b.value.args[1]) if isinstance(b.value.args[1], g.Constant) else None
+              for blk in after.body.blocks for b in blk.bindings
+              if isinstance(b.value, g.Call) and b.value.op.name == "matmul_packed"}
+    assert len(packed) == 1 and None not in packed
+    xs = rand((1, 64))
+    ref = xs
+    for _ in range(3):
+        ref = np.tanh((ref @ w.T)[:, :64])
+    check(np.asarray(kiln.build(mod)(xs)), ref)
 
 
 def test_symbolic_rows_are_packed_and_run_at_any_batch():

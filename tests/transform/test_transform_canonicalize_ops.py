@@ -114,6 +114,33 @@ def test_constant_weights_become_matmul_with_the_weight_transposed_at_compile_ti
         np.testing.assert_allclose(kiln.build(after)(xs), xs @ w.T, rtol=1e-5, atol=1e-5)
 
 
+def test_products_with_one_constant_weight_share_its_transpose():
+    """Every time step of an unrolled RNN multiplies by the same weight (torch transposes it
+    per step): all the products read one transposed Constant, not a copy each."""
+    x = g.Var("x", _t(1, 8))
+    w = g.const(RNG.standard_normal((16, 8)).astype("float32"))
+    bb = g.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = x
+            for _ in range(3):
+                h = bb.emit(op.tanh(op.sum(op.reshape(op.matmul(h, bb.emit(op.transpose(w))),
+                                                      (1, 2, 8)), axis=(1,))))
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    after = DeadCodeElimination()(CanonicalizeOps()(mod))
+    weights = {id(b.value.args[1]) for blk in after["main"].body.blocks for b in blk.bindings
+               if isinstance(b.value, g.Call) and b.value.op.name == "matmul"}
+    assert len(weights) == 1
+    xs = RNG.standard_normal((1, 8)).astype("float32")
+    wt = w.data.T
+    ref = xs
+    for _ in range(3):
+        ref = np.tanh((ref @ wt).reshape(1, 2, 8).sum(1))
+    np.testing.assert_allclose(kiln.build(after)(xs), ref, rtol=1e-5, atol=1e-5)
+
+
 def test_matmul_of_other_transposes_is_kept():
     x, w = g.Var("x", _t(2, 4, 8)), g.Var("w", _t(2, 4, 8))
     bb = g.BlockBuilder()

@@ -64,6 +64,33 @@ def test_folded_model_computes_the_same():
     assert kiln.build(after).num_kernels == 2  # add + matmul
 
 
+def test_equal_folds_share_one_constant():
+    """The same call on the same Constant (a weight transformed once per time step of an
+    unrolled RNN) folds to one shared Constant; another call or constant gets its own."""
+    x = g.Var("x", _t(2, 8))
+    w, w2 = g.const(W), g.const(W.copy())
+    bb = g.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            folds = [bb.emit(op.exp(w)), bb.emit(op.exp(w)), bb.emit(op.exp(w2)),
+                     bb.emit(op.tanh(w))]
+            h = x
+            for f in folds:
+                h = bb.emit(op.matmul(bb.emit(op.add(h, op.sum(f, axis=(0,)))),
+                                      g.const(np.eye(8, dtype="float32"))))
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    after = FoldConstant()(mod)
+    consts = [b.value for b in after["main"].body.blocks[0].bindings[:4]]
+    assert all(isinstance(c, g.Constant) for c in consts)
+    assert consts[0] is consts[1] and consts[2] is not consts[0] and consts[3] is not consts[0]
+    np.testing.assert_allclose(consts[2].data, consts[0].data, rtol=1e-6)
+    np.testing.assert_allclose(consts[3].data, np.tanh(W), rtol=1e-6)
+    data = RNG.standard_normal((2, 8)).astype("float32")
+    np.testing.assert_allclose(kiln.build(after)(data), kiln.build(mod)(data), rtol=1e-6)
+
+
 def test_multi_output_and_tuple_get_item():
     x = g.Var("x", _t(2, 2))
     c = np.arange(8, dtype="float32").reshape(2, 4)

@@ -126,6 +126,11 @@ def schedule_packed_gemm(sch: Any, target: Any, block: Any) -> tuple[Any, Any]:
     packed = blk.reads[1].buffer
     nb = const_int(packed.shape[-1])
     *batch, i, j, k = sch.get_loops(block)
+    if batch and packed.ndim == 3 and loop_extent(sch, i) is not None:
+        # one packed operand for every batch entry: the batch is more rows of one GEMM (with
+        # a static row count, so a row's batch index and row stay affine in the fused loop)
+        i = sch.fuse(*batch, i)
+        batch = []
     m = loop_extent(sch, i)
     rows = knob("gemm_tile_rows", (1, 2, 4, 6, 8, 12), gemm_tile(target)[0])
     mr = rows if m is None else min(rows, m)
