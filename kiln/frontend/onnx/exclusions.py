@@ -41,11 +41,6 @@ _AFFINE_IF_RANK = (
 _RANDOM_OUTPUT = ("random output: the expected values are numpy's generator's (np.random), "
                   "which kiln's Philox-4x32 cannot reproduce; shape and dtype match")
 
-_SEQUENCE_LOOP = (
-    "Loop over a sequence whose trip count is known only at run time (a sequence input's "
-    "length): it runs as a run-time Loop, whose subgraph functions take and return tensors "
-    "only so far (a carried sequence or optional is refused, naming the node)")
-
 # Converted cases that fail, with the concrete reason (case name without the _cpu suffix).
 KNOWN_FAILURES: dict[str, str] = {
     # -- attention / normalization (helper B) --
@@ -82,15 +77,6 @@ KNOWN_FAILURES: dict[str, str] = {
        for c in ("_default", "_default_mask", "", "_mask")},
     **{f"test_bernoulli{c}": _RANDOM_OUTPUT
        for c in ("", "_expanded", "_double", "_double_expanded", "_seed", "_seed_expanded")},
-    # -- sequences (issue 26): a Loop carrying a sequence, with a trip count known only at run
-    # time (SequenceMap over a sequence input becomes such a Loop: kiln.op.sequence); the
-    # run-time Loop's subgraph functions carry tensors only
-    **{f"test_sequence_map_{c}{e}": _SEQUENCE_LOOP
-       for c in ("identity_1_sequence", "identity_2_sequences", "identity_1_sequence_1_tensor",
-                 "add_2_sequences", "add_1_sequence_1_tensor", "extract_shapes")
-       for e in ("", "_expanded")},
-    "test_loop13_seq": _SEQUENCE_LOOP,
-    "test_loop16_seq_none": _SEQUENCE_LOOP,
     # element-wise (helper A)
     "test_celu_bfloat16_expanded":
         "bfloat16 Celu spelled out in Div/Exp/Sub/Mul/Max/Min nodes: kiln rounds every node's "
