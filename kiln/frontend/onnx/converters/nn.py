@@ -31,10 +31,19 @@ from .common import (
 )
 from .random import training_dropout
 
+#: 16-bit floats whose products are summed in float32 and rounded once per node (as numpy,
+#: onnxruntime and torch do): a 16-bit running sum loses a bit per few terms.
+HALF_ACCUMULATE = {"float16": "float32", "bfloat16": "float32"}
+
 
 @converter("MatMul")
 def matmul(ctx: Any, node: Any) -> Any:
-    return op.matmul(node.input(0), node.input(1))
+    a, b = node.input(0), node.input(1)
+    dt = dtype_of(a)
+    wide = HALF_ACCUMULATE.get(dt)
+    if wide is None:
+        return op.matmul(a, b)
+    return op.cast(op.matmul(a, b, out_dtype=wide), dt)
 
 
 @converter("Gemm")
@@ -45,15 +54,20 @@ def gemm(ctx: Any, node: Any) -> Any:
         a = op.transpose(a, (1, 0))
     if node.attr("transB", 0):
         b = op.transpose(b, (1, 0))
-    out = op.matmul(a, b)
+    # 16-bit floats: alpha A B + beta C in float32, rounded once
+    wide = HALF_ACCUMULATE.get(dt)
+    out = op.matmul(a, b, out_dtype=wide)
+    cdt = wide or dt
     alpha, beta = node.attr("alpha", 1.0), node.attr("beta", 1.0)
     if alpha != 1.0:
-        out = op.multiply(out, scalar(alpha, dt))
+        out = op.multiply(out, scalar(alpha, cdt))
     if c is not None and beta != 0.0:
+        if wide:
+            c = op.cast(c, wide)
         if beta != 1.0:
-            c = op.multiply(c, scalar(beta, dt))
+            c = op.multiply(c, scalar(beta, cdt))
         out = op.add(out, c)
-    return out
+    return op.cast(out, dt) if wide else out
 
 
 def lift_1d(ctx: Any, node: Any, x: Any) -> Any:
@@ -184,7 +198,7 @@ def _conv2d(ctx: Any, x: Any, w: Any, strides: Ints, pads: Ints, dilations: Ints
     """``nn.conv2d``; 16-bit floats accumulate in float32 and round once (as onnxruntime
     does)."""
     dt = dtype_of(x)
-    wide = "float32" if dt in ("float16", "bfloat16") else None
+    wide = HALF_ACCUMULATE.get(dt)
     out = op.nn.conv2d(x, w, strides=strides, padding=pads, dilation=dilations, groups=groups,
                        out_dtype=wide)
     return op.cast(out, dt) if wide else out
