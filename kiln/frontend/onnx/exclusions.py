@@ -70,10 +70,6 @@ KNOWN_FAILURES: dict[str, str] = {
         "inferred (4, 4) output and zero-pad it to output_shape (5, 5) (the ONNX reference); "
         "kiln, like onnxruntime and PyTorch's max_unpool, reads the indices as flat positions "
         "in the output_shape tensor, which is what MaxPool's indices of a model's input are",
-    "test_batchnorm_example_training_mode":
-        "BatchNormalization training_mode=1 (batch statistics outputs)",
-    "test_batchnorm_epsilon_training_mode":
-        "BatchNormalization training_mode=1 (batch statistics outputs)",
     # -- random numbers (bit ops & random helper): kiln draws with Philox-4x32
     # (kiln.op.random); these cases expect the values of numpy's generator, which no other
     # generator reproduces. Output shapes and dtypes match; the distributions are tested in

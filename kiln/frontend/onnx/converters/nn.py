@@ -720,8 +720,14 @@ def global_max_pool(ctx: Any, node: Any) -> Any:
 
 @converter("BatchNormalization")
 def batch_norm(ctx: Any, node: Any) -> Any:
-    if node.attr("training_mode", 0) or len([o for o in node.proto.output if o]) > 1:
-        raise node.error("training-mode batch normalization is not supported")
+    """Inference: the running statistics normalize. ``training_mode`` (opset 14+): the batch
+    statistics (mean and biased variance over every axis but 1) normalize, and the running
+    statistics are updated, ``running * momentum + batch * (1 - momentum)`` (outputs 1, 2)."""
+    training = node.opset >= 14 and bool(node.attr("training_mode", 0))
+    outputs = len([o for o in node.proto.output if o])
+    if outputs > 1 and not training:
+        raise node.error("the saved statistics outputs of BatchNormalization before opset 14 "
+                         "(training with is_test=0 / spatial) are not supported")
     x = node.input(0)
     if ndim_of(x) < 2:
         raise node.error("input must have a channel axis")
@@ -729,8 +735,21 @@ def batch_norm(ctx: Any, node: Any) -> Any:
     dt = dtype_of(x)
     shape = (1, -1) + (1,) * (ndim_of(x) - 2)
     scale, bias, mean, var = (reshape(node.input(i), shape) for i in range(1, 5))
+    extra: list[Any] = []
+    if training:
+        axes = (0, *range(2, ndim_of(x)))
+        mean = ctx.emit(op.mean(x, axis=axes, keepdims=True))
+        centered = ctx.emit(op.subtract(x, mean))
+        var = ctx.emit(op.mean(op.multiply(centered, centered), axis=axes, keepdims=True))
+        m = float(node.attr("momentum", 0.9))
+        running = [op.add(op.multiply(node.input(i), scalar(m, dtype_of(node.input(i)))),
+                          op.multiply(op.cast(reshape(batch, (-1,)), dtype_of(node.input(i))),
+                                      scalar(1 - m, dtype_of(node.input(i)))))
+                   for i, batch in ((3, mean), (4, var))]
+        extra = running[:outputs - 1]
     inv = op.divide(scale, op.sqrt(op.add(var, scalar(node.attr("epsilon", 1e-5), dt))))
-    return op.add(op.multiply(op.subtract(x, mean), inv), bias)
+    y = op.add(op.multiply(op.subtract(x, mean), inv), bias)
+    return [y, *extra] if extra else y
 
 
 @converter("LayerNormalization", since=17)
