@@ -242,7 +242,9 @@ def _stable_body(ctx: Any, node: Any, body: Any, lead: list[Any], carried: list[
     captures = outer_names(body)
     sinfos = list(carried)
     fresh: set[int] = set()
-    for _ in range(len(carried) + 1):
+    # each round widens at least one value; a tensor's dims turn fresh once, a sequence's
+    # element goes from unknown (empty) to a shape, to a rank, to nothing known: 3 steps
+    for _ in range(3 * len(carried) + 1):
         probe = import_function(ctx, node, body, f"{base}_body",
                                 list(zip(names, [*lead, *sinfos, *rest])),
                                 sink=g.BlockBuilder(), captures=captures)
