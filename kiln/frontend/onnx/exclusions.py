@@ -22,7 +22,8 @@ _BF16_ATTENTION = (
     "bfloat16 Attention: the expected data come from numpy, whose bfloat16 row sum in the "
     "softmax (np.sum over ml_dtypes' bfloat16) accumulates in bfloat16, rounding after every "
     "add; kiln sums in float32 and rounds once (even rounding each step of the softmax to "
-    "bfloat16 leaves 21 of 192 values 1 ulp off, beyond the case's rtol 1e-3). A bfloat16 "
+    "bfloat16 leaves 21 of 192 values of 4d_causal_bf16 beyond the case's rtol 1e-3, which is "
+    "below one bfloat16 ulp). A bfloat16 "
     "running sum stalls on long rows (4096 keys: the terms fall below half an ulp of the "
     "sum), so kiln does not copy it")
 _EXPANDED_FP16_SOFTMAX = (
