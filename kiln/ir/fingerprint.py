@@ -39,10 +39,16 @@ class NotFingerprintable(Exception):
 
 
 def fingerprint_array(a: Any) -> bytes:
-    """sha256 of an array's dtype, shape and bytes (anything ``np.asarray`` takes)."""
+    """sha256 of an array's dtype, shape and bytes (anything ``np.asarray`` takes). The
+    dtype's name is digested besides its code: ml_dtypes' types (bfloat16, the float8s) share
+    the codes ``V2``/``V1``; their bytes are read as uint8 (the buffer protocol refuses them).
+    An object array (string tensors) is digested by its elements' reprs, not its pointers."""
     arr = np.ascontiguousarray(np.asarray(a))
-    h = hashlib.sha256(f"{arr.dtype.str}{arr.shape}".encode())
-    h.update(memoryview(arr).cast("B") if arr.size else b"")
+    h = hashlib.sha256(f"{arr.dtype.str}{arr.dtype.name}{arr.shape}".encode())
+    if arr.dtype == object:
+        h.update(repr(arr.reshape(-1).tolist()).encode())
+    elif arr.size:
+        h.update(arr.reshape(-1).view(np.uint8).data)
     return h.digest()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
 
 import kiln
 from kiln.frontend.onnx import from_onnx
@@ -327,3 +328,25 @@ def test_maxpool_skips_nan(shape, kernel, strides, pads):
     flat = np.where(np.isnan(x), np.finfo(np.float32).min, x).reshape(-1)
     hit = indices >= 0
     np.testing.assert_array_equal(flat[indices[hit]], got[hit])
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 2), (6, 2)])
+def test_batch_norm_training_mode_against_the_reference(shape):
+    """training_mode=1: normalized by the batch statistics, running statistics updated with
+    the momentum (outputs 1 and 2); against onnx.reference on random data."""
+    c = shape[1]
+    x = _rand(*shape) * 3 + 1
+    params = [_rand(c), _rand(c), _rand(c), np.abs(_rand(c)) + 0.5]
+    names = ["x", "s", "b", "m", "v"]
+    node = helper.make_node("BatchNormalization", names, ["y", "rm", "rv"], training_mode=1,
+                            momentum=0.7, epsilon=1e-3)
+    graph = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info(n, F, a.shape) for n, a in zip(names, [x, *params])],
+        [helper.make_tensor_value_info(o, F, None) for o in ("y", "rm", "rv")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    feeds = dict(zip(names, [x, *params]))
+    mod, weights = from_onnx(model)
+    got = kiln.build(mod, params=weights)(**feeds)
+    want = ReferenceEvaluator(model).run(None, feeds)
+    _close(list(got), want)

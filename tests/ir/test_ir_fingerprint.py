@@ -49,6 +49,21 @@ def test_plain_data():
     assert fingerprint({"a": 1}) != fingerprint({"a": 2})
 
 
+def test_low_precision_and_string_arrays():
+    """ml_dtypes' arrays (no buffer protocol; bfloat16 and float8 share dtype codes) and
+    string arrays (digested by content, not by their object pointers)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    one = np.ones(3, ml_dtypes.bfloat16)
+    assert fingerprint(one) == fingerprint(np.ones(3, ml_dtypes.bfloat16))
+    assert fingerprint(one) != fingerprint(np.ones(3, np.float16))
+    assert fingerprint(one) != fingerprint(np.full(3, 2, ml_dtypes.bfloat16))
+    assert (fingerprint(np.zeros(3, ml_dtypes.float8_e4m3fn))
+            != fingerprint(np.zeros(3, ml_dtypes.float8_e5m2)))
+    words = np.array(["ab", "c"], object)
+    assert fingerprint(words) == fingerprint(np.array(["a" + "b", "c"], object))
+    assert fingerprint(words) != fingerprint(np.array(["a", "bc"], object))
+
+
 def test_values_without_stable_content_are_refused():
     class Opaque:
         pass

@@ -24,6 +24,7 @@ import numpy as np
 
 from ... import graph as g
 from ... import tir
+from ...graph.struct_info import erase_sym_vars, sinfo_equal
 from ...op.common import dims_equal
 from .converters.dynamic import safe_name
 from .importer import GraphContext, convert_subgraph
@@ -60,9 +61,17 @@ def function_sink(ctx: GraphContext) -> g.BlockBuilder:
     return ctx.sink if isinstance(ctx, SubgraphContext) else ctx.bb
 
 
+#: The StructInfo kinds a subgraph function takes and returns besides tensors (host values:
+#: the executor holds them as Python lists / None; ``kiln.runtime.host_values``).
+HOST_VALUE_SINFO = (g.SequenceStructInfo, g.OptionalStructInfo)
+
+
 def capture_sinfo(sinfo: Any) -> Any:
     """The StructInfo of a parameter standing for an outer value of ``sinfo``: compound dims
-    (which a call could not bind) become fresh symbolic dims."""
+    (which a call could not bind) become fresh symbolic dims; a sequence or optional keeps
+    only its static parts (no argument binds the dims of its elements)."""
+    if isinstance(sinfo, HOST_VALUE_SINFO):
+        return erase_sym_vars(sinfo, set())
     if not isinstance(sinfo, g.TensorStructInfo) or sinfo.shape is None:
         return sinfo
     dims = [d if isinstance(d, (tir.IntImm, tir.Var)) else tir.Var(f"d{i}", "int64")
@@ -91,12 +100,36 @@ def widen_sinfo(want: g.TensorStructInfo, got: g.TensorStructInfo, base: str,
     return g.TensorStructInfo(tuple(dims), want.dtype) if changed else None
 
 
+def as_carried(want: Any, got: Any) -> Any:
+    """``got``, a loop body's result for a carried value of ``want``, as that value: an
+    optional when ``want`` is one (a body may return the optional's element)."""
+    if isinstance(want, g.OptionalStructInfo) and not isinstance(got, g.OptionalStructInfo):
+        return g.OptionalStructInfo(got)
+    return got
+
+
+def widen_host_value(want: Any, got: Any) -> Any:
+    """:func:`widen_sinfo` for a loop-carried sequence or optional (``want`` before an
+    iteration, ``got`` after it): the least common StructInfo of both with only static dims
+    (no argument binds the dims of a sequence's elements), a sequence's length kept only where
+    the iteration keeps it. A sequence known to be empty (``SequenceEmpty``) says nothing about
+    its elements, so the elements appended to it decide. A body may return the value of a
+    carried optional (ONNX allows it; the executor holds both alike), which stays an optional.
+    None when nothing changes."""
+    got = erase_sym_vars(as_carried(want, got), set())
+    if isinstance(want, g.SequenceStructInfo) and want.static_length == 0:
+        want = g.SequenceStructInfo(got.elem, want.length)
+    wider = erase_sym_vars(g.struct_info_lca(want, got), set())
+    return None if sinfo_equal(wider, want) else wider
+
+
 class SubgraphFunction:
     """An imported subgraph: the GlobalVar of its function, the outer Exprs to pass for its
-    captures (after the formal arguments), and its outputs' StructInfo."""
+    captures (after the formal arguments), and its outputs' StructInfo (tensors, sequences,
+    optionals)."""
 
     def __init__(self, gvar: g.GlobalVar, captures: list[tuple[str, Any]],
-                 outputs: list[g.TensorStructInfo]):
+                 outputs: list[Any]):
         self.gvar = gvar
         self.captures = captures
         self.outputs = outputs
@@ -119,9 +152,9 @@ def import_function(ctx: GraphContext, node: Any, graph: Any, name: str,
             results = []
             for k, o in enumerate(outs):
                 e = g.const(np.asarray(o)) if isinstance(o, (np.ndarray, np.generic)) else o
-                if not isinstance(e.struct_info, g.TensorStructInfo):
-                    raise node.error(f"output {k} of {name} is not a tensor "
-                                     f"({e.struct_info}); only tensors cross a subgraph")
+                if not isinstance(e.struct_info, (g.TensorStructInfo, *HOST_VALUE_SINFO)):
+                    raise node.error(f"output {k} of {name} is {e.struct_info}; tensors, "
+                                     "sequences and optionals cross a subgraph")
                 results.append(bb.emit_output(e, f"out{k}"))
         bb.emit_func_output(results, params=[*params, *(v for _, v in
                                                          child.captures.values())])

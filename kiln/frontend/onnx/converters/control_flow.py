@@ -35,11 +35,14 @@ from ....runtime import control_flow as rt_cf
 from ..importer import convert_subgraph
 from ..registry import converter
 from ..subgraph import (
+    HOST_VALUE_SINFO,
     SubgraphFunction,
+    as_carried,
     import_function,
     outer_names,
     outer_vars,
     result_dims,
+    widen_host_value,
     widen_sinfo,
 )
 from .common import norm_axis, static_int
@@ -194,18 +197,34 @@ def _scalar(ctx: Any, e: Any, dtype: str) -> Any:
 
 
 def _control_call(ctx: Any, kind: str, funcs: list[g.GlobalVar], args: list[Any],
-                  outputs: list[tuple[Any, str, int]], attrs: Any = None) -> list[Any]:
-    """Emit the ``kiln.control.<kind>`` call and match_cast its results to ``outputs``
-    ((dims, dtype, rank) each; dims None: all fresh)."""
-    fields = tuple(g.TensorStructInfo(None, dtype, ndim=rank) for _, dtype, rank in outputs)
+                  outputs: list[Any], attrs: Any = None) -> list[Any]:
+    """Emit the ``kiln.control.<kind>`` call and match_cast its tensor results to
+    ``outputs`` ((dims, dtype, rank) each; dims None: all fresh); a sequence or optional
+    result is given by its StructInfo and taken as it is."""
+    fields = tuple(o if isinstance(o, HOST_VALUE_SINFO) else
+                   g.TensorStructInfo(None, o[1], ndim=o[2]) for o in outputs)
     call = g.Call(g.ExternFunc(rt_cf.PREFIX + kind), [*funcs, *args], attrs=attrs,
                   sinfo_args=[g.TupleStructInfo(fields)])
     tup = ctx.emit(call)
-    return [ctx.bb.match_cast(g.TupleGetItem(tup, k), g.TensorStructInfo(dims, dtype))
-            for k, (dims, dtype, _) in enumerate(outputs)]
+    return [ctx.emit(g.TupleGetItem(tup, k)) if isinstance(o, HOST_VALUE_SINFO) else
+            ctx.bb.match_cast(g.TupleGetItem(tup, k), g.TensorStructInfo(o[0], o[1]))
+            for k, o in enumerate(outputs)]
+
+
+def _host_dtype(sinfo: Any) -> str | None:
+    """The dtype of the tensors a sequence or optional holds (None: unknown)."""
+    while isinstance(sinfo, HOST_VALUE_SINFO):
+        sinfo = sinfo.elem
+    return str(sinfo.dtype) if isinstance(sinfo, g.TensorStructInfo) else None
 
 
 def _check_types(node: Any, what: str, got: Any, want: Any) -> None:
+    if isinstance(want, HOST_VALUE_SINFO) or isinstance(got, HOST_VALUE_SINFO):
+        got = as_carried(want, got)
+        if type(got) is not type(want) or _host_dtype(got) != _host_dtype(want):
+            raise node.error(f"{what} is {got} after an iteration but {want} before; a "
+                             "loop-carried sequence or optional keeps its kind and dtype")
+        return
     if str(got.dtype) != str(want.dtype) or got.ndim != want.ndim:
         raise node.error(f"{what} is {got} after an iteration but {want} before; a loop-carried "
                          "value may change its dims, not its rank or dtype")
@@ -223,7 +242,9 @@ def _stable_body(ctx: Any, node: Any, body: Any, lead: list[Any], carried: list[
     captures = outer_names(body)
     sinfos = list(carried)
     fresh: set[int] = set()
-    for _ in range(len(carried) + 1):
+    # each round widens at least one value; a tensor's dims turn fresh once, a sequence's
+    # element goes from unknown (empty) to a shape, to a rank, to nothing known: 3 steps
+    for _ in range(3 * len(carried) + 1):
         probe = import_function(ctx, node, body, f"{base}_body",
                                 list(zip(names, [*lead, *sinfos, *rest])),
                                 sink=g.BlockBuilder(), captures=captures)
@@ -231,7 +252,8 @@ def _stable_body(ctx: Any, node: Any, body: Any, lead: list[Any], carried: list[
         for j, want in enumerate(sinfos):
             got = probe.outputs[out_offset + j]
             _check_types(node, f"loop-carried value {j} ({names[len(lead) + j]!r})", got, want)
-            wider = widen_sinfo(want, got, f"{base}_v{j}", fresh)
+            wider = (widen_host_value(want, got) if isinstance(want, HOST_VALUE_SINFO) else
+                     widen_sinfo(want, got, f"{base}_v{j}", fresh))
             if wider is not None:
                 sinfos[j], changed = wider, True
         if not changed:
@@ -385,9 +407,13 @@ def _runtime_loop(ctx: Any, node: Any) -> list[Any]:
     captured = [e for _, e in func.captures]
     known = outer_vars([*carried, *captured])
     base = safe_name(node.name)
-    outputs = [(result_dims([s.shape], known, f"{base}_out{j}"), str(s.dtype), s.ndim)
-               for j, s in enumerate(sinfos)]
+    outputs: list[Any] = [
+        s if isinstance(s, HOST_VALUE_SINFO) else
+        (result_dims([s.shape], known, f"{base}_out{j}"), str(s.dtype), s.ndim)
+        for j, s in enumerate(sinfos)]
     for j, o in enumerate(func.outputs[1 + n:]):
+        if not isinstance(o, g.TensorStructInfo):
+            raise node.error(f"scan output {j} of the body is {o}; a Loop stacks tensors only")
         dims = (None if o.shape is None else
                 (tir.Var(f"{base}_n{j}", "int64"), *result_dims([o.shape], known, f"{base}_o{j}")))
         outputs.append((dims, str(o.dtype), o.ndim + 1))

@@ -120,15 +120,30 @@ def leaky_relu(ctx: Any, node: Any) -> Any:
     return op.where(op.less(x, scalar(0, dtype_of(x))), op.multiply(x, alpha), x)
 
 
-def _elu(x: Any, alpha: float) -> Any:
+#: 16-bit float dtypes whose composite activations (one ONNX node, several kiln ops) are
+#: computed in float32 and rounded once: the node's output is of its type, its intermediates
+#: are not (a 16-bit ``exp(x) - 1`` loses the small values Elu/Celu return near 0).
+HALF_FLOATS = ("float16", "bfloat16")
+
+
+def rounded_once(x: Any, build: Any) -> Any:
+    """``build(x, dtype)`` for one ONNX node; for a 16-bit ``x`` computed on ``x`` cast to
+    float32 (``dtype``: the dtype it computes in) and rounded back once."""
     dt = dtype_of(x)
+    if dt not in HALF_FLOATS:
+        return build(x, dt)
+    return op.cast(build(op.cast(x, "float32"), "float32"), dt)
+
+
+def _elu(x: Any, alpha: float, dt: str) -> Any:
     neg = op.multiply(scalar(alpha, dt), op.subtract(op.exp(x), scalar(1, dt)))
     return op.where(op.greater(x, scalar(0, dt)), x, neg)
 
 
 @converter("Elu")
 def elu(ctx: Any, node: Any) -> Any:
-    return _elu(node.input(0), node.attr("alpha", 1.0))
+    alpha = node.attr("alpha", 1.0)
+    return rounded_once(node.input(0), lambda x, dt: _elu(x, alpha, dt))
 
 
 @converter("Selu")
@@ -136,24 +151,24 @@ def selu(ctx: Any, node: Any) -> Any:
     x = node.input(0)
     gamma = node.attr("gamma", 1.05070102214813232421875)
     alpha = node.attr("alpha", 1.67326319217681884765625)
-    return op.multiply(scalar(gamma, dtype_of(x)), _elu(x, alpha))
+    return rounded_once(x, lambda v, dt: op.multiply(scalar(gamma, dt), _elu(v, alpha, dt)))
 
 
-def _hard_sigmoid(x: Any, alpha: float, beta: float) -> Any:
-    dt = dtype_of(x)
+def _hard_sigmoid(x: Any, alpha: float, beta: float, dt: str) -> Any:
     lin = op.add(op.multiply(x, scalar(alpha, dt)), scalar(beta, dt))
     return op.clip(lin, 0.0, 1.0)
 
 
 @converter("HardSigmoid")
 def hard_sigmoid(ctx: Any, node: Any) -> Any:
-    return _hard_sigmoid(node.input(0), node.attr("alpha", 0.2), node.attr("beta", 0.5))
+    x = node.input(0)
+    return _hard_sigmoid(x, node.attr("alpha", 0.2), node.attr("beta", 0.5), dtype_of(x))
 
 
 @converter("HardSwish", since=14)
 def hard_swish(ctx: Any, node: Any) -> Any:
-    x = node.input(0)
-    return op.multiply(x, _hard_sigmoid(x, 1.0 / 6.0, 0.5))
+    return rounded_once(node.input(0),
+                        lambda x, dt: op.multiply(x, _hard_sigmoid(x, 1.0 / 6.0, 0.5, dt)))
 
 
 @converter("Gelu", since=20)
@@ -163,8 +178,8 @@ def gelu(ctx: Any, node: Any) -> Any:
 
 @converter("Softplus")
 def softplus(ctx: Any, node: Any) -> Any:
-    x = node.input(0)
-    return op.log(op.add(op.exp(x), scalar(1, dtype_of(x))))
+    return rounded_once(node.input(0),
+                        lambda x, dt: op.log(op.add(op.exp(x), scalar(1, dt))))
 
 
 def _bound(node: Any, i: int, dtype: str) -> Any:
@@ -377,8 +392,8 @@ def sign(ctx: Any, node: Any) -> Any:
 
 @converter("Softsign")
 def softsign(ctx: Any, node: Any) -> Any:
-    x = node.input(0)
-    return op.divide(x, op.add(scalar(1, dtype_of(x)), op.abs(x)))
+    return rounded_once(node.input(0),
+                        lambda x, dt: op.divide(x, op.add(scalar(1, dt), op.abs(x))))
 
 
 @converter("ThresholdedRelu", since=10)
@@ -392,13 +407,10 @@ def thresholded_relu(ctx: Any, node: Any) -> Any:
 def celu(ctx: Any, node: Any) -> Any:
     """``max(0, x) + min(0, alpha (exp(x / alpha) - 1))``."""
     x = node.input(0)
-    dt = dtype_of(x)
     alpha = node.attr("alpha", 1.0)
     if alpha == 0:
         raise node.error("alpha must not be 0")
-    if dt in ("float16", "bfloat16"):  # in float32, rounded once (as the ONNX reference)
-        return op.cast(_celu(op.cast(x, "float32"), alpha, "float32"), dt)
-    return _celu(x, alpha, dt)
+    return rounded_once(x, lambda v, dt: _celu(v, alpha, dt))
 
 
 def _celu(x: Any, alpha: float, dt: str) -> Any:
@@ -451,9 +463,11 @@ def swiglu(ctx: Any, node: Any) -> Any:
 def mish(ctx: Any, node: Any) -> Any:
     """``x tanh(softplus(x))``; softplus as ``log(1 + exp(x))`` saturates correctly (exp
     overflowing to inf gives tanh(inf) = 1)."""
-    x = node.input(0)
-    sp = op.log(op.add(op.exp(x), scalar(1, dtype_of(x))))
-    return op.multiply(x, op.tanh(sp))
+    def build(x: Any, dt: str) -> Any:
+        sp = op.log(op.add(op.exp(x), scalar(1, dt)))
+        return op.multiply(x, op.tanh(sp))
+
+    return rounded_once(node.input(0), build)
 
 
 @converter("PRelu", since=7)

@@ -31,10 +31,19 @@ from .common import (
 )
 from .random import training_dropout
 
+#: 16-bit floats whose products are summed in float32 and rounded once per node (as numpy,
+#: onnxruntime and torch do): a 16-bit running sum loses a bit per few terms.
+HALF_ACCUMULATE = {"float16": "float32", "bfloat16": "float32"}
+
 
 @converter("MatMul")
 def matmul(ctx: Any, node: Any) -> Any:
-    return op.matmul(node.input(0), node.input(1))
+    a, b = node.input(0), node.input(1)
+    dt = dtype_of(a)
+    wide = HALF_ACCUMULATE.get(dt)
+    if wide is None:
+        return op.matmul(a, b)
+    return op.cast(op.matmul(a, b, out_dtype=wide), dt)
 
 
 @converter("Gemm")
@@ -45,15 +54,20 @@ def gemm(ctx: Any, node: Any) -> Any:
         a = op.transpose(a, (1, 0))
     if node.attr("transB", 0):
         b = op.transpose(b, (1, 0))
-    out = op.matmul(a, b)
+    # 16-bit floats: alpha A B + beta C in float32, rounded once
+    wide = HALF_ACCUMULATE.get(dt)
+    out = op.matmul(a, b, out_dtype=wide)
+    cdt = wide or dt
     alpha, beta = node.attr("alpha", 1.0), node.attr("beta", 1.0)
     if alpha != 1.0:
-        out = op.multiply(out, scalar(alpha, dt))
+        out = op.multiply(out, scalar(alpha, cdt))
     if c is not None and beta != 0.0:
+        if wide:
+            c = op.cast(c, wide)
         if beta != 1.0:
-            c = op.multiply(c, scalar(beta, dt))
+            c = op.multiply(c, scalar(beta, cdt))
         out = op.add(out, c)
-    return out
+    return op.cast(out, dt) if wide else out
 
 
 def lift_1d(ctx: Any, node: Any, x: Any) -> Any:
@@ -184,7 +198,7 @@ def _conv2d(ctx: Any, x: Any, w: Any, strides: Ints, pads: Ints, dilations: Ints
     """``nn.conv2d``; 16-bit floats accumulate in float32 and round once (as onnxruntime
     does)."""
     dt = dtype_of(x)
-    wide = "float32" if dt in ("float16", "bfloat16") else None
+    wide = HALF_ACCUMULATE.get(dt)
     out = op.nn.conv2d(x, w, strides=strides, padding=pads, dilation=dilations, groups=groups,
                        out_dtype=wide)
     return op.cast(out, dt) if wide else out
@@ -709,8 +723,14 @@ def global_max_pool(ctx: Any, node: Any) -> Any:
 
 @converter("BatchNormalization")
 def batch_norm(ctx: Any, node: Any) -> Any:
-    if node.attr("training_mode", 0) or len([o for o in node.proto.output if o]) > 1:
-        raise node.error("training-mode batch normalization is not supported")
+    """Inference: the running statistics normalize. ``training_mode`` (opset 14+): the batch
+    statistics (mean and biased variance over every axis but 1) normalize, and the running
+    statistics are updated, ``running * momentum + batch * (1 - momentum)`` (outputs 1, 2)."""
+    training = node.opset >= 14 and bool(node.attr("training_mode", 0))
+    outputs = len([o for o in node.proto.output if o])
+    if outputs > 1 and not training:
+        raise node.error("the saved statistics outputs of BatchNormalization before opset 14 "
+                         "(training with is_test=0 / spatial) are not supported")
     x = node.input(0)
     if ndim_of(x) < 2:
         raise node.error("input must have a channel axis")
@@ -718,8 +738,21 @@ def batch_norm(ctx: Any, node: Any) -> Any:
     dt = dtype_of(x)
     shape = (1, -1) + (1,) * (ndim_of(x) - 2)
     scale, bias, mean, var = (reshape(node.input(i), shape) for i in range(1, 5))
+    extra: list[Any] = []
+    if training:
+        axes = (0, *range(2, ndim_of(x)))
+        mean = ctx.emit(op.mean(x, axis=axes, keepdims=True))
+        centered = ctx.emit(op.subtract(x, mean))
+        var = ctx.emit(op.mean(op.multiply(centered, centered), axis=axes, keepdims=True))
+        m = float(node.attr("momentum", 0.9))
+        running = [op.add(op.multiply(node.input(i), scalar(m, dtype_of(node.input(i)))),
+                          op.multiply(op.cast(reshape(batch, (-1,)), dtype_of(node.input(i))),
+                                      scalar(1 - m, dtype_of(node.input(i)))))
+                   for i, batch in ((3, mean), (4, var))]
+        extra = running[:outputs - 1]
     inv = op.divide(scale, op.sqrt(op.add(var, scalar(node.attr("epsilon", 1e-5), dt))))
-    return op.add(op.multiply(op.subtract(x, mean), inv), bias)
+    y = op.add(op.multiply(op.subtract(x, mean), inv), bias)
+    return [y, *extra] if extra else y
 
 
 @converter("LayerNormalization", since=17)
