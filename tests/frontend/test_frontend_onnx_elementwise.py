@@ -279,3 +279,17 @@ def test_errors_name_the_node():
     with pytest.raises(KilnError, match="BitShift node 's0'.*direction"):
         from_onnx(bad_shift)
 
+
+
+@pytest.mark.parametrize("base,exp", [(TensorProto.INT64, TensorProto.FLOAT),
+                                      (TensorProto.INT32, TensorProto.DOUBLE)])
+def test_pow_of_an_integer_base_to_a_float_exponent(base, exp):
+    """Computed in float64 and truncated, as numpy and onnxruntime do: 3 ** 2.5 is 15 (kiln
+    cast the exponent to the base's type first: 3 ** 2 = 9); a NaN exponent gives what the
+    float64-to-integer conversion gives (fuzz seed 3010037)."""
+    model = _model([helper.make_node("Pow", ["x", "y"], ["z"])],
+                   [("x", base, [5]), ("y", exp, [5])], ["z"], opset=15)
+    xt = helper.tensor_dtype_to_np_dtype(base)
+    yt = helper.tensor_dtype_to_np_dtype(exp)
+    _check(model, {"x": np.array([3, 2, 5, 4, -3], xt),
+                   "y": np.array([2.5, 3, 0.5, -1, 3], yt)})

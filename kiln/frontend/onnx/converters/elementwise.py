@@ -79,8 +79,14 @@ def identity(ctx: Any, node: Any) -> Any:
 @converter("Pow")
 def pow_(ctx: Any, node: Any) -> Any:
     x, y = node.input(0), node.input(1)
-    if dtype_of(y) != dtype_of(x):
-        y = op.cast(y, dtype_of(x))
+    xt, yt = dtype_of(x), dtype_of(y)
+    if yt != xt and not as_dtype(xt).is_float and as_dtype(yt).is_float:
+        # an integer base to a float exponent: computed in float64 and truncated, as
+        # onnxruntime and numpy do (3 ** 2.5 is 15, not 3 ** 2)
+        wide = op.power(op.cast(x, "float64"), op.cast(y, "float64"))
+        return op.cast(wide, xt)
+    if yt != xt:
+        y = op.cast(y, xt)
     return op.power(x, y)
 
 
