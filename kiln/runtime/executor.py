@@ -105,8 +105,9 @@ def as_input_array(value: Any, name: str, dtype: DataType) -> np.ndarray:
     elif isinstance(value, (int, float, bool, list, tuple, np.generic)):
         arr = np.asarray(value, dtype=dtype.to_numpy())
     else:
+        got = "None" if value is None else type(value).__name__
         raise ArgumentError(
-            f"input {name!r}: expected an array (numpy or __dlpack__), got {type(value).__name__}"
+            f"input {name!r}: expected an array (numpy or __dlpack__), got {got}"
         )
     return arr
 
