@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from kiln import te, tir
+from kiln.build import build as kiln_build
 from kiln.codegen import c as codegen_c
 from kiln.codegen.gpu.build import build as gpu_build
 from kiln.graph.block_builder import BlockBuilder
@@ -46,6 +47,18 @@ def infer(call: Any) -> StructInfo:
 def dims(sinfo: TensorStructInfo) -> tuple:
     """``sinfo``'s shape with constant dimensions as ints and symbolic ones left as tir exprs."""
     return tuple(d.value if isinstance(d, tir.IntImm) else d for d in sinfo.shape)
+
+
+def run_graph(fn: Callable[..., Any], *arrays: np.ndarray, target: str = "c") -> Any:
+    """Build ``main(*arrays) = fn(bb, *vars)`` (a graph of ops over one variable per array, the
+    BlockBuilder first for ops that emit steps) for ``target`` and run it on ``arrays``."""
+    bb = BlockBuilder()
+    params = [Var(f"x{i}", TensorStructInfo(a.shape, a.dtype.name)) for i, a in enumerate(arrays)]
+    with bb.function("main"):
+        with bb.dataflow():
+            out = bb.emit_output(fn(bb, *params))
+        bb.emit_func_output(out, params=params)
+    return kiln_build(bb.get(), target)(*arrays)
 
 
 def rand(

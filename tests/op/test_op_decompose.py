@@ -9,13 +9,12 @@ import pytest
 import scipy.linalg
 import scipy.linalg.lapack
 
-import kiln
 from kiln import graph as g
 from kiln import op
 from kiln.ir.errors import KilnError, StructInfoError
 from kiln.op.registry import OpPattern, get_op_def
 from kiln.schedule import lookup_schedule
-from kiln.testing.op_testing import dims, infer, tvar
+from kiln.testing.op_testing import dims, infer, run_graph, tvar
 
 RNG = np.random.default_rng(11)
 TOL = {"float32": 2e-5, "float64": 1e-12}
@@ -23,14 +22,7 @@ TOL = {"float32": 2e-5, "float64": 1e-12}
 
 def _run(fn, *arrays):
     """Build ``main(*arrays) = fn(*vars)`` for the CPU and run it."""
-    bb = g.BlockBuilder()
-    params = [g.Var(f"x{i}", g.TensorStructInfo(a.shape, a.dtype.name))
-              for i, a in enumerate(arrays)]
-    with bb.function("main"):
-        with bb.dataflow():
-            out = bb.emit_output(fn(*params))
-        bb.emit_func_output(out, params=params)
-    return kiln.build(bb.get(), "c")(*arrays)
+    return run_graph(lambda bb, *params: fn(*params), *arrays)
 
 
 def _orthonormal_columns(q, tol):

@@ -8,28 +8,20 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-import kiln
 from kiln import graph as g
 from kiln import op
 from kiln.ir.errors import KilnError, RuntimeCheckError, StructInfoError
 from kiln.op.matrix import determinant
 from kiln.op.registry import OpPattern, get_op_def
 from kiln.schedule import lookup_schedule
-from kiln.testing.op_testing import dims, infer, tvar
+from kiln.testing.op_testing import dims, infer, run_graph, tvar
 
 RNG = np.random.default_rng(5)
 
 
 def _run(fn, *arrays):
     """Build ``main(*arrays) = fn(bb, *vars)`` for the CPU and run it."""
-    bb = g.BlockBuilder()
-    params = [g.Var(f"x{i}", g.TensorStructInfo(a.shape, a.dtype.name))
-              for i, a in enumerate(arrays)]
-    with bb.function("main"):
-        with bb.dataflow():
-            out = bb.emit_output(fn(bb, *params))
-        bb.emit_func_output(out, params=params)
-    return kiln.build(bb.get(), "c")(*arrays)
+    return run_graph(fn, *arrays)
 
 
 def test_declarations_and_inference():
