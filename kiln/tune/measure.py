@@ -19,12 +19,13 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .. import progress
 from ..codegen.c.build import generate_source
-from ..codegen.c.compiler import compile_source
+from ..codegen.c.compiler import compile_jobs, compile_source
 from ..ir.errors import KilnError
 from ..runtime.module import FunctionInfo
 from ..schedule.apply import schedule_with_trace
@@ -34,7 +35,8 @@ from .tasks import Task
 from .worker import receive, send
 
 __all__ = ["Artifact", "BuildResult", "Builder", "LocalBuilder", "LocalMeasurer", "LocalRunner",
-           "Measurement", "Measurer", "RunResult", "Runner", "build_candidate"]
+           "Measurement", "Measurer", "RunResult", "Runner", "build_candidate",
+           "compile_candidate", "prepare_candidate"]
 
 #: The kernel's name in a candidate's library.
 KERNEL = "kernel"
@@ -63,6 +65,7 @@ class BuildResult:
     artifact: Artifact | None = None
     error: str = ""
     lowered: Any = None
+    infos: dict[str, FunctionInfo] = field(default_factory=dict)
 
 
 @dataclass
@@ -104,34 +107,66 @@ class Runner(Protocol):
 def build_candidate(task: Task, knobs: Mapping[str, Any]) -> BuildResult:
     """Schedule ``task``'s kernel with ``knobs``, lower it and compile it (cached by source).
     A schedule or compiler that refuses the candidate makes a failed result, not an error."""
-    with progress.quiet():
-        return _build(task, knobs)
+    result, source = prepare_candidate(task, knobs)
+    return result if source is None else compile_candidate(task, result, source)
 
 
-def _build(task: Task, knobs: Mapping[str, Any]) -> BuildResult:
+def prepare_candidate(task: Task, knobs: Mapping[str, Any]) -> tuple[BuildResult, str | None]:
+    """Everything of :func:`build_candidate` up to the C compile: schedule, lower, generate.
+    Returns the result so far and the C source (None where the candidate already failed).
+
+    Runs in the tuner's own thread: the schedule records the knobs it asked on ``task``
+    (:meth:`~kiln.tune.tasks.Task.learn_knobs`)."""
     result = BuildResult(dict(knobs))
-    try:
-        func, sch = schedule_with_trace(task.func, task.target, knobs)
-        if sch is not None:
-            result.decisions, result.trace = sch.knob_decisions(), str(sch.trace)
-            task.learn_knobs(sch)
-        lowered = lower(func.with_attr("global_symbol", KERNEL), task.target)
-        result.lowered = lowered
-        source, infos = generate_source({KERNEL: lowered}, task.target)
-        compiled = compile_source(source, march=task.target.mcpu)
-    except KilnError as err:
-        result.error = f"{type(err).__name__}: {err}"
-        return result
-    result.artifact = Artifact(compiled.lib_path, source, infos, KERNEL, task.target.spec)
+    with progress.quiet():
+        try:
+            func, sch = schedule_with_trace(task.func, task.target, knobs)
+            if sch is not None:
+                result.decisions, result.trace = sch.knob_decisions(), str(sch.trace)
+                task.learn_knobs(sch)
+            lowered = lower(func.with_attr("global_symbol", KERNEL), task.target)
+            result.lowered = lowered
+            source, infos = generate_source({KERNEL: lowered}, task.target)
+        except KilnError as err:
+            result.error = f"{type(err).__name__}: {err}"
+            return result, None
+    result.infos = infos
+    return result, source
+
+
+def compile_candidate(task: Task, result: BuildResult, source: str) -> BuildResult:
+    """The C compile of a prepared candidate (safe to run in several threads at once: the
+    compiler runs in its own process and the kernel cache writes atomically)."""
+    with progress.quiet():
+        try:
+            compiled = compile_source(source, march=task.target.mcpu)
+        except KilnError as err:
+            result.error = f"{type(err).__name__}: {err}"
+            return result
+    result.artifact = Artifact(compiled.lib_path, source, result.infos, KERNEL, task.target.spec)
     return result
 
 
 class LocalBuilder:
-    """Builds candidates in this process, one after the other (the C compiler runs in its own
-    processes; see :func:`build_candidate`)."""
+    """Builds candidates on this machine: scheduling, lowering and code generation one after
+    the other in this process, then the C compiles -- the slow part, about a second of gcc
+    each -- ``jobs`` at a time (default: the CPUs this process may use, see
+    :func:`kiln.codegen.c.compiler.compile_jobs`; results keep the candidates' order)."""
+
+    def __init__(self, jobs: int | None = None):
+        self.jobs = jobs
 
     def build(self, task: Task, candidates: Sequence[Mapping[str, Any]]) -> list[BuildResult]:
-        return [build_candidate(task, k) for k in candidates]
+        prepared = [prepare_candidate(task, k) for k in candidates]
+        todo = [(r, src) for r, src in prepared if src is not None]
+        jobs = min(len(todo), self.jobs or compile_jobs())
+        if jobs <= 1:
+            for r, src in todo:
+                compile_candidate(task, r, src)
+        else:
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                list(pool.map(lambda item: compile_candidate(task, *item), todo))
+        return [r for r, _ in prepared]
 
 
 class LocalRunner:

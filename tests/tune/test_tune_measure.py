@@ -7,7 +7,9 @@ from dataclasses import replace
 import pytest
 
 from kiln.codegen.c.compiler import compile_source
+from kiln.ir.errors import CompileError
 from kiln.testing import models
+from kiln.tune import measure
 from kiln.tune.database import TuningDatabase
 from kiln.tune.measure import LocalBuilder, LocalMeasurer, LocalRunner, build_candidate
 from kiln.tune.tasks import extract_tasks
@@ -35,6 +37,7 @@ class SabotagingBuilder(LocalBuilder):
     n-th candidate this builder builds -> fault)."""
 
     def __init__(self, faults):
+        super().__init__()
         self.faults, self.count = dict(faults), 0
 
     def build(self, task, candidates):
@@ -51,6 +54,32 @@ class SabotagingBuilder(LocalBuilder):
 def task():
     tasks = extract_tasks(models.mlp(batch=4, sizes=(64, 128, 10)).mod, "c")
     return max(tasks, key=lambda t: len(t.tunable))
+
+
+def test_builder_compiles_candidates_in_parallel_in_their_order(task, monkeypatch):
+    values = [dict(task.default)]
+    for name, domain in task.tunable.items():
+        values += [{**task.default, name: v} for v in domain if v != task.default[name]][:2]
+    serial = LocalBuilder(jobs=1).build(task, values)
+    # one candidate's compile fails: only that one is marked, the others keep their order
+    broken = serial[1].artifact.source
+    real = measure.compile_source
+
+    def compile_or_refuse(source, **kw):
+        if source == broken:
+            raise CompileError("refused by the test")
+        return real(source, **kw)
+
+    monkeypatch.setattr(measure, "compile_source", compile_or_refuse)
+    parallel = LocalBuilder(jobs=3).build(task, values)
+    assert len(parallel) == len(values) >= 3
+    for i, (a, b) in enumerate(zip(serial, parallel)):
+        assert a.knobs == b.knobs and a.decisions == b.decisions and a.trace == b.trace
+        if i == 1 or b.artifact is None:
+            assert b.artifact is None and "refused by the test" in b.error
+        else:
+            assert b.artifact.source == a.artifact.source
+            assert b.artifact.lib_path == a.artifact.lib_path
 
 
 def test_runner_marks_crashes_wrong_results_and_hangs_bad_and_goes_on(task):
