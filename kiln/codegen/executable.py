@@ -90,7 +90,10 @@ def build_executable(mod: IRModule, tgt: Target,
         raise KilnError("kiln.build: internal error: kernel symbols differ from the whole-model "
                         "entry's prediction")
     for plan in plans.values():
-        for call, dims in zip(plan.calls, plan.entry_sym_dims or ()):
+        pairs = list(zip(plan.calls, plan.entry_sym_dims or ()))
+        pairs += [(call, dims) for seg in plan.segments
+                  for call, dims in zip(plan.calls[seg["start"]:seg["stop"]], seg["sym_dims"])]
+        for call, dims in pairs:
             func = prim_funcs[call.func]
             names = [func.buffer_map[func.params[arg]].shape[axis].name for arg, axis in dims]
             if names != list(module.functions[call.func].sym_vars):

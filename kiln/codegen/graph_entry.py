@@ -32,6 +32,20 @@ call's tensors). The executor evaluates the shapes, plans the workspace and fill
 once per distinct binding of the symbolic names (:class:`kiln.runtime.executor.Executor`), so a
 call costs the same as with static shapes. Its profiling twin again adds ``double* seconds``.
 
+A plan with host steps (run-time shapes, control flow) cannot have one entry: the Python
+executor must run the host steps between kernels. It gets *segment entries* instead, one per
+maximal run of consecutive kernel calls between host steps::
+
+    int32_t kiln_segment_<name>_<k>(void** slots, const int64_t* sym)
+
+``slots`` holds the data pointer of every slot of the plan (indexed by slot number; the executor
+sets each pointer when the slot's array exists) and ``sym`` the segment's kernels' symbolic dims
+one call after another, as for a dynamic entry; ``plan.segments`` records each segment's calls,
+symbol and where its dims come from. It returns 0, or ``j + 1`` when the segment's ``j``-th call
+failed a check. A MoE layer's routing (NonZero, run-time Reshape) or an ONNX ``If`` cut a model
+into a few such segments; before, each of their kernels was a separate ctypes call through its
+checked entry (tens of microseconds of Python each).
+
 :data:`CLOCK_SOURCE` is the clock of the profiling twins (the thread count functions,
 ``kiln_set_num_threads``/``kiln_get_max_threads``, come with the thread pool of every library,
 ``kiln.codegen.c.thread_pool``).
@@ -200,16 +214,69 @@ def emit_entry(plan: Plan, symbol: str, unchecked: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def kernel_runs(plan: Plan) -> list[tuple[int, int]]:
+    """``(start, stop)`` of each maximal run of consecutive kernel calls of ``plan``."""
+    runs: list[tuple[int, int]] = []
+    start = None
+    for k, call in enumerate(plan.calls + [None]):
+        if call is not None and call.is_kernel:
+            start = k if start is None else start
+        elif start is not None:
+            runs.append((start, k))
+            start = None
+    return runs
+
+
+def emit_segments(plan: Plan, funcs: Mapping[str, PrimFunc], unchecked: Mapping[str, str],
+                  taken: set[str]) -> list[str]:
+    """Set ``plan.segments`` (see the module docstring) for a plan with host steps whose every
+    kernel takes exactly its call's tensors (:func:`kernel_sym_dims`), and return the segment
+    entries' C source; ``[]`` (and no segments) otherwise."""
+    plan.segments = []
+    dims: dict[int, list[tuple[int, int]]] = {}
+    for k, call in enumerate(plan.calls):
+        if not call.is_kernel:
+            continue
+        func = funcs.get(call.func)
+        where = None if func is None else kernel_sym_dims(func, len(call.args))
+        if where is None:
+            return []
+        dims[k] = where
+    parts = []
+    for start, stop in kernel_runs(plan):
+        symbol = entry_symbol(f"{plan.name}_segment_{len(plan.segments)}", taken)
+        lines = [f"/* graph function {plan.name!r}: calls {start}..{stop - 1} between host "
+                 "steps */",
+                 f"int32_t {symbol}(void** slots, const int64_t* sym) {{",
+                 "  (void)slots; (void)sym;"]
+        base = 0
+        for j, call in enumerate(plan.calls[start:stop]):
+            n_sym = len(dims[start + j])
+            ptr = f"sym + {base}" if n_sym else "NULL"
+            base += n_sym
+            lines.append(f"  {{ void* a[] = {{{', '.join(f'slots[{s}]' for s in call.args)}}}; "
+                         f"if ({unchecked[call.func]}(a, {ptr})) return {j + 1}; }}")
+        lines += ["  return 0;", "}"]
+        parts.append("\n".join(lines) + "\n")
+        plan.segments.append({"start": start, "stop": stop, "symbol": symbol,
+                              "sym_dims": [[list(d) for d in dims[k]]
+                                           for k in range(start, stop)]})
+    return parts
+
+
 def emit_entries(plans: Mapping[str, Plan], funcs: Mapping[str, PrimFunc]) -> str:
-    """Set ``plan.entry`` on every plan that supports one and return all entries' C source
+    """Set ``plan.entry`` on every plan that supports one (``plan.segments`` on a plan with
+    host steps, :func:`emit_segments`) and return all entries' C source
     (plus :data:`CLOCK_SOURCE`), for ``codegen.c.build(..., extra_source=...)``."""
     unchecked = predict_unchecked_symbols(funcs)
     taken: set[str] = set()
     parts = [CLOCK_SOURCE]
     for name, plan in plans.items():
-        plan.entry, plan.entry_sym_dims = None, None
+        plan.entry, plan.entry_sym_dims, plan.segments = None, None, []
         dims = entry_sym_dims(plan, funcs)
         if dims is None:
+            if plan.has_host_steps:
+                parts += emit_segments(plan, funcs, unchecked, taken)
             continue
         if is_dynamic(plan) or any(dims):
             plan.entry_sym_dims = [[list(d) for d in call] for call in dims]

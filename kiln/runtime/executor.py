@@ -154,6 +154,21 @@ class _Frame:
             self.temps[i] = base + self.offsets[slot] if slot in self.offsets else None
 
 
+class _Segment:
+    """A segment entry (``plan.segments``) ready to call: the C function, the calls it runs
+    with their output slots, the slots its kernels read, and ``(slot, axis)`` of each value of
+    its ``sym`` array."""
+
+    def __init__(self, plan: Plan, seg: dict[str, Any], fn: Any):
+        self.fn = fn
+        self.stop = int(seg["stop"])
+        calls = plan.calls[int(seg["start"]):self.stop]
+        self.outputs = [(c, c.args[len(c.args) - c.num_outputs:]) for c in calls]
+        self.reads = {s for c in calls for s in c.args[:len(c.args) - c.num_outputs]}
+        self.sym = [(c.args[arg], axis)
+                    for c, dims in zip(calls, seg["sym_dims"]) for arg, axis in dims]
+
+
 #: Call states an executor keeps for reuse; more concurrent calls make extra ones, dropped
 #: after use (each holds a workspace of ``plan.workspace_bytes``).
 POOL_SIZE = 8
@@ -228,10 +243,12 @@ class Executor:
         self._entry = self._profile_entry = None
         self._fast = None
         self._fast_outputs: Any = None
+        self._funcs: dict[str, Any] | None = None
+        self._segments = self._setup_segments()
         if plan.entry is not None:
             self._setup_entry(plan.entry)
             self._fast = self._fast_path()
-        else:
+        elif not self._segments:  # the kernels' checked entries, called one by one
             self._funcs = {c.func: module[c.func] for c in plan.calls if c.is_kernel}
 
     # ---- per-call state -----------------------------------------------------------------
@@ -265,6 +282,20 @@ class Executor:
                            for s in self._out_slots]
         consts = [self._consts_by_slot[s] for s in sorted(plan.constants)]
         self._consts = (ctypes.c_void_p * max(len(consts), 1))(*[a.ctypes.data for a in consts])
+
+    def _setup_segments(self) -> dict[int, _Segment]:
+        """The plan's segment entries by first call (``kiln.codegen.graph_entry``); none when
+        the library lacks one of them (the kernels are then called one by one)."""
+        lib = getattr(self.module, "lib", None)
+        out = {}
+        for seg in self.plan.segments:
+            fn = getattr(lib, seg["symbol"], None) if lib is not None else None
+            if fn is None:
+                return {}
+            fn.restype = ctypes.c_int32
+            fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p)
+            out[seg["start"]] = _Segment(self.plan, seg, fn)
+        return out
 
     # ---- argument checking --------------------------------------------------------------
     def _input_array(self, value: Any, name: str, dtype: DataType) -> Any:
@@ -453,10 +484,15 @@ class Executor:
         return values
 
     def _run_steps(self, state: CallState, arrays: list[np.ndarray], env: dict[str, int],
-                   funcs: dict[str, Any], times: list[float] | None = None) -> Any:
+                   funcs: dict[str, Any] | None, times: list[float] | None = None) -> Any:
         """Run the plan call by call (host steps included); with ``times``, append each kernel
-        call's wall time to it."""
+        call's wall time to it. Without, a plan with segment entries runs each run of kernels
+        between host steps in one native call (:meth:`_run_segments`)."""
+        if times is None and self._segments:
+            return self._run_segments(state, arrays, env)
         plan = self.plan
+        if funcs is None:
+            funcs = {c.func: self.module[c.func] for c in plan.calls if c.is_kernel}
         values = self._values(state, arrays)
         allocated = 0
         for call in plan.calls:
@@ -480,6 +516,70 @@ class Executor:
             if times is not None:
                 times.append(time.perf_counter() - start)
         return self._collect(plan.outputs, values)
+
+    def _run_segments(self, state: CallState, arrays: list[np.ndarray], env: dict[str, int]
+                      ) -> Any:
+        """Run the host steps in Python and each run of kernels between them through its
+        segment entry, on one array of slot pointers. A tensor a host step made (an If's
+        result, a host function's) is checked against its slot's dtype and shape before a
+        kernel reads it -- what the kernels' checked entries did; the kernels' own outputs are
+        allocated here from the plan's shapes."""
+        plan = self.plan
+        values = self._values(state, arrays)
+        ptrs = (ctypes.c_void_p * max(len(values), 1))()
+        for s, v in enumerate(values):
+            if type(v) is np.ndarray:
+                ptrs[s] = data_address(v)
+        from_host: set[int] = set()
+        allocated = 0
+        calls, k = plan.calls, 0
+        while k < len(calls):
+            seg = self._segments.get(k)
+            if seg is None:
+                call = calls[k]
+                self._host_step(call, values, env)
+                from_host.update(call.args[len(call.args) - call.num_outputs:])
+                k += 1
+                continue
+            for s in from_host.intersection(seg.reads):
+                values[s] = self._host_tensor(s, values[s], env)
+                ptrs[s] = data_address(values[s])
+                from_host.discard(s)
+            for call, outs in seg.outputs:
+                for s in outs:
+                    if values[s] is None:
+                        spec = plan.slots[s]
+                        shape = slot_shape(plan, s, env)
+                        allocated += memory_plan.slot_nbytes(plan, s, shape)
+                        memory_plan.check_memory(allocated, f"{self._step_name(call)} (with "
+                                                            "what this run allocated before it)")
+                        values[s] = memory_plan.aligned_empty(shape, spec.dtype.to_numpy())
+                        ptrs[s] = data_address(values[s])
+            sym = ((ctypes.c_int64 * len(seg.sym))(*[values[s].shape[a] for s, a in seg.sym])
+                   if seg.sym else None)
+            rc = seg.fn(ptrs, sym)
+            if rc:
+                raise self._check_failed(k + rc - 1)
+            k = seg.stop
+        return self._collect(plan.outputs, values)
+
+    def _host_tensor(self, slot: int, value: Any, env: dict[str, int]) -> np.ndarray:
+        """``value``, made by a host step, as the C-contiguous array of its slot's dtype and
+        shape that a kernel reads (an ArgumentError naming the step when it is not)."""
+        plan = self.plan
+        spec = plan.slots[slot]
+        want = slot_shape(plan, slot, env)
+        if isinstance(value, np.generic):
+            value = np.asarray(value)
+        if (not isinstance(value, np.ndarray) or value.dtype != spec.dtype.to_numpy()
+                or value.shape != want):
+            maker = next(c for c in plan.calls
+                         if c.kind != "kernel" and slot in c.args[len(c.args) - c.num_outputs:])
+            got = (f"{value.dtype} {tuple(value.shape)}" if isinstance(value, np.ndarray)
+                   else type(value).__name__)
+            raise ArgumentError(f"{plan.name}: {describe(maker.span, maker.func)} made a "
+                                f"{got} value where {spec.dtype} {want} is needed")
+        return value if value.flags.c_contiguous else np.ascontiguousarray(value)
 
     def _step_name(self, call: Any) -> str:
         """``main: Gather node 'g'``: the function and the model nodes of a plan step (its

@@ -124,6 +124,11 @@ class Plan:
     #: kernel's symbolic dims (in its ``sym`` order); None for an entry over static shapes,
     #: which takes a planned workspace instead (see ``kiln.codegen.graph_entry``).
     entry_sym_dims: list[list[list[int]]] | None = None
+    #: For a plan with host steps: its runs of kernel calls between them, each a native
+    #: *segment entry* ``{"start", "stop", "symbol", "sym_dims"}`` (calls ``start..stop-1``;
+    #: ``sym_dims`` as :attr:`entry_sym_dims`, per call of the run; see
+    #: ``kiln.codegen.graph_entry``). Empty: each kernel is called through its checked entry.
+    segments: list[dict[str, Any]] = field(default_factory=list)
     #: Nested call structure (``kiln.runtime.pytree``) of the inputs and outputs, None when
     #: the executable is called with the flat inputs and returns the graph's result.
     input_tree: dict[str, Any] | None = None
@@ -196,6 +201,7 @@ class Plan:
             "workspace_bytes": self.workspace_bytes,
             "entry": self.entry,
             "entry_sym_dims": self.entry_sym_dims,
+            "segments": self.segments,
             "input_tree": self.input_tree,
             "output_tree": self.output_tree,
             "dim_ranges": self.dim_ranges,
@@ -222,6 +228,7 @@ class Plan:
             workspace_bytes=int(data["workspace_bytes"]),
             entry=data["entry"],
             entry_sym_dims=data.get("entry_sym_dims"),
+            segments=list(data.get("segments") or ()),
             input_tree=data.get("input_tree"),
             output_tree=data.get("output_tree"),
             dim_ranges=dict(data.get("dim_ranges") or {}),

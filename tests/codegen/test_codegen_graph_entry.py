@@ -8,7 +8,7 @@ from kiln import graph as g
 from kiln import op, te
 from kiln.codegen import graph_entry
 from kiln.codegen.c import generate_source
-from kiln.ir import ArgumentError, KilnError, ModelFormatError
+from kiln.ir import ArgumentError, KilnError, ModelFormatError, RuntimeCheckError
 
 
 @pytest.fixture(scope="module")
@@ -238,3 +238,75 @@ def test_kernel_sym_dims():
     S = te.placeholder((4, 4), name="S")
     T = te.compute((4, 4), lambda i, j: S[i, j] + 1.0, name="T")
     assert graph_entry.kernel_sym_dims(te.create_prim_func([S, T]), 2) == []
+
+
+# ---- plans with host steps: segment entries ----------------------------------------------
+@pytest.fixture(scope="module")
+def seg_exe():
+    """A run-time Reshape (a host shape function and a match step) cuts the plan: kernels
+    before it (x * 2) and after it (Gather with run-time indices, Add, ReduceSum)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from kiln.frontend.onnx import from_onnx
+
+    nodes = [helper.make_node("Mul", ["x", "two"], ["x2"]),
+             helper.make_node("Reshape", ["x2", "s"], ["y"]),
+             helper.make_node("Gather", ["y", "idx"], ["gy"], axis=1, name="gather"),
+             helper.make_node("Add", ["gy", "gy"], ["a"]),
+             helper.make_node("ReduceSum", ["a"], ["r"], keepdims=0)]
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
+         helper.make_tensor_value_info("s", TensorProto.INT64, [2]),
+         helper.make_tensor_value_info("idx", TensorProto.INT64, [3])],
+        [helper.make_tensor_value_info("r", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("a", TensorProto.FLOAT, None)],
+        [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    mod, params = from_onnx(onnx.load_from_string(model.SerializeToString()))
+    return kiln.build(mod, params=params)
+
+
+def _seg_reference(xv, s, idx):
+    a = 2 * np.take((2 * xv).reshape(s), idx, axis=1)
+    return a.sum(), a
+
+
+def test_host_step_plans_run_kernels_through_segment_entries(seg_exe):
+    plan = seg_exe.plans["main"]
+    assert plan.entry is None and plan.has_host_steps and plan.segments
+    runs = graph_entry.kernel_runs(plan)
+    assert [(seg["start"], seg["stop"]) for seg in plan.segments] == runs
+    assert sum(stop - start for start, stop in runs) == plan.num_kernels
+    for seg in plan.segments:
+        assert f"int32_t {seg['symbol']}(void** slots, const int64_t* sym)" in \
+            seg_exe.module.source
+    rng = np.random.default_rng(3)
+    xv = rng.standard_normal((2, 6)).astype("float32")
+    for shape, idx in (((3, 4), [0, 3, 1]), ((2, 6), [5, 5, 0]), ((12, 1), [0, 0, 0])):
+        s, idx = np.array(shape), np.array(idx)
+        got = seg_exe(xv, s, idx)
+        for g_, want in zip(got, _seg_reference(xv, s, idx)):
+            np.testing.assert_allclose(g_, want, rtol=1e-5, atol=1e-6)
+    assert seg_exe.module._cache == {}  # no kernel went through its checked entry
+    # the per-kernel path (what profiling runs) agrees
+    times = seg_exe.call_times(xv, np.array([3, 4]), np.array([0, 3, 1]), repeat=1)
+    assert len(times) == plan.num_kernels
+
+
+def test_segment_entry_check_failures_name_the_node(seg_exe):
+    xv = np.zeros((2, 6), np.float32)
+    with pytest.raises(RuntimeCheckError, match="gather"):
+        seg_exe(xv, np.array([3, 4]), np.array([0, 4, 1]))  # index 4 of an axis of 4
+
+
+def test_segment_entries_survive_save_and_load(seg_exe, tmp_path):
+    path = str(tmp_path / "seg.kiln")
+    seg_exe.save(path)
+    loaded = kiln.load(path)
+    assert loaded.plans["main"].segments == seg_exe.plans["main"].segments
+    xv = np.random.default_rng(4).standard_normal((2, 6)).astype("float32")
+    s, idx = np.array([4, 3]), np.array([2, 0, 1])
+    for got, want in zip(loaded(xv, s, idx), _seg_reference(xv, s, idx)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
