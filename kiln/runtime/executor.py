@@ -37,6 +37,7 @@ one buffer, grown to the largest binding seen.
 from __future__ import annotations
 
 import ctypes
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -163,7 +164,9 @@ class _Segment:
         self.fn = fn
         self.stop = int(seg["stop"])
         calls = plan.calls[int(seg["start"]):self.stop]
-        self.outputs = [(c, c.args[len(c.args) - c.num_outputs:]) for c in calls]
+        #: (call, slot, numpy dtype) of every slot the segment's kernels write
+        self.writes = [(c, s, np.dtype(plan.slots[s].dtype.to_numpy()))
+                       for c in calls for s in c.args[len(c.args) - c.num_outputs:]]
         self.reads = {s for c in calls for s in c.args[:len(c.args) - c.num_outputs]}
         self.sym = [(c.args[arg], axis)
                     for c, dims in zip(calls, seg["sym_dims"]) for arg, axis in dims]
@@ -531,7 +534,7 @@ class Executor:
             if type(v) is np.ndarray:
                 ptrs[s] = data_address(v)
         from_host: set[int] = set()
-        allocated = 0
+        allocated, limit = 0, memory_plan.memory_limit()
         calls, k = plan.calls, 0
         while k < len(calls):
             seg = self._segments.get(k)
@@ -545,16 +548,7 @@ class Executor:
                 values[s] = self._host_tensor(s, values[s], env)
                 ptrs[s] = data_address(values[s])
                 from_host.discard(s)
-            for call, outs in seg.outputs:
-                for s in outs:
-                    if values[s] is None:
-                        spec = plan.slots[s]
-                        shape = slot_shape(plan, s, env)
-                        allocated += memory_plan.slot_nbytes(plan, s, shape)
-                        memory_plan.check_memory(allocated, f"{self._step_name(call)} (with "
-                                                            "what this run allocated before it)")
-                        values[s] = memory_plan.aligned_empty(shape, spec.dtype.to_numpy())
-                        ptrs[s] = data_address(values[s])
+            allocated = self._allocate_segment(seg, values, ptrs, env, allocated, limit)
             sym = ((ctypes.c_int64 * len(seg.sym))(*[values[s].shape[a] for s, a in seg.sym])
                    if seg.sym else None)
             rc = seg.fn(ptrs, sym)
@@ -562,6 +556,38 @@ class Executor:
                 raise self._check_failed(k + rc - 1)
             k = seg.stop
         return self._collect(plan.outputs, values)
+
+    def _allocate_segment(self, seg: _Segment, values: list[Any], ptrs: Any,
+                          env: dict[str, int], allocated: int, limit: int) -> int:
+        """Make the arrays a segment's kernels write (its slots still empty), point ``ptrs`` at
+        them and return the bytes this run allocated so far: the plan's outputs as arrays of
+        their own (the caller keeps them), the temps as views of one buffer per segment (one
+        allocation instead of one per temp)."""
+        plan = self.plan
+        temps = []
+        end = 0
+        for call, s, dtype in seg.writes:
+            if values[s] is not None:
+                continue
+            shape = slot_shape(plan, s, env)
+            nbytes = math.prod(shape) * dtype.itemsize
+            allocated += nbytes
+            if allocated > limit:
+                memory_plan.check_memory(allocated, f"{self._step_name(call)} (with what this "
+                                                    "run allocated before it)")
+            if plan.slots[s].kind == "output" or dtype.kind == "O":
+                values[s] = memory_plan.aligned_empty(shape, dtype)
+                ptrs[s] = data_address(values[s])
+            else:
+                temps.append((s, shape, dtype, end))
+                end += -(-nbytes // memory_plan.ALIGN) * memory_plan.ALIGN
+        if temps:
+            buf = memory_plan.aligned_workspace(end)
+            for s, shape, dtype, offset in temps:
+                size = math.prod(shape) * dtype.itemsize
+                values[s] = buf[offset:offset + size].view(dtype).reshape(shape)
+                ptrs[s] = data_address(values[s])
+        return allocated
 
     def _host_tensor(self, slot: int, value: Any, env: dict[str, int]) -> np.ndarray:
         """``value``, made by a host step, as the C-contiguous array of its slot's dtype and
