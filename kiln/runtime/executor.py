@@ -199,6 +199,9 @@ class CallState:
         self.in_ptrs = (ctypes.c_void_p * max(len(plan.input_slots), 1))()
         self.out_ptrs = (ctypes.c_void_p * max(num_outputs, 1))()
         self.frames: dict[tuple[tuple[str, int], ...], _Frame] = {}
+        #: the segment entries' slot pointers of the constants and static temps (made on the
+        #: first run through segments, see ``Executor._run_segments``)
+        self.slot_ptrs: Any = None
         self.dyn_workspace = memory_plan.aligned_workspace(0)
 
     def frame(self, plan: Plan, env: dict[str, int]) -> _Frame:
@@ -529,8 +532,16 @@ class Executor:
         allocated here from the plan's shapes."""
         plan = self.plan
         values = self._values(state, arrays)
-        ptrs = (ctypes.c_void_p * max(len(values), 1))()
-        for s, v in enumerate(values):
+        template = state.slot_ptrs
+        if template is None:  # the constants' and static temps' addresses, once per state
+            template = state.slot_ptrs = (ctypes.c_void_p * max(len(values), 1))()
+            for table in (self._consts_by_slot, state.temps):
+                for s, v in table.items():
+                    if type(v) is np.ndarray:
+                        template[s] = data_address(v)
+        ptrs = (ctypes.c_void_p * len(template))()
+        ctypes.memmove(ptrs, template, ctypes.sizeof(template))
+        for s, v in zip(plan.input_slots, arrays):
             if type(v) is np.ndarray:
                 ptrs[s] = data_address(v)
         from_host: set[int] = set()
