@@ -230,6 +230,23 @@ def test_schedule_vectorizes_and_parallelizes_gemm():
     assert {tir.ForKind.PARALLEL, tir.ForKind.VECTORIZED, tir.ForKind.UNROLLED} <= kinds
 
 
+def test_one_column_products_vectorize_along_k():
+    """A batch of matrix-vector products with the vector as a (k, 1) matrix (an MoE layer's
+    gathered experts, one token each): the sum over k runs in vector partial sums, contiguous
+    in both operands (it was a scalar chain); numerics with odd k and rows (a k no vector
+    width divides stays a scalar sum)."""
+    a, v = rand((16, 97, 131)), rand((16, 131, 1))
+    func, _ = scheduled("matmul", [rand((16, 97, 128)), rand((16, 128, 1))], {})
+    kinds = set()
+    tir.post_order_visit(func.body, lambda n: kinds.add(n.kind) if isinstance(n, tir.For)
+                         else None)
+    assert {tir.ForKind.PARALLEL, tir.ForKind.VECTORIZED} <= kinds
+    cases = [("matmul", [a, v], {}), ("matmul", [rand((5, 64, 256)), rand((5, 256, 1))], {}),
+             ("matmul", [rand((3, 7, 64)), rand((64, 1))], {})]
+    for (_, (x, y), _), out in zip(cases, run_cases(cases)):
+        check(out, np.matmul(x, y))
+
+
 # ---------------------------------------------------------------------------------------------
 # through kiln.build
 # ---------------------------------------------------------------------------------------------

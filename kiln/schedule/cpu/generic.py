@@ -159,9 +159,21 @@ def _loads(block: Any) -> list[Any]:
 
 def _walks_contiguously(load: Any, var: Any) -> bool:
     """``load`` steps through its buffer one element per step of ``var``: ``var`` has unit
-    stride in the last index and appears in no other."""
-    return (bool(load.indices) and _unit_stride(load.indices[-1], var)
-            and not any(var in collect_vars(i) for i in load.indices[:-1]))
+    stride in the last index whose axis is longer than 1 and appears in no other (the
+    vector operand of a matrix-vector product, ``B[b, k, 0]`` of a (b, k, 1) buffer, walks
+    along ``k``)."""
+    indices = list(load.indices)
+    shape = list(load.buffer.shape)
+    while len(indices) > 1 and _const_dim(shape[-1]) == 1:
+        if var in collect_vars(indices.pop()):
+            return False
+        shape.pop()
+    return (bool(indices) and _unit_stride(indices[-1], var)
+            and not any(var in collect_vars(i) for i in indices[:-1]))
+
+
+def _const_dim(d: Any) -> int | None:
+    return d if isinstance(d, int) else _const(d)
 
 
 def _input_stride(load: Any, var: Any) -> int | None:
