@@ -165,15 +165,20 @@ def substitute(node: Any, vmap: Mapping[Var, PrimExpr] | Callable[[Var], PrimExp
     return _Substituter(vmap).visit(node)
 
 
-def post_order_visit(node: Any, fvisit: Callable[[Node], None]) -> None:
+def post_order_visit(node: Any, fvisit: Callable[[Node], None], exprs: bool = True) -> None:
     """Call ``fvisit`` on every node of the tree, children first (buffers are not entered).
+    ``exprs=False``: statements and the like only, expressions neither entered nor visited (no
+    expression holds a statement): for analyses that look for ifs, loops or allocations.
 
     The lowering passes' analyses walk subtrees with it over and over (a third of building
     ResNet-18 before the C compiler), so the walk is one closure that calls itself on nodes
     and containers only, not a visitor's dispatch on every field value."""
+    skipped = () if exprs else PrimExpr
 
     def walk(x: Any) -> None:
         if isinstance(x, Node):
+            if isinstance(x, skipped):
+                return
             if not isinstance(x, Buffer):
                 for name in field_names_of(type(x)):
                     value = getattr(x, name)

@@ -114,3 +114,14 @@ def test_mutators_rebuild_only_what_changed_and_see_leaves_when_they_ask():
 
     bumped = Bump().visit(func.body)
     assert bumped.extent.value == 5 and func.body.extent.value == 4
+
+
+def test_post_order_visit_of_statements_only():
+    func, *_ = _tree()
+    got, want = [], []
+    post_order_visit(func, got.append, exprs=False)
+    _reference_post_order(func, want)
+    assert not any(isinstance(n, tir.PrimExpr) for n in got)
+    assert [id(n) for n in got if isinstance(n, tir.Stmt)] == \
+        [id(n) for n in want if isinstance(n, tir.Stmt)]
+    assert sum(isinstance(n, tir.For) for n in got) == 2 and got[-1] is func
