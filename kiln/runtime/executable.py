@@ -513,7 +513,8 @@ def _file_bytes(path: str, use_mmap: bool) -> Any:
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if use_mmap and size:
-            with contextlib.suppress(OSError, ValueError):  # not mappable: read it
+            # not mappable (a pipe, a system without these mmap flags): read it
+            with contextlib.suppress(OSError, ValueError, AttributeError):
                 return mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE | _MAP_POPULATE,
                                  prot=mmap.PROT_READ)
         buf = memory_plan.aligned_workspace(size)
