@@ -191,7 +191,7 @@ def lookup(key: str) -> Executable | None:
     if not path.is_file():
         return None
     try:
-        exe = load(str(path))
+        exe = load(str(path), mmap=True)
     except KilnError as err:
         LOGGER.warning("kiln: the cached executable %s cannot be used and is rebuilt: %s",
                        path, err)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import mmap
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -365,7 +366,11 @@ class Executable:
                     for p in info.params
                 ],
             })
-        plans_json, const_blob = plans_to_json(self.plans, dtypes)
+        # the constants come first: their file offset is known before the header is written,
+        # so each can sit at an aligned offset and load in place (``kiln.runtime.plan_file``)
+        names = ["constants", *(n for n in CORE_SECTIONS if n != "constants"), *self.sections]
+        plans_json, const_blob = plans_to_json(self.plans, dtypes,
+                                               base=file_format.sections_start(names))
         header = json.dumps({"kernels": kernels, "plans": plans_json}).encode()
         try:
             with open(self.module.lib_path, "rb") as f:
@@ -374,16 +379,16 @@ class Executable:
             raise KilnError(f"cannot read the executable's library {self.module.lib_path}: "
                             f"{err}") from err
         ordered = sorted(dtypes, key=dtypes.__getitem__)
-        sections = [
-            ("meta", json.dumps(self.meta()).encode()),
-            ("dtypes", b"".join(abi.pack_dtype(dt) for dt in ordered)),
-            ("header", header),
-            ("library", lib),
-            ("source", self.module.source.encode()),
-            ("constants", bytes(const_blob)),
-            *self.sections.items(),
-        ]
-        self._write(path, sections)
+        sections = {
+            "constants": const_blob,
+            "meta": json.dumps(self.meta()).encode(),
+            "dtypes": b"".join(abi.pack_dtype(dt) for dt in ordered),
+            "header": header,
+            "library": lib,
+            "source": self.module.source.encode(),
+            **self.sections,
+        }
+        self._write(path, [(n, sections[n]) for n in names])
 
     @staticmethod
     def _write(path: str, sections: list[tuple[str, bytes]]) -> None:
@@ -501,19 +506,45 @@ def _library_file(lib: bytes, path: str) -> tuple[str, Any]:
     return handle.name, handle
 
 
-def load(path: str) -> Executable:
+def _file_bytes(path: str, use_mmap: bool) -> Any:
+    """The bytes of the file at ``path`` at a :data:`memory_plan.ALIGN`-byte address: a
+    read-only private mapping of it (``use_mmap``, where the file can be mapped), else one
+    read into an aligned buffer."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if use_mmap and size:
+            # not mappable (a pipe, a system without these mmap flags): read it
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                return mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE | _MAP_POPULATE,
+                                 prot=mmap.PROT_READ)
+        buf = memory_plan.aligned_workspace(size)
+        got = f.readinto(buf)
+        return buf[:got]
+
+
+#: Map every page at once (Linux): one system call instead of a fault per 64 KiB.
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+def load(path: str, mmap: bool = False) -> Executable:
     """Load an executable saved with :meth:`Executable.save` (no compiler needed).
+
+    The file is read once into aligned memory and its constants are used where they lie in it
+    (no second copy). ``mmap=True`` maps the file instead of reading it: the constants stay in
+    the page cache, shared by every process that maps the file, and loading costs little more
+    than checking the checksums (how the executable cache loads its entries). The file must
+    then not be rewritten in place while the executable is in use (``Executable.save`` and
+    ``kiln cache`` replace or remove files, which is safe; ``cp`` over it is not).
 
     Raises ModelFormatError for a file that is not a kiln executable, is of an unknown format
     version or fails a section's checksum (naming the section), and TargetError for code this
     CPU cannot run."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = _file_bytes(path, mmap)
     except OSError as err:
         raise ModelFormatError(f"cannot read kiln executable {path}: "
                                f"{err.strerror or err}") from err
-    sections = file_format.read(data, path)
+    sections = file_format.read(memoryview(data), path)
     if gpu_serialize.is_gpu_file(sections):
         return _load_gpu(sections, path)
     missing = [n for n in CORE_SECTIONS if n not in sections]
@@ -544,7 +575,7 @@ def load(path: str) -> Executable:
             )
             for k in header["kernels"]
         }
-        plans = plans_from_json(header["plans"], dtypes, const_blob)
+        plans = plans_from_json(header["plans"], dtypes, const_blob, share=True)
     except (KeyError, IndexError, TypeError, ValueError) as err:
         raise ModelFormatError(f"{path}: malformed executable header ({err})") from err
     lib_path, holder = _library_file(bytes(sections["library"]), path)

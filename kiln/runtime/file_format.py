@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..ir.errors import ModelFormatError
@@ -60,6 +60,14 @@ def _table_bytes(sections: list[tuple[str, bytes]], start: int) -> bytes:
         out += _ENTRY.pack(offset, len(data), hashlib.sha256(data).digest())
         offset += len(data)
     return bytes(out)
+
+
+def sections_start(names: Sequence[str]) -> int:
+    """The file offset of the first section's bytes in a file whose sections are ``names``
+    (the preamble and the table have a fixed size per name): where a writer learns the file
+    offsets of its data, to align arrays it wants read in place."""
+    return _PREAMBLE.size + sum(_NAME_LEN.size + len(n.encode("utf-8")) + _ENTRY.size
+                                for n in names)
 
 
 def _preamble_digest(head: bytes, table: bytes) -> bytes:
@@ -177,9 +185,10 @@ def _preamble_holds(data: bytes | memoryview, magic: bytes | None = None,
     return _preamble_digest(head, bytes(data[_PREAMBLE.size:end])) == digest
 
 
-def read(data: bytes, path: str) -> dict[str, memoryview]:
-    """Every section of a file's bytes by name, each checked against its sha256 (a
-    ModelFormatError names the first damaged section)."""
+def read(data: bytes | memoryview, path: str) -> dict[str, memoryview]:
+    """Every section of a file's bytes (anything with the buffer protocol: bytes, a mapped
+    file) by name, each a view of ``data`` checked against its sha256 (a ModelFormatError
+    names the first damaged section)."""
     view = memoryview(data)
     out: dict[str, memoryview] = {}
     for s in read_table(view, path):

@@ -18,15 +18,40 @@ from ..ir.node import Node, field_names_of
 from .buffer import Buffer
 from .expr import PrimExpr, Var
 
+#: What a walk enters: every other field value (ints, strings, data types...) is a leaf.
+_CONTAINERS = (Node, list, tuple, dict)
+
+
+def _handler(functor: type, node_type: type) -> Callable[..., Any] | None:
+    """``functor``'s ``visit_<node type name>`` function, or None, looked up once per pair:
+    building the name and searching the class on every node was a large part of a walk."""
+    key = (functor, node_type)
+    try:
+        return _HANDLERS[key]
+    except KeyError:
+        fn = _HANDLERS[key] = getattr(functor, "visit_" + node_type.__name__, None)
+        return fn
+
+
+_HANDLERS: dict[tuple[type, type], Callable[..., Any] | None] = {}
+
 
 class Visitor:
     """Walks a TIR tree (PrimExpr, Stmt, PrimFunc, Buffer regions...)."""
 
+    #: Whether the class keeps this ``visit``: leaf field values (not nodes or containers) are
+    #: then skipped without a call, since this ``visit`` ignores them.
+    _plain_visit: bool = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._plain_visit = cls.visit is Visitor.visit
+
     def visit(self, x: Any) -> None:
         if isinstance(x, Node):
-            method = getattr(self, "visit_" + type(x).__name__, None)
+            method = _handler(type(self), type(x))
             if method is not None:
-                method(x)
+                method(self, x)
             else:
                 self.generic_visit(x)
         elif isinstance(x, (list, tuple)):
@@ -40,8 +65,11 @@ class Visitor:
     def generic_visit(self, n: Node) -> None:
         if isinstance(n, Buffer):
             return
+        plain = self._plain_visit
         for name in field_names_of(type(n)):
-            self.visit(getattr(n, name))
+            value = getattr(n, name)
+            if not plain or isinstance(value, _CONTAINERS):
+                self.visit(value)
 
     def visit_Buffer(self, b: Buffer) -> None:
         return
@@ -50,11 +78,18 @@ class Visitor:
 class Mutator:
     """Rebuilds a TIR tree bottom-up; return a new node from ``visit_X`` to replace a node."""
 
+    #: As :attr:`Visitor._plain_visit`: this ``visit`` returns leaf values unchanged.
+    _plain_visit: bool = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._plain_visit = cls.visit is Mutator.visit
+
     def visit(self, x: Any) -> Any:
         if isinstance(x, Node):
-            method = getattr(self, "visit_" + type(x).__name__, None)
+            method = _handler(type(self), type(x))
             if method is not None:
-                return method(x)
+                return method(self, x)
             return self.generic_visit(x)
         if isinstance(x, tuple):
             new = tuple(self.visit(e) for e in x)
@@ -73,8 +108,11 @@ class Mutator:
         if isinstance(n, Buffer):
             return n
         changes = {}
+        plain = self._plain_visit
         for name in field_names_of(type(n)):
             old = getattr(n, name)
+            if plain and not isinstance(old, _CONTAINERS):
+                continue
             new = self.visit(old)
             if new is not old:
                 changes[name] = new
@@ -127,23 +165,36 @@ def substitute(node: Any, vmap: Mapping[Var, PrimExpr] | Callable[[Var], PrimExp
     return _Substituter(vmap).visit(node)
 
 
-class _PostOrder(Visitor):
-    def __init__(self, fvisit: Callable[[Node], None]):
-        self.fvisit = fvisit
+def post_order_visit(node: Any, fvisit: Callable[[Node], None], exprs: bool = True) -> None:
+    """Call ``fvisit`` on every node of the tree, children first (buffers are not entered).
+    ``exprs=False``: statements and the like only, expressions neither entered nor visited (no
+    expression holds a statement): for analyses that look for ifs, loops or allocations.
 
-    def visit(self, x: Any) -> None:
+    The lowering passes' analyses walk subtrees with it over and over (a third of building
+    ResNet-18 before the C compiler), so the walk is one closure that calls itself on nodes
+    and containers only, not a visitor's dispatch on every field value."""
+    skipped = () if exprs else PrimExpr
+
+    def walk(x: Any) -> None:
         if isinstance(x, Node):
+            if isinstance(x, skipped):
+                return
             if not isinstance(x, Buffer):
                 for name in field_names_of(type(x)):
-                    self.visit(getattr(x, name))
-            self.fvisit(x)
-        else:
-            super().visit(x)
+                    value = getattr(x, name)
+                    if isinstance(value, _CONTAINERS):
+                        walk(value)
+            fvisit(x)
+        elif isinstance(x, (list, tuple)):
+            for e in x:
+                if isinstance(e, _CONTAINERS):
+                    walk(e)
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                walk(k)
+                walk(v)
 
-
-def post_order_visit(node: Any, fvisit: Callable[[Node], None]) -> None:
-    """Call ``fvisit`` on every node of the tree, children first (buffers are not entered)."""
-    _PostOrder(fvisit).visit(node)
+    walk(node)
 
 
 def collect_vars(node: Any) -> list[Var]:

@@ -158,20 +158,102 @@ def _flip(path: str, data: bytes, offset: int) -> None:
         f.write(bytes(damaged))
 
 
-def test_a_flipped_byte_in_any_section_names_the_section(exe, tmp_path):
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_flipped_byte_in_any_section_names_the_section(exe, tmp_path, mapped):
     """Weights, code, plans: a flipped byte anywhere in a section is caught by its checksum
     before the library is loaded or a constant is read (it used to run and print garbage, or
-    segfault)."""
+    segfault) -- whether the file is read or mapped."""
     path, data, table = _saved(exe, tmp_path)
-    assert [s.name for s in table] == ["meta", "dtypes", "header", "library", "source",
-                                       "constants"]
+    assert [s.name for s in table] == ["constants", "meta", "dtypes", "header", "library",
+                                       "source"]
     for section in table:
         for offset in {section.offset, section.offset + section.size // 2,
                        section.offset + section.size - 1}:
             _flip(path, data, offset)
             with pytest.raises(ModelFormatError,
                                match=f"section '{section.name}' .* fails its checksum"):
-                kiln.load(path)
+                kiln.load(path, mmap=mapped)
+
+
+# ---- constants used in place ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def weights_exe():
+    """Constants of several sizes and dtypes (odd byte counts between them)."""
+    rng = np.random.default_rng(3)
+    w1 = rng.standard_normal((7, 3)).astype("float32")
+    b1 = rng.standard_normal((3,)).astype("float64")
+    w2 = rng.integers(-9, 9, (13,)).astype("int8")
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo((2, 7), "float32"))
+    k = g.Var("k", g.TensorStructInfo((13,), "int8"))
+    with bb.function("main", [x, k]):
+        y = bb.emit(op.matmul(x, g.const(w1)))
+        z = bb.emit(op.add(bb.emit(op.cast(y, "float64")), g.const(b1)))
+        bb.emit_func_output(g.Tuple([z, bb.emit(op.multiply(k, g.const(w2)))]))
+    return kiln.build(bb.get(), cache=False), (w1, b1, w2)
+
+
+def _expected(weights, x, k):
+    w1, b1, w2 = weights
+    return (x @ w1).astype("float64") + b1, k * w2
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_constants_are_aligned_in_the_file_and_used_in_place(weights_exe, tmp_path, mapped):
+    """Every constant starts at a 64-byte file offset, and a loaded executable uses the
+    constants where they lie in the loaded (or mapped) file instead of copying each."""
+    exe, weights = weights_exe
+    path, data, table = _saved(exe, tmp_path)
+    sections = file_format.read(data, path)
+    header = json.loads(bytes(sections["header"]))
+    start = next(s.offset for s in table if s.name == "constants")
+    entries = [c for pj in header["plans"].values() for c in pj["constants"]]
+    assert len(entries) >= 3
+    assert all((start + c["offset"]) % 64 == 0 for c in entries)
+    loaded = kiln.load(path, mmap=mapped)
+    consts = loaded.plans["main"].constants
+    addr = {s: a.__array_interface__["data"][0] for s, a in consts.items()}
+    assert all(a % 64 == 0 for a in addr.values())
+    # views of the one buffer holding the file, laid out as in it (copies would be scattered)
+    first = header["plans"]["main"]["constants"][0]
+    assert all(addr[c["slot"]] - addr[first["slot"]] == c["offset"] - first["offset"]
+               for c in header["plans"]["main"]["constants"])
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 7)).astype("float32")
+    k = rng.integers(-9, 9, (13,)).astype("int8")
+    for got, want in zip(loaded(x, k), _expected(weights, x, k)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_file_with_unaligned_constants_still_loads(weights_exe, tmp_path):
+    """Files written before the constants were aligned (the constants section last, packed):
+    the table's offsets are explicit, so they load as before, each constant copied."""
+    exe, weights = weights_exe
+    path, data, _ = _saved(exe, tmp_path)
+    sections = file_format.read(data, path)
+    order = ["meta", "dtypes", "header", "library", "source", "constants"]
+    file_format.write(path, [(n, bytes(sections[n])) for n in order])
+    for mapped in (False, True):
+        loaded = kiln.load(path, mmap=mapped)
+        x = np.ones((2, 7), "float32")
+        k = np.arange(13, dtype="int8")
+        for got, want in zip(loaded(x, k), _expected(weights, x, k)):
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_mapped_executable_outlives_its_file(weights_exe, tmp_path):
+    """The executable cache maps its entries; evicting (removing) or replacing an entry while
+    an executable loaded from it runs is safe (the mapping keeps the old file's pages)."""
+    exe, weights = weights_exe
+    path = str(tmp_path / "m.kiln")
+    exe.save(path)
+    loaded = kiln.load(path, mmap=True)
+    exe.save(path)  # replaced atomically
+    os.unlink(path)
+    x = np.full((2, 7), 0.5, "float32")
+    k = np.arange(13, dtype="int8")
+    for got, want in zip(loaded(x, k), _expected(weights, x, k)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 @pytest.mark.parametrize("where,message", [

@@ -44,9 +44,10 @@ def _make_analyzer() -> Any:
 
 def _mvec_declarations(code: str) -> str:
     decls = []
+    called = set(re.findall(r"\b(\w+)\(", code))  # one scan, not one per libm function
     for fn in sorted(libmvec_functions()):
         for name, ct in ((fn + "f", "float"), (fn, "double")):
-            if re.search(rf"\b{name}\(", code):
+            if name in called:
                 params = f"{ct}, {ct}" if fn == "pow" else ct
                 decls.append(f"{ct} {name}({params}) __attribute__((__simd__(\"notinbranch\")));")
     if not decls:

@@ -179,7 +179,7 @@ def needs_check_record(stmt: S.Stmt) -> bool:
             found[0] = True
 
     if not found[0]:
-        post_order_visit(stmt, visit)
+        post_order_visit(stmt, visit, exprs=False)
     return found[0]
 
 

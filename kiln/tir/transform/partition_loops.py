@@ -79,7 +79,7 @@ def _guards_on(body: Stmt, v: Var) -> list[PrimExpr]:
                 if names and all(x is v for x in names):
                     out.append(atom)
 
-    post_order_visit(body, visit)
+    post_order_visit(body, visit, exprs=False)
     return out
 
 
@@ -146,7 +146,7 @@ def _bound_inside(body: Stmt) -> tuple[set[int], dict[int, tuple[Var, int, int]]
         elif isinstance(n, LetStmt):
             out.add(id(n.var))
 
-    post_order_visit(body, visit)
+    post_order_visit(body, visit, exprs=False)
     return out, ranges
 
 
@@ -177,7 +177,7 @@ def _symbolic_guards(body: Stmt, v: Var) -> tuple[list[PrimExpr], dict[int, tupl
                         id(x) not in inner or id(x) in ranges for x in names):
                     out.append(atom)
 
-    post_order_visit(body, visit)
+    post_order_visit(body, visit, exprs=False)
     return out, ranges
 
 

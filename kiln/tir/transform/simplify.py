@@ -14,9 +14,11 @@ Loop variables are bound to their ranges while their body is simplified, so rang
 from __future__ import annotations
 
 from ...arith import Analyzer
+from ...ir.node import Node, field_names_of
+from ..buffer import Buffer
 from ..expr import IntImm, PrimExpr, Range
 from ..function import PrimFunc
-from ..functor import Mutator, post_order_visit, substitute
+from ..functor import Mutator, substitute
 from ..stmt import Evaluate, For, ForKind, IfThenElse, LetStmt, SeqStmt, Stmt, seq
 
 
@@ -28,25 +30,45 @@ def _is_no_op(s: Stmt) -> bool:
     return isinstance(s, Evaluate) and isinstance(s.value, IntImm)
 
 
-def _is_vector_free(e: PrimExpr) -> bool:
-    ok = [e.dtype.lanes == 1]
+_WALKED = (Node, list, tuple, dict)
 
-    def f(n) -> None:
-        if isinstance(n, PrimExpr) and n.dtype.lanes != 1:
-            ok[0] = False
 
-    if ok[0]:
-        post_order_visit(e, f)
-    return ok[0]
+def _is_vector_free(x: object, memo: dict[int, tuple[object, bool]]) -> bool:
+    """Whether no expression in ``x`` (buffers not entered) has several lanes. ``memo``
+    (id -> (node, answer), the node kept so its id stays its own) holds every subtree's answer:
+    a vector expression's parts are asked again one by one, which walked each part once per
+    enclosing expression."""
+    if isinstance(x, Node):
+        if isinstance(x, Buffer):
+            return True
+        hit = memo.get(id(x))
+        if hit is not None:
+            return hit[1]
+        ok = not (isinstance(x, PrimExpr) and x.dtype.lanes != 1)
+        if ok:
+            for name in field_names_of(type(x)):
+                value = getattr(x, name)
+                if isinstance(value, _WALKED) and not _is_vector_free(value, memo):
+                    ok = False
+                    break
+        memo[id(x)] = (x, ok)
+        return ok
+    if isinstance(x, (list, tuple)):
+        return all(_is_vector_free(e, memo) for e in x if isinstance(e, _WALKED))
+    if isinstance(x, dict):
+        return all(_is_vector_free(k, memo) and _is_vector_free(v, memo)
+                   for k, v in x.items())
+    return True
 
 
 class _Simplifier(Mutator):
     def __init__(self, analyzer) -> None:
         self.analyzer = analyzer
+        self.vector_free: dict[int, tuple[object, bool]] = {}
 
     # ---- expressions: hand whole scalar expressions to the analyzer -------------------------
     def visit_expr(self, e: PrimExpr) -> PrimExpr:
-        if _is_vector_free(e):
+        if _is_vector_free(e, self.vector_free):
             return self.analyzer.simplify(e)
         # Vector expressions (written by hand before vectorization): simplify the parts.
         return Mutator.generic_visit(self, e)
