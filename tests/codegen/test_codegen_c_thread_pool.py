@@ -49,6 +49,13 @@ int32_t run_mark(int32_t* hits, int64_t n, int32_t threads, int64_t spin) {
   pthread_mutex_destroy(&m.lock);
   return m.nseen;
 }
+
+/* Records the size of every chunk at its first iteration. */
+static void record(void* c, int64_t begin, int64_t end) { ((int64_t*)c)[begin] = end - begin; }
+
+void run_record(int64_t* sizes, int64_t n, int32_t threads) {
+  kiln_parallel_for(record, sizes, n, threads);
+}
 """
 
 
@@ -60,6 +67,7 @@ def lib():
     lib = ctypes.CDLL(result.lib_path)
     lib.run_mark.restype = ctypes.c_int32
     lib.run_mark.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int64)
+    lib.run_record.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32)
     lib.kiln_set_num_threads.argtypes = (ctypes.c_int32,)
     lib.kiln_get_max_threads.restype = ctypes.c_int32
     return lib
@@ -77,6 +85,21 @@ def test_every_iteration_runs_once(lib, n, threads):
     hits, distinct = _run(lib, n, threads)
     assert (hits == 1).all()
     assert distinct <= max(1, min(threads, n))
+
+
+@pytest.mark.parametrize("n", [2, 9, 14, 35, 100003])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_chunks_are_even(lib, n, threads):
+    """Four chunks per thread (fewer when there are fewer iterations), their sizes at most
+    one apart, the larger first, together covering the loop: a loop of 14 for 2 threads is
+    8 chunks of 2 or 1 (7 per thread), not 7 of 2 (8 for one thread, 6 for the other)."""
+    sizes = np.zeros(n, np.int64)
+    lib.run_record(sizes.ctypes.data, n, threads)
+    chunks = sizes[sizes > 0]
+    assert chunks.sum() == n
+    assert len(chunks) == min(n, 4 * threads)
+    assert chunks.max() - chunks.min() <= 1
+    assert (np.diff(chunks) <= 0).all()
 
 
 def test_the_thread_count_is_respected_per_calling_thread(lib):

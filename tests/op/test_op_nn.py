@@ -281,6 +281,11 @@ CONV_CASES = [
     ((2, 16, 8, 16), (32, 16, 1, 1), {}),  # 1x1
     ((1, 3, 15, 15), (5, 3, 5, 5), dict(strides=(2, 3), padding=(2, 1))),
     ((1, 2, 5, 40), (3, 2, 3, 2), dict(padding=(0, 1), dilation=(1, 3))),
+    # register tiles of output channels x vectors along rows of whole vectors
+    ((1, 5, 10, 32), (6, 5, 3, 3), dict(padding=1)),
+    ((2, 3, 17, 64), (7, 3, 3, 3), dict(strides=2, padding=1)),
+    ((1, 2, 9, 52), (3, 2, 3, 3), dict(dilation=2)),
+    ((1, 4, 6, 80), (4, 2, 1, 3), dict(groups=2, padding=(0, 1))),
 ]
 
 

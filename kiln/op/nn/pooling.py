@@ -226,11 +226,12 @@ def _lowest_finite(dtype: DataType) -> PrimExpr:
     return tir.const(dtype, float(ml_dtypes.finfo(dtype.element.to_numpy()).min))
 
 
-#: The maximum that skips NaN: ``b`` wins unless ``a`` is greater or ``b`` is NaN, so a NaN
-#: never displaces the accumulator (which starts at the lowest finite value, never NaN).
+#: The maximum that skips NaN: ``b`` wins only when it is greater than the accumulator ``a``
+#: (which starts at the lowest finite value, so is never NaN), which a NaN never is. One
+#: comparison and a select, which vectorizes (an ``isnan`` test did not: ResNet-18's 3x3/s2
+#: max pooling in NCHW16c ran scalar, 2.1x onnxruntime's time).
 max_ignoring_nan = te.comm_reducer(
-    lambda a, b: tir.select(tir.logical_or(a > b, tx.isnan(b)), a, b), _lowest_finite,
-    name="max_ignoring_nan")
+    lambda a, b: tir.select(b > a, b, a), _lowest_finite, name="max_ignoring_nan")
 
 
 def _max_pool2d_compute(data: Any, *, attrs: MaxPool2DAttrs) -> Any:

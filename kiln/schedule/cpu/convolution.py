@@ -70,7 +70,9 @@ def _schedule_conv2d_nchw(sch: Any, target: Any) -> None:
     Loops: parallel(n, oc_outer[, y]) / y / rc, ry, rx / x_outer / oc_inner (unrolled) /
     x_inner (vectorized along the output width when a vector length divides it): each input
     vector is loaded once per tap for OC_TILE output channels, whose row segments stay in L1
-    across the taps. The padded input is its own stage, copied in parallel row by row.
+    across the taps. The padded input is its own stage, copied in parallel row by row. Where
+    a vector length divides the row, :func:`_schedule_conv2d_nchw_tiled` keeps a register tile
+    instead.
     """
     names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_block("root"))}
     rest = other_blocks(sch, {"conv2d_pad", "conv2d"})
@@ -81,10 +83,14 @@ def _schedule_conv2d_nchw(sch: Any, target: Any) -> None:
     dtype = sch.get(block).writes[0].buffer.dtype
     ow = loop_extent(sch, x)
     xb = vector_factor(target, dtype, ow)
+    o_ext = loop_extent(sch, o)
+    if xb is not None and o_ext is not None and knob("conv_nchw_register_tile", (False, True),
+                                                     True):
+        _schedule_conv2d_nchw_tiled(sch, target, block, xb, rest, work)
+        return
     vec = xb is not None
     if xb is None:
         xb = pick_factor(ow, list(range(min(16, ow or 0), 1, -1)))
-    o_ext = loop_extent(sch, o)
     ob = pick_factor(o_ext, [knob("conv_oc_tile", (2, 4, 8), CONV_OC_TILE), CONV_OC_TILE, 2]
                      ) if o_ext is not None else None
     oo, oi = split_off(sch, o, ob)
@@ -102,6 +108,68 @@ def _schedule_conv2d_nchw(sch: Any, target: Any) -> None:
         else:
             sch.unroll(xi)
     at = parallel_outer(sch, [n, oo, y], target, work=work)
+    schedule_epilogue(sch, target, rest, at)
+
+
+#: Most vector accumulators of the NCHW convolution's register tile, per vector length in
+#: float32 lanes (16 registers with AVX2, 32 with AVX-512: the rest hold the input vector
+#: and the broadcast weight).
+CONV_NCHW_ACCUMULATORS = {8: 12, 16: 20}
+
+
+def conv_nchw_tile(channels: int, vectors: int, lanes: int) -> tuple[int, int]:
+    """The register tile ``(output channels, vectors along the row)`` of the NCHW
+    convolution: the most accumulators up to :data:`CONV_NCHW_ACCUMULATORS` with both sizes
+    dividing their axes (at most 8 each), the more channels among equals (each input vector
+    then serves more of them)."""
+    budget = CONV_NCHW_ACCUMULATORS.get(lanes, CONV_NCHW_ACCUMULATORS[8])
+    best = (1, 1)
+    for ob in range(1, min(8, channels) + 1):
+        for xv in range(1, min(8, vectors) + 1):
+            if channels % ob or vectors % xv or ob * xv > budget:
+                continue
+            if (ob * xv, ob) > (best[0] * best[1], best[0]):
+                best = (ob, xv)
+    return best
+
+
+def _schedule_conv2d_nchw_tiled(sch: Any, target: Any, block: Any, xb: int, rest: list[str],
+                                work: int | None) -> None:
+    """NCHW convolution with a register tile of a few output channels x a few vectors along
+    the output row (:func:`conv_nchw_tile`), accumulated over every tap in registers and
+    written out once, as the NCHWc schedule does; used where the output channels do not fill
+    a vector (the 24 -> 6 smoothing convolutions of a text detector's FPN).
+
+    Loops: parallel(n, y[, oc_outer]) / oc_outer / x_outer / rc, ry, rx / x vectors, oc
+    (unrolled) / lanes (vectorized). The rows outside the channel blocks keep an output row's
+    input rows in cache across the blocks. Against the in-place order (1 thread, AVX-512,
+    24 -> 6 channels, 3x3, bias + ReLU; minima): 160x160 1.66 -> 0.67 ms, 80x80 0.26 -> 0.16,
+    40x40 0.066 -> 0.042; 3 -> 5 channels at 64x64 0.018 -> 0.012.
+    """
+    n, o, y, x, rc, ry, rx = sch.get_loops(block)
+    dtype = sch.get(block).writes[0].buffer.dtype
+    ow, o_ext = loop_extent(sch, x), loop_extent(sch, o)
+    lanes = target.vector_lanes(dtype)
+    vectors = ow // xb
+    domain = tuple((b, v) for b in range(1, min(8, o_ext) + 1) if o_ext % b == 0
+                   for v in range(1, min(8, vectors) + 1) if vectors % v == 0)
+    ob, xv = knob("conv_nchw_tile", domain, conv_nchw_tile(o_ext, vectors, lanes))
+    oo, oi = split_off(sch, o, ob if ob > 1 else None)
+    xo, xi = sch.split(x, factors=[None, xb * xv])
+    xm, xi = sch.split(xi, factors=[xv, xb])
+    order = [n, y, oo, xo, rc, ry, rx, xm] + ([oi] if oi is not None else []) + [xi]
+    sch.reorder(*order)
+    local = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(local, xo)
+    init = sch.decompose_reduction(block, rc)
+    for lp in (xm, oi):
+        if lp is not None:
+            sch.unroll(lp)
+    sch.vectorize(xi)
+    for b in (init, local):
+        write_out_tile(sch, target, b, xo, dtype)
+    sch.annotate(rc, FMA_IN_REGISTERS, 1)
+    at = parallel_outer(sch, [n, y, oo], target, work=work)
     schedule_epilogue(sch, target, rest, at)
 
 
