@@ -13,10 +13,17 @@ from typing import Any
 import numpy as np
 
 from ...npu.isa import UNIT_DMA_IN
-from .emit import DramTensor, KernelInfo, block, itemsize
+from .emit import DramTensor, KernelInfo, block, itemsize, row_major
 from .gemm import GemmShape, emit_gemm, gemm_roofline, plan_gemm
 from .lowering import LoweringContext, NotSupported, register_lowering
-from .vector import VecStep, emit_elementwise, emit_pool2d, emit_row_mean, emit_softmax
+from .vector import (
+    VecStep,
+    emit_elementwise,
+    emit_layer_norm,
+    emit_pool2d,
+    emit_row_mean,
+    emit_softmax,
+)
 
 __all__ = ["BINARY_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS", "elementwise_steps",
            "lower_elementwise_chain", "product_operand_dtype"]
@@ -163,16 +170,22 @@ GEMM_OPS = ("dense", "matmul", "nn.conv2d")
 def product_operand_dtype(ctx: LoweringContext, call: Any, x_dtype: str) -> str | None:
     """The dtype GEMM op ``call`` wants its activation in (None: as it is or no product):
     float16 for a float product with a constant float weight."""
-    if call.op.name not in GEMM_OPS or len(call.args) < 2 or \
-            getattr(call.attrs, "groups", 1) != 1:  # a grouped conv runs on the CPU
+    if call.op.name not in GEMM_OPS or len(call.args) < 2:
         return None
     w = call.args[1]
+    groups = getattr(call.attrs, "groups", 1)
+    if groups != 1 and _is_depthwise(groups, tuple(_dims(call.args[0])), tuple(_dims(w))):
+        return None  # on the vector unit, in the activation's own dtype
     wd = str(getattr(w.struct_info, "dtype", ""))
     out_dt = str(getattr(call.struct_info, "dtype", ""))
     if x_dtype in _FLOAT and wd in _FLOAT and out_dt == "float32" and x_dtype != "float16" \
             and ctx.config.tensor_dtype("float16", "float16") is not None:
         return "float16"
     return None
+
+
+def _dims(e: Any) -> list[Any]:
+    return [getattr(d, "value", d) for d in (getattr(e.struct_info, "shape", None) or ())]
 
 
 def _activation(ctx: LoweringContext, x: Any, dt: str, op: str) -> DramTensor:
@@ -195,7 +208,9 @@ def _gemm_2d(ctx: LoweringContext, op: str, x: Any, w: Any, out: DramTensor,
     xd = x.dtype if isinstance(x, DramTensor) else str(x.dtype)
     dt = _operand_dtype(ctx, op, xd, wd, out.dtype)
     if len(w.shape) != 2:
-        raise NotSupported(f"{op}: batched right operand")
+        if w_is_nk:
+            raise NotSupported(f"{op}: batched weights")
+        return _batch_matmul(ctx, x, w, out, dt)
     k = w.shape[1] if w_is_nk else w.shape[0]
     n = w.shape[0] if w_is_nk else w.shape[1]
     m = int(np.prod(out.shape[:-1], dtype=np.int64))
@@ -229,6 +244,48 @@ def _gemm_2d(ctx: LoweringContext, op: str, x: Any, w: Any, out: DramTensor,
                              gemm_roofline(ctx.config, shape)))
 
 
+def _batch_offsets(shape: tuple[int, ...], batch: tuple[int, ...]) -> list[int]:
+    """Element offset of each matrix of ``shape`` (``[..., R, C]``) per entry of the result's
+    ``batch`` dims, broadcasting (numpy rules) the operand's leading dims."""
+    lead = (1,) * (len(batch) - len(shape[:-2])) + tuple(shape[:-2])
+    size = shape[-2] * shape[-1]
+    strides = [0 if n == 1 else s * size for n, s in zip(lead, row_major(lead))]
+    return [sum(i * s for i, s in zip(idx, strides)) for idx in np.ndindex(*batch)]
+
+
+def _batch_matmul(ctx: LoweringContext, x: Any, w: Any, out: DramTensor, dt: str) -> None:
+    """``out[b] = x[b] @ w[b]`` with both operands batched (broadcast dims allowed): attention's
+    ``Q @ K^T`` and ``P @ V``, whose right operand is computed at run time; one GEMM per batch
+    entry, loaded from its own offsets (nothing is shared between entries)."""
+    if len(x.shape) < 2:
+        raise NotSupported("matmul: vector left operand")
+    batch = out.shape[:-2]
+    m, k, n = x.shape[-2], x.shape[-1], w.shape[-1]
+    x_off, w_off = _batch_offsets(x.shape, batch), _batch_offsets(w.shape, batch)
+    shape = GemmShape(len(x_off), m, 1, n, k, 1, dt, b_shared=False)
+    tiling = _plan(ctx, "matmul", shape)
+    xa, wa = _activation(ctx, x, dt, "matmul"), _activation(ctx, w, dt, "matmul")
+    kb = ctx.kb
+
+    def load_a(core: int, b: int, m0: int, ms: int, k0: int, ks: int, addr: int,
+               slot: int) -> None:
+        kb.load(core, shape=(1, ms, ks), dst=block("input", addr, dt, (0, ks, 1)),
+                src=xa.at(x_off[b] + m0 * k + k0, (0, k, 1)))
+
+    def load_b(core: int, b: int, k0: int, ks: int, n0: int, ns: int, addr: int) -> None:
+        kb.load(core, shape=(1, ks, ns), dst=block("weight", addr, dt, (0, ns, 1)),
+                src=wa.at(w_off[b] + k0 * n + n0, (0, n, 1)))
+
+    def store_c(core: int, b: int, m0: int, ms: int, n0: int, ns: int, addr: int) -> None:
+        kb.emit(core, "dma.store", shape=(1, ms, ns), dst=out.at((b * m + m0) * n + n0,
+                                                                  (0, n, 1)),
+                src=block("acc", addr, out.dtype, (0, ns, 1)))
+
+    emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
+    kb.end_kernel(KernelInfo(ctx.label("matmul"), "matmul", tiling.describe(shape),
+                             tiling.estimate, gemm_roofline(ctx.config, shape)))
+
+
 @register_lowering("dense")
 def lower_dense(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
     _gemm_2d(ctx, "dense", args[0], args[1], out, w_is_nk=True)
@@ -249,20 +306,56 @@ def _odd_lines(elems: int, isz: int, bank_width: int) -> int:
     return (lines + 1 - lines % 2) * per_line if bank_width % isz == 0 else elems
 
 
+def _is_depthwise(groups: int, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> bool:
+    """One input channel per group and one output channel per input channel."""
+    return groups == x_shape[1] == w_shape[0] and w_shape[1] == 1
+
+
 @register_lowering("nn.conv2d")
 def lower_conv2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
     """Implicit GEMM: M = output rows of OW pixels, K = input channels x taps, N = output
-    channels; the A tile is gathered by one strided DMA with padding per tap."""
+    channels; the A tile is gathered by one strided DMA with padding per tap. A depthwise
+    convolution runs on the vector unit, another grouped one as one GEMM per group."""
     at = call.attrs
     if at.data_layout != "NCHW" or at.kernel_layout != "OIHW":
         raise NotSupported(f"nn.conv2d: layout {at.data_layout}/{at.kernel_layout}")
     x, w = args
-    if at.groups != 1:
+    if at.groups != 1 and _is_depthwise(at.groups, x.shape, w.shape):
         return _depthwise(ctx, call, x, w, out)
     if not isinstance(w, np.ndarray):
         raise NotSupported("nn.conv2d: weights computed at run time")
     dt = _operand_dtype(ctx, "nn.conv2d", x.dtype if isinstance(x, DramTensor) else
                         str(x.dtype), str(w.dtype), out.dtype)
+    if at.groups != 1:
+        return _grouped(ctx, at, x, w, out, dt)
+    _conv(ctx, at, x, w, out, dt)
+
+
+def _grouped(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
+             dt: str) -> None:
+    """A grouped convolution: in NCHW each group's input and output channels are contiguous
+    per image, so every (image, group) pair is an ordinary convolution of DRAM sub-tensors --
+    one GEMM kernel each (a float32 activation is cast to float16 per group, the same
+    traffic as one cast of the whole, and after the first group's tiling is known to fit)."""
+    nb, c, h, wd = x.shape
+    o, cg = w.shape[0], w.shape[1]
+    groups = at.groups
+    og = o // groups
+    oh, ow = out.shape[2:]
+    xa = ctx.tensor(x)
+    isz, osz = itemsize(xa.dtype), itemsize(out.dtype)
+    for n in range(nb):
+        for gi in range(groups):
+            xs = DramTensor(xa.addr + (n * c + gi * cg) * h * wd * isz, (1, cg, h, wd),
+                            xa.dtype)
+            os_ = DramTensor(out.addr + (n * o + gi * og) * oh * ow * osz, (1, og, oh, ow),
+                             out.dtype)
+            _conv(ctx, at, xs, w[gi * og:(gi + 1) * og], os_, dt)
+
+
+def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
+          dt: str) -> None:
+    """An ungrouped convolution (see :func:`lower_conv2d`)."""
     nb, c, h, wd = x.shape
     o, _, kh, kw = w.shape
     _, _, oh, ow = out.shape
@@ -373,10 +466,7 @@ def _depthwise(ctx: LoweringContext, call: Any, x: Any, w: Any, out: DramTensor)
     at = call.attrs
     if not isinstance(x, DramTensor) or not isinstance(w, np.ndarray):
         raise NotSupported("nn.conv2d: depthwise with run-time weights or a constant image")
-    c, o = x.shape[1], w.shape[0]
-    if not (at.groups == c == o and w.shape[1] == 1):
-        raise NotSupported(f"nn.conv2d: groups={at.groups} (only depthwise: groups = "
-                           "channels, one output per channel)")
+    c = x.shape[1]
     if x.dtype not in _FLOAT or out.dtype != x.dtype:
         raise NotSupported(f"nn.conv2d: depthwise {x.dtype} -> {out.dtype}")
     _vector_dtype(ctx, x.dtype, "nn.conv2d")
@@ -402,16 +492,32 @@ def lower_pool2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
     op = call.op.name
     at = call.attrs
     x = _float_input(ctx, op, args[0])
-    if at.layout != "NCHW" or at.ceil_mode:
-        raise NotSupported(f"{op}: layout {at.layout}, ceil_mode={at.ceil_mode}")
+    if at.layout != "NCHW":
+        raise NotSupported(f"{op}: layout {at.layout}")
     kind = "max" if op == "nn.max_pool2d" else "avg"
-    divisor = None
+    divisor, scale = None, None
     if kind == "avg":
-        if any(at.padding) and not at.count_include_pad:
-            raise NotSupported(f"{op}: padding not counted (count_include_pad=False)")
-        divisor = float(at.pool_size[0] * at.pool_size[1])
+        counts = _window_counts(x.shape[2:], out.shape[2:], at)
+        if np.all(counts == counts.flat[0]):
+            divisor = float(counts.flat[0])
+        else:  # ceil_mode or uncounted padding: windows differ, scaled by a constant map
+            scale = ctx.constant((1.0 / counts).astype(x.dtype))
     emit_pool2d(ctx, op, x, out, kind, tuple(at.pool_size), tuple(at.strides),
-                tuple(at.padding), tuple(at.dilation), divisor)
+                tuple(at.padding), tuple(at.dilation), divisor, scale=scale)
+
+
+def _window_counts(size: tuple[int, ...], out_size: tuple[int, ...], at: Any) -> np.ndarray:
+    """(OH, OW): how many taps of each average-pooling window count -- those inside the
+    padded input with ``count_include_pad``, else inside the input; taps past the padding
+    (ceil_mode's last windows) never count."""
+    per_dim = []
+    for d in range(2):
+        k, s, dil = at.pool_size[d], at.strides[d], at.dilation[d]
+        lo_pad, hi_pad = at.padding[d], at.padding[d + 2]
+        lo, hi = (-lo_pad, size[d] + hi_pad) if at.count_include_pad else (0, size[d])
+        pos = np.arange(out_size[d])[:, None] * s - lo_pad + np.arange(k)[None, :] * dil
+        per_dim.append(((pos >= lo) & (pos < hi)).sum(axis=1))
+    return np.outer(per_dim[0], per_dim[1]).astype(np.float64)
 
 
 @register_lowering("nn.adaptive_avg_pool2d")
@@ -450,3 +556,17 @@ def lower_softmax(ctx: LoweringContext, call: Any, args: list[Any], out: DramTen
     if call.attrs.axis not in (-1, len(x.shape) - 1) or x.dtype != "float32":
         raise NotSupported("nn.softmax: only over the last axis, in float32")
     emit_softmax(ctx, "nn.softmax", x, out)
+
+
+@register_lowering("nn.layer_norm")
+def lower_layer_norm(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor
+                     ) -> None:
+    """Over trailing axes, in float32 (the vector unit's reductions and ``vrsqrt``)."""
+    x = _float_input(ctx, "nn.layer_norm", args[0])
+    rank = len(x.shape)
+    axes = sorted(a % rank for a in call.attrs.axes)
+    if axes != list(range(rank - len(axes), rank)) or x.dtype != "float32":
+        raise NotSupported(f"nn.layer_norm: over axes {axes} in {x.dtype} (only trailing "
+                           "axes, in float32)")
+    gamma, beta = (ctx.tensor(a) for a in args[1:3])
+    emit_layer_norm(ctx, "nn.layer_norm", x, gamma, beta, out, call.attrs.epsilon)
