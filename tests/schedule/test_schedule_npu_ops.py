@@ -470,3 +470,38 @@ def test_random_batched_products_with_layer_norm_epilogue(b, m, k, n, hw, seed):
     # float16 products: the normalized values carry the product's relative error
     assert float(np.max(np.abs(exe(x, y, r) - ref))) <= 2e-2 * max(1.0, float(
         np.max(np.abs(gamma))) + 1)
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_int64_elementwise_ops_run_on_the_scalar_unit(hw):
+    """int64 is no vector dtype: add/multiply/maximum/negative/relu and casts from and to
+    int64 run as scalar-unit loops (numpy's wrap-around), reported with the reason."""
+    rng = np.random.default_rng(15)
+    a, b = (rng.integers(-2 ** 40, 2 ** 40, (3, 37), dtype=np.int64) for _ in range(2))
+
+    def fn(x, y):
+        h = op.maximum(op.multiply(op.add(x, y), g.const(np.int64(2 ** 30))), op.negative(y))
+        return op.cast(op.nn.relu(op.subtract(h, g.const(np.int64(7)))), "float32")
+
+    exe = _build(fn, [a.shape, b.shape], hw, dtype="int64")
+    assert exe.cpu_ops == []
+    assert all(k.tiling.startswith("scalar unit (") and "int64" in k.tiling
+               for k in exe.kernels)
+    with np.errstate(over="ignore"):
+        ref = np.maximum(np.maximum((a + b) * 2 ** 30, -b) - 7, 0).astype(np.float32)
+    np.testing.assert_array_equal(exe(a, b), ref)
+    exe = _build(lambda x: op.add(op.cast(x, "int64"), g.const(np.int64(1))), [(5, 3)], hw)
+    x = (rng.standard_normal((5, 3)) * 1e3).astype("float32")
+    np.testing.assert_array_equal(exe(x), np.trunc(x).astype(np.int64) + 1)
+    assert "scalar unit" in exe.describe()
+
+
+def test_scalar_unit_refuses_what_it_cannot_compute():
+    x = np.arange(12, dtype=np.int64).reshape(3, 4)
+    row = np.arange(4, dtype=np.int64)
+    exe = _build(lambda u, v: op.add(u, v), [x.shape, row.shape], "edge", dtype="int64")
+    assert exe.cpu_ops == ["add"]  # a broadcast operand: not a scalar-unit form
+    np.testing.assert_array_equal(exe(x, row), x + row)
+    with pytest.raises(NPUUnsupportedError, match=r"divide .*int64.*no scalar-unit form"):
+        _build(lambda u, v: op.divide(u, v), [x.shape, x.shape], "edge", dtype="int64",
+               strict=True)

@@ -16,6 +16,7 @@ from ...npu.isa import UNIT_DMA_IN
 from .emit import DramTensor, KernelInfo, block, itemsize, row_major
 from .gemm import GemmShape, emit_gemm, gemm_roofline, plan_gemm
 from .lowering import LoweringContext, NotSupported, register_lowering
+from .scalar import emit_scalar_elementwise
 from .vector import (
     VecStep,
     emit_elementwise,
@@ -97,11 +98,23 @@ def _check_shape(op: str, inputs: list[DramTensor], out: DramTensor) -> None:
             raise NotSupported(f"{op}: operand {x.shape} does not broadcast to {out.shape}")
 
 
+def _off_vector(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> bool:
+    """Whether some dtype of the call is not a vector dtype (then the scalar unit runs it)."""
+    dts = [out.dtype] + [str(a.dtype) for a in args if isinstance(a, DramTensor)]
+    return any(not ctx.config.supports_vector_dtype(dt) for dt in dts)
+
+
 @register_lowering(ELEMENTWISE_OPS)
 def lower_elementwise(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor
                       ) -> None:
+    """On the vector unit; an op whose dtype the vector unit lacks on the scalar unit."""
     inputs: list[DramTensor] = []
-    steps = elementwise_steps(ctx, call, args, out.dtype, None, inputs)
+    try:
+        steps = elementwise_steps(ctx, call, args, out.dtype, None, inputs)
+    except NotSupported as err:
+        if not _off_vector(ctx, call, args, out):
+            raise
+        return emit_scalar_elementwise(ctx, call, args, out, str(err))
     _check_shape(call.op.name, inputs, out)
     emit_elementwise(ctx, call.op.name, out, inputs, steps)
 
@@ -134,7 +147,9 @@ def cast_kernel(ctx: LoweringContext, x: DramTensor, dtype: str, op: str = "cast
 def lower_cast(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
     x = ctx.tensor(args[0])
     for dt in (x.dtype, out.dtype):
-        _vector_dtype(ctx, dt, "cast")
+        if not ctx.config.supports_vector_dtype(dt):
+            return emit_scalar_elementwise(ctx, call, [x], out, f"cast: the vector unit does "
+                                           f"not compute in {dt}")
     emit_elementwise(ctx, "cast", out, [x], [VecStep("vcast", (("in", 0),),
                                                      (("mode", "rtz"),))])
 
