@@ -505,3 +505,27 @@ def test_scalar_unit_refuses_what_it_cannot_compute():
     with pytest.raises(NPUUnsupportedError, match=r"divide .*int64.*no scalar-unit form"):
         _build(lambda u, v: op.divide(u, v), [x.shape, x.shape], "edge", dtype="int64",
                strict=True)
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_sigmoid_and_tanh_compose_vector_instructions(hw):
+    """sigmoid = 1 / (1 + e^-x) and tanh = 2 sigmoid(2x) - 1 from vexp and vdiv (documented
+    approximations), saturating cleanly at +-inf, fused into a chain with their neighbours."""
+    rng = np.random.default_rng(16)
+    x = np.concatenate([rng.standard_normal(1010) * 5, [0, 1e-6, -1e-6, 50, -50, 1e4, -1e4,
+                                                        np.inf, -np.inf, 88.0, -88.0]])
+    x = x.astype("float32")
+    x64 = x.astype(np.float64)
+    with np.errstate(over="ignore"):
+        sig = 1 / (1 + np.exp(-x64))
+    for fn, ref in ((op.sigmoid, sig), (op.tanh, np.tanh(x64))):
+        exe = _build(fn, [x.shape], hw)
+        assert exe.cpu_ops == []
+        np.testing.assert_allclose(exe(x), ref, rtol=0, atol=1e-6)
+    bias = _rand(rng, 1021)
+    exe = _build(lambda v: op.multiply(op.tanh(op.add(v, g.const(bias))), op.sigmoid(v)),
+                 [(3, 1021)], hw)
+    y = _rand(rng, 3, 1021)
+    assert exe.cpu_ops == []
+    np.testing.assert_allclose(exe(y), np.tanh(y + bias) / (1 + np.exp(-y.astype(np.float64))),
+                               rtol=0, atol=2e-6)

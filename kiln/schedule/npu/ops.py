@@ -26,16 +26,19 @@ from .vector import (
     emit_softmax,
 )
 
-__all__ = ["BINARY_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS", "elementwise_steps",
-           "lower_elementwise_chain", "product_operand_dtype"]
+__all__ = ["BINARY_OPS", "COMPOSITE_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS",
+           "elementwise_steps", "lower_elementwise_chain", "product_operand_dtype"]
 
 #: Graph op -> vector opcode of the element-wise ops.
 BINARY_OPS = {"add": "vadd", "subtract": "vsub", "multiply": "vmul", "divide": "vdiv",
               "maximum": "vmax", "minimum": "vmin"}
 UNARY_OPS = {"relu": "vrelu", "exp": "vexp", "negative": "vneg", "abs": "vabs",
              "rsqrt": "vrsqrt", "erf": "verf"}
+#: Composite activations: vector steps around ``vexp`` and a reciprocal (``vdiv`` of a
+#: broadcast 1): sigmoid(x) = 1 / (1 + e^-x), tanh(x) = 2 sigmoid(2x) - 1.
+COMPOSITE_OPS = ("sigmoid", "tanh")
 #: What :func:`lower_elementwise` (and a fused chain) takes.
-ELEMENTWISE_OPS = (*BINARY_OPS, *UNARY_OPS, "clip")
+ELEMENTWISE_OPS = (*BINARY_OPS, *UNARY_OPS, *COMPOSITE_OPS, "clip")
 _FLOAT = ("float32", "float16", "bfloat16")
 
 
@@ -58,8 +61,8 @@ def elementwise_steps(ctx: LoweringContext, call: Any, args: list[Any], dtype: s
     previous result), other tensor operands are appended to ``inputs``. Raises NotSupported."""
     op = call.op.name
     _vector_dtype(ctx, dtype, op)
-    if (op in ("divide", "clip") or op in UNARY_OPS and op not in ("relu", "negative", "abs")) \
-            and dtype not in _FLOAT:
+    if (op in ("divide", "clip", *COMPOSITE_OPS) or
+            op in UNARY_OPS and op not in ("relu", "negative", "abs")) and dtype not in _FLOAT:
         raise NotSupported(f"{op}: the vector unit computes it on floats only")
 
     def src(i: int) -> tuple[Any, ...]:
@@ -80,6 +83,17 @@ def elementwise_steps(ctx: LoweringContext, call: Any, args: list[Any], dtype: s
         return [VecStep(BINARY_OPS[op], (src(0), src(1)))]
     if op in UNARY_OPS:
         return [VecStep(UNARY_OPS[op], (src(0),))]
+    if op in COMPOSITE_OPS:
+        x = src(0)
+        inputs.append(ctx.constant(np.ones(1, dtype)))
+        one = ("in", len(inputs) - 1)
+        scale = -2.0 if op == "tanh" else -1.0
+        steps = [VecStep("vmul", (x, ("imm", scale))), VecStep("vexp", (("out",),)),
+                 VecStep("vadd", (("out",), ("imm", 1.0))), VecStep("vdiv", (one, ("out",)))]
+        if op == "tanh":
+            steps += [VecStep("vmul", (("out",), ("imm", 2.0))),
+                      VecStep("vadd", (("out",), ("imm", -1.0)))]
+        return steps
     if op == "clip":
         lo, hi = call.attrs.min, call.attrs.max
         x = src(0)
