@@ -529,3 +529,27 @@ def test_sigmoid_and_tanh_compose_vector_instructions(hw):
     assert exe.cpu_ops == []
     np.testing.assert_allclose(exe(y), np.tanh(y + bias) / (1 + np.exp(-y.astype(np.float64))),
                                rtol=0, atol=2e-6)
+
+
+_CONV = st.tuples(st.integers(1, 2), st.integers(1, 9), st.integers(1, 13), st.integers(1, 13),
+                  st.integers(1, 17), st.integers(1, 4), st.integers(1, 3), st.integers(0, 2),
+                  st.integers(1, 2))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=_CONV, hw=st.sampled_from(HW), seed=st.integers(0, 2 ** 16))
+def test_random_conv_shapes_match_numpy(shape, hw, seed):
+    """Random convolutions (image, channels, kernel, stride, padding, dilation) compiled for
+    the NPU and simulated, against a float64 numpy convolution."""
+    n, c, h, w, o, k, s, p, d = shape
+    if (k - 1) * d + 1 > min(h, w) + 2 * p:
+        k = 1
+    rng = np.random.default_rng(seed)
+    wt = (_rand(rng, o, c, k, k) * 0.3).astype(np.float32)
+    exe = _build(lambda v: op.nn.conv2d(v, g.const(wt), strides=(s, s), padding=(p, p),
+                                        dilation=(d, d)), [(n, c, h, w)], hw)
+    assert exe.cpu_ops == []
+    x = _rand(rng, n, c, h, w)
+    ref = _conv_ref(x, wt, (s, s), (p, p, p, p), (d, d))
+    scale = max(1.0, float(np.max(np.abs(ref))))
+    assert float(np.max(np.abs(exe(x) - ref))) <= 1e-2 * scale
