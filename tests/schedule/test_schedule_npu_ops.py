@@ -12,6 +12,8 @@ from kiln import graph as g
 from kiln import op
 from kiln.codegen.npu import NPUUnsupportedError, build_npu
 from kiln.ir import KilnError
+from kiln.npu import Program
+from kiln.npu.asm import assemble_program
 from kiln.schedule.npu import GemmShape, gemm_roofline, lowered_ops, plan_gemm
 from kiln.target.npu import load_config
 from kiln.testing import models
@@ -481,6 +483,7 @@ def test_int64_elementwise_ops_run_on_the_scalar_unit(hw):
 
     def fn(x, y):
         h = op.maximum(op.multiply(op.add(x, y), g.const(np.int64(2 ** 30))), op.negative(y))
+        h = op.add(h, g.const(np.int64(3 << 40)))  # wider than an immediate: loaded once
         return op.cast(op.nn.relu(op.subtract(h, g.const(np.int64(7)))), "float32")
 
     exe = _build(fn, [a.shape, b.shape], hw, dtype="int64")
@@ -488,8 +491,11 @@ def test_int64_elementwise_ops_run_on_the_scalar_unit(hw):
     assert all(k.tiling.startswith("scalar unit (") and "int64" in k.tiling
                for k in exe.kernels)
     with np.errstate(over="ignore"):
-        ref = np.maximum(np.maximum((a + b) * 2 ** 30, -b) - 7, 0).astype(np.float32)
-    np.testing.assert_array_equal(exe(a, b), ref)
+        ref = np.maximum(np.maximum((a + b) * 2 ** 30, -b) + (3 << 40) - 7, 0)
+    np.testing.assert_array_equal(exe(a, b), ref.astype(np.float32))
+    prog = exe.steps[0].program  # the loops encode (32-bit immediates) and assemble
+    assert Program.from_bytes(prog.to_bytes()).streams == prog.streams
+    assert assemble_program(prog.assembly()) == prog.streams
     exe = _build(lambda x: op.add(op.cast(x, "int64"), g.const(np.int64(1))), [(5, 3)], hw)
     x = (rng.standard_normal((5, 3)) * 1e3).astype("float32")
     np.testing.assert_array_equal(exe(x), np.trunc(x).astype(np.int64) + 1)

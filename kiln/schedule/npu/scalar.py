@@ -34,6 +34,13 @@ _SCALAR_DTYPES = ("int8", "uint8", "int16", "int32", "int64", "float16", "bfloat
 _DRAM = 0
 
 
+def _immediate(v: Any) -> bool:
+    """Whether ``v`` fits an instruction's immediate (a 32-bit int or a float32 value)."""
+    if isinstance(v, int):
+        return -(2 ** 31) <= v < 2 ** 31
+    return not np.isfinite(v) or float(np.float32(v)) == v
+
+
 def emit_scalar_elementwise(ctx: LoweringContext, call: Any, args: list[Any],
                             out: DramTensor, reason: str) -> None:
     """``out = op(args)`` element by element on the scalar units (cores split the elements);
@@ -43,10 +50,14 @@ def emit_scalar_elementwise(ctx: LoweringContext, call: Any, args: list[Any],
     if op not in SCALAR_ALU and op != "cast":
         raise NotSupported(f"{op}: {reason}; no scalar-unit form either")
     n = int(np.prod(out.shape, dtype=np.int64))
-    operands: list[tuple[str, Any]] = []  # ("mem", DramTensor) or ("imm", value)
+    operands: list[tuple[str, Any]] = []  # ("mem" | "const", DramTensor) or ("imm", value)
     for a in args:
         if isinstance(a, np.ndarray) and a.size == 1:
-            operands.append(("imm", a.reshape(-1)[0].item()))
+            v = a.reshape(-1)[0].item()
+            if _immediate(v):
+                operands.append(("imm", v))
+            else:  # wider than an instruction's 32-bit immediate: loaded once from DRAM
+                operands.append(("const", ctx.constant(a.reshape(1))))
         elif isinstance(a, (DramTensor, np.ndarray)) and tuple(a.shape) == out.shape:
             operands.append(("mem", ctx.tensor(a)))
         else:
@@ -64,7 +75,7 @@ def emit_scalar_elementwise(ctx: LoweringContext, call: Any, args: list[Any],
                             for _, t in operands):
         raise NotSupported(f"{op}: operands of different dtypes")
     cfg, kb = ctx.config, ctx.kb
-    if cfg.scalar_registers < 4 + len(operands):
+    if cfg.scalar_registers < 5 + len(operands):
         raise NotSupported(f"{op}: the scalar unit has too few registers")
     isz, osz = itemsize(in_dt), itemsize(out.dtype)
     per = -(-n // cfg.cores)
@@ -73,9 +84,14 @@ def emit_scalar_elementwise(ctx: LoweringContext, call: Any, args: list[Any],
         if lo >= hi:
             continue
         # r1: input byte offset, r2: output byte offset, r3: output end, r4..: values
-        body = [("s.li", dict(dtype="int64", rd=1, value=lo * isz)),
-                ("s.li", dict(dtype="int64", rd=2, value=lo * osz)),
-                ("s.li", dict(dtype="int64", rd=3, value=hi * osz))]
+        body = [("s.li", dict(dtype="int64", rd=1, value=0))]
+        for k, (kind, v) in enumerate(operands):
+            if kind == "const":
+                body.append(("s.ld", dict(dtype=v.dtype, rd=4 + k, mem=_DRAM, base=1,
+                                          offset=v.addr)))
+        body += [("s.li", dict(dtype="int64", rd=1, value=lo * isz)),
+                 ("s.li", dict(dtype="int64", rd=2, value=lo * osz)),
+                 ("s.li", dict(dtype="int64", rd=3, value=hi * osz))]
         regs = []
         for k, (kind, v) in enumerate(operands):
             rd = 4 + k
@@ -100,7 +116,7 @@ def emit_scalar_elementwise(ctx: LoweringContext, call: Any, args: list[Any],
         body.append(("s.br", dict(cond="lt", rs1=2, rs2=3, target=loop_start - len(body))))
         for opcode, fields in body:
             kb.emit(core, opcode, **fields)
-    loop = sum(1 for kind, _ in operands if kind == "mem") + 5
+    loop = sum(kind == "mem" for kind, _ in operands) + 5
     # each element: the loop's instructions, two of them DRAM accesses
     dram = cfg.memory(DRAM)
     estimate = per * (loop * cfg.scalar_latency + 2 * (cfg.scalar_memory_latency +
