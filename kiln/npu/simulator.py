@@ -297,19 +297,17 @@ class Simulator:
         return v
 
     # ---- hazards -------------------------------------------------------------------------
-    def _bytes(self, blk: Block, shape: tuple[int, ...]) -> Any:
-        """The byte offsets (a slice when dense) a block touches in its memory."""
+    @staticmethod
+    def _bytes(shadow: np.ndarray, blk: Block, shape: tuple[int, ...]) -> np.ndarray:
+        """The entries of a per-byte ``shadow`` array that a block touches, as a strided view
+        of shape ``(*shape, itemsize)`` (no index arrays: a strided or broadcast block costs
+        what a dense one does; a byte reached twice appears twice, which neither the max of a
+        check nor the store of one cycle count minds). ``_view`` has checked the bounds."""
         isz = _ITEMSIZE[blk.dtype]
+        step = shadow.itemsize
         strides = blk.strides[-len(shape):]
-        n = int(np.prod(shape))
-        lo = blk.addr + sum(min(0, (e - 1) * s) for e, s in zip(shape, strides)) * isz
-        hi = blk.addr + (sum(max(0, (e - 1) * s) for e, s in zip(shape, strides)) + 1) * isz
-        if hi - lo == n * isz and not any(s == 0 and e > 1 for e, s in zip(shape, strides)):
-            return slice(lo, hi)
-        idx = np.zeros(1, dtype=np.int64) + blk.addr
-        for e, s in zip(shape, strides):
-            idx = (idx[:, None] + np.arange(e, dtype=np.int64) * s * isz).reshape(-1)
-        return np.unique((idx[:, None] + np.arange(isz)).reshape(-1))
+        return as_strided(shadow[blk.addr:], shape=(*shape, isz),
+                          strides=(*(s * isz * step for s in strides), step), writeable=True)
 
     def _shadow(self, core: int, mem: int) -> tuple[np.ndarray, np.ndarray]:
         key = mem if mem < 2 else 2 + core * 3 + (mem - 2)
@@ -325,36 +323,36 @@ class Simulator:
                 where: str) -> None:
         if not self.check_hazards:
             return
+        late = start + 1e-9
+        views = []
         for blk, shape in reads:
             if blk.mem == _DRAM_ID:
                 continue
-            last_w, _ = self._shadow(core, blk.mem)
-            idx = self._bytes(blk, shape)
-            w = last_w[idx]
-            if w.size and w.max() > start + 1e-9:
+            last_w, last_r = self._shadow(core, blk.mem)
+            w = self._bytes(last_w, blk, shape).max(initial=0.0)
+            if w > late:
                 raise SimulationError(f"{where}: hazard: reads {blk} at cycle {start:.0f} while "
-                                      f"a write to it completes at cycle {w.max():.0f} (missing "
+                                      f"a write to it completes at cycle {w:.0f} (missing "
                                       "dependency token)")
+            views.append((self._bytes(last_r, blk, shape), None))
         for blk, shape in writes:
             if blk.mem == _DRAM_ID:
                 continue
             last_w, last_r = self._shadow(core, blk.mem)
-            idx = self._bytes(blk, shape)
-            r, w = last_r[idx], last_w[idx]
-            if (r.size and r.max() > start + 1e-9) or (w.size and w.max() > start + 1e-9):
-                what = "read" if r.size and r.max() > start + 1e-9 else "written"
+            wv = self._bytes(last_w, blk, shape)
+            r = self._bytes(last_r, blk, shape).max(initial=0.0)
+            w = wv.max(initial=0.0)
+            if r > late or w > late:
+                what = "read" if r > late else "written"
                 raise SimulationError(f"{where}: hazard: overwrites {blk} at cycle {start:.0f} "
                                       f"while it is being {what} until cycle "
-                                      f"{max(r.max(), w.max()):.0f} (missing dependency token)")
-        for blk, shape in reads:
-            if blk.mem != _DRAM_ID:
-                _, last_r = self._shadow(core, blk.mem)
-                idx = self._bytes(blk, shape)
-                last_r[idx] = np.maximum(last_r[idx], end)
-        for blk, shape in writes:
-            if blk.mem != _DRAM_ID:
-                last_w, _ = self._shadow(core, blk.mem)
-                last_w[self._bytes(blk, shape)] = end
+                                      f"{max(r, w):.0f} (missing dependency token)")
+            views.append((None, wv))
+        for rv, wv in views:
+            if rv is not None:
+                np.maximum(rv, end, out=rv)
+            else:
+                wv[...] = end
 
     # ---- running ---------------------------------------------------------------------------
     def run(self, program: Program | list[list[Instr]]) -> Report:

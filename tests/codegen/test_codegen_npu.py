@@ -130,3 +130,58 @@ def test_vision_models_from_onnx_run_entirely_on_npu(hw, name, tmp_path):
     out = exe(x)
     assert _rel(out, ref) <= 1e-2
     np.testing.assert_array_equal(out.argmax(-1), ref.argmax(-1))
+
+
+def _bert_onnx(torch, net, inputs, names, tmp_path):
+    path = tmp_path / "bert.onnx"
+    path.write_bytes(torch_models.export_onnx(net, tuple(torch.from_numpy(a) for a in inputs),
+                                              names))
+    mod, params = from_onnx(str(path))
+    with torch.no_grad():
+        ref = net(*(torch.from_numpy(a) for a in inputs)).numpy()
+    return mod, params, ref
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_bert_encoder_on_npu(hw, tmp_path):
+    """The BERT-style encoder (small: 2 layers, hidden 64, 4 heads, 16 tokens) exported by torch
+    to ONNX: attention's run-time batched products, the transposes, the Q/K/V slices, softmax,
+    GELU (erf) and layer norms on the NPU, the mask's int64 -> float cast on the scalar unit
+    (no int64 vector type), rel. error <= 1e-2 vs torch in float32. Only the embedding gather
+    (run-time row indices: the NPU has no indirect DMA) runs on the CPU; the encoder blocks
+    alone build with strict=True."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch_models.bert_encoder(layers=2, hidden=64, heads=4, ffn=128, vocab=100,
+                                    max_len=32).eval()
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 100, (2, 16)).astype(np.int64)
+    mask = np.ones((2, 16), np.int64)
+    mask[:, 12:] = 0
+    mod, params, ref = _bert_onnx(torch, net, [ids, mask], ["input_ids", "attention_mask"],
+                                  tmp_path)
+    exe = kiln.build(mod, target=f"npu -hw={hw}", params=params)
+    assert exe.cpu_ops == ["take"]  # the position embedding's gather is folded
+    assert any(k.op == "cast" and k.tiling.startswith("scalar unit") for k in exe.kernels)
+    assert _rel(exe(ids, mask), ref) <= 1e-2
+    ops = {k.op for k in exe.kernels}
+    assert {"matmul", "nn.layer_norm", "nn.softmax", "transpose", "strided_slice"} <= ops
+    with pytest.raises(KilnError, match=r"take .*no NPU"):
+        kiln.build(mod, target=f"npu -hw={hw}", params=params, strict=True)
+
+    class Blocks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = net.blocks
+
+        def forward(self, x, bias):
+            for blk in self.blocks:
+                x = blk(x, bias)
+            return x
+
+    x = rng.standard_normal((2, 16, 64)).astype("float32")
+    bias = np.where(mask[:, None, None, :] == 0, -10000.0, 0.0).astype("float32")
+    mod, params, ref = _bert_onnx(torch, Blocks().eval(), [x, bias], ["x", "bias"], tmp_path)
+    exe = kiln.build(mod, target=f"npu -hw={hw}", params=params, strict=True)
+    assert exe.cpu_ops == []
+    assert _rel(exe(x, bias), ref) <= 1e-2

@@ -136,3 +136,141 @@ def test_config_errors_name_the_key(tmp_path):
     bad.write_text(text.replace('size = "32 KiB"', 'size = "32 parsecs"', 1))
     with pytest.raises(ConfigError, match="size"):
         load_config(str(bad))
+
+
+# ---------------------------------------------------------------------------------------------
+# compare/select, shifts, fixed-point multiply, bfloat16, the scalar unit
+# ---------------------------------------------------------------------------------------------
+def _vec(op, n, dst, **args):
+    return [Instr(op, shape=(1, 1, n), dst=dst, **args)] + _fence(UNIT_VECTOR)
+
+
+def _blk(mem, dtype, addr=0):
+    return Block(mem, addr, dtype, (0, 0, 1))
+
+
+def test_vcmp_and_vsel_select_element_by_element():
+    rng = np.random.default_rng(20)
+    a = rng.standard_normal(193).astype(np.float32)
+    b = rng.standard_normal(193).astype(np.float32)
+    b[:5] = a[:5]  # ties
+    f32 = "float32"
+    for cond, fn in (("lt", np.less), ("le", np.less_equal), ("eq", np.equal),
+                     ("ne", np.not_equal), ("gt", np.greater), ("ge", np.greater_equal)):
+        prog = _load(IN, 0, f32, 193) + _load(WT, 0, f32, 193, 193 * 4) + \
+            _vec("vcmp", 193, _blk(ACC, "int8"), cond=cond, a=_blk(IN, f32), b=_blk(WT, f32)) + \
+            _vec("vsel", 193, _blk(ACC, f32, 256), mask=_blk(ACC, "int8"), a=_blk(IN, f32),
+                 b=-1.5)
+        sim, _, _ = _run(prog, np.concatenate([a, b]).view(np.uint8))
+        mask = fn(a, b)
+        np.testing.assert_array_equal(_read(sim, ACC, 0, np.int8, 193), mask.astype(np.int8))
+        np.testing.assert_array_equal(_read(sim, ACC, 256, np.float32, 193),
+                                      np.where(mask, a, np.float32(-1.5)))
+    x = np.array([-128, -1, 0, 1, 127], np.int8)  # an integer compare against an immediate
+    prog = _load(IN, 0, "int8", 5) + _vec("vcmp", 5, _blk(ACC, "uint8"), cond="ge",
+                                          a=_blk(IN, "int8"), b=0)
+    sim, _, _ = _run(prog, x.view(np.uint8))
+    np.testing.assert_array_equal(_read(sim, ACC, 0, np.uint8, 5), [0, 0, 1, 1, 1])
+    with pytest.raises(SimulationError, match="vcmp writes an int8/uint8 mask"):
+        _run(_load(IN, 0, f32, 4) + _vec("vcmp", 4, _blk(ACC, f32), cond="lt", a=_blk(IN, f32),
+                                         b=0.0), np.zeros(16, np.uint8))
+
+
+def test_vshr_rounds_half_up_and_vshl_saturates():
+    rng = np.random.default_rng(21)
+    x = np.concatenate([rng.integers(-2 ** 31, 2 ** 31, 250), [-12, -4, 4, 12, 2 ** 31 - 1,
+                                                               -2 ** 31]]).astype(np.int32)
+    n = x.size
+    for rnd in (0, 1):
+        for s in (0, 1, 3, 31):
+            prog = _load(IN, 0, "int32", n) + _vec("vshr", n, _blk(ACC, "int32"),
+                                                   a=_blk(IN, "int32"), b=s, round=rnd)
+            sim, _, _ = _run(prog, x.view(np.uint8))
+            # Python ints: exact floor division, half an LSB added first when rounding
+            ref = [(int(v) + (rnd << (s - 1) if s else 0)) >> s for v in x]
+            ref = np.clip(ref, -2 ** 31, 2 ** 31 - 1)
+            np.testing.assert_array_equal(_read(sim, ACC, 0, np.int32, n), ref)
+    y = np.array([1, -1, 3, -3, 64, -65, 0], np.int8)
+    prog = _load(IN, 0, "int8", 7) + _vec("vshl", 7, _blk(ACC, "int8"), a=_blk(IN, "int8"), b=1)
+    sim, _, _ = _run(prog, y.view(np.uint8))
+    np.testing.assert_array_equal(_read(sim, ACC, 0, np.int8, 7), [2, -2, 6, -6, 127, -128, 0])
+    with pytest.raises(SimulationError, match="shift amounts must be in 0..63"):
+        _run(_load(IN, 0, "int8", 4) + _vec("vshr", 4, _blk(ACC, "int8"), a=_blk(IN, "int8"),
+                                            b=64, round=0), np.zeros(16, np.uint8))
+
+
+def test_vqmul_is_the_rounded_exact_product():
+    rng = np.random.default_rng(22)
+    a = np.concatenate([rng.integers(-2 ** 31, 2 ** 31, 125), [-2 ** 31, -2 ** 31, 2 ** 31 - 1]])
+    b = np.concatenate([rng.integers(-2 ** 31, 2 ** 31, 125), [-2 ** 31, 2 ** 31 - 1, 1]])
+    a, b = a.astype(np.int32), b.astype(np.int32)
+    for shift in (0, 1, 17, 31, 63):
+        prog = _load(IN, 0, "int32", 128) + _load(WT, 0, "int32", 128, 512) + \
+            _vec("vqmul", 128, _blk(ACC, "int32"), a=_blk(IN, "int32"), b=_blk(WT, "int32"),
+                 shift=shift)
+        sim, _, _ = _run(prog, np.concatenate([a, b]).view(np.uint8))
+        ref = [(int(p) * int(q) + ((1 << (shift - 1)) if shift else 0)) >> shift
+               for p, q in zip(a, b)]
+        np.testing.assert_array_equal(_read(sim, ACC, 0, np.int32, 128),
+                                      np.clip(ref, -2 ** 31, 2 ** 31 - 1))
+
+
+def _bf16_rne(x):
+    """float32 -> bfloat16 bits, round to nearest even on the raw bits (NaN stays NaN)."""
+    bits = x.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), (bits >> 16).astype(np.uint16) | 0x40, rounded)
+
+
+def test_bfloat16_casts_round_to_nearest_even():
+    rng = np.random.default_rng(23)
+    one = np.float32(1.0).view(np.uint32)
+    ties = np.array([one + 0x8000, one + 0x18000, one + 0x7FFF, one + 0x8001],
+                    np.uint32).view(np.float32)  # halfway cases both ways, just below/above
+    x = np.concatenate([rng.standard_normal(120).astype(np.float32) * 1e3, ties,
+                        np.array([3.3961776e38, -3.4e38, 1e-40, -0.0, np.inf], np.float32)])
+    n = x.size
+    prog = _load(IN, 0, "float32", n) + _vec("vcast", n, _blk(ACC, "bfloat16"), mode="rne",
+                                             a=_blk(IN, "float32")) + \
+        _vec("vcast", n, _blk(ACC, "float32", 1024), mode="rne", a=_blk(ACC, "bfloat16"))
+    sim, _, _ = _run(prog, x.view(np.uint8))
+    got = _read(sim, ACC, 0, np.uint16, n)
+    np.testing.assert_array_equal(got, _bf16_rne(x))
+    assert got[120] == 0x3F80 and got[121] == 0x3F82  # ties to even
+    back = _read(sim, ACC, 1024, np.float32, n)
+    np.testing.assert_array_equal(back, (_bf16_rne(x).astype(np.uint32) << 16).view(np.float32))
+    assert np.isinf(back[124]) and back[124] > 0  # rounds past the largest bfloat16
+
+
+def test_scalar_unit_loops_converts_and_stores():
+    """sum(1..n) by a counted loop, its float conversion, int32 wrap-around, and stores into
+    L0 read back by a DMA; a division by zero is named."""
+    n = 1000
+    prog = [Instr("s.li", dtype="int32", rd=1, value=0),            # acc
+            Instr("s.li", dtype="int32", rd=2, value=1),            # i
+            Instr("s.li", dtype="int32", rd=3, value=n + 1),
+            Instr("s.alu", fn="add", dtype="int32", rd=1, rs1=1, rs2=2),
+            Instr("s.alui", fn="add", dtype="int32", rd=2, rs1=2, value=1),
+            Instr("s.br", cond="lt", rs1=2, rs2=3, target=-2),
+            Instr("s.li", dtype="int64", rd=4, value=0),            # base address
+            Instr("s.st", dtype="int32", rs=1, mem=ACC, base=4, offset=0),
+            Instr("s.cvt", mode="rne", to="float32", **{"from": "int32"}, rd=5, rs=1),
+            Instr("s.alui", fn="div", dtype="float32", rd=5, rs1=5, value=8.0),
+            Instr("s.st", dtype="float32", rs=5, mem=ACC, base=4, offset=4),
+            Instr("s.li", dtype="int32", rd=6, value=2 ** 31 - 1),
+            Instr("s.alui", fn="add", dtype="int32", rd=6, rs1=6, value=1),
+            Instr("s.st", dtype="int32", rs=6, mem=ACC, base=4, offset=8),
+            Instr("s.ld", dtype="int32", rd=7, mem=ACC, base=4, offset=0),
+            Instr("s.alui", fn="rem", dtype="int32", rd=7, rs1=7, value=7),
+            Instr("s.st", dtype="int32", rs=7, mem=ACC, base=4, offset=12)]
+    sim, _, rep = _run(prog)
+    total = n * (n + 1) // 2
+    np.testing.assert_array_equal(_read(sim, ACC, 0, np.int32, 1), [total])
+    np.testing.assert_allclose(_read(sim, ACC, 4, np.float32, 1), [total / 8], rtol=1e-6)
+    np.testing.assert_array_equal(_read(sim, ACC, 8, np.int32, 2), [-2 ** 31, total % 7])
+    assert rep.cycles >= 3 * n * CFG.scalar_latency  # the loop's instructions, one by one
+    with pytest.raises(SimulationError, match="division by zero"):
+        _run([Instr("s.li", dtype="int32", rd=1, value=3),
+              Instr("s.alui", fn="div", dtype="int32", rd=1, rs1=1, value=0)])
+    with pytest.raises(SimulationError, match="outside the scalar program"):
+        _run([Instr("s.jmp", target=5)])

@@ -12,6 +12,8 @@ from kiln import graph as g
 from kiln import op
 from kiln.codegen.npu import NPUUnsupportedError, build_npu
 from kiln.ir import KilnError
+from kiln.npu import Program
+from kiln.npu.asm import assemble_program
 from kiln.schedule.npu import GemmShape, gemm_roofline, lowered_ops, plan_gemm
 from kiln.target.npu import load_config
 from kiln.testing import models
@@ -203,27 +205,21 @@ def test_softmax(hw):
 
 def test_unsupported_op_runs_on_cpu_or_is_refused_when_strict():
     rng = np.random.default_rng(7)
-    w = _rand(rng, 4, 2, 3, 3)  # grouped convolution: no NPU lowering
+    w = _rand(rng, 4, 4, 3, 3)
 
-    def fn(x):
-        return op.tanh(op.nn.conv2d(x, g.const(w), padding=(1, 1), groups=2))
+    def fn(x):  # a cumulative sum has no NPU lowering
+        return op.cumsum(op.nn.conv2d(x, g.const(w), padding=(1, 1)), axis=3)
 
     x = _rand(rng, 1, 4, 6, 6)
     exe = _build(fn, [x.shape], "edge")
-    assert exe.cpu_ops == ["nn.conv2d", "tanh"]
-    np.testing.assert_allclose(exe(x), np.tanh(np.concatenate(
-        [_conv_ref(x[:, :2], w[:2], (1, 1), (1, 1, 1, 1), (1, 1)),
-         _conv_ref(x[:, 2:], w[2:], (1, 1), (1, 1, 1, 1), (1, 1))], axis=1)), rtol=1e-4,
-        atol=1e-5)
-    exe = _build(lambda x: op.nn.conv2d(op.nn.relu(x), g.const(w), padding=(1, 1), groups=2),
-                 [x.shape], "default")
-    assert exe.cpu_ops == ["nn.conv2d"]
-    xr = np.maximum(x, 0)
-    np.testing.assert_allclose(exe(x), np.concatenate(
-        [_conv_ref(xr[:, :2], w[:2], (1, 1), (1, 1, 1, 1), (1, 1)),
-         _conv_ref(xr[:, 2:], w[2:], (1, 1), (1, 1, 1, 1), (1, 1))], axis=1), rtol=1e-4,
-        atol=1e-5)
-    with pytest.raises(NPUUnsupportedError, match=r"nn\.conv2d .*groups=2.*tanh .*no NPU"):
+    assert exe.cpu_ops == ["cumsum"]
+    ref = np.cumsum(_conv_ref(x, w, (1, 1), (1, 1, 1, 1), (1, 1)), axis=3)
+    assert _rel(exe(x), ref) <= 1e-2
+    exe = _build(lambda x: op.nn.relu(op.cumsum(x, axis=1)), [x.shape], "default")
+    assert exe.cpu_ops == ["cumsum"]
+    np.testing.assert_allclose(exe(x), np.maximum(np.cumsum(x, axis=1), 0), rtol=1e-5,
+                               atol=1e-6)
+    with pytest.raises(NPUUnsupportedError, match=r"cumsum .*no NPU"):
         _build(fn, [x.shape], "edge", strict=True)
     with pytest.raises(KilnError, match="strict= applies to NPU targets only"):
         kiln.build(models.mlp(batch=1, sizes=(4, 2)).mod, target="c", strict=True)
@@ -284,3 +280,282 @@ def test_random_fused_kernels_match_numpy(m, k, n, hw, seed):
     out = exe(x)
     scale = max(1.0, float(np.max(np.abs(x.astype(np.float64) @ w.T))))
     assert float(np.max(np.abs(out - ref))) <= 1e-2 * scale
+
+
+# ---------------------------------------------------------------------------------------------
+# layer_norm, batched run-time products, data movement, grouped conv, pooling variants
+# ---------------------------------------------------------------------------------------------
+def _layer_norm_ref(x, gamma, beta, eps):
+    x = x.astype(np.float64)
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * gamma + beta
+
+
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("shape", [(3, 5, 97), (2, 251), (4, 1021)])
+def test_layer_norm_on_the_vector_unit(hw, shape):
+    rng = np.random.default_rng(shape[-1])
+    x = _rand(rng, *shape) * 3 + 1
+    gamma, beta = _rand(rng, shape[-1]), _rand(rng, shape[-1])
+    exe = _build(lambda v, gm: op.nn.layer_norm(v, gm, g.const(beta), axes=-1, epsilon=1e-5),
+                 [shape, gamma.shape], hw)  # gamma at run time, beta a constant
+    assert exe.cpu_ops == [] and [k.op for k in exe.kernels] == ["nn.layer_norm"]
+    np.testing.assert_allclose(exe(x, gamma), _layer_norm_ref(x, gamma, beta, 1e-5),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_layer_norm_over_leading_axes_runs_on_the_cpu():
+    rng = np.random.default_rng(12)
+    x, gamma, beta = _rand(rng, 4, 6, 5), _rand(rng, 4, 6), _rand(rng, 4, 6)
+    exe = _build(lambda v: op.nn.layer_norm(v, g.const(gamma), g.const(beta), axes=(0, 1)),
+                 [x.shape], "edge")
+    assert exe.cpu_ops == ["nn.layer_norm"]
+    xt = x.transpose(2, 0, 1)
+    ref = _layer_norm_ref(xt.reshape(5, 24), gamma.reshape(-1), beta.reshape(-1), 1e-5)
+    np.testing.assert_allclose(exe(x), ref.reshape(5, 4, 6).transpose(1, 2, 0), rtol=1e-4,
+                               atol=1e-4)
+
+
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("a,b", [((2, 3, 7, 97), (2, 3, 97, 13)), ((3, 5, 33), (1, 33, 251)),
+                                 ((9, 40), (2, 40, 23)), ((2, 1, 5, 8), (3, 8, 1021))])
+def test_batch_matmul_with_a_runtime_right_operand(hw, a, b):
+    rng = np.random.default_rng(sum(a) + sum(b))
+    x, y = _rand(rng, *a), _rand(rng, *b)
+    exe = _build(lambda u, v: op.matmul(u, v), [a, b], hw)
+    assert exe.cpu_ops == [] and exe.kernels[-1].op == "matmul"
+    assert _rel(exe(x, y), x.astype(np.float64) @ y) <= 1e-2
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_attention_scores_and_context_with_fused_epilogue(hw):
+    """softmax(Q @ K^T * s + mask) @ V with every op on the NPU (the transpose a DMA)."""
+    rng = np.random.default_rng(13)
+    q, k, v = (_rand(rng, 2, 4, 97, 16) for _ in range(3))
+    mask = np.where(rng.random((2, 1, 1, 97)) < 0.2, -1e4, 0).astype("float32")
+
+    def fn(qq, kk, vv):
+        s = op.matmul(qq, op.transpose(kk, axes=(0, 1, 3, 2)))
+        s = op.add(op.multiply(s, g.const(np.float32(0.25))), g.const(mask))
+        return op.matmul(op.nn.softmax(s, axis=-1), vv)
+
+    exe = _build(fn, [q.shape] * 3, hw)
+    assert exe.cpu_ops == []
+    s = q.astype(np.float64) @ k.transpose(0, 1, 3, 2) * 0.25 + mask
+    e = np.exp(s - s.max(-1, keepdims=True))
+    assert _rel(exe(q, k, v), (e / e.sum(-1, keepdims=True)) @ v) <= 1e-2
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_transpose_slice_and_concat_are_strided_dmas(hw):
+    rng = np.random.default_rng(14)
+    a, b = _rand(rng, 2, 5, 97), _rand(rng, 2, 3, 97)
+    cases = [
+        (lambda x: op.transpose(x, axes=(2, 0, 1)), lambda x: x.transpose(2, 0, 1)),
+        (lambda x: op.transpose(x), lambda x: x.T),
+        (lambda x: op.transpose(x, axes=(1, 0, 2)), lambda x: x.transpose(1, 0, 2)),
+        (lambda x: op.strided_slice(x, begin=(1, 90), end=(5, 3), strides=(2, -3),
+                                    axes=(1, 2)), lambda x: x[:, 1:5:2, 90:3:-3]),
+        (lambda x: op.strided_slice(x, begin=(-4,), end=(2 ** 31 - 1,), axes=(1,)),
+         lambda x: x[:, -4:]),
+    ]
+    for fn, ref in cases:
+        exe = _build(fn, [a.shape], hw)
+        assert exe.cpu_ops == []
+        np.testing.assert_array_equal(exe(a), ref(a))
+    c = _rand(rng, 1, 3, 97)
+    exe = _build(lambda x, y: op.concat([op.nn.relu(x), y, g.const(c)], axis=0),
+                 [(2, 3, 97), b.shape], hw)
+    assert exe.cpu_ops == [] and [k.op for k in exe.kernels][-3:] == ["concat"] * 3
+    np.testing.assert_array_equal(exe(b, b), np.concatenate([np.maximum(b, 0), b, c], 0))
+    exe = _build(lambda x, y: op.concat([x, y], axis=1), [a.shape, b.shape], hw)
+    np.testing.assert_array_equal(exe(a, b), np.concatenate([a, b], 1))
+    exe = _build(lambda x, y: op.concat([x, y], axis=-1), [(2, 5, 4), (2, 5, 251)], hw,
+                 dtype="int32")
+    u, w = (rng.integers(-9, 9, s, dtype=np.int32) for s in ((2, 5, 4), (2, 5, 251)))
+    np.testing.assert_array_equal(exe(u, w), np.concatenate([u, w], -1))
+
+
+def test_concat_of_an_unsupported_dtype_runs_on_the_cpu():
+    x = np.arange(12, dtype=np.int64).reshape(3, 4)
+    exe = _build(lambda u, v: op.concat([u, v], axis=0), [x.shape, x.shape], "edge",
+                 dtype="int64")
+    assert exe.cpu_ops == ["concat"]
+    np.testing.assert_array_equal(exe(x, x + 1), np.concatenate([x, x + 1]))
+
+
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("xs,o,groups,k,s", [((2, 4, 9, 9), 6, 2, 3, 1),
+                                             ((1, 12, 11, 7), 8, 4, 3, 2),
+                                             ((1, 6, 5, 5), 9, 3, 1, 1)])
+def test_grouped_conv2d_one_gemm_per_group(hw, xs, o, groups, k, s):
+    rng = np.random.default_rng(o * groups)
+    w = (_rand(rng, o, xs[1] // groups, k, k) * 0.3).astype("float32")
+    p = k // 2
+    exe = _build(lambda v: op.nn.relu(op.nn.conv2d(v, g.const(w), strides=(s, s),
+                                                   padding=(p, p), groups=groups)), [xs], hw)
+    assert exe.cpu_ops == []
+    assert sum(kk.op == "nn.conv2d" for kk in exe.kernels) == xs[0] * groups
+    x = _rand(rng, *xs)
+    cg, og = xs[1] // groups, o // groups
+    ref = np.concatenate([_conv_ref(x[:, i * cg:(i + 1) * cg], w[i * og:(i + 1) * og], (s, s),
+                                    (p, p, p, p), (1, 1)) for i in range(groups)], axis=1)
+    assert _rel(exe(x), np.maximum(ref, 0)) <= 1e-2
+
+
+def _pool_ref(x, kind, k, s, p, ceil, count_pad):
+    """numpy pooling with torch's output size and window-counting rules."""
+    n, c, h, w = x.shape
+
+    def out_len(size):
+        span = size + 2 * p - k
+        o = (span + (s - 1 if ceil else 0)) // s + 1
+        return o - 1 if ceil and (o - 1) * s >= size + p else o
+
+    oh, ow = out_len(h), out_len(w)
+    out = np.empty((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            r0, c0 = i * s - p, j * s - p
+            win = x[:, :, max(r0, 0):min(r0 + k, h), max(c0, 0):min(c0 + k, w)]
+            if kind == "max":
+                out[:, :, i, j] = win.max(axis=(2, 3))
+                continue
+            if count_pad:
+                rows = min(r0 + k, h + p) - r0
+                cols = min(c0 + k, w + p) - c0
+            else:
+                rows, cols = win.shape[2], win.shape[3]
+            out[:, :, i, j] = win.sum(axis=(2, 3)) / (rows * cols)
+    return out
+
+
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("k,s,p,ceil,count_pad", [(3, 2, 1, False, False), (3, 2, 1, True, True),
+                                                  (3, 2, 0, True, False), (2, 2, 1, True, False),
+                                                  (3, 3, 1, True, True)])
+def test_pooling_ceil_mode_and_uncounted_padding(hw, k, s, p, ceil, count_pad):
+    rng = np.random.default_rng(k * 10 + s)
+    x = _rand(rng, 2, 5, 17, 14)
+    exe = _build(lambda v: op.nn.avg_pool2d(v, pool_size=(k, k), strides=(s, s), padding=(p, p),
+                                            ceil_mode=ceil, count_include_pad=count_pad),
+                 [x.shape], hw)
+    assert exe.cpu_ops == []
+    np.testing.assert_allclose(exe(x), _pool_ref(x, "avg", k, s, p, ceil, count_pad),
+                               rtol=1e-5, atol=1e-6)
+    exe = _build(lambda v: op.nn.max_pool2d(v, pool_size=(k, k), strides=(s, s), padding=(p, p),
+                                            ceil_mode=ceil), [x.shape], hw)
+    assert exe.cpu_ops == []
+    np.testing.assert_array_equal(exe(x), _pool_ref(x, "max", k, s, p, ceil, False))
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(b=st.integers(1, 3), m=_DIMS, k=st.integers(1, 130), n=_DIMS, hw=st.sampled_from(HW),
+       seed=st.integers(0, 2 ** 16))
+def test_random_batched_products_with_layer_norm_epilogue(b, m, k, n, hw, seed):
+    """Random sizes through a run-time batched product, a fused residual add + scale, a
+    transpose and a layer norm: the encoder block's data path."""
+    rng = np.random.default_rng(seed)
+    gamma, beta = _rand(rng, m), _rand(rng, m)
+
+    def fn(x, y, r):
+        h = op.multiply(op.add(op.matmul(x, y), r), g.const(np.float32(0.5)))
+        return op.nn.layer_norm(op.transpose(h, axes=(0, 2, 1)), g.const(gamma),
+                                g.const(beta), axes=-1, epsilon=1e-5)
+
+    exe = _build(fn, [(b, m, k), (b, k, n), (b, m, n)], hw)
+    assert exe.cpu_ops == []
+    x, y, r = _rand(rng, b, m, k), _rand(rng, b, k, n), _rand(rng, b, m, n)
+    h = ((x.astype(np.float64) @ y + r) * 0.5).transpose(0, 2, 1)
+    ref = _layer_norm_ref(h, gamma, beta, 1e-5)
+    # float16 products: the normalized values carry the product's relative error
+    assert float(np.max(np.abs(exe(x, y, r) - ref))) <= 2e-2 * max(1.0, float(
+        np.max(np.abs(gamma))) + 1)
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_int64_elementwise_ops_run_on_the_scalar_unit(hw):
+    """int64 is no vector dtype: add/multiply/maximum/negative/relu and casts from and to
+    int64 run as scalar-unit loops (numpy's wrap-around), reported with the reason."""
+    rng = np.random.default_rng(15)
+    a, b = (rng.integers(-2 ** 40, 2 ** 40, (3, 37), dtype=np.int64) for _ in range(2))
+
+    def fn(x, y):
+        h = op.maximum(op.multiply(op.add(x, y), g.const(np.int64(2 ** 30))), op.negative(y))
+        h = op.add(h, g.const(np.int64(3 << 40)))  # wider than an immediate: loaded once
+        return op.cast(op.nn.relu(op.subtract(h, g.const(np.int64(7)))), "float32")
+
+    exe = _build(fn, [a.shape, b.shape], hw, dtype="int64")
+    assert exe.cpu_ops == []
+    assert all(k.tiling.startswith("scalar unit (") and "int64" in k.tiling
+               for k in exe.kernels)
+    with np.errstate(over="ignore"):
+        ref = np.maximum(np.maximum((a + b) * 2 ** 30, -b) + (3 << 40) - 7, 0)
+    np.testing.assert_array_equal(exe(a, b), ref.astype(np.float32))
+    prog = exe.steps[0].program  # the loops encode (32-bit immediates) and assemble
+    assert Program.from_bytes(prog.to_bytes()).streams == prog.streams
+    assert assemble_program(prog.assembly()) == prog.streams
+    exe = _build(lambda x: op.add(op.cast(x, "int64"), g.const(np.int64(1))), [(5, 3)], hw)
+    x = (rng.standard_normal((5, 3)) * 1e3).astype("float32")
+    np.testing.assert_array_equal(exe(x), np.trunc(x).astype(np.int64) + 1)
+    assert "scalar unit" in exe.describe()
+
+
+def test_scalar_unit_refuses_what_it_cannot_compute():
+    x = np.arange(12, dtype=np.int64).reshape(3, 4)
+    row = np.arange(4, dtype=np.int64)
+    exe = _build(lambda u, v: op.add(u, v), [x.shape, row.shape], "edge", dtype="int64")
+    assert exe.cpu_ops == ["add"]  # a broadcast operand: not a scalar-unit form
+    np.testing.assert_array_equal(exe(x, row), x + row)
+    with pytest.raises(NPUUnsupportedError, match=r"divide .*int64.*no scalar-unit form"):
+        _build(lambda u, v: op.divide(u, v), [x.shape, x.shape], "edge", dtype="int64",
+               strict=True)
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_sigmoid_and_tanh_compose_vector_instructions(hw):
+    """sigmoid = 1 / (1 + e^-x) and tanh = 2 sigmoid(2x) - 1 from vexp and vdiv (documented
+    approximations), saturating cleanly at +-inf, fused into a chain with their neighbours."""
+    rng = np.random.default_rng(16)
+    x = np.concatenate([rng.standard_normal(1010) * 5, [0, 1e-6, -1e-6, 50, -50, 1e4, -1e4,
+                                                        np.inf, -np.inf, 88.0, -88.0]])
+    x = x.astype("float32")
+    x64 = x.astype(np.float64)
+    with np.errstate(over="ignore"):
+        sig = 1 / (1 + np.exp(-x64))
+    for fn, ref in ((op.sigmoid, sig), (op.tanh, np.tanh(x64))):
+        exe = _build(fn, [x.shape], hw)
+        assert exe.cpu_ops == []
+        np.testing.assert_allclose(exe(x), ref, rtol=0, atol=1e-6)
+    bias = _rand(rng, 1021)
+    exe = _build(lambda v: op.multiply(op.tanh(op.add(v, g.const(bias))), op.sigmoid(v)),
+                 [(3, 1021)], hw)
+    y = _rand(rng, 3, 1021)
+    assert exe.cpu_ops == []
+    np.testing.assert_allclose(exe(y), np.tanh(y + bias) / (1 + np.exp(-y.astype(np.float64))),
+                               rtol=0, atol=2e-6)
+
+
+_CONV = st.tuples(st.integers(1, 2), st.integers(1, 9), st.integers(1, 13), st.integers(1, 13),
+                  st.integers(1, 17), st.integers(1, 4), st.integers(1, 3), st.integers(0, 2),
+                  st.integers(1, 2))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=_CONV, hw=st.sampled_from(HW), seed=st.integers(0, 2 ** 16))
+def test_random_conv_shapes_match_numpy(shape, hw, seed):
+    """Random convolutions (image, channels, kernel, stride, padding, dilation) compiled for
+    the NPU and simulated, against a float64 numpy convolution."""
+    n, c, h, w, o, k, s, p, d = shape
+    if (k - 1) * d + 1 > min(h, w) + 2 * p:
+        k = 1
+    rng = np.random.default_rng(seed)
+    wt = (_rand(rng, o, c, k, k) * 0.3).astype(np.float32)
+    exe = _build(lambda v: op.nn.conv2d(v, g.const(wt), strides=(s, s), padding=(p, p),
+                                        dilation=(d, d)), [(n, c, h, w)], hw)
+    assert exe.cpu_ops == []
+    x = _rand(rng, n, c, h, w)
+    ref = _conv_ref(x, wt, (s, s), (p, p, p, p), (d, d))
+    scale = max(1.0, float(np.max(np.abs(ref))))
+    assert float(np.max(np.abs(exe(x) - ref))) <= 1e-2 * scale

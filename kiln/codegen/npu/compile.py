@@ -77,6 +77,8 @@ def _operand(w: _Walk, arg: Any) -> Any:
         return np.asarray(arg.data)
     if isinstance(arg, g.Var) and id(arg) in w.env:
         return w.env[id(arg)]
+    if isinstance(arg, g.Tuple):  # concat's tensors
+        return [_operand(w, f) for f in arg.fields]
     raise NotSupported(f"operand {type(arg).__name__} is not a tensor")
 
 
@@ -90,16 +92,21 @@ def _cpu_step(w: _Walk, call: g.Call, args: list[Any], out: DramTensor) -> None:
     """Build ``call`` alone for the C target, its tensor operands read from DRAM."""
     _close_region(w)
     bb = g.BlockBuilder()
-    params, new_args, inputs = [], [], []
-    for i, (a, v) in enumerate(zip(call.args, args)):
-        if isinstance(v, DramTensor):
-            dtype = str(a.struct_info.dtype)  # DRAM may hold it narrower (a fused cast)
-            p = g.Var(f"arg{i}", g.TensorStructInfo(v.shape, dtype))
-            params.append(p)
-            new_args.append(p)
-            inputs.append((v, dtype))
-        else:
-            new_args.append(a)
+    params: list[Any] = []
+    inputs: list[Any] = []
+
+    def param(a: Any, v: Any) -> Any:
+        if isinstance(a, g.Tuple):
+            return g.Tuple([param(f, u) for f, u in zip(a.fields, v)])
+        if not isinstance(v, DramTensor):
+            return a
+        dtype = str(a.struct_info.dtype)  # DRAM may hold it narrower (a fused cast)
+        p = g.Var(f"arg{len(params)}", g.TensorStructInfo(v.shape, dtype))
+        params.append(p)
+        inputs.append((v, dtype))
+        return p
+
+    new_args = [param(a, v) for a, v in zip(call.args, args)]
     with bb.function("main", params):
         with bb.dataflow():
             res = bb.emit_output(call.replace(args=tuple(new_args)))
@@ -137,7 +144,7 @@ def _binding(w: _Walk, var: Any, value: Any) -> None:
     if w.strict:
         w.unsupported.append(f"{name} ({var.name_hint}): {reason}")
         return
-    dram_args = [a if isinstance(a, DramTensor) or isinstance(b, g.Constant) else
+    dram_args = [a if isinstance(a, (DramTensor, list)) or isinstance(b, g.Constant) else
                  w.ctx.tensor(a) for a, b in zip(args, value.args)]
     _cpu_step(w, value, dram_args, out)
 

@@ -18,7 +18,7 @@ from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, Block, Instr
 from ...npu.program import Program
 from ...target.npu.config import MEMORY_NAMES, NPUConfig
 
-__all__ = ["DramTensor", "KernelBuilder", "KernelInfo", "Pipeline", "block", "itemsize",
+__all__ = ["DramTensor", "DramView", "KernelBuilder", "KernelInfo", "Pipeline", "block", "itemsize",
            "row_major"]
 
 MEM_ID = {name: i for i, name in enumerate(MEMORY_NAMES)}
@@ -56,6 +56,27 @@ class DramTensor:
     def at(self, offset: int, strides: tuple[int, ...]) -> Block:
         """The block starting ``offset`` elements into the tensor with ``strides``."""
         return block("dram", self.addr + offset * itemsize(self.dtype), self.dtype, strides)
+
+
+@dataclass(frozen=True)
+class DramView:
+    """A strided view of a DRAM tensor: ``shape`` elements starting ``offset`` elements into
+    ``tensor``, dim ``i`` stepping ``strides[i]`` elements (any order, any sign; 0 repeats).
+    A transpose, a slice or one input's place in a concatenation is a view, so the DMA's
+    strides move the data and no index arithmetic runs on chip. It stands in for a
+    :class:`DramTensor` wherever a kernel only reads ``shape``/``strides``/``dtype``/``at``."""
+
+    tensor: DramTensor
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    @property
+    def dtype(self) -> str:
+        return self.tensor.dtype
+
+    def at(self, offset: int, strides: tuple[int, ...]) -> Block:
+        return self.tensor.at(self.offset + offset, strides)
 
 
 def itemsize(dtype: str) -> int:

@@ -13,22 +13,30 @@ from typing import Any
 import numpy as np
 
 from ...npu.isa import UNIT_DMA_IN
-from .emit import DramTensor, KernelInfo, block, itemsize
+from .emit import DramTensor, KernelInfo, block, itemsize, row_major
 from .gemm import GemmShape, emit_gemm, gemm_roofline, plan_gemm
 from .lowering import LoweringContext, NotSupported, register_lowering
-from .vector import VecStep, emit_elementwise, emit_pool2d, emit_row_mean, emit_softmax
+from .pooling import FLOAT_DTYPES as _FLOAT
+from .scalar import emit_scalar_elementwise
+from .vector import (
+    VecStep,
+    emit_elementwise,
+    emit_pool2d,
+)
 
-__all__ = ["BINARY_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS", "elementwise_steps",
-           "lower_elementwise_chain", "product_operand_dtype"]
+__all__ = ["BINARY_OPS", "COMPOSITE_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS",
+           "elementwise_steps", "lower_elementwise_chain", "product_operand_dtype"]
 
 #: Graph op -> vector opcode of the element-wise ops.
 BINARY_OPS = {"add": "vadd", "subtract": "vsub", "multiply": "vmul", "divide": "vdiv",
               "maximum": "vmax", "minimum": "vmin"}
 UNARY_OPS = {"relu": "vrelu", "exp": "vexp", "negative": "vneg", "abs": "vabs",
              "rsqrt": "vrsqrt", "erf": "verf"}
+#: Composite activations: vector steps around ``vexp`` and a reciprocal (``vdiv`` of a
+#: broadcast 1): sigmoid(x) = 1 / (1 + e^-x), tanh(x) = 2 sigmoid(2x) - 1.
+COMPOSITE_OPS = ("sigmoid", "tanh")
 #: What :func:`lower_elementwise` (and a fused chain) takes.
-ELEMENTWISE_OPS = (*BINARY_OPS, *UNARY_OPS, "clip")
-_FLOAT = ("float32", "float16", "bfloat16")
+ELEMENTWISE_OPS = (*BINARY_OPS, *UNARY_OPS, *COMPOSITE_OPS, "clip")
 
 
 def _vector_dtype(ctx: LoweringContext, dtype: str, op: str) -> None:
@@ -50,8 +58,8 @@ def elementwise_steps(ctx: LoweringContext, call: Any, args: list[Any], dtype: s
     previous result), other tensor operands are appended to ``inputs``. Raises NotSupported."""
     op = call.op.name
     _vector_dtype(ctx, dtype, op)
-    if (op in ("divide", "clip") or op in UNARY_OPS and op not in ("relu", "negative", "abs")) \
-            and dtype not in _FLOAT:
+    if (op in ("divide", "clip", *COMPOSITE_OPS) or
+            op in UNARY_OPS and op not in ("relu", "negative", "abs")) and dtype not in _FLOAT:
         raise NotSupported(f"{op}: the vector unit computes it on floats only")
 
     def src(i: int) -> tuple[Any, ...]:
@@ -72,6 +80,17 @@ def elementwise_steps(ctx: LoweringContext, call: Any, args: list[Any], dtype: s
         return [VecStep(BINARY_OPS[op], (src(0), src(1)))]
     if op in UNARY_OPS:
         return [VecStep(UNARY_OPS[op], (src(0),))]
+    if op in COMPOSITE_OPS:
+        x = src(0)
+        inputs.append(ctx.constant(np.ones(1, dtype)))
+        one = ("in", len(inputs) - 1)
+        scale = -2.0 if op == "tanh" else -1.0
+        steps = [VecStep("vmul", (x, ("imm", scale))), VecStep("vexp", (("out",),)),
+                 VecStep("vadd", (("out",), ("imm", 1.0))), VecStep("vdiv", (one, ("out",)))]
+        if op == "tanh":
+            steps += [VecStep("vmul", (("out",), ("imm", 2.0))),
+                      VecStep("vadd", (("out",), ("imm", -1.0)))]
+        return steps
     if op == "clip":
         lo, hi = call.attrs.min, call.attrs.max
         x = src(0)
@@ -90,11 +109,23 @@ def _check_shape(op: str, inputs: list[DramTensor], out: DramTensor) -> None:
             raise NotSupported(f"{op}: operand {x.shape} does not broadcast to {out.shape}")
 
 
+def _off_vector(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> bool:
+    """Whether some dtype of the call is not a vector dtype (then the scalar unit runs it)."""
+    dts = [out.dtype] + [str(a.dtype) for a in args if isinstance(a, DramTensor)]
+    return any(not ctx.config.supports_vector_dtype(dt) for dt in dts)
+
+
 @register_lowering(ELEMENTWISE_OPS)
 def lower_elementwise(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor
                       ) -> None:
+    """On the vector unit; an op whose dtype the vector unit lacks on the scalar unit."""
     inputs: list[DramTensor] = []
-    steps = elementwise_steps(ctx, call, args, out.dtype, None, inputs)
+    try:
+        steps = elementwise_steps(ctx, call, args, out.dtype, None, inputs)
+    except NotSupported as err:
+        if not _off_vector(ctx, call, args, out):
+            raise
+        return emit_scalar_elementwise(ctx, call, args, out, str(err))
     _check_shape(call.op.name, inputs, out)
     emit_elementwise(ctx, call.op.name, out, inputs, steps)
 
@@ -127,7 +158,9 @@ def cast_kernel(ctx: LoweringContext, x: DramTensor, dtype: str, op: str = "cast
 def lower_cast(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
     x = ctx.tensor(args[0])
     for dt in (x.dtype, out.dtype):
-        _vector_dtype(ctx, dt, "cast")
+        if not ctx.config.supports_vector_dtype(dt):
+            return emit_scalar_elementwise(ctx, call, [x], out, f"cast: the vector unit does "
+                                           f"not compute in {dt}")
     emit_elementwise(ctx, "cast", out, [x], [VecStep("vcast", (("in", 0),),
                                                      (("mode", "rtz"),))])
 
@@ -163,16 +196,22 @@ GEMM_OPS = ("dense", "matmul", "nn.conv2d")
 def product_operand_dtype(ctx: LoweringContext, call: Any, x_dtype: str) -> str | None:
     """The dtype GEMM op ``call`` wants its activation in (None: as it is or no product):
     float16 for a float product with a constant float weight."""
-    if call.op.name not in GEMM_OPS or len(call.args) < 2 or \
-            getattr(call.attrs, "groups", 1) != 1:  # a grouped conv runs on the CPU
+    if call.op.name not in GEMM_OPS or len(call.args) < 2:
         return None
     w = call.args[1]
+    groups = getattr(call.attrs, "groups", 1)
+    if groups != 1 and _is_depthwise(groups, tuple(_dims(call.args[0])), tuple(_dims(w))):
+        return None  # on the vector unit, in the activation's own dtype
     wd = str(getattr(w.struct_info, "dtype", ""))
     out_dt = str(getattr(call.struct_info, "dtype", ""))
     if x_dtype in _FLOAT and wd in _FLOAT and out_dt == "float32" and x_dtype != "float16" \
             and ctx.config.tensor_dtype("float16", "float16") is not None:
         return "float16"
     return None
+
+
+def _dims(e: Any) -> list[Any]:
+    return [getattr(d, "value", d) for d in (getattr(e.struct_info, "shape", None) or ())]
 
 
 def _activation(ctx: LoweringContext, x: Any, dt: str, op: str) -> DramTensor:
@@ -195,7 +234,9 @@ def _gemm_2d(ctx: LoweringContext, op: str, x: Any, w: Any, out: DramTensor,
     xd = x.dtype if isinstance(x, DramTensor) else str(x.dtype)
     dt = _operand_dtype(ctx, op, xd, wd, out.dtype)
     if len(w.shape) != 2:
-        raise NotSupported(f"{op}: batched right operand")
+        if w_is_nk:
+            raise NotSupported(f"{op}: batched weights")
+        return _batch_matmul(ctx, x, w, out, dt)
     k = w.shape[1] if w_is_nk else w.shape[0]
     n = w.shape[0] if w_is_nk else w.shape[1]
     m = int(np.prod(out.shape[:-1], dtype=np.int64))
@@ -229,6 +270,48 @@ def _gemm_2d(ctx: LoweringContext, op: str, x: Any, w: Any, out: DramTensor,
                              gemm_roofline(ctx.config, shape)))
 
 
+def _batch_offsets(shape: tuple[int, ...], batch: tuple[int, ...]) -> list[int]:
+    """Element offset of each matrix of ``shape`` (``[..., R, C]``) per entry of the result's
+    ``batch`` dims, broadcasting (numpy rules) the operand's leading dims."""
+    lead = (1,) * (len(batch) - len(shape[:-2])) + tuple(shape[:-2])
+    size = shape[-2] * shape[-1]
+    strides = [0 if n == 1 else s * size for n, s in zip(lead, row_major(lead))]
+    return [sum(i * s for i, s in zip(idx, strides)) for idx in np.ndindex(*batch)]
+
+
+def _batch_matmul(ctx: LoweringContext, x: Any, w: Any, out: DramTensor, dt: str) -> None:
+    """``out[b] = x[b] @ w[b]`` with both operands batched (broadcast dims allowed): attention's
+    ``Q @ K^T`` and ``P @ V``, whose right operand is computed at run time; one GEMM per batch
+    entry, loaded from its own offsets (nothing is shared between entries)."""
+    if len(x.shape) < 2:
+        raise NotSupported("matmul: vector left operand")
+    batch = out.shape[:-2]
+    m, k, n = x.shape[-2], x.shape[-1], w.shape[-1]
+    x_off, w_off = _batch_offsets(x.shape, batch), _batch_offsets(w.shape, batch)
+    shape = GemmShape(len(x_off), m, 1, n, k, 1, dt, b_shared=False)
+    tiling = _plan(ctx, "matmul", shape)
+    xa, wa = _activation(ctx, x, dt, "matmul"), _activation(ctx, w, dt, "matmul")
+    kb = ctx.kb
+
+    def load_a(core: int, b: int, m0: int, ms: int, k0: int, ks: int, addr: int,
+               slot: int) -> None:
+        kb.load(core, shape=(1, ms, ks), dst=block("input", addr, dt, (0, ks, 1)),
+                src=xa.at(x_off[b] + m0 * k + k0, (0, k, 1)))
+
+    def load_b(core: int, b: int, k0: int, ks: int, n0: int, ns: int, addr: int) -> None:
+        kb.load(core, shape=(1, ks, ns), dst=block("weight", addr, dt, (0, ns, 1)),
+                src=wa.at(w_off[b] + k0 * n + n0, (0, n, 1)))
+
+    def store_c(core: int, b: int, m0: int, ms: int, n0: int, ns: int, addr: int) -> None:
+        kb.emit(core, "dma.store", shape=(1, ms, ns), dst=out.at((b * m + m0) * n + n0,
+                                                                  (0, n, 1)),
+                src=block("acc", addr, out.dtype, (0, ns, 1)))
+
+    emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
+    kb.end_kernel(KernelInfo(ctx.label("matmul"), "matmul", tiling.describe(shape),
+                             tiling.estimate, gemm_roofline(ctx.config, shape)))
+
+
 @register_lowering("dense")
 def lower_dense(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
     _gemm_2d(ctx, "dense", args[0], args[1], out, w_is_nk=True)
@@ -249,20 +332,56 @@ def _odd_lines(elems: int, isz: int, bank_width: int) -> int:
     return (lines + 1 - lines % 2) * per_line if bank_width % isz == 0 else elems
 
 
+def _is_depthwise(groups: int, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> bool:
+    """One input channel per group and one output channel per input channel."""
+    return groups == x_shape[1] == w_shape[0] and w_shape[1] == 1
+
+
 @register_lowering("nn.conv2d")
 def lower_conv2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
     """Implicit GEMM: M = output rows of OW pixels, K = input channels x taps, N = output
-    channels; the A tile is gathered by one strided DMA with padding per tap."""
+    channels; the A tile is gathered by one strided DMA with padding per tap. A depthwise
+    convolution runs on the vector unit, another grouped one as one GEMM per group."""
     at = call.attrs
     if at.data_layout != "NCHW" or at.kernel_layout != "OIHW":
         raise NotSupported(f"nn.conv2d: layout {at.data_layout}/{at.kernel_layout}")
     x, w = args
-    if at.groups != 1:
+    if at.groups != 1 and _is_depthwise(at.groups, x.shape, w.shape):
         return _depthwise(ctx, call, x, w, out)
     if not isinstance(w, np.ndarray):
         raise NotSupported("nn.conv2d: weights computed at run time")
     dt = _operand_dtype(ctx, "nn.conv2d", x.dtype if isinstance(x, DramTensor) else
                         str(x.dtype), str(w.dtype), out.dtype)
+    if at.groups != 1:
+        return _grouped(ctx, at, x, w, out, dt)
+    _conv(ctx, at, x, w, out, dt)
+
+
+def _grouped(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
+             dt: str) -> None:
+    """A grouped convolution: in NCHW each group's input and output channels are contiguous
+    per image, so every (image, group) pair is an ordinary convolution of DRAM sub-tensors --
+    one GEMM kernel each (a float32 activation is cast to float16 per group, the same
+    traffic as one cast of the whole, and after the first group's tiling is known to fit)."""
+    nb, c, h, wd = x.shape
+    o, cg = w.shape[0], w.shape[1]
+    groups = at.groups
+    og = o // groups
+    oh, ow = out.shape[2:]
+    xa = ctx.tensor(x)
+    isz, osz = itemsize(xa.dtype), itemsize(out.dtype)
+    for n in range(nb):
+        for gi in range(groups):
+            xs = DramTensor(xa.addr + (n * c + gi * cg) * h * wd * isz, (1, cg, h, wd),
+                            xa.dtype)
+            os_ = DramTensor(out.addr + (n * o + gi * og) * oh * ow * osz, (1, og, oh, ow),
+                             out.dtype)
+            _conv(ctx, at, xs, w[gi * og:(gi + 1) * og], os_, dt)
+
+
+def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
+          dt: str) -> None:
+    """An ungrouped convolution (see :func:`lower_conv2d`)."""
     nb, c, h, wd = x.shape
     o, _, kh, kw = w.shape
     _, _, oh, ow = out.shape
@@ -373,80 +492,10 @@ def _depthwise(ctx: LoweringContext, call: Any, x: Any, w: Any, out: DramTensor)
     at = call.attrs
     if not isinstance(x, DramTensor) or not isinstance(w, np.ndarray):
         raise NotSupported("nn.conv2d: depthwise with run-time weights or a constant image")
-    c, o = x.shape[1], w.shape[0]
-    if not (at.groups == c == o and w.shape[1] == 1):
-        raise NotSupported(f"nn.conv2d: groups={at.groups} (only depthwise: groups = "
-                           "channels, one output per channel)")
+    c = x.shape[1]
     if x.dtype not in _FLOAT or out.dtype != x.dtype:
         raise NotSupported(f"nn.conv2d: depthwise {x.dtype} -> {out.dtype}")
     _vector_dtype(ctx, x.dtype, "nn.conv2d")
     wt = ctx.constant(w.reshape(c, -1), x.dtype)
     emit_pool2d(ctx, "nn.conv2d.depthwise", x, out, "dw", (w.shape[2], w.shape[3]),
                 tuple(at.strides), tuple(at.padding), tuple(at.dilation), None, wt)
-
-
-# ---------------------------------------------------------------------------------------------
-# pooling, softmax
-# ---------------------------------------------------------------------------------------------
-def _float_input(ctx: LoweringContext, op: str, x: Any) -> DramTensor:
-    if not isinstance(x, DramTensor):
-        raise NotSupported(f"{op} of a constant")
-    _vector_dtype(ctx, x.dtype, op)
-    if x.dtype not in _FLOAT:
-        raise NotSupported(f"{op}: only on floats")
-    return x
-
-
-@register_lowering(("nn.max_pool2d", "nn.avg_pool2d"))
-def lower_pool2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
-    op = call.op.name
-    at = call.attrs
-    x = _float_input(ctx, op, args[0])
-    if at.layout != "NCHW" or at.ceil_mode:
-        raise NotSupported(f"{op}: layout {at.layout}, ceil_mode={at.ceil_mode}")
-    kind = "max" if op == "nn.max_pool2d" else "avg"
-    divisor = None
-    if kind == "avg":
-        if any(at.padding) and not at.count_include_pad:
-            raise NotSupported(f"{op}: padding not counted (count_include_pad=False)")
-        divisor = float(at.pool_size[0] * at.pool_size[1])
-    emit_pool2d(ctx, op, x, out, kind, tuple(at.pool_size), tuple(at.strides),
-                tuple(at.padding), tuple(at.dilation), divisor)
-
-
-@register_lowering("nn.adaptive_avg_pool2d")
-def lower_adaptive_avg_pool2d(ctx: LoweringContext, call: Any, args: list[Any],
-                              out: DramTensor) -> None:
-    op = call.op.name
-    x = _float_input(ctx, op, args[0])
-    if call.attrs.layout != "NCHW":
-        raise NotSupported(f"{op}: layout {call.attrs.layout}")
-    h, w = x.shape[2:]
-    oh, ow = out.shape[2:]
-    if (oh, ow) == (1, 1):
-        return emit_row_mean(ctx, op, x, out, x.shape[0] * x.shape[1])
-    if h % oh or w % ow:
-        raise NotSupported(f"{op}: {h}x{w} -> {oh}x{ow} has unequal windows")
-    emit_pool2d(ctx, op, x, out, "avg", (h // oh, w // ow), (h // oh, w // ow), (0, 0, 0, 0),
-                (1, 1), float(h // oh * (w // ow)))
-
-
-@register_lowering("mean")
-def lower_mean(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
-    """A mean over trailing axes (global average pooling as ONNX exports it)."""
-    x = _float_input(ctx, "mean", args[0])
-    rank = len(x.shape)
-    axes = call.attrs.axis
-    axes = list(range(rank)) if axes is None else \
-        sorted(a % rank for a in ((axes,) if isinstance(axes, int) else axes))
-    if not axes or axes != list(range(rank - len(axes), rank)):
-        raise NotSupported(f"mean over axes {axes} (only trailing axes)")
-    emit_row_mean(ctx, "mean", x, out, int(np.prod(x.shape[:rank - len(axes)], dtype=np.int64)))
-
-
-@register_lowering("nn.softmax")
-def lower_softmax(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
-    x = _float_input(ctx, "nn.softmax", args[0])
-    if call.attrs.axis not in (-1, len(x.shape) - 1) or x.dtype != "float32":
-        raise NotSupported("nn.softmax: only over the last axis, in float32")
-    emit_softmax(ctx, "nn.softmax", x, out)

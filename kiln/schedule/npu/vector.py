@@ -26,10 +26,19 @@ import numpy as np
 
 from ...npu.isa import UNIT_VECTOR
 from ...target.npu.config import DRAM
-from .emit import DramTensor, KernelBuilder, KernelInfo, Pipeline, block, itemsize, row_major
+from .emit import (
+    DramTensor,
+    DramView,
+    KernelBuilder,
+    KernelInfo,
+    Pipeline,
+    block,
+    itemsize,
+    row_major,
+)
 from .lowering import LoweringContext, NotSupported
 
-__all__ = ["VecStep", "emit_elementwise", "emit_row_mean", "emit_pool2d",
+__all__ = ["VecStep", "emit_elementwise", "emit_layer_norm", "emit_row_mean", "emit_pool2d",
            "emit_softmax", "traffic_cycles"]
 
 L0_INPUTS = ("input", "weight")
@@ -67,9 +76,10 @@ def _collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]
     return [n for n, _ in out], [[ss[k] for _, ss in out] for k in range(len(strides))]
 
 
-def _bcast(t: DramTensor, rank: int) -> tuple[int, ...]:
+def _bcast(t: DramTensor | DramView, rank: int) -> tuple[int, ...]:
+    """The element strides of operand ``t`` over the result's ``rank`` dims (0: broadcast)."""
     shape = (1,) * (rank - len(t.shape)) + t.shape
-    st = row_major(shape)
+    st = (0,) * (rank - len(t.shape)) + t.strides
     return tuple(0 if n == 1 else s for n, s in zip(shape, st))
 
 
@@ -88,12 +98,14 @@ def _fit(dims: list[int], fits: Callable[[tuple[int, int, int]], bool]) -> tuple
     return tuple(t)  # type: ignore[return-value]
 
 
-def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor,
-                     inputs: list[DramTensor], steps: list[VecStep],
+def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
+                     inputs: list[DramTensor | DramView], steps: list[VecStep],
                      compute_dtype: str | None = None) -> None:
     """``out = steps(inputs)`` with numpy broadcasting (see the module docstring); with a
     ``compute_dtype`` other than ``out.dtype`` the steps compute in it and a final ``vcast``
-    converts the block (the cast a consumer's product needs, fused into its producer)."""
+    converts the block (the cast a consumer's product needs, fused into its producer).
+    ``out`` and the inputs may be :class:`~.emit.DramView` s (a transpose, a slice, a place in
+    a concatenation): their strides go to the DMAs as they are."""
     cdt = compute_dtype or out.dtype
     kb, cfg = ctx.kb, ctx.config
     nbuf = kb.nbuf
@@ -186,9 +198,12 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor,
 def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
                 kind: str, pool: tuple[int, int], strides: tuple[int, int],
                 pad: tuple[int, int, int, int], dilation: tuple[int, int],
-                divisor: float | None, weights: DramTensor | None = None) -> None:
+                divisor: float | None, weights: DramTensor | None = None,
+                scale: DramTensor | None = None) -> None:
     """Max (``kind="max"``) or average pooling of NCHW ``x`` (``divisor``: the window size
-    an average divides by; every window must count the same taps), or with ``weights``
+    an average divides by when every window counts the same taps; else ``scale``, ``(OH,
+    OW)`` in ``x``'s dtype: each window's reciprocal count, loaded per block of rows and
+    multiplied in with stride 0 across the channels), or with ``weights``
     (``(C, KH * KW)`` in ``x``'s dtype) a depthwise convolution: each tap's strided view times
     its channel's weight (a stride-0 block), accumulated with ``vmac``."""
     kb, cfg = ctx.kb, ctx.config
@@ -208,14 +223,15 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
 
     def fits(t: tuple[int, int, int]) -> bool:
         ct, r = t[0], t[1]
+        side = ct * taps if weights is not None else r * ow if scale is not None else 0
         return (nbuf * ct * rows_in(r) * wp * isz <= cfg.memory("input").size and
-                nbuf * ct * taps * isz <= cfg.memory("weight").size and
+                nbuf * side * isz <= cfg.memory("weight").size and
                 nbuf * ct * r * ow * isz <= cfg.memory("acc").size)
 
     # a depthwise conv's channel blocks stay within one image (their weights are contiguous)
     ct, rt, _ = _fit([c if weights is not None else nc, oh, 1], lambda t: fits(t))
     fill = float("-inf") if kind == "max" else 0.0
-    w_slot = ct * taps * isz
+    w_slot = (ct * taps if weights is not None else rt * ow) * isz
     pipes = [Pipeline(kb, core, UNIT_VECTOR) for core in range(cfg.cores)]
     in_slot = ct * rows_in(rt) * wp * isz
     out_slot = ct * rt * ow * isz
@@ -249,6 +265,10 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
             kb.load(core, shape=(1, cs, taps),
                     dst=block("weight", slot * w_slot, x.dtype, (0, taps, 1)),
                     src=weights.at((c0 % c) * taps, (0, taps, 1)))
+        if scale is not None:
+            kb.load(core, shape=(1, rs, ow), dst=block("weight", slot * w_slot, x.dtype,
+                                                       (0, ow, 1)),
+                    src=scale.at(r0 * ow, (0, ow, 1)))
         p.loaded()
         p.compute_begin()
         dst = block("acc", p.out_slot() * out_slot, out.dtype, (rs * ow, ow, 1))
@@ -273,6 +293,10 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
         if divisor is not None:
             kb.fence(core, UNIT_VECTOR)
             kb.emit(core, "vmul", shape=(cs, rs, ow), dst=dst, a=dst, b=1.0 / divisor)
+        elif scale is not None:
+            kb.fence(core, UNIT_VECTOR)
+            kb.emit(core, "vmul", shape=(cs, rs, ow), dst=dst, a=dst,
+                    b=block("weight", slot * w_slot, x.dtype, (0, ow, 1)))
         p.computed()
         p.produced()
         p.store_begin()
@@ -289,28 +313,39 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
 
 
 def _rows_kernel(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, rows: int,
-                 length: int, out_len: int, body: Callable[..., None]) -> None:
+                 length: int, out_len: int, body: Callable[..., None],
+                 consts: tuple[DramTensor, ...] = ()) -> None:
     """Blocks of whole rows of a (rows, length) view -> (rows, out_len); ``body(core, r,
-    src, dst, tmp)`` emits the vector work of ``r`` rows."""
+    src, dst, tmp, *consts)`` emits the vector work of ``r`` rows (``tmp``: room for four
+    values per row, one after the other; ``consts``: each a row of ``length`` values loaded
+    once per core into L0 weight, read with stride 0 across the rows)."""
     kb, cfg = ctx.kb, ctx.config
     nbuf = kb.nbuf
     isz = itemsize(x.dtype)
+    const_bytes = len(consts) * length * isz
 
     def fits(t: tuple[int, int, int]) -> bool:
         r = t[1]
         return (max(r, length) <= cfg.encoding.max_extent and
                 nbuf * r * length * isz <= cfg.memory("input").size and
-                nbuf * r * 4 * isz <= cfg.memory("weight").size and
+                nbuf * r * 4 * isz + const_bytes <= cfg.memory("weight").size and
                 nbuf * r * out_len * isz <= cfg.memory("acc").size)
 
-    _, rt, _ = _fit([1, rows, 1], fits)
-    if length * isz * nbuf > cfg.memory("input").size:
+    if length * isz * nbuf > cfg.memory("input").size or \
+            nbuf * 4 * isz + const_bytes > cfg.memory("weight").size:
         raise NotSupported(f"a row of {length} elements does not fit L0")
+    _, rt, _ = _fit([1, rows, 1], fits)
+    const_base = nbuf * rt * 4 * isz
+    const_blocks = [block("weight", const_base + i * length * isz, x.dtype, (0, 0, 1))
+                    for i in range(len(consts))]
     pipes = [Pipeline(kb, core, UNIT_VECTOR) for core in range(cfg.cores)]
     for j, r0 in enumerate(range(0, rows, rt)):
         core = j % cfg.cores
         p = pipes[core]
         rs = min(rt, rows - r0)
+        if j < cfg.cores:  # ordered before the compute by the first step's token
+            for c, cb in zip(consts, const_blocks):
+                kb.load(core, shape=(1, 1, length), dst=cb, src=c.at(0, (0, 0, 1)))
         slot = p.load_slot()
         src = block("input", slot * rt * length * isz, x.dtype, (0, length, 1))
         kb.load(core, shape=(1, rs, length), dst=src,
@@ -320,7 +355,7 @@ def _rows_kernel(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, 
         oslot = p.out_slot()
         dst = block("acc", oslot * rt * out_len * isz, out.dtype, (0, out_len, 1))
         tmp = block("weight", oslot * rt * 4 * isz, x.dtype, (0, 1, 0))
-        body(core, rs, src, dst, tmp)
+        body(core, rs, src, dst, tmp, *const_blocks)
         p.computed()
         p.produced()
         p.store_begin()
@@ -329,7 +364,7 @@ def _rows_kernel(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, 
         p.stored()
     for p in pipes:
         p.finish()
-    bound = traffic_cycles(kb, (rows * length + rows * out_len) * isz)
+    bound = traffic_cycles(kb, (rows * length + rows * out_len + len(consts) * length) * isz)
     kb.end_kernel(KernelInfo(ctx.label(op), op, f"{rt} rows of {rows} x {length}", bound, bound))
 
 
@@ -364,3 +399,37 @@ def emit_softmax(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor) 
             kb.emit(core, op, shape=shape, **args)
 
     _rows_kernel(ctx, op, x, out, rows, length, length, body)
+
+
+def emit_layer_norm(ctx: LoweringContext, op: str, x: DramTensor, gamma: DramTensor,
+                    beta: DramTensor, out: DramTensor, epsilon: float) -> None:
+    """Layer normalization over the trailing ``gamma.size`` elements of each row of ``x``:
+    two reductions (the mean, then the mean squared deviation, as the CPU computes it),
+    ``vrsqrt`` of the variance plus ``epsilon``, then the scale and shift (``gamma``,
+    ``beta``: loaded once per core, read with stride 0 across the rows)."""
+    length = int(np.prod(gamma.shape, dtype=np.int64))
+    rows = int(np.prod(x.shape, dtype=np.int64)) // length
+    inv = 1.0 / length
+
+    def body(core: int, rs: int, src: Any, dst: Any, tmp: Any, g: Any, b: Any) -> None:
+        kb = ctx.kb
+        mean = tmp
+        var = tmp._replace(addr=tmp.addr + rs * itemsize(x.dtype))
+        full, row = (1, rs, length), (1, rs, 1)
+        work = [("vred.sum", full, dict(dst=mean, a=src, acc=0)),
+                ("vmul", row, dict(dst=mean, a=mean, b=inv)),
+                ("vsub", full, dict(dst=dst, a=src, b=mean)),
+                ("vmul", full, dict(dst=src, a=dst, b=dst)),  # the input block is spent
+                ("vred.sum", full, dict(dst=var, a=src, acc=0)),
+                ("vmul", row, dict(dst=var, a=var, b=inv)),
+                ("vadd", row, dict(dst=var, a=var, b=float(epsilon))),
+                ("vrsqrt", row, dict(dst=var, a=var)),
+                ("vmul", full, dict(dst=dst, a=dst, b=var)),
+                ("vmul", full, dict(dst=dst, a=dst, b=g)),
+                ("vadd", full, dict(dst=dst, a=dst, b=b))]
+        for i, (opcode, shape, args) in enumerate(work):
+            if i:
+                kb.fence(core, UNIT_VECTOR)
+            kb.emit(core, opcode, shape=shape, **args)
+
+    _rows_kernel(ctx, op, x, out, rows, length, length, body, (gamma, beta))
