@@ -130,11 +130,19 @@ class Analyzer:
         if saved:
             # Tighter variable bounds may simplify the atoms further (a select whose condition
             # became decidable): assume the new forms too, so that they are recognised later.
-            self._invalidate()
+            # A new form's facts may tighten the bounds again (``max(x, 0) % 7`` became
+            # ``max(x, 0)``, whose fact then gave ``x <= 0`` and the form ``0``): a few rounds.
             keys = {self._keys.key(a) for a in first}
-            again = [s for a in first for s in _conjuncts(self._simp.visit(a))
-                     if type(s) is not E.IntImm and self._keys.key(s) not in keys]
-            self._add_atoms(again, saved, facts, atoms)
+            pending = first
+            for _ in range(ASSUME_ROUNDS):
+                self._invalidate()
+                again = [s for a in pending for s in _conjuncts(self._simp.visit(a))
+                         if type(s) is not E.IntImm and self._keys.key(s) not in keys]
+                if not again:
+                    break
+                keys.update(self._keys.key(a) for a in again)
+                self._add_atoms(again, saved, facts, atoms)
+                pending = again
         self._invalidate()
         tight = {v: self._var_bounds.get(v) for v in saved}
         return saved, tight, facts, atoms
@@ -303,6 +311,10 @@ class Analyzer:
             return type(r) is E.IntImm and r.value == 0
         sa, sb = self.simplify(E.convert(a)), self.simplify(E.convert(b))
         return self._keys.key(sa) == self._keys.key(sb)
+
+
+#: Rounds of re-simplifying an assumption under the bounds it implies (``constraint_scope``).
+ASSUME_ROUNDS = 4
 
 
 def _is_int(x: Any) -> bool:

@@ -110,6 +110,20 @@ def test_constraint_scope_nested_and_symbolic():
         assert not ana.can_prove(io > 5)
 
 
+def test_assumption_simplified_under_the_bounds_it_implies_stays_known():
+    """Assuming ``i // (max(x, 0) % 7 + 1 + j) < x // 3 - 2x`` bounds x above (the left side
+    is >= 0), which turns ``max(x, 0) % 7`` into ``max(x, 0)``, whose fact bounds x to <= 0,
+    which turns it into 0: every round's form is assumed (Hypothesis found a case where the
+    assumption itself was no longer provable inside its scope)."""
+    ana = _ana()
+    ana.bind(x, tir.Range(-40, 41))
+    cond = i // (tir.max(x, 0) % 7 + 1 + j) < x // 3 + x * -2
+    with ana.constraint_scope(cond):
+        assert ana.can_prove(cond)
+        assert ana.can_prove(x <= 0)
+    assert not ana.can_prove(cond)
+
+
 def test_can_prove_equal():
     ana = _ana()
     assert ana.can_prove_equal((i * 8 + j) // 8, i)
