@@ -634,16 +634,18 @@ def branch_guard(ctx: GraphContext, node: str, message: str, cond: Any) -> Branc
     """The :class:`BranchGuard` stopping the import at If ``node`` being converted (condition
     ``cond``, a 0-d bool Expr): the live values are the run-time values (not constants, not
     initializers, which the continuation has as well) that the rest of the walk reads -- the
-    If itself and the nodes after it in every enclosing graph, with their subgraphs, and
-    those graphs' outputs."""
+    If's branches (its condition is pinned there) and the nodes after it in every enclosing
+    graph, with their subgraphs, and those graphs' outputs."""
     used: dict[str, None] = {}
-    for depth, level in enumerate(ctx.walk):
-        first = level.index if depth == len(ctx.walk) - 1 else level.index + 1
-        for later in level.nodes[first:]:
+    for level in ctx.walk:
+        for later in level.nodes[level.index + 1:]:
             for name in node_reads(later):
                 used.setdefault(name)
         for name in level.outputs:
             used.setdefault(name)
+    here = ctx.walk[-1].nodes[ctx.walk[-1].index]  # the If: its branches read, not its condition
+    for name in node_reads(here)[len([n for n in here.input if n]):]:
+        used.setdefault(name)
     live = [(n, ctx.values[n]) for n in used
             if n in ctx.values and n not in ctx.consts and n not in ctx.initializers
             and not isinstance(ctx.values[n], g.Constant)]

@@ -26,6 +26,7 @@ off: the model then gets the same KilnError as ``from_onnx``.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -102,7 +103,10 @@ def _compile(proto: Any, options: dict[str, Any], pass_ctx: PassContext, target:
 class GuardedExecutable:
     """A model compiled by guarded specialization (:func:`compile_onnx`): calling it runs
     the prefix up to the guarded ``If``, then the continuation compiled for the condition's
-    value (on its first use; :attr:`specializations` holds those compiled so far)."""
+    value (on its first use; :attr:`specializations` holds those compiled so far). It is
+    called as an ``Executable`` (``exe(x)``, ``exe(**feeds)``, :meth:`run`); saving, profiling
+    and the per-function views stay with the executables it holds (``prefix``,
+    ``specializations``)."""
 
     def __init__(self, prefix: Executable, compile_continuation: Any, guard: str,
                  output_names: Sequence[str]):
@@ -116,6 +120,7 @@ class GuardedExecutable:
         #: How often a continuation was compiled (one per condition value seen).
         self.compiles = 0
         self._compile = compile_continuation
+        self._lock = threading.Lock()
 
     @property
     def inputs(self) -> list[Any]:
@@ -123,11 +128,15 @@ class GuardedExecutable:
         return self.prefix.inputs
 
     def continuation(self, taken: bool) -> Any:
-        """The rest of the model for condition value ``taken``, compiled on first use."""
+        """The rest of the model for condition value ``taken``, compiled on first use (once,
+        also when several threads call the model)."""
         exe = self.specializations.get(taken)
         if exe is None:
-            exe = self.specializations[taken] = self._compile(taken)
-            self.compiles += 1
+            with self._lock:
+                exe = self.specializations.get(taken)
+                if exe is None:
+                    exe = self.specializations[taken] = self._compile(taken)
+                    self.compiles += 1
         return exe
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
