@@ -41,9 +41,15 @@ def _rank_if(cond, src, out, name):
 
 def _one_if_model():
     """c = sum(x) > 0 (a run-time condition); y = If(c) rank 3 or rank 2; then ops on y and
-    on a value computed before the If (h): Add, Softmax, ReduceSum, and h as an output."""
+    on a value computed before the If (h): Add, Softmax, ReduceSum, and h as an output; a
+    later If whose branches (same rank) are the only readers of another early value (g)."""
+    late_if = helper.make_node(
+        "If", ["c"], ["q"], name="late_if",
+        then_branch=_branch([helper.make_node("Neg", ["g"], ["q_t"])], "q_t"),
+        else_branch=_branch([helper.make_node("Identity", ["g"], ["q_e"])], "q_e"))
     nodes = [
         helper.make_node("Tanh", ["x"], ["h"]),
+        helper.make_node("Sigmoid", ["x"], ["g"]),
         helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
         helper.make_node("Greater", ["s", "zero"], ["c"]),
         _rank_if("c", "h", "y", "rank_if"),
@@ -51,12 +57,14 @@ def _one_if_model():
         helper.make_node("Softmax", ["yb"], ["p"], axis=-1),
         helper.make_node("Mul", ["p", "h"], ["ph"]),
         helper.make_node("ReduceSum", ["ph", "ax_last"], ["out"], keepdims=1),
+        late_if,
     ]
     inits = [_init("zero", np.float32(0)), _init("two", np.float32(2)),
              _init("ax0", np.array([0], np.int64)), _init("ax_last", np.array([-1], np.int64)),
              _init("bias", RNG.standard_normal(3).astype(np.float32))]
-    return onnx_model(nodes, [_vi("x", ["N", 3])], [_vi("out", None), _vi("h", ["N", 3])],
-                      inits, opset=18)
+    return onnx_model(nodes, [_vi("x", ["N", 3])],
+                      [_vi("out", None), _vi("h", ["N", 3]), _vi("q", ["N", 3])], inits,
+                      opset=18)
 
 
 def _check(exe, model, feeds):
