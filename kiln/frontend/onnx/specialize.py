@@ -33,8 +33,7 @@ from typing import Any
 import numpy as np
 
 from ...build import build
-from ...ir import KilnError
-from ...runtime.executable import Executable, flatten_outputs
+from ...runtime.executable import Executable, run_session_style
 from ...transform.pass_infra import PassContext, register_config
 from .importer import Resume, import_model, load_model
 from .subgraph import capture_sinfo
@@ -148,15 +147,4 @@ class GuardedExecutable:
             output_names: Sequence[str] | None = None, as_dict: bool = False) -> Any:
         """As :meth:`Executable.run` (onnxruntime's ``session.run``): ``feeds`` by input
         name or in order; the outputs named ``output_names`` (all when None)."""
-        out = self(**dict(feeds)) if isinstance(feeds, Mapping) else self(*feeds)
-        flat = flatten_outputs(out)
-        names = list(self.output_names)
-        unknown = [n for n in output_names or () if n not in names]
-        if unknown or isinstance(output_names, str):
-            raise KilnError(f"run: unknown output name(s) {unknown or output_names}; the "
-                            f"outputs are {names}")
-        picked = range(len(flat)) if output_names is None else [names.index(n)
-                                                                 for n in output_names]
-        if as_dict:
-            return {names[i]: flat[i] for i in picked}
-        return [flat[i] for i in picked]
+        return run_session_style(self, self.output_names, feeds, output_names, as_dict)
