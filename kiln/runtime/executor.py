@@ -230,6 +230,10 @@ class Executor:
     ``num_threads``: the thread count of this executor's calls, from whichever thread they are
     made (None: the library's default, see ``kiln.runtime.threads``)."""
 
+    #: What ``_bind_simple`` checks (None: every call takes the general binding; subclasses
+    #: that set up their own state, as the GPU executor, keep that).
+    _simple_inputs: list[tuple[np.dtype, tuple[int | str, ...]]] | None = None
+
     def __init__(self, plan: Plan, module: Any, num_threads: int | None = None):
         self.plan = plan
         self.module = module
