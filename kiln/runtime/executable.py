@@ -147,30 +147,8 @@ class Executable:
         ``output_names`` in that order (all of them when None), or a ``{name: array}`` dict
         with ``as_dict``. Nested tuple results are flattened, in the order of
         :attr:`outputs`."""
-        plan = self.plans[self.main_name]
-        names = plan.output_names
-        if output_names is None:
-            picked = list(range(len(names)))
-        else:
-            if isinstance(output_names, str):
-                raise KilnError("run: output_names must be a list of names, got the string "
-                                f"{output_names!r}")
-            unknown = [n for n in output_names if n not in names]
-            if unknown:
-                raise KilnError(f"run: unknown output name(s) {unknown}; the outputs are "
-                                f"{names}")
-            picked = [names.index(n) for n in output_names]
-        if isinstance(feeds, Mapping):
-            result = self(**dict(feeds))
-        elif isinstance(feeds, Sequence) and not isinstance(feeds, (str, bytes)):
-            result = self(*feeds)
-        else:
-            raise KilnError(f"run: feeds must be a dict of input name -> array or a list of "
-                            f"arrays, got {type(feeds).__name__}")
-        flat = flatten_outputs(result)
-        if as_dict:
-            return {names[i]: flat[i] for i in picked}
-        return [flat[i] for i in picked]
+        return run_session_style(self, self.plans[self.main_name].output_names, feeds,
+                                 output_names, as_dict)
 
     def profile(self, *args: Any, repeat: int = 10, trace: str | None = None,
                 **kwargs: Any) -> Profile:
@@ -396,6 +374,34 @@ class Executable:
             file_format.write(path, sections)
         except OSError as err:
             raise KilnError(f"cannot write executable {path}: {err.strerror or err}") from err
+
+
+def run_session_style(fn: Any, names: Sequence[str], feeds: Mapping[str, Any] | Sequence[Any],
+                      output_names: Sequence[str] | None, as_dict: bool) -> Any:
+    """:meth:`Executable.run` of callable ``fn`` whose flattened outputs are named ``names``
+    (shared with callables that stand for an executable, e.g. a guarded ONNX model)."""
+    if output_names is None:
+        picked = list(range(len(names)))
+    else:
+        if isinstance(output_names, str):
+            raise KilnError("run: output_names must be a list of names, got the string "
+                            f"{output_names!r}")
+        unknown = [n for n in output_names if n not in names]
+        if unknown:
+            raise KilnError(f"run: unknown output name(s) {unknown}; the outputs are "
+                            f"{list(names)}")
+        picked = [list(names).index(n) for n in output_names]
+    if isinstance(feeds, Mapping):
+        result = fn(**dict(feeds))
+    elif isinstance(feeds, Sequence) and not isinstance(feeds, (str, bytes)):
+        result = fn(*feeds)
+    else:
+        raise KilnError(f"run: feeds must be a dict of input name -> array or a list of "
+                        f"arrays, got {type(feeds).__name__}")
+    flat = flatten_outputs(result)
+    if as_dict:
+        return {names[i]: flat[i] for i in picked}
+    return [flat[i] for i in picked]
 
 
 def flatten_outputs(result: Any) -> list[Any]:

@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
+from kiln.frontend.onnx import from_onnx
 from kiln.frontend.onnx.backend import prepare
 from kiln.ir.errors import KilnError
 
@@ -170,12 +171,20 @@ def test_if_branches_of_different_dims_under_a_run_time_condition():
     _check_runs(m, [(np.array(True), x), (np.array(False), x), (np.array(True), x)])
 
 
-def test_if_branches_of_different_rank_are_refused():
+def test_if_branches_of_different_rank_are_refused_by_from_onnx_and_specialized_by_prepare():
     """A value's rank is static in kiln: () vs (1,) under a run-time condition is an error
-    naming the node, never a guessed rank."""
+    naming the node from ``from_onnx``, never a guessed rank; the backend (``compile_onnx``)
+    specializes on the condition, each rank right (vs onnx.reference)."""
     then_nodes = [helper.make_node("ReduceSum", ["x"], ["t"], keepdims=0)]
     else_nodes = [_const_i64("s", [1]), helper.make_node("ReduceSum", ["x"], ["r"], keepdims=0),
                   helper.make_node("Reshape", ["r", "s"], ["u"])]
     m = _if_model(then_nodes, "t", else_nodes, "u")
-    with pytest.raises(Exception, match="If node 'if'.*differs in rank"):
-        prepare(m)
+    with pytest.raises(KilnError, match="If node 'if'.*differs in rank"):
+        from_onnx(m)
+    rep = prepare(m)
+    x = np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32)
+    for c in (True, False):
+        (got,) = rep.run([np.array(c), x])
+        (want,) = ReferenceEvaluator(m).run(None, {"c": np.array(c), "x": x})
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -7,6 +7,7 @@ One converter per ONNX operator (``kiln.frontend.onnx.converters``), registered 
 from . import converters  # noqa: F401 - registers every converter
 from .importer import GraphContext, NodeView, from_onnx
 from .registry import converter, lookup_converter, supported_ops
+from .specialize import GuardedExecutable, compile_onnx
 
-__all__ = ["GraphContext", "NodeView", "converter", "from_onnx", "lookup_converter",
-           "supported_ops"]
+__all__ = ["GraphContext", "GuardedExecutable", "NodeView", "compile_onnx", "converter",
+           "from_onnx", "lookup_converter", "supported_ops"]

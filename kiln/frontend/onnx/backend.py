@@ -3,7 +3,9 @@
 ``prepare`` imports and compiles the model once. Shape-determining inputs that are graph inputs
 (Reshape's shape, Expand's shape, Slice's starts, ...) are ordinary run-time inputs: their
 values are read by host shape functions while the model runs (``kiln.runtime.shape_funcs``),
-so one compiled model serves every value; nothing is specialized to the first run.
+so one compiled model serves every value; nothing is specialized to the first run, except
+where an ``If``'s branches differ in rank (``specialize``: one continuation per condition
+value, compiled on first use).
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ import onnx
 import onnx.numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
-import kiln
-
 from ...ir import KilnError
-from .importer import from_onnx, load_model, onnx_dtype
+from .importer import load_model, onnx_dtype
+from .specialize import compile_onnx
 
 
 def _array(value: Any) -> Any:
@@ -46,8 +47,8 @@ class KilnBackendRep(BackendRep):
         self.model = model
         inits = {i.name for i in model.graph.initializer}
         self.input_names = [vi.name for vi in model.graph.input if vi.name not in inits]
-        mod, params = from_onnx(model)
-        self.exe: Any = kiln.build(mod, params=params)
+        # an Executable, or a GuardedExecutable where an If's branches differ in rank
+        self.exe: Any = compile_onnx(model)
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         """The outputs in model order: arrays, lists of arrays for sequences, None for an

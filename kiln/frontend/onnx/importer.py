@@ -172,6 +172,43 @@ class NodeView:
         return v
 
 
+class WalkLevel:
+    """One graph being walked: its nodes and outputs, the index of the node being converted,
+    and whether it is walked once inline (the model's graph, a constant-condition If's
+    branch), so that an import can stop inside it and resume there."""
+
+    def __init__(self, nodes: Sequence[Any], outputs: Sequence[str], resumable: bool):
+        self.nodes = nodes
+        self.outputs = outputs
+        self.index = -1
+        self.resumable = resumable
+
+
+class BranchGuard(KilnError):
+    """An If on a run-time condition whose branches differ in rank or dtype (no StructInfo
+    covers both) stopped an import that may specialize (``GraphContext.specialize``).
+
+    ``node``: the If as messages name it; ``path``: its node path; ``cond``: the condition
+    as a 0-d bool Expr of the function being built; ``live``: (ONNX name, Expr) of every
+    run-time value the rest of the model uses; ``consts`` and ``shape_dims``: what the import
+    knew of the values computed so far.
+    Raised only where the import can resume at the If (``GraphContext.resumable``); the
+    message is the error an import without specialization gives.
+    """
+
+    def __init__(self, message: str, node: str = "", path: tuple[int, ...] = (),
+                 cond: Any = None, live: Sequence[tuple[str, Any]] = (),
+                 consts: Mapping[str, Any] | None = None,
+                 shape_dims: Mapping[str, Any] | None = None):
+        super().__init__(message)
+        self.node = node
+        self.path = path
+        self.cond = cond
+        self.live = list(live)
+        self.consts = dict(consts or {})
+        self.shape_dims = dict(shape_dims or {})
+
+
 class GraphContext:
     """Import state: the builder, Exprs and known constant values by ONNX value name."""
 
@@ -188,6 +225,16 @@ class GraphContext:
         #: The dims (ints or symbolic) of values made by Shape nodes whose shape is partly
         #: symbolic, so a Gather of its static entries folds to a constant.
         self.shape_dims: dict[str, list[Any]] = {}
+        #: Where the walk is: one :class:`WalkLevel` per graph being converted (the model's
+        #: graph, then the branches of constant-condition Ifs imported inline).
+        self.walk: list[WalkLevel] = []
+        #: Whether an If on a run-time condition whose branches differ in rank may stop the
+        #: import with a :class:`BranchGuard` (``kiln.frontend.onnx.specialize``).
+        self.specialize = False
+        #: A continuation's import: the node path to resume at (earlier nodes are skipped,
+        #: their results given) and the pinned If conditions by node path.
+        self.resume_at: tuple[int, ...] | None = None
+        self.pinned: dict[tuple[int, ...], bool] = {}
 
     def value(self, name: str) -> Any:
         if name in self.values:
@@ -221,6 +268,21 @@ class GraphContext:
         if isinstance(sinfo, g.TensorStructInfo):
             return len(sinfo.shape) if sinfo.shape is not None else sinfo.ndim
         return -1
+
+    def node_path(self) -> tuple[int, ...]:
+        """The position of the node being converted: its index in each enclosing graph."""
+        return tuple(level.index for level in self.walk)
+
+    def resumable(self) -> bool:
+        """Whether the import could stop at the current node and go on from there in another
+        function: every enclosing graph is walked once, inline into ``main`` (not a subgraph
+        function, not an unrolled loop body)."""
+        return self.specialize and bool(self.walk) and all(lv.resumable for lv in self.walk)
+
+    def pinned_condition(self) -> bool | None:
+        """The condition a continuation's import pins for the If being converted (None:
+        none)."""
+        return self.pinned.get(self.node_path())
 
     # ---- helpers for converters -----------------------------------------------------------
     @staticmethod
@@ -431,15 +493,55 @@ def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
     tensors, whose values are returned in ``params``. ``freeze_inputs`` replaces graph inputs by
     the given constant values (specializes the model to them; never needed for shapes).
     Several graph outputs are returned as a Tuple in model order.
+
+    An ``If`` on a run-time condition whose branches return values of different rank or
+    dtype cannot be one function: a KilnError names it (``kiln.frontend.onnx.compile_onnx``
+    compiles such a model by specializing on the condition).
     """
-    proto = load_model(model)
+    if base_dir is None and isinstance(model, str):
+        base_dir = os.path.dirname(os.path.abspath(model))
+    mod, weights, _ = import_model(load_model(model), shape_dict, dtype_dict, opset,
+                                   bind_params, freeze_inputs, base_dir)
+    return mod, weights
+
+
+class Resume:
+    """Where a continuation's import starts (``kiln.frontend.onnx.specialize``): at node path
+    ``at``, the run-time values ``live`` ((ONNX name, StructInfo): ``main``'s parameters, in
+    order) and what the stopped import knew (``consts``, ``shape_dims``); ``pinned`` gives the
+    condition of each specialized If by node path."""
+
+    def __init__(self, at: tuple[int, ...], live: Sequence[tuple[str, Any]],
+                 consts: Mapping[str, Any], shape_dims: Mapping[str, Any],
+                 pinned: Mapping[tuple[int, ...], bool]):
+        self.at = at
+        self.live = list(live)
+        self.consts = dict(consts)
+        self.shape_dims = dict(shape_dims)
+        self.pinned = dict(pinned)
+
+
+@_import_errors
+def import_model(proto: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
+                 dtype_dict: Mapping[str, Any] | None = None, opset: int | None = None,
+                 bind_params: bool = False,
+                 freeze_inputs: Mapping[str, np.ndarray] | None = None,
+                 base_dir: str | None = None, specialize: bool = False,
+                 resume: Resume | None = None,
+                 ) -> tuple[IRModule, dict[str, np.ndarray], BranchGuard | None]:
+    """:func:`from_onnx` on a loaded ModelProto, plus what specialization needs.
+
+    With ``specialize``, an If that needs it (see :class:`BranchGuard`) stops the import
+    where the model can resume: ``main`` then returns the condition and the live values
+    (``guard.live``'s order) and the guard comes back as the third result (else None).
+    ``resume`` imports the continuation instead: ``main`` takes ``resume.live`` and computes
+    the model's outputs from the resume point on, the pinned Ifs importing only their branch.
+    """
     check_text(proto)
     if opset is None and not any(imp.domain in ("", "ai.onnx") for imp in proto.opset_import) \
             and any(node.domain in ("", "ai.onnx") for node in proto.graph.node):
         raise ModelFormatError("the model uses ONNX operators but imports no opset of the "
                                "default domain (opset_import; or pass opset=)")
-    if base_dir is None and isinstance(model, str):
-        base_dir = os.path.dirname(os.path.abspath(model))
     graph = proto.graph
     opsets = _opsets(proto, opset)
     check_supported(graph, opsets)
@@ -450,13 +552,25 @@ def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
     bb = g.BlockBuilder()
     ctx = GraphContext(bb, bind_params, base_dir)
     ctx.opsets = dict(opsets)
+    ctx.specialize = specialize
     for init in graph.initializer:
         arr = initializer_array(init, base_dir)
         ctx.initializers[init.name] = arr
         ctx.consts[init.name] = arr
     sym: dict[str, tir.Var] = {}
     inputs: list[g.Var] = []
-    for vi in graph.input:
+    if resume is not None:
+        ctx.resume_at, ctx.pinned = resume.at, dict(resume.pinned)
+        for name, arr in resume.consts.items():
+            if name not in ctx.initializers:
+                ctx.consts[name] = arr
+                ctx.values[name] = g.const(arr)
+        ctx.shape_dims.update(resume.shape_dims)
+        for name, sinfo in resume.live:
+            var = g.Var(_safe_name(name), sinfo)
+            ctx.values[name] = var
+            inputs.append(var)
+    for vi in graph.input if resume is None else ():
         if vi.name in ctx.initializers:
             _check_default(vi, ctx.initializers[vi.name])
             continue
@@ -470,19 +584,85 @@ def from_onnx(model: Any, shape_dict: Mapping[str, Sequence[Any]] | None = None,
         inputs.append(var)
 
     # the graph's output names, kept for the executable's outputs (``exe.outputs``)
-    with bb.function("main", attrs={"output_names": tuple(vo.name for vo in graph.output)}):
+    output_names = tuple(vo.name for vo in graph.output)
+    guard = None
+    with bb.function("main", attrs={"output_names": output_names}):
         with bb.dataflow():
-            for node in graph.node:
-                _convert_node(ctx, node, opsets)
-            outs = []
-            for vo in graph.output:
-                if vo.name not in ctx.values and vo.name not in ctx.initializers:
-                    raise ModelFormatError(f"graph output {vo.name!r} is never produced")
-                outs.append(bb.emit_output(ctx.value(vo.name), _safe_name(vo.name)))
+            try:
+                convert_nodes(ctx, graph.node, output_names, inline=True)
+                outs = []
+                for vo in graph.output:
+                    if vo.name not in ctx.values and vo.name not in ctx.initializers:
+                        raise ModelFormatError(f"graph output {vo.name!r} is never produced")
+                    outs.append(bb.emit_output(ctx.value(vo.name), _safe_name(vo.name)))
+                result = outs[0] if len(outs) == 1 else outs
+            except BranchGuard as stop:
+                guard = stop
+                result = [bb.emit_output(stop.cond, "guard_cond"),
+                          *(bb.emit_output(e, _safe_name(n)) for n, e in stop.live)]
         params = [*inputs, *ctx.param_vars.values()]
-        bb.emit_func_output(outs[0] if len(outs) == 1 else outs, params=params)
+        bb.emit_func_output(result, params=params)
+    mod = bb.get()
+    if guard is not None:  # main returns the guard's condition and live values
+        mod["main"] = mod["main"].with_attr(
+            "output_names", ("guard_cond", *(n for n, _ in guard.live)))
     weights = {v.name: ctx.initializers[n] for n, v in ctx.param_vars.items()}
-    return bb.get(), weights
+    return mod, weights, guard
+
+
+def convert_nodes(ctx: GraphContext, nodes: Sequence[Any], outputs: Sequence[str],
+                  inline: bool) -> None:
+    """Convert ``nodes`` (a graph with outputs named ``outputs``) in order, keeping the walk
+    position (``ctx.walk``; ``inline``: walked once into the current function, see
+    :class:`WalkLevel`). A continuation's import skips the nodes before its resume point."""
+    level = WalkLevel(nodes, outputs, inline)
+    depth = len(ctx.walk)
+    at = ctx.resume_at
+    on_path = at is not None and depth < len(at) and ctx.node_path() == at[:depth]
+    ctx.walk.append(level)
+    try:
+        for i, node in enumerate(nodes):
+            level.index = i
+            if on_path and i < at[depth]:  # type: ignore[index]
+                continue  # computed before the resume point: its results are main's inputs
+            _convert_node(ctx, node, ctx.opsets)
+    finally:
+        ctx.walk.pop()
+
+
+def branch_guard(ctx: GraphContext, node: str, message: str, cond: Any) -> BranchGuard:
+    """The :class:`BranchGuard` stopping the import at If ``node`` being converted (condition
+    ``cond``, a 0-d bool Expr): the live values are the run-time values (not constants, not
+    initializers, which the continuation has as well) that the rest of the walk reads -- the
+    If's branches (its condition is pinned there) and the nodes after it in every enclosing
+    graph, with their subgraphs, and those graphs' outputs."""
+    used: dict[str, None] = {}
+    for level in ctx.walk:
+        for later in level.nodes[level.index + 1:]:
+            for name in node_reads(later):
+                used.setdefault(name)
+        for name in level.outputs:
+            used.setdefault(name)
+    here = ctx.walk[-1].nodes[ctx.walk[-1].index]  # the If: its branches read, not its condition
+    for name in node_reads(here)[len([n for n in here.input if n]):]:
+        used.setdefault(name)
+    live = [(n, ctx.values[n]) for n in used
+            if n in ctx.values and n not in ctx.consts and n not in ctx.initializers
+            and not isinstance(ctx.values[n], g.Constant)]
+    return BranchGuard(message, node, ctx.node_path(), cond, live, dict(ctx.consts),
+                       dict(ctx.shape_dims))
+
+
+def node_reads(node: Any) -> list[str]:
+    """Every value name ``node`` reads: its inputs and what its subgraphs read (their own
+    names included: an over-estimate, which is harmless where it is used)."""
+    names = [n for n in node.input if n]
+    for attr in node.attribute:
+        for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+            for inner in sub.node:
+                names += node_reads(inner)
+            names += [o.name for o in sub.output]
+    return names
 
 
 def node_name(node: Any) -> str:
@@ -567,13 +747,16 @@ def _run_converter(ctx: GraphContext, view: NodeView, fn: Any) -> None:
             ctx.values[name] = ctx.emit(res, name)
 
 
-def convert_subgraph(ctx: GraphContext, graph: Any, bindings: Mapping[str, Any]) -> list[Any]:
+def convert_subgraph(ctx: GraphContext, graph: Any, bindings: Mapping[str, Any],
+                     inline: bool = False) -> list[Any]:
     """Import the nodes of subgraph ``graph`` (an If branch, a Loop/Scan body) into the current
     function and return its outputs (Exprs; numpy arrays when known at import time).
 
     ``bindings`` maps the subgraph's formal input names to Exprs or numpy arrays. Outer-scope
     values stay visible, as ONNX requires. The subgraph's own names are dropped afterwards, so a
     body can be imported once per iteration (unrolling) with fresh values each time.
+    ``inline``: the subgraph is walked once into the current function (a constant-condition
+    If's branch), so an import may stop and resume inside it (:class:`WalkLevel`).
     """
     check_supported(graph, ctx.opsets)
     saved_values, saved_consts = dict(ctx.values), dict(ctx.consts)
@@ -589,8 +772,7 @@ def convert_subgraph(ctx: GraphContext, graph: Any, bindings: Mapping[str, Any])
             else:
                 ctx.consts.pop(name, None)
                 ctx.values[name] = value
-        for node in graph.node:
-            _convert_node(ctx, node, ctx.opsets)
+        convert_nodes(ctx, graph.node, [vo.name for vo in graph.output], inline)
         outs: list[Any] = []
         for vo in graph.output:
             if vo.name in ctx.consts:

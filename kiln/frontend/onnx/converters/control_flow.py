@@ -6,8 +6,11 @@ executor otherwise (``kiln.runtime.control_flow``):
 * ``If`` with a condition known at import imports only the chosen branch. With a run-time
   condition, each branch becomes a graph function (``subgraph.import_function``) and the
   executor runs only the branch taken; outputs whose dims differ between the branches get
-  fresh dims bound when it runs. Outputs differing in rank or dtype are refused (a KilnError
-  naming the node: a value's rank and dtype are static in kiln).
+  fresh dims bound when it runs. Outputs differing in rank or dtype cannot be one function
+  (a value's rank and dtype are static in kiln): a KilnError names the node, or, where the
+  import may specialize, a ``BranchGuard`` stops it there (``kiln.frontend.onnx.specialize``
+  compiles the rest per condition value). A pinned condition (a specialization's import)
+  imports only its branch.
 * ``Loop`` and ``Scan`` with a trip count known at import whose unrolled graph would have at
   most ``UNROLL_LIMIT`` body nodes (iterations x body nodes; and a condition that stays
   known) are unrolled: the body is imported once per
@@ -30,9 +33,10 @@ import numpy as np
 
 from .... import graph as g
 from .... import op, tir
+from ....ir import KilnError
 from ....op.common import dims_equal
 from ....runtime import control_flow as rt_cf
-from ..importer import convert_subgraph
+from ..importer import branch_guard, convert_subgraph
 from ..registry import converter
 from ..subgraph import (
     HOST_VALUE_SINFO,
@@ -308,11 +312,14 @@ def _runtime_scan(ctx: Any, node: Any, states: list[Any], xs: list[Any], axes: l
 def if_(ctx: Any, node: Any) -> Any:
     then_b, else_b = node.attr("then_branch"), node.attr("else_branch")
     cond = node.const_value(0)
+    pinned = ctx.pinned_condition()
+    if pinned is not None:  # a specialization of the model for this condition
+        return convert_subgraph(ctx, then_b if pinned else else_b, {}, inline=True)
     if cond is not None:
         flat = np.asarray(cond).reshape(-1)
         if flat.size != 1:
             raise node.error(f"the condition must have one element, got shape {cond.shape}")
-        return convert_subgraph(ctx, then_b if bool(flat[0]) else else_b, {})
+        return convert_subgraph(ctx, then_b if bool(flat[0]) else else_b, {}, inline=True)
     c = node.input(0)
     shape = ctx.static_shape(c)
     if shape is None or int(np.prod(shape)) != 1:
@@ -330,10 +337,15 @@ def if_(ctx: Any, node: Any) -> Any:
     outputs = []
     for k, (a, b) in enumerate(zip(then_f.outputs, else_f.outputs)):
         if str(a.dtype) != str(b.dtype) or a.ndim != b.ndim:
-            raise node.error(
-                f"the condition is only known at run time and output {k} differs in rank or "
-                f"dtype between the branches ({a} vs {b}); a value's rank and dtype are static "
-                "in kiln, so what follows cannot be compiled for both")
+            message = (f"{node}: the condition is only known at run time and output {k} "
+                       f"differs in rank or dtype between the branches ({a} vs {b}); a value's "
+                       "rank and dtype are static in kiln, so what follows cannot be compiled "
+                       "for both")
+            if ctx.resumable():  # compile_onnx specializes the rest of the model on c
+                raise branch_guard(ctx, str(node), message, c)
+            raise KilnError(message + (" (kiln.frontend.onnx.compile_onnx specializes the "
+                                       "model on the condition where the If is not inside a "
+                                       "loop body or a run-time branch)"))
         dims = (None if a.shape is None or b.shape is None
                 else result_dims([a.shape, b.shape], known, f"{base}_out{k}"))
         outputs.append((dims, str(a.dtype), a.ndim))
