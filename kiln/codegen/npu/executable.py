@@ -27,10 +27,12 @@ __all__ = ["CpuStep", "NPUExecutable", "NpuStep"]
 
 @dataclass
 class NpuStep:
-    """An NPU region: its program and the kernels in it (labels, tilings, estimates)."""
+    """An NPU region: its program and the kernels in it (labels, tilings, estimates), and the
+    region function it was compiled from."""
 
     program: Program
     kernels: list[KernelInfo]
+    region: str = ""
 
 
 @dataclass

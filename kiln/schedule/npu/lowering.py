@@ -26,7 +26,7 @@ from ...target.npu.config import NPUConfig
 from .emit import DRAM_ALIGN, DramTensor, KernelBuilder, itemsize
 
 __all__ = ["LoweringContext", "LoweringFn", "NotSupported", "lookup_lowering",
-           "lowered_ops", "register_lowering"]
+           "lowered_ops", "lowering_rejection", "register_lowering"]
 
 
 class NotSupported(KilnError):
@@ -97,3 +97,23 @@ class LoweringContext:
         """Start the kernels of the next NPU region (after a CPU op); returns the old one."""
         old, self.kb = self.kb, KernelBuilder(self.config, self.double_buffer)
         return old
+
+
+def lowering_rejection(config: NPUConfig, call: Any, args: list[Any],
+                       out: tuple[tuple[int, ...], str], double_buffer: bool = True
+                       ) -> str | None:
+    """Why the NPU cannot run op ``call`` (None: it can): its registered lowering is run into a
+    scratch :class:`LoweringContext` -- the very check the build applies, not a second list of
+    rules. ``args`` are the operands as a lowering gets them (a :class:`DramTensor` for a
+    run-time tensor, whatever its address; a numpy array for a constant), ``out`` the result's
+    static shape and dtype. What the probe emits is thrown away."""
+    lower = lookup_lowering(call.op.name)
+    if lower is None:
+        return "no NPU lowering"
+    ctx = LoweringContext(config, double_buffer)
+    operands = [ctx.alloc(a.shape, a.dtype) if isinstance(a, DramTensor) else a for a in args]
+    try:
+        lower(ctx, call, operands, ctx.alloc(*out))
+    except NotSupported as err:
+        return str(err)
+    return None
