@@ -29,7 +29,7 @@ from . import __version__, progress
 from .build import build, check_buildable, default_pipeline, npu_pipeline, schedule_prim_func
 from .codegen import c as codegen_c
 from .codegen.gpu.build import generate_source as generate_gpu_source
-from .codegen.npu import build_npu
+from .codegen.npu import build_npu, npu_config_of
 from .frontend.onnx import from_onnx
 from .frontend.onnx.importer import load_model
 from .frontend.torch import from_pt2
@@ -42,17 +42,19 @@ from .testing import models
 from .tir.function import PrimFunc
 from .tir.transform import lower
 from .transform import PassContext
+from .transform.npu import partition_for_npu
 from .tune.database import TuningDatabase
 from .tune.ray_runner import RayMeasurer
 from .tune.report import parse_duration, progress_line, report, summary
 from .tune.tasks import extract_tasks
 from .tune.tuner import Tuner
 
-STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c", "cuda", "opencl", "npu",
-          "asm")
-#: The stages of an NPU target: the NPU lowers graph ops (no TIR), its kernels and tilings
-#: (``npu``) and its assembly (``asm``).
-NPU_STAGES = ("graph", "optimized", "npu", "asm")
+STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c", "cuda", "opencl",
+          "partition", "npu", "asm")
+#: The stages of an NPU target: the NPU lowers graph ops (no TIR), the module partitioned into
+#: NPU region functions (``partition``: with each tensor's memory scope), its kernels and
+#: tilings (``npu``) and its assembly (``asm``).
+NPU_STAGES = ("graph", "optimized", "partition", "npu", "asm")
 OPT_LEVELS = (0, 1, 2, 3)
 
 EXAMPLES = """\
@@ -220,7 +222,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     if target.kind == "npu":
         return _show_npu(mod, target, args)
-    if args.stage in ("npu", "asm"):
+    if args.stage in ("partition", "npu", "asm"):
         raise UsageError(f"--stage {args.stage} is for --target npu")
     with PassContext(opt_level=args.opt_level):
         mod = default_pipeline(target=target)(mod)
@@ -261,6 +263,10 @@ def _show_npu(mod: Any, target: Target, args: argparse.Namespace) -> int:
         mod = npu_pipeline()(mod)
     if args.stage == "optimized":
         print(mod)
+        return 0
+    mod = partition_for_npu(npu_config_of(target))(mod)
+    if args.stage == "partition":
+        print(mod.script())
         return 0
     exe = build_npu(mod, target)
     if args.stage == "npu":

@@ -41,6 +41,12 @@ def _mem_name(mem: int) -> str:
     return f"l0.{name}" if name in L0_NAMES else name
 
 
+def _ordered(mems: set[str]) -> str:
+    """Memory names from DRAM down to L0 (the hierarchy's order), comma separated."""
+    order = [_mem_name(i) for i in range(len(MEMORY_NAMES))]
+    return ", ".join(sorted(mems, key=order.index))
+
+
 def _extent(shape: Any, blk: Block) -> int:
     """Bytes from a block's first element to just past its last."""
     span = sum((int(n) - 1) * abs(int(s)) for n, s in zip(shape, blk.strides))
@@ -106,13 +112,13 @@ def memory_scopes(config: NPUConfig, func: g.Function, double_buffer: bool = Tru
     for v in variables:
         n = v.name_hint
         if n in res.on_chip:
-            home = ", ".join(sorted(stored.get(res.on_chip[n], ()))) or "on chip"
+            home = _ordered(stored.get(res.on_chip[n], set())) or "on chip"
             scopes[n] = f"{home} (fused, never in DRAM)"
             continue
         if not isinstance(res.env.get(id(v)), DramTensor):
             continue
-        src = ", ".join(sorted(stored.get(n, ())))
-        dst = ", ".join(sorted(loaded.get(n, ())))
+        src = _ordered(stored.get(n, set()))
+        dst = _ordered(loaded.get(n, set()))
         scopes[n] = (f"{src} -> " if src else "") + "dram" + (f" -> {dst}" if dst else "")
     return scopes
 
