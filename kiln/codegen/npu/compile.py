@@ -15,7 +15,8 @@ the pipeline did not). ``main`` is then walked in order:
   naming every such op and the reason AnnotateTarget recorded;
 - views (reshape, squeeze, expand_dims) are aliases of their operand's DRAM, no kernel.
 
-Every tensor gets its own DRAM range (no reuse yet: the follow-up issue's memory planning).
+The lowerings give every tensor its own DRAM range; :func:`.dram_plan.plan_dram` then lets
+tensors that are never live together share bytes (``reuse_dram=True``, the default).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from ...transform.npu import (
 )
 from ...transform.npu.common import main_bindings, main_function
 from ..executable import build_executable
+from .dram_plan import plan_dram
 from .executable import CpuStep, NPUExecutable, NpuStep
 
 __all__ = ["NPUUnsupportedError", "VIEW_OPS", "build_npu", "is_partitioned", "npu_config_of"]
@@ -132,10 +134,12 @@ def _strict_errors(main: g.Function) -> list[str]:
 
 
 def build_npu(mod: IRModule, target: Target, strict: bool = False,
-              double_buffer: bool = True, fuse: bool = True) -> NPUExecutable:
+              double_buffer: bool = True, fuse: bool = True, reuse_dram: bool = True
+              ) -> NPUExecutable:
     """Compile graph function ``main`` of ``mod`` (not legalized; partitioned for ``target``'s
     hardware description, else partitioned here) for ``target``'s NPU (``fuse``: chains of
-    element-wise ops become one kernel each)."""
+    element-wise ops become one kernel each; ``reuse_dram``: tensors never live together share
+    DRAM, :mod:`.dram_plan`)."""
     cfg = npu_config_of(target)
     main_function(mod, "the NPU build")
     if not is_partitioned(mod):
@@ -185,5 +189,15 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
     result = main.body.body
     outs = list(result.fields) if isinstance(result, g.Tuple) else [result]
     out_tensors = [ctx.tensor(_operand(env, o)) for o in outs]
-    return NPUExecutable(cfg, inputs, out_tensors, isinstance(result, g.Tuple), steps,
-                         ctx.constants, ctx.top, double_buffer)
+    constants, dram_bytes = ctx.constants, ctx.top
+    if reuse_dram:
+        relocate, plan = plan_dram(steps, inputs, out_tensors, ctx.constants,
+                                   ctx.allocations, ctx.top)
+        inputs = [(n, relocate(t)) for n, t in inputs]
+        out_tensors = [relocate(t) for t in out_tensors]
+        constants = [(relocate(t), a) for t, a in ctx.constants]
+        dram_bytes = plan.dram_bytes
+    exe = NPUExecutable(cfg, inputs, out_tensors, isinstance(result, g.Tuple), steps,
+                        constants, dram_bytes, double_buffer)
+    exe.unshared_dram_bytes = ctx.top
+    return exe

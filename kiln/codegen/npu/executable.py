@@ -89,6 +89,8 @@ class NPUExecutable:
         self.double_buffer = double_buffer
         self.constants = constants
         self.dram_bytes = dram_bytes
+        #: The DRAM the model would take with a range per tensor (no reuse; see dram_plan).
+        self.unshared_dram_bytes = dram_bytes
         self.machine = Machine(config, dram_bytes)
         for t, arr in constants:
             self.machine.write(t.addr, arr)
@@ -112,7 +114,8 @@ class NPUExecutable:
     def describe(self) -> str:
         """Each kernel with the tiling chosen for it (what ``kiln show`` prints)."""
         lines = [f"NPU executable for {self.config.name!r}: {len(self.kernels)} kernel(s), "
-                 f"CPU ops: {', '.join(self.cpu_ops) or 'none'}"]
+                 f"CPU ops: {', '.join(self.cpu_ops) or 'none'}; DRAM "
+                 f"{self.dram_bytes:,} bytes ({self.unshared_dram_bytes:,} without reuse)"]
         lines += [f"  {k.label:28s} {k.tiling}" for k in self.kernels]
         return "\n".join(lines)
 
@@ -163,6 +166,7 @@ class NPUExecutable:
             "inputs": [[n, _tensor_json(t)] for n, t in self.inputs],
             "outputs": [_tensor_json(t) for t in self.outputs],
             "tuple_output": self.tuple_output, "dram_bytes": self.dram_bytes,
+            "unshared_dram_bytes": self.unshared_dram_bytes,
             "double_buffer": self.double_buffer, "steps": steps,
             "constants": [_tensor_json(t) for t, _ in self.constants],
         }
@@ -223,10 +227,12 @@ def load_npu(sections: Any, path: str) -> NPUExecutable:
             constants.append((t, arr))
         if offset != len(blob):
             raise ValueError(f"the constants take {offset} bytes, the section has {len(blob)}")
-        return NPUExecutable(config, [(str(n), _tensor(t)) for n, t in header["inputs"]],
-                             [_tensor(t) for t in header["outputs"]],
-                             bool(header["tuple_output"]), steps, constants,
-                             int(header["dram_bytes"]), bool(header["double_buffer"]))
+        exe = NPUExecutable(config, [(str(n), _tensor(t)) for n, t in header["inputs"]],
+                            [_tensor(t) for t in header["outputs"]],
+                            bool(header["tuple_output"]), steps, constants,
+                            int(header["dram_bytes"]), bool(header["double_buffer"]))
+        exe.unshared_dram_bytes = int(header["unshared_dram_bytes"])
+        return exe
     except (ModelFormatError, TargetError):  # a damaged CPU step, code for another CPU
         raise
     except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError, ConfigError,

@@ -70,6 +70,8 @@ class LoweringContext:
         self.kb = KernelBuilder(config, double_buffer)
         self.top = DRAM_ALIGN
         self.constants: list[tuple[DramTensor, np.ndarray]] = []
+        #: Every DRAM range handed out, in order (what a DRAM plan may relocate).
+        self.allocations: list[DramTensor] = []
         self.zero = DramTensor(0, (DRAM_ALIGN // 8,), "int64")
         self._kernel_count = 0
 
@@ -77,6 +79,7 @@ class LoweringContext:
         t = DramTensor(self.top, tuple(int(s) for s in shape), dtype)
         nbytes = int(np.prod(t.shape, dtype=np.int64)) * itemsize(dtype)
         self.top += max(DRAM_ALIGN, -(-nbytes // DRAM_ALIGN) * DRAM_ALIGN)
+        self.allocations.append(t)
         return t
 
     def constant(self, value: np.ndarray, dtype: str | None = None) -> DramTensor:
