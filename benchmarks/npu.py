@@ -12,7 +12,8 @@ prints the simulated cycles, the roofline bound (max of the tensor unit's cycles
 cycles of the layer's minimum traffic, both from the description: ``gemm_roofline``),
 utilization = bound / cycles, and the cycles without double buffering with the speed-up
 (off / on). Per model: total cycles (all kernels, vector ones included), the sum of the bounds,
-DRAM traffic, the simulation's wall time, and the ops left on the CPU. Outputs are checked
+DRAM traffic, the simulation's wall time, the ops left on the CPU, and the DRAM footprint
+with liveness-based reuse against a range per tensor. Outputs are checked
 against the float32 reference (torch for ResNet-18 and MobileNetV2, numpy for the others).
 """
 
@@ -95,6 +96,9 @@ def bench(name: str, hw: str, size: int) -> None:
           f"{rep_off.cycles:.0f} cycles ({rep_off.cycles / rep_on.cycles:.2f}x); DRAM read "
           f"{rep_on.dram_read / 1e6:.1f} MB, written {rep_on.dram_written / 1e6:.1f} MB; "
           f"simulated in {wall:.1f} s")
+    print(f"{name}: DRAM footprint {on.dram_bytes / 1e6:.2f} MB with liveness-based reuse, "
+          f"{on.unshared_dram_bytes / 1e6:.2f} MB with a range per tensor "
+          f"({on.unshared_dram_bytes / on.dram_bytes:.2f}x)")
 
 
 def main(argv: list[str] | None = None) -> int:
