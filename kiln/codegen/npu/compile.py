@@ -33,6 +33,7 @@ from ...schedule.npu.region import (
     VIEW_OPS,
     is_view,
     lower_region,
+    operand_value,
     region_outputs,
     static_tensor,
 )
@@ -79,11 +80,10 @@ def _tensor(var: Any) -> tuple[tuple[int, ...], str]:
 
 
 def _operand(env: dict[int, Any], arg: Any) -> Any:
-    if isinstance(arg, g.Constant):
-        return np.asarray(arg.data)
-    if isinstance(arg, g.Var) and id(arg) in env:
-        return env[id(arg)]
-    raise NPUUnsupportedError(f"operand {type(arg).__name__} is not a tensor")
+    try:
+        return operand_value(env, arg)
+    except NotSupported as err:
+        raise NPUUnsupportedError(str(err)) from None
 
 
 def _cpu_step(ctx: LoweringContext, call: g.Call, args: list[Any], out: DramTensor

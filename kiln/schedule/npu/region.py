@@ -26,7 +26,7 @@ from .lowering import LoweringContext, NotSupported, lookup_lowering
 from .ops import ELEMENTWISE_OPS, lower_elementwise_chain, product_operand_dtype
 
 __all__ = ["VIEW_OPS", "RegionLowering", "binding_uses", "is_view", "lower_region",
-           "region_outputs", "static_tensor"]
+           "operand_value", "region_outputs", "static_tensor"]
 
 #: Ops that are aliases of their operand's DRAM (same bytes, another shape).
 VIEW_OPS = ("reshape", "squeeze", "expand_dims")
@@ -85,7 +85,9 @@ class RegionLowering:
     on_chip: dict[str, str] = field(default_factory=dict)
 
 
-def _operand(env: dict[int, Any], arg: Any) -> Any:
+def operand_value(env: dict[int, Any], arg: Any) -> Any:
+    """A call operand as a lowering takes it: a constant as a numpy array, a variable as what
+    ``env`` holds for it (by ``id``); NotSupported for anything else."""
     if isinstance(arg, g.Constant):
         return np.asarray(arg.data)
     if isinstance(arg, g.Var) and id(arg) in env:
@@ -131,7 +133,7 @@ def _fused(ctx: LoweringContext, res: RegionLowering, chain: list[Any], cast: st
     steps = []
     prev = None
     for b in chain:
-        args = [None if a is prev else _operand(res.env, a) for a in b.value.args]
+        args = [None if a is prev else operand_value(res.env, a) for a in b.value.args]
         running = next((k for k, a in enumerate(b.value.args) if a is prev), None)
         steps.append((b.value, args, running))
         prev = b.var
@@ -156,7 +158,7 @@ def _lower_binding(ctx: LoweringContext, res: RegionLowering, var: Any, value: A
         raise NotSupported(f"{var.name_hint}: {type(value).__name__} bindings are not "
                            "supported on the NPU")
     shape, dtype = static_tensor(var)
-    args = [_operand(res.env, a) for a in value.args]
+    args = [operand_value(res.env, a) for a in value.args]
     if is_view(value) and isinstance(args[0], DramTensor):
         res.env[id(var)] = DramTensor(args[0].addr, shape, dtype)
         return
@@ -198,4 +200,4 @@ def region_outputs(func: g.Function, res: RegionLowering, ctx: LoweringContext
     """The DRAM tensors of ``func``'s result (a constant result is uploaded)."""
     body = func.body.body
     outs = list(body.fields) if isinstance(body, g.Tuple) else [body]
-    return [ctx.tensor(_operand(res.env, o)) for o in outs]
+    return [ctx.tensor(operand_value(res.env, o)) for o in outs]
