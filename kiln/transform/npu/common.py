@@ -18,11 +18,13 @@ AnnotateMemoryScope ``"npu.memory_scope"``.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ... import graph as g
 from ...ir.errors import KilnError
 from ...ir.module import IRModule
+from ...ir.node import Node
 
 __all__ = ["CODEGEN", "HW_ATTR", "MEMORY_SCOPE_ATTR", "REGION_ATTR", "TARGET_ATTR", "free_vars",
            "main_bindings", "main_function", "npu_functions", "substitute",
@@ -50,25 +52,28 @@ def main_bindings(main: g.Function) -> list[g.Binding]:
 
 
 def free_vars(expr: Any) -> list[g.Var]:
-    """The variables an A-normal-form binding value reads, in order (each once)."""
+    """The variables a binding value reads, in order (each once): an A-normal-form value's
+    operands, and every variable used inside a nested expression (an ``If``'s branches), so
+    that reordering bindings never moves a definition past a use."""
     out: dict[int, g.Var] = {}
 
     def visit(e: Any) -> None:
         if isinstance(e, g.Var):
             out.setdefault(id(e), e)
-        elif isinstance(e, g.Call):
-            for a in e.args:
-                visit(a)
-        elif isinstance(e, g.Tuple):
-            for f in e.fields:
-                visit(f)
-        elif isinstance(e, g.TupleGetItem):
-            visit(e.tuple_value)
-        elif isinstance(e, g.If):
-            visit(e.cond)
+        elif isinstance(e, tuple | list):
+            for x in e:
+                visit(x)
+        elif isinstance(e, Node) and not isinstance(e, g.Constant | g.Op | g.GlobalVar):
+            for f in dataclasses.fields(e):
+                if f.name not in _NOT_OPERANDS:
+                    visit(getattr(e, f.name))
 
     visit(expr)
     return list(out.values())
+
+
+#: Node fields that hold no operand (types, source locations, op attributes).
+_NOT_OPERANDS = ("struct_info", "sinfo_args", "span", "attrs", "ret_struct_info")
 
 
 def substitute(expr: Any, vmap: dict[int, g.Var]) -> Any:
