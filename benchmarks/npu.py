@@ -13,7 +13,8 @@ prints the simulated cycles, the roofline bound (max of the tensor unit's cycles
 cycles of the layer's minimum traffic, both from the description: ``gemm_roofline``),
 utilization = bound / cycles, and the cycles without double buffering with the speed-up
 (off / on). Per model: total cycles (all kernels, vector ones included), the sum of the bounds,
-DRAM traffic, the simulation's wall time, and the ops left on the CPU. Outputs are checked
+DRAM traffic, the simulation's wall time, the ops left on the CPU, and the DRAM footprint
+with liveness-based reuse against a range per tensor. Outputs are checked
 against the float32 reference (torch for ResNet-18, MobileNetV2 and the encoder, numpy for the
 others). The encoder has BERT-base's layer shapes (hidden 768, 12 heads, FFN 3072; ``--layers``
 of them, default 2: every layer is the same kernels) with its embedding gather and the mask's
@@ -132,6 +133,9 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2) -> Non
           f"{bound / cyc_on:.1%}; GEMM/conv layers {g_bound / g_cyc:.1%}; without double "
           f"buffering {cyc_off_total:.0f} cycles ({cyc_off_total / cyc_on:.2f}x); DRAM read "
           f"{read / 1e6:.1f} MB, written {written / 1e6:.1f} MB; simulated in {wall:.1f} s")
+    print(f"{name}: DRAM footprint {on.dram_bytes / 1e6:.2f} MB with liveness-based reuse, "
+          f"{on.unshared_dram_bytes / 1e6:.2f} MB with a range per tensor "
+          f"({on.unshared_dram_bytes / on.dram_bytes:.2f}x)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ from . import build_cache, progress
 from . import graph as g
 from . import transform as _transform  # noqa: F401 - declares every pass (get_pass by name)
 from .codegen.executable import build_executable
-from .codegen.npu import NPUExecutable, build_npu
+from .codegen.npu import NPUExecutable, build_npu, npu_config_of
 from .ir.errors import KilnError, TargetError
 from .ir.fingerprint import NotFingerprintable
 from .ir.module import IRModule
@@ -41,6 +41,7 @@ from .transform.bind_params import BindParams, bind_params  # noqa: F401 - re-ex
 from .transform.fuse_ops import FuseOps
 from .transform.fuse_tir import FuseTIR
 from .transform.legalize_ops import LegalizeOps
+from .transform.npu import partition_for_npu
 from .transform.pass_infra import Pass, PassContext, Sequential, get_pass, list_passes
 from .transform.split_args import SplitArgs, max_kernel_args
 from .tune.database import TuningDatabase, open_database
@@ -180,12 +181,18 @@ def _cache_key(mod: Any, target: Target | str | None, params: Mapping[str, Any] 
         return None  # a bad target or params: the build reports it
 
 
-def npu_pipeline(opt_level: int | None = None) -> Sequential:
+def npu_pipeline(opt_level: int | None = None, target: Target | str | None = None
+                 ) -> Sequential:
     """The graph passes before NPU lowering: inference simplification and graph cleanup (the
-    NPU lowers graph ops, not legalized PrimFuncs; no CPU layout choices)."""
+    NPU lowers graph ops, not legalized PrimFuncs; no CPU layout choices), then -- given the
+    NPU ``target`` -- the partitioning passes for its hardware description (AnnotateTarget,
+    MergeCompilerRegions, PartitionGraph, AnnotateMemoryScope: :mod:`kiln.transform.npu`)."""
     level = PassContext.current().opt_level if opt_level is None else opt_level
     names = (INFERENCE_PASSES if level >= 2 else ()) + (SIMPLIFY_PASSES if level >= 1 else ())
-    return Sequential(_declared(names), name=f"kiln.build.npu.opt{level}")
+    passes = _declared(names)
+    if target is not None:
+        passes.append(partition_for_npu(npu_config_of(Target.create(target))))
+    return Sequential(passes, name=f"kiln.build.npu.opt{level}")
 
 
 def _build(mod: IRModule, target: Target | str | None, params: Mapping[str, Any] | None,
@@ -209,7 +216,7 @@ def _build(mod: IRModule, target: Target | str | None, params: Mapping[str, Any]
         raise KilnError(f"kiln.build: tuning_db= applies to the CPU target ('c') only, not "
                         f"{tgt.kind!r}")
     if tgt.kind == "npu":
-        return build_npu((pipeline or npu_pipeline())(mod), tgt, strict=strict)
+        return build_npu((pipeline or npu_pipeline(target=tgt))(mod), tgt, strict=strict)
     if strict:
         raise KilnError("kiln.build: strict= applies to NPU targets only")
     mod = lower_graph(mod, tgt, pipeline)

@@ -29,7 +29,7 @@ from . import __version__, progress
 from .build import build, check_buildable, default_pipeline, npu_pipeline, schedule_prim_func
 from .codegen import c as codegen_c
 from .codegen.gpu.build import generate_source as generate_gpu_source
-from .codegen.npu import build_npu
+from .codegen.npu import NPUExecutable, build_npu, npu_config_of
 from .frontend.onnx import from_onnx
 from .frontend.onnx.importer import load_model
 from .frontend.torch import from_pt2
@@ -42,17 +42,19 @@ from .testing import models
 from .tir.function import PrimFunc
 from .tir.transform import lower
 from .transform import PassContext
+from .transform.npu import partition_for_npu
 from .tune.database import TuningDatabase
 from .tune.ray_runner import RayMeasurer
 from .tune.report import parse_duration, progress_line, report, summary
 from .tune.tasks import extract_tasks
 from .tune.tuner import Tuner
 
-STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c", "cuda", "opencl", "npu",
-          "asm")
-#: The stages of an NPU target: the NPU lowers graph ops (no TIR), its kernels and tilings
-#: (``npu``) and its assembly (``asm``).
-NPU_STAGES = ("graph", "optimized", "npu", "asm")
+STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c", "cuda", "opencl",
+          "partition", "npu", "asm")
+#: The stages of an NPU target: the NPU lowers graph ops (no TIR), the module partitioned into
+#: NPU region functions (``partition``: with each tensor's memory scope), its kernels and
+#: tilings (``npu``) and its assembly (``asm``).
+NPU_STAGES = ("graph", "optimized", "partition", "npu", "asm")
 OPT_LEVELS = (0, 1, 2, 3)
 
 EXAMPLES = """\
@@ -220,7 +222,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     if target.kind == "npu":
         return _show_npu(mod, target, args)
-    if args.stage in ("npu", "asm"):
+    if args.stage in ("partition", "npu", "asm"):
         raise UsageError(f"--stage {args.stage} is for --target npu")
     with PassContext(opt_level=args.opt_level):
         mod = default_pipeline(target=target)(mod)
@@ -262,6 +264,10 @@ def _show_npu(mod: Any, target: Target, args: argparse.Namespace) -> int:
     if args.stage == "optimized":
         print(mod)
         return 0
+    mod = partition_for_npu(npu_config_of(target))(mod)
+    if args.stage == "partition":
+        print(mod.script())
+        return 0
     exe = build_npu(mod, target)
     if args.stage == "npu":
         print(exe.describe())
@@ -292,6 +298,12 @@ def _describe(infos: Sequence[Any]) -> str:
 def cmd_inspect(args: argparse.Namespace) -> int:
     exe = _load_executable(args.file)
     size = os.path.getsize(args.file)
+    if isinstance(exe, NPUExecutable):
+        print(f"{args.file}: {size / 1024:.0f} KiB, target {exe.target!r}")
+        print("inputs:  " + ", ".join(f"{n}: {t.dtype}{list(t.shape)}" for n, t in exe.inputs))
+        print("outputs: " + ", ".join(f"{t.dtype}{list(t.shape)}" for t in exe.outputs))
+        print(exe.describe())
+        return 0
     print(f"{args.file}: {size / 1024:.0f} KiB, built by kiln {exe.kiln_version} for target "
           f"{exe.target!r} ({exe.machine})")
     print(f"needs CPU features: {' '.join(sorted(exe.required_features)) or '(none recorded)'}")
@@ -379,14 +391,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
                                 base_dir=os.path.dirname(os.path.abspath(args.model)))
         t1 = time.perf_counter()
         stage.finish(f"{len(proto.graph.node)} nodes")
-    if target.kind == "npu":
-        raise UsageError("--target npu: NPU executables cannot be saved to a file yet; "
-                         "`kiln show MODEL --target npu --stage npu` prints the kernels and "
-                         "tilings, `--stage asm` the program")
     with PassContext(opt_level=args.opt_level):
         exe = build(mod, target=target, params=params, tuning_db=args.tuning_db)
     t2 = time.perf_counter()
     exe.save(out)
+    if isinstance(exe, NPUExecutable):
+        print(f"imported {args.model} in {t1 - t0:.2f} s, compiled {len(exe.kernels)} NPU "
+              f"kernels for target {exe.target!r} (CPU ops: {', '.join(exe.cpu_ops) or 'none'})"
+              f" in {t2 - t1:.2f} s -> {out}")
+        return 0
     print(f"imported {args.model} in {t1 - t0:.2f} s, compiled {exe.num_kernels} kernels for "
           f"target {exe.target!r} in {t2 - t1:.2f} s -> {out}")
     print(f"inputs:  {_describe(exe.inputs)}")
@@ -429,10 +442,8 @@ def _symbolic_names(plan: Any) -> list[str]:
     return list(names)
 
 
-def _parse_feeds(args: argparse.Namespace, plan: Any) -> dict[str, np.ndarray]:
-    """Feeds from positional .npy files (in input order) and ``--input NAME=FILE``; random
-    arrays for the rest, with symbolic dims from ``--dim NAME=N`` (default 1)."""
-    names = plan.input_names
+def _file_feeds(args: argparse.Namespace, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Feeds from positional .npy files (in input order) and ``--input NAME=FILE``."""
     if len(args.inputs) > len(names):
         raise UsageError(f"{len(args.inputs)} input files given, but the model has "
                          f"{len(names)} input(s): {', '.join(names) or 'none'}")
@@ -445,6 +456,22 @@ def _parse_feeds(args: argparse.Namespace, plan: Any) -> dict[str, np.ndarray]:
         if name in feeds:
             raise UsageError(f"input {name!r} given twice")
         feeds[name] = _read_npy(path, name)
+    return feeds
+
+
+def _random_input(rng: np.random.Generator, shape: Sequence[int], dt: np.dtype) -> np.ndarray:
+    if dt.kind == "f":
+        return rng.standard_normal(shape).astype(dt)
+    if dt.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    return rng.integers(0, 10, size=shape).astype(dt)
+
+
+def _parse_feeds(args: argparse.Namespace, plan: Any) -> dict[str, np.ndarray]:
+    """Feeds from positional .npy files (in input order) and ``--input NAME=FILE``; random
+    arrays for the rest, with symbolic dims from ``--dim NAME=N`` (default 1)."""
+    names = plan.input_names
+    feeds = _file_feeds(args, names)
     symbolic = _symbolic_names(plan)
     dims: dict[str, int] = {}
     for spec in args.dim:
@@ -465,12 +492,7 @@ def _parse_feeds(args: argparse.Namespace, plan: Any) -> dict[str, np.ndarray]:
         for code in spec.shape:
             shape.append(shape_expr.evaluate(code, {**dict.fromkeys(unbound, 1), **dims}))
         dt = spec.dtype.to_numpy()
-        if dt.kind == "f":
-            arr = rng.standard_normal(shape).astype(dt)
-        elif dt.kind == "b":
-            arr = rng.integers(0, 2, size=shape).astype(bool)
-        else:
-            arr = rng.integers(0, 10, size=shape).astype(dt)
+        arr = _random_input(rng, shape, dt)
         note = (f" (symbolic {', '.join(unbound)} = 1; set with --dim)"
                 if unbound and any(isinstance(c, list) for c in spec.shape) else "")
         print(f"input {name}: random {dt} {tuple(shape)}{note}")
@@ -512,6 +534,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     stage = progress.Stage(f"loading {args.file}")
     exe = _load_executable(args.file)
     stage.finish()
+    if isinstance(exe, NPUExecutable):
+        return _run_npu(exe, args)
     plan = exe.plans[exe.main_name]
     paths = _output_paths(args.output, plan.output_names)
     if args.threads:
@@ -548,6 +572,39 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(prof)
         if args.trace:
             print(f"trace of {prof.runs} runs -> {args.trace}")
+    return 0
+
+
+def _run_npu(exe: NPUExecutable, args: argparse.Namespace) -> int:
+    """``kiln run`` of an NPU executable: one simulated run (static shapes: no ``--dim``)."""
+    if args.dim or args.profile or args.trace or args.threads:
+        raise UsageError("an NPU executable runs on the simulator: --dim, --profile, --trace "
+                         "and --threads do not apply")
+    names = [n for n, _ in exe.inputs]
+    feeds = _file_feeds(args, names)
+    rng = np.random.default_rng(args.seed)
+    for name, t in exe.inputs:
+        if name not in feeds:
+            feeds[name] = _random_input(rng, t.shape, np.dtype(t.dtype))
+            print(f"input {name}: random {t.dtype} {t.shape}")
+    try:
+        outs = exe(*(feeds[n] for n in names))
+    except ArgumentError as err:
+        raise UsageError(str(err)) from err
+    outs = list(outs) if exe.tuple_output else [outs]
+    out_names = [f"output{i}" for i in range(len(outs))] if len(outs) > 1 else ["output"]
+    for name, o, path in zip(out_names, outs, _output_paths(args.output, out_names)):
+        line = f"output {name}: shape {o.shape} dtype {o.dtype}"
+        if path is not None:
+            if args.output and not args.output.endswith(".npy"):
+                os.makedirs(args.output, exist_ok=True)
+            np.save(path, o)
+            line += f" -> {path}"
+        print(line)
+        if args.print_values:
+            print(o)
+    print(f"simulated: {exe.last_cycles:,.0f} NPU cycles on {exe.config.name!r}; CPU ops: "
+          f"{', '.join(exe.cpu_ops) or 'none'}")
     return 0
 
 

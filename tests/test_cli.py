@@ -161,11 +161,16 @@ def test_compile_usage_errors_are_one_line(tmp_path):
     assert not (tmp_path / "no").exists()
 
 
-def test_compile_for_an_npu_is_refused(tmp_path):
-    """NPU executables run in the simulator and have no file format yet (kiln show works)."""
+def test_compile_for_an_npu_needs_static_shapes_then_saves(tmp_path):
+    """The NPU lays DRAM out at compile time: a symbolic batch is a one-line error, and with
+    --shape the executable is saved, inspected and run on the simulator."""
     assert_one_line_error(kiln_cmd("compile", DEMO_ONNX, "--target", "npu", "-o",
-                                   tmp_path / "m.kiln"), 2,
-                          "NPU executables cannot be saved to a file yet")
+                                   tmp_path / "m.kiln"), 1, "static shape")
+    code, stdout, _ = kiln_cmd("compile", DEMO_ONNX, "--target", "npu -hw=edge", "--shape",
+                               "image=2,3,32,32", "-o", tmp_path / "m.kiln", check_rc=0)
+    assert "NPU kernels for target 'npu -hw=edge'" in stdout
+    code, stdout, _ = kiln_cmd("run", tmp_path / "m.kiln", check_rc=0)
+    assert "input image: random float32 (2, 3, 32, 32)" in stdout and "NPU cycles" in stdout
 
 
 def test_compile_verbose_progress_and_target(tmp_path):

@@ -512,6 +512,18 @@ def _library_file(lib: bytes, path: str) -> tuple[str, Any]:
     return handle.name, handle
 
 
+#: Loaders of the executables other code generators save in the same container (the NPU's):
+#: ``(is_mine(sections), load(sections, path))``, tried in order before the CPU/GPU formats.
+_LOADERS: list[tuple[Any, Any]] = []
+
+
+def register_loader(is_mine: Any, load_fn: Any) -> None:
+    """Teach :func:`load` another kind of executable file: ``is_mine(sections)`` says whether
+    a file's sections are of that kind, ``load_fn(sections, path)`` loads it (a code
+    generator registers its own, so the runtime need not import it)."""
+    _LOADERS.append((is_mine, load_fn))
+
+
 def _file_bytes(path: str, use_mmap: bool) -> Any:
     """The bytes of the file at ``path`` at a :data:`memory_plan.ALIGN`-byte address: a
     read-only private mapping of it (``use_mmap``, where the file can be mapped), else one
@@ -551,6 +563,9 @@ def load(path: str, mmap: bool = False) -> Executable:
         raise ModelFormatError(f"cannot read kiln executable {path}: "
                                f"{err.strerror or err}") from err
     sections = file_format.read(memoryview(data), path)
+    for is_mine, load_fn in _LOADERS:
+        if is_mine(sections):
+            return load_fn(sections, path)
     if gpu_serialize.is_gpu_file(sections):
         return _load_gpu(sections, path)
     missing = [n for n in CORE_SECTIONS if n not in sections]

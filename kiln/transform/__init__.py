@@ -31,6 +31,13 @@ from .instruments import (
 )
 from .legalize_ops import LegalizeOps
 from .normalize import InferStructInfo, Normalize
+from .npu import (
+    AnnotateMemoryScope,
+    AnnotateTarget,
+    MergeCompilerRegions,
+    PartitionGraph,
+    partition_for_npu,
+)
 from .pass_infra import (
     FunctionPass,
     ModulePass,

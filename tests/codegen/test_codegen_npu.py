@@ -2,15 +2,20 @@
 executable runs the simulator, reports cycles, and matches the numpy reference (float16
 products with float32 accumulation: rel. error <= 1e-2)."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln import cli
 from kiln.build import npu_pipeline
 from kiln.codegen.npu import NPUExecutable, build_npu
 from kiln.frontend.onnx import from_onnx
-from kiln.ir import ArgumentError, KilnError
+from kiln.ir import ArgumentError, KilnError, ModelFormatError
 from kiln.npu import SimulationError
 from kiln.testing import models, torch_models
 from kiln.transform.pass_infra import PassContext
@@ -108,7 +113,7 @@ def test_cli_show_prints_npu_tilings_and_assembly(capsys, tmp_path):
     out = capsys.readouterr().out
     assert ".core 0" in out and "mma.set" in out and "barrier" in out
     assert cli.main(["show", "demo:mlp", "--target", "npu", "--stage", "tir"]) != 0
-    assert "stages graph, optimized, npu, asm" in capsys.readouterr().err
+    assert "stages graph, optimized, partition, npu, asm" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("hw", HW)
@@ -185,3 +190,95 @@ def test_bert_encoder_on_npu(hw, tmp_path):
     exe = kiln.build(mod, target=f"npu -hw={hw}", params=params, strict=True)
     assert exe.cpu_ops == []
     assert _rel(exe(x, bias), ref) <= 1e-2
+
+
+def _onnx_cnn(path):
+    """A small ONNX model whose Sin has no NPU lowering: NPU, CPU and NPU steps."""
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.standard_normal((6, 3, 3, 3)).astype("float32"), "w")
+    fc = numpy_helper.from_array(rng.standard_normal((6 * 8 * 8, 5)).astype("float32"), "fc")
+    shape = numpy_helper.from_array(np.array([1, -1], dtype=np.int64), "shape")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Sin", ["r"], ["t"]),
+             helper.make_node("Reshape", ["t", "shape"], ["f"]),
+             helper.make_node("MatMul", ["f", "fc"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], [w, fc, shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path.write_bytes(model.SerializeToString())
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_npu_executable_saves_and_loads_in_a_fresh_process(hw, tmp_path, capsys):
+    """`kiln compile --target npu` writes the programs (binary encoding), DRAM layout,
+    constants and CPU steps; another process loads the file and gets the same outputs and
+    simulated cycles."""
+    _onnx_cnn(tmp_path / "m.onnx")
+    out = tmp_path / "m.kiln"
+    assert cli.main(["compile", str(tmp_path / "m.onnx"), "--target", f"npu -hw={hw}", "-o",
+                     str(out)]) == 0
+    assert "CPU ops: sin" in capsys.readouterr().out
+    mod, params = from_onnx(str(tmp_path / "m.onnx"))
+    exe = kiln.build(mod, target=f"npu -hw={hw}", params=params)
+    x = np.random.default_rng(4).standard_normal((1, 3, 8, 8)).astype("float32")
+    y = exe(x)
+    assert [type(s).__name__ for s in exe.steps] == ["NpuStep", "CpuStep", "NpuStep"]
+    np.save(tmp_path / "x.npy", x)
+    script = ("import sys, numpy as np, kiln\n"
+              "exe = kiln.load(sys.argv[1])\n"
+              "y = exe(np.load(sys.argv[2]))\n"
+              "np.save(sys.argv[3], y)\n"
+              "print(exe.last_cycles, exe.cpu_ops, exe.config.name)\n")
+    res = subprocess.run([sys.executable, "-c", script, str(out), str(tmp_path / "x.npy"),
+                          str(tmp_path / "y.npy")], capture_output=True, text=True,
+                         cwd=Path(kiln.__file__).parent.parent, timeout=300)
+    assert res.returncode == 0, res.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), y)
+    assert res.stdout.split() == [str(exe.last_cycles), "['sin']", hw]
+    ref = np.sin(np.maximum(_conv_nchw(x, params["w"]), 0)).reshape(1, -1) @ params["fc"]
+    assert _rel(y, ref) <= 1e-2
+    assert cli.main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"npu -hw={hw}" in text and "nn.conv2d" in text and "CPU ops: sin" in text
+    assert cli.main(["run", str(out), str(tmp_path / "x.npy"), "-o",
+                     str(tmp_path / "o.npy")]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), y)
+    assert "NPU cycles" in capsys.readouterr().out
+
+
+def _conv_nchw(x, w):
+    """A 3x3 stride-1 convolution with padding 1 (numpy, float64)."""
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    h, wd = x.shape[2:]
+    cols = np.stack([xp[:, :, a:a + h, b:b + wd] for a in range(3) for b in range(3)], axis=2)
+    return np.einsum("nctij,oct->noij", cols, w.reshape(w.shape[0], w.shape[1], 9))
+
+
+def test_damaged_npu_executable_is_refused(tmp_path):
+    exe = kiln.build(models.mlp(batch=2, sizes=(8, 4)).mod, target="npu")
+    path = tmp_path / "m.kiln"
+    exe.save(str(path))
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF  # inside the last section (the constants)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelFormatError, match="npu.constants"):
+        kiln.load(str(path))
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_dram_reuse_shrinks_the_footprint_and_changes_no_output(hw):
+    """Tensors never live together share DRAM: the residual block's skip tensor stays live
+    across the convolutions (its bytes are not reused), the outputs are bit-identical to the
+    build with a range per tensor, and the footprint shrinks."""
+    model = MODELS["resnet_block_cnn"]()
+    mod = npu_pipeline(target=f"npu -hw={hw}")(model.mod)
+    shared = build_npu(mod, kiln.Target("npu", hw=hw))
+    alone = build_npu(mod, kiln.Target("npu", hw=hw), reuse_dram=False)
+    assert alone.dram_bytes == alone.unshared_dram_bytes == shared.unshared_dram_bytes
+    assert shared.dram_bytes < 0.8 * alone.dram_bytes
+    np.testing.assert_array_equal(shared(*model.inputs), alone(*model.inputs))
+    assert _rel(shared(*model.inputs), model.reference(*model.inputs)) <= 1e-2
+    x = np.random.default_rng(5).standard_normal(model.inputs[0].shape).astype("float32")
+    np.testing.assert_array_equal(shared(x), alone(x))  # a second call: constants intact

@@ -462,10 +462,10 @@ def test_list_passes_lists_legalize_ops_and_every_kiln_pass():
     assert names["LegalizeOps"] == (0, "Lower every op call in every graph function to "
                                        "``call_tir``.")
     declared = []
-    for info in pkgutil.iter_modules(T.__path__):
-        if info.name == "pass_infra":  # the base classes, not passes
+    for info in pkgutil.walk_packages(T.__path__, prefix="kiln.transform."):  # npu/ too
+        if info.name == "kiln.transform.pass_infra":  # the base classes, not passes
             continue
-        module = importlib.import_module(f"kiln.transform.{info.name}")
+        module = importlib.import_module(info.name)
         for _, obj in inspect.getmembers(module):
             own = getattr(obj, "__module__", None) == module.__name__
             if isinstance(obj, type) and issubclass(obj, Pass) and own:

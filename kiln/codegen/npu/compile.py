@@ -1,46 +1,58 @@
-"""Graph -> NPU executable: partitioning, DRAM layout, kernels, CPU fallback.
+"""Graph -> NPU executable: the partitioned module's regions become NPU programs, the calls
+left in ``main`` CPU steps.
 
-The graph function ``main`` (after the graph simplification passes, before legalization) is
-walked in order. Each op call is *annotated* with its target: the NPU when a lowering is
-registered (:mod:`kiln.schedule.npu`) and accepts the call's attributes and dtypes, else the
-CPU. Neighbouring NPU calls form one *region* (one :class:`~kiln.npu.program.Program`, its
-kernels separated by barriers), so data crosses between the NPU and the CPU only at region
-boundaries; each CPU call becomes a one-op kiln executable for the C target, which reads its
-operands from the NPU's DRAM and writes its result back (the explicit copies of heterogeneous
-execution). ``strict=True`` refuses any CPU call with a :class:`NPUUnsupportedError` that names
-every op without an NPU lowering and the reason.
+The module is partitioned by the graph passes of :mod:`kiln.transform.npu` (AnnotateTarget,
+MergeCompilerRegions, PartitionGraph, AnnotateMemoryScope; :func:`build_npu` runs them when
+the pipeline did not). ``main`` is then walked in order:
 
-A chain of element-wise calls, each result used only by the next, becomes one vector kernel
-(the intermediate values stay on chip). Views (reshape, squeeze, expand_dims) are aliases of
-their operand's DRAM, no kernel. Every tensor gets its own DRAM range (no reuse yet: the
-follow-up issue's on-chip residency and memory planning).
+- a call of a region function (``"Codegen": "npu"``) is lowered into one
+  :class:`~kiln.npu.program.Program` (its kernels separated by barriers;
+  :func:`kiln.schedule.npu.region.lower_region`), its parameters bound to the DRAM tensors of
+  the call's operands;
+- any other op call becomes a one-op kiln executable for the C target, which reads its
+  operands from the NPU's DRAM and writes its result back (the explicit copies of
+  heterogeneous execution); ``strict=True`` refuses them with an :class:`NPUUnsupportedError`
+  naming every such op and the reason AnnotateTarget recorded;
+- views (reshape, squeeze, expand_dims) are aliases of their operand's DRAM, no kernel.
+
+The lowerings give every tensor its own DRAM range; :func:`.dram_plan.plan_dram` then lets
+tensors that are never live together share bytes (``reuse_dram=True``, the default).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ... import graph as g
-from ...ir.errors import KilnError
+from ...ir.errors import InternalError, KilnError
 from ...ir.module import IRModule
-from ...schedule.npu import DramTensor, LoweringContext, NotSupported, lookup_lowering
-from ...schedule.npu.ops import (
-    ELEMENTWISE_OPS,
-    lower_elementwise_chain,
-    product_operand_dtype,
+from ...schedule.npu import DramTensor, LoweringContext, NotSupported
+from ...schedule.npu.region import (
+    VIEW_OPS,
+    is_view,
+    lower_region,
+    operand_value,
+    region_outputs,
+    static_tensor,
 )
 from ...target import Target
 from ...target.npu import NPUConfig, load_config
 from ...transform.legalize_ops import LegalizeOps
+from ...transform.npu import (
+    CODEGEN,
+    HW_ATTR,
+    REGION_ATTR,
+    TARGET_ATTR,
+    partition_for_npu,
+)
+from ...transform.npu.common import main_bindings, main_function
 from ..executable import build_executable
+from .dram_plan import plan_dram
 from .executable import CpuStep, NPUExecutable, NpuStep
 
-__all__ = ["NPUUnsupportedError", "VIEW_OPS", "build_npu", "npu_config_of"]
-
-VIEW_OPS = ("reshape", "squeeze", "expand_dims")
+__all__ = ["NPUUnsupportedError", "VIEW_OPS", "build_npu", "is_partitioned", "npu_config_of"]
 
 
 class NPUUnsupportedError(KilnError):
@@ -53,53 +65,40 @@ def npu_config_of(target: Target) -> NPUConfig:
     return load_config(target.hw or "default")
 
 
-@dataclass
-class _Walk:
-    ctx: LoweringContext
-    env: dict[int, Any]
-    steps: list[Any]
-    unsupported: list[str]
-    strict: bool
+def is_partitioned(mod: IRModule) -> bool:
+    """Whether ``mod``'s ``main`` went through PartitionGraph (annotated, regions outlined)."""
+    main = mod["main"] if "main" in mod else None
+    return isinstance(main, g.Function) and TARGET_ATTR in main.attrs and \
+        REGION_ATTR not in main.attrs
 
 
-def _sinfo(var: Any) -> tuple[tuple[int, ...], str]:
-    si = var.struct_info
-    dims = [getattr(d, "value", d) for d in (si.shape or ())] \
-        if isinstance(si, g.TensorStructInfo) else None
-    if dims is None or si.shape is None or not all(isinstance(d, int) for d in dims):
-        raise NPUUnsupportedError(f"{getattr(var, 'name_hint', var)}: not a tensor of static "
-                                  "shape (the NPU build needs static shapes)")
-    return tuple(dims), str(si.dtype)
+def _tensor(var: Any) -> tuple[tuple[int, ...], str]:
+    try:
+        return static_tensor(var)
+    except NotSupported as err:
+        raise NPUUnsupportedError(str(err)) from None
 
 
-def _operand(w: _Walk, arg: Any) -> Any:
-    if isinstance(arg, g.Constant):
-        return np.asarray(arg.data)
-    if isinstance(arg, g.Var) and id(arg) in w.env:
-        return w.env[id(arg)]
-    if isinstance(arg, g.Tuple):  # concat's tensors
-        return [_operand(w, f) for f in arg.fields]
-    raise NotSupported(f"operand {type(arg).__name__} is not a tensor")
+def _operand(env: dict[int, Any], arg: Any) -> Any:
+    try:
+        return operand_value(env, arg)
+    except NotSupported as err:
+        raise NPUUnsupportedError(str(err)) from None
 
 
-def _close_region(w: _Walk) -> None:
-    kb = w.ctx.new_region()
-    if kb.kernels:
-        w.steps.append(NpuStep(kb.program(0), list(kb.kernels)))
-
-
-def _cpu_step(w: _Walk, call: g.Call, args: list[Any], out: DramTensor) -> None:
+def _cpu_step(ctx: LoweringContext, call: g.Call, args: list[Any], out: DramTensor
+              ) -> CpuStep:
     """Build ``call`` alone for the C target, its tensor operands read from DRAM."""
-    _close_region(w)
     bb = g.BlockBuilder()
     params: list[Any] = []
     inputs: list[Any] = []
 
     def param(a: Any, v: Any) -> Any:
-        if isinstance(a, g.Tuple):
+        if isinstance(a, g.Tuple):  # concat's tensors
             return g.Tuple([param(f, u) for f, u in zip(a.fields, v)])
-        if not isinstance(v, DramTensor):
+        if isinstance(a, g.Constant):
             return a
+        v = ctx.tensor(v)
         dtype = str(a.struct_info.dtype)  # DRAM may hold it narrower (a fused cast)
         p = g.Var(f"arg{len(params)}", g.TensorStructInfo(v.shape, dtype))
         params.append(p)
@@ -112,153 +111,98 @@ def _cpu_step(w: _Walk, call: g.Call, args: list[Any], out: DramTensor) -> None:
             res = bb.emit_output(call.replace(args=tuple(new_args)))
         bb.emit_func_output(res)
     exe = build_executable(LegalizeOps()(bb.get()), Target("c"))
-    w.steps.append(CpuStep(call.op.name, exe, inputs, out))
+    return CpuStep(call.op.name, exe, inputs, out)
 
 
-def _binding(w: _Walk, var: Any, value: Any) -> None:
-    if isinstance(value, g.Var):
-        w.env[id(var)] = w.env[id(value)]
-        return
-    if isinstance(value, g.Constant):
-        w.env[id(var)] = w.ctx.constant(np.asarray(value.data))
-        return
-    if not (isinstance(value, g.Call) and isinstance(value.op, g.Op)):
-        raise NPUUnsupportedError(f"{var.name_hint}: {type(value).__name__} bindings are not "
-                                  "supported by the NPU build")
-    name = value.op.name
-    shape, dtype = _sinfo(var)
-    args = [_operand(w, a) for a in value.args]
-    if name in VIEW_OPS and isinstance(args[0], DramTensor):
-        w.env[id(var)] = DramTensor(args[0].addr, shape, dtype)
-        return
-    out = w.ctx.alloc(shape, dtype)
-    w.env[id(var)] = out
-    lower = lookup_lowering(name)
-    reason = "no NPU lowering"
-    if lower is not None:
-        try:
-            lower(w.ctx, value, args, out)
-            return
-        except NotSupported as err:
-            reason = str(err)
-    if w.strict:
-        w.unsupported.append(f"{name} ({var.name_hint}): {reason}")
-        return
-    dram_args = [a if isinstance(a, (DramTensor, list)) or isinstance(b, g.Constant) else
-                 w.ctx.tensor(a) for a, b in zip(args, value.args)]
-    _cpu_step(w, value, dram_args, out)
-
-
-def _uses(main: g.Function) -> dict[int, int]:
-    """How many times each variable is used (as a call operand, an alias or an output)."""
-    counts: dict[int, int] = {}
-
-    def visit(e: Any) -> None:
-        if isinstance(e, g.Var):
-            counts[id(e)] = counts.get(id(e), 0) + 1
-        elif isinstance(e, g.Call):
-            for a in e.args:
-                visit(a)
-        elif isinstance(e, g.Tuple):
-            for f in e.fields:
-                visit(f)
-
-    for blk in main.body.blocks:
-        for b in blk.bindings:
-            visit(b.value)
-    visit(main.body.body)
-    return counts
-
-
-def _elementwise(b: Any) -> bool:
-    return isinstance(b, g.VarBinding) and isinstance(b.value, g.Call) and \
-        isinstance(b.value.op, g.Op) and b.value.op.name in ELEMENTWISE_OPS
-
-
-def _chain(bindings: list[Any], i: int, uses: dict[int, int]) -> int:
-    """The end (exclusive) of the longest element-wise chain starting at binding ``i``: each
-    result used once, by the next binding, all of one shape and dtype."""
-    j = i
-    while j + 1 < len(bindings) and _elementwise(bindings[j]) and \
-            _elementwise(bindings[j + 1]) and uses.get(id(bindings[j].var)) == 1 and \
-            any(a is bindings[j].var for a in bindings[j + 1].value.args) and \
-            _sinfo(bindings[j].var) == _sinfo(bindings[j + 1].var):
-        j += 1
-    return j + 1
-
-
-def _consumer_cast(w: _Walk, bindings: list[Any], end: int, uses: dict[int, int]
-                   ) -> str | None:
-    """The dtype the only consumer of binding ``end - 1`` -- the next binding, a product --
-    wants it in (its cast is then fused into the producer), else None."""
-    if end >= len(bindings) or uses.get(id(bindings[end - 1].var)) != 1:
-        return None
-    nxt = bindings[end].value
-    if not (isinstance(nxt, g.Call) and isinstance(nxt.op, g.Op) and nxt.args and
-            nxt.args[0] is bindings[end - 1].var):
-        return None
-    return product_operand_dtype(w.ctx, nxt, _sinfo(bindings[end - 1].var)[1])
-
-
-def _fused(w: _Walk, chain: list[Any], cast: str | None) -> bool:
-    """Lower an element-wise chain as one kernel (its result cast to ``cast`` if given);
-    False when some call cannot be."""
-    shape, dtype = _sinfo(chain[-1].var)
-    steps = []
-    prev = None
-    for b in chain:
-        args = [None if a is prev else _operand(w, a) for a in b.value.args]
-        running = next((k for k, a in enumerate(b.value.args) if a is prev), None)
-        steps.append((b.value, args, running))
-        prev = b.var
-    out = w.ctx.alloc(shape, cast or dtype)
+def _region_step(ctx: LoweringContext, mod: IRModule, call: g.Call, env: dict[int, Any],
+                 fuse: bool) -> tuple[NpuStep, list[DramTensor]]:
+    name = call.op.name
+    func = mod[name]
+    penv = {id(p): _operand(env, a) for p, a in zip(func.params, call.args)}
     try:
-        lower_elementwise_chain(w.ctx, steps, out, dtype)
-    except NotSupported:
-        return False
-    w.env[id(chain[-1].var)] = out
-    return True
+        res = lower_region(ctx, func, penv, fuse)
+    except NotSupported as err:  # AnnotateTarget ran the same lowerings and accepted them
+        raise InternalError(f"NPU region {name}: {err}") from err
+    outs = region_outputs(func, res, ctx)
+    kb = ctx.new_region()
+    return NpuStep(kb.program(0), list(kb.kernels), name), outs
+
+
+def _strict_errors(main: g.Function) -> list[str]:
+    marks = main.attrs.get(TARGET_ATTR, {})
+    out = []
+    for b in main_bindings(main):
+        mark = marks.get(b.var.name_hint, "")
+        if mark.startswith("cpu") and not is_view(b.value):
+            out.append(f"{b.value.op.name} ({b.var.name_hint}): {mark.split(': ', 1)[-1]}")
+    return out
 
 
 def build_npu(mod: IRModule, target: Target, strict: bool = False,
-              double_buffer: bool = True, fuse: bool = True) -> NPUExecutable:
-    """Compile graph function ``main`` of ``mod`` (not legalized) for ``target``'s NPU
-    (``fuse``: chains of element-wise ops become one kernel each)."""
+              double_buffer: bool = True, fuse: bool = True, reuse_dram: bool = True
+              ) -> NPUExecutable:
+    """Compile graph function ``main`` of ``mod`` (not legalized; partitioned for ``target``'s
+    hardware description, else partitioned here) for ``target``'s NPU (``fuse``: chains of
+    element-wise ops become one kernel each; ``reuse_dram``: tensors never live together share
+    DRAM, :mod:`.dram_plan`)."""
     cfg = npu_config_of(target)
+    main_function(mod, "the NPU build")
+    if not is_partitioned(mod):
+        mod = partition_for_npu(cfg, double_buffer)(mod)
     main = mod["main"]
-    if not isinstance(main, g.Function) or not isinstance(main.body, g.SeqExpr):
-        raise KilnError("the NPU build needs a graph function 'main'")
+    if main.attrs.get(HW_ATTR) != cfg.name:
+        raise KilnError(f"the NPU build for {cfg.name!r}: the module was partitioned for "
+                        f"{main.attrs.get(HW_ATTR)!r}")
+    if strict and _strict_errors(main):
+        raise NPUUnsupportedError("strict NPU build: these ops have no NPU lowering: " +
+                                  "; ".join(_strict_errors(main)))
     ctx = LoweringContext(cfg, double_buffer)
-    w = _Walk(ctx, {}, [], [], strict)
+    env: dict[int, Any] = {}
+    steps: list[Any] = []
     inputs = []
     for p in main.params:
-        shape, dtype = _sinfo(p)
-        t = ctx.alloc(shape, dtype)
-        w.env[id(p)] = t
+        t = ctx.alloc(*_tensor(p))
+        env[id(p)] = t
         inputs.append((p.name_hint, t))
-    bindings = [b for blk in main.body.blocks for b in blk.bindings]
-    for b in bindings:
+    for b in main_bindings(main):
+        var, value = b.var, b.value
         if not isinstance(b, g.VarBinding):
             raise NPUUnsupportedError(f"{type(b).__name__} bindings are not supported by the "
                                       "NPU build")
-    uses = _uses(main)
-    i = 0
-    while i < len(bindings):
-        end = _chain(bindings, i, uses) if fuse else i + 1
-        cast = _consumer_cast(w, bindings, end, uses) if fuse else None
-        if _elementwise(bindings[i]) and (end - i > 1 or cast) and \
-                _fused(w, bindings[i:end], cast):
-            i = end
-            continue
-        _binding(w, bindings[i].var, bindings[i].value)
-        i += 1
-    if w.unsupported:
-        raise NPUUnsupportedError("strict NPU build: these ops have no NPU lowering: " +
-                                  "; ".join(w.unsupported))
-    _close_region(w)
+        if isinstance(value, g.Var):
+            env[id(var)] = env[id(value)]
+        elif isinstance(value, g.Constant):
+            env[id(var)] = ctx.constant(np.asarray(value.data))
+        elif isinstance(value, g.TupleGetItem) and \
+                isinstance(env.get(id(value.tuple_value)), list):
+            env[id(var)] = env[id(value.tuple_value)][value.index]
+        elif isinstance(value, g.Call) and isinstance(value.op, g.GlobalVar) and \
+                getattr(mod[value.op.name], "attrs", {}).get("Codegen") == CODEGEN:
+            step, outs = _region_step(ctx, mod, value, env, fuse)
+            steps.append(step)
+            env[id(var)] = outs if isinstance(mod[value.op.name].body.body, g.Tuple) \
+                else outs[0]
+        elif is_view(value) and isinstance(env.get(id(value.args[0])), DramTensor):
+            env[id(var)] = DramTensor(env[id(value.args[0])].addr, *_tensor(var))
+        elif isinstance(value, g.Call) and isinstance(value.op, g.Op):
+            out = ctx.alloc(*_tensor(var))
+            steps.append(_cpu_step(ctx, value, [_operand(env, a) for a in value.args], out))
+            env[id(var)] = out
+        else:
+            raise NPUUnsupportedError(f"{var.name_hint}: {type(value).__name__} bindings are "
+                                      "not supported by the NPU build")
     result = main.body.body
     outs = list(result.fields) if isinstance(result, g.Tuple) else [result]
-    out_tensors = [_operand(w, o) for o in outs]
-    out_tensors = [o if isinstance(o, DramTensor) else ctx.constant(o) for o in out_tensors]
-    return NPUExecutable(cfg, inputs, out_tensors, isinstance(result, g.Tuple), w.steps,
-                         ctx.constants, ctx.top, double_buffer)
+    out_tensors = [ctx.tensor(_operand(env, o)) for o in outs]
+    constants, dram_bytes = ctx.constants, ctx.top
+    if reuse_dram:
+        relocate, plan = plan_dram(steps, inputs, out_tensors, ctx.constants,
+                                   ctx.allocations, ctx.top)
+        inputs = [(n, relocate(t)) for n, t in inputs]
+        out_tensors = [relocate(t) for t in out_tensors]
+        constants = [(relocate(t), a) for t, a in ctx.constants]
+        dram_bytes = plan.dram_bytes
+    exe = NPUExecutable(cfg, inputs, out_tensors, isinstance(result, g.Tuple), steps,
+                        constants, dram_bytes, double_buffer)
+    exe.unshared_dram_bytes = ctx.top
+    return exe

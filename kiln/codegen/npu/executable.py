@@ -1,5 +1,6 @@
 """What ``kiln.build(mod, target="npu")`` returns: a callable that runs the model on the
-simulator (and its CPU ops on the CPU), reporting simulated cycles.
+simulator (and its CPU ops on the CPU), reporting simulated cycles; saved to and loaded from
+one file.
 
 The executable owns a :class:`~kiln.npu.simulator.Machine` whose DRAM holds the constants
 (uploaded once) and every tensor of the model; a call writes the inputs to DRAM, runs the steps
@@ -7,30 +8,59 @@ in order -- an NPU region is one simulator run of its program, a CPU op reads it
 DRAM and writes its result back -- and reads the outputs. ``last_reports`` keeps the
 simulator's report of every NPU region of the last call; :attr:`NPUExecutable.last_cycles`
 sums them.
+
+``exe.save(path)`` writes the container of CPU executables (:mod:`kiln.runtime.file_format`:
+named, checksummed sections) with these sections; ``kiln.load`` reads it back (this module
+registers the loader) without recompiling::
+
+    meta               JSON: kiln's version, the format version, the target ("npu -hw=edge")
+    npu.header         JSON: the hardware description (its TOML tables), the DRAM layout
+                       (inputs, outputs, constants: address, shape, dtype), the steps in order
+                       (NPU regions with their kernels' labels and tilings; CPU ops with their
+                       operands' and result's DRAM tensors)
+    npu.program.<k>    region k's program in the binary instruction encoding
+                       (:meth:`kiln.npu.program.Program.to_bytes`)
+    npu.cpu.<k>        CPU step k: a whole kiln CPU executable file (its own checksums, the
+                       machine check of ``kiln.load``)
+    npu.constants      the constants' bytes, in the order of the header's table
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from ...ir.errors import ArgumentError
+from ...ir.errors import ArgumentError, KilnError, ModelFormatError, TargetError
 from ...npu import Machine, Program, Report, Simulator
-from ...runtime.executable import Executable
+from ...runtime import file_format
+from ...runtime.executable import Executable, register_loader
+from ...runtime.executable import load as load_executable
 from ...schedule.npu import DramTensor, KernelInfo
 from ...target.npu import NPUConfig
+from ...target.npu.config import ConfigError, config_from_dict
+from ...version import __version__
 
-__all__ = ["CpuStep", "NPUExecutable", "NpuStep"]
+__all__ = ["CpuStep", "NPUExecutable", "NpuStep", "is_npu_file", "load_npu"]
+
+HEADER = "npu.header"
+CONSTANTS = "npu.constants"
+PROGRAM_PREFIX = "npu.program."
+CPU_PREFIX = "npu.cpu."
 
 
 @dataclass
 class NpuStep:
-    """An NPU region: its program and the kernels in it (labels, tilings, estimates)."""
+    """An NPU region: its program and the kernels in it (labels, tilings, estimates), and the
+    region function it was compiled from."""
 
     program: Program
     kernels: list[KernelInfo]
+    region: str = ""
 
 
 @dataclass
@@ -57,6 +87,10 @@ class NPUExecutable:
         self.tuple_output = tuple_output
         self.steps = steps
         self.double_buffer = double_buffer
+        self.constants = constants
+        self.dram_bytes = dram_bytes
+        #: The DRAM the model would take with a range per tensor (no reuse; see dram_plan).
+        self.unshared_dram_bytes = dram_bytes
         self.machine = Machine(config, dram_bytes)
         for t, arr in constants:
             self.machine.write(t.addr, arr)
@@ -80,7 +114,8 @@ class NPUExecutable:
     def describe(self) -> str:
         """Each kernel with the tiling chosen for it (what ``kiln show`` prints)."""
         lines = [f"NPU executable for {self.config.name!r}: {len(self.kernels)} kernel(s), "
-                 f"CPU ops: {', '.join(self.cpu_ops) or 'none'}"]
+                 f"CPU ops: {', '.join(self.cpu_ops) or 'none'}; DRAM "
+                 f"{self.dram_bytes:,} bytes ({self.unshared_dram_bytes:,} without reuse)"]
         lines += [f"  {k.label:28s} {k.tiling}" for k in self.kernels]
         return "\n".join(lines)
 
@@ -106,3 +141,103 @@ class NPUExecutable:
                 self.machine.write(step.out.addr, res.astype(step.out.dtype))
         outs = [self.machine.read(t.addr, t.shape, t.dtype) for t in self.outputs]
         return tuple(outs) if self.tuple_output else outs[0]
+
+    # ---- files ---------------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        """Write the executable to ``path`` (one file; see the module docstring)."""
+        sections: list[tuple[str, bytes]] = []
+        steps: list[dict[str, Any]] = []
+        with tempfile.TemporaryDirectory(prefix="kiln-npu-") as tmp:
+            for k, step in enumerate(self.steps):
+                if isinstance(step, NpuStep):
+                    sections.append((f"{PROGRAM_PREFIX}{k}", step.program.to_bytes()))
+                    steps.append({"kind": "npu", "region": step.region,
+                                  "kernels": [asdict(i) for i in step.kernels]})
+                    continue
+                file = os.path.join(tmp, f"cpu{k}.kiln")
+                step.exe.save(file)
+                with open(file, "rb") as f:
+                    sections.append((f"{CPU_PREFIX}{k}", f.read()))
+                steps.append({"kind": "cpu", "op": step.op, "out": _tensor_json(step.out),
+                              "inputs": [[_tensor_json(t), dt] for t, dt in step.inputs]})
+        blob = b"".join(np.ascontiguousarray(a).tobytes() for _, a in self.constants)
+        header = {
+            "config": self.config.raw, "config_path": self.config.path,
+            "inputs": [[n, _tensor_json(t)] for n, t in self.inputs],
+            "outputs": [_tensor_json(t) for t in self.outputs],
+            "tuple_output": self.tuple_output, "dram_bytes": self.dram_bytes,
+            "unshared_dram_bytes": self.unshared_dram_bytes,
+            "double_buffer": self.double_buffer, "steps": steps,
+            "constants": [_tensor_json(t) for t, _ in self.constants],
+        }
+        meta = {"kiln_version": __version__, "format": file_format.VERSION,
+                "target": self.target}
+        try:
+            file_format.write(path, [("meta", json.dumps(meta).encode()),
+                                     (HEADER, json.dumps(header).encode()), *sections,
+                                     (CONSTANTS, blob)])
+        except OSError as err:
+            raise KilnError(f"cannot write executable {path}: {err.strerror or err}") from err
+
+
+def _tensor_json(t: DramTensor) -> dict[str, Any]:
+    return {"addr": t.addr, "shape": list(t.shape), "dtype": t.dtype}
+
+
+def _tensor(d: dict[str, Any]) -> DramTensor:
+    return DramTensor(int(d["addr"]), tuple(int(x) for x in d["shape"]), str(d["dtype"]))
+
+
+def is_npu_file(sections: Any) -> bool:
+    """Whether a file's sections are an NPU executable's."""
+    return HEADER in sections
+
+
+def _cpu_executable(data: bytes) -> Executable:
+    with tempfile.TemporaryDirectory(prefix="kiln-npu-") as tmp:
+        file = os.path.join(tmp, "cpu.kiln")
+        with open(file, "wb") as f:
+            f.write(data)
+        return load_executable(file)
+
+
+def load_npu(sections: Any, path: str) -> NPUExecutable:
+    """The NPU executable saved in ``sections`` (of the file ``path``); ModelFormatError for
+    a malformed one."""
+    try:
+        header = json.loads(bytes(sections[HEADER]).decode())
+        config = config_from_dict(header["config"], header["config_path"])
+        steps: list[Any] = []
+        for k, s in enumerate(header["steps"]):
+            if s["kind"] == "npu":
+                program = Program.from_bytes(bytes(sections[f"{PROGRAM_PREFIX}{k}"]), config)
+                steps.append(NpuStep(program, [KernelInfo(**i) for i in s["kernels"]],
+                                     s["region"]))
+            else:
+                exe = _cpu_executable(bytes(sections[f"{CPU_PREFIX}{k}"]))
+                steps.append(CpuStep(s["op"], exe, [(_tensor(t), str(dt)) for t, dt in
+                                                    s["inputs"]], _tensor(s["out"])))
+        blob = bytes(sections[CONSTANTS])
+        constants, offset = [], 0
+        for c in header["constants"]:
+            t = _tensor(c)
+            n = int(np.prod(t.shape, dtype=np.int64))
+            arr = np.frombuffer(blob, np.dtype(t.dtype), n, offset).reshape(t.shape)
+            offset += arr.nbytes
+            constants.append((t, arr))
+        if offset != len(blob):
+            raise ValueError(f"the constants take {offset} bytes, the section has {len(blob)}")
+        exe = NPUExecutable(config, [(str(n), _tensor(t)) for n, t in header["inputs"]],
+                            [_tensor(t) for t in header["outputs"]],
+                            bool(header["tuple_output"]), steps, constants,
+                            int(header["dram_bytes"]), bool(header["double_buffer"]))
+        exe.unshared_dram_bytes = int(header["unshared_dram_bytes"])
+        return exe
+    except (ModelFormatError, TargetError):  # a damaged CPU step, code for another CPU
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError, ConfigError,
+            KilnError) as err:
+        raise ModelFormatError(f"{path}: malformed NPU executable ({err})") from err
+
+
+register_loader(is_npu_file, load_npu)

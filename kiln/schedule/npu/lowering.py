@@ -26,7 +26,7 @@ from ...target.npu.config import NPUConfig
 from .emit import DRAM_ALIGN, DramTensor, KernelBuilder, itemsize
 
 __all__ = ["LoweringContext", "LoweringFn", "NotSupported", "lookup_lowering",
-           "lowered_ops", "register_lowering"]
+           "lowered_ops", "lowering_rejection", "register_lowering"]
 
 
 class NotSupported(KilnError):
@@ -70,6 +70,8 @@ class LoweringContext:
         self.kb = KernelBuilder(config, double_buffer)
         self.top = DRAM_ALIGN
         self.constants: list[tuple[DramTensor, np.ndarray]] = []
+        #: Every DRAM range handed out, in order (what a DRAM plan may relocate).
+        self.allocations: list[DramTensor] = []
         self.zero = DramTensor(0, (DRAM_ALIGN // 8,), "int64")
         self._kernel_count = 0
 
@@ -77,6 +79,7 @@ class LoweringContext:
         t = DramTensor(self.top, tuple(int(s) for s in shape), dtype)
         nbytes = int(np.prod(t.shape, dtype=np.int64)) * itemsize(dtype)
         self.top += max(DRAM_ALIGN, -(-nbytes // DRAM_ALIGN) * DRAM_ALIGN)
+        self.allocations.append(t)
         return t
 
     def constant(self, value: np.ndarray, dtype: str | None = None) -> DramTensor:
@@ -97,3 +100,29 @@ class LoweringContext:
         """Start the kernels of the next NPU region (after a CPU op); returns the old one."""
         old, self.kb = self.kb, KernelBuilder(self.config, self.double_buffer)
         return old
+
+
+def lowering_rejection(config: NPUConfig, call: Any, args: list[Any],
+                       out: tuple[tuple[int, ...], str], double_buffer: bool = True
+                       ) -> str | None:
+    """Why the NPU cannot run op ``call`` (None: it can): its registered lowering is run into a
+    scratch :class:`LoweringContext` -- the very check the build applies, not a second list of
+    rules. ``args`` are the operands as a lowering gets them (a :class:`DramTensor` for a
+    run-time tensor, whatever its address; a numpy array for a constant), ``out`` the result's
+    static shape and dtype. What the probe emits is thrown away."""
+    lower = lookup_lowering(call.op.name)
+    if lower is None:
+        return "no NPU lowering"
+    ctx = LoweringContext(config, double_buffer)
+
+    def operand(a: Any) -> Any:
+        if isinstance(a, list):  # a tuple of tensors (concat's)
+            return [operand(x) for x in a]
+        return ctx.alloc(a.shape, a.dtype) if isinstance(a, DramTensor) else a
+
+    operands = [operand(a) for a in args]
+    try:
+        lower(ctx, call, operands, ctx.alloc(*out))
+    except NotSupported as err:
+        return str(err)
+    return None

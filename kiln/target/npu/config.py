@@ -26,7 +26,8 @@ from ...ir.errors import KilnError
 
 __all__ = [
     "CONFIG_DIR", "DRAM", "Encoding", "L0_NAMES", "L1", "MEMORY_NAMES", "MemorySpec",
-    "NPUConfig", "TensorDType", "available_configs", "load_config", "parse_size",
+    "NPUConfig", "TensorDType", "available_configs", "config_from_dict", "load_config",
+    "parse_size",
 ]
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -239,6 +240,14 @@ def _load_path(path: str) -> NPUConfig:
         raise ConfigError(f"cannot read NPU description {path}: {err}") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML ({err})") from None
+    return config_from_dict(raw, path)
+
+
+def config_from_dict(raw: dict[str, Any], path: str) -> NPUConfig:
+    """The description whose TOML tables are ``raw`` (as ``tomllib`` reads them; kept as
+    ``NPUConfig.raw``), read from ``path``: how a saved NPU executable carries its own."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: an NPU description is a table of tables")
     what = os.path.basename(path)
     memories = {DRAM: _memory(DRAM, raw.get("dram"), f"{what}: [dram]"),
                 L1: _memory(L1, raw.get("l1"), f"{what}: [l1]")}
