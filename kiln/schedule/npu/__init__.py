@@ -2,7 +2,7 @@
 (:mod:`.gemm`), vector kernels (:mod:`.vector`), the pipeline's token protocol and DRAM
 tensors (:mod:`.emit`), and the lowering registry (:mod:`.lowering`)."""
 
-from . import ops  # noqa: F401 - registers the lowerings
+from . import ops, quantize  # noqa: F401 - registers the lowerings
 from .emit import DramTensor, KernelBuilder, KernelInfo
 from .gemm import GemmShape, GemmTiling, gemm_cost, gemm_roofline, plan_gemm
 from .lowering import LoweringContext, NotSupported, lookup_lowering, lowered_ops

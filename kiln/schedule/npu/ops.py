@@ -147,7 +147,7 @@ def _operand_dtype(ctx: LoweringContext, op: str, x_dtype: str, w_dtype: str,
     if x_dtype == w_dtype == "int8" and out_dtype == "int32":
         dt = "int8"
     elif x_dtype in _FLOAT and w_dtype in _FLOAT and out_dtype == "float32":
-        dt = "float16"
+        dt = "bfloat16" if x_dtype == w_dtype == "bfloat16" else "float16"
     else:
         raise NotSupported(f"{op}: no tensor-unit product for {x_dtype} x {w_dtype} -> "
                            f"{out_dtype}")
@@ -377,7 +377,7 @@ def _depthwise(ctx: LoweringContext, call: Any, x: Any, w: Any, out: DramTensor)
     if not (at.groups == c == o and w.shape[1] == 1):
         raise NotSupported(f"nn.conv2d: groups={at.groups} (only depthwise: groups = "
                            "channels, one output per channel)")
-    if x.dtype not in _FLOAT or out.dtype != x.dtype:
+    if x.dtype not in (*_FLOAT, "int32") or out.dtype != x.dtype:  # int32: int8 widened
         raise NotSupported(f"nn.conv2d: depthwise {x.dtype} -> {out.dtype}")
     _vector_dtype(ctx, x.dtype, "nn.conv2d")
     wt = ctx.constant(w.reshape(c, -1), x.dtype)

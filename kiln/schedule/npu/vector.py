@@ -334,15 +334,16 @@ def _rows_kernel(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, 
 
 
 def emit_row_mean(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
-                  rows: int) -> None:
+                  rows: int, mean: bool = True) -> None:
     """Mean of each of the ``rows`` rows of ``x`` (its trailing dims: H x W of a global average
-    pool): one ``vred.sum`` and one ``vmul`` per block of rows."""
+    pool): one ``vred.sum`` and one ``vmul`` per block of rows (``mean=False``: the sum)."""
     length = int(np.prod(x.shape, dtype=np.int64)) // rows
 
     def body(core: int, rs: int, src: Any, dst: Any, tmp: Any) -> None:
         ctx.kb.emit(core, "vred.sum", shape=(1, rs, length), dst=dst, a=src, acc=0)
-        ctx.kb.fence(core, UNIT_VECTOR)
-        ctx.kb.emit(core, "vmul", shape=(1, rs, 1), dst=dst, a=dst, b=1.0 / length)
+        if mean:
+            ctx.kb.fence(core, UNIT_VECTOR)
+            ctx.kb.emit(core, "vmul", shape=(1, rs, 1), dst=dst, a=dst, b=1.0 / length)
 
     _rows_kernel(ctx, op, x, out, rows, length, 1, body)
 
