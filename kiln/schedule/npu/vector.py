@@ -117,7 +117,7 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor,
                        for x, s, m in zip(inputs, in_str, mem_of) if m == mem)
             if need > cfg.memory(mem).size:
                 return False
-        return nbuf * int(np.prod(t)) * osz <= cfg.memory("acc").size
+        return nbuf * (int(np.prod(t)) * osz + 16) <= cfg.memory("acc").size
 
     t = _fit(dims, fits)
     # L0 layout: per memory, the operands' regions one after the other, each nbuf slots
@@ -126,8 +126,9 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor,
     for x, s, m in zip(inputs, in_str, mem_of):
         region.append(used[m])
         used[m] += nbuf * int(np.prod(compact(t, s))) * itemsize(x.dtype)
-    out_slot_bytes = int(np.prod(t)) * osz
-    cast_at = int(np.prod(t)) * itemsize(out.dtype)  # the compute block after the result
+    # the compute block after the result; both 8-byte aligned (an int32 block after int8s)
+    cast_at = -(-int(np.prod(t)) * itemsize(out.dtype) // 8) * 8
+    out_slot_bytes = -(-(int(np.prod(t)) * osz + 8) // 8) * 8
     pipes = [Pipeline(kb, c, UNIT_VECTOR) for c in range(cfg.cores)]
     blocks = [(idx, o) for idx in np.ndindex(*outer_dims)
               for o in np.ndindex(*(math.ceil(d / b) for d, b in zip(dims, t)))]
