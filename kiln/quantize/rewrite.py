@@ -85,6 +85,13 @@ def _channel_vector(value: np.ndarray, out_shape: tuple[int, ...], axis: int, n:
     return np.broadcast_to(v.reshape(-1), (n,)).copy()
 
 
+def _inline_constants(call: Any, consts: dict[int, g.Constant]) -> Any:
+    """``call`` with operands bound to constants replaced by the constants."""
+    if not isinstance(call, g.Call) or not any(id(a) in consts for a in call.args):
+        return call
+    return g.Call(call.op, tuple(consts.get(id(a), a) for a in call.args), call.attrs)
+
+
 def _layer_start(b: g.VarBinding) -> _Layer | None:
     call = b.value
     name = _name(call)
@@ -112,22 +119,33 @@ def _layer_start(b: g.VarBinding) -> _Layer | None:
     return _Layer(call, axis, w_axis, n, np.ones(n), np.zeros(n), None, None, b.var, 0)
 
 
+def _clamp_layer(layer: _Layer, lo: float | None, hi: float | None) -> None:
+    """Narrow the layer's output clamp to ``[lo, hi]`` (None: open)."""
+    if lo is not None:
+        layer.lo = lo if layer.lo is None else max(layer.lo, lo)
+    if hi is not None:
+        layer.hi = hi if layer.hi is None else min(layer.hi, hi)
+
+
 def _find_layer(bindings: list[Any], i: int, uses: dict[int, int]) -> _Layer | None:
+    """The quantized layer starting at binding ``i`` (constants inlined), if any."""
     layer = _layer_start(bindings[i])
     if layer is None:
         return None
     j = i + 1
     prev = bindings[i].var
     out_shape = _shape(prev)
-    while j < len(bindings) and uses.get(id(prev)) == 1 and layer.lo is None:
+    while j < len(bindings) and uses.get(id(prev)) == 1:
         b = bindings[j]
         call, name = b.value, _name(b.value)
         if not (isinstance(call, g.Call) and call.args and call.args[0] is prev and
                 _dtype(b.var) == "float32" and _shape(b.var) == out_shape):
             break
-        if name in ("multiply", "add") and len(call.args) == 2 and \
-                isinstance(call.args[1], g.Constant):
-            v = _channel_vector(call.args[1].data, out_shape, layer.axis, layer.channels)
+        const = np.asarray(call.args[1].data, np.float64) if len(call.args) == 2 and \
+            isinstance(call.args[1], g.Constant) else None
+        clamped = layer.lo is not None or layer.hi is not None
+        if name in ("multiply", "add") and const is not None and not clamped:
+            v = _channel_vector(const, out_shape, layer.axis, layer.channels)
             if v is None:
                 break
             if name == "multiply":
@@ -135,10 +153,13 @@ def _find_layer(bindings: list[Any], i: int, uses: dict[int, int]) -> _Layer | N
             else:
                 layer.bias = layer.bias + v
         elif name == "relu":
-            layer.lo = 0.0
+            layer.lo = max(layer.lo if layer.lo is not None else 0.0, 0.0)
         elif name == "clip":
-            layer.lo = -np.inf if call.attrs.min is None else float(call.attrs.min)
-            layer.hi = np.inf if call.attrs.max is None else float(call.attrs.max)
+            _clamp_layer(layer, call.attrs.min, call.attrs.max)
+        elif name in ("maximum", "minimum") and const is not None and const.size == 1:
+            c = float(const.reshape(-1)[0])
+            _clamp_layer(layer, c if name == "maximum" else None,
+                         c if name == "minimum" else None)
         else:
             break
         prev = b.var
@@ -170,8 +191,8 @@ def _uses(main: g.Function) -> dict[int, int]:
 
 
 def _clamp(lo: float | None, hi: float | None, scale: float) -> tuple[int, int]:
-    qlo = -128 if lo is None or lo == -np.inf else int(np.clip(np.rint(lo / scale), -128, 127))
-    qhi = 127 if hi is None or hi == np.inf else int(np.clip(np.rint(hi / scale), -128, 127))
+    qlo = -128 if lo is None else int(np.clip(np.rint(lo / scale), -128, 127))
+    qhi = 127 if hi is None else int(np.clip(np.rint(hi / scale), -128, 127))
     if qlo > qhi:
         raise QuantizationError(f"clip range [{lo}, {hi}] is empty at scale {scale}")
     return qlo, qhi
@@ -307,6 +328,15 @@ class QuantizeGraph:
             if not isinstance(b, g.VarBinding):
                 raise QuantizationError(f"QuantizeGraph: {type(b).__name__} bindings are not "
                                         "supported")
+        # operands bound to constants (a frontend's bias variables) are inlined: the
+        # epilogue's constants are then operands of its calls, its bindings consecutive
+        consts = {id(b.var): b.value for b in bindings if isinstance(b.value, g.Constant)}
+        body = main.body.body
+        outs = list(body.fields) if isinstance(body, g.Tuple) else [body]
+        bindings = [b if id(b.var) not in consts or any(o is b.var for o in outs) else None
+                    for b in bindings]
+        bindings = [g.VarBinding(b.var, _inline_constants(b.value, consts))
+                    for b in bindings if b is not None]
         uses = _uses(main)
         rw = _Rewriter(self.calibration, self.skip)
         params = [g.Var(p.name_hint, p.struct_info) for p in main.params]
@@ -324,8 +354,6 @@ class QuantizeGraph:
                         continue
                     rw.binding(bindings[i])
                     i += 1
-                body = main.body.body
-                outs = list(body.fields) if isinstance(body, g.Tuple) else [body]
                 res = [rw.bb.emit_output(rw.float_of(o)) if isinstance(o, g.Var) else o
                        for o in outs]
             rw.bb.emit_func_output(g.Tuple(tuple(res)) if isinstance(body, g.Tuple) else res[0])
