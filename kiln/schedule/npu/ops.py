@@ -377,6 +377,8 @@ def _depthwise(ctx: LoweringContext, call: Any, x: Any, w: Any, out: DramTensor)
     if not (at.groups == c == o and w.shape[1] == 1):
         raise NotSupported(f"nn.conv2d: groups={at.groups} (only depthwise: groups = "
                            "channels, one output per channel)")
+    if x.dtype in ("float16", "bfloat16") and out.dtype == "float32":  # ToMixedPrecision's
+        x = cast_kernel(ctx, x, "float32", "nn.conv2d.cast")  # exact; products exact in fp32
     if x.dtype not in (*_FLOAT, "int32") or out.dtype != x.dtype:  # int32: int8 widened
         raise NotSupported(f"nn.conv2d: depthwise {x.dtype} -> {out.dtype}")
     _vector_dtype(ctx, x.dtype, "nn.conv2d")
