@@ -216,6 +216,13 @@ class _Rewriter:
             self.f32[id(e)] = self.bb.emit(op.qnn_dequantize(q, s), f"{e.name_hint}_f32")
         return self.f32[id(e)]
 
+    def output(self, e: g.Var) -> Any:
+        """A result of the function, float32 (dequantized as it leaves the dataflow block)."""
+        if id(e) in self.f32:
+            return self.bb.emit_output(self.f32[id(e)])
+        q, s = self.q8[id(e)]
+        return self.bb.emit_output(op.qnn_dequantize(q, s), e.name_hint)
+
     def int8_of(self, e: Any) -> tuple[Any, float]:
         if not isinstance(e, g.Var):
             raise QuantizationError("a quantized layer's input must be a graph value")
@@ -354,7 +361,6 @@ class QuantizeGraph:
                         continue
                     rw.binding(bindings[i])
                     i += 1
-                res = [rw.bb.emit_output(rw.float_of(o)) if isinstance(o, g.Var) else o
-                       for o in outs]
+                res = [rw.output(o) if isinstance(o, g.Var) else o for o in outs]
             rw.bb.emit_func_output(g.Tuple(tuple(res)) if isinstance(body, g.Tuple) else res[0])
         return mod.with_function("main", rw.bb.get()["main"])
