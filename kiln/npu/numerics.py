@@ -1,9 +1,10 @@
 """The NPU's arithmetic, exactly: what every vector and tensor instruction computes, in numpy.
 
 This module is the specification of the numerics (docs/npu.md, "Numerics"); the simulator
-executes it and the numpy model of a quantized graph (:mod:`kiln.npu.reference`) is written
-with it, so the two agree bit for bit by construction of the *definitions*, while the graph
-model is independent of the compiler that maps a graph onto instructions.
+executes it. The numpy model of a quantized graph (:mod:`kiln.testing.quant_reference`) is
+written from the graph operators' own specification (``kiln/op/quantize.py``) in plain numpy,
+independent of these definitions and of the compiler that maps a graph onto instructions: an
+NPU output equal to it shows the instruction sequences compute the operators exactly.
 
 - **Integers** (int8, uint8, int16, int32): ``vadd``/``vsub``/``vmul``/``vmac``/``vneg``/
   ``vabs``/``vshl`` saturate to the destination's range (int8 -> [-128, 127]); ``vshr`` is an

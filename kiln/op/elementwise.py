@@ -264,7 +264,8 @@ def _power_scalar(a: PrimExpr, b: PrimExpr) -> PrimExpr:
     return tx.cast(a.dtype, r)
 
 
-def _round_half_even(x: PrimExpr) -> PrimExpr:
+def round_half_even(x: PrimExpr) -> PrimExpr:
+    """``x`` (a float) rounded to the nearest integer, ties to even (numpy ``rint``)."""
     f = tx.floor(x)
     d = x - f
     half = tx.const(x.dtype, 0.5)
@@ -685,7 +686,7 @@ floor = declare_unary("floor", with_float32(tx.floor), gradient=_step_grad,
 ceil = declare_unary("ceil", with_float32(tx.ceil), gradient=_step_grad,
               doc="Smallest integer >= x (float).")
 round = declare_unary(  # noqa: A001
-    "round", with_float32(_round_half_even), gradient=_step_grad,
+    "round", with_float32(round_half_even), gradient=_step_grad,
     doc="Round to nearest, ties to even (numpy/ONNX)."
 )
 

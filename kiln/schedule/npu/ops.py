@@ -180,7 +180,7 @@ def _operand_dtype(ctx: LoweringContext, op: str, x_dtype: str, w_dtype: str,
     if x_dtype == w_dtype == "int8" and out_dtype == "int32":
         dt = "int8"
     elif x_dtype in _FLOAT and w_dtype in _FLOAT and out_dtype == "float32":
-        dt = "float16"
+        dt = "bfloat16" if x_dtype == w_dtype == "bfloat16" else "float16"
     else:
         raise NotSupported(f"{op}: no tensor-unit product for {x_dtype} x {w_dtype} -> "
                            f"{out_dtype}")
@@ -493,7 +493,9 @@ def _depthwise(ctx: LoweringContext, call: Any, x: Any, w: Any, out: DramTensor)
     if not isinstance(x, DramTensor) or not isinstance(w, np.ndarray):
         raise NotSupported("nn.conv2d: depthwise with run-time weights or a constant image")
     c = x.shape[1]
-    if x.dtype not in _FLOAT or out.dtype != x.dtype:
+    if x.dtype in ("float16", "bfloat16") and out.dtype == "float32":  # ToMixedPrecision's
+        x = cast_kernel(ctx, x, "float32", "nn.conv2d.cast")  # exact; products exact in fp32
+    if x.dtype not in (*_FLOAT, "int32") or out.dtype != x.dtype:  # int32: int8 widened
         raise NotSupported(f"nn.conv2d: depthwise {x.dtype} -> {out.dtype}")
     _vector_dtype(ctx, x.dtype, "nn.conv2d")
     wt = ctx.constant(w.reshape(c, -1), x.dtype)

@@ -129,7 +129,7 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
                        for x, s, m in zip(inputs, in_str, mem_of) if m == mem)
             if need > cfg.memory(mem).size:
                 return False
-        return nbuf * int(np.prod(t)) * osz <= cfg.memory("acc").size
+        return nbuf * (int(np.prod(t)) * osz + 16) <= cfg.memory("acc").size
 
     t = _fit(dims, fits)
     # L0 layout: per memory, the operands' regions one after the other, each nbuf slots
@@ -138,8 +138,9 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
     for x, s, m in zip(inputs, in_str, mem_of):
         region.append(used[m])
         used[m] += nbuf * int(np.prod(compact(t, s))) * itemsize(x.dtype)
-    out_slot_bytes = int(np.prod(t)) * osz
-    cast_at = int(np.prod(t)) * itemsize(out.dtype)  # the compute block after the result
+    # the compute block after the result; both 8-byte aligned (an int32 block after int8s)
+    cast_at = -(-int(np.prod(t)) * itemsize(out.dtype) // 8) * 8
+    out_slot_bytes = -(-(int(np.prod(t)) * osz + 8) // 8) * 8
     pipes = [Pipeline(kb, c, UNIT_VECTOR) for c in range(cfg.cores)]
     blocks = [(idx, o) for idx in np.ndindex(*outer_dims)
               for o in np.ndindex(*(math.ceil(d / b) for d, b in zip(dims, t)))]
@@ -369,15 +370,16 @@ def _rows_kernel(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, 
 
 
 def emit_row_mean(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
-                  rows: int) -> None:
+                  rows: int, mean: bool = True) -> None:
     """Mean of each of the ``rows`` rows of ``x`` (its trailing dims: H x W of a global average
-    pool): one ``vred.sum`` and one ``vmul`` per block of rows."""
+    pool): one ``vred.sum`` and one ``vmul`` per block of rows (``mean=False``: the sum)."""
     length = int(np.prod(x.shape, dtype=np.int64)) // rows
 
     def body(core: int, rs: int, src: Any, dst: Any, tmp: Any) -> None:
         ctx.kb.emit(core, "vred.sum", shape=(1, rs, length), dst=dst, a=src, acc=0)
-        ctx.kb.fence(core, UNIT_VECTOR)
-        ctx.kb.emit(core, "vmul", shape=(1, rs, 1), dst=dst, a=dst, b=1.0 / length)
+        if mean:
+            ctx.kb.fence(core, UNIT_VECTOR)
+            ctx.kb.emit(core, "vmul", shape=(1, rs, 1), dst=dst, a=dst, b=1.0 / length)
 
     _rows_kernel(ctx, op, x, out, rows, length, 1, body)
 
