@@ -33,7 +33,14 @@ from .expr import (
     is_call_tir,
     is_leaf,
 )
-from .functor import ExprMutator, ExprVisitor, bound_vars, free_vars, post_order_visit
+from .functor import (
+    ExprMutator,
+    ExprVisitor,
+    binding_uses,
+    bound_vars,
+    free_vars,
+    post_order_visit,
+)
 from .printer import script
 from .struct_info import (
     FuncStructInfo,
@@ -57,6 +64,7 @@ __all__ = [
     "PrimStructInfo", "SequenceStructInfo",
     "PrimValue", "SeqExpr", "ShapeExpr", "ShapeStructInfo", "StringImm", "StructInfo",
     "TensorStructInfo", "Tuple", "TupleGetItem", "TupleStructInfo", "Var", "VarBinding",
-    "as_expr", "bound_vars", "call_tir", "const", "free_vars", "is_call_tir", "is_leaf",
+    "as_expr", "binding_uses", "bound_vars", "call_tir", "const", "free_vars", "is_call_tir",
+    "is_leaf",
     "post_order_visit", "script", "shape_utils", "struct_info_lca",
 ]

@@ -372,6 +372,31 @@ def free_vars(expr: Expr) -> list[Var]:
     return list(free.values())
 
 
+def binding_uses(func: Function) -> dict[int, int]:
+    """How many times each variable is used in the flat (A-normal form) body of ``func``: as a
+    call operand, inside a tuple, as an alias or as the output; by ``id``. What a pass that fuses
+    a chain asks: a value used once may stay inside the fused kernel."""
+    counts: dict[int, int] = {}
+
+    def visit(e: Any) -> None:
+        if isinstance(e, Var):
+            counts[id(e)] = counts.get(id(e), 0) + 1
+        elif isinstance(e, Call):
+            for a in e.args:
+                visit(a)
+        elif isinstance(e, Tuple):
+            for f in e.fields:
+                visit(f)
+        elif isinstance(e, TupleGetItem):
+            visit(e.tuple_value)
+
+    for blk in func.body.blocks:
+        for b in blk.bindings:
+            visit(b.value)
+    visit(func.body.body)
+    return counts
+
+
 def bound_vars(expr: Expr) -> list[Var]:
     """Graph variables defined inside ``expr`` (parameters and binding targets), in order."""
     out: list[Var] = []

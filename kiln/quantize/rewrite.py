@@ -168,28 +168,6 @@ def _find_layer(bindings: list[Any], i: int, uses: dict[int, int]) -> _Layer | N
     return layer
 
 
-def _uses(main: g.Function) -> dict[int, int]:
-    counts: dict[int, int] = {}
-
-    def visit(e: Any) -> None:
-        if isinstance(e, g.Var):
-            counts[id(e)] = counts.get(id(e), 0) + 1
-        elif isinstance(e, g.Call):
-            for a in e.args:
-                visit(a)
-        elif isinstance(e, g.Tuple):
-            for f in e.fields:
-                visit(f)
-        elif isinstance(e, g.TupleGetItem):
-            visit(e.tuple_value)
-
-    for blk in main.body.blocks:
-        for b in blk.bindings:
-            visit(b.value)
-    visit(main.body.body)
-    return counts
-
-
 def _clamp(lo: float | None, hi: float | None, scale: float) -> tuple[int, int]:
     qlo = -128 if lo is None else int(np.clip(np.rint(lo / scale), -128, 127))
     qhi = 127 if hi is None else int(np.clip(np.rint(hi / scale), -128, 127))
@@ -344,7 +322,7 @@ class QuantizeGraph:
                     for b in bindings]
         bindings = [g.VarBinding(b.var, _inline_constants(b.value, consts))
                     for b in bindings if b is not None]
-        uses = _uses(main)
+        uses = g.binding_uses(main)
         rw = _Rewriter(self.calibration, self.skip)
         params = [g.Var(p.name_hint, p.struct_info) for p in main.params]
         for p, new in zip(main.params, params):

@@ -80,17 +80,22 @@ def lower_adaptive_avg_pool2d(ctx: LoweringContext, call: Any, args: list[Any],
                 (1, 1), float(h // oh * (w // ow)))
 
 
+def trailing_reduction_rows(op: str, shape: tuple[int, ...], axis: Any) -> int:
+    """The rows a reduction over ``axis`` of a ``shape`` tensor leaves (the row kernels reduce
+    each contiguous row); NotSupported unless the axes are the trailing ones."""
+    rank = len(shape)
+    axes = list(range(rank)) if axis is None else \
+        sorted(a % rank for a in ((axis,) if isinstance(axis, int) else axis))
+    if not axes or axes != list(range(rank - len(axes), rank)):
+        raise NotSupported(f"{op} over axes {axes} (only trailing axes)")
+    return int(np.prod(shape[:rank - len(axes)], dtype=np.int64))
+
+
 @register_lowering("mean")
 def lower_mean(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
     """A mean over trailing axes (global average pooling as ONNX exports it)."""
     x = _float_input(ctx, "mean", args[0])
-    rank = len(x.shape)
-    axes = call.attrs.axis
-    axes = list(range(rank)) if axes is None else \
-        sorted(a % rank for a in ((axes,) if isinstance(axes, int) else axes))
-    if not axes or axes != list(range(rank - len(axes), rank)):
-        raise NotSupported(f"mean over axes {axes} (only trailing axes)")
-    emit_row_mean(ctx, "mean", x, out, int(np.prod(x.shape[:rank - len(axes)], dtype=np.int64)))
+    emit_row_mean(ctx, "mean", x, out, trailing_reduction_rows("mean", x.shape, call.attrs.axis))
 
 
 @register_lowering("nn.softmax")

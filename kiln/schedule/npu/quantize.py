@@ -21,6 +21,7 @@ import numpy as np
 
 from .emit import DramTensor
 from .lowering import LoweringContext, NotSupported, register_lowering
+from .pooling import trailing_reduction_rows
 from .vector import VecStep, emit_elementwise, emit_row_mean
 
 __all__ = ["lower_dequantize", "lower_quantize", "lower_requantize", "lower_sum"]
@@ -94,11 +95,5 @@ def lower_sum(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor)
     if not isinstance(x, DramTensor) or not ctx.config.supports_vector_dtype(x.dtype) or \
             out.dtype != x.dtype:
         raise NotSupported(f"sum of {getattr(x, 'dtype', 'a constant')} -> {out.dtype}")
-    rank = len(x.shape)
-    axes = call.attrs.axis
-    axes = list(range(rank)) if axes is None else \
-        sorted(a % rank for a in ((axes,) if isinstance(axes, int) else axes))
-    if not axes or axes != list(range(rank - len(axes), rank)):
-        raise NotSupported(f"sum over axes {axes} (only trailing axes)")
-    emit_row_mean(ctx, "sum", x, out, int(np.prod(x.shape[:rank - len(axes)], dtype=np.int64)),
+    emit_row_mean(ctx, "sum", x, out, trailing_reduction_rows("sum", x.shape, call.attrs.axis),
                   mean=False)

@@ -25,7 +25,7 @@ from .emit import DramTensor
 from .lowering import LoweringContext, NotSupported, lookup_lowering
 from .ops import ELEMENTWISE_OPS, lower_elementwise_chain, product_operand_dtype
 
-__all__ = ["VIEW_OPS", "RegionLowering", "binding_uses", "is_view", "lower_region",
+__all__ = ["VIEW_OPS", "RegionLowering", "is_view", "lower_region",
            "operand_value", "region_outputs", "static_tensor"]
 
 #: Ops that are aliases of their operand's DRAM (same bytes, another shape).
@@ -48,30 +48,6 @@ def static_tensor(expr: Any) -> tuple[tuple[int, ...], str]:
         raise NotSupported(f"{getattr(expr, 'name_hint', type(expr).__name__)}: not a tensor "
                            "of static shape (the NPU build needs static shapes)")
     return tuple(int(d) for d in dims), str(si.dtype)
-
-
-def binding_uses(func: g.Function) -> dict[int, int]:
-    """How many times each variable is used in ``func`` (as an operand, an alias or an
-    output), by ``id``."""
-    counts: dict[int, int] = {}
-
-    def visit(e: Any) -> None:
-        if isinstance(e, g.Var):
-            counts[id(e)] = counts.get(id(e), 0) + 1
-        elif isinstance(e, g.Call):
-            for a in e.args:
-                visit(a)
-        elif isinstance(e, g.Tuple):
-            for f in e.fields:
-                visit(f)
-        elif isinstance(e, g.TupleGetItem):
-            visit(e.tuple_value)
-
-    for blk in func.body.blocks:
-        for b in blk.bindings:
-            visit(b.value)
-    visit(func.body.body)
-    return counts
 
 
 @dataclass
@@ -183,7 +159,7 @@ def lower_region(ctx: LoweringContext, func: g.Function, env: dict[int, Any],
     for b in bindings:
         if not isinstance(b, g.VarBinding):
             raise NotSupported(f"{type(b).__name__} bindings are not supported on the NPU")
-    uses = binding_uses(func)
+    uses = g.binding_uses(func)
     i = 0
     while i < len(bindings):
         end = _chain(bindings, i, uses) if fuse else i + 1
