@@ -115,7 +115,7 @@ class Tuner:
         if features:
             self.model.update(features, times, state.default_s)
         if not search.measured:
-            self._store(task, [m], state)
+            self._store(task, [m], state, reference=True)
             search.add(m.build.decisions or task.default, state.default_s)
             state.trials += 1
         found = search.best()
@@ -123,11 +123,17 @@ class Tuner:
             state.best_s = min(state.best_s, found[1])
         return state
 
-    def _store(self, task: Task, measured: Sequence[Any], state: TaskProgress) -> None:
+    def _store(self, task: Task, measured: Sequence[Any], state: TaskProgress,
+               reference: bool = False) -> None:
+        """Record ``measured`` in the database. ``reference``: the default schedule's own
+        measurement, whose ratio to the default is 1 by definition (timed against itself it
+        comes out 0.87 or 1.1 on a busy machine: stored so, the database's best could be the
+        default by noise while the tuner counts it as 1)."""
         self.db.add_records([
             Record(task.key, task.target_key, m.build.decisions or dict(m.build.knobs),
                    m.build.trace, list(m.run.times), m.run.ok,
-                   m.run.error or m.build.error, m.run.machine, ratio=m.run.ratio)
+                   m.run.error or m.build.error, m.run.machine,
+                   ratio=1.0 if reference and m.run.ok else m.run.ratio)
             for m in measured])
 
     def _confirm(self, task: Task, candidates: Sequence[Any], measured: Sequence[Any],
