@@ -38,20 +38,25 @@ from kiln.testing import models
 GEMM_OPS = ("dense", "matmul", "nn.conv2d", "nn.conv2d.depthwise")
 
 
-def _torch_net(name: str, size: int):
-    import torch
-
+def _import_bound(data: bytes):
+    """An exported ONNX model imported by kiln with its weights bound as constants."""
     from kiln.frontend.onnx import from_onnx
-    from kiln.testing import torch_models
 
-    net = getattr(torch_models, name)()
-    x = np.random.default_rng(0).standard_normal((1, 3, size, size)).astype("float32")
-    data = torch_models.export_onnx(net, (torch.from_numpy(x),), ["x"])
     with tempfile.NamedTemporaryFile(suffix=".onnx") as f:
         f.write(data)
         f.flush()
         mod, params = from_onnx(f.name)
-    mod = kiln.transform.BindParams("main", params)(mod)
+    return kiln.transform.BindParams("main", params)(mod)
+
+
+def _torch_net(name: str, size: int):
+    import torch
+
+    from kiln.testing import torch_models
+
+    net = getattr(torch_models, name)()
+    x = np.random.default_rng(0).standard_normal((1, 3, size, size)).astype("float32")
+    mod = _import_bound(torch_models.export_onnx(net, (torch.from_numpy(x),), ["x"]))
     with torch.no_grad():
         ref = net(torch.from_numpy(x)).numpy()
     return mod, [x], ref
@@ -60,19 +65,13 @@ def _torch_net(name: str, size: int):
 def _bert(seq: int, layers: int):
     import torch
 
-    from kiln.frontend.onnx import from_onnx
     from kiln.testing import torch_models
 
     torch.manual_seed(0)
     net = torch_models.bert_encoder(layers=layers, max_len=max(seq, 512)).eval()
     ids, mask = torch_models.example_inputs("bert_encoder", seq=seq)
-    data = torch_models.export_onnx(net, (torch.from_numpy(ids), torch.from_numpy(mask)),
-                                    ["input_ids", "attention_mask"])
-    with tempfile.NamedTemporaryFile(suffix=".onnx") as f:
-        f.write(data)
-        f.flush()
-        mod, params = from_onnx(f.name)
-    mod = kiln.transform.BindParams("main", params)(mod)
+    mod = _import_bound(torch_models.export_onnx(
+        net, (torch.from_numpy(ids), torch.from_numpy(mask)), ["input_ids", "attention_mask"]))
     with torch.no_grad():
         ref = net(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
     return mod, [ids, mask], ref

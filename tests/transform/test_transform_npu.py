@@ -134,16 +134,17 @@ def test_merge_keeps_neighbours_together():
     assert _regions(_module(body, [(4, 8)])) == {"a": 0, "b": 0, "d": 1, "e": 1}
 
 
-def test_merge_never_closes_a_cycle_through_a_cpu_call():
-    # b is independent of the CPU call c, d consumes both: putting d in a's region would need
-    # the region before c (a feeds c) and after c (c feeds d)
-    def body(bb, x):
-        a = bb.emit(op.nn.relu(x), "a")
-        c = bb.emit(op.sin(a), "c")
-        b = bb.emit(op.exp(x), "b")
-        return bb.emit_output(op.add(b, c), "d")
+def _cpu_call_between(bb, x):
+    """a (NPU) feeds the CPU call c; b (NPU) is independent of c; d (NPU) consumes both."""
+    a = bb.emit(op.nn.relu(x), "a")
+    c = bb.emit(op.sin(a), "c")
+    b = bb.emit(op.exp(x), "b")
+    return bb.emit_output(op.add(b, c), "d")
 
-    mod = _module(body, [(4, 8)])
+
+def test_merge_never_closes_a_cycle_through_a_cpu_call():
+    # putting d in a's region would need the region before c (a feeds c) and after c (c feeds d)
+    mod = _module(_cpu_call_between, [(4, 8)])
     assert _regions(mod) == {"a": 0, "b": 0, "d": 1}
     x = RNG.standard_normal((4, 8)).astype("float32")
     exe, y = _run(mod, x)
@@ -187,13 +188,7 @@ def test_merge_needs_annotations():
 # PartitionGraph
 # ---------------------------------------------------------------------------------------------
 def test_partition_outlines_regions_and_orders_main():
-    def body(bb, x):
-        a = bb.emit(op.nn.relu(x), "a")
-        c = bb.emit(op.sin(a), "c")
-        b = bb.emit(op.exp(x), "b")
-        return bb.emit_output(op.add(b, c), "d")
-
-    mod = _module(body, [(4, 8)])
+    mod = _module(_cpu_call_between, [(4, 8)])
     part = PartitionGraph()(MergeCompilerRegions()(AnnotateTarget()(mod)))
     assert npu_functions(part) == ["npu_region0", "npu_region1"]
     r0, r1 = part["npu_region0"], part["npu_region1"]
