@@ -44,8 +44,16 @@ from .tir.transform import lower
 from .transform import PassContext
 from .transform.npu import partition_for_npu
 from .tune.database import TuningDatabase
+from .tune.graph_tuning import extract_graph_tasks, tune_graph
 from .tune.ray_runner import RayMeasurer
-from .tune.report import parse_duration, progress_line, report, summary
+from .tune.report import (
+    graph_summary,
+    graph_trial_line,
+    parse_duration,
+    progress_line,
+    report,
+    summary,
+)
 from .tune.tasks import extract_tasks
 from .tune.tuner import Tuner
 
@@ -756,6 +764,10 @@ def build_parser() -> ArgumentParser:
     tune.add_argument("--ray", metavar="ADDRESS",
                       help="build and measure on a Ray cluster (host:port, or 'local' to start "
                       "one here); needs the ray extra")
+    tune.add_argument("--graph-share", type=float, default=0.25, metavar="F",
+                      help="at most this share of the budget goes to the layout blocks of the "
+                           "convolutions (whole-model measurements), first; 0: kernels only "
+                           "(default 0.25)")
     tune.add_argument("--report", action="store_true",
                       help="print a summary of the database and exit")
     tune.set_defaults(fn=cmd_tune)
@@ -789,10 +801,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if target.kind != "c":
         raise UsageError(f"--target {args.target!r}: tuning is for CPU targets")
     mod, params = _tune_module(args)
-    tasks = extract_tasks(mod, target, params)
+    start = time.monotonic()
+    graph = None
+    if args.graph_share > 0 and extract_graph_tasks(mod, target, params):
+        print(f"tuning the layouts of {args.model} for at most "
+              f"{budget * args.graph_share:g} s into {args.db}", file=sys.stderr)
+        graph = tune_graph(mod, db, target, params, budget * args.graph_share,
+                           on_trial=lambda t, c, r: print(graph_trial_line(t.key, c, r),
+                                                          file=sys.stderr, flush=True))
+    tasks = extract_tasks(mod, target, params, db=db)
     if not tasks:
         print("nothing to tune: no kernel of the model has a tunable schedule with fixed shapes")
         return 0
+    budget = max(0.0, budget - (time.monotonic() - start))
     measurer = None
     if args.ray:
         measurer = RayMeasurer(None if args.ray == "local" else args.ray)
@@ -805,6 +826,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         states = tuner.tune(tasks, budget, args.trials)
     finally:
         tuner.close()
+    if graph is not None:
+        print(graph_summary(graph))
     print(summary(states))
     print(f"build with: kiln compile {args.model} --tuning-db {args.db}")
     return 0
