@@ -15,7 +15,13 @@ from kiln import op
 from kiln.codegen.gpu.build import build as gpu_build
 from kiln.codegen.gpu.nvrtc import compile_cuda
 from kiln.schedule.gpu import SCHEDULE_ATTR, schedule_and_lower
-from kiln.schedule.gpu.linalg import BK, TILE_THREADS, register_tile, schedule_matmul
+from kiln.schedule.gpu.linalg import (
+    BK,
+    STAGES,
+    TILE_THREADS,
+    register_tile,
+    schedule_matmul,
+)
 from kiln.schedule.knobs import active_schedule
 from kiln.target import Target
 from kiln.testing.op_testing import scheduled
@@ -189,7 +195,7 @@ def test_half_gemm_accumulates_in_float32(shape):
     accs = []
     post_order_visit(launch.body, lambda x: accs.append(x.buffer) if isinstance(
         x, Allocate) and x.buffer.scope == "local" else None)
-    assert [str(buf.dtype) for buf in accs] == ["float32"]
+    assert [str(buf.dtype) for buf in accs if buf.name == "matmul_local"] == ["float32"]
     out = np.zeros((*batch, m, n), "float16")
     gpu_build({"f": lowered}, OPENCL)["f"](a, b, out)
     exact = a.astype("float64") @ b.astype("float64")
@@ -211,12 +217,14 @@ def test_knobs_name_every_tile_decision_and_take_other_values():
     assert sch.knob_decisions() == {"gpu_gemm_threads": TILE_THREADS,
                                     "gpu_gemm_register_tile": register_tile(
                                         128, 64, 2, OPENCL.gpu.multiprocessors),
-                                    "gpu_gemm_bk": BK}
-    knobs = {"gpu_gemm_threads": 8, "gpu_gemm_register_tile": (4, 8), "gpu_gemm_bk": 32}
+                                    "gpu_gemm_bk": BK, "gpu_gemm_stages": STAGES}
+    knobs = {"gpu_gemm_threads": 8, "gpu_gemm_register_tile": (4, 8), "gpu_gemm_bk": 32,
+             "gpu_gemm_stages": 1}
     sched, lowered = _lowered("matmul", [a, b], OPENCL, knobs)
     assert sched.attrs[SCHEDULE_ATTR] == "op"
     (launch,) = _launches(lowered)
     assert launch.threads_per_block == 64
+    assert _prefetch_registers(launch) == []  # one stage: no registers between the steps
     assert sorted(int(np.prod([d.value for d in s.shape])) for s in launch.shared) == [
         32 * 32, 32 * 64]
     out = np.zeros((2, 128, 64), "float32")
@@ -244,3 +252,32 @@ def test_gemm_compiles_for_ampere_and_hopper_within_the_limits(arch, dtype):
     assert usage.shared_bytes <= target.gpu.shared_memory_per_block
     if dtype != "float32":
         assert "float matmul_local[" in source  # the float32 accumulator
+
+
+def _prefetch_registers(launch: KernelLaunch) -> list[tuple[str, int]]:
+    out = []
+    post_order_visit(launch.body, lambda x: out.append(
+        (x.buffer.name, int(x.buffer.shape[0].value))) if isinstance(
+        x, Allocate) and x.buffer.name.endswith("_prefetch") else None)
+    return out
+
+
+@pytest.mark.parametrize("name,a_shape,b_shape", [
+    ("matmul", (3, 128, 80), (3, 80, 64)),   # batch, K of 5 steps
+    ("dense", (256, 48), (128, 48)),        # 3 steps
+])
+def test_two_stages_load_the_next_tiles_into_registers_during_the_step(name, a_shape, b_shape):
+    """Two stages (the default): each thread holds its part of the next step's tiles in
+    registers (tile / threads elements per operand), stored into shared memory at the next
+    step; results as numpy's."""
+    a = RNG.standard_normal(a_shape).astype("float32")
+    b = RNG.standard_normal(b_shape).astype("float32")
+    _, lowered = _lowered(name, [a, b], OPENCL)
+    (launch,) = _launches(lowered)
+    sizes = {s.name: int(np.prod([d.value for d in s.shape])) for s in launch.shared}
+    assert sorted(_prefetch_registers(launch)) == sorted(
+        (f"{n}_prefetch", size // launch.threads_per_block) for n, size in sizes.items())
+    ref = a @ (b if name == "matmul" else b.T)
+    out = np.full(ref.shape, np.nan, "float32")
+    gpu_build({"f": lowered}, OPENCL)["f"](a, b, out)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)

@@ -364,11 +364,11 @@ class KernelEmitter(FunctionEmitter):
         self.line("{")
         self.depth += 1
         el = buf.dtype.element
-        if self._vector_copy_source(value, el, lanes) is None:
-            self._hoist_loads(value)
         vt = self._vector_type(buf, lanes)
         address = None if vt is None else self._vector_address(buf, index, lanes)
-        source = self._vector_copy_source(value, el, lanes)
+        source = None if address is None else self._vector_copy_source(value, el, lanes)
+        if source is None:
+            self._hoist_loads(value)
         if vt is not None and address is not None and source is not None:
             self.line(self.dialect.vector_copy(vt, lanes, address, source))
         elif vt is not None and address is not None:

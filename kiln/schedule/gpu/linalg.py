@@ -23,6 +23,7 @@ from typing import Any
 
 from ...ir.errors import ScheduleError
 from ...tir.schedule.analysis import as_int
+from ...tir.transform.prefetch_copies import PREFETCH
 from ..cpu.generic import inline_injective_stages
 from ..knobs import knob
 from ..registry import register_schedule
@@ -43,6 +44,11 @@ BK = 16
 #: ``gpu_gemm_bk`` (reduction elements per shared step); the defaults are TILE_THREADS and BK.
 THREAD_CHOICES = (8, 16)
 BK_CHOICES = (8, 16, 32)
+#: Pipeline stages of the reduction loop (knob ``gpu_gemm_stages``): 2 loads the next step's
+#: tiles into registers while the block computes on this step's (``prefetch_copies``), 1
+#: copies, waits, computes.
+STAGES = 2
+STAGE_CHOICES = (1, 2)
 
 
 def _extents(sch: Any, loops: list[Any]) -> list[int]:
@@ -125,6 +131,8 @@ def schedule_tiled_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> 
         sch.compute_at(cache, ko)
         cooperative_copy(sch, cache, ko, t, t)
     sch.decompose_reduction(block, ko)
+    if knob("gpu_gemm_stages", STAGE_CHOICES, STAGES) == 2:
+        sch.annotate(ko, PREFETCH, 1)
     for lp in sch.get_loops(block)[-2:]:
         sch.unroll(lp)
     _fold_epilogues(sch, target, acc)
