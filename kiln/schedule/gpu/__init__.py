@@ -141,9 +141,11 @@ def _pattern(func: PrimFunc) -> OpPattern | None:
         return None
 
 
-def schedule_prim_func(func: PrimFunc, target: Any) -> PrimFunc:
-    """Schedule ``func`` for the GPU ``target`` and lower it (see the module docstring)."""
-    return schedule_and_lower(func, target)[1]
+def schedule_prim_func(func: PrimFunc, target: Any, knobs: Mapping[str, Any] | None = None
+                       ) -> PrimFunc:
+    """Schedule ``func`` for the GPU ``target`` and lower it (see the module docstring);
+    ``knobs`` as in :func:`schedule_and_lower`."""
+    return schedule_and_lower(func, target, knobs)[1]
 
 
 def schedule_and_lower(func: PrimFunc, target: Any, knobs: Mapping[str, Any] | None = None
