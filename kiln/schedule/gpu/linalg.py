@@ -4,16 +4,22 @@ shared memory, a register tile per thread.
 Each block of ``TILE_THREADS x TILE_THREADS`` threads computes a ``BM x BN`` tile of the
 output (``BM = TILE_THREADS * REG_M``, the register tile ``REG_M x REG_N`` the largest of
 :data:`REGISTER_TILES` that divides the product): every step of the reduction, the threads copy the
-``BM x BK`` tile of A and the ``BK x BN`` tile of B into shared memory together (lowering
-inserts the barriers), then each thread accumulates its ``REG_M x REG_N`` outputs in registers
-(``local`` scope), reading each shared value once per ``REG_N``/``REG_M`` products instead of
-once per product: the arithmetic intensity a GPU needs where one thread per output (the
-generic rule) re-reads A and B from global memory for every output. Batch dimensions of a
+``BM x BK`` tile of A and the ``BK x BN`` tile of B into shared memory together (each element
+loaded once per block, in vectors of up to 4: :func:`cooperative_copy`; lowering inserts the
+barriers; with two stages each thread loads its part of the next step's tiles into registers
+while the block computes, ``kiln.tir.transform.prefetch_copies``), then each thread
+accumulates its ``REG_M x REG_N`` outputs in registers (``local`` scope; float32 for
+float16/bfloat16 products, :func:`accumulator_dtype`), reading each shared value once per
+``REG_N``/``REG_M`` products instead of once per product: the arithmetic intensity a GPU
+needs where one thread per output (the generic rule) re-reads A and B from global memory for
+every output. Batch dimensions of a
 ``matmul`` go to ``blockIdx.z``, as do the leading rows of a ``dense`` whose last row axis
 fills whole tiles (else all its rows are fused into one ``i``).
 Element-wise epilogues of a fused function (bias, activation) are folded into the write-back
 of the accumulators. Shapes the tiles do not divide, or symbolic ones, are refused
 (ScheduleError) and get the generic rules (:mod:`kiln.schedule.gpu`'s next attempt).
+Knobs (:mod:`kiln.schedule.knobs`): ``gpu_gemm_threads``, ``gpu_gemm_register_tile``,
+``gpu_gemm_bk``, ``gpu_gemm_stages``.
 """
 
 from __future__ import annotations
