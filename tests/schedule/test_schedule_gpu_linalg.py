@@ -81,14 +81,21 @@ def test_tiled_gemm_matches_numpy_on_opencl(name, a_shape, b_shape):
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
-def test_shapes_the_tiles_do_not_divide_get_the_generic_rules():
-    a = RNG.standard_normal((100, 96)).astype("float32")
-    b = RNG.standard_normal((96, 64)).astype("float32")
-    sched, lowered = _lowered("matmul", [a, b], OPENCL)
+@pytest.mark.parametrize("name,a_shape,b_shape", [
+    ("matmul", (100, 96), (96, 64)),
+    ("matmul", (3, 97, 61), (61, 53)),      # primes, batch
+    ("matmul", (2, 128, 67), (2, 67, 64)),  # a prime reduction under dividing M and N
+    ("dense", (5, 31, 17), (13, 17)),
+])
+def test_shapes_the_tiles_do_not_divide_get_the_generic_rules(name, a_shape, b_shape):
+    a = RNG.standard_normal(a_shape).astype("float32")
+    b = RNG.standard_normal(b_shape).astype("float32")
+    sched, lowered = _lowered(name, [a, b], OPENCL)
     assert sched.attrs[SCHEDULE_ATTR] == "rules"
-    out = np.zeros((100, 64), "float32")
+    ref = a @ (b if name == "matmul" else b.T)
+    out = np.full(ref.shape, np.nan, "float32")
     gpu_build({"f": lowered}, OPENCL)["f"](a, b, out)
-    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_fused_bias_and_relu_fold_into_the_write_back():
