@@ -54,7 +54,7 @@ def _check(emit, tir, inputs, ref, tol=1e-2):
     """TIR lowered its products, equals the emitter's program, bits and cycles, and numpy."""
     assert tir.tir and not emit.tir
     assert [k.tiling.startswith("TIR: ") for k in tir.kernels] == \
-        [k.op in ("dense", "matmul") for k in tir.kernels]
+        [k.op in ("dense", "matmul", "nn.conv2d") for k in tir.kernels]
     for a, b in zip(emit.steps, tir.steps):
         assert a.program.assembly() == b.program.assembly()
     got, want = tir(*inputs), emit(*inputs)
@@ -71,7 +71,7 @@ def _rand(rng, *shape):
 
 
 @pytest.mark.parametrize("hw", HW)
-@pytest.mark.parametrize("m,k,n", [(97, 251, 97), (5, 97, 251), (251, 1021, 33)])
+@pytest.mark.parametrize("m,k,n", [(97, 251, 97), (5, 97, 251), (251, 1021, 33), (1, 97, 16)])
 def test_dense_constant_weights(hw, m, k, n):
     rng = np.random.default_rng(m * k + n)
     w = _rand(rng, n, k)
@@ -108,6 +108,27 @@ def test_runtime_operands_and_batches(hw):
     emit, tir = _both(lambda x, y: op.matmul(x, y), [(3, 97, 16), (3, 16, 251)], hw)
     x, y = _rand(rng, 3, 97, 16), _rand(rng, 3, 16, 251)
     _check(emit, tir, [x, y], x.astype(np.float64) @ y)
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_pointwise_conv2d(hw):
+    """A 1x1 stride-1 convolution is W @ X per image (the weights shared by the batch)."""
+    rng = np.random.default_rng(4)
+    w = _rand(rng, 33, 97, 1, 1)
+    emit, tir = _both(lambda x: op.nn.conv2d(x, g.const(w)), [(2, 97, 7, 9)], hw)
+    x = _rand(rng, 2, 97, 7, 9)
+    _check(emit, tir, [x], np.einsum("oc,nchw->nohw", w[:, :, 0, 0].astype(np.float64), x))
+    assert "1x1 as W @ X" in tir.kernels[-1].tiling
+
+
+def test_other_convolutions_and_broadcast_batches_fall_back_to_the_emitter():
+    rng = np.random.default_rng(5)
+    w = _rand(rng, 8, 3, 3, 3)
+    emit, tir = _both(lambda x: op.nn.conv2d(x, g.const(w), padding=(1, 1)), [(1, 3, 9, 9)],
+                      "edge")
+    assert tir.tir == [] and [k.tiling for k in tir.kernels] == [k.tiling for k in emit.kernels]
+    x = _rand(rng, 1, 3, 9, 9)
+    np.testing.assert_array_equal(tir(x), emit(x))
 
 
 def test_broadcast_batch_falls_back_to_the_emitter():

@@ -60,7 +60,7 @@ __all__ = ["LOWERING_KEY", "NPUUnsupportedError", "VIEW_OPS", "build_npu", "is_p
 #: the default) or ``"tir"`` (TE PrimFunc scheduled into NPU scopes and tensorized, then
 #: generated: :mod:`kiln.schedule.npu.tir_gemm`; dense and matmul, the rest as emitted).
 LOWERING_KEY = "npu.lowering"
-register_config(LOWERING_KEY, str, "emit",
+register_config(LOWERING_KEY, str, "tir",
                 "NPU build: 'emit' (per-op instruction emission) or 'tir' (products lowered "
                 "through scheduled, tensorized TIR)")
 

@@ -2,7 +2,8 @@
 
 The route (PassContext option ``"npu.lowering": "tir"``) for ``dense`` and ``matmul`` (2-D
 weights, constant or computed at run time; a batched left operand; both operands batched
-alike):
+alike) and pointwise ``nn.conv2d`` (1x1, stride 1, no padding: ``W @ X`` per image); other
+convolutions and broadcast batch dims stay with the emitter:
 
 1. :func:`gemm_prim_func`: ``C[b, i, j] = sum_k cast(acc, A[b, i, k]) * cast(acc, B[b, k,
    j])`` over the operands padded with zeros to whole tiles (``A_pad``/``B_pad``, ``select``
@@ -42,7 +43,7 @@ from ...tir.tensor_intrin.npu import (
 from .emit import DramTensor, DramView, KernelInfo
 from .gemm import GemmShape, GemmTiling, gemm_roofline, plan_gemm
 from .lowering import LoweringContext, NotSupported, register_tir_lowering
-from .ops import cast_kernel, lower_dense, lower_matmul, operand_dtype
+from .ops import cast_kernel, lower_conv2d, lower_dense, lower_matmul, operand_dtype
 from .tir_program import PIPELINE_KEY, emit_scheduled
 
 __all__ = ["GemmProblem", "gemm_prim_func", "plan_gemm_problem", "schedule_gemm",
@@ -55,17 +56,18 @@ class GemmProblem:
     ``C [batch, M, N]``."""
 
     def __init__(self, batch: int, m: int, n: int, k: int, dtype: str, acc: str,
-                 a: Any = None, b: Any = None, c: Any = None, b_shared: bool = True):
+                 a: Any = None, b: Any = None, c: Any = None, b_shared: bool = True,
+                 a_shared: bool = False):
         self.batch, self.m, self.n, self.k = batch, m, n, k
         self.dtype, self.acc = dtype, acc
         self.a, self.b, self.c = a, b, c
-        self.b_shared = b_shared
+        self.b_shared, self.a_shared = b_shared, a_shared
 
     @property
     def shape(self) -> GemmShape:
         """The planner's view (rows and columns as units of one)."""
         return GemmShape(self.batch, self.m, 1, self.n, self.k, 1, self.dtype,
-                         b_shared=self.b_shared)
+                         b_shared=self.b_shared, a_shared=self.a_shared)
 
 
 def gemm_prim_func(p: GemmProblem, tile: tuple[int, int, int]) -> PrimFunc:
@@ -126,10 +128,11 @@ def scheduled_gemm(ctx: LoweringContext, p: GemmProblem, tiling: GemmTiling) -> 
     return schedule_gemm(func, tile, ctx.kb.nbuf, mma_intrin_name(p.dtype, p.dtype, p.acc))
 
 
-def _lower(ctx: LoweringContext, op: str, p: GemmProblem, tiling: GemmTiling) -> None:
+def _lower(ctx: LoweringContext, op: str, p: GemmProblem, tiling: GemmTiling,
+           form: str = "") -> None:
     sch = scheduled_gemm(ctx, p, tiling)
     emit_scheduled(ctx.kb, sch.func, {"A": p.a, "B": p.b, "C": p.c})
-    ctx.kb.end_kernel(KernelInfo(ctx.label(op), op, "TIR: " + tiling.describe(p.shape),
+    ctx.kb.end_kernel(KernelInfo(ctx.label(op), op, "TIR: " + form + tiling.describe(p.shape),
                                  tiling.estimate, gemm_roofline(ctx.config, p.shape)))
     ctx.tir.append((op, sch))
 
@@ -183,6 +186,40 @@ def _gemm(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor, op:
     p.c = DramView(out, 0, (nb, m, n), (m * n, n, 1))
     _lower(ctx, op, p, tiling)
     return True
+
+
+def _pointwise(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> bool:
+    """A 1x1 stride-1 unpadded convolution as ``out[n] = W @ X[n]`` per image (weights
+    ``[O, C]`` shared by the batch as A, the image's channel planes ``[C, H*W]`` as B, NCHW's
+    output as C: contiguous in DRAM, as the emitter's form); False for any other convolution."""
+    at = call.attrs
+    x, w = args
+    if at.data_layout != "NCHW" or at.kernel_layout != "OIHW" or at.groups != 1 or \
+            not isinstance(w, np.ndarray) or tuple(w.shape[2:]) != (1, 1) or \
+            tuple(at.strides) != (1, 1) or any(at.padding):
+        return False
+    dt = operand_dtype(ctx, "nn.conv2d", _dtype_of(x), str(w.dtype), out.dtype)
+    acc = str(ctx.config.tensor_dtype(dt, dt).acc)
+    nb, c, h, wd = x.shape
+    o, hw = w.shape[0], h * wd
+    p = GemmProblem(nb, o, hw, c, dt, acc, b_shared=False, a_shared=True)
+    tiling = plan_gemm_problem(ctx, "nn.conv2d", p)
+    xa = _activation(ctx, x, dt, "nn.conv2d")
+    wc = ctx.constant(np.ascontiguousarray(w.reshape(o, c)), dt)
+    p.a = DramView(wc, 0, (nb, o, c), (0, c, 1))
+    p.b = DramView(xa, 0, (nb, c, hw), (c * hw, hw, 1))
+    p.c = DramView(out, 0, (nb, o, hw), (o * hw, hw, 1))
+    _lower(ctx, "nn.conv2d", p, tiling, "1x1 as W @ X: ")
+    return True
+
+
+@register_tir_lowering("nn.conv2d")
+def lower_conv2d_tir(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor
+                     ) -> None:
+    """Pointwise convolutions through TIR; the implicit GEMM of the others (L1 staging, tap
+    gathers with padding) stays with the emitter."""
+    if not _pointwise(ctx, call, args, out):
+        lower_conv2d(ctx, call, args, out)
 
 
 @register_tir_lowering("dense")

@@ -85,33 +85,25 @@ def evaluate(e: Any, env: dict[Any, int]) -> int:
 @dataclass
 class _Tile:
     """Where a staged tile of a scope buffer lives: ``addr`` (bytes) in ``mem``; buffer index
-    ``origin`` is its first element; loop ``d`` of the copy advanced buffer dim ``dims[d]``,
-    laid out with local stride ``strides[d]`` (elements) over ``valid[d]`` elements."""
+    ``origin`` is its first element; per buffer dim, ``extent`` valid elements laid out with
+    local stride ``strides`` (elements; row-major over the extents)."""
 
     mem: str
     addr: int
     origin: tuple[int, ...]
-    dims: tuple[int, ...]
-    strides: tuple[int, ...]
-    valid: tuple[int, ...]
+    extent: tuple[int, ...]
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return _row_major(list(self.extent))
 
     def local(self, index: tuple[int, ...], isz: int) -> int:
         """Byte address of buffer element ``index`` (which must lie in the tile)."""
-        off = 0
-        for dim, (i, o) in enumerate(zip(index, self.origin)):
-            if dim in self.dims:
-                d = self.dims.index(dim)
-                if not 0 <= i - o < self.valid[d]:
-                    raise KilnError(f"NPU program generator: index {index} outside the staged "
-                                    f"tile at {self.origin} (valid {self.valid})")
-                off += (i - o) * self.strides[d]
-            elif i != o:
-                raise KilnError(f"NPU program generator: index {index} outside the staged tile "
-                                f"at {self.origin}")
-        return self.addr + off * isz
-
-    def row_stride(self, dim: int) -> int:
-        return self.strides[self.dims.index(dim)] if dim in self.dims else 0
+        if not all(0 <= i - o < n for i, o, n in zip(index, self.origin, self.extent)):
+            raise KilnError(f"NPU program generator: index {index} outside the staged tile at "
+                            f"{self.origin} (extents {self.extent})")
+        return self.addr + sum((i - o) * s for i, o, s in
+                               zip(index, self.origin, self.strides)) * isz
 
 
 def _nest(stmt: Stmt) -> tuple[list[For], BlockRealize | None]:
@@ -141,6 +133,7 @@ class _Generator:
         self.core = 0
         self.slot: int | None = None       # the pipeline step's load slot (None: not yet taken)
         self.loaded = False                # the step's loads are done (compute may start)
+        self.in_pipeline = False
         self.staged: dict[Buffer, _Tile] = {}
         self.nbuf = kb.nbuf
         self.slot_bytes: dict[Buffer, int] = {}
@@ -185,6 +178,7 @@ class _Generator:
         self.core = self.tiles % self.cfg.cores
         self.tiles += 1
         p = self.pipes[self.core]
+        self.in_pipeline = True
         for v in range(lo, lo + n):
             self.env[loop.loop_var] = v
             self.slot, self.loaded = None, False
@@ -194,7 +188,7 @@ class _Generator:
                                    "nothing on the tensor unit")
         self.env.pop(loop.loop_var, None)
         p.produced()
-        self.slot = None
+        self.slot, self.in_pipeline = None, False
 
     # -- copies -> DMA -----------------------------------------------------------------------
     @staticmethod
@@ -313,8 +307,11 @@ class _Generator:
         if self.nbuf * nbytes > self.cfg.memory(mem).size:
             raise NotSupported(f"{self.nbuf} slots of {nbytes} B for {dst.name!r} exceed "
                                f"{mem} ({self.cfg.memory(mem).size} B)")
-        strides = _row_major(valid)
-        tile = _Tile(mem, self.slot * nbytes, base_d, tuple(dims), strides, tuple(valid))
+        extent = [1] * len(base_d)
+        for dim, n in zip(dims, valid):
+            extent[dim] = n
+        tile = _Tile(mem, self.slot * nbytes, base_d, tuple(extent))
+        strides = tuple(tile.strides[dim] for dim in dims)
         self.staged[dst] = tile
         t, (offset, s_strides) = self.dram_block(src, base_s, coef_s)
         pad = (1,) * (3 - len(valid))
@@ -337,7 +334,7 @@ class _Generator:
         for cf in coef_s:
             if sorted(cf) != [0] * (len(cf) - 1) + [1]:
                 raise NotSupported(f"copy {name!r} does not read its scope buffer densely")
-            l_strides.append(tile.row_stride(cf.index(1)))
+            l_strides.append(tile.strides[cf.index(1)])
         t, (offset, d_strides) = self.dram_block(dst, base_d, coef_d)
         p = self.pipes[self.core]
         p.store_begin()
@@ -355,8 +352,9 @@ class _Generator:
                 and body.value.op == NPU_MMA):
             raise NotSupported(f"block {b.name_hint!r} is tensorized onto "
                                f"{b.annotations.get('kiln.tensor_intrin')!r}, not {NPU_MMA}")
-        if self.slot is None and not self.staged:
-            raise NotSupported(f"block {b.name_hint!r} runs outside a software pipeline")
+        if not self.in_pipeline or self.loaded:
+            raise NotSupported(f"block {b.name_hint!r}: a tensorized tile must be the one "
+                               f"product of a step of a {PIPELINE_KEY!r} loop")
         for iv, val in zip(b.iter_vars, realize.iter_values):
             self.env[iv.var] = evaluate(val, self.env)
         first = b.init is not None and all(
@@ -375,8 +373,8 @@ class _Generator:
         if ta is None or tb is None:
             raise NotSupported(f"block {b.name_hint!r} multiplies tiles never loaded")
         nd = len(aidx)
-        a_rows, a_cols = ta.valid[ta.dims.index(nd - 2)], ta.valid[ta.dims.index(nd - 1)]
-        b_rows, b_cols = tb.valid[tb.dims.index(nd - 2)], tb.valid[tb.dims.index(nd - 1)]
+        a_rows, a_cols = ta.extent[nd - 2:]
+        b_rows, b_cols = tb.extent[nd - 2:]
         m, k, n = a_rows, a_cols, b_cols
         if b_rows != k or m > bound[0] or n > bound[1] or k > bound[2]:
             raise NotSupported(f"block {b.name_hint!r}: tiles {a_rows}x{a_cols} @ "
@@ -394,15 +392,15 @@ class _Generator:
                 raise NotSupported(f"{self.nbuf} accumulator tiles of {c_bytes} B exceed acc")
             ndims = len(cidx)
             self.staged[cbuf] = _Tile("acc", p.out_slot() * c_bytes, cidx,
-                                      (ndims - 2, ndims - 1), (n, 1), (m, n))
+                                      (1,) * (ndims - 2) + (m, n))
         tc = self.staged.get(cbuf)
-        if tc is None or tc.origin != cidx or tc.valid != (m, n):
+        if tc is None or tc.origin != cidx or tc.extent[-2:] != (m, n):
             raise NotSupported(f"block {b.name_hint!r} accumulates into a tile it never "
                                "initialized")
         self.kb.emit(self.core, "mma.set" if first else "mma", shape=(1, m, n, k),
-                     c=block("acc", tc.addr, acc, (0, tc.row_stride(len(cidx) - 2), 1)),
-                     a=block("input", a_addr, str(abuf.dtype), (0, ta.row_stride(nd - 2), 1)),
-                     b=block("weight", b_addr, str(bbuf.dtype), (tb.row_stride(nd - 2), 1, 0)))
+                     c=block("acc", tc.addr, acc, (0, tc.strides[-2], 1)),
+                     a=block("input", a_addr, str(abuf.dtype), (0, ta.strides[-2], 1)),
+                     b=block("weight", b_addr, str(bbuf.dtype), (tb.strides[-2], 1, 0)))
         p.computed()
 
     def finish(self) -> None:
