@@ -56,9 +56,10 @@ from .executable import CpuStep, NPUExecutable, NpuStep
 __all__ = ["LOWERING_KEY", "NPUUnsupportedError", "VIEW_OPS", "build_npu", "is_partitioned",
            "npu_config_of"]
 
-#: PassContext option: how products reach NPU instructions -- ``"emit"`` (per-op emission,
-#: the default) or ``"tir"`` (TE PrimFunc scheduled into NPU scopes and tensorized, then
-#: generated: :mod:`kiln.schedule.npu.tir_gemm`; dense and matmul, the rest as emitted).
+#: PassContext option: how products reach NPU instructions -- ``"tir"`` (the default: a TE
+#: PrimFunc scheduled into NPU scopes and tensorized, then generated,
+#: :mod:`kiln.schedule.npu.tir_gemm`; dense, matmul and pointwise conv2d, the rest as emitted)
+#: or ``"emit"`` (per-op instruction emission for every op). Both give the same program.
 LOWERING_KEY = "npu.lowering"
 register_config(LOWERING_KEY, str, "tir",
                 "NPU build: 'emit' (per-op instruction emission) or 'tir' (products lowered "

@@ -215,6 +215,17 @@ class _Generator:
     def valid_extents(self, loops: list[For], realize: BlockRealize, cond: Any,
                       extents: list[int]) -> list[int]:
         """Per loop, the length of the prefix where ``cond`` holds (the others at 0)."""
+        if isinstance(cond, E.IntImm) and cond.value:
+            return list(extents)
+        if not all(extents):
+            return list(extents)
+        first = self.at(loops, realize, [0] * len(extents), cond)[0]
+        last = self.at(loops, realize, [n - 1 for n in extents], cond)[0]
+        if first and last:
+            return list(extents)  # a box holding at both corners holds everywhere: a full tile
+        if last:
+            raise NotSupported(f"block {realize.block.name_hint!r} pads before its data (only "
+                               "a tail of padding is lowered)")
         out = []
         for d, n in enumerate(extents):
             def holds(x: int, d: int = d) -> bool:
@@ -271,6 +282,8 @@ class _Generator:
             self.env.pop(lp.loop_var, None)
         if not all(valid):
             return
+        if base_d == base_s:
+            self.unit_dims(len(base_d), coef_d, coef_s, extents, valid)
         dst, src = store.buffer, value.buffer
         if src.scope == "global" and dst.scope in SCOPE_MEMORY:
             self.load(b.name_hint, dst, src, base_d, base_s, coef_d, coef_s, extents, valid)
@@ -279,6 +292,23 @@ class _Generator:
         else:
             raise NotSupported(f"copy {b.name_hint!r} from scope {src.scope!r} to "
                                f"{dst.scope!r}: the NPU moves data between DRAM and a scratchpad")
+
+    @staticmethod
+    def unit_dims(nd: int, coef_d: list[tuple[int, ...]], coef_s: list[tuple[int, ...]],
+                  extents: list[int], valid: list[int]) -> None:
+        """Give back the DMA the matrix dims (the last two) of a copy that indexes both
+        buffers alike (a cache copy) whose unit loops ``compute_at`` dropped: extent 1, the
+        buffers' own strides -- the block the emitter writes for a one-row tile."""
+        for dim in range(max(0, nd - 2), nd):
+            covered = [c.index(1) for c in coef_d if 1 in c]
+            if dim in covered or len(extents) >= 3:
+                continue
+            unit = tuple(int(i == dim) for i in range(nd))
+            pos = sum(1 for c in covered if c < dim)
+            coef_d.insert(pos, unit)
+            coef_s.insert(pos, unit)
+            extents.insert(pos, 1)
+            valid.insert(pos, 1)
 
     def dram_block(self, buf: Buffer, index: tuple[int, ...], coef: list[tuple[int, ...]]
                    ) -> tuple[Any, tuple[int, ...]]:
