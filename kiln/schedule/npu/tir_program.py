@@ -123,8 +123,9 @@ def _row_major(extents: list[int]) -> tuple[int, ...]:
 
 
 class _Generator:
-    def __init__(self, kb: KernelBuilder, func: PrimFunc,
-                 dram: dict[Buffer, DramTensor | DramView]):
+    """The walk's state: loop values, the per-core pipelines, the tiles staged per buffer."""
+
+    def __init__(self, kb: KernelBuilder, dram: dict[Buffer, DramTensor | DramView]):
         self.kb, self.cfg = kb, kb.config
         self.dram = dram
         self.env: dict[Any, int] = {}
@@ -448,6 +449,6 @@ def emit_scheduled(kb: KernelBuilder, func: PrimFunc,
         if buf.name not in dram:
             raise KilnError(f"NPU program generator: no DRAM tensor for parameter {buf.name!r}")
         by_buffer[buf] = dram[buf.name]
-    gen = _Generator(kb, func, by_buffer)
+    gen = _Generator(kb, by_buffer)
     gen.walk(func.body)
     gen.finish()
