@@ -29,7 +29,7 @@ from . import __version__, progress
 from .build import build, check_buildable, default_pipeline, npu_pipeline, schedule_prim_func
 from .codegen import c as codegen_c
 from .codegen.gpu.build import generate_source as generate_gpu_source
-from .codegen.npu import NPUExecutable, build_npu, npu_config_of
+from .codegen.npu import LOWERING_KEY, NPUExecutable, build_npu, npu_config_of
 from .frontend.onnx import from_onnx
 from .frontend.onnx.importer import load_model
 from .frontend.torch import from_pt2
@@ -59,10 +59,11 @@ from .tune.tuner import Tuner
 
 STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c", "cuda", "opencl",
           "partition", "npu", "asm")
-#: The stages of an NPU target: the NPU lowers graph ops (no TIR), the module partitioned into
-#: NPU region functions (``partition``: with each tensor's memory scope), its kernels and
-#: tilings (``npu``) and its assembly (``asm``).
-NPU_STAGES = ("graph", "optimized", "partition", "npu", "asm")
+#: The stages of an NPU target: the NPU lowers graph ops, the module partitioned into NPU region
+#: functions (``partition``: with each tensor's memory scope), the products lowered through TIR
+#: (``scheduled``: each PrimFunc staged into NPU scopes and tensorized, with its schedule's
+#: trace), its kernels and tilings (``npu``) and its assembly (``asm``).
+NPU_STAGES = ("graph", "optimized", "partition", "scheduled", "npu", "asm")
 OPT_LEVELS = (0, 1, 2, 3)
 
 EXAMPLES = """\
@@ -266,7 +267,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def _show_npu(mod: Any, target: Target, args: argparse.Namespace) -> int:
     if args.stage not in NPU_STAGES:
         raise UsageError(f"--stage {args.stage}: an NPU target has the stages "
-                         f"{', '.join(NPU_STAGES)} (it lowers graph ops, not TIR)")
+                         f"{', '.join(NPU_STAGES)}")
     with PassContext(opt_level=args.opt_level):
         mod = npu_pipeline()(mod)
     if args.stage == "optimized":
@@ -275,6 +276,15 @@ def _show_npu(mod: Any, target: Target, args: argparse.Namespace) -> int:
     mod = partition_for_npu(npu_config_of(target))(mod)
     if args.stage == "partition":
         print(mod.script())
+        return 0
+    if args.stage == "scheduled":
+        with PassContext(config={LOWERING_KEY: "tir"}):
+            exe = build_npu(mod, target)
+        for op_name, sch in exe.tir:
+            print(f"# {op_name}: scheduled for {target}\n{sch.func}\n# trace\n{sch.trace}",
+                  end="\n\n")
+        if not exe.tir:
+            print("# no product of this model is lowered through TIR")
         return 0
     exe = build_npu(mod, target)
     if args.stage == "npu":
