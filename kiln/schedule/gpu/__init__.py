@@ -23,7 +23,7 @@ and tools can see which operators fell back.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...graph.op_registry import OpPattern
@@ -36,8 +36,9 @@ from ...tir.gpu import KernelLaunch
 from ...tir.schedule import Schedule
 from ...tir.stmt import ForKind
 from ...tir.transform.lower import lower
+from ..knobs import active_schedule
 from ..registry import register_no_schedule, register_rule, target_family
-from . import linalg, rules  # noqa: F401 - linalg registers its schedules
+from . import conv, linalg, pooling, rules  # noqa: F401 - they register their schedules
 
 __all__ = ["GPU_KINDS", "SCHEDULE_ATTR", "own_schedule", "rule_for_pattern",
            "schedule_and_lower", "schedule_generic", "schedule_generic_op", "schedule_prim_func"]
@@ -145,8 +146,11 @@ def schedule_prim_func(func: PrimFunc, target: Any) -> PrimFunc:
     return schedule_and_lower(func, target)[1]
 
 
-def schedule_and_lower(func: PrimFunc, target: Any) -> tuple[PrimFunc, PrimFunc]:
-    """(scheduled, lowered) ``func`` for the GPU ``target`` (see the module docstring)."""
+def schedule_and_lower(func: PrimFunc, target: Any, knobs: Mapping[str, Any] | None = None
+                       ) -> tuple[PrimFunc, PrimFunc]:
+    """(scheduled, lowered) ``func`` for the GPU ``target`` (see the module docstring);
+    ``knobs``: values for the op schedule's tunable decisions (:mod:`kiln.schedule.knobs`),
+    the defaults where absent."""
     op_name = func.attrs.get("op_name")
     op_sched = own_schedule(op_name, target)
     pattern = _pattern(func)
@@ -154,7 +158,9 @@ def schedule_and_lower(func: PrimFunc, target: Any) -> tuple[PrimFunc, PrimFunc]
     def by_op(sch: Schedule) -> Schedule:
         if op_sched is None:
             raise ScheduleError("no GPU schedule registered for the op")
-        op_sched(sch, target)
+        sch.knob_values = dict(knobs or {})
+        with active_schedule(sch):
+            op_sched(sch, target)
         return sch
 
     attempts: list[tuple[str, Callable[[Schedule], Schedule]]] = [

@@ -114,10 +114,10 @@ def schedule_tiled_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> 
     sch.decompose_reduction(block, ko)
     for lp in sch.get_loops(block)[-2:]:
         sch.unroll(lp)
-    _fold_epilogues(sch, target, acc)
+    fold_epilogues(sch, target, acc)
 
 
-def _fold_epilogues(sch: Any, target: Any, write_back: Any) -> None:
+def fold_epilogues(sch: Any, target: Any, write_back: Any) -> None:
     """Fold element-wise consumers of the product into the accumulators' write-back; what
     cannot be folded gets the generic element-wise rule."""
     name = sch.get(write_back).name_hint
