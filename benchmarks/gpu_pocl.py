@@ -28,7 +28,8 @@ from kiln.frontend.onnx import from_onnx  # noqa: E402
 from kiln.testing import torch_models  # noqa: E402
 
 
-def _export(name: str, size: int) -> tuple[bytes, np.ndarray]:
+def export_model(name: str, size: int) -> tuple[bytes, np.ndarray]:
+    """(ONNX bytes, a random input) of the model at ``size`` x ``size``, batch 1."""
     import torch
 
     make, names = torch_models.MODELS[name]
@@ -55,7 +56,7 @@ def main() -> None:
     print(f"{'model':14} {'size':>4} {'build s':>8} {'ocl ms':>9} {'ocl cpu ms':>10} "
           f"{'c ms':>8} {'ocl/c':>6} {'max err':>8}")
     for name in args.models:
-        data, x = _export(name, args.size)
+        data, x = export_model(name, args.size)
         mod, params = from_onnx(data)
         t0 = time.perf_counter()
         ocl = kiln.build(mod, "opencl", params=params)
