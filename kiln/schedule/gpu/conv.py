@@ -132,9 +132,9 @@ def conv_tiles(shape: ConvShape, target: Any, out_per_group: int) -> ConvTiles:
     """The default tiles of the implicit GEMM: 4 output channels per thread where there are
     16 or more (with ``reg_x`` 2, an 8-float accumulator tile: registers stay well under the
     limits), up to ``THREADS_O_DEFAULT`` threads along the output channels (each input value
-    in shared memory feeds ``threads_o * reg_o`` outputs), the rest of ``BLOCK_THREADS`` along the pixels, then
-    the deepest reduction step (up to ``K_CHANNELS_DEFAULT``) the target's shared memory
-    holds."""
+    in shared memory feeds ``threads_o * reg_o`` outputs), the rest of ``BLOCK_THREADS``
+    along the pixels, then the deepest reduction step (up to ``K_CHANNELS_DEFAULT``) the
+    target's shared memory holds."""
     most = min(BLOCK_THREADS, target.gpu.max_threads_per_block)
     reg_o = 4 if shape.o >= 16 else 1
     want_o = min(THREADS_O_DEFAULT, -(-shape.o // reg_o), most // THREADS_X[0])
