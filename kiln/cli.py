@@ -389,26 +389,32 @@ def _parse_shapes(specs: Sequence[str], inputs: dict[str, Any]) -> dict[str, lis
     return shapes
 
 
+def _import_model(path: str, shape_args: list[str] | None) -> tuple[Any, Any]:
+    """(module, params) of an ONNX model or a ``torch.export.save``'d ``.pt2`` program
+    (``shape_args``: ``--shape`` values, ONNX only)."""
+    stage = progress.Stage(f"importing {path}")
+    if path.endswith(".pt2"):  # a torch.export.save'd ExportedProgram
+        if shape_args:
+            raise UsageError("--shape is for ONNX models (a .pt2 program has its shapes)")
+        _existing_file(path, "model")
+        mod, params = from_pt2(path)
+        stage.finish()
+        return mod, params
+    proto = _load_onnx(path)
+    shapes = _parse_shapes(shape_args or [], _graph_inputs(proto))
+    mod, params = from_onnx(proto, shape_dict=shapes or None,
+                            base_dir=os.path.dirname(os.path.abspath(path)))
+    stage.finish(f"{len(proto.graph.node)} nodes")
+    return mod, params
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     target = _target(args.target)
     out = args.output or os.path.splitext(args.model)[0] + ".kiln"
     _check_output_folder(out, "output")
-    stage = progress.Stage(f"importing {args.model}")
     t0 = time.perf_counter()
-    if args.model.endswith(".pt2"):  # a torch.export.save'd ExportedProgram
-        if args.shape:
-            raise UsageError("--shape is for ONNX models (a .pt2 program has its shapes)")
-        _existing_file(args.model, "model")
-        mod, params = from_pt2(args.model)
-        t1 = time.perf_counter()
-        stage.finish()
-    else:
-        proto = _load_onnx(args.model)
-        shapes = _parse_shapes(args.shape, _graph_inputs(proto))
-        mod, params = from_onnx(proto, shape_dict=shapes or None,
-                                base_dir=os.path.dirname(os.path.abspath(args.model)))
-        t1 = time.perf_counter()
-        stage.finish(f"{len(proto.graph.node)} nodes")
+    mod, params = _import_model(args.model, args.shape)
+    t1 = time.perf_counter()
     with PassContext(opt_level=args.opt_level):
         exe = build(mod, target=target, params=params, tuning_db=args.tuning_db)
     t2 = time.perf_counter()
@@ -546,12 +552,36 @@ def _output_paths(target: str | None, names: Sequence[str]) -> list[str | None]:
     return paths
 
 
+#: Files ``kiln run`` compiles before running (anything else is a saved executable).
+MODEL_SUFFIXES = (".onnx", ".pt2")
+
+
+def _executable_to_run(path: str, target_spec: str | None) -> Any:
+    """A saved executable (``--target``, when given, must be the kind it was compiled for),
+    or a model compiled here for ``--target`` (default: this CPU)."""
+    if path.endswith(MODEL_SUFFIXES):
+        target = _target(target_spec or "native")
+        mod, params = _import_model(path, None)
+        stage = progress.Stage(f"compiling for {target.kind}")
+        exe = build(mod, target=target, params=params)
+        stage.finish()
+        return exe
+    stage = progress.Stage(f"loading {path}")
+    exe = _load_executable(path)
+    stage.finish()
+    if target_spec is not None:
+        want, have = _target(target_spec).kind, Target.create(exe.target).kind
+        if want != have:
+            raise UsageError(f"--target {target_spec!r}: {path} was compiled for {have!r} "
+                             f"(run the model file with --target {target_spec}, or compile it "
+                             f"again with `kiln compile --target {target_spec}`)")
+    return exe
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if args.trace is not None:
         _check_output_folder(args.trace, "--trace")
-    stage = progress.Stage(f"loading {args.file}")
-    exe = _load_executable(args.file)
-    stage.finish()
+    exe = _executable_to_run(args.file, args.target)
     if isinstance(exe, NPUExecutable):
         return _run_npu(exe, args)
     plan = exe.plans[exe.main_name]
@@ -692,13 +722,19 @@ def build_parser() -> ArgumentParser:
                       "says (made by `kiln tune`); kernels without one get the default")
     comp.set_defaults(fn=cmd_compile)
 
-    run = command("run", "run a saved executable: prints outputs and latency", """\
+    run = command("run", "run a saved executable or a model: prints outputs and latency", """\
   kiln run model.kiln                                     random inputs
   kiln run model.kiln x.npy                               inputs in order
   kiln run model.kiln --input image=x.npy -o out/         out/<output name>.npy
   kiln run model.kiln --dim batch=8 --threads 4 --profile --trace trace.json
+  kiln run model.onnx --target opencl                     compile for a target, then run
 """)
-    run.add_argument("file", help="the .kiln executable")
+    run.add_argument("file", help="the .kiln executable, or an .onnx/.pt2 model (compiled "
+                     "for --target first)")
+    run.add_argument("--target", default=None,
+                     help="the target to compile a model file for (cuda, opencl, a CPU: "
+                     "default native); for a .kiln file, the kind it must have been "
+                     "compiled for")
     run.add_argument("inputs", nargs="*", help=".npy files for the inputs, in input order")
     run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                      help="an input by name (inputs not given are random)")

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ...arith.analyzer import simplify
 from ...ir.dtype import DataType
 from ...ir.errors import CodegenError
 from ...tir import expr as E
@@ -174,7 +175,7 @@ class KernelEmitter(FunctionEmitter):
         for buf in self.launch.shared:
             ct = self.storage_ctype(buf.dtype)
             name = self.define_var(buf.data)
-            size = int(alloc_size(buf).value)  # type: ignore[attr-defined]
+            size = int(simplify(alloc_size(buf)).value)  # type: ignore[attr-defined]
             if self.dynamic_shared:
                 self.line(d.dynamic_shared_decl(ct, name, offset))
                 offset += (size * max(1, buf.dtype.element.itemsize) + 15) // 16 * 16

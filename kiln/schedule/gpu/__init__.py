@@ -38,7 +38,7 @@ from ...tir.stmt import ForKind
 from ...tir.transform.lower import lower
 from ..knobs import active_schedule
 from ..registry import register_no_schedule, register_rule, target_family
-from . import linalg, rules  # noqa: F401 - linalg registers its schedules
+from . import conv, linalg, pooling, rules  # noqa: F401 - they register their schedules
 
 __all__ = ["GPU_KINDS", "SCHEDULE_ATTR", "own_schedule", "rule_for_pattern",
            "schedule_and_lower", "schedule_generic", "schedule_generic_op", "schedule_prim_func"]

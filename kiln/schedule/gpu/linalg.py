@@ -141,7 +141,7 @@ def schedule_tiled_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> 
         sch.annotate(ko, PREFETCH, 1)
     for lp in sch.get_loops(block)[-2:]:
         sch.unroll(lp)
-    _fold_epilogues(sch, target, acc)
+    fold_epilogues(sch, target, acc)
 
 
 def accumulator_dtype(block: Any) -> str | None:
@@ -185,7 +185,7 @@ def copy_lanes(inner: int | None, total: int | None, threads: int, buffer: Any) 
     return lanes
 
 
-def _fold_epilogues(sch: Any, target: Any, write_back: Any) -> None:
+def fold_epilogues(sch: Any, target: Any, write_back: Any) -> None:
     """Fold element-wise consumers of the product into the accumulators' write-back; what
     cannot be folded gets the generic element-wise rule."""
     name = sch.get(write_back).name_hint

@@ -131,15 +131,16 @@ def loop_roles(sch: Any, block: Any, loops: list[Any]) -> list[str]:
     return roles
 
 
-def _bind_flat(sch: Any, target: Any, loop: Any, vector: int = 1) -> None:
-    """Split one loop over ``blockIdx.x`` x ``threadIdx.x`` (x ``vector`` lanes), with a
-    grid-stride loop when the blocks would exceed the grid limit."""
+def bind_flat(sch: Any, target: Any, loop: Any, vector: int = 1, most: int = THREADS) -> None:
+    """Split one loop over ``blockIdx.x`` x ``threadIdx.x`` (x ``vector`` lanes; at most
+    ``most`` threads a block), with a grid-stride loop when the blocks would exceed the grid
+    limit."""
     extent = as_int(sch.get(loop).extent)
     if vector > 1:
         loop, lanes = sch.split(loop, [None, vector])
         sch.vectorize(lanes)
         extent = None if extent is None else extent // vector
-    t = threads_for(target, extent)
+    t = threads_for(target, extent, most)
     bx, tx = sch.split(loop, [None, t])
     max_grid = target.gpu.max_grid_dims[0]
     blocks = None if extent is None else -(-extent // t)
@@ -202,7 +203,7 @@ def schedule_injective_block(sch: Any, target: Any, block: Any) -> bool:
         return False
     vector = _vector_lanes(sch, block, loops)
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    _bind_flat(sch, target, fused, vector)
+    bind_flat(sch, target, fused, vector)
     return True
 
 
@@ -257,7 +258,7 @@ def schedule_reduction_block(sch: Any, target: Any, block: Any) -> bool:
     if not spatial:
         return False
     s = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-    _bind_flat(sch, target, s)
+    bind_flat(sch, target, s)
     return True
 
 
@@ -292,5 +293,5 @@ def schedule_outer_parallel(sch: Any, target: Any, block: Any) -> bool:
     outer = loops[0]
     if sch.get(outer).kind != ForKind.SERIAL or not _data_parallel(sch, outer):
         return False
-    _bind_flat(sch, target, outer)
+    bind_flat(sch, target, outer)
     return True

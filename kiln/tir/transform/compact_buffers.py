@@ -132,11 +132,11 @@ def _plan(index: TreeIndex, buf: Buffer) -> tuple[SRef, list[PrimExpr], list[int
             return None
         if any(v in loop_vars and v not in allowed for v in collect_vars(lo)):
             return None
-        if isinstance(dim, IntImm) and ext.value > dim.value:
+        if isinstance(dim, IntImm) and ext.value > dim.value and isinstance(lo, IntImm) \
+                and 0 <= lo.value < dim.value:
             # a predicated tail tile reaches past the buffer; its accesses there are guarded
-            # off, so the region is clipped to the buffer (possible when it starts at a constant)
-            if not isinstance(lo, IntImm) or not 0 <= lo.value < dim.value:
-                return None
+            # off, so the region is clipped to the buffer where it starts at a constant (else
+            # the tile's extent stays: larger than the buffer, and every access within it)
             ext = IntImm(ext.dtype, dim.value - lo.value)
         starts.append(lo)
         extents.append(ext.value)
