@@ -134,7 +134,7 @@ def schedule_tiled_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> 
     sch.reverse_compute_at(acc, tx)
     for index in (0, 1):
         cache = sch.cache_read(block, index, "shared")
-        sch.compute_at(cache, ko)
+        sch.compute_at(cache, ko, cooperative=True)
         cooperative_copy(sch, cache, ko, t, t)
     sch.decompose_reduction(block, ko)
     if knob("gpu_gemm_stages", STAGE_CHOICES, STAGES) == 2:

@@ -184,7 +184,8 @@ def _check_moveable(index: TreeIndex, block: SRef, loop: SRef, what: str) -> Non
 
 
 def compute_at(
-    index: TreeIndex, block: SRef, loop: SRef, preserve_unit_loops: bool
+    index: TreeIndex, block: SRef, loop: SRef, preserve_unit_loops: bool,
+    cooperative: bool = False,
 ) -> PrimFunc:
     what = "compute_at"
     _check_moveable(index, block, loop, what)
@@ -236,11 +237,11 @@ def compute_at(
                     f"{name!r}, would run after {name!r} at loop {loop_name!r}"
                 )
     ana = analyzer_at(index, loop)
-    # A block writing shared memory under the threadIdx loops of a GPU block produces what
-    # all the block's threads read: the threads then share the copy (bind its loops to the
-    # same threadIdx tags, see loop_transform.bind).
+    # cooperative: a block writing shared memory under the threadIdx loops of a GPU block
+    # produces what all the block's threads read: the threads then share the copy (bind its
+    # loops to the same threadIdx tags, see loop_transform.bind)
     shared = all(b.scope == "shared" for b in outs)
-    relax = thread_loops_above(index, loop) if shared else []
+    relax = thread_loops_above(index, loop) if shared and cooperative else []
     needs = [
         (buf, accessed_region(index, loop, [c for c in consumers
                                              if any(r.buffer is buf for r in c.block.reads)],

@@ -320,12 +320,18 @@ class Schedule:
         self._commit(_inline.reverse_compute_inline(self._index, sref))
 
     @_traced
-    def compute_at(self, block: BlockRV, loop: LoopRV, preserve_unit_loops: bool = False
-                   ) -> None:
-        """Move producer ``block`` under ``loop``, computing what the consumers there need."""
+    def compute_at(self, block: BlockRV, loop: LoopRV, preserve_unit_loops: bool = False,
+                   cooperative: bool = False) -> None:
+        """Move producer ``block`` under ``loop``, computing what the consumers there need.
+
+        ``cooperative``: ``block`` writes shared memory and ``loop`` is under threadIdx loops:
+        compute what *all* the block's threads read there (their loops relaxed), so that the
+        threads can divide the copy among them (bind its loops to the same tags). Without it,
+        each thread computes what it reads itself."""
         b = self._block(block, "compute_at")
         lp = self._loop(loop, "compute_at")
-        self._commit(_at.compute_at(self._index, b, lp, bool(preserve_unit_loops)))
+        self._commit(_at.compute_at(self._index, b, lp, bool(preserve_unit_loops),
+                                    bool(cooperative)))
 
     @_traced
     def reverse_compute_at(self, block: BlockRV, loop: LoopRV,

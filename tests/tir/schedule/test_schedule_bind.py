@@ -81,7 +81,7 @@ def _staged(threads: int) -> tuple[Schedule, object]:
     sch.bind(i, "blockIdx.x")
     sch.bind(jo, "threadIdx.x")
     copy = sch.cache_read(blk, 0, "shared")
-    sch.compute_at(copy, jo)
+    sch.compute_at(copy, jo, cooperative=True)
     return sch, copy
 
 

@@ -138,7 +138,7 @@ def test_a_shared_copy_bound_to_more_threads_than_its_outer_loop_is_refused():
     sch.bind(i, "blockIdx.x")
     sch.bind(j, "threadIdx.x")
     copy = sch.cache_read(blk, 0, "shared")
-    sch.compute_at(copy, j)
+    sch.compute_at(copy, j, cooperative=True)
     (ax,) = sch.get_loops(copy)[-1:]
     sch.bind(ax, "threadIdx.x")
     assert _kernels(lower(sch.func, OPENCL))[0].threads_per_block == 32  # allowed: 32 <= 32

@@ -32,7 +32,7 @@ def _row_sums(prefetch: bool) -> Schedule:
     sch.bind(jo, "blockIdx.x")
     sch.bind(ji, "threadIdx.x")
     copy = sch.cache_read(blk, 0, "shared")
-    sch.compute_at(copy, io)
+    sch.compute_at(copy, io, cooperative=True)
     a, b = sch.get_loops(copy)[-2:]
     fused = sch.fuse(a, b)
     _, tx = sch.split(fused, [None, 32])
