@@ -465,3 +465,44 @@ def test_schedule_injective_transposes_rows_that_conflict_in_l1(k, transposed):
     av, out = rand((64, k)), np.empty((4, k, 16), np.float32)
     mod["f"](av, out)
     np.testing.assert_array_equal(out, av.reshape(4, 16, k).transpose(0, 2, 1))
+
+
+@pytest.mark.parametrize("sizes, piecewise", [((6, 6, 12), True), ((5, 7, 12), False)])
+def test_schedule_injective_unrolls_concat_pieces_of_a_blocked_axis(sizes, piecewise):
+    """A concat along the channels written in NCHW12c (the text detector's FPN: resized maps
+    concatenated, then blocked for the head conv) picks its input per lane. When the pieces
+    fall on a common boundary (6 | 6, 12, 24) the lane axis splits into 6-lane pieces, the
+    piece and channel-block loops are unrolled, and every select is decided at compile time:
+    no select and no clamp is left in the lowered code. Pieces of 5 and 7 lanes keep the
+    per-lane selects; both are exact."""
+    from kiln.codegen import c as codegen_c
+    from kiln.schedule.cpu.generic import schedule_injective
+    from kiln.tir.schedule import Schedule
+    from kiln.tir.transform import lower
+
+    ins = [te.placeholder((1, n, 5, 7), "float32", name=f"X{k}") for k, n in enumerate(sizes)]
+    starts = np.cumsum((0,) + sizes)
+
+    def concat(n, c, h, w):
+        value = ins[-1][n, tir.max(c - int(starts[-2]), 0), h, w]
+        for k in range(len(ins) - 2, -1, -1):
+            pos = tir.min(tir.max(c - int(starts[k]), 0), sizes[k] - 1)
+            value = tir.select(c < int(starts[k + 1]), ins[k][n, pos, h, w], value)
+        return value
+
+    cat = te.compute((1, 24, 5, 7), concat, name="concat")
+    out = te.compute((1, 2, 5, 7, 12), lambda n, cb, h, w, c: cat[n, cb * 12 + c, h, w],
+                     name="layout_transform")
+    sch = Schedule(te.create_prim_func([*ins, out]))
+    schedule_injective(sch, Target("c", num_threads=2))
+    selects = []
+    tir.post_order_visit(lower(sch.func).body, lambda n: selects.append(n)
+                         if isinstance(n, tir.Select) else None)
+    assert (not selects) == piecewise
+    assert (tir.ForKind.UNROLLED in _loop_kinds(sch.func)) == piecewise
+    mod = codegen_c.build({"f": sch.func}, TARGET)
+    arrays = [rand((1, n, 5, 7)) for n in sizes]
+    res = np.empty((1, 2, 5, 7, 12), np.float32)
+    mod["f"](*arrays, res)
+    want = np.concatenate(arrays, 1).reshape(1, 2, 12, 5, 7).transpose(0, 1, 3, 4, 2)
+    np.testing.assert_array_equal(res, want)
