@@ -506,3 +506,53 @@ def test_schedule_injective_unrolls_concat_pieces_of_a_blocked_axis(sizes, piece
     mod["f"](*arrays, res)
     want = np.concatenate(arrays, 1).reshape(1, 2, 12, 5, 7).transpose(0, 1, 3, 4, 2)
     np.testing.assert_array_equal(res, want)
+
+
+@pytest.mark.parametrize("activation", ["relu", "sigmoid"])
+def test_schedule_injective_splits_a_flattened_interleave(activation):
+    """The depth-to-space after a 2x2/s2 ConvTranspose's GEMM, flattened for the next GEMM:
+    ``y[c, i]`` reads phase ``(i // 2W) % 2 * 2 + i % 2W % 2`` of the GEMM result, so a vector
+    over ``i`` is a gather. With plain arithmetic in the body the axis splits at the divisors
+    (2W, then 2) into row, column and an unrolled phase loop that reads each phase's row
+    contiguously; a sigmoid keeps the vector loop (its vector formula needs it)."""
+    from kiln.codegen import c as codegen_c
+    from kiln.schedule.cpu.generic import schedule_injective
+    from kiln.tir.schedule import Schedule
+
+    c, h, w = 3, 4, 8
+    g = te.placeholder((c, 4, h * w), "float32", name="G")
+
+    def body(k, i):
+        row, col = i // (2 * w), i % (2 * w)
+        v = g[k, row % 2 * 2 + col % 2, row // 2 * w + col // 2]
+        return tir.max(v, 0.0) if activation == "relu" else tir.sigmoid(v)
+
+    y = te.compute((c, 4 * h * w), body, name="Y")
+    sch = Schedule(te.create_prim_func([g, y]))
+    schedule_injective(sch, Target("c", num_threads=2))
+    kinds = _loop_kinds(sch.func)
+    assert (tir.ForKind.UNROLLED in kinds) == (activation == "relu")
+    assert (tir.ForKind.VECTORIZED in kinds) == (activation == "sigmoid")
+    mod = codegen_c.build({"f": sch.func}, TARGET)
+    gv, out = rand((c, 4, h * w)), np.empty((c, 4 * h * w), np.float32)
+    mod["f"](gv, out)
+    want = gv.reshape(c, 2, 2, h, w).transpose(0, 3, 1, 4, 2).reshape(c, -1)
+    want = np.maximum(want, 0) if activation == "relu" else 1 / (1 + np.exp(-want))
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-7)
+
+
+def test_schedule_injective_splits_a_one_dimensional_interleave():
+    """``y[i] = x[i % 2, i // 2]`` (two rows interleaved, no outer loop to run in parallel)."""
+    from kiln.codegen import c as codegen_c
+    from kiln.schedule.cpu.generic import schedule_injective
+    from kiln.tir.schedule import Schedule
+
+    x = te.placeholder((2, 64), "float32", name="X")
+    y = te.compute((128,), lambda i: x[i % 2, i // 2] * 2.0, name="Y")
+    sch = Schedule(te.create_prim_func([x, y]))
+    schedule_injective(sch, Target("c", num_threads=2))
+    assert tir.ForKind.UNROLLED in _loop_kinds(sch.func)
+    mod = codegen_c.build({"f": sch.func}, TARGET)
+    xv, out = rand((2, 64)), np.empty(128, np.float32)
+    mod["f"](xv, out)
+    np.testing.assert_array_equal(out, xv.T.reshape(-1) * 2)

@@ -28,7 +28,7 @@ from typing import Any
 
 from ...arith import simplify
 from ...ir.errors import ScheduleError
-from ...tir.expr import LT, Add, BufferLoad, IntImm, IterType, Select
+from ...tir.expr import LT, Add, BufferLoad, Call, FloorDiv, FloorMod, IntImm, IterType, Select
 from ...tir.functor import collect_vars, post_order_visit, substitute
 from ..apply import inline_is_cheap
 from ..knobs import knob
@@ -381,6 +381,73 @@ def _piecewise_block(sch: Any, target: Any, b: Any, loops: list[Any], extents: l
     return True
 
 
+#: Calls a row loop may hold and still be vectorized by the C compiler on its own (see
+#: :func:`_interleave_factors`); any other call needs kiln's vector formulas.
+_PLAIN_CALLS = frozenset({"rounded"})
+
+
+def _interleave_factors(block: Any, extent: int | None) -> list[int] | None:
+    """Split factors of the innermost axis of an element-wise block that reads its input
+    through a flattened interleave (the depth-to-space of a 2x2/s2 ConvTranspose:
+    ``y[c, i] = g[c, (i // 320) % 2 * 2 + i % 320 % 2, i // 640 * 160 + i % 320 // 2]``): the
+    chain of constant divisors of the axis in the load indices (320, then 2 dividing it), when
+    the last one is shorter than a vector; None otherwise.
+
+    Vectorized over ``i``, every lane is a gather (the phase alternates lane by lane). Split at
+    the divisors into (row, column, phase) the divisions fold away, the phase loop is unrolled
+    and the column loop reads each phase's row contiguously, which the C compiler vectorizes
+    (interleaving the two rows in registers). Only for bodies of plain arithmetic: a call
+    (``sigmoid``, ``exp``) would stay scalar in that loop."""
+    if extent is None:
+        return None
+    var = block.iter_vars[-1].var
+    divisors, calls = set(), []
+
+    def visit(n: Any) -> None:
+        if isinstance(n, (FloorDiv, FloorMod)) and isinstance(n.b, IntImm) and any(
+                v is var for v in collect_vars(n.a)):
+            divisors.add(n.b.value)
+        elif isinstance(n, Call) and n.op not in _PLAIN_CALLS:
+            calls.append(n)
+
+    for load in _loads(block):
+        for index in load.indices:
+            post_order_visit(index, visit)
+    post_order_visit(block.body, visit)
+    if calls:
+        return None
+    chain, rest = [], extent
+    for d in sorted(divisors, reverse=True):
+        if 1 < d < rest and rest % d == 0:
+            chain.append(d)
+            rest = d
+    if not chain or chain[-1] >= _MIN_LANES:
+        return None
+    return [extent // chain[0]] + [a // b for a, b in zip(chain, chain[1:])] + [chain[-1]]
+
+
+def _interleave_block(sch: Any, target: Any, b: Any, loops: list[Any], extents: list[Any]
+                      ) -> bool:
+    """Schedule an element-wise block that reads through a flattened interleave (see
+    :func:`_interleave_factors`): the innermost axis split at the divisors, the phase loop
+    unrolled, the column loop left for the C compiler to vectorize, the rows parallel; False
+    when the block is not one."""
+    blk = sch.get(b)
+    factors = _interleave_factors(blk, extents[-1])
+    if factors is None or not knob(f"{blk.name_hint}.split_interleave", (False, True), True):
+        return False
+    parts = sch.split(loops[-1], factors=factors)
+    sch.unroll(parts[-1])
+    outer = [*loops[:-1], *parts[:-2]]
+    if not outer:
+        return True
+    take = _chunk_loops(sch, outer, target, blk.name_hint)
+    fused = sch.fuse(*outer[:take]) if take > 1 else outer[0]
+    if _worth_parallel(target, _product(extents), _const(sch.get(fused).extent)):
+        sch.parallel(fused)
+    return True
+
+
 def _injective_block(sch: Any, target: Any, b: Any) -> None:
     blk = sch.get(b)
     loops = list(sch.get_loops(b))
@@ -390,6 +457,8 @@ def _injective_block(sch: Any, target: Any, b: Any) -> None:
     if _transpose_block(sch, target, b, loops, extents):
         return
     if _piecewise_block(sch, target, b, loops, extents):
+        return
+    if _interleave_block(sch, target, b, loops, extents):
         return
     lanes = knob(f"{blk.name_hint}.vector_lanes", _lane_domain(target, blk, extents[-1]),
                  _pick_lanes(target, _vector_dtype(blk), extents[-1]))
