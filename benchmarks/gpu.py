@@ -3,6 +3,7 @@
     python benchmarks/gpu.py                      # GEMM, ResNet-18 (batch 1, 32), the encoder
     python benchmarks/gpu.py gemm resnet18_b1     # some of them
     python benchmarks/gpu.py --arch sm_90 --repeat 50
+    python benchmarks/gpu.py gemm --knob gpu_gemm_stages=1 --knob gpu_gemm_bk=32
 
 The workloads:
 
@@ -16,6 +17,9 @@ The workloads:
 kiln builds each model from its ONNX export (``kiln.build(..., Target("cuda", arch=...))``)
 and is called with ``torch.cuda`` tensors (zero-copy DLPack; a static model replays as a CUDA
 Graph). torch eager and ``torch.compile`` (inductor) run the same module on the same GPU.
+``--knob NAME=VALUE`` (repeatable) gives kiln's GPU schedules a knob value
+(:mod:`kiln.schedule.knobs`; the GEMM's are ``gpu_gemm_threads``, ``gpu_gemm_register_tile``
+as ``8x8``, ``gpu_gemm_bk``, ``gpu_gemm_stages``), to compare tile choices on the device.
 Each engine's output is checked against eager's before timing (``max err`` is the largest
 absolute difference over the largest magnitude). Times: mean of ``--repeat`` calls after
 warm-up, the device synchronized before and after (so batch-1 latencies include each engine's
@@ -41,6 +45,8 @@ import torch  # noqa: E402
 import kiln  # noqa: E402
 from kiln import graph as g  # noqa: E402
 from kiln import op  # noqa: E402
+from kiln.build import lower_graph  # noqa: E402
+from kiln.codegen.executable import build_executable  # noqa: E402
 from kiln.frontend.onnx import from_onnx  # noqa: E402
 from kiln.target import Target  # noqa: E402
 from kiln.testing import torch_models  # noqa: E402
@@ -89,7 +95,27 @@ def model_case(name: str, batch: int) -> tuple[Any, Any, Any, list]:
     return mod, params, module, [torch.from_numpy(a).cuda() for a in arrays]
 
 
-def run(workload: str, target: Target, repeat: int) -> dict[str, Any]:
+def parse_knob(text: str) -> tuple[str, Any]:
+    """``NAME=VALUE`` of ``--knob``: VALUE an int, ``AxB`` (a tile), else the string."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"--knob {text!r}: expected NAME=VALUE")
+    if "x" in value and all(p.isdigit() for p in value.split("x")):
+        return name, tuple(int(p) for p in value.split("x"))
+    return name, int(value) if value.lstrip("-").isdigit() else value
+
+
+def build(mod: Any, target: Target, params: Any, knobs: dict[str, Any]) -> Any:
+    """kiln.build, or with ``knobs`` for every kernel's schedule."""
+    if not knobs:
+        return kiln.build(mod, target, params=params)
+    if params:
+        raise SystemExit("--knob applies to the gemm workload (no parameters) only")
+    return build_executable(lower_graph(mod, target), target, knobs=lambda f, t: knobs)
+
+
+def run(workload: str, target: Target, repeat: int, knobs: dict[str, Any] | None = None
+        ) -> dict[str, Any]:
     if workload == "gemm":
         mod, torch_fn, inputs = gemm_case(4096)
         params = None
@@ -100,7 +126,7 @@ def run(workload: str, target: Target, repeat: int) -> dict[str, Any]:
         mod, params, module, inputs = model_case(name, batch)
         torch_fn, flops = module, 0
     t0 = time.perf_counter()
-    exe = kiln.build(mod, target, params=params)
+    exe = build(mod, target, params, knobs or {})
     build_s = time.perf_counter() - t0
     compiled = torch.compile(torch_fn)
     row: dict[str, Any] = {"workload": workload, "build_s": build_s, "flops": flops,
@@ -121,7 +147,11 @@ def main() -> None:
     ap.add_argument("workloads", nargs="*", default=list(WORKLOADS))
     ap.add_argument("--arch", default=None, help="sm_80, sm_89, sm_90 (default: the device's)")
     ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--knob", type=parse_knob, action="append", default=[],
+                    help="NAME=VALUE for kiln's GPU schedules (repeatable), e.g. "
+                         "gpu_gemm_stages=1, gpu_gemm_register_tile=8x4")
     args = ap.parse_args()
+    knobs = dict(args.knob)
     warnings.simplefilter("ignore")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gpu.py needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -129,13 +159,13 @@ def main() -> None:
     arch = args.arch or f"sm_{major}{minor}"
     target = Target("cuda", arch=arch)
     print(f"{torch.cuda.get_device_name()} ({arch}), torch {torch.__version__}, "
-          f"repeat {args.repeat}")
+          f"repeat {args.repeat}" + (f", knobs {knobs}" if knobs else ""))
     print(f"{'workload':14s} {'kiln ms':>9s} {'eager ms':>9s} {'compile ms':>10s} "
           f"{'kiln/eager':>10s} {'kiln/compile':>12s} {'kiln err':>9s} {'build s':>8s} "
           f"{'kernels':>7s}")
     for w in args.workloads:
         try:
-            r = run(w, target, args.repeat)
+            r = run(w, target, args.repeat, knobs)
         except Exception:  # noqa: BLE001 - report and go on with the next workload
             print(f"{w:14s} FAILED")
             traceback.print_exc()

@@ -6,6 +6,7 @@ description, with and without double buffering.
     python benchmarks/npu.py --size 112 resnet18      # a smaller image (faster to simulate)
     python benchmarks/npu.py mobilenet_v2             # depthwise convolutions on the vector unit
     python benchmarks/npu.py --seq 128 bert_encoder   # BERT-base layers (2 of them), one sequence
+    python benchmarks/npu.py --tir bert_encoder       # also the TIR route's cycles per layer
 
 Every model is compiled twice with ``kiln.build(target="npu -hw=...")``'s lowering -- double
 buffering on (the default) and off -- and run once on the simulator. Per GEMM/conv layer it
@@ -19,6 +20,11 @@ against the float32 reference (torch for ResNet-18, MobileNetV2 and the encoder,
 others). The encoder has BERT-base's layer shapes (hidden 768, 12 heads, FFN 3072; ``--layers``
 of them, default 2: every layer is the same kernels) with its embedding gather and the mask's
 int64 -> float cast on the CPU (the NPU has no indirect DMA and no int64 vector type).
+
+``--tir`` compiles the model a third time with the products lowered through TIR
+(PassContext ``"npu.lowering": "tir"``: scheduled into NPU scopes, tensorized, generated) and
+prints each layer's cycles on that route and the ratio to the emitter's, and whether the
+outputs are bit-identical.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import numpy as np
 
 import kiln
 from kiln.build import npu_pipeline
-from kiln.codegen.npu import build_npu
+from kiln.codegen.npu import LOWERING_KEY, build_npu
 from kiln.testing import models
 
 GEMM_OPS = ("dense", "matmul", "nn.conv2d", "nn.conv2d.depthwise")
@@ -87,9 +93,10 @@ def _model(name: str, size: int, seq: int = 128, layers: int = 2):
     return m.mod, m.inputs, m.reference(*m.inputs)
 
 
-def _run(mod, inputs, hw: str, double_buffer: bool):
-    exe = build_npu(npu_pipeline()(mod), kiln.Target("npu", hw=hw),
-                    double_buffer=double_buffer)
+def _run(mod, inputs, hw: str, double_buffer: bool, route: str = "emit"):
+    with kiln.transform.PassContext(config={LOWERING_KEY: route}):
+        exe = build_npu(npu_pipeline()(mod), kiln.Target("npu", hw=hw),
+                        double_buffer=double_buffer)
     t = time.perf_counter()
     out = exe(*inputs)
     return exe, out, time.perf_counter() - t
@@ -103,10 +110,13 @@ def _phases(reports) -> dict[str, float]:
     return out
 
 
-def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2) -> None:
+def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
+          tir: bool = False) -> None:
     mod, inputs, ref = _model(name, size, seq, layers)
     on, out, wall = _run(mod, inputs, hw, True)
     off, _, _ = _run(mod, inputs, hw, False)
+    via, via_out, _ = _run(mod, inputs, hw, True, "tir") if tir else (None, None, 0)
+    c_tir = _phases(via.last_reports) if via else {}
     rel = float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
     c_on, c_off = _phases(on.last_reports), _phases(off.last_reports)
     cyc_on, cyc_off_total = (sum(r.cycles for r in e.last_reports) for e in (on, off))
@@ -114,13 +124,19 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2) -> Non
     print(f"\n== {name} on {hw!r}: {len(on.kernels)} kernels, CPU ops: "
           f"{', '.join(on.cpu_ops) or 'none'}; rel. error vs float32 {rel:.1e}")
     print(f"{'layer':22s} {'tiling':58s} {'cycles':>10s} {'bound':>10s} {'util':>6s} "
-          f"{'no dbuf':>10s} {'dbuf x':>6s}")
+          f"{'no dbuf':>10s} {'dbuf x':>6s}" + (f" {'TIR':>10s} {'TIR/emit':>8s}" if via else ""))
+    tir_kernels = {k.label: k for k in via.kernels} if via else {}
     for k in on.kernels:
         if k.op not in GEMM_OPS:
             continue
         cyc, cyc_off = c_on[k.label], c_off[k.label]
-        print(f"{k.label:22s} {k.tiling.split(', est.')[0]:58s} {cyc:10.0f} {k.roofline:10.0f} "
-              f"{k.roofline / cyc:6.1%} {cyc_off:10.0f} {cyc_off / cyc:6.2f}")
+        line = (f"{k.label:22s} {k.tiling.split(', est.')[0]:58s} {cyc:10.0f} "
+                f"{k.roofline:10.0f} {k.roofline / cyc:6.1%} {cyc_off:10.0f} {cyc_off / cyc:6.2f}")
+        if via:
+            routed = tir_kernels[k.label].tiling.startswith("TIR: ")
+            line += f" {c_tir[k.label]:10.0f} {c_tir[k.label] / cyc:8.4f}" if routed else \
+                f" {'(emit)':>10s}"
+        print(line)
     bound = sum(k.roofline for k in on.kernels)
     gemm = [k for k in on.kernels if k.op in GEMM_OPS]
     g_cyc = sum(c_on[k.label] for k in gemm)
@@ -135,6 +151,12 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2) -> Non
     print(f"{name}: DRAM footprint {on.dram_bytes / 1e6:.2f} MB with liveness-based reuse, "
           f"{on.unshared_dram_bytes / 1e6:.2f} MB with a range per tensor "
           f"({on.unshared_dram_bytes / on.dram_bytes:.2f}x)")
+    if via:
+        n_tir = sum(k.tiling.startswith("TIR: ") for k in via.kernels)
+        cyc_tir = sum(r.cycles for r in via.last_reports)
+        print(f"{name}: TIR route: {n_tir} product kernel(s) lowered through TIR, "
+              f"{cyc_tir:.0f} cycles ({cyc_tir / cyc_on:.4f}x the emitter's), outputs "
+              f"{'bit-identical' if np.array_equal(via_out, out) else 'DIFFERENT'}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,9 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=224, help="ResNet-18 / MobileNetV2 image size")
     ap.add_argument("--seq", type=int, default=128, help="the encoder's sequence length")
     ap.add_argument("--layers", type=int, default=2, help="the encoder's layers")
+    ap.add_argument("--tir", action="store_true",
+                    help="also lower the products through TIR and compare per layer")
     args = ap.parse_args(argv)
     for name in args.models:
-        bench(name, args.hw, args.size, args.seq, args.layers)
+        bench(name, args.hw, args.size, args.seq, args.layers, args.tir)
     return 0
 
 

@@ -34,6 +34,7 @@ from .runtime.executable import Executable
 from .runtime.plan import MUTATIONS_ATTR
 from .runtime.state import state_array
 from .schedule.apply import schedule_prim_func
+from .schedule.knobs import graph_knobs
 from .target import Target
 from .tir.function import PrimFunc
 from .transform.alter_op_layout import AlterOpLayout
@@ -135,8 +136,9 @@ def build(mod: IRModule, target: Target | str | None = "c",
     raises a KilnError naming them (:mod:`kiln.codegen.npu.compile`).
 
     ``tuning_db`` (a path or :class:`kiln.tune.TuningDatabase`, written by ``kiln tune``)
-    gives each CPU kernel the knobs of its best record there; a kernel without a record gets
-    the default schedule.
+    gives each CPU kernel the knobs of its best record there, and each graph knob (a
+    convolution's layout blocks) its best record's decision; what has no record gets the
+    default.
 
     A CPU build is stored in the executable cache (:mod:`kiln.build_cache`) under a key of the
     module, params, target, pass configuration and kiln's version; building the same again
@@ -219,9 +221,14 @@ def _build(mod: IRModule, target: Target | str | None, params: Mapping[str, Any]
         return build_npu((pipeline or npu_pipeline(target=tgt))(mod), tgt, strict=strict)
     if strict:
         raise KilnError("kiln.build: strict= applies to NPU targets only")
-    mod = lower_graph(mod, tgt, pipeline)
-    exe = build_executable(mod, tgt, knobs=None if tuning_db is None else
-                           open_database(tuning_db).knobs_for)
+    if tuning_db is None:
+        mod = lower_graph(mod, tgt, pipeline)
+        exe = build_executable(mod, tgt)
+    else:
+        db = open_database(tuning_db)
+        with graph_knobs(lambda key: db.graph_knobs_for(key, tgt)):
+            mod = lower_graph(mod, tgt, pipeline)
+        exe = build_executable(mod, tgt, knobs=db.knobs_for)
     if state:
         plan = exe.plans["main"]
         for i, name in enumerate(plan.input_names):

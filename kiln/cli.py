@@ -29,7 +29,7 @@ from . import __version__, progress
 from .build import build, check_buildable, default_pipeline, npu_pipeline, schedule_prim_func
 from .codegen import c as codegen_c
 from .codegen.gpu.build import generate_source as generate_gpu_source
-from .codegen.npu import NPUExecutable, build_npu, npu_config_of
+from .codegen.npu import LOWERING_KEY, NPUExecutable, build_npu, npu_config_of
 from .frontend.onnx import from_onnx
 from .frontend.onnx.importer import load_model
 from .frontend.torch import from_pt2
@@ -44,17 +44,26 @@ from .tir.transform import lower
 from .transform import PassContext
 from .transform.npu import partition_for_npu
 from .tune.database import TuningDatabase
+from .tune.graph_tuning import extract_graph_tasks, tune_graph
 from .tune.ray_runner import RayMeasurer
-from .tune.report import parse_duration, progress_line, report, summary
+from .tune.report import (
+    graph_summary,
+    graph_trial_line,
+    parse_duration,
+    progress_line,
+    report,
+    summary,
+)
 from .tune.tasks import extract_tasks
 from .tune.tuner import Tuner
 
 STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c", "cuda", "opencl",
           "partition", "npu", "asm")
-#: The stages of an NPU target: the NPU lowers graph ops (no TIR), the module partitioned into
-#: NPU region functions (``partition``: with each tensor's memory scope), its kernels and
-#: tilings (``npu``) and its assembly (``asm``).
-NPU_STAGES = ("graph", "optimized", "partition", "npu", "asm")
+#: The stages of an NPU target: the NPU lowers graph ops, the module partitioned into NPU region
+#: functions (``partition``: with each tensor's memory scope), the products lowered through TIR
+#: (``scheduled``: each PrimFunc staged into NPU scopes and tensorized, with its schedule's
+#: trace), its kernels and tilings (``npu``) and its assembly (``asm``).
+NPU_STAGES = ("graph", "optimized", "partition", "scheduled", "npu", "asm")
 OPT_LEVELS = (0, 1, 2, 3)
 
 EXAMPLES = """\
@@ -258,7 +267,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def _show_npu(mod: Any, target: Target, args: argparse.Namespace) -> int:
     if args.stage not in NPU_STAGES:
         raise UsageError(f"--stage {args.stage}: an NPU target has the stages "
-                         f"{', '.join(NPU_STAGES)} (it lowers graph ops, not TIR)")
+                         f"{', '.join(NPU_STAGES)}")
     with PassContext(opt_level=args.opt_level):
         mod = npu_pipeline()(mod)
     if args.stage == "optimized":
@@ -267,6 +276,15 @@ def _show_npu(mod: Any, target: Target, args: argparse.Namespace) -> int:
     mod = partition_for_npu(npu_config_of(target))(mod)
     if args.stage == "partition":
         print(mod.script())
+        return 0
+    if args.stage == "scheduled":
+        with PassContext(config={LOWERING_KEY: "tir"}):
+            exe = build_npu(mod, target)
+        for op_name, sch in exe.tir:
+            print(f"# {op_name}: scheduled for {target}\n{sch.func}\n# trace\n{sch.trace}",
+                  end="\n\n")
+        if not exe.tir:
+            print("# no product of this model is lowered through TIR")
         return 0
     exe = build_npu(mod, target)
     if args.stage == "npu":
@@ -756,6 +774,10 @@ def build_parser() -> ArgumentParser:
     tune.add_argument("--ray", metavar="ADDRESS",
                       help="build and measure on a Ray cluster (host:port, or 'local' to start "
                       "one here); needs the ray extra")
+    tune.add_argument("--graph-share", type=float, default=0.25, metavar="F",
+                      help="at most this share of the budget goes to the layout blocks of the "
+                           "convolutions (whole-model measurements), first; 0: kernels only "
+                           "(default 0.25)")
     tune.add_argument("--report", action="store_true",
                       help="print a summary of the database and exit")
     tune.set_defaults(fn=cmd_tune)
@@ -789,10 +811,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if target.kind != "c":
         raise UsageError(f"--target {args.target!r}: tuning is for CPU targets")
     mod, params = _tune_module(args)
-    tasks = extract_tasks(mod, target, params)
+    start = time.monotonic()
+    graph = None
+    if args.graph_share > 0 and extract_graph_tasks(mod, target, params):
+        print(f"tuning the layouts of {args.model} for at most "
+              f"{budget * args.graph_share:g} s into {args.db}", file=sys.stderr)
+        graph = tune_graph(mod, db, target, params, budget * args.graph_share,
+                           on_trial=lambda t, c, r: print(graph_trial_line(t.key, c, r),
+                                                          file=sys.stderr, flush=True))
+    tasks = extract_tasks(mod, target, params, db=db)
     if not tasks:
         print("nothing to tune: no kernel of the model has a tunable schedule with fixed shapes")
         return 0
+    budget = max(0.0, budget - (time.monotonic() - start))
     measurer = None
     if args.ray:
         measurer = RayMeasurer(None if args.ray == "local" else args.ray)
@@ -805,6 +836,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         states = tuner.tune(tasks, budget, args.trials)
     finally:
         tuner.close()
+    if graph is not None:
+        print(graph_summary(graph))
     print(summary(states))
     print(f"build with: kiln compile {args.model} --tuning-db {args.db}")
     return 0

@@ -58,8 +58,8 @@ def build_executable(mod: IRModule, tgt: Target,
                      ) -> Executable:
     """Schedule, plan, generate and compile a legalized ``mod`` for target ``tgt``.
 
-    ``knobs(func, target)`` gives the schedule knobs of a CPU kernel (a tuning database's
-    best record; None: the default schedule)."""
+    ``knobs(func, target)`` gives the schedule knobs of a kernel (a tuning database's best
+    record, or a benchmark's choice for a GPU kernel; None: the default schedule)."""
     unscheduled = {name: f for name, f in mod.items() if isinstance(f, PrimFunc)}
     stage = progress.Stage("scheduling kernels", len(unscheduled))
     schedule = gpu_schedule_prim_func if tgt.is_gpu else schedule_prim_func
@@ -68,7 +68,7 @@ def build_executable(mod: IRModule, tgt: Target,
     for i, (name, f) in enumerate(unscheduled.items()):
         # an error scheduling or lowering a kernel names the model nodes it computes
         with error_context(describe(spans.get(name), f"kernel {name}")):
-            chosen = knobs(f, tgt) if knobs is not None and not tgt.is_gpu else None
+            chosen = knobs(f, tgt) if knobs is not None else None
             prim_funcs[name] = lower(schedule(f, tgt, chosen) if chosen else schedule(f, tgt),
                                      tgt)
         stage.step(i + 1)

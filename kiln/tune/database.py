@@ -10,6 +10,12 @@ ratio (comparable across sessions and machines under different load), then of lo
 ``kiln.build(mod, tuning_db=path)`` gives every kernel the knobs of its best good record
 (:meth:`TuningDatabase.knobs_for`).
 
+Graph knobs (:func:`kiln.schedule.knobs.graph_knob`: a convolution's layout blocks) are
+records too, keyed by :func:`graph_key` of the op call's key instead of a kernel's hash; their
+times are whole-model times, their ratio to the model with that call's default decision
+(:mod:`kiln.tune.graph_tuning`); ``kiln.build`` answers them with
+:meth:`TuningDatabase.graph_knobs_for`.
+
 The file is SQLite in WAL mode: any number of processes (tuning workers, builds) read and
 write it at once; every write is one ``BEGIN IMMEDIATE`` transaction. A file that is not a
 kiln tuning database, or one of another schema version, raises :class:`TuningDatabaseError`
@@ -36,7 +42,8 @@ from ..target import Target
 from ..tir.function import PrimFunc
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "Record", "TuningDatabase", "TuningDatabaseError",
-           "Workload", "kernel_key", "machine_info", "open_database", "target_key"]
+           "Workload", "graph_key", "kernel_key", "machine_info", "open_database",
+           "target_key"]
 
 #: What the ``meta`` table's ``schema`` entry says in a kiln tuning database.
 SCHEMA = "kiln-tuning"
@@ -73,6 +80,16 @@ def kernel_key(func: PrimFunc) -> str:
     are called in their model, the same in every process."""
     attrs = {k: v for k, v in func.attrs.items() if k not in _NAMING_ATTRS}
     return stable_structural_hash(func.replace(attrs=attrs))
+
+
+#: How a graph knob's key starts in the records' ``kernel`` column (a kernel key is a hex hash).
+GRAPH_KEY_PREFIX = "graph:"
+
+
+def graph_key(key: str) -> str:
+    """The record key of the graph knobs of an op call whose :func:`~kiln.schedule.knobs.
+    graph_knob` key is ``key``."""
+    return GRAPH_KEY_PREFIX + hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
 
 
 def target_key(target: Target | str) -> str:
@@ -291,6 +308,15 @@ class TuningDatabase:
             rec = self.best(*key)
             self._best[key] = None if rec is None else rec.knobs
         return self._best[key]
+
+    def graph_knobs_for(self, key: str, target: Target | str) -> dict[str, Any] | None:
+        """The graph knobs of the best record of the op call keyed ``key`` (see
+        :func:`kiln.schedule.knobs.graph_knob`) on ``target``; None: no good record."""
+        k = (graph_key(key), target_key(target))
+        if k not in self._best:
+            rec = self.best(*k)
+            self._best[k] = None if rec is None else rec.knobs
+        return self._best[k]
 
     def workloads(self, target: str | None = None) -> list[Workload]:
         sql = "SELECT kernel, target, name, op_name, default_s FROM workloads"

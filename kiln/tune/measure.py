@@ -258,6 +258,20 @@ class LocalRunner:
         return out
 
 
+    def run_models(self, reference: str, candidates: Sequence[str | None]) -> list[RunResult]:
+        """Measure whole models saved as .kiln files (paths) against the one at
+        ``reference``: outputs compared, run times alternating (graph knobs,
+        :mod:`kiln.tune.graph_tuning`). None: a candidate that did not build."""
+        out = []
+        for path in candidates:
+            if path is None:
+                out.append(RunResult([], False, "build failed", self.machine))
+                continue
+            out.append(self._ask({"model": True, "reference": reference, "candidate": path,
+                                  "repeat": self.repeat, "min_repeat_s": self.min_repeat_s}))
+        return out
+
+
 def _kiln_root() -> str:
     """The directory this ``kiln`` package is imported from (the child imports the same)."""
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

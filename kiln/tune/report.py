@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from .database import TuningDatabase
+from .graph_tuning import GraphTuneResult
 from .tuner import TaskProgress
 
-__all__ = ["format_duration", "parse_duration", "progress_line", "report", "summary"]
+__all__ = ["format_duration", "graph_summary", "graph_trial_line", "parse_duration",
+           "progress_line", "report", "summary"]
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -41,6 +44,26 @@ def progress_line(state: TaskProgress, states: Sequence[TaskProgress], left_s: f
     return (f"[{k}/{len(states)}] {state.task.name}: {state.trials} trials "
             f"({state.bad} bad), best {_ms(state.best_s)} = {speed} default | model "
             f"{model_speedup(states):.3f}x | ETA {format_duration(left_s)}")
+
+
+def graph_trial_line(key: str, decision: dict[str, Any], ratio: float | None) -> str:
+    """One line per measured graph-knob candidate: the op call, the decision, the model's
+    time with it over the model's time with the call's default decision."""
+    got = "bad" if ratio is None else f"{ratio:.3f} of the default's model time"
+    return f"[layout] {key}: {decision}: {got}"
+
+
+def graph_summary(result: GraphTuneResult) -> str:
+    """The graph part of ``kiln tune``'s final table: per op call, its best decision's time
+    ratio (the whole model's time, that call's default = 1)."""
+    lines = [f"layouts: {result.trials} candidates measured ({result.bad} bad) in "
+             f"{result.seconds:.0f} s"]
+    for key, ratios in result.ratios.items():
+        good = {d: r for d, r in ratios.items() if r is not None}
+        if good:
+            best = min(good, key=good.__getitem__)
+            lines.append(f"  {key[:90]}: best {best} {good[best]:.3f}")
+    return "\n".join(lines)
 
 
 def model_speedup(states: Sequence[TaskProgress]) -> float:
@@ -78,8 +101,9 @@ def report(db: TuningDatabase) -> str:
             recs = db.records(w.kernel, target)
             good = [r for r in recs if r.ok]
             best, speed = None, "-"
-            if good and good[0].ratio and w.default_s:
-                best, speed = w.default_s * good[0].ratio, f"{1 / good[0].ratio:.2f}x"
+            if good and good[0].ratio:
+                speed = f"{1 / good[0].ratio:.2f}x"
+                best = w.default_s * good[0].ratio if w.default_s else good[0].mean_s
             elif good:
                 best = good[0].mean_s
                 speed = f"{w.default_s / best:.2f}x" if best and w.default_s else "-"

@@ -23,12 +23,13 @@ from ..graph.functor import post_order_visit
 from ..ir.errors import KilnError
 from ..ir.module import IRModule
 from ..schedule.apply import schedule_with_trace
+from ..schedule.knobs import graph_knobs
 from ..target import Target
 from ..tir.expr import IntImm
 from ..tir.function import PrimFunc
 from ..tir.schedule import Schedule
 from ..transform.bind_params import BindParams
-from .database import kernel_key, target_key
+from .database import TuningDatabase, kernel_key, target_key
 from .features import FEATURE_NAMES, extract_features
 
 __all__ = ["Task", "extract_tasks", "knob_domains", "make_task"]
@@ -117,13 +118,17 @@ def _call_counts(mod: IRModule) -> dict[str, int]:
 
 
 def extract_tasks(mod: IRModule, target: Target | str = "c",
-                  params: Mapping[str, Any] | None = None) -> list[Task]:
+                  params: Mapping[str, Any] | None = None, db: TuningDatabase | None = None
+                  ) -> list[Task]:
     """The tasks of a model: its graph passes as ``kiln.build`` runs them, then one task per
-    distinct tunable kernel, its weight the number of calls of all kernels equal to it."""
+    distinct tunable kernel, its weight the number of calls of all kernels equal to it.
+    ``db``: the graph passes take that database's graph knobs (layout blocks) as
+    ``kiln.build(mod, tuning_db=db)`` will, so the tasks are the kernels that build has."""
     tgt = Target.create(target)
     if params:
         mod = BindParams("main", params)(mod)
-    lowered = lower_graph(mod, tgt)
+    with graph_knobs(None if db is None else lambda key: db.graph_knobs_for(key, tgt)):
+        lowered = lower_graph(mod, tgt)
     counts = _call_counts(lowered)
     tasks: dict[str, Task] = {}
     for name, func in lowered.items():

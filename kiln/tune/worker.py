@@ -28,10 +28,12 @@ from typing import IO, Any
 import numpy as np
 
 from ..codegen.c import externs
+from ..runtime.executable import Executable, load
 from ..runtime.module import FunctionInfo, Module
 from ..target import Target
 
-__all__ = ["compare", "main", "make_inputs", "measure", "receive", "send"]
+__all__ = ["compare", "main", "make_inputs", "make_model_inputs", "measure", "measure_model",
+           "receive", "send"]
 
 _HEADER = struct.Struct("<Q")
 
@@ -64,6 +66,42 @@ def make_inputs(info: FunctionInfo, seed: int = 0) -> list[np.ndarray]:
         else:
             arrays.append(np.zeros(shape, dtype))
     return arrays
+
+
+def make_model_inputs(exe: Executable, seed: int = 0) -> list[np.ndarray]:
+    """Inputs for a whole model (static shapes): normal floats, zeros for integer and boolean
+    inputs (always valid indices)."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for info in exe.inputs:
+        if not all(isinstance(d, int) for d in info.shape):
+            raise ValueError(f"input {info.name!r} has a symbolic shape {info.shape}: a model "
+                             "is measured at fixed shapes")
+        dtype = np.dtype(info.dtype)
+        arrays.append(rng.standard_normal(info.shape).astype(dtype) if dtype.kind == "f"
+                      else np.zeros(info.shape, dtype))
+    return arrays
+
+
+def measure_model(exe: Executable, inputs: list[np.ndarray], repeat: int,
+                  min_repeat_s: float) -> list[float]:
+    """Seconds per run of a whole model, as :func:`measure` times a kernel."""
+    start = time.perf_counter()
+    exe(*inputs)
+    once = max(time.perf_counter() - start, 1e-7)
+    number = max(1, min(1000, int(min_repeat_s / once)))
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(number):
+            exe(*inputs)
+        times.append((time.perf_counter() - start) / number)
+    return times
+
+
+def _outputs(result: Any) -> list[np.ndarray]:
+    items = result if isinstance(result, (list, tuple)) else [result]
+    return [np.asarray(r).copy() for r in items]
 
 
 def _poison(arrays: list[np.ndarray], n_out: int) -> None:
@@ -128,7 +166,23 @@ class _Worker:
             self.expected[art.lib_path] = (inputs, arrays[len(arrays) - n_out:])
         return self.expected[art.lib_path]
 
+    def handle_model(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Two whole models saved as .kiln files: the candidate's outputs against the
+        reference's on the same seeded inputs, then their run times in alternation."""
+        ref, cand = load(req["reference"]), load(req["candidate"])
+        inputs = make_model_inputs(ref)
+        error = compare(_outputs(cand(*inputs)), _outputs(ref(*inputs)))
+        if error:
+            return {"ok": False, "times": [], "error": error}
+        times, ref_times = [], []
+        for _ in range(req["repeat"]):
+            ref_times += measure_model(ref, inputs, 1, req["min_repeat_s"])
+            times += measure_model(cand, inputs, 1, req["min_repeat_s"])
+        return {"ok": True, "times": times, "ref_times": ref_times, "error": ""}
+
     def handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        if req.get("model"):
+            return self.handle_model(req)
         ref, cand = req["reference"], req["candidate"]
         inputs, expected = self.reference(ref)
         info = cand.infos[cand.name]

@@ -113,7 +113,7 @@ def test_cli_show_prints_npu_tilings_and_assembly(capsys, tmp_path):
     out = capsys.readouterr().out
     assert ".core 0" in out and "mma.set" in out and "barrier" in out
     assert cli.main(["show", "demo:mlp", "--target", "npu", "--stage", "tir"]) != 0
-    assert "stages graph, optimized, partition, npu, asm" in capsys.readouterr().err
+    assert "stages graph, optimized, partition, scheduled, npu, asm" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("hw", HW)

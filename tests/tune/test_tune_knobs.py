@@ -4,6 +4,8 @@ domains, the default a point of the space, replays deterministic, other points c
 import numpy as np
 import pytest
 
+from kiln import graph as g
+from kiln import op
 from kiln.build import lower_graph
 from kiln.codegen import c as codegen_c
 from kiln.ir.errors import ScheduleError
@@ -110,3 +112,27 @@ def test_knob_outside_a_schedule_is_its_default_and_values_are_checked():
         sch.knob("bad", (1, 2), 1)
     with pytest.raises(ScheduleError, match="default 5 is not in its domain"):
         sch.knob("worse", (1, 2), 5)
+
+
+def test_row_reduction_chains_are_a_knob_and_every_value_computes_softmax():
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo((6, 256), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(op.nn.softmax(x, axis=-1))
+        bb.emit_func_output(out)
+    [task] = extract_tasks(bb.get(), TARGET)
+    chains = [k for k in task.space if k.endswith(".row_chains")]
+    assert chains and all(task.space[k] == (1, 2, 4) for k in chains)
+    data = np.random.default_rng(1).standard_normal((6, 256)).astype("float32")
+    want = np.exp(data - data.max(-1, keepdims=True))
+    want /= want.sum(-1, keepdims=True)
+    codes = set()
+    for value in (1, 2, 4):
+        func, sch = schedule_with_trace(task.func, TARGET, {k: value for k in chains})
+        assert all(sch.knob_decisions()[k] == value for k in chains)
+        codes.add(str(func))
+        out = np.full((6, 256), np.nan, "float32")
+        codegen_c.build({"f": func}, TARGET)["f"](data, out)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-7)
+    assert len(codes) == 3

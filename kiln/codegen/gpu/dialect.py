@@ -128,6 +128,12 @@ class Dialect:
             return f"*({vtype}*)({address}) = make_{vtype}({', '.join(values)});"
         return f"vstore{lanes}(({vtype})({', '.join(values)}), 0, {address});"
 
+    def vector_copy(self, vtype: str, lanes: int, address: str, source: str) -> str:
+        """Copy ``lanes`` elements from vector address ``source`` to ``address`` unchanged."""
+        if self.is_cuda:
+            return f"*({vtype}*)({address}) = *(const {vtype}*)({source});"
+        return f"vstore{lanes}(vload{lanes}(0, {source}), 0, {address});"
+
     @staticmethod
     def lane(vector: str, k: int) -> str:
         return f"{vector}.{'xyzw'[k]}"

@@ -317,6 +317,16 @@ class KernelEmitter(FunctionEmitter):
             return None
         return f"{self.buffer_ptr(buf)} + {strip_parens(self.expr(base))}"
 
+    def _vector_copy_source(self, value: E.PrimExpr, el: DataType, lanes: int) -> str | None:
+        """The vector address of ``value`` when it is a plain load of ``el`` elements that a
+        vector store may copy as they are (a tile copied into shared memory): no per-lane
+        conversion (float16 would go through float32 and back)."""
+        if not (isinstance(value, E.BufferLoad) and value.buffer.dtype.element == el):
+            return None
+        if self._vector_type(value.buffer, lanes) is None:
+            return None
+        return self._vector_address(value.buffer, value.indices[0], lanes)
+
     def _hoist_loads(self, value: E.PrimExpr) -> None:
         """Load each contiguous vector load of ``value`` once, as a built-in vector."""
         loads: list[E.BufferLoad] = []
@@ -353,11 +363,15 @@ class KernelEmitter(FunctionEmitter):
         lanes = value.dtype.lanes
         self.line("{")
         self.depth += 1
-        self._hoist_loads(value)
         el = buf.dtype.element
         vt = self._vector_type(buf, lanes)
         address = None if vt is None else self._vector_address(buf, index, lanes)
-        if vt is not None and address is not None:
+        source = None if address is None else self._vector_copy_source(value, el, lanes)
+        if source is None:
+            self._hoist_loads(value)
+        if vt is not None and address is not None and source is not None:
+            self.line(self.dialect.vector_copy(vt, lanes, address, source))
+        elif vt is not None and address is not None:
             values = []
             for k in range(lanes):
                 lane = self.lane(value, k)

@@ -48,11 +48,22 @@ from ...transform.npu import (
     partition_for_npu,
 )
 from ...transform.npu.common import main_bindings, main_function
+from ...transform.pass_infra import PassContext, register_config
 from ..executable import build_executable
 from .dram_plan import plan_dram
 from .executable import CpuStep, NPUExecutable, NpuStep
 
-__all__ = ["NPUUnsupportedError", "VIEW_OPS", "build_npu", "is_partitioned", "npu_config_of"]
+__all__ = ["LOWERING_KEY", "NPUUnsupportedError", "VIEW_OPS", "build_npu", "is_partitioned",
+           "npu_config_of"]
+
+#: PassContext option: how products reach NPU instructions -- ``"tir"`` (the default: a TE
+#: PrimFunc scheduled into NPU scopes and tensorized, then generated,
+#: :mod:`kiln.schedule.npu.tir_gemm`; dense, matmul and pointwise conv2d, the rest as emitted)
+#: or ``"emit"`` (per-op instruction emission for every op). Both give the same program.
+LOWERING_KEY = "npu.lowering"
+register_config(LOWERING_KEY, str, "tir",
+                "NPU build: 'emit' (per-op instruction emission) or 'tir' (products lowered "
+                "through scheduled, tensorized TIR)")
 
 
 class NPUUnsupportedError(KilnError):
@@ -156,7 +167,7 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
     if strict and _strict_errors(main):
         raise NPUUnsupportedError("strict NPU build: these ops have no NPU lowering: " +
                                   "; ".join(_strict_errors(main)))
-    ctx = LoweringContext(cfg, double_buffer)
+    ctx = LoweringContext(cfg, double_buffer, PassContext.current().get_config(LOWERING_KEY))
     env: dict[int, Any] = {}
     steps: list[Any] = []
     inputs = []
@@ -205,4 +216,5 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
     exe = NPUExecutable(cfg, inputs, out_tensors, isinstance(result, g.Tuple), steps,
                         constants, dram_bytes, double_buffer)
     exe.unshared_dram_bytes = ctx.top
+    exe.tir = ctx.tir
     return exe

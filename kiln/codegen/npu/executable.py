@@ -91,6 +91,9 @@ class NPUExecutable:
         self.dram_bytes = dram_bytes
         #: The DRAM the model would take with a range per tensor (no reuse; see dram_plan).
         self.unshared_dram_bytes = dram_bytes
+        #: ``(op, Schedule)`` of the kernels the TIR route lowered (empty on the emit route
+        #: and for a loaded executable).
+        self.tir: list[tuple[str, Any]] = []
         self.machine = Machine(config, dram_bytes)
         for t, arr in constants:
             self.machine.write(t.addr, arr)

@@ -18,7 +18,7 @@ from ...op.nn.convolution import (
     depthwise_conv2d_nchwc,
 )
 from ...tir.stmt import FMA_IN_REGISTERS, JAM_TAILS
-from ..knobs import knob
+from ..knobs import graph_knob, knob
 from ..registry import register_alter_layout, register_schedule
 from .generic import schedule_reduction, target_threads
 from .loops import (
@@ -227,7 +227,9 @@ def _alter_conv2d_c(call: Any, target: Any) -> LayoutRewrite | None:
     """On CPUs, a float32 NCHW/OIHW convolution (groups=1) becomes ``nn.conv2d_nchwc`` with
     output channels in blocks of one SIMD vector (when the vector length divides them) and
     input channels in blocks of the largest divisor of the channel count up to that length;
-    depthwise and grouped ones go to :func:`_alter_grouped_conv2d_c`."""
+    depthwise and grouped ones go to :func:`_alter_grouped_conv2d_c`. The block sizes are a
+    graph knob (``conv2d_blocks``, keyed by :func:`conv2d_knob_key`): half, one or two
+    vectors of output channels, input blocks of the default size or an output block's."""
     attrs: Conv2DAttrs = call.attrs
     data, weight = call.args[0].struct_info, call.args[1].struct_info
     if (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW"):
@@ -244,9 +246,14 @@ def _alter_conv2d_c(call: Any, target: Any) -> LayoutRewrite | None:
         lanes //= 2
     if lanes < 2 or o % lanes or c is None:
         return None
+    blocks = [b for b in (vector // 2, vector, 2 * vector) if b >= 4 and o % b == 0]
+    key = conv2d_knob_key(call)
     if attrs.groups != 1:
-        return _alter_grouped_conv2d_c(attrs, c, o, lanes)
+        return _alter_grouped_conv2d_c(attrs, c, o, lanes, blocks, key)
     ic = max(d for d in range(1, min(vector, c) + 1) if c % d == 0)
+    domain = [(i, b) for i in dict.fromkeys([ic, *(b for b in blocks if c % b == 0)])
+              for b in dict.fromkeys([lanes, *blocks])]
+    ic, lanes = graph_knob(key, "conv2d_blocks", domain, (ic, lanes))
 
     def build(d: Any, w: Any) -> Any:
         return conv2d_nchwc(d, w, strides=attrs.strides, padding=attrs.padding,
@@ -259,25 +266,45 @@ def _alter_conv2d_c(call: Any, target: Any) -> LayoutRewrite | None:
     )
 
 
-def _alter_grouped_conv2d_c(attrs: Conv2DAttrs, c: int, o: int,
-                            lanes: int) -> LayoutRewrite | None:
+def conv2d_knob_key(call: Any) -> str:
+    """The graph-knob key of an ``nn.conv2d`` call: what it computes (shapes, dtypes, window,
+    groups), the same for equal convolutions of any model."""
+    attrs: Conv2DAttrs = call.attrs
+    data, weight = call.args[0].struct_info, call.args[1].struct_info
+    dims = "x".join(str(const_int(d) if const_int(d) is not None else d) for d in data.shape)
+    wdims = "x".join(str(d) for d in weight.static_shape())
+    return (f"nn.conv2d {data.dtype}[{dims}] {weight.dtype}[{wdims}] "
+            f"strides={tuple(attrs.strides)} padding={tuple(attrs.padding)} "
+            f"dilation={tuple(attrs.dilation)} groups={attrs.groups}")
+
+
+def _alter_grouped_conv2d_c(attrs: Conv2DAttrs, c: int, o: int, lanes: int,
+                            blocks: list[int], key: str) -> LayoutRewrite | None:
     """A float32 grouped convolution with ``c`` input and ``o`` output channels (``o`` a
     multiple of ``lanes``) in blocks of ``lanes`` channels, so it stays in the NCHW[lanes]c of
     its neighbours: a depthwise one (``groups == c == o``) becomes
     ``nn.depthwise_conv2d_nchwc``; one whose groups have a multiple of ``lanes`` input and
-    output channels each becomes a grouped ``nn.conv2d_nchwc``; the others stay NCHW."""
+    output channels each becomes a grouped ``nn.conv2d_nchwc``; the others stay NCHW. The
+    block is the graph knob ``conv2d_blocks`` (one of ``blocks`` that fits, input = output)."""
     g = attrs.groups
     window = {"strides": attrs.strides, "padding": attrs.padding, "dilation": attrs.dilation,
               "out_dtype": attrs.out_dtype}
+    depthwise = g == c == o
+
+    def fits(b: int) -> bool:
+        return depthwise or not (c % g or (c // g) % b or (o // g) % b)
+
+    if not fits(lanes):
+        return None
+    domain = [(b, b) for b in dict.fromkeys([lanes, *blocks]) if fits(b)]
+    lanes = graph_knob(key, "conv2d_blocks", domain, (lanes, lanes))[1]
     data_layout = ("NCHW", f"NCHW{lanes}c")
-    if g == c == o:
+    if depthwise:
         return LayoutRewrite(
             inputs=(data_layout, ("OIHW", f"OIHW{lanes}o")),
             output=data_layout,
             build=lambda d, w: depthwise_conv2d_nchwc(d, w, **window),
         )
-    if c % g or (c // g) % lanes or (o // g) % lanes:
-        return None
     return LayoutRewrite(
         inputs=(data_layout, ("OIHW", f"OIHW{lanes}i{lanes}o")),
         output=data_layout,

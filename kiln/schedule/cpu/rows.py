@@ -9,6 +9,7 @@ from typing import Any
 from ... import tir
 from ...ir.errors import ScheduleError
 from ...op.nn.softmax import ROW_AXES
+from ..knobs import knob
 from ..registry import register_schedule
 from .generic import PARALLEL_MIN_WORK, schedule_reduction
 from .loops import block_work, loop_extent, schedule_epilogue, vector_factor, vectorize_inner
@@ -84,7 +85,7 @@ def _row_reduction(sch: Any, target: Any, block: Any, outer: Any) -> None:
 #: Vector accumulators of a row's max/sum (independent dependency chains), when the row splits
 #: into that many vectors: with one, each step waits for the last (a 3-cycle add, a 4-step
 #: NaN-propagating max). Paired calls, softmax 64 x 1024 (2 threads, Zen 3): 0.89 of the time
-#: with 2 for the max and the sum.
+#: with 2 for the max and the sum. The knob ``<block>.row_chains`` (1, 2, 4) per reduction.
 ROW_REDUCTION_CHAINS = 2
 
 
@@ -97,7 +98,9 @@ def _rfactor_row(sch: Any, target: Any, block: Any, outer: Any) -> bool:
     lanes = vector_factor(target, sch.get(block).writes[0].buffer.dtype, extent)
     if lanes is None or extent is None or extent < 2 * lanes:
         return False
-    chains = ROW_REDUCTION_CHAINS if extent % (ROW_REDUCTION_CHAINS * lanes) == 0 else 1
+    name = sch.get(block).name_hint
+    chains = knob(f"{name}.row_chains", (1, 2, 4), ROW_REDUCTION_CHAINS)
+    chains = chains if extent % (chains * lanes) == 0 else 1
     _, ki = sch.split(below[-1], factors=[None, chains * lanes])
     rf = sch.rfactor(ki, len(sch.get(block).writes[0].buffer.shape))
     # the init's copies of these loops (made next) are unrolled and vectorized too

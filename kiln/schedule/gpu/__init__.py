@@ -23,7 +23,7 @@ and tools can see which operators fell back.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...graph.op_registry import OpPattern
@@ -36,6 +36,7 @@ from ...tir.gpu import KernelLaunch
 from ...tir.schedule import Schedule
 from ...tir.stmt import ForKind
 from ...tir.transform.lower import lower
+from ..knobs import active_schedule
 from ..registry import register_no_schedule, register_rule, target_family
 from . import linalg, rules  # noqa: F401 - linalg registers its schedules
 
@@ -140,13 +141,18 @@ def _pattern(func: PrimFunc) -> OpPattern | None:
         return None
 
 
-def schedule_prim_func(func: PrimFunc, target: Any) -> PrimFunc:
-    """Schedule ``func`` for the GPU ``target`` and lower it (see the module docstring)."""
-    return schedule_and_lower(func, target)[1]
+def schedule_prim_func(func: PrimFunc, target: Any, knobs: Mapping[str, Any] | None = None
+                       ) -> PrimFunc:
+    """Schedule ``func`` for the GPU ``target`` and lower it (see the module docstring);
+    ``knobs`` as in :func:`schedule_and_lower`."""
+    return schedule_and_lower(func, target, knobs)[1]
 
 
-def schedule_and_lower(func: PrimFunc, target: Any) -> tuple[PrimFunc, PrimFunc]:
-    """(scheduled, lowered) ``func`` for the GPU ``target`` (see the module docstring)."""
+def schedule_and_lower(func: PrimFunc, target: Any, knobs: Mapping[str, Any] | None = None
+                       ) -> tuple[PrimFunc, PrimFunc]:
+    """(scheduled, lowered) ``func`` for the GPU ``target`` (see the module docstring);
+    ``knobs`` are values for the op schedule's tunable decisions (:mod:`kiln.schedule.knobs`,
+    the defaults where not given)."""
     op_name = func.attrs.get("op_name")
     op_sched = own_schedule(op_name, target)
     pattern = _pattern(func)
@@ -154,7 +160,9 @@ def schedule_and_lower(func: PrimFunc, target: Any) -> tuple[PrimFunc, PrimFunc]
     def by_op(sch: Schedule) -> Schedule:
         if op_sched is None:
             raise ScheduleError("no GPU schedule registered for the op")
-        op_sched(sch, target)
+        sch.knob_values = dict(knobs or {})
+        with active_schedule(sch):
+            op_sched(sch, target)
         return sch
 
     attempts: list[tuple[str, Callable[[Schedule], Schedule]]] = [

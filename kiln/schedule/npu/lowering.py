@@ -12,6 +12,12 @@ Lowerings are registered per op name with :func:`register_lowering`. They are no
 schedules (``kiln.schedule.registry``'s ``fn(sch, target)``): the NPU's coarse instructions are
 emitted per op from its attributes and the hardware description, like a vendor's kernel
 library for a BYOC partition.
+
+A second route goes through TIR (:func:`register_tir_lowering`, :mod:`.tir_gemm`): the op's
+PrimFunc scheduled with ``cache_read``/``cache_write`` into NPU scopes and ``tensorize``, then
+turned into instructions by :mod:`.tir_program`. A context's ``route`` (``"emit"`` or
+``"tir"``; the build takes it from the PassContext option ``"npu.lowering"``) picks it for the
+ops that have one; a TIR lowering hands what it does not cover back to the emitter.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ from ...ir.errors import KilnError
 from ...target.npu.config import NPUConfig
 from .emit import DRAM_ALIGN, DramTensor, KernelBuilder, itemsize
 
-__all__ = ["LoweringContext", "LoweringFn", "NotSupported", "lookup_lowering",
-           "lowered_ops", "lowering_rejection", "register_lowering"]
+__all__ = ["LOWERING_ROUTES", "LoweringContext", "LoweringFn", "NotSupported", "lookup_lowering",
+           "lowered_ops", "lowering_rejection", "register_lowering", "register_tir_lowering"]
 
 
 class NotSupported(KilnError):
@@ -35,6 +41,9 @@ class NotSupported(KilnError):
 
 LoweringFn = Callable[["LoweringContext", Any, list[Any], DramTensor], None]
 _LOWERINGS: dict[str, LoweringFn] = {}
+_TIR_LOWERINGS: dict[str, LoweringFn] = {}
+#: The lowering routes a context may take: instruction emission per op, or through TIR.
+LOWERING_ROUTES = ("emit", "tir")
 
 
 def register_lowering(op_names: str | Iterable[str]) -> Callable[[LoweringFn], LoweringFn]:
@@ -51,8 +60,34 @@ def register_lowering(op_names: str | Iterable[str]) -> Callable[[LoweringFn], L
     return register
 
 
+def register_tir_lowering(op_names: str | Iterable[str]
+                          ) -> Callable[[LoweringFn], LoweringFn]:
+    """Decorator: ``fn`` lowers each op of ``op_names`` through TIR when a context's route is
+    ``"tir"`` (the op must have an emitted lowering too: the default route, and the fallback
+    for what the TIR lowering does not cover)."""
+    names = [op_names] if isinstance(op_names, str) else list(op_names)
+
+    def register(fn: LoweringFn) -> LoweringFn:
+        for name in names:
+            if name in _TIR_LOWERINGS:
+                raise KilnError(f"operator {name!r} already has a TIR lowering for the NPU")
+            _TIR_LOWERINGS[name] = fn
+        return fn
+
+    return register
+
+
 def lookup_lowering(op_name: str) -> LoweringFn | None:
-    return _LOWERINGS.get(op_name)
+    """The lowering of ``op_name`` (None: the NPU cannot run it); where a TIR lowering exists
+    too, the one the context's ``route`` names runs."""
+    emit, tir = _LOWERINGS.get(op_name), _TIR_LOWERINGS.get(op_name)
+    if emit is None or tir is None:
+        return emit
+
+    def routed(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
+        (tir if ctx.route == "tir" else emit)(ctx, call, args, out)
+
+    return routed
 
 
 def lowered_ops() -> list[str]:
@@ -64,15 +99,21 @@ class LoweringContext:
     """DRAM layout (a bump allocator; bytes ``[0, DRAM_ALIGN)`` hold zeros, the source of
     all-padding DMAs), constants to preload, and the kernel builder of the current NPU region."""
 
-    def __init__(self, config: NPUConfig, double_buffer: bool = True):
+    def __init__(self, config: NPUConfig, double_buffer: bool = True, route: str = "emit"):
+        if route not in LOWERING_ROUTES:
+            raise KilnError(f"NPU lowering route {route!r}: expected one of {LOWERING_ROUTES}")
         self.config = config
         self.double_buffer = double_buffer
+        self.route = route
         self.kb = KernelBuilder(config, double_buffer)
         self.top = DRAM_ALIGN
         self.constants: list[tuple[DramTensor, np.ndarray]] = []
         #: Every DRAM range handed out, in order (what a DRAM plan may relocate).
         self.allocations: list[DramTensor] = []
         self.zero = DramTensor(0, (DRAM_ALIGN // 8,), "int64")
+        #: ``(op, schedule)`` of each kernel the TIR route lowered (what ``kiln show --stage
+        #: tir`` prints for the NPU).
+        self.tir: list[tuple[str, Any]] = []
         self._kernel_count = 0
 
     def alloc(self, shape: tuple[int, ...], dtype: str) -> DramTensor:

@@ -25,7 +25,7 @@ from .vector import (
 )
 
 __all__ = ["BINARY_OPS", "COMPOSITE_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS",
-           "elementwise_steps", "lower_elementwise_chain", "product_operand_dtype"]
+           "elementwise_steps", "lower_elementwise_chain", "operand_dtype", "product_operand_dtype"]
 
 #: Graph op -> vector opcode of the element-wise ops.
 BINARY_OPS = {"add": "vadd", "subtract": "vsub", "multiply": "vmul", "divide": "vdiv",
@@ -174,7 +174,7 @@ def lower_view(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor
 # ---------------------------------------------------------------------------------------------
 # products
 # ---------------------------------------------------------------------------------------------
-def _operand_dtype(ctx: LoweringContext, op: str, x_dtype: str, w_dtype: str,
+def operand_dtype(ctx: LoweringContext, op: str, x_dtype: str, w_dtype: str,
                    out_dtype: str) -> str:
     """The tensor unit's operand type for a product of these dtypes."""
     if x_dtype == w_dtype == "int8" and out_dtype == "int32":
@@ -232,7 +232,7 @@ def _gemm_2d(ctx: LoweringContext, op: str, x: Any, w: Any, out: DramTensor,
     """``out[..., M, N] = x[..., M, K] @ W`` with W ``[N, K]`` (dense) or ``[K, N]``."""
     wd = w.dtype if isinstance(w, DramTensor) else str(w.dtype)
     xd = x.dtype if isinstance(x, DramTensor) else str(x.dtype)
-    dt = _operand_dtype(ctx, op, xd, wd, out.dtype)
+    dt = operand_dtype(ctx, op, xd, wd, out.dtype)
     if len(w.shape) != 2:
         if w_is_nk:
             raise NotSupported(f"{op}: batched weights")
@@ -350,7 +350,7 @@ def lower_conv2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
         return _depthwise(ctx, call, x, w, out)
     if not isinstance(w, np.ndarray):
         raise NotSupported("nn.conv2d: weights computed at run time")
-    dt = _operand_dtype(ctx, "nn.conv2d", x.dtype if isinstance(x, DramTensor) else
+    dt = operand_dtype(ctx, "nn.conv2d", x.dtype if isinstance(x, DramTensor) else
                         str(x.dtype), str(w.dtype), out.dtype)
     if at.groups != 1:
         return _grouped(ctx, at, x, w, out, dt)

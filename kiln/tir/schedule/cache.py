@@ -12,6 +12,10 @@ to ``B``'s top-level loop nest and covers the whole buffer; ``compute_at`` /
 share loops (``B`` was already moved under a consumer), the copy goes inside the deepest shared
 loop, next to the subtree holding ``B``, and covers what ``B`` accesses in one iteration of it.
 
+``cache_write(B, i, scope, dtype)`` with a wider float ``dtype`` also makes ``B`` compute what
+it stores in that dtype (:func:`widen`), converted once by the copy back: a float16 GEMM's
+accumulator in float32 registers.
+
 ``cache_inplace(B, i, scope, L)`` stages a buffer that ``B`` both reads and writes (a reduction's
 update after ``decompose_reduction``): inside loop ``L`` the region ``B`` touches in one
 iteration is copied into a ``scope`` buffer before the subtree holding ``B`` and back after it.
@@ -23,9 +27,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...ir.dtype import DataType, as_dtype
 from ...ir.errors import ScheduleError
 from ..buffer import Buffer, BufferRegion
-from ..expr import BufferLoad, IterType, IterVar, Range, Var, const
+from ..expr import (
+    Add,
+    BufferLoad,
+    Cast,
+    FloatImm,
+    IntImm,
+    IterType,
+    IterVar,
+    Max,
+    Min,
+    Mul,
+    PrimExpr,
+    Range,
+    Sub,
+    Var,
+    cast,
+    const,
+)
 from ..function import PrimFunc
 from ..functor import Mutator
 from ..stmt import Block, BlockRealize, BufferStore, SeqStmt, Stmt
@@ -56,7 +78,8 @@ def _check_scope(scope: object, what: str) -> str:
 
 
 def _copy_block(src: Buffer, dst: Buffer, name: str) -> Block:
-    """A block copying ``src`` to ``dst`` element-wise over the whole buffer."""
+    """A block copying ``src`` to ``dst`` element-wise over the whole buffer (converting the
+    elements where their dtypes differ)."""
     iter_vars = [
         IterVar(Range(const(e.dtype, 0), e), Var(f"v{d}", e.dtype), IterType.DATA_PAR)
         for d, e in enumerate(src.shape)
@@ -67,7 +90,7 @@ def _copy_block(src: Buffer, dst: Buffer, name: str) -> Block:
         reads=(point_region(src, idx),),
         writes=(point_region(dst, idx),),
         name_hint=name,
-        body=BufferStore(dst, BufferLoad(src, idx), idx),
+        body=BufferStore(dst, cast(dst.dtype, BufferLoad(src, idx)), idx),
     )
 
 
@@ -102,10 +125,11 @@ def _commit(index: TreeIndex, realize: BlockRealize, new_realize: BlockRealize, 
     return rewrite_func(func, {id(anchor2.node): SeqStmt(seq)})
 
 
-def _new_cache(index: TreeIndex, buf: Buffer, scope: str) -> tuple[Buffer, str]:
+def _new_cache(index: TreeIndex, buf: Buffer, scope: str, dtype: DataType | None = None
+               ) -> tuple[Buffer, str]:
     cache = Buffer(
         unique_name(f"{buf.name}_{scope.replace('.', '_')}", buffer_names(index.func)),
-        buf.shape, buf.dtype, None, (), None, scope,
+        buf.shape, dtype or buf.dtype, None, (), None, scope,
     )
     name = unique_name(cache.name, index.taken_names())
     return cache, name
@@ -123,6 +147,77 @@ def _swap_in_block(block: Block, old: Buffer, new: Buffer) -> Block:
             BufferRegion(new, r.region) if r.buffer is old else r for r in block.writes
         ),
     )
+
+
+_WIDENED_OPS = (Add, Sub, Mul, Min, Max)
+
+
+class _Narrow(Mutator):
+    """Loads of ``old``, the buffer a wider ``cache`` replaces, made loads of the cache
+    converted back to ``old``'s dtype."""
+
+    def __init__(self, old: Buffer, cache: Buffer):
+        self.old, self.cache = old, cache
+
+    def visit_BufferLoad(self, n: BufferLoad) -> PrimExpr:
+        if n.buffer is not self.old:
+            return self.generic_visit(n)
+        return cast(self.old.dtype, BufferLoad(self.cache, self.visit(n.indices)))
+
+
+def widen(e: PrimExpr, old: Buffer, cache: Buffer) -> PrimExpr:
+    """``e``, an expression stored into ``old``, computed in the wider dtype of ``cache``
+    (which replaces ``old``): the additions, products, min and max of ``old``'s dtype
+    (an accumulation ``acc + a * b``) widened down to their leaves, the leaves converted.
+    This is what makes a float16 GEMM sum its products in float32."""
+    narrow = _Narrow(old, cache)
+    if isinstance(e, BufferLoad) and e.buffer is old:
+        return BufferLoad(cache, narrow.visit(e.indices))
+    if e.dtype != old.dtype:
+        return narrow.visit(e)
+    if isinstance(e, _WIDENED_OPS):
+        return type(e)(widen(e.a, old, cache), widen(e.b, old, cache))
+    if isinstance(e, Cast):
+        return cast(cache.dtype, narrow.visit(e.value))
+    if isinstance(e, (FloatImm, IntImm)):
+        return const(cache.dtype, e.value)
+    return cast(cache.dtype, narrow.visit(e))
+
+
+class _Widen(Mutator):
+    """Stores into ``old`` made stores into the wider ``cache``, their values computed in its
+    dtype (:func:`widen`); every other load of ``old`` a converted load of the cache."""
+
+    def __init__(self, old: Buffer, cache: Buffer):
+        self.old, self.cache = old, cache
+
+    def visit_BufferStore(self, n: BufferStore) -> Stmt:
+        if n.buffer is not self.old:
+            return self.generic_visit(n)
+        return BufferStore(self.cache, widen(n.value, self.old, self.cache),
+                           _Narrow(self.old, self.cache).visit(n.indices))
+
+    def visit_BufferLoad(self, n: BufferLoad) -> PrimExpr:
+        return _Narrow(self.old, self.cache).visit(n)
+
+
+def _check_widening(buf: Buffer, dtype: Any, what: str) -> DataType | None:
+    """The cache's dtype: None (``buf``'s) or a float dtype at least as wide as ``buf``'s
+    float dtype."""
+    if dtype is None:
+        return None
+    try:
+        dt = as_dtype(dtype)
+    except Exception as e:  # noqa: BLE001 - any unparsable dtype is the caller's error
+        raise ScheduleError(f"{what}: {dtype!r} is not a dtype ({e})") from None
+    old = buf.dtype
+    if dt == old:
+        return None
+    if not (old.is_float and dt.is_float and dt.lanes == old.lanes == 1 and dt.bits >= old.bits):
+        raise ScheduleError(
+            f"{what}: {buf.name!r} ({old}) cannot be accumulated in {dt}: only a float buffer, "
+            "in a float dtype at least as wide")
+    return dt
 
 
 def _region_buffer(regions: Any, index: Any, kind: str, what: str, block_name: str) -> Any:
@@ -154,7 +249,12 @@ def _swap_and_commit(index: TreeIndex, sref: SRef, buf: Buffer, cache: Buffer, a
     ``before``/``after`` placed around ``anchor``, and ``cache`` allocated at the root."""
     realize = sref.node
     assert isinstance(realize, BlockRealize)
-    new_realize = realize.replace(block=_swap_in_block(sref.block, buf, cache))
+    block = sref.block
+    if cache.dtype != buf.dtype:
+        m = _Widen(buf, cache)
+        block = block.replace(body=m.visit(block.body), init=m.visit(block.init))
+    block = _swap_in_block(block, buf, cache)
+    new_realize = realize.replace(block=block)
     func = _commit(index, realize, new_realize, anchor, before=before, after=after)
     return update_root_allocs(func, add=(cache,))
 
@@ -178,8 +278,8 @@ def cache_read(index: TreeIndex, sref: SRef, read_buffer_index: int, scope: str
     return _swap_and_commit(index, sref, buf, cache, anchor, before=nest), cname
 
 
-def cache_write(index: TreeIndex, sref: SRef, write_buffer_index: int, scope: str
-                ) -> tuple[PrimFunc, str]:
+def cache_write(index: TreeIndex, sref: SRef, write_buffer_index: int, scope: str,
+                dtype: Any = None) -> tuple[PrimFunc, str]:
     what = "cache_write"
     _, name, buf = _staged_buffer(index, sref, "writes", write_buffer_index, scope, what)
     scope_sref = index.scope_of(sref)
@@ -196,7 +296,7 @@ def cache_write(index: TreeIndex, sref: SRef, write_buffer_index: int, scope: st
                 f"{what}: block {r.block.name_hint!r} reads {buf.name!r} before {name!r} "
                 "writes it"
             )
-    cache, cname = _new_cache(index, buf, scope)
+    cache, cname = _new_cache(index, buf, scope, _check_widening(buf, dtype, what))
     nest, anchor = _place_copy(index, sref, readers, buf, _copy_block(cache, buf, cname),
                                True, what)
     return _swap_and_commit(index, sref, buf, cache, anchor, after=nest), cname

@@ -16,13 +16,15 @@ predicate that keeps it there.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ...ir.errors import ScheduleError
 from ..buffer import Buffer
 from ..expr import IterType, PrimExpr, Range, Var, const
 from ..function import PrimFunc
-from ..stmt import Block, BlockRealize, For, ForKind, Stmt
+from ..gpu import is_thread_tag
+from ..stmt import THREAD_TAG, Block, BlockRealize, For, ForKind, Stmt
 from .analysis import (
     Bound,
     analyzer_at,
@@ -51,15 +53,17 @@ def accessed_region(
     writes: bool,
     ana: Any,
     what: str,
+    relax: Sequence[SRef] = (),
 ) -> list[Bound]:
     """Union over ``blocks`` (all under ``loop``) of the part of ``buffer`` each reads (or
-    writes) during one iteration of ``loop``."""
+    writes) during one iteration of ``loop``; the loops ``relax`` (above ``loop``, outermost
+    first) count as inside it: the part of all their iterations together."""
     total: list[Bound] | None = None
     for b in blocks:
         realize = b.node
         assert isinstance(realize, BlockRealize)
         regions = realize.block.writes if writes else realize.block.reads
-        dom = loop_domains(_chain_below(index, loop, b), ana)
+        dom = loop_domains([*relax, *_chain_below(index, loop, b)], ana)
         for region in regions:
             if region.buffer is not buffer:
                 continue
@@ -155,6 +159,13 @@ def regenerate(
     return stmt
 
 
+def thread_loops_above(index: TreeIndex, loop: SRef) -> list[SRef]:
+    """The ``threadIdx``-bound loops at or above ``loop``, outermost first."""
+    chain = [*[a for a in index.ancestors(loop) if not a.is_block], loop]
+    return [s for s in chain if s.loop.kind == ForKind.THREAD_BINDING
+            and is_thread_tag(str(s.loop.annotations.get(THREAD_TAG)))]
+
+
 def _remove_and_reindex(index: TreeIndex, block: SRef) -> TreeIndex:
     return TreeIndex(rewrite_func(index.func, {id(block.node): None}))
 
@@ -225,10 +236,15 @@ def compute_at(
                     f"{name!r}, would run after {name!r} at loop {loop_name!r}"
                 )
     ana = analyzer_at(index, loop)
+    # A block writing shared memory under the threadIdx loops of a GPU block produces what
+    # all the block's threads read: the threads then share the copy (bind its loops to the
+    # same threadIdx tags, see loop_transform.bind).
+    shared = all(b.scope == "shared" for b in outs)
+    relax = thread_loops_above(index, loop) if shared else []
     needs = [
         (buf, accessed_region(index, loop, [c for c in consumers
                                              if any(r.buffer is buf for r in c.block.reads)],
-                               buf, False, ana, what))
+                               buf, False, ana, what, relax))
         for buf in outs
         if any(any(r.buffer is buf for r in c.block.reads) for c in consumers)
     ]
@@ -305,4 +321,5 @@ def reverse_compute_at(
 
 __all__ = [
     "accessed_region", "compute_at", "iter_var_ranges", "regenerate", "reverse_compute_at",
+    "thread_loops_above",
 ]

@@ -258,7 +258,8 @@ def bind(index: TreeIndex, sref: SRef, tag: str) -> PrimFunc:
     under it binds its variable to spatial iteration variables only); a loop bound to
     ``threadIdx.*`` may also carry a reduction, which lowering turns into a cross-thread
     reduction (``kiln.tir.transform.cross_thread_reduction``). A thread index drives one loop
-    per nest: no loop above or below may be bound to the same tag. Extents are checked against
+    per nest: no loop above or below may be bound to the same tag, except a *cooperative copy*
+    below a ``threadIdx`` loop (see :func:`check_shared_copy`). Extents are checked against
     the target's limits when the function is lowered.
     """
     tag = check_tag(tag)
@@ -281,11 +282,14 @@ def bind(index: TreeIndex, sref: SRef, tag: str) -> PrimFunc:
         raise ScheduleError(
             f"bind: loop {name!r} is bound to {kind_name} iteration variable of block "
             f"{block!r}; only threadIdx loops may carry a reduction (a cross-thread reduction)")
-    nest = [s for s in index.ancestors(sref) if not s.is_block]
-    nest += [s for s in index.loops.values() if sref.is_ancestor_of(s)]
-    for other in nest:
+    above = [s for s in index.ancestors(sref) if not s.is_block]
+    below = [s for s in index.loops.values() if sref.is_ancestor_of(s)]
+    for other in above + below:
         lp = other.loop
         if lp.kind == ForKind.THREAD_BINDING and lp.annotations.get(THREAD_TAG) == tag:
+            if other in above and is_thread_tag(tag):
+                check_shared_copy(index, sref, other, tag)
+                continue
             raise ScheduleError(
                 f"bind: loop {lp.loop_var.name!r} of the same nest is already bound to {tag}; a "
                 "thread index drives one loop per nest")
@@ -293,6 +297,46 @@ def bind(index: TreeIndex, sref: SRef, tag: str) -> PrimFunc:
     ann[THREAD_TAG] = tag
     new = loop.replace(kind=ForKind.THREAD_BINDING, annotations=ann)
     return rewrite_func(index.func, {id(loop): new})
+
+
+def check_shared_copy(index: TreeIndex, sref: SRef, outer: SRef, tag: str) -> None:
+    """Allow binding loop ``sref`` to ``tag`` below ``outer``, a loop bound to the same tag.
+
+    Read one after the other, the loops mean: every thread of ``outer`` runs the whole nest
+    of ``sref``. When that nest only copies data into ``shared`` memory and does not depend on
+    ``outer``'s variable, every thread makes the same copy, so the threads of a GPU block may
+    divide it among them instead: bound to the same thread index, each thread copies the
+    iterations of ``sref`` matching its index (lowering gives both loops the index, and
+    inserts the barrier before the threads read the copy). This is how a GEMM's threads load
+    its shared tiles together. ``sref`` must not have more iterations than ``outer`` has
+    threads (constant extents), else some iterations would have no thread.
+    """
+    inner_loop, outer_loop = sref.loop, outer.loop
+    name, oname = inner_loop.loop_var.name, outer_loop.loop_var.name
+    why = (f"bind: loop {oname!r} of the same nest is already bound to {tag}; a thread index "
+           f"drives one loop per nest, except a copy into shared memory the threads share "
+           f"(loop {name!r})")
+    blocks = index.blocks_under(sref)
+    if not blocks:
+        raise ScheduleError(f"{why}, and loop {name!r} holds no block")
+    for b in blocks:
+        realize = b.node
+        assert isinstance(realize, BlockRealize)
+        bad = [w.buffer for w in realize.block.writes if w.buffer.scope != "shared"]
+        if bad:
+            raise ScheduleError(f"{why}; block {realize.block.name_hint!r} writes "
+                                f"{bad[0].name!r} (scope {bad[0].scope!r})")
+        uses = collect_vars((*realize.iter_values, realize.predicate))
+        loops = [a.loop for a in index.ancestors(b) if not a.is_block and outer.is_ancestor_of(a)]
+        uses += collect_vars(tuple(x for lp in loops for x in (lp.min, lp.extent)))
+        if any(v is outer_loop.loop_var for v in uses):
+            raise ScheduleError(f"{why}; block {realize.block.name_hint!r} depends on "
+                                f"{oname!r}, so the threads' copies differ")
+    n_inner, n_outer = as_int(inner_loop.extent), as_int(outer_loop.extent)
+    if n_inner is None or n_outer is None or n_inner > n_outer:
+        raise ScheduleError(f"{why}; loop {name!r} has {inner_loop.extent} iterations and "
+                            f"{oname!r} {outer_loop.extent} threads (constants, the first at "
+                            "most the second)")
 
 
 def annotate(index: TreeIndex, sref: SRef, key: str, value: Any) -> PrimFunc:

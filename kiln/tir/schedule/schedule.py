@@ -349,13 +349,15 @@ class Schedule:
         return self._new_block_rv(name)
 
     @_traced
-    def cache_write(self, block: BlockRV, write_buffer_index: int, storage_scope: str
-                    ) -> BlockRV:
+    def cache_write(self, block: BlockRV, write_buffer_index: int, storage_scope: str,
+                    dtype: str | None = None) -> BlockRV:
         """Write ``block``'s ``write_buffer_index``-th write buffer through a
-        ``storage_scope`` buffer copied back afterwards; returns the copy block."""
+        ``storage_scope`` buffer copied back afterwards; returns the copy block. A wider float
+        ``dtype`` for that buffer makes ``block`` compute its stores in it (a float32
+        accumulator of a float16 product), converted by the copy back."""
         sref = self._block(block, "cache_write")
         func, name = _cache.cache_write(
-            self._index_for_new_names(), sref, write_buffer_index, storage_scope
+            self._index_for_new_names(), sref, write_buffer_index, storage_scope, dtype
         )
         self._commit(func)
         return self._new_block_rv(name)

@@ -13,7 +13,9 @@ loop nest around one block. Matching walks both side by side:
   accesses: an N-D desc buffer binds to the *trailing* N dimensions of a real buffer at a
   loop-invariant offset (``C[vi_o * 6 + i, vj_o * 16 + j]`` matches ``C[i, j]`` at offset
   ``(vi_o * 6, vj_o * 16)``), the same offset for every access, and the real buffer's strides
-  must agree with the desc's (a desc stride variable binds to the real stride).
+  must agree with the desc's (a desc stride variable binds to the real stride); a desc buffer
+  declared in a storage scope other than ``"global"`` (an accelerator's scratchpad) matches
+  only buffers of that scope.
 
 The block's body becomes the impl's body with each impl buffer access moved to the matched
 region and the bound variables substituted; the block keeps its iteration variables, regions
@@ -110,6 +112,9 @@ class _Matcher:
         if tbuf.dtype != dbuf.dtype:
             raise _Mismatch(f"{what}: buffer {tbuf.name!r} is {tbuf.dtype}, the intrinsic's "
                             f"{dbuf.name!r} is {dbuf.dtype}")
+        if dbuf.scope != "global" and tbuf.scope != dbuf.scope:
+            raise _Mismatch(f"{what}: buffer {tbuf.name!r} is in scope {tbuf.scope!r}, the "
+                            f"intrinsic's {dbuf.name!r} in {dbuf.scope!r}")
         lead = tbuf.ndim - dbuf.ndim
         if lead < 0:
             raise _Mismatch(f"{what}: buffer {tbuf.name!r} has {tbuf.ndim} dimensions, fewer "

@@ -9,7 +9,9 @@ signature; its body is the *host* part: ``Allocate``\\ s of global workspace and
   loops perfectly nested: a block of one kernel never waits for another block) and whose
   ``threadIdx`` loops lie anywhere below: its grid is the ``blockIdx`` extents (symbolic
   allowed: computed at run time from the function's symbolic dims), its block the largest
-  constant extent bound to each ``threadIdx`` tag;
+  constant extent bound to each ``threadIdx`` tag (a loop bound to a tag inside a loop bound
+  to the same tag, a copy the threads share, gets the same thread index and may not be
+  longer than the outer loop);
 - or a run of top-level statements with no binding at all, which becomes a kernel of one
   thread (slow, never wrong: what a stage no GPU schedule covers gets).
 
@@ -103,6 +105,7 @@ class _Spmd(Mutator):
         self.single_thread = single_thread
         self.env: dict[str, Var] = {}
         self.bound: list[str] = []  # threadIdx tags bound around the statement being visited
+        self.bound_loops: list[For] = []  # ... and their loops
         self.loops: list[Var] = []
         self.shared: list[Buffer] = []
         self.hoisted: list[Buffer] = []
@@ -122,18 +125,33 @@ class _Spmd(Mutator):
                 self.loops.pop()
         tv = self.thread_var(tag)
         if is_thread_tag(tag):
+            self._check_nested(loop, tag)
             self.bound.append(tag)
+            self.bound_loops.append(loop)
         try:
             body = self.visit(loop.body)
         finally:
             if is_thread_tag(tag):
                 self.bound.pop()
+                self.bound_loops.pop()
         v = loop.loop_var
         out: Stmt = LetStmt(v, add(loop.min, cast(v.dtype, tv)), body)
         if is_thread_tag(tag):
             if not Analyzer().can_prove(loop.extent >= self.block_dims[tag]):
                 out = IfThenElse(lt(tv, cast(tv.dtype, loop.extent)), out)
         return out
+
+    def _check_nested(self, loop: For, tag: str) -> None:
+        """A loop bound to a tag inside a loop bound to the same tag (a copy shared by the
+        threads, ``loop_transform.check_shared_copy``) runs on the threads of the outer loop:
+        it may not have more iterations than they are."""
+        for outer in self.bound_loops:
+            if _tag(outer) == tag and not Analyzer().can_prove(loop.extent <= outer.extent):
+                raise LoweringError(
+                    f"kernel {self.kernel}: loop {loop.loop_var.name!r} bound to {tag} has "
+                    f"{loop.extent} iterations inside loop {outer.loop_var.name!r} bound to "
+                    f"the same tag with {outer.extent}; its iterations beyond would run on no "
+                    "thread")
 
     def visit_Allocate(self, alloc: Allocate) -> Stmt:
         buf = alloc.buffer

@@ -16,6 +16,7 @@ from .hoist_checks import hoist_checks
 from .hoist_reduction_init import hoist_reduction_init
 from .jam_tails import jam_tails
 from .partition_loops import partition_loops
+from .prefetch_copies import prefetch_shared_copies
 from .simplify import simplify
 from .thread_allreduce import lower_thread_allreduce
 from .thread_sync import insert_thread_sync
@@ -45,7 +46,9 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
 
     For a GPU target (CUDA, OpenCL) the same passes run with GPU passes around them: first
     reductions bound to ``threadIdx`` become per-thread accumulation plus a cross-thread
-    reduction (``cross_thread_reduction``); heap and check hoisting and the CPU's tail
+    reduction (``cross_thread_reduction``), loops annotated for it load the next step's shared
+    tiles into registers during the current step (``prefetch_copies``); heap and check
+    hoisting and the CPU's tail
     partitioning and jamming are left out, vector expressions keep every intrinsic (evaluated
     lane by lane);
     last the body is split into kernels with their launch shapes and allocations placed by
@@ -67,6 +70,8 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
         func = hoist_allocations(func)
         func = hoist_checks(func)
     func = simplify(func)
+    if gpu:
+        func = prefetch_shared_copies(func)
     func = vectorize_loops(func, lanewise_calls=gpu)
     func = unroll_loops(func)
     func = simplify(func)

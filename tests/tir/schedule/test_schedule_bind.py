@@ -69,3 +69,51 @@ def test_bind_keeps_te_semantics_of_an_unbound_function():
     sch.bind(ii, "threadIdx.x")
     assert [sch.get(lp).annotations[THREAD_TAG] for lp in (io, ii)] == ["blockIdx.x",
                                                                         "threadIdx.x"]
+
+
+def _staged(threads: int) -> tuple[Schedule, object]:
+    """out = x + 1 over 64 x 32: rows on blocks, columns on ``threads`` threads (x 32/threads
+    each), x staged in shared memory at the thread loop."""
+    sch = _ew()
+    blk = sch.get_block("out")
+    i, j = sch.get_loops(blk)
+    jo, ji = sch.split(j, [threads, None])
+    sch.bind(i, "blockIdx.x")
+    sch.bind(jo, "threadIdx.x")
+    copy = sch.cache_read(blk, 0, "shared")
+    sch.compute_at(copy, jo)
+    return sch, copy
+
+
+def test_a_shared_copy_under_a_thread_loop_covers_the_block_and_is_shared():
+    """compute_at of a shared copy under threadIdx loops copies what all the block's threads
+    read (here the whole row of 32), and its loop may be bound to the same tag: the threads
+    divide the copy."""
+    sch, copy = _staged(32)
+    (ax,) = sch.get_loops(copy)[-1:]
+    assert sch.get(ax).extent.value == 32
+    sch.bind(ax, "threadIdx.x")
+    assert sch.get(ax).annotations[THREAD_TAG] == "threadIdx.x"
+
+
+def test_a_shared_copy_longer_than_the_threads_is_refused():
+    sch, copy = _staged(16)
+    (ax,) = sch.get_loops(copy)[-1:]
+    assert sch.get(ax).extent.value == 32
+    with pytest.raises(ScheduleError, match="32 iterations and .* 16 threads"):
+        sch.bind(ax, "threadIdx.x")
+    a, b = sch.split(ax, [None, 16])
+    sch.bind(b, "threadIdx.x")  # 2 elements per thread
+
+
+def test_a_copy_into_local_memory_is_not_shared():
+    sch = _ew()
+    blk = sch.get_block("out")
+    i, j = sch.get_loops(blk)
+    sch.bind(i, "blockIdx.x")
+    sch.bind(j, "threadIdx.x")
+    copy = sch.cache_read(blk, 0, "local")
+    sch.compute_at(copy, j, preserve_unit_loops=True)
+    (ax,) = sch.get_loops(copy)[-1:]
+    with pytest.raises(ScheduleError, match="writes 'x0_local' \\(scope 'local'\\)"):
+        sch.bind(ax, "threadIdx.x")

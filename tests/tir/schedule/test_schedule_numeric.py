@@ -7,6 +7,7 @@ import pytest
 
 from kiln import te, tir
 from kiln.codegen import c as cg
+from kiln.ir.errors import ScheduleError
 from kiln.tir import Schedule
 
 RNG = np.random.default_rng(7)
@@ -140,3 +141,34 @@ def test_symbolic_shape_compute_at_and_split_tail():
         out = np.zeros((size,), np.float32)
         mod["f"](a, out)
         np.testing.assert_allclose(out, a * 2 + 1, rtol=1e-6)
+
+
+def test_cache_write_in_float32_sums_half_products_in_float32():
+    """``cache_write(C, 0, "local", "float32")`` of a float16 product: the accumulator is
+    float32, the result rounded once (float16 sums of 2048 products drift far from it)."""
+    n, p = 8, 2048
+    A = te.placeholder((n, p), "float16", name="A")
+    B = te.placeholder((p, n), "float16", name="B")
+    k = te.reduce_axis((0, p), name="k")
+    C = te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    sch = Schedule(te.create_prim_func([A, B, C]))
+    copy = sch.cache_write(sch.get_block("C"), 0, "local", "float32")
+    assert str(sch.get(sch.get_block("C")).writes[0].buffer.dtype) == "float32"
+    assert str(sch.get(copy).writes[0].buffer.dtype) == "float16"  # rounded at the copy
+    a = RNG.uniform(-1, 1, (n, p)).astype("float16")
+    b = RNG.uniform(-1, 1, (p, n)).astype("float16")
+    exact = a.astype("float64") @ b.astype("float64")
+    wide = _run(sch.func, a, b, np.zeros((n, n), "float16")).astype("float64")
+    narrow = _run(te.create_prim_func([A, B, C]), a, b, np.zeros((n, n), "float16"))
+    assert np.abs(wide - exact).max() <= 2 ** -10 * np.abs(exact).max()
+    assert np.abs(narrow.astype("float64") - exact).max() > 4 * np.abs(wide - exact).max()
+
+
+@pytest.mark.parametrize("have,want", [("float32", "float16"), ("int32", "int64"),
+                                       ("float16", "int32"), ("float32", "nonsense")])
+def test_cache_write_refuses_a_dtype_that_is_not_a_wider_float(have, want):
+    A = te.placeholder((4,), have, name="A")
+    C = te.compute((4,), lambda i: A[i] + A[i], name="C")
+    sch = Schedule(te.create_prim_func([A, C]))
+    with pytest.raises(ScheduleError, match="cache_write"):
+        sch.cache_write(sch.get_block("C"), 0, "local", want)

@@ -126,3 +126,28 @@ def test_per_thread_buffer_outside_the_thread_loops_is_refused():
     # y's region is the whole row, used by every thread: it must be shared memory
     with pytest.raises(LoweringError, match="outside the threadIdx loops.*'shared' scope"):
         lower(func, OPENCL)
+
+
+def test_a_shared_copy_bound_to_more_threads_than_its_outer_loop_is_refused():
+    """bind refuses such a copy (tests/tir/schedule/test_schedule_bind.py); TIR written by
+    hand reaches lowering, which refuses it too: its iterations beyond the outer loop's threads
+    would run on no thread."""
+    sch = Schedule(elementwise_func((64, 32), "float32", lambda x: x + 1.0))
+    blk = sch.get_block("out")
+    i, j = sch.get_loops(blk)
+    sch.bind(i, "blockIdx.x")
+    sch.bind(j, "threadIdx.x")
+    copy = sch.cache_read(blk, 0, "shared")
+    sch.compute_at(copy, j)
+    (ax,) = sch.get_loops(copy)[-1:]
+    sch.bind(ax, "threadIdx.x")
+    assert _kernels(lower(sch.func, OPENCL))[0].threads_per_block == 32  # allowed: 32 <= 32
+    inner = sch.get(ax).loop_var
+
+    class _Longer(tir.Mutator):
+        def visit_For(self, n):
+            n = self.generic_visit(n)
+            return n.replace(extent=tir.const(n.extent.dtype, 64)) if n.loop_var is inner else n
+
+    with pytest.raises(LoweringError, match="64 iterations inside loop .* with 32"):
+        lower(sch.func.with_body(_Longer().visit(sch.func.body)), OPENCL)
