@@ -465,3 +465,94 @@ def test_schedule_injective_transposes_rows_that_conflict_in_l1(k, transposed):
     av, out = rand((64, k)), np.empty((4, k, 16), np.float32)
     mod["f"](av, out)
     np.testing.assert_array_equal(out, av.reshape(4, 16, k).transpose(0, 2, 1))
+
+
+@pytest.mark.parametrize("sizes, piecewise", [((6, 6, 12), True), ((5, 7, 12), False)])
+def test_schedule_injective_unrolls_concat_pieces_of_a_blocked_axis(sizes, piecewise):
+    """A concat along the channels written in NCHW12c (the text detector's FPN: resized maps
+    concatenated, then blocked for the head conv) picks its input per lane. When the pieces
+    fall on a common boundary (6 | 6, 12, 24) the lane axis splits into 6-lane pieces, the
+    piece and channel-block loops are unrolled, and every select is decided at compile time:
+    no select and no clamp is left in the lowered code. Pieces of 5 and 7 lanes keep the
+    per-lane selects; both are exact."""
+    from kiln.codegen import c as codegen_c
+    from kiln.schedule.cpu.generic import schedule_injective
+    from kiln.tir.schedule import Schedule
+    from kiln.tir.transform import lower
+
+    ins = [te.placeholder((1, n, 5, 7), "float32", name=f"X{k}") for k, n in enumerate(sizes)]
+    starts = np.cumsum((0,) + sizes)
+
+    def concat(n, c, h, w):
+        value = ins[-1][n, tir.max(c - int(starts[-2]), 0), h, w]
+        for k in range(len(ins) - 2, -1, -1):
+            pos = tir.min(tir.max(c - int(starts[k]), 0), sizes[k] - 1)
+            value = tir.select(c < int(starts[k + 1]), ins[k][n, pos, h, w], value)
+        return value
+
+    cat = te.compute((1, 24, 5, 7), concat, name="concat")
+    out = te.compute((1, 2, 5, 7, 12), lambda n, cb, h, w, c: cat[n, cb * 12 + c, h, w],
+                     name="layout_transform")
+    sch = Schedule(te.create_prim_func([*ins, out]))
+    schedule_injective(sch, Target("c", num_threads=2))
+    selects = []
+    tir.post_order_visit(lower(sch.func).body, lambda n: selects.append(n)
+                         if isinstance(n, tir.Select) else None)
+    assert (not selects) == piecewise
+    assert (tir.ForKind.UNROLLED in _loop_kinds(sch.func)) == piecewise
+    mod = codegen_c.build({"f": sch.func}, TARGET)
+    arrays = [rand((1, n, 5, 7)) for n in sizes]
+    res = np.empty((1, 2, 5, 7, 12), np.float32)
+    mod["f"](*arrays, res)
+    want = np.concatenate(arrays, 1).reshape(1, 2, 12, 5, 7).transpose(0, 1, 3, 4, 2)
+    np.testing.assert_array_equal(res, want)
+
+
+@pytest.mark.parametrize("activation", ["relu", "sigmoid"])
+def test_schedule_injective_splits_a_flattened_interleave(activation):
+    """The depth-to-space after a 2x2/s2 ConvTranspose's GEMM, flattened for the next GEMM:
+    ``y[c, i]`` reads phase ``(i // 2W) % 2 * 2 + i % 2W % 2`` of the GEMM result, so a vector
+    over ``i`` is a gather. With plain arithmetic in the body the axis splits at the divisors
+    (2W, then 2) into row, column and an unrolled phase loop that reads each phase's row
+    contiguously; a sigmoid keeps the vector loop (its vector formula needs it)."""
+    from kiln.codegen import c as codegen_c
+    from kiln.schedule.cpu.generic import schedule_injective
+    from kiln.tir.schedule import Schedule
+
+    c, h, w = 3, 4, 8
+    g = te.placeholder((c, 4, h * w), "float32", name="G")
+
+    def body(k, i):
+        row, col = i // (2 * w), i % (2 * w)
+        v = g[k, row % 2 * 2 + col % 2, row // 2 * w + col // 2]
+        return tir.max(v, 0.0) if activation == "relu" else tir.sigmoid(v)
+
+    y = te.compute((c, 4 * h * w), body, name="Y")
+    sch = Schedule(te.create_prim_func([g, y]))
+    schedule_injective(sch, Target("c", num_threads=2))
+    kinds = _loop_kinds(sch.func)
+    assert (tir.ForKind.UNROLLED in kinds) == (activation == "relu")
+    assert (tir.ForKind.VECTORIZED in kinds) == (activation == "sigmoid")
+    mod = codegen_c.build({"f": sch.func}, TARGET)
+    gv, out = rand((c, 4, h * w)), np.empty((c, 4 * h * w), np.float32)
+    mod["f"](gv, out)
+    want = gv.reshape(c, 2, 2, h, w).transpose(0, 3, 1, 4, 2).reshape(c, -1)
+    want = np.maximum(want, 0) if activation == "relu" else 1 / (1 + np.exp(-want))
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-7)
+
+
+def test_schedule_injective_splits_a_one_dimensional_interleave():
+    """``y[i] = x[i % 2, i // 2]`` (two rows interleaved, no outer loop to run in parallel)."""
+    from kiln.codegen import c as codegen_c
+    from kiln.schedule.cpu.generic import schedule_injective
+    from kiln.tir.schedule import Schedule
+
+    x = te.placeholder((2, 64), "float32", name="X")
+    y = te.compute((128,), lambda i: x[i % 2, i // 2] * 2.0, name="Y")
+    sch = Schedule(te.create_prim_func([x, y]))
+    schedule_injective(sch, Target("c", num_threads=2))
+    assert tir.ForKind.UNROLLED in _loop_kinds(sch.func)
+    mod = codegen_c.build({"f": sch.func}, TARGET)
+    xv, out = rand((2, 64)), np.empty(128, np.float32)
+    mod["f"](xv, out)
+    np.testing.assert_array_equal(out, xv.T.reshape(-1) * 2)

@@ -22,12 +22,13 @@ of the schedule first, so a refusal never leaves it half transformed).
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
 from ...arith import simplify
 from ...ir.errors import ScheduleError
-from ...tir.expr import Add, BufferLoad, IntImm, IterType
+from ...tir.expr import LT, Add, BufferLoad, Call, FloorDiv, FloorMod, IntImm, IterType, Select
 from ...tir.functor import collect_vars, post_order_visit, substitute
 from ..apply import inline_is_cheap
 from ..knobs import knob
@@ -269,6 +270,184 @@ def _transpose_block(sch: Any, target: Any, b: Any, loops: list[Any], extents: l
     return True
 
 
+#: Most copies of an element-wise body that :func:`_piecewise_block` unrolls: one per
+#: concatenated piece a row of the innermost axis touches (and per value of the other axes
+#: its choice depends on).
+_MAX_PIECES = 16
+
+
+def _affine_coefficients(expr: Any, variables: list[Any]) -> tuple[list[int], int] | None:
+    """``expr`` as ``sum(coef[j] * variables[j]) + const`` with integer coefficients, or None
+    when it is not affine in them (or uses other variables)."""
+    if not {id(v) for v in collect_vars(expr)} <= {id(v) for v in variables}:
+        return None
+
+    def at(values: dict[int, int]) -> int | None:
+        v = simplify(substitute(expr, lambda x: IntImm(x.dtype, values.get(id(x), 0))))
+        return v.value if isinstance(v, IntImm) else None
+
+    const = at({})
+    if const is None:
+        return None
+    coefs = []
+    for var in variables:
+        one, two = at({id(var): 1}), at({id(var): 2})
+        if one is None or two is None or two - one != one - const:
+            return None
+        coefs.append(one - const)
+    return coefs, const
+
+
+def _piece_conditions(block: Any) -> list[tuple[list[int], int]] | None:
+    """The conditions of the block's selects as ``(coefficients, bound)`` for ``sum(coef *
+    iter_var) < bound``: what a concat writes to pick its input (``select(c < 6, a[c],
+    select(c < 12, b[c - 6], ...))``). None when a select has another kind of condition."""
+    variables = [iv.var for iv in block.iter_vars]
+    conds: list[tuple[list[int], int]] = []
+    bad = []
+
+    def visit(n: Any) -> None:
+        if not isinstance(n, Select):
+            return
+        c = n.condition
+        form = (_affine_coefficients(c.a, variables)
+                if isinstance(c, LT) and isinstance(c.b, IntImm) else None)
+        if form is None:
+            bad.append(c)
+        else:
+            conds.append((form[0], c.b.value - form[1]))
+
+    post_order_visit(block.body, visit)
+    return None if bad else conds
+
+
+def _piecewise_block(sch: Any, target: Any, b: Any, loops: list[Any], extents: list[Any]
+                     ) -> bool:
+    """Schedule an element-wise block whose selects pick a piece along the innermost axis (a
+    concat along the channels of a blocked NCHWc layout: lanes 0-5 from one input, 6-11 from
+    another) so that every select is decided per unrolled copy; False when the block is not
+    one.
+
+    Left as it is, every element evaluates the select chain and clamps its indices into each
+    input (the resizes, concat and NCHW -> NCHW12c transform of the text detector's FPN: 2.5
+    ms, scalar). Here the innermost axis splits into pieces of ``g`` lanes (``g`` divides the
+    extent, every bound and the steps of the other axes in the conditions), its outer part and
+    the other axes the conditions use are unrolled (those moved just inside the parallel
+    loops), and after unrolling the simplifier proves each condition constant: one input per
+    copy, no clamps (0.6 ms there)."""
+    blk = sch.get(b)
+    conds = _piece_conditions(blk)
+    last = len(loops) - 1
+    if not conds or any(e is None for e in extents) or len(loops) < 2:
+        return False
+    if any(coefs[last] not in (0, 1) for coefs, _ in conds) or all(
+            coefs[last] == 0 for coefs, _ in conds):
+        return False
+    g = extents[last]
+    for coefs, bound in conds:
+        g = math.gcd(g, bound, *(c for j, c in enumerate(coefs) if j != last))
+    chosen = [j for j in range(last) if any(coefs[j] for coefs, _ in conds)]
+    copies = extents[last] // g * math.prod(extents[j] for j in chosen)
+    if g <= 1 or copies > _MAX_PIECES or copies <= 1:
+        return False
+    if not knob(f"{blk.name_hint}.unroll_pieces", (False, True), True):
+        return False
+    rest = [j for j in range(last) if j not in chosen]
+    if not rest:
+        return False
+    # the chosen axes go just outside the last of the other axes, so that a row of the
+    # output's innermost axes stays one contiguous loop per copy
+    outer, row = rest[:-1], rest[-1]
+    order = [loops[j] for j in outer] + [loops[j] for j in chosen] + [loops[row]]
+    if g < extents[last]:
+        piece, lane = sch.split(loops[last], factors=[None, g])
+        inner = [piece, lane]
+    else:
+        piece, lane = None, loops[last]
+        inner = [lane]
+    sch.reorder(*order, *inner)
+    for j in chosen:
+        sch.unroll(loops[j])
+    if piece is not None:
+        sch.unroll(piece)
+    if outer:
+        take = _chunk_loops(sch, [loops[j] for j in outer], target, blk.name_hint)
+        fused = sch.fuse(*(loops[j] for j in outer[:take])) if take > 1 else loops[outer[0]]
+        if _worth_parallel(target, _product(extents), _const(sch.get(fused).extent)):
+            sch.parallel(fused)
+    lanes = _pick_lanes(target, _vector_dtype(blk), g)
+    if lanes == g:
+        sch.vectorize(lane)
+    return True
+
+
+#: Calls a row loop may hold and still be vectorized by the C compiler on its own (see
+#: :func:`_interleave_factors`); any other call needs kiln's vector formulas.
+_PLAIN_CALLS = frozenset({"rounded"})
+
+
+def _interleave_factors(block: Any, extent: int | None) -> list[int] | None:
+    """Split factors of the innermost axis of an element-wise block that reads its input
+    through a flattened interleave (the depth-to-space of a 2x2/s2 ConvTranspose:
+    ``y[c, i] = g[c, (i // 320) % 2 * 2 + i % 320 % 2, i // 640 * 160 + i % 320 // 2]``): the
+    chain of constant divisors of the axis in the load indices (320, then 2 dividing it), when
+    the last one is shorter than a vector; None otherwise.
+
+    Vectorized over ``i``, every lane is a gather (the phase alternates lane by lane). Split at
+    the divisors into (row, column, phase) the divisions fold away, the phase loop is unrolled
+    and the column loop reads each phase's row contiguously, which the C compiler vectorizes
+    (interleaving the two rows in registers). Only for bodies of plain arithmetic: a call
+    (``sigmoid``, ``exp``) would stay scalar in that loop."""
+    if extent is None:
+        return None
+    var = block.iter_vars[-1].var
+    divisors, calls = set(), []
+
+    def visit(n: Any) -> None:
+        if isinstance(n, (FloorDiv, FloorMod)) and isinstance(n.b, IntImm) and any(
+                v is var for v in collect_vars(n.a)):
+            divisors.add(n.b.value)
+        elif isinstance(n, Call) and n.op not in _PLAIN_CALLS:
+            calls.append(n)
+
+    for load in _loads(block):
+        for index in load.indices:
+            post_order_visit(index, visit)
+    post_order_visit(block.body, visit)
+    if calls:
+        return None
+    chain, rest = [], extent
+    for d in sorted(divisors, reverse=True):
+        if 1 < d < rest and rest % d == 0:
+            chain.append(d)
+            rest = d
+    if not chain or chain[-1] >= _MIN_LANES:
+        return None
+    return [extent // chain[0]] + [a // b for a, b in zip(chain, chain[1:])] + [chain[-1]]
+
+
+def _interleave_block(sch: Any, target: Any, b: Any, loops: list[Any], extents: list[Any]
+                      ) -> bool:
+    """Schedule an element-wise block that reads through a flattened interleave (see
+    :func:`_interleave_factors`): the innermost axis split at the divisors, the phase loop
+    unrolled, the column loop left for the C compiler to vectorize, the rows parallel; False
+    when the block is not one."""
+    blk = sch.get(b)
+    factors = _interleave_factors(blk, extents[-1])
+    if factors is None or not knob(f"{blk.name_hint}.split_interleave", (False, True), True):
+        return False
+    parts = sch.split(loops[-1], factors=factors)
+    sch.unroll(parts[-1])
+    outer = [*loops[:-1], *parts[:-2]]
+    if not outer:
+        return True
+    take = _chunk_loops(sch, outer, target, blk.name_hint)
+    fused = sch.fuse(*outer[:take]) if take > 1 else outer[0]
+    if _worth_parallel(target, _product(extents), _const(sch.get(fused).extent)):
+        sch.parallel(fused)
+    return True
+
+
 def _injective_block(sch: Any, target: Any, b: Any) -> None:
     blk = sch.get(b)
     loops = list(sch.get_loops(b))
@@ -276,6 +455,10 @@ def _injective_block(sch: Any, target: Any, b: Any) -> None:
         return  # rank 0, or already transformed
     extents = _loop_extents(sch, loops)
     if _transpose_block(sch, target, b, loops, extents):
+        return
+    if _piecewise_block(sch, target, b, loops, extents):
+        return
+    if _interleave_block(sch, target, b, loops, extents):
         return
     lanes = knob(f"{blk.name_hint}.vector_lanes", _lane_domain(target, blk, extents[-1]),
                  _pick_lanes(target, _vector_dtype(blk), extents[-1]))
