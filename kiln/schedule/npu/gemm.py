@@ -138,16 +138,36 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     tensor = core_steps * _tile_cycles(cfg, mt, nt, kt, cpt)
     dram = cfg.memory(DRAM)
     a_bytes = shape.stage_bytes(mu, ku) or mt * kt * isz
-    traffic = steps * (a_bytes + kt * nt * isz) + shape.batch * shape.m * shape.n * itemsize(acc)
-    dmas = shape.a_dmas + 1 + (1 if shape.stage_stride else 0)
-    issue = core_steps * (dmas + 1 / nk) * cfg.dma_latency
-    onchip = core_steps * mt * kt * isz / cfg.dma_onchip_bandwidth * _gather_conflicts(cfg, isz) \
+    # a tile that stays the same on every step of a core is loaded once per slot
+    a_loads, b_loads = (min(core_steps, nbuf) if fixed else core_steps
+                        for fixed in _fixed_tiles(cfg, shape, nm, nn, nk))
+    scale = steps / core_steps  # the cores' loads over the busiest one's
+    traffic = scale * (a_loads * a_bytes + b_loads * kt * nt * isz) + \
+        shape.batch * shape.m * shape.n * itemsize(acc)
+    a_dmas = shape.a_dmas + (1 if shape.stage_stride else 0)
+    issue = (a_loads * a_dmas + b_loads + core_steps / nk) * cfg.dma_latency
+    onchip = a_loads * mt * kt * isz / cfg.dma_onchip_bandwidth * _gather_conflicts(cfg, isz) \
         if shape.stage_stride else 0.0
     dma = max(traffic / dram.bandwidth + onchip, issue)
     fill = dram.latency + cfg.tensor_latency + core_steps * cfg.tensor_latency
     if nbuf >= 2:
         return max(tensor, dma) + fill
     return tensor + dma + fill + core_steps * dram.latency
+
+
+def _fixed_tiles(cfg: NPUConfig, shape: GemmShape, nm: int, nn: int, nk: int
+                 ) -> tuple[bool, bool]:
+    """Whether every step of a core multiplies the same A tile, and the same B tile
+    (:func:`emit_gemm` deals the output tiles ``(batch, m, n)`` round-robin to the cores and
+    skips the load of a tile its slot already holds)."""
+    if nk != 1:
+        return False, False
+    cores = cfg.cores
+    one_n = nn == 1 or nn == cores  # tile j's n index is j mod nn; its core j mod cores
+    one_m = nm == 1 or (nn == 1 and nm == cores)
+    a_fixed = one_m and (shape.a_shared or shape.batch == 1)
+    b_fixed = one_n and (shape.b_shared or shape.batch == 1)
+    return a_fixed, b_fixed
 
 
 def _candidates(extent: int, quantum: int) -> list[int]:
@@ -217,6 +237,9 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     w_bytes = ku * shape.k_unit * nt * isz
     c_bytes = mu * shape.m_unit * nt * asz
     pipes = [Pipeline(kb, c, UNIT_TENSOR) for c in range(cfg.cores)]
+    # what each core's slots hold: a tile already in the step's slot is not loaded again
+    held_a: list[list[tuple[int, ...] | None]] = [[None] * kb.nbuf for _ in pipes]
+    held_b: list[list[tuple[int, ...] | None]] = [[None] * kb.nbuf for _ in pipes]
     tiles = [(b, m0, n0) for b in range(shape.batch) for m0 in range(0, shape.m_units, mu)
              for n0 in range(0, shape.n, nt)]
     for j, (b, m0, n0) in enumerate(tiles):
@@ -230,8 +253,14 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
             kts = kus * shape.k_unit
             slot = p.load_slot()
             a_addr, b_addr = slot * in_bytes, slot * w_bytes
-            load_a(core, b, m0, mus, k0, kus, a_addr, slot)
-            load_b(core, b, k0, kus, n0, nts, b_addr)
+            a_key = (0 if shape.a_shared else b, m0, k0)
+            b_key = (0 if shape.b_shared else b, k0, n0, nts)
+            if held_a[core][slot] != a_key:
+                load_a(core, b, m0, mus, k0, kus, a_addr, slot)
+                held_a[core][slot] = a_key
+            if held_b[core][slot] != b_key:
+                load_b(core, b, k0, kus, n0, nts, b_addr)
+                held_b[core][slot] = b_key
             p.loaded()
             p.compute_begin()
             if step == 0:
