@@ -14,7 +14,7 @@ import numpy as np
 
 from ...npu.isa import UNIT_DMA_IN
 from .emit import DramTensor, KernelInfo, block, itemsize, row_major
-from .gemm import GemmShape, emit_gemm, gemm_roofline, plan_gemm
+from .gemm import GemmShape, acc_row_stride, emit_gemm, gemm_roofline, plan_gemm
 from .lowering import LoweringContext, NotSupported, register_lowering
 from .pooling import FLOAT_DTYPES as _FLOAT
 from .scalar import emit_scalar_elementwise
@@ -393,12 +393,15 @@ def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
     l1 = ctx.config.memory("l1")
     # A window one row high with a row stride > 1 (a strided 1x1 shortcut) reads every
     # sh-th input row only: stage those rows alone (sh times less DRAM traffic).
+    # The roofline counts the rows it reads (the whole image otherwise).
     rstep = sh if kh == 1 else 1
-    shape = GemmShape(nb, oh, ow, o, c, taps, dt, a_dmas=taps, a_elems=c * h * wd,
+    rows = h if rstep == 1 else sum(0 <= r * sh - pt < h for r in range(oh))
+    shape = GemmShape(nb, oh, ow, o, c, taps, dt, a_dmas=taps, a_elems=c * rows * wd,
                       stage_stride=sh // rstep, stage_halo=(kh - 1) * dh + 1, stage_row=wd,
-                      stage_pad=2 * l1.bank_width)
+                      stage_pad=2 * l1.bank_width, acc_padded=True)
     tiling = _plan(ctx, "nn.conv2d", shape)
     stage_slot = shape.stage_bytes(tiling.m_units, tiling.k_units)
+    ldc = acc_row_stride(ctx.config, shape, tiling.n)
     xa = _activation(ctx, x, dt, "nn.conv2d")
     wl = ctx.constant(np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(taps, c, o)), dt)
     kb = ctx.kb
@@ -453,7 +456,7 @@ def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
     def store_c(core: int, b: int, r0: int, rs: int, n0: int, ns: int, addr: int) -> None:
         kb.store(core, shape=(1, ns, rs * ow),
                 dst=out.at((b * o + n0) * oh * ow + r0 * ow, (0, oh * ow, 1)),
-                src=block("acc", addr, out.dtype, (0, 1, ns)))
+                src=block("acc", addr, out.dtype, (0, 1, ldc)))
 
     emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
     kb.end_kernel(KernelInfo(ctx.label("nn.conv2d"), "nn.conv2d", tiling.describe(shape),
