@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..ir.errors import KilnError
-from ..target.npu.config import MEMORY_NAMES
+from ..target.npu.config import MEMORY_NAMES, SCALAR_FUNCTIONS
 
 __all__ = [
     "ALU_FUNCS", "Block", "BRANCH_CONDS", "CAST_MODES", "CMP_CONDS", "DTYPES", "Instr",
@@ -149,6 +149,9 @@ def _specs() -> dict[str, OpSpec]:
         ("tok.pop", None, (("src", "unit"), ("dst", "unit")), "default"),
         ("barrier", None, (("id", "id"),), "default"),
         ("nop", UNIT_SCALAR, (), "default"),
+        # appended, so that the earlier opcodes keep their numbers
+        ("s.fn", UNIT_SCALAR, (("fn", "sub:fn"), ("dtype", "dtype"), ("rd", "reg"),
+                               ("rs", "reg")), "default"),
     ]
     return {name: OpSpec(name, code, unit, fields, cost)
             for code, (name, unit, fields, cost) in enumerate(table)}
@@ -157,7 +160,8 @@ def _specs() -> dict[str, OpSpec]:
 #: Every opcode by name (its ``code`` is its number in the binary encoding).
 OPCODES: dict[str, OpSpec] = _specs()
 OPCODE_BY_CODE: dict[int, OpSpec] = {s.code: s for s in OPCODES.values()}
-SUB_TABLES = {"cast": CAST_MODES, "cmp": CMP_CONDS, "alu": ALU_FUNCS, "br": BRANCH_CONDS}
+SUB_TABLES = {"cast": CAST_MODES, "cmp": CMP_CONDS, "alu": ALU_FUNCS, "br": BRANCH_CONDS,
+              "fn": SCALAR_FUNCTIONS}
 
 
 @dataclass(eq=True)

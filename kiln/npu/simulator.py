@@ -781,6 +781,17 @@ class Simulator:
                         self._access(u.core, [], [(blk, (1,))], t, t + cycles, where)
                     latency = self._mem_specs[a["mem"]].latency
                     cycles += cfg.scalar_memory_latency + (latency if a["mem"] < 2 else 0)
+                elif op == "s.fn":
+                    if a["fn"] not in cfg.scalar_functions:
+                        raise SimulationError(f"{where}: the scalar unit of {cfg.name!r} has "
+                                              f"no {a['fn']} (scalar.functions: "
+                                              f"{', '.join(cfg.scalar_functions) or 'none'})")
+                    if not nm.is_float(a["dtype"]):
+                        raise SimulationError(f"{where}: s.fn computes on floats, not "
+                                              f"{a['dtype']}")
+                    regs[a["rd"]] = float(nm.scalar_function(
+                        a["fn"], _scalar_store(regs[a["rs"]], a["dtype"]), a["dtype"]))
+                    cycles = cfg.scalar_function_latency
                 elif op == "s.cvt":
                     regs[a["rd"]] = _scalar_cvt(regs[a["rs"]], a["from"], a["to"], a["mode"])
                 elif op == "s.br":

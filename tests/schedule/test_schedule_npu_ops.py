@@ -561,3 +561,30 @@ def test_random_conv_shapes_match_numpy(shape, hw, seed):
     ref = _conv_ref(x, wt, (s, s), (p, p, p, p), (d, d))
     scale = max(1.0, float(np.max(np.abs(ref))))
     assert float(np.max(np.abs(exe(x) - ref))) <= 1e-2 * scale
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_float_functions_without_a_vector_instruction_run_on_the_scalar_unit(hw):
+    """log, sqrt, sin, cos, floor, ceil and round have no vector instruction: each runs as an
+    s.fn loop on the scalar unit (the float64 function rounded once to float32), reported with
+    the reason, and the graph builds with strict=True."""
+    rng = np.random.default_rng(16)
+    x = np.concatenate([rng.standard_normal(97) * 5, [0.0, -0.0, 2.5, -2.5, 0.5, np.inf]]
+                       ).astype("float32").reshape(1, 103)
+    funcs = {"log": np.log, "sqrt": np.sqrt, "sin": np.sin, "cos": np.cos, "floor": np.floor,
+             "ceil": np.ceil, "round": np.rint}
+    for name, ref in funcs.items():
+        arg = np.abs(x) if name in ("log", "sqrt") else x
+        exe = _build(lambda v, name=name: getattr(op, name)(v), [x.shape], hw, strict=True)
+        with np.errstate(all="ignore"):
+            want = ref(arg.astype(np.float64)).astype(np.float32)
+        np.testing.assert_array_equal(exe(arg), want)
+        assert exe.cpu_ops == []
+        assert f"scalar unit ({name}: no vector instruction)" in exe.describe()
+    # in a chain: the vector kernels around it, the scalar loop between
+    exe = _build(lambda v: op.multiply(op.log(op.add(op.abs(v), g.const(np.float32(1)))),
+                                       g.const(np.float32(3))), [x.shape], hw)
+    with np.errstate(all="ignore"):
+        inner = np.abs(x) + np.float32(1)  # float32 on the vector unit
+        want = np.log(inner.astype(np.float64)).astype(np.float32) * np.float32(3)
+    np.testing.assert_array_equal(exe(x), want)

@@ -21,15 +21,22 @@ import numpy as np
 
 from ...target.npu.config import DRAM
 from .emit import DramTensor, KernelInfo, itemsize
-from .lowering import LoweringContext, NotSupported
+from .lowering import LoweringContext, NotSupported, register_lowering
 
-__all__ = ["SCALAR_ALU", "emit_scalar_elementwise"]
+__all__ = ["SCALAR_ALU", "SCALAR_FN_OPS", "emit_scalar_elementwise", "lower_scalar_function"]
 
 #: Graph op -> ``s.alu`` function of the ops the scalar fallback computes (``negative`` is
 #: ``0 - x``, ``relu`` is ``max(x, 0)``, ``cast`` is ``s.cvt``).
 SCALAR_ALU = {"add": "add", "subtract": "sub", "multiply": "mul", "maximum": "max",
               "minimum": "min", "negative": "sub", "relu": "max"}
 #: The scalar unit's dtypes (its registers hold any element type of the ISA).
+#: Graph op -> ``s.fn`` function: float functions the scalar unit computes (when the
+#: description lists them in ``[scalar] functions``).
+SCALAR_FN = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "sin": "sin",
+             "cos": "cos", "tanh": "tanh", "erf": "erf", "floor": "floor", "ceil": "ceil",
+             "round": "round"}
+#: The ops without a vector instruction, lowered onto the scalar unit only.
+SCALAR_FN_OPS = ("log", "sqrt", "sin", "cos", "floor", "ceil", "round")
 _SCALAR_DTYPES = ("int8", "uint8", "int16", "int32", "int64", "float16", "bfloat16", "float32")
 _DRAM = 0
 
@@ -47,7 +54,14 @@ def emit_scalar_elementwise(ctx: LoweringContext, call: Any, args: list[Any],
     every operand has ``out``'s shape or one element. ``reason``: why not the vector unit
     (printed with the kernel). Raises NotSupported for other ops, shapes or dtypes."""
     op = call.op.name
-    if op not in SCALAR_ALU and op != "cast":
+    cfg = ctx.config
+    if op in SCALAR_FN:
+        if SCALAR_FN[op] not in cfg.scalar_functions:
+            raise NotSupported(f"{op}: {reason}; the scalar unit of {cfg.name!r} has no "
+                               f"{SCALAR_FN[op]} either")
+        if out.dtype not in ("float16", "bfloat16", "float32"):
+            raise NotSupported(f"{op}: {reason}; the scalar unit computes it on floats only")
+    elif op not in SCALAR_ALU and op != "cast":
         raise NotSupported(f"{op}: {reason}; no scalar-unit form either")
     n = int(np.prod(out.shape, dtype=np.int64))
     operands: list[tuple[str, Any]] = []  # ("mem" | "const", DramTensor) or ("imm", value)
@@ -74,7 +88,7 @@ def emit_scalar_elementwise(ctx: LoweringContext, call: Any, args: list[Any],
     if op != "cast" and any(isinstance(t, DramTensor) and t.dtype != out.dtype
                             for _, t in operands):
         raise NotSupported(f"{op}: operands of different dtypes")
-    cfg, kb = ctx.config, ctx.kb
+    kb = ctx.kb
     if cfg.scalar_registers < 5 + len(operands):
         raise NotSupported(f"{op}: the scalar unit has too few registers")
     isz, osz = itemsize(in_dt), itemsize(out.dtype)
@@ -104,7 +118,10 @@ def emit_scalar_elementwise(ctx: LoweringContext, call: Any, args: list[Any],
                 body.append(("s.ld", dict(dtype=in_dt, rd=rd, mem=_DRAM, base=1,
                                           offset=v.addr)))
         res = 4 + len(operands)
-        if op == "cast":
+        if op in SCALAR_FN:
+            body.append(("s.fn", dict(fn=SCALAR_FN[op], dtype=out.dtype, rd=res,
+                                      rs=regs[0])))
+        elif op == "cast":
             body.append(("s.cvt", dict(mode="rtz", to=out.dtype, **{"from": in_dt}, rd=res,
                                        rs=regs[0])))
         else:
@@ -119,7 +136,18 @@ def emit_scalar_elementwise(ctx: LoweringContext, call: Any, args: list[Any],
     loop = sum(kind == "mem" for kind, _ in operands) + 5
     # each element: the loop's instructions, two of them DRAM accesses
     dram = cfg.memory(DRAM)
-    estimate = per * (loop * cfg.scalar_latency + 2 * (cfg.scalar_memory_latency +
-                                                       dram.latency))
+    fn = cfg.scalar_function_latency - cfg.scalar_latency if op in SCALAR_FN else 0
+    estimate = per * (loop * cfg.scalar_latency + fn + 2 * (cfg.scalar_memory_latency +
+                                                            dram.latency))
     kb.end_kernel(KernelInfo(ctx.label(op), op, f"scalar unit ({reason}): {n} elements, "
                              f"{loop} instructions each", estimate, estimate))
+
+
+@register_lowering(SCALAR_FN_OPS)
+def lower_scalar_function(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor
+                          ) -> None:
+    """A float function the vector unit has no instruction for (``log``, ``sqrt``, ``sin``,
+    ``cos``, ``floor``, ``ceil``, ``round``): a scalar-unit loop of ``s.fn``."""
+    op = call.op.name
+    emit_scalar_elementwise(ctx, call, [ctx.tensor(args[0])], out,
+                            f"{op}: no vector instruction")
