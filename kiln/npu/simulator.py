@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ..ir.errors import KilnError
+from ..ir.errors import KilnError, RuntimeCheckError
 from ..target.npu.config import DRAM, L0_NAMES, L1, MEMORY_NAMES, NPUConfig
 from . import numerics as nm
 from .isa import UNIT_SCALAR, UNITS, Block, Instr, mem_name, unit_of
@@ -792,6 +792,9 @@ class Simulator:
                     regs[a["rd"]] = float(nm.scalar_function(
                         a["fn"], _scalar_store(regs[a["rs"]], a["dtype"]), a["dtype"]))
                     cycles = cfg.scalar_function_latency
+                elif op == "s.trap":  # the program's own check failed: stop the run
+                    raise RuntimeCheckError(f"{where}: {_TRAPS[a['code']]} "
+                                            f"{regs[a['rs']]}")
                 elif op == "s.cvt":
                     regs[a["rd"]] = _scalar_cvt(regs[a["rs"]], a["from"], a["to"], a["mode"])
                 elif op == "s.br":
@@ -803,7 +806,7 @@ class Simulator:
                     pass
                 else:
                     raise SimulationError(f"{where}: not a scalar instruction")
-            except SimulationError:
+            except (SimulationError, RuntimeCheckError):
                 raise
             except (ValueError, TypeError, KeyError, IndexError, OverflowError,
                     ZeroDivisionError) as err:
@@ -826,6 +829,7 @@ class Simulator:
 # ---------------------------------------------------------------------------------------------
 # arithmetic helpers
 # ---------------------------------------------------------------------------------------------
+_TRAPS = {"index": "index out of range:"}
 _BINARY = ("vadd", "vsub", "vmul", "vdiv", "vmin", "vmax")
 _UNARY = ("vmov", "vrelu", "vneg", "vabs", "vexp", "vrsqrt", "verf")
 _CMP = {"lt": np.less, "le": np.less_equal, "eq": np.equal, "ne": np.not_equal,

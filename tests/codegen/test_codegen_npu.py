@@ -15,7 +15,7 @@ from kiln import cli
 from kiln.build import npu_pipeline
 from kiln.codegen.npu import NPUExecutable, build_npu
 from kiln.frontend.onnx import from_onnx
-from kiln.ir import ArgumentError, KilnError, ModelFormatError
+from kiln.ir import ArgumentError, KilnError, ModelFormatError, RuntimeCheckError
 from kiln.npu import SimulationError
 from kiln.testing import models, torch_models
 from kiln.transform.pass_infra import PassContext
@@ -152,9 +152,10 @@ def test_bert_encoder_on_npu(hw, tmp_path):
     """The BERT-style encoder (small: 2 layers, hidden 64, 4 heads, 16 tokens) exported by torch
     to ONNX: attention's run-time batched products, the transposes, the Q/K/V slices, softmax,
     GELU (erf) and layer norms on the NPU, the mask's int64 -> float cast on the scalar unit
-    (no int64 vector type), rel. error <= 1e-2 vs torch in float32. Only the embedding gather
-    (run-time row indices: the NPU has no indirect DMA) runs on the CPU; the encoder blocks
-    alone build with strict=True."""
+    (no int64 vector type), rel. error <= 1e-2 vs torch in float32. The embedding gather
+    (run-time row indices: the NPU has no indirect DMA) is a scalar-unit loop, so the whole
+    model builds with strict=True, and an id outside the vocabulary stops the run (ONNX
+    Gather's "raise" mode) with a RuntimeCheckError naming it."""
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     net = torch_models.bert_encoder(layers=2, hidden=64, heads=4, ffn=128, vocab=100,
@@ -165,14 +166,18 @@ def test_bert_encoder_on_npu(hw, tmp_path):
     mask[:, 12:] = 0
     mod, params, ref = _bert_onnx(torch, net, [ids, mask], ["input_ids", "attention_mask"],
                                   tmp_path)
-    exe = kiln.build(mod, target=f"npu -hw={hw}", params=params)
-    assert exe.cpu_ops == ["take"]  # the position embedding's gather is folded
+    exe = kiln.build(mod, target=f"npu -hw={hw}", params=params, strict=True)
+    assert exe.cpu_ops == []  # the position embedding's gather is folded
     assert any(k.op == "cast" and k.tiling.startswith("scalar unit") for k in exe.kernels)
+    assert any(k.op == "take" and k.tiling.startswith("scalar unit (take: no indirect DMA)")
+               for k in exe.kernels)
     assert _rel(exe(ids, mask), ref) <= 1e-2
     ops = {k.op for k in exe.kernels}
     assert {"matmul", "nn.layer_norm", "nn.softmax", "transpose", "strided_slice"} <= ops
-    with pytest.raises(KilnError, match=r"take .*no NPU"):
-        kiln.build(mod, target=f"npu -hw={hw}", params=params, strict=True)
+    bad = ids.copy()
+    bad[1, 3] = 100
+    with pytest.raises(RuntimeCheckError, match="index out of range: 100"):
+        exe(bad, mask)
 
     class Blocks(torch.nn.Module):
         def __init__(self):
