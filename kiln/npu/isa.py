@@ -155,6 +155,8 @@ def _specs() -> dict[str, OpSpec]:
         ("s.fn", UNIT_SCALAR, (("fn", "sub:fn"), ("dtype", "dtype"), ("rd", "reg"),
                                ("rs", "reg")), "default"),
         ("s.trap", UNIT_SCALAR, (("code", "sub:trap"), ("rs", "reg")), "default"),
+        ("s.copy", UNIT_SCALAR, (("rd", "reg"), ("dst", "addr"), ("rs", "reg"), ("src", "addr"),
+                                 ("nbytes", "addr")), "default"),
     ]
     return {name: OpSpec(name, code, unit, fields, cost)
             for code, (name, unit, fields, cost) in enumerate(table)}

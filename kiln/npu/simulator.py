@@ -744,6 +744,29 @@ class Simulator:
         return occupancy, cfg.vector_latency, reads, [(dst_b, out_shape)]
 
     # ---- the scalar unit -------------------------------------------------------------------
+    def _scalar_copy(self, core: int, a: dict[str, Any], dst: int, src: int, t: float,
+                     where: str) -> float:
+        """``s.copy``: ``nbytes`` from DRAM ``src`` to DRAM ``dst``, a DMA the scalar unit
+        issues and waits for -- the DMA's issue latency, both sides' whole bursts at the
+        chip's bandwidth (sharing the channel), the DRAM latency. Returns its cycles."""
+        n = int(a["nbytes"])
+        if n <= 0:
+            raise SimulationError(f"{where}: s.copy of {n} bytes")
+        views = [self._view(core, Block(_DRAM_ID, addr, "int8", (0, 0, 1)), (n,), where)
+                 for addr in (src, dst)]
+        if abs(dst - src) < n:
+            raise SimulationError(f"{where}: s.copy source and destination overlap")
+        views[1][...] = views[0]
+        spec = self._mem_specs[_DRAM_ID]
+        moved = sum((-(-(addr + n) // spec.burst) - addr // spec.burst) * spec.burst
+                    for addr in (src, dst))
+        self._report.dram_burst_bytes += moved
+        self._report.dram_read += n
+        self._report.dram_written += n
+        begin = max(t + self.config.dma_latency, self._dram_free)
+        self._dram_free = begin + moved / spec.bandwidth
+        return self._dram_free + spec.latency - t
+
     def _run_scalar(self, u: _Unit, start: float) -> None:
         """Run scalar instructions from ``u.pc`` up to the next token/barrier instruction or the
         end of the queue (they involve no other unit)."""
@@ -792,6 +815,9 @@ class Simulator:
                     regs[a["rd"]] = float(nm.scalar_function(
                         a["fn"], _scalar_store(regs[a["rs"]], a["dtype"]), a["dtype"]))
                     cycles = cfg.scalar_function_latency
+                elif op == "s.copy":  # a DRAM -> DRAM DMA at register-held addresses
+                    cycles = self._scalar_copy(u.core, a, int(regs[a["rd"]]) + a["dst"],
+                                               int(regs[a["rs"]]) + a["src"], t, where)
                 elif op == "s.trap":  # the program's own check failed: stop the run
                     raise RuntimeCheckError(f"{where}: {_TRAPS[a['code']]} "
                                             f"{regs[a['rs']]}")

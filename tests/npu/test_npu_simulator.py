@@ -340,3 +340,26 @@ def test_scalar_functions_follow_the_description():
     raw["scalar"]["functions"] = ["exp", "cbrt"]
     with pytest.raises(ConfigError, match="scalar.functions"):
         config_from_dict(raw, "bad")
+
+
+def test_scalar_copy_moves_bytes_between_register_addresses():
+    """s.copy: nbytes from DRAM[rs + src] to DRAM[rd + dst] (a DMA the scalar unit waits
+    for: at least the DRAM latency and both sides' bursts); overlap and out-of-range refused."""
+    data = np.arange(256, dtype=np.uint8)
+    prog = [Instr("s.li", dtype="int64", rd=1, value=40),
+            Instr("s.li", dtype="int64", rd=2, value=1000),
+            Instr("s.copy", rd=2, dst=24, rs=1, src=3, nbytes=100)]
+    sim, m, rep = _run(prog, dram=data)
+    np.testing.assert_array_equal(m.read(1024, (100,), np.uint8), data[43:143])
+    dram = CFG.memory("dram")
+    assert rep.cycles >= dram.latency + 2 * 100 / dram.bandwidth
+    assert rep.dram_read == rep.dram_written == 100
+    p = Program(CFG, [prog, []])
+    assert Program.from_bytes(p.to_bytes()).streams == p.streams
+    assert assemble_program(p.assembly()) == p.streams
+    with pytest.raises(SimulationError, match="overlap"):
+        _run([Instr("s.li", dtype="int64", rd=1, value=0),
+              Instr("s.copy", rd=1, dst=10, rs=1, src=0, nbytes=20)], dram=data)
+    with pytest.raises(SimulationError, match="reaches bytes"):
+        _run([Instr("s.li", dtype="int64", rd=1, value=1 << 16),
+              Instr("s.copy", rd=1, dst=0, rs=1, src=-64, nbytes=128)], dram=data)

@@ -8,7 +8,7 @@
   ``floor``, ``ceil``, ``round``): the same loop around ``s.fn``, when the description's
   ``[scalar] functions`` lists the function (:func:`kiln.npu.numerics.scalar_function`).
 - ``take`` with run-time indices (there is no indirect DMA): per index, ``s.ld`` it, fix it
-  by the mode, and copy the row it selects word by word (:func:`lower_take`); ONNX Gather's
+  by the mode, and copy the row it selects with one ``s.copy`` (:func:`lower_take`); ONNX Gather's
   "raise" mode stops the run with ``s.trap`` on an index out of range.
 
 Each is correct and slow (a handful of instructions and DRAM round trips per element), which
@@ -161,8 +161,8 @@ def lower_scalar_function(ctx: LoweringContext, call: Any, args: list[Any], out:
 
 
 #: Registers of the take loop (every description has at least 16).
-_R_IDX, _R_IDX_END, _R_OUT, _R_BASE, _R_I, _R_ROW, _R_ROW_END, _R_WORD = range(1, 9)
-_R_N, _R_ROWB, _R_ZERO, _R_TMP, _R_AUX, _R_OUT_BASE, _R_BASE_END = range(9, 16)
+_R_IDX, _R_IDX_END, _R_OUT, _R_BASE, _R_I, _R_ROW = range(1, 7)
+_R_N, _R_ROWB, _R_ZERO, _R_TMP, _R_AUX, _R_OUT_BASE, _R_BASE_END = range(7, 14)
 
 
 @register_lowering("take")
@@ -170,8 +170,8 @@ def lower_take(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor
     """A gather with run-time indices (no indirect DMA): a scalar-unit loop per core over its
     share of the indices -- ``s.ld`` the index, fix it by the mode (``clip``: clamp;
     ``wrap``: modulo; ``fast``: negatives from the end; ``raise``: also ``s.trap`` on one
-    outside ``[-n, n)``, a RuntimeCheckError naming it), then copy the row it selects word by
-    word (the widest integer type dividing the row: the bits move unchanged)."""
+    outside ``[-n, n)``, a RuntimeCheckError naming it), then copy the row it selects with
+    one ``s.copy`` (a DRAM -> DRAM DMA at register-held addresses: the bits move unchanged)."""
     at = call.attrs
     mode = getattr(at, "mode", "clip")
     data, idx = ctx.tensor(args[0]), ctx.tensor(args[1])
@@ -180,7 +180,7 @@ def lower_take(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor
     if idx.dtype not in ("int8", "uint8", "int16", "int32", "int64"):
         raise NotSupported(f"take: {idx.dtype} indices")
     cfg, kb = ctx.config, ctx.kb
-    if cfg.scalar_registers < 16:
+    if cfg.scalar_registers < 14:
         raise NotSupported("take: the scalar unit has too few registers")
     axis = getattr(at, "axis", None)
     shape = (int(np.prod(data.shape, dtype=np.int64)),) if axis is None else data.shape
@@ -191,31 +191,29 @@ def lower_take(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor
     n_idx = int(np.prod(idx.shape, dtype=np.int64))
     if n == 0 or n_idx == 0 or row_bytes == 0 or outer == 0:
         raise NotSupported("take: an empty operand")
-    word = next(w for w in ("int64", "int32", "int16", "int8") if row_bytes % itemsize(w) == 0)
-    wsz = itemsize(word)
     per = -(-n_idx // cfg.cores)
     for core in range(cfg.cores):
         lo, hi = core * per, min(n_idx, (core + 1) * per)
         if lo < hi:
             _take_loop(kb, core, mode, data, idx, out, (lo, hi), (outer, n, n_idx),
-                       row_bytes, word)
+                       row_bytes)
     dram = cfg.memory(DRAM)
     access = cfg.scalar_memory_latency + dram.latency
-    per_row = row_bytes // wsz * (5 * cfg.scalar_latency + 2 * access)
-    estimate = outer * per * (per_row + 12 * cfg.scalar_latency + access)
+    copy = cfg.dma_latency + dram.latency + 2 * row_bytes / dram.bandwidth
+    estimate = outer * per * (copy + 12 * cfg.scalar_latency + access)
     kb.end_kernel(KernelInfo(
         ctx.label("take"), "take",
         f"scalar unit (take: no indirect DMA): {outer * n_idx} rows of {row_bytes} bytes, "
-        f"copied as {word} words", estimate, estimate))
+        f"one s.copy each", estimate, estimate))
 
 
 def _take_loop(kb: Any, core: int, mode: str, data: DramTensor, idx: DramTensor,
                out: DramTensor, span: tuple[int, int], dims: tuple[int, int, int],
-               row_bytes: int, word: str) -> None:
+               row_bytes: int) -> None:
     """One core's loop of :func:`lower_take` over indices ``span`` (``dims``: the rows
     before the axis, the axis length, the number of indices)."""
     (lo, hi), (outer, n, n_idx) = span, dims
-    wsz, isz = itemsize(word), itemsize(idx.dtype)
+    isz = itemsize(idx.dtype)
     code: list[tuple[str, dict[str, Any]]] = []
     labels: dict[str, int] = {}
     fixups: list[tuple[int, str]] = []
@@ -269,13 +267,8 @@ def _take_loop(kb: Any, core: int, mode: str, data: DramTensor, idx: DramTensor,
             branch("ge", _R_I, _R_N, "trap")
     alu("mul", _R_ROW, _R_I, _R_ROWB)
     alu("add", _R_ROW, _R_ROW, _R_BASE)
-    alu("add", _R_ROW_END, _R_ROW, _R_ROWB)
-    labels["copy"] = len(code)
-    emit("s.ld", dtype=word, rd=_R_WORD, mem=_DRAM, base=_R_ROW, offset=data.addr)
-    emit("s.st", dtype=word, rs=_R_WORD, mem=_DRAM, base=_R_OUT, offset=out.addr)
-    emit("s.alui", fn="add", dtype="int64", rd=_R_ROW, rs1=_R_ROW, value=wsz)
-    emit("s.alui", fn="add", dtype="int64", rd=_R_OUT, rs1=_R_OUT, value=wsz)
-    branch("lt", _R_ROW, _R_ROW_END, "copy")
+    emit("s.copy", rd=_R_OUT, dst=out.addr, rs=_R_ROW, src=data.addr, nbytes=row_bytes)
+    alu("add", _R_OUT, _R_OUT, _R_ROWB)
     emit("s.alui", fn="add", dtype="int64", rd=_R_IDX, rs1=_R_IDX, value=isz)
     branch("lt", _R_IDX, _R_IDX_END, "index")
     alu("mul", _R_TMP, _R_N, _R_ROWB)  # the next outer row: data + n rows, out + n_idx rows
