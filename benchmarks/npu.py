@@ -19,7 +19,7 @@ with liveness-based reuse against a range per tensor. Outputs are checked
 against the float32 reference (torch for ResNet-18, MobileNetV2 and the encoder, numpy for the
 others). The encoder has BERT-base's layer shapes (hidden 768, 12 heads, FFN 3072; ``--layers``
 of them, default 2: every layer is the same kernels) with its embedding gather and the mask's
-int64 -> float cast on the CPU (the NPU has no indirect DMA and no int64 vector type).
+int64 -> float cast as scalar-unit loops (the NPU has no indirect DMA and no int64 vector type).
 
 ``--tir`` compiles the model a third time with the products lowered through TIR
 (PassContext ``"npu.lowering": "tir"``: scheduled into NPU scopes, tensorized, generated) and

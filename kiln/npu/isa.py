@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..ir.errors import KilnError
-from ..target.npu.config import MEMORY_NAMES
+from ..target.npu.config import MEMORY_NAMES, SCALAR_FUNCTIONS
 
 __all__ = [
     "ALU_FUNCS", "Block", "BRANCH_CONDS", "CAST_MODES", "CMP_CONDS", "DTYPES", "Instr",
-    "IsaError", "OPCODES", "OpSpec", "UNITS", "UNIT_DMA_IN", "UNIT_DMA_OUT", "UNIT_SCALAR",
-    "UNIT_TENSOR", "UNIT_VECTOR", "mem_id", "mem_name", "unit_of",
+    "IsaError", "OPCODES", "OpSpec", "TRAP_CODES", "UNITS", "UNIT_DMA_IN", "UNIT_DMA_OUT",
+    "UNIT_SCALAR", "UNIT_TENSOR", "UNIT_VECTOR", "mem_id", "mem_name", "unit_of",
 ]
 
 
@@ -48,6 +48,8 @@ ALU_FUNCS = ("add", "sub", "mul", "div", "rem", "min", "max", "and", "or", "xor"
              "lt", "le", "eq", "ne")
 #: ``s.br`` conditions (compare two registers).
 BRANCH_CONDS = ("lt", "ge", "eq", "ne")
+#: ``s.trap`` codes: why the program stops (the register named is reported with it).
+TRAP_CODES = ("index",)
 
 
 def mem_id(name: str) -> int:
@@ -149,6 +151,12 @@ def _specs() -> dict[str, OpSpec]:
         ("tok.pop", None, (("src", "unit"), ("dst", "unit")), "default"),
         ("barrier", None, (("id", "id"),), "default"),
         ("nop", UNIT_SCALAR, (), "default"),
+        # appended, so that the earlier opcodes keep their numbers
+        ("s.fn", UNIT_SCALAR, (("fn", "sub:fn"), ("dtype", "dtype"), ("rd", "reg"),
+                               ("rs", "reg")), "default"),
+        ("s.trap", UNIT_SCALAR, (("code", "sub:trap"), ("rs", "reg")), "default"),
+        ("s.copy", UNIT_SCALAR, (("rd", "reg"), ("dst", "addr"), ("rs", "reg"), ("src", "addr"),
+                                 ("nbytes", "addr")), "default"),
     ]
     return {name: OpSpec(name, code, unit, fields, cost)
             for code, (name, unit, fields, cost) in enumerate(table)}
@@ -157,7 +165,8 @@ def _specs() -> dict[str, OpSpec]:
 #: Every opcode by name (its ``code`` is its number in the binary encoding).
 OPCODES: dict[str, OpSpec] = _specs()
 OPCODE_BY_CODE: dict[int, OpSpec] = {s.code: s for s in OPCODES.values()}
-SUB_TABLES = {"cast": CAST_MODES, "cmp": CMP_CONDS, "alu": ALU_FUNCS, "br": BRANCH_CONDS}
+SUB_TABLES = {"cast": CAST_MODES, "cmp": CMP_CONDS, "alu": ALU_FUNCS, "br": BRANCH_CONDS,
+              "fn": SCALAR_FUNCTIONS, "trap": TRAP_CODES}
 
 
 @dataclass(eq=True)

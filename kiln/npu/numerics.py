@@ -22,6 +22,11 @@ NPU output equal to it shows the instruction sequences compute the operators exa
 - **Reductions** (``vred.*``) run left to right along the innermost axis, one rounded
   operation per element, starting from the first element (or from the destination's value with
   ``acc``): a sum is sequential, not pairwise.
+- **Scalar functions** (``s.fn``): the register's value, exactly in float32, goes through
+  numpy's float64 function (``exp log sqrt sin cos tanh erf``; ``rsqrt`` is ``1 / sqrt`` in
+  float64; ``floor ceil`` and ``round`` -- to nearest, ties to even -- are exact), rounded once
+  to nearest even in float32 and then in the register's dtype (:func:`scalar_function`). Out
+  of the domain: NaN (``log`` of a negative, ``sqrt`` of a negative), ``log(0) = -inf``.
 - **Tensor unit, floats**: products of float16/bfloat16 are exact; each instruction's sum over
   its K axis is formed in float64, rounded once to float32 and added (rounded) to the float32
   accumulator. The float64 summation order is unspecified (its effect is below 2**-40 of the
@@ -30,12 +35,16 @@ NPU output equal to it shows the instruction sequences compute the operators exa
 
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 
 __all__ = [
-    "INT_RANGES", "cast", "div_approx", "erf_approx", "exp_approx", "from_f32", "is_float",
-    "np_dtype", "qmul", "recip_approx", "rsqrt_approx", "saturate", "shift_right", "to_f32",
+    "INT_RANGES", "SCALAR_FUNCTION_REFERENCE", "cast", "div_approx", "erf_approx", "exp_approx",
+    "from_f32", "is_float",
+    "np_dtype", "qmul", "recip_approx", "rsqrt_approx", "saturate", "scalar_function",
+    "shift_right", "to_f32",
 ]
 
 INT_RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767),
@@ -216,3 +225,25 @@ def erf_approx(x: np.ndarray) -> np.ndarray:
             poly = poly * t + c
         y = F32(1) - (poly * t) * exp_approx(-(a * a))
         return np.where(np.signbit(x), -y, y).astype(F32)
+
+
+def _erf64(x: np.ndarray) -> np.ndarray:
+    """erf in float64 (``math.erf``, correctly rounded to within an ulp of float64)."""
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+#: ``s.fn`` function -> its float64 reference (applied to the float32 operand)
+SCALAR_FUNCTION_REFERENCE = {
+    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "sin": np.sin, "cos": np.cos, "tanh": np.tanh, "erf": _erf64, "floor": np.floor,
+    "ceil": np.ceil, "round": np.rint,
+}
+
+
+def scalar_function(fn: str, x: np.ndarray, dtype: str) -> np.ndarray:
+    """``s.fn``: ``fn`` of ``x`` (values of ``dtype``, a float type) evaluated in float64 on
+    the float32 value, rounded to nearest even in float32, then in ``dtype``."""
+    x32 = to_f32(np.asarray(x))
+    with np.errstate(all="ignore"):
+        y = SCALAR_FUNCTION_REFERENCE[fn](x32.astype(np.float64)).astype(F32)
+    return from_f32(y, dtype)

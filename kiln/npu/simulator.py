@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ..ir.errors import KilnError
+from ..ir.errors import KilnError, RuntimeCheckError
 from ..target.npu.config import DRAM, L0_NAMES, L1, MEMORY_NAMES, NPUConfig
 from . import numerics as nm
 from .isa import UNIT_SCALAR, UNITS, Block, Instr, mem_name, unit_of
@@ -744,6 +744,29 @@ class Simulator:
         return occupancy, cfg.vector_latency, reads, [(dst_b, out_shape)]
 
     # ---- the scalar unit -------------------------------------------------------------------
+    def _scalar_copy(self, core: int, a: dict[str, Any], dst: int, src: int, t: float,
+                     where: str) -> float:
+        """``s.copy``: ``nbytes`` from DRAM ``src`` to DRAM ``dst``, a DMA the scalar unit
+        issues and waits for -- the DMA's issue latency, both sides' whole bursts at the
+        chip's bandwidth (sharing the channel), the DRAM latency. Returns its cycles."""
+        n = int(a["nbytes"])
+        if n <= 0:
+            raise SimulationError(f"{where}: s.copy of {n} bytes")
+        views = [self._view(core, Block(_DRAM_ID, addr, "int8", (0, 0, 1)), (n,), where)
+                 for addr in (src, dst)]
+        if abs(dst - src) < n:
+            raise SimulationError(f"{where}: s.copy source and destination overlap")
+        views[1][...] = views[0]
+        spec = self._mem_specs[_DRAM_ID]
+        moved = sum((-(-(addr + n) // spec.burst) - addr // spec.burst) * spec.burst
+                    for addr in (src, dst))
+        self._report.dram_burst_bytes += moved
+        self._report.dram_read += n
+        self._report.dram_written += n
+        begin = max(t + self.config.dma_latency, self._dram_free)
+        self._dram_free = begin + moved / spec.bandwidth
+        return self._dram_free + spec.latency - t
+
     def _run_scalar(self, u: _Unit, start: float) -> None:
         """Run scalar instructions from ``u.pc`` up to the next token/barrier instruction or the
         end of the queue (they involve no other unit)."""
@@ -781,6 +804,23 @@ class Simulator:
                         self._access(u.core, [], [(blk, (1,))], t, t + cycles, where)
                     latency = self._mem_specs[a["mem"]].latency
                     cycles += cfg.scalar_memory_latency + (latency if a["mem"] < 2 else 0)
+                elif op == "s.fn":
+                    if a["fn"] not in cfg.scalar_functions:
+                        raise SimulationError(f"{where}: the scalar unit of {cfg.name!r} has "
+                                              f"no {a['fn']} (scalar.functions: "
+                                              f"{', '.join(cfg.scalar_functions) or 'none'})")
+                    if not nm.is_float(a["dtype"]):
+                        raise SimulationError(f"{where}: s.fn computes on floats, not "
+                                              f"{a['dtype']}")
+                    regs[a["rd"]] = float(nm.scalar_function(
+                        a["fn"], _scalar_store(regs[a["rs"]], a["dtype"]), a["dtype"]))
+                    cycles = cfg.scalar_function_latency
+                elif op == "s.copy":  # a DRAM -> DRAM DMA at register-held addresses
+                    cycles = self._scalar_copy(u.core, a, int(regs[a["rd"]]) + a["dst"],
+                                               int(regs[a["rs"]]) + a["src"], t, where)
+                elif op == "s.trap":  # the program's own check failed: stop the run
+                    raise RuntimeCheckError(f"{where}: {_TRAPS[a['code']]} "
+                                            f"{regs[a['rs']]}")
                 elif op == "s.cvt":
                     regs[a["rd"]] = _scalar_cvt(regs[a["rs"]], a["from"], a["to"], a["mode"])
                 elif op == "s.br":
@@ -792,7 +832,7 @@ class Simulator:
                     pass
                 else:
                     raise SimulationError(f"{where}: not a scalar instruction")
-            except SimulationError:
+            except (SimulationError, RuntimeCheckError):
                 raise
             except (ValueError, TypeError, KeyError, IndexError, OverflowError,
                     ZeroDivisionError) as err:
@@ -815,6 +855,7 @@ class Simulator:
 # ---------------------------------------------------------------------------------------------
 # arithmetic helpers
 # ---------------------------------------------------------------------------------------------
+_TRAPS = {"index": "index out of range:"}
 _BINARY = ("vadd", "vsub", "vmul", "vdiv", "vmin", "vmax")
 _UNARY = ("vmov", "vrelu", "vneg", "vabs", "vexp", "vrsqrt", "verf")
 _CMP = {"lt": np.less, "le": np.less_equal, "eq": np.equal, "ne": np.not_equal,

@@ -15,7 +15,7 @@ from kiln import cli
 from kiln.build import npu_pipeline
 from kiln.codegen.npu import NPUExecutable, build_npu
 from kiln.frontend.onnx import from_onnx
-from kiln.ir import ArgumentError, KilnError, ModelFormatError
+from kiln.ir import ArgumentError, KilnError, ModelFormatError, RuntimeCheckError
 from kiln.npu import SimulationError
 from kiln.testing import models, torch_models
 from kiln.transform.pass_infra import PassContext
@@ -152,9 +152,10 @@ def test_bert_encoder_on_npu(hw, tmp_path):
     """The BERT-style encoder (small: 2 layers, hidden 64, 4 heads, 16 tokens) exported by torch
     to ONNX: attention's run-time batched products, the transposes, the Q/K/V slices, softmax,
     GELU (erf) and layer norms on the NPU, the mask's int64 -> float cast on the scalar unit
-    (no int64 vector type), rel. error <= 1e-2 vs torch in float32. Only the embedding gather
-    (run-time row indices: the NPU has no indirect DMA) runs on the CPU; the encoder blocks
-    alone build with strict=True."""
+    (no int64 vector type), rel. error <= 1e-2 vs torch in float32. The embedding gather
+    (run-time row indices: the NPU has no indirect DMA) is a scalar-unit loop, so the whole
+    model builds with strict=True, and an id outside the vocabulary stops the run (ONNX
+    Gather's "raise" mode) with a RuntimeCheckError naming it."""
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     net = torch_models.bert_encoder(layers=2, hidden=64, heads=4, ffn=128, vocab=100,
@@ -165,14 +166,18 @@ def test_bert_encoder_on_npu(hw, tmp_path):
     mask[:, 12:] = 0
     mod, params, ref = _bert_onnx(torch, net, [ids, mask], ["input_ids", "attention_mask"],
                                   tmp_path)
-    exe = kiln.build(mod, target=f"npu -hw={hw}", params=params)
-    assert exe.cpu_ops == ["take"]  # the position embedding's gather is folded
+    exe = kiln.build(mod, target=f"npu -hw={hw}", params=params, strict=True)
+    assert exe.cpu_ops == []  # the position embedding's gather is folded
     assert any(k.op == "cast" and k.tiling.startswith("scalar unit") for k in exe.kernels)
+    assert any(k.op == "take" and k.tiling.startswith("scalar unit (take: no indirect DMA)")
+               for k in exe.kernels)
     assert _rel(exe(ids, mask), ref) <= 1e-2
     ops = {k.op for k in exe.kernels}
     assert {"matmul", "nn.layer_norm", "nn.softmax", "transpose", "strided_slice"} <= ops
-    with pytest.raises(KilnError, match=r"take .*no NPU"):
-        kiln.build(mod, target=f"npu -hw={hw}", params=params, strict=True)
+    bad = ids.copy()
+    bad[1, 3] = 100
+    with pytest.raises(RuntimeCheckError, match="index out of range: 100"):
+        exe(bad, mask)
 
     class Blocks(torch.nn.Module):
         def __init__(self):
@@ -193,19 +198,20 @@ def test_bert_encoder_on_npu(hw, tmp_path):
 
 
 def _onnx_cnn(path):
-    """A small ONNX model whose Sin has no NPU lowering: NPU, CPU and NPU steps."""
+    """A small ONNX model whose CumSum has no NPU lowering: NPU, CPU and NPU steps."""
     rng = np.random.default_rng(3)
     w = numpy_helper.from_array(rng.standard_normal((6, 3, 3, 3)).astype("float32"), "w")
     fc = numpy_helper.from_array(rng.standard_normal((6 * 8 * 8, 5)).astype("float32"), "fc")
     shape = numpy_helper.from_array(np.array([1, -1], dtype=np.int64), "shape")
+    axis = numpy_helper.from_array(np.array(3, dtype=np.int64), "axis")
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("Sin", ["r"], ["t"]),
+             helper.make_node("CumSum", ["r", "axis"], ["t"]),
              helper.make_node("Reshape", ["t", "shape"], ["f"]),
              helper.make_node("MatMul", ["f", "fc"], ["y"])]
     graph = helper.make_graph(
         nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], [w, fc, shape])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], [w, fc, shape, axis])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     path.write_bytes(model.SerializeToString())
 
@@ -219,7 +225,7 @@ def test_npu_executable_saves_and_loads_in_a_fresh_process(hw, tmp_path, capsys)
     out = tmp_path / "m.kiln"
     assert cli.main(["compile", str(tmp_path / "m.onnx"), "--target", f"npu -hw={hw}", "-o",
                      str(out)]) == 0
-    assert "CPU ops: sin" in capsys.readouterr().out
+    assert "CPU ops: cumsum" in capsys.readouterr().out
     mod, params = from_onnx(str(tmp_path / "m.onnx"))
     exe = kiln.build(mod, target=f"npu -hw={hw}", params=params)
     x = np.random.default_rng(4).standard_normal((1, 3, 8, 8)).astype("float32")
@@ -236,12 +242,13 @@ def test_npu_executable_saves_and_loads_in_a_fresh_process(hw, tmp_path, capsys)
                          cwd=Path(kiln.__file__).parent.parent, timeout=300)
     assert res.returncode == 0, res.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), y)
-    assert res.stdout.split() == [str(exe.last_cycles), "['sin']", hw]
-    ref = np.sin(np.maximum(_conv_nchw(x, params["w"]), 0)).reshape(1, -1) @ params["fc"]
+    assert res.stdout.split() == [str(exe.last_cycles), "['cumsum']", hw]
+    ref = np.cumsum(np.maximum(_conv_nchw(x, params["w"]), 0), axis=3).reshape(1, -1) @ \
+        params["fc"]
     assert _rel(y, ref) <= 1e-2
     assert cli.main(["inspect", str(out)]) == 0
     text = capsys.readouterr().out
-    assert f"npu -hw={hw}" in text and "nn.conv2d" in text and "CPU ops: sin" in text
+    assert f"npu -hw={hw}" in text and "nn.conv2d" in text and "CPU ops: cumsum" in text
     assert cli.main(["run", str(out), str(tmp_path / "x.npy"), "-o",
                      str(tmp_path / "o.npy")]) == 0
     np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), y)

@@ -2,7 +2,9 @@
 compiled programs, timing from the description, timelines."""
 
 import json
+import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -12,6 +14,7 @@ from kiln.npu.asm import assemble_program
 from kiln.npu.isa import UNIT_DMA_IN, UNIT_VECTOR
 from kiln.npu.timeline import chrome_trace, timeline_png
 from kiln.target.npu import ConfigError, load_config
+from kiln.target.npu.config import config_from_dict
 from kiln.testing import models
 
 CFG = load_config("default")
@@ -274,3 +277,89 @@ def test_scalar_unit_loops_converts_and_stores():
               Instr("s.alui", fn="div", dtype="int32", rd=1, rs1=1, value=0)])
     with pytest.raises(SimulationError, match="outside the scalar program"):
         _run([Instr("s.jmp", target=5)])
+
+
+# ---------------------------------------------------------------------------------------------
+# s.fn: the scalar unit's float functions
+# ---------------------------------------------------------------------------------------------
+_EDGES = [0.0, -0.0, 0.5, -0.5, 1.5, 2.5, -2.5, 1.0, -1.0, 1e-30, 100.0, -100.0, 7e4,
+          np.inf, -np.inf, np.nan]
+_REF64 = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda v: 1 / np.sqrt(v),
+          "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
+          "erf": np.vectorize(math.erf, otypes=[np.float64]), "floor": np.floor,
+          "ceil": np.ceil, "round": np.rint}
+
+
+def _sfn_loop(fn, dtype, n, out_addr):
+    """out[i] = fn(x[i]) for the n elements at DRAM 0, by a scalar loop."""
+    isz = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype).itemsize
+    return [Instr("s.li", dtype="int64", rd=1, value=0),
+            Instr("s.li", dtype="int64", rd=2, value=n * isz),
+            Instr("s.ld", dtype=dtype, rd=3, mem=0, base=1, offset=0),
+            Instr("s.fn", fn=fn, dtype=dtype, rd=4, rs=3),
+            Instr("s.st", dtype=dtype, rs=4, mem=0, base=1, offset=out_addr),
+            Instr("s.alui", fn="add", dtype="int64", rd=1, rs1=1, value=isz),
+            Instr("s.br", cond="lt", rs1=1, rs2=2, target=-4)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("fn", sorted(_REF64))
+def test_scalar_functions_match_numpy(fn, dtype):
+    """s.fn = the float64 function of the float32 value, rounded to float32, then to the
+    register's dtype; random operands and edge values (signed zeros, ties, overflow, inf,
+    NaN, out of the domain); cycles from the description; round trips the encoding."""
+    npdt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(len(fn))
+    prog = _sfn_loop(fn, dtype, 48 + len(_EDGES), 4096)
+    with np.errstate(all="ignore"):  # 7e4 overflows float16
+        x = np.concatenate([rng.standard_normal(48) * 4, _EDGES]).astype(np.float32).astype(npdt)
+        ref = _REF64[fn](x.astype(np.float64)).astype(np.float32).astype(npdt)
+    sim, m, rep = _run(prog, dram=x.view(np.uint8))
+    got = m.read(4096, (x.size,), npdt)
+    np.testing.assert_array_equal(got.view(np.uint16 if x.itemsize == 2 else np.uint32),
+                                  ref.view(np.uint16 if x.itemsize == 2 else np.uint32))
+    assert rep.cycles >= x.size * CFG.scalar_function_latency
+    p = Program(CFG, [prog, []])
+    assert Program.from_bytes(p.to_bytes()).streams == p.streams
+    assert assemble_program(p.assembly()) == p.streams
+
+
+def test_scalar_functions_follow_the_description():
+    """A description whose scalar unit lists no functions refuses s.fn; s.fn on an integer
+    register and an unknown function are named."""
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in CFG.raw.items()}
+    raw["scalar"]["functions"] = ["exp"]
+    small = config_from_dict(raw, "no-log")
+    assert small.scalar_functions == ("exp",)
+    x = np.ones(4, np.float32)
+    with pytest.raises(SimulationError, match="has no log"):
+        _run(_sfn_loop("log", "float32", 4, 64), dram=x.view(np.uint8), cfg=small)
+    with pytest.raises(SimulationError, match="on floats"):
+        _run([Instr("s.li", dtype="int32", rd=1, value=3),
+              Instr("s.fn", fn="exp", dtype="int32", rd=2, rs=1)])
+    raw["scalar"]["functions"] = ["exp", "cbrt"]
+    with pytest.raises(ConfigError, match="scalar.functions"):
+        config_from_dict(raw, "bad")
+
+
+def test_scalar_copy_moves_bytes_between_register_addresses():
+    """s.copy: nbytes from DRAM[rs + src] to DRAM[rd + dst] (a DMA the scalar unit waits
+    for: at least the DRAM latency and both sides' bursts); overlap and out-of-range refused."""
+    data = np.arange(256, dtype=np.uint8)
+    prog = [Instr("s.li", dtype="int64", rd=1, value=40),
+            Instr("s.li", dtype="int64", rd=2, value=1000),
+            Instr("s.copy", rd=2, dst=24, rs=1, src=3, nbytes=100)]
+    sim, m, rep = _run(prog, dram=data)
+    np.testing.assert_array_equal(m.read(1024, (100,), np.uint8), data[43:143])
+    dram = CFG.memory("dram")
+    assert rep.cycles >= dram.latency + 2 * 100 / dram.bandwidth
+    assert rep.dram_read == rep.dram_written == 100
+    p = Program(CFG, [prog, []])
+    assert Program.from_bytes(p.to_bytes()).streams == p.streams
+    assert assemble_program(p.assembly()) == p.streams
+    with pytest.raises(SimulationError, match="overlap"):
+        _run([Instr("s.li", dtype="int64", rd=1, value=0),
+              Instr("s.copy", rd=1, dst=10, rs=1, src=0, nbytes=20)], dram=data)
+    with pytest.raises(SimulationError, match="reaches bytes"):
+        _run([Instr("s.li", dtype="int64", rd=1, value=1 << 16),
+              Instr("s.copy", rd=1, dst=0, rs=1, src=-64, nbytes=128)], dram=data)

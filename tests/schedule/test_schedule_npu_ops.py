@@ -11,7 +11,7 @@ import kiln
 from kiln import graph as g
 from kiln import op
 from kiln.codegen.npu import NPUUnsupportedError, build_npu
-from kiln.ir import KilnError
+from kiln.ir import KilnError, RuntimeCheckError
 from kiln.npu import Program
 from kiln.npu.asm import assemble_program
 from kiln.schedule.npu import GemmShape, gemm_roofline, lowered_ops, plan_gemm
@@ -95,6 +95,8 @@ CONVS = [  # (n, c, h, w), (o, kh, kw), stride, padding, dilation
     ((1, 4, 9, 9), (6, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2)),
     ((1, 64, 14, 14), (64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
     ((1, 2, 1, 1), (3, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),  # taps reading only padding
+    ((2, 16, 13, 12), (8, 1, 1), (2, 2), (0, 0, 0, 0), (1, 1)),  # strided 1x1: rows skipped
+    ((1, 6, 9, 10), (5, 1, 1), (3, 2), (1, 1, 2, 1), (1, 1)),  # ... with padding rows
 ]
 
 
@@ -559,3 +561,73 @@ def test_random_conv_shapes_match_numpy(shape, hw, seed):
     ref = _conv_ref(x, wt, (s, s), (p, p, p, p), (d, d))
     scale = max(1.0, float(np.max(np.abs(ref))))
     assert float(np.max(np.abs(exe(x) - ref))) <= 1e-2 * scale
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_float_functions_without_a_vector_instruction_run_on_the_scalar_unit(hw):
+    """log, sqrt, sin, cos, floor, ceil and round have no vector instruction: each runs as an
+    s.fn loop on the scalar unit (the float64 function rounded once to float32), reported with
+    the reason, and the graph builds with strict=True."""
+    rng = np.random.default_rng(16)
+    x = np.concatenate([rng.standard_normal(97) * 5, [0.0, -0.0, 2.5, -2.5, 0.5, np.inf]]
+                       ).astype("float32").reshape(1, 103)
+    funcs = {"log": np.log, "sqrt": np.sqrt, "sin": np.sin, "cos": np.cos, "floor": np.floor,
+             "ceil": np.ceil, "round": np.rint}
+    for name, ref in funcs.items():
+        arg = np.abs(x) if name in ("log", "sqrt") else x
+        exe = _build(lambda v, name=name: getattr(op, name)(v), [x.shape], hw, strict=True)
+        with np.errstate(all="ignore"):
+            want = ref(arg.astype(np.float64)).astype(np.float32)
+        np.testing.assert_array_equal(exe(arg), want)
+        assert exe.cpu_ops == []
+        assert f"scalar unit ({name}: no vector instruction)" in exe.describe()
+    # in a chain: the vector kernels around it, the scalar loop between
+    exe = _build(lambda v: op.multiply(op.log(op.add(op.abs(v), g.const(np.float32(1)))),
+                                       g.const(np.float32(3))), [x.shape], hw)
+    with np.errstate(all="ignore"):
+        inner = np.abs(x) + np.float32(1)  # float32 on the vector unit
+        want = np.log(inner.astype(np.float64)).astype(np.float32) * np.float32(3)
+    np.testing.assert_array_equal(exe(x), want)
+
+
+TAKES = [  # data shape, indices shape, axis, mode, index dtype
+    ((50, 12), (3, 7), 0, "clip", "int64"), ((4, 9, 5), (6,), 1, "wrap", "int32"),
+    ((30, 3), (2, 5), 0, "fast", "int64"), ((7, 11), (13,), None, "clip", "int32"),
+    ((40, 6), (9,), 0, "raise", "int64"), ((5, 3, 2), (4,), -1, "clip", "int64"),
+]
+
+
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("dshape,ishape,axis,mode,idt", TAKES)
+def test_take_is_a_scalar_loop_over_the_indices(hw, dshape, ishape, axis, mode, idt):
+    """A gather with run-time indices (no indirect DMA) on the scalar unit: every mode and
+    axis equals numpy's take bit for bit (rows copied as integer words); "raise" stops the run
+    on an index outside [-n, n) with a RuntimeCheckError naming it."""
+    rng = np.random.default_rng(sum(dshape) + len(mode))
+
+    def fn(d, i):
+        return op.take(d, i, axis=axis, mode=mode)
+
+    bb = g.BlockBuilder()
+    d = g.Var("d", g.TensorStructInfo(dshape, "float16"))
+    i = g.Var("i", g.TensorStructInfo(ishape, idt))
+    with bb.function("main", [d, i]):
+        with bb.dataflow():
+            out = bb.emit_output(fn(d, i))
+        bb.emit_func_output(out)
+    exe = kiln.build(bb.get(), target=kiln.Target("npu", hw=hw), strict=True)
+    x = rng.standard_normal(dshape).astype("float16")
+    n = x.size if axis is None else dshape[axis]
+    lo, hi = (-n, n) if mode in ("raise", "fast") else (-2 * n, 2 * n)
+    ind = rng.integers(lo, hi, ishape).astype(idt)
+    ind.reshape(-1)[:2] = (lo, hi - 1)
+    ref = np.take(x, ind, axis=axis, mode="raise" if mode == "fast" else mode)
+    np.testing.assert_array_equal(exe(x, ind), ref)
+    assert "scalar unit (take: no indirect DMA)" in exe.describe()
+    prog = exe.steps[0].program
+    assert Program.from_bytes(prog.to_bytes()).streams == prog.streams
+    assert assemble_program(prog.assembly()) == prog.streams
+    if mode == "raise":
+        ind.reshape(-1)[-1] = n
+        with pytest.raises(RuntimeCheckError, match=f"index out of range: {n}"):
+            exe(x, ind)

@@ -73,16 +73,20 @@ def _dram_blocks(ins: Any) -> list[tuple[str, Block]]:
             and v.addr >= DRAM_ALIGN]
 
 
-#: Scalar-unit memory instructions: their DRAM address is the ``offset`` field (a tensor's
-#: start; the loop steps through it with a base register).
+#: Scalar-unit memory instructions: their DRAM addresses are the ``offset`` field (``s.ld``,
+#: ``s.st``) or the ``src``/``dst`` fields (``s.copy``): a tensor's start; the loop steps
+#: through it with a base register.
 _SCALAR_MEMORY_OPS = ("s.ld", "s.st")
 
 
-def _scalar_dram_offset(ins: Any) -> int | None:
-    if ins.op in _SCALAR_MEMORY_OPS and ins.args.get("mem") == _DRAM \
-            and ins.args.get("offset", 0) >= DRAM_ALIGN:
-        return int(ins.args["offset"])
-    return None
+def _scalar_dram_fields(ins: Any) -> list[str]:
+    if ins.op == "s.copy":
+        fields = ["src", "dst"]
+    elif ins.op in _SCALAR_MEMORY_OPS and ins.args.get("mem") == _DRAM:
+        fields = ["offset"]
+    else:
+        return []
+    return [f for f in fields if ins.args.get(f, 0) >= DRAM_ALIGN]
 
 
 def plan_dram(steps: list[Any], inputs: list[tuple[str, DramTensor]],
@@ -103,9 +107,8 @@ def plan_dram(steps: list[Any], inputs: list[tuple[str, DramTensor]],
                         continue
                     for _, blk in _dram_blocks(ins):
                         ranges.use(blk.addr, kernel)
-                    offset = _scalar_dram_offset(ins)
-                    if offset is not None:
-                        ranges.use(offset, kernel)
+                    for f in _scalar_dram_fields(ins):
+                        ranges.use(int(ins.args[f]), kernel)
             time += 1 + max(sum(i.op == "barrier" for i in s) for s in step.program.streams)
         else:
             for t, _ in step.inputs:
@@ -138,9 +141,8 @@ def plan_dram(steps: list[Any], inputs: list[tuple[str, DramTensor]],
                 for ins in stream:
                     for k, blk in _dram_blocks(ins):
                         ins.args[k] = blk._replace(addr=new_addr(blk.addr))
-                    offset = _scalar_dram_offset(ins)
-                    if offset is not None:
-                        ins.args["offset"] = new_addr(offset)
+                    for f in _scalar_dram_fields(ins):
+                        ins.args[f] = new_addr(int(ins.args[f]))
         else:
             step.inputs = [(relocate(t), dt) for t, dt in step.inputs]
             step.out = relocate(step.out)

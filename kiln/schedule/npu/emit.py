@@ -12,14 +12,15 @@ them (what the benchmark compares).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, Block, Instr
 from ...npu.program import Program
-from ...target.npu.config import MEMORY_NAMES, NPUConfig
+from ...target.npu.config import DRAM, MEMORY_NAMES, NPUConfig
 
 __all__ = ["DramTensor", "DramView", "KernelBuilder", "KernelInfo", "Pipeline", "block", "itemsize",
-           "row_major"]
+           "row_major", "store_piece_bytes", "store_pieces"]
 
 MEM_ID = {name: i for i, name in enumerate(MEMORY_NAMES)}
 #: DRAM alignment of every tensor (a whole burst of the largest shipped description).
@@ -85,6 +86,38 @@ def itemsize(dtype: str) -> int:
             "float32": 4, "int64": 8}[dtype]
 
 
+def store_piece_bytes(config: NPUConfig) -> int:
+    """The largest piece of a split store: the bytes DRAM moves in one DRAM latency."""
+    dram = config.memory(DRAM)
+    return max(dram.burst, dram.latency * dram.bandwidth)
+
+
+def store_pieces(config: NPUConfig, shape: tuple[int, ...], dst: Block, src: Block
+                 ) -> list[tuple[tuple[int, int, int], Block, Block]]:
+    """``(shape, dst, src)`` of the pieces of a 3-D block copy of at most
+    :func:`store_piece_bytes` each (a single innermost row may exceed it): slices of the
+    outermost dim with extent > 1, several per piece, or each slice split further."""
+    limit = store_piece_bytes(config)
+    shp = tuple(int(e) for e in shape)
+    isz = itemsize(src.dtype)
+    if math.prod(shp) * isz <= limit:
+        return [(shp, dst, src)]
+    d = next(i for i, e in enumerate(shp) if e > 1)
+    slice_bytes = math.prod(shp[d + 1:]) * isz
+    per = max(1, limit // slice_bytes)
+    out = []
+    for i0 in range(0, shp[d], per):
+        n = min(per, shp[d] - i0)
+        sub = shp[:d] + (n,) + shp[d + 1:]
+        d_at = dst._replace(addr=dst.addr + i0 * dst.strides[d] * isz)
+        s_at = src._replace(addr=src.addr + i0 * src.strides[d] * isz)
+        if n == 1 and slice_bytes > limit and d < 2:
+            out += store_pieces(config, sub, d_at, s_at)
+        else:
+            out.append((sub, d_at, s_at))
+    return out
+
+
 @dataclass
 class KernelInfo:
     """One emitted kernel: its label (the phase name in reports), the op, the tiling chosen
@@ -130,6 +163,15 @@ class KernelBuilder:
         """A ``dma.load`` (no padding unless given)."""
         self.emit(core, "dma.load", shape=shape, dst=dst, src=src, pad_lo=pad_lo, pad_hi=pad_hi,
                   fill=fill)
+
+    def store(self, core: int, shape: tuple[int, ...], dst: Block, src: Block) -> None:
+        """A ``dma.store``, split into pieces that hold the DRAM channel no longer than one
+        DRAM latency each (:func:`store_pieces`), so that the loads of the next steps -- on
+        this core's DMA-in and on the other cores -- interleave with a large output tile
+        instead of queueing behind all of it. The same bytes move; only the order of the
+        transfers on the shared channel changes."""
+        for shp, d, s in store_pieces(self.config, shape, dst, src):
+            self.emit(core, "dma.store", shape=shp, dst=d, src=s)
 
     def fence(self, core: int, unit: int) -> None:
         """Wait until everything ``unit`` issued has completed (a unit pipelines its

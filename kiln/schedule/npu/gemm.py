@@ -24,7 +24,8 @@ from ...npu.isa import UNIT_TENSOR
 from ...target.npu.config import DRAM, NPUConfig
 from .emit import KernelBuilder, Pipeline, block, itemsize
 
-__all__ = ["GemmShape", "GemmTiling", "emit_gemm", "gemm_cost", "gemm_roofline", "plan_gemm"]
+__all__ = ["GemmShape", "GemmTiling", "acc_row_stride", "emit_gemm", "gemm_cost", "gemm_roofline",
+           "plan_gemm"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,8 @@ class GemmShape:
     A convolution stages its input rows in L1 (one contiguous DMA per step) and gathers the
     taps from there: ``stage_stride`` (rows of input per M unit; 0: no staging),
     ``stage_halo`` (extra rows of the window), ``stage_row`` (elements per input row and
-    K unit) and ``stage_pad`` size the L1 slot."""
+    K unit) and ``stage_pad`` size the L1 slot. ``acc_padded``: the accumulator tile's rows
+    are :func:`acc_row_stride` apart (for a store that reads it column by column)."""
 
     batch: int
     m_units: int
@@ -56,6 +58,7 @@ class GemmShape:
     stage_halo: int = 0
     stage_row: int = 0
     stage_pad: int = 0
+    acc_padded: bool = False
 
     def stage_bytes(self, mu: int, ku: int) -> int:
         """Bytes of one L1 staging slot for tiles of ``mu`` M units and ``ku`` K units (each
@@ -88,6 +91,22 @@ class GemmTiling:
         return (f"tile M{self.m_units * shape.m_unit} x N{self.n} x K{self.k_units * shape.k_unit}"
                 f" of M{shape.m} x N{shape.n} x K{shape.k} (batch {shape.batch}), "
                 f"est. {self.estimate:.0f} cycles")
+
+
+def acc_row_stride(cfg: NPUConfig, shape: GemmShape, nt: int) -> int:
+    """Elements between the rows of an accumulator tile of ``nt`` columns: ``nt``, or for
+    ``shape.acc_padded`` the next stride whose rows start an odd number of bank lines apart,
+    so that a store reading a column (one element per row: a convolution's output channel,
+    NCHW in DRAM) spreads over every bank instead of hitting one."""
+    if not shape.acc_padded:
+        return nt
+    asz = itemsize(_acc_dtype(cfg, shape.dtype)[0])
+    width = cfg.memory("acc").bank_width
+    if width % asz:
+        return nt
+    per_line = width // asz
+    lines = -(-nt // per_line)
+    return (lines + 1 - lines % 2) * per_line
 
 
 def _acc_dtype(cfg: NPUConfig, dtype: str) -> tuple[str, int]:
@@ -125,9 +144,11 @@ def _gather_conflicts(cfg: NPUConfig, isz: int) -> int:
 
 
 def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf: int) -> float:
-    """Estimated cycles of a tiling: the busier of the tensor unit and the DMA (DRAM bytes at
-    the chip's bandwidth, per-transfer issue overhead), plus the pipeline's fill; without
-    double buffering the two add up instead."""
+    """Estimated cycles of a tiling: the busiest of the tensor unit, the chip's DRAM channel
+    (every byte moved, at the chip's bandwidth) and one core's DMA-in queue (its own
+    transfers, each holding the channel at full bandwidth, the issue overhead of every DMA, a
+    convolution's gathers from L1 and the wait for its staged rows), plus the pipeline's
+    fill; without double buffering the tensor unit and the DMA add up instead."""
     acc, cpt = _acc_dtype(cfg, shape.dtype)
     isz = itemsize(shape.dtype)
     mt, kt = mu * shape.m_unit, ku * shape.k_unit
@@ -137,17 +158,63 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     core_steps = math.ceil(shape.batch * nm * nn / cfg.cores) * nk  # the busiest core's
     tensor = core_steps * _tile_cycles(cfg, mt, nt, kt, cpt)
     dram = cfg.memory(DRAM)
-    a_bytes = shape.stage_bytes(mu, ku) or mt * kt * isz
-    traffic = steps * (a_bytes + kt * nt * isz) + shape.batch * shape.m * shape.n * itemsize(acc)
-    dmas = shape.a_dmas + 1 + (1 if shape.stage_stride else 0)
-    issue = core_steps * (dmas + 1 / nk) * cfg.dma_latency
-    onchip = core_steps * mt * kt * isz / cfg.dma_onchip_bandwidth * _gather_conflicts(cfg, isz) \
-        if shape.stage_stride else 0.0
-    dma = max(traffic / dram.bandwidth + onchip, issue)
-    fill = dram.latency + cfg.tensor_latency + core_steps * cfg.tensor_latency
+    # DRAM moves whole bursts of each row of a tile narrower than its matrix
+    a_bytes = shape.stage_bytes(mu, ku) or _burst_bytes(cfg, mt, kt * isz, kt == shape.k)
+    b_bytes = _burst_bytes(cfg, kt, nt * isz, nt == shape.n)
+    # a tile that a slot already holds is not loaded again (emit_gemm)
+    a_loads, b_loads = (min(core_steps, nk) if fixed else core_steps
+                        for fixed in _fixed_tiles(cfg, shape, nm, nn, nk, nbuf))
+    scale = steps / core_steps  # the cores' loads over the busiest one's
+    traffic = scale * (a_loads * a_bytes + b_loads * b_bytes) + \
+        shape.batch * shape.m * shape.n * itemsize(acc)
+    per_a = shape.a_dmas * cfg.dma_latency + a_bytes / dram.bandwidth
+    if shape.stage_stride:  # staged rows (one DMA, waited for), then the gathers from L1
+        per_a += cfg.dma_latency + dram.latency + cfg.memory("l1").latency + \
+            mt * kt * isz / cfg.dma_onchip_bandwidth * _gather_conflicts(cfg, isz)
+    dma_in = a_loads * per_a + b_loads * (cfg.dma_latency + b_bytes / dram.bandwidth)
+    # a pipeline: the first step's loads precede the tensor unit's work, the last step's
+    # product follows the DMA's, the last tile's store follows both
+    load1 = per_a + cfg.dma_latency + b_bytes / dram.bandwidth
+    step = _tile_cycles(cfg, mt, nt, kt, cpt)
+    store = mt * nt * itemsize(acc) / dram.bandwidth + dram.latency
+    fill = cfg.tensor_latency * (core_steps + 1) + store
     if nbuf >= 2:
-        return max(tensor, dma) + fill
-    return tensor + dma + fill + core_steps * dram.latency
+        return max(tensor + load1, dma_in + step, traffic / dram.bandwidth) + fill
+    return tensor + dma_in + fill + core_steps * dram.latency
+
+
+def _fixed_tiles(cfg: NPUConfig, shape: GemmShape, nm: int, nn: int, nk: int, nbuf: int
+                 ) -> tuple[bool, bool]:
+    """Whether each slot of a core always holds the same A tile, and the same B tile:
+    :func:`emit_gemm` deals the output tiles ``(batch, m, n)`` round-robin to the cores, runs
+    the ``nk`` K steps of each in turn and gives step ``t`` of a core slot ``t % nbuf``, so
+    with one m (n) index per core and ``nk`` dividing ``nbuf`` a slot sees one A (B) tile."""
+    if nbuf % nk:
+        return False, False
+    cores = cfg.cores
+    one_n = nn == 1 or nn == cores  # tile j's n index is j mod nn; its core j mod cores
+    one_m = nm == 1 or (nn == 1 and nm == cores)
+    return (one_m and (shape.a_shared or shape.batch == 1),
+            one_n and (shape.b_shared or shape.batch == 1))
+
+
+def _burst_bytes(cfg: NPUConfig, rows: int, row_bytes: int, contiguous: bool) -> int:
+    """DRAM bytes moved for ``rows`` rows of ``row_bytes`` (whole bursts per row unless the
+    rows are contiguous)."""
+    if contiguous:
+        return rows * row_bytes
+    burst = cfg.memory(DRAM).burst
+    return rows * -(-row_bytes // burst) * burst
+
+
+def _copies(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf: int
+            ) -> tuple[int, int]:
+    """Tiles of A and of B that L0 holds at once: ``nbuf`` slots, or for a tile that stays
+    fixed on a core one copy per K step (never reloaded, so never double-buffered)."""
+    nm, nn, nk = (math.ceil(shape.m_units / mu), math.ceil(shape.n / nt),
+                  math.ceil(shape.k_units / ku))
+    a_fixed, b_fixed = _fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
+    return (nk if a_fixed else nbuf), (nk if b_fixed else nbuf)
 
 
 def _candidates(extent: int, quantum: int) -> list[int]:
@@ -177,12 +244,14 @@ def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int) -> GemmTiling:
         mt = mu * shape.m_unit
         for ku in _candidates(shape.k_units, math.ceil(tk / shape.k_unit)):
             kt = ku * shape.k_unit
-            if nbuf * mt * kt * isz > sizes["input"] or max(mt, kt) > max_ext or \
+            if max(mt, kt) > max_ext or \
                     cfg.cores * nbuf * shape.stage_bytes(mu, ku) > sizes["l1"]:
                 continue
             for nt in _candidates(shape.n, tn):
-                if nbuf * kt * nt * isz > sizes["weight"] or nbuf * mt * nt * asz > sizes["acc"] \
-                        or nt > max_ext:
+                a_copies, b_copies = _copies(cfg, shape, mu, nt, ku, nbuf)
+                if a_copies * mt * kt * isz > sizes["input"] or nt > max_ext or \
+                        b_copies * kt * nt * isz > sizes["weight"] or \
+                        nbuf * mt * acc_row_stride(cfg, shape, nt) * asz > sizes["acc"]:
                     continue
                 cost = gemm_cost(cfg, shape, mu, nt, ku, nbuf)
                 if best is None or cost < best.estimate:
@@ -215,8 +284,16 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     mu, nt, ku = tiling.m_units, tiling.n, tiling.k_units
     in_bytes = mu * shape.m_unit * ku * shape.k_unit * isz
     w_bytes = ku * shape.k_unit * nt * isz
-    c_bytes = mu * shape.m_unit * nt * asz
+    ldc = acc_row_stride(cfg, shape, nt)
+    c_bytes = mu * shape.m_unit * ldc * asz
+    nm, nn, nk = (math.ceil(shape.m_units / mu), math.ceil(shape.n / nt),
+                  math.ceil(shape.k_units / ku))
+    # a tile fixed on a core has one copy per K step, loaded once; others rotate the slots
+    a_fixed, b_fixed = _fixed_tiles(cfg, shape, nm, nn, nk, kb.nbuf)
     pipes = [Pipeline(kb, c, UNIT_TENSOR) for c in range(cfg.cores)]
+    # what each core's slots hold: a tile already in the step's slot is not loaded again
+    held_a: list[list[tuple[int, ...] | None]] = [[None] * kb.nbuf for _ in pipes]
+    held_b: list[list[tuple[int, ...] | None]] = [[None] * kb.nbuf for _ in pipes]
     tiles = [(b, m0, n0) for b in range(shape.batch) for m0 in range(0, shape.m_units, mu)
              for n0 in range(0, shape.n, nt)]
     for j, (b, m0, n0) in enumerate(tiles):
@@ -229,15 +306,22 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
             kus = min(ku, shape.k_units - k0)
             kts = kus * shape.k_unit
             slot = p.load_slot()
-            a_addr, b_addr = slot * in_bytes, slot * w_bytes
-            load_a(core, b, m0, mus, k0, kus, a_addr, slot)
-            load_b(core, b, k0, kus, n0, nts, b_addr)
+            a_slot, b_slot = (step if a_fixed else slot), (step if b_fixed else slot)
+            a_addr, b_addr = a_slot * in_bytes, b_slot * w_bytes
+            a_key = (0 if shape.a_shared else b, m0, k0)
+            b_key = (0 if shape.b_shared else b, k0, n0, nts)
+            if held_a[core][a_slot] != a_key:
+                load_a(core, b, m0, mus, k0, kus, a_addr, a_slot)
+                held_a[core][a_slot] = a_key
+            if held_b[core][b_slot] != b_key:
+                load_b(core, b, k0, kus, n0, nts, b_addr)
+                held_b[core][b_slot] = b_key
             p.loaded()
             p.compute_begin()
             if step == 0:
                 c_addr = p.out_slot() * c_bytes
             kb.emit(core, "mma.set" if step == 0 else "mma", shape=(1, mts, nts, kts),
-                    c=block("acc", c_addr, acc, (0, nts, 1)),
+                    c=block("acc", c_addr, acc, (0, ldc if shape.acc_padded else nts, 1)),
                     a=block("input", a_addr, shape.dtype, (0, kts, 1)),
                     b=block("weight", b_addr, shape.dtype, (nts, 1, 0)))
             p.computed()

@@ -14,7 +14,7 @@ import numpy as np
 
 from ...npu.isa import UNIT_DMA_IN
 from .emit import DramTensor, KernelInfo, block, itemsize, row_major
-from .gemm import GemmShape, emit_gemm, gemm_roofline, plan_gemm
+from .gemm import GemmShape, acc_row_stride, emit_gemm, gemm_roofline, plan_gemm
 from .lowering import LoweringContext, NotSupported, register_lowering
 from .pooling import FLOAT_DTYPES as _FLOAT
 from .scalar import emit_scalar_elementwise
@@ -262,7 +262,7 @@ def _gemm_2d(ctx: LoweringContext, op: str, x: Any, w: Any, out: DramTensor,
                 src=wt.at(off, b_strides))
 
     def store_c(core: int, b: int, m0: int, ms: int, n0: int, ns: int, addr: int) -> None:
-        kb.emit(core, "dma.store", shape=(1, ms, ns), dst=out.at(m0 * n + n0, (0, n, 1)),
+        kb.store(core, shape=(1, ms, ns), dst=out.at(m0 * n + n0, (0, n, 1)),
                 src=block("acc", addr, out.dtype, (0, ns, 1)))
 
     emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
@@ -303,7 +303,7 @@ def _batch_matmul(ctx: LoweringContext, x: Any, w: Any, out: DramTensor, dt: str
                 src=wa.at(w_off[b] + k0 * n + n0, (0, n, 1)))
 
     def store_c(core: int, b: int, m0: int, ms: int, n0: int, ns: int, addr: int) -> None:
-        kb.emit(core, "dma.store", shape=(1, ms, ns), dst=out.at((b * m + m0) * n + n0,
+        kb.store(core, shape=(1, ms, ns), dst=out.at((b * m + m0) * n + n0,
                                                                   (0, n, 1)),
                 src=block("acc", addr, out.dtype, (0, ns, 1)))
 
@@ -391,11 +391,17 @@ def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
     pt, pl = at.padding[0], at.padding[1]
     taps = kh * kw
     l1 = ctx.config.memory("l1")
-    shape = GemmShape(nb, oh, ow, o, c, taps, dt, a_dmas=taps, a_elems=c * h * wd,
-                      stage_stride=sh, stage_halo=(kh - 1) * dh + 1, stage_row=wd,
-                      stage_pad=2 * l1.bank_width)
+    # A window one row high with a row stride > 1 (a strided 1x1 shortcut) reads every
+    # sh-th input row only: stage those rows alone (sh times less DRAM traffic).
+    # The roofline counts the rows it reads (the whole image otherwise).
+    rstep = sh if kh == 1 else 1
+    rows = h if rstep == 1 else sum(0 <= r * sh - pt < h for r in range(oh))
+    shape = GemmShape(nb, oh, ow, o, c, taps, dt, a_dmas=taps, a_elems=c * rows * wd,
+                      stage_stride=sh // rstep, stage_halo=(kh - 1) * dh + 1, stage_row=wd,
+                      stage_pad=2 * l1.bank_width, acc_padded=True)
     tiling = _plan(ctx, "nn.conv2d", shape)
     stage_slot = shape.stage_bytes(tiling.m_units, tiling.k_units)
+    ldc = acc_row_stride(ctx.config, shape, tiling.n)
     xa = _activation(ctx, x, dt, "nn.conv2d")
     wl = ctx.constant(np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(taps, c, o)), dt)
     kb = ctx.kb
@@ -414,16 +420,19 @@ def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
         then gather each tap from L1 with a strided DMA whose padding fills the border."""
         kt = cs * taps
         dst_st = (ow * kt, kt, 1)  # (row, pixel, channel): the channel run is contiguous
-        i0 = max(0, r0 * sh - pt)
-        i1 = min(h, (r0 + rs - 1) * sh - pt + (kh - 1) * dh + 1)
-        nrows = max(0, i1 - i0)
+        if rstep > 1:  # the rows of the valid output rows, rstep apart
+            f0, f1 = valid(r0, rs, 0, sh, dh, pt, h)
+            i0, nrows = f0 * sh - pt, f1 - f0
+        else:
+            i0 = max(0, r0 * sh - pt)
+            nrows = max(0, min(h, (r0 + rs - 1) * sh - pt + (kh - 1) * dh + 1) - i0)
         plane = _odd_lines(nrows * wd, xa_isz, l1.bank_width)
         staged = block("l1", (core * kb.nbuf + slot) * stage_slot, dt, (plane, wd, 1))
         if nrows:
             if kb.nbuf == 1:  # the one slot may still be read by the last step's gathers
                 kb.fence(core, UNIT_DMA_IN)
             kb.load(core, shape=(cs, nrows, wd), dst=staged,
-                    src=xa.at(((b * c + c0) * h + i0) * wd, (h * wd, wd, 1)))
+                    src=xa.at(((b * c + c0) * h + i0) * wd, (h * wd, rstep * wd, 1)))
             kb.fence(core, UNIT_DMA_IN)
         for a in range(kh):
             h0, h1 = valid(r0, rs, a, sh, dh, pt, h)
@@ -434,8 +443,8 @@ def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
                     kb.load(core, shape=(rs, ow, cs), dst=dst, src=zero)
                     continue
                 ih, iw = h0 * sh + a * dh - pt, w0 * sw + e * dw - pl
-                src = staged._replace(addr=staged.addr + ((ih - i0) * wd + iw) * xa_isz,
-                                      strides=(sh * wd, sw, plane))
+                src = staged._replace(addr=staged.addr + ((ih - i0) // rstep * wd + iw) *
+                                      xa_isz, strides=(sh // rstep * wd, sw, plane))
                 kb.load(core, shape=(h1 - h0, w1 - w0, cs), dst=dst, src=src,
                         pad_lo=(h0 - r0, w0, 0), pad_hi=(r0 + rs - h1, ow - w1, 0), fill=0)
 
@@ -445,9 +454,9 @@ def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
                 src=wl.at(c0 * o + n0, (c * o, o, 1)))
 
     def store_c(core: int, b: int, r0: int, rs: int, n0: int, ns: int, addr: int) -> None:
-        kb.emit(core, "dma.store", shape=(1, ns, rs * ow),
+        kb.store(core, shape=(1, ns, rs * ow),
                 dst=out.at((b * o + n0) * oh * ow + r0 * ow, (0, oh * ow, 1)),
-                src=block("acc", addr, out.dtype, (0, 1, ns)))
+                src=block("acc", addr, out.dtype, (0, 1, ldc)))
 
     emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
     kb.end_kernel(KernelInfo(ctx.label("nn.conv2d"), "nn.conv2d", tiling.describe(shape),
@@ -476,7 +485,7 @@ def _pointwise(ctx: LoweringContext, x: Any, w: np.ndarray, out: DramTensor, dt:
                 src=xa.at((b * c + k0) * hw + n0, (0, hw, 1)))
 
     def store_c(core: int, b: int, m0: int, ms: int, n0: int, ns: int, addr: int) -> None:
-        kb.emit(core, "dma.store", shape=(1, ms, ns),
+        kb.store(core, shape=(1, ms, ns),
                 dst=out.at((b * o + m0) * hw + n0, (0, hw, 1)),
                 src=block("acc", addr, out.dtype, (0, ns, 1)))
 

@@ -26,8 +26,8 @@ from ...ir.errors import KilnError
 
 __all__ = [
     "CONFIG_DIR", "DRAM", "Encoding", "L0_NAMES", "L1", "MEMORY_NAMES", "MemorySpec",
-    "NPUConfig", "TensorDType", "available_configs", "config_from_dict", "load_config",
-    "parse_size",
+    "NPUConfig", "SCALAR_FUNCTIONS", "TensorDType", "available_configs", "config_from_dict",
+    "load_config", "parse_size",
 ]
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -37,12 +37,24 @@ CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 DRAM, L1 = "dram", "l1"
 L0_NAMES = ("input", "weight", "acc")
 MEMORY_NAMES = (DRAM, L1, *L0_NAMES)
+#: The float functions a scalar unit may implement (``s.fn``; ``[scalar] functions`` lists
+#: those of a description, ``kiln.npu.numerics.scalar_function`` specifies each).
+SCALAR_FUNCTIONS = ("exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "erf", "floor",
+                    "ceil", "round")
 
 _UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 
 
 class ConfigError(KilnError):
     """A hardware description that is malformed or inconsistent (names the file and the key)."""
+
+
+def _scalar_functions(table: Any, what: str) -> tuple[str, ...]:
+    names = table.get("functions", [])
+    if not isinstance(names, list) or any(n not in SCALAR_FUNCTIONS for n in names):
+        raise ConfigError(f"{what}: expected a list of {', '.join(SCALAR_FUNCTIONS)}, "
+                          f"got {names!r}")
+    return tuple(names)
 
 
 def parse_size(value: Any, what: str) -> int:
@@ -133,6 +145,10 @@ class NPUConfig:
     token_queue_depth: int
     barrier_latency: int
     raw: dict[str, Any] = field(repr=False, compare=False, hash=False, default_factory=dict)
+    #: ``s.fn`` functions of the scalar unit and the cycles of one (``[scalar] functions``,
+    #: ``function_latency``; none when the description lists none)
+    scalar_functions: tuple[str, ...] = ()
+    scalar_function_latency: int = 1
 
     # ---- derived facts -------------------------------------------------------------------
     @property
@@ -296,7 +312,11 @@ def config_from_dict(raw: dict[str, Any], path: str) -> NPUConfig:
         token_queue_depth=_get(sync, "token_queue_depth", f"{what}: [sync]"),
         barrier_latency=_get(sync, "barrier_latency", f"{what}: [sync]"),
         raw=raw,
+        scalar_functions=_scalar_functions(scalar, f"{what}: scalar.functions"),
+        scalar_function_latency=int(scalar.get("function_latency", 1)),
     )
+    if cfg.scalar_function_latency < 1:
+        raise ConfigError(f"{what}: scalar.function_latency must be >= 1")
     if cfg.scalar_registers > 64:
         raise ConfigError(f"{what}: scalar.registers is at most 64")
     if cores > 16:
