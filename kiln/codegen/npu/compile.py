@@ -56,12 +56,13 @@ from .executable import CpuStep, NPUExecutable, NpuStep
 __all__ = ["LOWERING_KEY", "NPUUnsupportedError", "VIEW_OPS", "build_npu", "is_partitioned",
            "npu_config_of"]
 
-#: PassContext option: how products reach NPU instructions -- ``"tir"`` (the default: a TE
-#: PrimFunc scheduled into NPU scopes and tensorized, then generated,
-#: :mod:`kiln.schedule.npu.tir_gemm`; dense, matmul and pointwise conv2d, the rest as emitted)
-#: or ``"emit"`` (per-op instruction emission for every op). Both give the same program.
+#: PassContext option: how products reach NPU instructions -- ``"emit"`` (the default:
+#: per-op instruction emission for every op) or ``"tir"`` (a TE PrimFunc scheduled into NPU
+#: scopes and tensorized, then generated, :mod:`kiln.schedule.npu.tir_gemm`; dense, matmul and
+#: pointwise conv2d, the rest as emitted). Same bits; the emitter's pipeline also splits its
+#: stores and keeps tiles across steps, which the generated one does not yet (more cycles).
 LOWERING_KEY = "npu.lowering"
-register_config(LOWERING_KEY, str, "tir",
+register_config(LOWERING_KEY, str, "emit",
                 "NPU build: 'emit' (per-op instruction emission) or 'tir' (products lowered "
                 "through scheduled, tensorized TIR)")
 

@@ -232,8 +232,10 @@ def _candidates(extent: int, quantum: int) -> list[int]:
     return sorted(out)
 
 
-def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int) -> GemmTiling:
-    """The cheapest feasible tiling of ``shape`` (ValueError when none fits the buffers)."""
+def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True) -> GemmTiling:
+    """The cheapest feasible tiling of ``shape`` (ValueError when none fits the buffers).
+    ``hold=False``: every operand tile takes ``nbuf`` slots (a pipeline that does not keep a
+    tile across steps in one copy, as :func:`emit_gemm` does: the TIR route's)."""
     acc, _ = _acc_dtype(cfg, shape.dtype)
     isz, asz = itemsize(shape.dtype), itemsize(acc)
     tm, tk, tn = cfg.tensor_shape
@@ -248,7 +250,8 @@ def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int) -> GemmTiling:
                     cfg.cores * nbuf * shape.stage_bytes(mu, ku) > sizes["l1"]:
                 continue
             for nt in _candidates(shape.n, tn):
-                a_copies, b_copies = _copies(cfg, shape, mu, nt, ku, nbuf)
+                a_copies, b_copies = _copies(cfg, shape, mu, nt, ku, nbuf) if hold \
+                    else (nbuf, nbuf)
                 if a_copies * mt * kt * isz > sizes["input"] or nt > max_ext or \
                         b_copies * kt * nt * isz > sizes["weight"] or \
                         nbuf * mt * acc_row_stride(cfg, shape, nt) * asz > sizes["acc"]:

@@ -1,6 +1,6 @@
 """Matrix products on the NPU through TIR: a TE PrimFunc scheduled VTA-style, then generated.
 
-The route (PassContext option ``"npu.lowering": "tir"``, the default) for ``dense`` and
+The route (PassContext option ``"npu.lowering": "tir"``; the default is ``"emit"``) for ``dense`` and
 ``matmul`` (2-D weights, constant or computed at run time; a batched left operand; both
 operands batched alike) and pointwise ``nn.conv2d`` (1x1, stride 1, no padding: ``W @ X`` per
 image); other convolutions and broadcast batch dims stay with the emitter:
@@ -114,7 +114,9 @@ def schedule_gemm(func: PrimFunc, tile: tuple[int, int, int], nbuf: int,
 
 def plan_gemm_problem(ctx: LoweringContext, op: str, p: GemmProblem) -> GemmTiling:
     try:
-        return plan_gemm(ctx.config, p.shape, ctx.kb.nbuf)
+        # the generated pipeline gives every operand tile nbuf slots (no tile held across
+        # steps in one copy, as the emitter does): plan within that
+        return plan_gemm(ctx.config, p.shape, ctx.kb.nbuf, hold=False)
     except ValueError as err:
         raise NotSupported(f"{op}: {err}") from None
 
