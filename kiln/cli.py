@@ -30,8 +30,8 @@ from .build import build, check_buildable, default_pipeline, npu_pipeline, sched
 from .codegen import c as codegen_c
 from .codegen.gpu.build import generate_source as generate_gpu_source
 from .codegen.npu import NPUExecutable, build_npu, npu_config_of
-from .frontend.onnx import from_onnx
-from .frontend.onnx.importer import load_model
+from .frontend.onnx import GuardedExecutable, compile_onnx, from_onnx
+from .frontend.onnx.importer import import_model, load_model
 from .frontend.torch import from_pt2
 from .ir.errors import ArgumentError, KilnError, ModelFormatError
 from .runtime import cache, shape_expr
@@ -64,6 +64,7 @@ examples:
   kiln compile model.onnx --target x86-64-v3 --verbose   build for any AVX2 CPU, with progress
   kiln run model.kiln --input image=x.npy -o outputs/    run; outputs saved by name
   kiln run model.kiln --dim batch=8 --profile            random inputs; time per kernel
+  kiln run model.onnx x.npy                              compile in memory, then run
   kiln inspect model.kiln                                target, inputs, outputs, kernels
   kiln show model.onnx --stage c                         print a compilation stage
   kiln compile model.onnx --target cuda -o model.kiln    GPU kernels (also: --target opencl)
@@ -387,8 +388,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
     else:
         proto = _load_onnx(args.model)
         shapes = _parse_shapes(args.shape, _graph_inputs(proto))
-        mod, params = from_onnx(proto, shape_dict=shapes or None,
-                                base_dir=os.path.dirname(os.path.abspath(args.model)))
+        mod, params, guard = import_model(
+            proto, shape_dict=shapes or None, specialize=True,
+            base_dir=os.path.dirname(os.path.abspath(args.model)))
+        if guard is not None:
+            raise KilnError(_guarded_message(args.model, guard.node))
         t1 = time.perf_counter()
         stage.finish(f"{len(proto.graph.node)} nodes")
     with PassContext(opt_level=args.opt_level):
@@ -405,6 +409,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
     print(f"inputs:  {_describe(exe.inputs)}")
     print(f"outputs: {_describe(exe.outputs)}")
     return 0
+
+
+def _guarded_message(model: str, node: str) -> str:
+    """Why ``kiln compile`` cannot save a model that needs guarded specialization."""
+    return (f"{model}: {node} is an If on a run-time condition whose branches differ in rank "
+            "or dtype; kiln compiles the rest of such a model per condition value when it "
+            "runs (kiln.frontend.onnx.compile_onnx), which a .kiln file does not hold: run "
+            f"it with `kiln run {model}` (or compile_onnx in Python)")
 
 
 # ---- run -------------------------------------------------------------------------------------
@@ -528,16 +540,33 @@ def _output_paths(target: str | None, names: Sequence[str]) -> list[str | None]:
     return paths
 
 
+def _compile_for_run(path: str) -> Any:
+    """``kiln run model.onnx``: the model compiled in memory for this machine, by
+    ``compile_onnx`` (so a model whose Ifs need guarded specialization runs too: the rest of
+    the model is compiled for the condition value each run meets, on first meeting it)."""
+    proto = _load_onnx(path)
+    return compile_onnx(proto, target=_target("native"),
+                        base_dir=os.path.dirname(os.path.abspath(path)))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if args.trace is not None:
         _check_output_folder(args.trace, "--trace")
-    stage = progress.Stage(f"loading {args.file}")
-    exe = _load_executable(args.file)
+    onnx_model = args.file.endswith(".onnx")
+    stage = progress.Stage(f"{'compiling' if onnx_model else 'loading'} {args.file}")
+    exe = _compile_for_run(args.file) if onnx_model else _load_executable(args.file)
     stage.finish()
     if isinstance(exe, NPUExecutable):
         return _run_npu(exe, args)
-    plan = exe.plans[exe.main_name]
-    paths = _output_paths(args.output, plan.output_names)
+    if isinstance(exe, GuardedExecutable):
+        if args.profile or args.trace:
+            raise UsageError(f"{args.file} is compiled per condition value of {exe.guard} "
+                             "(guarded specialization): --profile and --trace do not apply")
+        plan, output_names = exe.prefix.plans[exe.prefix.main_name], exe.output_names
+    else:
+        plan = exe.plans[exe.main_name]
+        output_names = plan.output_names
+    paths = _output_paths(args.output, output_names)
     if args.threads:
         exe.set_num_threads(args.threads)
     feeds = _parse_feeds(args, plan)
@@ -552,7 +581,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         times.append(time.perf_counter() - t0)
     if args.output and not args.output.endswith(".npy"):
         os.makedirs(args.output, exist_ok=True)
-    for name, o, path in zip(plan.output_names, outs, paths):
+    for name, o, path in zip(output_names, outs, paths):
         o = np.asarray(o)
         line = f"output {name}: shape {o.shape} dtype {o.dtype}"
         if o.size and o.dtype.kind in "fiub":
@@ -674,13 +703,16 @@ def build_parser() -> ArgumentParser:
                       "says (made by `kiln tune`); kernels without one get the default")
     comp.set_defaults(fn=cmd_compile)
 
-    run = command("run", "run a saved executable: prints outputs and latency", """\
+    run = command("run", "run a saved executable or an ONNX model: prints outputs and latency",
+                  """\
   kiln run model.kiln                                     random inputs
   kiln run model.kiln x.npy                               inputs in order
   kiln run model.kiln --input image=x.npy -o out/         out/<output name>.npy
   kiln run model.kiln --dim batch=8 --threads 4 --profile --trace trace.json
+  kiln run model.onnx x.npy                               compiled in memory for this CPU
 """)
-    run.add_argument("file", help="the .kiln executable")
+    run.add_argument("file", help="the .kiln executable, or an .onnx model (compiled for this "
+                     "machine first; Ifs whose branches differ in rank are specialized)")
     run.add_argument("inputs", nargs="*", help=".npy files for the inputs, in input order")
     run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                      help="an input by name (inputs not given are random)")
