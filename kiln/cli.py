@@ -30,8 +30,8 @@ from .build import build, check_buildable, default_pipeline, npu_pipeline, sched
 from .codegen import c as codegen_c
 from .codegen.gpu.build import generate_source as generate_gpu_source
 from .codegen.npu import LOWERING_KEY, NPUExecutable, build_npu, npu_config_of
-from .frontend.onnx import from_onnx
-from .frontend.onnx.importer import load_model
+from .frontend.onnx import GuardedExecutable, compile_onnx, from_onnx
+from .frontend.onnx.importer import import_model, load_model
 from .frontend.torch import from_pt2
 from .ir.errors import ArgumentError, KilnError, ModelFormatError
 from .runtime import cache, shape_expr
@@ -73,6 +73,7 @@ examples:
   kiln compile model.onnx --target x86-64-v3 --verbose   build for any AVX2 CPU, with progress
   kiln run model.kiln --input image=x.npy -o outputs/    run; outputs saved by name
   kiln run model.kiln --dim batch=8 --profile            random inputs; time per kernel
+  kiln run model.onnx x.npy                              compile in memory, then run
   kiln inspect model.kiln                                target, inputs, outputs, kernels
   kiln show model.onnx --stage c                         print a compilation stage
   kiln compile model.onnx --target cuda -o model.kiln    GPU kernels (also: --target opencl)
@@ -402,8 +403,10 @@ def _import_model(path: str, shape_args: list[str] | None) -> tuple[Any, Any]:
         return mod, params
     proto = _load_onnx(path)
     shapes = _parse_shapes(shape_args or [], _graph_inputs(proto))
-    mod, params = from_onnx(proto, shape_dict=shapes or None,
-                            base_dir=os.path.dirname(os.path.abspath(path)))
+    mod, params, guard = import_model(proto, shape_dict=shapes or None, specialize=True,
+                                      base_dir=os.path.dirname(os.path.abspath(path)))
+    if guard is not None:
+        raise KilnError(_guarded_message(path, guard.node))
     stage.finish(f"{len(proto.graph.node)} nodes")
     return mod, params
 
@@ -429,6 +432,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
     print(f"inputs:  {_describe(exe.inputs)}")
     print(f"outputs: {_describe(exe.outputs)}")
     return 0
+
+
+def _guarded_message(model: str, node: str) -> str:
+    """Why ``kiln compile`` cannot save a model that needs guarded specialization."""
+    return (f"{model}: {node} is an If on a run-time condition whose branches differ in rank "
+            "or dtype; kiln compiles the rest of such a model per condition value when it "
+            "runs (kiln.frontend.onnx.compile_onnx), which a .kiln file does not hold: run "
+            f"it with `kiln run {model}` (or compile_onnx in Python)")
 
 
 # ---- run -------------------------------------------------------------------------------------
@@ -558,9 +569,18 @@ MODEL_SUFFIXES = (".onnx", ".pt2")
 
 def _executable_to_run(path: str, target_spec: str | None) -> Any:
     """A saved executable (``--target``, when given, must be the kind it was compiled for),
-    or a model compiled here for ``--target`` (default: this CPU)."""
+    or a model compiled here for ``--target`` (default: this CPU). An ONNX model for a CPU
+    goes through ``compile_onnx``, so a model whose Ifs need guarded specialization runs too
+    (the rest of the model compiled for the condition value each run meets, on first meeting
+    it)."""
     if path.endswith(MODEL_SUFFIXES):
         target = _target(target_spec or "native")
+        if path.endswith(".onnx") and target.kind == "c":
+            stage = progress.Stage(f"compiling {path}")
+            exe = compile_onnx(_load_onnx(path), target=target,
+                               base_dir=os.path.dirname(os.path.abspath(path)))
+            stage.finish()
+            return exe
         mod, params = _import_model(path, None)
         stage = progress.Stage(f"compiling for {target.kind}")
         exe = build(mod, target=target, params=params)
@@ -584,8 +604,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     exe = _executable_to_run(args.file, args.target)
     if isinstance(exe, NPUExecutable):
         return _run_npu(exe, args)
-    plan = exe.plans[exe.main_name]
-    paths = _output_paths(args.output, plan.output_names)
+    if isinstance(exe, GuardedExecutable):
+        if args.profile or args.trace:
+            raise UsageError(f"{args.file} is compiled per condition value of {exe.guard} "
+                             "(guarded specialization): --profile and --trace do not apply")
+        plan, output_names = exe.prefix.plans[exe.prefix.main_name], exe.output_names
+    else:
+        plan = exe.plans[exe.main_name]
+        output_names = plan.output_names
+    paths = _output_paths(args.output, output_names)
     if args.threads:
         exe.set_num_threads(args.threads)
     feeds = _parse_feeds(args, plan)
@@ -600,7 +627,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         times.append(time.perf_counter() - t0)
     if args.output and not args.output.endswith(".npy"):
         os.makedirs(args.output, exist_ok=True)
-    for name, o, path in zip(plan.output_names, outs, paths):
+    for name, o, path in zip(output_names, outs, paths):
         o = np.asarray(o)
         line = f"output {name}: shape {o.shape} dtype {o.dtype}"
         if o.size and o.dtype.kind in "fiub":
@@ -730,7 +757,8 @@ def build_parser() -> ArgumentParser:
   kiln run model.onnx --target opencl                     compile for a target, then run
 """)
     run.add_argument("file", help="the .kiln executable, or an .onnx/.pt2 model (compiled "
-                     "for --target first)")
+                     "for --target first; on a CPU, an ONNX model's Ifs whose branches differ "
+                     "in rank are specialized at run time)")
     run.add_argument("--target", default=None,
                      help="the target to compile a model file for (cuda, opencl, a CPU: "
                      "default native); for a .kiln file, the kind it must have been "

@@ -321,3 +321,79 @@ def test_unexpected_errors_are_one_line_too(tmp_path):
     assert_one_line_error(kiln_cmd("show", model), 1, "internal error: TypeError")
     code, _, err = kiln_cmd("show", model, "--traceback")
     assert code == 1 and "Traceback" in err and "internal error" in err.splitlines()[-1]
+
+
+def _rank_if_model():
+    """c = sum(x) > 0 at run time; y = If(c): Unsqueeze(2 x, 0) (rank 3) else Relu(x) (rank
+    2); then Add, Softmax and a product with tanh(x): the output's rank follows the branch."""
+    from onnx import helper, numpy_helper
+
+    from kiln.testing.onnx_graphs import onnx_model, value_info
+
+    def branch(nodes, out):
+        return helper.make_graph(nodes, f"g_{out}", [], [value_info(out, None)])
+
+    then_b = branch([helper.make_node("Mul", ["x", "two"], ["m"]),
+                     helper.make_node("Unsqueeze", ["m", "ax0"], ["t"])], "t")
+    else_b = branch([helper.make_node("Relu", ["x"], ["e"])], "e")
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+        helper.make_node("Greater", ["s", "zero"], ["c"]),
+        helper.make_node("If", ["c"], ["y"], then_branch=then_b, else_branch=else_b,
+                         name="rank_if"),
+        helper.make_node("Add", ["y", "bias"], ["yb"]),
+        helper.make_node("Softmax", ["yb"], ["p"], axis=-1),
+        helper.make_node("Tanh", ["x"], ["h"]),
+        helper.make_node("Mul", ["p", "h"], ["out"]),
+    ]
+    inits = [numpy_helper.from_array(np.asarray(v), n) for n, v in (
+        ("zero", np.float32(0)), ("two", np.float32(2)), ("ax0", np.array([0], np.int64)),
+        ("bias", np.array([0.5, -1.0, 0.25], np.float32)))]
+    return onnx_model(nodes, [value_info("x", [2, 3])], [value_info("out", None)], inits)
+
+
+def test_run_onnx_model_with_rank_changing_if(tmp_path, capsys):
+    """``kiln run model.onnx`` compiles in memory with guarded specialization: a model whose
+    If branches differ in rank runs for both condition values (vs onnxruntime); ``kiln
+    compile`` cannot save it and says to use ``kiln run``."""
+    import onnx
+
+    ort = pytest.importorskip("onnxruntime")
+    model = _rank_if_model()
+    path = str(tmp_path / "rank_if.onnx")
+    onnx.save(model, path)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    base = np.random.default_rng(3).standard_normal((2, 3)).astype(np.float32)
+    for sign, rank in ((1.0, 3), (-1.0, 2)):
+        x = (np.abs(base) * sign).astype(np.float32)
+        np.save(tmp_path / "x.npy", x)
+        out = tmp_path / f"out{rank}.npy"
+        assert cli.main(["run", path, str(tmp_path / "x.npy"), "--repeat", "2", "--threads", "1",
+                         "-o", str(out)]) == 0
+        text = capsys.readouterr().out
+        assert f"output out: shape {(1, 2, 3) if rank == 3 else (2, 3)}" in text
+        assert "latency: median" in text
+        (ref,) = sess.run(None, {"x": x})
+        got = np.load(out)
+        assert got.shape == ref.shape and got.ndim == rank
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    assert cli.main(["run", path, "--profile"]) == 2
+    assert "--profile and --trace do not apply" in capsys.readouterr().err
+    assert cli.main(["compile", path, "-o", str(tmp_path / "m.kiln")]) == 1
+    err = capsys.readouterr().err
+    assert "rank_if" in err and f"kiln run {path}" in err
+    assert not (tmp_path / "m.kiln").exists()
+
+
+def test_run_onnx_model_without_guard(tmp_path, capsys):
+    """``kiln run model.onnx`` of an ordinary model: compiled in memory, run like a .kiln."""
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    x = np.random.default_rng(1).standard_normal((2, 3, 32, 32), dtype=np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert cli.main(["run", DEMO_ONNX, "--input", f"image={tmp_path / 'x.npy'}", "--repeat",
+                     "1", "-o", str(tmp_path / "y.npy"), "--profile"]) == 0
+    assert "output logits: shape (2, 10) dtype float32" in capsys.readouterr().out
+    ref = ReferenceEvaluator(onnx.load(DEMO_ONNX)).run(None, {"image": x})[0]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), ref, rtol=1e-4, atol=1e-4)

@@ -13,6 +13,7 @@ from kiln.frontend.onnx import from_onnx
 from kiln.ir import KilnError
 
 _ELEM = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
+         "bfloat16": TensorProto.BFLOAT16,
          "float64": TensorProto.DOUBLE, "bool": TensorProto.BOOL, "int64": TensorProto.INT64}
 
 
@@ -80,13 +81,49 @@ def test_attention_nonpad_causal_window_opset25():
     _check(model, feeds)
 
 
-def test_attention_float16_computes_in_float32():
-    rng = np.random.default_rng(3)
-    feeds = {n: _rand(rng, 1, 2, 5, 8, dtype="float16") for n in ("Q", "K", "V")}
-    model = _model("Attention", feeds, ["Y"], 23, is_causal=1)
-    wide = {n: v.astype("float32") for n, v in feeds.items()}
-    ref = ReferenceEvaluator(_model("Attention", wide, ["Y"], 23, is_causal=1)).run(None, wide)
-    _check(model, feeds, rtol=2e-3, atol=1e-3, ref=[r.astype("float16") for r in ref])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("precision", [None, TensorProto.FLOAT])
+@pytest.mark.parametrize("causal", [0, 1])
+def test_attention_half_precision_follows_the_definition(dtype, precision, causal):
+    """A 16-bit Attention computes every step of its definition in its input type and the
+    softmax in softmax_precision (default: the input type): bit for bit what onnx.reference
+    gives, on GQA heads with a float mask, rows of 6, 13 and 40 keys (sequential sums), Y and
+    the mode-3 probabilities. (Without softcap: the reference promotes a half-precision
+    softcap to float32, the definition's function body computes it in the input type.)"""
+    rng = np.random.default_rng(4)
+    for kv in (6, 13, 40):
+        feeds = {"Q": _rand(rng, 2, 4, 5, 8, dtype=dtype), "K": _rand(rng, 2, 2, kv, 8,
+                                                                       dtype=dtype),
+                 "V": _rand(rng, 2, 2, kv, 8, dtype=dtype), "M": _rand(rng, 5, kv, dtype=dtype)}
+        attrs = {} if precision is None else {"softmax_precision": precision}
+        model = _model("Attention", feeds, ["Y", "", "", "QK"], 23, is_causal=causal,
+                       qk_matmul_output_mode=3, **attrs)
+        _check(model, feeds, rtol=0, atol=0)
+
+
+def test_attention_bfloat16_softmax_precision_float_is_accurate_on_long_rows():
+    """The bfloat16 default (a bfloat16 softmax, its row sum rounded after every add) drifts
+    on long rows; softmax_precision=FLOAT keeps the probabilities within two bfloat16 ulps of
+    the exact ones."""
+    rng = np.random.default_rng(5)
+    feeds = {"Q": _rand(rng, 1, 1, 2, 16, dtype="bfloat16", scale=0.1),
+             "K": _rand(rng, 1, 1, 1024, 16, dtype="bfloat16", scale=0.1),
+             "V": _rand(rng, 1, 1, 1024, 16, dtype="bfloat16")}
+    exact = {}
+    for precision in (None, TensorProto.FLOAT):
+        attrs = {} if precision is None else {"softmax_precision": precision}
+        model = _model("Attention", feeds, ["Y", "", "", "QK"], 23, qk_matmul_output_mode=3,
+                       **attrs)
+        mod, params = from_onnx(model)
+        exact[precision] = np.asarray(kiln.build(mod, params=params)(**feeds)[1], "float64")
+    q, k = (feeds[n].astype("float64") for n in "QK")
+    root = float(np.asarray(np.sqrt(0.25), "bfloat16"))
+    qs, ks = (np.asarray(x * root, "bfloat16").astype("float64") for x in (q, k))
+    logits = np.asarray(qs @ ks.transpose(0, 1, 3, 2), "bfloat16").astype("float64")
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    probs = e / e.sum(-1, keepdims=True)
+    np.testing.assert_allclose(exact[TensorProto.FLOAT], probs, rtol=2 ** -7)
+    assert np.abs(exact[None] / probs - 1).max() > 2 ** -7
 
 
 def test_attention_errors_name_the_node():

@@ -168,3 +168,26 @@ def test_layer_norm_over_two_axes_and_float16_rows():
     assert sm16.dtype == np.float16 and ln16.dtype == np.float16
     check(sm16.astype(np.float64), _softmax_ref(xh), rtol=2e-3)
     check(ln16.astype(np.float64), _layer_norm_ref(xh, gh.astype(np.float64), bh), rtol=4e-3)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_softmax_in_dtype_rounds_every_step(dtype):
+    """``in_dtype=True``: x - max, exp and the quotient rounded to the 16-bit dtype, the row sum
+    accumulated in bfloat16 (every add rounded, in index order on short rows) or, for float16,
+    in float32 and rounded once: numpy's arithmetic on these dtypes, bit for bit. The default
+    stays float32 with one rounding; float32 inputs ignore the flag (the same kernel)."""
+    x = (RNG.standard_normal((7, 29)) * 3).astype(dtype)
+    x32 = _rand((4, 2 * LANES))
+    got, default, f32, f32_flag = run_cases([
+        ("nn.softmax", [x], dict(in_dtype=True)), ("nn.softmax", [x], {}),
+        ("nn.softmax", [x32], {}), ("nn.softmax", [x32], dict(in_dtype=True))])
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    want = e / e.sum(axis=-1, keepdims=True)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+    check(default.astype(np.float64), _softmax_ref(x), rtol=2 ** -8)
+    np.testing.assert_array_equal(f32, f32_flag)
+    opdef = get_op_def("nn.softmax")
+    ph = te.placeholder((4, 64), "float32", name="x")
+    plain, flagged = (opdef.compute(ph, attrs=opdef.make_attrs(in_dtype=f)) for f in (False, True))
+    assert str(te.create_prim_func([ph, plain])) == str(te.create_prim_func([ph, flagged]))

@@ -120,6 +120,7 @@ class GuardedExecutable:
         self.compiles = 0
         self._compile = compile_continuation
         self._lock = threading.Lock()
+        self._num_threads: int | None = None
 
     @property
     def inputs(self) -> list[Any]:
@@ -134,9 +135,24 @@ class GuardedExecutable:
             with self._lock:
                 exe = self.specializations.get(taken)
                 if exe is None:
-                    exe = self.specializations[taken] = self._compile(taken)
+                    exe = self._compile(taken)
+                    exe.set_num_threads(self._num_threads)
+                    self.specializations[taken] = exe
                     self.compiles += 1
         return exe
+
+    def set_num_threads(self, n: int | None) -> None:
+        """As :meth:`Executable.set_num_threads`, for the prefix and every continuation (also
+        those compiled later)."""
+        with self._lock:
+            self.prefix.set_num_threads(n)
+            for exe in self.specializations.values():
+                exe.set_num_threads(n)
+            self._num_threads = n
+
+    def get_max_threads(self) -> int:
+        """How many threads a call made now from this thread uses (the prefix's count)."""
+        return self.prefix.get_max_threads()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         out = self.prefix(*args, **kwargs)

@@ -3,7 +3,9 @@
 Both are OPAQUE: several reductions and element-wise passes over the same rows, which the
 fuser's single-anchor groups cannot describe. Their computes annotate the output block with
 :data:`ROW_AXES` (the reduced axes) for the schedules; half-precision inputs are normalized in
-float32 and rounded once (:func:`row_compute_dtype`).
+float32 and rounded once (:func:`row_compute_dtype`), unless ``nn.softmax`` is asked to compute
+in the input's own dtype (``in_dtype=True``: ONNX Attention's softmax precision, see
+:func:`_softmax_in_dtype`).
 """
 
 from __future__ import annotations
@@ -29,13 +31,19 @@ ROW_AXES = "kiln.row_axes"
 
 @dataclass(frozen=True)
 class SoftmaxAttrs:
-    """``axis``: the axis normalized over (negative counts from the end)."""
+    """``axis``: the axis normalized over (negative counts from the end). ``in_dtype``
+    (``nn.softmax`` only): compute a float16/bfloat16 softmax in that dtype, every step rounded
+    to it and the row sum accumulated in it, instead of in float32 with one rounding at the end
+    (the default, more accurate); no effect on float32/float64 inputs."""
 
     axis: int = -1
+    in_dtype: bool = False
 
     def __post_init__(self):
         if not isinstance(self.axis, int) or isinstance(self.axis, bool):
             raise KilnError(f"softmax: axis must be an int, got {self.axis!r}")
+        if not isinstance(self.in_dtype, bool):
+            raise KilnError(f"softmax: in_dtype must be a bool, got {self.in_dtype!r}")
 
 
 def _float_like_infer(op: str):
@@ -43,6 +51,8 @@ def _float_like_infer(op: str):
         x = tensor_arg(call, 0, op, "data")
         if not x.dtype.is_float:
             raise StructInfoError(f"{op}: data must be a float tensor, got dtype {x.dtype}")
+        if call.attrs.in_dtype and op != "nn.softmax":
+            raise StructInfoError(f"{op}: in_dtype is an attribute of nn.softmax only")
         if x.ndim >= 0:
             if x.ndim == 0:
                 raise StructInfoError(f"{op}: data must have at least one dimension")
@@ -73,10 +83,53 @@ def _row_max(x: Any, axis: int, ct: DataType, name: str) -> Any:
     )
 
 
+#: The accumulator of ``in_dtype`` softmax row sums: bfloat16 sums accumulate in bfloat16
+#: (every add rounded), float16 sums in float32, rounded once; see :func:`_softmax_in_dtype`.
+IN_DTYPE_SUM_ACCUMULATOR = {"bfloat16": "bfloat16", "float16": "float32"}
+
+
+def _softmax_in_dtype(x: Any, axis: int) -> Any:
+    """The half-precision softmax of ``in_dtype=True``: the same four stages, each step's
+    result rounded to ``x``'s dtype (``x - max``, ``exp``, the row sum, the quotient), as ONNX's
+    Softmax function body computes them in its tensor type. The arithmetic is written in
+    float32 with explicit casts because a half-precision expression inside a kernel is
+    evaluated in float32 and only rounded when stored or cast.
+
+    ONNX leaves the precision of the row sum's accumulation open; kiln accumulates as the ONNX
+    reference (numpy) does, which the conformance data encode: a bfloat16 sum in a bfloat16
+    accumulator (every add rounded; the schedules keep a short row's sum sequential in index
+    order and give a long one vector partial sums), a float16 sum in float32, rounded once. A
+    bfloat16 running sum loses the terms below half its ulp (at 4096 keys numpy's is off by
+    more than 100%; kiln's partial sums keep it to a few percent), which is why this is not
+    the default."""
+    dt, wide = x.dtype, DataType("float32")
+    acc = DataType(IN_DTYPE_SUM_ACCUMULATOR[str(dt)])
+    mx = _row_max(x, axis, dt, "softmax_max")
+
+    def exp_body(*i: Any) -> Any:
+        shifted = tir.cast(dt, tir.cast(wide, x[i]) - tir.cast(wide, mx[drop_axes(i, [axis])]))
+        return tir.cast(dt, tir.exp(tir.cast(wide, shifted)))
+
+    ex = te.compute(x.shape, exp_body, name="softmax_exp")
+    k = te.reduce_axis((0, x.shape[axis]), name="k")
+    sm = te.compute(
+        drop_axes(x.shape, [axis]),
+        lambda *i: te.sum(tir.cast(acc, ex[_put(i, axis, k)]), axis=k), name="softmax_sum",
+    )
+
+    def div_body(*i: Any) -> Any:
+        total = tir.cast(wide, tir.cast(dt, sm[drop_axes(i, [axis])]))
+        return tir.cast(dt, tir.cast(wide, ex[i]) / total)
+
+    return te.compute(x.shape, div_body, name="softmax", attrs={ROW_AXES: (axis,)})
+
+
 def _softmax_compute(x: Any, *, attrs: SoftmaxAttrs) -> Any:
     """``exp(x - max) / sum(exp(x - max))`` along ``axis``: four stages (max, exp, sum, div)."""
     axis = attrs.axis % x.ndim
     ct = row_compute_dtype(x.dtype)
+    if attrs.in_dtype and ct != x.dtype:
+        return _softmax_in_dtype(x, axis)
     mx = _row_max(x, axis, ct, "softmax_max")
     ex = te.compute(
         x.shape, lambda *i: tir.exp(tir.cast(ct, x[i]) - mx[drop_axes(i, [axis])]),

@@ -8,10 +8,11 @@ matmuls and reductions, so no dedicated kernel is needed.
 
 Masks that depend only on static shapes (the causal triangle, sliding windows) are built with
 numpy at import time and enter the graph as constants; only what depends on run-time values
-(``attn_mask``, ``nonpad_kv_seqlen``) is computed in the graph. Half-precision attention,
-statistics and convolutions are computed in float32 and rounded once at the end (see
-``_WIDEN``). LinearAttention's recurrence is unrolled per token at import
-(``MAX_UNROLLED_STEPS``).
+(``attn_mask``, ``nonpad_kv_seqlen``) is computed in the graph. Half-precision Attention
+computes each step of its definition in its input type, the softmax in ``softmax_precision``
+(default: the input type; see ``_Steps``); half-precision statistics and convolutions are
+computed in float32 and rounded once at the end (see ``_WIDEN``). LinearAttention's
+recurrence is unrolled per token at import (``MAX_UNROLLED_STEPS``).
 """
 
 from __future__ import annotations
@@ -154,31 +155,70 @@ def _attention_bias(node: Any, in_dt: str, dt: str, batch: int, q_len: int, kv_l
     return bias
 
 
-#: Half-precision attention is computed in float32 and rounded once at the end: the products
-#: and the softmax sum lose several ulps when every intermediate is rounded to 16 bits.
+#: The float32 dtype half-precision steps compute in before they round (explicit casts round;
+#: a half-precision expression inside a kernel is evaluated in float32 and rounded only when
+#: stored). Attention rounds every step to its input type (see ``_Steps``); the normalizations,
+#: CausalConvWithState and FlexAttention compute in float32 and round once.
 _WIDEN = {"float16": "float32", "bfloat16": "float32"}
 
 
-def _softmax_rows(ctx: Any, logits: Any, bias: Any | None) -> Any:
-    """Softmax over the last axis; a row whose bias is -inf everywhere (no attendable key)
-    gives zeros, not NaN. The guard lifts such rows' bias to 0 (``maximum`` with a per-row
-    floor) before the softmax and sets them to 0 after it, so no NaN is ever produced."""
-    if bias is None:
-        return op.nn.softmax(logits, axis=-1)
-    dt = dtype_of(logits)
-    bias = ctx.emit(op.cast(bias, dt)) if dtype_of(bias) != dt else bias
-    masked = ctx.emit(op.equal(op.max(bias, axis=-1, keepdims=True), scalar(-np.inf, dt)))
-    floor = op.where(masked, scalar(0, dt), scalar(-np.inf, dt))
-    probs = op.nn.softmax(op.add(logits, op.maximum(bias, floor)), axis=-1)
-    # a select, not a product with 0: such a row is 0 even where its scores are inf or NaN
-    return op.where(masked, scalar(0, dt), probs)
+class _Steps:
+    """Attention's steps in its input type ``t1``, as the operator's definition (its function
+    body) computes them: each product, quotient, tanh and sum is rounded to ``t1`` (for
+    float16/bfloat16: computed in float32 and cast back), and the MatMuls sum their products in
+    float32 and round once, like kiln's MatMul of 16-bit inputs. For float32/float64 inputs
+    every step is the plain op."""
+
+    def __init__(self, t1: str):
+        self.t1 = t1
+        self.wide = _WIDEN.get(t1)
+
+    def __call__(self, fn: Any, *xs: Any) -> Any:
+        """``fn(*xs)`` rounded to ``t1`` (``fn`` builds with ops on ``self.dtype`` scalars)."""
+        if self.wide is None:
+            return fn(*xs)
+        return op.cast(fn(*(op.cast(x, self.wide) for x in xs)), self.t1)
+
+    @property
+    def dtype(self) -> str:
+        """The dtype ``fn`` of a step computes in."""
+        return self.wide or self.t1
+
+    def matmul(self, a: Any, b: Any) -> Any:
+        if self.wide is None:
+            return op.matmul(a, b)
+        return op.cast(op.matmul(a, b, out_dtype=self.wide), self.t1)
+
+
+def _softmax_rows(ctx: Any, steps: _Steps, scores: Any, bias: Any | None, sdt: str) -> Any:
+    """Softmax over the last axis of ``scores + bias`` (rounded to the input type), computed in
+    ``sdt`` (the softmax precision) and returned in the input type. A row whose bias is -inf
+    everywhere (no attendable key) gives zeros, not NaN: the guard lifts such rows' bias to 0
+    (``maximum`` with a per-row floor) before the softmax and sets them to 0 after it, so no
+    NaN is ever produced. In a 16-bit ``sdt`` every step of the softmax is rounded to it and
+    the row sum accumulates in it (``nn.softmax(in_dtype=True)``), as the ONNX definition's
+    Softmax in that type computes it."""
+    t1 = steps.t1
+    masked = None
+    logits = scores
+    if bias is not None:
+        masked = ctx.emit(op.equal(op.max(bias, axis=-1, keepdims=True), scalar(-np.inf, t1)))
+        floor = op.where(masked, scalar(0, t1), scalar(-np.inf, t1))
+        logits = steps(op.add, scores, op.maximum(bias, floor))
+    if sdt != t1:
+        logits = op.cast(logits, sdt)
+    probs = op.nn.softmax(ctx.emit(logits), axis=-1, in_dtype=True)
+    if masked is not None:
+        # a select, not a product with 0: such a row is 0 even where its scores are inf or NaN
+        probs = op.where(masked, scalar(0, sdt), probs)
+    return probs if sdt == t1 else op.cast(probs, t1)
 
 
 @converter("Attention", since=23)
 def attention(ctx: Any, node: Any) -> Any:
     q, k, v = node.input(0), node.input(1), node.input(2)
-    out_dt = dtype_of(q)
-    dt = _WIDEN.get(out_dt, out_dt)
+    t1 = dtype_of(q)
+    steps = _Steps(t1)
     rank = ndim_of(q)
     if not (ndim_of(k) == ndim_of(v) == rank):
         raise node.error("Q, K and V must have the same rank")
@@ -206,50 +246,45 @@ def attention(ctx: Any, node: Any) -> Any:
     if q_heads % kv_heads:
         raise node.error(f"q heads ({q_heads}) must be a multiple of kv heads ({kv_heads})")
     reps = q_heads // kv_heads
-    if dt != out_dt:
-        q, k, v = (ctx.emit(op.cast(x, dt)) for x in (q, k, v))
 
     # Q*sqrt(scale) @ (K*sqrt(scale))^T, the scale rounded to the input dtype like ONNX's
     scale = node.attr("scale")
     scale = 1.0 / np.sqrt(head) if scale is None else float(scale)
-    root = scalar(np.asarray(np.sqrt(scale), dtype=out_dt).astype(dt), dt)
-    qs, ks = op.multiply(q, root), op.multiply(k, root)
+    cdt = steps.dtype
+    root = scalar(np.asarray(np.sqrt(scale), dtype=t1).astype(cdt), cdt)
+    qs = steps(lambda x: op.multiply(x, root), q)
+    ks = steps(lambda x: op.multiply(x, root), k)
     # GQA: query heads r*reps .. r*reps+reps-1 share kv head r, so a (B, Hkv, reps*q, D) view
     # of Q multiplies K once per kv head instead of repeating K and V
     qs = reshape(qs, (batch, kv_heads, reps * q_len, head))
-    scores = op.matmul(qs, op.transpose(ks, (0, 1, 3, 2)))
+    scores = steps.matmul(qs, op.transpose(ks, (0, 1, 3, 2)))
     scores = ctx.emit(reshape(scores, (batch, q_heads, q_len, kv_len)))
     softcap = float(node.attr("softcap", 0.0))
     if softcap > 0:
-        cap = scalar(softcap, dt)
-        scores = ctx.emit(op.multiply(op.tanh(op.divide(scores, cap)), cap))
+        cap = scalar(softcap, cdt)
+        scores = steps(lambda x: op.divide(x, cap), scores)
+        scores = steps(op.tanh, scores)
+        scores = ctx.emit(steps(lambda x: op.multiply(x, cap), scores))
 
-    bias = _attention_bias(node, out_dt, dt, batch, q_len, kv_len, past_len)
+    bias = _attention_bias(node, t1, t1, batch, q_len, kv_len, past_len)
     if bias is not None and not isinstance(bias, (g.Var, g.Constant)):
         bias = ctx.emit(bias)
     mode = int(node.attr("qk_matmul_output_mode", 0))
     qk_out = scores
     if mode == 2 and bias is not None:
-        qk_out = op.add(scores, bias)
+        qk_out = steps(op.add, scores, bias)
 
-    logits = scores
+    # the softmax in softmax_precision, by default in the input type (the ONNX definition)
     precision = node.attr("softmax_precision")
-    if precision is not None:
-        sdt = onnx_dtype(int(precision), str(node))
-        if sdt != dt and sdt not in _WIDEN:
-            logits = ctx.emit(op.cast(logits, sdt))
-    probs = ctx.emit(_softmax_rows(ctx, logits, bias))
-    if dtype_of(probs) != dt:
-        probs = ctx.emit(op.cast(probs, dt))
+    sdt = t1 if precision is None else onnx_dtype(int(precision), str(node))
+    probs = ctx.emit(_softmax_rows(ctx, steps, scores, bias, sdt))
     if mode == 3:
         qk_out = probs
 
-    out = op.matmul(reshape(probs, (batch, kv_heads, reps * q_len, kv_len)), v)
+    out = steps.matmul(reshape(probs, (batch, kv_heads, reps * q_len, kv_len)), v)
     out = reshape(out, (batch, q_heads, q_len, v_head))
     if rank == 3:
         out = reshape(op.transpose(out, (0, 2, 1, 3)), (batch, q_len, q_heads * v_head))
-    if dt != out_dt:
-        out, qk_out = op.cast(out, out_dt), op.cast(qk_out, out_dt)
     return [out, present_k, present_v, qk_out][: node.num_outputs]
 
 
