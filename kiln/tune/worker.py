@@ -23,6 +23,7 @@ import pickle
 import struct
 import sys
 import time
+from collections.abc import Sequence
 from typing import IO, Any
 
 import numpy as np
@@ -33,7 +34,7 @@ from ..runtime.module import FunctionInfo, Module
 from ..target import Target
 
 __all__ = ["compare", "main", "make_inputs", "make_model_inputs", "measure", "measure_model",
-           "receive", "send"]
+           "receive", "send", "time_calls"]
 
 _HEADER = struct.Struct("<Q")
 
@@ -86,17 +87,7 @@ def make_model_inputs(exe: Executable, seed: int = 0) -> list[np.ndarray]:
 def measure_model(exe: Executable, inputs: list[np.ndarray], repeat: int,
                   min_repeat_s: float) -> list[float]:
     """Seconds per run of a whole model, as :func:`measure` times a kernel."""
-    start = time.perf_counter()
-    exe(*inputs)
-    once = max(time.perf_counter() - start, 1e-7)
-    number = max(1, min(1000, int(min_repeat_s / once)))
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(number):
-            exe(*inputs)
-        times.append((time.perf_counter() - start) / number)
-    return times
+    return time_calls(exe, inputs, repeat, min_repeat_s)
 
 
 def _outputs(result: Any) -> list[np.ndarray]:
@@ -128,15 +119,22 @@ def measure(fn: Any, arrays: list[np.ndarray], repeat: int, min_repeat_s: float)
     """Seconds per call of the unchecked entry ``fn``: ``repeat`` times the mean of enough
     back-to-back calls to last ``min_repeat_s``."""
     ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+    return time_calls(fn, (ptrs, None), repeat, min_repeat_s)
+
+
+def time_calls(fn: Any, args: Sequence[Any], repeat: int, min_repeat_s: float) -> list[float]:
+    """``repeat`` times the mean seconds of enough back-to-back ``fn(*args)`` to last
+    ``min_repeat_s`` (one untimed call first sizes the blocks; no wrapper between the loop and
+    ``fn``, whose own cost is the measurement)."""
     start = time.perf_counter()
-    fn(ptrs, None)
+    fn(*args)
     once = max(time.perf_counter() - start, 1e-7)
     number = max(1, min(1000, int(min_repeat_s / once)))
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
         for _ in range(number):
-            fn(ptrs, None)
+            fn(*args)
         times.append((time.perf_counter() - start) / number)
     return times
 
