@@ -225,6 +225,38 @@ def test_constants_are_aligned_in_the_file_and_used_in_place(weights_exe, tmp_pa
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_constant_held_by_several_slots_is_stored_and_loaded_once(tmp_path, mapped):
+    """One weight used by three products (an unrolled recurrence's steps, in small): the plan's
+    slots hold one array, the file stores its bytes once, and the loaded plan's slots share
+    one array again (an LSTM of 64 steps saved each step's copy: a 540 MB file whose loaded
+    executable ran 3.7x slower than the built one)."""
+    w = np.random.default_rng(0).standard_normal((64, 64)).astype("float32")
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo((4, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            wc = g.const(w)
+            a = bb.emit(op.dense(x, wc))
+            b = bb.emit(op.dense(op.nn.relu(a), wc))
+            out = bb.emit_output(op.dense(op.tanh(b), wc))
+        bb.emit_func_output(out)
+    exe = kiln.build(bb.get(), "c", cache=False)
+    built = exe.plans["main"].constants
+    assert len(built) == 3 and len({id(v) for v in built.values()}) == 1
+    path = str(tmp_path / "shared.kiln")
+    exe.save(path)
+    sections = file_format.read((tmp_path / "shared.kiln").read_bytes(), path)
+    assert len(sections["constants"]) < 2 * w.nbytes
+    loaded = kiln.load(path, mmap=mapped)
+    consts = loaded.plans["main"].constants
+    assert len({v.__array_interface__["data"][0] for v in consts.values()}) == 1
+    xv = np.random.default_rng(1).standard_normal((4, 64)).astype("float32")
+    want = np.tanh(np.maximum(xv @ w.T, 0) @ w.T) @ w.T
+    np.testing.assert_allclose(loaded(xv), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(loaded(xv), exe(xv), rtol=0, atol=0)
+
+
 def test_a_file_with_unaligned_constants_still_loads(weights_exe, tmp_path):
     """Files written before the constants were aligned (the constants section last, packed):
     the table's offsets are explicit, so they load as before, each constant copied."""
