@@ -49,6 +49,20 @@ def dims(sinfo: TensorStructInfo) -> tuple:
     return tuple(d.value if isinstance(d, tir.IntImm) else d for d in sinfo.shape)
 
 
+def graph_module(fn: Callable[..., Any], shapes: Sequence[Sequence[int]],
+                 dtype: str = "float32") -> Any:
+    """The module ``main(x0, x1, ...) = fn(x0, x1, ...)``: one ``dtype`` variable per shape of
+    ``shapes``, ``fn`` building the graph of ops over them (the one-op models of the target
+    tests)."""
+    bb = BlockBuilder()
+    xs = [Var(f"x{i}", TensorStructInfo(tuple(s), dtype)) for i, s in enumerate(shapes)]
+    with bb.function("main", xs):
+        with bb.dataflow():
+            out = bb.emit_output(fn(*xs))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def run_graph(fn: Callable[..., Any], *arrays: np.ndarray, target: str = "c") -> Any:
     """Build ``main(*arrays) = fn(bb, *vars)`` (a graph of ops over one variable per array, the
     BlockBuilder first for ops that emit steps) for ``target`` and run it on ``arrays``."""

@@ -10,6 +10,7 @@ from kiln import op
 from kiln.codegen.npu import build_npu
 from kiln.schedule.npu.emit import MEM_ID, block, itemsize, store_piece_bytes, store_pieces
 from kiln.target.npu import load_config
+from kiln.testing.op_testing import graph_module
 
 HW = ["default", "edge"]
 
@@ -60,13 +61,8 @@ def test_a_weight_tile_that_stays_is_loaded_once_per_slot(hw):
     rng = np.random.default_rng(3)
     w = rng.standard_normal((24, 40)).astype("float32")
     x = rng.standard_normal((4000, 40)).astype("float32")
-    bb = g.BlockBuilder()
-    v = g.Var("x", g.TensorStructInfo(x.shape, "float32"))
-    with bb.function("main", [v]):
-        with bb.dataflow():
-            out = bb.emit_output(op.dense(v, g.const(w)))
-        bb.emit_func_output(out)
-    exe = build_npu(bb.get(), kiln.Target("npu", hw=hw))
+    exe = build_npu(graph_module(lambda v: op.dense(v, g.const(w)), [x.shape]),
+                    kiln.Target("npu", hw=hw))
     got = exe(x)
     ref = x.astype(np.float64) @ w.T.astype(np.float64)
     assert float(np.max(np.abs(got - ref)) / np.max(np.abs(ref))) <= 1e-2

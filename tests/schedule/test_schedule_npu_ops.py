@@ -17,18 +17,13 @@ from kiln.npu.asm import assemble_program
 from kiln.schedule.npu import GemmShape, gemm_roofline, lowered_ops, plan_gemm
 from kiln.target.npu import load_config
 from kiln.testing import models
+from kiln.testing.op_testing import graph_module
 
 HW = ["default", "edge"]
 
 
 def _build(fn, shapes, hw, dtype="float32", **kw):
-    bb = g.BlockBuilder()
-    xs = [g.Var(f"x{i}", g.TensorStructInfo(s, dtype)) for i, s in enumerate(shapes)]
-    with bb.function("main", xs):
-        with bb.dataflow():
-            out = bb.emit_output(fn(*xs))
-        bb.emit_func_output(out)
-    return kiln.build(bb.get(), target=kiln.Target("npu", hw=hw), **kw)
+    return kiln.build(graph_module(fn, shapes, dtype), target=kiln.Target("npu", hw=hw), **kw)
 
 
 def _rel(out, ref):
@@ -248,13 +243,8 @@ def test_double_buffering_overlaps_dma_and_compute():
     x = _rand(rng, 64, 512)
     cycles = {}
     for db in (False, True):
-        bb = g.BlockBuilder()
-        v = g.Var("x", g.TensorStructInfo(x.shape, "float32"))
-        with bb.function("main", [v]):
-            with bb.dataflow():
-                out = bb.emit_output(op.dense(v, g.const(w)))
-            bb.emit_func_output(out)
-        exe = build_npu(bb.get(), kiln.Target("npu", hw="edge"), double_buffer=db)
+        exe = build_npu(graph_module(lambda v: op.dense(v, g.const(w)), [x.shape]),
+                        kiln.Target("npu", hw="edge"), double_buffer=db)
         assert _rel(exe(x), x.astype(np.float64) @ w.T) <= 1e-2
         cycles[db] = exe.last_cycles
     assert cycles[True] < cycles[False]

@@ -22,6 +22,7 @@ from kiln.schedule.npu.tir_gemm import (
 )
 from kiln.schedule.npu.tir_program import emit_scheduled
 from kiln.target.npu import load_config
+from kiln.testing.op_testing import graph_module
 from kiln.tir import Schedule
 from kiln.tir.tensor_intrin import names
 from kiln.tir.tensor_intrin.npu import SCOPE_ACC, mma_intrin_name, register_npu_intrinsics
@@ -30,22 +31,13 @@ from kiln.transform import PassContext
 HW = ["default", "edge"]
 
 
-def _module(fn, shapes, dtype="float32"):
-    bb = g.BlockBuilder()
-    xs = [g.Var(f"x{i}", g.TensorStructInfo(s, dtype)) for i, s in enumerate(shapes)]
-    with bb.function("main", xs):
-        with bb.dataflow():
-            out = bb.emit_output(fn(*xs))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 def _both(fn, shapes, hw, dtype="float32"):
     """The executables of the emit and the TIR route."""
     out = []
     for route in ("emit", "tir"):
         with PassContext(config={LOWERING_KEY: route}):
-            out.append(kiln.build(_module(fn, shapes, dtype), target=kiln.Target("npu", hw=hw)))
+            out.append(kiln.build(graph_module(fn, shapes, dtype),
+                                  target=kiln.Target("npu", hw=hw)))
     return out
 
 
