@@ -103,8 +103,16 @@ class _ModelBuilder:
         self.paths: dict[str, str | None] = {}
         self.errors: dict[str, str] = {}
 
+    @staticmethod
+    def _name(decisions: Mapping[str, Mapping[str, Any]]) -> str:
+        return repr(sorted((k, sorted(v.items())) for k, v in decisions.items()))
+
+    def error_of(self, decisions: Mapping[str, Mapping[str, Any]]) -> str:
+        """Why the build of ``decisions`` failed ('' if it did not)."""
+        return self.errors.get(self._name(decisions), "")
+
     def build(self, decisions: Mapping[str, Mapping[str, Any]]) -> str | None:
-        name = repr(sorted((k, sorted(v.items())) for k, v in decisions.items()))
+        name = self._name(decisions)
         if name in self.paths:
             return self.paths[name]
         path = os.path.join(self.directory, f"model{len(self.paths)}.kiln")
@@ -168,7 +176,7 @@ def tune_graph(mod: IRModule, db: TuningDatabase, target: Target | str = "c",
                     path = builder.build({**best, task.key: cand})
                     [run] = runner.run_models(reference, [path])
                     if path is None:
-                        run.error = "build failed: " + next(iter(builder.errors.values()), "")
+                        run.error = "build failed: " + builder.error_of({**best, task.key: cand})
                     if run.ok and run.ratio is not None and run.ratio < 1.0:
                         # a win is measured again and judged on all its pairs (one block of
                         # paired runs on a busy machine can favour either side)
