@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -13,9 +14,11 @@ import kiln
 from kiln import graph as g
 from kiln import op
 from kiln.codegen.gpu.build import build as gpu_build
+from kiln.schedule.gpu import schedule_and_lower
 from kiln.target import Target
 from kiln.testing import models
 from kiln.testing.index_checks import check_index_errors
+from kiln.testing.op_testing import scheduled
 from kiln.testing.tir_testing import (
     elementwise_func,
     gpu_row_reduce_func,
@@ -166,3 +169,22 @@ def test_symbolic_batch_on_the_gpu():
 def test_out_of_range_indices_raise(tmp_path):
     """The kernels' check record on a CUDA device: the same errors as on the CPU."""
     check_index_errors(_target(), tmp_path)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(256, 512, 128), (2, 128, 64, 192)])
+def test_tensor_core_gemm_matches_numpy(dtype, shape):
+    """mma.sync.m16n8k16 (kiln.tir.tensor_intrin.gpu): each lane's fragments as the PTX ISA
+    lays them out, summed in float32 and rounded once."""
+    *batch, m, k, n = shape
+    np_dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+    a = RNG.uniform(-1, 1, (*batch, m, k)).astype(np_dt)
+    b = RNG.uniform(-1, 1, (*batch, k, n)).astype(np_dt)
+    func, _ = scheduled("matmul", [a, b], {}, schedule=False)
+    _, lowered = schedule_and_lower(func.with_attr("op_name", "matmul"), _target())
+    out = np.full((*batch, m, n), np.nan, np_dt)
+    gpu_build({"f": lowered}, _target())["f"](a, b, out)
+    exact = np.matmul(a.astype("float64"), b.astype("float64"))
+    eps = 2.0 ** (-10 if dtype == "float16" else -7)
+    err = np.abs(out.astype("float64") - exact)
+    assert np.all(err <= eps * np.abs(exact) + 1e-3 * np.abs(exact).max()), err.max()

@@ -118,7 +118,8 @@ def test_fused_bias_and_relu_fold_into_the_write_back():
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_large_gemm_compiles_within_the_limits(dtype):
     arrays = [np.zeros((2048, 2048), dtype)] * 2
-    sched, lowered = _lowered("matmul", arrays, CUDA)
+    # the tiled GEMM (float16 goes to the tensor cores by default: tests/.../test_mma_*)
+    sched, lowered = _lowered("matmul", arrays, CUDA, {"gpu_gemm_mma": False})
     assert sched.attrs[SCHEDULE_ATTR] == "op"
     (launch,) = _launches(lowered)
     assert [x.value for x in launch.grid[:2]] == [2048 // 128, 2048 // 128]  # 8 x 8 tiles
@@ -174,7 +175,7 @@ def test_each_tile_element_is_loaded_once_per_block(dtype):
     (before, each thread copied every row or column it reads: 16x the loads)."""
     a = RNG.standard_normal((256, 64)).astype(dtype)
     b = RNG.standard_normal((64, 128)).astype(dtype)
-    _, lowered = _lowered("matmul", [a, b], OPENCL)
+    _, lowered = _lowered("matmul", [a, b], OPENCL, {"gpu_gemm_mma": False})
     (launch,) = _launches(lowered)
     threads = launch.threads_per_block
     per_thread = _shared_copies(launch)

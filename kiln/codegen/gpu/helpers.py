@@ -35,6 +35,27 @@ static inline uint16_t kiln_f32_to_f16(float f) {
 static inline float kiln_f16_round(float f) { return kiln_f16_to_f32(kiln_f32_to_f16(f)); }
 """
 
+#: One lane's part of mma.sync.m16n8k16 (f32 += DT x DT; kiln.tir.tensor_intrin.gpu): its A
+#: rows are its own two (a, a + lda), B's column n of the mma is lane n / 2's column (an odd n
+#: the next one), lane_cols elements apart from lane to lane.
+_CUDA_MMA = r"""
+static inline void NAME(float* c, const uint16_t* a, const uint16_t* b, long ldc, long lda,
+                        long ldb, long lane_cols) {
+  const unsigned lane = threadIdx.x & 31u, g = lane >> 2, t = lane & 3u;
+  const uint32_t a0 = *(const uint32_t*)(a + 2 * t);
+  const uint32_t a1 = *(const uint32_t*)(a + lda + 2 * t);
+  const uint32_t a2 = *(const uint32_t*)(a + 2 * t + 8);
+  const uint32_t a3 = *(const uint32_t*)(a + lda + 2 * t + 8);
+  const uint16_t* bn = b + ((long)(g >> 1) - (long)t) * lane_cols + (g & 1u);
+  const uint32_t b0 = (uint32_t)bn[2 * t * ldb] | ((uint32_t)bn[(2 * t + 1) * ldb] << 16);
+  const uint32_t b1 = (uint32_t)bn[(2 * t + 8) * ldb] | ((uint32_t)bn[(2 * t + 9) * ldb] << 16);
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.DT.DT.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[ldc]), "+f"(c[ldc + 1])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+"""
+
 
 class GpuHelpers(Helpers):
     """The helpers one generated GPU program needs, rendered for ``dialect``."""
@@ -91,6 +112,32 @@ class GpuHelpers(Helpers):
             f"  if {self.dialect.claim('r')} {{\n"
             f"    r[1] = check; r[2] = v; r[3] = lo; r[4] = n; r[5] = call;\n  }}\n"
             f"  return 0;\n}}\n"))
+
+    def mma_m16n8k16(self, dtype: str) -> str:
+        """``kiln_mma_m16n8k16_<dt>(c, a, b, ldc, lda, ldb, lane_cols)``: one thread's part of
+        a tensor-core product (:mod:`kiln.tir.tensor_intrin.gpu`). CUDA: the lane's operand
+        fragments gathered from shared memory and ``mma.sync.aligned.m16n8k16`` in inline PTX
+        (warp-collective: the lane is ``threadIdx.x``); OpenCL: the thread's own 2 x 2 x 16
+        product in float32, the values the instruction gives the lane."""
+        short = {"float16": "f16", "bfloat16": "bf16"}.get(dtype)
+        if short is None:
+            raise CodegenError(f"the tensor cores multiply float16 or bfloat16, not {dtype}")
+        name = f"kiln_mma_m16n8k16_{short}"
+        if self.dialect.is_cuda:
+            return self._add(name, _CUDA_MMA.replace("NAME", name).replace("DT", short))
+        self.use(short)
+        ptr = "__local const uint16_t* "
+        return self._add(name, (
+            f"static inline void {name}(float* c, {ptr}a, {ptr}b, long ldc, long lda, "
+            f"long ldb, long lane_cols) {{\n"
+            f"  for (int h = 0; h < 2; ++h)\n"
+            f"    for (int e = 0; e < 2; ++e) {{\n"
+            f"      float s = c[h * ldc + e];\n"
+            f"      for (int k = 0; k < 16; ++k)\n"
+            f"        s += kiln_{short}_to_f32(a[h * lda + k]) *\n"
+            f"             kiln_{short}_to_f32(b[k * ldb + e]);\n"
+            f"      c[h * ldc + e] = s;\n"
+            f"    }}\n}}\n"))
 
     def fresh_seed(self) -> str:  # pragma: no cover - the kernel emitter reads a parameter
         raise CodegenError("GPU kernels read their fresh seed from a parameter")

@@ -39,6 +39,8 @@ from ...tir.gpu import (
     axis_of,
     is_block_tag,
 )
+from ...tir.tensor_intrin import ADDRESS_OF, ELEM_OFFSET
+from ...tir.tensor_intrin.gpu import MMA_SYNC
 from ...tir.transform.hoist_allocations import alloc_size
 from ..c import externs
 from ..c.func import FunctionEmitter, strip_parens
@@ -205,11 +207,21 @@ class KernelEmitter(FunctionEmitter):
             raise CodegenError(f"{self.name}: a barrier is a statement, not a value")
         if e.op == "rounded":
             return self._rounded(e.args[0])
+        if e.op in (ADDRESS_OF, ELEM_OFFSET):
+            return externs.emit(self, e)
+        if e.op == MMA_SYNC:
+            return self._mma_sync(e)
         if e.op in externs.EXTERN_OPS:
             raise CodegenError(f"{self.name}: CPU tensor intrinsics cannot run in GPU kernels")
         if e.dtype.lanes > 1:
             raise CodegenError(f"{self.name}: vector call {e.op} outside a vector store")
         return super().expr_Call(e)
+
+    def _mma_sync(self, e: E.Call) -> str:
+        """One thread's part of a tensor-core ``mma`` (:mod:`kiln.tir.tensor_intrin.gpu`)."""
+        dtype, *args = e.args
+        fn = self.helpers.mma_m16n8k16(str(dtype.value))  # type: ignore[attr-defined]
+        return f"{fn}({', '.join(strip_parens(self.expr(a)) for a in args)})"
 
     def _rounded(self, value: E.PrimExpr) -> str:
         """A product rounded before use (``kiln.tir.rounded``): CUDA's ``__fmul_rn`` /

@@ -29,6 +29,8 @@ from typing import Any
 
 from ...ir.errors import ScheduleError
 from ...tir.schedule.analysis import as_int
+from ...tir.tensor_intrin.gpu import MMA_DTYPES, MMA_K, register_mma_intrinsic
+from ...tir.transform.compact_buffers import STORAGE_ALIGN
 from ...tir.transform.prefetch_copies import PREFETCH
 from ..cpu.generic import inline_injective_stages
 from ..knobs import knob
@@ -144,6 +146,148 @@ def schedule_tiled_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> 
     fold_epilogues(sch, target, acc)
 
 
+#: Tensor-core GEMM (:func:`schedule_mma_gemm`): warps per block along M and N (knob
+#: ``gpu_mma_warps``), ``mma`` tiles per warp along M and N (``gpu_mma_tiles``; a warp computes
+#: ``16 MI x 8 NI`` outputs, each thread ``2 MI x 2 NI`` float32 accumulators), reduction
+#: elements per shared step (``gpu_mma_bk``) and pipeline stages (``gpu_mma_stages``).
+MMA_WARPS = ((2, 2), (4, 2), (2, 4), (1, 1))
+#: The tiles, in the order :func:`mma_tile` prefers them. On an H100 (4096^3 float16, 2 x 2
+#: warps): 4 x 8 with 64-deep steps 0.98 ms (139 TFLOP/s), 4 x 8 with 32 1.14 ms, 4 x 4
+#: with 32 1.27-1.53 ms; 4 x 2 warps were slower (1.10-1.40 ms); one or two stages alike
+#: (``benchmarks/gpu.py gemm --knob``; cuBLAS 0.184 ms).
+MMA_TILES = ((4, 8), (4, 4), (2, 8), (2, 4), (1, 1))
+MMA_BK_CHOICES = (64, 32, 16)
+MMA_STAGES = 1
+
+
+def mma_supported(target: Any, dtype: Any) -> bool:
+    """Whether ``target`` multiplies ``dtype`` operands on tensor cores (``mma.sync``, CUDA
+    sm_80 and later: every architecture kiln targets), or -- OpenCL -- runs the same schedule
+    with each thread computing its part in float32 (PoCL, in CI)."""
+    return str(dtype) in MMA_DTYPES and target.kind in ("cuda", "opencl")
+
+
+def mma_tile(m: int, n: int, batch: int, warps: tuple[int, int], multiprocessors: int
+             ) -> tuple[int, int] | None:
+    """The first of :data:`MMA_TILES` whose block tile (``warps`` warps) divides ``batch``
+    ``m x n`` products into at least ``multiprocessors`` blocks, else the dividing one with
+    the most blocks; None when none divides them."""
+    wy, wx = warps
+    fits = [(mi, ni) for mi, ni in MMA_TILES if m % (wy * 16 * mi) == 0
+            and n % (wx * 8 * ni) == 0]
+    if not fits:
+        return None
+
+    def blocks(tile: tuple[int, int]) -> int:
+        return batch * (m // (wy * 16 * tile[0])) * (n // (wx * 8 * tile[1]))
+
+    return next((f for f in fits if blocks(f) >= multiprocessors), max(fits, key=blocks))
+
+
+def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> None:
+    """A float16/bfloat16 GEMM on tensor cores: each warp computes ``16 MI x 8 NI`` outputs as
+    ``MI x NI`` ``mma.sync.m16n8k16`` per 16-deep reduction step, from tiles of A and B that
+    the block's threads copy into shared memory together (rows padded so that the lanes'
+    fragment loads hit distinct banks), accumulating in float32 registers.
+
+    The output rows of a warp are split ``(g, 2 MI)`` and its columns ``(t, 2 NI)``, ``g`` and
+    ``t`` fused into ``threadIdx.x`` (the lane ``4 g + t``), so each thread's accumulators are
+    one dense ``2 MI x 2 NI`` register tile and each ``2 x 2 x 16`` piece of it is the lane's
+    part of one ``mma`` (:mod:`kiln.tir.tensor_intrin.gpu`, tensorized). Epilogues are folded
+    into the write-back as in :func:`schedule_tiled_gemm`. Knobs: ``gpu_mma_warps``,
+    ``gpu_mma_tiles`` (default :func:`mma_tile`'s choice), ``gpu_mma_bk`` (default the
+    deepest that divides the reduction), ``gpu_mma_stages``."""
+    loops = rules.perfect_loops(sch, block)
+    if loops is None or len(loops) < 3:
+        raise ScheduleError("mma GEMM: not a perfect nest of >= 3 loops")
+    roles = rules.loop_roles(sch, block, loops)
+    if roles[-1] != "reduce" or any(r != "spatial" for r in roles[:-1]):
+        raise ScheduleError("mma GEMM: expected spatial loops, then one reduction loop")
+    ext = _extents(sch, loops)
+    *spatial, k = loops
+    wy, wx = warps = knob("gpu_mma_warps", MMA_WARPS, MMA_WARPS[0])
+    if wy * wx * 32 > target.gpu.max_threads_per_block:
+        raise ScheduleError("mma GEMM: the target's blocks are too small")
+    sms = target.gpu.multiprocessors
+    if rows_fused and len(spatial) > 2 and mma_tile(
+            ext[-3], ext[-2], math.prod(ext[:-3]), warps, sms) is not None:
+        rows_fused = False  # the last row axis alone fills the tiles: no div/mod in indices
+    if rows_fused:
+        batch, i, j = [], (sch.fuse(*spatial[:-1]) if len(spatial) > 2 else spatial[0]), \
+            spatial[-1]
+        m = math.prod(ext[:-2])
+    else:
+        batch, i, j = spatial[:-2], spatial[-2], spatial[-1]
+        m = ext[-3]
+    n, kk = ext[-2], ext[-1]
+    tile = mma_tile(m, n, math.prod(ext[:len(batch)]), warps, sms)
+    if tile is None:
+        raise ScheduleError(f"mma GEMM: {m}x{n} is not a multiple of a tile")
+    mi, ni = knob("gpu_mma_tiles", MMA_TILES, tile)
+    bk = knob("gpu_mma_bk", MMA_BK_CHOICES,
+              next((b for b in MMA_BK_CHOICES if kk % b == 0), MMA_BK_CHOICES[-1]))
+    bm, bn = wy * 16 * mi, wx * 8 * ni
+    if m % bm or n % bn or kk % bk or bk % MMA_K:
+        raise ScheduleError(f"mma GEMM: {m}x{n}x{kk} is not a multiple of the tile "
+                            f"{bm}x{bn}x{bk}")
+    dtype = str(sch.get(block).reads[0].buffer.dtype)
+    shared = (bm * (bk + 2) + bk * (bn + 2)) * 2
+    if shared > target.gpu.shared_memory_per_block:
+        raise ScheduleError("mma GEMM: the tiles exceed the target's shared memory")
+    io, wi, g, ri = sch.split(i, [None, wy, 8, 2 * mi])
+    jo, wj, t, rj = sch.split(j, [None, wx, 4, 2 * ni])
+    ko, kt, k16 = sch.split(k, [None, bk // MMA_K, MMA_K])
+    ri_o, ri_i = sch.split(ri, [mi, 2])
+    rj_o, rj_i = sch.split(rj, [ni, 2])
+    sch.reorder(io, jo, wi, wj, g, t, ko, kt, ri_o, rj_o, ri_i, rj_i, k16)
+    warp = sch.fuse(wi, wj)
+    lane = sch.fuse(g, t)
+    if batch:
+        bz = sch.fuse(*batch) if len(batch) > 1 else batch[0]
+        sch.bind(bz, "blockIdx.z")
+    sch.bind(io, "blockIdx.y")
+    sch.bind(jo, "blockIdx.x")
+    sch.bind(warp, "threadIdx.y")
+    sch.bind(lane, "threadIdx.x")
+    acc = sch.cache_write(block, 0, "local", "float32")
+    sch.reverse_compute_at(acc, lane)
+    # rows of A: stride = 2 mod 4 elements (odd words): the 8 lane groups' rows, 2 MI apart,
+    # fall on distinct (MI <= 2) or pairwise-shared banks. A fragment load of B reads the words
+    # t * stride / 2 + (g / 2) * NI (t, g / 2 < 4): distinct banks for an odd stride, and for
+    # NI >= 8 also for a stride = 2 mod 8, which keeps the rows 4-byte aligned (vector stores)
+    b_align = (0, 8, 2) if ni >= 8 else (0, 2, 1)
+    for index, align in ((0, (0, 4, 2)), (1, b_align)):
+        cache = sch.cache_read(block, index, "shared")
+        sch.compute_at(cache, ko, cooperative=True)
+        cooperative_copy(sch, cache, ko, wy * wx, 32)
+        sch.annotate(cache, STORAGE_ALIGN, align)
+    sch.decompose_reduction(block, ko)
+    if knob("gpu_mma_stages", STAGE_CHOICES, MMA_STAGES) == 2:
+        sch.annotate(ko, PREFETCH, 1)
+    sch.tensorize(ri_i, register_mma_intrinsic(dtype, 2 * ni))
+    for lp in (kt, ri_o, rj_o):
+        sch.unroll(lp)
+    fold_epilogues(sch, target, acc)
+
+
+def schedule_gemm(sch: Any, target: Any, name: str, rows_fused: bool) -> None:
+    """The GEMM block ``name``: on tensor cores when its operands are float16/bfloat16 and
+    its shape fits the tiles (knob ``gpu_gemm_mma``, on by default), else the tiled GEMM."""
+    block = sch.get_block(name)
+    operands = {str(r.buffer.dtype) for r in sch.get(block).reads}
+    if len(operands) == 1 and mma_supported(target, operands.pop()) and \
+            knob("gpu_gemm_mma", (True, False), True):
+        trial = sch.copy()
+        try:
+            schedule_mma_gemm(trial, target, trial.get_block(name), rows_fused)
+        except ScheduleError:
+            pass
+        else:
+            sch.adopt(trial)
+            return
+    schedule_tiled_gemm(sch, target, block, rows_fused)
+
+
 def accumulator_dtype(block: Any) -> str | None:
     """float32 for a product of 16-bit floats (float16, bfloat16): its sums stay in float32
     registers and are rounded once, at the store, as cuBLAS and torch do; None (the output's
@@ -221,11 +365,11 @@ def schedule_matmul(sch: Any, target: Any) -> None:
     if a.ndim < 2 or b.ndim < 2:
         raise ScheduleError("tiled GEMM: a matrix-vector product (the generic rules take it)")
     _prepare(sch)
-    schedule_tiled_gemm(sch, target, sch.get_block("matmul"), rows_fused=False)
+    schedule_gemm(sch, target, "matmul", rows_fused=False)
 
 
 @register_schedule("dense", "gpu")
 def schedule_dense(sch: Any, target: Any) -> None:
     """``dense`` (``x @ W.T``, every leading axis of ``x`` a row): the tiled GEMM."""
     _prepare(sch)
-    schedule_tiled_gemm(sch, target, sch.get_block("dense"), rows_fused=True)
+    schedule_gemm(sch, target, "dense", rows_fused=True)

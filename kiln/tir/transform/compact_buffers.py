@@ -21,6 +21,11 @@ the outermost ``threadIdx`` loop around its users, and its region covers what al
 of the block touch.
 Buffers used by top-level stages, regions whose extent depends on a loop variable, and blocks
 that touch a buffer without declaring it in their regions are left as they are.
+
+A block writing a buffer may ask for padded rows (TVM's ``storage_align``): the annotation
+:data:`STORAGE_ALIGN` ``= (axis, factor, offset)`` on it makes the compacted buffer's stride of
+dimension ``axis`` the smallest one at least the dense stride with ``stride % factor ==
+offset`` -- shared-memory tiles whose rows would otherwise fall on the same memory banks.
 """
 
 from __future__ import annotations
@@ -31,12 +36,38 @@ from ...ir.errors import ScheduleError
 from ..buffer import Buffer, BufferRegion
 from ..expr import BufferLoad, IntImm, PrimExpr, Range, Var, sub
 from ..function import PrimFunc
-from ..functor import Mutator, Visitor, collect_vars, substitute
+from ..functor import Mutator, Visitor, collect_vars, post_order_visit, substitute
 from ..gpu import is_thread_tag
 from ..schedule.analysis import analyzer_at, union_bound
 from ..schedule.compute_location import accessed_region
 from ..schedule.state import SRef, TreeIndex, update_root_allocs
 from ..stmt import THREAD_TAG, Allocate, Block, BlockRealize, BufferStore, For, ForKind
+
+#: Block annotation: pad the rows of the buffer the block writes (see the module docstring).
+STORAGE_ALIGN = "kiln.storage_align"
+
+
+def _aligned_strides(func: PrimFunc, buf: Buffer, extents: list[int]) -> tuple[IntImm, ...]:
+    """The strides :data:`STORAGE_ALIGN` asks for ``buf`` (compacted to ``extents``); () when no
+    block writing it asks."""
+    asks: list[tuple[int, int, int]] = []
+
+    def visit(n: Any) -> None:
+        if isinstance(n, Block) and STORAGE_ALIGN in n.annotations and _touches(n.writes, buf):
+            axis, factor, offset = (int(v) for v in n.annotations[STORAGE_ALIGN])
+            asks.append((axis, factor, offset))
+
+    post_order_visit(func.body, visit)
+    if not asks:
+        return ()
+    strides = [1] * len(extents)
+    for d in range(len(extents) - 2, -1, -1):
+        stride = strides[d + 1] * extents[d + 1]
+        for axis, factor, offset in asks:
+            if axis == d and factor > 0:
+                stride += (offset - stride) % factor
+        strides[d] = stride
+    return tuple(IntImm("int64", v) for v in strides)
 
 
 def _touches(regions: tuple[BufferRegion, ...], buf: Buffer) -> bool:
@@ -229,7 +260,8 @@ def compact_buffers(func: PrimFunc) -> PrimFunc:
         lca, starts, extents = plan
         shape = tuple(IntImm(d.dtype if isinstance(d, PrimExpr) else "int64", e)
                       for d, e in zip(buf.shape, extents))
-        new = Buffer(buf.name, shape, buf.dtype, None, (), None, buf.scope)
+        strides = _aligned_strides(func, buf, list(extents))
+        new = Buffer(buf.name, shape, buf.dtype, None, strides, None, buf.scope)
         func = update_root_allocs(func, remove=(buf,))
         mut = _Compact(buf, new, starts, lca.node)  # update_root_allocs keeps the loops
         func = func.with_body(mut.visit(func.body))

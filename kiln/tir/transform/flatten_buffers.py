@@ -71,7 +71,11 @@ def flat_index(buffer: Buffer, indices: tuple[PrimExpr, ...]) -> PrimExpr:
 def flat_size(buffer: Buffer) -> PrimExpr:
     """Number of elements the flat view of ``buffer`` spans."""
     dims = buffer.shape
-    if buffer.strides:
+    if buffer.strides and all(isinstance(x, IntImm) for x in (*dims, *buffer.strides)):
+        # constant (padded rows, kiln.tir.transform.compact_buffers.STORAGE_ALIGN)
+        size = IntImm("int64", 1 + sum((d.value - 1) * s.value  # type: ignore[attr-defined]
+                                       for d, s in zip(dims, buffer.strides)))
+    elif buffer.strides:
         # last reachable element + 1
         size: PrimExpr = const("int64", 1)
         for extent, stride in zip(dims, buffer.strides):

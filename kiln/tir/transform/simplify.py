@@ -8,7 +8,11 @@ Loop variables are bound to their ranges while their body is simplified, so rang
 - drops loops of extent 0 and replaces loops of extent 1 by their body with the loop variable
   substituted by the loop's start (except a loop bound to a GPU thread index: its body runs on
   one thread of the block, the others skip it);
-- folds ``IfThenElse`` whose condition is provably true or false.
+- folds ``IfThenElse`` whose condition is provably true or false;
+- expands let-bound variables (GPU lowering binds a fused thread index's divisions once) in the
+  indices of ``local`` buffers: a register array indexed by ``v * 8 + j - (start of the
+  thread's tile)`` is then indexed by constants once the loops are unrolled, which is what lets
+  the GPU compiler keep it in registers (it cannot see through the let and the casts).
 """
 
 from __future__ import annotations
@@ -16,10 +20,10 @@ from __future__ import annotations
 from ...arith import Analyzer
 from ...ir.node import Node, field_names_of
 from ..buffer import Buffer
-from ..expr import IntImm, PrimExpr, Range
+from ..expr import BufferLoad, IntImm, PrimExpr, Range, Var
 from ..function import PrimFunc
 from ..functor import Mutator, substitute
-from ..stmt import Evaluate, For, ForKind, IfThenElse, LetStmt, SeqStmt, Stmt, seq
+from ..stmt import BufferStore, Evaluate, For, ForKind, IfThenElse, LetStmt, SeqStmt, Stmt, seq
 
 
 def _no_op() -> Stmt:
@@ -61,13 +65,29 @@ def _is_vector_free(x: object, memo: dict[int, tuple[object, bool]]) -> bool:
     return True
 
 
+class _ExpandLets(Mutator):
+    """Substitutes let-bound values into the indices of ``local`` buffers (module docstring)."""
+
+    def __init__(self, lets: dict[Var, PrimExpr]) -> None:
+        self.lets = lets
+
+    def visit_BufferLoad(self, load: BufferLoad) -> PrimExpr:
+        if load.buffer.scope != "local":
+            return self.generic_visit(load)
+        return BufferLoad(load.buffer, tuple(substitute(i, self.lets) for i in load.indices))
+
+
 class _Simplifier(Mutator):
     def __init__(self, analyzer) -> None:
         self.analyzer = analyzer
         self.vector_free: dict[int, tuple[object, bool]] = {}
+        #: the values of the let-bound variables in scope, themselves expanded
+        self.lets: dict[Var, PrimExpr] = {}
 
     # ---- expressions: hand whole scalar expressions to the analyzer -------------------------
     def visit_expr(self, e: PrimExpr) -> PrimExpr:
+        if self.lets:
+            e = _ExpandLets(self.lets).visit(e)
         if _is_vector_free(e, self.vector_free):
             return self.analyzer.simplify(e)
         # Vector expressions (written by hand before vectorization): simplify the parts.
@@ -94,9 +114,20 @@ class _Simplifier(Mutator):
             return loop
         return For(loop.loop_var, lo, ext, loop.kind, body, loop.annotations)
 
+    def visit_BufferStore(self, store: BufferStore) -> Stmt:
+        if store.buffer.scope != "local" or not self.lets:
+            return self.generic_visit(store)
+        indices = tuple(self.visit(substitute(i, self.lets)) for i in store.indices)
+        return BufferStore(store.buffer, self.visit(store.value), indices)
+
     def visit_LetStmt(self, let: LetStmt) -> Stmt:
         value = self.visit(let.value)
-        body = self.visit(let.body)
+        if value.dtype.lanes == 1:
+            self.lets[let.var] = substitute(value, self.lets)
+        try:
+            body = self.visit(let.body)
+        finally:
+            self.lets.pop(let.var, None)
         if value is let.value and body is let.body:
             return let
         return LetStmt(let.var, value, body)

@@ -1,0 +1,106 @@
+"""GPU tensor intrinsics: the tensor cores' ``mma.sync.m16n8k16``, described per thread.
+
+A warp's ``mma.sync.aligned.m16n8k16`` multiplies a 16 x 16 tile of A by a 16 x 8 tile of B
+into a 16 x 8 float32 accumulator held across its 32 lanes: lane ``4 g + t`` (``g < 8``,
+``t < 4``) holds accumulator rows ``g`` and ``g + 8``, columns ``2 t`` and ``2 t + 1`` (PTX ISA,
+"Matrix Fragments for mma.m16n8k16"). Seen from one thread that is a 2 x 2 x 16 product of its
+own:
+
+- ``gpu.mma_m16n8k16.<dt>.lanecols<L>``: ``C[2, 2] (float32) += A[2, 16] (dt) @ B[16, 2] (dt)``,
+  ``dt`` float16 or bfloat16, ``C`` in ``local`` (registers), ``A`` and ``B`` in ``shared``
+  memory, every row stride free.
+
+The schedule that tensorizes a GEMM onto it (:func:`kiln.schedule.gpu.linalg.schedule_mma_gemm`)
+gives each thread such a product by splitting the output rows as ``(..., g, rows of the
+thread)`` and the columns as ``(..., t, columns of the thread)``, with ``g`` and ``t`` fused
+into ``threadIdx.x`` (32 lanes, ``g`` outer): the two rows of a thread's product are the
+accumulator rows ``g`` and ``g + 8`` of one ``mma`` and its two columns are ``2 t`` and
+``2 t + 1``. Which rows and columns of the GEMM these are is the schedule's choice (a thread's
+rows and columns are adjacent, so its accumulators form one dense register tile); the
+instruction only needs every lane's part of the operands, and B's column ``n`` of the
+``mma`` is the column of lane ``t = n // 2``'s product: ``L`` elements after lane ``t - 1``'s
+(the columns of a thread's whole register tile), a constant of the intrinsic.
+
+The impl is one ``Call`` of :data:`MMA_SYNC` (args: dtype name, the addresses of ``C[0, 0]``,
+``A[0, 0]``, ``B[0, 0]``, the row strides of C, A, B, then ``L``). The GPU code generator
+writes it as inline PTX on CUDA (a warp-collective instruction: every lane of the warp calls
+it with the same ``L`` and B row) and as the thread's own 2 x 2 x 16 loop in OpenCL C, which
+is what PoCL runs in CI: the same schedule, the same data movement, each lane computing the
+values the instruction gives it.
+"""
+
+from __future__ import annotations
+
+from ..buffer import Buffer
+from ..expr import Call, IterType, IterVar, PrimExpr, Range, StringImm, Var, cast, const
+from ..function import PrimFunc
+from ..stmt import Block, BlockRealize, BufferStore, Evaluate, For, ForKind, Stmt
+from .intrin import address_of, get, names, register
+
+__all__ = ["MMA_DTYPES", "MMA_K", "MMA_SYNC", "mma_intrin_name", "register_mma_intrinsic"]
+
+#: ``Call`` op of the per-thread view of ``mma.sync.m16n8k16`` (see the module docstring).
+MMA_SYNC = "gpu.mma_sync"
+#: Operand dtypes the tensor cores multiply (into float32).
+MMA_DTYPES = ("float16", "bfloat16")
+#: The reduction extent of one ``mma`` (and of the intrinsic).
+MMA_K = 16
+I64 = "int64"
+
+
+def mma_intrin_name(dtype: str, lane_cols: int) -> str:
+    """The registered name of the intrinsic for operands of ``dtype`` whose threads hold
+    ``lane_cols`` accumulator columns each."""
+    return f"gpu.mma_m16n8k16.{dtype}.lanecols{lane_cols}"
+
+
+def _func(buffers: list[Buffer], body: Stmt) -> PrimFunc:
+    params = [Var(b.name, "handle") for b in buffers]
+    root = Block((), (), (), "root", body)
+    return PrimFunc(params, dict(zip(params, buffers)), BlockRealize((), const("bool", 1), root))
+
+
+def _buffers(dtype: str) -> list[Buffer]:
+    ldc, lda, ldb = (Var(n, I64) for n in ("ldc", "lda", "ldb"))
+    one = const(I64, 1)
+    return [Buffer("C", (2, 2), "float32", strides=(ldc, one), scope="local"),
+            Buffer("A", (2, MMA_K), dtype, strides=(lda, one), scope="shared"),
+            Buffer("B", (MMA_K, 2), dtype, strides=(ldb, one), scope="shared")]
+
+
+def _desc(C: Buffer, A: Buffer, B: Buffer) -> PrimFunc:
+    loops = [Var(n, I64) for n in ("i", "j", "k")]
+    kinds = (IterType.DATA_PAR, IterType.DATA_PAR, IterType.COMM_REDUCE)
+    extents = (2, 2, MMA_K)
+    ivs = [IterVar(Range(const(I64, 0), const(I64, e)), Var(f"v{lv.name}", I64), kind)
+           for lv, e, kind in zip(loops, extents, kinds)]
+    vi, vj, vk = (iv.var for iv in ivs)
+    value: PrimExpr = C[vi, vj] + cast("float32", A[vi, vk]) * cast("float32", B[vk, vj])
+    stmt: Stmt = BlockRealize(tuple(loops), const("bool", 1),
+                              Block(tuple(ivs), (), (), "update", BufferStore(C, value, (vi, vj))))
+    for lv, e in reversed(list(zip(loops, extents))):
+        stmt = For(lv, const(I64, 0), const(I64, e), ForKind.SERIAL, stmt)
+    return _func([C, A, B], stmt)
+
+
+def _impl(C: Buffer, A: Buffer, B: Buffer, dtype: str, lane_cols: int) -> PrimFunc:
+    call = Call("int32", MMA_SYNC, (StringImm(dtype), address_of(C, 0, 0), address_of(A, 0, 0),
+                                    address_of(B, 0, 0), C.strides[0], A.strides[0],
+                                    B.strides[0], const(I64, lane_cols)))
+    return _func([C, A, B], Evaluate(call))
+
+
+def register_mma_intrinsic(dtype: str, lane_cols: int) -> str:
+    """Register (once) the intrinsic of ``dtype`` operands and ``lane_cols`` columns per
+    thread; returns its name."""
+    if dtype not in MMA_DTYPES:
+        raise ValueError(f"mma.sync multiplies {', '.join(MMA_DTYPES)}, not {dtype}")
+    if lane_cols < 2 or lane_cols % 2:
+        raise ValueError(f"mma: a thread holds an even number of columns, not {lane_cols}")
+    name = mma_intrin_name(dtype, lane_cols)
+    if name not in names():
+        # one set of buffers for both: the stride variables the impl passes are the desc's,
+        # which tensorize binds to element-offset differences (right after compaction)
+        C, A, B = _buffers(dtype)
+        register(name, _desc(C, A, B), _impl(C, A, B, dtype, lane_cols))
+    return get(name).name

@@ -1,0 +1,183 @@
+"""float16/bfloat16 GEMMs on tensor cores (kiln/schedule/gpu/linalg.py schedule_mma_gemm,
+kiln/tir/tensor_intrin/gpu.py): the schedule run on OpenCL (PoCL: each thread computes its part
+of every mma in float32) against numpy, every knob value, epilogues, the fallback to the tiled
+GEMM, and the CUDA kernels compiled by NVRTC: mma.sync instructions, accumulators in registers,
+padded shared rows. The same kernels run on an H100 in tests/runtime/test_runtime_gpu_cuda.py."""
+
+from __future__ import annotations
+
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kiln
+from kiln import graph as g
+from kiln import op
+from kiln.codegen.gpu.build import build as gpu_build
+from kiln.codegen.gpu.nvrtc import compile_cuda
+from kiln.schedule.gpu import SCHEDULE_ATTR, schedule_and_lower
+from kiln.schedule.gpu.linalg import MMA_BK_CHOICES, MMA_TILES, MMA_WARPS, mma_tile
+from kiln.target import Target
+from kiln.testing.op_testing import scheduled
+from kiln.tir.functor import post_order_visit
+from kiln.tir.gpu import KernelLaunch
+from kiln.tir.tensor_intrin.gpu import MMA_SYNC
+
+OPENCL = Target("opencl")
+RNG = np.random.default_rng(11)
+NP = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+def _lowered(name, arrays, target, knobs=None):
+    func, _ = scheduled(name, arrays, {}, schedule=False)
+    return schedule_and_lower(func.with_attr("op_name", name), target, knobs)
+
+
+def _mma_calls(func) -> int:
+    calls = []
+    post_order_visit(func.body, lambda n: calls.append(n) if getattr(n, "op", None) == MMA_SYNC
+                     else None)
+    return len(calls)
+
+
+def _check(out, a, b, dtype):
+    """float32 sums rounded once to ``dtype``: within one rounding of the exact product."""
+    exact = np.matmul(a.astype("float64"), b.astype("float64"))
+    eps = 2.0 ** (-10 if dtype == "float16" else -7)
+    err = np.abs(out.astype("float64") - exact)
+    assert np.all(err <= eps * np.abs(exact) + 1e-3 * np.abs(exact).max()), err.max()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("a_shape,b_shape", [
+    ((128, 64), (64, 64)),
+    ((256, 96), (96, 128)),           # 3 reduction steps of 32
+    ((2, 3, 128, 32), (2, 3, 32, 64)),  # batch on blockIdx.z
+    ((2, 128, 48), (48, 64)),          # B broadcast over the batch, k = 48 (bk 16)
+])
+def test_mma_gemm_matches_numpy_on_opencl(dtype, a_shape, b_shape):
+    a = RNG.uniform(-1, 1, a_shape).astype(NP[dtype])
+    b = RNG.uniform(-1, 1, b_shape).astype(NP[dtype])
+    knobs = {"gpu_mma_bk": 16} if a_shape[-1] == 48 else None
+    sched, lowered = _lowered("matmul", [a, b], OPENCL, knobs)
+    assert sched.attrs[SCHEDULE_ATTR] == "op"
+    assert _mma_calls(lowered) > 0
+    out = np.full(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1]),
+                  np.nan, NP[dtype])
+    gpu_build({"f": lowered}, OPENCL)["f"](a, b, out)
+    _check(out, a, b, dtype)
+
+
+@pytest.mark.parametrize("warps,tiles,bk", [
+    *[(w, (2, 4), 32) for w in MMA_WARPS],
+    *[((1, 1), t, 32) for t in MMA_TILES],
+    *[((2, 2), (1, 1), k) for k in MMA_BK_CHOICES],
+])
+def test_every_mma_knob_value_computes_the_product(warps, tiles, bk):
+    a = RNG.uniform(-1, 1, (128, 128)).astype(np.float16)
+    b = RNG.uniform(-1, 1, (128, 128)).astype(np.float16)
+    knobs = {"gpu_mma_warps": warps, "gpu_mma_tiles": tiles, "gpu_mma_bk": bk,
+             "gpu_mma_stages": 2 if bk == 64 else 1}
+    sched, lowered = _lowered("matmul", [a, b], OPENCL, knobs)
+    assert sched.attrs[SCHEDULE_ATTR] == "op"
+    (launch,) = _launches(lowered)
+    assert launch.threads_per_block == warps[0] * warps[1] * 32
+    assert _mma_calls(lowered) == 1  # in the unrolled loops over the warp's tiles
+    out = np.zeros((128, 128), np.float16)
+    gpu_build({"f": lowered}, OPENCL)["f"](a, b, out)
+    _check(out, a, b, "float16")
+
+
+def _launches(func) -> list[KernelLaunch]:
+    out: list[KernelLaunch] = []
+    post_order_visit(func.body, lambda n: out.append(n) if isinstance(n, KernelLaunch) else None)
+    return out
+
+
+def test_shared_rows_are_padded_against_bank_conflicts():
+    """A's rows (bk 32) 34 elements apart, B's 65 (64 columns; 130 for 128 columns with NI =
+    8: 4-byte aligned): the lanes' fragment loads fall on distinct banks
+    (kiln.tir.transform.compact_buffers.STORAGE_ALIGN)."""
+    a = np.zeros((128, 64), np.float16)
+    b = np.zeros((64, 64), np.float16)
+    _, lowered = _lowered("matmul", [a, b], OPENCL, {"gpu_mma_tiles": (4, 4), "gpu_mma_bk": 32})
+    (launch,) = _launches(lowered)
+    sizes = {s.name: int(s.shape[0].value) for s in launch.shared}
+    assert sizes == {"in0_shared": 127 * 34 + 32, "in1_shared": 31 * 65 + 64}
+    _, lowered = _lowered("matmul", [a, np.zeros((64, 128), np.float16)], OPENCL,
+                          {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32})
+    (launch,) = _launches(lowered)
+    sizes = {s.name: int(s.shape[0].value) for s in launch.shared}
+    assert sizes == {"in0_shared": 127 * 34 + 32, "in1_shared": 31 * 130 + 128}
+
+
+def test_shapes_the_tiles_do_not_fit_take_the_tiled_gemm():
+    a = np.zeros((64, 64), np.float16)
+    b = np.zeros((64, 128), np.float16)
+    # a 128 x 128 block tile does not divide 64 rows: the SIMT tiled GEMM takes the product
+    sched, lowered = _lowered("matmul", [a, b], OPENCL, {"gpu_mma_tiles": (4, 8)})
+    assert sched.attrs[SCHEDULE_ATTR] == "op" and _mma_calls(lowered) == 0
+    (launch,) = _launches(lowered)
+    assert launch.threads_per_block == 16 * 16  # the tiled GEMM's 16 x 16 threads
+    _, lowered = _lowered("matmul", [a, b], OPENCL, {"gpu_gemm_mma": False})
+    assert _mma_calls(lowered) == 0
+    _, lowered = _lowered("matmul", [a, b], OPENCL)
+    assert _mma_calls(lowered) == 1  # the default picks a tile that divides
+
+
+def test_mma_tiles_prefer_large_tiles_that_keep_every_multiprocessor_busy():
+    assert mma_tile(4096, 4096, 1, (2, 2), 132) == (4, 8)   # 1024 blocks of 128 x 128
+    assert mma_tile(128, 768, 8, (2, 2), 132) == (2, 4)     # 192 blocks of 64 x 64
+    assert mma_tile(128, 128, 1, (2, 2), 132) == (1, 1)     # none fills: the most blocks
+    assert mma_tile(80, 64, 1, (2, 2), 132) is None          # 80 rows: no multiple of 32
+
+
+def test_float32_gemms_stay_off_the_tensor_cores():
+    a = np.zeros((128, 64), np.float32)
+    b = np.zeros((64, 64), np.float32)
+    _, lowered = _lowered("matmul", [a, b], OPENCL)
+    assert _mma_calls(lowered) == 0
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_dense_with_bias_and_relu_on_tensor_cores_matches_the_cpu(dtype):
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo((4, 64, 64), dtype))
+    w = g.const(RNG.uniform(-1, 1, (128, 64)).astype(NP[dtype]))
+    bias = g.const(RNG.uniform(-1, 1, (128,)).astype(NP[dtype]))
+    with bb.function("main"):
+        with bb.dataflow():
+            y = bb.emit_output(op.nn.relu(op.add(op.linalg.dense(x, w), bias)))
+        bb.emit_func_output(y, params=[x])
+    mod = bb.get()
+    exe = kiln.build(mod, OPENCL)
+    (func,) = exe.module.program.functions.values()
+    assert len(func.kernels) == 1  # bias and relu folded into the write-back
+    xs = RNG.uniform(-1, 1, (4, 64, 64)).astype(NP[dtype])
+    got = np.asarray(exe(xs)).astype("float64")
+    ref = np.asarray(kiln.build(mod, "c")(xs)).astype("float64")
+    tol = 2.0 ** (-9 if dtype == "float16" else -6)
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("arch,dtype", list(itertools.product(["sm_80", "sm_90"],
+                                                               ["float16", "bfloat16"])))
+def test_mma_gemm_compiles_to_mma_sync_with_register_accumulators(arch, dtype):
+    target = Target("cuda", arch=arch)
+    arrays = [np.zeros((4096, 4096), NP[dtype])] * 2
+    sched, lowered = _lowered("matmul", arrays, target)
+    assert sched.attrs[SCHEDULE_ATTR] == "op"
+    (launch,) = _launches(lowered)
+    source = gpu_build({"f": lowered}, target).program.source
+    binary = compile_cuda(source, arch)
+    short = "f16" if dtype == "float16" else "bf16"
+    ptx = binary.ptx.decode(errors="replace")
+    assert f"mma.sync.aligned.m16n8k16.row.col.f32.{short}.{short}.f32" in ptx
+    (usage,) = binary.resources().values()
+    # the float32 accumulators stay in registers (constant indices once unrolled)
+    assert usage.stack_bytes == 0 and "ld.local" not in ptx
+    assert usage.spill_stores == usage.spill_loads == 0
+    assert usage.registers * launch.threads_per_block <= target.gpu.max_registers_per_block
+    assert usage.shared_bytes <= target.gpu.shared_memory_per_block
