@@ -28,11 +28,12 @@ demo: $(DEMO_STAMP)
 	$(PY) examples/demo.py
 
 ## Lint, then the whole test suite on both cores; the operator tests run on OpenCL (PoCL)
-## too, every case compared with the CPU's result (kiln.testing.gpu_testing).
+## too, every case compared with the CPU's result, and are compiled for CUDA by NVRTC
+## (kiln.testing.gpu_testing).
 test: $(TEST_STAMP)
 	$(PY) -m ruff check kiln tests benchmarks examples
 	$(PY) -m pytest -n 2 tests --ignore=tests/op
-	KILN_TEST_TARGETS=c,opencl $(PY) -m pytest -n 2 tests/op
+	KILN_TEST_TARGETS=c,opencl,nvrtc $(PY) -m pytest -n 2 tests/op
 
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check kiln tests benchmarks examples

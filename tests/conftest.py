@@ -23,9 +23,13 @@ def _cross_check_builds_on_gpu_targets(monkeypatch):
     makes also builds for the GPU targets, and every call compares their results with the
     CPU's."""
     import kiln
-    from kiln.testing.gpu_testing import cross_checked_build, gpu_test_targets
+    from kiln.testing.gpu_testing import (
+        compile_test_targets,
+        cross_checked_build,
+        gpu_test_targets,
+    )
 
-    if gpu_test_targets():
+    if gpu_test_targets() or compile_test_targets():
         monkeypatch.setattr(kiln, "build", cross_checked_build(kiln.build))
     yield
 

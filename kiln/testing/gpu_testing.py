@@ -1,6 +1,7 @@
 """Running the test suite's numeric cases on GPU targets too, against the CPU's results.
 
-``KILN_TEST_TARGETS=c,opencl`` (a comma-separated list; ``c`` is always run) makes
+``KILN_TEST_TARGETS=c,opencl`` (a comma-separated list; ``c`` is always run; ``nvrtc`` adds
+CUDA builds that are compiled with NVRTC but not run, :data:`COMPILE_ONLY`) makes
 
 - :func:`kiln.testing.op_testing.run_cases` compile every case a second time for each GPU
   target (the op's GPU schedule, else the generic rules of :mod:`kiln.schedule.gpu`), run it
@@ -29,10 +30,27 @@ from ..target import Target
 TARGETS_ENV = "KILN_TEST_TARGETS"
 
 
+#: In :data:`TARGETS_ENV`: compile every GPU build for CUDA with NVRTC too, without running it
+#: (no GPU needed): CI catches CUDA-only compile errors (e.g. a construct OpenCL compilers
+#: accept and NVRTC does not) in every op and model test, not only on a GPU machine.
+COMPILE_ONLY = "nvrtc"
+#: The CUDA architecture compile-only builds are made for.
+COMPILE_ONLY_ARCH = "sm_80"
+
+
+def _names() -> list[str]:
+    return [t.strip() for t in os.environ.get(TARGETS_ENV, "").split(",") if t.strip()]
+
+
 def gpu_test_targets() -> list[Target]:
-    """The GPU targets of :data:`TARGETS_ENV` (empty: CPU only)."""
-    names = [t.strip() for t in os.environ.get(TARGETS_ENV, "").split(",") if t.strip()]
-    return [Target.create(n) for n in names if Target.create(n).is_gpu]
+    """The GPU targets of :data:`TARGETS_ENV` that tests run on (empty: CPU only)."""
+    return [Target.create(n) for n in _names()
+            if n != COMPILE_ONLY and Target.create(n).is_gpu]
+
+
+def compile_test_targets() -> list[Target]:
+    """The targets tests only compile for (:data:`COMPILE_ONLY` given: CUDA via NVRTC)."""
+    return [Target("cuda", arch=COMPILE_ONLY_ARCH)] if COMPILE_ONLY in _names() else []
 
 
 def tolerance(dtype: np.dtype) -> float:
@@ -110,7 +128,11 @@ def cross_checked_build(original: Any) -> Any:
     def build(mod: Any, target: Any = "c", params: Any = None, pipeline: Any = None,
               **cpu_only: Any) -> Any:
         exe = original(mod, target, params=params, pipeline=pipeline, **cpu_only)
-        if Target.create(target).is_gpu or not targets:
+        if Target.create(target).is_gpu:
+            return exe
+        for t in compile_test_targets():
+            original(mod, t, params=params, pipeline=pipeline)  # compiles; never run
+        if not targets:
             return exe
         gpus = [(t, original(mod, t, params=params, pipeline=pipeline)) for t in targets]
         exact = not any(draws_fresh_seed(g.module) for _, g in gpus)

@@ -26,7 +26,12 @@ from kiln.op.registry import get_op_def
 from kiln.schedule import lookup_schedule
 from kiln.schedule.gpu import schedule_prim_func as gpu_schedule_prim_func
 from kiln.target import Target
-from kiln.testing.gpu_testing import assert_close, draws_fresh_seed, gpu_test_targets
+from kiln.testing.gpu_testing import (
+    assert_close,
+    compile_test_targets,
+    draws_fresh_seed,
+    gpu_test_targets,
+)
 from kiln.tir.schedule import Schedule
 
 # An op case: (registered op name, inputs, attribute keywords). An input is an array, or a list
@@ -192,12 +197,14 @@ def run_cases(
         results.append(tuple(bufs) if is_tuple else bufs[0])
     for gpu in gpu_test_targets():
         _check_on_gpu(cases, results, gpu)
+    for gpu in compile_test_targets():
+        _gpu_module(cases, gpu)  # NVRTC compiles it; nothing runs
     return results
 
 
-def _check_on_gpu(cases: Sequence[Case], results: list[Any], target: Target) -> None:
-    """Run ``cases`` on a GPU target (the op's GPU schedule or the generic rules) and compare
-    with the CPU's ``results`` (see :mod:`kiln.testing.gpu_testing`)."""
+def _gpu_module(cases: Sequence[Case], target: Target) -> tuple[Any, list[Any]]:
+    """``cases`` built for a GPU target (the op's GPU schedule or the generic rules): the
+    module and per case (inputs, outputs, is_tuple)."""
     funcs, plans = {}, []
     for k, (name, args, attrs) in enumerate(cases):
         func, arrays, outs, is_tuple = _compile_case(name, args, attrs, False, target)
@@ -206,7 +213,13 @@ def _check_on_gpu(cases: Sequence[Case], results: list[Any], target: Target) -> 
             "op_pattern", int(get_op_def(name).pattern))
         funcs[f"case{k}"] = gpu_schedule_prim_func(func, target)
         plans.append((arrays, outs, is_tuple))
-    mod = gpu_build(funcs, target)
+    return gpu_build(funcs, target), plans
+
+
+def _check_on_gpu(cases: Sequence[Case], results: list[Any], target: Target) -> None:
+    """Run ``cases`` on a GPU target and compare with the CPU's ``results`` (see
+    :mod:`kiln.testing.gpu_testing`)."""
+    mod, plans = _gpu_module(cases, target)
     exact = not draws_fresh_seed(mod)
     for k, ((arrays, outs, is_tuple), cpu) in enumerate(zip(plans, results)):
         bufs = [np.empty(tuple(d.value for d in o.shape), o.dtype.to_numpy()) for o in outs]

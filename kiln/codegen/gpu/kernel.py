@@ -217,6 +217,16 @@ class KernelEmitter(FunctionEmitter):
             raise CodegenError(f"{self.name}: vector call {e.op} outside a vector store")
         return super().expr_Call(e)
 
+    def expr_Let(self, e: E.Let) -> str:
+        """CUDA: a lambda called in place (NVRTC rejects GNU statement expressions, the C
+        backend's ``({ T x = v; body; })``, which OpenCL compilers accept)."""
+        if not self.dialect.is_cuda:
+            return super().expr_Let(e)
+        name = self.define_var(e.var)
+        ct, rt = self.ctype_of(e.value), self.ctype_of(e.body)
+        return (f"([&]() -> {rt} {{ {ct} {name} = {strip_parens(self.expr(e.value))}; "
+                f"return {strip_parens(self.expr(e.body))}; }}())")
+
     def _mma_sync(self, e: E.Call) -> str:
         """One thread's part of a tensor-core ``mma`` (:mod:`kiln.tir.tensor_intrin.gpu`)."""
         dtype, *args = e.args
