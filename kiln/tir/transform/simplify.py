@@ -20,9 +20,9 @@ from __future__ import annotations
 from ...arith import Analyzer
 from ...ir.node import Node, field_names_of
 from ..buffer import Buffer
-from ..expr import BufferLoad, IntImm, PrimExpr, Range, Var
+from ..expr import BufferLoad, Call, IntImm, PrimExpr, Range, Var
 from ..function import PrimFunc
-from ..functor import Mutator, substitute
+from ..functor import Mutator, post_order_visit, substitute
 from ..stmt import BufferStore, Evaluate, For, ForKind, IfThenElse, LetStmt, SeqStmt, Stmt, seq
 
 
@@ -63,6 +63,12 @@ def _is_vector_free(x: object, memo: dict[int, tuple[object, bool]]) -> bool:
         return all(_is_vector_free(k, memo) and _is_vector_free(v, memo)
                    for k, v in x.items())
     return True
+
+
+def _reads_memory(e: PrimExpr) -> bool:
+    found = []
+    post_order_visit(e, lambda n: found.append(n) if isinstance(n, (BufferLoad, Call)) else None)
+    return bool(found)
 
 
 class _ExpandLets(Mutator):
@@ -122,7 +128,8 @@ class _Simplifier(Mutator):
 
     def visit_LetStmt(self, let: LetStmt) -> Stmt:
         value = self.visit(let.value)
-        if value.dtype.lanes == 1:
+        if value.dtype.lanes == 1 and not _reads_memory(value):
+            # index arithmetic only: a value loaded from memory could change before the use
             self.lets[let.var] = substitute(value, self.lets)
         try:
             body = self.visit(let.body)

@@ -67,3 +67,33 @@ def test_symbolic_shapes_are_non_negative():
                    tir.IfThenElse(tir.ge(i, c64(0)), tir.BufferStore(A, 0.0, (i,))))
     out = simplify(func_of(body, A))
     assert isinstance(out.body.body, tir.BufferStore)
+
+
+def _local_index(stmt):
+    found = []
+    tir.functor.post_order_visit(stmt, lambda n: found.append(n.indices[0]) if isinstance(
+        n, tir.BufferStore) and n.buffer.scope == "local" else None)
+    return found
+
+
+def test_let_bound_indices_of_local_buffers_are_expanded():
+    """A register array indexed through a let (GPU lowering binds a fused thread index's
+    divisions once) gets constant indices: the compiler can keep it in registers."""
+    acc = tir.decl_buffer((c64(8),), F32, "acc", scope="local")
+    tx, j = v64("tx"), v64("j")
+    v = v64("v")
+    base = tx // c64(4) * c64(8)
+    store = tir.BufferStore(acc, tir.const(F32, 0.0), (v + j - base,))
+    body = serial(tx, 32, tir.LetStmt(v, base, serial(j, 8, store)))
+    (index,) = _local_index(simplify(func_of(body, acc)).body)
+    assert_structural_equal(index, j)
+
+
+def test_lets_that_read_memory_are_not_expanded():
+    acc = tir.decl_buffer((c64(8),), F32, "acc", scope="local")
+    idx = tir.decl_buffer((c64(8),), "int64", "idx")
+    j, v = v64("j"), v64("v")
+    store = tir.BufferStore(acc, tir.const(F32, 0.0), (v,))
+    body = serial(j, 8, tir.LetStmt(v, idx[j], store))
+    (index,) = _local_index(simplify(func_of(body, acc, idx)).body)
+    assert_structural_equal(index, v)
