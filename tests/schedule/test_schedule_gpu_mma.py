@@ -128,7 +128,7 @@ def test_shapes_the_tiles_do_not_fit_take_the_tiled_gemm():
 
 
 def test_mma_tiles_prefer_large_tiles_that_keep_every_multiprocessor_busy():
-    assert mma_tile(4096, 4096, 1, (2, 2), 132) == (4, 8)   # 1024 blocks of 128 x 128
+    assert mma_tile(4096, 4096, 1, (2, 2), 132) == (4, 4)   # 2048 blocks of 128 x 64
     assert mma_tile(128, 768, 8, (2, 2), 132) == (2, 4)     # 192 blocks of 64 x 64
     assert mma_tile(128, 128, 1, (2, 2), 132) == (1, 1)     # none fills: the most blocks
     assert mma_tile(80, 64, 1, (2, 2), 132) is None          # 80 rows: no multiple of 32

@@ -152,12 +152,15 @@ def schedule_tiled_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> 
 #: elements per shared step (``gpu_mma_bk``) and pipeline stages (``gpu_mma_stages``).
 MMA_WARPS = ((2, 2), (4, 2), (2, 4), (1, 1))
 #: The tiles, in the order :func:`mma_tile` prefers them. On an H100 (4096^3 float16, 2 x 2
-#: warps): 4 x 8 with 64-deep steps 0.98 ms (139 TFLOP/s), 4 x 8 with 32 1.14 ms, 4 x 4
-#: with 32 1.27-1.53 ms; 4 x 2 warps were slower (1.10-1.40 ms); one or two stages alike
-#: (``benchmarks/gpu.py gemm --knob``; cuBLAS 0.184 ms).
-MMA_TILES = ((4, 8), (4, 4), (2, 8), (2, 4), (1, 1))
-MMA_BK_CHOICES = (64, 32, 16)
-MMA_STAGES = 1
+#: warps, ``benchmarks/gpu.py gemm``, cuBLAS 0.18 ms): the default (4 x 4, 32-deep steps, two
+#: stages) 1.27-1.53 ms through ``kiln.build``; with knobs (``build_executable``) 4 x 8 with
+#: 64-deep steps 0.98 ms (139-141 TFLOP/s, one or two stages alike), 4 x 8 with 32 1.14 ms,
+#: 4 x 2 warps 1.10-1.40 ms. The same 4 x 8 / 64 / one-stage kernel measured 6.1 ms once
+#: through ``kiln.build`` (the generated source is identical; not understood before the
+#: device time ran out), so the default stays on the configuration measured both ways.
+MMA_TILES = ((4, 4), (4, 8), (2, 8), (2, 4), (1, 1))
+MMA_BK_CHOICES = (32, 64, 16)
+MMA_STAGES = 2
 
 
 def mma_supported(target: Any, dtype: Any) -> bool:
@@ -195,8 +198,8 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> No
     one dense ``2 MI x 2 NI`` register tile and each ``2 x 2 x 16`` piece of it is the lane's
     part of one ``mma`` (:mod:`kiln.tir.tensor_intrin.gpu`, tensorized). Epilogues are folded
     into the write-back as in :func:`schedule_tiled_gemm`. Knobs: ``gpu_mma_warps``,
-    ``gpu_mma_tiles`` (default :func:`mma_tile`'s choice), ``gpu_mma_bk`` (default the
-    deepest that divides the reduction), ``gpu_mma_stages``."""
+    ``gpu_mma_tiles`` (default :func:`mma_tile`'s choice), ``gpu_mma_bk`` (default the first
+    of :data:`MMA_BK_CHOICES` that divides the reduction), ``gpu_mma_stages``."""
     loops = rules.perfect_loops(sch, block)
     if loops is None or len(loops) < 3:
         raise ScheduleError("mma GEMM: not a perfect nest of >= 3 loops")
