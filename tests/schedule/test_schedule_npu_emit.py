@@ -101,6 +101,11 @@ def test_leftover_tiles_are_split_evenly_over_the_cores(shape, tiling, cores_wor
         work[j % cfg.cores] += mus * nts
     assert (covered == 1).all()  # every output element once
     assert work == [cores_work] * cfg.cores
+    # a tiling the planner chose not to balance keeps its tiles whole
+    whole = output_tiles(cfg, shape, GemmTiling(tiling.m_units, tiling.n, tiling.k_units, 0,
+                                                 balance=False), 2)
+    assert len(whole) == len(tiles) - 1
+    assert all(t[2] == min(tiling.m_units, shape.m_units - t[1]) for t in whole)
 
 
 def _forced(monkeypatch, tiling):

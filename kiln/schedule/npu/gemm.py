@@ -99,12 +99,16 @@ class GemmShape:
 
 @dataclass(frozen=True)
 class GemmTiling:
-    """Units of M and K and columns of N per tile, and the cost model's estimate (cycles)."""
+    """Units of M and K and columns of N per tile, and the cost model's estimate (cycles).
+    ``balance``: the output tiles left over after a round per core are split into one piece
+    per core (:func:`output_tiles`; the planner weighs it against not splitting: a small
+    leftover tile saves less than its pieces' extra loads cost)."""
 
     m_units: int
     n: int
     k_units: int
     estimate: float
+    balance: bool = True
 
     def describe(self, shape: GemmShape) -> str:
         return (f"tile M{self.m_units * shape.m_unit} x N{self.n} x K{self.k_units * shape.k_unit}"
@@ -184,9 +188,18 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     a_bytes = shape.stage_dram_bytes(mu, ku, dram.burst) or \
         _burst_bytes(cfg, mt, kt * isz, kt == shape.k)
     b_bytes = _burst_bytes(cfg, kt, nt * isz, nt == shape.n)
-    # a tile that a slot already holds is not loaded again (emit_gemm)
-    a_loads, b_loads = (min(core_steps, nk) if fixed else core_steps
-                        for fixed in _fixed_tiles(cfg, shape, nm, nn, nk, nbuf))
+    # a tile that a slot already holds is not loaded again (emit_gemm): a tile fixed on a
+    # core once per K step; with the K steps lining up with the slots, an A tile once per
+    # run of a core's tiles with that m (n is the innermost order, the cores deal it). That
+    # last count is a convolution's only (its staged rows and gathers: edge, the stride-2
+    # 1x1 of stage 3, 48.2 -> 67.0%); for a plain GEMM the lower estimate picked narrow
+    # tiles of one K step whose pipeline stalls on its stores (edge, Q @ K^T: 86637 ->
+    # 92494 cycles), which the model does not see.
+    a_fixed, b_fixed = _fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
+    a_runs = shape.batch * nm * nk if shape.stage_stride and nbuf % nk == 0 and \
+        nn >= cfg.cores else core_steps
+    a_loads = min(core_steps, nk if a_fixed else a_runs)
+    b_loads = min(core_steps, nk) if b_fixed else core_steps
     scale = steps / core_steps  # the cores' loads over the busiest one's
     split = _split_axis(cfg, shape, mu, nt, nm, nn, nk, nbuf) if balance else ""
     if split:
@@ -198,6 +211,7 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
             else (_split_sizes(mu, cfg.cores, 1)[0] * shape.m_unit, nt)
         tensor = nk * (full * _tile_cycles(cfg, mt, nt, kt, cpt) +
                        rest * _tile_cycles(cfg, pm, pn, kt, cpt))
+        held = a_loads < core_steps, b_loads < core_steps
         core_steps = (full + rest) * nk
         a_piece = a_bytes if split == "n" else (
             shape.stage_dram_bytes(pm // shape.m_unit, ku, dram.burst) or
@@ -206,9 +220,9 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
         a_bytes = (full * a_bytes + rest * a_piece) / (full + rest)
         b_bytes = (full * b_bytes + rest * b_piece) / (full + rest)
         # a held tile stays held, but the pieces' own tiles of the split operand are loaded
-        a_loads, b_loads = (min(core_steps, nk * (1 + (rest if axis == split else 0)))
-                            if loads < core_steps else core_steps
-                            for loads, axis in ((a_loads, "m"), (b_loads, "n")))
+        a_loads, b_loads = (min(core_steps, loads + (nk * rest if axis == split else 0))
+                            if kept else core_steps
+                            for loads, kept, axis in zip((a_loads, b_loads), held, "mn"))
         scale = cfg.cores
     traffic = scale * (a_loads * a_bytes + b_loads * b_bytes) + \
         shape.batch * shape.m * shape.n * itemsize(acc)
@@ -334,9 +348,12 @@ def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True,
                         b_copies * kt * nt * isz > sizes["weight"] or \
                         nbuf * mt * acc_row_stride(cfg, shape, nt) * asz > sizes["acc"]:
                     continue
-                cost = gemm_cost(cfg, shape, mu, nt, ku, nbuf, balance=hold)
-                if best is None or cost < best.estimate:
-                    best = GemmTiling(mu, nt, ku, cost)
+                leftover = shape.batch * math.ceil(shape.m_units / mu) * \
+                    math.ceil(shape.n / nt) % cfg.cores
+                for balance in (False, True) if hold and leftover else (False,):
+                    cost = gemm_cost(cfg, shape, mu, nt, ku, nbuf, balance=balance)
+                    if best is None or cost < best.estimate:
+                        best = GemmTiling(mu, nt, ku, cost, balance)
     if best is None:
         raise ValueError(f"no tiling of a GEMM M{shape.m} x N{shape.n} x K{shape.k} "
                          f"({shape.dtype}, M in units of {shape.m_unit}, K in units of "
@@ -356,11 +373,13 @@ LoadB = Callable[[int, int, int, int, int, int, int], None]
 StoreC = Callable[[int, int, int, int, int, int, int], None]
 
 
-def _tail_pieces(m_units: int) -> int:
-    """Pieces of M the last output tile of a core is multiplied (at its last K step) and
-    stored in: the store of each piece overlaps the product of the next, so the kernel's
-    tail is one piece's store instead of the whole tile's."""
-    return min(m_units, 4)
+def _tail_pieces(cfg: NPUConfig, shape: GemmShape, m_units: int) -> list[int]:
+    """Sizes (M units) of the pieces the last output tile of a core is multiplied (at its last
+    K step) and stored in: the store of each piece overlaps the product of the next, so the
+    kernel's tail is one piece's store instead of the whole tile's. Up to 4 pieces, each
+    whole rows of the tensor unit (a piece of fewer rows would cost a whole pass of it)."""
+    quantum = -(-cfg.tensor_shape[0] // shape.m_unit)
+    return _split_sizes(m_units, max(1, min(4, m_units // quantum)), quantum)
 
 
 def output_tiles(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int
@@ -374,7 +393,7 @@ def output_tiles(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int
     tiles = [(b, m0, min(mu, shape.m_units - m0), n0, min(nt, shape.n - n0))
              for b in range(shape.batch) for m0 in range(0, shape.m_units, mu)
              for n0 in range(0, shape.n, nt)]
-    split = _split_axis(cfg, shape, mu, nt, nm, nn, nk, nbuf)
+    split = _split_axis(cfg, shape, mu, nt, nm, nn, nk, nbuf) if tiling.balance else ""
     if not split:
         return tiles
     rest = len(tiles) % cfg.cores
@@ -422,7 +441,7 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
         p = pipes[core]
         c_ld = ldc if shape.acc_padded else nts
         # the last tile's last product runs in pieces of M, each stored as soon as it is done
-        pieces = _split_sizes(mus, _tail_pieces(mus), 1) if last[core] == j else [mus]
+        pieces = _tail_pieces(cfg, shape, mus) if last[core] == j else [mus]
         c_addr = 0
         for step, k0 in enumerate(range(0, shape.k_units, ku)):
             kus = min(ku, shape.k_units - k0)
