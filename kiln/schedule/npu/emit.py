@@ -140,10 +140,10 @@ class KernelBuilder:
     labels: dict[int, str] = field(default_factory=dict)
     kernels: list[KernelInfo] = field(default_factory=list)
     #: the smallest piece :meth:`store` splits a store into, besides one DRAM latency's bytes:
-    #: a kernel whose loads are larger sets it to its largest load (``emit_gemm`` does), so
-    #: that a store is not starved behind them on the channel, which serves transfers in the
-    #: order they are issued -- small store pieces each waiting for a whole load keep the
-    #: accumulator slot busy and stall the tensor unit
+    #: ``emit_gemm`` sets it to the loads that stream every step of a kernel of one K step per
+    #: tile, so that a store is not starved behind them on the channel, which serves
+    #: transfers in the order they are issued -- small store pieces each waiting for a whole
+    #: load keep the accumulator slot busy and stall the tensor unit
     store_floor: int = 0
 
     def __post_init__(self) -> None:
