@@ -175,3 +175,23 @@ def test_stores_are_not_split_below_the_kernels_loads():
     stores = [int(np.prod(i.args["shape"])) * 4 for i in ins if i.op == "dma.store"]
     assert len(stores) >= 24  # 24 output tiles
     assert sum(s >= max(nbytes) for s in stores) >= 23
+
+
+def test_a_held_operand_is_not_split(monkeypatch):
+    """One M tile held on each core (one copy per K step, never double-buffered) and 3 column
+    tiles too narrow to halve: splitting the leftover along M would reload the held A slot
+    while the other tiles' products still read it (a hazard the simulator reports), so the
+    leftover stays whole."""
+    cfg = load_config("default")
+    shape = GemmShape(1, 64, 1, 48, 32, 1, "float16")
+    tiling = GemmTiling(64, 16, 32, 0)
+    assert len(output_tiles(cfg, shape, tiling, 2)) == 3
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((48, 32)).astype("float32")
+    x = rng.standard_normal((64, 32)).astype("float32")
+    _forced(monkeypatch, tiling)
+    exe = build_npu(graph_module(lambda v: op.dense(v, g.const(w)), [x.shape]),
+                    kiln.Target("npu", hw="default"))
+    got = exe(x)
+    ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    assert float(np.max(np.abs(got - ref)) / np.max(np.abs(ref))) <= 1e-2

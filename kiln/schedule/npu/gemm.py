@@ -262,9 +262,10 @@ def _split_axis(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, nm: int, nn:
     """How :func:`emit_gemm` splits each output tile left over after a round per core (the
     tile count is not a multiple of the cores: 7 tiles on 2 cores) into one piece per core,
     so that every core multiplies the same amount: ``"m"`` (whole M units; keeps the B tile
-    a core holds), ``"n"`` (columns in multiples of the tensor unit's N; keeps the A tile) or
-    ``""`` (not split: no remainder, one core, or too small to split). Each output element
-    is still summed over the same K steps in the same order: the bits do not change."""
+    a core holds), ``"n"`` (columns in multiples of the tensor unit's N; keeps the A tile)
+    or ``""`` (not split: no remainder, one core, too small, or only along a held operand).
+    Each output element is still summed over the same K steps in the same order: the bits
+    do not change."""
     cores = cfg.cores
     if cores == 1 or (shape.batch * nm * nn) % cores == 0:
         return ""
@@ -273,8 +274,11 @@ def _split_axis(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, nm: int, nn:
     # the leftover tiles are the last ones: the last m index, the last n indices
     last_mu = shape.m_units - (nm - 1) * mu
     last_nt = shape.n - (nn - 1) * nt
-    can_m, can_n = last_mu >= cores, last_nt >= cores * tn
-    if can_m and (b_fixed or not (a_fixed and can_n)):
+    # a tile held in one copy per K step is never reloaded (its slot is not double-buffered:
+    # the pipeline's tokens do not guard it), so the held operand's axis is not split
+    can_m = last_mu >= cores and not a_fixed
+    can_n = last_nt >= cores * tn and not b_fixed
+    if can_m and (b_fixed or not can_n):
         return "m"
     return "n" if can_n else ""
 
