@@ -90,8 +90,10 @@ CONVS = [  # (n, c, h, w), (o, kh, kw), stride, padding, dilation
     ((1, 4, 9, 9), (6, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2)),
     ((1, 64, 14, 14), (64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
     ((1, 2, 1, 1), (3, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),  # taps reading only padding
-    ((2, 16, 13, 12), (8, 1, 1), (2, 2), (0, 0, 0, 0), (1, 1)),  # strided 1x1: rows skipped
+    ((2, 16, 13, 12), (8, 1, 1), (2, 2), (0, 0, 0, 0), (1, 1)),  # strided 1x1: rows < burst
     ((1, 6, 9, 10), (5, 1, 1), (3, 2), (1, 1, 2, 1), (1, 1)),  # ... with padding rows
+    ((1, 8, 14, 72), (6, 1, 1), (2, 2), (0, 0, 0, 0), (1, 1)),  # strided 1x1: rows skipped
+    ((1, 6, 9, 80), (5, 1, 1), (3, 2), (1, 1, 2, 1), (1, 1)),  # ... with padding rows
 ]
 
 
@@ -105,6 +107,32 @@ def test_conv2d_implicit_gemm(hw, xs, ws, stride, pad, dil):
     x = _rand(rng, *xs)
     assert _rel(exe(x), _conv_ref(x, w, stride, pad, dil)) <= 1e-2
     assert exe.cpu_ops == []
+
+
+@pytest.mark.parametrize("wd,rows_skipped", [(14, False), (72, True)])
+def test_strided_1x1_stages_the_rows_it_reads_unless_the_image_is_cheaper(wd, rows_skipped):
+    """A 1x1 stride-2 conv reads every other input row. 72-pixel float16 rows (144 bytes,
+    3 bursts) are staged alone; 14-pixel rows (28 bytes: each would move a whole 64-byte
+    burst) cost more that way than the whole image read contiguously, so the image is staged
+    -- and the roofline counts the cheaper of the two, in whole bursts."""
+    rng = np.random.default_rng(wd)
+    c, h, o = 8, 14, 6
+    w = (_rand(rng, o, c, 1, 1) * 0.3).astype("float32")
+    exe = _build(lambda v: op.nn.conv2d(v, g.const(w), strides=(2, 2)), [(1, c, h, wd)],
+                 "default")
+    x = _rand(rng, 1, c, h, wd)
+    assert _rel(exe(x), _conv_ref(x, w, (2, 2), (0, 0, 0, 0), (1, 1))) <= 1e-2
+    prog = [st.program for st in exe.steps if getattr(st, "program", None)][-1]
+    staged = [i for stream in prog.streams for i in stream
+              if i.op == "dma.load" and i.args["dst"].mem == 1 and i.args["src"].mem == 0]
+    assert staged and all(i.args["src"].strides[1] == (2 * wd if rows_skipped else wd)
+                          for i in staged)
+    conv = [k for k in exe.kernels if k.op == "nn.conv2d"][0]
+    row_bytes = -(-wd * 2 // 64) * 64
+    a_bytes = c * (h // 2 * row_bytes if rows_skipped else h * wd * 2)
+    cfg = load_config("default")
+    assert conv.roofline == pytest.approx(
+        (a_bytes + c * o * 2 + o * (h // 2) * (wd // 2) * 4) / cfg.memory("dram").bandwidth)
 
 
 @pytest.mark.parametrize("hw", HW)

@@ -92,12 +92,12 @@ def store_piece_bytes(config: NPUConfig) -> int:
     return max(dram.burst, dram.latency * dram.bandwidth)
 
 
-def store_pieces(config: NPUConfig, shape: tuple[int, ...], dst: Block, src: Block
-                 ) -> list[tuple[tuple[int, int, int], Block, Block]]:
+def store_pieces(config: NPUConfig, shape: tuple[int, ...], dst: Block, src: Block,
+                 floor: int = 0) -> list[tuple[tuple[int, int, int], Block, Block]]:
     """``(shape, dst, src)`` of the pieces of a 3-D block copy of at most
-    :func:`store_piece_bytes` each (a single innermost row may exceed it): slices of the
-    outermost dim with extent > 1, several per piece, or each slice split further."""
-    limit = store_piece_bytes(config)
+    ``max(store_piece_bytes, floor)`` bytes each (a single innermost row may exceed it): slices
+    of the outermost dim with extent > 1, several per piece, or each slice split further."""
+    limit = max(store_piece_bytes(config), floor)
     shp = tuple(int(e) for e in shape)
     isz = itemsize(src.dtype)
     if math.prod(shp) * isz <= limit:
@@ -112,7 +112,7 @@ def store_pieces(config: NPUConfig, shape: tuple[int, ...], dst: Block, src: Blo
         d_at = dst._replace(addr=dst.addr + i0 * dst.strides[d] * isz)
         s_at = src._replace(addr=src.addr + i0 * src.strides[d] * isz)
         if n == 1 and slice_bytes > limit and d < 2:
-            out += store_pieces(config, sub, d_at, s_at)
+            out += store_pieces(config, sub, d_at, s_at, floor)
         else:
             out.append((sub, d_at, s_at))
     return out
@@ -139,6 +139,12 @@ class KernelBuilder:
     streams: list[list[Instr]] = field(default_factory=list)
     labels: dict[int, str] = field(default_factory=dict)
     kernels: list[KernelInfo] = field(default_factory=list)
+    #: the smallest piece :meth:`store` splits a store into, besides one DRAM latency's bytes:
+    #: ``emit_gemm`` sets it to the loads that stream every step of a kernel of one K step per
+    #: tile, so that a store is not starved behind them on the channel, which serves
+    #: transfers in the order they are issued -- small store pieces each waiting for a whole
+    #: load keep the accumulator slot busy and stall the tensor unit
+    store_floor: int = 0
 
     def __post_init__(self) -> None:
         if not self.streams:
@@ -170,7 +176,7 @@ class KernelBuilder:
         this core's DMA-in and on the other cores -- interleave with a large output tile
         instead of queueing behind all of it. The same bytes move; only the order of the
         transfers on the shared channel changes."""
-        for shp, d, s in store_pieces(self.config, shape, dst, src):
+        for shp, d, s in store_pieces(self.config, shape, dst, src, self.store_floor):
             self.emit(core, "dma.store", shape=shp, dst=d, src=s)
 
     def fence(self, core: int, unit: int) -> None:

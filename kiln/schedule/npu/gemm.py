@@ -11,7 +11,10 @@ A, B and C tiles fit the L0 input, weight and accumulator buffers; extents fit t
 and ranks them with :func:`gemm_cost` (tensor-unit cycles against DMA cycles, from the
 description). :func:`emit_gemm` emits the chosen tiling as a double-buffered pipeline: DMA-in
 loads step ``s + 1`` while the tensor unit multiplies step ``s`` and DMA-out stores the
-previous output tile; output tiles are spread round-robin over the cores.
+previous output tile; output tiles are spread round-robin over the cores (:func:`output_tiles`:
+the tiles left over after the last full round are split into one piece per core), and each
+core's last tile is multiplied and stored in pieces so that the kernel ends with one piece's
+store.
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...npu.isa import UNIT_TENSOR
+from ...npu.isa import UNIT_DMA_OUT, UNIT_TENSOR
 from ...target.npu.config import DRAM, NPUConfig
 from .emit import KernelBuilder, Pipeline, block, itemsize
 
 __all__ = ["GemmShape", "GemmTiling", "acc_row_stride", "emit_gemm", "gemm_cost", "gemm_roofline",
-           "plan_gemm"]
+           "output_tiles", "plan_gemm"]
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,10 @@ class GemmShape:
     A convolution stages its input rows in L1 (one contiguous DMA per step) and gathers the
     taps from there: ``stage_stride`` (rows of input per M unit; 0: no staging),
     ``stage_halo`` (extra rows of the window), ``stage_row`` (elements per input row and
-    K unit) and ``stage_pad`` size the L1 slot. ``acc_padded``: the accumulator tile's rows
-    are :func:`acc_row_stride` apart (for a store that reads it column by column)."""
+    K unit) and ``stage_pad`` size the L1 slot; ``stage_runs``: each staged row is a DRAM run
+    of its own (a strided 1x1 convolution reading every ``stride``-th row). ``acc_padded``:
+    the accumulator tile's rows are :func:`acc_row_stride` apart (for a store that reads it
+    column by column)."""
 
     batch: int
     m_units: int
@@ -59,6 +64,7 @@ class GemmShape:
     stage_row: int = 0
     stage_pad: int = 0
     acc_padded: bool = False
+    stage_runs: bool = False
 
     def stage_bytes(self, mu: int, ku: int) -> int:
         """Bytes of one L1 staging slot for tiles of ``mu`` M units and ``ku`` K units (each
@@ -68,6 +74,19 @@ class GemmShape:
             return 0
         rows = (mu - 1) * self.stage_stride + self.stage_halo
         return ku * (rows * self.stage_row * itemsize(self.dtype) + self.stage_pad)
+
+    def stage_dram_bytes(self, mu: int, ku: int, burst: int) -> int:
+        """Bytes DRAM moves to stage a tile's rows: per K unit one contiguous run of its
+        rows, or with ``stage_runs`` (a strided 1x1 convolution's rows, ``stage_stride``
+        apart in the image) one run per row -- whole bursts of each run. The L1 slot's
+        padding is not DRAM traffic."""
+        if not self.stage_stride:
+            return 0
+        rows = (mu - 1) * self.stage_stride + self.stage_halo
+        row = self.stage_row * itemsize(self.dtype)
+        if self.stage_runs:
+            return ku * rows * -(-row // burst) * burst
+        return ku * -(-rows * row // burst) * burst
 
     @property
     def m(self) -> int:
@@ -80,12 +99,16 @@ class GemmShape:
 
 @dataclass(frozen=True)
 class GemmTiling:
-    """Units of M and K and columns of N per tile, and the cost model's estimate (cycles)."""
+    """Units of M and K and columns of N per tile, and the cost model's estimate (cycles).
+    ``balance``: the output tiles left over after a round per core are split into one piece
+    per core (:func:`output_tiles`; the planner weighs it against not splitting: a small
+    leftover tile saves less than its pieces' extra loads cost)."""
 
     m_units: int
     n: int
     k_units: int
     estimate: float
+    balance: bool = True
 
     def describe(self, shape: GemmShape) -> str:
         return (f"tile M{self.m_units * shape.m_unit} x N{self.n} x K{self.k_units * shape.k_unit}"
@@ -143,12 +166,15 @@ def _gather_conflicts(cfg: NPUConfig, isz: int) -> int:
     return max(1, math.ceil(math.ceil(lanes / l1.banks) / l1.ports))
 
 
-def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf: int) -> float:
+def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf: int,
+              balance: bool = True) -> float:
     """Estimated cycles of a tiling: the busiest of the tensor unit, the chip's DRAM channel
     (every byte moved, at the chip's bandwidth) and one core's DMA-in queue (its own
     transfers, each holding the channel at full bandwidth, the issue overhead of every DMA, a
     convolution's gathers from L1 and the wait for its staged rows), plus the pipeline's
-    fill; without double buffering the tensor unit and the DMA add up instead."""
+    fill; without double buffering the tensor unit and the DMA add up instead.
+    ``balance``: the output tiles left over after a round per core are split among the cores
+    (:func:`emit_gemm` does; the TIR route's generator does not)."""
     acc, cpt = _acc_dtype(cfg, shape.dtype)
     isz = itemsize(shape.dtype)
     mt, kt = mu * shape.m_unit, ku * shape.k_unit
@@ -159,12 +185,45 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     tensor = core_steps * _tile_cycles(cfg, mt, nt, kt, cpt)
     dram = cfg.memory(DRAM)
     # DRAM moves whole bursts of each row of a tile narrower than its matrix
-    a_bytes = shape.stage_bytes(mu, ku) or _burst_bytes(cfg, mt, kt * isz, kt == shape.k)
+    a_bytes = shape.stage_dram_bytes(mu, ku, dram.burst) or \
+        _burst_bytes(cfg, mt, kt * isz, kt == shape.k)
     b_bytes = _burst_bytes(cfg, kt, nt * isz, nt == shape.n)
-    # a tile that a slot already holds is not loaded again (emit_gemm)
-    a_loads, b_loads = (min(core_steps, nk) if fixed else core_steps
-                        for fixed in _fixed_tiles(cfg, shape, nm, nn, nk, nbuf))
+    # a tile that a slot already holds is not loaded again (emit_gemm): a tile fixed on a
+    # core once per K step; with the K steps lining up with the slots, an A tile once per
+    # run of a core's tiles with that m (n is the innermost order, the cores deal it). That
+    # last count is a convolution's only (its staged rows and gathers: edge, the stride-2
+    # 1x1 of stage 3, 48.2 -> 67.0%); for a plain GEMM the lower estimate picked narrow
+    # tiles of one K step whose pipeline stalls on its stores (edge, Q @ K^T: 86637 ->
+    # 92494 cycles), which the model does not see.
+    a_fixed, b_fixed = _fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
+    a_runs = shape.batch * nm * nk if shape.stage_stride and nbuf % nk == 0 and \
+        nn >= cfg.cores else core_steps
+    a_loads = min(core_steps, nk if a_fixed else a_runs)
+    b_loads = min(core_steps, nk) if b_fixed else core_steps
     scale = steps / core_steps  # the cores' loads over the busiest one's
+    split = _split_axis(cfg, shape, mu, nt, nm, nn, nk, nbuf) if balance else ""
+    if split:
+        # the tiles left over after a round per core are split among the cores: each core
+        # multiplies ``full`` tiles and ``rest`` pieces, and loads a piece's share of the
+        # split operand but the whole other one (both cores read that tile's A or B)
+        full, rest = divmod(shape.batch * nm * nn, cfg.cores)
+        pm, pn = (mt, _split_sizes(nt, cfg.cores, cfg.tensor_shape[2])[0]) if split == "n" \
+            else (_split_sizes(mu, cfg.cores, 1)[0] * shape.m_unit, nt)
+        tensor = nk * (full * _tile_cycles(cfg, mt, nt, kt, cpt) +
+                       rest * _tile_cycles(cfg, pm, pn, kt, cpt))
+        held = a_loads < core_steps, b_loads < core_steps
+        core_steps = (full + rest) * nk
+        a_piece = a_bytes if split == "n" else (
+            shape.stage_dram_bytes(pm // shape.m_unit, ku, dram.burst) or
+            _burst_bytes(cfg, pm, kt * isz, kt == shape.k))
+        b_piece = b_bytes if split == "m" else _burst_bytes(cfg, kt, pn * isz, False)
+        a_bytes = (full * a_bytes + rest * a_piece) / (full + rest)
+        b_bytes = (full * b_bytes + rest * b_piece) / (full + rest)
+        # a held tile stays held, but the pieces' own tiles of the split operand are loaded
+        a_loads, b_loads = (min(core_steps, loads + (nk * rest if axis == split else 0))
+                            if kept else core_steps
+                            for loads, kept, axis in zip((a_loads, b_loads), held, "mn"))
+        scale = cfg.cores
     traffic = scale * (a_loads * a_bytes + b_loads * b_bytes) + \
         shape.batch * shape.m * shape.n * itemsize(acc)
     per_a = shape.a_dmas * cfg.dma_latency + a_bytes / dram.bandwidth
@@ -196,6 +255,39 @@ def _fixed_tiles(cfg: NPUConfig, shape: GemmShape, nm: int, nn: int, nk: int, nb
     one_m = nm == 1 or (nn == 1 and nm == cores)
     return (one_m and (shape.a_shared or shape.batch == 1),
             one_n and (shape.b_shared or shape.batch == 1))
+
+
+def _split_axis(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, nm: int, nn: int, nk: int,
+                nbuf: int) -> str:
+    """How :func:`emit_gemm` splits each output tile left over after a round per core (the
+    tile count is not a multiple of the cores: 7 tiles on 2 cores) into one piece per core,
+    so that every core multiplies the same amount: ``"m"`` (whole M units; keeps the B tile
+    a core holds), ``"n"`` (columns in multiples of the tensor unit's N; keeps the A tile)
+    or ``""`` (not split: no remainder, one core, too small, or only along a held operand).
+    Each output element is still summed over the same K steps in the same order: the bits
+    do not change."""
+    cores = cfg.cores
+    if cores == 1 or (shape.batch * nm * nn) % cores == 0:
+        return ""
+    tn = cfg.tensor_shape[2]
+    a_fixed, b_fixed = _fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
+    # the leftover tiles are the last ones: the last m index, the last n indices
+    last_mu = shape.m_units - (nm - 1) * mu
+    last_nt = shape.n - (nn - 1) * nt
+    # a tile held in one copy per K step is never reloaded (its slot is not double-buffered:
+    # the pipeline's tokens do not guard it), so the held operand's axis is not split
+    can_m = last_mu >= cores and not a_fixed
+    can_n = last_nt >= cores * tn and not b_fixed
+    if can_m and (b_fixed or not can_n):
+        return "m"
+    return "n" if can_n else ""
+
+
+def _split_sizes(extent: int, parts: int, quantum: int) -> list[int]:
+    """``extent`` cut into at most ``parts`` sizes, multiples of ``quantum`` but the last,
+    as equal as that allows (largest first)."""
+    size = -(-extent // (parts * quantum)) * quantum
+    return [min(size, extent - i) for i in range(0, extent, size)]
 
 
 def _burst_bytes(cfg: NPUConfig, rows: int, row_bytes: int, contiguous: bool) -> int:
@@ -232,10 +324,13 @@ def _candidates(extent: int, quantum: int) -> list[int]:
     return sorted(out)
 
 
-def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True) -> GemmTiling:
+def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True,
+              k_units: int | None = None) -> GemmTiling:
     """The cheapest feasible tiling of ``shape`` (ValueError when none fits the buffers).
-    ``hold=False``: every operand tile takes ``nbuf`` slots (a pipeline that does not keep a
-    tile across steps in one copy, as :func:`emit_gemm` does: the TIR route's)."""
+    ``hold=False``: every operand tile takes ``nbuf`` slots and no leftover tile is split
+    over the cores (a pipeline that does not keep a tile across steps in one copy, as
+    :func:`emit_gemm` does: the TIR route's). ``k_units``: only tiles of that many K units
+    (the same K steps as another plan: the same order of additions, the same bits)."""
     acc, _ = _acc_dtype(cfg, shape.dtype)
     isz, asz = itemsize(shape.dtype), itemsize(acc)
     tm, tk, tn = cfg.tensor_shape
@@ -244,7 +339,8 @@ def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True) ->
     best: GemmTiling | None = None
     for mu in _candidates(shape.m_units, math.ceil(tm / shape.m_unit)):
         mt = mu * shape.m_unit
-        for ku in _candidates(shape.k_units, math.ceil(tk / shape.k_unit)):
+        for ku in [k_units] if k_units else \
+                _candidates(shape.k_units, math.ceil(tk / shape.k_unit)):
             kt = ku * shape.k_unit
             if max(mt, kt) > max_ext or \
                     cfg.cores * nbuf * shape.stage_bytes(mu, ku) > sizes["l1"]:
@@ -256,9 +352,12 @@ def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True) ->
                         b_copies * kt * nt * isz > sizes["weight"] or \
                         nbuf * mt * acc_row_stride(cfg, shape, nt) * asz > sizes["acc"]:
                     continue
-                cost = gemm_cost(cfg, shape, mu, nt, ku, nbuf)
-                if best is None or cost < best.estimate:
-                    best = GemmTiling(mu, nt, ku, cost)
+                leftover = shape.batch * math.ceil(shape.m_units / mu) * \
+                    math.ceil(shape.n / nt) % cfg.cores
+                for balance in (False, True) if hold and leftover else (False,):
+                    cost = gemm_cost(cfg, shape, mu, nt, ku, nbuf, balance=balance)
+                    if best is None or cost < best.estimate:
+                        best = GemmTiling(mu, nt, ku, cost, balance)
     if best is None:
         raise ValueError(f"no tiling of a GEMM M{shape.m} x N{shape.n} x K{shape.k} "
                          f"({shape.dtype}, M in units of {shape.m_unit}, K in units of "
@@ -276,6 +375,40 @@ LoadB = Callable[[int, int, int, int, int, int, int], None]
 #: ``store_c(core, batch, m0, m_units, n0, n, addr)``: DMA the C tile (row-major M x N in the
 #: accumulators at ``addr``) to DRAM.
 StoreC = Callable[[int, int, int, int, int, int, int], None]
+
+
+def _tail_pieces(cfg: NPUConfig, shape: GemmShape, m_units: int) -> list[int]:
+    """Sizes (M units) of the pieces the last output tile of a core is multiplied (at its last
+    K step) and stored in: the store of each piece overlaps the product of the next, so the
+    kernel's tail is one piece's store instead of the whole tile's. Up to 4 pieces, each
+    whole rows of the tensor unit (a piece of fewer rows would cost a whole pass of it)."""
+    quantum = -(-cfg.tensor_shape[0] // shape.m_unit)
+    return _split_sizes(m_units, max(1, min(4, m_units // quantum)), quantum)
+
+
+def output_tiles(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int
+                 ) -> list[tuple[int, int, int, int, int]]:
+    """``(batch, m0, m_units, n0, n)`` of the output tiles in the order :func:`emit_gemm`
+    deals them round-robin to the cores: row-major over ``(batch, m, n)``, the tiles left over
+    after the last full round each split into one piece per core (:func:`_split_axis`)."""
+    mu, nt, ku = tiling.m_units, tiling.n, tiling.k_units
+    nm, nn, nk = (math.ceil(shape.m_units / mu), math.ceil(shape.n / nt),
+                  math.ceil(shape.k_units / ku))
+    tiles = [(b, m0, min(mu, shape.m_units - m0), n0, min(nt, shape.n - n0))
+             for b in range(shape.batch) for m0 in range(0, shape.m_units, mu)
+             for n0 in range(0, shape.n, nt)]
+    split = _split_axis(cfg, shape, mu, nt, nm, nn, nk, nbuf) if tiling.balance else ""
+    if not split:
+        return tiles
+    rest = len(tiles) % cfg.cores
+    out = tiles[:len(tiles) - rest]
+    for b, m0, mus, n0, nts in tiles[len(tiles) - rest:]:
+        start = m0 if split == "m" else n0
+        for size in (_split_sizes(mus, cfg.cores, 1) if split == "m"
+                     else _split_sizes(nts, cfg.cores, cfg.tensor_shape[2])):
+            out.append((b, start, size, n0, nts) if split == "m" else (b, m0, mus, start, size))
+            start += size
+    return out
 
 
 def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: LoadA,
@@ -297,13 +430,22 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     # what each core's slots hold: a tile already in the step's slot is not loaded again
     held_a: list[list[tuple[int, ...] | None]] = [[None] * kb.nbuf for _ in pipes]
     held_b: list[list[tuple[int, ...] | None]] = [[None] * kb.nbuf for _ in pipes]
-    tiles = [(b, m0, n0) for b in range(shape.batch) for m0 in range(0, shape.m_units, mu)
-             for n0 in range(0, shape.n, nt)]
-    for j, (b, m0, n0) in enumerate(tiles):
+    tiles = output_tiles(cfg, shape, tiling, kb.nbuf)
+    # A tile's store must be done before its accumulator slot takes the tile after next:
+    # with one K step per tile that is one step away, and store pieces each served after a
+    # whole load (the channel is first come, first served) are not, so the tensor unit
+    # waits (edge, P @ V: 74501 -> 87272 cycles). There the pieces are as large as the loads
+    # that stream every step. With several K steps the store has their time, and short
+    # pieces that slip between the loads measure better (edge, BERT's dense layers).
+    kb.store_floor = 0 if nk > 1 or shape.stage_stride else \
+        max(0 if a_fixed else in_bytes, 0 if b_fixed else w_bytes)
+    last = {j % cfg.cores: j for j in range(len(tiles))}  # each core's last tile
+    for j, (b, m0, mus, n0, nts) in enumerate(tiles):
         core = j % cfg.cores
         p = pipes[core]
-        mus, nts = min(mu, shape.m_units - m0), min(nt, shape.n - n0)
-        mts = mus * shape.m_unit
+        c_ld = ldc if shape.acc_padded else nts
+        # the last tile's last product runs in pieces of M, each stored as soon as it is done
+        pieces = _tail_pieces(cfg, shape, mus) if last[core] == j else [mus]
         c_addr = 0
         for step, k0 in enumerate(range(0, shape.k_units, ku)):
             kus = min(ku, shape.k_units - k0)
@@ -311,7 +453,7 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
             slot = p.load_slot()
             a_slot, b_slot = (step if a_fixed else slot), (step if b_fixed else slot)
             a_addr, b_addr = a_slot * in_bytes, b_slot * w_bytes
-            a_key = (0 if shape.a_shared else b, m0, k0)
+            a_key = (0 if shape.a_shared else b, m0, mus, k0)
             b_key = (0 if shape.b_shared else b, k0, n0, nts)
             if held_a[core][a_slot] != a_key:
                 load_a(core, b, m0, mus, k0, kus, a_addr, a_slot)
@@ -323,14 +465,26 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
             p.compute_begin()
             if step == 0:
                 c_addr = p.out_slot() * c_bytes
-            kb.emit(core, "mma.set" if step == 0 else "mma", shape=(1, mts, nts, kts),
-                    c=block("acc", c_addr, acc, (0, ldc if shape.acc_padded else nts, 1)),
-                    a=block("input", a_addr, shape.dtype, (0, kts, 1)),
-                    b=block("weight", b_addr, shape.dtype, (nts, 1, 0)))
+            r0 = 0
+            parts = pieces if k0 + ku >= shape.k_units else [mus]
+            for i, pu in enumerate(parts):
+                rows = r0 * shape.m_unit
+                kb.emit(core, "mma.set" if step == 0 else "mma",
+                        shape=(1, pu * shape.m_unit, nts, kts),
+                        c=block("acc", c_addr + rows * c_ld * asz, acc, (0, c_ld, 1)),
+                        a=block("input", a_addr + rows * kts * isz, shape.dtype, (0, kts, 1)),
+                        b=block("weight", b_addr, shape.dtype, (nts, 1, 0)))
+                if i < len(parts) - 1:  # an early piece: its own token to DMA-out
+                    kb.push(core, UNIT_TENSOR, UNIT_DMA_OUT)
+                    kb.pop(core, UNIT_TENSOR, UNIT_DMA_OUT)
+                    store_c(core, b, m0 + r0, pu, n0, nts, c_addr + rows * c_ld * asz)
+                r0 += pu
             p.computed()
         p.produced()
         p.store_begin()
-        store_c(core, b, m0, mus, n0, nts, c_addr)
+        rows = (mus - pieces[-1]) * shape.m_unit
+        store_c(core, b, m0 + mus - pieces[-1], pieces[-1], n0, nts, c_addr + rows * c_ld * asz)
         p.stored()
     for p in pipes:
         p.finish()
+    kb.store_floor = 0

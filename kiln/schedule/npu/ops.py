@@ -392,13 +392,19 @@ def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
     taps = kh * kw
     l1 = ctx.config.memory("l1")
     # A window one row high with a row stride > 1 (a strided 1x1 shortcut) reads every
-    # sh-th input row only: stage those rows alone (sh times less DRAM traffic).
-    # The roofline counts the rows it reads (the whole image otherwise).
-    rstep = sh if kh == 1 else 1
-    rows = h if rstep == 1 else sum(0 <= r * sh - pt < h for r in range(oh))
-    shape = GemmShape(nb, oh, ow, o, c, taps, dt, a_dmas=taps, a_elems=c * rows * wd,
+    # sh-th input row only: stage those rows alone (sh times less DRAM traffic) -- unless
+    # the rows are narrower than a DRAM burst, whose whole bursts make the rows read cost
+    # more than the whole image read contiguously (a 14-pixel float16 row: 28 bytes, one
+    # 64-byte burst). The roofline counts the cheaper of the two, in whole bursts.
+    burst = ctx.config.memory("dram").burst
+    rows = sum(0 <= r * sh - pt < h for r in range(oh)) if kh == 1 else h
+    row_cost = rows * -(-wd * itemsize(dt) // burst) * burst
+    rstep = sh if kh == 1 and sh > 1 and row_cost < h * wd * itemsize(dt) else 1
+    a_bytes = row_cost if rstep > 1 else h * wd * itemsize(dt)
+    shape = GemmShape(nb, oh, ow, o, c, taps, dt, a_dmas=taps,
+                      a_elems=c * -(-a_bytes // itemsize(dt)),
                       stage_stride=sh // rstep, stage_halo=(kh - 1) * dh + 1, stage_row=wd,
-                      stage_pad=2 * l1.bank_width, acc_padded=True)
+                      stage_pad=2 * l1.bank_width, acc_padded=True, stage_runs=rstep > 1)
     tiling = _plan(ctx, "nn.conv2d", shape)
     stage_slot = shape.stage_bytes(tiling.m_units, tiling.k_units)
     ldc = acc_row_stride(ctx.config, shape, tiling.n)

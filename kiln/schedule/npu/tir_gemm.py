@@ -115,8 +115,14 @@ def schedule_gemm(func: PrimFunc, tile: tuple[int, int, int], nbuf: int,
 def plan_gemm_problem(ctx: LoweringContext, op: str, p: GemmProblem) -> GemmTiling:
     try:
         # the generated pipeline gives every operand tile nbuf slots (no tile held across
-        # steps in one copy, as the emitter does): plan within that
-        return plan_gemm(ctx.config, p.shape, ctx.kb.nbuf, hold=False)
+        # steps in one copy, as the emitter does): plan within that, with the emitter's K
+        # steps where they fit (the same order of additions: the same bits)
+        emitted = plan_gemm(ctx.config, p.shape, ctx.kb.nbuf)
+        try:
+            return plan_gemm(ctx.config, p.shape, ctx.kb.nbuf, hold=False,
+                             k_units=emitted.k_units)
+        except ValueError:
+            return plan_gemm(ctx.config, p.shape, ctx.kb.nbuf, hold=False)
     except ValueError as err:
         raise NotSupported(f"{op}: {err}") from None
 
