@@ -524,11 +524,14 @@ def _schedule_depthwise_conv2d_nchwc(sch: Any, target: Any) -> None:
     the test where a tile's taps are all inside), so the input is read once, where it is used,
     with no padded copy. Against the padded copy made per channel block (or per output row
     where the blocks do not feed the threads) with the accumulation in the output buffer and
-    the epilogue a pass of its own, in MobileNetV2 (2 threads, AVX-512, paired per-layer
-    rounds): 0.39-0.86 of the time on its 17 depthwise layers, 0.51 on the 96-channel
-    stride-2 one at 112x112 (knobs ``depthwise_inline_pad``, ``depthwise_register_tile``;
-    blocks that no vector length divides keep the in-place accumulation,
-    :func:`_depthwise_in_place`).
+    the epilogue a pass of its own (AVX-512, Zen 4): the kernel alone at 1 thread (CPU time,
+    paired) 0.47 / 0.56 / 0.61 of the time for 3x3 at 32 x 112x112 / 96 x 112x112 stride 2 /
+    144 x 56x56, 0.71-0.97 for 5x5 ones; in MobileNetV2 at 2 threads (paired per-layer
+    rounds, busy machine) 0.36-0.69 on its 17 depthwise layers, the whole model 0.92 at 1
+    thread. The register tile alone (padded copy kept) took 0.72-0.89 of the time; inlining
+    the padding then 0.39-0.86 of that. Knobs ``depthwise_inline_pad`` and
+    ``depthwise_register_tile``; blocks that no vector length divides keep the in-place
+    accumulation (:func:`_depthwise_in_place`).
     """
     pad, name = "depthwise_conv2d_nchwc_pad", "depthwise_conv2d_nchwc"
     names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_block("root"))}
