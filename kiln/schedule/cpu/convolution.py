@@ -528,7 +528,7 @@ def _schedule_depthwise_conv2d_nchwc(sch: Any, target: Any) -> None:
     paired) 0.47 / 0.56 / 0.61 of the time for 3x3 at 32 x 112x112 / 96 x 112x112 stride 2 /
     144 x 56x56, 0.71-0.97 for 5x5 ones; in MobileNetV2 at 2 threads (paired per-layer
     rounds, busy machine) 0.36-0.69 on its 17 depthwise layers, the whole model 0.92 at 1
-    thread. The register tile alone (padded copy kept) took 0.72-0.89 of the time; inlining
+    thread. The register tile alone (padded copy kept) took 0.72-0.98 of the time; inlining
     the padding then 0.39-0.86 of that. Knobs ``depthwise_inline_pad`` and
     ``depthwise_register_tile``; blocks that no vector length divides keep the in-place
     accumulation (:func:`_depthwise_in_place`).
