@@ -6,13 +6,18 @@
     python benchmarks/models.py --bf16             # + bfloat16 (ToMixedPrecision) variants
     python benchmarks/models.py --layers resnet18  # + per-layer times, kiln next to ORT
     python benchmarks/models.py --dynamic-batch    # exported with a symbolic batch dimension
+    python benchmarks/models.py --cpu-time         # 1 thread, timed by thread CPU time
 
 The networks (``kiln.testing.torch_models``) are exported from PyTorch to ONNX with random
 weights; kiln imports the ONNX file at the default opt level (``-O`` to change). Every engine
 gets the same thread count (``KILN_BENCH_THREADS``, default 2). Prints the median latency of each
 engine and kiln / onnxruntime (lower is better; the target of the CPU-speed issue is <= 1.2).
 The engines are timed in alternating rounds (``kiln.testing.timing.compare``); the ratio is the
-median of the per-round ratios, with their range in brackets.
+median of the per-round ratios, with their range in brackets. On a busy shared machine the
+wall-time ratios swing by tens of percent from run to run: ``--cpu-time`` runs every engine on
+one thread (the calling one) and times each call by that thread's CPU time
+(``time.thread_time``), which other processes' time slices do not inflate (shared caches still
+do); it compares single-thread speed, not the threads' scaling.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -119,7 +125,7 @@ def bench_layers(exe, path: str, feeds: dict, rounds: int = 5, runs: int = 5) ->
 
 
 def bench_case(name: str, opt_level: int, bf16: bool, layers: bool = False,
-               dynamic_batch: bool = False) -> None:
+               dynamic_batch: bool = False, cpu_time: bool = False) -> None:
     import torch
 
     from kiln.testing import torch_models
@@ -145,7 +151,8 @@ def bench_case(name: str, opt_level: int, bf16: bool, layers: bool = False,
         with torch.inference_mode():
             times = compare({"kiln": lambda: exe(**feeds),
                              "onnxruntime": lambda: sess.run(None, feeds),
-                             "torch": lambda: module(*targs)})
+                             "torch": lambda: module(*targs)},
+                            clock=time.thread_time if cpu_time else time.perf_counter)
         t_ort = times.median("onnxruntime")
         print(f"{label:14s} kiln {times.median('kiln') * 1e3:9.3f} ms | onnxruntime "
               f"{t_ort * 1e3:9.3f} ms | torch {times.median('torch') * 1e3:9.3f} ms | "
@@ -223,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--layers", action="store_true",
                     help="also print per-layer times, kiln next to onnxruntime")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="one thread per engine, each call timed by the calling thread's CPU "
+                    "time (steady on a busy machine)")
     ap.add_argument("--dynamic-batch", action="store_true",
                     help="export the models with a symbolic batch dimension (as users often "
                     "do); both engines then compile for any batch")
@@ -230,9 +240,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.cases) - set(CASES)
     if unknown:
         ap.error(f"unknown cases {sorted(unknown)}; choose from {sorted(CASES)}")
-    print(f"threads: {THREADS}; kiln opt level {args.opt_level}")
+    if args.cpu_time:
+        global THREADS
+        THREADS = 1
+    print(f"threads: {THREADS}; kiln opt level {args.opt_level}"
+          + ("; timed by thread CPU time" if args.cpu_time else ""))
     for name in args.cases or CASES:
-        bench_case(name, args.opt_level, args.bf16, args.layers, args.dynamic_batch)
+        bench_case(name, args.opt_level, args.bf16, args.layers, args.dynamic_batch,
+                   args.cpu_time)
     if args.memory:
         bench_memory(args.opt_level)
     return 0

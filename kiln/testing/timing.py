@@ -9,8 +9,13 @@ from dataclasses import dataclass
 
 
 def median_seconds(fn: Callable[[], object], min_repeat: int = 5, min_time: float = 0.3,
-                   warmup: int = 2, max_repeat: int = 1000) -> float:
-    """Median wall time of ``fn()`` over at least ``min_repeat`` runs and ``min_time`` seconds."""
+                   warmup: int = 2, max_repeat: int = 1000,
+                   clock: Callable[[], float] = time.perf_counter) -> float:
+    """Median time of ``fn()`` over at least ``min_repeat`` runs and ``min_time`` seconds (of
+    wall time), each run timed by ``clock``: wall time by default; ``time.thread_time``
+    counts only the calling thread's CPU time, which time slicing by other processes on a
+    busy machine does not inflate -- a fair figure for engines that run on the calling
+    thread (one thread each), though the caches stay shared."""
     for _ in range(warmup):
         fn()
     times: list[float] = []
@@ -18,9 +23,9 @@ def median_seconds(fn: Callable[[], object], min_repeat: int = 5, min_time: floa
     while len(times) < max_repeat and (
         len(times) < min_repeat or time.perf_counter() - start < min_time
     ):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return statistics.median(times)
 
 
@@ -49,7 +54,8 @@ class Comparison:
 
 
 def compare(fns: Mapping[str, Callable[[], object]], rounds: int = 5,
-            min_time: float = 0.2, min_repeat: int = 3, settle: float = 0.1) -> Comparison:
+            min_time: float = 0.2, min_repeat: int = 3, settle: float = 0.1,
+            clock: Callable[[], float] = time.perf_counter) -> Comparison:
     """Time each engine of ``fns`` in turn, ``rounds`` times over, each turn a block of calls
     (at least ``min_repeat`` and ``min_time`` seconds) whose median is that round's figure.
 
@@ -59,11 +65,12 @@ def compare(fns: Mapping[str, Callable[[], object]], rounds: int = 5,
     phases, and the per-round ratio compares engines measured seconds apart. Blocks, not
     call-by-call interleaving, because a thread pool left spinning by one engine's call slows
     the next engine's; ``settle`` seconds of sleep between blocks let such a pool park
-    (OpenBLAS's spins for tens of milliseconds after numpy's last call)."""
+    (OpenBLAS's spins for tens of milliseconds after numpy's last call). ``clock`` times each
+    call (see :func:`median_seconds`)."""
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             time.sleep(settle)
             samples[name].append(median_seconds(fn, min_repeat=min_repeat, min_time=min_time,
-                                                warmup=1))
+                                                warmup=1, clock=clock))
     return Comparison(samples)

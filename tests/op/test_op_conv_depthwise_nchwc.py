@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 from kiln import op, te, tir
+from kiln.codegen import c as codegen_c
 from kiln.ir.errors import KilnError, StructInfoError
 from kiln.op.layout import transform_array
 from kiln.op.registry import get_op_def
 from kiln.schedule import lookup_schedule
+from kiln.schedule.knobs import active_schedule
 from kiln.target import Target
 from kiln.testing.op_testing import check, dims, infer, make_rand, run_cases, tvar
 from kiln.tir.schedule import Schedule
@@ -100,8 +102,9 @@ def test_depthwise_matches_numpy(target):
 
 
 def test_depthwise_schedule_shape():
-    """Parallel outer loop, taps unrolled, a row segment unrolled, lanes vectorized; the
-    padded copy sits inside the parallel loop."""
+    """Parallel outer loop, taps unrolled, a row segment unrolled, lanes vectorized; the zero
+    padding is inlined (no padded copy) and the tile accumulates in a local buffer that is
+    written out once."""
     opdef = get_op_def(DW)
     lanes = TARGET.vector_lanes("float32")
     x = te.placeholder((1, 4, 16, 16, lanes), "float32", name="x")
@@ -114,9 +117,46 @@ def test_depthwise_schedule_shape():
     assert kinds[0] == tir.ForKind.PARALLEL
     assert kinds[-1] == tir.ForKind.VECTORIZED and loops[-1].extent.value == lanes
     assert kinds[-4:-1] == [tir.ForKind.UNROLLED] * 3  # ry, rx, x_inner
-    pad_loops = sch.get_loops(sch.get_block("depthwise_conv2d_nchwc_pad"))
-    assert sch.get(pad_loops[0]).kind == tir.ForKind.PARALLEL
-    assert sch.get(pad_loops[-1]).kind == tir.ForKind.VECTORIZED
+    names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_block("root"))}
+    assert "depthwise_conv2d_nchwc_pad" not in names
+    write_back = sch.get_loops(sch.get_block("depthwise_conv2d_nchwc_local"))
+    assert sch.get(write_back[-1]).kind == tir.ForKind.VECTORIZED
+
+
+@pytest.mark.parametrize("knobs", [{"depthwise_inline_pad": False},
+                                   {"depthwise_register_tile": False},
+                                   {"depthwise_inline_pad": False,
+                                    "depthwise_register_tile": False}],
+                         ids=["padded_copy", "in_place", "padded_copy_in_place"])
+def test_depthwise_knobs_compute_the_same(knobs):
+    """The schedule's other choices (a padded copy of the input instead of the inlined zero
+    padding, the accumulation in the output buffer instead of a register tile) compute the
+    same convolution, with a bias + ReLU epilogue fused in (the tile's write-back path)."""
+    lanes = TARGET.vector_lanes("float32")
+    for (n, c, h, wd), k, attrs in [((1, 2 * lanes, 9, 11), 3, _attrs(padding=1)),
+                                    ((1, lanes, 12, 12), 3, _attrs(strides=2, padding=1)),
+                                    ((1, lanes, 8, 9), 5, _attrs(padding=2, dilation=(1, 2)))]:
+        x, w, bias = rand((n, c, h, wd)), rand((c, 1, k, k)), rand((c,))
+        xb = te.placeholder((n, c // lanes, h, wd, lanes), "float32", name="x")
+        wb = te.placeholder((c // lanes, 1, k, k, lanes), "float32", name="w")
+        bb = te.placeholder((c // lanes, lanes), "float32", name="b")
+        conv = get_op_def(DW).compute(xb, wb, attrs=get_op_def(DW).make_attrs(**attrs))
+        out = te.compute(conv.shape, lambda i, cb, yy, xx, ci, conv=conv, bb=bb: tir.max(
+            conv[i, cb, yy, xx, ci] + bb[cb, ci], tir.const("float32", 0.0)), name="relu")
+        for name, values in (("base", {}), ("other", knobs)):
+            sch = Schedule(te.create_prim_func([xb, wb, bb, out]))
+            sch.knob_values = dict(values)
+            with active_schedule(sch):
+                lookup_schedule(DW, "c")(sch, TARGET)
+            assert {k: sch.knob_decisions()[k] for k in values} == values
+            mod = codegen_c.build({name: sch.func}, TARGET)
+            got = np.full(tuple(d.value for d in out.shape), np.nan, "float32")
+            mod[name](transform_array(x, "NCHW", f"NCHW{lanes}c"),
+                      transform_array(w, "OIHW", f"OIHW{lanes}o"),
+                      bias.reshape(c // lanes, lanes), got)
+            ref = np.maximum(conv_ref(x, w, attrs["strides"], attrs["padding"],
+                                      attrs["dilation"], c) + bias[None, :, None, None], 0)
+            check(transform_array(got, f"NCHW{lanes}c", "NCHW"), ref)
 
 
 # ---- grouped conv2d_nchwc ------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from kiln.op.layout import transform_array
 from kiln.op.registry import get_op_def
 from kiln.schedule import lookup_schedule
 from kiln.schedule.cpu import matmul_packed as cpu_matmul_packed
-from kiln.schedule.cpu.matmul_packed import GEMM_K_UNROLL, GEMM_TILES, gemm_tile
+from kiln.schedule.cpu.matmul_packed import GEMM_K_UNROLL, GEMM_TILES, gemm_tile, narrow_panel
 from kiln.target import Target
 from kiln.testing.op_testing import check, dims, infer, make_rand, run_cases, tvar
 from kiln.tir.schedule import Schedule
@@ -350,6 +350,30 @@ def test_matrix_vector_product_with_constant_weight_is_packed():
     assert _ops(_altered(mod)["main"]) == ["matmul_packed"]
     x = rand((1, 64))
     check(np.asarray(kiln.build(mod)(x)), x @ w)
+
+
+@pytest.mark.parametrize("target", TILE_TARGETS, ids=["avx2", "avx512"])
+def test_few_rows_with_a_constant_weight_pack_narrow_panels(target, monkeypatch):
+    """Columns the tile's width does not divide (a 1280 -> 1000 classifier): under fewer rows
+    than a tile a constant weight is still packed, in the widest panel of whole (half)
+    vectors that divides them; with no such panel, or a full tile of rows, it stays matmul."""
+    monkeypatch.delenv("KILN_VECTOR_BITS", raising=False)  # the override would win
+    rows, cols = gemm_tile(target)
+    n = 1000  # a multiple of 8, not of the tile's columns nor of 16
+    assert narrow_panel(n, target) == 8
+    assert narrow_panel(10, target) is None
+    w, bias = rand((48, n)), rand((n,))
+    for m in (1, rows - 1):
+        mod = _module((m, 48), lambda x: op.add(op.matmul(x, g.const(w)), g.const(bias)))
+        after = FoldConstant()(AlterOpLayout(target)(mod))
+        packed = [c for blk in after["main"].body.blocks for c in blk.bindings
+                  if isinstance(c.value, g.Call) and c.value.op.name == "matmul_packed"]
+        assert packed and packed[0].value.args[1].struct_info.shape[-1].value == 8
+        x = rand((m, 48))
+        check(np.asarray(kiln.build(mod, target=target)(x)), x @ w + bias)
+    for m, width in ((rows, n), (1, 10)):
+        mod = _module((m, 48), lambda x, width=width: op.matmul(x, g.const(w[:, :width])))
+        assert _ops(FoldConstant()(AlterOpLayout(target)(mod))["main"]) == ["matmul"]
 
 
 def test_weight_bound_to_a_variable_is_packed_once_for_all_its_users():
