@@ -83,6 +83,37 @@ def register_tile(m: int, n: int, batch: int = 1, multiprocessors: int = 1,
     return next((f for f in fits if blocks(f) >= multiprocessors), max(fits, key=blocks))
 
 
+def gemm_nest(sch: Any, block: Any, what: str) -> tuple[list[Any], Any, list[int]]:
+    """The spatial loops, the reduction loop and all the extents of a GEMM ``block``
+    (a perfect nest of spatial loops, then one reduction loop), else a ScheduleError."""
+    loops = rules.perfect_loops(sch, block)
+    if loops is None or len(loops) < 3:
+        raise ScheduleError(f"{what}: not a perfect nest of >= 3 loops")
+    roles = rules.loop_roles(sch, block, loops)
+    if roles[-1] != "reduce" or any(r != "spatial" for r in roles[:-1]):
+        raise ScheduleError(f"{what}: expected spatial loops, then one reduction loop")
+    *spatial, k = loops
+    return spatial, k, _extents(sch, loops)
+
+
+def gemm_axes(sch: Any, spatial: list[Any], ext: list[int], rows_fused: bool
+              ) -> tuple[list[Any], Any, Any, int]:
+    """(batch loops, row loop, column loop, rows): a ``dense`` (``rows_fused``) has all its
+    leading axes fused into the rows, a ``matmul`` keeps its batch axes for ``blockIdx.z``."""
+    if rows_fused:
+        i = sch.fuse(*spatial[:-1]) if len(spatial) > 2 else spatial[0]
+        return [], i, spatial[-1], math.prod(ext[:-2])
+    return spatial[:-2], spatial[-2], spatial[-1], ext[-3]
+
+
+def bind_blocks(sch: Any, batch: list[Any], rows: Any, cols: Any) -> None:
+    """Bind the batch loops (fused) to ``blockIdx.z``, the row and column tiles to ``y``/``x``."""
+    if batch:
+        sch.bind(sch.fuse(*batch) if len(batch) > 1 else batch[0], "blockIdx.z")
+    sch.bind(rows, "blockIdx.y")
+    sch.bind(cols, "blockIdx.x")
+
+
 def schedule_tiled_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> None:
     """Tile ``block`` (spatial loops ``[batch..., i, j]`` or, ``rows_fused``, ``[rows..., j]``,
     then one reduction loop) as the module docstring says. Knobs: ``gpu_gemm_threads``
@@ -90,23 +121,10 @@ def schedule_tiled_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> 
     t = knob("gpu_gemm_threads", THREAD_CHOICES, TILE_THREADS)
     if t * t > target.gpu.max_threads_per_block:
         raise ScheduleError("tiled GEMM: the target's blocks are too small")
-    loops = rules.perfect_loops(sch, block)
-    if loops is None or len(loops) < 3:
-        raise ScheduleError("tiled GEMM: not a perfect nest of >= 3 loops")
-    roles = rules.loop_roles(sch, block, loops)
-    if roles[-1] != "reduce" or any(r != "spatial" for r in roles[:-1]):
-        raise ScheduleError("tiled GEMM: expected spatial loops, then one reduction loop")
-    ext = _extents(sch, loops)
-    *spatial, k = loops
+    spatial, k, ext = gemm_nest(sch, block, "tiled GEMM")
     if rows_fused and len(spatial) > 2 and register_tile(ext[-3], ext[-2], threads=t) is not None:
         rows_fused = False  # the last row axis alone fills the tiles: no div/mod in indices
-    if rows_fused:
-        batch, i, j = [], (sch.fuse(*spatial[:-1]) if len(spatial) > 2 else spatial[0]), \
-            spatial[-1]
-        m = math.prod(ext[:-2])
-    else:
-        batch, i, j = spatial[:-2], spatial[-2], spatial[-1]
-        m = ext[-3]
+    batch, i, j, m = gemm_axes(sch, spatial, ext, rows_fused)
     n, kk = ext[-2], ext[-1]
     tile = register_tile(m, n, math.prod(ext[:len(batch)]), target.gpu.multiprocessors, t)
     if tile is None:
@@ -125,11 +143,7 @@ def schedule_tiled_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> 
     jo, tx, ji = sch.split(j, [None, t, reg_n])
     ko, ki = sch.split(k, [None, bk])
     sch.reorder(io, jo, ty, tx, ko, ki, ii, ji)
-    if batch:
-        bz = sch.fuse(*batch) if len(batch) > 1 else batch[0]
-        sch.bind(bz, "blockIdx.z")
-    sch.bind(io, "blockIdx.y")
-    sch.bind(jo, "blockIdx.x")
+    bind_blocks(sch, batch, io, jo)
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
     acc = sch.cache_write(block, 0, "local", accumulator_dtype(sch.get(block)))
@@ -200,14 +214,7 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> No
     into the write-back as in :func:`schedule_tiled_gemm`. Knobs: ``gpu_mma_warps``,
     ``gpu_mma_tiles`` (default :func:`mma_tile`'s choice), ``gpu_mma_bk`` (default the first
     of :data:`MMA_BK_CHOICES` that divides the reduction), ``gpu_mma_stages``."""
-    loops = rules.perfect_loops(sch, block)
-    if loops is None or len(loops) < 3:
-        raise ScheduleError("mma GEMM: not a perfect nest of >= 3 loops")
-    roles = rules.loop_roles(sch, block, loops)
-    if roles[-1] != "reduce" or any(r != "spatial" for r in roles[:-1]):
-        raise ScheduleError("mma GEMM: expected spatial loops, then one reduction loop")
-    ext = _extents(sch, loops)
-    *spatial, k = loops
+    spatial, k, ext = gemm_nest(sch, block, "mma GEMM")
     wy, wx = warps = knob("gpu_mma_warps", MMA_WARPS, MMA_WARPS[0])
     if wy * wx * 32 > target.gpu.max_threads_per_block:
         raise ScheduleError("mma GEMM: the target's blocks are too small")
@@ -215,13 +222,7 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> No
     if rows_fused and len(spatial) > 2 and mma_tile(
             ext[-3], ext[-2], math.prod(ext[:-3]), warps, sms) is not None:
         rows_fused = False  # the last row axis alone fills the tiles: no div/mod in indices
-    if rows_fused:
-        batch, i, j = [], (sch.fuse(*spatial[:-1]) if len(spatial) > 2 else spatial[0]), \
-            spatial[-1]
-        m = math.prod(ext[:-2])
-    else:
-        batch, i, j = spatial[:-2], spatial[-2], spatial[-1]
-        m = ext[-3]
+    batch, i, j, m = gemm_axes(sch, spatial, ext, rows_fused)
     n, kk = ext[-2], ext[-1]
     tile = mma_tile(m, n, math.prod(ext[:len(batch)]), warps, sms)
     if tile is None:
@@ -245,11 +246,7 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> No
     sch.reorder(io, jo, wi, wj, g, t, ko, kt, ri_o, rj_o, ri_i, rj_i, k16)
     warp = sch.fuse(wi, wj)
     lane = sch.fuse(g, t)
-    if batch:
-        bz = sch.fuse(*batch) if len(batch) > 1 else batch[0]
-        sch.bind(bz, "blockIdx.z")
-    sch.bind(io, "blockIdx.y")
-    sch.bind(jo, "blockIdx.x")
+    bind_blocks(sch, batch, io, jo)
     sch.bind(warp, "threadIdx.y")
     sch.bind(lane, "threadIdx.x")
     acc = sch.cache_write(block, 0, "local", "float32")
