@@ -22,10 +22,12 @@ from dataclasses import dataclass
 
 from ...npu.isa import UNIT_TENSOR
 from ...target.npu.config import DRAM, NPUConfig
+from ..knobs import graph_knob
 from .emit import KernelBuilder, Pipeline, block, itemsize
 
-__all__ = ["GemmShape", "GemmTiling", "acc_row_stride", "emit_gemm", "gemm_cost", "gemm_roofline",
-           "plan_gemm"]
+__all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "acc_row_stride",
+           "emit_gemm", "feasible_tilings", "gemm_cost", "gemm_roofline", "plan_gemm",
+           "tiling_domain", "tiling_knob_key"]
 
 
 @dataclass(frozen=True)
@@ -232,16 +234,18 @@ def _candidates(extent: int, quantum: int) -> list[int]:
     return sorted(out)
 
 
-def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True) -> GemmTiling:
-    """The cheapest feasible tiling of ``shape`` (ValueError when none fits the buffers).
-    ``hold=False``: every operand tile takes ``nbuf`` slots (a pipeline that does not keep a
-    tile across steps in one copy, as :func:`emit_gemm` does: the TIR route's)."""
+def feasible_tilings(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True
+                     ) -> list[GemmTiling]:
+    """Every feasible tiling of ``shape``, cheapest first by :func:`gemm_cost` (ties in
+    enumeration order, so the first is :func:`plan_gemm`'s default). ``hold=False``: every
+    operand tile takes ``nbuf`` slots (a pipeline that does not keep a tile across steps in one
+    copy, as :func:`emit_gemm` does: the TIR route's)."""
     acc, _ = _acc_dtype(cfg, shape.dtype)
     isz, asz = itemsize(shape.dtype), itemsize(acc)
     tm, tk, tn = cfg.tensor_shape
     max_ext = cfg.encoding.max_extent
     sizes = {n: cfg.memory(n).size for n in ("input", "weight", "acc", "l1")}
-    best: GemmTiling | None = None
+    found: list[GemmTiling] = []
     for mu in _candidates(shape.m_units, math.ceil(tm / shape.m_unit)):
         mt = mu * shape.m_unit
         for ku in _candidates(shape.k_units, math.ceil(tk / shape.k_unit)):
@@ -256,14 +260,45 @@ def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True) ->
                         b_copies * kt * nt * isz > sizes["weight"] or \
                         nbuf * mt * acc_row_stride(cfg, shape, nt) * asz > sizes["acc"]:
                     continue
-                cost = gemm_cost(cfg, shape, mu, nt, ku, nbuf)
-                if best is None or cost < best.estimate:
-                    best = GemmTiling(mu, nt, ku, cost)
-    if best is None:
+                found.append(GemmTiling(mu, nt, ku, gemm_cost(cfg, shape, mu, nt, ku, nbuf)))
+    return sorted(found, key=lambda t: t.estimate)
+
+
+#: The graph knob (:func:`kiln.schedule.knobs.graph_knob`) of a product's tiling: its value is
+#: ``(m_units, n, k_units)``, one of the :data:`TILING_CANDIDATES` cheapest feasible tilings by
+#: the cost model (the cheapest, the default, first); the tuner (:mod:`kiln.tune.npu_tuning`)
+#: measures them on the simulator.
+TILING_KNOB = "npu_gemm_tiling"
+#: How many of the cost model's best tilings a product's tiling knob offers.
+TILING_CANDIDATES = 8
+
+
+def tiling_knob_key(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True) -> str:
+    """The graph-knob key of a product's tiling: the description and the planner's whole
+    problem (the GEMM's shape in units, its dtype, how A is gathered and staged, the buffers),
+    so a decision applies to the products it was measured for and to no other."""
+    return f"npu.gemm hw={cfg.name} nbuf={nbuf} hold={hold} {shape!r}"
+
+
+def tiling_domain(tilings: list[GemmTiling]) -> tuple[tuple[int, int, int], ...]:
+    """The tiling knob's domain over ranked ``tilings``: the first :data:`TILING_CANDIDATES`
+    as ``(m_units, n, k_units)``."""
+    return tuple((t.m_units, t.n, t.k_units) for t in tilings[:TILING_CANDIDATES])
+
+
+def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True) -> GemmTiling:
+    """The cheapest feasible tiling of ``shape`` by the cost model (ValueError when none fits
+    the buffers) -- or, under :func:`kiln.schedule.knobs.graph_knobs` (tuning, or a build with
+    a tuning database), the one the :data:`TILING_KNOB` of :func:`tiling_knob_key` names.
+    ``hold``: see :func:`feasible_tilings`."""
+    ranked = feasible_tilings(cfg, shape, nbuf, hold)
+    if not ranked:
         raise ValueError(f"no tiling of a GEMM M{shape.m} x N{shape.n} x K{shape.k} "
                          f"({shape.dtype}, M in units of {shape.m_unit}, K in units of "
                          f"{shape.k_unit}) fits the L0 buffers of {cfg.name!r}")
-    return best
+    domain = tiling_domain(ranked)
+    choice = graph_knob(tiling_knob_key(cfg, shape, nbuf, hold), TILING_KNOB, domain, domain[0])
+    return ranked[domain.index(choice)]
 
 
 #: ``load_a(core, batch, m0, m_units, k0, k_units, addr, slot)``: DMA the A tile (row-major,
