@@ -59,7 +59,7 @@ from .cost_model import spearman
 from .database import Record, TuningDatabase, Workload, graph_key, machine_info, target_key
 
 __all__ = ["NpuCandidate", "NpuLayer", "NpuTask", "NpuTuneResult", "extract_npu_tasks",
-           "layer_module", "measure_layer", "tune_npu"]
+           "layer_module", "measure_layer", "random_inputs", "tune_npu"]
 
 #: Relative tolerance (of the largest magnitude of the default's output) between tilings that
 #: split K differently: the float32 sums of the K steps round in another order.
@@ -231,7 +231,9 @@ def layer_module(call: g.Call) -> IRModule:
     return bb.get()
 
 
-def _random_inputs(mod: IRModule, seed: int) -> list[np.ndarray]:
+def random_inputs(mod: IRModule, seed: int) -> list[np.ndarray]:
+    """Seeded random values for ``mod``'s main parameters (a layer's run-time operands):
+    standard normal floats, integers in [-8, 8)."""
     rng = np.random.default_rng(seed)
     out = []
     for p in mod["main"].params:
@@ -264,7 +266,7 @@ def measure_layer(call: g.Call, target: Target, key: str, tiling: Any, seed: int
     if got is None or got[2] != tiling:
         raise KilnError(f"NPU tiling: the layer {call.op.name} did not take tiling {tiling} "
                         f"of key {key!r} (asked: {got})")
-    output = np.asarray(exe(*_random_inputs(mod, seed)))
+    output = np.asarray(exe(*random_inputs(mod, seed)))
     phases: dict[str, float] = {}
     for r in exe.last_reports:
         phases.update(r.phase_cycles())
