@@ -9,8 +9,9 @@ For each model, :func:`kiln.tune.npu_tuning.tune_npu` measures every tiling cand
 product on the simulator (each layer alone), then the whole model is built twice --
 ``kiln.build(mod, target)`` and ``kiln.build(mod, target, tuning_db=db)`` -- and run once each.
 Printed: per product kernel, the default's and the tuned build's cycles in the whole model
-(with the tiling each chose), the model's total cycles both ways, whether the outputs agree
-(with the float32 reference), the cost model's rank correlation with the simulated cycles over
+(with the tiling each chose), the model's total cycles both ways, the same products' cycles as
+the tuner measured them (each layer alone), whether the outputs agree (with the float32
+reference), the cost model's rank correlation with the simulated cycles over
 the measured candidates (Spearman: per layer, averaged; pooled), and the tuning time.
 """
 
@@ -70,6 +71,9 @@ def bench(name: str, hw: str, size: int, seq: int, layers: int, db_path: str) ->
     print(f"{name}: model {cyc_b:.0f} -> {cyc_t:.0f} cycles ({cyc_b / cyc_t:.3f}x); products "
           f"{gemm_b:.0f} -> {gemm_t:.0f} ({gemm_b / gemm_t:.3f}x); tuned vs float32 rel. error "
           f"{rel:.1e}, vs default {diff:.1e}")
+    before, after = res.model_cycles()
+    print(f"{name}: the tuned keys' products measured alone (the tuner's figures): "
+          f"{before:.0f} -> {after:.0f} cycles")
     mean, pooled = res.rank_correlation()
     print(f"{name}: cost model vs simulator, Spearman over the measured candidates: per layer "
           f"(mean of {sum(len(v) > 1 for v in res.measured.values())}) {mean:.3f}, pooled "
