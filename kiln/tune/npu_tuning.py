@@ -58,8 +58,9 @@ from ..transform.npu import CODEGEN
 from .cost_model import spearman
 from .database import Record, TuningDatabase, Workload, graph_key, machine_info, target_key
 
-__all__ = ["NpuCandidate", "NpuLayer", "NpuTask", "NpuTuneResult", "extract_npu_tasks",
-           "layer_module", "measure_layer", "random_inputs", "tune_npu"]
+__all__ = ["ACCUMULATION_RTOL", "LayerRun", "NpuCandidate", "NpuLayer", "NpuTask",
+           "NpuTuneResult", "extract_npu_tasks", "layer_module", "measure_layer",
+           "random_inputs", "tune_npu"]
 
 #: Relative tolerance (of the largest magnitude of the default's output) between tilings that
 #: split K differently: the float32 sums of the K steps round in another order.
@@ -335,7 +336,17 @@ def _measure_task(db: TuningDatabase, task: NpuTask, todo: list[Any],
                   on_trial: Callable[[NpuTask, NpuCandidate, float], None] | None) -> None:
     """Measure ``todo`` of ``task`` (the default first: every candidate's output is compared
     with its), adding a record per candidate to ``db`` and to ``records``."""
-    refs = [measure_layer(layer.call, tgt, task.key, task.default) for layer in task.layers]
+    try:
+        refs = [measure_layer(layer.call, tgt, task.key, task.default)
+                for layer in task.layers]
+    except Exception as err:  # noqa: BLE001 - recorded; the other layers are still tuned
+        why = f"the default tiling failed: {type(err).__name__}: {err}"
+        db.add_records([Record(task.record_key, tkey, {TILING_KNOB: task.default}, why, [],
+                               False, why, machine)])
+        progress.info("tune npu: %s: %s", task.name, why)
+        result.trials += 1
+        result.bad += 1
+        return
     default_cycles = sum(lay.count * r.cycles for lay, r in zip(task.layers, refs))
     db.add_workload(Workload(task.record_key, tkey, task.name, "npu.tiling",
                              default_cycles / clock_hz))

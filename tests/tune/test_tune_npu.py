@@ -282,3 +282,26 @@ def test_cli_tunes_npu_and_compile_uses_it(tmp_path, capsys):
     np.testing.assert_allclose(out, ref, rtol=2e-2, atol=2e-2 * np.max(np.abs(ref)))
     assert cli.main(args + ["--trials", "3"]) == 2
     assert "--ray and --trials are for CPU tuning" in capsys.readouterr().err
+
+
+def test_a_layer_whose_default_fails_is_skipped(tmp_path, monkeypatch):
+    """A layer whose default tiling fails is recorded bad; the other layers are tuned and the
+    build gives the failed one its default tiling."""
+    mod = _model()
+    tasks = extract_npu_tasks(mod, NPU)
+    failing = tasks[-1].key
+    real = npu_tuning.measure_layer
+
+    def measure(call, target, key, tiling, seed=0):
+        if key == failing:
+            raise RuntimeError("no simulator today")
+        return real(call, target, key, tiling, seed)
+
+    monkeypatch.setattr(npu_tuning, "measure_layer", measure)
+    db = TuningDatabase(tmp_path / "t.sqlite")
+    res = tune_npu(mod, db, NPU)
+    assert res.bad == 1 and res.trials == 1 + sum(len(t.domain) for t in tasks[:-1])
+    assert failing not in res.default_cycles and len(res.default_cycles) == len(tasks) - 1
+    [rec] = db.records(graph_key(failing), target_key(NPU))
+    assert not rec.ok and "no simulator today" in rec.error
+    assert db.graph_knobs_for(failing, NPU) is None
