@@ -27,17 +27,10 @@ import numpy as np
 
 import kiln
 from kiln.tune import TuningDatabase
-from kiln.tune.npu_tuning import tune_npu
+from kiln.tune.npu_tuning import kernel_cycles, tune_npu
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from npu import GEMM_OPS, _model  # noqa: E402 - the models of benchmarks/npu.py
-
-
-def _phases(exe) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for r in exe.last_reports:
-        out.update(r.phase_cycles())
-    return out
 
 
 def bench(name: str, hw: str, size: int, seq: int, layers: int, db_path: str) -> None:
@@ -50,7 +43,7 @@ def bench(name: str, hw: str, size: int, seq: int, layers: int, db_path: str) ->
     base = kiln.build(mod, target)
     tuned = kiln.build(mod, target, tuning_db=db)
     out_b, out_t = base(*inputs), tuned(*inputs)
-    c_b, c_t = _phases(base), _phases(tuned)
+    c_b, c_t = kernel_cycles(base), kernel_cycles(tuned)
     print(f"\n== {name} on {hw!r}: {len(res.tasks)} tiling keys, {res.trials} candidates "
           f"measured ({res.bad} bad) in {tune_s:.1f} s")
     print(f"{'layer':18s} {'default tiling':40s} {'default':>9s} {'tuned tiling':40s} "

@@ -59,7 +59,7 @@ from .cost_model import spearman
 from .database import Record, TuningDatabase, Workload, graph_key, machine_info, target_key
 
 __all__ = ["ACCUMULATION_RTOL", "LayerRun", "NpuCandidate", "NpuLayer", "NpuTask",
-           "NpuTuneResult", "extract_npu_tasks", "layer_module", "measure_layer",
+           "NpuTuneResult", "extract_npu_tasks", "kernel_cycles", "layer_module", "measure_layer",
            "random_inputs", "tune_npu"]
 
 #: Relative tolerance (of the largest magnitude of the default's output) between tilings that
@@ -256,6 +256,14 @@ class LayerRun:
     tiling: str
 
 
+def kernel_cycles(exe: Any) -> dict[str, float]:
+    """Simulated cycles per kernel label of an NPU executable's last call (every region)."""
+    out: dict[str, float] = {}
+    for r in exe.last_reports:
+        out.update(r.phase_cycles())
+    return out
+
+
 def measure_layer(call: g.Call, target: Target, key: str, tiling: Any, seed: int = 0
                   ) -> LayerRun:
     """Build ``call`` alone (:func:`layer_module`) with ``key``'s tiling knob at ``tiling``
@@ -268,9 +276,7 @@ def measure_layer(call: g.Call, target: Target, key: str, tiling: Any, seed: int
         raise KilnError(f"NPU tiling: the layer {call.op.name} did not take tiling {tiling} "
                         f"of key {key!r} (asked: {got})")
     output = np.asarray(exe(*random_inputs(mod, seed)))
-    phases: dict[str, float] = {}
-    for r in exe.last_reports:
-        phases.update(r.phase_cycles())
+    phases = kernel_cycles(exe)
     kernels = [k for k in exe.kernels if k.op == call.op.name]
     return LayerRun(sum(phases.get(k.label, 0.0) for k in kernels),
                     sum(k.estimate for k in kernels), output,

@@ -24,7 +24,13 @@ from kiln.target.npu import load_config
 from kiln.testing import models
 from kiln.tune import npu_tuning
 from kiln.tune.database import TuningDatabase, graph_key, target_key
-from kiln.tune.npu_tuning import extract_npu_tasks, layer_module, measure_layer, tune_npu
+from kiln.tune.npu_tuning import (
+    extract_npu_tasks,
+    kernel_cycles,
+    layer_module,
+    measure_layer,
+    tune_npu,
+)
 
 RNG = np.random.default_rng(25)
 NPU = kiln.Target("npu")
@@ -196,9 +202,7 @@ def test_tuning_never_slows_a_layer_and_build_applies_it(tuned):
     np.testing.assert_allclose(out_t, out_b, rtol=1e-3, atol=1e-3 * np.max(np.abs(out_b)))
 
     def products(exe):
-        phases = {}
-        for r in exe.last_reports:
-            phases.update(r.phase_cycles())
+        phases = kernel_cycles(exe)
         return {k.label: phases[k.label] for k in exe.kernels if k.op in GEMM_OPS}
 
     p_b, p_t = products(base), products(best)
