@@ -18,6 +18,7 @@ from kiln.schedule.npu.gemm import (
     feasible_tilings,
     plan_gemm,
     tiling_knob_key,
+    tiling_value,
 )
 from kiln.schedule.npu.ops import GEMM_OPS
 from kiln.target.npu import load_config
@@ -128,13 +129,13 @@ def test_plan_gemm_default_and_knob():
     assert plan_gemm(cfg, shape, 2) == ranked[0]
     key = tiling_knob_key(cfg, shape, 2)
     pick = ranked[3]
-    with graph_knobs(lambda k: {TILING_KNOB: (pick.m_units, pick.n, pick.k_units)}
-                     if k == key else None) as asked:
+    with graph_knobs(lambda k: {TILING_KNOB: tiling_value(pick)} if k == key else None
+                     ) as asked:
         assert plan_gemm(cfg, shape, 2) == pick
         assert plan_gemm(cfg, shape, 2, hold=False) == feasible_tilings(cfg, shape, 2, False)[0]
     domain, default, decision = asked.asked[key][TILING_KNOB]
     assert len(domain) == TILING_CANDIDATES and default == domain[0]
-    assert decision == (pick.m_units, pick.n, pick.k_units)
+    assert decision == tiling_value(pick) == (pick.m_units, pick.n, pick.k_units)
     with graph_knobs(lambda k: {TILING_KNOB: (999, 1, 1)}):
         assert plan_gemm(cfg, shape, 2) == ranked[0]
     assert tiling_knob_key(load_config("edge"), shape, 2) != key

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from ...npu.isa import UNIT_TENSOR
 from ...target.npu.config import DRAM, NPUConfig
@@ -27,7 +28,7 @@ from .emit import KernelBuilder, Pipeline, block, itemsize
 
 __all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "acc_row_stride",
            "emit_gemm", "feasible_tilings", "gemm_cost", "gemm_roofline", "plan_gemm",
-           "tiling_domain", "tiling_knob_key"]
+           "tiling_domain", "tiling_knob_key", "tiling_value"]
 
 
 @dataclass(frozen=True)
@@ -265,9 +266,9 @@ def feasible_tilings(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = T
 
 
 #: The graph knob (:func:`kiln.schedule.knobs.graph_knob`) of a product's tiling: its value is
-#: ``(m_units, n, k_units)``, one of the :data:`TILING_CANDIDATES` cheapest feasible tilings by
-#: the cost model (the cheapest, the default, first); the tuner (:mod:`kiln.tune.npu_tuning`)
-#: measures them on the simulator.
+#: a :func:`tiling_value` (``(m_units, n, k_units)``) of one of the :data:`TILING_CANDIDATES`
+#: cheapest feasible tilings by the cost model (the cheapest, the default, first); the tuner
+#: (:mod:`kiln.tune.npu_tuning`) measures them on the simulator.
 TILING_KNOB = "npu_gemm_tiling"
 #: How many of the cost model's best tilings a product's tiling knob offers.
 TILING_CANDIDATES = 8
@@ -280,10 +281,16 @@ def tiling_knob_key(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = Tr
     return f"npu.gemm hw={cfg.name} nbuf={nbuf} hold={hold} {shape!r}"
 
 
-def tiling_domain(tilings: list[GemmTiling]) -> tuple[tuple[int, int, int], ...]:
+def tiling_value(tiling: GemmTiling) -> tuple[Any, ...]:
+    """A tiling as the knob's value: its decisions (every field but the estimate, in field
+    order: ``(m_units, n, k_units, ...)``), JSON-able for the tuning database."""
+    return tuple(getattr(tiling, f.name) for f in fields(tiling) if f.name != "estimate")
+
+
+def tiling_domain(tilings: list[GemmTiling]) -> tuple[tuple[Any, ...], ...]:
     """The tiling knob's domain over ranked ``tilings``: the first :data:`TILING_CANDIDATES`
-    as ``(m_units, n, k_units)``."""
-    return tuple((t.m_units, t.n, t.k_units) for t in tilings[:TILING_CANDIDATES])
+    as :func:`tiling_value`."""
+    return tuple(tiling_value(t) for t in tilings[:TILING_CANDIDATES])
 
 
 def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True) -> GemmTiling:
