@@ -137,8 +137,8 @@ def build(mod: IRModule, target: Target | str | None = "c",
 
     ``tuning_db`` (a path or :class:`kiln.tune.TuningDatabase`, written by ``kiln tune``)
     gives each CPU kernel the knobs of its best record there, and each graph knob (a
-    convolution's layout blocks) its best record's decision; what has no record gets the
-    default.
+    convolution's layout blocks; on the NPU, each product's tiling: :mod:`kiln.tune.npu_tuning`)
+    its best record's decision; what has no record gets the default.
 
     A CPU build is stored in the executable cache (:mod:`kiln.build_cache`) under a key of the
     module, params, target, pass configuration and kiln's version; building the same again
@@ -214,11 +214,17 @@ def _build(mod: IRModule, target: Target | str | None, params: Mapping[str, Any]
     if state and tgt.kind == "npu":
         raise KilnError("kiln.build: the NPU target does not keep state between calls (the "
                         f"model updates {', '.join(state)} in place)")
-    if tuning_db is not None and tgt.kind != "c":
-        raise KilnError(f"kiln.build: tuning_db= applies to the CPU target ('c') only, not "
+    if tuning_db is not None and tgt.kind not in ("c", "npu"):
+        raise KilnError(f"kiln.build: tuning_db= applies to the CPU ('c') and NPU targets, not "
                         f"{tgt.kind!r}")
     if tgt.kind == "npu":
-        return build_npu((pipeline or npu_pipeline(target=tgt))(mod), tgt, strict=strict)
+        # the NPU's tunable decisions are graph knobs: its products' tilings
+        # (kiln.tune.npu_tuning), answered by the database's best records
+        if tuning_db is None:
+            return build_npu((pipeline or npu_pipeline(target=tgt))(mod), tgt, strict=strict)
+        db = open_database(tuning_db)
+        with graph_knobs(lambda key: db.graph_knobs_for(key, tgt)):
+            return build_npu((pipeline or npu_pipeline(target=tgt))(mod), tgt, strict=strict)
     if strict:
         raise KilnError("kiln.build: strict= applies to NPU targets only")
     if tuning_db is None:

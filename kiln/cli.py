@@ -45,10 +45,13 @@ from .transform import PassContext
 from .transform.npu import partition_for_npu
 from .tune.database import TuningDatabase
 from .tune.graph_tuning import extract_graph_tasks, tune_graph
+from .tune.npu_tuning import tune_npu
 from .tune.ray_runner import RayMeasurer
 from .tune.report import (
     graph_summary,
     graph_trial_line,
+    npu_summary,
+    npu_trial_line,
     parse_duration,
     progress_line,
     report,
@@ -819,6 +822,7 @@ def build_parser() -> ArgumentParser:
   kiln tune model.onnx --budget 30m --db tuning.sqlite    again: continues where it stopped
   kiln tune demo:resnet_block_cnn --trials 16 --db t.sqlite --ray local
   kiln tune model.onnx --db tuning.sqlite --ray 10.0.0.5:6379
+  kiln tune model.onnx --target npu --db tuning.sqlite     NPU tilings, on the simulator
   kiln tune --report --db tuning.sqlite
   kiln compile model.onnx --tuning-db tuning.sqlite        build with the tuned schedules
 """)
@@ -872,9 +876,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise UsageError(f"--budget: {err}") from None
     target = _target(args.target)
-    if target.kind != "c":
-        raise UsageError(f"--target {args.target!r}: tuning is for CPU targets")
+    if target.kind not in ("c", "npu"):
+        raise UsageError(f"--target {args.target!r}: tuning is for CPU and NPU targets")
     mod, params = _tune_module(args)
+    if target.kind == "npu":
+        return _tune_npu(args, db, mod, params, target, budget)
     start = time.monotonic()
     graph = None
     if args.graph_share > 0 and extract_graph_tasks(mod, target, params):
@@ -904,6 +910,26 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(graph_summary(graph))
     print(summary(states))
     print(f"build with: kiln compile {args.model} --tuning-db {args.db}")
+    return 0
+
+
+def _tune_npu(args: argparse.Namespace, db: TuningDatabase, mod: Any, params: Any, target: Any,
+              budget: float) -> int:
+    """``kiln tune --target npu``: every product's tiling candidates on the simulator."""
+    if args.ray or args.trials is not None:
+        raise UsageError("--ray and --trials are for CPU tuning (the NPU's candidates are "
+                         "simulated here, each once)")
+    print(f"simulating the NPU tiling candidates of {args.model} for at most {budget:g} s "
+          f"into {args.db}", file=sys.stderr)
+    result = tune_npu(mod, db, target, params, budget,
+                      on_trial=lambda t, c, d: print(npu_trial_line(t, c, d), file=sys.stderr,
+                                                     flush=True))
+    if not result.tasks:
+        print("nothing to tune: no product of the model has more than one feasible tiling")
+        return 0
+    print(npu_summary(result))
+    print(f"build with: kiln compile {args.model} --target '{target.spec}' --tuning-db "
+          f"{args.db}")
     return 0
 
 

@@ -7,10 +7,11 @@ from typing import Any
 
 from .database import TuningDatabase
 from .graph_tuning import GraphTuneResult
+from .npu_tuning import NpuCandidate, NpuTask, NpuTuneResult
 from .tuner import TaskProgress
 
-__all__ = ["format_duration", "graph_summary", "graph_trial_line", "parse_duration",
-           "progress_line", "report", "summary"]
+__all__ = ["format_duration", "graph_summary", "graph_trial_line", "npu_summary",
+           "npu_trial_line", "parse_duration", "progress_line", "report", "summary"]
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -63,6 +64,40 @@ def graph_summary(result: GraphTuneResult) -> str:
         if good:
             best = min(good, key=good.__getitem__)
             lines.append(f"  {key[:90]}: best {best} {good[best]:.3f}")
+    return "\n".join(lines)
+
+
+def npu_trial_line(task: NpuTask, cand: NpuCandidate, default_cycles: float) -> str:
+    """One line per simulated tiling candidate: the layer, the tiling, its cycles per model
+    run against the default tiling's."""
+    got = f"bad: {cand.error[:80]}" if cand.cycles is None else \
+        f"{cand.cycles:.0f} cycles = {cand.cycles / default_cycles:.3f} of the default's"
+    return f"[npu] {task.name[:60]}: tiling {cand.tiling}: {got}"
+
+
+def npu_summary(result: NpuTuneResult) -> str:
+    """``kiln tune --target npu``'s final table: per tiling key (its layers), the calls, the
+    default's and the best tiling's simulated cycles per model run; the products' total; the
+    cost model's rank correlation with the simulator over this run's candidates."""
+    lines = [f"NPU tilings: {result.trials} candidates simulated ({result.bad} bad) in "
+             f"{result.seconds:.0f} s",
+             f"{'layer':<58} {'calls':>5} {'default':>10} {'best':>10} {'speed-up':>8}  tiling"]
+    for t in result.tasks:
+        if t.key not in result.default_cycles:
+            lines.append(f"{t.name[:58]:<58} {t.calls:>5} {'-':>10} {'-':>10} {'-':>8}  "
+                         "not measured")
+            continue
+        d, b = result.default_cycles[t.key], result.best_cycles[t.key]
+        lines.append(f"{t.name[:58]:<58} {t.calls:>5} {d:>10.0f} {b:>10.0f} {d / b:>7.3f}x  "
+                     f"{result.best_tiling[t.key]}")
+    before, after = result.model_cycles()
+    if after:
+        lines.append(f"products' cycles per model run: {before:.0f} -> {after:.0f} "
+                     f"({before / after:.3f}x)")
+    mean, pooled = result.rank_correlation()
+    if not (mean != mean and pooled != pooled):  # both NaN: nothing measured now
+        lines.append(f"cost model vs simulator (Spearman, this run's candidates): per layer "
+                     f"{mean:.3f}, pooled {pooled:.3f}")
     return "\n".join(lines)
 
 

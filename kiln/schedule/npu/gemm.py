@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from ...npu.isa import UNIT_DMA_OUT, UNIT_TENSOR
 from ...target.npu.config import DRAM, NPUConfig
+from ..knobs import graph_knob
 from .emit import KernelBuilder, Pipeline, block, itemsize
 
-__all__ = ["GemmShape", "GemmTiling", "acc_row_stride", "emit_gemm", "gemm_cost", "gemm_roofline",
-           "output_tiles", "plan_gemm"]
+__all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "acc_row_stride",
+           "emit_gemm", "feasible_tilings", "gemm_cost", "gemm_roofline", "plan_gemm",
+           "tiling_domain", "tiling_knob_key", "tiling_value"]
 
 
 @dataclass(frozen=True)
@@ -324,19 +327,20 @@ def _candidates(extent: int, quantum: int) -> list[int]:
     return sorted(out)
 
 
-def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True,
-              k_units: int | None = None) -> GemmTiling:
-    """The cheapest feasible tiling of ``shape`` (ValueError when none fits the buffers).
-    ``hold=False``: every operand tile takes ``nbuf`` slots and no leftover tile is split
-    over the cores (a pipeline that does not keep a tile across steps in one copy, as
-    :func:`emit_gemm` does: the TIR route's). ``k_units``: only tiles of that many K units
-    (the same K steps as another plan: the same order of additions, the same bits)."""
+def feasible_tilings(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True,
+                     k_units: int | None = None) -> list[GemmTiling]:
+    """Every feasible tiling of ``shape``, cheapest first by :func:`gemm_cost` (ties in
+    enumeration order, so the first is :func:`plan_gemm`'s default). ``hold=False``: every
+    operand tile takes ``nbuf`` slots and no leftover tile is split over the cores (a pipeline
+    that does not keep a tile across steps in one copy, as :func:`emit_gemm` does: the TIR
+    route's). ``k_units``: only tiles of that many K units (the same K steps as another plan:
+    the same order of additions, the same bits)."""
     acc, _ = _acc_dtype(cfg, shape.dtype)
     isz, asz = itemsize(shape.dtype), itemsize(acc)
     tm, tk, tn = cfg.tensor_shape
     max_ext = cfg.encoding.max_extent
     sizes = {n: cfg.memory(n).size for n in ("input", "weight", "acc", "l1")}
-    best: GemmTiling | None = None
+    found: list[GemmTiling] = []
     for mu in _candidates(shape.m_units, math.ceil(tm / shape.m_unit)):
         mt = mu * shape.m_unit
         for ku in [k_units] if k_units else \
@@ -356,13 +360,53 @@ def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True,
                     math.ceil(shape.n / nt) % cfg.cores
                 for balance in (False, True) if hold and leftover else (False,):
                     cost = gemm_cost(cfg, shape, mu, nt, ku, nbuf, balance=balance)
-                    if best is None or cost < best.estimate:
-                        best = GemmTiling(mu, nt, ku, cost, balance)
-    if best is None:
+                    found.append(GemmTiling(mu, nt, ku, cost, balance))
+    return sorted(found, key=lambda t: t.estimate)
+
+
+#: The graph knob (:func:`kiln.schedule.knobs.graph_knob`) of a product's tiling: its value is
+#: a :func:`tiling_value` (``(m_units, n, k_units)``) of one of the :data:`TILING_CANDIDATES`
+#: cheapest feasible tilings by the cost model (the cheapest, the default, first); the tuner
+#: (:mod:`kiln.tune.npu_tuning`) measures them on the simulator.
+TILING_KNOB = "npu_gemm_tiling"
+#: How many of the cost model's best tilings a product's tiling knob offers.
+TILING_CANDIDATES = 8
+
+
+def tiling_knob_key(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True) -> str:
+    """The graph-knob key of a product's tiling: the description and the planner's whole
+    problem (the GEMM's shape in units, its dtype, how A is gathered and staged, the buffers),
+    so a decision applies to the products it was measured for and to no other."""
+    return f"npu.gemm hw={cfg.name} nbuf={nbuf} hold={hold} {shape!r}"
+
+
+def tiling_value(tiling: GemmTiling) -> tuple[Any, ...]:
+    """A tiling as the knob's value: its decisions (every field but the estimate, in field
+    order: ``(m_units, n, k_units, ...)``), JSON-able for the tuning database."""
+    return tuple(getattr(tiling, f.name) for f in fields(tiling) if f.name != "estimate")
+
+
+def tiling_domain(tilings: list[GemmTiling]) -> tuple[tuple[Any, ...], ...]:
+    """The tiling knob's domain over ranked ``tilings``: the first :data:`TILING_CANDIDATES`
+    as :func:`tiling_value`."""
+    return tuple(tiling_value(t) for t in tilings[:TILING_CANDIDATES])
+
+
+def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True,
+              k_units: int | None = None) -> GemmTiling:
+    """The cheapest feasible tiling of ``shape`` by the cost model (ValueError when none fits
+    the buffers) -- or, under :func:`kiln.schedule.knobs.graph_knobs` (tuning, or a build with
+    a tuning database), the one the :data:`TILING_KNOB` of :func:`tiling_knob_key` names.
+    ``hold``, ``k_units``: see :func:`feasible_tilings`."""
+    ranked = feasible_tilings(cfg, shape, nbuf, hold, k_units)
+    if not ranked:
         raise ValueError(f"no tiling of a GEMM M{shape.m} x N{shape.n} x K{shape.k} "
                          f"({shape.dtype}, M in units of {shape.m_unit}, K in units of "
                          f"{shape.k_unit}) fits the L0 buffers of {cfg.name!r}")
-    return best
+    domain = tiling_domain(ranked)
+    key = tiling_knob_key(cfg, shape, nbuf, hold) + (f" k_units={k_units}" if k_units else "")
+    choice = graph_knob(key, TILING_KNOB, domain, domain[0])
+    return ranked[domain.index(choice)]
 
 
 #: ``load_a(core, batch, m0, m_units, k0, k_units, addr, slot)``: DMA the A tile (row-major,
