@@ -186,3 +186,17 @@ def resnet_block_cnn(batch: int = 2, channels: int = 16, size: int = 16, classes
 
     inputs = [rng.standard_normal((batch, 3, size, size)).astype("float32")]
     return Model("resnet_block_cnn", bb.get(), inputs, reference)
+
+
+def dense_bias_relu(x_shape: tuple[int, ...], weight: np.ndarray, bias: np.ndarray
+                    ) -> IRModule:
+    """``relu(dense(x, weight) + bias)`` with ``x`` a parameter of ``x_shape`` (the weight's
+    dtype) and the weight and bias constants: a GEMM whose epilogue a schedule folds."""
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo(x_shape, str(weight.dtype)))
+    with bb.function("main"):
+        with bb.dataflow():
+            y = bb.emit_output(op.nn.relu(op.add(op.linalg.dense(x, g.const(weight)),
+                                                 g.const(bias))))
+        bb.emit_func_output(y, params=[x])
+    return bb.get()

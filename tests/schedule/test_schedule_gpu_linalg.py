@@ -10,8 +10,6 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln import graph as g
-from kiln import op
 from kiln.codegen.gpu.build import build as gpu_build
 from kiln.codegen.gpu.nvrtc import compile_cuda
 from kiln.schedule.gpu import SCHEDULE_ATTR, schedule_and_lower
@@ -24,6 +22,7 @@ from kiln.schedule.gpu.linalg import (
 )
 from kiln.schedule.knobs import active_schedule
 from kiln.target import Target
+from kiln.testing import models
 from kiln.testing.op_testing import scheduled
 from kiln.tir import Schedule
 from kiln.tir.functor import post_order_visit
@@ -99,15 +98,8 @@ def test_shapes_the_tiles_do_not_divide_get_the_generic_rules(name, a_shape, b_s
 
 
 def test_fused_bias_and_relu_fold_into_the_write_back():
-    bb = g.BlockBuilder()
-    x = g.Var("x", g.TensorStructInfo((64, 48), "float32"))
-    w = g.const(RNG.standard_normal((128, 48)).astype("float32"))
-    bias = g.const(RNG.standard_normal((128,)).astype("float32"))
-    with bb.function("main"):
-        with bb.dataflow():
-            y = bb.emit_output(op.nn.relu(op.add(op.linalg.dense(x, w), bias)))
-        bb.emit_func_output(y, params=[x])
-    mod = bb.get()
+    mod = models.dense_bias_relu((64, 48), RNG.standard_normal((128, 48)).astype("float32"),
+                                 RNG.standard_normal((128,)).astype("float32"))
     exe = kiln.build(mod, OPENCL)
     funcs = exe.module.program.functions
     assert [len(f.kernels) for f in funcs.values()] == [1]  # one kernel: the epilogue inside

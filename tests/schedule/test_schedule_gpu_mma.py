@@ -13,13 +13,12 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln import graph as g
-from kiln import op
 from kiln.codegen.gpu.build import build as gpu_build
 from kiln.codegen.gpu.nvrtc import compile_cuda
 from kiln.schedule.gpu import SCHEDULE_ATTR, schedule_and_lower
 from kiln.schedule.gpu.linalg import MMA_BK_CHOICES, MMA_TILES, MMA_WARPS, mma_tile
 from kiln.target import Target
+from kiln.testing import models
 from kiln.testing.op_testing import scheduled
 from kiln.tir.functor import post_order_visit
 from kiln.tir.gpu import KernelLaunch
@@ -143,15 +142,8 @@ def test_float32_gemms_stay_off_the_tensor_cores():
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_dense_with_bias_and_relu_on_tensor_cores_matches_the_cpu(dtype):
-    bb = g.BlockBuilder()
-    x = g.Var("x", g.TensorStructInfo((4, 64, 64), dtype))
-    w = g.const(RNG.uniform(-1, 1, (128, 64)).astype(NP[dtype]))
-    bias = g.const(RNG.uniform(-1, 1, (128,)).astype(NP[dtype]))
-    with bb.function("main"):
-        with bb.dataflow():
-            y = bb.emit_output(op.nn.relu(op.add(op.linalg.dense(x, w), bias)))
-        bb.emit_func_output(y, params=[x])
-    mod = bb.get()
+    mod = models.dense_bias_relu((4, 64, 64), RNG.uniform(-1, 1, (128, 64)).astype(NP[dtype]),
+                                 RNG.uniform(-1, 1, (128,)).astype(NP[dtype]))
     exe = kiln.build(mod, OPENCL)
     (func,) = exe.module.program.functions.values()
     assert len(func.kernels) == 1  # bias and relu folded into the write-back

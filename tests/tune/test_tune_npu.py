@@ -240,18 +240,23 @@ def test_resume_measures_only_what_is_missing(tuned, tmp_path):
     assert part.best_cycles == res.best_cycles
 
 
+def _break_measure(monkeypatch, fails, message):
+    """Make the tuner's layer measurement raise ``message`` where ``fails(key, tiling)``."""
+    real = npu_tuning.measure_layer
+
+    def measure(call, target, key, tiling, seed=0):
+        if fails(key, tiling):
+            raise RuntimeError(message)
+        return real(call, target, key, tiling, seed)
+
+    monkeypatch.setattr(npu_tuning, "measure_layer", measure)
+
+
 def test_a_failing_candidate_is_recorded_bad(tmp_path, monkeypatch):
     mod = _int8_dense()
     [task] = extract_npu_tasks(mod, NPU)
     broken = task.domain[1]
-    real = npu_tuning.measure_layer
-
-    def measure(call, target, key, tiling, seed=0):
-        if tiling == broken:
-            raise RuntimeError("simulator crashed")
-        return real(call, target, key, tiling, seed)
-
-    monkeypatch.setattr(npu_tuning, "measure_layer", measure)
+    _break_measure(monkeypatch, lambda key, tiling: tiling == broken, "simulator crashed")
     db = TuningDatabase(tmp_path / "t.sqlite")
     res = tune_npu(mod, db, NPU)
     assert res.trials == len(task.domain) and res.bad == 1
@@ -295,14 +300,7 @@ def test_a_layer_whose_default_fails_is_skipped(tmp_path, monkeypatch):
     mod = _model()
     tasks = extract_npu_tasks(mod, NPU)
     failing = tasks[-1].key
-    real = npu_tuning.measure_layer
-
-    def measure(call, target, key, tiling, seed=0):
-        if key == failing:
-            raise RuntimeError("no simulator today")
-        return real(call, target, key, tiling, seed)
-
-    monkeypatch.setattr(npu_tuning, "measure_layer", measure)
+    _break_measure(monkeypatch, lambda key, tiling: key == failing, "no simulator today")
     db = TuningDatabase(tmp_path / "t.sqlite")
     res = tune_npu(mod, db, NPU)
     assert res.bad == 1 and res.trials == 1 + sum(len(t.domain) for t in tasks[:-1])
