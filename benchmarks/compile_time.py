@@ -33,12 +33,7 @@ import subprocess
 import sys
 import tempfile
 
-CASES = {
-    "resnet18": ("resnet18", 1),
-    "mobilenet_v2": ("mobilenet_v2", 1),
-    "mlp_b1": ("mlp", 1),
-    "bert_seq128": ("bert_encoder", 1),
-}
+from models import CASES  # the script's folder: benchmarks/models.py (name -> (model, batch))
 
 _CHILD = r"""
 import json, resource, sys, time
