@@ -32,6 +32,7 @@ Symbolic shapes and other layouts are refused (ScheduleError) and get the generi
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +46,11 @@ from ...tir.stmt import ForKind
 from ..knobs import knob
 from ..registry import register_schedule
 from . import rules
-from .linalg import fold_epilogues
+from .conv_mma import schedule_conv_mma
+from .linalg import fold_epilogues, mma_supported
+
+#: Warns of a float16/bfloat16 convolution that does not run on tensor cores, and why.
+logger = logging.getLogger(__name__)
 
 #: Threads per block along the output channels, and along an output row and the rows of the
 #: pixel tile (the pixel tile is 2-D: the input patch of a tile is then a box of constant size).
@@ -333,5 +338,17 @@ def schedule_conv2d(sch: Any, target: Any) -> None:
     shape, out_per_group = _geometry(sch, block, ext)
     if shape.c == 1 and out_per_group == 1 and shape.o > 1:
         schedule_depthwise(sch, target, block, loops, shape)
-    else:
-        schedule_implicit_gemm(sch, target, block, loops, shape, out_per_group)
+        return
+    dtype = str(sch.get(block).reads[0].buffer.dtype)
+    if out_per_group == shape.o and mma_supported(target, dtype) and \
+            knob("gpu_conv_mma", (True, False), True):
+        trial = sch.copy()
+        try:
+            schedule_conv_mma(trial, target)
+        except ScheduleError as err:
+            logger.warning("%s conv2d %s: not on tensor cores (SIMT implicit GEMM): %s",
+                           dtype, shape, err)
+        else:
+            sch.adopt(trial)
+            return
+    schedule_implicit_gemm(sch, target, block, loops, shape, out_per_group)

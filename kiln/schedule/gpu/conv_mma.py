@@ -1,0 +1,249 @@
+"""float16/bfloat16 convolutions on tensor cores: the implicit GEMM of :mod:`.conv` rewritten
+as an explicit matrix product that :func:`kiln.schedule.gpu.linalg.schedule_mma_gemm` tiles.
+
+The product: rows M are the output channels, columns N the output pixels of the whole batch
+(``n * H * W + y * W + x``) and the reduction K the input channels x taps (``c * KH * KW + ry *
+KW + rx``, the order of an OIHW weight's memory). M = output channels because they are the
+axis every real convolution gives in multiples of 16 (the mma's row tile), while the pixels
+of a batch-1 image at 7 x 7 or 14 x 14 are no multiple of the column tile's 8 on any axis;
+columns = pixels also makes a warp's write-back of the NCHW output run along a row of pixels.
+
+:func:`conv_gemm_func` rewrites the fused convolution (padding, ``conv2d``, its element-wise
+epilogues) into:
+
+- ``conv2d_a[M, Kp]``: the weight seen as a matrix (zero where ``k >= K``);
+- ``conv2d_b[Kp, N]``: the im2col matrix, a gather of the (padded) input (zero where
+  ``k >= K``); the padding block stays and is computed inside it;
+- ``conv2d[M, N] += conv2d_a[M, Kp] @ conv2d_b[Kp, N]``, a plain GEMM block;
+- the epilogues over ``(M, N)`` instead of ``(n, o, y, x)``, their intermediates 2-D, the
+  loads of residuals and the final store NCHW again (``n = col / HW``, ``y = col / W % H``,
+  ``x = col % W``).
+
+The mma GEMM schedule then computes ``conv2d_a`` and ``conv2d_b`` inside its cooperative
+global -> shared copies (all threads of a block; the zero padding and ``k >= K`` computed
+there, never stored) and folds the epilogues into the write-back: one kernel per fused
+convolution, as on the SIMT path. K is padded to the reduction step (ResNet-18's stem, K = 3 x
+7 x 7 = 147, runs as 160), M and N are not: a convolution whose output channels or pixels do
+not fill a block tile (``linalg.mma_tile``) takes the SIMT implicit GEMM, with a warning
+naming it (:func:`kiln.schedule.gpu.conv.schedule_conv2d`). Knob ``gpu_conv_mma`` (True) keeps
+the SIMT path reachable.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ...ir.errors import ScheduleError
+from ...tir.buffer import Buffer
+from ...tir.expr import BufferLoad, IterType, IterVar, PrimExpr, Range, Var, const, select
+from ...tir.function import PrimFunc
+from ...tir.functor import Mutator, post_order_visit, substitute
+from ...tir.schedule import Schedule
+from ...tir.schedule.analysis import as_int, infer_regions
+from ...tir.stmt import Block, BlockRealize, BufferStore, For, ForKind, SeqStmt, Stmt
+from ..knobs import knob
+from .linalg import MMA_BK_CHOICES, schedule_mma_gemm
+
+__all__ = ["GATHERS", "conv_gemm_func", "reduction_step", "schedule_conv_mma"]
+
+#: The blocks of :func:`conv_gemm_func` computed inside the GEMM's shared copies.
+GATHERS = ("conv2d_a", "conv2d_b")
+
+
+def reduction_step(k: int) -> int:
+    """The default reduction step of a K-deep convolution GEMM: the first of
+    :data:`MMA_BK_CHOICES` that pads ``k`` least (one that divides it: none)."""
+    return min(MMA_BK_CHOICES, key=lambda b: -(-k // b) * b)
+
+
+def schedule_conv_mma(sch: Schedule, target: Any) -> None:
+    """Schedule the fused convolution of ``sch`` as the module docstring says (``sch`` takes
+    over the rewritten function's schedule), else a ScheduleError saying why not."""
+    conv = sch.get(sch.get_block("conv2d"))
+    k = math.prod(as_int(iv.dom.extent) or 0 for iv in conv.iter_vars[4:])
+    bk = knob("gpu_mma_bk", MMA_BK_CHOICES, reduction_step(k))
+    trial = Schedule(conv_gemm_func(sch.func, bk))
+    trial.knob_values = dict(sch.knob_values)
+    try:
+        trial.compute_inline(trial.get_block("conv2d_pad"))
+    except ScheduleError:
+        pass  # no padding
+    schedule_mma_gemm(trial, target, trial.get_block("conv2d"), rows_fused=False,
+                      gathers=GATHERS)
+    sch.adopt(trial)
+
+
+def _nests(func: PrimFunc) -> list[tuple[list[For], BlockRealize]]:
+    """The root's loop nests, each a perfect nest of serial loops over one block whose iter
+    vars are bound to the loop variables in order (an unscheduled function), else an error."""
+    root = func.body.block
+    stmts = list(root.body.seq) if isinstance(root.body, SeqStmt) else [root.body]
+    out = []
+    for stmt in stmts:
+        loops: list[For] = []
+        while isinstance(stmt, For):
+            loops.append(stmt)
+            stmt = stmt.body
+        if not isinstance(stmt, BlockRealize) or len(loops) != len(stmt.iter_values) or any(
+                v is not lp.loop_var for v, lp in zip(stmt.iter_values, loops)):
+            raise ScheduleError("conv2d mma: not an unscheduled function of loop nests")
+        out.append((loops, stmt))
+    return out
+
+
+def _nest(block: Block) -> Stmt:
+    """``block`` (with iter vars of its own) under one serial loop per iter var, bound in
+    order."""
+    ivs = tuple(IterVar(iv.dom, Var(iv.var.name, iv.var.dtype), iv.iter_type)
+                for iv in block.iter_vars)
+    vmap = {old.var: new.var for old, new in zip(block.iter_vars, ivs)}
+    block = block.replace(iter_vars=ivs, body=substitute(block.body, vmap),
+                          init=None if block.init is None else substitute(block.init, vmap))
+    loop_vars = [Var(f"l_{iv.var.name}", iv.var.dtype) for iv in block.iter_vars]
+    reads, writes = infer_regions(block)
+    stmt: Stmt = BlockRealize(tuple(loop_vars), const("bool", 1),
+                              block.replace(reads=reads, writes=writes))
+    for lv, iv in reversed(list(zip(loop_vars, block.iter_vars))):
+        stmt = For(lv, iv.dom.min, iv.dom.extent, ForKind.SERIAL, stmt)
+    return stmt
+
+
+def _iter(name: str, extent: int, dtype: Any, kind: IterType = IterType.DATA_PAR,
+          var: Var | None = None) -> IterVar:
+    dom = Range(const(dtype, 0), const(dtype, extent))
+    return IterVar(dom, var if var is not None else Var(name, dtype), kind)
+
+
+class _Reshape(Mutator):
+    """Loads and stores of the conv-shaped intermediates (``buffers``: old -> 2-D) at the
+    block's own ``(n, o, y, x)`` iter vars become ``[m, col]``; other accesses are refused."""
+
+    def __init__(self, buffers: dict[Buffer, Buffer], own: tuple[Var, ...],
+                 mn: tuple[Var, Var]):
+        self.buffers, self.own, self.mn = buffers, own, mn
+
+    def _indices(self, buffer: Buffer, indices: tuple[PrimExpr, ...]) -> tuple[PrimExpr, ...]:
+        if len(indices) != 4 or any(i is not v for i, v in zip(indices, self.own)):
+            raise ScheduleError(f"conv2d mma: an epilogue reads {buffer.name} at other "
+                                "indices than its own iteration (not element-wise)")
+        return self.mn
+
+    def visit_BufferLoad(self, load: BufferLoad) -> PrimExpr:
+        load = self.generic_visit(load)
+        if load.buffer not in self.buffers:
+            return load
+        return BufferLoad(self.buffers[load.buffer], self._indices(load.buffer, load.indices))
+
+    def visit_BufferStore(self, store: BufferStore) -> Stmt:
+        store = self.generic_visit(store)
+        if store.buffer not in self.buffers:
+            return store
+        return BufferStore(self.buffers[store.buffer], store.value,
+                           self._indices(store.buffer, store.indices))
+
+
+def _loads(node: Any, buffer: Buffer) -> list[BufferLoad]:
+    found: list[BufferLoad] = []
+    post_order_visit(node, lambda n: found.append(n) if isinstance(n, BufferLoad)
+                     and n.buffer is buffer else None)
+    return found
+
+
+def conv_gemm_func(func: PrimFunc, bk: int) -> PrimFunc:
+    """``func`` (a fused NCHW/OIHW ``conv2d``, groups 1, with its padding and element-wise
+    epilogues) with the convolution written as the GEMM of the module docstring, K padded to
+    a multiple of ``bk``; a ScheduleError when it has another structure."""
+    nests = _nests(func)
+    by_name = {r.block.name_hint: r.block for _, r in nests}
+    conv = by_name.get("conv2d")
+    if conv is None or conv.init is None or len(conv.iter_vars) != 7:
+        raise ScheduleError("conv2d mma: no 7-loop conv2d reduction block")
+    vb, vo, vy, vx, vc, vry, vrx = (iv.var for iv in conv.iter_vars)
+    n, o, h, w, c, kh, kw = (as_int(iv.dom.extent) for iv in conv.iter_vars)
+    if None in (n, o, h, w, c, kh, kw):
+        raise ScheduleError("conv2d mma: symbolic extents")
+    store = conv.body
+    out = conv.writes[0].buffer
+    src, wgt = conv.reads[0].buffer, conv.reads[1].buffer
+    if not isinstance(store, BufferStore) or len(_loads(store.value, src)) != 1 or len(
+            _loads(store.value, wgt)) != 1 or wgt.shape[1] is None or as_int(wgt.shape[1]) != c:
+        raise ScheduleError("conv2d mma: not out += input * weight with groups 1")
+    if str(src.dtype) != str(wgt.dtype):
+        raise ScheduleError("conv2d mma: input and weight of different dtypes")
+    (x_load,), (w_load,) = _loads(store.value, src), _loads(store.value, wgt)
+    dt = vb.dtype
+    big_k, hw = c * kh * kw, h * w
+    kp = -(-big_k // bk) * bk
+    cols = n * hw
+    m_iv, n_iv = _iter("vm", o, dt), _iter("vn", cols, dt)
+    k_iv = _iter("vk", kp, dt, IterType.COMM_REDUCE)
+    vm, vn, vk = m_iv.var, n_iv.var, k_iv.var
+    pixel = {vb: vn // hw, vo: vm, vy: vn // w % h, vx: vn % w}
+    tap = {vc: vk // (kh * kw), vry: vk // kw % kh, vrx: vk % kw}
+    zero = const(str(src.dtype), 0)
+
+    def padded_k(value: PrimExpr) -> PrimExpr:
+        return value if kp == big_k else select(vk < big_k, value, zero)
+
+    a_buf = Buffer("conv2d_a", (o, kp), src.dtype)
+    b_buf = Buffer("conv2d_b", (kp, cols), src.dtype)
+    params = set(func.buffer_map.values())
+    c_buf = Buffer("conv2d_gemm" if out in params else out.name, (o, cols), out.dtype)
+    k_data = _iter("vk", kp, dt, var=vk)  # the same variable, spatial in the gathers
+    a_blk = Block((m_iv, k_data), (), (), "conv2d_a",
+                  BufferStore(a_buf, padded_k(substitute(w_load, {vo: vm, **tap})), (vm, vk)))
+    b_blk = Block((k_data, n_iv), (), (), "conv2d_b",
+                  BufferStore(b_buf, padded_k(substitute(x_load, {**pixel, **tap})), (vk, vn)))
+    gemm = Block((m_iv, n_iv, k_iv), (), (), "conv2d",
+                 BufferStore(c_buf, c_buf[vm, vn] + a_buf[vm, vk] * b_buf[vk, vn], (vm, vn)),
+                 init=BufferStore(c_buf, const(str(out.dtype), 0), (vm, vn)))
+    flat = {out: c_buf}
+    stmts: list[Stmt] = []
+    for _, realize in nests:
+        blk = realize.block
+        if blk is conv:
+            stmts += [_nest(a_blk), _nest(b_blk), _nest(gemm)]
+            if out in params:
+                stmts.append(_epilogue_copy(out, c_buf, (m_iv, n_iv), pixel))
+            continue
+        if not any(r.buffer in flat for r in blk.reads):
+            stmts.append(_nest(blk))  # a producer (the padding)
+            continue
+        stmts.append(_nest(_epilogue(blk, flat, params, (m_iv, n_iv), (n, o, h, w))))
+    root = func.body.block
+    allocs = tuple(b for b in root.alloc_buffers if b not in flat) + (a_buf, b_buf) + tuple(
+        flat.values())
+    new_root = root.replace(body=SeqStmt(tuple(stmts)), alloc_buffers=allocs)
+    return func.replace(body=func.body.replace(block=new_root))
+
+
+def _epilogue(blk: Block, flat: dict[Buffer, Buffer], params: set[Buffer],
+              mn_ivs: tuple[IterVar, IterVar], shape: tuple[int, int, int, int]) -> Block:
+    """An element-wise consumer of the convolution over ``(m, col)``; a conv-shaped
+    intermediate it writes becomes 2-D (added to ``flat``)."""
+    n, o, h, w = shape
+    own = tuple(iv.var for iv in blk.iter_vars)
+    if blk.init is not None or [as_int(iv.dom.extent) for iv in blk.iter_vars] != [n, o, h, w] \
+            or any(iv.iter_type != IterType.DATA_PAR for iv in blk.iter_vars):
+        raise ScheduleError(f"conv2d mma: {blk.name_hint} is not an element-wise epilogue")
+    (written,) = {r.buffer for r in blk.writes}
+    if written not in params:
+        if tuple(as_int(s) for s in written.shape) != (n, o, h, w):
+            raise ScheduleError(f"conv2d mma: {blk.name_hint} writes another shape")
+        flat[written] = Buffer(written.name, (o, n * h * w), written.dtype)
+    vm, vn = (iv.var for iv in mn_ivs)
+    body = _Reshape(flat, own, (vm, vn)).visit(blk.body)
+    hw = h * w
+    body = substitute(body, {own[0]: vn // hw, own[1]: vm, own[2]: vn // w % h,
+                             own[3]: vn % w})
+    return Block(mn_ivs, (), (), blk.name_hint, body, annotations=dict(blk.annotations))
+
+
+def _epilogue_copy(out: Buffer, c_buf: Buffer, mn_ivs: tuple[IterVar, IterVar],
+                   pixel: dict[Var, PrimExpr]) -> Stmt:
+    """The NCHW store of a convolution without epilogues (folded into the write-back)."""
+    vm, vn = (iv.var for iv in mn_ivs)
+    vb, vo, vy, vx = pixel
+    index = (pixel[vb], vm, pixel[vy], pixel[vx])
+    return _nest(Block(mn_ivs, (), (), "conv2d_nchw", BufferStore(out, c_buf[vm, vn], index)))
