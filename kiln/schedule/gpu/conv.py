@@ -339,7 +339,8 @@ def schedule_conv2d(sch: Any, target: Any) -> None:
     if shape.c == 1 and out_per_group == 1 and shape.o > 1:
         schedule_depthwise(sch, target, block, loops, shape)
         return
-    dtype = str(sch.get(block).reads[0].buffer.dtype)
+    # the weight's: a float32-accumulating conv (ToMixedPrecision) pads its input in float32
+    dtype = str(sch.get(block).reads[1].buffer.dtype)
     if out_per_group == shape.o and mma_supported(target, dtype) and \
             knob("gpu_conv_mma", (True, False), True):
         trial = sch.copy()

@@ -36,7 +36,22 @@ from typing import Any
 
 from ...ir.errors import ScheduleError
 from ...tir.buffer import Buffer
-from ...tir.expr import BufferLoad, IterType, IterVar, PrimExpr, Range, Var, const, select
+from ...tir.expr import (
+    Add,
+    BufferLoad,
+    Cast,
+    FloatImm,
+    IterType,
+    IterVar,
+    Mul,
+    PrimExpr,
+    Range,
+    Select,
+    Var,
+    cast,
+    const,
+    select,
+)
 from ...tir.function import PrimFunc
 from ...tir.functor import Mutator, post_order_visit, substitute
 from ...tir.schedule import Schedule
@@ -143,6 +158,56 @@ class _Reshape(Mutator):
                            self._indices(store.buffer, store.indices))
 
 
+def _update_terms(conv: Block, out: Buffer, src: Buffer, wgt: Buffer
+                  ) -> tuple[PrimExpr, PrimExpr]:
+    """The input and weight terms of the convolution's update ``out += x * w`` (each a load,
+    or a cast of one), else a ScheduleError."""
+    store = conv.body
+    value = store.value if isinstance(store, BufferStore) else None
+    if not isinstance(value, Add) or not isinstance(value.b, Mul) or not (
+            isinstance(value.a, BufferLoad) and value.a.buffer is out):
+        raise ScheduleError("conv2d mma: the update is not out += input * weight")
+    terms = {}
+    for term in (value.b.a, value.b.b):
+        load = term.value if isinstance(term, Cast) else term
+        if not isinstance(load, BufferLoad) or load.buffer not in (src, wgt):
+            raise ScheduleError("conv2d mma: the update is not out += input * weight")
+        terms[load.buffer] = term
+    if len(terms) != 2:
+        raise ScheduleError("conv2d mma: the update is not out += input * weight")
+    return terms[src], terms[wgt]
+
+
+def _narrowed(pad: Block | None, low: Any) -> Block:
+    """The padding block of a float32-accumulating convolution, ``select(inside,
+    float32(x[...]), 0)`` with ``x`` of dtype ``low``, storing ``low`` values instead (exact:
+    the cast only widened them), so the im2col matrix and the shared tiles stay ``low``."""
+    store = pad.body if pad is not None else None
+    value = store.value if isinstance(store, BufferStore) else None
+    if isinstance(value, Select) and isinstance(value.true_value, Cast) and isinstance(
+            value.false_value, FloatImm) and value.true_value.value.dtype == low:
+        narrow = select(value.condition, value.true_value.value,
+                        const(str(low), value.false_value.value))
+    elif isinstance(value, Cast) and value.value.dtype == low:
+        narrow = value.value
+    else:
+        raise ScheduleError("conv2d mma: the input is not a float16/bfloat16 tensor cast up")
+    old = store.buffer
+    buf = Buffer(old.name, old.shape, low, scope=old.scope)
+    reads, writes = infer_regions(pad.replace(body=BufferStore(buf, narrow, store.indices)))
+    return pad.replace(body=BufferStore(buf, narrow, store.indices), reads=reads, writes=writes)
+
+
+class _Operands(Mutator):
+    """Every load of a buffer of ``loads`` replaced by the load given for it."""
+
+    def __init__(self, loads: dict[Buffer, BufferLoad]):
+        self.loads = loads
+
+    def visit_BufferLoad(self, load: BufferLoad) -> PrimExpr:
+        return self.loads.get(load.buffer, load)
+
+
 def _loads(node: Any, buffer: Buffer) -> list[BufferLoad]:
     found: list[BufferLoad] = []
     post_order_visit(node, lambda n: found.append(n) if isinstance(n, BufferLoad)
@@ -163,15 +228,16 @@ def conv_gemm_func(func: PrimFunc, bk: int) -> PrimFunc:
     n, o, h, w, c, kh, kw = (as_int(iv.dom.extent) for iv in conv.iter_vars)
     if None in (n, o, h, w, c, kh, kw):
         raise ScheduleError("conv2d mma: symbolic extents")
-    store = conv.body
     out = conv.writes[0].buffer
     src, wgt = conv.reads[0].buffer, conv.reads[1].buffer
-    if not isinstance(store, BufferStore) or len(_loads(store.value, src)) != 1 or len(
-            _loads(store.value, wgt)) != 1 or wgt.shape[1] is None or as_int(wgt.shape[1]) != c:
-        raise ScheduleError("conv2d mma: not out += input * weight with groups 1")
-    if str(src.dtype) != str(wgt.dtype):
-        raise ScheduleError("conv2d mma: input and weight of different dtypes")
-    (x_load,), (w_load,) = _loads(store.value, src), _loads(store.value, wgt)
+    x_term, w_term = _update_terms(conv, out, src, wgt)
+    if as_int(wgt.shape[1]) != c:
+        raise ScheduleError("conv2d mma: groups > 1")
+    by_buffer = {r.block.writes[0].buffer: r.block for _, r in nests}
+    narrow_pad = None
+    if src.dtype != wgt.dtype:  # float32 accumulation: the padding casts the input up
+        narrow_pad = _narrowed(by_buffer.get(src), wgt.dtype)
+    (x_load,), (w_load,) = _loads(x_term, src), _loads(w_term, wgt)
     dt = vb.dtype
     big_k, hw = c * kh * kw, h * w
     kp = -(-big_k // bk) * bk
@@ -181,22 +247,31 @@ def conv_gemm_func(func: PrimFunc, bk: int) -> PrimFunc:
     vm, vn, vk = m_iv.var, n_iv.var, k_iv.var
     pixel = {vb: vn // hw, vo: vm, vy: vn // w % h, vx: vn % w}
     tap = {vc: vk // (kh * kw), vry: vk // kw % kh, vrx: vk % kw}
-    zero = const(str(src.dtype), 0)
+    low = str(wgt.dtype)
+    zero = const(low, 0)
 
     def padded_k(value: PrimExpr) -> PrimExpr:
         return value if kp == big_k else select(vk < big_k, value, zero)
 
-    a_buf = Buffer("conv2d_a", (o, kp), src.dtype)
-    b_buf = Buffer("conv2d_b", (kp, cols), src.dtype)
+    a_buf = Buffer("conv2d_a", (o, kp), low)
+    b_buf = Buffer("conv2d_b", (kp, cols), low)
+    if narrow_pad is not None:
+        x_load = BufferLoad(narrow_pad.writes[0].buffer, x_load.indices)
     params = set(func.buffer_map.values())
-    c_buf = Buffer("conv2d_gemm" if out in params else out.name, (o, cols), out.dtype)
+    c_buf = Buffer("conv2d_gemm" if out in params else out.name, (o, cols), out.dtype,
+                   scope="global" if out in params else out.scope)
     k_data = _iter("vk", kp, dt, var=vk)  # the same variable, spatial in the gathers
     a_blk = Block((m_iv, k_data), (), (), "conv2d_a",
                   BufferStore(a_buf, padded_k(substitute(w_load, {vo: vm, **tap})), (vm, vk)))
     b_blk = Block((k_data, n_iv), (), (), "conv2d_b",
                   BufferStore(b_buf, padded_k(substitute(x_load, {**pixel, **tap})), (vk, vn)))
-    gemm = Block((m_iv, n_iv, k_iv), (), (), "conv2d",
-                 BufferStore(c_buf, c_buf[vm, vn] + a_buf[vm, vk] * b_buf[vk, vn], (vm, vn)),
+    # the update as the op wrote it (casts of a float32-accumulating conv included), its
+    # operands the matrices, A first
+    a_term = _Operands({wgt: a_buf[vm, vk]}).visit(w_term)
+    b_term = _Operands({src: b_buf[vk, vn]}).visit(x_term) if narrow_pad is None else cast(
+        str(src.dtype), b_buf[vk, vn])
+    update = c_buf[vm, vn] + a_term * b_term
+    gemm = Block((m_iv, n_iv, k_iv), (), (), "conv2d", BufferStore(c_buf, update, (vm, vn)),
                  init=BufferStore(c_buf, const(str(out.dtype), 0), (vm, vn)))
     flat = {out: c_buf}
     stmts: list[Stmt] = []
@@ -208,12 +283,16 @@ def conv_gemm_func(func: PrimFunc, bk: int) -> PrimFunc:
                 stmts.append(_epilogue_copy(out, c_buf, (m_iv, n_iv), pixel))
             continue
         if not any(r.buffer in flat for r in blk.reads):
-            stmts.append(_nest(blk))  # a producer (the padding)
+            # a producer (the padding)
+            stmts.append(_nest(narrow_pad if narrow_pad is not None and
+                               blk.writes[0].buffer is src else blk))
             continue
         stmts.append(_nest(_epilogue(blk, flat, params, (m_iv, n_iv), (n, o, h, w))))
     root = func.body.block
-    allocs = tuple(b for b in root.alloc_buffers if b not in flat) + (a_buf, b_buf) + tuple(
-        flat.values())
+    gone = set(flat) | ({src} if narrow_pad is not None else set())
+    narrow = (narrow_pad.writes[0].buffer,) if narrow_pad is not None else ()
+    allocs = tuple(b for b in root.alloc_buffers if b not in gone) + narrow + (
+        a_buf, b_buf) + tuple(flat.values())
     new_root = root.replace(body=SeqStmt(tuple(stmts)), alloc_buffers=allocs)
     return func.replace(body=func.body.replace(block=new_root))
 
@@ -231,7 +310,8 @@ def _epilogue(blk: Block, flat: dict[Buffer, Buffer], params: set[Buffer],
     if written not in params:
         if tuple(as_int(s) for s in written.shape) != (n, o, h, w):
             raise ScheduleError(f"conv2d mma: {blk.name_hint} writes another shape")
-        flat[written] = Buffer(written.name, (o, n * h * w), written.dtype)
+        flat[written] = Buffer(written.name, (o, n * h * w), written.dtype,
+                               scope=written.scope)
     vm, vn = (iv.var for iv in mn_ivs)
     body = _Reshape(flat, own, (vm, vn)).visit(blk.body)
     hw = h * w
