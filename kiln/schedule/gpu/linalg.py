@@ -172,7 +172,11 @@ MMA_WARPS = ((2, 2), (4, 2), (2, 4), (1, 1))
 #: 4 x 2 warps 1.10-1.40 ms. The same 4 x 8 / 64 / one-stage kernel measured 6.1 ms once
 #: through ``kiln.build`` (the generated source is identical; not understood before the
 #: device time ran out), so the default stays on the configuration measured both ways.
-MMA_TILES = ((4, 4), (4, 8), (2, 8), (2, 4), (1, 1))
+#: 2 x 2 (32 columns per block) comes before 1 x 1 for convolutions whose batch's pixels are
+#: a multiple of 32 but not of 64 (ResNet-18's 7 x 7 layers at batch 32: 1568); 4 x 2 made
+#: ptxas spill (sm_80) in the 3 x 3 / 2 one at 14 x 14, the im2col's index arithmetic taking
+#: registers beside the 32 accumulators.
+MMA_TILES = ((4, 4), (4, 8), (2, 8), (2, 4), (2, 2), (1, 1))
 MMA_BK_CHOICES = (32, 64, 16)
 MMA_STAGES = 2
 
