@@ -19,13 +19,13 @@ from kiln import op
 from kiln.codegen.gpu.build import build as gpu_build
 from kiln.codegen.gpu.nvrtc import compile_cuda
 from kiln.schedule.gpu import SCHEDULE_ATTR, schedule_and_lower
-from kiln.schedule.gpu.conv_mma import conv_gemm_func, reduction_step
+from kiln.schedule.gpu.conv_mma import conv_gemm_func, padded_gemm, reduction_step
 from kiln.target import Target
 from kiln.testing import models
 from kiln.testing.op_testing import scheduled
 from kiln.tir.functor import post_order_visit
-from kiln.tir.schedule.analysis import as_int
 from kiln.tir.gpu import KernelLaunch
+from kiln.tir.schedule.analysis import as_int
 from kiln.tir.tensor_intrin.gpu import MMA_SYNC
 from kiln.transform import ToMixedPrecision
 
@@ -85,6 +85,8 @@ CONVS = [
     ((2, 32, 8, 8), (64, 32, 1, 1), (2, 2), (0, 0, 0, 0), (1, 1)),      # downsample 1x1 / 2
     ((1, 16, 8, 8), (16, 16, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),      # 16 channels: 1 warp
     ((1, 8, 12, 10), (32, 8, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2)),      # dilated, K = 72 -> 80
+    ((1, 16, 7, 7), (24, 16, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),      # M 24 -> 32, N 49 -> 64
+    ((2, 8, 14, 14), (32, 8, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),      # N 2 x 49 -> 128
 ]
 
 
@@ -115,15 +117,33 @@ def test_gemm_view_pads_the_reduction_to_the_step():
     assert shapes["conv2d_a"] == (64, 160) and shapes["conv2d_b"] == (160, 16 * 16)
 
 
+def test_padded_rows_and_columns_are_computed_but_not_stored():
+    """49 pixels and 24 channels: a 64 x 32 GEMM whose output stores are predicated."""
+    assert padded_gemm(24, 49, 132) == (32, 64) and padded_gemm(64, 3136, 132) == (64, 3136)
+    x = RNG.uniform(-1, 1, (1, 16, 7, 7)).astype(np.float16)
+    w = RNG.uniform(-1, 1, (24, 16, 3, 3)).astype(np.float16)
+    _, lowered = _lowered([x, w], _attrs((1, 1), (1, 1, 1, 1)), OPENCL)
+    source = gpu_build({"f": lowered}, OPENCL).program.source
+    assert "< 24) && (" in source and "< 49))" in source  # the store's predicate
+    # a guard band after the output: nothing is written beyond the convolution's elements
+    exact = _torch_conv(x, w, (1, 1), (1, 1, 1, 1))
+    flat = np.full(exact.size + 4096, np.nan, np.float16)
+    gpu_build({"f": lowered}, OPENCL)["f"](x, w, flat[:exact.size].reshape(exact.shape))
+    assert np.isnan(flat[exact.size:]).all()
+    _check(flat[:exact.size].reshape(exact.shape), exact, "float16")
+
+
 @pytest.mark.parametrize("xs,ws,why", [
     ((1, 16, 8, 8), (24, 16, 3, 3), "24x64"),   # 24 output channels: no multiple of 16
     ((1, 16, 7, 7), (32, 16, 3, 3), "32x49"),   # 49 pixels: no multiple of 8
 ])
-def test_shapes_off_the_tiles_take_the_simt_implicit_gemm_with_a_warning(xs, ws, why, caplog):
+def test_shapes_off_the_tiles_unpadded_take_the_simt_implicit_gemm_with_a_warning(
+        xs, ws, why, caplog):
     x = RNG.uniform(-1, 1, xs).astype(np.float16)
     w = RNG.uniform(-1, 1, ws).astype(np.float16)
     with caplog.at_level(logging.WARNING, logger="kiln.schedule.gpu.conv"):
-        sched, lowered = _lowered([x, w], _attrs((1, 1), (1, 1, 1, 1)), OPENCL)
+        sched, lowered = _lowered([x, w], _attrs((1, 1), (1, 1, 1, 1)), OPENCL,
+                                  {"gpu_conv_mma_pad": False})
     assert sched.attrs[SCHEDULE_ATTR] == "op" and _mma_calls(lowered) == 0
     assert any("not on tensor cores" in r.message and why in r.message for r in caplog.records)
     exact = _torch_conv(x, w, (1, 1), (1, 1, 1, 1))
@@ -142,10 +162,10 @@ def test_knob_keeps_the_simt_path_reachable():
     assert _mma_calls(lowered) > 0
 
 
-def _conv_bias_residual_relu(dtype: str, c: int = 32):
+def _conv_bias_residual_relu(dtype: str, size: int, c: int = 32):
     """relu(conv3x3(x) + bias + x), the tail of a ResNet block, in ``dtype``."""
     bb = g.BlockBuilder()
-    x = g.Var("x", g.TensorStructInfo((2, c, 8, 8), dtype))
+    x = g.Var("x", g.TensorStructInfo((2, c, size, size), dtype))
     w = (RNG.uniform(-1, 1, (c, c, 3, 3)) / np.sqrt(9 * c)).astype(NP[dtype])
     bias = RNG.uniform(-1, 1, (1, c, 1, 1)).astype(NP[dtype])
     with bb.function("main"):
@@ -156,14 +176,16 @@ def _conv_bias_residual_relu(dtype: str, c: int = 32):
     return bb.get(), w, bias
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_fused_bias_residual_relu_fold_into_the_write_back(dtype):
-    mod, w, bias = _conv_bias_residual_relu(dtype)
+@pytest.mark.parametrize("dtype,size", [("float16", 8), ("bfloat16", 8), ("float16", 7)])
+def test_fused_bias_residual_relu_fold_into_the_write_back(dtype, size):
+    """8 x 8: 128 columns; 7 x 7: 98 columns, padded to 128 (the residual read at clamped
+    indices, the store predicated)."""
+    mod, w, bias = _conv_bias_residual_relu(dtype, size)
     exe = kiln.build(mod, OPENCL)
     (func,) = exe.module.program.functions.values()
     assert len(func.kernels) == 1
     assert "kiln_mma_m16n8k16" in exe.module.program.source
-    xs = RNG.uniform(-1, 1, (2, 32, 8, 8)).astype(NP[dtype])
+    xs = RNG.uniform(-1, 1, (2, 32, size, size)).astype(NP[dtype])
     got = np.asarray(exe(xs)).astype("float64")
     conv = _torch_conv(xs, w, (1, 1), (1, 1, 1, 1))
     exact = np.maximum(conv + bias.astype("float64") + xs.astype("float64"), 0)
@@ -187,12 +209,16 @@ def test_mixed_precision_resnet_runs_its_convolutions_on_tensor_cores(dtype):
 
 
 #: ResNet-18's convolutions on tensor cores: (data, weight, stride, padding); 224 x 224 at
-#: batch 1 where the pixels fill the column tiles, layer 4 (7 x 7) at batch 32.
+#: batch 1 (the 14 x 14 and 7 x 7 layers padded to 224 and 64 columns) and layer 4 at batch 32.
 RESNET18 = [((1, 3, 224, 224), (64, 3, 7, 7), 2, 3),
             ((1, 64, 56, 56), (64, 64, 3, 3), 1, 1),
             ((1, 64, 56, 56), (128, 64, 3, 3), 2, 1),
             ((1, 64, 56, 56), (128, 64, 1, 1), 2, 0),
             ((1, 128, 28, 28), (128, 128, 3, 3), 1, 1),
+            ((1, 128, 28, 28), (256, 128, 3, 3), 2, 1),
+            ((1, 256, 14, 14), (256, 256, 3, 3), 1, 1),
+            ((1, 256, 14, 14), (512, 256, 3, 3), 2, 1),
+            ((1, 512, 7, 7), (512, 512, 3, 3), 1, 1),
             ((32, 256, 14, 14), (512, 256, 3, 3), 2, 1),
             ((32, 512, 7, 7), (512, 512, 3, 3), 1, 1)]
 

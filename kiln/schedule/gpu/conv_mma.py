@@ -31,7 +31,6 @@ the SIMT path reachable.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ...ir.errors import ScheduleError
@@ -52,16 +51,21 @@ from ...tir.expr import (
     const,
     select,
 )
+from ...tir.expr import min as tmin
 from ...tir.function import PrimFunc
 from ...tir.functor import Mutator, post_order_visit, substitute
 from ...tir.schedule import Schedule
 from ...tir.schedule.analysis import as_int, infer_regions
 from ...tir.stmt import Block, BlockRealize, BufferStore, For, ForKind, SeqStmt, Stmt
 from ..knobs import knob
-from .linalg import MMA_BK_CHOICES, schedule_mma_gemm
+from .linalg import MMA_BK_CHOICES, MMA_WARPS, mma_tile, schedule_mma_gemm
 
-__all__ = ["GATHERS", "conv_gemm_func", "reduction_step", "schedule_conv_mma"]
+__all__ = ["GATHERS", "PAD_TO", "conv_gemm_func", "guard_padded_stores", "padded_gemm",
+           "reduction_step", "schedule_conv_mma"]
 
+#: What :func:`padded_gemm` rounds output channels and pixels up to: 32 x 32 block tiles
+#: (2 x 2 warps of 1 x 2 or 2 x 1 mma tiles... :data:`linalg.MMA_TILES`).
+PAD_TO = 32
 #: The blocks of :func:`conv_gemm_func` computed inside the GEMM's shared copies.
 GATHERS = ("conv2d_a", "conv2d_b")
 
@@ -72,13 +76,49 @@ def reduction_step(k: int) -> int:
     return min(MMA_BK_CHOICES, key=lambda b: -(-k // b) * b)
 
 
+def padded_gemm(m: int, n: int, multiprocessors: int) -> tuple[int, int]:
+    """The GEMM extents a conv with ``m`` output channels and ``n`` pixels (the batch's)
+    computes: ``(m, n)`` when a block tile of some warps divides them (:func:`mma_tile`), else
+    each rounded up to a multiple of :data:`PAD_TO` (ResNet-18's 14 x 14 and 7 x 7 layers at
+    batch 1: 196 -> 224 and 49 -> 64 columns)."""
+    if any(mma_tile(m, n, 1, w, multiprocessors) for w in MMA_WARPS):
+        return m, n
+    return -(-m // PAD_TO) * PAD_TO, -(-n // PAD_TO) * PAD_TO
+
+
+def guard_padded_stores(func: PrimFunc, extents: tuple[int, int]) -> PrimFunc:
+    """``func`` with every block that stores into one of its parameters over the padded GEMM's
+    ``(m, col)`` given the predicate ``m < extents[0] and col < extents[1]``: the padded rows
+    and columns compute a copy of the last real ones and are not stored (nor race with the
+    real ones when an output aliases an input)."""
+    params = set(func.buffer_map.values())
+
+    class Guard(Mutator):
+        def visit_BlockRealize(self, realize: BlockRealize) -> Stmt:
+            realize = self.generic_visit(realize)
+            block = realize.block
+            stores: list[BufferStore] = []
+            post_order_visit(block.body, lambda n: stores.append(n)
+                             if isinstance(n, BufferStore) else None)
+            if len(block.iter_vars) != 2 or not any(st.buffer in params for st in stores):
+                return realize
+            row, col = realize.iter_values
+            inside = (row < extents[0]) & (col < extents[1])
+            return realize.replace(predicate=realize.predicate & inside)
+
+    return func.replace(body=Guard().visit(func.body))
+
+
 def schedule_conv_mma(sch: Schedule, target: Any) -> None:
     """Schedule the fused convolution of ``sch`` as the module docstring says (``sch`` takes
     over the rewritten function's schedule), else a ScheduleError saying why not."""
     conv = sch.get(sch.get_block("conv2d"))
-    k = math.prod(as_int(iv.dom.extent) or 0 for iv in conv.iter_vars[4:])
-    bk = knob("gpu_mma_bk", MMA_BK_CHOICES, reduction_step(k))
-    trial = Schedule(conv_gemm_func(sch.func, bk))
+    n, o, h, w, c, kh, kw = (as_int(iv.dom.extent) or 0 for iv in conv.iter_vars)
+    bk = knob("gpu_mma_bk", MMA_BK_CHOICES, reduction_step(c * kh * kw))
+    extents = (o, n * h * w)
+    padded = padded_gemm(*extents, target.gpu.multiprocessors) if knob(
+        "gpu_conv_mma_pad", (True, False), True) else extents
+    trial = Schedule(conv_gemm_func(sch.func, bk, padded))
     trial.knob_values = dict(sch.knob_values)
     try:
         trial.compute_inline(trial.get_block("conv2d_pad"))
@@ -86,6 +126,8 @@ def schedule_conv_mma(sch: Schedule, target: Any) -> None:
         pass  # no padding
     schedule_mma_gemm(trial, target, trial.get_block("conv2d"), rows_fused=False,
                       gathers=GATHERS)
+    if padded != extents:
+        trial = Schedule(guard_padded_stores(trial.func, extents))
     sch.adopt(trial)
 
 
@@ -215,10 +257,14 @@ def _loads(node: Any, buffer: Buffer) -> list[BufferLoad]:
     return found
 
 
-def conv_gemm_func(func: PrimFunc, bk: int) -> PrimFunc:
+def conv_gemm_func(func: PrimFunc, bk: int, padded: tuple[int, int] | None = None
+                   ) -> PrimFunc:
     """``func`` (a fused NCHW/OIHW ``conv2d``, groups 1, with its padding and element-wise
     epilogues) with the convolution written as the GEMM of the module docstring, K padded to
-    a multiple of ``bk``; a ScheduleError when it has another structure."""
+    a multiple of ``bk``, M and N to ``padded`` (the rows and columns beyond the convolution's
+    read its last row / column: every index stays inside its buffer, and
+    :func:`guard_padded_stores` keeps them from being stored); a ScheduleError when it has
+    another structure."""
     nests = _nests(func)
     by_name = {r.block.name_hint: r.block for _, r in nests}
     conv = by_name.get("conv2d")
@@ -242,10 +288,15 @@ def conv_gemm_func(func: PrimFunc, bk: int) -> PrimFunc:
     big_k, hw = c * kh * kw, h * w
     kp = -(-big_k // bk) * bk
     cols = n * hw
-    m_iv, n_iv = _iter("vm", o, dt), _iter("vn", cols, dt)
+    mp, np_ = padded or (o, cols)
+    if mp < o or np_ < cols:
+        raise ScheduleError("conv2d mma: the padded GEMM is smaller than the convolution")
+    m_iv, n_iv = _iter("vm", mp, dt), _iter("vn", np_, dt)
     k_iv = _iter("vk", kp, dt, IterType.COMM_REDUCE)
     vm, vn, vk = m_iv.var, n_iv.var, k_iv.var
-    pixel = {vb: vn // hw, vo: vm, vy: vn // w % h, vx: vn % w}
+    row = vm if mp == o else tmin(vm, o - 1)
+    col = vn if np_ == cols else tmin(vn, cols - 1)
+    pixel = {vb: col // hw, vo: row, vy: col // w % h, vx: col % w}
     tap = {vc: vk // (kh * kw), vry: vk // kw % kh, vrx: vk % kw}
     low = str(wgt.dtype)
     zero = const(low, 0)
@@ -253,16 +304,16 @@ def conv_gemm_func(func: PrimFunc, bk: int) -> PrimFunc:
     def padded_k(value: PrimExpr) -> PrimExpr:
         return value if kp == big_k else select(vk < big_k, value, zero)
 
-    a_buf = Buffer("conv2d_a", (o, kp), low)
-    b_buf = Buffer("conv2d_b", (kp, cols), low)
+    a_buf = Buffer("conv2d_a", (mp, kp), low)
+    b_buf = Buffer("conv2d_b", (kp, np_), low)
     if narrow_pad is not None:
         x_load = BufferLoad(narrow_pad.writes[0].buffer, x_load.indices)
     params = set(func.buffer_map.values())
-    c_buf = Buffer("conv2d_gemm" if out in params else out.name, (o, cols), out.dtype,
+    c_buf = Buffer("conv2d_gemm" if out in params else out.name, (mp, np_), out.dtype,
                    scope="global" if out in params else out.scope)
     k_data = _iter("vk", kp, dt, var=vk)  # the same variable, spatial in the gathers
     a_blk = Block((m_iv, k_data), (), (), "conv2d_a",
-                  BufferStore(a_buf, padded_k(substitute(w_load, {vo: vm, **tap})), (vm, vk)))
+                  BufferStore(a_buf, padded_k(substitute(w_load, {vo: row, **tap})), (vm, vk)))
     b_blk = Block((k_data, n_iv), (), (), "conv2d_b",
                   BufferStore(b_buf, padded_k(substitute(x_load, {**pixel, **tap})), (vk, vn)))
     # the update as the op wrote it (casts of a float32-accumulating conv included), its
@@ -287,7 +338,7 @@ def conv_gemm_func(func: PrimFunc, bk: int) -> PrimFunc:
             stmts.append(_nest(narrow_pad if narrow_pad is not None and
                                blk.writes[0].buffer is src else blk))
             continue
-        stmts.append(_nest(_epilogue(blk, flat, params, (m_iv, n_iv), (n, o, h, w))))
+        stmts.append(_nest(_epilogue(blk, flat, params, (m_iv, n_iv), (n, o, h, w), pixel)))
     root = func.body.block
     gone = set(flat) | ({src} if narrow_pad is not None else set())
     narrow = (narrow_pad.writes[0].buffer,) if narrow_pad is not None else ()
@@ -298,9 +349,11 @@ def conv_gemm_func(func: PrimFunc, bk: int) -> PrimFunc:
 
 
 def _epilogue(blk: Block, flat: dict[Buffer, Buffer], params: set[Buffer],
-              mn_ivs: tuple[IterVar, IterVar], shape: tuple[int, int, int, int]) -> Block:
-    """An element-wise consumer of the convolution over ``(m, col)``; a conv-shaped
-    intermediate it writes becomes 2-D (added to ``flat``)."""
+              mn_ivs: tuple[IterVar, IterVar], shape: tuple[int, int, int, int],
+              pixel: dict[Var, PrimExpr]) -> Block:
+    """An element-wise consumer of the convolution over ``(m, col)`` (``pixel``: the
+    convolution's ``n, o, y, x`` in those); a conv-shaped intermediate it writes becomes 2-D
+    (added to ``flat``)."""
     n, o, h, w = shape
     own = tuple(iv.var for iv in blk.iter_vars)
     if blk.init is not None or [as_int(iv.dom.extent) for iv in blk.iter_vars] != [n, o, h, w] \
@@ -310,13 +363,11 @@ def _epilogue(blk: Block, flat: dict[Buffer, Buffer], params: set[Buffer],
     if written not in params:
         if tuple(as_int(s) for s in written.shape) != (n, o, h, w):
             raise ScheduleError(f"conv2d mma: {blk.name_hint} writes another shape")
-        flat[written] = Buffer(written.name, (o, n * h * w), written.dtype,
-                               scope=written.scope)
+        shape2 = tuple(as_int(iv.dom.extent) for iv in mn_ivs)
+        flat[written] = Buffer(written.name, shape2, written.dtype, scope=written.scope)
     vm, vn = (iv.var for iv in mn_ivs)
     body = _Reshape(flat, own, (vm, vn)).visit(blk.body)
-    hw = h * w
-    body = substitute(body, {own[0]: vn // hw, own[1]: vm, own[2]: vn // w % h,
-                             own[3]: vn % w})
+    body = substitute(body, dict(zip(own, pixel.values())))
     return Block(mn_ivs, (), (), blk.name_hint, body, annotations=dict(blk.annotations))
 
 
@@ -324,6 +375,5 @@ def _epilogue_copy(out: Buffer, c_buf: Buffer, mn_ivs: tuple[IterVar, IterVar],
                    pixel: dict[Var, PrimExpr]) -> Stmt:
     """The NCHW store of a convolution without epilogues (folded into the write-back)."""
     vm, vn = (iv.var for iv in mn_ivs)
-    vb, vo, vy, vx = pixel
-    index = (pixel[vb], vm, pixel[vy], pixel[vx])
+    index = tuple(pixel.values())
     return _nest(Block(mn_ivs, (), (), "conv2d_nchw", BufferStore(out, c_buf[vm, vn], index)))
