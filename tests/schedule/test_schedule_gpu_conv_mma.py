@@ -22,11 +22,9 @@ from kiln.schedule.gpu import SCHEDULE_ATTR, schedule_and_lower
 from kiln.schedule.gpu.conv_mma import conv_gemm_func, padded_gemm, reduction_step
 from kiln.target import Target
 from kiln.testing import models
+from kiln.testing.gpu_testing import kernel_launches, mma_calls
 from kiln.testing.op_testing import scheduled
-from kiln.tir.functor import post_order_visit
-from kiln.tir.gpu import KernelLaunch
 from kiln.tir.schedule.analysis import as_int
-from kiln.tir.tensor_intrin.gpu import MMA_SYNC
 from kiln.transform import ToMixedPrecision
 
 torch = pytest.importorskip("torch")
@@ -46,19 +44,6 @@ def _attrs(strides, padding, dilation=(1, 1)) -> dict:
 def _lowered(arrays, attrs, target, knobs=None):
     func, _ = scheduled("nn.conv2d", arrays, attrs, schedule=False)
     return schedule_and_lower(func.with_attr("op_name", "nn.conv2d"), target, knobs)
-
-
-def _mma_calls(func) -> int:
-    calls = []
-    post_order_visit(func.body, lambda n: calls.append(n) if getattr(n, "op", None) == MMA_SYNC
-                     else None)
-    return len(calls)
-
-
-def _launches(func) -> list[KernelLaunch]:
-    out: list[KernelLaunch] = []
-    post_order_visit(func.body, lambda n: out.append(n) if isinstance(n, KernelLaunch) else None)
-    return out
 
 
 def _torch_conv(x, w, strides, padding, dilation=(1, 1)) -> np.ndarray:
@@ -98,8 +83,8 @@ def test_conv_on_tensor_cores_matches_torch_on_opencl(dtype, xs, ws, strides, pa
     w = RNG.uniform(-1, 1, ws).astype(NP[dtype])
     sched, lowered = _lowered([x, w], _attrs(strides, padding, dilation), OPENCL)
     assert sched.attrs[SCHEDULE_ATTR] == "op"
-    assert _mma_calls(lowered) > 0
-    assert len(_launches(lowered)) == 1  # the im2col gathered in the shared copies
+    assert mma_calls(lowered) > 0
+    assert len(kernel_launches(lowered)) == 1  # the im2col gathered in the shared copies
     exact = _torch_conv(x, w, strides, padding, dilation)
     out = np.full(exact.shape, np.nan, NP[dtype])
     gpu_build({"f": lowered}, OPENCL)["f"](x, w, out)
@@ -144,7 +129,7 @@ def test_shapes_off_the_tiles_unpadded_take_the_simt_implicit_gemm_with_a_warnin
     with caplog.at_level(logging.WARNING, logger="kiln.schedule.gpu.conv"):
         sched, lowered = _lowered([x, w], _attrs((1, 1), (1, 1, 1, 1)), OPENCL,
                                   {"gpu_conv_mma_pad": False})
-    assert sched.attrs[SCHEDULE_ATTR] == "op" and _mma_calls(lowered) == 0
+    assert sched.attrs[SCHEDULE_ATTR] == "op" and mma_calls(lowered) == 0
     assert any("not on tensor cores" in r.message and why in r.message for r in caplog.records)
     exact = _torch_conv(x, w, (1, 1), (1, 1, 1, 1))
     out = np.full(exact.shape, np.nan, np.float16)
@@ -157,9 +142,9 @@ def test_knob_keeps_the_simt_path_reachable():
     x = RNG.uniform(-1, 1, (1, 16, 8, 8)).astype(np.float16)
     w = RNG.uniform(-1, 1, (32, 16, 3, 3)).astype(np.float16)
     _, lowered = _lowered([x, w], _attrs((1, 1), (1, 1, 1, 1)), OPENCL, {"gpu_conv_mma": False})
-    assert _mma_calls(lowered) == 0
+    assert mma_calls(lowered) == 0
     _, lowered = _lowered([x, w], _attrs((1, 1), (1, 1, 1, 1)), OPENCL)
-    assert _mma_calls(lowered) > 0
+    assert mma_calls(lowered) > 0
 
 
 def _conv_bias_residual_relu(dtype: str, size: int, c: int = 32):
@@ -231,7 +216,7 @@ def test_resnet18_convolutions_compile_to_mma_sync_within_the_limits(arch):
     for k, (xs, ws, s, p) in enumerate(RESNET18):
         arrays = [np.zeros(xs, np.float16), np.zeros(ws, np.float16)]
         sched, lowered = _lowered(arrays, _attrs((s, s), (p,) * 4), target)
-        assert sched.attrs[SCHEDULE_ATTR] == "op" and _mma_calls(lowered) > 0, (xs, ws)
+        assert sched.attrs[SCHEDULE_ATTR] == "op" and mma_calls(lowered) > 0, (xs, ws)
         funcs[f"conv{k}"] = lowered
     program = gpu_build(funcs, target).program
     kernels = {kern.name: kern for f in program.functions.values() for kern in f.kernels}

@@ -25,6 +25,11 @@ input box of the block's pixel tile, halo included, is copied into shared memory
 all the block's threads together (a copy nest beside the compute nest, bound to the same
 thread indices), and the taps read from it.
 
+float16/bfloat16 convolutions with groups 1 go to the tensor cores instead
+(:mod:`kiln.schedule.gpu.conv_mma`: an explicit im2col GEMM on mma tiles; knob
+``gpu_conv_mma``); what that path refuses is logged (a warning naming the shape and why) and
+takes the implicit GEMM here.
+
 Every tunable number is a knob (:func:`kiln.schedule.knobs.knob`) whose default is chosen
 from the shape and the target's limits (:func:`conv_tiles`, :func:`depthwise_tiles`).
 Symbolic shapes and other layouts are refused (ScheduleError) and get the generic rules.
@@ -333,7 +338,8 @@ def schedule_depthwise(sch: Any, target: Any, block: Any, loops: list[Any],
 @register_schedule("nn.conv2d", "gpu")
 def schedule_conv2d(sch: Any, target: Any) -> None:
     """``nn.conv2d`` (NCHW/OIHW): depthwise when each group has one input channel and one
-    output channel, else the implicit GEMM."""
+    output channel, float16/bfloat16 with groups 1 on tensor cores (knob ``gpu_conv_mma``),
+    else the implicit GEMM."""
     block, loops, ext = _conv_nest(sch)
     shape, out_per_group = _geometry(sch, block, ext)
     if shape.c == 1 and out_per_group == 1 and shape.o > 1:

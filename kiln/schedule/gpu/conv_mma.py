@@ -22,11 +22,20 @@ epilogues) into:
 The mma GEMM schedule then computes ``conv2d_a`` and ``conv2d_b`` inside its cooperative
 global -> shared copies (all threads of a block; the zero padding and ``k >= K`` computed
 there, never stored) and folds the epilogues into the write-back: one kernel per fused
-convolution, as on the SIMT path. K is padded to the reduction step (ResNet-18's stem, K = 3 x
-7 x 7 = 147, runs as 160), M and N are not: a convolution whose output channels or pixels do
-not fill a block tile (``linalg.mma_tile``) takes the SIMT implicit GEMM, with a warning
-naming it (:func:`kiln.schedule.gpu.conv.schedule_conv2d`). Knob ``gpu_conv_mma`` (True) keeps
-the SIMT path reachable.
+convolution, as on the SIMT path. K is padded with zeros to the reduction step (ResNet-18's
+stem, K = 3 x 7 x 7 = 147, runs as 160). M and N that no block tile divides
+(``linalg.mma_tile``) are padded to multiples of :data:`PAD_TO` (:func:`padded_gemm`; knob
+``gpu_conv_mma_pad``): the gathers clamp the row and column, so the padded rows and columns
+compute copies of the last real ones, and :func:`guard_padded_stores` predicates the stores
+into the function's outputs. What this module refuses (another block structure, an off-tile
+shape with ``gpu_conv_mma_pad`` off) takes the SIMT implicit GEMM with a warning naming the
+shape and the reason (:func:`kiln.schedule.gpu.conv.schedule_conv2d`). Knob ``gpu_conv_mma``
+(True) keeps the SIMT path reachable.
+
+The rewritten function gets a new :class:`~kiln.tir.schedule.Schedule` that the caller's
+adopts: the knob decisions stay in the caller's trace (what tuning re-applies, by name); the
+instructions recorded after the rewrite name the GEMM form's blocks, so that trace is a record
+of what was done, not one that replays on the original function.
 """
 
 from __future__ import annotations
