@@ -91,6 +91,24 @@ def test_conv_on_tensor_cores_matches_torch_on_opencl(dtype, xs, ws, strides, pa
     _check(out, exact, dtype)
 
 
+@pytest.mark.parametrize("knobs", [
+    {"gpu_mma_bk": 64, "gpu_mma_stages": 1},                       # K = 147 -> 192
+    {"gpu_mma_warps": (1, 1), "gpu_mma_tiles": (2, 4), "gpu_mma_bk": 16},
+    {"gpu_mma_warps": (4, 2), "gpu_mma_tiles": (1, 1)},
+])
+def test_mma_knobs_apply_to_convolutions(knobs):
+    x = RNG.uniform(-1, 1, (2, 3, 16, 16)).astype(np.float16)
+    w = RNG.uniform(-1, 1, (64, 3, 7, 7)).astype(np.float16)
+    sched, lowered = _lowered([x, w], _attrs((1, 1), (3, 3, 3, 3)), OPENCL, knobs)
+    assert sched.attrs[SCHEDULE_ATTR] == "op" and mma_calls(lowered) > 0
+    warps = knobs.get("gpu_mma_warps", (2, 2))
+    assert kernel_launches(lowered)[0].threads_per_block == 32 * warps[0] * warps[1]
+    exact = _torch_conv(x, w, (1, 1), (3, 3, 3, 3))
+    out = np.full(exact.shape, np.nan, np.float16)
+    gpu_build({"f": lowered}, OPENCL)["f"](x, w, out)
+    _check(out, exact, "float16")
+
+
 def test_gemm_view_pads_the_reduction_to_the_step():
     """The stem's K = 3 x 7 x 7 = 147: 160 with 32-deep steps (zeros in both gathers)."""
     x = np.zeros((1, 3, 32, 32), np.float16)
