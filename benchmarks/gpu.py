@@ -11,6 +11,11 @@ The workloads:
   cuBLAS), reported in TFLOP/s too;
 - ``resnet18_b1``, ``resnet18_b32``: ResNet-18 at 224 x 224 (``kiln.testing.torch_models``,
   random weights, BatchNorm statistics randomized), float32;
+- ``resnet18_fp16_b1``, ``resnet18_fp16_b32``: the same in float16: kiln builds the float32
+  model after ``ToMixedPrecision("float16")`` (float16 convolutions accumulating in float32,
+  on tensor cores where a shape fits the mma tiles: ``kiln.schedule.gpu.conv_mma``; input and
+  output stay float32), torch runs ``module.half()`` on float16 inputs in ``channels_last``
+  (cuDNN's tensor-core layout; torch.compile gets the same); errors are against float32 eager;
 - ``encoder_b8``: the BERT-base-style encoder (6 layers, hidden 768, 12 heads) at sequence 128,
   batch 8, float32, with an attention mask.
 
@@ -29,6 +34,7 @@ launch overhead). Ratios are kiln's time over the peer's: above 1, kiln is slowe
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import time
@@ -50,8 +56,15 @@ from kiln.codegen.executable import build_executable  # noqa: E402
 from kiln.frontend.onnx import from_onnx  # noqa: E402
 from kiln.target import Target  # noqa: E402
 from kiln.testing import torch_models  # noqa: E402
+from kiln.transform import ToMixedPrecision  # noqa: E402
+from kiln.transform.bind_params import bind_params  # noqa: E402
 
-WORKLOADS = ("gemm", "resnet18_b1", "resnet18_b32", "encoder_b8")
+WORKLOADS = ("gemm", "resnet18_b1", "resnet18_b32", "resnet18_fp16_b1", "resnet18_fp16_b32",
+             "encoder_b8")
+#: workload -> (model, batch, float16)
+MODELS = {"resnet18_b1": ("resnet18", 1, False), "resnet18_b32": ("resnet18", 32, False),
+          "resnet18_fp16_b1": ("resnet18", 1, True), "resnet18_fp16_b32": ("resnet18", 32, True),
+          "encoder_b8": ("bert_encoder", 8, False)}
 
 
 def timed(fn: Callable[[], Any], repeat: int, warmup: int = 3) -> float:
@@ -95,6 +108,16 @@ def model_case(name: str, batch: int) -> tuple[Any, Any, Any, list]:
     return mod, params, module, [torch.from_numpy(a).cuda() for a in arrays]
 
 
+def fp16_case(mod: Any, params: Any, module: Any, inputs: list
+              ) -> tuple[Any, Callable, list]:
+    """(kiln module in float16 with its weights bound, torch's float16 channels_last module,
+    its inputs) of a float32 model case."""
+    mod16 = ToMixedPrecision("float16")(bind_params(mod, params))
+    module16 = copy.deepcopy(module).half().to(memory_format=torch.channels_last)
+    inputs16 = [x.half().contiguous(memory_format=torch.channels_last) for x in inputs]
+    return mod16, module16, inputs16
+
+
 def parse_knob(text: str) -> tuple[str, Any]:
     """``NAME=VALUE`` of ``--knob``: VALUE an int, ``AxB`` (a tile), else the string."""
     name, sep, value = text.partition("=")
@@ -120,11 +143,14 @@ def run(workload: str, target: Target, repeat: int, knobs: dict[str, Any] | None
         mod, torch_fn, inputs = gemm_case(4096)
         params = None
         flops = 2 * 4096 ** 3
+        kiln_inputs, ref_fn = inputs, torch_fn
     else:
-        name, batch = {"resnet18_b1": ("resnet18", 1), "resnet18_b32": ("resnet18", 32),
-                       "encoder_b8": ("bert_encoder", 8)}[workload]
+        name, batch, fp16 = MODELS[workload]
         mod, params, module, inputs = model_case(name, batch)
-        torch_fn, flops = module, 0
+        torch_fn, flops, kiln_inputs, ref_fn = module, 0, inputs, module
+        if fp16:  # kiln: float32 in and out, float16 inside; torch: float16 throughout
+            mod, torch_fn, inputs = fp16_case(mod, params, module, inputs)
+            params = None
     t0 = time.perf_counter()
     exe = build(mod, target, params, knobs or {})
     build_s = time.perf_counter() - t0
@@ -132,10 +158,11 @@ def run(workload: str, target: Target, repeat: int, knobs: dict[str, Any] | None
                            "kernels": sum(len(f.kernels) for f in
                                           exe.module.program.functions.values())}
     with torch.no_grad():
-        ref = torch_fn(*inputs)
-        row["err_kiln"] = rel_err(exe(*inputs), ref)
-        row["kiln"] = timed(lambda: exe(*inputs), repeat)
+        ref = ref_fn(*kiln_inputs)
+        row["err_kiln"] = rel_err(exe(*kiln_inputs), ref)
+        row["kiln"] = timed(lambda: exe(*kiln_inputs), repeat)
         row["eager"] = timed(lambda: torch_fn(*inputs), repeat)
+        row["err_eager"] = rel_err(torch_fn(*inputs), ref)
         # torch.compile only now: its compile workers (CPU processes) must not run beside
         # the other engines' timed calls
         compiled = torch.compile(torch_fn) if with_compile else None
@@ -181,6 +208,9 @@ def main() -> None:
               f"{r['compile'] * 1e3:10.3f} {r['kiln'] / r['eager']:10.2f} "
               f"{r['kiln'] / r['compile']:12.2f} {r['err_kiln']:9.1e} {r['build_s']:8.1f} "
               f"{r['kernels']:7d}", flush=True)
+        if r["err_eager"] > 0:
+            print(f"{'':14s} torch eager's error against float32 eager: {r['err_eager']:.1e}",
+                  flush=True)
         if r["flops"]:
             print(f"{'':14s} TFLOP/s: kiln {r['flops'] / r['kiln'] / 1e12:.1f}, cuBLAS "
                   f"(torch.matmul) {r['flops'] / r['eager'] / 1e12:.1f}, torch.compile "

@@ -25,6 +25,10 @@ from typing import Any
 import numpy as np
 
 from ..target import Target
+from ..tir.function import PrimFunc
+from ..tir.functor import post_order_visit
+from ..tir.gpu import KernelLaunch
+from ..tir.tensor_intrin.gpu import MMA_SYNC
 
 #: The environment variable listing the targets tests run on.
 TARGETS_ENV = "KILN_TEST_TARGETS"
@@ -141,3 +145,17 @@ def cross_checked_build(original: Any) -> Any:
     build.__wrapped__ = original  # type: ignore[attr-defined]
     return build
 
+
+def kernel_launches(func: PrimFunc) -> list[KernelLaunch]:
+    """The kernel launches of a lowered GPU function, in order."""
+    out: list[KernelLaunch] = []
+    post_order_visit(func.body, lambda n: out.append(n) if isinstance(n, KernelLaunch) else None)
+    return out
+
+
+def mma_calls(func: PrimFunc) -> int:
+    """How many tensor-core ``mma`` calls (:data:`MMA_SYNC`) a lowered function holds."""
+    calls: list[Any] = []
+    post_order_visit(func.body, lambda n: calls.append(n) if getattr(n, "op", None) == MMA_SYNC
+                     else None)
+    return len(calls)

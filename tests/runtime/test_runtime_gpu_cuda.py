@@ -188,3 +188,41 @@ def test_tensor_core_gemm_matches_numpy(dtype, shape):
     eps = 2.0 ** (-10 if dtype == "float16" else -7)
     err = np.abs(out.astype("float64") - exact)
     assert np.all(err <= eps * np.abs(exact) + 1e-3 * np.abs(exact).max()), err.max()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("xs,ws,stride,pad", [
+    ((1, 3, 64, 64), (64, 3, 7, 7), 2, 3),      # the stem: K = 147 padded to 160
+    ((2, 64, 14, 14), (64, 64, 3, 3), 1, 1),    # 392 pixels: padded to 416 columns
+    ((1, 256, 7, 7), (512, 256, 3, 3), 1, 1),   # 49 pixels: padded to 64 columns
+    ((2, 64, 28, 28), (128, 64, 1, 1), 2, 0),   # the downsampling 1 x 1
+])
+def test_tensor_core_convolution_matches_the_exact_product(dtype, xs, ws, stride, pad):
+    """conv2d on mma.sync (kiln.schedule.gpu.conv_mma): float32 sums rounded once."""
+    np_dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+    x = RNG.uniform(-1, 1, xs).astype(np_dt)
+    w = RNG.uniform(-1, 1, ws).astype(np_dt)
+    attrs = {"strides": (stride, stride), "padding": (pad,) * 4, "dilation": (1, 1),
+             "groups": 1}
+    func, _ = scheduled("nn.conv2d", [x, w], attrs, schedule=False)
+    _, lowered = schedule_and_lower(func.with_attr("op_name", "nn.conv2d"), _target())
+    assert "mma_sync" in str(lowered)
+    exact = np.asarray(kiln.build(_conv_module(xs, w.astype("float64"), stride, pad), CPU)(
+        x.astype("float64")))
+    out = np.full(exact.shape, np.nan, np_dt)
+    gpu_build({"f": lowered}, _target())["f"](x, w, out)
+    eps = 2.0 ** (-10 if dtype == "float16" else -7)
+    err = np.abs(out.astype("float64") - exact)
+    assert np.all(err <= eps * np.abs(exact) + 1e-3 * np.abs(exact).max()), err.max()
+
+
+def _conv_module(xs, w, stride, pad):
+    """A float64 convolution (the reference) with ``w`` a constant."""
+    bb = g.BlockBuilder()
+    x = g.Var("x", g.TensorStructInfo(xs, "float64"))
+    with bb.function("main"):
+        with bb.dataflow():
+            y = bb.emit_output(op.nn.conv2d(x, g.const(w), strides=(stride, stride),
+                                            padding=(pad, pad)))
+        bb.emit_func_output(y, params=[x])
+    return bb.get()

@@ -17,8 +17,8 @@ from kiln.codegen.gpu.nvrtc import compile_cuda
 from kiln.schedule.gpu import SCHEDULE_ATTR, schedule_and_lower
 from kiln.schedule.gpu.conv import ConvShape, conv_tiles, shared_bytes
 from kiln.target import Target
+from kiln.testing.gpu_testing import kernel_launches
 from kiln.testing.op_testing import scheduled
-from kiln.tir.functor import post_order_visit
 from kiln.tir.gpu import KernelLaunch
 
 torch = pytest.importorskip("torch")
@@ -31,12 +31,6 @@ RNG = np.random.default_rng(29)
 def _lowered(name: str, arrays: list[np.ndarray], attrs: dict, target: Target, knobs=None):
     func, _ = scheduled(name, arrays, attrs, schedule=False)
     return schedule_and_lower(func.with_attr("op_name", name), target, knobs)
-
-
-def _launches(func) -> list[KernelLaunch]:
-    out: list[KernelLaunch] = []
-    post_order_visit(func.body, lambda n: out.append(n) if isinstance(n, KernelLaunch) else None)
-    return out
 
 
 def _shared_floats_each(launch: KernelLaunch) -> list[int]:
@@ -87,7 +81,7 @@ def test_implicit_gemm_matches_torch_on_opencl(xs, ws, strides, padding, dilatio
     sched, lowered = _lowered("nn.conv2d", [x, w], _attrs(strides, padding, dilation, groups),
                               OPENCL)
     assert sched.attrs[SCHEDULE_ATTR] == "op"
-    (launch,) = _launches(lowered)
+    (launch,) = kernel_launches(lowered)
     ref = _torch_conv(x, w, strides, padding, dilation, groups)
     # the shared tiles hold one step's weights and input box, not the whole input
     n, o, h, wd = ref.shape
@@ -102,7 +96,7 @@ def test_large_convolution_stages_tiles_not_the_image():
     x = RNG.standard_normal((1, 64, 56, 56)).astype("float32")
     w = RNG.standard_normal((64, 64, 3, 3)).astype("float32")
     _, lowered = _lowered("nn.conv2d", [x, w], _attrs((1, 1), (1, 1, 1, 1), (1, 1)), OPENCL)
-    (launch,) = _launches(lowered)
+    (launch,) = kernel_launches(lowered)
     assert 4 * _shared_floats(launch) < x.nbytes // 8
     ref = _torch_conv(x, w, (1, 1), (1, 1, 1, 1), (1, 1), 1)
     np.testing.assert_allclose(_run(lowered, [x, w], ref.shape), ref, rtol=1e-4, atol=1e-3)
@@ -115,7 +109,7 @@ def test_depthwise_matches_torch_on_opencl(xs, ws, strides, padding, dilation):
     attrs = _attrs(strides, padding, dilation, xs[1])
     sched, lowered = _lowered("nn.conv2d", [x, w], attrs, OPENCL)
     assert sched.attrs[SCHEDULE_ATTR] == "op"
-    (launch,) = _launches(lowered)
+    (launch,) = kernel_launches(lowered)
     assert [s.name for s in launch.shared] == ["conv2d_pad_shared"]  # the input box only
     assert [simplify(d).value for d in launch.grid][1] == xs[1]  # a channel per blockIdx.y
     ref = _torch_conv(x, w, strides, padding, dilation, xs[1])
@@ -130,7 +124,7 @@ def test_knobs_choose_the_tiles():
     sched, lowered = _lowered("nn.conv2d", [x, w], _attrs((1, 1), (1, 1, 1, 1), (1, 1)),
                               OPENCL, knobs)
     assert sched.attrs[SCHEDULE_ATTR] == "op"
-    (launch,) = _launches(lowered)
+    (launch,) = kernel_launches(lowered)
     assert launch.threads_per_block == 2 * 4 * 8
     weights = 2 * 2 * 2 * 9          # threads_o x reg_o x k_channels x taps
     box = 2 * (4 + 2) * (8 + 2)      # k_channels x (rows + halo) x (columns + halo)
@@ -208,7 +202,7 @@ def test_pooling_matches_torch_on_opencl(name, xs, attrs):
     sched, lowered = _lowered(name, [x], attrs, OPENCL)
     assert sched.attrs[SCHEDULE_ATTR] == "op"
     ref = _torch_pool(name, x, attrs)
-    launches = _launches(lowered)
+    launches = kernel_launches(lowered)
     if attrs.get("output_size") == (1, 1):  # global pooling: a block of threads per output
         grid = [simplify(d).value for d in launches[0].grid]
         assert launches[0].threads_per_block > 1 and grid[0] == xs[0] * xs[1]

@@ -23,6 +23,7 @@ from kiln.schedule.gpu.linalg import (
 from kiln.schedule.knobs import active_schedule
 from kiln.target import Target
 from kiln.testing import models
+from kiln.testing.gpu_testing import kernel_launches
 from kiln.testing.op_testing import scheduled
 from kiln.tir import Schedule
 from kiln.tir.functor import post_order_visit
@@ -39,12 +40,6 @@ def _lowered(name: str, arrays: list[np.ndarray], target: Target, knobs=None):
     return schedule_and_lower(func.with_attr("op_name", name), target, knobs)
 
 
-def _launches(func) -> list[KernelLaunch]:
-    out: list[KernelLaunch] = []
-    post_order_visit(func.body, lambda n: out.append(n) if isinstance(n, KernelLaunch) else None)
-    return out
-
-
 @pytest.mark.parametrize("name,a_shape,b_shape", [
     ("matmul", (128, 96), (96, 192)),             # 8 x 4 register tiles
     ("matmul", (256, 32), (32, 128)),             # 8 x 8
@@ -59,7 +54,7 @@ def test_tiled_gemm_matches_numpy_on_opencl(name, a_shape, b_shape):
     b = RNG.standard_normal(b_shape).astype("float32")
     sched, lowered = _lowered(name, [a, b], OPENCL)
     assert sched.attrs[SCHEDULE_ATTR] == "op"
-    (launch,) = _launches(lowered)
+    (launch,) = kernel_launches(lowered)
     assert launch.threads_per_block == TILE_THREADS * TILE_THREADS
     # the shared tiles hold one reduction step, not the whole reduction (fused rows: the
     # interval analysis of i // 16, i % 16 over a tile overestimates the rows, within 2x)
@@ -113,7 +108,7 @@ def test_large_gemm_compiles_within_the_limits(dtype):
     # the tiled GEMM (float16 goes to the tensor cores by default: tests/.../test_mma_*)
     sched, lowered = _lowered("matmul", arrays, CUDA, {"gpu_gemm_mma": False})
     assert sched.attrs[SCHEDULE_ATTR] == "op"
-    (launch,) = _launches(lowered)
+    (launch,) = kernel_launches(lowered)
     assert [x.value for x in launch.grid[:2]] == [2048 // 128, 2048 // 128]  # 8 x 8 tiles
     res = compile_cuda(gpu_build({"f": lowered}, CUDA).program.source, "sm_90").resources()
     (usage,) = res.values()
@@ -168,7 +163,7 @@ def test_each_tile_element_is_loaded_once_per_block(dtype):
     a = RNG.standard_normal((256, 64)).astype(dtype)
     b = RNG.standard_normal((64, 128)).astype(dtype)
     _, lowered = _lowered("matmul", [a, b], OPENCL, {"gpu_gemm_mma": False})
-    (launch,) = _launches(lowered)
+    (launch,) = kernel_launches(lowered)
     threads = launch.threads_per_block
     per_thread = _shared_copies(launch)
     sizes = {s.name: int(np.prod([d.value for d in s.shape])) for s in launch.shared}
@@ -191,7 +186,7 @@ def test_half_gemm_accumulates_in_float32(shape):
     b = RNG.uniform(-1, 1, (k, n)).astype("float16")
     sched, lowered = _lowered("matmul", [a, b], OPENCL)
     assert sched.attrs[SCHEDULE_ATTR] == "op"
-    (launch,) = _launches(lowered)
+    (launch,) = kernel_launches(lowered)
     accs = []
     post_order_visit(launch.body, lambda x: accs.append(x.buffer) if isinstance(
         x, Allocate) and x.buffer.scope == "local" else None)
@@ -222,7 +217,7 @@ def test_knobs_name_every_tile_decision_and_take_other_values():
              "gpu_gemm_stages": 1}
     sched, lowered = _lowered("matmul", [a, b], OPENCL, knobs)
     assert sched.attrs[SCHEDULE_ATTR] == "op"
-    (launch,) = _launches(lowered)
+    (launch,) = kernel_launches(lowered)
     assert launch.threads_per_block == 64
     assert _prefetch_registers(launch) == []  # one stage: no registers between the steps
     assert sorted(int(np.prod([d.value for d in s.shape])) for s in launch.shared) == [
@@ -244,7 +239,7 @@ def test_gemm_compiles_for_ampere_and_hopper_within_the_limits(arch, dtype):
     func, _ = scheduled("matmul", arrays, {}, schedule=False)
     sched, lowered = schedule_and_lower(func.with_attr("op_name", "matmul"), target)
     assert sched.attrs[SCHEDULE_ATTR] == "op"
-    (launch,) = _launches(lowered)
+    (launch,) = kernel_launches(lowered)
     source = gpu_build({"f": lowered}, target).program.source
     (usage,) = compile_cuda(source, arch).resources().values()
     assert usage.spill_stores == usage.spill_loads == 0
@@ -273,7 +268,7 @@ def test_two_stages_load_the_next_tiles_into_registers_during_the_step(name, a_s
     a = RNG.standard_normal(a_shape).astype("float32")
     b = RNG.standard_normal(b_shape).astype("float32")
     _, lowered = _lowered(name, [a, b], OPENCL)
-    (launch,) = _launches(lowered)
+    (launch,) = kernel_launches(lowered)
     sizes = {s.name: int(np.prod([d.value for d in s.shape])) for s in launch.shared}
     assert sorted(_prefetch_registers(launch)) == sorted(
         (f"{n}_prefetch", size // launch.threads_per_block) for n, size in sizes.items())

@@ -19,10 +19,8 @@ from kiln.schedule.gpu import SCHEDULE_ATTR, schedule_and_lower
 from kiln.schedule.gpu.linalg import MMA_BK_CHOICES, MMA_TILES, MMA_WARPS, mma_tile
 from kiln.target import Target
 from kiln.testing import models
+from kiln.testing.gpu_testing import kernel_launches, mma_calls
 from kiln.testing.op_testing import scheduled
-from kiln.tir.functor import post_order_visit
-from kiln.tir.gpu import KernelLaunch
-from kiln.tir.tensor_intrin.gpu import MMA_SYNC
 
 OPENCL = Target("opencl")
 RNG = np.random.default_rng(11)
@@ -32,13 +30,6 @@ NP = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 def _lowered(name, arrays, target, knobs=None):
     func, _ = scheduled(name, arrays, {}, schedule=False)
     return schedule_and_lower(func.with_attr("op_name", name), target, knobs)
-
-
-def _mma_calls(func) -> int:
-    calls = []
-    post_order_visit(func.body, lambda n: calls.append(n) if getattr(n, "op", None) == MMA_SYNC
-                     else None)
-    return len(calls)
 
 
 def _check(out, a, b, dtype):
@@ -62,7 +53,7 @@ def test_mma_gemm_matches_numpy_on_opencl(dtype, a_shape, b_shape):
     knobs = {"gpu_mma_bk": 16} if a_shape[-1] == 48 else None
     sched, lowered = _lowered("matmul", [a, b], OPENCL, knobs)
     assert sched.attrs[SCHEDULE_ATTR] == "op"
-    assert _mma_calls(lowered) > 0
+    assert mma_calls(lowered) > 0
     out = np.full(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1]),
                   np.nan, NP[dtype])
     gpu_build({"f": lowered}, OPENCL)["f"](a, b, out)
@@ -81,18 +72,12 @@ def test_every_mma_knob_value_computes_the_product(warps, tiles, bk):
              "gpu_mma_stages": 2 if bk == 64 else 1}
     sched, lowered = _lowered("matmul", [a, b], OPENCL, knobs)
     assert sched.attrs[SCHEDULE_ATTR] == "op"
-    (launch,) = _launches(lowered)
+    (launch,) = kernel_launches(lowered)
     assert launch.threads_per_block == warps[0] * warps[1] * 32
-    assert _mma_calls(lowered) == 1  # in the unrolled loops over the warp's tiles
+    assert mma_calls(lowered) == 1  # in the unrolled loops over the warp's tiles
     out = np.zeros((128, 128), np.float16)
     gpu_build({"f": lowered}, OPENCL)["f"](a, b, out)
     _check(out, a, b, "float16")
-
-
-def _launches(func) -> list[KernelLaunch]:
-    out: list[KernelLaunch] = []
-    post_order_visit(func.body, lambda n: out.append(n) if isinstance(n, KernelLaunch) else None)
-    return out
 
 
 def test_shared_rows_are_padded_against_bank_conflicts():
@@ -102,12 +87,12 @@ def test_shared_rows_are_padded_against_bank_conflicts():
     a = np.zeros((128, 64), np.float16)
     b = np.zeros((64, 64), np.float16)
     _, lowered = _lowered("matmul", [a, b], OPENCL, {"gpu_mma_tiles": (4, 4), "gpu_mma_bk": 32})
-    (launch,) = _launches(lowered)
+    (launch,) = kernel_launches(lowered)
     sizes = {s.name: int(s.shape[0].value) for s in launch.shared}
     assert sizes == {"in0_shared": 127 * 34 + 32, "in1_shared": 31 * 65 + 64}
     _, lowered = _lowered("matmul", [a, np.zeros((64, 128), np.float16)], OPENCL,
                           {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32})
-    (launch,) = _launches(lowered)
+    (launch,) = kernel_launches(lowered)
     sizes = {s.name: int(s.shape[0].value) for s in launch.shared}
     assert sizes == {"in0_shared": 127 * 34 + 32, "in1_shared": 31 * 130 + 128}
 
@@ -117,13 +102,13 @@ def test_shapes_the_tiles_do_not_fit_take_the_tiled_gemm():
     b = np.zeros((64, 128), np.float16)
     # a 128 x 128 block tile does not divide 64 rows: the SIMT tiled GEMM takes the product
     sched, lowered = _lowered("matmul", [a, b], OPENCL, {"gpu_mma_tiles": (4, 8)})
-    assert sched.attrs[SCHEDULE_ATTR] == "op" and _mma_calls(lowered) == 0
-    (launch,) = _launches(lowered)
+    assert sched.attrs[SCHEDULE_ATTR] == "op" and mma_calls(lowered) == 0
+    (launch,) = kernel_launches(lowered)
     assert launch.threads_per_block == 16 * 16  # the tiled GEMM's 16 x 16 threads
     _, lowered = _lowered("matmul", [a, b], OPENCL, {"gpu_gemm_mma": False})
-    assert _mma_calls(lowered) == 0
+    assert mma_calls(lowered) == 0
     _, lowered = _lowered("matmul", [a, b], OPENCL)
-    assert _mma_calls(lowered) == 1  # the default picks a tile that divides
+    assert mma_calls(lowered) == 1  # the default picks a tile that divides
 
 
 def test_mma_tiles_prefer_large_tiles_that_keep_every_multiprocessor_busy():
@@ -137,7 +122,7 @@ def test_float32_gemms_stay_off_the_tensor_cores():
     a = np.zeros((128, 64), np.float32)
     b = np.zeros((64, 64), np.float32)
     _, lowered = _lowered("matmul", [a, b], OPENCL)
-    assert _mma_calls(lowered) == 0
+    assert mma_calls(lowered) == 0
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -161,7 +146,7 @@ def test_mma_gemm_compiles_to_mma_sync_with_register_accumulators(arch, dtype):
     arrays = [np.zeros((4096, 4096), NP[dtype])] * 2
     sched, lowered = _lowered("matmul", arrays, target)
     assert sched.attrs[SCHEDULE_ATTR] == "op"
-    (launch,) = _launches(lowered)
+    (launch,) = kernel_launches(lowered)
     source = gpu_build({"f": lowered}, target).program.source
     binary = compile_cuda(source, arch)
     short = "f16" if dtype == "float16" else "bf16"

@@ -25,6 +25,11 @@ input box of the block's pixel tile, halo included, is copied into shared memory
 all the block's threads together (a copy nest beside the compute nest, bound to the same
 thread indices), and the taps read from it.
 
+float16/bfloat16 convolutions with groups 1 go to the tensor cores instead
+(:mod:`kiln.schedule.gpu.conv_mma`: an explicit im2col GEMM on mma tiles; knob
+``gpu_conv_mma``); what that path refuses is logged (a warning naming the shape and why) and
+takes the implicit GEMM here.
+
 Every tunable number is a knob (:func:`kiln.schedule.knobs.knob`) whose default is chosen
 from the shape and the target's limits (:func:`conv_tiles`, :func:`depthwise_tiles`).
 Symbolic shapes and other layouts are refused (ScheduleError) and get the generic rules.
@@ -32,6 +37,7 @@ Symbolic shapes and other layouts are refused (ScheduleError) and get the generi
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +51,11 @@ from ...tir.stmt import ForKind
 from ..knobs import knob
 from ..registry import register_schedule
 from . import rules
-from .linalg import fold_epilogues
+from .conv_mma import schedule_conv_mma
+from .linalg import fold_epilogues, mma_supported
+
+#: Warns of a float16/bfloat16 convolution that does not run on tensor cores, and why.
+logger = logging.getLogger(__name__)
 
 #: Threads per block along the output channels, and along an output row and the rows of the
 #: pixel tile (the pixel tile is 2-D: the input patch of a tile is then a box of constant size).
@@ -328,10 +338,24 @@ def schedule_depthwise(sch: Any, target: Any, block: Any, loops: list[Any],
 @register_schedule("nn.conv2d", "gpu")
 def schedule_conv2d(sch: Any, target: Any) -> None:
     """``nn.conv2d`` (NCHW/OIHW): depthwise when each group has one input channel and one
-    output channel, else the implicit GEMM."""
+    output channel, float16/bfloat16 with groups 1 on tensor cores (knob ``gpu_conv_mma``),
+    else the implicit GEMM."""
     block, loops, ext = _conv_nest(sch)
     shape, out_per_group = _geometry(sch, block, ext)
     if shape.c == 1 and out_per_group == 1 and shape.o > 1:
         schedule_depthwise(sch, target, block, loops, shape)
-    else:
-        schedule_implicit_gemm(sch, target, block, loops, shape, out_per_group)
+        return
+    # the weight's: a float32-accumulating conv (ToMixedPrecision) pads its input in float32
+    dtype = str(sch.get(block).reads[1].buffer.dtype)
+    if out_per_group == shape.o and mma_supported(target, dtype) and \
+            knob("gpu_conv_mma", (True, False), True):
+        trial = sch.copy()
+        try:
+            schedule_conv_mma(trial, target)
+        except ScheduleError as err:
+            logger.warning("%s conv2d %s: not on tensor cores (SIMT implicit GEMM): %s",
+                           dtype, shape, err)
+        else:
+            sch.adopt(trial)
+            return
+    schedule_implicit_gemm(sch, target, block, loops, shape, out_per_group)

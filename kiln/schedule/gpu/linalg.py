@@ -172,7 +172,11 @@ MMA_WARPS = ((2, 2), (4, 2), (2, 4), (1, 1))
 #: 4 x 2 warps 1.10-1.40 ms. The same 4 x 8 / 64 / one-stage kernel measured 6.1 ms once
 #: through ``kiln.build`` (the generated source is identical; not understood before the
 #: device time ran out), so the default stays on the configuration measured both ways.
-MMA_TILES = ((4, 4), (4, 8), (2, 8), (2, 4), (1, 1))
+#: 2 x 2 (32 columns per block) comes before 1 x 1 for convolutions whose batch's pixels are
+#: a multiple of 32 but not of 64 (ResNet-18's 7 x 7 layers at batch 32: 1568); 4 x 2 made
+#: ptxas spill (sm_80) in the 3 x 3 / 2 one at 14 x 14, the im2col's index arithmetic taking
+#: registers beside the 32 accumulators.
+MMA_TILES = ((4, 4), (4, 8), (2, 8), (2, 4), (2, 2), (1, 1))
 MMA_BK_CHOICES = (32, 64, 16)
 MMA_STAGES = 2
 
@@ -201,7 +205,15 @@ def mma_tile(m: int, n: int, batch: int, warps: tuple[int, int], multiprocessors
     return next((f for f in fits if blocks(f) >= multiprocessors), max(fits, key=blocks))
 
 
-def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> None:
+def mma_warps(m: int, n: int, batch: int, multiprocessors: int) -> tuple[int, int]:
+    """The default warps per block: the first of :data:`MMA_WARPS` with a tile that divides
+    ``batch`` ``m x n`` products (a 16-row product gets 1 x 1), else the first."""
+    return next((w for w in MMA_WARPS if mma_tile(m, n, batch, w, multiprocessors)),
+                MMA_WARPS[0])
+
+
+def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
+                      gathers: tuple[str, ...] = ()) -> None:
     """A float16/bfloat16 GEMM on tensor cores: each warp computes ``16 MI x 8 NI`` outputs as
     ``MI x NI`` ``mma.sync.m16n8k16`` per 16-deep reduction step, from tiles of A and B that
     the block's threads copy into shared memory together (rows padded so that the lanes'
@@ -211,14 +223,19 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> No
     ``t`` fused into ``threadIdx.x`` (the lane ``4 g + t``), so each thread's accumulators are
     one dense ``2 MI x 2 NI`` register tile and each ``2 x 2 x 16`` piece of it is the lane's
     part of one ``mma`` (:mod:`kiln.tir.tensor_intrin.gpu`, tensorized). Epilogues are folded
-    into the write-back as in :func:`schedule_tiled_gemm`. Knobs: ``gpu_mma_warps``,
-    ``gpu_mma_tiles`` (default :func:`mma_tile`'s choice), ``gpu_mma_bk`` (default the first
-    of :data:`MMA_BK_CHOICES` that divides the reduction), ``gpu_mma_stages``."""
+    into the write-back as in :func:`schedule_tiled_gemm`. ``gathers`` names element-wise
+    blocks that produce A or B (an implicit GEMM's im2col, :mod:`kiln.schedule.gpu.conv_mma`):
+    they are computed inside the shared copies, never stored. Knobs: ``gpu_mma_warps``
+    (default :func:`mma_warps`), ``gpu_mma_tiles`` (default :func:`mma_tile`'s choice),
+    ``gpu_mma_bk`` (default the first of :data:`MMA_BK_CHOICES` that divides the reduction),
+    ``gpu_mma_stages``."""
     spatial, k, ext = gemm_nest(sch, block, "mma GEMM")
-    wy, wx = warps = knob("gpu_mma_warps", MMA_WARPS, MMA_WARPS[0])
+    sms = target.gpu.multiprocessors
+    rows = math.prod(ext[:-2]) if rows_fused else ext[-3]
+    batch_size = 1 if rows_fused else math.prod(ext[:-3])
+    wy, wx = warps = knob("gpu_mma_warps", MMA_WARPS, mma_warps(rows, ext[-2], batch_size, sms))
     if wy * wx * 32 > target.gpu.max_threads_per_block:
         raise ScheduleError("mma GEMM: the target's blocks are too small")
-    sms = target.gpu.multiprocessors
     if rows_fused and len(spatial) > 2 and mma_tile(
             ext[-3], ext[-2], math.prod(ext[:-3]), warps, sms) is not None:
         rows_fused = False  # the last row axis alone fills the tiles: no div/mod in indices
@@ -261,6 +278,8 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> No
         sch.compute_at(cache, ko, cooperative=True)
         cooperative_copy(sch, cache, ko, wy * wx, 32)
         sch.annotate(cache, STORAGE_ALIGN, align)
+    for name in gathers:
+        sch.compute_inline(sch.get_block(name))
     sch.decompose_reduction(block, ko)
     if knob("gpu_mma_stages", STAGE_CHOICES, MMA_STAGES) == 2:
         sch.annotate(ko, PREFETCH, 1)
