@@ -10,6 +10,7 @@ from onnx.reference import ReferenceEvaluator
 import kiln
 from kiln.frontend.onnx import from_onnx
 from kiln.frontend.onnx.converters.signal import mel_weight_matrix
+from kiln.ir.errors import RuntimeCheckError
 from kiln.testing.onnx_graphs import onnx_model
 from kiln.testing.onnx_graphs import value_info as _vi
 
@@ -89,6 +90,24 @@ def test_dft_runtime_axis_selects_candidate():
         feeds = {"x": x, "axis": np.array(axis, np.int64)}
         ref = ReferenceEvaluator(model).run(None, feeds)[0]
         np.testing.assert_allclose(exe(**feeds), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("onesided", [0, 1])
+def test_dft_runtime_axis_out_of_range_fails_the_call(onesided):
+    """The last axis holds the real/imaginary parts: an axis naming it, or beyond the rank,
+    is an error at run time (found by the fuzzer: kiln returned NaNs, onnx.reference a
+    transform along a wrapped axis, onnxruntime an error), and the executable stays usable."""
+    x = RNG.standard_normal((1, 6, 6, 1)).astype("float32")
+    node = helper.make_node("DFT", ["x", "", "axis"], ["y"], onesided=onesided)
+    model = _model([node], [_vi("x", [1, 6, 6, 1]), _vi("axis", [], I64)], [_vi("y", None)])
+    mod, params = from_onnx(model)
+    exe = kiln.build(mod, params=params)
+    for axis in (-5, -1, 3, 4):
+        with pytest.raises(RuntimeCheckError, match=r"DFT.*axis out of range \[-4, 2\]"):
+            exe(x=x, axis=np.array(axis, np.int64))
+    feeds = {"x": x, "axis": np.array(-3, np.int64)}
+    ref = ReferenceEvaluator(model).run(None, feeds)[0]
+    np.testing.assert_allclose(exe(**feeds), ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("op_type", ["HannWindow", "HammingWindow", "BlackmanWindow"])

@@ -147,8 +147,12 @@ def dft_v17(ctx: Any, node: Any) -> Any:
 @converter("DFT", since=20)
 def dft_v20(ctx: Any, node: Any) -> Any:
     """Opset 20: ``axis`` is an input. When it is only known at run time, the DFT is computed
-    along every candidate axis and the result selected (NaN for an invalid axis); when the
-    candidates differ in shape (one-sided), the output dims are bound at run time."""
+    along every candidate axis and the result selected; when the candidates differ in shape
+    (one-sided), the output dims are bound at run time. An axis outside ``[-r, r - 2]`` (``r``
+    the input's rank: the last axis holds the real and imaginary parts) fails the call with a
+    RuntimeCheckError (as one known at import is a KilnError), and so does an axis the
+    transform cannot be built along (a symbolic length: the DFT matrix needs a static one; a
+    one-sided inverse of a length-1 axis: no output)."""
     x = node.input(0)
     nd = len(shape_of(x))
     length = _dft_length(node)
@@ -161,25 +165,32 @@ def dft_v20(ctx: Any, node: Any) -> Any:
         if not (-nd <= axis <= nd - 2):
             raise node.error(f"axis {axis} out of range for a rank-{nd} input")
         return _dft(ctx, node, x, axis % nd, length, inverse, onesided)
-    cands = []
-    for a in range(nd - 1):
-        try:
-            cands.append((a, ctx.emit(_dft(ctx, node, x, a, length, inverse, onesided))))
-        except KilnError:
-            continue  # not a valid axis for this input (e.g. too short): NaN if chosen
-    if not cands:
-        raise node.error(f"no axis of the input {x.struct_info} can be transformed")
     axis_t = op.cast(op.reshape(node.input(2), ()), "int64")
     axis_t = ctx.emit(op.where(op.less(axis_t, scalar(0, "int64")),
                                op.add(axis_t, scalar(nd, "int64")), axis_t))
-    out = op.multiply(cands[0][1], scalar(np.nan, dtype_of(x)))  # invalid axis: NaN
-    choices = [(op.equal(axis_t, scalar(a, "int64")), c) for a, c in cands]
+    cands, refused = [], []
+    for a in range(nd - 1):
+        try:
+            cands.append((a, ctx.emit(_dft(ctx, node, x, a, length, inverse, onesided))))
+        except KilnError as err:  # e.g. a symbolic length, or no output along this axis
+            refused.append(f"axis {a}: {str(err).split(': ', 1)[-1]}")
+    if not cands:
+        raise node.error(f"no axis of the input {x.struct_info} can be transformed")
+    ok = op.equal(axis_t, scalar(cands[0][0], "int64"))
+    for a, _ in cands[1:]:
+        ok = op.logical_or(ok, op.equal(axis_t, scalar(a, "int64")))
+    what = (f"axis out of range [{-nd}, {nd - 2}] for a rank-{nd} input (the last axis holds "
+            "the real and imaginary parts)" + "".join(f"; {r}" for r in refused))
+    out = cands[0][1]  # the default of the selection: any other axis fails the check below
+    choices = [(op.equal(axis_t, scalar(a, "int64")), c) for a, c in cands[1:]]
     if len({tuple(str(d) for d in shape_of(c)) for _, c in cands}) != 1:
         # a one-sided output halves the transformed axis: the shape depends on the axis
-        return select_shaped(ctx, node, out, choices)
-    for flag, c in choices:
-        out = op.where(flag, c, out)
-    return out
+        out = select_shaped(ctx, node, out, choices)
+    else:
+        for flag, c in choices:
+            out = op.where(flag, c, out)
+    return op.check_info(ctx.emit(out), ctx.emit(op.cast(op.logical_not(ok), "int64")),
+                         what=what)
 
 
 # ---- windows --------------------------------------------------------------------------------
