@@ -32,6 +32,7 @@ from .emit import KernelBuilder, Pipeline, block, itemsize
 
 __all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "acc_row_stride",
            "emit_gemm", "feasible_tilings", "gemm_cost", "gemm_roofline", "plan_gemm",
+           "prefetch_staging",
            "tiling_domain", "tiling_knob_key", "tiling_value"]
 
 
@@ -187,13 +188,14 @@ def gemm_roofline(cfg: NPUConfig, shape: GemmShape) -> float:
     return max(tensor, traffic / cfg.memory(DRAM).bandwidth)
 
 
-def _staged_a_cycles(cfg: NPUConfig, shape: GemmShape, mu: int, ku: int, a_bytes: float
-                     ) -> float:
+def _staged_a_cycles(cfg: NPUConfig, shape: GemmShape, mu: int, ku: int, a_bytes: float,
+                     prefetch: bool) -> float:
     """DMA-in cycles of a convolution's A tile: the staging DMA (DRAM bytes at the chip's
     bandwidth, or its L1 writes, one element per pixel, if slower) and the gathers from L1
     (contiguous channel runs at the on-chip bandwidth, an issue overhead each), which wait
-    for the staging's DRAM latency. :func:`emit_gemm` stages before the step waits for its
-    slot, so a tensor-bound pipeline hides that wait; B's latency hides behind the gathers."""
+    for the staging's DRAM latency: :func:`emit_gemm` stages before the step waits for its
+    slot (a tensor-bound pipeline hides that wait), or with ``prefetch`` during the step
+    before, ahead of its gathers, which cover it. B's latency hides behind the gathers."""
     isz = itemsize(shape.dtype)
     l1 = cfg.memory("l1")
     px = shape.stage_pixel(ku)
@@ -203,18 +205,36 @@ def _staged_a_cycles(cfg: NPUConfig, shape: GemmShape, mu: int, ku: int, a_bytes
     elems = mu * shape.m_unit * ku * shape.k_unit
     gather = shape.gathers(mu) * cfg.dma_latency + \
         stream_cycles(elems, isz, 1, cfg.dma_onchip_bandwidth, cfg.memory("input"))
-    return stage + gather + cfg.memory(DRAM).latency + l1.latency
+    wait = cfg.memory(DRAM).latency + l1.latency
+    return stage + gather + (max(0.0, wait - gather) if prefetch else wait)
+
+
+def prefetch_staging(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int) -> bool:
+    """Whether :func:`emit_gemm` stages each step's A rows during the step before (two slots
+    or more), by the cost model: that hides a DRAM and an L1 latency per step where the DMA
+    is the bottleneck, but delays the tensor unit's second step by one staging (every
+    core's, on the shared channel). Edge, ResNet-18's stage-1 3x3 conv (448 steps): 84.9 ->
+    92.6% of the roofline; default, stage 2's 3x3/s2 (8 steps a core): it would lose 3%."""
+    if nbuf < 2 or not shape.stage_stride:
+        return False
+    args = (cfg, shape, tiling.m_units, tiling.n, tiling.k_units, nbuf)
+    return gemm_cost(*args, balance=tiling.balance, prefetch=True) < \
+        gemm_cost(*args, balance=tiling.balance, prefetch=False)
 
 
 def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf: int,
-              balance: bool = True) -> float:
+              balance: bool = True, prefetch: bool | None = None) -> float:
     """Estimated cycles of a tiling: the busiest of the tensor unit, the chip's DRAM channel
     (every byte moved, at the chip's bandwidth) and one core's DMA-in queue (its own
     transfers, each holding the channel at full bandwidth, the issue overhead of every DMA, a
     convolution's gathers from L1 and the wait for its staged rows), plus the pipeline's
     fill; without double buffering the tensor unit and the DMA add up instead.
     ``balance``: the output tiles left over after a round per core are split among the cores
-    (:func:`emit_gemm` does; the TIR route's generator does not)."""
+    (:func:`emit_gemm` does; the TIR route's generator does not). ``prefetch``: a
+    convolution's staging runs a step ahead (:func:`prefetch_staging`; None: the cheaper)."""
+    if prefetch is None and shape.stage_stride and nbuf >= 2:
+        return min(gemm_cost(cfg, shape, mu, nt, ku, nbuf, balance, False),
+                   gemm_cost(cfg, shape, mu, nt, ku, nbuf, balance, True))
     acc, cpt = _acc_dtype(cfg, shape.dtype)
     isz = itemsize(shape.dtype)
     mt, kt = mu * shape.m_unit, ku * shape.k_unit
@@ -267,15 +287,19 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     traffic = scale * (a_loads * a_bytes + b_loads * b_bytes) + \
         shape.batch * shape.m * shape.n * itemsize(acc)
     per_a = shape.a_dmas * cfg.dma_latency + a_bytes / dram.bandwidth
+    delay = 0.0  # the tensor unit's second step waits for the third step's staging
     if shape.stage_stride:
-        per_a = _staged_a_cycles(cfg, shape, mu, ku, a_bytes)
+        prefetch = bool(prefetch) and nbuf >= 2
+        per_a = _staged_a_cycles(cfg, shape, mu, ku, a_bytes, prefetch)
+        if prefetch:
+            delay = cfg.cores * shape.stage_dram_bytes(mu, ku, dram.burst) / dram.bandwidth
     dma_in = a_loads * per_a + b_loads * (cfg.dma_latency + b_bytes / dram.bandwidth)
     # a pipeline: the first step's loads precede the tensor unit's work, the last step's
     # product follows the DMA's, the last tile's store follows both
     load1 = per_a + cfg.dma_latency + b_bytes / dram.bandwidth
     step = _tile_cycles(cfg, mt, nt, kt, cpt)
     store = mt * nt * itemsize(acc) / dram.bandwidth + dram.latency
-    fill = cfg.tensor_latency * (core_steps + 1) + store
+    fill = cfg.tensor_latency * (core_steps + 1) + store + delay
     if nbuf >= 2:
         return max(tensor + load1, dma_in + step, traffic / dram.bandwidth) + fill
     return tensor + dma_in + fill + core_steps * dram.latency
@@ -540,7 +564,10 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     convolution). The slot is DMA-in's own (only the gathers read it), so a step stages its
     rows and waits for them before it waits for its L0 slot: while the tensor unit is
     still busy with the step before, the staging's DRAM latency is hidden. Then B, whose
-    DRAM latency the gathers (on-chip) cover before the step's closing token waits for it."""
+    DRAM latency the gathers (on-chip) cover before the step's closing token waits for it.
+    Where :func:`prefetch_staging` says so, each step from a core's second on also stages
+    the next step's rows (into the other slot) before its gathers, hiding that latency
+    where the DMA is the bottleneck too."""
     cfg = kb.config
     acc, _ = _acc_dtype(cfg, shape.dtype)
     isz, asz = itemsize(shape.dtype), itemsize(acc)
@@ -557,6 +584,8 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     tiles = output_tiles(cfg, shape, tiling, kb.nbuf)
     steps = _core_steps(cfg, shape, tiling, tiles, kb.nbuf)
     pos = [0] * cfg.cores  # each core's next step
+    prefetched = [False] * cfg.cores  # the core's next A tile is staged already
+    prefetch = stage_a is not None and prefetch_staging(cfg, shape, tiling, kb.nbuf)
     # A tile's store must be done before its accumulator slot takes the tile after next:
     # with one K step per tile that is one step away, and store pieces each served after a
     # whole load (the channel is first come, first served) are not, so the tensor unit
@@ -578,7 +607,7 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
             kts = kus * shape.k_unit
             st = steps[core][pos[core]]
             pos[core] += 1
-            if stage_a is not None and st.load_a:
+            if stage_a is not None and st.load_a and not prefetched[core]:
                 # the L1 slot is DMA-in's own: stage before waiting for the tensor unit
                 stage_a(core, b, m0, mus, k0, kus, st.a_slot)
                 kb.fence(core, UNIT_DMA_IN)  # the gathers read what the staging writes
@@ -586,6 +615,16 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
             a_addr, b_addr = st.a_slot * in_bytes, st.b_slot * w_bytes
             if stage_a is not None and st.load_b:  # the gathers cover B's DRAM latency
                 load_b(core, b, k0, kus, n0, nts, b_addr)
+            if stage_a is not None:
+                # from a core's second step on, stage the next step's rows before this
+                # step's gathers, which then cover the staging's DRAM latency too
+                nxt = steps[core][pos[core]] if pos[core] < len(steps[core]) else None
+                prefetched[core] = prefetch and pos[core] > 1 and nxt is not None and \
+                    nxt.load_a
+                if prefetched[core] and nxt is not None:
+                    nb_, nm0, nmus, _, _ = tiles[nxt.tile]
+                    stage_a(core, nb_, nm0, nmus, nxt.k0, min(ku, shape.k_units - nxt.k0),
+                            nxt.a_slot)
             if st.load_a:
                 load_a(core, b, m0, mus, k0, kus, a_addr, st.a_slot)
             if stage_a is None and st.load_b:
