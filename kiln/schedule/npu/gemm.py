@@ -585,7 +585,9 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     steps = _core_steps(cfg, shape, tiling, tiles, kb.nbuf)
     pos = [0] * cfg.cores  # each core's next step
     prefetched = [False] * cfg.cores  # the core's next A tile is staged already
-    prefetch = stage_a is not None and prefetch_staging(cfg, shape, tiling, kb.nbuf)
+    # (one slot: the next rows would overwrite the rows this step gathers from)
+    prefetch = stage_a is not None and kb.nbuf > 1 and \
+        prefetch_staging(cfg, shape, tiling, kb.nbuf)
     # A tile's store must be done before its accumulator slot takes the tile after next:
     # with one K step per tile that is one step away, and store pieces each served after a
     # whole load (the channel is first come, first served) are not, so the tensor unit
