@@ -121,13 +121,15 @@ def store_pieces(config: NPUConfig, shape: tuple[int, ...], dst: Block, src: Blo
 @dataclass
 class KernelInfo:
     """One emitted kernel: its label (the phase name in reports), the op, the tiling chosen
-    and the cost model's estimate of its cycles."""
+    and the cost model's estimate of its cycles; its roofline bound, and whether that is
+    the DRAM traffic's (``dram_bound``: a DMA-bound layer) rather than the compute unit's."""
 
     label: str
     op: str
     tiling: str
     estimate: float
     roofline: float = 0.0
+    dram_bound: bool = False
 
 
 @dataclass

@@ -28,10 +28,11 @@ from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, UNIT_TENSOR
 from ...npu.simulator import stream_cycles
 from ...target.npu.config import DRAM, NPUConfig
 from ..knobs import graph_knob
-from .emit import KernelBuilder, Pipeline, block, itemsize
+from .emit import KernelBuilder, KernelInfo, Pipeline, block, itemsize
 
 __all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "acc_row_stride",
-           "emit_gemm", "feasible_tilings", "gemm_cost", "gemm_roofline", "plan_gemm",
+           "emit_gemm", "feasible_tilings", "gemm_bounds", "gemm_cost", "gemm_kernel_info",
+           "gemm_roofline", "plan_gemm",
            "prefetch_staging",
            "tiling_domain", "tiling_knob_key", "tiling_value"]
 
@@ -178,6 +179,19 @@ def gemm_roofline(cfg: NPUConfig, shape: GemmShape) -> float:
     """The layer's bound: max of the tensor-unit cycles (all cores busy, no partial tiles
     beyond the shape's own) and the DRAM cycles of its minimum traffic (A and B read once, C
     written once)."""
+    return max(gemm_bounds(cfg, shape))
+
+
+def gemm_kernel_info(cfg: NPUConfig, label: str, op: str, tiling: str, estimate: float,
+                     shape: GemmShape) -> KernelInfo:
+    """The :class:`KernelInfo` of a product kernel: its roofline and whether the DRAM side
+    of it binds."""
+    tensor, traffic = gemm_bounds(cfg, shape)
+    return KernelInfo(label, op, tiling, estimate, max(tensor, traffic), traffic > tensor)
+
+
+def gemm_bounds(cfg: NPUConfig, shape: GemmShape) -> tuple[float, float]:
+    """The two sides of :func:`gemm_roofline`: tensor-unit cycles, DRAM cycles."""
     acc, cpt = _acc_dtype(cfg, shape.dtype)
     isz = itemsize(shape.dtype)
     tensor = shape.batch * _tile_cycles(cfg, shape.m, shape.n, shape.k, cpt) / cfg.cores
@@ -185,7 +199,7 @@ def gemm_roofline(cfg: NPUConfig, shape: GemmShape) -> float:
     a_elems = shape.a_elems or shape.m * shape.k
     a_bytes = a_elems * isz * (1 if shape.a_shared else shape.batch)
     traffic = a_bytes + shape.batch * shape.m * shape.n * itemsize(acc) + b_bytes
-    return max(tensor, traffic / cfg.memory(DRAM).bandwidth)
+    return tensor, traffic / cfg.memory(DRAM).bandwidth
 
 
 def _staged_a_cycles(cfg: NPUConfig, shape: GemmShape, mu: int, ku: int, a_bytes: float,

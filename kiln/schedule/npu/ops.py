@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from ...npu.isa import UNIT_DMA_IN
-from .emit import DramTensor, KernelInfo, block, itemsize, row_major
-from .gemm import GemmShape, acc_row_stride, emit_gemm, gemm_roofline, plan_gemm
+from .emit import DramTensor, block, itemsize, row_major
+from .gemm import GemmShape, acc_row_stride, emit_gemm, gemm_kernel_info, plan_gemm
 from .lowering import LoweringContext, NotSupported, register_lowering
 from .pooling import FLOAT_DTYPES as _FLOAT
 from .scalar import emit_scalar_elementwise
@@ -266,8 +266,8 @@ def _gemm_2d(ctx: LoweringContext, op: str, x: Any, w: Any, out: DramTensor,
                 src=block("acc", addr, out.dtype, (0, ns, 1)))
 
     emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
-    kb.end_kernel(KernelInfo(ctx.label(op), op, tiling.describe(shape), tiling.estimate,
-                             gemm_roofline(ctx.config, shape)))
+    kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label(op), op, tiling.describe(shape),
+                                   tiling.estimate, shape))
 
 
 def _batch_offsets(shape: tuple[int, ...], batch: tuple[int, ...]) -> list[int]:
@@ -308,8 +308,8 @@ def _batch_matmul(ctx: LoweringContext, x: Any, w: Any, out: DramTensor, dt: str
                 src=block("acc", addr, out.dtype, (0, ns, 1)))
 
     emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
-    kb.end_kernel(KernelInfo(ctx.label("matmul"), "matmul", tiling.describe(shape),
-                             tiling.estimate, gemm_roofline(ctx.config, shape)))
+    kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("matmul"), "matmul",
+                                   tiling.describe(shape), tiling.estimate, shape))
 
 
 @register_lowering("dense")
@@ -466,8 +466,8 @@ def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
                 src=block("acc", addr, out.dtype, (0, 1, ldc)))
 
     emit_gemm(kb, shape, tiling, load_a, load_b, store_c, stage_a)
-    kb.end_kernel(KernelInfo(ctx.label("nn.conv2d"), "nn.conv2d", tiling.describe(shape),
-                             tiling.estimate, gemm_roofline(ctx.config, shape)))
+    kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
+                                   tiling.describe(shape), tiling.estimate, shape))
 
 
 def _pointwise(ctx: LoweringContext, x: Any, w: np.ndarray, out: DramTensor, dt: str) -> None:
@@ -497,9 +497,9 @@ def _pointwise(ctx: LoweringContext, x: Any, w: np.ndarray, out: DramTensor, dt:
                 src=block("acc", addr, out.dtype, (0, ns, 1)))
 
     emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
-    kb.end_kernel(KernelInfo(ctx.label("nn.conv2d"), "nn.conv2d",
-                             "1x1 as W @ X: " + tiling.describe(shape), tiling.estimate,
-                             gemm_roofline(ctx.config, shape)))
+    kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
+                                   "1x1 as W @ X: " + tiling.describe(shape), tiling.estimate,
+                                   shape))
 
 
 def _depthwise(ctx: LoweringContext, call: Any, x: Any, w: Any, out: DramTensor) -> None:
