@@ -629,7 +629,10 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
                 kb.fence(core, UNIT_DMA_IN)  # the gathers read what the staging writes
             p.load_slot()
             a_addr, b_addr = st.a_slot * in_bytes, st.b_slot * w_bytes
-            if stage_a is not None and st.load_b:  # the gathers cover B's DRAM latency
+            # B before the gathers, which cover its DRAM latency (with one slot the step's
+            # loads wait for the tensor unit anyway: the gathers first, as they are ready)
+            b_first = stage_a is not None and kb.nbuf > 1
+            if b_first and st.load_b:
                 load_b(core, b, k0, kus, n0, nts, b_addr)
             if stage_a is not None:
                 # from a core's second step on, stage the next step's rows before this
@@ -643,7 +646,7 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
                             nxt.a_slot)
             if st.load_a:
                 load_a(core, b, m0, mus, k0, kus, a_addr, st.a_slot)
-            if stage_a is None and st.load_b:
+            if not b_first and st.load_b:
                 load_b(core, b, k0, kus, n0, nts, b_addr)
             p.loaded()
             p.compute_begin()
