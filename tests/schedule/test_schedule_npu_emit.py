@@ -312,4 +312,5 @@ def test_kernel_info_says_which_side_of_the_roofline_binds(hw):
         k = [k for k in exe.kernels if k.op == "dense"][0]
         tensor, traffic = gemm_bounds(cfg, GemmShape(1, m, 1, 512, 512, 1, "float16"))
         assert k.dram_bound is dram_bound is (traffic > tensor)
-        assert k.roofline == max(tensor, traffic)
+        assert (k.roofline, k.compute, k.traffic) == (max(tensor, traffic), tensor, traffic)
+        assert k.overlap_bound == pytest.approx((tensor + traffic) / max(tensor, traffic))

@@ -121,15 +121,28 @@ def store_pieces(config: NPUConfig, shape: tuple[int, ...], dst: Block, src: Blo
 @dataclass
 class KernelInfo:
     """One emitted kernel: its label (the phase name in reports), the op, the tiling chosen
-    and the cost model's estimate of its cycles; its roofline bound, and whether that is
-    the DRAM traffic's (``dram_bound``: a DMA-bound layer) rather than the compute unit's."""
+    and the cost model's estimate of its cycles; its roofline bound and the bound's two sides
+    (cycles of the compute unit's work, of the DRAM's minimum traffic; 0: not computed)."""
 
     label: str
     op: str
     tiling: str
     estimate: float
     roofline: float = 0.0
-    dram_bound: bool = False
+    compute: float = 0.0
+    traffic: float = 0.0
+
+    @property
+    def dram_bound(self) -> bool:
+        """The DRAM side of the roofline binds: a DMA-bound layer."""
+        return self.traffic > self.compute
+
+    @property
+    def overlap_bound(self) -> float:
+        """The most double buffering can gain: the two sides one after the other against
+        the larger alone (1.0 when not computed)."""
+        top = max(self.compute, self.traffic)
+        return (self.compute + self.traffic) / top if top else 1.0
 
 
 @dataclass

@@ -187,7 +187,7 @@ def gemm_kernel_info(cfg: NPUConfig, label: str, op: str, tiling: str, estimate:
     """The :class:`KernelInfo` of a product kernel: its roofline and whether the DRAM side
     of it binds."""
     tensor, traffic = gemm_bounds(cfg, shape)
-    return KernelInfo(label, op, tiling, estimate, max(tensor, traffic), traffic > tensor)
+    return KernelInfo(label, op, tiling, estimate, max(tensor, traffic), tensor, traffic)
 
 
 def gemm_bounds(cfg: NPUConfig, shape: GemmShape) -> tuple[float, float]:

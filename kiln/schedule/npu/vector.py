@@ -311,8 +311,8 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
     macs = nc * oh * ow * isz * taps / cfg.vector_width / cfg.cores if weights is not None \
         else 0.0
     kb.end_kernel(KernelInfo(ctx.label(op), op, f"{ct} channels x {rt} rows of "
-                             f"{nc} x {oh}", max(traffic, macs), max(traffic, macs),
-                             traffic > macs))
+                             f"{nc} x {oh}", max(traffic, macs), max(traffic, macs), macs,
+                             traffic))
 
 
 def _rows_kernel(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, rows: int,
