@@ -313,4 +313,4 @@ def test_kernel_info_says_which_side_of_the_roofline_binds(hw):
         tensor, traffic = gemm_bounds(cfg, GemmShape(1, m, 1, 512, 512, 1, "float16"))
         assert k.dram_bound is dram_bound is (traffic > tensor)
         assert (k.roofline, k.compute, k.traffic) == (max(tensor, traffic), tensor, traffic)
-        assert k.overlap_bound == pytest.approx((tensor + traffic) / max(tensor, traffic))
+        assert k.overlap_gain == pytest.approx((tensor + traffic) / max(tensor, traffic))

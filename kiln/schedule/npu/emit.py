@@ -138,9 +138,11 @@ class KernelInfo:
         return self.traffic > self.compute
 
     @property
-    def overlap_bound(self) -> float:
-        """The most double buffering can gain: the two sides one after the other against
-        the larger alone (1.0 when not computed)."""
+    def overlap_gain(self) -> float:
+        """What overlapping the roofline's two sides gains: both one after the other against
+        the larger alone (1.0 when not computed). For a plain GEMM, whose DMA work is its
+        DRAM traffic, the most double buffering can give; a convolution's DMA queue also
+        carries its gathers from L1 and waits for the staging, which overlap too."""
         top = max(self.compute, self.traffic)
         return (self.compute + self.traffic) / top if top else 1.0
 
