@@ -10,9 +10,18 @@ import kiln
 from kiln import graph as g
 from kiln import op
 from kiln.codegen.npu import build_npu
+from kiln.schedule.npu import gemm as npu_gemm
 from kiln.schedule.npu import ops as npu_ops
 from kiln.schedule.npu.emit import MEM_ID, block, itemsize, store_piece_bytes, store_pieces
-from kiln.schedule.npu.gemm import GemmShape, GemmTiling, output_tiles
+from kiln.schedule.npu.gemm import (
+    GemmShape,
+    GemmTiling,
+    gemm_bounds,
+    gemm_cost,
+    output_tiles,
+    plan_gemm,
+    prefetch_staging,
+)
 from kiln.target.npu import load_config
 from kiln.testing.op_testing import graph_module
 
@@ -77,12 +86,16 @@ def test_a_weight_tile_that_stays_is_loaded_once_per_slot(hw):
     assert _loads_into(exe, "input") > 2 * cfg.cores  # A tiles still stream
 
 
-def _conv_shape(c, h, o, kh, stride):
-    """The GemmShape of a square ``kh x kh`` convolution of a ``c x h x h`` float16 image."""
-    oh = (h + 2 * (kh // 2) - kh) // stride + 1
-    return GemmShape(1, oh, oh, o, c, kh * kh, "float16", a_dmas=kh * kh,
-                     stage_stride=stride, stage_halo=kh, stage_row=h, stage_pad=64,
-                     acc_padded=True)
+def _conv_shape(c, h, o, kh, stride, line=32):
+    """The GemmShape of a square ``kh x kh`` convolution (padding ``kh // 2``) of a
+    ``c x h x h`` float16 image, as the lowering builds it (L1 bank lines of ``line``
+    bytes)."""
+    pad = kh // 2
+    oh = (h + 2 * pad - kh) // stride + 1
+    width = pad + h + max(0, (oh - 1) * stride + kh - pad - h)
+    return GemmShape(1, oh, oh, o, c, kh * kh, "float16", a_dmas=kh * kh, a_dmas_row=kh,
+                     a_elems=c * h * h, stage_stride=stride, stage_halo=kh, stage_row=h,
+                     stage_width=width, stage_pad=line, acc_padded=True)
 
 
 @pytest.mark.parametrize("shape,tiling,cores_work", [
@@ -195,3 +208,109 @@ def test_a_held_operand_is_not_split(monkeypatch):
     got = exe(x)
     ref = x.astype(np.float64) @ w.T.astype(np.float64)
     assert float(np.max(np.abs(got - ref)) / np.max(np.abs(ref))) <= 1e-2
+
+
+def _conv_numpy(x, w, stride, pad):
+    """float64 NCHW convolution (square stride and padding)."""
+    kh, kw = w.shape[2:]
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh = (xp.shape[2] - kh) // stride + 1
+    ow = (xp.shape[3] - kw) // stride + 1
+    return sum(np.einsum("nchw,oc->nohw", xp[:, :, a:a + (oh - 1) * stride + 1:stride,
+                                            b:b + (ow - 1) * stride + 1:stride], w[:, :, a, b])
+               for a in range(kh) for b in range(kw))
+
+
+def _gathers(exe):
+    """The conv kernel's L1 -> L0 input DMAs (the tap gathers) on core 0."""
+    return [i for i in _stream_ops(exe) if i.op == "dma.load" and
+            i.args["src"].mem == MEM_ID["l1"] and i.args["dst"].mem == MEM_ID["input"]]
+
+
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("c,h,o,k,s,p", [
+    (16, 28, 24, 3, 1, 1),   # 3x3: a tile of fewer rows than 3 gathers per (row, kernel row)
+    (3, 30, 16, 7, 2, 3),    # a stem: one channel per K step, 7 taps per gather
+    (8, 9, 8, 1, 1, 2),      # 1x1 with padding 2: the first and last rows only padding
+])
+def test_conv_staged_rows_carry_their_padding_and_gathers_read_channel_runs(hw, c, h, o, k,
+                                                                            s, p):
+    """The staged rows hold the window's padding, channels innermost: every gather reads
+    contiguous channel runs (inner stride 1 -- no bank conflicts) and fills nothing, and a
+    tile of one output row takes one gather per kernel row, not one per tap."""
+    rng = np.random.default_rng(c + h + k)
+    w = rng.standard_normal((o, c, k, k)).astype("float32")
+    x = rng.standard_normal((1, c, h, h)).astype("float32")
+    exe = build_npu(graph_module(lambda v: op.nn.conv2d(v, g.const(w), strides=(s, s),
+                                                        padding=(p, p)), [x.shape]),
+                    kiln.Target("npu", hw=hw))
+    got = exe(x)  # the simulator checks every token and every access
+    ref = _conv_numpy(x, w, s, p)
+    assert float(np.max(np.abs(got - ref)) / np.max(np.abs(ref))) <= 1e-2
+    gathers = _gathers(exe)
+    assert gathers and all(i.args["src"].strides[2] == 1 for i in gathers)
+    assert all(not any(i.args["pad_lo"]) and not any(i.args["pad_hi"]) for i in gathers)
+    ow = (h + 2 * p - k) // s + 1
+    rows = int(exe.kernels[-1].tiling.split(" x ")[0].split("M")[1]) // ow
+    # (pixels, KW taps, channels) per row and kernel row, or (rows, pixels, channels) per tap
+    assert all(tuple(i.args["shape"][:2]) == (ow, k) for i in gathers) if rows < k else \
+        all(i.args["shape"][1] == ow for i in gathers)
+
+
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("double_buffer", [True, False])
+def test_staging_a_step_ahead_gives_the_same_bits(monkeypatch, hw, double_buffer):
+    """Staging each step's rows during the step before (prefetch_staging) only moves DMAs:
+    the same products in the same order, the same bits -- and with one slot it is never
+    done (the one L1 slot is still being gathered from)."""
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((32, 16, 3, 3)).astype("float32")
+    x = rng.standard_normal((1, 16, 20, 20)).astype("float32")
+    mod = graph_module(lambda v: op.nn.conv2d(v, g.const(w), padding=(1, 1)), [x.shape])
+    outs, streams = [], []
+    for on in (False, True):
+        monkeypatch.setattr(npu_gemm, "prefetch_staging", lambda *a, on=on: on)
+        exe = build_npu(mod, kiln.Target("npu", hw=hw), double_buffer=double_buffer)
+        outs.append(exe(x))  # the simulator checks every token and every access
+        streams.append(_stream_ops(exe))
+    assert np.array_equal(outs[0], outs[1])
+    staged = [sum(i.op == "dma.load" and i.args["dst"].mem == MEM_ID["l1"] for i in st)
+              for st in streams]
+    same = [(i.op, str(i.args)) for i in streams[0]] == [(i.op, str(i.args)) for i in streams[1]]
+    assert same != double_buffer
+    assert staged[0] == staged[1]  # the same rows staged, earlier
+    ref = _conv_numpy(x, w, 1, 1)
+    assert float(np.max(np.abs(outs[0] - ref)) / np.max(np.abs(ref))) <= 1e-2
+
+
+def test_prefetch_staging_is_the_cost_models_choice():
+    """emit_gemm stages ahead exactly when gemm_cost says it is cheaper: edge's stage-1 3x3
+    conv (hundreds of DMA-bound steps: the hidden latencies win), not default's stage-3
+    3x3/s2 (4 steps a core: the later start loses)."""
+    edge, default = load_config("edge"), load_config("default")
+    l1 = _conv_shape(64, 56, 64, 3, 1)
+    l3 = _conv_shape(128, 28, 256, 3, 2)
+    for cfg, shape, expect in ((edge, l1, True), (default, l3, False)):
+        tiling = plan_gemm(cfg, shape, 2)
+        args = (cfg, shape, tiling.m_units, tiling.n, tiling.k_units, 2)
+        on = gemm_cost(*args, balance=tiling.balance, prefetch=True)
+        off = gemm_cost(*args, balance=tiling.balance, prefetch=False)
+        assert prefetch_staging(cfg, shape, tiling, 2) == (on < off) == expect
+        assert tiling.estimate == pytest.approx(min(on, off))
+        assert not prefetch_staging(cfg, shape, tiling, 1)
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_kernel_info_says_which_side_of_the_roofline_binds(hw):
+    """A matrix-vector product (every weight read once for one row) is DMA-bound; a
+    1024 x 512 x 512 product is bound by the tensor unit; the roofline is the larger side."""
+    cfg = load_config(hw)
+    for m, dram_bound in ((1, True), (1024, False)):
+        w = np.ones((512, 512), "float32")
+        exe = build_npu(graph_module(lambda v, w=w: op.dense(v, g.const(w)), [(m, 512)]),
+                        kiln.Target("npu", hw=hw))
+        k = [k for k in exe.kernels if k.op == "dense"][0]
+        tensor, traffic = gemm_bounds(cfg, GemmShape(1, m, 1, 512, 512, 1, "float16"))
+        assert k.dram_bound is dram_bound is (traffic > tensor)
+        assert (k.roofline, k.compute, k.traffic) == (max(tensor, traffic), tensor, traffic)
+        assert k.overlap_gain == pytest.approx((tensor + traffic) / max(tensor, traffic))

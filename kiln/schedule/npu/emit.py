@@ -121,13 +121,30 @@ def store_pieces(config: NPUConfig, shape: tuple[int, ...], dst: Block, src: Blo
 @dataclass
 class KernelInfo:
     """One emitted kernel: its label (the phase name in reports), the op, the tiling chosen
-    and the cost model's estimate of its cycles."""
+    and the cost model's estimate of its cycles; its roofline bound and the bound's two sides
+    (cycles of the compute unit's work, of the DRAM's minimum traffic; 0: not computed)."""
 
     label: str
     op: str
     tiling: str
     estimate: float
     roofline: float = 0.0
+    compute: float = 0.0
+    traffic: float = 0.0
+
+    @property
+    def dram_bound(self) -> bool:
+        """The DRAM side of the roofline binds: a DMA-bound layer."""
+        return self.traffic > self.compute
+
+    @property
+    def overlap_gain(self) -> float:
+        """What overlapping the roofline's two sides gains: both one after the other against
+        the larger alone (1.0 when not computed). For a plain GEMM, whose DMA work is its
+        DRAM traffic, the most double buffering can give; a convolution's DMA queue also
+        carries its gathers from L1 and waits for the staging, which overlap too."""
+        top = max(self.compute, self.traffic)
+        return (self.compute + self.traffic) / top if top else 1.0
 
 
 @dataclass

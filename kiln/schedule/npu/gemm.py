@@ -24,13 +24,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ...npu.isa import UNIT_DMA_OUT, UNIT_TENSOR
+from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, UNIT_TENSOR
+from ...npu.simulator import stream_cycles
 from ...target.npu.config import DRAM, NPUConfig
 from ..knobs import graph_knob
-from .emit import KernelBuilder, Pipeline, block, itemsize
+from .emit import KernelBuilder, KernelInfo, Pipeline, block, itemsize
 
 __all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "acc_row_stride",
-           "emit_gemm", "feasible_tilings", "gemm_cost", "gemm_roofline", "plan_gemm",
+           "emit_gemm", "feasible_tilings", "gemm_bounds", "gemm_cost", "gemm_kernel_info",
+           "gemm_roofline", "plan_gemm",
+           "prefetch_staging",
            "tiling_domain", "tiling_knob_key", "tiling_value"]
 
 
@@ -43,13 +46,18 @@ class GemmShape:
     once by the roofline; ``a_shared`` likewise for A); ``a_elems``: elements of A's source
     per batch entry (a conv's image: what the roofline counts; 0: M x K).
 
-    A convolution stages its input rows in L1 (one contiguous DMA per step) and gathers the
-    taps from there: ``stage_stride`` (rows of input per M unit; 0: no staging),
-    ``stage_halo`` (extra rows of the window), ``stage_row`` (elements per input row and
-    K unit) and ``stage_pad`` size the L1 slot; ``stage_runs``: each staged row is a DRAM run
-    of its own (a strided 1x1 convolution reading every ``stride``-th row). ``acc_padded``:
-    the accumulator tile's rows are :func:`acc_row_stride` apart (for a store that reads it
-    column by column)."""
+    A convolution stages its input rows in L1 (one DMA per step, contiguous in DRAM) with
+    their padding, channels innermost, and gathers the taps from there: ``stage_stride``
+    (rows of input per M unit; 0: no staging), ``stage_halo`` (rows of the window),
+    ``stage_row`` (elements per input row in DRAM), ``stage_width`` (pixels per staged row,
+    its padding included; 0: ``stage_row``) and ``stage_pad`` (bytes of an L1 bank line: each
+    pixel's run of channels is padded to an odd number of them, so the staging DMA's writes,
+    one element per pixel, spread over the banks) size the L1 slot; ``stage_runs``: each
+    staged row is a DRAM run of its own (a strided 1x1 convolution reading every
+    ``stride``-th row). ``a_dmas_row``: the gathers of one M unit when a tile of few units
+    takes fewer than ``a_dmas`` (a conv row's ``KH`` windows, each ``KW`` taps of contiguous
+    channel runs; 0: always ``a_dmas``). ``acc_padded``: the accumulator tile's rows are
+    :func:`acc_row_stride` apart (for a store that reads it column by column)."""
 
     batch: int
     m_units: int
@@ -68,15 +76,35 @@ class GemmShape:
     stage_pad: int = 0
     acc_padded: bool = False
     stage_runs: bool = False
+    stage_width: int = 0
+    a_dmas_row: int = 0
+
+    def stage_pixel(self, ku: int) -> int:
+        """Elements between the pixels of an L1 staging slot of ``ku`` K units (channels):
+        ``ku``, or when that is more than one ``stage_pad``-byte bank line, rounded up to an
+        odd number of them (a stride of an even number of lines would leave banks idle)."""
+        isz = itemsize(self.dtype)
+        if not self.stage_pad or self.stage_pad % isz or ku * isz <= self.stage_pad:
+            return ku
+        per_line = self.stage_pad // isz
+        lines = -(-ku // per_line)
+        return (lines + 1 - lines % 2) * per_line
+
+    def stage_rows(self, mu: int) -> int:
+        """Input rows staged for a tile of ``mu`` M units (their windows' rows)."""
+        return (mu - 1) * self.stage_stride + self.stage_halo
 
     def stage_bytes(self, mu: int, ku: int) -> int:
-        """Bytes of one L1 staging slot for tiles of ``mu`` M units and ``ku`` K units (each
-        K unit's rows, plus ``stage_pad`` bytes that keep its start off the previous one's
-        banks)."""
+        """Bytes of one L1 staging slot for tiles of ``mu`` M units and ``ku`` K units: the
+        window's rows of ``stage_width`` pixels of :meth:`stage_pixel` elements."""
         if not self.stage_stride:
             return 0
-        rows = (mu - 1) * self.stage_stride + self.stage_halo
-        return ku * (rows * self.stage_row * itemsize(self.dtype) + self.stage_pad)
+        return self.stage_rows(mu) * (self.stage_width or self.stage_row) * \
+            self.stage_pixel(ku) * itemsize(self.dtype)
+
+    def gathers(self, mu: int) -> int:
+        """DMAs that gather one A tile of ``mu`` M units."""
+        return min(self.a_dmas, mu * self.a_dmas_row) if self.a_dmas_row else self.a_dmas
 
     def stage_dram_bytes(self, mu: int, ku: int, burst: int) -> int:
         """Bytes DRAM moves to stage a tile's rows: per K unit one contiguous run of its
@@ -85,7 +113,7 @@ class GemmShape:
         padding is not DRAM traffic."""
         if not self.stage_stride:
             return 0
-        rows = (mu - 1) * self.stage_stride + self.stage_halo
+        rows = self.stage_rows(mu)
         row = self.stage_row * itemsize(self.dtype)
         if self.stage_runs:
             return ku * rows * -(-row // burst) * burst
@@ -151,6 +179,19 @@ def gemm_roofline(cfg: NPUConfig, shape: GemmShape) -> float:
     """The layer's bound: max of the tensor-unit cycles (all cores busy, no partial tiles
     beyond the shape's own) and the DRAM cycles of its minimum traffic (A and B read once, C
     written once)."""
+    return max(gemm_bounds(cfg, shape))
+
+
+def gemm_kernel_info(cfg: NPUConfig, label: str, op: str, tiling: str, estimate: float,
+                     shape: GemmShape) -> KernelInfo:
+    """The :class:`KernelInfo` of a product kernel: its roofline and whether the DRAM side
+    of it binds."""
+    tensor, traffic = gemm_bounds(cfg, shape)
+    return KernelInfo(label, op, tiling, estimate, max(tensor, traffic), tensor, traffic)
+
+
+def gemm_bounds(cfg: NPUConfig, shape: GemmShape) -> tuple[float, float]:
+    """The two sides of :func:`gemm_roofline`: tensor-unit cycles, DRAM cycles."""
     acc, cpt = _acc_dtype(cfg, shape.dtype)
     isz = itemsize(shape.dtype)
     tensor = shape.batch * _tile_cycles(cfg, shape.m, shape.n, shape.k, cpt) / cfg.cores
@@ -158,26 +199,56 @@ def gemm_roofline(cfg: NPUConfig, shape: GemmShape) -> float:
     a_elems = shape.a_elems or shape.m * shape.k
     a_bytes = a_elems * isz * (1 if shape.a_shared else shape.batch)
     traffic = a_bytes + shape.batch * shape.m * shape.n * itemsize(acc) + b_bytes
-    return max(tensor, traffic / cfg.memory(DRAM).bandwidth)
+    return tensor, traffic / cfg.memory(DRAM).bandwidth
 
 
-def _gather_conflicts(cfg: NPUConfig, isz: int) -> int:
-    """Slowdown of a tap gather reading one element per L1 channel plane (planes an odd
-    number of bank lines apart: the lanes of a cycle spread evenly over the banks)."""
+def _staged_a_cycles(cfg: NPUConfig, shape: GemmShape, mu: int, ku: int, a_bytes: float,
+                     prefetch: bool) -> float:
+    """DMA-in cycles of a convolution's A tile: the staging DMA (DRAM bytes at the chip's
+    bandwidth, or its L1 writes, one element per pixel, if slower) and the gathers from L1
+    (contiguous channel runs at the on-chip bandwidth, an issue overhead each), which wait
+    for the staging's DRAM latency: :func:`emit_gemm` stages before the step waits for its
+    slot (a tensor-bound pipeline hides that wait), or with ``prefetch`` during the step
+    before, ahead of its gathers, which cover it. B's latency hides behind the gathers."""
+    isz = itemsize(shape.dtype)
     l1 = cfg.memory("l1")
-    lanes = max(1, cfg.dma_onchip_bandwidth // isz)
-    return max(1, math.ceil(math.ceil(lanes / l1.banks) / l1.ports))
+    px = shape.stage_pixel(ku)
+    staged = ku * shape.stage_rows(mu) * (shape.stage_width or shape.stage_row)
+    stage = cfg.dma_latency + max(a_bytes / cfg.memory(DRAM).bandwidth,
+                                  stream_cycles(staged, isz, px, cfg.dma_onchip_bandwidth, l1))
+    elems = mu * shape.m_unit * ku * shape.k_unit
+    gather = shape.gathers(mu) * cfg.dma_latency + \
+        stream_cycles(elems, isz, 1, cfg.dma_onchip_bandwidth, cfg.memory("input"))
+    wait = cfg.memory(DRAM).latency + l1.latency
+    return stage + gather + (max(0.0, wait - gather) if prefetch else wait)
+
+
+def prefetch_staging(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int) -> bool:
+    """Whether :func:`emit_gemm` stages each step's A rows during the step before (two slots
+    or more), by the cost model: that hides a DRAM and an L1 latency per step where the DMA
+    is the bottleneck, but delays the tensor unit's second step by one staging (every
+    core's, on the shared channel). Edge, ResNet-18's stage-1 3x3 conv (448 steps): 84.9 ->
+    92.6% of the roofline; default, stage 2's 3x3/s2 (8 steps a core): it would lose 3%."""
+    if nbuf < 2 or not shape.stage_stride:
+        return False
+    args = (cfg, shape, tiling.m_units, tiling.n, tiling.k_units, nbuf)
+    return gemm_cost(*args, balance=tiling.balance, prefetch=True) < \
+        gemm_cost(*args, balance=tiling.balance, prefetch=False)
 
 
 def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf: int,
-              balance: bool = True) -> float:
+              balance: bool = True, prefetch: bool | None = None) -> float:
     """Estimated cycles of a tiling: the busiest of the tensor unit, the chip's DRAM channel
     (every byte moved, at the chip's bandwidth) and one core's DMA-in queue (its own
     transfers, each holding the channel at full bandwidth, the issue overhead of every DMA, a
     convolution's gathers from L1 and the wait for its staged rows), plus the pipeline's
     fill; without double buffering the tensor unit and the DMA add up instead.
     ``balance``: the output tiles left over after a round per core are split among the cores
-    (:func:`emit_gemm` does; the TIR route's generator does not)."""
+    (:func:`emit_gemm` does; the TIR route's generator does not). ``prefetch``: a
+    convolution's staging runs a step ahead (:func:`prefetch_staging`; None: the cheaper)."""
+    if prefetch is None and shape.stage_stride and nbuf >= 2:
+        return min(gemm_cost(cfg, shape, mu, nt, ku, nbuf, balance, False),
+                   gemm_cost(cfg, shape, mu, nt, ku, nbuf, balance, True))
     acc, cpt = _acc_dtype(cfg, shape.dtype)
     isz = itemsize(shape.dtype)
     mt, kt = mu * shape.m_unit, ku * shape.k_unit
@@ -230,16 +301,19 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     traffic = scale * (a_loads * a_bytes + b_loads * b_bytes) + \
         shape.batch * shape.m * shape.n * itemsize(acc)
     per_a = shape.a_dmas * cfg.dma_latency + a_bytes / dram.bandwidth
-    if shape.stage_stride:  # staged rows (one DMA, waited for), then the gathers from L1
-        per_a += cfg.dma_latency + dram.latency + cfg.memory("l1").latency + \
-            mt * kt * isz / cfg.dma_onchip_bandwidth * _gather_conflicts(cfg, isz)
+    delay = 0.0  # the tensor unit's second step waits for the third step's staging
+    if shape.stage_stride:
+        prefetch = bool(prefetch) and nbuf >= 2
+        per_a = _staged_a_cycles(cfg, shape, mu, ku, a_bytes, prefetch)
+        if prefetch:
+            delay = cfg.cores * shape.stage_dram_bytes(mu, ku, dram.burst) / dram.bandwidth
     dma_in = a_loads * per_a + b_loads * (cfg.dma_latency + b_bytes / dram.bandwidth)
     # a pipeline: the first step's loads precede the tensor unit's work, the last step's
     # product follows the DMA's, the last tile's store follows both
     load1 = per_a + cfg.dma_latency + b_bytes / dram.bandwidth
     step = _tile_cycles(cfg, mt, nt, kt, cpt)
     store = mt * nt * itemsize(acc) / dram.bandwidth + dram.latency
-    fill = cfg.tensor_latency * (core_steps + 1) + store
+    fill = cfg.tensor_latency * (core_steps + 1) + store + delay
     if nbuf >= 2:
         return max(tensor + load1, dma_in + step, traffic / dram.bandwidth) + fill
     return tensor + dma_in + fill + core_steps * dram.latency
@@ -416,6 +490,10 @@ LoadA = Callable[[int, int, int, int, int, int, int, int], None]
 #: ``load_b(core, batch, k0, k_units, n0, n, addr)``: DMA the B tile (row-major K x N) to L0
 #: weight at ``addr``.
 LoadB = Callable[[int, int, int, int, int, int, int], None]
+#: ``stage_a(core, batch, m0, m_units, k0, k_units, slot)``: DMA what the A tile's gathers
+#: read into the core's L1 staging ``slot`` (a convolution's input rows); ``load_a`` then
+#: gathers the tile from there.
+StageA = Callable[[int, int, int, int, int, int, int], None]
 #: ``store_c(core, batch, m0, m_units, n0, n, addr)``: DMA the C tile (row-major M x N in the
 #: accumulators at ``addr``) to DRAM.
 StoreC = Callable[[int, int, int, int, int, int, int], None]
@@ -455,9 +533,55 @@ def output_tiles(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int
     return out
 
 
+@dataclass(frozen=True)
+class _Step:
+    """One K step of a core: its output tile's index, the A and B slots, and whether it
+    loads each tile (a tile the slot already holds is not loaded again)."""
+
+    tile: int
+    k0: int
+    a_slot: int
+    b_slot: int
+    load_a: bool
+    load_b: bool
+
+
+def _core_steps(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling,
+                tiles: list[tuple[int, int, int, int, int]], nbuf: int) -> list[list[_Step]]:
+    """Each core's steps in order (tiles round-robin, the K steps of each in turn; step ``i``
+    of a core takes slot ``i % nbuf``, or a tile fixed on the core one slot per K step)."""
+    ku = tiling.k_units
+    nm, nn, nk = (math.ceil(shape.m_units / tiling.m_units), math.ceil(shape.n / tiling.n),
+                  math.ceil(shape.k_units / ku))
+    a_fixed, b_fixed = _fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
+    held_a: list[list[tuple[int, ...] | None]] = [[None] * nbuf for _ in range(cfg.cores)]
+    held_b: list[list[tuple[int, ...] | None]] = [[None] * nbuf for _ in range(cfg.cores)]
+    out: list[list[_Step]] = [[] for _ in range(cfg.cores)]
+    for j, (b, m0, mus, n0, nts) in enumerate(tiles):
+        core = j % cfg.cores
+        for step, k0 in enumerate(range(0, shape.k_units, ku)):
+            slot = len(out[core]) % nbuf
+            a_slot, b_slot = (step if a_fixed else slot), (step if b_fixed else slot)
+            a_key = (0 if shape.a_shared else b, m0, mus, k0)
+            b_key = (0 if shape.b_shared else b, k0, n0, nts)
+            new_a, new_b = held_a[core][a_slot] != a_key, held_b[core][b_slot] != b_key
+            held_a[core][a_slot], held_b[core][b_slot] = a_key, b_key
+            out[core].append(_Step(j, k0, a_slot, b_slot, new_a, new_b))
+    return out
+
+
 def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: LoadA,
-              load_b: LoadB, store_c: StoreC) -> None:
-    """Emit the tiled product (see the module docstring) into ``kb``'s streams."""
+              load_b: LoadB, store_c: StoreC, stage_a: StageA | None = None) -> None:
+    """Emit the tiled product (see the module docstring) into ``kb``'s streams.
+
+    ``stage_a``: A is gathered from an L1 staging slot that ``stage_a`` fills (a
+    convolution). The slot is DMA-in's own (only the gathers read it), so a step stages its
+    rows and waits for them before it waits for its L0 slot: while the tensor unit is
+    still busy with the step before, the staging's DRAM latency is hidden. Then B, whose
+    DRAM latency the gathers (on-chip) cover before the step's closing token waits for it.
+    Where :func:`prefetch_staging` says so, each step from a core's second on also stages
+    the next step's rows (into the other slot) before its gathers, hiding that latency
+    where the DMA is the bottleneck too."""
     cfg = kb.config
     acc, _ = _acc_dtype(cfg, shape.dtype)
     isz, asz = itemsize(shape.dtype), itemsize(acc)
@@ -471,10 +595,13 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     # a tile fixed on a core has one copy per K step, loaded once; others rotate the slots
     a_fixed, b_fixed = _fixed_tiles(cfg, shape, nm, nn, nk, kb.nbuf)
     pipes = [Pipeline(kb, c, UNIT_TENSOR) for c in range(cfg.cores)]
-    # what each core's slots hold: a tile already in the step's slot is not loaded again
-    held_a: list[list[tuple[int, ...] | None]] = [[None] * kb.nbuf for _ in pipes]
-    held_b: list[list[tuple[int, ...] | None]] = [[None] * kb.nbuf for _ in pipes]
     tiles = output_tiles(cfg, shape, tiling, kb.nbuf)
+    steps = _core_steps(cfg, shape, tiling, tiles, kb.nbuf)
+    pos = [0] * cfg.cores  # each core's next step
+    prefetched = [False] * cfg.cores  # the core's next A tile is staged already
+    # (one slot: the next rows would overwrite the rows this step gathers from)
+    prefetch = stage_a is not None and kb.nbuf > 1 and \
+        prefetch_staging(cfg, shape, tiling, kb.nbuf)
     # A tile's store must be done before its accumulator slot takes the tile after next:
     # with one K step per tile that is one step away, and store pieces each served after a
     # whole load (the channel is first come, first served) are not, so the tensor unit
@@ -494,17 +621,33 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
         for step, k0 in enumerate(range(0, shape.k_units, ku)):
             kus = min(ku, shape.k_units - k0)
             kts = kus * shape.k_unit
-            slot = p.load_slot()
-            a_slot, b_slot = (step if a_fixed else slot), (step if b_fixed else slot)
-            a_addr, b_addr = a_slot * in_bytes, b_slot * w_bytes
-            a_key = (0 if shape.a_shared else b, m0, mus, k0)
-            b_key = (0 if shape.b_shared else b, k0, n0, nts)
-            if held_a[core][a_slot] != a_key:
-                load_a(core, b, m0, mus, k0, kus, a_addr, a_slot)
-                held_a[core][a_slot] = a_key
-            if held_b[core][b_slot] != b_key:
+            st = steps[core][pos[core]]
+            pos[core] += 1
+            if stage_a is not None and st.load_a and not prefetched[core]:
+                # the L1 slot is DMA-in's own: stage before waiting for the tensor unit
+                stage_a(core, b, m0, mus, k0, kus, st.a_slot)
+                kb.fence(core, UNIT_DMA_IN)  # the gathers read what the staging writes
+            p.load_slot()
+            a_addr, b_addr = st.a_slot * in_bytes, st.b_slot * w_bytes
+            # B before the gathers, which cover its DRAM latency (with one slot the step's
+            # loads wait for the tensor unit anyway: the gathers first, as they are ready)
+            b_first = stage_a is not None and kb.nbuf > 1
+            if b_first and st.load_b:
                 load_b(core, b, k0, kus, n0, nts, b_addr)
-                held_b[core][b_slot] = b_key
+            if stage_a is not None:
+                # from a core's second step on, stage the next step's rows before this
+                # step's gathers, which then cover the staging's DRAM latency too
+                nxt = steps[core][pos[core]] if pos[core] < len(steps[core]) else None
+                prefetched[core] = prefetch and pos[core] > 1 and nxt is not None and \
+                    nxt.load_a
+                if prefetched[core] and nxt is not None:
+                    nb_, nm0, nmus, _, _ = tiles[nxt.tile]
+                    stage_a(core, nb_, nm0, nmus, nxt.k0, min(ku, shape.k_units - nxt.k0),
+                            nxt.a_slot)
+            if st.load_a:
+                load_a(core, b, m0, mus, k0, kus, a_addr, st.a_slot)
+            if not b_first and st.load_b:
+                load_b(core, b, k0, kus, n0, nts, b_addr)
             p.loaded()
             p.compute_begin()
             if step == 0:

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from ...npu.isa import UNIT_DMA_IN
-from .emit import DramTensor, KernelInfo, block, itemsize, row_major
-from .gemm import GemmShape, acc_row_stride, emit_gemm, gemm_roofline, plan_gemm
+from .emit import DramTensor, block, itemsize, row_major
+from .gemm import GemmShape, acc_row_stride, emit_gemm, gemm_kernel_info, plan_gemm
 from .lowering import LoweringContext, NotSupported, register_lowering
 from .pooling import FLOAT_DTYPES as _FLOAT
 from .scalar import emit_scalar_elementwise
@@ -266,8 +266,8 @@ def _gemm_2d(ctx: LoweringContext, op: str, x: Any, w: Any, out: DramTensor,
                 src=block("acc", addr, out.dtype, (0, ns, 1)))
 
     emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
-    kb.end_kernel(KernelInfo(ctx.label(op), op, tiling.describe(shape), tiling.estimate,
-                             gemm_roofline(ctx.config, shape)))
+    kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label(op), op, tiling.describe(shape),
+                                   tiling.estimate, shape))
 
 
 def _batch_offsets(shape: tuple[int, ...], batch: tuple[int, ...]) -> list[int]:
@@ -308,8 +308,8 @@ def _batch_matmul(ctx: LoweringContext, x: Any, w: Any, out: DramTensor, dt: str
                 src=block("acc", addr, out.dtype, (0, ns, 1)))
 
     emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
-    kb.end_kernel(KernelInfo(ctx.label("matmul"), "matmul", tiling.describe(shape),
-                             tiling.estimate, gemm_roofline(ctx.config, shape)))
+    kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("matmul"), "matmul",
+                                   tiling.describe(shape), tiling.estimate, shape))
 
 
 @register_lowering("dense")
@@ -322,14 +322,6 @@ def lower_matmul(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
     if len(args[0].shape) < 2:
         raise NotSupported("matmul: vector left operand")
     _gemm_2d(ctx, "matmul", args[0], args[1], out, w_is_nk=False)
-
-
-def _odd_lines(elems: int, isz: int, bank_width: int) -> int:
-    """``elems`` rounded up so that the span is an odd number of bank lines: a gather that
-    reads one element per channel plane then spreads over every bank instead of a few."""
-    per_line = max(1, bank_width // isz)
-    lines = -(-elems // per_line)
-    return (lines + 1 - lines % 2) * per_line if bank_width % isz == 0 else elems
 
 
 def _is_depthwise(groups: int, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> bool:
@@ -401,58 +393,67 @@ def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
     row_cost = rows * -(-wd * itemsize(dt) // burst) * burst
     rstep = sh if kh == 1 and sh > 1 and row_cost < h * wd * itemsize(dt) else 1
     a_bytes = row_cost if rstep > 1 else h * wd * itemsize(dt)
-    shape = GemmShape(nb, oh, ow, o, c, taps, dt, a_dmas=taps,
+    # the staged rows carry the window's padding: pl zero pixels on the left, as many on the
+    # right as the last window reaches past the image, and zero rows above and below
+    width = pl + wd + max(0, (ow - 1) * sw + (kw - 1) * dw + 1 - pl - wd)
+    shape = GemmShape(nb, oh, ow, o, c, taps, dt, a_dmas=taps, a_dmas_row=kh,
                       a_elems=c * -(-a_bytes // itemsize(dt)),
                       stage_stride=sh // rstep, stage_halo=(kh - 1) * dh + 1, stage_row=wd,
-                      stage_pad=2 * l1.bank_width, acc_padded=True, stage_runs=rstep > 1)
+                      stage_width=width, stage_pad=l1.bank_width, acc_padded=True,
+                      stage_runs=rstep > 1)
     tiling = _plan(ctx, "nn.conv2d", shape)
     stage_slot = shape.stage_bytes(tiling.m_units, tiling.k_units)
+    px = shape.stage_pixel(tiling.k_units)  # elements per staged pixel (channels innermost)
+    row_px = width * px  # elements per staged row
     ldc = acc_row_stride(ctx.config, shape, tiling.n)
     xa = _activation(ctx, x, dt, "nn.conv2d")
     wl = ctx.constant(np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(taps, c, o)), dt)
     kb = ctx.kb
-    zero = block("dram", 0, dt, (0, 0, 0))
-    xa_isz = itemsize(dt)
+    isz = itemsize(dt)
 
-    def valid(lo: int, n: int, tap: int, s: int, d: int, pad: int, size: int
-              ) -> tuple[int, int]:
-        first = max(lo, -(-(pad - tap * d) // s))
-        last = min(lo + n, (size - 1 + pad - tap * d) // s + 1)
-        return first, max(first, last)
+    def slot_addr(core: int, slot: int) -> int:
+        return (core * kb.nbuf + slot) * stage_slot
+
+    def stage_a(core: int, b: int, r0: int, rs: int, c0: int, cs: int, slot: int) -> None:
+        """Stage the input rows the tile's windows cover in L1 with their padding (one DMA,
+        contiguous in DRAM), channels innermost: every window is then contiguous channel
+        runs, gathered without padding."""
+        lo, nbox = r0 * sh - pt, shape.stage_rows(rs)  # first window row; staged rows
+        first = min(nbox, max(0, -(lo // rstep)))
+        last = max(first, min(nbox, -(-(h - lo) // rstep)))
+        dst = block("l1", slot_addr(core, slot), dt, (1, row_px, px))
+        if kb.nbuf == 1:  # the one slot may still be read by the last step's gathers
+            kb.fence(core, UNIT_DMA_IN)
+        if last == first:  # only padding rows: the zeros at DRAM address 0, padded
+            kb.load(core, shape=(1, 1, 1), dst=dst, src=block("dram", 0, dt, (0, 0, 0)),
+                    pad_hi=(cs - 1, nbox - 1, width - 1), fill=0)
+            return
+        kb.load(core, shape=(cs, last - first, wd), dst=dst,
+                src=xa.at(((b * c + c0) * h + lo + first * rstep) * wd, (h * wd, rstep * wd, 1)),
+                pad_lo=(0, first, pl), pad_hi=(0, nbox - last, width - pl - wd), fill=0)
 
     def load_a(core: int, b: int, r0: int, rs: int, c0: int, cs: int, addr: int,
                slot: int) -> None:
-        """Stage the input rows the tile's windows cover in L1 (one DMA, contiguous in DRAM),
-        then gather each tap from L1 with a strided DMA whose padding fills the border."""
+        """Gather the A tile (row-major: pixel, tap, channel) from the staged rows: per tap,
+        one DMA of every row's windows, or for a tile of fewer rows than the kernel is wide
+        per row and kernel row one DMA of its ``KW`` taps."""
         kt = cs * taps
-        dst_st = (ow * kt, kt, 1)  # (row, pixel, channel): the channel run is contiguous
-        if rstep > 1:  # the rows of the valid output rows, rstep apart
-            f0, f1 = valid(r0, rs, 0, sh, dh, pt, h)
-            i0, nrows = f0 * sh - pt, f1 - f0
-        else:
-            i0 = max(0, r0 * sh - pt)
-            nrows = max(0, min(h, (r0 + rs - 1) * sh - pt + (kh - 1) * dh + 1) - i0)
-        plane = _odd_lines(nrows * wd, xa_isz, l1.bank_width)
-        staged = block("l1", (core * kb.nbuf + slot) * stage_slot, dt, (plane, wd, 1))
-        if nrows:
-            if kb.nbuf == 1:  # the one slot may still be read by the last step's gathers
-                kb.fence(core, UNIT_DMA_IN)
-            kb.load(core, shape=(cs, nrows, wd), dst=staged,
-                    src=xa.at(((b * c + c0) * h + i0) * wd, (h * wd, rstep * wd, 1)))
-            kb.fence(core, UNIT_DMA_IN)
+        base = slot_addr(core, slot)
+        if rs < kw:
+            for r in range(rs):
+                for a in range(kh):
+                    src = (r * sh + a * dh) // rstep * row_px
+                    kb.load(core, shape=(ow, kw, cs),
+                            dst=block("input", addr + (r * ow * kt + a * kw * cs) * isz, dt,
+                                      (kt, cs, 1)),
+                            src=block("l1", base + src * isz, dt, (sw * px, dw * px, 1)))
+            return
         for a in range(kh):
-            h0, h1 = valid(r0, rs, a, sh, dh, pt, h)
             for e in range(kw):
-                w0, w1 = valid(0, ow, e, sw, dw, pl, wd)
-                dst = block("input", addr + (a * kw + e) * cs * xa_isz, dt, dst_st)
-                if h0 == h1 or w0 == w1:
-                    kb.load(core, shape=(rs, ow, cs), dst=dst, src=zero)
-                    continue
-                ih, iw = h0 * sh + a * dh - pt, w0 * sw + e * dw - pl
-                src = staged._replace(addr=staged.addr + ((ih - i0) // rstep * wd + iw) *
-                                      xa_isz, strides=(sh // rstep * wd, sw, plane))
-                kb.load(core, shape=(h1 - h0, w1 - w0, cs), dst=dst, src=src,
-                        pad_lo=(h0 - r0, w0, 0), pad_hi=(r0 + rs - h1, ow - w1, 0), fill=0)
+                src = a * dh // rstep * row_px + e * dw * px
+                kb.load(core, shape=(rs, ow, cs),
+                        dst=block("input", addr + (a * kw + e) * cs * isz, dt, (ow * kt, kt, 1)),
+                        src=block("l1", base + src * isz, dt, (sh // rstep * row_px, sw * px, 1)))
 
     def load_b(core: int, b: int, c0: int, cs: int, n0: int, ns: int, addr: int) -> None:
         kb.load(core, shape=(taps, cs, ns),
@@ -464,9 +465,9 @@ def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
                 dst=out.at((b * o + n0) * oh * ow + r0 * ow, (0, oh * ow, 1)),
                 src=block("acc", addr, out.dtype, (0, 1, ldc)))
 
-    emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
-    kb.end_kernel(KernelInfo(ctx.label("nn.conv2d"), "nn.conv2d", tiling.describe(shape),
-                             tiling.estimate, gemm_roofline(ctx.config, shape)))
+    emit_gemm(kb, shape, tiling, load_a, load_b, store_c, stage_a)
+    kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
+                                   tiling.describe(shape), tiling.estimate, shape))
 
 
 def _pointwise(ctx: LoweringContext, x: Any, w: np.ndarray, out: DramTensor, dt: str) -> None:
@@ -496,9 +497,9 @@ def _pointwise(ctx: LoweringContext, x: Any, w: np.ndarray, out: DramTensor, dt:
                 src=block("acc", addr, out.dtype, (0, ns, 1)))
 
     emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
-    kb.end_kernel(KernelInfo(ctx.label("nn.conv2d"), "nn.conv2d",
-                             "1x1 as W @ X: " + tiling.describe(shape), tiling.estimate,
-                             gemm_roofline(ctx.config, shape)))
+    kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
+                                   "1x1 as W @ X: " + tiling.describe(shape), tiling.estimate,
+                                   shape))
 
 
 def _depthwise(ctx: LoweringContext, call: Any, x: Any, w: Any, out: DramTensor) -> None:

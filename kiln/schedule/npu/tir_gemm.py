@@ -40,8 +40,8 @@ from ...tir.tensor_intrin.npu import (
     mma_intrin_name,
     register_npu_intrinsics,
 )
-from .emit import DramTensor, DramView, KernelInfo
-from .gemm import GemmShape, GemmTiling, gemm_roofline, plan_gemm
+from .emit import DramTensor, DramView
+from .gemm import GemmShape, GemmTiling, gemm_kernel_info, plan_gemm
 from .lowering import LoweringContext, NotSupported, register_tir_lowering
 from .ops import cast_kernel, lower_conv2d, lower_dense, lower_matmul, operand_dtype
 from .tir_program import PIPELINE_KEY, emit_scheduled
@@ -140,8 +140,9 @@ def _lower(ctx: LoweringContext, op: str, p: GemmProblem, tiling: GemmTiling,
            form: str = "") -> None:
     sch = scheduled_gemm(ctx, p, tiling)
     emit_scheduled(ctx.kb, sch.func, {"A": p.a, "B": p.b, "C": p.c})
-    ctx.kb.end_kernel(KernelInfo(ctx.label(op), op, "TIR: " + form + tiling.describe(p.shape),
-                                 tiling.estimate, gemm_roofline(ctx.config, p.shape)))
+    ctx.kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label(op), op,
+                                       "TIR: " + form + tiling.describe(p.shape),
+                                       tiling.estimate, p.shape))
     ctx.tir.append((op, sch))
 
 

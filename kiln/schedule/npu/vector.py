@@ -306,11 +306,13 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
         p.stored()
     for p in pipes:
         p.finish()
-    bound = traffic_cycles(kb, (nc * h * w + nc * oh * ow) * isz)
-    if weights is not None:  # the vector unit's MACs: one pass over the output per tap
-        bound = max(bound, nc * oh * ow * isz * taps / cfg.vector_width / cfg.cores)
+    traffic = traffic_cycles(kb, (nc * h * w + nc * oh * ow) * isz)
+    # the vector unit's MACs: one pass over the output per tap
+    macs = nc * oh * ow * isz * taps / cfg.vector_width / cfg.cores if weights is not None \
+        else 0.0
     kb.end_kernel(KernelInfo(ctx.label(op), op, f"{ct} channels x {rt} rows of "
-                             f"{nc} x {oh}", bound, bound))
+                             f"{nc} x {oh}", max(traffic, macs), max(traffic, macs), macs,
+                             traffic))
 
 
 def _rows_kernel(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, rows: int,
