@@ -7,6 +7,7 @@ through kiln and through plain numpy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -200,3 +201,13 @@ def dense_bias_relu(x_shape: tuple[int, ...], weight: np.ndarray, bias: np.ndarr
                                                  g.const(bias))))
         bb.emit_func_output(y, params=[x])
     return bb.get()
+
+
+def model_script(directory: str | Path, call: str) -> Path:
+    """A Python model file in ``directory`` whose ``module()`` returns ``models.<call>.mod``
+    (e.g. ``call="mlp(batch=2)"``): what the ``kiln`` command line loads in place of an ONNX
+    file (``kiln tune model.py``)."""
+    path = Path(directory) / "model.py"
+    path.write_text(f"from kiln.testing import models\n\n"
+                    f"def module():\n    return models.{call}.mod\n")
+    return path

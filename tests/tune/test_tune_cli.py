@@ -11,9 +11,7 @@ from kiln.tune.tasks import extract_tasks
 
 def test_tune_prints_progress_resumes_and_reports(tmp_path, capsys):
     db_path = tmp_path / "tuning.sqlite"
-    model = tmp_path / "model.py"
-    model.write_text("from kiln.testing import models\n\n"
-                     "def module():\n    return models.mlp(batch=2, sizes=(32, 64, 8)).mod\n")
+    model = models.model_script(tmp_path, "mlp(batch=2, sizes=(32, 64, 8))")
     args = ["tune", str(model), "--db", str(db_path), "--budget", "5m", "--batch", "2"]
     assert cli.main(args + ["--trials", "3"]) == 0
     out, err = capsys.readouterr()

@@ -89,10 +89,7 @@ def test_tune_graph_records_resumes_and_build_uses_the_best(tmp_path):
 
 
 def test_kiln_tune_tunes_layouts_first(tmp_path, capsys):
-    src = tmp_path / "model.py"
-    src.write_text("from kiln.testing import models\n\ndef module():\n"
-                   "    return models.resnet_block_cnn(batch=1, channels=16, size=12, "
-                   "blocks=1).mod\n")
+    src = models.model_script(tmp_path, "resnet_block_cnn(batch=1, channels=16, size=12, blocks=1)")
     db_path = tmp_path / "t.sqlite"
     assert cli.main(["tune", str(src), "--db", str(db_path), "--budget", "10m",
                      "--trials", "2", "--batch", "2"]) == 0

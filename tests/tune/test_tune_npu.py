@@ -267,10 +267,7 @@ def test_a_failing_candidate_is_recorded_bad(tmp_path, monkeypatch):
 
 
 def test_cli_tunes_npu_and_compile_uses_it(tmp_path, capsys):
-    model = tmp_path / "model.py"
-    model.write_text("from kiln.testing import models\n\n"
-                     "def module():\n    return models.small_cnn(batch=1, channels=8, "
-                     "size=16).mod\n")
+    model = models.model_script(tmp_path, "small_cnn(batch=1, channels=8, size=16)")
     db = tmp_path / "t.sqlite"
     args = ["tune", str(model), "--target", "npu -hw=edge", "--db", str(db)]
     assert cli.main(args) == 0
