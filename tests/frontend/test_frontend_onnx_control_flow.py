@@ -83,6 +83,36 @@ def test_scan_opset8_batched():
     np.testing.assert_allclose(got[1], outs, rtol=1e-5)
 
 
+@pytest.mark.parametrize("m,opset", [(-2147483648, 13), (0, 13), (3, 13), (3, 8)])
+def test_scan_num_scan_inputs_out_of_range_is_a_clear_error(m, opset):
+    # fuzz seed 3016257: -2**31 made the converter walk 2**31 inputs (a hang)
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "x_t"], ["s_out"])],
+        "body", [_vi("s_in", [3]), _vi("x_t", [3])], [_vi("s_out", [3])])
+    inputs = ["s0", "x"] if opset > 8 else ["", "s0", "x"]
+    node = helper.make_node("Scan", inputs, ["s_fin"], body=body, num_scan_inputs=m)
+    model = _model([node], [_vi("s0", [3]), _vi("x", [5, 3])], [_vi("s_fin", [3])],
+                   opset=opset)
+    with pytest.raises(KilnError, match="num_scan_inputs"):
+        from_onnx(model)
+
+
+def test_scan_body_and_scan_inputs_must_match():
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "x_t"], ["s_out"])],
+        "body", [_vi("s_in", [3]), _vi("x_t", [3])], [_vi("s_out", [3])])
+    # a third input the body does not take
+    node = helper.make_node("Scan", ["s0", "x", "x"], ["s_fin"], body=body, num_scan_inputs=2)
+    model = _model([node], [_vi("s0", [3]), _vi("x", [5, 3])], [_vi("s_fin", [3])])
+    with pytest.raises(KilnError, match="the body takes 2 input"):
+        from_onnx(model)
+    # opset 8: a state without its batch axis, scanned (num_scan_inputs=2) per batch entry
+    node = helper.make_node("Scan", ["", "s0", "x"], ["s_fin"], body=body, num_scan_inputs=2)
+    model = _model([node], [_vi("s0", [2]), _vi("x", [2, 5])], [_vi("s_fin", [2])], opset=8)
+    with pytest.raises(KilnError, match="no scan axis"):
+        from_onnx(model)
+
+
 def _branches(then_shape, else_shape):
     then_b = helper.make_graph([helper.make_node("Add", ["a", "b"], ["t"])], "then", [],
                                [_vi("t", then_shape)])

@@ -89,6 +89,7 @@ RULES: dict[str, Axis | Sizes] = {
     "pooled_shape": Sizes(1),
     "k": Sizes(0),
     "rotary_embedding_dim": Sizes(0),
+    "num_scan_inputs": Sizes(1, MAX_OUTPUTS),
     # flags: 0 or 1 (another value means nothing, and references read it differently)
     **{flag: Sizes(0, 1) for flag in (
         "keepdims", "noop_with_empty_axes", "select_last_index", "transA", "transB",

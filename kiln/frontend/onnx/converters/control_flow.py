@@ -112,6 +112,10 @@ def _scan_loop(ctx: Any, node: Any, states: list[Any], xs: list[Any], in_axes: l
     """Run the Scan body over ``xs`` (scan axis ``in_axes``); (final states, per-output
     per-step values in iteration order)."""
     body = node.attr("body")
+    for x, a in zip(xs, in_axes):
+        if a >= len(_shape(ctx, x)):
+            raise node.error(f"a scan input of shape {tuple(_shape(ctx, x))} has no scan axis "
+                             f"{a}")
     lengths = {static_int(_shape(ctx, x)[a]) for x, a in zip(xs, in_axes)}
     if None in lengths:
         raise node.error("the scan axis length is symbolic; Scan is unrolled and needs a "
@@ -147,9 +151,23 @@ def _scan_outputs(ctx: Any, node: Any, steps: list[list[Any]]) -> list[Any]:
     return outs
 
 
+def _num_scan_inputs(node: Any, inputs: int) -> int:
+    """Scan's ``num_scan_inputs``: at least one of its ``inputs`` (states and scanned
+    tensors; opset 8's sequence_lens not counted)."""
+    m = int(node.attr("num_scan_inputs"))
+    if not 1 <= m <= inputs:
+        raise node.error(f"attribute 'num_scan_inputs' = {m}: the node has {inputs} state and "
+                         f"scan input(s), so it must be in [1, {inputs}]")
+    body = len(node.attr("body").input)
+    if body != inputs:
+        raise node.error(f"the body takes {body} input(s); the node gives it {inputs} (states "
+                         "and scan inputs)")
+    return m
+
+
 @converter("Scan", since=9)
 def scan(ctx: Any, node: Any) -> Any:
-    m = int(node.attr("num_scan_inputs"))
+    m = _num_scan_inputs(node, node.num_inputs)
     n = node.num_inputs - m
     states = [_value(node, i) for i in range(n)]
     xs = [_value(node, i) for i in range(n, n + m)]
@@ -167,7 +185,7 @@ def scan(ctx: Any, node: Any) -> Any:
 @converter("Scan", since=8)
 def scan_v8(ctx: Any, node: Any) -> Any:
     """Opset 8: every input has a leading batch axis; the body runs per batch entry."""
-    m = int(node.attr("num_scan_inputs"))
+    m = _num_scan_inputs(node, node.num_inputs - 1)
     n = node.num_inputs - 1 - m
     if node.has_input(0):
         lens = node.const_input(0, "sequence_lens")
