@@ -10,9 +10,11 @@ import kiln
 from kiln import graph as g
 from kiln import op
 from kiln.codegen.npu import LOWERING_KEY
+from kiln.codegen.npu.executable import NpuStep
 from kiln.ir import KilnError, ScheduleError
 from kiln.schedule.npu import LoweringContext, NotSupported
 from kiln.schedule.npu.emit import DramTensor
+from kiln.schedule.npu.gemm import held_tiles
 from kiln.schedule.npu.tir_gemm import (
     GemmProblem,
     gemm_prim_func,
@@ -20,12 +22,19 @@ from kiln.schedule.npu.tir_gemm import (
     schedule_gemm,
     scheduled_gemm,
 )
-from kiln.schedule.npu.tir_program import emit_scheduled
+from kiln.schedule.npu.tir_program import HELD_KEY, emit_scheduled
 from kiln.target.npu import load_config
 from kiln.testing.op_testing import graph_module
 from kiln.tir import Schedule
+from kiln.tir.functor import post_order_visit
+from kiln.tir.stmt import Block
 from kiln.tir.tensor_intrin import names
-from kiln.tir.tensor_intrin.npu import SCOPE_ACC, mma_intrin_name, register_npu_intrinsics
+from kiln.tir.tensor_intrin.npu import (
+    SCOPE_ACC,
+    SCOPE_INPUT,
+    mma_intrin_name,
+    register_npu_intrinsics,
+)
 from kiln.transform import PassContext
 
 HW = ["default", "edge"]
@@ -43,15 +52,17 @@ def _both(fn, shapes, hw, dtype="float32"):
 
 def _check(emit, tir, inputs, ref, tol=1e-2):
     """TIR lowered its products and gives the emitter's bits (the same tiling, the same
-    order of products) and numpy's values; its program is the emitter's pipeline without the
-    emitter's later refinements (split stores, tiles held across steps), so it may take more
-    cycles, never fewer than the emitter's by much."""
+    order of products) and numpy's values, in the emitter's cycles within 5% (its pipeline
+    lacks the emitter's split of leftover tiles over the cores and of the last tile's last
+    product into pieces, which matter most in small kernels: 97 x 251 x 97 on the default
+    description 1.042x, BERT-base's products 1.0025x)."""
     assert tir.tir and not emit.tir
     assert [k.tiling.startswith("TIR: ") for k in tir.kernels] == \
         [k.op in ("dense", "matmul", "nn.conv2d") for k in tir.kernels]
     got, want = tir(*inputs), emit(*inputs)
     np.testing.assert_array_equal(got, want)
-    assert emit.last_cycles > 0 and tir.last_cycles > 0.8 * emit.last_cycles
+    assert emit.last_cycles > 0 and 0.99 * emit.last_cycles < tir.last_cycles <= \
+        1.05 * emit.last_cycles, (tir.last_cycles, emit.last_cycles)
     if np.issubdtype(ref.dtype, np.integer):
         np.testing.assert_array_equal(got, ref)
     else:
@@ -70,6 +81,37 @@ def test_dense_constant_weights(hw, m, k, n):
     emit, tir = _both(lambda x: op.dense(x, g.const(w)), [(m, k)], hw)
     x = _rand(rng, m, k)
     _check(emit, tir, [x], x.astype(np.float64) @ w.T)
+
+
+def _loads(exe):
+    """(count, bytes) of the DMA loads of an executable's NPU programs."""
+    loads = [i for s in exe.steps if isinstance(s, NpuStep) for stream in s.program.streams
+             for i in stream if i.op == "dma.load"]
+    return len(loads), sum(int(np.prod(i.args["shape"])) for i in loads)
+
+
+def test_a_tile_that_stays_on_its_core_is_loaded_once():
+    # BERT's QKV projection on the default description: M128 x N32 x K768 tiles, the whole
+    # A (128 x 768) on both cores for all 72 output tiles -- held in one copy, loaded once
+    # per core, as the emitter does (it was loaded for every tile: 2.98x the cycles)
+    rng = np.random.default_rng(3)
+    w = _rand(rng, 2304, 768)
+    emit, tir = _both(lambda x: op.dense(x, g.const(w)), [(128, 768)], "default")
+    x = _rand(rng, 128, 768)
+    _check(emit, tir, [x], x.astype(np.float64) @ w.T)
+    (_, sch), = tir.tir
+    cfg = load_config("default")
+    p = GemmProblem(1, 128, 2304, 768, "float16", "float32")
+    tiling = plan_gemm_problem(LoweringContext(cfg, True, "tir"), "dense", p)
+    assert held_tiles(cfg, p.shape, tiling, 2) == (True, False)
+    blocks = []
+    post_order_visit(sch.func.body, lambda n: blocks.append(n) if isinstance(n, Block) else None)
+    held = [b for b in blocks if b.annotations.get(HELD_KEY)]
+    assert [b.writes[0].buffer.scope for b in held] == [SCOPE_INPUT]
+    assert _loads(tir) == _loads(emit)
+    _, elements = _loads(tir)
+    # x cast to float16 by a vector kernel, then A once per core and each B tile once
+    assert elements == 128 * 768 + 2 * 128 * 768 + 768 * 2304
 
 
 @pytest.mark.parametrize("hw", HW)

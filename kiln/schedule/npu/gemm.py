@@ -32,7 +32,7 @@ from .emit import KernelBuilder, KernelInfo, Pipeline, block, itemsize
 
 __all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "acc_row_stride",
            "emit_gemm", "feasible_tilings", "gemm_bounds", "gemm_cost", "gemm_kernel_info",
-           "gemm_roofline", "plan_gemm",
+           "gemm_roofline", "held_tiles", "plan_gemm",
            "prefetch_staging",
            "tiling_domain", "tiling_knob_key", "tiling_value"]
 
@@ -675,3 +675,13 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     for p in pipes:
         p.finish()
     kb.store_floor = 0
+
+
+def held_tiles(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int
+               ) -> tuple[bool, bool]:
+    """Whether each core keeps its A tiles, and its B tiles, for the whole kernel under
+    ``tiling`` (one copy per K step, loaded once: :func:`emit_gemm`'s held tiles; the TIR
+    route's schedule marks such a copy for its generator)."""
+    nm, nn, nk = (math.ceil(shape.m_units / tiling.m_units), math.ceil(shape.n / tiling.n),
+                  math.ceil(shape.k_units / tiling.k_units))
+    return _fixed_tiles(cfg, shape, nm, nn, nk, nbuf)

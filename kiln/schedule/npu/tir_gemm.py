@@ -41,10 +41,10 @@ from ...tir.tensor_intrin.npu import (
     register_npu_intrinsics,
 )
 from .emit import DramTensor, DramView
-from .gemm import GemmShape, GemmTiling, gemm_kernel_info, plan_gemm
+from .gemm import GemmShape, GemmTiling, gemm_kernel_info, held_tiles, plan_gemm
 from .lowering import LoweringContext, NotSupported, register_tir_lowering
 from .ops import cast_kernel, lower_conv2d, lower_dense, lower_matmul, operand_dtype
-from .tir_program import PIPELINE_KEY, emit_scheduled
+from .tir_program import HELD_KEY, PIPELINE_KEY, emit_scheduled
 
 __all__ = ["GemmProblem", "gemm_prim_func", "plan_gemm_problem", "schedule_gemm",
            "scheduled_gemm"]
@@ -89,8 +89,9 @@ def gemm_prim_func(p: GemmProblem, tile: tuple[int, int, int]) -> PrimFunc:
 
 
 def schedule_gemm(func: PrimFunc, tile: tuple[int, int, int], nbuf: int,
-                  intrin: str) -> Schedule:
-    """Step 2 of the module docstring on ``gemm_prim_func``'s result."""
+                  intrin: str, held: tuple[bool, bool] = (False, False)) -> Schedule:
+    """Step 2 of the module docstring on ``gemm_prim_func``'s result; ``held``: A's, B's
+    tiles stay on their core (:func:`~.gemm.held_tiles`), their copies are marked so."""
     mt, nt, kt = tile
     sch = Schedule(func)
     prod = sch.get_block("C_acc")
@@ -107,22 +108,20 @@ def schedule_gemm(func: PrimFunc, tile: tuple[int, int, int], nbuf: int,
     sch.compute_at(b_l0, k0)
     sch.compute_inline(sch.get_block("A_pad"))
     sch.compute_inline(sch.get_block("B_pad"))
+    for copy, keep in zip((a_l0, b_l0), held):
+        if keep:
+            sch.annotate(copy, HELD_KEY, True)
     sch.annotate(k0, PIPELINE_KEY, nbuf)
     sch.tensorize(i1, intrin)
     return sch
 
 
 def plan_gemm_problem(ctx: LoweringContext, op: str, p: GemmProblem) -> GemmTiling:
+    """The emitter's tiling of ``p`` (the same planner, cost model and tuning knob: the same
+    K steps, so the same order of additions and the same bits), a tile that stays on its core
+    held in one copy per K step as the emitter holds it (:func:`~.gemm.held_tiles`)."""
     try:
-        # the generated pipeline gives every operand tile nbuf slots (no tile held across
-        # steps in one copy, as the emitter does): plan within that, with the emitter's K
-        # steps where they fit (the same order of additions: the same bits)
-        emitted = plan_gemm(ctx.config, p.shape, ctx.kb.nbuf)
-        try:
-            return plan_gemm(ctx.config, p.shape, ctx.kb.nbuf, hold=False,
-                             k_units=emitted.k_units)
-        except ValueError:
-            return plan_gemm(ctx.config, p.shape, ctx.kb.nbuf, hold=False)
+        return plan_gemm(ctx.config, p.shape, ctx.kb.nbuf)
     except ValueError as err:
         raise NotSupported(f"{op}: {err}") from None
 
@@ -133,7 +132,8 @@ def scheduled_gemm(ctx: LoweringContext, p: GemmProblem, tiling: GemmTiling) -> 
     register_npu_intrinsics(ctx.config)
     tile = (tiling.m_units, tiling.n, tiling.k_units)
     func = gemm_prim_func(p, tile)
-    return schedule_gemm(func, tile, ctx.kb.nbuf, mma_intrin_name(p.dtype, p.dtype, p.acc))
+    return schedule_gemm(func, tile, ctx.kb.nbuf, mma_intrin_name(p.dtype, p.dtype, p.acc),
+                         held_tiles(ctx.config, p.shape, tiling, ctx.kb.nbuf))
 
 
 def _lower(ctx: LoweringContext, op: str, p: GemmProblem, tiling: GemmTiling,

@@ -45,10 +45,14 @@ from ...tir.tensor_intrin.npu import NPU_MMA, SCOPE_ACC, SCOPE_INPUT, SCOPE_L1, 
 from .emit import DramTensor, DramView, KernelBuilder, Pipeline, block, itemsize
 from .lowering import NotSupported
 
-__all__ = ["PIPELINE_KEY", "SCOPE_MEMORY", "emit_scheduled", "evaluate"]
+__all__ = ["HELD_KEY", "PIPELINE_KEY", "SCOPE_MEMORY", "emit_scheduled", "evaluate"]
 
 #: The loop annotation that asks for a software pipeline of ``value`` slots per buffer.
 PIPELINE_KEY = "software_pipeline"
+#: The block annotation of a copy into a scope buffer whose tiles stay on their core for the
+#: whole kernel: one slot per step of the pipelined loop, each loaded once (no token guards
+#: it; a different block loaded into it is refused).
+HELD_KEY = "npu.held"
 #: Storage scope -> the description's memory.
 SCOPE_MEMORY = {SCOPE_INPUT: "input", SCOPE_WEIGHT: "weight", SCOPE_ACC: "acc", SCOPE_L1: "l1"}
 
@@ -138,6 +142,11 @@ class _Generator:
         self.staged: dict[Buffer, _Tile] = {}
         self.nbuf = kb.nbuf
         self.slot_bytes: dict[Buffer, int] = {}
+        #: what each (core, scope buffer, slot) holds: the DRAM block last loaded into it
+        self.held: dict[tuple[int, Buffer, int], tuple[Any, ...]] = {}
+        self.step_loads: list[int] = []   # bytes of the DMA loads issued in this step
+        self.steps = 0                     # extent of the pipelined loop now walked
+        self.step = 0                      # the step of it now walked
 
     # -- walking -----------------------------------------------------------------------------
     def walk(self, stmt: Stmt) -> None:
@@ -179,10 +188,11 @@ class _Generator:
         self.core = self.tiles % self.cfg.cores
         self.tiles += 1
         p = self.pipes[self.core]
-        self.in_pipeline = True
+        self.in_pipeline, self.steps = True, n
         for v in range(lo, lo + n):
             self.env[loop.loop_var] = v
-            self.slot, self.loaded = None, False
+            self.slot, self.loaded, self.step = None, False, v - lo
+            self.step_loads = []
             self.walk(loop.body)
             if not self.loaded:
                 raise NotSupported(f"pipeline step {v} of loop {loop.loop_var.name!r} computes "
@@ -287,7 +297,8 @@ class _Generator:
             self.unit_dims(len(base_d), coef_d, coef_s, extents, valid)
         dst, src = store.buffer, value.buffer
         if src.scope == "global" and dst.scope in SCOPE_MEMORY:
-            self.load(b.name_hint, dst, src, base_d, base_s, coef_d, coef_s, extents, valid)
+            self.load(b.name_hint, dst, src, base_d, base_s, coef_d, coef_s, extents, valid,
+                      bool(b.annotations.get(HELD_KEY)))
         elif src.scope in SCOPE_MEMORY and dst.scope == "global":
             self.store(b.name_hint, dst, src, base_d, base_s, coef_s, coef_d, valid)
         else:
@@ -322,7 +333,8 @@ class _Generator:
 
     def load(self, name: str, dst: Buffer, src: Buffer, base_d: tuple[int, ...],
              base_s: tuple[int, ...], coef_d: list[tuple[int, ...]],
-             coef_s: list[tuple[int, ...]], extents: list[int], valid: list[int]) -> None:
+             coef_s: list[tuple[int, ...]], extents: list[int], valid: list[int],
+             held: bool = False) -> None:
         dims = []
         for cf in coef_d:
             if sorted(cf) != [0] * (len(cf) - 1) + [1]:
@@ -330,21 +342,34 @@ class _Generator:
             dims.append(cf.index(1))
         if self.slot is None:
             self.slot = self.pipes[self.core].load_slot()
+        if held and not self.in_pipeline:
+            raise NotSupported(f"copy {name!r} is held across the steps of no pipelined loop")
+        slot, slots = (self.step, self.steps) if held else (self.slot, self.nbuf)
         mem = SCOPE_MEMORY[dst.scope]
         isz = itemsize(str(dst.dtype))
         nbytes = math.prod(extents) * isz
         if self.slot_bytes.setdefault(dst, nbytes) != nbytes:
             raise NotSupported(f"copy {name!r}: tiles of {dst.name!r} change size")
-        if self.nbuf * nbytes > self.cfg.memory(mem).size:
-            raise NotSupported(f"{self.nbuf} slots of {nbytes} B for {dst.name!r} exceed "
+        if slots * nbytes > self.cfg.memory(mem).size:
+            raise NotSupported(f"{slots} slots of {nbytes} B for {dst.name!r} exceed "
                                f"{mem} ({self.cfg.memory(mem).size} B)")
         extent = [1] * len(base_d)
         for dim, n in zip(dims, valid):
             extent[dim] = n
-        tile = _Tile(mem, self.slot * nbytes, base_d, tuple(extent))
+        tile = _Tile(mem, slot * nbytes, base_d, tuple(extent))
         strides = tuple(tile.strides[dim] for dim in dims)
         self.staged[dst] = tile
         t, (offset, s_strides) = self.dram_block(src, base_s, coef_s)
+        # a tile the slot already holds is not loaded again (an operand tile shared by the
+        # core's consecutive output tiles -- the emitter's rule: the same loads, the same bits)
+        key, what = (self.core, dst, slot), (t, offset, s_strides, tuple(valid))
+        if self.held.get(key) == what:
+            return
+        if held and key in self.held:
+            raise NotSupported(f"copy {name!r}: a held tile of {dst.name!r} changes (only a "
+                               "tile that stays on its core can be held)")
+        self.held[key] = what
+        self.step_loads.append(math.prod(valid) * isz)
         pad = (1,) * (3 - len(valid))
         self.kb.load(self.core, shape=pad + tuple(valid),
                      dst=block(mem, tile.addr, str(dst.dtype), strides),
@@ -370,9 +395,12 @@ class _Generator:
         p = self.pipes[self.core]
         p.store_begin()
         pad = (1,) * (3 - len(valid))
-        self.kb.emit(self.core, "dma.store", shape=pad + tuple(valid),
-                     dst=t.at(offset, d_strides),
-                     src=block(tile.mem, addr, str(src.dtype), tuple(l_strides)))
+        # split as the emitter's stores are (KernelBuilder.store); with one K step per tile
+        # the pieces are no smaller than the loads that stream every step (store_floor)
+        self.kb.store_floor = 0 if self.steps > 1 else max(self.step_loads, default=0)
+        self.kb.store(self.core, pad + tuple(valid), dst=t.at(offset, d_strides),
+                      src=block(tile.mem, addr, str(src.dtype), tuple(l_strides)))
+        self.kb.store_floor = 0
         p.stored()
 
     # -- the tensorized tile -> mma ----------------------------------------------------------
