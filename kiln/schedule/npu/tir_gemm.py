@@ -15,12 +15,15 @@ padding: ``W @ X`` per image); other convolutions and broadcast batch dims stay 
    (the crop reads it directly, under ``j_0``: the store of each output tile);
    ``cache_read`` of ``A_pad``/``B_pad`` into ``npu.l0.input``/``npu.l0.weight`` at ``k_0``
    with the padding inlined into the copy (a DMA with a padded tail); ``k_0`` annotated
-   ``software_pipeline = nbuf``; the ``i_1`` tile tensorized onto ``npu.mma``.
+   ``software_pipeline = nbuf``; the ``i_1`` tile tensorized onto ``npu.mma``; the copy of an
+   operand whose tiles stay on their core (:func:`~.gemm.held_tiles`) annotated ``npu.held``.
 3. :func:`~.tir_program.emit_scheduled` turns the scheduled PrimFunc into instructions.
 
-The program equals :func:`~.gemm.emit_gemm`'s instruction for instruction (the tests check
-it), so outputs and simulated cycles are the emitter's. ``kiln show --target npu --stage tir``
-prints the scheduled PrimFuncs.
+The tiling is the emitter's (:func:`plan_gemm_problem`), so outputs are the emitter's bits; the
+program follows :func:`~.gemm.emit_gemm`'s pipeline (held tiles, no reload of what a slot
+holds, split stores) but does not split leftover tiles over the cores or the last tile's last
+product into pieces: the same cycles within a few percent (the tests check 5%).
+``kiln show --target npu --stage scheduled`` prints the scheduled PrimFuncs.
 """
 
 from __future__ import annotations

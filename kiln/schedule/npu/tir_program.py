@@ -21,7 +21,12 @@ DMA/tensor units) and turns:
   predicate clips them; a store reaching outside what was computed is refused).
 - **scratchpad allocation by scope**: every tile staged in a scope gets the next slot of that
   memory (``nbuf`` slots of the tile's full size; more than the memory holds is a
-  :class:`~.lowering.NotSupported`), laid out row-major over its valid extents.
+  :class:`~.lowering.NotSupported`), laid out row-major over its valid extents. A copy marked
+  :data:`HELD_KEY` (a tile that stays on its core for the whole kernel) gets one slot per
+  step of the pipelined loop instead, loaded once. A load of the block the slot already holds
+  is dropped (consecutive output tiles of a core sharing an operand tile), as
+  :func:`.gemm.emit_gemm` drops it.
+- **stores** are split into pieces by :meth:`~.emit.KernelBuilder.store`, as the emitter's.
 - **double buffering**: each iteration of the ``software_pipeline`` loop is one step of the
   per-core :class:`~.emit.Pipeline` (DMA-in waits for a free slot, the tensor unit for the
   loads, DMA-out for the product), with output tiles -- iterations of the loops around the
