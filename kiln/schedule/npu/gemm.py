@@ -499,15 +499,6 @@ StageA = Callable[[int, int, int, int, int, int, int], None]
 StoreC = Callable[[int, int, int, int, int, int, int], None]
 
 
-def _tail_pieces(cfg: NPUConfig, shape: GemmShape, m_units: int) -> list[int]:
-    """Sizes (M units) of the pieces the last output tile of a core is multiplied (at its last
-    K step) and stored in: the store of each piece overlaps the product of the next, so the
-    kernel's tail is one piece's store instead of the whole tile's. Up to 4 pieces, each
-    whole rows of the tensor unit (a piece of fewer rows would cost a whole pass of it)."""
-    quantum = -(-cfg.tensor_shape[0] // shape.m_unit)
-    return _split_sizes(m_units, max(1, min(4, m_units // quantum)), quantum)
-
-
 def output_tiles(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int
                  ) -> list[tuple[int, int, int, int, int]]:
     """``(batch, m0, m_units, n0, n)`` of the output tiles in the order :func:`emit_gemm`
@@ -616,7 +607,7 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
         p = pipes[core]
         c_ld = ldc if shape.acc_padded else nts
         # the last tile's last product runs in pieces of M, each stored as soon as it is done
-        pieces = _tail_pieces(cfg, shape, mus) if last[core] == j else [mus]
+        pieces = tail_pieces(cfg, shape.m_unit, mus) if last[core] == j else [mus]
         c_addr = 0
         for step, k0 in enumerate(range(0, shape.k_units, ku)):
             kus = min(ku, shape.k_units - k0)
