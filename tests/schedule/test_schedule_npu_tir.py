@@ -52,17 +52,16 @@ def _both(fn, shapes, hw, dtype="float32"):
 
 def _check(emit, tir, inputs, ref, tol=1e-2):
     """TIR lowered its products and gives the emitter's bits (the same tiling, the same
-    order of products) and numpy's values, in the emitter's cycles within 5% (its pipeline
-    lacks the emitter's split of leftover tiles over the cores and of the last tile's last
-    product into pieces, which matter most in small kernels: 97 x 251 x 97 on the default
-    description 1.042x, BERT-base's products 1.0025x)."""
+    order of products) and numpy's values, in the emitter's cycles within 1% (its pipeline
+    lacks the emitter's split of leftover tiles over the cores: 1.0045x at most here; its
+    stores may be split finer, a few percent faster in some small kernels)."""
     assert tir.tir and not emit.tir
     assert [k.tiling.startswith("TIR: ") for k in tir.kernels] == \
         [k.op in ("dense", "matmul", "nn.conv2d") for k in tir.kernels]
     got, want = tir(*inputs), emit(*inputs)
     np.testing.assert_array_equal(got, want)
-    assert emit.last_cycles > 0 and 0.99 * emit.last_cycles < tir.last_cycles <= \
-        1.05 * emit.last_cycles, (tir.last_cycles, emit.last_cycles)
+    assert emit.last_cycles > 0 and 0.9 * emit.last_cycles < tir.last_cycles <= \
+        1.01 * emit.last_cycles, (tir.last_cycles, emit.last_cycles)
     if np.issubdtype(ref.dtype, np.integer):
         np.testing.assert_array_equal(got, ref)
     else:

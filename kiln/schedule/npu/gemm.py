@@ -32,7 +32,7 @@ from .emit import KernelBuilder, KernelInfo, Pipeline, block, itemsize
 
 __all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "acc_row_stride",
            "emit_gemm", "feasible_tilings", "gemm_bounds", "gemm_cost", "gemm_kernel_info",
-           "gemm_roofline", "held_tiles", "plan_gemm",
+           "gemm_roofline", "held_tiles", "plan_gemm", "tail_pieces",
            "prefetch_staging",
            "tiling_domain", "tiling_knob_key", "tiling_value"]
 
@@ -499,15 +499,6 @@ StageA = Callable[[int, int, int, int, int, int, int], None]
 StoreC = Callable[[int, int, int, int, int, int, int], None]
 
 
-def _tail_pieces(cfg: NPUConfig, shape: GemmShape, m_units: int) -> list[int]:
-    """Sizes (M units) of the pieces the last output tile of a core is multiplied (at its last
-    K step) and stored in: the store of each piece overlaps the product of the next, so the
-    kernel's tail is one piece's store instead of the whole tile's. Up to 4 pieces, each
-    whole rows of the tensor unit (a piece of fewer rows would cost a whole pass of it)."""
-    quantum = -(-cfg.tensor_shape[0] // shape.m_unit)
-    return _split_sizes(m_units, max(1, min(4, m_units // quantum)), quantum)
-
-
 def output_tiles(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int
                  ) -> list[tuple[int, int, int, int, int]]:
     """``(batch, m0, m_units, n0, n)`` of the output tiles in the order :func:`emit_gemm`
@@ -616,7 +607,7 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
         p = pipes[core]
         c_ld = ldc if shape.acc_padded else nts
         # the last tile's last product runs in pieces of M, each stored as soon as it is done
-        pieces = _tail_pieces(cfg, shape, mus) if last[core] == j else [mus]
+        pieces = tail_pieces(cfg, shape.m_unit, mus) if last[core] == j else [mus]
         c_addr = 0
         for step, k0 in enumerate(range(0, shape.k_units, ku)):
             kus = min(ku, shape.k_units - k0)
@@ -685,3 +676,13 @@ def held_tiles(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int
     nm, nn, nk = (math.ceil(shape.m_units / tiling.m_units), math.ceil(shape.n / tiling.n),
                   math.ceil(shape.k_units / tiling.k_units))
     return _fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
+
+
+def tail_pieces(cfg: NPUConfig, m_unit: int, m_units: int) -> list[int]:
+    """Sizes (M units of ``m_unit`` rows) of the pieces the last output tile of a core,
+    ``m_units`` long, is multiplied in at its last K step and stored in, each as soon as it
+    is done, so that the kernel ends with one piece's store instead of the whole tile's: up
+    to 4, each whole rows of the tensor unit (a piece of fewer rows would cost a whole pass
+    of it)."""
+    quantum = -(-cfg.tensor_shape[0] // m_unit)
+    return _split_sizes(m_units, max(1, min(4, m_units // quantum)), quantum)

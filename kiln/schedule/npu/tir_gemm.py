@@ -21,8 +21,8 @@ padding: ``W @ X`` per image); other convolutions and broadcast batch dims stay 
 
 The tiling is the emitter's (:func:`plan_gemm_problem`), so outputs are the emitter's bits; the
 program follows :func:`~.gemm.emit_gemm`'s pipeline (held tiles, no reload of what a slot
-holds, split stores) but does not split leftover tiles over the cores or the last tile's last
-product into pieces: the same cycles within a few percent (the tests check 5%).
+holds, split stores, the last tile's product in pieces) but does not split leftover tiles over
+the cores: the same cycles within a percent (the tests check it).
 ``kiln show --target npu --stage scheduled`` prints the scheduled PrimFuncs.
 """
 

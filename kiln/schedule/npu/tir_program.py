@@ -26,7 +26,10 @@ DMA/tensor units) and turns:
   step of the pipelined loop instead, loaded once. A load of the block the slot already holds
   is dropped (consecutive output tiles of a core sharing an operand tile), as
   :func:`.gemm.emit_gemm` drops it.
-- **stores** are split into pieces by :meth:`~.emit.KernelBuilder.store`, as the emitter's.
+- **stores** are split into pieces by :meth:`~.emit.KernelBuilder.store`, as the emitter's;
+  a core's last output tile runs the product of its last step in pieces of rows
+  (:func:`~.gemm.tail_pieces`), the store nest after the pipelined loop walked for each
+  piece's rows as soon as it is computed, so the kernel ends with one piece's store.
 - **double buffering**: each iteration of the ``software_pipeline`` loop is one step of the
   per-core :class:`~.emit.Pipeline` (DMA-in waits for a free slot, the tensor unit for the
   loads, DMA-out for the product), with output tiles -- iterations of the loops around the
@@ -40,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...ir.errors import KilnError
-from ...npu.isa import UNIT_TENSOR
+from ...npu.isa import UNIT_DMA_OUT, UNIT_TENSOR
 from ...tir import expr as E
 from ...tir.buffer import Buffer
 from ...tir.function import PrimFunc
@@ -48,6 +51,7 @@ from ...tir.stmt import Block, BlockRealize, BufferStore, Evaluate, For, SeqStmt
 from ...tir.tensor_intrin import ADDRESS_OF
 from ...tir.tensor_intrin.npu import NPU_MMA, SCOPE_ACC, SCOPE_INPUT, SCOPE_L1, SCOPE_WEIGHT
 from .emit import DramTensor, DramView, KernelBuilder, Pipeline, block, itemsize
+from .gemm import tail_pieces
 from .lowering import NotSupported
 
 __all__ = ["HELD_KEY", "PIPELINE_KEY", "SCOPE_MEMORY", "emit_scheduled", "evaluate"]
@@ -123,6 +127,24 @@ def _nest(stmt: Stmt) -> tuple[list[For], BlockRealize | None]:
     return loops, stmt if isinstance(stmt, BlockRealize) else None
 
 
+def _pipelined_tiles(stmt: Stmt) -> int | None:
+    """How many times the walk will run a pipelined loop (None where a loop's extent is not a
+    constant): a core's last output tile is known before it is walked."""
+    if isinstance(stmt, SeqStmt):
+        counts = [_pipelined_tiles(s) for s in stmt.seq]
+        return None if None in counts else sum(c for c in counts if c is not None)
+    if isinstance(stmt, For):
+        if PIPELINE_KEY in stmt.annotations:
+            return 1
+        inner = _pipelined_tiles(stmt.body)
+        if inner is None or not isinstance(stmt.extent, E.IntImm):
+            return None if inner else 0
+        return stmt.extent.value * inner
+    if isinstance(stmt, BlockRealize) and not stmt.block.iter_vars:
+        return _pipelined_tiles(stmt.block.body)
+    return 0
+
+
 def _row_major(extents: list[int]) -> tuple[int, ...]:
     out, acc = [], 1
     for n in reversed(extents):
@@ -152,11 +174,17 @@ class _Generator:
         self.step_loads: list[int] = []   # bytes of the DMA loads issued in this step
         self.steps = 0                     # extent of the pipelined loop now walked
         self.step = 0                      # the step of it now walked
+        self.total_tiles = 0               # pipelined loop instances in the function (0: unknown)
+        self.after: Stmt | None = None     # the statement after the one walked (its store)
+        self.tail: Stmt | None = None      # this step's product runs in pieces: their store
+        self.window: tuple[int, int] | None = None  # the rows of the tile the next store moves
+        self.early = False                 # the store walked is an early piece's
 
     # -- walking -----------------------------------------------------------------------------
     def walk(self, stmt: Stmt) -> None:
         if isinstance(stmt, SeqStmt):
-            for s in stmt.seq:
+            for i, s in enumerate(stmt.seq):
+                self.after = stmt.seq[i + 1] if i + 1 < len(stmt.seq) else None
                 self.walk(s)
         elif isinstance(stmt, For):
             self.loop(stmt)
@@ -174,7 +202,8 @@ class _Generator:
     def loop(self, loop: For) -> None:
         lo, n = evaluate(loop.min, self.env), evaluate(loop.extent, self.env)
         if PIPELINE_KEY in loop.annotations:
-            return self.pipeline(loop, lo, n)
+            return self.pipeline(loop, lo, n, self.after)
+        self.after = None
         loops, realize = _nest(loop)
         if realize is not None and not realize.block.annotations.get("kiln.tensor_intrin") \
                 and self.is_copy(realize.block):
@@ -184,27 +213,34 @@ class _Generator:
             self.walk(loop.body)
         self.env.pop(loop.loop_var, None)
 
-    def pipeline(self, loop: For, lo: int, n: int) -> None:
-        """One output tile: each iteration a pipeline step on this tile's core."""
+    def pipeline(self, loop: For, lo: int, n: int, store: Stmt | None) -> None:
+        """One output tile: each iteration a pipeline step on this tile's core. ``store``:
+        the statement after the loop (the tile's store). A core's last tile runs its last
+        step's product in pieces of rows, each stored as soon as it is done (the emitter's
+        tail, :func:`~.gemm.tail_pieces`): the walk of ``store`` is then limited to each
+        piece's rows."""
         nbuf = int(loop.annotations[PIPELINE_KEY])
         if nbuf != self.nbuf:
             raise NotSupported(f"loop {loop.loop_var.name!r} asks for {nbuf} pipeline slots, the "
                                f"kernel builder has {self.nbuf}")
-        self.core = self.tiles % self.cfg.cores
+        tile = self.tiles
+        self.core = tile % self.cfg.cores
         self.tiles += 1
+        last = 0 < self.total_tiles <= tile + self.cfg.cores
         p = self.pipes[self.core]
         self.in_pipeline, self.steps = True, n
         for v in range(lo, lo + n):
             self.env[loop.loop_var] = v
             self.slot, self.loaded, self.step = None, False, v - lo
             self.step_loads = []
+            self.tail = store if last and v == lo + n - 1 and self.is_store(store) else None
             self.walk(loop.body)
             if not self.loaded:
                 raise NotSupported(f"pipeline step {v} of loop {loop.loop_var.name!r} computes "
                                    "nothing on the tensor unit")
         self.env.pop(loop.loop_var, None)
         p.produced()
-        self.slot, self.in_pipeline = None, False
+        self.slot, self.in_pipeline, self.tail = None, False, None
 
     # -- copies -> DMA -----------------------------------------------------------------------
     @staticmethod
@@ -215,6 +251,17 @@ class _Generator:
         if isinstance(v, E.Select):
             v = v.true_value
         return isinstance(v, E.BufferLoad)
+
+    def is_store(self, stmt: Stmt | None) -> bool:
+        """Whether ``stmt`` is a copy nest from a scope buffer into a DRAM buffer."""
+        if stmt is None:
+            return False
+        _, realize = _nest(stmt)
+        if realize is None or not self.is_copy(realize.block):
+            return False
+        store = realize.block.body
+        value = store.value.true_value if isinstance(store.value, E.Select) else store.value
+        return value.buffer.scope in SCOPE_MEMORY and store.buffer.scope == "global"
 
     def bind(self, loops: list[For], realize: BlockRealize, point: list[int]) -> None:
         for lp, x in zip(loops, point):
@@ -296,6 +343,8 @@ class _Generator:
         valid = self.valid_extents(loops, realize, cond, extents)
         for lp in loops:
             self.env.pop(lp.loop_var, None)
+        if self.window is not None and store.buffer.scope == "global":
+            base_s, base_d = self.clip_rows(b.name_hint, base_s, base_d, coef_s, coef_d, valid)
         if not all(valid):
             return
         if base_d == base_s:
@@ -309,6 +358,23 @@ class _Generator:
         else:
             raise NotSupported(f"copy {b.name_hint!r} from scope {src.scope!r} to "
                                f"{dst.scope!r}: the NPU moves data between DRAM and a scratchpad")
+
+    def clip_rows(self, name: str, base_s: tuple[int, ...], base_d: tuple[int, ...],
+                  coef_s: list[tuple[int, ...]], coef_d: list[tuple[int, ...]],
+                  valid: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Limit a store to rows ``self.window`` of its tile (a piece of the tail): the loop
+        walking the source tile's rows starts at the window and ends with it."""
+        r0, r1 = self.window  # type: ignore[misc]
+        self.window = None
+        row = len(base_s) - 2
+        d = next((d for d, c in enumerate(coef_s) if c[row] == 1 and sum(map(abs, c)) == 1),
+                 None)
+        if d is None:
+            raise NotSupported(f"store {name!r} has no loop over its tile's rows to store a "
+                               "piece of them")
+        valid[d] = max(0, min(valid[d], r1) - r0)
+        return (tuple(x + r0 * c for x, c in zip(base_s, coef_s[d])),
+                tuple(x + r0 * c for x, c in zip(base_d, coef_d[d])))
 
     @staticmethod
     def unit_dims(nd: int, coef_d: list[tuple[int, ...]], coef_s: list[tuple[int, ...]],
@@ -398,7 +464,8 @@ class _Generator:
             l_strides.append(tile.strides[cf.index(1)])
         t, (offset, d_strides) = self.dram_block(dst, base_d, coef_d)
         p = self.pipes[self.core]
-        p.store_begin()
+        if not self.early:  # an early piece of the tail waits on its own token instead
+            p.store_begin()
         pad = (1,) * (3 - len(valid))
         # split as the emitter's stores are (KernelBuilder.store); with one K step per tile
         # the pieces are no smaller than the loads that stream every step (store_floor)
@@ -406,7 +473,8 @@ class _Generator:
         self.kb.store(self.core, pad + tuple(valid), dst=t.at(offset, d_strides),
                       src=block(tile.mem, addr, str(src.dtype), tuple(l_strides)))
         self.kb.store_floor = 0
-        p.stored()
+        if not self.early:
+            p.stored()
 
     # -- the tensorized tile -> mma ----------------------------------------------------------
     def compute(self, realize: BlockRealize) -> None:
@@ -461,10 +529,25 @@ class _Generator:
         if tc is None or tc.origin != cidx or tc.extent[-2:] != (m, n):
             raise NotSupported(f"block {b.name_hint!r} accumulates into a tile it never "
                                "initialized")
-        self.kb.emit(self.core, "mma.set" if first else "mma", shape=(1, m, n, k),
-                     c=block("acc", tc.addr, acc, (0, tc.strides[-2], 1)),
-                     a=block("input", a_addr, str(abuf.dtype), (0, ta.strides[-2], 1)),
-                     b=block("weight", b_addr, str(bbuf.dtype), (tb.strides[-2], 1, 0)))
+        pieces = tail_pieces(self.cfg, 1, m) if self.tail is not None else [m]
+        r0 = 0
+        for i, rows in enumerate(pieces):
+            c_row, a_row = tc.strides[-2], ta.strides[-2]
+            self.kb.emit(self.core, "mma.set" if first else "mma", shape=(1, rows, n, k),
+                         c=block("acc", tc.addr + r0 * c_row * itemsize(acc), acc,
+                                 (0, c_row, 1)),
+                         a=block("input", a_addr + r0 * a_row * isz, str(abuf.dtype),
+                                 (0, a_row, 1)),
+                         b=block("weight", b_addr, str(bbuf.dtype), (tb.strides[-2], 1, 0)))
+            if i < len(pieces) - 1:  # an early piece: its own token to DMA-out, its store
+                self.kb.push(self.core, UNIT_TENSOR, UNIT_DMA_OUT)
+                self.kb.pop(self.core, UNIT_TENSOR, UNIT_DMA_OUT)
+                self.window, self.early = (r0, r0 + rows), True
+                self.walk(self.tail)  # type: ignore[arg-type]
+                self.early = False
+            r0 += rows
+        if len(pieces) > 1:  # the tile's own store (after the loop) moves the last piece
+            self.window = (m - pieces[-1], m)
         p.computed()
 
     def finish(self) -> None:
@@ -483,5 +566,6 @@ def emit_scheduled(kb: KernelBuilder, func: PrimFunc,
             raise KilnError(f"NPU program generator: no DRAM tensor for parameter {buf.name!r}")
         by_buffer[buf] = dram[buf.name]
     gen = _Generator(kb, by_buffer)
+    gen.total_tiles = _pipelined_tiles(func.body) or 0
     gen.walk(func.body)
     gen.finish()
