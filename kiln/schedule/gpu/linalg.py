@@ -32,6 +32,7 @@ from ...tir.schedule.analysis import as_int
 from ...tir.tensor_intrin.gpu import MMA_DTYPES, MMA_K, register_mma_intrinsic
 from ...tir.transform.compact_buffers import STORAGE_ALIGN
 from ...tir.transform.convert_blocks_to_loops import SUBSTITUTE_BINDINGS
+from ...tir.transform.cross_thread_reduction import accumulator_dtype as reduction_accumulator
 from ...tir.transform.prefetch_copies import PREFETCH
 from ..cpu.generic import inline_injective_stages
 from ..knobs import knob
@@ -318,7 +319,8 @@ def accumulator_dtype(block: Any) -> str | None:
     registers and are rounded once, at the store, as cuBLAS and torch do; None (the output's
     dtype) otherwise."""
     dt = block.writes[0].buffer.dtype
-    return "float32" if dt.is_float and dt.bits < 32 else None
+    wide = reduction_accumulator(dt)  # the one policy: float32 for 16-bit floats
+    return str(wide) if wide != dt.element else None
 
 
 def cooperative_copy(sch: Any, copy: Any, at: Any, threads_y: int, threads_x: int) -> None:
