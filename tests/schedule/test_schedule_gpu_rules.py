@@ -10,6 +10,7 @@ import pytest
 
 from kiln import te, tir
 from kiln.codegen.gpu.build import build
+from kiln.codegen.gpu.nvrtc import compile_cuda
 from kiln.ir.errors import ScheduleError
 from kiln.schedule.gpu import SCHEDULE_ATTR, schedule_and_lower
 from kiln.target import Target
@@ -97,10 +98,7 @@ def test_16_bit_row_reductions_sum_in_float32_on_opencl(dtype):
 def test_16_bit_column_reductions_sum_in_float32_on_opencl(dtype):
     """One thread per output: a float32 register, stored rounded once."""
     npdt = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
-    x = te.placeholder((700, 48), dtype, name="x")
-    k = te.reduce_axis((0, 700), name="k")
-    out = te.compute((48,), lambda i: te.sum(x[k, i], axis=k), name="out")
-    _, lowered = schedule_and_lower(te.create_prim_func([x, out]), OPENCL)
+    _, lowered = schedule_and_lower(_sum_func((700, 48), 0, dtype), OPENCL)
     (kern,) = _kernels(lowered)
     assert not kern.shared
     data = np.random.default_rng(8).uniform(0, 1, (700, 48)).astype(npdt)
@@ -110,6 +108,30 @@ def test_16_bit_column_reductions_sum_in_float32_on_opencl(dtype):
     unit = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}[dtype]
     err = np.abs(got.astype(np.float64) - exact)
     assert np.all(err <= unit * exact + 700 * 2.0 ** -24 * exact), (err / exact).max()
+
+
+def _sum_func(shape, axis, dtype):
+    """``x.sum(axis)`` of a 2-D ``x``."""
+    x = te.placeholder(shape, dtype, name="x")
+    k = te.reduce_axis((0, shape[axis]), name="k")
+    out = te.compute((shape[1 - axis],), lambda i: te.sum(
+        x[i, k] if axis else x[k, i], axis=k), name="out")
+    return te.create_prim_func([x, out])
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_16_bit_reductions_compile_with_nvrtc(arch):
+    """The float32 accumulators of 16-bit row (warp shuffles of float32) and column
+    reductions in CUDA: NVRTC compiles them, in registers."""
+    target = Target("cuda", arch=arch)
+    funcs = {}
+    for dtype in ("float16", "bfloat16"):
+        for axis, shape in ((1, (16, 700)), (0, (700, 48))):
+            funcs[f"{dtype}_{axis}"] = schedule_and_lower(_sum_func(shape, axis, dtype),
+                                                          target)[1]
+    usage = compile_cuda(build(funcs, target).program.source, arch).resources()
+    assert len(usage) == 4
+    assert all(r.spill_stores == r.stack_bytes == 0 for r in usage.values()), usage
 
 
 def test_column_reduction_gets_one_thread_per_output():
