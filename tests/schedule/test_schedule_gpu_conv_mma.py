@@ -159,16 +159,17 @@ def test_gemm_view_runs_taps_outer_when_steps_hold_whole_channel_runs():
 
 @pytest.mark.parametrize("taps_outer", [True, False])
 def test_both_reduction_orders_match_torch_on_opencl(taps_outer):
+    """Strided, dilated, asymmetrically padded: the taps-outer gather's bounds tests."""
     x = RNG.uniform(-1, 1, (1, 32, 9, 7)).astype(np.float16)
     w = RNG.uniform(-1, 1, (32, 32, 3, 3)).astype(np.float16)
     knobs = {"gpu_conv_mma_taps_outer": taps_outer, "gpu_mma_bk": 32}
-    sched, lowered = _lowered([x, w], _attrs((2, 1), (1, 2, 1, 0)), OPENCL, knobs)
+    sched, lowered = _lowered([x, w], _attrs((2, 1), (1, 2, 1, 0), (1, 2)), OPENCL, knobs)
     assert sched.attrs[SCHEDULE_ATTR] == "op" and mma_calls(lowered) > 0
     source = gpu_build({"f": lowered}, OPENCL).program.source
     # taps outer: the weight gather's taps are the step's (l_vk_0 // 1, one 32-channel run
     # per tap), no division by the 9 taps of k anywhere
     assert (" / 9)" in source) != taps_outer
-    exact = _torch_conv(x, w, (2, 1), (1, 2, 1, 0))
+    exact = _torch_conv(x, w, (2, 1), (1, 2, 1, 0), (1, 2))
     out = np.full(exact.shape, np.nan, np.float16)
     gpu_build({"f": lowered}, OPENCL)["f"](x, w, out)
     _check(out, exact, "float16")
