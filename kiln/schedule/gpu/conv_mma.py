@@ -2,19 +2,20 @@
 as an explicit matrix product that :func:`kiln.schedule.gpu.linalg.schedule_mma_gemm` tiles.
 
 The product: rows M are the output channels, columns N the output pixels of the whole batch
-(``n * H * W + y * W + x``) and the reduction K the input channels x taps: taps outer,
-channels inner (``(ry * KW + rx) * C + c``) when a reduction step holds whole runs of channels
-of one tap (C a multiple of the step, :func:`channels_inner`: every ResNet layer but the
-stem), else ``c * KH * KW + ry * KW + rx`` (the order of an OIHW weight's memory). Taps outer,
-the gathers' indices need no division per element: the shared copies are marked
-``SUBSTITUTE_BINDINGS`` (:mod:`kiln.tir.transform.convert_blocks_to_loops`), so their indices
-simplify against the reduction loop -- a step's tap is ``ko // (C / bk)``, one value per
-block, and an element's channel the step's first plus its row in the tile -- leaving adds and
-the padding's bounds test (knob ``gpu_conv_mma_taps_outer``, default on: the weight's
-gather then reads a tile's rows KH * KW elements apart instead of contiguously; not yet timed
-on a GPU). The GEMM's indices are int32 where every buffer has fewer than 2^31
-elements (:func:`index_dtype`): what divisions remain (a column's pixel, the stem's taps) are
-one ``mul.hi.s32`` each instead of a 64-bit multiply sequence.
+(``n * H * W + y * W + x``) and the reduction K the input channels x taps: taps outer, channels
+inner (``(ry * KW + rx) * C + c``) when a reduction step holds whole runs of channels of one
+tap (C a multiple of the step, :func:`channels_inner`: every ResNet layer but the stem), else
+``c * KH * KW + ry * KW + rx`` (the order of an OIHW weight's memory). Taps outer, the gathers'
+indices need no division per element: the shared copies are marked ``SUBSTITUTE_BINDINGS``
+(:mod:`kiln.tir.transform.convert_blocks_to_loops`), so their indices simplify against the
+reduction loop -- a step's tap is ``ko // (C / bk)``, one value per block, and an element's
+channel the step's first plus its row in the tile -- leaving adds and the padding's bounds test
+(with int32 indices the copies are substituted either way: the stem's divisions then simplify
+and NVRTC shares them; knob ``gpu_conv_mma_taps_outer``, default on: the weight's gather then
+reads a tile's rows KH * KW elements apart instead of contiguously; not yet timed on a GPU).
+The GEMM's indices are int32 where every buffer has fewer than 2^31 elements
+(:func:`index_dtype`): what divisions remain (a column's pixel, the stem's taps) are one
+``mul.hi.s32`` each instead of a 64-bit multiply sequence.
 
 M = output channels because they are the axis every real convolution gives in multiples of
 16 (the mma's row tile), while the pixels of a batch-1 image at 7 x 7 or 14 x 14 are no
@@ -150,8 +151,13 @@ def schedule_conv_mma(sch: Schedule, target: Any) -> None:
         trial.compute_inline(trial.get_block("conv2d_pad"))
     except ScheduleError:
         pass  # no padding
-    schedule_mma_gemm(trial, target, trial.get_block("conv2d"), rows_fused=False,
-                      gathers=GATHERS, substitute_gathers=taps_outer)
+    gemm = trial.get_block("conv2d")
+    # substituted int32 gathers: the taps' divisions CSE'd by NVRTC, the stem's 120 mul.hi.s32
+    # -> 74 (102 registers, was 106); in int64 the stem spilled (sm_80): there, only where the
+    # taps run outer (no division left to repeat)
+    narrow = str(trial.get(gemm).iter_vars[0].var.dtype) == "int32"
+    schedule_mma_gemm(trial, target, gemm, rows_fused=False, gathers=GATHERS,
+                      substitute_gathers=taps_outer or narrow)
     if padded != extents:
         trial = Schedule(guard_padded_stores(trial.func, extents))
     sch.adopt(trial)
