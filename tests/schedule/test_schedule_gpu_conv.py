@@ -5,6 +5,7 @@ knobs; NVRTC compiles within the register and shared-memory limits of sm_80 and 
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -17,7 +18,7 @@ from kiln.codegen.gpu.nvrtc import compile_cuda
 from kiln.schedule.gpu import SCHEDULE_ATTR, schedule_and_lower
 from kiln.schedule.gpu.conv import ConvShape, conv_tiles, shared_bytes
 from kiln.target import Target
-from kiln.testing.gpu_testing import kernel_launches
+from kiln.testing.gpu_testing import kernel_launches, mma_calls
 from kiln.testing.op_testing import scheduled
 from kiln.tir.gpu import KernelLaunch
 
@@ -26,6 +27,7 @@ F = torch.nn.functional
 
 OPENCL = Target("opencl")
 RNG = np.random.default_rng(29)
+NP16 = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 
 def _lowered(name: str, arrays: list[np.ndarray], attrs: dict, target: Target, knobs=None):
@@ -114,6 +116,52 @@ def test_depthwise_matches_torch_on_opencl(xs, ws, strides, padding, dilation):
     assert [simplify(d).value for d in launch.grid][1] == xs[1]  # a channel per blockIdx.y
     ref = _torch_conv(x, w, strides, padding, dilation, xs[1])
     np.testing.assert_allclose(_run(lowered, [x, w], ref.shape), ref, rtol=1e-5, atol=1e-5)
+
+
+#: The unit roundoff of each 16-bit float (half an ulp, relative).
+UNIT = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+# 16-bit convolutions the tensor cores do not take: depthwise, grouped, and (knobs) a shape
+# the mma schedule refuses unpadded; (data, weight, strides, padding, dilation, groups, knobs)
+LOW_PRECISION_SIMT = [
+    ((1, 16, 12, 12), (16, 1, 7, 7), (1, 1), (3, 3, 3, 3), (1, 1), 16, None),   # depthwise
+    ((1, 64, 9, 9), (32, 32, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 2, None),     # grouped
+    ((1, 64, 7, 7), (32, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1,           # 49 pixels
+     {"gpu_conv_mma_pad": False}),
+    ((1, 32, 8, 8), (32, 32, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, {"gpu_conv_mma": False}),
+]
+
+
+def _float32_sum_bound(x, w, strides, padding, dilation, groups, dtype) -> np.ndarray:
+    """What a float32 sum of the K products rounded once to ``dtype`` may be off by: one
+    rounding of the result, plus K float32 roundings of the sum of |products| (the standard
+    bound of recursive summation). A float16 accumulator rounds every partial sum to
+    ``dtype`` and is off by up to K roundings of those partial sums instead."""
+    k = w.shape[1] * w.shape[2] * w.shape[3]
+    exact = _torch_conv(x.astype("float64"), w.astype("float64"), strides, padding, dilation,
+                        groups)
+    magnitude = _torch_conv(np.abs(x).astype("float64"), np.abs(w).astype("float64"), strides,
+                            padding, dilation, groups)
+    return exact, UNIT[dtype] * np.abs(exact) + k * 2.0 ** -24 * magnitude
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("xs,ws,strides,padding,dilation,groups,knobs", LOW_PRECISION_SIMT)
+def test_low_precision_simt_convolutions_accumulate_in_float32(dtype, xs, ws, strides, padding,
+                                                               dilation, groups, knobs):
+    """The SIMT schedules keep a 16-bit convolution's sums in float32 registers and round
+    once, at the store, as the tensor cores do: within one rounding of the float64 result
+    (positive data: the partial sums grow, a 16-bit accumulator's error with them)."""
+    npdt = NP16[dtype]
+    x = RNG.uniform(0, 1, xs).astype(npdt)
+    w = RNG.uniform(0, 1, ws).astype(npdt)
+    sched, lowered = _lowered("nn.conv2d", [x, w], _attrs(strides, padding, dilation, groups),
+                              OPENCL, knobs)
+    assert sched.attrs[SCHEDULE_ATTR] == "op" and mma_calls(lowered) == 0
+    exact, bound = _float32_sum_bound(x, w, strides, padding, dilation, groups, dtype)
+    out = np.full(exact.shape, np.nan, npdt)
+    gpu_build({"f": lowered}, OPENCL)["f"](x, w, out)
+    err = np.abs(out.astype("float64") - exact)
+    assert np.all(err <= bound), (err.max(), (err / bound).max())
 
 
 def test_knobs_choose_the_tiles():

@@ -8,6 +8,7 @@ register and shared-memory limits of sm_80 and sm_90."""
 from __future__ import annotations
 
 import logging
+import re
 
 import ml_dtypes
 import numpy as np
@@ -19,12 +20,21 @@ from kiln import op
 from kiln.codegen.gpu.build import build as gpu_build
 from kiln.codegen.gpu.nvrtc import compile_cuda
 from kiln.schedule.gpu import SCHEDULE_ATTR, schedule_and_lower
-from kiln.schedule.gpu.conv_mma import conv_gemm_func, padded_gemm, reduction_step
+from kiln.schedule.gpu.conv_mma import (
+    INT32_ELEMENTS,
+    channels_inner,
+    conv_gemm_func,
+    index_dtype,
+    padded_gemm,
+    reduction_step,
+)
 from kiln.target import Target
 from kiln.testing import models
 from kiln.testing.gpu_testing import kernel_launches, mma_calls
 from kiln.testing.op_testing import scheduled
+from kiln.tir.functor import post_order_visit
 from kiln.tir.schedule.analysis import as_int
+from kiln.tir.stmt import BlockRealize
 from kiln.transform import ToMixedPrecision
 
 torch = pytest.importorskip("torch")
@@ -120,6 +130,59 @@ def test_gemm_view_pads_the_reduction_to_the_step():
     assert shapes["conv2d_a"] == (64, 160) and shapes["conv2d_b"] == (160, 16 * 16)
 
 
+def _block(func, name):
+    """The block ``name`` of ``func``."""
+    found = []
+    post_order_visit(func.body, lambda n: found.append(n.block) if isinstance(n, BlockRealize)
+                     and n.block.name_hint == name else None)
+    (block,) = found
+    return block
+
+
+def test_gemm_view_runs_taps_outer_when_steps_hold_whole_channel_runs():
+    """64 channels, 32-deep steps: k = tap * 64 + channel, so a step's tap is one value per
+    block (k // 64) and its channels consecutive; the stem's 3 channels keep c * 49 + tap."""
+    assert channels_inner(64, 32) and channels_inner(16, 16) and not channels_inner(3, 32)
+    x = np.zeros((1, 64, 8, 8), np.float16)
+    w = np.zeros((64, 64, 3, 3), np.float16)
+    func, _ = scheduled("nn.conv2d", [x, w], _attrs((1, 1), (1, 1, 1, 1)), schedule=False)
+    gemm = conv_gemm_func(func, 32)
+    weight = str(_block(gemm, "conv2d_a").body.value)
+    assert "vk % 64" in weight and "vk // 64 // 3" in weight and "vk // 64 % 3" in weight
+    # int32 iteration (and index) variables: every buffer has fewer than 2^31 elements
+    assert all(str(iv.var.dtype) == "int32" for iv in _block(gemm, "conv2d").iter_vars)
+    stem = conv_gemm_func(scheduled("nn.conv2d", [np.zeros((1, 3, 32, 32), np.float16),
+                                                  np.zeros((64, 3, 7, 7), np.float16)],
+                                    _attrs((2, 2), (3, 3, 3, 3)), schedule=False)[0], 32)
+    assert "vk // 49" in str(_block(stem, "conv2d_a").body.value)
+
+
+@pytest.mark.parametrize("taps_outer", [True, False])
+def test_both_reduction_orders_match_torch_on_opencl(taps_outer):
+    """Strided, dilated, asymmetrically padded: the taps-outer gather's bounds tests."""
+    x = RNG.uniform(-1, 1, (1, 32, 9, 7)).astype(np.float16)
+    w = RNG.uniform(-1, 1, (32, 32, 3, 3)).astype(np.float16)
+    knobs = {"gpu_conv_mma_taps_outer": taps_outer, "gpu_mma_bk": 32}
+    sched, lowered = _lowered([x, w], _attrs((2, 1), (1, 2, 1, 0), (1, 2)), OPENCL, knobs)
+    assert sched.attrs[SCHEDULE_ATTR] == "op" and mma_calls(lowered) > 0
+    source = gpu_build({"f": lowered}, OPENCL).program.source
+    # taps outer: the weight gather's taps are the step's (l_vk_0 // 1, one 32-channel run
+    # per tap), no division by the 9 taps of k anywhere
+    assert (" / 9)" in source) != taps_outer
+    exact = _torch_conv(x, w, (2, 1), (1, 2, 1, 0), (1, 2))
+    out = np.full(exact.shape, np.nan, np.float16)
+    gpu_build({"f": lowered}, OPENCL)["f"](x, w, out)
+    _check(out, exact, "float16")
+
+
+def test_index_dtype_widens_past_int32():
+    func, _ = scheduled("nn.conv2d", [np.zeros((1, 16, 8, 8), np.float16),
+                                      np.zeros((32, 16, 3, 3), np.float16)],
+                        _attrs((1, 1), (1, 1, 1, 1)), schedule=False)
+    assert index_dtype(func, (32 * 144,), "int64") == "int32"
+    assert index_dtype(func, (INT32_ELEMENTS + 1,), "int64") == "int64"
+
+
 def test_padded_rows_and_columns_are_computed_but_not_stored():
     """49 pixels and 24 channels: a 64 x 32 GEMM whose output stores are predicated."""
     assert padded_gemm(24, 49, 132) == (32, 64) and padded_gemm(64, 3136, 132) == (64, 3136)
@@ -152,8 +215,8 @@ def test_shapes_off_the_tiles_unpadded_take_the_simt_implicit_gemm_with_a_warnin
     exact = _torch_conv(x, w, (1, 1), (1, 1, 1, 1))
     out = np.full(exact.shape, np.nan, np.float16)
     gpu_build({"f": lowered}, OPENCL)["f"](x, w, out)
-    # the SIMT path sums in float16: one rounding per step of the reduction
-    np.testing.assert_allclose(out.astype("float64"), exact, atol=0.05 * np.abs(exact).max())
+    # the SIMT path also sums in float32 and rounds once
+    _check(out, exact, "float16")
 
 
 def test_knob_keeps_the_simt_path_reachable():
@@ -243,7 +306,11 @@ def test_resnet18_convolutions_compile_to_mma_sync_within_the_limits(arch):
     assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") >= len(RESNET18)
     usage = binary.resources()
     assert set(usage) == set(kernels)
+    texts = binary.kernel_ptx()
     for name, res in usage.items():
         assert res.spill_stores == res.spill_loads == 0 and res.stack_bytes == 0, name
+        # int32 index arithmetic: no 64-bit division, remainder or multiply-high (what a
+        # division by a constant becomes) anywhere in the kernel, im2col gathers included
+        assert not re.search(r"\b(?:div|rem|mul\.hi)\.[su]64\b", texts[name]), name
         assert res.registers * kernels[name].threads <= limits.max_registers_per_block, name
         assert res.shared_bytes <= limits.shared_memory_per_block, name

@@ -4,13 +4,17 @@ correct. Numerics of every op on OpenCL: KILN_TEST_TARGETS=c,opencl over tests/o
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
+import pytest
 
 from kiln import te, tir
 from kiln.codegen.gpu.build import build
+from kiln.codegen.gpu.nvrtc import compile_cuda
 from kiln.ir.errors import ScheduleError
 from kiln.schedule.gpu import SCHEDULE_ATTR, schedule_and_lower
 from kiln.target import Target
+from kiln.testing.op_testing import scheduled
 from kiln.testing.tir_testing import elementwise_func
 from kiln.tir.gpu import KernelLaunch
 
@@ -68,6 +72,66 @@ def test_row_reduction_gets_a_cross_thread_reduction():
     assert _tags(sched) == {"blockIdx.x", "threadIdx.x"}
     (k,) = _kernels(lowered)
     assert k.grid[0].value == 16 and k.shared  # the shared-memory tree of the reduction
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16_bit_row_reductions_sum_in_float32_on_opencl(dtype):
+    """A float16/bfloat16 matmul no tile divides (17 x 1000 x 19: the generic rules' row
+    reduction over a block of threads) within one rounding of the float64 product plus the
+    float32 summation bound; its partial sums were 16-bit before (1.8x the bound, float16)."""
+    npdt = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
+    rng = np.random.default_rng(7)
+    a = rng.uniform(0, 1, (17, 1000)).astype(npdt)
+    b = rng.uniform(0, 1, (1000, 19)).astype(npdt)
+    func, _ = scheduled("matmul", [a, b], {}, schedule=False)
+    sched, lowered = schedule_and_lower(func.with_attr("op_name", "matmul"), OPENCL)
+    assert sched.attrs[SCHEDULE_ATTR] == "rules" and _kernels(lowered)[0].shared
+    out = np.zeros((17, 19), npdt)
+    build({"f": lowered}, OPENCL)["f"](a, b, out)
+    exact = a.astype(np.float64) @ b.astype(np.float64)  # positive: |products| sum to it
+    unit = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}[dtype]
+    err = np.abs(out.astype(np.float64) - exact)
+    assert np.all(err <= unit * exact + 1000 * 2.0 ** -24 * exact), (err / exact).max()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16_bit_column_reductions_sum_in_float32_on_opencl(dtype):
+    """One thread per output: a float32 register, stored rounded once."""
+    npdt = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
+    _, lowered = schedule_and_lower(_sum_func((700, 48), 0, dtype), OPENCL)
+    (kern,) = _kernels(lowered)
+    assert not kern.shared
+    data = np.random.default_rng(8).uniform(0, 1, (700, 48)).astype(npdt)
+    got = np.zeros(48, npdt)
+    build({"f": lowered}, OPENCL)["f"](data, got)
+    exact = data.astype(np.float64).sum(axis=0)
+    unit = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}[dtype]
+    err = np.abs(got.astype(np.float64) - exact)
+    assert np.all(err <= unit * exact + 700 * 2.0 ** -24 * exact), (err / exact).max()
+
+
+def _sum_func(shape, axis, dtype):
+    """``x.sum(axis)`` of a 2-D ``x``."""
+    x = te.placeholder(shape, dtype, name="x")
+    k = te.reduce_axis((0, shape[axis]), name="k")
+    out = te.compute((shape[1 - axis],), lambda i: te.sum(
+        x[i, k] if axis else x[k, i], axis=k), name="out")
+    return te.create_prim_func([x, out])
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_16_bit_reductions_compile_with_nvrtc(arch):
+    """The float32 accumulators of 16-bit row (warp shuffles of float32) and column
+    reductions in CUDA: NVRTC compiles them, in registers."""
+    target = Target("cuda", arch=arch)
+    funcs = {}
+    for dtype in ("float16", "bfloat16"):
+        for axis, shape in ((1, (16, 700)), (0, (700, 48))):
+            funcs[f"{dtype}_{axis}"] = schedule_and_lower(_sum_func(shape, axis, dtype),
+                                                          target)[1]
+    usage = compile_cuda(build(funcs, target).program.source, arch).resources()
+    assert len(usage) == 4
+    assert all(r.spill_stores == r.stack_bytes == 0 for r in usage.values()), usage
 
 
 def test_column_reduction_gets_one_thread_per_output():

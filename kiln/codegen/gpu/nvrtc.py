@@ -47,6 +47,11 @@ class CudaBinary:
     def resources(self) -> dict[str, KernelResources]:
         return resource_usage(self.log)
 
+    def kernel_ptx(self) -> dict[str, str]:
+        """Each kernel's PTX (``.entry`` to the next function), by name: what tests and
+        benchmarks count instructions in (device helpers are inlined into their kernels)."""
+        return kernel_ptx(self.ptx.decode(errors="replace"))
+
 
 def nvrtc_module():
     """``cuda.bindings.nvrtc``, or a KilnError saying what to install."""
@@ -130,6 +135,21 @@ def compile_cuda(source: str, arch: str, options: tuple[str, ...] = ()) -> CudaB
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")
 _USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+_FUNCTION = re.compile(r"^\s*(?:\.visible\s+|\.weak\s+)?\.(entry|func)\s+(?:\([^)]*\)\s*)?(\w+)",
+                       re.MULTILINE)
+
+
+def kernel_ptx(ptx: str) -> dict[str, str]:
+    """The text of each ``.entry`` of ``ptx`` (up to the next ``.entry`` or ``.func``)."""
+    heads = list(_FUNCTION.finditer(ptx))
+    out: dict[str, str] = {}
+    for k, m in enumerate(heads):
+        if m.group(1) == "entry":
+            end = heads[k + 1].start() if k + 1 < len(heads) else len(ptx)
+            out[m.group(2)] = ptx[m.start():end]
+    return out
 
 
 def resource_usage(log: str) -> dict[str, KernelResources]:

@@ -8,7 +8,9 @@ block of ``threads_o x threads_y x threads_x`` threads (``threadIdx.z/y/x``) com
 ``BM = threads_o * reg_o`` output channels of a 2-D pixel tile of ``threads_y`` rows by
 ``threads_x * reg_x`` columns (a box, so that the input it reads is a box too: its shared
 copy has a constant size); the grid is (tile columns, channel tiles, batch x tile rows). Each
-thread keeps its ``reg_o x reg_x`` accumulators in registers (``local``). The reduction is
+thread keeps its ``reg_o x reg_x`` accumulators in registers (``local``; float32 for a
+float16/bfloat16 convolution, rounded once at the store as on the tensor cores:
+:func:`kiln.schedule.gpu.linalg.accumulator_dtype`). The reduction is
 stepped ``k_channels`` input channels at a time (all ``KH x KW`` taps of each): the step's
 weight tile and input box are copied into shared memory, the zero padding computed in the
 copy (the padded input is never written to global memory), the threads synchronize and
@@ -23,7 +25,7 @@ Depthwise convolution (one input and one output channel per group): the grid is 
 columns, channels, batch x tile rows), each thread computes ``reg_x`` outputs of a row; the
 input box of the block's pixel tile, halo included, is copied into shared memory once, by
 all the block's threads together (a copy nest beside the compute nest, bound to the same
-thread indices), and the taps read from it.
+thread indices), and the taps read from it. Its accumulators are float32 for 16-bit data as well.
 
 float16/bfloat16 convolutions with groups 1 go to the tensor cores instead
 (:mod:`kiln.schedule.gpu.conv_mma`: an explicit im2col GEMM on mma tiles; knob
@@ -52,7 +54,7 @@ from ..knobs import knob
 from ..registry import register_schedule
 from . import rules
 from .conv_mma import schedule_conv_mma
-from .linalg import fold_epilogues, mma_supported
+from .linalg import accumulator_dtype, fold_epilogues, mma_supported
 
 #: Warns of a float16/bfloat16 convolution that does not run on tensor cores, and why.
 logger = logging.getLogger(__name__)
@@ -297,7 +299,7 @@ def schedule_implicit_gemm(sch: Any, target: Any, block: Any, loops: list[Any],
     sch.bind(to, "threadIdx.z")
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
-    acc = sch.cache_write(block, 0, "local")
+    acc = sch.cache_write(block, 0, "local", accumulator_dtype(sch.get(block)))
     sch.reverse_compute_at(acc, tx)
     for index in (0, 1):
         cache = sch.cache_read(block, index, "shared")
@@ -322,7 +324,7 @@ def schedule_depthwise(sch: Any, target: Any, block: Any, loops: list[Any],
     sch.bind(bx, "blockIdx.x")
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
-    acc = sch.cache_write(block, 0, "local")
+    acc = sch.cache_write(block, 0, "local", accumulator_dtype(sch.get(block)))
     sch.reverse_compute_at(acc, tx)
     cache = sch.cache_read(block, 0, "shared")
     sch.compute_at(cache, bx)

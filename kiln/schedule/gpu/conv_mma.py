@@ -2,11 +2,25 @@
 as an explicit matrix product that :func:`kiln.schedule.gpu.linalg.schedule_mma_gemm` tiles.
 
 The product: rows M are the output channels, columns N the output pixels of the whole batch
-(``n * H * W + y * W + x``) and the reduction K the input channels x taps (``c * KH * KW + ry *
-KW + rx``, the order of an OIHW weight's memory). M = output channels because they are the
-axis every real convolution gives in multiples of 16 (the mma's row tile), while the pixels
-of a batch-1 image at 7 x 7 or 14 x 14 are no multiple of the column tile's 8 on any axis;
-columns = pixels also makes a warp's write-back of the NCHW output run along a row of pixels.
+(``n * H * W + y * W + x``) and the reduction K the input channels x taps: taps outer, channels
+inner (``(ry * KW + rx) * C + c``) when a reduction step holds whole runs of channels of one
+tap (C a multiple of the step, :func:`channels_inner`: every ResNet layer but the stem), else
+``c * KH * KW + ry * KW + rx`` (the order of an OIHW weight's memory). Taps outer, the gathers'
+indices need no division per element: the shared copies are marked ``SUBSTITUTE_BINDINGS``
+(:mod:`kiln.tir.transform.convert_blocks_to_loops`), so their indices simplify against the
+reduction loop -- a step's tap is ``ko // (C / bk)``, one value per block, and an element's
+channel the step's first plus its row in the tile -- leaving adds and the padding's bounds test
+(with int32 indices the copies are substituted either way: the stem's divisions then simplify
+and NVRTC shares them; knob ``gpu_conv_mma_taps_outer``, default on: the weight's gather then
+reads a tile's rows KH * KW elements apart instead of contiguously; not yet timed on a GPU).
+The GEMM's indices are int32 where every buffer has fewer than 2^31 elements
+(:func:`index_dtype`): what divisions remain (a column's pixel, the stem's taps) are one
+``mul.hi.s32`` each instead of a 64-bit multiply sequence.
+
+M = output channels because they are the axis every real convolution gives in multiples of
+16 (the mma's row tile), while the pixels of a batch-1 image at 7 x 7 or 14 x 14 are no
+multiple of the column tile's 8 on any axis; columns = pixels also makes a warp's write-back
+of the NCHW output run along a row of pixels.
 
 :func:`conv_gemm_func` rewrites the fused convolution (padding, ``conv2d``, its element-wise
 epilogues) into:
@@ -40,8 +54,10 @@ of what was done, not one that replays on the original function.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from ...arith.analyzer import simplify
 from ...ir.errors import ScheduleError
 from ...tir.buffer import Buffer
 from ...tir.expr import (
@@ -69,8 +85,9 @@ from ...tir.stmt import Block, BlockRealize, BufferStore, For, ForKind, SeqStmt,
 from ..knobs import knob
 from .linalg import MMA_BK_CHOICES, MMA_WARPS, mma_tile, schedule_mma_gemm
 
-__all__ = ["GATHERS", "PAD_TO", "conv_gemm_func", "guard_padded_stores", "padded_gemm",
-           "reduction_step", "schedule_conv_mma"]
+__all__ = ["GATHERS", "INT32_ELEMENTS", "PAD_TO", "channels_inner", "conv_gemm_func",
+           "guard_padded_stores", "index_dtype", "padded_gemm", "reduction_step",
+           "schedule_conv_mma"]
 
 #: What :func:`padded_gemm` rounds output channels and pixels up to: 32 x 32 block tiles
 #: (2 x 2 warps of 1 x 2 or 2 x 1 mma tiles... :data:`linalg.MMA_TILES`).
@@ -127,14 +144,20 @@ def schedule_conv_mma(sch: Schedule, target: Any) -> None:
     extents = (o, n * h * w)
     padded = padded_gemm(*extents, target.gpu.multiprocessors) if knob(
         "gpu_conv_mma_pad", (True, False), True) else extents
-    trial = Schedule(conv_gemm_func(sch.func, bk, padded))
+    taps_outer = channels_inner(c, bk) and knob("gpu_conv_mma_taps_outer", (True, False), True)
+    trial = Schedule(conv_gemm_func(sch.func, bk, padded, taps_outer))
     trial.knob_values = dict(sch.knob_values)
     try:
         trial.compute_inline(trial.get_block("conv2d_pad"))
     except ScheduleError:
         pass  # no padding
-    schedule_mma_gemm(trial, target, trial.get_block("conv2d"), rows_fused=False,
-                      gathers=GATHERS)
+    gemm = trial.get_block("conv2d")
+    # substituted int32 gathers: the taps' divisions CSE'd by NVRTC, the stem's 120 mul.hi.s32
+    # -> 74 (102 registers, was 106); in int64 the stem spilled (sm_80): there, only where the
+    # taps run outer (no division left to repeat)
+    narrow = str(trial.get(gemm).iter_vars[0].var.dtype) == "int32"
+    schedule_mma_gemm(trial, target, gemm, rows_fused=False, gathers=GATHERS,
+                      substitute_gathers=taps_outer or narrow)
     if padded != extents:
         trial = Schedule(guard_padded_stores(trial.func, extents))
     sch.adopt(trial)
@@ -266,10 +289,11 @@ def _loads(node: Any, buffer: Buffer) -> list[BufferLoad]:
     return found
 
 
-def conv_gemm_func(func: PrimFunc, bk: int, padded: tuple[int, int] | None = None
-                   ) -> PrimFunc:
+def conv_gemm_func(func: PrimFunc, bk: int, padded: tuple[int, int] | None = None,
+                   taps_outer: bool = True) -> PrimFunc:
     """``func`` (a fused NCHW/OIHW ``conv2d``, groups 1, with its padding and element-wise
-    epilogues) with the convolution written as the GEMM of the module docstring, K padded to
+    epilogues) with the convolution written as the GEMM of the module docstring (K taps outer
+    where ``taps_outer`` and :func:`channels_inner` allow), K padded to
     a multiple of ``bk``, M and N to ``padded`` (the rows and columns beyond the convolution's
     read its last row / column: every index stays inside its buffer, and
     :func:`guard_padded_stores` keeps them from being stored); a ScheduleError when it has
@@ -293,20 +317,23 @@ def conv_gemm_func(func: PrimFunc, bk: int, padded: tuple[int, int] | None = Non
     if src.dtype != wgt.dtype:  # float32 accumulation: the padding casts the input up
         narrow_pad = _narrowed(by_buffer.get(src), wgt.dtype)
     (x_load,), (w_load,) = _loads(x_term, src), _loads(w_term, wgt)
-    dt = vb.dtype
     big_k, hw = c * kh * kw, h * w
     kp = -(-big_k // bk) * bk
     cols = n * hw
     mp, np_ = padded or (o, cols)
     if mp < o or np_ < cols:
         raise ScheduleError("conv2d mma: the padded GEMM is smaller than the convolution")
+    dt = index_dtype(func, (mp * kp, kp * np_, mp * np_), vb.dtype)
     m_iv, n_iv = _iter("vm", mp, dt), _iter("vn", np_, dt)
     k_iv = _iter("vk", kp, dt, IterType.COMM_REDUCE)
     vm, vn, vk = m_iv.var, n_iv.var, k_iv.var
     row = vm if mp == o else tmin(vm, o - 1)
     col = vn if np_ == cols else tmin(vn, cols - 1)
     pixel = {vb: col // hw, vo: row, vy: col // w % h, vx: col % w}
-    tap = {vc: vk // (kh * kw), vry: vk // kw % kh, vrx: vk % kw}
+    if taps_outer and channels_inner(c, bk):
+        tap = {vc: vk % c, vry: vk // c // kw, vrx: vk // c % kw}
+    else:
+        tap = {vc: vk // (kh * kw), vry: vk // kw % kh, vrx: vk % kw}
     low = str(wgt.dtype)
     zero = const(low, 0)
 
@@ -386,3 +413,32 @@ def _epilogue_copy(out: Buffer, c_buf: Buffer, mn_ivs: tuple[IterVar, IterVar],
     vm, vn = (iv.var for iv in mn_ivs)
     index = tuple(pixel.values())
     return _nest(Block(mn_ivs, (), (), "conv2d_nchw", BufferStore(out, c_buf[vm, vn], index)))
+
+
+def channels_inner(channels: int, bk: int) -> bool:
+    """Whether the GEMM's K runs taps outer, input channels inner (``k = (ry * KW + rx) * C +
+    c``): when a reduction step of ``bk`` holds whole runs of channels of one tap (C a multiple
+    of ``bk``), so that the step's tap is one value per block and a K index's channel is the
+    step's first plus the row in the tile -- no division per gathered element."""
+    return channels % bk == 0
+
+
+#: The largest element count whose indices :func:`index_dtype` computes in int32.
+INT32_ELEMENTS = 2 ** 31 - 1
+
+
+def index_dtype(func: PrimFunc, gemm_sizes: tuple[int, ...], wide: Any) -> Any:
+    """int32 for the GEMM's iteration variables when every buffer of ``func`` and every
+    matrix of the GEMM (``gemm_sizes``: element counts) has fewer than 2^31 elements -- each
+    index, and each quotient and remainder of one, then fits; else ``wide`` (the
+    convolution's own, int64). The gathers divide and take remainders of these indices for
+    every element: in int32 a division by a constant is one ``mul.hi.s32`` where an int64 one
+    is a multi-instruction 64-bit multiply, and the indices take half the registers."""
+    sizes = list(gemm_sizes)
+    buffers = list(func.buffer_map.values()) + list(func.body.block.alloc_buffers)
+    for buf in buffers:
+        dims = [as_int(simplify(d)) for d in buf.shape]
+        if any(d is None for d in dims):
+            return wide
+        sizes.append(math.prod(dims))  # type: ignore[arg-type]
+    return "int32" if max(sizes) <= INT32_ELEMENTS else wide

@@ -31,6 +31,8 @@ from ...ir.errors import ScheduleError
 from ...tir.schedule.analysis import as_int
 from ...tir.tensor_intrin.gpu import MMA_DTYPES, MMA_K, register_mma_intrinsic
 from ...tir.transform.compact_buffers import STORAGE_ALIGN
+from ...tir.transform.convert_blocks_to_loops import SUBSTITUTE_BINDINGS
+from ...tir.transform.cross_thread_reduction import accumulator_dtype as reduction_accumulator
 from ...tir.transform.prefetch_copies import PREFETCH
 from ..cpu.generic import inline_injective_stages
 from ..knobs import knob
@@ -213,7 +215,8 @@ def mma_warps(m: int, n: int, batch: int, multiprocessors: int) -> tuple[int, in
 
 
 def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
-                      gathers: tuple[str, ...] = ()) -> None:
+                      gathers: tuple[str, ...] = (), substitute_gathers: bool = False
+                      ) -> None:
     """A float16/bfloat16 GEMM on tensor cores: each warp computes ``16 MI x 8 NI`` outputs as
     ``MI x NI`` ``mma.sync.m16n8k16`` per 16-deep reduction step, from tiles of A and B that
     the block's threads copy into shared memory together (rows padded so that the lanes'
@@ -225,7 +228,9 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
     part of one ``mma`` (:mod:`kiln.tir.tensor_intrin.gpu`, tensorized). Epilogues are folded
     into the write-back as in :func:`schedule_tiled_gemm`. ``gathers`` names element-wise
     blocks that produce A or B (an implicit GEMM's im2col, :mod:`kiln.schedule.gpu.conv_mma`):
-    they are computed inside the shared copies, never stored. Knobs: ``gpu_mma_warps``
+    they are computed inside the shared copies, never stored; ``substitute_gathers`` marks
+    those copies :data:`~kiln.tir.transform.convert_blocks_to_loops.SUBSTITUTE_BINDINGS` (their
+    indices then simplify against the reduction loop). Knobs: ``gpu_mma_warps``
     (default :func:`mma_warps`), ``gpu_mma_tiles`` (default :func:`mma_tile`'s choice),
     ``gpu_mma_bk`` (default the first of :data:`MMA_BK_CHOICES` that divides the reduction),
     ``gpu_mma_stages``."""
@@ -278,6 +283,8 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
         sch.compute_at(cache, ko, cooperative=True)
         cooperative_copy(sch, cache, ko, wy * wx, 32)
         sch.annotate(cache, STORAGE_ALIGN, align)
+        if gathers and substitute_gathers:
+            sch.annotate(cache, SUBSTITUTE_BINDINGS, 1)
     for name in gathers:
         sch.compute_inline(sch.get_block(name))
     sch.decompose_reduction(block, ko)
@@ -312,7 +319,8 @@ def accumulator_dtype(block: Any) -> str | None:
     registers and are rounded once, at the store, as cuBLAS and torch do; None (the output's
     dtype) otherwise."""
     dt = block.writes[0].buffer.dtype
-    return "float32" if dt.is_float and dt.bits < 32 else None
+    wide = reduction_accumulator(dt)  # the one policy: float32 for 16-bit floats
+    return str(wide) if wide != dt.element else None
 
 
 def cooperative_copy(sch: Any, copy: Any, at: Any, threads_y: int, threads_x: int) -> None:

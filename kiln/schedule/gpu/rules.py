@@ -18,7 +18,9 @@ of one thread: slow, never wrong.
   ``threadIdx.x`` (a cross-thread reduction: warp shuffles on CUDA, a shared-memory tree on
   OpenCL). Other reductions (a sum over a leading axis, a matmul, a convolution) give each
   output one thread running the whole reduction, consecutive threads writing consecutive
-  outputs (coalesced).
+  outputs (coalesced). float16/bfloat16 reductions sum in float32 either way (the
+  cross-thread reduction's accumulators, or a float32 register per thread), rounded once at
+  the store.
 - :func:`schedule_outer_parallel`: any other nest whose outermost loop is data parallel (every
   block under it binds its variable to spatial iteration variables only) runs one iteration
   per thread.
@@ -39,6 +41,7 @@ from ...tir.functor import collect_vars, post_order_visit
 from ...tir.schedule.analysis import as_int
 from ...tir.schedule.rfactor import split_reduction_update
 from ...tir.stmt import BlockRealize, ForKind
+from ...tir.transform.cross_thread_reduction import accumulator_dtype
 from ..cpu.generic import inline_injective_stages
 
 #: Threads per block the rules use (capped by the target's limit): enough warps per block to
@@ -257,9 +260,31 @@ def schedule_reduction_block(sch: Any, target: Any, block: Any) -> bool:
         return True
     if not spatial:
         return False
+    write_back = _wide_accumulator(sch, block)
     s = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
     bind_flat(sch, target, s)
+    if write_back is not None:
+        bound = [lp for lp in sch.get_loops(block)
+                 if sch.get(lp).kind == ForKind.THREAD_BINDING]
+        sch.reverse_compute_at(write_back, bound[-1])
     return True
+
+
+def _wide_accumulator(sch: Any, block: Any) -> Any:
+    """A float16/bfloat16 reduction given one thread per output sums into a float32 register
+    (``cache_write`` to ``local`` in :func:`accumulator_dtype`), stored rounded once by the
+    returned write-back block; None for other dtypes, or where the block cannot be staged."""
+    blk = sch.get(block)
+    if len(blk.writes) != 1:
+        return None
+    dtype = blk.writes[0].buffer.dtype
+    wide = accumulator_dtype(dtype)
+    if wide == dtype:
+        return None
+    try:
+        return sch.cache_write(block, 0, "local", str(wide))
+    except ScheduleError:
+        return None
 
 
 def _data_parallel(sch: Any, loop: Any) -> bool:

@@ -12,7 +12,11 @@ wants loops and stores only. For every ``BlockRealize`` this pass
   stack or heap storage from the buffer's scope and size);
 - emits a non-trivial ``predicate`` as an ``IfThenElse`` around all of it.
 
-Read/write regions and block annotations carry no run-time meaning and are dropped.
+Read/write regions and block annotations carry no run-time meaning and are dropped, except
+:data:`SUBSTITUTE_BINDINGS`: with ``let_bindings`` (GPU lowering), the bindings of a block so
+annotated are substituted even where they divide, so that its indices simplify against the
+loops (an im2col gather's divisions of ``k`` by the channel count fold into the reduction
+step's tap: one value per step instead of a division per element).
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from ..expr import Div, FloorDiv, FloorMod, IntImm, IterType, Mod, PrimExpr, all
 from ..function import PrimFunc
 from ..functor import Mutator, post_order_visit, substitute
 from ..stmt import Allocate, Block, BlockRealize, IfThenElse, LetStmt, Stmt, seq
+
+#: Block annotation: substitute the block's bindings, never let-bind them (module docstring).
+SUBSTITUTE_BINDINGS = "kiln.substitute_bindings"
 
 
 def _is_const_true(expr: PrimExpr) -> bool:
@@ -48,7 +55,8 @@ def _lower_block(block: Block, iter_values: tuple[PrimExpr, ...], predicate: Pri
             f"realize binds {len(iter_values)} values"
         )
     lets = [(iv.var, value) for iv, value in zip(block.iter_vars, iter_values)
-            if let_bindings and _has_division(value)]
+            if let_bindings and _has_division(value)
+            and not block.annotations.get(SUBSTITUTE_BINDINGS)]
     let_vars = {v for v, _ in lets}
     vmap = {iv.var: value for iv, value in zip(block.iter_vars, iter_values)
             if iv.var not in let_vars}

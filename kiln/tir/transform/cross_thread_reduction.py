@@ -16,6 +16,8 @@ LowerCrossThreadReduction) rewrites such a block into what each thread runs::
             C[i] = red[0]                            # (combined with the init value, or with
                                                      # C[i] under outer serial reduce loops)
 
+A float16/bfloat16 reduction accumulates in float32 (``acc``, ``red`` and the combination;
+:func:`accumulator_dtype`), rounded once at the store.
 ``ThreadAllreduce`` (:mod:`kiln.tir.gpu`) is expanded later, once the kernel's block shape is
 known (``kiln.tir.transform.gpu_kernels``): warp shuffles on CUDA, a shared-memory tree on
 OpenCL. Requirements (a ``LoweringError`` names the block otherwise): the block is a reduction
@@ -29,6 +31,7 @@ output after their first iteration.
 from __future__ import annotations
 
 from ...arith import simplify as simplify_expr
+from ...ir.dtype import DataType
 from ...ir.errors import LoweringError, ScheduleError
 from ..buffer import Buffer
 from ..expr import (
@@ -44,6 +47,7 @@ from ..expr import (
     PrimExpr,
     Var,
     all_of,
+    cast,
     const,
     eq,
 )
@@ -51,6 +55,7 @@ from ..function import PrimFunc
 from ..functor import collect_vars, substitute
 from ..gpu import ThreadAllreduce, is_thread_tag
 from ..schedule.analysis import conjuncts, is_true
+from ..schedule.cache import widen
 from ..schedule.rfactor import split_reduction_update
 from ..schedule.state import SRef, TreeIndex, rewrite_func
 from ..stmt import THREAD_TAG, Allocate, BlockRealize, BufferStore, For, ForKind, IfThenElse, Stmt
@@ -73,6 +78,17 @@ def reducer_identity(combiner: type, dtype) -> PrimExpr:
     if combiner is Or:
         return const(el, False)
     raise LoweringError(f"no identity for the combiner {combiner.__name__}")
+
+
+def accumulator_dtype(dtype: DataType) -> DataType:
+    """What a cross-thread reduction of ``dtype`` values accumulates in: float32 for float16
+    and bfloat16 (each thread's partial sum and the threads' combination stay in float32,
+    rounded once at the store, as the GEMM schedules' accumulators do; in 16 bits every
+    partial sum was rounded), else ``dtype`` itself."""
+    el = dtype.element
+    if el.is_float and el.bits < 32:
+        return DataType("float32")
+    return el
 
 
 def make_reducer(combiner: type, dtype) -> CommReducer:
@@ -149,15 +165,18 @@ def _rewrite(index: TreeIndex, b: SRef, loops: list[SRef], first: int) -> PrimFu
                 "reduction loops)")
     vmap = {iv.var: value for iv, value in zip(block.iter_vars, realize.iter_values)}
     dtype = store.buffer.dtype
-    reducer = make_reducer(combiner, dtype)
-    acc = Buffer(f"{name}_acc", (const("int64", 1),), dtype.element, scope="local")
-    red = Buffer(f"{name}_red", (const("int64", 1),), dtype.element, scope="local")
+    wide = accumulator_dtype(dtype)
+    reducer = make_reducer(combiner, wide)
+    acc = Buffer(f"{name}_acc", (const("int64", 1),), wide, scope="local")
+    red = Buffer(f"{name}_red", (const("int64", 1),), wide, scope="local")
     zero = (const("int64", 0),)
     inner_vars = {lp.loop_var for lp in inner}
     pred_all = substitute(realize.predicate, vmap)
     write_terms = [c for c in conjuncts(pred_all) if not (set(collect_vars(c)) & inner_vars)]
 
-    update: Stmt = BufferStore(acc, combiner(BufferLoad(acc, zero), substitute(rhs, vmap)), zero)
+    value = widen(substitute(rhs, vmap), store.buffer, acc) if wide != dtype else substitute(
+        rhs, vmap)
+    update: Stmt = BufferStore(acc, combiner(BufferLoad(acc, zero), value), zero)
     if not is_true(pred_all):
         update = IfThenElse(pred_all, update)
     for lp in reversed(serial):
@@ -174,12 +193,12 @@ def _rewrite(index: TreeIndex, b: SRef, loops: list[SRef], first: int) -> PrimFu
     indices = tuple(substitute(i, vmap) for i in store.indices)
     init_value = substitute(block.init.value, vmap)  # type: ignore[union-attr]
     result = BufferLoad(red, zero)
-    is_identity = simplify_expr(eq(init_value, reducer.identity))
-    fresh = result if is_true(is_identity) else combiner(init_value, result)
-    write: Stmt = BufferStore(store.buffer, fresh, indices)
+    is_identity = simplify_expr(eq(init_value, reducer_identity(combiner, dtype)))
+    fresh = result if is_true(is_identity) else combiner(cast(wide, init_value), result)
+    write: Stmt = BufferStore(store.buffer, cast(dtype, fresh), indices)
     if first_terms:
-        write = IfThenElse(all_of(first_terms), write, BufferStore(
-            store.buffer, combiner(BufferLoad(store.buffer, indices), result), indices))
+        write = IfThenElse(all_of(first_terms), write, BufferStore(store.buffer, cast(
+            dtype, combiner(cast(wide, BufferLoad(store.buffer, indices)), result)), indices))
     leader = [eq(lp.loop_var, lp.min) for lp in bound]
     write = IfThenElse(all_of(leader + write_terms), write)
     tags = tuple(_thread_tag(lp) or "" for lp in bound)

@@ -38,6 +38,21 @@ def test_max_reducer_and_its_identity():
     assert red.reducer.identity.value == float("-inf")
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16_bit_float_reductions_accumulate_in_float32(dtype):
+    """Each thread's partial sum, the threads' combination and the reducer are float32; the
+    store rounds once to the output's dtype."""
+    func = lower_cross_thread_reduction(gpu_row_reduce_func(8, 1000, dtype, threads=128))
+    (red,) = _nodes(func, ThreadAllreduce)
+    assert str(red.reducer.result.dtype) == "float32"
+    buffers = {n.buffer.name: str(n.buffer.dtype) for n in _nodes(func, tir.Allocate)}
+    assert buffers == {"out_acc": "float32", "out_red": "float32"}
+    (write,) = [n for n in _nodes(func, tir.BufferStore) if n.buffer.name == "out"]
+    assert str(write.value.dtype) == dtype and type(write.value).__name__ == "Cast"
+    func32 = lower_cross_thread_reduction(gpu_row_reduce_func(8, 1000, "int32", threads=128))
+    assert str(_nodes(func32, ThreadAllreduce)[0].reducer.result.dtype) == "int32"
+
+
 def test_serial_reduction_loops_above_accumulate_into_the_output():
     x = te.placeholder((4, 8, 64), "float32", name="x")
     a = te.reduce_axis((0, 8), name="a")

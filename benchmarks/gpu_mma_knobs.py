@@ -1,0 +1,157 @@
+"""The tensor-core schedules' knobs on a CUDA GPU: the 4096^3 float16 GEMM with the default
+schedule and with each configuration of :data:`GEMM_CONFIGS`, next to torch.matmul (cuBLAS),
+and float16 ResNet-18 at batch 32 with the default schedule and each of :data:`CONV_CONFIGS`,
+next to torch eager float16 (channels_last). Sized for about 5 minutes on an H100.
+
+    python benchmarks/gpu_mma_knobs.py                   # on the GPU: time everything
+    python benchmarks/gpu_mma_knobs.py --only gemm --repeat 50
+    python benchmarks/gpu_mma_knobs.py --nvrtc sm_90     # no GPU: ptxas resources per config
+
+Knobs are :mod:`kiln.schedule.knobs` values given to every kernel's schedule (``build_executable
+(..., knobs=...)``; a knob a schedule does not ask for is ignored). ``--nvrtc ARCH`` needs no
+GPU: it builds each GEMM configuration for ``ARCH``, compiles it with NVRTC and prints what
+ptxas reports (registers, shared memory, spills) and whether the PTX holds ``mma.sync``,
+``ldmatrix`` and ``cp.async`` -- the check to run before spending device time on a new knob.
+Add a knob to the lists below when a schedule grows one (``gpu_mma_ldmatrix``,
+``gpu_mma_cp_async``... are not implemented yet: see docs/internals.md, "Tensor cores").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+from gpu import fp16_case, gemm_case, model_case, rel_err, timed  # noqa: E402
+
+from kiln import graph as g  # noqa: E402
+from kiln import op  # noqa: E402
+from kiln.build import lower_graph  # noqa: E402
+from kiln.codegen.executable import build_executable  # noqa: E402
+from kiln.codegen.gpu.nvrtc import compile_cuda  # noqa: E402
+from kiln.target import Target  # noqa: E402
+
+#: (label, knobs) of the GEMM: the default first. On an H100 (benchmarks/gpu.py, linalg.py's
+#: MMA_TILES comment) 4 x 8 tiles with 64-deep steps measured 0.98 ms against 1.27-1.53 ms.
+GEMM_CONFIGS: list[tuple[str, dict[str, Any]]] = [
+    ("default", {}),
+    ("tiles 4x8, bk 64", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64}),
+    ("tiles 4x8, bk 64, 1 stage", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
+                                   "gpu_mma_stages": 1}),
+    ("tiles 4x8, bk 32", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32}),
+    ("warps 4x2, tiles 4x4", {"gpu_mma_warps": (4, 2), "gpu_mma_tiles": (4, 4)}),
+    ("warps 2x4, tiles 4x4, bk 64", {"gpu_mma_warps": (2, 4), "gpu_mma_tiles": (4, 4),
+                                     "gpu_mma_bk": 64}),
+]
+#: (label, knobs) of float16 ResNet-18 at batch 32.
+CONV_CONFIGS: list[tuple[str, dict[str, Any]]] = [
+    ("default", {}),
+    ("taps inner (OIHW K order)", {"gpu_conv_mma_taps_outer": False}),
+]
+GEMM_N = 4096
+
+
+def gemm_module(n: int) -> Any:
+    """The ``n x n x n`` float16 matmul (``gpu.gemm_case``'s, without its CUDA inputs)."""
+    bb = g.BlockBuilder()
+    a = g.Var("a", g.TensorStructInfo((GEMM_N, GEMM_N), "float16"))
+    b = g.Var("b", g.TensorStructInfo((GEMM_N, GEMM_N), "float16"))
+    with bb.function("main"):
+        with bb.dataflow():
+            c = bb.emit_output(op.matmul(a, b))
+        bb.emit_func_output(c, params=[a, b])
+    return bb.get()
+
+
+def build(mod: Any, target: Target, knobs: dict[str, Any]) -> Any:
+    """``mod`` built with ``knobs`` for every kernel's schedule."""
+    return build_executable(lower_graph(mod, target), target, knobs=lambda f, t: knobs)
+
+
+def nvrtc_report(arch: str) -> None:
+    """Resources of each GEMM configuration's kernel, built for ``arch`` (no GPU)."""
+    target = Target("cuda", arch=arch)
+    mod = gemm_module(GEMM_N)
+    print(f"{'config':30} {'regs':>4} {'smem B':>6} {'spill':>5} {'mma':>4} {'ldmatrix':>8} "
+          f"{'cp.async':>8}")
+    for label, knobs in GEMM_CONFIGS:
+        exe = build(mod, target, knobs)
+        binary = compile_cuda(exe.module.program.source, arch)
+        for name, res in binary.resources().items():
+            ptx = binary.kernel_ptx()[name]
+            print(f"{label:30} {res.registers:4d} {res.shared_bytes:6d} "
+                  f"{res.spill_stores + res.spill_loads:5d} {ptx.count('mma.sync'):4d} "
+                  f"{ptx.count('ldmatrix'):8d} {ptx.count('cp.async'):8d}")
+
+
+def time_gemm(target: Target, repeat: int) -> None:
+    _, torch_fn, inputs = gemm_case(GEMM_N)
+    ref = torch_fn(*inputs)
+    cublas = timed(lambda: torch_fn(*inputs), repeat)
+    flops = 2 * GEMM_N ** 3
+    print(f"GEMM {GEMM_N}^3 float16: cuBLAS {cublas * 1e3:.3f} ms "
+          f"({flops / cublas / 1e12:.0f} TFLOP/s)")
+    print(f"{'config':30} {'ms':>8} {'TFLOP/s':>8} {'% cuBLAS':>8} {'err':>8} {'build s':>7}")
+    for label, knobs in GEMM_CONFIGS:
+        t0 = time.perf_counter()
+        exe = build(gemm_module(GEMM_N), target, knobs)
+        build_s = time.perf_counter() - t0
+        with torch.no_grad():
+            err = rel_err(exe(*inputs), ref)
+            t = timed(lambda e=exe: e(*inputs), repeat)
+        print(f"{label:30} {t * 1e3:8.3f} {flops / t / 1e12:8.1f} {100 * cublas / t:8.1f} "
+              f"{err:8.1e} {build_s:7.1f}", flush=True)
+
+
+def time_resnet(target: Target, repeat: int) -> None:
+    mod, params, module, inputs = model_case("resnet18", 32)
+    mod16, module16, inputs16 = fp16_case(mod, params, module, inputs)
+    with torch.no_grad():
+        ref = module(*inputs)
+        eager = timed(lambda: module16(*inputs16), repeat)
+    print(f"ResNet-18 float16 batch 32: torch eager (channels_last) {eager * 1e3:.3f} ms")
+    print(f"{'config':30} {'ms':>8} {'/ eager':>8} {'err':>8} {'build s':>7}")
+    for label, knobs in CONV_CONFIGS:
+        t0 = time.perf_counter()
+        exe = build(mod16, target, knobs)
+        build_s = time.perf_counter() - t0
+        with torch.no_grad():
+            err = rel_err(exe(*inputs), ref)
+            t = timed(lambda e=exe: e(*inputs), repeat)
+        print(f"{label:30} {t * 1e3:8.3f} {t / eager:8.2f} {err:8.1e} {build_s:7.1f}",
+              flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", choices=("gemm", "resnet"), default=None)
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--arch", default=None, help="sm_80, sm_90 (default: the device's)")
+    ap.add_argument("--nvrtc", metavar="ARCH", default=None,
+                    help="no GPU: print each GEMM configuration's ptxas resources for ARCH")
+    args = ap.parse_args()
+    warnings.simplefilter("ignore")
+    if args.nvrtc:
+        nvrtc_report(args.nvrtc)
+        return
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU (or --nvrtc ARCH for the resources only)")
+    major, minor = torch.cuda.get_device_capability()
+    target = Target("cuda", arch=args.arch or f"sm_{major}{minor}")
+    print(f"{torch.cuda.get_device_name()} ({target.arch}), "
+          f"torch {torch.__version__}, repeat {args.repeat}")
+    if args.only in (None, "gemm"):
+        time_gemm(target, args.repeat)
+    if args.only in (None, "resnet"):
+        time_resnet(target, args.repeat)
+
+
+if __name__ == "__main__":
+    main()
