@@ -146,6 +146,15 @@ class KernelInfo:
         top = max(self.compute, self.traffic)
         return (self.compute + self.traffic) / top if top else 1.0
 
+    def achievable_gain(self, moved: float) -> float:
+        """What overlapping the compute side with the DRAM traffic the kernel really moves
+        gains: ``moved`` cycles of the channel (the bytes a simulation of the kernel put on
+        it, over the bandwidth: every reload of a tile, whole bursts) instead of the
+        roofline's minimum traffic, so the honest ceiling of double buffering's speed-up
+        for the tiling chosen. 1.0 when the compute side is not computed."""
+        top = max(self.compute, moved)
+        return (self.compute + moved) / top if self.compute and top else 1.0
+
 
 @dataclass
 class KernelBuilder:

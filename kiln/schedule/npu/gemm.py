@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+import numpy as np
+
 from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, UNIT_TENSOR
 from ...npu.simulator import stream_cycles
 from ...target.npu.config import DRAM, NPUConfig
@@ -270,10 +272,9 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     # tiles of one K step whose pipeline stalls on its stores (edge, Q @ K^T: 86637 ->
     # 92494 cycles), which the model does not see.
     a_fixed, b_fixed = _fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
-    a_runs = shape.batch * nm * nk if shape.stage_stride and nbuf % nk == 0 and \
-        nn >= cfg.cores else core_steps
-    a_loads = min(core_steps, nk if a_fixed else a_runs)
-    b_loads = min(core_steps, nk) if b_fixed else core_steps
+    a_held, b_held = _held_loads(cfg, shape, nm, nn, nk, nbuf)
+    a_loads = min(core_steps, nk) if a_fixed else a_held
+    b_loads = min(core_steps, nk) if b_fixed else b_held
     scale = steps / core_steps  # the cores' loads over the busiest one's
     split = _split_axis(cfg, shape, mu, nt, nm, nn, nk, nbuf) if balance else ""
     if split:
@@ -317,6 +318,41 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     if nbuf >= 2:
         return max(tensor + load1, dma_in + step, traffic / dram.bandwidth) + fill
     return tensor + dma_in + fill + core_steps * dram.latency
+
+
+def _held_loads(cfg: NPUConfig, shape: GemmShape, nm: int, nn: int, nk: int, nbuf: int
+                ) -> tuple[int, int]:
+    """Loads of A tiles and of B tiles on the busiest core (core 0) when a tile one of its
+    ``nbuf`` slots holds is not loaded again (:func:`_core_steps`: the slots are a
+    least-recently-used cache of the core's tiles). Counted on the runs of equal tiles of
+    the core's step sequence: a run's tile is held iff it is among the ``nbuf - 1`` other
+    tiles last read (for three slots: the runs two and three back, or four back past an
+    A-B-A). With more K steps per tile than slots no tile returns while still held."""
+    tiles = shape.batch * nm * nn
+    steps = math.ceil(tiles / cfg.cores) * nk
+    if nk > nbuf:
+        return steps, steps
+    j = np.arange(0, tiles, cfg.cores, dtype=np.int64)
+    k = np.tile(np.arange(nk, dtype=np.int64), j.size)
+    j = np.repeat(j, nk)
+    b = j // (nm * nn)
+    a_key = ((0 if shape.a_shared else 1) * b * nm + (j // nn) % nm) * nk + k
+    b_key = ((0 if shape.b_shared else 1) * b * nn + j % nn) * nk + k
+    return _lru_misses(a_key, nbuf), _lru_misses(b_key, nbuf)
+
+
+def _lru_misses(keys: np.ndarray, nbuf: int) -> int:
+    """Loads of a least-recently-used cache of ``nbuf`` (1-3) entries over ``keys``."""
+    if keys.size == 0:
+        return 0
+    runs = keys[np.concatenate(([0], np.flatnonzero(np.diff(keys)) + 1))]
+    hit = np.zeros(runs.size, dtype=bool)
+    if nbuf >= 2:
+        hit[2:] |= runs[2:] == runs[:-2]
+    if nbuf >= 3:
+        hit[3:] |= runs[3:] == runs[:-3]
+        hit[4:] |= (runs[1:-3] == runs[3:-1]) & (runs[4:] == runs[:-4])
+    return int(runs.size - hit.sum())
 
 
 def _fixed_tiles(cfg: NPUConfig, shape: GemmShape, nm: int, nn: int, nk: int, nbuf: int
@@ -548,26 +584,54 @@ class _Step:
 
 def _core_steps(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling,
                 tiles: list[tuple[int, int, int, int, int]], nbuf: int) -> list[list[_Step]]:
-    """Each core's steps in order (tiles round-robin, the K steps of each in turn; step ``i``
-    of a core takes slot ``i % nbuf``, or a tile fixed on the core one slot per K step)."""
+    """Each core's steps in order (tiles round-robin, the K steps of each in turn). A tile
+    fixed on the core takes one slot per K step. Any other operand tile that one of the
+    core's ``nbuf`` slots already holds is read from there and not loaded again; a new one
+    goes to the least recently read slot (:class:`_Slots`), which no step still running reads.
+    Step ``i`` may overwrite a slot once step ``i - nbuf`` is done (the pipeline's tokens
+    order that), and the steps in between read at most ``nbuf - 1`` slots of each operand."""
     ku = tiling.k_units
     nm, nn, nk = (math.ceil(shape.m_units / tiling.m_units), math.ceil(shape.n / tiling.n),
                   math.ceil(shape.k_units / ku))
     a_fixed, b_fixed = _fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
-    held_a: list[list[tuple[int, ...] | None]] = [[None] * nbuf for _ in range(cfg.cores)]
-    held_b: list[list[tuple[int, ...] | None]] = [[None] * nbuf for _ in range(cfg.cores)]
+    slots_a = [_Slots(nbuf) for _ in range(cfg.cores)]
+    slots_b = [_Slots(nbuf) for _ in range(cfg.cores)]
     out: list[list[_Step]] = [[] for _ in range(cfg.cores)]
     for j, (b, m0, mus, n0, nts) in enumerate(tiles):
         core = j % cfg.cores
         for step, k0 in enumerate(range(0, shape.k_units, ku)):
-            slot = len(out[core]) % nbuf
-            a_slot, b_slot = (step if a_fixed else slot), (step if b_fixed else slot)
+            i = len(out[core])
             a_key = (0 if shape.a_shared else b, m0, mus, k0)
             b_key = (0 if shape.b_shared else b, k0, n0, nts)
-            new_a, new_b = held_a[core][a_slot] != a_key, held_b[core][b_slot] != b_key
-            held_a[core][a_slot], held_b[core][b_slot] = a_key, b_key
+            a_slot, new_a = slots_a[core].take(a_key, i, step if a_fixed else None)
+            b_slot, new_b = slots_b[core].take(b_key, i, step if b_fixed else None)
             out[core].append(_Step(j, k0, a_slot, b_slot, new_a, new_b))
     return out
+
+
+class _Slots:
+    """One core's ``nbuf`` L0 slots of one operand: which tile each holds, the step that
+    last read it."""
+
+    def __init__(self, nbuf: int):
+        self.nbuf = nbuf
+        self.held: list[tuple[int, ...] | None] = [None] * nbuf
+        self.used = [-nbuf - 1] * nbuf
+
+    def take(self, key: tuple[int, ...], i: int, fixed: int | None) -> tuple[int, bool]:
+        """The slot step ``i`` reads ``key`` from and whether it loads it there (``fixed``:
+        the tile's own slot, for a tile held in one copy per K step)."""
+        if fixed is not None:
+            slot = fixed
+        elif key in self.held:
+            slot = self.held.index(key)
+        else:
+            slot = min(range(self.nbuf), key=lambda s: self.used[s])
+            # the steps since i - nbuf read at most nbuf - 1 slots: this one is free
+            assert self.used[slot] <= i - self.nbuf, (self.used, i)
+        new = self.held[slot] != key
+        self.held[slot], self.used[slot] = key, i
+        return slot, new
 
 
 def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: LoadA,
