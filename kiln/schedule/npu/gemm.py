@@ -396,6 +396,14 @@ def _split_axis(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, nm: int, nn:
     return "n" if can_n else ""
 
 
+def _core_tiles(tiles: int, cores: int, balance: bool) -> int:
+    """Output tiles of the busiest core: a round-robin share, or with ``balance`` the full
+    rounds' share plus one piece of each leftover tile (:func:`output_tiles`)."""
+    if balance and tiles % cores:
+        return tiles // cores + tiles % cores
+    return -(-tiles // cores)
+
+
 def _split_sizes(extent: int, parts: int, quantum: int) -> list[int]:
     """``extent`` cut into at most ``parts`` sizes, multiples of ``quantum`` but the last,
     as equal as that allows (largest first)."""
@@ -462,13 +470,20 @@ def feasible_tilings(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = T
             for nt in _candidates(shape.n, tn):
                 a_copies, b_copies = _copies(cfg, shape, mu, nt, ku, nbuf) if hold \
                     else (nbuf, nbuf)
+                # a core's output tiles rotate through nbuf accumulator slots (emit_gemm:
+                # Pipeline.out_slot): a core with one tile uses one, so a tile too large for
+                # two fits (default, 1 core: ResNet-18's 3x3/s2 of stage 3, N256 whole)
                 if a_copies * mt * kt * isz > sizes["input"] or nt > max_ext or \
                         b_copies * kt * nt * isz > sizes["weight"] or \
-                        nbuf * mt * acc_row_stride(cfg, shape, nt) * asz > sizes["acc"]:
+                        (1 if hold else nbuf) * mt * acc_row_stride(cfg, shape, nt) * asz > \
+                        sizes["acc"]:
                     continue
-                leftover = shape.batch * math.ceil(shape.m_units / mu) * \
-                    math.ceil(shape.n / nt) % cfg.cores
+                tiles = shape.batch * math.ceil(shape.m_units / mu) * math.ceil(shape.n / nt)
+                leftover = tiles % cfg.cores
                 for balance in (False, True) if hold and leftover else (False,):
+                    if hold and min(nbuf, _core_tiles(tiles, cfg.cores, balance)) * mt * \
+                            acc_row_stride(cfg, shape, nt) * asz > sizes["acc"]:
+                        continue
                     cost = gemm_cost(cfg, shape, mu, nt, ku, nbuf, balance=balance)
                     found.append(GemmTiling(mu, nt, ku, cost, balance))
     return sorted(found, key=lambda t: t.estimate)
@@ -535,13 +550,24 @@ StageA = Callable[[int, int, int, int, int, int, int], None]
 StoreC = Callable[[int, int, int, int, int, int, int], None]
 
 
-def _tail_pieces(cfg: NPUConfig, shape: GemmShape, m_units: int) -> list[int]:
-    """Sizes (M units) of the pieces the last output tile of a core is multiplied (at its last
-    K step) and stored in: the store of each piece overlaps the product of the next, so the
-    kernel's tail is one piece's store instead of the whole tile's. Up to 4 pieces, each
-    whole rows of the tensor unit (a piece of fewer rows would cost a whole pass of it)."""
+def _tail_pieces(cfg: NPUConfig, shape: GemmShape, m_units: int, n: int
+                 ) -> list[tuple[int, int, int, int]]:
+    """``(m0, m_units, n0, n)`` (offsets in the tile) of the pieces the last output tile of a
+    core is multiplied (at its last K step) and stored in: the store of each piece overlaps
+    the product of the next, so the kernel's tail is one piece's store instead of the whole
+    tile's. Up to 4 pieces, each whole rows (columns) of the tensor unit (a piece of fewer
+    would cost a whole pass of it). A convolution's tile (``acc_padded``: stored channel by
+    channel, NCHW) is cut along N where it is wide enough, so every piece stores whole
+    channel runs of the tile's rows: pieces of M cut each run into short ones, whose whole
+    bursts moved 25% more bytes in the tail (default, one core, ResNet-18's 3x3/s2 of stage
+    3: 14 x 14 planes of 784 bytes stored as 4 runs of 224)."""
+    tn = cfg.tensor_shape[2]
+    if shape.acc_padded and n >= 2 * tn:
+        cols = _split_sizes(n, min(8, n // tn), tn)
+        return [(0, m_units, sum(cols[:i]), c) for i, c in enumerate(cols)]
     quantum = -(-cfg.tensor_shape[0] // shape.m_unit)
-    return _split_sizes(m_units, max(1, min(4, m_units // quantum)), quantum)
+    rows = _split_sizes(m_units, max(1, min(4, m_units // quantum)), quantum)
+    return [(sum(rows[:i]), r, 0, n) for i, r in enumerate(rows)]
 
 
 def output_tiles(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int
@@ -679,8 +705,9 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
         core = j % cfg.cores
         p = pipes[core]
         c_ld = ldc if shape.acc_padded else nts
-        # the last tile's last product runs in pieces of M, each stored as soon as it is done
-        pieces = _tail_pieces(cfg, shape, mus) if last[core] == j else [mus]
+        # the last tile's last product runs in pieces, each stored as soon as it is done
+        pieces = _tail_pieces(cfg, shape, mus, nts) if last[core] == j else \
+            [(0, mus, 0, nts)]
         c_addr = 0
         for step, k0 in enumerate(range(0, shape.k_units, ku)):
             kus = min(ku, shape.k_units - k0)
@@ -716,25 +743,25 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
             p.compute_begin()
             if step == 0:
                 c_addr = p.out_slot() * c_bytes
-            r0 = 0
-            parts = pieces if k0 + ku >= shape.k_units else [mus]
-            for i, pu in enumerate(parts):
-                rows = r0 * shape.m_unit
+            parts = pieces if k0 + ku >= shape.k_units else [(0, mus, 0, nts)]
+            for i, (r0, pu, c0, pn) in enumerate(parts):
+                at = (r0 * shape.m_unit * c_ld + c0) * asz  # the piece in the acc tile
                 kb.emit(core, "mma.set" if step == 0 else "mma",
-                        shape=(1, pu * shape.m_unit, nts, kts),
-                        c=block("acc", c_addr + rows * c_ld * asz, acc, (0, c_ld, 1)),
-                        a=block("input", a_addr + rows * kts * isz, shape.dtype, (0, kts, 1)),
-                        b=block("weight", b_addr, shape.dtype, (nts, 1, 0)))
+                        shape=(1, pu * shape.m_unit, pn, kts),
+                        c=block("acc", c_addr + at, acc, (0, c_ld, 1)),
+                        a=block("input", a_addr + r0 * shape.m_unit * kts * isz, shape.dtype,
+                                (0, kts, 1)),
+                        b=block("weight", b_addr + c0 * isz, shape.dtype, (nts, 1, 0)))
                 if i < len(parts) - 1:  # an early piece: its own token to DMA-out
                     kb.push(core, UNIT_TENSOR, UNIT_DMA_OUT)
                     kb.pop(core, UNIT_TENSOR, UNIT_DMA_OUT)
-                    store_c(core, b, m0 + r0, pu, n0, nts, c_addr + rows * c_ld * asz)
-                r0 += pu
+                    store_c(core, b, m0 + r0, pu, n0 + c0, pn, c_addr + at)
             p.computed()
         p.produced()
         p.store_begin()
-        rows = (mus - pieces[-1]) * shape.m_unit
-        store_c(core, b, m0 + mus - pieces[-1], pieces[-1], n0, nts, c_addr + rows * c_ld * asz)
+        r0, pu, c0, pn = pieces[-1]
+        store_c(core, b, m0 + r0, pu, n0 + c0, pn,
+                c_addr + (r0 * shape.m_unit * c_ld + c0) * asz)
         p.stored()
     for p in pipes:
         p.finish()
