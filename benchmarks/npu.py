@@ -16,8 +16,16 @@ utilization = bound / cycles, which side binds (``bound by``: ``DRAM`` -- a DMA-
 or the compute unit), and the cycles without double buffering with the speed-up (off / on)
 and what overlapping the roofline's two sides would give (``sides x``: (compute + DRAM
 cycles) / the larger -- for a plain GEMM the most double buffering can give: one far from
-balanced cannot gain 1.5x; a convolution's DMA queue also carries its on-chip gathers),
-summarized over the DMA-bound layers (the issue's target: >= 1.5x there).
+balanced cannot gain 1.5x; a convolution's DMA queue also carries its on-chip gathers), and
+``real x``: the same with the DRAM cycles the kernel really moved (the simulator's bytes on
+the bus in its phase: every reload of a tile, whole bursts) -- the honest ceiling for the
+tiling chosen. On a description of several cores, "off" still overlaps one core's loads
+with another's products on the shared channel (off / on stays below (C + T / cores) /
+max(C, T) <= 1.5 on two cores), so the model is also built for a one-core copy of the
+description with that core's share of the DRAM bandwidth (``one_core_share``; the same
+balance of compute and traffic per core, nothing else to overlap): ``1c dbuf x`` and
+``1c real x`` (``--no-one-core`` skips it). Summarized over the DMA-bound layers (the
+issue's target: >= 1.5x there), and over those whose ceiling is >= 1.6.
 Per model: total cycles (all kernels, vector ones included), the sum of the bounds,
 DRAM traffic, the simulation's wall time, the ops left on the CPU, and the DRAM footprint
 with liveness-based reuse against a range per tensor. Outputs are checked

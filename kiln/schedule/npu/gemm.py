@@ -33,9 +33,10 @@ from ..knobs import graph_knob
 from .emit import KernelBuilder, KernelInfo, Pipeline, block, itemsize
 
 __all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "acc_row_stride",
-           "emit_gemm", "feasible_tilings", "gemm_bounds", "gemm_cost", "gemm_kernel_info",
-           "gemm_roofline", "plan_gemm",
-           "prefetch_staging",
+           "acc_slots",
+           "core_step_slots", "emit_gemm", "feasible_tilings", "fixed_tiles", "gemm_bounds",
+           "gemm_cost", "gemm_kernel_info", "gemm_roofline", "held_loads", "plan_gemm",
+           "prefetch_staging", "tail_pieces",
            "tiling_domain", "tiling_knob_key", "tiling_value"]
 
 
@@ -258,21 +259,22 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
                   math.ceil(shape.k_units / ku))
     steps = shape.batch * nm * nn * nk
     core_steps = math.ceil(shape.batch * nm * nn / cfg.cores) * nk  # the busiest core's
-    tensor = core_steps * _tile_cycles(cfg, mt, nt, kt, cpt)
+    # the tensor unit's passes over the real extents (a dim's last tile is narrower: N196
+    # in tiles of 64 is 25 passes of 8, not 32), the busiest core's share of them
+    tm, tk, tn = cfg.tensor_shape
+    tensor = shape.batch * _passes(shape.m, mt, tm) * _passes(shape.n, nt, tn) * \
+        _passes(shape.k, kt, tk) * cpt * core_steps / steps
     dram = cfg.memory(DRAM)
-    # DRAM moves whole bursts of each row of a tile narrower than its matrix
-    a_bytes = shape.stage_dram_bytes(mu, ku, dram.burst) or \
-        _burst_bytes(cfg, mt, kt * isz, kt == shape.k)
-    b_bytes = _burst_bytes(cfg, kt, nt * isz, nt == shape.n)
+    # DRAM moves whole bursts of each row of a tile narrower than its matrix; a dim's last
+    # tile is narrower: the loads' mean bytes
+    fm, fn, fk = (shape.m_units / (nm * mu), shape.n / (nn * nt), shape.k_units / (nk * ku))
+    a_bytes = (shape.stage_dram_bytes(mu, ku, dram.burst) or
+               _burst_bytes(cfg, mt, kt * isz, kt == shape.k)) * fm * fk
+    b_bytes = _burst_bytes(cfg, kt, nt * isz, nt == shape.n) * fk * fn
     # a tile that a slot already holds is not loaded again (emit_gemm): a tile fixed on a
-    # core once per K step; with the K steps lining up with the slots, an A tile once per
-    # run of a core's tiles with that m (n is the innermost order, the cores deal it). That
-    # last count is a convolution's only (its staged rows and gathers: edge, the stride-2
-    # 1x1 of stage 3, 48.2 -> 67.0%); for a plain GEMM the lower estimate picked narrow
-    # tiles of one K step whose pipeline stalls on its stores (edge, Q @ K^T: 86637 ->
-    # 92494 cycles), which the model does not see.
-    a_fixed, b_fixed = _fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
-    a_held, b_held = _held_loads(cfg, shape, nm, nn, nk, nbuf)
+    # core once per K step; another while one of the core's slots holds it (held_loads)
+    a_fixed, b_fixed = fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
+    a_held, b_held = held_loads(cfg, shape, nm, nn, nk, nbuf)
     a_loads = min(core_steps, nk) if a_fixed else a_held
     b_loads = min(core_steps, nk) if b_fixed else b_held
     scale = steps / core_steps  # the cores' loads over the busiest one's
@@ -320,14 +322,13 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     return tensor + dma_in + fill + core_steps * dram.latency
 
 
-def _held_loads(cfg: NPUConfig, shape: GemmShape, nm: int, nn: int, nk: int, nbuf: int
+def held_loads(cfg: NPUConfig, shape: GemmShape, nm: int, nn: int, nk: int, nbuf: int
                 ) -> tuple[int, int]:
     """Loads of A tiles and of B tiles on the busiest core (core 0) when a tile one of its
-    ``nbuf`` slots holds is not loaded again (:func:`_core_steps`: the slots are a
+    ``nbuf`` slots holds is not loaded again (:func:`core_step_slots`: the slots are a
     least-recently-used cache of the core's tiles). Counted on the runs of equal tiles of
-    the core's step sequence: a run's tile is held iff it is among the ``nbuf - 1`` other
-    tiles last read (for three slots: the runs two and three back, or four back past an
-    A-B-A). With more K steps per tile than slots no tile returns while still held."""
+    the core's step sequence (:func:`_lru_misses`). With more K steps per tile than slots no
+    tile returns while still held."""
     tiles = shape.batch * nm * nn
     steps = math.ceil(tiles / cfg.cores) * nk
     if nk > nbuf:
@@ -342,20 +343,32 @@ def _held_loads(cfg: NPUConfig, shape: GemmShape, nm: int, nn: int, nk: int, nbu
 
 
 def _lru_misses(keys: np.ndarray, nbuf: int) -> int:
-    """Loads of a least-recently-used cache of ``nbuf`` (1-3) entries over ``keys``."""
+    """Loads of a least-recently-used cache of ``nbuf`` entries over ``keys``: on the runs of
+    equal keys, a run's key is held iff it is among the ``nbuf - 1`` distinct keys read
+    before the previous run's (with two entries: the run two back -- vectorized; with more,
+    walked run by run)."""
     if keys.size == 0:
         return 0
     runs = keys[np.concatenate(([0], np.flatnonzero(np.diff(keys)) + 1))]
-    hit = np.zeros(runs.size, dtype=bool)
-    if nbuf >= 2:
-        hit[2:] |= runs[2:] == runs[:-2]
-    if nbuf >= 3:
-        hit[3:] |= runs[3:] == runs[:-3]
-        hit[4:] |= (runs[1:-3] == runs[3:-1]) & (runs[4:] == runs[:-4])
-    return int(runs.size - hit.sum())
+    if nbuf <= 2:
+        hit = np.zeros(runs.size, dtype=bool)
+        if nbuf == 2:
+            hit[2:] = runs[2:] == runs[:-2]
+        return int(runs.size - hit.sum())
+    recent: list[int] = []  # most recent last
+    misses = 0
+    for key in runs.tolist():
+        if key in recent:
+            recent.remove(key)
+        else:
+            misses += 1
+            if len(recent) == nbuf:
+                recent.pop(0)
+        recent.append(key)
+    return misses
 
 
-def _fixed_tiles(cfg: NPUConfig, shape: GemmShape, nm: int, nn: int, nk: int, nbuf: int
+def fixed_tiles(cfg: NPUConfig, shape: GemmShape, nm: int, nn: int, nk: int, nbuf: int
                  ) -> tuple[bool, bool]:
     """Whether each slot of a core always holds the same A tile, and the same B tile:
     :func:`emit_gemm` deals the output tiles ``(batch, m, n)`` round-robin to the cores, runs
@@ -383,7 +396,7 @@ def _split_axis(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, nm: int, nn:
     if cores == 1 or (shape.batch * nm * nn) % cores == 0:
         return ""
     tn = cfg.tensor_shape[2]
-    a_fixed, b_fixed = _fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
+    a_fixed, b_fixed = fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
     # the leftover tiles are the last ones: the last m index, the last n indices
     last_mu = shape.m_units - (nm - 1) * mu
     last_nt = shape.n - (nn - 1) * nt
@@ -394,6 +407,21 @@ def _split_axis(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, nm: int, nn:
     if can_m and (b_fixed or not can_n):
         return "m"
     return "n" if can_n else ""
+
+
+def acc_slots(cfg: NPUConfig, nbuf: int, nk: int, c_bytes: int) -> int:
+    """Accumulator slots :func:`emit_gemm` rotates a core's output tiles through: ``nbuf``,
+    or with double buffering and one K step per tile ``nbuf + 1`` where they fit (a tile's
+    store then has two steps, not one, before its slot is taken again)."""
+    if nbuf >= 2 and nk == 1 and (nbuf + 1) * c_bytes <= cfg.memory("acc").size:
+        return nbuf + 1
+    return nbuf
+
+
+def _passes(extent: int, tile: int, quantum: int) -> int:
+    """Passes of the tensor unit (``quantum`` wide) over ``extent`` in tiles of ``tile``."""
+    full, rest = divmod(extent, tile)
+    return full * -(-tile // quantum) + -(-rest // quantum)
 
 
 def _core_tiles(tiles: int, cores: int, balance: bool) -> int:
@@ -426,7 +454,7 @@ def _copies(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf: i
     fixed on a core one copy per K step (never reloaded, so never double-buffered)."""
     nm, nn, nk = (math.ceil(shape.m_units / mu), math.ceil(shape.n / nt),
                   math.ceil(shape.k_units / ku))
-    a_fixed, b_fixed = _fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
+    a_fixed, b_fixed = fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
     return (nk if a_fixed else nbuf), (nk if b_fixed else nbuf)
 
 
@@ -550,7 +578,7 @@ StageA = Callable[[int, int, int, int, int, int, int], None]
 StoreC = Callable[[int, int, int, int, int, int, int], None]
 
 
-def _tail_pieces(cfg: NPUConfig, shape: GemmShape, m_units: int, n: int
+def tail_pieces(cfg: NPUConfig, shape: GemmShape, m_units: int, n: int
                  ) -> list[tuple[int, int, int, int]]:
     """``(m0, m_units, n0, n)`` (offsets in the tile) of the pieces the last output tile of a
     core is multiplied (at its last K step) and stored in: the store of each piece overlaps
@@ -608,7 +636,7 @@ class _Step:
     load_b: bool
 
 
-def _core_steps(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling,
+def core_step_slots(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling,
                 tiles: list[tuple[int, int, int, int, int]], nbuf: int) -> list[list[_Step]]:
     """Each core's steps in order (tiles round-robin, the K steps of each in turn). A tile
     fixed on the core takes one slot per K step. Any other operand tile that one of the
@@ -619,7 +647,7 @@ def _core_steps(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling,
     ku = tiling.k_units
     nm, nn, nk = (math.ceil(shape.m_units / tiling.m_units), math.ceil(shape.n / tiling.n),
                   math.ceil(shape.k_units / ku))
-    a_fixed, b_fixed = _fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
+    a_fixed, b_fixed = fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
     slots_a = [_Slots(nbuf) for _ in range(cfg.cores)]
     slots_b = [_Slots(nbuf) for _ in range(cfg.cores)]
     out: list[list[_Step]] = [[] for _ in range(cfg.cores)]
@@ -683,10 +711,15 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     nm, nn, nk = (math.ceil(shape.m_units / mu), math.ceil(shape.n / nt),
                   math.ceil(shape.k_units / ku))
     # a tile fixed on a core has one copy per K step, loaded once; others rotate the slots
-    a_fixed, b_fixed = _fixed_tiles(cfg, shape, nm, nn, nk, kb.nbuf)
-    pipes = [Pipeline(kb, c, UNIT_TENSOR) for c in range(cfg.cores)]
+    a_fixed, b_fixed = fixed_tiles(cfg, shape, nm, nn, nk, kb.nbuf)
+    # with one K step per tile, a tile's store has one step to finish before its
+    # accumulator slot takes the tile after next: a third slot, where it fits, gives it two
+    # (edge, attention's P @ V in tiles of M32 x N32: the tensor unit waited on every other
+    # store: 75214 -> 69191 cycles; M32 x N64: 65038 -> 63989)
+    nout = acc_slots(cfg, kb.nbuf, nk, c_bytes)
+    pipes = [Pipeline(kb, c, UNIT_TENSOR, nout) for c in range(cfg.cores)]
     tiles = output_tiles(cfg, shape, tiling, kb.nbuf)
-    steps = _core_steps(cfg, shape, tiling, tiles, kb.nbuf)
+    steps = core_step_slots(cfg, shape, tiling, tiles, kb.nbuf)
     pos = [0] * cfg.cores  # each core's next step
     prefetched = [False] * cfg.cores  # the core's next A tile is staged already
     # (one slot: the next rows would overwrite the rows this step gathers from)
@@ -706,7 +739,7 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
         p = pipes[core]
         c_ld = ldc if shape.acc_padded else nts
         # the last tile's last product runs in pieces, each stored as soon as it is done
-        pieces = _tail_pieces(cfg, shape, mus, nts) if last[core] == j else \
+        pieces = tail_pieces(cfg, shape, mus, nts) if last[core] == j else \
             [(0, mus, 0, nts)]
         c_addr = 0
         for step, k0 in enumerate(range(0, shape.k_units, ku)):
