@@ -265,12 +265,13 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     tensor = shape.batch * _passes(shape.m, mt, tm) * _passes(shape.n, nt, tn) * \
         _passes(shape.k, kt, tk) * cpt * core_steps / steps
     dram = cfg.memory(DRAM)
-    # DRAM moves whole bursts of each row of a tile narrower than its matrix; a dim's last
-    # tile is narrower: the loads' mean bytes
-    fm, fn, fk = (shape.m_units / (nm * mu), shape.n / (nn * nt), shape.k_units / (nk * ku))
-    a_bytes = (shape.stage_dram_bytes(mu, ku, dram.burst) or
-               _burst_bytes(cfg, mt, kt * isz, kt == shape.k)) * fm * fk
-    b_bytes = _burst_bytes(cfg, kt, nt * isz, nt == shape.n) * fk * fn
+    # DRAM moves whole bursts of each row of a tile narrower than its matrix (every load
+    # counted as a whole tile: scaling the last tiles' loads down to their real extents
+    # ranked narrow tiles of one K step over one tile of several on the default description,
+    # MobileNetV2's 1x1 384 -> 64: 4981 -> 5321 cycles)
+    a_bytes = shape.stage_dram_bytes(mu, ku, dram.burst) or \
+        _burst_bytes(cfg, mt, kt * isz, kt == shape.k)
+    b_bytes = _burst_bytes(cfg, kt, nt * isz, nt == shape.n)
     # a tile that a slot already holds is not loaded again (emit_gemm): a tile fixed on a
     # core once per K step; another while one of the core's slots holds it (held_loads)
     a_fixed, b_fixed = fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
@@ -409,11 +410,18 @@ def _split_axis(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, nm: int, nn:
     return "n" if can_n else ""
 
 
-def acc_slots(cfg: NPUConfig, nbuf: int, nk: int, c_bytes: int) -> int:
+def acc_slots(cfg: NPUConfig, shape: GemmShape, nbuf: int, nk: int, c_bytes: int,
+              streamed: int) -> int:
     """Accumulator slots :func:`emit_gemm` rotates a core's output tiles through: ``nbuf``,
-    or with double buffering and one K step per tile ``nbuf + 1`` where they fit (a tile's
-    store then has two steps, not one, before its slot is taken again)."""
-    if nbuf >= 2 and nk == 1 and (nbuf + 1) * c_bytes <= cfg.memory("acc").size:
+    or ``nbuf + 1`` where they fit for a plain GEMM with double buffering, one K step per
+    tile and ``streamed`` bytes of loads a step (the tiles not fixed on the core) at least
+    the tile's ``c_bytes``: its store, queued behind a step's loads on the channel (first
+    come, first served), then has two steps, not one, before its slot is taken again. Not
+    where the stores dominate (edge, MobileNetV2's 1x1 64 -> 384: 27091 -> 27207 cycles
+    with a third slot) nor for a convolution, whose staging and gathers keep the tensor
+    unit from running ahead (default, ResNet-18's 1x1/s2 of stage 2: 11697 -> 11771)."""
+    if nbuf >= 2 and nk == 1 and not shape.stage_stride and streamed >= c_bytes and \
+            (nbuf + 1) * c_bytes <= cfg.memory("acc").size:
         return nbuf + 1
     return nbuf
 
@@ -585,16 +593,17 @@ def tail_pieces(cfg: NPUConfig, shape: GemmShape, m_units: int, n: int
     the product of the next, so the kernel's tail is one piece's store instead of the whole
     tile's. Up to 4 pieces, each whole rows (columns) of the tensor unit (a piece of fewer
     would cost a whole pass of it). A convolution's tile (``acc_padded``: stored channel by
-    channel, NCHW) is cut along N where it is wide enough, so every piece stores whole
+    channel, NCHW) that would be cut along M is cut along N instead (up to 8 pieces) where it
+    is wide enough, so every piece stores whole
     channel runs of the tile's rows: pieces of M cut each run into short ones, whose whole
     bursts moved 25% more bytes in the tail (default, one core, ResNet-18's 3x3/s2 of stage
     3: 14 x 14 planes of 784 bytes stored as 4 runs of 224)."""
     tn = cfg.tensor_shape[2]
-    if shape.acc_padded and n >= 2 * tn:
-        cols = _split_sizes(n, min(8, n // tn), tn)
-        return [(0, m_units, sum(cols[:i]), c) for i, c in enumerate(cols)]
     quantum = -(-cfg.tensor_shape[0] // shape.m_unit)
     rows = _split_sizes(m_units, max(1, min(4, m_units // quantum)), quantum)
+    if shape.acc_padded and n >= 2 * tn and len(rows) > 1:
+        cols = _split_sizes(n, min(8, n // tn), tn)
+        return [(0, m_units, sum(cols[:i]), c) for i, c in enumerate(cols)]
     return [(sum(rows[:i]), r, 0, n) for i, r in enumerate(rows)]
 
 
@@ -716,7 +725,8 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     # accumulator slot takes the tile after next: a third slot, where it fits, gives it two
     # (edge, attention's P @ V in tiles of M32 x N32: the tensor unit waited on every other
     # store: 75214 -> 69191 cycles; M32 x N64: 65038 -> 63989)
-    nout = acc_slots(cfg, kb.nbuf, nk, c_bytes)
+    nout = acc_slots(cfg, shape, kb.nbuf, nk, c_bytes,
+                     (0 if a_fixed else in_bytes) + (0 if b_fixed else w_bytes))
     pipes = [Pipeline(kb, c, UNIT_TENSOR, nout) for c in range(cfg.cores)]
     tiles = output_tiles(cfg, shape, tiling, kb.nbuf)
     steps = core_step_slots(cfg, shape, tiling, tiles, kb.nbuf)
