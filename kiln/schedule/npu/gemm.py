@@ -413,14 +413,15 @@ def _split_axis(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, nm: int, nn:
 def acc_slots(cfg: NPUConfig, shape: GemmShape, nbuf: int, nk: int, c_bytes: int,
               streamed: int) -> int:
     """Accumulator slots :func:`emit_gemm` rotates a core's output tiles through: ``nbuf``,
-    or ``nbuf + 1`` where they fit for a plain GEMM with double buffering, one K step per
-    tile and ``streamed`` bytes of loads a step (the tiles not fixed on the core) at least
-    the tile's ``c_bytes``: its store, queued behind a step's loads on the channel (first
-    come, first served), then has two steps, not one, before its slot is taken again. Not
-    where the stores dominate (edge, MobileNetV2's 1x1 64 -> 384: 27091 -> 27207 cycles
-    with a third slot) nor for a convolution, whose staging and gathers keep the tensor
-    unit from running ahead (default, ResNet-18's 1x1/s2 of stage 2: 11697 -> 11771)."""
-    if nbuf >= 2 and nk == 1 and not shape.stage_stride and streamed >= c_bytes and \
+    or ``nbuf + 1`` where they fit with double buffering, one K step per tile and
+    ``streamed`` bytes of loads a step (the tiles not fixed on the core) at least the
+    tile's ``c_bytes``: its store, queued behind a step's loads (first come, first served),
+    then has two steps, not one, before its slot is taken again (edge, P @ V: 65038 ->
+    63989 cycles; default 1 core, ResNet-18's 3x3 of stage 1 in M112 x N32 tiles: 75119 ->
+    66609). Not where the stores dominate: more of them in flight only crowd the channel
+    (edge, MobileNetV2's 1x1 64 -> 384: 27091 -> 27207 cycles with a third slot; default,
+    ResNet-18's 1x1/s2 of stage 2: 11697 -> 11771)."""
+    if nbuf >= 2 and nk == 1 and streamed >= c_bytes and \
             (nbuf + 1) * c_bytes <= cfg.memory("acc").size:
         return nbuf + 1
     return nbuf
