@@ -145,6 +145,10 @@ class Report:
     phases: list[tuple[str, float, float]] = field(default_factory=list)
     events: list[tuple[int, str, str, float, float, str]] = field(default_factory=list)
     clock_mhz: int = 1000
+    #: per phase label: the bytes it moved on the DRAM bus (whole bursts) and each unit's busy
+    #: cycles -- what one kernel really moved and did, against its roofline's minimum traffic
+    phase_bytes: dict[str, int] = field(default_factory=dict)
+    phase_busy: dict[str, dict[tuple[int, str], float]] = field(default_factory=dict)
 
     @property
     def microseconds(self) -> float:
@@ -385,6 +389,8 @@ class Simulator:
         self._report = report
         phase_start, phase_label = 0.0, None
         labels = program.labels
+        # what the report counted when the current phase began: bus bytes, each unit's busy
+        mark = (0, {key: 0.0 for key in report.units})
         while True:
             best, best_t = None, math.inf
             pending = False
@@ -405,14 +411,28 @@ class Simulator:
                 label = labels.get(ins.args["id"], phase_label)
                 report.phases.append((label or f"phase{len(report.phases)}", phase_start,
                                       release))
+                mark = self._close_phase(report.phases[-1][0], mark)
                 phase_start = release
                 continue
             self._step(best, ins, best_t)
         end = max([u.done for u in units] + [u.busy for u in units] + [0.0])
         if end > phase_start:
             report.phases.append(("tail", phase_start, end))
+            self._close_phase("tail", mark)
         report.cycles = end
         return report
+
+    def _close_phase(self, label: str, mark: tuple[int, dict[tuple[int, str], float]]
+                     ) -> tuple[int, dict[tuple[int, str], float]]:
+        """Add what happened since ``mark`` to ``label``'s phase totals; the new mark."""
+        report = self._report
+        moved, busy = mark
+        report.phase_bytes[label] = report.phase_bytes.get(label, 0) + \
+            report.dram_burst_bytes - moved
+        per = report.phase_busy.setdefault(label, {})
+        for key, stats in report.units.items():
+            per[key] = per.get(key, 0.0) + stats.busy - busy[key]
+        return report.dram_burst_bytes, {key: s.busy for key, s in report.units.items()}
 
     def _deadlock_message(self) -> str:
         waits = []

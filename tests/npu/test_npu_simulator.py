@@ -363,3 +363,22 @@ def test_scalar_copy_moves_bytes_between_register_addresses():
     with pytest.raises(SimulationError, match="reaches bytes"):
         _run([Instr("s.li", dtype="int64", rd=1, value=1 << 16),
               Instr("s.copy", rd=1, dst=0, rs=1, src=-64, nbytes=128)], dram=data)
+
+
+def test_per_phase_totals_split_the_run():
+    """Report.phase_bytes / phase_busy split the run's DRAM bus bytes and each unit's busy
+    cycles over the kernels (phases between barriers), and a phase's bytes are what its
+    own DMAs moved in whole bursts -- what the benchmark's 'real x' is computed from."""
+    cfg = load_config("edge")
+    burst = cfg.memory("dram").burst
+    n = 100  # float32: 400 bytes, 13 bursts of 32 from an aligned address
+    stream = [*_load(IN, 0, "float32", n), Instr("barrier", id=1),
+              *_load(IN, 0, "float32", n), *_load(WT, 0, "float32", n),
+              Instr("barrier", id=2)]
+    rep = Simulator(cfg, Machine(cfg, 4096)).run(Program(cfg, [stream], {1: "one", 2: "two"}))
+    one = -(-n * 4 // burst) * burst
+    assert rep.phase_bytes == {"one": one, "two": 2 * one}
+    assert sum(rep.phase_bytes.values()) == rep.dram_burst_bytes
+    for key, stats in rep.units.items():
+        assert sum(p.get(key, 0.0) for p in rep.phase_busy.values()) == pytest.approx(stats.busy)
+    assert rep.phase_busy["two"][(0, "dma_in")] > rep.phase_busy["one"][(0, "dma_in")] > 0

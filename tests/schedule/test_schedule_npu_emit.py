@@ -3,6 +3,8 @@ below the kernel's loads), a GEMM whose operand tile stays the same on a core's 
 once per slot, the output tiles left over after a round per core are split evenly over the
 cores, and the last tile is stored in pieces as it is multiplied -- all with the same bits."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -16,6 +18,7 @@ from kiln.schedule.npu.emit import MEM_ID, block, itemsize, store_piece_bytes, s
 from kiln.schedule.npu.gemm import (
     GemmShape,
     GemmTiling,
+    feasible_tilings,
     gemm_bounds,
     gemm_cost,
     output_tiles,
@@ -67,10 +70,21 @@ def _loads_into(exe, mem):
     return n
 
 
+def _bytes_into(exe, mem):
+    n = 0
+    for step in exe.steps:
+        for stream in getattr(getattr(step, "program", None), "streams", []):
+            n += sum(int(np.prod(i.args["shape"])) * itemsize(i.args["dst"].dtype)
+                     for i in stream
+                     if i.op == "dma.load" and i.args["dst"].mem == MEM_ID[mem])
+    return n
+
+
 @pytest.mark.parametrize("hw", HW)
 def test_a_weight_tile_that_stays_is_loaded_once_per_slot(hw):
-    """dense with many rows and a small weight: every output tile multiplies the same B tile,
-    so each core's two slots load it once each instead of once per step."""
+    """dense with many rows and a small weight: the output tiles multiply the same one or two
+    B tiles, which each core's two slots keep, so every core loads the weight once instead
+    of once per step."""
     rng = np.random.default_rng(3)
     w = rng.standard_normal((24, 40)).astype("float32")
     x = rng.standard_normal((4000, 40)).astype("float32")
@@ -81,8 +95,9 @@ def test_a_weight_tile_that_stays_is_loaded_once_per_slot(hw):
     assert float(np.max(np.abs(got - ref)) / np.max(np.abs(ref))) <= 1e-2
     cfg = load_config(hw)
     gemm = [k for k in exe.kernels if k.op == "dense"][0]
-    assert "N24 x K40 of" in gemm.tiling  # one B tile
+    assert "x K40 of" in gemm.tiling  # one K step: the B tiles can stay
     assert _loads_into(exe, "weight") <= 2 * cfg.cores
+    assert _bytes_into(exe, "weight") <= cfg.cores * w.size * 2  # float16, once per core
     assert _loads_into(exe, "input") > 2 * cfg.cores  # A tiles still stream
 
 
@@ -186,8 +201,13 @@ def test_stores_are_not_split_below_the_kernels_loads():
     nbytes = [int(np.prod(i.args["shape"])) * itemsize(i.args["src"].dtype) for i in ins
               if i.op in ("dma.load", "dma.store") and i.args["src"].mem == MEM_ID["dram"]]
     stores = [int(np.prod(i.args["shape"])) * 4 for i in ins if i.op == "dma.store"]
-    assert len(stores) >= 24  # 24 output tiles
-    assert sum(s >= max(nbytes) for s in stores) >= 23
+    gemm = [k for k in exe.kernels if k.op == "matmul"][0]
+    mt, nt = (int(v) for v in re.match(r"tile M(\d+) x N(\d+)", gemm.tiling).groups())
+    tiles = 12 * -(-128 // mt) * -(-64 // nt)
+    assert len(stores) >= tiles
+    # every output tile but the kernel's last (stored in pieces as it is multiplied) is
+    # stored whole, or in pieces no smaller than the largest load
+    assert sum(s >= min(max(nbytes), mt * nt * 4) for s in stores) >= tiles - 1
 
 
 def test_a_held_operand_is_not_split(monkeypatch):
@@ -267,6 +287,7 @@ def test_staging_a_step_ahead_gives_the_same_bits(monkeypatch, hw, double_buffer
     w = rng.standard_normal((32, 16, 3, 3)).astype("float32")
     x = rng.standard_normal((1, 16, 20, 20)).astype("float32")
     mod = graph_module(lambda v: op.nn.conv2d(v, g.const(w), padding=(1, 1)), [x.shape])
+    _forced(monkeypatch, GemmTiling(4, 32, 8, 0))  # several steps a core
     outs, streams = [], []
     for on in (False, True):
         monkeypatch.setattr(npu_gemm, "prefetch_staging", lambda *a, on=on: on)
@@ -314,3 +335,115 @@ def test_kernel_info_says_which_side_of_the_roofline_binds(hw):
         assert k.dram_bound is dram_bound is (traffic > tensor)
         assert (k.roofline, k.compute, k.traffic) == (max(tensor, traffic), tensor, traffic)
         assert k.overlap_gain == pytest.approx((tensor + traffic) / max(tensor, traffic))
+
+
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("nbuf", [1, 2, 3])
+@pytest.mark.parametrize("shape,tiling", [
+    (GemmShape(12, 128, 1, 64, 128, 1, "float16", b_shared=False), GemmTiling(32, 64, 128, 0)),
+    (GemmShape(12, 128, 1, 128, 64, 1, "float16", b_shared=False), GemmTiling(16, 128, 64, 0)),
+    (GemmShape(1, 64, 1, 196, 384, 1, "float16", b_shared=False, a_shared=True),
+     GemmTiling(32, 16, 192, 0)),
+    (GemmShape(3, 40, 1, 48, 96, 1, "float16", a_shared=True, b_shared=False),
+     GemmTiling(8, 16, 32, 0)),
+    (GemmShape(1, 100, 1, 24, 40, 1, "float16"), GemmTiling(25, 12, 40, 0)),
+    (GemmShape(2, 9, 1, 70, 30, 1, "int8"), GemmTiling(3, 16, 10, 0)),
+])
+def test_the_cost_model_counts_the_loads_the_slots_save(hw, nbuf, shape, tiling):
+    """The slots of an operand are an LRU cache of the core's tiles (core_step_slots): a tile
+    one holds is not loaded again, a new one never lands in a slot a step that may still
+    run reads; gemm_cost's count (held_loads, on the busiest core) is what is emitted."""
+    cfg = load_config(hw)
+    # the tiles whole (gemm_cost counts a leftover tile's pieces on top of this count)
+    tiling = GemmTiling(tiling.m_units, tiling.n, tiling.k_units, 0, balance=False)
+    tiles = output_tiles(cfg, shape, tiling, nbuf)
+    steps = npu_gemm.core_step_slots(cfg, shape, tiling, tiles, nbuf)
+    nm, nn, nk = (-(-shape.m_units // tiling.m_units), -(-shape.n // tiling.n),
+                  -(-shape.k_units // tiling.k_units))
+    a_fixed, b_fixed = npu_gemm.fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
+    for st in steps:
+        for i, s in enumerate(st):  # no slot overwritten while the last nbuf-1 steps read it
+            before = st[max(0, i - nbuf + 1):i]
+            if s.load_a and not a_fixed:
+                assert all(p.a_slot != s.a_slot for p in before)
+            if s.load_b and not b_fixed:
+                assert all(p.b_slot != s.b_slot for p in before)
+    want = npu_gemm.held_loads(cfg, shape, nm, nn, nk, nbuf)
+    got = (sum(s.load_a for s in steps[0]), sum(s.load_b for s in steps[0]))
+    if not a_fixed:
+        assert got[0] == want[0]
+    if not b_fixed:
+        assert got[1] == want[1]
+
+
+def test_a_tile_two_consecutive_steps_use_is_loaded_once():
+    """edge, attention's P @ V (V: 128 x 64 per head): the two M tiles of a head read the
+    same V tile, which stays in its slot -- V moves once (it was loaded for each M tile,
+    alternating slots: 74501 -> 65038 cycles), the same bits."""
+    rng = np.random.default_rng(7)
+    p = rng.standard_normal((12, 128, 128)).astype("float32")
+    v = rng.standard_normal((12, 128, 64)).astype("float32")
+    mod = graph_module(lambda a, b: op.matmul(a, b), [p.shape, v.shape])
+    exe = build_npu(mod, kiln.Target("npu", hw="edge"))
+    got = exe(p, v)
+    ref = np.matmul(p.astype(np.float64), v.astype(np.float64))
+    assert float(np.max(np.abs(got - ref)) / np.max(np.abs(ref))) <= 1e-2
+    assert _bytes_into(exe, "weight") == v.size * 2  # float16, once
+    kernel = [k for k in exe.kernels if k.op == "matmul"][0]
+    moved = exe.last_reports[0].phase_bytes[kernel.label]
+    assert moved == (p.size * 2 + v.size * 2 + p.shape[0] * 128 * 64 * 4)  # the minimum
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_a_conv_tail_in_pieces_of_n_gives_the_same_bits(monkeypatch, hw):
+    """One output tile per core, wide enough: its last K step runs in pieces of N (whole
+    NCHW channel runs per store), each stored as it is done -- the same products in the
+    same order as without pieces, the same bits."""
+    rng = np.random.default_rng(12)
+    w = rng.standard_normal((64, 16, 3, 3)).astype("float32")
+    x = rng.standard_normal((1, 16, 8, 8)).astype("float32")
+    mod = graph_module(lambda v: op.nn.conv2d(v, g.const(w), padding=(1, 1)), [x.shape])
+    cfg = load_config(hw)
+    _forced(monkeypatch, GemmTiling(8 // cfg.cores, 64, 8, 0))  # one tile a core
+    outs, pieces = [], []
+    for split in (True, False):
+        if not split:
+            monkeypatch.setattr(npu_gemm, "tail_pieces",
+                                lambda cfg, shape, mus, nts: [(0, mus, 0, nts)])
+        exe = build_npu(mod, kiln.Target("npu", hw=hw))
+        outs.append(exe(x))  # the simulator checks every token and every access
+        pieces.append([tuple(i.args["shape"]) for i in _stream_ops(exe)
+                       if i.op in ("mma", "mma.set")])
+    assert np.array_equal(outs[0], outs[1])
+    assert float(np.max(np.abs(outs[0] - _conv_numpy(x, w, 1, 1))) /
+                 np.max(np.abs(_conv_numpy(x, w, 1, 1)))) <= 1e-2
+    tn = cfg.tensor_shape[2]
+    assert {s[2] for s in pieces[0][-min(8, 64 // tn):]} == {64 // min(8, 64 // tn)}
+    assert all(s[2] == 64 for s in pieces[1])
+
+
+def test_one_output_tile_per_core_takes_one_accumulator_slot(monkeypatch):
+    """edge (48 KB of accumulators): a 64 x 128 float32 tile (32 KB) fits once, not twice;
+    a core with that one tile is feasible and computes the product exactly as two tiles of
+    N64 do (the same K steps, the same bits)."""
+    cfg = load_config("edge")
+    shape = GemmShape(1, 64, 1, 128, 64, 1, "float16")
+    tilings = feasible_tilings(cfg, shape, 2)
+    assert any(t.m_units == 64 and t.n == 128 for t in tilings)
+    assert all(t.m_units * t.n * 4 * 2 <= cfg.memory("acc").size for t in tilings
+               if -(-64 // t.m_units) * -(-128 // t.n) > 1)
+    assert not any(t.m_units == 64 and t.n == 128 for t in feasible_tilings(cfg, shape, 2,
+                                                                               hold=False))
+    rng = np.random.default_rng(13)
+    w = rng.standard_normal((128, 64)).astype("float32")
+    x = rng.standard_normal((64, 64)).astype("float32")
+    mod = graph_module(lambda v: op.dense(v, g.const(w)), [x.shape])
+    outs = []
+    for nt in (128, 64):
+        _forced(monkeypatch, GemmTiling(64, nt, 64, 0))
+        exe = build_npu(mod, kiln.Target("npu", hw="edge"))
+        assert f"tile M64 x N{nt} x K64" in [k for k in exe.kernels if k.op == "dense"][0].tiling
+        outs.append(exe(x))
+    assert np.array_equal(outs[0], outs[1])
+    ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    assert float(np.max(np.abs(outs[0] - ref)) / np.max(np.abs(ref))) <= 1e-2

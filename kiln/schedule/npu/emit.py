@@ -146,6 +146,15 @@ class KernelInfo:
         top = max(self.compute, self.traffic)
         return (self.compute + self.traffic) / top if top else 1.0
 
+    def achievable_gain(self, moved: float) -> float:
+        """What overlapping the compute side with the DRAM traffic the kernel really moves
+        gains: ``moved`` cycles of the channel (the bytes a simulation of the kernel put on
+        it, over the bandwidth: every reload of a tile, whole bursts) instead of the
+        roofline's minimum traffic, so the honest ceiling of double buffering's speed-up
+        for the tiling chosen. 1.0 when the compute side is not computed."""
+        top = max(self.compute, moved)
+        return (self.compute + moved) / top if self.compute and top else 1.0
+
 
 @dataclass
 class KernelBuilder:
@@ -217,15 +226,19 @@ class KernelBuilder:
 class Pipeline:
     """The token protocol of one core's load -> compute -> store pipeline with ``nbuf`` slots.
 
-    Call order per step: ``load_slot()`` (DMA-in waits until the slot is free), the loads,
+    ``nout``: slots of the outputs (default ``nbuf``). Call order per step: ``load_slot()``
+    (DMA-in waits until the slot is free), the loads,
     ``loaded()``; ``compute_begin()``, for the first step of an output ``out_slot()``, the
     compute, ``computed()`` (frees the input slot); after an output's last step ``produced()``,
     ``store_begin()``, the stores, ``stored()``. ``finish()`` pops the tokens left so that the
     next kernel starts with empty queues.
     """
 
-    def __init__(self, kb: KernelBuilder, core: int, unit: int):
+    def __init__(self, kb: KernelBuilder, core: int, unit: int, nout: int = 0):
         self.kb, self.core, self.unit, self.nbuf = kb, core, unit, kb.nbuf
+        #: output slots: ``nbuf``, or more where the caller has room (an output tile's store
+        #: then has that many steps to finish before its slot is taken again)
+        self.nout = nout or kb.nbuf
         self.loads = 0
         self.outs = 0
 
@@ -242,9 +255,9 @@ class Pipeline:
         self.kb.pop(self.core, UNIT_DMA_IN, self.unit)
 
     def out_slot(self) -> int:
-        if self.outs >= self.nbuf:
+        if self.outs >= self.nout:
             self.kb.pop(self.core, UNIT_DMA_OUT, self.unit)
-        return self.outs % self.nbuf
+        return self.outs % self.nout
 
     def computed(self) -> None:
         self.kb.push(self.core, self.unit, UNIT_DMA_IN)
@@ -262,5 +275,5 @@ class Pipeline:
     def finish(self) -> None:
         for _ in range(min(self.loads, self.nbuf)):
             self.kb.pop(self.core, self.unit, UNIT_DMA_IN)
-        for _ in range(min(self.outs, self.nbuf)):
+        for _ in range(min(self.outs, self.nout)):
             self.kb.pop(self.core, UNIT_DMA_OUT, self.unit)

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+import numpy as np
+
 from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, UNIT_TENSOR
 from ...npu.simulator import stream_cycles
 from ...target.npu.config import DRAM, NPUConfig
@@ -31,9 +33,10 @@ from ..knobs import graph_knob
 from .emit import KernelBuilder, KernelInfo, Pipeline, block, itemsize
 
 __all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "acc_row_stride",
-           "emit_gemm", "feasible_tilings", "gemm_bounds", "gemm_cost", "gemm_kernel_info",
-           "gemm_roofline", "held_tiles", "plan_gemm", "tail_pieces",
-           "prefetch_staging",
+           "acc_slots",
+           "core_step_slots", "emit_gemm", "feasible_tilings", "fixed_tiles", "gemm_bounds",
+           "gemm_cost", "gemm_kernel_info", "gemm_roofline", "held_loads", "held_tiles",
+           "plan_gemm", "prefetch_staging", "tail_pieces", "SlotCache",
            "tiling_domain", "tiling_knob_key", "tiling_value"]
 
 
@@ -256,24 +259,25 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
                   math.ceil(shape.k_units / ku))
     steps = shape.batch * nm * nn * nk
     core_steps = math.ceil(shape.batch * nm * nn / cfg.cores) * nk  # the busiest core's
-    tensor = core_steps * _tile_cycles(cfg, mt, nt, kt, cpt)
+    # the tensor unit's passes over the real extents (a dim's last tile is narrower: N196
+    # in tiles of 64 is 25 passes of 8, not 32), the busiest core's share of them
+    tm, tk, tn = cfg.tensor_shape
+    tensor = shape.batch * _passes(shape.m, mt, tm) * _passes(shape.n, nt, tn) * \
+        _passes(shape.k, kt, tk) * cpt * core_steps / steps
     dram = cfg.memory(DRAM)
-    # DRAM moves whole bursts of each row of a tile narrower than its matrix
+    # DRAM moves whole bursts of each row of a tile narrower than its matrix (every load
+    # counted as a whole tile: scaling the last tiles' loads down to their real extents
+    # ranked narrow tiles of one K step over one tile of several on the default description,
+    # MobileNetV2's 1x1 384 -> 64: 4981 -> 5321 cycles)
     a_bytes = shape.stage_dram_bytes(mu, ku, dram.burst) or \
         _burst_bytes(cfg, mt, kt * isz, kt == shape.k)
     b_bytes = _burst_bytes(cfg, kt, nt * isz, nt == shape.n)
     # a tile that a slot already holds is not loaded again (emit_gemm): a tile fixed on a
-    # core once per K step; with the K steps lining up with the slots, an A tile once per
-    # run of a core's tiles with that m (n is the innermost order, the cores deal it). That
-    # last count is a convolution's only (its staged rows and gathers: edge, the stride-2
-    # 1x1 of stage 3, 48.2 -> 67.0%); for a plain GEMM the lower estimate picked narrow
-    # tiles of one K step whose pipeline stalls on its stores (edge, Q @ K^T: 86637 ->
-    # 92494 cycles), which the model does not see.
-    a_fixed, b_fixed = _fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
-    a_runs = shape.batch * nm * nk if shape.stage_stride and nbuf % nk == 0 and \
-        nn >= cfg.cores else core_steps
-    a_loads = min(core_steps, nk if a_fixed else a_runs)
-    b_loads = min(core_steps, nk) if b_fixed else core_steps
+    # core once per K step; another while one of the core's slots holds it (held_loads)
+    a_fixed, b_fixed = fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
+    a_held, b_held = held_loads(cfg, shape, nm, nn, nk, nbuf)
+    a_loads = min(core_steps, nk) if a_fixed else a_held
+    b_loads = min(core_steps, nk) if b_fixed else b_held
     scale = steps / core_steps  # the cores' loads over the busiest one's
     split = _split_axis(cfg, shape, mu, nt, nm, nn, nk, nbuf) if balance else ""
     if split:
@@ -319,7 +323,53 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     return tensor + dma_in + fill + core_steps * dram.latency
 
 
-def _fixed_tiles(cfg: NPUConfig, shape: GemmShape, nm: int, nn: int, nk: int, nbuf: int
+def held_loads(cfg: NPUConfig, shape: GemmShape, nm: int, nn: int, nk: int, nbuf: int
+                ) -> tuple[int, int]:
+    """Loads of A tiles and of B tiles on the busiest core (core 0) when a tile one of its
+    ``nbuf`` slots holds is not loaded again (:func:`core_step_slots`: the slots are a
+    least-recently-used cache of the core's tiles). Counted on the runs of equal tiles of
+    the core's step sequence (:func:`_lru_misses`). With more K steps per tile than slots no
+    tile returns while still held."""
+    tiles = shape.batch * nm * nn
+    steps = math.ceil(tiles / cfg.cores) * nk
+    if nk > nbuf:
+        return steps, steps
+    j = np.arange(0, tiles, cfg.cores, dtype=np.int64)
+    k = np.tile(np.arange(nk, dtype=np.int64), j.size)
+    j = np.repeat(j, nk)
+    b = j // (nm * nn)
+    a_key = ((0 if shape.a_shared else 1) * b * nm + (j // nn) % nm) * nk + k
+    b_key = ((0 if shape.b_shared else 1) * b * nn + j % nn) * nk + k
+    return _lru_misses(a_key, nbuf), _lru_misses(b_key, nbuf)
+
+
+def _lru_misses(keys: np.ndarray, nbuf: int) -> int:
+    """Loads of a least-recently-used cache of ``nbuf`` entries over ``keys``: on the runs of
+    equal keys, a run's key is held iff it is among the ``nbuf - 1`` distinct keys read
+    before the previous run's (with two entries: the run two back -- vectorized; with more,
+    walked run by run)."""
+    if keys.size == 0:
+        return 0
+    runs = keys[np.concatenate(([0], np.flatnonzero(np.diff(keys)) + 1))]
+    if nbuf <= 2:
+        hit = np.zeros(runs.size, dtype=bool)
+        if nbuf == 2:
+            hit[2:] = runs[2:] == runs[:-2]
+        return int(runs.size - hit.sum())
+    recent: list[int] = []  # most recent last
+    misses = 0
+    for key in runs.tolist():
+        if key in recent:
+            recent.remove(key)
+        else:
+            misses += 1
+            if len(recent) == nbuf:
+                recent.pop(0)
+        recent.append(key)
+    return misses
+
+
+def fixed_tiles(cfg: NPUConfig, shape: GemmShape, nm: int, nn: int, nk: int, nbuf: int
                  ) -> tuple[bool, bool]:
     """Whether each slot of a core always holds the same A tile, and the same B tile:
     :func:`emit_gemm` deals the output tiles ``(batch, m, n)`` round-robin to the cores, runs
@@ -347,7 +397,7 @@ def _split_axis(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, nm: int, nn:
     if cores == 1 or (shape.batch * nm * nn) % cores == 0:
         return ""
     tn = cfg.tensor_shape[2]
-    a_fixed, b_fixed = _fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
+    a_fixed, b_fixed = fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
     # the leftover tiles are the last ones: the last m index, the last n indices
     last_mu = shape.m_units - (nm - 1) * mu
     last_nt = shape.n - (nn - 1) * nt
@@ -358,6 +408,37 @@ def _split_axis(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, nm: int, nn:
     if can_m and (b_fixed or not can_n):
         return "m"
     return "n" if can_n else ""
+
+
+def acc_slots(cfg: NPUConfig, shape: GemmShape, nbuf: int, nk: int, c_bytes: int,
+              streamed: int) -> int:
+    """Accumulator slots :func:`emit_gemm` rotates a core's output tiles through: ``nbuf``,
+    or ``nbuf + 1`` where they fit with double buffering, one K step per tile and
+    ``streamed`` bytes of loads a step (the tiles not fixed on the core) at least the
+    tile's ``c_bytes``: its store, queued behind a step's loads (first come, first served),
+    then has two steps, not one, before its slot is taken again (edge, P @ V: 65038 ->
+    63989 cycles; default 1 core, ResNet-18's 3x3 of stage 1 in M112 x N32 tiles: 75119 ->
+    66609). Not where the stores dominate: more of them in flight only crowd the channel
+    (edge, MobileNetV2's 1x1 64 -> 384: 27091 -> 27207 cycles with a third slot; default,
+    ResNet-18's 1x1/s2 of stage 2: 11697 -> 11771)."""
+    if nbuf >= 2 and nk == 1 and streamed >= c_bytes and \
+            (nbuf + 1) * c_bytes <= cfg.memory("acc").size:
+        return nbuf + 1
+    return nbuf
+
+
+def _passes(extent: int, tile: int, quantum: int) -> int:
+    """Passes of the tensor unit (``quantum`` wide) over ``extent`` in tiles of ``tile``."""
+    full, rest = divmod(extent, tile)
+    return full * -(-tile // quantum) + -(-rest // quantum)
+
+
+def _core_tiles(tiles: int, cores: int, balance: bool) -> int:
+    """Output tiles of the busiest core: a round-robin share, or with ``balance`` the full
+    rounds' share plus one piece of each leftover tile (:func:`output_tiles`)."""
+    if balance and tiles % cores:
+        return tiles // cores + tiles % cores
+    return -(-tiles // cores)
 
 
 def _split_sizes(extent: int, parts: int, quantum: int) -> list[int]:
@@ -382,7 +463,7 @@ def _copies(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf: i
     fixed on a core one copy per K step (never reloaded, so never double-buffered)."""
     nm, nn, nk = (math.ceil(shape.m_units / mu), math.ceil(shape.n / nt),
                   math.ceil(shape.k_units / ku))
-    a_fixed, b_fixed = _fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
+    a_fixed, b_fixed = fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
     return (nk if a_fixed else nbuf), (nk if b_fixed else nbuf)
 
 
@@ -426,13 +507,20 @@ def feasible_tilings(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = T
             for nt in _candidates(shape.n, tn):
                 a_copies, b_copies = _copies(cfg, shape, mu, nt, ku, nbuf) if hold \
                     else (nbuf, nbuf)
+                # a core's output tiles rotate through nbuf accumulator slots (emit_gemm:
+                # Pipeline.out_slot): a core with one tile uses one, so a tile too large for
+                # two fits (default, 1 core: ResNet-18's 3x3/s2 of stage 3, N256 whole)
                 if a_copies * mt * kt * isz > sizes["input"] or nt > max_ext or \
                         b_copies * kt * nt * isz > sizes["weight"] or \
-                        nbuf * mt * acc_row_stride(cfg, shape, nt) * asz > sizes["acc"]:
+                        (1 if hold else nbuf) * mt * acc_row_stride(cfg, shape, nt) * asz > \
+                        sizes["acc"]:
                     continue
-                leftover = shape.batch * math.ceil(shape.m_units / mu) * \
-                    math.ceil(shape.n / nt) % cfg.cores
+                tiles = shape.batch * math.ceil(shape.m_units / mu) * math.ceil(shape.n / nt)
+                leftover = tiles % cfg.cores
                 for balance in (False, True) if hold and leftover else (False,):
+                    if hold and min(nbuf, _core_tiles(tiles, cfg.cores, balance)) * mt * \
+                            acc_row_stride(cfg, shape, nt) * asz > sizes["acc"]:
+                        continue
                     cost = gemm_cost(cfg, shape, mu, nt, ku, nbuf, balance=balance)
                     found.append(GemmTiling(mu, nt, ku, cost, balance))
     return sorted(found, key=lambda t: t.estimate)
@@ -499,6 +587,27 @@ StageA = Callable[[int, int, int, int, int, int, int], None]
 StoreC = Callable[[int, int, int, int, int, int, int], None]
 
 
+def tail_pieces(cfg: NPUConfig, shape: GemmShape, m_units: int, n: int
+                 ) -> list[tuple[int, int, int, int]]:
+    """``(m0, m_units, n0, n)`` (offsets in the tile) of the pieces the last output tile of a
+    core is multiplied (at its last K step) and stored in: the store of each piece overlaps
+    the product of the next, so the kernel's tail is one piece's store instead of the whole
+    tile's. Up to 4 pieces, each whole rows (columns) of the tensor unit (a piece of fewer
+    would cost a whole pass of it). A convolution's tile (``acc_padded``: stored channel by
+    channel, NCHW) that would be cut along M is cut along N instead (up to 8 pieces) where it
+    is wide enough, so every piece stores whole
+    channel runs of the tile's rows: pieces of M cut each run into short ones, whose whole
+    bursts moved 25% more bytes in the tail (default, one core, ResNet-18's 3x3/s2 of stage
+    3: 14 x 14 planes of 784 bytes stored as 4 runs of 224)."""
+    tn = cfg.tensor_shape[2]
+    quantum = -(-cfg.tensor_shape[0] // shape.m_unit)
+    rows = _split_sizes(m_units, max(1, min(4, m_units // quantum)), quantum)
+    if shape.acc_padded and n >= 2 * tn and len(rows) > 1:
+        cols = _split_sizes(n, min(8, n // tn), tn)
+        return [(0, m_units, sum(cols[:i]), c) for i, c in enumerate(cols)]
+    return [(sum(rows[:i]), r, 0, n) for i, r in enumerate(rows)]
+
+
 def output_tiles(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int
                  ) -> list[tuple[int, int, int, int, int]]:
     """``(batch, m0, m_units, n0, n)`` of the output tiles in the order :func:`emit_gemm`
@@ -537,28 +646,57 @@ class _Step:
     load_b: bool
 
 
-def _core_steps(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling,
+def core_step_slots(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling,
                 tiles: list[tuple[int, int, int, int, int]], nbuf: int) -> list[list[_Step]]:
-    """Each core's steps in order (tiles round-robin, the K steps of each in turn; step ``i``
-    of a core takes slot ``i % nbuf``, or a tile fixed on the core one slot per K step)."""
+    """Each core's steps in order (tiles round-robin, the K steps of each in turn). A tile
+    fixed on the core takes one slot per K step. Any other operand tile that one of the
+    core's ``nbuf`` slots already holds is read from there and not loaded again; a new one
+    goes to the least recently read slot (:class:`SlotCache`), which no step still running reads.
+    Step ``i`` may overwrite a slot once step ``i - nbuf`` is done (the pipeline's tokens
+    order that), and the steps in between read at most ``nbuf - 1`` slots of each operand."""
     ku = tiling.k_units
     nm, nn, nk = (math.ceil(shape.m_units / tiling.m_units), math.ceil(shape.n / tiling.n),
                   math.ceil(shape.k_units / ku))
-    a_fixed, b_fixed = _fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
-    held_a: list[list[tuple[int, ...] | None]] = [[None] * nbuf for _ in range(cfg.cores)]
-    held_b: list[list[tuple[int, ...] | None]] = [[None] * nbuf for _ in range(cfg.cores)]
+    a_fixed, b_fixed = fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
+    slots_a = [SlotCache(nbuf) for _ in range(cfg.cores)]
+    slots_b = [SlotCache(nbuf) for _ in range(cfg.cores)]
     out: list[list[_Step]] = [[] for _ in range(cfg.cores)]
     for j, (b, m0, mus, n0, nts) in enumerate(tiles):
         core = j % cfg.cores
         for step, k0 in enumerate(range(0, shape.k_units, ku)):
-            slot = len(out[core]) % nbuf
-            a_slot, b_slot = (step if a_fixed else slot), (step if b_fixed else slot)
+            i = len(out[core])
             a_key = (0 if shape.a_shared else b, m0, mus, k0)
             b_key = (0 if shape.b_shared else b, k0, n0, nts)
-            new_a, new_b = held_a[core][a_slot] != a_key, held_b[core][b_slot] != b_key
-            held_a[core][a_slot], held_b[core][b_slot] = a_key, b_key
+            a_slot, new_a = slots_a[core].take(a_key, i, step if a_fixed else None)
+            b_slot, new_b = slots_b[core].take(b_key, i, step if b_fixed else None)
             out[core].append(_Step(j, k0, a_slot, b_slot, new_a, new_b))
     return out
+
+
+class SlotCache:
+    """One core's ``nbuf`` L0 slots of one operand: which tile each holds, the step that
+    last read it. Both lowering routes take their operand slots from it (the TIR route's
+    generator, :mod:`.tir_program`, with the DRAM block as the key)."""
+
+    def __init__(self, nbuf: int):
+        self.nbuf = nbuf
+        self.held: list[tuple[Any, ...] | None] = [None] * nbuf
+        self.used = [-nbuf - 1] * nbuf
+
+    def take(self, key: tuple[Any, ...], i: int, fixed: int | None) -> tuple[int, bool]:
+        """The slot step ``i`` reads ``key`` from and whether it loads it there (``fixed``:
+        the tile's own slot, for a tile held in one copy per K step)."""
+        if fixed is not None:
+            slot = fixed
+        elif key in self.held:
+            slot = self.held.index(key)
+        else:
+            slot = min(range(self.nbuf), key=lambda s: self.used[s])
+            # the steps since i - nbuf read at most nbuf - 1 slots: this one is free
+            assert self.used[slot] <= i - self.nbuf, (self.used, i)
+        new = self.held[slot] != key
+        self.held[slot], self.used[slot] = key, i
+        return slot, new
 
 
 def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: LoadA,
@@ -584,10 +722,16 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     nm, nn, nk = (math.ceil(shape.m_units / mu), math.ceil(shape.n / nt),
                   math.ceil(shape.k_units / ku))
     # a tile fixed on a core has one copy per K step, loaded once; others rotate the slots
-    a_fixed, b_fixed = _fixed_tiles(cfg, shape, nm, nn, nk, kb.nbuf)
-    pipes = [Pipeline(kb, c, UNIT_TENSOR) for c in range(cfg.cores)]
+    a_fixed, b_fixed = fixed_tiles(cfg, shape, nm, nn, nk, kb.nbuf)
+    # with one K step per tile, a tile's store has one step to finish before its
+    # accumulator slot takes the tile after next: a third slot, where it fits, gives it two
+    # (edge, attention's P @ V in tiles of M32 x N32: the tensor unit waited on every other
+    # store: 75214 -> 69191 cycles; M32 x N64: 65038 -> 63989)
+    nout = acc_slots(cfg, shape, kb.nbuf, nk, c_bytes,
+                     (0 if a_fixed else in_bytes) + (0 if b_fixed else w_bytes))
+    pipes = [Pipeline(kb, c, UNIT_TENSOR, nout) for c in range(cfg.cores)]
     tiles = output_tiles(cfg, shape, tiling, kb.nbuf)
-    steps = _core_steps(cfg, shape, tiling, tiles, kb.nbuf)
+    steps = core_step_slots(cfg, shape, tiling, tiles, kb.nbuf)
     pos = [0] * cfg.cores  # each core's next step
     prefetched = [False] * cfg.cores  # the core's next A tile is staged already
     # (one slot: the next rows would overwrite the rows this step gathers from)
@@ -606,8 +750,9 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
         core = j % cfg.cores
         p = pipes[core]
         c_ld = ldc if shape.acc_padded else nts
-        # the last tile's last product runs in pieces of M, each stored as soon as it is done
-        pieces = tail_pieces(cfg, shape.m_unit, mus) if last[core] == j else [mus]
+        # the last tile's last product runs in pieces, each stored as soon as it is done
+        pieces = tail_pieces(cfg, shape, mus, nts) if last[core] == j else \
+            [(0, mus, 0, nts)]
         c_addr = 0
         for step, k0 in enumerate(range(0, shape.k_units, ku)):
             kus = min(ku, shape.k_units - k0)
@@ -643,25 +788,25 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
             p.compute_begin()
             if step == 0:
                 c_addr = p.out_slot() * c_bytes
-            r0 = 0
-            parts = pieces if k0 + ku >= shape.k_units else [mus]
-            for i, pu in enumerate(parts):
-                rows = r0 * shape.m_unit
+            parts = pieces if k0 + ku >= shape.k_units else [(0, mus, 0, nts)]
+            for i, (r0, pu, c0, pn) in enumerate(parts):
+                at = (r0 * shape.m_unit * c_ld + c0) * asz  # the piece in the acc tile
                 kb.emit(core, "mma.set" if step == 0 else "mma",
-                        shape=(1, pu * shape.m_unit, nts, kts),
-                        c=block("acc", c_addr + rows * c_ld * asz, acc, (0, c_ld, 1)),
-                        a=block("input", a_addr + rows * kts * isz, shape.dtype, (0, kts, 1)),
-                        b=block("weight", b_addr, shape.dtype, (nts, 1, 0)))
+                        shape=(1, pu * shape.m_unit, pn, kts),
+                        c=block("acc", c_addr + at, acc, (0, c_ld, 1)),
+                        a=block("input", a_addr + r0 * shape.m_unit * kts * isz, shape.dtype,
+                                (0, kts, 1)),
+                        b=block("weight", b_addr + c0 * isz, shape.dtype, (nts, 1, 0)))
                 if i < len(parts) - 1:  # an early piece: its own token to DMA-out
                     kb.push(core, UNIT_TENSOR, UNIT_DMA_OUT)
                     kb.pop(core, UNIT_TENSOR, UNIT_DMA_OUT)
-                    store_c(core, b, m0 + r0, pu, n0, nts, c_addr + rows * c_ld * asz)
-                r0 += pu
+                    store_c(core, b, m0 + r0, pu, n0 + c0, pn, c_addr + at)
             p.computed()
         p.produced()
         p.store_begin()
-        rows = (mus - pieces[-1]) * shape.m_unit
-        store_c(core, b, m0 + mus - pieces[-1], pieces[-1], n0, nts, c_addr + rows * c_ld * asz)
+        r0, pu, c0, pn = pieces[-1]
+        store_c(core, b, m0 + r0, pu, n0 + c0, pn,
+                c_addr + (r0 * shape.m_unit * c_ld + c0) * asz)
         p.stored()
     for p in pipes:
         p.finish()
@@ -675,14 +820,4 @@ def held_tiles(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int
     route's schedule marks such a copy for its generator)."""
     nm, nn, nk = (math.ceil(shape.m_units / tiling.m_units), math.ceil(shape.n / tiling.n),
                   math.ceil(shape.k_units / tiling.k_units))
-    return _fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
-
-
-def tail_pieces(cfg: NPUConfig, m_unit: int, m_units: int) -> list[int]:
-    """Sizes (M units of ``m_unit`` rows) of the pieces the last output tile of a core,
-    ``m_units`` long, is multiplied in at its last K step and stored in, each as soon as it
-    is done, so that the kernel ends with one piece's store instead of the whole tile's: up
-    to 4, each whole rows of the tensor unit (a piece of fewer rows would cost a whole pass
-    of it)."""
-    quantum = -(-cfg.tensor_shape[0] // m_unit)
-    return _split_sizes(m_units, max(1, min(4, m_units // quantum)), quantum)
+    return fixed_tiles(cfg, shape, nm, nn, nk, nbuf)

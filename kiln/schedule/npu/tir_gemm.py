@@ -43,11 +43,19 @@ from ...tir.tensor_intrin.npu import (
     mma_intrin_name,
     register_npu_intrinsics,
 )
-from .emit import DramTensor, DramView
-from .gemm import GemmShape, GemmTiling, gemm_kernel_info, held_tiles, plan_gemm
+from .emit import DramTensor, DramView, itemsize
+from .gemm import (
+    GemmShape,
+    GemmTiling,
+    acc_row_stride,
+    acc_slots,
+    gemm_kernel_info,
+    held_tiles,
+    plan_gemm,
+)
 from .lowering import LoweringContext, NotSupported, register_tir_lowering
 from .ops import cast_kernel, lower_conv2d, lower_dense, lower_matmul, operand_dtype
-from .tir_program import HELD_KEY, PIPELINE_KEY, emit_scheduled
+from .tir_program import HELD_KEY, OUT_SLOTS_KEY, PIPELINE_KEY, emit_scheduled
 
 __all__ = ["GemmProblem", "gemm_prim_func", "plan_gemm_problem", "schedule_gemm",
            "scheduled_gemm"]
@@ -92,9 +100,12 @@ def gemm_prim_func(p: GemmProblem, tile: tuple[int, int, int]) -> PrimFunc:
 
 
 def schedule_gemm(func: PrimFunc, tile: tuple[int, int, int], nbuf: int,
-                  intrin: str, held: tuple[bool, bool] = (False, False)) -> Schedule:
+                  intrin: str, held: tuple[bool, bool] = (False, False),
+                  out_slots: int = 0) -> Schedule:
     """Step 2 of the module docstring on ``gemm_prim_func``'s result; ``held``: A's, B's
-    tiles stay on their core (:func:`~.gemm.held_tiles`), their copies are marked so."""
+    tiles stay on their core (:func:`~.gemm.held_tiles`), their copies are marked so;
+    ``out_slots``: accumulator slots of the output tiles (:func:`~.gemm.acc_slots`; 0: the
+    pipeline's ``nbuf``)."""
     mt, nt, kt = tile
     sch = Schedule(func)
     prod = sch.get_block("C_acc")
@@ -115,6 +126,8 @@ def schedule_gemm(func: PrimFunc, tile: tuple[int, int, int], nbuf: int,
         if keep:
             sch.annotate(copy, HELD_KEY, True)
     sch.annotate(k0, PIPELINE_KEY, nbuf)
+    if out_slots:
+        sch.annotate(k0, OUT_SLOTS_KEY, out_slots)
     sch.tensorize(i1, intrin)
     return sch
 
@@ -135,14 +148,25 @@ def scheduled_gemm(ctx: LoweringContext, p: GemmProblem, tiling: GemmTiling) -> 
     register_npu_intrinsics(ctx.config)
     tile = (tiling.m_units, tiling.n, tiling.k_units)
     func = gemm_prim_func(p, tile)
-    return schedule_gemm(func, tile, ctx.kb.nbuf, mma_intrin_name(p.dtype, p.dtype, p.acc),
-                         held_tiles(ctx.config, p.shape, tiling, ctx.kb.nbuf))
+    cfg, shape, nbuf = ctx.config, p.shape, ctx.kb.nbuf
+    held = held_tiles(cfg, shape, tiling, nbuf)
+    # the emitter's accumulator slots (gemm.acc_slots): its tile bytes, its streamed loads
+    isz = itemsize(p.dtype)
+    in_bytes = tiling.m_units * shape.m_unit * tiling.k_units * shape.k_unit * isz
+    w_bytes = tiling.k_units * shape.k_unit * tiling.n * isz
+    c_bytes = tiling.m_units * shape.m_unit * acc_row_stride(cfg, shape, tiling.n) * \
+        itemsize(p.acc)
+    nk = -(-shape.k_units // tiling.k_units)
+    nout = acc_slots(cfg, shape, nbuf, nk, c_bytes,
+                     (0 if held[0] else in_bytes) + (0 if held[1] else w_bytes))
+    return schedule_gemm(func, tile, nbuf, mma_intrin_name(p.dtype, p.dtype, p.acc), held,
+                         nout)
 
 
 def _lower(ctx: LoweringContext, op: str, p: GemmProblem, tiling: GemmTiling,
            form: str = "") -> None:
     sch = scheduled_gemm(ctx, p, tiling)
-    emit_scheduled(ctx.kb, sch.func, {"A": p.a, "B": p.b, "C": p.c})
+    emit_scheduled(ctx.kb, sch.func, {"A": p.a, "B": p.b, "C": p.c}, p.shape)
     ctx.kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label(op), op,
                                        "TIR: " + form + tiling.describe(p.shape),
                                        tiling.estimate, p.shape))

@@ -51,10 +51,11 @@ from ...tir.stmt import Block, BlockRealize, BufferStore, Evaluate, For, SeqStmt
 from ...tir.tensor_intrin import ADDRESS_OF
 from ...tir.tensor_intrin.npu import NPU_MMA, SCOPE_ACC, SCOPE_INPUT, SCOPE_L1, SCOPE_WEIGHT
 from .emit import DramTensor, DramView, KernelBuilder, Pipeline, block, itemsize
-from .gemm import tail_pieces
+from .gemm import GemmShape, SlotCache, tail_pieces
 from .lowering import NotSupported
 
-__all__ = ["HELD_KEY", "PIPELINE_KEY", "SCOPE_MEMORY", "emit_scheduled", "evaluate"]
+__all__ = ["HELD_KEY", "OUT_SLOTS_KEY", "PIPELINE_KEY", "SCOPE_MEMORY", "emit_scheduled",
+           "evaluate"]
 
 #: The loop annotation that asks for a software pipeline of ``value`` slots per buffer.
 PIPELINE_KEY = "software_pipeline"
@@ -62,6 +63,9 @@ PIPELINE_KEY = "software_pipeline"
 #: whole kernel: one slot per step of the pipelined loop, each loaded once (no token guards
 #: it; a different block loaded into it is refused).
 HELD_KEY = "npu.held"
+#: The pipelined loop's annotation of how many accumulator slots its output tiles rotate
+#: through (:func:`~.gemm.acc_slots`; default ``nbuf``).
+OUT_SLOTS_KEY = "npu.out_slots"
 #: Storage scope -> the description's memory.
 SCOPE_MEMORY = {SCOPE_INPUT: "input", SCOPE_WEIGHT: "weight", SCOPE_ACC: "acc", SCOPE_L1: "l1"}
 
@@ -169,9 +173,11 @@ class _Generator:
         self.staged: dict[Buffer, _Tile] = {}
         self.nbuf = kb.nbuf
         self.slot_bytes: dict[Buffer, int] = {}
-        #: what each (core, scope buffer, slot) holds: the DRAM block last loaded into it
-        self.held: dict[tuple[int, Buffer, int], tuple[Any, ...]] = {}
-        self.step_loads: list[int] = []   # bytes of the DMA loads issued in this step
+        #: each core's slots of each scope buffer (the emitter's LRU rule, keyed by DRAM block)
+        self.slots: dict[tuple[int, Buffer], SlotCache] = {}
+        self.core_steps = [0] * self.cfg.cores  # pipeline steps each core has run
+        self.shape: GemmShape | None = None  # the product (its tail pieces), where known
+        self.streamed = 0                  # bytes of the largest operand tile not held
         self.steps = 0                     # extent of the pipelined loop now walked
         self.step = 0                      # the step of it now walked
         self.total_tiles = 0               # pipelined loop instances in the function (0: unknown)
@@ -228,16 +234,17 @@ class _Generator:
         self.tiles += 1
         last = 0 < self.total_tiles <= tile + self.cfg.cores
         p = self.pipes[self.core]
+        p.nout = int(loop.annotations.get(OUT_SLOTS_KEY, self.nbuf))
         self.in_pipeline, self.steps = True, n
         for v in range(lo, lo + n):
             self.env[loop.loop_var] = v
             self.slot, self.loaded, self.step = None, False, v - lo
-            self.step_loads = []
             self.tail = store if last and v == lo + n - 1 and self.is_store(store) else None
             self.walk(loop.body)
             if not self.loaded:
                 raise NotSupported(f"pipeline step {v} of loop {loop.loop_var.name!r} computes "
                                    "nothing on the tensor unit")
+            self.core_steps[self.core] += 1
         self.env.pop(loop.loop_var, None)
         p.produced()
         self.slot, self.in_pipeline, self.tail = None, False, None
@@ -412,10 +419,10 @@ class _Generator:
                 raise NotSupported(f"copy {name!r} does not fill its scope buffer densely")
             dims.append(cf.index(1))
         if self.slot is None:
-            self.slot = self.pipes[self.core].load_slot()
+            self.slot = self.pipes[self.core].load_slot()  # the step's turn (tokens)
         if held and not self.in_pipeline:
             raise NotSupported(f"copy {name!r} is held across the steps of no pipelined loop")
-        slot, slots = (self.step, self.steps) if held else (self.slot, self.nbuf)
+        slots = self.steps if held else self.nbuf
         mem = SCOPE_MEMORY[dst.scope]
         isz = itemsize(str(dst.dtype))
         nbytes = math.prod(extents) * isz
@@ -427,20 +434,23 @@ class _Generator:
         extent = [1] * len(base_d)
         for dim, n in zip(dims, valid):
             extent[dim] = n
+        t, (offset, s_strides) = self.dram_block(src, base_s, coef_s)
+        # the emitter's slot rule (gemm.SlotCache): a tile one of the core's slots holds is
+        # read from there, a new one goes to the least recently read slot; a held tile has
+        # the slot of its K step, loaded once
+        cache = self.slots.setdefault((self.core, dst), SlotCache(self.nbuf))
+        what = (t, offset, s_strides, tuple(valid))
+        if held and cache.held[self.step] not in (None, what):
+            raise NotSupported(f"copy {name!r}: a held tile of {dst.name!r} changes (only a "
+                               "tile that stays on its core can be held)")
+        slot, new = cache.take(what, self.core_steps[self.core], self.step if held else None)
         tile = _Tile(mem, slot * nbytes, base_d, tuple(extent))
         strides = tuple(tile.strides[dim] for dim in dims)
         self.staged[dst] = tile
-        t, (offset, s_strides) = self.dram_block(src, base_s, coef_s)
-        # a tile the slot already holds is not loaded again (an operand tile shared by the
-        # core's consecutive output tiles -- the emitter's rule: the same loads, the same bits)
-        key, what = (self.core, dst, slot), (t, offset, s_strides, tuple(valid))
-        if self.held.get(key) == what:
+        if not held:
+            self.streamed = max(self.streamed, nbytes)
+        if not new:
             return
-        if held and key in self.held:
-            raise NotSupported(f"copy {name!r}: a held tile of {dst.name!r} changes (only a "
-                               "tile that stays on its core can be held)")
-        self.held[key] = what
-        self.step_loads.append(math.prod(valid) * isz)
         pad = (1,) * (3 - len(valid))
         self.kb.load(self.core, shape=pad + tuple(valid),
                      dst=block(mem, tile.addr, str(dst.dtype), strides),
@@ -468,8 +478,8 @@ class _Generator:
             p.store_begin()
         pad = (1,) * (3 - len(valid))
         # split as the emitter's stores are (KernelBuilder.store); with one K step per tile
-        # the pieces are no smaller than the loads that stream every step (store_floor)
-        self.kb.store_floor = 0 if self.steps > 1 else max(self.step_loads, default=0)
+        # the pieces are no smaller than the operand tiles that stream (store_floor)
+        self.kb.store_floor = 0 if self.steps > 1 else self.streamed
         self.kb.store(self.core, pad + tuple(valid), dst=t.at(offset, d_strides),
                       src=block(tile.mem, addr, str(src.dtype), tuple(l_strides)))
         self.kb.store_floor = 0
@@ -520,8 +530,11 @@ class _Generator:
         acc = str(cbuf.dtype)
         if first:
             c_bytes = bound[0] * bound[1] * itemsize(acc)
-            if self.nbuf * c_bytes > self.cfg.memory("acc").size:
-                raise NotSupported(f"{self.nbuf} accumulator tiles of {c_bytes} B exceed acc")
+            cores = self.cfg.cores  # a core with fewer tiles than slots uses as many
+            used = min(p.nout, -(-(self.total_tiles - self.core) // cores)) \
+                if self.total_tiles else p.nout
+            if used * c_bytes > self.cfg.memory("acc").size:
+                raise NotSupported(f"{used} accumulator tiles of {c_bytes} B exceed acc")
             ndims = len(cidx)
             self.staged[cbuf] = _Tile("acc", p.out_slot() * c_bytes, cidx,
                                       (1,) * (ndims - 2) + (m, n))
@@ -529,9 +542,13 @@ class _Generator:
         if tc is None or tc.origin != cidx or tc.extent[-2:] != (m, n):
             raise NotSupported(f"block {b.name_hint!r} accumulates into a tile it never "
                                "initialized")
-        pieces = tail_pieces(self.cfg, 1, m) if self.tail is not None else [m]
-        r0 = 0
-        for i, rows in enumerate(pieces):
+        pieces = [(0, m, 0, n)]
+        if self.tail is not None and self.shape is not None:
+            pieces = tail_pieces(self.cfg, self.shape, m, n)
+            if any((c0, cols) != (0, n) for _, _, c0, cols in pieces):
+                raise NotSupported(f"block {b.name_hint!r}: the tail is cut in columns, which "
+                                   "the generator does not store")
+        for i, (r0, rows, _, _) in enumerate(pieces):
             c_row, a_row = tc.strides[-2], ta.strides[-2]
             self.kb.emit(self.core, "mma.set" if first else "mma", shape=(1, rows, n, k),
                          c=block("acc", tc.addr + r0 * c_row * itemsize(acc), acc,
@@ -545,9 +562,8 @@ class _Generator:
                 self.window, self.early = (r0, r0 + rows), True
                 self.walk(self.tail)  # type: ignore[arg-type]
                 self.early = False
-            r0 += rows
         if len(pieces) > 1:  # the tile's own store (after the loop) moves the last piece
-            self.window = (m - pieces[-1], m)
+            self.window = (pieces[-1][0], m)
         p.computed()
 
     def finish(self) -> None:
@@ -556,9 +572,11 @@ class _Generator:
 
 
 def emit_scheduled(kb: KernelBuilder, func: PrimFunc,
-                   dram: dict[str, DramTensor | DramView]) -> None:
+                   dram: dict[str, DramTensor | DramView], shape: GemmShape | None = None
+                   ) -> None:
     """Emit scheduled PrimFunc ``func`` into ``kb``'s streams (see the module docstring);
-    ``dram`` maps each parameter buffer's name to the DRAM tensor (or strided view) it is.
+    ``dram`` maps each parameter buffer's name to the DRAM tensor (or strided view) it is;
+    ``shape``: the product's, for the pieces of its tail (none without it).
     Raises :class:`~.lowering.NotSupported` for what the generator cannot lower."""
     by_buffer = {}
     for buf in func.buffer_map.values():
@@ -567,5 +585,6 @@ def emit_scheduled(kb: KernelBuilder, func: PrimFunc,
         by_buffer[buf] = dram[buf.name]
     gen = _Generator(kb, by_buffer)
     gen.total_tiles = _pipelined_tiles(func.body) or 0
+    gen.shape = shape
     gen.walk(func.body)
     gen.finish()
