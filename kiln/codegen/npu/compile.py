@@ -29,6 +29,7 @@ from ... import graph as g
 from ...ir.errors import InternalError, KilnError
 from ...ir.module import IRModule
 from ...schedule.npu import DramTensor, LoweringContext, NotSupported
+from ...schedule.npu.lowering import DEFAULT_ROUTE, LOWERING_KEY
 from ...schedule.npu.region import (
     VIEW_OPS,
     is_view,
@@ -56,15 +57,13 @@ from .executable import CpuStep, NPUExecutable, NpuStep
 __all__ = ["LOWERING_KEY", "NPUUnsupportedError", "VIEW_OPS", "build_npu", "is_partitioned",
            "npu_config_of"]
 
-#: PassContext option: how products reach NPU instructions -- ``"emit"`` (the default:
-#: per-op instruction emission for every op) or ``"tir"`` (a TE PrimFunc scheduled into NPU
-#: scopes and tensorized, then generated, :mod:`kiln.schedule.npu.tir_gemm`; dense, matmul and
-#: pointwise conv2d, the rest as emitted). Same bits; the emitter's pipeline also splits its
-#: stores and keeps tiles across steps, which the generated one does not yet (more cycles).
-LOWERING_KEY = "npu.lowering"
-register_config(LOWERING_KEY, str, "emit",
-                "NPU build: 'emit' (per-op instruction emission) or 'tir' (products lowered "
-                "through scheduled, tensorized TIR)")
+# PassContext option LOWERING_KEY: how products reach NPU instructions -- "tir" (the default:
+# a TE PrimFunc scheduled into NPU scopes and tensorized, then generated,
+# kiln.schedule.npu.tir_gemm; dense, matmul and pointwise conv2d, the rest emitted per op) or
+# "emit" (per-op instruction emission for every op). The same bits and cycles.
+register_config(LOWERING_KEY, str, DEFAULT_ROUTE,
+                "NPU build: 'tir' (products lowered through scheduled, tensorized TIR; the "
+                "default) or 'emit' (per-op instruction emission for every op)")
 
 
 class NPUUnsupportedError(KilnError):

@@ -15,9 +15,10 @@ library for a BYOC partition.
 
 A second route goes through TIR (:func:`register_tir_lowering`, :mod:`.tir_gemm`): the op's
 PrimFunc scheduled with ``cache_read``/``cache_write`` into NPU scopes and ``tensorize``, then
-turned into instructions by :mod:`.tir_program`. A context's ``route`` (``"emit"`` or
-``"tir"``; the build takes it from the PassContext option ``"npu.lowering"``) picks it for the
-ops that have one; a TIR lowering hands what it does not cover back to the emitter.
+turned into instructions by :mod:`.tir_program`. A context's ``route`` (``"tir"``, the
+default, or ``"emit"``; the build takes it from the PassContext option ``"npu.lowering"``)
+picks it for the ops that have one; a TIR lowering hands what it does not cover back to the
+emitter.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from ...ir.errors import KilnError
 from ...target.npu.config import NPUConfig
 from .emit import DRAM_ALIGN, DramTensor, KernelBuilder, itemsize
 
-__all__ = ["LOWERING_ROUTES", "LoweringContext", "LoweringFn", "NotSupported", "lookup_lowering",
-           "lowered_ops", "lowering_rejection", "register_lowering", "register_tir_lowering"]
+__all__ = ["DEFAULT_ROUTE", "LOWERING_KEY", "LOWERING_ROUTES", "LoweringContext", "LoweringFn",
+           "NotSupported", "lookup_lowering", "lowered_ops", "lowering_rejection",
+           "register_lowering", "register_tir_lowering"]
 
 
 class NotSupported(KilnError):
@@ -42,6 +44,12 @@ class NotSupported(KilnError):
 LoweringFn = Callable[["LoweringContext", Any, list[Any], DramTensor], None]
 _LOWERINGS: dict[str, LoweringFn] = {}
 _TIR_LOWERINGS: dict[str, LoweringFn] = {}
+#: PassContext option naming the route a build lowers with (registered, with its help text,
+#: by :mod:`kiln.codegen.npu.compile`; the partitioning passes' probes read it too).
+LOWERING_KEY = "npu.lowering"
+#: The default route: products (dense, matmul, pointwise conv2d) through scheduled, tensorized
+#: TIR, everything else emitted per op -- the same bits and cycles as emitting the products too.
+DEFAULT_ROUTE = "tir"
 #: The lowering routes a context may take: instruction emission per op, or through TIR.
 LOWERING_ROUTES = ("emit", "tir")
 
@@ -99,7 +107,8 @@ class LoweringContext:
     """DRAM layout (a bump allocator; bytes ``[0, DRAM_ALIGN)`` hold zeros, the source of
     all-padding DMAs), constants to preload, and the kernel builder of the current NPU region."""
 
-    def __init__(self, config: NPUConfig, double_buffer: bool = True, route: str = "emit"):
+    def __init__(self, config: NPUConfig, double_buffer: bool = True,
+                 route: str = DEFAULT_ROUTE):
         if route not in LOWERING_ROUTES:
             raise KilnError(f"NPU lowering route {route!r}: expected one of {LOWERING_ROUTES}")
         self.config = config
@@ -144,8 +153,8 @@ class LoweringContext:
 
 
 def lowering_rejection(config: NPUConfig, call: Any, args: list[Any],
-                       out: tuple[tuple[int, ...], str], double_buffer: bool = True
-                       ) -> str | None:
+                       out: tuple[tuple[int, ...], str], double_buffer: bool = True,
+                       route: str = DEFAULT_ROUTE) -> str | None:
     """Why the NPU cannot run op ``call`` (None: it can): its registered lowering is run into a
     scratch :class:`LoweringContext` -- the very check the build applies, not a second list of
     rules. ``args`` are the operands as a lowering gets them (a :class:`DramTensor` for a
@@ -154,7 +163,7 @@ def lowering_rejection(config: NPUConfig, call: Any, args: list[Any],
     lower = lookup_lowering(call.op.name)
     if lower is None:
         return "no NPU lowering"
-    ctx = LoweringContext(config, double_buffer)
+    ctx = LoweringContext(config, double_buffer, route)
 
     def operand(a: Any) -> Any:
         if isinstance(a, list):  # a tuple of tensors (concat's)

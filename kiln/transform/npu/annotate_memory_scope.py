@@ -24,7 +24,7 @@ from ... import graph as g
 from ...ir.module import IRModule
 from ...npu.isa import Block
 from ...schedule.npu.emit import DramTensor, itemsize
-from ...schedule.npu.lowering import LoweringContext
+from ...schedule.npu.lowering import LOWERING_KEY, LoweringContext
 from ...schedule.npu.region import lower_region, static_tensor
 from ...target.npu import NPUConfig, load_config
 from ...target.npu.config import DRAM, L0_NAMES, MEMORY_NAMES
@@ -78,7 +78,7 @@ class _Ranges:
 def memory_scopes(config: NPUConfig, func: g.Function, double_buffer: bool = True
                   ) -> dict[str, str]:
     """Variable name -> the memories it lives in, for region function ``func``."""
-    ctx = LoweringContext(config, double_buffer)
+    ctx = LoweringContext(config, double_buffer, PassContext.current().get_config(LOWERING_KEY))
     env = {id(p): ctx.alloc(*static_tensor(p)) for p in func.params}
     res = lower_region(ctx, func, env)
     variables = [*func.params, *(b.var for blk in func.body.blocks for b in blk.bindings)]
