@@ -85,8 +85,8 @@ def rel_err(got: Any, ref: Any) -> float:
     return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
 
 
-def gemm_case(n: int) -> tuple[Any, Callable, list]:
-    """(kiln module, torch function, inputs) of an n x n x n float16 matrix product."""
+def gemm_module(n: int) -> Any:
+    """The kiln module of an n x n x n float16 matrix product."""
     bb = g.BlockBuilder()
     a = g.Var("a", g.TensorStructInfo((n, n), "float16"))
     b = g.Var("b", g.TensorStructInfo((n, n), "float16"))
@@ -94,10 +94,15 @@ def gemm_case(n: int) -> tuple[Any, Callable, list]:
         with bb.dataflow():
             c = bb.emit_output(op.matmul(a, b))
         bb.emit_func_output(c, params=[a, b])
+    return bb.get()
+
+
+def gemm_case(n: int) -> tuple[Any, Callable, list]:
+    """(kiln module, torch function, inputs) of an n x n x n float16 matrix product."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     inputs = [torch.randn(n, n, device="cuda", dtype=torch.float16, generator=gen)
               for _ in range(2)]
-    return bb.get(), torch.matmul, inputs
+    return gemm_module(n), torch.matmul, inputs
 
 
 def model_case(name: str, batch: int) -> tuple[Any, Any, Any, list]:

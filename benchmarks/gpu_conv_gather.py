@@ -27,20 +27,11 @@ from kiln.codegen.gpu.build import build as gpu_build  # noqa: E402
 from kiln.codegen.gpu.nvrtc import compile_cuda  # noqa: E402
 from kiln.schedule.gpu import schedule_and_lower  # noqa: E402
 from kiln.target import Target  # noqa: E402
+from kiln.testing.models import RESNET18_CONVS  # noqa: E402
 from kiln.testing.op_testing import scheduled  # noqa: E402
 
 #: (data shape, weight shape, stride, padding): ResNet-18's distinct convolutions at 224 x 224.
-RESNET18 = [((1, 3, 224, 224), (64, 3, 7, 7), 2, 3),
-            ((1, 64, 56, 56), (64, 64, 3, 3), 1, 1),
-            ((1, 64, 56, 56), (128, 64, 3, 3), 2, 1),
-            ((1, 64, 56, 56), (128, 64, 1, 1), 2, 0),
-            ((1, 128, 28, 28), (128, 128, 3, 3), 1, 1),
-            ((1, 128, 28, 28), (256, 128, 3, 3), 2, 1),
-            ((1, 256, 14, 14), (256, 256, 3, 3), 1, 1),
-            ((1, 256, 14, 14), (512, 256, 3, 3), 2, 1),
-            ((1, 512, 7, 7), (512, 512, 3, 3), 1, 1),
-            ((32, 256, 14, 14), (512, 256, 3, 3), 2, 1),
-            ((32, 512, 7, 7), (512, 512, 3, 3), 1, 1)]
+RESNET18 = RESNET18_CONVS
 
 _DIV = re.compile(r"\b(?:div|rem)\.[su]64\b")
 _MULHI64 = re.compile(r"\bmul\.hi\.[su]64\b")

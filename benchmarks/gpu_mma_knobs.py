@@ -29,10 +29,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from gpu import fp16_case, gemm_case, model_case, rel_err, timed  # noqa: E402
+from gpu import fp16_case, gemm_case, gemm_module, model_case, rel_err, timed  # noqa: E402
 
-from kiln import graph as g  # noqa: E402
-from kiln import op  # noqa: E402
 from kiln.build import lower_graph  # noqa: E402
 from kiln.codegen.executable import build_executable  # noqa: E402
 from kiln.codegen.gpu.nvrtc import compile_cuda  # noqa: E402
@@ -56,18 +54,6 @@ CONV_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("taps inner (OIHW K order)", {"gpu_conv_mma_taps_outer": False}),
 ]
 GEMM_N = 4096
-
-
-def gemm_module(n: int) -> Any:
-    """The ``n x n x n`` float16 matmul (``gpu.gemm_case``'s, without its CUDA inputs)."""
-    bb = g.BlockBuilder()
-    a = g.Var("a", g.TensorStructInfo((GEMM_N, GEMM_N), "float16"))
-    b = g.Var("b", g.TensorStructInfo((GEMM_N, GEMM_N), "float16"))
-    with bb.function("main"):
-        with bb.dataflow():
-            c = bb.emit_output(op.matmul(a, b))
-        bb.emit_func_output(c, params=[a, b])
-    return bb.get()
 
 
 def build(mod: Any, target: Target, knobs: dict[str, Any]) -> Any:

@@ -211,3 +211,19 @@ def model_script(directory: str | Path, call: str) -> Path:
     path.write_text(f"from kiln.testing import models\n\n"
                     f"def module():\n    return models.{call}.mod\n")
     return path
+
+
+#: ResNet-18's distinct convolutions at 224 x 224, ``(data shape, weight shape, stride,
+#: padding)``: every layer shape at batch 1, and the last two stages' 3x3s at batch 32 -- the
+#: shapes the GPU tests and benchmarks compile one kernel each for.
+RESNET18_CONVS = [((1, 3, 224, 224), (64, 3, 7, 7), 2, 3),
+                  ((1, 64, 56, 56), (64, 64, 3, 3), 1, 1),
+                  ((1, 64, 56, 56), (128, 64, 3, 3), 2, 1),
+                  ((1, 64, 56, 56), (128, 64, 1, 1), 2, 0),
+                  ((1, 128, 28, 28), (128, 128, 3, 3), 1, 1),
+                  ((1, 128, 28, 28), (256, 128, 3, 3), 2, 1),
+                  ((1, 256, 14, 14), (256, 256, 3, 3), 1, 1),
+                  ((1, 256, 14, 14), (512, 256, 3, 3), 2, 1),
+                  ((1, 512, 7, 7), (512, 512, 3, 3), 1, 1),
+                  ((32, 256, 14, 14), (512, 256, 3, 3), 2, 1),
+                  ((32, 512, 7, 7), (512, 512, 3, 3), 1, 1)]

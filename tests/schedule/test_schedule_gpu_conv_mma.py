@@ -276,17 +276,7 @@ def test_mixed_precision_resnet_runs_its_convolutions_on_tensor_cores(dtype):
 
 #: ResNet-18's convolutions on tensor cores: (data, weight, stride, padding); 224 x 224 at
 #: batch 1 (the 14 x 14 and 7 x 7 layers padded to 224 and 64 columns) and layer 4 at batch 32.
-RESNET18 = [((1, 3, 224, 224), (64, 3, 7, 7), 2, 3),
-            ((1, 64, 56, 56), (64, 64, 3, 3), 1, 1),
-            ((1, 64, 56, 56), (128, 64, 3, 3), 2, 1),
-            ((1, 64, 56, 56), (128, 64, 1, 1), 2, 0),
-            ((1, 128, 28, 28), (128, 128, 3, 3), 1, 1),
-            ((1, 128, 28, 28), (256, 128, 3, 3), 2, 1),
-            ((1, 256, 14, 14), (256, 256, 3, 3), 1, 1),
-            ((1, 256, 14, 14), (512, 256, 3, 3), 2, 1),
-            ((1, 512, 7, 7), (512, 512, 3, 3), 1, 1),
-            ((32, 256, 14, 14), (512, 256, 3, 3), 2, 1),
-            ((32, 512, 7, 7), (512, 512, 3, 3), 1, 1)]
+RESNET18 = models.RESNET18_CONVS
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
