@@ -36,7 +36,7 @@ __all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "acc_r
            "acc_slots",
            "core_step_slots", "emit_gemm", "feasible_tilings", "fixed_tiles", "gemm_bounds",
            "gemm_cost", "gemm_kernel_info", "gemm_roofline", "held_loads", "held_tiles",
-           "plan_gemm", "prefetch_staging", "tail_pieces", "SlotCache",
+           "plan_gemm", "prefetch_staging", "store_floor", "tail_pieces", "tile_bytes", "SlotCache",
            "tiling_domain", "tiling_knob_key", "tiling_value"]
 
 
@@ -410,21 +410,49 @@ def _split_axis(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, nm: int, nn:
     return "n" if can_n else ""
 
 
-def acc_slots(cfg: NPUConfig, shape: GemmShape, nbuf: int, nk: int, c_bytes: int,
-              streamed: int) -> int:
+def acc_slots(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int) -> int:
     """Accumulator slots :func:`emit_gemm` rotates a core's output tiles through: ``nbuf``,
-    or ``nbuf + 1`` where they fit with double buffering, one K step per tile and
-    ``streamed`` bytes of loads a step (the tiles not fixed on the core) at least the
-    tile's ``c_bytes``: its store, queued behind a step's loads (first come, first served),
-    then has two steps, not one, before its slot is taken again (edge, P @ V: 65038 ->
+    or ``nbuf + 1`` where they fit with double buffering, one K step per tile and the bytes
+    loaded a step (the tiles not fixed on the core) at least the output tile's: its store,
+    queued behind a step's loads (first come, first served), then has two steps, not one,
+    before its slot is taken again (edge, P @ V: 65038 ->
     63989 cycles; default 1 core, ResNet-18's 3x3 of stage 1 in M112 x N32 tiles: 75119 ->
     66609). Not where the stores dominate: more of them in flight only crowd the channel
     (edge, MobileNetV2's 1x1 64 -> 384: 27091 -> 27207 cycles with a third slot; default,
     ResNet-18's 1x1/s2 of stage 2: 11697 -> 11771)."""
+    in_bytes, w_bytes, c_bytes = tile_bytes(cfg, shape, tiling)
+    a_fixed, b_fixed = held_tiles(cfg, shape, tiling, nbuf)
+    streamed = (0 if a_fixed else in_bytes) + (0 if b_fixed else w_bytes)
+    nk = math.ceil(shape.k_units / tiling.k_units)
     if nbuf >= 2 and nk == 1 and streamed >= c_bytes and \
             (nbuf + 1) * c_bytes <= cfg.memory("acc").size:
         return nbuf + 1
     return nbuf
+
+
+def store_floor(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int) -> int:
+    """The smallest piece a product's stores are split into (``KernelBuilder.store_floor``).
+    A tile's store must be done before its accumulator slot takes the tile after next: with
+    one K step per tile that is one step away, and store pieces each served after a whole
+    load (the channel is first come, first served) are not, so the tensor unit waits (edge,
+    P @ V: 74501 -> 87272 cycles). There the pieces are as large as the loads that stream
+    every step. With several K steps the store has their time, and short pieces that slip
+    between the loads measure better (edge, BERT's dense layers): no floor."""
+    if math.ceil(shape.k_units / tiling.k_units) > 1 or shape.stage_stride:
+        return 0
+    in_bytes, w_bytes, _ = tile_bytes(cfg, shape, tiling)
+    a_fixed, b_fixed = held_tiles(cfg, shape, tiling, nbuf)
+    return max(0 if a_fixed else in_bytes, 0 if b_fixed else w_bytes)
+
+
+def tile_bytes(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling) -> tuple[int, int, int]:
+    """Bytes of one A tile (L0 input), one B tile (L0 weight) and one output tile (the
+    accumulators, rows :func:`acc_row_stride` apart) under ``tiling``."""
+    acc, _ = _acc_dtype(cfg, shape.dtype)
+    isz = itemsize(shape.dtype)
+    mu, nt, ku = tiling.m_units, tiling.n, tiling.k_units
+    return (mu * shape.m_unit * ku * shape.k_unit * isz, ku * shape.k_unit * nt * isz,
+            mu * shape.m_unit * acc_row_stride(cfg, shape, nt) * itemsize(acc))
 
 
 def _passes(extent: int, tile: int, quantum: int) -> int:
@@ -714,21 +742,14 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     cfg = kb.config
     acc, _ = _acc_dtype(cfg, shape.dtype)
     isz, asz = itemsize(shape.dtype), itemsize(acc)
-    mu, nt, ku = tiling.m_units, tiling.n, tiling.k_units
-    in_bytes = mu * shape.m_unit * ku * shape.k_unit * isz
-    w_bytes = ku * shape.k_unit * nt * isz
+    nt, ku = tiling.n, tiling.k_units
+    in_bytes, w_bytes, c_bytes = tile_bytes(cfg, shape, tiling)
     ldc = acc_row_stride(cfg, shape, nt)
-    c_bytes = mu * shape.m_unit * ldc * asz
-    nm, nn, nk = (math.ceil(shape.m_units / mu), math.ceil(shape.n / nt),
-                  math.ceil(shape.k_units / ku))
-    # a tile fixed on a core has one copy per K step, loaded once; others rotate the slots
-    a_fixed, b_fixed = fixed_tiles(cfg, shape, nm, nn, nk, kb.nbuf)
     # with one K step per tile, a tile's store has one step to finish before its
     # accumulator slot takes the tile after next: a third slot, where it fits, gives it two
     # (edge, attention's P @ V in tiles of M32 x N32: the tensor unit waited on every other
     # store: 75214 -> 69191 cycles; M32 x N64: 65038 -> 63989)
-    nout = acc_slots(cfg, shape, kb.nbuf, nk, c_bytes,
-                     (0 if a_fixed else in_bytes) + (0 if b_fixed else w_bytes))
+    nout = acc_slots(cfg, shape, tiling, kb.nbuf)
     pipes = [Pipeline(kb, c, UNIT_TENSOR, nout) for c in range(cfg.cores)]
     tiles = output_tiles(cfg, shape, tiling, kb.nbuf)
     steps = core_step_slots(cfg, shape, tiling, tiles, kb.nbuf)
@@ -737,14 +758,7 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     # (one slot: the next rows would overwrite the rows this step gathers from)
     prefetch = stage_a is not None and kb.nbuf > 1 and \
         prefetch_staging(cfg, shape, tiling, kb.nbuf)
-    # A tile's store must be done before its accumulator slot takes the tile after next:
-    # with one K step per tile that is one step away, and store pieces each served after a
-    # whole load (the channel is first come, first served) are not, so the tensor unit
-    # waits (edge, P @ V: 74501 -> 87272 cycles). There the pieces are as large as the loads
-    # that stream every step. With several K steps the store has their time, and short
-    # pieces that slip between the loads measure better (edge, BERT's dense layers).
-    kb.store_floor = 0 if nk > 1 or shape.stage_stride else \
-        max(0 if a_fixed else in_bytes, 0 if b_fixed else w_bytes)
+    kb.store_floor = store_floor(cfg, shape, tiling, kb.nbuf)
     last = {j % cfg.cores: j for j in range(len(tiles))}  # each core's last tile
     for j, (b, m0, mus, n0, nts) in enumerate(tiles):
         core = j % cfg.cores

@@ -43,19 +43,19 @@ from ...tir.tensor_intrin.npu import (
     mma_intrin_name,
     register_npu_intrinsics,
 )
-from .emit import DramTensor, DramView, itemsize
+from .emit import DramTensor, DramView
 from .gemm import (
     GemmShape,
     GemmTiling,
-    acc_row_stride,
     acc_slots,
     gemm_kernel_info,
     held_tiles,
     plan_gemm,
+    store_floor,
 )
 from .lowering import LoweringContext, NotSupported, register_tir_lowering
 from .ops import cast_kernel, lower_conv2d, lower_dense, lower_matmul, operand_dtype
-from .tir_program import HELD_KEY, OUT_SLOTS_KEY, PIPELINE_KEY, emit_scheduled
+from .tir_program import HELD_KEY, OUT_SLOTS_KEY, PIPELINE_KEY, STORE_FLOOR_KEY, emit_scheduled
 
 __all__ = ["GemmProblem", "gemm_prim_func", "plan_gemm_problem", "schedule_gemm",
            "scheduled_gemm"]
@@ -101,11 +101,11 @@ def gemm_prim_func(p: GemmProblem, tile: tuple[int, int, int]) -> PrimFunc:
 
 def schedule_gemm(func: PrimFunc, tile: tuple[int, int, int], nbuf: int,
                   intrin: str, held: tuple[bool, bool] = (False, False),
-                  out_slots: int = 0) -> Schedule:
+                  out_slots: int = 0, floor: int = 0) -> Schedule:
     """Step 2 of the module docstring on ``gemm_prim_func``'s result; ``held``: A's, B's
     tiles stay on their core (:func:`~.gemm.held_tiles`), their copies are marked so;
     ``out_slots``: accumulator slots of the output tiles (:func:`~.gemm.acc_slots`; 0: the
-    pipeline's ``nbuf``)."""
+    pipeline's ``nbuf``); ``floor``: the smallest store piece (:func:`~.gemm.store_floor`)."""
     mt, nt, kt = tile
     sch = Schedule(func)
     prod = sch.get_block("C_acc")
@@ -128,6 +128,8 @@ def schedule_gemm(func: PrimFunc, tile: tuple[int, int, int], nbuf: int,
     sch.annotate(k0, PIPELINE_KEY, nbuf)
     if out_slots:
         sch.annotate(k0, OUT_SLOTS_KEY, out_slots)
+    if floor:
+        sch.annotate(k0, STORE_FLOOR_KEY, floor)
     sch.tensorize(i1, intrin)
     return sch
 
@@ -148,19 +150,11 @@ def scheduled_gemm(ctx: LoweringContext, p: GemmProblem, tiling: GemmTiling) -> 
     register_npu_intrinsics(ctx.config)
     tile = (tiling.m_units, tiling.n, tiling.k_units)
     func = gemm_prim_func(p, tile)
-    cfg, shape, nbuf = ctx.config, p.shape, ctx.kb.nbuf
-    held = held_tiles(cfg, shape, tiling, nbuf)
-    # the emitter's accumulator slots (gemm.acc_slots): its tile bytes, its streamed loads
-    isz = itemsize(p.dtype)
-    in_bytes = tiling.m_units * shape.m_unit * tiling.k_units * shape.k_unit * isz
-    w_bytes = tiling.k_units * shape.k_unit * tiling.n * isz
-    c_bytes = tiling.m_units * shape.m_unit * acc_row_stride(cfg, shape, tiling.n) * \
-        itemsize(p.acc)
-    nk = -(-shape.k_units // tiling.k_units)
-    nout = acc_slots(cfg, shape, nbuf, nk, c_bytes,
-                     (0 if held[0] else in_bytes) + (0 if held[1] else w_bytes))
-    return schedule_gemm(func, tile, nbuf, mma_intrin_name(p.dtype, p.dtype, p.acc), held,
-                         nout)
+    cfg, nbuf = ctx.config, ctx.kb.nbuf
+    return schedule_gemm(func, tile, nbuf, mma_intrin_name(p.dtype, p.dtype, p.acc),
+                         held_tiles(cfg, p.shape, tiling, nbuf),
+                         acc_slots(cfg, p.shape, tiling, nbuf),
+                         store_floor(cfg, p.shape, tiling, nbuf))
 
 
 def _lower(ctx: LoweringContext, op: str, p: GemmProblem, tiling: GemmTiling,

@@ -54,8 +54,8 @@ from .emit import DramTensor, DramView, KernelBuilder, Pipeline, block, itemsize
 from .gemm import GemmShape, SlotCache, tail_pieces
 from .lowering import NotSupported
 
-__all__ = ["HELD_KEY", "OUT_SLOTS_KEY", "PIPELINE_KEY", "SCOPE_MEMORY", "emit_scheduled",
-           "evaluate"]
+__all__ = ["HELD_KEY", "OUT_SLOTS_KEY", "PIPELINE_KEY", "SCOPE_MEMORY", "STORE_FLOOR_KEY",
+           "emit_scheduled", "evaluate"]
 
 #: The loop annotation that asks for a software pipeline of ``value`` slots per buffer.
 PIPELINE_KEY = "software_pipeline"
@@ -66,6 +66,9 @@ HELD_KEY = "npu.held"
 #: The pipelined loop's annotation of how many accumulator slots its output tiles rotate
 #: through (:func:`~.gemm.acc_slots`; default ``nbuf``).
 OUT_SLOTS_KEY = "npu.out_slots"
+#: The pipelined loop's annotation of the smallest piece its stores are split into
+#: (:func:`~.gemm.store_floor`; default none).
+STORE_FLOOR_KEY = "npu.store_floor"
 #: Storage scope -> the description's memory.
 SCOPE_MEMORY = {SCOPE_INPUT: "input", SCOPE_WEIGHT: "weight", SCOPE_ACC: "acc", SCOPE_L1: "l1"}
 
@@ -177,7 +180,7 @@ class _Generator:
         self.slots: dict[tuple[int, Buffer], SlotCache] = {}
         self.core_steps = [0] * self.cfg.cores  # pipeline steps each core has run
         self.shape: GemmShape | None = None  # the product (its tail pieces), where known
-        self.streamed = 0                  # bytes of the largest operand tile not held
+        self.floor = 0                     # the smallest store piece (bytes)
         self.steps = 0                     # extent of the pipelined loop now walked
         self.step = 0                      # the step of it now walked
         self.total_tiles = 0               # pipelined loop instances in the function (0: unknown)
@@ -235,6 +238,7 @@ class _Generator:
         last = 0 < self.total_tiles <= tile + self.cfg.cores
         p = self.pipes[self.core]
         p.nout = int(loop.annotations.get(OUT_SLOTS_KEY, self.nbuf))
+        self.floor = int(loop.annotations.get(STORE_FLOOR_KEY, 0))
         self.in_pipeline, self.steps = True, n
         for v in range(lo, lo + n):
             self.env[loop.loop_var] = v
@@ -447,8 +451,6 @@ class _Generator:
         tile = _Tile(mem, slot * nbytes, base_d, tuple(extent))
         strides = tuple(tile.strides[dim] for dim in dims)
         self.staged[dst] = tile
-        if not held:
-            self.streamed = max(self.streamed, nbytes)
         if not new:
             return
         pad = (1,) * (3 - len(valid))
@@ -477,9 +479,8 @@ class _Generator:
         if not self.early:  # an early piece of the tail waits on its own token instead
             p.store_begin()
         pad = (1,) * (3 - len(valid))
-        # split as the emitter's stores are (KernelBuilder.store); with one K step per tile
-        # the pieces are no smaller than the operand tiles that stream (store_floor)
-        self.kb.store_floor = 0 if self.steps > 1 else self.streamed
+        # split as the emitter's stores are (KernelBuilder.store, the annotated floor)
+        self.kb.store_floor = self.floor
         self.kb.store(self.core, pad + tuple(valid), dst=t.at(offset, d_strides),
                       src=block(tile.mem, addr, str(src.dtype), tuple(l_strides)))
         self.kb.store_floor = 0
