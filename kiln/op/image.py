@@ -37,7 +37,9 @@ from .common import (
     INDEX_DTYPE,
     arg_ndim,
     arg_shape,
+    assume,
     const_int,
+    equal_dims,
     fmt_shape,
     normalize_axis,
     tensor_arg,
@@ -388,6 +390,10 @@ def _roi_align_infer(call: Any) -> Any:
         raise StructInfoError(f"{name}: rois must be (num_rois, 4), got {fmt_shape(rs)}")
     if bs is not None and len(bs) != 1:
         raise StructInfoError(f"{name}: batch_indices must be (num_rois,), got {fmt_shape(bs)}")
+    if (rs is not None and bs is not None and None not in (const_int(rs[0]), const_int(bs[0]))
+            and const_int(rs[0]) != const_int(bs[0])):
+        raise StructInfoError(f"{name}: batch_indices {fmt_shape(bs)} must give one image per "
+                              f"region of rois {fmt_shape(rs)}")
     if xs is None or rs is None:
         return tensor_sinfo(None, x.dtype, ndim=4)
     return tensor_sinfo([rs[0], xs[1], *call.attrs.output_size], x.dtype)
@@ -429,7 +435,8 @@ def _roi_align_compute(x: te.Tensor, rois: te.Tensor, batch_indices: te.Tensor,
         return valid, _clamp_index(low, size), _clamp_index(high, size), f(1.0) - frac, frac
 
     def body(r: PrimExpr, c: PrimExpr, ph: PrimExpr, pw: PrimExpr) -> PrimExpr:
-        b = _clamp_index(tx.cast(INDEX_DTYPE, batch_indices(r)), n_batch)
+        b = tx.check_index(batch_indices(r), n_batch, "image.roi_align: batch_indices",
+                           allow_negative=False)
         vy, y0, y1, hy, ly = axis_sample(r, ph, ky, 1, 3, out_h, height)
         vx, x0, x1, hx, lx = axis_sample(r, pw, kx, 0, 2, out_w, width)
         terms = [tx.cast(acc_dt, wy * wx) * tx.cast(acc_dt, x(b, c, yi, xi))
@@ -442,7 +449,11 @@ def _roi_align_compute(x: te.Tensor, rois: te.Tensor, batch_indices: te.Tensor,
         sample = tx.max(tx.max(terms[0], terms[1]), tx.max(terms[2], terms[3]))
         return te.max(tx.select(tx.logical_and(vy, vx), sample, zero), axis=[ky, kx])
 
-    pooled = te.compute([rois.shape[0], channels, out_h, out_w], body, name="roi_align")
+    pooled = te.compute([rois.shape[0], channels, out_h, out_w], body, name="roi_align",
+                        attrs=assume(equal_dims([(
+                            batch_indices.shape[0], rois.shape[0],
+                            "image.roi_align: batch_indices must give one image per region "
+                            "of rois")])))
     if as_dtype(x.dtype) == acc_dt:
         return pooled
     return te.compute(pooled.shape, lambda *i: tx.cast(x.dtype, pooled(*i)),

@@ -173,3 +173,27 @@ def test_errors_name_the_node():
     with pytest.raises(KilnError, match=r"Resize node 'both'.*exactly one"):
         from_onnx(model)
     assert onnx.defs.has("CenterCropPad")
+
+
+def test_roi_align_batch_indices_are_checked():
+    """One batch index per region, each naming an image of x: a count that differs from the
+    rois' is refused when the model is compiled (static) or run (symbolic), an index outside
+    [0, N) fails the run -- both naming the node (was: regions read past batch_indices, and an
+    out-of-range index silently clamped to the nearest image)."""
+    x = RNG.standard_normal((2, 3, 6, 6)).astype("float32")
+    rois = np.array([[0, 0, 4, 4], [1, 1, 5, 3], [0, 2, 3, 5]], "float32")
+    bidx = np.array([1, 0, 1], "int64")
+    node = helper.make_node("RoiAlign", ["x", "r", "b"], ["y"], name="pool", output_height=2,
+                            output_width=2, sampling_ratio=2)
+    model = _model([node], {"x": x, "r": rois, "b": bidx[:2]}, {}, ["y"], 16)
+    with pytest.raises(KilnError, match=r"RoiAlign node 'pool'.*one image per region"):
+        from_onnx(model)
+    model = _model([node], {"x": x, "r": rois, "b": bidx}, {}, ["y"], 16)
+    mod, params = from_onnx(model, shape_dict={"r": ["R", 4], "b": ["B"]})
+    exe = kiln.build(mod, params=params)
+    want = ReferenceEvaluator(model).run(None, {"x": x, "r": rois, "b": bidx})[0]
+    np.testing.assert_allclose(exe(x=x, r=rois, b=bidx), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(KilnError, match="one image per region"):
+        exe(x=x, r=rois, b=bidx[:2])
+    with pytest.raises(KilnError, match=r"pool.*batch_indices.*index 2 is out of range"):
+        exe(x=x, r=rois, b=np.array([1, 2, 0], "int64"))
