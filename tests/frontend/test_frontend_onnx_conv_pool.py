@@ -297,15 +297,15 @@ def test_conv_transpose_dynamic_batch():
 
 
 def _max_pool_skipping_nan(x, kernel, strides, pads):
-    """MaxPool with NaNs skipped (a window of NaNs only gives the lowest float): NaNs and
-    padding are the lowest value, then a plain windowed maximum."""
-    low = np.finfo(np.float32).min
+    """MaxPool with NaNs skipped (a window of NaNs only gives -inf): the padding is NaN too,
+    then a NaN-skipping windowed maximum."""
     n = len(kernel)
-    xp = np.pad(np.where(np.isnan(x), low, x), [(0, 0), (0, 0)] + [
-        (pads[i], pads[n + i]) for i in range(n)], constant_values=low)
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[n + i]) for i in range(n)],
+                constant_values=np.nan)
     win = np.lib.stride_tricks.sliding_window_view(xp, kernel, axis=tuple(range(2, 2 + n)))
     win = win[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)]
-    return win.max(axis=tuple(range(-n, 0)))
+    out = np.fmax.reduce(win.reshape(*win.shape[:2 + n], -1), axis=-1)
+    return np.where(np.isnan(out), -np.inf, out)
 
 
 @pytest.mark.parametrize("shape,kernel,strides,pads", [
@@ -314,20 +314,26 @@ def _max_pool_skipping_nan(x, kernel, strides, pads):
     ((1, 2, 5, 6, 7), [3, 2, 3], [2, 1, 2], [1, 0, 1, 1, 1, 0]),
 ])
 def test_maxpool_skips_nan(shape, kernel, strides, pads):
-    """NaN inputs are skipped, as onnxruntime's reference loop and onnx.reference's N-d pooling
-    do (onnxruntime's vectorized 2-D kernel gives an order-dependent result), a window of NaNs
-    only giving the lowest float; the Indices output skips them too."""
+    """NaN inputs are skipped (onnxruntime's reference loop and onnx.reference's N-d pooling
+    skip them; onnxruntime's vectorized 2-D kernel gives an order-dependent result); a window
+    of -inf only gives -inf, as both references do, and so does one of NaNs only (they gave
+    the lowest finite float); the Indices output points at an input element whose value is the
+    result (a NaN for a window of NaNs), never at the padding."""
     x = _rand(*shape)
     x.flat[RNG.choice(x.size, x.size // 6, replace=False)] = np.nan
     x[0, 0, :3, :3] = np.nan  # whole windows of NaNs
+    x[-1, -1, -3:, -3:] = -np.inf  # whole windows of -inf (some with NaNs), by the padding
+    x[-1, -1, -1, -1] = np.nan
     attrs = dict(kernel_shape=kernel, strides=strides, pads=pads)
     (got,), _ = _run("MaxPool", [x], **attrs)
-    np.testing.assert_array_equal(got, _max_pool_skipping_nan(x, kernel, strides, pads))
+    want = _max_pool_skipping_nan(x, kernel, strides, pads)
+    np.testing.assert_array_equal(got, want)
+    assert np.isneginf(got).any()
     (values, indices), _ = _run("MaxPool", [x], n_out=2, **attrs)
     np.testing.assert_array_equal(values, got)
-    flat = np.where(np.isnan(x), np.finfo(np.float32).min, x).reshape(-1)
-    hit = indices >= 0
-    np.testing.assert_array_equal(flat[indices[hit]], got[hit])
+    assert indices.min() >= 0 and indices.max() < x.size
+    picked = x.reshape(-1)[indices]
+    np.testing.assert_array_equal(np.where(np.isnan(picked), -np.inf, picked), got)
 
 
 @pytest.mark.parametrize("shape", [(4, 3, 5, 2), (6, 2)])

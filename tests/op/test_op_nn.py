@@ -90,6 +90,10 @@ def pool2d_ref(x, kind, pool_size, strides=1, padding=0, dilation=1, ceil_mode=F
             if kind == "max":
                 out[:, :, y, xx] = vals.max(axis=(2, 3))
                 continue
+            if kind == "nanmax":  # NaNs skipped; a window of NaNs only gives -inf
+                out[:, :, y, xx] = np.fmax.reduce(vals.reshape(n, c, -1), axis=2)
+                out[:, :, y, xx][np.isnan(out[:, :, y, xx])] = -np.inf
+                continue
             if count_include_pad:
                 cnt = len([v for v in hs if -pt <= v < h + pb]) * len(
                     [v for v in ws if -pl <= v < w + pr])
@@ -341,23 +345,25 @@ def test_max_pool2d_matches_numpy():
 
 def test_max_pool2d_nan_propagates_or_is_ignored():
     """By default a NaN in a window is the window's maximum (numpy, PyTorch); ``ignore_nan``
-    skips it (ONNX MaxPool), a window of NaNs giving the lowest finite value."""
+    skips it (ONNX MaxPool), a window of NaNs only giving -inf; a window of -inf gives -inf
+    either way (it gave the lowest finite float with ``ignore_nan``)."""
     cases, inputs = [], []
     for shape, attrs in POOL_CASES:
         x = rand(shape)
         x.flat[::5] = np.nan
         x[0, 0, :3, :4] = np.nan
+        x[-1, -1, -3:, -4:] = -np.inf
+        x[-1, -1, -1, -1] = np.nan
         inputs.append((x, attrs))
         cases.append(("nn.max_pool2d", [x], attrs))
         cases.append(("nn.max_pool2d", [x], dict(attrs, ignore_nan=True)))
     outs = run_cases(cases)
-    low = np.finfo(np.float32).min
     for k, (x, attrs) in enumerate(inputs):
         propagated, ignored = outs[2 * k], outs[2 * k + 1]
         np.testing.assert_array_equal(propagated, pool2d_ref(x, "max", **attrs))
-        np.testing.assert_array_equal(ignored, pool2d_ref(np.where(np.isnan(x), low, x), "max",
-                                                          **attrs))
-        assert np.isnan(propagated).any() and not np.isnan(ignored).any()
+        np.testing.assert_array_equal(ignored, pool2d_ref(x, "nanmax", **attrs))
+        assert np.isneginf(ignored).any() and np.isnan(propagated).any()
+        assert not np.isnan(ignored).any()
 
 
 def test_avg_pool2d_matches_numpy():

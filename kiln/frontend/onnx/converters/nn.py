@@ -263,6 +263,20 @@ def _pool_out_size(size: int, k: int, s: int, d: int, lo: int, hi: int, ceil_mod
     return out - 1 if (out - 1) * s >= size + lo else out
 
 
+def _real_taps(sizes: list[int], outs: list[int], kernel: list[int], strides: list[int],
+               dil: list[int], pads: list[int], taps: list[tuple[int, ...]]) -> np.ndarray:
+    """``[*outs, len(taps)]``: whether tap ``t`` of output position ``o`` reads the input (not
+    the padding) -- in every spatial dim ``0 <= o*stride - pad + t*dilation < size``."""
+    nsp = len(sizes)
+    real = np.ones((*outs, len(taps)), dtype=bool)
+    for i in range(nsp):
+        o = np.arange(outs[i]).reshape([-1 if d == i else 1 for d in range(nsp)] + [1])
+        t = np.array([tap[i] for tap in taps]) * dil[i]
+        pos = o * strides[i] - pads[i] + t
+        real &= (pos >= 0) & (pos < sizes[i])
+    return real
+
+
 def _max_pool_with_indices(node: Any, x: Any) -> list[Any]:
     """Values and flat Indices of a max pooling, from the stack of its window taps: tap ``t``
     is a strided slice of the padded input, the first maximal tap (``argmax``; ties go to the
@@ -284,9 +298,8 @@ def _max_pool_with_indices(node: Any, x: Any) -> list[Any]:
         need = (outs[i] - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1
         width.append((pads[i], max(pads[nsp + i], need - sizes[i] - pads[i])))
     dt = np.dtype(dtype_of(x))
-    lowest = float(np.finfo(dt).min) if dt.kind == "f" else int(np.iinfo(dt).min)
-    if dt.kind == "f":  # NaNs never win, as in MaxPool without Indices (ignore_nan)
-        x = op.where(op.not_equal(x, x), scalar(lowest, dt.name), x)
+    is_float = dt.kind == "f"
+    lowest = -np.inf if is_float else int(np.iinfo(dt).min)
     xp = op.pad(x, ((0, 0), (0, 0), *width), pad_value=lowest)
     taps = list(itertools.product(*(range(k) for k in kernel)))
     sl = []
@@ -296,8 +309,19 @@ def _max_pool_with_indices(node: Any, x: Any) -> list[Any]:
         sl.append(op.expand_dims(op.strided_slice(xp, begin, end, strides,
                                                   axes=tuple(range(2, 2 + nsp))), -1))
     stack = op.concat(sl, axis=-1) if len(sl) > 1 else sl[0]
-    arg = op.argmax(stack, axis=-1)
-    values = op.max(stack, axis=-1)
+    low = scalar(lowest, dt.name)
+    key = op.where(op.not_equal(stack, stack), low, stack) if is_float else stack
+    values = op.max(key, axis=-1)  # NaNs skipped, as in max_pool2d's ignore_nan
+    # A window whose maximum is the lowest value (all its inputs -inf or NaN, or the lowest
+    # integer) takes its first input tap, a -inf before a NaN, never a padded one (``real``:
+    # whether each window's tap reads the input, static).
+    real = _real_taps(sizes, outs, kernel, strides, dil, pads, taps)
+    if is_float:
+        rank = op.where(op.equal(stack, low), scalar(2, "int32"), scalar(1, "int32"))
+        first = op.argmax(op.multiply(rank, g.const(real.astype("int32"))), axis=-1)
+    else:
+        first = g.const(np.argmax(real, axis=-1))
+    arg = op.where(op.equal(values, low), first, op.argmax(key, axis=-1))
     total = int(np.prod(sizes))
     base = (np.arange(nb * ch, dtype=np.int64) * total).reshape((nb, ch) + (1,) * nsp)
     index: Any = g.const(base)
