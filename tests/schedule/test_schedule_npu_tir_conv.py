@@ -11,7 +11,7 @@ import torch
 import kiln
 from kiln import cli, op
 from kiln import graph as g
-from kiln.codegen.npu import LOWERING_KEY
+from kiln.codegen.npu import LOWERING_KEY, build_npu
 from kiln.codegen.npu.executable import NpuStep
 from kiln.ir import KilnError
 from kiln.op.nn import Conv2DAttrs
@@ -56,6 +56,7 @@ CASES = [
     ((2, 5, 13, 7), (7, 5, 3, 5), {"padding": (0, 2), "strides": (1, 2)}),
     ((1, 31, 29, 31), (37, 31, 3, 3), {}),
     ((1, 6, 8, 8), (10, 3, 1, 1), {"groups": 2, "strides": (2, 2)}),
+    ((1, 9, 10, 13), (11, 9, 3, 3), {"padding": (1, 0, 2, 3), "strides": (2, 1)}),
 ]
 
 
@@ -90,9 +91,13 @@ def _program(exe):
 
 
 def _torch(x, w, kw):
+    """torch's float64 convolution (a (top, left, bottom, right) padding applied first)."""
     args = {("stride" if k == "strides" else k): v for k, v in kw.items()}
-    return torch.nn.functional.conv2d(torch.tensor(x, dtype=torch.float64),
-                                      torch.tensor(w, dtype=torch.float64), **args).numpy()
+    xt = torch.tensor(x, dtype=torch.float64)
+    pad = args.pop("padding", (0, 0))
+    top, left, bottom, right = pad if len(pad) == 4 else (*pad, *pad)
+    xt = torch.nn.functional.pad(xt, (left, right, top, bottom))
+    return torch.nn.functional.conv2d(xt, torch.tensor(w, dtype=torch.float64), **args).numpy()
 
 
 @pytest.mark.parametrize("hw", HW)
@@ -114,6 +119,28 @@ def test_conv2d_through_tir_is_the_emitters_program(hw, xs, ws, kw):
     assert tir.last_cycles == emit.last_cycles > 0
     ref = _torch(x, w, kw)
     # float16 operands (x and w rounded: 2^-11 relative each), float32 accumulation
+    assert np.max(np.abs(got - ref)) <= 2e-3 * np.max(np.abs(ref))
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_one_slot_pipeline_is_the_emitters_program(hw):
+    """Without double buffering (one slot: the staging fences the gathers of the step
+    before) the program is the emitter's too."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((19, 7, 3, 3)).astype("float32")
+    x = rng.standard_normal((2, 7, 15, 12)).astype("float32")
+    mod = graph_module(lambda a: op.nn.conv2d(a, g.const(w), padding=(1, 1), strides=(2, 1)),
+                       [x.shape], "float32")
+    exes = []
+    for route in ("emit", "tir"):
+        with PassContext(config={LOWERING_KEY: route}):
+            exes.append(build_npu(mod, kiln.Target("npu", hw=hw), double_buffer=False))
+    emit, tir = exes
+    assert len(tir.tir) == 1 and '"software_pipeline": 1' in str(tir.tir[0][1].func)
+    assert _program(tir) == _program(emit)
+    got = tir(x)
+    np.testing.assert_array_equal(got, emit(x))
+    ref = _torch(x, w, {"padding": (1, 1), "strides": (2, 1)})
     assert np.max(np.abs(got - ref)) <= 2e-3 * np.max(np.abs(ref))
 
 
