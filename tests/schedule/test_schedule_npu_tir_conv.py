@@ -24,11 +24,14 @@ from kiln.schedule.npu.tir_program import (
     BALANCE_KEY,
     OUT_SLOTS_KEY,
     STAGE_KEY,
+    compile_index,
     emit_scheduled_conv,
+    evaluate,
 )
 from kiln.target.npu import load_config
 from kiln.testing.op_testing import graph_module
 from kiln.tir import Schedule
+from kiln.tir import expr as E
 from kiln.tir.functor import post_order_visit
 from kiln.tir.stmt import Block
 from kiln.tir.tensor_intrin.npu import (
@@ -265,3 +268,21 @@ def test_cli_show_prints_the_scheduled_convolution(capsys):
     out = capsys.readouterr().out
     assert "# nn.conv2d: scheduled for npu" in out and 'scope="npu.l1"' in out
     assert f'"{STAGE_KEY}": True' in out and "sch.tensorize(block_or_loop=" in out
+
+
+def test_compiled_index_maps_evaluate_as_the_interpreter():
+    """The generator's compiled index maps (floor division and modulo of negative values,
+    selects, min/max, logic, casts) give :func:`evaluate`'s values; a truncating division,
+    which neither lowers, is refused by both."""
+    a, b = E.Var("a", "int64"), E.Var("b", "int64")
+    exprs = [E.floordiv(a - 7, 3), E.floormod(a * 2 - b, 5), E.select(a < b, a + 1, b * 3),
+             E.min(a, b - 2), E.max(a, 4), E.logical_and(a >= 0, E.logical_not(b > a)),
+             E.Cast("int64", a + b)]
+    fn = compile_index(exprs, [a, b])
+    for x in range(-9, 10):
+        for y in range(-6, 7):
+            assert fn(x, y) == tuple(evaluate(e, {a: x, b: y}) for e in exprs)
+    with pytest.raises(KilnError, match="cannot evaluate"):
+        compile_index([E.truncdiv(a, 3)], [a])
+    with pytest.raises(KilnError, match="has no value"):
+        compile_index([a + b], [a])
