@@ -28,6 +28,7 @@ a grouped one as one such kernel per (image, group), as the emitter does.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -157,15 +158,26 @@ def schedule_conv(func: PrimFunc, geo: ConvGeometry, tiling: GemmTiling, nbuf: i
 
 def scheduled_conv(ctx: LoweringContext, geo: ConvGeometry, tiling: GemmTiling) -> Schedule:
     """The scheduled PrimFunc of ``geo`` under ``tiling`` (the description's tensor
-    intrinsics registered first)."""
+    intrinsics registered first); a copy of the one :func:`_schedule` keeps for these
+    arguments."""
     register_npu_intrinsics(ctx.config)
     cfg, nbuf, shape = ctx.config, ctx.kb.nbuf, geo.shape
     td = cfg.tensor_dtype(shape.dtype, shape.dtype)
     acc = str(td.acc)
-    func = conv_prim_func(geo, tiling, acc)
-    return schedule_conv(func, geo, tiling, nbuf, mma_intrin_name(shape.dtype, shape.dtype, acc),
-                         held_tiles(cfg, shape, tiling, nbuf), acc_slots(cfg, shape, tiling, nbuf),
-                         store_floor(cfg, shape, tiling, nbuf))
+    return _schedule(geo, tiling, acc, nbuf, mma_intrin_name(shape.dtype, shape.dtype, acc),
+                     held_tiles(cfg, shape, tiling, nbuf), acc_slots(cfg, shape, tiling, nbuf),
+                     store_floor(cfg, shape, tiling, nbuf)).copy()
+
+
+@functools.lru_cache(maxsize=256)
+def _schedule(geo: ConvGeometry, tiling: GemmTiling, acc: str, nbuf: int, intrin: str,
+              held: tuple[bool, bool], out_slots: int, floor: int) -> Schedule:
+    """:func:`schedule_conv` of :func:`conv_prim_func`, kept per arguments (all of what the
+    schedule depends on): a build lowers each convolution three times (AnnotateTarget's and
+    AnnotateMemoryScope's probes, then the kernel) and ResNet-18 repeats its shapes -- the
+    scheduling was half the TIR route's lowering time. Callers get a copy."""
+    return schedule_conv(conv_prim_func(geo, tiling, acc), geo, tiling, nbuf, intrin, held,
+                         out_slots, floor)
 
 
 def lower_conv_tir(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
