@@ -922,11 +922,21 @@ class _ConvTransfers:
         base = self.slot_addr(core, slot)
         i0, k0 = r0 * ow, (c0 // self.ku) * self.kt
 
-        def src(index: tuple[int, ...], coefs: list[tuple[int, ...]]) -> Any:
+        nbox = self.shape.stage_rows(rs)
+
+        def src(index: tuple[int, ...], coefs: list[tuple[int, ...]], extents: list[int]
+                ) -> Any:
+            """The L1 block of a gather box from ``index`` along ``coefs``: both corners
+            inside what the step staged (its image, rows, pixels and channels)."""
+            far = tuple(x + sum(c[d] * (n - 1) for c, n in zip(coefs, extents))
+                        for d, x in enumerate(index))
+            for corner in (index, far):
+                if corner[0] != b or not (0 <= corner[1] - origin[1] < nbox and
+                                          0 <= corner[2] < geo.width and
+                                          0 <= corner[3] - c0 < cs):
+                    raise NotSupported(f"copy {self.copies['gather'].block.name_hint!r} "
+                                       "reads outside the step's staged rows")
             at = self.l1(tuple(x - o for x, o in zip(index, origin)))
-            if index[0] != b or not 0 <= index[3] - c0 < cs:
-                raise NotSupported(f"copy {self.copies['gather'].block.name_hint!r} reads "
-                                   "outside the step's staged rows")
             return block("l1", base + at * isz, dt, tuple(self.l1(c) for c in coefs))
 
         if rs < kw:  # per row and kernel row: the row's pixels, the kernel row's taps
@@ -937,7 +947,7 @@ class _ConvTransfers:
                         [(0, 1, 0), (0, 0, cs), (0, 0, 1)], [ow, kw, cs])
                     kb.load(core, shape=(ow, kw, cs),
                             dst=block("input", addr + (r * ow * kts + a * kw * cs) * isz, dt,
-                                      (kts, cs, 1)), src=src(index, coefs))
+                                      (kts, cs, 1)), src=src(index, coefs, [ow, kw, cs]))
             return
         for t in range(taps):  # per tap: every row's pixels
             index, coefs = self.steps(
@@ -945,7 +955,7 @@ class _ConvTransfers:
                 [(0, ow, 0), (0, 1, 0), (0, 0, 1)], [rs, ow, cs])
             kb.load(core, shape=(rs, ow, cs),
                     dst=block("input", addr + t * cs * isz, dt, (ow * kts, kts, 1)),
-                    src=src(index, coefs))
+                    src=src(index, coefs, [rs, ow, cs]))
 
     # -- the weights: every tap's block of channels ------------------------------------------
     def load_b(self, core: int, b: int, c0: int, cs: int, n0: int, ns: int, addr: int) -> None:
