@@ -40,9 +40,8 @@ from .vector import (
 
 __all__ = ["BINARY_OPS", "COMPOSITE_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS",
            "ConvFn", "ConvGeometry", "ConvTransfers", "conv_geometry", "conv_transfers",
-           "is_depthwise",
-           "conv_weight_layout", "elementwise_steps", "grouped_conv", "is_pointwise",
-           "lower_elementwise_chain", "operand_dtype", "product_operand_dtype"]
+           "conv_weight_layout", "elementwise_steps", "grouped_conv", "is_depthwise",
+           "is_pointwise", "lower_elementwise_chain", "operand_dtype", "product_operand_dtype"]
 
 #: Graph op -> vector opcode of the element-wise ops.
 BINARY_OPS = {"add": "vadd", "subtract": "vsub", "multiply": "vmul", "divide": "vdiv",

@@ -1,9 +1,10 @@
 """Matrix products on the NPU through TIR: a TE PrimFunc scheduled VTA-style, then generated.
 
-The route (PassContext option ``"npu.lowering": "tir"``; the default is ``"emit"``) for
-``dense`` and ``matmul`` (2-D weights, constant or computed at run time; a batched left
-operand; both operands batched alike) and pointwise ``nn.conv2d`` (1x1, stride 1, no
-padding: ``W @ X`` per image); other convolutions and broadcast batch dims stay with the emitter:
+The route (PassContext option ``"npu.lowering": "tir"``, the default; ``"emit"`` emits every
+op directly) for ``dense`` and ``matmul`` (2-D weights, constant or computed at run time; a
+batched left operand; both operands batched alike) and pointwise ``nn.conv2d`` (1x1, stride 1,
+no padding: ``W @ X`` per image); the other convolutions but depthwise ones go through
+:mod:`.tir_conv` (:func:`lower_conv2d_tir`), broadcast batch dims stay with the emitter:
 
 1. :func:`gemm_prim_func`: ``C[b, i, j] = sum_k cast(acc, A[b, i, k]) * cast(acc, B[b, k,
    j])`` over the operands padded with zeros to whole tiles (``A_pad``/``B_pad``, ``select``
