@@ -96,6 +96,7 @@ def _program(exe):
 def _torch(x, w, kw):
     """torch's float64 convolution (a (top, left, bottom, right) padding applied first)."""
     args = {("stride" if k == "strides" else k): v for k, v in kw.items()}
+    args["groups"] = args.get("groups", 1)
     xt = torch.tensor(x, dtype=torch.float64)
     pad = args.pop("padding", (0, 0))
     top, left, bottom, right = pad if len(pad) == 4 else (*pad, *pad)
@@ -122,6 +123,41 @@ def test_conv2d_through_tir_is_the_emitters_program(hw, xs, ws, kw):
     assert tir.last_cycles == emit.last_cycles > 0
     ref = _torch(x, w, kw)
     # float16 operands (x and w rounded: 2^-11 relative each), float32 accumulation
+    assert np.max(np.abs(got - ref)) <= 2e-3 * np.max(np.abs(ref))
+
+
+def _random_case(rng):
+    """A random convolution (groups, batch, kernel 1-7 x 1-5, strides 1-3, dilation 1-2,
+    padding 0-3 per side, sizes up to 39) whose output is not empty."""
+    while True:
+        groups, nb = int(rng.choice([1, 1, 2])), int(rng.choice([1, 2]))
+        cg, og = int(rng.integers(1, 40)), int(rng.integers(1, 40))
+        kh, kw = int(rng.choice([1, 2, 3, 5, 7])), int(rng.choice([1, 3, 5]))
+        sh, sw = int(rng.choice([1, 2, 3])), int(rng.choice([1, 2]))
+        dh, dw = int(rng.choice([1, 1, 2])), int(rng.choice([1, 2]))
+        pad = tuple(int(p) for p in rng.integers(0, 4, 4))
+        h, w = int(rng.integers(1, 40)), int(rng.integers(1, 40))
+        if h + pad[0] + pad[2] > (kh - 1) * dh and w + pad[1] + pad[3] > (kw - 1) * dw:
+            return ((nb, cg * groups, h, w), (og * groups, cg, kh, kw),
+                    {"strides": (sh, sw), "padding": pad, "dilation": (dh, dw),
+                     "groups": groups})
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_convolutions_are_the_emitters_program(seed):
+    """Random shapes (200 of these generators' draws were checked alike while writing the
+    route): the same program as the emitter, the same bits, torch's values."""
+    rng = np.random.default_rng(1000 + seed)
+    xs, ws, kw = _random_case(rng)
+    hw = HW[seed % 2]
+    x = rng.standard_normal(xs).astype("float32")
+    w = rng.standard_normal(ws).astype("float32")
+    emit, tir = _both(lambda a: op.nn.conv2d(a, g.const(w), **kw), [xs], hw)
+    assert tir.tir and _program(tir) == _program(emit)
+    got = tir(x)
+    np.testing.assert_array_equal(got, emit(x))
+    assert tir.last_cycles == emit.last_cycles
+    ref = _torch(x, w, kw)
     assert np.max(np.abs(got - ref)) <= 2e-3 * np.max(np.abs(ref))
 
 
