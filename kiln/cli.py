@@ -288,7 +288,7 @@ def _show_npu(mod: Any, target: Target, args: argparse.Namespace) -> int:
             print(f"# {op_name}: scheduled for {target}\n{sch.func}\n# trace\n{sch.trace}",
                   end="\n\n")
         if not exe.tir:
-            print("# no product of this model is lowered through TIR")
+            print("# no product or convolution of this model is lowered through TIR")
         return 0
     exe = build_npu(mod, target)
     if args.stage == "npu":

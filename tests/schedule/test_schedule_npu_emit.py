@@ -14,6 +14,7 @@ from kiln import op
 from kiln.codegen.npu import build_npu
 from kiln.schedule.npu import gemm as npu_gemm
 from kiln.schedule.npu import ops as npu_ops
+from kiln.schedule.npu import tir_conv as npu_tir_conv
 from kiln.schedule.npu import tir_gemm as npu_tir_gemm
 from kiln.schedule.npu.emit import MEM_ID, block, itemsize, store_piece_bytes, store_pieces
 from kiln.schedule.npu.gemm import (
@@ -138,8 +139,9 @@ def test_leftover_tiles_are_split_evenly_over_the_cores(shape, tiling, cores_wor
 
 
 def _forced(monkeypatch, tiling):
-    """Both lowering routes plan ``tiling`` (the products' default route is TIR's)."""
-    for module in (npu_ops, npu_tir_gemm):
+    """Both lowering routes plan ``tiling`` (the products' and convolutions' default route is
+    TIR's)."""
+    for module in (npu_ops, npu_tir_gemm, npu_tir_conv):
         monkeypatch.setattr(module, "plan_gemm", lambda cfg, shape, nbuf, hold=True: tiling)
 
 

@@ -154,13 +154,15 @@ def test_pointwise_conv2d(hw):
     assert "1x1 as W @ X" in tir.kernels[-1].tiling
 
 
-def test_other_convolutions_and_broadcast_batches_fall_back_to_the_emitter():
+def test_depthwise_convolutions_fall_back_to_the_emitter():
+    """A depthwise convolution runs on the vector unit, emitted (tests/schedule/
+    test_schedule_npu_tir_conv.py covers the other convolutions through TIR)."""
     rng = np.random.default_rng(5)
-    w = _rand(rng, 8, 3, 3, 3)
-    emit, tir = _both(lambda x: op.nn.conv2d(x, g.const(w), padding=(1, 1)), [(1, 3, 9, 9)],
-                      "edge")
+    w = _rand(rng, 8, 1, 3, 3)
+    emit, tir = _both(lambda x: op.nn.conv2d(x, g.const(w), padding=(1, 1), groups=8),
+                      [(1, 8, 9, 9)], "edge")
     assert tir.tir == [] and [k.tiling for k in tir.kernels] == [k.tiling for k in emit.kernels]
-    x = _rand(rng, 1, 3, 9, 9)
+    x = _rand(rng, 1, 8, 9, 9)
     np.testing.assert_array_equal(tir(x), emit(x))
 
 

@@ -8,13 +8,27 @@ int32 products (``out_dtype="int32"``) run as they are and are exact.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ...npu.isa import UNIT_DMA_IN
+from ...target.npu.config import NPUConfig
 from .emit import DramTensor, block, itemsize, row_major
-from .gemm import GemmShape, acc_row_stride, emit_gemm, gemm_kernel_info, plan_gemm
+from .gemm import (
+    GemmShape,
+    GemmTiling,
+    LoadA,
+    LoadB,
+    StageA,
+    StoreC,
+    acc_row_stride,
+    emit_gemm,
+    gemm_kernel_info,
+    plan_gemm,
+)
 from .lowering import LoweringContext, NotSupported, register_lowering
 from .pooling import FLOAT_DTYPES as _FLOAT
 from .scalar import emit_scalar_elementwise
@@ -25,7 +39,9 @@ from .vector import (
 )
 
 __all__ = ["BINARY_OPS", "COMPOSITE_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS",
-           "elementwise_steps", "lower_elementwise_chain", "operand_dtype", "product_operand_dtype"]
+           "ConvFn", "ConvGeometry", "ConvTransfers", "conv_geometry", "conv_transfers",
+           "conv_weight_layout", "elementwise_steps", "grouped_conv", "is_depthwise",
+           "is_pointwise", "lower_elementwise_chain", "operand_dtype", "product_operand_dtype"]
 
 #: Graph op -> vector opcode of the element-wise ops.
 BINARY_OPS = {"add": "vadd", "subtract": "vsub", "multiply": "vmul", "divide": "vdiv",
@@ -200,7 +216,7 @@ def product_operand_dtype(ctx: LoweringContext, call: Any, x_dtype: str) -> str 
         return None
     w = call.args[1]
     groups = getattr(call.attrs, "groups", 1)
-    if groups != 1 and _is_depthwise(groups, tuple(_dims(call.args[0])), tuple(_dims(w))):
+    if groups != 1 and is_depthwise(groups, tuple(_dims(call.args[0])), tuple(_dims(w))):
         return None  # on the vector unit, in the activation's own dtype
     wd = str(getattr(w.struct_info, "dtype", ""))
     out_dt = str(getattr(call.struct_info, "dtype", ""))
@@ -324,7 +340,11 @@ def lower_matmul(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
     _gemm_2d(ctx, "matmul", args[0], args[1], out, w_is_nk=False)
 
 
-def _is_depthwise(groups: int, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> bool:
+#: ``conv(ctx, attrs, x, w, out, dtype)``: lowers one ungrouped convolution (a route's).
+ConvFn = Callable[[LoweringContext, Any, Any, np.ndarray, DramTensor, str], None]
+
+
+def is_depthwise(groups: int, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> bool:
     """One input channel per group and one output channel per input channel."""
     return groups == x_shape[1] == w_shape[0] and w_shape[1] == 1
 
@@ -338,23 +358,24 @@ def lower_conv2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
     if at.data_layout != "NCHW" or at.kernel_layout != "OIHW":
         raise NotSupported(f"nn.conv2d: layout {at.data_layout}/{at.kernel_layout}")
     x, w = args
-    if at.groups != 1 and _is_depthwise(at.groups, x.shape, w.shape):
+    if at.groups != 1 and is_depthwise(at.groups, x.shape, w.shape):
         return _depthwise(ctx, call, x, w, out)
     if not isinstance(w, np.ndarray):
         raise NotSupported("nn.conv2d: weights computed at run time")
     dt = operand_dtype(ctx, "nn.conv2d", x.dtype if isinstance(x, DramTensor) else
                         str(x.dtype), str(w.dtype), out.dtype)
     if at.groups != 1:
-        return _grouped(ctx, at, x, w, out, dt)
+        return grouped_conv(ctx, at, x, w, out, dt, _conv)
     _conv(ctx, at, x, w, out, dt)
 
 
-def _grouped(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
-             dt: str) -> None:
+def grouped_conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
+                 dt: str, conv: ConvFn) -> None:
     """A grouped convolution: in NCHW each group's input and output channels are contiguous
     per image, so every (image, group) pair is an ordinary convolution of DRAM sub-tensors --
-    one GEMM kernel each (a float32 activation is cast to float16 per group, the same
-    traffic as one cast of the whole, and after the first group's tiling is known to fit)."""
+    one GEMM kernel each, lowered by ``conv`` (the emitter's or the TIR route's; a float32
+    activation is cast to float16 per group, the same traffic as one cast of the whole, and
+    after the first group's tiling is known to fit)."""
     nb, c, h, wd = x.shape
     o, cg = w.shape[0], w.shape[1]
     groups = at.groups
@@ -368,27 +389,67 @@ def _grouped(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTens
                             xa.dtype)
             os_ = DramTensor(out.addr + (n * o + gi * og) * oh * ow * osz, (1, og, oh, ow),
                              out.dtype)
-            _conv(ctx, at, xs, w[gi * og:(gi + 1) * og], os_, dt)
+            conv(ctx, at, xs, w[gi * og:(gi + 1) * og], os_, dt)
 
 
-def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
-          dt: str) -> None:
-    """An ungrouped convolution (see :func:`lower_conv2d`)."""
-    nb, c, h, wd = x.shape
-    o, _, kh, kw = w.shape
-    _, _, oh, ow = out.shape
+def is_pointwise(at: Any, w_shape: tuple[int, ...]) -> bool:
+    """A 1x1 stride-1 unpadded convolution (lowered as ``W @ X`` per image, no staging)."""
+    return tuple(w_shape[2:]) == (1, 1) and tuple(at.strides) == (1, 1) and \
+        not any(at.padding)
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """An ungrouped NCHW/OIHW convolution as the implicit GEMM both lowering routes build:
+    the planner's :class:`~.gemm.GemmShape` (an M unit is one output row of ``ow`` pixels, a
+    K unit one input channel times the ``kh * kw`` taps) and the staging of the input rows in
+    L1: ``rstep`` (image rows between staged rows: ``sh`` for a strided 1x1 whose rows are
+    staged alone, else 1) and ``width`` (pixels of a staged row, the window's padding
+    included)."""
+
+    nb: int
+    c: int
+    h: int
+    w: int
+    o: int
+    kh: int
+    kw: int
+    oh: int
+    ow: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    pt: int
+    pl: int
+    rstep: int
+    width: int
+    shape: GemmShape
+
+    @property
+    def taps(self) -> int:
+        return self.kh * self.kw
+
+
+def conv_geometry(cfg: NPUConfig, at: Any, x_shape: tuple[int, ...],
+                  w_shape: tuple[int, ...], out_shape: tuple[int, ...], dt: str
+                  ) -> ConvGeometry:
+    """The implicit GEMM of a (not pointwise) convolution: one definition for the emitter
+    (:func:`lower_conv2d`) and the TIR route (:mod:`.tir_conv`), so both plan the same
+    :class:`~.gemm.GemmShape` and get the same tiling."""
+    nb, c, h, wd = x_shape
+    o, _, kh, kw = w_shape
+    _, _, oh, ow = out_shape
     (sh, sw), (dh, dw) = at.strides, at.dilation
-    if (kh, kw, sh, sw) == (1, 1, 1, 1) and not any(at.padding):
-        return _pointwise(ctx, x, w, out, dt)
     pt, pl = at.padding[0], at.padding[1]
     taps = kh * kw
-    l1 = ctx.config.memory("l1")
+    l1 = cfg.memory("l1")
     # A window one row high with a row stride > 1 (a strided 1x1 shortcut) reads every
     # sh-th input row only: stage those rows alone (sh times less DRAM traffic) -- unless
     # the rows are narrower than a DRAM burst, whose whole bursts make the rows read cost
     # more than the whole image read contiguously (a 14-pixel float16 row: 28 bytes, one
     # 64-byte burst). The roofline counts the cheaper of the two, in whole bursts.
-    burst = ctx.config.memory("dram").burst
+    burst = cfg.memory("dram").burst
     rows = sum(0 <= r * sh - pt < h for r in range(oh)) if kh == 1 else h
     row_cost = rows * -(-wd * itemsize(dt) // burst) * burst
     rstep = sh if kh == 1 and sh > 1 and row_cost < h * wd * itemsize(dt) else 1
@@ -401,13 +462,35 @@ def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
                       stage_stride=sh // rstep, stage_halo=(kh - 1) * dh + 1, stage_row=wd,
                       stage_width=width, stage_pad=l1.bank_width, acc_padded=True,
                       stage_runs=rstep > 1)
-    tiling = _plan(ctx, "nn.conv2d", shape)
+    return ConvGeometry(nb, c, h, wd, o, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl, rstep, width,
+                        shape)
+
+
+@dataclass(frozen=True)
+class ConvTransfers:
+    """The DMAs of a convolution's implicit GEMM under a tiling (:func:`conv_transfers`), in
+    :func:`~.gemm.emit_gemm`'s callback form."""
+
+    stage_a: StageA
+    load_a: LoadA
+    load_b: LoadB
+    store_c: StoreC
+
+
+def conv_transfers(ctx: LoweringContext, geo: ConvGeometry, tiling: GemmTiling,
+                   xa: DramTensor, wl: DramTensor, out: DramTensor) -> ConvTransfers:
+    """The DMAs of ``geo`` under ``tiling`` from image ``xa`` (NCHW, in the operand dtype),
+    weights ``wl`` (``[taps, C, O]``) into ``out`` (NCHW): the staging of the input rows in
+    the core's L1 slot, the gather of the A tile per tap, the weight tile, the store of the
+    output tile (see the nested functions)."""
+    shape, dt = geo.shape, geo.shape.dtype
+    c, h, wd, o, oh, ow = geo.c, geo.h, geo.w, geo.o, geo.oh, geo.ow
+    kh, kw, sh, sw, dh, dw = geo.kh, geo.kw, geo.sh, geo.sw, geo.dh, geo.dw
+    pt, pl, rstep, width, taps = geo.pt, geo.pl, geo.rstep, geo.width, geo.taps
     stage_slot = shape.stage_bytes(tiling.m_units, tiling.k_units)
     px = shape.stage_pixel(tiling.k_units)  # elements per staged pixel (channels innermost)
     row_px = width * px  # elements per staged row
     ldc = acc_row_stride(ctx.config, shape, tiling.n)
-    xa = _activation(ctx, x, dt, "nn.conv2d")
-    wl = ctx.constant(np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(taps, c, o)), dt)
     kb = ctx.kb
     isz = itemsize(dt)
 
@@ -465,9 +548,30 @@ def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
                 dst=out.at((b * o + n0) * oh * ow + r0 * ow, (0, oh * ow, 1)),
                 src=block("acc", addr, out.dtype, (0, 1, ldc)))
 
-    emit_gemm(kb, shape, tiling, load_a, load_b, store_c, stage_a)
-    kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
-                                   tiling.describe(shape), tiling.estimate, shape))
+    return ConvTransfers(stage_a, load_a, load_b, store_c)
+
+
+def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
+          dt: str) -> None:
+    """An ungrouped convolution (see :func:`lower_conv2d`), emitted directly."""
+    if is_pointwise(at, w.shape):
+        return _pointwise(ctx, x, w, out, dt)
+    geo = conv_geometry(ctx.config, at, x.shape, w.shape, out.shape, dt)
+    shape = geo.shape
+    tiling = _plan(ctx, "nn.conv2d", shape)
+    xa = _activation(ctx, x, dt, "nn.conv2d")
+    wl = ctx.constant(conv_weight_layout(w), dt)
+    t = conv_transfers(ctx, geo, tiling, xa, wl, out)
+    emit_gemm(ctx.kb, shape, tiling, t.load_a, t.load_b, t.store_c, t.stage_a)
+    ctx.kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
+                                       tiling.describe(shape), tiling.estimate, shape))
+
+
+def conv_weight_layout(w: np.ndarray) -> np.ndarray:
+    """OIHW weights as the implicit GEMM's B: ``[taps, C, O]`` (a K step's tile is one
+    strided DMA of every tap's channel block)."""
+    o, c, kh, kw = w.shape
+    return np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw, c, o))
 
 
 def _pointwise(ctx: LoweringContext, x: Any, w: np.ndarray, out: DramTensor, dt: str) -> None:

@@ -1,9 +1,10 @@
 """Matrix products on the NPU through TIR: a TE PrimFunc scheduled VTA-style, then generated.
 
-The route (PassContext option ``"npu.lowering": "tir"``; the default is ``"emit"``) for
-``dense`` and ``matmul`` (2-D weights, constant or computed at run time; a batched left
-operand; both operands batched alike) and pointwise ``nn.conv2d`` (1x1, stride 1, no
-padding: ``W @ X`` per image); other convolutions and broadcast batch dims stay with the emitter:
+The route (PassContext option ``"npu.lowering": "tir"``, the default; ``"emit"`` emits every
+op directly) for ``dense`` and ``matmul`` (2-D weights, constant or computed at run time; a
+batched left operand; both operands batched alike) and pointwise ``nn.conv2d`` (1x1, stride 1,
+no padding: ``W @ X`` per image); the other convolutions but depthwise ones go through
+:mod:`.tir_conv` (:func:`lower_conv2d_tir`), broadcast batch dims stay with the emitter:
 
 1. :func:`gemm_prim_func`: ``C[b, i, j] = sum_k cast(acc, A[b, i, k]) * cast(acc, B[b, k,
    j])`` over the operands padded with zeros to whole tiles (``A_pad``/``B_pad``, ``select``
@@ -54,7 +55,17 @@ from .gemm import (
     store_floor,
 )
 from .lowering import LoweringContext, NotSupported, register_tir_lowering
-from .ops import cast_kernel, lower_conv2d, lower_dense, lower_matmul, operand_dtype
+from .ops import (
+    cast_kernel,
+    grouped_conv,
+    is_depthwise,
+    is_pointwise,
+    lower_conv2d,
+    lower_dense,
+    lower_matmul,
+    operand_dtype,
+)
+from .tir_conv import lower_conv_tir
 from .tir_program import HELD_KEY, OUT_SLOTS_KEY, PIPELINE_KEY, STORE_FLOOR_KEY, emit_scheduled
 
 __all__ = ["GemmProblem", "gemm_prim_func", "plan_gemm_problem", "schedule_gemm",
@@ -219,16 +230,23 @@ def _gemm(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor, op:
 
 
 def _pointwise(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> bool:
-    """A 1x1 stride-1 unpadded convolution as ``out[n] = W @ X[n]`` per image (weights
-    ``[O, C]`` shared by the batch as A, the image's channel planes ``[C, H*W]`` as B, NCHW's
-    output as C: contiguous in DRAM, as the emitter's form); False for any other convolution."""
+    """A 1x1 stride-1 unpadded ungrouped convolution through :func:`_pointwise_gemm`; False
+    for any other convolution."""
     at = call.attrs
     x, w = args
     if at.data_layout != "NCHW" or at.kernel_layout != "OIHW" or at.groups != 1 or \
-            not isinstance(w, np.ndarray) or tuple(w.shape[2:]) != (1, 1) or \
-            tuple(at.strides) != (1, 1) or any(at.padding):
+            not isinstance(w, np.ndarray) or not is_pointwise(at, w.shape):
         return False
     dt = operand_dtype(ctx, "nn.conv2d", _dtype_of(x), str(w.dtype), out.dtype)
+    _pointwise_gemm(ctx, x, w, out, dt)
+    return True
+
+
+def _pointwise_gemm(ctx: LoweringContext, x: Any, w: np.ndarray, out: DramTensor,
+                    dt: str) -> None:
+    """A pointwise convolution as ``out[n] = W @ X[n]`` per image (weights ``[O, C]`` shared
+    by the batch as A, the image's channel planes ``[C, H*W]`` as B, NCHW's output as C:
+    contiguous in DRAM, as the emitter's form)."""
     acc = str(ctx.config.tensor_dtype(dt, dt).acc)
     nb, c, h, wd = x.shape
     o, hw = w.shape[0], h * wd
@@ -240,16 +258,38 @@ def _pointwise(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor
     p.b = DramView(xa, 0, (nb, c, hw), (c * hw, hw, 1))
     p.c = DramView(out, 0, (nb, o, hw), (o * hw, hw, 1))
     _lower(ctx, "nn.conv2d", p, tiling, "1x1 as W @ X: ")
-    return True
 
 
 @register_tir_lowering("nn.conv2d")
 def lower_conv2d_tir(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor
                      ) -> None:
-    """Pointwise convolutions through TIR; the implicit GEMM of the others (L1 staging, tap
-    gathers with padding) stays with the emitter."""
-    if not _pointwise(ctx, call, args, out):
-        lower_conv2d(ctx, call, args, out)
+    """Convolutions through TIR: a pointwise one as ``W @ X`` per image, any other NCHW/OIHW
+    one with constant weights as the implicit GEMM of :mod:`.tir_conv` (L1 staging with the
+    window's padding, per-tap gathers), a grouped one as one such kernel per (image, group).
+    Depthwise convolutions (the vector unit's) and other layouts or run-time weights stay with
+    the emitter's :func:`~.ops.lower_conv2d`."""
+    if _pointwise(ctx, call, args, out):
+        return
+    at = call.attrs
+    x, w = args
+    if at.data_layout != "NCHW" or at.kernel_layout != "OIHW" or \
+            not isinstance(w, np.ndarray) or \
+            (at.groups != 1 and is_depthwise(at.groups, x.shape, w.shape)):
+        return lower_conv2d(ctx, call, args, out)
+    dt = operand_dtype(ctx, "nn.conv2d", _dtype_of(x), str(w.dtype), out.dtype)
+    if at.groups != 1:
+        return grouped_conv(ctx, at, x, w, out, dt, _conv_tir)
+    _conv_tir(ctx, at, x, w, out, dt)
+
+
+def _conv_tir(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
+              dt: str) -> None:
+    """One ungrouped convolution: a pointwise one (a group's) as ``W @ X``, another through
+    :func:`~.tir_conv.lower_conv_tir`."""
+    if is_pointwise(at, w.shape):
+        _pointwise_gemm(ctx, x, w, out, dt)
+        return
+    lower_conv_tir(ctx, at, x, w, out, dt)
 
 
 @register_tir_lowering("dense")

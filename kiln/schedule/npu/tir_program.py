@@ -43,19 +43,33 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...ir.errors import KilnError
-from ...npu.isa import UNIT_DMA_OUT, UNIT_TENSOR
+from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, UNIT_TENSOR
 from ...tir import expr as E
 from ...tir.buffer import Buffer
 from ...tir.function import PrimFunc
+from ...tir.functor import post_order_visit
 from ...tir.stmt import Block, BlockRealize, BufferStore, Evaluate, For, SeqStmt, Stmt
 from ...tir.tensor_intrin import ADDRESS_OF
 from ...tir.tensor_intrin.npu import NPU_MMA, SCOPE_ACC, SCOPE_INPUT, SCOPE_L1, SCOPE_WEIGHT
 from .emit import DramTensor, DramView, KernelBuilder, Pipeline, block, itemsize
-from .gemm import GemmShape, SlotCache, tail_pieces
-from .lowering import NotSupported
+from .gemm import (
+    GemmShape,
+    GemmTiling,
+    SlotCache,
+    acc_row_stride,
+    acc_slots,
+    emit_gemm,
+    gemm_cost,
+    held_tiles,
+    store_floor,
+    tail_pieces,
+)
+from .lowering import LoweringContext, NotSupported
+from .ops import ConvGeometry
 
-__all__ = ["HELD_KEY", "OUT_SLOTS_KEY", "PIPELINE_KEY", "SCOPE_MEMORY", "STORE_FLOOR_KEY",
-           "emit_scheduled", "evaluate"]
+__all__ = ["BALANCE_KEY", "HELD_KEY", "OUT_SLOTS_KEY", "PIPELINE_KEY", "SCOPE_MEMORY",
+           "STAGE_KEY", "STORE_FLOOR_KEY", "compile_index", "emit_scheduled", "emit_scheduled_conv",
+           "evaluate"]
 
 #: The loop annotation that asks for a software pipeline of ``value`` slots per buffer.
 PIPELINE_KEY = "software_pipeline"
@@ -69,6 +83,13 @@ OUT_SLOTS_KEY = "npu.out_slots"
 #: The pipelined loop's annotation of the smallest piece its stores are split into
 #: (:func:`~.gemm.store_floor`; default none).
 STORE_FLOOR_KEY = "npu.store_floor"
+#: The block annotation of a copy into ``npu.l1`` that stages what a pipeline step's gather
+#: reads (a convolution's input rows): the generator stages, per step, the rows of the step's
+#: output tile and channels of its K step (the emitter's :class:`~.gemm.GemmShape` staging).
+STAGE_KEY = "npu.stage"
+#: The pipelined loop's annotation of whether the output tiles left over after a round per
+#: core are split into one piece per core (:attr:`~.gemm.GemmTiling.balance`).
+BALANCE_KEY = "npu.balance"
 #: Storage scope -> the description's memory.
 SCOPE_MEMORY = {SCOPE_INPUT: "input", SCOPE_WEIGHT: "weight", SCOPE_ACC: "acc", SCOPE_L1: "l1"}
 
@@ -100,6 +121,47 @@ def evaluate(e: Any, env: dict[Any, int]) -> int:
         c = evaluate(e.condition, env)
         return evaluate(e.true_value if c else e.false_value, env)
     raise KilnError(f"NPU program generator: cannot evaluate {type(e).__name__} {e}")
+
+
+_PY_BINARY = {
+    E.Add: "+", E.Sub: "-", E.Mul: "*", E.FloorDiv: "//", E.FloorMod: "%", E.LT: "<",
+    E.LE: "<=", E.GT: ">", E.GE: ">=", E.EQ: "==", E.NE: "!=", E.And: "and", E.Or: "or",
+}
+
+
+def _python(e: Any, names: dict[Any, str]) -> str:
+    """Python source computing index expression ``e`` as :func:`evaluate` does (Python's
+    ``//`` and ``%`` on ints are floor division and modulo, as ``FloorDiv``/``FloorMod``)."""
+    if isinstance(e, (E.IntImm, E.FloatImm)):
+        return repr(e.value)
+    if isinstance(e, E.Var):
+        if e not in names:
+            raise KilnError(f"NPU program generator: variable {e.name!r} has no value here")
+        return names[e]
+    op = _PY_BINARY.get(type(e))
+    if op is not None:
+        return f"({_python(e.a, names)} {op} {_python(e.b, names)})"
+    if isinstance(e, (E.Min, E.Max)):
+        fn = "min" if isinstance(e, E.Min) else "max"
+        return f"{fn}({_python(e.a, names)}, {_python(e.b, names)})"
+    if isinstance(e, E.Not):
+        return f"(not {_python(e.a, names)})"
+    if isinstance(e, E.Cast):
+        return f"int({_python(e.value, names)})"
+    if isinstance(e, E.Select):
+        return (f"({_python(e.true_value, names)} if {_python(e.condition, names)} else "
+                f"{_python(e.false_value, names)})")
+    raise KilnError(f"NPU program generator: cannot evaluate {type(e).__name__} {e}")
+
+
+def compile_index(exprs: list[Any], params: list[Any]) -> Any:
+    """A Python function of ``params`` (variables) returning the tuple of ``exprs``' values:
+    :func:`evaluate` compiled once, for index maps evaluated at every DMA of a kernel (a
+    convolution's copies: 20x fewer interpreter steps than walking the expressions)."""
+    names = {v: f"v{i}" for i, v in enumerate(params)}
+    body = ", ".join(_python(e, names) for e in exprs)
+    return eval(f"lambda {', '.join(names.values())}: ({body},)",  # noqa: S307 - IR-made
+                {"__builtins__": {}, "min": min, "max": max, "int": int})
 
 
 @dataclass
@@ -589,3 +651,332 @@ def emit_scheduled(kb: KernelBuilder, func: PrimFunc,
     gen.shape = shape
     gen.walk(func.body)
     gen.finish()
+
+
+# ---------------------------------------------------------------------------------------------
+# the implicit GEMM of a convolution: L1 staging, per-tap gathers
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class _Copy:
+    """A copy block of a scheduled convolution: ``dst[ivs] = select(cond, src[index], 0)``
+    with ``dst`` indexed by the block's iter vars in order (a cache copy)."""
+
+    block: Block
+    dst: Buffer
+    src: Buffer
+    index: tuple[Any, ...]
+    cond: Any
+    fn: Any = None  # the index and the condition at a point (compile_index)
+
+    @staticmethod
+    def of(b: Block) -> _Copy:
+        store = b.body
+        if not isinstance(store, BufferStore) or b.init is not None:
+            raise NotSupported(f"block {b.name_hint!r} is not a copy")
+        ivs = [iv.var for iv in b.iter_vars]
+        if list(store.indices) != ivs:
+            raise NotSupported(f"copy {b.name_hint!r} does not write its buffer by its own "
+                               "iterators (only a cache copy is generated)")
+        value, cond = store.value, E.const("bool", 1)
+        if isinstance(value, E.Select):
+            fill = value.false_value
+            if not isinstance(fill, (E.IntImm, E.FloatImm)) or fill.value != 0:
+                raise NotSupported(f"copy {b.name_hint!r} pads with {fill}, not zero")
+            value, cond = value.true_value, value.condition
+        if not isinstance(value, E.BufferLoad):
+            raise NotSupported(f"block {b.name_hint!r} is not a copy")
+        index = tuple(value.indices)
+        return _Copy(b, store.buffer, value.buffer, index, cond,
+                     compile_index([*index, cond], ivs))
+
+    def at(self, point: tuple[int, ...]) -> tuple[tuple[int, ...], bool]:
+        """The source index and the padding condition at destination element ``point``."""
+        *index, ok = self.fn(*point)
+        return tuple(index), bool(ok)
+
+    def steps(self, point: tuple[int, ...], moves: list[tuple[int, ...]]
+              ) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+        """The source index at ``point`` and its change along each of ``moves`` (affine
+        there: the far corner is checked by the caller's extents, see :meth:`affine`)."""
+        base, _ = self.at(point)
+        coefs = []
+        for mv in moves:
+            got, _ = self.at(tuple(p + d for p, d in zip(point, mv)))
+            coefs.append(tuple(g - b for g, b in zip(got, base)))
+        return base, coefs
+
+    def affine(self, point: tuple[int, ...], moves: list[tuple[int, ...]], extents: list[int]
+               ) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+        """:meth:`steps`, checked at the far corner of the box ``extents`` along ``moves``
+        (a copy not affine over the box is refused) and for its padding condition there."""
+        base, coefs = self.steps(point, moves)
+        far = tuple(p + sum(mv[d] * (n - 1) for mv, n in zip(moves, extents))
+                    for d, p in enumerate(point))
+        got, _ = self.at(far)
+        want = tuple(x + sum(c[d] * (n - 1) for c, n in zip(coefs, extents))
+                     for d, x in enumerate(base))
+        if got != want:
+            raise NotSupported(f"copy {self.block.name_hint!r} is not affine over a DMA's box")
+        return base, coefs
+
+
+def _conv_blocks(func: PrimFunc) -> tuple[dict[str, _Copy], Block, For]:
+    """The copies of a scheduled convolution by role (``stage``: global -> ``npu.l1``,
+    marked :data:`STAGE_KEY`; ``gather``: ``npu.l1`` -> ``npu.l0.input``; ``weight``: global
+    -> ``npu.l0.weight``; ``store``: ``npu.l0.acc`` -> global), its tensorized block and its
+    pipelined loop."""
+    found: list[Any] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, (Block, For)):
+            found.append(node)
+
+    post_order_visit(func.body, visit, exprs=False)
+    copies: dict[str, _Copy] = {}
+    mma = [n for n in found if isinstance(n, Block) and n.annotations.get("kiln.tensor_intrin")]
+    loops = [n for n in found if isinstance(n, For) and PIPELINE_KEY in n.annotations]
+    for b in found:
+        if not isinstance(b, Block) or not b.iter_vars or b in mma:
+            continue
+        cp = _Copy.of(b)
+        role = {(SCOPE_L1, "global"): "stage", (SCOPE_INPUT, SCOPE_L1): "gather",
+                (SCOPE_WEIGHT, "global"): "weight", ("global", SCOPE_ACC): "store"}.get(
+                    (cp.dst.scope, cp.src.scope))
+        if role is None or role in copies:
+            raise NotSupported(f"copy {b.name_hint!r} from {cp.src.scope!r} to "
+                               f"{cp.dst.scope!r} has no place in a convolution's pipeline")
+        if role == "stage" and not b.annotations.get(STAGE_KEY):
+            raise NotSupported(f"copy {b.name_hint!r} into {SCOPE_L1!r} is not marked "
+                               f"{STAGE_KEY!r} (staged per pipeline step)")
+        copies[role] = cp
+    missing = {"stage", "gather", "weight", "store"} - set(copies)
+    if missing or len(mma) != 1 or len(loops) != 1:
+        raise NotSupported("a scheduled convolution needs one staging, gather, weight and store "
+                           f"copy, one tensorized tile and one pipelined loop (missing: "
+                           f"{sorted(missing)}, {len(mma)} tiles, {len(loops)} loops)")
+    return copies, mma[0], loops[0]
+
+
+def emit_scheduled_conv(ctx: LoweringContext, func: PrimFunc,
+                        dram: dict[str, DramTensor | DramView], geo: ConvGeometry
+                        ) -> GemmTiling:
+    """Emit scheduled convolution ``func`` (:mod:`.tir_conv`) into ``ctx.kb``; returns the
+    tiling it read from the schedule. ``dram`` maps the parameters (``X``, ``W``, ``Y``) to
+    DRAM; ``geo``: the implicit GEMM both routes build (its units, its staging rules).
+
+    The schedule gives the tiling (the tensorized tile's extents, the pipelined loop's
+    slots, accumulator slots, store floor and the split of leftover tiles) and every DMA's
+    addressing: each copy's source index is evaluated at a box's origin and one step along
+    each of its axes (checked at the far corner) -- the staging box of a step's rows and
+    channels (its padding condition clipped to the valid box: the DMA's padding), the gather
+    box of each tap (a nest of rows, pixels, taps and channels is one DMA per tap; a tile of
+    fewer rows than the kernel is wide one per row and kernel row), the weight tile, the
+    store of each piece. The order of the program is :func:`~.gemm.emit_gemm`'s (staging
+    before the slot wait, the staging a step ahead where :func:`~.gemm.prefetch_staging`
+    says so, the weights before the gathers, the last tile in pieces, leftover tiles split
+    over the cores), so the bits and the cycles are the emitter's."""
+    kb, cfg, shape = ctx.kb, ctx.config, geo.shape
+    copies, mma, loop = _conv_blocks(func)
+    call = mma.body.value if isinstance(mma.body, Evaluate) else None
+    if not (isinstance(call, E.Call) and call.op == NPU_MMA):
+        raise NotSupported(f"block {mma.name_hint!r} is not tensorized onto {NPU_MMA}")
+    mt, nt, kt = (int(evaluate(x, {})) for x in call.args[3:6])
+    if mt % shape.m_unit or kt % shape.k_unit:
+        raise NotSupported(f"the tile M{mt} x K{kt} is not whole output rows of {shape.m_unit} "
+                           f"pixels and channels of {shape.k_unit} taps")
+    nbuf = int(loop.annotations[PIPELINE_KEY])
+    if nbuf != kb.nbuf:
+        raise NotSupported(f"loop {loop.loop_var.name!r} asks for {nbuf} pipeline slots, the "
+                           f"kernel builder has {kb.nbuf}")
+    mu, ku = mt // shape.m_unit, kt // shape.k_unit
+    balance = bool(loop.annotations.get(BALANCE_KEY, False))
+    tiling = GemmTiling(mu, nt, ku, gemm_cost(cfg, shape, mu, nt, ku, nbuf, balance=balance),
+                        balance)
+    rules = {OUT_SLOTS_KEY: acc_slots(cfg, shape, tiling, nbuf),
+             STORE_FLOOR_KEY: store_floor(cfg, shape, tiling, nbuf)}
+    for key, want in rules.items():
+        got = int(loop.annotations.get(key, 0))
+        if got and got != want:
+            raise NotSupported(f"loop {loop.loop_var.name!r}: {key} = {got}; the pipeline "
+                               f"of this tiling has {want}")
+    held = held_tiles(cfg, shape, tiling, nbuf)
+    for role, keep in zip(("gather", "weight"), held):
+        if bool(copies[role].block.annotations.get(HELD_KEY)) != keep:
+            raise NotSupported(f"copy {copies[role].block.name_hint!r}: {HELD_KEY} does not "
+                               "match the tiles that stay on their core")
+    t = _ConvTransfers(ctx, geo, tiling, copies, dram)
+    emit_gemm(kb, shape, tiling, t.load_a, t.load_b, t.store_c, t.stage_a)
+    return tiling
+
+
+class _ConvTransfers:
+    """The DMAs of a scheduled convolution (see :func:`emit_scheduled_conv`), in
+    :func:`~.gemm.emit_gemm`'s callback form. Box coordinates are the destination buffers'
+    (the scheduled copies' iterators); local layouts are the generator's: an L1 staging slot
+    per core and pipeline slot of ``stage_rows x width`` pixels of ``stage_pixel`` elements
+    (bank-padded channel runs), L0 tiles row-major over their valid extents, accumulator rows
+    :func:`~.gemm.acc_row_stride` apart. A box's steps are derived (and checked at its far
+    corner) once per kind of box; each DMA then evaluates its origin."""
+
+    def __init__(self, ctx: LoweringContext, geo: ConvGeometry, tiling: GemmTiling,
+                 copies: dict[str, _Copy], dram: dict[str, DramTensor | DramView]):
+        self.kb, self.geo, self.shape = ctx.kb, geo, geo.shape
+        self.copies = copies
+        self.dram: dict[str, DramTensor | DramView] = {}
+        for role in ("stage", "weight", "store"):
+            cp = copies[role]
+            buf = cp.src if role != "store" else cp.dst
+            if buf.name not in dram:
+                raise KilnError(f"NPU program generator: no DRAM tensor for parameter "
+                                f"{buf.name!r}")
+            self.dram[role] = dram[buf.name]
+        self.dt = self.shape.dtype
+        self.isz = itemsize(self.dt)
+        self.slot_bytes = self.shape.stage_bytes(tiling.m_units, tiling.k_units)
+        self.px = self.shape.stage_pixel(tiling.k_units)
+        self.row_px = geo.width * self.px
+        self.ldc = acc_row_stride(ctx.config, self.shape, tiling.n)
+        self.ku = tiling.k_units
+        self.kt = tiling.k_units * self.shape.k_unit
+        self.memo: dict[tuple[Any, ...], list[tuple[int, ...]]] = {}
+        self.rows, self.pixels = self.image_box()
+
+    def image_box(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The staged rows and pixels where the staging copy's padding condition holds (the
+        image; a box, checked): ``[first, last)`` of each."""
+        cp = self.copies["stage"]
+        hq, width = (int(evaluate(x, {})) for x in cp.dst.shape[1:3])
+        inside = next(((q, p) for q in range(hq) for p in range(width)
+                       if cp.at((0, q, p, 0))[1]), None)
+        if inside is None:
+            raise NotSupported(f"copy {cp.block.name_hint!r} stages padding only")
+        q0, p0 = inside
+        rows = [q for q in range(hq) if cp.at((0, q, p0, 0))[1]]
+        pixels = [p for p in range(width) if cp.at((0, q0, p, 0))[1]]
+        box = ((rows[0], rows[-1] + 1), (pixels[0], pixels[-1] + 1))
+        if len(rows) != box[0][1] - box[0][0] or len(pixels) != box[1][1] - box[1][0] or \
+                not cp.at((0, rows[-1], pixels[-1], 0))[1] or \
+                (box[0][0] and cp.at((0, box[0][0] - 1, p0, 0))[1]):
+            raise NotSupported(f"copy {cp.block.name_hint!r}: its padding is not a box")
+        return box
+
+    def steps(self, role: str, key: tuple[Any, ...], point: tuple[int, ...],
+              moves: list[tuple[int, ...]], extents: list[int]
+              ) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+        """Copy ``role``'s source index at ``point`` and its steps along ``moves`` (derived
+        and checked over ``extents`` the first time a box of kind ``key`` is moved)."""
+        cp = self.copies[role]
+        coefs = self.memo.get((role, *key))
+        if coefs is None:
+            _, coefs = cp.affine(point, moves, extents)
+            self.memo[(role, *key)] = coefs
+        return cp.at(point)[0], coefs
+
+    def dram_at(self, role: str, index: tuple[int, ...], coefs: list[tuple[int, ...]]
+                ) -> tuple[Any, int, tuple[int, ...]]:
+        t = self.dram[role]
+        offset = sum(i * s for i, s in zip(index, t.strides))
+        return t, offset, tuple(sum(c * s for c, s in zip(cf, t.strides)) for cf in coefs)
+
+    def l1(self, delta: tuple[int, ...]) -> int:
+        """Elements a step of ``X_l1`` index ``delta`` (image, row, pixel, channel) moves in
+        a staging slot."""
+        return delta[1] * self.row_px + delta[2] * self.px + delta[3]
+
+    def slot_addr(self, core: int, slot: int) -> int:
+        return (core * self.kb.nbuf + slot) * self.slot_bytes
+
+    # -- the staging copy: the tile's rows and channels, with their padding ------------------
+    def stage_a(self, core: int, b: int, r0: int, rs: int, c0: int, cs: int, slot: int
+                ) -> None:
+        kb, dt = self.kb, self.dt
+        nbox, width = self.shape.stage_rows(rs), self.geo.width
+        q0 = r0 * self.shape.stage_stride
+        first = min(nbox, max(0, self.rows[0] - q0))
+        last = max(first, min(nbox, self.rows[1] - q0))
+        left, right = self.pixels
+        dst = block("l1", self.slot_addr(core, slot), dt, (1, self.row_px, self.px))
+        if kb.nbuf == 1:  # the one slot may still be read by the last step's gathers
+            kb.fence(core, UNIT_DMA_IN)
+        if last == first:  # only padding rows: the zeros at DRAM address 0, padded
+            kb.load(core, shape=(1, 1, 1), dst=dst, src=block("dram", 0, dt, (0, 0, 0)),
+                    pad_hi=(cs - 1, nbox - 1, width - 1), fill=0)
+            return
+        # the box (channels, rows, pixels): the DMA's dims in the order of the source's
+        # strides (channel planes, rows, contiguous runs of a row's pixels)
+        index, coefs = self.steps(
+            "stage", (cs, last - first), (b, q0 + first, left, c0),
+            [(0, 0, 0, 1), (0, 1, 0, 0), (0, 0, 1, 0)], [cs, last - first, right - left])
+        t, offset, strides = self.dram_at("stage", index, coefs)
+        kb.load(core, shape=(cs, last - first, right - left), dst=dst,
+                src=t.at(offset, strides), pad_lo=(0, first, left),
+                pad_hi=(0, nbox - last, width - right), fill=0)
+
+    # -- the gather: per tap, every row's windows from the staged rows -----------------------
+    def load_a(self, core: int, b: int, r0: int, rs: int, c0: int, cs: int, addr: int,
+               slot: int) -> None:
+        kb, dt, isz, geo = self.kb, self.dt, self.isz, self.geo
+        ow, taps, kw, kh = geo.ow, self.shape.k_unit, geo.kw, geo.kh
+        kts = cs * taps
+        origin = (b, r0 * self.shape.stage_stride, 0, c0)  # the staging slot's first element
+        base = self.slot_addr(core, slot)
+        i0, k0 = r0 * ow, (c0 // self.ku) * self.kt
+
+        nbox = self.shape.stage_rows(rs)
+
+        def src(index: tuple[int, ...], coefs: list[tuple[int, ...]], extents: list[int]
+                ) -> Any:
+            """The L1 block of a gather box from ``index`` along ``coefs``: both corners
+            inside what the step staged (its image, rows, pixels and channels)."""
+            far = tuple(x + sum(c[d] * (n - 1) for c, n in zip(coefs, extents))
+                        for d, x in enumerate(index))
+            for corner in (index, far):
+                if corner[0] != b or not (0 <= corner[1] - origin[1] < nbox and
+                                          0 <= corner[2] < geo.width and
+                                          0 <= corner[3] - c0 < cs):
+                    raise NotSupported(f"copy {self.copies['gather'].block.name_hint!r} "
+                                       "reads outside the step's staged rows")
+            at = self.l1(tuple(x - o for x, o in zip(index, origin)))
+            return block("l1", base + at * isz, dt, tuple(self.l1(c) for c in coefs))
+
+        if rs < kw:  # per row and kernel row: the row's pixels, the kernel row's taps
+            for r in range(rs):
+                for a in range(kh):
+                    index, coefs = self.steps(
+                        "gather", ("row", cs, a), (b, i0 + r * ow, k0 + a * kw * cs),
+                        [(0, 1, 0), (0, 0, cs), (0, 0, 1)], [ow, kw, cs])
+                    kb.load(core, shape=(ow, kw, cs),
+                            dst=block("input", addr + (r * ow * kts + a * kw * cs) * isz, dt,
+                                      (kts, cs, 1)), src=src(index, coefs, [ow, kw, cs]))
+            return
+        for t in range(taps):  # per tap: every row's pixels
+            index, coefs = self.steps(
+                "gather", ("tap", cs, rs, t), (b, i0, k0 + t * cs),
+                [(0, ow, 0), (0, 1, 0), (0, 0, 1)], [rs, ow, cs])
+            kb.load(core, shape=(rs, ow, cs),
+                    dst=block("input", addr + t * cs * isz, dt, (ow * kts, kts, 1)),
+                    src=src(index, coefs, [rs, ow, cs]))
+
+    # -- the weights: every tap's block of channels ------------------------------------------
+    def load_b(self, core: int, b: int, c0: int, cs: int, n0: int, ns: int, addr: int) -> None:
+        taps = self.shape.k_unit
+        k0 = (c0 // self.ku) * self.kt
+        index, coefs = self.steps("weight", (cs, ns), (k0, n0), [(cs, 0), (1, 0), (0, 1)],
+                                  [taps, cs, ns])
+        t, offset, strides = self.dram_at("weight", index, coefs)
+        self.kb.load(core, shape=(taps, cs, ns),
+                     dst=block("weight", addr, self.dt, (cs * ns, ns, 1)),
+                     src=t.at(offset, strides))
+
+    # -- the store: the tile's channels, each a run of its rows' pixels ----------------------
+    def store_c(self, core: int, b: int, r0: int, rs: int, n0: int, ns: int, addr: int) -> None:
+        cp = self.copies["store"]
+        point = (b, n0, r0 * self.geo.ow)  # Y[b, o, i] from C_acc[b, i, o]
+        moves = [(0, 1, 0), (0, 0, 1)]
+        _, coefs = self.steps("store", (ns, rs), point, moves, [ns, rs * self.geo.ow])
+        if [c[1:] for c in coefs] != [(0, 1), (1, 0)]:
+            raise NotSupported(f"copy {cp.block.name_hint!r} does not store the accumulator "
+                               "tile's columns as channels")
+        t, offset, strides = self.dram_at("store", point, moves)
+        self.kb.store(core, shape=(1, ns, rs * self.geo.ow), dst=t.at(offset, (0, *strides)),
+                      src=block("acc", addr, str(cp.src.dtype), (0, 1, self.ldc)))
