@@ -25,7 +25,8 @@ from .vector import (
 )
 
 __all__ = ["BINARY_OPS", "COMPOSITE_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS",
-           "elementwise_steps", "lower_elementwise_chain", "operand_dtype", "product_operand_dtype"]
+           "check_broadcast_shape", "elementwise_steps", "lower_elementwise_chain", "operand_dtype",
+           "product_operand_dtype"]
 
 #: Graph op -> vector opcode of the element-wise ops.
 BINARY_OPS = {"add": "vadd", "subtract": "vsub", "multiply": "vmul", "divide": "vdiv",
@@ -101,7 +102,8 @@ def elementwise_steps(ctx: LoweringContext, call: Any, args: list[Any], dtype: s
     raise NotSupported(f"{op} is not element-wise")
 
 
-def _check_shape(op: str, inputs: list[DramTensor], out: DramTensor) -> None:
+def check_broadcast_shape(op: str, inputs: list[DramTensor], out: DramTensor) -> None:
+    """NotSupported unless every operand broadcasts to ``out`` (numpy rules)."""
     for x in inputs:
         shape = (1,) * (len(out.shape) - len(x.shape)) + x.shape
         if len(shape) != len(out.shape) or \
@@ -126,7 +128,7 @@ def lower_elementwise(ctx: LoweringContext, call: Any, args: list[Any], out: Dra
         if not _off_vector(ctx, call, args, out):
             raise
         return emit_scalar_elementwise(ctx, call, args, out, str(err))
-    _check_shape(call.op.name, inputs, out)
+    check_broadcast_shape(call.op.name, inputs, out)
     emit_elementwise(ctx, call.op.name, out, inputs, steps)
 
 
@@ -141,7 +143,7 @@ def lower_elementwise_chain(ctx: LoweringContext, chain: list[tuple[Any, list[An
     for call, args, running in chain:
         steps += elementwise_steps(ctx, call, args, dtype, running, inputs)
     names = "+".join(c.op.name for c, _, _ in chain)
-    _check_shape(names, inputs, out)
+    check_broadcast_shape(names, inputs, out)
     if out.dtype != dtype:
         _vector_dtype(ctx, out.dtype, names)
     emit_elementwise(ctx, names, out, inputs, steps, dtype)

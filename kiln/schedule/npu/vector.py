@@ -38,7 +38,8 @@ from .emit import (
 )
 from .lowering import LoweringContext, NotSupported
 
-__all__ = ["VecStep", "emit_elementwise", "emit_layer_norm", "emit_row_mean", "emit_pool2d",
+__all__ = ["ElementwisePlan", "VecStep", "acc_layout", "compact_block", "emit_elementwise",
+           "plan_elementwise", "emit_layer_norm", "emit_row_mean", "emit_pool2d",
            "emit_softmax", "traffic_cycles"]
 
 L0_INPUTS = ("input", "weight")
@@ -98,6 +99,70 @@ def _fit(dims: list[int], fits: Callable[[tuple[int, int, int]], bool]) -> tuple
     return tuple(t)  # type: ignore[return-value]
 
 
+@dataclass(frozen=True)
+class ElementwisePlan:
+    """The tiling of an element-wise kernel (both routes use it, so both compute the same
+    blocks): ``dims`` the result's dims collapsed to at most three plus the outer ones the
+    blocks iterate over; ``out_strides`` and ``in_strides`` each operand's element strides over
+    them (0: broadcast); ``tile`` the block ``(t0, t1, t2)`` of the last three; ``mem_of`` the
+    L0 memory of each operand (alternately input and weight)."""
+
+    dims: tuple[int, ...]
+    out_strides: tuple[int, ...]
+    in_strides: tuple[tuple[int, ...], ...]
+    tile: tuple[int, int, int]
+    mem_of: tuple[str, ...]
+    nbytes: int
+
+    def describe(self) -> str:
+        return f"block {self.tile} of {self.dims}"
+
+
+def plan_elementwise(cfg: Any, nbuf: int, out: DramTensor | DramView,
+                     inputs: list[DramTensor | DramView], cdt: str) -> ElementwisePlan:
+    """The blocks of ``out = f(inputs)`` computed in ``cdt`` (see the module docstring): the
+    largest block whose ``nbuf`` slots of every operand and of the result (plus its compute
+    block when ``cdt`` is not ``out.dtype``) fit the L0 buffers. Raises NotSupported."""
+    rank = len(out.shape)
+    if any(len(t.shape) > rank for t in inputs):
+        raise NotSupported("an operand has more dims than the result")
+    dims_all, strides = _collapse(out.shape, [out.strides] + [_bcast(t, rank) for t in inputs])
+    dims = dims_all[-3:]
+    in_str = strides[1:]
+    mem_of = [L0_INPUTS[k % 2] for k in range(len(inputs))]
+    osz = itemsize(out.dtype) + (itemsize(cdt) if cdt != out.dtype else 0)
+
+    def fits(t: tuple[int, int, int]) -> bool:
+        if max(t) > cfg.encoding.max_extent:
+            return False
+        for mem in L0_INPUTS:
+            need = sum(nbuf * int(np.prod(compact_block(t, s))) * itemsize(x.dtype)
+                       for x, s, m in zip(inputs, in_str, mem_of) if m == mem)
+            if need > cfg.memory(mem).size:
+                return False
+        return nbuf * (int(np.prod(t)) * osz + 16) <= cfg.memory("acc").size
+
+    t = _fit(dims, fits)
+    nbytes = sum(int(np.prod(x.shape)) * itemsize(x.dtype) for x in inputs) + \
+        int(np.prod(out.shape)) * osz
+    return ElementwisePlan(tuple(dims_all), tuple(strides[0]), tuple(tuple(s) for s in in_str),
+                           t, tuple(mem_of), nbytes)
+
+
+def compact_block(t: tuple[int, ...], s: Any) -> tuple[int, int, int]:
+    """The part of block ``t`` an operand of strides ``s`` holds: 1 in its broadcast dims."""
+    return tuple(n if st else 1 for n, st in zip(t, tuple(s)[-3:]))  # type: ignore[return-value]
+
+
+def acc_layout(tile: tuple[int, int, int], out_dtype: str, cdt: str) -> tuple[int, int]:
+    """``(slot bytes, offset of the compute block)`` of an element-wise kernel's accumulator
+    slot: the result's block, then (computing in another dtype) the compute block, 8-byte
+    aligned (an int32 block after int8s); 8 bytes of slack per slot."""
+    n = int(np.prod(tile))
+    osz = itemsize(out_dtype) + (itemsize(cdt) if cdt != out_dtype else 0)
+    return -(-(n * osz + 8) // 8) * 8, -(-n * itemsize(out_dtype) // 8) * 8
+
+
 def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
                      inputs: list[DramTensor | DramView], steps: list[VecStep],
                      compute_dtype: str | None = None) -> None:
@@ -109,29 +174,11 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
     cdt = compute_dtype or out.dtype
     kb, cfg = ctx.kb, ctx.config
     nbuf = kb.nbuf
-    rank = len(out.shape)
-    if any(len(t.shape) > rank for t in inputs):
-        raise NotSupported("an operand has more dims than the result")
-    dims_all, strides = _collapse(out.shape, [out.strides] + [_bcast(t, rank) for t in inputs])
+    plan = plan_elementwise(cfg, nbuf, out, inputs, cdt)
+    dims_all, t, mem_of = list(plan.dims), plan.tile, plan.mem_of
     outer_dims, dims = dims_all[:-3], dims_all[-3:]
-    o_str, in_str = strides[0], strides[1:]
-    mem_of = [L0_INPUTS[k % 2] for k in range(len(inputs))]
-    osz = itemsize(out.dtype) + (itemsize(cdt) if cdt != out.dtype else 0)
-
-    def compact(t: tuple[int, int, int], s: list[int]) -> tuple[int, int, int]:
-        return tuple(n if st else 1 for n, st in zip(t, s[-3:]))  # type: ignore[return-value]
-
-    def fits(t: tuple[int, int, int]) -> bool:
-        if max(t) > cfg.encoding.max_extent:
-            return False
-        for mem in L0_INPUTS:
-            need = sum(nbuf * int(np.prod(compact(t, s))) * itemsize(x.dtype)
-                       for x, s, m in zip(inputs, in_str, mem_of) if m == mem)
-            if need > cfg.memory(mem).size:
-                return False
-        return nbuf * (int(np.prod(t)) * osz + 16) <= cfg.memory("acc").size
-
-    t = _fit(dims, fits)
+    o_str, in_str = list(plan.out_strides), [list(s) for s in plan.in_strides]
+    compact = compact_block
     # L0 layout: per memory, the operands' regions one after the other, each nbuf slots
     region: list[int] = []
     used = {m: 0 for m in L0_INPUTS}
@@ -139,8 +186,7 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
         region.append(used[m])
         used[m] += nbuf * int(np.prod(compact(t, s))) * itemsize(x.dtype)
     # the compute block after the result; both 8-byte aligned (an int32 block after int8s)
-    cast_at = -(-int(np.prod(t)) * itemsize(out.dtype) // 8) * 8
-    out_slot_bytes = -(-(int(np.prod(t)) * osz + 8) // 8) * 8
+    out_slot_bytes, cast_at = acc_layout(t, out.dtype, cdt)
     pipes = [Pipeline(kb, c, UNIT_VECTOR) for c in range(cfg.cores)]
     blocks = [(idx, o) for idx in np.ndindex(*outer_dims)
               for o in np.ndindex(*(math.ceil(d / b) for d, b in zip(dims, t)))]
@@ -189,11 +235,8 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
         p.stored()
     for p in pipes:
         p.finish()
-    nbytes = sum(int(np.prod(x.shape)) * itemsize(x.dtype) for x in inputs) + \
-        int(np.prod(out.shape)) * osz
-    bound = traffic_cycles(kb, nbytes)
-    kb.end_kernel(KernelInfo(ctx.label(op), op, f"block {t} of {tuple(dims_all)}",
-                             bound, bound))
+    bound = traffic_cycles(kb, plan.nbytes)
+    kb.end_kernel(KernelInfo(ctx.label(op), op, plan.describe(), bound, bound))
 
 
 def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
