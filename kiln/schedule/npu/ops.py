@@ -20,6 +20,7 @@ from .pooling import FLOAT_DTYPES as _FLOAT
 from .scalar import emit_scalar_elementwise
 from .vector import (
     VecStep,
+    elementwise_kernel,
     emit_elementwise,
     emit_pool2d,
 )
@@ -146,13 +147,13 @@ def lower_elementwise_chain(ctx: LoweringContext, chain: list[tuple[Any, list[An
     check_broadcast_shape(names, inputs, out)
     if out.dtype != dtype:
         _vector_dtype(ctx, out.dtype, names)
-    emit_elementwise(ctx, names, out, inputs, steps, dtype)
+    elementwise_kernel(ctx, names, out, inputs, steps, dtype)
 
 
 def cast_kernel(ctx: LoweringContext, x: DramTensor, dtype: str, op: str = "cast") -> DramTensor:
     """A new DRAM tensor holding ``x`` converted to ``dtype`` on the vector unit."""
     out = ctx.alloc(x.shape, dtype)
-    emit_elementwise(ctx, op, out, [x], [VecStep("vcast", (("in", 0),), (("mode", "rne"),))])
+    elementwise_kernel(ctx, op, out, [x], [VecStep("vcast", (("in", 0),), (("mode", "rne"),))])
     return out
 
 

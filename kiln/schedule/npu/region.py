@@ -24,7 +24,6 @@ from ... import graph as g
 from .emit import DramTensor
 from .lowering import LoweringContext, NotSupported, lookup_lowering
 from .ops import ELEMENTWISE_OPS, lower_elementwise_chain, product_operand_dtype
-from .tir_vector import lower_elementwise_chain_tir
 
 __all__ = ["VIEW_OPS", "RegionLowering", "is_view", "lower_region",
            "operand_value", "region_outputs", "static_tensor"]
@@ -117,9 +116,8 @@ def _fused(ctx: LoweringContext, res: RegionLowering, chain: list[Any], cast: st
         steps.append((b.value, args, running))
         prev = b.var
     out = ctx.alloc(shape, cast or dtype)
-    lower = lower_elementwise_chain_tir if ctx.route == "tir" else lower_elementwise_chain
     try:
-        lower(ctx, steps, out, dtype)
+        lower_elementwise_chain(ctx, steps, out, dtype)
     except NotSupported:
         return False
     res.env[id(chain[-1].var)] = out

@@ -3,7 +3,10 @@ chains and casts as TE PrimFuncs, scheduled into the L0 scopes, tensorized onto 
 intrinsics (:mod:`kiln.tir.tensor_intrin.npu_vector`), then generated into instructions.
 
 The route (PassContext option ``"npu.lowering": "tir"``, the default) for the ops of
-:data:`~.ops.ELEMENTWISE_OPS`, ``cast``, and the element-wise chains :mod:`.region` fuses:
+:data:`~.ops.ELEMENTWISE_OPS` and ``cast`` (registered with
+:func:`~.lowering.register_tir_lowering`), and for the element-wise kernels that are no graph
+op of their own -- the chains :mod:`.region` fuses, the cast a product's operand needs
+(:func:`~.ops.cast_kernel`) -- through :func:`~.vector.register_elementwise_kernel`:
 
 1. :func:`elementwise_prim_func`: the kernel over the result's dims collapsed as the emitter
    collapses them (:func:`~.vector.plan_elementwise`: at most three, plus the outer dims the
@@ -35,11 +38,10 @@ the others after it (8-byte aligned, :func:`~.vector.acc_layout`): the stages co
 dtype share that block, each writing over its producer, which only it reads. The result is the
 emitter's instruction stream: the same bits and cycles (the tests compare both).
 
-Not covered (the emitter's kernels run, via the op's emitted lowering): element-wise ops the
-vector unit cannot run (those go to the scalar unit), immediates a dtype cannot hold exactly,
-and the cast a product's activation needs (:func:`~.ops.cast_kernel`, called from the
-products' lowerings). Softmax, layer_norm, the row mean, pooling and depthwise convolutions
-are emitted (:mod:`.vector`).
+Not covered (the emitter's kernels run): element-wise ops in a dtype the vector unit lacks
+(the emitted lowering puts them on the scalar unit) and a kernel with an immediate its dtype
+cannot hold exactly (``x + 0.5`` in int32: :func:`~.vector.emit_elementwise`). Softmax,
+layer_norm, the row mean, pooling and depthwise convolutions are emitted (:mod:`.vector`).
 """
 
 from __future__ import annotations
@@ -75,11 +77,12 @@ from .vector import (
     acc_layout,
     emit_elementwise,
     plan_elementwise,
+    register_elementwise_kernel,
     traffic_cycles,
 )
 
-__all__ = ["VectorKernel", "elementwise_prim_func", "emit_vector_scheduled",
-           "lower_elementwise_chain_tir", "scheduled_elementwise", "schedule_elementwise"]
+__all__ = ["VectorKernel", "elementwise_prim_func", "elementwise_tir", "emit_vector_scheduled",
+           "lower_vector_tir", "scheduled_elementwise", "schedule_elementwise", "vector_kernel"]
 
 #: The L0 scope of each memory the emitter puts element-wise operands in.
 MEMORY_SCOPE = {"input": SCOPE_INPUT, "weight": SCOPE_WEIGHT}
@@ -243,7 +246,7 @@ def schedule_elementwise(func: PrimFunc, k: VectorKernel, nbuf: int) -> Schedule
         intrin = vector_intrin(step.opcode, dst_dt, src_dt, operands,
                                dict(step.extra).get("mode", ""))
         blk = sch.get_block(name)
-        sch.tensorize(sch.get_loops(blk)[1], intrin)
+        sch.tensorize(sch.get_loops(blk)[-3], intrin)  # the block's three loops
     return sch
 
 
@@ -259,10 +262,7 @@ def vector_kernel(plan: ElementwisePlan, inputs: list[Any], steps: list[VecStep]
 def scheduled_elementwise(k: VectorKernel, nbuf: int) -> Schedule:
     """The scheduled PrimFunc of ``k`` (its vector intrinsics registered on the way);
     NotSupported where a step has no intrinsic form (an immediate its dtype cannot hold)."""
-    try:
-        return schedule_elementwise(elementwise_prim_func(k), k, nbuf)
-    except ValueError as err:
-        raise NotSupported(str(err)) from None
+    return schedule_elementwise(elementwise_prim_func(k), k, nbuf)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,10 +385,14 @@ class _VectorGenerator:
         p = self.pipes[core]
         loads, computes, stores = [], [], []
         for s in body:
-            if _tensorized(s):
-                computes.append(s)
-                continue
             loops, realize = _nest(s)
+            if realize is not None and _tensorized(realize):
+                # unit loops of the outer dims may stay around a stage (compute_at keeps them)
+                if any(evaluate(lp.extent, self.env) != 1 for lp in loops):
+                    raise NotSupported(f"stage {realize.block.name_hint!r} is tensorized "
+                                       "inside a loop: one instruction per block")
+                computes.append((loops, realize))
+                continue
             if realize is None:
                 raise NotSupported("a pipelined step holds neither copies nor tensorized "
                                    "blocks")
@@ -410,10 +414,14 @@ class _VectorGenerator:
         p.loaded()
         p.compute_begin()
         self.place_acc(p, store, computes, valid)
-        for i, realize in enumerate(computes):
+        for i, (loops, realize) in enumerate(computes):
             if i:
                 self.kb.fence(core, UNIT_VECTOR)
+            for lp in loops:
+                self.env[lp.loop_var] = evaluate(lp.min, self.env)
             self.compute(core, realize, valid)
+            for lp in loops:
+                self.env.pop(lp.loop_var, None)
         p.computed()
         p.produced()
         p.store_begin()
@@ -517,13 +525,14 @@ class _VectorGenerator:
                                                         tile.dense()),
                      src=t.at(offset, strides))
 
-    def place_acc(self, p: Pipeline, store: _Copy, computes: list[BlockRealize],
+    def place_acc(self, p: Pipeline, store: _Copy,
+                  computes: list[tuple[list[For], BlockRealize]],
                   valid: tuple[int, ...]) -> None:
         """The step's accumulator slot: the stored stage's block first, every other stage in
         one block after it (see the module docstring)."""
         out = store.src
         work = {}
-        for r in computes:
+        for _, r in computes:
             dst = self.call(r).args[2].args[0].buffer
             if dst.scope != SCOPE_ACC:
                 raise NotSupported(f"block {r.block.name_hint!r} writes {dst.scope!r}, not the "
@@ -535,7 +544,7 @@ class _VectorGenerator:
             raise NotSupported(f"the stages compute in {sorted(dtypes)}: one dtype shares the "
                                "working block")
         wdt = dtypes.pop() if dtypes else str(out.dtype)
-        tile = tuple(int(x) for x in _full_tile(computes[-1], self.env))
+        tile = tuple(int(x) for x in _full_tile(computes[-1][1], self.env))
         slot_bytes, work_at = acc_layout(tile, str(out.dtype), wdt)
         if self.kb.nbuf * slot_bytes > self.cfg.memory("acc").size:
             raise NotSupported(f"{self.kb.nbuf} accumulator slots of {slot_bytes} B exceed acc")
@@ -677,39 +686,30 @@ def _covered(ctx: LoweringContext, out: Any, inputs: list[Any], steps: list[VecS
     return True
 
 
+@register_elementwise_kernel("tir")
+def elementwise_tir(ctx: LoweringContext, op: str, out: Any, inputs: list[Any],
+                    steps: list[VecStep], compute_dtype: str | None = None) -> None:
+    """The TIR route's element-wise kernels (:func:`lower_vector_tir`), the fused chains and
+    a product's operand cast included; a kernel with an immediate its dtype cannot hold is
+    emitted (:func:`~.vector.emit_elementwise`)."""
+    cdt = compute_dtype or out.dtype
+    if not _covered(ctx, out, inputs, steps, cdt):
+        return emit_elementwise(ctx, op, out, inputs, steps, compute_dtype)
+    lower_vector_tir(ctx, op, out, inputs, steps, compute_dtype)
+
+
 @register_tir_lowering(ELEMENTWISE_OPS)
 def lower_elementwise_tir(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor
                           ) -> None:
-    """Element-wise and broadcast ops through TIR; what the vector unit cannot run (the
-    scalar unit's), and immediates a dtype cannot hold, go to the emitted lowering."""
+    """Element-wise and broadcast ops through TIR; what the vector unit cannot run goes to
+    the emitted lowering (the scalar unit)."""
     if any(not ctx.config.supports_vector_dtype(dt) for dt in
            [out.dtype] + [str(a.dtype) for a in args if isinstance(a, DramTensor)]):
         return lower_elementwise(ctx, call, args, out)
     inputs: list[Any] = []
     steps = elementwise_steps(ctx, call, args, out.dtype, None, inputs)
     check_broadcast_shape(call.op.name, inputs, out)
-    if not _covered(ctx, out, inputs, steps, out.dtype):
-        return emit_elementwise(ctx, call.op.name, out, inputs, steps)
-    lower_vector_tir(ctx, call.op.name, out, inputs, steps)
-
-
-def lower_elementwise_chain_tir(ctx: LoweringContext,
-                                chain: list[tuple[Any, list[Any], int | None]],
-                                out: DramTensor, dtype: str) -> None:
-    """A fused element-wise chain (:func:`~.ops.lower_elementwise_chain`) through TIR; one
-    with an immediate its dtype cannot hold is emitted. Raises NotSupported as the emitted
-    chain does (the region then lowers the calls one by one)."""
-    inputs: list[Any] = []
-    steps: list[VecStep] = []
-    names = "+".join(c.op.name for c, _, _ in chain)
-    for call, args, running in chain:
-        steps += elementwise_steps(ctx, call, args, dtype, running, inputs)
-    check_broadcast_shape(names, inputs, out)
-    if out.dtype != dtype and not ctx.config.supports_vector_dtype(out.dtype):
-        raise NotSupported(f"{names}: the vector unit does not compute in {out.dtype}")
-    if not _covered(ctx, out, inputs, steps, dtype):
-        return emit_elementwise(ctx, names, out, inputs, steps, dtype)
-    lower_vector_tir(ctx, names, out, inputs, steps, dtype)
+    elementwise_tir(ctx, call.op.name, out, inputs, steps)
 
 
 @register_tir_lowering("cast")
@@ -720,4 +720,4 @@ def lower_cast_tir(ctx: LoweringContext, call: Any, args: list[Any], out: DramTe
     if not isinstance(x, DramTensor) or any(not ctx.config.supports_vector_dtype(dt)
                                             for dt in (x.dtype, out.dtype)):
         return lower_cast(ctx, call, args, out)
-    lower_vector_tir(ctx, "cast", out, [x], [VecStep("vcast", (("in", 0),), (("mode", "rtz"),))])
+    elementwise_tir(ctx, "cast", out, [x], [VecStep("vcast", (("in", 0),), (("mode", "rtz"),))])

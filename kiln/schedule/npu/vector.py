@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ...ir.errors import KilnError
 from ...npu.isa import UNIT_VECTOR
 from ...target.npu.config import DRAM
 from .emit import (
@@ -38,8 +39,9 @@ from .emit import (
 )
 from .lowering import LoweringContext, NotSupported
 
-__all__ = ["ElementwisePlan", "VecStep", "acc_layout", "compact_block", "emit_elementwise",
-           "plan_elementwise", "emit_layer_norm", "emit_row_mean", "emit_pool2d",
+__all__ = ["ElementwiseKernel", "ElementwisePlan", "VecStep", "acc_layout", "compact_block",
+           "elementwise_kernel", "emit_elementwise", "plan_elementwise",
+           "register_elementwise_kernel", "emit_layer_norm", "emit_row_mean", "emit_pool2d",
            "emit_softmax", "traffic_cycles"]
 
 L0_INPUTS = ("input", "weight")
@@ -161,6 +163,32 @@ def acc_layout(tile: tuple[int, int, int], out_dtype: str, cdt: str) -> tuple[in
     n = int(np.prod(tile))
     osz = itemsize(out_dtype) + (itemsize(cdt) if cdt != out_dtype else 0)
     return -(-(n * osz + 8) // 8) * 8, -(-n * itemsize(out_dtype) // 8) * 8
+
+
+ElementwiseKernel = Callable[..., None]
+_ROUTED: dict[str, ElementwiseKernel] = {}
+
+
+def register_elementwise_kernel(route: str) -> Callable[[ElementwiseKernel], ElementwiseKernel]:
+    """Decorator: ``fn`` builds the element-wise kernels (the signature of
+    :func:`emit_elementwise`) of contexts whose ``route`` is ``route`` -- for the kernels
+    that are no graph op of their own (a fused chain, a product's operand cast), which
+    :func:`~.lowering.register_tir_lowering` cannot reach."""
+    def register(fn: ElementwiseKernel) -> ElementwiseKernel:
+        if route in _ROUTED:
+            raise KilnError(f"route {route!r} already has an element-wise kernel builder")
+        _ROUTED[route] = fn
+        return fn
+
+    return register
+
+
+def elementwise_kernel(ctx: LoweringContext, op: str, out: DramTensor | DramView,
+                       inputs: list[DramTensor | DramView], steps: list[VecStep],
+                       compute_dtype: str | None = None) -> None:
+    """The element-wise kernel ``out = steps(inputs)`` on the context's route: the builder
+    registered for it (:func:`register_elementwise_kernel`), else :func:`emit_elementwise`."""
+    _ROUTED.get(ctx.route, emit_elementwise)(ctx, op, out, inputs, steps, compute_dtype)
 
 
 def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,

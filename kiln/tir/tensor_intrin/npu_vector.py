@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ...ir.errors import ScheduleError
 from ..buffer import Buffer
 from ..expr import (
     Call,
@@ -107,7 +108,7 @@ def vector_value(opcode: str, dtype: str, operands: list[PrimExpr], mode: str = 
         return cast(dtype, a)
     n, fn = VECTOR_OPCODES[opcode]
     if len(operands) != n:
-        raise ValueError(f"{opcode} takes {n} operand(s), got {len(operands)}")
+        raise ScheduleError(f"{opcode} takes {n} operand(s), got {len(operands)}")
     return fn(*operands)
 
 
@@ -184,9 +185,9 @@ def vector_intrin(opcode: str, dtype: str, src_dtype: str, operands: tuple[VecOp
     """Register (once) the intrinsic of the form ``opcode`` writing ``dtype`` from
     ``operands`` of ``src_dtype`` (``mode``: a cast's rounding) and return its name."""
     if opcode != "vcast" and opcode not in VECTOR_OPCODES:
-        raise ValueError(f"no vector intrinsic for {opcode!r}")
+        raise ScheduleError(f"no vector intrinsic for {opcode!r}")
     if not any(o.scope is not None for o in operands):
-        raise ValueError(f"{opcode}: a vector instruction reads at least one block")
+        raise ScheduleError(f"{opcode}: a vector instruction reads at least one block")
     name = vector_intrin_name(opcode, dtype, src_dtype, operands, mode)
     if name not in set(names()):
         register(name, _desc(opcode, dtype, src_dtype, operands, mode),

@@ -1,0 +1,292 @@
+"""The TIR route of the NPU's element-wise kernels (PassContext ``"npu.lowering": "tir"``, the
+default): element-wise and broadcast ops, fused chains and casts as TE PrimFuncs scheduled
+into the L0 scopes, tensorized onto the vector intrinsics, generated into instructions.
+Checked on both shipped descriptions, with prime sizes (tail blocks), broadcasts in every
+position and fused chains, against numpy and against the emitter: the same instruction
+stream, so the same bits and cycles."""
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import graph as g
+from kiln import op
+from kiln.codegen.npu import LOWERING_KEY
+from kiln.codegen.npu.executable import NpuStep
+from kiln.ir import ScheduleError
+from kiln.schedule.npu import LoweringContext, NotSupported
+from kiln.schedule.npu.tir_program import PIPELINE_KEY
+from kiln.schedule.npu.tir_vector import (
+    elementwise_prim_func,
+    emit_vector_scheduled,
+    lower_vector_tir,
+    schedule_elementwise,
+    scheduled_elementwise,
+    vector_kernel,
+)
+from kiln.schedule.npu.vector import (
+    VecStep,
+    elementwise_kernel,
+    emit_elementwise,
+    plan_elementwise,
+)
+from kiln.target.npu import load_config
+from kiln.testing.op_testing import graph_module
+from kiln.tir.functor import post_order_visit
+from kiln.tir.stmt import Block, For
+from kiln.tir.tensor_intrin import get
+from kiln.tir.tensor_intrin.npu import SCOPE_ACC, SCOPE_INPUT, SCOPE_WEIGHT
+from kiln.tir.tensor_intrin.npu_vector import VecOperand, vector_intrin, vector_value
+from kiln.transform import PassContext
+
+HW = ["default", "edge"]
+
+
+def _both(fn, shapes, hw, dtype="float32"):
+    """The executables of the emit and the TIR route."""
+    out = []
+    for route in ("emit", "tir"):
+        with PassContext(config={LOWERING_KEY: route}):
+            out.append(kiln.build(graph_module(fn, shapes, dtype),
+                                  target=kiln.Target("npu", hw=hw)))
+    return out
+
+
+def _streams(exe):
+    return [s.program.streams for s in exe.steps if isinstance(s, NpuStep)]
+
+
+def _check(emit, tir, inputs, ref, tol=1e-5):
+    """Every vector kernel of the TIR build went through TIR and is the emitter's
+    instruction stream (so the emitter's bits and cycles), and the values are numpy's."""
+    vec = [k for k in tir.kernels if k.op not in ("dense", "matmul", "nn.conv2d")]
+    assert vec and all(k.tiling.startswith("TIR: ") for k in vec)
+    assert not any(k.tiling.startswith("TIR: ") for k in emit.kernels)
+    assert len(tir.tir) >= len(vec)
+    assert _streams(tir) == _streams(emit)
+    got, want = tir(*inputs), emit(*inputs)
+    np.testing.assert_array_equal(got, want)
+    assert tir.last_cycles == emit.last_cycles > 0
+    if np.issubdtype(ref.dtype, np.integer):
+        np.testing.assert_array_equal(got, ref)
+    else:
+        np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * np.max(np.abs(ref)))
+
+
+def _rand(rng, *shape):
+    return rng.standard_normal(shape).astype("float32")
+
+
+BINARY = [(op.add, np.add), (op.subtract, np.subtract), (op.multiply, np.multiply),
+          (op.maximum, np.maximum), (op.minimum, np.minimum)]
+
+
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("a,b", [((97, 251), (97, 251)), ((3, 97, 251), (251,)),
+                                 ((3, 97, 251), (3, 1, 251)), ((5, 97, 13), (5, 97, 1)),
+                                 ((1021, 7), (1021, 1)), ((2, 3, 5, 7), (2, 1, 5, 1)),
+                                 ((4, 1), (1, 1021))])
+def test_binary_broadcast(hw, a, b):
+    """Broadcasts in every position (leading, trailing, middle, both operands), with the
+    prime extents whose blocks leave tails; (2, 3, 5, 7) with (2, 1, 5, 1) keeps four dims
+    after collapsing: an outer loop around the blocks."""
+    rng = np.random.default_rng(sum(a) + sum(b))
+    for (fn, ref) in BINARY[:2] if hw == "edge" else BINARY:
+        emit, tir = _both(lambda x, y, fn=fn: fn(x, y), [a, b], hw)
+        x, y = _rand(rng, *a), _rand(rng, *b)
+        _check(emit, tir, [x, y], ref(x, y))
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_divide_and_unary(hw):
+    rng = np.random.default_rng(1)
+    x, y = _rand(rng, 97, 251), np.abs(_rand(rng, 251)) + 0.5
+    emit, tir = _both(lambda a, b: op.divide(a, b), [(97, 251), (251,)], hw)
+    _check(emit, tir, [x, y], x / y, tol=1e-3)
+    for fn, ref, tol in ((op.relu, lambda v: np.maximum(v, 0), 0), (op.negative, np.negative, 0),
+                         (op.abs, np.abs, 0), (op.exp, np.exp, 1e-4)):
+        emit, tir = _both(fn, [(251, 97)], hw)
+        _check(emit, tir, [x.T.copy()], ref(x.T), tol=tol)
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_immediates_and_composites(hw):
+    """A scalar constant becomes an immediate (an intrinsic per value); sigmoid and tanh are
+    chains of steps around vexp with a broadcast constant 1; clip is vmax then vmin."""
+    rng = np.random.default_rng(2)
+    x = _rand(rng, 33, 1021)
+    cases = [
+        (lambda a: op.multiply(a, g.const(np.float32(0.25))), x * 0.25, 0),
+        (lambda a: op.sigmoid(a), 1 / (1 + np.exp(-x)), 1e-3),
+        (lambda a: op.tanh(a), np.tanh(x), 1e-3),
+        (lambda a: op.clip(a, -0.5, 0.75), np.clip(x, -0.5, 0.75), 0),
+    ]
+    for fn, ref, tol in cases:
+        emit, tir = _both(fn, [x.shape], hw)
+        _check(emit, tir, [x], ref, tol=tol)
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_fused_chain(hw):
+    """A chain of element-wise calls is one kernel of several stages, each in the block of
+    the accumulators; its operands broadcast differently."""
+    rng = np.random.default_rng(3)
+    s = (3, 97, 251)
+    b1, b2 = _rand(rng, 251), _rand(rng, 3, 97, 1)
+
+    def fn(a):
+        return op.relu(op.add(op.multiply(op.add(a, g.const(b1)), g.const(b2)),
+                              g.const(np.float32(0.5))))
+
+    emit, tir = _both(fn, [s], hw)
+    x = _rand(rng, *s)
+    assert len(tir.kernels) == 1 and "+" in tir.kernels[0].op
+    _check(emit, tir, [x], np.maximum((x + b1) * b2 + 0.5, 0))
+    sch = tir.tir[0][1]
+    stages = []
+    post_order_visit(sch.func.body, lambda n: stages.append(n) if isinstance(n, Block) and
+                     n.annotations.get("kiln.tensor_intrin") else None)
+    assert len(stages) == 4
+    assert all(b.writes[0].buffer.scope == SCOPE_ACC for b in stages)
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_chain_cast_for_product(hw):
+    """An element-wise result whose only consumer is a float product is written in float16
+    by its producer: a final vcast stage into a block of its own."""
+    rng = np.random.default_rng(4)
+    w = _rand(rng, 64, 97)
+    emit, tir = _both(lambda a: op.dense(op.relu(a), g.const(w)), [(97, 97)], hw)
+    x = _rand(rng, 97, 97)
+    assert any(k.op == "relu" and k.tiling.startswith("TIR: ") for k in tir.kernels)
+    assert _streams(tir) == _streams(emit)
+    np.testing.assert_array_equal(tir(x), emit(x))
+    ref = np.maximum(x, 0) @ w.T
+    assert np.max(np.abs(tir(x) - ref)) <= 1e-2 * np.max(np.abs(ref))
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_cast_and_integers(hw):
+    """``cast`` (float -> int rounds toward zero, saturating) and integer element-wise ops."""
+    rng = np.random.default_rng(5)
+    x = (_rand(rng, 97, 251) * 100).astype("float32")
+    emit, tir = _both(lambda a: op.cast(a, "int32"), [x.shape], hw)
+    _check(emit, tir, [x], np.trunc(x).astype("int32"))
+    emit, tir = _both(lambda a: op.cast(a, "float16"), [x.shape], hw)
+    _check(emit, tir, [x], x.astype("float16"), tol=1e-3)
+    xi = rng.integers(-1000, 1000, (251, 97)).astype("int32")
+    yi = rng.integers(-1000, 1000, (97,)).astype("int32")
+    emit, tir = _both(lambda a, b: op.relu(op.add(a, b)), [xi.shape, yi.shape], hw, "int32")
+    _check(emit, tir, [xi, yi], np.maximum(xi + yi, 0))
+
+
+def test_scheduled_prim_func_structure():
+    """Operands staged into the L0 buffers the emitter uses (input and weight alternately),
+    stages in the accumulators, one pipelined block loop, every stage tensorized."""
+    cfg = load_config("edge")
+    ctx = LoweringContext(cfg)
+    out = ctx.alloc((97, 251), "float32")
+    ins = [ctx.alloc((97, 251), "float32"), ctx.alloc((251,), "float32")]
+    steps = [VecStep("vadd", (("in", 0), ("in", 1))), VecStep("vexp", (("out",),))]
+    plan = plan_elementwise(cfg, ctx.kb.nbuf, out, ins, "float32")
+    k = vector_kernel(plan, ins, steps, "float32", "float32")
+    sch = scheduled_elementwise(k, ctx.kb.nbuf)
+    blocks, loops = [], []
+
+    def visit(n):
+        if isinstance(n, Block):
+            blocks.append(n)
+        elif isinstance(n, For):
+            loops.append(n)
+
+    post_order_visit(sch.func.body, visit)
+    written = [w.buffer for b in blocks for w in b.writes]
+    copies = [b.writes[0].buffer.scope for b in blocks if b.name_hint.startswith("X")]
+    assert copies == [SCOPE_INPUT, SCOPE_WEIGHT]
+    assert [b.scope for b in written if b.name.startswith("S")] == [SCOPE_ACC, SCOPE_ACC]
+    tensorized = [b.annotations["kiln.tensor_intrin"] for b in blocks
+                  if b.annotations.get("kiln.tensor_intrin")]
+    assert tensorized == ["npu.vadd.float32.float32.in011.wt001",  # (1, 97, 251) + (1, 1, 251)
+                          "npu.vexp.float32.float32.acc111"]
+    assert [lp.annotations.get(PIPELINE_KEY) for lp in loops
+            if PIPELINE_KEY in lp.annotations] == [ctx.kb.nbuf]
+
+
+def test_generated_stream_is_the_emitters():
+    """The generator's instructions for a 4-D broadcast chain with tails on a description of
+    several cores are the emitter's, instruction for instruction."""
+    cfg = load_config("default")
+    streams = []
+    for route in ("emit", "tir"):
+        ctx = LoweringContext(cfg, route=route)
+        out = ctx.alloc((2, 3, 97, 13), "float32")
+        ins = [ctx.alloc((2, 3, 97, 13), "float32"), ctx.alloc((3, 1, 13), "float32")]
+        steps = [VecStep("vmul", (("in", 0), ("in", 1))), VecStep("vmax", (("out",),
+                                                                            ("imm", 0.5)))]
+        lower = emit_elementwise if route == "emit" else lower_vector_tir
+        lower(ctx, "chain", out, ins, steps, "float32")
+        streams.append(ctx.kb.streams)
+    assert streams[0] == streams[1]
+    assert sum(len(s) for s in streams[1]) > 20
+
+
+def test_vector_intrinsics():
+    """One intrinsic per form: the desc states the instruction's semantics over blocks of the
+    L0 scopes (a broadcast operand with extent 1), an immediate is part of the form."""
+    a = VecOperand(SCOPE_INPUT)
+    b = VecOperand(SCOPE_WEIGHT, (False, True, False))
+    name = vector_intrin("vsub", "float32", "float32", (a, b))
+    assert name == "npu.vsub.float32.float32.in111.wt010"
+    assert vector_intrin("vsub", "float32", "float32", (a, b)) == name  # registered once
+    intrin = get(name)
+    d, x, y = intrin.desc.buffers
+    assert (d.scope, x.scope, y.scope) == (SCOPE_ACC, SCOPE_INPUT, SCOPE_WEIGHT)
+    assert [int(getattr(e, "value", -1)) for e in y.shape] == [1, -1, 1]
+    imm = vector_intrin("vmul", "float16", "float16", (a, VecOperand(None, value=0.5)))
+    assert imm == "npu.vmul.float16.float16.in111.imm0.5"
+    cast = vector_intrin("vcast", "int32", "float32", (a,), "rtz")
+    assert cast == "npu.vcast.rtz.float32.int32.in111"
+    with pytest.raises(ScheduleError, match="vfoo"):
+        vector_intrin("vfoo", "float32", "float32", (a,))
+    with pytest.raises(ScheduleError, match="at least one block"):
+        vector_intrin("vmov", "float32", "float32", (VecOperand(None, value=1.0),))
+    with pytest.raises(ScheduleError, match="takes 2"):
+        vector_value("vadd", "float32", [x[0, 0, 0]])
+
+
+def test_generator_refuses_untensorized_stage():
+    """A stage the schedule left as a loop nest is not an instruction: NotSupported names
+    it."""
+    cfg = load_config("edge")
+    ctx = LoweringContext(cfg)
+    out = ctx.alloc((97,), "float32")
+    ins = [ctx.alloc((97,), "float32")]
+    steps = [VecStep("vrelu", (("in", 0),))]
+    plan = plan_elementwise(cfg, ctx.kb.nbuf, out, ins, "float32")
+    k = vector_kernel(plan, ins, steps, "float32", "float32")
+    func = elementwise_prim_func(k)
+    with pytest.raises(NotSupported):
+        emit_vector_scheduled(ctx.kb, func, {"X0": ins[0], "C": out})
+    sch = schedule_elementwise(func, k, ctx.kb.nbuf)
+    with pytest.raises(NotSupported, match="2 pipeline slots|1 pipeline slots"):
+        emit_vector_scheduled(LoweringContext(cfg, double_buffer=False).kb, sch.func,
+                              {"X0": ins[0], "C": out})
+
+
+def test_route_falls_back_off_the_vector_unit():
+    """An int64 element-wise op (no vector type) still runs: the emitted lowering puts it on
+    the scalar unit; a kernel with an immediate its dtype cannot hold (0.5 in int32) is
+    emitted."""
+    xi = np.arange(6, dtype="int64").reshape(2, 3)
+    emit, tir = _both(lambda a: op.add(a, a), [(2, 3)], "edge", "int64")
+    np.testing.assert_array_equal(tir(xi), xi + xi)
+    assert not tir.tir and _streams(tir) == _streams(emit)
+    cfg = load_config("edge")
+    streams = []
+    for route in ("emit", "tir"):
+        ctx = LoweringContext(cfg, route=route)
+        x, out = ctx.alloc((97,), "int32"), ctx.alloc((97,), "int32")
+        elementwise_kernel(ctx, "add", out, [x], [VecStep("vadd", (("in", 0), ("imm", 0.5)))])
+        assert not ctx.tir and not ctx.kb.kernels[0].tiling.startswith("TIR: ")
+        streams.append(ctx.kb.streams)
+    assert streams[0] == streams[1]
