@@ -50,7 +50,8 @@ from ..stmt import Block, BlockRealize, BufferStore, Evaluate, For, ForKind, Stm
 from .intrin import address_of, get, names, register
 from .npu import SCOPE_ACC, SCOPE_INPUT, SCOPE_WEIGHT
 
-__all__ = ["NPU_VECTOR", "VECTOR_OPCODES", "VecOperand", "vector_intrin", "vector_intrin_name",
+__all__ = ["NPU_VECTOR", "REDUCTIONS", "VECTOR_OPCODES", "VecOperand", "vector_intrin",
+           "vector_intrin_name",
            "vector_value"]
 
 #: ``Call`` op of a vector instruction (args: opcode, mode, D's address, one per operand --
@@ -65,6 +66,8 @@ def _abs(a: PrimExpr) -> PrimExpr:
                                                                    -a, a)
 
 
+#: The row reductions (``D[..., r] = reduce_k A[..., r, k]``).
+REDUCTIONS = ("vred.sum", "vred.max", "vred.min")
 #: opcode -> (operands, semantics of the operand values); ``vcast`` is apart (its dtype, mode).
 VECTOR_OPCODES: dict[str, tuple[int, Any]] = {
     "vadd": (2, lambda a, b: a + b), "vsub": (2, lambda a, b: a - b),
@@ -83,11 +86,15 @@ class VecOperand:
     keeps (False: extent 1, read with stride 0), or (``scope`` None) the immediate ``value``."""
 
     scope: str | None = None
-    mask: tuple[bool, bool, bool] = (True, True, True)
+    mask: tuple[bool, ...] = (True, True, True)
     value: float = 0.0
+    #: the second operand is the first one's block again (``vmul`` of a block by itself)
+    same: bool = False
 
     @property
     def tag(self) -> str:
+        if self.same:
+            return "same"
         if self.scope is None:
             return f"imm{self.value!r}"
         return _SCOPE_TAG[self.scope] + "".join("1" if m else "0" for m in self.mask)
@@ -113,24 +120,34 @@ def vector_value(opcode: str, dtype: str, operands: list[PrimExpr], mode: str = 
 
 
 def vector_intrin_name(opcode: str, dtype: str, src_dtype: str, operands: tuple[VecOperand, ...],
-                       mode: str = "") -> str:
-    """The registered name of a form: ``npu.<opcode>[.<mode>].<src dtype>.<dtype>.<operand
-    tags>`` (a tag: scope and broadcast mask, e.g. ``in101``, or ``imm<value>``)."""
+                       mode: str = "", dst: str = SCOPE_ACC, rank: int = 3) -> str:
+    """The registered name of a form: ``npu.<opcode>[.<mode>].<src dtype>.<dtype>[.<dst
+    scope>][.<rank>d].<operand tags>`` (a tag: scope and broadcast mask, e.g. ``in101``,
+    ``imm<value>``, or ``same``: the first operand again; the dst scope when not the
+    accumulators, the rank when not 3)."""
     head = f"npu.{opcode}" + (f".{mode}" if mode else "")
-    return ".".join([head, src_dtype, dtype] + [o.tag for o in operands])
+    extra = ([] if dst == SCOPE_ACC else ["to" + _SCOPE_TAG[dst]]) + \
+        ([] if rank == 3 else [f"{rank}d"])
+    return ".".join([head, src_dtype, dtype] + extra + [o.tag for o in operands])
 
 
-def _buffers(dtype: str, src_dtype: str, operands: tuple[VecOperand, ...]
-             ) -> tuple[list[Var], list[Buffer]]:
-    ext = [Var(f"E{d}", I64) for d in range(3)]
+def _is_reduction(opcode: str) -> bool:
+    return opcode in REDUCTIONS
+
+
+def _buffers(dtype: str, src_dtype: str, operands: tuple[VecOperand, ...], dst: str,
+             rank: int, reduce: bool) -> tuple[list[Var], list[Buffer]]:
+    ext = [Var(f"E{d}", I64) for d in range(rank)]
     one = const(I64, 1)
 
     def strides(name: str) -> tuple[Var, ...]:
-        return tuple(Var(f"{name}_s{d}", I64) for d in range(3))
+        return tuple(Var(f"{name}_s{d}", I64) for d in range(rank))
 
-    bufs = [Buffer("D", tuple(ext), dtype, strides=strides("D"), scope=SCOPE_ACC)]
+    # a reduction's D is one value per row: the last dim (the reduced one) of extent 1
+    d_shape = tuple(ext[:-1]) + (one,) if reduce else tuple(ext)
+    bufs = [Buffer("D", d_shape, dtype, strides=strides("D"), scope=dst)]
     for i, o in enumerate(operands):
-        if o.scope is None:
+        if o.scope is None or o.same:
             continue
         name = "AB"[i]
         shape = tuple(e if m else one for e, m in zip(ext, o.mask))
@@ -139,39 +156,61 @@ def _buffers(dtype: str, src_dtype: str, operands: tuple[VecOperand, ...]
 
 
 def _desc(opcode: str, dtype: str, src_dtype: str, operands: tuple[VecOperand, ...],
-          mode: str) -> PrimFunc:
-    ext, bufs = _buffers(dtype, src_dtype, operands)
-    loops = [Var(x, I64) for x in ("i", "j", "k")]
-    ivs = [IterVar(Range(const(I64, 0), e), Var(f"v{lv.name}", I64), IterType.DATA_PAR)
-           for lv, e in zip(loops, ext)]
+          mode: str, dst: str, rank: int) -> PrimFunc:
+    reduce = _is_reduction(opcode)
+    ext, bufs = _buffers(dtype, src_dtype, operands, dst, rank, reduce)
+    names = ("i", "j", "k")[3 - rank:]
+    loops = [Var(x, I64) for x in names]
+    if reduce:  # spatial loops, a unit loop over D's last dim, the reduction innermost
+        loops = loops[:-1] + [Var("z", I64), loops[-1]]
+    extents = list(ext[:-1]) + [const(I64, 1), ext[-1]] if reduce else list(ext)
+    kinds = [IterType.DATA_PAR] * (len(loops) - 1) + \
+        [IterType.COMM_REDUCE if reduce else IterType.DATA_PAR]
+    ivs = [IterVar(Range(const(I64, 0), e), Var(f"v{lv.name}", I64), kind)
+           for lv, e, kind in zip(loops, extents, kinds)]
     idx = [iv.var for iv in ivs]
+    src_idx = idx[:-2] + [idx[-1]] if reduce else idx
+    d_idx = idx[:-1] if reduce else idx
     zero = const(I64, 0)
-    vals, it = [], iter(bufs[1:])
+    vals: list[PrimExpr] = []
+    it = iter(bufs[1:])
     for o in operands:
-        if o.scope is None:
+        if o.same:
+            vals.append(vals[0])
+        elif o.scope is None:
             vals.append(make_const(src_dtype, o.value))
         else:
             b = next(it)
-            vals.append(b[tuple(v if m else zero for v, m in zip(idx, o.mask))])
-    value = vector_value(opcode, dtype, vals, mode)
+            vals.append(b[tuple(v if m else zero for v, m in zip(src_idx, o.mask))])
+    if reduce:
+        acc = bufs[0][tuple(d_idx)]
+        value = acc + vals[0] if opcode == "vred.sum" else \
+            (tmax if opcode == "vred.max" else tmin)(acc, vals[0])
+    else:
+        value = vector_value(opcode, dtype, vals, mode)
     stmt: Stmt = BlockRealize(tuple(loops), const("bool", 1),
                               Block(tuple(ivs), (), (), "vector", BufferStore(bufs[0], value,
-                                                                              tuple(idx))))
-    for lv, e in reversed(list(zip(loops, ext))):
+                                                                              tuple(d_idx))))
+    for lv, e in reversed(list(zip(loops, extents))):
         stmt = For(lv, const(I64, 0), e, ForKind.SERIAL, stmt)
     return _prim_func(bufs, stmt)
 
 
 def _impl(opcode: str, dtype: str, src_dtype: str, operands: tuple[VecOperand, ...],
-          mode: str) -> PrimFunc:
-    ext, bufs = _buffers(dtype, src_dtype, operands)
-    zero = (0, 0, 0)
+          mode: str, dst: str, rank: int) -> PrimFunc:
+    ext, bufs = _buffers(dtype, src_dtype, operands, dst, rank, _is_reduction(opcode))
+    zero = (0,) * rank
     args: list[PrimExpr] = [StringImm(opcode), StringImm(mode), address_of(bufs[0], *zero)]
     it = iter(bufs[1:])
     for o in operands:
-        args.append(make_const(src_dtype, o.value) if o.scope is None
-                    else address_of(next(it), *zero))
-    return _prim_func(bufs, Evaluate(Call("int32", NPU_VECTOR, (*args, *ext))))
+        if o.same:
+            args.append(args[3])
+        else:
+            args.append(make_const(src_dtype, o.value) if o.scope is None
+                        else address_of(next(it), *zero))
+    # the instruction's 3-D shape: the (source) block's extents, 1 in the missing dims
+    shape = [const(I64, 1)] * (3 - rank) + list(ext)
+    return _prim_func(bufs, Evaluate(Call("int32", NPU_VECTOR, (*args, *shape))))
 
 
 def _prim_func(buffers: list[Buffer], body: Stmt) -> PrimFunc:
@@ -181,15 +220,22 @@ def _prim_func(buffers: list[Buffer], body: Stmt) -> PrimFunc:
 
 
 def vector_intrin(opcode: str, dtype: str, src_dtype: str, operands: tuple[VecOperand, ...],
-                  mode: str = "") -> str:
-    """Register (once) the intrinsic of the form ``opcode`` writing ``dtype`` from
-    ``operands`` of ``src_dtype`` (``mode``: a cast's rounding) and return its name."""
-    if opcode != "vcast" and opcode not in VECTOR_OPCODES:
+                  mode: str = "", dst: str = SCOPE_ACC, rank: int = 3) -> str:
+    """Register (once) the intrinsic of the form ``opcode`` writing ``dtype`` into a block of
+    scope ``dst`` from ``operands`` of ``src_dtype`` over ``rank`` dims (``mode``: a cast's
+    rounding) and return its name. A reduction (``vred.sum/max/min``) reduces its operand's
+    last dim into one value per row (``D``'s last dim of extent 1); the instruction runs
+    with ``acc = 0`` (the block's ``init``, on the outer block, runs with it)."""
+    if opcode != "vcast" and opcode not in VECTOR_OPCODES and opcode not in REDUCTIONS:
         raise ScheduleError(f"no vector intrinsic for {opcode!r}")
     if not any(o.scope is not None for o in operands):
         raise ScheduleError(f"{opcode}: a vector instruction reads at least one block")
-    name = vector_intrin_name(opcode, dtype, src_dtype, operands, mode)
+    if rank not in (2, 3) or any(len(o.mask) != rank for o in operands if o.scope):
+        raise ScheduleError(f"{opcode}: blocks of rank {rank} (2 or 3, every operand's mask)")
+    if any(o.same for o in operands[:1]):
+        raise ScheduleError(f"{opcode}: only a second operand repeats the first")
+    name = vector_intrin_name(opcode, dtype, src_dtype, operands, mode, dst, rank)
     if name not in set(names()):
-        register(name, _desc(opcode, dtype, src_dtype, operands, mode),
-                 _impl(opcode, dtype, src_dtype, operands, mode))
+        register(name, _desc(opcode, dtype, src_dtype, operands, mode, dst, rank),
+                 _impl(opcode, dtype, src_dtype, operands, mode, dst, rank))
     return get(name).name
