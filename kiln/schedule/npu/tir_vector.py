@@ -60,7 +60,13 @@ from ...tir.schedule import Schedule
 from ...tir.stmt import BlockRealize, BufferStore, Evaluate, For, SeqStmt, Stmt
 from ...tir.tensor_intrin import ADDRESS_OF
 from ...tir.tensor_intrin.npu import SCOPE_ACC, SCOPE_INPUT, SCOPE_WEIGHT
-from ...tir.tensor_intrin.npu_vector import NPU_VECTOR, VecOperand, vector_intrin, vector_value
+from ...tir.tensor_intrin.npu_vector import (
+    NPU_VECTOR,
+    REDUCTIONS,
+    VecOperand,
+    vector_intrin,
+    vector_value,
+)
 from .emit import DramTensor, DramView, KernelBuilder, KernelInfo, Pipeline, block, itemsize
 from .lowering import LoweringContext, NotSupported, register_tir_lowering
 from .ops import (
@@ -81,8 +87,10 @@ from .vector import (
     traffic_cycles,
 )
 
-__all__ = ["VectorKernel", "elementwise_prim_func", "elementwise_tir", "emit_vector_scheduled",
-           "lower_vector_tir", "scheduled_elementwise", "schedule_elementwise", "vector_kernel"]
+__all__ = ["CopyNest", "Staged", "VectorGenerator", "VectorKernel", "buffer_shape",
+           "elementwise_prim_func", "elementwise_tir", "emit_vector_scheduled", "is_tensorized",
+           "loop_nest", "lower_vector_tir", "pad3", "scheduled_elementwise",
+           "schedule_elementwise", "vector_kernel"]
 
 #: The L0 scope of each memory the emitter puts element-wise operands in.
 MEMORY_SCOPE = {"input": SCOPE_INPUT, "weight": SCOPE_WEIGHT}
@@ -269,7 +277,7 @@ def scheduled_elementwise(k: VectorKernel, nbuf: int) -> Schedule:
 # the program generator
 # ---------------------------------------------------------------------------------------------
 @dataclass
-class _Staged:
+class Staged:
     """A block of an L0 buffer in this step: byte ``addr`` in ``mem``, buffer index
     ``origin`` its first element, ``extent`` the valid elements per dim (row-major)."""
 
@@ -296,7 +304,7 @@ class _Staged:
 
 
 @dataclass
-class _Copy:
+class CopyNest:
     """An affine copy nest: per loop its extent, valid prefix, and the step of each buffer's
     index; the indices at the origin; the buffers."""
 
@@ -321,7 +329,7 @@ class _Copy:
         return tuple(out)
 
 
-def _nest(stmt: Stmt) -> tuple[list[For], BlockRealize | None]:
+def loop_nest(stmt: Stmt) -> tuple[list[For], BlockRealize | None]:
     loops = []
     while isinstance(stmt, For):
         loops.append(stmt)
@@ -329,12 +337,12 @@ def _nest(stmt: Stmt) -> tuple[list[For], BlockRealize | None]:
     return loops, stmt if isinstance(stmt, BlockRealize) else None
 
 
-def _tensorized(stmt: Stmt) -> bool:
+def is_tensorized(stmt: Stmt) -> bool:
     return isinstance(stmt, BlockRealize) and \
         bool(stmt.block.annotations.get("kiln.tensor_intrin"))
 
 
-class _VectorGenerator:
+class VectorGenerator:
     """The walk's state: loop values, the per-core pipelines, the L0 regions and this step's
     staged blocks."""
 
@@ -346,7 +354,7 @@ class _VectorGenerator:
         self.blocks = 0
         self.region: dict[Buffer, tuple[str, int, int]] = {}  # buffer -> mem, base, slot bytes
         self.used: dict[str, int] = {}
-        self.staged: dict[Buffer, _Staged] = {}
+        self.staged: dict[Buffer, Staged] = {}
 
     def walk(self, stmt: Stmt) -> None:
         if isinstance(stmt, SeqStmt):
@@ -385,8 +393,8 @@ class _VectorGenerator:
         p = self.pipes[core]
         loads, computes, stores = [], [], []
         for s in body:
-            loops, realize = _nest(s)
-            if realize is not None and _tensorized(realize):
+            loops, realize = loop_nest(s)
+            if realize is not None and is_tensorized(realize):
                 # unit loops of the outer dims may stay around a stage (compute_at keeps them)
                 if any(evaluate(lp.extent, self.env) != 1 for lp in loops):
                     raise NotSupported(f"stage {realize.block.name_hint!r} is tensorized "
@@ -428,7 +436,7 @@ class _VectorGenerator:
         self.store(core, store)
         p.stored()
 
-    def match_copy(self, loops: list[For], realize: BlockRealize) -> _Copy:
+    def match_copy(self, loops: list[For], realize: BlockRealize) -> CopyNest:
         """The affine form of copy nest ``loops``/``realize``: its indices at the nest's
         origin and one step along each loop, checked at the far corner; per loop the prefix
         where the padding condition (and the block predicate) holds."""
@@ -490,7 +498,7 @@ class _VectorGenerator:
             raise NotSupported(f"copy {b.name_hint!r}: its padding condition is not a box")
         for lp in loops:
             self.env.pop(lp.loop_var, None)
-        return _Copy(b.name_hint, store.buffer, value.buffer, base_d, base_s, coef_d, coef_s,
+        return CopyNest(b.name_hint, store.buffer, value.buffer, base_d, base_s, coef_d, coef_s,
                      extents, valid)
 
     def dram_at(self, buf: Buffer, index: tuple[int, ...]) -> tuple[Any, int, tuple[int, ...]]:
@@ -499,7 +507,7 @@ class _VectorGenerator:
             raise KilnError(f"NPU vector generator: buffer {buf.name!r} has no DRAM tensor")
         return t, sum(i * s for i, s in zip(index, t.strides)), tuple(t.strides[-3:])
 
-    def load(self, core: int, c: _Copy, slot: int) -> None:
+    def load(self, core: int, c: CopyNest, slot: int) -> None:
         if c.coef_d != c.coef_s:
             raise NotSupported(f"copy {c.name!r} reorders its dims (a DMA of the vector "
                                "kernels moves a block as it is)")
@@ -518,14 +526,14 @@ class _VectorGenerator:
         mem, base, slot_bytes = self.region[c.dst]
         if slot_bytes != nbytes:
             raise NotSupported(f"copy {c.name!r}: blocks of {c.dst.name!r} change size")
-        tile = _Staged(mem, base + slot * nbytes, c.base_d, valid)
+        tile = Staged(mem, base + slot * nbytes, c.base_d, valid)
         self.staged[c.dst] = tile
         t, offset, strides = self.dram_at(c.src, c.base_s)
-        self.kb.load(core, shape=valid[-3:], dst=block(mem, tile.addr, str(c.dst.dtype),
-                                                        tile.dense()),
+        self.kb.load(core, shape=pad3(valid), dst=block(mem, tile.addr, str(c.dst.dtype),
+                                                         tile.dense()),
                      src=t.at(offset, strides))
 
-    def place_acc(self, p: Pipeline, store: _Copy,
+    def place_acc(self, p: Pipeline, store: CopyNest,
                   computes: list[tuple[list[For], BlockRealize]],
                   valid: tuple[int, ...]) -> None:
         """The step's accumulator slot: the stored stage's block first, every other stage in
@@ -550,10 +558,10 @@ class _VectorGenerator:
             raise NotSupported(f"{self.kb.nbuf} accumulator slots of {slot_bytes} B exceed acc")
         base = p.out_slot() * slot_bytes
         origin = store.base_s
-        self.staged[out] = _Staged("acc", base, origin, valid)
+        self.staged[out] = Staged("acc", base, origin, valid)
         at = base + work_at if wdt != str(out.dtype) else base
         for b in work:
-            self.staged[b] = _Staged("acc", at, origin, valid)
+            self.staged[b] = Staged("acc", at, origin, valid)
 
     @staticmethod
     def call(realize: BlockRealize) -> E.Call:
@@ -574,13 +582,14 @@ class _VectorGenerator:
                 raise NotSupported(f"a vector instruction reads {ld.buffer.name!r}, which holds "
                                    "nothing in this step")
             if idx != tuple(o if n != 1 else 0 for o, n in
-                            zip(tile.origin, _shape(ld.buffer))):
+                            zip(tile.origin, buffer_shape(ld.buffer))):
                 raise NotSupported(f"a vector instruction reads {ld.buffer.name!r} at {idx}, "
                                    f"not its block's first element {tile.origin}")
             # an accumulator block is dense (the stages' own); an operand's repeats its
             # broadcast dims
-            return block(tile.mem, tile.addr, str(ld.buffer.dtype),
-                         tile.dense() if tile.mem == "acc" else tile.strides(_shape(ld.buffer)))
+            strides = tile.dense() if tile.mem == "acc" else \
+                tile.strides(buffer_shape(ld.buffer))
+            return block(tile.mem, tile.addr, str(ld.buffer.dtype), strides)
         if isinstance(ref, (E.IntImm, E.FloatImm)):
             return float(ref.value)
         raise NotSupported(f"vector operand {ref} is neither a block nor an immediate")
@@ -592,21 +601,23 @@ class _VectorGenerator:
         call = self.call(realize)
         opcode, mode, dst, *srcs = call.args[:-3]
         ext = tuple(evaluate(e, self.env) for e in call.args[-3:])
-        if any(v > e for v, e in zip(valid[-3:], ext)):
-            raise NotSupported(f"block {b.name_hint!r} computes {ext}, less than the "
-                               f"{valid[-3:]} stored")
+        # the instruction covers the block's valid part: the stage's extents clipped by what
+        # the step stores (a per-row stage or a reduction's source keeps its own extent)
+        shape = tuple(min(e, v) for e, v in zip(ext, pad3(valid)))
         args = dict(zip(("a", "b"), (self.operand(s) for s in srcs)))
         if mode.value:
             args["mode"] = mode.value
-        self.kb.emit(core, opcode.value, shape=tuple(valid[-3:]), dst=self.operand(dst), **args)
+        if opcode.value in REDUCTIONS:  # the whole row in one instruction: the init runs
+            args["acc"] = 0
+        self.kb.emit(core, opcode.value, shape=shape, dst=self.operand(dst), **args)
 
-    def store(self, core: int, c: _Copy) -> None:
+    def store(self, core: int, c: CopyNest) -> None:
         if c.coef_d != c.coef_s:
             raise NotSupported(f"store {c.name!r} reorders its dims")
         valid = c.per_dim(c.valid)
         tile = self.staged[c.src]
         t, offset, strides = self.dram_at(c.dst, c.base_d)
-        self.kb.emit(core, "dma.store", shape=valid[-3:], dst=t.at(offset, strides),
+        self.kb.emit(core, "dma.store", shape=pad3(valid), dst=t.at(offset, strides),
                      src=block(tile.mem, tile.addr, str(c.src.dtype), tile.dense()))
 
     def finish(self) -> None:
@@ -614,7 +625,13 @@ class _VectorGenerator:
             p.finish()
 
 
-def _shape(buf: Buffer) -> tuple[int, ...]:
+def pad3(extents: tuple[int, ...]) -> tuple[int, ...]:
+    """The last three of ``extents``, 1 in front where fewer (an instruction's 3-D shape)."""
+    e = tuple(extents)[-3:]
+    return (1,) * (3 - len(e)) + e
+
+
+def buffer_shape(buf: Buffer) -> tuple[int, ...]:
     return tuple(int(getattr(n, "value", n)) for n in buf.shape)
 
 
@@ -634,7 +651,7 @@ def emit_vector_scheduled(kb: KernelBuilder, func: PrimFunc,
         if buf.name not in dram:
             raise KilnError(f"NPU vector generator: no DRAM tensor for parameter {buf.name!r}")
         by_buffer[buf] = dram[buf.name]
-    gen = _VectorGenerator(kb, by_buffer)
+    gen = VectorGenerator(kb, by_buffer)
     gen.walk(func.body)
     gen.finish()
 

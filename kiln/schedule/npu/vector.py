@@ -40,7 +40,7 @@ from .emit import (
 from .lowering import LoweringContext, NotSupported
 
 __all__ = ["ElementwiseKernel", "ElementwisePlan", "VecStep", "acc_layout", "compact_block",
-           "elementwise_kernel", "emit_elementwise", "plan_elementwise",
+           "elementwise_kernel", "emit_elementwise", "plan_elementwise", "plan_rows", "rows_bound",
            "register_elementwise_kernel", "emit_layer_norm", "emit_row_mean", "emit_pool2d",
            "emit_softmax", "traffic_cycles"]
 
@@ -386,17 +386,12 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
                              traffic))
 
 
-def _rows_kernel(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, rows: int,
-                 length: int, out_len: int, body: Callable[..., None],
-                 consts: tuple[DramTensor, ...] = ()) -> None:
-    """Blocks of whole rows of a (rows, length) view -> (rows, out_len); ``body(core, r,
-    src, dst, tmp, *consts)`` emits the vector work of ``r`` rows (``tmp``: room for four
-    values per row, one after the other; ``consts``: each a row of ``length`` values loaded
-    once per core into L0 weight, read with stride 0 across the rows)."""
-    kb, cfg = ctx.kb, ctx.config
-    nbuf = kb.nbuf
-    isz = itemsize(x.dtype)
-    const_bytes = len(consts) * length * isz
+def plan_rows(cfg: Any, nbuf: int, isz: int, rows: int, length: int, out_len: int,
+              consts: int = 0) -> int:
+    """Rows per block of a row kernel (both routes use it): the most whose ``nbuf`` slots of
+    input rows, of four per-row values (L0 weight, after them ``consts`` rows of ``length``
+    loaded once) and of output rows fit. Raises NotSupported."""
+    const_bytes = consts * length * isz
 
     def fits(t: tuple[int, int, int]) -> bool:
         r = t[1]
@@ -408,7 +403,26 @@ def _rows_kernel(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, 
     if length * isz * nbuf > cfg.memory("input").size or \
             nbuf * 4 * isz + const_bytes > cfg.memory("weight").size:
         raise NotSupported(f"a row of {length} elements does not fit L0")
-    _, rt, _ = _fit([1, rows, 1], fits)
+    return _fit([1, rows, 1], fits)[1]
+
+
+def rows_bound(kb: KernelBuilder, isz: int, rows: int, length: int, out_len: int,
+               consts: int = 0) -> float:
+    """The DRAM roofline of a row kernel: its rows in and out, its constant rows once."""
+    return traffic_cycles(kb, (rows * length + rows * out_len + consts * length) * isz)
+
+
+def _rows_kernel(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, rows: int,
+                 length: int, out_len: int, body: Callable[..., None],
+                 consts: tuple[DramTensor, ...] = ()) -> None:
+    """Blocks of whole rows of a (rows, length) view -> (rows, out_len); ``body(core, r,
+    src, dst, tmp, *consts)`` emits the vector work of ``r`` rows (``tmp``: room for four
+    values per row, one after the other; ``consts``: each a row of ``length`` values loaded
+    once per core into L0 weight, read with stride 0 across the rows)."""
+    kb, cfg = ctx.kb, ctx.config
+    nbuf = kb.nbuf
+    isz = itemsize(x.dtype)
+    rt = plan_rows(cfg, nbuf, isz, rows, length, out_len, len(consts))
     const_base = nbuf * rt * 4 * isz
     const_blocks = [block("weight", const_base + i * length * isz, x.dtype, (0, 0, 1))
                     for i in range(len(consts))]
@@ -438,7 +452,7 @@ def _rows_kernel(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, 
         p.stored()
     for p in pipes:
         p.finish()
-    bound = traffic_cycles(kb, (rows * length + rows * out_len + len(consts) * length) * isz)
+    bound = rows_bound(kb, isz, rows, length, out_len, len(consts))
     kb.end_kernel(KernelInfo(ctx.label(op), op, f"{rt} rows of {rows} x {length}", bound, bound))
 
 
