@@ -604,6 +604,8 @@ class VectorGenerator:
         # the instruction covers the block's valid part: the stage's extents clipped by what
         # the step stores (a per-row stage or a reduction's source keeps its own extent)
         shape = tuple(min(e, v) for e, v in zip(ext, pad3(valid)))
+        if opcode.value in REDUCTIONS:  # its source's rows, each reduced whole
+            shape = shape[:-1] + ext[-1:]
         args = dict(zip(("a", "b"), (self.operand(s) for s in srcs)))
         if mode.value:
             args["mode"] = mode.value
