@@ -1,6 +1,7 @@
-"""The TIR route of the NPU's element-wise kernels (PassContext ``"npu.lowering": "tir"``, the
-default): element-wise and broadcast ops, fused chains and casts as TE PrimFuncs scheduled
-into the L0 scopes, tensorized onto the vector intrinsics, generated into instructions.
+"""The TIR route of the NPU's vector kernels (PassContext ``"npu.lowering": "tir"``, the
+default): element-wise and broadcast ops, fused chains and casts, softmax, layer_norm and row
+means as TE PrimFuncs scheduled into the L0 scopes, tensorized onto the vector intrinsics,
+generated into instructions.
 Checked on both shipped descriptions, with prime sizes (tail blocks), broadcasts in every
 position and fused chains, against numpy and against the emitter: the same instruction
 stream, so the same bits and cycles."""
@@ -15,7 +16,14 @@ from kiln.codegen.npu import LOWERING_KEY
 from kiln.codegen.npu.executable import NpuStep
 from kiln.ir import ScheduleError
 from kiln.schedule.npu import LoweringContext, NotSupported
-from kiln.schedule.npu.tir_program import PIPELINE_KEY
+from kiln.schedule.npu.tir_program import HELD_KEY, PIPELINE_KEY
+from kiln.schedule.npu.tir_rows import (
+    PLACE_KEY,
+    layer_norm_stages,
+    lower_rows_tir,
+    row_mean_stages,
+    softmax_stages,
+)
 from kiln.schedule.npu.tir_vector import (
     elementwise_prim_func,
     emit_vector_scheduled,
@@ -28,6 +36,9 @@ from kiln.schedule.npu.vector import (
     VecStep,
     elementwise_kernel,
     emit_elementwise,
+    emit_layer_norm,
+    emit_row_mean,
+    emit_softmax,
     plan_elementwise,
 )
 from kiln.target.npu import load_config
@@ -290,3 +301,87 @@ def test_route_falls_back_off_the_vector_unit():
         assert not ctx.tir and not ctx.kb.kernels[0].tiling.startswith("TIR: ")
         streams.append(ctx.kb.streams)
     assert streams[0] == streams[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# row kernels: softmax, layer_norm, the mean of each row
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("shape", [(97, 251), (2, 12, 33, 128), (1021, 13)])
+def test_softmax(hw, shape):
+    rng = np.random.default_rng(sum(shape))
+    emit, tir = _both(lambda a: op.nn.softmax(a, axis=-1), [shape], hw)
+    x = _rand(rng, *shape) * 4
+    e = np.exp(x - x.max(-1, keepdims=True))
+    _check(emit, tir, [x], e / e.sum(-1, keepdims=True), tol=1e-3)
+    assert [o for o, _ in tir.tir] == ["nn.softmax"]
+
+
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("shape", [(97, 251), (3, 41, 768)])
+def test_layer_norm(hw, shape):
+    """Two reductions, the square written over the input block, gamma and beta held on each
+    core (loaded by its first block only)."""
+    rng = np.random.default_rng(sum(shape))
+    n = shape[-1]
+    gamma, beta = _rand(rng, n), _rand(rng, n)
+    emit, tir = _both(lambda a: op.nn.layer_norm(a, g.const(gamma), g.const(beta), axes=[-1],
+                                                 epsilon=1e-5), [shape], hw)
+    x = _rand(rng, *shape) * 3 + 1
+    mu = x.mean(-1, keepdims=True)
+    ref = (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * gamma + beta
+    _check(emit, tir, [x], ref, tol=1e-3)
+    sch = tir.tir[0][1]
+    blocks = []
+    post_order_visit(sch.func.body, lambda b: blocks.append(b) if isinstance(b, Block) else None)
+    places = [b.annotations.get(PLACE_KEY) for b in blocks if PLACE_KEY in b.annotations]
+    assert places.count("input") == 1 and "stat1" in places
+    assert sum(bool(b.annotations.get(HELD_KEY)) for b in blocks) == 2
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_global_average_pool_and_mean(hw):
+    rng = np.random.default_rng(7)
+    x = _rand(rng, 2, 97, 7, 7)
+    emit, tir = _both(lambda a: op.nn.adaptive_avg_pool2d(a, (1, 1)), [x.shape], hw)
+    _check(emit, tir, [x], x.mean(axis=(2, 3), keepdims=True), tol=1e-5)
+    emit, tir = _both(lambda a: op.mean(a, axis=[2, 3]), [x.shape], hw)
+    _check(emit, tir, [x], x.mean(axis=(2, 3)), tol=1e-5)
+
+
+def test_rows_fall_back_to_the_emitted_lowering():
+    """A softmax over another axis is refused by both routes alike (the CPU runs it)."""
+    emit, tir = _both(lambda a: op.nn.softmax(a, axis=0), [(33, 17)], "edge")
+    assert not tir.tir and tir.cpu_ops == emit.cpu_ops
+
+
+def test_row_stage_streams_are_the_emitters():
+    """The generator's instruction streams of the three row kernels equal the emitter's."""
+    cfg = load_config("default")
+    for kind in ("softmax", "layer_norm", "mean"):
+        streams = []
+        for route in ("emit", "tir"):
+            ctx = LoweringContext(cfg, route=route)
+            x = ctx.alloc((251, 97), "float32")
+            if kind == "mean":
+                out = ctx.alloc((251, 1), "float32")
+                if route == "emit":
+                    emit_row_mean(ctx, "mean", x, out, 251)
+                else:
+                    lower_rows_tir(ctx, "mean", x, out, 251, 97, 1, row_mean_stages(97))
+            elif kind == "softmax":
+                out = ctx.alloc((251, 97), "float32")
+                if route == "emit":
+                    emit_softmax(ctx, "nn.softmax", x, out)
+                else:
+                    lower_rows_tir(ctx, "nn.softmax", x, out, 251, 97, 97, softmax_stages())
+            else:
+                gm, bt = ctx.alloc((97,), "float32"), ctx.alloc((97,), "float32")
+                out = ctx.alloc((251, 97), "float32")
+                if route == "emit":
+                    emit_layer_norm(ctx, "ln", x, gm, bt, out, 1e-5)
+                else:
+                    lower_rows_tir(ctx, "ln", x, out, 251, 97, 97, layer_norm_stages(97, 1e-5),
+                                   (gm, bt))
+            streams.append(ctx.kb.streams)
+        assert streams[0] == streams[1], kind
