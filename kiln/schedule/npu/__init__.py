@@ -7,7 +7,7 @@ fallback; :mod:`.quantize`: int8 requantize, quantize, dequantize), the tiled GE
 (:mod:`.tir_gemm`: schedule with NPU scopes and tensorize; :mod:`.tir_program`: scheduled TIR ->
 instructions)."""
 
-from . import movement, ops, pooling, quantize, tir_gemm, tir_rows, tir_vector  # noqa: F401 - register the lowerings
+from . import movement, ops, pooling, quantize, tir_gemm, tir_pool, tir_rows, tir_vector  # noqa: F401 - register the lowerings
 from .emit import DramTensor, KernelBuilder, KernelInfo
 from .gemm import GemmShape, GemmTiling, gemm_cost, gemm_roofline, plan_gemm
 from .lowering import LoweringContext, NotSupported, lookup_lowering, lowered_ops

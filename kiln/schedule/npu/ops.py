@@ -22,7 +22,7 @@ from .vector import (
     VecStep,
     elementwise_kernel,
     emit_elementwise,
-    emit_pool2d,
+    pool2d_kernel,
 )
 
 __all__ = ["BINARY_OPS", "COMPOSITE_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS",
@@ -518,5 +518,5 @@ def _depthwise(ctx: LoweringContext, call: Any, x: Any, w: Any, out: DramTensor)
         raise NotSupported(f"nn.conv2d: depthwise {x.dtype} -> {out.dtype}")
     _vector_dtype(ctx, x.dtype, "nn.conv2d")
     wt = ctx.constant(w.reshape(c, -1), x.dtype)
-    emit_pool2d(ctx, "nn.conv2d.depthwise", x, out, "dw", (w.shape[2], w.shape[3]),
+    pool2d_kernel(ctx, "nn.conv2d.depthwise", x, out, "dw", (w.shape[2], w.shape[3]),
                 tuple(at.strides), tuple(at.padding), tuple(at.dilation), None, wt)

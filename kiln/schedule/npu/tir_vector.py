@@ -62,6 +62,7 @@ from ...tir.tensor_intrin import ADDRESS_OF
 from ...tir.tensor_intrin.npu import SCOPE_ACC, SCOPE_INPUT, SCOPE_WEIGHT
 from ...tir.tensor_intrin.npu_vector import (
     NPU_VECTOR,
+    NPU_VIEW,
     REDUCTIONS,
     VecOperand,
     vector_intrin,
@@ -317,6 +318,11 @@ class CopyNest:
     coef_s: list[tuple[int, ...]]
     extents: list[int]
     valid: list[int]
+    fill: float = 0.0
+    #: the padding condition (with the block predicate) and what evaluates it (a box copy)
+    cond: Any = None
+    loops: tuple[For, ...] = ()
+    realize: Any = None
 
     def per_dim(self, values: list[int], fill: int = 1) -> tuple[int, ...]:
         """``values`` (one per loop) per destination buffer dim (``fill`` where no loop
@@ -436,19 +442,23 @@ class VectorGenerator:
         self.store(core, store)
         p.stored()
 
-    def match_copy(self, loops: list[For], realize: BlockRealize) -> CopyNest:
+    def match_copy(self, loops: list[For], realize: BlockRealize, prefix: bool = True
+                   ) -> CopyNest:
         """The affine form of copy nest ``loops``/``realize``: its indices at the nest's
         origin and one step along each loop, checked at the far corner; per loop the prefix
-        where the padding condition (and the block predicate) holds."""
+        where the padding condition (and the block predicate) holds (``prefix=False``: not
+        computed -- padding before the data too, any fill; see :meth:`box`)."""
         b = realize.block
         store = b.body
         if not isinstance(store, BufferStore) or b.init is not None:
             raise NotSupported(f"block {b.name_hint!r} is neither a copy nor tensorized")
         value, cond = store.value, realize.predicate
+        fill_value = 0.0
         if isinstance(value, E.Select):
             fill = value.false_value
-            if not isinstance(fill, (E.IntImm, E.FloatImm)) or fill.value != 0:
+            if not isinstance(fill, (E.IntImm, E.FloatImm)) or (prefix and fill.value != 0):
                 raise NotSupported(f"copy {b.name_hint!r} pads with {fill}, not zero")
+            fill_value = float(fill.value)
             cond, value = E.logical_and(cond, value.condition), value.true_value
         if not isinstance(value, E.BufferLoad):
             raise NotSupported(f"block {b.name_hint!r} is neither a copy nor tensorized")
@@ -480,6 +490,12 @@ class VectorGenerator:
             want = tuple(x + sum(c[i] * f for c, f in zip(coef, far)) for i, x in enumerate(base))
             if got != want:
                 raise NotSupported(f"copy {b.name_hint!r} is not affine in its loops")
+        if not prefix:
+            for lp in loops:
+                self.env.pop(lp.loop_var, None)
+            return CopyNest(b.name_hint, store.buffer, value.buffer, base_d, base_s, coef_d,
+                            coef_s, extents, list(extents), fill_value, cond, tuple(loops),
+                            realize)
         valid = []
         for d, n in enumerate(extents):
             def holds(x: int, d: int = d) -> bool:
@@ -500,6 +516,57 @@ class VectorGenerator:
             self.env.pop(lp.loop_var, None)
         return CopyNest(b.name_hint, store.buffer, value.buffer, base_d, base_s, coef_d, coef_s,
                      extents, valid)
+
+    def box(self, c: CopyNest, extents: list[int]) -> tuple[list[int], list[int]] | None:
+        """Per loop of copy ``c``, the range ``[lo, hi)`` within ``extents`` where its
+        padding condition holds -- a conjunction of bounds, each on one loop (a window's
+        padding on either side) --, or None where it holds nowhere."""
+        b = c.realize.block
+        parts, todo = [], [c.cond]
+        while todo:
+            e = todo.pop()
+            if isinstance(e, E.And):
+                todo += [e.a, e.b]
+            else:
+                parts.append(e)
+
+        def holds(e: Any, point: list[int]) -> bool:
+            for lp, x in zip(c.loops, point):
+                self.env[lp.loop_var] = evaluate(lp.min, self.env) + x
+            for iv, val in zip(b.iter_vars, c.realize.iter_values):
+                self.env[iv.var] = evaluate(val, self.env)
+            return bool(evaluate(e, self.env))
+
+        ok = [[True] * n for n in extents]
+        try:
+            for e in parts:
+                zero = [0] * len(extents)
+                along = []
+                for d, n in enumerate(extents):
+                    vals = [holds(e, zero[:d] + [x] + zero[d + 1:]) for x in range(n)]
+                    if len(set(vals)) > 1:
+                        along.append((d, vals))
+                if len(along) > 1:
+                    raise NotSupported(f"copy {c.name!r}: a padding bound on several loops")
+                if not along:
+                    if not holds(e, zero):
+                        return None
+                    continue
+                d, vals = along[0]
+                ok[d] = [p and q for p, q in zip(ok[d], vals)]
+        finally:
+            for lp in c.loops:
+                self.env.pop(lp.loop_var, None)
+        lo, hi = [], []
+        for row in ok:
+            where = [x for x, v in enumerate(row) if v]
+            if not where:
+                return None
+            if where != list(range(where[0], where[-1] + 1)):
+                raise NotSupported(f"copy {c.name!r}: its padding condition is not a box")
+            lo.append(where[0])
+            hi.append(where[-1] + 1)
+        return lo, hi
 
     def dram_at(self, buf: Buffer, index: tuple[int, ...]) -> tuple[Any, int, tuple[int, ...]]:
         t = self.dram.get(buf)
@@ -574,6 +641,8 @@ class VectorGenerator:
         return body.value
 
     def operand(self, ref: Any) -> Any:
+        if isinstance(ref, E.Call) and ref.op == NPU_VIEW:
+            return self.view(ref)
         if isinstance(ref, E.Call) and ref.op == ADDRESS_OF:
             ld = ref.args[0]
             idx = tuple(evaluate(i, self.env) for i in ld.indices)
@@ -594,6 +663,24 @@ class VectorGenerator:
             return float(ref.value)
         raise NotSupported(f"vector operand {ref} is neither a block nor an immediate")
 
+    def view(self, ref: E.Call) -> Any:
+        """A strided view operand: the staged tile's element at the view's first index, its
+        strides -- row-major over the tile's extents -- times the view's steps."""
+        ld = ref.args[0].args[0]
+        idx = tuple(evaluate(i, self.env) for i in ld.indices)
+        tile = self.staged.get(ld.buffer)
+        if tile is None:
+            raise NotSupported(f"a vector instruction reads {ld.buffer.name!r}, which holds "
+                               "nothing in this step")
+        isz = itemsize(str(ld.buffer.dtype))
+        dense = _row_major(tile.extent)
+        if not all(0 <= i - o < n for i, o, n in zip(idx, tile.origin, tile.extent)):
+            raise NotSupported(f"a view of {ld.buffer.name!r} starts outside its staged tile")
+        addr = tile.addr + sum((i - o) * st for i, o, st in zip(idx, tile.origin, dense)) * isz
+        spec = [evaluate(a, self.env) for a in ref.args[1:]]
+        strides = tuple(dense[dim] * step for dim, step in zip(spec[0::2], spec[1::2]))
+        return block(tile.mem, addr, str(ld.buffer.dtype), strides)
+
     def compute(self, core: int, realize: BlockRealize, valid: tuple[int, ...]) -> None:
         b = realize.block
         for iv, val in zip(b.iter_vars, realize.iter_values):
@@ -606,12 +693,19 @@ class VectorGenerator:
         shape = tuple(min(e, v) for e, v in zip(ext, pad3(valid)))
         if opcode.value in REDUCTIONS:  # its source's rows, each reduced whole
             shape = shape[:-1] + ext[-1:]
-        args = dict(zip(("a", "b"), (self.operand(s) for s in srcs)))
+        ops = [self.operand(s) for s in srcs]
+        out = self.operand(dst)
+        if opcode.value == "vmac":  # dst += a * b: the first operand is dst's block itself
+            if ops[0] != out:
+                raise NotSupported(f"block {b.name_hint!r}: vmac accumulates into another "
+                                   "block than it writes")
+            ops = ops[1:]
+        args = dict(zip(("a", "b"), ops))
         if mode.value:
             args["mode"] = mode.value
         if opcode.value in REDUCTIONS:  # the whole row in one instruction: the init runs
             args["acc"] = 0
-        self.kb.emit(core, opcode.value, shape=shape, dst=self.operand(dst), **args)
+        self.kb.emit(core, opcode.value, shape=shape, dst=out, **args)
 
     def store(self, core: int, c: CopyNest) -> None:
         if c.coef_d != c.coef_s:
@@ -625,6 +719,14 @@ class VectorGenerator:
     def finish(self) -> None:
         for p in self.pipes:
             p.finish()
+
+
+def _row_major(extents: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for n in reversed(extents):
+        out.append(acc)
+        acc *= n
+    return tuple(reversed(out))
 
 
 def pad3(extents: tuple[int, ...]) -> tuple[int, ...]:

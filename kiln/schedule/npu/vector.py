@@ -40,7 +40,9 @@ from .emit import (
 from .lowering import LoweringContext, NotSupported
 
 __all__ = ["ElementwiseKernel", "ElementwisePlan", "VecStep", "acc_layout", "compact_block",
-           "elementwise_kernel", "emit_elementwise", "plan_elementwise", "plan_rows", "rows_bound",
+           "elementwise_kernel", "emit_elementwise", "plan_elementwise", "plan_pool2d",
+           "plan_rows", "pool2d_kernel", "pool2d_kernel_info", "register_pool2d_kernel",
+           "rows_bound",
            "register_elementwise_kernel", "emit_layer_norm", "emit_row_mean", "emit_pool2d",
            "emit_softmax", "traffic_cycles"]
 
@@ -267,6 +269,70 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
     kb.end_kernel(KernelInfo(ctx.label(op), op, plan.describe(), bound, bound))
 
 
+def plan_pool2d(cfg: Any, nbuf: int, x_shape: tuple[int, ...], out_shape: tuple[int, ...],
+                dtype: str, pool: tuple[int, int], strides: tuple[int, int],
+                pad: tuple[int, int, int, int], dilation: tuple[int, int], depthwise: bool,
+                scaled: bool) -> tuple[int, int, int]:
+    """``(channels, output rows, staged row width)`` of a pooling / depthwise block (both
+    routes use it): the most whose ``nbuf`` slots of input rows (with the windows' padding),
+    of weights or the reciprocal-count rows, and of output rows fit L0; a depthwise
+    convolution's channel blocks stay within one image. Raises NotSupported."""
+    n, c, h, w = x_shape
+    oh, ow = out_shape[2:]
+    (kh, kw), (sh, sw), (dh, dw) = pool, strides, dilation
+    wp = max(w + pad[1], (ow - 1) * sw + (kw - 1) * dw + 1)
+    isz = itemsize(dtype)
+    taps = kh * kw
+
+    def fits(t: tuple[int, int, int]) -> bool:
+        ct, r = t[0], t[1]
+        side = ct * taps if depthwise else r * ow if scaled else 0
+        return (nbuf * ct * ((r - 1) * sh + (kh - 1) * dh + 1) * wp * isz <=
+                cfg.memory("input").size and
+                nbuf * side * isz <= cfg.memory("weight").size and
+                nbuf * ct * r * ow * isz <= cfg.memory("acc").size)
+
+    ct, rt, _ = _fit([c if depthwise else n * c, oh, 1], fits)
+    return ct, rt, wp
+
+
+def pool2d_kernel_info(ctx: LoweringContext, op: str, x: Any, out: Any, taps: int,
+                       depthwise: bool, ct: int, rt: int, prefix: str = "") -> KernelInfo:
+    """The pooling kernel's record: its roofline, the larger of its DRAM traffic and (a
+    depthwise convolution) the vector unit's passes over the output, one per tap."""
+    n, c, h, w = x.shape
+    oh, ow = out.shape[2:]
+    nc, isz = n * c, itemsize(x.dtype)
+    traffic = traffic_cycles(ctx.kb, (nc * h * w + nc * oh * ow) * isz)
+    macs = nc * oh * ow * isz * taps / ctx.config.vector_width / ctx.config.cores \
+        if depthwise else 0.0
+    return KernelInfo(ctx.label(op), op, f"{prefix}{ct} channels x {rt} rows of {nc} x {oh}",
+                      max(traffic, macs), max(traffic, macs), macs, traffic)
+
+
+PoolKernelFn = Callable[..., None]
+_ROUTED_POOL: dict[str, PoolKernelFn] = {}
+
+
+def register_pool2d_kernel(route: str) -> Callable[[PoolKernelFn], PoolKernelFn]:
+    """Decorator: ``fn`` builds the pooling and depthwise kernels (the signature of
+    :func:`emit_pool2d`) of contexts whose ``route`` is ``route`` (a depthwise convolution is
+    reached from ``nn.conv2d``'s lowering, pooling from three ops'; one hook serves all)."""
+    def register(fn: PoolKernelFn) -> PoolKernelFn:
+        if route in _ROUTED_POOL:
+            raise KilnError(f"route {route!r} already has a pooling kernel builder")
+        _ROUTED_POOL[route] = fn
+        return fn
+
+    return register
+
+
+def pool2d_kernel(ctx: LoweringContext, *args: Any, **kwargs: Any) -> None:
+    """The pooling / depthwise kernel (:func:`emit_pool2d`'s arguments) on the context's
+    route: the builder registered for it, else :func:`emit_pool2d`."""
+    _ROUTED_POOL.get(ctx.route, emit_pool2d)(ctx, *args, **kwargs)
+
+
 def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
                 kind: str, pool: tuple[int, int], strides: tuple[int, int],
                 pad: tuple[int, int, int, int], dilation: tuple[int, int],
@@ -284,24 +350,15 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
     oh, ow = out.shape[2:]
     (kh, kw), (sh, sw), (dh, dw) = pool, strides, dilation
     pt, pl, _, _ = pad
-    wp = max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1)
     isz = itemsize(x.dtype)
     nc = n * c
+    ct, rt, wp = plan_pool2d(cfg, nbuf, x.shape, out.shape, x.dtype, pool, strides, pad,
+                             dilation, weights is not None, scale is not None)
 
     def rows_in(r: int) -> int:
         return (r - 1) * sh + (kh - 1) * dh + 1
 
     taps = kh * kw
-
-    def fits(t: tuple[int, int, int]) -> bool:
-        ct, r = t[0], t[1]
-        side = ct * taps if weights is not None else r * ow if scale is not None else 0
-        return (nbuf * ct * rows_in(r) * wp * isz <= cfg.memory("input").size and
-                nbuf * side * isz <= cfg.memory("weight").size and
-                nbuf * ct * r * ow * isz <= cfg.memory("acc").size)
-
-    # a depthwise conv's channel blocks stay within one image (their weights are contiguous)
-    ct, rt, _ = _fit([c if weights is not None else nc, oh, 1], lambda t: fits(t))
     fill = float("-inf") if kind == "max" else 0.0
     w_slot = (ct * taps if weights is not None else rt * ow) * isz
     pipes = [Pipeline(kb, core, UNIT_VECTOR) for core in range(cfg.cores)]
@@ -377,13 +434,7 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
         p.stored()
     for p in pipes:
         p.finish()
-    traffic = traffic_cycles(kb, (nc * h * w + nc * oh * ow) * isz)
-    # the vector unit's MACs: one pass over the output per tap
-    macs = nc * oh * ow * isz * taps / cfg.vector_width / cfg.cores if weights is not None \
-        else 0.0
-    kb.end_kernel(KernelInfo(ctx.label(op), op, f"{ct} channels x {rt} rows of "
-                             f"{nc} x {oh}", max(traffic, macs), max(traffic, macs), macs,
-                             traffic))
+    kb.end_kernel(pool2d_kernel_info(ctx, op, x, out, taps, weights is not None, ct, rt))
 
 
 def plan_rows(cfg: Any, nbuf: int, isz: int, rows: int, length: int, out_len: int,

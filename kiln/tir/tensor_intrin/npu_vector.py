@@ -50,13 +50,17 @@ from ..stmt import Block, BlockRealize, BufferStore, Evaluate, For, ForKind, Stm
 from .intrin import address_of, get, names, register
 from .npu import SCOPE_ACC, SCOPE_INPUT, SCOPE_WEIGHT
 
-__all__ = ["NPU_VECTOR", "REDUCTIONS", "VECTOR_OPCODES", "VecOperand", "vector_intrin",
+__all__ = ["NPU_VECTOR", "NPU_VIEW", "REDUCTIONS", "VECTOR_OPCODES", "VecOperand", "vector_intrin",
            "vector_intrin_name",
            "vector_value"]
 
 #: ``Call`` op of a vector instruction (args: opcode, mode, D's address, one per operand --
 #: an address or an immediate --, then the block's three extents).
 NPU_VECTOR = "npu.vector"
+#: ``Call`` op of a strided view operand (args: its first element's address, then per
+#: instruction dim the buffer dim that moves along it, counted from the end, and the step;
+#: step 0: none moves).
+NPU_VIEW = "npu.view"
 I64 = "int64"
 _SCOPE_TAG = {SCOPE_INPUT: "in", SCOPE_WEIGHT: "wt", SCOPE_ACC: "acc"}
 
@@ -72,7 +76,7 @@ REDUCTIONS = ("vred.sum", "vred.max", "vred.min")
 VECTOR_OPCODES: dict[str, tuple[int, Any]] = {
     "vadd": (2, lambda a, b: a + b), "vsub": (2, lambda a, b: a - b),
     "vmul": (2, lambda a, b: a * b), "vdiv": (2, lambda a, b: a / b),
-    "vmin": (2, tmin), "vmax": (2, tmax),
+    "vmin": (2, tmin), "vmax": (2, tmax), "vmac": (3, lambda c, a, b: c + a * b),
     "vmov": (1, lambda a: a), "vrelu": (1, lambda a: tmax(a, make_const(a.dtype, 0))),
     "vneg": (1, lambda a: -a), "vabs": (1, _abs),
     "vexp": (1, lambda a: call_intrin("exp", a)), "vrsqrt": (1, lambda a: call_intrin("rsqrt", a)),
@@ -90,11 +94,18 @@ class VecOperand:
     value: float = 0.0
     #: the second operand is the first one's block again (``vmul`` of a block by itself)
     same: bool = False
+    #: a strided view instead of ``mask``: per buffer dim, the instruction dim that moves it
+    #: (-1: none, the index is 0) and by how many elements per step (a pooling window's tap
+    #: ``X[c, i * sh, j * sw]``; a depthwise weight ``W[c, 0]`` read along the channels)
+    index: tuple[tuple[int, int], ...] | None = None
 
     @property
     def tag(self) -> str:
         if self.same:
             return "same"
+        if self.index is not None:
+            return _SCOPE_TAG[self.scope] + "v" + "_".join(  # type: ignore[index]
+                "x" if d < 0 else f"{d}s{c}" for d, c in self.index)
         if self.scope is None:
             return f"imm{self.value!r}"
         return _SCOPE_TAG[self.scope] + "".join("1" if m else "0" for m in self.mask)
@@ -149,7 +160,13 @@ def _buffers(dtype: str, src_dtype: str, operands: tuple[VecOperand, ...], dst: 
     for i, o in enumerate(operands):
         if o.scope is None or o.same:
             continue
-        name = "AB"[i]
+        name = "CAB"[i] if len(operands) == 3 else "AB"[i]
+        if o.index is not None:
+            shape = tuple(one if d < 0 else ext[d] for d, _ in o.index)
+            bufs.append(Buffer(name, shape, src_dtype,
+                               strides=tuple(Var(f"{name}_s{k}", I64) for k in range(len(shape))),
+                               scope=o.scope))
+            continue
         shape = tuple(e if m else one for e, m in zip(ext, o.mask))
         bufs.append(Buffer(name, shape, src_dtype, strides=strides(name), scope=o.scope))
     return ext, bufs
@@ -179,6 +196,9 @@ def _desc(opcode: str, dtype: str, src_dtype: str, operands: tuple[VecOperand, .
             vals.append(vals[0])
         elif o.scope is None:
             vals.append(make_const(src_dtype, o.value))
+        elif o.index is not None:
+            b = next(it)
+            vals.append(b[tuple(zero if d < 0 else src_idx[d] * c for d, c in o.index)])
         else:
             b = next(it)
             vals.append(b[tuple(v if m else zero for v, m in zip(src_idx, o.mask))])
@@ -205,6 +225,15 @@ def _impl(opcode: str, dtype: str, src_dtype: str, operands: tuple[VecOperand, .
     for o in operands:
         if o.same:
             args.append(args[3])
+        elif o.index is not None:  # the view: per instruction dim, the buffer dim and step
+            b = next(it)
+            view: list[PrimExpr] = []
+            for d in range(rank):  # the buffer dim counted from the end (-1 and 0: none)
+                dim = next((k for k, (x, _) in enumerate(o.index) if x == d), -1)
+                view += [const(I64, dim - len(o.index) if dim >= 0 else -1),
+                         const(I64, o.index[dim][1] if dim >= 0 else 0)]
+            args.append(Call("handle", NPU_VIEW, (address_of(b, *(0,) * len(o.index)),
+                                                  *view)))
         else:
             args.append(make_const(src_dtype, o.value) if o.scope is None
                         else address_of(next(it), *zero))
