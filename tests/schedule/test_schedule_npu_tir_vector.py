@@ -1,13 +1,14 @@
 """The TIR route of the NPU's vector kernels (PassContext ``"npu.lowering": "tir"``, the
-default): element-wise and broadcast ops, fused chains and casts, softmax, layer_norm and row
-means as TE PrimFuncs scheduled into the L0 scopes, tensorized onto the vector intrinsics,
-generated into instructions.
+default): element-wise and broadcast ops, fused chains and casts, softmax, layer_norm, row
+means, pooling and depthwise convolutions as TE PrimFuncs scheduled into the L0 scopes,
+tensorized onto the vector intrinsics, generated into instructions.
 Checked on both shipped descriptions, with prime sizes (tail blocks), broadcasts in every
 position and fused chains, against numpy and against the emitter: the same instruction
 stream, so the same bits and cycles."""
 
 import numpy as np
 import pytest
+import torch
 
 import kiln
 from kiln import graph as g
@@ -40,6 +41,7 @@ from kiln.schedule.npu.vector import (
     emit_row_mean,
     emit_softmax,
     plan_elementwise,
+    pool2d_kernel,
 )
 from kiln.target.npu import load_config
 from kiln.testing.op_testing import graph_module
@@ -385,3 +387,81 @@ def test_row_stage_streams_are_the_emitters():
                                    (gm, bt))
             streams.append(ctx.kb.streams)
         assert streams[0] == streams[1], kind
+
+
+# ---------------------------------------------------------------------------------------------
+# pooling and depthwise convolutions: every tap a strided view of the staged input
+# ---------------------------------------------------------------------------------------------
+def _pool_ref(x, k, s, p, kind):
+    n, c, h, w = x.shape
+    fill = -np.inf if kind == "max" else 0.0
+    xp = np.full((n, c, h + 2 * p, w + 2 * p), fill, x.dtype)
+    xp[:, :, p:p + h, p:p + w] = x
+    oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+    win = np.stack([xp[:, :, a:a + s * oh:s, b:b + s * ow:s] for a in range(k) for b in range(k)])
+    return win.max(0) if kind == "max" else win.mean(0)
+
+
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("shape,k,s,p", [((1, 13, 29, 29), 3, 2, 1), ((2, 7, 13, 13), 3, 2, 0),
+                                         ((1, 97, 14, 14), 2, 2, 0)])
+def test_pooling(hw, shape, k, s, p):
+    rng = np.random.default_rng(sum(shape) + k)
+    x = _rand(rng, *shape)
+    emit, tir = _both(lambda a: op.nn.max_pool2d(a, (k, k), (s, s), (p, p, p, p)), [shape], hw)
+    _check(emit, tir, [x], _pool_ref(x, k, s, p, "max"))
+    emit, tir = _both(lambda a: op.nn.avg_pool2d(a, (k, k), (s, s), (p, p, p, p),
+                                                 count_include_pad=True), [shape], hw)
+    _check(emit, tir, [x], _pool_ref(x, k, s, p, "avg"), tol=1e-5)
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_avg_pool_uncounted_padding(hw):
+    """Windows of different tap counts: each block multiplied by its rows of the map of
+    reciprocal counts, loaded per block into L0 weight and read across the channels."""
+    rng = np.random.default_rng(11)
+    x = _rand(rng, 1, 5, 9, 9)
+    emit, tir = _both(lambda a: op.nn.avg_pool2d(a, (3, 3), (1, 1), (1, 1, 1, 1),
+                                                 count_include_pad=False), [x.shape], hw)
+    ones = np.ones_like(x)
+    ref = _pool_ref(x, 3, 1, 1, "avg") / _pool_ref(ones, 3, 1, 1, "avg")
+    _check(emit, tir, [x], ref, tol=1e-5)
+
+
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("shape,s", [((1, 32, 28, 28), 1), ((2, 97, 15, 15), 2),
+                                     ((1, 251, 7, 7), 1)])
+def test_depthwise_conv(hw, shape, s):
+    """MobileNet's 3x3 depthwise convolutions (padding 1): each tap's view times its
+    channel's weight, accumulated with vmac into the accumulator block."""
+    rng = np.random.default_rng(sum(shape) + s)
+    c = shape[1]
+    w = _rand(rng, c, 1, 3, 3)
+    emit, tir = _both(lambda a: op.nn.conv2d(a, g.const(w), strides=(s, s), padding=(1, 1),
+                                             groups=c), [shape], hw)
+    x = _rand(rng, *shape)
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), stride=s,
+                                     padding=1, groups=c).numpy()
+    _check(emit, tir, [x], ref, tol=1e-4)
+    assert any(k.op == "nn.conv2d.depthwise" and k.tiling.startswith("TIR: ")
+               for k in tir.kernels)
+
+
+def test_pool_streams_are_the_emitters():
+    """The generator's streams equal the emitter's, tail blocks (channels and rows) and
+    blocks of padding rows only included."""
+    for hw in HW:
+        cfg = load_config(hw)
+        for kind, xs, ohw, pool, st, pad in (("max", (2, 7, 13, 13), (6, 6), (3, 3), (2, 2),
+                                              (0, 0, 0, 0)),
+                                             ("dw", (1, 97, 29, 29), (15, 15), (3, 3), (2, 2),
+                                              (1, 1, 1, 1))):
+            streams = []
+            for route in ("emit", "tir"):
+                ctx = LoweringContext(cfg, route=route)
+                x, out = ctx.alloc(xs, "float32"), ctx.alloc(xs[:2] + ohw, "float32")
+                wts = ctx.alloc((xs[1], 9), "float32") if kind == "dw" else None
+                pool2d_kernel(ctx, "pool", x, out, "max" if kind == "max" else "avg", pool,
+                              st, pad, (1, 1), None, wts)
+                streams.append(ctx.kb.streams)
+            assert streams[0] == streams[1], (hw, kind)
