@@ -28,6 +28,7 @@ beyond the last window: the emitter stages it whole).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +54,8 @@ from .vector import (
     register_pool2d_kernel,
 )
 
-__all__ = ["PoolGenerator", "PoolKernel", "pool_prim_func", "schedule_pool"]
+__all__ = ["PoolGenerator", "PoolKernel", "emit_pool_scheduled", "pool2d_tir", "pool_prim_func",
+           "schedule_pool", "scheduled_pool"]
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,13 @@ def schedule_pool(func: PrimFunc, k: PoolKernel, nbuf: int) -> Schedule:
     return sch
 
 
+@functools.lru_cache(maxsize=256)
+def scheduled_pool(k: PoolKernel, nbuf: int) -> Schedule:
+    """The scheduled PrimFunc of ``k``, kept per kernel (see
+    :func:`~.tir_vector.scheduled_elementwise`)."""
+    return schedule_pool(pool_prim_func(k), k, nbuf)
+
+
 class PoolGenerator(VectorGenerator):
     """:class:`~.tir_vector.VectorGenerator` with the input copy as one padded DMA (module
     docstring, step 3)."""
@@ -353,7 +362,7 @@ def pool2d_tir(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, ki
     k = PoolKernel("dw" if weights is not None else kind, tuple(x.shape), (oh, ow),
                    tuple(pool), tuple(strides), tuple(pad), tuple(dilation), divisor,
                    scale is not None, x.dtype, ct, rt, wp)
-    sch = schedule_pool(pool_prim_func(k), k, kb.nbuf)
+    sch = scheduled_pool(k, kb.nbuf)
     if weights is not None:
         dram: dict[str, Any] = {
             "X0": DramView(x, 0, (n, c, h, w), (c * h * w, h * w, w, 1)),

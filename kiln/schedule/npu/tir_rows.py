@@ -32,6 +32,7 @@ them for it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,8 +61,9 @@ from .tir_program import HELD_KEY, PIPELINE_KEY
 from .tir_vector import Staged, VectorGenerator, buffer_shape, is_tensorized, loop_nest, pad3
 from .vector import plan_rows, rows_bound
 
-__all__ = ["PLACE_KEY", "RowStage", "RowsKernel", "emit_rows_scheduled", "layer_norm_stages",
-           "row_mean_stages", "rows_prim_func", "schedule_rows", "softmax_stages"]
+__all__ = ["PLACE_KEY", "RowStage", "RowsGenerator", "RowsKernel", "emit_rows_scheduled",
+           "layer_norm_stages", "lower_rows_tir", "row_mean_stages", "rows_prim_func",
+           "schedule_rows", "scheduled_rows", "softmax_stages"]
 
 #: The stage block annotation of where its block lives in a step: ``"out"`` (the
 #: accumulator slot), ``"stat<i>"`` (the i-th per-row value of the L0 weight's room) or
@@ -240,6 +242,13 @@ def schedule_rows(func: PrimFunc, k: RowsKernel, nbuf: int) -> Schedule:
     return sch
 
 
+@functools.lru_cache(maxsize=256)
+def scheduled_rows(k: RowsKernel, nbuf: int) -> Schedule:
+    """The scheduled PrimFunc of ``k``, kept per kernel (see
+    :func:`~.tir_vector.scheduled_elementwise`)."""
+    return schedule_rows(rows_prim_func(k), k, nbuf)
+
+
 class RowsGenerator(VectorGenerator):
     """:class:`~.tir_vector.VectorGenerator` with the row kernels' L0 layout (module
     docstring, step 3)."""
@@ -346,7 +355,7 @@ def lower_rows_tir(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor
     isz = itemsize(x.dtype)
     rt = plan_rows(ctx.config, kb.nbuf, isz, rows, length, out_len, len(consts))
     k = RowsKernel(rows, length, out_len, x.dtype, tuple(stages), len(consts), rt)
-    sch = schedule_rows(rows_prim_func(k), k, kb.nbuf)
+    sch = scheduled_rows(k, kb.nbuf)
     dram: dict[str, Any] = {"X0": DramView(x, 0, (rows, length), (length, 1)),
                             "C": DramView(out, 0, (rows, out_len), (out_len, 1))}
     for i, c in enumerate(consts):

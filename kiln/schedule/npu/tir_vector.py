@@ -46,6 +46,7 @@ layer_norm, the row mean, pooling and depthwise convolutions are emitted (:mod:`
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -268,9 +269,11 @@ def vector_kernel(plan: ElementwisePlan, inputs: list[Any], steps: list[VecStep]
                         out_dtype, plan.tile, scopes)
 
 
+@functools.lru_cache(maxsize=512)
 def scheduled_elementwise(k: VectorKernel, nbuf: int) -> Schedule:
-    """The scheduled PrimFunc of ``k`` (its vector intrinsics registered on the way);
-    NotSupported where a step has no intrinsic form (an immediate its dtype cannot hold)."""
+    """The scheduled PrimFunc of ``k`` (its vector intrinsics registered on the way). Kept
+    per kernel: a model repeats its kernels, and the partitioning probes lower each op
+    before the build does (the schedule depends on the kernel only, not on DRAM)."""
     return schedule_elementwise(elementwise_prim_func(k), k, nbuf)
 
 
