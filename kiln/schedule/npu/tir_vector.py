@@ -522,8 +522,10 @@ class VectorGenerator:
 
     def box(self, c: CopyNest, extents: list[int]) -> tuple[list[int], list[int]] | None:
         """Per loop of copy ``c``, the range ``[lo, hi)`` within ``extents`` where its
-        padding condition holds -- a conjunction of bounds, each on one loop (a window's
-        padding on either side) --, or None where it holds nowhere."""
+        padding condition holds, or None where it holds nowhere. The condition is a
+        conjunction of bounds (a window's padding on either side, a tail), each an affine
+        index compared with a constant: monotone along the one loop it varies with, whose
+        bound a bisection finds (a bound varying with several loops is refused)."""
         b = c.realize.block
         parts, todo = [], [c.cond]
         while todo:
@@ -540,35 +542,42 @@ class VectorGenerator:
                 self.env[iv.var] = evaluate(val, self.env)
             return bool(evaluate(e, self.env))
 
-        ok = [[True] * n for n in extents]
+        def first(e: Any, d: int, n: int, want: bool) -> int:
+            """The first x along loop ``d`` where ``e`` is ``want`` (it is at ``n - 1``)."""
+            lo, hi = 0, n - 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if holds(e, zero[:d] + [mid] + zero[d + 1:]) == want:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return lo
+
+        zero = [0] * len(extents)
+        lo, hi = [0] * len(extents), list(extents)
         try:
             for e in parts:
-                zero = [0] * len(extents)
-                along = []
+                at0 = holds(e, zero)
+                moves = []
                 for d, n in enumerate(extents):
-                    vals = [holds(e, zero[:d] + [x] + zero[d + 1:]) for x in range(n)]
-                    if len(set(vals)) > 1:
-                        along.append((d, vals))
-                if len(along) > 1:
+                    if n > 1 and holds(e, zero[:d] + [n - 1] + zero[d + 1:]) != at0:
+                        moves.append(d)
+                if len(moves) > 1:
                     raise NotSupported(f"copy {c.name!r}: a padding bound on several loops")
-                if not along:
-                    if not holds(e, zero):
+                if not moves:
+                    if not at0:
                         return None
                     continue
-                d, vals = along[0]
-                ok[d] = [p and q for p, q in zip(ok[d], vals)]
+                d = moves[0]
+                if at0:  # an upper bound: holds up to the first x where it fails
+                    hi[d] = min(hi[d], first(e, d, extents[d], False))
+                else:  # a lower bound
+                    lo[d] = max(lo[d], first(e, d, extents[d], True))
         finally:
             for lp in c.loops:
                 self.env.pop(lp.loop_var, None)
-        lo, hi = [], []
-        for row in ok:
-            where = [x for x, v in enumerate(row) if v]
-            if not where:
-                return None
-            if where != list(range(where[0], where[-1] + 1)):
-                raise NotSupported(f"copy {c.name!r}: its padding condition is not a box")
-            lo.append(where[0])
-            hi.append(where[-1] + 1)
+        if any(a >= z for a, z in zip(lo, hi)):
+            return None
         return lo, hi
 
     def dram_at(self, buf: Buffer, index: tuple[int, ...]) -> tuple[Any, int, tuple[int, ...]]:
