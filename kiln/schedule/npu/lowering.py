@@ -14,7 +14,7 @@ emitted per op from its attributes and the hardware description, like a vendor's
 library for a BYOC partition.
 
 A second route goes through TIR (:func:`register_tir_lowering`; :mod:`.tir_gemm`,
-:mod:`.tir_vector`, :mod:`.tir_rows`): the op's PrimFunc scheduled with
+:mod:`.tir_vector`, :mod:`.tir_rows`, :mod:`.tir_pool`): the op's PrimFunc scheduled with
 ``cache_read``/``cache_write`` into NPU scopes and ``tensorize``, then turned into
 instructions by a program generator (:mod:`.tir_program`; the vector kernels' in
 :mod:`.tir_vector`). A context's ``route`` (``"tir"``, the
@@ -50,7 +50,8 @@ _TIR_LOWERINGS: dict[str, LoweringFn] = {}
 #: by :mod:`kiln.codegen.npu.compile`; the partitioning passes' probes read it too).
 LOWERING_KEY = "npu.lowering"
 #: The default route: products (dense, matmul, pointwise conv2d), element-wise kernels (fused
-#: chains and casts), softmax, layer_norm and row means through scheduled, tensorized TIR,
+#: chains and casts), softmax, layer_norm, row means, pooling and depthwise convolutions
+#: through scheduled, tensorized TIR,
 #: everything else emitted per op -- the same bits and cycles as emitting them all.
 DEFAULT_ROUTE = "tir"
 #: The lowering routes a context may take: instruction emission per op, or through TIR.

@@ -40,8 +40,9 @@ emitter's instruction stream: the same bits and cycles (the tests compare both).
 
 Not covered (the emitter's kernels run): element-wise ops in a dtype the vector unit lacks
 (the emitted lowering puts them on the scalar unit) and a kernel with an immediate its dtype
-cannot hold exactly (``x + 0.5`` in int32: :func:`~.vector.emit_elementwise`). Softmax,
-layer_norm, the row mean, pooling and depthwise convolutions are emitted (:mod:`.vector`).
+cannot hold exactly (``x + 0.5`` in int32: :func:`~.vector.emit_elementwise`). The row
+kernels (softmax, layer_norm, row means) are :mod:`.tir_rows`', pooling and depthwise
+convolutions :mod:`.tir_pool`'s; both reuse this generator's walk.
 """
 
 from __future__ import annotations
