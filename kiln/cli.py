@@ -64,8 +64,9 @@ STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c", "cuda", "ope
           "partition", "npu", "asm")
 #: The stages of an NPU target: the NPU lowers graph ops, the module partitioned into NPU region
 #: functions (``partition``: with each tensor's memory scope), the kernels lowered through TIR
-#: (``scheduled``: products and element-wise kernels, each PrimFunc staged into NPU scopes and
-#: tensorized, with its schedule's trace), its kernels and tilings (``npu``) and its assembly (``asm``).
+#: (``scheduled``: products and vector kernels, each PrimFunc staged into NPU scopes and
+#: tensorized, with its schedule's trace), its kernels and tilings (``npu``) and its assembly
+#: (``asm``).
 NPU_STAGES = ("graph", "optimized", "partition", "scheduled", "npu", "asm")
 OPT_LEVELS = (0, 1, 2, 3)
 

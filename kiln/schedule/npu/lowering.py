@@ -51,8 +51,8 @@ _TIR_LOWERINGS: dict[str, LoweringFn] = {}
 LOWERING_KEY = "npu.lowering"
 #: The default route: products (dense, matmul, pointwise conv2d), element-wise kernels (fused
 #: chains and casts), softmax, layer_norm, row means, pooling and depthwise convolutions
-#: through scheduled, tensorized TIR,
-#: everything else emitted per op -- the same bits and cycles as emitting them all.
+#: through scheduled, tensorized TIR, everything else emitted per op -- the same bits and
+#: cycles as emitting them all.
 DEFAULT_ROUTE = "tir"
 #: The lowering routes a context may take: instruction emission per op, or through TIR.
 LOWERING_ROUTES = ("emit", "tir")
