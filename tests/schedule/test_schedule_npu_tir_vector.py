@@ -465,3 +465,87 @@ def test_pool_streams_are_the_emitters():
                               st, pad, (1, 1), None, wts)
                 streams.append(ctx.kb.streams)
             assert streams[0] == streams[1], (hw, kind)
+
+
+def test_random_elementwise_kernels_are_the_emitters():
+    """60 random element-wise kernels -- shapes of primes (97, 251, 1021) and small extents,
+    operands broadcasting in random dims, chains of 1-4 steps with immediates and a final
+    cast, one and two slots, both descriptions --: the TIR route's streams are the
+    emitter's."""
+    rng = np.random.default_rng(2026)
+    dims = [1, 2, 3, 5, 7, 13, 97, 251, 1021]
+    binary = ["vadd", "vsub", "vmul", "vmax", "vmin", "vdiv"]
+    for case in range(60):
+        hw = HW[case % 2]
+        cfg = load_config(hw)
+        rank = int(rng.integers(1, 5))
+        shape = tuple(int(rng.choice(dims)) for _ in range(rank))
+        while np.prod(shape) > 300_000:
+            shape = tuple(max(1, d // 7) for d in shape)
+        n_in = int(rng.integers(1, 4))
+        shapes = [shape] + [tuple(d if rng.random() < 0.5 else 1 for d in shape)[
+            int(rng.integers(0, rank)):] for _ in range(n_in - 1)]
+        steps = [VecStep("vexp", (("in", 0),))] if n_in == 1 else \
+            [VecStep(str(rng.choice(binary)), (("in", 0), ("in", 1)))]
+        for k in range(2, n_in):
+            steps.append(VecStep(str(rng.choice(binary)), (("out",), ("in", k))))
+        if rng.random() < 0.5:
+            steps.append(VecStep("vmul", (("out",), ("imm", float(rng.normal())))))
+        cast = "float16" if rng.random() < 0.3 else None
+        streams = []
+        for route in ("emit", "tir"):
+            ctx = LoweringContext(cfg, double_buffer=bool(case % 3), route=route)
+            ins = [ctx.alloc(s, "float32") for s in shapes]
+            out = ctx.alloc(shape, cast or "float32")
+            elementwise_kernel(ctx, "k", out, ins, steps, "float32")
+            assert bool(ctx.tir) == (route == "tir")
+            streams.append(ctx.kb.streams)
+        assert streams[0] == streams[1], (hw, shapes, steps, cast)
+
+
+def test_random_row_and_pool_kernels_are_the_emitters():
+    """Random softmax / layer_norm / row-mean shapes and random poolings and depthwise
+    convolutions (windows 2-3, strides 1-2, padding 0-1, prime channels and sizes): the TIR
+    route's streams are the emitter's (a pooling whose staged rows are wider than its windows
+    read is the emitter's kernel on both routes)."""
+    rng = np.random.default_rng(28)
+    for case in range(24):
+        cfg = load_config(HW[case % 2])
+        rows, length = int(rng.choice([1, 7, 97, 251])), int(rng.choice([13, 97, 251, 768]))
+        kind = ("softmax", "layer_norm", "mean")[case % 3]
+        stages = {"softmax": softmax_stages(), "layer_norm": layer_norm_stages(length, 1e-6),
+                  "mean": row_mean_stages(length)}[kind]
+        out_len = 1 if kind == "mean" else length
+        streams = []
+        for route in ("emit", "tir"):
+            ctx = LoweringContext(cfg, double_buffer=bool(case % 4), route=route)
+            x, out = ctx.alloc((rows, length), "float32"), ctx.alloc((rows, out_len), "float32")
+            consts = tuple(ctx.alloc((length,), "float32") for _ in range(2)) \
+                if kind == "layer_norm" else ()
+            if route == "tir":
+                lower_rows_tir(ctx, kind, x, out, rows, length, out_len, stages, consts)
+            elif kind == "softmax":
+                emit_softmax(ctx, kind, x, out)
+            elif kind == "mean":
+                emit_row_mean(ctx, kind, x, out, rows)
+            else:
+                emit_layer_norm(ctx, kind, x, *consts, out, 1e-6)
+            streams.append(ctx.kb.streams)
+        assert streams[0] == streams[1], (kind, rows, length)
+    for case in range(24):
+        cfg = load_config(HW[case % 2])
+        kind = ("max", "avg", "dw")[case % 3]
+        n, c = int(rng.integers(1, 3)), int(rng.choice([3, 13, 97]))
+        h = int(rng.choice([7, 13, 29]))
+        k, s, p = int(rng.integers(2, 4)), int(rng.integers(1, 3)), int(rng.integers(0, 2))
+        o = (h + 2 * p - k) // s + 1
+        streams = []
+        for route in ("emit", "tir"):
+            ctx = LoweringContext(cfg, double_buffer=bool(case % 4), route=route)
+            x, out = ctx.alloc((n, c, h, h), "float32"), ctx.alloc((n, c, o, o), "float32")
+            wts = ctx.alloc((c, k * k), "float32") if kind == "dw" else None
+            pool2d_kernel(ctx, "pool", x, out, "max" if kind == "max" else "avg", (k, k),
+                          (s, s), (p, p, p, p), (1, 1), float(k * k) if kind == "avg" else None,
+                          wts)
+            streams.append(ctx.kb.streams)
+        assert streams[0] == streams[1], (kind, n, c, h, k, s, p)

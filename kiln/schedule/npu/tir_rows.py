@@ -48,7 +48,16 @@ from ...tir.schedule import Schedule
 from ...tir.stmt import Stmt
 from ...tir.tensor_intrin.npu import SCOPE_ACC, SCOPE_INPUT, SCOPE_WEIGHT
 from ...tir.tensor_intrin.npu_vector import REDUCTIONS, VecOperand, vector_intrin, vector_value
-from .emit import DramTensor, DramView, KernelBuilder, KernelInfo, Pipeline, block, itemsize
+from .emit import (
+    MEM_ID,
+    DramTensor,
+    DramView,
+    KernelBuilder,
+    KernelInfo,
+    Pipeline,
+    block,
+    itemsize,
+)
 from .lowering import LoweringContext, NotSupported, register_tir_lowering
 from .pooling import (
     lower_adaptive_avg_pool2d,
@@ -327,6 +336,19 @@ class RowsGenerator(VectorGenerator):
         p.store_begin()
         self.store(core, store)
         p.stored()
+
+    def operand(self, ref: Any) -> Any:
+        """A row kernel's L0 block as the vector unit reads it: the rows one tile row apart
+        (a held constant row: repeated, stride 0), a per-row value repeated along the row
+        (stride 0) -- by the block's role, not its extents: one row is still rows."""
+        blk = super().operand(ref)
+        if not hasattr(blk, "mem") or blk.mem == MEM_ID["acc"]:
+            return blk
+        buf = ref.args[0].buffer
+        tile = self.staged[buf]
+        width = buffer_shape(buf)[-1]
+        return blk._replace(strides=(0, 0 if buf in self.held else tile.extent[-1],
+                                     1 if width > 1 else 0))
 
     @staticmethod
     def block_of(tile: Staged, buf: Buffer) -> Any:
