@@ -500,6 +500,12 @@ class VectorGenerator:
             return CopyNest(b.name_hint, store.buffer, value.buffer, base_d, base_s, coef_d,
                             coef_s, extents, list(extents), fill_value, cond, tuple(loops),
                             realize)
+        if at(zero, cond)[0] and at(far, cond)[0]:
+            # a prefix box holding at both corners holds everywhere: a whole block (most are)
+            for lp in loops:
+                self.env.pop(lp.loop_var, None)
+            return CopyNest(b.name_hint, store.buffer, value.buffer, base_d, base_s, coef_d,
+                            coef_s, extents, list(extents))
         valid = []
         for d, n in enumerate(extents):
             def holds(x: int, d: int = d) -> bool:
