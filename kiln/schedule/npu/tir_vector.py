@@ -812,8 +812,7 @@ def lower_vector_tir(ctx: LoweringContext, op: str, out: Any, inputs: list[Any],
     ctx.tir.append((op, sch))
 
 
-def _covered(ctx: LoweringContext, out: Any, inputs: list[Any], steps: list[VecStep],
-             cdt: str) -> bool:
+def _covered(inputs: list[Any], steps: list[VecStep], cdt: str) -> bool:
     """Whether the TIR route takes the kernel: every immediate exact in its dtype (checked
     before anything is emitted; the rest of the route raises nothing a kernel the emitter
     takes would)."""
@@ -833,7 +832,7 @@ def elementwise_tir(ctx: LoweringContext, op: str, out: Any, inputs: list[Any],
     a product's operand cast included; a kernel with an immediate its dtype cannot hold is
     emitted (:func:`~.vector.emit_elementwise`)."""
     cdt = compute_dtype or out.dtype
-    if not _covered(ctx, out, inputs, steps, cdt):
+    if not _covered(inputs, steps, cdt):
         return emit_elementwise(ctx, op, out, inputs, steps, compute_dtype)
     lower_vector_tir(ctx, op, out, inputs, steps, compute_dtype)
 
