@@ -519,4 +519,4 @@ def _depthwise(ctx: LoweringContext, call: Any, x: Any, w: Any, out: DramTensor)
     _vector_dtype(ctx, x.dtype, "nn.conv2d")
     wt = ctx.constant(w.reshape(c, -1), x.dtype)
     pool2d_kernel(ctx, "nn.conv2d.depthwise", x, out, "dw", (w.shape[2], w.shape[3]),
-                tuple(at.strides), tuple(at.padding), tuple(at.dilation), None, wt)
+                  tuple(at.strides), tuple(at.padding), tuple(at.dilation), None, wt)
