@@ -34,12 +34,15 @@ others). The encoder has BERT-base's layer shapes (hidden 768, 12 heads, FFN 307
 of them, default 2: every layer is the same kernels) with its embedding gather and the mask's
 int64 -> float cast as scalar-unit loops (the NPU has no indirect DMA and no int64 vector type).
 
-The builds lower the products (dense, matmul) and the convolutions but depthwise ones (pointwise
-as ``W @ X``, the others as an implicit GEMM staged in L1) through TIR, the default route
-(scheduled into NPU scopes, tensorized, generated). ``--emit`` compiles the model once more with
-every op emitted directly (PassContext ``"npu.lowering": "emit"``) and prints those layers'
-cycles on that route, the ratio to the TIR route's (and its range over the layers, products
-and convolutions apart), and whether the outputs are bit-identical.
+The builds lower every kernel through TIR, the default route (scheduled into NPU scopes,
+tensorized, generated): the products (dense, matmul), the convolutions (pointwise as ``W @ X``,
+the others as an implicit GEMM staged in L1, depthwise ones on the vector unit) and the vector
+kernels (element-wise with fused chains and casts, pooling, softmax, layer_norm, means).
+``--emit`` compiles the model once more with every op emitted directly (PassContext
+``"npu.lowering": "emit"``) and prints the GEMM/conv layers' cycles on that route and the ratio
+to the TIR route's (and its range over the layers, products and convolutions apart), the same
+per kind of vector kernel (``worst``: the largest deviation of one kernel), the whole model's,
+and whether the outputs are bit-identical.
 """
 
 from __future__ import annotations
@@ -247,6 +250,7 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
           f"{on.unshared_dram_bytes / 1e6:.2f} MB with a range per tensor "
           f"({on.unshared_dram_bytes / on.dram_bytes:.2f}x)")
     if via:
+        _vector_table(name, on, c_on, c_emit)
         n_tir = sum(k.tiling.startswith("TIR: ") for k in on.kernels)
         for what, ops in (("product", ("dense", "matmul")), ("convolution", ("nn.conv2d",))):
             ratios = sorted(c_emit[k.label] / c_on[k.label] for k in on.kernels
@@ -260,6 +264,25 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
               f"outputs {'bit-identical' if np.array_equal(via_out, out) else 'DIFFERENT'}")
 
 
+def _vector_table(name: str, on: object, c_on: dict[str, float],
+                  c_emit: dict[str, float]) -> None:
+    """Per kind of vector kernel (every kernel but the products, by op): how many, how many
+    went through TIR, their cycles on both routes and the worst kernel's ratio."""
+    kinds: dict[str, list[object]] = {}
+    for k in on.kernels:  # type: ignore[attr-defined]
+        if k.op not in ("dense", "matmul", "nn.conv2d"):
+            kinds.setdefault("chain" if "+" in k.op else k.op, []).append(k)
+    print(f"{'vector kernels':22s} {'count':>5s} {'TIR':>4s} {'cycles':>10s} {'emit':>10s} "
+          f"{'emit/TIR':>8s} {'worst':>7s}")
+    for kind, ks in sorted(kinds.items()):
+        cyc = sum(c_on[k.label] for k in ks)
+        emit = sum(c_emit[k.label] for k in ks)
+        worst = max((abs(c_emit[k.label] / c_on[k.label] - 1) for k in ks), default=0.0)
+        n_tir = sum(k.tiling.startswith("TIR: ") for k in ks)
+        print(f"{kind:22s} {len(ks):5d} {n_tir:4d} {cyc:10.0f} {emit:10.0f} "
+              f"{emit / cyc:8.4f} {worst:7.2%}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("models", nargs="*", default=["resnet18", "mlp", "small_cnn"])
@@ -268,8 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=128, help="the encoder's sequence length")
     ap.add_argument("--layers", type=int, default=2, help="the encoder's layers")
     ap.add_argument("--emit", action="store_true",
-                    help="also emit the products and convolutions directly (not through TIR) "
-                         "and compare")
+                    help="also emit every op directly (not through TIR) and compare: the "
+                    "products and convolutions per layer, the vector kernels per kind, the "
+                    "whole model")
     ap.add_argument("--no-one-core", action="store_true",
                     help="skip the one-core variant of a multi-core description (1c columns)")
     args = ap.parse_args(argv)

@@ -63,9 +63,10 @@ from .tune.tuner import Tuner
 STAGES = ("graph", "optimized", "tir", "scheduled", "lowered", "c", "cuda", "opencl",
           "partition", "npu", "asm")
 #: The stages of an NPU target: the NPU lowers graph ops, the module partitioned into NPU region
-#: functions (``partition``: with each tensor's memory scope), the products lowered through TIR
-#: (``scheduled``: each PrimFunc staged into NPU scopes and tensorized, with its schedule's
-#: trace), its kernels and tilings (``npu``) and its assembly (``asm``).
+#: functions (``partition``: with each tensor's memory scope), the kernels lowered through TIR
+#: (``scheduled``: products and vector kernels, each PrimFunc staged into NPU scopes and
+#: tensorized, with its schedule's trace), its kernels and tilings (``npu``) and its assembly
+#: (``asm``).
 NPU_STAGES = ("graph", "optimized", "partition", "scheduled", "npu", "asm")
 OPT_LEVELS = (0, 1, 2, 3)
 
@@ -288,7 +289,7 @@ def _show_npu(mod: Any, target: Target, args: argparse.Namespace) -> int:
             print(f"# {op_name}: scheduled for {target}\n{sch.func}\n# trace\n{sch.trace}",
                   end="\n\n")
         if not exe.tir:
-            print("# no product or convolution of this model is lowered through TIR")
+            print("# no kernel of this model is lowered through TIR")
         return 0
     exe = build_npu(mod, target)
     if args.stage == "npu":

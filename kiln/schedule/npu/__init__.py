@@ -3,11 +3,13 @@ convolutions, element-wise; :mod:`.pooling`: pooling, reductions, normalizations
 :mod:`.movement`: transpose/slice/concat as strided DMAs; :mod:`.scalar`: the scalar unit's
 fallback; :mod:`.quantize`: int8 requantize, quantize, dequantize), the tiled GEMM
 (:mod:`.gemm`), vector kernels (:mod:`.vector`), the pipeline's token protocol and DRAM tensors
-(:mod:`.emit`), the lowering registry (:mod:`.lowering`), and the TIR route for products
+(:mod:`.emit`), the lowering registry (:mod:`.lowering`), and the TIR route: products
 (:mod:`.tir_gemm`: schedule with NPU scopes and tensorize; :mod:`.tir_program`: scheduled TIR ->
-instructions)."""
+instructions), element-wise kernels (:mod:`.tir_vector`, with the vector kernels' program
+generator), row kernels (:mod:`.tir_rows`: softmax, layer_norm, row means), pooling and
+depthwise convolutions (:mod:`.tir_pool`)."""
 
-from . import movement, ops, pooling, quantize, tir_gemm  # noqa: F401 - register the lowerings
+from . import movement, ops, pooling, quantize, tir_gemm, tir_pool, tir_rows, tir_vector  # noqa: F401 - register the lowerings
 from .emit import DramTensor, KernelBuilder, KernelInfo
 from .gemm import GemmShape, GemmTiling, gemm_cost, gemm_roofline, plan_gemm
 from .lowering import LoweringContext, NotSupported, lookup_lowering, lowered_ops

@@ -13,9 +13,11 @@ schedules (``kiln.schedule.registry``'s ``fn(sch, target)``): the NPU's coarse i
 emitted per op from its attributes and the hardware description, like a vendor's kernel
 library for a BYOC partition.
 
-A second route goes through TIR (:func:`register_tir_lowering`, :mod:`.tir_gemm`): the op's
-PrimFunc scheduled with ``cache_read``/``cache_write`` into NPU scopes and ``tensorize``, then
-turned into instructions by :mod:`.tir_program`. A context's ``route`` (``"tir"``, the
+A second route goes through TIR (:func:`register_tir_lowering`; :mod:`.tir_gemm`,
+:mod:`.tir_vector`, :mod:`.tir_rows`, :mod:`.tir_pool`): the op's PrimFunc scheduled with
+``cache_read``/``cache_write`` into NPU scopes and ``tensorize``, then turned into
+instructions by a program generator (:mod:`.tir_program`; the vector kernels' in
+:mod:`.tir_vector`). A context's ``route`` (``"tir"``, the
 default, or ``"emit"``; the build takes it from the PassContext option ``"npu.lowering"``)
 picks it for the ops that have one; a TIR lowering hands what it does not cover back to the
 emitter.
@@ -47,8 +49,10 @@ _TIR_LOWERINGS: dict[str, LoweringFn] = {}
 #: PassContext option naming the route a build lowers with (registered, with its help text,
 #: by :mod:`kiln.codegen.npu.compile`; the partitioning passes' probes read it too).
 LOWERING_KEY = "npu.lowering"
-#: The default route: products (dense, matmul, pointwise conv2d) through scheduled, tensorized
-#: TIR, everything else emitted per op -- the same bits and cycles as emitting the products too.
+#: The default route: products (dense, matmul, pointwise conv2d), element-wise kernels (fused
+#: chains and casts), softmax, layer_norm, row means, pooling and depthwise convolutions
+#: through scheduled, tensorized TIR, everything else emitted per op -- the same bits and
+#: cycles as emitting them all.
 DEFAULT_ROUTE = "tir"
 #: The lowering routes a context may take: instruction emission per op, or through TIR.
 LOWERING_ROUTES = ("emit", "tir")

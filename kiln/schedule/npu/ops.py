@@ -34,14 +34,16 @@ from .pooling import FLOAT_DTYPES as _FLOAT
 from .scalar import emit_scalar_elementwise
 from .vector import (
     VecStep,
+    elementwise_kernel,
     emit_elementwise,
-    emit_pool2d,
+    pool2d_kernel,
 )
 
 __all__ = ["BINARY_OPS", "COMPOSITE_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS",
-           "ConvFn", "ConvGeometry", "ConvTransfers", "conv_geometry", "conv_transfers",
-           "conv_weight_layout", "elementwise_steps", "grouped_conv", "is_depthwise",
-           "is_pointwise", "lower_elementwise_chain", "operand_dtype", "product_operand_dtype"]
+           "ConvFn", "ConvGeometry", "ConvTransfers", "check_broadcast_shape", "conv_geometry",
+           "conv_transfers", "conv_weight_layout", "elementwise_steps", "grouped_conv",
+           "is_depthwise", "is_pointwise", "lower_elementwise_chain", "operand_dtype",
+           "product_operand_dtype"]
 
 #: Graph op -> vector opcode of the element-wise ops.
 BINARY_OPS = {"add": "vadd", "subtract": "vsub", "multiply": "vmul", "divide": "vdiv",
@@ -117,7 +119,8 @@ def elementwise_steps(ctx: LoweringContext, call: Any, args: list[Any], dtype: s
     raise NotSupported(f"{op} is not element-wise")
 
 
-def _check_shape(op: str, inputs: list[DramTensor], out: DramTensor) -> None:
+def check_broadcast_shape(op: str, inputs: list[DramTensor], out: DramTensor) -> None:
+    """NotSupported unless every operand broadcasts to ``out`` (numpy rules)."""
     for x in inputs:
         shape = (1,) * (len(out.shape) - len(x.shape)) + x.shape
         if len(shape) != len(out.shape) or \
@@ -142,7 +145,7 @@ def lower_elementwise(ctx: LoweringContext, call: Any, args: list[Any], out: Dra
         if not _off_vector(ctx, call, args, out):
             raise
         return emit_scalar_elementwise(ctx, call, args, out, str(err))
-    _check_shape(call.op.name, inputs, out)
+    check_broadcast_shape(call.op.name, inputs, out)
     emit_elementwise(ctx, call.op.name, out, inputs, steps)
 
 
@@ -157,16 +160,16 @@ def lower_elementwise_chain(ctx: LoweringContext, chain: list[tuple[Any, list[An
     for call, args, running in chain:
         steps += elementwise_steps(ctx, call, args, dtype, running, inputs)
     names = "+".join(c.op.name for c, _, _ in chain)
-    _check_shape(names, inputs, out)
+    check_broadcast_shape(names, inputs, out)
     if out.dtype != dtype:
         _vector_dtype(ctx, out.dtype, names)
-    emit_elementwise(ctx, names, out, inputs, steps, dtype)
+    elementwise_kernel(ctx, names, out, inputs, steps, dtype)
 
 
 def cast_kernel(ctx: LoweringContext, x: DramTensor, dtype: str, op: str = "cast") -> DramTensor:
     """A new DRAM tensor holding ``x`` converted to ``dtype`` on the vector unit."""
     out = ctx.alloc(x.shape, dtype)
-    emit_elementwise(ctx, op, out, [x], [VecStep("vcast", (("in", 0),), (("mode", "rne"),))])
+    elementwise_kernel(ctx, op, out, [x], [VecStep("vcast", (("in", 0),), (("mode", "rne"),))])
     return out
 
 
@@ -619,5 +622,5 @@ def _depthwise(ctx: LoweringContext, call: Any, x: Any, w: Any, out: DramTensor)
         raise NotSupported(f"nn.conv2d: depthwise {x.dtype} -> {out.dtype}")
     _vector_dtype(ctx, x.dtype, "nn.conv2d")
     wt = ctx.constant(w.reshape(c, -1), x.dtype)
-    emit_pool2d(ctx, "nn.conv2d.depthwise", x, out, "dw", (w.shape[2], w.shape[3]),
-                tuple(at.strides), tuple(at.padding), tuple(at.dilation), None, wt)
+    pool2d_kernel(ctx, "nn.conv2d.depthwise", x, out, "dw", (w.shape[2], w.shape[3]),
+                  tuple(at.strides), tuple(at.padding), tuple(at.dilation), None, wt)

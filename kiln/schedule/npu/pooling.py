@@ -12,7 +12,7 @@ import numpy as np
 
 from .emit import DramTensor
 from .lowering import LoweringContext, NotSupported, register_lowering
-from .vector import emit_layer_norm, emit_pool2d, emit_row_mean, emit_softmax
+from .vector import emit_layer_norm, emit_row_mean, emit_softmax, pool2d_kernel
 
 __all__ = ["FLOAT_DTYPES"]
 
@@ -45,8 +45,8 @@ def lower_pool2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
             divisor = float(counts.flat[0])
         else:  # ceil_mode or uncounted padding: windows differ, scaled by a constant map
             scale = ctx.constant((1.0 / counts).astype(x.dtype))
-    emit_pool2d(ctx, op, x, out, kind, tuple(at.pool_size), tuple(at.strides),
-                tuple(at.padding), tuple(at.dilation), divisor, scale=scale)
+    pool2d_kernel(ctx, op, x, out, kind, tuple(at.pool_size), tuple(at.strides),
+                  tuple(at.padding), tuple(at.dilation), divisor, scale=scale)
 
 
 def _window_counts(size: tuple[int, ...], out_size: tuple[int, ...], at: Any) -> np.ndarray:
@@ -76,8 +76,8 @@ def lower_adaptive_avg_pool2d(ctx: LoweringContext, call: Any, args: list[Any],
         return emit_row_mean(ctx, op, x, out, x.shape[0] * x.shape[1])
     if h % oh or w % ow:
         raise NotSupported(f"{op}: {h}x{w} -> {oh}x{ow} has unequal windows")
-    emit_pool2d(ctx, op, x, out, "avg", (h // oh, w // ow), (h // oh, w // ow), (0, 0, 0, 0),
-                (1, 1), float(h // oh * (w // ow)))
+    pool2d_kernel(ctx, op, x, out, "avg", (h // oh, w // ow), (h // oh, w // ow),
+                  (0, 0, 0, 0), (1, 1), float(h // oh * (w // ow)))
 
 
 def trailing_reduction_rows(op: str, shape: tuple[int, ...], axis: Any) -> int:

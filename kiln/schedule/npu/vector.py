@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ...ir.errors import KilnError
 from ...npu.isa import UNIT_VECTOR
 from ...target.npu.config import DRAM
 from .emit import (
@@ -38,7 +39,11 @@ from .emit import (
 )
 from .lowering import LoweringContext, NotSupported
 
-__all__ = ["VecStep", "emit_elementwise", "emit_layer_norm", "emit_row_mean", "emit_pool2d",
+__all__ = ["ElementwiseKernel", "ElementwisePlan", "VecStep", "acc_layout", "compact_block",
+           "elementwise_kernel", "emit_elementwise", "plan_elementwise", "plan_pool2d",
+           "plan_rows", "pool2d_kernel", "pool2d_kernel_info", "register_pool2d_kernel",
+           "rows_bound",
+           "register_elementwise_kernel", "emit_layer_norm", "emit_row_mean", "emit_pool2d",
            "emit_softmax", "traffic_cycles"]
 
 L0_INPUTS = ("input", "weight")
@@ -98,6 +103,96 @@ def _fit(dims: list[int], fits: Callable[[tuple[int, int, int]], bool]) -> tuple
     return tuple(t)  # type: ignore[return-value]
 
 
+@dataclass(frozen=True)
+class ElementwisePlan:
+    """The tiling of an element-wise kernel (both routes use it, so both compute the same
+    blocks): ``dims`` the result's dims collapsed to at most three plus the outer ones the
+    blocks iterate over; ``out_strides`` and ``in_strides`` each operand's element strides over
+    them (0: broadcast); ``tile`` the block ``(t0, t1, t2)`` of the last three; ``mem_of`` the
+    L0 memory of each operand (alternately input and weight)."""
+
+    dims: tuple[int, ...]
+    out_strides: tuple[int, ...]
+    in_strides: tuple[tuple[int, ...], ...]
+    tile: tuple[int, int, int]
+    mem_of: tuple[str, ...]
+    nbytes: int
+
+    def describe(self) -> str:
+        return f"block {self.tile} of {self.dims}"
+
+
+def plan_elementwise(cfg: Any, nbuf: int, out: DramTensor | DramView,
+                     inputs: list[DramTensor | DramView], cdt: str) -> ElementwisePlan:
+    """The blocks of ``out = f(inputs)`` computed in ``cdt`` (see the module docstring): the
+    largest block whose ``nbuf`` slots of every operand and of the result (plus its compute
+    block when ``cdt`` is not ``out.dtype``) fit the L0 buffers. Raises NotSupported."""
+    rank = len(out.shape)
+    if any(len(t.shape) > rank for t in inputs):
+        raise NotSupported("an operand has more dims than the result")
+    dims_all, strides = _collapse(out.shape, [out.strides] + [_bcast(t, rank) for t in inputs])
+    dims = dims_all[-3:]
+    in_str = strides[1:]
+    mem_of = [L0_INPUTS[k % 2] for k in range(len(inputs))]
+    osz = itemsize(out.dtype) + (itemsize(cdt) if cdt != out.dtype else 0)
+
+    def fits(t: tuple[int, int, int]) -> bool:
+        if max(t) > cfg.encoding.max_extent:
+            return False
+        for mem in L0_INPUTS:
+            need = sum(nbuf * int(np.prod(compact_block(t, s))) * itemsize(x.dtype)
+                       for x, s, m in zip(inputs, in_str, mem_of) if m == mem)
+            if need > cfg.memory(mem).size:
+                return False
+        return nbuf * (int(np.prod(t)) * osz + 16) <= cfg.memory("acc").size
+
+    t = _fit(dims, fits)
+    nbytes = sum(int(np.prod(x.shape)) * itemsize(x.dtype) for x in inputs) + \
+        int(np.prod(out.shape)) * osz
+    return ElementwisePlan(tuple(dims_all), tuple(strides[0]), tuple(tuple(s) for s in in_str),
+                           t, tuple(mem_of), nbytes)
+
+
+def compact_block(t: tuple[int, ...], s: Any) -> tuple[int, int, int]:
+    """The part of block ``t`` an operand of strides ``s`` holds: 1 in its broadcast dims."""
+    return tuple(n if st else 1 for n, st in zip(t, tuple(s)[-3:]))  # type: ignore[return-value]
+
+
+def acc_layout(tile: tuple[int, int, int], out_dtype: str, cdt: str) -> tuple[int, int]:
+    """``(slot bytes, offset of the compute block)`` of an element-wise kernel's accumulator
+    slot: the result's block, then (computing in another dtype) the compute block, 8-byte
+    aligned (an int32 block after int8s); 8 bytes of slack per slot."""
+    n = int(np.prod(tile))
+    osz = itemsize(out_dtype) + (itemsize(cdt) if cdt != out_dtype else 0)
+    return -(-(n * osz + 8) // 8) * 8, -(-n * itemsize(out_dtype) // 8) * 8
+
+
+ElementwiseKernel = Callable[..., None]
+_ROUTED: dict[str, ElementwiseKernel] = {}
+
+
+def register_elementwise_kernel(route: str) -> Callable[[ElementwiseKernel], ElementwiseKernel]:
+    """Decorator: ``fn`` builds the element-wise kernels (the signature of
+    :func:`emit_elementwise`) of contexts whose ``route`` is ``route`` -- for the kernels
+    that are no graph op of their own (a fused chain, a product's operand cast), which
+    :func:`~.lowering.register_tir_lowering` cannot reach."""
+    def register(fn: ElementwiseKernel) -> ElementwiseKernel:
+        if route in _ROUTED:
+            raise KilnError(f"route {route!r} already has an element-wise kernel builder")
+        _ROUTED[route] = fn
+        return fn
+
+    return register
+
+
+def elementwise_kernel(ctx: LoweringContext, op: str, out: DramTensor | DramView,
+                       inputs: list[DramTensor | DramView], steps: list[VecStep],
+                       compute_dtype: str | None = None) -> None:
+    """The element-wise kernel ``out = steps(inputs)`` on the context's route: the builder
+    registered for it (:func:`register_elementwise_kernel`), else :func:`emit_elementwise`."""
+    _ROUTED.get(ctx.route, emit_elementwise)(ctx, op, out, inputs, steps, compute_dtype)
+
+
 def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
                      inputs: list[DramTensor | DramView], steps: list[VecStep],
                      compute_dtype: str | None = None) -> None:
@@ -109,29 +204,11 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
     cdt = compute_dtype or out.dtype
     kb, cfg = ctx.kb, ctx.config
     nbuf = kb.nbuf
-    rank = len(out.shape)
-    if any(len(t.shape) > rank for t in inputs):
-        raise NotSupported("an operand has more dims than the result")
-    dims_all, strides = _collapse(out.shape, [out.strides] + [_bcast(t, rank) for t in inputs])
+    plan = plan_elementwise(cfg, nbuf, out, inputs, cdt)
+    dims_all, t, mem_of = list(plan.dims), plan.tile, plan.mem_of
     outer_dims, dims = dims_all[:-3], dims_all[-3:]
-    o_str, in_str = strides[0], strides[1:]
-    mem_of = [L0_INPUTS[k % 2] for k in range(len(inputs))]
-    osz = itemsize(out.dtype) + (itemsize(cdt) if cdt != out.dtype else 0)
-
-    def compact(t: tuple[int, int, int], s: list[int]) -> tuple[int, int, int]:
-        return tuple(n if st else 1 for n, st in zip(t, s[-3:]))  # type: ignore[return-value]
-
-    def fits(t: tuple[int, int, int]) -> bool:
-        if max(t) > cfg.encoding.max_extent:
-            return False
-        for mem in L0_INPUTS:
-            need = sum(nbuf * int(np.prod(compact(t, s))) * itemsize(x.dtype)
-                       for x, s, m in zip(inputs, in_str, mem_of) if m == mem)
-            if need > cfg.memory(mem).size:
-                return False
-        return nbuf * (int(np.prod(t)) * osz + 16) <= cfg.memory("acc").size
-
-    t = _fit(dims, fits)
+    o_str, in_str = list(plan.out_strides), [list(s) for s in plan.in_strides]
+    compact = compact_block
     # L0 layout: per memory, the operands' regions one after the other, each nbuf slots
     region: list[int] = []
     used = {m: 0 for m in L0_INPUTS}
@@ -139,8 +216,7 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
         region.append(used[m])
         used[m] += nbuf * int(np.prod(compact(t, s))) * itemsize(x.dtype)
     # the compute block after the result; both 8-byte aligned (an int32 block after int8s)
-    cast_at = -(-int(np.prod(t)) * itemsize(out.dtype) // 8) * 8
-    out_slot_bytes = -(-(int(np.prod(t)) * osz + 8) // 8) * 8
+    out_slot_bytes, cast_at = acc_layout(t, out.dtype, cdt)
     pipes = [Pipeline(kb, c, UNIT_VECTOR) for c in range(cfg.cores)]
     blocks = [(idx, o) for idx in np.ndindex(*outer_dims)
               for o in np.ndindex(*(math.ceil(d / b) for d, b in zip(dims, t)))]
@@ -189,11 +265,72 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
         p.stored()
     for p in pipes:
         p.finish()
-    nbytes = sum(int(np.prod(x.shape)) * itemsize(x.dtype) for x in inputs) + \
-        int(np.prod(out.shape)) * osz
-    bound = traffic_cycles(kb, nbytes)
-    kb.end_kernel(KernelInfo(ctx.label(op), op, f"block {t} of {tuple(dims_all)}",
-                             bound, bound))
+    bound = traffic_cycles(kb, plan.nbytes)
+    kb.end_kernel(KernelInfo(ctx.label(op), op, plan.describe(), bound, bound))
+
+
+def plan_pool2d(cfg: Any, nbuf: int, x_shape: tuple[int, ...], out_shape: tuple[int, ...],
+                dtype: str, pool: tuple[int, int], strides: tuple[int, int],
+                pad: tuple[int, int, int, int], dilation: tuple[int, int], depthwise: bool,
+                scaled: bool) -> tuple[int, int, int]:
+    """``(channels, output rows, staged row width)`` of a pooling / depthwise block (both
+    routes use it): the most whose ``nbuf`` slots of input rows (with the windows' padding),
+    of weights or the reciprocal-count rows, and of output rows fit L0; a depthwise
+    convolution's channel blocks stay within one image. Raises NotSupported."""
+    n, c, h, w = x_shape
+    oh, ow = out_shape[2:]
+    (kh, kw), (sh, sw), (dh, dw) = pool, strides, dilation
+    wp = max(w + pad[1], (ow - 1) * sw + (kw - 1) * dw + 1)
+    isz = itemsize(dtype)
+    taps = kh * kw
+
+    def fits(t: tuple[int, int, int]) -> bool:
+        ct, r = t[0], t[1]
+        side = ct * taps if depthwise else r * ow if scaled else 0
+        return (nbuf * ct * ((r - 1) * sh + (kh - 1) * dh + 1) * wp * isz <=
+                cfg.memory("input").size and
+                nbuf * side * isz <= cfg.memory("weight").size and
+                nbuf * ct * r * ow * isz <= cfg.memory("acc").size)
+
+    ct, rt, _ = _fit([c if depthwise else n * c, oh, 1], fits)
+    return ct, rt, wp
+
+
+def pool2d_kernel_info(ctx: LoweringContext, op: str, x: Any, out: Any, taps: int,
+                       depthwise: bool, ct: int, rt: int, prefix: str = "") -> KernelInfo:
+    """The pooling kernel's record: its roofline, the larger of its DRAM traffic and (a
+    depthwise convolution) the vector unit's passes over the output, one per tap."""
+    n, c, h, w = x.shape
+    oh, ow = out.shape[2:]
+    nc, isz = n * c, itemsize(x.dtype)
+    traffic = traffic_cycles(ctx.kb, (nc * h * w + nc * oh * ow) * isz)
+    macs = nc * oh * ow * isz * taps / ctx.config.vector_width / ctx.config.cores \
+        if depthwise else 0.0
+    return KernelInfo(ctx.label(op), op, f"{prefix}{ct} channels x {rt} rows of {nc} x {oh}",
+                      max(traffic, macs), max(traffic, macs), macs, traffic)
+
+
+PoolKernelFn = Callable[..., None]
+_ROUTED_POOL: dict[str, PoolKernelFn] = {}
+
+
+def register_pool2d_kernel(route: str) -> Callable[[PoolKernelFn], PoolKernelFn]:
+    """Decorator: ``fn`` builds the pooling and depthwise kernels (the signature of
+    :func:`emit_pool2d`) of contexts whose ``route`` is ``route`` (a depthwise convolution is
+    reached from ``nn.conv2d``'s lowering, pooling from three ops'; one hook serves all)."""
+    def register(fn: PoolKernelFn) -> PoolKernelFn:
+        if route in _ROUTED_POOL:
+            raise KilnError(f"route {route!r} already has a pooling kernel builder")
+        _ROUTED_POOL[route] = fn
+        return fn
+
+    return register
+
+
+def pool2d_kernel(ctx: LoweringContext, *args: Any, **kwargs: Any) -> None:
+    """The pooling / depthwise kernel (:func:`emit_pool2d`'s arguments) on the context's
+    route: the builder registered for it, else :func:`emit_pool2d`."""
+    _ROUTED_POOL.get(ctx.route, emit_pool2d)(ctx, *args, **kwargs)
 
 
 def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
@@ -213,24 +350,15 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
     oh, ow = out.shape[2:]
     (kh, kw), (sh, sw), (dh, dw) = pool, strides, dilation
     pt, pl, _, _ = pad
-    wp = max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1)
     isz = itemsize(x.dtype)
     nc = n * c
+    ct, rt, wp = plan_pool2d(cfg, nbuf, x.shape, out.shape, x.dtype, pool, strides, pad,
+                             dilation, weights is not None, scale is not None)
 
     def rows_in(r: int) -> int:
         return (r - 1) * sh + (kh - 1) * dh + 1
 
     taps = kh * kw
-
-    def fits(t: tuple[int, int, int]) -> bool:
-        ct, r = t[0], t[1]
-        side = ct * taps if weights is not None else r * ow if scale is not None else 0
-        return (nbuf * ct * rows_in(r) * wp * isz <= cfg.memory("input").size and
-                nbuf * side * isz <= cfg.memory("weight").size and
-                nbuf * ct * r * ow * isz <= cfg.memory("acc").size)
-
-    # a depthwise conv's channel blocks stay within one image (their weights are contiguous)
-    ct, rt, _ = _fit([c if weights is not None else nc, oh, 1], lambda t: fits(t))
     fill = float("-inf") if kind == "max" else 0.0
     w_slot = (ct * taps if weights is not None else rt * ow) * isz
     pipes = [Pipeline(kb, core, UNIT_VECTOR) for core in range(cfg.cores)]
@@ -306,13 +434,33 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
         p.stored()
     for p in pipes:
         p.finish()
-    traffic = traffic_cycles(kb, (nc * h * w + nc * oh * ow) * isz)
-    # the vector unit's MACs: one pass over the output per tap
-    macs = nc * oh * ow * isz * taps / cfg.vector_width / cfg.cores if weights is not None \
-        else 0.0
-    kb.end_kernel(KernelInfo(ctx.label(op), op, f"{ct} channels x {rt} rows of "
-                             f"{nc} x {oh}", max(traffic, macs), max(traffic, macs), macs,
-                             traffic))
+    kb.end_kernel(pool2d_kernel_info(ctx, op, x, out, taps, weights is not None, ct, rt))
+
+
+def plan_rows(cfg: Any, nbuf: int, isz: int, rows: int, length: int, out_len: int,
+              consts: int = 0) -> int:
+    """Rows per block of a row kernel (both routes use it): the most whose ``nbuf`` slots of
+    input rows, of four per-row values (L0 weight, after them ``consts`` rows of ``length``
+    loaded once) and of output rows fit. Raises NotSupported."""
+    const_bytes = consts * length * isz
+
+    def fits(t: tuple[int, int, int]) -> bool:
+        r = t[1]
+        return (max(r, length) <= cfg.encoding.max_extent and
+                nbuf * r * length * isz <= cfg.memory("input").size and
+                nbuf * r * 4 * isz + const_bytes <= cfg.memory("weight").size and
+                nbuf * r * out_len * isz <= cfg.memory("acc").size)
+
+    if length * isz * nbuf > cfg.memory("input").size or \
+            nbuf * 4 * isz + const_bytes > cfg.memory("weight").size:
+        raise NotSupported(f"a row of {length} elements does not fit L0")
+    return _fit([1, rows, 1], fits)[1]
+
+
+def rows_bound(kb: KernelBuilder, isz: int, rows: int, length: int, out_len: int,
+               consts: int = 0) -> float:
+    """The DRAM roofline of a row kernel: its rows in and out, its constant rows once."""
+    return traffic_cycles(kb, (rows * length + rows * out_len + consts * length) * isz)
 
 
 def _rows_kernel(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, rows: int,
@@ -325,19 +473,7 @@ def _rows_kernel(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, 
     kb, cfg = ctx.kb, ctx.config
     nbuf = kb.nbuf
     isz = itemsize(x.dtype)
-    const_bytes = len(consts) * length * isz
-
-    def fits(t: tuple[int, int, int]) -> bool:
-        r = t[1]
-        return (max(r, length) <= cfg.encoding.max_extent and
-                nbuf * r * length * isz <= cfg.memory("input").size and
-                nbuf * r * 4 * isz + const_bytes <= cfg.memory("weight").size and
-                nbuf * r * out_len * isz <= cfg.memory("acc").size)
-
-    if length * isz * nbuf > cfg.memory("input").size or \
-            nbuf * 4 * isz + const_bytes > cfg.memory("weight").size:
-        raise NotSupported(f"a row of {length} elements does not fit L0")
-    _, rt, _ = _fit([1, rows, 1], fits)
+    rt = plan_rows(cfg, nbuf, isz, rows, length, out_len, len(consts))
     const_base = nbuf * rt * 4 * isz
     const_blocks = [block("weight", const_base + i * length * isz, x.dtype, (0, 0, 1))
                     for i in range(len(consts))]
@@ -367,7 +503,7 @@ def _rows_kernel(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, 
         p.stored()
     for p in pipes:
         p.finish()
-    bound = traffic_cycles(kb, (rows * length + rows * out_len + len(consts) * length) * isz)
+    bound = rows_bound(kb, isz, rows, length, out_len, len(consts))
     kb.end_kernel(KernelInfo(ctx.label(op), op, f"{rt} rows of {rows} x {length}", bound, bound))
 
 
