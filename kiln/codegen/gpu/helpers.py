@@ -139,6 +139,21 @@ class GpuHelpers(Helpers):
             f"      c[h * ldc + e] = s;\n"
             f"    }}\n}}\n"))
 
+    def cp_async(self, nbytes: int) -> str:
+        """``kiln_cp_async_<n>(dst, src)`` (CUDA): start copying ``nbytes`` (4, 8, 16) bytes
+        from global to shared memory (``cp.async``; ``.cg`` caches 16-byte copies in L2 only,
+        ``.ca`` is the one form for 4 and 8). The shared address is the 32-bit one the
+        instruction takes (``__cvta_generic_to_shared``)."""
+        if nbytes not in (4, 8, 16):
+            raise CodegenError(f"cp.async copies 4, 8 or 16 bytes, not {nbytes}")
+        name = f"kiln_cp_async_{nbytes}"
+        cache = "cg" if nbytes == 16 else "ca"
+        return self._add(name, (
+            f"static inline void {name}(void* dst, const void* src) {{\n"
+            f"  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);\n"
+            f"  asm volatile(\"cp.async.{cache}.shared.global [%0], [%1], {nbytes};\" :: "
+            f"\"r\"(s), \"l\"(src) : \"memory\");\n}}\n"))
+
     def fresh_seed(self) -> str:  # pragma: no cover - the kernel emitter reads a parameter
         raise CodegenError("GPU kernels read their fresh seed from a parameter")
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from ...target import Target
 from ..function import PrimFunc
+from .async_copies import pipeline_async_copies
 from .compact_buffers import compact_buffers
 from .convert_blocks_to_loops import convert_blocks_to_loops
 from .cross_thread_reduction import lower_cross_thread_reduction
@@ -47,7 +48,8 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     For a GPU target (CUDA, OpenCL) the same passes run with GPU passes around them: first
     reductions bound to ``threadIdx`` become per-thread accumulation plus a cross-thread
     reduction (``cross_thread_reduction``), loops annotated for it load the next step's shared
-    tiles into registers during the current step (``prefetch_copies``); heap and check
+    tiles into registers during the current step (``prefetch_copies``) or copy them a few steps
+    ahead asynchronously into rotating shared stages (``async_copies``); heap and check
     hoisting and the CPU's tail
     partitioning and jamming are left out, vector expressions keep every intrinsic (evaluated
     lane by lane);
@@ -72,6 +74,7 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     func = simplify(func)
     if gpu:
         func = prefetch_shared_copies(func)
+        func = pipeline_async_copies(func)
     func = vectorize_loops(func, lanewise_calls=gpu)
     func = unroll_loops(func)
     func = simplify(func)
