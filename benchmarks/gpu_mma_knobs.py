@@ -13,7 +13,8 @@ GPU: it builds each GEMM configuration for ``ARCH``, compiles it with NVRTC and 
 ptxas reports (registers, shared memory, spills) and whether the PTX holds ``mma.sync``,
 ``ldmatrix`` and ``cp.async`` -- the check to run before spending device time on a new knob.
 Add a knob to the lists below when a schedule grows one (the ``cp.async`` pipelines,
-``gpu_mma_async_stages``, are listed; see docs/internals.md, "Tensor cores").
+``gpu_mma_async_stages``, and ``gpu_mma_ldmatrix`` are listed; see docs/internals.md, "Tensor
+cores").
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ GEMM_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("warps 2x4, tiles 4x4, bk 64", {"gpu_mma_warps": (2, 4), "gpu_mma_tiles": (4, 4),
                                      "gpu_mma_bk": 64}),
     # cp.async pipelines (gpu_mma_async_stages; kiln.tir.transform.async_copies): not yet
-    # timed on a GPU
+    # timed on a GPU (nor the ldmatrix ones below)
     ("cp.async 3", {"gpu_mma_async_stages": 3}),
     ("tiles 4x8, bk 32, cp.async 3", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
                                       "gpu_mma_async_stages": 3}),
@@ -60,6 +61,14 @@ GEMM_CONFIGS: list[tuple[str, dict[str, Any]]] = [
                                       "gpu_mma_async_stages": 3}),
     ("warps 2x4, 4x4, bk 32, cp.async 4", {"gpu_mma_warps": (2, 4), "gpu_mma_tiles": (4, 4),
                                            "gpu_mma_bk": 32, "gpu_mma_async_stages": 4}),
+    # ldmatrix.x4 for A from a row-permuted tile (gpu_mma_ldmatrix), with and without cp.async
+    ("ldmatrix", {"gpu_mma_ldmatrix": True}),
+    ("tiles 4x8, bk 32, ldmatrix", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
+                                    "gpu_mma_ldmatrix": True}),
+    ("tiles 4x8, bk 32, cp.async 3, ldm", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
+                                           "gpu_mma_async_stages": 3, "gpu_mma_ldmatrix": True}),
+    ("tiles 4x8, bk 64, cp.async 3, ldm", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
+                                           "gpu_mma_async_stages": 3, "gpu_mma_ldmatrix": True}),
 ]
 #: (label, knobs) of float16 ResNet-18 at batch 32.
 CONV_CONFIGS: list[tuple[str, dict[str, Any]]] = [

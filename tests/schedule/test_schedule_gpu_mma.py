@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import kiln
+from kiln.arith.analyzer import simplify as simplify_expr
 from kiln.build import lower_graph
 from kiln.codegen.executable import build_executable
 from kiln.codegen.gpu.build import build as gpu_build
@@ -28,6 +29,7 @@ from kiln.testing.op_testing import scheduled
 from kiln.tir.expr import Call
 from kiln.tir.functor import post_order_visit
 from kiln.tir.gpu import ASYNC_COPY
+from kiln.tir.tensor_intrin.gpu import MMA_SYNC
 
 OPENCL = Target("opencl")
 RNG = np.random.default_rng(11)
@@ -252,3 +254,72 @@ def test_async_pipeline_compiles_to_cp_async_without_spills(arch, stages):
     shared = usage.shared_bytes + kernel.dynamic_shared_bytes
     assert shared >= stages * 2 * (127 * 40 + 32 + 31 * 136 + 128)
     assert shared <= target.gpu.shared_memory_per_block_optin
+
+
+# ---- ldmatrix and the mma row order of A's tile (knob gpu_mma_ldmatrix) ---------------------
+
+def _mma_row_strides(lowered) -> set[int]:
+    """The A row strides the lowered mma calls pass: their sixth argument, the difference of
+    two ``kiln.elem_offset`` calls (A[1, 0] and A[0, 0]), as the difference of their indices."""
+    out = set()
+
+    def visit(n):
+        if isinstance(n, Call) and n.op == MMA_SYNC:
+            second, first = (c.args[0].indices[0] for c in (n.args[5].a, n.args[5].b))
+            out.add(int(simplify_expr(second - first).value))
+
+    post_order_visit(lowered.body, visit)
+    return out
+
+
+@pytest.mark.parametrize("warps,tiles,bk,stages", [
+    ((2, 2), (4, 4), 32, 0),
+    ((1, 1), (1, 1), 16, 0),     # MI = 1: the row order is (m, h, g) = (h, g)
+    ((4, 2), (2, 4), 64, 0),
+    ((2, 2), (4, 8), 32, 3),     # with the cp.async pipeline
+    ((2, 4), (2, 2), 16, 2),
+])
+def test_ldmatrix_row_order_computes_the_product_on_opencl(warps, tiles, bk, stages):
+    """PoCL's mma reads each lane's own rows through the permuted tile with the permuted row
+    stride (8 padded rows): a layout the copies and the fragment reads disagree on, or a
+    wrong stride, changes the numbers."""
+    a = RNG.uniform(-1, 1, (256, 128)).astype(np.float16)
+    b = RNG.uniform(-1, 1, (128, 128)).astype(np.float16)
+    knobs = {"gpu_mma_warps": warps, "gpu_mma_tiles": tiles, "gpu_mma_bk": bk,
+             "gpu_mma_ldmatrix": True, "gpu_mma_async_stages": stages}
+    sched, lowered = _lowered("matmul", [a, b], OPENCL, knobs)
+    assert sched.attrs[SCHEDULE_ATTR] == "op" and mma_calls(lowered) == 1
+    assert _mma_row_strides(lowered) == {8 * (bk + 8)}  # rows 8 mod 16 elements, h 8 rows on
+    out = np.full((256, 128), np.nan, np.float16)
+    gpu_build({"f": lowered}, OPENCL)["f"](a, b, out)
+    _check(out, a, b, "float16")
+
+
+def test_async_pipelines_order_the_rows_of_a_as_well():
+    """16-byte rows 8 mod 16 apart need the mma row order for conflict-free fragment loads."""
+    a = np.zeros((256, 64), np.float16)
+    b = np.zeros((64, 128), np.float16)
+    _, lowered = _lowered("matmul", [a, b], OPENCL, {"gpu_mma_bk": 32,
+                                                       "gpu_mma_async_stages": 2})
+    assert _mma_row_strides(lowered) == {8 * 40}
+    _, lowered = _lowered("matmul", [a, b], OPENCL, {"gpu_mma_bk": 32})
+    assert _mma_row_strides(lowered) == {34}  # the default: unpermuted, 2 mod 4
+
+
+@pytest.mark.parametrize("arch,knobs", [
+    ("sm_80", {}),
+    ("sm_90", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32}),
+    ("sm_90", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64, "gpu_mma_async_stages": 3}),
+])
+def test_ldmatrix_compiles_without_spills(arch, knobs):
+    target = Target("cuda", arch=arch)
+    arrays = [np.zeros((4096, 4096), np.float16)] * 2
+    _, lowered = _lowered("matmul", arrays, target, {**knobs, "gpu_mma_ldmatrix": True})
+    (launch,) = kernel_launches(lowered)
+    binary = compile_cuda(gpu_build({"f": lowered}, target).program.source, arch)
+    ptx = binary.ptx.decode(errors="replace")
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx
+    assert "mma.sync.aligned.m16n8k16" in ptx
+    (usage,) = binary.resources().values()
+    assert usage.stack_bytes == 0 and usage.spill_stores == usage.spill_loads == 0
+    assert usage.registers * launch.threads_per_block <= target.gpu.max_registers_per_block

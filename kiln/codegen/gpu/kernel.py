@@ -234,7 +234,10 @@ class KernelEmitter(FunctionEmitter):
     def _mma_sync(self, e: E.Call) -> str:
         """One thread's part of a tensor-core ``mma`` (:mod:`kiln.tir.tensor_intrin.gpu`)."""
         dtype, *args = e.args
-        fn = self.helpers.mma_m16n8k16(str(dtype.value))  # type: ignore[attr-defined]
+        ldmatrix = len(args) == 8  # the ldmatrix variant's flag, after L
+        if ldmatrix:
+            args = args[:7]
+        fn = self.helpers.mma_m16n8k16(str(dtype.value), ldmatrix)  # type: ignore[attr-defined]
         return f"{fn}({', '.join(strip_parens(self.expr(a)) for a in args)})"
 
     def _rounded(self, value: E.PrimExpr) -> str:

@@ -34,6 +34,7 @@ from ...tir.transform.async_copies import ASYNC_STAGES
 from ...tir.transform.compact_buffers import STORAGE_ALIGN
 from ...tir.transform.convert_blocks_to_loops import SUBSTITUTE_BINDINGS
 from ...tir.transform.cross_thread_reduction import accumulator_dtype as reduction_accumulator
+from ...tir.transform.permute_layout import PERMUTE_LAYOUT
 from ...tir.transform.prefetch_copies import PREFETCH
 from ..cpu.generic import inline_injective_stages
 from ..knobs import knob
@@ -194,6 +195,17 @@ MMA_ASYNC_STAGES = (0, 2, 3, 4)
 ASYNC_ALIGN = (-2, 16, 8)
 
 
+def mma_row_order(warps_y: int, mi: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """The :data:`~kiln.tir.transform.permute_layout.PERMUTE_LAYOUT` of A's shared tile that
+    makes each ``mma``'s 16 rows consecutive: the rows of a block tile are the digits (warp,
+    lane group ``g`` < 8, ``mma`` ``m`` < MI, ``h`` < 2: the thread's two rows of the ``mma``),
+    stored in the order (warp, ``m``, ``h``, ``g``). The 8 lane groups' rows of one ``mma`` are
+    then consecutive: with 16-byte rows 8 mod 16 elements apart (:data:`ASYNC_ALIGN`) their
+    32-bit fragment loads hit 32 distinct banks and an ``ldmatrix`` phase's 8 rows 8 distinct
+    bank groups; unpermuted, the rows are ``2 MI`` apart and share banks (8-way for MI = 4)."""
+    return (-2, (warps_y, 8, mi, 2), (0, 2, 3, 1))
+
+
 def mma_supported(target: Any, dtype: Any) -> bool:
     """Whether ``target`` multiplies ``dtype`` operands on tensor cores (``mma.sync``, CUDA
     sm_80 and later: every architecture kiln targets), or -- OpenCL -- runs the same schedule
@@ -246,7 +258,11 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
     ``gpu_mma_bk`` (default the first of :data:`MMA_BK_CHOICES` that divides the reduction),
     ``gpu_mma_stages``, ``gpu_mma_async_stages`` (:data:`MMA_ASYNC_STAGES`; when on, the
     tiles are copied with ``cp.async`` into that many rotating shared stages instead, their
-    rows padded by :data:`ASYNC_ALIGN`; refused with ``gathers``, whose copies compute)."""
+    rows padded by :data:`ASYNC_ALIGN`, A's rows permuted by :func:`mma_row_order`; refused
+    with ``gathers``, whose copies compute),
+    ``gpu_mma_ldmatrix`` (off by default: CUDA loads A's fragments with ``ldmatrix.x4``,
+    from the same padded, :func:`mma_row_order` tile; one per ``mma``, so each fragment is
+    loaded ``NI`` times where the plain loads are shared by the compiler)."""
     spatial, k, ext = gemm_nest(sch, block, "mma GEMM")
     sms = target.gpu.multiprocessors
     rows = math.prod(ext[:-2]) if rows_fused else ext[-3]
@@ -271,13 +287,14 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
                             f"{bm}x{bn}x{bk}")
     dtype = str(sch.get(block).reads[0].buffer.dtype)
     async_stages = knob("gpu_mma_async_stages", MMA_ASYNC_STAGES, 0)
+    ldmatrix = knob("gpu_mma_ldmatrix", (False, True), False)
     if async_stages and gathers:
         raise ScheduleError("mma GEMM: asynchronous copies move plain loads; the gathered "
                             f"operands ({', '.join(gathers)}) are computed in their copies")
-    if async_stages:  # (padded rows, each stage rounded up to 16 bytes) x stages
+    if async_stages or ldmatrix:  # (16-byte rows, stages rounded up to 16 bytes) x stages
         pad = ASYNC_ALIGN[2]
-        shared = async_stages * sum(-(-size // 8) * 8 for size in (
-            (bm - 1) * (bk + pad) + bk, (bk - 1) * (bn + pad) + bn)) * 2
+        shared = max(1, async_stages) * sum(-(-size // 8) * 8 for size in (
+            (bm - 1) * (bk + pad) + bk, (bk - 1) * (bn + (pad if async_stages else 2)) + bn)) * 2
         limit = target.gpu.shared_memory_per_block_optin
     else:
         shared = (bm * (bk + 2) + bk * (bn + 2)) * 2
@@ -303,12 +320,15 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
     # t * stride / 2 + (g / 2) * NI (t, g / 2 < 4): distinct banks for an odd stride, and for
     # NI >= 8 also for a stride = 2 mod 8, which keeps the rows 4-byte aligned (vector stores)
     b_align = (0, 8, 2) if ni >= 8 else (0, 2, 1)
-    aligns = (ASYNC_ALIGN, ASYNC_ALIGN) if async_stages else ((0, 4, 2), b_align)
+    aligns = (ASYNC_ALIGN if async_stages or ldmatrix else (0, 4, 2),
+              ASYNC_ALIGN if async_stages else b_align)
     for index, align in enumerate(aligns):
         cache = sch.cache_read(block, index, "shared")
         sch.compute_at(cache, ko, cooperative=True)
         cooperative_copy(sch, cache, ko, wy * wx, 32, 8 if async_stages else 4)
         sch.annotate(cache, STORAGE_ALIGN, align)
+        if (ldmatrix or async_stages) and index == 0:
+            sch.annotate(cache, PERMUTE_LAYOUT, mma_row_order(wy, mi))
         if gathers and substitute_gathers:
             sch.annotate(cache, SUBSTITUTE_BINDINGS, 1)
     for name in gathers:
@@ -318,7 +338,7 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
         sch.annotate(ko, ASYNC_STAGES, async_stages)
     elif knob("gpu_mma_stages", STAGE_CHOICES, MMA_STAGES) == 2:
         sch.annotate(ko, PREFETCH, 1)
-    sch.tensorize(ri_i, register_mma_intrinsic(dtype, 2 * ni))
+    sch.tensorize(ri_i, register_mma_intrinsic(dtype, 2 * ni, ldmatrix))
     for lp in (kt, ri_o, rj_o):
         sch.unroll(lp)
     fold_epilogues(sch, target, acc)

@@ -17,6 +17,7 @@ from .hoist_checks import hoist_checks
 from .hoist_reduction_init import hoist_reduction_init
 from .jam_tails import jam_tails
 from .partition_loops import partition_loops
+from .permute_layout import permute_layouts
 from .prefetch_copies import prefetch_shared_copies
 from .simplify import simplify
 from .thread_allreduce import lower_thread_allreduce
@@ -36,7 +37,8 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     """Lower ``func`` for ``target`` (a Target, a target string or None for the default CPU).
 
     Runs, in order: hoist the init of reductions over symbolic extents (so an empty one still
-    stores its identity), compact scheduled buffers (allocate caches inside the loop using them),
+    stores its identity), compact scheduled buffers (allocate caches inside the loop using them)
+    and permute the axes of those a schedule asked for (``permute_layout``),
     convert blocks to loops, flatten buffers, hoist heap allocations out of serial loops,
     hoist run-time checks out of the loops they do not depend on, simplify, vectorize loops,
     write out small unrolled loops, and simplify again (vectorization leaves
@@ -66,6 +68,7 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
         func = lower_cross_thread_reduction(func)
     func = hoist_reduction_init(func)
     func = compact_buffers(func)
+    func = permute_layouts(func)
     func = convert_blocks_to_loops(func, let_bindings=gpu)
     func = flatten_buffers(func)
     if not gpu:  # (a check hoisted out of a kernel's grid loops would land on the host)
