@@ -55,6 +55,9 @@ GEMM_CONFIGS: list[tuple[str, dict[str, Any]]] = [
                                       "gpu_mma_async_stages": 3}),
     ("tiles 4x8, bk 32, cp.async 4", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
                                       "gpu_mma_async_stages": 4}),
+    ("tiles 4x8, bk 32, cp.async 3, B chk", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
+                                             "gpu_mma_async_stages": 3,
+                                             "gpu_mma_b_chunks": True}),
     ("tiles 4x8, bk 64, cp.async 2", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
                                       "gpu_mma_async_stages": 2}),
     ("tiles 4x8, bk 64, cp.async 3", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
@@ -87,7 +90,7 @@ def nvrtc_report(arch: str) -> None:
     """Resources of each GEMM configuration's kernel, built for ``arch`` (no GPU)."""
     target = Target("cuda", arch=arch)
     mod = gemm_module(GEMM_N)
-    print(f"{'config':34} {'regs':>4} {'smem B':>6} {'spill':>5} {'mma':>4} {'ldmatrix':>8} "
+    print(f"{'config':36} {'regs':>4} {'smem B':>6} {'spill':>5} {'mma':>4} {'ldmatrix':>8} "
           f"{'cp.async':>8}")
     for label, knobs in GEMM_CONFIGS:
         exe = build(mod, target, knobs)
@@ -98,7 +101,7 @@ def nvrtc_report(arch: str) -> None:
         for name, res in binary.resources().items():
             ptx = binary.kernel_ptx()[name]
             # static (ptxas) + dynamic shared memory (the launch's, above 48 KB)
-            print(f"{label:34} {res.registers:4d} {res.shared_bytes + dynamic.get(name, 0):6d} "
+            print(f"{label:36} {res.registers:4d} {res.shared_bytes + dynamic.get(name, 0):6d} "
                   f"{res.spill_stores + res.spill_loads:5d} {ptx.count('mma.sync'):4d} "
                   f"{ptx.count('ldmatrix'):8d} {ptx.count('cp.async'):8d}")
 
@@ -110,7 +113,7 @@ def time_gemm(target: Target, repeat: int) -> None:
     flops = 2 * GEMM_N ** 3
     print(f"GEMM {GEMM_N}^3 float16: cuBLAS {cublas * 1e3:.3f} ms "
           f"({flops / cublas / 1e12:.0f} TFLOP/s)")
-    print(f"{'config':34} {'ms':>8} {'TFLOP/s':>8} {'% cuBLAS':>8} {'err':>8} {'build s':>7}")
+    print(f"{'config':36} {'ms':>8} {'TFLOP/s':>8} {'% cuBLAS':>8} {'err':>8} {'build s':>7}")
     for label, knobs in GEMM_CONFIGS:
         t0 = time.perf_counter()
         exe = build(gemm_module(GEMM_N), target, knobs)
@@ -118,7 +121,7 @@ def time_gemm(target: Target, repeat: int) -> None:
         with torch.no_grad():
             err = rel_err(exe(*inputs), ref)
             t = timed(lambda e=exe: e(*inputs), repeat)
-        print(f"{label:34} {t * 1e3:8.3f} {flops / t / 1e12:8.1f} {100 * cublas / t:8.1f} "
+        print(f"{label:36} {t * 1e3:8.3f} {flops / t / 1e12:8.1f} {100 * cublas / t:8.1f} "
               f"{err:8.1e} {build_s:7.1f}", flush=True)
 
 
@@ -129,7 +132,7 @@ def time_resnet(target: Target, repeat: int) -> None:
         ref = module(*inputs)
         eager = timed(lambda: module16(*inputs16), repeat)
     print(f"ResNet-18 float16 batch 32: torch eager (channels_last) {eager * 1e3:.3f} ms")
-    print(f"{'config':34} {'ms':>8} {'/ eager':>8} {'err':>8} {'build s':>7}")
+    print(f"{'config':30} {'ms':>8} {'/ eager':>8} {'err':>8} {'build s':>7}")
     for label, knobs in CONV_CONFIGS:
         t0 = time.perf_counter()
         exe = build(mod16, target, knobs)

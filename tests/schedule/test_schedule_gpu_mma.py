@@ -21,15 +21,23 @@ from kiln.codegen.executable import build_executable
 from kiln.codegen.gpu.build import build as gpu_build
 from kiln.codegen.gpu.nvrtc import compile_cuda
 from kiln.schedule.gpu import SCHEDULE_ATTR, schedule_and_lower
-from kiln.schedule.gpu.linalg import MMA_BK_CHOICES, MMA_TILES, MMA_WARPS, mma_tile
+from kiln.schedule.gpu.linalg import (
+    MMA_BK_CHOICES,
+    MMA_TILES,
+    MMA_WARPS,
+    mma_column_chunks,
+    mma_row_order,
+    mma_tile,
+)
 from kiln.target import Target
 from kiln.testing import models
 from kiln.testing.gpu_testing import kernel_launches, mma_calls
 from kiln.testing.op_testing import scheduled
-from kiln.tir.expr import Call
+from kiln.tir.expr import Call, const
 from kiln.tir.functor import post_order_visit
 from kiln.tir.gpu import ASYNC_COPY
 from kiln.tir.tensor_intrin.gpu import MMA_SYNC
+from kiln.tir.transform.permute_layout import permuted_index
 
 OPENCL = Target("opencl")
 RNG = np.random.default_rng(11)
@@ -276,7 +284,7 @@ def _mma_row_strides(lowered) -> set[int]:
     ((2, 2), (4, 4), 32, 0),
     ((1, 1), (1, 1), 16, 0),     # MI = 1: the row order is (m, h, g) = (h, g)
     ((4, 2), (2, 4), 64, 0),
-    ((2, 2), (4, 8), 32, 3),     # with the cp.async pipeline
+    ((2, 2), (4, 8), 32, 3),     # with the cp.async pipeline (and B's chunk layout)
     ((2, 4), (2, 2), 16, 2),
 ])
 def test_ldmatrix_row_order_computes_the_product_on_opencl(warps, tiles, bk, stages):
@@ -286,7 +294,8 @@ def test_ldmatrix_row_order_computes_the_product_on_opencl(warps, tiles, bk, sta
     a = RNG.uniform(-1, 1, (256, 128)).astype(np.float16)
     b = RNG.uniform(-1, 1, (128, 128)).astype(np.float16)
     knobs = {"gpu_mma_warps": warps, "gpu_mma_tiles": tiles, "gpu_mma_bk": bk,
-             "gpu_mma_ldmatrix": True, "gpu_mma_async_stages": stages}
+             "gpu_mma_ldmatrix": True, "gpu_mma_async_stages": stages,
+             "gpu_mma_b_chunks": True}
     sched, lowered = _lowered("matmul", [a, b], OPENCL, knobs)
     assert sched.attrs[SCHEDULE_ATTR] == "op" and mma_calls(lowered) == 1
     assert _mma_row_strides(lowered) == {8 * (bk + 8)}  # rows 8 mod 16 elements, h 8 rows on
@@ -323,3 +332,42 @@ def test_ldmatrix_compiles_without_spills(arch, knobs):
     (usage,) = binary.resources().values()
     assert usage.stack_bytes == 0 and usage.spill_stores == usage.spill_loads == 0
     assert usage.registers * launch.threads_per_block <= target.gpu.max_registers_per_block
+
+
+@pytest.mark.parametrize("warps,mi,ni", [((2, 2), 4, 8), ((1, 4), 2, 8), ((4, 1), 1, 8)])
+def test_permuted_layouts_match_the_cuda_fragment_addressing(warps, mi, ni):
+    """What PoCL cannot check: the CUDA helpers find other lanes' operands from their own
+    address. A: ldmatrix's lane group g' row of mma m is (g' - g) tile rows from lane group
+    g's, its second row (h = 1) 8 rows on. B: lane t' 's column of mma j is (t' - t) * L + e
+    columns from lane t's, L = 8 with the chunk layout (NI = 8, async pipelines)."""
+    wy, wx = warps
+
+    def at(layout, x):
+        _, radices, order = layout
+        return int(simplify_expr(permuted_index(const("int64", x), radices, order)).value)
+
+    rows = mma_row_order(wy, mi)
+    for w, m, g, g2, h in itertools.product(range(wy), range(mi), range(8), range(8), range(2)):
+        own = at(rows, w * 16 * mi + g * 2 * mi + 2 * m)
+        assert at(rows, w * 16 * mi + g2 * 2 * mi + 2 * m + h) - own == (g2 - g) + 8 * h
+    cols = mma_column_chunks(wx, ni)
+    for w, j, t, t2, e in itertools.product(range(wx), range(ni), range(4), range(4), range(2)):
+        own = at(cols, w * 8 * ni + t * 2 * ni + 2 * j)
+        assert at(cols, w * 8 * ni + t2 * 2 * ni + 2 * j + e) - own == (t2 - t) * 8 + e
+
+
+@pytest.mark.parametrize("tiles,stages,chunks,lane_cols", [
+    ((2, 8), 2, True, 8), ((2, 8), 2, False, 16), ((2, 8), 0, True, 16), ((2, 4), 2, True, 8)])
+def test_the_mma_calls_pass_the_layouts_lane_stride(tiles, stages, chunks, lane_cols):
+    """The L the CUDA helper steps between lanes' B columns: 8 in the chunk layout (knob
+    gpu_mma_b_chunks, async pipelines, NI = 8), 2 NI otherwise (the addressing above is checked
+    against it)."""
+    a = np.zeros((64, 64), np.float16)
+    b = np.zeros((64, 256), np.float16)
+    knobs = {"gpu_mma_warps": (1, 1), "gpu_mma_tiles": tiles, "gpu_mma_bk": 32,
+             "gpu_mma_async_stages": stages, "gpu_mma_b_chunks": chunks}
+    _, lowered = _lowered("matmul", [a, b], OPENCL, knobs)
+    found = set()
+    post_order_visit(lowered.body, lambda n: found.add(int(n.args[7].value)) if isinstance(
+        n, Call) and n.op == MMA_SYNC else None)
+    assert found == {lane_cols}

@@ -206,6 +206,17 @@ def mma_row_order(warps_y: int, mi: int) -> tuple[int, tuple[int, ...], tuple[in
     return (-2, (warps_y, 8, mi, 2), (0, 2, 3, 1))
 
 
+def mma_column_chunks(warps_x: int, ni: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """The :data:`~kiln.tir.transform.permute_layout.PERMUTE_LAYOUT` of B's shared tile in an
+    asynchronous pipeline with ``ni`` (a multiple of 8) mma columns per warp: the columns of a
+    block tile are the digits (warp, lane ``t`` < 4, 8-column chunk of the lane, ``j`` mod 4,
+    ``e`` < 2), stored with the chunk digit before ``t``: 16-byte chunks stay whole (the
+    ``cp.async`` copies), consecutive lanes' columns are 8 apart instead of ``2 NI``, and B's
+    16-bit fragment loads at 16-byte rows conflict 2-way instead of 4-way (rows 8 mod 16
+    elements apart)."""
+    return (-1, (warps_x, 4, ni // 4, 4, 2), (0, 2, 1, 3, 4))
+
+
 def mma_supported(target: Any, dtype: Any) -> bool:
     """Whether ``target`` multiplies ``dtype`` operands on tensor cores (``mma.sync``, CUDA
     sm_80 and later: every architecture kiln targets), or -- OpenCL -- runs the same schedule
@@ -258,8 +269,10 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
     ``gpu_mma_bk`` (default the first of :data:`MMA_BK_CHOICES` that divides the reduction),
     ``gpu_mma_stages``, ``gpu_mma_async_stages`` (:data:`MMA_ASYNC_STAGES`; when on, the
     tiles are copied with ``cp.async`` into that many rotating shared stages instead, their
-    rows padded by :data:`ASYNC_ALIGN`, A's rows permuted by :func:`mma_row_order`; refused
-    with ``gathers``, whose copies compute),
+    rows padded by :data:`ASYNC_ALIGN`, A's rows permuted by :func:`mma_row_order`, and with
+    ``gpu_mma_b_chunks`` (off: 2-way instead of 4-way bank conflicts, but NVRTC gives 4 x 8
+    tiles 255 registers and small spills at bk 64) B's columns by :func:`mma_column_chunks`
+    when NI is 8; refused with ``gathers``, whose copies compute),
     ``gpu_mma_ldmatrix`` (off by default: CUDA loads A's fragments with ``ldmatrix.x4``,
     from the same padded, :func:`mma_row_order` tile; one per ``mma``, so each fragment is
     loaded ``NI`` times where the plain loads are shared by the compiler)."""
@@ -320,6 +333,8 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
     # t * stride / 2 + (g / 2) * NI (t, g / 2 < 4): distinct banks for an odd stride, and for
     # NI >= 8 also for a stride = 2 mod 8, which keeps the rows 4-byte aligned (vector stores)
     b_align = (0, 8, 2) if ni >= 8 else (0, 2, 1)
+    b_chunks = bool(async_stages) and ni % 8 == 0 and knob("gpu_mma_b_chunks", (False, True),
+                                                           False)
     aligns = (ASYNC_ALIGN if async_stages or ldmatrix else (0, 4, 2),
               ASYNC_ALIGN if async_stages else b_align)
     for index, align in enumerate(aligns):
@@ -329,6 +344,8 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
         sch.annotate(cache, STORAGE_ALIGN, align)
         if (ldmatrix or async_stages) and index == 0:
             sch.annotate(cache, PERMUTE_LAYOUT, mma_row_order(wy, mi))
+        if b_chunks and index == 1:
+            sch.annotate(cache, PERMUTE_LAYOUT, mma_column_chunks(wx, ni))
         if gathers and substitute_gathers:
             sch.annotate(cache, SUBSTITUTE_BINDINGS, 1)
     for name in gathers:
@@ -338,7 +355,8 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
         sch.annotate(ko, ASYNC_STAGES, async_stages)
     elif knob("gpu_mma_stages", STAGE_CHOICES, MMA_STAGES) == 2:
         sch.annotate(ko, PREFETCH, 1)
-    sch.tensorize(ri_i, register_mma_intrinsic(dtype, 2 * ni, ldmatrix))
+    lane_cols = 8 if b_chunks else 2 * ni  # lane t's columns from lane t - 1's
+    sch.tensorize(ri_i, register_mma_intrinsic(dtype, lane_cols, ldmatrix))
     for lp in (kt, ri_o, rj_o):
         sch.unroll(lp)
     fold_epilogues(sch, target, acc)
