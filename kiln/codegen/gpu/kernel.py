@@ -121,8 +121,6 @@ class KernelEmitter(FunctionEmitter):
         self.lane_vars: dict[E.Var, list[E.PrimExpr]] = {}
         #: contiguous vector loads of the store being written, loaded once into a vector
         self.hoisted: dict[int, list[E.PrimExpr]] = {}
-        #: the bits of hoisted float16/bfloat16 lanes (their names widen them to float32)
-        self.lane_bits: dict[E.Var, tuple[DataType, str]] = {}
         self.shared_data = {b.data for b in launch.shared}
         #: the messages of the function's index checks, by number (shared by its kernels)
         self.checks = [] if checks is None else checks
@@ -383,8 +381,6 @@ class KernelEmitter(FunctionEmitter):
                 v = E.Var(f"{name}_{k}", el)
                 text = self.dialect.lane(name, k)
                 self.var_names[v] = self.widen_scalar(el, text) if self.widened(el) else text
-                if self.widened(el):
-                    self.lane_bits[v] = (el, text)
                 lane_vars.append(v)
             self.hoisted[id(ld)] = lane_vars
 
@@ -409,40 +405,18 @@ class KernelEmitter(FunctionEmitter):
             values = []
             for k in range(lanes):
                 lane = self.lane(value, k)
-                bits = self._bits_of(el, lane)
-                if bits is not None:
-                    values.append(bits)
-                elif self.widened(el):
+                if self.widened(el):
                     values.append(self.narrow_scalar(el, strip_parens(self.float32_value(lane))))
                 else:
                     values.append(strip_parens(self.expr(lane)))
             self.line(self.dialect.vector_store(vt, lanes, address, values))
         else:
             for k in range(lanes):
-                lane_value = self.lane(value, k)
-                bits = self._bits_of(el, lane_value)
-                if bits is not None:
-                    at = strip_parens(self.expr(self.lane(index, k)))
-                    self.line(f"{self.buffer_ptr(buf)}[{at}] = {bits};")
-                else:
-                    lane = S.BufferStore(buf, lane_value, (self.lane(index, k),))
-                    self.line(self.scalar_store(lane))
+                lane = S.BufferStore(buf, self.lane(value, k), (self.lane(index, k),))
+                self.line(self.scalar_store(lane))
         self.hoisted.clear()
         self.depth -= 1
         self.line("}")
-
-    def _bits_of(self, el: DataType, value: E.PrimExpr) -> str | None:
-        """The stored bits of ``value`` when it is a float16/bfloat16 (``el``) element moved
-        unchanged -- a lane of a hoisted vector load or a plain load -- so that a copy (a tile
-        into registers, registers into shared memory) is no trip through float32 and back."""
-        if not self.widened(el):
-            return None
-        if isinstance(value, E.Var) and value in self.lane_bits:
-            src_el, text = self.lane_bits[value]
-            return text if src_el == el else None
-        if isinstance(value, E.BufferLoad) and value.dtype.lanes == 1:
-            return self._lowp_copy(el, value)
-        return None
 
     def stmt_LetStmt(self, s: S.LetStmt) -> None:
         if s.var.dtype.lanes == 1:
