@@ -12,8 +12,9 @@ Knobs are :mod:`kiln.schedule.knobs` values given to every kernel's schedule (``
 GPU: it builds each GEMM configuration for ``ARCH``, compiles it with NVRTC and prints what
 ptxas reports (registers, shared memory, spills) and whether the PTX holds ``mma.sync``,
 ``ldmatrix`` and ``cp.async`` -- the check to run before spending device time on a new knob.
-Add a knob to the lists below when a schedule grows one (``gpu_mma_ldmatrix``,
-``gpu_mma_cp_async``... are not implemented yet: see docs/internals.md, "Tensor cores").
+Add a knob to the lists below when a schedule grows one (the ``cp.async`` pipelines,
+``gpu_mma_async_stages``, and ``gpu_mma_ldmatrix`` are listed; see docs/internals.md, "Tensor
+cores").
 """
 
 from __future__ import annotations
@@ -47,6 +48,30 @@ GEMM_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("warps 4x2, tiles 4x4", {"gpu_mma_warps": (4, 2), "gpu_mma_tiles": (4, 4)}),
     ("warps 2x4, tiles 4x4, bk 64", {"gpu_mma_warps": (2, 4), "gpu_mma_tiles": (4, 4),
                                      "gpu_mma_bk": 64}),
+    # cp.async pipelines (gpu_mma_async_stages; kiln.tir.transform.async_copies): not yet
+    # timed on a GPU (nor the ldmatrix ones below)
+    ("cp.async 3", {"gpu_mma_async_stages": 3}),
+    ("tiles 4x8, bk 32, cp.async 3", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
+                                      "gpu_mma_async_stages": 3}),
+    ("tiles 4x8, bk 32, cp.async 4", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
+                                      "gpu_mma_async_stages": 4}),
+    ("tiles 4x8, bk 32, cp.async 3, B chk", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
+                                             "gpu_mma_async_stages": 3,
+                                             "gpu_mma_b_chunks": True}),
+    ("tiles 4x8, bk 64, cp.async 2", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
+                                      "gpu_mma_async_stages": 2}),
+    ("tiles 4x8, bk 64, cp.async 3", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
+                                      "gpu_mma_async_stages": 3}),
+    ("warps 2x4, 4x4, bk 32, cp.async 4", {"gpu_mma_warps": (2, 4), "gpu_mma_tiles": (4, 4),
+                                           "gpu_mma_bk": 32, "gpu_mma_async_stages": 4}),
+    # ldmatrix.x4 for A from a row-permuted tile (gpu_mma_ldmatrix), with and without cp.async
+    ("ldmatrix", {"gpu_mma_ldmatrix": True}),
+    ("tiles 4x8, bk 32, ldmatrix", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
+                                    "gpu_mma_ldmatrix": True}),
+    ("tiles 4x8, bk 32, cp.async 3, ldm", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
+                                           "gpu_mma_async_stages": 3, "gpu_mma_ldmatrix": True}),
+    ("tiles 4x8, bk 64, cp.async 3, ldm", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
+                                           "gpu_mma_async_stages": 3, "gpu_mma_ldmatrix": True}),
 ]
 #: (label, knobs) of float16 ResNet-18 at batch 32.
 CONV_CONFIGS: list[tuple[str, dict[str, Any]]] = [
@@ -65,14 +90,18 @@ def nvrtc_report(arch: str) -> None:
     """Resources of each GEMM configuration's kernel, built for ``arch`` (no GPU)."""
     target = Target("cuda", arch=arch)
     mod = gemm_module(GEMM_N)
-    print(f"{'config':30} {'regs':>4} {'smem B':>6} {'spill':>5} {'mma':>4} {'ldmatrix':>8} "
+    print(f"{'config':36} {'regs':>4} {'smem B':>6} {'spill':>5} {'mma':>4} {'ldmatrix':>8} "
           f"{'cp.async':>8}")
     for label, knobs in GEMM_CONFIGS:
         exe = build(mod, target, knobs)
-        binary = compile_cuda(exe.module.program.source, arch)
+        program = exe.module.program
+        dynamic = {k.name: k.dynamic_shared_bytes for f in program.functions.values()
+                   for k in f.kernels}
+        binary = compile_cuda(program.source, arch)
         for name, res in binary.resources().items():
             ptx = binary.kernel_ptx()[name]
-            print(f"{label:30} {res.registers:4d} {res.shared_bytes:6d} "
+            # static (ptxas) + dynamic shared memory (the launch's, above 48 KB)
+            print(f"{label:36} {res.registers:4d} {res.shared_bytes + dynamic.get(name, 0):6d} "
                   f"{res.spill_stores + res.spill_loads:5d} {ptx.count('mma.sync'):4d} "
                   f"{ptx.count('ldmatrix'):8d} {ptx.count('cp.async'):8d}")
 
@@ -84,7 +113,7 @@ def time_gemm(target: Target, repeat: int) -> None:
     flops = 2 * GEMM_N ** 3
     print(f"GEMM {GEMM_N}^3 float16: cuBLAS {cublas * 1e3:.3f} ms "
           f"({flops / cublas / 1e12:.0f} TFLOP/s)")
-    print(f"{'config':30} {'ms':>8} {'TFLOP/s':>8} {'% cuBLAS':>8} {'err':>8} {'build s':>7}")
+    print(f"{'config':36} {'ms':>8} {'TFLOP/s':>8} {'% cuBLAS':>8} {'err':>8} {'build s':>7}")
     for label, knobs in GEMM_CONFIGS:
         t0 = time.perf_counter()
         exe = build(gemm_module(GEMM_N), target, knobs)
@@ -92,7 +121,7 @@ def time_gemm(target: Target, repeat: int) -> None:
         with torch.no_grad():
             err = rel_err(exe(*inputs), ref)
             t = timed(lambda e=exe: e(*inputs), repeat)
-        print(f"{label:30} {t * 1e3:8.3f} {flops / t / 1e12:8.1f} {100 * cublas / t:8.1f} "
+        print(f"{label:36} {t * 1e3:8.3f} {flops / t / 1e12:8.1f} {100 * cublas / t:8.1f} "
               f"{err:8.1e} {build_s:7.1f}", flush=True)
 
 

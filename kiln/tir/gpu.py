@@ -21,7 +21,13 @@ Intrinsics (``tir.Call`` ops) only GPU code uses: :data:`BARRIER` (all threads o
 wait; shared and global memory written before is visible after), :data:`SHFL_DOWN` /
 :data:`SHFL` (read a value of another lane of the warp: ``(value, offset_or_lane, width)``),
 :data:`ATOMIC_ADD` (``atomic_add(buffer[index], value)``: add to memory other threads may
-update at the same time; the old value).
+update at the same time; the old value), and the asynchronous copies of a multi-stage pipeline
+(``kiln.tir.transform.async_copies``): :data:`ASYNC_COPY` (``async_copy(address_of(shared[i]),
+address_of(global[j]), bytes)``: start copying ``bytes`` bytes, 4, 8 or 16, both addresses
+aligned to them; CUDA ``cp.async``, OpenCL a plain copy), :data:`ASYNC_COMMIT` (close the
+thread's group of copies started since the last commit) and :data:`ASYNC_WAIT` (``(n)``: wait
+until at most ``n`` of the thread's committed groups are still in flight; other threads' copies
+are visible only after a barrier that follows).
 """
 
 from __future__ import annotations
@@ -45,8 +51,17 @@ SHFL = "gpu.shfl"
 #: Intrinsic: ``atomic_add(BufferLoad(buf, (i,)), value)`` adds ``value`` to ``buf[i]``
 #: atomically and gives the old value (int32/uint32/int64/uint64/float32/float64).
 ATOMIC_ADD = "gpu.atomic_add"
+#: Intrinsic: ``async_copy(dst, src, bytes)``, start copying ``bytes`` (4, 8 or 16) bytes from
+#: global address ``src`` to shared address ``dst`` (``kiln.address_of`` calls; both aligned to
+#: ``bytes``) without waiting for them (CUDA ``cp.async``).
+ASYNC_COPY = "gpu.async_copy"
+#: Intrinsic: close this thread's group of asynchronous copies (``cp.async.commit_group``).
+ASYNC_COMMIT = "gpu.async_commit"
+#: Intrinsic: ``async_wait(n)``, wait until at most ``n`` (a constant) of this thread's
+#: committed groups are in flight (``cp.async.wait_group n``).
+ASYNC_WAIT = "gpu.async_wait"
 #: Intrinsics of GPU code only (the C backend rejects them).
-GPU_INTRINSICS = (BARRIER, SHFL_DOWN, SHFL, ATOMIC_ADD)
+GPU_INTRINSICS = (BARRIER, SHFL_DOWN, SHFL, ATOMIC_ADD, ASYNC_COPY, ASYNC_COMMIT, ASYNC_WAIT)
 
 #: Every tag a loop may be bound to.
 THREAD_TAGS = tuple(f"{scope}.{d}" for scope in ("blockIdx", "threadIdx") for d in "xyz")
@@ -91,6 +106,24 @@ def atomic_add(buffer: Buffer, indices: Any, value: Any) -> Stmt:
 def barrier() -> Stmt:
     """The statement that makes every thread of a block wait for the others."""
     return Evaluate(Call("int32", BARRIER, ()))
+
+
+def async_copy(dst: PrimExpr, src: PrimExpr, nbytes: int) -> Stmt:
+    """Start copying ``nbytes`` bytes from global address ``src`` to shared address ``dst``
+    (see :data:`ASYNC_COPY`)."""
+    if nbytes not in (4, 8, 16):
+        raise ValueError(f"async_copy: copies 4, 8 or 16 bytes, not {nbytes}")
+    return Evaluate(Call("int32", ASYNC_COPY, (dst, src, convert(nbytes))))
+
+
+def async_commit() -> Stmt:
+    """Close this thread's group of asynchronous copies (see :data:`ASYNC_COMMIT`)."""
+    return Evaluate(Call("int32", ASYNC_COMMIT, ()))
+
+
+def async_wait(in_flight: int) -> Stmt:
+    """Wait until at most ``in_flight`` committed groups are in flight (:data:`ASYNC_WAIT`)."""
+    return Evaluate(Call("int32", ASYNC_WAIT, (convert(in_flight),)))
 
 
 def is_barrier(stmt: object) -> bool:

@@ -171,17 +171,35 @@ def test_out_of_range_indices_raise(tmp_path):
     check_index_errors(_target(), tmp_path)
 
 
+#: Knob configurations of the tensor-core GEMM whose CUDA side PoCL cannot check: the
+#: cp.async pipelines (stage rotation and waits on the real asynchronous copies), ldmatrix's
+#: lane addressing, B's chunk layout (the lane stride L of the fragment gathers).
+MMA_KNOBS = [
+    {},
+    {"gpu_mma_async_stages": 2},
+    {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32, "gpu_mma_async_stages": 3},
+    {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32, "gpu_mma_async_stages": 4,
+     "gpu_mma_b_chunks": True},
+    {"gpu_mma_ldmatrix": True},
+    {"gpu_mma_tiles": (2, 8), "gpu_mma_bk": 64, "gpu_mma_async_stages": 3,
+     "gpu_mma_ldmatrix": True, "gpu_mma_b_chunks": True},
+]
+
+
+@pytest.mark.parametrize("knobs", MMA_KNOBS, ids=lambda k: ",".join(
+    f"{n[8:]}={v}" for n, v in k.items()) or "default")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("shape", [(256, 512, 128), (2, 128, 64, 192)])
-def test_tensor_core_gemm_matches_numpy(dtype, shape):
+def test_tensor_core_gemm_matches_numpy(dtype, shape, knobs):
     """mma.sync.m16n8k16 (kiln.tir.tensor_intrin.gpu): each lane's fragments as the PTX ISA
-    lays them out, summed in float32 and rounded once."""
+    lays them out, summed in float32 and rounded once; under each of :data:`MMA_KNOBS` (a
+    configuration the shape's tiles do not fit takes the SIMT GEMM: also right)."""
     *batch, m, k, n = shape
     np_dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
     a = RNG.uniform(-1, 1, (*batch, m, k)).astype(np_dt)
     b = RNG.uniform(-1, 1, (*batch, k, n)).astype(np_dt)
     func, _ = scheduled("matmul", [a, b], {}, schedule=False)
-    _, lowered = schedule_and_lower(func.with_attr("op_name", "matmul"), _target())
+    _, lowered = schedule_and_lower(func.with_attr("op_name", "matmul"), _target(), knobs)
     out = np.full((*batch, m, n), np.nan, np_dt)
     gpu_build({"f": lowered}, _target())["f"](a, b, out)
     exact = np.matmul(a.astype("float64"), b.astype("float64"))

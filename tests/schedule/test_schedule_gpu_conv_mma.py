@@ -219,6 +219,23 @@ def test_shapes_off_the_tiles_unpadded_take_the_simt_implicit_gemm_with_a_warnin
     _check(out, exact, "float16")
 
 
+def test_async_copies_are_refused_for_gathered_operands(caplog):
+    """cp.async moves plain loads; the im2col is computed in its shared copy: the knob
+    gpu_mma_async_stages refuses the tensor-core schedule (with its reason) instead of
+    quietly pipelining something else."""
+    x = RNG.uniform(-1, 1, (1, 16, 8, 8)).astype(np.float16)
+    w = RNG.uniform(-1, 1, (32, 16, 3, 3)).astype(np.float16)
+    with caplog.at_level(logging.WARNING, logger="kiln.schedule.gpu.conv"):
+        _, lowered = _lowered([x, w], _attrs((1, 1), (1, 1, 1, 1)), OPENCL,
+                              {"gpu_mma_async_stages": 2})
+    assert mma_calls(lowered) == 0
+    assert any("gathered operands" in r.message for r in caplog.records)
+    exact = _torch_conv(x, w, (1, 1), (1, 1, 1, 1))
+    out = np.full(exact.shape, np.nan, np.float16)
+    gpu_build({"f": lowered}, OPENCL)["f"](x, w, out)
+    _check(out, exact, "float16")
+
+
 def test_knob_keeps_the_simt_path_reachable():
     x = RNG.uniform(-1, 1, (1, 16, 8, 8)).astype(np.float16)
     w = RNG.uniform(-1, 1, (32, 16, 3, 3)).astype(np.float16)

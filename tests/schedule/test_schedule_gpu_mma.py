@@ -2,7 +2,9 @@
 kiln/tir/tensor_intrin/gpu.py): the schedule run on OpenCL (PoCL: each thread computes its part
 of every mma in float32) against numpy, every knob value, epilogues, the fallback to the tiled
 GEMM, and the CUDA kernels compiled by NVRTC: mma.sync instructions, accumulators in registers,
-padded shared rows. The same kernels run on an H100 in tests/runtime/test_runtime_gpu_cuda.py."""
+padded shared rows; the cp.async pipelines (knob gpu_mma_async_stages) on PoCL for every stage
+count and in NVRTC's PTX. The same kernels run on an H100 in
+tests/runtime/test_runtime_gpu_cuda.py."""
 
 from __future__ import annotations
 
@@ -13,14 +15,29 @@ import numpy as np
 import pytest
 
 import kiln
+from kiln.arith.analyzer import simplify as simplify_expr
+from kiln.build import lower_graph
+from kiln.codegen.executable import build_executable
 from kiln.codegen.gpu.build import build as gpu_build
 from kiln.codegen.gpu.nvrtc import compile_cuda
 from kiln.schedule.gpu import SCHEDULE_ATTR, schedule_and_lower
-from kiln.schedule.gpu.linalg import MMA_BK_CHOICES, MMA_TILES, MMA_WARPS, mma_tile
+from kiln.schedule.gpu.linalg import (
+    MMA_BK_CHOICES,
+    MMA_TILES,
+    MMA_WARPS,
+    mma_column_chunks,
+    mma_row_order,
+    mma_tile,
+)
 from kiln.target import Target
 from kiln.testing import models
 from kiln.testing.gpu_testing import kernel_launches, mma_calls
 from kiln.testing.op_testing import scheduled
+from kiln.tir.expr import Call, const
+from kiln.tir.functor import post_order_visit
+from kiln.tir.gpu import ASYNC_COPY
+from kiln.tir.tensor_intrin.gpu import MMA_SYNC
+from kiln.tir.transform.permute_layout import permuted_index
 
 OPENCL = Target("opencl")
 RNG = np.random.default_rng(11)
@@ -158,3 +175,199 @@ def test_mma_gemm_compiles_to_mma_sync_with_register_accumulators(arch, dtype):
     assert usage.spill_stores == usage.spill_loads == 0
     assert usage.registers * launch.threads_per_block <= target.gpu.max_registers_per_block
     assert usage.shared_bytes <= target.gpu.shared_memory_per_block
+
+
+# ---- cp.async pipelines (knob gpu_mma_async_stages; kiln.tir.transform.async_copies) --------
+
+def _async_copies(lowered) -> int:
+    found = []
+    post_order_visit(lowered.body, lambda n: found.append(n) if isinstance(n, Call)
+                     and n.op == ASYNC_COPY else None)
+    return len(found)
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("a_shape,b_shape,bk", [
+    ((256, 128), (128, 256), 32),       # 4 steps: every stage rotates
+    ((128, 96), (96, 64), 16),          # 6 steps of 16
+    ((2, 3, 64, 64), (2, 3, 64, 64), 32),  # batch on blockIdx.z (rows padded under it)
+    ((2, 64, 48), (48, 64), 16),        # B broadcast over the batch
+    ((64, 32), (32, 64), 16),           # 2 steps: fewer than 3 or 4 stages
+])
+def test_async_pipeline_matches_numpy_on_opencl(stages, a_shape, b_shape, bk):
+    """PoCL runs the copies as plain ones at the place of the cp.async: a wrong stage, a
+    missing wait's barrier or a copy into the stage still being read changes the numbers."""
+    a = RNG.uniform(-1, 1, a_shape).astype(np.float16)
+    b = RNG.uniform(-1, 1, b_shape).astype(np.float16)
+    knobs = {"gpu_mma_bk": bk, "gpu_mma_async_stages": stages}
+    sched, lowered = _lowered("matmul", [a, b], OPENCL, knobs)
+    assert sched.attrs[SCHEDULE_ATTR] == "op"
+    assert mma_calls(lowered) > 0
+    # A and B: one copy statement per step of the prologue (stages - 1, at most the steps),
+    # one in the loop unless the prologue issued every step (then its guard simplifies away)
+    steps = a_shape[-1] // bk
+    assert _async_copies(lowered) == 2 * (min(stages - 1, steps) + (steps > stages - 1))
+    (launch,) = kernel_launches(lowered)
+    for buf in launch.shared:  # rows 8 mod 16 elements apart: 16-byte chunks, aligned
+        assert int(buf.shape[0].value) % (stages * 8) == 0
+    out = np.full(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1]),
+                  np.nan, np.float16)
+    gpu_build({"f": lowered}, OPENCL)["f"](a, b, out)
+    _check(out, a, b, "float16")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_dense_with_bias_on_an_async_pipeline_matches_the_cpu(dtype):
+    mod = models.dense_bias_relu((4, 64, 64), RNG.uniform(-1, 1, (128, 64)).astype(NP[dtype]),
+                                 RNG.uniform(-1, 1, (128,)).astype(NP[dtype]))
+    knobs = {"gpu_mma_async_stages": 3}
+    exe = build_executable(lower_graph(mod, OPENCL), OPENCL, knobs=lambda f, t: knobs)
+    xs = RNG.uniform(-1, 1, (4, 64, 64)).astype(NP[dtype])
+    got = np.asarray(exe(xs)).astype("float64")
+    ref = np.asarray(kiln.build(mod, "c")(xs)).astype("float64")
+    tol = 2.0 ** (-9 if dtype == "float16" else -6)
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
+def test_async_pipelines_beyond_the_shared_memory_are_refused():
+    """4 stages of 128 x 64 and 64 x 256 tiles: 208 KB, over sm_80's 163 KB (the tiled GEMM
+    takes the product) but within sm_90's 227 KB."""
+    arrays = [np.zeros((256, 512), np.float16), np.zeros((512, 512), np.float16)]
+    knobs = {"gpu_mma_warps": (2, 4), "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
+             "gpu_mma_async_stages": 4}
+    _, lowered = _lowered("matmul", arrays, Target("cuda", arch="sm_80"), knobs)
+    assert mma_calls(lowered) == 0 and _async_copies(lowered) == 0
+    _, lowered = _lowered("matmul", arrays, Target("cuda", arch="sm_90"), knobs)
+    assert mma_calls(lowered) == 1 and _async_copies(lowered) == 8
+
+
+@pytest.mark.parametrize("arch,stages", [("sm_80", 3), ("sm_90", 3), ("sm_90", 4)])
+def test_async_pipeline_compiles_to_cp_async_without_spills(arch, stages):
+    target = Target("cuda", arch=arch)
+    arrays = [np.zeros((4096, 4096), np.float16)] * 2
+    knobs = {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32, "gpu_mma_async_stages": stages}
+    _, lowered = _lowered("matmul", arrays, target, knobs)
+    (launch,) = kernel_launches(lowered)
+    program = gpu_build({"f": lowered}, target).program
+    binary = compile_cuda(program.source, arch)
+    ptx = binary.ptx.decode(errors="replace")
+    assert "cp.async.cg.shared.global" in ptx and "cp.async.commit_group" in ptx
+    assert f"cp.async.wait_group {stages - 2}" in ptx
+    assert "mma.sync.aligned.m16n8k16" in ptx
+    (usage,) = binary.resources().values()
+    assert usage.stack_bytes == 0 and "ld.local" not in ptx
+    assert usage.spill_stores == usage.spill_loads == 0
+    assert usage.registers * launch.threads_per_block <= target.gpu.max_registers_per_block
+    (kernel,) = program.functions["f"].kernels
+    shared = usage.shared_bytes + kernel.dynamic_shared_bytes
+    assert shared >= stages * 2 * (127 * 40 + 32 + 31 * 136 + 128)
+    assert shared <= target.gpu.shared_memory_per_block_optin
+
+
+# ---- ldmatrix and the mma row order of A's tile (knob gpu_mma_ldmatrix) ---------------------
+
+def _mma_row_strides(lowered) -> set[int]:
+    """The A row strides the lowered mma calls pass: their sixth argument, the difference of
+    two ``kiln.elem_offset`` calls (A[1, 0] and A[0, 0]), as the difference of their indices."""
+    out = set()
+
+    def visit(n):
+        if isinstance(n, Call) and n.op == MMA_SYNC:
+            second, first = (c.args[0].indices[0] for c in (n.args[5].a, n.args[5].b))
+            out.add(int(simplify_expr(second - first).value))
+
+    post_order_visit(lowered.body, visit)
+    return out
+
+
+@pytest.mark.parametrize("warps,tiles,bk,stages", [
+    ((2, 2), (4, 4), 32, 0),
+    ((1, 1), (1, 1), 16, 0),     # MI = 1: the row order is (m, h, g) = (h, g)
+    ((4, 2), (2, 4), 64, 0),
+    ((2, 2), (4, 8), 32, 3),     # with the cp.async pipeline (and B's chunk layout)
+    ((2, 4), (2, 2), 16, 2),
+])
+def test_ldmatrix_row_order_computes_the_product_on_opencl(warps, tiles, bk, stages):
+    """PoCL's mma reads each lane's own rows through the permuted tile with the permuted row
+    stride (8 padded rows): a layout the copies and the fragment reads disagree on, or a
+    wrong stride, changes the numbers."""
+    a = RNG.uniform(-1, 1, (256, 128)).astype(np.float16)
+    b = RNG.uniform(-1, 1, (128, 128)).astype(np.float16)
+    knobs = {"gpu_mma_warps": warps, "gpu_mma_tiles": tiles, "gpu_mma_bk": bk,
+             "gpu_mma_ldmatrix": True, "gpu_mma_async_stages": stages,
+             "gpu_mma_b_chunks": True}
+    sched, lowered = _lowered("matmul", [a, b], OPENCL, knobs)
+    assert sched.attrs[SCHEDULE_ATTR] == "op" and mma_calls(lowered) == 1
+    assert _mma_row_strides(lowered) == {8 * (bk + 8)}  # rows 8 mod 16 elements, h 8 rows on
+    out = np.full((256, 128), np.nan, np.float16)
+    gpu_build({"f": lowered}, OPENCL)["f"](a, b, out)
+    _check(out, a, b, "float16")
+
+
+def test_async_pipelines_order_the_rows_of_a_as_well():
+    """16-byte rows 8 mod 16 apart need the mma row order for conflict-free fragment loads."""
+    a = np.zeros((256, 64), np.float16)
+    b = np.zeros((64, 128), np.float16)
+    _, lowered = _lowered("matmul", [a, b], OPENCL, {"gpu_mma_bk": 32,
+                                                       "gpu_mma_async_stages": 2})
+    assert _mma_row_strides(lowered) == {8 * 40}
+    _, lowered = _lowered("matmul", [a, b], OPENCL, {"gpu_mma_bk": 32})
+    assert _mma_row_strides(lowered) == {34}  # the default: unpermuted, 2 mod 4
+
+
+@pytest.mark.parametrize("arch,knobs", [
+    ("sm_80", {}),
+    ("sm_90", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32}),
+    ("sm_90", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64, "gpu_mma_async_stages": 3}),
+])
+def test_ldmatrix_compiles_without_spills(arch, knobs):
+    target = Target("cuda", arch=arch)
+    arrays = [np.zeros((4096, 4096), np.float16)] * 2
+    _, lowered = _lowered("matmul", arrays, target, {**knobs, "gpu_mma_ldmatrix": True})
+    (launch,) = kernel_launches(lowered)
+    binary = compile_cuda(gpu_build({"f": lowered}, target).program.source, arch)
+    ptx = binary.ptx.decode(errors="replace")
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx
+    assert "mma.sync.aligned.m16n8k16" in ptx
+    (usage,) = binary.resources().values()
+    assert usage.stack_bytes == 0 and usage.spill_stores == usage.spill_loads == 0
+    assert usage.registers * launch.threads_per_block <= target.gpu.max_registers_per_block
+
+
+@pytest.mark.parametrize("warps,mi,ni", [((2, 2), 4, 8), ((1, 4), 2, 8), ((4, 1), 1, 8)])
+def test_permuted_layouts_match_the_cuda_fragment_addressing(warps, mi, ni):
+    """What PoCL cannot check: the CUDA helpers find other lanes' operands from their own
+    address. A: ldmatrix's lane group g' row of mma m is (g' - g) tile rows from lane group
+    g's, its second row (h = 1) 8 rows on. B: lane t' 's column of mma j is (t' - t) * L + e
+    columns from lane t's, L = 8 with the chunk layout (NI = 8, async pipelines)."""
+    wy, wx = warps
+
+    def at(layout, x):
+        _, radices, order = layout
+        return int(simplify_expr(permuted_index(const("int64", x), radices, order)).value)
+
+    rows = mma_row_order(wy, mi)
+    for w, m, g, g2, h in itertools.product(range(wy), range(mi), range(8), range(8), range(2)):
+        own = at(rows, w * 16 * mi + g * 2 * mi + 2 * m)
+        assert at(rows, w * 16 * mi + g2 * 2 * mi + 2 * m + h) - own == (g2 - g) + 8 * h
+    cols = mma_column_chunks(wx, ni)
+    for w, j, t, t2, e in itertools.product(range(wx), range(ni), range(4), range(4), range(2)):
+        own = at(cols, w * 8 * ni + t * 2 * ni + 2 * j)
+        assert at(cols, w * 8 * ni + t2 * 2 * ni + 2 * j + e) - own == (t2 - t) * 8 + e
+
+
+@pytest.mark.parametrize("tiles,stages,chunks,lane_cols", [
+    ((2, 8), 2, True, 8), ((2, 8), 2, False, 16), ((2, 8), 0, True, 16), ((2, 4), 2, True, 8)])
+def test_the_mma_calls_pass_the_layouts_lane_stride(tiles, stages, chunks, lane_cols):
+    """The L the CUDA helper steps between lanes' B columns: 8 in the chunk layout (knob
+    gpu_mma_b_chunks, async pipelines, NI = 8), 2 NI otherwise (the addressing above is checked
+    against it)."""
+    a = np.zeros((64, 64), np.float16)
+    b = np.zeros((64, 256), np.float16)
+    knobs = {"gpu_mma_warps": (1, 1), "gpu_mma_tiles": tiles, "gpu_mma_bk": 32,
+             "gpu_mma_async_stages": stages, "gpu_mma_b_chunks": chunks}
+    _, lowered = _lowered("matmul", [a, b], OPENCL, knobs)
+    found = set()
+    post_order_visit(lowered.body, lambda n: found.add(int(n.args[7].value)) if isinstance(
+        n, Call) and n.op == MMA_SYNC else None)
+    assert found == {lane_cols}

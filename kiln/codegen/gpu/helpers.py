@@ -57,6 +57,32 @@ static inline void NAME(float* c, const uint16_t* a, const uint16_t* b, long ldc
 """
 
 
+#: The same with A's fragments loaded by ldmatrix.x4 (kiln.tir.tensor_intrin.gpu's ldmatrix
+#: variant): A's tile rows permuted so that an mma's 16 rows are consecutive (lane group g's
+#: row g; its second row, g + 8, lda after the first: the tile's row stride is lda / 8). Lane l
+#: gives the row address of matrix l / 8 (rows 0-7 / 8-15 x columns 0-7 / 8-15 of the mma's A),
+#: row l % 8, and gets a0..a3 in the order mma takes them; B's fragments as above.
+_CUDA_MMA_LDMATRIX = r"""
+static inline void NAME(float* c, const uint16_t* a, const uint16_t* b, long ldc, long lda,
+                        long ldb, long lane_cols) {
+  const unsigned lane = threadIdx.x & 31u, g = lane >> 2, t = lane & 3u;
+  const uint16_t* pa = a + ((long)(lane & 7u) - (long)g) * (lda >> 3)
+                       + (long)((lane >> 3) & 1u) * lda + (long)(lane >> 4) * 8;
+  uint32_t a0, a1, a2, a3;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+      : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+      : "r"((unsigned)__cvta_generic_to_shared(pa)));
+  const uint16_t* bn = b + ((long)(g >> 1) - (long)t) * lane_cols + (g & 1u);
+  const uint32_t b0 = (uint32_t)bn[2 * t * ldb] | ((uint32_t)bn[(2 * t + 1) * ldb] << 16);
+  const uint32_t b1 = (uint32_t)bn[(2 * t + 8) * ldb] | ((uint32_t)bn[(2 * t + 9) * ldb] << 16);
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.DT.DT.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[ldc]), "+f"(c[ldc + 1])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+"""
+
+
 class GpuHelpers(Helpers):
     """The helpers one generated GPU program needs, rendered for ``dialect``."""
 
@@ -113,17 +139,22 @@ class GpuHelpers(Helpers):
             f"    r[1] = check; r[2] = v; r[3] = lo; r[4] = n; r[5] = call;\n  }}\n"
             f"  return 0;\n}}\n"))
 
-    def mma_m16n8k16(self, dtype: str) -> str:
+    def mma_m16n8k16(self, dtype: str, ldmatrix: bool = False) -> str:
         """``kiln_mma_m16n8k16_<dt>(c, a, b, ldc, lda, ldb, lane_cols)``: one thread's part of
         a tensor-core product (:mod:`kiln.tir.tensor_intrin.gpu`). CUDA: the lane's operand
-        fragments gathered from shared memory and ``mma.sync.aligned.m16n8k16`` in inline PTX
-        (warp-collective: the lane is ``threadIdx.x``); OpenCL: the thread's own 2 x 2 x 16
-        product in float32, the values the instruction gives the lane."""
+        fragments gathered from shared memory (``ldmatrix``: A's by ``ldmatrix.x4`` from a
+        row-permuted tile) and ``mma.sync.aligned.m16n8k16`` in inline PTX (warp-collective:
+        the lane is ``threadIdx.x``); OpenCL: the thread's own 2 x 2 x 16 product in float32,
+        the values the instruction gives the lane (its own elements, whatever the layout)."""
         short = {"float16": "f16", "bfloat16": "bf16"}.get(dtype)
         if short is None:
             raise CodegenError(f"the tensor cores multiply float16 or bfloat16, not {dtype}")
         name = f"kiln_mma_m16n8k16_{short}"
         if self.dialect.is_cuda:
+            if ldmatrix:
+                name += "_ldmatrix"
+                return self._add(name, _CUDA_MMA_LDMATRIX.replace("NAME", name).replace(
+                    "DT", short))
             return self._add(name, _CUDA_MMA.replace("NAME", name).replace("DT", short))
         self.use(short)
         ptr = "__local const uint16_t* "
@@ -138,6 +169,21 @@ class GpuHelpers(Helpers):
             f"             kiln_{short}_to_f32(b[k * ldb + e]);\n"
             f"      c[h * ldc + e] = s;\n"
             f"    }}\n}}\n"))
+
+    def cp_async(self, nbytes: int) -> str:
+        """``kiln_cp_async_<n>(dst, src)`` (CUDA): start copying ``nbytes`` (4, 8, 16) bytes
+        from global to shared memory (``cp.async``; ``.cg`` caches 16-byte copies in L2 only,
+        ``.ca`` is the one form for 4 and 8). The shared address is the 32-bit one the
+        instruction takes (``__cvta_generic_to_shared``)."""
+        if nbytes not in (4, 8, 16):
+            raise CodegenError(f"cp.async copies 4, 8 or 16 bytes, not {nbytes}")
+        name = f"kiln_cp_async_{nbytes}"
+        cache = "cg" if nbytes == 16 else "ca"
+        return self._add(name, (
+            f"static inline void {name}(void* dst, const void* src) {{\n"
+            f"  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);\n"
+            f"  asm volatile(\"cp.async.{cache}.shared.global [%0], [%1], {nbytes};\" :: "
+            f"\"r\"(s), \"l\"(src) : \"memory\");\n}}\n"))
 
     def fresh_seed(self) -> str:  # pragma: no cover - the kernel emitter reads a parameter
         raise CodegenError("GPU kernels read their fresh seed from a parameter")

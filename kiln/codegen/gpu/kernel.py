@@ -31,6 +31,9 @@ from ...tir.buffer import Buffer
 from ...tir.function import PrimFunc
 from ...tir.functor import post_order_visit
 from ...tir.gpu import (
+    ASYNC_COMMIT,
+    ASYNC_COPY,
+    ASYNC_WAIT,
     ATOMIC_ADD,
     BARRIER,
     SHFL,
@@ -41,6 +44,7 @@ from ...tir.gpu import (
 )
 from ...tir.tensor_intrin import ADDRESS_OF, ELEM_OFFSET
 from ...tir.tensor_intrin.gpu import MMA_SYNC
+from ...tir.transform.async_copies import NOT_ASYNC
 from ...tir.transform.hoist_allocations import alloc_size
 from ..c import externs
 from ..c.func import FunctionEmitter, strip_parens
@@ -203,8 +207,8 @@ class KernelEmitter(FunctionEmitter):
             self.checks.append(str(what.value))  # type: ignore[attr-defined]
             return (f"{self.helpers.check_index()}({CHECK_RECORD_PARAM}, {CALL_PARAM}, {args}, "
                     f"{len(self.checks) - 1})")
-        if e.op == BARRIER:
-            raise CodegenError(f"{self.name}: a barrier is a statement, not a value")
+        if e.op in (BARRIER, ASYNC_COPY, ASYNC_COMMIT, ASYNC_WAIT):
+            raise CodegenError(f"{self.name}: {e.op} is a statement, not a value")
         if e.op == "rounded":
             return self._rounded(e.args[0])
         if e.op in (ADDRESS_OF, ELEM_OFFSET):
@@ -230,7 +234,10 @@ class KernelEmitter(FunctionEmitter):
     def _mma_sync(self, e: E.Call) -> str:
         """One thread's part of a tensor-core ``mma`` (:mod:`kiln.tir.tensor_intrin.gpu`)."""
         dtype, *args = e.args
-        fn = self.helpers.mma_m16n8k16(str(dtype.value))  # type: ignore[attr-defined]
+        ldmatrix = len(args) == 8  # the ldmatrix variant's flag, after L
+        if ldmatrix:
+            args = args[:7]
+        fn = self.helpers.mma_m16n8k16(str(dtype.value), ldmatrix)  # type: ignore[attr-defined]
         return f"{fn}({', '.join(strip_parens(self.expr(a)) for a in args)})"
 
     def _rounded(self, value: E.PrimExpr) -> str:
@@ -431,9 +438,11 @@ class KernelEmitter(FunctionEmitter):
         if s.kind == S.ForKind.THREAD_BINDING:
             raise CodegenError(f"{self.name}: loop {s.loop_var.name!r} is still bound to a "
                                "thread index (lower the function first)")
-        reason = s.annotations.get("kiln.not_vectorized")
-        if reason:
-            self.line(f"/* not vectorized: {str(reason).replace('*/', '* /')} */")
+        for key, what in (("kiln.not_vectorized", "not vectorized"),
+                          (NOT_ASYNC, "a synchronous copy")):
+            reason = s.annotations.get(key)
+            if reason:
+                self.line(f"/* {what}: {str(reason).replace('*/', '* /')} */")
         if s.kind == S.ForKind.UNROLLED and isinstance(s.extent, E.IntImm):
             self.line("#pragma unroll")
         elif 1 < int(s.annotations.get(S.UNROLL_BY, 0)) <= 65534:
@@ -453,7 +462,39 @@ class KernelEmitter(FunctionEmitter):
         if isinstance(s.value, E.Call) and s.value.op == BARRIER:
             self.line(self.dialect.barrier)
             return
+        if isinstance(s.value, E.Call) and s.value.op == ASYNC_COPY:
+            self._async_copy(s.value)
+            return
+        if isinstance(s.value, E.Call) and s.value.op in (ASYNC_COMMIT, ASYNC_WAIT):
+            if self.dialect.is_cuda:  # OpenCL's copies were plain ones: nothing in flight
+                n = int(s.value.args[0].value) if s.value.args else 0  # type: ignore[attr-defined]
+                self.line("asm volatile(\"cp.async.commit_group;\" ::: \"memory\");"
+                          if s.value.op == ASYNC_COMMIT else
+                          f"asm volatile(\"cp.async.wait_group {n};\" ::: \"memory\");")
+            return
         super().stmt_Evaluate(s)
+
+    def _async_copy(self, e: E.Call) -> None:
+        """``gpu.async_copy(dst, src, bytes)`` (:mod:`kiln.tir.transform.async_copies`): CUDA
+        ``cp.async`` (``.cg``, bypassing L1, for 16 bytes; ``.ca`` for 4 and 8), OpenCL the
+        same bytes copied element by element at once."""
+        dst, src, nbytes = e.args
+        loads = [a.args[0] if isinstance(a, E.Call) and a.op == ADDRESS_OF else None
+                 for a in (dst, src)]
+        if not all(isinstance(ld, E.BufferLoad) for ld in loads):
+            raise CodegenError(f"{self.name}: async_copy needs kiln.address_of operands")
+        d, src_load = loads
+        size = int(nbytes.value)  # type: ignore[attr-defined]
+        if d.buffer.data not in self.shared_data or src_load.buffer.data in self.shared_data:
+            raise CodegenError(f"{self.name}: async_copy copies global to shared memory, not "
+                               f"{src_load.buffer.name!r} to {d.buffer.name!r}")
+        to, frm = (strip_parens(self.expr(a)) for a in (dst, src))
+        if self.dialect.is_cuda:
+            self.line(f"{self.helpers.cp_async(size)}({to}, {frm});")  # type: ignore[attr-defined]
+            return
+        n = size // max(1, d.buffer.dtype.element.itemsize)
+        self.line(f"for (int kiln_e = 0; kiln_e < {n}; ++kiln_e) "
+                  f"({to})[kiln_e] = ({frm})[kiln_e];")
 
     def stmt_AssertStmt(self, s: S.AssertStmt) -> None:
         if not self.dialect.is_cuda:

@@ -30,9 +30,11 @@ from typing import Any
 from ...ir.errors import ScheduleError
 from ...tir.schedule.analysis import as_int
 from ...tir.tensor_intrin.gpu import MMA_DTYPES, MMA_K, register_mma_intrinsic
+from ...tir.transform.async_copies import ASYNC_STAGES
 from ...tir.transform.compact_buffers import STORAGE_ALIGN
 from ...tir.transform.convert_blocks_to_loops import SUBSTITUTE_BINDINGS
 from ...tir.transform.cross_thread_reduction import accumulator_dtype as reduction_accumulator
+from ...tir.transform.permute_layout import PERMUTE_LAYOUT
 from ...tir.transform.prefetch_copies import PREFETCH
 from ..cpu.generic import inline_injective_stages
 from ..knobs import knob
@@ -181,6 +183,38 @@ MMA_WARPS = ((2, 2), (4, 2), (2, 4), (1, 1))
 MMA_TILES = ((4, 4), (4, 8), (2, 8), (2, 4), (2, 2), (1, 1))
 MMA_BK_CHOICES = (32, 64, 16)
 MMA_STAGES = 2
+#: Knob ``gpu_mma_async_stages``: 0 (the default: ``gpu_mma_stages``'s register prefetch), or
+#: the shared stages of a ``cp.async`` pipeline (:mod:`kiln.tir.transform.async_copies`):
+#: 16-byte asynchronous copies, up to ``stages - 1`` steps ahead. Not measured on a GPU yet
+#: (``benchmarks/gpu_mma_knobs.py``), hence off.
+MMA_ASYNC_STAGES = (0, 2, 3, 4)
+#: Shared row padding (``STORAGE_ALIGN``: stride = offset mod factor elements) of the tiles
+#: of an asynchronous pipeline: rows 16-byte aligned for the copies' chunks, 16 bytes off a
+#: multiple of 32 so consecutive rows start in different bank groups. Axis -2: the rows, also
+#: under the batch dimension of a batched operand's tile.
+ASYNC_ALIGN = (-2, 16, 8)
+
+
+def mma_row_order(warps_y: int, mi: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """The :data:`~kiln.tir.transform.permute_layout.PERMUTE_LAYOUT` of A's shared tile that
+    makes each ``mma``'s 16 rows consecutive: the rows of a block tile are the digits (warp,
+    lane group ``g`` < 8, ``mma`` ``m`` < MI, ``h`` < 2: the thread's two rows of the ``mma``),
+    stored in the order (warp, ``m``, ``h``, ``g``). The 8 lane groups' rows of one ``mma`` are
+    then consecutive: with 16-byte rows 8 mod 16 elements apart (:data:`ASYNC_ALIGN`) their
+    32-bit fragment loads hit 32 distinct banks and an ``ldmatrix`` phase's 8 rows 8 distinct
+    bank groups; unpermuted, the rows are ``2 MI`` apart and share banks (8-way for MI = 4)."""
+    return (-2, (warps_y, 8, mi, 2), (0, 2, 3, 1))
+
+
+def mma_column_chunks(warps_x: int, ni: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """The :data:`~kiln.tir.transform.permute_layout.PERMUTE_LAYOUT` of B's shared tile in an
+    asynchronous pipeline with ``ni`` (a multiple of 8) mma columns per warp: the columns of a
+    block tile are the digits (warp, lane ``t`` < 4, 8-column chunk of the lane, ``j`` mod 4,
+    ``e`` < 2), stored with the chunk digit before ``t``: 16-byte chunks stay whole (the
+    ``cp.async`` copies), consecutive lanes' columns are 8 apart instead of ``2 NI``, and B's
+    16-bit fragment loads at 16-byte rows conflict 2-way instead of 4-way (rows 8 mod 16
+    elements apart)."""
+    return (-1, (warps_x, 4, ni // 4, 4, 2), (0, 2, 1, 3, 4))
 
 
 def mma_supported(target: Any, dtype: Any) -> bool:
@@ -233,7 +267,15 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
     indices then simplify against the reduction loop). Knobs: ``gpu_mma_warps``
     (default :func:`mma_warps`), ``gpu_mma_tiles`` (default :func:`mma_tile`'s choice),
     ``gpu_mma_bk`` (default the first of :data:`MMA_BK_CHOICES` that divides the reduction),
-    ``gpu_mma_stages``."""
+    ``gpu_mma_stages``, ``gpu_mma_async_stages`` (:data:`MMA_ASYNC_STAGES`; when on, the
+    tiles are copied with ``cp.async`` into that many rotating shared stages instead, their
+    rows padded by :data:`ASYNC_ALIGN`, A's rows permuted by :func:`mma_row_order`, and with
+    ``gpu_mma_b_chunks`` (off: 2-way instead of 4-way bank conflicts, but NVRTC gives 4 x 8
+    tiles 255 registers and small spills at bk 64) B's columns by :func:`mma_column_chunks`
+    when NI is 8; refused with ``gathers``, whose copies compute),
+    ``gpu_mma_ldmatrix`` (off by default: CUDA loads A's fragments with ``ldmatrix.x4``,
+    from the same padded, :func:`mma_row_order` tile; one per ``mma``, so each fragment is
+    loaded ``NI`` times where the plain loads are shared by the compiler)."""
     spatial, k, ext = gemm_nest(sch, block, "mma GEMM")
     sms = target.gpu.multiprocessors
     rows = math.prod(ext[:-2]) if rows_fused else ext[-3]
@@ -257,9 +299,22 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
         raise ScheduleError(f"mma GEMM: {m}x{n}x{kk} is not a multiple of the tile "
                             f"{bm}x{bn}x{bk}")
     dtype = str(sch.get(block).reads[0].buffer.dtype)
-    shared = (bm * (bk + 2) + bk * (bn + 2)) * 2
-    if shared > target.gpu.shared_memory_per_block:
-        raise ScheduleError("mma GEMM: the tiles exceed the target's shared memory")
+    async_stages = knob("gpu_mma_async_stages", MMA_ASYNC_STAGES, 0)
+    ldmatrix = knob("gpu_mma_ldmatrix", (False, True), False)
+    if async_stages and gathers:
+        raise ScheduleError("mma GEMM: asynchronous copies move plain loads; the gathered "
+                            f"operands ({', '.join(gathers)}) are computed in their copies")
+    if async_stages or ldmatrix:  # (16-byte rows, stages rounded up to 16 bytes) x stages
+        pad = ASYNC_ALIGN[2]
+        shared = max(1, async_stages) * sum(-(-size // 8) * 8 for size in (
+            (bm - 1) * (bk + pad) + bk, (bk - 1) * (bn + (pad if async_stages else 2)) + bn)) * 2
+        limit = target.gpu.shared_memory_per_block_optin
+    else:
+        shared = (bm * (bk + 2) + bk * (bn + 2)) * 2
+        limit = target.gpu.shared_memory_per_block
+    if shared > limit:
+        raise ScheduleError(f"mma GEMM: the tiles ({shared} bytes) exceed the target's "
+                            f"shared memory ({limit})")
     io, wi, g, ri = sch.split(i, [None, wy, 8, 2 * mi])
     jo, wj, t, rj = sch.split(j, [None, wx, 4, 2 * ni])
     ko, kt, k16 = sch.split(k, [None, bk // MMA_K, MMA_K])
@@ -278,19 +333,30 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
     # t * stride / 2 + (g / 2) * NI (t, g / 2 < 4): distinct banks for an odd stride, and for
     # NI >= 8 also for a stride = 2 mod 8, which keeps the rows 4-byte aligned (vector stores)
     b_align = (0, 8, 2) if ni >= 8 else (0, 2, 1)
-    for index, align in ((0, (0, 4, 2)), (1, b_align)):
+    b_chunks = bool(async_stages) and ni % 8 == 0 and knob("gpu_mma_b_chunks", (False, True),
+                                                           False)
+    aligns = (ASYNC_ALIGN if async_stages or ldmatrix else (0, 4, 2),
+              ASYNC_ALIGN if async_stages else b_align)
+    for index, align in enumerate(aligns):
         cache = sch.cache_read(block, index, "shared")
         sch.compute_at(cache, ko, cooperative=True)
-        cooperative_copy(sch, cache, ko, wy * wx, 32)
+        cooperative_copy(sch, cache, ko, wy * wx, 32, 8 if async_stages else 4)
         sch.annotate(cache, STORAGE_ALIGN, align)
+        if (ldmatrix or async_stages) and index == 0:
+            sch.annotate(cache, PERMUTE_LAYOUT, mma_row_order(wy, mi))
+        if b_chunks and index == 1:
+            sch.annotate(cache, PERMUTE_LAYOUT, mma_column_chunks(wx, ni))
         if gathers and substitute_gathers:
             sch.annotate(cache, SUBSTITUTE_BINDINGS, 1)
     for name in gathers:
         sch.compute_inline(sch.get_block(name))
     sch.decompose_reduction(block, ko)
-    if knob("gpu_mma_stages", STAGE_CHOICES, MMA_STAGES) == 2:
+    if async_stages:
+        sch.annotate(ko, ASYNC_STAGES, async_stages)
+    elif knob("gpu_mma_stages", STAGE_CHOICES, MMA_STAGES) == 2:
         sch.annotate(ko, PREFETCH, 1)
-    sch.tensorize(ri_i, register_mma_intrinsic(dtype, 2 * ni))
+    lane_cols = 8 if b_chunks else 2 * ni  # lane t's columns from lane t - 1's
+    sch.tensorize(ri_i, register_mma_intrinsic(dtype, lane_cols, ldmatrix))
     for lp in (kt, ri_o, rj_o):
         sch.unroll(lp)
     fold_epilogues(sch, target, acc)
@@ -323,12 +389,14 @@ def accumulator_dtype(block: Any) -> str | None:
     return str(wide) if wide != dt.element else None
 
 
-def cooperative_copy(sch: Any, copy: Any, at: Any, threads_y: int, threads_x: int) -> None:
+def cooperative_copy(sch: Any, copy: Any, at: Any, threads_y: int, threads_x: int,
+                     max_lanes: int = 4) -> None:
     """Divide ``copy``, a copy of a tile into shared memory computed at loop ``at`` under the
     ``threadIdx.y/x`` loops of a ``threads_y x threads_x`` block (so covering what all the
     threads read), among the threads: its loops fused, split over ``threadIdx.y`` x
     ``threadIdx.x`` x :func:`copy_lanes` elements, the lanes vectorized. Each element of the
-    tile is then loaded once per block instead of once per thread that reads it."""
+    tile is then loaded once per block instead of once per thread that reads it. ``max_lanes``
+    raises the vector's 4 elements (an asynchronous copy moves 16 bytes: 8 float16)."""
     loops = sch.get_loops(copy)
     at_var = sch.get(at).loop_var
     own = loops[[sch.get(lp).loop_var for lp in loops].index(at_var) + 1:]
@@ -337,7 +405,8 @@ def cooperative_copy(sch: Any, copy: Any, at: Any, threads_y: int, threads_x: in
     inner = as_int(sch.get(own[-1]).extent)
     fused = sch.fuse(*own) if len(own) > 1 else own[0]
     total = as_int(sch.get(fused).extent)
-    lanes = copy_lanes(inner, total, threads_y * threads_x, sch.get(copy).writes[0].buffer)
+    lanes = copy_lanes(inner, total, threads_y * threads_x, sch.get(copy).writes[0].buffer,
+                       max_lanes)
     _, ty, tx, vec = sch.split(fused, [None, threads_y, threads_x, lanes])
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
@@ -345,11 +414,12 @@ def cooperative_copy(sch: Any, copy: Any, at: Any, threads_y: int, threads_x: in
         sch.vectorize(vec)
 
 
-def copy_lanes(inner: int | None, total: int | None, threads: int, buffer: Any) -> int:
-    """Elements per vector load of a cooperative copy: 4 (a ``float4``; 16 bytes at most,
-    the widest vector the dialects spell) when the tile's rows and the whole tile split into
-    such vectors, else fewer, down to 1."""
-    lanes = min(4, 16 // max(1, buffer.dtype.element.itemsize))
+def copy_lanes(inner: int | None, total: int | None, threads: int, buffer: Any,
+               max_lanes: int = 4) -> int:
+    """Elements per vector load of a cooperative copy: ``max_lanes`` (4 by default: a
+    ``float4``, the widest vector the dialects spell), 16 bytes at most, when the tile's rows and
+    the whole tile split into such vectors, else fewer, down to 1."""
+    lanes = min(max_lanes, 16 // max(1, buffer.dtype.element.itemsize))
     while lanes > 1 and (inner is None or total is None or inner % lanes
                          or total % (lanes * threads)):
         lanes //= 2

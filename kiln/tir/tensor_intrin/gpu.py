@@ -22,7 +22,9 @@ instruction only needs every lane's part of the operands, and B's column ``n`` o
 (the columns of a thread's whole register tile), a constant of the intrinsic.
 
 The impl is one ``Call`` of :data:`MMA_SYNC` (args: dtype name, the addresses of ``C[0, 0]``,
-``A[0, 0]``, ``B[0, 0]``, the row strides of C, A, B, then ``L``). The GPU code generator
+``A[0, 0]``, ``B[0, 0]``, the row strides of C, A, B, then ``L``, and a 1 for the variant
+whose fragments CUDA loads with ``ldmatrix``, :func:`register_mma_intrinsic`). The GPU code
+generator
 writes it as inline PTX on CUDA (a warp-collective instruction: every lane of the warp calls
 it with the same ``L`` and B row) and as the thread's own 2 x 2 x 16 loop in OpenCL C, which
 is what PoCL runs in CI: the same schedule, the same data movement, each lane computing the
@@ -48,10 +50,11 @@ MMA_K = 16
 I64 = "int64"
 
 
-def mma_intrin_name(dtype: str, lane_cols: int) -> str:
+def mma_intrin_name(dtype: str, lane_cols: int, ldmatrix: bool = False) -> str:
     """The registered name of the intrinsic for operands of ``dtype`` whose threads hold
-    ``lane_cols`` accumulator columns each."""
-    return f"gpu.mma_m16n8k16.{dtype}.lanecols{lane_cols}"
+    ``lane_cols`` accumulator columns each (``ldmatrix``: the variant whose fragments are loaded
+    by ``ldmatrix`` from permuted tiles, see :func:`register_mma_intrinsic`)."""
+    return f"gpu.mma_m16n8k16.{dtype}.lanecols{lane_cols}" + (".ldmatrix" if ldmatrix else "")
 
 
 def _func(buffers: list[Buffer], body: Stmt) -> PrimFunc:
@@ -83,24 +86,30 @@ def _desc(C: Buffer, A: Buffer, B: Buffer) -> PrimFunc:
     return _func([C, A, B], stmt)
 
 
-def _impl(C: Buffer, A: Buffer, B: Buffer, dtype: str, lane_cols: int) -> PrimFunc:
-    call = Call("int32", MMA_SYNC, (StringImm(dtype), address_of(C, 0, 0), address_of(A, 0, 0),
-                                    address_of(B, 0, 0), C.strides[0], A.strides[0],
-                                    B.strides[0], const(I64, lane_cols)))
+def _impl(C: Buffer, A: Buffer, B: Buffer, dtype: str, lane_cols: int, ldmatrix: bool
+          ) -> PrimFunc:
+    args = (StringImm(dtype), address_of(C, 0, 0), address_of(A, 0, 0), address_of(B, 0, 0),
+            C.strides[0], A.strides[0], B.strides[0], const(I64, lane_cols))
+    call = Call("int32", MMA_SYNC, args + ((const(I64, 1),) if ldmatrix else ()))
     return _func([C, A, B], Evaluate(call))
 
 
-def register_mma_intrinsic(dtype: str, lane_cols: int) -> str:
+def register_mma_intrinsic(dtype: str, lane_cols: int, ldmatrix: bool = False) -> str:
     """Register (once) the intrinsic of ``dtype`` operands and ``lane_cols`` columns per
-    thread; returns its name."""
+    thread; returns its name. ``ldmatrix``: the impl's call gets a ninth argument, 1, and CUDA
+    loads A's fragments with ``ldmatrix.x4``, which needs A's tile laid out so that an
+    ``mma``'s 16 rows are consecutive, the lane's second row 8 rows after its first (the
+    intrinsic's row stride is then 8 of the tile's rows: ``lda / 8`` is the tile's), every row
+    16-byte aligned: the layout ``kiln.schedule.gpu.linalg.schedule_mma_gemm`` asks
+    ``permute_layout`` for."""
     if dtype not in MMA_DTYPES:
         raise ValueError(f"mma.sync multiplies {', '.join(MMA_DTYPES)}, not {dtype}")
     if lane_cols < 2 or lane_cols % 2:
         raise ValueError(f"mma: a thread holds an even number of columns, not {lane_cols}")
-    name = mma_intrin_name(dtype, lane_cols)
+    name = mma_intrin_name(dtype, lane_cols, ldmatrix)
     if name not in names():
         # one set of buffers for both: the stride variables the impl passes are the desc's,
         # which tensorize binds to element-offset differences (right after compaction)
         C, A, B = _buffers(dtype)
-        register(name, _desc(C, A, B), _impl(C, A, B, dtype, lane_cols))
+        register(name, _desc(C, A, B), _impl(C, A, B, dtype, lane_cols, ldmatrix))
     return get(name).name

@@ -24,7 +24,8 @@ that touch a buffer without declaring it in their regions are left as they are.
 
 A block writing a buffer may ask for padded rows (TVM's ``storage_align``): the annotation
 :data:`STORAGE_ALIGN` ``= (axis, factor, offset)`` on it makes the compacted buffer's stride of
-dimension ``axis`` the smallest one at least the dense stride with ``stride % factor ==
+dimension ``axis`` (negative: counted from the last, so ``-2`` is a tile's rows whatever batch
+dimensions lead) the smallest one at least the dense stride with ``stride % factor ==
 offset`` -- shared-memory tiles whose rows would otherwise fall on the same memory banks.
 """
 
@@ -64,7 +65,7 @@ def _aligned_strides(func: PrimFunc, buf: Buffer, extents: list[int]) -> tuple[I
     for d in range(len(extents) - 2, -1, -1):
         stride = strides[d + 1] * extents[d + 1]
         for axis, factor, offset in asks:
-            if axis == d and factor > 0:
+            if axis % len(extents) == d and factor > 0:
                 stride += (offset - stride) % factor
         strides[d] = stride
     return tuple(IntImm("int64", v) for v in strides)

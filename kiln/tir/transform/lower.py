@@ -6,6 +6,7 @@ from typing import Any
 
 from ...target import Target
 from ..function import PrimFunc
+from .async_copies import pipeline_async_copies
 from .compact_buffers import compact_buffers
 from .convert_blocks_to_loops import convert_blocks_to_loops
 from .cross_thread_reduction import lower_cross_thread_reduction
@@ -16,6 +17,7 @@ from .hoist_checks import hoist_checks
 from .hoist_reduction_init import hoist_reduction_init
 from .jam_tails import jam_tails
 from .partition_loops import partition_loops
+from .permute_layout import permute_layouts
 from .prefetch_copies import prefetch_shared_copies
 from .simplify import simplify
 from .thread_allreduce import lower_thread_allreduce
@@ -35,7 +37,8 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     """Lower ``func`` for ``target`` (a Target, a target string or None for the default CPU).
 
     Runs, in order: hoist the init of reductions over symbolic extents (so an empty one still
-    stores its identity), compact scheduled buffers (allocate caches inside the loop using them),
+    stores its identity), compact scheduled buffers (allocate caches inside the loop using them)
+    and permute the axes of those a schedule asked for (``permute_layout``),
     convert blocks to loops, flatten buffers, hoist heap allocations out of serial loops,
     hoist run-time checks out of the loops they do not depend on, simplify, vectorize loops,
     write out small unrolled loops, and simplify again (vectorization leaves
@@ -47,7 +50,8 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     For a GPU target (CUDA, OpenCL) the same passes run with GPU passes around them: first
     reductions bound to ``threadIdx`` become per-thread accumulation plus a cross-thread
     reduction (``cross_thread_reduction``), loops annotated for it load the next step's shared
-    tiles into registers during the current step (``prefetch_copies``); heap and check
+    tiles into registers during the current step (``prefetch_copies``) or copy them a few steps
+    ahead asynchronously into rotating shared stages (``async_copies``); heap and check
     hoisting and the CPU's tail
     partitioning and jamming are left out, vector expressions keep every intrinsic (evaluated
     lane by lane);
@@ -64,6 +68,7 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
         func = lower_cross_thread_reduction(func)
     func = hoist_reduction_init(func)
     func = compact_buffers(func)
+    func = permute_layouts(func)
     func = convert_blocks_to_loops(func, let_bindings=gpu)
     func = flatten_buffers(func)
     if not gpu:  # (a check hoisted out of a kernel's grid loops would land on the host)
@@ -72,6 +77,7 @@ def lower(func: PrimFunc, target: Any = None) -> PrimFunc:
     func = simplify(func)
     if gpu:
         func = prefetch_shared_copies(func)
+        func = pipeline_async_copies(func)
     func = vectorize_loops(func, lanewise_calls=gpu)
     func = unroll_loops(func)
     func = simplify(func)

@@ -44,12 +44,13 @@ def _stores(stmt: Stmt) -> list[BufferStore]:
     return out
 
 
-def _is_copy(stmt: Stmt) -> bool:
+def is_shared_copy(stmt: Stmt) -> bool:
+    """Whether ``stmt`` is a copy into shared memory: its one store writes a shared buffer."""
     stores = _stores(stmt)
     return len(stores) == 1 and stores[0].buffer.scope == "shared"
 
 
-def _fresh_definitions(stmt: Stmt) -> Stmt:
+def fresh_definitions(stmt: Stmt) -> Stmt:
     """``stmt`` with new variables for the loops and lets it defines (a copy of a statement
     placed next to the original defines each variable once)."""
     defined: dict[Var, Var] = {}
@@ -126,7 +127,7 @@ class _Copy:
 def _pipeline(loop: For) -> Stmt:
     items = list(loop.body.seq) if isinstance(loop.body, SeqStmt) else [loop.body]
     n = 0
-    while n < len(items) and _is_copy(items[n]):
+    while n < len(items) and is_shared_copy(items[n]):
         n += 1
     if n == 0 or n == len(items):
         raise LoweringError(
@@ -134,8 +135,8 @@ def _pipeline(loop: For) -> Stmt:
             "shared memory followed by the statements that use them")
     copies = [_Copy(s, loop) for s in items[:n]]
     k = loop.loop_var
-    first = [_fresh_definitions(substitute(c.load(), {k: loop.min})) for c in copies]
-    following = [_fresh_definitions(substitute(c.load(), {k: add(k, 1)})) for c in copies]
+    first = [fresh_definitions(substitute(c.load(), {k: loop.min})) for c in copies]
+    following = [fresh_definitions(substitute(c.load(), {k: add(k, 1)})) for c in copies]
     body = seq(*[c.save() for c in copies],
                IfThenElse(lt(add(k, 1), add(loop.min, loop.extent)), seq(*following)),
                *items[n:])

@@ -17,7 +17,11 @@ so ``threadIdx.x`` under another name is recognized) are made by the same thread
 barrier. Statements under a branch or a loop whose condition or bounds depend
 on the thread index do not run on every thread, and a barrier there would hang the block: a
 conflict inside such a region (or a warp shuffle, which needs the whole warp) is a
-``LoweringError``. Kernels of one thread per block need no barrier.
+``LoweringError``. Kernels of one thread per block need no barrier. An asynchronous copy
+(``gpu.async_copy``) is no access where it is issued: its data lands at a later wait (a barrier
+right after the copy would not make it visible), so the pass that issues it places the waits
+and barriers it needs; the loops ``async_copies`` pipelined (annotated ``PIPELINED``) are left
+as they are (their stages rotate, which an index comparison cannot tell apart).
 """
 
 from __future__ import annotations
@@ -29,8 +33,27 @@ from ...ir.node import structural_equal
 from ..expr import BufferLoad, Call, PrimExpr, Var
 from ..function import PrimFunc
 from ..functor import Mutator, collect_vars, post_order_visit, substitute
-from ..gpu import SHFL, SHFL_DOWN, KernelLaunch, barrier, is_barrier, is_thread_tag
-from ..stmt import Allocate, BufferStore, For, IfThenElse, LetStmt, SeqStmt, Stmt, seq
+from ..gpu import (
+    ASYNC_COPY,
+    SHFL,
+    SHFL_DOWN,
+    KernelLaunch,
+    barrier,
+    is_barrier,
+    is_thread_tag,
+)
+from ..stmt import (
+    Allocate,
+    BufferStore,
+    Evaluate,
+    For,
+    IfThenElse,
+    LetStmt,
+    SeqStmt,
+    Stmt,
+    seq,
+)
+from .async_copies import PIPELINED
 
 
 class Access(NamedTuple):
@@ -126,6 +149,9 @@ class _Sync:
                 walk(s.else_case)
             elif isinstance(s, Allocate):
                 walk(s.body)
+            elif (isinstance(s, Evaluate) and isinstance(s.value, Call)
+                  and s.value.op == ASYNC_COPY):
+                pass  # lands at a later wait, not here: ordered by whoever placed the wait
             elif s is not None:
                 expr(s)
 
@@ -189,6 +215,8 @@ class _Sync:
             body = self.process(s.body, uniform, env)
             return s if body is s.body else s.replace(body=body)
         if isinstance(s, For):
+            if s.annotations.get(PIPELINED):
+                return s  # async_copies placed its barriers (and waits)
             varying = self.is_varying((s.min, s.extent))
             if varying:
                 self.varying.add(s.loop_var)
