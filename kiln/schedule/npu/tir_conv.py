@@ -38,10 +38,7 @@ from ...tir.expr import cast, logical_and, make_const
 from ...tir.function import PrimFunc
 from ...tir.schedule import Schedule
 from ...tir.tensor_intrin.npu import (
-    SCOPE_ACC,
-    SCOPE_INPUT,
     SCOPE_L1,
-    SCOPE_WEIGHT,
     mma_intrin_name,
     register_npu_intrinsics,
 )
@@ -54,6 +51,7 @@ from .ops import (
     conv_geometry,
     conv_weight_layout,
 )
+from .tir_product import tile_product
 from .tir_program import (
     BALANCE_KEY,
     HELD_KEY,
@@ -124,20 +122,9 @@ def schedule_conv(func: PrimFunc, geo: ConvGeometry, tiling: GemmTiling, nbuf: i
                   floor: int = 0) -> Schedule:
     """Step 2 of the module docstring on :func:`conv_prim_func`'s result (``held``,
     ``out_slots``, ``floor`` as for :func:`~.tir_gemm.schedule_gemm`)."""
-    mt, nt, kt = tiling.m_units * geo.ow, tiling.n, tiling.k_units * geo.taps
     sch = Schedule(func)
-    prod = sch.get_block("C_acc")
-    b, i, j, k = sch.get_loops(prod)
-    i0, i1 = sch.split(i, [None, mt])
-    j0, j1 = sch.split(j, [None, nt])
-    k0, k1 = sch.split(k, [None, kt])
-    sch.reorder(b, i0, j0, k0, i1, j1, k1)
-    sch.compute_inline(sch.cache_write(prod, 0, SCOPE_ACC))
-    sch.reverse_compute_at(sch.get_block("Y"), j0)
-    a_l0 = sch.cache_read(prod, 0, SCOPE_INPUT)
-    b_l0 = sch.cache_read(prod, 1, SCOPE_WEIGHT)
-    sch.compute_at(a_l0, k0)
-    sch.compute_at(b_l0, k0)
+    k0, i1, a_l0, b_l0 = tile_product(
+        sch, (tiling.m_units * geo.ow, tiling.n, tiling.k_units * geo.taps), "Y")
     sch.compute_inline(sch.get_block("A"))
     sch.compute_inline(sch.get_block("B"))
     x_l1 = sch.cache_read(a_l0, 0, SCOPE_L1)

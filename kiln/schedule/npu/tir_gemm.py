@@ -38,9 +38,6 @@ from ...tir.expr import cast, logical_and, make_const
 from ...tir.function import PrimFunc
 from ...tir.schedule import Schedule
 from ...tir.tensor_intrin.npu import (
-    SCOPE_ACC,
-    SCOPE_INPUT,
-    SCOPE_WEIGHT,
     mma_intrin_name,
     register_npu_intrinsics,
 )
@@ -66,6 +63,7 @@ from .ops import (
     operand_dtype,
 )
 from .tir_conv import lower_conv_tir
+from .tir_product import tile_product
 from .tir_program import HELD_KEY, OUT_SLOTS_KEY, PIPELINE_KEY, STORE_FLOOR_KEY, emit_scheduled
 
 __all__ = ["GemmProblem", "gemm_prim_func", "plan_gemm_problem", "schedule_gemm",
@@ -117,20 +115,8 @@ def schedule_gemm(func: PrimFunc, tile: tuple[int, int, int], nbuf: int,
     tiles stay on their core (:func:`~.gemm.held_tiles`), their copies are marked so;
     ``out_slots``: accumulator slots of the output tiles (:func:`~.gemm.acc_slots`; 0: the
     pipeline's ``nbuf``); ``floor``: the smallest store piece (:func:`~.gemm.store_floor`)."""
-    mt, nt, kt = tile
     sch = Schedule(func)
-    prod = sch.get_block("C_acc")
-    b, i, j, k = sch.get_loops(prod)
-    i0, i1 = sch.split(i, [None, mt])
-    j0, j1 = sch.split(j, [None, nt])
-    k0, k1 = sch.split(k, [None, kt])
-    sch.reorder(b, i0, j0, k0, i1, j1, k1)
-    sch.compute_inline(sch.cache_write(prod, 0, SCOPE_ACC))
-    sch.reverse_compute_at(sch.get_block("C"), j0)
-    a_l0 = sch.cache_read(prod, 0, SCOPE_INPUT)
-    b_l0 = sch.cache_read(prod, 1, SCOPE_WEIGHT)
-    sch.compute_at(a_l0, k0)
-    sch.compute_at(b_l0, k0)
+    k0, i1, a_l0, b_l0 = tile_product(sch, tile, "C")
     sch.compute_inline(sch.get_block("A_pad"))
     sch.compute_inline(sch.get_block("B_pad"))
     for copy, keep in zip((a_l0, b_l0), held):

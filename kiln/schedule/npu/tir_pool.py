@@ -35,7 +35,6 @@ from typing import Any
 
 from ... import te
 from ...ir.errors import KilnError
-from ...npu.isa import UNIT_VECTOR
 from ...tir import expr as E
 from ...tir.buffer import Buffer
 from ...tir.function import PrimFunc
@@ -268,19 +267,7 @@ class PoolGenerator(VectorGenerator):
         for _, r in computes:
             dst = self.call(r).args[2].args[0].buffer
             self.staged[dst] = Staged("acc", base, store.base_s, valid)
-        for i, (loops, realize) in enumerate(computes):
-            if i:
-                self.kb.fence(core, UNIT_VECTOR)
-            for lp in loops:
-                self.env[lp.loop_var] = evaluate(lp.min, self.env)
-            self.compute(core, realize, valid)
-            for lp in loops:
-                self.env.pop(lp.loop_var, None)
-        p.computed()
-        p.produced()
-        p.store_begin()
-        self.store(core, store)
-        p.stored()
+        self.compute_and_store(core, p, computes, store, valid)
 
     def load_box(self, core: int, c: Any, slot: int, store: Any, valid: tuple[int, ...]
                  ) -> None:

@@ -39,6 +39,7 @@ DMA/tensor units) and turns:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +70,7 @@ from .ops import ConvGeometry
 
 __all__ = ["BALANCE_KEY", "HELD_KEY", "OUT_SLOTS_KEY", "PIPELINE_KEY", "SCOPE_MEMORY",
            "STAGE_KEY", "STORE_FLOOR_KEY", "compile_index", "emit_scheduled", "emit_scheduled_conv",
-           "evaluate"]
+           "evaluate", "prefix_length"]
 
 #: The loop annotation that asks for a software pipeline of ``value`` slots per buffer.
 PIPELINE_KEY = "software_pipeline"
@@ -121,6 +122,20 @@ def evaluate(e: Any, env: dict[Any, int]) -> int:
         c = evaluate(e.condition, env)
         return evaluate(e.true_value if c else e.false_value, env)
     raise KilnError(f"NPU program generator: cannot evaluate {type(e).__name__} {e}")
+
+
+def prefix_length(holds: Callable[[int], bool], n: int) -> int:
+    """The first ``x`` in ``[0, n]`` where ``holds(x)`` fails, ``holds`` true on a prefix of
+    ``[0, n)`` (a padding condition along one axis of a copy's box): a bisection, since the
+    generators evaluate such conditions for every DMA of a kernel."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if holds(mid):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 _PY_BINARY = {
@@ -368,14 +383,7 @@ class _Generator:
                 pt = [0] * len(extents)
                 pt[d] = x
                 return bool(self.at(loops, realize, pt, cond)[0])
-            lo, hi = 0, n  # first x in [0, n] where cond fails (a prefix holds)
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if holds(mid):
-                    lo = mid + 1
-                else:
-                    hi = mid
-            out.append(lo)
+            out.append(prefix_length(holds, n))
         if all(out) and not self.at(loops, realize, [v - 1 for v in out], cond)[0]:
             raise NotSupported(f"block {realize.block.name_hint!r}: its padding condition is not "
                                "a box")

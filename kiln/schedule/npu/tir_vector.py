@@ -79,7 +79,7 @@ from .ops import (
     lower_cast,
     lower_elementwise,
 )
-from .tir_program import PIPELINE_KEY, SCOPE_MEMORY, evaluate
+from .tir_program import PIPELINE_KEY, SCOPE_MEMORY, evaluate, prefix_length
 from .vector import (
     ElementwisePlan,
     VecStep,
@@ -432,6 +432,12 @@ class VectorGenerator:
         p.loaded()
         p.compute_begin()
         self.place_acc(p, store, computes, valid)
+        self.compute_and_store(core, p, computes, store, valid)
+
+    def compute_and_store(self, core: int, p: Pipeline, computes: list[Any], store: CopyNest,
+                          valid: tuple[int, ...]) -> None:
+        """A step's stages (``(loops, realize)``: one instruction each, a fence between two:
+        each reads its producer's block) at the loops' first values, then its store."""
         for i, (loops, realize) in enumerate(computes):
             if i:
                 self.kb.fence(core, UNIT_VECTOR)
@@ -512,14 +518,7 @@ class VectorGenerator:
                 pt = zero.copy()
                 pt[d] = x
                 return bool(at(pt, cond)[0])
-            lo, hi = 0, n  # the first x where cond fails (a prefix holds)
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if holds(mid):
-                    lo = mid + 1
-                else:
-                    hi = mid
-            valid.append(lo)
+            valid.append(prefix_length(holds, n))
         if all(valid) and not at([v - 1 for v in valid], cond)[0]:
             raise NotSupported(f"copy {b.name_hint!r}: its padding condition is not a box")
         for lp in loops:
