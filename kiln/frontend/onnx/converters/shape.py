@@ -179,9 +179,9 @@ def _split_sizes(ctx: Any, node: Any, x: Any, axis: int) -> list[int]:
     if dim is None:
         raise node.error("an even split of a symbolic axis is not supported yet")
     chunk = -(-dim // n)
-    if dim and (n - 1) * chunk >= dim:
+    if (n - 1) * chunk > dim:  # an empty last part is one (onnxruntime, onnx.reference)
         raise node.error(f"an axis of length {dim} cannot be split into {n} parts of "
-                         f"{chunk} (the last would be empty or negative)")
+                         f"{chunk} (the last would be negative)")
     return [min(chunk, dim - i * chunk) for i in range(n)]
 
 
