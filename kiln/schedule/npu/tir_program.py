@@ -69,8 +69,8 @@ from .lowering import LoweringContext, NotSupported
 from .ops import ConvGeometry
 
 __all__ = ["BALANCE_KEY", "HELD_KEY", "OUT_SLOTS_KEY", "PIPELINE_KEY", "SCOPE_MEMORY",
-           "STAGE_KEY", "STORE_FLOOR_KEY", "compile_index", "emit_scheduled", "emit_scheduled_conv",
-           "evaluate", "prefix_length"]
+           "STAGE_KEY", "STORE_FLOOR_KEY", "compile_index", "affine_copy", "emit_scheduled",
+           "emit_scheduled_conv", "evaluate", "prefix_length"]
 
 #: The loop annotation that asks for a software pipeline of ``value`` slots per buffer.
 PIPELINE_KEY = "software_pipeline"
@@ -122,6 +122,34 @@ def evaluate(e: Any, env: dict[Any, int]) -> int:
         c = evaluate(e.condition, env)
         return evaluate(e.true_value if c else e.false_value, env)
     raise KilnError(f"NPU program generator: cannot evaluate {type(e).__name__} {e}")
+
+
+Index = tuple[int, ...]
+
+
+def affine_copy(at: Callable[[list[int]], tuple[Index, Index]], extents: list[int], name: str
+                ) -> tuple[Index, Index, list[Index], list[Index]]:
+    """The affine form of copy nest ``name`` of loop ``extents``: ``at(point)`` gives its
+    destination and source indices at a point of the nest. They are evaluated at the origin
+    and one step along each loop -- the bases and the per-loop steps returned -- and checked at
+    the far corner (a copy that is not affine there is :class:`~.lowering.NotSupported`): what
+    a strided DMA can move."""
+    zero = [0] * len(extents)
+    base_d, base_s = at(zero)
+    coef_d, coef_s = [], []
+    for d in range(len(extents)):
+        pt = zero.copy()
+        pt[d] = 1
+        dd, ss = at(pt)
+        coef_d.append(tuple(x - y for x, y in zip(dd, base_d)))
+        coef_s.append(tuple(x - y for x, y in zip(ss, base_s)))
+    far = [n - 1 for n in extents]
+    dd, ss = at(far)
+    for got, base, coef in ((dd, base_d, coef_d), (ss, base_s, coef_s)):
+        want = tuple(x + sum(c[i] * f for c, f in zip(coef, far)) for i, x in enumerate(base))
+        if got != want:
+            raise NotSupported(f"copy {name!r} is not affine in its loops")
+    return base_d, base_s, coef_d, coef_s
 
 
 def prefix_length(holds: Callable[[int], bool], n: int) -> int:
@@ -406,21 +434,9 @@ class _Generator:
             cond, value = E.logical_and(cond, value.condition), value.true_value
         extents = [evaluate(lp.extent, self.env) for lp in loops]
         dst_idx, src_idx = tuple(store.indices), tuple(value.indices)
-        zero = [0] * len(loops)
-        base_d, base_s = self.at(loops, realize, zero, dst_idx, src_idx)
-        coef_d, coef_s = [], []
-        for d in range(len(loops)):
-            pt = zero.copy()
-            pt[d] = 1
-            dd, ss = self.at(loops, realize, pt, dst_idx, src_idx)
-            coef_d.append(tuple(x - y for x, y in zip(dd, base_d)))
-            coef_s.append(tuple(x - y for x, y in zip(ss, base_s)))
-        far = [n - 1 for n in extents]
-        dd, ss = self.at(loops, realize, far, dst_idx, src_idx)
-        for got, base, coef in ((dd, base_d, coef_d), (ss, base_s, coef_s)):
-            want = tuple(x + sum(c[i] * f for c, f in zip(coef, far)) for i, x in enumerate(base))
-            if got != want:
-                raise NotSupported(f"copy {b.name_hint!r} is not affine in its loops")
+        base_d, base_s, coef_d, coef_s = affine_copy(
+            lambda pt: tuple(self.at(loops, realize, pt, dst_idx, src_idx)), extents,
+            b.name_hint)
         valid = self.valid_extents(loops, realize, cond, extents)
         for lp in loops:
             self.env.pop(lp.loop_var, None)

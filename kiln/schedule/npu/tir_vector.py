@@ -79,7 +79,7 @@ from .ops import (
     lower_cast,
     lower_elementwise,
 )
-from .tir_program import PIPELINE_KEY, SCOPE_MEMORY, evaluate, prefix_length
+from .tir_program import PIPELINE_KEY, SCOPE_MEMORY, affine_copy, evaluate, prefix_length
 from .vector import (
     ElementwisePlan,
     VecStep,
@@ -485,21 +485,9 @@ class VectorGenerator:
                     tuple(evaluate(i, self.env) for i in e) for e in exprs]
 
         dst_idx, src_idx = tuple(store.indices), tuple(value.indices)
-        zero = [0] * len(loops)
-        base_d, base_s = at(zero, dst_idx, src_idx)
-        coef_d, coef_s = [], []
-        for d in range(len(loops)):
-            pt = zero.copy()
-            pt[d] = 1
-            dd, ss = at(pt, dst_idx, src_idx)
-            coef_d.append(tuple(x - y for x, y in zip(dd, base_d)))
-            coef_s.append(tuple(x - y for x, y in zip(ss, base_s)))
-        far = [n - 1 for n in extents]
-        dd, ss = at(far, dst_idx, src_idx)
-        for got, base, coef in ((dd, base_d, coef_d), (ss, base_s, coef_s)):
-            want = tuple(x + sum(c[i] * f for c, f in zip(coef, far)) for i, x in enumerate(base))
-            if got != want:
-                raise NotSupported(f"copy {b.name_hint!r} is not affine in its loops")
+        base_d, base_s, coef_d, coef_s = affine_copy(
+            lambda pt: tuple(at(pt, dst_idx, src_idx)), extents, b.name_hint)
+        zero, far = [0] * len(loops), [n - 1 for n in extents]
         if not prefix:
             for lp in loops:
                 self.env.pop(lp.loop_var, None)
