@@ -46,10 +46,10 @@ from ..function import PrimFunc
 from ..functor import Mutator, post_order_visit, substitute
 from ..gpu import async_commit, async_copy, async_wait, barrier
 from ..schedule.analysis import as_int
-from ..stmt import Allocate, BufferStore, For, ForKind, IfThenElse, LetStmt, SeqStmt, Stmt, seq
+from ..stmt import Allocate, BufferStore, For, ForKind, IfThenElse, LetStmt, Stmt, seq
 from ..tensor_intrin.intrin import address_of
 from .hoist_allocations import alloc_size
-from .prefetch_copies import fresh_definitions, is_shared_copy
+from .prefetch_copies import fresh_definitions, split_shared_copies
 
 #: Loop annotation: pipeline the loop's shared copies over this many stages (2, 3, 4).
 ASYNC_STAGES = "kiln.gpu.async_stages"
@@ -199,15 +199,8 @@ def _pipeline(loop: For, stages: int, staged: dict[Var, tuple[Buffer, int]]) -> 
     if extent is None:
         raise LoweringError(f"async copies of loop {loop.loop_var.name!r}: its extent is not "
                             "a constant")
-    items = list(loop.body.seq) if isinstance(loop.body, SeqStmt) else [loop.body]
-    n = 0
-    while n < len(items) and is_shared_copy(items[n]):
-        n += 1
-    if n == 0 or n == len(items):
-        raise LoweringError(
-            f"async copies of loop {loop.loop_var.name!r}: its body must begin with copies "
-            "into shared memory followed by the statements that use them")
-    copies = [_Copy(s, loop) for s in items[:n]]
+    head, rest = split_shared_copies(loop, "async copies")
+    copies = [_Copy(s, loop) for s in head]
     for c in copies:
         buf = c.store.buffer
         if buf.data in staged and staged[buf.data][0].shape[0] != stages * staged[buf.data][1]:
@@ -234,7 +227,7 @@ def _pipeline(loop: For, stages: int, staged: dict[Var, tuple[Buffer, int]]) -> 
                IfThenElse(lt(ahead, add(lo, loop.extent)), seq(*issue(ahead, later))),
                async_commit(),
                *[_Staged(staged, FloorMod(k - lo, const(k.dtype, stages))).visit(s)
-                 for s in items[n:]])
+                 for s in rest])
     ann = {key: v for key, v in loop.annotations.items() if key != ASYNC_STAGES}
     ann[PIPELINED] = 1
     return seq(*prologue, loop.replace(body=body, annotations=ann))

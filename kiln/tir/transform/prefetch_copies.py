@@ -124,22 +124,30 @@ class _Copy:
         return self._with_store(BufferStore(self.store.buffer, value, self.store.indices))
 
 
-def _pipeline(loop: For) -> Stmt:
+def split_shared_copies(loop: For, what: str) -> tuple[list[Stmt], list[Stmt]]:
+    """A pipelined loop's body as its leading copies into shared memory and the statements
+    that use them (a :class:`LoweringError` naming ``what`` of the loop when either part is
+    empty): the form both register prefetch and async copies pipeline."""
     items = list(loop.body.seq) if isinstance(loop.body, SeqStmt) else [loop.body]
     n = 0
     while n < len(items) and is_shared_copy(items[n]):
         n += 1
     if n == 0 or n == len(items):
         raise LoweringError(
-            f"prefetch of loop {loop.loop_var.name!r}: its body must begin with copies into "
+            f"{what} of loop {loop.loop_var.name!r}: its body must begin with copies into "
             "shared memory followed by the statements that use them")
-    copies = [_Copy(s, loop) for s in items[:n]]
+    return items[:n], items[n:]
+
+
+def _pipeline(loop: For) -> Stmt:
+    head, rest = split_shared_copies(loop, "prefetch")
+    copies = [_Copy(s, loop) for s in head]
     k = loop.loop_var
     first = [fresh_definitions(substitute(c.load(), {k: loop.min})) for c in copies]
     following = [fresh_definitions(substitute(c.load(), {k: add(k, 1)})) for c in copies]
     body = seq(*[c.save() for c in copies],
                IfThenElse(lt(add(k, 1), add(loop.min, loop.extent)), seq(*following)),
-               *items[n:])
+               *rest)
     ann = {key: v for key, v in loop.annotations.items() if key != PREFETCH}
     out: Stmt = seq(*first, loop.replace(body=body, annotations=ann))
     for c in reversed(copies):
