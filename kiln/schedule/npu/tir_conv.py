@@ -51,14 +51,10 @@ from .ops import (
     conv_geometry,
     conv_weight_layout,
 )
-from .tir_product import tile_product
+from .tir_product import annotate_pipeline, tile_product
 from .tir_program import (
     BALANCE_KEY,
-    HELD_KEY,
-    OUT_SLOTS_KEY,
-    PIPELINE_KEY,
     STAGE_KEY,
-    STORE_FLOOR_KEY,
     emit_scheduled_conv,
 )
 
@@ -130,15 +126,8 @@ def schedule_conv(func: PrimFunc, geo: ConvGeometry, tiling: GemmTiling, nbuf: i
     x_l1 = sch.cache_read(a_l0, 0, SCOPE_L1)
     sch.compute_inline(sch.get_block("X_l1"))
     sch.annotate(x_l1, STAGE_KEY, True)
-    for copy, keep in zip((a_l0, b_l0), held):
-        if keep:
-            sch.annotate(copy, HELD_KEY, True)
-    sch.annotate(k0, PIPELINE_KEY, nbuf)
+    annotate_pipeline(sch, k0, (a_l0, b_l0), held, nbuf, out_slots, floor)
     sch.annotate(k0, BALANCE_KEY, bool(tiling.balance))
-    if out_slots:
-        sch.annotate(k0, OUT_SLOTS_KEY, out_slots)
-    if floor:
-        sch.annotate(k0, STORE_FLOOR_KEY, floor)
     sch.tensorize(i1, intrin)
     return sch
 

@@ -63,8 +63,8 @@ from .ops import (
     operand_dtype,
 )
 from .tir_conv import lower_conv_tir
-from .tir_product import tile_product
-from .tir_program import HELD_KEY, OUT_SLOTS_KEY, PIPELINE_KEY, STORE_FLOOR_KEY, emit_scheduled
+from .tir_product import annotate_pipeline, tile_product
+from .tir_program import emit_scheduled
 
 __all__ = ["GemmProblem", "gemm_prim_func", "plan_gemm_problem", "schedule_gemm",
            "scheduled_gemm"]
@@ -119,14 +119,7 @@ def schedule_gemm(func: PrimFunc, tile: tuple[int, int, int], nbuf: int,
     k0, i1, a_l0, b_l0 = tile_product(sch, tile, "C")
     sch.compute_inline(sch.get_block("A_pad"))
     sch.compute_inline(sch.get_block("B_pad"))
-    for copy, keep in zip((a_l0, b_l0), held):
-        if keep:
-            sch.annotate(copy, HELD_KEY, True)
-    sch.annotate(k0, PIPELINE_KEY, nbuf)
-    if out_slots:
-        sch.annotate(k0, OUT_SLOTS_KEY, out_slots)
-    if floor:
-        sch.annotate(k0, STORE_FLOOR_KEY, floor)
+    annotate_pipeline(sch, k0, (a_l0, b_l0), held, nbuf, out_slots, floor)
     sch.tensorize(i1, intrin)
     return sch
 

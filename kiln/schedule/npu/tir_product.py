@@ -9,8 +9,9 @@ from typing import Any
 
 from ...tir.schedule import Schedule
 from ...tir.tensor_intrin.npu import SCOPE_ACC, SCOPE_INPUT, SCOPE_WEIGHT
+from .tir_program import HELD_KEY, OUT_SLOTS_KEY, PIPELINE_KEY, STORE_FLOOR_KEY
 
-__all__ = ["tile_product"]
+__all__ = ["annotate_pipeline", "tile_product"]
 
 
 def tile_product(sch: Schedule, tile: tuple[int, int, int], store: str
@@ -34,3 +35,19 @@ def tile_product(sch: Schedule, tile: tuple[int, int, int], store: str
     sch.compute_at(a_l0, k0)
     sch.compute_at(b_l0, k0)
     return k0, i1, a_l0, b_l0
+
+
+def annotate_pipeline(sch: Schedule, k0: Any, copies: tuple[Any, Any], held: tuple[bool, bool],
+                      nbuf: int, out_slots: int = 0, floor: int = 0) -> None:
+    """The pipeline rules the generator follows, as annotations: the operand ``copies`` whose
+    tiles stay on their core (``held``) marked so, ``k_0`` pipelined over ``nbuf`` slots,
+    with ``out_slots`` accumulator slots and ``floor``, the smallest store piece (0: the
+    defaults)."""
+    for copy, keep in zip(copies, held):
+        if keep:
+            sch.annotate(copy, HELD_KEY, True)
+    sch.annotate(k0, PIPELINE_KEY, nbuf)
+    if out_slots:
+        sch.annotate(k0, OUT_SLOTS_KEY, out_slots)
+    if floor:
+        sch.annotate(k0, STORE_FLOOR_KEY, floor)
