@@ -141,8 +141,23 @@ def rounded_once(x: Any, build: Any) -> Any:
     return op.cast(build(op.cast(x, "float32"), "float32"), dt)
 
 
+def expm1(x: Any, dt: str) -> Any:
+    """``e ** x - 1`` of float ``x`` to within a few ulps where ``exp(x) - 1`` cancels (Kahan's
+    formula: ``(u - 1) x / log(u)`` for ``u = exp(x)``, exactly ``x`` where ``u`` rounds to 1,
+    -1 where ``u - 1`` does, inf where ``u`` overflows): Celu with a large ``alpha`` is
+    ``alpha * expm1(x / alpha)``, whose argument is tiny -- ``exp - 1`` gave 0 where the value
+    is ``x``."""
+    one = scalar(1, dt)
+    u = op.exp(x)
+    um1 = op.subtract(u, one)
+    kahan = op.where(op.equal(u, scalar(float("inf"), dt)), u,  # inf / inf would be NaN
+                     op.divide(op.multiply(um1, x), op.log(u)))
+    return op.where(op.equal(u, one), x,
+                    op.where(op.equal(um1, scalar(-1, dt)), scalar(-1, dt), kahan))
+
+
 def _elu(x: Any, alpha: float, dt: str) -> Any:
-    neg = op.multiply(scalar(alpha, dt), op.subtract(op.exp(x), scalar(1, dt)))
+    neg = op.multiply(scalar(alpha, dt), expm1(x, dt))
     return op.where(op.greater(x, scalar(0, dt)), x, neg)
 
 
@@ -421,8 +436,7 @@ def celu(ctx: Any, node: Any) -> Any:
 
 def _celu(x: Any, alpha: float, dt: str) -> Any:
     zero = scalar(0, dt)
-    neg = op.multiply(scalar(alpha, dt),
-                      op.subtract(op.exp(op.divide(x, scalar(alpha, dt))), scalar(1, dt)))
+    neg = op.multiply(scalar(alpha, dt), expm1(op.divide(x, scalar(alpha, dt)), dt))
     return op.add(op.maximum(x, zero), op.minimum(neg, zero))
 
 
