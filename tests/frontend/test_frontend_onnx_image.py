@@ -197,3 +197,6 @@ def test_roi_align_batch_indices_are_checked():
         exe(x=x, r=rois, b=bidx[:2])
     with pytest.raises(KilnError, match=r"pool.*batch_indices.*index 2 is out of range"):
         exe(x=x, r=rois, b=np.array([1, 2, 0], "int64"))
+    huge = helper.make_node("RoiAlign", ["x", "r", "b"], ["y"], name="pool", sampling_ratio=10**6)
+    with pytest.raises(KilnError, match=r"RoiAlign node 'pool'.*sampling_ratio 1000000"):
+        from_onnx(_model([huge], {"x": x, "r": rois, "b": bidx}, {}, ["y"], 16))
