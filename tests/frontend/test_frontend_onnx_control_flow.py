@@ -206,6 +206,31 @@ def test_loop_runtime_trip_count_runs_the_body_at_run_time():
     _compare(model, [{"M": np.array(m, np.int64), "acc0": acc0, "x": x} for m in (1, 7, 40)])
 
 
+def test_loop_of_zero_iterations_stacks_the_declared_element_shape():
+    """A run-time trip count of 0 (or negative): each scan output is empty, ``(0, *element)``,
+    the element shape kiln infers for the body's output or, where that is unknown (a slice
+    at the iteration count), the one the body declares -- as onnxruntime (fuzz seed 3028890:
+    kiln gave (0, 0) for a declared [1])."""
+    one = helper.make_tensor("one", I64, [], [1])
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Constant", [], ["k1"], value=one),
+         helper.make_node("Add", ["i", "k1"], ["end"]),
+         helper.make_node("Unsqueeze", ["i", "ax"], ["st"]),
+         helper.make_node("Unsqueeze", ["end", "ax"], ["en"]),
+         helper.make_node("Slice", ["x", "st", "en"], ["piece"]),
+         helper.make_node("Add", ["acc_in", "piece"], ["acc_out"]),
+         helper.make_node("Identity", ["acc_out"], ["trace"])],
+        "body", [_vi("i", [], I64), _vi("cond_in", [], B), _vi("acc_in", [1])],
+        [_vi("cond_out", [], B), _vi("acc_out", [1]), _vi("trace", [1])],
+        [helper.make_tensor("ax", I64, [1], [0])])
+    node = helper.make_node("Loop", ["M", "", "acc0"], ["acc", "traces"], body=body)
+    model = _model([node], [_vi("M", [], I64), _vi("acc0", [1]), _vi("x", [5])],
+                   [_vi("acc", [1]), _vi("traces", None)])
+    acc0, x = np.array([-2.0], np.float32), RNG.standard_normal(5).astype("float32")
+    _compare(model, [{"M": np.array(m, np.int64), "acc0": acc0, "x": x} for m in (0, -7, 3)])
+
+
 def test_loop_without_trip_count_and_condition_is_refused():
     node = helper.make_node("Loop", ["", "", "acc0"], ["acc"], body=_loop_body(), name="inf")
     model = _model([node], [_vi("acc0", [3]), _vi("x", [3])], [_vi("acc", [3])])

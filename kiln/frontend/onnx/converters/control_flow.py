@@ -285,12 +285,31 @@ def _stable_body(ctx: Any, node: Any, body: Any, lead: list[Any], carried: list[
     return func, sinfos
 
 
-def _scan_attrs(func: SubgraphFunction, first: int, **kw: Any) -> rt_cf.LoopAttrs:
+def _declared_dims(vi: Any, ndim: int) -> list[int]:
+    """The static dims an ONNX value_info declares (-1 where a dim is symbolic or absent;
+    all -1 when its rank is not ``ndim``)."""
+    tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+    dims = list(tt.shape.dim) if tt is not None and tt.HasField("shape") else []
+    if len(dims) != ndim:
+        return [-1] * ndim
+    return [int(d.dim_value) if d.HasField("dim_value") else -1 for d in dims]
+
+
+def _scan_attrs(func: SubgraphFunction, first: int, body: Any, **kw: Any) -> rt_cf.LoopAttrs:
+    """The executor's attributes of a loop or scan whose body's outputs from ``first`` on are
+    stacked: the element shape of each (what a run of zero iterations gives, ``(0, *shape)``)
+    is what kiln inferred, else what the body declares for that output (onnxruntime's
+    choice: a Loop that never runs gives ``(0, 1)`` for a declared ``[1]`` element, fuzz seed
+    3028890), else 0."""
     outs = func.outputs[first:]
-    return rt_cf.LoopAttrs(
-        scan_output_shapes=tuple(tuple(int(d.value) if isinstance(d, tir.IntImm) else -1
-                                       for d in (o.shape or ())) for o in outs),
-        scan_output_dtypes=tuple(str(o.dtype) for o in outs), **kw)
+    shapes = []
+    for o, vi in zip(outs, body.output[first:]):
+        dims = list(o.shape or ())
+        declared = _declared_dims(vi, len(dims))
+        shapes.append(tuple(int(d.value) if isinstance(d, tir.IntImm) else declared[i]
+                            for i, d in enumerate(dims)))
+    return rt_cf.LoopAttrs(scan_output_shapes=tuple(shapes),
+                           scan_output_dtypes=tuple(str(o.dtype) for o in outs), **kw)
 
 
 def _runtime_scan(ctx: Any, node: Any, states: list[Any], xs: list[Any], axes: list[int],
@@ -320,7 +339,7 @@ def _runtime_scan(ctx: Any, node: Any, states: list[Any], xs: list[Any], axes: l
         elem.insert(axis, length)
         dims = None if any(d is None for d in elem) else tuple(elem)
         outputs.append((dims, str(o.dtype), o.ndim + 1))
-    attrs = _scan_attrs(func, n, num_carried=n, num_scan_inputs=m,
+    attrs = _scan_attrs(func, n, body, num_carried=n, num_scan_inputs=m,
                         scan_input_axes=tuple(axes), scan_input_directions=tuple(dirs),
                         scan_output_axes=tuple(out_axes), scan_output_directions=tuple(out_dirs))
     return _control_call(ctx, "scan", [func.gvar], [*states, *xs, *captured], outputs, attrs)
@@ -447,7 +466,7 @@ def _runtime_loop(ctx: Any, node: Any) -> list[Any]:
         dims = (None if o.shape is None else
                 (tir.Var(f"{base}_n{j}", "int64"), *result_dims([o.shape], known, f"{base}_o{j}")))
         outputs.append((dims, str(o.dtype), o.ndim + 1))
-    attrs = _scan_attrs(func, 1 + n, num_carried=n, has_trip=node.has_input(0),
+    attrs = _scan_attrs(func, 1 + n, body, num_carried=n, has_trip=node.has_input(0),
                         has_cond=node.has_input(1), scan_output_axes=(0,) * k,
                         scan_output_directions=(0,) * k)
     return _control_call(ctx, "loop", [func.gvar], [*head, *carried, *captured], outputs, attrs)
