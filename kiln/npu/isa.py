@@ -157,6 +157,9 @@ def _specs() -> dict[str, OpSpec]:
         ("s.trap", UNIT_SCALAR, (("code", "sub:trap"), ("rs", "reg")), "default"),
         ("s.copy", UNIT_SCALAR, (("rd", "reg"), ("dst", "addr"), ("rs", "reg"), ("src", "addr"),
                                  ("nbytes", "addr")), "default"),
+        # IEEE 754 maxNum: a NaN operand gives the other one (NaN only when both are), as
+        # ONNX MaxPool skips NaNs; vmax propagates them
+        ("vmaxnm", UNIT_VECTOR, (shape3, ("dst", blk), ("a", blk), ("b", "opnd")), "default"),
     ]
     return {name: OpSpec(name, code, unit, fields, cost)
             for code, (name, unit, fields, cost) in enumerate(table)}

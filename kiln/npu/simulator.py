@@ -876,7 +876,7 @@ class Simulator:
 # arithmetic helpers
 # ---------------------------------------------------------------------------------------------
 _TRAPS = {"index": "index out of range:"}
-_BINARY = ("vadd", "vsub", "vmul", "vdiv", "vmin", "vmax")
+_BINARY = ("vadd", "vsub", "vmul", "vdiv", "vmin", "vmax", "vmaxnm")
 _UNARY = ("vmov", "vrelu", "vneg", "vabs", "vexp", "vrsqrt", "verf")
 _CMP = {"lt": np.less, "le": np.less_equal, "eq": np.equal, "ne": np.not_equal,
         "gt": np.greater, "ge": np.greater_equal}
@@ -903,7 +903,7 @@ def _imm_as(v: Any, dtype: str) -> Any:
 
 #: The arithmetic of the binary vector ops but vdiv, on floats (float32) and integers (int64).
 _BINARY_FN = {"vadd": np.add, "vsub": np.subtract, "vmul": np.multiply, "vmin": np.minimum,
-              "vmax": np.maximum}
+              "vmax": np.maximum, "vmaxnm": np.fmax}
 
 
 def _binary(op: str, x: Any, y: Any, dt: str) -> np.ndarray:

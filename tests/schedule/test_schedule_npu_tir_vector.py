@@ -416,6 +416,27 @@ def test_pooling(hw, shape, k, s, p):
 
 
 @pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("ignore_nan", [True, False])
+def test_max_pool_nan(hw, ignore_nan):
+    """ONNX MaxPool (``ignore_nan``) skips NaNs -- ``vmaxnm``, IEEE maxNum: a window of NaNs
+    only is NaN, as in onnxruntime --; without it a NaN tap makes its window NaN."""
+    rng = np.random.default_rng(3)
+    x = _rand(rng, 1, 6, 11, 11)
+    x[rng.random(x.shape) < 0.2] = np.nan
+    x[0, 0, :4, :4] = np.nan  # a window of NaNs only
+    emit, tir = _both(lambda a: op.nn.max_pool2d(a, (3, 3), (2, 2), (0, 0, 0, 0),
+                                                 ignore_nan=ignore_nan), [x.shape], hw)
+    win = np.stack([x[:, :, a:a + 9:2, b:b + 9:2] for a in range(3) for b in range(3)])
+    ref = np.fmax.reduce(win, 0) if ignore_nan else np.max(win, 0)
+    assert np.isnan(ref[0, 0, 0, 0]) and (ref[~np.isnan(ref)] > -np.inf).all()
+    assert_ops = {i.op for s in _streams(tir) for q in s for i in q}
+    assert ("vmaxnm" in assert_ops) == ignore_nan and ("vmax" in assert_ops) != ignore_nan
+    np.testing.assert_array_equal(tir(x), emit(x))
+    np.testing.assert_array_equal(tir(x), ref)
+    assert _streams(tir) == _streams(emit)
+
+
+@pytest.mark.parametrize("hw", HW)
 def test_avg_pool_uncounted_padding(hw):
     """Windows of different tap counts: each block multiplied by its rows of the map of
     reciprocal counts, loaded per block into L0 weight and read across the channels."""

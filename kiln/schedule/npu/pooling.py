@@ -37,7 +37,7 @@ def lower_pool2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
     x = _float_input(ctx, op, args[0])
     if at.layout != "NCHW":
         raise NotSupported(f"{op}: layout {at.layout}")
-    kind = "max" if op == "nn.max_pool2d" else "avg"
+    kind = ("maxnm" if at.ignore_nan else "max") if op == "nn.max_pool2d" else "avg"
     divisor, scale = None, None
     if kind == "avg":
         counts = _window_counts(x.shape[2:], out.shape[2:], at)

@@ -47,9 +47,11 @@ from .lowering import LoweringContext, NotSupported
 from .tir_program import PIPELINE_KEY, evaluate
 from .tir_vector import Staged, VectorGenerator, is_tensorized, loop_nest, pad3
 from .vector import (
+    POOL_TAP_OPCODES,
     emit_pool2d,
     plan_pool2d,
     pool2d_kernel_info,
+    pool_fill,
     register_pool2d_kernel,
 )
 
@@ -59,7 +61,7 @@ __all__ = ["PoolGenerator", "PoolKernel", "emit_pool_scheduled", "pool2d_tir", "
 
 @dataclass(frozen=True)
 class PoolKernel:
-    """A pooling (``kind`` ``"max"``/``"avg"``) or depthwise (``"dw"``) kernel of NCHW
+    """A pooling (``kind`` ``"max"``/``"maxnm"``/``"avg"``) or depthwise (``"dw"``) kernel of NCHW
     ``x_shape`` -> ``(oh, ow)``: window, strides, padding, dilation, ``divisor`` or a
     ``scaled`` average, blocks of ``ct`` channels x ``rt`` rows, staged rows ``wp`` wide."""
 
@@ -108,7 +110,7 @@ def pool_prim_func(k: PoolKernel) -> PrimFunc:
     lead = k.lead
     nl = len(lead)
     x = te.placeholder(lead + (ch, h, w), k.dtype, name="X0")
-    fill = E.make_const(k.dtype, float("-inf") if k.kind == "max" else 0.0)
+    fill = E.make_const(k.dtype, pool_fill(k.kind))
 
     def padded(*i: Any) -> Any:
         cc, r, q = i[nl:]
@@ -142,7 +144,7 @@ def pool_prim_func(k: PoolKernel) -> PrimFunc:
                 return vector_value("vmac", k.dtype, [prev[i], tap, wv])
             if prev is None:
                 return vector_value("vmov", k.dtype, [tap])
-            return vector_value("vmax" if k.kind == "max" else "vadd", k.dtype, [prev[i], tap])
+            return vector_value(POOL_TAP_OPCODES[k.kind], k.dtype, [prev[i], tap])
 
         prev = te.compute(shape, value, name=f"T{t}")
     if k.divisor is not None:
@@ -178,7 +180,7 @@ def _forms(k: PoolKernel, name: str) -> tuple[str, tuple[VecOperand, ...]]:
         return ("vmul", (tap, wv)) if t == 0 else ("vmac", (run, tap, wv))
     if t == 0:
         return "vmov", (tap,)
-    return ("vmax" if k.kind == "max" else "vadd"), (run, tap)
+    return POOL_TAP_OPCODES[k.kind], (run, tap)
 
 
 def schedule_pool(func: PrimFunc, k: PoolKernel, nbuf: int) -> Schedule:

@@ -40,7 +40,8 @@ from .emit import (
 from .lowering import LoweringContext, NotSupported
 
 __all__ = ["ElementwiseKernel", "ElementwisePlan", "VecStep", "acc_layout", "compact_block",
-           "elementwise_kernel", "emit_elementwise", "plan_elementwise", "plan_pool2d",
+           "POOL_TAP_OPCODES", "elementwise_kernel", "emit_elementwise", "plan_elementwise",
+           "plan_pool2d", "pool_fill",
            "plan_rows", "pool2d_kernel", "pool2d_kernel_info", "register_pool2d_kernel",
            "rows_bound",
            "register_elementwise_kernel", "emit_layer_norm", "emit_row_mean", "emit_pool2d",
@@ -310,6 +311,17 @@ def pool2d_kernel_info(ctx: LoweringContext, op: str, x: Any, out: Any, taps: in
                       max(traffic, macs), max(traffic, macs), macs, traffic)
 
 
+#: A pooling kind's instruction for each tap after the first: ``"maxnm"`` is ONNX MaxPool's
+#: maximum that skips NaNs (``nn.max_pool2d(ignore_nan=True)``; ``vmaxnm``, IEEE maxNum),
+#: ``"max"`` one that propagates them.
+POOL_TAP_OPCODES = {"max": "vmax", "maxnm": "vmaxnm", "avg": "vadd"}
+
+
+def pool_fill(kind: str) -> float:
+    """What a pooling kind's padded taps hold: -inf for a maximum, 0 for a sum."""
+    return float("-inf") if kind in ("max", "maxnm") else 0.0
+
+
 PoolKernelFn = Callable[..., None]
 _ROUTED_POOL: dict[str, PoolKernelFn] = {}
 
@@ -338,8 +350,9 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
                 pad: tuple[int, int, int, int], dilation: tuple[int, int],
                 divisor: float | None, weights: DramTensor | None = None,
                 scale: DramTensor | None = None) -> None:
-    """Max (``kind="max"``) or average pooling of NCHW ``x`` (``divisor``: the window size
-    an average divides by when every window counts the same taps; else ``scale``, ``(OH,
+    """Max (``kind="max"``, or ``"maxnm"`` skipping NaNs) or average pooling of NCHW ``x``
+    (``divisor``: the window size an average divides by when every window counts the same
+    taps; else ``scale``, ``(OH,
     OW)`` in ``x``'s dtype: each window's reciprocal count, loaded per block of rows and
     multiplied in with stride 0 across the channels), or with ``weights``
     (``(C, KH * KW)`` in ``x``'s dtype) a depthwise convolution: each tap's strided view times
@@ -359,7 +372,7 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
         return (r - 1) * sh + (kh - 1) * dh + 1
 
     taps = kh * kw
-    fill = float("-inf") if kind == "max" else 0.0
+    fill = pool_fill(kind)
     w_slot = (ct * taps if weights is not None else rt * ow) * isz
     pipes = [Pipeline(kb, core, UNIT_VECTOR) for core in range(cfg.cores)]
     in_slot = ct * rows_in(rt) * wp * isz
@@ -416,7 +429,7 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
                 elif first:
                     kb.emit(core, "vmov", shape=(cs, rs, ow), dst=dst, a=tap)
                 else:
-                    kb.emit(core, "vmax" if kind == "max" else "vadd", shape=(cs, rs, ow),
+                    kb.emit(core, POOL_TAP_OPCODES[kind], shape=(cs, rs, ow),
                             dst=dst, a=dst, b=tap)
                 first = False
         if divisor is not None:

@@ -77,6 +77,7 @@ VECTOR_OPCODES: dict[str, tuple[int, Any]] = {
     "vadd": (2, lambda a, b: a + b), "vsub": (2, lambda a, b: a - b),
     "vmul": (2, lambda a, b: a * b), "vdiv": (2, lambda a, b: a / b),
     "vmin": (2, tmin), "vmax": (2, tmax), "vmac": (3, lambda c, a, b: c + a * b),
+    "vmaxnm": (2, lambda a, b: select(b > a, b, select(a != a, b, a))),
     "vmov": (1, lambda a: a), "vrelu": (1, lambda a: tmax(a, make_const(a.dtype, 0))),
     "vneg": (1, lambda a: -a), "vabs": (1, _abs),
     "vexp": (1, lambda a: call_intrin("exp", a)), "vrsqrt": (1, lambda a: call_intrin("rsqrt", a)),
