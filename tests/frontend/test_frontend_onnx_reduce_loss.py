@@ -228,6 +228,13 @@ def test_errors_name_the_node():
         outs = [_vi(o, None) for o in node.output]
         with pytest.raises(KilnError, match=msg):
             from_onnx(_model([node], inputs, outs, inits, opset=13))
+    # axes of rank 0 (fuzz seeds 3031780, 3031935: an IndexError), given or computed
+    node = helper.make_node("ReduceL1", ["a", "ax"], ["y"], name="red")
+    for inits in ([numpy_helper.from_array(np.array(1, np.int64), "ax")], []):
+        with pytest.raises(KilnError, match=r"ReduceL1 node 'red'.*axes\) must be a 1-D "
+                                            r"tensor, got rank 0"):
+            from_onnx(_model([node], [_vi("a", [2, 3]), _vi("ax", [], I64)],
+                             [_vi("y", None)], inits))
 
 
 @pytest.mark.parametrize("op_type", ["ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum",

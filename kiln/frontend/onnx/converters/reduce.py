@@ -57,6 +57,12 @@ def _is_float(x: Any) -> bool:
     return dtype_of(x).startswith(("float", "bfloat"))
 
 
+def _check_axes_rank(node: Any, rank: int) -> None:
+    """The ``axes`` input is a list of axes, a 1-D tensor (onnxruntime refuses others too)."""
+    if rank != 1:
+        raise node.error(f"input 1 (axes) must be a 1-D tensor, got rank {rank}")
+
+
 def _reduce(kind: str, pre: Any, post: Any, axes_from_input: bool) -> Any:
     def convert(ctx: Any, node: Any) -> Any:
         x = node.input(0)
@@ -65,10 +71,13 @@ def _reduce(kind: str, pre: Any, post: Any, axes_from_input: bool) -> Any:
         if axes_from_input:
             if node.has_input(1) and not node.is_const(1):
                 runtime_axes = node.input(1)
+                _check_axes_rank(node, ndim_of(runtime_axes))
                 if static_int(shape_of(runtime_axes)[0]) == 0:  # statically empty
                     runtime_axes, axes = None, []
             else:
                 value = node.const_input(1, "axes")
+                if value is not None:
+                    _check_axes_rank(node, np.ndim(value))
                 axes = None if value is None else ints(value)
         else:
             axes = node.attr("axes", None)
