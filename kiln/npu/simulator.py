@@ -249,6 +249,7 @@ class Conflict(NamedTuple):
     cycles: float
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def block_extent(blk: Block, shape: tuple[int, ...]) -> tuple[int, int]:
     """The bytes ``[first, last)`` that a block of ``shape`` spans in its memory (from its
     lowest to its highest element, whatever lies between)."""

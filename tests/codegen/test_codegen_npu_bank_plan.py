@@ -149,3 +149,7 @@ def test_model_with_and_without_placement_same_bits(hw):
     assert sum(r.total_conflict_cycles for r in off.last_reports) == before
     assert sum(r.total_conflict_cycles for r in on.last_reports) == after
     assert off.bank_conflicts == (0, 0)
+    per_kernel = on.kernel_bank_conflicts
+    assert per_kernel and set(per_kernel) <= {k.label for k in on.kernels} | {"tail"}
+    assert sum(b for b, _ in per_kernel.values()) == before
+    assert sum(a for _, a in per_kernel.values()) == after

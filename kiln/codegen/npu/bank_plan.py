@@ -60,6 +60,8 @@ __all__ = ["BankAnalysis", "BankPlan", "Buffer", "ConflictPair", "analyse_banks"
 
 _L1_ID = MEMORY_NAMES.index(L1)
 _ROUNDS = 3
+#: One operand use: (core, index in its stream, argument name, extent first, extent last)
+_Use = tuple[int, int, str, int, int]
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ class BankAnalysis:
     pinned: set[Buffer] = field(repr=False)
     carried: dict[tuple[int, int], list[tuple[int, int]]] = field(repr=False)
     accesses: dict[Buffer, list[Access]] = field(repr=False)
+    uses: dict[tuple[int, int, int], list[_Use]] = field(repr=False)
 
 
 @dataclass
@@ -163,10 +166,6 @@ def _bytes(mask: np.ndarray, blk: Block, shape: tuple[int, ...]) -> np.ndarray:
     strides = blk.strides[-len(shape):]
     return as_strided(mask[blk.addr:], shape=(*shape, isz),
                       strides=(*(s * isz for s in strides), 1), writeable=True)
-
-
-#: One operand use: (core, index in its stream, argument name, extent first, extent last)
-_Use = tuple[int, int, str, int, int]
 
 
 def _collect(program: Program, grouped: set[int]
@@ -243,6 +242,11 @@ def analyse_banks(program: Program, machine: Machine) -> BankAnalysis:
     tensors; its contents are not used) and list its colliding buffer pairs."""
     grouped = _grouped(program.config)
     report, sim = _replay(program, machine)
+    phase_conflicts = {label: sum(mems.values())
+                       for label, mems in report.phase_conflicts.items()}
+    if not sim.conflicts:  # nothing to place: no buffers needed
+        return BankAnalysis(report.cycles, report.total_conflict_cycles, phase_conflicts, [],
+                            {}, set(), {}, {}, {})
     uses, carried = _collect(program, grouped)
     buffers = {key: _merge(u, *key) for key, u in uses.items()}
     pinned = {b for key, bufs in buffers.items() for b in bufs
@@ -262,10 +266,8 @@ def analyse_banks(program: Program, machine: Machine) -> BankAnalysis:
         pairs[key] = pairs.get(key, 0.0) + c.cycles
     ranked = sorted((ConflictPair(a, b, cyc) for (a, b), cyc in pairs.items()),
                     key=lambda p: (-p.cycles, p.a.phase, p.a.lo, p.b.lo))
-    phase_conflicts = {label: sum(mems.values())
-                       for label, mems in report.phase_conflicts.items()}
     return BankAnalysis(report.cycles, report.total_conflict_cycles, phase_conflicts, ranked,
-                        buffers, pinned, carried, accesses)
+                        buffers, pinned, carried, accesses, uses)
 
 
 def _overlap(x: list[Access], y: list[Access]) -> float:
@@ -385,11 +387,9 @@ def _place(program: Program, analysis: BankAnalysis) -> tuple[dict[Buffer, int],
 
 def _relocate(program: Program, analysis: BankAnalysis, moves: dict[Buffer, int]) -> Program:
     """A copy of ``program`` with every operand inside a moved buffer shifted with it."""
-    grouped = _grouped(program.config)
-    uses, _ = _collect(program, grouped)
     streams = [list(s) for s in program.streams]
     changes: dict[tuple[int, int], dict[str, Block]] = {}
-    for key, us in uses.items():
+    for key, us in analysis.uses.items():
         bufs = analysis.buffers.get(key, [])
         for core, idx, name, first, _ in us:
             buf = _find(bufs, first)

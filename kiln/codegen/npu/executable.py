@@ -111,6 +111,18 @@ class NPUExecutable:
                 sum(p.conflicts_after for p in self.bank_plans))
 
     @property
+    def kernel_bank_conflicts(self) -> dict[str, tuple[float, float]]:
+        """Per kernel label (a program's phase), its bank-group conflict cycles before and
+        after the placement (the timing replays; kernels without any are left out)."""
+        out: dict[str, tuple[float, float]] = {}
+        for p in self.bank_plans:
+            for label in {**p.phases_before, **p.phases_after}:
+                before, after = p.phases_before.get(label, 0.0), p.phases_after.get(label, 0.0)
+                if before or after:
+                    out[label] = (before, after)
+        return out
+
+    @property
     def kernels(self) -> list[KernelInfo]:
         return [k for s in self.steps if isinstance(s, NpuStep) for k in s.kernels]
 
