@@ -27,6 +27,8 @@ balance of compute and traffic per core, nothing else to overlap): ``1c dbuf x``
 ``1c real x`` (``--no-one-core`` skips it). Summarized over the DMA-bound layers (the
 issue's target: >= 1.5x there), and over those whose ceiling is >= 1.6.
 Per model: total cycles (all kernels, vector ones included), the sum of the bounds,
+bank-group conflict cycles before and after the placement of on-chip buffers (a build with
+``bank_plan=False`` against the default; the model's cycles both ways, bit-identical outputs),
 DRAM traffic, the simulation's wall time, the ops left on the CPU, and the DRAM footprint
 with liveness-based reuse against a range per tensor. Outputs are checked
 against the float32 reference (torch for ResNet-18, MobileNetV2 and the encoder, numpy for the
@@ -115,10 +117,11 @@ def _model(name: str, size: int, seq: int = 128, layers: int = 2):
     return m.mod, m.inputs, m.reference(*m.inputs)
 
 
-def _run(mod, inputs, hw: str, double_buffer: bool, route: str | None = None):
+def _run(mod, inputs, hw: str, double_buffer: bool, route: str | None = None,
+         bank_plan: bool = True):
     with kiln.transform.PassContext(config={LOWERING_KEY: route} if route else {}):
         exe = build_npu(npu_pipeline()(mod), kiln.Target("npu", hw=hw),
-                        double_buffer=double_buffer)
+                        double_buffer=double_buffer, bank_plan=bank_plan)
     t = time.perf_counter()
     out = exe(*inputs)
     return exe, out, time.perf_counter() - t
@@ -249,6 +252,7 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
     print(f"{name}: DRAM footprint {on.dram_bytes / 1e6:.2f} MB with liveness-based reuse, "
           f"{on.unshared_dram_bytes / 1e6:.2f} MB with a range per tensor "
           f"({on.unshared_dram_bytes / on.dram_bytes:.2f}x)")
+    _bank_line(name, on, out, _run(mod, inputs, hw, True, bank_plan=False)[:2])
     if via:
         _vector_table(name, on, c_on, c_emit)
         n_tir = sum(k.tiling.startswith("TIR: ") for k in on.kernels)
@@ -262,6 +266,22 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
         print(f"{name}: {n_tir} kernel(s) lowered through TIR; with every op emitted "
               f"directly {cyc_emit:.0f} cycles ({cyc_emit / cyc_on:.4f}x the TIR route's), "
               f"outputs {'bit-identical' if np.array_equal(via_out, out) else 'DIFFERENT'}")
+
+
+def _bank_line(name: str, on: object, out: object, naive: tuple[object, object]) -> None:
+    """Bank-group conflicts (issue 23): the cycles the simulator lost to them in the run
+    without the placement (``build_npu(bank_plan=False)``) and with it, the model's cycles
+    both ways, and whether the outputs are the same bits."""
+    exe, naive_out = naive
+    before = sum(r.total_conflict_cycles for r in exe.last_reports)  # type: ignore[attr-defined]
+    after = sum(r.total_conflict_cycles for r in on.last_reports)  # type: ignore[attr-defined]
+    plans = on.bank_plans  # type: ignore[attr-defined]
+    same = np.asarray(naive_out).tobytes() == np.asarray(out).tobytes()
+    print(f"{name}: bank conflicts: {before:.0f} cycles before placement, {after:.0f} after; "
+          f"model cycles {exe.last_cycles:.0f} -> {on.last_cycles:.0f}"  # type: ignore
+          f" ({sum(len(p.moves) for p in plans)} buffer(s) moved, "
+          f"{sum(len(p.left) for p in plans)} pair(s) left; outputs "
+          f"{'bit-identical' if same else 'DIFFERENT'})")
 
 
 def _vector_table(name: str, on: object, c_on: dict[str, float],

@@ -30,7 +30,21 @@ core, unit and instruction.
   by bank conflicts, plus latency;
 - bank conflicts: a stream of elements with stride ``s`` bytes touches, per cycle, the lines of
   ``width`` bytes' worth of elements; lines of one bank are served ``ports`` per cycle, so a
-  stride that maps many lanes to one bank serializes them (:func:`stream_cycles`).
+  stride that maps many lanes to one bank serializes them (:func:`stream_cycles`);
+- bank-group conflicts between units: an on-chip memory of ``bank_groups`` > 1 is split by
+  address into that many groups (``MemorySpec.group_bytes`` each; a block touches the groups
+  its byte extent spans, :func:`block_extent`). Each instruction is busy on its memories
+  during one interval (a DMA: its data phase; the tensor and vector units: their
+  occupancy). When it starts, every group it touches is checked against the last interval of
+  each *other* unit of the core on that group (L1, shared by the cores: any other core's
+  units too); if ``n`` units including it overlap there and ``n > ports``, the instruction --
+  the later issued, the others are already timed -- is stretched by ``sum(overlap) * (n -
+  ports) / (n - 1)``: with one port, two units each run their overlapped part at half rate,
+  which costs the later one the overlap. An instruction touching several groups takes the
+  largest such stretch. The stretch is added to its busy interval (hence to its unit's busy
+  cycles and its completion), and counted in ``Report.conflict_cycles`` per memory and in
+  ``Report.phase_conflicts`` per phase. ``bank_groups = 1`` has no arbitration: today's
+  cycles exactly.
 
 **Hazard checking** (``check_hazards``, on by default): for every on-chip byte the simulator
 remembers when it was last written and read; an instruction reading a byte whose last write
@@ -41,6 +55,13 @@ DRAM is ordered by the barriers between kernels.
 The report gives total cycles, per unit busy/stall cycles and instruction counts, DRAM bytes
 read and written (requested, and moved in bursts), cycles per labelled phase, and -- with
 ``trace=True`` -- every instruction's interval for :mod:`kiln.npu.timeline`.
+
+``timing_only=True`` skips the data work (copies, products, vector arithmetic; the scalar
+unit still computes, its branches need the values) and gives the same timing for programs
+whose timing does not depend on the data (all but an ``s.copy`` at a loaded address): the
+static replay that :mod:`kiln.codegen.npu.bank_plan` analyses. ``record_accesses=True`` keeps
+every on-chip access of a grouped memory (:class:`Access`) and every group conflict
+(:class:`Conflict`) for it.
 """
 
 from __future__ import annotations
@@ -49,7 +70,7 @@ import functools
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -60,7 +81,8 @@ from . import numerics as nm
 from .isa import UNIT_SCALAR, UNITS, Block, Instr, mem_name, unit_of
 from .program import Program
 
-__all__ = ["Machine", "Report", "SimulationError", "Simulator", "UnitStats", "stream_cycles"]
+__all__ = ["Access", "Conflict", "Machine", "Report", "SimulationError", "Simulator", "UnitStats",
+           "block_extent", "onchip_operands", "stream_cycles"]
 
 
 class SimulationError(KilnError):
@@ -149,6 +171,15 @@ class Report:
     #: cycles -- what one kernel really moved and did, against its roofline's minimum traffic
     phase_bytes: dict[str, int] = field(default_factory=dict)
     phase_busy: dict[str, dict[tuple[int, str], float]] = field(default_factory=dict)
+    #: cycles lost to bank-group conflicts between units, per memory name, and per phase label
+    #: per memory name (the stretch of the later-issued instruction; see the module docstring)
+    conflict_cycles: dict[str, float] = field(default_factory=dict)
+    phase_conflicts: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def total_conflict_cycles(self) -> float:
+        """Cycles lost to bank-group conflicts, all memories."""
+        return sum(self.conflict_cycles.values())
 
     @property
     def microseconds(self) -> float:
@@ -174,7 +205,89 @@ class Report:
             util = s.busy / self.cycles if self.cycles else 0.0
             lines.append(f"{core:4d} {unit:8s} {s.instructions:8d} {s.busy:10.0f} "
                          f"{s.stall:10.0f} {util:6.1%}")
+        if self.conflict_cycles:
+            per = ", ".join(f"{m} {c:.0f}" for m, c in sorted(self.conflict_cycles.items()))
+            lines.append(f"bank-group conflicts: {self.total_conflict_cycles:.0f} cycles "
+                         f"({per})")
+            for label, mems in self.phase_conflicts.items():
+                if sum(mems.values()):
+                    lines.append(f"  {label}: {sum(mems.values()):.0f}")
         return "\n".join(lines)
+
+
+class Access(NamedTuple):
+    """One on-chip access of a memory with bank groups (``record_accesses``): the phase's
+    index, the scope (the core for L0, -1 for the shared L1), the memory id, the unit
+    ``(core, unit id)``, the bytes ``[first, last)`` of the block's extent, and the busy
+    interval ``[begin, end)`` (stretch included)."""
+
+    phase: int
+    scope: int
+    mem: int
+    unit: tuple[int, int]
+    first: int
+    last: int
+    begin: float
+    end: float
+
+
+class Conflict(NamedTuple):
+    """One overlap of two units on one bank group that stretched an instruction: the
+    stretched access (its unit and bytes) against the other unit's access, and the cycles this
+    pair cost (the overlap's share of the stretch)."""
+
+    phase: int
+    scope: int
+    mem: int
+    group: int
+    unit: tuple[int, int]
+    first: int
+    last: int
+    other_unit: tuple[int, int]
+    other_first: int
+    other_last: int
+    cycles: float
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def block_extent(blk: Block, shape: tuple[int, ...]) -> tuple[int, int]:
+    """The bytes ``[first, last)`` that a block of ``shape`` spans in its memory (from its
+    lowest to its highest element, whatever lies between)."""
+    isz = _ITEMSIZE[blk.dtype]
+    strides = blk.strides[-len(shape):]
+    lo = sum(min(0, (e - 1) * s) for e, s in zip(shape, strides))
+    hi = sum(max(0, (e - 1) * s) for e, s in zip(shape, strides))
+    return blk.addr + lo * isz, blk.addr + (hi + 1) * isz
+
+
+def onchip_operands(ins: Instr) -> list[tuple[str, Block, tuple[int, ...]]]:
+    """The on-chip data operands of a DMA, tensor or vector instruction: ``(argument name,
+    block, shape)`` as the simulator reads or writes them (a DMA's destination with its
+    padding, the tensor unit's B as ``(1, k, n)``, a reduction's destination one per row).
+    Scalar instructions address memory through registers and give none."""
+    a = ins.args
+    op = ins.op
+    out: list[tuple[str, Block, tuple[int, ...]]] = []
+    if op in ("dma.load", "dma.store"):
+        shape = tuple(a["shape"])
+        pad_lo = tuple(a.get("pad_lo", (0, 0, 0)))
+        pad_hi = tuple(a.get("pad_hi", (0, 0, 0)))
+        box = tuple(e + lo + hi for e, lo, hi in zip(shape, pad_lo, pad_hi))
+        out = [("src", a["src"], shape), ("dst", a["dst"], box)]
+    elif op in ("mma", "mma.set"):
+        m1, m0, n, k = a["shape"]
+        bb = a["b"]
+        out = [("a", a["a"], (m1, m0, k)),
+               ("b", Block(bb.mem, bb.addr, bb.dtype, (0, bb.strides[0], bb.strides[1])),
+                (1, k, n)),
+               ("c", a["c"], (m1, m0, n))]
+    elif op.startswith("v"):
+        shape = tuple(a["shape"])
+        out_shape = shape[:-1] + (1,) if op.startswith("vred.") else shape
+        out = [("dst", a["dst"], out_shape)]
+        out += [(k, a[k], shape) for k in ("a", "b", "mask")
+                if isinstance(a.get(k), Block)]
+    return [(k, b, s) for k, b, s in out if isinstance(b, Block) and b.mem != _DRAM_ID]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,11 +361,17 @@ class Simulator:
     """Runs programs on a :class:`Machine` (see the module docstring)."""
 
     def __init__(self, config: NPUConfig, machine: Machine | None = None,
-                 check_hazards: bool = True, trace: bool = False):
+                 check_hazards: bool = True, trace: bool = False, timing_only: bool = False,
+                 record_accesses: bool = False):
         self.config = config
         self.machine = machine if machine is not None else Machine(config, 1 << 16)
-        self.check_hazards = check_hazards
+        self.check_hazards = check_hazards and not timing_only
         self.trace = trace
+        self.timing_only = timing_only
+        self.record_accesses = record_accesses
+        #: with ``record_accesses``: the accesses and conflicts of the last run
+        self.accesses: list[Access] = []
+        self.conflicts: list[Conflict] = []
         self._typed: dict[tuple[int, str], np.ndarray] = {}
         self._shadows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._mem_specs = [config.memory(n) for n in MEMORY_NAMES]
@@ -384,6 +503,11 @@ class Simulator:
         self._popped: dict[tuple[int, int, int], list[float]] = {}
         self._dram_free = 0.0
         self._barrier: dict[int, float] = {}
+        # per (scope, memory id, group): each unit's last busy interval there and its bytes
+        self._groups: dict[tuple[int, int, int], dict[tuple[int, int], tuple[
+            float, float, tuple[tuple[int, int], ...]]]] = {}
+        self._phase_conflicts: dict[str, float] = {}
+        self.accesses, self.conflicts = [], []
         report = Report(cfg.name, 0.0, {(u.core, UNITS[u.kind]): u.stats for u in units},
                         clock_mhz=cfg.clock_mhz)
         self._report = report
@@ -432,6 +556,10 @@ class Simulator:
         per = report.phase_busy.setdefault(label, {})
         for key, stats in report.units.items():
             per[key] = per.get(key, 0.0) + stats.busy - busy[key]
+        conf = report.phase_conflicts.setdefault(label, {})
+        for m, c in self._phase_conflicts.items():
+            conf[m] = conf.get(m, 0.0) + c
+        self._phase_conflicts = {}
         return report.dram_burst_bytes, {key: s.busy for key, s in report.units.items()}
 
     def _deadlock_message(self) -> str:
@@ -523,11 +651,13 @@ class Simulator:
             raise SimulationError(f"{where}: {err}") from None
         if isinstance(occupancy, tuple):  # DMA: (data start, data end) decided by the DRAM
             data_start, data_end = occupancy
+            data_end += self._arbitrate(u, reads + writes, data_start, data_end)
             busy_from = start
             finish = data_end + latency
             u.busy = data_end
         else:
             busy_from = start
+            occupancy += self._arbitrate(u, reads + writes, start, start + occupancy)
             u.busy = start + occupancy
             finish = u.busy + latency
         u.done = max(u.done, finish)
@@ -537,6 +667,64 @@ class Simulator:
         if self.trace:
             self._report.events.append((u.core, UNITS[u.kind], op, start, finish, ins.note))
         u.pc += 1
+
+    def _arbitrate(self, u: _Unit, operands: list[tuple[Block, tuple[int, ...]]],
+                   begin: float, end: float) -> float:
+        """The stretch of an instruction of ``u`` busy on ``[begin, end)`` with ``operands``
+        from sharing bank groups with other units (the rule of the module docstring); records
+        its interval on every group it touches."""
+        touched: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+        spans: list[tuple[int, int, int, int]] = []
+        for blk, shape in operands:
+            if blk.mem == _DRAM_ID:
+                continue
+            spec = self._mem_specs[blk.mem]
+            if spec.bank_groups == 1:
+                continue
+            first, last = block_extent(blk, shape)
+            scope = -1 if blk.mem == _L1_ID else u.core
+            spans.append((scope, blk.mem, first, last))
+            gb = spec.group_bytes
+            for g in range(max(0, first) // gb, (max(first + 1, last) - 1) // gb + 1):
+                mine = touched.setdefault((scope, blk.mem, g), [])
+                if (first, last) not in mine:
+                    mine.append((first, last))
+        if not touched:
+            return 0.0
+        me = (u.core, u.kind)
+        extra, worst = 0.0, -1
+        found: list[Conflict] = []
+        for key, mine in touched.items():
+            ports = self._mem_specs[key[1]].ports
+            overlaps = [(other, min(end, ob_end) - max(begin, ob), theirs)
+                        for other, (ob, ob_end, theirs) in self._groups.get(key, {}).items()
+                        if other != me and ob < end and ob_end > begin]
+            n = 1 + len(overlaps)
+            if n <= ports:
+                continue
+            share = (n - ports) / (n - 1)
+            stretch = sum(o for _, o, _ in overlaps) * share
+            if stretch > extra:
+                extra, worst = stretch, key[1]
+            if self.record_accesses:
+                phase = len(self._report.phases)
+                for other, o, theirs in overlaps:
+                    part = o * share / (len(mine) * len(theirs))
+                    found += [Conflict(phase, key[0], key[1], key[2], me, f, la, other, of, ol,
+                                       part) for f, la in mine for of, ol in theirs]
+        for key, mine in touched.items():
+            self._groups.setdefault(key, {})[me] = (begin, end + extra, tuple(mine))
+        if self.record_accesses:
+            phase = len(self._report.phases)
+            self.accesses += [Access(phase, sc, mem, me, f, la, begin, end + extra)
+                              for sc, mem, f, la in dict.fromkeys(spans)]
+            self.conflicts += found
+        if extra > 0:
+            name = MEMORY_NAMES[worst]
+            conf = self._report.conflict_cycles
+            conf[name] = conf.get(name, 0.0) + extra
+            self._phase_conflicts[name] = self._phase_conflicts.get(name, 0.0) + extra
+        return extra
 
     # ---- instruction semantics ------------------------------------------------------------
     def _execute(self, core: int, ins: Instr, where: str, start: float) -> Any:
@@ -559,21 +747,24 @@ class Simulator:
         pad_lo = tuple(a.get("pad_lo", (0, 0, 0)))
         pad_hi = tuple(a.get("pad_hi", (0, 0, 0)))
         box = tuple(e + lo + hi for e, lo, hi in zip(shape, pad_lo, pad_hi))
-        src = self._view(core, src_b, shape, where + " src")
-        dst = self._dst(core, dst_b, box, where + " dst")
-        if box != shape:
+        if self.timing_only:  # no data work (nor bounds checks: the real run makes them)
+            pass
+        elif box != shape:
+            src = self._view(core, src_b, shape, where + " src")
+            dst = self._dst(core, dst_b, box, where + " dst")
             fill = a.get("fill", 0)
             dst[...] = _imm_as(fill, dst_b.dtype)
             inner = dst[pad_lo[0]:pad_lo[0] + shape[0], pad_lo[1]:pad_lo[1] + shape[1],
                         pad_lo[2]:pad_lo[2] + shape[2]]
             inner[...] = src
         else:
-            dst[...] = src
+            self._dst(core, dst_b, box, where + " dst")[...] = \
+                self._view(core, src_b, shape, where + " src")
         # timing
         cfg = self.config
         isz = _ITEMSIZE[src_b.dtype]
-        nbytes = int(np.prod(shape)) * isz
-        box_bytes = int(np.prod(box)) * isz
+        nbytes = math.prod(shape) * isz
+        box_bytes = math.prod(box) * isz
         src_spec, dst_spec = self._mem_specs[src_b.mem], self._mem_specs[dst_b.mem]
         onchip = 0.0
         for blk, spec, n, shp in ((src_b, src_spec, nbytes, shape),
@@ -619,17 +810,21 @@ class Simulator:
             if mem_name(blk.mem) != mem:
                 raise SimulationError(f"{where}: the tensor unit reads its {mem} operand from "
                                       f"L0 {mem}, not {mem_name(blk.mem)}")
-        A = self._view(core, ab, (m1, m0, k), where + " a")
-        B = self._view(core, Block(bb.mem, bb.addr, bb.dtype, (0, bb.strides[0], bb.strides[1])),
-                       (1, k, n), where + " b")[0]
-        C = self._dst(core, cb, (m1, m0, n), where + " c")
-        a2 = A.reshape(m1 * m0, k).astype(np.float64)
-        prod = a2 @ B.astype(np.float64)
-        if td.acc.is_float:
-            prod32 = prod.astype(np.float32).reshape(m1, m0, n)
+        if not self.timing_only:
+            A = self._view(core, ab, (m1, m0, k), where + " a")
+            B = self._view(core, Block(bb.mem, bb.addr, bb.dtype,
+                                       (0, bb.strides[0], bb.strides[1])), (1, k, n),
+                           where + " b")[0]
+            C = self._dst(core, cb, (m1, m0, n), where + " c")
+        if self.timing_only:
+            pass
+        elif td.acc.is_float:
+            prod32 = (A.reshape(m1 * m0, k).astype(np.float64) @ B.astype(np.float64)
+                      ).astype(np.float32).reshape(m1, m0, n)
             C[...] = prod32 if ins.op == "mma.set" else (C + prod32)
         else:
-            p = prod.astype(np.int64).reshape(m1, m0, n)
+            p = (A.reshape(m1 * m0, k).astype(np.float64) @ B.astype(np.float64)
+                 ).astype(np.int64).reshape(m1, m0, n)
             if ins.op == "mma":
                 p = p + C.astype(np.int64)
             C[...] = ((p + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)
@@ -656,6 +851,11 @@ class Simulator:
         op = ins.op
         shape = tuple(a["shape"])
         dst_b = a["dst"]
+        if self.timing_only:
+            blocks = onchip_operands(ins)
+            return self._vector_timing(ins, [b for _, b, _ in blocks], shape,
+                                       [(b, s) for k, b, s in blocks if k != "dst"],
+                                       [(dst_b, blocks[0][2])])
         reads: list[tuple[Block, tuple[int, ...]]] = []
         operands: list[Block] = [dst_b]
 
@@ -676,7 +876,6 @@ class Simulator:
             dst_view = self._dst(core, dst_b, shape, where + " dst")
         if dt not in {str(d) for d in self.config.vector_dtypes} and op not in ("vmov",):
             raise SimulationError(f"{where}: the vector unit does not compute in {dt}")
-        cost_class = ins.spec.cost
         if op in _BINARY:
             x, y = src("a"), src("b")
             _check_same(where, dt, a["a"], a["b"])
@@ -749,19 +948,26 @@ class Simulator:
             dst_view[...] = _reduce(op[5:], x, dst_view if acc else None, dt)
         else:
             raise SimulationError(f"{where}: unknown vector instruction")
-        # timing
+        return self._vector_timing(ins, operands, shape, reads, [(dst_b, out_shape)])
+
+    def _vector_timing(self, ins: Instr, operands: list[Block], shape: tuple[int, ...],
+                       reads: list[tuple[Block, tuple[int, ...]]],
+                       writes: list[tuple[Block, tuple[int, ...]]]) -> Any:
+        """A vector instruction's occupancy (its widest operand's blocks of ``width`` bytes,
+        or its slowest operand's bank-conflicted stream, times its op class's cost)."""
         cfg = self.config
+        dst_b, out_shape = writes[0]
         n = int(np.prod(shape))
         wide = max(_ITEMSIZE[b.dtype] for b in operands)
         base = math.ceil(n * wide / cfg.vector_width)
-        conflicts = max(stream_cycles(n if b is not dst_b or not op.startswith("vred.")
+        conflicts = max(stream_cycles(n if b is not dst_b or not ins.op.startswith("vred.")
                                       else int(np.prod(out_shape)),
                                       _ITEMSIZE[b.dtype], _inner_stride(shape, b.strides),
                                       cfg.vector_width, self._mem_specs[b.mem])
                         for b in operands)
-        cost = cfg.vector_cost.get(cost_class, cfg.vector_cost.get("default", 1))
+        cost = cfg.vector_cost.get(ins.spec.cost, cfg.vector_cost.get("default", 1))
         occupancy = float(max(base, conflicts) * cost)
-        return occupancy, cfg.vector_latency, reads, [(dst_b, out_shape)]
+        return occupancy, cfg.vector_latency, reads, writes
 
     # ---- the scalar unit -------------------------------------------------------------------
     def _scalar_copy(self, core: int, a: dict[str, Any], dst: int, src: int, t: float,

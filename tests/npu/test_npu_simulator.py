@@ -382,3 +382,79 @@ def test_per_phase_totals_split_the_run():
     for key, stats in rep.units.items():
         assert sum(p.get(key, 0.0) for p in rep.phase_busy.values()) == pytest.approx(stats.busy)
     assert rep.phase_busy["two"][(0, "dma_in")] > rep.phase_busy["one"][(0, "dma_in")] > 0
+
+
+# ---- bank groups: conflicts between units (issue 23) -----------------------------------------
+def _grouped_config(groups: int | None, ports: int = 1):
+    """The default description with L0 input in ``groups`` bank groups (None: the key absent)
+    of ``ports`` ports."""
+    raw = json.loads(json.dumps(CFG.raw))
+    table = raw["l0"]["input"]
+    table["ports"] = ports
+    table.pop("bank_groups", None)
+    if groups is not None:
+        table["bank_groups"] = groups
+    return config_from_dict(raw, f"default_g{groups}_p{ports}.toml")
+
+
+def _dma_and_vector(vector_addr: int):
+    """DMA-in loads 8 KiB into L0 input at 0 (its data phase: cycles [8, 136)) while the
+    vector unit, with no token between them, reads 8 KiB of L0 input at ``vector_addr``
+    (32 cycles from cycle 0)."""
+    n = 2048
+    return [Instr("dma.load", shape=(1, 1, n), dst=Block(IN, 0, "float32", (0, 0, 1)),
+                  src=Block(0, 0, "float32", (0, 0, 1)), pad_lo=(0, 0, 0), pad_hi=(0, 0, 0),
+                  fill=0),
+            Instr("vmov", shape=(1, 1, n), dst=Block(ACC, 0, "float32", (0, 0, 1)),
+                  a=Block(IN, vector_addr, "float32", (0, 0, 1)))]
+
+
+def test_two_units_on_one_bank_group_share_its_port():
+    """With one port, the later-issued instruction (the vector unit's, issued after the DMA
+    at the same cycle) is stretched by its overlap with the DMA's data phase: 32 cycles from
+    0 against [8, 136) overlap 24. Another group, two ports, or one group: no stretch."""
+    vector_cycles = math.ceil(2048 * 4 / CFG.vector_width)
+    dma_start = CFG.dma_latency
+    overlap = vector_cycles - dma_start
+    cfg = _grouped_config(4)
+    group = cfg.memory("input").group_bytes
+    assert group == CFG.memory("input").size // 4
+    _, _, same = _run(_dma_and_vector(8192), cfg=cfg)
+    assert same.units[(0, "vector")].busy == vector_cycles + overlap
+    assert same.conflict_cycles == {"input": overlap}
+    assert same.phase_conflicts["tail"] == {"input": overlap}
+    assert "bank-group conflicts: 24 cycles" in same.summary()
+    _, _, apart = _run(_dma_and_vector(group), cfg=cfg)
+    _, _, two_ports = _run(_dma_and_vector(8192), cfg=_grouped_config(4, ports=2))
+    _, _, one_group = _run(_dma_and_vector(8192), cfg=_grouped_config(1))
+    _, _, absent = _run(_dma_and_vector(8192), cfg=_grouped_config(None))
+    for rep in (apart, two_ports, one_group, absent):
+        assert rep.units[(0, "vector")].busy == vector_cycles
+        assert rep.conflict_cycles == {}
+        assert rep.cycles == absent.cycles
+    assert same.cycles == absent.cycles  # the DMA, issued first, is the critical path
+
+
+def test_bank_groups_must_divide_the_memory_into_whole_bank_lines():
+    raw = json.loads(json.dumps(CFG.raw))
+    raw["l0"]["acc"]["bank_groups"] = 3
+    with pytest.raises(ConfigError, match=r"l0\.acc.*bank_groups"):
+        config_from_dict(raw, "bad.toml")
+    raw["l0"]["acc"]["bank_groups"] = 0
+    with pytest.raises(ConfigError, match="bank_groups"):
+        config_from_dict(raw, "bad.toml")
+
+
+def test_timing_only_replay_gives_the_full_runs_timing():
+    """The replay the bank placement analyses: no data work, the same cycles, busy totals and
+    conflicts as the full simulation of a compiled model."""
+    cfg = load_config("edge")
+    m = models.small_cnn(batch=1, channels=8, size=16)
+    exe = kiln.build(m.mod, target="npu -hw=edge")
+    exe(*m.inputs)
+    for step, full in zip([s for s in exe.steps if hasattr(s, "program")], exe.last_reports):
+        rep = Simulator(cfg, Machine(cfg, exe.dram_bytes), timing_only=True).run(step.program)
+        assert rep.cycles == full.cycles
+        assert rep.conflict_cycles == full.conflict_cycles
+        assert {k: s.busy for k, s in rep.units.items()} == \
+            {k: s.busy for k, s in full.units.items()}

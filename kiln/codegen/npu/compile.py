@@ -28,6 +28,7 @@ import numpy as np
 from ... import graph as g
 from ...ir.errors import InternalError, KilnError
 from ...ir.module import IRModule
+from ...npu import Machine
 from ...schedule.npu import DramTensor, LoweringContext, NotSupported
 from ...schedule.npu.lowering import DEFAULT_ROUTE, LOWERING_KEY
 from ...schedule.npu.region import (
@@ -51,6 +52,7 @@ from ...transform.npu import (
 from ...transform.npu.common import main_bindings, main_function
 from ...transform.pass_infra import PassContext, register_config
 from ..executable import build_executable
+from .bank_plan import plan_banks
 from .dram_plan import plan_dram
 from .executable import CpuStep, NPUExecutable, NpuStep
 
@@ -150,12 +152,13 @@ def _strict_errors(main: g.Function) -> list[str]:
 
 
 def build_npu(mod: IRModule, target: Target, strict: bool = False,
-              double_buffer: bool = True, fuse: bool = True, reuse_dram: bool = True
-              ) -> NPUExecutable:
+              double_buffer: bool = True, fuse: bool = True, reuse_dram: bool = True,
+              bank_plan: bool = True) -> NPUExecutable:
     """Compile graph function ``main`` of ``mod`` (not legalized; partitioned for ``target``'s
     hardware description, else partitioned here) for ``target``'s NPU (``fuse``: chains of
     element-wise ops become one kernel each; ``reuse_dram``: tensors never live together share
-    DRAM, :mod:`.dram_plan`)."""
+    DRAM, :mod:`.dram_plan`; ``bank_plan``: each program's colliding on-chip buffers are moved
+    to other bank groups, :mod:`.bank_plan`)."""
     cfg = npu_config_of(target)
     main_function(mod, "the NPU build")
     if not is_partitioned(mod):
@@ -216,5 +219,11 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
     exe = NPUExecutable(cfg, inputs, out_tensors, isinstance(result, g.Tuple), steps,
                         constants, dram_bytes, double_buffer)
     exe.unshared_dram_bytes = ctx.top
+    if bank_plan:  # after the DRAM plan: the replays see the final addresses
+        scratch = Machine(cfg, dram_bytes)  # the timing replays' own (their scalar code stores)
+        for step in steps:
+            if isinstance(step, NpuStep):
+                step.program, plan = plan_banks(step.program, scratch)
+                exe.bank_plans.append(plan)
     exe.tir = ctx.tir
     return exe

@@ -94,11 +94,33 @@ class NPUExecutable:
         #: ``(op, Schedule)`` of the kernels the TIR route lowered (empty on the emit route
         #: and for a loaded executable).
         self.tir: list[tuple[str, Any]] = []
+        #: per NPU program, what the bank-group placement did (``build_npu(bank_plan=True)``;
+        #: :class:`kiln.codegen.npu.bank_plan.BankPlan`; empty when off and when loaded)
+        self.bank_plans: list[Any] = []
         self.machine = Machine(config, dram_bytes)
         for t, arr in constants:
             self.machine.write(t.addr, arr)
         self.last_reports: list[Report] = []
         self.target = f"npu -hw={config.name}"
+
+    @property
+    def bank_conflicts(self) -> tuple[float, float]:
+        """Cycles lost to bank-group conflicts over the model's programs (timing replays),
+        before and after the placement (equal when it did not run)."""
+        return (sum(p.conflicts_before for p in self.bank_plans),
+                sum(p.conflicts_after for p in self.bank_plans))
+
+    @property
+    def kernel_bank_conflicts(self) -> dict[str, tuple[float, float]]:
+        """Per kernel label (a program's phase), its bank-group conflict cycles before and
+        after the placement (the timing replays; kernels without any are left out)."""
+        out: dict[str, tuple[float, float]] = {}
+        for p in self.bank_plans:
+            for label in {**p.phases_before, **p.phases_after}:
+                before, after = p.phases_before.get(label, 0.0), p.phases_after.get(label, 0.0)
+                if before or after:
+                    out[label] = (before, after)
+        return out
 
     @property
     def kernels(self) -> list[KernelInfo]:

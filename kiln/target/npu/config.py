@@ -71,7 +71,15 @@ def parse_size(value: Any, what: str) -> int:
 class MemorySpec:
     """One memory: ``size`` bytes in ``banks`` banks of ``bank_width`` bytes per access, each
     bank serving ``ports`` accesses per cycle; ``latency`` cycles to the first byte of a DMA;
-    ``bandwidth`` bytes per cycle (DRAM: the chip's; on-chip: banks x width x ports)."""
+    ``bandwidth`` bytes per cycle (DRAM: the chip's; on-chip: banks x width x ports).
+
+    ``bank_groups`` splits an on-chip memory by address range into that many equal groups
+    (``size / bank_groups`` bytes each); each group is a whole set of ``banks`` banks of
+    ``bank_width`` bytes, interleaved inside it as the memory was before (``banks`` counts a
+    group's banks: the memory has ``banks x bank_groups``). A group is the unit of arbitration
+    between the units of a core: two units touching one group at once share its ``ports``
+    (the simulator's rule: :mod:`kiln.npu.simulator`). One group (the default) has no such
+    arbitration: the memory is multi-ported between units, as before groups existed."""
 
     name: str
     size: int
@@ -81,6 +89,12 @@ class MemorySpec:
     latency: int
     bandwidth: int
     burst: int = 1
+    bank_groups: int = 1
+
+    @property
+    def group_bytes(self) -> int:
+        """Bytes of one bank group (an address range ``[g * group_bytes, (g+1) * ...)``)."""
+        return self.size // self.bank_groups
 
     @property
     def per_core(self) -> bool:
@@ -237,7 +251,15 @@ def _memory(name: str, table: dict[str, Any], what: str) -> MemorySpec:
         raise ConfigError(f"{what}: size {size} is not a multiple of banks x bank_width "
                           f"({banks} x {width})")
     latency = int(table.get("latency", 1))
-    return MemorySpec(name, size, banks, width, ports, latency, banks * width * ports)
+    groups = table.get("bank_groups", 1)
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups <= 0:
+        raise ConfigError(f"{what}.bank_groups: expected a positive integer, got {groups!r}")
+    if size % (groups * banks * width):
+        raise ConfigError(f"{what}: size {size} is not a multiple of bank_groups x banks x "
+                          f"bank_width ({groups} x {banks} x {width}): every group holds "
+                          "whole lines of its banks")
+    return MemorySpec(name, size, banks, width, ports, latency, banks * width * ports,
+                      bank_groups=groups)
 
 
 def _dtype(value: Any, what: str) -> DataType:

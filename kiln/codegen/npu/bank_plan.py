@@ -1,0 +1,439 @@
+"""Bank-group conflicts of an NPU program, found statically and removed by moving on-chip
+buffers (issue 23).
+
+The simulator (:mod:`kiln.npu.simulator`, the specification) stretches an instruction when
+another unit of its core touches the same bank group of an on-chip memory at the same time
+(the DMA loading the next step's tile into L0 input while the tensor unit reads the current
+one from the same group). Which groups collide is a matter of addresses, which the lowerings
+choose without looking at groups; this pass moves them after the fact:
+
+1. **Replay** the program timing-only (``Simulator(timing_only=True, record_accesses=True)``:
+   the simulator's own timing rules, without the data work) for every instruction's busy
+   interval, its on-chip accesses and the conflicts it suffered.
+2. **Buffers**: per phase (the kernel between two barriers), scope (a core's L0, or the
+   shared L1) and memory with ``bank_groups > 1``, the byte extents of every operand, merged
+   where they overlap: a buffer is a range that no operand crosses, so it can move as a whole
+   by relocating every operand inside it. A buffer is *pinned* (never moved, and never a
+   destination) when it meets bytes some phase reads before writing them (data carried from
+   an earlier phase, whose writer would have to move alike), or the memory is addressed by
+   the scalar unit in that phase (through registers, which the pass cannot rewrite).
+3. **Pairs**: each recorded conflict names the two accesses' ranges, hence a pair of
+   buffers; pairs are ranked by the cycles they cost.
+4. **Placement**, per pair in that order: one of its buffers (either, if it is not pinned)
+   moves to the free range, in whichever bank group, where the **cost model** -- the cycles
+   its accesses overlap those of other units' accesses to buffers sharing a group, divided
+   by the memory's ports -- is lowest, if that is below its cost where it is. Free means no
+   other buffer of the phase there, and no carried bytes; a move keeps the address modulo
+   ``banks x bank_width`` (the bank of every byte within its group). A pair with no movable
+   buffer, or no free range that helps, is left, with the reason.
+5. **Re-check** by replaying the moved program; rounds repeat while conflicts remain and
+   fall. The placement is kept only if the replay's cycles do not grow.
+
+The data never changes (a moved buffer is written in its phase before it is read, the
+moves only rename bytes), so a program gives the same bits with and without the pass.
+``kiln.codegen.npu.build_npu(..., bank_plan=True)`` (the default) runs it per program and
+keeps each program's :class:`BankPlan` (``exe.bank_plans``, ``exe.bank_conflicts``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ...npu.isa import Block, Instr
+from ...npu.numerics import np_dtype
+from ...npu.program import Program
+from ...npu.simulator import (
+    Access,
+    Machine,
+    Report,
+    Simulator,
+    block_extent,
+    onchip_operands,
+)
+from ...target.npu.config import L1, MEMORY_NAMES, NPUConfig
+
+__all__ = ["BankAnalysis", "BankPlan", "Buffer", "ConflictPair", "analyse_banks", "plan_banks"]
+
+_L1_ID = MEMORY_NAMES.index(L1)
+_ROUNDS = 3
+#: One operand use: (core, index in its stream, argument name, extent first, extent last)
+_Use = tuple[int, int, str, int, int]
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """An on-chip address range ``[lo, hi)`` of memory ``mem`` (its id) that the operands of
+    phase ``phase`` use as a whole, in ``scope`` (a core's L0; -1: the shared L1)."""
+
+    phase: int
+    scope: int
+    mem: int
+    lo: int
+    hi: int
+
+    @property
+    def size(self) -> int:
+        return self.hi - self.lo
+
+    def __str__(self) -> str:
+        where = "l1" if self.scope < 0 else f"core {self.scope} {MEMORY_NAMES[self.mem]}"
+        return f"phase {self.phase} {where}[{self.lo:#x}, {self.hi:#x})"
+
+
+@dataclass
+class ConflictPair:
+    """Two buffers touched by different units at once in one bank group, and the cycles the
+    simulator stretched instructions by for it."""
+
+    a: Buffer
+    b: Buffer
+    cycles: float
+
+
+@dataclass
+class BankAnalysis:
+    """A program's timing replay: its cycles, the cycles lost to bank-group conflicts (in
+    total and per phase label), the colliding buffer pairs ranked by cycles, and the buffers
+    that may not move."""
+
+    cycles: float
+    conflict_cycles: float
+    phase_conflicts: dict[str, float]
+    pairs: list[ConflictPair]
+    buffers: dict[tuple[int, int, int], list[Buffer]] = field(repr=False)
+    pinned: set[Buffer] = field(repr=False)
+    carried: dict[tuple[int, int], list[tuple[int, int]]] = field(repr=False)
+    accesses: dict[Buffer, list[Access]] = field(repr=False)
+    uses: dict[tuple[int, int, int], list[_Use]] = field(repr=False)
+
+
+@dataclass
+class BankPlan:
+    """What the placement did to one program: conflict cycles and program cycles of the
+    timing replay before and after, conflict cycles per phase label before and after, the
+    moves (``buffer -> new low address``) and the pairs left with their reason."""
+
+    conflicts_before: float
+    conflicts_after: float
+    cycles_before: float
+    cycles_after: float
+    phases_before: dict[str, float]
+    phases_after: dict[str, float]
+    moves: list[tuple[Buffer, int]] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [f"bank conflicts: {self.conflicts_before:.0f} cycles before placement, "
+                 f"{self.conflicts_after:.0f} after ({len(self.moves)} buffer(s) moved); "
+                 f"cycles {self.cycles_before:.0f} -> {self.cycles_after:.0f}"]
+        lines += [f"  left: {why}" for why in self.left]
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# buffers
+# ---------------------------------------------------------------------------------------------
+def _grouped(config: NPUConfig) -> set[int]:
+    """The ids of the on-chip memories that have bank groups."""
+    return {i for i, n in enumerate(MEMORY_NAMES)
+            if i > 0 and config.memory(n).bank_groups > 1}
+
+
+def _scope(core: int, mem: int) -> int:
+    return -1 if mem == _L1_ID else core
+
+
+def _is_write(ins: Instr, name: str) -> bool:
+    return name in ("dst", "c")
+
+
+def _is_read(ins: Instr, name: str) -> bool:
+    if name == "c":
+        return ins.op == "mma"
+    if name == "dst":
+        return ins.op == "vmac" or (ins.op.startswith("vred.") and bool(ins.args.get("acc")))
+    return True
+
+
+def _bytes(mask: np.ndarray, blk: Block, shape: tuple[int, ...]) -> np.ndarray:
+    """The entries of a per-byte mask that a block touches (as the simulator's hazard check
+    views its shadows)."""
+    isz = np_dtype(blk.dtype).itemsize
+    strides = blk.strides[-len(shape):]
+    return as_strided(mask[blk.addr:], shape=(*shape, isz),
+                      strides=(*(s * isz for s in strides), 1), writeable=True)
+
+
+def _collect(program: Program, grouped: set[int]
+             ) -> tuple[dict[tuple[int, int, int], list[_Use]],
+                        dict[tuple[int, int], list[tuple[int, int]]]]:
+    """Every on-chip operand use of a grouped memory, per (phase, scope, memory), and the
+    carried ranges per (scope, memory): bytes some phase reads before writing them, or the
+    whole memory where the scalar unit addresses it."""
+    cfg = program.config
+    uses: dict[tuple[int, int, int], list[_Use]] = {}
+    carried: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for core, stream in enumerate(program.streams):
+        phase = 0
+        masks: dict[int, np.ndarray] = {}
+        for idx, ins in enumerate(stream):
+            if ins.op == "barrier":
+                phase += 1
+                masks = {}
+                continue
+            if ins.op in ("s.ld", "s.st") and ins.args.get("mem") in grouped:
+                mem = ins.args["mem"]
+                carried.setdefault((_scope(core, mem), mem), []).append(
+                    (0, cfg.memory(MEMORY_NAMES[mem]).size))
+                continue
+            ops = [(n, b, s) for n, b, s in onchip_operands(ins) if b.mem in grouped]
+            for name, blk, shape in ops:
+                first, last = block_extent(blk, shape)
+                key = (phase, _scope(core, blk.mem), blk.mem)
+                uses.setdefault(key, []).append((core, idx, name, first, last))
+                if _is_read(ins, name):
+                    mask = masks.get(blk.mem)
+                    if mask is None or not _bytes(mask, blk, shape).all():
+                        carried.setdefault((key[1], blk.mem), []).append((first, last))
+            for name, blk, shape in ops:
+                if _is_write(ins, name):
+                    mask = masks.get(blk.mem)
+                    if mask is None:
+                        mask = masks[blk.mem] = np.zeros(
+                            cfg.memory(MEMORY_NAMES[blk.mem]).size, bool)
+                    _bytes(mask, blk, shape)[...] = True
+    return uses, carried
+
+
+def _merge(uses: list[_Use], phase: int, scope: int, mem: int) -> list[Buffer]:
+    out: list[Buffer] = []
+    for first, last in sorted((f, la) for _, _, _, f, la in uses):
+        if out and first < out[-1].hi:
+            if last > out[-1].hi:
+                out[-1] = Buffer(phase, scope, mem, out[-1].lo, last)
+        else:
+            out.append(Buffer(phase, scope, mem, first, last))
+    return out
+
+
+def _find(buffers: list[Buffer], first: int) -> Buffer | None:
+    i = bisect.bisect_right([b.lo for b in buffers], first) - 1
+    return buffers[i] if i >= 0 and first < buffers[i].hi else None
+
+
+def _meets(lo: int, hi: int, ranges: list[tuple[int, int]]) -> bool:
+    return any(lo < b and a < hi for a, b in ranges)
+
+
+# ---------------------------------------------------------------------------------------------
+# analysis
+# ---------------------------------------------------------------------------------------------
+def _replay(program: Program, machine: Machine) -> tuple[Report, Simulator]:
+    sim = Simulator(program.config, machine, timing_only=True, record_accesses=True)
+    return sim.run(program), sim
+
+
+def analyse_banks(program: Program, machine: Machine) -> BankAnalysis:
+    """Replay ``program`` timing-only on ``machine`` (whose DRAM must hold the program's
+    tensors; its contents are not used) and list its colliding buffer pairs."""
+    grouped = _grouped(program.config)
+    report, sim = _replay(program, machine)
+    phase_conflicts = {label: sum(mems.values())
+                       for label, mems in report.phase_conflicts.items()}
+    if not sim.conflicts:  # nothing to place: no buffers needed
+        return BankAnalysis(report.cycles, report.total_conflict_cycles, phase_conflicts, [],
+                            {}, set(), {}, {}, {})
+    uses, carried = _collect(program, grouped)
+    buffers = {key: _merge(u, *key) for key, u in uses.items()}
+    pinned = {b for key, bufs in buffers.items() for b in bufs
+              if _meets(b.lo, b.hi, carried.get(key[1:], []))}
+    accesses: dict[Buffer, list[Access]] = {}
+    for acc in sim.accesses:
+        buf = _find(buffers.get((acc.phase, acc.scope, acc.mem), []), acc.first)
+        if buf is not None:
+            accesses.setdefault(buf, []).append(acc)
+    pairs: dict[tuple[Buffer, Buffer], float] = {}
+    for c in sim.conflicts:
+        bufs = buffers.get((c.phase, c.scope, c.mem), [])
+        a, b = _find(bufs, c.first), _find(bufs, c.other_first)
+        if a is None or b is None:
+            continue
+        key = (a, b) if (a.lo, a.hi) <= (b.lo, b.hi) else (b, a)
+        pairs[key] = pairs.get(key, 0.0) + c.cycles
+    ranked = sorted((ConflictPair(a, b, cyc) for (a, b), cyc in pairs.items()),
+                    key=lambda p: (-p.cycles, p.a.phase, p.a.lo, p.b.lo))
+    return BankAnalysis(report.cycles, report.total_conflict_cycles, phase_conflicts, ranked,
+                        buffers, pinned, carried, accesses, uses)
+
+
+def _overlap(x: list[Access], y: list[Access]) -> float:
+    """Cycles the accesses of ``x`` overlap those of ``y`` made by other units."""
+    if not x or not y:
+        return 0.0
+    xb = np.array([a.begin for a in x])
+    xe = np.array([a.end for a in x])
+    yb = np.array([a.begin for a in y])
+    ye = np.array([a.end for a in y])
+    xu = np.array([a.unit[0] * 8 + a.unit[1] for a in x])
+    yu = np.array([a.unit[0] * 8 + a.unit[1] for a in y])
+    ov = np.minimum(xe[:, None], ye[None, :]) - np.maximum(xb[:, None], yb[None, :])
+    ov = np.where(xu[:, None] != yu[None, :], np.maximum(ov, 0.0), 0.0)
+    return float(ov.sum())
+
+
+# ---------------------------------------------------------------------------------------------
+# placement
+# ---------------------------------------------------------------------------------------------
+class _Placer:
+    """The placement of one (phase, scope, memory)'s buffers while moves are decided."""
+
+    def __init__(self, config: NPUConfig, key: tuple[int, int, int], buffers: list[Buffer],
+                 analysis: BankAnalysis):
+        spec = config.memory(MEMORY_NAMES[key[2]])
+        self.size, self.group = spec.size, spec.group_bytes
+        self.align = spec.banks * spec.bank_width
+        self.weight = 1.0 / spec.ports
+        self.where = {b: b.lo for b in buffers}
+        self.carried = analysis.carried.get(key[1:], [])
+        self.accesses = analysis.accesses
+        self._overlaps: dict[tuple[Buffer, Buffer], float] = {}
+
+    def groups(self, lo: int, size: int) -> range:
+        return range(lo // self.group, (lo + size - 1) // self.group + 1)
+
+    def overlap(self, x: Buffer, y: Buffer) -> float:
+        key = (x, y)
+        if key not in self._overlaps:
+            self._overlaps[key] = _overlap(self.accesses.get(x, []), self.accesses.get(y, []))
+        return self._overlaps[key]
+
+    def cost(self, buf: Buffer, lo: int) -> float:
+        """The cost model: cycles ``buf`` at ``lo`` would overlap other units' accesses to
+        buffers sharing one of its groups, per port."""
+        mine = set(self.groups(lo, buf.size))
+        return self.weight * sum(self.overlap(buf, other) for other, olo in self.where.items()
+                                 if other is not buf and
+                                 mine.intersection(self.groups(olo, other.size)))
+
+    def free_starts(self, buf: Buffer) -> list[int]:
+        """Per bank group, the lowest start of a free range for ``buf`` beginning in it (its
+        address modulo the bank span kept)."""
+        taken = sorted([(lo, lo + b.size) for b, lo in self.where.items() if b is not buf] +
+                       list(self.carried))
+        out = []
+        for g in range(self.size // self.group):
+            start = g * self.group
+            start += (buf.lo - start) % self.align
+            while start + buf.size <= self.size and start < (g + 1) * self.group:
+                clash = [hi for lo, hi in taken if lo < start + buf.size and start < hi]
+                if not clash:
+                    out.append(start)
+                    break
+                nxt = max(clash)
+                start = nxt + (buf.lo - nxt) % self.align
+        return out
+
+    def best_move(self, buf: Buffer) -> tuple[float, int] | None:
+        """(gain, new low address) of the best free range for ``buf``, if one lowers its
+        cost."""
+        here = self.cost(buf, self.where[buf])
+        best = None
+        for start in self.free_starts(buf):
+            c = self.cost(buf, start)
+            if c < here - 1e-9 and (best is None or c < best[0]):
+                best = (c, start)
+        return None if best is None else (here - best[0], best[1])
+
+
+def _place(program: Program, analysis: BankAnalysis) -> tuple[dict[Buffer, int], list[str]]:
+    """Decide the moves for the ranked pairs: ``{buffer: new low address}`` and the reasons
+    of the pairs left."""
+    placers: dict[tuple[int, int, int], _Placer] = {}
+    moves: dict[Buffer, int] = {}
+    left: list[str] = []
+    for pair in analysis.pairs:
+        key = (pair.a.phase, pair.a.scope, pair.a.mem)
+        placer = placers.get(key)
+        if placer is None:
+            placer = placers[key] = _Placer(program.config, key, analysis.buffers[key],
+                                            analysis)
+        if pair.a == pair.b:
+            left.append(f"{pair.a}: {pair.cycles:.0f} cycles between two units using one "
+                        "buffer (no move separates them)")
+            continue
+        if not set(placer.groups(placer.where[pair.a], pair.a.size)) & \
+                set(placer.groups(placer.where[pair.b], pair.b.size)):
+            continue  # an earlier move separated them
+        movable = [b for b in (pair.a, pair.b) if b not in analysis.pinned]
+        if not movable:
+            left.append(f"{pair.a} and {pair.b}: {pair.cycles:.0f} cycles, both hold data "
+                        "carried between phases (pinned)")
+            continue
+        options = [(mv, b) for b in movable if (mv := placer.best_move(b)) is not None]
+        if not options:
+            left.append(f"{pair.a} and {pair.b}: {pair.cycles:.0f} cycles, no free range of "
+                        f"{MEMORY_NAMES[pair.a.mem]} where one of them would cost fewer "
+                        "(memory full)")
+            continue
+        (_, start), buf = max(options, key=lambda o: o[0][0])
+        placer.where[buf] = start
+        moves[buf] = start
+    return {b: lo for b, lo in moves.items() if lo != b.lo}, left
+
+
+def _relocate(program: Program, analysis: BankAnalysis, moves: dict[Buffer, int]) -> Program:
+    """A copy of ``program`` with every operand inside a moved buffer shifted with it."""
+    streams = [list(s) for s in program.streams]
+    changes: dict[tuple[int, int], dict[str, Block]] = {}
+    for key, us in analysis.uses.items():
+        bufs = analysis.buffers.get(key, [])
+        for core, idx, name, first, _ in us:
+            buf = _find(bufs, first)
+            if buf is None or buf not in moves:
+                continue
+            blk = program.streams[core][idx].args[name]
+            changes.setdefault((core, idx), {})[name] = \
+                blk._replace(addr=blk.addr + moves[buf] - buf.lo)
+    for (core, idx), new in changes.items():
+        ins = streams[core][idx]
+        streams[core][idx] = Instr(ins.op, note=ins.note, **{**ins.args, **new})
+    return Program(program.config, streams, dict(program.labels), program.dram_bytes)
+
+
+def plan_banks(program: Program, machine: Machine) -> tuple[Program, BankPlan]:
+    """Move ``program``'s colliding on-chip buffers apart (the module docstring); returns the
+    program to run (``program`` itself when nothing helped) and what was done. ``machine``
+    only lends its DRAM's size to the timing replays."""
+    if not _grouped(program.config):  # no bank groups: nothing to collide, no replay
+        return program, BankPlan(0.0, 0.0, 0.0, 0.0, {}, {})
+    before = analyse_banks(program, machine)
+    plan = BankPlan(before.conflict_cycles, before.conflict_cycles, before.cycles,
+                    before.cycles, before.phase_conflicts, before.phase_conflicts)
+    if not before.pairs:
+        return program, plan
+    best, best_an = program, before
+    current, an = program, before
+    all_moves: list[tuple[Buffer, int]] = []
+    for _ in range(_ROUNDS):
+        moves, left = _place(current, an)
+        plan.left = left
+        if not moves:
+            break
+        candidate = _relocate(current, an, moves)
+        new_an = analyse_banks(candidate, machine)
+        if new_an.conflict_cycles >= an.conflict_cycles or new_an.cycles > before.cycles:
+            break
+        all_moves += sorted(moves.items(), key=lambda m: (m[0].phase, m[0].scope, m[0].lo))
+        current, an = candidate, new_an
+        best, best_an = candidate, new_an
+        if not an.pairs:
+            plan.left = []
+            break
+    plan.conflicts_after, plan.cycles_after = best_an.conflict_cycles, best_an.cycles
+    plan.phases_after = best_an.phase_conflicts
+    plan.moves = all_moves
+    return best, plan

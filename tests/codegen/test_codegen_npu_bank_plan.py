@@ -1,0 +1,155 @@
+"""kiln.codegen.npu.bank_plan: bank-group conflicts found by a timing replay of a program and
+removed by moving its on-chip buffers -- the same bits, no more cycles."""
+
+import json
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.build import npu_pipeline
+from kiln.codegen.npu import build_npu
+from kiln.codegen.npu.bank_plan import analyse_banks, plan_banks
+from kiln.npu import Block, Instr, Machine, Program, Simulator
+from kiln.npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, UNIT_VECTOR
+from kiln.target.npu import load_config
+from kiln.target.npu.config import config_from_dict
+from kiln.testing import models
+
+IN, ACC = 2, 4
+N = 2048  # float32 elements of a tile: 8 KiB
+
+
+def _config(input_size: str | None = None):
+    """The default description (L0 buffers in 4 bank groups of one port); ``input_size``
+    shrinks L0 input."""
+    raw = json.loads(json.dumps(load_config("default").raw))
+    if input_size is not None:
+        raw["l0"]["input"]["size"] = input_size
+    return config_from_dict(raw, "default_test.toml")
+
+
+def _f32(mem: int, addr: int) -> Block:
+    return Block(mem, addr, "float32", (0, 0, 1))
+
+
+def _pingpong(steps: int = 4, in_slots=(0, 8192), acc_slots=(0, 8192), fill_rest: int = 0):
+    """A double-buffered kernel: DMA-in loads tile i into input slot i % 2, the vector unit
+    writes ``2 x + 1`` of it to accumulator slot i % 2, DMA-out stores it; tokens order the
+    slots' reuse. Both input slots sit in one bank group, so the load of tile i + 1 collides
+    with the vector's read of tile i. ``fill_rest``: a vfill first writes that many
+    bytes of L0 input from 16 KiB on (a buffer taking the rest of the memory)."""
+    s: list[Instr] = []
+    if fill_rest:
+        s.append(Instr("vfill", shape=(1, fill_rest // 4096, 1024), value=0.0,
+                       dst=Block(IN, 16384, "float32", (0, 1024, 1))))
+    for i in range(steps):
+        slot_in, slot_acc = in_slots[i % 2], acc_slots[i % 2]
+        if i >= 2:
+            s.append(Instr("tok.pop", src=UNIT_VECTOR, dst=UNIT_DMA_IN))
+        s += [Instr("dma.load", shape=(1, 1, N), dst=_f32(IN, slot_in),
+                    src=_f32(0, 64 + i * N * 4), pad_lo=(0, 0, 0), pad_hi=(0, 0, 0), fill=0),
+              Instr("tok.push", src=UNIT_DMA_IN, dst=UNIT_VECTOR),
+              Instr("tok.pop", src=UNIT_DMA_IN, dst=UNIT_VECTOR)]
+        if i >= 2:
+            s.append(Instr("tok.pop", src=UNIT_DMA_OUT, dst=UNIT_VECTOR))
+        s += [Instr("vmul", shape=(1, 1, N), dst=_f32(ACC, slot_acc), a=_f32(IN, slot_in),
+                    b=2.0),
+              Instr("tok.push", src=UNIT_VECTOR, dst=UNIT_VECTOR),
+              Instr("tok.pop", src=UNIT_VECTOR, dst=UNIT_VECTOR),
+              Instr("vadd", shape=(1, 1, N), dst=_f32(ACC, slot_acc), a=_f32(ACC, slot_acc),
+                    b=1.0),
+              Instr("tok.push", src=UNIT_VECTOR, dst=UNIT_DMA_IN),
+              Instr("tok.push", src=UNIT_VECTOR, dst=UNIT_DMA_OUT),
+              Instr("tok.pop", src=UNIT_VECTOR, dst=UNIT_DMA_OUT),
+              Instr("dma.store", shape=(1, 1, N), src=_f32(ACC, slot_acc),
+                    dst=_f32(0, 64 + (steps + i) * N * 4), pad_lo=(0, 0, 0),
+                    pad_hi=(0, 0, 0), fill=0),
+              Instr("tok.push", src=UNIT_DMA_OUT, dst=UNIT_VECTOR)]
+    return s
+
+
+def _run(cfg, program, x):
+    m = Machine(cfg, 64 + 2 * x.nbytes)
+    m.write(64, x)
+    rep = Simulator(cfg, m).run(program)
+    return rep, m.read(64 + x.nbytes, x.shape, x.dtype)
+
+
+def test_pingpong_in_one_group_is_moved_apart():
+    cfg = _config()
+    steps = 4
+    program = Program(cfg, [_pingpong(steps), []])
+    x = np.random.default_rng(0).standard_normal(steps * N).astype(np.float32)
+    before = analyse_banks(program, Machine(cfg, 1 << 20))
+    assert before.conflict_cycles > 0
+    assert {p.a.mem for p in before.pairs} == {IN}  # the loads against the vector's reads
+    assert before.pairs == sorted(before.pairs, key=lambda p: -p.cycles)
+    moved, plan = plan_banks(program, Machine(cfg, 1 << 20))
+    assert plan.conflicts_before == before.conflict_cycles
+    assert plan.conflicts_after == 0 and not plan.left
+    assert plan.cycles_after < plan.cycles_before
+    group = cfg.memory("input").group_bytes
+    for buf, lo in plan.moves:  # to another group, keeping the bank of every byte
+        assert lo // group != buf.lo // group
+        assert (lo - buf.lo) % (cfg.memory("input").banks * cfg.memory("input").bank_width) == 0
+    rep0, out0 = _run(cfg, program, x)
+    rep1, out1 = _run(cfg, moved, x)
+    np.testing.assert_array_equal(out0, 2 * x + 1)
+    assert out1.tobytes() == out0.tobytes()
+    assert rep0.total_conflict_cycles == plan.conflicts_before  # the replay is the run's timing
+    assert rep1.total_conflict_cycles == 0 and rep1.cycles == plan.cycles_after
+    assert rep1.cycles < rep0.cycles
+
+
+def test_full_memory_leaves_the_conflict_and_says_so():
+    """L0 input of 64 KiB (4 groups of 16 KiB): both slots in the first, a buffer filling the
+    other three; nothing can move there, so the conflict stays, named with the reason."""
+    cfg = _config("64 KiB")
+    program = Program(cfg, [_pingpong(4, fill_rest=48 * 1024), []])
+    moved, plan = plan_banks(program, Machine(cfg, 1 << 20))
+    assert plan.left and all("memory full" in why and "input" in why for why in plan.left)
+    assert plan.conflicts_after == plan.conflicts_before > 0
+    assert not plan.moves and moved is program
+    assert "left:" in plan.summary()
+    x = np.random.default_rng(1).standard_normal(4 * N).astype(np.float32)
+    assert _run(cfg, moved, x)[1].tobytes() == _run(cfg, program, x)[1].tobytes()
+
+
+def test_data_carried_between_phases_pins_its_buffers():
+    """A tile loaded in one phase and read in the next must not move (its writer is in the
+    other phase): the read-before-write bytes pin the buffers on both sides."""
+    cfg = _config()
+    held = 0x8000
+    s = [Instr("dma.load", shape=(1, 1, N), dst=_f32(IN, held), src=_f32(0, 64),
+               pad_lo=(0, 0, 0), pad_hi=(0, 0, 0), fill=0), Instr("barrier", id=1),
+         Instr("vmov", shape=(1, 1, N), dst=_f32(ACC, 0x10000), a=_f32(IN, held)),
+         *_pingpong(4)]
+    analysis = analyse_banks(Program(cfg, [s, [Instr("barrier", id=1)]]),
+                             Machine(cfg, 1 << 20))
+    pinned = {(b.phase, b.mem, b.lo) for b in analysis.pinned}
+    assert (0, IN, held) in pinned and (1, IN, held) in pinned
+    assert (1, IN, 0) not in pinned and (1, IN, 8192) not in pinned
+    assert analysis.carried[(0, IN)] == [(held, held + N * 4)]
+
+
+@pytest.mark.parametrize("hw", ["edge", "default"])
+def test_model_with_and_without_placement_same_bits(hw):
+    m = models.small_cnn(batch=1, channels=16, size=16)
+    target = kiln.Target("npu", hw=hw)
+    mod = npu_pipeline()(m.mod)
+    off = build_npu(mod, target, bank_plan=False)
+    on = build_npu(mod, target)
+    a, b = off(*m.inputs), on(*m.inputs)
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    np.testing.assert_allclose(np.asarray(b), m.reference(*m.inputs), rtol=2e-2, atol=2e-2)
+    before, after = on.bank_conflicts
+    assert before > 0 and after <= before
+    assert on.last_cycles <= off.last_cycles
+    assert sum(r.total_conflict_cycles for r in off.last_reports) == before
+    assert sum(r.total_conflict_cycles for r in on.last_reports) == after
+    assert off.bank_conflicts == (0, 0)
+    per_kernel = on.kernel_bank_conflicts
+    assert per_kernel and set(per_kernel) <= {k.label for k in on.kernels} | {"tail"}
+    assert sum(b for b, _ in per_kernel.values()) == before
+    assert sum(a for _, a in per_kernel.values()) == after
