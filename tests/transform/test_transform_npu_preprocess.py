@@ -95,3 +95,11 @@ def test_rewrite_needs_every_piece_accepted(monkeypatch):
     assert PREPROCESS_ATTR not in PreProcess()(_module(op.silu))["main"].attrs
     # gelu's pieces do not include sigmoid: still rewritten
     assert PREPROCESS_ATTR in PreProcess()(_module(op.gelu))["main"].attrs
+
+
+def test_refused_rewrite_emits_nothing(monkeypatch):
+    monkeypatch.setattr(pp, "lowering_rejection", lambda config, call, *a, **k: (
+        "refused" if call.op.name == "sigmoid" else None if call.op.name != "silu"
+        else "no NPU lowering"))
+    out = PreProcess()(_module(op.silu))["main"]
+    assert [b.value.op.name for blk in out.body.blocks for b in blk.bindings] == ["silu"]
