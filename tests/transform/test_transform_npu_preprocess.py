@@ -1,5 +1,6 @@
 """PreProcess (kiln/transform/npu/preprocess.py): op calls the NPU has no lowering for --
-silu, gelu in both forms, power with a constant exponent -- become formulas of ops it runs,
+silu, gelu in both forms, power with a constant exponent, mean and sum over leading axes -- become
+formulas of ops it runs,
 checked with the lowerings themselves; built for the NPU they leave ``exe.cpu_ops`` and match
 numpy. Calls whose pieces the NPU would reject, other dtypes and other exponents stay."""
 
@@ -64,6 +65,21 @@ def test_rewrite_runs_on_the_npu_and_matches_numpy(name, hw):
     y = np.asarray(exe(x))
     np.testing.assert_allclose(y, ref(x.astype(np.float64)), rtol=2e-5, atol=2e-6)
     assert PreProcess(hw)(mod)["main"].attrs[PREPROCESS_ATTR] == {"y": op_name}
+
+
+@pytest.mark.parametrize("name,axis,keep", [("mean", 0, False), ("mean", (0, 2), True),
+                                            ("mean", 1, False), ("sum", (0, 1), False)])
+def test_reduction_over_leading_axes_is_transposed_to_the_end(name, axis, keep):
+    mod = _module(lambda v: getattr(op, name)(v, axis=axis, keepdims=keep), shape=(3, 5, 16))
+    assert AnnotateTarget()(mod)["main"].attrs["npu.target"]["y"].startswith("cpu")
+    exe = kiln.build(mod, target="npu")
+    assert exe.cpu_ops == [] and [k.op for k in exe.kernels] == ["transpose", name]
+    x = RNG.standard_normal((3, 5, 16)).astype(np.float32)
+    want = getattr(x.astype(np.float64), name)(axis=axis, keepdims=keep)
+    np.testing.assert_allclose(exe(x), want, rtol=1e-5, atol=1e-5)
+    # trailing axes are the NPU's own: left as they are
+    trailing = _module(lambda v: op.mean(v, axis=(1, 2)), shape=(3, 5, 16))
+    assert PREPROCESS_ATTR not in PreProcess()(trailing)["main"].attrs
 
 
 def test_silu_becomes_multiply_of_sigmoid():

@@ -14,7 +14,12 @@ is the op's up to the rounding of the NPU's units for the pieces:
 - ``power(x, c)`` with a scalar constant exponent that does not broadcast ``x``: ``c = 1`` ->
   ``x``, ``2`` -> ``x * x``, ``3`` -> ``x * x * x``, ``0.5`` -> ``sqrt(x)``, ``-0.5`` ->
   ``rsqrt(x)``, ``-1`` -> ``1 / x`` (IEEE ``pow`` and these agree except for the sign of
-  ``sqrt(-0)`` and ``pow(-inf, 0.5) = inf`` against ``sqrt(-inf) = nan``).
+  ``sqrt(-0)`` and ``pow(-inf, 0.5) = inf`` against ``sqrt(-inf) = nan``);
+- ``mean(x, axis)`` and ``sum(x, axis)`` over axes that are not the trailing ones (the NPU's
+  row kernels reduce contiguous rows) -> the same reduction of ``transpose(x, kept axes then
+  reduced axes)`` over its trailing axes,
+  reshaped back when ``keepdims``: the same sum in another order (float rounding only), one
+  DMA transpose kernel instead of a round trip through the CPU.
 
 Only float32 calls are rewritten (the formulas above round each step in the tensor's type;
 the ops compute a narrower float in float32). A rewrite is taken only when the NPU accepts
@@ -37,18 +42,22 @@ from ... import graph as g
 from ...graph import const
 from ...graph.struct_info import TensorStructInfo
 from ...ir.module import IRModule
+from ...op.registry import get_op_def
 from ...schedule.npu.emit import DramTensor
 from ...schedule.npu.lowering import LOWERING_KEY, NotSupported, lowering_rejection
-from ...schedule.npu.region import static_tensor
+from ...schedule.npu.region import VIEW_OPS, static_tensor
 from ...target.npu import NPUConfig, load_config
 from ..pass_infra import PassContext, module_pass
 from ..simplify_expr import RewriteMutator, call_op, op_name, same_tensor_type
 from .common import main_function
 
-__all__ = ["PreProcess", "POWER_FORMS", "decompose"]
+__all__ = ["PreProcess", "POWER_FORMS", "REWRITTEN", "decompose"]
 
 _SQRT_HALF = 1.0 / math.sqrt(2.0)
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+#: The ops PreProcess may rewrite.
+REWRITTEN = ("silu", "gelu", "power", "mean", "sum")
 
 #: Constant exponent -> how ``power(x, c)`` is written with supported ops.
 POWER_FORMS: dict[float, Any] = {
@@ -76,16 +85,41 @@ def _gelu(x: g.Expr, approximate: str) -> g.Expr:
     return call_op("multiply", [half_x, call_op("add", [e, _c(1.0)])])
 
 
+def _reduce_trailing(call: g.Call, xs: TensorStructInfo) -> g.Expr | None:
+    """``mean``/``sum`` over non-trailing axes as the same reduction over the trailing axes
+    of a transpose."""
+    name = op_name(call) or ""
+    out = call.struct_info
+    if xs.shape is None or not isinstance(out, TensorStructInfo) or out.shape is None:
+        return None
+    rank = len(xs.shape)
+    axis = call.attrs.axis
+    axes = list(range(rank)) if axis is None else sorted(
+        {a % rank for a in ((axis,) if isinstance(axis, int) else axis)})
+    k = len(axes)
+    if not axes or axes == list(range(rank - k, rank)):
+        return None  # trailing already: nothing to rewrite
+    perm = tuple(d for d in range(rank) if d not in axes) + tuple(axes)
+    t = call_op("transpose", [call.args[0]], get_op_def("transpose").make_attrs(axes=perm))
+    m = call_op(name, [t], get_op_def(name).make_attrs(
+        axis=tuple(range(rank - k, rank)), keepdims=False))
+    if call.attrs.keepdims:
+        m = call_op("reshape", [m], get_op_def("reshape").make_attrs(shape=tuple(out.shape)))
+    return m
+
+
 def decompose(call: g.Call, constant_of: Any = None) -> g.Expr | None:
     """``call`` written with ops the NPU lowers (see the module docstring), nested; None when
     it is not one PreProcess rewrites. ``constant_of(e)``: ``e`` as a Constant or None."""
     name = op_name(call)
-    if name not in ("silu", "gelu", "power"):
+    if name not in REWRITTEN:
         return None
     x = call.args[0]
     xs = x.struct_info
     if not isinstance(xs, TensorStructInfo) or str(xs.dtype) != "float32":
         return None
+    if name in ("mean", "sum"):
+        return _reduce_trailing(call, xs)
     if name == "silu":
         return call_op("multiply", [x, call_op("sigmoid", [x])])
     if name == "gelu":
@@ -113,6 +147,10 @@ class _PreProcessor(RewriteMutator):
 
     def _rejected(self, call: g.Call) -> str | None:
         try:
+            if op_name(call) in VIEW_OPS:  # a DRAM alias of its operand, as AnnotateTarget
+                # takes it (its operand is a variable once the formula is emitted)
+                static_tensor(call)
+                return None
             return lowering_rejection(self.config, call, [_probe(a) for a in call.args],
                                       static_tensor(call), self.double_buffer, self.route)
         except NotSupported as err:
@@ -125,7 +163,7 @@ class _PreProcessor(RewriteMutator):
         return all(self._all_accepted(a) for a in expr.args) and self._rejected(expr) is None
 
     def rewrite(self, var: g.Var, value: g.Expr) -> g.Expr | None:
-        if not isinstance(value, g.Call) or op_name(value) not in ("silu", "gelu", "power"):
+        if not isinstance(value, g.Call) or op_name(value) not in REWRITTEN:
             return None
         new = decompose(value, self.constant_of)
         if new is None or self._rejected(value) is None:
