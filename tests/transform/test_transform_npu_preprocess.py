@@ -1,8 +1,8 @@
 """PreProcess (kiln/transform/npu/preprocess.py): op calls the NPU has no lowering for --
-silu, gelu in both forms, power with a constant exponent, mean and sum over leading axes -- become
-formulas of ops it runs,
-checked with the lowerings themselves; built for the NPU they leave ``exe.cpu_ops`` and match
-numpy. Calls whose pieces the NPU would reject, other dtypes and other exponents stay."""
+silu, gelu in both forms, power with a constant exponent, mean and sum over leading axes --
+become formulas of ops it runs, checked with the lowerings themselves; built for the NPU they
+leave ``exe.cpu_ops`` and match numpy. Calls whose pieces the NPU would reject, other dtypes
+and other exponents stay."""
 
 from __future__ import annotations
 
