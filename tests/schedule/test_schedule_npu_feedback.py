@@ -14,7 +14,7 @@ import kiln
 from kiln import graph as g
 from kiln import op
 from kiln.codegen.npu import LOWERING_KEY
-from kiln.npu.isa import IsaError
+from kiln.npu.isa import Block, Instr, IsaError
 from kiln.schedule.npu import feedback, gemm
 from kiln.schedule.npu.gemm import GemmTiling
 from kiln.testing.op_testing import graph_module
@@ -67,6 +67,7 @@ def mma_refused_once(monkeypatch):
     field: the real check, with an encoder that says so once per lowering context (the
     probes' and the build's)."""
     real_encode, real_check = feedback.encode, feedback.check_encodable
+    real_within = feedback.within_fields
     refused: list[object] = []
 
     def too_wide(instr, cfg):
@@ -79,6 +80,8 @@ def mma_refused_once(monkeypatch):
             refused.append(ctx)
             with monkeypatch.context() as m:
                 m.setattr(feedback, "encode", too_wide)
+                m.setattr(feedback, "within_fields",
+                          lambda i, c: not i.op.startswith("mma") and real_within(i, c))
                 real_check(ctx, lens)
         real_check(ctx, lens)
 
@@ -115,6 +118,23 @@ def torch_free_conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
         for j in range(3):
             out += np.einsum("nchw,oc->nohw", xp[:, :, i:i + h, j:j + wd], w[:, :, i, j])
     return out
+
+
+def test_quick_field_test_agrees_with_the_encoder():
+    """Instructions of a real kernel pass the quick test; a stride past the field fails it and
+    the encoder (which the quick test defers to) refuses it."""
+    exe, _, _ = _dense(64, 64, 48)
+    prog = [s.program for s in exe.steps if hasattr(s, "program")][-1]
+    instrs = [i for st in prog.streams for i in st]
+    limits = feedback.field_limits(exe.config)
+    assert instrs and all(feedback.within_fields(i, limits) for i in instrs)
+    mma = next(i for i in instrs if i.op.startswith("mma"))
+    big = exe.config.encoding.max_stride + 1
+    (name, blk), = [(k, v) for k, v in mma.args.items() if isinstance(v, Block)][:1]
+    wide = Instr(mma.op, **{**mma.args, name: blk._replace(strides=(big, 1, 1))})
+    assert not feedback.within_fields(wide, limits)
+    with pytest.raises(IsaError):
+        feedback.encode(wide, exe.config)
 
 
 def test_every_candidate_refused_sends_the_product_to_the_cpu(monkeypatch):

@@ -25,10 +25,12 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ...npu.encoding import encode
-from ...npu.isa import IsaError
+from ...npu.isa import Block, Instr, IsaError
+from ...target.npu.config import NPUConfig
 from .lowering import LoweringContext, NotSupported
 
-__all__ = ["Refusal", "check_encodable", "lower_with_feedback"]
+__all__ = ["Refusal", "check_encodable", "field_limits", "lower_with_feedback",
+           "within_fields"]
 
 LOG = logging.getLogger(__name__)
 
@@ -43,11 +45,38 @@ class Refusal:
     reason: str
 
 
+def field_limits(cfg: NPUConfig) -> tuple[int, int, int]:
+    """The largest extent, stride magnitude and address the encoding of ``cfg`` holds (the
+    encoding is derived from the memories on each access: read it once per check)."""
+    enc = cfg.encoding
+    return enc.max_extent, enc.max_stride, (1 << enc.addr_bits) - 1
+
+
+def within_fields(instr: Instr, limits: tuple[int, int, int]) -> bool:
+    """A quick test that ``instr``'s extents, strides and addresses fit the encoding's widths
+    (``limits``: :func:`field_limits`; what a tiling can push past them); False sends it to
+    the full :func:`encode`. Encoding every instruction of a kernel took a third of a ResNet
+    block's build."""
+    max_ext, max_stride, max_addr = limits
+    for v in instr.args.values():
+        if isinstance(v, Block):
+            if not 0 <= v.addr <= max_addr or any(abs(s) > max_stride for s in v.strides):
+                return False
+        elif isinstance(v, tuple) and v and isinstance(v[0], int):
+            if any(not 0 <= e <= max_ext for e in v):
+                return False
+    return True
+
+
 def check_encodable(ctx: LoweringContext, lens: list[int]) -> None:
     """Raise :class:`NotSupported` when an instruction emitted since the streams had lengths
-    ``lens`` has a field the encoding cannot hold (the binary program would not assemble)."""
+    ``lens`` has a field the encoding cannot hold (the binary program would not assemble):
+    :func:`within_fields` first, the full :func:`encode` for what it doubts."""
+    limits = field_limits(ctx.config)
     for core, (stream, n) in enumerate(zip(ctx.kb.streams, lens)):
         for instr in stream[n:]:
+            if within_fields(instr, limits):
+                continue
             try:
                 encode(instr, ctx.config)
             except IsaError as err:
