@@ -9,7 +9,10 @@ from typing import Any
 import numpy as np
 
 from .. import te, tir
+from ..codegen import c as codegen_c
+from ..ir.dtype import DataType
 from ..tir import stmt as S
+from ..tir.expr import Var
 from ..tir.function import PrimFunc
 from ..tir.gpu import atomic_add
 from ..tir.schedule import Schedule
@@ -150,3 +153,20 @@ def gpu_scatter_add_func(dtype: str, n: int = 1000, m: int = 16) -> PrimFunc:
     sch.bind(bo, "blockIdx.x")
     sch.bind(bi, "threadIdx.x")
     return sch.func
+
+
+def loop_func(buffers: list[Any], body: Any, name: str = "f") -> PrimFunc:
+    """A hand-written loop-form PrimFunc over ``buffers`` (inputs then outputs, each a handle
+    parameter), for the tests of loop passes that state their IR before and after."""
+    params = [Var(b.name, DataType("handle")) for b in buffers]
+    return PrimFunc(tuple(params), dict(zip(params, buffers)), body,
+                    {"global_symbol": name})
+
+
+def run_c(func: PrimFunc, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Build ``func`` for the C target and run it on copies of ``arrays`` (one per buffer
+    parameter); the arrays after the run."""
+    out = [np.array(a, copy=True) for a in arrays]
+    mod = codegen_c.build({"f": func})
+    mod["f"](*out)
+    return out

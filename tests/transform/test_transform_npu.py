@@ -28,9 +28,14 @@ from kiln.transform.npu import (
 RNG = np.random.default_rng(28)
 
 
-def _silu(x):
-    """silu, an op without an NPU lowering (the CPU side of heterogeneous graphs)."""
-    return x / (1 + np.exp(-x))
+def _cpu_op(x):
+    """``mod(x, 1.5)``, an op without an NPU lowering that PreProcess does not rewrite either
+    (the CPU side of heterogeneous graphs; silu, which the tests used, now runs on the NPU)."""
+    return op.mod(x, g.const(np.float32(1.5)))
+
+
+def _cpu_ref(x):
+    return np.mod(x, np.float32(1.5))
 
 
 def _module(body, shapes, dtype="float32"):
@@ -132,7 +137,7 @@ def test_merge_keeps_neighbours_together():
     def body(bb, x):
         a = bb.emit(op.nn.relu(x), "a")
         b = bb.emit(op.exp(x), "b")  # independent of a: same region, no CPU call between
-        c = bb.emit(op.silu(a), "c")
+        c = bb.emit(_cpu_op(a), "c")
         d = bb.emit(op.add(c, b), "d")
         return bb.emit_output(op.nn.relu(d), "e")
 
@@ -142,7 +147,7 @@ def test_merge_keeps_neighbours_together():
 def _cpu_call_between(bb, x):
     """a (NPU) feeds the CPU call c; b (NPU) is independent of c; d (NPU) consumes both."""
     a = bb.emit(op.nn.relu(x), "a")
-    c = bb.emit(op.silu(a), "c")
+    c = bb.emit(_cpu_op(a), "c")
     b = bb.emit(op.exp(x), "b")
     return bb.emit_output(op.add(b, c), "d")
 
@@ -153,7 +158,7 @@ def test_merge_never_closes_a_cycle_through_a_cpu_call():
     assert _regions(mod) == {"a": 0, "b": 0, "d": 1}
     x = RNG.standard_normal((4, 8)).astype("float32")
     exe, y = _run(mod, x)
-    np.testing.assert_allclose(y, np.exp(x) + _silu(np.maximum(x, 0)), rtol=2e-3, atol=1e-5)
+    np.testing.assert_allclose(y, np.exp(x) + _cpu_ref(np.maximum(x, 0)), rtol=2e-3, atol=1e-5)
     assert [type(s) for s in exe.steps] == [NpuStep, CpuStep, NpuStep]
 
 
@@ -163,10 +168,10 @@ def test_merge_follows_dependences_through_other_regions():
     # region 1 would close 1 -> w -> 1
     def body(bb, x):
         a = bb.emit(op.nn.relu(x), "a")
-        c = bb.emit(op.silu(a), "c")
+        c = bb.emit(_cpu_op(a), "c")
         b = bb.emit(op.exp(c), "b")
         z = bb.emit(op.negative(x), "z")
-        w = bb.emit(op.silu(z), "w")
+        w = bb.emit(_cpu_op(z), "w")
         v = bb.emit(op.add(a, w), "v")
         return bb.emit_output(op.multiply(b, v), "y")
 
@@ -175,7 +180,7 @@ def test_merge_follows_dependences_through_other_regions():
     assert regions["a"] == 0 and regions["b"] == regions["z"] == 1 and regions["v"] == 2
     x = RNG.standard_normal((4, 8)).astype("float32")
     exe, y = _run(mod, x)
-    ref = np.exp(_silu(np.maximum(x, 0))) * (np.maximum(x, 0) + _silu(-x))
+    ref = np.exp(_cpu_ref(np.maximum(x, 0))) * (np.maximum(x, 0) + _cpu_ref(-x))
     np.testing.assert_allclose(y, ref, rtol=2e-3, atol=1e-5)
     assert [s.region for s in exe.steps if isinstance(s, NpuStep)] == \
         ["npu_region0", "npu_region1", "npu_region2"]
@@ -206,7 +211,7 @@ def test_partition_outlines_regions_and_orders_main():
     callee = [getattr(v.op, "name", None) if isinstance(v, g.Call) else type(v).__name__
               for v in values]
     # region 0 first (a and b), its tuple unpacked, then the CPU call, then region 1
-    assert callee == ["npu_region0", "TupleGetItem", "TupleGetItem", "silu", "npu_region1"]
+    assert callee == ["npu_region0", "TupleGetItem", "TupleGetItem", "mod", "npu_region1"]
     assert main.attrs["npu.target"] == {"c": "cpu: no NPU lowering"}
     assert "npu.region" not in main.attrs
     well_formed(part)  # raises on a problem
@@ -214,22 +219,22 @@ def test_partition_outlines_regions_and_orders_main():
 
 def test_partition_leaves_lone_views_in_main():
     def body(bb, x):
-        t = bb.emit(op.silu(x), "t")
+        t = bb.emit(_cpu_op(x), "t")
         r = bb.emit(op.reshape(t, (8, 4)), "r")
-        return bb.emit_output(op.silu(r), "y")
+        return bb.emit_output(_cpu_op(r), "y")
 
     part = partition_for_npu()(_module(body, [(4, 8)]))
     assert npu_functions(part) == []
     assert [b.var.name_hint for b in g_bindings(part)] == ["t", "r", "y"]
     x = RNG.standard_normal((4, 8)).astype("float32")
     _, y = _run(part, x)
-    np.testing.assert_allclose(y, _silu(_silu(x).reshape(8, 4)), rtol=1e-5)
+    np.testing.assert_allclose(y, _cpu_ref(_cpu_ref(x).reshape(8, 4)), rtol=1e-5)
 
 
 def test_strict_names_each_cpu_op_with_the_recorded_reason():
-    mod = _module(lambda bb, x: bb.emit_output(op.nn.softmax(op.silu(x), axis=0), "y"),
+    mod = _module(lambda bb, x: bb.emit_output(op.nn.softmax(_cpu_op(x), axis=0), "y"),
                   [(4, 8)])
-    with pytest.raises(NPUUnsupportedError, match=r"silu \(.*\): no NPU lowering; "
+    with pytest.raises(NPUUnsupportedError, match=r"mod \(.*\): no NPU lowering; "
                        r"nn\.softmax \(y\): nn\.softmax: only over the last axis"):
         build_npu(mod, kiln.Target("npu"), strict=True)
 

@@ -36,7 +36,8 @@ __all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "acc_r
            "acc_slots",
            "core_step_slots", "emit_gemm", "feasible_tilings", "fixed_tiles", "gemm_bounds",
            "gemm_cost", "gemm_kernel_info", "gemm_roofline", "held_loads", "held_tiles",
-           "plan_gemm", "prefetch_staging", "store_floor", "tail_pieces", "tile_bytes", "SlotCache",
+           "plan_candidates", "plan_gemm", "prefetch_staging", "store_floor", "tail_pieces",
+           "tile_bytes", "SlotCache",
            "tiling_domain", "tiling_knob_key", "tiling_value"]
 
 
@@ -588,6 +589,14 @@ def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True,
     the buffers) -- or, under :func:`kiln.schedule.knobs.graph_knobs` (tuning, or a build with
     a tuning database), the one the :data:`TILING_KNOB` of :func:`tiling_knob_key` names.
     ``hold``, ``k_units``: see :func:`feasible_tilings`."""
+    return plan_candidates(cfg, shape, nbuf, hold, k_units)[0]
+
+
+def plan_candidates(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True,
+                    k_units: int | None = None) -> list[GemmTiling]:
+    """:func:`plan_gemm`'s tiling first, then the knob's other candidates in the cost model's
+    order: what a lowering falls back on when a later check refuses a tiling
+    (:mod:`.feedback`)."""
     ranked = feasible_tilings(cfg, shape, nbuf, hold, k_units)
     if not ranked:
         raise ValueError(f"no tiling of a GEMM M{shape.m} x N{shape.n} x K{shape.k} "
@@ -595,8 +604,8 @@ def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True,
                          f"{shape.k_unit}) fits the L0 buffers of {cfg.name!r}")
     domain = tiling_domain(ranked)
     key = tiling_knob_key(cfg, shape, nbuf, hold) + (f" k_units={k_units}" if k_units else "")
-    choice = graph_knob(key, TILING_KNOB, domain, domain[0])
-    return ranked[domain.index(choice)]
+    choice = ranked[domain.index(graph_knob(key, TILING_KNOB, domain, domain[0]))]
+    return [choice] + [t for t in ranked[:TILING_CANDIDATES] if t is not choice]
 
 
 #: ``load_a(core, batch, m0, m_units, k0, k_units, addr, slot)``: DMA the A tile (row-major,

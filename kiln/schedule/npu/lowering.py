@@ -150,6 +150,30 @@ class LoweringContext:
         self._kernel_count += 1
         return f"{self._kernel_count:03d}:{op}"
 
+    def checkpoint(self) -> tuple[Any, ...]:
+        """What :meth:`rollback` needs to undo everything emitted and allocated after this
+        point (a tiling the program generator refused half-way, see :mod:`.feedback`)."""
+        kb = self.kb
+        return (kb, [len(st) for st in kb.streams], dict(kb.labels), len(kb.kernels),
+                kb.store_floor, self.top, len(self.constants), len(self.allocations),
+                len(self.tir), self._kernel_count)
+
+    def rollback(self, mark: tuple[Any, ...]) -> None:
+        """Undo what was emitted and allocated since :meth:`checkpoint` returned ``mark``."""
+        kb, lens, labels, nk, floor, top, nconst, nalloc, ntir, count = mark
+        if kb is not self.kb:
+            raise KilnError("LoweringContext.rollback: a new region began since the checkpoint")
+        for st, n in zip(kb.streams, lens):
+            del st[n:]
+        kb.labels = labels
+        del kb.kernels[nk:]
+        kb.store_floor = floor
+        self.top = top
+        del self.constants[nconst:]
+        del self.allocations[nalloc:]
+        del self.tir[ntir:]
+        self._kernel_count = count
+
     def new_region(self) -> KernelBuilder:
         """Start the kernels of the next NPU region (after a CPU op); returns the old one."""
         old, self.kb = self.kb, KernelBuilder(self.config, self.double_buffer)

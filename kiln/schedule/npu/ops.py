@@ -17,6 +17,7 @@ import numpy as np
 from ...npu.isa import UNIT_DMA_IN
 from ...target.npu.config import NPUConfig
 from .emit import DramTensor, block, itemsize, row_major
+from .feedback import lower_with_feedback
 from .gemm import (
     GemmShape,
     GemmTiling,
@@ -27,6 +28,7 @@ from .gemm import (
     acc_row_stride,
     emit_gemm,
     gemm_kernel_info,
+    plan_candidates,
     plan_gemm,
 )
 from .lowering import LoweringContext, NotSupported, register_lowering
@@ -260,7 +262,10 @@ def _gemm_2d(ctx: LoweringContext, op: str, x: Any, w: Any, out: DramTensor,
     n = w.shape[0] if w_is_nk else w.shape[1]
     m = int(np.prod(out.shape[:-1], dtype=np.int64))
     shape = GemmShape(1, m, 1, n, k, 1, dt)
-    tiling = _plan(ctx, op, shape)
+    try:
+        tilings = plan_candidates(ctx.config, shape, ctx.kb.nbuf)
+    except ValueError as err:
+        raise NotSupported(f"{op}: {err}") from None
     xa = _activation(ctx, x, dt, op)
     if isinstance(w, np.ndarray):
         wt = ctx.constant(np.ascontiguousarray(w.T if w_is_nk else w), dt)  # [K, N]
@@ -284,9 +289,12 @@ def _gemm_2d(ctx: LoweringContext, op: str, x: Any, w: Any, out: DramTensor,
         kb.store(core, shape=(1, ms, ns), dst=out.at(m0 * n + n0, (0, n, 1)),
                 src=block("acc", addr, out.dtype, (0, ns, 1)))
 
-    emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
-    kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label(op), op, tiling.describe(shape),
-                                   tiling.estimate, shape))
+    def attempt(tiling: GemmTiling) -> None:
+        emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
+        kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label(op), op, tiling.describe(shape),
+                                       tiling.estimate, shape))
+
+    lower_with_feedback(ctx, op, tilings, attempt, lambda t: t.describe(shape))
 
 
 def _batch_offsets(shape: tuple[int, ...], batch: tuple[int, ...]) -> list[int]:

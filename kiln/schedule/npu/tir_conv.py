@@ -43,7 +43,15 @@ from ...tir.tensor_intrin.npu import (
     register_npu_intrinsics,
 )
 from .emit import DramTensor, DramView
-from .gemm import GemmTiling, acc_slots, gemm_kernel_info, held_tiles, plan_gemm, store_floor
+from .feedback import lower_with_feedback
+from .gemm import (
+    GemmTiling,
+    acc_slots,
+    gemm_kernel_info,
+    held_tiles,
+    plan_candidates,
+    store_floor,
+)
 from .lowering import LoweringContext, NotSupported
 from .ops import (
     ConvGeometry,
@@ -162,19 +170,23 @@ def lower_conv_tir(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: Dr
     emitter's geometry and tiling, the scheduled PrimFunc, its program."""
     geo = conv_geometry(ctx.config, at, x.shape, w.shape, out.shape, dt)
     try:
-        tiling = plan_gemm(ctx.config, geo.shape, ctx.kb.nbuf)
+        tilings = plan_candidates(ctx.config, geo.shape, ctx.kb.nbuf)
     except ValueError as err:
         raise NotSupported(f"nn.conv2d: {err}") from None
-    sch = scheduled_conv(ctx, geo, tiling)
-    xa = x if isinstance(x, DramTensor) and x.dtype == dt else (
-        ctx.constant(x, dt) if isinstance(x, np.ndarray) else cast_kernel(ctx, x, dt,
-                                                                          "nn.conv2d.cast"))
-    wl = ctx.constant(conv_weight_layout(w), dt)
-    m = geo.oh * geo.ow
-    dram = {"X": xa, "W": wl,
-            "Y": DramView(out, 0, (geo.nb, geo.o, m), (geo.o * m, m, 1))}
-    got = emit_scheduled_conv(ctx, sch.func, dram, geo)
-    ctx.kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
-                                       "TIR: " + got.describe(geo.shape), got.estimate,
-                                       geo.shape))
-    ctx.tir.append(("nn.conv2d", sch))
+
+    def attempt(tiling: GemmTiling) -> None:
+        sch = scheduled_conv(ctx, geo, tiling)
+        xa = x if isinstance(x, DramTensor) and x.dtype == dt else (
+            ctx.constant(x, dt) if isinstance(x, np.ndarray) else cast_kernel(
+                ctx, x, dt, "nn.conv2d.cast"))
+        wl = ctx.constant(conv_weight_layout(w), dt)
+        m = geo.oh * geo.ow
+        dram = {"X": xa, "W": wl,
+                "Y": DramView(out, 0, (geo.nb, geo.o, m), (geo.o * m, m, 1))}
+        got = emit_scheduled_conv(ctx, sch.func, dram, geo)
+        ctx.kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
+                                           "TIR: " + got.describe(geo.shape), got.estimate,
+                                           geo.shape))
+        ctx.tir.append(("nn.conv2d", sch))
+
+    lower_with_feedback(ctx, "nn.conv2d", tilings, attempt, lambda t: t.describe(geo.shape))

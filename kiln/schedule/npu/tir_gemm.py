@@ -42,13 +42,14 @@ from ...tir.tensor_intrin.npu import (
     register_npu_intrinsics,
 )
 from .emit import DramTensor, DramView
+from .feedback import lower_with_feedback
 from .gemm import (
     GemmShape,
     GemmTiling,
     acc_slots,
     gemm_kernel_info,
     held_tiles,
-    plan_gemm,
+    plan_candidates,
     store_floor,
 )
 from .lowering import LoweringContext, NotSupported, register_tir_lowering
@@ -66,8 +67,8 @@ from .tir_conv import lower_conv_tir
 from .tir_product import annotate_pipeline, tile_product
 from .tir_program import emit_scheduled
 
-__all__ = ["GemmProblem", "gemm_prim_func", "plan_gemm_problem", "schedule_gemm",
-           "scheduled_gemm"]
+__all__ = ["GemmProblem", "gemm_prim_func", "plan_gemm_candidates", "plan_gemm_problem",
+           "schedule_gemm", "scheduled_gemm"]
 
 
 class GemmProblem:
@@ -128,10 +129,23 @@ def plan_gemm_problem(ctx: LoweringContext, op: str, p: GemmProblem) -> GemmTili
     """The emitter's tiling of ``p`` (the same planner, cost model and tuning knob: the same
     K steps, so the same order of additions and the same bits), a tile that stays on its core
     held in one copy per K step as the emitter holds it (:func:`~.gemm.held_tiles`)."""
+    return plan_gemm_candidates(ctx, op, p)[0]
+
+
+def plan_gemm_candidates(ctx: LoweringContext, op: str, p: GemmProblem) -> list[GemmTiling]:
+    """:func:`plan_gemm_problem`'s tiling, then the planner's next candidates (what
+    :func:`~.feedback.lower_with_feedback` retries)."""
     try:
-        return plan_gemm(ctx.config, p.shape, ctx.kb.nbuf)
+        return plan_candidates(ctx.config, p.shape, ctx.kb.nbuf)
     except ValueError as err:
         raise NotSupported(f"{op}: {err}") from None
+
+
+def _lower_first(ctx: LoweringContext, op: str, p: GemmProblem, tilings: list[GemmTiling],
+                 form: str = "") -> None:
+    """:func:`_lower` with the first of ``tilings`` the later checks accept (feedback)."""
+    lower_with_feedback(ctx, op, tilings, lambda t: _lower(ctx, op, p, t, form),
+                        lambda t: t.describe(p.shape))
 
 
 def scheduled_gemm(ctx: LoweringContext, p: GemmProblem, tiling: GemmTiling) -> Schedule:
@@ -181,7 +195,7 @@ def _gemm(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor, op:
         n = w.shape[0] if w_is_nk else w.shape[1]
         m = int(np.prod(out.shape[:-1], dtype=np.int64))
         p = GemmProblem(1, m, n, k, dt, acc)
-        tiling = plan_gemm_problem(ctx, op, p)
+        tilings = plan_gemm_candidates(ctx, op, p)
         xa = _activation(ctx, x, dt, op)
         p.a = DramView(xa, 0, (1, m, k), (0, k, 1))
         if isinstance(w, np.ndarray):
@@ -191,7 +205,7 @@ def _gemm(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor, op:
             wt = _activation(ctx, w, dt, op)
             p.b = DramView(wt, 0, (1, k, n), (0, 1, k) if w_is_nk else (0, n, 1))
         p.c = DramView(out, 0, (1, m, n), (0, n, 1))
-        _lower(ctx, op, p, tiling)
+        _lower_first(ctx, op, p, tilings)
         return True
     batch = tuple(out.shape[:-2])
     if w_is_nk or tuple(x.shape[:-2]) != batch or tuple(w.shape[:-2]) != batch:
@@ -199,12 +213,12 @@ def _gemm(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor, op:
     nb = int(np.prod(batch, dtype=np.int64))
     m, k, n = x.shape[-2], x.shape[-1], w.shape[-1]
     p = GemmProblem(nb, m, n, k, dt, acc, b_shared=False)
-    tiling = plan_gemm_problem(ctx, op, p)
+    tilings = plan_gemm_candidates(ctx, op, p)
     xa, wa = _activation(ctx, x, dt, op), _activation(ctx, w, dt, op)
     p.a = DramView(xa, 0, (nb, m, k), (m * k, k, 1))
     p.b = DramView(wa, 0, (nb, k, n), (k * n, n, 1))
     p.c = DramView(out, 0, (nb, m, n), (m * n, n, 1))
-    _lower(ctx, op, p, tiling)
+    _lower_first(ctx, op, p, tilings)
     return True
 
 
@@ -230,13 +244,13 @@ def _pointwise_gemm(ctx: LoweringContext, x: Any, w: np.ndarray, out: DramTensor
     nb, c, h, wd = x.shape
     o, hw = w.shape[0], h * wd
     p = GemmProblem(nb, o, hw, c, dt, acc, b_shared=False, a_shared=True)
-    tiling = plan_gemm_problem(ctx, "nn.conv2d", p)
+    tilings = plan_gemm_candidates(ctx, "nn.conv2d", p)
     xa = _activation(ctx, x, dt, "nn.conv2d")
     wc = ctx.constant(np.ascontiguousarray(w.reshape(o, c)), dt)
     p.a = DramView(wc, 0, (nb, o, c), (0, c, 1))
     p.b = DramView(xa, 0, (nb, c, hw), (c * hw, hw, 1))
     p.c = DramView(out, 0, (nb, o, hw), (o * hw, hw, 1))
-    _lower(ctx, "nn.conv2d", p, tiling, "1x1 as W @ X: ")
+    _lower_first(ctx, "nn.conv2d", p, tilings, "1x1 as W @ X: ")
 
 
 @register_tir_lowering("nn.conv2d")

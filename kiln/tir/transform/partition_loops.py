@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from ...arith import Analyzer
 from ...arith.expr_utils import const_int
-from ..expr import LE, LT, And, IntImm, PrimExpr, Var, floordiv
+from ..expr import EQ, GE, GT, LE, LT, NE, And, IntImm, Not, Or, PrimExpr, Var, floordiv
 from ..expr import max as tmax
 from ..expr import min as tmin
 from ..function import PrimFunc
@@ -282,5 +282,126 @@ def partition_loops(func: PrimFunc) -> PrimFunc:
     """``func`` (loop form) with guarded tail iterations split off (see the module docstring).
     Run ``simplify`` afterwards: it drops the guards the full-iteration loops make true."""
     p = _Partitioner()
+    body = p.visit(func.body)
+    return func.with_body(body) if p.changed else func
+
+
+# ---- every change point (the NPU's pre-pass) --------------------------------------------------
+#: Most pieces one loop is split into by :func:`partition_at_branches`.
+MAX_PIECES = 16
+
+_COMPARISONS = (LT, LE, GT, GE, EQ, NE)
+
+
+def _all_atoms_on(body: Stmt, v: Var) -> list[PrimExpr]:
+    """Comparisons among the conjuncts and disjuncts of ``body``'s ``if`` conditions whose only
+    variable is ``v``."""
+    out: list[PrimExpr] = []
+
+    def split(c: PrimExpr) -> list[PrimExpr]:
+        if isinstance(c, (And, Or)):
+            return split(c.a) + split(c.b)
+        if isinstance(c, Not):
+            return split(c.a)
+        return [c]
+
+    def visit(n: object) -> None:
+        if isinstance(n, IfThenElse):
+            for atom in split(n.condition):
+                names = collect_vars(atom)
+                if (isinstance(atom, _COMPARISONS) and atom.a.dtype.lanes == 1 and names
+                        and all(x is v for x in names)):
+                    out.append(atom)
+
+    post_order_visit(body, visit, exprs=False)
+    return out
+
+
+def change_points(atom: PrimExpr, v: Var, lo: int, n: int, ana: Analyzer) -> list[int] | None:
+    """The iterations ``k`` in ``(lo, lo + n)`` where comparison ``atom`` (its two sides affine
+    in ``v``, the only variable) takes another value than at ``k - 1``; None when ``atom`` is
+    not affine in ``v`` (checked at both ends of the range). An inequality changes at most
+    once, ``==``/``!=`` at most twice (entering and leaving the root)."""
+    diff = atom.a - atom.b
+
+    def at(k: int) -> int | None:
+        return const_int(ana.simplify(substitute(diff, {v: IntImm(v.dtype, k)})))
+
+    d0, d1, dn = at(lo), at(lo + 1), at(lo + n - 1)
+    if d0 is None or d1 is None or dn is None:
+        return None
+    slope = d1 - d0
+    if dn != d0 + slope * (n - 1):
+        return None
+    if slope == 0:
+        return []
+
+    def truth(k: int) -> bool:
+        d = d0 + slope * (k - lo)
+        return {LT: d < 0, LE: d <= 0, GT: d > 0, GE: d >= 0, EQ: d == 0,
+                NE: d != 0}[type(atom)]
+
+    # the value at k is monotone in k for an inequality, and for ==/!= piecewise with the root
+    # (where d == 0, if integral) as the one point of the other value: candidates are the
+    # iterations around where d crosses zero
+    root = -d0 / slope + lo
+    cands = {int(root) + off for off in (-1, 0, 1, 2)}
+    return sorted(k for k in cands if lo < k < lo + n and truth(k) != truth(k - 1))
+
+
+class _BranchPartitioner(Mutator):
+    def __init__(self) -> None:
+        self.ana = Analyzer()
+        self.changed = False
+
+    def visit_For(self, loop: For) -> Stmt:
+        loop = self.generic_visit(loop)
+        lo, n = const_int(loop.min), const_int(loop.extent)
+        if loop.kind != ForKind.SERIAL or lo is None or n is None or n < 2:
+            return loop
+        v = loop.loop_var
+        atoms = _all_atoms_on(loop.body, v)
+        cuts: set[int] = set()
+        for atom in atoms:
+            pts = change_points(atom, v, lo, n, self.ana)
+            if pts is not None:
+                cuts.update(pts)
+        if not cuts or len(cuts) + 1 > MAX_PIECES:
+            return loop
+        if tree_size(loop.body)[0] * (len(cuts) + 1) > MAX_SPECIALISED_NODES:
+            return loop
+        self.changed = True
+        bounds = [lo, *sorted(cuts), lo + n]
+        dt = v.dtype
+        pieces = []
+        for start, stop in zip(bounds, bounds[1:]):
+            # every atom holds the value it has at the piece's first iteration throughout it
+            known = {}
+            for atom in atoms:
+                val = const_int(self.ana.simplify(substitute(atom, {v: IntImm(dt, start)})))
+                if val is not None and change_points(atom, v, start, stop - start,
+                                                     self.ana) == []:
+                    known[id(atom)] = bool(val)
+            pv = Var(v.name, dt)
+            body = substitute(_Assume(known).visit(loop.body), {v: pv})
+            pieces.append(loop.replace(loop_var=pv, min=IntImm(dt, start),
+                                       extent=IntImm(dt, stop - start), body=body))
+        return seq(*pieces)
+
+
+def partition_at_branches(func: PrimFunc) -> PrimFunc:
+    """``func`` (loop form) with every serial loop of constant bounds split at *each* iteration
+    where an ``if`` condition on its variable alone changes value -- both ends of a window,
+    ``0 <= i - 1 < H`` over ``i in [0, H + 2)`` gives three pieces, ``i == 0`` two -- and the
+    conditions replaced by their constant value in each piece (``simplify`` then removes the
+    branches). :func:`partition_loops` splits only at the first failure of an increasing
+    guard, what a tile's tail needs on the CPU; this is the NPU pre-pass's general case, whose
+    instruction selector matches branch-free nests only.
+
+    Refuses (leaves the loop) when: the loop is not serial or its bounds are not constants;
+    no condition is a comparison whose only variable is the loop's, affine in it; the split
+    would give more than :data:`MAX_PIECES` pieces or copies larger than
+    :data:`MAX_SPECIALISED_NODES` nodes in all."""
+    p = _BranchPartitioner()
     body = p.visit(func.body)
     return func.with_body(body) if p.changed else func

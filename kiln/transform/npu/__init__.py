@@ -1,8 +1,9 @@
 """The NPU's bring-your-own-codegen partitioning, as graph passes (TVM's names), in the order
-they run: :class:`AnnotateTarget` (which op calls the NPU runs), :class:`MergeCompilerRegions`
+they run: :class:`PreProcess` (split op calls the NPU lacks into ones it has),
+:class:`AnnotateTarget` (which op calls the NPU runs), :class:`MergeCompilerRegions`
 (group them into regions without dependency cycles), :class:`PartitionGraph` (each region
 becomes a graph function with ``"Codegen": "npu"``), :class:`AnnotateMemoryScope` (where each
-tensor of a region lives). :func:`partition_for_npu` is the four in a Sequential."""
+tensor of a region lives). :func:`partition_for_npu` is the five in a Sequential."""
 
 from ..pass_infra import Sequential
 from .annotate_memory_scope import AnnotateMemoryScope, memory_scopes
@@ -17,16 +18,20 @@ from .common import (
 )
 from .merge_compiler_regions import MergeCompilerRegions, merge_regions
 from .partition_graph import PartitionGraph
+from .preprocess import PREPROCESS_ATTR, PreProcess
 
 __all__ = ["AnnotateMemoryScope", "AnnotateTarget", "CODEGEN", "HW_ATTR", "MEMORY_SCOPE_ATTR",
-           "MergeCompilerRegions", "PartitionGraph", "REGION_ATTR", "TARGET_ATTR",
-           "memory_scopes", "merge_regions", "npu_functions", "npu_rejection",
+           "MergeCompilerRegions", "PREPROCESS_ATTR", "PartitionGraph", "PreProcess",
+           "REGION_ATTR", "TARGET_ATTR", "memory_scopes", "merge_regions", "npu_functions",
+           "npu_rejection",
            "partition_for_npu"]
 
 
 def partition_for_npu(hw: object = "default", double_buffer: bool = True) -> Sequential:
-    """AnnotateTarget, MergeCompilerRegions, PartitionGraph and AnnotateMemoryScope for the
-    hardware description ``hw`` (a name, a TOML path or an NPUConfig)."""
-    return Sequential([AnnotateTarget(hw, double_buffer), MergeCompilerRegions(),
-                       PartitionGraph(), AnnotateMemoryScope(hw, double_buffer)],
+    """PreProcess, AnnotateTarget, MergeCompilerRegions, PartitionGraph and
+    AnnotateMemoryScope for the hardware description ``hw`` (a name, a TOML path or an
+    NPUConfig)."""
+    return Sequential([PreProcess(hw, double_buffer), AnnotateTarget(hw, double_buffer),
+                       MergeCompilerRegions(), PartitionGraph(),
+                       AnnotateMemoryScope(hw, double_buffer)],
                       name="kiln.npu.partition")

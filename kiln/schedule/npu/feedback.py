@@ -1,0 +1,112 @@
+"""Feedback instead of failure: a product's tiling refused by a later check is re-chosen.
+
+The planner (:func:`~.gemm.plan_gemm`) ranks the feasible tilings of a product by its cost
+model, from the same hardware description the later steps read, so its first choice normally
+lowers. But the later steps have checks of their own that its model does not restate: the
+TIR program generator (:mod:`.tir_program`) counts the slots a scheduled copy really takes
+("N slots of B bytes ... exceed input") and the accumulator tiles a core really keeps ("N
+accumulator tiles of B B exceed acc"), and every instruction's fields must fit the binary
+encoding's widths (an extent above ``encoding.max_extent``, a stride above ``max_stride``:
+:func:`kiln.npu.encoding.encode`). Where such a check refuses the planner's choice, failing
+the build -- or sending a product the NPU could run to the CPU -- would be wrong: the planner
+had other candidates. :func:`lower_with_feedback` tries the candidates in order
+(:func:`~.gemm.plan_candidates`: the knob's choice, then the cost model's next ones), undoes
+what a refused attempt emitted (:meth:`~.lowering.LoweringContext.rollback`), and keeps the
+first that lowers; the kernel's tiling text (``exe.describe()``) then names the candidates
+refused before it and why, and the module's logger says so too. Only when every candidate is
+refused does the lowering raise :class:`~.lowering.NotSupported`, with each reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from ...npu.encoding import encode
+from ...npu.isa import Block, Instr, IsaError
+from ...target.npu.config import NPUConfig
+from .lowering import LoweringContext, NotSupported
+
+__all__ = ["Refusal", "check_encodable", "field_limits", "lower_with_feedback",
+           "within_fields"]
+
+LOG = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A candidate tiling a later check refused: its description and the check's message."""
+
+    tiling: str
+    reason: str
+
+
+def field_limits(cfg: NPUConfig) -> tuple[int, int, int]:
+    """The largest extent, stride magnitude and address the encoding of ``cfg`` holds (the
+    encoding is derived from the memories on each access: read it once per check)."""
+    enc = cfg.encoding
+    return enc.max_extent, enc.max_stride, (1 << enc.addr_bits) - 1
+
+
+def within_fields(instr: Instr, limits: tuple[int, int, int]) -> bool:
+    """A quick test that ``instr``'s extents, strides and addresses fit the encoding's widths
+    (``limits``: :func:`field_limits`; what a tiling can push past them); False sends it to
+    the full :func:`encode`. Encoding every instruction of a kernel took a third of a ResNet
+    block's build."""
+    max_ext, max_stride, max_addr = limits
+    for v in instr.args.values():
+        if isinstance(v, Block):
+            if not 0 <= v.addr <= max_addr or any(abs(s) > max_stride for s in v.strides):
+                return False
+        elif isinstance(v, tuple) and v and isinstance(v[0], int):
+            if any(not 0 <= e <= max_ext for e in v):
+                return False
+    return True
+
+
+def check_encodable(ctx: LoweringContext, lens: list[int]) -> None:
+    """Raise :class:`NotSupported` when an instruction emitted since the streams had lengths
+    ``lens`` has a field the encoding cannot hold (the binary program would not assemble):
+    :func:`within_fields` first, the full :func:`encode` for what it doubts."""
+    limits = field_limits(ctx.config)
+    for core, (stream, n) in enumerate(zip(ctx.kb.streams, lens)):
+        for instr in stream[n:]:
+            if within_fields(instr, limits):
+                continue
+            try:
+                encode(instr, ctx.config)
+            except IsaError as err:
+                raise NotSupported(f"instruction field limit on core {core}: {err}") from None
+
+
+def lower_with_feedback(ctx: LoweringContext, op: str, candidates: list[T],
+                        attempt: Callable[[T], None], describe: Callable[[T], str]) -> T:
+    """Run ``attempt(candidate)`` for each of ``candidates`` in order until one emits without a
+    :class:`NotSupported` (and with encodable instructions); a refused attempt's instructions,
+    kernels and allocations are rolled back. Returns the candidate taken; the kernels it
+    emitted carry the refusals in their tiling text. NotSupported naming every refusal when
+    none lowers."""
+    refusals: list[Refusal] = []
+    for cand in candidates:
+        mark = ctx.checkpoint()
+        lens = [len(st) for st in ctx.kb.streams]
+        nkernels = len(ctx.kb.kernels)
+        try:
+            attempt(cand)
+            check_encodable(ctx, lens)
+        except NotSupported as err:
+            ctx.rollback(mark)
+            refusals.append(Refusal(describe(cand), str(err)))
+            continue
+        if refusals:
+            note = "; ".join(f"{r.tiling}: {r.reason}" for r in refusals)
+            LOG.info("%s: took %s after refusing %s", op, describe(cand), note)
+            for info in ctx.kb.kernels[nkernels:]:
+                info.tiling += f" [feedback: {len(refusals)} refused -- {note}]"
+        return cand
+    raise NotSupported(f"{op}: every candidate tiling was refused: " + "; ".join(
+        f"{r.tiling}: {r.reason}" for r in refusals))
