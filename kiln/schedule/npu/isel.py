@@ -58,8 +58,11 @@ __all__ = ["Form", "MARGIN", "Selection", "check_form", "enumerate_forms", "fixe
 
 #: How much cheaper (as a fraction of its estimate) a form must be to replace the fixed plan's.
 MARGIN = 0.03
-#: Balanced splits tried per axis beyond the first that fits (and at most this many halvings).
-_SPLITS = 24
+#: Balanced splits ``ceil(d / k)`` tried per axis: ``k`` up to this many blocks.
+_SPLITS = 32
+#: Selections made, per (description, slots, nest): a build lowers a kernel several times
+#: (the partitioning passes' probes, then the build), each time to the same choice.
+_CHOSEN: dict[tuple[Any, ...], Selection] = {}
 L0_INPUTS = ("input", "weight")
 
 
@@ -158,7 +161,7 @@ def _candidates(d: int) -> list[int]:
         e = math.ceil(e / 2)
         c.add(e)
     k = 2
-    while k <= min(d, 4 * _SPLITS):
+    while k <= min(d, _SPLITS):
         c.add(math.ceil(d / k))
         k += 1
     return sorted(c, reverse=True)
@@ -318,6 +321,17 @@ def select_form(cfg: Any, nbuf: int, nest: NestInfo) -> Selection:
     """The cheapest legal form of ``nest`` (the fixed plan's unless another is ``MARGIN``
     cheaper; only the fixed plan's when :func:`isel_enabled` is false). Raises NotSupported
     when no form fits."""
+    key = (repr(cfg), nbuf, nest, isel_enabled())
+    if key in _CHOSEN:
+        return _CHOSEN[key]
+    sel = _select(cfg, nbuf, nest)
+    if len(_CHOSEN) > 4096:
+        _CHOSEN.clear()
+    _CHOSEN[key] = sel
+    return sel
+
+
+def _select(cfg: Any, nbuf: int, nest: NestInfo) -> Selection:
     base = fixed_form(cfg, nbuf, nest)
     if not isel_enabled():
         if base is None:
