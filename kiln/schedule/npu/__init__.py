@@ -9,7 +9,7 @@ instructions), element-wise kernels (:mod:`.tir_vector`, with the vector kernels
 generator), row kernels (:mod:`.tir_rows`: softmax, layer_norm, row means), pooling and
 depthwise convolutions (:mod:`.tir_pool`)."""
 
-from . import movement, ops, pooling, quantize, tir_gemm, tir_pool, tir_rows, tir_vector  # noqa: F401 - register the lowerings
+from . import generic, movement, ops, pooling, quantize, tir_gemm, tir_pool, tir_rows, tir_vector  # noqa: F401,E501 - register the lowerings (generic: of last resort)
 from .emit import DramTensor, KernelBuilder, KernelInfo
 from .gemm import GemmShape, GemmTiling, gemm_cost, gemm_roofline, plan_gemm
 from .lowering import LoweringContext, NotSupported, lookup_lowering, lowered_ops
