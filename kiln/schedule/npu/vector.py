@@ -5,9 +5,10 @@ the L0 buffers (inputs in L0 input and weight, the result in the accumulators), 
 DMAed in, computed by a few vector instructions on 1-3-D blocks, and DMAed out, in the
 double-buffered pipeline of :class:`~.emit.Pipeline`.
 
-- element-wise: the output and the broadcast operands are collapsed to at most three dims
-  (adjacent dims merge when every operand's strides allow); a broadcast operand is loaded once
-  per block at its own extent and read by the vector unit with stride 0;
+- element-wise: the blocks are the instruction form :mod:`.isel` picks (the dims merged,
+  kept apart or split into rows; the block's rank and extents; checked against the
+  description's limits and ranked by its cost model); a broadcast operand is loaded once per
+  block at its own extent and read by the vector unit with stride 0;
 - pooling (NCHW): a block of channels and output rows is loaded with its padding filled by the
   DMA (-inf for max, 0 for average); every tap is a strided view of it, combined with
   ``vmax``/``vadd``; global average pooling is a ``vred.sum``;
