@@ -28,11 +28,12 @@ has -- and the survivors are ranked by :func:`form_cost`, written from the descr
 - per transfer, ``dma.latency`` cycles of issue; its DRAM cycles are whole bursts per
   contiguous run (a short row wastes the rest of its burst) at the chip's bandwidth, plus one
   burst per run that does not start on a burst boundary (the alignment penalty);
-- the kernel's time: the largest of the chip's DRAM channel (every block's bursts), one core's
-  DMA-in and DMA-out queues and its vector unit (its round-robin share of the blocks), and the
-  pipeline's round trip (a slot is reused ``nbuf`` blocks later: the load's issue, transfer and
-  DRAM latency plus the compute, or the compute plus the store, per ``nbuf`` blocks); plus the
-  first block's load and the last one's compute and store (the pipeline's fill and drain).
+- the kernel's time: a DMA queue's token push waits for its transfers to land, so a core's
+  next loads issue only once this block's have arrived -- per block, the loads' issue, the
+  DRAM latency and a round of the shared channel (every active core's loads and stores), or
+  the block's vector work if longer; the kernel is the first block's load, ``ceil(blocks /
+  cores) - 1`` such steps and the last block's compute and store (one slot, ``nbuf = 1``:
+  each step load, compute and store in a row), at least the chip's total DRAM cycles.
 
 The cheapest form wins, but the fixed plan's form (fully merged, halved) is kept unless
 another is estimated at least ``MARGIN`` cheaper: the model is an estimate, and a marginal
