@@ -29,6 +29,10 @@ issue's target: >= 1.5x there), and over those whose ceiling is >= 1.6.
 Per model: total cycles (all kernels, vector ones included), the sum of the bounds,
 bank-group conflict cycles before and after the placement of on-chip buffers (a build with
 ``bank_plan=False`` against the default; the model's cycles both ways, bit-identical outputs),
+where its work ran (``unit_shares``: MACs on the tensor unit against the vector unit's
+depthwise ones and the CPU's, other element operations on the vector unit against the scalar
+unit and the CPU, the scalar fallbacks with their reasons) against issue 23's goal, the
+element-wise kernels' cycles (``KILN_NPU_ISEL=0``: the fixed plan instead of the search),
 DRAM traffic, the simulation's wall time, the ops left on the CPU, and the DRAM footprint
 with liveness-based reuse against a range per tensor. Outputs are checked
 against the float32 reference (torch for ResNet-18, MobileNetV2 and the encoder, numpy for the
@@ -61,6 +65,7 @@ import numpy as np
 import kiln
 from kiln.build import npu_pipeline
 from kiln.codegen.npu import LOWERING_KEY, build_npu
+from kiln.schedule.npu.nest_analysis import unit_shares
 from kiln.target.npu import load_config
 from kiln.testing import models
 
@@ -253,6 +258,14 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
           f"{on.unshared_dram_bytes / 1e6:.2f} MB with a range per tensor "
           f"({on.unshared_dram_bytes / on.dram_bytes:.2f}x)")
     _bank_line(name, on, out, _run(mod, inputs, hw, True, bank_plan=False)[:2])
+    shares = unit_shares(on)
+    print(f"{name}: {shares.summary()}")
+    print(f"{name}: goal (>= 99% of MACs on the tensor unit, >= 95% of other element ops on "
+          f"the vector unit): MACs {'met' if shares.tensor_mac_share >= 0.99 else 'NOT met'}, "
+          f"element ops {'met' if shares.vector_op_share >= 0.95 else 'NOT met'}")
+    ew = [k for k in on.kernels if k.tiling.split("TIR: ")[-1].startswith("block (")]
+    print(f"{name}: {len(ew)} element-wise kernel(s) in {sum(c_on[k.label] for k in ew):.0f} "
+          f"cycles ({sum('[isel' in k.tiling for k in ew)} planned by the instruction search)")
     if via:
         _vector_table(name, on, c_on, c_emit)
         n_tir = sum(k.tiling.startswith("TIR: ") for k in on.kernels)

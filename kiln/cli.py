@@ -37,6 +37,7 @@ from .ir.errors import ArgumentError, KilnError, ModelFormatError
 from .runtime import cache, shape_expr
 from .runtime.executable import load
 from .schedule.gpu import schedule_and_lower
+from .schedule.npu.nest_analysis import unit_shares
 from .target import Target
 from .testing import models
 from .tir.function import PrimFunc
@@ -294,6 +295,10 @@ def _show_npu(mod: Any, target: Target, args: argparse.Namespace) -> int:
     exe = build_npu(mod, target)
     if args.stage == "npu":
         print(exe.describe())
+        shares = unit_shares(exe)
+        print(shares.summary())
+        for label, why in shares.fallbacks:
+            print(f"  scalar fallback {label}: {why}")
         return 0
     for step in exe.steps:
         print(step.program.assembly() if hasattr(step, "program") else

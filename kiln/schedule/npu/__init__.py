@@ -7,9 +7,11 @@ fallback; :mod:`.quantize`: int8 requantize, quantize, dequantize), the tiled GE
 (:mod:`.tir_gemm`: schedule with NPU scopes and tensorize; :mod:`.tir_program`: scheduled TIR ->
 instructions), element-wise kernels (:mod:`.tir_vector`, with the vector kernels' program
 generator), row kernels (:mod:`.tir_rows`: softmax, layer_norm, row means), pooling and
-depthwise convolutions (:mod:`.tir_pool`)."""
+depthwise convolutions (:mod:`.tir_pool`); the element-wise instruction search (:mod:`.isel` over
+:mod:`.nest_analysis`'s nests, which also reads back where a model's work ran) and the generic
+lowering of last resort from an op's TE compute (:mod:`.generic`)."""
 
-from . import movement, ops, pooling, quantize, tir_gemm, tir_pool, tir_rows, tir_vector  # noqa: F401 - register the lowerings
+from . import generic, movement, ops, pooling, quantize, tir_gemm, tir_pool, tir_rows, tir_vector  # noqa: F401,E501 - register the lowerings (generic: of last resort)
 from .emit import DramTensor, KernelBuilder, KernelInfo
 from .gemm import GemmShape, GemmTiling, gemm_cost, gemm_roofline, plan_gemm
 from .lowering import LoweringContext, NotSupported, lookup_lowering, lowered_ops

@@ -790,7 +790,7 @@ def lower_vector_tir(ctx: LoweringContext, op: str, out: Any, inputs: list[Any],
     before emitting anything when the route does not cover it."""
     cdt = compute_dtype or out.dtype
     kb = ctx.kb
-    plan = plan_elementwise(ctx.config, kb.nbuf, out, inputs, cdt)
+    plan = plan_elementwise(ctx.config, kb.nbuf, out, inputs, cdt, steps)
     k = vector_kernel(plan, inputs, steps, cdt, out.dtype)
     sch = scheduled_elementwise(k, kb.nbuf)
     emit_vector_scheduled(kb, sch.func, _views(plan, out, inputs))

@@ -5,9 +5,10 @@ the L0 buffers (inputs in L0 input and weight, the result in the accumulators), 
 DMAed in, computed by a few vector instructions on 1-3-D blocks, and DMAed out, in the
 double-buffered pipeline of :class:`~.emit.Pipeline`.
 
-- element-wise: the output and the broadcast operands are collapsed to at most three dims
-  (adjacent dims merge when every operand's strides allow); a broadcast operand is loaded once
-  per block at its own extent and read by the vector unit with stride 0;
+- element-wise: the blocks are the instruction form :mod:`.isel` picks (the dims merged,
+  kept apart or split into rows; the block's rank and extents; checked against the
+  description's limits and ranked by its cost model); a broadcast operand is loaded once per
+  block at its own extent and read by the vector unit with stride 0;
 - pooling (NCHW): a block of channels and output rows is loaded with its padding filled by the
   DMA (-inf for max, 0 for average); every tap is a strided view of it, combined with
   ``vmax``/``vadd``; global average pooling is a ``vred.sum``;
@@ -37,7 +38,9 @@ from .emit import (
     itemsize,
     row_major,
 )
+from .isel import select_form
 from .lowering import LoweringContext, NotSupported
+from .nest_analysis import analyse_elementwise
 
 __all__ = ["ElementwiseKernel", "ElementwisePlan", "VecStep", "acc_layout", "compact_block",
            "POOL_TAP_OPCODES", "elementwise_kernel", "emit_elementwise", "plan_elementwise",
@@ -64,29 +67,6 @@ class VecStep:
 def traffic_cycles(kb: KernelBuilder, nbytes: int) -> float:
     """DRAM cycles of ``nbytes`` at the chip's bandwidth (a vector kernel's roofline)."""
     return nbytes / kb.config.memory(DRAM).bandwidth
-
-
-def _collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]
-              ) -> tuple[list[int], list[list[int]]]:
-    dims = [(n, [s[i] for s in strides]) for i, n in enumerate(shape) if n != 1]
-    out: list[tuple[int, list[int]]] = []
-    for n, ss in dims:
-        if out and all(p == q * n for p, q in zip(out[-1][1], ss)):
-            out[-1] = (out[-1][0] * n, ss)
-        else:
-            out.append((n, ss))
-    if not out:
-        out = [(1, [0] * len(strides))]
-    while len(out) < 3:
-        out.insert(0, (1, [0] * len(strides)))
-    return [n for n, _ in out], [[ss[k] for _, ss in out] for k in range(len(strides))]
-
-
-def _bcast(t: DramTensor | DramView, rank: int) -> tuple[int, ...]:
-    """The element strides of operand ``t`` over the result's ``rank`` dims (0: broadcast)."""
-    shape = (1,) * (rank - len(t.shape)) + t.shape
-    st = (0,) * (rank - len(t.shape)) + t.strides
-    return tuple(0 if n == 1 else s for n, s in zip(shape, st))
 
 
 def _fit(dims: list[int], fits: Callable[[tuple[int, int, int]], bool]) -> tuple[int, int, int]:
@@ -118,40 +98,35 @@ class ElementwisePlan:
     tile: tuple[int, int, int]
     mem_of: tuple[str, ...]
     nbytes: int
+    #: the instruction selection's record: the form, the forms considered and rejected
+    selection: str = ""
 
     def describe(self) -> str:
-        return f"block {self.tile} of {self.dims}"
+        return f"block {self.tile} of {self.dims}" + \
+            (f" [{self.selection}]" if self.selection else "")
 
 
 def plan_elementwise(cfg: Any, nbuf: int, out: DramTensor | DramView,
-                     inputs: list[DramTensor | DramView], cdt: str) -> ElementwisePlan:
-    """The blocks of ``out = f(inputs)`` computed in ``cdt`` (see the module docstring): the
-    largest block whose ``nbuf`` slots of every operand and of the result (plus its compute
-    block when ``cdt`` is not ``out.dtype``) fit the L0 buffers. Raises NotSupported."""
+                     inputs: list[DramTensor | DramView], cdt: str,
+                     steps: tuple[VecStep, ...] | list[VecStep] = ()) -> ElementwisePlan:
+    """The blocks of ``out = steps(inputs)`` computed in ``cdt``: the instruction form
+    :func:`~.isel.select_form` picks for the nest (:func:`~.nest_analysis.analyse_elementwise`)
+    -- the reshape, the block's rank and extents -- among those whose ``nbuf`` slots of every
+    operand and of the result (plus its compute block when ``cdt`` is not ``out.dtype``) fit
+    the L0 buffers, ranked by the description's cost model (``steps``: the vector
+    instructions per block it counts). Raises NotSupported."""
     rank = len(out.shape)
     if any(len(t.shape) > rank for t in inputs):
         raise NotSupported("an operand has more dims than the result")
-    dims_all, strides = _collapse(out.shape, [out.strides] + [_bcast(t, rank) for t in inputs])
-    dims = dims_all[-3:]
-    in_str = strides[1:]
+    nest = analyse_elementwise(cfg, out, inputs, cdt, tuple(st.opcode for st in steps))
+    sel = select_form(cfg, nbuf, nest)
+    form = sel.form
     mem_of = [L0_INPUTS[k % 2] for k in range(len(inputs))]
     osz = itemsize(out.dtype) + (itemsize(cdt) if cdt != out.dtype else 0)
-
-    def fits(t: tuple[int, int, int]) -> bool:
-        if max(t) > cfg.encoding.max_extent:
-            return False
-        for mem in L0_INPUTS:
-            need = sum(nbuf * int(np.prod(compact_block(t, s))) * itemsize(x.dtype)
-                       for x, s, m in zip(inputs, in_str, mem_of) if m == mem)
-            if need > cfg.memory(mem).size:
-                return False
-        return nbuf * (int(np.prod(t)) * osz + 16) <= cfg.memory("acc").size
-
-    t = _fit(dims, fits)
     nbytes = sum(int(np.prod(x.shape)) * itemsize(x.dtype) for x in inputs) + \
         int(np.prod(out.shape)) * osz
-    return ElementwisePlan(tuple(dims_all), tuple(strides[0]), tuple(tuple(s) for s in in_str),
-                           t, tuple(mem_of), nbytes)
+    return ElementwisePlan(form.dims, form.strides[0], form.strides[1:], form.tile,
+                           tuple(mem_of), nbytes, sel.describe())
 
 
 def compact_block(t: tuple[int, ...], s: Any) -> tuple[int, int, int]:
@@ -205,7 +180,7 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
     cdt = compute_dtype or out.dtype
     kb, cfg = ctx.kb, ctx.config
     nbuf = kb.nbuf
-    plan = plan_elementwise(cfg, nbuf, out, inputs, cdt)
+    plan = plan_elementwise(cfg, nbuf, out, inputs, cdt, steps)
     dims_all, t, mem_of = list(plan.dims), plan.tile, plan.mem_of
     outer_dims, dims = dims_all[:-3], dims_all[-3:]
     o_str, in_str = list(plan.out_strides), [list(s) for s in plan.in_strides]
