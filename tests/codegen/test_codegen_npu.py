@@ -263,6 +263,19 @@ def _conv_nchw(x, w):
     return np.einsum("nctij,oct->noij", cols, w.reshape(w.shape[0], w.shape[1], 9))
 
 
+def test_an_executable_with_a_mean_of_36_saves(tmp_path):
+    """A global average pool over 6 x 6 multiplies by 1/36, not a float32 value: the
+    instruction encoding refused to save it (IsaError); immediates are rounded to float32 when
+    emitted, as the vector unit computes with them -- the loaded file gives the same bits."""
+    m = models.small_cnn(batch=1, channels=8, size=12)
+    exe = kiln.build(m.mod, target="npu")
+    want = exe(*m.inputs)
+    exe.save(str(tmp_path / "m.kiln"))
+    back = kiln.load(str(tmp_path / "m.kiln"))
+    np.testing.assert_array_equal(back(*m.inputs), want)
+    assert back.last_cycles == exe.last_cycles
+
+
 def test_damaged_npu_executable_is_refused(tmp_path):
     exe = kiln.build(models.mlp(batch=2, sizes=(8, 4)).mod, target="npu")
     path = tmp_path / "m.kiln"

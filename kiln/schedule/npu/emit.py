@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, Block, Instr
 from ...npu.program import Program
 from ...target.npu.config import DRAM, MEMORY_NAMES, NPUConfig
@@ -181,6 +183,12 @@ class KernelBuilder:
         return 2 if self.double_buffer else 1
 
     def emit(self, core: int, op: str, note: str = "", **args: object) -> None:
+        """Append an instruction; a float immediate is rounded to float32 here, the precision
+        the encoding holds and the vector unit computes with (``1 / 36`` for a mean: the
+        simulator rounded it anyway, but the executable could not be saved)."""
+        for k, v in args.items():
+            if isinstance(v, (float, np.floating)) and np.isfinite(v):
+                args[k] = float(np.float32(v))
         self.streams[core].append(Instr(op, note=note, **args))
 
     def push(self, core: int, src: int, dst: int) -> None:
