@@ -115,10 +115,11 @@ def _model(name: str, size: int, seq: int = 128, layers: int = 2):
     return m.mod, m.inputs, m.reference(*m.inputs)
 
 
-def _run(mod, inputs, hw: str, double_buffer: bool, route: str | None = None):
+def _run(mod, inputs, hw: str, double_buffer: bool, route: str | None = None,
+         residency: bool = True):
     with kiln.transform.PassContext(config={LOWERING_KEY: route} if route else {}):
         exe = build_npu(npu_pipeline()(mod), kiln.Target("npu", hw=hw),
-                        double_buffer=double_buffer)
+                        double_buffer=double_buffer, residency=residency)
     t = time.perf_counter()
     out = exe(*inputs)
     return exe, out, time.perf_counter() - t
@@ -249,6 +250,7 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
     print(f"{name}: DRAM footprint {on.dram_bytes / 1e6:.2f} MB with liveness-based reuse, "
           f"{on.unshared_dram_bytes / 1e6:.2f} MB with a range per tensor "
           f"({on.unshared_dram_bytes / on.dram_bytes:.2f}x)")
+    _residency_line(name, mod, inputs, hw, on, out)
     if via:
         _vector_table(name, on, c_on, c_emit)
         n_tir = sum(k.tiling.startswith("TIR: ") for k in on.kernels)
@@ -262,6 +264,20 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
         print(f"{name}: {n_tir} kernel(s) lowered through TIR; with every op emitted "
               f"directly {cyc_emit:.0f} cycles ({cyc_emit / cyc_on:.4f}x the TIR route's), "
               f"outputs {'bit-identical' if np.array_equal(via_out, out) else 'DIFFERENT'}")
+
+
+def _residency_line(name: str, mod, inputs, hw: str, on, out) -> None:
+    """The same model with every tensor through DRAM (``residency=False``): the DRAM bytes
+    and cycles that keeping intermediates in L1 saves, and whether the bits are the same."""
+    dram, dram_out, _ = _run(mod, inputs, hw, True, residency=False)
+    moved = [sum(r.dram_read + r.dram_written for r in e.last_reports) for e in (dram, on)]
+    cycles = [sum(r.cycles for r in e.last_reports) for e in (dram, on)]
+    res = on.residency
+    print(f"{name}: on-chip residency: {res.tensors} intermediate(s) kept in L1 "
+          f"({sum(res.nbytes.values()) / 1e6:.2f} MB); DRAM read + written "
+          f"{moved[0] / 1e6:.1f} -> {moved[1] / 1e6:.1f} MB; {cycles[0]:.0f} -> "
+          f"{cycles[1]:.0f} cycles ({cycles[0] / cycles[1]:.2f}x); bit-identical: "
+          f"{np.array_equal(dram_out, out)}")
 
 
 def _vector_table(name: str, on: object, c_on: dict[str, float],

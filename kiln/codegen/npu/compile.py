@@ -38,7 +38,7 @@ from ...schedule.npu.region import (
     region_outputs,
     static_tensor,
 )
-from ...schedule.npu.residency import RESIDENCY_KEY, plan_residency
+from ...schedule.npu.residency import RESIDENCY_KEY, plan_residency, rebound
 from ...target import Target
 from ...target.npu import NPUConfig, load_config
 from ...transform.legalize_ops import LegalizeOps
@@ -218,8 +218,11 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
         for step in steps:
             if isinstance(step, CpuStep):
                 pinned += [*(t for t, _ in step.inputs), step.out]
-        resident = plan_residency(cfg, [s.program for s in steps if isinstance(s, NpuStep)],
-                                  pinned, ctx.allocations)
+        npu_steps = [s for s in steps if isinstance(s, NpuStep)]
+        resident = plan_residency(cfg, [s.program for s in npu_steps], pinned, ctx.allocations)
+        for p, step in enumerate(npu_steps):  # the rooflines without the L1 tensors' DRAM
+            step.kernels = [rebound(k, resident.kernel_bytes.get((p, n), 0), cfg)
+                            for n, k in enumerate(step.kernels)]
     constants, dram_bytes = ctx.constants, ctx.top
     if reuse_dram:
         relocate, plan = plan_dram(steps, inputs, out_tensors, ctx.constants,

@@ -30,7 +30,7 @@ option ``"npu.residency"``) keeps every tensor in DRAM -- the "before" of ``benc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...npu.isa import Block
@@ -38,9 +38,9 @@ from ...npu.program import Program
 from ...runtime.memory_plan import Interval, place
 from ...target.npu import L1, MEMORY_NAMES, NPUConfig
 from .dram_ranges import DramRanges, tensor_bytes
-from .emit import DRAM_ALIGN, DramTensor, itemsize
+from .emit import DRAM_ALIGN, DramTensor, KernelInfo, itemsize
 
-__all__ = ["RESIDENCY_KEY", "ResidencyPlan", "plan_residency"]
+__all__ = ["RESIDENCY_KEY", "ResidencyPlan", "plan_residency", "rebound"]
 
 #: PassContext option: keep intermediates in L1 where they fit (default True).
 RESIDENCY_KEY = "npu.residency"
@@ -59,6 +59,9 @@ class ResidencyPlan:
     l1_addr: dict[int, int] = field(default_factory=dict)
     nbytes: dict[int, int] = field(default_factory=dict)
     saved_bytes: int = 0
+    #: (program, kernel) -> the bytes that kernel's DMAs move to and from L1 tensors, counted
+    #: in whole DRAM bursts (what they moved on the DRAM channel before)
+    kernel_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
 
     @property
     def tensors(self) -> int:
@@ -184,7 +187,9 @@ def _place_program(config: NPUConfig, program: Program, p: int, ranges: DramRang
     where = {iv.key: l1_size - offsets[iv.key] - _rounded(iv.size, align) for iv in chosen}
     if not where:
         return
-    for kernel in kernels:
+    burst = config.memory("dram").burst
+    for n, kernel in enumerate(kernels):
+        counted = 0
         for ins in kernel:
             for k, blk, _ in _operands(ins):
                 if blk.mem != _DRAM_ID or blk.addr < DRAM_ALIGN:
@@ -193,10 +198,42 @@ def _place_program(config: NPUConfig, program: Program, p: int, ranges: DramRang
                 if i in where:
                     ins.args[k] = blk._replace(mem=_L1_ID,
                                                addr=where[i] + blk.addr - ranges.starts[i])
+                    counted += _burst_bytes(blk, ins.args["shape"], burst)
+        if counted:
+            plan.kernel_bytes[(p, n)] = counted
     for i, addr in where.items():
         plan.l1_addr[ranges.starts[i]] = addr
         plan.nbytes[ranges.starts[i]] = size[i]
         plan.saved_bytes += moved[i]
+
+
+def rebound(info: KernelInfo, resident_bytes: int, config: NPUConfig) -> KernelInfo:
+    """``info`` with its roofline recomputed for operands that no longer cross the DRAM
+    channel: the minimum traffic loses ``resident_bytes`` -- what the kernel's DMAs moved
+    for its L1 tensors, in whole DRAM bursts, at least what the roofline had counted for them
+    (more where a tile is read again: the bound stays a bound, looser) --, which the DMA
+    engines still move at their on-chip bandwidth: the bound is the largest of the compute
+    side, the DRAM channel's share and the engines' on-chip share."""
+    # an element-wise or row kernel's bound is its traffic alone (its sides not recorded)
+    traffic = info.traffic or (info.roofline if not info.compute else 0.0)
+    if not resident_bytes or not traffic:
+        return info
+    dram_bw = config.memory("dram").bandwidth
+    dram = max(0.0, traffic - resident_bytes / dram_bw)
+    onchip = resident_bytes / (config.dma_onchip_bandwidth * config.cores)
+    traffic = max(dram, onchip)
+    return replace(info, traffic=traffic if info.traffic else 0.0,
+                   roofline=max(info.compute, traffic))
+
+
+def _burst_bytes(blk: Block, shape: tuple[int, ...], burst: int) -> int:
+    """The DRAM bytes a DMA of ``shape`` over ``blk`` moved: whole bursts per contiguous run
+    (the innermost dim, when its stride is 1; else each element alone) -- at least what a
+    roofline counts for that operand."""
+    isz = itemsize(blk.dtype)
+    rows = int(shape[0]) * int(shape[1])
+    run, runs = (int(shape[2]) * isz, rows) if blk.strides[2] == 1 else (isz, rows * int(shape[2]))
+    return runs * -(-run // burst) * burst
 
 
 def _rounded(n: int, align: int) -> int:
