@@ -123,10 +123,10 @@ def _model(name: str, size: int, seq: int = 128, layers: int = 2):
 
 
 def _run(mod, inputs, hw: str, double_buffer: bool, route: str | None = None,
-         bank_plan: bool = True):
+         bank_plan: bool = True, residency: bool = True):
     with kiln.transform.PassContext(config={LOWERING_KEY: route} if route else {}):
         exe = build_npu(npu_pipeline()(mod), kiln.Target("npu", hw=hw),
-                        double_buffer=double_buffer, bank_plan=bank_plan)
+                        double_buffer=double_buffer, bank_plan=bank_plan, residency=residency)
     t = time.perf_counter()
     out = exe(*inputs)
     return exe, out, time.perf_counter() - t
@@ -266,6 +266,7 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
     ew = [k for k in on.kernels if k.tiling.split("TIR: ")[-1].startswith("block (")]
     print(f"{name}: {len(ew)} element-wise kernel(s) in {sum(c_on[k.label] for k in ew):.0f} "
           f"cycles ({sum('[isel' in k.tiling for k in ew)} planned by the instruction search)")
+    _residency_line(name, mod, inputs, hw, on, out)
     if via:
         _vector_table(name, on, c_on, c_emit)
         n_tir = sum(k.tiling.startswith("TIR: ") for k in on.kernels)
@@ -295,6 +296,20 @@ def _bank_line(name: str, on: object, out: object, naive: tuple[object, object])
           f" ({sum(len(p.moves) for p in plans)} buffer(s) moved, "
           f"{sum(len(p.left) for p in plans)} pair(s) left; outputs "
           f"{'bit-identical' if same else 'DIFFERENT'})")
+
+
+def _residency_line(name: str, mod, inputs, hw: str, on, out) -> None:
+    """The same model with every tensor through DRAM (``residency=False``): the DRAM bytes
+    and cycles that keeping intermediates in L1 saves, and whether the bits are the same."""
+    dram, dram_out, _ = _run(mod, inputs, hw, True, residency=False)
+    moved = [sum(r.dram_read + r.dram_written for r in e.last_reports) for e in (dram, on)]
+    cycles = [sum(r.cycles for r in e.last_reports) for e in (dram, on)]
+    res = on.residency
+    print(f"{name}: on-chip residency: {res.tensors} intermediate(s) kept in L1 "
+          f"({sum(res.nbytes.values()) / 1e6:.2f} MB); DRAM read + written "
+          f"{moved[0] / 1e6:.1f} -> {moved[1] / 1e6:.1f} MB; {cycles[0]:.0f} -> "
+          f"{cycles[1]:.0f} cycles ({cycles[0] / cycles[1]:.2f}x); bit-identical: "
+          f"{np.array_equal(dram_out, out)}")
 
 
 def _vector_table(name: str, on: object, c_on: dict[str, float],

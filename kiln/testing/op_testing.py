@@ -55,12 +55,14 @@ def dims(sinfo: TensorStructInfo) -> tuple:
 
 
 def graph_module(fn: Callable[..., Any], shapes: Sequence[Sequence[int]],
-                 dtype: str = "float32") -> Any:
+                 dtype: str | Sequence[str] = "float32") -> Any:
     """The module ``main(x0, x1, ...) = fn(x0, x1, ...)``: one ``dtype`` variable per shape of
-    ``shapes``, ``fn`` building the graph of ops over them (the one-op models of the target
-    tests)."""
+    ``shapes`` (or a dtype per shape), ``fn`` building the graph of ops over them (the one-op
+    models of the target tests)."""
     bb = BlockBuilder()
-    xs = [Var(f"x{i}", TensorStructInfo(tuple(s), dtype)) for i, s in enumerate(shapes)]
+    dtypes = [dtype] * len(shapes) if isinstance(dtype, str) else list(dtype)
+    xs = [Var(f"x{i}", TensorStructInfo(tuple(s), dt))
+          for i, (s, dt) in enumerate(zip(shapes, dtypes))]
     with bb.function("main", xs):
         with bb.dataflow():
             out = bb.emit_output(fn(*xs))

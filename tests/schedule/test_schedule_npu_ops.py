@@ -4,7 +4,7 @@ accumulation (rel. error <= 1e-2 against float64 numpy); int8 products are exact
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import kiln
@@ -15,9 +15,11 @@ from kiln.ir import KilnError, RuntimeCheckError
 from kiln.npu import Program
 from kiln.npu.asm import assemble_program
 from kiln.schedule.npu import GemmShape, gemm_roofline, lowered_ops, plan_gemm
+from kiln.schedule.npu.residency import RESIDENCY_KEY
 from kiln.target.npu import load_config
 from kiln.testing import models
 from kiln.testing.op_testing import graph_module
+from kiln.transform import PassContext
 
 HW = ["default", "edge"]
 
@@ -114,12 +116,14 @@ def test_strided_1x1_stages_the_rows_it_reads_unless_the_image_is_cheaper(wd, ro
     """A 1x1 stride-2 conv reads every other input row. 72-pixel float16 rows (144 bytes,
     3 bursts) are staged alone; 14-pixel rows (28 bytes: each would move a whole 64-byte
     burst) cost more that way than the whole image read contiguously, so the image is staged
-    -- and the roofline counts the cheaper of the two, in whole bursts."""
+    -- and the roofline counts the cheaper of the two, in whole bursts. (The input's float16
+    cast kept in DRAM: L1 residency would stage it from L1.)"""
     rng = np.random.default_rng(wd)
     c, h, o = 8, 14, 6
     w = (_rand(rng, o, c, 1, 1) * 0.3).astype("float32")
-    exe = _build(lambda v: op.nn.conv2d(v, g.const(w), strides=(2, 2)), [(1, c, h, wd)],
-                 "default")
+    with PassContext(config={RESIDENCY_KEY: False}):
+        exe = _build(lambda v: op.nn.conv2d(v, g.const(w), strides=(2, 2)), [(1, c, h, wd)],
+                     "default")
     x = _rand(rng, 1, c, h, wd)
     assert _rel(exe(x), _conv_ref(x, w, (2, 2), (0, 0, 0, 0), (1, 1))) <= 1e-2
     prog = [st.program for st in exe.steps if getattr(st, "program", None)][-1]
@@ -476,6 +480,7 @@ def test_pooling_ceil_mode_and_uncounted_padding(hw, k, s, p, ceil, count_pad):
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(b=st.integers(1, 3), m=_DIMS, k=st.integers(1, 130), n=_DIMS, hw=st.sampled_from(HW),
        seed=st.integers(0, 2 ** 16))
+@example(b=1, m=2, k=17, n=174, hw="default", seed=36)
 def test_random_batched_products_with_layer_norm_epilogue(b, m, k, n, hw, seed):
     """Random sizes through a run-time batched product, a fused residual add + scale, a
     transpose and a layer norm: the encoder block's data path."""
@@ -490,11 +495,14 @@ def test_random_batched_products_with_layer_norm_epilogue(b, m, k, n, hw, seed):
     exe = _build(fn, [(b, m, k), (b, k, n), (b, m, n)], hw)
     assert exe.cpu_ops == []
     x, y, r = _rand(rng, b, m, k), _rand(rng, b, k, n), _rand(rng, b, m, n)
-    h = ((x.astype(np.float64) @ y + r) * 0.5).transpose(0, 2, 1)
+    # the products' operands in float16, as the tensor unit takes them (accumulated in
+    # float32): a row of nearly equal values, normalized, would magnify the operands'
+    # rounding far beyond any fixed tolerance (b=1, m=2, k=17, n=174, seed=36: 0.14)
+    x16, y16 = (a.astype(np.float16).astype(np.float64) for a in (x, y))
+    h = ((x16 @ y16 + r) * 0.5).transpose(0, 2, 1)
     ref = _layer_norm_ref(h, gamma, beta, 1e-5)
-    # float16 products: the normalized values carry the product's relative error
-    assert float(np.max(np.abs(exe(x, y, r) - ref))) <= 2e-2 * max(1.0, float(
-        np.max(np.abs(gamma))) + 1)
+    assert float(np.max(np.abs(exe(x, y, r) - ref))) <= 2e-3 * (1 + float(
+        np.max(np.abs(gamma))))
 
 
 @pytest.mark.parametrize("hw", HW)

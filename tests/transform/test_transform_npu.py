@@ -15,7 +15,9 @@ from kiln.ir import KilnError
 from kiln.ir.module import IRModule
 from kiln.schedule.npu import DramTensor
 from kiln.schedule.npu.lowering import lowering_rejection
+from kiln.schedule.npu.residency import RESIDENCY_KEY
 from kiln.target.npu import load_config
+from kiln.transform import PassContext
 from kiln.transform.npu import (
     AnnotateMemoryScope,
     AnnotateTarget,
@@ -261,13 +263,22 @@ def test_memory_scope_follows_the_dma_traffic():
         mod = PartitionGraph()(MergeCompilerRegions()(AnnotateTarget(hw)(
             _module(body, [(1, 4, 8, 8)]))))
         assert "npu.memory_scope" not in mod["npu_region0"].attrs
-        scopes = AnnotateMemoryScope(hw)(mod)["npu_region0"].attrs["npu.memory_scope"]
+        with PassContext(config={RESIDENCY_KEY: False}):
+            scopes = AnnotateMemoryScope(hw)(mod)["npu_region0"].attrs["npu.memory_scope"]
         assert scopes == {
             "x": "dram -> l0.input",  # read by relu's vector kernel
             "a": "l0.acc -> dram -> l1, l0.input",  # conv rows staged in L1, gathered to L0
             "c": "l0.acc -> dram -> l0.input",  # the product's result, read by add+relu
             "d": "l0.acc (fused, never in DRAM)",  # add and relu are one kernel
             "e": "l0.acc -> dram",
+        }
+        # as the build places them: the intermediates stay in L1 between the kernels
+        scopes = AnnotateMemoryScope(hw)(mod)["npu_region0"].attrs["npu.memory_scope"]
+        on_chip = "l1 (kept on chip, never in DRAM)"
+        assert scopes == {
+            "x": "dram -> l0.input", "a": f"l0.acc -> {on_chip} -> l1, l0.input",
+            "c": f"l0.acc -> {on_chip} -> l0.input", "d": "l0.acc (fused, never in DRAM)",
+            "e": "l0.acc -> dram",  # the region's result: read outside, so in DRAM
         }
 
 

@@ -39,6 +39,7 @@ from ...schedule.npu.region import (
     region_outputs,
     static_tensor,
 )
+from ...schedule.npu.residency import RESIDENCY_KEY, plan_residency, rebound
 from ...target import Target
 from ...target.npu import NPUConfig, load_config
 from ...transform.legalize_ops import LegalizeOps
@@ -63,6 +64,9 @@ __all__ = ["LOWERING_KEY", "NPUUnsupportedError", "VIEW_OPS", "build_npu", "is_p
 # a TE PrimFunc scheduled into NPU scopes and tensorized, then generated,
 # kiln.schedule.npu.tir_gemm; dense, matmul and pointwise conv2d, the rest emitted per op) or
 # "emit" (per-op instruction emission for every op). The same bits and cycles.
+register_config(RESIDENCY_KEY, bool, True,
+                "NPU build: keep intermediate tensors in L1 across kernels where they fit "
+                "(kiln.codegen.npu.residency); False: every tensor through DRAM")
 register_config(LOWERING_KEY, str, DEFAULT_ROUTE,
                 "NPU build: 'tir' (products lowered through scheduled, tensorized TIR; the "
                 "default) or 'emit' (per-op instruction emission for every op)")
@@ -153,12 +157,14 @@ def _strict_errors(main: g.Function) -> list[str]:
 
 def build_npu(mod: IRModule, target: Target, strict: bool = False,
               double_buffer: bool = True, fuse: bool = True, reuse_dram: bool = True,
-              bank_plan: bool = True) -> NPUExecutable:
+              bank_plan: bool = True, residency: bool | None = None) -> NPUExecutable:
     """Compile graph function ``main`` of ``mod`` (not legalized; partitioned for ``target``'s
     hardware description, else partitioned here) for ``target``'s NPU (``fuse``: chains of
     element-wise ops become one kernel each; ``reuse_dram``: tensors never live together share
     DRAM, :mod:`.dram_plan`; ``bank_plan``: each program's colliding on-chip buffers are moved
-    to other bank groups, :mod:`.bank_plan`)."""
+    to other bank groups, :mod:`.bank_plan`; ``residency``: intermediates stay in L1 where they
+    fit, :mod:`kiln.schedule.npu.residency` -- default: the PassContext option
+    ``"npu.residency"``, on)."""
     cfg = npu_config_of(target)
     main_function(mod, "the NPU build")
     if not is_partitioned(mod):
@@ -208,6 +214,19 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
     result = main.body.body
     outs = list(result.fields) if isinstance(result, g.Tuple) else [result]
     out_tensors = [ctx.tensor(_operand(env, o)) for o in outs]
+    if residency is None:
+        residency = PassContext.current().get_config(RESIDENCY_KEY)
+    resident = None
+    if residency:
+        pinned = [*(t for _, t in inputs), *out_tensors, *(t for t, _ in ctx.constants)]
+        for step in steps:
+            if isinstance(step, CpuStep):
+                pinned += [*(t for t, _ in step.inputs), step.out]
+        npu_steps = [s for s in steps if isinstance(s, NpuStep)]
+        resident = plan_residency(cfg, [s.program for s in npu_steps], pinned, ctx.allocations)
+        for p, step in enumerate(npu_steps):  # the rooflines without the L1 tensors' DRAM
+            step.kernels = [rebound(k, resident.kernel_bytes.get((p, n), 0), cfg)
+                            for n, k in enumerate(step.kernels)]
     constants, dram_bytes = ctx.constants, ctx.top
     if reuse_dram:
         relocate, plan = plan_dram(steps, inputs, out_tensors, ctx.constants,
@@ -219,7 +238,9 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
     exe = NPUExecutable(cfg, inputs, out_tensors, isinstance(result, g.Tuple), steps,
                         constants, dram_bytes, double_buffer)
     exe.unshared_dram_bytes = ctx.top
-    if bank_plan:  # after the DRAM plan: the replays see the final addresses
+    exe.residency = resident
+    if bank_plan:  # after the DRAM plan: the replays see the final addresses; the L1
+        # tensors are carried between phases, so it never moves them or over them
         scratch = Machine(cfg, dram_bytes)  # the timing replays' own (their scalar code stores)
         for step in steps:
             if isinstance(step, NpuStep):

@@ -16,7 +16,6 @@ relocated. The bytes ``[0, DRAM_ALIGN)`` stay the zeros that all-padding DMAs re
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +25,8 @@ from ...ir.errors import InternalError
 from ...npu.isa import Block
 from ...runtime.memory_plan import Interval, place
 from ...schedule.npu import DramTensor
-from ...schedule.npu.emit import DRAM_ALIGN, itemsize
+from ...schedule.npu.dram_ranges import DramRanges
+from ...schedule.npu.emit import DRAM_ALIGN
 from .executable import NpuStep
 
 __all__ = ["DramPlan", "plan_dram"]
@@ -40,32 +40,6 @@ class DramPlan:
 
     unshared_bytes: int
     dram_bytes: int
-
-
-class _Ranges:
-    """The allocations by start address; each address maps to the one holding it."""
-
-    def __init__(self, allocations: list[DramTensor]):
-        self.tensors = sorted(allocations, key=lambda t: t.addr)
-        self.starts = [t.addr for t in self.tensors]
-        self.ends = [t.addr + max(DRAM_ALIGN, -(-_nbytes(t) // DRAM_ALIGN) * DRAM_ALIGN)
-                     for t in self.tensors]
-        self.first: dict[int, int] = {}
-        self.last: dict[int, int] = {}
-
-    def index(self, addr: int) -> int | None:
-        i = bisect.bisect_right(self.starts, addr) - 1
-        return i if i >= 0 and addr < self.ends[i] else None
-
-    def use(self, addr: int, time: int) -> None:
-        i = self.index(addr)
-        if i is not None:
-            self.first[i] = min(self.first.get(i, time), time)
-            self.last[i] = max(self.last.get(i, time), time)
-
-
-def _nbytes(t: DramTensor) -> int:
-    return int(np.prod(t.shape, dtype=np.int64)) * itemsize(t.dtype)
 
 
 def _dram_blocks(ins: Any) -> list[tuple[str, Block]]:
@@ -95,7 +69,7 @@ def plan_dram(steps: list[Any], inputs: list[tuple[str, DramTensor]],
     """Relocate the steps' DRAM tensors so that tensors never live together share bytes (the
     instructions and CPU steps are rewritten in place). Returns the function mapping an old
     DRAM tensor to its new one, and the footprint before and after."""
-    ranges = _Ranges(allocations)
+    ranges = DramRanges(allocations)
     time = 0
     for step in steps:
         if isinstance(step, NpuStep):

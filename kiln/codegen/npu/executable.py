@@ -91,6 +91,9 @@ class NPUExecutable:
         self.dram_bytes = dram_bytes
         #: The DRAM the model would take with a range per tensor (no reuse; see dram_plan).
         self.unshared_dram_bytes = dram_bytes
+        #: The intermediates kept in L1 (:class:`~kiln.codegen.npu.residency.ResidencyPlan`;
+        #: None when the build kept every tensor in DRAM, or for a loaded executable).
+        self.residency: Any = None
         #: ``(op, Schedule)`` of the kernels the TIR route lowered (empty on the emit route
         #: and for a loaded executable).
         self.tir: list[tuple[str, Any]] = []
@@ -141,6 +144,10 @@ class NPUExecutable:
         lines = [f"NPU executable for {self.config.name!r}: {len(self.kernels)} kernel(s), "
                  f"CPU ops: {', '.join(self.cpu_ops) or 'none'}; DRAM "
                  f"{self.dram_bytes:,} bytes ({self.unshared_dram_bytes:,} without reuse)"]
+        if self.residency is not None and self.residency.tensors:
+            lines.append(f"  {self.residency.tensors} intermediate tensor(s) kept in L1 "
+                         f"({sum(self.residency.nbytes.values()):,} bytes), "
+                         f"{self.residency.saved_bytes:,} bytes of DRAM traffic avoided")
         lines += [f"  {k.label:28s} {k.tiling}" for k in self.kernels]
         return "\n".join(lines)
 

@@ -7,8 +7,11 @@ read back: a ``dma.load`` from a tensor's DRAM range into memory M (or from an o
 previous load filled from that tensor, e.g. conv rows staged in L1 then gathered into L0 input)
 puts the tensor in M; a ``dma.store`` into its DRAM range from M says where it was computed. A
 tensor of a fused element-wise chain that never reaches DRAM lives only in the block of the
-chain's result. The result is the function attribute ``"npu.memory_scope"`` (variable name ->
-e.g. ``"dram -> l1, l0.input"``, ``"l0.acc -> dram"``, ``"l0.acc (fused, never in DRAM)"``),
+chain's result; an intermediate the build keeps in L1 across kernels
+(:mod:`kiln.schedule.npu.residency`, decided here on the region's program as the build decides
+it) is ``"l0.acc -> l1 (kept on chip, never in DRAM) -> l0.input"``. The result is the function
+attribute ``"npu.memory_scope"`` (variable name -> e.g. ``"dram -> l1, l0.input"``,
+``"l0.acc -> dram"``, ``"l0.acc (fused, never in DRAM)"``),
 which ``kiln show`` prints with the function. Constant weights (laid out for the hardware by
 the lowering) are not graph variables and are not listed.
 """
@@ -25,15 +28,17 @@ from ...ir.module import IRModule
 from ...npu.isa import Block
 from ...schedule.npu.emit import DramTensor, itemsize
 from ...schedule.npu.lowering import LOWERING_KEY, LoweringContext
-from ...schedule.npu.region import lower_region, static_tensor
+from ...schedule.npu.region import lower_region, region_outputs, static_tensor
+from ...schedule.npu.residency import RESIDENCY_KEY, ResidencyPlan, plan_residency
 from ...target.npu import NPUConfig, load_config
-from ...target.npu.config import DRAM, L0_NAMES, MEMORY_NAMES
+from ...target.npu.config import DRAM, L0_NAMES, L1, MEMORY_NAMES
 from ..pass_infra import PassContext, module_pass
 from .common import MEMORY_SCOPE_ATTR, npu_functions
 
 __all__ = ["AnnotateMemoryScope", "memory_scopes"]
 
 _DRAM_ID = MEMORY_NAMES.index(DRAM)
+_L1_ID = MEMORY_NAMES.index(L1)
 
 
 def _mem_name(mem: int) -> str:
@@ -82,21 +87,32 @@ def memory_scopes(config: NPUConfig, func: g.Function, double_buffer: bool = Tru
     env = {id(p): ctx.alloc(*static_tensor(p)) for p in func.params}
     res = lower_region(ctx, func, env)
     variables = [*func.params, *(b.var for blk in func.body.blocks for b in blk.bindings)]
+    program = ctx.kb.program(ctx.top)
+    resident = ResidencyPlan()
+    if PassContext.current().get_config(RESIDENCY_KEY):  # as the build will place them
+        pinned = [*env.values(), *region_outputs(func, res, ctx), *(t for t, _ in ctx.constants)]
+        resident = plan_residency(config, [program], pinned, ctx.allocations)
     dram = _Ranges()
+    l1 = _Ranges()  # the tensors kept in L1, at their L1 addresses
     for v in variables:
         t = res.env.get(id(v))
         if isinstance(t, DramTensor):
             nbytes = int(np.prod(t.shape, dtype=np.int64)) * itemsize(t.dtype)
             dram.add(t.addr, t.addr + max(nbytes, 1), [v.name_hint])
+    for start, addr in resident.l1_addr.items():
+        l1.add(addr, addr + resident.nbytes[start], dram.find(start))
+    home = {n for _, _, names in l1.items for n in names}
     loaded: dict[str, set[str]] = {}
     stored: dict[str, set[str]] = {}
     on_chip: dict[int, list[tuple[int, int, list[str]]]] = {}  # loads into each memory
-    for stream in ctx.kb.program(ctx.top).streams:
+    for stream in program.streams:
         for ins in stream:
             if ins.op == "dma.load":
                 src, dst = ins.args["src"], ins.args["dst"]
                 if src.mem == _DRAM_ID:
                     names = dram.find(src.addr)
+                elif src.mem == _L1_ID and l1.find(src.addr):
+                    names = l1.find(src.addr)
                 else:
                     names = next((n for lo, hi, n in reversed(on_chip.get(src.mem, []))
                                   if lo <= src.addr < hi), [])
@@ -105,8 +121,11 @@ def memory_scopes(config: NPUConfig, func: g.Function, double_buffer: bool = Tru
                 if names and dst.mem != _DRAM_ID:
                     on_chip.setdefault(dst.mem, []).append(
                         (dst.addr, dst.addr + _extent(ins.args["shape"], dst), names))
-            elif ins.op == "dma.store" and ins.args["dst"].mem == _DRAM_ID:
-                for n in dram.find(ins.args["dst"].addr):
+            elif ins.op == "dma.store":
+                dst = ins.args["dst"]
+                names = dram.find(dst.addr) if dst.mem == _DRAM_ID else \
+                    l1.find(dst.addr) if dst.mem == _L1_ID else []
+                for n in names:
                     stored.setdefault(n, set()).add(_mem_name(ins.args["src"].mem))
     scopes: dict[str, str] = {}
     for v in variables:
@@ -119,7 +138,8 @@ def memory_scopes(config: NPUConfig, func: g.Function, double_buffer: bool = Tru
             continue
         src = _ordered(stored.get(n, set()))
         dst = _ordered(loaded.get(n, set()))
-        scopes[n] = (f"{src} -> " if src else "") + "dram" + (f" -> {dst}" if dst else "")
+        where = "l1 (kept on chip, never in DRAM)" if n in home else "dram"
+        scopes[n] = (f"{src} -> " if src else "") + where + (f" -> {dst}" if dst else "")
     return scopes
 
 

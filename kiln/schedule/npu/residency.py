@@ -1,0 +1,240 @@
+"""On-chip residency across layers: intermediate tensors that fit in L1 stay there instead of
+going through DRAM.
+
+Kernel by kernel, every lowering writes its result to DRAM and the next kernel reads it back,
+so a network's activations cross the chip's narrowest link twice per layer (ResNet-18 on the
+"default" description moved 54 MB in and 22 MB out of DRAM, half of it activations). L1 is the
+on-chip memory every core's DMA engine reaches (shared by the cores: a tensor one core stores
+there is read by another -- the intermediates move core to core through it) at the engines'
+on-chip bandwidth and L1's latency, with no share of the DRAM channel.
+
+Once a program is emitted, this pass picks the DRAM tensors that only its DMAs touch -- no
+scalar-unit access (the scalar unit addresses DRAM), not an input, output or constant of the
+executable, not read by a CPU step or another program -- and moves each one that fits into L1
+for its live interval (the kernels from its first to its last access; kernels are separated by
+barriers, so nothing outlives its interval):
+
+- the room: L1 above every kernel's own use of it (a convolution stages its input rows there:
+  the high-water mark of the L1 blocks its instructions touch) during the tensor's interval;
+- the choice: greedily by the DRAM bytes a tensor's accesses move per byte of L1 it holds,
+  each placed by the runtime's best-fit (:func:`kiln.runtime.memory_plan.place`) from the top
+  of L1 down, kept only where it stays above the kernels' use over its whole interval;
+- the rewrite: every DMA block in the tensor's DRAM range becomes the same block in L1 (the
+  same strides: the layouts agree byte for byte), so the lowerings need not know.
+
+The DMAs move the same bytes in the same order, so the results are bit-identical; the
+simulator's hazard checks (L1 is on-chip) and its timing (on-chip bandwidth, L1's banks and
+latency) apply to the new blocks. ``build_npu(..., residency=False)`` (or the PassContext
+option ``"npu.residency"``) keeps every tensor in DRAM -- the "before" of ``benchmarks/npu.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ...npu.isa import Block
+from ...npu.program import Program
+from ...runtime.memory_plan import Interval, place
+from ...target.npu import L1, MEMORY_NAMES, NPUConfig
+from .dram_ranges import DramRanges, tensor_bytes
+from .emit import DRAM_ALIGN, DramTensor, KernelInfo, itemsize
+
+__all__ = ["RESIDENCY_KEY", "ResidencyPlan", "plan_residency", "rebound"]
+
+#: PassContext option: keep intermediates in L1 where they fit (default True).
+RESIDENCY_KEY = "npu.residency"
+
+_DRAM_ID = MEMORY_NAMES.index("dram")
+_L1_ID = MEMORY_NAMES.index(L1)
+#: The DMA instructions, the only ones whose DRAM operands may move to L1.
+_DMA_OPS = ("dma.load", "dma.store")
+
+
+@dataclass
+class ResidencyPlan:
+    """What moved: per tensor (its DRAM address) its L1 address and size, and the DRAM bytes
+    its accesses would have moved."""
+
+    l1_addr: dict[int, int] = field(default_factory=dict)
+    nbytes: dict[int, int] = field(default_factory=dict)
+    saved_bytes: int = 0
+    #: (program, kernel) -> the bytes that kernel's DMAs move to and from L1 tensors, counted
+    #: in whole DRAM bursts (what they moved on the DRAM channel before)
+    kernel_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    @property
+    def tensors(self) -> int:
+        return len(self.l1_addr)
+
+
+def _block_extent(blk: Block, shape: tuple[int, ...]) -> tuple[int, int]:
+    """The bytes ``[lo, hi)`` a block of ``shape`` touches."""
+    isz = itemsize(blk.dtype)
+    lo = hi = 0
+    for e, s in zip(shape, blk.strides):
+        step = (int(e) - 1) * int(s) * isz
+        lo, hi = (lo + step, hi) if step < 0 else (lo, hi + step)
+    return blk.addr + lo, blk.addr + hi + isz
+
+
+def _operands(ins: Any) -> list[tuple[str, Block, tuple[int, ...] | None]]:
+    """Every block operand of ``ins`` with the box it covers (None: unknown -- not a 3-D
+    instruction -- so assume all of its memory)."""
+    shape = ins.args.get("shape")
+    box = tuple(shape) if shape is not None and len(shape) == 3 else None
+    out = []
+    for k, v in ins.args.items():
+        if not isinstance(v, Block):
+            continue
+        if k == "dst" and ins.op == "dma.load" and box is not None:
+            pads = zip(box, ins.args.get("pad_lo", (0, 0, 0)), ins.args.get("pad_hi", (0, 0, 0)))
+            out.append((k, v, tuple(e + lo + hi for e, lo, hi in pads)))
+        else:
+            out.append((k, v, box))
+    return out
+
+
+def _kernels(program: Any) -> list[list[Any]]:
+    """The program's instructions per kernel (between barriers), every core's together."""
+    kernels: list[list[Any]] = []
+    for stream in program.streams:
+        k = 0
+        for ins in stream:
+            if ins.op == "barrier":
+                k += 1
+                continue
+            while len(kernels) <= k:
+                kernels.append([])
+            kernels[k].append(ins)
+    return kernels
+
+
+def plan_residency(config: NPUConfig, programs: list[Program], pinned: list[DramTensor],
+                   allocations: list[DramTensor]) -> ResidencyPlan:
+    """Move the intermediates of each program that fit into L1 (the instructions are
+    rewritten in place; see the module docstring). ``pinned``: the tensors that must stay in
+    DRAM besides those the programs' scalar units address or that several programs share --
+    the executable's inputs, outputs and constants, the CPU steps' operands and results.
+    Returns what moved."""
+    ranges = DramRanges(allocations)
+    keep: set[int] = set()  # ranges that must stay in DRAM
+    for t in pinned:
+        i = ranges.index(t.addr)
+        if i is not None:
+            keep.add(i)
+    owner: dict[int, int] = {}  # range -> the program using it
+    for p, program in enumerate(programs):
+        for kernel in _kernels(program):
+            for ins in kernel:
+                for _, blk, _ in _operands(ins):
+                    if blk.mem != _DRAM_ID or blk.addr < DRAM_ALIGN:
+                        continue
+                    i = ranges.index(blk.addr)
+                    if i is None:
+                        continue
+                    if ins.op not in _DMA_OPS:
+                        keep.add(i)
+                    if owner.setdefault(i, p) != p:
+                        keep.add(i)
+                for f in ("offset", "src", "dst"):  # the scalar unit's DRAM addresses
+                    v = ins.args.get(f)
+                    if ins.op.startswith("s.") and isinstance(v, int) and v >= DRAM_ALIGN:
+                        i = ranges.index(v)
+                        if i is not None:
+                            keep.add(i)
+    plan = ResidencyPlan()
+    for p, program in enumerate(programs):
+        _place_program(config, program, p, ranges, owner, keep, plan)
+    return plan
+
+
+def _place_program(config: NPUConfig, program: Program, p: int, ranges: DramRanges,
+                   owner: dict[int, int], keep: set[int], plan: ResidencyPlan) -> None:
+    l1_size = config.memory(L1).size
+    align = config.memory(L1).bank_width
+    kernels = _kernels(program)
+    used = [0] * len(kernels)  # each kernel's own L1 high-water mark
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    moved: dict[int, int] = {}
+    for k, kernel in enumerate(kernels):
+        for ins in kernel:
+            for _, blk, box in _operands(ins):
+                if blk.mem == _L1_ID:
+                    used[k] = max(used[k], l1_size if box is None else _block_extent(blk, box)[1])
+                elif blk.mem == _DRAM_ID and blk.addr >= DRAM_ALIGN:
+                    i = ranges.index(blk.addr)
+                    if i is None or i in keep or owner.get(i) != p:
+                        continue
+                    first[i] = min(first.get(i, k), k)
+                    last[i] = max(last.get(i, k), k)
+                    n = 1 if box is None else int(box[0] * box[1] * box[2])
+                    moved[i] = moved.get(i, 0) + n * itemsize(blk.dtype)
+    size = {i: tensor_bytes(ranges.tensors[i]) for i in first}
+    order = sorted(first, key=lambda i: (-moved[i] / max(size[i], 1), i))
+    chosen: list[Interval] = []
+    offsets: dict[int, int] = {}
+    for i in order:
+        trial = [*chosen, Interval(i, size[i], first[i], last[i])]
+        trial_offsets, peak = place(trial, align)
+        if peak > l1_size:
+            continue
+        # every chosen tensor (placements may shift) stays above the kernels' own use
+        if all(l1_size - trial_offsets[iv.key] - _rounded(iv.size, align) >=
+               max(used[iv.start:iv.end + 1]) for iv in trial):
+            chosen, offsets = trial, trial_offsets
+    where = {iv.key: l1_size - offsets[iv.key] - _rounded(iv.size, align) for iv in chosen}
+    if not where:
+        return
+    burst = config.memory("dram").burst
+    for n, kernel in enumerate(kernels):
+        counted = 0
+        for ins in kernel:
+            for k, blk, _ in _operands(ins):
+                if blk.mem != _DRAM_ID or blk.addr < DRAM_ALIGN:
+                    continue
+                i = ranges.index(blk.addr)
+                if i in where:
+                    ins.args[k] = blk._replace(mem=_L1_ID,
+                                               addr=where[i] + blk.addr - ranges.starts[i])
+                    counted += _burst_bytes(blk, ins.args["shape"], burst)
+        if counted:
+            plan.kernel_bytes[(p, n)] = counted
+    for i, addr in where.items():
+        plan.l1_addr[ranges.starts[i]] = addr
+        plan.nbytes[ranges.starts[i]] = size[i]
+        plan.saved_bytes += moved[i]
+
+
+def rebound(info: KernelInfo, resident_bytes: int, config: NPUConfig) -> KernelInfo:
+    """``info`` with its roofline recomputed for operands that no longer cross the DRAM
+    channel: the minimum traffic loses ``resident_bytes`` -- what the kernel's DMAs moved
+    for its L1 tensors, in whole DRAM bursts, at least what the roofline had counted for them
+    (more where a tile is read again: the bound stays a bound, looser) --, which the DMA
+    engines still move at their on-chip bandwidth: the bound is the largest of the compute
+    side, the DRAM channel's share and the engines' on-chip share."""
+    # an element-wise or row kernel's bound is its traffic alone (its sides not recorded)
+    traffic = info.traffic or (info.roofline if not info.compute else 0.0)
+    if not resident_bytes or not traffic:
+        return info
+    dram_bw = config.memory("dram").bandwidth
+    dram = max(0.0, traffic - resident_bytes / dram_bw)
+    onchip = resident_bytes / (config.dma_onchip_bandwidth * config.cores)
+    traffic = max(dram, onchip)
+    return replace(info, traffic=traffic if info.traffic else 0.0,
+                   roofline=max(info.compute, traffic))
+
+
+def _burst_bytes(blk: Block, shape: tuple[int, ...], burst: int) -> int:
+    """The DRAM bytes a DMA of ``shape`` over ``blk`` moved: whole bursts per contiguous run
+    (the innermost dim, when its stride is 1; else each element alone) -- at least what a
+    roofline counts for that operand."""
+    isz = itemsize(blk.dtype)
+    rows = int(shape[0]) * int(shape[1])
+    run, runs = (int(shape[2]) * isz, rows) if blk.strides[2] == 1 else (isz, rows * int(shape[2]))
+    return runs * -(-run // burst) * burst
+
+
+def _rounded(n: int, align: int) -> int:
+    return -(-max(n, 1) // align) * align
