@@ -242,17 +242,22 @@ def _pad_compute(x: te.Tensor, pads: te.Tensor, value: te.Tensor,
                 continue
             dim = x.shape[a]
             m = ia - pads(_c(where[a]))
+            if attrs.mode == "constant":
+                idx.append(_clip(m, _c(0), dim - _c(1)))
+                conds += [m >= _c(0), m < dim]
+                continue
             if attrs.mode == "reflect":
                 period = tx.max(_c(2) * (dim - _c(1)), _c(1))
                 r = tx.floormod(m, period)
-                idx.append(tx.select(r < dim, r, period - r))
-                continue
-            if attrs.mode == "wrap":  # numpy 'wrap': the axis repeats periodically
-                idx.append(tx.floormod(m, tx.max(dim, _c(1))))
-                continue
-            idx.append(_clip(m, _c(0), dim - _c(1)))
-            if attrs.mode == "constant":
-                conds += [m >= _c(0), m < dim]
+                src = tx.select(r < dim, r, period - r)
+            elif attrs.mode == "wrap":  # numpy 'wrap': the axis repeats periodically
+                src = tx.floormod(m, tx.max(dim, _c(1)))
+            else:
+                src = _clip(m, _c(0), dim - _c(1))
+            # in range whenever the axis has an element; an empty one has no edge to copy
+            # (onnxruntime refuses it; the read was out of bounds, fuzz seed 3032582)
+            idx.append(tx.check_index(src, dim, f"dynamic_pad: mode {attrs.mode!r} extends "
+                                      f"axis {a}, which is empty", allow_negative=False))
         inside = x(*idx)
         if not conds:
             return inside

@@ -240,6 +240,17 @@ def _pad_value(dtype: Any, value: float) -> PrimExpr:
     return tx.const(dt, min(max(v, dt.min_value()), dt.max_value()))
 
 
+def _nonempty(src: PrimExpr, dim: PrimExpr, axis: int) -> PrimExpr:
+    """``src``, an edge or reflect pad's source index on ``axis``: in range whenever the axis
+    has an element, so only a run-time empty axis (a symbolic dim that is 0: nothing to copy,
+    onnxruntime refuses it) needs the check -- the read was out of bounds (fuzz seed
+    3032582). A static dim was checked at inference."""
+    if const_int(dim) is not None:
+        return src
+    return tx.check_index(src, dim, f"pad: the edge/reflect padding of axis {axis}, which is "
+                          "empty", allow_negative=False)
+
+
 def _pad_compute(x: te.Tensor, attrs: PadAttrs) -> te.Tensor:
     _pad_check(x.ndim, attrs, x.shape)
     pw = attrs.pad_width
@@ -255,10 +266,10 @@ def _pad_compute(x: te.Tensor, attrs: PadAttrs) -> te.Tensor:
         if attrs.mode == "reflect":
             period = simplify(tx.max(2 * (dim - 1), index_const(1)))
             r = tx.floormod(m, period)
-            return tx.select(r < dim, r, period - r), None
+            return _nonempty(tx.select(r < dim, r, period - r), dim, k), None
         clamped = clamp_between(m, index_const(0) if b else None, simplify(dim - 1) if a else None)
         if attrs.mode == "edge":
-            return clamped, None
+            return _nonempty(clamped, dim, k), None
         conds = []
         if b:
             conds.append(i >= index_const(b))

@@ -106,6 +106,34 @@ def test_tile_constant_of_shape_and_pad_with_runtime_values():
     _check_runs(pad, [(x, np.array([1, 0, 0, 2])), (x, np.array([0, 2, 3, 0]))])
 
 
+@pytest.mark.parametrize("mode", ["edge", "reflect", "wrap"])
+def test_pad_copying_from_an_axis_found_empty_at_run_time_is_refused(mode):
+    """Edge/reflect/wrap padding copies values of the axis: one a run-time slice left empty
+    has none (onnxruntime refuses it; kiln read out of bounds, fuzz seed 3032582). Run-time
+    pads (dynamic_pad) and constant pads over a run-time dim (pad) both check it."""
+    x = RNG.standard_normal((8, 8)).astype("float32")
+    slice_ = helper.make_node("Slice", ["x", "st", "en"], ["s"])
+    # (constant pads in wrap mode need static dims: refused at import)
+    for pads_input in (False, True) if mode != "wrap" else (True,):
+        inits = [] if pads_input else [helper.make_tensor("p", I64, [4], [0, 1, 2, 2])]
+        inputs = [_vi("x", F, [8, 8]), _vi("st", I64, [2]), _vi("en", I64, [2])]
+        if pads_input:
+            inputs.append(_vi("p", I64, [4]))
+        m = _model([slice_, helper.make_node("Pad", ["s", "p"], ["y"], mode=mode, name="pad")],
+                   inputs, inits=inits)
+        rt = prepare(m)
+        feeds = [x, np.array([2, 3]), np.array([-6, 2])]
+        if pads_input:
+            feeds.append(np.array([0, 1, 2, 2]))
+        with pytest.raises(KilnError, match="pad.*empty"):
+            rt.run(feeds)
+        # a non-empty slice pads as onnxruntime does
+        ok = [x, np.array([1, 2]), np.array([5, 7]), *([np.array([0, 1, 2, 2])] * pads_input)]
+        want = ort.InferenceSession(m.SerializeToString()).run(
+            None, dict(zip([i.name for i in m.graph.input], ok)))[0]
+        np.testing.assert_array_equal(rt.run(ok)[0], want)
+
+
 def test_nonzero_and_compress():
     m = _model([helper.make_node("NonZero", ["x"], ["y"])], [_vi("x", F, [3, 4])],
                out_elem=I64)
