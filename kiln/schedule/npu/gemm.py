@@ -750,6 +750,7 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     # (edge, attention's P @ V in tiles of M32 x N32: the tensor unit waited on every other
     # store: 75214 -> 69191 cycles; M32 x N64: 65038 -> 63989)
     nout = acc_slots(cfg, shape, tiling, kb.nbuf)
+    kb.acc_top = nout * c_bytes  # a fused epilogue's buffers go above the output slots
     pipes = [Pipeline(kb, c, UNIT_TENSOR, nout) for c in range(cfg.cores)]
     tiles = output_tiles(cfg, shape, tiling, kb.nbuf)
     steps = core_step_slots(cfg, shape, tiling, tiles, kb.nbuf)

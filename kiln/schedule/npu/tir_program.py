@@ -623,6 +623,8 @@ class _Generator:
             if used * c_bytes > self.cfg.memory("acc").size:
                 raise NotSupported(f"{used} accumulator tiles of {c_bytes} B exceed acc")
             ndims = len(cidx)
+            # a fused epilogue's buffers go above the output slots
+            self.kb.acc_top = max(self.kb.acc_top, p.nout * c_bytes)
             self.staged[cbuf] = _Tile("acc", p.out_slot() * c_bytes, cidx,
                                       (1,) * (ndims - 2) + (m, n))
         tc = self.staged.get(cbuf)
