@@ -59,6 +59,7 @@ import numpy as np
 import kiln
 from kiln.build import npu_pipeline
 from kiln.codegen.npu import LOWERING_KEY, build_npu
+from kiln.schedule.npu.region import FUSE_EPILOGUE_KEY
 from kiln.target.npu import load_config
 from kiln.testing import models
 
@@ -115,8 +116,11 @@ def _model(name: str, size: int, seq: int = 128, layers: int = 2):
     return m.mod, m.inputs, m.reference(*m.inputs)
 
 
-def _run(mod, inputs, hw: str, double_buffer: bool, route: str | None = None):
-    with kiln.transform.PassContext(config={LOWERING_KEY: route} if route else {}):
+def _run(mod, inputs, hw: str, double_buffer: bool, route: str | None = None,
+         fuse_epilogue: bool = True):
+    config = {LOWERING_KEY: route} if route else {}
+    config[FUSE_EPILOGUE_KEY] = fuse_epilogue
+    with kiln.transform.PassContext(config=config):
         exe = build_npu(npu_pipeline()(mod), kiln.Target("npu", hw=hw),
                         double_buffer=double_buffer)
     t = time.perf_counter()
@@ -166,8 +170,22 @@ def one_core_share(hw: str) -> str:
     return path
 
 
+def _epilogue_line(name: str, mod, inputs, hw: str, on, out) -> None:
+    """Epilogue fusion off against on: cycles, DRAM bytes read and written, kernels, and
+    whether the outputs are bit-identical."""
+    off, off_out, _ = _run(mod, inputs, hw, True, fuse_epilogue=False)
+    cyc = [sum(r.cycles for r in e.last_reports) for e in (off, on)]
+    rd = [sum(r.dram_read for r in e.last_reports) for e in (off, on)]
+    wr = [sum(r.dram_written for r in e.last_reports) for e in (off, on)]
+    print(f"{name}: epilogue fusion off -> on: {cyc[0]:.0f} -> {cyc[1]:.0f} cycles "
+          f"({cyc[0] / cyc[1]:.2f}x), DRAM read {rd[0] / 1e6:.1f} -> {rd[1] / 1e6:.1f} MB, "
+          f"written {wr[0] / 1e6:.1f} -> {wr[1] / 1e6:.1f} MB, kernels {len(off.kernels)} -> "
+          f"{len(on.kernels)}, outputs "
+          f"{'bit-identical' if np.array_equal(off_out, out) else 'DIFFERENT'}")
+
+
 def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
-          emit: bool = False, one_core: bool = True) -> None:
+          emit: bool = False, one_core: bool = True, epilogue: bool = False) -> None:
     mod, inputs, ref = _model(name, size, seq, layers)
     on, out, wall = _run(mod, inputs, hw, True)
     off, _, _ = _run(mod, inputs, hw, False)
@@ -249,6 +267,8 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
     print(f"{name}: DRAM footprint {on.dram_bytes / 1e6:.2f} MB with liveness-based reuse, "
           f"{on.unshared_dram_bytes / 1e6:.2f} MB with a range per tensor "
           f"({on.unshared_dram_bytes / on.dram_bytes:.2f}x)")
+    if epilogue:
+        _epilogue_line(name, mod, inputs, hw, on, out)
     if via:
         _vector_table(name, on, c_on, c_emit)
         n_tir = sum(k.tiling.startswith("TIR: ") for k in on.kernels)
@@ -296,9 +316,13 @@ def main(argv: list[str] | None = None) -> int:
                     "whole model")
     ap.add_argument("--no-one-core", action="store_true",
                     help="skip the one-core variant of a multi-core description (1c columns)")
+    ap.add_argument("--epilogue", action="store_true",
+                    help="also build without epilogue fusion (PassContext "
+                    "'npu.fuse_epilogue': False) and print cycles and DRAM traffic off -> on")
     args = ap.parse_args(argv)
     for name in args.models:
-        bench(name, args.hw, args.size, args.seq, args.layers, args.emit, not args.no_one_core)
+        bench(name, args.hw, args.size, args.seq, args.layers, args.emit, not args.no_one_core,
+              args.epilogue)
     return 0
 
 

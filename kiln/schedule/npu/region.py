@@ -331,13 +331,14 @@ class _Mark:
         kb.acc_top = kb.store_floor = 0
 
     def relabel(self, op: str, names: str) -> None:
-        """Name the product kernels emitted since with their fused ops (``nn.conv2d+add``)."""
+        """Label the product kernels emitted since with their fused ops
+        (``007:nn.conv2d+add+relu``)."""
         kb = self.ctx.kb
         for info in kb.kernels[self.nkernels:]:
             if info.op != op:
                 continue
-            old = info.label
-            info.op, info.label = f"{op}+{names}", f"{old}+{names}"
+            old = info.label  # the op stays the product's (what kinds of kernel count)
+            info.label = f"{old}+{names}"
             for bid, lab in kb.labels.items():
                 if lab == old:
                     kb.labels[bid] = info.label
