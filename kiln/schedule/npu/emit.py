@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, Block, Instr
+from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, UNIT_TENSOR, UNIT_VECTOR, Block, Instr
 from ...npu.program import Program
 from ...target.npu.config import DRAM, MEMORY_NAMES, NPUConfig
 
@@ -223,6 +223,14 @@ class KernelBuilder:
         for shp, d, s in store_pieces(self.config, shape, dst, src, self.store_floor):
             self.emit(core, "dma.store", shape=shp, dst=d, src=s)
 
+    def tile_done(self, core: int) -> None:
+        """The tensor unit's token that an output tile (or a piece of it) is computed: to
+        DMA-out, which stores it, and with a fused :attr:`epilogue` to the vector unit too,
+        which runs the epilogue on it meanwhile (DMA-out then waits for the vector unit)."""
+        self.push(core, UNIT_TENSOR, UNIT_DMA_OUT)
+        if self.epilogue is not None:
+            self.push(core, UNIT_TENSOR, UNIT_VECTOR)
+
     def fence(self, core: int, unit: int) -> None:
         """Wait until everything ``unit`` issued has completed (a unit pipelines its
         instructions: one that reads or rewrites what the previous one writes must wait)."""
@@ -285,7 +293,10 @@ class Pipeline:
         self.kb.push(self.core, self.unit, UNIT_DMA_IN)
 
     def produced(self) -> None:
-        self.kb.push(self.core, self.unit, UNIT_DMA_OUT)
+        if self.unit == UNIT_TENSOR:
+            self.kb.tile_done(self.core)
+        else:
+            self.kb.push(self.core, self.unit, UNIT_DMA_OUT)
         self.outs += 1
 
     def store_begin(self) -> None:

@@ -17,8 +17,8 @@ tile or tail piece) becomes, per chunk of the tile:
 3. DMA-out stores what the chain produced: the float32 result, the cast copy, or both (a
    result read by a product and by something else: no separate cast kernel).
 
-The tokens: DMA-out, which holds the tile once the tensor unit is done (the pipeline's
-``store_begin``), passes it to the vector unit; each chunk's operands come from DMA-in
+The tokens: the tensor unit tells the vector unit too when a tile is done
+(``KernelBuilder.tile_done``); each chunk's operands come from DMA-in
 (``DMA_IN -> VECTOR``, and back when the vector unit has read them: the slot is free again);
 each computed chunk goes to DMA-out (``VECTOR -> DMA_OUT``), which returns a cast buffer's
 slot once stored (``DMA_OUT -> VECTOR``). The tensor unit's own protocol is unchanged: an
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, UNIT_VECTOR, Block
+from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, UNIT_TENSOR, UNIT_VECTOR, Block
 from ...target.npu.config import DRAM
 from .emit import MEM_ID, DramTensor, DramView, KernelBuilder, block, itemsize, row_major
 from .lowering import NotSupported
@@ -173,7 +173,6 @@ class Epilogue:
         base = -(-kb.acc_top // _ALIGN) * _ALIGN
         nbuf = kb.nbuf
         pieces = chunks(shape3, elems)  # type: ignore[arg-type]
-        kb.push(core, UNIT_DMA_OUT, UNIT_VECTOR)  # the tile is in the accumulators
         for i, (o, ext) in enumerate(pieces):
             e = e0 + sum(a * d for a, d in zip(o, d_str))
             acc_at = src.addr + sum(a * s for a, s in zip(o, s_str)) * osz
@@ -203,8 +202,8 @@ class Epilogue:
                 kb.push(core, UNIT_DMA_IN, UNIT_VECTOR)
                 self.loaded[core] = n + 1
             # the chain on the tile, in place; then the casts
-            if i == 0:
-                kb.pop(core, UNIT_DMA_OUT, UNIT_VECTOR)
+            if i == 0:  # the tensor unit's token: the tile is in the accumulators
+                kb.pop(core, UNIT_TENSOR, UNIT_VECTOR)
             if self.casts and i >= nbuf:  # the cast buffer's last store is done
                 kb.pop(core, UNIT_DMA_OUT, UNIT_VECTOR)
             if self.inputs:

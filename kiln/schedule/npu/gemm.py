@@ -813,7 +813,7 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
                                 (0, kts, 1)),
                         b=block("weight", b_addr + c0 * isz, shape.dtype, (nts, 1, 0)))
                 if i < len(parts) - 1:  # an early piece: its own token to DMA-out
-                    kb.push(core, UNIT_TENSOR, UNIT_DMA_OUT)
+                    kb.tile_done(core)
                     kb.pop(core, UNIT_TENSOR, UNIT_DMA_OUT)
                     store_c(core, b, m0 + r0, pu, n0 + c0, pn, c_addr + at)
             p.computed()
