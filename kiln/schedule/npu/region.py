@@ -250,9 +250,14 @@ def _product_epilogue(ctx: LoweringContext, res: RegionLowering, bindings: list[
     cast = _consumer_cast(ctx, bindings, end, uses)
     copy = None
     if cast is None and uses.get(id(last), 0) > 1:
-        copy = next((product_operand_dtype(ctx, c.value, dtype) for c in
-                     _consumers(bindings[end:], last) if c.value.args[0] is last and
-                     product_operand_dtype(ctx, c.value, dtype)), None)
+        consumers = _consumers(bindings[end:], last)
+        wants = [product_operand_dtype(ctx, c.value, dtype)
+                 if c.value.args[0] is last and sum(a is last for a in c.value.args) == 1
+                 else None for c in consumers]
+        if len(consumers) == uses[id(last)] and wants[0] and len(set(wants)) == 1:
+            cast = wants[0]  # read by products only (a downsampling block's input)
+        else:
+            copy = next((w for w in wants if w), None)
     mark = _Mark(ctx)
     try:
         inputs: list[Any] = []
