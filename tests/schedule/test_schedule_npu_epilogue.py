@@ -148,6 +148,30 @@ def test_residual_block_stores_float32_and_float16(hw):
     assert scopes["r"].startswith("l0.acc -> dram")
 
 
+def test_result_read_by_products_only_is_stored_cast_once():
+    """A downsampling block's input (read by its 3x3/s2 and 1x1/s2 convolutions, nothing
+    else): the epilogue stores it in float16 only -- no cast kernel, no float32 copy."""
+    w0, b0 = _const(6, 3, 3, 3), _const(6, 1, 1)
+    w1, w2 = _const(8, 6, 3, 3), _const(8, 6, 1, 1)
+
+    def body(bb, x):
+        c = bb.emit(op.nn.conv2d(x, w0, padding=(1, 1)), "c")
+        r = bb.emit(op.nn.relu(bb.emit(op.add(c, b0), "a")), "r")
+        d = bb.emit(op.nn.conv2d(r, w1, strides=(2, 2), padding=(1, 1)), "d")
+        s = bb.emit(op.nn.conv2d(r, w2, strides=(2, 2)), "s")
+        return bb.emit_output(op.add(d, s), "y")
+
+    mod = _module(body, [(1, 3, 15, 15)])
+    x = RNG.standard_normal((1, 3, 15, 15)).astype("float32")
+    r = np.maximum(_conv(x, w0.data, b0.data.reshape(-1), pad=1), 0)
+    ref = _conv(r, w1.data, stride=2, pad=1) + _conv(r, w2.data, stride=2)
+    on, off = _check(mod, [x], [ref], "default", ["nn.conv2d+add+relu", "nn.conv2d+add"])
+    assert sum("cast" in lab for lab in _labels(on)) == 1
+    stored = [ins.args["dst"].dtype for st in on.steps[0].program.streams for ins in st
+              if ins.op == "dma.store"]
+    assert "float16" in stored
+
+
 @pytest.mark.parametrize("hw", ["default", "edge"])
 def test_dense_and_matmul_epilogues(hw):
     """dense (prime sizes) + bias + relu, cast for the next dense in the epilogue; a batched

@@ -7,6 +7,9 @@ alias of its operand's DRAM (no kernel), and a chain of element-wise calls -- ea
 only by the next -- as one vector kernel whose intermediate values stay in the accumulator
 block (they never reach DRAM). When the only consumer of an element-wise result is a product
 that wants float16 operands, the producer's kernel writes it cast (no separate cast kernel).
+A product whose only consumer is such a chain runs it as its epilogue, on each output tile
+in the accumulators (:mod:`.epilogue`): the product's result never reaches DRAM, and a chain
+result that a product reads too is stored cast beside it.
 
 Used by the NPU code generator (:mod:`kiln.codegen.npu.compile`) and by the memory-scope
 annotation (:mod:`kiln.transform.npu.annotate_memory_scope`), which lowers the region into a
