@@ -47,6 +47,12 @@ __all__ = ["Epilogue", "broadcast_strides", "chunks"]
 
 #: Alignment of the epilogue's buffers in the accumulator memory.
 _ALIGN = 64
+#: The smallest chunk of a tile, in bytes of the tile: a store is cut into ``nbuf``
+#: chunks (DMA-out stores one while the vector unit computes the next; a third would wait
+#: for the first one's store to free its cast buffer) of at least this, or as many as the
+#: slots need (each chunk costs its tokens and fences: ResNet-18 224, default, in chunks of
+#: 4 KiB: 1198856 cycles; 16 KiB: 972611; one per store: 956779; two: 952040).
+CHUNK_MIN_BYTES = 16384
 
 
 def broadcast_strides(t: DramTensor | DramView, rank: int) -> tuple[int, ...]:
@@ -100,6 +106,8 @@ class Epilogue:
     #: per core: chunks whose operands were loaded in the current kernel (the operand slots
     #: rotate through them; the tokens each returned are popped at the kernel's end)
     loaded: dict[int, int] = field(default_factory=dict)
+    #: the current kernel's slot layout (:meth:`_layout`)
+    layout: tuple[int, list[int], int, list[int], list[int]] | None = None
 
     def __post_init__(self) -> None:
         rank = len(self.out.shape)
@@ -136,23 +144,30 @@ class Epilogue:
                                f"strided block of the product's tile")
         return base, st  # type: ignore[return-value]
 
-    def _layout(self, kb: KernelBuilder) -> tuple[int, int, list[int], list[int]]:
-        """``(elements per chunk, bytes per slot, offset of each operand's buffer, offset of
-        each cast's buffer)`` in a slot; the slots follow ``kb.acc_top``."""
-        per = sum(itemsize(x.dtype) for x in self.inputs) + \
-            sum(itemsize(r.dtype) for r in self.casts)
+    def _layout(self, kb: KernelBuilder) -> tuple[int, list[int], int, list[int], list[int]]:
+        """``(elements per chunk, elements each operand's buffer holds, bytes per slot,
+        offset of each operand's buffer, offset of each cast's buffer)`` in a slot; the
+        ``nbuf`` slots follow ``kb.acc_top``. An operand that broadcasts (a per-channel
+        constant) holds at most its distinct elements: a fixed buffer, not one per element
+        of the chunk."""
         free = kb.config.memory("acc").size - -(-kb.acc_top // _ALIGN) * _ALIGN
-        if not per:
-            return 1 << 30, 0, [], []
-        limit = max(0, free // kb.nbuf - _ALIGN * (len(self.inputs) + len(self.casts)))
-        elems = min(limit // per, kb.config.encoding.max_extent ** 2)
+        limit = max(0, free // kb.nbuf - _ALIGN * (len(self.inputs) + len(self.casts) + 1))
+        caps = [math.prod(n for n, s in zip(self.out.shape, st) if s) for st in self.bstrides]
+        small = [cap * itemsize(x.dtype) * 8 <= limit for cap, x in zip(caps, self.inputs)]
+        fixed = sum(cap * itemsize(x.dtype) for cap, x, sm in zip(caps, self.inputs, small)
+                    if sm)
+        per = sum(itemsize(x.dtype) for x, sm in zip(self.inputs, small) if not sm) + \
+            sum(itemsize(r.dtype) for r in self.casts)
+        elems = (limit - fixed) // per if per else 1 << 30
+        elems = min(elems, kb.config.encoding.max_extent ** 2)
+        holds = [cap if sm else elems for cap, sm in zip(caps, small)]
         offs, at = [], 0
-        for sz in [itemsize(x.dtype) for x in self.inputs] + \
-                [itemsize(r.dtype) for r in self.casts]:
+        for n, sz in [(h, itemsize(x.dtype)) for h, x in zip(holds, self.inputs)] + \
+                [(elems, itemsize(r.dtype)) for r in self.casts]:
             offs.append(at)
-            at += -(-elems * sz // _ALIGN) * _ALIGN
-        n = len(self.inputs)
-        return elems, at, offs[:n], offs[n:]
+            at += -(-n * sz // _ALIGN) * _ALIGN
+        k = len(self.inputs)
+        return elems, holds, at, offs[:k], offs[k:]
 
     def store(self, kb: KernelBuilder, core: int, shape: tuple[int, ...], dst: Block,
               src: Block) -> None:
@@ -166,7 +181,11 @@ class Epilogue:
         # the vector unit walks the tile in the accumulators' order (the largest stride
         # outermost), the DMAs in DRAM's (the store's)
         order = sorted(range(3), key=lambda j: (shape3[j] > 1, -s_str[j]))
-        elems, slot_bytes, in_at, cast_at = self._layout(kb)
+        if self.layout is None:  # one layout per kernel: the slots are reused across stores
+            self.layout = self._layout(kb)
+        most, holds, slot_bytes, in_at, cast_at = self.layout
+        # a tile in nbuf chunks (a third would wait for the first one's store), not tiny
+        elems = min(most, max(-(-math.prod(shape3) // kb.nbuf), CHUNK_MIN_BYTES // osz))
         if elems < shape3[order[-1]]:
             raise NotSupported(f"{self.names}: no room for the epilogue's buffers beside the "
                                f"product's accumulator tiles")
@@ -188,6 +207,9 @@ class Epilogue:
                 for k, x in enumerate(self.inputs):
                     off, st = self._operand_block(k, e, d_str, ext)
                     cext = tuple(n_ if s_ else 1 for n_, s_ in zip(vext, (st[j] for j in order)))
+                    if math.prod(cext) > holds[k]:
+                        raise NotSupported(f"{self.names}: operand {k}'s chunk exceeds its "
+                                           "buffer")
                     cstr = row_major(cext)
                     # the buffer's strides, per dim of the chunk (0 where broadcast)
                     bstr = [0, 0, 0]
@@ -250,3 +272,4 @@ class Epilogue:
             for _ in range(min(n, kb.nbuf)):
                 kb.pop(core, UNIT_VECTOR, UNIT_DMA_IN)
         self.loaded = {}
+        self.layout = None
