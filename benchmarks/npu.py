@@ -170,6 +170,19 @@ def one_core_share(hw: str) -> str:
     return path
 
 
+def _relabel(on, other, table: dict) -> dict:
+    """``table`` (kernel label -> value) of build ``other`` keyed by build ``on``'s labels
+    too: its product kernels in order (whether a product's epilogue is fused may differ
+    between the builds -- without double buffering less room is left in the accumulators --
+    and a fused kernel's label names its chain), the others by their label."""
+    mine = [k.label for k in on.kernels if k.op in GEMM_OPS]
+    theirs = [k.label for k in other.kernels if k.op in GEMM_OPS]
+    out = dict(table)
+    if len(mine) == len(theirs):
+        out.update({a: table[b] for a, b in zip(mine, theirs) if b in table})
+    return out
+
+
 def _epilogue_line(name: str, mod, inputs, hw: str, on, out) -> None:
     """Epilogue fusion off against on: cycles, DRAM bytes read and written, kernels, and
     whether the outputs are bit-identical."""
@@ -194,15 +207,16 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
     solo = [_run(mod, inputs, share, db)[0] for db in (True, False)] if share else []
     if share:
         os.unlink(share)
-    c_emit = _phases(via.last_reports) if via else {}
+    c_emit = _relabel(on, via, _phases(via.last_reports)) if via else {}
     rel = float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
-    c_on, c_off = _phases(on.last_reports), _phases(off.last_reports)
+    c_on, c_off = _phases(on.last_reports), _relabel(on, off, _phases(off.last_reports))
     bandwidth = load_config(hw).memory("dram").bandwidth
     moved = _moved(on.last_reports, bandwidth)
     if solo:
-        s_on, s_off = (_phases(e.last_reports) for e in solo)
-        s_kernels = {k.label: k for k in solo[0].kernels}
-        s_moved = _moved(solo[0].last_reports, bandwidth / load_config(hw).cores)
+        s_on, s_off = (_relabel(on, e, _phases(e.last_reports)) for e in solo)
+        s_kernels = _relabel(on, solo[0], {k.label: k for k in solo[0].kernels})
+        s_moved = _relabel(on, solo[0], _moved(solo[0].last_reports,
+                                               bandwidth / load_config(hw).cores))
     cyc_on, cyc_off_total = (sum(r.cycles for r in e.last_reports) for e in (on, off))
     clock = on.last_reports[0].clock_mhz
     print(f"\n== {name} on {hw!r}: {len(on.kernels)} kernels, CPU ops: "
