@@ -24,6 +24,7 @@ from kiln.transform.npu import (
     npu_functions,
     partition_for_npu,
 )
+from kiln.transform.pass_infra import PassContext
 
 RNG = np.random.default_rng(28)
 
@@ -260,10 +261,14 @@ def test_memory_scope_follows_the_dma_traffic():
         assert scopes == {
             "x": "dram -> l0.input",  # read by relu's vector kernel
             "a": "l0.acc -> dram -> l1, l0.input",  # conv rows staged in L1, gathered to L0
-            "c": "l0.acc -> dram -> l0.input",  # the product's result, read by add+relu
+            "c": "l0.acc (fused, never in DRAM)",  # add+relu run on the conv's tiles
             "d": "l0.acc (fused, never in DRAM)",  # add and relu are one kernel
             "e": "l0.acc -> dram",
         }
+        with PassContext(config={"npu.fuse_epilogue": False}):
+            scopes = AnnotateMemoryScope(hw)(mod)["npu_region0"].attrs["npu.memory_scope"]
+        assert scopes["c"] == "l0.acc -> dram -> l0.input"  # read by add+relu's kernel
+        assert scopes["d"] == "l0.acc (fused, never in DRAM)"
 
 
 def test_kiln_show_prints_the_partitioned_module(capsys):

@@ -193,11 +193,16 @@ def lower_region(ctx: LoweringContext, func: g.Function, env: dict[int, Any],
             raise NotSupported(f"{type(b).__name__} bindings are not supported on the NPU")
     uses = g.binding_uses(func)
     i = 0
+    lowered: set[int] = set()  # the chains lowered as a product's epilogue, ahead
     while i < len(bindings):
+        if i in lowered:
+            i += 1
+            continue
         if fuse and fuse_epilogue:
-            done = _product_epilogue(ctx, res, bindings, i, uses)
-            if done:
-                i = done
+            chain = _product_epilogue(ctx, res, bindings, i, uses)
+            if chain is not None:
+                lowered.update(chain)
+                i += 1
                 continue
         end = _chain(bindings, i, uses) if fuse else i + 1
         cast = _consumer_cast(ctx, bindings, end, uses) if fuse else None
@@ -228,25 +233,30 @@ def _consumers(bindings: list[Any], var: Any) -> list[Any]:
 
 
 def _product_epilogue(ctx: LoweringContext, res: RegionLowering, bindings: list[Any], i: int,
-                      uses: dict[int, int]) -> int:
+                      uses: dict[int, int]) -> range | None:
     """Lower product binding ``i`` with the element-wise chain that is its only consumer as
-    its epilogue (:mod:`.epilogue`); returns the index after the chain, or 0 (nothing
-    emitted) when binding ``i`` is no such product or the pair cannot be fused."""
+    its epilogue (:mod:`.epilogue`); returns the chain's bindings (lowered here, ahead of
+    the bindings between: none of them reads the product, and the chain's operands must be
+    computed already), or None (nothing emitted) when binding ``i`` is no such product or
+    the pair cannot be fused."""
     b = bindings[i]
-    if not _is_product(ctx, b.value) or uses.get(id(b.var)) != 1 or \
-            i + 1 >= len(bindings) or not _elementwise(bindings[i + 1]):
-        return 0
-    first = bindings[i + 1].value
+    if not _is_product(ctx, b.value) or uses.get(id(b.var)) != 1:
+        return None
+    j = next((k for k in range(i + 1, len(bindings)) if isinstance(bindings[k].value, g.Call)
+              and any(a is b.var for a in bindings[k].value.args)), None)
+    if j is None or not _elementwise(bindings[j]):
+        return None
+    first = bindings[j].value
     if sum(a is b.var for a in first.args) != 1:
-        return 0
+        return None
     try:
         shape, dtype = static_tensor(b.var)
-        if static_tensor(bindings[i + 1].var) != (shape, dtype):
-            return 0
-        end = _chain(bindings, i + 1, uses)
+        if static_tensor(bindings[j].var) != (shape, dtype):
+            return None
+        end = _chain(bindings, j, uses)
     except NotSupported:
-        return 0
-    chain = bindings[i + 1:end]
+        return None
+    chain = bindings[j:end]
     last = chain[-1].var
     # where the chain's value goes: as it is, cast for a product that is its only
     # consumer, or both when a product wants it cast and something else as it is
@@ -285,7 +295,7 @@ def _product_epilogue(ctx: LoweringContext, res: RegionLowering, bindings: list[
         ep = Epilogue(out, steps, inputs, results, names)
         lower = lookup_lowering(b.value.op.name)
         if lower is None:
-            return 0
+            raise NotSupported(f"{b.value.op.name}: no NPU lowering")
         args = _call_args(ctx, res, b.value)
         ctx.kb.epilogue = ep
         try:
@@ -296,14 +306,14 @@ def _product_epilogue(ctx: LoweringContext, res: RegionLowering, bindings: list[
             raise NotSupported("the product's result is not stored through its epilogue")
     except NotSupported:
         mark.rollback()
-        return 0
+        return None
     mark.relabel(b.value.op.name, names)
     res.env[id(last)] = results[0]
     if copy:
         res.casts[id(last)] = results[1]
     res.on_chip[b.var.name_hint] = last.name_hint
     res.on_chip.update((c.var.name_hint, last.name_hint) for c in chain[:-1])
-    return end
+    return range(j, end)
 
 
 class _Mark:
