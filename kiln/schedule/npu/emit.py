@@ -176,7 +176,8 @@ class KernelBuilder:
     #: ``emit_gemm`` and the TIR route's generator): a fused epilogue's buffers go above
     acc_top: int = 0
     #: a product's fused element-wise epilogue (:class:`~.epilogue.Epilogue`, duck-typed
-    #: here: ``covers(dst)``, ``store(kb, core, shape, dst, src)``, ``finish(kb)``) while its
+    #: here: ``covers(dst)``, ``store(kb, core, shape, dst, src)``, ``finish(kb)``, ``tiles``:
+    #: the tiles :meth:`tile_done` announced to it) while its
     #: kernels are emitted: a store of the product's result runs the chain on the tile
     #: and stores what the chain produces instead (None: plain stores)
     epilogue: Any = None
@@ -230,6 +231,7 @@ class KernelBuilder:
         self.push(core, UNIT_TENSOR, UNIT_DMA_OUT)
         if self.epilogue is not None:
             self.push(core, UNIT_TENSOR, UNIT_VECTOR)
+            self.epilogue.tiles += 1
 
     def fence(self, core: int, unit: int) -> None:
         """Wait until everything ``unit`` issued has completed (a unit pipelines its

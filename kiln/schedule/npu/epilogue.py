@@ -103,6 +103,9 @@ class Epilogue:
     #: stores of the product's result this epilogue took (a product lowering that writes its
     #: result some other way is not fused: the caller checks)
     hits: int = 0
+    #: tiles the tensor unit announced to the vector unit (``KernelBuilder.tile_done``): one
+    #: per store, or the tokens would not match (checked at each kernel's end)
+    tiles: int = 0
     #: per core: chunks whose operands were loaded in the current kernel (the operand slots
     #: rotate through them; the tokens each returned are popped at the kernel's end)
     loaded: dict[int, int] = field(default_factory=dict)
@@ -267,7 +270,12 @@ class Epilogue:
 
     def finish(self, kb: KernelBuilder) -> None:
         """At a kernel's end: DMA-in takes back the operand slots' tokens it has not popped
-        (the next kernel starts with empty queues)."""
+        (the next kernel starts with empty queues). NotSupported when the product's tiles
+        and its stores did not pair up (a lowering that stores a tile in several pieces
+        after one token): the caller emits it unfused."""
+        if self.tiles != self.hits:
+            raise NotSupported(f"{self.names}: {self.tiles} tiles announced, {self.hits} "
+                               "stores through the epilogue")
         for core, n in self.loaded.items():
             for _ in range(min(n, kb.nbuf)):
                 kb.pop(core, UNIT_VECTOR, UNIT_DMA_IN)
