@@ -66,6 +66,7 @@ import kiln
 from kiln.build import npu_pipeline
 from kiln.codegen.npu import LOWERING_KEY, build_npu
 from kiln.schedule.npu.nest_analysis import unit_shares
+from kiln.schedule.npu.region import FUSE_EPILOGUE_KEY
 from kiln.target.npu import load_config
 from kiln.testing import models
 
@@ -123,8 +124,10 @@ def _model(name: str, size: int, seq: int = 128, layers: int = 2):
 
 
 def _run(mod, inputs, hw: str, double_buffer: bool, route: str | None = None,
-         bank_plan: bool = True, residency: bool = True):
-    with kiln.transform.PassContext(config={LOWERING_KEY: route} if route else {}):
+         bank_plan: bool = True, residency: bool = True, fuse_epilogue: bool = True):
+    config = {LOWERING_KEY: route} if route else {}
+    config[FUSE_EPILOGUE_KEY] = fuse_epilogue
+    with kiln.transform.PassContext(config=config):
         exe = build_npu(npu_pipeline()(mod), kiln.Target("npu", hw=hw),
                         double_buffer=double_buffer, bank_plan=bank_plan, residency=residency)
     t = time.perf_counter()
@@ -174,8 +177,35 @@ def one_core_share(hw: str) -> str:
     return path
 
 
+def _relabel(on, other, table: dict) -> dict:
+    """``table`` (kernel label -> value) of build ``other`` keyed by build ``on``'s labels
+    too: its product kernels in order (whether a product's epilogue is fused may differ
+    between the builds -- without double buffering less room is left in the accumulators --
+    and a fused kernel's label names its chain), the others by their label."""
+    mine = [k.label for k in on.kernels if k.op in GEMM_OPS]
+    theirs = [k.label for k in other.kernels if k.op in GEMM_OPS]
+    out = dict(table)
+    if len(mine) == len(theirs):
+        out.update({a: table[b] for a, b in zip(mine, theirs) if b in table})
+    return out
+
+
+def _epilogue_line(name: str, mod, inputs, hw: str, on, out) -> None:
+    """Epilogue fusion off against on: cycles, DRAM bytes read and written, kernels, and
+    whether the outputs are bit-identical."""
+    off, off_out, _ = _run(mod, inputs, hw, True, fuse_epilogue=False)
+    cyc = [sum(r.cycles for r in e.last_reports) for e in (off, on)]
+    rd = [sum(r.dram_read for r in e.last_reports) for e in (off, on)]
+    wr = [sum(r.dram_written for r in e.last_reports) for e in (off, on)]
+    print(f"{name}: epilogue fusion off -> on: {cyc[0]:.0f} -> {cyc[1]:.0f} cycles "
+          f"({cyc[0] / cyc[1]:.2f}x), DRAM read {rd[0] / 1e6:.1f} -> {rd[1] / 1e6:.1f} MB, "
+          f"written {wr[0] / 1e6:.1f} -> {wr[1] / 1e6:.1f} MB, kernels {len(off.kernels)} -> "
+          f"{len(on.kernels)}, outputs "
+          f"{'bit-identical' if np.array_equal(off_out, out) else 'DIFFERENT'}")
+
+
 def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
-          emit: bool = False, one_core: bool = True) -> None:
+          emit: bool = False, one_core: bool = True, epilogue: bool = False) -> None:
     mod, inputs, ref = _model(name, size, seq, layers)
     on, out, wall = _run(mod, inputs, hw, True)
     off, _, _ = _run(mod, inputs, hw, False)
@@ -184,15 +214,16 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
     solo = [_run(mod, inputs, share, db)[0] for db in (True, False)] if share else []
     if share:
         os.unlink(share)
-    c_emit = _phases(via.last_reports) if via else {}
+    c_emit = _relabel(on, via, _phases(via.last_reports)) if via else {}
     rel = float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
-    c_on, c_off = _phases(on.last_reports), _phases(off.last_reports)
+    c_on, c_off = _phases(on.last_reports), _relabel(on, off, _phases(off.last_reports))
     bandwidth = load_config(hw).memory("dram").bandwidth
     moved = _moved(on.last_reports, bandwidth)
     if solo:
-        s_on, s_off = (_phases(e.last_reports) for e in solo)
-        s_kernels = {k.label: k for k in solo[0].kernels}
-        s_moved = _moved(solo[0].last_reports, bandwidth / load_config(hw).cores)
+        s_on, s_off = (_relabel(on, e, _phases(e.last_reports)) for e in solo)
+        s_kernels = _relabel(on, solo[0], {k.label: k for k in solo[0].kernels})
+        s_moved = _relabel(on, solo[0], _moved(solo[0].last_reports,
+                                               bandwidth / load_config(hw).cores))
     cyc_on, cyc_off_total = (sum(r.cycles for r in e.last_reports) for e in (on, off))
     clock = on.last_reports[0].clock_mhz
     print(f"\n== {name} on {hw!r}: {len(on.kernels)} kernels, CPU ops: "
@@ -267,6 +298,8 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
     print(f"{name}: {len(ew)} element-wise kernel(s) in {sum(c_on[k.label] for k in ew):.0f} "
           f"cycles ({sum('[isel' in k.tiling for k in ew)} planned by the instruction search)")
     _residency_line(name, mod, inputs, hw, on, out)
+    if epilogue:
+        _epilogue_line(name, mod, inputs, hw, on, out)
     if via:
         _vector_table(name, on, c_on, c_emit)
         n_tir = sum(k.tiling.startswith("TIR: ") for k in on.kernels)
@@ -344,9 +377,13 @@ def main(argv: list[str] | None = None) -> int:
                     "whole model")
     ap.add_argument("--no-one-core", action="store_true",
                     help="skip the one-core variant of a multi-core description (1c columns)")
+    ap.add_argument("--epilogue", action="store_true",
+                    help="also build without epilogue fusion (PassContext "
+                    "'npu.fuse_epilogue': False) and print cycles and DRAM traffic off -> on")
     args = ap.parse_args(argv)
     for name in args.models:
-        bench(name, args.hw, args.size, args.seq, args.layers, args.emit, not args.no_one_core)
+        bench(name, args.hw, args.size, args.seq, args.layers, args.emit, not args.no_one_core,
+              args.epilogue)
     return 0
 
 

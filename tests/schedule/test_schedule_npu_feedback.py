@@ -154,3 +154,29 @@ def test_refused_attempt_is_rolled_back(monkeypatch):
     assert forced.dram_bytes == plain.dram_bytes
     assert [k.tiling.split(" [feedback")[0] for k in forced.kernels] == \
         [k.tiling for k in plain.kernels]
+
+
+def test_a_refused_tiling_under_a_fused_epilogue_is_undone_with_it(monkeypatch):
+    """A dense whose bias and relu run on its accumulator tiles (the fused epilogue) and
+    whose first tiling the program generator refuses half-way: the retry starts from the
+    epilogue's state at the checkpoint (its tile and store counts, its operand loads), so the
+    tokens pair up, the kernel stays fused and gives the unfused build's bits."""
+    m, k, n = 256, 1024, 32
+    _first(monkeypatch, GemmTiling(256, 32, 1024, 0.0, False))
+    x = RNG.standard_normal((m, k)).astype(np.float32)
+    w = (RNG.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    b = RNG.standard_normal(n).astype(np.float32)
+
+    def fn(a):
+        return op.nn.relu(op.add(op.dense(a, g.const(w)), g.const(b)))
+
+    outs = []
+    for fuse in (True, False):
+        with PassContext(config={"npu.fuse_epilogue": fuse}):
+            exe = kiln.build(graph_module(fn, [(m, k)]), target="npu")
+        (kernel,) = [kk for kk in exe.kernels if kk.op == "matmul"]  # (dense: W^T constant)
+        assert "feedback: 1 refused" in kernel.tiling
+        assert ("+add+relu" in kernel.label) == fuse
+        outs.append(exe(x))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_allclose(outs[0], np.maximum(x @ w.T + b, 0), rtol=2e-2, atol=2e-2)

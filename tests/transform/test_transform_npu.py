@@ -17,7 +17,6 @@ from kiln.schedule.npu import DramTensor
 from kiln.schedule.npu.lowering import lowering_rejection
 from kiln.schedule.npu.residency import RESIDENCY_KEY
 from kiln.target.npu import load_config
-from kiln.transform import PassContext
 from kiln.transform.npu import (
     AnnotateMemoryScope,
     AnnotateTarget,
@@ -26,6 +25,7 @@ from kiln.transform.npu import (
     npu_functions,
     partition_for_npu,
 )
+from kiln.transform.pass_infra import PassContext
 
 RNG = np.random.default_rng(28)
 
@@ -268,16 +268,20 @@ def test_memory_scope_follows_the_dma_traffic():
         assert scopes == {
             "x": "dram -> l0.input",  # read by relu's vector kernel
             "a": "l0.acc -> dram -> l1, l0.input",  # conv rows staged in L1, gathered to L0
-            "c": "l0.acc -> dram -> l0.input",  # the product's result, read by add+relu
+            "c": "l0.acc (fused, never in DRAM)",  # add+relu run on the conv's tiles
             "d": "l0.acc (fused, never in DRAM)",  # add and relu are one kernel
             "e": "l0.acc -> dram",
         }
-        # as the build places them: the intermediates stay in L1 between the kernels
+        with PassContext(config={"npu.fuse_epilogue": False, RESIDENCY_KEY: False}):
+            scopes = AnnotateMemoryScope(hw)(mod)["npu_region0"].attrs["npu.memory_scope"]
+        assert scopes["c"] == "l0.acc -> dram -> l0.input"  # read by add+relu's kernel
+        assert scopes["d"] == "l0.acc (fused, never in DRAM)"
+        # as the build places them: the relu's result stays in L1 for the convolution
         scopes = AnnotateMemoryScope(hw)(mod)["npu_region0"].attrs["npu.memory_scope"]
         on_chip = "l1 (kept on chip, never in DRAM)"
         assert scopes == {
             "x": "dram -> l0.input", "a": f"l0.acc -> {on_chip} -> l1, l0.input",
-            "c": f"l0.acc -> {on_chip} -> l0.input", "d": "l0.acc (fused, never in DRAM)",
+            "c": "l0.acc (fused, never in DRAM)", "d": "l0.acc (fused, never in DRAM)",
             "e": "l0.acc -> dram",  # the region's result: read outside, so in DRAM
         }
 

@@ -32,6 +32,7 @@ from ...npu import Machine
 from ...schedule.npu import DramTensor, LoweringContext, NotSupported
 from ...schedule.npu.lowering import DEFAULT_ROUTE, LOWERING_KEY
 from ...schedule.npu.region import (
+    FUSE_EPILOGUE_KEY,
     VIEW_OPS,
     is_view,
     lower_region,
@@ -70,6 +71,13 @@ register_config(RESIDENCY_KEY, bool, True,
 register_config(LOWERING_KEY, str, DEFAULT_ROUTE,
                 "NPU build: 'tir' (products lowered through scheduled, tensorized TIR; the "
                 "default) or 'emit' (per-op instruction emission for every op)")
+
+
+# PassContext option FUSE_EPILOGUE_KEY: a product's element-wise consumers (bias, batch norm,
+# relu, a residual add, the cast for the next product) run on its accumulator tiles.
+register_config(FUSE_EPILOGUE_KEY, bool, True,
+                "NPU build: run a product's element-wise epilogue on its accumulator tiles "
+                "(its result never goes to DRAM); False: a vector kernel after it")
 
 
 class NPUUnsupportedError(KilnError):
@@ -132,12 +140,12 @@ def _cpu_step(ctx: LoweringContext, call: g.Call, args: list[Any], out: DramTens
 
 
 def _region_step(ctx: LoweringContext, mod: IRModule, call: g.Call, env: dict[int, Any],
-                 fuse: bool) -> tuple[NpuStep, list[DramTensor]]:
+                 fuse: bool, fuse_epilogue: bool = True) -> tuple[NpuStep, list[DramTensor]]:
     name = call.op.name
     func = mod[name]
     penv = {id(p): _operand(env, a) for p, a in zip(func.params, call.args)}
     try:
-        res = lower_region(ctx, func, penv, fuse)
+        res = lower_region(ctx, func, penv, fuse, fuse_epilogue)
     except NotSupported as err:  # AnnotateTarget ran the same lowerings and accepted them
         raise InternalError(f"NPU region {name}: {err}") from err
     outs = region_outputs(func, res, ctx)
@@ -157,14 +165,17 @@ def _strict_errors(main: g.Function) -> list[str]:
 
 def build_npu(mod: IRModule, target: Target, strict: bool = False,
               double_buffer: bool = True, fuse: bool = True, reuse_dram: bool = True,
-              bank_plan: bool = True, residency: bool | None = None) -> NPUExecutable:
+              bank_plan: bool = True, residency: bool | None = None,
+              fuse_epilogue: bool | None = None) -> NPUExecutable:
     """Compile graph function ``main`` of ``mod`` (not legalized; partitioned for ``target``'s
     hardware description, else partitioned here) for ``target``'s NPU (``fuse``: chains of
-    element-wise ops become one kernel each; ``reuse_dram``: tensors never live together share
-    DRAM, :mod:`.dram_plan`; ``bank_plan``: each program's colliding on-chip buffers are moved
-    to other bank groups, :mod:`.bank_plan`; ``residency``: intermediates stay in L1 where they
-    fit, :mod:`kiln.schedule.npu.residency` -- default: the PassContext option
-    ``"npu.residency"``, on)."""
+    element-wise ops become one kernel each; ``fuse_epilogue``: a product's element-wise
+    consumers run on its accumulator tiles, :mod:`kiln.schedule.npu.epilogue` -- None: the
+    PassContext option ``"npu.fuse_epilogue"``, on by default; ``reuse_dram``: tensors never
+    live together share DRAM, :mod:`.dram_plan`; ``bank_plan``: each program's colliding
+    on-chip buffers are moved to other bank groups, :mod:`.bank_plan`; ``residency``:
+    intermediates stay in L1 where they fit, :mod:`kiln.schedule.npu.residency` -- None: the
+    PassContext option ``"npu.residency"``, on by default)."""
     cfg = npu_config_of(target)
     main_function(mod, "the NPU build")
     if not is_partitioned(mod):
@@ -177,6 +188,8 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
         raise NPUUnsupportedError("strict NPU build: these ops have no NPU lowering: " +
                                   "; ".join(_strict_errors(main)))
     ctx = LoweringContext(cfg, double_buffer, PassContext.current().get_config(LOWERING_KEY))
+    if fuse_epilogue is None:
+        fuse_epilogue = bool(PassContext.current().get_config(FUSE_EPILOGUE_KEY))
     env: dict[int, Any] = {}
     steps: list[Any] = []
     inputs = []
@@ -198,7 +211,7 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
             env[id(var)] = env[id(value.tuple_value)][value.index]
         elif isinstance(value, g.Call) and isinstance(value.op, g.GlobalVar) and \
                 getattr(mod[value.op.name], "attrs", {}).get("Codegen") == CODEGEN:
-            step, outs = _region_step(ctx, mod, value, env, fuse)
+            step, outs = _region_step(ctx, mod, value, env, fuse, fuse_epilogue)
             steps.append(step)
             env[id(var)] = outs if isinstance(mod[value.op.name].body.body, g.Tuple) \
                 else outs[0]

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, Block, Instr
+from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, UNIT_TENSOR, UNIT_VECTOR, Block, Instr
 from ...npu.program import Program
 from ...target.npu.config import DRAM, MEMORY_NAMES, NPUConfig
 
@@ -173,6 +174,15 @@ class KernelBuilder:
     #: transfers in the order they are issued -- small store pieces each waiting for a whole
     #: load keep the accumulator slot busy and stall the tensor unit
     store_floor: int = 0
+    #: bytes of the accumulators the current product kernel's output slots take (set by
+    #: ``emit_gemm`` and the TIR route's generator): a fused epilogue's buffers go above
+    acc_top: int = 0
+    #: a product's fused element-wise epilogue (:class:`~.epilogue.Epilogue`, duck-typed
+    #: here: ``covers(dst)``, ``store(kb, core, shape, dst, src)``, ``finish(kb)``, ``tiles``:
+    #: the tiles :meth:`tile_done` announced to it) while its
+    #: kernels are emitted: a store of the product's result runs the chain on the tile
+    #: and stores what the chain produces instead (None: plain stores)
+    epilogue: Any = None
 
     def __post_init__(self) -> None:
         if not self.streams:
@@ -209,9 +219,27 @@ class KernelBuilder:
         DRAM latency each (:func:`store_pieces`), so that the loads of the next steps -- on
         this core's DMA-in and on the other cores -- interleave with a large output tile
         instead of queueing behind all of it. The same bytes move; only the order of the
-        transfers on the shared channel changes."""
+        transfers on the shared channel changes. A store of the product's result under a
+        fused epilogue (:attr:`epilogue`) becomes the epilogue's vector work on the tile and
+        the stores of what it computes."""
+        if self.epilogue is not None and self.epilogue.covers(dst):
+            self.epilogue.store(self, core, shape, dst, src)
+            return
+        self.split_store(core, shape, dst, src)
+
+    def split_store(self, core: int, shape: tuple[int, ...], dst: Block, src: Block) -> None:
+        """A ``dma.store`` split into pieces as :meth:`store` says (no epilogue)."""
         for shp, d, s in store_pieces(self.config, shape, dst, src, self.store_floor):
             self.emit(core, "dma.store", shape=shp, dst=d, src=s)
+
+    def tile_done(self, core: int) -> None:
+        """The tensor unit's token that an output tile (or a piece of it) is computed: to
+        DMA-out, which stores it, and with a fused :attr:`epilogue` to the vector unit too,
+        which runs the epilogue on it meanwhile (DMA-out then waits for the vector unit)."""
+        self.push(core, UNIT_TENSOR, UNIT_DMA_OUT)
+        if self.epilogue is not None:
+            self.push(core, UNIT_TENSOR, UNIT_VECTOR)
+            self.epilogue.tiles += 1
 
     def fence(self, core: int, unit: int) -> None:
         """Wait until everything ``unit`` issued has completed (a unit pipelines its
@@ -220,7 +248,11 @@ class KernelBuilder:
         self.pop(core, unit, unit)
 
     def end_kernel(self, info: KernelInfo) -> None:
-        """Close the kernel with a barrier on every core (its id labels the phase)."""
+        """Close the kernel with a barrier on every core (its id labels the phase); a fused
+        epilogue first returns the tokens it still holds."""
+        if self.epilogue is not None:
+            self.epilogue.finish(self)
+        self.acc_top = 0
         bid = len(self.labels) + 1
         self.labels[bid] = info.label
         for core in range(self.config.cores):
@@ -271,7 +303,10 @@ class Pipeline:
         self.kb.push(self.core, self.unit, UNIT_DMA_IN)
 
     def produced(self) -> None:
-        self.kb.push(self.core, self.unit, UNIT_DMA_OUT)
+        if self.unit == UNIT_TENSOR:
+            self.kb.tile_done(self.core)
+        else:
+            self.kb.push(self.core, self.unit, UNIT_DMA_OUT)
         self.outs += 1
 
     def store_begin(self) -> None:

@@ -759,6 +759,7 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     # (edge, attention's P @ V in tiles of M32 x N32: the tensor unit waited on every other
     # store: 75214 -> 69191 cycles; M32 x N64: 65038 -> 63989)
     nout = acc_slots(cfg, shape, tiling, kb.nbuf)
+    kb.acc_top = nout * c_bytes  # a fused epilogue's buffers go above the output slots
     pipes = [Pipeline(kb, c, UNIT_TENSOR, nout) for c in range(cfg.cores)]
     tiles = output_tiles(cfg, shape, tiling, kb.nbuf)
     steps = core_step_slots(cfg, shape, tiling, tiles, kb.nbuf)
@@ -821,7 +822,7 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
                                 (0, kts, 1)),
                         b=block("weight", b_addr + c0 * isz, shape.dtype, (nts, 1, 0)))
                 if i < len(parts) - 1:  # an early piece: its own token to DMA-out
-                    kb.push(core, UNIT_TENSOR, UNIT_DMA_OUT)
+                    kb.tile_done(core)
                     kb.pop(core, UNIT_TENSOR, UNIT_DMA_OUT)
                     store_c(core, b, m0 + r0, pu, n0 + c0, pn, c_addr + at)
             p.computed()

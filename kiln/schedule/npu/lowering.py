@@ -152,27 +152,32 @@ class LoweringContext:
 
     def checkpoint(self) -> tuple[Any, ...]:
         """What :meth:`rollback` needs to undo everything emitted and allocated after this
-        point (a tiling the program generator refused half-way, see :mod:`.feedback`)."""
+        point (a tiling the program generator refused half-way, see :mod:`.feedback`; a fused
+        epilogue found impossible midway, :func:`.region.lower_region`)."""
         kb = self.kb
+        ep = kb.epilogue
         return (kb, [len(st) for st in kb.streams], dict(kb.labels), len(kb.kernels),
-                kb.store_floor, self.top, len(self.constants), len(self.allocations),
-                len(self.tir), self._kernel_count)
+                (kb.store_floor, kb.acc_top), self.top, len(self.constants),
+                len(self.allocations), len(self.tir), self._kernel_count,
+                (ep, ep.snapshot() if ep is not None else None))
 
     def rollback(self, mark: tuple[Any, ...]) -> None:
         """Undo what was emitted and allocated since :meth:`checkpoint` returned ``mark``."""
-        kb, lens, labels, nk, floor, top, nconst, nalloc, ntir, count = mark
+        kb, lens, labels, nk, floor, top, nconst, nalloc, ntir, count, (ep, state) = mark
         if kb is not self.kb:
             raise KilnError("LoweringContext.rollback: a new region began since the checkpoint")
         for st, n in zip(kb.streams, lens):
             del st[n:]
         kb.labels = labels
         del kb.kernels[nk:]
-        kb.store_floor = floor
+        kb.store_floor, kb.acc_top = floor
         self.top = top
         del self.constants[nconst:]
         del self.allocations[nalloc:]
         del self.tir[ntir:]
         self._kernel_count = count
+        if ep is not None and ep is kb.epilogue:
+            ep.restore(state)
 
     def new_region(self) -> KernelBuilder:
         """Start the kernels of the next NPU region (after a CPU op); returns the old one."""

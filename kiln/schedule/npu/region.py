@@ -7,6 +7,9 @@ alias of its operand's DRAM (no kernel), and a chain of element-wise calls -- ea
 only by the next -- as one vector kernel whose intermediate values stay in the accumulator
 block (they never reach DRAM). When the only consumer of an element-wise result is a product
 that wants float16 operands, the producer's kernel writes it cast (no separate cast kernel).
+A product whose only consumer is such a chain runs it as its epilogue, on each output tile
+in the accumulators (:mod:`.epilogue`): the product's result never reaches DRAM, and a chain
+result that a product reads too is stored cast beside it.
 
 Used by the NPU code generator (:mod:`kiln.codegen.npu.compile`) and by the memory-scope
 annotation (:mod:`kiln.transform.npu.annotate_memory_scope`), which lowers the region into a
@@ -21,12 +24,27 @@ from typing import Any
 import numpy as np
 
 from ... import graph as g
-from .emit import DramTensor
+from ...npu.isa import Instr
+from ...target.npu.config import DRAM
+from .emit import MEM_ID, DramTensor, itemsize
+from .epilogue import Epilogue
 from .lowering import LoweringContext, NotSupported, lookup_lowering
-from .ops import ELEMENTWISE_OPS, lower_elementwise_chain, product_operand_dtype
+from .ops import (
+    ELEMENTWISE_OPS,
+    GEMM_OPS,
+    elementwise_steps,
+    is_depthwise,
+    lower_elementwise_chain,
+    product_operand_dtype,
+)
+from .vector import VecStep
 
-__all__ = ["VIEW_OPS", "RegionLowering", "is_view", "lower_region",
+__all__ = ["FUSE_EPILOGUE_KEY", "VIEW_OPS", "RegionLowering", "is_view", "lower_region",
            "operand_value", "region_outputs", "static_tensor"]
+
+#: PassContext option (registered by :mod:`kiln.codegen.npu.compile`): a product's
+#: element-wise epilogue runs on its accumulator tiles (:mod:`.epilogue`); default on.
+FUSE_EPILOGUE_KEY = "npu.fuse_epilogue"
 
 #: Ops that are aliases of their operand's DRAM (same bytes, another shape).
 VIEW_OPS = ("reshape", "squeeze", "expand_dims")
@@ -59,6 +77,9 @@ class RegionLowering:
 
     env: dict[int, Any]
     on_chip: dict[str, str] = field(default_factory=dict)
+    #: a variable's copy in a product's operand dtype, stored by the fused epilogue that
+    #: computed it (id -> DRAM tensor): the product reads it instead of casting again
+    casts: dict[int, DramTensor] = field(default_factory=dict)
 
 
 def operand_value(env: dict[int, Any], arg: Any) -> Any:
@@ -125,6 +146,16 @@ def _fused(ctx: LoweringContext, res: RegionLowering, chain: list[Any], cast: st
     return True
 
 
+def _call_args(ctx: LoweringContext, res: RegionLowering, value: Any) -> list[Any]:
+    """The operands of op call ``value``; a product's activation as the copy in its operand
+    dtype that a fused epilogue stored, where there is one (no cast kernel then)."""
+    args = [operand_value(res.env, a) for a in value.args]
+    copy = res.casts.get(id(value.args[0])) if value.args else None
+    if copy is not None and product_operand_dtype(ctx, value, args[0].dtype) == copy.dtype:
+        args[0] = copy
+    return args
+
+
 def _lower_binding(ctx: LoweringContext, res: RegionLowering, var: Any, value: Any) -> None:
     if isinstance(value, g.Var):
         res.env[id(var)] = res.env[id(value)]
@@ -136,7 +167,7 @@ def _lower_binding(ctx: LoweringContext, res: RegionLowering, var: Any, value: A
         raise NotSupported(f"{var.name_hint}: {type(value).__name__} bindings are not "
                            "supported on the NPU")
     shape, dtype = static_tensor(var)
-    args = [operand_value(res.env, a) for a in value.args]
+    args = _call_args(ctx, res, value)
     if is_view(value) and isinstance(args[0], DramTensor):
         res.env[id(var)] = DramTensor(args[0].addr, shape, dtype)
         return
@@ -149,11 +180,12 @@ def _lower_binding(ctx: LoweringContext, res: RegionLowering, var: Any, value: A
 
 
 def lower_region(ctx: LoweringContext, func: g.Function, env: dict[int, Any],
-                 fuse: bool = True) -> RegionLowering:
+                 fuse: bool = True, fuse_epilogue: bool = True) -> RegionLowering:
     """Lower the bindings of region function ``func`` into ``ctx``'s current kernel builder;
     ``env`` maps each parameter (by ``id``) to its DRAM tensor or constant. Raises
     NotSupported naming the first call no lowering accepts (``fuse``: element-wise chains
-    become one kernel each)."""
+    become one kernel each; ``fuse_epilogue``: a chain that is a product's only consumer
+    runs on the product's accumulator tiles, :mod:`.epilogue`)."""
     res = RegionLowering(dict(env))
     bindings = [b for blk in func.body.blocks for b in blk.bindings]
     for b in bindings:
@@ -161,7 +193,17 @@ def lower_region(ctx: LoweringContext, func: g.Function, env: dict[int, Any],
             raise NotSupported(f"{type(b).__name__} bindings are not supported on the NPU")
     uses = g.binding_uses(func)
     i = 0
+    lowered: set[int] = set()  # the chains lowered as a product's epilogue, ahead
     while i < len(bindings):
+        if i in lowered:
+            i += 1
+            continue
+        if fuse and fuse_epilogue:
+            chain = _product_epilogue(ctx, res, bindings, i, uses)
+            if chain is not None:
+                lowered.update(chain)
+                i += 1
+                continue
         end = _chain(bindings, i, uses) if fuse else i + 1
         cast = _consumer_cast(ctx, bindings, end, uses) if fuse else None
         if _elementwise(bindings[i]) and (end - i > 1 or cast) and \
@@ -171,6 +213,143 @@ def lower_region(ctx: LoweringContext, func: g.Function, env: dict[int, Any],
         _lower_binding(ctx, res, bindings[i].var, bindings[i].value)
         i += 1
     return res
+
+
+def _is_product(ctx: LoweringContext, value: Any) -> bool:
+    """A call the tensor unit computes (dense, matmul, a conv2d that is not depthwise)."""
+    if not (isinstance(value, g.Call) and isinstance(value.op, g.Op) and
+            value.op.name in GEMM_OPS and len(value.args) >= 2):
+        return False
+    if value.op.name == "nn.conv2d" and value.attrs.groups != 1:
+        dims = [tuple(getattr(d, "value", d) for d in (a.struct_info.shape or ()))
+                for a in value.args[:2]]
+        return not is_depthwise(value.attrs.groups, dims[0], dims[1])
+    return True
+
+
+def _consumers(bindings: list[Any], var: Any) -> list[Any]:
+    return [b for b in bindings if isinstance(b.value, g.Call) and
+            any(a is var for a in b.value.args)]
+
+
+def _product_epilogue(ctx: LoweringContext, res: RegionLowering, bindings: list[Any], i: int,
+                      uses: dict[int, int]) -> range | None:
+    """Lower product binding ``i`` with the element-wise chain that is its only consumer as
+    its epilogue (:mod:`.epilogue`); returns the chain's bindings (lowered here, ahead of
+    the bindings between: none of them reads the product, and the chain's operands must be
+    computed already), or None (nothing emitted) when binding ``i`` is no such product or
+    the pair cannot be fused."""
+    b = bindings[i]
+    if not _is_product(ctx, b.value) or uses.get(id(b.var)) != 1:
+        return None
+    j = next((k for k in range(i + 1, len(bindings)) if isinstance(bindings[k].value, g.Call)
+              and any(a is b.var for a in bindings[k].value.args)), None)
+    if j is None or not _elementwise(bindings[j]):
+        return None
+    first = bindings[j].value
+    if sum(a is b.var for a in first.args) != 1:
+        return None
+    try:
+        shape, dtype = static_tensor(b.var)
+        if static_tensor(bindings[j].var) != (shape, dtype):
+            return None
+        end = _chain(bindings, j, uses)
+    except NotSupported:
+        return None
+    chain = bindings[j:end]
+    last = chain[-1].var
+    # where the chain's value goes: as it is, cast for a product that is its only
+    # consumer, or both when a product wants it cast and something else as it is
+    cast = _consumer_cast(ctx, bindings, end, uses)
+    copy = None
+    if cast is None and uses.get(id(last), 0) > 1:
+        consumers = _consumers(bindings[end:], last)
+        wants = [product_operand_dtype(ctx, c.value, dtype)
+                 if c.value.args[0] is last and sum(a is last for a in c.value.args) == 1
+                 else None for c in consumers]
+        if len(consumers) == uses[id(last)] and wants[0] and len(set(wants)) == 1:
+            cast = wants[0]  # read by products only (a downsampling block's input)
+        else:
+            copy = next((w for w in wants if w), None)
+    mark = _Mark(ctx)
+    try:
+        inputs: list[Any] = []
+        steps: list[VecStep] = []
+        prev = b.var
+        for c in chain:
+            args = [None if a is prev else operand_value(res.env, a) for a in c.value.args]
+            running = next(k for k, a in enumerate(c.value.args) if a is prev)
+            steps += elementwise_steps(ctx, c.value, args, dtype, running, inputs)
+            prev = c.var
+        if any(len(x.shape) > len(shape) or any(
+                n not in (1, m) for n, m in zip(x.shape[::-1], shape[::-1])) for x in inputs):
+            raise NotSupported("an operand does not broadcast to the result")
+        results = [ctx.alloc(shape, cast)] if cast else [ctx.alloc(shape, dtype)]
+        if copy:
+            results.append(ctx.alloc(shape, copy))
+        if cast or copy:
+            if not ctx.config.supports_vector_dtype(cast or copy):
+                raise NotSupported(f"the vector unit lacks {cast or copy}")
+        out = ctx.alloc(shape, dtype)
+        names = "+".join(c.value.op.name for c in chain)
+        ep = Epilogue(out, steps, inputs, results, names)
+        lower = lookup_lowering(b.value.op.name)
+        if lower is None:
+            raise NotSupported(f"{b.value.op.name}: no NPU lowering")
+        args = _call_args(ctx, res, b.value)
+        ctx.kb.epilogue = ep
+        try:
+            lower(ctx, b.value, args, out)
+        finally:
+            ctx.kb.epilogue = None
+        if not ep.hits or mark.writes(out):
+            raise NotSupported("the product's result is not stored through its epilogue")
+    except NotSupported:
+        mark.rollback()
+        return None
+    mark.relabel(b.value.op.name, names)
+    res.env[id(last)] = results[0]
+    if copy:
+        res.casts[id(last)] = results[1]
+    res.on_chip[b.var.name_hint] = last.name_hint
+    res.on_chip.update((c.var.name_hint, last.name_hint) for c in chain[:-1])
+    return range(j, end)
+
+
+class _Mark:
+    """What a context and its kernel builder hold at a point, to roll back to (a fused
+    epilogue found impossible midway) or to name the kernels emitted since."""
+
+    def __init__(self, ctx: LoweringContext):
+        self.ctx, kb = ctx, ctx.kb
+        self.point = ctx.checkpoint()
+        self.streams = [len(st) for st in kb.streams]
+        self.nkernels = len(kb.kernels)
+
+    def new(self) -> list[Instr]:
+        return [ins for st, n in zip(self.ctx.kb.streams, self.streams) for ins in st[n:]]
+
+    def writes(self, t: DramTensor) -> bool:
+        """Whether an instruction emitted since writes DRAM tensor ``t``."""
+        end = t.addr + max(1, int(np.prod(t.shape, dtype=np.int64)) * itemsize(t.dtype))
+        return any(ins.op == "dma.store" and ins.args["dst"].mem == MEM_ID[DRAM] and
+                   t.addr <= ins.args["dst"].addr < end for ins in self.new())
+
+    def rollback(self) -> None:
+        self.ctx.rollback(self.point)
+
+    def relabel(self, op: str, names: str) -> None:
+        """Label the product kernels emitted since with their fused ops
+        (``007:nn.conv2d+add+relu``)."""
+        kb = self.ctx.kb
+        for info in kb.kernels[self.nkernels:]:
+            if info.op != op:
+                continue
+            old = info.label  # the op stays the product's (what kinds of kernel count)
+            info.label = f"{old}+{names}"
+            for bid, lab in kb.labels.items():
+                if lab == old:
+                    kb.labels[bid] = info.label
 
 
 def region_outputs(func: g.Function, res: RegionLowering, ctx: LoweringContext

@@ -623,6 +623,8 @@ class _Generator:
             if used * c_bytes > self.cfg.memory("acc").size:
                 raise NotSupported(f"{used} accumulator tiles of {c_bytes} B exceed acc")
             ndims = len(cidx)
+            # a fused epilogue's buffers go above the output slots
+            self.kb.acc_top = max(self.kb.acc_top, p.nout * c_bytes)
             self.staged[cbuf] = _Tile("acc", p.out_slot() * c_bytes, cidx,
                                       (1,) * (ndims - 2) + (m, n))
         tc = self.staged.get(cbuf)
@@ -644,7 +646,7 @@ class _Generator:
                                  (0, a_row, 1)),
                          b=block("weight", b_addr, str(bbuf.dtype), (tb.strides[-2], 1, 0)))
             if i < len(pieces) - 1:  # an early piece: its own token to DMA-out, its store
-                self.kb.push(self.core, UNIT_TENSOR, UNIT_DMA_OUT)
+                self.kb.tile_done(self.core)
                 self.kb.pop(self.core, UNIT_TENSOR, UNIT_DMA_OUT)
                 self.window, self.early = (r0, r0 + rows), True
                 self.walk(self.tail)  # type: ignore[arg-type]

@@ -28,7 +28,12 @@ from ...ir.module import IRModule
 from ...npu.isa import Block
 from ...schedule.npu.emit import DramTensor, itemsize
 from ...schedule.npu.lowering import LOWERING_KEY, LoweringContext
-from ...schedule.npu.region import lower_region, region_outputs, static_tensor
+from ...schedule.npu.region import (
+    FUSE_EPILOGUE_KEY,
+    lower_region,
+    region_outputs,
+    static_tensor,
+)
 from ...schedule.npu.residency import RESIDENCY_KEY, ResidencyPlan, plan_residency
 from ...target.npu import NPUConfig, load_config
 from ...target.npu.config import DRAM, L0_NAMES, L1, MEMORY_NAMES
@@ -85,7 +90,8 @@ def memory_scopes(config: NPUConfig, func: g.Function, double_buffer: bool = Tru
     """Variable name -> the memories it lives in, for region function ``func``."""
     ctx = LoweringContext(config, double_buffer, PassContext.current().get_config(LOWERING_KEY))
     env = {id(p): ctx.alloc(*static_tensor(p)) for p in func.params}
-    res = lower_region(ctx, func, env)
+    res = lower_region(ctx, func, env,
+                       fuse_epilogue=bool(PassContext.current().get_config(FUSE_EPILOGUE_KEY)))
     variables = [*func.params, *(b.var for blk in func.body.blocks for b in blk.bindings)]
     program = ctx.kb.program(ctx.top)
     resident = ResidencyPlan()

@@ -1,0 +1,294 @@
+"""A product's element-wise epilogue, computed on its accumulator tile before the store.
+
+A product (conv2d, dense, matmul) whose result's only consumer is a chain of element-wise
+calls -- a bias or batch norm's per-channel multiply/add, relu, clip, a residual ``add`` of
+another DRAM tensor, a final cast to the next product's operand dtype -- need not write its
+float32 result to DRAM for a vector kernel to read back: :class:`Epilogue` is installed on the
+kernel builder (``KernelBuilder.epilogue``) while the product is emitted, and every store of
+the product's result (``KernelBuilder.store``, which both lowering routes call for each output
+tile or tail piece) becomes, per chunk of the tile:
+
+1. DMA-in loads the chunk of each tensor operand (a residual: its strides of the tile's view;
+   a per-channel constant: only the channels, read back with stride 0) into an epilogue slot
+   of the accumulator memory, above the product's output slots (``KernelBuilder.acc_top``);
+2. the vector unit runs the chain's instructions on the accumulator tile in place (float32,
+   the order and the operands' positions of the unfused kernel's steps, so the same bits) and
+   a final ``vcast`` into a float16 buffer where a product wants the result cast;
+3. DMA-out stores what the chain produced: the float32 result, the cast copy, or both (a
+   result read by a product and by something else: no separate cast kernel).
+
+The tokens: the tensor unit tells the vector unit too when a tile is done
+(``KernelBuilder.tile_done``); each chunk's operands come from DMA-in
+(``DMA_IN -> VECTOR``, and back when the vector unit has read them: the slot is free again);
+each computed chunk goes to DMA-out (``VECTOR -> DMA_OUT``), which returns a cast buffer's
+slot once stored (``DMA_OUT -> VECTOR``). The tensor unit's own protocol is unchanged: an
+accumulator slot is reused only after its store, which now follows the epilogue.
+
+The chunks are as large as the epilogue slots allow (the accumulator memory left over by the
+tiling, in ``nbuf`` slots); when not even one row of a tile fits, or an operand's view of a
+tile is not a strided block, :class:`~.lowering.NotSupported` is raised and the caller
+(:func:`.region.lower_region`) emits the product and the chain unfused.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, UNIT_TENSOR, UNIT_VECTOR, Block
+from ...target.npu.config import DRAM
+from .emit import MEM_ID, DramTensor, DramView, KernelBuilder, block, itemsize, row_major
+from .lowering import NotSupported
+from .vector import VecStep
+
+__all__ = ["Epilogue", "broadcast_strides", "chunks"]
+
+#: Alignment of the epilogue's buffers in the accumulator memory.
+_ALIGN = 64
+#: The smallest chunk of a tile, in bytes of the tile: a store is cut into ``nbuf``
+#: chunks (DMA-out stores one while the vector unit computes the next; a third would wait
+#: for the first one's store to free its cast buffer) of at least this, or as many as the
+#: slots need (each chunk costs its tokens and fences: ResNet-18 224, default, in chunks of
+#: 4 KiB: 1198856 cycles; 16 KiB: 972611; one per store: 956779; two: 952040).
+CHUNK_MIN_BYTES = 16384
+
+
+def broadcast_strides(t: DramTensor | DramView, rank: int) -> tuple[int, ...]:
+    """The element strides of operand ``t`` over a result of ``rank`` dims (numpy
+    broadcasting: 0 along a dim it does not have or has once)."""
+    shape = (1,) * (rank - len(t.shape)) + tuple(t.shape)
+    st = (0,) * (rank - len(t.shape)) + tuple(t.strides)
+    return tuple(0 if n == 1 else s for n, s in zip(shape, st))
+
+
+def chunks(shape: tuple[int, int, int], limit: int
+           ) -> list[tuple[tuple[int, int, int], tuple[int, int, int]]]:
+    """``(origin, extent)`` of the pieces of a 3-D block of at most ``limit`` elements each:
+    runs of the outermost dim of extent > 1 (as many slices as fit), a slice too large split
+    the same way along the next dims."""
+    if math.prod(shape) <= limit:
+        return [((0, 0, 0), shape)]
+    d = next(i for i, e in enumerate(shape) if e > 1)
+    inner = math.prod(shape[d + 1:])
+    out = []
+    if inner <= limit:
+        per = limit // inner
+        for i0 in range(0, shape[d], per):
+            ext = tuple(min(per, shape[d] - i0) if i == d else e for i, e in enumerate(shape))
+            out.append((tuple(i0 if i == d else 0 for i in range(3)), ext))
+        return out  # type: ignore[return-value]
+    sub = tuple(1 if i == d else e for i, e in enumerate(shape))
+    for i0 in range(shape[d]):
+        for o, e in chunks(sub, limit):  # type: ignore[arg-type]
+            out.append((tuple(i0 if i == d else x for i, x in enumerate(o)), e))
+    return out  # type: ignore[return-value]
+
+
+@dataclass
+class Epilogue:
+    """The element-wise chain ``steps`` (``("out",)``: the accumulator tile, ``("in", k)``:
+    ``inputs[k]``, broadcast to ``out``'s shape) applied to every tile of product result
+    ``out`` (never written itself), computed in ``out.dtype``; ``results``: the tensors of
+    ``out``'s shape stored from each tile -- one in ``out.dtype`` (the chain's value) and/or
+    one of another dtype (its cast, ``vcast`` rounding to nearest even as a cast kernel
+    does). ``names``: the chain's ops, for kernel labels (``nn.conv2d+add+relu``)."""
+
+    out: DramTensor
+    steps: list[VecStep]
+    inputs: list[DramTensor | DramView]
+    results: list[DramTensor]
+    names: str
+    #: stores of the product's result this epilogue took (a product lowering that writes its
+    #: result some other way is not fused: the caller checks)
+    hits: int = 0
+    #: tiles the tensor unit announced to the vector unit (``KernelBuilder.tile_done``): one
+    #: per store, or the tokens would not match (checked at each kernel's end)
+    tiles: int = 0
+    #: per core: chunks whose operands were loaded in the current kernel (the operand slots
+    #: rotate through them; the tokens each returned are popped at the kernel's end)
+    loaded: dict[int, int] = field(default_factory=dict)
+    #: the current kernel's slot layout (:meth:`_layout`)
+    layout: tuple[int, list[int], int, list[int], list[int]] | None = None
+
+    def __post_init__(self) -> None:
+        rank = len(self.out.shape)
+        self.bstrides = [broadcast_strides(x, rank) for x in self.inputs]
+        self.full = [s == tuple(row_major(self.out.shape)) for s in self.bstrides]
+        self.nbytes = math.prod(self.out.shape) * itemsize(self.out.dtype)
+        self.casts = [r for r in self.results if r.dtype != self.out.dtype]
+        self.keep = [r for r in self.results if r.dtype == self.out.dtype]
+
+    def snapshot(self) -> tuple[Any, ...]:
+        """Its emission state, for :meth:`LoweringContext.checkpoint`: a tiling the program
+        generator refuses half-way is rolled back with the tiles, stores and operand loads
+        it counted here (else the retry's tokens would not pair up)."""
+        return self.hits, self.tiles, dict(self.loaded), self.layout
+
+    def restore(self, state: tuple[Any, ...]) -> None:
+        self.hits, self.tiles, loaded, self.layout = state
+        self.loaded = dict(loaded)
+
+    def covers(self, dst: Block) -> bool:
+        """Whether a store writes into the product's result (the epilogue's to run)."""
+        return dst.mem == MEM_ID[DRAM] and dst.dtype == self.out.dtype and \
+            self.out.addr <= dst.addr < self.out.addr + self.nbytes
+
+    def _offset(self, k: int, flat: np.ndarray | int) -> np.ndarray:
+        """Element offset in ``inputs[k]`` of the result's flat element index ``flat``."""
+        idx = np.unravel_index(np.asarray(flat, dtype=np.int64), self.out.shape)
+        return sum(np.asarray(i, dtype=np.int64) * s for i, s in zip(idx, self.bstrides[k]))
+
+    def _operand_block(self, k: int, e: int, d_str: tuple[int, ...], ext: tuple[int, ...]
+                       ) -> tuple[int, tuple[int, int, int]]:
+        """Offset and strides of ``inputs[k]`` over a chunk of the result that starts at flat
+        element ``e`` and steps ``d_str`` along dims of extent ``ext``; NotSupported when
+        the operand's view of it is not one strided block."""
+        if self.full[k]:
+            return e, d_str  # type: ignore[return-value]
+        base = int(self._offset(k, e))
+        st = tuple(int(self._offset(k, e + d)) - base if n > 1 else 0
+                   for d, n in zip(d_str, ext))
+        grid = np.indices(ext, dtype=np.int64).reshape(3, -1)
+        flat = e + sum(g * d for g, d in zip(grid, d_str))
+        if not np.array_equal(self._offset(k, flat), base + sum(g * s for g, s in zip(grid, st))):
+            raise NotSupported(f"{self.names}: operand {k} {self.inputs[k].shape} is not a "
+                               f"strided block of the product's tile")
+        return base, st  # type: ignore[return-value]
+
+    def _layout(self, kb: KernelBuilder) -> tuple[int, list[int], int, list[int], list[int]]:
+        """``(elements per chunk, elements each operand's buffer holds, bytes per slot,
+        offset of each operand's buffer, offset of each cast's buffer)`` in a slot; the
+        ``nbuf`` slots follow ``kb.acc_top``. An operand that broadcasts (a per-channel
+        constant) holds at most its distinct elements: a fixed buffer, not one per element
+        of the chunk."""
+        free = kb.config.memory("acc").size - -(-kb.acc_top // _ALIGN) * _ALIGN
+        limit = max(0, free // kb.nbuf - _ALIGN * (len(self.inputs) + len(self.casts) + 1))
+        caps = [math.prod(n for n, s in zip(self.out.shape, st) if s) for st in self.bstrides]
+        small = [cap * itemsize(x.dtype) * 8 <= limit for cap, x in zip(caps, self.inputs)]
+        fixed = sum(cap * itemsize(x.dtype) for cap, x, sm in zip(caps, self.inputs, small)
+                    if sm)
+        per = sum(itemsize(x.dtype) for x, sm in zip(self.inputs, small) if not sm) + \
+            sum(itemsize(r.dtype) for r in self.casts)
+        elems = (limit - fixed) // per if per else 1 << 30
+        elems = min(elems, kb.config.encoding.max_extent ** 2)
+        holds = [cap if sm else elems for cap, sm in zip(caps, small)]
+        offs, at = [], 0
+        for n, sz in [(h, itemsize(x.dtype)) for h, x in zip(holds, self.inputs)] + \
+                [(elems, itemsize(r.dtype)) for r in self.casts]:
+            offs.append(at)
+            at += -(-n * sz // _ALIGN) * _ALIGN
+        k = len(self.inputs)
+        return elems, holds, at, offs[:k], offs[k:]
+
+    def store(self, kb: KernelBuilder, core: int, shape: tuple[int, ...], dst: Block,
+              src: Block) -> None:
+        """The epilogue of one store of the product's result: ``shape`` elements of the
+        accumulators at ``src`` that would go to ``dst`` (see the module docstring)."""
+        self.hits += 1
+        shape3 = tuple(int(x) for x in ((1,) * (3 - len(shape)) + tuple(shape)))
+        d_str, s_str = tuple(dst.strides), tuple(src.strides)
+        osz = itemsize(self.out.dtype)
+        e0 = (dst.addr - self.out.addr) // osz
+        # the vector unit walks the tile in the accumulators' order (the largest stride
+        # outermost), the DMAs in DRAM's (the store's)
+        order = sorted(range(3), key=lambda j: (shape3[j] > 1, -s_str[j]))
+        if self.layout is None:  # one layout per kernel: the slots are reused across stores
+            self.layout = self._layout(kb)
+        most, holds, slot_bytes, in_at, cast_at = self.layout
+        # a tile in nbuf chunks (a third would wait for the first one's store), not tiny
+        elems = min(most, max(-(-math.prod(shape3) // kb.nbuf), CHUNK_MIN_BYTES // osz))
+        if elems < shape3[order[-1]]:
+            raise NotSupported(f"{self.names}: no room for the epilogue's buffers beside the "
+                               f"product's accumulator tiles")
+        base = -(-kb.acc_top // _ALIGN) * _ALIGN
+        nbuf = kb.nbuf
+        pieces = chunks(shape3, elems)  # type: ignore[arg-type]
+        for i, (o, ext) in enumerate(pieces):
+            e = e0 + sum(a * d for a, d in zip(o, d_str))
+            acc_at = src.addr + sum(a * s for a, s in zip(o, s_str)) * osz
+            vext = tuple(ext[j] for j in order)
+            tile = block("acc", acc_at, self.out.dtype, tuple(s_str[j] for j in order))
+            # each operand's chunk: DMA-in, into the next epilogue slot
+            reads = []
+            if self.inputs:
+                n = self.loaded.get(core, 0)
+                slot = base + (n % nbuf) * slot_bytes
+                if n >= nbuf:  # the vector unit has read what the slot held
+                    kb.pop(core, UNIT_VECTOR, UNIT_DMA_IN)
+                for k, x in enumerate(self.inputs):
+                    off, st = self._operand_block(k, e, d_str, ext)
+                    cext = tuple(n_ if s_ else 1 for n_, s_ in zip(vext, (st[j] for j in order)))
+                    if math.prod(cext) > holds[k]:
+                        raise NotSupported(f"{self.names}: operand {k}'s chunk exceeds its "
+                                           "buffer")
+                    cstr = row_major(cext)
+                    # the buffer's strides, per dim of the chunk (0 where broadcast)
+                    bstr = [0, 0, 0]
+                    for pos, j in enumerate(order):
+                        bstr[j] = cstr[pos] if st[j] else 0
+                    kb.load(core, shape=tuple(n_ if s_ else 1 for n_, s_ in zip(ext, st)),
+                            dst=block("acc", slot + in_at[k], x.dtype,
+                                      tuple(bstr[j] if st[j] else 0 for j in range(3))),
+                            src=x.at(off, st))
+                    reads.append(block("acc", slot + in_at[k], x.dtype,
+                                       tuple(bstr[j] for j in order)))
+                kb.push(core, UNIT_DMA_IN, UNIT_VECTOR)
+                self.loaded[core] = n + 1
+            # the chain on the tile, in place; then the casts
+            if i == 0:  # the tensor unit's token: the tile is in the accumulators
+                kb.pop(core, UNIT_TENSOR, UNIT_VECTOR)
+            if self.casts and i >= nbuf:  # the cast buffer's last store is done
+                kb.pop(core, UNIT_DMA_OUT, UNIT_VECTOR)
+            if self.inputs:
+                kb.pop(core, UNIT_DMA_IN, UNIT_VECTOR)
+            for s, st_ in enumerate(self.steps):
+                if s:
+                    kb.fence(core, UNIT_VECTOR)
+                srcs = [reads[x[1]] if x[0] == "in" else x[1] if x[0] == "imm" else tile
+                        for x in st_.srcs]
+                names = ("a", "b") if len(srcs) == 2 else ("a",)
+                kb.emit(core, st_.opcode, shape=vext, dst=tile, **dict(zip(names, srcs)),
+                        **dict(st_.extra))
+            cbufs = []
+            cslot = base + (i % nbuf) * slot_bytes
+            for c, r in enumerate(self.casts):
+                kb.fence(core, UNIT_VECTOR)
+                cb = block("acc", cslot + cast_at[c], r.dtype, row_major(vext))
+                kb.emit(core, "vcast", shape=vext, mode="rne", dst=cb, a=tile)
+                cbufs.append(cb)
+            if self.inputs:
+                kb.push(core, UNIT_VECTOR, UNIT_DMA_IN)  # the operands' slot is read
+            kb.push(core, UNIT_VECTOR, UNIT_DMA_OUT)
+            # the stores, in DRAM's order
+            kb.pop(core, UNIT_VECTOR, UNIT_DMA_OUT)
+            for r in self.keep:
+                kb.split_store(core, ext, dst=r.at(e, d_str),
+                               src=tile._replace(strides=tuple(s_str)))
+            for r, cb in zip(self.casts, cbufs):
+                cstr = [0, 0, 0]
+                for pos, j in enumerate(order):
+                    cstr[j] = cb.strides[pos]
+                kb.split_store(core, ext, dst=r.at(e, d_str),
+                               src=cb._replace(strides=tuple(cstr)))
+            if self.casts:
+                kb.push(core, UNIT_DMA_OUT, UNIT_VECTOR)  # the cast buffer is free
+        if self.casts:  # the tokens of the cast buffers not yet popped
+            for _ in range(min(len(pieces), nbuf)):
+                kb.pop(core, UNIT_DMA_OUT, UNIT_VECTOR)
+
+    def finish(self, kb: KernelBuilder) -> None:
+        """At a kernel's end: DMA-in takes back the operand slots' tokens it has not popped
+        (the next kernel starts with empty queues). NotSupported when the product's tiles
+        and its stores did not pair up (a lowering that stores a tile in several pieces
+        after one token): the caller emits it unfused."""
+        if self.tiles != self.hits:
+            raise NotSupported(f"{self.names}: {self.tiles} tiles announced, {self.hits} "
+                               "stores through the epilogue")
+        for core, n in self.loaded.items():
+            for _ in range(min(n, kb.nbuf)):
+                kb.pop(core, UNIT_VECTOR, UNIT_DMA_IN)
+        self.loaded = {}
+        self.layout = None

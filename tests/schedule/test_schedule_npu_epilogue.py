@@ -1,0 +1,245 @@
+"""A product's element-wise epilogue on its accumulator tiles (kiln/schedule/npu/epilogue.py):
+conv2d (implicit GEMM and pointwise), dense and matmul with bias, batch norm, relu, clip, a
+residual add and the cast for the next product, on both descriptions and both lowering
+routes -- bit-identical to the unfused kernels, close to numpy, fewer kernels and DRAM bytes;
+a result with two consumers stored twice (no cast kernel); the fallback when the
+accumulators leave no room (a description with a small L0 acc)."""
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import kiln
+from kiln import graph as g
+from kiln import op
+from kiln.build import npu_pipeline
+from kiln.codegen.npu import build_npu
+from kiln.schedule.npu.emit import DramTensor
+from kiln.schedule.npu.epilogue import broadcast_strides, chunks
+from kiln.target.npu import load_config
+from kiln.transform.npu import npu_functions, partition_for_npu
+from kiln.transform.pass_infra import PassContext
+
+RNG = np.random.default_rng(23)
+
+
+def _module(body, shapes):
+    bb = g.BlockBuilder()
+    xs = [g.Var(f"x{i}", g.TensorStructInfo(s, "float32")) for i, s in enumerate(shapes)]
+    with bb.function("main", xs):
+        with bb.dataflow():
+            out = body(bb, *xs)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _const(*shape, scale=0.5):
+    return g.const((RNG.standard_normal(shape) * scale).astype("float32"))
+
+
+def _build(mod, hw, route, fuse):
+    with PassContext(config={"npu.lowering": route}):
+        return build_npu(npu_pipeline()(mod), kiln.Target("npu", hw=hw), fuse_epilogue=fuse)
+
+
+def _outputs(exe, inputs):
+    out = exe(*inputs)
+    return [np.asarray(o) for o in (out if isinstance(out, (list, tuple)) else [out])]
+
+
+def _labels(exe):
+    return [k.label.split(":", 1)[1] for k in exe.kernels]
+
+
+def _check(mod, inputs, reference, hw, fused_labels, tol=2e-2):
+    """Fused and unfused builds on both routes: the same bits, the same cycles per route
+    pair, the fused labels present, the result close to ``reference``; returns the fused
+    and unfused executables of the TIR route."""
+    exes, outs = {}, {}
+    for route in ("tir", "emit"):
+        for fuse in (False, True):
+            exes[route, fuse] = exe = _build(mod, hw, route, fuse)
+            outs[route, fuse] = _outputs(exe, inputs)
+    base = outs["emit", False]
+    for key, out in outs.items():
+        for a, b in zip(out, base):
+            assert np.array_equal(a, b), key
+    for fuse in (False, True):  # both routes: the same program, so the same cycles
+        assert exes["tir", fuse].last_cycles == exes["emit", fuse].last_cycles
+    labels = _labels(exes["tir", True])
+    for want in fused_labels:
+        assert want in labels, labels
+    assert not any("+" in lab for lab in _labels(exes["tir", False]) if "nn.conv2d" in lab
+                   or "dense" in lab or "matmul" in lab)
+    for o, r in zip(outs["tir", True], reference):
+        err = np.max(np.abs(o - r)) / max(np.max(np.abs(r)), 1e-6)
+        assert err < tol, err
+    on, off = exes["tir", True], exes["tir", False]
+    assert len(on.kernels) < len(off.kernels)
+    traffic = [sum(r.dram_read + r.dram_written for r in e.last_reports) for e in (on, off)]
+    assert traffic[0] < traffic[1]
+    return on, off
+
+
+def _conv(x, w, b=None, stride=1, pad=0):
+    return torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w),
+                                      None if b is None else torch.tensor(b),
+                                      stride=stride, padding=pad).numpy()
+
+
+@pytest.mark.parametrize("hw", ["default", "edge"])
+def test_conv_bias_relu_and_pointwise_bn(hw):
+    """A 3x3 conv (prime channels and size) + per-channel bias + relu, then a pointwise conv
+    (channels on the GEMM's M axis) + batch norm's multiply/add + clip: each product's chain
+    runs on its tiles; the first chain's result is cast for the pointwise conv in its
+    epilogue (no cast kernel between them)."""
+    w1, b1 = _const(7, 5, 3, 3), _const(7, 1, 1)
+    w2, s2, t2 = _const(11, 7, 1, 1), _const(11, 1, 1), _const(11, 1, 1)
+
+    def body(bb, x):
+        c = bb.emit(op.nn.conv2d(x, w1, padding=(1, 1)), "c")
+        a = bb.emit(op.add(c, b1), "a")
+        r = bb.emit(op.nn.relu(a), "r")
+        p = bb.emit(op.nn.conv2d(r, w2), "p")
+        m = bb.emit(op.multiply(p, s2), "m")
+        s = bb.emit(op.add(m, t2), "s")
+        return bb.emit_output(op.clip(s, 0.0, 6.0), "y")
+
+    mod = _module(body, [(1, 5, 13, 11)])
+    x = RNG.standard_normal((1, 5, 13, 11)).astype("float32")
+    r = np.maximum(_conv(x, w1.data, b1.data.reshape(-1), pad=1), 0)
+    ref = np.clip(_conv(r, w2.data) * s2.data + t2.data, 0, 6)
+    on, off = _check(mod, [x], [ref], hw, ["nn.conv2d+add+relu",
+                                            "nn.conv2d+multiply+add+clip"])
+    assert sum("cast" in lab for lab in _labels(on)) == 1  # only the model input's
+    assert sum("cast" in lab for lab in _labels(off)) == 1
+
+
+@pytest.mark.parametrize("hw", ["default", "edge"])
+def test_residual_block_stores_float32_and_float16(hw):
+    """conv + bn + relu whose result feeds both the next conv (float16) and the residual add
+    (float32): the epilogue stores both, no cast kernel; the second conv's epilogue adds the
+    residual (a DRAM tensor loaded per tile) and relus. AnnotateMemoryScope says the convs'
+    results never reach DRAM."""
+    w1, s1, t1 = _const(6, 6, 3, 3), _const(6, 1, 1), _const(6, 1, 1)
+    w2 = _const(6, 6, 3, 3)
+
+    def body(bb, x):
+        c = bb.emit(op.nn.conv2d(x, w1, padding=(1, 1)), "c")
+        m = bb.emit(op.multiply(c, s1), "m")
+        a = bb.emit(op.add(m, t1), "a")
+        r = bb.emit(op.nn.relu(a), "r")
+        d = bb.emit(op.nn.conv2d(r, w2, padding=(1, 1)), "d")
+        e = bb.emit(op.add(d, r), "e")
+        return bb.emit_output(op.nn.relu(e), "y")
+
+    mod = _module(body, [(2, 6, 17, 7)])
+    x = RNG.standard_normal((2, 6, 17, 7)).astype("float32")
+    r = np.maximum(_conv(x, w1.data, pad=1) * s1.data + t1.data, 0)
+    ref = np.maximum(_conv(r, w2.data, pad=1) + r, 0)
+    on, off = _check(mod, [x], [ref], hw, ["nn.conv2d+multiply+add+relu", "nn.conv2d+add+relu"])
+    assert sum("cast" in lab for lab in _labels(on)) == 1
+    assert sum("cast" in lab for lab in _labels(off)) == 2
+    part = partition_for_npu(load_config(hw))(npu_pipeline()(mod))
+    scopes = part[npu_functions(part)[0]].attrs["npu.memory_scope"]
+    assert scopes["c"] == scopes["d"] == "l0.acc (fused, never in DRAM)"
+    assert scopes["r"].startswith("l0.acc -> dram")
+
+
+def test_result_read_by_products_only_is_stored_cast_once():
+    """A downsampling block's input (read by its 3x3/s2 and 1x1/s2 convolutions, nothing
+    else): the epilogue stores it in float16 only -- no cast kernel, no float32 copy."""
+    w0, b0 = _const(6, 3, 3, 3), _const(6, 1, 1)
+    w1, w2 = _const(8, 6, 3, 3), _const(8, 6, 1, 1)
+
+    def body(bb, x):
+        c = bb.emit(op.nn.conv2d(x, w0, padding=(1, 1)), "c")
+        r = bb.emit(op.nn.relu(bb.emit(op.add(c, b0), "a")), "r")
+        d = bb.emit(op.nn.conv2d(r, w1, strides=(2, 2), padding=(1, 1)), "d")
+        s = bb.emit(op.nn.conv2d(r, w2, strides=(2, 2)), "s")
+        return bb.emit_output(op.add(d, s), "y")
+
+    mod = _module(body, [(1, 3, 15, 15)])
+    x = RNG.standard_normal((1, 3, 15, 15)).astype("float32")
+    r = np.maximum(_conv(x, w0.data, b0.data.reshape(-1), pad=1), 0)
+    ref = _conv(r, w1.data, stride=2, pad=1) + _conv(r, w2.data, stride=2)
+    on, off = _check(mod, [x], [ref], "default", ["nn.conv2d+add+relu", "nn.conv2d+add"])
+    assert sum("cast" in lab for lab in _labels(on)) == 1
+    stored = [ins.args["dst"].dtype for st in on.steps[0].program.streams for ins in st
+              if ins.op == "dma.store"]
+    assert "float16" in stored
+
+
+@pytest.mark.parametrize("hw", ["default", "edge"])
+def test_dense_and_matmul_epilogues(hw):
+    """dense (prime sizes) + bias + relu, cast for the next dense in the epilogue; a batched
+    matmul + a residual of its shape + clip."""
+    w1, b1 = _const(31, 29), _const(31)
+    w2, b2 = _const(17, 31), _const(17)
+
+    def body(bb, x, y, z):
+        h = bb.emit(op.dense(x, w1), "h")
+        a = bb.emit(op.add(h, b1), "a")
+        r = bb.emit(op.nn.relu(a), "r")
+        o = bb.emit(op.dense(r, w2), "o")
+        o1 = bb.emit_output(op.add(o, b2), "o1")
+        q = bb.emit(op.matmul(y, z), "q")
+        q1 = bb.emit(op.add(q, y), "q1")
+        q2 = bb.emit_output(op.clip(q1, -1.0, 1.0), "q2")
+        return g.Tuple((o1, q2))
+
+    mod = _module(body, [(13, 29), (3, 19, 19), (3, 19, 19)])
+    x = RNG.standard_normal((13, 29)).astype("float32")
+    y, z = (RNG.standard_normal((3, 19, 19)).astype("float32") for _ in range(2))
+    ref1 = np.maximum(x @ w1.data.T + b1.data, 0) @ w2.data.T + b2.data
+    ref2 = np.clip(y @ z + y, -1, 1)
+    _check(mod, [x, y, z], [ref1, ref2], hw, ["matmul+add+relu", "matmul+add", "matmul+add+clip"])
+
+
+def test_no_room_in_the_accumulators_falls_back(tmp_path):
+    """A description whose accumulators hold the product's tiles and nothing more: the
+    epilogue does not fit, the build emits the product and its chain apart -- the same bits
+    as without fusion, never an error."""
+    text = open(load_config("edge").path).read()
+    text = re.sub(r'(?m)^name\s*=.*$', 'name = "edge-tiny-acc"', text)
+    text = re.sub(r'(?ms)(^\[l0\.acc\]\s*\nsize\s*=\s*)"[^"]*"', r'\1"1 KiB"', text)
+    path = tmp_path / "tiny.toml"
+    path.write_text(text)
+    assert load_config(str(path)).memory("acc").size == 1024
+    w = _const(8, 8, 3, 3)
+
+    def body(bb, x, res):
+        c = bb.emit(op.nn.conv2d(x, w, padding=(1, 1)), "c")
+        a = bb.emit(op.add(c, res), "a")
+        return bb.emit_output(op.nn.relu(a), "y")
+
+    mod = _module(body, [(1, 8, 16, 16), (1, 8, 16, 16)])
+    x, res = (RNG.standard_normal((1, 8, 16, 16)).astype("float32") for _ in range(2))
+    outs = {}
+    for route in ("tir", "emit"):
+        for fuse in (False, True):
+            exe = _build(mod, str(path), route, fuse)
+            outs[route, fuse] = _outputs(exe, [x, res])[0]
+            if fuse:
+                assert "nn.conv2d" in _labels(exe) and "add+relu" in _labels(exe)
+                assert not exe.cpu_ops
+    for out in outs.values():
+        assert np.array_equal(out, outs["emit", False])
+    ref = np.maximum(_conv(x, w.data, pad=1) + res, 0)
+    assert np.max(np.abs(outs["tir", True] - ref)) / np.max(np.abs(ref)) < 2e-2
+
+
+def test_chunks_and_broadcast_strides():
+    """The pieces an epilogue cuts a tile into cover it once, each within the limit; an
+    operand's strides over the result (0 where it broadcasts)."""
+    for shape, limit in [((1, 7, 13), 20), ((3, 5, 11), 7), ((1, 1, 29), 4), ((2, 3, 4), 100)]:
+        seen = np.zeros(shape, int)
+        for o, e in chunks(shape, limit):
+            assert np.prod(e) <= limit
+            seen[o[0]:o[0] + e[0], o[1]:o[1] + e[1], o[2]:o[2] + e[2]] += 1
+        assert (seen == 1).all()
+    assert broadcast_strides(DramTensor(0, (7, 1, 1), "float32"), 4) == (0, 1, 0, 0)
+    assert broadcast_strides(DramTensor(0, (2, 7, 3, 3), "float32"), 4) == (63, 9, 3, 1)
+    assert broadcast_strides(DramTensor(0, (31,), "float32"), 2) == (0, 1)
