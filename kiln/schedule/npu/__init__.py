@@ -8,10 +8,9 @@ fallback; :mod:`.quantize`: int8 requantize, quantize, dequantize), the tiled GE
 instructions), element-wise kernels (:mod:`.tir_vector`, with the vector kernels' program
 generator), row kernels (:mod:`.tir_rows`: softmax, layer_norm, row means), pooling and
 depthwise convolutions (:mod:`.tir_pool`); the element-wise instruction search (:mod:`.isel` over
-:mod:`.nest_analysis`'s nests, which also reads back where a model's work ran) and the generic
-lowering of last resort from an op's TE compute (:mod:`.generic`)."""
+:mod:`.nest_analysis`'s nests, which also reads back where a model's work ran)."""
 
-from . import generic, movement, ops, pooling, quantize, tir_gemm, tir_pool, tir_rows, tir_vector  # noqa: F401,E501 - register the lowerings (generic: of last resort)
+from . import movement, ops, pooling, quantize, tir_gemm, tir_pool, tir_rows, tir_vector  # noqa: F401 - register the lowerings
 from .emit import DramTensor, KernelBuilder, KernelInfo
 from .gemm import GemmShape, GemmTiling, gemm_cost, gemm_roofline, plan_gemm
 from .lowering import LoweringContext, NotSupported, lookup_lowering, lowered_ops
