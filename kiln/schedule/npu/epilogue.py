@@ -26,7 +26,7 @@ accumulator slot is reused only after its store, which now follows the epilogue.
 
 The chunks are as large as the epilogue slots allow (the accumulator memory left over by the
 tiling, in ``nbuf`` slots); when not even one row of a tile fits, or an operand's view of a
-tile is not a strided block, :class:`~.lowering.NotSupported` is raised and the caller
+tile is not a strided block, :class:`~.lowering.Unfusable` is raised and the caller
 (:func:`.region.lower_region`) emits the product and the chain unfused.
 """
 
@@ -41,7 +41,7 @@ import numpy as np
 from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, UNIT_TENSOR, UNIT_VECTOR, Block
 from ...target.npu.config import DRAM
 from .emit import MEM_ID, DramTensor, DramView, KernelBuilder, block, itemsize, row_major
-from .lowering import NotSupported
+from .lowering import Unfusable
 from .vector import VecStep
 
 __all__ = ["Epilogue", "broadcast_strides", "chunks"]
@@ -144,7 +144,7 @@ class Epilogue:
     def _operand_block(self, k: int, e: int, d_str: tuple[int, ...], ext: tuple[int, ...]
                        ) -> tuple[int, tuple[int, int, int]]:
         """Offset and strides of ``inputs[k]`` over a chunk of the result that starts at flat
-        element ``e`` and steps ``d_str`` along dims of extent ``ext``; NotSupported when
+        element ``e`` and steps ``d_str`` along dims of extent ``ext``; Unfusable when
         the operand's view of it is not one strided block."""
         if self.full[k]:
             return e, d_str  # type: ignore[return-value]
@@ -154,7 +154,7 @@ class Epilogue:
         grid = np.indices(ext, dtype=np.int64).reshape(3, -1)
         flat = e + sum(g * d for g, d in zip(grid, d_str))
         if not np.array_equal(self._offset(k, flat), base + sum(g * s for g, s in zip(grid, st))):
-            raise NotSupported(f"{self.names}: operand {k} {self.inputs[k].shape} is not a "
+            raise Unfusable(f"{self.names}: operand {k} {self.inputs[k].shape} is not a "
                                f"strided block of the product's tile")
         return base, st  # type: ignore[return-value]
 
@@ -201,7 +201,7 @@ class Epilogue:
         # a tile in nbuf chunks (a third would wait for the first one's store), not tiny
         elems = min(most, max(-(-math.prod(shape3) // kb.nbuf), CHUNK_MIN_BYTES // osz))
         if elems < shape3[order[-1]]:
-            raise NotSupported(f"{self.names}: no room for the epilogue's buffers beside the "
+            raise Unfusable(f"{self.names}: no room for the epilogue's buffers beside the "
                                f"product's accumulator tiles")
         base = -(-kb.acc_top // _ALIGN) * _ALIGN
         nbuf = kb.nbuf
@@ -222,7 +222,7 @@ class Epilogue:
                     off, st = self._operand_block(k, e, d_str, ext)
                     cext = tuple(n_ if s_ else 1 for n_, s_ in zip(vext, (st[j] for j in order)))
                     if math.prod(cext) > holds[k]:
-                        raise NotSupported(f"{self.names}: operand {k}'s chunk exceeds its "
+                        raise Unfusable(f"{self.names}: operand {k}'s chunk exceeds its "
                                            "buffer")
                     cstr = row_major(cext)
                     # the buffer's strides, per dim of the chunk (0 where broadcast)
@@ -281,11 +281,11 @@ class Epilogue:
 
     def finish(self, kb: KernelBuilder) -> None:
         """At a kernel's end: DMA-in takes back the operand slots' tokens it has not popped
-        (the next kernel starts with empty queues). NotSupported when the product's tiles
+        (the next kernel starts with empty queues). Unfusable when the product's tiles
         and its stores did not pair up (a lowering that stores a tile in several pieces
         after one token): the caller emits it unfused."""
         if self.tiles != self.hits:
-            raise NotSupported(f"{self.names}: {self.tiles} tiles announced, {self.hits} "
+            raise Unfusable(f"{self.names}: {self.tiles} tiles announced, {self.hits} "
                                "stores through the epilogue")
         for core, n in self.loaded.items():
             for _ in range(min(n, kb.nbuf)):

@@ -27,7 +27,7 @@ from typing import TypeVar
 from ...npu.encoding import encode
 from ...npu.isa import Block, Instr, IsaError
 from ...target.npu.config import NPUConfig
-from .lowering import LoweringContext, NotSupported
+from .lowering import LoweringContext, NotSupported, Unfusable
 
 __all__ = ["Refusal", "check_encodable", "field_limits", "lower_with_feedback",
            "within_fields"]
@@ -98,6 +98,8 @@ def lower_with_feedback(ctx: LoweringContext, op: str, candidates: list[T],
         try:
             attempt(cand)
             check_encodable(ctx, lens)
+        except Unfusable:
+            raise  # the region emits the product and its epilogue apart instead
         except NotSupported as err:
             ctx.rollback(mark)
             refusals.append(Refusal(describe(cand), str(err)))
