@@ -42,7 +42,7 @@ from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, UNIT_TENSOR, UNIT_VECTOR, Bloc
 from ...target.npu.config import DRAM
 from .emit import MEM_ID, DramTensor, DramView, KernelBuilder, block, itemsize, row_major
 from .lowering import Unfusable
-from .vector import VecStep
+from .vector import VecStep, emit_steps
 
 __all__ = ["Epilogue", "broadcast_strides", "chunks"]
 
@@ -244,14 +244,7 @@ class Epilogue:
                 kb.pop(core, UNIT_DMA_OUT, UNIT_VECTOR)
             if self.inputs:
                 kb.pop(core, UNIT_DMA_IN, UNIT_VECTOR)
-            for s, st_ in enumerate(self.steps):
-                if s:
-                    kb.fence(core, UNIT_VECTOR)
-                srcs = [reads[x[1]] if x[0] == "in" else x[1] if x[0] == "imm" else tile
-                        for x in st_.srcs]
-                names = ("a", "b") if len(srcs) == 2 else ("a",)
-                kb.emit(core, st_.opcode, shape=vext, dst=tile, **dict(zip(names, srcs)),
-                        **dict(st_.extra))
+            emit_steps(kb, core, self.steps, vext, tile, reads)
             cbufs = []
             cslot = base + (i % nbuf) * slot_bytes
             for c, r in enumerate(self.casts):

@@ -95,6 +95,19 @@ def _operands(ins: Any) -> list[tuple[str, Block, tuple[int, ...] | None]]:
     return out
 
 
+def _dram_operands(ins: Any, ranges: DramRanges
+                   ) -> list[tuple[str, Block, tuple[int, ...] | None, int]]:
+    """``ins``'s block operands in a DRAM tensor (not the zeros at address 0), each with its
+    box and the tensor's range."""
+    out = []
+    for k, blk, box in _operands(ins):
+        if blk.mem == _DRAM_ID and blk.addr >= DRAM_ALIGN:
+            i = ranges.index(blk.addr)
+            if i is not None:
+                out.append((k, blk, box, i))
+    return out
+
+
 def _kernels(program: Any) -> list[list[Any]]:
     """The program's instructions per kernel (between barriers), every core's together."""
     kernels: list[list[Any]] = []
@@ -127,12 +140,7 @@ def plan_residency(config: NPUConfig, programs: list[Program], pinned: list[Dram
     for p, program in enumerate(programs):
         for kernel in _kernels(program):
             for ins in kernel:
-                for _, blk, _ in _operands(ins):
-                    if blk.mem != _DRAM_ID or blk.addr < DRAM_ALIGN:
-                        continue
-                    i = ranges.index(blk.addr)
-                    if i is None:
-                        continue
+                for _, _, _, i in _dram_operands(ins, ranges):
                     if ins.op not in _DMA_OPS:
                         keep.add(i)
                     if owner.setdefault(i, p) != p:
@@ -163,10 +171,8 @@ def _place_program(config: NPUConfig, program: Program, p: int, ranges: DramRang
             for _, blk, box in _operands(ins):
                 if blk.mem == _L1_ID:
                     used[k] = max(used[k], l1_size if box is None else _block_extent(blk, box)[1])
-                elif blk.mem == _DRAM_ID and blk.addr >= DRAM_ALIGN:
-                    i = ranges.index(blk.addr)
-                    if i is None or i in keep or owner.get(i) != p:
-                        continue
+            for _, blk, box, i in _dram_operands(ins, ranges):
+                if i not in keep and owner.get(i) == p:
                     first[i] = min(first.get(i, k), k)
                     last[i] = max(last.get(i, k), k)
                     n = 1 if box is None else int(box[0] * box[1] * box[2])
@@ -191,10 +197,7 @@ def _place_program(config: NPUConfig, program: Program, p: int, ranges: DramRang
     for n, kernel in enumerate(kernels):
         counted = 0
         for ins in kernel:
-            for k, blk, _ in _operands(ins):
-                if blk.mem != _DRAM_ID or blk.addr < DRAM_ALIGN:
-                    continue
-                i = ranges.index(blk.addr)
+            for k, blk, _, i in _dram_operands(ins, ranges):
                 if i in where:
                     ins.args[k] = blk._replace(mem=_L1_ID,
                                                addr=where[i] + blk.addr - ranges.starts[i])

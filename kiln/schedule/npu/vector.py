@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ...ir.errors import KilnError
-from ...npu.isa import UNIT_VECTOR
+from ...npu.isa import UNIT_VECTOR, Block
 from ...target.npu.config import DRAM
 from .emit import (
     DramTensor,
@@ -43,6 +43,7 @@ from .lowering import LoweringContext, NotSupported
 from .nest_analysis import analyse_elementwise
 
 __all__ = ["ElementwiseKernel", "ElementwisePlan", "VecStep", "acc_layout", "compact_block",
+           "emit_steps",
            "POOL_TAP_OPCODES", "elementwise_kernel", "emit_elementwise", "plan_elementwise",
            "plan_pool2d", "pool_fill",
            "plan_rows", "pool2d_kernel", "pool2d_kernel_info", "register_pool2d_kernel",
@@ -222,14 +223,7 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
         result = dst
         if cdt != out.dtype:
             dst = dst._replace(addr=dst.addr + cast_at, dtype=cdt)
-        for i, st in enumerate(steps):
-            if i:
-                kb.fence(core, UNIT_VECTOR)
-            srcs = [l0[s[1]] if s[0] == "in" else s[1] if s[0] == "imm" else dst
-                    for s in st.srcs]
-            names = ("a", "b") if len(srcs) == 2 else ("a",)
-            kb.emit(core, st.opcode, shape=ext, dst=dst, **dict(zip(names, srcs)),
-                    **dict(st.extra))
+        emit_steps(kb, core, steps, ext, dst, l0)
         if result is not dst:
             kb.fence(core, UNIT_VECTOR)
             kb.emit(core, "vcast", shape=ext, mode="rne", dst=result, a=dst)
@@ -243,6 +237,21 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
         p.finish()
     bound = traffic_cycles(kb, plan.nbytes)
     kb.end_kernel(KernelInfo(ctx.label(op), op, plan.describe(), bound, bound))
+
+
+def emit_steps(kb: KernelBuilder, core: int, steps: list[VecStep], shape: tuple[int, ...],
+               dst: Block, operands: list[Block]) -> None:
+    """A chain's vector instructions on one block, in order, each overwriting ``dst`` (its
+    running value; a fence between two: the unit pipelines): a step's sources are operand
+    blocks (``("in", k)``: ``operands[k]``), immediates or the running value."""
+    for i, st in enumerate(steps):
+        if i:
+            kb.fence(core, UNIT_VECTOR)
+        srcs = [operands[s[1]] if s[0] == "in" else s[1] if s[0] == "imm" else dst
+                for s in st.srcs]
+        names = ("a", "b") if len(srcs) == 2 else ("a",)
+        kb.emit(core, st.opcode, shape=shape, dst=dst, **dict(zip(names, srcs)),
+                **dict(st.extra))
 
 
 def plan_pool2d(cfg: Any, nbuf: int, x_shape: tuple[int, ...], out_shape: tuple[int, ...],
