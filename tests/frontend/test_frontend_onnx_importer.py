@@ -231,6 +231,29 @@ def test_run_time_shape_of_unknown_length_names_the_node():
         from_onnx(model)
 
 
+def test_damaged_constant_operands_name_the_node():
+    """Constant operands that no valid model has (fuzz 3034384, 3034906, 3034812) are errors
+    naming the node, not a numpy error or running out of memory reported as a kiln bug."""
+    i64 = TensorProto.INT64
+
+    def const(name, value):
+        return numpy_helper.from_array(np.asarray(value, np.int64), name)
+
+    cat = onnx_model([helper.make_node("Concat", ["a", "b"], ["y"], name="cat", axis=0)], [],
+                     [_vi("y", [None], i64)], [const("a", np.zeros(0)), const("b", 3)])
+    with pytest.raises(KilnError, match="Concat node 'cat': cannot concatenate constant inputs"):
+        from_onnx(cat)
+    take = onnx_model([helper.make_node("Gather", ["a", "i"], ["y"], name="take")], [],
+                      [_vi("y", [], i64)], [const("a", [4, 5]), const("i", 3)])
+    with pytest.raises(KilnError, match="Gather node 'take': index 3 is out of range"):
+        from_onnx(take)
+    cut = onnx_model([helper.make_node("Slice", ["x", "s", "e"], ["y"], name="cut")],
+                     [_vi("x", [2, 3]), _vi("s", [1 << 40], i64), _vi("e", [1 << 40], i64)],
+                     [_vi("y", [None, None])])
+    with pytest.raises(KilnError, match="Slice node 'cut': starts has 1099511627776 entries"):
+        from_onnx(cut)
+
+
 def test_opset_versioned_registry():
     assert lookup_converter("Softmax", 11) is not lookup_converter("Softmax", 13)
     assert lookup_converter("ReduceSum", 12) is not lookup_converter("ReduceSum", 13)

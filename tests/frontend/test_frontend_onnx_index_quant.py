@@ -213,6 +213,11 @@ def test_errors_name_the_node():
     inputs = [_vi("x", TP.FLOAT, (2, 3)), _vi("l", I64, (2,))]
     with pytest.raises(KilnError, match="ReverseSequence node 'rev'.*distinct"):
         from_onnx(_model(nodes, inputs, [_out("y", TP.FLOAT)], opset=10), opset=10)
+    # an axis attribute out of range (fuzz 3033829: batch_axis 100) was an IndexError
+    nodes = [helper.make_node("ReverseSequence", ["x", "l"], ["y"], name="rev",
+                              time_axis=0, batch_axis=100)]
+    with pytest.raises(KilnError, match="node .rev.*batch_axis 100 is out of range"):
+        from_onnx(_model(nodes, inputs, [_out("y", TP.FLOAT)], opset=10), opset=10)
 
 
 def test_scatter_updates_of_symbolic_shape_are_checked_at_run_time():

@@ -62,12 +62,13 @@ def norm_axis(axis: int, ndim: int) -> int:
     return axis + ndim if axis < 0 else axis
 
 
-def node_axis(node: Any, ndim: int, default: int = -1, what: str = "rank") -> int:
-    """The node's ``axis`` attribute checked against ``ndim`` and made non-negative (an error
-    naming the node when out of range; ``what`` names the rank in the message)."""
-    axis = int(node.attr("axis", default))
+def node_axis(node: Any, ndim: int, default: int = -1, what: str = "rank",
+              attr: str = "axis") -> int:
+    """The node's axis attribute ``attr`` checked against ``ndim`` and made non-negative (an
+    error naming the node when out of range; ``what`` names the rank in the message)."""
+    axis = int(node.attr(attr, default))
     if not -ndim <= axis < ndim:
-        raise node.error(f"axis {axis} is out of range for {what} {ndim}")
+        raise node.error(f"{attr} {axis} is out of range for {what} {ndim}")
     return norm_axis(axis, ndim)
 
 

@@ -146,6 +146,8 @@ def slice_rt(ctx: Any, node: Any, x: Any, starts: Any, ends: Any, axes: Any,
     known at run time."""
     nd = ndim_of(x)
     n = static_len(node, starts, "starts")
+    if n > nd:
+        raise node.error(f"starts has {n} entries, more than the input's rank {nd}")
     if axes is not None and not isinstance(axes, list):
         steps = g.const(np.ones(n, np.int64)) if steps is None else steps
         full = _per_axis(nd, axes, [(starts, 0), (ends, np.iinfo(np.int64).max), (steps, 1)])

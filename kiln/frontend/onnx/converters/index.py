@@ -16,7 +16,7 @@ import numpy as np
 from .... import graph as g
 from .... import op
 from ..registry import converter
-from .common import dtype_of, ndim_of, norm_axis, scalar, shape_of, static_int
+from .common import dtype_of, ndim_of, node_axis, scalar, shape_of, static_int
 
 
 @converter("GatherElements", since=11)
@@ -71,8 +71,8 @@ def reverse_sequence(ctx: Any, node: Any) -> Any:
     """``out[t, b] = x[len[b] - 1 - t, b]`` for ``t < len[b]``, else ``x[t, b]``."""
     x, lens = node.input(0), node.input(1)
     nd = ndim_of(x)
-    t_axis = norm_axis(int(node.attr("time_axis", 0)), nd)
-    b_axis = norm_axis(int(node.attr("batch_axis", 1)), nd)
+    t_axis = node_axis(node, nd, 0, attr="time_axis")
+    b_axis = node_axis(node, nd, 1, attr="batch_axis")
     if nd < 2 or t_axis == b_axis:
         raise node.error(f"needs distinct time and batch axes of a rank >= 2 input, got "
                          f"time_axis {t_axis}, batch_axis {b_axis}, rank {nd}")
@@ -93,7 +93,7 @@ def tensor_scatter(ctx: Any, node: Any) -> Any:
     in circular mode): a ScatterElements with those indices."""
     past, update, write = node.input(0), node.input(1), node.input(2)
     nd = ndim_of(past)
-    axis = norm_axis(int(node.attr("axis", -2)), nd)
+    axis = node_axis(node, nd, -2)
     mode = node.attr("mode", "linear")
     if mode not in ("linear", "circular"):
         raise node.error(f"unknown mode {mode!r} (expected 'linear' or 'circular')")

@@ -152,6 +152,12 @@ def concat(ctx: Any, node: Any) -> Any:
     axis = int(node.attr("axis", 0))
     consts = _all_const(node)
     if consts is not None:
+        shapes = [np.shape(c) for c in consts]
+        nd = len(shapes[0])
+        if any(len(sh) != nd for sh in shapes) or not -nd <= axis < nd or \
+                len({sh[:axis % nd] + sh[axis % nd + 1:] for sh in shapes}) > 1:
+            raise node.error(f"cannot concatenate constant inputs of shapes {shapes} along "
+                             f"axis {axis}")
         return np.concatenate(consts, axis=axis)
     parts = [sv.entries(ctx, node, i) for i in range(node.num_inputs)]
     if all(p is not None for p in parts):
@@ -289,6 +295,11 @@ def gather(ctx: Any, node: Any) -> Any:
     axis = norm_axis(int(node.attr("axis", 0)), ndim_of(x))
     consts = _all_const(node)
     if consts is not None:
+        length, idx = np.shape(consts[0])[axis], np.asarray(consts[1])
+        bad = idx[(idx < -length) | (idx >= length)]
+        if bad.size:
+            raise node.error(f"index {int(bad.flat[0])} is out of range for axis {axis} of "
+                             f"length {length}")
         return np.take(consts[0], consts[1], axis=axis)
     picked = _shape_entries(ctx, node)
     if picked is not None:
