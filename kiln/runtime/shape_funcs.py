@@ -181,9 +181,13 @@ def resize_factors(in_shape: Sequence[int], given: np.ndarray, axes: Sequence[in
     dims = [int(in_shape[a]) for a in axes]
     if not use_sizes:
         scales = [float(v) for v in vals.astype(np.float64)]
-        if any(not s > 0 for s in scales):
-            raise ValueError(f"scales must be positive, got {scales}")
-        return scales, [int(s * d) for s, d in zip(scales, dims)]
+        if any(not 0 < s < float("inf") for s in scales):
+            raise ValueError(f"scales must be positive and finite, got {scales}")
+        lengths = [s * d for s, d in zip(scales, dims)]
+        if any(v >= 2.0 ** 63 for v in lengths):
+            raise ValueError(f"scales {scales} make output lengths {lengths} of input lengths "
+                             f"{dims}, past any tensor's size")
+        return scales, [int(v) for v in lengths]
     out = [int(v) for v in vals]
     if any(v <= 0 for v in out) or any(d == 0 for d in dims):
         raise ValueError(f"sizes {out} must be positive for input lengths {dims}")

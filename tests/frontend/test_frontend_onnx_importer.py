@@ -7,8 +7,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
+from kiln import graph as g
 from kiln.frontend.onnx import converter, from_onnx, lookup_converter
+from kiln.frontend.onnx.converters.common import iota
 from kiln.ir import KilnError, ModelFormatError, UnsupportedOperatorError
+from kiln.ir.errors import MemoryLimitError
 from kiln.testing.onnx_graphs import onnx_model
 from kiln.testing.onnx_graphs import value_info as _vi
 
@@ -252,6 +255,37 @@ def test_damaged_constant_operands_name_the_node():
                      [_vi("y", [None, None])])
     with pytest.raises(KilnError, match="Slice node 'cut': starts has 1099511627776 entries"):
         from_onnx(cut)
+
+
+def test_damaged_signal_resize_and_transpose_inputs_name_the_node(monkeypatch):
+    """More damaged models the fuzzer reported as kiln bugs (fuzz 3035692, 3035797, 3036035,
+    3035624, 3035674): each now a KilnError naming the node or the limit."""
+    stft = onnx_model([helper.make_node("STFT", ["x", "step"], ["y"], name="stft")],
+                      [_vi("x", [16]), _vi("step", [], TensorProto.INT64)], [_vi("y", None)],
+                      (), 17)
+    with pytest.raises(KilnError, match="STFT node 'stft': the signal must be"):
+        from_onnx(stft)
+    deconv = onnx_model([helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="deconv",
+                                          output_shape=[3])],
+                        [_vi("x", [1, 1, 3, 3]), _vi("w", [1, 1, 2, 2])], [_vi("y", None)])
+    with pytest.raises(KilnError, match="ConvTranspose node 'deconv': output_shape"):
+        from_onnx(deconv)
+    monkeypatch.setenv("KILN_MEMORY_LIMIT", "1M")  # the DFT's matrices: 2 x 1024 x 513 x 8 B
+    dft = onnx_model([helper.make_node("DFT", ["x"], ["y"], name="dft", axis=1, onesided=1)],
+                     [_vi("x", [1, 1024, 1])], [_vi("y", None)], (), 17)
+    with pytest.raises(MemoryLimitError, match="DFT node 'dft'.*memory limit"):
+        from_onnx(dft)
+    monkeypatch.delenv("KILN_MEMORY_LIMIT")
+    resize = onnx_model([helper.make_node("Resize", ["x", "", "s"], ["y"], name="up")],
+                        [_vi("x", [1, 1, 2, 2]), _vi("s", [4])], [_vi("y", None)], (), 19)
+    mod, params = from_onnx(resize)
+    exe = kiln.build(mod, params=params)
+    scales = np.array([np.inf, 1, 2, 2], np.float32)
+    with pytest.raises(KilnError, match="scales must be positive and finite"):
+        exe(x=_x(1, 1, 2, 2), s=scales)
+    # a declared length of 2**31 is an arange computed at run time, not a 16 GiB constant
+    assert not isinstance(iota(1 << 31, "int64"), np.ndarray | g.Constant)
+    assert isinstance(iota(4, "int64"), g.Constant)
 
 
 def test_opset_versioned_registry():

@@ -91,11 +91,16 @@ def static_kernel(node: Any, w: Any) -> tuple[int, ...]:
     return dims  # type: ignore[return-value]
 
 
+#: Elements of the largest :func:`iota` built as a constant at import (64 MiB of int32).
+IOTA_CONST_LIMIT = 1 << 24
+
+
 def iota(n: Any, dtype: str) -> Any:
-    """``[0, 1, ..., n-1]`` of ``dtype``: a constant when ``n`` is static, else an exclusive
-    cumsum of ones (a run-time length)."""
+    """``[0, 1, ..., n-1]`` of ``dtype``: a constant when ``n`` is static and at most
+    :data:`IOTA_CONST_LIMIT`, else an exclusive cumsum of ones computed at run time (a
+    declared length of 2**31 made a 16 GiB constant at import: fuzz 3035674)."""
     size = static_int(n)
-    if size is not None:
+    if size is not None and size <= IOTA_CONST_LIMIT:
         return g.const(np.arange(size, dtype=dtype))
     return op.cumsum(op.broadcast_to(scalar(1, dtype), (n,)), axis=0, exclusive=True)
 

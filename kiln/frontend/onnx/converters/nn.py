@@ -369,6 +369,9 @@ def _transpose_geometry(node: Any, x: Any, kernel: Ints) -> tuple[Ints, Ints, In
     auto = node.attr("auto_pad", "NOTSET")
     out_shape = node.attr("output_shape", None)
     if out_shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
+        if out_shape is not None and len(out_shape) < n:
+            raise node.error(f"output_shape {list(out_shape)} has fewer than the {n} spatial "
+                             "sizes")
         outs = (tuple(int(v) for v in out_shape[-n:]) if out_shape is not None
                 else tuple(sizes[i] * strides[i] for i in range(n)))
         total = [full[i] - outs[i] for i in range(n)]

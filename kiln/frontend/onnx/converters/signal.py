@@ -20,9 +20,11 @@ import numpy as np
 from .... import graph as g
 from .... import op
 from ....ir import KilnError
+from ....ir.errors import MemoryLimitError
+from ....runtime.memory_plan import memory_limit
 from ..importer import onnx_dtype
 from ..registry import converter
-from .common import dtype_of, scalar, shape_of, static_int
+from .common import dtype_of, ndim_of, scalar, shape_of, static_int
 from .dynamic import range_rt, select_shaped
 
 
@@ -90,6 +92,11 @@ def _dft(ctx: Any, node: Any, x: Any, axis: int, length: int | None, inverse: bo
     dt = "float64"
     if out_dt != dt:
         x = ctx.emit(op.cast(x, dt))
+    need = 2 * 8 * n_in * (length // 2 + 1 if onesided and not inverse else length)
+    if need > memory_limit():
+        raise MemoryLimitError(f"{node}: the DFT's cos/sin matrices ({n_in} inputs, length "
+                               f"{length}) need {need} bytes, over the memory limit "
+                               f"{memory_limit()} (KILN_MEMORY_LIMIT)")
     cos, sin, _ = _dft_matrices(n_in, length, inverse, onesided)
     cos_c, sin_c = _const(cos), _const(sin)
     # move the transformed axis last (of the rank nd-1 parts)
@@ -321,6 +328,8 @@ def stft(ctx: Any, node: Any) -> Any:
     """Frames ``[batch, frames, frame_length, 1|2]`` gathered from the signal (frame starts
     are an arange, so a run-time ``frame_step`` works), windowed, then a DFT of each frame."""
     x = node.input(0)
+    if ndim_of(x) != 3:
+        raise node.error(f"the signal must be [batch, length, 1 or 2], got rank {ndim_of(x)}")
     batch, sig_len, comps = shape_of(x)
     sig_len = static_int(sig_len)
     if sig_len is None:
