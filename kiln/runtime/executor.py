@@ -104,7 +104,11 @@ def as_input_array(value: Any, name: str, dtype: DataType) -> np.ndarray:
                 "kiln runs on CPU memory"
             ) from err
     elif isinstance(value, (int, float, bool, list, tuple, np.generic)):
-        arr = np.asarray(value, dtype=dtype.to_numpy())
+        try:
+            arr = np.asarray(value, dtype=dtype.to_numpy())
+        except (OverflowError, ValueError, TypeError) as err:
+            raise ArgumentError(f"input {name!r}: {type(value).__name__} value is not a "
+                                f"{dtype} array ({err})") from err
     else:
         got = "None" if value is None else type(value).__name__
         raise ArgumentError(

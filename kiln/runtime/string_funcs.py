@@ -168,7 +168,10 @@ def category_mapper(x: np.ndarray, cats_strings: Sequence[str] = (),
 @host_func("cast_to_string")
 def cast_to_string(x: np.ndarray) -> np.ndarray:
     """ONNX Cast to STRING: numpy's text of each element (``1.5``, ``-3``, ``True``, ``nan``,
-    ``inf``), as the ONNX reference writes them."""
+    ``inf``), as the ONNX reference writes them. numpy has no text for the ml_dtypes types
+    (bfloat16, float8, int4, ...: kind ``V``): their values are written as float32 / int64."""
+    if x.dtype.kind == "V":
+        x = x.astype(np.int64 if "int" in x.dtype.name else np.float32)
     return x.astype(np.str_).astype(object)
 
 

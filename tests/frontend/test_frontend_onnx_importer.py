@@ -11,7 +11,7 @@ from kiln import graph as g
 from kiln.frontend.onnx import converter, from_onnx, lookup_converter
 from kiln.frontend.onnx.converters.common import iota
 from kiln.ir import KilnError, ModelFormatError, UnsupportedOperatorError
-from kiln.ir.errors import MemoryLimitError
+from kiln.ir.errors import ArgumentError, MemoryLimitError
 from kiln.testing.onnx_graphs import onnx_model
 from kiln.testing.onnx_graphs import value_info as _vi
 
@@ -235,8 +235,9 @@ def test_run_time_shape_of_unknown_length_names_the_node():
 
 
 def test_damaged_constant_operands_name_the_node():
-    """Constant operands that no valid model has (fuzz 3034384, 3034906, 3034812) are errors
-    naming the node, not a numpy error or running out of memory reported as a kiln bug."""
+    """Constant operands that no valid model has (fuzz 3034384, 3034906, 3034812, 3036169,
+    3036302) are errors naming the node, not a numpy error or running out of memory reported
+    as a kiln bug."""
     i64 = TensorProto.INT64
 
     def const(name, value):
@@ -255,6 +256,20 @@ def test_damaged_constant_operands_name_the_node():
                      [_vi("y", [None, None])])
     with pytest.raises(KilnError, match="Slice node 'cut': starts has 1099511627776 entries"):
         from_onnx(cut)
+    fold = onnx_model([helper.make_node("Reshape", ["a", "s"], ["y"], name="fold")], [],
+                      [_vi("y", [None], i64)], [const("a", [7]), const("s", [2, 3])])
+    with pytest.raises(KilnError, match="Reshape node 'fold': cannot reshape a constant"):
+        from_onnx(fold)
+    deep = onnx_model([helper.make_node("Reshape", ["x", "s"], ["y"], name="deep")],
+                      [_vi("x", [2, 3]), _vi("s", [(1 << 32) + 1], i64)], [_vi("y", None)])
+    with pytest.raises(KilnError, match="Reshape node 'deep'.*rank 4294967297, above"):
+        from_onnx(deep)
+    # a Python number that the input's dtype cannot hold (fuzz 3036777: an OverflowError)
+    same = onnx_model([helper.make_node("Identity", ["x"], ["y"])],
+                      [_vi("x", [], TensorProto.UINT8)], [_vi("y", [], TensorProto.UINT8)])
+    mod, params = from_onnx(same)
+    with pytest.raises(ArgumentError, match="input 'x': int value is not a uint8 array"):
+        kiln.build(mod, params=params)(x=300)
 
 
 def test_damaged_signal_resize_and_transpose_inputs_name_the_node(monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -78,3 +79,20 @@ def test_string_op_inference():
         with pytest.raises(StructInfoError, match="string tensor already"):
             bb.emit(op.cast_to_string(s))
         bb.emit_func_output(x)
+
+
+def test_cast_to_string_of_ml_dtypes():
+    """numpy has no text for bfloat16, float8 or int4 (fuzz 3036778 raised a TypeError): their
+    values are written as float32 / int64 text, as float16's are."""
+    vals = np.array([0.5, -1.25, 3.0], np.float32)
+    for dtype, want in (("bfloat16", ["0.5", "-1.25", "3.0"]),
+                        ("float8_e4m3fn", ["0.5", "-1.25", "3.0"]),
+                        ("int4", ["0", "-1", "3"])):
+        x = g.Var("x", g.TensorStructInfo((3,), dtype))
+        bb = g.BlockBuilder()
+        with bb.function("main"):
+            with bb.dataflow():
+                out = bb.emit_output(op.cast_to_string(x))
+            bb.emit_func_output(out, params=[x])
+        got = kiln.build(bb.get())(vals.astype(getattr(ml_dtypes, dtype)))
+        assert got.tolist() == want, dtype

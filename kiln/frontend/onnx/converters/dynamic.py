@@ -78,9 +78,22 @@ def static_len(node: Any, x: Any, what: str) -> int:
     return n
 
 
+#: The highest rank of a tensor kiln returns: numpy's (``NPY_MAXDIMS``, 64 since numpy 2).
+MAX_RANK = 64
+
+
+def output_rank(node: Any, rank: int, what: str) -> int:
+    """``rank``, the output rank a run-time operand (``what``) sets, checked against
+    :data:`MAX_RANK` (a damaged model declared a shape input of 2**32 entries: fuzz 3036302)."""
+    if rank > MAX_RANK:
+        raise node.error(f"{what} makes an output of rank {rank}, above numpy's limit of "
+                         f"{MAX_RANK}")
+    return rank
+
+
 def reshape_rt(ctx: Any, node: Any, x: Any, shape_t: Any, allowzero: bool) -> Any:
     """Reshape to a shape tensor known at run time (0 copies a dim, -1 is inferred)."""
-    k = static_len(node, shape_t, "the shape input")
+    k = output_rank(node, static_len(node, shape_t, "the shape input"), "the shape input")
     dims = runtime_shape(ctx, node, "reshape", [shape_expr(ctx, node, x), shape_t, g.PrimValue(
         int(allowzero))], [None] * k)
     return op.dynamic_reshape(x, dims)
@@ -88,7 +101,7 @@ def reshape_rt(ctx: Any, node: Any, x: Any, shape_t: Any, allowzero: bool) -> An
 
 def expand_rt(ctx: Any, node: Any, x: Any, shape_t: Any) -> Any:
     """Expand to a shape tensor known at run time (numpy broadcasting)."""
-    k = static_len(node, shape_t, "the shape input")
+    k = output_rank(node, static_len(node, shape_t, "the shape input"), "the shape input")
     in_shape = list(shape_of(x))
     rank = max(len(in_shape), k)
     aligned = [None] * (rank - len(in_shape)) + in_shape
@@ -100,7 +113,7 @@ def expand_rt(ctx: Any, node: Any, x: Any, shape_t: Any) -> Any:
 
 def constant_of_shape_rt(ctx: Any, node: Any, shape_t: Any, fill: np.ndarray) -> Any:
     """A tensor of ``fill`` whose shape is a tensor known at run time."""
-    k = static_len(node, shape_t, "the shape input")
+    k = output_rank(node, static_len(node, shape_t, "the shape input"), "the shape input")
     dims = runtime_shape(ctx, node, "values", [shape_t], [None] * k)
     return op.broadcast_to(g.const(np.asarray(fill.reshape(-1)[0], dtype=fill.dtype)), dims)
 
@@ -192,7 +205,7 @@ def pad_rt(ctx: Any, node: Any, x: Any, pads: Any, fill: Any, axes: Any, mode: s
 
 def unsqueeze_rt(ctx: Any, node: Any, x: Any, axes: Any) -> Any:
     """Unsqueeze by axes known at run time (their count, hence the rank, is static)."""
-    rank = ndim_of(x) + static_len(node, axes, "axes")
+    rank = output_rank(node, ndim_of(x) + static_len(node, axes, "axes"), "axes")
     dims = runtime_shape(ctx, node, "unsqueeze", [shape_expr(ctx, node, x), axes], [None] * rank)
     return op.dynamic_reshape(x, dims)
 

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from .... import graph as g
 from .... import op
 from ..registry import converter
-from .common import dtype_of, ndim_of, node_axis, scalar, shape_of, static_int
+from .common import dtype_of, iota, ndim_of, node_axis, scalar, shape_of, static_int
 
 
 @converter("GatherElements", since=11)
@@ -52,11 +49,12 @@ def scatter_nd(ctx: Any, node: Any) -> Any:
                          reduction=node.attr("reduction", "none"))
 
 
-def _along(values: np.ndarray, axis: int, ndim: int) -> Any:
-    """A constant holding ``values`` (1-D) along ``axis`` of a rank-``ndim`` tensor."""
+def _arange_along(n: int, axis: int, ndim: int) -> Any:
+    """``0 .. n-1`` (int64) along ``axis`` of a rank-``ndim`` tensor (:func:`iota`: computed
+    at run time when too long for a constant)."""
     shape = [1] * ndim
-    shape[axis] = values.size
-    return g.const(values.reshape(shape))
+    shape[axis] = n
+    return op.reshape(iota(n, "int64"), tuple(shape))
 
 
 def _per_batch(v: Any, axis: int, ndim: int) -> Any:
@@ -79,7 +77,7 @@ def reverse_sequence(ctx: Any, node: Any) -> Any:
     t_len = static_int(shape_of(x)[t_axis])
     if t_len is None:
         raise node.error("the time axis must have a static length")
-    t = _along(np.arange(int(t_len), dtype=np.int64), t_axis, nd)
+    t = _arange_along(int(t_len), t_axis, nd)
     length = ctx.emit(_per_batch(lens, b_axis, nd))
     flipped = op.subtract(op.subtract(length, scalar(1, "int64")), t)
     idx = op.where(op.less(t, length), flipped, t)
@@ -102,7 +100,7 @@ def tensor_scatter(ctx: Any, node: Any) -> Any:
     seq = static_int(shape_of(update)[axis])
     if seq is None:
         raise node.error("the update's sequence length must be static")
-    idx: Any = _along(np.arange(int(seq), dtype=np.int64), axis, nd)
+    idx: Any = _arange_along(int(seq), axis, nd)
     if write is not None:
         idx = op.add(ctx.emit(_per_batch(write, 0, nd)), idx)
     if mode == "circular":

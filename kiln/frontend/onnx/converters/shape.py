@@ -101,8 +101,13 @@ def reshape_(ctx: Any, node: Any) -> Any:
     dims = [in_shape[i] if (d == 0 and not allowzero) else d for i, d in enumerate(target)]
     const = node.const_value(0)
     if const is not None:
-        return const.reshape([d if isinstance(d, int) else const.shape[i]
-                              for i, d in enumerate(dims)])
+        to = [d if isinstance(d, int) else const.shape[i] for i, d in enumerate(dims)]
+        known = int(np.prod([d for d in to if d != -1]))
+        if to.count(-1) > 1 or (-1 in to and (known == 0 or const.size % known)) or \
+                (-1 not in to and known != const.size) or any(d < -1 for d in to):
+            raise node.error(f"cannot reshape a constant of shape {list(const.shape)} to "
+                             f"{target}")
+        return const.reshape(to)
     try:
         return ctx.emit(reshape(x, dims), node.name)
     except StructInfoError:
