@@ -64,7 +64,7 @@ import numpy as np
 
 import kiln
 from kiln.build import npu_pipeline
-from kiln.codegen.npu import LOWERING_KEY, build_npu
+from kiln.codegen.npu import DEPTHWISE_KEY, LOWERING_KEY, build_npu
 from kiln.schedule.npu.nest_analysis import unit_shares
 from kiln.schedule.npu.region import FUSE_EPILOGUE_KEY
 from kiln.target.npu import load_config
@@ -124,9 +124,11 @@ def _model(name: str, size: int, seq: int = 128, layers: int = 2):
 
 
 def _run(mod, inputs, hw: str, double_buffer: bool, route: str | None = None,
-         bank_plan: bool = True, residency: bool = True, fuse_epilogue: bool = True):
+         bank_plan: bool = True, residency: bool = True, fuse_epilogue: bool = True,
+         depthwise: str = "auto"):
     config = {LOWERING_KEY: route} if route else {}
     config[FUSE_EPILOGUE_KEY] = fuse_epilogue
+    config[DEPTHWISE_KEY] = depthwise
     with kiln.transform.PassContext(config=config):
         exe = build_npu(npu_pipeline()(mod), kiln.Target("npu", hw=hw),
                         double_buffer=double_buffer, bank_plan=bank_plan, residency=residency)
