@@ -843,7 +843,10 @@ def _depthwise_vector(ctx: LoweringContext, call: Any, x: DramTensor, w: np.ndar
     c = x.shape[1]
     if x.dtype in ("float16", "bfloat16") and out.dtype == "float32":  # ToMixedPrecision's
         x = cast_kernel(ctx, x, "float32", "nn.conv2d.cast")  # exact; products exact in fp32
-    if x.dtype not in (*_FLOAT, "int32") or out.dtype != x.dtype:  # int32: int8 widened
+    if x.dtype == "int8" and str(w.dtype) == "int8" and out.dtype == "int32":
+        _vector_dtype(ctx, "int32", "nn.conv2d")
+        x = cast_kernel(ctx, x, "int32", "nn.conv2d.cast")  # the quantized graph's: exact
+    if x.dtype not in (*_FLOAT, "int32") or out.dtype != x.dtype:
         raise NotSupported(f"nn.conv2d: depthwise {x.dtype} -> {out.dtype}")
     _vector_dtype(ctx, x.dtype, "nn.conv2d")
     wt = ctx.constant(w.reshape(c, -1), x.dtype)
