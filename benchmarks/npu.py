@@ -64,8 +64,9 @@ import numpy as np
 
 import kiln
 from kiln.build import npu_pipeline
-from kiln.codegen.npu import LOWERING_KEY, build_npu
+from kiln.codegen.npu import DEPTHWISE_KEY, LOWERING_KEY, build_npu
 from kiln.schedule.npu.nest_analysis import unit_shares
+from kiln.schedule.npu.ops import depthwise_group
 from kiln.schedule.npu.region import FUSE_EPILOGUE_KEY
 from kiln.target.npu import load_config
 from kiln.testing import models
@@ -124,9 +125,11 @@ def _model(name: str, size: int, seq: int = 128, layers: int = 2):
 
 
 def _run(mod, inputs, hw: str, double_buffer: bool, route: str | None = None,
-         bank_plan: bool = True, residency: bool = True, fuse_epilogue: bool = True):
+         bank_plan: bool = True, residency: bool = True, fuse_epilogue: bool = True,
+         depthwise: str = "auto"):
     config = {LOWERING_KEY: route} if route else {}
     config[FUSE_EPILOGUE_KEY] = fuse_epilogue
+    config[DEPTHWISE_KEY] = depthwise
     with kiln.transform.PassContext(config=config):
         exe = build_npu(npu_pipeline()(mod), kiln.Target("npu", hw=hw),
                         double_buffer=double_buffer, bank_plan=bank_plan, residency=residency)
@@ -205,7 +208,8 @@ def _epilogue_line(name: str, mod, inputs, hw: str, on, out) -> None:
 
 
 def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
-          emit: bool = False, one_core: bool = True, epilogue: bool = False) -> None:
+          emit: bool = False, one_core: bool = True, epilogue: bool = False,
+          depthwise: bool = False) -> None:
     mod, inputs, ref = _model(name, size, seq, layers)
     on, out, wall = _run(mod, inputs, hw, True)
     off, _, _ = _run(mod, inputs, hw, False)
@@ -297,6 +301,9 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
     ew = [k for k in on.kernels if k.tiling.split("TIR: ")[-1].startswith("block (")]
     print(f"{name}: {len(ew)} element-wise kernel(s) in {sum(c_on[k.label] for k in ew):.0f} "
           f"cycles ({sum('[isel' in k.tiling for k in ew)} planned by the instruction search)")
+    if depthwise and any(k.op == "nn.conv2d.depthwise" for k in on.kernels):
+        _depthwise_table(name, mod, inputs, ref, hw, on, c_on)
+        return
     _residency_line(name, mod, inputs, hw, on, out)
     if epilogue:
         _epilogue_line(name, mod, inputs, hw, on, out)
@@ -345,6 +352,54 @@ def _residency_line(name: str, mod, inputs, hw: str, on, out) -> None:
           f"{np.array_equal(dram_out, out)}")
 
 
+def _depthwise_layers(exe, g: int) -> list[list]:
+    """The depthwise layers' kernels in order: a tensor-route layer whose channels are no
+    multiple of ``g`` has a second kernel (its last channels' group), which joins it."""
+    layers: list[list] = []
+    for k in exe.kernels:
+        if k.op != "nn.conv2d.depthwise":
+            continue
+        m = re.search(r"groups of (\d+) channels", k.tiling)
+        if layers and m and int(m.group(1)) < g and len(layers[-1]) == 1:
+            layers[-1].append(k)
+        else:
+            layers.append([k])
+    return layers
+
+
+def _depthwise_table(name: str, mod, inputs, ref, hw: str, on, c_on) -> None:
+    """Depthwise convolutions on the vector unit against the tensor unit (block-diagonal
+    grouped products): per layer the simulated cycles of its kernels with every depthwise
+    convolution forced onto each unit (PassContext ``npu.depthwise``), the cost model's
+    estimates of both and its choice in the default build (``auto``, whose cycles close the
+    line); then per build the model's cycles, the MAC share of the tensor unit (useful MACs:
+    a block-diagonal product counts its depthwise MACs, not its zeros) and the error."""
+    g = depthwise_group(load_config(hw))
+    runs = {"auto": (on, c_on)}
+    for route in ("vector", "tensor"):
+        exe = _run(mod, inputs, hw, True, depthwise=route)[0]
+        runs[route] = (exe, _phases(exe.last_reports))
+    layers = {r: _depthwise_layers(e, g) for r, (e, _) in runs.items()}
+    print(f"{'depthwise layer':22s} {'kernel (vector route)':44s} {'vector':>9s} "
+          f"{'tensor':>9s} {'est vec':>9s} {'est ten':>9s} {'auto':>6s} {'auto cyc':>9s}")
+    for i, (kv, kt, ka) in enumerate(zip(layers["vector"], layers["tensor"], layers["auto"])):
+        cyc = {r: sum(runs[r][1][k.label] for k in ks)
+               for r, ks in (("vector", kv), ("tensor", kt), ("auto", ka))}
+        est = re.search(r"est\. cycles tensor (\d+), vector (\d+)", ka[0].tiling)
+        choice = re.search(r"on the (\w+) unit", ka[0].tiling)
+        print(f"{i:<22d} {kv[0].tiling.removeprefix('TIR: ').split(' [')[0][:44]:44s} "
+              f"{cyc['vector']:9.0f} {cyc['tensor']:9.0f} "
+              f"{est.group(2) if est else '-':>9s} {est.group(1) if est else '-':>9s} "
+              f"{choice.group(1) if choice else '?':>6s} {cyc['auto']:9.0f}")
+    for r, (exe, _) in runs.items():
+        out = exe(*inputs)
+        sh = unit_shares(exe)
+        print(f"{name}: depthwise {r:6s}: {sum(x.cycles for x in exe.last_reports):.0f} cycles, "
+              f"{len(exe.kernels)} kernels, MACs on the tensor unit "
+              f"{100 * sh.tensor_mac_share:.2f}% (vector {sh.vector_macs:,}), rel. error vs "
+              f"float32 {float(np.max(np.abs(out - ref)) / np.max(np.abs(ref))):.1e}")
+
+
 def _vector_table(name: str, on: object, c_on: dict[str, float],
                   c_emit: dict[str, float]) -> None:
     """Per kind of vector kernel (every kernel but the products, by op): how many, how many
@@ -380,10 +435,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epilogue", action="store_true",
                     help="also build without epilogue fusion (PassContext "
                     "'npu.fuse_epilogue': False) and print cycles and DRAM traffic off -> on")
+    ap.add_argument("--depthwise", action="store_true",
+                    help="also build with every depthwise convolution forced onto the vector "
+                    "unit and onto the tensor unit (PassContext 'npu.depthwise') and print "
+                    "per layer both routes' cycles, the estimates and the choice (the "
+                    "residency and epilogue lines are skipped)")
     args = ap.parse_args(argv)
     for name in args.models:
         bench(name, args.hw, args.size, args.seq, args.layers, args.emit, not args.no_one_core,
-              args.epilogue)
+              args.epilogue, args.depthwise)
     return 0
 
 

@@ -12,7 +12,8 @@ layer becomes::
     acc = conv2d/dense/matmul(q_x: int8, q_w: int8, out_dtype="int32")   # int32 accumulation
     q_y = qnn.requantize(acc, q_bias, multiplier, shift, axis, out_min, out_max)   # int8
 
-(a depthwise conv widens ``q_x`` to int32 first: the NPU runs it on the vector unit). A global
+(a depthwise one too; the NPU's vector unit widens its operands to int32, its tensor unit
+takes them as they are). A global
 average pool (``mean`` over trailing axes, ``nn.adaptive_avg_pool2d`` to 1x1) becomes an int32
 ``sum`` of the int8 values and a requantization by ``scale_x / (n * scale_y)``, so it is exact
 on every target. Views (reshape, squeeze, expand_dims) pass int8 values through. Every other op
@@ -235,12 +236,9 @@ class _Rewriter:
         mult, shift = fixed_point(acc_scale / sy)
         name = _name(call)
         if name == "nn.conv2d":
-            attrs = replace(call.attrs, out_dtype="int32")
-            if call.attrs.groups != 1:  # depthwise: int32 operands (the vector unit's MACs)
-                x32 = self.bb.emit(op.cast(qx, "int32"), f"{ly.out.name_hint}_x32")
-                acc = g.Call(call.op, (x32, g.const(q_w.astype(np.int32))), attrs)
-            else:
-                acc = g.Call(call.op, (qx, g.const(q_w)), attrs)
+            # a depthwise one too: int8 x int8 -> int32, which a target widens where its
+            # MACs need it (the NPU's vector unit; its tensor unit takes int8 as it is)
+            acc = g.Call(call.op, (qx, g.const(q_w)), replace(call.attrs, out_dtype="int32"))
         else:
             acc = g.Call(call.op, (qx, g.const(q_w)), replace(call.attrs, out_dtype="int32"))
         acc_v = self.bb.emit(acc, f"{ly.out.name_hint}_acc")

@@ -10,11 +10,24 @@ from hypothesis import strategies as st
 import kiln
 from kiln import graph as g
 from kiln import op
-from kiln.codegen.npu import NPUUnsupportedError, build_npu
+from kiln.codegen.npu import DEPTHWISE_KEY, NPUUnsupportedError, build_npu
 from kiln.ir import KilnError, RuntimeCheckError
 from kiln.npu import Program
 from kiln.npu.asm import assemble_program
-from kiln.schedule.npu import GemmShape, gemm_roofline, lowered_ops, plan_gemm
+from kiln.schedule.npu import (
+    GemmShape,
+    LoweringContext,
+    gemm_roofline,
+    lowered_ops,
+    plan_gemm,
+)
+from kiln.schedule.npu.nest_analysis import unit_shares
+from kiln.schedule.npu.ops import (
+    depthwise_group,
+    depthwise_parts,
+    depthwise_route,
+    depthwise_weights,
+)
 from kiln.schedule.npu.residency import RESIDENCY_KEY
 from kiln.target.npu import load_config
 from kiln.testing import models
@@ -146,12 +159,145 @@ def test_depthwise_conv2d_on_the_vector_unit(hw, stride, pad):
     rng = np.random.default_rng(11)
     x = _rand(rng, 2, 7, 13, 11)
     w = _rand(rng, 7, 1, 3, 3)
-    exe = _build(lambda v: op.nn.conv2d(v, g.const(w), strides=stride, padding=pad, groups=7),
-                 [x.shape], hw)
+    with PassContext(config={DEPTHWISE_KEY: "vector"}):
+        exe = _build(lambda v: op.nn.conv2d(v, g.const(w), strides=stride, padding=pad,
+                                            groups=7), [x.shape], hw)
     assert exe.cpu_ops == [] and [k.op for k in exe.kernels] == ["nn.conv2d.depthwise"]
     ref = np.concatenate([_conv_ref(x[:, i:i + 1], w[i:i + 1], stride, pad, (1, 1))
                           for i in range(7)], axis=1)
     np.testing.assert_allclose(exe(x), ref, rtol=1e-5, atol=1e-5)
+
+
+def _depthwise_ref(x, w, stride, pad):
+    c = x.shape[1]
+    return np.concatenate([_conv_ref(x[:, i:i + 1], w[i:i + 1], stride, pad, (1, 1))
+                           for i in range(c)], axis=1)
+
+
+def _depthwise_kernels(exe):
+    return [k for k in exe.kernels if k.op == "nn.conv2d.depthwise"]
+
+
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("shape,stride,pad", [
+    ((2, 37, 13, 11), (1, 1), (1, 1, 1, 1)),   # 37 channels: groups of g and a rest
+    ((1, 32, 16, 16), (2, 2), (1, 1, 1, 1)),   # whole groups, stride 2
+    ((1, 20, 9, 10), (1, 2), (0, 2, 1, 0)),    # asymmetric padding and strides
+])
+def test_depthwise_conv2d_on_the_tensor_unit(hw, shape, stride, pad):
+    """Forced onto the tensor unit: one kernel of block-diagonal grouped products over every
+    (image, group of g channels), a second one for the last C mod g channels; float16
+    operands, float32 accumulation (rel. error <= 1e-2 against float64 numpy)."""
+    rng = np.random.default_rng(sum(shape))
+    x = _rand(rng, *shape)
+    c = shape[1]
+    w = _rand(rng, c, 1, 3, 3)
+    with PassContext(config={DEPTHWISE_KEY: "tensor"}):
+        exe = _build(lambda v: op.nn.conv2d(v, g.const(w), strides=stride, padding=pad,
+                                            groups=c), [x.shape], hw)
+    assert exe.cpu_ops == []
+    ks = _depthwise_kernels(exe)
+    g_ = depthwise_group(load_config(hw))
+    assert len(ks) == 1 + (c % g_ != 0)
+    assert all("tensor unit" in k.tiling and "[depthwise on the tensor unit" in k.tiling
+               for k in ks)
+    out = exe(x)
+    ref = _depthwise_ref(x, w, stride, pad)
+    assert _rel(out, ref) <= 1e-2
+    # the MACs counted are the depthwise convolution's (not the diagonal's zeros), all on
+    # the tensor unit
+    s = unit_shares(exe)
+    assert s.tensor_macs == ref.size * 9 and s.vector_macs == 0
+    assert sum(k.macs for k in ks) == ref.size * 9
+
+
+@pytest.mark.parametrize("hw", HW)
+@pytest.mark.parametrize("route", ["tensor", "vector"])
+def test_depthwise_conv2d_int8_is_exact(hw, route):
+    """int8 x int8 -> int32 depthwise (the quantized graph's): exact on the tensor unit (int8
+    operands as they are) and on the vector unit (widened to int32 by a cast kernel)."""
+    rng = np.random.default_rng(5)
+    c = 21
+    x = rng.integers(-128, 128, (1, c, 9, 9), dtype=np.int8)
+    w = rng.integers(-127, 128, (c, 1, 3, 3), dtype=np.int8)
+    with PassContext(config={DEPTHWISE_KEY: route}):
+        exe = _build(lambda v: op.nn.conv2d(v, g.const(w), strides=(2, 2), padding=(1, 1),
+                                            groups=c, out_dtype="int32"), [x.shape], hw,
+                     dtype="int8")
+    assert exe.cpu_ops == []
+    assert all(f"on the {route} unit" in k.tiling for k in _depthwise_kernels(exe))
+    ref = _depthwise_ref(x.astype(np.float64), w.astype(np.float64), (2, 2), (1, 1, 1, 1))
+    np.testing.assert_array_equal(exe(x), ref.astype(np.int32))
+
+
+def test_depthwise_block_diagonal_weights():
+    """Each tap's g x g block is diagonal with the group's channel weights; the constants
+    hold taps x g elements per channel of the whole groups (9 x C x g for 3x3), taps x r
+    per channel of the last r = C mod g."""
+    rng = np.random.default_rng(0)
+    cfg = load_config("default")
+    c, g_ = 37, depthwise_group(cfg)
+    w = _rand(rng, c, 1, 3, 3)
+    at = op.nn.conv2d(g.Var("x", g.TensorStructInfo((1, c, 8, 8), "float32")), g.const(w),
+                      padding=(1, 1), groups=c).attrs
+    parts = depthwise_parts(cfg, at, (1, c, 8, 8), w.shape, (1, c, 8, 8), "float16")
+    assert [(p.first, p.g, p.groups) for p in parts] == [(0, g_, c // g_), (c // g_ * g_,
+                                                                             c % g_, 1)]
+    assert [p.geo.shape.batch for p in parts] == [c // g_, 1]
+    total = 0
+    for p in parts:
+        wd = depthwise_weights(w, p)
+        assert wd.shape == (p.groups, 9, p.g, p.g)
+        total += wd.size
+        for gi in range(p.groups):
+            for t in range(9):
+                want = np.diag(w[p.first + gi * p.g:p.first + (gi + 1) * p.g, 0].reshape(
+                    p.g, 9)[:, t])
+                np.testing.assert_array_equal(wd[gi, t], want)
+    assert total == 9 * (c // g_ * g_ * g_ + (c % g_) ** 2)
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_depthwise_route_follows_the_cost_model(hw):
+    """``auto`` takes the route of the lower estimate; ``tensor`` / ``vector`` force it; a
+    dtype the tensor unit lacks (int32: no integer product of int32) stays on the vector
+    unit whatever the option."""
+    cfg = load_config(hw)
+    x = g.Var("x", g.TensorStructInfo((1, 96, 28, 28), "float32"))
+    w = np.zeros((96, 1, 3, 3), "float32")
+    at = op.nn.conv2d(x, g.const(w), padding=(1, 1), groups=96).attrs
+    args = (at, (1, 96, 28, 28), w.shape, (1, 96, 28, 28))
+    for knob in ("auto", "tensor", "vector"):
+        ctx = LoweringContext(cfg, depthwise=knob)
+        ch = depthwise_route(ctx, *args, "float32", "float32", "float32")
+        assert ch.tensor is not None and ch.vector is not None
+        want = {"auto": "tensor" if ch.tensor < ch.vector else "vector"}.get(knob, knob)
+        assert ch.route == want
+        assert depthwise_route(ctx, *args, "int32", "int32", "int32").route == "vector"
+    with pytest.raises(KilnError, match="depthwise route"):
+        LoweringContext(cfg, depthwise="gpu")
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_depthwise_on_the_tensor_unit_fuses_its_epilogue(hw):
+    """On the tensor unit a depthwise convolution is a product: its per-channel multiply/add
+    and clip (batch norm and ReLU6) run on its accumulator tiles."""
+    rng = np.random.default_rng(3)
+    c = 24
+    x = _rand(rng, 1, c, 14, 14)
+    w = _rand(rng, c, 1, 3, 3)
+    sc, sh = _rand(rng, 1, c, 1, 1), _rand(rng, 1, c, 1, 1)
+
+    def fn(v):
+        y = op.nn.conv2d(v, g.const(w), padding=(1, 1), groups=c)
+        return op.clip(op.add(op.multiply(y, g.const(sc)), g.const(sh)), 0.0, 6.0)
+
+    with PassContext(config={DEPTHWISE_KEY: "tensor"}):
+        exe = _build(fn, [x.shape], hw)
+    ks = _depthwise_kernels(exe)
+    assert ks and all("+multiply+add+clip" in k.label for k in ks)
+    ref = np.clip(_depthwise_ref(x, w, (1, 1), (1, 1, 1, 1)) * sc + sh, 0, 6)
+    assert _rel(exe(x), ref) <= 1e-2
 
 
 @pytest.mark.parametrize("hw", HW)

@@ -13,7 +13,7 @@ import torch
 import kiln
 from kiln import graph as g
 from kiln import op
-from kiln.codegen.npu import LOWERING_KEY
+from kiln.codegen.npu import DEPTHWISE_KEY, LOWERING_KEY
 from kiln.codegen.npu.executable import NpuStep
 from kiln.ir import ScheduleError
 from kiln.schedule.npu import LoweringContext, NotSupported
@@ -56,10 +56,11 @@ HW = ["default", "edge"]
 
 
 def _both(fn, shapes, hw, dtype="float32"):
-    """The executables of the emit and the TIR route."""
+    """The executables of the emit and the TIR route (depthwise convolutions on the vector
+    unit: its kernels are what these tests check)."""
     out = []
     for route in ("emit", "tir"):
-        with PassContext(config={LOWERING_KEY: route}):
+        with PassContext(config={LOWERING_KEY: route, DEPTHWISE_KEY: "vector"}):
             out.append(kiln.build(graph_module(fn, shapes, dtype),
                                   target=kiln.Target("npu", hw=hw)))
     return out

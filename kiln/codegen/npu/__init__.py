@@ -1,7 +1,8 @@
 """Code generation for the NPU: graph -> programs for the simulator (:mod:`.compile`) and the
 executable that runs them (:mod:`.executable`)."""
 
-from .compile import LOWERING_KEY, NPUUnsupportedError, build_npu, npu_config_of
+from .compile import DEPTHWISE_KEY, LOWERING_KEY, NPUUnsupportedError, build_npu, npu_config_of
 from .executable import NPUExecutable
 
-__all__ = ["LOWERING_KEY", "NPUExecutable", "NPUUnsupportedError", "build_npu", "npu_config_of"]
+__all__ = ["DEPTHWISE_KEY", "LOWERING_KEY", "NPUExecutable", "NPUUnsupportedError", "build_npu",
+           "npu_config_of"]

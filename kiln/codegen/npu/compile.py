@@ -30,7 +30,7 @@ from ...ir.errors import InternalError, KilnError
 from ...ir.module import IRModule
 from ...npu import Machine
 from ...schedule.npu import DramTensor, LoweringContext, NotSupported
-from ...schedule.npu.lowering import DEFAULT_ROUTE, LOWERING_KEY
+from ...schedule.npu.lowering import DEFAULT_ROUTE, DEPTHWISE_KEY, LOWERING_KEY
 from ...schedule.npu.region import (
     FUSE_EPILOGUE_KEY,
     VIEW_OPS,
@@ -58,7 +58,8 @@ from .bank_plan import plan_banks
 from .dram_plan import plan_dram
 from .executable import CpuStep, NPUExecutable, NpuStep
 
-__all__ = ["LOWERING_KEY", "NPUUnsupportedError", "VIEW_OPS", "build_npu", "is_partitioned",
+__all__ = ["DEPTHWISE_KEY", "LOWERING_KEY", "NPUUnsupportedError", "VIEW_OPS", "build_npu",
+           "is_partitioned",
            "npu_config_of"]
 
 # PassContext option LOWERING_KEY: how products reach NPU instructions -- "tir" (the default:
@@ -71,6 +72,10 @@ register_config(RESIDENCY_KEY, bool, True,
 register_config(LOWERING_KEY, str, DEFAULT_ROUTE,
                 "NPU build: 'tir' (products lowered through scheduled, tensorized TIR; the "
                 "default) or 'emit' (per-op instruction emission for every op)")
+register_config(DEPTHWISE_KEY, str, "auto",
+                "NPU build: where depthwise convolutions run -- 'auto' (per layer, the faster "
+                "by the cost model), 'tensor' (block-diagonal grouped products on the tensor "
+                "unit) or 'vector' (the vector unit's taps); forced only where it can run")
 
 
 # PassContext option FUSE_EPILOGUE_KEY: a product's element-wise consumers (bias, batch norm,
@@ -187,7 +192,8 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
     if strict and _strict_errors(main):
         raise NPUUnsupportedError("strict NPU build: these ops have no NPU lowering: " +
                                   "; ".join(_strict_errors(main)))
-    ctx = LoweringContext(cfg, double_buffer, PassContext.current().get_config(LOWERING_KEY))
+    ctx = LoweringContext(cfg, double_buffer, PassContext.current().get_config(LOWERING_KEY),
+                          PassContext.current().get_config(DEPTHWISE_KEY))
     if fuse_epilogue is None:
         fuse_epilogue = bool(PassContext.current().get_config(FUSE_EPILOGUE_KEY))
     env: dict[int, Any] = {}

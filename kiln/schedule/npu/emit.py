@@ -125,7 +125,10 @@ def store_pieces(config: NPUConfig, shape: tuple[int, ...], dst: Block, src: Blo
 class KernelInfo:
     """One emitted kernel: its label (the phase name in reports), the op, the tiling chosen
     and the cost model's estimate of its cycles; its roofline bound and the bound's two sides
-    (cycles of the compute unit's work, of the DRAM's minimum traffic; 0: not computed)."""
+    (cycles of the compute unit's work, of the DRAM's minimum traffic; 0: not computed).
+    ``macs``: a product kernel's useful multiply-accumulates where its ``mma`` instructions
+    do more (a depthwise convolution's block-diagonal products multiply ``g - 1`` zeros per
+    useful MAC); 0: its instructions' extents are the count."""
 
     label: str
     op: str
@@ -134,6 +137,7 @@ class KernelInfo:
     roofline: float = 0.0
     compute: float = 0.0
     traffic: float = 0.0
+    macs: int = 0
 
     @property
     def dram_bound(self) -> bool:

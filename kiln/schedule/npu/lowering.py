@@ -34,7 +34,8 @@ from ...ir.errors import KilnError
 from ...target.npu.config import NPUConfig
 from .emit import DRAM_ALIGN, DramTensor, KernelBuilder, itemsize
 
-__all__ = ["DEFAULT_ROUTE", "LOWERING_KEY", "LOWERING_ROUTES", "LoweringContext", "LoweringFn",
+__all__ = ["DEFAULT_ROUTE", "DEPTHWISE_KEY", "DEPTHWISE_ROUTES", "LOWERING_KEY",
+           "LOWERING_ROUTES", "LoweringContext", "LoweringFn",
            "NotSupported", "Unfusable", "lookup_lowering", "lowered_ops", "lowering_rejection",
            "register_lowering", "register_tir_lowering"]
 
@@ -64,6 +65,13 @@ LOWERING_KEY = "npu.lowering"
 DEFAULT_ROUTE = "tir"
 #: The lowering routes a context may take: instruction emission per op, or through TIR.
 LOWERING_ROUTES = ("emit", "tir")
+#: PassContext option (registered by :mod:`kiln.codegen.npu.compile`) choosing the unit of
+#: depthwise convolutions: ``"auto"`` (per layer, the cheaper by the cost model),
+#: ``"tensor"`` (block-diagonal grouped products, :func:`.ops.depthwise_route`) or
+#: ``"vector"`` (the pooling kernel's taps) -- the last two force it where it can run.
+DEPTHWISE_KEY = "npu.depthwise"
+#: The values :data:`DEPTHWISE_KEY` takes.
+DEPTHWISE_ROUTES = ("auto", "tensor", "vector")
 
 
 def register_lowering(op_names: str | Iterable[str]) -> Callable[[LoweringFn], LoweringFn]:
@@ -120,12 +128,17 @@ class LoweringContext:
     all-padding DMAs), constants to preload, and the kernel builder of the current NPU region."""
 
     def __init__(self, config: NPUConfig, double_buffer: bool = True,
-                 route: str = DEFAULT_ROUTE):
+                 route: str = DEFAULT_ROUTE, depthwise: str = "auto"):
         if route not in LOWERING_ROUTES:
             raise KilnError(f"NPU lowering route {route!r}: expected one of {LOWERING_ROUTES}")
+        if depthwise not in DEPTHWISE_ROUTES:
+            raise KilnError(f"NPU depthwise route {depthwise!r}: expected one of "
+                            f"{DEPTHWISE_ROUTES}")
         self.config = config
         self.double_buffer = double_buffer
         self.route = route
+        #: Where depthwise convolutions run (:data:`DEPTHWISE_KEY`).
+        self.depthwise = depthwise
         self.kb = KernelBuilder(config, double_buffer)
         self.top = DRAM_ALIGN
         self.constants: list[tuple[DramTensor, np.ndarray]] = []
@@ -195,7 +208,7 @@ class LoweringContext:
 
 def lowering_rejection(config: NPUConfig, call: Any, args: list[Any],
                        out: tuple[tuple[int, ...], str], double_buffer: bool = True,
-                       route: str = DEFAULT_ROUTE) -> str | None:
+                       route: str = DEFAULT_ROUTE, depthwise: str = "auto") -> str | None:
     """Why the NPU cannot run op ``call`` (None: it can): its registered lowering is run into a
     scratch :class:`LoweringContext` -- the very check the build applies, not a second list of
     rules. ``args`` are the operands as a lowering gets them (a :class:`DramTensor` for a
@@ -204,7 +217,7 @@ def lowering_rejection(config: NPUConfig, call: Any, args: list[Any],
     lower = lookup_lowering(call.op.name)
     if lower is None:
         return "no NPU lowering"
-    ctx = LoweringContext(config, double_buffer, route)
+    ctx = LoweringContext(config, double_buffer, route, depthwise)
 
     def operand(a: Any) -> Any:
         if isinstance(a, list):  # a tuple of tensors (concat's)

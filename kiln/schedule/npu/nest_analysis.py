@@ -141,7 +141,9 @@ def scalar_kernel_elements(tiling: str) -> tuple[str, int] | None:
 @dataclass
 class UnitShares:
     """Where a model's arithmetic ran (see the module docstring). MACs: ``tensor_macs`` (the
-    ``mma`` instructions' M x K x N), ``vector_macs`` (``vmul``/``vmac`` of a convolution's
+    ``mma`` instructions' M x K x N, or a kernel's recorded useful MACs, ``KernelInfo.macs``:
+    a depthwise convolution on the tensor unit counts its own, not the zeros of its
+    block-diagonal weights), ``vector_macs`` (``vmul``/``vmac`` of a convolution's
     kernel on the vector unit: the depthwise ones), ``cpu_macs`` (a product left on the CPU).
     Element operations (one per element an instruction writes): ``vector_ops`` (every other
     vector instruction), ``scalar_ops`` (one per element of a scalar-unit loop), ``cpu_ops``
@@ -216,6 +218,9 @@ def unit_shares(exe: Any) -> UnitShares:
             if sc is not None:
                 shares.fallbacks.append((info.label, sc[0]))
                 shares.scalar_ops += sc[1]
+        # a kernel that records its useful MACs (a depthwise convolution's block-diagonal
+        # products): those, not its mma instructions' extents
+        shares.tensor_macs += sum(info.macs for info in kernels)
         for stream in program.streams:
             k = 0  # the kernel: the barriers close them in order
             for ins in stream:
@@ -224,7 +229,8 @@ def unit_shares(exe: Any) -> UnitShares:
                     continue
                 unit = OPCODES[ins.op].unit
                 if unit == UNIT_TENSOR:
-                    shares.tensor_macs += int(np.prod(ins.args["shape"], dtype=np.int64))
+                    if not (k < len(kernels) and kernels[k].macs):
+                        shares.tensor_macs += int(np.prod(ins.args["shape"], dtype=np.int64))
                 elif unit == UNIT_VECTOR:
                     n = int(np.prod(ins.args["shape"], dtype=np.int64))
                     op = kernels[k].op if k < len(kernels) else ""

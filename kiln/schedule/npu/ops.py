@@ -9,7 +9,7 @@ int32 products (``out_dtype="int32"``) run as they are and are exact.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -38,12 +38,18 @@ from .vector import (
     VecStep,
     elementwise_kernel,
     emit_elementwise,
+    pool2d_cost,
     pool2d_kernel,
 )
 
 __all__ = ["BINARY_OPS", "COMPOSITE_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS",
-           "ConvFn", "ConvGeometry", "ConvTransfers", "check_broadcast_shape", "conv_geometry",
-           "conv_transfers", "conv_weight_layout", "elementwise_steps", "grouped_conv",
+           "ConvFn", "ConvGeometry", "ConvPlanes", "ConvTransfers", "DepthwiseChoice",
+           "DepthwisePart",
+           "check_broadcast_shape", "conv_geometry",
+           "conv_transfers", "conv_weight_layout", "depthwise_group", "depthwise_parts",
+           "call_depthwise_route", "depthwise_route", "depthwise_tensor_dtype",
+           "depthwise_weights",
+           "elementwise_steps", "grouped_conv",
            "is_depthwise", "is_pointwise", "lower_elementwise_chain", "operand_dtype",
            "product_operand_dtype"]
 
@@ -221,10 +227,11 @@ def product_operand_dtype(ctx: LoweringContext, call: Any, x_dtype: str) -> str 
         return None
     w = call.args[1]
     groups = getattr(call.attrs, "groups", 1)
-    if groups != 1 and is_depthwise(groups, tuple(_dims(call.args[0])), tuple(_dims(w))):
-        return None  # on the vector unit, in the activation's own dtype
     wd = str(getattr(w.struct_info, "dtype", ""))
     out_dt = str(getattr(call.struct_info, "dtype", ""))
+    if groups != 1 and is_depthwise(groups, tuple(_dims(call.args[0])), tuple(_dims(w))):
+        if call_depthwise_route(ctx, call).route == "vector":
+            return None  # on the vector unit, in the activation's own dtype
     if x_dtype in _FLOAT and wd in _FLOAT and out_dt == "float32" and x_dtype != "float16" \
             and ctx.config.tensor_dtype("float16", "float16") is not None:
         return "float16"
@@ -488,12 +495,21 @@ class ConvTransfers:
     store_c: StoreC
 
 
+#: ``planes(b) -> (input plane, output plane, weight offset)`` of a convolution's batch
+#: entry ``b``: the first channel plane of its input and of its output (in planes of
+#: ``H x W``, ``OH x OW`` elements) and the offset of its weights (elements).
+ConvPlanes = Callable[[int], tuple[int, int, int]]
+
+
 def conv_transfers(ctx: LoweringContext, geo: ConvGeometry, tiling: GemmTiling,
-                   xa: DramTensor, wl: DramTensor, out: DramTensor) -> ConvTransfers:
+                   xa: DramTensor, wl: DramTensor, out: DramTensor,
+                   planes: ConvPlanes | None = None) -> ConvTransfers:
     """The DMAs of ``geo`` under ``tiling`` from image ``xa`` (NCHW, in the operand dtype),
     weights ``wl`` (``[taps, C, O]``) into ``out`` (NCHW): the staging of the input rows in
     the core's L1 slot, the gather of the A tile per tap, the weight tile, the store of the
-    output tile (see the nested functions)."""
+    output tile (see the nested functions). ``planes``: where batch entry ``b`` reads and
+    writes (default: image ``b``, the weights shared); a depthwise convolution's batch is
+    its (image, channel group) pairs, each with its own block-diagonal weights."""
     shape, dt = geo.shape, geo.shape.dtype
     c, h, wd, o, oh, ow = geo.c, geo.h, geo.w, geo.o, geo.oh, geo.ow
     kh, kw, sh, sw, dh, dw = geo.kh, geo.kw, geo.sh, geo.sw, geo.dh, geo.dw
@@ -504,6 +520,7 @@ def conv_transfers(ctx: LoweringContext, geo: ConvGeometry, tiling: GemmTiling,
     ldc = acc_row_stride(ctx.config, shape, tiling.n)
     kb = ctx.kb
     isz = itemsize(dt)
+    plane = planes or (lambda b: (b * c, b * o, 0))
 
     def slot_addr(core: int, slot: int) -> int:
         return (core * kb.nbuf + slot) * stage_slot
@@ -523,7 +540,8 @@ def conv_transfers(ctx: LoweringContext, geo: ConvGeometry, tiling: GemmTiling,
                     pad_hi=(cs - 1, nbox - 1, width - 1), fill=0)
             return
         kb.load(core, shape=(cs, last - first, wd), dst=dst,
-                src=xa.at(((b * c + c0) * h + lo + first * rstep) * wd, (h * wd, rstep * wd, 1)),
+                src=xa.at(((plane(b)[0] + c0) * h + lo + first * rstep) * wd,
+                          (h * wd, rstep * wd, 1)),
                 pad_lo=(0, first, pl), pad_hi=(0, nbox - last, width - pl - wd), fill=0)
 
     def load_a(core: int, b: int, r0: int, rs: int, c0: int, cs: int, addr: int,
@@ -552,11 +570,11 @@ def conv_transfers(ctx: LoweringContext, geo: ConvGeometry, tiling: GemmTiling,
     def load_b(core: int, b: int, c0: int, cs: int, n0: int, ns: int, addr: int) -> None:
         kb.load(core, shape=(taps, cs, ns),
                 dst=block("weight", addr, dt, (cs * ns, ns, 1)),
-                src=wl.at(c0 * o + n0, (c * o, o, 1)))
+                src=wl.at(plane(b)[2] + c0 * o + n0, (c * o, o, 1)))
 
     def store_c(core: int, b: int, r0: int, rs: int, n0: int, ns: int, addr: int) -> None:
         kb.store(core, shape=(1, ns, rs * ow),
-                dst=out.at((b * o + n0) * oh * ow + r0 * ow, (0, oh * ow, 1)),
+                dst=out.at((plane(b)[1] + n0) * oh * ow + r0 * ow, (0, oh * ow, 1)),
                 src=block("acc", addr, out.dtype, (0, 1, ldc)))
 
     return ConvTransfers(stage_a, load_a, load_b, store_c)
@@ -617,16 +635,234 @@ def _pointwise(ctx: LoweringContext, x: Any, w: np.ndarray, out: DramTensor, dt:
                                    shape))
 
 
+# ---------------------------------------------------------------------------------------------
+# depthwise convolutions: the vector unit's taps, or block-diagonal products on the tensor unit
+# ---------------------------------------------------------------------------------------------
+def depthwise_group(cfg: NPUConfig) -> int:
+    """Channels per group of a depthwise convolution on the tensor unit: its ``k`` (= ``n``
+    on the shipped descriptions; the smaller of the two), so that one pass of the unit
+    multiplies a group's ``g x g`` diagonal weight of one tap -- at ``1 / g`` of its peak."""
+    _, k, n = cfg.tensor_shape
+    return min(k, n)
+
+
+@dataclass(frozen=True)
+class DepthwisePart:
+    """One kernel of a depthwise convolution on the tensor unit: ``groups`` groups of ``g``
+    channels from channel ``first`` on, each an ungrouped ``g -> g`` convolution with
+    block-diagonal weights; ``geo``'s implicit GEMM batches every (image, group) pair
+    (``batch = images x groups``, B per group: one kernel whose loop runs over the channel
+    blocks, not one kernel per group)."""
+
+    first: int
+    g: int
+    groups: int
+    geo: ConvGeometry
+
+
+def depthwise_parts(cfg: NPUConfig, at: Any, x_shape: tuple[int, ...],
+                    w_shape: tuple[int, ...], out_shape: tuple[int, ...], dt: str
+                    ) -> list[DepthwisePart]:
+    """The kernels of a depthwise convolution on the tensor unit: the ``C // g`` whole groups,
+    and, when ``g`` does not divide ``C``, a second kernel of one group of the last
+    ``C mod g`` channels (a GEMM's batch entries share one shape)."""
+    nb, c, h, wd = x_shape
+    kh, kw = w_shape[2:]
+    g = min(depthwise_group(cfg), c)
+    full, rest = divmod(c, g)
+    parts = []
+    for first, gs, ng in ((0, g, full), (full * g, rest, 1)):
+        if not (gs and ng):
+            continue
+        geo = conv_geometry(cfg, at, (nb, gs, h, wd), (gs, gs, kh, kw),
+                            (nb, gs, *out_shape[2:]), dt)
+        geo = replace(geo, shape=replace(geo.shape, batch=nb * ng, b_shared=False))
+        parts.append(DepthwisePart(first, gs, ng, geo))
+    return parts
+
+
+def depthwise_weights(w: np.ndarray, part: DepthwisePart) -> np.ndarray:
+    """``part``'s weights ``[groups, taps, g, g]``, each tap's ``g x g`` block diagonal
+    (``W[gi, t, i, i]`` = channel ``first + gi * g + i``'s weight of tap ``t``, zero off the
+    diagonal): :func:`conv_weight_layout` of the group's ungrouped convolution, so the
+    implicit GEMM reads it as any other's. ``taps x g`` times the depthwise weights' size --
+    the DRAM bytes the tensor route pays for its zeros."""
+    taps = w.shape[2] * w.shape[3]
+    ws = w[part.first:part.first + part.groups * part.g].reshape(part.groups, part.g, taps)
+    out = np.zeros((part.groups, taps, part.g, part.g), dtype=w.dtype)
+    diag = np.arange(part.g)
+    out[:, :, diag, diag] = ws.transpose(0, 2, 1)
+    return out
+
+
+def _step_waits(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling) -> float:
+    """A tensor-route kernel's estimate for the choice of unit: the tiling's
+    :func:`~.gemm.gemm_cost` plus one DRAM latency per step of the busiest core -- each
+    step's loads land before its product starts (the pipeline's token), which
+    :func:`~.gemm.gemm_cost` leaves out to rank tilings among themselves (a term for it
+    mis-ranked attention's). Here the kernel is weighed against another unit's, and a
+    depthwise convolution's steps (one group's tile each) are small: without it the
+    estimate was 30-40% below the simulated cycles of MobileNetV2's 7 x 7 layers (384 and
+    576 channels: 24 and 36 steps; default, 4127 cycles estimated, 6139 simulated), which
+    then went to the tensor unit although the vector unit takes 4710."""
+    nm, nn = -(-shape.m_units // tiling.m_units), -(-shape.n // tiling.n)
+    nk = -(-shape.k_units // tiling.k_units)
+    steps = -(-shape.batch * nm * nn // cfg.cores) * nk
+    return tiling.estimate + steps * cfg.memory("dram").latency
+
+
+def depthwise_tensor_dtype(cfg: NPUConfig, x_dtype: str, w_dtype: str, out_dtype: str
+                           ) -> str | None:
+    """The tensor unit's operand dtype for a depthwise convolution of these dtypes (as
+    :func:`operand_dtype`: float16 -- bfloat16 for bfloat16 operands -- for a float product
+    into float32, int8 for int8 x int8 -> int32), or None when the tensor unit cannot
+    compute it (an int32 one: the quantized graph's widened int8)."""
+    if x_dtype == w_dtype == "int8" and out_dtype == "int32":
+        dt = "int8"
+    elif x_dtype in _FLOAT and w_dtype in _FLOAT and out_dtype == "float32":
+        dt = "bfloat16" if x_dtype == w_dtype == "bfloat16" else "float16"
+    else:
+        return None
+    return dt if cfg.tensor_dtype(dt, dt) is not None else None
+
+
+def _depthwise_costs(cfg: NPUConfig, nbuf: int, at: Any, x_shape: tuple[int, ...],
+                     w_shape: tuple[int, ...], out_shape: tuple[int, ...], dt: str | None,
+                     vdt: str) -> tuple[float | None, float | None]:
+    """The cost model's cycles of the tensor route (its kernels' planned tilings; None: no
+    tiling fits or no tensor dtype) and of the vector route (:func:`.vector.pool2d_cost` in
+    ``vdt``; None: no block fits)."""
+    tensor: float | None = None
+    if dt is not None:
+        try:
+            tensor = sum(_step_waits(cfg, p.geo.shape, plan_gemm(cfg, p.geo.shape, nbuf))
+                         for p in depthwise_parts(cfg, at, x_shape, w_shape, out_shape, dt))
+        except ValueError:
+            tensor = None
+    try:
+        vector: float | None = pool2d_cost(
+            cfg, nbuf, x_shape, out_shape, vdt, (w_shape[2], w_shape[3]), tuple(at.strides),
+            tuple(at.padding), tuple(at.dilation), True)
+    except NotSupported:
+        vector = None
+    return tensor, vector
+
+
+@dataclass(frozen=True)
+class DepthwiseChoice:
+    """Where a depthwise convolution runs (``route``: ``"tensor"`` or ``"vector"``) and the
+    cost model's cycles of each route (None: that route cannot run it)."""
+
+    route: str
+    tensor: float | None
+    vector: float | None
+
+    def describe(self) -> str:
+        est = ", ".join(f"{name} {v:.0f}" for name, v in
+                        (("tensor", self.tensor), ("vector", self.vector)) if v is not None)
+        return f" [depthwise on the {self.route} unit; est. cycles {est}]"
+
+
+def depthwise_route(ctx: LoweringContext, at: Any, x_shape: tuple[int, ...],
+                    w_shape: tuple[int, ...], out_shape: tuple[int, ...], x_dtype: str,
+                    w_dtype: str, out_dtype: str) -> DepthwiseChoice:
+    """Where a depthwise convolution runs: ``"tensor"`` (:func:`depthwise_parts`'s grouped
+    products with block-diagonal weights) or ``"vector"`` (the pooling kernel's taps). The
+    context's :data:`~.lowering.DEPTHWISE_KEY` forces one where it can run; ``"auto"`` takes
+    the cheaper by the cost model (:func:`~.gemm.gemm_cost` of the planned tilings against
+    :func:`.vector.pool2d_cost`), from the shapes and the graph's dtypes only, so every
+    caller -- the lowering, the producer deciding to store the activation in float16, the
+    epilogue fusion -- agrees. ``x_dtype`` is the activation's graph dtype (not a float16
+    copy a producer stored for the tensor route)."""
+    cfg = ctx.config
+    dt = depthwise_tensor_dtype(cfg, x_dtype, w_dtype, out_dtype)
+    vdt = "int32" if dt == "int8" or x_dtype == "int32" else "float32"
+    tensor, vector = _depthwise_costs(cfg, ctx.kb.nbuf, at, x_shape, w_shape, out_shape, dt,
+                                      vdt)
+    if tensor is None or ctx.depthwise == "vector":
+        route = "vector"
+    elif ctx.depthwise == "tensor" or vector is None:
+        route = "tensor"
+    else:
+        route = "tensor" if tensor < vector else "vector"
+    return DepthwiseChoice(route, tensor, vector)
+
+
+def call_depthwise_route(ctx: LoweringContext, call: Any) -> DepthwiseChoice:
+    """:func:`depthwise_route` of a depthwise ``nn.conv2d`` graph call (its static shapes
+    and dtypes); the vector unit when they are not static."""
+    args = list(call.args[:2]) + [call]
+    dims = [tuple(_dims(a)) for a in args]
+    if not all(d and all(isinstance(v, int) for v in d) for d in dims):
+        return DepthwiseChoice("vector", None, None)
+    dts = [str(getattr(a.struct_info, "dtype", "")) for a in args]
+    return depthwise_route(ctx, call.attrs, dims[0], dims[1], dims[2], *dts)
+
+
 def _depthwise(ctx: LoweringContext, call: Any, x: Any, w: Any, out: DramTensor) -> None:
-    """A depthwise convolution (one input channel per group, multiplier 1) on the vector
-    unit: the pooling kernel's taps, each multiplied by its channel's weight."""
-    at = call.attrs
+    """A depthwise convolution (one input channel per group, multiplier 1) on the unit
+    :func:`call_depthwise_route` chooses: the tensor unit's grouped products
+    (:func:`_depthwise_tensor`) or the vector unit (:func:`_depthwise_vector`). Its kernels'
+    tiling text ends with the choice and both routes' estimates."""
     if not isinstance(x, DramTensor) or not isinstance(w, np.ndarray):
         raise NotSupported("nn.conv2d: depthwise with run-time weights or a constant image")
+    choice = call_depthwise_route(ctx, call)
+    first = len(ctx.kb.kernels)
+    if choice.route == "tensor":
+        dt = depthwise_tensor_dtype(ctx.config, str(call.args[0].struct_info.dtype),
+                                    str(w.dtype), out.dtype)
+        assert dt is not None  # the route said so
+        _depthwise_tensor(ctx, call.attrs, x, w, out, dt)
+    else:
+        _depthwise_vector(ctx, call, x, w, out)
+    for info in ctx.kb.kernels[first:]:
+        if info.op == "nn.conv2d.depthwise":
+            info.tiling += choice.describe()
+
+
+def _depthwise_tensor(ctx: LoweringContext, at: Any, x: DramTensor, w: np.ndarray,
+                      out: DramTensor, dt: str) -> None:
+    """A depthwise convolution on the tensor unit: per :class:`DepthwisePart` one implicit
+    GEMM kernel (:func:`conv_transfers`, :func:`~.gemm.emit_gemm`) whose batch runs over
+    every (image, channel group), each entry staging and gathering its group's ``g`` input
+    channels and multiplying them by its own block-diagonal weights. The kernel's
+    :class:`~.emit.KernelInfo` counts the useful MACs (``macs``: the depthwise
+    convolution's, not the zeros the tensor unit multiplies too)."""
+    nb, c = x.shape[:2]
+    oh, ow = out.shape[2:]
+    taps = w.shape[2] * w.shape[3]
+    parts = depthwise_parts(ctx.config, at, x.shape, w.shape, out.shape, dt)
+    xa = _activation(ctx, x, dt, "nn.conv2d")
+    for part in parts:
+        shape = part.geo.shape
+        tiling = _plan(ctx, "nn.conv2d", shape)
+        wl = ctx.constant(depthwise_weights(w, part), dt)
+
+        def planes(b: int, p: DepthwisePart = part) -> tuple[int, int, int]:
+            ch = (b // p.groups) * c + p.first + (b % p.groups) * p.g
+            return ch, ch, (b % p.groups) * taps * p.g * p.g
+
+        t = conv_transfers(ctx, part.geo, tiling, xa, wl, out, planes)
+        emit_gemm(ctx.kb, shape, tiling, t.load_a, t.load_b, t.store_c, t.stage_a)
+        info = gemm_kernel_info(
+            ctx.config, ctx.label("nn.conv2d.depthwise"), "nn.conv2d.depthwise",
+            f"tensor unit, {part.groups} groups of {part.g} channels (block-diagonal): " +
+            tiling.describe(shape), tiling.estimate, shape)
+        ctx.kb.end_kernel(replace(info, macs=nb * part.groups * part.g * oh * ow * taps))
+
+
+def _depthwise_vector(ctx: LoweringContext, call: Any, x: DramTensor, w: np.ndarray,
+                      out: DramTensor) -> None:
+    """A depthwise convolution on the vector unit: the pooling kernel's taps, each
+    multiplied by its channel's weight."""
+    at = call.attrs
     c = x.shape[1]
     if x.dtype in ("float16", "bfloat16") and out.dtype == "float32":  # ToMixedPrecision's
         x = cast_kernel(ctx, x, "float32", "nn.conv2d.cast")  # exact; products exact in fp32
-    if x.dtype not in (*_FLOAT, "int32") or out.dtype != x.dtype:  # int32: int8 widened
+    if x.dtype == "int8" and str(w.dtype) == "int8" and out.dtype == "int32":
+        _vector_dtype(ctx, "int32", "nn.conv2d")
+        x = cast_kernel(ctx, x, "int32", "nn.conv2d.cast")  # the quantized graph's: exact
+    if x.dtype not in (*_FLOAT, "int32") or out.dtype != x.dtype:
         raise NotSupported(f"nn.conv2d: depthwise {x.dtype} -> {out.dtype}")
     _vector_dtype(ctx, x.dtype, "nn.conv2d")
     wt = ctx.constant(w.reshape(c, -1), x.dtype)

@@ -32,6 +32,7 @@ from .lowering import LoweringContext, NotSupported, lookup_lowering
 from .ops import (
     ELEMENTWISE_OPS,
     GEMM_OPS,
+    call_depthwise_route,
     elementwise_steps,
     is_depthwise,
     lower_elementwise_chain,
@@ -216,14 +217,16 @@ def lower_region(ctx: LoweringContext, func: g.Function, env: dict[int, Any],
 
 
 def _is_product(ctx: LoweringContext, value: Any) -> bool:
-    """A call the tensor unit computes (dense, matmul, a conv2d that is not depthwise)."""
+    """A call the tensor unit computes (dense, matmul, a conv2d -- a depthwise one where
+    :func:`~.ops.call_depthwise_route` puts it there)."""
     if not (isinstance(value, g.Call) and isinstance(value.op, g.Op) and
             value.op.name in GEMM_OPS and len(value.args) >= 2):
         return False
     if value.op.name == "nn.conv2d" and value.attrs.groups != 1:
         dims = [tuple(getattr(d, "value", d) for d in (a.struct_info.shape or ()))
                 for a in value.args[:2]]
-        return not is_depthwise(value.attrs.groups, dims[0], dims[1])
+        if is_depthwise(value.attrs.groups, dims[0], dims[1]):
+            return call_depthwise_route(ctx, value).route == "tensor"
     return True
 
 
@@ -343,7 +346,7 @@ class _Mark:
         (``007:nn.conv2d+add+relu``)."""
         kb = self.ctx.kb
         for info in kb.kernels[self.nkernels:]:
-            if info.op != op:
+            if info.op != op and not info.op.startswith(op + "."):  # nn.conv2d.depthwise
                 continue
             old = info.label  # the op stays the product's (what kinds of kernel count)
             info.label = f"{old}+{names}"

@@ -45,7 +45,7 @@ from .nest_analysis import analyse_elementwise
 __all__ = ["ElementwiseKernel", "ElementwisePlan", "VecStep", "acc_layout", "compact_block",
            "emit_steps",
            "POOL_TAP_OPCODES", "elementwise_kernel", "emit_elementwise", "plan_elementwise",
-           "plan_pool2d", "pool_fill",
+           "plan_pool2d", "pool2d_cost", "pool_fill",
            "plan_rows", "pool2d_kernel", "pool2d_kernel_info", "register_pool2d_kernel",
            "rows_bound",
            "register_elementwise_kernel", "emit_layer_norm", "emit_row_mean", "emit_pool2d",
@@ -279,6 +279,53 @@ def plan_pool2d(cfg: Any, nbuf: int, x_shape: tuple[int, ...], out_shape: tuple[
 
     ct, rt, _ = _fit([c if depthwise else n * c, oh, 1], fits)
     return ct, rt, wp
+
+
+def pool2d_cost(cfg: Any, nbuf: int, x_shape: tuple[int, ...], out_shape: tuple[int, ...],
+                dtype: str, pool: tuple[int, int], strides: tuple[int, int],
+                pad: tuple[int, int, int, int], dilation: tuple[int, int],
+                depthwise: bool) -> float:
+    """Estimated cycles of :func:`emit_pool2d`'s kernel (both routes emit the same), from the
+    description: per block of :func:`plan_pool2d` one vector instruction per tap (a ``vmul``
+    / ``vmac`` or ``vmax``, each over the block, a fence between two), its loads (the
+    input rows, a depthwise block's weights) and its store; a core's blocks pipelined over
+    ``nbuf`` slots, so the busiest of its vector work, its DMA queue (issue overhead, the
+    data at the chip's bandwidth, each step's wait for its loads to land) and the chip's
+    DRAM channel, plus the first load and the last store. An input that fits L1 is counted
+    there (see below; :func:`~.gemm.gemm_cost`, the tensor route's estimate, counts every
+    operand in DRAM: where the two are close this favours the vector unit). What
+    :func:`.ops.depthwise_route` weighs against the tensor unit's product. Raises
+    NotSupported (no block fits)."""
+    n, c, h, w = x_shape
+    oh, ow = out_shape[2:]
+    (kh, kw), (sh, _), (dh, _) = pool, strides, dilation
+    ct, rt, _ = plan_pool2d(cfg, nbuf, x_shape, out_shape, dtype, pool, strides, pad, dilation,
+                            depthwise, False)
+    isz = itemsize(dtype)
+    taps = kh * kw
+    dram = cfg.memory(DRAM)
+    blocks = (n * -(-c // ct) if depthwise else -(-(n * c) // ct)) * -(-oh // rt)
+    per_core = -(-blocks // cfg.cores)
+    rows_in = min(h, (rt - 1) * sh + (kh - 1) * dh + 1)
+    load = ct * rows_in * w * isz + (ct * taps * isz if depthwise else 0)
+    store = ct * rt * ow * isz
+    vec = taps * (cfg.vector_ops_cycles(ct * rt * ow * isz) + cfg.vector_latency)
+    loads = 1 + int(depthwise)
+    # an input that fits L1 is read at the DMA engine's on-chip bandwidth, off the shared
+    # channel: where on-chip residency (decided once the program is emitted) keeps a
+    # producer's result -- every depthwise input of MobileNetV2 at 112 px on "default"
+    # (counted in DRAM, the estimate was twice the simulated cycles: 16026 against 7760
+    # for its 96-channel 3x3/2)
+    on_chip = n * c * h * w * isz <= cfg.memory("l1").size
+    in_bw = cfg.dma_onchip_bandwidth if on_chip else dram.bandwidth
+    dma = loads * cfg.dma_latency + load / in_bw
+    wait = (cfg.memory("l1").latency if on_chip else dram.latency) + loads * cfg.dma_latency
+    channel = blocks * ((0 if on_chip else load) + store) / dram.bandwidth
+    first = dma + wait
+    last = cfg.dma_latency + store / dram.bandwidth + dram.latency
+    if nbuf < 2:
+        return per_core * (dma + wait + vec) + channel / cfg.cores + last
+    return max(per_core * vec, per_core * max(dma, wait / nbuf), channel) + first + last
 
 
 def pool2d_kernel_info(ctx: LoweringContext, op: str, x: Any, out: Any, taps: int,

@@ -27,7 +27,7 @@ from ... import graph as g
 from ...ir.module import IRModule
 from ...npu.isa import Block
 from ...schedule.npu.emit import DramTensor, itemsize
-from ...schedule.npu.lowering import LOWERING_KEY, LoweringContext
+from ...schedule.npu.lowering import DEPTHWISE_KEY, LOWERING_KEY, LoweringContext
 from ...schedule.npu.region import (
     FUSE_EPILOGUE_KEY,
     lower_region,
@@ -88,7 +88,9 @@ class _Ranges:
 def memory_scopes(config: NPUConfig, func: g.Function, double_buffer: bool = True
                   ) -> dict[str, str]:
     """Variable name -> the memories it lives in, for region function ``func``."""
-    ctx = LoweringContext(config, double_buffer, PassContext.current().get_config(LOWERING_KEY))
+    pc = PassContext.current()
+    ctx = LoweringContext(config, double_buffer, pc.get_config(LOWERING_KEY),
+                          pc.get_config(DEPTHWISE_KEY))
     env = {id(p): ctx.alloc(*static_tensor(p)) for p in func.params}
     res = lower_region(ctx, func, env,
                        fuse_epilogue=bool(PassContext.current().get_config(FUSE_EPILOGUE_KEY)))

@@ -19,7 +19,12 @@ import numpy as np
 from ... import graph as g
 from ...ir.module import IRModule
 from ...schedule.npu.emit import DramTensor
-from ...schedule.npu.lowering import LOWERING_KEY, NotSupported, lowering_rejection
+from ...schedule.npu.lowering import (
+    DEPTHWISE_KEY,
+    LOWERING_KEY,
+    NotSupported,
+    lowering_rejection,
+)
 from ...schedule.npu.region import is_view, static_tensor
 from ...target.npu import NPUConfig, load_config
 from ..pass_infra import PassContext, module_pass
@@ -37,7 +42,8 @@ def npu_rejection(config: NPUConfig, var: g.Var, call: g.Call, double_buffer: bo
             static_tensor(call.args[0])
             return None
         return lowering_rejection(config, call, [_probe_operand(a) for a in call.args], out,
-                                  double_buffer, PassContext.current().get_config(LOWERING_KEY))
+                                  double_buffer, PassContext.current().get_config(LOWERING_KEY),
+                                  PassContext.current().get_config(DEPTHWISE_KEY))
     except NotSupported as err:
         return str(err)
 
