@@ -85,7 +85,7 @@ class DramView:
 
 def itemsize(dtype: str) -> int:
     """Bytes per element of an NPU dtype."""
-    return {"int8": 1, "uint8": 1, "int16": 2, "float16": 2, "bfloat16": 2, "int32": 4,
+    return {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "float16": 2, "bfloat16": 2, "int32": 4,
             "float32": 4, "int64": 8}[dtype]
 
 

@@ -249,7 +249,7 @@ def emit_steps(kb: KernelBuilder, core: int, steps: list[VecStep], shape: tuple[
             kb.fence(core, UNIT_VECTOR)
         srcs = [operands[s[1]] if s[0] == "in" else s[1] if s[0] == "imm" else dst
                 for s in st.srcs]
-        names = ("a", "b") if len(srcs) == 2 else ("a",)
+        names = ("mask", "a", "b") if st.opcode == "vsel" else ("a", "b")
         kb.emit(core, st.opcode, shape=shape, dst=dst, **dict(zip(names, srcs)),
                 **dict(st.extra))
 
