@@ -59,6 +59,7 @@ from ...arith import Analyzer
 from ...arith.expr_utils import const_int
 from ...graph.op_registry import OpPattern, get_op_def
 from ...ir.errors import KilnError
+from ...ir.node import structural_equal
 from ...target.npu.config import DRAM
 from ...tir import expr as E
 from ...tir.buffer import Buffer
@@ -167,6 +168,21 @@ class LeafNest:
         return int(np.prod(self.extents, dtype=np.int64))
 
 
+def _one_store(s: Stmt) -> BufferStore | None:
+    """``if c: B[i] = x else: B[i] = y`` (nested alike) as the store ``B[i] = select(c, x,
+    y)``: one nest that writes every element once (a reflect pad's arms differ in what they
+    read); None when the arms store elsewhere."""
+    if isinstance(s, BufferStore):
+        return s
+    if not isinstance(s, IfThenElse) or s.else_case is None:
+        return None
+    a, b = _one_store(s.then_case), _one_store(s.else_case)
+    if a is None or b is None or a.buffer is not b.buffer or \
+            not structural_equal(a.indices, b.indices):
+        return None
+    return BufferStore(a.buffer, E.Select(s.condition, a.value, b.value), a.indices)
+
+
 def leaf_nests(func: PrimFunc) -> list[LeafNest]:
     """Every store of ``func`` (loop form, after :func:`npu_prepare`) with its loops and
     guards (a branch the pre-passes could not remove: a reflect pad's, whose condition is no
@@ -185,6 +201,8 @@ def leaf_nests(func: PrimFunc) -> list[LeafNest]:
                 raise NotSupported("a loop of symbolic range")
             if n > 0:
                 walk(s.body, (*loops, (s.loop_var, n)), guards)
+        elif isinstance(s, IfThenElse) and _one_store(s) is not None:
+            walk(_one_store(s), loops, guards)
         elif isinstance(s, IfThenElse):
             walk(s.then_case, loops, (*guards, s.condition))
             if s.else_case is not None:
@@ -348,6 +366,8 @@ def select_nest(ctx: LoweringContext, nest: LeafNest, where: dict[Buffer, DramTe
             if s[0] == "in" and loads[s[1]].tensor.dtype != odt:
                 return None, "a select between dtypes"
         return kernel([VecStep("vsel", (m, a, b))]), ""
+    if isinstance(value, E.Select):
+        return None, "a select whose condition is no affine comparison of the loops"
     return None, f"{type(value).__name__}: no vector form of the value"
 
 
@@ -445,6 +465,17 @@ class _ScalarCode:
             self.emit("s.alu", fn="div", dtype=dt, rd=a, rs1=a, rs2=b)
             self.free(b)
             return a
+        if E.is_check(e):  # an index checked at run time: s.trap outside [lo, n)
+            v, lo, n = (self.gen(x, env) for x in e.args[:3])
+            self.emit("s.br", cond="lt", rs1=v, rs2=lo, target=3)
+            self.emit("s.br", cond="ge", rs1=v, rs2=n, target=2)
+            self.emit("s.jmp", target=2)
+            self.emit("s.trap", code="index", rs=v)
+            self.emit("s.li", dtype="int64", rd=lo, value=0)
+            self.emit("s.br", cond="ge", rs1=v, rs2=lo, target=2)
+            self.emit("s.alu", fn="add", dtype="int64", rd=v, rs1=v, rs2=n)  # from the end
+            self.free(lo)
+            return v
         if isinstance(e, E.Call) and e.op in SCALAR_FN and len(e.args) == 1:
             fn = SCALAR_FN[e.op]
             if fn not in self.ctx.config.scalar_functions:
@@ -569,7 +600,8 @@ def lower_last_resort(ctx: LoweringContext, call: Any, args: list[Any], out: Dra
                 except NotSupported as err:  # a limit of the description: the scalar unit
                     ctx.rollback(inner)
                     why = str(err)
-            emit_scalar_nest(ctx, op, nest, where, f"{op}: {why}")
+            emit_scalar_nest(ctx, op, nest, where,
+                             why if why.startswith(f"{op}: ") else f"{op}: {why}")
     except NotSupported:
         ctx.rollback(mark)
         raise

@@ -190,6 +190,8 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
     region: list[int] = []
     used = {m: 0 for m in L0_INPUTS}
     for x, s, m in zip(inputs, in_str, mem_of):
+        isz = itemsize(x.dtype)  # aligned to its elements (a float block after a uint8 mask)
+        used[m] = -(-used[m] // isz) * isz
         region.append(used[m])
         used[m] += nbuf * int(np.prod(compact(t, s))) * itemsize(x.dtype)
     # the compute block after the result; both 8-byte aligned (an int32 block after int8s)
