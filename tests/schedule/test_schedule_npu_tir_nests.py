@@ -8,11 +8,9 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln import cli
+from kiln import cli, op
 from kiln import graph as g
-from kiln import op
 from kiln.schedule.npu import LoweringContext
-from kiln.schedule.npu.emit import DramTensor
 from kiln.schedule.npu.nest_analysis import unit_shares
 from kiln.schedule.npu.tir_nests import leaf_nests, op_prim_func, select_nest
 from kiln.target.npu import load_config

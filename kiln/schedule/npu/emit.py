@@ -22,8 +22,8 @@ from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, UNIT_TENSOR, UNIT_VECTOR, Bloc
 from ...npu.program import Program
 from ...target.npu.config import DRAM, MEMORY_NAMES, NPUConfig
 
-__all__ = ["DramTensor", "DramView", "ITEMSIZE", "KernelBuilder", "KernelInfo", "Pipeline", "block", "itemsize",
-           "row_major", "store_piece_bytes", "store_pieces"]
+__all__ = ["DramTensor", "DramView", "ITEMSIZE", "KernelBuilder", "KernelInfo", "Pipeline",
+           "block", "itemsize", "row_major", "store_piece_bytes", "store_pieces"]
 
 MEM_ID = {name: i for i, name in enumerate(MEMORY_NAMES)}
 #: DRAM alignment of every tensor (a whole burst of the largest shipped description).
