@@ -107,22 +107,16 @@ def test_tile_as_broadcast_and_reshape():
 
 
 @pytest.mark.parametrize("hw", HW)
-def test_reflect_pad_falls_back_to_the_scalar_unit_with_its_reason(hw):
-    """A reflect pad's index is a floor-modulo of the loop: no affine comparison to partition
-    at, so its branches stay (one store of a select between the two reads) and the nest runs
-    as a scalar-unit loop, listed with the reason; the result is still exact."""
-    pw = ((0, 0), (2, 1))
-    x = RNG.standard_normal((3, 6)).astype("float32")
+def test_reflect_pad_is_copies(hw):
+    """A reflect pad's folded index (a floor-modulo of the loop, then a select) branched by
+    window and partitioned: every piece a copy, the borders read backwards (negative DMA
+    strides)."""
+    pw = ((0, 0), (2, 1), (3, 2))
+    x = RNG.standard_normal((2, 6, 29)).astype("float32")
     exe = _build(lambda v: op.pad(v, pw, mode="reflect"), [x.shape], hw)
     ref = np.pad(x, pw, mode="reflect")
     np.testing.assert_array_equal(exe(x), ref)
-    assert exe.cpu_ops == []
-    shares = unit_shares(exe)
-    assert shares.scalar_ops == ref.size and shares.vector_ops == 0
-    assert shares.fallbacks and all(
-        r == "pad: a select whose condition is no affine comparison of the loops"
-        for _, r in shares.fallbacks)
-    assert "scalar unit (pad: a select whose condition" in exe.describe()
+    _vector_only(exe, ref.size)
 
 
 def test_gather_elements_runs_on_the_scalar_unit():
@@ -174,22 +168,21 @@ def test_a_copy_the_vector_unit_cannot_move_runs_on_the_scalar_unit():
 
 
 def test_show_npu_lists_the_fallback(tmp_path, capsys):
-    """``kiln show --stage npu`` of an ONNX model with a reflect Pad: the scalar-unit kernels
-    and their reason."""
+    """``kiln show --stage npu`` of an ONNX model with a GatherElements: its scalar-unit
+    kernel and the reason."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    pads = numpy_helper.from_array(np.array([0, 2, 0, 1], np.int64), "pads")
+    idx = numpy_helper.from_array(RNG.integers(0, 6, (3, 4)).astype(np.int64), "idx")
     graph = helper.make_graph(
-        [helper.make_node("Pad", ["x", "pads"], ["y"], name="pad", mode="reflect")],
+        [helper.make_node("GatherElements", ["x", "idx"], ["y"], name="ge", axis=1)],
         "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 6])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 9])], [pads])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])], [idx])
     path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     assert cli.main(["show", str(path), "--target", "npu -hw=edge", "--stage", "npu"]) == 0
     out = capsys.readouterr().out
     fallback = [line for line in out.splitlines() if line.startswith("  scalar fallback ")]
-    assert fallback and all(line.strip().endswith(
-        "pad: a select whose condition is no affine comparison of the loops")
-        for line in fallback)
-    assert "CPU 0 of" in out
+    assert len(fallback) == 1 and fallback[0].strip().endswith(
+        ":gather_elements: gather_elements: an index that is no affine function of the loops")
+    assert "(scalar 12, CPU 0 of " in out

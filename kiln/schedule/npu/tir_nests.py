@@ -48,6 +48,7 @@ bool tensors are the bytes 0 and 1 in DRAM: the kernels read and write them as `
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -76,7 +77,7 @@ from .scalar import SCALAR_FN
 from .vector import VecStep, emit_elementwise
 
 __all__ = ["LAST_RESORT_OPS", "Access", "LeafNest", "affine_access", "emit_scalar_nest",
-           "leaf_nests", "lower_last_resort", "op_prim_func", "select_nest"]
+           "last_resort_enabled", "leaf_nests", "lower_last_resort", "op_prim_func", "select_nest"]
 
 #: The ops the lowering of last resort serves: injective ops with a TE compute and no NPU
 #: lowering of their own whose work is moving, selecting or comparing elements. Arithmetic
@@ -575,12 +576,20 @@ def emit_scalar_nest(ctx: LoweringContext, op: str, nest: LeafNest,
 
 
 # ---- the lowering ------------------------------------------------------------------------------
+def last_resort_enabled() -> bool:
+    """Whether the lowering runs (``KILN_NPU_LAST_RESORT`` unset or not ``0``; off, its ops go
+    to the CPU as before it existed -- what ``benchmarks/npu_last_resort.py`` compares)."""
+    return os.environ.get("KILN_NPU_LAST_RESORT", "1") != "0"
+
+
 @register_lowering(LAST_RESORT_OPS)
 def lower_last_resort(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor
                       ) -> None:
     """Op ``call`` through its own TIR (see the module docstring): each prepared nest on the
     vector unit where a form matches, else on the scalar unit with the reason."""
     op = call.op.name
+    if not last_resort_enabled():
+        raise NotSupported(f"{op}: the lowering of last resort is off (KILN_NPU_LAST_RESORT=0)")
     operands = [[ctx.tensor(x) for x in a] if isinstance(a, list) else ctx.tensor(a)
                 for a in args]
     func, where = op_prim_func(call, operands, out)

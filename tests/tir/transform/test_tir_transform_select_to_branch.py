@@ -89,3 +89,23 @@ def test_too_many_branches_leave_the_store():
     assert 2 ** 7 > MAX_LEAVES
     func = loop_func([a, b], _loop(i, 8, S.BufferStore(b, value, (i,))))
     assert select_to_branch(func) is func
+
+
+def test_floor_modulo_branches_by_window():
+    """A reflect pad's ``A[select(r < 4, r, 6 - r)]`` with ``r = (i + 5) % 6`` over ``i in
+    [0, 8)``: ``i + 5`` spans two windows of 6, each branch a plain index; then the select;
+    nothing modular or selected is left once simplified, and the C target computes numpy's
+    reflect pad before and after."""
+    a, b = tir.decl_buffer((4,), "float32", "A"), tir.decl_buffer((8,), "float32", "B")
+    i = tir.Var("i", "int64")
+    r = tir.floormod(i + _i(5), _i(6))
+    func = loop_func([a, b], _loop(i, 8, S.BufferStore(
+        b, a[tir.select(r < _i(4), r, _i(6) - r)], (i,))))
+    got = simplify(select_to_branch(func))
+    text = script(got)
+    assert "%" not in text and "select" not in text, text
+    x = RNG.standard_normal(4).astype(np.float32)
+    out = np.zeros(8, np.float32)
+    ref = np.pad(x, (1, 3), mode="reflect")
+    np.testing.assert_array_equal(run_c(func, [x, out])[1], ref)
+    np.testing.assert_array_equal(run_c(got, [x, out])[1], ref)
