@@ -82,6 +82,15 @@ def test_comparison_result_leaves_the_npu_as_bool():
     _vector_only(exe, x.size)
 
 
+def test_logical_ops_on_the_bool_bytes():
+    """and / or / not of bool tensors: vmin / vmax of the 0/1 bytes and a vcmp with 0."""
+    a, b = (RNG.random((5, 13)) > 0.5 for _ in range(2))
+    exe = _build(lambda u, v: op.logical_not(op.logical_or(op.logical_and(u, v), u)),
+                 [a.shape, b.shape], "edge", dtype="bool")
+    np.testing.assert_array_equal(exe(a, b), ~((a & b) | a))
+    _vector_only(exe, 3 * a.size)
+
+
 @pytest.mark.parametrize("hw", HW)
 def test_broadcast_to_is_one_strided_copy(hw):
     x = RNG.standard_normal((7, 1)).astype("float32")

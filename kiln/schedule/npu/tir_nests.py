@@ -26,6 +26,8 @@ op's own PrimFunc (the TE compute the C target lowers, ``LegalizeOps``' route):
    - ``out[..] = cast(in[..])``: a ``vcast``;
    - ``out[..] = a[..] <cmp> b``: a ``vcmp`` (the 0/1 mask is the bool result's bytes);
    - ``out[..] = select(m[..], a, b)`` (``where``): a ``vsel`` on the mask block;
+   - ``and`` / ``or`` / ``not`` of bool loads: ``vmin`` / ``vmax`` of the 0/1 bytes, a
+     ``vcmp`` with 0;
 
 5. what matches none of them -- an index that is no affine function of the loops (a gather's
    run-time index, a resize's scaled index), arithmetic no form above computes, a dtype the
@@ -358,6 +360,18 @@ def select_nest(ctx: LoweringContext, nest: LeafNest, where: dict[Buffer, DramTe
                 (b[0] == "in" and loads[b[1]].tensor.dtype != cdt):
             return None, f"a comparison of {cdt}"
         return kernel([VecStep("vcmp", (a, b), (("cond", cond),))]), ""
+    bools = (isinstance(value, (E.And, E.Or, E.Not)) and str(st.buffer.dtype) == "bool")
+    if bools:  # bool tensors are bytes 0/1: and = min, or = max, not = (x == 0)
+        srcs = [operand(x) for x in ((value.a,) if isinstance(value, E.Not)
+                                     else (value.a, value.b))]
+        if any(x is None for x in srcs) or any(
+                x[0] == "in" and str(loads[x[1]].tensor.dtype) != "uint8" for x in srcs) or \
+                srcs[0][0] != "in":
+            return None, "a logical operation of values no bool load holds"
+        if isinstance(value, E.Not):
+            return kernel([VecStep("vcmp", (srcs[0], ("imm", 0)), (("cond", "eq"),))]), ""
+        return kernel([VecStep("vmin" if isinstance(value, E.And) else "vmax",
+                               tuple(srcs))]), ""
     if isinstance(value, E.Select) and isinstance(value.condition, E.BufferLoad):
         m = operand(value.condition)
         a, b = operand(value.true_value), operand(value.false_value)
