@@ -22,8 +22,8 @@ from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, UNIT_TENSOR, UNIT_VECTOR, Bloc
 from ...npu.program import Program
 from ...target.npu.config import DRAM, MEMORY_NAMES, NPUConfig
 
-__all__ = ["DramTensor", "DramView", "KernelBuilder", "KernelInfo", "Pipeline", "block", "itemsize",
-           "row_major", "store_piece_bytes", "store_pieces"]
+__all__ = ["DramTensor", "DramView", "ITEMSIZE", "KernelBuilder", "KernelInfo", "Pipeline",
+           "block", "itemsize", "row_major", "store_piece_bytes", "store_pieces"]
 
 MEM_ID = {name: i for i, name in enumerate(MEMORY_NAMES)}
 #: DRAM alignment of every tensor (a whole burst of the largest shipped description).
@@ -83,10 +83,14 @@ class DramView:
         return self.tensor.at(self.offset + offset, strides)
 
 
+#: Bytes per element of the dtypes a tensor in the NPU's DRAM may have (bool: bytes 0 and 1).
+ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "float16": 2, "bfloat16": 2,
+            "int32": 4, "float32": 4, "int64": 8}
+
+
 def itemsize(dtype: str) -> int:
     """Bytes per element of an NPU dtype."""
-    return {"int8": 1, "uint8": 1, "int16": 2, "float16": 2, "bfloat16": 2, "int32": 4,
-            "float32": 4, "int64": 8}[dtype]
+    return ITEMSIZE[dtype]
 
 
 def store_piece_bytes(config: NPUConfig) -> int:

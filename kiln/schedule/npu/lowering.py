@@ -32,7 +32,7 @@ import numpy as np
 
 from ...ir.errors import KilnError
 from ...target.npu.config import NPUConfig
-from .emit import DRAM_ALIGN, DramTensor, KernelBuilder, itemsize
+from .emit import DRAM_ALIGN, ITEMSIZE, DramTensor, KernelBuilder, itemsize
 
 __all__ = ["DEFAULT_ROUTE", "DEPTHWISE_KEY", "DEPTHWISE_ROUTES", "LOWERING_KEY",
            "LOWERING_ROUTES", "LoweringContext", "LoweringFn",
@@ -217,6 +217,10 @@ def lowering_rejection(config: NPUConfig, call: Any, args: list[Any],
     lower = lookup_lowering(call.op.name)
     if lower is None:
         return "no NPU lowering"
+    for t in [out[1], *(str(getattr(a, "dtype", "")) for a in args
+                        if isinstance(a, DramTensor))]:
+        if t not in ITEMSIZE:  # DRAM holds no such tensor (float64)
+            return f"{t} is no NPU dtype"
     ctx = LoweringContext(config, double_buffer, route, depthwise)
 
     def operand(a: Any) -> Any:

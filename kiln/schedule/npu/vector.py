@@ -190,6 +190,8 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
     region: list[int] = []
     used = {m: 0 for m in L0_INPUTS}
     for x, s, m in zip(inputs, in_str, mem_of):
+        isz = itemsize(x.dtype)  # aligned to its elements (a float block after a uint8 mask)
+        used[m] = -(-used[m] // isz) * isz
         region.append(used[m])
         used[m] += nbuf * int(np.prod(compact(t, s))) * itemsize(x.dtype)
     # the compute block after the result; both 8-byte aligned (an int32 block after int8s)
@@ -249,7 +251,7 @@ def emit_steps(kb: KernelBuilder, core: int, steps: list[VecStep], shape: tuple[
             kb.fence(core, UNIT_VECTOR)
         srcs = [operands[s[1]] if s[0] == "in" else s[1] if s[0] == "imm" else dst
                 for s in st.srcs]
-        names = ("a", "b") if len(srcs) == 2 else ("a",)
+        names = ("mask", "a", "b") if st.opcode == "vsel" else ("a", "b")
         kb.emit(core, st.opcode, shape=shape, dst=dst, **dict(zip(names, srcs)),
                 **dict(st.extra))
 
