@@ -91,6 +91,28 @@ def test_elu_and_celu_keep_small_values():
     _check(model, {"x": x}, rtol=4e-7, atol=0)
 
 
+def test_softplus_of_large_values_is_the_value():
+    """``log(1 + exp(x))`` overflowed to inf for every float32 x above 88.7 (fuzz 3037945):
+    compared with numpy's logaddexp(0, x) in float64, and an RNN's softplus activation too."""
+    x = np.array([-1e30, -200, -20, -1, -1e-3, 0, 1e-3, 1, 20, 88, 89, 200, 1e30, np.inf,
+                  -np.inf, np.nan], "float32")
+    model = _model([helper.make_node("Softplus", ["x"], ["y"])],
+                   [("x", TensorProto.FLOAT, (x.size,))], ["y"])
+    mod, params = from_onnx(model)
+    got = kiln.build(mod, params=params)(x=x)
+    want = np.logaddexp(0, x.astype(np.float64)).astype(np.float32)
+    np.testing.assert_allclose(got, want, rtol=2.5e-7, atol=0)
+    for half in ("float16", "bfloat16"):  # computed in float32, rounded once
+        xh = np.clip(x, -6e4, 6e4).astype(half) if half == "float16" else x.astype(half)
+        tp = TensorProto.FLOAT16 if half == "float16" else TensorProto.BFLOAT16
+        model = _model([helper.make_node("Softplus", ["x"], ["y"])], [("x", tp, (x.size,))],
+                       ["y"])
+        mod, params = from_onnx(model)
+        got = kiln.build(mod, params=params)(x=xh)
+        want = np.logaddexp(0, xh.astype(np.float64)).astype(half)
+        np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64))
+
+
 def test_float64_math_keeps_precision():
     rng = np.random.default_rng(1)
     x = rng.uniform(-0.99, 0.99, (16,))

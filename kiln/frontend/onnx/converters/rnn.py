@@ -21,6 +21,7 @@ from .... import op
 from ..registry import converter
 from .common import dtype_of, scalar, shape_of, static_int
 from .control_flow import MAX_UNROLL
+from .elementwise import softplus_of
 
 Act = Callable[[Any], Any]
 
@@ -53,7 +54,7 @@ def _activation(node: Any, name: str, alpha: float | None, beta: float | None, d
         "elu": lambda x: op.where(op.greater(x, s(0)), x,
                                   op.multiply(s(a), op.subtract(op.exp(x), s(1)))),
         "softsign": lambda x: op.divide(x, op.add(op.abs(x), s(1))),
-        "softplus": lambda x: op.log(op.add(op.exp(x), s(1))),
+        "softplus": lambda x: softplus_of(x, dtype_of(x)),
     }
     if key not in table:
         raise node.error(f"unsupported activation {name!r}")
