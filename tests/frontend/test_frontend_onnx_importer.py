@@ -264,6 +264,10 @@ def test_damaged_constant_operands_name_the_node():
                       [_vi("x", [2, 3]), _vi("s", [(1 << 32) + 1], i64)], [_vi("y", None)])
     with pytest.raises(KilnError, match="Reshape node 'deep'.*rank 4294967297, above"):
         from_onnx(deep)
+    pad = onnx_model([helper.make_node("Pad", ["x", "p"], ["y"], name="pad")],
+                     [_vi("x", [2, 3, 4])], [_vi("y", None)], [const("p", [1, 1, 1, 1])])
+    with pytest.raises(KilnError, match="Pad node 'pad': pads has 4 entries"):
+        from_onnx(pad)
     # a Python number that the input's dtype cannot hold (fuzz 3036777: an OverflowError)
     same = onnx_model([helper.make_node("Identity", ["x"], ["y"])],
                       [_vi("x", [], TensorProto.UINT8)], [_vi("y", [], TensorProto.UINT8)])

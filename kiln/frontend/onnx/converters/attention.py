@@ -593,7 +593,9 @@ def causal_conv_with_state(ctx: Any, node: Any) -> Any:
     k = _static_shape(node, w, "weight")[2]
     dt = dtype_of(x)
     if past is None:
-        past = _const(np.zeros((batch, channels, k - 1), dtype=dt))
+        # zeros broadcast when run, not a constant of the declared size (a batch of 2**32
+        # was a 192 GiB array at import: fuzz 3037725)
+        past = op.broadcast_to(scalar(0, dt), (batch, channels, k - 1))
     padded = ctx.emit(op.concat([past, x], axis=2)) if k > 1 else x
     # the depthwise conv as a grouped 2-D conv of height 1 (valid padding); half-precision
     # inputs accumulate in float32 and are rounded once, like the reference

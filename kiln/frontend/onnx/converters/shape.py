@@ -357,6 +357,9 @@ def _pad(ctx: Any, node: Any, x: Any, pads: list[int], fill: Any, axes: list[int
          ) -> Any:
     nd = ndim_of(x)
     axes = list(range(nd)) if axes is None else [norm_axis(a, nd) for a in axes]
+    if len(pads) != 2 * len(axes):
+        raise node.error(f"pads has {len(pads)} entries, 2 per padded axis ({len(axes)}) "
+                         "expected")
     width = [[0, 0] for _ in range(nd)]
     for k, a in enumerate(axes):
         width[a] = [pads[k], pads[k + len(axes)]]
