@@ -788,6 +788,12 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
         prefetch_staging(cfg, shape, tiling, kb.nbuf)
     kb.store_floor = store_floor(cfg, shape, tiling, kb.nbuf)
     last = {j % cfg.cores: j for j in range(len(tiles))}  # each core's last tile
+    # each core's store of its previous output tile, emitted after its next step's loads: a
+    # fused epilogue's operand loads (a residual's chunks) go into DMA-in's in-order queue
+    # with the store, each waiting for the vector unit to free its slot -- ahead of the next
+    # step's loads they held them back, and the tensor unit waited. DMA-out's and the vector
+    # unit's streams keep their order (without an epilogue the program is the same).
+    pending: list[Callable[[], None] | None] = [None] * cfg.cores
     for j, (b, m0, mus, n0, nts) in enumerate(tiles):
         core = j % cfg.cores
         p = pipes[core]
@@ -827,6 +833,9 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
             if not b_first and st.load_b:
                 load_b(core, b, k0, kus, n0, nts, b_addr)
             p.loaded()
+            if pending[core] is not None:
+                pending[core]()
+                pending[core] = None
             p.compute_begin()
             if step == 0:
                 c_addr = p.out_slot() * c_bytes
@@ -845,11 +854,19 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
                     store_c(core, b, m0 + r0, pu, n0 + c0, pn, c_addr + at)
             p.computed()
         p.produced()
-        p.store_begin()
         r0, pu, c0, pn = pieces[-1]
-        store_c(core, b, m0 + r0, pu, n0 + c0, pn,
-                c_addr + (r0 * shape.m_unit * c_ld + c0) * asz)
-        p.stored()
+
+        def store(p: Pipeline = p, core: int = core, b: int = b, row: int = m0 + r0,
+                  pu: int = pu, col: int = n0 + c0, pn: int = pn,
+                  at: int = c_addr + (r0 * shape.m_unit * c_ld + c0) * asz) -> None:
+            p.store_begin()
+            store_c(core, b, row, pu, col, pn, at)
+            p.stored()
+        # emitted after the core's next step's loads: see pending
+        pending[core] = store
+    for left in pending:
+        if left is not None:
+            left()
     for p in pipes:
         p.finish()
     kb.store_floor = 0
