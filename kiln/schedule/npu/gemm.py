@@ -788,12 +788,15 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
         prefetch_staging(cfg, shape, tiling, kb.nbuf)
     kb.store_floor = store_floor(cfg, shape, tiling, kb.nbuf)
     last = {j % cfg.cores: j for j in range(len(tiles))}  # each core's last tile
-    # each core's store of its previous output tile, emitted after its next step's loads: a
-    # fused epilogue's operand loads (a residual's chunks) go into DMA-in's in-order queue
-    # with the store, each waiting for the vector unit to free its slot -- ahead of the next
-    # step's loads they held them back, and the tensor unit waited. DMA-out's and the vector
-    # unit's streams keep their order (without an epilogue the program is the same).
+    # a convolution's store of a core's output tile is emitted after the core's next step's
+    # loads: a fused epilogue's operand loads (a residual's chunks) go into DMA-in's
+    # in-order queue with the store, each waiting for the vector unit to free its slot --
+    # ahead of the next step's gathers they held them back, and the tensor unit waited.
+    # DMA-out's and the vector unit's streams keep their order (without an epilogue the
+    # program is the same). Only where both routes emit through here (the TIR route's
+    # generator of dense products walks its own loops): the staged convolutions.
     pending: list[Callable[[], None] | None] = [None] * cfg.cores
+    defer = stage_a is not None
     for j, (b, m0, mus, n0, nts) in enumerate(tiles):
         core = j % cfg.cores
         p = pipes[core]
@@ -862,8 +865,10 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
             p.store_begin()
             store_c(core, b, row, pu, col, pn, at)
             p.stored()
-        # emitted after the core's next step's loads: see pending
-        pending[core] = store
+        if defer:  # emitted after the core's next step's loads: see pending
+            pending[core] = store
+        else:
+            store()
     for left in pending:
         if left is not None:
             left()
