@@ -794,9 +794,13 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     # ahead of the next step's gathers they held them back, and the tensor unit waited.
     # DMA-out's and the vector unit's streams keep their order (without an epilogue the
     # program is the same). Only where both routes emit through here (the TIR route's
-    # generator of dense products walks its own loops): the staged convolutions.
+    # generator of dense products walks its own loops): the staged convolutions; and only
+    # with double buffering: with one slot the next step's loads wait for this step's
+    # product, and the tile's store (which the next tile's product waits for: one
+    # accumulator slot) behind them came later (default, ResNet-18's stage-1 3x3 with a
+    # residual, one slot: 53619 -> 88101 cycles).
     pending: list[Callable[[], None] | None] = [None] * cfg.cores
-    defer = stage_a is not None
+    defer = stage_a is not None and kb.nbuf > 1
     for j, (b, m0, mus, n0, nts) in enumerate(tiles):
         core = j % cfg.cores
         p = pipes[core]
