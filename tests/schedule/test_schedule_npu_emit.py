@@ -456,3 +456,39 @@ def test_one_output_tile_per_core_takes_one_accumulator_slot(monkeypatch):
     assert np.array_equal(outs[0], outs[1])
     ref = x.astype(np.float64) @ w.T.astype(np.float64)
     assert float(np.max(np.abs(outs[0] - ref)) / np.max(np.abs(ref))) <= 1e-2
+
+
+def test_the_cost_model_counts_the_busiest_cores_own_tiles(tmp_path, monkeypatch):
+    """gemm_cost's tensor unit is the busiest core's own tiles, not the average share: M896
+    in tiles of 256 rows is 3.5 tiles, dealt round-robin, so core 0 multiplies two whole
+    ones (4096 cycles) where tiles of 224 give each core 3584. On "default" with a DRAM
+    channel fast enough that the tensor unit binds, the planner ranks the tiles of 224
+    first, as the simulator times them (it ranked them alike before), and both tilings
+    compute the product."""
+    text = open(load_config("default").path).read()
+    text = re.sub(r'(?m)^name\s*=.*$', 'name = "default-fast-dram"', text)
+    text = re.sub(r'(?ms)(^\[dram\].*?^bandwidth\s*=\s*)\d+', r'\g<1>4096', text)
+    path = tmp_path / "fast.toml"
+    path.write_text(text)
+    cfg = load_config(str(path))
+    assert cfg.memory("dram").bandwidth == 4096
+    shape = GemmShape(1, 896, 1, 128, 128, 1, "float16")
+    whole, even = GemmTiling(256, 128, 128, 0, False), GemmTiling(224, 128, 128, 0, False)
+    est = {t: gemm_cost(cfg, shape, t.m_units, t.n, t.k_units, 2, balance=False)
+           for t in (whole, even)}
+    assert est[whole] - est[even] >= 512  # core 0's second whole tile against 224 rows
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((896, 128)).astype("float32")
+    w = rng.standard_normal((128, 128)).astype("float32")
+    mod = graph_module(lambda v: op.dense(v, g.const(w)), [x.shape])
+    cycles = {}
+    for t in (whole, even):
+        _forced(monkeypatch, t)
+        exe = build_npu(mod, kiln.Target("npu", hw=str(path)))
+        out = exe(x)
+        k = next(k for k in exe.kernels if k.op == "dense")
+        assert f"tile M{t.m_units} x N128 x K128" in k.tiling
+        ref = x.astype(np.float64) @ w.T.astype(np.float64)
+        assert float(np.max(np.abs(out - ref)) / np.max(np.abs(ref))) <= 1e-2
+        cycles[t] = exe.last_reports[0].phase_cycles()[k.label]
+    assert cycles[even] < cycles[whole]

@@ -16,7 +16,7 @@ from kiln import graph as g
 from kiln import op
 from kiln.build import npu_pipeline
 from kiln.codegen.npu import build_npu
-from kiln.schedule.npu.emit import DramTensor
+from kiln.schedule.npu.emit import MEM_ID, DramTensor
 from kiln.schedule.npu.epilogue import broadcast_strides, chunks
 from kiln.target.npu import load_config
 from kiln.transform.npu import npu_functions, partition_for_npu
@@ -245,3 +245,65 @@ def test_chunks_and_broadcast_strides():
     assert broadcast_strides(DramTensor(0, (7, 1, 1), "float32"), 4) == (0, 1, 0, 0)
     assert broadcast_strides(DramTensor(0, (2, 7, 3, 3), "float32"), 4) == (63, 9, 3, 1)
     assert broadcast_strides(DramTensor(0, (31,), "float32"), 2) == (0, 1)
+
+
+def _core_streams(exe):
+    prog = [s.program for s in exe.steps if getattr(s, "program", None)][-1]
+    return [[i for i in st if i.op != "barrier"] for st in prog.streams]
+
+
+def _acc_loads(stream):
+    """Positions of the DMA loads into the accumulators (the epilogue's operands)."""
+    return [n for n, i in enumerate(stream)
+            if i.op == "dma.load" and i.args["dst"].mem == MEM_ID["acc"]]
+
+
+@pytest.mark.parametrize("route", ["tir", "emit"])
+def test_a_broadcast_operand_is_loaded_once_per_core(route):
+    """A conv of several output tiles a core, + a per-channel bias and scale + relu: the
+    epilogue loads each constant whole once per core (not per chunk of every tile, whose
+    DRAM round trips sat in DMA-in's queue ahead of the next step's gathers), with the same
+    bits as the unfused kernels."""
+    w, b, s = _const(24, 8, 3, 3), _const(24, 1, 1), _const(24, 1, 1)
+
+    def body(bb, x):
+        c = bb.emit(op.nn.conv2d(x, w, padding=(1, 1)), "c")
+        m = bb.emit(op.multiply(c, s), "m")
+        a = bb.emit(op.add(m, b), "a")
+        return bb.emit_output(op.nn.relu(a), "y")
+
+    mod = _module(body, [(1, 8, 48, 40)])
+    x = RNG.standard_normal((1, 8, 48, 40)).astype("float32")
+    on, off = (_build(mod, "default", route, fuse) for fuse in (True, False))
+    assert np.array_equal(_outputs(on, [x])[0], _outputs(off, [x])[0])
+    ref = np.maximum(_conv(x, w.data, pad=1) * s.data + b.data, 0)
+    out = _outputs(on, [x])[0]
+    assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 2e-2
+    assert "nn.conv2d+multiply+add+relu" in _labels(on)
+    for stream in _core_streams(on):
+        stores = sum(i.op == "dma.store" for i in stream)
+        assert stores > 2  # several tiles (chunks) a core
+        assert len(_acc_loads(stream)) == 2  # the bias and the scale, once each
+
+
+def test_a_residual_is_loaded_after_the_next_steps_gathers():
+    """A conv with a residual add fused: the store of a core's output tile (the epilogue's
+    residual chunks, loaded by DMA-in) is emitted after the core's next step's loads, so the
+    in-order DMA-in queue gathers the next step first; the same bits as unfused, and on both
+    routes the same program."""
+    w = _const(16, 16, 3, 3)
+
+    def body(bb, x, res):
+        c = bb.emit(op.nn.conv2d(x, w, padding=(1, 1)), "c")
+        a = bb.emit(op.add(c, res), "a")
+        return bb.emit_output(op.nn.relu(a), "y")
+
+    mod = _module(body, [(1, 16, 40, 40), (1, 16, 40, 40)])
+    x, res = (RNG.standard_normal((1, 16, 40, 40)).astype("float32") for _ in range(2))
+    ref = np.maximum(_conv(x, w.data, pad=1) + res, 0)
+    on, _ = _check(mod, [x, res], [ref], "default", ["nn.conv2d+add+relu"])
+    stream = _core_streams(on)[0]
+    first = _acc_loads(stream)[0]
+    last_mma = max(n for n in range(first) if stream[n].op in ("mma", "mma.set"))
+    between = stream[last_mma + 1:first]
+    assert any(i.op == "dma.load" and i.args["dst"].mem == MEM_ID["input"] for i in between)
