@@ -87,7 +87,8 @@ class PrefetchPlan:
     #: the timing replays' cycles without and with the moves (equal when none was kept)
     cycles_before: float = 0.0
     cycles_after: float = 0.0
-    #: the moves were made but undone: the replay was not faster
+    #: the moves (counted above) were undone: the replay of the moved program, or the
+    #: bank-placed one (``build_npu``), was not faster
     reverted: bool = False
     relocated: list[tuple[int, int, str, int, int]] = field(default_factory=list)
     kept: dict[str, int] = field(default_factory=dict)
@@ -256,19 +257,23 @@ class _Prefetcher:
 
     def boundary(self, k: int) -> None:
         """Move phase ``k + 1``'s head loads that are safe to the end of phase ``k`` if the
-        timing replay of the two kernels says it is faster: all of them, or those expected
-        to complete in the load queue's idle time at the end of phase ``k``."""
+        timing replay of the two kernels says it is faster: the first step's, those expected
+        to complete in the load queue's idle time at the end of phase ``k``, or all of them
+        -- the fastest of the three."""
         if self._scalar_code(k) or self._scalar_code(k + 1):
             self.plan.keep("a kernel of the two runs scalar code (its replay needs the data)")
             return
         saved = [list(per_core[k + 1]) for per_core in self.phases]
         relocated = len(self.plan.relocated)
-        safe, fitting = self._safe(k)
+        safe, fitting, first = self._safe(k)
         if not any(safe):
             self._restore(k, saved, relocated)
             return
         base = self._pair_cycles(k, [[] for _ in self.phases], saved)
-        options = [safe] if safe == fitting or not any(fitting) else [safe, fitting]
+        options: list[list[list[int]]] = []
+        for option in (first, fitting, safe):
+            if any(option) and option not in options:
+                options.append(option)
         timed = [(self._pair_cycles(k, o), n, o) for n, o in enumerate(options)]
         cycles, _, best = min(timed)
         if base is None or cycles is None or cycles >= base:
@@ -319,22 +324,27 @@ class _Prefetcher:
         except SimulationError:
             return None
 
-    def _safe(self, k: int) -> tuple[list[list[int]], list[list[int]]]:
-        """Per core, the head loads of phase ``k + 1`` that may move into phase ``k``, and
-        those of them expected to complete in its load queue's idle time (moving the next
-        phase's buffers where a destination needs room)."""
+    def _safe(self, k: int) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+        """Per core, the head loads of phase ``k + 1`` (up to its load queue's first wait on
+        another unit) that may move into phase ``k``, those of them expected to complete in
+        its load queue's idle time, and those of the first step (before the queue's first
+        token to another unit) -- moving the next phase's buffers where a destination needs
+        room."""
         before = _phase_of(self.phases, k)
         dram_written = _Ranges(before.dram_written)
         written = {key: _Ranges(v) for key, v in before.written.items()}
         used = {key: _Ranges(v) for key, v in before.used.items()}
         safe: list[list[int]] = []
         fitting: list[list[int]] = []
+        first: list[list[int]] = []
         for core, per_core in enumerate(self.phases):
             free, arrive = self.slack[core][k]  # the load queue idles from free to arrive
             staying: list[int] = []  # head loads that stay, which a moved one passes
             fenced: list[int] = []  # head loads before the queue's last fence on itself
             safe.append([])
             fitting.append([])
+            first.append([])
+            steps = 0
             for i in range(len(per_core[k + 1])):
                 ins = per_core[k + 1][i]
                 if ins.op == "tok.pop" and ins.args["src"] == ins.args["dst"] == UNIT_DMA_IN:
@@ -347,7 +357,8 @@ class _Prefetcher:
                 if ins.op == "tok.pop" and ins.args["dst"] == UNIT_DMA_IN:
                     break
                 if ins.op == "tok.push" and ins.args["src"] == UNIT_DMA_IN:
-                    break
+                    steps += 1  # the loads after it are the next step's tiles
+                    continue
                 if ins.op != "dma.load":
                     continue
                 why = self._unsafe_source(ins, core, before, dram_written, written)
@@ -364,11 +375,13 @@ class _Prefetcher:
                     staying.append(i)
                     continue
                 safe[-1].append(i)
+                if not steps:
+                    first[-1].append(i)
                 busy, done = self._duration(ins)
                 if free + done <= arrive:
                     fitting[-1].append(i)
                     free += busy
-        return safe, fitting
+        return safe, fitting, first
 
     def _duration(self, ins: Instr) -> tuple[float, float]:
         """A load's estimated cycles: until its queue may issue the next one (the issue
