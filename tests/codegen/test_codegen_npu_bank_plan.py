@@ -130,7 +130,7 @@ def test_data_carried_between_phases_pins_its_buffers():
     pinned = {(b.phase, b.mem, b.lo) for b in analysis.pinned}
     assert (0, IN, held) in pinned and (1, IN, held) in pinned
     assert (1, IN, 0) not in pinned and (1, IN, 8192) not in pinned
-    assert analysis.carried[(0, IN)] == [(held, held + N * 4, 0, 1)]  # live in phases 0-1
+    assert analysis.carried[(0, IN)] == [(held, held + N * 4)]
 
 
 @pytest.mark.parametrize("hw", ["edge", "default"])

@@ -62,8 +62,6 @@ _L1_ID = MEMORY_NAMES.index(L1)
 _ROUNDS = 3
 #: One operand use: (core, index in its stream, argument name, extent first, extent last)
 _Use = tuple[int, int, str, int, int]
-#: Bytes carried between phases: (first, last, the first and the last phase they are live in)
-_Carried = tuple[int, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -108,7 +106,7 @@ class BankAnalysis:
     pairs: list[ConflictPair]
     buffers: dict[tuple[int, int, int], list[Buffer]] = field(repr=False)
     pinned: set[Buffer] = field(repr=False)
-    carried: dict[tuple[int, int], list[_Carried]] = field(repr=False)
+    carried: dict[tuple[int, int], list[tuple[int, int]]] = field(repr=False)
     accesses: dict[Buffer, list[Access]] = field(repr=False)
     uses: dict[tuple[int, int, int], list[_Use]] = field(repr=False)
 
@@ -162,79 +160,53 @@ def _is_read(ins: Instr, name: str) -> bool:
 
 
 def _bytes(mask: np.ndarray, blk: Block, shape: tuple[int, ...]) -> np.ndarray:
-    """The entries of a per-byte array that a block touches (as the simulator's hazard check
+    """The entries of a per-byte mask that a block touches (as the simulator's hazard check
     views its shadows)."""
     isz = np_dtype(blk.dtype).itemsize
-    step = mask.itemsize
     strides = blk.strides[-len(shape):]
     return as_strided(mask[blk.addr:], shape=(*shape, isz),
-                      strides=(*(s * isz * step for s in strides), step), writeable=True)
+                      strides=(*(s * isz for s in strides), 1), writeable=True)
 
 
 def _collect(program: Program, grouped: set[int]
              ) -> tuple[dict[tuple[int, int, int], list[_Use]],
-                        dict[tuple[int, int], list[_Carried]]]:
+                        dict[tuple[int, int], list[tuple[int, int]]]]:
     """Every on-chip operand use of a grouped memory, per (phase, scope, memory), and the
-    carried ranges per (scope, memory) with the phases they are live in: bytes a phase reads
-    before writing them, from the last phase that wrote them (on any core of the scope) to
-    the reader, or the whole memory in every phase where the scalar unit addresses it."""
+    carried ranges per (scope, memory): bytes some phase reads before writing them, or the
+    whole memory where the scalar unit addresses it."""
     cfg = program.config
     uses: dict[tuple[int, int, int], list[_Use]] = {}
-    carried: dict[tuple[int, int], list[_Carried]] = {}
-    # per core, its (index in its stream, instruction) per phase
-    phases: list[list[list[tuple[int, Instr]]]] = []
-    for stream in program.streams:
-        per: list[list[tuple[int, Instr]]] = [[]]
+    carried: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for core, stream in enumerate(program.streams):
+        phase = 0
+        masks: dict[int, np.ndarray] = {}
         for idx, ins in enumerate(stream):
             if ins.op == "barrier":
-                per.append([])
-            else:
-                per[-1].append((idx, ins))
-        phases.append(per)
-    n_phases = max(len(per) for per in phases)
-    last_write: dict[tuple[int, int], np.ndarray] = {}  # per byte: the last phase writing it
-    for phase in range(n_phases):
-        written: list[tuple[tuple[int, int], Block, tuple[int, ...]]] = []
-        for core, per in enumerate(phases):
-            masks: dict[int, np.ndarray] = {}
-            for idx, ins in (per[phase] if phase < len(per) else []):
-                if ins.op in ("s.ld", "s.st") and ins.args.get("mem") in grouped:
-                    mem = ins.args["mem"]
-                    carried.setdefault((_scope(core, mem), mem), []).append(
-                        (0, cfg.memory(MEMORY_NAMES[mem]).size, 0, n_phases - 1))
-                    continue
-                ops = [(n, b, s) for n, b, s in onchip_operands(ins) if b.mem in grouped]
-                for name, blk, shape in ops:
-                    first, last = block_extent(blk, shape)
-                    key = (phase, _scope(core, blk.mem), blk.mem)
-                    uses.setdefault(key, []).append((core, idx, name, first, last))
-                    if _is_read(ins, name):
-                        mask = masks.get(blk.mem)
-                        if mask is None or not _bytes(mask, blk, shape).all():
-                            lw = last_write.get(key[1:])
-                            since = 0 if lw is None else \
-                                max(0, int(_bytes(lw, blk, shape).min()))
-                            carried.setdefault(key[1:], []).append((first, last, since, phase))
-                for name, blk, shape in ops:
-                    if _is_write(ins, name):
-                        mask = masks.get(blk.mem)
-                        if mask is None:
-                            mask = masks[blk.mem] = np.zeros(
-                                cfg.memory(MEMORY_NAMES[blk.mem]).size, bool)
-                        _bytes(mask, blk, shape)[...] = True
-                        written.append(((_scope(core, blk.mem), blk.mem), blk, shape))
-        for key, blk, shape in written:  # seen by the phases after this one
-            lw = last_write.get(key)
-            if lw is None:
-                lw = last_write[key] = np.full(cfg.memory(MEMORY_NAMES[key[1]]).size, -1,
-                                               np.int32)
-            _bytes(lw, blk, shape)[...] = phase
+                phase += 1
+                masks = {}
+                continue
+            if ins.op in ("s.ld", "s.st") and ins.args.get("mem") in grouped:
+                mem = ins.args["mem"]
+                carried.setdefault((_scope(core, mem), mem), []).append(
+                    (0, cfg.memory(MEMORY_NAMES[mem]).size))
+                continue
+            ops = [(n, b, s) for n, b, s in onchip_operands(ins) if b.mem in grouped]
+            for name, blk, shape in ops:
+                first, last = block_extent(blk, shape)
+                key = (phase, _scope(core, blk.mem), blk.mem)
+                uses.setdefault(key, []).append((core, idx, name, first, last))
+                if _is_read(ins, name):
+                    mask = masks.get(blk.mem)
+                    if mask is None or not _bytes(mask, blk, shape).all():
+                        carried.setdefault((key[1], blk.mem), []).append((first, last))
+            for name, blk, shape in ops:
+                if _is_write(ins, name):
+                    mask = masks.get(blk.mem)
+                    if mask is None:
+                        mask = masks[blk.mem] = np.zeros(
+                            cfg.memory(MEMORY_NAMES[blk.mem]).size, bool)
+                    _bytes(mask, blk, shape)[...] = True
     return uses, carried
-
-
-def _live(carried: list[_Carried], phase: int) -> list[tuple[int, int]]:
-    """The carried ranges live in ``phase``."""
-    return [(lo, hi) for lo, hi, a, b in carried if a <= phase <= b]
 
 
 def _merge(uses: list[_Use], phase: int, scope: int, mem: int) -> list[Buffer]:
@@ -278,7 +250,7 @@ def analyse_banks(program: Program, machine: Machine) -> BankAnalysis:
     uses, carried = _collect(program, grouped)
     buffers = {key: _merge(u, *key) for key, u in uses.items()}
     pinned = {b for key, bufs in buffers.items() for b in bufs
-              if _meets(b.lo, b.hi, _live(carried.get(key[1:], []), key[0]))}
+              if _meets(b.lo, b.hi, carried.get(key[1:], []))}
     accesses: dict[Buffer, list[Access]] = {}
     for acc in sim.accesses:
         buf = _find(buffers.get((acc.phase, acc.scope, acc.mem), []), acc.first)
@@ -326,7 +298,7 @@ class _Placer:
         self.align = spec.banks * spec.bank_width
         self.weight = 1.0 / spec.ports
         self.where = {b: b.lo for b in buffers}
-        self.carried = _live(analysis.carried.get(key[1:], []), key[0])
+        self.carried = analysis.carried.get(key[1:], [])
         self.accesses = analysis.accesses
         self._overlaps: dict[tuple[Buffer, Buffer], float] = {}
 

@@ -28,7 +28,7 @@ import numpy as np
 from ... import graph as g
 from ...ir.errors import InternalError, KilnError
 from ...ir.module import IRModule
-from ...npu import Machine, Program
+from ...npu import Machine
 from ...schedule.npu import DramTensor, LoweringContext, NotSupported
 from ...schedule.npu.lowering import DEFAULT_ROUTE, LOWERING_KEY
 from ...schedule.npu.region import (
@@ -54,10 +54,10 @@ from ...transform.npu import (
 from ...transform.npu.common import main_bindings, main_function
 from ...transform.pass_infra import PassContext, register_config
 from ..executable import build_executable
-from .bank_plan import BankPlan, plan_banks
+from .bank_plan import plan_banks
 from .dram_plan import plan_dram
 from .executable import CpuStep, NPUExecutable, NpuStep
-from .prefetch import PREFETCH_KEY, PrefetchPlan, prefetch_program
+from .prefetch import PREFETCH_KEY, prefetch_program
 
 __all__ = ["LOWERING_KEY", "NPUUnsupportedError", "VIEW_OPS", "build_npu", "is_partitioned",
            "npu_config_of"]
@@ -156,31 +156,6 @@ def _region_step(ctx: LoweringContext, mod: IRModule, call: g.Call, env: dict[in
     outs = region_outputs(func, res, ctx)
     kb = ctx.new_region()
     return NpuStep(kb.program(0), list(kb.kernels), name), outs
-
-
-def _place(program: Program, scratch: Machine, prefetch: bool, bank_plan: bool
-           ) -> tuple[Program, PrefetchPlan | None, BankPlan | None]:
-    """The program's prefetch across kernel boundaries (:mod:`.prefetch`) and bank-group
-    placement (:mod:`.bank_plan`), after the DRAM plan: the replays see the final
-    addresses. The prefetch goes first -- the placement keeps its moved tiles where they
-    are (bytes carried from one phase into the next) and, like the L1 tensors, never moves
-    anything over them --, and is kept only if the placed program's replay is faster than
-    the placement's of the program without it (a moved tile can pin a buffer that the
-    placement would have moved off a colliding bank group)."""
-    fetched = banks = None
-    moved = program
-    if prefetch:
-        moved, fetched = prefetch_program(program, scratch)
-    if not bank_plan:
-        return moved, fetched, None
-    placed, banks = plan_banks(moved, scratch)
-    if fetched is not None and moved is not program:
-        plain, plain_banks = plan_banks(program, scratch)
-        if plain_banks.cycles_after <= banks.cycles_after:
-            fetched.reverted = True
-            fetched.cycles_after = fetched.cycles_before
-            return plain, fetched, plain_banks
-    return placed, fetched, banks
 
 
 def _strict_errors(main: g.Function) -> list[str]:
@@ -288,12 +263,14 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
     if prefetch is None:
         prefetch = bool(PassContext.current().get_config(PREFETCH_KEY))
     scratch = Machine(cfg, dram_bytes)  # the timing replays' own (their scalar code stores)
-    for step in steps:
-        if isinstance(step, NpuStep):
-            step.program, fetched, banks = _place(step.program, scratch, prefetch, bank_plan)
-            if fetched is not None:
-                exe.prefetch_plans.append(fetched)
-            if banks is not None:
-                exe.bank_plans.append(banks)
+    for step in steps:  # after the DRAM plan: the replays see the final addresses
+        if not isinstance(step, NpuStep):
+            continue
+        if bank_plan:  # the L1 tensors are carried between phases: never moved or over
+            step.program, banks = plan_banks(step.program, scratch)
+            exe.bank_plans.append(banks)
+        if prefetch:  # last: what it moves is placed clear of the kernel before's buffers
+            step.program, fetched = prefetch_program(step.program, scratch)
+            exe.prefetch_plans.append(fetched)
     exe.tir = ctx.tir
     return exe

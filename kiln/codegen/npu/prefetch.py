@@ -7,13 +7,13 @@ with one), so every kernel used to start by waiting for its first tiles -- a DMA
 overhead, the DRAM latency, the transfer -- while the tensor unit idled, and the tail of the
 kernel before it (its last products, the stores of its last tile) left the load queue idle:
 the pipeline's fill was about 8.4% of ResNet-18's cycles on "default". This pass takes, per
-core and per barrier, the loads at the head of the next kernel's ``dma_in`` queue -- those
-issued before its first ``tok.push`` (the first step's tiles, what its compute waits for),
-never past a ``tok.pop`` (a wait on that kernel's own units) -- and moves each one that is
-safe to the end of the previous kernel's ``dma_in`` queue, where it runs once the previous
-kernel's loads are issued, beside its products and stores. The barrier still waits for it
-(a barrier waits for every unit's work to complete), so the next kernel finds its tile in
-place.
+core and per barrier, the loads at the head of the next kernel's ``dma_in`` queue -- up to
+its first ``tok.pop`` from another unit (a wait on that kernel's own work), across the
+queue's fences on itself (which then order the moved loads too) -- and moves the safe ones
+to the end of the previous kernel's ``dma_in`` queue, where they run once the previous
+kernel's loads are issued, beside its products and stores. The barrier still waits for
+them (a barrier waits for every unit's work to complete), so the next kernel finds its
+tiles in place.
 
 A load moves only when:
 
@@ -38,11 +38,22 @@ pushed before a barrier and popped after is matched in order, :mod:`kiln.npu.sim
 no push needs to move). The moves only reorder reads of bytes nobody writes meanwhile into
 bytes nobody else uses meanwhile, so the outputs are bit-identical.
 
-It runs after the DRAM plan and residency (their intervals are by kernel; the moved loads
-read constants, which are live throughout, or tensors nobody writes in the kernel they
-join) and before the bank-group placement (:mod:`.bank_plan`), which then sees the moved
-destinations as bytes carried from one phase into the next and never moves them or over
-them. Phases stay "between barriers": a moved load's time and DRAM bytes count in the
+Whether a boundary's moves pay is measured, not guessed: the two kernels are replayed
+timing-only alone (the simulator's own rules; a pair with scalar code is left, its replay
+needs the data) without moves and with the first step's safe loads (before the queue's first
+token to another unit), those expected to complete in the load queue's idle time at the end
+of the kernel before (from a traced replay of the whole program), or all of them; the
+fastest is kept if it beats no move. The whole program is replayed at the end and kept
+only if faster.
+
+It runs last, after the DRAM plan and residency (their intervals are by kernel; a moved load
+reads a tensor that is live in the kernel it joins -- a constant, an input, or written
+earlier -- and no store of that kernel touches its bytes at their final addresses) and after
+the bank-group placement (:mod:`.bank_plan`: placed before, the moved tiles would be bytes
+carried between phases, which pin their range for the placement in every phase -- on
+ResNet-18 at 224 that cost far more in bank conflicts than the prefetch gains); its replays
+use the simulator's bank-group rules, so a buffer it moves onto a colliding group shows as
+slower. Phases stay "between barriers": a moved load's time and DRAM bytes count in the
 kernel it joins (the next kernel's phase gets shorter). ``build_npu(..., prefetch=False)``
 or the PassContext option ``"npu.prefetch"`` switches it off.
 """
@@ -87,8 +98,7 @@ class PrefetchPlan:
     #: the timing replays' cycles without and with the moves (equal when none was kept)
     cycles_before: float = 0.0
     cycles_after: float = 0.0
-    #: the moves (counted above) were undone: the replay of the moved program, or the
-    #: bank-placed one (``build_npu``), was not faster
+    #: the moves (counted above) were undone: the replay of the moved program was not faster
     reverted: bool = False
     relocated: list[tuple[int, int, str, int, int]] = field(default_factory=list)
     kept: dict[str, int] = field(default_factory=dict)
