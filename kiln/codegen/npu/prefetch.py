@@ -63,6 +63,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ...npu.isa import UNIT_DMA_IN, UNIT_SCALAR, Block, Instr, unit_of
 from ...npu.numerics import np_dtype
 from ...npu.program import Program
@@ -75,6 +77,7 @@ from ...npu.simulator import (
     onchip_operands,
 )
 from ...target.npu.config import L1, MEMORY_NAMES, NPUConfig
+from .bank_plan import byte_view, reads_operand, writes_operand
 
 __all__ = ["PREFETCH_KEY", "PrefetchPlan", "prefetch_program"]
 
@@ -139,10 +142,6 @@ def _scope(core: int, mem: int) -> int:
     return -1 if mem == _L1_ID else core
 
 
-def _writes(ins: Instr, name: str) -> bool:
-    return name in ("dst", "c")
-
-
 def _is_scalar_memory(ins: Instr) -> bool:
     return ins.op in ("s.ld", "s.st")
 
@@ -175,7 +174,7 @@ class _Phase:
             key = (_scope(core, blk.mem), blk.mem)
             ext = block_extent(blk, shape)
             self.used.setdefault(key, []).append(ext)
-            if _writes(ins, name):
+            if writes_operand(ins, name):
                 self.written.setdefault(key, []).append(ext)
 
 
@@ -194,7 +193,7 @@ def _carried(phases: list[list[list[Instr]]], config: NPUConfig) -> dict[_Key, _
     out: dict[_Key, list[tuple[int, int]]] = {}
     for core, per_core in enumerate(phases):
         for instrs in per_core:
-            written: dict[_Key, list[tuple[int, int]]] = {}
+            masks: dict[int, np.ndarray] = {}  # per memory: the bytes the phase wrote
             for ins in instrs:
                 if _is_scalar_memory(ins) and int(ins.args.get("mem", _DRAM_ID)) != _DRAM_ID:
                     mem = int(ins.args["mem"])
@@ -203,17 +202,18 @@ def _carried(phases: list[list[list[Instr]]], config: NPUConfig) -> dict[_Key, _
                     continue
                 ops = onchip_operands(ins)
                 for name, blk, shape in ops:
-                    reads = not _writes(ins, name) or ins.op == "mma" or ins.op == "vmac" or \
-                        (ins.op.startswith("vred.") and bool(ins.args.get("acc")))
-                    if reads:
-                        key = (_scope(core, blk.mem), blk.mem)
-                        lo, hi = block_extent(blk, shape)
-                        if _Ranges(written.get(key, [])).containing(lo, hi) is None:
-                            out.setdefault(key, []).append((lo, hi))
+                    mask = masks.get(blk.mem)
+                    if reads_operand(ins, name) and \
+                            (mask is None or not byte_view(mask, blk, shape).all()):
+                        out.setdefault((_scope(core, blk.mem), blk.mem), []).append(
+                            block_extent(blk, shape))
                 for name, blk, shape in ops:
-                    if _writes(ins, name):
-                        key = (_scope(core, blk.mem), blk.mem)
-                        written.setdefault(key, []).append(block_extent(blk, shape))
+                    if writes_operand(ins, name):
+                        mask = masks.get(blk.mem)
+                        if mask is None:
+                            mask = masks[blk.mem] = np.zeros(
+                                config.memory(MEMORY_NAMES[blk.mem]).size, bool)
+                        byte_view(mask, blk, shape)[...] = True
     return {k: _Ranges(v) for k, v in out.items()}
 
 
