@@ -34,7 +34,10 @@ depthwise ones and the CPU's, other element operations on the vector unit agains
 unit and the CPU, the scalar fallbacks with their reasons) against issue 23's goal, the
 element-wise kernels' cycles (``KILN_NPU_ISEL=0``: the fixed plan instead of the search),
 DRAM traffic, the simulation's wall time, the ops left on the CPU, and the DRAM footprint
-with liveness-based reuse against a range per tensor. Outputs are checked
+with liveness-based reuse against a range per tensor, the cycles with every tensor in DRAM
+against on-chip residency, and without and with the prefetch across kernel boundaries
+(``"npu.prefetch"``; a moved load's cycles count in the kernel it joins, so the per-layer
+columns shift by what it moves). Outputs are checked
 against the float32 reference (torch for ResNet-18, MobileNetV2 and the encoder, numpy for the
 others). The encoder has BERT-base's layer shapes (hidden 768, 12 heads, FFN 3072; ``--layers``
 of them, default 2: every layer is the same kernels) with its embedding gather and the mask's
@@ -65,6 +68,7 @@ import numpy as np
 import kiln
 from kiln.build import npu_pipeline
 from kiln.codegen.npu import DEPTHWISE_KEY, LOWERING_KEY, build_npu
+from kiln.codegen.npu.prefetch import PREFETCH_KEY
 from kiln.schedule.npu.nest_analysis import unit_shares
 from kiln.schedule.npu.ops import depthwise_group
 from kiln.schedule.npu.region import FUSE_EPILOGUE_KEY
@@ -126,10 +130,11 @@ def _model(name: str, size: int, seq: int = 128, layers: int = 2):
 
 def _run(mod, inputs, hw: str, double_buffer: bool, route: str | None = None,
          bank_plan: bool = True, residency: bool = True, fuse_epilogue: bool = True,
-         depthwise: str = "auto"):
+         depthwise: str = "auto", prefetch: bool = True):
     config = {LOWERING_KEY: route} if route else {}
     config[FUSE_EPILOGUE_KEY] = fuse_epilogue
     config[DEPTHWISE_KEY] = depthwise
+    config[PREFETCH_KEY] = prefetch
     with kiln.transform.PassContext(config=config):
         exe = build_npu(npu_pipeline()(mod), kiln.Target("npu", hw=hw),
                         double_buffer=double_buffer, bank_plan=bank_plan, residency=residency)
@@ -305,6 +310,7 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
         _depthwise_table(name, mod, inputs, ref, hw, on, c_on)
         return
     _residency_line(name, mod, inputs, hw, on, out)
+    _prefetch_line(name, mod, inputs, hw, on, out)
     if epilogue:
         _epilogue_line(name, mod, inputs, hw, on, out)
     if via:
@@ -398,6 +404,23 @@ def _depthwise_table(name: str, mod, inputs, ref, hw: str, on, c_on) -> None:
               f"{len(exe.kernels)} kernels, MACs on the tensor unit "
               f"{100 * sh.tensor_mac_share:.2f}% (vector {sh.vector_macs:,}), rel. error vs "
               f"float32 {float(np.max(np.abs(out - ref)) / np.max(np.abs(ref))):.1e}")
+
+
+def _prefetch_line(name: str, mod, inputs, hw: str, on, out) -> None:
+    """The same model without the prefetch across kernel boundaries (PassContext
+    ``"npu.prefetch": False``): the cycles that running each kernel's first loads during
+    the kernel before saves, how many loads moved, whether the bits are the same. A moved
+    load's cycles and DRAM bytes count in the kernel it joins (phases are between
+    barriers): the per-layer columns above move by what it shifts."""
+    off, off_out, _ = _run(mod, inputs, hw, True, prefetch=False)
+    cycles = [sum(r.cycles for r in e.last_reports) for e in (off, on)]
+    plans = [p for p in on.prefetch_plans if not p.reverted]
+    print(f"{name}: prefetch across kernel boundaries: {sum(p.moved for p in plans)} load(s) "
+          f"({sum(p.moved_bytes for p in plans) / 1e6:.2f} MB) moved above the barrier before "
+          f"their kernel, {sum(len(p.relocated) for p in plans)} buffer(s) moved to make room "
+          f"({len(on.prefetch_plans) - len(plans)} program(s) kept without: not faster); "
+          f"{cycles[0]:.0f} -> {cycles[1]:.0f} cycles ({cycles[0] / cycles[1]:.3f}x); "
+          f"bit-identical: {np.array_equal(off_out, out)}")
 
 
 def _vector_table(name: str, on: object, c_on: dict[str, float],

@@ -393,7 +393,8 @@ def test_a_tile_two_consecutive_steps_use_is_loaded_once():
     p = rng.standard_normal((12, 128, 128)).astype("float32")
     v = rng.standard_normal((12, 128, 64)).astype("float32")
     mod = graph_module(lambda a, b: op.matmul(a, b), [p.shape, v.shape])
-    exe = build_npu(mod, kiln.Target("npu", hw="edge"), residency=False)
+    # without the prefetch: a first tile loaded during the cast kernel before counts there
+    exe = build_npu(mod, kiln.Target("npu", hw="edge"), residency=False, prefetch=False)
     got = exe(p, v)
     ref = np.matmul(p.astype(np.float64), v.astype(np.float64))
     assert float(np.max(np.abs(got - ref)) / np.max(np.abs(ref))) <= 1e-2

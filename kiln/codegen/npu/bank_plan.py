@@ -56,7 +56,8 @@ from ...npu.simulator import (
 )
 from ...target.npu.config import L1, MEMORY_NAMES, NPUConfig
 
-__all__ = ["BankAnalysis", "BankPlan", "Buffer", "ConflictPair", "analyse_banks", "plan_banks"]
+__all__ = ["BankAnalysis", "BankPlan", "Buffer", "ConflictPair", "analyse_banks", "byte_view",
+           "plan_banks", "reads_operand", "writes_operand"]
 
 _L1_ID = MEMORY_NAMES.index(L1)
 _ROUNDS = 3
@@ -147,11 +148,13 @@ def _scope(core: int, mem: int) -> int:
     return -1 if mem == _L1_ID else core
 
 
-def _is_write(ins: Instr, name: str) -> bool:
+def writes_operand(ins: Instr, name: str) -> bool:
+    """Whether ``ins`` writes its operand ``name``."""
     return name in ("dst", "c")
 
 
-def _is_read(ins: Instr, name: str) -> bool:
+def reads_operand(ins: Instr, name: str) -> bool:
+    """Whether ``ins`` reads its operand ``name`` (an accumulating destination too)."""
     if name == "c":
         return ins.op == "mma"
     if name == "dst":
@@ -159,7 +162,7 @@ def _is_read(ins: Instr, name: str) -> bool:
     return True
 
 
-def _bytes(mask: np.ndarray, blk: Block, shape: tuple[int, ...]) -> np.ndarray:
+def byte_view(mask: np.ndarray, blk: Block, shape: tuple[int, ...]) -> np.ndarray:
     """The entries of a per-byte mask that a block touches (as the simulator's hazard check
     views its shadows)."""
     isz = np_dtype(blk.dtype).itemsize
@@ -195,17 +198,17 @@ def _collect(program: Program, grouped: set[int]
                 first, last = block_extent(blk, shape)
                 key = (phase, _scope(core, blk.mem), blk.mem)
                 uses.setdefault(key, []).append((core, idx, name, first, last))
-                if _is_read(ins, name):
+                if reads_operand(ins, name):
                     mask = masks.get(blk.mem)
-                    if mask is None or not _bytes(mask, blk, shape).all():
+                    if mask is None or not byte_view(mask, blk, shape).all():
                         carried.setdefault((key[1], blk.mem), []).append((first, last))
             for name, blk, shape in ops:
-                if _is_write(ins, name):
+                if writes_operand(ins, name):
                     mask = masks.get(blk.mem)
                     if mask is None:
                         mask = masks[blk.mem] = np.zeros(
                             cfg.memory(MEMORY_NAMES[blk.mem]).size, bool)
-                    _bytes(mask, blk, shape)[...] = True
+                    byte_view(mask, blk, shape)[...] = True
     return uses, carried
 
 

@@ -57,6 +57,7 @@ from ..executable import build_executable
 from .bank_plan import plan_banks
 from .dram_plan import plan_dram
 from .executable import CpuStep, NPUExecutable, NpuStep
+from .prefetch import PREFETCH_KEY, prefetch_program
 
 __all__ = ["DEPTHWISE_KEY", "LOWERING_KEY", "NPUUnsupportedError", "VIEW_OPS", "build_npu",
            "is_partitioned",
@@ -69,6 +70,10 @@ __all__ = ["DEPTHWISE_KEY", "LOWERING_KEY", "NPUUnsupportedError", "VIEW_OPS", "
 register_config(RESIDENCY_KEY, bool, True,
                 "NPU build: keep intermediate tensors in L1 across kernels where they fit "
                 "(kiln.codegen.npu.residency); False: every tensor through DRAM")
+register_config(PREFETCH_KEY, bool, True,
+                "NPU build: move each kernel's first loads of constants and other bytes the "
+                "kernel before does not write above the barrier between them "
+                "(kiln.codegen.npu.prefetch); False: every kernel loads after its barrier")
 register_config(LOWERING_KEY, str, DEFAULT_ROUTE,
                 "NPU build: 'tir' (products lowered through scheduled, tensorized TIR; the "
                 "default) or 'emit' (per-op instruction emission for every op)")
@@ -171,7 +176,8 @@ def _strict_errors(main: g.Function) -> list[str]:
 def build_npu(mod: IRModule, target: Target, strict: bool = False,
               double_buffer: bool = True, fuse: bool = True, reuse_dram: bool = True,
               bank_plan: bool = True, residency: bool | None = None,
-              fuse_epilogue: bool | None = None) -> NPUExecutable:
+              fuse_epilogue: bool | None = None, prefetch: bool | None = None
+              ) -> NPUExecutable:
     """Compile graph function ``main`` of ``mod`` (not legalized; partitioned for ``target``'s
     hardware description, else partitioned here) for ``target``'s NPU (``fuse``: chains of
     element-wise ops become one kernel each; ``fuse_epilogue``: a product's element-wise
@@ -180,7 +186,9 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
     live together share DRAM, :mod:`.dram_plan`; ``bank_plan``: each program's colliding
     on-chip buffers are moved to other bank groups, :mod:`.bank_plan`; ``residency``:
     intermediates stay in L1 where they fit, :mod:`kiln.schedule.npu.residency` -- None: the
-    PassContext option ``"npu.residency"``, on by default)."""
+    PassContext option ``"npu.residency"``, on by default; ``prefetch``: each kernel's first
+    loads that are safe to run during the kernel before move above the barrier between them,
+    :mod:`.prefetch` -- None: the PassContext option ``"npu.prefetch"``, on by default)."""
     cfg = npu_config_of(target)
     main_function(mod, "the NPU build")
     if not is_partitioned(mod):
@@ -258,12 +266,17 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
                         constants, dram_bytes, double_buffer)
     exe.unshared_dram_bytes = ctx.top
     exe.residency = resident
-    if bank_plan:  # after the DRAM plan: the replays see the final addresses; the L1
-        # tensors are carried between phases, so it never moves them or over them
-        scratch = Machine(cfg, dram_bytes)  # the timing replays' own (their scalar code stores)
-        for step in steps:
-            if isinstance(step, NpuStep):
-                step.program, plan = plan_banks(step.program, scratch)
-                exe.bank_plans.append(plan)
+    if prefetch is None:
+        prefetch = bool(PassContext.current().get_config(PREFETCH_KEY))
+    scratch = Machine(cfg, dram_bytes)  # the timing replays' own (their scalar code stores)
+    for step in steps:  # after the DRAM plan: the replays see the final addresses
+        if not isinstance(step, NpuStep):
+            continue
+        if bank_plan:  # the L1 tensors are carried between phases: never moved or over
+            step.program, banks = plan_banks(step.program, scratch)
+            exe.bank_plans.append(banks)
+        if prefetch:  # last: what it moves is placed clear of the kernel before's buffers
+            step.program, fetched = prefetch_program(step.program, scratch)
+            exe.prefetch_plans.append(fetched)
     exe.tir = ctx.tir
     return exe

@@ -100,6 +100,9 @@ class NPUExecutable:
         #: per NPU program, what the bank-group placement did (``build_npu(bank_plan=True)``;
         #: :class:`kiln.codegen.npu.bank_plan.BankPlan`; empty when off and when loaded)
         self.bank_plans: list[Any] = []
+        #: per NPU program, the loads moved above a barrier (``build_npu(prefetch=True)``;
+        #: :class:`kiln.codegen.npu.prefetch.PrefetchPlan`; empty when off and when loaded)
+        self.prefetch_plans: list[Any] = []
         self.machine = Machine(config, dram_bytes)
         for t, arr in constants:
             self.machine.write(t.addr, arr)
