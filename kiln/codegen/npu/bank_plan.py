@@ -417,6 +417,13 @@ class _Placer:
         self.shift[self.index[buf]] = lo - buf.lo
 
 
+def _named(pair: ConflictPair, why: str) -> str:
+    """A pair left, as :attr:`BankPlan.left` names it: its buffer(s), then its cycles and
+    ``why``."""
+    what = f"{pair.a}" if pair.a == pair.b else f"{pair.a} and {pair.b}"
+    return f"{what}: " + (f"{pair.cycles:.0f} cycles, {why}" if why else "")
+
+
 def _place(program: Program, analysis: BankAnalysis) -> tuple[dict[Buffer, int], list[str]]:
     """Decide the moves for the ranked pairs: ``{buffer: new low address}`` and the reasons
     of the pairs left."""
@@ -434,20 +441,18 @@ def _place(program: Program, analysis: BankAnalysis) -> tuple[dict[Buffer, int],
                 set(placer.groups(placer.where[pair.b], pair.b.size)):
             continue  # an earlier move separated them
         movable = [b for b in dict.fromkeys((pair.a, pair.b)) if b not in analysis.pinned]
-        what = f"{pair.a}" if pair.a == pair.b else f"{pair.a} and {pair.b}"
         if not movable:
-            left.append(f"{what}: {pair.cycles:.0f} cycles, "
-                        f"{'it holds' if pair.a == pair.b else 'both hold'} data carried "
-                        "between phases (pinned)")
+            left.append(_named(pair, f"{'it holds' if pair.a == pair.b else 'both hold'} "
+                               "data carried between phases (pinned)"))
             continue
         options = [(mv, b) for b in movable if (mv := placer.best_move(b)) is not None]
         if not options:
-            left.append(f"{what}: {pair.cycles:.0f} cycles, " + (
-                "two units at once in one buffer, and no free range of "
-                f"{MEMORY_NAMES[pair.a.mem]} where a group boundary between their parts "
-                "would cost fewer (interleaved parts, or memory full)" if pair.a == pair.b
-                else f"no free range of {MEMORY_NAMES[pair.a.mem]} where one of them would "
-                "cost fewer (memory full)"))
+            mem = MEMORY_NAMES[pair.a.mem]
+            left.append(_named(pair, (
+                f"two units at once in one buffer, and no free range of {mem} where a group "
+                "boundary between their parts would cost fewer (interleaved parts, or memory "
+                "full)") if pair.a == pair.b else
+                f"no free range of {mem} where one of them would cost fewer (memory full)"))
             continue
         (_, start), buf = max(options, key=lambda o: o[0][0])
         placer.move(buf, start)
@@ -496,12 +501,18 @@ def plan_banks(program: Program, machine: Machine) -> tuple[Program, BankPlan]:
         candidate = _relocate(current, an, moves)
         new_an = analyse_banks(candidate, machine)
         if new_an.conflict_cycles >= an.conflict_cycles or new_an.cycles > before.cycles:
+            # the round's moves are dropped: every pair they were to separate stays
+            plan.left = left + [_named(p, "the moves placing it did not lower the replay's "
+                                       "conflicts (they shifted the timing)")
+                                for p in an.pairs if _named(p, "") not in
+                                {why.split(": ", 1)[0] + ": " for why in left}]
             break
         all_moves += sorted(moves.items(), key=lambda m: (m[0].phase, m[0].scope, m[0].lo))
         current, an = candidate, new_an
         best, best_an = candidate, new_an
+        plan.left = [_named(p, f"still colliding after {_ROUNDS} rounds of moves")
+                     for p in an.pairs]
         if not an.pairs:
-            plan.left = []
             break
     plan.conflicts_after, plan.cycles_after = best_an.conflict_cycles, best_an.cycles
     plan.phases_after = best_an.phase_conflicts
