@@ -20,12 +20,18 @@ choose without looking at groups; this pass moves them after the fact:
 3. **Pairs**: each recorded conflict names the two accesses' ranges, hence a pair of
    buffers; pairs are ranked by the cycles they cost.
 4. **Placement**, per pair in that order: one of its buffers (either, if it is not pinned)
-   moves to the free range, in whichever bank group, where the **cost model** -- the cycles
-   its accesses overlap those of other units' accesses to buffers sharing a group, divided
-   by the memory's ports -- is lowest, if that is below its cost where it is. Free means no
-   other buffer of the phase there, and no carried bytes; a move keeps the address modulo
-   ``banks x bank_width`` (the bank of every byte within its group). A pair with no movable
-   buffer, or no free range that helps, is left, with the reason.
+   moves to the free range where the **cost model** is lowest, if that is below its cost
+   where it is. The model counts accesses, not buffers: the cycles each of the buffer's
+   accesses overlaps another unit's access whose extent -- each shifted with its buffer --
+   shares a bank group with it, divided by the memory's ports. The ranges tried are, per
+   group, the lowest free one starting in it, and every free one that puts a group
+   boundary on an edge of one of the buffer's accesses: a buffer two units use at once in
+   different parts (the chunk of an accumulator tile DMA-out stores while the vector unit
+   computes the next, a product's tail piece stored while the tensor unit writes the next)
+   straddles the boundary between them. Free means no other buffer of the phase there, and
+   no carried bytes; a move keeps the address modulo ``banks x bank_width`` (the bank of
+   every byte within its group). A pair with no movable buffer, or no free range that
+   helps, is left, with the reason.
 5. **Re-check** by replaying the moved program; rounds repeat while conflicts remain and
    fall. The placement is kept only if the replay's cycles do not grow.
 
@@ -61,6 +67,8 @@ __all__ = ["BankAnalysis", "BankPlan", "Buffer", "ConflictPair", "analyse_banks"
 
 _L1_ID = MEMORY_NAMES.index(L1)
 _ROUNDS = 3
+#: Edges of a buffer's accesses tried on a group boundary (its straddling placements)
+_MAX_CUTS = 64
 #: One operand use: (core, index in its stream, argument name, extent first, extent last)
 _Use = tuple[int, int, str, int, int]
 
@@ -273,26 +281,49 @@ def analyse_banks(program: Program, machine: Machine) -> BankAnalysis:
                         buffers, pinned, carried, accesses, uses)
 
 
-def _overlap(x: list[Access], y: list[Access]) -> float:
-    """Cycles the accesses of ``x`` overlap those of ``y`` made by other units."""
-    if not x or not y:
-        return 0.0
-    xb = np.array([a.begin for a in x])
-    xe = np.array([a.end for a in x])
-    yb = np.array([a.begin for a in y])
-    ye = np.array([a.end for a in y])
-    xu = np.array([a.unit[0] * 8 + a.unit[1] for a in x])
-    yu = np.array([a.unit[0] * 8 + a.unit[1] for a in y])
-    ov = np.minimum(xe[:, None], ye[None, :]) - np.maximum(xb[:, None], yb[None, :])
-    ov = np.where(xu[:, None] != yu[None, :], np.maximum(ov, 0.0), 0.0)
-    return float(ov.sum())
+def _overlapping(accesses: list[Access], units: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every pair of ``accesses`` by different units (``units``: an id per access) whose
+    busy intervals overlap: the two indices and the cycles of the overlap (a sweep over the
+    intervals in order of their beginning)."""
+    if not accesses:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, np.zeros(0)
+    begin = np.array([a.begin for a in accesses])
+    end = np.array([a.end for a in accesses])
+    order = np.argsort(begin, kind="stable")
+    sb = begin[order]
+    stops = np.searchsorted(sb, end[order], side="left")
+    pi, pj, ov = [], [], []
+    for k, stop in enumerate(stops):
+        if stop <= k + 1:
+            continue
+        i, js = order[k], order[k + 1:stop]
+        cyc = np.minimum(end[i], end[js]) - begin[js]
+        keep = (cyc > 0) & (units[js] != units[i])
+        pi.append(np.full(int(keep.sum()), i))
+        pj.append(js[keep])
+        ov.append(cyc[keep])
+    if not pi:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, np.zeros(0)
+    return (np.concatenate(pi).astype(np.int64), np.concatenate(pj).astype(np.int64),
+            np.concatenate(ov))
 
 
 # ---------------------------------------------------------------------------------------------
 # placement
 # ---------------------------------------------------------------------------------------------
 class _Placer:
-    """The placement of one (phase, scope, memory)'s buffers while moves are decided."""
+    """The placement of one (phase, scope, memory)'s buffers while moves are decided.
+
+    The cost model works on accesses, not buffers: every pair of accesses by different
+    units whose busy intervals overlap (found once, by a sweep over the intervals) costs its
+    overlap when the bank groups its two extents span -- each shifted with its buffer's
+    move -- intersect. Two accesses of one buffer count too: a buffer that two units use at
+    once in different parts (an accumulator tile whose next chunk the vector unit computes
+    while DMA-out stores the last one) can be placed across a group boundary that falls
+    between those parts."""
 
     def __init__(self, config: NPUConfig, key: tuple[int, int, int], buffers: list[Buffer],
                  analysis: BankAnalysis):
@@ -302,29 +333,52 @@ class _Placer:
         self.weight = 1.0 / spec.ports
         self.where = {b: b.lo for b in buffers}
         self.carried = analysis.carried.get(key[1:], [])
-        self.accesses = analysis.accesses
-        self._overlaps: dict[tuple[Buffer, Buffer], float] = {}
+        self.index = {b: i for i, b in enumerate(buffers)}
+        self.shift = np.zeros(len(buffers), np.int64)
+        accs = [(self.index[b], a) for b in buffers for a in analysis.accesses.get(b, [])]
+        self.buf = np.array([i for i, _ in accs], np.int64)
+        self.first = np.array([a.first for _, a in accs], np.int64)
+        self.last = np.array([a.last for _, a in accs], np.int64)
+        self.pi, self.pj, self.ov = _overlapping(
+            [a for _, a in accs], np.array([a.unit[0] * 8 + a.unit[1] for _, a in accs]))
 
     def groups(self, lo: int, size: int) -> range:
         return range(lo // self.group, (lo + size - 1) // self.group + 1)
 
-    def overlap(self, x: Buffer, y: Buffer) -> float:
-        key = (x, y)
-        if key not in self._overlaps:
-            self._overlaps[key] = _overlap(self.accesses.get(x, []), self.accesses.get(y, []))
-        return self._overlaps[key]
+    def pair_cost(self, pairs: np.ndarray, buf: Buffer | None = None, lo: int = 0) -> float:
+        """Cycles per port the access pairs ``pairs`` (indices into the overlap list) share a
+        group, with the current placement and ``buf`` at ``lo``."""
+        shift = self.shift
+        if buf is not None:
+            shift = shift.copy()
+            shift[self.index[buf]] = lo - buf.lo
+        i, j = self.pi[pairs], self.pj[pairs]
+        si, sj = shift[self.buf[i]], shift[self.buf[j]]
+        g = self.group
+        lo_i, hi_i = (self.first[i] + si) // g, (self.last[i] - 1 + si) // g
+        lo_j, hi_j = (self.first[j] + sj) // g, (self.last[j] - 1 + sj) // g
+        meet = (lo_i <= hi_j) & (lo_j <= hi_i)
+        return self.weight * float(self.ov[pairs][meet].sum())
+
+    def pairs_of(self, buf: Buffer) -> np.ndarray:
+        """The overlapping access pairs one side of which is ``buf``'s."""
+        b = self.index[buf]
+        return np.flatnonzero((self.buf[self.pi] == b) | (self.buf[self.pj] == b))
 
     def cost(self, buf: Buffer, lo: int) -> float:
-        """The cost model: cycles ``buf`` at ``lo`` would overlap other units' accesses to
-        buffers sharing one of its groups, per port."""
-        mine = set(self.groups(lo, buf.size))
-        return self.weight * sum(self.overlap(buf, other) for other, olo in self.where.items()
-                                 if other is not buf and
-                                 mine.intersection(self.groups(olo, other.size)))
+        """The cost model: cycles ``buf`` at ``lo`` would share a group with another unit's
+        access while one of its own is busy, per port."""
+        return self.pair_cost(self.pairs_of(buf), buf, lo)
 
-    def free_starts(self, buf: Buffer) -> list[int]:
-        """Per bank group, the lowest start of a free range for ``buf`` beginning in it (its
-        address modulo the bank span kept)."""
+    def _free(self, buf: Buffer, start: int, taken: list[tuple[int, int]]) -> bool:
+        return 0 <= start and start + buf.size <= self.size and \
+            (start - buf.lo) % self.align == 0 and \
+            not any(lo < start + buf.size and start < hi for lo, hi in taken)
+
+    def starts(self, buf: Buffer) -> list[int]:
+        """Where ``buf`` may go: per bank group, the lowest start of a free range beginning
+        in it, and every free start that puts a group boundary between two of its accesses
+        (an edge of one of them on the boundary, its address modulo the bank span kept)."""
         taken = sorted([(lo, lo + b.size) for b, lo in self.where.items() if b is not buf] +
                        list(self.carried))
         out = []
@@ -338,18 +392,39 @@ class _Placer:
                     break
                 nxt = max(clash)
                 start = nxt + (buf.lo - nxt) % self.align
-        return out
+        mine = self.buf == self.index[buf]
+        cuts = {int(c) - buf.lo for c in np.concatenate([self.first[mine], self.last[mine]])}
+        cuts = sorted(c for c in cuts if 0 < c < buf.size)[:_MAX_CUTS]
+        for c in cuts:
+            for g in range(1, self.size // self.group):
+                start = g * self.group - c
+                start -= (start - buf.lo) % self.align
+                if self._free(buf, start, taken):
+                    out.append(start)
+        return sorted(set(out))
 
     def best_move(self, buf: Buffer) -> tuple[float, int] | None:
         """(gain, new low address) of the best free range for ``buf``, if one lowers its
         cost."""
-        here = self.cost(buf, self.where[buf])
+        pairs = self.pairs_of(buf)
+        here = self.pair_cost(pairs, buf, self.where[buf])
         best = None
-        for start in self.free_starts(buf):
-            c = self.cost(buf, start)
+        for start in self.starts(buf):
+            c = self.pair_cost(pairs, buf, start)
             if c < here - 1e-9 and (best is None or c < best[0]):
                 best = (c, start)
         return None if best is None else (here - best[0], best[1])
+
+    def move(self, buf: Buffer, lo: int) -> None:
+        self.where[buf] = lo
+        self.shift[self.index[buf]] = lo - buf.lo
+
+
+def _named(pair: ConflictPair, why: str) -> str:
+    """A pair left, as :attr:`BankPlan.left` names it: its buffer(s), then its cycles and
+    ``why``."""
+    what = f"{pair.a}" if pair.a == pair.b else f"{pair.a} and {pair.b}"
+    return f"{what}: " + (f"{pair.cycles:.0f} cycles, {why}" if why else "")
 
 
 def _place(program: Program, analysis: BankAnalysis) -> tuple[dict[Buffer, int], list[str]]:
@@ -364,26 +439,26 @@ def _place(program: Program, analysis: BankAnalysis) -> tuple[dict[Buffer, int],
         if placer is None:
             placer = placers[key] = _Placer(program.config, key, analysis.buffers[key],
                                             analysis)
-        if pair.a == pair.b:
-            left.append(f"{pair.a}: {pair.cycles:.0f} cycles between two units using one "
-                        "buffer (no move separates them)")
-            continue
-        if not set(placer.groups(placer.where[pair.a], pair.a.size)) & \
+        if pair.a != pair.b and \
+                not set(placer.groups(placer.where[pair.a], pair.a.size)) & \
                 set(placer.groups(placer.where[pair.b], pair.b.size)):
             continue  # an earlier move separated them
-        movable = [b for b in (pair.a, pair.b) if b not in analysis.pinned]
+        movable = [b for b in dict.fromkeys((pair.a, pair.b)) if b not in analysis.pinned]
         if not movable:
-            left.append(f"{pair.a} and {pair.b}: {pair.cycles:.0f} cycles, both hold data "
-                        "carried between phases (pinned)")
+            left.append(_named(pair, f"{'it holds' if pair.a == pair.b else 'both hold'} "
+                               "data carried between phases (pinned)"))
             continue
         options = [(mv, b) for b in movable if (mv := placer.best_move(b)) is not None]
         if not options:
-            left.append(f"{pair.a} and {pair.b}: {pair.cycles:.0f} cycles, no free range of "
-                        f"{MEMORY_NAMES[pair.a.mem]} where one of them would cost fewer "
-                        "(memory full)")
+            mem = MEMORY_NAMES[pair.a.mem]
+            left.append(_named(pair, (
+                f"two units at once in one buffer, and no free range of {mem} where a group "
+                "boundary between their parts would cost fewer (interleaved parts, or memory "
+                "full)") if pair.a == pair.b else
+                f"no free range of {mem} where one of them would cost fewer (memory full)"))
             continue
         (_, start), buf = max(options, key=lambda o: o[0][0])
-        placer.where[buf] = start
+        placer.move(buf, start)
         moves[buf] = start
     return {b: lo for b, lo in moves.items() if lo != b.lo}, left
 
@@ -429,12 +504,18 @@ def plan_banks(program: Program, machine: Machine) -> tuple[Program, BankPlan]:
         candidate = _relocate(current, an, moves)
         new_an = analyse_banks(candidate, machine)
         if new_an.conflict_cycles >= an.conflict_cycles or new_an.cycles > before.cycles:
+            # the round's moves are dropped: every pair they were to separate stays
+            plan.left = left + [_named(p, "the moves placing it did not lower the replay's "
+                                       "conflicts (they shifted the timing)")
+                                for p in an.pairs if _named(p, "") not in
+                                {why.split(": ", 1)[0] + ": " for why in left}]
             break
         all_moves += sorted(moves.items(), key=lambda m: (m[0].phase, m[0].scope, m[0].lo))
         current, an = candidate, new_an
         best, best_an = candidate, new_an
+        plan.left = [_named(p, f"still colliding after {_ROUNDS} rounds of moves")
+                     for p in an.pairs]
         if not an.pairs:
-            plan.left = []
             break
     plan.conflicts_after, plan.cycles_after = best_an.conflict_cycles, best_an.cycles
     plan.phases_after = best_an.phase_conflicts

@@ -32,13 +32,12 @@ from ...target.npu.config import DRAM, NPUConfig
 from ..knobs import graph_knob
 from .emit import KernelBuilder, KernelInfo, Pipeline, block, itemsize
 
-__all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "acc_row_stride",
-           "acc_slots",
-           "core_step_slots", "emit_gemm", "feasible_tilings", "fixed_tiles", "gemm_bounds",
-           "gemm_cost", "gemm_kernel_info", "gemm_roofline", "held_loads", "held_tiles",
-           "plan_candidates", "plan_gemm", "prefetch_staging", "store_floor", "tail_pieces",
-           "tile_bytes", "SlotCache",
-           "tiling_domain", "tiling_knob_key", "tiling_value"]
+__all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "SlotCache",
+           "acc_row_stride", "acc_slots", "acc_strides", "core_step_slots", "emit_gemm",
+           "feasible_tilings", "fixed_tiles", "gemm_bounds", "gemm_cost", "gemm_kernel_info",
+           "gemm_roofline", "held_loads", "held_tiles", "plan_candidates", "plan_gemm",
+           "prefetch_staging", "store_floor", "tail_pieces", "tile_bytes", "tiling_domain",
+           "tiling_knob_key", "tiling_value"]
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,12 @@ class GemmShape:
     ``stride``-th row). ``a_dmas_row``: the gathers of one M unit when a tile of few units
     takes fewer than ``a_dmas`` (a conv row's ``KH`` windows, each ``KW`` taps of contiguous
     channel runs; 0: always ``a_dmas``). ``acc_padded``: the accumulator tile's rows are
-    :func:`acc_row_stride` apart (for a store that reads it column by column)."""
+    :func:`acc_row_stride` apart (for a store that reads it column by column).
+    ``acc_columns``: the accumulator tile is column-major instead (:func:`acc_strides`): each
+    column -- a convolution's output channel, stored as a run of its pixels -- is contiguous,
+    so a range of columns (a tail piece, a fused epilogue's chunk) is one address range of
+    its own, which the bank-group placement (:mod:`kiln.codegen.npu.bank_plan`) can put in
+    another group than the next range; rows apart they interleave over the whole tile."""
 
     batch: int
     m_units: int
@@ -80,8 +84,14 @@ class GemmShape:
     stage_pad: int = 0
     acc_padded: bool = False
     stage_runs: bool = False
+    acc_columns: bool = False
     stage_width: int = 0
     a_dmas_row: int = 0
+
+    @property
+    def column_stores(self) -> bool:
+        """The tile is stored column by column (a convolution's NCHW output channels)."""
+        return self.acc_padded or self.acc_columns
 
     def stage_pixel(self, ku: int) -> int:
         """Elements between the pixels of an L1 staging slot of ``ku`` K units (channels):
@@ -165,6 +175,18 @@ def acc_row_stride(cfg: NPUConfig, shape: GemmShape, nt: int) -> int:
     per_line = width // asz
     lines = -(-nt // per_line)
     return (lines + 1 - lines % 2) * per_line
+
+
+def acc_strides(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nts: int
+                ) -> tuple[int, int]:
+    """Elements between the rows and between the columns of an output tile of ``nts``
+    columns in the accumulators under ``tiling``: column-major (``shape.acc_columns``: rows
+    1, columns the tiling's ``m_units * m_unit`` rows apart, the same for a partial tile so a
+    piece's store finds its columns), or row-major with rows :func:`acc_row_stride` apart
+    (``acc_padded``) or ``nts`` (packed)."""
+    if shape.acc_columns:
+        return 1, tiling.m_units * shape.m_unit
+    return (acc_row_stride(cfg, shape, tiling.n) if shape.acc_padded else nts), 1
 
 
 def _acc_dtype(cfg: NPUConfig, dtype: str) -> tuple[str, int]:
@@ -648,7 +670,7 @@ def tail_pieces(cfg: NPUConfig, shape: GemmShape, m_units: int, n: int
     core is multiplied (at its last K step) and stored in: the store of each piece overlaps
     the product of the next, so the kernel's tail is one piece's store instead of the whole
     tile's. Up to 4 pieces, each whole rows (columns) of the tensor unit (a piece of fewer
-    would cost a whole pass of it). A convolution's tile (``acc_padded``: stored channel by
+    would cost a whole pass of it). A convolution's tile (``column_stores``: stored channel by
     channel, NCHW) that would be cut along M is cut along N instead (up to 8 pieces) where it
     is wide enough, so every piece stores whole
     channel runs of the tile's rows: pieces of M cut each run into short ones, whose whole
@@ -657,7 +679,7 @@ def tail_pieces(cfg: NPUConfig, shape: GemmShape, m_units: int, n: int
     tn = cfg.tensor_shape[2]
     quantum = -(-cfg.tensor_shape[0] // shape.m_unit)
     rows = _split_sizes(m_units, max(1, min(4, m_units // quantum)), quantum)
-    if shape.acc_padded and n >= 2 * tn and len(rows) > 1:
+    if shape.column_stores and n >= 2 * tn and len(rows) > 1:
         cols = _split_sizes(n, min(8, n // tn), tn)
         return [(0, m_units, sum(cols[:i]), c) for i, c in enumerate(cols)]
     return [(sum(rows[:i]), r, 0, n) for i, r in enumerate(rows)]
@@ -769,9 +791,8 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     cfg = kb.config
     acc, _ = _acc_dtype(cfg, shape.dtype)
     isz, asz = itemsize(shape.dtype), itemsize(acc)
-    nt, ku = tiling.n, tiling.k_units
+    ku = tiling.k_units
     in_bytes, w_bytes, c_bytes = tile_bytes(cfg, shape, tiling)
-    ldc = acc_row_stride(cfg, shape, nt)
     # with one K step per tile, a tile's store has one step to finish before its
     # accumulator slot takes the tile after next: a third slot, where it fits, gives it two
     # (edge, attention's P @ V in tiles of M32 x N32: the tensor unit waited on every other
@@ -804,7 +825,7 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     for j, (b, m0, mus, n0, nts) in enumerate(tiles):
         core = j % cfg.cores
         p = pipes[core]
-        c_ld = ldc if shape.acc_padded else nts
+        c_row, c_col = acc_strides(cfg, shape, tiling, nts)
         # the last tile's last product runs in pieces, each stored as soon as it is done
         pieces = tail_pieces(cfg, shape, mus, nts) if last[core] == j else \
             [(0, mus, 0, nts)]
@@ -848,10 +869,11 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
                 c_addr = p.out_slot() * c_bytes
             parts = pieces if k0 + ku >= shape.k_units else [(0, mus, 0, nts)]
             for i, (r0, pu, c0, pn) in enumerate(parts):
-                at = (r0 * shape.m_unit * c_ld + c0) * asz  # the piece in the acc tile
+                # the piece in the acc tile
+                at = (r0 * shape.m_unit * c_row + c0 * c_col) * asz
                 kb.emit(core, "mma.set" if step == 0 else "mma",
                         shape=(1, pu * shape.m_unit, pn, kts),
-                        c=block("acc", c_addr + at, acc, (0, c_ld, 1)),
+                        c=block("acc", c_addr + at, acc, (0, c_row, c_col)),
                         a=block("input", a_addr + r0 * shape.m_unit * kts * isz, shape.dtype,
                                 (0, kts, 1)),
                         b=block("weight", b_addr + c0 * isz, shape.dtype, (nts, 1, 0)))
@@ -865,7 +887,7 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
 
         def store(p: Pipeline = p, core: int = core, b: int = b, row: int = m0 + r0,
                   pu: int = pu, col: int = n0 + c0, pn: int = pn,
-                  at: int = c_addr + (r0 * shape.m_unit * c_ld + c0) * asz) -> None:
+                  at: int = c_addr + (r0 * shape.m_unit * c_row + c0 * c_col) * asz) -> None:
             p.store_begin()
             store_c(core, b, row, pu, col, pn, at)
             p.stored()

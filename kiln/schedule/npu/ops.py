@@ -25,7 +25,7 @@ from .gemm import (
     LoadB,
     StageA,
     StoreC,
-    acc_row_stride,
+    acc_strides,
     emit_gemm,
     gemm_kernel_info,
     plan_candidates,
@@ -449,6 +449,13 @@ class ConvGeometry:
         return self.kh * self.kw
 
 
+#: A convolution's accumulator tile is column-major (``GemmShape.acc_columns``): each output
+#: channel's pixels contiguous, so the tail pieces and a fused epilogue's chunks (ranges of
+#: channels) are address ranges of their own that the bank-group placement can separate;
+#: row-major (``acc_padded``) they interleave over the whole tile.
+CONV_ACC_COLUMNS = True
+
+
 def conv_geometry(cfg: NPUConfig, at: Any, x_shape: tuple[int, ...],
                   w_shape: tuple[int, ...], out_shape: tuple[int, ...], dt: str
                   ) -> ConvGeometry:
@@ -478,7 +485,8 @@ def conv_geometry(cfg: NPUConfig, at: Any, x_shape: tuple[int, ...],
     shape = GemmShape(nb, oh, ow, o, c, taps, dt, a_dmas=taps, a_dmas_row=kh,
                       a_elems=c * -(-a_bytes // itemsize(dt)),
                       stage_stride=sh // rstep, stage_halo=(kh - 1) * dh + 1, stage_row=wd,
-                      stage_width=width, stage_pad=l1.bank_width, acc_padded=True,
+                      stage_width=width, stage_pad=l1.bank_width,
+                      acc_padded=not CONV_ACC_COLUMNS, acc_columns=CONV_ACC_COLUMNS,
                       stage_runs=rstep > 1)
     return ConvGeometry(nb, c, h, wd, o, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl, rstep, width,
                         shape)
@@ -517,7 +525,7 @@ def conv_transfers(ctx: LoweringContext, geo: ConvGeometry, tiling: GemmTiling,
     stage_slot = shape.stage_bytes(tiling.m_units, tiling.k_units)
     px = shape.stage_pixel(tiling.k_units)  # elements per staged pixel (channels innermost)
     row_px = width * px  # elements per staged row
-    ldc = acc_row_stride(ctx.config, shape, tiling.n)
+    c_row, c_col = acc_strides(ctx.config, shape, tiling, tiling.n)
     kb = ctx.kb
     isz = itemsize(dt)
     plane = planes or (lambda b: (b * c, b * o, 0))
@@ -575,7 +583,7 @@ def conv_transfers(ctx: LoweringContext, geo: ConvGeometry, tiling: GemmTiling,
     def store_c(core: int, b: int, r0: int, rs: int, n0: int, ns: int, addr: int) -> None:
         kb.store(core, shape=(1, ns, rs * ow),
                 dst=out.at((plane(b)[1] + n0) * oh * ow + r0 * ow, (0, oh * ow, 1)),
-                src=block("acc", addr, out.dtype, (0, 1, ldc)))
+                src=block("acc", addr, out.dtype, (0, c_col, c_row)))
 
     return ConvTransfers(stage_a, load_a, load_b, store_c)
 

@@ -57,8 +57,8 @@ from .gemm import (
     GemmShape,
     GemmTiling,
     SlotCache,
-    acc_row_stride,
     acc_slots,
+    acc_strides,
     emit_gemm,
     gemm_cost,
     held_tiles,
@@ -840,9 +840,10 @@ class _ConvTransfers:
     :func:`~.gemm.emit_gemm`'s callback form. Box coordinates are the destination buffers'
     (the scheduled copies' iterators); local layouts are the generator's: an L1 staging slot
     per core and pipeline slot of ``stage_rows x width`` pixels of ``stage_pixel`` elements
-    (bank-padded channel runs), L0 tiles row-major over their valid extents, accumulator rows
-    :func:`~.gemm.acc_row_stride` apart. A box's steps are derived (and checked at its far
-    corner) once per kind of box; each DMA then evaluates its origin."""
+    (bank-padded channel runs), L0 tiles row-major over their valid extents, the
+    accumulator tile as :func:`~.gemm.acc_strides` lays it out. A box's steps are derived
+    (and checked at its far corner) once per kind of box; each DMA then evaluates its
+    origin."""
 
     def __init__(self, ctx: LoweringContext, geo: ConvGeometry, tiling: GemmTiling,
                  copies: dict[str, _Copy], dram: dict[str, DramTensor | DramView]):
@@ -861,7 +862,7 @@ class _ConvTransfers:
         self.slot_bytes = self.shape.stage_bytes(tiling.m_units, tiling.k_units)
         self.px = self.shape.stage_pixel(tiling.k_units)
         self.row_px = geo.width * self.px
-        self.ldc = acc_row_stride(ctx.config, self.shape, tiling.n)
+        self.c_row, self.c_col = acc_strides(ctx.config, self.shape, tiling, tiling.n)
         self.ku = tiling.k_units
         self.kt = tiling.k_units * self.shape.k_unit
         self.memo: dict[tuple[Any, ...], list[tuple[int, ...]]] = {}
@@ -1005,4 +1006,4 @@ class _ConvTransfers:
                                "tile's columns as channels")
         t, offset, strides = self.dram_at("store", point, moves)
         self.kb.store(core, shape=(1, ns, rs * self.geo.ow), dst=t.at(offset, (0, *strides)),
-                      src=block("acc", addr, str(cp.src.dtype), (0, 1, self.ldc)))
+                      src=block("acc", addr, str(cp.src.dtype), (0, self.c_col, self.c_row)))
