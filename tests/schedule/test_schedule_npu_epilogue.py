@@ -91,6 +91,16 @@ def _conv(x, w, b=None, stride=1, pad=0):
                                       stride=stride, padding=pad).numpy()
 
 
+def _conv_residual_relu(w, shape):
+    """relu(conv2d(x, w, padding 1) + res): a product whose fused epilogue loads a residual."""
+    def body(bb, x, res):
+        c = bb.emit(op.nn.conv2d(x, w, padding=(1, 1)), "c")
+        a = bb.emit(op.add(c, res), "a")
+        return bb.emit_output(op.nn.relu(a), "y")
+
+    return _module(body, [shape, shape])
+
+
 @pytest.mark.parametrize("hw", ["default", "edge"])
 def test_conv_bias_relu_and_pointwise_bn(hw):
     """A 3x3 conv (prime channels and size) + per-channel bias + relu, then a pointwise conv
@@ -211,13 +221,7 @@ def test_no_room_in_the_accumulators_falls_back(tmp_path):
     path.write_text(text)
     assert load_config(str(path)).memory("acc").size == 1024
     w = _const(8, 8, 3, 3)
-
-    def body(bb, x, res):
-        c = bb.emit(op.nn.conv2d(x, w, padding=(1, 1)), "c")
-        a = bb.emit(op.add(c, res), "a")
-        return bb.emit_output(op.nn.relu(a), "y")
-
-    mod = _module(body, [(1, 8, 16, 16), (1, 8, 16, 16)])
+    mod = _conv_residual_relu(w, (1, 8, 16, 16))
     x, res = (RNG.standard_normal((1, 8, 16, 16)).astype("float32") for _ in range(2))
     outs = {}
     for route in ("tir", "emit"):
@@ -292,13 +296,7 @@ def test_a_residual_is_loaded_after_the_next_steps_gathers():
     in-order DMA-in queue gathers the next step first; the same bits as unfused, and on both
     routes the same program."""
     w = _const(16, 16, 3, 3)
-
-    def body(bb, x, res):
-        c = bb.emit(op.nn.conv2d(x, w, padding=(1, 1)), "c")
-        a = bb.emit(op.add(c, res), "a")
-        return bb.emit_output(op.nn.relu(a), "y")
-
-    mod = _module(body, [(1, 16, 40, 40), (1, 16, 40, 40)])
+    mod = _conv_residual_relu(w, (1, 16, 40, 40))
     x, res = (RNG.standard_normal((1, 16, 40, 40)).astype("float32") for _ in range(2))
     ref = np.maximum(_conv(x, w.data, pad=1) + res, 0)
     on, _ = _check(mod, [x, res], [ref], "default", ["nn.conv2d+add+relu"])

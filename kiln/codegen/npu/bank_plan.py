@@ -62,8 +62,8 @@ from ...npu.simulator import (
 )
 from ...target.npu.config import L1, MEMORY_NAMES, NPUConfig
 
-__all__ = ["BankAnalysis", "BankPlan", "Buffer", "ConflictPair", "analyse_banks", "byte_view",
-           "plan_banks", "reads_operand", "writes_operand"]
+__all__ = ["BankAnalysis", "BankPlan", "Buffer", "ConflictPair", "PhaseWrites", "analyse_banks",
+           "byte_view", "plan_banks", "reads_operand", "writes_operand"]
 
 _L1_ID = MEMORY_NAMES.index(L1)
 _ROUNDS = 3
@@ -179,6 +179,32 @@ def byte_view(mask: np.ndarray, blk: Block, shape: tuple[int, ...]) -> np.ndarra
                       strides=(*(s * isz for s in strides), 1), writeable=True)
 
 
+class PhaseWrites:
+    """The on-chip bytes written so far in one phase (per memory, a byte mask): a read of
+    bytes not all written before it in the phase finds data carried in from an earlier one
+    (the bank placement pins those bytes; the prefetch keeps its loads off them)."""
+
+    def __init__(self, config: NPUConfig):
+        self.config = config
+        self.masks: dict[int, np.ndarray] = {}
+
+    def carries(self, ins: Instr, name: str, blk: Block, shape: tuple[int, ...]) -> bool:
+        """Whether operand ``name`` of ``ins`` reads bytes this phase has not all written."""
+        mask = self.masks.get(blk.mem)
+        return reads_operand(ins, name) and \
+            (mask is None or not byte_view(mask, blk, shape).all())
+
+    def record(self, ins: Instr, ops: list[tuple[str, Block, tuple[int, ...]]]) -> None:
+        """Mark the bytes ``ins`` writes through its operands ``ops``."""
+        for name, blk, shape in ops:
+            if writes_operand(ins, name):
+                mask = self.masks.get(blk.mem)
+                if mask is None:
+                    mask = self.masks[blk.mem] = np.zeros(
+                        self.config.memory(MEMORY_NAMES[blk.mem]).size, bool)
+                byte_view(mask, blk, shape)[...] = True
+
+
 def _collect(program: Program, grouped: set[int]
              ) -> tuple[dict[tuple[int, int, int], list[_Use]],
                         dict[tuple[int, int], list[tuple[int, int]]]]:
@@ -190,11 +216,11 @@ def _collect(program: Program, grouped: set[int]
     carried: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for core, stream in enumerate(program.streams):
         phase = 0
-        masks: dict[int, np.ndarray] = {}
+        written = PhaseWrites(cfg)
         for idx, ins in enumerate(stream):
             if ins.op == "barrier":
                 phase += 1
-                masks = {}
+                written = PhaseWrites(cfg)
                 continue
             if ins.op in ("s.ld", "s.st") and ins.args.get("mem") in grouped:
                 mem = ins.args["mem"]
@@ -206,17 +232,9 @@ def _collect(program: Program, grouped: set[int]
                 first, last = block_extent(blk, shape)
                 key = (phase, _scope(core, blk.mem), blk.mem)
                 uses.setdefault(key, []).append((core, idx, name, first, last))
-                if reads_operand(ins, name):
-                    mask = masks.get(blk.mem)
-                    if mask is None or not byte_view(mask, blk, shape).all():
-                        carried.setdefault((key[1], blk.mem), []).append((first, last))
-            for name, blk, shape in ops:
-                if writes_operand(ins, name):
-                    mask = masks.get(blk.mem)
-                    if mask is None:
-                        mask = masks[blk.mem] = np.zeros(
-                            cfg.memory(MEMORY_NAMES[blk.mem]).size, bool)
-                    byte_view(mask, blk, shape)[...] = True
+                if written.carries(ins, name, blk, shape):
+                    carried.setdefault((key[1], blk.mem), []).append((first, last))
+            written.record(ins, ops)
     return uses, carried
 
 

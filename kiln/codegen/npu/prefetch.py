@@ -63,8 +63,6 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ...npu.isa import UNIT_DMA_IN, UNIT_SCALAR, Block, Instr, unit_of
 from ...npu.numerics import np_dtype
 from ...npu.program import Program
@@ -77,7 +75,7 @@ from ...npu.simulator import (
     onchip_operands,
 )
 from ...target.npu.config import L1, MEMORY_NAMES, NPUConfig
-from .bank_plan import byte_view, reads_operand, writes_operand
+from .bank_plan import PhaseWrites, writes_operand
 
 __all__ = ["PREFETCH_KEY", "PrefetchPlan", "prefetch_program"]
 
@@ -193,7 +191,7 @@ def _carried(phases: list[list[list[Instr]]], config: NPUConfig) -> dict[_Key, _
     out: dict[_Key, list[tuple[int, int]]] = {}
     for core, per_core in enumerate(phases):
         for instrs in per_core:
-            masks: dict[int, np.ndarray] = {}  # per memory: the bytes the phase wrote
+            written = PhaseWrites(config)
             for ins in instrs:
                 if _is_scalar_memory(ins) and int(ins.args.get("mem", _DRAM_ID)) != _DRAM_ID:
                     mem = int(ins.args["mem"])
@@ -202,18 +200,10 @@ def _carried(phases: list[list[list[Instr]]], config: NPUConfig) -> dict[_Key, _
                     continue
                 ops = onchip_operands(ins)
                 for name, blk, shape in ops:
-                    mask = masks.get(blk.mem)
-                    if reads_operand(ins, name) and \
-                            (mask is None or not byte_view(mask, blk, shape).all()):
+                    if written.carries(ins, name, blk, shape):
                         out.setdefault((_scope(core, blk.mem), blk.mem), []).append(
                             block_extent(blk, shape))
-                for name, blk, shape in ops:
-                    if writes_operand(ins, name):
-                        mask = masks.get(blk.mem)
-                        if mask is None:
-                            mask = masks[blk.mem] = np.zeros(
-                                config.memory(MEMORY_NAMES[blk.mem]).size, bool)
-                        byte_view(mask, blk, shape)[...] = True
+                written.record(ins, ops)
     return {k: _Ranges(v) for k, v in out.items()}
 
 
