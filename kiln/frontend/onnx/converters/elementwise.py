@@ -15,7 +15,7 @@ from ....op.matrix import determinant
 from ..importer import onnx_dtype
 from ..registry import converter
 from . import shape_values as sv
-from .common import dtype_of, ndim_of, scalar, shape_of, static_int
+from .common import dtype_of, iota, ndim_of, scalar, shape_of, static_int
 from .strings import string_cast
 
 _BINARY = {
@@ -606,8 +606,9 @@ def trilu(ctx: Any, node: Any) -> Any:
     if ndim_of(x) < 2:
         raise node.error(f"expects a tensor of rank >= 2, got rank {ndim_of(x)}")
     n, m = _static_dims(node, x, "Trilu")[-2:]
-    diag = op.subtract(g.const(np.arange(m, dtype="int64").reshape(1, m)),
-                       g.const(np.arange(n, dtype="int64").reshape(n, 1)))
+    # iota: a declared 2**31-long axis is a run-time range, not a 16 GiB constant (fuzz 3038811)
+    diag = op.subtract(op.reshape(iota(m, "int64"), (1, m)),
+                       op.reshape(iota(n, "int64"), (n, 1)))
     k_const = node.const_value(1)
     if k_const is not None:
         k = scalar(int(np.asarray(k_const).reshape(())), "int64")
