@@ -29,14 +29,13 @@ from ...target.npu.config import DRAM
 from .emit import DramTensor, KernelInfo, itemsize
 from .lowering import LoweringContext, NotSupported, register_lowering
 
-__all__ = ["SCALAR_ALU", "SCALAR_FN_OPS", "emit_scalar_elementwise", "lower_scalar_function",
-           "lower_take"]
+__all__ = ["SCALAR_ALU", "SCALAR_DTYPES", "SCALAR_FN_OPS", "emit_scalar_elementwise",
+           "lower_scalar_function", "lower_take"]
 
 #: Graph op -> ``s.alu`` function of the ops the scalar fallback computes (``negative`` is
 #: ``0 - x``, ``relu`` is ``max(x, 0)``, ``cast`` is ``s.cvt``).
 SCALAR_ALU = {"add": "add", "subtract": "sub", "multiply": "mul", "maximum": "max",
               "minimum": "min", "negative": "sub", "relu": "max"}
-#: The scalar unit's dtypes (its registers hold any element type of the ISA).
 #: Graph op -> ``s.fn`` function: float functions the scalar unit computes (when the
 #: description lists them in ``[scalar] functions``).
 SCALAR_FN = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "sin": "sin",
@@ -44,7 +43,9 @@ SCALAR_FN = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "sin"
              "round": "round"}
 #: The ops without a vector instruction, lowered onto the scalar unit only.
 SCALAR_FN_OPS = ("log", "sqrt", "sin", "cos", "floor", "ceil", "round")
-_SCALAR_DTYPES = ("int8", "uint8", "int16", "int32", "int64", "float16", "bfloat16", "float32")
+#: The dtypes the scalar unit loads and stores (its registers hold any element type of the
+#: ISA; a bool is its uint8 bytes).
+SCALAR_DTYPES = ("int8", "uint8", "int16", "int32", "int64", "float16", "bfloat16", "float32")
 _DRAM = 0
 
 
@@ -90,7 +91,7 @@ def emit_scalar_elementwise(ctx: LoweringContext, call: Any, args: list[Any],
         operands.append(("imm", 0))
     in_dt = next((str(t.dtype) for _, t in operands if isinstance(t, DramTensor)), out.dtype)
     for dt in (in_dt, out.dtype):
-        if dt not in _SCALAR_DTYPES:
+        if dt not in SCALAR_DTYPES:
             raise NotSupported(f"{op}: {reason}; the scalar unit has no {dt} either")
     if op != "cast" and any(isinstance(t, DramTensor) and t.dtype != out.dtype
                             for _, t in operands):

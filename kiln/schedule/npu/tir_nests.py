@@ -75,7 +75,7 @@ from .emit import DramTensor, DramView, KernelInfo, itemsize
 from .lowering import LoweringContext, NotSupported, register_lowering
 from .movement import copy_kernel
 from .nest_analysis import SCALAR_TILING
-from .scalar import SCALAR_FN
+from .scalar import SCALAR_DTYPES, SCALAR_FN
 from .vector import VecStep, emit_elementwise
 
 __all__ = ["LAST_RESORT_OPS", "Access", "LeafNest", "affine_access", "emit_scalar_nest",
@@ -89,8 +89,6 @@ __all__ = ["LAST_RESORT_OPS", "Access", "LeafNest", "affine_access", "emit_scala
 LAST_RESORT_OPS = ("pad", "where", "broadcast_to", "greater", "greater_equal", "less",
                    "less_equal", "equal", "not_equal", "logical_not", "logical_and",
                    "logical_or", "gather_elements", "gather_nd")
-#: dtypes the scalar unit loads and stores (bool as uint8).
-_SCALAR_DTYPES = ("int8", "uint8", "int16", "int32", "int64", "float16", "bfloat16", "float32")
 _CMP = {E.LT: "lt", E.LE: "le", E.GT: "gt", E.GE: "ge", E.EQ: "eq", E.NE: "ne"}
 _SWAP = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
 _ALU = {E.Add: "add", E.Sub: "sub", E.Mul: "mul", E.Min: "min", E.Max: "max",
@@ -433,7 +431,7 @@ class _ScalarCode:
             if e.buffer not in self.where:
                 raise NotSupported(f"buffer {e.buffer.name} is no operand (an intermediate)")
             t = self.where[e.buffer]
-            if _dt(t.dtype) not in _SCALAR_DTYPES:
+            if _dt(t.dtype) not in SCALAR_DTYPES:
                 raise NotSupported(f"the scalar unit loads no {t.dtype}")
             r = self.address(e.buffer, e.indices, env)
             self.emit("s.ld", dtype=_dt(t.dtype), rd=r, mem=0, base=r, offset=t.addr)
@@ -538,7 +536,7 @@ def emit_scalar_nest(ctx: LoweringContext, op: str, nest: LeafNest,
     st = nest.store
     n = nest.elements
     odt = _dt(where[st.buffer].dtype) if st.buffer in where else ""
-    if odt not in _SCALAR_DTYPES:
+    if odt not in SCALAR_DTYPES:
         raise NotSupported(f"{op}: the scalar unit stores no {odt or 'intermediate buffer'}")
     ext = [e for _, e in nest.loops]
     inner = [int(np.prod(ext[k + 1:], dtype=np.int64)) for k in range(len(ext))]
