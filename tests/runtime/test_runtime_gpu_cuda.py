@@ -117,6 +117,23 @@ def test_torch_tensors_in_and_out_without_copies():
     np.testing.assert_allclose(np_out, ref.cpu().numpy(), rtol=1e-4, atol=1e-5)
 
 
+def test_a_misaligned_torch_view_is_refused_and_the_context_survives():
+    """A view one float32 element into its allocation starts 4 bytes in: not 16-byte aligned,
+    which the kernels' vector loads would fault on (and lose the CUDA context). kiln refuses it with
+    an ArgumentError; the aligned copy runs, in the same process."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    exe = kiln.build(_mlp_module(), _target())
+    x = torch.randn(9 * 64, device="cuda")[1:513].reshape(8, 64)
+    w = torch.randn(64, 32, device="cuda")
+    with pytest.raises(kiln.ir.ArgumentError, match="multiple of 16"):
+        exe(x, w)
+    out = exe(x.clone(), w)
+    torch.testing.assert_close(out, torch.softmax(torch.relu(x @ w), dim=-1), rtol=1e-4,
+                               atol=1e-5)
+
+
 def test_cupy_arrays():
     cupy = pytest.importorskip("cupy")
     exe = kiln.build(_mlp_module(), _target())

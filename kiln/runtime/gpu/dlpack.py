@@ -25,6 +25,13 @@ from .device import DeviceBuffer
 #: DLPack device types of CUDA memory (device, pinned host, managed).
 CUDA_DEVICE_TYPES = (DEVICE_CUDA, 13)
 
+#: Bytes a device array's data pointer must be a multiple of: kiln's kernels load and store
+#: 16-byte vectors (``float4``, ``cp.async``, ``ldmatrix``) from the start of every buffer, which
+#: a misaligned address turns into CUDA_ERROR_MISALIGNED_ADDRESS -- an error that destroys the
+#: CUDA context, so every later call in the process fails. Framework allocations are aligned
+#: (torch and CuPy to 256 bytes or more); a view at an element offset (``t[1:]``) may not be.
+DEVICE_ARRAY_ALIGN = 16
+
 
 class _DLPackDataType(ctypes.Structure):
     """DLPack's own ``DLDataType`` (16-bit lanes): the layout other frameworks export. kiln's
@@ -93,6 +100,11 @@ def import_cuda_array(obj: Any, name: str) -> DeviceArray:
                                     "arrays)")
             expected *= shape[axis]
     ptr = int(t.data or 0) + int(t.byte_offset)
+    if ptr % DEVICE_ARRAY_ALIGN:
+        raise ArgumentError(f"input {name!r}: the device array's data starts at {ptr:#x}, not a "
+                            f"multiple of {DEVICE_ARRAY_ALIGN} bytes (a view at an offset?); "
+                            "pass an aligned copy (torch: .clone(), CuPy: .copy()) -- kiln's "
+                            "kernels load 16-byte vectors and does not copy device arrays")
     nbytes = int(np.prod(shape, dtype=np.int64)) * max(dtype.itemsize, 1)
     buf = DeviceBuffer(ptr, nbytes, (obj, capsule))
     return DeviceArray(obj, buf, shape, np.dtype(dtype.to_numpy()))
