@@ -304,3 +304,32 @@ def test_dram_reuse_shrinks_the_footprint_and_changes_no_output(hw):
     assert _rel(shared(*model.inputs), model.reference(*model.inputs)) <= 1e-2
     x = np.random.default_rng(5).standard_normal(model.inputs[0].shape).astype("float32")
     np.testing.assert_array_equal(shared(x), alone(x))  # a second call: constants intact
+
+
+def test_float64_tensors_live_in_dram_for_cpu_steps(tmp_path):
+    """The NPU has no float64, but a model may compute part of its graph in float64: those
+    ops run as CPU steps and their tensors (here a float64 output) live in the executable's
+    DRAM, which holds any fixed-width dtype -- the build used to fail with a KeyError."""
+    rng = np.random.default_rng(5)
+    w = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype("float32"), "w")
+    scale = numpy_helper.from_array(np.array(1.0 / 3.0), "scale")  # a float64 constant
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Cast", ["r"], ["d"], to=TensorProto.DOUBLE),
+             helper.make_node("Mul", ["d", "scale"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "f64", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [1, 4, 8, 8])], [w, scale])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    mod, params = from_onnx(str(path))
+    exe = kiln.build(mod, target="npu -hw=edge", params=params)
+    assert "nn.conv2d" in [k.op for k in exe.kernels] and exe.cpu_ops  # float64 on the CPU
+    x = rng.standard_normal((1, 3, 8, 8)).astype("float32")
+    y = exe(x)
+    assert y.dtype == np.float64 and y.shape == (1, 4, 8, 8)
+    ref = np.maximum(_conv_nchw(x, params["w"]), 0) / 3.0
+    assert _rel(y, ref) <= 1e-2
+    exe.save(str(tmp_path / "m.kiln"))
+    np.testing.assert_array_equal(kiln.load(str(tmp_path / "m.kiln"))(x), y)

@@ -8,14 +8,14 @@ import bisect
 
 import numpy as np
 
-from .emit import DRAM_ALIGN, DramTensor, itemsize
+from .emit import DRAM_ALIGN, DramTensor, dram_itemsize
 
 __all__ = ["DramRanges", "tensor_bytes"]
 
 
 def tensor_bytes(t: DramTensor) -> int:
     """The bytes of a DRAM tensor's elements."""
-    return int(np.prod(t.shape, dtype=np.int64)) * itemsize(t.dtype)
+    return int(np.prod(t.shape, dtype=np.int64)) * dram_itemsize(t.dtype)
 
 
 class DramRanges:

@@ -23,7 +23,7 @@ from ...npu.program import Program
 from ...target.npu.config import DRAM, MEMORY_NAMES, NPUConfig
 
 __all__ = ["DramTensor", "DramView", "ITEMSIZE", "KernelBuilder", "KernelInfo", "Pipeline",
-           "block", "itemsize", "row_major", "store_piece_bytes", "store_pieces"]
+           "block", "dram_itemsize", "itemsize", "row_major", "store_piece_bytes", "store_pieces"]
 
 MEM_ID = {name: i for i, name in enumerate(MEMORY_NAMES)}
 #: DRAM alignment of every tensor (a whole burst of the largest shipped description).
@@ -91,6 +91,20 @@ ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "float16": 2, "bfloat1
 def itemsize(dtype: str) -> int:
     """Bytes per element of an NPU dtype."""
     return ITEMSIZE[dtype]
+
+
+def dram_itemsize(dtype: str) -> int:
+    """Bytes per element of a tensor held in the NPU's DRAM: an NPU dtype, or any fixed-width
+    numpy dtype (float64, uint32, ...) that only CPU steps read and write -- DRAM is the
+    executable's one memory, so a CPU op's float64 operands live there too, although no NPU
+    instruction can address them. 0 for what has no fixed width (strings)."""
+    if dtype in ITEMSIZE:
+        return ITEMSIZE[dtype]
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        return 0
+    return 0 if dt.kind in "OSUV" else dt.itemsize
 
 
 def store_piece_bytes(config: NPUConfig) -> int:

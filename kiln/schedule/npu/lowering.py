@@ -32,7 +32,7 @@ import numpy as np
 
 from ...ir.errors import KilnError
 from ...target.npu.config import NPUConfig
-from .emit import DRAM_ALIGN, ITEMSIZE, DramTensor, KernelBuilder, itemsize
+from .emit import DRAM_ALIGN, ITEMSIZE, DramTensor, KernelBuilder, dram_itemsize
 
 __all__ = ["DEFAULT_ROUTE", "DEPTHWISE_KEY", "DEPTHWISE_ROUTES", "LOWERING_KEY",
            "LOWERING_ROUTES", "LoweringContext", "LoweringFn",
@@ -152,7 +152,11 @@ class LoweringContext:
 
     def alloc(self, shape: tuple[int, ...], dtype: str) -> DramTensor:
         t = DramTensor(self.top, tuple(int(s) for s in shape), dtype)
-        nbytes = int(np.prod(t.shape, dtype=np.int64)) * itemsize(dtype)
+        isz = dram_itemsize(dtype)
+        if not isz:
+            raise NotSupported(f"{dtype} tensors have no fixed width: the NPU's DRAM cannot "
+                               "hold them")
+        nbytes = int(np.prod(t.shape, dtype=np.int64)) * isz
         self.top += max(DRAM_ALIGN, -(-nbytes // DRAM_ALIGN) * DRAM_ALIGN)
         self.allocations.append(t)
         return t

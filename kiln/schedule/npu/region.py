@@ -26,7 +26,7 @@ import numpy as np
 from ... import graph as g
 from ...npu.isa import Instr
 from ...target.npu.config import DRAM
-from .emit import MEM_ID, DramTensor, itemsize
+from .emit import MEM_ID, DramTensor, dram_itemsize
 from .epilogue import Epilogue
 from .lowering import LoweringContext, NotSupported, lookup_lowering
 from .ops import (
@@ -334,7 +334,7 @@ class _Mark:
 
     def writes(self, t: DramTensor) -> bool:
         """Whether an instruction emitted since writes DRAM tensor ``t``."""
-        end = t.addr + max(1, int(np.prod(t.shape, dtype=np.int64)) * itemsize(t.dtype))
+        end = t.addr + max(1, int(np.prod(t.shape, dtype=np.int64)) * dram_itemsize(t.dtype))
         return any(ins.op == "dma.store" and ins.args["dst"].mem == MEM_ID[DRAM] and
                    t.addr <= ins.args["dst"].addr < end for ins in self.new())
 
