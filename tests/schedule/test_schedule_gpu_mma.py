@@ -112,6 +112,14 @@ def test_shared_rows_are_padded_against_bank_conflicts():
     (launch,) = kernel_launches(lowered)
     sizes = {s.name: int(s.shape[0].value) for s in launch.shared}
     assert sizes == {"in0_shared": 127 * 34 + 32, "in1_shared": 31 * 130 + 128}
+    # a batched product's tiles carry a batch dimension of 1: the rows are padded under it
+    # (the padding used to go to the batch stride, leaving the rows on the same banks)
+    _, lowered = _lowered("matmul", [np.zeros((2, 128, 64), np.float16),
+                                     np.zeros((2, 64, 64), np.float16)], OPENCL,
+                          {"gpu_mma_tiles": (4, 4), "gpu_mma_bk": 32})
+    (launch,) = kernel_launches(lowered)
+    sizes = {s.name: int(s.shape[0].value) for s in launch.shared}
+    assert sizes == {"in0_shared": 127 * 34 + 32, "in1_shared": 31 * 65 + 64}
 
 
 def test_shapes_the_tiles_do_not_fit_take_the_tiled_gemm():

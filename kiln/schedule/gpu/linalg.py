@@ -332,10 +332,10 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
     # fall on distinct (MI <= 2) or pairwise-shared banks. A fragment load of B reads the words
     # t * stride / 2 + (g / 2) * NI (t, g / 2 < 4): distinct banks for an odd stride, and for
     # NI >= 8 also for a stride = 2 mod 8, which keeps the rows 4-byte aligned (vector stores)
-    b_align = (0, 8, 2) if ni >= 8 else (0, 2, 1)
+    b_align = (-2, 8, 2) if ni >= 8 else (-2, 2, 1)
     b_chunks = bool(async_stages) and ni % 8 == 0 and knob("gpu_mma_b_chunks", (False, True),
                                                            False)
-    aligns = (ASYNC_ALIGN if async_stages or ldmatrix else (0, 4, 2),
+    aligns = (ASYNC_ALIGN if async_stages or ldmatrix else (-2, 4, 2),
               ASYNC_ALIGN if async_stages else b_align)
     for index, align in enumerate(aligns):
         cache = sch.cache_read(block, index, "shared")
