@@ -16,7 +16,11 @@ layer norm, GELU-free attention: batched products of run-time operands, softmax,
 2. **the build's optimizations off** (residency, prefetch, bank placement, DRAM reuse): the
    same bits -- they move the same bytes in the same order;
 3. **the other lowering route** (``npu.lowering`` ``"emit"`` against ``"tir"``): the same bits;
-   **the epilogue unfused**: within the tolerance of the reference.
+   **the epilogue unfused**: within the tolerance of the reference;
+4. for the ``int8`` kind (a CNN of the layers whose quantized form is exact), **the model
+   quantized** (``kiln.quantize``, calibrated on four inputs): the bits of the numpy model of
+   quantized graphs (``kiln.testing.quant_reference``) where every op is exact, and the same
+   bits with the optimizations off.
 
 Every exception is a finding (a small model the NPU build must take: an op it cannot run goes
 to the CPU, it does not fail). ``benchmarks/npu_fuzz.py`` runs seeds and prints what failed;
@@ -40,10 +44,13 @@ from .. import op
 from ..build import npu_pipeline
 from ..codegen.npu import LOWERING_KEY, build_npu
 from ..ir.module import IRModule
+from ..quantize import quantize_model
 from ..target import Target
 from ..transform.pass_infra import PassContext
+from .quant_reference import EXACT_OPS, run_quantized_graph
 
-__all__ = ["NpuCase", "NpuOutcome", "check_case", "make_case", "TOLERANCE"]
+__all__ = ["NpuCase", "NpuOutcome", "TOLERANCE", "check_case", "is_exact", "make_case",
+           "quantized"]
 
 #: Largest error allowed against the float64 reference, relative to ``max(1, max|ref|)``:
 #: every product rounds its operands to float16 (11 significant bits) and accumulates in
@@ -86,8 +93,13 @@ class NpuOutcome:
 class _Net:
     """A graph under construction and its torch float64 twin, op by op."""
 
-    def __init__(self, bb: g.BlockBuilder, rng: np.random.Generator, wide: int):
+    def __init__(self, bb: g.BlockBuilder, rng: np.random.Generator, wide: int,
+                 int8: bool = False):
         self.bb, self.rng = bb, rng
+        #: layers whose quantized form the numpy model of int8 graphs computes exactly
+        #: (``kiln.testing.quant_reference.EXACT_OPS``): no sigmoid/tanh, average pooling,
+        #: concat or softmax
+        self.int8 = int8
         #: the largest channel count a layer draws (some cases are wide enough for several
         #: tiles per core, most are small and quick)
         self.wide = wide
@@ -115,7 +127,8 @@ def _dim(rng: np.random.Generator, lo: int, hi: int) -> int:
 
 
 def _activation(net: _Net, x: Any, r: torch.Tensor) -> tuple[Any, torch.Tensor]:
-    kind = net.rng.choice(["relu", "relu6", "sigmoid", "tanh", "none"], p=[.4, .2, .1, .1, .2])
+    kind = net.rng.choice(["relu", "relu6", "sigmoid", "tanh", "none"],
+                          p=[.5, .3, 0, 0, .2] if net.int8 else [.4, .2, .1, .1, .2])
     if kind == "relu":
         return net.emit("relu", op.nn.relu(x), torch.relu(r))
     if kind == "relu6":
@@ -172,7 +185,7 @@ def _pool(net: _Net, x: Any, r: torch.Tensor) -> tuple[Any, torch.Tensor]:
     k = int(rng.choice([2, 3])) if min(h, w) >= 3 else 2 if min(h, w) >= 2 else 1
     stride = int(rng.choice([1, 2]))
     pad = int(rng.integers(0, k // 2 + 1))
-    if rng.random() < 0.5:
+    if net.int8 or rng.random() < 0.5:
         return net.emit(f"maxpool{k}/{stride}", op.nn.max_pool2d(
             x, pool_size=(k, k), strides=(stride, stride), padding=(pad, pad)),
             F.max_pool2d(r, k, stride=stride, padding=pad))
@@ -191,8 +204,8 @@ def _merge(net: _Net, x: Any, r: torch.Tensor) -> tuple[Any, torch.Tensor] | Non
         y, yr = same[int(net.rng.integers(len(same)))]
         x, r = net.emit("residual", op.add(x, y), r + yr)
         return net.emit("relu", op.nn.relu(x), torch.relu(r))
-    cat = [v for v in net.values[:-1] if tuple(v[1].shape[2:]) == tuple(r.shape[2:]) and
-           v[1].shape[0] == r.shape[0]]
+    cat = [] if net.int8 else [v for v in net.values[:-1] if tuple(v[1].shape[2:]) ==
+                               tuple(r.shape[2:]) and v[1].shape[0] == r.shape[0]]
     if cat:
         y, yr = cat[int(net.rng.integers(len(cat)))]
         return net.emit("concat", op.concat([x, y], axis=1), torch.cat([r, yr], 1))
@@ -218,7 +231,7 @@ def _cnn(net: _Net, x: Any, r: torch.Tensor) -> tuple[Any, torch.Tensor]:
         classes = _dim(net.rng, 2, 17)
         w, wr = net.const(classes, c, scale=1.0 / math.sqrt(c))
         x, r = net.emit("dense", op.dense(x, w), r @ wr.T)
-        if net.rng.random() < 0.5:
+        if not net.int8 and net.rng.random() < 0.5:
             x, r = net.emit("softmax", op.nn.softmax(x, axis=-1), torch.softmax(r, -1))
     return x, r
 
@@ -259,10 +272,10 @@ def _sequence(net: _Net, x: Any, r: torch.Tensor) -> tuple[Any, torch.Tensor]:
 def make_case(seed: int) -> NpuCase:
     """The random model of ``seed`` (the same model for the same seed)."""
     rng = np.random.default_rng(seed)
-    kind = "cnn" if rng.random() < 0.7 else "sequence"
+    kind = str(rng.choice(["cnn", "int8", "sequence"], p=[.55, .15, .3]))
     large = rng.random() < 0.25
     wide = 160 if large else 40
-    if kind == "cnn":
+    if kind != "sequence":
         size = 48 if large else 23
         shape: tuple[int, ...] = (int(rng.integers(1, 3)), _dim(rng, 1, 24), _dim(rng, 3, size),
                                   _dim(rng, 3, size))
@@ -274,7 +287,7 @@ def make_case(seed: int) -> NpuCase:
     bb = g.BlockBuilder()
     x = g.Var("x", g.TensorStructInfo(shape, "float32"))
     xv = rng.standard_normal(shape).astype("float32")
-    net = _Net(bb, rng, wide)
+    net = _Net(bb, rng, wide, int8=kind == "int8")
     with bb.function("main", [x]):
         with bb.dataflow():
             y, ref = body(net, x, torch.from_numpy(xv.astype(np.float64)))
@@ -290,11 +303,38 @@ def _error(out: np.ndarray, ref: np.ndarray) -> float:
     return float(diff.max(initial=0.0)) / max(1.0, float(np.abs(ref).max(initial=0.0)))
 
 
-def _build(case: NpuCase, hw: str, route: str | None = None, **options: Any) -> Any:
+def _build(mod: IRModule, hw: str, route: str | None = None, **options: Any) -> Any:
     config = {LOWERING_KEY: route} if route else {}
     target = Target("npu", hw=hw)
     with PassContext(config=config):
-        return build_npu(npu_pipeline(target=target)(case.mod), target, **options)
+        return build_npu(npu_pipeline(target=target)(mod), target, **options)
+
+
+def quantized(case: NpuCase) -> IRModule:
+    """``case``'s model calibrated (min/max) on its input and three more of the seed's, in
+    int8 (``kiln.quantize``)."""
+    rng = np.random.default_rng(case.seed + 1)
+    x = case.inputs[0]
+    samples = [x] + [rng.standard_normal(x.shape).astype(x.dtype) for _ in range(3)]
+    return quantize_model(case.mod, None, samples)
+
+
+def is_exact(mod: IRModule) -> bool:
+    """Whether every op of ``mod``'s main is one the numpy model of quantized graphs computes
+    exactly (its products integer): then a target must match it bit for bit. A layer the
+    quantizer leaves in float (a grouped convolution) rounds differently per target."""
+    main = mod["main"]
+    for blk in main.body.blocks:
+        for b in blk.bindings:
+            if not isinstance(b.value, g.Call):
+                continue
+            name = b.value.op.name
+            if name in ("nn.conv2d", "dense", "matmul"):
+                if not str(b.value.args[0].struct_info.dtype).startswith("int"):
+                    return False
+            elif name not in EXACT_OPS:
+                return False
+    return True
 
 
 def check_case(case: NpuCase, hw: str, variants: bool = True) -> NpuOutcome:
@@ -310,7 +350,7 @@ def check_case(case: NpuCase, hw: str, variants: bool = True) -> NpuOutcome:
                                 "".join(traceback.format_exception(err)[-3:]))
             return None
 
-    exe = attempt("build", lambda: _build(case, hw))
+    exe = attempt("build", lambda: _build(case.mod, hw))
     if exe is None:
         return res
     out = attempt("run", lambda: exe(*case.inputs))
@@ -326,15 +366,41 @@ def check_case(case: NpuCase, hw: str, variants: bool = True) -> NpuOutcome:
             ("optimizations off", None, dict(residency=False, prefetch=False, bank_plan=False,
                                              reuse_dram=False)),
             ("emit route", "emit", {})):
-        other = attempt(f"{what}: build", lambda r=route, o=options: _build(case, hw, r, **o))
+        other = attempt(f"{what}: build",
+                        lambda r=route, o=options: _build(case.mod, hw, r, **o))
         got = attempt(f"{what}: run", lambda e=other: e(*case.inputs)) if other else None
         if got is not None and not np.array_equal(got, out, equal_nan=True):
             res.failures.append(f"{what}: not the same bits (max difference "
                                 f"{float(np.nanmax(np.abs(got - out))):.3g})")
     unfused = attempt("unfused epilogue: build",
-                      lambda: _build(case, hw, fuse_epilogue=False))
+                      lambda: _build(case.mod, hw, fuse_epilogue=False))
     got = attempt("unfused epilogue: run", lambda: unfused(*case.inputs)) if unfused else None
     if got is not None and not _error(got, case.reference) <= TOLERANCE:
         res.failures.append(f"unfused epilogue: error {_error(got, case.reference):.3g} > "
                             f"{TOLERANCE}")
+    if case.kind == "int8":
+        _check_int8(case, hw, res, attempt)
     return res
+
+
+def _check_int8(case: NpuCase, hw: str, res: NpuOutcome, attempt: Callable[..., Any]) -> None:
+    """The quantized model: bit for bit the numpy model where its ops are exact, and the
+    same bits with the optimizations off either way."""
+    qmod = attempt("int8: quantize", lambda: quantized(case))
+    if qmod is None:
+        return
+    exe = attempt("int8: build", lambda: _build(qmod, hw))
+    out = attempt("int8: run", lambda: exe(*case.inputs)) if exe else None
+    if out is None:
+        return
+    if is_exact(qmod):
+        want = attempt("int8: numpy model", lambda: run_quantized_graph(qmod, *case.inputs))
+        if want is not None and not np.array_equal(out, want):
+            res.failures.append("int8: not the numpy model's bits (max difference "
+                                f"{float(np.abs(out - want).max()):.3g})")
+    plain = attempt("int8, optimizations off: build", lambda: _build(
+        qmod, hw, residency=False, prefetch=False, bank_plan=False, reuse_dram=False))
+    got = attempt("int8, optimizations off: run", lambda: plain(*case.inputs)) if plain \
+        else None
+    if got is not None and not np.array_equal(got, out):
+        res.failures.append("int8, optimizations off: not the same bits")
