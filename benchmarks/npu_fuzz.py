@@ -1,6 +1,7 @@
 """Random NPU models (``kiln.testing.npu_fuzz``): built for each hardware description,
 simulated, checked against float64 torch, against the build with its optimizations off and the
-other lowering route (the same bits), and with the epilogue unfused.
+other lowering route (the same bits), with the epilogue unfused, in float16 and bfloat16, and
+(int8 cases) quantized against the numpy model of quantized graphs.
 
     python benchmarks/npu_fuzz.py --cases 200                  # seeds 0..199, default and edge
     python benchmarks/npu_fuzz.py --start 1000 --cases 50 --hw edge

@@ -20,7 +20,8 @@ layer norm, GELU-free attention: batched products of run-time operands, softmax,
 4. for the ``int8`` kind (a CNN of the layers whose quantized form is exact), **the model
    quantized** (``kiln.quantize``, calibrated on four inputs): the bits of the numpy model of
    quantized graphs (``kiln.testing.quant_reference``) where every op is exact, and the same
-   bits with the optimizations off.
+   bits with the optimizations off; for the float kinds, **the model in float16 and in
+   bfloat16** (``ToMixedPrecision``): within ``MIXED_TOLERANCE`` of the reference.
 
 Every exception is a finding (a small model the NPU build must take: an op it cannot run goes
 to the CPU, it does not fail). ``benchmarks/npu_fuzz.py`` runs seeds and prints what failed;
@@ -47,15 +48,19 @@ from ..ir.module import IRModule
 from ..quantize import quantize_model
 from ..target import Target
 from ..transform.pass_infra import PassContext
+from ..transform.to_mixed_precision import ToMixedPrecision
 from .quant_reference import EXACT_OPS, run_quantized_graph
 
-__all__ = ["NpuCase", "NpuOutcome", "TOLERANCE", "check_case", "is_exact", "make_case",
-           "quantized"]
+__all__ = ["MIXED_TOLERANCE", "NpuCase", "NpuOutcome", "TOLERANCE", "check_case", "is_exact",
+           "make_case", "quantized"]
 
 #: Largest error allowed against the float64 reference, relative to ``max(1, max|ref|)``:
 #: every product rounds its operands to float16 (11 significant bits) and accumulates in
 #: float32; a few layers deep that is a few parts in a thousand.
 TOLERANCE = 2e-2
+#: The same for the model in mixed precision (``ToMixedPrecision``): float16 activations keep
+#: float16's 11 bits, bfloat16's keep 8 -- its bound is float16's scaled by their ratio, 2**3.
+MIXED_TOLERANCE = {"float16": TOLERANCE, "bfloat16": 8 * TOLERANCE}
 
 _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
 
@@ -380,6 +385,13 @@ def check_case(case: NpuCase, hw: str, variants: bool = True) -> NpuOutcome:
                             f"{TOLERANCE}")
     if case.kind == "int8":
         _check_int8(case, hw, res, attempt)
+    else:
+        for dtype, tol in MIXED_TOLERANCE.items():
+            low = attempt(f"{dtype}: build", lambda d=dtype: _build(
+                ToMixedPrecision(d)(case.mod), hw))
+            got = attempt(f"{dtype}: run", lambda e=low: e(*case.inputs)) if low else None
+            if got is not None and not _error(got, case.reference) <= tol:
+                res.failures.append(f"{dtype}: error {_error(got, case.reference):.3g} > {tol}")
     return res
 
 
