@@ -16,7 +16,8 @@ layer norm, GELU-free attention: batched products of run-time operands, softmax,
 2. **the build's optimizations off** (residency, prefetch, bank placement, DRAM reuse): the
    same bits -- they move the same bytes in the same order;
 3. **the other lowering route** (``npu.lowering`` ``"emit"`` against ``"tir"``): the same bits;
-   **the epilogue unfused**: within the tolerance of the reference;
+   **the epilogue unfused** and **depthwise convolutions forced onto each unit**
+   (``npu.depthwise``): within the tolerance of the reference;
 4. for the ``int8`` kind (a CNN of the layers whose quantized form is exact), **the model
    quantized** (``kiln.quantize``, calibrated on four inputs): the bits of the numpy model of
    quantized graphs (``kiln.testing.quant_reference``) where every op is exact, and the same
@@ -43,7 +44,7 @@ import torch.nn.functional as F
 from .. import graph as g
 from .. import op
 from ..build import npu_pipeline
-from ..codegen.npu import LOWERING_KEY, build_npu
+from ..codegen.npu import DEPTHWISE_KEY, LOWERING_KEY, build_npu
 from ..ir.module import IRModule
 from ..quantize import quantize_model
 from ..target import Target
@@ -308,8 +309,11 @@ def _error(out: np.ndarray, ref: np.ndarray) -> float:
     return float(diff.max(initial=0.0)) / max(1.0, float(np.abs(ref).max(initial=0.0)))
 
 
-def _build(mod: IRModule, hw: str, route: str | None = None, **options: Any) -> Any:
+def _build(mod: IRModule, hw: str, route: str | None = None, depthwise: str | None = None,
+           **options: Any) -> Any:
     config = {LOWERING_KEY: route} if route else {}
+    if depthwise:
+        config[DEPTHWISE_KEY] = depthwise
     target = Target("npu", hw=hw)
     with PassContext(config=config):
         return build_npu(npu_pipeline(target=target)(mod), target, **options)
@@ -383,6 +387,14 @@ def check_case(case: NpuCase, hw: str, variants: bool = True) -> NpuOutcome:
     if got is not None and not _error(got, case.reference) <= TOLERANCE:
         res.failures.append(f"unfused epilogue: error {_error(got, case.reference):.3g} > "
                             f"{TOLERANCE}")
+    for unit in ("tensor", "vector") if any(" dw" in name for name in case.layers) else ():
+        forced = attempt(f"depthwise on the {unit} unit: build",
+                         lambda u=unit: _build(case.mod, hw, depthwise=u))
+        got = attempt(f"depthwise on the {unit} unit: run",
+                      lambda e=forced: e(*case.inputs)) if forced else None
+        if got is not None and not _error(got, case.reference) <= TOLERANCE:
+            res.failures.append(f"depthwise on the {unit} unit: error "
+                                f"{_error(got, case.reference):.3g} > {TOLERANCE}")
     if case.kind == "int8":
         _check_int8(case, hw, res, attempt)
     else:
