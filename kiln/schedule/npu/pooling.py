@@ -12,7 +12,14 @@ import numpy as np
 
 from .emit import DramTensor
 from .lowering import LoweringContext, NotSupported, register_lowering
-from .vector import emit_layer_norm, emit_row_mean, emit_softmax, pool2d_kernel
+from .vector import (
+    NARROW_FLOATS,
+    emit_layer_norm,
+    emit_row_mean,
+    emit_softmax,
+    in_float32,
+    pool2d_kernel,
+)
 
 __all__ = ["FLOAT_DTYPES"]
 
@@ -38,6 +45,13 @@ def lower_pool2d(ctx: LoweringContext, call: Any, args: list[Any], out: DramTens
     if at.layout != "NCHW":
         raise NotSupported(f"{op}: layout {at.layout}")
     kind = ("maxnm" if at.ignore_nan else "max") if op == "nn.max_pool2d" else "avg"
+    if kind == "avg" and x.dtype in NARROW_FLOATS:  # the window's sum in float32
+        return in_float32(ctx, op, x, out, lambda wx, wo: _pool(ctx, op, wx, wo, kind, at))
+    _pool(ctx, op, x, out, kind, at)
+
+
+def _pool(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, kind: str,
+          at: Any) -> None:
     divisor, scale = None, None
     if kind == "avg":
         counts = _window_counts(x.shape[2:], out.shape[2:], at)
@@ -76,8 +90,14 @@ def lower_adaptive_avg_pool2d(ctx: LoweringContext, call: Any, args: list[Any],
         return emit_row_mean(ctx, op, x, out, x.shape[0] * x.shape[1])
     if h % oh or w % ow:
         raise NotSupported(f"{op}: {h}x{w} -> {oh}x{ow} has unequal windows")
-    pool2d_kernel(ctx, op, x, out, "avg", (h // oh, w // ow), (h // oh, w // ow),
-                  (0, 0, 0, 0), (1, 1), float(h // oh * (w // ow)))
+
+    def pool(a: DramTensor, o: DramTensor) -> None:
+        pool2d_kernel(ctx, op, a, o, "avg", (h // oh, w // ow), (h // oh, w // ow),
+                      (0, 0, 0, 0), (1, 1), float(h // oh * (w // ow)))
+
+    if x.dtype in NARROW_FLOATS:  # the window's sum in float32
+        return in_float32(ctx, op, x, out, pool)
+    pool(x, out)
 
 
 def trailing_reduction_rows(op: str, shape: tuple[int, ...], axis: Any) -> int:

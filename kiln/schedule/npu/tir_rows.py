@@ -429,8 +429,7 @@ def lower_layer_norm_tir(ctx: LoweringContext, call: Any, args: list[Any], out: 
 def lower_mean_tir(ctx: LoweringContext, call: Any, args: list[Any], out: DramTensor) -> None:
     """A mean over trailing axes through TIR; else the emitted lowering."""
     x = args[0]
-    if not (isinstance(x, DramTensor) and x.dtype in ("float32", "float16", "bfloat16") and
-            ctx.config.supports_vector_dtype(x.dtype)):
+    if not _float32(ctx, x):  # float16/bfloat16: summed in float32 by the emitted lowering
         return lower_mean(ctx, call, args, out)
     rows = trailing_reduction_rows("mean", x.shape, call.attrs.axis)
     length = int(np.prod(x.shape, dtype=np.int64)) // rows
@@ -443,10 +442,8 @@ def lower_adaptive_avg_pool2d_tir(ctx: LoweringContext, call: Any, args: list[An
     """Global average pooling (to 1x1) through TIR; other sizes are the emitted lowering's
     (a pooling kernel)."""
     x = args[0]
-    if not (isinstance(x, DramTensor) and x.dtype in ("float32", "float16", "bfloat16") and
-            ctx.config.supports_vector_dtype(x.dtype) and call.attrs.layout == "NCHW" and
-            tuple(out.shape[2:]) == (1, 1)):
-        return lower_adaptive_avg_pool2d(ctx, call, args, out)
+    if not (_float32(ctx, x) and call.attrs.layout == "NCHW" and tuple(out.shape[2:]) == (1, 1)):
+        return lower_adaptive_avg_pool2d(ctx, call, args, out)  # float16: summed in float32
     rows = x.shape[0] * x.shape[1]
     length = int(np.prod(x.shape, dtype=np.int64)) // rows
     lower_rows_tir(ctx, "nn.adaptive_avg_pool2d", x, out, rows, length, 1,

@@ -49,6 +49,7 @@ __all__ = ["ElementwiseKernel", "ElementwisePlan", "VecStep", "acc_layout", "com
            "plan_rows", "pool2d_kernel", "pool2d_kernel_info", "register_pool2d_kernel",
            "rows_bound",
            "register_elementwise_kernel", "emit_layer_norm", "emit_row_mean", "emit_pool2d",
+           "NARROW_FLOATS", "in_float32",
            "emit_softmax", "traffic_cycles"]
 
 L0_INPUTS = ("input", "weight")
@@ -553,10 +554,33 @@ def _rows_kernel(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, 
     kb.end_kernel(KernelInfo(ctx.label(op), op, f"{rt} rows of {rows} x {length}", bound, bound))
 
 
+#: Float types a reduction does not accumulate in: ``vred.sum`` rounds to its destination's
+#: type after every element (docs/npu.md, "Numerics"), so a float16 sum of a 64 x 64 plane
+#: loses a third of its value once the sum outgrows the addends' precision.
+NARROW_FLOATS = ("float16", "bfloat16")
+
+
+def in_float32(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
+               compute: Callable[[DramTensor, DramTensor], None]) -> None:
+    """``compute(x, out)`` on float32 copies: a cast kernel widens ``x`` (exactly), ``compute``
+    runs in float32 and another cast kernel rounds its result once to ``out``'s type -- for
+    the sums of :data:`NARROW_FLOATS` (row means, average pooling windows)."""
+    wide_x, wide_out = ctx.alloc(x.shape, "float32"), ctx.alloc(out.shape, "float32")
+    cast = [VecStep("vcast", (("in", 0),), (("mode", "rne"),))]
+    elementwise_kernel(ctx, f"{op}.cast", wide_x, [x], cast)
+    compute(wide_x, wide_out)
+    elementwise_kernel(ctx, f"{op}.cast", out, [wide_out], cast)
+
+
 def emit_row_mean(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
                   rows: int, mean: bool = True) -> None:
     """Mean of each of the ``rows`` rows of ``x`` (its trailing dims: H x W of a global average
-    pool): one ``vred.sum`` and one ``vmul`` per block of rows (``mean=False``: the sum)."""
+    pool): one ``vred.sum`` and one ``vmul`` per block of rows (``mean=False``: the sum).
+    float16/bfloat16 rows are summed in float32 (:data:`NARROW_FLOATS`): a cast kernel widens
+    ``x``, the float32 result is rounded once to ``out``'s type by another."""
+    if x.dtype in NARROW_FLOATS:
+        return in_float32(ctx, op, x, out,
+                          lambda wx, wo: emit_row_mean(ctx, op, wx, wo, rows, mean))
     length = int(np.prod(x.shape, dtype=np.int64)) // rows
 
     def body(core: int, rs: int, src: Any, dst: Any, tmp: Any) -> None:
