@@ -576,10 +576,14 @@ def plan_banks(program: Program, machine: Machine) -> tuple[Program, BankPlan]:
         all_moves += sorted(moves.items(), key=lambda m: (m[0].phase, m[0].scope, m[0].lo))
         current, an = candidate, new_an
         best, best_an = candidate, new_an
-        plan.left = [_named(p, f"still colliding after {_ROUNDS} rounds of moves")
-                     for p in an.pairs]
+        plan.left = []
         if not an.pairs:
             break
+    else:  # the rounds ran out: why each pair is left, as a next round would see it
+        _, left = _place(current, an)
+        named = {why.split(": ", 1)[0] + ": " for why in left}
+        plan.left = left + [_named(p, f"still colliding after {_ROUNDS} rounds of moves")
+                            for p in an.pairs if _named(p, "") not in named]
     plan.conflicts_after, plan.cycles_after = best_an.conflict_cycles, best_an.cycles
     plan.phases_after = best_an.phase_conflicts
     plan.moves = all_moves

@@ -447,15 +447,26 @@ class _Prefetcher:
         size = buf[1] - buf[0]
         taken = _Ranges([r for r in buffers.pairs() if r != buf] + busy.pairs() +
                         carried.pairs())
+        # per bank group, the lowest free start in it; the one whose groups meet the
+        # fewest of the phase's other buffers is taken (the bank placement had put the
+        # buffer apart from the ones used beside it: the lowest free range alone put a
+        # double buffer's moved half back into its sibling's group), then the lowest
+        group = spec.group_bytes
+        others = [r for r in buffers.pairs() if r != buf]
+        starts = []
         start = buf[0] % align
         while start + size <= spec.size:
             if not taken.meets(start, start + size):
-                break
-            i = bisect.bisect_left(taken.hi, start + 1)
-            nxt = taken.hi[i]
+                starts.append(start)
+                nxt = (start // group + 1) * group
+            else:
+                nxt = taken.hi[bisect.bisect_left(taken.hi, start + 1)]
             start = nxt + (buf[0] - nxt) % align
-        else:
+        if not starts:
             return "no free range for its buffer beside the kernel before's"
+        start = min(starts, key=lambda at: (sum(
+            a // group <= (at + size - 1) // group and at // group <= (b - 1) // group
+            for a, b in others), at))
         delta = start - buf[0]
         for i, ins in enumerate(instrs):
             new = {}
