@@ -28,7 +28,9 @@ A load moves only when:
   the next kernel's whole *buffer* there (its operands' extents merged where they overlap,
   as :mod:`.bank_plan` defines it) moves to a range free in both kernels and of the bytes
   any kernel carries across barriers (the L1-resident tensors, :mod:`kiln.schedule.npu
-  .residency`), keeping its address modulo the banks' span (the same banks) -- L0 buffers
+  .residency`), keeping its address modulo the banks' span (the same banks) -- per bank
+  group the lowest such range, the one whose groups meet the fewest of the kernel's other
+  buffers taken (the bank placement ran before and had put them apart) -- L0 buffers
   only; a buffer holding carried bytes or addressed by the scalar unit stays;
 - **it commutes with the loads it passes** at the head of its queue (no shared bytes).
 
