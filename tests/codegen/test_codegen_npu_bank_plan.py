@@ -134,7 +134,7 @@ def test_data_carried_between_phases_pins_its_buffers():
     pinned = {(b.phase, b.mem, b.lo) for b in analysis.pinned}
     assert (0, IN, held) in pinned and (1, IN, held) in pinned
     assert (1, IN, 0) not in pinned and (1, IN, 8192) not in pinned
-    assert analysis.carried[(0, IN)] == [(held, held + N * 4)]
+    assert analysis.carried[(0, IN)] == [(held, held + N * 4, 0, 1)]  # live in phases 0-1
 
 
 @pytest.mark.parametrize("hw", ["edge", "default"])
@@ -160,13 +160,12 @@ def test_model_with_and_without_placement_same_bits(hw):
     assert sum(a for _, a in per_kernel.values()) == after
 
 
-def _chunked(steps: int = 4, tile: int = 0):
+def _chunked(steps: int = 4, tile: int = 0, split: int = N // 2):
     """An accumulator tile in two chunks, the fused epilogue's pattern: DMA-in loads the
     whole tile (as the tensor unit writes it), the vector unit doubles chunk 0 then chunk 1
     in place (and divides it by 1: as long as its store takes), DMA-out stores each chunk
     as soon as it is done -- chunk 0's store runs while the vector unit computes chunk 1, in
-    one buffer (the load spans both chunks)."""
-    half = N // 2
+    one buffer (the load spans both chunks). ``split``: chunk 0's elements."""
     s: list[Instr] = []
     for i in range(steps):
         if i:
@@ -175,17 +174,17 @@ def _chunked(steps: int = 4, tile: int = 0):
                     src=_f32(0, 64 + i * N * 4), pad_lo=(0, 0, 0), pad_hi=(0, 0, 0), fill=0),
               Instr("tok.push", src=UNIT_DMA_IN, dst=UNIT_VECTOR),
               Instr("tok.pop", src=UNIT_DMA_IN, dst=UNIT_VECTOR)]
-        for h in range(2):
-            chunk = _f32(ACC, tile + h * half * 4)
-            s += [Instr("vmul", shape=(1, 1, half), dst=chunk, a=chunk, b=2.0),
+        for at, n in ((0, split), (split, N - split)):
+            chunk = _f32(ACC, tile + at * 4)
+            s += [Instr("vmul", shape=(1, 1, n), dst=chunk, a=chunk, b=2.0),
                   Instr("tok.push", src=UNIT_VECTOR, dst=UNIT_VECTOR),  # a fence
                   Instr("tok.pop", src=UNIT_VECTOR, dst=UNIT_VECTOR),
-                  Instr("vdiv", shape=(1, 1, half), dst=chunk, a=chunk, b=1.0),
+                  Instr("vdiv", shape=(1, 1, n), dst=chunk, a=chunk, b=1.0),
                   Instr("tok.push", src=UNIT_VECTOR, dst=UNIT_DMA_OUT)]
-        for h in range(2):
+        for at, n in ((0, split), (split, N - split)):
             s += [Instr("tok.pop", src=UNIT_VECTOR, dst=UNIT_DMA_OUT),
-                  Instr("dma.store", shape=(1, 1, half), src=_f32(ACC, tile + h * half * 4),
-                        dst=_f32(0, 64 + (steps * N + i * N + h * half) * 4),
+                  Instr("dma.store", shape=(1, 1, n), src=_f32(ACC, tile + at * 4),
+                        dst=_f32(0, 64 + (steps * N + i * N + at) * 4),
                         pad_lo=(0, 0, 0), pad_hi=(0, 0, 0), fill=0)]
         s.append(Instr("tok.push", src=UNIT_DMA_OUT, dst=UNIT_DMA_IN))
     return s
@@ -254,3 +253,58 @@ def test_conv_accumulator_columns_leave_fewer_conflicts_same_bits(monkeypatch):
     assert cols.last_cycles <= rows.last_cycles
     for columns in (False, True):
         assert runs[columns, True][0].last_cycles <= runs[columns, False][0].last_cycles
+
+
+def test_a_chunk_edge_off_the_bank_span_still_lands_on_a_group_boundary():
+    """Chunk 0 of 1792 bytes: its edge is no multiple of the accumulators' bank span (32
+    banks x 32 bytes), which the moves used to keep -- the nearest boundary placements left
+    a bank line of one chunk in the other's group. A move keeps the address modulo the bank
+    width only (the simulator's bank model is relative to a block's own address), so the
+    edge lands on the boundary: no conflict left, the same bits."""
+    cfg = _config()
+    split, steps = 448, 4
+    spec = cfg.memory("acc")
+    assert (split * 4) % (spec.banks * spec.bank_width) and (split * 4) % spec.bank_width == 0
+    program = Program(cfg, [_chunked(steps, split=split), []])
+    moved, plan = plan_banks(program, Machine(cfg, 1 << 20))
+    assert plan.conflicts_before > 0 and plan.conflicts_after == 0 and not plan.left
+    (buf, lo), = plan.moves
+    assert (lo + split * 4) % spec.group_bytes == 0 and (lo - buf.lo) % spec.bank_width == 0
+    x = np.random.default_rng(3).standard_normal(steps * N).astype(np.float32)
+    rep0, out0 = _run(cfg, program, x)
+    rep1, out1 = _run(cfg, moved, x)
+    np.testing.assert_allclose(out0, 2 * x, rtol=2.5e-7)
+    assert out1.tobytes() == out0.tobytes()
+    assert rep0.total_conflict_cycles == plan.conflicts_before
+    assert rep1.total_conflict_cycles == 0 and rep1.cycles < rep0.cycles
+
+
+def test_carried_data_pins_only_the_phases_it_is_live_in():
+    """Two tiles loaded in phase 0 and read in phase 1 are carried between those phases; the
+    double buffer of phase 2 reuses their bytes. The carried range pins its buffers in
+    phases 0 and 1 only (it used to pin it in every phase, so phase 2's colliding slots
+    could not move): phase 2's conflicts go, the bits stay."""
+    cfg = _config()
+    s = [*(Instr("dma.load", shape=(1, 1, N), dst=_f32(IN, at), src=_f32(0, 64 + at),
+                 pad_lo=(0, 0, 0), pad_hi=(0, 0, 0), fill=0) for at in (0, N * 4)),
+         Instr("barrier", id=1),
+         *(Instr("vmov", shape=(1, 1, N), dst=_f32(ACC, 0x20000 + at), a=_f32(IN, at))
+           for at in (0, N * 4)),
+         Instr("barrier", id=2), *_pingpong(4)]
+    program = Program(cfg, [s, [Instr("barrier", id=1), Instr("barrier", id=2)]])
+    machine = Machine(cfg, 1 << 20)
+    analysis = analyse_banks(program, machine)
+    assert sorted(analysis.carried[(0, IN)]) == [(0, N * 4, 0, 1), (N * 4, N * 8, 0, 1)]
+    pinned = {(b.phase, b.mem, b.lo) for b in analysis.pinned}
+    assert {(0, IN, 0), (1, IN, 0)} <= pinned and not {b for b in pinned if b[0] == 2}
+    phase2 = [p for p in analysis.pairs if p.a.phase == 2]
+    assert phase2 and {p.a.mem for p in phase2} == {IN}  # the load beside the read
+    moved, plan = plan_banks(program, machine)
+    assert plan.conflicts_after == 0 and not plan.left
+    assert {b.phase for b, _ in plan.moves} == {2}
+    x = np.random.default_rng(4).standard_normal(4 * N).astype(np.float32)
+    rep0, out0 = _run(cfg, program, x)
+    rep1, out1 = _run(cfg, moved, x)
+    np.testing.assert_array_equal(out0, 2 * x + 1)
+    assert out1.tobytes() == out0.tobytes()
+    assert rep1.total_conflict_cycles == 0 and rep1.cycles < rep0.cycles

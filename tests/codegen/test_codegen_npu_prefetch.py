@@ -119,6 +119,34 @@ def test_the_weight_load_runs_before_the_barrier(uses_weight):
     assert plan.cycles_before == before.cycles and plan.cycles_after == after.cycles
 
 
+def test_a_relocated_buffer_goes_to_a_group_apart_from_its_kernels_others():
+    """y1 = w * x in the second kernel, both tiles in L0 weight: w at 0, where the first
+    kernel's w0 is, x at 32 KiB (the first group). Both loads move above the barrier; w's
+    buffer must move first, and goes to the free group that holds none of its kernel's other
+    buffers -- the lowest free range (16 KiB) would put it beside x, in one group -- the same
+    bits, fewer cycles."""
+    x_at = 0x8000
+    second = _kernel([_load(_f32(WT, 0), _f32(DRAM, W)), _load(_f32(WT, x_at), _f32(DRAM, X))],
+                     Instr("vmul", shape=(1, 1, N), dst=_f32(ACC, 0), a=_f32(WT, 0),
+                           b=_f32(WT, x_at)), _f32(DRAM, Y1), 2)
+    program = _program(_first(uses_weight=True), second)
+    moved, plan = prefetch_program(program, Machine(CFG, 1 << 20))
+    assert plan.moved == 2 and not plan.reverted
+    (phase, core, mem, old, new), = plan.relocated
+    group = CFG.memory("weight").group_bytes
+    assert (phase, core, mem, old) == (1, 0, "weight", 0)
+    assert new // group != x_at // group and new % group == 0  # the next group's lowest
+    vmul = next(i for i in moved.streams[0] if i.op == "vmul")
+    assert vmul.args["a"].addr == new and vmul.args["b"].addr == x_at
+    data = _data()
+    before, y0, y1 = _run(program, data)
+    after, y0_moved, y1_moved = _run(moved, data)
+    np.testing.assert_array_equal(y0, data[X] + data[W0])
+    np.testing.assert_array_equal(y1, data[W] * data[X])
+    assert y0_moved.tobytes() == y0.tobytes() and y1_moved.tobytes() == y1.tobytes()
+    assert after.cycles < before.cycles
+
+
 def test_a_load_of_what_the_kernel_before_writes_stays():
     """Only the load of y0 heads the second kernel: the first kernel stores y0, nothing
     moves and the program is returned as it was."""

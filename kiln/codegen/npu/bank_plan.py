@@ -15,8 +15,11 @@ choose without looking at groups; this pass moves them after the fact:
    where they overlap: a buffer is a range that no operand crosses, so it can move as a whole
    by relocating every operand inside it. A buffer is *pinned* (never moved, and never a
    destination) when it meets bytes some phase reads before writing them (data carried from
-   an earlier phase, whose writer would have to move alike), or the memory is addressed by
-   the scalar unit in that phase (through registers, which the pass cannot rewrite).
+   an earlier phase, whose writer would have to move alike) in a phase they are live in --
+   from the earliest phase that last wrote them to the reader (elsewhere the bytes are
+   free: an earlier version pinned them in every phase, so a kernel reusing the bytes of
+   two phases before could not move its buffers) -- or the memory is addressed by the
+   scalar unit (through registers, which the pass cannot rewrite: in every phase).
 3. **Pairs**: each recorded conflict names the two accesses' ranges, hence a pair of
    buffers; pairs are ranked by the cycles they cost.
 4. **Placement**, per pair in that order: one of its buffers (either, if it is not pinned)
@@ -29,11 +32,14 @@ choose without looking at groups; this pass moves them after the fact:
    different parts (the chunk of an accumulator tile DMA-out stores while the vector unit
    computes the next, a product's tail piece stored while the tensor unit writes the next)
    straddles the boundary between them. Free means no other buffer of the phase there, and
-   no carried bytes; a move keeps the address modulo ``banks x bank_width`` (the bank of
-   every byte within its group). A pair with no movable buffer, or no free range that
-   helps, is left, with the reason.
-5. **Re-check** by replaying the moved program; rounds repeat while conflicts remain and
-   fall. The placement is kept only if the replay's cycles do not grow.
+   no carried bytes live in the phase; a move keeps the address modulo ``bank_width`` (the
+   alignment the instruction cost model and the strided-stream timing see: the simulator's
+   bank conflicts of a block depend on its strides, not on which bank it starts in; keeping
+   it modulo ``banks x bank_width`` left a chunk edge that is no multiple of the bank span
+   a bank line off the group boundary, in the other chunk's group). A pair with no movable
+   buffer, or no free range that helps, is left, with the reason.
+5. **Re-check** by replaying the moved program; rounds (up to six) repeat while conflicts
+   remain and fall. The placement is kept only if the replay's cycles do not grow.
 
 The data never changes (a moved buffer is written in its phase before it is read, the
 moves only rename bytes), so a program gives the same bits with and without the pass.
@@ -63,14 +69,18 @@ from ...npu.simulator import (
 from ...target.npu.config import L1, MEMORY_NAMES, NPUConfig
 
 __all__ = ["BankAnalysis", "BankPlan", "Buffer", "ConflictPair", "PhaseWrites", "analyse_banks",
-           "byte_view", "plan_banks", "reads_operand", "writes_operand"]
+           "byte_view", "live_in", "plan_banks", "reads_operand", "writes_operand"]
 
 _L1_ID = MEMORY_NAMES.index(L1)
-_ROUNDS = 3
+_ROUNDS = 6
 #: Edges of a buffer's accesses tried on a group boundary (its straddling placements)
 _MAX_CUTS = 64
 #: One operand use: (core, index in its stream, argument name, extent first, extent last)
 _Use = tuple[int, int, str, int, int]
+#: Bytes carried between phases: (first, last, the first phase and the last it is live in)
+_Carried = tuple[int, int, int, int]
+#: The last phase of the scalar unit's carried ranges: every phase
+_ALL_PHASES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -115,7 +125,7 @@ class BankAnalysis:
     pairs: list[ConflictPair]
     buffers: dict[tuple[int, int, int], list[Buffer]] = field(repr=False)
     pinned: set[Buffer] = field(repr=False)
-    carried: dict[tuple[int, int], list[tuple[int, int]]] = field(repr=False)
+    carried: dict[tuple[int, int], list[_Carried]] = field(repr=False)
     accesses: dict[Buffer, list[Access]] = field(repr=False)
     uses: dict[tuple[int, int, int], list[_Use]] = field(repr=False)
 
@@ -205,37 +215,72 @@ class PhaseWrites:
                 byte_view(mask, blk, shape)[...] = True
 
 
-def _collect(program: Program, grouped: set[int]
-             ) -> tuple[dict[tuple[int, int, int], list[_Use]],
-                        dict[tuple[int, int], list[tuple[int, int]]]]:
-    """Every on-chip operand use of a grouped memory, per (phase, scope, memory), and the
-    carried ranges per (scope, memory): bytes some phase reads before writing them, or the
-    whole memory where the scalar unit addresses it."""
-    cfg = program.config
-    uses: dict[tuple[int, int, int], list[_Use]] = {}
-    carried: dict[tuple[int, int], list[tuple[int, int]]] = {}
+def _phases(program: Program) -> list[list[list[tuple[int, Instr]]]]:
+    """Each core's stream cut at its barriers: ``[phase][core] -> [(index, instr)]``
+    (barriers are chip-wide, so every core has the same phases)."""
+    out: list[list[list[tuple[int, Instr]]]] = []
     for core, stream in enumerate(program.streams):
         phase = 0
-        written = PhaseWrites(cfg)
         for idx, ins in enumerate(stream):
             if ins.op == "barrier":
                 phase += 1
-                written = PhaseWrites(cfg)
                 continue
-            if ins.op in ("s.ld", "s.st") and ins.args.get("mem") in grouped:
-                mem = ins.args["mem"]
-                carried.setdefault((_scope(core, mem), mem), []).append(
-                    (0, cfg.memory(MEMORY_NAMES[mem]).size))
-                continue
-            ops = [(n, b, s) for n, b, s in onchip_operands(ins) if b.mem in grouped]
-            for name, blk, shape in ops:
-                first, last = block_extent(blk, shape)
-                key = (phase, _scope(core, blk.mem), blk.mem)
-                uses.setdefault(key, []).append((core, idx, name, first, last))
-                if written.carries(ins, name, blk, shape):
-                    carried.setdefault((key[1], blk.mem), []).append((first, last))
-            written.record(ins, ops)
+            while len(out) <= phase:
+                out.append([[] for _ in program.streams])
+            out[phase][core].append((idx, ins))
+    return out
+
+
+def _collect(program: Program, grouped: set[int]
+             ) -> tuple[dict[tuple[int, int, int], list[_Use]],
+                        dict[tuple[int, int], list[_Carried]]]:
+    """Every on-chip operand use of a grouped memory, per (phase, scope, memory), and the
+    carried ranges per (scope, memory), each with the phases it is live in: bytes a phase
+    reads before writing them, from the earliest phase that last wrote any of them before
+    (the bytes' writers) to the reader; the whole memory in every phase where the scalar
+    unit addresses it (through registers: unknown bytes, written or read in any phase)."""
+    cfg = program.config
+    uses: dict[tuple[int, int, int], list[_Use]] = {}
+    carried: dict[tuple[int, int], list[_Carried]] = {}
+    scalar: set[tuple[int, int]] = set()
+    #: per (scope, memory): the phase that last wrote each byte before the current one
+    #: (-1: none; such bytes count as live from phase 0)
+    last_write: dict[tuple[int, int], np.ndarray] = {}
+    for phase, cores in enumerate(_phases(program)):
+        masks: list[tuple[tuple[int, int], np.ndarray]] = []
+        for core, stream in enumerate(cores):
+            written = PhaseWrites(cfg)
+            for idx, ins in stream:
+                if ins.op in ("s.ld", "s.st") and ins.args.get("mem") in grouped:
+                    mem = ins.args["mem"]
+                    scalar.add((_scope(core, mem), mem))
+                    continue
+                ops = [(n, b, s) for n, b, s in onchip_operands(ins) if b.mem in grouped]
+                for name, blk, shape in ops:
+                    first, last = block_extent(blk, shape)
+                    key = (phase, _scope(core, blk.mem), blk.mem)
+                    uses.setdefault(key, []).append((core, idx, name, first, last))
+                    if written.carries(ins, name, blk, shape):
+                        lw = last_write.get(key[1:])
+                        since = 0 if lw is None else max(0, int(lw[first:last].min()))
+                        carried.setdefault(key[1:], []).append((first, last, since, phase))
+                written.record(ins, ops)
+            masks += [((_scope(core, mem), mem), m) for mem, m in written.masks.items()]
+        for key, mask in masks:  # the phase's writes, once its reads are classified
+            lw = last_write.get(key)
+            if lw is None:
+                lw = last_write[key] = np.full(mask.size, -1, np.int32)
+            lw[mask] = phase
+    for scope, mem in scalar:
+        carried.setdefault((scope, mem), []).append(
+            (0, cfg.memory(MEMORY_NAMES[mem]).size, 0, _ALL_PHASES))
     return uses, carried
+
+
+def live_in(carried: list[_Carried], phase: int) -> list[tuple[int, int]]:
+    """The byte ranges of ``carried`` live in ``phase`` (from their writers' phase to their
+    reader's, both included)."""
+    return [(lo, hi) for lo, hi, since, until in carried if since <= phase <= until]
 
 
 def _merge(uses: list[_Use], phase: int, scope: int, mem: int) -> list[Buffer]:
@@ -279,7 +324,7 @@ def analyse_banks(program: Program, machine: Machine) -> BankAnalysis:
     uses, carried = _collect(program, grouped)
     buffers = {key: _merge(u, *key) for key, u in uses.items()}
     pinned = {b for key, bufs in buffers.items() for b in bufs
-              if _meets(b.lo, b.hi, carried.get(key[1:], []))}
+              if _meets(b.lo, b.hi, live_in(carried.get(key[1:], []), key[0]))}
     accesses: dict[Buffer, list[Access]] = {}
     for acc in sim.accesses:
         buf = _find(buffers.get((acc.phase, acc.scope, acc.mem), []), acc.first)
@@ -347,10 +392,10 @@ class _Placer:
                  analysis: BankAnalysis):
         spec = config.memory(MEMORY_NAMES[key[2]])
         self.size, self.group = spec.size, spec.group_bytes
-        self.align = spec.banks * spec.bank_width
+        self.align = spec.bank_width
         self.weight = 1.0 / spec.ports
         self.where = {b: b.lo for b in buffers}
-        self.carried = analysis.carried.get(key[1:], [])
+        self.carried = live_in(analysis.carried.get(key[1:], []), key[0])
         self.index = {b: i for i, b in enumerate(buffers)}
         self.shift = np.zeros(len(buffers), np.int64)
         accs = [(self.index[b], a) for b in buffers for a in analysis.accesses.get(b, [])]
@@ -531,10 +576,14 @@ def plan_banks(program: Program, machine: Machine) -> tuple[Program, BankPlan]:
         all_moves += sorted(moves.items(), key=lambda m: (m[0].phase, m[0].scope, m[0].lo))
         current, an = candidate, new_an
         best, best_an = candidate, new_an
-        plan.left = [_named(p, f"still colliding after {_ROUNDS} rounds of moves")
-                     for p in an.pairs]
+        plan.left = []
         if not an.pairs:
             break
+    else:  # the rounds ran out: why each pair is left, as a next round would see it
+        _, left = _place(current, an)
+        named = {why.split(": ", 1)[0] + ": " for why in left}
+        plan.left = left + [_named(p, f"still colliding after {_ROUNDS} rounds of moves")
+                            for p in an.pairs if _named(p, "") not in named]
     plan.conflicts_after, plan.cycles_after = best_an.conflict_cycles, best_an.cycles
     plan.phases_after = best_an.phase_conflicts
     plan.moves = all_moves

@@ -28,7 +28,9 @@ A load moves only when:
   the next kernel's whole *buffer* there (its operands' extents merged where they overlap,
   as :mod:`.bank_plan` defines it) moves to a range free in both kernels and of the bytes
   any kernel carries across barriers (the L1-resident tensors, :mod:`kiln.schedule.npu
-  .residency`), keeping its address modulo the banks' span (the same banks) -- L0 buffers
+  .residency`), keeping its address modulo the banks' span (the same banks) -- per bank
+  group the lowest such range, the one whose groups meet the fewest of the kernel's other
+  buffers taken (the bank placement ran before and had put them apart) -- L0 buffers
   only; a buffer holding carried bytes or addressed by the scalar unit stays;
 - **it commutes with the loads it passes** at the head of its queue (no shared bytes).
 
@@ -447,15 +449,26 @@ class _Prefetcher:
         size = buf[1] - buf[0]
         taken = _Ranges([r for r in buffers.pairs() if r != buf] + busy.pairs() +
                         carried.pairs())
+        # per bank group, the lowest free start in it; the one whose groups meet the
+        # fewest of the phase's other buffers is taken (the bank placement had put the
+        # buffer apart from the ones used beside it: the lowest free range alone put a
+        # double buffer's moved half back into its sibling's group), then the lowest
+        group = spec.group_bytes
+        others = [r for r in buffers.pairs() if r != buf]
+        starts = []
         start = buf[0] % align
         while start + size <= spec.size:
             if not taken.meets(start, start + size):
-                break
-            i = bisect.bisect_left(taken.hi, start + 1)
-            nxt = taken.hi[i]
+                starts.append(start)
+                nxt = (start // group + 1) * group
+            else:
+                nxt = taken.hi[bisect.bisect_left(taken.hi, start + 1)]
             start = nxt + (buf[0] - nxt) % align
-        else:
+        if not starts:
             return "no free range for its buffer beside the kernel before's"
+        start = min(starts, key=lambda at: (sum(
+            a // group <= (at + size - 1) // group and at // group <= (b - 1) // group
+            for a, b in others), at))
         delta = start - buf[0]
         for i, ins in enumerate(instrs):
             new = {}

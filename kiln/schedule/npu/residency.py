@@ -19,6 +19,14 @@ barriers, so nothing outlives its interval):
 - the choice: greedily by the DRAM bytes a tensor's accesses move per byte of L1 it holds,
   each placed by the runtime's best-fit (:func:`kiln.runtime.memory_plan.place`) from the top
   of L1 down, kept only where it stays above the kernels' use over its whole interval;
+- the addresses, by bank group: the best-fit packing put the tensors side by side at the top
+  of L1, in one or two of its groups, where a kernel's loads of one (every core's DMA-in)
+  and stores of the next (every core's DMA-out) were more units than a group's ports; the
+  bank placement (:mod:`kiln.codegen.npu.bank_plan`) cannot move them (they are carried
+  between kernels), so each is re-placed here, in order of the DRAM bytes it saves, where
+  its groups meet the fewest groups the other DMA direction touches in its kernels (the
+  tensors placed before, the kernel's own staging) -- the packing kept if some tensor
+  finds no room (``plan_residency(..., by_groups=False)``: the packing's addresses);
 - the rewrite: every DMA block in the tensor's DRAM range becomes the same block in L1 (the
   same strides: the layouts agree byte for byte), so the lowerings need not know.
 
@@ -124,12 +132,13 @@ def _kernels(program: Any) -> list[list[Any]]:
 
 
 def plan_residency(config: NPUConfig, programs: list[Program], pinned: list[DramTensor],
-                   allocations: list[DramTensor]) -> ResidencyPlan:
+                   allocations: list[DramTensor], by_groups: bool = True) -> ResidencyPlan:
     """Move the intermediates of each program that fit into L1 (the instructions are
     rewritten in place; see the module docstring). ``pinned``: the tensors that must stay in
     DRAM besides those the programs' scalar units address or that several programs share --
     the executable's inputs, outputs and constants, the CPU steps' operands and results.
-    Returns what moved."""
+    ``by_groups``: the L1 addresses re-chosen by bank group (``False``: the best-fit
+    packing's, from the top of L1). Returns what moved."""
     ranges = DramRanges(allocations)
     keep: set[int] = set()  # ranges that must stay in DRAM
     for t in pinned:
@@ -153,16 +162,19 @@ def plan_residency(config: NPUConfig, programs: list[Program], pinned: list[Dram
                             keep.add(i)
     plan = ResidencyPlan()
     for p, program in enumerate(programs):
-        _place_program(config, program, p, ranges, owner, keep, plan)
+        _place_program(config, program, p, ranges, owner, keep, plan, by_groups)
     return plan
 
 
 def _place_program(config: NPUConfig, program: Program, p: int, ranges: DramRanges,
-                   owner: dict[int, int], keep: set[int], plan: ResidencyPlan) -> None:
+                   owner: dict[int, int], keep: set[int], plan: ResidencyPlan,
+                   by_groups: bool) -> None:
     l1_size = config.memory(L1).size
     align = config.memory(L1).bank_width
     kernels = _kernels(program)
     used = [0] * len(kernels)  # each kernel's own L1 high-water mark
+    own_ops: list[set[str]] = [set() for _ in kernels]  # the DMAs touching it
+    ops: dict[int, dict[int, set[str]]] = {}  # tensor -> kernel -> the DMAs touching it
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     moved: dict[int, int] = {}
@@ -171,8 +183,10 @@ def _place_program(config: NPUConfig, program: Program, p: int, ranges: DramRang
             for _, blk, box in _operands(ins):
                 if blk.mem == _L1_ID:
                     used[k] = max(used[k], l1_size if box is None else _block_extent(blk, box)[1])
+                    own_ops[k].add(ins.op)
             for _, blk, box, i in _dram_operands(ins, ranges):
                 if i not in keep and owner.get(i) == p:
+                    ops.setdefault(i, {}).setdefault(k, set()).add(ins.op)
                     first[i] = min(first.get(i, k), k)
                     last[i] = max(last.get(i, k), k)
                     n = 1 if box is None else int(box[0] * box[1] * box[2])
@@ -193,6 +207,8 @@ def _place_program(config: NPUConfig, program: Program, p: int, ranges: DramRang
     where = {iv.key: l1_size - offsets[iv.key] - _rounded(iv.size, align) for iv in chosen}
     if not where:
         return
+    if by_groups:
+        where = _by_groups(config, chosen, where, ops, used, own_ops, moved)
     burst = config.memory("dram").burst
     for n, kernel in enumerate(kernels):
         counted = 0
@@ -208,6 +224,62 @@ def _place_program(config: NPUConfig, program: Program, p: int, ranges: DramRang
         plan.l1_addr[ranges.starts[i]] = addr
         plan.nbytes[ranges.starts[i]] = size[i]
         plan.saved_bytes += moved[i]
+
+
+def _by_groups(config: NPUConfig, chosen: list[Interval], where: dict[int, int],
+               ops: dict[int, dict[int, set[str]]], used: list[int], own_ops: list[set[str]],
+               moved: dict[int, int]) -> dict[int, int]:
+    """The chosen tensors' L1 addresses re-chosen by bank group (``where``: the best-fit
+    packing's, kept where nothing better is found): L1's groups are shared by every core's
+    DMA engines, and a kernel's loads (DMA-in of each core) reading one tensor while its
+    stores (DMA-out of each core) write another in the same group are more units than the
+    group's ports -- the stores stretch (:mod:`kiln.npu.simulator`, "Bank groups"). Tensor
+    by tensor (most DRAM bytes saved first), the address is the free one -- no byte shared
+    with a tensor placed before whose interval meets its own, above the kernels' own use --
+    whose groups meet the fewest of the groups that the other direction of DMA touches in
+    the kernels accessing it (the tensors placed before, and the kernel's own L1 use: its
+    staging, loads only), on the nearest ports: per group, its lowest and highest free
+    range, and the packing's own address. If some tensor finds no free range, the packing
+    is kept whole."""
+    spec = config.memory(L1)
+    if spec.bank_groups <= 1:
+        return where
+    gbytes, align, size = spec.group_bytes, spec.bank_width, spec.size
+
+    def groups(lo: int, n: int) -> set[int]:
+        return set(range(lo // gbytes, (lo + n - 1) // gbytes + 1))
+
+    def clash(a: set[str], b: set[str]) -> bool:
+        # different DMA directions: units of both engines in the group (reads and writes)
+        return bool(a) and bool(b) and (a | b) != a & b
+
+    ivs = {iv.key: iv for iv in chosen}
+    rsize = {k: _rounded(iv.size, align) for k, iv in ivs.items()}
+    placed: dict[int, int] = {}
+    for key in sorted(ivs, key=lambda k: (-moved[k], k)):
+        iv, n = ivs[key], rsize[key]
+        floor = max(used[iv.start:iv.end + 1])
+        busy = [(placed[o], placed[o] + rsize[o]) for o in placed if ivs[o].overlaps(iv)]
+
+        starts = {where[key]}
+        for g in range(size // gbytes):
+            starts |= {g * gbytes, (g + 1) * gbytes - n}
+        starts |= {hi for _, hi in busy} | {lo - n for lo, _ in busy}
+        options = sorted(lo for lo in starts
+                         if floor <= lo and lo + n <= size and lo % align == 0 and
+                         not any(a < lo + n and lo < b for a, b in busy))
+        if not options:
+            return where
+        # the groups the other DMA direction touches in the kernels accessing the tensor
+        against: list[set[int]] = []
+        for k, kinds in ops[key].items():
+            if used[k] and clash(kinds, own_ops[k]):
+                against.append(groups(0, used[k]))
+            against += [groups(placed[o], rsize[o]) for o in placed
+                        if clash(kinds, ops[o].get(k, set()))]
+        placed[key] = min(options, key=lambda lo: (
+            sum(bool(groups(lo, n) & other) for other in against), lo != where[key], -lo))
+    return placed
 
 
 def rebound(info: KernelInfo, resident_bytes: int, config: NPUConfig) -> KernelInfo:
