@@ -65,7 +65,9 @@ class GemmShape:
     column -- a convolution's output channel, stored as a run of its pixels -- is contiguous,
     so a range of columns (a tail piece, a fused epilogue's chunk) is one address range of
     its own, which the bank-group placement (:mod:`kiln.codegen.npu.bank_plan`) can put in
-    another group than the next range; rows apart they interleave over the whole tile."""
+    another group than the next range; rows apart they interleave over the whole tile.
+    ``stage_columns``: the K units are columns of one input row (a banded depthwise
+    convolution, :mod:`.banded`): each staged row is one DRAM run of the tile's K units."""
 
     batch: int
     m_units: int
@@ -87,6 +89,7 @@ class GemmShape:
     acc_columns: bool = False
     stage_width: int = 0
     a_dmas_row: int = 0
+    stage_columns: bool = False
 
     @property
     def column_stores(self) -> bool:
@@ -123,11 +126,14 @@ class GemmShape:
     def stage_dram_bytes(self, mu: int, ku: int, burst: int) -> int:
         """Bytes DRAM moves to stage a tile's rows: per K unit one contiguous run of its
         rows, or with ``stage_runs`` (a strided 1x1 convolution's rows, ``stage_stride``
-        apart in the image) one run per row -- whole bursts of each run. The L1 slot's
+        apart in the image) one run per row, or with ``stage_columns`` one run of the K
+        units per row -- whole bursts of each run. The L1 slot's
         padding is not DRAM traffic."""
         if not self.stage_stride:
             return 0
         rows = self.stage_rows(mu)
+        if self.stage_columns:
+            return rows * -(-ku * itemsize(self.dtype) // burst) * burst
         row = self.stage_row * itemsize(self.dtype)
         if self.stage_runs:
             return ku * rows * -(-row // burst) * burst
