@@ -16,10 +16,16 @@ the tensor unit multiplies ``KW x n`` useful weights per ``K x n`` (stride 1, 3 
 14 of a 16-wide K: 16%, against the diagonal's 1/16).
 
 The kernel is one implicit GEMM (:func:`~.gemm.emit_gemm`, :func:`banded_transfers`) whose
-batch runs over every (image, channel, column block) with its own B (``b_shared=False``):
-:class:`BandedGeometry` places the blocks (every ``n`` output columns; the last block ends at
-the last column, overlapping the one before where ``n`` does not divide the width: its
-overlapping columns are computed twice and stored twice with the same values) and each
+batch runs over every (image, group of ``G`` channels, column block) with its own B
+(``b_shared=False``), each entry ``G`` products (``GemmShape.groups``: a channel's band is
+its own, so one ``mma`` per channel, but one staging DMA, one gather per kernel row, one
+weight DMA and one store for the ``G`` of them -- a step of one channel's small product was
+all DMA issue and latency: MobileNetV2's 384 x 7 x 7 layer took 33,410 cycles against the
+vector unit's 5,632). Channel groups start every ``G`` channels, the last one ends at the
+last channel (overlapping the one before where ``G`` does not divide ``C``), and likewise
+:class:`BandedGeometry` places the column blocks (every ``n`` output columns; the last
+block ends at the last column, overlapping the one before where ``n`` does not divide the
+width: the overlap is computed twice and stored twice with the same values) and each
 block's input window (clamped into the image, so the window never reads past a row: columns
 outside the image are the padding, which the band simply leaves out). The weights are
 compile-time constants ``[C, bands, KH, window, n]`` (:func:`banded_weights`): one band per
@@ -37,7 +43,16 @@ import numpy as np
 from ...npu.isa import UNIT_DMA_IN
 from ...target.npu.config import NPUConfig
 from .emit import DramTensor, block, itemsize
-from .gemm import GemmShape, GemmTiling, LoadA, LoadB, StageA, StoreC, acc_strides
+from .gemm import (
+    GemmShape,
+    GemmTiling,
+    LoadA,
+    LoadB,
+    StageA,
+    StoreC,
+    acc_strides,
+    group_strides,
+)
 from .lowering import LoweringContext
 
 __all__ = ["BandedGeometry", "BandedTransfers", "banded_block_widths", "banded_geometry",
@@ -47,12 +62,13 @@ __all__ = ["BandedGeometry", "BandedTransfers", "banded_block_widths", "banded_g
 @dataclass(frozen=True)
 class BandedGeometry:
     """A depthwise convolution (NCHW input ``[nb, c, h, w]``, weights ``[c, 1, kh, kw]``,
-    output ``[nb, c, oh, ow]``) as banded products in blocks of ``n`` output columns:
-    ``window`` input columns per block, ``blocks`` (first output column, first input column)
-    per block, ``band_of`` each block's index into the distinct ``deltas`` (the window's
-    first column minus the first output column's first tap: what fixes a block's band), and
-    the planner's :class:`~.gemm.GemmShape` (an M unit is one output row, a K unit one window
-    column times the ``kh`` kernel rows, N the block's columns)."""
+    output ``[nb, c, oh, ow]``) as banded products in blocks of ``n`` output columns and
+    groups of ``g`` channels: ``window`` input columns per block, ``blocks`` (first output
+    column, first input column) per block, ``band_of`` each block's index into the distinct
+    ``deltas`` (the window's first column minus the first output column's first tap: what
+    fixes a block's band), ``firsts`` the first channel of each channel group, and the
+    planner's :class:`~.gemm.GemmShape` (an M unit is one output row, a K unit one window
+    column times the ``kh`` kernel rows, N the block's columns, ``g`` groups)."""
 
     nb: int
     c: int
@@ -69,37 +85,53 @@ class BandedGeometry:
     pt: int
     pl: int
     n: int
+    g: int
     window: int
+    firsts: tuple[int, ...]
     blocks: tuple[tuple[int, int], ...]
     band_of: tuple[int, ...]
     deltas: tuple[int, ...]
     shape: GemmShape
 
     def entry(self, b: int) -> tuple[int, int, int]:
-        """Batch entry ``b``'s channel plane (``image * c + channel``), its block's first
-        output column and first input column."""
-        plane, j = divmod(b, len(self.blocks))
-        return plane, self.blocks[j][0], self.blocks[j][1]
+        """Batch entry ``b``'s first channel plane (``image * c + channel``; its ``g``
+        channels follow), its block's first output column and first input column."""
+        rest, j = divmod(b, len(self.blocks))
+        image, gi = divmod(rest, len(self.firsts))
+        return image * self.c + self.firsts[gi], self.blocks[j][0], self.blocks[j][1]
+
+    @property
+    def band(self) -> int:
+        """Elements of one band ``[kh, window, n]``."""
+        return self.kh * self.window * self.n
 
     def weight_offset(self, b: int) -> int:
         """Elements from the start of :func:`banded_weights`'s constant to entry ``b``'s
-        band ``[kh, window, n]``."""
-        plane, j = divmod(b, len(self.blocks))
-        band = self.kh * self.window * self.n
-        return ((plane % self.c) * len(self.deltas) + self.band_of[j]) * band
+        first channel's band (the next channel's is :attr:`channel_stride` further)."""
+        rest, j = divmod(b, len(self.blocks))
+        first = self.firsts[rest % len(self.firsts)]
+        return first * self.channel_stride + self.band_of[j] * self.band
+
+    @property
+    def channel_stride(self) -> int:
+        """Elements between two channels' bands in :func:`banded_weights`'s constant."""
+        return len(self.deltas) * self.band
 
 
 def banded_geometry(cfg: NPUConfig, at: Any, x_shape: tuple[int, ...],
-                    w_shape: tuple[int, ...], out_shape: tuple[int, ...], dt: str, n: int
-                    ) -> BandedGeometry:
+                    w_shape: tuple[int, ...], out_shape: tuple[int, ...], dt: str, n: int,
+                    g: int = 1) -> BandedGeometry:
     """The banded products of a depthwise convolution in blocks of ``n`` output columns
-    (at most the output's width; see the module docstring)."""
+    and groups of ``g`` channels (each at most the output's width, the channels; see the
+    module docstring)."""
     nb, c, h, wd = x_shape
     kh, kw = w_shape[2:]
     oh, ow = out_shape[2:]
     (sh, sw), (dh, dw) = tuple(at.strides), tuple(at.dilation)
     pt, pl = at.padding[0], at.padding[1]
     n = max(1, min(n, ow))
+    g = max(1, min(g, c))
+    firsts = tuple(sorted({*range(0, c - g + 1, g), c - g}))
     window = min((n - 1) * sw + (kw - 1) * dw + 1, wd)
     starts = sorted({*range(0, ow - n + 1, n), ow - n})
     blocks = tuple((o0, min(max(o0 * sw - pl, 0), wd - window)) for o0 in starts)
@@ -111,12 +143,13 @@ def banded_geometry(cfg: NPUConfig, at: Any, x_shape: tuple[int, ...],
             deltas.append(d)
         band_of.append(deltas.index(d))
     l1 = cfg.memory("l1")
-    shape = GemmShape(nb * c * len(blocks), oh, 1, n, window, kh, dt, a_dmas=kh,
+    shape = GemmShape(nb * len(firsts) * len(blocks), oh, 1, n, window, kh, dt, a_dmas=kh,
                       b_shared=False, a_elems=h * window, stage_stride=sh,
                       stage_halo=(kh - 1) * dh + 1, stage_row=1, stage_width=1,
-                      stage_pad=l1.bank_width, acc_columns=True, stage_columns=True)
-    return BandedGeometry(nb, c, h, wd, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl, n, window,
-                          blocks, tuple(band_of), tuple(deltas), shape)
+                      stage_pad=l1.bank_width, acc_columns=True, stage_columns=True,
+                      groups=g)
+    return BandedGeometry(nb, c, h, wd, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl, n, g, window,
+                          firsts, blocks, tuple(band_of), tuple(deltas), shape)
 
 
 def banded_block_widths(cfg: NPUConfig, at: Any, w_shape: tuple[int, ...],
@@ -168,13 +201,22 @@ def banded_transfers(ctx: LoweringContext, geo: BandedGeometry, tiling: GemmTili
                      xa: DramTensor, wl: DramTensor, out: DramTensor) -> BandedTransfers:
     """The DMAs of ``geo`` under ``tiling`` from image ``xa`` (NCHW, in the operand dtype)
     and bands ``wl`` (:func:`banded_weights`) into ``out`` (NCHW): see the nested
-    functions."""
+    functions. Each moves the entry's ``g`` channels at once (its outermost dim), their
+    tiles :func:`~.gemm.group_strides` apart. The tiling must take the whole window in one
+    K step (``k_units == window``: a step's band of every kernel row is then one run per
+    channel)."""
+    if tiling.k_units != geo.window:
+        raise ValueError(f"banded products take the window's {geo.window} columns in one K "
+                         f"step, not {tiling.k_units}")
     shape, dt = geo.shape, geo.shape.dtype
     h, wd, oh, ow, kh = geo.h, geo.w, geo.oh, geo.ow, geo.kh
     sh, dh, pt, n, window = geo.sh, geo.dh, geo.pt, geo.n, geo.window
     stage_slot = shape.stage_bytes(tiling.m_units, tiling.k_units)
     px = shape.stage_pixel(tiling.k_units)  # elements between staged rows (bank-padded)
     c_row, c_col = acc_strides(ctx.config, shape, tiling, tiling.n)
+    ga, gb, gc = group_strides(ctx.config, shape, tiling)
+    g, plane_px = geo.g, h * wd
+    l1_group = shape.stage_rows(tiling.m_units) * px  # elements between staged channels
     kb = ctx.kb
     isz = itemsize(dt)
 
@@ -189,15 +231,15 @@ def banded_transfers(ctx: LoweringContext, geo: BandedGeometry, tiling: GemmTili
         lo, nbox = r0 * sh - pt, shape.stage_rows(rs)
         first = min(nbox, max(0, -lo))
         last = max(first, min(nbox, h - lo))
-        dst = block("l1", slot_addr(core, slot), dt, (0, px, 1))
+        dst = block("l1", slot_addr(core, slot), dt, (l1_group, px, 1))
         if kb.nbuf == 1:  # the one slot may still be read by the last step's gathers
             kb.fence(core, UNIT_DMA_IN)
         if last == first:  # only padding rows: the zeros at DRAM address 0, padded
             kb.load(core, shape=(1, 1, 1), dst=dst, src=block("dram", 0, dt, (0, 0, 0)),
-                    pad_hi=(0, nbox - 1, cs - 1), fill=0)
+                    pad_hi=(g - 1, nbox - 1, cs - 1), fill=0)
             return
-        kb.load(core, shape=(1, last - first, cs), dst=dst,
-                src=xa.at(plane * h * wd + (lo + first) * wd + i0 + c0, (0, wd, 1)),
+        kb.load(core, shape=(g, last - first, cs), dst=dst,
+                src=xa.at(plane * plane_px + (lo + first) * wd + i0 + c0, (plane_px, wd, 1)),
                 pad_lo=(0, first, 0), pad_hi=(0, nbox - last, 0), fill=0)
 
     def load_a(core: int, b: int, r0: int, rs: int, c0: int, cs: int, addr: int,
@@ -207,19 +249,19 @@ def banded_transfers(ctx: LoweringContext, geo: BandedGeometry, tiling: GemmTili
         kt = cs * kh
         base = slot_addr(core, slot)
         for a in range(kh):
-            kb.load(core, shape=(1, rs, cs),
-                    dst=block("input", addr + a * cs * isz, dt, (0, kt, 1)),
-                    src=block("l1", base + a * dh * px * isz, dt, (0, sh * px, 1)))
+            kb.load(core, shape=(g, rs, cs),
+                    dst=block("input", addr + a * cs * isz, dt, (ga, kt, 1)),
+                    src=block("l1", base + a * dh * px * isz, dt, (l1_group, sh * px, 1)))
 
     def load_b(core: int, b: int, c0: int, cs: int, n0: int, ns: int, addr: int) -> None:
-        kb.load(core, shape=(kh, cs, ns),
-                dst=block("weight", addr, dt, (cs * ns, ns, 1)),
-                src=wl.at(geo.weight_offset(b) + c0 * n + n0, (window * n, n, 1)))
+        kb.load(core, shape=(g, kh * cs, ns),
+                dst=block("weight", addr, dt, (gb, ns, 1)),
+                src=wl.at(geo.weight_offset(b) + n0, (geo.channel_stride, n, 1)))
 
     def store_c(core: int, b: int, r0: int, rs: int, n0: int, ns: int, addr: int) -> None:
         plane, o0, _ = geo.entry(b)
-        kb.store(core, shape=(1, rs, ns),
-                 dst=out.at(plane * oh * ow + r0 * ow + o0 + n0, (0, ow, 1)),
-                 src=block("acc", addr, out.dtype, (0, c_row, c_col)))
+        kb.store(core, shape=(g, rs, ns),
+                 dst=out.at(plane * oh * ow + r0 * ow + o0 + n0, (oh * ow, ow, 1)),
+                 src=block("acc", addr, out.dtype, (gc, c_row, c_col)))
 
     return BandedTransfers(stage_a, load_a, load_b, store_c)

@@ -35,9 +35,9 @@ from .emit import KernelBuilder, KernelInfo, Pipeline, block, itemsize
 __all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "SlotCache",
            "acc_row_stride", "acc_slots", "acc_strides", "core_step_slots", "emit_gemm",
            "feasible_tilings", "fixed_tiles", "gemm_bounds", "gemm_cost", "gemm_kernel_info",
-           "gemm_roofline", "held_loads", "held_tiles", "plan_candidates", "plan_gemm",
-           "prefetch_staging", "store_floor", "tail_pieces", "tile_bytes", "tiling_domain",
-           "tiling_knob_key", "tiling_value"]
+           "gemm_roofline", "group_strides", "held_loads", "held_tiles", "plan_candidates",
+           "plan_gemm", "prefetch_staging", "store_floor", "tail_pieces", "tile_bytes",
+           "tiling_domain", "tiling_knob_key", "tiling_value"]
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,13 @@ class GemmShape:
     its own, which the bank-group placement (:mod:`kiln.codegen.npu.bank_plan`) can put in
     another group than the next range; rows apart they interleave over the whole tile.
     ``stage_columns``: the K units are columns of one input row (a banded depthwise
-    convolution, :mod:`.banded`): each staged row is one DRAM run of the tile's K units."""
+    convolution, :mod:`.banded`): each staged row is one DRAM run of the tile's K units.
+    ``groups``: each batch entry is that many independent products of this shape, each with
+    its own A, B and C (a banded depthwise convolution's channels: one band per channel, so
+    the tensor unit cannot share B among them); a tile holds all of them, stacked
+    (:func:`group_strides`), moved by the same DMAs and multiplied by one ``mma`` each --
+    one pipeline step for ``groups`` small products. Every size and count of work per tile
+    (bytes, tensor passes, staged rows) is ``groups`` times one product's."""
 
     batch: int
     m_units: int
@@ -90,6 +96,7 @@ class GemmShape:
     stage_width: int = 0
     a_dmas_row: int = 0
     stage_columns: bool = False
+    groups: int = 1
 
     @property
     def column_stores(self) -> bool:
@@ -116,7 +123,7 @@ class GemmShape:
         window's rows of ``stage_width`` pixels of :meth:`stage_pixel` elements."""
         if not self.stage_stride:
             return 0
-        return self.stage_rows(mu) * (self.stage_width or self.stage_row) * \
+        return self.groups * self.stage_rows(mu) * (self.stage_width or self.stage_row) * \
             self.stage_pixel(ku) * itemsize(self.dtype)
 
     def gathers(self, mu: int) -> int:
@@ -133,7 +140,7 @@ class GemmShape:
             return 0
         rows = self.stage_rows(mu)
         if self.stage_columns:
-            return rows * -(-ku * itemsize(self.dtype) // burst) * burst
+            return self.groups * rows * -(-ku * itemsize(self.dtype) // burst) * burst
         row = self.stage_row * itemsize(self.dtype)
         if self.stage_runs:
             return ku * rows * -(-row // burst) * burst
@@ -226,11 +233,12 @@ def gemm_bounds(cfg: NPUConfig, shape: GemmShape) -> tuple[float, float]:
     """The two sides of :func:`gemm_roofline`: tensor-unit cycles, DRAM cycles."""
     acc, cpt = _acc_dtype(cfg, shape.dtype)
     isz = itemsize(shape.dtype)
-    tensor = shape.batch * _tile_cycles(cfg, shape.m, shape.n, shape.k, cpt) / cfg.cores
-    b_bytes = shape.k * shape.n * isz * (1 if shape.b_shared else shape.batch)
+    g = shape.groups
+    tensor = g * shape.batch * _tile_cycles(cfg, shape.m, shape.n, shape.k, cpt) / cfg.cores
+    b_bytes = g * shape.k * shape.n * isz * (1 if shape.b_shared else shape.batch)
     a_elems = shape.a_elems or shape.m * shape.k
-    a_bytes = a_elems * isz * (1 if shape.a_shared else shape.batch)
-    traffic = a_bytes + shape.batch * shape.m * shape.n * itemsize(acc) + b_bytes
+    a_bytes = g * a_elems * isz * (1 if shape.a_shared else shape.batch)
+    traffic = a_bytes + g * shape.batch * shape.m * shape.n * itemsize(acc) + b_bytes
     return tensor, traffic / cfg.memory(DRAM).bandwidth
 
 
@@ -245,10 +253,10 @@ def _staged_a_cycles(cfg: NPUConfig, shape: GemmShape, mu: int, ku: int, a_bytes
     isz = itemsize(shape.dtype)
     l1 = cfg.memory("l1")
     px = shape.stage_pixel(ku)
-    staged = ku * shape.stage_rows(mu) * (shape.stage_width or shape.stage_row)
+    staged = shape.groups * ku * shape.stage_rows(mu) * (shape.stage_width or shape.stage_row)
     stage = cfg.dma_latency + max(a_bytes / cfg.memory(DRAM).bandwidth,
                                   stream_cycles(staged, isz, px, cfg.dma_onchip_bandwidth, l1))
-    elems = mu * shape.m_unit * ku * shape.k_unit
+    elems = shape.groups * mu * shape.m_unit * ku * shape.k_unit
     gather = shape.gathers(mu) * cfg.dma_latency + \
         stream_cycles(elems, isz, 1, cfg.dma_onchip_bandwidth, cfg.memory("input"))
     wait = cfg.memory(DRAM).latency + l1.latency
@@ -291,15 +299,16 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     # the tensor unit's passes over the real extents (a dim's last tile is narrower: N196
     # in tiles of 64 is 25 passes of 8, not 32) of the busiest core's tiles
     tm, tk, tn = cfg.tensor_shape
-    tensor = _busiest_passes(cfg, shape, mt, nt) * _passes(shape.k, kt, tk) * cpt
+    g = shape.groups
+    tensor = g * _busiest_passes(cfg, shape, mt, nt) * _passes(shape.k, kt, tk) * cpt
     dram = cfg.memory(DRAM)
     # DRAM moves whole bursts of each row of a tile narrower than its matrix (every load
     # counted as a whole tile: scaling the last tiles' loads down to their real extents
     # ranked narrow tiles of one K step over one tile of several on the default description,
     # MobileNetV2's 1x1 384 -> 64: 4981 -> 5321 cycles)
     a_bytes = shape.stage_dram_bytes(mu, ku, dram.burst) or \
-        _burst_bytes(cfg, mt, kt * isz, kt == shape.k)
-    b_bytes = _burst_bytes(cfg, kt, nt * isz, nt == shape.n)
+        g * _burst_bytes(cfg, mt, kt * isz, kt == shape.k)
+    b_bytes = g * _burst_bytes(cfg, kt, nt * isz, nt == shape.n)
     # a tile that a slot already holds is not loaded again (emit_gemm): a tile fixed on a
     # core once per K step; another while one of the core's slots holds it (held_loads)
     a_fixed, b_fixed = fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
@@ -315,14 +324,14 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
         full, rest = divmod(shape.batch * nm * nn, cfg.cores)
         pm, pn = (mt, _split_sizes(nt, cfg.cores, cfg.tensor_shape[2])[0]) if split == "n" \
             else (_split_sizes(mu, cfg.cores, 1)[0] * shape.m_unit, nt)
-        tensor = nk * (full * _tile_cycles(cfg, mt, nt, kt, cpt) +
-                       rest * _tile_cycles(cfg, pm, pn, kt, cpt))
+        tensor = g * nk * (full * _tile_cycles(cfg, mt, nt, kt, cpt) +
+                           rest * _tile_cycles(cfg, pm, pn, kt, cpt))
         held = a_loads < core_steps, b_loads < core_steps
         core_steps = (full + rest) * nk
         a_piece = a_bytes if split == "n" else (
             shape.stage_dram_bytes(pm // shape.m_unit, ku, dram.burst) or
-            _burst_bytes(cfg, pm, kt * isz, kt == shape.k))
-        b_piece = b_bytes if split == "m" else _burst_bytes(cfg, kt, pn * isz, False)
+            g * _burst_bytes(cfg, pm, kt * isz, kt == shape.k))
+        b_piece = b_bytes if split == "m" else g * _burst_bytes(cfg, kt, pn * isz, False)
         a_bytes = (full * a_bytes + rest * a_piece) / (full + rest)
         b_bytes = (full * b_bytes + rest * b_piece) / (full + rest)
         # a held tile stays held, but the pieces' own tiles of the split operand are loaded
@@ -331,7 +340,7 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
                             for loads, kept, axis in zip((a_loads, b_loads), held, "mn"))
         scale = cfg.cores
     traffic = scale * (a_loads * a_bytes + b_loads * b_bytes) + \
-        shape.batch * shape.m * shape.n * itemsize(acc)
+        g * shape.batch * shape.m * shape.n * itemsize(acc)
     per_a = shape.a_dmas * cfg.dma_latency + a_bytes / dram.bandwidth
     delay = 0.0  # the tensor unit's second step waits for the third step's staging
     if shape.stage_stride:
@@ -343,8 +352,8 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     # a pipeline: the first step's loads precede the tensor unit's work, the last step's
     # product follows the DMA's, the last tile's store follows both
     load1 = per_a + cfg.dma_latency + b_bytes / dram.bandwidth
-    step = _tile_cycles(cfg, mt, nt, kt, cpt)
-    store = mt * nt * itemsize(acc) / dram.bandwidth + dram.latency
+    step = g * _tile_cycles(cfg, mt, nt, kt, cpt)
+    store = g * mt * nt * itemsize(acc) / dram.bandwidth + dram.latency
     fill = cfg.tensor_latency * (core_steps + 1) + store + delay
     if nbuf >= 2:
         return max(tensor + load1, dma_in + step, traffic / dram.bandwidth) + fill
@@ -478,9 +487,19 @@ def tile_bytes(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling) -> tuple[in
     accumulators, rows :func:`acc_row_stride` apart) under ``tiling``."""
     acc, _ = _acc_dtype(cfg, shape.dtype)
     isz = itemsize(shape.dtype)
+    a, b, c = group_strides(cfg, shape, tiling)
+    g = shape.groups
+    return g * a * isz, g * b * isz, g * c * itemsize(acc)
+
+
+def group_strides(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling) -> tuple[int, int, int]:
+    """Elements between the products of a tile of ``shape.groups`` (:class:`GemmShape`) in
+    its A tile, its B tile and its output tile under ``tiling``: one whole tile of one
+    product each (a partial tile keeps the stride, so every step's products are where the
+    DMAs and the ``mma`` instructions look)."""
     mu, nt, ku = tiling.m_units, tiling.n, tiling.k_units
-    return (mu * shape.m_unit * ku * shape.k_unit * isz, ku * shape.k_unit * nt * isz,
-            mu * shape.m_unit * acc_row_stride(cfg, shape, nt) * itemsize(acc))
+    return (mu * shape.m_unit * ku * shape.k_unit, ku * shape.k_unit * nt,
+            mu * shape.m_unit * acc_row_stride(cfg, shape, nt))
 
 
 def _busiest_passes(cfg: NPUConfig, shape: GemmShape, mt: int, nt: int) -> int:
@@ -585,15 +604,16 @@ def feasible_tilings(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = T
                 # a core's output tiles rotate through nbuf accumulator slots (emit_gemm:
                 # Pipeline.out_slot): a core with one tile uses one, so a tile too large for
                 # two fits (default, 1 core: ResNet-18's 3x3/s2 of stage 3, N256 whole)
-                if a_copies * mt * kt * isz > sizes["input"] or nt > max_ext or \
-                        b_copies * kt * nt * isz > sizes["weight"] or \
-                        (1 if hold else nbuf) * mt * acc_row_stride(cfg, shape, nt) * asz > \
+                g = shape.groups
+                if g * a_copies * mt * kt * isz > sizes["input"] or nt > max_ext or \
+                        g * b_copies * kt * nt * isz > sizes["weight"] or \
+                        g * (1 if hold else nbuf) * mt * acc_row_stride(cfg, shape, nt) * asz > \
                         sizes["acc"]:
                     continue
                 tiles = shape.batch * math.ceil(shape.m_units / mu) * math.ceil(shape.n / nt)
                 leftover = tiles % cfg.cores
                 for balance in (False, True) if hold and leftover else (False,):
-                    if hold and min(nbuf, _core_tiles(tiles, cfg.cores, balance)) * mt * \
+                    if hold and g * min(nbuf, _core_tiles(tiles, cfg.cores, balance)) * mt * \
                             acc_row_stride(cfg, shape, nt) * asz > sizes["acc"]:
                         continue
                     cost = gemm_cost(cfg, shape, mu, nt, ku, nbuf, balance=balance)
@@ -799,6 +819,7 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     isz, asz = itemsize(shape.dtype), itemsize(acc)
     ku = tiling.k_units
     in_bytes, w_bytes, c_bytes = tile_bytes(cfg, shape, tiling)
+    ga, gb, gc = group_strides(cfg, shape, tiling)
     # with one K step per tile, a tile's store has one step to finish before its
     # accumulator slot takes the tile after next: a third slot, where it fits, gives it two
     # (edge, attention's P @ V in tiles of M32 x N32: the tensor unit waited on every other
@@ -877,12 +898,14 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
             for i, (r0, pu, c0, pn) in enumerate(parts):
                 # the piece in the acc tile
                 at = (r0 * shape.m_unit * c_row + c0 * c_col) * asz
-                kb.emit(core, "mma.set" if step == 0 else "mma",
-                        shape=(1, pu * shape.m_unit, pn, kts),
-                        c=block("acc", c_addr + at, acc, (0, c_row, c_col)),
-                        a=block("input", a_addr + r0 * shape.m_unit * kts * isz, shape.dtype,
-                                (0, kts, 1)),
-                        b=block("weight", b_addr + c0 * isz, shape.dtype, (nts, 1, 0)))
+                for g in range(shape.groups):  # one product per group, its own operands
+                    kb.emit(core, "mma.set" if step == 0 else "mma",
+                            shape=(1, pu * shape.m_unit, pn, kts),
+                            c=block("acc", c_addr + at + g * gc * asz, acc, (0, c_row, c_col)),
+                            a=block("input", a_addr + (g * ga + r0 * shape.m_unit * kts) * isz,
+                                    shape.dtype, (0, kts, 1)),
+                            b=block("weight", b_addr + (g * gb + c0) * isz, shape.dtype,
+                                    (nts, 1, 0)))
                 if i < len(parts) - 1:  # an early piece: its own token to DMA-out
                     kb.tile_done(core)
                     kb.pop(core, UNIT_TENSOR, UNIT_DMA_OUT)

@@ -50,7 +50,7 @@ from .vector import (
 )
 
 __all__ = ["BINARY_OPS", "COMPOSITE_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS",
-           "DEPTHWISE_UNITS", "ConvFn", "ConvGeometry", "ConvPlanes", "ConvTransfers",
+           "BANDED_MAX_GROUP", "DEPTHWISE_UNITS", "ConvFn", "ConvGeometry", "ConvPlanes", "ConvTransfers",
            "DepthwiseChoice", "DepthwiseCosts",
            "DepthwisePart",
            "check_broadcast_shape", "conv_geometry",
@@ -747,7 +747,8 @@ def banded_plan(cfg: NPUConfig, nbuf: int, at: Any, x_shape: tuple[int, ...],
                 w_shape: tuple[int, ...], out_shape: tuple[int, ...], dt: str
                 ) -> tuple[BandedGeometry, GemmTiling, float] | None:
     """The banded route's kernel (:mod:`.banded`): of the block widths worth planning
-    (:func:`.banded.banded_block_widths`), the geometry and planned tiling of the lowest
+    (:func:`.banded.banded_block_widths`) and channel groups (powers of two up to
+    :data:`BANDED_MAX_GROUP`), the geometry and planned tiling of the lowest
     estimate (:func:`_step_waits`), and that estimate; None when no tiling fits. Kept per
     description (the object: a description is not hashable) and arguments: a build asks
     for every depthwise layer's route several times (the target annotation, the memory
@@ -759,15 +760,17 @@ def banded_plan(cfg: NPUConfig, nbuf: int, at: Any, x_shape: tuple[int, ...],
     if hit is not None and hit[0] is cfg:
         return hit[1]
     best = None
+    c = x_shape[1]
     for n in banded_block_widths(cfg, at, w_shape, out_shape):
-        geo = banded_geometry(cfg, at, x_shape, w_shape, out_shape, dt, n)
-        try:
-            tiling = plan_gemm(cfg, geo.shape, nbuf)
-        except ValueError:
-            continue
-        est = _step_waits(cfg, geo.shape, tiling)
-        if best is None or est < best[2]:
-            best = (geo, tiling, est)
+        for g in sorted({min(c, 1 << i) for i in range(BANDED_MAX_GROUP.bit_length())}):
+            geo = banded_geometry(cfg, at, x_shape, w_shape, out_shape, dt, n, g)
+            try:  # the whole window in one K step (banded_transfers)
+                tiling = plan_gemm(cfg, geo.shape, nbuf, k_units=geo.window)
+            except ValueError:
+                continue
+            est = _step_waits(cfg, geo.shape, tiling)
+            if best is None or est < best[2]:
+                best = (geo, tiling, est)
     if len(_BANDED_PLANS) >= 512:
         _BANDED_PLANS.clear()
     _BANDED_PLANS[key] = (cfg, best)  # the description kept alive: its id stays its own
@@ -775,6 +778,9 @@ def banded_plan(cfg: NPUConfig, nbuf: int, at: Any, x_shape: tuple[int, ...],
 
 
 _BANDED_PLANS: dict[tuple[Any, ...], tuple[NPUConfig, Any]] = {}
+#: The most channels a banded depthwise kernel's step multiplies (``GemmShape.groups``;
+#: powers of two up to it are planned): more only shrink the tiles the L0 buffers hold.
+BANDED_MAX_GROUP = 64
 
 
 @dataclass(frozen=True)
@@ -964,7 +970,8 @@ def _depthwise_banded(ctx: LoweringContext, at: Any, x: DramTensor, w: np.ndarra
     info = gemm_kernel_info(
         ctx.config, ctx.label("nn.conv2d.depthwise"), "nn.conv2d.depthwise",
         f"tensor unit, banded: {len(geo.blocks)} blocks of {geo.n} columns, windows of "
-        f"{geo.window}: " + tiling.describe(shape), tiling.estimate, shape)
+        f"{geo.window}, {geo.g} channels a step: " + tiling.describe(shape), tiling.estimate,
+        shape)
     ctx.kb.end_kernel(replace(info, macs=int(np.prod(out.shape)) * w.shape[2] * w.shape[3]))
 
 
