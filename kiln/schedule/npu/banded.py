@@ -16,21 +16,25 @@ the tensor unit multiplies ``KW x n`` useful weights per ``K x n`` (stride 1, 3 
 14 of a 16-wide K: 16%, against the diagonal's 1/16).
 
 The kernel is one implicit GEMM (:func:`~.gemm.emit_gemm`, :func:`banded_transfers`) whose
-batch runs over every (image, group of ``G`` channels, column block) with its own B
-(``b_shared=False``), each entry ``G`` products (``GemmShape.groups``: a channel's band is
-its own, so one ``mma`` per channel, but one staging DMA, one gather per kernel row, one
-weight DMA and one store for the ``G`` of them -- a step of one channel's small product was
-all DMA issue and latency: MobileNetV2's 384 x 7 x 7 layer took 33,410 cycles against the
-vector unit's 5,632). Channel groups start every ``G`` channels, the last one ends at the
-last channel (overlapping the one before where ``G`` does not divide ``C``), and likewise
-:class:`BandedGeometry` places the column blocks (every ``n`` output columns; the last
-block ends at the last column, overlapping the one before where ``n`` does not divide the
-width: the overlap is computed twice and stored twice with the same values) and each
-block's input window (clamped into the image, so the window never reads past a row: columns
-outside the image are the padding, which the band simply leaves out). The weights are
-compile-time constants ``[C, bands, KH, window, n]`` (:func:`banded_weights`): one band per
-distinct offset of a block's window against its outputs (at most the first, the interior and
-the last block's), not one per block.
+batch runs over every (image, group of ``G`` channels) with its own B (``b_shared=False``),
+each entry ``G x blocks`` products (``GemmShape.groups``: a channel's band is its own, so
+one ``mma`` per channel and column block): one staging DMA of the ``G`` planes' rows, whole
+(contiguous in DRAM: no partial bursts), one gather per kernel row and column block, one
+weight DMA of the ``G`` channels' bands, one store per column block. A step of one
+channel's block was all DMA issue and latency (MobileNetV2's 384 x 7 x 7 layer: 33,410
+cycles against the vector unit's 5,632), and staging each block's window alone read the
+input in 32-byte runs. :class:`BandedGeometry` places the column blocks (every ``n``
+output columns; where ``n`` does not divide the width the last block computes columns past
+it, which are not stored: the output tile holds each channel's rows of every block side by
+side, stored whole), the channel groups (every ``G`` channels; the last ends at the last
+channel, overlapping the one before where ``G`` does not divide ``C``: the overlap is
+computed twice and stored twice with the same values), and each
+block's input window (clamped into the image, so the window never reads past a row:
+columns outside the image are the padding, which the band simply leaves out). The weights
+are compile-time constants ``[C, bands, KH, window, n]`` (:func:`banded_weights`): one band
+per distinct offset of a block's window against its outputs (at most the first, the
+interior and the last block's), not one per block; the interior blocks' products read the
+same band in L0.
 """
 
 from __future__ import annotations
@@ -68,7 +72,8 @@ class BandedGeometry:
     ``deltas`` (the window's first column minus the first output column's first tap: what
     fixes a block's band), ``firsts`` the first channel of each channel group, and the
     planner's :class:`~.gemm.GemmShape` (an M unit is one output row, a K unit one window
-    column times the ``kh`` kernel rows, N the block's columns, ``g`` groups)."""
+    column times the ``kh`` kernel rows, N the block's columns; ``g x blocks`` products per
+    batch entry, product ``i * blocks + j`` channel ``i``'s block ``j``)."""
 
     nb: int
     c: int
@@ -93,29 +98,41 @@ class BandedGeometry:
     deltas: tuple[int, ...]
     shape: GemmShape
 
-    def entry(self, b: int) -> tuple[int, int, int]:
+    def plane(self, b: int) -> int:
         """Batch entry ``b``'s first channel plane (``image * c + channel``; its ``g``
-        channels follow), its block's first output column and first input column."""
-        rest, j = divmod(b, len(self.blocks))
-        image, gi = divmod(rest, len(self.firsts))
-        return image * self.c + self.firsts[gi], self.blocks[j][0], self.blocks[j][1]
+        channels follow)."""
+        image, gi = divmod(b, len(self.firsts))
+        return image * self.c + self.firsts[gi]
 
     @property
     def band(self) -> int:
         """Elements of one band ``[kh, window, n]``."""
         return self.kh * self.window * self.n
 
-    def weight_offset(self, b: int) -> int:
-        """Elements from the start of :func:`banded_weights`'s constant to entry ``b``'s
-        first channel's band (the next channel's is :attr:`channel_stride` further)."""
-        rest, j = divmod(b, len(self.blocks))
-        first = self.firsts[rest % len(self.firsts)]
-        return first * self.channel_stride + self.band_of[j] * self.band
-
     @property
     def channel_stride(self) -> int:
         """Elements between two channels' bands in :func:`banded_weights`'s constant."""
         return len(self.deltas) * self.band
+
+    def weight_offset(self, b: int) -> int:
+        """Elements from the start of :func:`banded_weights`'s constant to entry ``b``'s
+        first channel's bands (the next channel's are :attr:`channel_stride` further)."""
+        return self.firsts[b % len(self.firsts)] * self.channel_stride
+
+    def c_groups(self, tiling: GemmTiling) -> tuple[int, ...]:
+        """Each product's place in the output tile (``emit_gemm``'s ``c_groups``): channel
+        ``i``'s rows of ``blocks x n`` elements (``shape.acc_row``), block ``j`` at its
+        first column -- the tile holds whole output rows, and the columns a last block
+        computes past the output's width are not stored."""
+        rows = tiling.m_units * self.shape.acc_row
+        return tuple(i * rows + o0 for i in range(self.g) for o0, _ in self.blocks)
+
+    @property
+    def b_groups(self) -> tuple[int, ...]:
+        """Each product's band in the B tile (``emit_gemm``'s ``b_groups``): channel ``i``'s
+        bands are slots ``i * bands ..``, block ``j`` reads its ``band_of``."""
+        nd = len(self.deltas)
+        return tuple(i * nd + d for i in range(self.g) for d in self.band_of)
 
 
 def banded_geometry(cfg: NPUConfig, at: Any, x_shape: tuple[int, ...],
@@ -133,7 +150,7 @@ def banded_geometry(cfg: NPUConfig, at: Any, x_shape: tuple[int, ...],
     g = max(1, min(g, c))
     firsts = tuple(sorted({*range(0, c - g + 1, g), c - g}))
     window = min((n - 1) * sw + (kw - 1) * dw + 1, wd)
-    starts = sorted({*range(0, ow - n + 1, n), ow - n})
+    starts = range(0, ow, n)
     blocks = tuple((o0, min(max(o0 * sw - pl, 0), wd - window)) for o0 in starts)
     deltas: list[int] = []
     band_of = []
@@ -142,12 +159,13 @@ def banded_geometry(cfg: NPUConfig, at: Any, x_shape: tuple[int, ...],
         if d not in deltas:
             deltas.append(d)
         band_of.append(deltas.index(d))
+    nblk = len(blocks)
     l1 = cfg.memory("l1")
-    shape = GemmShape(nb * len(firsts) * len(blocks), oh, 1, n, window, kh, dt, a_dmas=kh,
-                      b_shared=False, a_elems=h * window, stage_stride=sh,
-                      stage_halo=(kh - 1) * dh + 1, stage_row=1, stage_width=1,
-                      stage_pad=l1.bank_width, acc_columns=True, stage_columns=True,
-                      groups=g)
+    shape = GemmShape(nb * len(firsts), oh, 1, n, window, kh, dt, a_dmas=kh * nblk,
+                      b_shared=False, a_elems=-(-h * wd // nblk), stage_stride=sh,
+                      stage_halo=(kh - 1) * dh + 1, stage_row=wd, stage_pad=l1.bank_width,
+                      stage_columns=True, groups=g * nblk, stage_share=nblk,
+                      acc_row=nblk * n)
     return BandedGeometry(nb, c, h, wd, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl, n, g, window,
                           firsts, blocks, tuple(band_of), tuple(deltas), shape)
 
@@ -201,22 +219,22 @@ def banded_transfers(ctx: LoweringContext, geo: BandedGeometry, tiling: GemmTili
                      xa: DramTensor, wl: DramTensor, out: DramTensor) -> BandedTransfers:
     """The DMAs of ``geo`` under ``tiling`` from image ``xa`` (NCHW, in the operand dtype)
     and bands ``wl`` (:func:`banded_weights`) into ``out`` (NCHW): see the nested
-    functions. Each moves the entry's ``g`` channels at once (its outermost dim), their
-    tiles :func:`~.gemm.group_strides` apart. The tiling must take the whole window in one
-    K step (``k_units == window``: a step's band of every kernel row is then one run per
-    channel)."""
+    functions. Each moves the entry's ``g`` channels at once (its outermost dim); the
+    products' tiles are :func:`~.gemm.group_strides` apart. The tiling must take the whole
+    window in one K step (``k_units == window``: every kernel row's band is then one run of
+    a channel's bands, loaded with the others in one DMA)."""
     if tiling.k_units != geo.window:
         raise ValueError(f"banded products take the window's {geo.window} columns in one K "
                          f"step, not {tiling.k_units}")
     shape, dt = geo.shape, geo.shape.dtype
     h, wd, oh, ow, kh = geo.h, geo.w, geo.oh, geo.ow, geo.kh
-    sh, dh, pt, n, window = geo.sh, geo.dh, geo.pt, geo.n, geo.window
+    sh, dh, pt, n, g = geo.sh, geo.dh, geo.pt, geo.n, geo.g
+    nblk, nd = len(geo.blocks), len(geo.deltas)
     stage_slot = shape.stage_bytes(tiling.m_units, tiling.k_units)
-    px = shape.stage_pixel(tiling.k_units)  # elements between staged rows (bank-padded)
+    row_px = shape.stage_pixel(wd)  # elements between staged rows (bank-padded)
+    l1_plane = shape.stage_rows(tiling.m_units) * row_px  # between staged channels
     c_row, c_col = acc_strides(ctx.config, shape, tiling, tiling.n)
     ga, gb, gc = group_strides(ctx.config, shape, tiling)
-    g, plane_px = geo.g, h * wd
-    l1_group = shape.stage_rows(tiling.m_units) * px  # elements between staged channels
     kb = ctx.kb
     isz = itemsize(dt)
 
@@ -224,44 +242,52 @@ def banded_transfers(ctx: LoweringContext, geo: BandedGeometry, tiling: GemmTili
         return (core * kb.nbuf + slot) * stage_slot
 
     def stage_a(core: int, b: int, r0: int, rs: int, c0: int, cs: int, slot: int) -> None:
-        """Stage the input rows of the tile's output rows (their window's ``cs`` columns
-        from ``c0`` on: one contiguous run of each row) in L1, with the zero rows above and
-        below the image: one DMA."""
-        plane, _, i0 = geo.entry(b)
+        """Stage the input rows of the tile's output rows of the entry's ``g`` channels,
+        whole (one contiguous run of each plane), with the zero rows above and below the
+        image: one DMA."""
         lo, nbox = r0 * sh - pt, shape.stage_rows(rs)
         first = min(nbox, max(0, -lo))
         last = max(first, min(nbox, h - lo))
-        dst = block("l1", slot_addr(core, slot), dt, (l1_group, px, 1))
+        dst = block("l1", slot_addr(core, slot), dt, (l1_plane, row_px, 1))
         if kb.nbuf == 1:  # the one slot may still be read by the last step's gathers
             kb.fence(core, UNIT_DMA_IN)
         if last == first:  # only padding rows: the zeros at DRAM address 0, padded
             kb.load(core, shape=(1, 1, 1), dst=dst, src=block("dram", 0, dt, (0, 0, 0)),
-                    pad_hi=(g - 1, nbox - 1, cs - 1), fill=0)
+                    pad_hi=(g - 1, nbox - 1, wd - 1), fill=0)
             return
-        kb.load(core, shape=(g, last - first, cs), dst=dst,
-                src=xa.at(plane * plane_px + (lo + first) * wd + i0 + c0, (plane_px, wd, 1)),
+        kb.load(core, shape=(g, last - first, wd), dst=dst,
+                src=xa.at(geo.plane(b) * h * wd + (lo + first) * wd, (h * wd, wd, 1)),
                 pad_lo=(0, first, 0), pad_hi=(0, nbox - last, 0), fill=0)
 
     def load_a(core: int, b: int, r0: int, rs: int, c0: int, cs: int, addr: int,
                slot: int) -> None:
-        """Gather the A tile (row-major: output row, kernel row, window column) from the
-        staged rows: one DMA per kernel row, every output row's run of ``cs`` columns."""
+        """Gather the A tiles (each row-major: output row, kernel row, window column) from
+        the staged rows: per kernel row and column block one DMA of every channel's rows'
+        window."""
         kt = cs * kh
         base = slot_addr(core, slot)
-        for a in range(kh):
-            kb.load(core, shape=(g, rs, cs),
-                    dst=block("input", addr + a * cs * isz, dt, (ga, kt, 1)),
-                    src=block("l1", base + a * dh * px * isz, dt, (l1_group, sh * px, 1)))
+        for j, (_, i0) in enumerate(geo.blocks):
+            for a in range(kh):
+                kb.load(core, shape=(g, rs, cs),
+                        dst=block("input", addr + (j * ga + a * cs) * isz, dt,
+                                  (nblk * ga, kt, 1)),
+                        src=block("l1", base + (a * dh * row_px + i0 + c0) * isz, dt,
+                                  (l1_plane, sh * row_px, 1)))
 
     def load_b(core: int, b: int, c0: int, cs: int, n0: int, ns: int, addr: int) -> None:
-        kb.load(core, shape=(g, kh * cs, ns),
+        """The ``g`` channels' bands (columns ``n0 ..`` of each): one DMA."""
+        kb.load(core, shape=(g * nd, kh * cs, ns),
                 dst=block("weight", addr, dt, (gb, ns, 1)),
-                src=wl.at(geo.weight_offset(b) + n0, (geo.channel_stride, n, 1)))
+                src=wl.at(geo.weight_offset(b) + n0, (geo.band, n, 1)))
 
     def store_c(core: int, b: int, r0: int, rs: int, n0: int, ns: int, addr: int) -> None:
-        plane, o0, _ = geo.entry(b)
-        kb.store(core, shape=(g, rs, ns),
-                 dst=out.at(plane * oh * ow + r0 * ow + o0 + n0, (oh * ow, ow, 1)),
+        """The ``g`` channels' whole output rows (every column block's products, side by
+        side in the tile): one DMA, a contiguous run per channel."""
+        if (n0, ns) != (0, n):
+            raise ValueError(f"banded products store whole rows: columns {n0}..{n0 + ns} "
+                             f"of a block of {n}")
+        kb.store(core, shape=(g, rs, ow),
+                 dst=out.at(geo.plane(b) * oh * ow + r0 * ow, (oh * ow, ow, 1)),
                  src=block("acc", addr, out.dtype, (gc, c_row, c_col)))
 
     return BandedTransfers(stage_a, load_a, load_b, store_c)

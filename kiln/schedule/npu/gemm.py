@@ -20,7 +20,7 @@ store.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -67,7 +67,13 @@ class GemmShape:
     its own, which the bank-group placement (:mod:`kiln.codegen.npu.bank_plan`) can put in
     another group than the next range; rows apart they interleave over the whole tile.
     ``stage_columns``: the K units are columns of one input row (a banded depthwise
-    convolution, :mod:`.banded`): each staged row is one DRAM run of the tile's K units.
+    convolution, :mod:`.banded`): a tile stages ``groups // stage_share`` channel planes'
+    rows, whole (``stage_row`` elements, one DRAM run per plane), which ``stage_share``
+    products each (the column blocks of a channel) gather their columns from. ``acc_row``:
+    the output tile's rows are that many elements apart, row-major, and the products of a
+    channel sit side by side in them (``emit_gemm``'s ``c_groups``: a banded depthwise
+    kernel's column blocks at their columns), so a channel's tile is whole output rows,
+    stored as one run; 0: :func:`acc_strides`' layout, one tile per product.
     ``groups``: each batch entry is that many independent products of this shape, each with
     its own A, B and C (a banded depthwise convolution's channels: one band per channel, so
     the tensor unit cannot share B among them); a tile holds all of them, stacked
@@ -97,6 +103,8 @@ class GemmShape:
     a_dmas_row: int = 0
     stage_columns: bool = False
     groups: int = 1
+    stage_share: int = 1
+    acc_row: int = 0
 
     @property
     def column_stores(self) -> bool:
@@ -123,8 +131,17 @@ class GemmShape:
         window's rows of ``stage_width`` pixels of :meth:`stage_pixel` elements."""
         if not self.stage_stride:
             return 0
+        if self.stage_columns:
+            return self.groups // self.stage_share * self.stage_rows(mu) * \
+                self.stage_pixel(self.stage_row) * itemsize(self.dtype)
         return self.groups * self.stage_rows(mu) * (self.stage_width or self.stage_row) * \
             self.stage_pixel(ku) * itemsize(self.dtype)
+
+    def stage_elems(self, mu: int, ku: int) -> int:
+        """Elements one tile's staging writes to L1."""
+        if self.stage_columns:
+            return self.groups // self.stage_share * self.stage_rows(mu) * self.stage_row
+        return self.groups * ku * self.stage_rows(mu) * (self.stage_width or self.stage_row)
 
     def gathers(self, mu: int) -> int:
         """DMAs that gather one A tile of ``mu`` M units."""
@@ -133,14 +150,16 @@ class GemmShape:
     def stage_dram_bytes(self, mu: int, ku: int, burst: int) -> int:
         """Bytes DRAM moves to stage a tile's rows: per K unit one contiguous run of its
         rows, or with ``stage_runs`` (a strided 1x1 convolution's rows, ``stage_stride``
-        apart in the image) one run per row, or with ``stage_columns`` one run of the K
-        units per row -- whole bursts of each run. The L1 slot's
+        apart in the image) one run per row, or with ``stage_columns`` one run of each staged
+        plane's rows --
+        whole bursts of each run. The L1 slot's
         padding is not DRAM traffic."""
         if not self.stage_stride:
             return 0
         rows = self.stage_rows(mu)
         if self.stage_columns:
-            return self.groups * rows * -(-ku * itemsize(self.dtype) // burst) * burst
+            run = rows * self.stage_row * itemsize(self.dtype)
+            return self.groups // self.stage_share * -(-run // burst) * burst
         row = self.stage_row * itemsize(self.dtype)
         if self.stage_runs:
             return ku * rows * -(-row // burst) * burst
@@ -197,6 +216,8 @@ def acc_strides(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nts: int
     1, columns the tiling's ``m_units * m_unit`` rows apart, the same for a partial tile so a
     piece's store finds its columns), or row-major with rows :func:`acc_row_stride` apart
     (``acc_padded``) or ``nts`` (packed)."""
+    if shape.acc_row:
+        return shape.acc_row, 1
     if shape.acc_columns:
         return 1, tiling.m_units * shape.m_unit
     return (acc_row_stride(cfg, shape, tiling.n) if shape.acc_padded else nts), 1
@@ -253,9 +274,11 @@ def _staged_a_cycles(cfg: NPUConfig, shape: GemmShape, mu: int, ku: int, a_bytes
     isz = itemsize(shape.dtype)
     l1 = cfg.memory("l1")
     px = shape.stage_pixel(ku)
-    staged = shape.groups * ku * shape.stage_rows(mu) * (shape.stage_width or shape.stage_row)
+    staged = shape.stage_elems(mu, ku)
+    stride = 1 if shape.stage_columns else px  # L1 writes: whole rows, or one per pixel
     stage = cfg.dma_latency + max(a_bytes / cfg.memory(DRAM).bandwidth,
-                                  stream_cycles(staged, isz, px, cfg.dma_onchip_bandwidth, l1))
+                                  stream_cycles(staged, isz, stride, cfg.dma_onchip_bandwidth,
+                                                l1))
     elems = shape.groups * mu * shape.m_unit * ku * shape.k_unit
     gather = shape.gathers(mu) * cfg.dma_latency + \
         stream_cycles(elems, isz, 1, cfg.dma_onchip_bandwidth, cfg.memory("input"))
@@ -487,19 +510,30 @@ def tile_bytes(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling) -> tuple[in
     accumulators, rows :func:`acc_row_stride` apart) under ``tiling``."""
     acc, _ = _acc_dtype(cfg, shape.dtype)
     isz = itemsize(shape.dtype)
-    a, b, c = group_strides(cfg, shape, tiling)
+    a, b, _ = group_strides(cfg, shape, tiling)
     g = shape.groups
-    return g * a * isz, g * b * isz, g * c * itemsize(acc)
+    return g * a * isz, g * b * isz, \
+        _acc_tile_elems(cfg, shape, tiling.m_units, tiling.n) * itemsize(acc)
+
+
+def _acc_tile_elems(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int) -> int:
+    """Elements of one output tile of ``mu`` M units and ``nt`` columns in the
+    accumulators: every product's (rows :func:`acc_row_stride` apart), or with
+    ``shape.acc_row`` each channel's rows of the products side by side."""
+    if shape.acc_row:
+        return shape.groups // shape.stage_share * mu * shape.m_unit * shape.acc_row
+    return shape.groups * mu * shape.m_unit * acc_row_stride(cfg, shape, nt)
 
 
 def group_strides(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling) -> tuple[int, int, int]:
     """Elements between the products of a tile of ``shape.groups`` (:class:`GemmShape`) in
     its A tile, its B tile and its output tile under ``tiling``: one whole tile of one
     product each (a partial tile keeps the stride, so every step's products are where the
-    DMAs and the ``mma`` instructions look)."""
+    DMAs and the ``mma`` instructions look); with ``shape.acc_row`` the output's is one
+    channel's rows (the products of a channel share them: ``emit_gemm``'s ``c_groups``)."""
     mu, nt, ku = tiling.m_units, tiling.n, tiling.k_units
     return (mu * shape.m_unit * ku * shape.k_unit, ku * shape.k_unit * nt,
-            mu * shape.m_unit * acc_row_stride(cfg, shape, nt))
+            mu * shape.m_unit * (shape.acc_row or acc_row_stride(cfg, shape, nt)))
 
 
 def _busiest_passes(cfg: NPUConfig, shape: GemmShape, mt: int, nt: int) -> int:
@@ -607,14 +641,14 @@ def feasible_tilings(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = T
                 g = shape.groups
                 if g * a_copies * mt * kt * isz > sizes["input"] or nt > max_ext or \
                         g * b_copies * kt * nt * isz > sizes["weight"] or \
-                        g * (1 if hold else nbuf) * mt * acc_row_stride(cfg, shape, nt) * asz > \
+                        (1 if hold else nbuf) * _acc_tile_elems(cfg, shape, mu, nt) * asz > \
                         sizes["acc"]:
                     continue
                 tiles = shape.batch * math.ceil(shape.m_units / mu) * math.ceil(shape.n / nt)
                 leftover = tiles % cfg.cores
                 for balance in (False, True) if hold and leftover else (False,):
-                    if hold and g * min(nbuf, _core_tiles(tiles, cfg.cores, balance)) * mt * \
-                            acc_row_stride(cfg, shape, nt) * asz > sizes["acc"]:
+                    if hold and min(nbuf, _core_tiles(tiles, cfg.cores, balance)) * \
+                            _acc_tile_elems(cfg, shape, mu, nt) * asz > sizes["acc"]:
                         continue
                     cost = gemm_cost(cfg, shape, mu, nt, ku, nbuf, balance=balance)
                     found.append(GemmTiling(mu, nt, ku, cost, balance))
@@ -803,7 +837,9 @@ class SlotCache:
 
 
 def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: LoadA,
-              load_b: LoadB, store_c: StoreC, stage_a: StageA | None = None) -> None:
+              load_b: LoadB, store_c: StoreC, stage_a: StageA | None = None,
+              b_groups: Sequence[int] | None = None,
+              c_groups: Sequence[int] | None = None) -> None:
     """Emit the tiled product (see the module docstring) into ``kb``'s streams.
 
     ``stage_a``: A is gathered from an L1 staging slot that ``stage_a`` fills (a
@@ -813,13 +849,20 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     DRAM latency the gathers (on-chip) cover before the step's closing token waits for it.
     Where :func:`prefetch_staging` says so, each step from a core's second on also stages
     the next step's rows (into the other slot) before its gathers, hiding that latency
-    where the DMA is the bottleneck too."""
+    where the DMA is the bottleneck too. ``b_groups``: each product's B in the B tile,
+    in :func:`group_strides` units (default: its own, ``0 .. groups - 1``; products that
+    multiply by the same B -- a banded depthwise kernel's interior column blocks -- share
+    one, which ``load_b`` loads once). ``c_groups``: each product's place in the output
+    tile, in elements (default: ``group_strides`` apart; with ``shape.acc_row``, a banded
+    kernel's column blocks side by side in their channel's rows)."""
     cfg = kb.config
     acc, _ = _acc_dtype(cfg, shape.dtype)
     isz, asz = itemsize(shape.dtype), itemsize(acc)
     ku = tiling.k_units
     in_bytes, w_bytes, c_bytes = tile_bytes(cfg, shape, tiling)
     ga, gb, gc = group_strides(cfg, shape, tiling)
+    bg = list(b_groups) if b_groups is not None else list(range(shape.groups))
+    cg = list(c_groups) if c_groups is not None else [g * gc for g in range(shape.groups)]
     # with one K step per tile, a tile's store has one step to finish before its
     # accumulator slot takes the tile after next: a third slot, where it fits, gives it two
     # (edge, attention's P @ V in tiles of M32 x N32: the tensor unit waited on every other
@@ -901,10 +944,10 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
                 for g in range(shape.groups):  # one product per group, its own operands
                     kb.emit(core, "mma.set" if step == 0 else "mma",
                             shape=(1, pu * shape.m_unit, pn, kts),
-                            c=block("acc", c_addr + at + g * gc * asz, acc, (0, c_row, c_col)),
+                            c=block("acc", c_addr + at + cg[g] * asz, acc, (0, c_row, c_col)),
                             a=block("input", a_addr + (g * ga + r0 * shape.m_unit * kts) * isz,
                                     shape.dtype, (0, kts, 1)),
-                            b=block("weight", b_addr + (g * gb + c0) * isz, shape.dtype,
+                            b=block("weight", b_addr + (bg[g] * gb + c0) * isz, shape.dtype,
                                     (nts, 1, 0)))
                 if i < len(parts) - 1:  # an early piece: its own token to DMA-out
                     kb.tile_done(core)

@@ -34,6 +34,7 @@ from .gemm import (
     StoreC,
     acc_strides,
     emit_gemm,
+    feasible_tilings,
     gemm_kernel_info,
     plan_candidates,
     plan_gemm,
@@ -764,9 +765,12 @@ def banded_plan(cfg: NPUConfig, nbuf: int, at: Any, x_shape: tuple[int, ...],
     for n in banded_block_widths(cfg, at, w_shape, out_shape):
         for g in sorted({min(c, 1 << i) for i in range(BANDED_MAX_GROUP.bit_length())}):
             geo = banded_geometry(cfg, at, x_shape, w_shape, out_shape, dt, n, g)
-            try:  # the whole window in one K step (banded_transfers)
-                tiling = plan_gemm(cfg, geo.shape, nbuf, k_units=geo.window)
-            except ValueError:
+            # the whole window in one K step, the whole block in one N tile
+            # (banded_transfers): the first such of the cost model's ranking
+            tiling = next((t for t in feasible_tilings(cfg, geo.shape, nbuf,
+                                                       k_units=geo.window)
+                           if t.n == geo.n), None)
+            if tiling is None:
                 continue
             est = _step_waits(cfg, geo.shape, tiling)
             if best is None or est < best[2]:
@@ -966,7 +970,8 @@ def _depthwise_banded(ctx: LoweringContext, at: Any, x: DramTensor, w: np.ndarra
     xa = _activation(ctx, x, dt, "nn.conv2d")
     wl = ctx.constant(banded_weights(w, geo), dt)
     t = banded_transfers(ctx, geo, tiling, xa, wl, out)
-    emit_gemm(ctx.kb, shape, tiling, t.load_a, t.load_b, t.store_c, t.stage_a)
+    emit_gemm(ctx.kb, shape, tiling, t.load_a, t.load_b, t.store_c, t.stage_a, geo.b_groups,
+              geo.c_groups(tiling))
     info = gemm_kernel_info(
         ctx.config, ctx.label("nn.conv2d.depthwise"), "nn.conv2d.depthwise",
         f"tensor unit, banded: {len(geo.blocks)} blocks of {geo.n} columns, windows of "
