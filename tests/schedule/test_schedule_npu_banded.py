@@ -11,6 +11,7 @@ from kiln import graph as g
 from kiln import op
 from kiln.codegen.npu import DEPTHWISE_KEY
 from kiln.schedule.npu.banded import banded_block_widths, banded_geometry, banded_weights
+from kiln.schedule.npu.gemm import GemmTiling
 from kiln.schedule.npu.nest_analysis import unit_shares
 from kiln.target.npu import load_config
 from kiln.testing.op_testing import graph_module
@@ -44,9 +45,11 @@ CASES = [  # (x shape, stride, padding, dilation)
 @pytest.mark.parametrize("hw", HW)
 @pytest.mark.parametrize("shape,stride,pad,dil", CASES)
 def test_bands_replayed_in_numpy_are_the_convolution(hw, shape, stride, pad, dil):
-    """Every block width the route plans: per (image, channel, block) the staged rows (zero
-    outside the image) times the block's band, summed over the kernel rows, written at the
-    block's columns, is torch's depthwise convolution (float64, to rounding)."""
+    """Every block width the route plans, in groups of 1 and 2 channels: per batch entry,
+    channel of its group and column block, the staged rows (zero outside the image) times
+    the block's band (``b_groups``' slot of the group's bands), summed over the kernel rows,
+    placed at the block's columns of the channel's rows (``c_groups``) and cropped to the
+    output's width, is torch's depthwise convolution (float64, to rounding)."""
     rng = np.random.default_rng(sum(shape))
     nb, c, h, wd = shape
     x = rng.standard_normal(shape)
@@ -57,36 +60,52 @@ def test_bands_replayed_in_numpy_are_the_convolution(hw, shape, stride, pad, dil
     widths = banded_block_widths(cfg, at, w.shape, ref.shape)
     assert widths and max(widths) <= cfg.tensor_shape[2]
     for n in widths:
-        geo = banded_geometry(cfg, at, shape, w.shape, ref.shape, "float16", n)
-        bands = banded_weights(w, geo).reshape(c * len(geo.deltas), geo.kh, geo.window, geo.n)
-        assert geo.shape.batch == nb * c * len(geo.blocks)
-        assert geo.blocks[-1][0] + geo.n == ref.shape[3]  # the last block ends at the edge
-        out = np.full(ref.shape, np.nan)
-        flat = x.reshape(nb * c, h, wd)
-        for b in range(geo.shape.batch):
-            plane, o0, i0 = geo.entry(b)
-            band = bands[geo.weight_offset(b) // (geo.kh * geo.window * geo.n)]
-            acc = np.zeros((geo.oh, geo.n))
-            for a in range(geo.kh):
-                rows = np.arange(geo.oh) * geo.sh + a * geo.dh - geo.pt
-                ok = (rows >= 0) & (rows < h)
-                a_rows = np.zeros((geo.oh, geo.window))
-                a_rows[ok] = flat[plane, rows[ok], i0:i0 + geo.window]
-                acc += a_rows @ band[a]
-            out[plane // c, plane % c, :, o0:o0 + geo.n] = acc
-        np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
+        for grp in (1, 2):
+            geo = banded_geometry(cfg, at, shape, w.shape, ref.shape, "float16", n, grp)
+            nblk, nd = len(geo.blocks), len(geo.deltas)
+            flat_w = banded_weights(w, geo).reshape(-1)
+            assert geo.shape.batch == nb * len(geo.firsts) and geo.shape.groups == grp * nblk
+            assert geo.firsts[-1] + geo.g == c  # the last group ends at the last channel
+            tiling = GemmTiling(geo.oh, geo.n, geo.window, 0.0)
+            rows = geo.oh * geo.shape.acc_row
+            out = np.full(ref.shape, np.nan)
+            flat = x.reshape(nb * c, h, wd)
+            for b in range(geo.shape.batch):
+                plane0, w0 = geo.plane(b), geo.weight_offset(b)
+                bands = flat_w[w0:w0 + geo.g * geo.channel_stride].reshape(
+                    geo.g * nd, geo.kh, geo.window, geo.n)
+                acc = np.full(geo.g * rows, np.nan)
+                for p, (bg, cg) in enumerate(zip(geo.b_groups, geo.c_groups(tiling))):
+                    i, j = divmod(p, nblk)
+                    i0 = geo.blocks[j][1]
+                    prod = np.zeros((geo.oh, geo.n))
+                    for a in range(geo.kh):
+                        r = np.arange(geo.oh) * geo.sh + a * geo.dh - geo.pt
+                        ok = (r >= 0) & (r < h)
+                        a_rows = np.zeros((geo.oh, geo.window))
+                        a_rows[ok] = flat[plane0 + i, r[ok], i0:i0 + geo.window]
+                        prod += a_rows @ bands[bg, a]
+                    for r in range(geo.oh):
+                        acc[cg + r * geo.shape.acc_row:cg + r * geo.shape.acc_row + geo.n] = \
+                            prod[r]
+                tile = acc.reshape(geo.g, geo.oh, geo.shape.acc_row)[:, :, :geo.ow]
+                for i in range(geo.g):
+                    out[(plane0 + i) // c, (plane0 + i) % c] = tile[i]
+            np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
 
 
 def test_bands_are_few_and_hold_the_weights():
     """One band per distinct window offset (first, interior, last block), not per block;
-    each column of a band holds the kernel row's KW weights at stride ``sw``."""
+    each column of a band holds the kernel row's KW weights at stride ``sw``; the interior
+    blocks' products read one slot of the B tile."""
     cfg = load_config("default")
     c, shape, out = 7, (1, 7, 56, 56), (1, 7, 56, 56)
     rng = np.random.default_rng(0)
     w = rng.standard_normal((c, 1, 3, 3))
     geo = banded_geometry(cfg, _attrs(c, shape, (1, 1), (1, 1), (1, 1)), shape, w.shape, out,
-                          "float16", 14)
+                          "float16", 14, 4)
     assert len(geo.blocks) == 4 and geo.window == 16 and len(geo.deltas) == 3
+    assert geo.firsts == (0, 3) and geo.b_groups[:4] == (0, 1, 1, 2)
     bands = banded_weights(w, geo)
     assert bands.shape == (c, 3, 3, 16, 14)
     interior = bands[:, geo.band_of[1]]  # window starts one column left of the block

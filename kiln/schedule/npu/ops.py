@@ -51,9 +51,8 @@ from .vector import (
 )
 
 __all__ = ["BINARY_OPS", "COMPOSITE_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS",
-           "BANDED_MAX_GROUP", "DEPTHWISE_UNITS", "ConvFn", "ConvGeometry", "ConvPlanes", "ConvTransfers",
-           "DepthwiseChoice", "DepthwiseCosts",
-           "DepthwisePart",
+           "BANDED_MAX_GROUP", "DEPTHWISE_UNITS", "ConvFn", "ConvGeometry", "ConvPlanes",
+           "ConvTransfers", "DepthwiseChoice", "DepthwiseCosts", "DepthwisePart",
            "check_broadcast_shape", "conv_geometry",
            "conv_transfers", "conv_weight_layout", "depthwise_group", "depthwise_parts",
            "banded_plan", "call_depthwise_route", "depthwise_route",
