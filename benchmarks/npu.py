@@ -246,7 +246,9 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
         if k.op not in GEMM_OPS:
             continue
         cyc, cyc_off = c_on[k.label], c_off[k.label]
-        side = "DRAM" if k.dram_bound else ("vector" if k.op.endswith("depthwise") else "tensor")
+        side = "DRAM" if k.dram_bound else (
+            "vector" if k.op.endswith("depthwise") and "tensor unit" not in k.tiling
+            else "tensor")
         real[k.label] = k.achievable_gain(moved[k.label])
         line = (f"{k.label:22s} {k.tiling.split(', est.')[0]:58s} {cyc:10.0f} "
                 f"{k.roofline:10.0f} {k.roofline / cyc:6.1%} {side:>8s} {cyc_off:10.0f} "
@@ -374,34 +376,38 @@ def _depthwise_layers(exe, g: int) -> list[list]:
 
 
 def _depthwise_table(name: str, mod, inputs, ref, hw: str, on, c_on) -> None:
-    """Depthwise convolutions on the vector unit against the tensor unit (block-diagonal
-    grouped products): per layer the simulated cycles of its kernels with every depthwise
-    convolution forced onto each unit (PassContext ``npu.depthwise``), the cost model's
-    estimates of both and its choice in the default build (``auto``, whose cycles close the
-    line); then per build the model's cycles, the MAC share of the tensor unit (useful MACs:
-    a block-diagonal product counts its depthwise MACs, not its zeros) and the error."""
+    """Depthwise convolutions on the vector unit against the tensor unit's two forms
+    (block-diagonal grouped products, banded products over the rows): per layer the
+    simulated cycles of its kernels with every depthwise convolution forced onto each route
+    (PassContext ``npu.depthwise``), the cost model's estimates of each and its choice in
+    the default build (``auto``, whose cycles close the line); then per build the model's
+    cycles, the MAC share of the tensor unit (useful MACs: a tensor-unit form counts its
+    depthwise MACs, not its zeros) and the error."""
     g = depthwise_group(load_config(hw))
     runs = {"auto": (on, c_on)}
-    for route in ("vector", "tensor"):
+    routes = ("vector", "diagonal", "banded")
+    for route in routes:
         exe = _run(mod, inputs, hw, True, depthwise=route)[0]
         runs[route] = (exe, _phases(exe.last_reports))
     layers = {r: _depthwise_layers(e, g) for r, (e, _) in runs.items()}
-    print(f"{'depthwise layer':22s} {'kernel (vector route)':44s} {'vector':>9s} "
-          f"{'tensor':>9s} {'est vec':>9s} {'est ten':>9s} {'auto':>6s} {'auto cyc':>9s}")
-    for i, (kv, kt, ka) in enumerate(zip(layers["vector"], layers["tensor"], layers["auto"])):
-        cyc = {r: sum(runs[r][1][k.label] for k in ks)
-               for r, ks in (("vector", kv), ("tensor", kt), ("auto", ka))}
-        est = re.search(r"est\. cycles tensor (\d+), vector (\d+)", ka[0].tiling)
-        choice = re.search(r"on the (\w+) unit", ka[0].tiling)
-        print(f"{i:<22d} {kv[0].tiling.removeprefix('TIR: ').split(' [')[0][:44]:44s} "
-              f"{cyc['vector']:9.0f} {cyc['tensor']:9.0f} "
-              f"{est.group(2) if est else '-':>9s} {est.group(1) if est else '-':>9s} "
-              f"{choice.group(1) if choice else '?':>6s} {cyc['auto']:9.0f}")
+    print(f"{'depthwise layer':16s} {'kernel (vector route)':44s} {'vector':>8s} "
+          f"{'diagonal':>8s} {'banded':>8s} {'est vec':>8s} {'est diag':>8s} "
+          f"{'est band':>8s} {'auto':>8s} {'auto cyc':>8s}")
+    for i, ks in enumerate(zip(*(layers[r] for r in (*routes, "auto")))):
+        cyc = {r: sum(runs[r][1][k.label] for k in kk) for r, kk in zip((*routes, "auto"), ks)}
+        tiling = ks[-1][0].tiling
+        est = {r: re.search(rf"{r} (\d+)", tiling.split("est. cycles")[-1]) for r in routes}
+        choice = re.search(r"on the tensor unit \((\w+)\)|on the (vector) unit", tiling)
+        print(f"{i:<16d} {ks[0][0].tiling.removeprefix('TIR: ').split(' [')[0][:44]:44s} " +
+              " ".join(f"{cyc[r]:8.0f}" for r in routes) + " " +
+              " ".join(f"{est[r].group(1) if est[r] else '-':>8s}" for r in routes) +
+              f" {(choice.group(1) or choice.group(2)) if choice else '?':>8s}"
+              f" {cyc['auto']:8.0f}")
     for r, (exe, _) in runs.items():
         out = exe(*inputs)
         sh = unit_shares(exe)
-        print(f"{name}: depthwise {r:6s}: {sum(x.cycles for x in exe.last_reports):.0f} cycles, "
-              f"{len(exe.kernels)} kernels, MACs on the tensor unit "
+        print(f"{name}: depthwise {r:8s}: {sum(x.cycles for x in exe.last_reports):.0f} "
+              f"cycles, {len(exe.kernels)} kernels, MACs on the tensor unit "
               f"{100 * sh.tensor_mac_share:.2f}% (vector {sh.vector_macs:,}), rel. error vs "
               f"float32 {float(np.max(np.abs(out - ref)) / np.max(np.abs(ref))):.1e}")
 

@@ -185,22 +185,22 @@ def _depthwise_kernels(exe):
     ((1, 20, 9, 10), (1, 2), (0, 2, 1, 0)),    # asymmetric padding and strides
 ])
 def test_depthwise_conv2d_on_the_tensor_unit(hw, shape, stride, pad):
-    """Forced onto the tensor unit: one kernel of block-diagonal grouped products over every
-    (image, group of g channels), a second one for the last C mod g channels; float16
+    """Forced onto the tensor unit's block-diagonal form: one kernel of grouped products over
+    every (image, group of g channels), a second one for the last C mod g channels; float16
     operands, float32 accumulation (rel. error <= 1e-2 against float64 numpy)."""
     rng = np.random.default_rng(sum(shape))
     x = _rand(rng, *shape)
     c = shape[1]
     w = _rand(rng, c, 1, 3, 3)
-    with PassContext(config={DEPTHWISE_KEY: "tensor"}):
+    with PassContext(config={DEPTHWISE_KEY: "diagonal"}):
         exe = _build(lambda v: op.nn.conv2d(v, g.const(w), strides=stride, padding=pad,
                                             groups=c), [x.shape], hw)
     assert exe.cpu_ops == []
     ks = _depthwise_kernels(exe)
     g_ = depthwise_group(load_config(hw))
     assert len(ks) == 1 + (c % g_ != 0)
-    assert all("tensor unit" in k.tiling and "[depthwise on the tensor unit" in k.tiling
-               for k in ks)
+    assert all("block-diagonal" in k.tiling and
+               "[depthwise on the tensor unit (diagonal)" in k.tiling for k in ks)
     out = exe(x)
     ref = _depthwise_ref(x, w, stride, pad)
     assert _rel(out, ref) <= 1e-2
@@ -212,10 +212,11 @@ def test_depthwise_conv2d_on_the_tensor_unit(hw, shape, stride, pad):
 
 
 @pytest.mark.parametrize("hw", HW)
-@pytest.mark.parametrize("route", ["tensor", "vector"])
+@pytest.mark.parametrize("route", ["diagonal", "banded", "vector"])
 def test_depthwise_conv2d_int8_is_exact(hw, route):
     """int8 x int8 -> int32 depthwise (the quantized graph's): exact on the tensor unit (int8
-    operands as they are) and on the vector unit (widened to int32 by a cast kernel)."""
+    operands as they are, both forms) and on the vector unit (widened to int32 by a cast
+    kernel)."""
     rng = np.random.default_rng(5)
     c = 21
     x = rng.integers(-128, 128, (1, c, 9, 9), dtype=np.int8)
@@ -225,7 +226,8 @@ def test_depthwise_conv2d_int8_is_exact(hw, route):
                                             groups=c, out_dtype="int32"), [x.shape], hw,
                      dtype="int8")
     assert exe.cpu_ops == []
-    assert all(f"on the {route} unit" in k.tiling for k in _depthwise_kernels(exe))
+    where = "on the vector unit" if route == "vector" else f"on the tensor unit ({route})"
+    assert all(where in k.tiling for k in _depthwise_kernels(exe))
     ref = _depthwise_ref(x.astype(np.float64), w.astype(np.float64), (2, 2), (1, 1, 1, 1))
     np.testing.assert_array_equal(exe(x), ref.astype(np.int32))
 
@@ -259,29 +261,34 @@ def test_depthwise_block_diagonal_weights():
 
 @pytest.mark.parametrize("hw", HW)
 def test_depthwise_route_follows_the_cost_model(hw):
-    """``auto`` takes the route of the lower estimate; ``tensor`` / ``vector`` force it; a
-    dtype the tensor unit lacks (int32: no integer product of int32) stays on the vector
-    unit whatever the option."""
+    """``auto`` takes the route of the lowest estimate of the three; ``diagonal`` /
+    ``banded`` / ``vector`` force theirs, ``tensor`` the cheaper tensor-unit form; a dtype
+    the tensor unit lacks (int32: no integer product of int32) stays on the vector unit
+    whatever the option."""
     cfg = load_config(hw)
     x = g.Var("x", g.TensorStructInfo((1, 96, 28, 28), "float32"))
     w = np.zeros((96, 1, 3, 3), "float32")
     at = op.nn.conv2d(x, g.const(w), padding=(1, 1), groups=96).attrs
     args = (at, (1, 96, 28, 28), w.shape, (1, 96, 28, 28))
-    for knob in ("auto", "tensor", "vector"):
+    for knob in ("auto", "tensor", "diagonal", "banded", "vector"):
         ctx = LoweringContext(cfg, depthwise=knob)
         ch = depthwise_route(ctx, *args, "float32", "float32", "float32")
-        assert ch.tensor is not None and ch.vector is not None
-        want = {"auto": "tensor" if ch.tensor < ch.vector else "vector"}.get(knob, knob)
+        est = {"diagonal": ch.diagonal, "banded": ch.banded, "vector": ch.vector}
+        assert None not in est.values() and ch.tensor == min(ch.diagonal, ch.banded)
+        tensor = min(("diagonal", "banded"), key=est.__getitem__)
+        want = {"auto": min(est, key=est.__getitem__), "tensor": tensor}.get(knob, knob)
         assert ch.route == want
+        assert ch.unit == ("vector" if want == "vector" else "tensor")
         assert depthwise_route(ctx, *args, "int32", "int32", "int32").route == "vector"
     with pytest.raises(KilnError, match="depthwise route"):
         LoweringContext(cfg, depthwise="gpu")
 
 
 @pytest.mark.parametrize("hw", HW)
-def test_depthwise_on_the_tensor_unit_fuses_its_epilogue(hw):
-    """On the tensor unit a depthwise convolution is a product: its per-channel multiply/add
-    and clip (batch norm and ReLU6) run on its accumulator tiles."""
+@pytest.mark.parametrize("route", ["diagonal", "banded"])
+def test_depthwise_on_the_tensor_unit_fuses_its_epilogue(hw, route):
+    """On the tensor unit a depthwise convolution is a product (either form): its
+    per-channel multiply/add and clip (batch norm and ReLU6) run on its accumulator tiles."""
     rng = np.random.default_rng(3)
     c = 24
     x = _rand(rng, 1, c, 14, 14)
@@ -292,7 +299,7 @@ def test_depthwise_on_the_tensor_unit_fuses_its_epilogue(hw):
         y = op.nn.conv2d(v, g.const(w), padding=(1, 1), groups=c)
         return op.clip(op.add(op.multiply(y, g.const(sc)), g.const(sh)), 0.0, 6.0)
 
-    with PassContext(config={DEPTHWISE_KEY: "tensor"}):
+    with PassContext(config={DEPTHWISE_KEY: route}):
         exe = _build(fn, [x.shape], hw)
     ks = _depthwise_kernels(exe)
     assert ks and all("+multiply+add+clip" in k.label for k in ks)

@@ -79,8 +79,9 @@ register_config(LOWERING_KEY, str, DEFAULT_ROUTE,
                 "default) or 'emit' (per-op instruction emission for every op)")
 register_config(DEPTHWISE_KEY, str, "auto",
                 "NPU build: where depthwise convolutions run -- 'auto' (per layer, the faster "
-                "by the cost model), 'tensor' (block-diagonal grouped products on the tensor "
-                "unit) or 'vector' (the vector unit's taps); forced only where it can run")
+                "by the cost model), 'tensor' (the cheaper of the tensor unit's forms), "
+                "'diagonal' (block-diagonal grouped products), 'banded' (banded products over "
+                "the rows) or 'vector' (the vector unit's taps); forced only where it can run")
 
 
 # PassContext option FUSE_EPILOGUE_KEY: a product's element-wise consumers (bias, batch norm,

@@ -20,7 +20,7 @@ store.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -35,9 +35,9 @@ from .emit import KernelBuilder, KernelInfo, Pipeline, block, itemsize
 __all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "SlotCache",
            "acc_row_stride", "acc_slots", "acc_strides", "core_step_slots", "emit_gemm",
            "feasible_tilings", "fixed_tiles", "gemm_bounds", "gemm_cost", "gemm_kernel_info",
-           "gemm_roofline", "held_loads", "held_tiles", "plan_candidates", "plan_gemm",
-           "prefetch_staging", "store_floor", "tail_pieces", "tile_bytes", "tiling_domain",
-           "tiling_knob_key", "tiling_value"]
+           "gemm_roofline", "group_strides", "held_loads", "held_tiles", "plan_candidates",
+           "plan_gemm", "prefetch_staging", "store_floor", "tail_pieces", "tile_bytes",
+           "tiling_domain", "tiling_knob_key", "tiling_value"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,21 @@ class GemmShape:
     column -- a convolution's output channel, stored as a run of its pixels -- is contiguous,
     so a range of columns (a tail piece, a fused epilogue's chunk) is one address range of
     its own, which the bank-group placement (:mod:`kiln.codegen.npu.bank_plan`) can put in
-    another group than the next range; rows apart they interleave over the whole tile."""
+    another group than the next range; rows apart they interleave over the whole tile.
+    ``stage_columns``: the K units are columns of one input row (a banded depthwise
+    convolution, :mod:`.banded`): a tile stages ``groups // stage_share`` channel planes'
+    rows, whole (``stage_row`` elements, one DRAM run per plane), which ``stage_share``
+    products each (the column blocks of a channel) gather their columns from. ``acc_row``:
+    the output tile's rows are that many elements apart, row-major, and the products of a
+    channel sit side by side in them (``emit_gemm``'s ``c_groups``: a banded depthwise
+    kernel's column blocks at their columns), so a channel's tile is whole output rows,
+    stored as one run; 0: :func:`acc_strides`' layout, one tile per product.
+    ``groups``: each batch entry is that many independent products of this shape, each with
+    its own A, B and C (a banded depthwise convolution's channels: one band per channel, so
+    the tensor unit cannot share B among them); a tile holds all of them, stacked
+    (:func:`group_strides`), moved by the same DMAs and multiplied by one ``mma`` each --
+    one pipeline step for ``groups`` small products. Every size and count of work per tile
+    (bytes, tensor passes, staged rows) is ``groups`` times one product's."""
 
     batch: int
     m_units: int
@@ -87,6 +101,10 @@ class GemmShape:
     acc_columns: bool = False
     stage_width: int = 0
     a_dmas_row: int = 0
+    stage_columns: bool = False
+    groups: int = 1
+    stage_share: int = 1
+    acc_row: int = 0
 
     @property
     def column_stores(self) -> bool:
@@ -113,8 +131,17 @@ class GemmShape:
         window's rows of ``stage_width`` pixels of :meth:`stage_pixel` elements."""
         if not self.stage_stride:
             return 0
-        return self.stage_rows(mu) * (self.stage_width or self.stage_row) * \
+        if self.stage_columns:
+            return self.groups // self.stage_share * self.stage_rows(mu) * \
+                self.stage_pixel(self.stage_row) * itemsize(self.dtype)
+        return self.groups * self.stage_rows(mu) * (self.stage_width or self.stage_row) * \
             self.stage_pixel(ku) * itemsize(self.dtype)
+
+    def stage_elems(self, mu: int, ku: int) -> int:
+        """Elements one tile's staging writes to L1."""
+        if self.stage_columns:
+            return self.groups // self.stage_share * self.stage_rows(mu) * self.stage_row
+        return self.groups * ku * self.stage_rows(mu) * (self.stage_width or self.stage_row)
 
     def gathers(self, mu: int) -> int:
         """DMAs that gather one A tile of ``mu`` M units."""
@@ -123,11 +150,16 @@ class GemmShape:
     def stage_dram_bytes(self, mu: int, ku: int, burst: int) -> int:
         """Bytes DRAM moves to stage a tile's rows: per K unit one contiguous run of its
         rows, or with ``stage_runs`` (a strided 1x1 convolution's rows, ``stage_stride``
-        apart in the image) one run per row -- whole bursts of each run. The L1 slot's
+        apart in the image) one run per row, or with ``stage_columns`` one run of each staged
+        plane's rows --
+        whole bursts of each run. The L1 slot's
         padding is not DRAM traffic."""
         if not self.stage_stride:
             return 0
         rows = self.stage_rows(mu)
+        if self.stage_columns:
+            run = rows * self.stage_row * itemsize(self.dtype)
+            return self.groups // self.stage_share * -(-run // burst) * burst
         row = self.stage_row * itemsize(self.dtype)
         if self.stage_runs:
             return ku * rows * -(-row // burst) * burst
@@ -184,6 +216,8 @@ def acc_strides(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nts: int
     1, columns the tiling's ``m_units * m_unit`` rows apart, the same for a partial tile so a
     piece's store finds its columns), or row-major with rows :func:`acc_row_stride` apart
     (``acc_padded``) or ``nts`` (packed)."""
+    if shape.acc_row:
+        return shape.acc_row, 1
     if shape.acc_columns:
         return 1, tiling.m_units * shape.m_unit
     return (acc_row_stride(cfg, shape, tiling.n) if shape.acc_padded else nts), 1
@@ -220,11 +254,12 @@ def gemm_bounds(cfg: NPUConfig, shape: GemmShape) -> tuple[float, float]:
     """The two sides of :func:`gemm_roofline`: tensor-unit cycles, DRAM cycles."""
     acc, cpt = _acc_dtype(cfg, shape.dtype)
     isz = itemsize(shape.dtype)
-    tensor = shape.batch * _tile_cycles(cfg, shape.m, shape.n, shape.k, cpt) / cfg.cores
-    b_bytes = shape.k * shape.n * isz * (1 if shape.b_shared else shape.batch)
+    g = shape.groups
+    tensor = g * shape.batch * _tile_cycles(cfg, shape.m, shape.n, shape.k, cpt) / cfg.cores
+    b_bytes = g * shape.k * shape.n * isz * (1 if shape.b_shared else shape.batch)
     a_elems = shape.a_elems or shape.m * shape.k
-    a_bytes = a_elems * isz * (1 if shape.a_shared else shape.batch)
-    traffic = a_bytes + shape.batch * shape.m * shape.n * itemsize(acc) + b_bytes
+    a_bytes = g * a_elems * isz * (1 if shape.a_shared else shape.batch)
+    traffic = a_bytes + g * shape.batch * shape.m * shape.n * itemsize(acc) + b_bytes
     return tensor, traffic / cfg.memory(DRAM).bandwidth
 
 
@@ -239,10 +274,12 @@ def _staged_a_cycles(cfg: NPUConfig, shape: GemmShape, mu: int, ku: int, a_bytes
     isz = itemsize(shape.dtype)
     l1 = cfg.memory("l1")
     px = shape.stage_pixel(ku)
-    staged = ku * shape.stage_rows(mu) * (shape.stage_width or shape.stage_row)
+    staged = shape.stage_elems(mu, ku)
+    stride = 1 if shape.stage_columns else px  # L1 writes: whole rows, or one per pixel
     stage = cfg.dma_latency + max(a_bytes / cfg.memory(DRAM).bandwidth,
-                                  stream_cycles(staged, isz, px, cfg.dma_onchip_bandwidth, l1))
-    elems = mu * shape.m_unit * ku * shape.k_unit
+                                  stream_cycles(staged, isz, stride, cfg.dma_onchip_bandwidth,
+                                                l1))
+    elems = shape.groups * mu * shape.m_unit * ku * shape.k_unit
     gather = shape.gathers(mu) * cfg.dma_latency + \
         stream_cycles(elems, isz, 1, cfg.dma_onchip_bandwidth, cfg.memory("input"))
     wait = cfg.memory(DRAM).latency + l1.latency
@@ -285,15 +322,16 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     # the tensor unit's passes over the real extents (a dim's last tile is narrower: N196
     # in tiles of 64 is 25 passes of 8, not 32) of the busiest core's tiles
     tm, tk, tn = cfg.tensor_shape
-    tensor = _busiest_passes(cfg, shape, mt, nt) * _passes(shape.k, kt, tk) * cpt
+    g = shape.groups
+    tensor = g * _busiest_passes(cfg, shape, mt, nt) * _passes(shape.k, kt, tk) * cpt
     dram = cfg.memory(DRAM)
     # DRAM moves whole bursts of each row of a tile narrower than its matrix (every load
     # counted as a whole tile: scaling the last tiles' loads down to their real extents
     # ranked narrow tiles of one K step over one tile of several on the default description,
     # MobileNetV2's 1x1 384 -> 64: 4981 -> 5321 cycles)
     a_bytes = shape.stage_dram_bytes(mu, ku, dram.burst) or \
-        _burst_bytes(cfg, mt, kt * isz, kt == shape.k)
-    b_bytes = _burst_bytes(cfg, kt, nt * isz, nt == shape.n)
+        g * _burst_bytes(cfg, mt, kt * isz, kt == shape.k)
+    b_bytes = g * _burst_bytes(cfg, kt, nt * isz, nt == shape.n)
     # a tile that a slot already holds is not loaded again (emit_gemm): a tile fixed on a
     # core once per K step; another while one of the core's slots holds it (held_loads)
     a_fixed, b_fixed = fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
@@ -309,14 +347,14 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
         full, rest = divmod(shape.batch * nm * nn, cfg.cores)
         pm, pn = (mt, _split_sizes(nt, cfg.cores, cfg.tensor_shape[2])[0]) if split == "n" \
             else (_split_sizes(mu, cfg.cores, 1)[0] * shape.m_unit, nt)
-        tensor = nk * (full * _tile_cycles(cfg, mt, nt, kt, cpt) +
-                       rest * _tile_cycles(cfg, pm, pn, kt, cpt))
+        tensor = g * nk * (full * _tile_cycles(cfg, mt, nt, kt, cpt) +
+                           rest * _tile_cycles(cfg, pm, pn, kt, cpt))
         held = a_loads < core_steps, b_loads < core_steps
         core_steps = (full + rest) * nk
         a_piece = a_bytes if split == "n" else (
             shape.stage_dram_bytes(pm // shape.m_unit, ku, dram.burst) or
-            _burst_bytes(cfg, pm, kt * isz, kt == shape.k))
-        b_piece = b_bytes if split == "m" else _burst_bytes(cfg, kt, pn * isz, False)
+            g * _burst_bytes(cfg, pm, kt * isz, kt == shape.k))
+        b_piece = b_bytes if split == "m" else g * _burst_bytes(cfg, kt, pn * isz, False)
         a_bytes = (full * a_bytes + rest * a_piece) / (full + rest)
         b_bytes = (full * b_bytes + rest * b_piece) / (full + rest)
         # a held tile stays held, but the pieces' own tiles of the split operand are loaded
@@ -325,7 +363,7 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
                             for loads, kept, axis in zip((a_loads, b_loads), held, "mn"))
         scale = cfg.cores
     traffic = scale * (a_loads * a_bytes + b_loads * b_bytes) + \
-        shape.batch * shape.m * shape.n * itemsize(acc)
+        g * shape.batch * shape.m * shape.n * itemsize(acc)
     per_a = shape.a_dmas * cfg.dma_latency + a_bytes / dram.bandwidth
     delay = 0.0  # the tensor unit's second step waits for the third step's staging
     if shape.stage_stride:
@@ -337,8 +375,8 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     # a pipeline: the first step's loads precede the tensor unit's work, the last step's
     # product follows the DMA's, the last tile's store follows both
     load1 = per_a + cfg.dma_latency + b_bytes / dram.bandwidth
-    step = _tile_cycles(cfg, mt, nt, kt, cpt)
-    store = mt * nt * itemsize(acc) / dram.bandwidth + dram.latency
+    step = g * _tile_cycles(cfg, mt, nt, kt, cpt)
+    store = g * mt * nt * itemsize(acc) / dram.bandwidth + dram.latency
     fill = cfg.tensor_latency * (core_steps + 1) + store + delay
     if nbuf >= 2:
         return max(tensor + load1, dma_in + step, traffic / dram.bandwidth) + fill
@@ -472,9 +510,30 @@ def tile_bytes(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling) -> tuple[in
     accumulators, rows :func:`acc_row_stride` apart) under ``tiling``."""
     acc, _ = _acc_dtype(cfg, shape.dtype)
     isz = itemsize(shape.dtype)
+    a, b, _ = group_strides(cfg, shape, tiling)
+    g = shape.groups
+    return g * a * isz, g * b * isz, \
+        _acc_tile_elems(cfg, shape, tiling.m_units, tiling.n) * itemsize(acc)
+
+
+def _acc_tile_elems(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int) -> int:
+    """Elements of one output tile of ``mu`` M units and ``nt`` columns in the
+    accumulators: every product's (rows :func:`acc_row_stride` apart), or with
+    ``shape.acc_row`` each channel's rows of the products side by side."""
+    if shape.acc_row:
+        return shape.groups // shape.stage_share * mu * shape.m_unit * shape.acc_row
+    return shape.groups * mu * shape.m_unit * acc_row_stride(cfg, shape, nt)
+
+
+def group_strides(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling) -> tuple[int, int, int]:
+    """Elements between the products of a tile of ``shape.groups`` (:class:`GemmShape`) in
+    its A tile, its B tile and its output tile under ``tiling``: one whole tile of one
+    product each (a partial tile keeps the stride, so every step's products are where the
+    DMAs and the ``mma`` instructions look); with ``shape.acc_row`` the output's is one
+    channel's rows (the products of a channel share them: ``emit_gemm``'s ``c_groups``)."""
     mu, nt, ku = tiling.m_units, tiling.n, tiling.k_units
-    return (mu * shape.m_unit * ku * shape.k_unit * isz, ku * shape.k_unit * nt * isz,
-            mu * shape.m_unit * acc_row_stride(cfg, shape, nt) * itemsize(acc))
+    return (mu * shape.m_unit * ku * shape.k_unit, ku * shape.k_unit * nt,
+            mu * shape.m_unit * (shape.acc_row or acc_row_stride(cfg, shape, nt)))
 
 
 def _busiest_passes(cfg: NPUConfig, shape: GemmShape, mt: int, nt: int) -> int:
@@ -579,16 +638,17 @@ def feasible_tilings(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = T
                 # a core's output tiles rotate through nbuf accumulator slots (emit_gemm:
                 # Pipeline.out_slot): a core with one tile uses one, so a tile too large for
                 # two fits (default, 1 core: ResNet-18's 3x3/s2 of stage 3, N256 whole)
-                if a_copies * mt * kt * isz > sizes["input"] or nt > max_ext or \
-                        b_copies * kt * nt * isz > sizes["weight"] or \
-                        (1 if hold else nbuf) * mt * acc_row_stride(cfg, shape, nt) * asz > \
+                g = shape.groups
+                if g * a_copies * mt * kt * isz > sizes["input"] or nt > max_ext or \
+                        g * b_copies * kt * nt * isz > sizes["weight"] or \
+                        (1 if hold else nbuf) * _acc_tile_elems(cfg, shape, mu, nt) * asz > \
                         sizes["acc"]:
                     continue
                 tiles = shape.batch * math.ceil(shape.m_units / mu) * math.ceil(shape.n / nt)
                 leftover = tiles % cfg.cores
                 for balance in (False, True) if hold and leftover else (False,):
-                    if hold and min(nbuf, _core_tiles(tiles, cfg.cores, balance)) * mt * \
-                            acc_row_stride(cfg, shape, nt) * asz > sizes["acc"]:
+                    if hold and min(nbuf, _core_tiles(tiles, cfg.cores, balance)) * \
+                            _acc_tile_elems(cfg, shape, mu, nt) * asz > sizes["acc"]:
                         continue
                     cost = gemm_cost(cfg, shape, mu, nt, ku, nbuf, balance=balance)
                     found.append(GemmTiling(mu, nt, ku, cost, balance))
@@ -777,7 +837,9 @@ class SlotCache:
 
 
 def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: LoadA,
-              load_b: LoadB, store_c: StoreC, stage_a: StageA | None = None) -> None:
+              load_b: LoadB, store_c: StoreC, stage_a: StageA | None = None,
+              b_groups: Sequence[int] | None = None,
+              c_groups: Sequence[int] | None = None) -> None:
     """Emit the tiled product (see the module docstring) into ``kb``'s streams.
 
     ``stage_a``: A is gathered from an L1 staging slot that ``stage_a`` fills (a
@@ -787,12 +849,20 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     DRAM latency the gathers (on-chip) cover before the step's closing token waits for it.
     Where :func:`prefetch_staging` says so, each step from a core's second on also stages
     the next step's rows (into the other slot) before its gathers, hiding that latency
-    where the DMA is the bottleneck too."""
+    where the DMA is the bottleneck too. ``b_groups``: each product's B in the B tile,
+    in :func:`group_strides` units (default: its own, ``0 .. groups - 1``; products that
+    multiply by the same B -- a banded depthwise kernel's interior column blocks -- share
+    one, which ``load_b`` loads once). ``c_groups``: each product's place in the output
+    tile, in elements (default: ``group_strides`` apart; with ``shape.acc_row``, a banded
+    kernel's column blocks side by side in their channel's rows)."""
     cfg = kb.config
     acc, _ = _acc_dtype(cfg, shape.dtype)
     isz, asz = itemsize(shape.dtype), itemsize(acc)
     ku = tiling.k_units
     in_bytes, w_bytes, c_bytes = tile_bytes(cfg, shape, tiling)
+    ga, gb, gc = group_strides(cfg, shape, tiling)
+    bg = list(b_groups) if b_groups is not None else list(range(shape.groups))
+    cg = list(c_groups) if c_groups is not None else [g * gc for g in range(shape.groups)]
     # with one K step per tile, a tile's store has one step to finish before its
     # accumulator slot takes the tile after next: a third slot, where it fits, gives it two
     # (edge, attention's P @ V in tiles of M32 x N32: the tensor unit waited on every other
@@ -871,12 +941,14 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
             for i, (r0, pu, c0, pn) in enumerate(parts):
                 # the piece in the acc tile
                 at = (r0 * shape.m_unit * c_row + c0 * c_col) * asz
-                kb.emit(core, "mma.set" if step == 0 else "mma",
-                        shape=(1, pu * shape.m_unit, pn, kts),
-                        c=block("acc", c_addr + at, acc, (0, c_row, c_col)),
-                        a=block("input", a_addr + r0 * shape.m_unit * kts * isz, shape.dtype,
-                                (0, kts, 1)),
-                        b=block("weight", b_addr + c0 * isz, shape.dtype, (nts, 1, 0)))
+                for g in range(shape.groups):  # one product per group, its own operands
+                    kb.emit(core, "mma.set" if step == 0 else "mma",
+                            shape=(1, pu * shape.m_unit, pn, kts),
+                            c=block("acc", c_addr + at + cg[g] * asz, acc, (0, c_row, c_col)),
+                            a=block("input", a_addr + (g * ga + r0 * shape.m_unit * kts) * isz,
+                                    shape.dtype, (0, kts, 1)),
+                            b=block("weight", b_addr + (bg[g] * gb + c0) * isz, shape.dtype,
+                                    (nts, 1, 0)))
                 if i < len(parts) - 1:  # an early piece: its own token to DMA-out
                     kb.tile_done(core)
                     kb.pop(core, UNIT_TENSOR, UNIT_DMA_OUT)

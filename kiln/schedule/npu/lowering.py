@@ -66,12 +66,14 @@ DEFAULT_ROUTE = "tir"
 #: The lowering routes a context may take: instruction emission per op, or through TIR.
 LOWERING_ROUTES = ("emit", "tir")
 #: PassContext option (registered by :mod:`kiln.codegen.npu.compile`) choosing the unit of
-#: depthwise convolutions: ``"auto"`` (per layer, the cheaper by the cost model),
-#: ``"tensor"`` (block-diagonal grouped products, :func:`.ops.depthwise_route`) or
-#: ``"vector"`` (the pooling kernel's taps) -- the last two force it where it can run.
+#: depthwise convolutions (:func:`.ops.depthwise_route`): ``"auto"`` (per layer, the
+#: cheapest by the cost model), ``"tensor"`` (the cheaper of the tensor unit's two forms),
+#: ``"diagonal"`` (block-diagonal grouped products), ``"banded"`` (banded products over the
+#: rows, :mod:`.banded`) or ``"vector"`` (the pooling kernel's taps) -- all but ``"auto"``
+#: force it where it can run.
 DEPTHWISE_KEY = "npu.depthwise"
 #: The values :data:`DEPTHWISE_KEY` takes.
-DEPTHWISE_ROUTES = ("auto", "tensor", "vector")
+DEPTHWISE_ROUTES = ("auto", "tensor", "diagonal", "banded", "vector")
 
 
 def register_lowering(op_names: str | Iterable[str]) -> Callable[[LoweringFn], LoweringFn]:

@@ -16,6 +16,13 @@ import numpy as np
 
 from ...npu.isa import UNIT_DMA_IN
 from ...target.npu.config import NPUConfig
+from .banded import (
+    BandedGeometry,
+    banded_block_widths,
+    banded_geometry,
+    banded_transfers,
+    banded_weights,
+)
 from .emit import DramTensor, block, itemsize, row_major
 from .feedback import lower_with_feedback
 from .gemm import (
@@ -27,6 +34,7 @@ from .gemm import (
     StoreC,
     acc_strides,
     emit_gemm,
+    feasible_tilings,
     gemm_kernel_info,
     plan_candidates,
     plan_gemm,
@@ -43,11 +51,12 @@ from .vector import (
 )
 
 __all__ = ["BINARY_OPS", "COMPOSITE_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS",
-           "ConvFn", "ConvGeometry", "ConvPlanes", "ConvTransfers", "DepthwiseChoice",
-           "DepthwisePart",
+           "BANDED_MAX_GROUP", "DEPTHWISE_UNITS", "ConvFn", "ConvGeometry", "ConvPlanes",
+           "ConvTransfers", "DepthwiseChoice", "DepthwiseCosts", "DepthwisePart",
            "check_broadcast_shape", "conv_geometry",
            "conv_transfers", "conv_weight_layout", "depthwise_group", "depthwise_parts",
-           "call_depthwise_route", "depthwise_route", "depthwise_tensor_dtype",
+           "banded_plan", "call_depthwise_route", "depthwise_route",
+           "depthwise_tensor_dtype",
            "depthwise_weights",
            "elementwise_steps", "grouped_conv",
            "is_depthwise", "is_pointwise", "lower_elementwise_chain", "operand_dtype",
@@ -734,66 +743,148 @@ def depthwise_tensor_dtype(cfg: NPUConfig, x_dtype: str, w_dtype: str, out_dtype
     return dt if cfg.tensor_dtype(dt, dt) is not None else None
 
 
+def banded_plan(cfg: NPUConfig, nbuf: int, at: Any, x_shape: tuple[int, ...],
+                w_shape: tuple[int, ...], out_shape: tuple[int, ...], dt: str
+                ) -> tuple[BandedGeometry, GemmTiling, float] | None:
+    """The banded route's kernel (:mod:`.banded`): of the block widths worth planning
+    (:func:`.banded.banded_block_widths`) and channel groups (powers of two up to
+    :data:`BANDED_MAX_GROUP`), the geometry and planned tiling of the lowest
+    estimate (:func:`_step_waits`), and that estimate; None when no tiling fits. Kept per
+    description (the object: a description is not hashable) and arguments: a build asks
+    for every depthwise layer's route several times (the target annotation, the memory
+    scopes, the producer's operand dtype, the epilogue fusion, the lowering), each
+    planning every block width."""
+    key = (id(cfg), nbuf, tuple(at.strides), tuple(at.padding), tuple(at.dilation),
+           tuple(x_shape), tuple(w_shape), tuple(out_shape), dt)
+    hit = _BANDED_PLANS.get(key)
+    if hit is not None and hit[0] is cfg:
+        return hit[1]
+    best = None
+    c = x_shape[1]
+    for n in banded_block_widths(cfg, at, w_shape, out_shape):
+        for g in sorted({min(c, 1 << i) for i in range(BANDED_MAX_GROUP.bit_length())}):
+            geo = banded_geometry(cfg, at, x_shape, w_shape, out_shape, dt, n, g)
+            # the whole window in one K step, the whole block in one N tile
+            # (banded_transfers): the first such of the cost model's ranking
+            tiling = next((t for t in feasible_tilings(cfg, geo.shape, nbuf,
+                                                       k_units=geo.window)
+                           if t.n == geo.n), None)
+            if tiling is None:
+                continue
+            est = _step_waits(cfg, geo.shape, tiling)
+            if best is None or est < best[2]:
+                best = (geo, tiling, est)
+    if len(_BANDED_PLANS) >= 512:
+        _BANDED_PLANS.clear()
+    _BANDED_PLANS[key] = (cfg, best)  # the description kept alive: its id stays its own
+    return best
+
+
+_BANDED_PLANS: dict[tuple[Any, ...], tuple[NPUConfig, Any]] = {}
+#: The most channels a banded depthwise kernel's step multiplies (``GemmShape.groups``;
+#: powers of two up to it are planned): more only shrink the tiles the L0 buffers hold.
+BANDED_MAX_GROUP = 64
+
+
+@dataclass(frozen=True)
+class DepthwiseCosts:
+    """The cost model's cycles of each route of a depthwise convolution (None: that route
+    cannot run it): the tensor unit's block-diagonal (:func:`depthwise_parts`) and banded
+    (:func:`banded_plan`) products, the vector unit's taps (:func:`.vector.pool2d_cost`)."""
+
+    diagonal: float | None
+    banded: float | None
+    vector: float | None
+
+
 def _depthwise_costs(cfg: NPUConfig, nbuf: int, at: Any, x_shape: tuple[int, ...],
                      w_shape: tuple[int, ...], out_shape: tuple[int, ...], dt: str | None,
-                     vdt: str) -> tuple[float | None, float | None]:
-    """The cost model's cycles of the tensor route (its kernels' planned tilings; None: no
-    tiling fits or no tensor dtype) and of the vector route (:func:`.vector.pool2d_cost` in
-    ``vdt``; None: no block fits)."""
-    tensor: float | None = None
+                     vdt: str) -> DepthwiseCosts:
+    """The cost model's cycles of each route: the tensor routes' kernels' planned tilings
+    (None: no tiling fits or no tensor dtype) and the vector route's
+    :func:`.vector.pool2d_cost` in ``vdt`` (None: no block fits)."""
+    diagonal: float | None = None
+    banded: float | None = None
     if dt is not None:
         try:
-            tensor = sum(_step_waits(cfg, p.geo.shape, plan_gemm(cfg, p.geo.shape, nbuf))
-                         for p in depthwise_parts(cfg, at, x_shape, w_shape, out_shape, dt))
+            diagonal = sum(_step_waits(cfg, p.geo.shape, plan_gemm(cfg, p.geo.shape, nbuf))
+                           for p in depthwise_parts(cfg, at, x_shape, w_shape, out_shape, dt))
         except ValueError:
-            tensor = None
+            diagonal = None
+        plan = banded_plan(cfg, nbuf, at, x_shape, w_shape, out_shape, dt)
+        banded = plan[2] if plan is not None else None
     try:
         vector: float | None = pool2d_cost(
             cfg, nbuf, x_shape, out_shape, vdt, (w_shape[2], w_shape[3]), tuple(at.strides),
             tuple(at.padding), tuple(at.dilation), True)
     except NotSupported:
         vector = None
-    return tensor, vector
+    return DepthwiseCosts(diagonal, banded, vector)
+
+
+#: The routes of a depthwise convolution, as :class:`DepthwiseChoice` names them.
+DEPTHWISE_UNITS = {"diagonal": "tensor", "banded": "tensor", "vector": "vector"}
 
 
 @dataclass(frozen=True)
 class DepthwiseChoice:
-    """Where a depthwise convolution runs (``route``: ``"tensor"`` or ``"vector"``) and the
-    cost model's cycles of each route (None: that route cannot run it)."""
+    """Where a depthwise convolution runs (``route``: ``"diagonal"`` or ``"banded"`` on the
+    tensor unit, or ``"vector"``) and the cost model's cycles of each route (None: that
+    route cannot run it)."""
 
     route: str
-    tensor: float | None
+    diagonal: float | None
+    banded: float | None
     vector: float | None
+
+    @property
+    def unit(self) -> str:
+        """``"tensor"`` or ``"vector"``."""
+        return DEPTHWISE_UNITS[self.route]
+
+    @property
+    def tensor(self) -> float | None:
+        """The cheaper tensor-unit route's estimate (None: neither can run it)."""
+        got = [v for v in (self.diagonal, self.banded) if v is not None]
+        return min(got) if got else None
 
     def describe(self) -> str:
         est = ", ".join(f"{name} {v:.0f}" for name, v in
-                        (("tensor", self.tensor), ("vector", self.vector)) if v is not None)
-        return f" [depthwise on the {self.route} unit; est. cycles {est}]"
+                        (("diagonal", self.diagonal), ("banded", self.banded),
+                         ("vector", self.vector)) if v is not None)
+        form = f" ({self.route})" if self.unit == "tensor" else ""
+        return f" [depthwise on the {self.unit} unit{form}; est. cycles {est}]"
 
 
 def depthwise_route(ctx: LoweringContext, at: Any, x_shape: tuple[int, ...],
                     w_shape: tuple[int, ...], out_shape: tuple[int, ...], x_dtype: str,
                     w_dtype: str, out_dtype: str) -> DepthwiseChoice:
-    """Where a depthwise convolution runs: ``"tensor"`` (:func:`depthwise_parts`'s grouped
-    products with block-diagonal weights) or ``"vector"`` (the pooling kernel's taps). The
-    context's :data:`~.lowering.DEPTHWISE_KEY` forces one where it can run; ``"auto"`` takes
-    the cheaper by the cost model (:func:`~.gemm.gemm_cost` of the planned tilings against
-    :func:`.vector.pool2d_cost`), from the shapes and the graph's dtypes only, so every
-    caller -- the lowering, the producer deciding to store the activation in float16, the
-    epilogue fusion -- agrees. ``x_dtype`` is the activation's graph dtype (not a float16
-    copy a producer stored for the tensor route)."""
+    """Where a depthwise convolution runs: ``"diagonal"`` (:func:`depthwise_parts`'s
+    grouped products with block-diagonal weights), ``"banded"`` (:mod:`.banded`'s products
+    over the rows) or ``"vector"`` (the pooling kernel's taps). The context's
+    :data:`~.lowering.DEPTHWISE_KEY` forces one where it can run (``"tensor"``: the cheaper
+    of the two tensor-unit forms); ``"auto"`` takes the cheapest by the cost model
+    (:func:`~.gemm.gemm_cost` of the planned tilings against :func:`.vector.pool2d_cost`),
+    from the shapes and the graph's dtypes only, so every caller -- the lowering, the
+    producer deciding to store the activation in float16, the epilogue fusion -- agrees.
+    ``x_dtype`` is the activation's graph dtype (not a float16 copy a producer stored for
+    the tensor route)."""
     cfg = ctx.config
     dt = depthwise_tensor_dtype(cfg, x_dtype, w_dtype, out_dtype)
     vdt = "int32" if dt == "int8" or x_dtype == "int32" else "float32"
-    tensor, vector = _depthwise_costs(cfg, ctx.kb.nbuf, at, x_shape, w_shape, out_shape, dt,
-                                      vdt)
-    if tensor is None or ctx.depthwise == "vector":
+    costs = _depthwise_costs(cfg, ctx.kb.nbuf, at, x_shape, w_shape, out_shape, dt, vdt)
+    est = {"diagonal": costs.diagonal, "banded": costs.banded, "vector": costs.vector}
+    tensor = {r: v for r, v in est.items() if r != "vector" and v is not None}
+    knob = ctx.depthwise
+    if not tensor or knob == "vector":
         route = "vector"
-    elif ctx.depthwise == "tensor" or vector is None:
-        route = "tensor"
+    elif knob in tensor:
+        route = knob
+    elif knob in ("tensor", "diagonal", "banded") or costs.vector is None:
+        route = min(tensor, key=lambda r: tensor[r])
     else:
-        route = "tensor" if tensor < vector else "vector"
-    return DepthwiseChoice(route, tensor, vector)
+        route = min({**tensor, "vector": costs.vector}.items(), key=lambda kv: kv[1])[0]
+    return DepthwiseChoice(route, costs.diagonal, costs.banded, costs.vector)
 
 
 def call_depthwise_route(ctx: LoweringContext, call: Any) -> DepthwiseChoice:
@@ -810,17 +901,21 @@ def call_depthwise_route(ctx: LoweringContext, call: Any) -> DepthwiseChoice:
 def _depthwise(ctx: LoweringContext, call: Any, x: Any, w: Any, out: DramTensor) -> None:
     """A depthwise convolution (one input channel per group, multiplier 1) on the unit
     :func:`call_depthwise_route` chooses: the tensor unit's grouped products
-    (:func:`_depthwise_tensor`) or the vector unit (:func:`_depthwise_vector`). Its kernels'
-    tiling text ends with the choice and both routes' estimates."""
+    (:func:`_depthwise_tensor`) or banded products (:func:`_depthwise_banded`), or the
+    vector unit (:func:`_depthwise_vector`). Its kernels' tiling text ends with the choice
+    and every route's estimate."""
     if not isinstance(x, DramTensor) or not isinstance(w, np.ndarray):
         raise NotSupported("nn.conv2d: depthwise with run-time weights or a constant image")
     choice = call_depthwise_route(ctx, call)
     first = len(ctx.kb.kernels)
-    if choice.route == "tensor":
+    if choice.unit == "tensor":
         dt = depthwise_tensor_dtype(ctx.config, str(call.args[0].struct_info.dtype),
                                     str(w.dtype), out.dtype)
         assert dt is not None  # the route said so
-        _depthwise_tensor(ctx, call.attrs, x, w, out, dt)
+        if choice.route == "banded":
+            _depthwise_banded(ctx, call.attrs, x, w, out, dt)
+        else:
+            _depthwise_tensor(ctx, call.attrs, x, w, out, dt)
     else:
         _depthwise_vector(ctx, call, x, w, out)
     for info in ctx.kb.kernels[first:]:
@@ -857,6 +952,31 @@ def _depthwise_tensor(ctx: LoweringContext, at: Any, x: DramTensor, w: np.ndarra
             f"tensor unit, {part.groups} groups of {part.g} channels (block-diagonal): " +
             tiling.describe(shape), tiling.estimate, shape)
         ctx.kb.end_kernel(replace(info, macs=nb * part.groups * part.g * oh * ow * taps))
+
+
+def _depthwise_banded(ctx: LoweringContext, at: Any, x: DramTensor, w: np.ndarray,
+                      out: DramTensor, dt: str) -> None:
+    """A depthwise convolution on the tensor unit as banded products (:mod:`.banded`): one
+    implicit GEMM kernel whose batch runs over every (image, channel, column block), A the
+    channel's staged input rows, B the block's band. Its :class:`~.emit.KernelInfo` counts
+    the useful MACs (the depthwise convolution's, not the band's zeros nor the columns an
+    overlapping last block computes twice)."""
+    plan = banded_plan(ctx.config, ctx.kb.nbuf, at, x.shape, w.shape, out.shape, dt)
+    if plan is None:
+        raise NotSupported("nn.conv2d: no tiling of the banded depthwise products fits")
+    geo, tiling, _ = plan
+    shape = geo.shape
+    xa = _activation(ctx, x, dt, "nn.conv2d")
+    wl = ctx.constant(banded_weights(w, geo), dt)
+    t = banded_transfers(ctx, geo, tiling, xa, wl, out)
+    emit_gemm(ctx.kb, shape, tiling, t.load_a, t.load_b, t.store_c, t.stage_a, geo.b_groups,
+              geo.c_groups(tiling))
+    info = gemm_kernel_info(
+        ctx.config, ctx.label("nn.conv2d.depthwise"), "nn.conv2d.depthwise",
+        f"tensor unit, banded: {len(geo.blocks)} blocks of {geo.n} columns, windows of "
+        f"{geo.window}, {geo.g} channels a step: " + tiling.describe(shape), tiling.estimate,
+        shape)
+    ctx.kb.end_kernel(replace(info, macs=int(np.prod(out.shape)) * w.shape[2] * w.shape[3]))
 
 
 def _depthwise_vector(ctx: LoweringContext, call: Any, x: DramTensor, w: np.ndarray,

@@ -226,7 +226,7 @@ def _is_product(ctx: LoweringContext, value: Any) -> bool:
         dims = [tuple(getattr(d, "value", d) for d in (a.struct_info.shape or ()))
                 for a in value.args[:2]]
         if is_depthwise(value.attrs.groups, dims[0], dims[1]):
-            return call_depthwise_route(ctx, value).route == "tensor"
+            return call_depthwise_route(ctx, value).route != "vector"
     return True
 
 

@@ -259,8 +259,9 @@ def lower_conv2d_tir(ctx: LoweringContext, call: Any, args: list[Any], out: Dram
     """Convolutions through TIR: a pointwise one as ``W @ X`` per image, any other NCHW/OIHW
     one with constant weights as the implicit GEMM of :mod:`.tir_conv` (L1 staging with the
     window's padding, per-tap gathers), a grouped one as one such kernel per (image, group).
-    Depthwise convolutions (the vector unit's) and other layouts or run-time weights stay with
-    the emitter's :func:`~.ops.lower_conv2d`."""
+    Depthwise convolutions (the vector unit's taps, or the tensor unit's block-diagonal or
+    banded products: :func:`~.ops.depthwise_route`) and other layouts or run-time weights
+    stay with the emitter's :func:`~.ops.lower_conv2d`."""
     if _pointwise(ctx, call, args, out):
         return
     at = call.attrs
