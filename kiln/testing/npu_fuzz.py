@@ -16,8 +16,8 @@ layer norm, GELU-free attention: batched products of run-time operands, softmax,
 2. **the build's optimizations off** (residency, prefetch, bank placement, DRAM reuse): the
    same bits -- they move the same bytes in the same order;
 3. **the other lowering route** (``npu.lowering`` ``"emit"`` against ``"tir"``): the same bits;
-   **the epilogue unfused** and **depthwise convolutions forced onto each unit**
-   (``npu.depthwise``): within the tolerance of the reference;
+   **the epilogue unfused** and **depthwise convolutions forced onto each route**
+   (``npu.depthwise``: diagonal, banded, vector): within the tolerance of the reference;
 4. for the ``int8`` kind (a CNN of the layers whose quantized form is exact), **the model
    quantized** (``kiln.quantize``, calibrated on four inputs): the bits of the numpy model of
    quantized graphs (``kiln.testing.quant_reference``) where every op is exact, and the same
@@ -387,13 +387,13 @@ def check_case(case: NpuCase, hw: str, variants: bool = True) -> NpuOutcome:
     if got is not None and not _error(got, case.reference) <= TOLERANCE:
         res.failures.append(f"unfused epilogue: error {_error(got, case.reference):.3g} > "
                             f"{TOLERANCE}")
-    for unit in ("tensor", "vector") if any(" dw" in name for name in case.layers) else ():
-        forced = attempt(f"depthwise on the {unit} unit: build",
+    for unit in ("diagonal", "banded", "vector") if any(" dw" in n for n in case.layers) else ():
+        forced = attempt(f"depthwise as {unit}: build",
                          lambda u=unit: _build(case.mod, hw, depthwise=u))
-        got = attempt(f"depthwise on the {unit} unit: run",
+        got = attempt(f"depthwise as {unit}: run",
                       lambda e=forced: e(*case.inputs)) if forced else None
         if got is not None and not _error(got, case.reference) <= TOLERANCE:
-            res.failures.append(f"depthwise on the {unit} unit: error "
+            res.failures.append(f"depthwise as {unit}: error "
                                 f"{_error(got, case.reference):.3g} > {TOLERANCE}")
     if case.kind == "int8":
         _check_int8(case, hw, res, attempt)
