@@ -1,0 +1,315 @@
+"""Sub-batches at the front of a network: the first layers of a batch-``N`` region run per
+slice of ``b`` images so that their intermediates fit in L1.
+
+On-chip residency (:mod:`.residency`) keeps a tensor in L1 when it fits there over its live
+interval; at the front of a network the activations are the largest (ResNet-18's stem at 224
+writes 3.2 MB per image), and a batch multiplies them, so they cross the DRAM channel twice per
+layer. Those layers have small weights and no dependence between images: running the chain
+of them once per slice of the batch shrinks every intermediate by ``N / b``, and the
+residency pass then finds them room in L1. The later layers, where weights dominate, stay at
+the full batch, so their weights are still loaded once per batch.
+
+This module decides (:func:`plan_sub_batches`) and builds the sliced graph
+(:func:`slice_function`); :func:`kiln.schedule.npu.region.lower_region` lowers the sliced
+bindings once per slice with every batch-``N`` operand and result a view ``b`` images into
+the full tensor (:func:`relocate_dram` points the slice's stores of its results there), so
+each slice's kernels read their part of the input and write their part of the boundary
+tensors, and only the slice's own intermediates are new (small) DRAM tensors.
+
+The decision is the cost model of the hardware description, before anything is emitted: per
+prefix of sliceable bindings (convolutions, pooling, element-wise ops and casts whose
+run-time operands all lead with the batch) and slice size ``b`` (a divisor of ``N``):
+
+- *saved*: the DRAM bytes of every intermediate of the prefix (written once, read per
+  consumer; a product's operand in the dtype it reads) that fits in L1 at the slice's size
+  but not at the full batch -- "fits": the bytes live with it (every intermediate whose
+  interval meets its) stay within :data:`L1_SHARE` of L1, the rest left to the kernels' own
+  staging;
+- *extra*: per additional slice, the prefix's weights loaded again and each kernel's fill and
+  tail (a barrier and two DRAM latencies: its first loads, its last store), as bytes of the
+  DRAM channel.
+
+The prefix and ``b`` with the largest ``saved - extra`` win; nothing is sliced unless it is
+positive. Every output element is computed by the same kernels' arithmetic on the same
+operands (only the batch rows a kernel covers change): the bits of a product, whose K steps
+are planned per layer, are checked by the tests and the benchmark against the unsliced build.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ... import graph as g
+from ...npu.isa import Block
+from ...target.npu import L1, MEMORY_NAMES
+from .emit import DRAM_ALIGN, DramTensor, itemsize
+from .lowering import LoweringContext
+from .ops import ELEMENTWISE_OPS, GEMM_OPS, product_operand_dtype
+
+__all__ = ["L1_SHARE", "SLICEABLE_OPS", "SUB_BATCH_KEY", "SubBatchPlan", "plan_sub_batches",
+           "relocate_dram", "slice_function"]
+
+#: PassContext option (registered by :mod:`kiln.codegen.npu.compile`): run the front of a
+#: batched region per sub-batch where the cost model says it saves DRAM traffic.
+SUB_BATCH_KEY = "npu.sub_batch"
+
+#: Ops whose result for one image depends on that image alone (no halo across the batch):
+#: they may run per slice of the batch.
+SLICEABLE_OPS = frozenset(("nn.conv2d", "nn.max_pool2d", "nn.avg_pool2d",
+                           "nn.adaptive_avg_pool2d", "cast", "qnn.requantize",
+                           "qnn.quantize", "qnn.dequantize", *ELEMENTWISE_OPS))
+
+#: The share of L1 the planner lets a slice's live intermediates take: the rest is the
+#: kernels' own (a convolution stages its input rows in L1).
+L1_SHARE = 0.5
+
+_DRAM_ID = MEMORY_NAMES.index("dram")
+
+
+@dataclass(frozen=True)
+class SubBatchPlan:
+    """Bindings ``[0, end)`` of a region run ``batch // size`` times, on ``size`` images each;
+    the cost model's DRAM bytes ``saved`` and ``extra`` (weights reloaded, kernels' fill)."""
+
+    end: int
+    batch: int
+    size: int
+    saved: float
+    extra: float
+
+    @property
+    def slices(self) -> int:
+        return self.batch // self.size
+
+    def describe(self) -> str:
+        return (f"{self.end} binding(s) in {self.slices} sub-batches of {self.size} "
+                f"(est. {self.saved / 1e6:.2f} MB of DRAM traffic saved, "
+                f"{self.extra / 1e6:.2f} MB added)")
+
+
+def _shape(expr: Any) -> tuple[tuple[int, ...], str] | None:
+    si = getattr(expr, "struct_info", None)
+    if not isinstance(si, g.TensorStructInfo) or si.shape is None:
+        return None
+    dims = [getattr(d, "value", d) for d in si.shape]
+    if not all(isinstance(d, int) for d in dims):
+        return None
+    return tuple(int(d) for d in dims), str(si.dtype)
+
+
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    return math.prod(shape) * itemsize(dtype)
+
+
+def _sliceable(b: Any, batch: int, bound: set[int], params: set[int]) -> bool:
+    """Binding ``b`` may run per slice of a batch of ``batch``: a sliceable op whose result
+    and run-time operands (region parameters or values of the prefix) lead with the batch,
+    its constants broadcast over it."""
+    value = b.value
+    if not (isinstance(b, g.VarBinding) and isinstance(value, g.Call) and
+            isinstance(value.op, g.Op) and value.op.name in SLICEABLE_OPS):
+        return False
+    out = _shape(b.var)
+    if out is None or len(out[0]) < 2 or out[0][0] != batch or out[1] not in _ITEMSIZES:
+        return False
+    windowed = value.op.name not in ELEMENTWISE_OPS and not value.op.name.startswith(
+        ("cast", "qnn."))  # a convolution's or pooling's image, then its weights
+    for k, a in enumerate(value.args):
+        if isinstance(a, g.Var):
+            t = _shape(a)
+            if id(a) not in bound | params or t is None or len(t[0]) != len(out[0]) or \
+                    t[0][0] != batch or (windowed and k > 0):
+                return False
+        elif isinstance(a, g.Constant):
+            shp = np.shape(a.data)
+            if k == 0 or (not windowed and len(shp) == len(out[0]) and shp[0] != 1):
+                return False
+        else:
+            return False
+    return True
+
+
+_ITEMSIZES = ("bool", "int8", "uint8", "int16", "float16", "bfloat16", "int32", "float32")
+
+
+@dataclass
+class _Value:
+    """A prefix value's DRAM life: its bytes (every copy stored), the bytes its writes and
+    reads move, the bindings it is live over, whether it leaves the prefix."""
+
+    nbytes: int
+    traffic: int
+    first: int
+    last: int
+    product: bool
+
+
+def _values(ctx: LoweringContext, bindings: list[Any], end: int, uses: dict[int, int],
+            outputs: set[int]) -> dict[int, _Value]:
+    """The materialized values of bindings ``[0, end)`` (an element-wise value used once by
+    the next element-wise op, or a product's used once by one, stays on chip), by binding."""
+    out: dict[int, _Value] = {}
+    for i in range(end):
+        b = bindings[i]
+        shape, dtype = _shape(b.var)  # type: ignore[misc]
+        consumers = [(k, c) for k, c in enumerate(bindings) if k > i and
+                     isinstance(c.value, g.Call) and any(a is b.var for a in c.value.args)]
+        product = b.value.op.name in GEMM_OPS
+        if uses.get(id(b.var), 0) == 1 and len(consumers) == 1 and \
+                consumers[0][1].value.op.name in ELEMENTWISE_OPS and id(b.var) not in outputs:
+            continue  # fused into its consumer (a chain or a product's epilogue)
+        copies: dict[str, int] = {}
+        reads = 0
+        for _, c in consumers:
+            want = product_operand_dtype(ctx, c.value, dtype) if c.value.args and \
+                c.value.args[0] is b.var else None
+            copies[want or dtype] = _nbytes(shape, want or dtype)
+            reads += copies[want or dtype]
+        if id(b.var) in outputs or not consumers:
+            copies[dtype] = _nbytes(shape, dtype)
+        last = max([k for k, _ in consumers] + [len(bindings) if id(b.var) in outputs else i])
+        size = sum(copies.values())
+        out[i] = _Value(size, size + reads, i, last, product)
+    return out
+
+
+def plan_sub_batches(ctx: LoweringContext, func: g.Function) -> SubBatchPlan | None:
+    """The prefix of ``func``'s bindings to run per sub-batch, and the sub-batch size, that
+    the cost model of ``ctx``'s hardware description prefers (see the module docstring);
+    None: nothing pays (or nothing is batched)."""
+    bindings = [b for blk in func.body.blocks for b in blk.bindings]
+    if not bindings or not isinstance(bindings[0], g.VarBinding):
+        return None
+    first = _shape(bindings[0].var)
+    if first is None or first[0][0] < 2:
+        return None
+    batch = first[0][0]
+    params = {id(p) for p in func.params}
+    bound: set[int] = set()
+    end = 0
+    while end < len(bindings) and _sliceable(bindings[end], batch, bound, params):
+        bound.add(id(bindings[end].var))
+        end += 1
+    if end == 0:
+        return None
+    body = func.body.body
+    outputs = {id(v) for v in (body.fields if isinstance(body, g.Tuple) else [body])
+               if isinstance(v, g.Var)}
+    uses = g.binding_uses(func)
+    values = _values(ctx, bindings, end, uses, outputs)
+    weights = [sum(_weight_bytes(ctx, b.value) for b in bindings[:e + 1]) for e in range(end)]
+    cfg = ctx.config
+    dram = cfg.memory("dram")
+    fill = (cfg.barrier_latency + 2 * dram.latency) * dram.bandwidth
+    budget = cfg.memory(L1).size * L1_SHARE
+    best: SubBatchPlan | None = None
+    last_use = {i: max([k for k, c in enumerate(bindings) if k > i and
+                        any(a is bindings[i].var for a in c.value.args)] +
+                       [len(bindings) if id(bindings[i].var) in outputs else i])
+                for i in range(end)}
+    for e in range(1, end + 1):
+        inner = {i: v for i, v in values.items() if i < e and v.last < e}
+        leaving = [i for i in range(e) if last_use[i] >= e]
+        if any(i not in values or values[i].product for i in leaving):
+            continue  # a fused chain or a product's epilogue would be cut in two
+        kernels = sum(1 for i in values if i < e)
+        for size in (d for d in range(1, batch) if batch % d == 0):
+            if any(_nbytes(*_shape(bindings[i].var)) // batch * size % DRAM_ALIGN  # type: ignore
+                   for i in range(e)):
+                continue  # a slice's view must start on a DRAM_ALIGN boundary
+            saved = sum(v.traffic for i, v in inner.items()
+                        if _fits(inner, i, size / batch, budget) and
+                        not _fits(inner, i, 1.0, budget))
+            extra = (batch // size - 1) * (weights[e - 1] + kernels * fill)
+            if saved - extra > 0 and (best is None or saved - extra > best.saved - best.extra):
+                best = SubBatchPlan(e, batch, size, float(saved), float(extra))
+    return best
+
+
+def _fits(values: dict[int, _Value], i: int, scale: float, budget: float) -> bool:
+    """Value ``i`` at ``scale`` of its size fits L1 with every value live with it."""
+    v = values[i]
+    peak = 0.0
+    for p in range(v.first, v.last + 1):
+        peak = max(peak, sum(u.nbytes for u in values.values() if u.first <= p <= u.last))
+    return peak * scale <= budget
+
+
+def _weight_bytes(ctx: LoweringContext, call: Any) -> int:
+    """The bytes of a product's constant operands as the tensor unit reads them (each
+    slice loads them again)."""
+    if call.op.name not in GEMM_OPS:
+        return 0
+    x = _shape(call.args[0])
+    want = product_operand_dtype(ctx, call, x[1]) if x else None
+    total = 0
+    for a in call.args[1:]:
+        if isinstance(a, g.Constant):
+            data = np.asarray(a.data)
+            total += data.size * (itemsize(want) if want else data.itemsize)
+    return total
+
+
+def slice_function(func: g.Function, end: int, size: int) -> tuple[g.Function, list[g.Var]]:
+    """Bindings ``[0, end)`` of ``func`` as a function of their batch-leading parameters,
+    each at batch ``size`` (shapes re-inferred), returning as a tuple the values that later
+    bindings or ``func``'s result read -- those returned, in the original variables (the
+    function's result is in the same order)."""
+    bindings = [b for blk in func.body.blocks for b in blk.bindings][:end]
+    body = func.body.body
+    later = [b for blk in func.body.blocks for b in blk.bindings][end:]
+    read: set[int] = set()
+
+    def mark(e: Any) -> None:
+        if isinstance(e, g.Var):
+            read.add(id(e))
+        elif isinstance(e, g.Call):
+            for a in e.args:
+                mark(a)
+        elif isinstance(e, g.Tuple):
+            for f in e.fields:
+                mark(f)
+        elif isinstance(e, g.TupleGetItem):
+            mark(e.tuple_value)
+
+    for b in later:
+        mark(b.value)
+    mark(body)
+    used = {id(a) for b in bindings for a in b.value.args if isinstance(a, g.Var)}
+    mapping: dict[int, g.Var] = {}
+    params = []
+    for p in func.params:
+        if id(p) in used:
+            shape, dtype = _shape(p)  # type: ignore[misc]
+            q = g.Var(p.name_hint, g.TensorStructInfo((size, *shape[1:]), dtype))
+            mapping[id(p)] = q
+            params.append((p, q))
+    bb = g.BlockBuilder()
+    leaving = [b.var for b in bindings if id(b.var) in read]
+    with bb.function("sub_batch", [q for _, q in params]):
+        for b in bindings:
+            args = [mapping[id(a)] if isinstance(a, g.Var) else a for a in b.value.args]
+            mapping[id(b.var)] = bb.emit(b.value.replace(args=tuple(args)), b.var.name_hint)
+        bb.emit_func_output(g.Tuple([mapping[id(v)] for v in leaving]))
+    sub = bb.get()["sub_batch"]
+    return sub, leaving
+
+
+def relocate_dram(streams: list[list[Any]], starts: list[int], old: DramTensor,
+                  new_addr: int) -> int:
+    """Point every DRAM block of the instructions from ``starts`` (per stream) on that falls
+    in ``old``'s bytes at the same offset from ``new_addr``; returns how many moved."""
+    lo = old.addr
+    hi = lo + max(1, _nbytes(old.shape, old.dtype))
+    moved = 0
+    for stream, start in zip(streams, starts):
+        for ins in stream[start:]:
+            for k, v in list(ins.args.items()):
+                if isinstance(v, Block) and v.mem == _DRAM_ID and lo <= v.addr < hi:
+                    ins.args[k] = v._replace(addr=new_addr + v.addr - lo)
+                    moved += 1
+    return moved
