@@ -20,11 +20,11 @@ The decision is the cost model of the hardware description, before anything is e
 prefix of sliceable bindings (convolutions, pooling, element-wise ops and casts whose
 run-time operands all lead with the batch) and slice size ``b`` (a divisor of ``N``):
 
-- *saved*: the DRAM bytes of every intermediate of the prefix (written once, read per
-  consumer; a product's operand in the dtype it reads) that fits in L1 at the slice's size
-  but not at the full batch -- "fits": the bytes live with it (every intermediate whose
-  interval meets its) stay within :data:`L1_SHARE` of L1, the rest left to the kernels' own
-  staging;
+- *saved*: the DRAM bytes (written once, read per consumer; a product's operand in the
+  dtype it reads) of the prefix's intermediates that residency would keep in L1 at the
+  slice's size, less those it keeps at the full batch -- modelled as residency chooses:
+  greedily by bytes moved per byte held, each where the chosen ones live with it leave
+  room in :data:`L1_SHARE` of L1 (the rest is the kernels' own staging);
 - *extra*: per additional slice, the prefix's weights loaded again and each kernel's fill and
   tail (a barrier and two DRAM latencies: its first loads, its last store), as bytes of the
   DRAM channel.
@@ -38,7 +38,7 @@ are planned per layer, are checked by the tests and the benchmark against the un
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -73,22 +73,28 @@ _DRAM_ID = MEMORY_NAMES.index("dram")
 @dataclass(frozen=True)
 class SubBatchPlan:
     """Bindings ``[0, end)`` of a region run ``batch // size`` times, on ``size`` images each;
-    the cost model's DRAM bytes ``saved`` and ``extra`` (weights reloaded, kernels' fill)."""
+    the cost model's DRAM bytes ``saved`` by the intermediates kept in L1 and its cycles of
+    those bindings at the full batch (``whole``) and sliced."""
 
     end: int
     batch: int
     size: int
     saved: float
-    extra: float
+    whole: float
+    sliced: float
 
     @property
     def slices(self) -> int:
         return self.batch // self.size
 
+    @property
+    def gain(self) -> float:
+        return self.whole - self.sliced
+
     def describe(self) -> str:
         return (f"{self.end} binding(s) in {self.slices} sub-batches of {self.size} "
-                f"(est. {self.saved / 1e6:.2f} MB of DRAM traffic saved, "
-                f"{self.extra / 1e6:.2f} MB added)")
+                f"(est. {self.saved / 1e6:.2f} MB of DRAM traffic saved, {self.whole:.0f} -> "
+                f"{self.sliced:.0f} cycles)")
 
 
 def _shape(expr: Any) -> tuple[tuple[int, ...], str] | None:
@@ -139,13 +145,38 @@ _ITEMSIZES = ("bool", "int8", "uint8", "int16", "float16", "bfloat16", "int32", 
 @dataclass
 class _Value:
     """A prefix value's DRAM life: its bytes (every copy stored), the bytes its writes and
-    reads move, the bindings it is live over, whether it leaves the prefix."""
+    reads move, the bindings it is live over."""
 
     nbytes: int
     traffic: int
     first: int
     last: int
-    product: bool
+
+
+@dataclass
+class _Kernel:
+    """The kernel that computes a materialized value (with the bindings fused into it): its
+    tensor and vector units' cycles at the full batch (they overlap), the weights it loads,
+    the values it reads (binding index, None for a region parameter; bytes) and the one it
+    writes."""
+
+    tensor: float = 0.0
+    vector: float = 0.0
+    weights: int = 0
+    reads: list[tuple[int | None, int]] = field(default_factory=list)
+    writes: int | None = None
+
+
+def _consumers(bindings: list[Any], i: int) -> list[int]:
+    var = bindings[i].var
+    return [k for k in range(i + 1, len(bindings)) if isinstance(bindings[k].value, g.Call)
+            and any(a is var for a in bindings[k].value.args)]
+
+
+def _read_dtype(ctx: LoweringContext, call: Any, k: int, dtype: str) -> str:
+    """The dtype ``call`` reads its operand ``k`` in (a product's activation cast)."""
+    want = product_operand_dtype(ctx, call, dtype) if k == 0 else None
+    return want or dtype
 
 
 def _values(ctx: LoweringContext, bindings: list[Any], end: int, uses: dict[int, int],
@@ -156,25 +187,125 @@ def _values(ctx: LoweringContext, bindings: list[Any], end: int, uses: dict[int,
     for i in range(end):
         b = bindings[i]
         shape, dtype = _shape(b.var)  # type: ignore[misc]
-        consumers = [(k, c) for k, c in enumerate(bindings) if k > i and
-                     isinstance(c.value, g.Call) and any(a is b.var for a in c.value.args)]
-        product = b.value.op.name in GEMM_OPS
-        if uses.get(id(b.var), 0) == 1 and len(consumers) == 1 and \
-                consumers[0][1].value.op.name in ELEMENTWISE_OPS and id(b.var) not in outputs:
-            continue  # fused into its consumer (a chain or a product's epilogue)
+        consumers = _consumers(bindings, i)
+        if _fused(bindings, i, uses, outputs):
+            continue
         copies: dict[str, int] = {}
         reads = 0
-        for _, c in consumers:
-            want = product_operand_dtype(ctx, c.value, dtype) if c.value.args and \
-                c.value.args[0] is b.var else None
-            copies[want or dtype] = _nbytes(shape, want or dtype)
-            reads += copies[want or dtype]
+        for k in consumers:
+            c = bindings[k].value
+            dt = _read_dtype(ctx, c, [a is b.var for a in c.args].index(True), dtype)
+            copies[dt] = _nbytes(shape, dt)
+            reads += copies[dt]
         if id(b.var) in outputs or not consumers:
             copies[dtype] = _nbytes(shape, dtype)
-        last = max([k for k, _ in consumers] + [len(bindings) if id(b.var) in outputs else i])
+        last = max(consumers + [len(bindings) if id(b.var) in outputs else i])
         size = sum(copies.values())
-        out[i] = _Value(size, size + reads, i, last, product)
+        out[i] = _Value(size, size + reads, i, last)
     return out
+
+
+def _fused(bindings: list[Any], i: int, uses: dict[int, int], outputs: set[int]) -> bool:
+    """Binding ``i``'s value stays in its kernel: used once, by an element-wise op."""
+    consumers = _consumers(bindings, i)
+    return uses.get(id(bindings[i].var), 0) == 1 and len(consumers) == 1 and \
+        bindings[consumers[0]].value.op.name in ELEMENTWISE_OPS and \
+        id(bindings[i].var) not in outputs
+
+
+#: Vector instructions per element of the lowerings that take more than one (:mod:`.quantize`:
+#: requantize adds the bias, multiplies, clamps and narrows; quantize and dequantize scale
+#: and cast).
+_VECTOR_STEPS = {"qnn.requantize": 4, "qnn.quantize": 2, "qnn.dequantize": 2}
+#: Bytes per element the vector unit streams at least: the qnn lowerings compute in int32 or
+#: float32.
+_QNN_COMPUTE_BYTES = 4
+
+
+def _compute_cycles(ctx: LoweringContext, call: Any, out: tuple[tuple[int, ...], str]
+                    ) -> tuple[float, float]:
+    """The cycles a sliceable call keeps the tensor unit and the vector unit busy at the
+    full batch (every core working)."""
+    cfg = ctx.config
+    shape, dtype = out
+    name = call.op.name
+    x = _shape(call.args[0])
+    w = np.shape(call.args[1].data) if len(call.args) > 1 and \
+        isinstance(call.args[1], g.Constant) else None
+    if name == "nn.conv2d" and x is not None and w is not None and len(w) == 4:
+        groups = int(getattr(call.attrs, "groups", 1))
+        if groups > 1 and groups == x[0][1]:  # depthwise: per output element, its taps
+            return 0.0, cfg.vector_ops_cycles(_nbytes(shape, dtype) * w[2] * w[3]) / cfg.cores
+        dt = _read_dtype(ctx, call, 0, x[1])
+        td = cfg.tensor_dtype(dt, dt)
+        per_cycle = math.prod(cfg.tensor_shape) / (td.cycles_per_tile if td else 1)
+        return math.prod(shape) * math.prod(w[1:]) / per_cycle / cfg.cores, 0.0
+    wide = max([itemsize(dtype)] + [itemsize(t[1]) for t in map(_shape, call.args)
+                                    if t is not None and t[1] in _ITEMSIZES])
+    if name.startswith("qnn."):
+        wide = max(wide, _QNN_COMPUTE_BYTES)
+    steps = _VECTOR_STEPS.get(name, 1)
+    window = math.prod(getattr(call.attrs, "pool_size", None) or (1,))
+    if name == "nn.adaptive_avg_pool2d" and x is not None:
+        window = math.prod(x[0][2:]) // max(1, math.prod(shape[2:]))
+    nbytes = math.prod(shape) * wide * steps * window
+    return 0.0, cfg.vector_ops_cycles(nbytes) / cfg.cores
+
+
+def _kernels(ctx: LoweringContext, bindings: list[Any], end: int, uses: dict[int, int],
+             outputs: set[int], values: dict[int, _Value]) -> dict[int, _Kernel]:
+    """Bindings ``[0, end)`` grouped into the kernels that write their materialized values
+    (a fused binding joins its consumer's), keyed by that value's binding."""
+    group: dict[int, int] = {}
+    for i in reversed(range(end)):
+        consumers = _consumers(bindings, i)
+        fused = i not in values and consumers and consumers[0] < end
+        group[i] = group[consumers[0]] if fused else i
+    index = {id(b.var): i for i, b in enumerate(bindings[:end])}
+    kernels: dict[int, _Kernel] = {}
+    for i in range(end):
+        b = bindings[i]
+        kern = kernels.setdefault(group[i], _Kernel())
+        if i in values:
+            kern.writes = i
+        tensor, vector = _compute_cycles(ctx, b.value, _shape(b.var))  # type: ignore[arg-type]
+        kern.tensor += tensor
+        kern.vector += vector
+        kern.weights += _weight_bytes(ctx, b.value)
+        for k, a in enumerate(b.value.args):
+            if not isinstance(a, g.Var):
+                continue
+            j = index.get(id(a))
+            if j is not None and group.get(j) == group[i]:
+                continue  # on chip, inside the kernel
+            shape, dtype = _shape(a)  # type: ignore[misc]
+            kern.reads.append((j, _nbytes(shape, _read_dtype(ctx, b.value, k, dtype))))
+    return kernels
+
+
+def _cycles(ctx: LoweringContext, kernels: dict[int, _Kernel], inner: dict[int, _Value],
+            batch: int, size: int, budget: float) -> float:
+    """The kernels' cycles over the whole batch run in slices of ``size``: per slice and
+    kernel the largest of its compute, its DRAM traffic (the weights every time) and its
+    on-chip traffic (the values residency keeps in L1 at the slice's size), plus a fill."""
+    cfg = ctx.config
+    dram = cfg.memory("dram")
+    fill = cfg.barrier_latency + 2 * dram.latency
+    onchip_bw = cfg.dma_onchip_bandwidth * cfg.cores
+    scale = size / batch
+    resident = _resident(inner, scale, budget)
+    total = 0.0
+    for kern in kernels.values():
+        moved = [(j, n) for j, n in kern.reads]
+        if kern.writes is not None:
+            moved.append((kern.writes, inner[kern.writes].nbytes if kern.writes in inner
+                          else 0))
+        off = sum(n for j, n in moved if j not in resident) * scale
+        on = sum(n for j, n in moved if j in resident) * scale
+        total += max(kern.tensor * scale, kern.vector * scale,
+                     (off + kern.weights) / dram.bandwidth,
+                     on / onchip_bw) + fill
+    return total * (batch // size)
 
 
 def plan_sub_batches(ctx: LoweringContext, func: g.Function) -> SubBatchPlan | None:
@@ -201,42 +332,42 @@ def plan_sub_batches(ctx: LoweringContext, func: g.Function) -> SubBatchPlan | N
                if isinstance(v, g.Var)}
     uses = g.binding_uses(func)
     values = _values(ctx, bindings, end, uses, outputs)
-    weights = [sum(_weight_bytes(ctx, b.value) for b in bindings[:e + 1]) for e in range(end)]
-    cfg = ctx.config
-    dram = cfg.memory("dram")
-    fill = (cfg.barrier_latency + 2 * dram.latency) * dram.bandwidth
-    budget = cfg.memory(L1).size * L1_SHARE
+    budget = ctx.config.memory(L1).size * L1_SHARE
     best: SubBatchPlan | None = None
-    last_use = {i: max([k for k, c in enumerate(bindings) if k > i and
-                        any(a is bindings[i].var for a in c.value.args)] +
-                       [len(bindings) if id(bindings[i].var) in outputs else i])
-                for i in range(end)}
     for e in range(1, end + 1):
-        inner = {i: v for i, v in values.items() if i < e and v.last < e}
-        leaving = [i for i in range(e) if last_use[i] >= e]
-        if any(i not in values or values[i].product for i in leaving):
+        leaving = [i for i in range(e) if max(_consumers(bindings, i) + [
+            len(bindings) if id(bindings[i].var) in outputs else i]) >= e]
+        if any(i not in values or bindings[i].value.op.name in GEMM_OPS for i in leaving):
             continue  # a fused chain or a product's epilogue would be cut in two
-        kernels = sum(1 for i in values if i < e)
+        inner = {i: v for i, v in values.items() if i < e and i not in leaving}
+        kernels = _kernels(ctx, bindings, e, uses, outputs, values)
+        whole = _cycles(ctx, kernels, inner, batch, batch, budget)
         for size in (d for d in range(1, batch) if batch % d == 0):
             if any(_nbytes(*_shape(bindings[i].var)) // batch * size % DRAM_ALIGN  # type: ignore
                    for i in range(e)):
                 continue  # a slice's view must start on a DRAM_ALIGN boundary
-            saved = sum(v.traffic for i, v in inner.items()
-                        if _fits(inner, i, size / batch, budget) and
-                        not _fits(inner, i, 1.0, budget))
-            extra = (batch // size - 1) * (weights[e - 1] + kernels * fill)
-            if saved - extra > 0 and (best is None or saved - extra > best.saved - best.extra):
-                best = SubBatchPlan(e, batch, size, float(saved), float(extra))
+            sliced = _cycles(ctx, kernels, inner, batch, size, budget)
+            saved = sum(inner[i].traffic for i in _resident(inner, size / batch, budget)) - \
+                sum(inner[i].traffic for i in _resident(inner, 1.0, budget))
+            if sliced < whole and (best is None or whole - sliced > best.gain):
+                best = SubBatchPlan(e, batch, size, float(saved), whole, sliced)
     return best
 
 
-def _fits(values: dict[int, _Value], i: int, scale: float, budget: float) -> bool:
-    """Value ``i`` at ``scale`` of its size fits L1 with every value live with it."""
-    v = values[i]
-    peak = 0.0
-    for p in range(v.first, v.last + 1):
-        peak = max(peak, sum(u.nbytes for u in values.values() if u.first <= p <= u.last))
-    return peak * scale <= budget
+def _resident(values: dict[int, _Value], scale: float, budget: float) -> set[int]:
+    """The values residency would keep in L1 at ``scale`` of their size: as it chooses,
+    greedily by the bytes their accesses move per byte they hold, each where the bytes
+    chosen before it and live with it leave room over its whole interval."""
+    live: dict[int, float] = {}
+    chosen: set[int] = set()
+    for i in sorted(values, key=lambda i: (-values[i].traffic / max(values[i].nbytes, 1), i)):
+        v = values[i]
+        size = v.nbytes * scale
+        if all(live.get(p, 0.0) + size <= budget for p in range(v.first, v.last + 1)):
+            chosen.add(i)
+            for p in range(v.first, v.last + 1):
+                live[p] = live.get(p, 0.0) + size
+    return chosen
 
 
 def _weight_bytes(ctx: LoweringContext, call: Any) -> int:
