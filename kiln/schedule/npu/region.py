@@ -268,9 +268,8 @@ def _lower_sliced(ctx: LoweringContext, res: RegionLowering, func: g.Function,
     nothing emitted, where a slice cannot be lowered so (an operand that is no DRAM tensor,
     a result that is no allocation of its own, scalar-unit code that addresses DRAM by
     register, slices that differ) -- the region then lowers unsliced."""
-    sub, leaving = slice_function(func, plan.end, plan.size)
+    sub, originals, leaving = slice_function(func, plan.end, plan.size)
     fields = list(sub.body.body.fields)
-    params = {p.name_hint: p for p in func.params}
     bindings = [b for blk in func.body.blocks for b in blk.bindings]
     body = func.body.body
     outputs = {id(v) for v in (body.fields if isinstance(body, g.Tuple) else [body])}
@@ -282,8 +281,8 @@ def _lower_sliced(ctx: LoweringContext, res: RegionLowering, func: g.Function,
     try:
         for s in range(plan.slices):
             penv = {}
-            for q in sub.params:
-                t = res.env.get(id(params[q.name_hint]))
+            for q, p in zip(sub.params, originals):
+                t = res.env.get(id(p))
                 if type(t) is not DramTensor:
                     raise NotSupported(f"{q.name_hint} is no DRAM tensor")
                 penv[id(q)] = DramTensor(t.addr + s * _slice_bytes(t, plan),

@@ -385,11 +385,13 @@ def _weight_bytes(ctx: LoweringContext, call: Any) -> int:
     return total
 
 
-def slice_function(func: g.Function, end: int, size: int) -> tuple[g.Function, list[g.Var]]:
+def slice_function(func: g.Function, end: int, size: int
+                   ) -> tuple[g.Function, list[g.Var], list[g.Var]]:
     """Bindings ``[0, end)`` of ``func`` as a function of their batch-leading parameters,
     each at batch ``size`` (shapes re-inferred), returning as a tuple the values that later
-    bindings or ``func``'s result read -- those returned, in the original variables (the
-    function's result is in the same order)."""
+    bindings or ``func``'s result read. Also returns ``func``'s parameters that the new
+    function's stand for (in its order) and the values returned (in ``func``'s variables, in
+    the order of the result tuple)."""
     bindings = [b for blk in func.body.blocks for b in blk.bindings][:end]
     body = func.body.body
     later = [b for blk in func.body.blocks for b in blk.bindings][end:]
@@ -427,7 +429,7 @@ def slice_function(func: g.Function, end: int, size: int) -> tuple[g.Function, l
             mapping[id(b.var)] = bb.emit(b.value.replace(args=tuple(args)), b.var.name_hint)
         bb.emit_func_output(g.Tuple([mapping[id(v)] for v in leaving]))
     sub = bb.get()["sub_batch"]
-    return sub, leaving
+    return sub, [p for p, _ in params], leaving
 
 
 def relocate_dram(streams: list[list[Any]], starts: list[int], old: DramTensor,
