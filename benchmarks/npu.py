@@ -7,6 +7,7 @@ description, with and without double buffering.
     python benchmarks/npu.py mobilenet_v2             # depthwise convolutions on the vector unit
     python benchmarks/npu.py --seq 128 bert_encoder   # BERT-base layers (2 of them), one sequence
     python benchmarks/npu.py --emit bert_encoder      # also every product emitted directly
+    python benchmarks/npu.py --batch 4 --sub-batch resnet18   # sub-batches at the front only
 
 Every model is compiled twice with ``kiln.build(target="npu -hw=...")``'s lowering -- double
 buffering on (the default) and off -- and run once on the simulator. Per GEMM/conv layer it
@@ -72,6 +73,7 @@ from kiln.codegen.npu.prefetch import PREFETCH_KEY
 from kiln.schedule.npu.nest_analysis import unit_shares
 from kiln.schedule.npu.ops import depthwise_group
 from kiln.schedule.npu.region import FUSE_EPILOGUE_KEY
+from kiln.schedule.npu.sub_batch import SUB_BATCH_KEY
 from kiln.target.npu import load_config
 from kiln.testing import models
 
@@ -89,14 +91,14 @@ def _import_bound(data: bytes):
     return kiln.transform.BindParams("main", params)(mod)
 
 
-def _torch_net(name: str, size: int):
+def _torch_net(name: str, size: int, batch: int = 1):
     import torch
 
     from kiln.testing import torch_models
 
     torch.manual_seed(0)  # the same weights every run: outputs comparable bit for bit
     net = getattr(torch_models, name)()
-    x = np.random.default_rng(0).standard_normal((1, 3, size, size)).astype("float32")
+    x = np.random.default_rng(0).standard_normal((batch, 3, size, size)).astype("float32")
     mod = _import_bound(torch_models.export_onnx(net, (torch.from_numpy(x),), ["x"]))
     with torch.no_grad():
         ref = net(torch.from_numpy(x)).numpy()
@@ -118,9 +120,9 @@ def _bert(seq: int, layers: int):
     return mod, [ids, mask], ref
 
 
-def _model(name: str, size: int, seq: int = 128, layers: int = 2):
+def _model(name: str, size: int, seq: int = 128, layers: int = 2, batch: int = 1):
     if name in ("resnet18", "mobilenet_v2"):
-        return _torch_net(name, size)
+        return _torch_net(name, size, batch)
     if name == "bert_encoder":
         return _bert(seq, layers)
     m = {"mlp": lambda: models.mlp(batch=64),
@@ -130,8 +132,9 @@ def _model(name: str, size: int, seq: int = 128, layers: int = 2):
 
 def _run(mod, inputs, hw: str, double_buffer: bool, route: str | None = None,
          bank_plan: bool = True, residency: bool = True, fuse_epilogue: bool = True,
-         depthwise: str = "auto", prefetch: bool = True):
+         depthwise: str = "auto", prefetch: bool = True, sub_batch: bool = True):
     config = {LOWERING_KEY: route} if route else {}
+    config[SUB_BATCH_KEY] = sub_batch
     config[FUSE_EPILOGUE_KEY] = fuse_epilogue
     config[DEPTHWISE_KEY] = depthwise
     config[PREFETCH_KEY] = prefetch
@@ -212,10 +215,39 @@ def _epilogue_line(name: str, mod, inputs, hw: str, on, out) -> None:
           f"{'bit-identical' if np.array_equal(off_out, out) else 'DIFFERENT'}")
 
 
+def sub_batch_bench(name: str, hw: str, size: int, batch: int) -> None:
+    """Sub-batches at the front of the network (PassContext ``"npu.sub_batch"``) off against
+    on, both with residency and everything else on: the plan, the DRAM bytes read and
+    written, the bytes kept in L1, the cycles, and whether the outputs are the same bits."""
+    mod, inputs, ref = _model(name, size, batch=batch)
+    on, out, _ = _run(mod, inputs, hw, True, sub_batch=True)
+    if all(p is None for p in on.sub_batches):  # the same build either way
+        cycles = sum(r.cycles for r in on.last_reports)
+        moved = sum(r.dram_read + r.dram_written for r in on.last_reports)
+        print(f"{name} (batch {batch}, {size}) on {hw!r}: sub-batches: none (not sliced: the "
+              f"cost model finds no gain); DRAM read + written {moved / 1e6:.1f} MB, "
+              f"{cycles:.0f} cycles")
+        return
+    off, off_out, _ = _run(mod, inputs, hw, True, sub_batch=False)
+    moved = [sum(r.dram_read + r.dram_written for r in e.last_reports) for e in (off, on)]
+    cycles = [sum(r.cycles for r in e.last_reports) for e in (off, on)]
+    l1 = [sum(e.residency.nbytes.values()) for e in (off, on)]
+    plans = [p.describe() for p in on.sub_batches if p is not None] or ["none (not sliced)"]
+    rel = float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
+    print(f"{name} (batch {batch}, {size}) on {hw!r}: sub-batches: {'; '.join(plans)}")
+    print(f"{name}: sub-batches off -> on: DRAM read + written {moved[0] / 1e6:.1f} -> "
+          f"{moved[1] / 1e6:.1f} MB; kept in L1 {l1[0] / 1e6:.2f} -> {l1[1] / 1e6:.2f} MB "
+          f"({off.residency.tensors} -> {on.residency.tensors} tensors); kernels "
+          f"{len(off.kernels)} -> {len(on.kernels)}; {cycles[0]:.0f} -> {cycles[1]:.0f} "
+          f"cycles ({cycles[0] / cycles[1]:.3f}x); bit-identical: "
+          f"{np.asarray(off_out).tobytes() == np.asarray(out).tobytes()}; rel. error vs "
+          f"float32 {rel:.1e}")
+
+
 def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
           emit: bool = False, one_core: bool = True, epilogue: bool = False,
-          depthwise: bool = False) -> None:
-    mod, inputs, ref = _model(name, size, seq, layers)
+          depthwise: bool = False, batch: int = 1) -> None:
+    mod, inputs, ref = _model(name, size, seq, layers, batch)
     on, out, wall = _run(mod, inputs, hw, True)
     off, _, _ = _run(mod, inputs, hw, False)
     via, via_out, _ = _run(mod, inputs, hw, True, "emit") if emit else (None, None, 0)
@@ -469,10 +501,18 @@ def main(argv: list[str] | None = None) -> int:
                     "unit and onto the tensor unit (PassContext 'npu.depthwise') and print "
                     "per layer both routes' cycles, the estimates and the choice (the "
                     "residency and epilogue lines are skipped)")
+    ap.add_argument("--batch", type=int, default=1,
+                    help="ResNet-18 / MobileNetV2 batch (the others have their own)")
+    ap.add_argument("--sub-batch", action="store_true",
+                    help="only build with and without sub-batches at the front of the network "
+                    "(PassContext 'npu.sub_batch') and print DRAM bytes, cycles and the plan")
     args = ap.parse_args(argv)
     for name in args.models:
+        if args.sub_batch:
+            sub_batch_bench(name, args.hw, args.size, args.batch)
+            continue
         bench(name, args.hw, args.size, args.seq, args.layers, args.emit, not args.no_one_core,
-              args.epilogue, args.depthwise)
+              args.epilogue, args.depthwise, args.batch)
     return 0
 
 

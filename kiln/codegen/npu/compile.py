@@ -41,6 +41,7 @@ from ...schedule.npu.region import (
     static_tensor,
 )
 from ...schedule.npu.residency import RESIDENCY_KEY, plan_residency, rebound
+from ...schedule.npu.sub_batch import SUB_BATCH_KEY, SubBatchPlan
 from ...target import Target
 from ...target.npu import NPUConfig, load_config
 from ...transform.legalize_ops import LegalizeOps
@@ -70,6 +71,10 @@ __all__ = ["DEPTHWISE_KEY", "LOWERING_KEY", "NPUUnsupportedError", "VIEW_OPS", "
 register_config(RESIDENCY_KEY, bool, True,
                 "NPU build: keep intermediate tensors in L1 across kernels where they fit "
                 "(kiln.codegen.npu.residency); False: every tensor through DRAM")
+register_config(SUB_BATCH_KEY, bool, True,
+                "NPU build: run the front layers of a batched region per sub-batch where the "
+                "cost model says their intermediates then fit in L1 "
+                "(kiln.schedule.npu.sub_batch); False: every layer at the full batch")
 register_config(PREFETCH_KEY, bool, True,
                 "NPU build: move each kernel's first loads of constants and other bytes the "
                 "kernel before does not write above the barrier between them "
@@ -151,17 +156,18 @@ def _cpu_step(ctx: LoweringContext, call: g.Call, args: list[Any], out: DramTens
 
 
 def _region_step(ctx: LoweringContext, mod: IRModule, call: g.Call, env: dict[int, Any],
-                 fuse: bool, fuse_epilogue: bool = True) -> tuple[NpuStep, list[DramTensor]]:
+                 fuse: bool, fuse_epilogue: bool = True, sub_batch: bool = False
+                 ) -> tuple[NpuStep, list[DramTensor], SubBatchPlan | None]:
     name = call.op.name
     func = mod[name]
     penv = {id(p): _operand(env, a) for p, a in zip(func.params, call.args)}
     try:
-        res = lower_region(ctx, func, penv, fuse, fuse_epilogue)
+        res = lower_region(ctx, func, penv, fuse, fuse_epilogue, sub_batch)
     except NotSupported as err:  # AnnotateTarget ran the same lowerings and accepted them
         raise InternalError(f"NPU region {name}: {err}") from err
     outs = region_outputs(func, res, ctx)
     kb = ctx.new_region()
-    return NpuStep(kb.program(0), list(kb.kernels), name), outs
+    return NpuStep(kb.program(0), list(kb.kernels), name), outs, res.sub_batch
 
 
 def _strict_errors(main: g.Function) -> list[str]:
@@ -177,8 +183,8 @@ def _strict_errors(main: g.Function) -> list[str]:
 def build_npu(mod: IRModule, target: Target, strict: bool = False,
               double_buffer: bool = True, fuse: bool = True, reuse_dram: bool = True,
               bank_plan: bool = True, residency: bool | None = None,
-              fuse_epilogue: bool | None = None, prefetch: bool | None = None
-              ) -> NPUExecutable:
+              fuse_epilogue: bool | None = None, prefetch: bool | None = None,
+              sub_batch: bool | None = None) -> NPUExecutable:
     """Compile graph function ``main`` of ``mod`` (not legalized; partitioned for ``target``'s
     hardware description, else partitioned here) for ``target``'s NPU (``fuse``: chains of
     element-wise ops become one kernel each; ``fuse_epilogue``: a product's element-wise
@@ -189,7 +195,10 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
     intermediates stay in L1 where they fit, :mod:`kiln.schedule.npu.residency` -- None: the
     PassContext option ``"npu.residency"``, on by default; ``prefetch``: each kernel's first
     loads that are safe to run during the kernel before move above the barrier between them,
-    :mod:`.prefetch` -- None: the PassContext option ``"npu.prefetch"``, on by default)."""
+    :mod:`.prefetch` -- None: the PassContext option ``"npu.prefetch"``, on by default;
+    ``sub_batch``: the front layers of a batched region run per sub-batch where the cost
+    model says their intermediates then fit in L1, :mod:`kiln.schedule.npu.sub_batch` --
+    None: the PassContext option ``"npu.sub_batch"``, on by default)."""
     cfg = npu_config_of(target)
     main_function(mod, "the NPU build")
     if not is_partitioned(mod):
@@ -205,6 +214,9 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
                           PassContext.current().get_config(DEPTHWISE_KEY))
     if fuse_epilogue is None:
         fuse_epilogue = bool(PassContext.current().get_config(FUSE_EPILOGUE_KEY))
+    if sub_batch is None:
+        sub_batch = bool(PassContext.current().get_config(SUB_BATCH_KEY))
+    sub_batches: list[SubBatchPlan | None] = []
     env: dict[int, Any] = {}
     steps: list[Any] = []
     inputs = []
@@ -226,8 +238,10 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
             env[id(var)] = env[id(value.tuple_value)][value.index]
         elif isinstance(value, g.Call) and isinstance(value.op, g.GlobalVar) and \
                 getattr(mod[value.op.name], "attrs", {}).get("Codegen") == CODEGEN:
-            step, outs = _region_step(ctx, mod, value, env, fuse, fuse_epilogue)
+            step, outs, sliced = _region_step(ctx, mod, value, env, fuse, fuse_epilogue,
+                                              sub_batch)
             steps.append(step)
+            sub_batches.append(sliced)
             env[id(var)] = outs if isinstance(mod[value.op.name].body.body, g.Tuple) \
                 else outs[0]
         elif is_view(value) and isinstance(env.get(id(value.args[0])), DramTensor):
@@ -267,6 +281,7 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
                         constants, dram_bytes, double_buffer)
     exe.unshared_dram_bytes = ctx.top
     exe.residency = resident
+    exe.sub_batches = sub_batches
     if prefetch is None:
         prefetch = bool(PassContext.current().get_config(PREFETCH_KEY))
     scratch = Machine(cfg, dram_bytes)  # the timing replays' own (their scalar code stores)

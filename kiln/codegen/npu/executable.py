@@ -94,6 +94,10 @@ class NPUExecutable:
         #: The intermediates kept in L1 (:class:`~kiln.codegen.npu.residency.ResidencyPlan`;
         #: None when the build kept every tensor in DRAM, or for a loaded executable).
         self.residency: Any = None
+        #: per NPU program, the front of its region run per sub-batch
+        #: (:class:`kiln.schedule.npu.sub_batch.SubBatchPlan`; None: not sliced; empty for
+        #: a loaded executable)
+        self.sub_batches: list[Any] = []
         #: ``(op, Schedule)`` of the kernels the TIR route lowered (empty on the emit route
         #: and for a loaded executable).
         self.tir: list[tuple[str, Any]] = []
@@ -151,6 +155,7 @@ class NPUExecutable:
             lines.append(f"  {self.residency.tensors} intermediate tensor(s) kept in L1 "
                          f"({sum(self.residency.nbytes.values()):,} bytes), "
                          f"{self.residency.saved_bytes:,} bytes of DRAM traffic avoided")
+        lines += [f"  sub-batches: {p.describe()}" for p in self.sub_batches if p is not None]
         lines += [f"  {k.label:28s} {k.tiling}" for k in self.kernels]
         return "\n".join(lines)
 

@@ -25,6 +25,7 @@ emitter.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -151,6 +152,10 @@ class LoweringContext:
         #: tir`` prints for the NPU).
         self.tir: list[tuple[str, Any]] = []
         self._kernel_count = 0
+        #: while not None, :meth:`constant` uploads equal arrays once (content -> index in
+        #: :attr:`constants`): the sub-batches of a region (:mod:`.sub_batch`) each lay
+        #: out the same weights
+        self.shared_constants: dict[tuple[Any, ...], int] | None = None
 
     def alloc(self, shape: tuple[int, ...], dtype: str) -> DramTensor:
         t = DramTensor(self.top, tuple(int(s) for s in shape), dtype)
@@ -165,7 +170,16 @@ class LoweringContext:
 
     def constant(self, value: np.ndarray, dtype: str | None = None) -> DramTensor:
         arr = np.ascontiguousarray(value, dtype=dtype or str(value.dtype))
+        key = None
+        if self.shared_constants is not None:
+            key = (arr.shape, str(arr.dtype), hashlib.sha256(arr.tobytes()).digest())
+            n = self.shared_constants.get(key)
+            if n is not None and n < len(self.constants) and \
+                    np.array_equal(self.constants[n][1], arr):  # not rolled back since
+                return self.constants[n][0]
         t = self.alloc(arr.shape, str(arr.dtype))
+        if key is not None:
+            self.shared_constants[key] = len(self.constants)  # type: ignore[index]
         self.constants.append((t, arr))
         return t
 

@@ -38,6 +38,7 @@ from .ops import (
     lower_elementwise_chain,
     product_operand_dtype,
 )
+from .sub_batch import SubBatchPlan, plan_sub_batches, relocate_dram, slice_function
 from .vector import VecStep
 
 __all__ = ["FUSE_EPILOGUE_KEY", "VIEW_OPS", "RegionLowering", "is_view", "lower_region",
@@ -81,6 +82,26 @@ class RegionLowering:
     #: a variable's copy in a product's operand dtype, stored by the fused epilogue that
     #: computed it (id -> DRAM tensor): the product reads it instead of casting again
     casts: dict[int, DramTensor] = field(default_factory=dict)
+    #: the front of the region run per sub-batch (:mod:`.sub_batch`), None: not sliced
+    sub_batch: SubBatchPlan | None = None
+
+
+@dataclass
+class _Boundary:
+    """The rest of a region around the bindings of a sub-batch (:func:`_lower_sliced`): a
+    value the slice returns is consumed by later bindings, which decide -- as in the unsliced
+    region -- whether the slice stores it cast for a product. ``orig``: the slice's variable
+    (id) -> the region's; ``after``: the region's bindings after the slice; ``outputs``: ids
+    of the region's result variables."""
+
+    orig: dict[int, Any]
+    after: list[Any]
+    outputs: set[int]
+
+    def consumers(self, var: Any) -> list[Any]:
+        """The later bindings that read the region's value of slice variable ``var``."""
+        v = self.orig.get(id(var))
+        return [] if v is None else _consumers(self.after, v)
 
 
 def operand_value(env: dict[int, Any], arg: Any) -> Any:
@@ -113,14 +134,22 @@ def _chain(bindings: list[Any], i: int, uses: dict[int, int]) -> int:
 
 
 def _consumer_cast(ctx: LoweringContext, bindings: list[Any], end: int,
-                   uses: dict[int, int]) -> str | None:
+                   uses: dict[int, int], boundary: _Boundary | None = None) -> str | None:
     """The dtype the only consumer of binding ``end - 1`` -- the next binding, a product --
-    wants it in (its cast is then fused into the producer), else None."""
-    if end >= len(bindings) or uses.get(id(bindings[end - 1].var)) != 1:
+    wants it in (its cast is then fused into the producer), else None (``boundary``: the
+    bindings are a sub-batch's, whose last one's next binding is the region's first after
+    it)."""
+    if uses.get(id(bindings[end - 1].var)) != 1:
         return None
-    nxt = bindings[end].value
+    var = bindings[end - 1].var
+    if end < len(bindings):
+        nxt = bindings[end].value
+    elif boundary is not None and boundary.after and id(var) in boundary.orig:
+        var, nxt = boundary.orig[id(var)], boundary.after[0].value
+    else:
+        return None
     if not (isinstance(nxt, g.Call) and isinstance(nxt.op, g.Op) and nxt.args and
-            nxt.args[0] is bindings[end - 1].var):
+            nxt.args[0] is var):
         return None
     return product_operand_dtype(ctx, nxt, static_tensor(bindings[end - 1].var)[1])
 
@@ -181,32 +210,45 @@ def _lower_binding(ctx: LoweringContext, res: RegionLowering, var: Any, value: A
 
 
 def lower_region(ctx: LoweringContext, func: g.Function, env: dict[int, Any],
-                 fuse: bool = True, fuse_epilogue: bool = True) -> RegionLowering:
+                 fuse: bool = True, fuse_epilogue: bool = True, sub_batch: bool = False,
+                 boundary: _Boundary | None = None) -> RegionLowering:
     """Lower the bindings of region function ``func`` into ``ctx``'s current kernel builder;
     ``env`` maps each parameter (by ``id``) to its DRAM tensor or constant. Raises
     NotSupported naming the first call no lowering accepts (``fuse``: element-wise chains
     become one kernel each; ``fuse_epilogue``: a chain that is a product's only consumer
-    runs on the product's accumulator tiles, :mod:`.epilogue`)."""
+    runs on the product's accumulator tiles, :mod:`.epilogue`; ``sub_batch``: the front of
+    a batched region runs per sub-batch where the cost model says it pays,
+    :mod:`.sub_batch`; ``boundary``: ``func`` is such a sub-batch, and these are the
+    region's bindings after it)."""
     res = RegionLowering(dict(env))
     bindings = [b for blk in func.body.blocks for b in blk.bindings]
     for b in bindings:
         if not isinstance(b, g.VarBinding):
             raise NotSupported(f"{type(b).__name__} bindings are not supported on the NPU")
     uses = g.binding_uses(func)
+    if boundary is not None:  # the slice's result tuple stands for the region's later uses
+        for sv, ov in boundary.orig.items():
+            uses[sv] = uses.get(sv, 0) - 1 + len(_consumers(boundary.after, ov)) + \
+                (id(ov) in boundary.outputs)
     i = 0
+    if sub_batch and fuse:
+        plan = plan_sub_batches(ctx, func)
+        if plan is not None and _lower_sliced(ctx, res, func, plan, fuse_epilogue):
+            res.sub_batch = plan
+            i = plan.end
     lowered: set[int] = set()  # the chains lowered as a product's epilogue, ahead
     while i < len(bindings):
         if i in lowered:
             i += 1
             continue
         if fuse and fuse_epilogue:
-            chain = _product_epilogue(ctx, res, bindings, i, uses)
+            chain = _product_epilogue(ctx, res, bindings, i, uses, boundary)
             if chain is not None:
                 lowered.update(chain)
                 i += 1
                 continue
         end = _chain(bindings, i, uses) if fuse else i + 1
-        cast = _consumer_cast(ctx, bindings, end, uses) if fuse else None
+        cast = _consumer_cast(ctx, bindings, end, uses, boundary) if fuse else None
         if _elementwise(bindings[i]) and (end - i > 1 or cast) and \
                 _fused(ctx, res, bindings[i:end], cast):
             i = end
@@ -214,6 +256,82 @@ def lower_region(ctx: LoweringContext, func: g.Function, env: dict[int, Any],
         _lower_binding(ctx, res, bindings[i].var, bindings[i].value)
         i += 1
     return res
+
+
+def _lower_sliced(ctx: LoweringContext, res: RegionLowering, func: g.Function,
+                  plan: SubBatchPlan, fuse_epilogue: bool) -> bool:
+    """Lower bindings ``[0, plan.end)`` of ``func`` once per sub-batch (:mod:`.sub_batch`):
+    each slice's parameters are views ``plan.size`` images into the region's tensors, and
+    the values it returns are stored into their place in full-batch tensors (allocated with
+    the first slice; the slice's own allocation of each is dropped once its blocks point
+    there). ``res.env`` (and ``res.casts``) then hold the full-batch tensors. False, with
+    nothing emitted, where a slice cannot be lowered so (an operand that is no DRAM tensor,
+    a result that is no allocation of its own, scalar-unit code that addresses DRAM by
+    register, slices that differ) -- the region then lowers unsliced."""
+    sub, originals, leaving = slice_function(func, plan.end, plan.size)
+    fields = list(sub.body.body.fields)
+    bindings = [b for blk in func.body.blocks for b in blk.bindings]
+    body = func.body.body
+    outputs = {id(v) for v in (body.fields if isinstance(body, g.Tuple) else [body])}
+    boundary = _Boundary({id(sv): ov for sv, ov in zip(fields, leaving)}, bindings[plan.end:],
+                         outputs)
+    mark = ctx.checkpoint()
+    whole: dict[tuple[int, bool], DramTensor] = {}  # (region var, cast copy) -> full tensor
+    shared, ctx.shared_constants = ctx.shared_constants, {}  # weights uploaded once
+    try:
+        for s in range(plan.slices):
+            penv = {}
+            for q, p in zip(sub.params, originals):
+                t = res.env.get(id(p))
+                if type(t) is not DramTensor:
+                    raise NotSupported(f"{q.name_hint} is no DRAM tensor")
+                penv[id(q)] = DramTensor(t.addr + s * _slice_bytes(t, plan),
+                                         (plan.size, *t.shape[1:]), t.dtype)
+            starts = [len(st) for st in ctx.kb.streams]
+            nalloc = len(ctx.allocations)
+            sub_res = lower_region(ctx, sub, penv, True, fuse_epilogue, boundary=boundary)
+            if any(ins.op.startswith("s.") for st, n in zip(ctx.kb.streams, starts)
+                   for ins in st[n:]):
+                raise NotSupported("scalar-unit code in a sub-batch")
+            mine = ctx.allocations[nalloc:]
+            for sv, ov in zip(fields, leaving):
+                for cast, t in ((False, sub_res.env.get(id(sv))),
+                                (True, sub_res.casts.get(id(sv)))):
+                    if t is None:
+                        if (id(ov), cast) in whole:
+                            raise NotSupported("sub-batches lowered differently")
+                        continue
+                    if type(t) is not DramTensor or not any(a is t for a in mine):
+                        raise NotSupported(f"{ov.name_hint} is no tensor of its slice")
+                    if (id(ov), cast) not in whole:
+                        if s:
+                            raise NotSupported("sub-batches lowered differently")
+                        whole[(id(ov), cast)] = ctx.alloc((plan.batch, *t.shape[1:]), t.dtype)
+                    full = whole[(id(ov), cast)]
+                    if full.dtype != t.dtype:
+                        raise NotSupported("sub-batches lowered differently")
+                    relocate_dram(ctx.kb.streams, starts, t, full.addr + s * _nbytes(t))
+                    ctx.allocations.remove(t)
+                    mine = [a for a in mine if a is not t]
+            res.on_chip.update(sub_res.on_chip)
+    except NotSupported:
+        ctx.rollback(mark)
+        ctx.shared_constants = shared
+        res.on_chip.clear()
+        return False
+    ctx.shared_constants = shared
+    for (v, cast), t in whole.items():
+        (res.casts if cast else res.env)[v] = t
+    return True
+
+
+def _nbytes(t: DramTensor) -> int:
+    return int(np.prod(t.shape, dtype=np.int64)) * itemsize(t.dtype)
+
+
+def _slice_bytes(t: DramTensor, plan: SubBatchPlan) -> int:
+    """The bytes of ``plan.size`` images of batch-leading tensor ``t``."""
+    return _nbytes(t) // plan.batch * plan.size
 
 
 def _is_product(ctx: LoweringContext, value: Any) -> bool:
@@ -236,7 +354,8 @@ def _consumers(bindings: list[Any], var: Any) -> list[Any]:
 
 
 def _product_epilogue(ctx: LoweringContext, res: RegionLowering, bindings: list[Any], i: int,
-                      uses: dict[int, int]) -> range | None:
+                      uses: dict[int, int], boundary: _Boundary | None = None
+                      ) -> range | None:
     """Lower product binding ``i`` with the element-wise chain that is its only consumer as
     its epilogue (:mod:`.epilogue`); returns the chain's bindings (lowered here, ahead of
     the bindings between: none of them reads the product, and the chain's operands must be
@@ -263,13 +382,18 @@ def _product_epilogue(ctx: LoweringContext, res: RegionLowering, bindings: list[
     last = chain[-1].var
     # where the chain's value goes: as it is, cast for a product that is its only
     # consumer, or both when a product wants it cast and something else as it is
-    cast = _consumer_cast(ctx, bindings, end, uses)
+    cast = _consumer_cast(ctx, bindings, end, uses, boundary)
     copy = None
     if cast is None and uses.get(id(last), 0) > 1:
         consumers = _consumers(bindings[end:], last)
+        here = [last] * len(consumers)
+        if boundary is not None and id(last) in boundary.orig:  # read after the sub-batch
+            outside = boundary.consumers(last)
+            consumers += outside
+            here += [boundary.orig[id(last)]] * len(outside)
         wants = [product_operand_dtype(ctx, c.value, dtype)
-                 if c.value.args[0] is last and sum(a is last for a in c.value.args) == 1
-                 else None for c in consumers]
+                 if c.value.args[0] is v and sum(a is v for a in c.value.args) == 1
+                 else None for c, v in zip(consumers, here)]
         if len(consumers) == uses[id(last)] and wants[0] and len(set(wants)) == 1:
             cast = wants[0]  # read by products only (a downsampling block's input)
         else:
