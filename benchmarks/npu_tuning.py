@@ -6,13 +6,15 @@
     python benchmarks/npu_tuning.py --db t.sqlite resnet18  # keep (and resume) the database
 
 For each model, :func:`kiln.tune.npu_tuning.tune_npu` measures every tiling candidate of every
-product on the simulator (each layer alone), then the whole model is built twice --
+product on the simulator, in the model (fused epilogues, residency: one whole-model build per
+round of candidates) and checks the tuned model, then the whole model is built twice --
 ``kiln.build(mod, target)`` and ``kiln.build(mod, target, tuning_db=db)`` -- and run once each.
-Printed: per product kernel, the default's and the tuned build's cycles in the whole model
-(with the tiling each chose), the model's total cycles both ways, the same products' cycles as
-the tuner measured them (each layer alone), whether the outputs agree (with the float32
-reference), the cost model's rank correlation with the simulated cycles over
-the measured candidates (Spearman: per layer, averaged; pooled), and the tuning time.
+Printed: per product kernel (a depthwise convolution's tensor-route kernels included), the
+default's and the tuned build's cycles in the whole model (with the tiling each chose), the
+model's total cycles both ways, the tuned keys' products as the tuner measured them, whether
+the outputs agree (with the float32 reference), the cost model's rank correlation with the
+simulated cycles over the measured candidates (Spearman: per layer, averaged; pooled), the
+tuning time, its builds and the records its check withdrew.
 """
 
 from __future__ import annotations
@@ -45,14 +47,16 @@ def bench(name: str, hw: str, size: int, seq: int, layers: int, db_path: str) ->
     out_b, out_t = base(*inputs), tuned(*inputs)
     c_b, c_t = kernel_cycles(base), kernel_cycles(tuned)
     print(f"\n== {name} on {hw!r}: {len(res.tasks)} tiling keys, {res.trials} candidates "
-          f"measured ({res.bad} bad) in {tune_s:.1f} s")
+          f"measured ({res.bad} bad) in {tune_s:.1f} s ({res.builds} model builds, "
+          f"{len(res.withdrawn)} records withdrawn by the check)")
     print(f"{'layer':18s} {'default tiling':40s} {'default':>9s} {'tuned tiling':40s} "
           f"{'tuned':>9s} {'speed-up':>8s}")
     tuned_kernels = {k.label: k for k in tuned.kernels}
     for k in base.kernels:
-        if k.op not in GEMM_OPS or k.op == "nn.conv2d.depthwise":
+        kt = tuned_kernels.get(k.label)
+        if k.op not in GEMM_OPS or kt is None or (k.op == "nn.conv2d.depthwise" and
+                                                  not k.knob):  # the vector route: no tiling
             continue
-        kt = tuned_kernels[k.label]
         d, u = c_b[k.label], c_t[k.label]
         print(f"{k.label:18s} {k.tiling.split(' of ')[0][:40]:40s} {d:9.0f} "
               f"{kt.tiling.split(' of ')[0][:40]:40s} {u:9.0f} {d / u:8.3f}")
@@ -65,8 +69,9 @@ def bench(name: str, hw: str, size: int, seq: int, layers: int, db_path: str) ->
           f"{gemm_b:.0f} -> {gemm_t:.0f} ({gemm_b / gemm_t:.3f}x); tuned vs float32 rel. error "
           f"{rel:.1e}, vs default {diff:.1e}")
     before, after = res.model_cycles()
-    print(f"{name}: the tuned keys' products measured alone (the tuner's figures): "
-          f"{before:.0f} -> {after:.0f} cycles")
+    print(f"{name}: the tuned keys' products in the model (the tuner's figures): "
+          f"{before:.0f} -> {after:.0f} cycles; its check of the tuned model: "
+          f"{res.model_default:.0f} -> {res.model_tuned:.0f}")
     mean, pooled = res.rank_correlation()
     print(f"{name}: cost model vs simulator, Spearman over the measured candidates: per layer "
           f"(mean of {sum(len(v) > 1 for v in res.measured.values())}) {mean:.3f}, pooled "

@@ -266,6 +266,17 @@ class TuningDatabase:
         for r in records:
             self._best.pop((r.kernel, r.target), None)
 
+    def withdraw(self, kernel: str, target: str, knobs: dict[str, Any], why: str) -> int:
+        """Mark the good records of ``knobs`` bad with error ``why`` (a measurement that a
+        later one in another context contradicts: the NPU tuner's check of the tuned model),
+        so :meth:`best` no longer returns them; returns how many were."""
+        with self._write() as c:
+            n = c.execute("UPDATE records SET ok = 0, ratio = NULL, mean_s = NULL, error = ? "
+                          "WHERE kernel = ? AND target = ? AND knobs = ? AND ok = 1",
+                          (why, kernel, target, json.dumps(knobs, sort_keys=True))).rowcount
+        self._best.pop((kernel, target), None)
+        return n
+
     # -- reading ---------------------------------------------------------------------------
     def _query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple]:
         try:

@@ -1,25 +1,43 @@
-"""Tuning the NPU's product tilings on the cycle-level simulator.
+"""Tuning the NPU's product tilings on the cycle-level simulator, each in its context.
 
 The NPU planner (:func:`kiln.schedule.npu.gemm.plan_gemm`) ranks the feasible tilings of every
-product (dense, matmul, a convolution's implicit GEMM) with its cost model and takes the
-cheapest; its choice is the graph knob :data:`~kiln.schedule.npu.gemm.TILING_KNOB`, keyed by
-the planner's whole problem (:func:`~kiln.schedule.npu.gemm.tiling_knob_key`: description,
-GEMM shape in units, dtype, gathers, buffers), whose domain is the cost model's best
-:data:`~kiln.schedule.npu.gemm.TILING_CANDIDATES` tilings, the default first. A cost model is an
-estimate; the simulator is the NPU's executable specification, so here the measurement is the
-simulator: every candidate of a key is built into the *layer's* program -- each distinct op
-call of the model that asks the key, alone in a one-op module (same operands' shapes and
-dtypes, the same constant weights) -- and run once on random inputs. Simulated cycles are
-deterministic: one run per candidate, no repeats, no noise, no alternation with the default.
-A candidate's cost is the cycles of the call's product kernels (the casts around them do not
-depend on the tiling), summed over the model's calls of the key; its outputs must equal the
-default tiling's bit for bit when both split K alike (the same float32 roundings), else within
-a float32 accumulation-order tolerance (exactly, for integer products), or it is recorded bad.
+product (dense, matmul, a convolution's implicit GEMM, a depthwise convolution's block-diagonal
+products) with its cost model and takes the cheapest; its choice is the graph knob
+:data:`~kiln.schedule.npu.gemm.TILING_KNOB`, keyed by the planner's whole problem and the
+product's context (:func:`~kiln.schedule.npu.gemm.tiling_knob_key`: description, GEMM shape in
+units, dtype, gathers, buffers, and the fused element-wise epilogue the kernel runs on each
+tile -- its ops, its operands' dtypes and strides, the dtypes it stores), whose domain is the
+cost model's best :data:`~kiln.schedule.npu.gemm.TILING_CANDIDATES` tilings, the default
+first. A cost model is an estimate; the simulator is the NPU's executable specification, so
+here the measurement is the simulator -- of the kernel that runs: the tuner builds the *whole
+model* as ``kiln.build`` does, so each product is measured with its fused epilogue (a bias,
+batch norm, relu, a residual ``add`` whose operand it loads per tile), its operands where the
+build puts them (in DRAM or L1-resident: :mod:`kiln.schedule.npu.residency`) and its
+neighbours' buffers placed as in the model. Measured alone, without the epilogue, the tuner
+ranked tilings of another kernel: the tuned small_cnn on "edge" was 4% slower than the
+untuned one.
 
 Kernels of an NPU program are separated by barriers (every unit drains before the next
-kernel starts), so a product's cycles do not depend on the tilings of the others: the layers
-are tuned independently, every candidate of every key once, and the model with every key at
-its best is the tuned model.
+kernel starts), so a product's cycles hardly depend on the tilings of the others: the
+candidates are measured in *rounds*, round ``i`` one build and one simulated run of the
+model with every key at its ``i``-th candidate (those not recorded yet; round 0: the
+defaults). A key's cost is the cycles of the kernels it decided (each product kernel names
+its key: :attr:`~kiln.schedule.npu.emit.KernelInfo.knob`), summed over the model. Simulated
+cycles are deterministic: one run per round, no repeats. A round's output must equal the
+default build's bit for bit when every key in it splits K as its default does (the same
+float32 roundings; an integer model always), else within :data:`MODEL_RTOL`; a round that
+fails (an error, another result) is split in halves and each measured again, down to the
+candidate at fault, which is recorded bad. So is a candidate whose kernels are not in its
+round's build (with that tiling the epilogue did not fuse: another kernel runs).
+
+The neighbours of a key's kernels differ between its round and the tuned model (where every
+key is at its best): the bank-group placement of the whole program's buffers and what stays
+L1-resident move a few cycles. So the tuned model is checked: built and run with every key at
+its best record, a key whose kernels are slower than in the default build -- or, while the
+whole model is slower than the default build, the key that gains least -- has that record
+withdrawn (:meth:`~kiln.tune.database.TuningDatabase.withdraw`) and the check repeats, so a
+database this writes never makes a model slower than the default build, in the context it
+was tuned in (the target, the PassContext's options).
 
 Records go to the tuning database like the CPU's graph knobs (:func:`~kiln.tune.database.
 graph_key` of the knob key, the target's :func:`~kiln.tune.database.target_key`: ``npu
@@ -39,52 +57,40 @@ from typing import Any
 
 import numpy as np
 
-from .. import graph as g
 from .. import progress
 from ..build import npu_pipeline
 from ..codegen.npu import build_npu, npu_config_of
-from ..graph.block_builder import BlockBuilder
 from ..ir.errors import KilnError
 from ..ir.module import IRModule
 from ..schedule.knobs import graph_knobs
-from ..schedule.npu.emit import DramTensor
 from ..schedule.npu.gemm import TILING_KNOB
-from ..schedule.npu.lowering import lowering_rejection
-from ..schedule.npu.ops import GEMM_OPS
 from ..schedule.npu.region import static_tensor
 from ..target import Target
 from ..transform.bind_params import BindParams
-from ..transform.npu import CODEGEN
 from .cost_model import spearman
 from .database import Record, TuningDatabase, Workload, graph_key, machine_info, target_key
 
-__all__ = ["ACCUMULATION_RTOL", "LayerRun", "NpuCandidate", "NpuLayer", "NpuTask",
-           "NpuTuneResult", "extract_npu_tasks", "kernel_cycles", "layer_module", "measure_layer",
-           "random_inputs", "tune_npu"]
+__all__ = ["MODEL_RTOL", "ModelRun", "NpuCandidate", "NpuTask", "NpuTuneResult",
+           "extract_npu_tasks", "kernel_cycles", "random_inputs", "run_model", "tune_npu"]
 
-#: Relative tolerance (of the largest magnitude of the default's output) between tilings that
-#: split K differently: the float32 sums of the K steps round in another order.
-ACCUMULATION_RTOL = 1e-4
-
-
-@dataclass
-class NpuLayer:
-    """One distinct product call of the model (op, operands' shapes and dtypes, attributes):
-    ``call`` the first such call (of its region function), ``count`` how many the model has."""
-
-    call: g.Call
-    signature: str
-    count: int = 1
+#: Relative tolerance (of the largest magnitude of the default build's output) of a round
+#: whose tilings split K otherwise than the defaults: the float32 sums of the K steps round in
+#: another order (about 1e-4 of a layer's output), and the float16 casts between the layers
+#: turn such a difference into a float16 rounding step (1e-3) that the next layers carry.
+MODEL_RTOL = 1e-2
 
 
 @dataclass
 class NpuTask:
-    """The tiling knob of one key: ``domain`` the candidate tilings (``(m_units, n,
-    k_units)``, the default first), ``layers`` the model's calls that ask the key."""
+    """The tiling knob of one key: ``domain`` the candidate tilings (``(m_units, n, k_units,
+    balance)``, the default first), ``kernels`` the labels of the product kernels it decides
+    in the default build (``ops``: their ops, ``tilings``: the default's tiling text)."""
 
     key: str
     domain: tuple[Any, ...]
-    layers: list[NpuLayer] = field(default_factory=list)
+    kernels: list[str] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)
+    tilings: list[str] = field(default_factory=list)
 
     @property
     def default(self) -> Any:
@@ -96,16 +102,16 @@ class NpuTask:
 
     @property
     def calls(self) -> int:
-        return sum(layer.count for layer in self.layers)
+        """Kernels of the model the key decides."""
+        return len(self.kernels)
 
     @property
     def name(self) -> str:
-        """The layers as people read them: op and operand shapes of the first call."""
-        layer = self.layers[0]
-        shapes = " x ".join(str(list(static_tensor(a)[0])) for a in layer.call.args
-                            if isinstance(a, (g.Var, g.Constant)))
-        more = f" (+{len(self.layers) - 1} more)" if len(self.layers) > 1 else ""
-        return f"{layer.call.op.name} {shapes}{more}"
+        """The layers as people read them: the first kernel's label (its fused ops) and the
+        default's GEMM shape."""
+        shape = self.tilings[0].split(" of ", 1)[-1].split(",")[0] if self.tilings else ""
+        more = f" (+{len(self.kernels) - 1} more)" if len(self.kernels) > 1 else ""
+        return f"{self.kernels[0].split(':', 1)[-1]} {shape}{more}"
 
 
 @dataclass
@@ -122,7 +128,9 @@ class NpuCandidate:
 @dataclass
 class NpuTuneResult:
     """What :func:`tune_npu` measured (this run) and found (with the database's records):
-    per task key, the default's and the best cycles and the candidates measured now."""
+    per task key, the default's and the best cycles and the candidates measured now;
+    ``model_default``, ``model_tuned``: the whole model's cycles, default build and tuned
+    (checked) build; ``withdrawn``: ``(key, tiling)`` of the records the check withdrew."""
 
     tasks: list[NpuTask] = field(default_factory=list)
     measured: dict[str, list[NpuCandidate]] = field(default_factory=dict)
@@ -131,7 +139,11 @@ class NpuTuneResult:
     best_tiling: dict[str, Any] = field(default_factory=dict)
     trials: int = 0
     bad: int = 0
+    builds: int = 0
     seconds: float = 0.0
+    model_default: float = 0.0
+    model_tuned: float = 0.0
+    withdrawn: list[tuple[str, Any]] = field(default_factory=list)
 
     def model_cycles(self) -> tuple[float, float]:
         """The tuned products' cycles per model run: with the default tilings, with the best."""
@@ -155,86 +167,9 @@ class NpuTuneResult:
         return mean, spearman(est, cyc) if len(est) >= 2 else float("nan")
 
 
-def _region_functions(mod: IRModule) -> list[g.Function]:
-    return [f for _, f in mod.items()
-            if isinstance(f, g.Function) and f.attrs.get("Codegen") == CODEGEN]
-
-
-def _signature(call: g.Call) -> str:
-    operands = [("const" if isinstance(a, g.Constant) else "var", *static_tensor(a))
-                for a in call.args]
-    return f"{call.op.name} {operands} {call.attrs!r}"
-
-
-def _probe_operand(arg: Any) -> Any:
-    if isinstance(arg, g.Constant):
-        return np.asarray(arg.data)
-    return DramTensor(0, *static_tensor(arg))
-
-
-def extract_npu_tasks(mod: IRModule, target: Target | str,
-                      params: Mapping[str, Any] | None = None) -> list[NpuTask]:
-    """The tiling knobs of the products ``mod`` runs on the NPU of ``target``: the graph
-    partitioned as ``kiln.build`` does, every product call of every NPU region probed (its
-    lowering run into a scratch context) for the keys it asks; one task per key with two or
-    more candidates, most calls first."""
-    tgt = Target.create(target)
-    if tgt.kind != "npu":
-        raise KilnError(f"NPU tiling tasks: {tgt.spec!r} is not an NPU target")
-    cfg = npu_config_of(tgt)
-    if params:
-        mod = BindParams("main", params)(mod)
-    part = npu_pipeline(target=tgt)(mod)
-    tasks: dict[str, NpuTask] = {}
-    for func in _region_functions(part):
-        for blk in func.body.blocks:
-            for b in blk.bindings:
-                call = b.value
-                if not (isinstance(call, g.Call) and isinstance(call.op, g.Op) and
-                        call.op.name in GEMM_OPS):
-                    continue
-                with graph_knobs() as asked:
-                    why = lowering_rejection(cfg, call, [_probe_operand(a) for a in call.args],
-                                             static_tensor(b.var))
-                if why is not None:  # the partitioner put it on the NPU: cannot happen
-                    raise KilnError(f"NPU tiling tasks: {call.op.name} ({b.var.name_hint}) "
-                                    f"does not lower: {why}")
-                sig = _signature(call)
-                for key, knobs in asked.asked.items():
-                    if TILING_KNOB not in knobs or len(knobs[TILING_KNOB][0]) < 2:
-                        continue
-                    task = tasks.setdefault(key, NpuTask(key, knobs[TILING_KNOB][0]))
-                    layer = next((lay for lay in task.layers if lay.signature == sig), None)
-                    if layer is None:
-                        task.layers.append(NpuLayer(call, sig))
-                    else:
-                        layer.count += 1
-    return sorted(tasks.values(), key=lambda t: -t.calls)
-
-
-def layer_module(call: g.Call) -> IRModule:
-    """``main(operands) = call(operands)``: the product alone, its run-time operands as
-    parameters of their shapes and dtypes, its constants (weights) as they are."""
-    params, args = [], []
-    for i, a in enumerate(call.args):
-        if isinstance(a, g.Constant):
-            args.append(a)
-            continue
-        shape, dtype = static_tensor(a)
-        v = g.Var(f"x{i}", g.TensorStructInfo(shape, dtype))
-        params.append(v)
-        args.append(v)
-    bb = BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(call.replace(args=tuple(args)))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 def random_inputs(mod: IRModule, seed: int) -> list[np.ndarray]:
-    """Seeded random values for ``mod``'s main parameters (a layer's run-time operands):
-    standard normal floats, integers in [-8, 8)."""
+    """Seeded random values for ``mod``'s main parameters: standard normal floats, integers
+    in [-8, 8)."""
     rng = np.random.default_rng(seed)
     out = []
     for p in mod["main"].params:
@@ -246,16 +181,6 @@ def random_inputs(mod: IRModule, seed: int) -> list[np.ndarray]:
     return out
 
 
-@dataclass
-class LayerRun:
-    """One simulated layer: its product kernels' cycles and estimate, and its output."""
-
-    cycles: float
-    estimate: float
-    output: np.ndarray
-    tiling: str
-
-
 def kernel_cycles(exe: Any) -> dict[str, float]:
     """Simulated cycles per kernel label of an NPU executable's last call (every region)."""
     out: dict[str, float] = {}
@@ -264,132 +189,251 @@ def kernel_cycles(exe: Any) -> dict[str, float]:
     return out
 
 
-def measure_layer(call: g.Call, target: Target, key: str, tiling: Any, seed: int = 0
-                  ) -> LayerRun:
-    """Build ``call`` alone (:func:`layer_module`) with ``key``'s tiling knob at ``tiling``
-    and simulate it on seeded random inputs."""
-    mod = layer_module(call)
-    with graph_knobs(lambda k: {TILING_KNOB: tiling} if k == key else None) as asked:
-        exe = build_npu(npu_pipeline(target=target)(mod), target)
-    got = asked.asked.get(key, {}).get(TILING_KNOB)
-    if got is None or got[2] != tiling:
-        raise KilnError(f"NPU tiling: the layer {call.op.name} did not take tiling {tiling} "
-                        f"of key {key!r} (asked: {got})")
-    output = np.asarray(exe(*random_inputs(mod, seed)))
-    phases = kernel_cycles(exe)
-    kernels = [k for k in exe.kernels if k.op == call.op.name]
-    return LayerRun(sum(phases.get(k.label, 0.0) for k in kernels),
-                    sum(k.estimate for k in kernels), output,
-                    "; ".join(dict.fromkeys(k.tiling.split(", est.")[0] for k in kernels)))
+@dataclass
+class ModelRun:
+    """One build and simulated run of a partitioned model under given tilings: the
+    executable, the knobs its lowering asked (``key -> name -> (domain, default,
+    decision)``), its output, its cycles per kernel label and in all."""
+
+    exe: Any
+    asked: dict[str, dict[str, tuple[tuple[Any, ...], Any, Any]]]
+    output: Any
+    phases: dict[str, float]
+    cycles: float
+
+    def key_kernels(self, key: str) -> list[Any]:
+        """The product kernels tiling knob ``key`` decided."""
+        return [k for k in self.exe.kernels if k.knob == key]
+
+    def key_cycles(self, key: str) -> float:
+        return sum(self.phases.get(k.label, 0.0) for k in self.key_kernels(key))
 
 
-def _same_result(tiling: Any, default: Any, out: np.ndarray, ref: np.ndarray) -> str:
-    """'' when a candidate's output is what the default tiling computes (see the module
-    docstring), else why not."""
+def run_model(part: IRModule, target: Target, tilings: Mapping[str, Any],
+              inputs: list[np.ndarray]) -> ModelRun:
+    """Build partitioned ``part`` (:func:`kiln.build.npu_pipeline`'s result) with each
+    tiling knob key of ``tilings`` at its value (the others at their defaults) and run it
+    once on ``inputs``."""
+    with graph_knobs(lambda k: {TILING_KNOB: tilings[k]} if k in tilings else None) as asked:
+        exe = build_npu(part, target)
+    output = exe(*inputs)
+    return ModelRun(exe, asked.asked, output, kernel_cycles(exe), float(exe.last_cycles))
+
+
+def _partition(mod: IRModule, tgt: Target, params: Mapping[str, Any] | None) -> IRModule:
+    if tgt.kind != "npu":
+        raise KilnError(f"NPU tiling tasks: {tgt.spec!r} is not an NPU target")
+    if params:
+        mod = BindParams("main", params)(mod)
+    return npu_pipeline(target=tgt)(mod)
+
+
+def _tasks(exe: Any, asked: Mapping[str, Mapping[str, Any]]) -> list[NpuTask]:
+    tasks: dict[str, NpuTask] = {}
+    for k in exe.kernels:
+        knobs = asked.get(k.knob, {})
+        if not k.knob or TILING_KNOB not in knobs or len(knobs[TILING_KNOB][0]) < 2:
+            continue
+        task = tasks.setdefault(k.knob, NpuTask(k.knob, knobs[TILING_KNOB][0]))
+        task.kernels.append(k.label)
+        task.ops.append(k.op)
+        task.tilings.append(k.tiling)
+    return sorted(tasks.values(), key=lambda t: -t.calls)
+
+
+def extract_npu_tasks(mod: IRModule, target: Target | str,
+                      params: Mapping[str, Any] | None = None) -> list[NpuTask]:
+    """The tiling knobs of the products ``mod`` runs on the NPU of ``target``: the model
+    built as ``kiln.build`` builds it (in the current PassContext), each product kernel's
+    key (with its context: the fused epilogue); one task per key with two or more
+    candidates, most kernels first."""
+    tgt = Target.create(target)
+    part = _partition(mod, tgt, params)
+    with graph_knobs() as asked:
+        exe = build_npu(part, tgt)
+    return _tasks(exe, asked.asked)
+
+
+def _same_result(exact: bool, out: np.ndarray, ref: np.ndarray) -> str:
+    """'' when a round's output is what the default build computes (see the module
+    docstring; ``exact``: every tiling splits K as its default), else why not."""
+    out, ref = np.asarray(out), np.asarray(ref)
     if out.shape != ref.shape or out.dtype != ref.dtype:
         return f"output {out.dtype}{out.shape}, the default's {ref.dtype}{ref.shape}"
-    if np.issubdtype(ref.dtype, np.integer) or tiling[2] == default[2]:
+    if exact or np.issubdtype(ref.dtype, np.integer):
         if not np.array_equal(out, ref, equal_nan=True):
-            return "output differs from the default tiling's (same arithmetic: bits expected)"
+            return "output differs from the default build's (same arithmetic: bits expected)"
         return ""
     scale = float(np.max(np.abs(ref))) if ref.size else 0.0
     err = float(np.max(np.abs(out.astype(np.float64) - ref))) if ref.size else 0.0
-    if not math.isfinite(err) or err > ACCUMULATION_RTOL * max(scale, 1e-30):
-        return f"output differs from the default tiling's by {err:.3g} (of {scale:.3g})"
+    if not math.isfinite(err) or err > MODEL_RTOL * max(scale, 1e-30):
+        return f"output differs from the default build's by {err:.3g} (of {scale:.3g})"
     return ""
 
 
-def _cycles_of(rec: Record, clock_hz: float) -> float | None:
-    return None if rec.mean_s is None else rec.mean_s * clock_hz
+@dataclass
+class _Session:
+    """What the rounds of one :func:`tune_npu` share."""
+
+    db: TuningDatabase
+    part: IRModule
+    tgt: Target
+    tkey: str
+    clock_hz: float
+    inputs: list[np.ndarray]
+    ref: ModelRun
+    tasks: dict[str, NpuTask]
+    machine: dict[str, Any]
+    result: NpuTuneResult
+    on_trial: Callable[[NpuTask, NpuCandidate, float], None] | None
+
+    def run(self, tilings: Mapping[str, Any]) -> ModelRun:
+        self.result.builds += 1
+        return run_model(self.part, self.tgt, tilings, self.inputs)
+
+    def measure(self, tilings: dict[str, Any]) -> dict[str, NpuCandidate]:
+        """Each key's candidate of ``tilings`` measured in one build (a failing build split
+        in halves, down to the candidate at fault)."""
+        try:
+            run = self.run(tilings)
+            exact = all(t[2] == self.tasks[k].default[2] for k, t in tilings.items())
+            why = _same_result(exact, run.output, self.ref.output)
+        except Exception as err:  # noqa: BLE001 - a candidate that fails is recorded bad
+            run, why = None, f"{type(err).__name__}: {err}"
+        if why and len(tilings) > 1:
+            keys = list(tilings)
+            half = len(keys) // 2
+            return {**self.measure({k: tilings[k] for k in keys[:half]}),
+                    **self.measure({k: tilings[k] for k in keys[half:]})}
+        if why or run is None:
+            return {k: NpuCandidate(t, None, 0.0, why) for k, t in tilings.items()}
+        out = {}
+        for k, t in tilings.items():
+            took = run.asked.get(k, {}).get(TILING_KNOB)
+            kernels = run.key_kernels(k)
+            if took is None or took[2] != t or not kernels:
+                out[k] = NpuCandidate(t, None, 0.0, "with this tiling the build ran no kernel "
+                                      "of the key (another kernel: the epilogue not fused?)")
+                continue
+            out[k] = NpuCandidate(t, run.key_cycles(k), sum(x.estimate for x in kernels))
+        return out
+
+    def record(self, task: NpuTask, cand: NpuCandidate, default_cycles: float) -> Record:
+        trace = f"tiling {cand.tiling}: " + (cand.error or f"{cand.cycles:.0f} simulated "
+                                             "cycles") + \
+            f" per model run, in the model (estimate {cand.estimate:.0f})"
+        rec = Record(task.record_key, self.tkey, {TILING_KNOB: cand.tiling}, trace,
+                     [] if cand.cycles is None else [cand.cycles / self.clock_hz],
+                     cand.cycles is not None, cand.error, self.machine,
+                     ratio=None if cand.cycles is None else cand.cycles / default_cycles)
+        self.db.add_records([rec])
+        self.result.trials += 1
+        self.result.bad += cand.cycles is None
+        self.result.measured.setdefault(task.key, []).append(cand)
+        if self.on_trial is not None:
+            self.on_trial(task, cand, default_cycles)
+        progress.info("tune npu: %s %s: %s", task.name, cand.tiling, cand.error or
+                      f"{cand.cycles:.0f} cycles ({cand.cycles / default_cycles:.3f})")
+        return rec
 
 
 def tune_npu(mod: IRModule, db: TuningDatabase, target: Target | str,
              params: Mapping[str, Any] | None = None, budget_s: float | None = None,
              on_trial: Callable[[NpuTask, NpuCandidate, float], None] | None = None
              ) -> NpuTuneResult:
-    """Measure the tiling candidates of ``mod``'s NPU products on the simulator into ``db``
-    (see the module docstring) for at most ``budget_s`` seconds (None: all). Candidates
-    recorded already are not measured again. ``on_trial(task, candidate, default_cycles)``
-    reports each one measured."""
+    """Measure the tiling candidates of ``mod``'s NPU products on the simulator, in the
+    model, into ``db`` (see the module docstring) for at most ``budget_s`` seconds (None:
+    all; the default build and the check of the tuned model always run). Candidates recorded
+    already are not measured again. ``on_trial(task, candidate, default_cycles)`` reports
+    each one measured."""
     tgt = Target.create(target)
-    tkey = target_key(tgt)
-    clock_hz = npu_config_of(tgt).clock_mhz * 1e6
     start = time.monotonic()
     deadline = start + budget_s if budget_s is not None else math.inf
-    result = NpuTuneResult(extract_npu_tasks(mod, tgt, params))
-    machine = {**machine_info(), "simulator": f"kiln.npu.simulator {tgt.spec}"}
+    part = _partition(mod, tgt, params)
+    inputs = random_inputs(part, 0)
+    result = NpuTuneResult()
+    with graph_knobs() as asked:  # the default build: its kernels name the tasks
+        exe = build_npu(part, tgt)
+    result.builds += 1
+    output = exe(*inputs)
+    ref = ModelRun(exe, asked.asked, output, kernel_cycles(exe), float(exe.last_cycles))
+    result.tasks = _tasks(exe, asked.asked)
+    s = _Session(db, part, tgt, target_key(tgt), npu_config_of(tgt).clock_mhz * 1e6, inputs,
+                 ref, {t.key: t for t in result.tasks},
+                 {**machine_info(), "simulator": f"kiln.npu.simulator {tgt.spec}"}, result,
+                 on_trial)
+    records: dict[str, dict[Any, Record]] = {}
     for task in result.tasks:
-        records = {r.knobs.get(TILING_KNOB): r for r in db.records(task.record_key, tkey)}
-        todo = [c for c in task.domain if c not in records]
-        if todo and time.monotonic() < deadline:
-            _measure_task(db, task, todo, records, tgt, tkey, clock_hz, machine, result,
-                          deadline, on_trial)
-        default = records.get(task.default)
-        if default is None or default.mean_s is None:
+        records[task.key] = {r.knobs.get(TILING_KNOB): r
+                             for r in db.records(task.record_key, s.tkey)}
+        d = ref.key_cycles(task.key)
+        db.add_workload(Workload(task.record_key, s.tkey, task.name, "npu.tiling",
+                                 d / s.clock_hz))
+        if task.default not in records[task.key]:
+            records[task.key][task.default] = s.record(
+                task, NpuCandidate(task.default, d, sum(
+                    k.estimate for k in ref.key_kernels(task.key))), d)
+    rounds = max((len(t.domain) for t in result.tasks), default=0)
+    for i in range(1, rounds):
+        todo = {t.key: t.domain[i] for t in result.tasks
+                if i < len(t.domain) and t.domain[i] not in records[t.key]}
+        if not todo:
             continue
-        result.default_cycles[task.key] = _cycles_of(default, clock_hz)
-        best = min((r for r in records.values() if r.mean_s is not None),
-                   key=lambda r: r.mean_s)
-        result.best_cycles[task.key] = _cycles_of(best, clock_hz)
-        result.best_tiling[task.key] = best.knobs[TILING_KNOB]
+        if time.monotonic() >= deadline:
+            break
+        for key, cand in s.measure(todo).items():
+            task = s.tasks[key]
+            records[key][cand.tiling] = s.record(task, cand, ref.key_cycles(key))
+    _check_tuned(s)
+    for task in result.tasks:
+        best = db.best(task.record_key, s.tkey)
+        result.default_cycles[task.key] = ref.key_cycles(task.key)
+        if best is None or best.mean_s is None:
+            continue
+        result.best_cycles[task.key] = best.mean_s * s.clock_hz
+        result.best_tiling[task.key] = tuple(best.knobs[TILING_KNOB])
+    result.model_default = ref.cycles
     result.seconds = time.monotonic() - start
     return result
 
 
-def _measure_task(db: TuningDatabase, task: NpuTask, todo: list[Any],
-                  records: dict[Any, Record], tgt: Target, tkey: str, clock_hz: float,
-                  machine: dict[str, Any], result: NpuTuneResult, deadline: float,
-                  on_trial: Callable[[NpuTask, NpuCandidate, float], None] | None) -> None:
-    """Measure ``todo`` of ``task`` (the default first: every candidate's output is compared
-    with its), adding a record per candidate to ``db`` and to ``records``."""
-    try:
-        refs = [measure_layer(layer.call, tgt, task.key, task.default)
-                for layer in task.layers]
-    except Exception as err:  # noqa: BLE001 - recorded; the other layers are still tuned
-        why = f"the default tiling failed: {type(err).__name__}: {err}"
-        db.add_records([Record(task.record_key, tkey, {TILING_KNOB: task.default}, why, [],
-                               False, why, machine)])
-        progress.info("tune npu: %s: %s", task.name, why)
-        result.trials += 1
-        result.bad += 1
-        return
-    default_cycles = sum(lay.count * r.cycles for lay, r in zip(task.layers, refs))
-    db.add_workload(Workload(task.record_key, tkey, task.name, "npu.tiling",
-                             default_cycles / clock_hz))
-    measured = result.measured.setdefault(task.key, [])
-    for tiling in todo:
-        if time.monotonic() >= deadline and tiling != task.default:
-            break
-        cand = _measure_candidate(task, tiling, tgt, refs)
-        trace = f"tiling {tiling}: {cand.error or f'{cand.cycles:.0f} simulated cycles'}"\
-            f" per model run (estimate {cand.estimate:.0f})"
-        rec = Record(task.record_key, tkey, {TILING_KNOB: tiling}, trace,
-                     [] if cand.cycles is None else [cand.cycles / clock_hz],
-                     cand.cycles is not None, cand.error, machine,
-                     ratio=None if cand.cycles is None else cand.cycles / default_cycles)
-        db.add_records([rec])
-        records[tiling] = rec
-        measured.append(cand)
-        result.trials += 1
-        result.bad += cand.cycles is None
-        if on_trial is not None:
-            on_trial(task, cand, default_cycles)
-        progress.info("tune npu: %s %s: %s", task.name, tiling, cand.error or
-                      f"{cand.cycles:.0f} cycles ({cand.cycles / default_cycles:.3f})")
-
-
-def _measure_candidate(task: NpuTask, tiling: Any, tgt: Target, refs: list[LayerRun]
-                       ) -> NpuCandidate:
-    cycles = estimate = 0.0
-    for layer, ref in zip(task.layers, refs):
+def _check_tuned(s: _Session) -> None:
+    """Build and run the model with every key at its best record; withdraw the records that
+    make it slower than the default build (see the module docstring) until none does."""
+    ref = s.ref
+    while True:
+        best = {}
+        for task in s.result.tasks:
+            rec = s.db.best(task.record_key, s.tkey)
+            if rec is not None and tuple(rec.knobs[TILING_KNOB]) != task.default:
+                best[task.key] = tuple(rec.knobs[TILING_KNOB])
+        if not best:
+            s.result.model_tuned = ref.cycles
+            return
         try:
-            run = ref if tiling == task.default else \
-                measure_layer(layer.call, tgt, task.key, tiling)
-        except Exception as err:  # noqa: BLE001 - a candidate that fails is recorded bad
-            return NpuCandidate(tiling, None, estimate, f"{type(err).__name__}: {err}")
-        why = _same_result(tiling, task.default, run.output, ref.output)
-        if why:
-            return NpuCandidate(tiling, None, estimate, why)
-        cycles += layer.count * run.cycles
-        estimate += layer.count * run.estimate
-    return NpuCandidate(tiling, cycles, estimate)
+            run = s.run(best)
+            failed = ""
+        except Exception as err:  # noqa: BLE001 - every round built; reported, then undone
+            run, failed = None, f"{type(err).__name__}: {err}"
+        if run is not None:
+            slower = {k: run.key_cycles(k) for k in best
+                      if run.key_cycles(k) > ref.key_cycles(k)}
+            if not slower and run.cycles <= ref.cycles:
+                s.result.model_tuned = run.cycles
+                return
+        if run is None:
+            culprits = list(best)
+        elif slower:
+            culprits = list(slower)
+        else:  # each key as fast as its default, the model not: the least gain goes
+            culprits = [min(best, key=lambda k: ref.key_cycles(k) - run.key_cycles(k))]
+        for key in culprits:
+            if run is None:
+                why = f"the tuned model failed to build or run: {failed}"
+            else:
+                why = (f"in the tuned model {run.key_cycles(key):.0f} cycles against the "
+                       f"default build's {ref.key_cycles(key):.0f} (model {run.cycles:.0f} "
+                       f"against {ref.cycles:.0f})")
+            s.db.withdraw(graph_key(key), s.tkey, {TILING_KNOB: best[key]}, why)
+            s.result.withdrawn.append((key, best[key]))
+            progress.info("tune npu: %s %s withdrawn: %s", s.tasks[key].name, best[key], why)

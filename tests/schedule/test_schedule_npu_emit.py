@@ -141,10 +141,11 @@ def test_leftover_tiles_are_split_evenly_over_the_cores(shape, tiling, cores_wor
 def _forced(monkeypatch, tiling):
     """Both lowering routes plan ``tiling`` (the products' and convolutions' default route is
     TIR's)."""
-    monkeypatch.setattr(npu_ops, "plan_gemm", lambda cfg, shape, nbuf, hold=True: tiling)
+    monkeypatch.setattr(npu_ops, "plan_gemm",
+                        lambda cfg, shape, nbuf, hold=True, context="": tiling)
     for module in (npu_ops, npu_tir_gemm, npu_tir_conv):  # the routes with feedback
         monkeypatch.setattr(module, "plan_candidates",
-                            lambda cfg, shape, nbuf, hold=True: [tiling])
+                            lambda cfg, shape, nbuf, hold=True, context="": [tiling])
 
 
 def test_a_split_leftover_tile_gives_the_same_bits(monkeypatch):

@@ -3,9 +3,13 @@ planner's tiling -- the TIR program generator's slot and accumulator counts, an 
 field the encoding cannot hold -- the lowering takes the planner's next candidate, undoes what
 the refused attempt emitted, and records why in ``exe.describe()``; only when every candidate
 is refused does the product leave the NPU. Each path forced by putting an infeasible tiling
-first in the planner's ranking; results checked against numpy."""
+first in the planner's ranking; results checked against numpy. The vector unit's planners
+(element-wise forms, pooling blocks) offer ranked candidates too, and take the next when a
+block does not fit."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,8 +19,12 @@ from kiln import graph as g
 from kiln import op
 from kiln.codegen.npu import LOWERING_KEY
 from kiln.npu.isa import Block, Instr, IsaError
-from kiln.schedule.npu import feedback, gemm
+from kiln.schedule.npu import feedback, gemm, isel, tir_pool, vector
+from kiln.schedule.npu.emit import DramTensor
 from kiln.schedule.npu.gemm import GemmTiling
+from kiln.schedule.npu.nest_analysis import analyse_elementwise
+from kiln.schedule.npu.vector import VecStep
+from kiln.target.npu import load_config
 from kiln.testing.op_testing import graph_module
 from kiln.transform import PassContext
 
@@ -63,8 +71,8 @@ def test_accumulators_exceeding_acc_take_the_next_candidate(monkeypatch):
 
 @pytest.fixture
 def mma_refused_once(monkeypatch):
-    """Each lowering's first attempt refused as if an mma's extent did not fit its instruction
-    field: the real check, with an encoder that says so once per lowering context (the
+    """Each lowering's first product attempt refused as if an mma's extent did not fit its
+    instruction field: the real check, with an encoder that says so once per lowering context (the
     probes' and the build's)."""
     real_encode, real_check = feedback.encode, feedback.check_encodable
     real_within = feedback.within_fields
@@ -76,7 +84,11 @@ def mma_refused_once(monkeypatch):
         return real_encode(instr, cfg)
 
     def check(ctx, lens):
-        if not any(c is ctx for c in refused):
+        # (the element-wise kernels -- a product's operand cast -- are checked too: only an
+        # attempt that emitted an mma is refused)
+        mma = any(i.op.startswith("mma") for st, n in zip(ctx.kb.streams, lens)
+                  for i in st[n:])
+        if mma and not any(c is ctx for c in refused):
             refused.append(ctx)
             with monkeypatch.context() as m:
                 m.setattr(feedback, "encode", too_wide)
@@ -180,3 +192,90 @@ def test_a_refused_tiling_under_a_fused_epilogue_is_undone_with_it(monkeypatch):
         outs.append(exe(x))
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_allclose(outs[0], np.maximum(x @ w.T + b, 0), rtol=2e-2, atol=2e-2)
+
+
+# ---- the vector unit's planners: candidate blocks, the feedback path forced ----------------
+def test_elementwise_planner_offers_ranked_forms():
+    """select_forms: select_form's choice first, then other legal forms cheapest first, at
+    most FORM_CANDIDATES; plan_elementwise_candidates carries them as plans."""
+    cfg = load_config("default")
+    out = DramTensor(0, (64, 48, 40), "float32")
+    ins = [DramTensor(0, (64, 48, 40), "float32"), DramTensor(0, (48, 1), "float32")]
+    nest = analyse_elementwise(cfg, out, ins, "float32", ("vadd",))
+    sels = isel.select_forms(cfg, 2, nest)
+    assert sels[0] == isel.select_form(cfg, 2, nest)
+    assert 2 <= len(sels) <= isel.FORM_CANDIDATES
+    assert [s.estimate for s in sels[1:]] == sorted(s.estimate for s in sels[1:])
+    assert len({s.form for s in sels}) == len(sels)
+    assert all(isel.check_form(cfg, 2, nest, s.form) is None for s in sels)
+    plans = vector.plan_elementwise_candidates(cfg, 2, out, ins, "float32",
+                                               [VecStep("vadd", (("in", 0), ("in", 1)))])
+    assert [p.tile for p in plans] == [s.form.tile for s in sels]
+    assert plans[0] == vector.plan_elementwise(cfg, 2, out, ins, "float32",
+                                               [VecStep("vadd", (("in", 0), ("in", 1)))])
+
+
+def test_pooling_planner_offers_ranked_blocks():
+    """pool2d_blocks: plan_pool2d's block first, then smaller ones by the cost model."""
+    cfg = load_config("default")
+    args = (cfg, 2, (1, 32, 64, 64), (1, 32, 32, 32), "float32", (2, 2), (2, 2),
+            (0, 0, 0, 0), (1, 1), False, False)
+    blocks = vector.pool2d_blocks(*args)
+    assert blocks[0] == vector.plan_pool2d(*args)
+    assert 2 <= len(blocks) <= vector.POOL_CANDIDATES and len(set(blocks)) == len(blocks)
+    ct, rt, wp = blocks[0]
+    assert all(c <= ct and r <= rt and w == wp for c, r, w in blocks[1:])
+    costs = [vector.pool_block_cost(cfg, 2, *args[2:7], args[8], False, c, r)
+             for c, r, _ in blocks[1:]]
+    assert costs == sorted(costs)
+
+
+def _whole_block_first(monkeypatch):
+    """The element-wise planner ranks first a form whose block is the whole (collapsed)
+    tensor: its slots do not fit L0."""
+    real = vector.select_forms
+
+    def forms(cfg, nbuf, nest):
+        sels = real(cfg, nbuf, nest)
+        f = sels[0].form
+        return [replace(sels[0], form=replace(f, tile=tuple(f.dims[-3:])))] + sels
+
+    monkeypatch.setattr(vector, "select_forms", forms)
+
+
+@pytest.mark.parametrize("route", ["tir", "emit"])
+def test_elementwise_block_that_does_not_fit_takes_the_next(monkeypatch, route):
+    _whole_block_first(monkeypatch)
+    a, b = (RNG.standard_normal((256, 1024)).astype(np.float32) for _ in range(2))
+    with PassContext(config={LOWERING_KEY: route}):
+        exe = kiln.build(graph_module(lambda x, y: op.add(x, y), [a.shape, b.shape]),
+                         target="npu")
+    assert exe.cpu_ops == []
+    (kernel,) = [k for k in exe.kernels if k.op == "add"]
+    assert "feedback: 1 refused" in kernel.tiling and "block (1, 1, 262144)" in kernel.tiling
+    assert ("exceed" if route == "tir" else "more than") in kernel.tiling, kernel.tiling
+    np.testing.assert_array_equal(exe(a, b), a + b)
+
+
+@pytest.mark.parametrize("route", ["tir", "emit"])
+def test_pooling_block_that_does_not_fit_takes_the_next(monkeypatch, route):
+    """A max pooling whose first block (every channel and output row: 2 x 512 KiB of input
+    rows) the kernel builder refuses takes the planner's next block."""
+    real = vector.pool2d_blocks
+
+    def blocks(cfg, nbuf, x_shape, out_shape, *rest):
+        got = real(cfg, nbuf, x_shape, out_shape, *rest)
+        return [(x_shape[0] * x_shape[1], out_shape[2], got[0][2])] + got
+
+    monkeypatch.setattr(vector, "pool2d_blocks", blocks)
+    monkeypatch.setattr(tir_pool, "pool2d_blocks", blocks)
+    x = RNG.standard_normal((1, 32, 64, 64)).astype(np.float32)
+    with PassContext(config={LOWERING_KEY: route}):
+        exe = kiln.build(graph_module(lambda a: op.nn.max_pool2d(a, pool_size=(2, 2),
+                                                                 strides=(2, 2)), [x.shape]),
+                         target="npu")
+    assert exe.cpu_ops == []
+    (kernel,) = [k for k in exe.kernels if k.op == "nn.max_pool2d"]
+    assert "feedback: 1 refused" in kernel.tiling and "32 channels x 32 rows" in kernel.tiling
+    assert "exceed" in kernel.tiling, kernel.tiling
+    np.testing.assert_array_equal(exe(x), x.reshape(1, 32, 32, 2, 32, 2).max(axis=(3, 5)))

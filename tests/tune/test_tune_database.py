@@ -50,6 +50,26 @@ def test_records_round_trip_and_best_is_the_fastest_good_one(tmp_path):
     assert db.best("k3", target_key(TARGET)) is None
 
 
+def test_withdraw_marks_a_records_knobs_bad_and_best_moves_on(tmp_path):
+    """A record contradicted by a later measurement is withdrawn: every good record of its
+    knobs turns bad with the reason, best() (and graph_knobs_for) no longer returns it;
+    another kernel's record of the same knobs is untouched."""
+    db = TuningDatabase(tmp_path / "t.sqlite")
+    tk = target_key(TARGET)
+    db.add_records([_record(knobs={"tile": (8, 2)}, times=(1e-3,)),
+                    _record(knobs={"tile": (8, 2)}, times=(2e-3,)),
+                    _record(knobs={"tile": 4}, times=(3e-3,)),
+                    _record(kernel="k2", knobs={"tile": (8, 2)}, times=(1e-4,))])
+    assert db.best("k1", tk).knobs == {"tile": (8, 2)}
+    assert db.withdraw("k1", tk, {"tile": (8, 2)}, "slower in the model") == 2
+    assert db.best("k1", tk).knobs == {"tile": 4}
+    gone = db.records("k1", tk, ok=False)
+    assert len(gone) == 2 and all(r.error == "slower in the model" and r.mean_s is None
+                                  for r in gone)
+    assert db.best("k2", tk).knobs == {"tile": (8, 2)}
+    assert db.withdraw("k1", tk, {"tile": (8, 2)}, "again") == 0  # nothing good left of it
+
+
 def test_kernel_key_is_the_same_in_every_process_and_ignores_the_kernel_name():
     mod = lower_graph(models.small_cnn().mod, TARGET)
     name, func = next((n, f) for n, f in mod.items() if isinstance(f, PrimFunc)

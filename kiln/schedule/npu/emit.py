@@ -156,6 +156,9 @@ class KernelInfo:
     compute: float = 0.0
     traffic: float = 0.0
     macs: int = 0
+    #: a product kernel's tiling knob key (:func:`~.gemm.tiling_knob_key`, with its context):
+    #: which kernels of a built model a key's decision made (the tuner measures them so)
+    knob: str = ""
 
     @property
     def dram_bound(self) -> bool:
@@ -268,6 +271,12 @@ class KernelBuilder:
         instructions: one that reads or rewrites what the previous one writes must wait)."""
         self.push(core, unit, unit)
         self.pop(core, unit, unit)
+
+    def knob_context(self) -> str:
+        """What the kernel being emitted does besides its product, for the product's tiling
+        knob key (:func:`~.gemm.tiling_knob_key`): the fused epilogue's signature, whose
+        loads, vector work and stores per tile change which tiling is fastest ('' without)."""
+        return "" if self.epilogue is None else self.epilogue.signature()
 
     def end_kernel(self, info: KernelInfo) -> None:
         """Close the kernel with a barrier on every core (its id labels the phase); a fused

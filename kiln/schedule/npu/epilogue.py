@@ -151,6 +151,17 @@ class Epilogue:
         self.casts = [r for r in self.results if r.dtype != self.out.dtype]
         self.keep = [r for r in self.results if r.dtype == self.out.dtype]
 
+    def signature(self) -> str:
+        """What this epilogue adds to each tile of its product, as text for the product's
+        tiling knob key (:meth:`~.emit.KernelBuilder.knob_context`): its ops and vector
+        instructions, each operand's dtype and element strides over the result (a residual of
+        the result's shape or a broadcast per-channel constant), the dtypes stored. Two
+        products with equal signatures (and GEMM shapes) run the same kernel."""
+        ins = ", ".join(f"{x.dtype}{list(st)}" for x, st in zip(self.inputs, self.bstrides))
+        ops = ",".join(s.opcode for s in self.steps)
+        outs = ",".join(r.dtype for r in self.results)
+        return f"epilogue={self.names} ({ops}) in=[{ins}] out=[{outs}]"
+
     def snapshot(self) -> tuple[Any, ...]:
         """Its emission state, for :meth:`LoweringContext.checkpoint`: a tiling the program
         generator refuses half-way is rolled back with the tiles, stores and operand loads

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -186,6 +186,10 @@ class GemmTiling:
     k_units: int
     estimate: float
     balance: bool = True
+    #: the tiling knob key it was planned under (:func:`plan_candidates`; no decision of its
+    #: own): the product kernel's :attr:`~.emit.KernelInfo.knob`, by which the tuner finds the
+    #: kernels a key decides in a built model
+    knob: str = field(default="", compare=False, repr=False)
 
     def describe(self, shape: GemmShape) -> str:
         return (f"tile M{self.m_units * shape.m_unit} x N{self.n} x K{self.k_units * shape.k_unit}"
@@ -243,11 +247,12 @@ def gemm_roofline(cfg: NPUConfig, shape: GemmShape) -> float:
 
 
 def gemm_kernel_info(cfg: NPUConfig, label: str, op: str, tiling: str, estimate: float,
-                     shape: GemmShape) -> KernelInfo:
+                     shape: GemmShape, knob: str = "") -> KernelInfo:
     """The :class:`KernelInfo` of a product kernel: its roofline and whether the DRAM side
-    of it binds."""
+    of it binds; ``knob``: the tiling knob key it was planned under (:attr:`GemmTiling.knob`)."""
     tensor, traffic = gemm_bounds(cfg, shape)
-    return KernelInfo(label, op, tiling, estimate, max(tensor, traffic), tensor, traffic)
+    return KernelInfo(label, op, tiling, estimate, max(tensor, traffic), tensor, traffic,
+                      knob=knob)
 
 
 def gemm_bounds(cfg: NPUConfig, shape: GemmShape) -> tuple[float, float]:
@@ -664,17 +669,22 @@ TILING_KNOB = "npu_gemm_tiling"
 TILING_CANDIDATES = 8
 
 
-def tiling_knob_key(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True) -> str:
+def tiling_knob_key(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True,
+                    context: str = "") -> str:
     """The graph-knob key of a product's tiling: the description and the planner's whole
-    problem (the GEMM's shape in units, its dtype, how A is gathered and staged, the buffers),
-    so a decision applies to the products it was measured for and to no other."""
-    return f"npu.gemm hw={cfg.name} nbuf={nbuf} hold={hold} {shape!r}"
+    problem (the GEMM's shape in units, its dtype, how A is gathered and staged, the buffers)
+    and ``context``, what the product's kernel does besides the product
+    (:meth:`~.emit.KernelBuilder.knob_context`: its fused epilogue), so a decision applies to
+    the products it was measured for, in the kernel it was measured in, and to no other."""
+    key = f"npu.gemm hw={cfg.name} nbuf={nbuf} hold={hold} {shape!r}"
+    return f"{key} {context}" if context else key
 
 
 def tiling_value(tiling: GemmTiling) -> tuple[Any, ...]:
     """A tiling as the knob's value: its decisions (every field but the estimate, in field
     order: ``(m_units, n, k_units, ...)``), JSON-able for the tuning database."""
-    return tuple(getattr(tiling, f.name) for f in fields(tiling) if f.name != "estimate")
+    return tuple(getattr(tiling, f.name) for f in fields(tiling)
+                 if f.name not in ("estimate", "knob"))
 
 
 def tiling_domain(tilings: list[GemmTiling]) -> tuple[tuple[Any, ...], ...]:
@@ -684,19 +694,19 @@ def tiling_domain(tilings: list[GemmTiling]) -> tuple[tuple[Any, ...], ...]:
 
 
 def plan_gemm(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True,
-              k_units: int | None = None) -> GemmTiling:
+              k_units: int | None = None, context: str = "") -> GemmTiling:
     """The cheapest feasible tiling of ``shape`` by the cost model (ValueError when none fits
     the buffers) -- or, under :func:`kiln.schedule.knobs.graph_knobs` (tuning, or a build with
-    a tuning database), the one the :data:`TILING_KNOB` of :func:`tiling_knob_key` names.
-    ``hold``, ``k_units``: see :func:`feasible_tilings`."""
-    return plan_candidates(cfg, shape, nbuf, hold, k_units)[0]
+    a tuning database), the one the :data:`TILING_KNOB` of :func:`tiling_knob_key` (with
+    ``context``) names. ``hold``, ``k_units``: see :func:`feasible_tilings`."""
+    return plan_candidates(cfg, shape, nbuf, hold, k_units, context)[0]
 
 
 def plan_candidates(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = True,
-                    k_units: int | None = None) -> list[GemmTiling]:
+                    k_units: int | None = None, context: str = "") -> list[GemmTiling]:
     """:func:`plan_gemm`'s tiling first, then the knob's other candidates in the cost model's
     order: what a lowering falls back on when a later check refuses a tiling
-    (:mod:`.feedback`)."""
+    (:mod:`.feedback`). Each carries its knob key (:attr:`GemmTiling.knob`)."""
     ranked = feasible_tilings(cfg, shape, nbuf, hold, k_units)
     if not ranked:
         raise ValueError(f"no tiling of a GEMM M{shape.m} x N{shape.n} x K{shape.k} "
@@ -704,8 +714,11 @@ def plan_candidates(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = Tr
                          f"{shape.k_unit}) fits the L0 buffers of {cfg.name!r}")
     domain = tiling_domain(ranked)
     key = tiling_knob_key(cfg, shape, nbuf, hold) + (f" k_units={k_units}" if k_units else "")
+    if context:
+        key += f" {context}"
     choice = ranked[domain.index(graph_knob(key, TILING_KNOB, domain, domain[0]))]
-    return [choice] + [t for t in ranked[:TILING_CANDIDATES] if t is not choice]
+    return [replace(t, knob=key) for t in
+            [choice] + [t for t in ranked[:TILING_CANDIDATES] if t is not choice]]
 
 
 #: ``load_a(core, batch, m0, m_units, k0, k_units, addr, slot)``: DMA the A tile (row-major,

@@ -54,8 +54,8 @@ from .emit import itemsize
 from .lowering import NotSupported
 from .nest_analysis import NestInfo
 
-__all__ = ["Form", "MARGIN", "Selection", "check_form", "enumerate_forms", "fixed_form",
-           "form_cost", "isel_enabled", "select_form"]
+__all__ = ["FORM_CANDIDATES", "Form", "MARGIN", "Selection", "check_form", "enumerate_forms",
+           "fixed_form", "form_cost", "isel_enabled", "select_form", "select_forms"]
 
 #: How much cheaper (as a fraction of its estimate) a form must be to replace the fixed plan's.
 MARGIN = 0.03
@@ -63,7 +63,10 @@ MARGIN = 0.03
 _SPLITS = 32
 #: Selections made, per (description, slots, nest): a build lowers a kernel several times
 #: (the partitioning passes' probes, then the build), each time to the same choice.
-_CHOSEN: dict[tuple[Any, ...], Selection] = {}
+_CHOSEN: dict[tuple[Any, ...], list[Selection]] = {}
+#: How many forms :func:`select_forms` offers: the chosen one, then the next by estimate
+#: (what the lowering falls back on when a later check refuses a block: :mod:`.feedback`).
+FORM_CANDIDATES = 4
 L0_INPUTS = ("input", "weight")
 
 
@@ -322,38 +325,49 @@ def select_form(cfg: Any, nbuf: int, nest: NestInfo) -> Selection:
     """The cheapest legal form of ``nest`` (the fixed plan's unless another is ``MARGIN``
     cheaper; only the fixed plan's when :func:`isel_enabled` is false). Raises NotSupported
     when no form fits."""
+    return select_forms(cfg, nbuf, nest)[0]
+
+
+def select_forms(cfg: Any, nbuf: int, nest: NestInfo) -> list[Selection]:
+    """:func:`select_form`'s choice, then up to ``FORM_CANDIDATES - 1`` other legal forms,
+    cheapest first by :func:`form_cost`: the candidates a lowering tries in turn when a later
+    check (the TIR program generator's slot count, the encoding's field widths) refuses a
+    block (:func:`~.feedback.lower_with_feedback`). Raises NotSupported when no form fits."""
     key = (repr(cfg), nbuf, nest, isel_enabled())
     if key in _CHOSEN:
         return _CHOSEN[key]
-    sel = _select(cfg, nbuf, nest)
+    sels = _select(cfg, nbuf, nest)
     if len(_CHOSEN) > 4096:
         _CHOSEN.clear()
-    _CHOSEN[key] = sel
-    return sel
+    _CHOSEN[key] = sels
+    return sels
 
 
-def _select(cfg: Any, nbuf: int, nest: NestInfo) -> Selection:
+def _select(cfg: Any, nbuf: int, nest: NestInfo) -> list[Selection]:
     base = fixed_form(cfg, nbuf, nest)
     if not isel_enabled():
         if base is None:
             raise NotSupported("not even one element of each operand fits the L0 buffers")
-        return Selection(base, 0.0, 1, (), False)
+        return [Selection(base, 0.0, 1, (), False)]
     rejected: dict[str, int] = {}
-    best: tuple[float, Form] | None = None
+    legal: list[tuple[float, int, Form]] = []
     forms = enumerate_forms(cfg, nest)
-    for f in forms:
+    for i, f in enumerate(forms):
         why = check_form(cfg, nbuf, nest, f)
         if why is not None:
             rejected[why] = rejected.get(why, 0) + 1
             continue
-        c = form_cost(cfg, nbuf, nest, f)
-        if best is None or c < best[0]:
-            best = (c, f)
-    if best is None:
+        legal.append((form_cost(cfg, nbuf, nest, f), i, f))
+    if not legal:
         reasons = ", ".join(sorted(rejected))
         raise NotSupported(f"no instruction form of the element-wise nest fits ({reasons})")
+    legal.sort(key=lambda t: t[:2])  # by estimate, ties in enumeration order
+    best = legal[0][0], legal[0][2]
     if base is not None:
         c0 = form_cost(cfg, nbuf, nest, base)
         if best[0] > (1 - MARGIN) * c0:
             best = (c0, base)
-    return Selection(best[1], best[0], len(forms), tuple(sorted(rejected.items())), True)
+    rej = tuple(sorted(rejected.items()))
+    chosen = Selection(best[1], best[0], len(forms), rej, True)
+    others = [Selection(f, c, len(forms), rej, True) for c, _, f in legal if f != best[1]]
+    return [chosen] + others[:FORM_CANDIDATES - 1]

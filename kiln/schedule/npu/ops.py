@@ -259,7 +259,7 @@ def _activation(ctx: LoweringContext, x: Any, dt: str, op: str) -> DramTensor:
 
 def _plan(ctx: LoweringContext, op: str, shape: GemmShape) -> Any:
     try:
-        return plan_gemm(ctx.config, shape, ctx.kb.nbuf)
+        return plan_gemm(ctx.config, shape, ctx.kb.nbuf, context=ctx.kb.knob_context())
     except ValueError as err:
         raise NotSupported(f"{op}: {err}") from None
 
@@ -279,7 +279,8 @@ def _gemm_2d(ctx: LoweringContext, op: str, x: Any, w: Any, out: DramTensor,
     m = int(np.prod(out.shape[:-1], dtype=np.int64))
     shape = GemmShape(1, m, 1, n, k, 1, dt)
     try:
-        tilings = plan_candidates(ctx.config, shape, ctx.kb.nbuf)
+        tilings = plan_candidates(ctx.config, shape, ctx.kb.nbuf,
+                                  context=ctx.kb.knob_context())
     except ValueError as err:
         raise NotSupported(f"{op}: {err}") from None
     xa = _activation(ctx, x, dt, op)
@@ -308,7 +309,7 @@ def _gemm_2d(ctx: LoweringContext, op: str, x: Any, w: Any, out: DramTensor,
     def attempt(tiling: GemmTiling) -> None:
         emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
         kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label(op), op, tiling.describe(shape),
-                                       tiling.estimate, shape))
+                                       tiling.estimate, shape, tiling.knob))
 
     lower_with_feedback(ctx, op, tilings, attempt, lambda t: t.describe(shape))
 
@@ -352,7 +353,7 @@ def _batch_matmul(ctx: LoweringContext, x: Any, w: Any, out: DramTensor, dt: str
 
     emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
     kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("matmul"), "matmul",
-                                   tiling.describe(shape), tiling.estimate, shape))
+                                   tiling.describe(shape), tiling.estimate, shape, tiling.knob))
 
 
 @register_lowering("dense")
@@ -610,7 +611,8 @@ def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
     t = conv_transfers(ctx, geo, tiling, xa, wl, out)
     emit_gemm(ctx.kb, shape, tiling, t.load_a, t.load_b, t.store_c, t.stage_a)
     ctx.kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
-                                       tiling.describe(shape), tiling.estimate, shape))
+                                       tiling.describe(shape), tiling.estimate, shape,
+                                       tiling.knob))
 
 
 def conv_weight_layout(w: np.ndarray) -> np.ndarray:
@@ -649,7 +651,7 @@ def _pointwise(ctx: LoweringContext, x: Any, w: np.ndarray, out: DramTensor, dt:
     emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
     kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
                                    "1x1 as W @ X: " + tiling.describe(shape), tiling.estimate,
-                                   shape))
+                                   shape, tiling.knob))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -743,6 +745,14 @@ def depthwise_tensor_dtype(cfg: NPUConfig, x_dtype: str, w_dtype: str, out_dtype
     return dt if cfg.tensor_dtype(dt, dt) is not None else None
 
 
+def _cheapest(cfg: NPUConfig, shape: GemmShape, nbuf: int) -> GemmTiling:
+    """The cost model's cheapest feasible tiling of ``shape`` (ValueError when none fits)."""
+    ranked = feasible_tilings(cfg, shape, nbuf)
+    if not ranked:
+        raise ValueError(f"no tiling of {shape!r} fits the L0 buffers of {cfg.name!r}")
+    return ranked[0]
+
+
 def banded_plan(cfg: NPUConfig, nbuf: int, at: Any, x_shape: tuple[int, ...],
                 w_shape: tuple[int, ...], out_shape: tuple[int, ...], dt: str
                 ) -> tuple[BandedGeometry, GemmTiling, float] | None:
@@ -807,7 +817,9 @@ def _depthwise_costs(cfg: NPUConfig, nbuf: int, at: Any, x_shape: tuple[int, ...
     banded: float | None = None
     if dt is not None:
         try:
-            diagonal = sum(_step_waits(cfg, p.geo.shape, plan_gemm(cfg, p.geo.shape, nbuf))
+            # the cost model's tilings (not the tuning knob's: the route is chosen before
+            # the kernel's context -- its fused epilogue -- that keys the knob is known)
+            diagonal = sum(_step_waits(cfg, p.geo.shape, _cheapest(cfg, p.geo.shape, nbuf))
                            for p in depthwise_parts(cfg, at, x_shape, w_shape, out_shape, dt))
         except ValueError:
             diagonal = None
@@ -950,7 +962,7 @@ def _depthwise_tensor(ctx: LoweringContext, at: Any, x: DramTensor, w: np.ndarra
         info = gemm_kernel_info(
             ctx.config, ctx.label("nn.conv2d.depthwise"), "nn.conv2d.depthwise",
             f"tensor unit, {part.groups} groups of {part.g} channels (block-diagonal): " +
-            tiling.describe(shape), tiling.estimate, shape)
+            tiling.describe(shape), tiling.estimate, shape, tiling.knob)
         ctx.kb.end_kernel(replace(info, macs=nb * part.groups * part.g * oh * ow * taps))
 
 

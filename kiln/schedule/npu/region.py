@@ -326,7 +326,7 @@ def _lower_sliced(ctx: LoweringContext, res: RegionLowering, func: g.Function,
 
 
 def _nbytes(t: DramTensor) -> int:
-    return int(np.prod(t.shape, dtype=np.int64)) * itemsize(t.dtype)
+    return int(np.prod(t.shape, dtype=np.int64)) * dram_itemsize(t.dtype)
 
 
 def _slice_bytes(t: DramTensor, plan: SubBatchPlan) -> int:

@@ -170,7 +170,8 @@ def lower_conv_tir(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: Dr
     emitter's geometry and tiling, the scheduled PrimFunc, its program."""
     geo = conv_geometry(ctx.config, at, x.shape, w.shape, out.shape, dt)
     try:
-        tilings = plan_candidates(ctx.config, geo.shape, ctx.kb.nbuf)
+        tilings = plan_candidates(ctx.config, geo.shape, ctx.kb.nbuf,
+                                  context=ctx.kb.knob_context())
     except ValueError as err:
         raise NotSupported(f"nn.conv2d: {err}") from None
 
@@ -186,7 +187,7 @@ def lower_conv_tir(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: Dr
         got = emit_scheduled_conv(ctx, sch.func, dram, geo)
         ctx.kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
                                            "TIR: " + got.describe(geo.shape), got.estimate,
-                                           geo.shape))
+                                           geo.shape, tiling.knob))
         ctx.tir.append(("nn.conv2d", sch))
 
     lower_with_feedback(ctx, "nn.conv2d", tilings, attempt, lambda t: t.describe(geo.shape))

@@ -136,7 +136,7 @@ def plan_gemm_candidates(ctx: LoweringContext, op: str, p: GemmProblem) -> list[
     """:func:`plan_gemm_problem`'s tiling, then the planner's next candidates (what
     :func:`~.feedback.lower_with_feedback` retries)."""
     try:
-        return plan_candidates(ctx.config, p.shape, ctx.kb.nbuf)
+        return plan_candidates(ctx.config, p.shape, ctx.kb.nbuf, context=ctx.kb.knob_context())
     except ValueError as err:
         raise NotSupported(f"{op}: {err}") from None
 
@@ -167,7 +167,7 @@ def _lower(ctx: LoweringContext, op: str, p: GemmProblem, tiling: GemmTiling,
     emit_scheduled(ctx.kb, sch.func, {"A": p.a, "B": p.b, "C": p.c}, p.shape)
     ctx.kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label(op), op,
                                        "TIR: " + form + tiling.describe(p.shape),
-                                       tiling.estimate, p.shape))
+                                       tiling.estimate, p.shape, tiling.knob))
     ctx.tir.append((op, sch))
 
 

@@ -43,13 +43,14 @@ from ...tir.stmt import Stmt
 from ...tir.tensor_intrin.npu import SCOPE_ACC, SCOPE_INPUT, SCOPE_WEIGHT
 from ...tir.tensor_intrin.npu_vector import VecOperand, vector_intrin, vector_value
 from .emit import DramTensor, DramView, KernelBuilder, Pipeline, block, itemsize
+from .feedback import lower_with_feedback
 from .lowering import LoweringContext, NotSupported
 from .tir_program import PIPELINE_KEY, evaluate
 from .tir_vector import Staged, VectorGenerator, is_tensorized, loop_nest, pad3
 from .vector import (
     POOL_TAP_OPCODES,
     emit_pool2d,
-    plan_pool2d,
+    pool2d_blocks,
     pool2d_kernel_info,
     pool_fill,
     register_pool2d_kernel,
@@ -343,26 +344,34 @@ def pool2d_tir(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, ki
     kb = ctx.kb
     n, c, h, w = x.shape
     oh, ow = out.shape[2:]
-    ct, rt, wp = plan_pool2d(ctx.config, kb.nbuf, x.shape, out.shape, x.dtype, pool, strides,
-                             pad, dilation, weights is not None, scale is not None)
+    blocks = pool2d_blocks(ctx.config, kb.nbuf, x.shape, out.shape, x.dtype, pool, strides,
+                           pad, dilation, weights is not None, scale is not None)
+    wp = blocks[0][2]
     if wp != (ow - 1) * strides[1] + (pool[1] - 1) * dilation[1] + 1:
         return emit_pool2d(ctx, op, x, out, kind, pool, strides, pad, dilation, divisor,
                            weights, scale)
-    k = PoolKernel("dw" if weights is not None else kind, tuple(x.shape), (oh, ow),
-                   tuple(pool), tuple(strides), tuple(pad), tuple(dilation), divisor,
-                   scale is not None, x.dtype, ct, rt, wp)
-    sch = scheduled_pool(k, kb.nbuf)
-    if weights is not None:
-        dram: dict[str, Any] = {
-            "X0": DramView(x, 0, (n, c, h, w), (c * h * w, h * w, w, 1)),
-            "C": DramView(out, 0, (n, c, oh, ow), (c * oh * ow, oh * ow, ow, 1)),
-            "W": DramView(weights, 0, (c, len(k.taps)), (len(k.taps), 1))}
-    else:
-        dram = {"X0": DramView(x, 0, (n * c, h, w), (h * w, w, 1)),
-                "C": DramView(out, 0, (n * c, oh, ow), (oh * ow, ow, 1))}
-        if scale is not None:
-            dram["S"] = DramView(scale, 0, (oh, ow), (ow, 1))
-    emit_pool_scheduled(kb, sch.func, k, dram)
-    kb.end_kernel(pool2d_kernel_info(ctx, op, x, out, len(k.taps), weights is not None, ct, rt,
-                                     "TIR: "))
-    ctx.tir.append((op, sch))
+
+    def attempt(blk: tuple[int, int, int]) -> None:
+        ct, rt, _ = blk
+        k = PoolKernel("dw" if weights is not None else kind, tuple(x.shape), (oh, ow),
+                       tuple(pool), tuple(strides), tuple(pad), tuple(dilation), divisor,
+                       scale is not None, x.dtype, ct, rt, wp)
+        sch = scheduled_pool(k, kb.nbuf)
+        if weights is not None:
+            dram: dict[str, Any] = {
+                "X0": DramView(x, 0, (n, c, h, w), (c * h * w, h * w, w, 1)),
+                "C": DramView(out, 0, (n, c, oh, ow), (c * oh * ow, oh * ow, ow, 1)),
+                "W": DramView(weights, 0, (c, len(k.taps)), (len(k.taps), 1))}
+        else:
+            dram = {"X0": DramView(x, 0, (n * c, h, w), (h * w, w, 1)),
+                    "C": DramView(out, 0, (n * c, oh, ow), (oh * ow, ow, 1))}
+            if scale is not None:
+                dram["S"] = DramView(scale, 0, (oh, ow), (ow, 1))
+        emit_pool_scheduled(kb, sch.func, k, dram)
+        kb.end_kernel(pool2d_kernel_info(ctx, op, x, out, len(k.taps), weights is not None,
+                                         ct, rt, "TIR: "))
+        ctx.tir.append((op, sch))
+
+    # a block the program generator refuses (its slots as scheduled) takes the next one
+    lower_with_feedback(ctx, op, blocks, attempt,
+                        lambda blk: f"TIR: {blk[0]} channels x {blk[1]} rows")

@@ -71,6 +71,7 @@ from ...tir.tensor_intrin.npu_vector import (
     vector_value,
 )
 from .emit import DramTensor, DramView, KernelBuilder, KernelInfo, Pipeline, block, itemsize
+from .feedback import lower_with_feedback
 from .lowering import LoweringContext, NotSupported, register_tir_lowering
 from .ops import (
     ELEMENTWISE_OPS,
@@ -85,7 +86,7 @@ from .vector import (
     VecStep,
     acc_layout,
     emit_elementwise,
-    plan_elementwise,
+    plan_elementwise_candidates,
     register_elementwise_kernel,
     traffic_cycles,
 )
@@ -790,13 +791,19 @@ def lower_vector_tir(ctx: LoweringContext, op: str, out: Any, inputs: list[Any],
     before emitting anything when the route does not cover it."""
     cdt = compute_dtype or out.dtype
     kb = ctx.kb
-    plan = plan_elementwise(ctx.config, kb.nbuf, out, inputs, cdt, steps)
-    k = vector_kernel(plan, inputs, steps, cdt, out.dtype)
-    sch = scheduled_elementwise(k, kb.nbuf)
-    emit_vector_scheduled(kb, sch.func, _views(plan, out, inputs))
-    bound = traffic_cycles(kb, plan.nbytes)
-    kb.end_kernel(KernelInfo(ctx.label(op), op, "TIR: " + plan.describe(), bound, bound))
-    ctx.tir.append((op, sch))
+
+    def attempt(plan: ElementwisePlan) -> None:
+        k = vector_kernel(plan, inputs, steps, cdt, out.dtype)
+        sch = scheduled_elementwise(k, kb.nbuf)
+        emit_vector_scheduled(kb, sch.func, _views(plan, out, inputs))
+        bound = traffic_cycles(kb, plan.nbytes)
+        kb.end_kernel(KernelInfo(ctx.label(op), op, "TIR: " + plan.describe(), bound, bound))
+        ctx.tir.append((op, sch))
+
+    # a block the program generator refuses (its slots counted as scheduled) takes the next
+    lower_with_feedback(ctx, op, plan_elementwise_candidates(ctx.config, kb.nbuf, out, inputs,
+                                                             cdt, steps),
+                        attempt, ElementwisePlan.describe)
 
 
 def _covered(inputs: list[Any], steps: list[VecStep], cdt: str) -> bool:

@@ -38,14 +38,17 @@ from .emit import (
     itemsize,
     row_major,
 )
-from .isel import select_form
+from .feedback import lower_with_feedback
+from .isel import select_forms
 from .lowering import LoweringContext, NotSupported
 from .nest_analysis import analyse_elementwise
 
 __all__ = ["ElementwiseKernel", "ElementwisePlan", "VecStep", "acc_layout", "compact_block",
            "emit_steps",
            "POOL_TAP_OPCODES", "elementwise_kernel", "emit_elementwise", "plan_elementwise",
-           "plan_pool2d", "pool2d_cost", "pool_fill",
+           "plan_elementwise_candidates", "plan_pool2d", "pool2d_blocks", "pool2d_cost",
+           "pool_block_cost", "POOL_CANDIDATES",
+           "pool_fill",
            "plan_rows", "pool2d_kernel", "pool2d_kernel_info", "register_pool2d_kernel",
            "rows_bound",
            "register_elementwise_kernel", "emit_layer_norm", "emit_row_mean", "emit_pool2d",
@@ -117,18 +120,27 @@ def plan_elementwise(cfg: Any, nbuf: int, out: DramTensor | DramView,
     operand and of the result (plus its compute block when ``cdt`` is not ``out.dtype``) fit
     the L0 buffers, ranked by the description's cost model (``steps``: the vector
     instructions per block it counts). Raises NotSupported."""
+    return plan_elementwise_candidates(cfg, nbuf, out, inputs, cdt, steps)[0]
+
+
+def plan_elementwise_candidates(cfg: Any, nbuf: int, out: DramTensor | DramView,
+                                inputs: list[DramTensor | DramView], cdt: str,
+                                steps: tuple[VecStep, ...] | list[VecStep] = ()
+                                ) -> list[ElementwisePlan]:
+    """:func:`plan_elementwise`'s plan, then those of the next legal forms by the cost
+    model (:func:`~.isel.select_forms`): what the kernel builders fall back on when a later
+    check refuses a block (:func:`~.feedback.lower_with_feedback`)."""
     rank = len(out.shape)
     if any(len(t.shape) > rank for t in inputs):
         raise NotSupported("an operand has more dims than the result")
     nest = analyse_elementwise(cfg, out, inputs, cdt, tuple(st.opcode for st in steps))
-    sel = select_form(cfg, nbuf, nest)
-    form = sel.form
     mem_of = [L0_INPUTS[k % 2] for k in range(len(inputs))]
     osz = itemsize(out.dtype) + (itemsize(cdt) if cdt != out.dtype else 0)
     nbytes = sum(int(np.prod(x.shape)) * itemsize(x.dtype) for x in inputs) + \
         int(np.prod(out.shape)) * osz
-    return ElementwisePlan(form.dims, form.strides[0], form.strides[1:], form.tile,
-                           tuple(mem_of), nbytes, sel.describe())
+    return [ElementwisePlan(sel.form.dims, sel.form.strides[0], sel.form.strides[1:],
+                            sel.form.tile, tuple(mem_of), nbytes, sel.describe())
+            for sel in select_forms(cfg, nbuf, nest)]
 
 
 def compact_block(t: tuple[int, ...], s: Any) -> tuple[int, int, int]:
@@ -180,9 +192,19 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
     ``out`` and the inputs may be :class:`~.emit.DramView` s (a transpose, a slice, a place in
     a concatenation): their strides go to the DMAs as they are."""
     cdt = compute_dtype or out.dtype
+    plans = plan_elementwise_candidates(ctx.config, ctx.kb.nbuf, out, inputs, cdt, steps)
+    lower_with_feedback(ctx, op, plans,
+                        lambda plan: _emit_elementwise(ctx, op, out, inputs, steps, cdt, plan),
+                        ElementwisePlan.describe)
+
+
+def _emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
+                      inputs: list[DramTensor | DramView], steps: list[VecStep], cdt: str,
+                      plan: ElementwisePlan) -> None:
+    """:func:`emit_elementwise` with ``plan``'s blocks; NotSupported (nothing emitted) when
+    its slots do not fit L0."""
     kb, cfg = ctx.kb, ctx.config
     nbuf = kb.nbuf
-    plan = plan_elementwise(cfg, nbuf, out, inputs, cdt, steps)
     dims_all, t, mem_of = list(plan.dims), plan.tile, plan.mem_of
     outer_dims, dims = dims_all[:-3], dims_all[-3:]
     o_str, in_str = list(plan.out_strides), [list(s) for s in plan.in_strides]
@@ -197,6 +219,9 @@ def emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
         used[m] += nbuf * int(np.prod(compact(t, s))) * itemsize(x.dtype)
     # the compute block after the result; both 8-byte aligned (an int32 block after int8s)
     out_slot_bytes, cast_at = acc_layout(t, out.dtype, cdt)
+    for m, n in [*used.items(), ("acc", nbuf * out_slot_bytes)]:
+        if n > cfg.memory(m).size:
+            raise NotSupported(f"{nbuf} slots of block {t} take {n} B, more than {m} holds")
     pipes = [Pipeline(kb, c, UNIT_VECTOR) for c in range(cfg.cores)]
     blocks = [(idx, o) for idx in np.ndindex(*outer_dims)
               for o in np.ndindex(*(math.ceil(d / b) for d, b in zip(dims, t)))]
@@ -299,11 +324,41 @@ def pool2d_cost(cfg: Any, nbuf: int, x_shape: tuple[int, ...], out_shape: tuple[
     operand in DRAM: where the two are close this favours the vector unit). What
     :func:`.ops.depthwise_route` weighs against the tensor unit's product. Raises
     NotSupported (no block fits)."""
+    ct, rt, _ = plan_pool2d(cfg, nbuf, x_shape, out_shape, dtype, pool, strides, pad, dilation,
+                            depthwise, False)
+    return pool_block_cost(cfg, nbuf, x_shape, out_shape, dtype, pool, strides, dilation,
+                            depthwise, ct, rt)
+
+
+#: How many blocks :func:`pool2d_blocks` offers.
+POOL_CANDIDATES = 4
+
+
+def pool2d_blocks(cfg: Any, nbuf: int, x_shape: tuple[int, ...], out_shape: tuple[int, ...],
+                  dtype: str, pool: tuple[int, int], strides: tuple[int, int],
+                  pad: tuple[int, int, int, int], dilation: tuple[int, int], depthwise: bool,
+                  scaled: bool) -> list[tuple[int, int, int]]:
+    """:func:`plan_pool2d`'s block, then up to ``POOL_CANDIDATES - 1`` smaller ones (its
+    channels and rows halved or quartered: each fits where it does), cheapest first by the
+    cost model (:func:`pool2d_cost`'s): what the pooling kernel builders fall back on when a
+    later check refuses a block (:func:`~.feedback.lower_with_feedback`). Raises
+    NotSupported (no block fits)."""
+    ct, rt, wp = plan_pool2d(cfg, nbuf, x_shape, out_shape, dtype, pool, strides, pad,
+                             dilation, depthwise, scaled)
+    smaller = {(-(-ct // a), -(-rt // b)) for a in (1, 2, 4) for b in (1, 2, 4)} - {(ct, rt)}
+    ranked = sorted(smaller, key=lambda blk: (pool_block_cost(
+        cfg, nbuf, x_shape, out_shape, dtype, pool, strides, dilation, depthwise, *blk),
+        -blk[0] * blk[1], blk))
+    return [(ct, rt, wp)] + [(c, r, wp) for c, r in ranked[:POOL_CANDIDATES - 1]]
+
+
+def pool_block_cost(cfg: Any, nbuf: int, x_shape: tuple[int, ...], out_shape: tuple[int, ...],
+                     dtype: str, pool: tuple[int, int], strides: tuple[int, int],
+                     dilation: tuple[int, int], depthwise: bool, ct: int, rt: int) -> float:
+    """:func:`pool2d_cost` of blocks of ``ct`` channels and ``rt`` output rows."""
     n, c, h, w = x_shape
     oh, ow = out_shape[2:]
     (kh, kw), (sh, _), (dh, _) = pool, strides, dilation
-    ct, rt, _ = plan_pool2d(cfg, nbuf, x_shape, out_shape, dtype, pool, strides, pad, dilation,
-                            depthwise, False)
     isz = itemsize(dtype)
     taps = kh * kw
     dram = cfg.memory(DRAM)
@@ -391,6 +446,20 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
     multiplied in with stride 0 across the channels), or with ``weights``
     (``(C, KH * KW)`` in ``x``'s dtype) a depthwise convolution: each tap's strided view times
     its channel's weight (a stride-0 block), accumulated with ``vmac``."""
+    blocks = pool2d_blocks(ctx.config, ctx.kb.nbuf, x.shape, out.shape, x.dtype, pool,
+                           strides, pad, dilation, weights is not None, scale is not None)
+    lower_with_feedback(ctx, op, blocks, lambda blk: _emit_pool2d(
+        ctx, op, x, out, kind, pool, strides, pad, dilation, divisor, weights, scale, blk),
+        lambda blk: f"{blk[0]} channels x {blk[1]} rows")
+
+
+def _emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
+                 kind: str, pool: tuple[int, int], strides: tuple[int, int],
+                 pad: tuple[int, int, int, int], dilation: tuple[int, int],
+                 divisor: float | None, weights: DramTensor | None,
+                 scale: DramTensor | None, blk: tuple[int, int, int]) -> None:
+    """:func:`emit_pool2d` in blocks ``blk`` (channels, output rows, staged row width);
+    NotSupported (nothing emitted) when their slots do not fit L0."""
     kb, cfg = ctx.kb, ctx.config
     nbuf = kb.nbuf
     n, c, h, w = x.shape
@@ -399,8 +468,7 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
     pt, pl, _, _ = pad
     isz = itemsize(x.dtype)
     nc = n * c
-    ct, rt, wp = plan_pool2d(cfg, nbuf, x.shape, out.shape, x.dtype, pool, strides, pad,
-                             dilation, weights is not None, scale is not None)
+    ct, rt, wp = blk
 
     def rows_in(r: int) -> int:
         return (r - 1) * sh + (kh - 1) * dh + 1
@@ -411,6 +479,10 @@ def emit_pool2d(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
     pipes = [Pipeline(kb, core, UNIT_VECTOR) for core in range(cfg.cores)]
     in_slot = ct * rows_in(rt) * wp * isz
     out_slot = ct * rt * ow * isz
+    side = w_slot if weights is not None or scale is not None else 0
+    for mem, size in (("input", in_slot), ("weight", side), ("acc", out_slot)):
+        if nbuf * size > cfg.memory(mem).size:
+            raise NotSupported(f"{nbuf} slots of {size} B exceed {mem}")
     if weights is None:
         blocks = [(c0, r0, min(ct, nc - c0)) for c0 in range(0, nc, ct)
                   for r0 in range(0, oh, rt)]
