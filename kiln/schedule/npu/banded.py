@@ -50,16 +50,13 @@ from .emit import DramTensor, block, itemsize
 from .gemm import (
     GemmShape,
     GemmTiling,
-    LoadA,
-    LoadB,
-    StageA,
-    StoreC,
+    GemmTransfers,
     acc_strides,
     group_strides,
 )
 from .lowering import LoweringContext
 
-__all__ = ["BandedGeometry", "BandedTransfers", "banded_block_widths", "banded_geometry",
+__all__ = ["BandedGeometry", "banded_block_widths", "banded_geometry",
            "banded_transfers", "banded_weights"]
 
 
@@ -204,19 +201,8 @@ def banded_weights(w: np.ndarray, geo: BandedGeometry) -> np.ndarray:
     return out
 
 
-@dataclass(frozen=True)
-class BandedTransfers:
-    """The DMAs of a banded depthwise kernel under a tiling (:func:`banded_transfers`), in
-    :func:`~.gemm.emit_gemm`'s callback form."""
-
-    stage_a: StageA
-    load_a: LoadA
-    load_b: LoadB
-    store_c: StoreC
-
-
 def banded_transfers(ctx: LoweringContext, geo: BandedGeometry, tiling: GemmTiling,
-                     xa: DramTensor, wl: DramTensor, out: DramTensor) -> BandedTransfers:
+                     xa: DramTensor, wl: DramTensor, out: DramTensor) -> GemmTransfers:
     """The DMAs of ``geo`` under ``tiling`` from image ``xa`` (NCHW, in the operand dtype)
     and bands ``wl`` (:func:`banded_weights`) into ``out`` (NCHW): see the nested
     functions. Each moves the entry's ``g`` channels at once (its outermost dim); the
@@ -290,4 +276,4 @@ def banded_transfers(ctx: LoweringContext, geo: BandedGeometry, tiling: GemmTili
                  dst=out.at(geo.plane(b) * oh * ow + r0 * ow, (oh * ow, ow, 1)),
                  src=block("acc", addr, out.dtype, (gc, c_row, c_col)))
 
-    return BandedTransfers(stage_a, load_a, load_b, store_c)
+    return GemmTransfers(stage_a, load_a, load_b, store_c)

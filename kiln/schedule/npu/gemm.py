@@ -32,7 +32,8 @@ from ...target.npu.config import DRAM, NPUConfig
 from ..knobs import graph_knob
 from .emit import KernelBuilder, KernelInfo, Pipeline, block, itemsize
 
-__all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "SlotCache",
+__all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "GemmTransfers",
+           "SlotCache",
            "acc_row_stride", "acc_slots", "acc_strides", "core_step_slots", "emit_gemm",
            "feasible_tilings", "fixed_tiles", "gemm_bounds", "gemm_cost", "gemm_kernel_info",
            "gemm_roofline", "group_strides", "held_loads", "held_tiles", "plan_candidates",
@@ -735,6 +736,18 @@ StageA = Callable[[int, int, int, int, int, int, int], None]
 #: ``store_c(core, batch, m0, m_units, n0, n, addr)``: DMA the C tile (row-major M x N in the
 #: accumulators at ``addr``) to DRAM.
 StoreC = Callable[[int, int, int, int, int, int, int], None]
+
+
+@dataclass(frozen=True)
+class GemmTransfers:
+    """The DMAs of a product kernel whose A tile is gathered from staged rows (a convolution's
+    implicit GEMM, a banded depthwise convolution) under a tiling, in :func:`emit_gemm`'s
+    callback form."""
+
+    stage_a: StageA
+    load_a: LoadA
+    load_b: LoadB
+    store_c: StoreC
 
 
 def tail_pieces(cfg: NPUConfig, shape: GemmShape, m_units: int, n: int

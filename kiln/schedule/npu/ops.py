@@ -28,10 +28,7 @@ from .feedback import lower_with_feedback
 from .gemm import (
     GemmShape,
     GemmTiling,
-    LoadA,
-    LoadB,
-    StageA,
-    StoreC,
+    GemmTransfers,
     acc_strides,
     emit_gemm,
     feasible_tilings,
@@ -52,7 +49,7 @@ from .vector import (
 
 __all__ = ["BINARY_OPS", "COMPOSITE_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS",
            "BANDED_MAX_GROUP", "DEPTHWISE_UNITS", "ConvFn", "ConvGeometry", "ConvPlanes",
-           "ConvTransfers", "DepthwiseChoice", "DepthwiseCosts", "DepthwisePart",
+           "DepthwiseChoice", "DepthwiseCosts", "DepthwisePart",
            "check_broadcast_shape", "conv_geometry",
            "conv_transfers", "conv_weight_layout", "depthwise_group", "depthwise_parts",
            "banded_plan", "call_depthwise_route", "depthwise_route",
@@ -502,17 +499,6 @@ def conv_geometry(cfg: NPUConfig, at: Any, x_shape: tuple[int, ...],
                         shape)
 
 
-@dataclass(frozen=True)
-class ConvTransfers:
-    """The DMAs of a convolution's implicit GEMM under a tiling (:func:`conv_transfers`), in
-    :func:`~.gemm.emit_gemm`'s callback form."""
-
-    stage_a: StageA
-    load_a: LoadA
-    load_b: LoadB
-    store_c: StoreC
-
-
 #: ``planes(b) -> (input plane, output plane, weight offset)`` of a convolution's batch
 #: entry ``b``: the first channel plane of its input and of its output (in planes of
 #: ``H x W``, ``OH x OW`` elements) and the offset of its weights (elements).
@@ -521,7 +507,7 @@ ConvPlanes = Callable[[int], tuple[int, int, int]]
 
 def conv_transfers(ctx: LoweringContext, geo: ConvGeometry, tiling: GemmTiling,
                    xa: DramTensor, wl: DramTensor, out: DramTensor,
-                   planes: ConvPlanes | None = None) -> ConvTransfers:
+                   planes: ConvPlanes | None = None) -> GemmTransfers:
     """The DMAs of ``geo`` under ``tiling`` from image ``xa`` (NCHW, in the operand dtype),
     weights ``wl`` (``[taps, C, O]``) into ``out`` (NCHW): the staging of the input rows in
     the core's L1 slot, the gather of the A tile per tap, the weight tile, the store of the
@@ -595,7 +581,7 @@ def conv_transfers(ctx: LoweringContext, geo: ConvGeometry, tiling: GemmTiling,
                 dst=out.at((plane(b)[1] + n0) * oh * ow + r0 * ow, (0, oh * ow, 1)),
                 src=block("acc", addr, out.dtype, (0, c_col, c_row)))
 
-    return ConvTransfers(stage_a, load_a, load_b, store_c)
+    return GemmTransfers(stage_a, load_a, load_b, store_c)
 
 
 def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
