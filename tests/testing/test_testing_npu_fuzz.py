@@ -13,8 +13,9 @@ from kiln.testing.npu_fuzz import TOLERANCE, check_case, make_case  # noqa: E402
 
 #: CNN cases with depthwise/residual/pooling/concat layers, sequence cases with attention,
 #: layer norm and dense layers, and an int8 CNN with a residual (seed -> what it draws is fixed
-#: by make_case).
-CI_SEEDS = (2, 13, 18, 21, 59)
+#: by make_case); 303 found overlapping stores of a banded depthwise kernel's last channel
+#: group (a write-after-write hazard where residency keeps its output in L1).
+CI_SEEDS = (2, 13, 18, 21, 59, 303)
 
 
 @pytest.mark.parametrize("hw", ["default", "edge"])

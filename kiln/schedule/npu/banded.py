@@ -268,12 +268,19 @@ def banded_transfers(ctx: LoweringContext, geo: BandedGeometry, tiling: GemmTili
 
     def store_c(core: int, b: int, r0: int, rs: int, n0: int, ns: int, addr: int) -> None:
         """The ``g`` channels' whole output rows (every column block's products, side by
-        side in the tile): one DMA, a contiguous run per channel."""
+        side in the tile): one DMA, a contiguous run per channel. The last channel group
+        overlaps the one before when ``g`` does not divide the channels (``firsts``): it
+        stores only the channels past that group's, so no two DMAs write one byte -- two
+        cores storing the same values at once are still a write-after-write hazard where
+        residency puts the output in L1."""
         if (n0, ns) != (0, n):
             raise ValueError(f"banded products store whole rows: columns {n0}..{n0 + ns} "
                              f"of a block of {n}")
-        kb.store(core, shape=(g, rs, ow),
-                 dst=out.at(geo.plane(b) * oh * ow + r0 * ow, (oh * ow, ow, 1)),
-                 src=block("acc", addr, out.dtype, (gc, c_row, c_col)))
+        gi = b % len(geo.firsts)
+        skip = max(0, geo.firsts[gi - 1] + g - geo.firsts[gi]) if gi else 0
+        kb.store(core, shape=(g - skip, rs, ow),
+                 dst=out.at((geo.plane(b) + skip) * oh * ow + r0 * ow, (oh * ow, ow, 1)),
+                 src=block("acc", addr + skip * gc * itemsize(out.dtype), out.dtype,
+                           (gc, c_row, c_col)))
 
     return GemmTransfers(stage_a, load_a, load_b, store_c)
