@@ -44,7 +44,6 @@ from typing import Any
 
 import numpy as np
 
-from ...npu.isa import UNIT_DMA_IN
 from ...target.npu.config import NPUConfig
 from .emit import DramTensor, block, itemsize
 from .gemm import (
@@ -235,11 +234,7 @@ def banded_transfers(ctx: LoweringContext, geo: BandedGeometry, tiling: GemmTili
         first = min(nbox, max(0, -lo))
         last = max(first, min(nbox, h - lo))
         dst = block("l1", slot_addr(core, slot), dt, (l1_plane, row_px, 1))
-        if kb.nbuf == 1:  # the one slot may still be read by the last step's gathers
-            kb.fence(core, UNIT_DMA_IN)
-        if last == first:  # only padding rows: the zeros at DRAM address 0, padded
-            kb.load(core, shape=(1, 1, 1), dst=dst, src=block("dram", 0, dt, (0, 0, 0)),
-                    pad_hi=(g - 1, nbox - 1, wd - 1), fill=0)
+        if kb.stage_begin(core, dst, (g, nbox, wd), last == first):
             return
         kb.load(core, shape=(g, last - first, wd), dst=dst,
                 src=xa.at(geo.plane(b) * h * wd + (lo + first) * wd, (h * wd, wd, 1)),

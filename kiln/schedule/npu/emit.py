@@ -239,6 +239,21 @@ class KernelBuilder:
         self.emit(core, "dma.load", shape=shape, dst=dst, src=src, pad_lo=pad_lo, pad_hi=pad_hi,
                   fill=fill)
 
+    def stage_begin(self, core: int, dst: Block, box: tuple[int, int, int],
+                    padding_only: bool) -> bool:
+        """The start of a product's staging DMA into L1 slot ``dst`` (a convolution's input
+        rows): with one slot, wait for the last step's gathers that may still read it; when
+        the ``box`` (channels, rows, pixels) holds ``padding_only``, fill it with zeros -- a
+        one-element load of DRAM address 0, padded -- and return True (nothing else to
+        load)."""
+        if self.nbuf == 1:  # the one slot may still be read by the last step's gathers
+            self.fence(core, UNIT_DMA_IN)
+        if padding_only:
+            self.load(core, shape=(1, 1, 1), dst=dst,
+                      src=block(DRAM, 0, dst.dtype, (0, 0, 0)),
+                      pad_hi=tuple(d - 1 for d in box), fill=0)
+        return padding_only
+
     def store(self, core: int, shape: tuple[int, ...], dst: Block, src: Block) -> None:
         """A ``dma.store``, split into pieces that hold the DRAM channel no longer than one
         DRAM latency each (:func:`store_pieces`), so that the loads of the next steps -- on

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from ...npu.isa import UNIT_DMA_IN
 from ...target.npu.config import NPUConfig
 from .banded import (
     BandedGeometry,
@@ -41,6 +40,7 @@ from .pooling import FLOAT_DTYPES as _FLOAT
 from .scalar import emit_scalar_elementwise
 from .vector import (
     VecStep,
+    cast_kernel,
     elementwise_kernel,
     emit_elementwise,
     pool2d_cost,
@@ -178,13 +178,6 @@ def lower_elementwise_chain(ctx: LoweringContext, chain: list[tuple[Any, list[An
     if out.dtype != dtype:
         _vector_dtype(ctx, out.dtype, names)
     elementwise_kernel(ctx, names, out, inputs, steps, dtype)
-
-
-def cast_kernel(ctx: LoweringContext, x: DramTensor, dtype: str, op: str = "cast") -> DramTensor:
-    """A new DRAM tensor holding ``x`` converted to ``dtype`` on the vector unit."""
-    out = ctx.alloc(x.shape, dtype)
-    elementwise_kernel(ctx, op, out, [x], [VecStep("vcast", (("in", 0),), (("mode", "rne"),))])
-    return out
 
 
 @register_lowering("cast")
@@ -537,11 +530,7 @@ def conv_transfers(ctx: LoweringContext, geo: ConvGeometry, tiling: GemmTiling,
         first = min(nbox, max(0, -(lo // rstep)))
         last = max(first, min(nbox, -(-(h - lo) // rstep)))
         dst = block("l1", slot_addr(core, slot), dt, (1, row_px, px))
-        if kb.nbuf == 1:  # the one slot may still be read by the last step's gathers
-            kb.fence(core, UNIT_DMA_IN)
-        if last == first:  # only padding rows: the zeros at DRAM address 0, padded
-            kb.load(core, shape=(1, 1, 1), dst=dst, src=block("dram", 0, dt, (0, 0, 0)),
-                    pad_hi=(cs - 1, nbox - 1, width - 1), fill=0)
+        if kb.stage_begin(core, dst, (cs, nbox, width), last == first):
             return
         kb.load(core, shape=(cs, last - first, wd), dst=dst,
                 src=xa.at(((plane(b)[0] + c0) * h + lo + first * rstep) * wd,

@@ -55,7 +55,6 @@ from .gemm import (
 from .lowering import LoweringContext, NotSupported
 from .ops import (
     ConvGeometry,
-    cast_kernel,
     conv_geometry,
     conv_weight_layout,
 )
@@ -65,6 +64,7 @@ from .tir_program import (
     STAGE_KEY,
     emit_scheduled_conv,
 )
+from .vector import cast_kernel
 
 __all__ = ["conv_prim_func", "lower_conv_tir", "schedule_conv", "scheduled_conv"]
 

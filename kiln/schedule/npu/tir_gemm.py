@@ -54,7 +54,6 @@ from .gemm import (
 )
 from .lowering import LoweringContext, NotSupported, register_tir_lowering
 from .ops import (
-    cast_kernel,
     grouped_conv,
     is_depthwise,
     is_pointwise,
@@ -66,6 +65,7 @@ from .ops import (
 from .tir_conv import lower_conv_tir
 from .tir_product import annotate_pipeline, tile_product
 from .tir_program import emit_scheduled
+from .vector import cast_kernel
 
 __all__ = ["GemmProblem", "gemm_prim_func", "plan_gemm_candidates", "plan_gemm_problem",
            "schedule_gemm", "scheduled_gemm"]

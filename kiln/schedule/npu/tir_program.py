@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...ir.errors import KilnError
-from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, UNIT_TENSOR
+from ...npu.isa import UNIT_DMA_OUT, UNIT_TENSOR
 from ...tir import expr as E
 from ...tir.buffer import Buffer
 from ...tir.function import PrimFunc
@@ -923,11 +923,7 @@ class _ConvTransfers:
         last = max(first, min(nbox, self.rows[1] - q0))
         left, right = self.pixels
         dst = block("l1", self.slot_addr(core, slot), dt, (1, self.row_px, self.px))
-        if kb.nbuf == 1:  # the one slot may still be read by the last step's gathers
-            kb.fence(core, UNIT_DMA_IN)
-        if last == first:  # only padding rows: the zeros at DRAM address 0, padded
-            kb.load(core, shape=(1, 1, 1), dst=dst, src=block("dram", 0, dt, (0, 0, 0)),
-                    pad_hi=(cs - 1, nbox - 1, width - 1), fill=0)
+        if kb.stage_begin(core, dst, (cs, nbox, width), last == first):
             return
         # the box (channels, rows, pixels): the DMA's dims in the order of the source's
         # strides (channel planes, rows, contiguous runs of a row's pixels)

@@ -52,7 +52,7 @@ __all__ = ["ElementwiseKernel", "ElementwisePlan", "VecStep", "acc_layout", "com
            "plan_rows", "pool2d_kernel", "pool2d_kernel_info", "register_pool2d_kernel",
            "rows_bound",
            "register_elementwise_kernel", "emit_layer_norm", "emit_row_mean", "emit_pool2d",
-           "NARROW_FLOATS", "in_float32",
+           "NARROW_FLOATS", "cast_kernel", "in_float32",
            "emit_softmax", "traffic_cycles"]
 
 L0_INPUTS = ("input", "weight")
@@ -632,16 +632,23 @@ def _rows_kernel(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor, 
 NARROW_FLOATS = ("float16", "bfloat16")
 
 
+def cast_kernel(ctx: LoweringContext, x: DramTensor, dtype: str, op: str = "cast",
+                out: DramTensor | None = None) -> DramTensor:
+    """``x`` converted to ``dtype`` (rounding to nearest even) on the vector unit, into
+    ``out`` or a new DRAM tensor."""
+    out = out if out is not None else ctx.alloc(x.shape, dtype)
+    elementwise_kernel(ctx, op, out, [x], [VecStep("vcast", (("in", 0),), (("mode", "rne"),))])
+    return out
+
+
 def in_float32(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
                compute: Callable[[DramTensor, DramTensor], None]) -> None:
     """``compute(x, out)`` on float32 copies: a cast kernel widens ``x`` (exactly), ``compute``
     runs in float32 and another cast kernel rounds its result once to ``out``'s type -- for
     the sums of :data:`NARROW_FLOATS` (row means, average pooling windows)."""
-    wide_x, wide_out = ctx.alloc(x.shape, "float32"), ctx.alloc(out.shape, "float32")
-    cast = [VecStep("vcast", (("in", 0),), (("mode", "rne"),))]
-    elementwise_kernel(ctx, f"{op}.cast", wide_x, [x], cast)
-    compute(wide_x, wide_out)
-    elementwise_kernel(ctx, f"{op}.cast", out, [wide_out], cast)
+    wide_out = ctx.alloc(out.shape, "float32")
+    compute(cast_kernel(ctx, x, "float32", f"{op}.cast"), wide_out)
+    cast_kernel(ctx, wide_out, out.dtype, f"{op}.cast", out)
 
 
 def emit_row_mean(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor,
