@@ -30,7 +30,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from gpu import fp16_case, gemm_case, gemm_module, model_case, rel_err, timed  # noqa: E402
+from gpu import (  # noqa: E402
+    fp16_case,
+    gemm_case,
+    gemm_module,
+    model_case,
+    rel_err,
+    timed,
+    warm_up_gpu,
+)
 
 from kiln.build import lower_graph  # noqa: E402
 from kiln.codegen.executable import build_executable  # noqa: E402
@@ -72,10 +80,46 @@ GEMM_CONFIGS: list[tuple[str, dict[str, Any]]] = [
                                            "gpu_mma_async_stages": 3, "gpu_mma_ldmatrix": True}),
     ("tiles 4x8, bk 64, cp.async 3, ldm", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
                                            "gpu_mma_async_stages": 3, "gpu_mma_ldmatrix": True}),
+    # the warp-tile intrinsic (gpu_mma_fragments): fragments loaded once per 16-deep step
+    ("frag", {"gpu_mma_fragments": True}),
+    ("frag, cp.async 3", {"gpu_mma_fragments": True, "gpu_mma_async_stages": 3}),
+    ("frag, cp.async 4", {"gpu_mma_fragments": True, "gpu_mma_async_stages": 4}),
+    ("frag, 4x8, bk 32, cp.async 3", {"gpu_mma_fragments": True, "gpu_mma_tiles": (4, 8),
+                                      "gpu_mma_bk": 32, "gpu_mma_async_stages": 3}),
+    ("frag, 4x8, bk 32, cp.async 4", {"gpu_mma_fragments": True, "gpu_mma_tiles": (4, 8),
+                                      "gpu_mma_bk": 32, "gpu_mma_async_stages": 4}),
+    ("frag, 4x8, bk 64, cp.async 3", {"gpu_mma_fragments": True, "gpu_mma_tiles": (4, 8),
+                                      "gpu_mma_bk": 64, "gpu_mma_async_stages": 3}),
+    ("frag, w2x4, 4x4, bk 32, cp.async 4", {"gpu_mma_fragments": True, "gpu_mma_warps": (2, 4),
+                                            "gpu_mma_tiles": (4, 4), "gpu_mma_bk": 32,
+                                            "gpu_mma_async_stages": 4}),
+    ("frag, 4x8, bk 32", {"gpu_mma_fragments": True, "gpu_mma_tiles": (4, 8),
+                          "gpu_mma_bk": 32}),
+    ("frag, 4x8, bk 64, cp.async 2", {"gpu_mma_fragments": True, "gpu_mma_tiles": (4, 8),
+                                      "gpu_mma_bk": 64, "gpu_mma_async_stages": 2}),
+    ("frag, 4x8, bk 64, cp.async 4", {"gpu_mma_fragments": True, "gpu_mma_tiles": (4, 8),
+                                      "gpu_mma_bk": 64, "gpu_mma_async_stages": 4}),
+    # 8 warps of 64 x 64: 128 x 256 and 256 x 128 block tiles (half the L2 reads of 128 x 128)
+    ("frag, w2x4, 4x8, bk 32, cp.async 3", {"gpu_mma_fragments": True, "gpu_mma_warps": (2, 4),
+                                            "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
+                                            "gpu_mma_async_stages": 3}),
+    ("frag, w2x4, 4x8, bk 32, cp.async 4", {"gpu_mma_fragments": True, "gpu_mma_warps": (2, 4),
+                                            "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
+                                            "gpu_mma_async_stages": 4}),
+    ("frag, w2x4, 4x8, bk 64, cp.async 3", {"gpu_mma_fragments": True, "gpu_mma_warps": (2, 4),
+                                            "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
+                                            "gpu_mma_async_stages": 3}),
+    ("frag, w4x2, 4x8, bk 32, cp.async 3", {"gpu_mma_fragments": True, "gpu_mma_warps": (4, 2),
+                                            "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
+                                            "gpu_mma_async_stages": 3}),
+    ("frag, w4x2, 4x8, bk 64, cp.async 3", {"gpu_mma_fragments": True, "gpu_mma_warps": (4, 2),
+                                            "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
+                                            "gpu_mma_async_stages": 3}),
 ]
 #: (label, knobs) of float16 ResNet-18 at batch 32.
 CONV_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("default", {}),
+    ("frag", {"gpu_mma_fragments": True}),
     ("taps inner (OIHW K order)", {"gpu_conv_mma_taps_outer": False}),
 ]
 GEMM_N = 4096
@@ -108,6 +152,7 @@ def nvrtc_report(arch: str) -> None:
 
 def time_gemm(target: Target, repeat: int) -> None:
     _, torch_fn, inputs = gemm_case(GEMM_N)
+    warm_up_gpu()
     ref = torch_fn(*inputs)
     cublas = timed(lambda: torch_fn(*inputs), repeat)
     flops = 2 * GEMM_N ** 3

@@ -200,6 +200,12 @@ MMA_KNOBS = [
     {"gpu_mma_ldmatrix": True},
     {"gpu_mma_tiles": (2, 8), "gpu_mma_bk": 64, "gpu_mma_async_stages": 3,
      "gpu_mma_ldmatrix": True, "gpu_mma_b_chunks": True},
+    # the warp-tile intrinsic: ldmatrix (.trans for B's column-block order), x2 for odd NI
+    {"gpu_mma_fragments": True},
+    {"gpu_mma_fragments": True, "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
+     "gpu_mma_async_stages": 3},
+    {"gpu_mma_fragments": True, "gpu_mma_warps": (2, 4), "gpu_mma_tiles": (1, 1),
+     "gpu_mma_async_stages": 2},
 ]
 
 
@@ -241,7 +247,7 @@ def test_tensor_core_convolution_matches_the_exact_product(dtype, xs, ws, stride
              "groups": 1}
     func, _ = scheduled("nn.conv2d", [x, w], attrs, schedule=False)
     _, lowered = schedule_and_lower(func.with_attr("op_name", "nn.conv2d"), _target())
-    assert "mma_sync" in str(lowered)
+    assert "gpu.mma_tile" in str(lowered)
     exact = np.asarray(kiln.build(_conv_module(xs, w.astype("float64"), stride, pad), CPU)(
         x.astype("float64")))
     out = np.full(exact.shape, np.nan, np_dt)

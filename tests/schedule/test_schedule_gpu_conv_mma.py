@@ -267,7 +267,7 @@ def test_fused_bias_residual_relu_fold_into_the_write_back(dtype, size):
     exe = kiln.build(mod, OPENCL)
     (func,) = exe.module.program.functions.values()
     assert len(func.kernels) == 1
-    assert "kiln_mma_m16n8k16" in exe.module.program.source
+    assert "kiln_mma_tile_" in exe.module.program.source  # the warp-tile route
     xs = RNG.uniform(-1, 1, (2, 32, size, size)).astype(NP[dtype])
     got = np.asarray(exe(xs)).astype("float64")
     conv = _torch_conv(xs, w, (1, 1), (1, 1, 1, 1))
@@ -285,7 +285,7 @@ def test_mixed_precision_resnet_runs_its_convolutions_on_tensor_cores(dtype):
     convs = [f for name, f in exe.module.program.functions.items() if "conv2d" in name]
     # 5 convolutions, 3 distinct functions (the blocks' second convs are alike), one kernel each
     assert len(convs) == 3 and all(len(f.kernels) == 1 for f in convs)
-    assert source.count("(void)kiln_mma_m16n8k16") == 3  # one mma call per conv kernel
+    assert source.count("(void)kiln_mma_tile_") == 3  # one warp-tile call per conv kernel
     got = np.asarray(exe(*model.inputs)).astype("float64")
     ref = model.reference(*model.inputs)
     np.testing.assert_allclose(got, ref, atol=8 * EPS[dtype] * np.abs(ref).max())

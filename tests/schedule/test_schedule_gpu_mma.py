@@ -26,6 +26,7 @@ from kiln.schedule.gpu.linalg import (
     MMA_TILES,
     MMA_WARPS,
     mma_column_chunks,
+    mma_column_order,
     mma_row_order,
     mma_tile,
 )
@@ -36,7 +37,7 @@ from kiln.testing.op_testing import scheduled
 from kiln.tir.expr import Call, const
 from kiln.tir.functor import post_order_visit
 from kiln.tir.gpu import ASYNC_COPY
-from kiln.tir.tensor_intrin.gpu import MMA_SYNC
+from kiln.tir.tensor_intrin.gpu import MMA_SYNC, MMA_TILE
 from kiln.tir.transform.permute_layout import permuted_index
 
 OPENCL = Target("opencl")
@@ -98,17 +99,18 @@ def test_every_mma_knob_value_computes_the_product(warps, tiles, bk):
 
 
 def test_shared_rows_are_padded_against_bank_conflicts():
-    """A's rows (bk 32) 34 elements apart, B's 65 (64 columns; 130 for 128 columns with NI =
-    8: 4-byte aligned): the lanes' fragment loads fall on distinct banks
-    (kiln.tir.transform.compact_buffers.STORAGE_ALIGN)."""
+    """The per-mma route (knob gpu_mma_fragments off): A's rows (bk 32) 34 elements apart,
+    B's 65 (64 columns; 130 for 128 columns with NI = 8: 4-byte aligned): the lanes' fragment
+    loads fall on distinct banks (kiln.tir.transform.compact_buffers.STORAGE_ALIGN)."""
     a = np.zeros((128, 64), np.float16)
     b = np.zeros((64, 64), np.float16)
-    _, lowered = _lowered("matmul", [a, b], OPENCL, {"gpu_mma_tiles": (4, 4), "gpu_mma_bk": 32})
+    _, lowered = _lowered("matmul", [a, b], OPENCL, {"gpu_mma_tiles": (4, 4), "gpu_mma_bk": 32,
+                                                       "gpu_mma_fragments": False})
     (launch,) = kernel_launches(lowered)
     sizes = {s.name: int(s.shape[0].value) for s in launch.shared}
     assert sizes == {"in0_shared": 127 * 34 + 32, "in1_shared": 31 * 65 + 64}
     _, lowered = _lowered("matmul", [a, np.zeros((64, 128), np.float16)], OPENCL,
-                          {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32})
+                          {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32, "gpu_mma_fragments": False})
     (launch,) = kernel_launches(lowered)
     sizes = {s.name: int(s.shape[0].value) for s in launch.shared}
     assert sizes == {"in0_shared": 127 * 34 + 32, "in1_shared": 31 * 130 + 128}
@@ -116,7 +118,8 @@ def test_shared_rows_are_padded_against_bank_conflicts():
     # (the padding used to go to the batch stride, leaving the rows on the same banks)
     _, lowered = _lowered("matmul", [np.zeros((2, 128, 64), np.float16),
                                      np.zeros((2, 64, 64), np.float16)], OPENCL,
-                          {"gpu_mma_tiles": (4, 4), "gpu_mma_bk": 32})
+                          {"gpu_mma_tiles": (4, 4), "gpu_mma_bk": 32,
+                           "gpu_mma_fragments": False})
     (launch,) = kernel_launches(lowered)
     sizes = {s.name: int(s.shape[0].value) for s in launch.shared}
     assert sizes == {"in0_shared": 127 * 34 + 32, "in1_shared": 31 * 65 + 64}
@@ -303,7 +306,7 @@ def test_ldmatrix_row_order_computes_the_product_on_opencl(warps, tiles, bk, sta
     b = RNG.uniform(-1, 1, (128, 128)).astype(np.float16)
     knobs = {"gpu_mma_warps": warps, "gpu_mma_tiles": tiles, "gpu_mma_bk": bk,
              "gpu_mma_ldmatrix": True, "gpu_mma_async_stages": stages,
-             "gpu_mma_b_chunks": True}
+             "gpu_mma_b_chunks": True, "gpu_mma_fragments": False}
     sched, lowered = _lowered("matmul", [a, b], OPENCL, knobs)
     assert sched.attrs[SCHEDULE_ATTR] == "op" and mma_calls(lowered) == 1
     assert _mma_row_strides(lowered) == {8 * (bk + 8)}  # rows 8 mod 16 elements, h 8 rows on
@@ -316,11 +319,11 @@ def test_async_pipelines_order_the_rows_of_a_as_well():
     """16-byte rows 8 mod 16 apart need the mma row order for conflict-free fragment loads."""
     a = np.zeros((256, 64), np.float16)
     b = np.zeros((64, 128), np.float16)
-    _, lowered = _lowered("matmul", [a, b], OPENCL, {"gpu_mma_bk": 32,
-                                                       "gpu_mma_async_stages": 2})
+    per_mma = {"gpu_mma_bk": 32, "gpu_mma_fragments": False}
+    _, lowered = _lowered("matmul", [a, b], OPENCL, {**per_mma, "gpu_mma_async_stages": 2})
     assert _mma_row_strides(lowered) == {8 * 40}
-    _, lowered = _lowered("matmul", [a, b], OPENCL, {"gpu_mma_bk": 32})
-    assert _mma_row_strides(lowered) == {34}  # the default: unpermuted, 2 mod 4
+    _, lowered = _lowered("matmul", [a, b], OPENCL, per_mma)
+    assert _mma_row_strides(lowered) == {34}  # the per-mma route alone: unpermuted, 2 mod 4
 
 
 @pytest.mark.parametrize("arch,knobs", [
@@ -331,7 +334,8 @@ def test_async_pipelines_order_the_rows_of_a_as_well():
 def test_ldmatrix_compiles_without_spills(arch, knobs):
     target = Target("cuda", arch=arch)
     arrays = [np.zeros((4096, 4096), np.float16)] * 2
-    _, lowered = _lowered("matmul", arrays, target, {**knobs, "gpu_mma_ldmatrix": True})
+    _, lowered = _lowered("matmul", arrays, target, {**knobs, "gpu_mma_ldmatrix": True,
+                                                      "gpu_mma_fragments": False})
     (launch,) = kernel_launches(lowered)
     binary = compile_cuda(gpu_build({"f": lowered}, target).program.source, arch)
     ptx = binary.ptx.decode(errors="replace")
@@ -373,9 +377,94 @@ def test_the_mma_calls_pass_the_layouts_lane_stride(tiles, stages, chunks, lane_
     a = np.zeros((64, 64), np.float16)
     b = np.zeros((64, 256), np.float16)
     knobs = {"gpu_mma_warps": (1, 1), "gpu_mma_tiles": tiles, "gpu_mma_bk": 32,
-             "gpu_mma_async_stages": stages, "gpu_mma_b_chunks": chunks}
+             "gpu_mma_async_stages": stages, "gpu_mma_b_chunks": chunks,
+             "gpu_mma_fragments": False}
     _, lowered = _lowered("matmul", [a, b], OPENCL, knobs)
     found = set()
     post_order_visit(lowered.body, lambda n: found.add(int(n.args[7].value)) if isinstance(
         n, Call) and n.op == MMA_SYNC else None)
     assert found == {lane_cols}
+
+
+# ---- the warp-tile intrinsic (knob gpu_mma_fragments, the default) -------------------------
+
+def _tile_calls(lowered) -> list[Call]:
+    calls: list[Call] = []
+    post_order_visit(lowered.body, lambda n: calls.append(n) if isinstance(n, Call)
+                     and n.op == MMA_TILE else None)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("warps,tiles,bk,stages,shape", [
+    ((2, 2), (4, 8), 32, 3, (256, 128, 256)),
+    ((2, 2), (4, 4), 64, 0, (256, 128, 128)),     # register prefetch, no cp.async
+    ((1, 1), (1, 1), 16, 2, (64, 48, 64)),        # NI odd: CUDA's ldmatrix.x2.trans
+    ((2, 4), (2, 2), 16, 4, (2, 128, 64, 128)),   # batched, four stages
+    ((4, 2), (2, 8), 32, 2, (128, 96, 128)),
+])
+def test_fragment_tiles_compute_the_product_on_opencl(dtype, warps, tiles, bk, stages, shape):
+    """PoCL runs the warp-tile intrinsic's thread view through the same permuted tiles (A's
+    rows in mma order, B's columns in (block, lane, pair) order) the CUDA helper's ldmatrix
+    addressing assumes: a copy and a fragment read that disagree change the numbers."""
+    *batch, m, k, n = shape
+    a = RNG.uniform(-1, 1, (*batch, m, k)).astype(NP[dtype])
+    b = RNG.uniform(-1, 1, (*batch, k, n)).astype(NP[dtype])
+    knobs = {"gpu_mma_warps": warps, "gpu_mma_tiles": tiles, "gpu_mma_bk": bk,
+             "gpu_mma_async_stages": stages, "gpu_mma_fragments": True}
+    sched, lowered = _lowered("matmul", [a, b], OPENCL, knobs)
+    calls = _tile_calls(lowered)
+    assert sched.attrs[SCHEDULE_ATTR] == "op" and len(calls) == 1
+    assert [int(x.value) for x in calls[0].args[-2:]] == list(tiles)
+    out = np.full((*batch, m, n), np.nan, NP[dtype])
+    gpu_build({"f": lowered}, OPENCL)["f"](a, b, out)
+    _check(out, a, b, dtype)
+
+
+@pytest.mark.parametrize("warps,mi,ni", [((2, 2), 4, 8), ((1, 4), 2, 8), ((4, 1), 1, 3)])
+def test_fragment_layouts_match_the_cuda_ldmatrix_addressing(warps, mi, ni):
+    """What PoCL cannot check: the CUDA helper (kiln_mma_tile_*) finds the other lanes' rows
+    and columns from its own address. A: the thread's logical row i is 8 i tile rows after its
+    first, lane group g' 's row of mma m is 16 m + (g' - g) rows on. B: the thread's logical
+    column 2 n + e is 8 n + e after its first, lane t's first is 2 t after the warp's."""
+    wy, wx = warps
+
+    def at(layout, x):
+        _, radices, order = layout
+        return int(simplify_expr(permuted_index(const("int64", x), radices, order)).value)
+
+    rows = mma_row_order(wy, mi)
+    for w, g, i in itertools.product(range(wy), range(8), range(2 * mi)):
+        first = at(rows, w * 16 * mi + g * 2 * mi)
+        assert first == w * 16 * mi + g
+        assert at(rows, w * 16 * mi + g * 2 * mi + i) - first == 8 * i
+    cols = mma_column_order(wx, ni)
+    for w, t, j in itertools.product(range(wx), range(4), range(2 * ni)):
+        first = at(cols, w * 8 * ni + t * 2 * ni)
+        assert first == w * 8 * ni + 2 * t
+        assert at(cols, w * 8 * ni + t * 2 * ni + j) - first == 8 * (j // 2) + j % 2
+
+
+@pytest.mark.parametrize("arch,step", [("sm_90", (64, 3)), ("sm_80", (64, 3)), ("sm_89", (32, 3))])
+def test_default_gemm_takes_the_warp_tile_route_and_fits_the_target(arch, step):
+    """By default a 4096^3 float16 product takes 64 x 64 warp tiles (4 x 8 mma), 64-deep steps
+    in three cp.async stages where the target's shared memory holds them (sm_89's 99 KB: 32
+    deep), fragments by ldmatrix (.trans for B), and compiles without spills."""
+    target = Target("cuda", arch=arch)
+    arrays = [np.zeros((4096, 4096), np.float16)] * 2
+    _, lowered = _lowered("matmul", arrays, target)
+    (call,) = _tile_calls(lowered)
+    assert [int(x.value) for x in call.args[-2:]] == [4, 8]
+    (launch,) = kernel_launches(lowered)
+    bk, stages = step
+    sizes = {s.name: int(s.shape[0].value) for s in launch.shared}
+    assert sizes["in0_shared"] % stages == 0 and sizes["in0_shared"] // stages >= 127 * (
+        bk + 8) + bk
+    binary = compile_cuda(gpu_build({"f": lowered}, target).program.source, arch)
+    ptx = binary.ptx.decode(errors="replace")
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+    assert ptx.count("mma.sync.aligned.m16n8k16") == 32 * bk // 16
+    assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" in ptx
+    (usage,) = binary.resources().values()
+    assert usage.stack_bytes == 0 and usage.spill_stores == usage.spill_loads == 0
+    assert usage.registers * launch.threads_per_block <= target.gpu.max_registers_per_block

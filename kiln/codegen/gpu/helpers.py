@@ -83,6 +83,52 @@ static inline void NAME(float* c, const uint16_t* a, const uint16_t* b, long ldc
 """
 
 
+#: A warp's register tile for one 16-deep step (kiln.tir.tensor_intrin.gpu's tile intrinsic):
+#: A's fragments for mma row block m by ldmatrix.x4 (rows in the mma order: the thread's row i
+#: is 8 i tile rows after its first, the tile's row stride lda / 8; lane l gives row l % 16 of
+#: the block, columns 8 (l / 16) on), B's for column blocks n and n + 1 by ldmatrix.x4.trans
+#: (B's columns in (block, t, e) order: the thread's first column is lane t's 2 t in block 0,
+#: a block's 8 columns consecutive; lane l gives row l % 8 + 8 ((l / 8) % 2) of block
+#: n + l / 16), then MI x NI mma.sync. The thread's accumulator (h, e) of mma (m, n) is
+#: c[(2 m + h) ldc + 2 n + e].
+_CUDA_MMA_TILE = r"""
+static inline void NAME(float* c, const uint16_t* a, const uint16_t* b, long ldc, long lda,
+                        long ldb) {
+  const unsigned lane = threadIdx.x & 31u, g = lane >> 2, t = lane & 3u;
+  const long row = lda >> 3;
+  const uint16_t* pa = a + ((long)(lane & 15u) - (long)g) * row + (long)(lane >> 4) * 8;
+  const uint16_t* pb = b - 2 * (long)t + ((long)(lane & 7u) + (long)((lane >> 3) & 1u) * 8) * ldb
+                       + (long)(lane >> 4) * 8;
+  uint32_t fa[MI][4], fb[NI + 1][2];
+#pragma unroll
+  for (int m = 0; m < MI; ++m)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+        : "=r"(fa[m][0]), "=r"(fa[m][1]), "=r"(fa[m][2]), "=r"(fa[m][3])
+        : "r"((unsigned)__cvta_generic_to_shared(pa + 16 * m * row)));
+#pragma unroll
+  for (int n = 0; n + 1 < NI; n += 2)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+        : "=r"(fb[n][0]), "=r"(fb[n][1]), "=r"(fb[n + 1][0]), "=r"(fb[n + 1][1])
+        : "r"((unsigned)__cvta_generic_to_shared(pb + 8 * n)));
+  if (NI % 2)  /* the last block alone: lanes 0-15 give its 16 rows */
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+        : "=r"(fb[NI - 1][0]), "=r"(fb[NI - 1][1])
+        : "r"((unsigned)__cvta_generic_to_shared(pb + 8 * (NI - 1) - (long)(lane >> 4) * 8)));
+#pragma unroll
+  for (int m = 0; m < MI; ++m)
+#pragma unroll
+    for (int n = 0; n < NI; ++n) {
+      float* d = c + 2 * m * ldc + 2 * n;
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.DT.DT.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+          "{%8, %9}, {%0, %1, %2, %3};"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[ldc]), "+f"(d[ldc + 1])
+          : "r"(fa[m][0]), "r"(fa[m][1]), "r"(fa[m][2]), "r"(fa[m][3]), "r"(fb[n][0]),
+            "r"(fb[n][1]));
+    }
+}
+"""
+
+
 class GpuHelpers(Helpers):
     """The helpers one generated GPU program needs, rendered for ``dialect``."""
 
@@ -168,6 +214,34 @@ class GpuHelpers(Helpers):
             f"        s += kiln_{short}_to_f32(a[h * lda + k]) *\n"
             f"             kiln_{short}_to_f32(b[k * ldb + e]);\n"
             f"      c[h * ldc + e] = s;\n"
+            f"    }}\n}}\n"))
+
+    def mma_tile(self, dtype: str, mi: int, ni: int) -> str:
+        """``kiln_mma_tile_<dt>_<MI>x<NI>(c, a, b, ldc, lda, ldb)``: one thread's part of a
+        warp's ``MI x NI`` tensor-core products for one 16-deep step
+        (:func:`kiln.tir.tensor_intrin.gpu.register_mma_tile_intrinsic`). CUDA: every fragment
+        loaded once by ``ldmatrix`` (``.trans`` for B), then the ``mma.sync``; OpenCL: the
+        thread's ``2 MI x 2 NI`` outputs in float32, read through the same layouts (A's rows
+        ``lda`` apart, B's column ``2 n + e`` at ``8 n + e``)."""
+        short = {"float16": "f16", "bfloat16": "bf16"}.get(dtype)
+        if short is None:
+            raise CodegenError(f"the tensor cores multiply float16 or bfloat16, not {dtype}")
+        name = f"kiln_mma_tile_{short}_{mi}x{ni}"
+        if self.dialect.is_cuda:
+            return self._add(name, _CUDA_MMA_TILE.replace("NAME", name).replace(
+                "DT", short).replace("MI", str(mi)).replace("NI", str(ni)))
+        self.use(short)
+        ptr = "__local const uint16_t* "
+        return self._add(name, (
+            f"static inline void {name}(float* c, {ptr}a, {ptr}b, long ldc, long lda, "
+            f"long ldb) {{\n"
+            f"  for (int i = 0; i < {2 * mi}; ++i)\n"
+            f"    for (int j = 0; j < {2 * ni}; ++j) {{\n"
+            f"      float s = c[i * ldc + j];\n"
+            f"      for (int k = 0; k < 16; ++k)\n"
+            f"        s += kiln_{short}_to_f32(a[i * lda + k]) *\n"
+            f"             kiln_{short}_to_f32(b[k * ldb + (j >> 1) * 8 + (j & 1)]);\n"
+            f"      c[i * ldc + j] = s;\n"
             f"    }}\n}}\n"))
 
     def cp_async(self, nbytes: int) -> str:

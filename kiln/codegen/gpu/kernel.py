@@ -43,7 +43,7 @@ from ...tir.gpu import (
     is_block_tag,
 )
 from ...tir.tensor_intrin import ADDRESS_OF, ELEM_OFFSET
-from ...tir.tensor_intrin.gpu import MMA_SYNC
+from ...tir.tensor_intrin.gpu import MMA_SYNC, MMA_TILE
 from ...tir.transform.async_copies import NOT_ASYNC
 from ...tir.transform.hoist_allocations import alloc_size
 from ..c import externs
@@ -215,6 +215,8 @@ class KernelEmitter(FunctionEmitter):
             return externs.emit(self, e)
         if e.op == MMA_SYNC:
             return self._mma_sync(e)
+        if e.op == MMA_TILE:
+            return self._mma_tile(e)
         if e.op in externs.EXTERN_OPS:
             raise CodegenError(f"{self.name}: CPU tensor intrinsics cannot run in GPU kernels")
         if e.dtype.lanes > 1:
@@ -238,6 +240,14 @@ class KernelEmitter(FunctionEmitter):
         if ldmatrix:
             args = args[:7]
         fn = self.helpers.mma_m16n8k16(str(dtype.value), ldmatrix)  # type: ignore[attr-defined]
+        return f"{fn}({', '.join(strip_parens(self.expr(a)) for a in args)})"
+
+    def _mma_tile(self, e: E.Call) -> str:
+        """One thread's part of a warp's tensor-core tile for a 16-deep step
+        (:func:`kiln.tir.tensor_intrin.gpu.register_mma_tile_intrinsic`)."""
+        dtype, *args, mi, ni = e.args
+        fn = self.helpers.mma_tile(  # type: ignore[attr-defined]
+            str(dtype.value), int(mi.value), int(ni.value))
         return f"{fn}({', '.join(strip_parens(self.expr(a)) for a in args)})"
 
     def _rounded(self, value: E.PrimExpr) -> str:

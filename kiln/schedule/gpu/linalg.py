@@ -29,7 +29,12 @@ from typing import Any
 
 from ...ir.errors import ScheduleError
 from ...tir.schedule.analysis import as_int
-from ...tir.tensor_intrin.gpu import MMA_DTYPES, MMA_K, register_mma_intrinsic
+from ...tir.tensor_intrin.gpu import (
+    MMA_DTYPES,
+    MMA_K,
+    register_mma_intrinsic,
+    register_mma_tile_intrinsic,
+)
 from ...tir.transform.async_copies import ASYNC_STAGES
 from ...tir.transform.compact_buffers import STORAGE_ALIGN
 from ...tir.transform.convert_blocks_to_loops import SUBSTITUTE_BINDINGS
@@ -188,6 +193,17 @@ MMA_STAGES = 2
 #: 16-byte asynchronous copies, up to ``stages - 1`` steps ahead. Not measured on a GPU yet
 #: (``benchmarks/gpu_mma_knobs.py``), hence off.
 MMA_ASYNC_STAGES = (0, 2, 3, 4)
+#: The tiles of the warp-tile route (knob ``gpu_mma_fragments``, the default), in the order
+#: :func:`mma_tile` prefers them: 64 x 64 per warp first. On an H100 (4096^3 float16, 2 x 2
+#: warps, ``benchmarks/gpu_mma_knobs.py``, two runs): 4 x 8 with 64-deep steps and three
+#: ``cp.async`` stages 0.665 / 0.706 ms, with 32-deep steps 0.707 / 0.749 ms, 4 x 4 0.79-1.0 ms;
+#: eight warps (128 x 256 or 256 x 128 blocks) 0.87-0.97 ms; the per-``mma`` route's best
+#: 0.94-1.07 ms; cuBLAS 0.18-0.23 ms.
+FRAGMENT_TILES = ((4, 8), (4, 4), (2, 8), (2, 4), (2, 2), (1, 1))
+#: (reduction elements per step, ``cp.async`` stages) of the warp-tile route without gathered
+#: operands: the first whose step divides the reduction and whose stages fit the target's
+#: shared memory (sm_89's 99 KB takes 32-deep steps for a 128 x 128 tile).
+FRAGMENT_STEPS = ((64, 3), (32, 3), (32, 2), (16, 2))
 #: Shared row padding (``STORAGE_ALIGN``: stride = offset mod factor elements) of the tiles
 #: of an asynchronous pipeline: rows 16-byte aligned for the copies' chunks, 16 bytes off a
 #: multiple of 32 so consecutive rows start in different bank groups. Axis -2: the rows, also
@@ -217,6 +233,25 @@ def mma_column_chunks(warps_x: int, ni: int) -> tuple[int, tuple[int, ...], tupl
     return (-1, (warps_x, 4, ni // 4, 4, 2), (0, 2, 1, 3, 4))
 
 
+def mma_column_order(warps_x: int, ni: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """The :data:`~kiln.tir.transform.permute_layout.PERMUTE_LAYOUT` of B's shared tile under
+    the warp-tile intrinsic (knob ``gpu_mma_fragments``): the columns of a block tile are the
+    digits (warp, lane ``t`` < 4, ``mma`` column block ``n`` < NI, ``e`` < 2), stored as
+    (warp, ``n``, ``t``, ``e``), so each ``mma``'s 8 columns are consecutive -- one 16-byte row
+    of an ``ldmatrix.trans`` matrix -- while each thread's accumulators stay one dense tile.
+    Pairs of columns stay whole (the copies move 4-byte chunks into it)."""
+    return (-1, (warps_x, 4, ni, 2), (0, 2, 1, 3))
+
+
+def mma_shared_bytes(bm: int, bn: int, bk: int, stages: int, pad_b: bool) -> int:
+    """Shared bytes of the padded tiles (rows :data:`ASYNC_ALIGN`: 16-byte aligned, each
+    stage rounded up to 16 bytes) of a ``bm x bn x bk`` step in ``stages`` copies (0: one);
+    ``pad_b``: B's rows padded the same way, else by 2 elements."""
+    pad = ASYNC_ALIGN[2]
+    return max(1, stages) * sum(-(-size // 8) * 8 for size in (
+        (bm - 1) * (bk + pad) + bk, (bk - 1) * (bn + (pad if pad_b else 2)) + bn)) * 2
+
+
 def mma_supported(target: Any, dtype: Any) -> bool:
     """Whether ``target`` multiplies ``dtype`` operands on tensor cores (``mma.sync``, CUDA
     sm_80 and later: every architecture kiln targets), or -- OpenCL -- runs the same schedule
@@ -224,13 +259,13 @@ def mma_supported(target: Any, dtype: Any) -> bool:
     return str(dtype) in MMA_DTYPES and target.kind in ("cuda", "opencl")
 
 
-def mma_tile(m: int, n: int, batch: int, warps: tuple[int, int], multiprocessors: int
-             ) -> tuple[int, int] | None:
-    """The first of :data:`MMA_TILES` whose block tile (``warps`` warps) divides ``batch``
-    ``m x n`` products into at least ``multiprocessors`` blocks, else the dividing one with
-    the most blocks; None when none divides them."""
+def mma_tile(m: int, n: int, batch: int, warps: tuple[int, int], multiprocessors: int,
+             tiles: tuple[tuple[int, int], ...] = MMA_TILES) -> tuple[int, int] | None:
+    """The first of ``tiles`` (:data:`MMA_TILES`) whose block tile (``warps`` warps) divides
+    ``batch`` ``m x n`` products into at least ``multiprocessors`` blocks, else the dividing
+    one with the most blocks; None when none divides them."""
     wy, wx = warps
-    fits = [(mi, ni) for mi, ni in MMA_TILES if m % (wy * 16 * mi) == 0
+    fits = [(mi, ni) for mi, ni in tiles if m % (wy * 16 * mi) == 0
             and n % (wx * 8 * ni) == 0]
     if not fits:
         return None
@@ -275,7 +310,12 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
     when NI is 8; refused with ``gathers``, whose copies compute),
     ``gpu_mma_ldmatrix`` (off by default: CUDA loads A's fragments with ``ldmatrix.x4``,
     from the same padded, :func:`mma_row_order` tile; one per ``mma``, so each fragment is
-    loaded ``NI`` times where the plain loads are shared by the compiler)."""
+    loaded ``NI`` times where the plain loads are shared by the compiler),
+    ``gpu_mma_fragments`` (on by default: one warp-tile intrinsic per 16-deep step,
+    :func:`~kiln.tir.tensor_intrin.gpu.register_mma_tile_intrinsic`, every fragment loaded
+    once by ``ldmatrix``, A in :func:`mma_row_order`, B in :func:`mma_column_order`; its
+    defaults :data:`FRAGMENT_TILES` and, without gathers, :data:`FRAGMENT_STEPS`; it replaces
+    ``gpu_mma_ldmatrix`` and ``gpu_mma_b_chunks``)."""
     spatial, k, ext = gemm_nest(sch, block, "mma GEMM")
     sms = target.gpu.multiprocessors
     rows = math.prod(ext[:-2]) if rows_fused else ext[-3]
@@ -283,32 +323,35 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
     wy, wx = warps = knob("gpu_mma_warps", MMA_WARPS, mma_warps(rows, ext[-2], batch_size, sms))
     if wy * wx * 32 > target.gpu.max_threads_per_block:
         raise ScheduleError("mma GEMM: the target's blocks are too small")
+    fragments = knob("gpu_mma_fragments", (False, True), True)
+    tiles = FRAGMENT_TILES if fragments and not gathers else MMA_TILES
     if rows_fused and len(spatial) > 2 and mma_tile(
-            ext[-3], ext[-2], math.prod(ext[:-3]), warps, sms) is not None:
+            ext[-3], ext[-2], math.prod(ext[:-3]), warps, sms, tiles) is not None:
         rows_fused = False  # the last row axis alone fills the tiles: no div/mod in indices
     batch, i, j, m = gemm_axes(sch, spatial, ext, rows_fused)
     n, kk = ext[-2], ext[-1]
-    tile = mma_tile(m, n, math.prod(ext[:len(batch)]), warps, sms)
+    tile = mma_tile(m, n, math.prod(ext[:len(batch)]), warps, sms, tiles)
     if tile is None:
         raise ScheduleError(f"mma GEMM: {m}x{n} is not a multiple of a tile")
     mi, ni = knob("gpu_mma_tiles", MMA_TILES, tile)
-    bk = knob("gpu_mma_bk", MMA_BK_CHOICES,
-              next((b for b in MMA_BK_CHOICES if kk % b == 0), MMA_BK_CHOICES[-1]))
     bm, bn = wy * 16 * mi, wx * 8 * ni
+    limit = target.gpu.shared_memory_per_block_optin
+    step = next((b for b in MMA_BK_CHOICES if kk % b == 0), MMA_BK_CHOICES[-1]), 0
+    if fragments and not gathers:
+        step = next(((b, st) for b, st in FRAGMENT_STEPS if kk % b == 0 and mma_shared_bytes(
+            bm, bn, b, st, True) <= limit), step)
+    bk = knob("gpu_mma_bk", MMA_BK_CHOICES, step[0])
     if m % bm or n % bn or kk % bk or bk % MMA_K:
         raise ScheduleError(f"mma GEMM: {m}x{n}x{kk} is not a multiple of the tile "
                             f"{bm}x{bn}x{bk}")
     dtype = str(sch.get(block).reads[0].buffer.dtype)
-    async_stages = knob("gpu_mma_async_stages", MMA_ASYNC_STAGES, 0)
-    ldmatrix = knob("gpu_mma_ldmatrix", (False, True), False)
+    async_stages = knob("gpu_mma_async_stages", MMA_ASYNC_STAGES, step[1])
+    ldmatrix = not fragments and knob("gpu_mma_ldmatrix", (False, True), False)
     if async_stages and gathers:
         raise ScheduleError("mma GEMM: asynchronous copies move plain loads; the gathered "
                             f"operands ({', '.join(gathers)}) are computed in their copies")
-    if async_stages or ldmatrix:  # (16-byte rows, stages rounded up to 16 bytes) x stages
-        pad = ASYNC_ALIGN[2]
-        shared = max(1, async_stages) * sum(-(-size // 8) * 8 for size in (
-            (bm - 1) * (bk + pad) + bk, (bk - 1) * (bn + (pad if async_stages else 2)) + bn)) * 2
-        limit = target.gpu.shared_memory_per_block_optin
+    if async_stages or ldmatrix or fragments:
+        shared = mma_shared_bytes(bm, bn, bk, async_stages, bool(async_stages or fragments))
     else:
         shared = (bm * (bk + 2) + bk * (bn + 2)) * 2
         limit = target.gpu.shared_memory_per_block
@@ -318,9 +361,12 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
     io, wi, g, ri = sch.split(i, [None, wy, 8, 2 * mi])
     jo, wj, t, rj = sch.split(j, [None, wx, 4, 2 * ni])
     ko, kt, k16 = sch.split(k, [None, bk // MMA_K, MMA_K])
-    ri_o, ri_i = sch.split(ri, [mi, 2])
-    rj_o, rj_i = sch.split(rj, [ni, 2])
-    sch.reorder(io, jo, wi, wj, g, t, ko, kt, ri_o, rj_o, ri_i, rj_i, k16)
+    if fragments:  # one intrinsic per warp tile and 16-deep step
+        sch.reorder(io, jo, wi, wj, g, t, ko, kt, ri, rj, k16)
+    else:
+        ri_o, ri_i = sch.split(ri, [mi, 2])
+        rj_o, rj_i = sch.split(rj, [ni, 2])
+        sch.reorder(io, jo, wi, wj, g, t, ko, kt, ri_o, rj_o, ri_i, rj_i, k16)
     warp = sch.fuse(wi, wj)
     lane = sch.fuse(g, t)
     bind_blocks(sch, batch, io, jo)
@@ -335,17 +381,22 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
     b_align = (-2, 8, 2) if ni >= 8 else (-2, 2, 1)
     b_chunks = bool(async_stages) and ni % 8 == 0 and knob("gpu_mma_b_chunks", (False, True),
                                                            False)
-    aligns = (ASYNC_ALIGN if async_stages or ldmatrix else (-2, 4, 2),
-              ASYNC_ALIGN if async_stages else b_align)
+    b_chunks = b_chunks and not fragments
+    aligns = (ASYNC_ALIGN if async_stages or ldmatrix or fragments else (-2, 4, 2),
+              ASYNC_ALIGN if async_stages or fragments else b_align)
     for index, align in enumerate(aligns):
         cache = sch.cache_read(block, index, "shared")
         sch.compute_at(cache, ko, cooperative=True)
-        cooperative_copy(sch, cache, ko, wy * wx, 32, 8 if async_stages else 4)
+        # B's column pairs stay whole under mma_column_order, not 16-byte chunks
+        vector = 2 if fragments and async_stages and index == 1 else 8 if async_stages else 4
+        cooperative_copy(sch, cache, ko, wy * wx, 32, vector)
         sch.annotate(cache, STORAGE_ALIGN, align)
-        if (ldmatrix or async_stages) and index == 0:
+        if (ldmatrix or async_stages or fragments) and index == 0:
             sch.annotate(cache, PERMUTE_LAYOUT, mma_row_order(wy, mi))
         if b_chunks and index == 1:
             sch.annotate(cache, PERMUTE_LAYOUT, mma_column_chunks(wx, ni))
+        if fragments and index == 1:
+            sch.annotate(cache, PERMUTE_LAYOUT, mma_column_order(wx, ni))
         if gathers and substitute_gathers:
             sch.annotate(cache, SUBSTITUTE_BINDINGS, 1)
     for name in gathers:
@@ -355,10 +406,14 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
         sch.annotate(ko, ASYNC_STAGES, async_stages)
     elif knob("gpu_mma_stages", STAGE_CHOICES, MMA_STAGES) == 2:
         sch.annotate(ko, PREFETCH, 1)
-    lane_cols = 8 if b_chunks else 2 * ni  # lane t's columns from lane t - 1's
-    sch.tensorize(ri_i, register_mma_intrinsic(dtype, lane_cols, ldmatrix))
-    for lp in (kt, ri_o, rj_o):
-        sch.unroll(lp)
+    if fragments:
+        sch.tensorize(ri, register_mma_tile_intrinsic(dtype, mi, ni))
+        sch.unroll(kt)
+    else:
+        lane_cols = 8 if b_chunks else 2 * ni  # lane t's columns from lane t - 1's
+        sch.tensorize(ri_i, register_mma_intrinsic(dtype, lane_cols, ldmatrix))
+        for lp in (kt, ri_o, rj_o):
+            sch.unroll(lp)
     fold_epilogues(sch, target, acc)
 
 

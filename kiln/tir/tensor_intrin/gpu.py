@@ -39,10 +39,14 @@ from ..function import PrimFunc
 from ..stmt import Block, BlockRealize, BufferStore, Evaluate, For, ForKind, Stmt
 from .intrin import address_of, get, names, register
 
-__all__ = ["MMA_DTYPES", "MMA_K", "MMA_SYNC", "mma_intrin_name", "register_mma_intrinsic"]
+__all__ = ["MMA_DTYPES", "MMA_K", "MMA_SYNC", "MMA_TILE", "mma_intrin_name",
+           "mma_tile_intrin_name", "register_mma_intrinsic", "register_mma_tile_intrinsic"]
 
 #: ``Call`` op of the per-thread view of ``mma.sync.m16n8k16`` (see the module docstring).
 MMA_SYNC = "gpu.mma_sync"
+#: ``Call`` op of a warp's whole register tile per 16-deep step (``MI x NI`` ``mma``, their
+#: fragments loaded once by ``ldmatrix``: :func:`register_mma_tile_intrinsic`).
+MMA_TILE = "gpu.mma_tile"
 #: Operand dtypes the tensor cores multiply (into float32).
 MMA_DTYPES = ("float16", "bfloat16")
 #: The reduction extent of one ``mma`` (and of the intrinsic).
@@ -63,18 +67,18 @@ def _func(buffers: list[Buffer], body: Stmt) -> PrimFunc:
     return PrimFunc(params, dict(zip(params, buffers)), BlockRealize((), const("bool", 1), root))
 
 
-def _buffers(dtype: str) -> list[Buffer]:
+def _buffers(dtype: str, rows: int = 2, cols: int = 2) -> list[Buffer]:
     ldc, lda, ldb = (Var(n, I64) for n in ("ldc", "lda", "ldb"))
     one = const(I64, 1)
-    return [Buffer("C", (2, 2), "float32", strides=(ldc, one), scope="local"),
-            Buffer("A", (2, MMA_K), dtype, strides=(lda, one), scope="shared"),
-            Buffer("B", (MMA_K, 2), dtype, strides=(ldb, one), scope="shared")]
+    return [Buffer("C", (rows, cols), "float32", strides=(ldc, one), scope="local"),
+            Buffer("A", (rows, MMA_K), dtype, strides=(lda, one), scope="shared"),
+            Buffer("B", (MMA_K, cols), dtype, strides=(ldb, one), scope="shared")]
 
 
-def _desc(C: Buffer, A: Buffer, B: Buffer) -> PrimFunc:
+def _desc(C: Buffer, A: Buffer, B: Buffer, rows: int = 2, cols: int = 2) -> PrimFunc:
     loops = [Var(n, I64) for n in ("i", "j", "k")]
     kinds = (IterType.DATA_PAR, IterType.DATA_PAR, IterType.COMM_REDUCE)
-    extents = (2, 2, MMA_K)
+    extents = (rows, cols, MMA_K)
     ivs = [IterVar(Range(const(I64, 0), const(I64, e)), Var(f"v{lv.name}", I64), kind)
            for lv, e, kind in zip(loops, extents, kinds)]
     vi, vj, vk = (iv.var for iv in ivs)
@@ -112,4 +116,44 @@ def register_mma_intrinsic(dtype: str, lane_cols: int, ldmatrix: bool = False) -
         # which tensorize binds to element-offset differences (right after compaction)
         C, A, B = _buffers(dtype)
         register(name, _desc(C, A, B), _impl(C, A, B, dtype, lane_cols, ldmatrix))
+    return get(name).name
+
+
+def mma_tile_intrin_name(dtype: str, mi: int, ni: int) -> str:
+    """The registered name of the warp-tile intrinsic (:func:`register_mma_tile_intrinsic`)."""
+    return f"gpu.mma_tile_m16n8k16.{dtype}.{mi}x{ni}"
+
+
+def register_mma_tile_intrinsic(dtype: str, mi: int, ni: int) -> str:
+    """Register (once) a thread's part of a warp's ``16 MI x 8 NI`` register tile for one
+    16-deep step, ``C[2 MI, 2 NI] (float32) += A[2 MI, 16] @ B[16, 2 NI]``; returns its name.
+
+    Per-``mma`` tensorization (:func:`register_mma_intrinsic`) loads each lane's fragments
+    again for every ``mma`` that uses them, unless the compiler shares the plain loads (it does
+    not share ``ldmatrix``, an ``asm volatile``); a warp then reads 4 shared-memory wavefronts
+    of A and 4 of B per ``mma``. This intrinsic covers the whole step: CUDA loads each ``mma``
+    row block of A once (``ldmatrix.x4``) and each pair of column blocks of B once
+    (``ldmatrix.x4.trans``) into registers, then issues the ``MI x NI`` ``mma`` -- 4 wavefronts
+    per row block and per pair of column blocks (a 64 x 64 warp tile: one per ``mma``).
+
+    The layouts it needs (what ``kiln.schedule.gpu.linalg.schedule_mma_gemm`` asks
+    ``permute_layout`` for): A's tile rows in the ``mma`` row order (a thread's logical row
+    ``i`` is tile row ``8 i`` after its first, so the intrinsic's A row stride is 8 tile rows),
+    B's columns ordered (warp, ``mma`` column block, lane ``t``, ``e``) so each block's 8
+    columns are consecutive (a thread's logical column ``2 n + e`` is ``8 n + e`` after its
+    first; the desc's unit column stride is this convention's, not a memory stride), rows of
+    both 16-byte aligned and an odd number of 16-byte units apart (conflict-free ``ldmatrix``).
+    OpenCL computes the thread's ``2 MI x 2 NI`` outputs in float32 through the same layouts."""
+    if dtype not in MMA_DTYPES:
+        raise ValueError(f"mma.sync multiplies {', '.join(MMA_DTYPES)}, not {dtype}")
+    if mi < 1 or ni < 1:
+        raise ValueError(f"mma tile: {mi} x {ni} mma per warp")
+    name = mma_tile_intrin_name(dtype, mi, ni)
+    if name not in names():
+        C, A, B = _buffers(dtype, 2 * mi, 2 * ni)
+        args = (StringImm(dtype), address_of(C, 0, 0), address_of(A, 0, 0),
+                address_of(B, 0, 0), C.strides[0], A.strides[0], B.strides[0],
+                const(I64, mi), const(I64, ni))
+        register(name, _desc(C, A, B, 2 * mi, 2 * ni),
+                 _func([C, A, B], Evaluate(Call("int32", MMA_TILE, args))))
     return get(name).name
