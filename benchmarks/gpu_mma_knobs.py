@@ -45,45 +45,53 @@ from kiln.codegen.executable import build_executable  # noqa: E402
 from kiln.codegen.gpu.nvrtc import compile_cuda  # noqa: E402
 from kiln.target import Target  # noqa: E402
 
-#: (label, knobs) of the GEMM: the default first. On an H100 (benchmarks/gpu.py, linalg.py's
-#: MMA_TILES comment) 4 x 8 tiles with 64-deep steps measured 0.98 ms against 1.27-1.53 ms.
+#: (label, knobs) of the GEMM: the default first. On an H100 (2026-11-27, two runs; cuBLAS
+#: 0.18-0.23 ms): the per-mma route 0.94-1.55 ms, the warp-tile route ("frag", now the
+#: default with 4 x 8 tiles, bk 64, cp.async 3) 0.665-0.706 ms (linalg.py's FRAGMENT_TILES).
+#: The per-mma route (schedule_mma_gemm without the warp-tile intrinsic), which the older
+#: configurations below time.
+PER_MMA = {"gpu_mma_fragments": False}
 GEMM_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("default", {}),
-    ("tiles 4x8, bk 64", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64}),
-    ("tiles 4x8, bk 64, 1 stage", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
+    ("per-mma route (fragments off)", PER_MMA),
+    ("tiles 4x8, bk 64", {**PER_MMA, "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64}),
+    ("tiles 4x8, bk 64, 1 stage", {**PER_MMA, "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
                                    "gpu_mma_stages": 1}),
-    ("tiles 4x8, bk 32", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32}),
-    ("warps 4x2, tiles 4x4", {"gpu_mma_warps": (4, 2), "gpu_mma_tiles": (4, 4)}),
-    ("warps 2x4, tiles 4x4, bk 64", {"gpu_mma_warps": (2, 4), "gpu_mma_tiles": (4, 4),
-                                     "gpu_mma_bk": 64}),
-    # cp.async pipelines (gpu_mma_async_stages; kiln.tir.transform.async_copies): not yet
-    # timed on a GPU (nor the ldmatrix ones below)
-    ("cp.async 3", {"gpu_mma_async_stages": 3}),
-    ("tiles 4x8, bk 32, cp.async 3", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
+    ("tiles 4x8, bk 32", {**PER_MMA, "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32}),
+    ("warps 4x2, tiles 4x4", {**PER_MMA, "gpu_mma_warps": (4, 2), "gpu_mma_tiles": (4, 4)}),
+    ("warps 2x4, tiles 4x4, bk 64", {**PER_MMA, "gpu_mma_warps": (2, 4),
+                                     "gpu_mma_tiles": (4, 4), "gpu_mma_bk": 64}),
+    # cp.async pipelines (gpu_mma_async_stages; kiln.tir.transform.async_copies)
+    ("cp.async 3", {**PER_MMA, "gpu_mma_async_stages": 3}),
+    ("tiles 4x8, bk 32, cp.async 3", {**PER_MMA, "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
                                       "gpu_mma_async_stages": 3}),
-    ("tiles 4x8, bk 32, cp.async 4", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
+    ("tiles 4x8, bk 32, cp.async 4", {**PER_MMA, "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
                                       "gpu_mma_async_stages": 4}),
-    ("tiles 4x8, bk 32, cp.async 3, B chk", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
-                                             "gpu_mma_async_stages": 3,
+    ("tiles 4x8, bk 32, cp.async 3, B chk", {**PER_MMA, "gpu_mma_tiles": (4, 8),
+                                             "gpu_mma_bk": 32, "gpu_mma_async_stages": 3,
                                              "gpu_mma_b_chunks": True}),
-    ("tiles 4x8, bk 64, cp.async 2", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
+    ("tiles 4x8, bk 64, cp.async 2", {**PER_MMA, "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
                                       "gpu_mma_async_stages": 2}),
-    ("tiles 4x8, bk 64, cp.async 3", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
+    ("tiles 4x8, bk 64, cp.async 3", {**PER_MMA, "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
                                       "gpu_mma_async_stages": 3}),
-    ("warps 2x4, 4x4, bk 32, cp.async 4", {"gpu_mma_warps": (2, 4), "gpu_mma_tiles": (4, 4),
-                                           "gpu_mma_bk": 32, "gpu_mma_async_stages": 4}),
+    ("warps 2x4, 4x4, bk 32, cp.async 4", {**PER_MMA, "gpu_mma_warps": (2, 4),
+                                           "gpu_mma_tiles": (4, 4), "gpu_mma_bk": 32,
+                                           "gpu_mma_async_stages": 4}),
     # ldmatrix.x4 for A from a row-permuted tile (gpu_mma_ldmatrix), with and without cp.async
-    ("ldmatrix", {"gpu_mma_ldmatrix": True}),
-    ("tiles 4x8, bk 32, ldmatrix", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
+    ("ldmatrix", {**PER_MMA, "gpu_mma_ldmatrix": True}),
+    ("tiles 4x8, bk 32, ldmatrix", {**PER_MMA, "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
                                     "gpu_mma_ldmatrix": True}),
-    ("tiles 4x8, bk 32, cp.async 3, ldm", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
+    ("tiles 4x8, bk 32, cp.async 3, ldm", {**PER_MMA, "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
                                            "gpu_mma_async_stages": 3, "gpu_mma_ldmatrix": True}),
-    ("tiles 4x8, bk 64, cp.async 3, ldm", {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
+    ("tiles 4x8, bk 64, cp.async 3, ldm", {**PER_MMA, "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
                                            "gpu_mma_async_stages": 3, "gpu_mma_ldmatrix": True}),
     # the warp-tile intrinsic (gpu_mma_fragments): fragments loaded once per 16-deep step
-    ("frag", {"gpu_mma_fragments": True}),
-    ("frag, cp.async 3", {"gpu_mma_fragments": True, "gpu_mma_async_stages": 3}),
-    ("frag, cp.async 4", {"gpu_mma_fragments": True, "gpu_mma_async_stages": 4}),
+    ("frag, 4x4, bk 32, register prefetch", {"gpu_mma_fragments": True, "gpu_mma_tiles": (4, 4),
+                                             "gpu_mma_bk": 32, "gpu_mma_async_stages": 0}),
+    ("frag, 4x4, bk 32, cp.async 3", {"gpu_mma_fragments": True, "gpu_mma_tiles": (4, 4),
+                                      "gpu_mma_bk": 32, "gpu_mma_async_stages": 3}),
+    ("frag, 4x4, bk 32, cp.async 4", {"gpu_mma_fragments": True, "gpu_mma_tiles": (4, 4),
+                                      "gpu_mma_bk": 32, "gpu_mma_async_stages": 4}),
     ("frag, 4x8, bk 32, cp.async 3", {"gpu_mma_fragments": True, "gpu_mma_tiles": (4, 8),
                                       "gpu_mma_bk": 32, "gpu_mma_async_stages": 3}),
     ("frag, 4x8, bk 32, cp.async 4", {"gpu_mma_fragments": True, "gpu_mma_tiles": (4, 8),
@@ -93,8 +101,8 @@ GEMM_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("frag, w2x4, 4x4, bk 32, cp.async 4", {"gpu_mma_fragments": True, "gpu_mma_warps": (2, 4),
                                             "gpu_mma_tiles": (4, 4), "gpu_mma_bk": 32,
                                             "gpu_mma_async_stages": 4}),
-    ("frag, 4x8, bk 32", {"gpu_mma_fragments": True, "gpu_mma_tiles": (4, 8),
-                          "gpu_mma_bk": 32}),
+    ("frag, 4x8, bk 32, register prefetch", {"gpu_mma_fragments": True, "gpu_mma_tiles": (4, 8),
+                                             "gpu_mma_bk": 32, "gpu_mma_async_stages": 0}),
     ("frag, 4x8, bk 64, cp.async 2", {"gpu_mma_fragments": True, "gpu_mma_tiles": (4, 8),
                                       "gpu_mma_bk": 64, "gpu_mma_async_stages": 2}),
     ("frag, 4x8, bk 64, cp.async 4", {"gpu_mma_fragments": True, "gpu_mma_tiles": (4, 8),
@@ -119,7 +127,7 @@ GEMM_CONFIGS: list[tuple[str, dict[str, Any]]] = [
 #: (label, knobs) of float16 ResNet-18 at batch 32.
 CONV_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("default", {}),
-    ("frag", {"gpu_mma_fragments": True}),
+    ("per-mma route (fragments off)", PER_MMA),
     ("taps inner (OIHW K order)", {"gpu_conv_mma_taps_outer": False}),
 ]
 GEMM_N = 4096

@@ -193,19 +193,21 @@ def test_out_of_range_indices_raise(tmp_path):
 #: lane addressing, B's chunk layout (the lane stride L of the fragment gathers).
 MMA_KNOBS = [
     {},
-    {"gpu_mma_async_stages": 2},
-    {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32, "gpu_mma_async_stages": 3},
-    {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32, "gpu_mma_async_stages": 4,
-     "gpu_mma_b_chunks": True},
-    {"gpu_mma_ldmatrix": True},
-    {"gpu_mma_tiles": (2, 8), "gpu_mma_bk": 64, "gpu_mma_async_stages": 3,
-     "gpu_mma_ldmatrix": True, "gpu_mma_b_chunks": True},
-    # the warp-tile intrinsic: ldmatrix (.trans for B's column-block order), x2 for odd NI
-    {"gpu_mma_fragments": True},
-    {"gpu_mma_fragments": True, "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
+    # the per-mma route (one intrinsic call per mma), under its knobs
+    {"gpu_mma_fragments": False},
+    {"gpu_mma_fragments": False, "gpu_mma_async_stages": 2},
+    {"gpu_mma_fragments": False, "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
      "gpu_mma_async_stages": 3},
-    {"gpu_mma_fragments": True, "gpu_mma_warps": (2, 4), "gpu_mma_tiles": (1, 1),
-     "gpu_mma_async_stages": 2},
+    {"gpu_mma_fragments": False, "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32,
+     "gpu_mma_async_stages": 4, "gpu_mma_b_chunks": True},
+    {"gpu_mma_fragments": False, "gpu_mma_ldmatrix": True},
+    {"gpu_mma_fragments": False, "gpu_mma_tiles": (2, 8), "gpu_mma_bk": 64,
+     "gpu_mma_async_stages": 3, "gpu_mma_ldmatrix": True, "gpu_mma_b_chunks": True},
+    # the warp-tile intrinsic (the default): ldmatrix (.trans for B's column-block order),
+    # with the register prefetch, and x2 for an odd NI
+    {"gpu_mma_tiles": (4, 4), "gpu_mma_bk": 32, "gpu_mma_async_stages": 0},
+    {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32, "gpu_mma_async_stages": 3},
+    {"gpu_mma_warps": (2, 4), "gpu_mma_tiles": (1, 1), "gpu_mma_async_stages": 2},
 ]
 
 

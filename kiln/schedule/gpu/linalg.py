@@ -190,8 +190,10 @@ MMA_BK_CHOICES = (32, 64, 16)
 MMA_STAGES = 2
 #: Knob ``gpu_mma_async_stages``: 0 (the default: ``gpu_mma_stages``'s register prefetch), or
 #: the shared stages of a ``cp.async`` pipeline (:mod:`kiln.tir.transform.async_copies`):
-#: 16-byte asynchronous copies, up to ``stages - 1`` steps ahead. Not measured on a GPU yet
-#: (``benchmarks/gpu_mma_knobs.py``), hence off.
+#: 16-byte asynchronous copies, up to ``stages - 1`` steps ahead. Off by default on the
+#: per-``mma`` route (on an H100 its best pipeline, 0.94-1.07 ms at 4096^3, was bound by the
+#: shared-memory loads, not the copies); the warp-tile route's default is
+#: :data:`FRAGMENT_STEPS`'s.
 MMA_ASYNC_STAGES = (0, 2, 3, 4)
 #: The tiles of the warp-tile route (knob ``gpu_mma_fragments``, the default), in the order
 #: :func:`mma_tile` prefers them: 64 x 64 per warp first. On an H100 (4096^3 float16, 2 x 2
