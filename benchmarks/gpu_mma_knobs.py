@@ -53,6 +53,7 @@ from kiln.target import Target  # noqa: E402
 PER_MMA = {"gpu_mma_fragments": False}
 GEMM_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("default", {}),
+    ("default, scalar write-back", {"gpu_mma_vector_stores": False}),
     ("per-mma route (fragments off)", PER_MMA),
     ("tiles 4x8, bk 64", {**PER_MMA, "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64}),
     ("tiles 4x8, bk 64, 1 stage", {**PER_MMA, "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
@@ -127,6 +128,7 @@ GEMM_CONFIGS: list[tuple[str, dict[str, Any]]] = [
 #: (label, knobs) of float16 ResNet-18 at batch 32.
 CONV_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("default", {}),
+    ("scalar write-back", {"gpu_mma_vector_stores": False}),
     ("per-mma route (fragments off)", PER_MMA),
     ("taps inner (OIHW K order)", {"gpu_conv_mma_taps_outer": False}),
 ]
