@@ -267,7 +267,7 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
         npu_steps = [s for s in steps if isinstance(s, NpuStep)]
         resident = plan_residency(cfg, [s.program for s in npu_steps], pinned, ctx.allocations)
         for p, step in enumerate(npu_steps):  # the rooflines without the L1 tensors' DRAM
-            step.kernels = [rebound(k, resident.kernel_bytes.get((p, n), 0), cfg)
+            step.kernels = [rebound(k, resident.kernel_bytes.get((p, n), (0, 0)), cfg)
                             for n, k in enumerate(step.kernels)]
     constants, dram_bytes = ctx.constants, ctx.top
     if reuse_dram:

@@ -159,6 +159,12 @@ class KernelInfo:
     #: a product kernel's tiling knob key (:func:`~.gemm.tiling_knob_key`, with its context):
     #: which kernels of a built model a key's decision made (the tuner measures them so)
     knob: str = ""
+    #: the DRAM bytes the roofline's traffic side counted for the operands read (a product's
+    #: A and B) and for the results written (its C), so that :func:`~.residency.rebound`
+    #: takes off no more than that for the tensors residency keeps in L1; 0: not recorded
+    #: (an element-wise or row kernel, whose bound counts every operand it touches)
+    reads: float = 0.0
+    writes: float = 0.0
 
     @property
     def dram_bound(self) -> bool:

@@ -36,9 +36,9 @@ __all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "GemmT
            "SlotCache",
            "acc_row_stride", "acc_slots", "acc_strides", "core_step_slots", "emit_gemm",
            "feasible_tilings", "fixed_tiles", "gemm_bounds", "gemm_cost", "gemm_kernel_info",
-           "gemm_roofline", "group_strides", "held_loads", "held_tiles", "plan_candidates",
-           "plan_gemm", "prefetch_staging", "store_floor", "tail_pieces", "tile_bytes",
-           "tiling_domain", "tiling_knob_key", "tiling_value"]
+           "gemm_roofline", "gemm_traffic", "group_strides", "held_loads", "held_tiles",
+           "plan_candidates", "plan_gemm", "prefetch_staging", "store_floor", "tail_pieces",
+           "tile_bytes", "tiling_domain", "tiling_knob_key", "tiling_value"]
 
 
 @dataclass(frozen=True)
@@ -248,25 +248,38 @@ def gemm_roofline(cfg: NPUConfig, shape: GemmShape) -> float:
 
 
 def gemm_kernel_info(cfg: NPUConfig, label: str, op: str, tiling: str, estimate: float,
-                     shape: GemmShape, knob: str = "") -> KernelInfo:
+                     shape: GemmShape, knob: str = "", constant_a: bool = False,
+                     constant_b: bool = False) -> KernelInfo:
     """The :class:`KernelInfo` of a product kernel: its roofline and whether the DRAM side
-    of it binds; ``knob``: the tiling knob key it was planned under (:attr:`GemmTiling.knob`)."""
+    of it binds; ``knob``: the tiling knob key it was planned under (:attr:`GemmTiling.knob`).
+    ``constant_a``/``constant_b``: that operand is a constant (weights), which residency
+    never keeps in L1, so it is no part of the bytes read that :func:`~.residency.rebound`
+    may take off (``KernelInfo.reads``: the roofline's bytes of the other operand alone)."""
     tensor, traffic = gemm_bounds(cfg, shape)
+    a_bytes, b_bytes, c_bytes = gemm_traffic(cfg, shape)
+    reads = (0 if constant_a else a_bytes) + (0 if constant_b else b_bytes)
     return KernelInfo(label, op, tiling, estimate, max(tensor, traffic), tensor, traffic,
-                      knob=knob)
+                      knob=knob, reads=reads, writes=c_bytes)
+
+
+def gemm_traffic(cfg: NPUConfig, shape: GemmShape) -> tuple[int, int, int]:
+    """The bytes of the roofline's minimum traffic (:func:`gemm_bounds`): A and B, each read
+    once, and C, written once in the accumulator's type."""
+    acc, _ = _acc_dtype(cfg, shape.dtype)
+    isz = itemsize(shape.dtype)
+    g = shape.groups
+    b_bytes = g * shape.k * shape.n * isz * (1 if shape.b_shared else shape.batch)
+    a_elems = shape.a_elems or shape.m * shape.k
+    a_bytes = g * a_elems * isz * (1 if shape.a_shared else shape.batch)
+    return a_bytes, b_bytes, g * shape.batch * shape.m * shape.n * itemsize(acc)
 
 
 def gemm_bounds(cfg: NPUConfig, shape: GemmShape) -> tuple[float, float]:
     """The two sides of :func:`gemm_roofline`: tensor-unit cycles, DRAM cycles."""
-    acc, cpt = _acc_dtype(cfg, shape.dtype)
-    isz = itemsize(shape.dtype)
-    g = shape.groups
-    tensor = g * shape.batch * _tile_cycles(cfg, shape.m, shape.n, shape.k, cpt) / cfg.cores
-    b_bytes = g * shape.k * shape.n * isz * (1 if shape.b_shared else shape.batch)
-    a_elems = shape.a_elems or shape.m * shape.k
-    a_bytes = g * a_elems * isz * (1 if shape.a_shared else shape.batch)
-    traffic = a_bytes + g * shape.batch * shape.m * shape.n * itemsize(acc) + b_bytes
-    return tensor, traffic / cfg.memory(DRAM).bandwidth
+    _, cpt = _acc_dtype(cfg, shape.dtype)
+    tensor = shape.groups * shape.batch * _tile_cycles(cfg, shape.m, shape.n, shape.k, cpt) / \
+        cfg.cores
+    return tensor, sum(gemm_traffic(cfg, shape)) / cfg.memory(DRAM).bandwidth
 
 
 def _staged_a_cycles(cfg: NPUConfig, shape: GemmShape, mu: int, ku: int, a_bytes: float,

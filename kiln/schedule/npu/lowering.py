@@ -168,6 +168,11 @@ class LoweringContext:
         self.allocations.append(t)
         return t
 
+    def is_constant(self, t: Any) -> bool:
+        """Whether ``t`` (a DRAM tensor or a view of one) is one of :attr:`constants`."""
+        addr = getattr(getattr(t, "tensor", t), "addr", None)
+        return any(c.addr == addr for c, _ in self.constants)
+
     def constant(self, value: np.ndarray, dtype: str | None = None) -> DramTensor:
         arr = np.ascontiguousarray(value, dtype=dtype or str(value.dtype))
         key = None

@@ -299,7 +299,8 @@ def _gemm_2d(ctx: LoweringContext, op: str, x: Any, w: Any, out: DramTensor,
     def attempt(tiling: GemmTiling) -> None:
         emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
         kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label(op), op, tiling.describe(shape),
-                                       tiling.estimate, shape, tiling.knob))
+                                       tiling.estimate, shape, tiling.knob,
+                                       constant_b=isinstance(w, np.ndarray)))
 
     lower_with_feedback(ctx, op, tilings, attempt, lambda t: t.describe(shape))
 
@@ -587,7 +588,7 @@ def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
     emit_gemm(ctx.kb, shape, tiling, t.load_a, t.load_b, t.store_c, t.stage_a)
     ctx.kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
                                        tiling.describe(shape), tiling.estimate, shape,
-                                       tiling.knob))
+                                       tiling.knob, constant_b=True))
 
 
 def conv_weight_layout(w: np.ndarray) -> np.ndarray:
@@ -626,7 +627,7 @@ def _pointwise(ctx: LoweringContext, x: Any, w: np.ndarray, out: DramTensor, dt:
     emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
     kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
                                    "1x1 as W @ X: " + tiling.describe(shape), tiling.estimate,
-                                   shape, tiling.knob))
+                                   shape, tiling.knob, constant_a=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -937,7 +938,8 @@ def _depthwise_tensor(ctx: LoweringContext, at: Any, x: DramTensor, w: np.ndarra
         info = gemm_kernel_info(
             ctx.config, ctx.label("nn.conv2d.depthwise"), "nn.conv2d.depthwise",
             f"tensor unit, {part.groups} groups of {part.g} channels (block-diagonal): " +
-            tiling.describe(shape), tiling.estimate, shape, tiling.knob)
+            tiling.describe(shape), tiling.estimate, shape, tiling.knob,
+            constant_b=True)
         ctx.kb.end_kernel(replace(info, macs=nb * part.groups * part.g * oh * ow * taps))
 
 
@@ -962,7 +964,7 @@ def _depthwise_banded(ctx: LoweringContext, at: Any, x: DramTensor, w: np.ndarra
         ctx.config, ctx.label("nn.conv2d.depthwise"), "nn.conv2d.depthwise",
         f"tensor unit, banded: {len(geo.blocks)} blocks of {geo.n} columns, windows of "
         f"{geo.window}, {geo.g} channels a step: " + tiling.describe(shape), tiling.estimate,
-        shape)
+        shape, constant_b=True)
     ctx.kb.end_kernel(replace(info, macs=int(np.prod(out.shape)) * w.shape[2] * w.shape[3]))
 
 

@@ -187,7 +187,7 @@ def lower_conv_tir(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: Dr
         got = emit_scheduled_conv(ctx, sch.func, dram, geo)
         ctx.kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
                                            "TIR: " + got.describe(geo.shape), got.estimate,
-                                           geo.shape, tiling.knob))
+                                           geo.shape, tiling.knob, constant_b=True))
         ctx.tir.append(("nn.conv2d", sch))
 
     lower_with_feedback(ctx, "nn.conv2d", tilings, attempt, lambda t: t.describe(geo.shape))
