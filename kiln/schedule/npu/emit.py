@@ -299,6 +299,14 @@ class KernelBuilder:
         loads, vector work and stores per tile change which tiling is fastest ('' without)."""
         return "" if self.epilogue is None else self.epilogue.signature()
 
+    def result_itemsize(self, out_dtype: str) -> int:
+        """Bytes a product kernel stores per element of its result: its fused epilogue's
+        results' together (:attr:`~.epilogue.Epilogue.results`: the chain's value and/or its
+        cast), else one ``out_dtype`` element -- what its roofline counts for C."""
+        if self.epilogue is None:
+            return itemsize(out_dtype)
+        return sum(itemsize(r.dtype) for r in self.epilogue.results)
+
     def end_kernel(self, info: KernelInfo) -> None:
         """Close the kernel with a barrier on every core (its id labels the phase); a fused
         epilogue first returns the tokens it still holds."""

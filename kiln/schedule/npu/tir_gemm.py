@@ -169,7 +169,8 @@ def _lower(ctx: LoweringContext, op: str, p: GemmProblem, tiling: GemmTiling,
                                        "TIR: " + form + tiling.describe(p.shape),
                                        tiling.estimate, p.shape, tiling.knob,
                                        constant_a=ctx.is_constant(p.a),
-                                       constant_b=ctx.is_constant(p.b)))
+                                       constant_b=ctx.is_constant(p.b),
+                                       c_itemsize=ctx.kb.result_itemsize(p.c.dtype)))
     ctx.tir.append((op, sch))
 
 
