@@ -81,10 +81,11 @@ register_config(SUB_BATCH_KEY, bool, True,
                 "cost model says their intermediates then fit in L1 "
                 "(kiln.schedule.npu.sub_batch); False: every layer at the full batch")
 register_config(PLAN_RESIDENCY_KEY, bool, True,
-                "NPU build: the tiling planner counts a convolution's input as staged from L1 "
-                "where on-chip residency will keep it there (an intermediate of the program "
-                "that fits: kiln.schedule.npu.ops.onchip_input); False: every operand costs "
-                "DRAM traffic, as if residency were off")
+                "NPU build: the tiling planner counts a strided convolution's input as staged "
+                "from L1 where on-chip residency will keep it there (an intermediate of the "
+                "program that fits: kiln.schedule.npu.ops.onchip_input), in the K steps of "
+                "its plan from DRAM; False: every operand costs DRAM traffic, as if residency "
+                "were off")
 register_config(PREFETCH_KEY, bool, True,
                 "NPU build: move each kernel's first loads of constants and other bytes the "
                 "kernel before does not write above the barrier between them "
