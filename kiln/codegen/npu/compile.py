@@ -30,7 +30,12 @@ from ...ir.errors import InternalError, KilnError
 from ...ir.module import IRModule
 from ...npu import Machine
 from ...schedule.npu import DramTensor, LoweringContext, NotSupported
-from ...schedule.npu.lowering import DEFAULT_ROUTE, DEPTHWISE_KEY, LOWERING_KEY
+from ...schedule.npu.lowering import (
+    DEFAULT_ROUTE,
+    DEPTHWISE_KEY,
+    LOWERING_KEY,
+    PLAN_RESIDENCY_KEY,
+)
 from ...schedule.npu.region import (
     FUSE_EPILOGUE_KEY,
     VIEW_OPS,
@@ -75,6 +80,12 @@ register_config(SUB_BATCH_KEY, bool, True,
                 "NPU build: run the front layers of a batched region per sub-batch where the "
                 "cost model says their intermediates then fit in L1 "
                 "(kiln.schedule.npu.sub_batch); False: every layer at the full batch")
+register_config(PLAN_RESIDENCY_KEY, bool, True,
+                "NPU build: the tiling planner counts a strided convolution's input as staged "
+                "from L1 where on-chip residency will keep it there (an intermediate of the "
+                "program that fits: kiln.schedule.npu.ops.onchip_input), in the K steps of "
+                "its plan from DRAM; False: every operand costs DRAM traffic, as if residency "
+                "were off")
 register_config(PREFETCH_KEY, bool, True,
                 "NPU build: move each kernel's first loads of constants and other bytes the "
                 "kernel before does not write above the barrier between them "
@@ -217,11 +228,15 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
     if sub_batch is None:
         sub_batch = bool(PassContext.current().get_config(SUB_BATCH_KEY))
     sub_batches: list[SubBatchPlan | None] = []
+    if residency is None:
+        residency = PassContext.current().get_config(RESIDENCY_KEY)
+    ctx.plan_residency = bool(residency) and \
+        bool(PassContext.current().get_config(PLAN_RESIDENCY_KEY))
     env: dict[int, Any] = {}
     steps: list[Any] = []
     inputs = []
     for p in main.params:
-        t = ctx.alloc(*_tensor(p))
+        t = ctx.pin(ctx.alloc(*_tensor(p)))
         env[id(p)] = t
         inputs.append((p.name_hint, t))
     for b in main_bindings(main):
@@ -247,7 +262,7 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
         elif is_view(value) and isinstance(env.get(id(value.args[0])), DramTensor):
             env[id(var)] = DramTensor(env[id(value.args[0])].addr, *_tensor(var))
         elif isinstance(value, g.Call) and isinstance(value.op, g.Op):
-            out = ctx.alloc(*_tensor(var))
+            out = ctx.pin(ctx.alloc(*_tensor(var)))  # a CPU step's result stays in DRAM
             steps.append(_cpu_step(ctx, value, [_operand(env, a) for a in value.args], out))
             env[id(var)] = out
         else:
@@ -256,8 +271,6 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
     result = main.body.body
     outs = list(result.fields) if isinstance(result, g.Tuple) else [result]
     out_tensors = [ctx.tensor(_operand(env, o)) for o in outs]
-    if residency is None:
-        residency = PassContext.current().get_config(RESIDENCY_KEY)
     resident = None
     if residency:
         pinned = [*(t for _, t in inputs), *out_tensors, *(t for t, _ in ctx.constants)]
@@ -267,7 +280,7 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
         npu_steps = [s for s in steps if isinstance(s, NpuStep)]
         resident = plan_residency(cfg, [s.program for s in npu_steps], pinned, ctx.allocations)
         for p, step in enumerate(npu_steps):  # the rooflines without the L1 tensors' DRAM
-            step.kernels = [rebound(k, resident.kernel_bytes.get((p, n), 0), cfg)
+            step.kernels = [rebound(k, resident.kernel_bytes.get((p, n), (0, 0)), cfg)
                             for n, k in enumerate(step.kernels)]
     constants, dram_bytes = ctx.constants, ctx.top
     if reuse_dram:

@@ -159,6 +159,12 @@ class KernelInfo:
     #: a product kernel's tiling knob key (:func:`~.gemm.tiling_knob_key`, with its context):
     #: which kernels of a built model a key's decision made (the tuner measures them so)
     knob: str = ""
+    #: the DRAM bytes the roofline's traffic side counted for the operands read (a product's
+    #: A and B) and for the results written (its C), so that :func:`~.residency.rebound`
+    #: takes off no more than that for the tensors residency keeps in L1; 0: not recorded
+    #: (an element-wise or row kernel, whose bound counts every operand it touches)
+    reads: float = 0.0
+    writes: float = 0.0
 
     @property
     def dram_bound(self) -> bool:
@@ -292,6 +298,14 @@ class KernelBuilder:
         knob key (:func:`~.gemm.tiling_knob_key`): the fused epilogue's signature, whose
         loads, vector work and stores per tile change which tiling is fastest ('' without)."""
         return "" if self.epilogue is None else self.epilogue.signature()
+
+    def result_itemsize(self, out_dtype: str) -> int:
+        """Bytes a product kernel stores per element of its result: its fused epilogue's
+        results' together (:attr:`~.epilogue.Epilogue.results`: the chain's value and/or its
+        cast), else one ``out_dtype`` element -- what its roofline counts for C."""
+        if self.epilogue is None:
+            return itemsize(out_dtype)
+        return sum(itemsize(r.dtype) for r in self.epilogue.results)
 
     def end_kernel(self, info: KernelInfo) -> None:
         """Close the kernel with a barrier on every core (its id labels the phase); a fused

@@ -32,13 +32,13 @@ from ...target.npu.config import DRAM, NPUConfig
 from ..knobs import graph_knob
 from .emit import KernelBuilder, KernelInfo, Pipeline, block, itemsize
 
-__all__ = ["TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling", "GemmTransfers",
-           "SlotCache",
+__all__ = ["FIRST_LOADS_TILES", "TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling",
+           "GemmTransfers", "SlotCache",
            "acc_row_stride", "acc_slots", "acc_strides", "core_step_slots", "emit_gemm",
            "feasible_tilings", "fixed_tiles", "gemm_bounds", "gemm_cost", "gemm_kernel_info",
-           "gemm_roofline", "group_strides", "held_loads", "held_tiles", "plan_candidates",
-           "plan_gemm", "prefetch_staging", "store_floor", "tail_pieces", "tile_bytes",
-           "tiling_domain", "tiling_knob_key", "tiling_value"]
+           "gemm_roofline", "gemm_traffic", "group_strides", "held_loads", "held_tiles",
+           "plan_candidates", "plan_gemm", "prefetch_staging", "store_floor", "tail_pieces",
+           "tile_bytes", "tiling_domain", "tiling_knob_key", "tiling_value"]
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,13 @@ class GemmShape:
     the tensor unit cannot share B among them); a tile holds all of them, stacked
     (:func:`group_strides`), moved by the same DMAs and multiplied by one ``mma`` each --
     one pipeline step for ``groups`` small products. Every size and count of work per tile
-    (bytes, tensor passes, staged rows) is ``groups`` times one product's."""
+    (bytes, tensor passes, staged rows) is ``groups`` times one product's.
+    ``a_onchip``: a staged A's source is expected in L1 for the kernel (an intermediate that
+    on-chip residency, :mod:`.residency`, keeps there -- decided after emission, so the
+    lowering predicts it: :func:`~.ops.onchip_input`): the staging moves no DRAM bytes and
+    runs at the engines' on-chip bandwidth, so a tiling that stages the input once per core
+    (the cores splitting N) is not charged the image once per core on the DRAM channel. It
+    changes the cost model alone, never the roofline (:func:`gemm_bounds`: the layer's)."""
 
     batch: int
     m_units: int
@@ -106,6 +112,7 @@ class GemmShape:
     groups: int = 1
     stage_share: int = 1
     acc_row: int = 0
+    a_onchip: bool = False
 
     @property
     def column_stores(self) -> bool:
@@ -248,25 +255,45 @@ def gemm_roofline(cfg: NPUConfig, shape: GemmShape) -> float:
 
 
 def gemm_kernel_info(cfg: NPUConfig, label: str, op: str, tiling: str, estimate: float,
-                     shape: GemmShape, knob: str = "") -> KernelInfo:
+                     shape: GemmShape, knob: str = "", constant_a: bool = False,
+                     constant_b: bool = False, c_itemsize: int = 0) -> KernelInfo:
     """The :class:`KernelInfo` of a product kernel: its roofline and whether the DRAM side
-    of it binds; ``knob``: the tiling knob key it was planned under (:attr:`GemmTiling.knob`)."""
-    tensor, traffic = gemm_bounds(cfg, shape)
+    of it binds; ``knob``: the tiling knob key it was planned under (:attr:`GemmTiling.knob`).
+    ``constant_a``/``constant_b``: that operand is a constant (weights), which residency
+    never keeps in L1, so it is no part of the bytes read that :func:`~.residency.rebound`
+    may take off (``KernelInfo.reads``: the roofline's bytes of the other operand alone).
+    ``c_itemsize``: the bytes stored per element of the result
+    (:meth:`~.emit.KernelBuilder.result_itemsize`; 0: one accumulator element), which C's
+    minimum traffic counts."""
+    tensor, _ = gemm_bounds(cfg, shape)
+    a_bytes, b_bytes, c_bytes = gemm_traffic(cfg, shape, c_itemsize)
+    traffic = (a_bytes + b_bytes + c_bytes) / cfg.memory(DRAM).bandwidth
+    reads = (0 if constant_a else a_bytes) + (0 if constant_b else b_bytes)
     return KernelInfo(label, op, tiling, estimate, max(tensor, traffic), tensor, traffic,
-                      knob=knob)
+                      knob=knob, reads=reads, writes=c_bytes)
+
+
+def gemm_traffic(cfg: NPUConfig, shape: GemmShape, c_itemsize: int = 0
+                 ) -> tuple[int, int, int]:
+    """The bytes of the roofline's minimum traffic (:func:`gemm_bounds`): A and B, each read
+    once, and C, written once at ``c_itemsize`` bytes an element (what the kernel stores; 0:
+    the accumulator's type -- more than a narrower store moves)."""
+    acc, _ = _acc_dtype(cfg, shape.dtype)
+    isz = itemsize(shape.dtype)
+    g = shape.groups
+    b_bytes = g * shape.k * shape.n * isz * (1 if shape.b_shared else shape.batch)
+    a_elems = shape.a_elems or shape.m * shape.k
+    a_bytes = g * a_elems * isz * (1 if shape.a_shared else shape.batch)
+    c_bytes = g * shape.batch * shape.m * shape.n * (c_itemsize or itemsize(acc))
+    return a_bytes, b_bytes, c_bytes
 
 
 def gemm_bounds(cfg: NPUConfig, shape: GemmShape) -> tuple[float, float]:
     """The two sides of :func:`gemm_roofline`: tensor-unit cycles, DRAM cycles."""
-    acc, cpt = _acc_dtype(cfg, shape.dtype)
-    isz = itemsize(shape.dtype)
-    g = shape.groups
-    tensor = g * shape.batch * _tile_cycles(cfg, shape.m, shape.n, shape.k, cpt) / cfg.cores
-    b_bytes = g * shape.k * shape.n * isz * (1 if shape.b_shared else shape.batch)
-    a_elems = shape.a_elems or shape.m * shape.k
-    a_bytes = g * a_elems * isz * (1 if shape.a_shared else shape.batch)
-    traffic = a_bytes + g * shape.batch * shape.m * shape.n * itemsize(acc) + b_bytes
-    return tensor, traffic / cfg.memory(DRAM).bandwidth
+    _, cpt = _acc_dtype(cfg, shape.dtype)
+    tensor = shape.groups * shape.batch * _tile_cycles(cfg, shape.m, shape.n, shape.k, cpt) / \
+        cfg.cores
+    return tensor, sum(gemm_traffic(cfg, shape)) / cfg.memory(DRAM).bandwidth
 
 
 def _staged_a_cycles(cfg: NPUConfig, shape: GemmShape, mu: int, ku: int, a_bytes: float,
@@ -282,13 +309,14 @@ def _staged_a_cycles(cfg: NPUConfig, shape: GemmShape, mu: int, ku: int, a_bytes
     px = shape.stage_pixel(ku)
     staged = shape.stage_elems(mu, ku)
     stride = 1 if shape.stage_columns else px  # L1 writes: whole rows, or one per pixel
-    stage = cfg.dma_latency + max(a_bytes / cfg.memory(DRAM).bandwidth,
-                                  stream_cycles(staged, isz, stride, cfg.dma_onchip_bandwidth,
-                                                l1))
+    read = a_bytes / (cfg.dma_onchip_bandwidth if shape.a_onchip else
+                      cfg.memory(DRAM).bandwidth)
+    stage = cfg.dma_latency + max(read, stream_cycles(staged, isz, stride,
+                                                      cfg.dma_onchip_bandwidth, l1))
     elems = shape.groups * mu * shape.m_unit * ku * shape.k_unit
     gather = shape.gathers(mu) * cfg.dma_latency + \
         stream_cycles(elems, isz, 1, cfg.dma_onchip_bandwidth, cfg.memory("input"))
-    wait = cfg.memory(DRAM).latency + l1.latency
+    wait = (0 if shape.a_onchip else cfg.memory(DRAM).latency) + l1.latency
     return stage + gather + (max(0.0, wait - gather) if prefetch else wait)
 
 
@@ -303,6 +331,11 @@ def prefetch_staging(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf:
     args = (cfg, shape, tiling.m_units, tiling.n, tiling.k_units, nbuf)
     return gemm_cost(*args, balance=tiling.balance, prefetch=True) < \
         gemm_cost(*args, balance=tiling.balance, prefetch=False)
+
+
+#: :func:`gemm_cost` charges a core's first step with the other cores' first loads where
+#: the product has at most this many output tiles per core.
+FIRST_LOADS_TILES = 1
 
 
 def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf: int,
@@ -338,6 +371,19 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     a_bytes = shape.stage_dram_bytes(mu, ku, dram.burst) or \
         g * _burst_bytes(cfg, mt, kt * isz, kt == shape.k)
     b_bytes = g * _burst_bytes(cfg, kt, nt * isz, nt == shape.n)
+    # every core starts with its first step's loads at once, on the one channel: the last
+    # core served starts its products after the others' first tiles too (default,
+    # ResNet-18's 3x3/s2 of stage 3, one output tile a core: core 0's first product at
+    # cycle 3289 of 18884 behind two 74 KB weight tiles; K steps of 144 halve them: 18884
+    # -> 17319 cycles). Counted where each core multiplies one output tile, its K steps the
+    # whole pipeline (FIRST_LOADS_TILES): with several tiles a core, it made the planner
+    # take larger M tiles of fewer K (stage 2's 3x3/1s: M448 x K144) whose fused residual
+    # epilogue stalls the tensor unit after every tile, which this model does not see
+    # (32831 -> 35143 cycles)
+    onchip_a = shape.a_onchip and bool(shape.stage_stride)  # A staged from L1: no DRAM
+    tiles = shape.batch * nm * nn
+    first_others = 0 if tiles > FIRST_LOADS_TILES * cfg.cores else \
+        (min(cfg.cores, tiles) - 1) * ((0 if onchip_a else a_bytes) + b_bytes)
     # a tile that a slot already holds is not loaded again (emit_gemm): a tile fixed on a
     # core once per K step; another while one of the core's slots holds it (held_loads)
     a_fixed, b_fixed = fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
@@ -368,7 +414,7 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
                             if kept else core_steps
                             for loads, kept, axis in zip((a_loads, b_loads), held, "mn"))
         scale = cfg.cores
-    traffic = scale * (a_loads * a_bytes + b_loads * b_bytes) + \
+    traffic = scale * (a_loads * (0 if onchip_a else a_bytes) + b_loads * b_bytes) + \
         g * shape.batch * shape.m * shape.n * itemsize(acc)
     per_a = shape.a_dmas * cfg.dma_latency + a_bytes / dram.bandwidth
     delay = 0.0  # the tensor unit's second step waits for the third step's staging
@@ -376,11 +422,14 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
         prefetch = bool(prefetch) and nbuf >= 2
         per_a = _staged_a_cycles(cfg, shape, mu, ku, a_bytes, prefetch)
         if prefetch:
-            delay = cfg.cores * shape.stage_dram_bytes(mu, ku, dram.burst) / dram.bandwidth
+            # every core's staging on the channel, or each on its own engine from L1
+            staged = shape.stage_dram_bytes(mu, ku, dram.burst)
+            delay = staged / cfg.dma_onchip_bandwidth if onchip_a else \
+                cfg.cores * staged / dram.bandwidth
     dma_in = a_loads * per_a + b_loads * (cfg.dma_latency + b_bytes / dram.bandwidth)
     # a pipeline: the first step's loads precede the tensor unit's work, the last step's
     # product follows the DMA's, the last tile's store follows both
-    load1 = per_a + cfg.dma_latency + b_bytes / dram.bandwidth
+    load1 = per_a + cfg.dma_latency + (b_bytes + first_others) / dram.bandwidth
     step = g * _tile_cycles(cfg, mt, nt, kt, cpt)
     store = g * mt * nt * itemsize(acc) / dram.bandwidth + dram.latency
     fill = cfg.tensor_latency * (core_steps + 1) + store + delay
@@ -707,14 +756,21 @@ def plan_candidates(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = Tr
                     k_units: int | None = None, context: str = "") -> list[GemmTiling]:
     """:func:`plan_gemm`'s tiling first, then the knob's other candidates in the cost model's
     order: what a lowering falls back on when a later check refuses a tiling
-    (:mod:`.feedback`). Each carries its knob key (:attr:`GemmTiling.knob`)."""
+    (:mod:`.feedback`). Each carries its knob key (:attr:`GemmTiling.knob`). A shape whose
+    input is staged from L1 (``a_onchip``) keeps the K steps of the plan with the input in
+    DRAM (the same order of additions): whether residency keeps the input on chip never
+    changes a result bit."""
+    explicit = k_units
+    if shape.a_onchip and k_units is None:
+        dram = feasible_tilings(cfg, replace(shape, a_onchip=False), nbuf, hold)
+        k_units = dram[0].k_units if dram else None
     ranked = feasible_tilings(cfg, shape, nbuf, hold, k_units)
     if not ranked:
         raise ValueError(f"no tiling of a GEMM M{shape.m} x N{shape.n} x K{shape.k} "
                          f"({shape.dtype}, M in units of {shape.m_unit}, K in units of "
                          f"{shape.k_unit}) fits the L0 buffers of {cfg.name!r}")
     domain = tiling_domain(ranked)
-    key = tiling_knob_key(cfg, shape, nbuf, hold) + (f" k_units={k_units}" if k_units else "")
+    key = tiling_knob_key(cfg, shape, nbuf, hold) + (f" k_units={explicit}" if explicit else "")
     if context:
         key += f" {context}"
     choice = ranked[domain.index(graph_knob(key, TILING_KNOB, domain, domain[0]))]

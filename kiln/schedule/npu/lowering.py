@@ -36,7 +36,7 @@ from ...target.npu.config import NPUConfig
 from .emit import DRAM_ALIGN, ITEMSIZE, DramTensor, KernelBuilder, dram_itemsize
 
 __all__ = ["DEFAULT_ROUTE", "DEPTHWISE_KEY", "DEPTHWISE_ROUTES", "LOWERING_KEY",
-           "LOWERING_ROUTES", "LoweringContext", "LoweringFn",
+           "LOWERING_ROUTES", "LoweringContext", "LoweringFn", "PLAN_RESIDENCY_KEY",
            "NotSupported", "Unfusable", "lookup_lowering", "lowered_ops", "lowering_rejection",
            "register_lowering", "register_tir_lowering"]
 
@@ -59,6 +59,10 @@ _TIR_LOWERINGS: dict[str, LoweringFn] = {}
 #: PassContext option naming the route a build lowers with (registered, with its help text,
 #: by :mod:`kiln.codegen.npu.compile`; the partitioning passes' probes read it too).
 LOWERING_KEY = "npu.lowering"
+#: PassContext option (bool, registered by :mod:`kiln.codegen.npu.compile`): the tiling
+#: planner counts a convolution's input as on chip where residency will keep it in L1
+#: (:attr:`LoweringContext.plan_residency`).
+PLAN_RESIDENCY_KEY = "npu.plan_residency"
 #: The default route: products (dense, matmul, pointwise conv2d), element-wise kernels (fused
 #: chains and casts), softmax, layer_norm, row means, pooling and depthwise convolutions
 #: through scheduled, tensorized TIR, everything else emitted per op -- the same bits and
@@ -148,6 +152,13 @@ class LoweringContext:
         #: Every DRAM range handed out, in order (what a DRAM plan may relocate).
         self.allocations: list[DramTensor] = []
         self.zero = DramTensor(0, (DRAM_ALIGN // 8,), "int64")
+        #: Whether the planner may count on on-chip residency (:data:`PLAN_RESIDENCY_KEY`):
+        #: a convolution whose input is an intermediate that fits L1 plans its staging from
+        #: L1 (:func:`~.ops.onchip_input`). Off in the probes of the partitioning passes.
+        self.plan_residency = False
+        #: DRAM addresses of the tensors that stay in DRAM whatever residency decides: the
+        #: program's inputs and the constants (:meth:`constant`, :meth:`pin`).
+        self.pinned: set[int] = set()
         #: ``(op, schedule)`` of each kernel the TIR route lowered (what ``kiln show --stage
         #: tir`` prints for the NPU).
         self.tir: list[tuple[str, Any]] = []
@@ -168,6 +179,11 @@ class LoweringContext:
         self.allocations.append(t)
         return t
 
+    def is_constant(self, t: Any) -> bool:
+        """Whether ``t`` (a DRAM tensor or a view of one) is one of :attr:`constants`."""
+        addr = getattr(getattr(t, "tensor", t), "addr", None)
+        return any(c.addr == addr for c, _ in self.constants)
+
     def constant(self, value: np.ndarray, dtype: str | None = None) -> DramTensor:
         arr = np.ascontiguousarray(value, dtype=dtype or str(value.dtype))
         key = None
@@ -181,6 +197,13 @@ class LoweringContext:
         if key is not None:
             self.shared_constants[key] = len(self.constants)  # type: ignore[index]
         self.constants.append((t, arr))
+        self.pinned.add(t.addr)
+        return t
+
+    def pin(self, t: DramTensor) -> DramTensor:
+        """Mark ``t`` as a tensor that stays in DRAM (an input of the program): residency
+        never moves it, so the planner does not count on it being on chip."""
+        self.pinned.add(t.addr)
         return t
 
     def tensor(self, arg: Any) -> DramTensor:
@@ -200,11 +223,12 @@ class LoweringContext:
         return (kb, [len(st) for st in kb.streams], dict(kb.labels), len(kb.kernels),
                 (kb.store_floor, kb.acc_top), self.top, len(self.constants),
                 len(self.allocations), len(self.tir), self._kernel_count,
-                (ep, ep.snapshot() if ep is not None else None))
+                (ep, ep.snapshot() if ep is not None else None), frozenset(self.pinned))
 
     def rollback(self, mark: tuple[Any, ...]) -> None:
         """Undo what was emitted and allocated since :meth:`checkpoint` returned ``mark``."""
-        kb, lens, labels, nk, floor, top, nconst, nalloc, ntir, count, (ep, state) = mark
+        kb, lens, labels, nk, floor, top, nconst, nalloc, ntir, count, (ep, state), pinned = \
+            mark
         if kb is not self.kb:
             raise KilnError("LoweringContext.rollback: a new region began since the checkpoint")
         for st, n in zip(kb.streams, lens):
@@ -217,6 +241,7 @@ class LoweringContext:
         del self.allocations[nalloc:]
         del self.tir[ntir:]
         self._kernel_count = count
+        self.pinned = set(pinned)
         if ep is not None and ep is kb.epilogue:
             ep.restore(state)
 

@@ -50,14 +50,14 @@ from .vector import (
 __all__ = ["BINARY_OPS", "COMPOSITE_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS",
            "BANDED_MAX_GROUP", "DEPTHWISE_UNITS", "ConvFn", "ConvGeometry", "ConvPlanes",
            "DepthwiseChoice", "DepthwiseCosts", "DepthwisePart",
-           "check_broadcast_shape", "conv_geometry",
+           "ONCHIP_SHARE", "check_broadcast_shape", "conv_geometry",
            "conv_transfers", "conv_weight_layout", "depthwise_group", "depthwise_parts",
            "banded_plan", "call_depthwise_route", "depthwise_route",
            "depthwise_tensor_dtype",
            "depthwise_weights",
            "elementwise_steps", "grouped_conv",
-           "is_depthwise", "is_pointwise", "lower_elementwise_chain", "operand_dtype",
-           "product_operand_dtype"]
+           "is_depthwise", "is_pointwise", "lower_elementwise_chain", "onchip_input",
+           "operand_dtype", "planned_geometry", "product_operand_dtype"]
 
 #: Graph op -> vector opcode of the element-wise ops.
 BINARY_OPS = {"add": "vadd", "subtract": "vsub", "multiply": "vmul", "divide": "vdiv",
@@ -299,7 +299,9 @@ def _gemm_2d(ctx: LoweringContext, op: str, x: Any, w: Any, out: DramTensor,
     def attempt(tiling: GemmTiling) -> None:
         emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
         kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label(op), op, tiling.describe(shape),
-                                       tiling.estimate, shape, tiling.knob))
+                                       tiling.estimate, shape, tiling.knob,
+                                       constant_b=isinstance(w, np.ndarray),
+                                       c_itemsize=kb.result_itemsize(out.dtype)))
 
     lower_with_feedback(ctx, op, tilings, attempt, lambda t: t.describe(shape))
 
@@ -343,7 +345,8 @@ def _batch_matmul(ctx: LoweringContext, x: Any, w: Any, out: DramTensor, dt: str
 
     emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
     kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("matmul"), "matmul",
-                                   tiling.describe(shape), tiling.estimate, shape, tiling.knob))
+                                   tiling.describe(shape), tiling.estimate, shape, tiling.knob,
+                                   c_itemsize=kb.result_itemsize(out.dtype)))
 
 
 @register_lowering("dense")
@@ -456,12 +459,52 @@ class ConvGeometry:
 CONV_ACC_COLUMNS = True
 
 
+#: The largest share of L1 an input may take for :func:`onchip_input` to count on
+#: residency keeping it there: the pass places every live intermediate of the kernel and
+#: the kernels' own staging slots in L1 too, so an input near L1's size is not kept.
+ONCHIP_SHARE = 4
+
+
+def onchip_input(ctx: LoweringContext, x: Any, dt: str) -> bool:
+    """Whether a convolution's input ``x`` (read in ``dt``) will be staged from L1: the
+    planner's prediction of :mod:`.residency`, which runs after the program is emitted and
+    moves the intermediates that only the program's DMAs touch into L1 where they fit. An
+    intermediate (not a constant, not an input of the program or a CPU step's result:
+    ``ctx.pinned``) of at most ``1 / ONCHIP_SHARE`` of L1 is predicted resident. Only with
+    ``ctx.plan_residency`` (the PassContext option ``"npu.plan_residency"`` and residency
+    on). Default, ResNet-18's 3x3/s2 of stage 2 (input 401 KB, staged from L1): the staging
+    counted the image on the DRAM channel once per core, so splitting the cores along N
+    looked dearer than along M, where each core loads all the weights."""
+    if not ctx.plan_residency:
+        return False
+    t = getattr(x, "tensor", x)  # a view (a group's channels) reads its tensor
+    if not isinstance(t, DramTensor) or t.addr in ctx.pinned:
+        return False
+    nbytes = int(np.prod(t.shape, dtype=np.int64)) * max(itemsize(t.dtype), itemsize(dt))
+    return nbytes * ONCHIP_SHARE <= ctx.config.memory("l1").size
+
+
+def planned_geometry(ctx: LoweringContext, at: Any, x: Any, w_shape: tuple[int, ...],
+                     out_shape: tuple[int, ...], dt: str) -> ConvGeometry:
+    """:func:`conv_geometry` of a convolution as this build plans it (both routes): its
+    input staged from L1 where residency will keep it there (:func:`onchip_input`)."""
+    return conv_geometry(ctx.config, at, x.shape, w_shape, out_shape, dt,
+                         onchip_input(ctx, x, dt))
+
+
 def conv_geometry(cfg: NPUConfig, at: Any, x_shape: tuple[int, ...],
-                  w_shape: tuple[int, ...], out_shape: tuple[int, ...], dt: str
-                  ) -> ConvGeometry:
+                  w_shape: tuple[int, ...], out_shape: tuple[int, ...], dt: str,
+                  onchip: bool = False) -> ConvGeometry:
     """The implicit GEMM of a (not pointwise) convolution: one definition for the emitter
     (:func:`lower_conv2d`) and the TIR route (:mod:`.tir_conv`), so both plan the same
-    :class:`~.gemm.GemmShape` and get the same tiling."""
+    :class:`~.gemm.GemmShape` and get the same tiling. ``onchip``: the input is staged from
+    L1 (:func:`onchip_input`), which the planner counts (``GemmShape.a_onchip``) where the
+    convolution reads its image rows with a stride (``stage_stride > 1``, a 3x3/s2): there
+    the cores splitting N, each staging the whole image from L1, wins (default, ResNet-18's
+    stage-2 3x3/s2: 17933 -> 16473 cycles). Elsewhere the tiling stays the DRAM plan's:
+    counted for every convolution, the planner split the 1x1/s2 downsamples otherwise and
+    the stride-1 3x3s of stage 4 along N128 (measured: 2878 -> 3680 cycles for stage 2's
+    downsample, and the next kernel's weights prefetched into the one before)."""
     nb, c, h, wd = x_shape
     o, _, kh, kw = w_shape
     _, _, oh, ow = out_shape
@@ -487,7 +530,7 @@ def conv_geometry(cfg: NPUConfig, at: Any, x_shape: tuple[int, ...],
                       stage_stride=sh // rstep, stage_halo=(kh - 1) * dh + 1, stage_row=wd,
                       stage_width=width, stage_pad=l1.bank_width,
                       acc_padded=not CONV_ACC_COLUMNS, acc_columns=CONV_ACC_COLUMNS,
-                      stage_runs=rstep > 1)
+                      stage_runs=rstep > 1, a_onchip=onchip and sh // rstep > 1)
     return ConvGeometry(nb, c, h, wd, o, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl, rstep, width,
                         shape)
 
@@ -578,7 +621,7 @@ def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
     """An ungrouped convolution (see :func:`lower_conv2d`), emitted directly."""
     if is_pointwise(at, w.shape):
         return _pointwise(ctx, x, w, out, dt)
-    geo = conv_geometry(ctx.config, at, x.shape, w.shape, out.shape, dt)
+    geo = planned_geometry(ctx, at, x, w.shape, out.shape, dt)
     shape = geo.shape
     tiling = _plan(ctx, "nn.conv2d", shape)
     xa = _activation(ctx, x, dt, "nn.conv2d")
@@ -587,7 +630,8 @@ def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
     emit_gemm(ctx.kb, shape, tiling, t.load_a, t.load_b, t.store_c, t.stage_a)
     ctx.kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
                                        tiling.describe(shape), tiling.estimate, shape,
-                                       tiling.knob))
+                                       tiling.knob, constant_b=True,
+                                       c_itemsize=ctx.kb.result_itemsize(out.dtype)))
 
 
 def conv_weight_layout(w: np.ndarray) -> np.ndarray:
@@ -626,7 +670,8 @@ def _pointwise(ctx: LoweringContext, x: Any, w: np.ndarray, out: DramTensor, dt:
     emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
     kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
                                    "1x1 as W @ X: " + tiling.describe(shape), tiling.estimate,
-                                   shape, tiling.knob))
+                                   shape, tiling.knob, constant_a=True,
+                                   c_itemsize=kb.result_itemsize(out.dtype)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -937,7 +982,8 @@ def _depthwise_tensor(ctx: LoweringContext, at: Any, x: DramTensor, w: np.ndarra
         info = gemm_kernel_info(
             ctx.config, ctx.label("nn.conv2d.depthwise"), "nn.conv2d.depthwise",
             f"tensor unit, {part.groups} groups of {part.g} channels (block-diagonal): " +
-            tiling.describe(shape), tiling.estimate, shape, tiling.knob)
+            tiling.describe(shape), tiling.estimate, shape, tiling.knob,
+            constant_b=True, c_itemsize=ctx.kb.result_itemsize(out.dtype))
         ctx.kb.end_kernel(replace(info, macs=nb * part.groups * part.g * oh * ow * taps))
 
 
@@ -962,7 +1008,7 @@ def _depthwise_banded(ctx: LoweringContext, at: Any, x: DramTensor, w: np.ndarra
         ctx.config, ctx.label("nn.conv2d.depthwise"), "nn.conv2d.depthwise",
         f"tensor unit, banded: {len(geo.blocks)} blocks of {geo.n} columns, windows of "
         f"{geo.window}, {geo.g} channels a step: " + tiling.describe(shape), tiling.estimate,
-        shape)
+        shape, constant_b=True, c_itemsize=ctx.kb.result_itemsize(out.dtype))
     ctx.kb.end_kernel(replace(info, macs=int(np.prod(out.shape)) * w.shape[2] * w.shape[3]))
 
 

@@ -55,8 +55,8 @@ from .gemm import (
 from .lowering import LoweringContext, NotSupported
 from .ops import (
     ConvGeometry,
-    conv_geometry,
     conv_weight_layout,
+    planned_geometry,
 )
 from .tir_product import annotate_pipeline, tile_product
 from .tir_program import (
@@ -168,7 +168,7 @@ def lower_conv_tir(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: Dr
                    dt: str) -> None:
     """One ungrouped, not pointwise convolution through TIR (an :data:`~.ops.ConvFn`): the
     emitter's geometry and tiling, the scheduled PrimFunc, its program."""
-    geo = conv_geometry(ctx.config, at, x.shape, w.shape, out.shape, dt)
+    geo = planned_geometry(ctx, at, x, w.shape, out.shape, dt)
     try:
         tilings = plan_candidates(ctx.config, geo.shape, ctx.kb.nbuf,
                                   context=ctx.kb.knob_context())
@@ -187,7 +187,8 @@ def lower_conv_tir(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: Dr
         got = emit_scheduled_conv(ctx, sch.func, dram, geo)
         ctx.kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
                                            "TIR: " + got.describe(geo.shape), got.estimate,
-                                           geo.shape, tiling.knob))
+                                           geo.shape, tiling.knob, constant_b=True,
+                                           c_itemsize=ctx.kb.result_itemsize(out.dtype)))
         ctx.tir.append(("nn.conv2d", sch))
 
     lower_with_feedback(ctx, "nn.conv2d", tilings, attempt, lambda t: t.describe(geo.shape))

@@ -167,7 +167,10 @@ def _lower(ctx: LoweringContext, op: str, p: GemmProblem, tiling: GemmTiling,
     emit_scheduled(ctx.kb, sch.func, {"A": p.a, "B": p.b, "C": p.c}, p.shape)
     ctx.kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label(op), op,
                                        "TIR: " + form + tiling.describe(p.shape),
-                                       tiling.estimate, p.shape, tiling.knob))
+                                       tiling.estimate, p.shape, tiling.knob,
+                                       constant_a=ctx.is_constant(p.a),
+                                       constant_b=ctx.is_constant(p.b),
+                                       c_itemsize=ctx.kb.result_itemsize(p.c.dtype)))
     ctx.tir.append((op, sch))
 
 

@@ -1,0 +1,159 @@
+"""The product planner's view of the chip (kiln.schedule.npu.gemm): every core's first loads
+share the one DRAM channel (where each core multiplies one output tile), and a strided
+convolution whose input on-chip residency keeps in L1 (``GemmShape.a_onchip``, predicted by
+``ops.onchip_input``) is planned with its staging on chip -- the same K steps, so the same
+bits."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import graph as g
+from kiln import op
+from kiln.build import npu_pipeline
+from kiln.codegen.npu import build_npu
+from kiln.schedule.npu.gemm import feasible_tilings, gemm_cost, plan_gemm
+from kiln.schedule.npu.lowering import PLAN_RESIDENCY_KEY, LoweringContext
+from kiln.schedule.npu.ops import ONCHIP_SHARE, conv_geometry, onchip_input
+from kiln.target.npu import load_config
+from kiln.target.npu.config import DRAM
+from kiln.testing.op_testing import graph_module
+from kiln.transform import PassContext
+
+
+def _geometry(cfg, x, w, stride, onchip=False):
+    """The implicit GEMM of a padded 3x3 convolution of image ``x`` (NCHW) by ``w`` (OIHW)."""
+    at = SimpleNamespace(strides=(stride, stride), dilation=(1, 1), padding=(1, 1, 1, 1))
+    oh = (x[2] + 2 - 3) // stride + 1
+    return conv_geometry(cfg, at, x, w, (x[0], w[0], oh, oh), "float16", onchip)
+
+
+def test_every_cores_first_loads_are_on_the_channel_before_its_first_product():
+    """Default (2 cores, one 64 B/cycle channel), ResNet-18's 3x3/s2 of stage 3 (M196 x N256
+    x K1152, one output tile a core): each core's first step waits for the other core's
+    first tiles too, so the planner takes K steps of 144 (2 x 37 KB of weights before the
+    first products) over 288 (2 x 74 KB), which it ranked first when each core's first
+    loads were counted alone (simulated in the model: 18884 -> 17319 cycles)."""
+    cfg = load_config("default")
+    shape = _geometry(cfg, (1, 128, 28, 28), (256, 128, 3, 3), 2).shape
+    t = plan_gemm(cfg, shape, 2)
+    assert (t.m_units * shape.m_unit, t.n, t.k_units * shape.k_unit) == (196, 128, 144)
+    # K288 pays the other core's larger first weight tile: (288 - 144) x 128 x 2 bytes at
+    # the chip's bandwidth more before its first product
+    k288 = gemm_cost(cfg, shape, 14, 128, 32, 2, balance=False)
+    assert k288 - t.estimate >= (288 - 144) * 128 * 2 / cfg.memory(DRAM).bandwidth
+
+
+def test_with_several_tiles_a_core_the_first_loads_are_not_charged():
+    """Stage 2's 3x3/1 (M784 x N128 x K1152: seven M tiles, two N tiles): the plan stays
+    M112 x N64 x K576 -- charging the other core's first loads there took M448 x K144, whose
+    fused residual epilogue stalls the tensor unit after each tile (32831 -> 35143 cycles)."""
+    cfg = load_config("default")
+    shape = _geometry(cfg, (1, 128, 28, 28), (128, 128, 3, 3), 1).shape
+    t = plan_gemm(cfg, shape, 2)
+    assert (t.m_units * shape.m_unit, t.n, t.k_units * shape.k_unit) == (112, 64, 576)
+
+
+@pytest.mark.parametrize("onchip", [False, True])
+def test_a_strided_input_staged_from_l1_is_split_along_n(onchip):
+    """Default, ResNet-18's 3x3/s2 of stage 2 (M784 x N128 x K576): with the image in DRAM
+    the planner splits the cores along M (an N split stages the whole image once per core:
+    twice its bytes on the channel), each core loading all the weights; staged from L1 the
+    image costs no DRAM bytes and the N split halves the weights each core waits for
+    (simulated in the model: 78.7 -> 85.7% of the roofline). Both plans take the same K
+    steps (the same order of additions)."""
+    cfg = load_config("default")
+    shape = _geometry(cfg, (1, 64, 56, 56), (128, 64, 3, 3), 2, onchip).shape
+    assert shape.a_onchip == onchip
+    t = plan_gemm(cfg, shape, 2)
+    dram = plan_gemm(cfg, replace(shape, a_onchip=False), 2)
+    assert t.k_units == dram.k_units
+    if onchip:
+        assert t.n * cfg.cores == shape.n  # each core its half of the output channels
+        # no DRAM bytes for A: any tiling costs at most what it costs from DRAM
+        for d in feasible_tilings(cfg, replace(shape, a_onchip=False), 2)[:20]:
+            assert gemm_cost(cfg, shape, d.m_units, d.n, d.k_units, 2, d.balance) <= \
+                d.estimate + 1e-6
+    else:
+        assert t.n == shape.n
+
+
+def test_a_stride_one_input_is_planned_as_from_dram():
+    """A stride-1 3x3 (stage 4's) keeps the DRAM plan whether its input is on chip or not:
+    planned from L1 it split N otherwise, which moved its weights' prefetch into the kernel
+    before (measured on ResNet-18: no gain)."""
+    cfg = load_config("default")
+    geo = _geometry(cfg, (1, 512, 7, 7), (512, 512, 3, 3), 1, True)
+    assert not geo.shape.a_onchip
+
+
+def test_the_prediction_counts_only_intermediates_that_fit():
+    """``onchip_input``: an intermediate of at most 1/ONCHIP_SHARE of L1, never a pinned
+    tensor (a program input), a constant, a larger one, or anything with the option off."""
+    cfg = load_config("default")
+    ctx = LoweringContext(cfg)
+    l1 = cfg.memory("l1").size
+    small = ctx.alloc((1, 64, 56, 56), "float16")
+    big = ctx.alloc((1, l1 // ONCHIP_SHARE // 2 + 1), "float16")
+    inp = ctx.pin(ctx.alloc((1, 8, 8, 8), "float16"))
+    const = ctx.constant(np.zeros((1, 8, 8, 8), "float16"))
+    assert not onchip_input(ctx, small, "float16")  # off unless the build turns it on
+    ctx.plan_residency = True
+    assert onchip_input(ctx, small, "float16")
+    assert not onchip_input(ctx, small.__class__(small.addr, (1, l1 // 4), "float32"),
+                            "float16")  # read cast from float32: 4 bytes an element
+    assert not onchip_input(ctx, big, "float16")
+    assert not onchip_input(ctx, inp, "float16")
+    assert not onchip_input(ctx, const, "float16")
+    assert not onchip_input(ctx, np.zeros((1, 8, 8, 8), "float32"), "float16")
+    mark = ctx.checkpoint()
+    later = ctx.constant(np.ones(4, "float16"))
+    ctx.rollback(mark)  # a rolled-back constant's address is free again
+    assert later.addr not in ctx.pinned
+
+
+def _conv(x, w, stride):
+    """A padded 3x3 convolution in numpy (the reference)."""
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    oh = (x.shape[2] + 2 - 3) // stride + 1
+    out = np.zeros((x.shape[0], w.shape[0], oh, oh))
+    for i in range(3):
+        for j in range(3):
+            patch = xp[:, :, i:i + stride * oh:stride, j:j + stride * oh:stride]
+            out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
+    return out
+
+
+def test_planning_with_residency_keeps_the_bits():
+    """conv -> relu -> 3x3/s2 conv -> relu on default: the second convolution's input is an
+    intermediate kept in L1, planned as such (``npu.plan_residency``, the default) or as if
+    in DRAM; the outputs are bit for bit the same (the same K steps) and match float64 numpy
+    within float16's rounding."""
+    rng = np.random.default_rng(5)
+    w1 = (rng.standard_normal((32, 8, 3, 3)) * 0.2).astype("float32")
+    w2 = (rng.standard_normal((48, 32, 3, 3)) * 0.1).astype("float32")
+
+    def fn(x):
+        h = op.nn.relu(op.nn.conv2d(x, g.const(w1), padding=(1, 1)))
+        return op.nn.relu(op.nn.conv2d(h, g.const(w2), strides=(2, 2), padding=(1, 1)))
+
+    mod = npu_pipeline()(graph_module(fn, [(1, 8, 30, 30)]))
+    x = rng.standard_normal((1, 8, 30, 30)).astype("float32")
+    outs, tilings = [], []
+    for plan in (False, True):
+        with PassContext(config={PLAN_RESIDENCY_KEY: plan}):
+            exe = build_npu(mod, kiln.Target("npu", hw="default"))
+        outs.append(exe(x))
+        tilings.append([k.tiling for k in exe.kernels if k.op == "nn.conv2d"])
+        assert exe.residency.tensors >= 1
+    # the second convolution is planned otherwise (its input on chip), in the same K steps
+    assert tilings[0][0] == tilings[1][0] and tilings[0][1] != tilings[1][1]
+    assert [t.split(" x ")[2] for t in tilings[0]] == [t.split(" x ")[2] for t in tilings[1]]
+    np.testing.assert_array_equal(outs[0], outs[1])
+    ref = _conv(np.maximum(_conv(x.astype("float64"), w1, 1), 0), w2, 2)
+    np.testing.assert_allclose(outs[1], np.maximum(ref, 0), rtol=2e-2, atol=2e-2)
