@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from ...target.npu.config import NPUConfig
+from ...target.npu.config import DRAM, NPUConfig
 from .emit import DramTensor, block, itemsize
 from .gemm import (
     GemmShape,
@@ -93,6 +93,43 @@ class BandedGeometry:
     band_of: tuple[int, ...]
     deltas: tuple[int, ...]
     shape: GemmShape
+    in_place: bool = False
+
+    @property
+    def row_px(self) -> int:
+        """Elements between two staged rows (the L1 slot's rows bank-padded; in place, in
+        L0, packed: a whole-row window is then one run of the kernel rows)."""
+        return self.shape.stage_pixel(self.w)
+
+    @property
+    def whole_rows(self) -> bool:
+        """In place, a block's window is its staged rows whole (one block as wide as the
+        image, dilation 1 along the rows): the kernel rows' windows are one contiguous run
+        of ``KH x window`` elements, so one ``mma`` takes them all (``k_split`` 1)."""
+        return self.in_place and self.window == self.row_px and self.dh == 1
+
+    def a_parts(self, tiling: GemmTiling) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+        """In place: each product's ``mma`` instructions (``emit_gemm``'s ``a_parts``,
+        product ``i * blocks + j``: channel ``i``'s block ``j``) -- per kernel row ``a`` its
+        A the channel's staged rows from row ``a * dh`` at the window's first column (rows
+        :attr:`a_row` apart: ``sh`` staged rows a output row) and its B the band's kernel
+        row ``a``; with :attr:`whole_rows` one instruction over every kernel row."""
+        plane = self.shape.stage_rows(tiling.m_units) * self.row_px
+        out = []
+        for i in range(self.g):
+            for _, i0 in self.blocks:
+                if self.whole_rows:
+                    out.append(((i * plane, 0, self.kh * self.window),))
+                else:
+                    out.append(tuple((i * plane + a * self.dh * self.row_px + i0,
+                                      a * self.window * self.n, self.window)
+                                     for a in range(self.kh)))
+        return tuple(out)
+
+    @property
+    def a_row(self) -> int:
+        """Elements between the A rows of two output rows, in place (``sh`` staged rows)."""
+        return self.sh * self.row_px
 
     def plane(self, b: int) -> int:
         """Batch entry ``b``'s first channel plane (``image * c + channel``; its ``g``
@@ -133,10 +170,11 @@ class BandedGeometry:
 
 def banded_geometry(cfg: NPUConfig, at: Any, x_shape: tuple[int, ...],
                     w_shape: tuple[int, ...], out_shape: tuple[int, ...], dt: str, n: int,
-                    g: int = 1) -> BandedGeometry:
+                    g: int = 1, in_place: bool = False) -> BandedGeometry:
     """The banded products of a depthwise convolution in blocks of ``n`` output columns
     and groups of ``g`` channels (each at most the output's width, the channels; see the
-    module docstring)."""
+    module docstring); ``in_place``: the rows staged straight into L0 and read there by
+    one ``mma`` per kernel row (:meth:`BandedGeometry.a_parts`) instead of gathered."""
     nb, c, h, wd = x_shape
     kh, kw = w_shape[2:]
     oh, ow = out_shape[2:]
@@ -157,29 +195,47 @@ def banded_geometry(cfg: NPUConfig, at: Any, x_shape: tuple[int, ...],
         band_of.append(deltas.index(d))
     nblk = len(blocks)
     l1 = cfg.memory("l1")
-    shape = GemmShape(nb * len(firsts), oh, 1, n, window, kh, dt, a_dmas=kh * nblk,
+    whole = in_place and window == wd and dh == 1  # BandedGeometry.whole_rows
+    td = cfg.tensor_dtype(dt, dt)
+    acc_size = itemsize(str(td.acc)) if td is not None else 4
+    shape = GemmShape(nb * len(firsts), oh, 1, n, window, kh, dt,
+                      a_dmas=1 if in_place else kh * nblk,
                       b_shared=False, a_elems=-(-h * wd // nblk), stage_stride=sh,
-                      stage_halo=(kh - 1) * dh + 1, stage_row=wd, stage_pad=l1.bank_width,
+                      stage_halo=(kh - 1) * dh + 1, stage_row=wd,
+                      stage_pad=0 if in_place else l1.bank_width,
                       stage_columns=True, groups=g * nblk, stage_share=nblk,
-                      acc_row=nblk * n)
+                      acc_row=nblk * n, b_groups=g * len(deltas), stage_l0=in_place,
+                      k_split=1 if whole or not in_place else kh,
+                      stage_onchip=nb * c * h * wd * itemsize(dt) <= l1.size,
+                      store_onchip=nb * c * oh * ow * acc_size <= l1.size)
     return BandedGeometry(nb, c, h, wd, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl, n, g, window,
-                          firsts, blocks, tuple(band_of), tuple(deltas), shape)
+                          firsts, blocks, tuple(band_of), tuple(deltas), shape, in_place)
 
 
 def banded_block_widths(cfg: NPUConfig, at: Any, w_shape: tuple[int, ...],
-                        out_shape: tuple[int, ...]) -> list[int]:
+                        out_shape: tuple[int, ...], in_place: bool = False,
+                        width: int = 0) -> list[int]:
     """The block widths worth planning: for each number of the tensor unit's K passes that
     a block's ``KH x window`` takes (each pass ``k`` deep), the widest block that fits in
     them -- a narrower one multiplies as many passes for fewer columns --, and the whole
     output width where it is no wider than the tensor unit's ``n``; at most ``n`` columns
-    (one pass of the unit's N)."""
+    (one pass of the unit's N). ``in_place`` (:func:`banded_geometry`'s; ``width``: the
+    input's): one ``mma`` per kernel row, each its own passes over the window (clamped into
+    the image), or one over them all where the window is the whole row."""
     _, k, tn = cfg.tensor_shape
     kh, kw = w_shape[2:]
     ow = out_shape[3]
-    (_, sw), (_, dw) = tuple(at.strides), tuple(at.dilation)
+    (dh, sw), (_, dw) = tuple(at.strides), tuple(at.dilation)
+    dh = tuple(at.dilation)[0]
     best: dict[int, int] = {}
     for n in range(1, min(tn, ow) + 1):
-        passes = -(-kh * ((n - 1) * sw + (kw - 1) * dw + 1) // k)
+        window = (n - 1) * sw + (kw - 1) * dw + 1
+        if not in_place:
+            passes = -(-kh * window // k)
+        elif min(window, width) == width and dh == 1:
+            passes = -(-kh * width // k)
+        else:
+            passes = kh * -(-min(window, width) // k)
         best[passes] = max(best.get(passes, 0), n)
     return sorted(set(best.values()))
 
@@ -207,7 +263,8 @@ def banded_transfers(ctx: LoweringContext, geo: BandedGeometry, tiling: GemmTili
     functions. Each moves the entry's ``g`` channels at once (its outermost dim); the
     products' tiles are :func:`~.gemm.group_strides` apart. The tiling must take the whole
     window in one K step (``k_units == window``: every kernel row's band is then one run of
-    a channel's bands, loaded with the others in one DMA)."""
+    a channel's bands, loaded with the others in one DMA). In place (``geo.in_place``)
+    ``load_a`` stages the rows straight into the L0 slot and there is no ``stage_a``."""
     if tiling.k_units != geo.window:
         raise ValueError(f"banded products take the window's {geo.window} columns in one K "
                          f"step, not {tiling.k_units}")
@@ -226,19 +283,33 @@ def banded_transfers(ctx: LoweringContext, geo: BandedGeometry, tiling: GemmTili
     def slot_addr(core: int, slot: int) -> int:
         return (core * kb.nbuf + slot) * stage_slot
 
-    def stage_a(core: int, b: int, r0: int, rs: int, c0: int, cs: int, slot: int) -> None:
-        """Stage the input rows of the tile's output rows of the entry's ``g`` channels,
-        whole (one contiguous run of each plane), with the zero rows above and below the
-        image: one DMA."""
+    def stage_rows(core: int, b: int, r0: int, rs: int, dst: Any) -> None:
+        """Stage the input rows of the tile's output rows of the entry's ``g`` channels
+        into ``dst``, whole (one contiguous run of each plane), with the zero rows above and
+        below the image: one DMA (into L1: :meth:`~.emit.KernelBuilder.stage_begin` first;
+        in place, the L0 slot the pipeline's tokens have freed)."""
         lo, nbox = r0 * sh - pt, shape.stage_rows(rs)
         first = min(nbox, max(0, -lo))
         last = max(first, min(nbox, h - lo))
-        dst = block("l1", slot_addr(core, slot), dt, (l1_plane, row_px, 1))
-        if kb.stage_begin(core, dst, (g, nbox, wd), last == first):
+        if geo.in_place and last == first:  # padding only: zeros from DRAM address 0
+            kb.load(core, shape=(1, 1, 1), dst=dst, src=block(DRAM, 0, dt, (0, 0, 0)),
+                    pad_hi=(g - 1, nbox - 1, wd - 1), fill=0)
+            return
+        if not geo.in_place and kb.stage_begin(core, dst, (g, nbox, wd), last == first):
             return
         kb.load(core, shape=(g, last - first, wd), dst=dst,
                 src=xa.at(geo.plane(b) * h * wd + (lo + first) * wd, (h * wd, wd, 1)),
                 pad_lo=(0, first, 0), pad_hi=(0, nbox - last, 0), fill=0)
+
+    def stage_a(core: int, b: int, r0: int, rs: int, c0: int, cs: int, slot: int) -> None:
+        """The L1 slot's staging (``stage_rows``)."""
+        stage_rows(core, b, r0, rs, block("l1", slot_addr(core, slot), dt,
+                                          (l1_plane, row_px, 1)))
+
+    def load_in_place(core: int, b: int, r0: int, rs: int, c0: int, cs: int, addr: int,
+                      slot: int) -> None:
+        """In place: the staged rows are the A tile (``stage_rows`` into the L0 slot)."""
+        stage_rows(core, b, r0, rs, block("input", addr, dt, (l1_plane, row_px, 1)))
 
     def load_a(core: int, b: int, r0: int, rs: int, c0: int, cs: int, addr: int,
                slot: int) -> None:
@@ -278,4 +349,6 @@ def banded_transfers(ctx: LoweringContext, geo: BandedGeometry, tiling: GemmTili
                  src=block("acc", addr + skip * gc * itemsize(out.dtype), out.dtype,
                            (gc, c_row, c_col)))
 
+    if geo.in_place:
+        return GemmTransfers(None, load_in_place, load_b, store_c)
     return GemmTransfers(stage_a, load_a, load_b, store_c)

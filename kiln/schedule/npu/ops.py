@@ -746,19 +746,21 @@ def banded_plan(cfg: NPUConfig, nbuf: int, at: Any, x_shape: tuple[int, ...],
         return hit[1]
     best = None
     c = x_shape[1]
-    for n in banded_block_widths(cfg, at, w_shape, out_shape):
-        for g in sorted({min(c, 1 << i) for i in range(BANDED_MAX_GROUP.bit_length())}):
-            geo = banded_geometry(cfg, at, x_shape, w_shape, out_shape, dt, n, g)
-            # the whole window in one K step, the whole block in one N tile
-            # (banded_transfers): the first such of the cost model's ranking
-            tiling = next((t for t in feasible_tilings(cfg, geo.shape, nbuf,
-                                                       k_units=geo.window)
-                           if t.n == geo.n), None)
-            if tiling is None:
-                continue
-            est = _step_waits(cfg, geo.shape, tiling)
-            if best is None or est < best[2]:
-                best = (geo, tiling, est)
+    for in_place in (False, True):
+        for n in banded_block_widths(cfg, at, w_shape, out_shape, in_place, x_shape[3]):
+            for g in sorted({min(c, 1 << i) for i in range(BANDED_MAX_GROUP.bit_length())}):
+                geo = banded_geometry(cfg, at, x_shape, w_shape, out_shape, dt, n, g,
+                                      in_place)
+                # the whole window in one K step, the whole block in one N tile
+                # (banded_transfers): the first such of the cost model's ranking
+                tiling = next((t for t in feasible_tilings(cfg, geo.shape, nbuf,
+                                                           k_units=geo.window)
+                               if t.n == geo.n), None)
+                if tiling is None:
+                    continue
+                est = _step_waits(cfg, geo.shape, tiling)
+                if best is None or est < best[2]:
+                    best = (geo, tiling, est)
     if len(_BANDED_PLANS) >= 512:
         _BANDED_PLANS.clear()
     _BANDED_PLANS[key] = (cfg, best)  # the description kept alive: its id stays its own
@@ -801,9 +803,12 @@ def _depthwise_costs(cfg: NPUConfig, nbuf: int, at: Any, x_shape: tuple[int, ...
         plan = banded_plan(cfg, nbuf, at, x_shape, w_shape, out_shape, dt)
         banded = plan[2] if plan is not None else None
     try:
+        # the output counted in L1 where it fits, as the banded kernel's
+        # (banded.banded_geometry's store_onchip): residency keeps it there
         vector: float | None = pool2d_cost(
             cfg, nbuf, x_shape, out_shape, vdt, (w_shape[2], w_shape[3]), tuple(at.strides),
-            tuple(at.padding), tuple(at.dilation), True)
+            tuple(at.padding), tuple(at.dilation), True,
+            int(np.prod(out_shape)) * itemsize(vdt) <= cfg.memory("l1").size)
     except NotSupported:
         vector = None
     return DepthwiseCosts(diagonal, banded, vector)
@@ -957,11 +962,12 @@ def _depthwise_banded(ctx: LoweringContext, at: Any, x: DramTensor, w: np.ndarra
     wl = ctx.constant(banded_weights(w, geo), dt)
     t = banded_transfers(ctx, geo, tiling, xa, wl, out)
     emit_gemm(ctx.kb, shape, tiling, t.load_a, t.load_b, t.store_c, t.stage_a, geo.b_groups,
-              geo.c_groups(tiling))
+              geo.c_groups(tiling), geo.a_parts(tiling) if geo.in_place else None, geo.a_row)
     info = gemm_kernel_info(
         ctx.config, ctx.label("nn.conv2d.depthwise"), "nn.conv2d.depthwise",
         f"tensor unit, banded: {len(geo.blocks)} blocks of {geo.n} columns, windows of "
-        f"{geo.window}, {geo.g} channels a step: " + tiling.describe(shape), tiling.estimate,
+        f"{geo.window}, {geo.g} channels a step" + (", in place" if geo.in_place else "") +
+        ": " + tiling.describe(shape), tiling.estimate,
         shape)
     ctx.kb.end_kernel(replace(info, macs=int(np.prod(out.shape)) * w.shape[2] * w.shape[3]))
 
