@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from ...npu.isa import UNIT_DMA_IN
 from ...target.npu.config import DRAM, NPUConfig
 from .emit import DramTensor, block, itemsize
 from .gemm import (
@@ -52,10 +53,11 @@ from .gemm import (
     GemmTransfers,
     acc_strides,
     group_strides,
+    output_tiles,
 )
 from .lowering import LoweringContext
 
-__all__ = ["BandedGeometry", "banded_block_widths", "banded_geometry",
+__all__ = ["BandedGeometry", "banded_block_widths", "banded_geometry", "banded_rows",
            "banded_transfers", "banded_weights"]
 
 
@@ -94,6 +96,18 @@ class BandedGeometry:
     deltas: tuple[int, ...]
     shape: GemmShape
     in_place: bool = False
+    compact: bool = False
+
+    @property
+    def u_min(self) -> int:
+        """The least tap offset ``u = i + d - j*sw`` (window column ``i``, band ``d``,
+        block column ``j``) a band reads: where :func:`banded_rows`' rows start."""
+        return min(self.deltas) - (self.n - 1) * self.sw
+
+    @property
+    def row_len(self) -> int:
+        """Elements of one compact row (:func:`banded_rows`): every ``u`` a band reads."""
+        return self.window + max(self.deltas) - self.u_min
 
     @property
     def row_px(self) -> int:
@@ -170,11 +184,14 @@ class BandedGeometry:
 
 def banded_geometry(cfg: NPUConfig, at: Any, x_shape: tuple[int, ...],
                     w_shape: tuple[int, ...], out_shape: tuple[int, ...], dt: str, n: int,
-                    g: int = 1, in_place: bool = False) -> BandedGeometry:
+                    g: int = 1, in_place: bool = False, compact: bool = False
+                    ) -> BandedGeometry:
     """The banded products of a depthwise convolution in blocks of ``n`` output columns
     and groups of ``g`` channels (each at most the output's width, the channels; see the
     module docstring); ``in_place``: the rows staged straight into L0 and read there by
-    one ``mma`` per kernel row (:meth:`BandedGeometry.a_parts`) instead of gathered."""
+    one ``mma`` per kernel row (:meth:`BandedGeometry.a_parts`) instead of gathered;
+    ``compact``: the bands built on chip from :func:`banded_rows` (see
+    :func:`banded_transfers`) instead of read whole from DRAM every step."""
     nb, c, h, wd = x_shape
     kh, kw = w_shape[2:]
     oh, ow = out_shape[2:]
@@ -196,6 +213,8 @@ def banded_geometry(cfg: NPUConfig, at: Any, x_shape: tuple[int, ...],
     nblk = len(blocks)
     l1 = cfg.memory("l1")
     whole = in_place and window == wd and dh == 1  # BandedGeometry.whole_rows
+    u_min = min(deltas) - (n - 1) * sw
+    row_len = window + max(deltas) - u_min
     td = cfg.tensor_dtype(dt, dt)
     acc_size = itemsize(str(td.acc)) if td is not None else 4
     shape = GemmShape(nb * len(firsts), oh, 1, n, window, kh, dt,
@@ -207,9 +226,12 @@ def banded_geometry(cfg: NPUConfig, at: Any, x_shape: tuple[int, ...],
                       acc_row=nblk * n, b_groups=g * len(deltas), stage_l0=in_place,
                       k_split=1 if whole or not in_place else kh,
                       stage_onchip=nb * c * h * wd * itemsize(dt) <= l1.size,
-                      store_onchip=nb * c * oh * ow * acc_size <= l1.size)
+                      store_onchip=nb * c * oh * ow * acc_size <= l1.size,
+                      b_rows=g * kh * row_len if compact else 0,
+                      b_dmas=(1 if len(deltas) == 1 else len(deltas) * kh) if compact else 1)
     return BandedGeometry(nb, c, h, wd, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl, n, g, window,
-                          firsts, blocks, tuple(band_of), tuple(deltas), shape, in_place)
+                          firsts, blocks, tuple(band_of), tuple(deltas), shape, in_place,
+                          compact)
 
 
 def banded_block_widths(cfg: NPUConfig, at: Any, w_shape: tuple[int, ...],
@@ -253,6 +275,75 @@ def banded_weights(w: np.ndarray, geo: BandedGeometry) -> np.ndarray:
                 i = kx * geo.dw + j * geo.sw - d  # the window column of tap kx, column j
                 if 0 <= i < geo.window:
                     out[:, di, :, i, j] = w[:, 0, :, kx]
+    return out
+
+
+def _compact_bands(ctx: LoweringContext, geo: BandedGeometry, tiling: GemmTiling,
+                   rows: DramTensor) -> Any:
+    """``geo.compact``: emit now, ahead of the products, each core's loads of the compact
+    rows (:func:`banded_rows`) of the channel groups its output tiles take
+    (:func:`~.gemm.output_tiles`, dealt round-robin) into L1 -- one DMA a group, then one
+    fence --, and return the ``load_b`` that builds a step's bands from them: per band (and,
+    with several, per kernel row) one L1 -> L0 DMA of the overlapping view ``R[i + d -
+    j*sw]`` (strides ``+1`` and ``-sw``). The bands' zeros are the rows' zeros: DRAM moves
+    ``KH x row_len`` elements a channel instead of ``bands x KH x window x n``."""
+    cfg, kb, shape = ctx.config, ctx.kb, geo.shape
+    dt, isz = shape.dtype, itemsize(shape.dtype)
+    kh, n, window, nd, g, rl = geo.kh, geo.n, geo.window, len(geo.deltas), geo.g, geo.row_len
+    ngroups = len(geo.firsts)
+    per_core: list[list[int]] = [[] for _ in range(cfg.cores)]
+    for j, (b, *_rest) in enumerate(output_tiles(cfg, shape, tiling, kb.nbuf)):
+        gi = b % ngroups
+        if gi not in per_core[j % cfg.cores]:
+            per_core[j % cfg.cores].append(gi)
+    line = cfg.memory("l1").bank_width
+    slot = -(-g * kh * rl * isz // line) * line
+    most = max(len(gis) for gis in per_core)
+    where: dict[tuple[int, int], int] = {}
+    for core, gis in enumerate(per_core):
+        for k, gi in enumerate(gis):
+            addr = (core * most + k) * slot
+            where[core, gi] = addr
+            kb.load(core, shape=(1, g * kh, rl), dst=block("l1", addr, dt, (0, rl, 1)),
+                    src=rows.at(geo.firsts[gi] * kh * rl, (0, rl, 1)))
+        if gis:
+            kb.fence(core, UNIT_DMA_IN)  # the bands' DMAs read what these write
+    band = kh * window * n
+
+    def load_b(core: int, b: int, c0: int, cs: int, n0: int, ns: int, addr: int) -> None:
+        """Build the entry's ``g`` channels' bands in the B tile from its rows in L1."""
+        base = where[core, b % ngroups]
+        for di, d in enumerate(geo.deltas):
+            off = d - geo.u_min
+            if nd == 1:  # channels and kernel rows in one dim: rows rl, bands band apart
+                kb.load(core, shape=(g * kh, window, n),
+                        dst=block("weight", addr, dt, (window * n, n, 1)),
+                        src=block("l1", base + off * isz, dt, (rl, 1, -geo.sw)))
+                continue
+            for a in range(kh):
+                kb.load(core, shape=(g, window, n),
+                        dst=block("weight", addr + ((di * kh + a) * window * n) * isz, dt,
+                                  (nd * band, n, 1)),
+                        src=block("l1", base + (a * rl + off) * isz, dt,
+                                  (kh * rl, 1, -geo.sw)))
+
+    return load_b
+
+
+def banded_rows(w: np.ndarray, geo: BandedGeometry) -> np.ndarray:
+    """The compact rows ``[C, KH, row_len]`` the bands are built from on chip:
+    ``R[c, a, u - u_min]`` = channel ``c``'s weight of kernel row ``a`` and column ``kx``
+    where ``u = kx*dw`` (zero elsewhere). Band ``d``'s element ``[a, i, j]`` (see
+    :func:`banded_weights`) is ``R[c, a, i + d - j*sw - u_min]``: a view of the row with
+    strides ``+1`` along ``i`` and ``-sw`` along ``j``, which one DMA copies -- ``row_len``
+    elements a kernel row (13 for a 7-column block at stride 1) for the band's
+    ``window x n`` (49)."""
+    c, kh, kw = w.shape[0], w.shape[2], w.shape[3]
+    out = np.zeros((c, kh, geo.row_len), dtype=w.dtype)
+    for kx in range(kw):
+        u = kx * geo.dw - geo.u_min
+        if 0 <= u < geo.row_len:  # else no band reads the tap (it falls in the padding)
+            out[:, :, u] = w[:, 0, :, kx]
     return out
 
 
@@ -349,6 +440,8 @@ def banded_transfers(ctx: LoweringContext, geo: BandedGeometry, tiling: GemmTili
                  src=block("acc", addr + skip * gc * itemsize(out.dtype), out.dtype,
                            (gc, c_row, c_col)))
 
+    if geo.compact:
+        load_b = _compact_bands(ctx, geo, tiling, wl)
     if geo.in_place:
         return GemmTransfers(None, load_in_place, load_b, store_c)
     return GemmTransfers(stage_a, load_a, load_b, store_c)

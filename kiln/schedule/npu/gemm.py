@@ -94,7 +94,10 @@ class GemmShape:
     emitted -- keeps it (:func:`.vector.pool2d_cost` counts the vector route's input so;
     a banded depthwise kernel's likewise, so the two routes are weighed alike).
     ``store_onchip``: the output likewise (an intermediate that fits L1: its stores at the
-    on-chip bandwidth, off the DRAM channel)."""
+    on-chip bandwidth, off the DRAM channel). ``b_rows``: B is built on chip -- each B tile
+    by ``b_dmas`` DMAs from L1, where every entry's ``b_rows`` elements (a banded kernel's
+    compact rows of its bands) were loaded once ahead of the products -- instead of read
+    from DRAM every step (0)."""
 
     batch: int
     m_units: int
@@ -125,6 +128,8 @@ class GemmShape:
     k_split: int = 1
     stage_onchip: bool = False
     store_onchip: bool = False
+    b_rows: int = 0
+    b_dmas: int = 1
 
     def stage_source_bandwidth(self, cfg: NPUConfig) -> float:
         """Bytes a cycle the staging reads its source at (``stage_onchip``: the DMA
@@ -409,7 +414,15 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
         scale = cfg.cores
     a_channel = 0.0 if shape.stage_onchip else a_bytes  # A's bytes on the DRAM channel
     c_bytes = g * shape.batch * shape.m * shape.n * itemsize(acc)
-    traffic = scale * (a_loads * a_channel + b_loads * b_bytes) + \
+    per_b = cfg.dma_latency + b_bytes / dram.bandwidth  # a B tile's DMA-in cycles
+    b_channel = scale * b_loads * b_bytes
+    preload = 0.0
+    if shape.b_rows:  # built from rows loaded once into L1: the entries' rows on the channel
+        per_b = shape.b_dmas * cfg.dma_latency + b_bytes / cfg.dma_onchip_bandwidth
+        b_channel = shape.batch * shape.b_rows * isz
+        preload = dram.latency + math.ceil(shape.batch / cfg.cores) * cfg.dma_latency + \
+            b_channel / dram.bandwidth
+    traffic = scale * a_loads * a_channel + b_channel + \
         (0 if shape.store_onchip else c_bytes)
     per_a = shape.a_dmas * cfg.dma_latency + a_bytes / dram.bandwidth
     delay = 0.0  # the tensor unit's second step waits for the third step's staging
@@ -426,10 +439,10 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
             delay = shape.stage_dram_bytes(mu, ku, dram.burst) * (
                 1 / cfg.dma_onchip_bandwidth if shape.stage_onchip
                 else cfg.cores / dram.bandwidth)
-    dma_in = a_loads * per_a + b_loads * (cfg.dma_latency + b_bytes / dram.bandwidth)
+    dma_in = a_loads * per_a + b_loads * per_b
     # a pipeline: the first step's loads precede the tensor unit's work, the last step's
     # product follows the DMA's, the last tile's store follows both
-    load1 = per_a + cfg.dma_latency + b_bytes / dram.bandwidth
+    load1 = per_a + per_b + preload
     step = g * _product_cycles(cfg, shape, mt, nt, kt, cpt)
     store = g * mt * nt * itemsize(acc) / dram.bandwidth + dram.latency
     dma_out = 0.0

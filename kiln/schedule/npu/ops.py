@@ -19,6 +19,7 @@ from .banded import (
     BandedGeometry,
     banded_block_widths,
     banded_geometry,
+    banded_rows,
     banded_transfers,
     banded_weights,
 )
@@ -698,11 +699,14 @@ def _step_waits(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling) -> float:
     depthwise convolution's steps (one group's tile each) are small: without it the
     estimate was 30-40% below the simulated cycles of MobileNetV2's 7 x 7 layers (384 and
     576 channels: 24 and 36 steps; default, 4127 cycles estimated, 6139 simulated), which
-    then went to the tensor unit although the vector unit takes 4710."""
+    then went to the tensor unit although the vector unit takes 4710. A banded kernel
+    whose step loads nothing from DRAM (its rows in L1, ``stage_onchip``, and its bands
+    built from rows preloaded there, ``b_rows``) waits L1's latency instead."""
     nm, nn = -(-shape.m_units // tiling.m_units), -(-shape.n // tiling.n)
     nk = -(-shape.k_units // tiling.k_units)
     steps = -(-shape.batch * nm * nn // cfg.cores) * nk
-    return tiling.estimate + steps * cfg.memory("dram").latency
+    onchip = shape.stage_onchip and shape.b_rows
+    return tiling.estimate + steps * cfg.memory("l1" if onchip else "dram").latency
 
 
 def depthwise_tensor_dtype(cfg: NPUConfig, x_dtype: str, w_dtype: str, out_dtype: str
@@ -746,11 +750,14 @@ def banded_plan(cfg: NPUConfig, nbuf: int, at: Any, x_shape: tuple[int, ...],
         return hit[1]
     best = None
     c = x_shape[1]
-    for in_place in (False, True):
+    for in_place, compact in ((False, False), (True, False), (True, True)):
         for n in banded_block_widths(cfg, at, w_shape, out_shape, in_place, x_shape[3]):
             for g in sorted({min(c, 1 << i) for i in range(BANDED_MAX_GROUP.bit_length())}):
                 geo = banded_geometry(cfg, at, x_shape, w_shape, out_shape, dt, n, g,
-                                      in_place)
+                                      in_place, compact)
+                if compact and x_shape[0] * x_shape[1] * geo.kh * geo.row_len * \
+                        itemsize(dt) > cfg.memory("l1").size // BANDED_ROWS_L1_SHARE:
+                    continue  # the rows preloaded in L1 would crowd out the residents
                 # the whole window in one K step, the whole block in one N tile
                 # (banded_transfers): the first such of the cost model's ranking
                 tiling = next((t for t in feasible_tilings(cfg, geo.shape, nbuf,
@@ -771,6 +778,10 @@ _BANDED_PLANS: dict[tuple[Any, ...], tuple[NPUConfig, Any]] = {}
 #: The most channels a banded depthwise kernel's step multiplies (``GemmShape.groups``;
 #: powers of two up to it are planned): more only shrink the tiles the L0 buffers hold.
 BANDED_MAX_GROUP = 64
+#: A compact banded kernel's rows (:func:`.banded.banded_rows`), preloaded in L1, take at
+#: most this fraction (1 / share) of it: the rest stays free for the intermediates that
+#: residency keeps there.
+BANDED_ROWS_L1_SHARE = 8
 
 
 @dataclass(frozen=True)
@@ -959,7 +970,7 @@ def _depthwise_banded(ctx: LoweringContext, at: Any, x: DramTensor, w: np.ndarra
     geo, tiling, _ = plan
     shape = geo.shape
     xa = _activation(ctx, x, dt, "nn.conv2d")
-    wl = ctx.constant(banded_weights(w, geo), dt)
+    wl = ctx.constant(banded_rows(w, geo) if geo.compact else banded_weights(w, geo), dt)
     t = banded_transfers(ctx, geo, tiling, xa, wl, out)
     emit_gemm(ctx.kb, shape, tiling, t.load_a, t.load_b, t.store_c, t.stage_a, geo.b_groups,
               geo.c_groups(tiling), geo.a_parts(tiling) if geo.in_place else None, geo.a_row)
