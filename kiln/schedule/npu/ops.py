@@ -29,12 +29,14 @@ from .gemm import (
     GemmShape,
     GemmTiling,
     GemmTransfers,
+    acc_slots,
     acc_strides,
     emit_gemm,
     feasible_tilings,
     gemm_kernel_info,
     plan_candidates,
     plan_gemm,
+    tile_bytes,
 )
 from .lowering import LoweringContext, NotSupported, register_lowering
 from .pooling import FLOAT_DTYPES as _FLOAT
@@ -49,7 +51,9 @@ from .vector import (
 )
 
 __all__ = ["BINARY_OPS", "COMPOSITE_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS",
-           "BANDED_MAX_GROUP", "DEPTHWISE_UNITS", "ConvFn", "ConvGeometry", "ConvPlanes",
+           "BANDED_ACC_SHARE", "BANDED_FORMS", "BANDED_MAX_GROUP", "BANDED_ROWS_L1_SHARE",
+           "DEPTHWISE_UNITS",
+           "ConvFn", "ConvGeometry", "ConvPlanes",
            "DepthwiseChoice", "DepthwiseCosts", "DepthwisePart",
            "check_broadcast_shape", "conv_geometry",
            "conv_transfers", "conv_weight_layout", "depthwise_group", "depthwise_parts",
@@ -735,22 +739,24 @@ def _cheapest(cfg: NPUConfig, shape: GemmShape, nbuf: int) -> GemmTiling:
 def banded_plan(cfg: NPUConfig, nbuf: int, at: Any, x_shape: tuple[int, ...],
                 w_shape: tuple[int, ...], out_shape: tuple[int, ...], dt: str
                 ) -> tuple[BandedGeometry, GemmTiling, float] | None:
-    """The banded route's kernel (:mod:`.banded`): of the block widths worth planning
-    (:func:`.banded.banded_block_widths`) and channel groups (powers of two up to
-    :data:`BANDED_MAX_GROUP`), the geometry and planned tiling of the lowest
+    """The banded route's kernel (:mod:`.banded`): of the forms (:data:`BANDED_FORMS`),
+    block widths worth planning (:func:`.banded.banded_block_widths`) and channel groups
+    (powers of two up to :data:`BANDED_MAX_GROUP`), the geometry and planned tiling of the
+    lowest
     estimate (:func:`_step_waits`), and that estimate; None when no tiling fits. Kept per
     description (the object: a description is not hashable) and arguments: a build asks
     for every depthwise layer's route several times (the target annotation, the memory
     scopes, the producer's operand dtype, the epilogue fusion, the lowering), each
     planning every block width."""
     key = (id(cfg), nbuf, tuple(at.strides), tuple(at.padding), tuple(at.dilation),
-           tuple(x_shape), tuple(w_shape), tuple(out_shape), dt)
+           tuple(x_shape), tuple(w_shape), tuple(out_shape), dt, BANDED_FORMS)
     hit = _BANDED_PLANS.get(key)
     if hit is not None and hit[0] is cfg:
         return hit[1]
     best = None
     c = x_shape[1]
-    for in_place, compact in ((False, False), (True, False), (True, True)):
+    acc_room = cfg.memory("acc").size // BANDED_ACC_SHARE
+    for in_place, compact in BANDED_FORMS:
         for n in banded_block_widths(cfg, at, w_shape, out_shape, in_place, x_shape[3]):
             for g in sorted({min(c, 1 << i) for i in range(BANDED_MAX_GROUP.bit_length())}):
                 geo = banded_geometry(cfg, at, x_shape, w_shape, out_shape, dt, n, g,
@@ -760,9 +766,11 @@ def banded_plan(cfg: NPUConfig, nbuf: int, at: Any, x_shape: tuple[int, ...],
                     continue  # the rows preloaded in L1 would crowd out the residents
                 # the whole window in one K step, the whole block in one N tile
                 # (banded_transfers): the first such of the cost model's ranking
+                # and output tiles that leave the fused epilogue's chunk buffers room
                 tiling = next((t for t in feasible_tilings(cfg, geo.shape, nbuf,
                                                            k_units=geo.window)
-                               if t.n == geo.n), None)
+                               if t.n == geo.n and acc_slots(cfg, geo.shape, t, nbuf) *
+                               tile_bytes(cfg, geo.shape, t)[2] <= acc_room), None)
                 if tiling is None:
                     continue
                 est = _step_waits(cfg, geo.shape, tiling)
@@ -778,6 +786,17 @@ _BANDED_PLANS: dict[tuple[Any, ...], tuple[NPUConfig, Any]] = {}
 #: The most channels a banded depthwise kernel's step multiplies (``GemmShape.groups``;
 #: powers of two up to it are planned): more only shrink the tiles the L0 buffers hold.
 BANDED_MAX_GROUP = 64
+#: The forms of the banded kernel :func:`banded_plan` plans, as ``(in_place, compact)``
+#: (:func:`.banded.banded_geometry`): A gathered from rows staged in L1; A read in place
+#: from rows staged in L0, bands from DRAM; in place with the bands built on chip from
+#: compact rows preloaded in L1.
+BANDED_FORMS = ((False, False), (True, False), (True, True))
+#: A banded kernel's output tiles (every accumulator slot) take at most this fraction
+#: (1 / share) of the accumulator memory: above them a fused epilogue (a depthwise layer's
+#: batch norm and ReLU6) has its chunk buffers, and a tile that took it all cut the epilogue
+#: into one-channel chunks with a DRAM round trip each (edge, MobileNetV2's 192 x 14 x 14
+#: layer in place: 1344 chunks a core, 161539 cycles against 26040 gathered).
+BANDED_ACC_SHARE = 2
 #: A compact banded kernel's rows (:func:`.banded.banded_rows`), preloaded in L1, take at
 #: most this fraction (1 / share) of it: the rest stays free for the intermediates that
 #: residency keeps there.
@@ -978,6 +997,7 @@ def _depthwise_banded(ctx: LoweringContext, at: Any, x: DramTensor, w: np.ndarra
         ctx.config, ctx.label("nn.conv2d.depthwise"), "nn.conv2d.depthwise",
         f"tensor unit, banded: {len(geo.blocks)} blocks of {geo.n} columns, windows of "
         f"{geo.window}, {geo.g} channels a step" + (", in place" if geo.in_place else "") +
+        (", bands built on chip" if geo.compact else "") +
         ": " + tiling.describe(shape), tiling.estimate,
         shape)
     ctx.kb.end_kernel(replace(info, macs=int(np.prod(out.shape)) * w.shape[2] * w.shape[3]))
