@@ -995,9 +995,10 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     # accumulator slot) behind them came later (default, ResNet-18's stage-1 3x3 with a
     # residual, one slot: 53619 -> 88101 cycles).
     pending: list[Callable[[], None] | None] = [None] * cfg.cores
-    # (a banded kernel reading A in place, a_parts, likewise: its staging is its load_a;
-    # edge, MobileNetV2's 192 x 14 x 14 layer: its epilogue's chunks each waited behind the
-    # next step's loads and the tensor unit on them, 167215 cycles against 26040 gathered)
+    # (a banded kernel reading A in place, a_parts, likewise: its staging is its load_a,
+    # and its epilogue's operand loads belong behind the next step's loads as a staged
+    # convolution's do; not measured apart -- the pathology it was tried on, edge's
+    # 192 x 14 x 14 layer at 161539 cycles, was the accumulators: ops.BANDED_ACC_SHARE)
     defer = (stage_a is not None or a_parts is not None) and kb.nbuf > 1
     for j, (b, m0, mus, n0, nts) in enumerate(tiles):
         core = j % cfg.cores
