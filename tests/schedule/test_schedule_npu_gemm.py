@@ -1,6 +1,6 @@
 """The product planner's view of the chip (kiln.schedule.npu.gemm): every core's first loads
 share the one DRAM channel (where each core multiplies one output tile), and a strided
-convolution whose input on-chip residency keeps in L1 (``GemmShape.a_onchip``, predicted by
+convolution whose input on-chip residency keeps in L1 (``GemmShape.stage_onchip``, predicted by
 ``ops.onchip_input``) is planned with its staging on chip -- the same K steps, so the same
 bits."""
 
@@ -69,14 +69,14 @@ def test_a_strided_input_staged_from_l1_is_split_along_n(onchip):
     steps (the same order of additions)."""
     cfg = load_config("default")
     shape = _geometry(cfg, (1, 64, 56, 56), (128, 64, 3, 3), 2, onchip).shape
-    assert shape.a_onchip == onchip
+    assert shape.stage_onchip == onchip
     t = plan_gemm(cfg, shape, 2)
-    dram = plan_gemm(cfg, replace(shape, a_onchip=False), 2)
+    dram = plan_gemm(cfg, replace(shape, stage_onchip=False), 2)
     assert t.k_units == dram.k_units
     if onchip:
         assert t.n * cfg.cores == shape.n  # each core its half of the output channels
         # no DRAM bytes for A: any tiling costs at most what it costs from DRAM
-        for d in feasible_tilings(cfg, replace(shape, a_onchip=False), 2)[:20]:
+        for d in feasible_tilings(cfg, replace(shape, stage_onchip=False), 2)[:20]:
             assert gemm_cost(cfg, shape, d.m_units, d.n, d.k_units, 2, d.balance) <= \
                 d.estimate + 1e-6
     else:
@@ -89,7 +89,7 @@ def test_a_stride_one_input_is_planned_as_from_dram():
     before (measured on ResNet-18: no gain)."""
     cfg = load_config("default")
     geo = _geometry(cfg, (1, 512, 7, 7), (512, 512, 3, 3), 1, True)
-    assert not geo.shape.a_onchip
+    assert not geo.shape.stage_onchip
 
 
 def test_the_prediction_counts_only_intermediates_that_fit():

@@ -81,12 +81,27 @@ class GemmShape:
     (:func:`group_strides`), moved by the same DMAs and multiplied by one ``mma`` each --
     one pipeline step for ``groups`` small products. Every size and count of work per tile
     (bytes, tensor passes, staged rows) is ``groups`` times one product's.
-    ``a_onchip``: a staged A's source is expected in L1 for the kernel (an intermediate that
-    on-chip residency, :mod:`.residency`, keeps there -- decided after emission, so the
-    lowering predicts it: :func:`~.ops.onchip_input`): the staging moves no DRAM bytes and
-    runs at the engines' on-chip bandwidth, so a tiling that stages the input once per core
-    (the cores splitting N) is not charged the image once per core on the DRAM channel. It
-    changes the cost model alone, never the roofline (:func:`gemm_bounds`: the layer's)."""
+    ``b_groups``: the distinct B tiles among them (0: ``groups``; a banded kernel's column
+    blocks share their channel's bands: the B tile holds and DRAM moves only those).
+    ``stage_l0``: with ``stage_columns``, the staged rows are the A tile itself -- staged
+    straight into the L0 input slot, one DMA per step, and read in place by the products
+    (``emit_gemm``'s ``a_parts``), with no L1 slot and no gathers. ``k_split``: each
+    product's K is multiplied as that many products of ``K / k_split`` (a banded kernel
+    reading its kernel rows in place: one ``mma`` per kernel row, each its own passes of the
+    tensor unit's K). ``stage_onchip``: the staged rows' source is counted in L1 (read at
+    the DMA engine's on-chip bandwidth and L1's latency, off the shared DRAM channel): an
+    intermediate that fits L1, where on-chip residency -- decided once the program is
+    emitted -- keeps it (:func:`.vector.pool2d_cost` counts the vector route's input so;
+    a banded depthwise kernel's likewise, so the two routes are weighed alike; a strided
+    convolution's image, which the lowering predicts residency keeps: :func:`~.ops.onchip_input`,
+    so a tiling that stages the input once per core -- the cores splitting N -- is not charged
+    the image once per core on the DRAM channel). It changes the cost model alone, never the
+    roofline (:func:`gemm_bounds`: the layer's).
+    ``store_onchip``: the output likewise (an intermediate that fits L1: its stores at the
+    on-chip bandwidth, off the DRAM channel). ``b_rows``: B is built on chip -- each B tile
+    by ``b_dmas`` DMAs from L1, where every entry's ``b_rows`` elements (a banded kernel's
+    compact rows of its bands) were loaded once ahead of the products -- instead of read
+    from DRAM every step (0)."""
 
     batch: int
     m_units: int
@@ -112,7 +127,18 @@ class GemmShape:
     groups: int = 1
     stage_share: int = 1
     acc_row: int = 0
-    a_onchip: bool = False
+    b_groups: int = 0
+    stage_l0: bool = False
+    k_split: int = 1
+    stage_onchip: bool = False
+    store_onchip: bool = False
+    b_rows: int = 0
+    b_dmas: int = 1
+
+    def stage_source_bandwidth(self, cfg: NPUConfig) -> float:
+        """Bytes a cycle the staging reads its source at (``stage_onchip``: the DMA
+        engine's on-chip bandwidth; else the chip's DRAM bandwidth)."""
+        return cfg.dma_onchip_bandwidth if self.stage_onchip else cfg.memory(DRAM).bandwidth
 
     @property
     def column_stores(self) -> bool:
@@ -247,6 +273,18 @@ def _tile_cycles(cfg: NPUConfig, m: int, n: int, k: int, cpt: int) -> int:
     return math.ceil(m / tm) * math.ceil(n / tn) * math.ceil(k / tk) * cpt
 
 
+def _product_cycles(cfg: NPUConfig, shape: GemmShape, m: int, n: int, k: int, cpt: int
+                    ) -> int:
+    """Tensor-unit cycles of one product of an ``m x n x k`` tile: ``shape.k_split``
+    products of ``k / k_split`` each (each its own passes of the unit's K)."""
+    return shape.k_split * _tile_cycles(cfg, m, n, -(-k // shape.k_split), cpt)
+
+
+def _b_count(shape: GemmShape) -> int:
+    """The distinct B tiles of a tile's products (``GemmShape.b_groups``)."""
+    return shape.b_groups or shape.groups
+
+
 def gemm_roofline(cfg: NPUConfig, shape: GemmShape) -> float:
     """The layer's bound: max of the tensor-unit cycles (all cores busy, no partial tiles
     beyond the shape's own) and the DRAM cycles of its minimum traffic (A and B read once, C
@@ -281,7 +319,7 @@ def gemm_traffic(cfg: NPUConfig, shape: GemmShape, c_itemsize: int = 0
     acc, _ = _acc_dtype(cfg, shape.dtype)
     isz = itemsize(shape.dtype)
     g = shape.groups
-    b_bytes = g * shape.k * shape.n * isz * (1 if shape.b_shared else shape.batch)
+    b_bytes = _b_count(shape) * shape.k * shape.n * isz * (1 if shape.b_shared else shape.batch)
     a_elems = shape.a_elems or shape.m * shape.k
     a_bytes = g * a_elems * isz * (1 if shape.a_shared else shape.batch)
     c_bytes = g * shape.batch * shape.m * shape.n * (c_itemsize or itemsize(acc))
@@ -309,14 +347,13 @@ def _staged_a_cycles(cfg: NPUConfig, shape: GemmShape, mu: int, ku: int, a_bytes
     px = shape.stage_pixel(ku)
     staged = shape.stage_elems(mu, ku)
     stride = 1 if shape.stage_columns else px  # L1 writes: whole rows, or one per pixel
-    read = a_bytes / (cfg.dma_onchip_bandwidth if shape.a_onchip else
-                      cfg.memory(DRAM).bandwidth)
-    stage = cfg.dma_latency + max(read, stream_cycles(staged, isz, stride,
-                                                      cfg.dma_onchip_bandwidth, l1))
+    stage = cfg.dma_latency + max(a_bytes / shape.stage_source_bandwidth(cfg),
+                                  stream_cycles(staged, isz, stride, cfg.dma_onchip_bandwidth,
+                                                l1))
     elems = shape.groups * mu * shape.m_unit * ku * shape.k_unit
     gather = shape.gathers(mu) * cfg.dma_latency + \
         stream_cycles(elems, isz, 1, cfg.dma_onchip_bandwidth, cfg.memory("input"))
-    wait = (0 if shape.a_onchip else cfg.memory(DRAM).latency) + l1.latency
+    wait = (0 if shape.stage_onchip else cfg.memory(DRAM).latency) + l1.latency
     return stage + gather + (max(0.0, wait - gather) if prefetch else wait)
 
 
@@ -348,7 +385,7 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     ``balance``: the output tiles left over after a round per core are split among the cores
     (:func:`emit_gemm` does; the TIR route's generator does not). ``prefetch``: a
     convolution's staging runs a step ahead (:func:`prefetch_staging`; None: the cheaper)."""
-    if prefetch is None and shape.stage_stride and nbuf >= 2:
+    if prefetch is None and shape.stage_stride and not shape.stage_l0 and nbuf >= 2:
         return min(gemm_cost(cfg, shape, mu, nt, ku, nbuf, balance, False),
                    gemm_cost(cfg, shape, mu, nt, ku, nbuf, balance, True))
     acc, cpt = _acc_dtype(cfg, shape.dtype)
@@ -362,7 +399,9 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     # in tiles of 64 is 25 passes of 8, not 32) of the busiest core's tiles
     tm, tk, tn = cfg.tensor_shape
     g = shape.groups
-    tensor = g * _busiest_passes(cfg, shape, mt, nt) * _passes(shape.k, kt, tk) * cpt
+    ks = shape.k_split
+    tensor = g * _busiest_passes(cfg, shape, mt, nt) * ks * \
+        _passes(shape.k // ks, -(-kt // ks), tk) * cpt
     dram = cfg.memory(DRAM)
     # DRAM moves whole bursts of each row of a tile narrower than its matrix (every load
     # counted as a whole tile: scaling the last tiles' loads down to their real extents
@@ -370,7 +409,7 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     # MobileNetV2's 1x1 384 -> 64: 4981 -> 5321 cycles)
     a_bytes = shape.stage_dram_bytes(mu, ku, dram.burst) or \
         g * _burst_bytes(cfg, mt, kt * isz, kt == shape.k)
-    b_bytes = g * _burst_bytes(cfg, kt, nt * isz, nt == shape.n)
+    b_bytes = _b_count(shape) * _burst_bytes(cfg, kt, nt * isz, nt == shape.n)
     # every core starts with its first step's loads at once, on the one channel: the last
     # core served starts its products after the others' first tiles too (default,
     # ResNet-18's 3x3/s2 of stage 3, one output tile a core: core 0's first product at
@@ -380,10 +419,11 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
     # take larger M tiles of fewer K (stage 2's 3x3/1s: M448 x K144) whose fused residual
     # epilogue stalls the tensor unit after every tile, which this model does not see
     # (32831 -> 35143 cycles)
-    onchip_a = shape.a_onchip and bool(shape.stage_stride)  # A staged from L1: no DRAM
+    onchip_a = shape.stage_onchip and bool(shape.stage_stride)  # A staged from L1
     tiles = shape.batch * nm * nn
     first_others = 0 if tiles > FIRST_LOADS_TILES * cfg.cores else \
-        (min(cfg.cores, tiles) - 1) * ((0 if onchip_a else a_bytes) + b_bytes)
+        (min(cfg.cores, tiles) - 1) * ((0 if onchip_a else a_bytes) +
+                                         (0 if shape.b_rows else b_bytes))
     # a tile that a slot already holds is not loaded again (emit_gemm): a tile fixed on a
     # core once per K step; another while one of the core's slots holds it (held_loads)
     a_fixed, b_fixed = fixed_tiles(cfg, shape, nm, nn, nk, nbuf)
@@ -399,14 +439,15 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
         full, rest = divmod(shape.batch * nm * nn, cfg.cores)
         pm, pn = (mt, _split_sizes(nt, cfg.cores, cfg.tensor_shape[2])[0]) if split == "n" \
             else (_split_sizes(mu, cfg.cores, 1)[0] * shape.m_unit, nt)
-        tensor = g * nk * (full * _tile_cycles(cfg, mt, nt, kt, cpt) +
-                           rest * _tile_cycles(cfg, pm, pn, kt, cpt))
+        tensor = g * nk * (full * _product_cycles(cfg, shape, mt, nt, kt, cpt) +
+                           rest * _product_cycles(cfg, shape, pm, pn, kt, cpt))
         held = a_loads < core_steps, b_loads < core_steps
         core_steps = (full + rest) * nk
         a_piece = a_bytes if split == "n" else (
             shape.stage_dram_bytes(pm // shape.m_unit, ku, dram.burst) or
             g * _burst_bytes(cfg, pm, kt * isz, kt == shape.k))
-        b_piece = b_bytes if split == "m" else g * _burst_bytes(cfg, kt, pn * isz, False)
+        b_piece = b_bytes if split == "m" else \
+            _b_count(shape) * _burst_bytes(cfg, kt, pn * isz, False)
         a_bytes = (full * a_bytes + rest * a_piece) / (full + rest)
         b_bytes = (full * b_bytes + rest * b_piece) / (full + rest)
         # a held tile stays held, but the pieces' own tiles of the split operand are loaded
@@ -414,27 +455,47 @@ def gemm_cost(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, ku: int, nbuf:
                             if kept else core_steps
                             for loads, kept, axis in zip((a_loads, b_loads), held, "mn"))
         scale = cfg.cores
-    traffic = scale * (a_loads * (0 if onchip_a else a_bytes) + b_loads * b_bytes) + \
-        g * shape.batch * shape.m * shape.n * itemsize(acc)
+    a_channel = 0.0 if shape.stage_onchip else a_bytes  # A's bytes on the DRAM channel
+    c_bytes = g * shape.batch * shape.m * shape.n * itemsize(acc)
+    per_b = cfg.dma_latency + b_bytes / dram.bandwidth  # a B tile's DMA-in cycles
+    b_channel = scale * b_loads * b_bytes
+    preload = 0.0
+    if shape.b_rows:  # built from rows loaded once into L1: the entries' rows on the channel
+        per_b = shape.b_dmas * cfg.dma_latency + b_bytes / cfg.dma_onchip_bandwidth
+        b_channel = shape.batch * shape.b_rows * isz
+        preload = dram.latency + math.ceil(shape.batch / cfg.cores) * cfg.dma_latency + \
+            b_channel / dram.bandwidth
+    traffic = scale * a_loads * a_channel + b_channel + \
+        (0 if shape.store_onchip else c_bytes)
     per_a = shape.a_dmas * cfg.dma_latency + a_bytes / dram.bandwidth
     delay = 0.0  # the tensor unit's second step waits for the third step's staging
-    if shape.stage_stride:
+    if shape.stage_l0:
+        # the staged rows are the A tile: one DMA into L0 input, no gathers, no L1 slot
+        per_a = cfg.dma_latency + max(
+            a_bytes / shape.stage_source_bandwidth(cfg),
+            stream_cycles(shape.stage_elems(mu, ku), isz, 1, cfg.dma_onchip_bandwidth,
+                          cfg.memory("input")))
+    elif shape.stage_stride:
         prefetch = bool(prefetch) and nbuf >= 2
         per_a = _staged_a_cycles(cfg, shape, mu, ku, a_bytes, prefetch)
         if prefetch:
-            # every core's staging on the channel, or each on its own engine from L1
-            staged = shape.stage_dram_bytes(mu, ku, dram.burst)
-            delay = staged / cfg.dma_onchip_bandwidth if onchip_a else \
-                cfg.cores * staged / dram.bandwidth
-    dma_in = a_loads * per_a + b_loads * (cfg.dma_latency + b_bytes / dram.bandwidth)
+            delay = shape.stage_dram_bytes(mu, ku, dram.burst) * (
+                1 / cfg.dma_onchip_bandwidth if shape.stage_onchip
+                else cfg.cores / dram.bandwidth)
+    dma_in = preload + a_loads * per_a + b_loads * per_b  # the preload fences DMA-in
     # a pipeline: the first step's loads precede the tensor unit's work, the last step's
     # product follows the DMA's, the last tile's store follows both
-    load1 = per_a + cfg.dma_latency + (b_bytes + first_others) / dram.bandwidth
-    step = g * _tile_cycles(cfg, mt, nt, kt, cpt)
+    load1 = per_a + per_b + preload + first_others / dram.bandwidth
+    step = g * _product_cycles(cfg, shape, mt, nt, kt, cpt)
     store = g * mt * nt * itemsize(acc) / dram.bandwidth + dram.latency
+    dma_out = 0.0
+    if shape.store_onchip:  # a core's stores at its engine's on-chip bandwidth
+        out_bytes = g * mt * nt * itemsize(acc)
+        store = out_bytes / cfg.dma_onchip_bandwidth + cfg.memory("l1").latency
+        dma_out = core_steps * (cfg.dma_latency + out_bytes / cfg.dma_onchip_bandwidth)
     fill = cfg.tensor_latency * (core_steps + 1) + store + delay
     if nbuf >= 2:
-        return max(tensor + load1, dma_in + step, traffic / dram.bandwidth) + fill
+        return max(tensor + load1, dma_in + step, traffic / dram.bandwidth, dma_out) + fill
     return tensor + dma_in + fill + core_steps * dram.latency
 
 
@@ -561,13 +622,15 @@ def store_floor(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int)
 
 
 def tile_bytes(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling) -> tuple[int, int, int]:
-    """Bytes of one A tile (L0 input), one B tile (L0 weight) and one output tile (the
+    """Bytes of one A tile (L0 input: with ``shape.stage_l0`` the staged rows), one B tile
+    (L0 weight: its distinct B tiles, ``shape.b_groups``) and one output tile (the
     accumulators, rows :func:`acc_row_stride` apart) under ``tiling``."""
     acc, _ = _acc_dtype(cfg, shape.dtype)
     isz = itemsize(shape.dtype)
     a, b, _ = group_strides(cfg, shape, tiling)
-    g = shape.groups
-    return g * a * isz, g * b * isz, \
+    a_bytes = shape.stage_bytes(tiling.m_units, tiling.k_units) if shape.stage_l0 else \
+        shape.groups * a * isz
+    return a_bytes, _b_count(shape) * b * isz, \
         _acc_tile_elems(cfg, shape, tiling.m_units, tiling.n) * itemsize(acc)
 
 
@@ -684,8 +747,9 @@ def feasible_tilings(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = T
         for ku in [k_units] if k_units else \
                 _candidates(shape.k_units, math.ceil(tk / shape.k_unit)):
             kt = ku * shape.k_unit
-            if max(mt, kt) > max_ext or \
-                    cfg.cores * nbuf * shape.stage_bytes(mu, ku) > sizes["l1"]:
+            if max(mt, kt) > max_ext or (not shape.stage_l0 and
+                                         cfg.cores * nbuf * shape.stage_bytes(mu, ku) >
+                                         sizes["l1"]):
                 continue
             for nt in _candidates(shape.n, tn):
                 a_copies, b_copies = _copies(cfg, shape, mu, nt, ku, nbuf) if hold \
@@ -694,8 +758,9 @@ def feasible_tilings(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = T
                 # Pipeline.out_slot): a core with one tile uses one, so a tile too large for
                 # two fits (default, 1 core: ResNet-18's 3x3/s2 of stage 3, N256 whole)
                 g = shape.groups
-                if g * a_copies * mt * kt * isz > sizes["input"] or nt > max_ext or \
-                        g * b_copies * kt * nt * isz > sizes["weight"] or \
+                a_tile = shape.stage_bytes(mu, ku) if shape.stage_l0 else g * mt * kt * isz
+                if a_copies * a_tile > sizes["input"] or nt > max_ext or \
+                        _b_count(shape) * b_copies * kt * nt * isz > sizes["weight"] or \
                         (1 if hold else nbuf) * _acc_tile_elems(cfg, shape, mu, nt) * asz > \
                         sizes["acc"]:
                     continue
@@ -757,12 +822,12 @@ def plan_candidates(cfg: NPUConfig, shape: GemmShape, nbuf: int, hold: bool = Tr
     """:func:`plan_gemm`'s tiling first, then the knob's other candidates in the cost model's
     order: what a lowering falls back on when a later check refuses a tiling
     (:mod:`.feedback`). Each carries its knob key (:attr:`GemmTiling.knob`). A shape whose
-    input is staged from L1 (``a_onchip``) keeps the K steps of the plan with the input in
+    input is staged from L1 (``stage_onchip``) keeps the K steps of the plan with the input in
     DRAM (the same order of additions): whether residency keeps the input on chip never
     changes a result bit."""
     explicit = k_units
-    if shape.a_onchip and k_units is None:
-        dram = feasible_tilings(cfg, replace(shape, a_onchip=False), nbuf, hold)
+    if shape.stage_onchip and k_units is None:
+        dram = feasible_tilings(cfg, replace(shape, stage_onchip=False), nbuf, hold)
         k_units = dram[0].k_units if dram else None
     ranked = feasible_tilings(cfg, shape, nbuf, hold, k_units)
     if not ranked:
@@ -800,7 +865,7 @@ class GemmTransfers:
     implicit GEMM, a banded depthwise convolution) under a tiling, in :func:`emit_gemm`'s
     callback form."""
 
-    stage_a: StageA
+    stage_a: StageA | None  # None: A is not staged in L1 (a banded kernel's in place)
     load_a: LoadA
     load_b: LoadB
     store_c: StoreC
@@ -921,7 +986,9 @@ class SlotCache:
 def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: LoadA,
               load_b: LoadB, store_c: StoreC, stage_a: StageA | None = None,
               b_groups: Sequence[int] | None = None,
-              c_groups: Sequence[int] | None = None) -> None:
+              c_groups: Sequence[int] | None = None,
+              a_parts: Sequence[Sequence[tuple[int, int, int]]] | None = None,
+              a_row: int = 0) -> None:
     """Emit the tiled product (see the module docstring) into ``kb``'s streams.
 
     ``stage_a``: A is gathered from an L1 staging slot that ``stage_a`` fills (a
@@ -936,7 +1003,12 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     multiply by the same B -- a banded depthwise kernel's interior column blocks -- share
     one, which ``load_b`` loads once). ``c_groups``: each product's place in the output
     tile, in elements (default: ``group_strides`` apart; with ``shape.acc_row``, a banded
-    kernel's column blocks side by side in their channel's rows)."""
+    kernel's column blocks side by side in their channel's rows). ``a_parts``
+    (``shape.stage_l0``: A read in place from the rows ``load_a`` stages): per product its
+    ``mma`` instructions, each ``(a_offset, b_offset, k)`` -- its A at that element of the A
+    tile with rows ``a_row`` elements apart (a tile's first output row; a piece's rows
+    further on), its B at that element past the product's B, ``k`` deep -- accumulating
+    into the product's output."""
     cfg = kb.config
     acc, _ = _acc_dtype(cfg, shape.dtype)
     isz, asz = itemsize(shape.dtype), itemsize(acc)
@@ -973,7 +1045,11 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     # accumulator slot) behind them came later (default, ResNet-18's stage-1 3x3 with a
     # residual, one slot: 53619 -> 88101 cycles).
     pending: list[Callable[[], None] | None] = [None] * cfg.cores
-    defer = stage_a is not None and kb.nbuf > 1
+    # (a banded kernel reading A in place, a_parts, likewise: its staging is its load_a,
+    # and its epilogue's operand loads belong behind the next step's loads as a staged
+    # convolution's do; not measured apart -- the pathology it was tried on, edge's
+    # 192 x 14 x 14 layer at 161539 cycles, was the accumulators: ops.BANDED_ACC_SHARE)
+    defer = (stage_a is not None or a_parts is not None) and kb.nbuf > 1
     for j, (b, m0, mus, n0, nts) in enumerate(tiles):
         core = j % cfg.cores
         p = pipes[core]
@@ -1023,7 +1099,13 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
             for i, (r0, pu, c0, pn) in enumerate(parts):
                 # the piece in the acc tile
                 at = (r0 * shape.m_unit * c_row + c0 * c_col) * asz
-                for g in range(shape.groups):  # one product per group, its own operands
+                if a_parts is not None:  # A in place: each product's mma instructions
+                    _emit_parts(kb, core, shape, a_parts, step, pu, pn,
+                                c_addr + at, cg, c_row, c_col,
+                                a_addr + r0 * shape.m_unit * a_row * isz, a_row,
+                                b_addr, bg, gb, c0, nts)
+                for g in range(shape.groups if a_parts is None else 0):
+                    # one product per group, its own operands
                     kb.emit(core, "mma.set" if step == 0 else "mma",
                             shape=(1, pu * shape.m_unit, pn, kts),
                             c=block("acc", c_addr + at + cg[g] * asz, acc, (0, c_row, c_col)),
@@ -1055,6 +1137,37 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     for p in pipes:
         p.finish()
     kb.store_floor = 0
+
+
+def _emit_parts(kb: KernelBuilder, core: int, shape: GemmShape,
+                a_parts: Sequence[Sequence[tuple[int, int, int]]], step: int, rows: int,
+                cols: int, c_addr: int, cg: Sequence[int], c_row: int, c_col: int,
+                a_addr: int, a_row: int, b_addr: int, bg: Sequence[int], gb: int, c0: int,
+                nts: int) -> None:
+    """:func:`emit_gemm`'s products with A in place (``a_parts``): the ``q``-th
+    instruction of every product, then the ``(q + 1)``-th -- each product's instructions
+    accumulate into one output, and the tensor unit pipelines its instructions, so one that
+    adds to what the one before wrote would read it before it lands (the simulator's
+    hazard); the other products' instructions in between cover the unit's latency, or
+    where they are too few to, a fence does."""
+    cfg = kb.config
+    acc, cpt = _acc_dtype(cfg, shape.dtype)
+    isz, asz = itemsize(shape.dtype), itemsize(acc)
+    m = rows * shape.m_unit
+    for q in range(len(a_parts[0])):
+        if q:
+            between = sum(_tile_cycles(cfg, m, cols, parts[q - 1][2], cpt)
+                          for parts in a_parts[1:])
+            if between < cfg.tensor_latency:
+                kb.fence(core, UNIT_TENSOR)
+        for g, parts in enumerate(a_parts):
+            ao, bo, kq = parts[q]
+            kb.emit(core, "mma.set" if step == 0 and q == 0 else "mma",
+                    shape=(1, m, cols, kq),
+                    c=block("acc", c_addr + cg[g] * asz, acc, (0, c_row, c_col)),
+                    a=block("input", a_addr + ao * isz, shape.dtype, (0, a_row, 1)),
+                    b=block("weight", b_addr + (bg[g] * gb + bo + c0) * isz, shape.dtype,
+                            (nts, 1, 0)))
 
 
 def held_tiles(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int

@@ -19,6 +19,7 @@ from .banded import (
     BandedGeometry,
     banded_block_widths,
     banded_geometry,
+    banded_rows,
     banded_transfers,
     banded_weights,
 )
@@ -28,12 +29,14 @@ from .gemm import (
     GemmShape,
     GemmTiling,
     GemmTransfers,
+    acc_slots,
     acc_strides,
     emit_gemm,
     feasible_tilings,
     gemm_kernel_info,
     plan_candidates,
     plan_gemm,
+    tile_bytes,
 )
 from .lowering import LoweringContext, NotSupported, register_lowering
 from .pooling import FLOAT_DTYPES as _FLOAT
@@ -48,7 +51,9 @@ from .vector import (
 )
 
 __all__ = ["BINARY_OPS", "COMPOSITE_OPS", "ELEMENTWISE_OPS", "GEMM_OPS", "UNARY_OPS",
-           "BANDED_MAX_GROUP", "DEPTHWISE_UNITS", "ConvFn", "ConvGeometry", "ConvPlanes",
+           "BANDED_ACC_SHARE", "BANDED_FORMS", "BANDED_MAX_GROUP", "BANDED_ROWS_L1_SHARE",
+           "DEPTHWISE_UNITS",
+           "ConvFn", "ConvGeometry", "ConvPlanes",
            "DepthwiseChoice", "DepthwiseCosts", "DepthwisePart",
            "ONCHIP_SHARE", "check_broadcast_shape", "conv_geometry",
            "conv_transfers", "conv_weight_layout", "depthwise_group", "depthwise_parts",
@@ -498,7 +503,7 @@ def conv_geometry(cfg: NPUConfig, at: Any, x_shape: tuple[int, ...],
     """The implicit GEMM of a (not pointwise) convolution: one definition for the emitter
     (:func:`lower_conv2d`) and the TIR route (:mod:`.tir_conv`), so both plan the same
     :class:`~.gemm.GemmShape` and get the same tiling. ``onchip``: the input is staged from
-    L1 (:func:`onchip_input`), which the planner counts (``GemmShape.a_onchip``) where the
+    L1 (:func:`onchip_input`), which the planner counts (``GemmShape.stage_onchip``) where the
     convolution reads its image rows with a stride (``stage_stride > 1``, a 3x3/s2): there
     the cores splitting N, each staging the whole image from L1, wins (default, ResNet-18's
     stage-2 3x3/s2: 17933 -> 16473 cycles). Elsewhere the tiling stays the DRAM plan's:
@@ -530,7 +535,7 @@ def conv_geometry(cfg: NPUConfig, at: Any, x_shape: tuple[int, ...],
                       stage_stride=sh // rstep, stage_halo=(kh - 1) * dh + 1, stage_row=wd,
                       stage_width=width, stage_pad=l1.bank_width,
                       acc_padded=not CONV_ACC_COLUMNS, acc_columns=CONV_ACC_COLUMNS,
-                      stage_runs=rstep > 1, a_onchip=onchip and sh // rstep > 1)
+                      stage_runs=rstep > 1, stage_onchip=onchip and sh // rstep > 1)
     return ConvGeometry(nb, c, h, wd, o, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl, rstep, width,
                         shape)
 
@@ -743,11 +748,14 @@ def _step_waits(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling) -> float:
     depthwise convolution's steps (one group's tile each) are small: without it the
     estimate was 30-40% below the simulated cycles of MobileNetV2's 7 x 7 layers (384 and
     576 channels: 24 and 36 steps; default, 4127 cycles estimated, 6139 simulated), which
-    then went to the tensor unit although the vector unit takes 4710."""
+    then went to the tensor unit although the vector unit takes 4710. A banded kernel
+    whose step loads nothing from DRAM (its rows in L1, ``stage_onchip``, and its bands
+    built from rows preloaded there, ``b_rows``) waits L1's latency instead."""
     nm, nn = -(-shape.m_units // tiling.m_units), -(-shape.n // tiling.n)
     nk = -(-shape.k_units // tiling.k_units)
     steps = -(-shape.batch * nm * nn // cfg.cores) * nk
-    return tiling.estimate + steps * cfg.memory("dram").latency
+    onchip = shape.stage_onchip and shape.b_rows
+    return tiling.estimate + steps * cfg.memory("l1" if onchip else "dram").latency
 
 
 def depthwise_tensor_dtype(cfg: NPUConfig, x_dtype: str, w_dtype: str, out_dtype: str
@@ -776,34 +784,43 @@ def _cheapest(cfg: NPUConfig, shape: GemmShape, nbuf: int) -> GemmTiling:
 def banded_plan(cfg: NPUConfig, nbuf: int, at: Any, x_shape: tuple[int, ...],
                 w_shape: tuple[int, ...], out_shape: tuple[int, ...], dt: str
                 ) -> tuple[BandedGeometry, GemmTiling, float] | None:
-    """The banded route's kernel (:mod:`.banded`): of the block widths worth planning
-    (:func:`.banded.banded_block_widths`) and channel groups (powers of two up to
-    :data:`BANDED_MAX_GROUP`), the geometry and planned tiling of the lowest
+    """The banded route's kernel (:mod:`.banded`): of the forms (:data:`BANDED_FORMS`),
+    block widths worth planning (:func:`.banded.banded_block_widths`) and channel groups
+    (powers of two up to :data:`BANDED_MAX_GROUP`), the geometry and planned tiling of the
+    lowest
     estimate (:func:`_step_waits`), and that estimate; None when no tiling fits. Kept per
     description (the object: a description is not hashable) and arguments: a build asks
     for every depthwise layer's route several times (the target annotation, the memory
     scopes, the producer's operand dtype, the epilogue fusion, the lowering), each
     planning every block width."""
     key = (id(cfg), nbuf, tuple(at.strides), tuple(at.padding), tuple(at.dilation),
-           tuple(x_shape), tuple(w_shape), tuple(out_shape), dt)
+           tuple(x_shape), tuple(w_shape), tuple(out_shape), dt, BANDED_FORMS)
     hit = _BANDED_PLANS.get(key)
     if hit is not None and hit[0] is cfg:
         return hit[1]
     best = None
     c = x_shape[1]
-    for n in banded_block_widths(cfg, at, w_shape, out_shape):
-        for g in sorted({min(c, 1 << i) for i in range(BANDED_MAX_GROUP.bit_length())}):
-            geo = banded_geometry(cfg, at, x_shape, w_shape, out_shape, dt, n, g)
-            # the whole window in one K step, the whole block in one N tile
-            # (banded_transfers): the first such of the cost model's ranking
-            tiling = next((t for t in feasible_tilings(cfg, geo.shape, nbuf,
-                                                       k_units=geo.window)
-                           if t.n == geo.n), None)
-            if tiling is None:
-                continue
-            est = _step_waits(cfg, geo.shape, tiling)
-            if best is None or est < best[2]:
-                best = (geo, tiling, est)
+    acc_room = cfg.memory("acc").size // BANDED_ACC_SHARE
+    for in_place, compact in BANDED_FORMS:
+        for n in banded_block_widths(cfg, at, w_shape, out_shape, in_place, x_shape[3]):
+            for g in sorted({min(c, 1 << i) for i in range(BANDED_MAX_GROUP.bit_length())}):
+                geo = banded_geometry(cfg, at, x_shape, w_shape, out_shape, dt, n, g,
+                                      in_place, compact)
+                if compact and x_shape[0] * x_shape[1] * geo.kh * geo.row_len * \
+                        itemsize(dt) > cfg.memory("l1").size // BANDED_ROWS_L1_SHARE:
+                    continue  # the rows preloaded in L1 would crowd out the residents
+                # the whole window in one K step, the whole block in one N tile
+                # (banded_transfers): the first such of the cost model's ranking
+                # and output tiles that leave the fused epilogue's chunk buffers room
+                tiling = next((t for t in feasible_tilings(cfg, geo.shape, nbuf,
+                                                           k_units=geo.window)
+                               if t.n == geo.n and acc_slots(cfg, geo.shape, t, nbuf) *
+                               tile_bytes(cfg, geo.shape, t)[2] <= acc_room), None)
+                if tiling is None:
+                    continue
+                est = _step_waits(cfg, geo.shape, tiling)
+                if best is None or est < best[2]:
+                    best = (geo, tiling, est)
     if len(_BANDED_PLANS) >= 512:
         _BANDED_PLANS.clear()
     _BANDED_PLANS[key] = (cfg, best)  # the description kept alive: its id stays its own
@@ -814,6 +831,21 @@ _BANDED_PLANS: dict[tuple[Any, ...], tuple[NPUConfig, Any]] = {}
 #: The most channels a banded depthwise kernel's step multiplies (``GemmShape.groups``;
 #: powers of two up to it are planned): more only shrink the tiles the L0 buffers hold.
 BANDED_MAX_GROUP = 64
+#: The forms of the banded kernel :func:`banded_plan` plans, as ``(in_place, compact)``
+#: (:func:`.banded.banded_geometry`): A gathered from rows staged in L1; A read in place
+#: from rows staged in L0, bands from DRAM; in place with the bands built on chip from
+#: compact rows preloaded in L1.
+BANDED_FORMS = ((False, False), (True, False), (True, True))
+#: A banded kernel's output tiles (every accumulator slot) take at most this fraction
+#: (1 / share) of the accumulator memory: above them a fused epilogue (a depthwise layer's
+#: batch norm and ReLU6) has its chunk buffers, and a tile that took it all cut the epilogue
+#: into one-channel chunks with a DRAM round trip each (edge, MobileNetV2's 192 x 14 x 14
+#: layer in place: 1344 chunks a core, 161539 cycles against 26040 gathered).
+BANDED_ACC_SHARE = 2
+#: A compact banded kernel's rows (:func:`.banded.banded_rows`), preloaded in L1, take at
+#: most this fraction (1 / share) of it: the rest stays free for the intermediates that
+#: residency keeps there.
+BANDED_ROWS_L1_SHARE = 8
 
 
 @dataclass(frozen=True)
@@ -846,9 +878,12 @@ def _depthwise_costs(cfg: NPUConfig, nbuf: int, at: Any, x_shape: tuple[int, ...
         plan = banded_plan(cfg, nbuf, at, x_shape, w_shape, out_shape, dt)
         banded = plan[2] if plan is not None else None
     try:
+        # the output counted in L1 where it fits, as the banded kernel's
+        # (banded.banded_geometry's store_onchip): residency keeps it there
         vector: float | None = pool2d_cost(
             cfg, nbuf, x_shape, out_shape, vdt, (w_shape[2], w_shape[3]), tuple(at.strides),
-            tuple(at.padding), tuple(at.dilation), True)
+            tuple(at.padding), tuple(at.dilation), True,
+            int(np.prod(out_shape)) * itemsize(vdt) <= cfg.memory("l1").size)
     except NotSupported:
         vector = None
     return DepthwiseCosts(diagonal, banded, vector)
@@ -1000,14 +1035,16 @@ def _depthwise_banded(ctx: LoweringContext, at: Any, x: DramTensor, w: np.ndarra
     geo, tiling, _ = plan
     shape = geo.shape
     xa = _activation(ctx, x, dt, "nn.conv2d")
-    wl = ctx.constant(banded_weights(w, geo), dt)
+    wl = ctx.constant(banded_rows(w, geo) if geo.compact else banded_weights(w, geo), dt)
     t = banded_transfers(ctx, geo, tiling, xa, wl, out)
     emit_gemm(ctx.kb, shape, tiling, t.load_a, t.load_b, t.store_c, t.stage_a, geo.b_groups,
-              geo.c_groups(tiling))
+              geo.c_groups(tiling), geo.a_parts(tiling) if geo.in_place else None, geo.a_row)
     info = gemm_kernel_info(
         ctx.config, ctx.label("nn.conv2d.depthwise"), "nn.conv2d.depthwise",
         f"tensor unit, banded: {len(geo.blocks)} blocks of {geo.n} columns, windows of "
-        f"{geo.window}, {geo.g} channels a step: " + tiling.describe(shape), tiling.estimate,
+        f"{geo.window}, {geo.g} channels a step" + (", in place" if geo.in_place else "") +
+        (", bands built on chip" if geo.compact else "") +
+        ": " + tiling.describe(shape), tiling.estimate,
         shape, constant_b=True, c_itemsize=ctx.kb.result_itemsize(out.dtype))
     ctx.kb.end_kernel(replace(info, macs=int(np.prod(out.shape)) * w.shape[2] * w.shape[3]))
 

@@ -312,7 +312,7 @@ def plan_pool2d(cfg: Any, nbuf: int, x_shape: tuple[int, ...], out_shape: tuple[
 def pool2d_cost(cfg: Any, nbuf: int, x_shape: tuple[int, ...], out_shape: tuple[int, ...],
                 dtype: str, pool: tuple[int, int], strides: tuple[int, int],
                 pad: tuple[int, int, int, int], dilation: tuple[int, int],
-                depthwise: bool) -> float:
+                depthwise: bool, out_onchip: bool = False) -> float:
     """Estimated cycles of :func:`emit_pool2d`'s kernel (both routes emit the same), from the
     description: per block of :func:`plan_pool2d` one vector instruction per tap (a ``vmul``
     / ``vmac`` or ``vmax``, each over the block, a fence between two), its loads (the
@@ -322,12 +322,15 @@ def pool2d_cost(cfg: Any, nbuf: int, x_shape: tuple[int, ...], out_shape: tuple[
     DRAM channel, plus the first load and the last store. An input that fits L1 is counted
     there (see below; :func:`~.gemm.gemm_cost`, the tensor route's estimate, counts every
     operand in DRAM: where the two are close this favours the vector unit). What
-    :func:`.ops.depthwise_route` weighs against the tensor unit's product. Raises
-    NotSupported (no block fits)."""
+    :func:`.ops.depthwise_route` weighs against the tensor unit's product.
+    ``out_onchip``: count the output's stores in L1 too (at the DMA engine's on-chip
+    bandwidth, off the channel: an intermediate residency keeps there -- the depthwise
+    route counts both routes' outputs so where they fit L1). Raises NotSupported (no block
+    fits)."""
     ct, rt, _ = plan_pool2d(cfg, nbuf, x_shape, out_shape, dtype, pool, strides, pad, dilation,
                             depthwise, False)
     return pool_block_cost(cfg, nbuf, x_shape, out_shape, dtype, pool, strides, dilation,
-                            depthwise, ct, rt)
+                            depthwise, ct, rt, out_onchip)
 
 
 #: How many blocks :func:`pool2d_blocks` offers.
@@ -354,8 +357,10 @@ def pool2d_blocks(cfg: Any, nbuf: int, x_shape: tuple[int, ...], out_shape: tupl
 
 def pool_block_cost(cfg: Any, nbuf: int, x_shape: tuple[int, ...], out_shape: tuple[int, ...],
                      dtype: str, pool: tuple[int, int], strides: tuple[int, int],
-                     dilation: tuple[int, int], depthwise: bool, ct: int, rt: int) -> float:
-    """:func:`pool2d_cost` of blocks of ``ct`` channels and ``rt`` output rows."""
+                     dilation: tuple[int, int], depthwise: bool, ct: int, rt: int,
+                     out_onchip: bool = False) -> float:
+    """:func:`pool2d_cost` of blocks of ``ct`` channels and ``rt`` output rows
+    (``out_onchip``: see there)."""
     n, c, h, w = x_shape
     oh, ow = out_shape[2:]
     (kh, kw), (sh, _), (dh, _) = pool, strides, dilation
@@ -378,12 +383,18 @@ def pool_block_cost(cfg: Any, nbuf: int, x_shape: tuple[int, ...], out_shape: tu
     in_bw = cfg.dma_onchip_bandwidth if on_chip else dram.bandwidth
     dma = loads * cfg.dma_latency + load / in_bw
     wait = (cfg.memory("l1").latency if on_chip else dram.latency) + loads * cfg.dma_latency
-    channel = blocks * ((0 if on_chip else load) + store) / dram.bandwidth
+    channel = blocks * ((0 if on_chip else load) + (0 if out_onchip else store)) / \
+        dram.bandwidth
     first = dma + wait
     last = cfg.dma_latency + store / dram.bandwidth + dram.latency
+    dma_out = 0.0
+    if out_onchip:  # a core's stores at its engine's on-chip bandwidth
+        last = cfg.dma_latency + store / cfg.dma_onchip_bandwidth + cfg.memory("l1").latency
+        dma_out = per_core * (cfg.dma_latency + store / cfg.dma_onchip_bandwidth)
     if nbuf < 2:
         return per_core * (dma + wait + vec) + channel / cfg.cores + last
-    return max(per_core * vec, per_core * max(dma, wait / nbuf), channel) + first + last
+    return max(per_core * vec, per_core * max(dma, wait / nbuf), channel, dma_out) + \
+        first + last
 
 
 def pool2d_kernel_info(ctx: LoweringContext, op: str, x: Any, out: Any, taps: int,
