@@ -52,6 +52,16 @@ CASES = [  # (x shape, stride, padding, dilation)
 ]
 
 
+def _case(hw, shape, stride, pad, dil, seed):
+    """A random image and 3 x 3 depthwise weights of ``shape``, torch's convolution of them
+    (float64), the conv's attributes and the description ``hw``."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape)
+    w = rng.standard_normal((shape[1], 1, 3, 3))
+    return (x, w, _torch_ref(x, w, stride, pad, dil), _attrs(shape[1], shape, stride, pad, dil),
+            load_config(hw))
+
+
 @pytest.mark.parametrize("hw", HW)
 @pytest.mark.parametrize("shape,stride,pad,dil", CASES)
 def test_bands_replayed_in_numpy_are_the_convolution(hw, shape, stride, pad, dil):
@@ -60,13 +70,8 @@ def test_bands_replayed_in_numpy_are_the_convolution(hw, shape, stride, pad, dil
     the block's band (``b_groups``' slot of the group's bands), summed over the kernel rows,
     placed at the block's columns of the channel's rows (``c_groups``) and cropped to the
     output's width, is torch's depthwise convolution (float64, to rounding)."""
-    rng = np.random.default_rng(sum(shape))
     nb, c, h, wd = shape
-    x = rng.standard_normal(shape)
-    w = rng.standard_normal((c, 1, 3, 3))
-    ref = _torch_ref(x, w, stride, pad, dil)
-    at = _attrs(c, shape, stride, pad, dil)
-    cfg = load_config(hw)
+    x, w, ref, at, cfg = _case(hw, shape, stride, pad, dil, sum(shape))
     widths = banded_block_widths(cfg, at, w.shape, ref.shape)
     assert widths and max(widths) <= cfg.tensor_shape[2]
     for n in widths:
@@ -219,13 +224,8 @@ def test_in_place_parts_replayed_in_numpy_are_the_convolution(hw, shape, stride,
     ``a_row`` apart, times the parts' slices of the bands, placed by ``c_groups``, is
     torch's depthwise convolution; and the bands built from the compact rows -- the view
     ``R[i + d - j*sw - u_min]`` the on-chip DMAs copy -- are the bands, exactly."""
-    rng = np.random.default_rng(3 + sum(shape))
     nb, c, h, wd = shape
-    x = rng.standard_normal(shape)
-    w = rng.standard_normal((c, 1, 3, 3))
-    ref = _torch_ref(x, w, stride, pad, dil)
-    at = _attrs(c, shape, stride, pad, dil)
-    cfg = load_config(hw)
+    x, w, ref, at, cfg = _case(hw, shape, stride, pad, dil, 3 + sum(shape))
     widths = banded_block_widths(cfg, at, w.shape, ref.shape, True, wd)
     assert widths and max(widths) <= cfg.tensor_shape[2]
     seen_whole = False
