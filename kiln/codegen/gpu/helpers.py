@@ -202,19 +202,7 @@ class GpuHelpers(Helpers):
                 return self._add(name, _CUDA_MMA_LDMATRIX.replace("NAME", name).replace(
                     "DT", short))
             return self._add(name, _CUDA_MMA.replace("NAME", name).replace("DT", short))
-        self.use(short)
-        ptr = "__local const uint16_t* "
-        return self._add(name, (
-            f"static inline void {name}(float* c, {ptr}a, {ptr}b, long ldc, long lda, "
-            f"long ldb, long lane_cols) {{\n"
-            f"  for (int h = 0; h < 2; ++h)\n"
-            f"    for (int e = 0; e < 2; ++e) {{\n"
-            f"      float s = c[h * ldc + e];\n"
-            f"      for (int k = 0; k < 16; ++k)\n"
-            f"        s += kiln_{short}_to_f32(a[h * lda + k]) *\n"
-            f"             kiln_{short}_to_f32(b[k * ldb + e]);\n"
-            f"      c[h * ldc + e] = s;\n"
-            f"    }}\n}}\n"))
+        return self._thread_product(name, short, 2, 2, ", long lane_cols", "j")
 
     def mma_tile(self, dtype: str, mi: int, ni: int) -> str:
         """``kiln_mma_tile_<dt>_<MI>x<NI>(c, a, b, ldc, lda, ldb)``: one thread's part of a
@@ -230,17 +218,23 @@ class GpuHelpers(Helpers):
         if self.dialect.is_cuda:
             return self._add(name, _CUDA_MMA_TILE.replace("NAME", name).replace(
                 "DT", short).replace("MI", str(mi)).replace("NI", str(ni)))
+        return self._thread_product(name, short, 2 * mi, 2 * ni, "", "(j >> 1) * 8 + (j & 1)")
+
+    def _thread_product(self, name: str, short: str, rows: int, cols: int, extra: str,
+                        b_col: str) -> str:
+        """OpenCL's view of a tensor-core intrinsic: the thread's own ``rows x cols x 16``
+        product in float32 (PoCL runs it in CI); ``b_col``: where B's column ``j`` lies."""
         self.use(short)
         ptr = "__local const uint16_t* "
         return self._add(name, (
             f"static inline void {name}(float* c, {ptr}a, {ptr}b, long ldc, long lda, "
-            f"long ldb) {{\n"
-            f"  for (int i = 0; i < {2 * mi}; ++i)\n"
-            f"    for (int j = 0; j < {2 * ni}; ++j) {{\n"
+            f"long ldb{extra}) {{\n"
+            f"  for (int i = 0; i < {rows}; ++i)\n"
+            f"    for (int j = 0; j < {cols}; ++j) {{\n"
             f"      float s = c[i * ldc + j];\n"
             f"      for (int k = 0; k < 16; ++k)\n"
             f"        s += kiln_{short}_to_f32(a[i * lda + k]) *\n"
-            f"             kiln_{short}_to_f32(b[k * ldb + (j >> 1) * 8 + (j & 1)]);\n"
+            f"             kiln_{short}_to_f32(b[k * ldb + {b_col}]);\n"
             f"      c[i * ldc + j] = s;\n"
             f"    }}\n}}\n"))
 
