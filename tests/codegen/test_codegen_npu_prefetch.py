@@ -98,6 +98,7 @@ def test_the_weight_load_runs_before_the_barrier(uses_weight):
     program = _program(_first(uses_weight), _second())
     moved, plan = prefetch_program(program, Machine(CFG, 1 << 20))
     assert plan.moved == 1 and plan.moved_bytes == N * 4 and not plan.reverted
+    assert plan.prefetched == {"second": N * 4}  # the kernel whose load ran before it
     load, barrier = _position(moved, W)
     assert load < barrier
     assert _position(moved, Y0)[0] > barrier
@@ -216,6 +217,9 @@ def test_two_products_same_bits_fewer_cycles(hw):
     before, after = _load_phases(off), _load_phases(on)
     changed = [key for key in after if after[key] != before[key]]
     assert len(changed) == plan.moved
+    # every moved load reads DRAM: its bytes are charged to the kernel it came from
+    assert sum(plan.prefetched.values()) == plan.moved_bytes
+    assert set(plan.prefetched) <= {k.label for k in on.kernels}
     for key in changed:
         assert after[key] == before[key] - 1
         assert any(lo <= key[2] < hi for lo, hi in consts)

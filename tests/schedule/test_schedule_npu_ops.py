@@ -211,6 +211,31 @@ def test_depthwise_conv2d_on_the_tensor_unit(hw, shape, stride, pad):
     assert sum(k.macs for k in ks) == ref.size * 9
 
 
+@pytest.mark.parametrize("route", ["diagonal", "banded"])
+def test_depthwise_roofline_is_the_layers_own(route):
+    """A tensor-route depthwise kernel's roofline counts the layer's minimum DRAM traffic --
+    the image read once, the compact weights once, the output written once -- not the bytes
+    of the product it runs (bands and block-diagonal weights of mostly zeros, overlapping
+    windows, which no DMA moves from DRAM): the bound stays below the simulated cycles."""
+    rng = np.random.default_rng(3)
+    shape = (1, 96, 28, 28)
+    x = _rand(rng, *shape)
+    w = _rand(rng, 96, 1, 3, 3)
+    with PassContext(config={DEPTHWISE_KEY: route}):
+        exe = _build(lambda v: op.nn.conv2d(v, g.const(w), padding=(1, 1, 1, 1), groups=96),
+                     [x.shape], "default")
+    ks = _depthwise_kernels(exe)
+    assert ks and all(f"({route})" in k.tiling for k in ks)
+    assert _rel(exe(x), _depthwise_ref(x, w, (1, 1), (1, 1, 1, 1))) <= 1e-2
+    bw = load_config("default").memory("dram").bandwidth
+    # float16 image, weights and result (the mixed-precision graph's activations)
+    want = (x.size * 2 + w.size * 2 + x.size * 2) / bw
+    assert sum(k.traffic for k in ks) == pytest.approx(want)
+    cycles = exe.last_reports[0].phase_cycles()
+    for k in ks:
+        assert k.roofline == max(k.compute, k.traffic) <= cycles[k.label]
+
+
 @pytest.mark.parametrize("hw", HW)
 @pytest.mark.parametrize("route", ["diagonal", "banded", "vector"])
 def test_depthwise_conv2d_int8_is_exact(hw, route):

@@ -105,6 +105,9 @@ class PrefetchPlan:
     reverted: bool = False
     relocated: list[tuple[int, int, str, int, int]] = field(default_factory=list)
     kept: dict[str, int] = field(default_factory=dict)
+    #: per kernel label, the DRAM bytes of its loads that run in the kernel before it (a
+    #: phase's cycles no longer hold them; a per-layer utilization charges them back)
+    prefetched: dict[str, int] = field(default_factory=dict)
 
     def keep(self, why: str) -> None:
         self.kept[why] = self.kept.get(why, 0) + 1
@@ -250,6 +253,9 @@ class _Prefetcher:
         self.config = program.config
         self.machine = machine
         self.barriers = [[ins for ins in s if ins.op == "barrier"] for s in program.streams]
+        # per phase, the label the simulator reports it under (its closing barrier's)
+        self.labels = [program.labels.get(b.args["id"], f"phase{k}")
+                       for k, b in enumerate(self.barriers[0])] + ["tail"]
         self.phases = phases
         self.plan = plan
         self.slack = slack
@@ -290,6 +296,10 @@ class _Prefetcher:
                 self.plan.moved += len(chosen)
                 self.plan.moved_bytes += sum(_nbytes(self.phases[core][k + 1][i])
                                              for i in chosen)
+                label = self.labels[k + 1]
+                self.plan.prefetched[label] = self.plan.prefetched.get(label, 0) + sum(
+                    _nbytes(ins) for ins in (self.phases[core][k + 1][i] for i in chosen)
+                    if ins.args["src"].mem == _DRAM_ID)
             for _ in set(safe[core]) - set(chosen):
                 self.plan.keep("the replay was faster without it")
 
