@@ -24,6 +24,7 @@ Knobs (:mod:`kiln.schedule.knobs`): ``gpu_gemm_threads``, ``gpu_gemm_register_ti
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -34,7 +35,9 @@ from ...tir.tensor_intrin.gpu import (
     MMA_K,
     register_mma_intrinsic,
     register_mma_tile_intrinsic,
+    register_wgmma_intrinsic,
 )
+from ...tir.tensor_intrin.wgmma import a_operand, b_operand
 from ...tir.transform.async_copies import ASYNC_STAGES
 from ...tir.transform.compact_buffers import STORAGE_ALIGN
 from ...tir.transform.convert_blocks_to_loops import SUBSTITUTE_BINDINGS
@@ -45,6 +48,8 @@ from ..cpu.generic import inline_injective_stages
 from ..knobs import knob
 from ..registry import register_schedule
 from . import rules
+
+logger = logging.getLogger(__name__)
 
 #: Threads per block along each of the tile's two axes.
 TILE_THREADS = 16
@@ -255,6 +260,145 @@ def mma_shared_bytes(bm: int, bn: int, bk: int, stages: int, pad_b: bool) -> int
         (bm - 1) * (bk + pad) + bk, (bk - 1) * (bn + (pad if pad_b else 2)) + bn)) * 2
 
 
+#: Knob ``gpu_wgmma_shape`` of the wgmma route (knob ``gpu_mma_wgmma``, off by default):
+#: (warpgroups per block along M, 64-row products per warpgroup ``MI``, 8-column blocks ``NJ``
+#: of each product: ``wgmma.m64n<8 NJ>k16``), in the order the default takes the first whose
+#: block tile (``64 WG MI`` x ``8 NJ``) divides the product. 128 x 128 with two warpgroups
+#: first (64 accumulators a thread), then one warpgroup of two products, 128 x 256 (CUTLASS's
+#: usual sm_90 tile: 128 accumulators a thread), 256 x 128, 64 x 128, 64 x 64. Nothing of it
+#: is timed yet: no GPU ran it (docs/internals.md).
+WGMMA_SHAPES = ((2, 1, 16), (1, 2, 16), (2, 1, 32), (2, 2, 16), (1, 1, 16), (1, 1, 8))
+#: (reduction elements per step, ``cp.async`` stages) of the wgmma route: the first whose step
+#: divides the reduction and whose stages fit the target's opt-in shared memory.
+WGMMA_STEPS = ((64, 3), (64, 2), (32, 3), (32, 2), (16, 2))
+
+
+def wgmma_refusal(target: Any) -> str | None:
+    """Why ``target`` cannot take the wgmma route, or None: CUDA from sm_90 on (compiled for
+    the arch-specific ``sm_90a``), or OpenCL -- the view PoCL runs, each thread computing its
+    part through the same layouts and descriptor arithmetic."""
+    if target.kind == "opencl":
+        return None
+    if target.kind != "cuda":
+        return f"{target.kind} has no wgmma"
+    arch = str(target.arch or "")
+    digits = "".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit())
+    if not digits or int(digits) < 90:
+        return f"wgmma needs sm_90 or later, not {arch or 'the default architecture'}"
+    return None
+
+
+def wgmma_a_layout(warpgroups: int, mi: int, bk: int
+                   ) -> tuple[tuple[int, int], tuple[int, ...], tuple[int, ...]]:
+    """The :data:`~kiln.tir.transform.permute_layout.PERMUTE_LAYOUT` of A's shared tile on the
+    wgmma route, over its rows and columns together: rows are the digits (warpgroup, warp
+    ``w`` < 4, lane group ``g`` < 8, product ``m`` < MI, ``h`` < 2), columns (panel ``kh``,
+    ``kl`` < 8); stored as (``kh``, warpgroup, ``m``, ``w``, ``h``, ``g``, ``kl``), i.e.
+    ``[bk / 8][rows][8]`` with the thread's row ``(m, h)`` at row ``16 w + 8 h + g`` of its
+    warpgroup's product ``m`` (the accumulator fragment's): the K-major layout
+    :func:`~kiln.tir.tensor_intrin.wgmma.a_operand` describes. 16-byte chunks of a row stay
+    whole (the ``cp.async`` copies)."""
+    return ((-2, -1), (warpgroups, 4, 8, mi, 2, bk // 8, 8), (5, 0, 3, 1, 4, 2, 6))
+
+
+def wgmma_b_layout(nj: int, bk: int
+                   ) -> tuple[tuple[int, int], tuple[int, ...], tuple[int, ...]]:
+    """The :data:`~kiln.tir.transform.permute_layout.PERMUTE_LAYOUT` of B's shared tile on the
+    wgmma route: rows ``k``, columns the digits (lane ``t`` < 4, column block ``j`` < NJ,
+    ``e`` < 2), stored as (``j``, ``k``, ``t``, ``e``), i.e. ``[cols / 8][bk][8]`` with the
+    thread's column ``(j, e)`` at column ``8 j + 2 t + e``: the MN-major layout
+    :func:`~kiln.tir.tensor_intrin.wgmma.b_operand` describes. Pairs of columns stay whole
+    (the copies move 4 bytes)."""
+    return ((-2, -1), (bk, 4, nj, 2), (2, 0, 1, 3))
+
+
+def wgmma_shape(m: int, n: int) -> tuple[int, int, int] | None:
+    """The default ``gpu_wgmma_shape``: the first of :data:`WGMMA_SHAPES` whose block tile
+    divides ``m x n``, None when none does."""
+    return next(((wg, mi, nj) for wg, mi, nj in WGMMA_SHAPES
+                 if m % (64 * wg * mi) == 0 and n % (8 * nj) == 0), None)
+
+
+def wgmma_shared_bytes(bm: int, bn: int, bk: int, stages: int) -> int:
+    """Shared bytes of the wgmma route's unpadded tiles in ``stages`` stages."""
+    return stages * (bm * bk + bk * bn) * 2
+
+
+def schedule_wgmma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> None:
+    """A float16/bfloat16 GEMM on sm_90's warpgroup tensor-core instruction (knob
+    ``gpu_mma_wgmma``, off by default): each warpgroup (4 warps, ``threadIdx.y`` 4 q to
+    4 q + 3) computes ``MI`` products of 64 x ``8 NJ`` per 16-deep step with
+    ``wgmma.mma_async`` from both operands in shared memory, named by matrix descriptors
+    (:mod:`kiln.tir.tensor_intrin.wgmma`), accumulating in float32 registers.
+
+    The output rows of a warpgroup are split (``w``, ``g``, ``2 MI``), its columns (``t``,
+    ``2 NJ``), ``g`` and ``t`` fused into ``threadIdx.x``: each thread's accumulators are one
+    dense ``2 MI x 2 NJ`` register tile, its part of the accumulator fragment through the
+    shared layouts :func:`wgmma_a_layout` and :func:`wgmma_b_layout` (no swizzle: core matrices
+    of 8 x 16 bytes). The tiles are copied by the ``cp.async`` pipeline (A in 16-byte chunks,
+    B in 4-byte pairs) into ``gpu_mma_async_stages`` stages (at least 2; default
+    :data:`WGMMA_STEPS`'s), ``gpu_mma_bk`` deep; the write-back as the mma route's. Knobs:
+    ``gpu_wgmma_shape`` (:data:`WGMMA_SHAPES`, default :func:`wgmma_shape`), ``gpu_mma_bk``,
+    ``gpu_mma_async_stages``, ``gpu_mma_vector_stores``. Refused (ScheduleError) on targets
+    :func:`wgmma_refusal` names and on shapes the tiles do not divide."""
+    reason = wgmma_refusal(target)
+    if reason:
+        raise ScheduleError(f"wgmma GEMM: {reason}")
+    spatial, k, ext = gemm_nest(sch, block, "wgmma GEMM")
+    dtype = str(sch.get(block).reads[0].buffer.dtype)
+    if dtype not in MMA_DTYPES:
+        raise ScheduleError(f"wgmma GEMM: {dtype} operands (float16 or bfloat16 only)")
+    batch, i, j, m = gemm_axes(sch, spatial, ext, rows_fused)
+    n, kk = ext[-2], ext[-1]
+    default = wgmma_shape(m, n)
+    if default is None:
+        raise ScheduleError(f"wgmma GEMM: {m}x{n} is not a multiple of a block tile "
+                            f"(rows of 64, columns of 8: {WGMMA_SHAPES})")
+    wg, mi, nj = knob("gpu_wgmma_shape", WGMMA_SHAPES, default)
+    bm, bn = 64 * wg * mi, 8 * nj
+    if 128 * wg > target.gpu.max_threads_per_block:
+        raise ScheduleError("wgmma GEMM: the target's blocks are too small")
+    limit = target.gpu.shared_memory_per_block_optin
+    step = next(((b, st) for b, st in WGMMA_STEPS if kk % b == 0
+                 and wgmma_shared_bytes(bm, bn, b, st) <= limit), WGMMA_STEPS[-1])
+    bk = knob("gpu_mma_bk", MMA_BK_CHOICES, step[0])
+    stages = knob("gpu_mma_async_stages", MMA_ASYNC_STAGES, step[1])
+    if m % bm or n % bn or kk % bk or bk % MMA_K:
+        raise ScheduleError(f"wgmma GEMM: {m}x{n}x{kk} is not a multiple of the tile "
+                            f"{bm}x{bn}x{bk}")
+    if stages < 2:
+        raise ScheduleError("wgmma GEMM: the tiles come through a cp.async pipeline "
+                            "(gpu_mma_async_stages 2 or more)")
+    shared = wgmma_shared_bytes(bm, bn, bk, stages)
+    if shared > limit:
+        raise ScheduleError(f"wgmma GEMM: the tiles ({shared} bytes) exceed the target's "
+                            f"shared memory ({limit})")
+    io, wgo, w, g, ri = sch.split(i, [None, wg, 4, 8, 2 * mi])
+    jo, t, rj = sch.split(j, [None, 4, 2 * nj])
+    ko, kt, k16 = sch.split(k, [None, bk // MMA_K, MMA_K])
+    sch.reorder(io, jo, wgo, w, g, t, ko, kt, ri, rj, k16)
+    warp = sch.fuse(wgo, w)
+    lane = sch.fuse(g, t)
+    bind_blocks(sch, batch, io, jo)
+    sch.bind(warp, "threadIdx.y")
+    sch.bind(lane, "threadIdx.x")
+    acc = sch.cache_write(block, 0, "local", "float32")
+    sch.reverse_compute_at(acc, lane)
+    for index, layout in enumerate((wgmma_a_layout(wg, mi, bk), wgmma_b_layout(nj, bk))):
+        cache = sch.cache_read(block, index, "shared")
+        sch.compute_at(cache, ko, cooperative=True)
+        cooperative_copy(sch, cache, ko, 4 * wg, 32, 8 if index == 0 else 2)
+        sch.annotate(cache, PERMUTE_LAYOUT, layout)
+    sch.decompose_reduction(block, ko)
+    sch.annotate(ko, ASYNC_STAGES, stages)
+    sch.tensorize(ri, register_wgmma_intrinsic(dtype, mi, nj, a_operand(bm, bk),
+                                               b_operand(bk, bn)))
+    sch.unroll(kt)
+    fold_epilogues(sch, target, acc)
+    if knob("gpu_mma_vector_stores", (False, True), True):
+        vectorize_write_back(sch, acc, 4)
+
+
 def mma_supported(target: Any, dtype: Any) -> bool:
     """Whether ``target`` multiplies ``dtype`` operands on tensor cores (``mma.sync``, CUDA
     sm_80 and later: every architecture kiln targets), or -- OpenCL -- runs the same schedule
@@ -444,6 +588,15 @@ def schedule_gemm(sch: Any, target: Any, name: str, rows_fused: bool) -> None:
     operands = {str(r.buffer.dtype) for r in sch.get(block).reads}
     if len(operands) == 1 and mma_supported(target, operands.pop()) and \
             knob("gpu_gemm_mma", (True, False), True):
+        if knob("gpu_mma_wgmma", (False, True), False):
+            trial = sch.copy()
+            try:
+                schedule_wgmma_gemm(trial, target, trial.get_block(name), rows_fused)
+            except ScheduleError as err:
+                logger.warning("%s: not on wgmma (the mma.sync route instead): %s", name, err)
+            else:
+                sch.adopt(trial)
+                return
         trial = sch.copy()
         try:
             schedule_mma_gemm(trial, target, trial.get_block(name), rows_fused)
