@@ -126,8 +126,9 @@ class KernelEmitter(FunctionEmitter):
         #: the messages of the function's index checks, by number (shared by its kernels)
         self.checks = [] if checks is None else checks
         #: whether the kernel issues wgmma, whose shared-memory reads go through the async
-        #: proxy: each cp.async wait is then followed by a proxy fence (PTX ISA, "Async
-        #: Proxy"), before the barrier that lets the warpgroups read the stage
+        #: proxy: every barrier is then preceded by a proxy fence (PTX ISA, "Async Proxy"), so
+        #: the tiles a thread wrote (its cp.async copies waited for, or plain stores) are
+        #: visible to the warpgroups' wgmma once the barrier lets them read
         self.async_proxy_reads = False
 
         def find(n: Any) -> None:
@@ -494,6 +495,8 @@ class KernelEmitter(FunctionEmitter):
 
     def stmt_Evaluate(self, s: S.Evaluate) -> None:
         if isinstance(s.value, E.Call) and s.value.op == BARRIER:
+            if self.async_proxy_reads and self.dialect.is_cuda:
+                self.line('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");')
             self.line(self.dialect.barrier)
             return
         if isinstance(s.value, E.Call) and s.value.op == ASYNC_COPY:
@@ -505,8 +508,7 @@ class KernelEmitter(FunctionEmitter):
                 self.line("asm volatile(\"cp.async.commit_group;\" ::: \"memory\");"
                           if s.value.op == ASYNC_COMMIT else
                           f"asm volatile(\"cp.async.wait_group {n};\" ::: \"memory\");")
-                if s.value.op == ASYNC_WAIT and self.async_proxy_reads:
-                    self.line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");")
+
             return
         super().stmt_Evaluate(s)
 

@@ -75,7 +75,8 @@ def _check(ask: Any, buf: Buffer) -> Plan:
                             f"permutation of the {len(radices)} digits {radices}")
     if extent != math.prod(radices):
         raise LoweringError(f"permute_layout of {buf.name!r}: the digits {radices} do not "
-                            f"make its axes {asked} of extent {extent}")
+                            f"make its axis {asked[0] if len(asked) == 1 else asked} of extent "
+                            f"{extent}")
     return axes, radices, order
 
 
