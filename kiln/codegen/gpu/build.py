@@ -39,7 +39,7 @@ from ..c.build import function_info, lowered_functions
 from ..c.func import FunctionSignature, analyze_signature, variable_uses
 from ..c.names import NameTable
 from .dialect import dialect_for
-from .helpers import ARCH_SPECIFIC_MARKER, GpuHelpers
+from .helpers import GpuHelpers
 from .kernel import KernelEmitter, KernelParam, uses_checks, uses_fresh_seed
 from .nvrtc import compile_cuda
 
@@ -187,16 +187,6 @@ def generate_source(funcs: Mapping[str, PrimFunc], target: Any
     return source, functions
 
 
-def compile_arch(source: str, arch: str) -> str:
-    """The architecture NVRTC compiles ``source`` for: ``arch``, or its arch-specific variant
-    (``sm_90a``) when the program uses instructions only that has (wgmma: the helpers mark the
-    source, :data:`~kiln.codegen.gpu.helpers.ARCH_SPECIFIC_MARKER`). The program keeps
-    ``arch`` as its own: a cubin for ``sm_90a`` loads on the sm_90 devices it was built for."""
-    if ARCH_SPECIFIC_MARKER in source and not arch.endswith("a"):
-        return arch + "a"
-    return arch
-
-
 def build(funcs: Mapping[str, PrimFunc] | PrimFunc, target: Any) -> Any:
     """Generate and compile the GPU program of ``funcs``; returns a loaded
     :class:`~kiln.runtime.gpu.module.GpuModule` (the device runtime the target needs must be
@@ -213,7 +203,7 @@ def compile_program(funcs: Mapping[str, PrimFunc], target: Target) -> DeviceProg
     source, functions = generate_source(funcs, target)
     if target.kind == "cuda":
         arch = cuda_arch(target)
-        result = compile_cuda(source, compile_arch(source, arch))
+        result = compile_cuda(source, arch)  # sm_90a where the source needs it
         return DeviceProgram("cuda", arch, source, functions,
                              {"cubin": result.cubin, "ptx": result.ptx})
     return DeviceProgram("opencl", "", source, functions)

@@ -16,6 +16,7 @@ from ...tir.tensor_intrin.wgmma import ELEMENT_BYTES, SharedOperand
 from ..c.helpers import Helpers
 from ..c.types import value_ctype
 from .dialect import Dialect
+from .nvrtc import ARCH_SPECIFIC_MARKER
 
 #: float16 <-> float32 with CUDA's conversion instructions (round to nearest even; NaN stays
 #: NaN), instead of the portable bit manipulation.
@@ -130,10 +131,9 @@ static inline void NAME(float* c, const uint16_t* a, const uint16_t* b, long ldc
 """
 
 
-#: The line a CUDA program that needs an arch-specific target (``sm_90a``: wgmma) starts its
-#: helpers with; :func:`kiln.codegen.gpu.build.compile_arch` reads it. Compiled for plain
-#: ``sm_90`` the program stops at the ``#error`` instead of failing in ptxas.
-ARCH_SPECIFIC_MARKER = "/* kiln: arch-specific instructions (wgmma: sm_90a) */"
+#: What a CUDA program that needs an arch-specific target (``sm_90a``: wgmma) starts its
+#: helpers with: the marker :func:`kiln.codegen.gpu.nvrtc.compile_arch` reads, and a guard
+#: that stops a compilation for plain ``sm_90`` at an ``#error`` instead of in ptxas.
 _ARCH_SPECIFIC_GUARD = ARCH_SPECIFIC_MARKER + r"""
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "wgmma.mma_async needs the arch-specific target sm_90a (--gpu-architecture=sm_90a)"
@@ -188,9 +188,6 @@ class GpuHelpers(Helpers):
     def __init__(self, dialect: Dialect) -> None:
         super().__init__(native_fp16=False)
         self.dialect = dialect
-        #: Whether the program uses instructions of an arch-specific target (``wgmma``:
-        #: ``sm_90a``, not ``sm_90``): the build compiles for ``<arch>a`` then.
-        self.arch_specific = False
 
     def vec(self, elem: DataType, lanes: int) -> str:
         raise CodegenError(f"GPU code has no {elem}x{lanes} vector values (vector expressions "
@@ -294,7 +291,6 @@ class GpuHelpers(Helpers):
         name = (f"kiln_wgmma_{short}_{mi}x{nj}_{a.major}{a.lbo}_{a.sbo}_"
                 f"{b.major}{b.lbo}_{b.sbo}")
         if self.dialect.is_cuda:
-            self.arch_specific = True
             self._add("kiln_arch_specific", _ARCH_SPECIFIC_GUARD)
             return self._add(name, _cuda_wgmma(name, short, mi, nj, a, b))
         self.use(short)

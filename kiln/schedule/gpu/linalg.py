@@ -340,10 +340,14 @@ def schedule_wgmma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> 
     :data:`WGMMA_STEPS`'s), ``gpu_mma_bk`` deep; the write-back as the mma route's. Knobs:
     ``gpu_wgmma_shape`` (:data:`WGMMA_SHAPES`, default :func:`wgmma_shape`), ``gpu_mma_bk``,
     ``gpu_mma_async_stages``, ``gpu_mma_vector_stores``. Refused (ScheduleError) on targets
-    :func:`wgmma_refusal` names and on shapes the tiles do not divide."""
+    :func:`wgmma_refusal` names, on shapes the tiles do not divide and for ``dense`` (its
+    weight is K-major: a second B layout and ``imm-trans-b`` 0, not written yet)."""
     reason = wgmma_refusal(target)
     if reason:
         raise ScheduleError(f"wgmma GEMM: {reason}")
+    if sch.get(block).name_hint == "dense":
+        raise ScheduleError("wgmma GEMM: dense's weight W[n, k] is K-major; the route stores B "
+                            "MN-major (a matmul's B[k, n]) only")
     spatial, k, ext = gemm_nest(sch, block, "wgmma GEMM")
     dtype = str(sch.get(block).reads[0].buffer.dtype)
     if dtype not in MMA_DTYPES:
