@@ -133,6 +133,8 @@ GEMM_CONFIGS: list[tuple[str, dict[str, Any]]] = [
 #: The wgmma route (knob ``gpu_mma_wgmma``, off by default; sm_90a): never run on a GPU
 #: before the session that runs these. ``gpu_wgmma_shape`` = (warpgroups, 64-row products a
 #: warpgroup, 8-column blocks); the default shape is (2, 1, 16) with 64-deep steps in 3 stages.
+#: Timed by ``--only wgmma`` alone (its own process: a kernel that faults would end the CUDA
+#: context of the configurations after it); ``--nvrtc`` reports them after GEMM_CONFIGS.
 WGMMA = {"gpu_mma_wgmma": True}
 WGMMA_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("wgmma 128x128 2wg, bk 64, cp.async 3", WGMMA),
@@ -143,7 +145,6 @@ WGMMA_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("wgmma 128x128 2wg, bk 32, cp.async 4", {**WGMMA, "gpu_mma_bk": 32,
                                                "gpu_mma_async_stages": 4}),
 ]
-GEMM_CONFIGS += WGMMA_CONFIGS
 #: (label, knobs) of float16 ResNet-18 at batch 32.
 CONV_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("default", {}),
@@ -258,7 +259,7 @@ def main() -> None:
         pocl_report()
         return
     if args.nvrtc:
-        nvrtc_report(args.nvrtc, configs)
+        nvrtc_report(args.nvrtc, configs if args.only else [*GEMM_CONFIGS, *WGMMA_CONFIGS])
         return
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (or --nvrtc ARCH for the resources only)")

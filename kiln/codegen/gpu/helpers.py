@@ -146,8 +146,8 @@ def _cuda_wgmma(name: str, short: str, mi: int, nj: int, a: SharedOperand,
     """CUDA's thread part of ``MI`` ``wgmma.mma_async.m64n<8 NJ>k16`` (see
     :meth:`GpuHelpers.wgmma`): the descriptors' start addresses found from the thread's own
     elements through the operands' address arithmetic, then fence, the products, commit and
-    wait. The accumulators are operands of the wait too, so the compiler reads none of them
-    before the products land."""
+    wait. The accumulators are operands of the fence and the wait too, so the compiler defines
+    none of them between the fence and the products and reads none before they land."""
     n = 8 * nj
     # the thread's accumulator (h, e) of column block j of product m, in the d order
     regs = [[f"c[{2 * m + h} * ldc + {2 * j + e}]"
@@ -163,8 +163,11 @@ def _cuda_wgmma(name: str, short: str, mi: int, nj: int, a: SharedOperand,
         f"  const unsigned sb = (unsigned)__cvta_generic_to_shared(b - {first_b});",
         f"  const uint64_t da = {a.descriptor_bits()}ull | (uint64_t)((sa & 0x3FFFFu) >> 4);",
         f"  const uint64_t db = {b.descriptor_bits()}ull | (uint64_t)((sb & 0x3FFFFu) >> 4);",
-        '  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");',
     ]
+    every = ", ".join(f'"+f"({r})' for rs in regs for r in rs)
+    # the accumulators are operands of the fence too: whatever defines them (the zeroing,
+    # the last step's wait) comes before it, as the ISA asks of registers wgmma reads
+    lines.append(f'  asm volatile("wgmma.fence.sync.aligned;" : {every} :: "memory");')
     dlist = ", ".join(f"%{r}" for r in range(n // 2))
     for m in range(mi):
         step = a.offset(64 * m, 0) * ELEMENT_BYTES // 16  # product m's rows, 16-byte units
@@ -177,7 +180,6 @@ def _cuda_wgmma(name: str, short: str, mi: int, nj: int, a: SharedOperand,
             f'      : "l"(da + {step}ull), "l"(db), "r"(1) : "memory");',
         ]
     lines.append('  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");')
-    every = ", ".join(f'"+f"({r})' for rs in regs for r in rs)
     lines.append(f'  asm volatile("wgmma.wait_group.sync.aligned 0;" : {every} :: "memory");')
     return "\n".join(lines) + "\n}\n"
 
