@@ -242,6 +242,26 @@ def test_tensor_core_gemm_matches_numpy(dtype, shape, knobs):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_wgmma_dense_matches_numpy(dtype):
+    """The wgmma route's dense (knob gpu_mma_wgmma): W[n, k] read K-major (imm-trans-b 0),
+    x's rows fused over its leading axis; float32 sums rounded once."""
+    np_dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+    x = RNG.uniform(-1, 1, (2, 192, 256)).astype(np_dt)
+    w = RNG.uniform(-1, 1, (384, 256)).astype(np_dt)
+    func, _ = scheduled("dense", [x, w], {}, schedule=False)
+    _, lowered = schedule_and_lower(func.with_attr("op_name", "dense"), _target(),
+                                    {"gpu_mma_wgmma": True})
+    out = np.full((2, 192, 384), np.nan, np_dt)
+    module = gpu_build({"f": lowered}, _target())
+    assert "wgmma.mma_async" in module.program.source
+    module["f"](x, w, out)
+    exact = np.matmul(x.astype("float64"), w.T.astype("float64"))
+    eps = 2.0 ** (-10 if dtype == "float16" else -7)
+    err = np.abs(out.astype("float64") - exact)
+    assert np.all(err <= eps * np.abs(exact) + 1e-3 * np.abs(exact).max()), err.max()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("xs,ws,stride,pad", [
     ((1, 3, 64, 64), (64, 3, 7, 7), 2, 3),      # the stem: K = 147 padded to 160
     ((2, 64, 14, 14), (64, 64, 3, 3), 1, 1),    # 392 pixels: padded to 416 columns

@@ -502,36 +502,49 @@ def test_wgmma_route_computes_the_product_on_opencl(dtype, shape, wgmma_shape, b
     _check(out, a, b, dtype)
 
 
-@pytest.mark.parametrize("op,target,why", [
-    ("matmul", Target("cuda", arch="sm_80"), "sm_90 or later"),
-    ("matmul", Target("opencl"), "not a multiple"),
-    ("dense", Target("opencl"), "K-major"),
+def test_wgmma_dense_reads_its_weight_k_major_on_opencl():
+    """``dense`` (x @ W.T) reads B as W[n, k]: K-major (imm-trans-b 0), stored like A and
+    copied 16 bytes at a time; x's leading axes fused into rows, a block's 128 rows spanning
+    two batch entries (the layouts flatten the whole tile)."""
+    x = RNG.uniform(-1, 1, (2, 64, 128)).astype(np.float16)
+    w = RNG.uniform(-1, 1, (128, 128)).astype(np.float16)
+    _, lowered = _lowered("dense", [x, w], OPENCL, {"gpu_mma_wgmma": True})
+    (call,) = _wgmma_calls(lowered)
+    assert int(call.args[12].value) == 0  # B's major: K
+    out = np.full((2, 64, 128), np.nan, np.float16)
+    gpu_build({"f": lowered}, OPENCL)["f"](x, w, out)
+    _check(out, x, np.swapaxes(w, 0, 1), "float16")
+
+
+@pytest.mark.parametrize("target,why", [
+    (Target("cuda", arch="sm_80"), "sm_90 or later"),
+    (Target("opencl"), "not a multiple"),
 ])
-def test_wgmma_refusals_fall_back_to_the_mma_route(op, target, why, caplog):
-    """sm_80 has no wgmma; a 48-column product fits no block tile; dense's weight is K-major:
-    none takes wgmma (the products the mma.sync warp tiles), and the log says why."""
-    n = 48 if why == "not a multiple" else 128
+def test_wgmma_refusals_fall_back_to_the_mma_route(target, why, caplog):
+    """sm_80 has no wgmma; a 48-column product fits no block tile: both take the mma.sync
+    warp tiles, and the log says why."""
+    n = 48 if target.kind == "opencl" else 128
     arrays = [np.zeros((128, 64), np.float16), np.zeros((64, n), np.float16)]
-    if op == "dense":
-        arrays[1] = np.zeros((n, 64), np.float16)
     with caplog.at_level("WARNING"):
-        _, lowered = _lowered(op, arrays, target, {"gpu_mma_wgmma": True})
-    assert not _wgmma_calls(lowered) and (op == "dense" or mma_calls(lowered) > 0)
+        _, lowered = _lowered("matmul", arrays, target, {"gpu_mma_wgmma": True})
+    assert not _wgmma_calls(lowered) and mma_calls(lowered) > 0
     assert why in caplog.text and "not on wgmma" in caplog.text
 
 
-@pytest.mark.parametrize("knobs", [
-    {},
-    {"gpu_wgmma_shape": (2, 1, 32)},
+@pytest.mark.parametrize("op,knobs", [
+    ("matmul", {}),
+    ("matmul", {"gpu_wgmma_shape": (2, 1, 32)}),
+    ("dense", {}),
 ])
-def test_wgmma_compiles_for_sm90a_without_spills(knobs):
+def test_wgmma_compiles_for_sm90a_without_spills(op, knobs):
     """4096^3 float16 on Target("cuda", arch="sm_90") with the knob on: NVRTC compiles it for
-    sm_90a; the PTX holds wgmma.mma_async (4 per 64-deep step and product), the fence,
-    commit and wait, and the proxy fence before the barriers; ptxas reports no spills and the
-    shared tiles fit the target's opt-in shared memory. Without the knob the route is off."""
+    sm_90a; the PTX holds wgmma.mma_async (4 per 64-deep step and product; B transposed for
+    matmul's B[k, n], not for dense's W[n, k]), the fence, commit and wait, and the proxy
+    fence before the barriers; ptxas reports no spills and the shared tiles fit the target's
+    opt-in shared memory. Without the knob the route is off."""
     target = Target("cuda", arch="sm_90")
     arrays = [np.zeros((4096, 4096), np.float16)] * 2
-    _, lowered = _lowered("matmul", arrays, target, {"gpu_mma_wgmma": True, **knobs})
+    _, lowered = _lowered(op, arrays, target, {"gpu_mma_wgmma": True, **knobs})
     (call,) = _wgmma_calls(lowered)
     (launch,) = kernel_launches(lowered)
     shared = sum(int(s.shape[0].value) * 2 for s in launch.shared)
@@ -543,6 +556,7 @@ def test_wgmma_compiles_for_sm90a_without_spills(knobs):
     n = 8 * int(call.args[8].value)
     assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16") == 4 * int(
         call.args[7].value)
+    assert ptx.count(f"p, 1, 1, 0, {int(op == 'matmul')}; }}") == 4 * int(call.args[7].value)
     for instruction in ("wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned",
                         "wgmma.wait_group.sync.aligned 0", "fence.proxy.async.shared::cta",
                         "cp.async.cg.shared.global"):
@@ -550,5 +564,5 @@ def test_wgmma_compiles_for_sm90a_without_spills(knobs):
     (usage,) = binary.resources().values()
     assert usage.stack_bytes == 0 and usage.spill_stores == usage.spill_loads == 0
     assert "serialized" not in binary.log
-    _, default = _lowered("matmul", arrays, target)
+    _, default = _lowered(op, arrays, target)
     assert not _wgmma_calls(default)

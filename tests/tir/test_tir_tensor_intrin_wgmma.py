@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 from kiln.arith.analyzer import simplify as simplify_expr
-from kiln.schedule.gpu.linalg import wgmma_a_layout, wgmma_b_layout
+from kiln.schedule.gpu.linalg import wgmma_a_layout, wgmma_b_k_major_layout, wgmma_b_layout
 from kiln.tir.expr import const
 from kiln.tir.tensor_intrin.wgmma import (
     SharedOperand,
     a_operand,
     b_operand,
+    b_operand_k_major,
     descriptor_encode,
 )
 from kiln.tir.transform.permute_layout import permuted_index
@@ -149,3 +150,15 @@ def test_b_tiles_are_where_the_descriptors_read_them(nj, bk):
         logical = (t * nj + j) * 2 + e
         for k in (0, 5, 8, bk - 1):
             assert _at(layout, k * cols + logical) == op.offset(8 * j + 2 * t + e, k)
+
+
+@pytest.mark.parametrize("nj,bk", [(16, 64), (32, 16), (1, 32)])
+def test_dense_weight_tiles_are_where_the_descriptors_read_them(nj, bk):
+    """A dense weight's tile W[n, k]: logical row (lane t, block j, e) and column k stored at
+    what the K-major B operand gives for the accumulator column 8 j + 2 t + e."""
+    cols = 8 * nj
+    layout, op = wgmma_b_k_major_layout(nj, bk), b_operand_k_major(cols, bk)
+    for t, j, e in itertools.product(range(4), range(nj), range(2)):
+        logical = (t * nj + j) * 2 + e
+        for k in (0, 5, 8, bk - 1):
+            assert _at(layout, logical * bk + k) == op.offset(8 * j + 2 * t + e, k)

@@ -29,6 +29,8 @@ import math
 from typing import Any
 
 from ...ir.errors import ScheduleError
+from ...tir.expr import IterType
+from ...tir.functor import post_order_visit
 from ...tir.schedule.analysis import as_int
 from ...tir.tensor_intrin.gpu import (
     MMA_DTYPES,
@@ -37,7 +39,7 @@ from ...tir.tensor_intrin.gpu import (
     register_mma_tile_intrinsic,
     register_wgmma_intrinsic,
 )
-from ...tir.tensor_intrin.wgmma import a_operand, b_operand
+from ...tir.tensor_intrin.wgmma import a_operand, b_operand, b_operand_k_major
 from ...tir.transform.async_copies import ASYNC_STAGES
 from ...tir.transform.compact_buffers import STORAGE_ALIGN
 from ...tir.transform.convert_blocks_to_loops import SUBSTITUTE_BINDINGS
@@ -288,20 +290,28 @@ def wgmma_refusal(target: Any) -> str | None:
     return None
 
 
-def wgmma_a_layout(warpgroups: int, mi: int, bk: int
+def _last(ndim: int) -> tuple[int, ...]:
+    """All ``ndim`` axes of a tile, counted from the last: the wgmma layouts permute a tile's
+    whole index flattened -- a batched operand's tile has leading axes of extent 1, a ``dense``
+    tile whose rows span batch entries (fused rows) has them as the rows' leading digits."""
+    return tuple(range(-ndim, 0))
+
+
+def wgmma_a_layout(warpgroups: int, mi: int, bk: int, ndim: int = 2
                    ) -> tuple[tuple[int, int], tuple[int, ...], tuple[int, ...]]:
     """The :data:`~kiln.tir.transform.permute_layout.PERMUTE_LAYOUT` of A's shared tile on the
-    wgmma route, over its rows and columns together: rows are the digits (warpgroup, warp
+    wgmma route, over its rows and columns together (``ndim``: all the tile's axes, flattened;
+    :func:`_last`): rows are the digits (warpgroup, warp
     ``w`` < 4, lane group ``g`` < 8, product ``m`` < MI, ``h`` < 2), columns (panel ``kh``,
     ``kl`` < 8); stored as (``kh``, warpgroup, ``m``, ``w``, ``h``, ``g``, ``kl``), i.e.
     ``[bk / 8][rows][8]`` with the thread's row ``(m, h)`` at row ``16 w + 8 h + g`` of its
     warpgroup's product ``m`` (the accumulator fragment's): the K-major layout
     :func:`~kiln.tir.tensor_intrin.wgmma.a_operand` describes. 16-byte chunks of a row stay
     whole (the ``cp.async`` copies)."""
-    return ((-2, -1), (warpgroups, 4, 8, mi, 2, bk // 8, 8), (5, 0, 3, 1, 4, 2, 6))
+    return (_last(ndim), (warpgroups, 4, 8, mi, 2, bk // 8, 8), (5, 0, 3, 1, 4, 2, 6))
 
 
-def wgmma_b_layout(nj: int, bk: int
+def wgmma_b_layout(nj: int, bk: int, ndim: int = 2
                    ) -> tuple[tuple[int, int], tuple[int, ...], tuple[int, ...]]:
     """The :data:`~kiln.tir.transform.permute_layout.PERMUTE_LAYOUT` of B's shared tile on the
     wgmma route: rows ``k``, columns the digits (lane ``t`` < 4, column block ``j`` < NJ,
@@ -309,7 +319,30 @@ def wgmma_b_layout(nj: int, bk: int
     thread's column ``(j, e)`` at column ``8 j + 2 t + e``: the MN-major layout
     :func:`~kiln.tir.tensor_intrin.wgmma.b_operand` describes. Pairs of columns stay whole
     (the copies move 4 bytes)."""
-    return ((-2, -1), (bk, 4, nj, 2), (2, 0, 1, 3))
+    return (_last(ndim), (bk, 4, nj, 2), (2, 0, 1, 3))
+
+
+def wgmma_b_k_major_layout(nj: int, bk: int, ndim: int = 2
+                           ) -> tuple[tuple[int, int], tuple[int, ...], tuple[int, ...]]:
+    """The :data:`~kiln.tir.transform.permute_layout.PERMUTE_LAYOUT` of a ``dense`` weight's
+    shared tile (``[cols, bk]``: rows ``n``, the digits (lane ``t`` < 4, column block ``j`` <
+    NJ, ``e`` < 2), columns (``kh``, ``kl`` < 8)) on the wgmma route: stored as (``kh``, ``j``,
+    ``t``, ``e``, ``kl``), i.e. ``[bk / 8][cols][8]`` with the thread's column ``(j, e)`` at
+    ``8 j + 2 t + e``: the K-major layout
+    :func:`~kiln.tir.tensor_intrin.wgmma.b_operand_k_major` describes (``imm-trans-b`` 0).
+    16-byte chunks along K stay whole."""
+    return (_last(ndim), (4, nj, 2, bk // 8, 8), (3, 1, 0, 2, 4))
+
+
+def _reads_rows_of_b(sch: Any, block: Any) -> bool:
+    """Whether the GEMM ``block`` reads its second operand as ``[n, k]`` (a ``dense``
+    weight), not ``[k, n]``: its last index is the reduction's."""
+    stmt = sch.get(block)
+    reduce_vars = [iv.var for iv in stmt.iter_vars if iv.iter_type == IterType.COMM_REDUCE]
+    found: list[Any] = []
+    post_order_visit(stmt.reads[1].region[-1].min, lambda n: found.append(n) if any(
+        n is v for v in reduce_vars) else None)
+    return bool(found)
 
 
 def wgmma_shape(m: int, n: int) -> tuple[int, int, int] | None:
@@ -340,18 +373,18 @@ def schedule_wgmma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> 
     :data:`WGMMA_STEPS`'s), ``gpu_mma_bk`` deep; the write-back as the mma route's. Knobs:
     ``gpu_wgmma_shape`` (:data:`WGMMA_SHAPES`, default :func:`wgmma_shape`), ``gpu_mma_bk``,
     ``gpu_mma_async_stages``, ``gpu_mma_vector_stores``. Refused (ScheduleError) on targets
-    :func:`wgmma_refusal` names, on shapes the tiles do not divide and for ``dense`` (its
-    weight is K-major: a second B layout and ``imm-trans-b`` 0, not written yet)."""
+    :func:`wgmma_refusal` names and on shapes the tiles do not divide. A ``dense`` weight
+    ``W[n, k]`` is B K-major (:func:`wgmma_b_k_major_layout`, copied 16 bytes at a time)."""
     reason = wgmma_refusal(target)
     if reason:
         raise ScheduleError(f"wgmma GEMM: {reason}")
-    if sch.get(block).name_hint == "dense":
-        raise ScheduleError("wgmma GEMM: dense's weight W[n, k] is K-major; the route stores B "
-                            "MN-major (a matmul's B[k, n]) only")
     spatial, k, ext = gemm_nest(sch, block, "wgmma GEMM")
     dtype = str(sch.get(block).reads[0].buffer.dtype)
     if dtype not in MMA_DTYPES:
         raise ScheduleError(f"wgmma GEMM: {dtype} operands (float16 or bfloat16 only)")
+    fused_rows = rows_fused and len(spatial) > 2
+    if fused_rows and wgmma_shape(ext[-3], ext[-2]) is not None:
+        rows_fused = fused_rows = False  # the last row axis alone fills the tiles
     batch, i, j, m = gemm_axes(sch, spatial, ext, rows_fused)
     n, kk = ext[-2], ext[-1]
     default = wgmma_shape(m, n)
@@ -370,6 +403,10 @@ def schedule_wgmma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> 
     if m % bm or n % bn or kk % bk or bk % MMA_K:
         raise ScheduleError(f"wgmma GEMM: {m}x{n}x{kk} is not a multiple of the tile "
                             f"{bm}x{bn}x{bk}")
+    if fused_rows and ext[-3] % bm and bm % ext[-3]:
+        # the shared tile is the box of the rows a block reads: it must be the block's rows
+        raise ScheduleError(f"wgmma GEMM: a block's {bm} rows, fused over leading axes of "
+                            f"{ext[-3]} rows, are no box of the operand")
     if stages < 2:
         raise ScheduleError("wgmma GEMM: the tiles come through a cp.async pipeline "
                             "(gpu_mma_async_stages 2 or more)")
@@ -388,15 +425,20 @@ def schedule_wgmma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> 
     sch.bind(lane, "threadIdx.x")
     acc = sch.cache_write(block, 0, "local", "float32")
     sch.reverse_compute_at(acc, lane)
-    for index, layout in enumerate((wgmma_a_layout(wg, mi, bk), wgmma_b_layout(nj, bk))):
+    # a dense weight W[n, k] is read [n, k]: B K-major, stored and copied like A
+    b_k_major = _reads_rows_of_b(sch, block)
+    layouts = (wgmma_a_layout(wg, mi, bk),
+               wgmma_b_k_major_layout(nj, bk) if b_k_major else wgmma_b_layout(nj, bk))
+    for index, layout in enumerate(layouts):
         cache = sch.cache_read(block, index, "shared")
         sch.compute_at(cache, ko, cooperative=True)
-        cooperative_copy(sch, cache, ko, 4 * wg, 32, 8 if index == 0 else 2)
-        sch.annotate(cache, PERMUTE_LAYOUT, layout)
+        cooperative_copy(sch, cache, ko, 4 * wg, 32, 8 if index == 0 or b_k_major else 2)
+        ndim = sch.get(cache).writes[0].buffer.ndim
+        sch.annotate(cache, PERMUTE_LAYOUT, (_last(ndim), *layout[1:]))
     sch.decompose_reduction(block, ko)
     sch.annotate(ko, ASYNC_STAGES, stages)
-    sch.tensorize(ri, register_wgmma_intrinsic(dtype, mi, nj, a_operand(bm, bk),
-                                               b_operand(bk, bn)))
+    b_op = b_operand_k_major(bn, bk) if b_k_major else b_operand(bk, bn)
+    sch.tensorize(ri, register_wgmma_intrinsic(dtype, mi, nj, a_operand(bm, bk), b_op))
     sch.unroll(kt)
     fold_epilogues(sch, target, acc)
     if knob("gpu_mma_vector_stores", (False, True), True):

@@ -72,22 +72,28 @@ def _func(buffers: list[Buffer], body: Stmt) -> PrimFunc:
     return PrimFunc(params, dict(zip(params, buffers)), BlockRealize((), const("bool", 1), root))
 
 
-def _buffers(dtype: str, rows: int = 2, cols: int = 2) -> list[Buffer]:
+def _buffers(dtype: str, rows: int = 2, cols: int = 2, b_rows_n: bool = False
+             ) -> list[Buffer]:
+    """C, A and B of a per-thread description; ``b_rows_n``: B indexed ``[n, k]`` (a dense
+    weight's rows), not ``[k, n]``."""
     ldc, lda, ldb = (Var(n, I64) for n in ("ldc", "lda", "ldb"))
     one = const(I64, 1)
+    b_shape = (cols, MMA_K) if b_rows_n else (MMA_K, cols)
     return [Buffer("C", (rows, cols), "float32", strides=(ldc, one), scope="local"),
             Buffer("A", (rows, MMA_K), dtype, strides=(lda, one), scope="shared"),
-            Buffer("B", (MMA_K, cols), dtype, strides=(ldb, one), scope="shared")]
+            Buffer("B", b_shape, dtype, strides=(ldb, one), scope="shared")]
 
 
-def _desc(C: Buffer, A: Buffer, B: Buffer, rows: int = 2, cols: int = 2) -> PrimFunc:
+def _desc(C: Buffer, A: Buffer, B: Buffer, rows: int = 2, cols: int = 2,
+          b_rows_n: bool = False) -> PrimFunc:
     loops = [Var(n, I64) for n in ("i", "j", "k")]
     kinds = (IterType.DATA_PAR, IterType.DATA_PAR, IterType.COMM_REDUCE)
     extents = (rows, cols, MMA_K)
     ivs = [IterVar(Range(const(I64, 0), const(I64, e)), Var(f"v{lv.name}", I64), kind)
            for lv, e, kind in zip(loops, extents, kinds)]
     vi, vj, vk = (iv.var for iv in ivs)
-    value: PrimExpr = C[vi, vj] + cast("float32", A[vi, vk]) * cast("float32", B[vk, vj])
+    b = B[vj, vk] if b_rows_n else B[vk, vj]
+    value: PrimExpr = C[vi, vj] + cast("float32", A[vi, vk]) * cast("float32", b)
     stmt: Stmt = BlockRealize(tuple(loops), const("bool", 1),
                               Block(tuple(ivs), (), (), "update", BufferStore(C, value, (vi, vj))))
     for lv, e in reversed(list(zip(loops, extents))):
@@ -190,18 +196,21 @@ def register_wgmma_intrinsic(dtype: str, mi: int, nj: int, a: SharedOperand,
     A's major (0 K, 1 MN), LBO, SBO and B's): CUDA finds its warpgroup's descriptors from the
     thread's own elements, OpenCL reads every element through the same address arithmetic.
     As with the warp tile, the desc's unit strides along K and the columns are a convention,
-    not memory strides."""
+    not memory strides. A K-major ``b`` (a ``dense`` weight ``W[n, k]``, ``imm-trans-b`` 0)
+    gets the description whose B is indexed ``[n, k]``: ``B[16, 2 NJ]`` becomes
+    ``B[2 NJ, 16]`` (``ldb`` then steps between the thread's columns)."""
     if dtype not in MMA_DTYPES:
         raise ValueError(f"wgmma multiplies {', '.join(MMA_DTYPES)}, not {dtype}")
     if mi < 1 or not 1 <= nj <= 32:
         raise ValueError(f"wgmma: {mi} products of 64 x {8 * nj} (N from 8 to 256)")
     name = wgmma_intrin_name(dtype, mi, nj, a, b)
     if name not in names():
-        C, A, B = _buffers(dtype, 2 * mi, 2 * nj)
+        rows_n = b.major == "k"
+        C, A, B = _buffers(dtype, 2 * mi, 2 * nj, rows_n)
         args = (StringImm(dtype), address_of(C, 0, 0), address_of(A, 0, 0),
                 address_of(B, 0, 0), C.strides[0], A.strides[0], B.strides[0],
                 *(const(I64, v) for v in (mi, nj, a.transposed, a.lbo, a.sbo, b.transposed,
                                           b.lbo, b.sbo)))
-        register(name, _desc(C, A, B, 2 * mi, 2 * nj),
+        register(name, _desc(C, A, B, 2 * mi, 2 * nj, rows_n),
                  _func([C, A, B], Evaluate(Call("int32", WGMMA, args))))
     return get(name).name

@@ -27,7 +27,8 @@ the instruction would), :meth:`SharedOperand.descriptor` packs the 64 bits.
 The GEMM schedule (``kiln.schedule.gpu.linalg``'s wgmma route) stores A's tile K-major in
 panels of 8 columns (``[bk / 8][rows][8]``: SBO 128 bytes, LBO ``rows * 16``) and B's tile
 MN-major in panels of 8 columns of N (``[cols / 8][bk][8]``: LBO 128 bytes, SBO ``bk * 16``):
-:func:`a_operand`, :func:`b_operand`.
+:func:`a_operand`, :func:`b_operand`; a ``dense`` weight ``W[n, k]`` is B K-major, stored like A
+(:func:`b_operand_k_major`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["CORE_ROWS", "ELEMENT_BYTES", "SharedOperand", "a_operand", "b_operand",
-           "descriptor_encode"]
+           "b_operand_k_major", "descriptor_encode"]
 
 #: Rows of a core matrix, and its row's elements (16 bytes of 16-bit elements).
 CORE_ROWS = 8
@@ -109,6 +110,15 @@ def a_operand(rows: int, bk: int) -> SharedOperand:
     if rows % 64 or bk % 16:
         raise ValueError(f"wgmma A tile {rows} x {bk}: rows a multiple of 64, K of 16")
     return SharedOperand("k", lbo=rows * 8 * ELEMENT_BYTES, sbo=CORE_ROWS * 8 * ELEMENT_BYTES)
+
+
+def b_operand_k_major(cols: int, bk: int) -> SharedOperand:
+    """B's tile given as ``cols`` rows of ``bk`` (a ``dense`` weight ``W[n, k]``) stored
+    ``[bk / 8][cols][8]`` (K-major, ``imm-trans-b`` 0): as :func:`a_operand`, SBO 128 bytes,
+    LBO ``cols * 16``."""
+    if cols % 8 or bk % 16:
+        raise ValueError(f"wgmma B tile {cols} x {bk}: columns a multiple of 8, K of 16")
+    return SharedOperand("k", lbo=cols * 8 * ELEMENT_BYTES, sbo=CORE_ROWS * 8 * ELEMENT_BYTES)
 
 
 def b_operand(bk: int, cols: int) -> SharedOperand:
