@@ -517,7 +517,7 @@ def test_wgmma_dense_reads_its_weight_k_major_on_opencl():
 
 
 @pytest.mark.parametrize("target,why", [
-    (Target("cuda", arch="sm_80"), "sm_90 or later"),
+    (Target("cuda", arch="sm_80"), "sm_90 (sm_90a) instruction"),
     (Target("opencl"), "not a multiple"),
 ])
 def test_wgmma_refusals_fall_back_to_the_mma_route(target, why, caplog):

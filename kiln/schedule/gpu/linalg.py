@@ -276,17 +276,17 @@ WGMMA_STEPS = ((64, 3), (64, 2), (32, 3), (32, 2), (16, 2))
 
 
 def wgmma_refusal(target: Any) -> str | None:
-    """Why ``target`` cannot take the wgmma route, or None: CUDA from sm_90 on (compiled for
-    the arch-specific ``sm_90a``), or OpenCL -- the view PoCL runs, each thread computing its
-    part through the same layouts and descriptor arithmetic."""
+    """Why ``target`` cannot take the wgmma route, or None: CUDA sm_90 (compiled for the
+    arch-specific ``sm_90a``: wgmma is an sm_90a instruction, which later architectures do not
+    have), or OpenCL -- the view PoCL runs, each thread computing its part through the same
+    layouts and descriptor arithmetic."""
     if target.kind == "opencl":
         return None
     if target.kind != "cuda":
         return f"{target.kind} has no wgmma"
     arch = str(target.arch or "")
-    digits = "".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit())
-    if not digits or int(digits) < 90:
-        return f"wgmma needs sm_90 or later, not {arch or 'the default architecture'}"
+    if arch.removesuffix("a") != "sm_90":
+        return f"wgmma is an sm_90 (sm_90a) instruction, not {arch or 'the default arch'}'s"
     return None
 
 
