@@ -142,12 +142,14 @@ _ARCH_SPECIFIC_GUARD = ARCH_SPECIFIC_MARKER + r"""
 
 
 def _cuda_wgmma(name: str, short: str, mi: int, nj: int, a: SharedOperand,
-                b: SharedOperand) -> str:
+                b: SharedOperand, depth: int) -> str:
     """CUDA's thread part of ``MI`` ``wgmma.mma_async.m64n<8 NJ>k16`` (see
     :meth:`GpuHelpers.wgmma`): the descriptors' start addresses found from the thread's own
-    elements through the operands' address arithmetic, then fence, the products, commit and
-    wait. The accumulators are operands of the fence and the wait too, so the compiler defines
-    none of them between the fence and the products and reads none before they land."""
+    elements through the operands' address arithmetic, then fence, the products of every
+    16-deep slice of the step (each slice's descriptors the first's plus the slice's offset
+    along K), one commit and one wait. The accumulators are operands of the fence and the wait
+    too, so the compiler defines none of them between the fence and the products and reads
+    none before they land."""
     n = 8 * nj
     # the thread's accumulator (h, e) of column block j of product m, in the d order
     regs = [[f"c[{2 * m + h} * ldc + {2 * j + e}]"
@@ -169,16 +171,19 @@ def _cuda_wgmma(name: str, short: str, mi: int, nj: int, a: SharedOperand,
     # the last step's wait) comes before it, as the ISA asks of registers wgmma reads
     lines.append(f'  asm volatile("wgmma.fence.sync.aligned;" : {every} :: "memory");')
     dlist = ", ".join(f"%{r}" for r in range(n // 2))
-    for m in range(mi):
-        step = a.offset(64 * m, 0) * ELEMENT_BYTES // 16  # product m's rows, 16-byte units
-        outs = ", ".join(f'"+f"({r})' for r in regs[m])
-        lines += [
-            f'  asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{n // 2 + 2}, 0; '
-            f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{short}.{short} {{{dlist}}}, "
-            f'%{n // 2}, %{n // 2 + 1}, p, 1, 1, {a.transposed}, {b.transposed}; }}"',
-            f"      : {outs}",
-            f'      : "l"(da + {step}ull), "l"(db), "r"(1) : "memory");',
-        ]
+    for s in range(depth // 16):
+        # (descriptor start fields count 16-byte units; the offsets stay inside the tile)
+        b_step = b.offset(0, 16 * s) * ELEMENT_BYTES // 16
+        for m in range(mi):
+            a_step = a.offset(64 * m, 16 * s) * ELEMENT_BYTES // 16
+            outs = ", ".join(f'"+f"({r})' for r in regs[m])
+            lines += [
+                f'  asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{n // 2 + 2}, 0; '
+                f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{short}.{short} {{{dlist}}}, "
+                f'%{n // 2}, %{n // 2 + 1}, p, 1, 1, {a.transposed}, {b.transposed}; }}"',
+                f"      : {outs}",
+                f'      : "l"(da + {a_step}ull), "l"(db + {b_step}ull), "r"(1) : "memory");',
+            ]
     lines.append('  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");')
     lines.append(f'  asm volatile("wgmma.wait_group.sync.aligned 0;" : {every} :: "memory");')
     return "\n".join(lines) + "\n}\n"
@@ -275,9 +280,11 @@ class GpuHelpers(Helpers):
                 "DT", short).replace("MI", str(mi)).replace("NI", str(ni)))
         return self._thread_product(name, short, 2 * mi, 2 * ni, "", "(j >> 1) * 8 + (j & 1)")
 
-    def wgmma(self, dtype: str, mi: int, nj: int, a: SharedOperand, b: SharedOperand) -> str:
-        """``kiln_wgmma_<dt>_<MI>x<NJ>_<layouts>(c, a, b, ldc, lda, ldb)``: one thread's part
-        of its warpgroup's ``MI`` products ``m64n<8 NJ>k16`` for one 16-deep step
+    def wgmma(self, dtype: str, mi: int, nj: int, a: SharedOperand, b: SharedOperand,
+              depth: int = 16) -> str:
+        """``kiln_wgmma_<dt>_<MI>x<NJ>_k<depth>_<layouts>(c, a, b, ldc, lda, ldb)``: one
+        thread's part of its warpgroup's ``MI`` products ``m64n<8 NJ>k16`` for each 16 of a
+        ``depth``-deep step
         (:func:`kiln.tir.tensor_intrin.gpu.register_wgmma_intrinsic`). ``a`` and ``b`` point
         at the thread's own first elements; where the warpgroup's operands start follows from
         the thread's place in the accumulator fragment (warp ``w`` = ``threadIdx.y % 4``, lane
@@ -290,11 +297,11 @@ class GpuHelpers(Helpers):
         short = {"float16": "f16", "bfloat16": "bf16"}.get(dtype)
         if short is None:
             raise CodegenError(f"the tensor cores multiply float16 or bfloat16, not {dtype}")
-        name = (f"kiln_wgmma_{short}_{mi}x{nj}_{a.major}{a.lbo}_{a.sbo}_"
+        name = (f"kiln_wgmma_{short}_{mi}x{nj}_k{depth}_{a.major}{a.lbo}_{a.sbo}_"
                 f"{b.major}{b.lbo}_{b.sbo}")
         if self.dialect.is_cuda:
             self._add("kiln_arch_specific", _ARCH_SPECIFIC_GUARD)
-            return self._add(name, _cuda_wgmma(name, short, mi, nj, a, b))
+            return self._add(name, _cuda_wgmma(name, short, mi, nj, a, b, depth))
         self.use(short)
         ptr = "__local const uint16_t* "
         first_a = a.c_offset("16 * w + g", "0")
@@ -312,7 +319,7 @@ class GpuHelpers(Helpers):
             f"        for (int e = 0; e < 2; ++e) {{\n"
             f"          const int row = 64 * m + 16 * w + 8 * h + g, col = 8 * j + 2 * t + e;\n"
             f"          float s = c[(2 * m + h) * ldc + 2 * j + e];\n"
-            f"          for (int k = 0; k < 16; ++k)\n"
+            f"          for (int k = 0; k < {depth}; ++k)\n"
             f"            s += kiln_{short}_to_f32(a0[{a.c_offset('row', 'k')}]) *\n"
             f"                 kiln_{short}_to_f32(b0[{b.c_offset('col', 'k')}]);\n"
             f"          c[(2 * m + h) * ldc + 2 * j + e] = s;\n"

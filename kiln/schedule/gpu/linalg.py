@@ -370,7 +370,8 @@ def schedule_wgmma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> 
     shared layouts :func:`wgmma_a_layout` and :func:`wgmma_b_layout` (no swizzle: core matrices
     of 8 x 16 bytes). The tiles are copied by the ``cp.async`` pipeline (A in 16-byte chunks,
     B in 4-byte pairs) into ``gpu_mma_async_stages`` stages (at least 2; default
-    :data:`WGMMA_STEPS`'s), ``gpu_mma_bk`` deep; the write-back as the mma route's. Knobs:
+    :data:`WGMMA_STEPS`'s), ``gpu_mma_bk`` deep, one intrinsic call per step (its ``bk / 16 x
+    MI`` products in one commit group, one wait); the write-back as the mma route's. Knobs:
     ``gpu_wgmma_shape`` (:data:`WGMMA_SHAPES`, default :func:`wgmma_shape`), ``gpu_mma_bk``,
     ``gpu_mma_async_stages``, ``gpu_mma_vector_stores``. Refused (ScheduleError) on targets
     :func:`wgmma_refusal` names and on shapes the tiles do not divide. A ``dense`` weight
@@ -416,8 +417,8 @@ def schedule_wgmma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> 
                             f"shared memory ({limit})")
     io, wgo, w, g, ri = sch.split(i, [None, wg, 4, 8, 2 * mi])
     jo, t, rj = sch.split(j, [None, 4, 2 * nj])
-    ko, kt, k16 = sch.split(k, [None, bk // MMA_K, MMA_K])
-    sch.reorder(io, jo, wgo, w, g, t, ko, kt, ri, rj, k16)
+    ko, kin = sch.split(k, [None, bk])
+    sch.reorder(io, jo, wgo, w, g, t, ko, ri, rj, kin)  # one intrinsic call per stage
     warp = sch.fuse(wgo, w)
     lane = sch.fuse(g, t)
     bind_blocks(sch, batch, io, jo)
@@ -438,8 +439,7 @@ def schedule_wgmma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> 
     sch.decompose_reduction(block, ko)
     sch.annotate(ko, ASYNC_STAGES, stages)
     b_op = b_operand_k_major(bn, bk) if b_k_major else b_operand(bk, bn)
-    sch.tensorize(ri, register_wgmma_intrinsic(dtype, mi, nj, a_operand(bm, bk), b_op))
-    sch.unroll(kt)
+    sch.tensorize(ri, register_wgmma_intrinsic(dtype, mi, nj, a_operand(bm, bk), b_op, bk))
     fold_epilogues(sch, target, acc)
     if knob("gpu_mma_vector_stores", (False, True), True):
         vectorize_write_back(sch, acc, 4)
