@@ -509,7 +509,6 @@ class KernelEmitter(FunctionEmitter):
                 self.line("asm volatile(\"cp.async.commit_group;\" ::: \"memory\");"
                           if s.value.op == ASYNC_COMMIT else
                           f"asm volatile(\"cp.async.wait_group {n};\" ::: \"memory\");")
-
             return
         super().stmt_Evaluate(s)
 
