@@ -6,12 +6,16 @@ next to torch eager float16 (channels_last). Sized for about 5 minutes on an H10
     python benchmarks/gpu_mma_knobs.py                   # on the GPU: time everything
     python benchmarks/gpu_mma_knobs.py --only gemm --repeat 50
     python benchmarks/gpu_mma_knobs.py --nvrtc sm_90     # no GPU: ptxas resources per config
+    python benchmarks/gpu_mma_knobs.py --only wgmma      # the wgmma route's configs (sm_90)
+    python benchmarks/gpu_mma_knobs.py --pocl            # no GPU: wgmma configs on PoCL
 
 Knobs are :mod:`kiln.schedule.knobs` values given to every kernel's schedule (``build_executable
 (..., knobs=...)``; a knob a schedule does not ask for is ignored). ``--nvrtc ARCH`` needs no
 GPU: it builds each GEMM configuration for ``ARCH``, compiles it with NVRTC and prints what
 ptxas reports (registers, shared memory, spills) and whether the PTX holds ``mma.sync``,
-``ldmatrix`` and ``cp.async`` -- the check to run before spending device time on a new knob.
+``ldmatrix``, ``wgmma`` and ``cp.async`` -- the check to run before spending device time on a
+new knob. ``--pocl`` runs each of :data:`WGMMA_CONFIGS` on OpenCL (PoCL) at 256^3 against
+numpy: the wgmma route's thread view through the same layouts and descriptor arithmetic.
 Add a knob to the lists below when a schedule grows one (the ``cp.async`` pipelines,
 ``gpu_mma_async_stages``, and ``gpu_mma_ldmatrix`` are listed; see docs/internals.md, "Tensor
 cores").
@@ -43,6 +47,7 @@ from gpu import (  # noqa: E402
 from kiln.build import lower_graph  # noqa: E402
 from kiln.codegen.executable import build_executable  # noqa: E402
 from kiln.codegen.gpu.nvrtc import compile_cuda  # noqa: E402
+from kiln.schedule.gpu.linalg import wgmma_refusal  # noqa: E402
 from kiln.target import Target  # noqa: E402
 
 #: (label, knobs) of the GEMM: the default first. On an H100 (2026-11-27, two runs; cuBLAS
@@ -125,6 +130,21 @@ GEMM_CONFIGS: list[tuple[str, dict[str, Any]]] = [
                                             "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64,
                                             "gpu_mma_async_stages": 3}),
 ]
+#: The wgmma route (knob ``gpu_mma_wgmma``, off by default; sm_90a): never run on a GPU
+#: before the session that runs these. ``gpu_wgmma_shape`` = (warpgroups, 64-row products a
+#: warpgroup, 8-column blocks); the default shape is (2, 1, 16) with 64-deep steps in 3 stages.
+#: Timed by ``--only wgmma`` alone (its own process: a kernel that faults would end the CUDA
+#: context of the configurations after it); ``--nvrtc`` reports them after GEMM_CONFIGS.
+WGMMA = {"gpu_mma_wgmma": True}
+WGMMA_CONFIGS: list[tuple[str, dict[str, Any]]] = [
+    ("wgmma 128x128 2wg, bk 64, cp.async 3", WGMMA),
+    ("wgmma 128x128 1wg x2, bk 64, cp.async 3", {**WGMMA, "gpu_wgmma_shape": (1, 2, 16)}),
+    ("wgmma 128x256 2wg, bk 64, cp.async 3", {**WGMMA, "gpu_wgmma_shape": (2, 1, 32)}),
+    ("wgmma 256x128 2wg x2, bk 64, cp.async 3", {**WGMMA, "gpu_wgmma_shape": (2, 2, 16)}),
+    ("wgmma 128x128 2wg, bk 64, cp.async 4", {**WGMMA, "gpu_mma_async_stages": 4}),
+    ("wgmma 128x128 2wg, bk 32, cp.async 4", {**WGMMA, "gpu_mma_bk": 32,
+                                               "gpu_mma_async_stages": 4}),
+]
 #: (label, knobs) of float16 ResNet-18 at batch 32.
 CONV_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("default", {}),
@@ -140,13 +160,14 @@ def build(mod: Any, target: Target, knobs: dict[str, Any]) -> Any:
     return build_executable(lower_graph(mod, target), target, knobs=lambda f, t: knobs)
 
 
-def nvrtc_report(arch: str) -> None:
-    """Resources of each GEMM configuration's kernel, built for ``arch`` (no GPU)."""
+def nvrtc_report(arch: str, configs: list[tuple[str, dict[str, Any]]]) -> None:
+    """Resources of each GEMM configuration's kernel, built for ``arch`` (no GPU; a program
+    with wgmma compiles for ``sm_90a``)."""
     target = Target("cuda", arch=arch)
     mod = gemm_module(GEMM_N)
-    print(f"{'config':36} {'regs':>4} {'smem B':>6} {'spill':>5} {'mma':>4} {'ldmatrix':>8} "
-          f"{'cp.async':>8}")
-    for label, knobs in GEMM_CONFIGS:
+    print(f"{'config':40} {'regs':>4} {'smem B':>6} {'spill':>5} {'mma':>4} {'ldmatrix':>8} "
+          f"{'wgmma':>5} {'cp.async':>8}")
+    for label, knobs in configs:
         exe = build(mod, target, knobs)
         program = exe.module.program
         dynamic = {k.name: k.dynamic_shared_bytes for f in program.functions.values()
@@ -155,12 +176,34 @@ def nvrtc_report(arch: str) -> None:
         for name, res in binary.resources().items():
             ptx = binary.kernel_ptx()[name]
             # static (ptxas) + dynamic shared memory (the launch's, above 48 KB)
-            print(f"{label:36} {res.registers:4d} {res.shared_bytes + dynamic.get(name, 0):6d} "
+            print(f"{label:40} {res.registers:4d} {res.shared_bytes + dynamic.get(name, 0):6d} "
                   f"{res.spill_stores + res.spill_loads:5d} {ptx.count('mma.sync'):4d} "
-                  f"{ptx.count('ldmatrix'):8d} {ptx.count('cp.async'):8d}")
+                  f"{ptx.count('ldmatrix'):8d} {ptx.count('wgmma.mma_async'):5d} "
+                  f"{ptx.count('cp.async'):8d}")
 
 
-def time_gemm(target: Target, repeat: int) -> None:
+def pocl_report(n: int = 256) -> None:
+    """Each wgmma configuration's n^3 float16 GEMM on OpenCL (PoCL) against numpy (no GPU):
+    whether it took the route and the largest error relative to the largest output."""
+    import numpy as np
+
+    target = Target("opencl")
+    rng = np.random.default_rng(0)
+    a, b = (rng.uniform(-1, 1, (n, n)).astype(np.float16) for _ in range(2))
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    print(f"GEMM {n}^3 float16 on {target.kind} (PoCL)")
+    print(f"{'config':40} {'wgmma':>5} {'max err / max':>13} {'s':>6}")
+    for label, knobs in WGMMA_CONFIGS:
+        t0 = time.perf_counter()
+        exe = build(gemm_module(n), target, knobs)
+        on = "kiln_wgmma" in exe.module.program.source
+        out = np.asarray(exe(a, b)).astype(np.float64)
+        err = np.abs(out - exact).max() / np.abs(exact).max()
+        print(f"{label:40} {str(on):>5} {err:13.2e} {time.perf_counter() - t0:6.1f}",
+              flush=True)
+
+
+def time_gemm(target: Target, repeat: int, configs: list[tuple[str, dict[str, Any]]]) -> None:
     _, torch_fn, inputs = gemm_case(GEMM_N)
     warm_up_gpu()
     ref = torch_fn(*inputs)
@@ -168,15 +211,15 @@ def time_gemm(target: Target, repeat: int) -> None:
     flops = 2 * GEMM_N ** 3
     print(f"GEMM {GEMM_N}^3 float16: cuBLAS {cublas * 1e3:.3f} ms "
           f"({flops / cublas / 1e12:.0f} TFLOP/s)")
-    print(f"{'config':36} {'ms':>8} {'TFLOP/s':>8} {'% cuBLAS':>8} {'err':>8} {'build s':>7}")
-    for label, knobs in GEMM_CONFIGS:
+    print(f"{'config':40} {'ms':>8} {'TFLOP/s':>8} {'% cuBLAS':>8} {'err':>8} {'build s':>7}")
+    for label, knobs in configs:
         t0 = time.perf_counter()
         exe = build(gemm_module(GEMM_N), target, knobs)
         build_s = time.perf_counter() - t0
         with torch.no_grad():
             err = rel_err(exe(*inputs), ref)
             t = timed(lambda e=exe: e(*inputs), repeat)
-        print(f"{label:36} {t * 1e3:8.3f} {flops / t / 1e12:8.1f} {100 * cublas / t:8.1f} "
+        print(f"{label:40} {t * 1e3:8.3f} {flops / t / 1e12:8.1f} {100 * cublas / t:8.1f} "
               f"{err:8.1e} {build_s:7.1f}", flush=True)
 
 
@@ -201,15 +244,22 @@ def time_resnet(target: Target, repeat: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=("gemm", "resnet"), default=None)
+    ap.add_argument("--only", choices=("gemm", "resnet", "wgmma"), default=None,
+                    help="wgmma: the default GEMM and WGMMA_CONFIGS only")
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--arch", default=None, help="sm_80, sm_90 (default: the device's)")
     ap.add_argument("--nvrtc", metavar="ARCH", default=None,
                     help="no GPU: print each GEMM configuration's ptxas resources for ARCH")
+    ap.add_argument("--pocl", action="store_true",
+                    help="no GPU: run the wgmma configurations on OpenCL (PoCL) vs numpy")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
+    configs = [GEMM_CONFIGS[0], *WGMMA_CONFIGS] if args.only == "wgmma" else GEMM_CONFIGS
+    if args.pocl:
+        pocl_report()
+        return
     if args.nvrtc:
-        nvrtc_report(args.nvrtc)
+        nvrtc_report(args.nvrtc, configs if args.only else [*GEMM_CONFIGS, *WGMMA_CONFIGS])
         return
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (or --nvrtc ARCH for the resources only)")
@@ -217,8 +267,10 @@ def main() -> None:
     target = Target("cuda", arch=args.arch or f"sm_{major}{minor}")
     print(f"{torch.cuda.get_device_name()} ({target.arch}), "
           f"torch {torch.__version__}, repeat {args.repeat}")
-    if args.only in (None, "gemm"):
-        time_gemm(target, args.repeat)
+    if args.only == "wgmma" and wgmma_refusal(target):
+        raise SystemExit(f"--only wgmma: {wgmma_refusal(target)}")
+    if args.only in (None, "gemm", "wgmma"):
+        time_gemm(target, args.repeat, configs)
     if args.only in (None, "resnet"):
         time_resnet(target, args.repeat)
 

@@ -29,7 +29,7 @@ from ..target import Target
 from ..tir.function import PrimFunc
 from ..tir.functor import post_order_visit
 from ..tir.gpu import KernelLaunch
-from ..tir.tensor_intrin.gpu import MMA_SYNC, MMA_TILE
+from ..tir.tensor_intrin.gpu import MMA_SYNC, MMA_TILE, WGMMA
 
 #: The environment variable listing the targets tests run on.
 TARGETS_ENV = "KILN_TEST_TARGETS"
@@ -157,9 +157,10 @@ def kernel_launches(func: PrimFunc) -> list[KernelLaunch]:
 
 
 def mma_calls(func: PrimFunc) -> int:
-    """How many tensor-core calls a lowered function holds: per-``mma`` ones (:data:`MMA_SYNC`)
-    and warp tiles (:data:`MMA_TILE`, each several ``mma``)."""
+    """How many tensor-core calls a lowered function holds: per-``mma`` ones (:data:`MMA_SYNC`),
+    warp tiles (:data:`MMA_TILE`, each several ``mma``) and warpgroup products
+    (:data:`WGMMA`)."""
     calls: list[Any] = []
     post_order_visit(func.body, lambda n: calls.append(n) if getattr(n, "op", None) in (
-        MMA_SYNC, MMA_TILE) else None)
+        MMA_SYNC, MMA_TILE, WGMMA) else None)
     return len(calls)

@@ -208,6 +208,14 @@ MMA_KNOBS = [
     {"gpu_mma_tiles": (4, 4), "gpu_mma_bk": 32, "gpu_mma_async_stages": 0},
     {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32, "gpu_mma_async_stages": 3},
     {"gpu_mma_warps": (2, 4), "gpu_mma_tiles": (1, 1), "gpu_mma_async_stages": 2},
+    # the wgmma route (knob gpu_mma_wgmma, sm_90a; never run on a device before): the default
+    # shape (128 x 128, or 64 x 64 where that does not divide), one warpgroup of two
+    # products in a 2-stage 32-deep pipeline, 256 x 128 blocks (a shape it does not divide
+    # takes the mma.sync route: also right)
+    {"gpu_mma_wgmma": True},
+    {"gpu_mma_wgmma": True, "gpu_wgmma_shape": (1, 2, 16), "gpu_mma_bk": 32,
+     "gpu_mma_async_stages": 2},
+    {"gpu_mma_wgmma": True, "gpu_wgmma_shape": (2, 2, 16)},
 ]
 
 
@@ -228,6 +236,26 @@ def test_tensor_core_gemm_matches_numpy(dtype, shape, knobs):
     out = np.full((*batch, m, n), np.nan, np_dt)
     gpu_build({"f": lowered}, _target())["f"](a, b, out)
     exact = np.matmul(a.astype("float64"), b.astype("float64"))
+    eps = 2.0 ** (-10 if dtype == "float16" else -7)
+    err = np.abs(out.astype("float64") - exact)
+    assert np.all(err <= eps * np.abs(exact) + 1e-3 * np.abs(exact).max()), err.max()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_wgmma_dense_matches_numpy(dtype):
+    """The wgmma route's dense (knob gpu_mma_wgmma): W[n, k] read K-major (imm-trans-b 0),
+    x's rows fused over its leading axis; float32 sums rounded once."""
+    np_dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+    x = RNG.uniform(-1, 1, (2, 192, 256)).astype(np_dt)
+    w = RNG.uniform(-1, 1, (384, 256)).astype(np_dt)
+    func, _ = scheduled("dense", [x, w], {}, schedule=False)
+    _, lowered = schedule_and_lower(func.with_attr("op_name", "dense"), _target(),
+                                    {"gpu_mma_wgmma": True})
+    out = np.full((2, 192, 384), np.nan, np_dt)
+    module = gpu_build({"f": lowered}, _target())
+    assert "wgmma.mma_async" in module.program.source
+    module["f"](x, w, out)
+    exact = np.matmul(x.astype("float64"), w.T.astype("float64"))
     eps = 2.0 ** (-10 if dtype == "float16" else -7)
     err = np.abs(out.astype("float64") - exact)
     assert np.all(err <= eps * np.abs(exact) + 1e-3 * np.abs(exact).max()), err.max()

@@ -19,7 +19,7 @@ from kiln.arith.analyzer import simplify as simplify_expr
 from kiln.build import lower_graph
 from kiln.codegen.executable import build_executable
 from kiln.codegen.gpu.build import build as gpu_build
-from kiln.codegen.gpu.nvrtc import compile_cuda
+from kiln.codegen.gpu.nvrtc import compile_arch, compile_cuda
 from kiln.schedule.gpu import SCHEDULE_ATTR, schedule_and_lower
 from kiln.schedule.gpu.linalg import (
     MMA_BK_CHOICES,
@@ -37,7 +37,7 @@ from kiln.testing.op_testing import scheduled
 from kiln.tir.expr import Call, const
 from kiln.tir.functor import post_order_visit
 from kiln.tir.gpu import ASYNC_COPY
-from kiln.tir.tensor_intrin.gpu import MMA_SYNC, MMA_TILE
+from kiln.tir.tensor_intrin.gpu import MMA_SYNC, MMA_TILE, WGMMA
 from kiln.tir.transform.permute_layout import permuted_index
 
 OPENCL = Target("opencl")
@@ -468,3 +468,101 @@ def test_default_gemm_takes_the_warp_tile_route_and_fits_the_target(arch, step):
     (usage,) = binary.resources().values()
     assert usage.stack_bytes == 0 and usage.spill_stores == usage.spill_loads == 0
     assert usage.registers * launch.threads_per_block <= target.gpu.max_registers_per_block
+
+
+def _wgmma_calls(lowered) -> list[Call]:
+    calls: list[Call] = []
+    post_order_visit(lowered.body, lambda n: calls.append(n) if isinstance(n, Call)
+                     and n.op == WGMMA else None)
+    return calls
+
+
+@pytest.mark.parametrize("dtype,shape,wgmma_shape,bk,stages", [
+    ("float16", (256, 128, 256), (2, 1, 16), 64, 3),     # the default tile, 128 x 128
+    ("bfloat16", (2, 64, 64, 128), (1, 1, 8), 16, 4),    # batched, 64 x 64, four stages
+])
+def test_wgmma_route_computes_the_product_on_opencl(dtype, shape, wgmma_shape, bk, stages):
+    """PoCL runs the wgmma intrinsic's thread view: each thread's outputs read from the shared
+    tiles through the descriptors' address arithmetic (kiln.tir.tensor_intrin.wgmma), from the
+    warpgroup's start found the way the CUDA helper finds it -- a layout, an LBO/SBO or a
+    thread placement that disagreed would change the numbers. (About 20 s each on PoCL; the
+    other shapes of WGMMA_SHAPES: ``benchmarks/gpu_mma_knobs.py --pocl``.)"""
+    *batch, m, k, n = shape
+    a = RNG.uniform(-1, 1, (*batch, m, k)).astype(NP[dtype])
+    b = RNG.uniform(-1, 1, (*batch, k, n)).astype(NP[dtype])
+    knobs = {"gpu_mma_wgmma": True, "gpu_wgmma_shape": wgmma_shape, "gpu_mma_bk": bk,
+             "gpu_mma_async_stages": stages}
+    sched, lowered = _lowered("matmul", [a, b], OPENCL, knobs)
+    (call,) = _wgmma_calls(lowered)
+    assert [int(x.value) for x in call.args[7:9]] == list(wgmma_shape[1:])
+    (launch,) = kernel_launches(lowered)
+    assert launch.threads_per_block == 128 * wgmma_shape[0]
+    out = np.full((*batch, m, n), np.nan, NP[dtype])
+    gpu_build({"f": lowered}, OPENCL)["f"](a, b, out)
+    _check(out, a, b, dtype)
+
+
+def test_wgmma_dense_reads_its_weight_k_major_on_opencl():
+    """``dense`` (x @ W.T) reads B as W[n, k]: K-major (imm-trans-b 0), stored like A and
+    copied 16 bytes at a time; x's leading axes fused into rows, a block's 128 rows spanning
+    two batch entries (the layouts flatten the whole tile)."""
+    x = RNG.uniform(-1, 1, (2, 64, 128)).astype(np.float16)
+    w = RNG.uniform(-1, 1, (128, 128)).astype(np.float16)
+    _, lowered = _lowered("dense", [x, w], OPENCL, {"gpu_mma_wgmma": True})
+    (call,) = _wgmma_calls(lowered)
+    assert int(call.args[12].value) == 0  # B's major: K
+    out = np.full((2, 64, 128), np.nan, np.float16)
+    gpu_build({"f": lowered}, OPENCL)["f"](x, w, out)
+    _check(out, x, np.swapaxes(w, 0, 1), "float16")
+
+
+@pytest.mark.parametrize("target,why", [
+    (Target("cuda", arch="sm_80"), "sm_90 (sm_90a) instruction"),
+    (Target("opencl"), "not a multiple"),
+])
+def test_wgmma_refusals_fall_back_to_the_mma_route(target, why, caplog):
+    """sm_80 has no wgmma; a 48-column product fits no block tile: both take the mma.sync
+    warp tiles, and the log says why."""
+    n = 48 if target.kind == "opencl" else 128
+    arrays = [np.zeros((128, 64), np.float16), np.zeros((64, n), np.float16)]
+    with caplog.at_level("WARNING"):
+        _, lowered = _lowered("matmul", arrays, target, {"gpu_mma_wgmma": True})
+    assert not _wgmma_calls(lowered) and mma_calls(lowered) > 0
+    assert why in caplog.text and "not on wgmma" in caplog.text
+
+
+@pytest.mark.parametrize("op,knobs", [
+    ("matmul", {}),
+    ("matmul", {"gpu_wgmma_shape": (2, 1, 32)}),
+    ("dense", {}),
+])
+def test_wgmma_compiles_for_sm90a_without_spills(op, knobs):
+    """4096^3 float16 on Target("cuda", arch="sm_90") with the knob on: NVRTC compiles it for
+    sm_90a; the PTX holds wgmma.mma_async (4 per 64-deep step and product; B transposed for
+    matmul's B[k, n], not for dense's W[n, k]), the fence, commit and wait, and the proxy
+    fence before the barriers; ptxas reports no spills and the shared tiles fit the target's
+    opt-in shared memory. Without the knob the route is off."""
+    target = Target("cuda", arch="sm_90")
+    arrays = [np.zeros((4096, 4096), np.float16)] * 2
+    _, lowered = _lowered(op, arrays, target, {"gpu_mma_wgmma": True, **knobs})
+    (call,) = _wgmma_calls(lowered)
+    (launch,) = kernel_launches(lowered)
+    shared = sum(int(s.shape[0].value) * 2 for s in launch.shared)
+    assert shared <= target.gpu.shared_memory_per_block_optin
+    source = gpu_build({"f": lowered}, target).program.source
+    assert compile_arch(source, "sm_90") == "sm_90a"
+    binary = compile_cuda(source, "sm_90")  # compile_arch: sm_90a
+    ptx = binary.ptx.decode(errors="replace")
+    n = 8 * int(call.args[8].value)
+    assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16") == 4 * int(
+        call.args[7].value)
+    assert ptx.count(f"p, 1, 1, 0, {int(op == 'matmul')}; }}") == 4 * int(call.args[7].value)
+    for instruction in ("wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned",
+                        "wgmma.wait_group.sync.aligned 0", "fence.proxy.async.shared::cta",
+                        "cp.async.cg.shared.global"):
+        assert instruction in ptx
+    (usage,) = binary.resources().values()
+    assert usage.stack_bytes == 0 and usage.spill_stores == usage.spill_loads == 0
+    assert "serialized" not in binary.log
+    _, default = _lowered(op, arrays, target)
+    assert not _wgmma_calls(default)

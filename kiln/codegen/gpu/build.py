@@ -203,7 +203,7 @@ def compile_program(funcs: Mapping[str, PrimFunc], target: Target) -> DeviceProg
     source, functions = generate_source(funcs, target)
     if target.kind == "cuda":
         arch = cuda_arch(target)
-        result = compile_cuda(source, arch)
+        result = compile_cuda(source, arch)  # sm_90a where the source needs it
         return DeviceProgram("cuda", arch, source, functions,
                              {"cubin": result.cubin, "ptx": result.ptx})
     return DeviceProgram("opencl", "", source, functions)

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from ...ir.dtype import DataType
 from ...ir.errors import CodegenError
+from ...tir.tensor_intrin.wgmma import ELEMENT_BYTES, SharedOperand
 from ..c.helpers import Helpers
 from ..c.types import value_ctype
 from .dialect import Dialect
+from .nvrtc import ARCH_SPECIFIC_MARKER
 
 #: float16 <-> float32 with CUDA's conversion instructions (round to nearest even; NaN stays
 #: NaN), instead of the portable bit manipulation.
@@ -129,6 +131,64 @@ static inline void NAME(float* c, const uint16_t* a, const uint16_t* b, long ldc
 """
 
 
+#: What a CUDA program that needs an arch-specific target (``sm_90a``: wgmma) starts its
+#: helpers with: the marker :func:`kiln.codegen.gpu.nvrtc.compile_arch` reads, and a guard
+#: that stops a compilation for plain ``sm_90`` at an ``#error`` instead of in ptxas.
+_ARCH_SPECIFIC_GUARD = ARCH_SPECIFIC_MARKER + r"""
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "wgmma.mma_async needs the arch-specific target sm_90a (--gpu-architecture=sm_90a)"
+#endif
+"""
+
+
+def _cuda_wgmma(name: str, short: str, mi: int, nj: int, a: SharedOperand,
+                b: SharedOperand, depth: int) -> str:
+    """CUDA's thread part of ``MI`` ``wgmma.mma_async.m64n<8 NJ>k16`` (see
+    :meth:`GpuHelpers.wgmma`): the descriptors' start addresses found from the thread's own
+    elements through the operands' address arithmetic, then fence, the products of every
+    16-deep slice of the step (each slice's descriptors the first's plus the slice's offset
+    along K), one commit and one wait. The accumulators are operands of the fence and the wait
+    too, so the compiler defines none of them between the fence and the products and reads
+    none before they land."""
+    n = 8 * nj
+    # the thread's accumulator (h, e) of column block j of product m, in the d order
+    regs = [[f"c[{2 * m + h} * ldc + {2 * j + e}]"
+             for j in range(nj) for h in range(2) for e in range(2)] for m in range(mi)]
+    first_a = a.c_offset("16 * w + g", "0")
+    first_b = b.c_offset("2 * t", "0")
+    lines = [
+        f"static inline void {name}(float* c, const uint16_t* a, const uint16_t* b, long ldc, "
+        "long lda, long ldb) {",
+        "  const unsigned lane = threadIdx.x & 31u, g = lane >> 2, t = lane & 3u, "
+        "w = threadIdx.y & 3u;",
+        f"  const unsigned sa = (unsigned)__cvta_generic_to_shared(a - {first_a});",
+        f"  const unsigned sb = (unsigned)__cvta_generic_to_shared(b - {first_b});",
+        f"  const uint64_t da = {a.descriptor_bits()}ull | (uint64_t)((sa & 0x3FFFFu) >> 4);",
+        f"  const uint64_t db = {b.descriptor_bits()}ull | (uint64_t)((sb & 0x3FFFFu) >> 4);",
+    ]
+    every = ", ".join(f'"+f"({r})' for rs in regs for r in rs)
+    # the accumulators are operands of the fence too: whatever defines them (the zeroing,
+    # the last step's wait) comes before it, as the ISA asks of registers wgmma reads
+    lines.append(f'  asm volatile("wgmma.fence.sync.aligned;" : {every} :: "memory");')
+    dlist = ", ".join(f"%{r}" for r in range(n // 2))
+    for s in range(depth // 16):
+        # (descriptor start fields count 16-byte units; the offsets stay inside the tile)
+        b_step = b.offset(0, 16 * s) * ELEMENT_BYTES // 16
+        for m in range(mi):
+            a_step = a.offset(64 * m, 16 * s) * ELEMENT_BYTES // 16
+            outs = ", ".join(f'"+f"({r})' for r in regs[m])
+            lines += [
+                f'  asm volatile("{{ .reg .pred p; setp.ne.b32 p, %{n // 2 + 2}, 0; '
+                f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{short}.{short} {{{dlist}}}, "
+                f'%{n // 2}, %{n // 2 + 1}, p, 1, 1, {a.transposed}, {b.transposed}; }}"',
+                f"      : {outs}",
+                f'      : "l"(da + {a_step}ull), "l"(db + {b_step}ull), "r"(1) : "memory");',
+            ]
+    lines.append('  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");')
+    lines.append(f'  asm volatile("wgmma.wait_group.sync.aligned 0;" : {every} :: "memory");')
+    return "\n".join(lines) + "\n}\n"
+
+
 class GpuHelpers(Helpers):
     """The helpers one generated GPU program needs, rendered for ``dialect``."""
 
@@ -219,6 +279,51 @@ class GpuHelpers(Helpers):
             return self._add(name, _CUDA_MMA_TILE.replace("NAME", name).replace(
                 "DT", short).replace("MI", str(mi)).replace("NI", str(ni)))
         return self._thread_product(name, short, 2 * mi, 2 * ni, "", "(j >> 1) * 8 + (j & 1)")
+
+    def wgmma(self, dtype: str, mi: int, nj: int, a: SharedOperand, b: SharedOperand,
+              depth: int = 16) -> str:
+        """``kiln_wgmma_<dt>_<MI>x<NJ>_k<depth>_<layouts>(c, a, b, ldc, lda, ldb)``: one
+        thread's part of its warpgroup's ``MI`` products ``m64n<8 NJ>k16`` for each 16 of a
+        ``depth``-deep step
+        (:func:`kiln.tir.tensor_intrin.gpu.register_wgmma_intrinsic`). ``a`` and ``b`` point
+        at the thread's own first elements; where the warpgroup's operands start follows from
+        the thread's place in the accumulator fragment (warp ``w`` = ``threadIdx.y % 4``, lane
+        ``4 g + t``: its first row is ``16 w + g``, its first column ``2 t``) and the
+        operands' address arithmetic (:class:`~kiln.tir.tensor_intrin.wgmma.SharedOperand`),
+        the same in both dialects. CUDA: the descriptors and ``wgmma.mma_async`` (sm_90a);
+        OpenCL: the thread's ``2 MI x 2 NJ`` outputs in float32, each element of A and B read
+        where the descriptor's layout puts it -- so PoCL checks the shared layouts, the
+        thread's placement and the LBO/SBO values against each other."""
+        short = {"float16": "f16", "bfloat16": "bf16"}.get(dtype)
+        if short is None:
+            raise CodegenError(f"the tensor cores multiply float16 or bfloat16, not {dtype}")
+        name = (f"kiln_wgmma_{short}_{mi}x{nj}_k{depth}_{a.major}{a.lbo}_{a.sbo}_"
+                f"{b.major}{b.lbo}_{b.sbo}")
+        if self.dialect.is_cuda:
+            self._add("kiln_arch_specific", _ARCH_SPECIFIC_GUARD)
+            return self._add(name, _cuda_wgmma(name, short, mi, nj, a, b, depth))
+        self.use(short)
+        ptr = "__local const uint16_t* "
+        first_a = a.c_offset("16 * w + g", "0")
+        first_b = b.c_offset("2 * t", "0")
+        return self._add(name, (
+            f"static inline void {name}(float* c, {ptr}a, {ptr}b, long ldc, long lda, "
+            f"long ldb) {{\n"
+            f"  const int lane = (int)get_local_id(0) & 31, g = lane >> 2, t = lane & 3, "
+            f"w = (int)get_local_id(1) & 3;\n"
+            f"  {ptr}a0 = a - {first_a};\n"
+            f"  {ptr}b0 = b - {first_b};\n"
+            f"  for (int m = 0; m < {mi}; ++m)\n"
+            f"    for (int h = 0; h < 2; ++h)\n"
+            f"      for (int j = 0; j < {nj}; ++j)\n"
+            f"        for (int e = 0; e < 2; ++e) {{\n"
+            f"          const int row = 64 * m + 16 * w + 8 * h + g, col = 8 * j + 2 * t + e;\n"
+            f"          float s = c[(2 * m + h) * ldc + 2 * j + e];\n"
+            f"          for (int k = 0; k < {depth}; ++k)\n"
+            f"            s += kiln_{short}_to_f32(a0[{a.c_offset('row', 'k')}]) *\n"
+            f"                 kiln_{short}_to_f32(b0[{b.c_offset('col', 'k')}]);\n"
+            f"          c[(2 * m + h) * ldc + 2 * j + e] = s;\n"
+            f"        }}\n}}\n"))
 
     def _thread_product(self, name: str, short: str, rows: int, cols: int, extra: str,
                         b_col: str) -> str:

@@ -43,7 +43,8 @@ from ...tir.gpu import (
     is_block_tag,
 )
 from ...tir.tensor_intrin import ADDRESS_OF, ELEM_OFFSET
-from ...tir.tensor_intrin.gpu import MMA_SYNC, MMA_TILE
+from ...tir.tensor_intrin.gpu import MMA_SYNC, MMA_TILE, WGMMA
+from ...tir.tensor_intrin.wgmma import SharedOperand
 from ...tir.transform.async_copies import NOT_ASYNC
 from ...tir.transform.hoist_allocations import alloc_size
 from ..c import externs
@@ -124,6 +125,17 @@ class KernelEmitter(FunctionEmitter):
         self.shared_data = {b.data for b in launch.shared}
         #: the messages of the function's index checks, by number (shared by its kernels)
         self.checks = [] if checks is None else checks
+        #: whether the kernel issues wgmma, whose shared-memory reads go through the async
+        #: proxy: every barrier is then preceded by a proxy fence (PTX ISA, "Async Proxy"), so
+        #: the tiles a thread wrote (its cp.async copies waited for, or plain stores) are
+        #: visible to the warpgroups' wgmma once the barrier lets them read
+        self.async_proxy_reads = False
+
+        def find(n: Any) -> None:
+            if isinstance(n, E.Call) and n.op == WGMMA:
+                self.async_proxy_reads = True
+
+        post_order_visit(launch.body, find)
 
     # ---- the kernel -------------------------------------------------------------------------
     def emit(self) -> str:
@@ -217,6 +229,8 @@ class KernelEmitter(FunctionEmitter):
             return self._mma_sync(e)
         if e.op == MMA_TILE:
             return self._mma_tile(e)
+        if e.op == WGMMA:
+            return self._wgmma(e)
         if e.op in externs.EXTERN_OPS:
             raise CodegenError(f"{self.name}: CPU tensor intrinsics cannot run in GPU kernels")
         if e.dtype.lanes > 1:
@@ -249,6 +263,18 @@ class KernelEmitter(FunctionEmitter):
         fn = self.helpers.mma_tile(  # type: ignore[attr-defined]
             str(dtype.value), int(mi.value), int(ni.value))
         return f"{fn}({', '.join(strip_parens(self.expr(a)) for a in args)})"
+
+    def _wgmma(self, e: E.Call) -> str:
+        """One thread's part of its warpgroup's ``wgmma`` products for a step of the reduction
+        (:func:`kiln.tir.tensor_intrin.gpu.register_wgmma_intrinsic`)."""
+        dtype, c, a, b, ldc, lda, ldb, *consts = e.args
+        mi, nj, a_mn, a_lbo, a_sbo, b_mn, b_lbo, b_sbo, depth = (
+            int(x.value) for x in consts)  # type: ignore[attr-defined]
+        majors = ("k", "mn")
+        fn = self.helpers.wgmma(  # type: ignore[attr-defined]
+            str(dtype.value), mi, nj, SharedOperand(majors[a_mn], a_lbo, a_sbo),  # type: ignore[attr-defined]
+            SharedOperand(majors[b_mn], b_lbo, b_sbo), depth)
+        return f"{fn}({', '.join(strip_parens(self.expr(x)) for x in (c, a, b, ldc, lda, ldb))})"
 
     def _rounded(self, value: E.PrimExpr) -> str:
         """A product rounded before use (``kiln.tir.rounded``): CUDA's ``__fmul_rn`` /
@@ -470,6 +496,8 @@ class KernelEmitter(FunctionEmitter):
 
     def stmt_Evaluate(self, s: S.Evaluate) -> None:
         if isinstance(s.value, E.Call) and s.value.op == BARRIER:
+            if self.async_proxy_reads and self.dialect.is_cuda:
+                self.line('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");')
             self.line(self.dialect.barrier)
             return
         if isinstance(s.value, E.Call) and s.value.op == ASYNC_COPY:

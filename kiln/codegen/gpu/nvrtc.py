@@ -25,6 +25,18 @@ from ...runtime.executable import cache_dir
 
 #: Options of every compilation (the architecture is added per call).
 OPTIONS = ("--std=c++17", "-default-device", "--ptxas-options=-v")
+#: The comment a generated program carries when it uses instructions only an arch-specific
+#: target has (wgmma: ``sm_90a``; :mod:`kiln.codegen.gpu.helpers` writes it).
+ARCH_SPECIFIC_MARKER = "/* kiln: arch-specific instructions (wgmma: sm_90a) */"
+
+
+def compile_arch(source: str, arch: str) -> str:
+    """The architecture NVRTC compiles ``source`` for: ``arch``, or its arch-specific variant
+    (``sm_90a``) when the source carries :data:`ARCH_SPECIFIC_MARKER`. A program keeps ``arch``
+    as its own: a cubin for ``sm_90a`` loads on the sm_90 devices it was built for."""
+    if ARCH_SPECIFIC_MARKER in source and not arch.endswith("a"):
+        return arch + "a"
+    return arch
 
 
 @dataclass(frozen=True)
@@ -95,9 +107,10 @@ def _write(path: str, data: bytes) -> None:
 
 
 def compile_cuda(source: str, arch: str, options: tuple[str, ...] = ()) -> CudaBinary:
-    """PTX and cubin of ``source`` for ``arch`` (``sm_80``...), from the cache when it has
-    them; a CompileError carries NVRTC's log."""
-    opts = (*OPTIONS, f"--gpu-architecture={arch}", *options)
+    """PTX and cubin of ``source`` for ``arch`` (``sm_80``...; ``sm_90a`` for a source that
+    needs it, :func:`compile_arch`), from the cache when it has them; a CompileError carries
+    NVRTC's log."""
+    opts = (*OPTIONS, f"--gpu-architecture={compile_arch(source, arch)}", *options)
     version = nvrtc_version()
     key = hashlib.sha256(json.dumps([source, opts, version]).encode()).hexdigest()[:40]
     paths = _cache_paths(key)

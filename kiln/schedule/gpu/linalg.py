@@ -24,17 +24,22 @@ Knobs (:mod:`kiln.schedule.knobs`): ``gpu_gemm_threads``, ``gpu_gemm_register_ti
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 from ...ir.errors import ScheduleError
+from ...tir.expr import IterType
+from ...tir.functor import post_order_visit
 from ...tir.schedule.analysis import as_int
 from ...tir.tensor_intrin.gpu import (
     MMA_DTYPES,
     MMA_K,
     register_mma_intrinsic,
     register_mma_tile_intrinsic,
+    register_wgmma_intrinsic,
 )
+from ...tir.tensor_intrin.wgmma import a_operand, b_operand, b_operand_k_major
 from ...tir.transform.async_copies import ASYNC_STAGES
 from ...tir.transform.compact_buffers import STORAGE_ALIGN
 from ...tir.transform.convert_blocks_to_loops import SUBSTITUTE_BINDINGS
@@ -45,6 +50,8 @@ from ..cpu.generic import inline_injective_stages
 from ..knobs import knob
 from ..registry import register_schedule
 from . import rules
+
+logger = logging.getLogger(__name__)
 
 #: Threads per block along each of the tile's two axes.
 TILE_THREADS = 16
@@ -255,6 +262,189 @@ def mma_shared_bytes(bm: int, bn: int, bk: int, stages: int, pad_b: bool) -> int
         (bm - 1) * (bk + pad) + bk, (bk - 1) * (bn + (pad if pad_b else 2)) + bn)) * 2
 
 
+#: Knob ``gpu_wgmma_shape`` of the wgmma route (knob ``gpu_mma_wgmma``, off by default):
+#: (warpgroups per block along M, 64-row products per warpgroup ``MI``, 8-column blocks ``NJ``
+#: of each product: ``wgmma.m64n<8 NJ>k16``), in the order the default takes the first whose
+#: block tile (``64 WG MI`` x ``8 NJ``) divides the product. 128 x 128 with two warpgroups
+#: first (64 accumulators a thread), then one warpgroup of two products, 128 x 256 (CUTLASS's
+#: usual sm_90 tile: 128 accumulators a thread), 256 x 128, 64 x 128, 64 x 64. Nothing of it
+#: is timed yet: no GPU ran it (docs/internals.md).
+WGMMA_SHAPES = ((2, 1, 16), (1, 2, 16), (2, 1, 32), (2, 2, 16), (1, 1, 16), (1, 1, 8))
+#: (reduction elements per step, ``cp.async`` stages) of the wgmma route: the first whose step
+#: divides the reduction and whose stages fit the target's opt-in shared memory.
+WGMMA_STEPS = ((64, 3), (64, 2), (32, 3), (32, 2), (16, 2))
+
+
+def wgmma_refusal(target: Any) -> str | None:
+    """Why ``target`` cannot take the wgmma route, or None: CUDA sm_90 (compiled for the
+    arch-specific ``sm_90a``: wgmma is an sm_90a instruction, which later architectures do not
+    have), or OpenCL -- the view PoCL runs, each thread computing its part through the same
+    layouts and descriptor arithmetic."""
+    if target.kind == "opencl":
+        return None
+    if target.kind != "cuda":
+        return f"{target.kind} has no wgmma"
+    arch = str(target.arch or "")
+    if arch.removesuffix("a") != "sm_90":
+        return f"wgmma is an sm_90 (sm_90a) instruction, not {arch or 'the default arch'}'s"
+    return None
+
+
+def _last(ndim: int) -> tuple[int, ...]:
+    """All ``ndim`` axes of a tile, counted from the last: the wgmma layouts permute a tile's
+    whole index flattened -- a batched operand's tile has leading axes of extent 1, a ``dense``
+    tile whose rows span batch entries (fused rows) has them as the rows' leading digits."""
+    return tuple(range(-ndim, 0))
+
+
+def wgmma_a_layout(warpgroups: int, mi: int, bk: int, ndim: int = 2
+                   ) -> tuple[tuple[int, int], tuple[int, ...], tuple[int, ...]]:
+    """The :data:`~kiln.tir.transform.permute_layout.PERMUTE_LAYOUT` of A's shared tile on the
+    wgmma route, over its rows and columns together (``ndim``: all the tile's axes, flattened;
+    :func:`_last`): rows are the digits (warpgroup, warp
+    ``w`` < 4, lane group ``g`` < 8, product ``m`` < MI, ``h`` < 2), columns (panel ``kh``,
+    ``kl`` < 8); stored as (``kh``, warpgroup, ``m``, ``w``, ``h``, ``g``, ``kl``), i.e.
+    ``[bk / 8][rows][8]`` with the thread's row ``(m, h)`` at row ``16 w + 8 h + g`` of its
+    warpgroup's product ``m`` (the accumulator fragment's): the K-major layout
+    :func:`~kiln.tir.tensor_intrin.wgmma.a_operand` describes. 16-byte chunks of a row stay
+    whole (the ``cp.async`` copies)."""
+    return (_last(ndim), (warpgroups, 4, 8, mi, 2, bk // 8, 8), (5, 0, 3, 1, 4, 2, 6))
+
+
+def wgmma_b_layout(nj: int, bk: int, ndim: int = 2
+                   ) -> tuple[tuple[int, int], tuple[int, ...], tuple[int, ...]]:
+    """The :data:`~kiln.tir.transform.permute_layout.PERMUTE_LAYOUT` of B's shared tile on the
+    wgmma route: rows ``k``, columns the digits (lane ``t`` < 4, column block ``j`` < NJ,
+    ``e`` < 2), stored as (``j``, ``k``, ``t``, ``e``), i.e. ``[cols / 8][bk][8]`` with the
+    thread's column ``(j, e)`` at column ``8 j + 2 t + e``: the MN-major layout
+    :func:`~kiln.tir.tensor_intrin.wgmma.b_operand` describes. Pairs of columns stay whole
+    (the copies move 4 bytes)."""
+    return (_last(ndim), (bk, 4, nj, 2), (2, 0, 1, 3))
+
+
+def wgmma_b_k_major_layout(nj: int, bk: int, ndim: int = 2
+                           ) -> tuple[tuple[int, int], tuple[int, ...], tuple[int, ...]]:
+    """The :data:`~kiln.tir.transform.permute_layout.PERMUTE_LAYOUT` of a ``dense`` weight's
+    shared tile (``[cols, bk]``: rows ``n``, the digits (lane ``t`` < 4, column block ``j`` <
+    NJ, ``e`` < 2), columns (``kh``, ``kl`` < 8)) on the wgmma route: stored as (``kh``, ``j``,
+    ``t``, ``e``, ``kl``), i.e. ``[bk / 8][cols][8]`` with the thread's column ``(j, e)`` at
+    ``8 j + 2 t + e``: the K-major layout
+    :func:`~kiln.tir.tensor_intrin.wgmma.b_operand_k_major` describes (``imm-trans-b`` 0).
+    16-byte chunks along K stay whole."""
+    return (_last(ndim), (4, nj, 2, bk // 8, 8), (3, 1, 0, 2, 4))
+
+
+def _reads_rows_of_b(sch: Any, block: Any) -> bool:
+    """Whether the GEMM ``block`` reads its second operand as ``[n, k]`` (a ``dense``
+    weight), not ``[k, n]``: its last index is the reduction's."""
+    stmt = sch.get(block)
+    reduce_vars = [iv.var for iv in stmt.iter_vars if iv.iter_type == IterType.COMM_REDUCE]
+    found: list[Any] = []
+    post_order_visit(stmt.reads[1].region[-1].min, lambda n: found.append(n) if any(
+        n is v for v in reduce_vars) else None)
+    return bool(found)
+
+
+def wgmma_shape(m: int, n: int) -> tuple[int, int, int] | None:
+    """The default ``gpu_wgmma_shape``: the first of :data:`WGMMA_SHAPES` whose block tile
+    divides ``m x n``, None when none does."""
+    return next(((wg, mi, nj) for wg, mi, nj in WGMMA_SHAPES
+                 if m % (64 * wg * mi) == 0 and n % (8 * nj) == 0), None)
+
+
+def wgmma_shared_bytes(bm: int, bn: int, bk: int, stages: int) -> int:
+    """Shared bytes of the wgmma route's unpadded tiles in ``stages`` stages."""
+    return stages * (bm * bk + bk * bn) * 2
+
+
+def schedule_wgmma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> None:
+    """A float16/bfloat16 GEMM on sm_90's warpgroup tensor-core instruction (knob
+    ``gpu_mma_wgmma``, off by default): each warpgroup (4 warps, ``threadIdx.y`` 4 q to
+    4 q + 3) computes ``MI`` products of 64 x ``8 NJ`` per 16-deep step with
+    ``wgmma.mma_async`` from both operands in shared memory, named by matrix descriptors
+    (:mod:`kiln.tir.tensor_intrin.wgmma`), accumulating in float32 registers.
+
+    The output rows of a warpgroup are split (``w``, ``g``, ``2 MI``), its columns (``t``,
+    ``2 NJ``), ``g`` and ``t`` fused into ``threadIdx.x``: each thread's accumulators are one
+    dense ``2 MI x 2 NJ`` register tile, its part of the accumulator fragment through the
+    shared layouts :func:`wgmma_a_layout` and :func:`wgmma_b_layout` (no swizzle: core matrices
+    of 8 x 16 bytes). The tiles are copied by the ``cp.async`` pipeline (A in 16-byte chunks,
+    B in 4-byte pairs) into ``gpu_mma_async_stages`` stages (at least 2; default
+    :data:`WGMMA_STEPS`'s), ``gpu_mma_bk`` deep, one intrinsic call per step (its ``bk / 16 x
+    MI`` products in one commit group, one wait); the write-back as the mma route's. Knobs:
+    ``gpu_wgmma_shape`` (:data:`WGMMA_SHAPES`, default :func:`wgmma_shape`), ``gpu_mma_bk``,
+    ``gpu_mma_async_stages``, ``gpu_mma_vector_stores``. Refused (ScheduleError) on targets
+    :func:`wgmma_refusal` names and on shapes the tiles do not divide. A ``dense`` weight
+    ``W[n, k]`` is B K-major (:func:`wgmma_b_k_major_layout`, copied 16 bytes at a time)."""
+    reason = wgmma_refusal(target)
+    if reason:
+        raise ScheduleError(f"wgmma GEMM: {reason}")
+    spatial, k, ext = gemm_nest(sch, block, "wgmma GEMM")
+    dtype = str(sch.get(block).reads[0].buffer.dtype)
+    if dtype not in MMA_DTYPES:
+        raise ScheduleError(f"wgmma GEMM: {dtype} operands (float16 or bfloat16 only)")
+    fused_rows = rows_fused and len(spatial) > 2
+    if fused_rows and wgmma_shape(ext[-3], ext[-2]) is not None:
+        rows_fused = fused_rows = False  # the last row axis alone fills the tiles
+    batch, i, j, m = gemm_axes(sch, spatial, ext, rows_fused)
+    n, kk = ext[-2], ext[-1]
+    default = wgmma_shape(m, n)
+    if default is None:
+        raise ScheduleError(f"wgmma GEMM: {m}x{n} is not a multiple of a block tile "
+                            f"(rows of 64, columns of 8: {WGMMA_SHAPES})")
+    wg, mi, nj = knob("gpu_wgmma_shape", WGMMA_SHAPES, default)
+    bm, bn = 64 * wg * mi, 8 * nj
+    if 128 * wg > target.gpu.max_threads_per_block:
+        raise ScheduleError("wgmma GEMM: the target's blocks are too small")
+    limit = target.gpu.shared_memory_per_block_optin
+    step = next(((b, st) for b, st in WGMMA_STEPS if kk % b == 0
+                 and wgmma_shared_bytes(bm, bn, b, st) <= limit), WGMMA_STEPS[-1])
+    bk = knob("gpu_mma_bk", MMA_BK_CHOICES, step[0])
+    stages = knob("gpu_mma_async_stages", MMA_ASYNC_STAGES, step[1])
+    if m % bm or n % bn or kk % bk or bk % MMA_K:
+        raise ScheduleError(f"wgmma GEMM: {m}x{n}x{kk} is not a multiple of the tile "
+                            f"{bm}x{bn}x{bk}")
+    if fused_rows and ext[-3] % bm and bm % ext[-3]:
+        # the shared tile is the box of the rows a block reads: it must be the block's rows
+        raise ScheduleError(f"wgmma GEMM: a block's {bm} rows, fused over leading axes of "
+                            f"{ext[-3]} rows, are no box of the operand")
+    if stages < 2:
+        raise ScheduleError("wgmma GEMM: the tiles come through a cp.async pipeline "
+                            "(gpu_mma_async_stages 2 or more)")
+    shared = wgmma_shared_bytes(bm, bn, bk, stages)
+    if shared > limit:
+        raise ScheduleError(f"wgmma GEMM: the tiles ({shared} bytes) exceed the target's "
+                            f"shared memory ({limit})")
+    io, wgo, w, g, ri = sch.split(i, [None, wg, 4, 8, 2 * mi])
+    jo, t, rj = sch.split(j, [None, 4, 2 * nj])
+    ko, kin = sch.split(k, [None, bk])
+    sch.reorder(io, jo, wgo, w, g, t, ko, ri, rj, kin)  # one intrinsic call per stage
+    warp = sch.fuse(wgo, w)
+    lane = sch.fuse(g, t)
+    bind_blocks(sch, batch, io, jo)
+    sch.bind(warp, "threadIdx.y")
+    sch.bind(lane, "threadIdx.x")
+    acc = sch.cache_write(block, 0, "local", "float32")
+    sch.reverse_compute_at(acc, lane)
+    # a dense weight W[n, k] is read [n, k]: B K-major, stored and copied like A
+    b_k_major = _reads_rows_of_b(sch, block)
+    layouts = (wgmma_a_layout(wg, mi, bk),
+               wgmma_b_k_major_layout(nj, bk) if b_k_major else wgmma_b_layout(nj, bk))
+    for index, layout in enumerate(layouts):
+        cache = sch.cache_read(block, index, "shared")
+        sch.compute_at(cache, ko, cooperative=True)
+        cooperative_copy(sch, cache, ko, 4 * wg, 32, 8 if index == 0 or b_k_major else 2)
+        ndim = sch.get(cache).writes[0].buffer.ndim
+        sch.annotate(cache, PERMUTE_LAYOUT, (_last(ndim), *layout[1:]))
+    sch.decompose_reduction(block, ko)
+    sch.annotate(ko, ASYNC_STAGES, stages)
+    b_op = b_operand_k_major(bn, bk) if b_k_major else b_operand(bk, bn)
+    sch.tensorize(ri, register_wgmma_intrinsic(dtype, mi, nj, a_operand(bm, bk), b_op, bk))
+    fold_epilogues(sch, target, acc)
+    if knob("gpu_mma_vector_stores", (False, True), True):
+        vectorize_write_back(sch, acc, 4)
+
+
 def mma_supported(target: Any, dtype: Any) -> bool:
     """Whether ``target`` multiplies ``dtype`` operands on tensor cores (``mma.sync``, CUDA
     sm_80 and later: every architecture kiln targets), or -- OpenCL -- runs the same schedule
@@ -444,6 +634,15 @@ def schedule_gemm(sch: Any, target: Any, name: str, rows_fused: bool) -> None:
     operands = {str(r.buffer.dtype) for r in sch.get(block).reads}
     if len(operands) == 1 and mma_supported(target, operands.pop()) and \
             knob("gpu_gemm_mma", (True, False), True):
+        if knob("gpu_mma_wgmma", (False, True), False):
+            trial = sch.copy()
+            try:
+                schedule_wgmma_gemm(trial, target, trial.get_block(name), rows_fused)
+            except ScheduleError as err:
+                logger.warning("%s: not on wgmma (the mma.sync route instead): %s", name, err)
+            else:
+                sch.adopt(trial)
+                return
         trial = sch.copy()
         try:
             schedule_mma_gemm(trial, target, trial.get_block(name), rows_fused)

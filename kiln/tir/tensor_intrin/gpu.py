@@ -38,15 +38,20 @@ from ..expr import Call, IterType, IterVar, PrimExpr, Range, StringImm, Var, cas
 from ..function import PrimFunc
 from ..stmt import Block, BlockRealize, BufferStore, Evaluate, For, ForKind, Stmt
 from .intrin import address_of, get, names, register
+from .wgmma import SharedOperand
 
-__all__ = ["MMA_DTYPES", "MMA_K", "MMA_SYNC", "MMA_TILE", "mma_intrin_name",
-           "mma_tile_intrin_name", "register_mma_intrinsic", "register_mma_tile_intrinsic"]
+__all__ = ["MMA_DTYPES", "MMA_K", "MMA_SYNC", "MMA_TILE", "WGMMA", "mma_intrin_name",
+           "mma_tile_intrin_name", "register_mma_intrinsic", "register_mma_tile_intrinsic",
+           "register_wgmma_intrinsic", "wgmma_intrin_name"]
 
 #: ``Call`` op of the per-thread view of ``mma.sync.m16n8k16`` (see the module docstring).
 MMA_SYNC = "gpu.mma_sync"
 #: ``Call`` op of a warp's whole register tile per 16-deep step (``MI x NI`` ``mma``, their
 #: fragments loaded once by ``ldmatrix``: :func:`register_mma_tile_intrinsic`).
 MMA_TILE = "gpu.mma_tile"
+#: ``Call`` op of a thread's part of a warpgroup's ``wgmma.mma_async`` for a whole step of the
+#: reduction (:func:`register_wgmma_intrinsic`).
+WGMMA = "gpu.wgmma"
 #: Operand dtypes the tensor cores multiply (into float32).
 MMA_DTYPES = ("float16", "bfloat16")
 #: The reduction extent of one ``mma`` (and of the intrinsic).
@@ -67,22 +72,28 @@ def _func(buffers: list[Buffer], body: Stmt) -> PrimFunc:
     return PrimFunc(params, dict(zip(params, buffers)), BlockRealize((), const("bool", 1), root))
 
 
-def _buffers(dtype: str, rows: int = 2, cols: int = 2) -> list[Buffer]:
+def _buffers(dtype: str, rows: int = 2, cols: int = 2, b_rows_n: bool = False,
+             depth: int = MMA_K) -> list[Buffer]:
+    """C, A and B of a per-thread description; ``b_rows_n``: B indexed ``[n, k]`` (a dense
+    weight's rows), not ``[k, n]``."""
     ldc, lda, ldb = (Var(n, I64) for n in ("ldc", "lda", "ldb"))
     one = const(I64, 1)
+    b_shape = (cols, depth) if b_rows_n else (depth, cols)
     return [Buffer("C", (rows, cols), "float32", strides=(ldc, one), scope="local"),
-            Buffer("A", (rows, MMA_K), dtype, strides=(lda, one), scope="shared"),
-            Buffer("B", (MMA_K, cols), dtype, strides=(ldb, one), scope="shared")]
+            Buffer("A", (rows, depth), dtype, strides=(lda, one), scope="shared"),
+            Buffer("B", b_shape, dtype, strides=(ldb, one), scope="shared")]
 
 
-def _desc(C: Buffer, A: Buffer, B: Buffer, rows: int = 2, cols: int = 2) -> PrimFunc:
+def _desc(C: Buffer, A: Buffer, B: Buffer, rows: int = 2, cols: int = 2,
+          b_rows_n: bool = False, depth: int = MMA_K) -> PrimFunc:
     loops = [Var(n, I64) for n in ("i", "j", "k")]
     kinds = (IterType.DATA_PAR, IterType.DATA_PAR, IterType.COMM_REDUCE)
-    extents = (rows, cols, MMA_K)
+    extents = (rows, cols, depth)
     ivs = [IterVar(Range(const(I64, 0), const(I64, e)), Var(f"v{lv.name}", I64), kind)
            for lv, e, kind in zip(loops, extents, kinds)]
     vi, vj, vk = (iv.var for iv in ivs)
-    value: PrimExpr = C[vi, vj] + cast("float32", A[vi, vk]) * cast("float32", B[vk, vj])
+    b = B[vj, vk] if b_rows_n else B[vk, vj]
+    value: PrimExpr = C[vi, vj] + cast("float32", A[vi, vk]) * cast("float32", b)
     stmt: Stmt = BlockRealize(tuple(loops), const("bool", 1),
                               Block(tuple(ivs), (), (), "update", BufferStore(C, value, (vi, vj))))
     for lv, e in reversed(list(zip(loops, extents))):
@@ -156,4 +167,54 @@ def register_mma_tile_intrinsic(dtype: str, mi: int, ni: int) -> str:
                 const(I64, mi), const(I64, ni))
         register(name, _desc(C, A, B, 2 * mi, 2 * ni),
                  _func([C, A, B], Evaluate(Call("int32", MMA_TILE, args))))
+    return get(name).name
+
+
+def wgmma_intrin_name(dtype: str, mi: int, nj: int, a: SharedOperand, b: SharedOperand,
+                      depth: int = MMA_K) -> str:
+    """The registered name of the warpgroup intrinsic (:func:`register_wgmma_intrinsic`)."""
+    return (f"gpu.wgmma_m64n{8 * nj}k16.{dtype}.x{mi}.k{depth}.a{a.major}{a.lbo}_{a.sbo}"
+            f".b{b.major}{b.lbo}_{b.sbo}")
+
+
+def register_wgmma_intrinsic(dtype: str, mi: int, nj: int, a: SharedOperand,
+                             b: SharedOperand, depth: int = MMA_K) -> str:
+    """Register (once) a thread's part of ``MI`` ``wgmma.mma_async.m64n<8 NJ>k16`` of its
+    warpgroup for each 16 of a ``depth``-deep step, ``C[2 MI, 2 NJ] (float32) += A[2 MI,
+    depth] @ B[depth, 2 NJ]``; returns its name. One call covers a whole shared stage: CUDA
+    issues its ``depth / 16 x MI`` products back to back in one commit group and waits once.
+
+    The accumulator fragment of ``m64nNk16`` is the ``mma.m16n8`` one per warp and column
+    block: warp ``w`` of the warpgroup holds rows ``16 w`` to ``16 w + 15``, lane ``4 g + t``
+    rows ``16 w + g`` and ``16 w + g + 8``, columns ``8 j + 2 t`` and ``8 j + 2 t + 1`` of
+    every block ``j`` (PTX ISA, "Matrix Fragments for wgmma.m64nNk16"). A thread's logical
+    rows ``(m, h)`` (``m`` < MI: which of the warpgroup's 64-row products) and columns
+    ``(j, e)`` form one dense register tile; the shared layouts put logical row ``(m, h)`` of
+    lane group ``g`` of warp ``w`` at row ``16 w + 8 h + g`` of product ``m`` and logical
+    column ``(j, e)`` of lane ``t`` at column ``8 j + 2 t + e``, which is what the operands
+    ``a`` and ``b`` (:mod:`kiln.tir.tensor_intrin.wgmma`, their LBO/SBO constants of the
+    intrinsic) describe. The impl is one ``Call`` of :data:`WGMMA` (dtype, the addresses of
+    ``C[0, 0]``, ``A[0, 0]``, ``B[0, 0]``, the row strides of C, A, B, ``MI``, ``NJ``, then
+    A's major (0 K, 1 MN), LBO, SBO, B's, and ``depth``): CUDA finds its warpgroup's
+    descriptors from the thread's own elements, OpenCL reads every element through the same
+    address arithmetic.
+    As with the warp tile, the desc's unit strides along K and the columns are a convention,
+    not memory strides. A K-major ``b`` (a ``dense`` weight ``W[n, k]``, ``imm-trans-b`` 0)
+    gets the description whose B is indexed ``[n, k]``: ``B[16, 2 NJ]`` becomes
+    ``B[2 NJ, 16]`` (``ldb`` then steps between the thread's columns)."""
+    if dtype not in MMA_DTYPES:
+        raise ValueError(f"wgmma multiplies {', '.join(MMA_DTYPES)}, not {dtype}")
+    if mi < 1 or not 1 <= nj <= 32 or depth < MMA_K or depth % MMA_K:
+        raise ValueError(f"wgmma: {mi} products of 64 x {8 * nj} (N from 8 to 256), "
+                         f"{depth} deep (a multiple of 16)")
+    name = wgmma_intrin_name(dtype, mi, nj, a, b, depth)
+    if name not in names():
+        rows_n = b.major == "k"
+        C, A, B = _buffers(dtype, 2 * mi, 2 * nj, rows_n, depth)
+        args = (StringImm(dtype), address_of(C, 0, 0), address_of(A, 0, 0),
+                address_of(B, 0, 0), C.strides[0], A.strides[0], B.strides[0],
+                *(const(I64, v) for v in (mi, nj, a.transposed, a.lbo, a.sbo, b.transposed,
+                                          b.lbo, b.sbo, depth)))
+        register(name, _desc(C, A, B, 2 * mi, 2 * nj, rows_n, depth),
+                 _func([C, A, B], Evaluate(Call("int32", WGMMA, args))))
     return get(name).name

@@ -10,8 +10,12 @@ rows ``g * 2 MI + 2 m + h`` that the 8 lane groups of a warp give one ``mma`` (`
 each other. Every load and store of the buffer -- the copies that fill it, the tensorized
 operands' ``kiln.address_of`` / ``kiln.elem_offset`` (so an intrinsic's row strides become the
 permuted ones) -- is rewritten, so the program computes the same values whatever the layout:
-only the addresses change. Runs right after ``compact_buffers`` (the indices are the tile's
-own, ``[0, extent)``), on block TIR; the buffer's regions in blocks become the whole axis.
+only the addresses change. ``axis`` may also be a tuple of consecutive axes (``(-2, -1)``):
+their index, flattened row-major (``x = i * extent_-1 + j``), is the one permuted and the
+stored index is split back over them -- a layout that mixes rows and columns, such as the
+wgmma route's panels of 8 columns (``[bk / 8][rows][8]``). Runs right after
+``compact_buffers`` (the indices are the tile's own, ``[0, extent)``), on block TIR; the
+buffer's regions in blocks become the whole axis.
 """
 
 from __future__ import annotations
@@ -50,31 +54,48 @@ def _int(v: Any, buf: Buffer) -> int:
     return out
 
 
-def _check(ask: Any, buf: Buffer) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-    axis = _int(ask[0], buf)
+Plan = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+def _check(ask: Any, buf: Buffer) -> Plan:
+    asked = tuple(ask[0]) if isinstance(ask[0], (tuple, list)) else (ask[0],)
+    axes = tuple(_int(a, buf) for a in asked)
     radices = tuple(_int(r, buf) for r in ask[1])
     order = tuple(_int(o, buf) for o in ask[2])
-    if not buf.shape or not -len(buf.shape) <= axis < len(buf.shape):
-        raise LoweringError(f"permute_layout: {buf.name!r} has no axis {axis}")
-    axis %= len(buf.shape)
-    extent = as_int(buf.shape[axis])
+    for axis in axes:
+        if not buf.shape or not -len(buf.shape) <= axis < len(buf.shape):
+            raise LoweringError(f"permute_layout: {buf.name!r} has no axis {axis}")
+    axes = tuple(a % len(buf.shape) for a in axes)
+    if list(axes) != list(range(axes[0], axes[0] + len(axes))):
+        raise LoweringError(f"permute_layout of {buf.name!r}: axes {asked} are not "
+                            "consecutive")
+    extent = math.prod(as_int(buf.shape[a]) or 0 for a in axes)
     if sorted(order) != list(range(len(radices))) or any(r < 1 for r in radices):
         raise LoweringError(f"permute_layout of {buf.name!r}: order {order} is not a "
                             f"permutation of the {len(radices)} digits {radices}")
     if extent != math.prod(radices):
         raise LoweringError(f"permute_layout of {buf.name!r}: the digits {radices} do not "
-                            f"make its axis {axis} of extent {buf.shape[axis]}")
-    return axis, radices, order
+                            f"make its axis {asked[0] if len(asked) == 1 else asked} of extent "
+                            f"{extent}")
+    return axes, radices, order
 
 
 class _Permute(Mutator):
-    def __init__(self, plans: dict[Var, tuple[int, tuple[int, ...], tuple[int, ...]]]):
+    def __init__(self, plans: dict[Var, Plan]):
         self.plans = plans
 
     def _indices(self, buf: Buffer, indices: tuple[PrimExpr, ...]) -> tuple[PrimExpr, ...]:
-        axis, radices, order = self.plans[buf.data]
+        axes, radices, order = self.plans[buf.data]
         out = list(indices)
-        out[axis] = permuted_index(out[axis], radices, order)
+        extents = [as_int(buf.shape[a]) or 1 for a in axes]
+        flat = out[axes[0]]
+        for a, e in zip(axes[1:], extents[1:]):
+            flat = flat * const(flat.dtype, e) + out[a]
+        stored = permuted_index(flat, radices, order)
+        for pos, a in enumerate(axes):
+            inner = math.prod(extents[pos + 1:])
+            part = floordiv(stored, const(stored.dtype, inner)) if inner > 1 else stored
+            out[a] = floormod(part, const(stored.dtype, extents[pos])) if pos else part
         return tuple(out)
 
     def visit_BufferLoad(self, n: BufferLoad) -> PrimExpr:
@@ -93,9 +114,9 @@ class _Permute(Mutator):
         out = []
         for r in regions:
             if r.buffer.data in self.plans:
-                axis = self.plans[r.buffer.data][0]
                 ranges = list(r.region)
-                ranges[axis] = Range(const("int64", 0), r.buffer.shape[axis])
+                for axis in self.plans[r.buffer.data][0]:
+                    ranges[axis] = Range(const("int64", 0), r.buffer.shape[axis])
                 r = BufferRegion(r.buffer, tuple(ranges))
             out.append(r)
         return tuple(out)
@@ -107,7 +128,7 @@ class _Permute(Mutator):
 
 def permute_layouts(func: PrimFunc) -> PrimFunc:
     """Return ``func`` with the layouts :data:`PERMUTE_LAYOUT` asks for (module docstring)."""
-    plans: dict[Var, tuple[int, tuple[int, ...], tuple[int, ...]]] = {}
+    plans: dict[Var, Plan] = {}
 
     def visit(n: Any) -> None:
         if isinstance(n, Block) and PERMUTE_LAYOUT in n.annotations:

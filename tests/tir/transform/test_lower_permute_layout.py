@@ -72,7 +72,8 @@ def _shared_store_indices(func) -> list[str]:
 
 
 @pytest.mark.parametrize("layout", [None, (-2, (2, 4), (1, 0)), (0, (4, 2), (1, 0)),
-                                    (-1, (4, 2, 4), (2, 0, 1)), (1, (32,), (0,))])
+                                    (-1, (4, 2, 4), (2, 0, 1)), (1, (32,), (0,)),
+                                    ((-2, -1), (8, 4, 8), (1, 0, 2))])  # panels of 8 columns
 def test_any_layout_computes_the_same_values(layout):
     lowered = lower(_tile(layout).func, OPENCL)
     (index,) = _shared_store_indices(lowered)
@@ -87,6 +88,8 @@ def test_any_layout_computes_the_same_values(layout):
     ((-2, (2, 2), (1, 0)), "do not make its axis"),
     ((-2, (2, 4), (0, 0)), "not a permutation"),
     ((2, (8,), (0,)), "has no axis 2"),
+    (((-1, -2), (8, 32), (1, 0)), "not consecutive"),
+    (((0, 1), (8, 4, 4), (1, 0, 2)), "do not make its axis"),
 ])
 def test_bad_layouts_are_refused(layout, why):
     with pytest.raises(LoweringError, match=why):
@@ -101,3 +104,4 @@ def test_intimm_radices_are_accepted():
     out = np.full_like(x, np.nan)
     gpu_build({"f": lowered}, OPENCL)["f"](x, out)
     np.testing.assert_array_equal(out, x + 1.0)
+
