@@ -64,6 +64,7 @@ from .gemm import (
     emit_gemm,
     gemm_cost,
     held_tiles,
+    residual_weights_product,
     store_floor,
     tail_pieces,
 )
@@ -355,7 +356,7 @@ class _Generator:
         self.floor = int(loop.annotations.get(STORE_FLOOR_KEY, 0))
         self.in_pipeline, self.steps = True, n
         # an odd core's first step loads B first, as the emitter's (STAGGER_FIRST_LOADS)
-        residual = self.kb.residual_epilogue()
+        residual = self.shape is not None and residual_weights_product(self.kb, self.shape)
         stagger = STAGGER_FIRST_LOADS and residual and self.nbuf > 1 and \
             self.core % 2 == 1 and tile < self.cfg.cores
         for v in range(lo, lo + n):
