@@ -21,12 +21,14 @@ from kiln.schedule.npu import (
     lowered_ops,
     plan_gemm,
 )
+from kiln.schedule.npu import ops as npu_ops
 from kiln.schedule.npu.nest_analysis import unit_shares
 from kiln.schedule.npu.ops import (
     depthwise_group,
     depthwise_parts,
     depthwise_route,
     depthwise_weights,
+    divide_multiplier,
 )
 from kiln.schedule.npu.residency import RESIDENCY_KEY
 from kiln.target.npu import load_config
@@ -879,3 +881,52 @@ def test_float16_sums_accumulate_in_float32(name, dtype):
     out = exe(x)
     assert str(out.dtype) == dtype
     assert _rel(out, ref(x.astype(np.float64))) <= (2.0 ** -11 if dtype == "float16" else 2.0 ** -8)
+
+
+@pytest.mark.parametrize("divisor", [8.0, 3.0, 0.1, -7.5, 1e-3, 6e37])
+def test_divide_multiplier_is_vdiv_bit_for_bit(divisor):
+    """vdiv is x * recip(b) in float32 (docs/npu.md, Numerics): vmul by the multiplier
+    divide_multiplier gives the same bits in float32 (the accumulators' type) for every
+    x, specials included; in float16 and for integers there is none where it would not."""
+    from kiln.npu import numerics as nm
+
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.standard_normal(4096) * 10.0 ** rng.integers(-40, 38, 4096),
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, 3e38]]).astype(np.float32)
+    m = divide_multiplier(divisor, "float32")
+    assert m is not None
+    want = nm.div_approx(x, np.full_like(x, np.float32(divisor)))
+    got = (x * np.float32(m)).astype(np.float32)
+    assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
+    assert divide_multiplier(divisor, "int32") is None
+    h = divide_multiplier(divisor, "float16")
+    if h is not None:  # a float16 immediate: only where recip(divisor) is one
+        assert np.float32(np.float16(h)) == np.float32(h)
+
+
+def test_scaled_scores_divide_by_vmul_with_vdivs_bits(monkeypatch):
+    """Q @ K^T / 8 + mask (attention's scores): the product's fused epilogue scales by vmul,
+    never vdiv, with the bits of the same build dividing with vdiv (divide_multiplier off);
+    close to float64."""
+    rng = np.random.default_rng(3)
+    q, kt = _rand(rng, 2, 32, 16), _rand(rng, 2, 16, 32)
+    mask = (rng.integers(0, 2, (1, 32)) * -1e4).astype("float32")
+
+    def fn(a, b):
+        return op.add(op.divide(op.matmul(a, b), g.const(np.float32(8.0))), g.const(mask))
+
+    def opcodes(exe):
+        return {ins.op for s in exe.steps if hasattr(s, "program") for st in s.program.streams
+                for ins in st}
+
+    fused = _build(fn, [q.shape, kt.shape], "default")
+    assert any("matmul+divide+add" in k.label for k in fused.kernels)
+    assert "vmul" in opcodes(fused) and "vdiv" not in opcodes(fused)
+    monkeypatch.setenv("KILN_EXECUTABLE_CACHE", "0")
+    monkeypatch.setattr(npu_ops, "divide_multiplier", lambda divisor, dtype: None)
+    with_vdiv = _build(fn, [q.shape, kt.shape], "default")
+    assert "vdiv" in opcodes(with_vdiv)
+    out = fused(q, kt)
+    assert np.array_equal(out, with_vdiv(q, kt))
+    ref = np.matmul(q.astype(np.float64), kt) / 8.0 + mask
+    assert _rel(out, ref) <= 1e-2

@@ -320,6 +320,27 @@ def test_softmax(hw, shape):
     assert [o for o, _ in tir.tir] == ["nn.softmax"]
 
 
+def test_softmax_divides_each_row_once_with_vdivs_bits():
+    """The division by the row's sum is one vdiv per row (of a 1 by the sum) and a vmul of the
+    row: the bits of vdiv(e, sum) by the numerics' specification (vdiv is e * recip(sum)),
+    which this reference evaluates step by step -- max, subtract, exp_approx, the sequential
+    float32 sum, div_approx -- on both routes; no vdiv runs over whole rows."""
+    from kiln.npu import numerics as nm
+
+    rng = np.random.default_rng(11)
+    x = _rand(rng, 37, 128) * 4
+    emit, tir = _both(lambda a: op.nn.softmax(a, axis=-1), [x.shape], "default")
+    z = (x - x.max(-1, keepdims=True)).astype(np.float32)
+    e = nm.exp_approx(z).astype(np.float32)
+    total = np.add.accumulate(e, axis=-1, dtype=np.float32)[:, -1:]
+    want = nm.div_approx(e, np.broadcast_to(total, e.shape))
+    for exe in (emit, tir):
+        assert np.array_equal(exe(x).view(np.uint32), want.view(np.uint32))
+        divs = [ins.args["shape"] for streams in _streams(exe) for st in streams
+                for ins in st if ins.op == "vdiv"]
+        assert divs and all(shape[-1] == 1 for shape in divs)
+
+
 @pytest.mark.parametrize("hw", HW)
 @pytest.mark.parametrize("shape", [(97, 251), (3, 41, 768)])
 def test_layer_norm(hw, shape):

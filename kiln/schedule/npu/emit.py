@@ -299,6 +299,18 @@ class KernelBuilder:
         loads, vector work and stores per tile change which tiling is fastest ('' without)."""
         return "" if self.epilogue is None else self.epilogue.signature()
 
+    def residual_epilogue(self) -> bool:
+        """Whether the fused epilogue (if any) loads an operand of the whole output's shape
+        per output tile -- a residual, whose chunk loads share DMA-in's in-order queue with
+        the product's operand loads (:data:`~.gemm.DEFER_STORES`,
+        :data:`~.gemm.STAGGER_FIRST_LOADS`)."""
+        e = self.epilogue
+        if e is None:
+            return False
+        size = math.prod(e.out.shape)
+        return any(math.prod(n for n, st in zip(e.out.shape, bs) if st) == size
+                   for bs in e.bstrides)
+
     def result_itemsize(self, out_dtype: str) -> int:
         """Bytes a product kernel stores per element of its result: its fused epilogue's
         results' together (:attr:`~.epilogue.Epilogue.results`: the chain's value and/or its

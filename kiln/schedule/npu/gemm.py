@@ -32,12 +32,14 @@ from ...target.npu.config import DRAM, NPUConfig
 from ..knobs import graph_knob
 from .emit import KernelBuilder, KernelInfo, Pipeline, block, itemsize
 
-__all__ = ["FIRST_LOADS_TILES", "TILING_CANDIDATES", "TILING_KNOB", "GemmShape", "GemmTiling",
+__all__ = ["DEFER_STORES", "FIRST_LOADS_TILES", "STAGGER_FIRST_LOADS", "TILING_CANDIDATES",
+           "TILING_KNOB", "GemmShape", "GemmTiling",
            "GemmTransfers", "SlotCache",
            "acc_row_stride", "acc_slots", "acc_strides", "core_step_slots", "emit_gemm",
            "feasible_tilings", "fixed_tiles", "gemm_bounds", "gemm_cost", "gemm_kernel_info",
            "gemm_roofline", "gemm_traffic", "group_strides", "held_loads", "held_tiles",
-           "plan_candidates", "plan_gemm", "prefetch_staging", "store_floor", "tail_pieces",
+           "plan_candidates", "plan_gemm", "prefetch_staging", "residual_weights_product",
+           "store_floor", "tail_pieces",
            "tile_bytes", "tiling_domain", "tiling_knob_key", "tiling_value"]
 
 
@@ -369,6 +371,32 @@ def prefetch_staging(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf:
     return gemm_cost(*args, balance=tiling.balance, prefetch=True) < \
         gemm_cost(*args, balance=tiling.balance, prefetch=False)
 
+
+def residual_weights_product(kb: KernelBuilder, shape: GemmShape) -> bool:
+    """Whether :data:`STAGGER_FIRST_LOADS` and :data:`DEFER_STORES` apply to a product: an
+    activation (A, its own per batch entry) times weights every entry shares (B), whose fused
+    epilogue adds a residual (``KernelBuilder.residual_epilogue``) -- a dense layer. Not a
+    pointwise convolution's ``W @ X`` (A the weights, from DRAM; B the image: MobileNetV2's
+    residual 1x1 at 112 px lost 2287 -> 2349 cycles) nor a batched matmul's."""
+    return shape.b_shared and not shape.a_shared and kb.residual_epilogue()
+
+
+#: A dense layer whose fused epilogue adds a residual (:func:`residual_weights_product`):
+#: :func:`emit_gemm` loads an odd core's first B tile before its first A tile. A plain
+#: product's A is an activation that residency keeps in L1, B weights from DRAM, and the
+#: cores' first steps all began with A from L1 and then queued their B on the DRAM channel
+#: behind each other (default, BERT's attention output projection, M128 x N768 x K768 in
+#: N32 tiles: core 1's first product at cycle 3239, the channel idle for the first 1544);
+#: alternating the order overlaps one core's A with another's B (core 1 at 2341). Not for
+#: every product: without a residual the cores then run their steps in lock step and
+#: their B loads queue behind each other every step (the FFN's N3072 layer in N64 tiles:
+#: 83206 -> 84543 cycles). With DEFER_STORES, 22320 -> 21473 cycles.
+STAGGER_FIRST_LOADS = True
+#: A dense layer whose fused epilogue adds a residual: :func:`emit_gemm` emits each output
+#: tile's store (the residual's chunk loads with it) after the core's next step's loads, as a
+#: staged convolution's (see ``pending`` there). Not without a residual (the FFN layer
+#: above: 83206 -> 85603 cycles).
+DEFER_STORES = True
 
 #: :func:`gemm_cost` charges a core's first step with the other cores' first loads where
 #: the product has at most this many output tiles per core.
@@ -1049,7 +1077,9 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     # and its epilogue's operand loads belong behind the next step's loads as a staged
     # convolution's do; not measured apart -- the pathology it was tried on, edge's
     # 192 x 14 x 14 layer at 161539 cycles, was the accumulators: ops.BANDED_ACC_SHARE)
-    defer = (stage_a is not None or a_parts is not None) and kb.nbuf > 1
+    residual = residual_weights_product(kb, shape)
+    defer = (stage_a is not None or a_parts is not None or (DEFER_STORES and residual)) and \
+        kb.nbuf > 1
     for j, (b, m0, mus, n0, nts) in enumerate(tiles):
         core = j % cfg.cores
         p = pipes[core]
@@ -1072,6 +1102,9 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
             # B before the gathers, which cover its DRAM latency (with one slot the step's
             # loads wait for the tensor unit anyway: the gathers first, as they are ready)
             b_first = stage_a is not None and kb.nbuf > 1
+            # an odd core's first step loads B first (STAGGER_FIRST_LOADS)
+            b_first = b_first or (STAGGER_FIRST_LOADS and residual and kb.nbuf > 1 and
+                                  core % 2 == 1 and pos[core] == 1)
             if b_first and st.load_b:
                 load_b(core, b, k0, kus, n0, nts, b_addr)
             if stage_a is not None:

@@ -126,6 +126,8 @@ _SCALAR_ANY = re.compile(r"^scalar unit \((?P<reason>.*?)\)")
 #: Ops whose CPU fallback performs products (their MACs count against the tensor unit).
 _PRODUCT_OPS = ("nn.dense", "dense", "matmul", "nn.matmul", "nn.batch_matmul", "nn.conv2d",
                 "nn.conv2d.depthwise")
+#: Ops whose NPU kernels may run MACs on the vector unit (``vmul``/``vmac``).
+_VECTOR_MAC_OPS = ("nn.conv2d", "nn.conv2d.depthwise")
 
 
 def scalar_kernel_elements(tiling: str) -> tuple[str, int] | None:
@@ -234,7 +236,10 @@ def unit_shares(exe: Any) -> UnitShares:
                 elif unit == UNIT_VECTOR:
                     n = int(np.prod(ins.args["shape"], dtype=np.int64))
                     op = kernels[k].op if k < len(kernels) else ""
-                    if op in _PRODUCT_OPS and ins.op in ("vmul", "vmac"):
+                    # only a convolution's kernel multiplies on the vector unit (a depthwise
+                    # one's taps); a dense or matmul kernel's vmul is its fused epilogue's
+                    # element op (Q @ K^T's scale: ops.divide_multiplier)
+                    if op in _VECTOR_MAC_OPS and ins.op in ("vmul", "vmac"):
                         shares.vector_macs += n
                     else:
                         shares.vector_ops += n

@@ -54,6 +54,8 @@ from ...tir.tensor_intrin import ADDRESS_OF
 from ...tir.tensor_intrin.npu import NPU_MMA, SCOPE_ACC, SCOPE_INPUT, SCOPE_L1, SCOPE_WEIGHT
 from .emit import DramTensor, DramView, KernelBuilder, Pipeline, block, itemsize
 from .gemm import (
+    DEFER_STORES,
+    STAGGER_FIRST_LOADS,
     GemmShape,
     GemmTiling,
     SlotCache,
@@ -62,6 +64,7 @@ from .gemm import (
     emit_gemm,
     gemm_cost,
     held_tiles,
+    residual_weights_product,
     store_floor,
     tail_pieces,
 )
@@ -293,12 +296,19 @@ class _Generator:
         self.tail: Stmt | None = None      # this step's product runs in pieces: their store
         self.window: tuple[int, int] | None = None  # the rows of the tile the next store moves
         self.early = False                 # the store walked is an early piece's
+        self.defer_store = False           # the next statement, a tile's store, waits
+        #: per core, the walk of its last output tile's store, deferred (DEFER_STORES)
+        self.pending: list[Callable[[], None] | None] = [None] * self.cfg.cores
 
     # -- walking -----------------------------------------------------------------------------
     def walk(self, stmt: Stmt) -> None:
         if isinstance(stmt, SeqStmt):
             for i, s in enumerate(stmt.seq):
                 self.after = stmt.seq[i + 1] if i + 1 < len(stmt.seq) else None
+                defer, self.defer_store = self.defer_store, False
+                if defer and self.is_store(s):
+                    self.pending[self.core] = self.deferred(s)
+                    continue
                 self.walk(s)
         elif isinstance(stmt, For):
             self.loop(stmt)
@@ -345,11 +355,15 @@ class _Generator:
         p.nout = int(loop.annotations.get(OUT_SLOTS_KEY, self.nbuf))
         self.floor = int(loop.annotations.get(STORE_FLOOR_KEY, 0))
         self.in_pipeline, self.steps = True, n
+        # an odd core's first step loads B first, as the emitter's (STAGGER_FIRST_LOADS)
+        residual = self.shape is not None and residual_weights_product(self.kb, self.shape)
+        stagger = STAGGER_FIRST_LOADS and residual and self.nbuf > 1 and \
+            self.core % 2 == 1 and tile < self.cfg.cores
         for v in range(lo, lo + n):
             self.env[loop.loop_var] = v
             self.slot, self.loaded, self.step = None, False, v - lo
             self.tail = store if last and v == lo + n - 1 and self.is_store(store) else None
-            self.walk(loop.body)
+            self.walk(self.loads_swapped(loop.body) if stagger and v == lo else loop.body)
             if not self.loaded:
                 raise NotSupported(f"pipeline step {v} of loop {loop.loop_var.name!r} computes "
                                    "nothing on the tensor unit")
@@ -357,6 +371,42 @@ class _Generator:
         self.env.pop(loop.loop_var, None)
         p.produced()
         self.slot, self.in_pipeline, self.tail = None, False, None
+        # the tile's store (the statement after the loop) goes behind the core's next step's
+        # loads, as the emitter's (DEFER_STORES); a core's last tile's is not deferred
+        self.defer_store = DEFER_STORES and residual and self.nbuf > 1 and not last
+
+    def deferred(self, store: Stmt) -> Callable[[], None]:
+        """The walk of ``store`` (an output tile's store nest) as it would run now -- the
+        loop values, the core, the tile staged in each buffer -- to run later
+        (:meth:`run_pending`)."""
+        env, core, staged, floor = dict(self.env), self.core, dict(self.staged), self.floor
+
+        def run() -> None:
+            saved = self.env, self.core, self.staged, self.floor, self.window, self.after
+            self.env, self.core, self.staged, self.floor = dict(env), core, staged, floor
+            self.window = None
+            try:
+                self.walk(store)
+            finally:
+                self.env, self.core, self.staged, self.floor, self.window, self.after = saved
+        return run
+
+    def run_pending(self, core: int) -> None:
+        """Walk ``core``'s deferred store, if any."""
+        run, self.pending[core] = self.pending[core], None
+        if run is not None:
+            run()
+
+    def loads_swapped(self, body: Stmt) -> Stmt:
+        """A pipeline step's body with its first two loads (A's and B's copies into scope
+        buffers, in that order) swapped; ``body`` itself where it does not start so."""
+        if not isinstance(body, SeqStmt) or len(body.seq) < 3:
+            return body
+        first = [_nest(x)[1] for x in body.seq[:2]]
+        if any(r is None or not self.is_copy(r.block) or
+               r.block.body.buffer.scope not in (SCOPE_INPUT, SCOPE_WEIGHT) for r in first):
+            return body
+        return SeqStmt([body.seq[1], body.seq[0], *body.seq[2:]])
 
     # -- copies -> DMA -----------------------------------------------------------------------
     @staticmethod
@@ -612,6 +662,7 @@ class _Generator:
         a_addr, b_addr = ta.local(aidx, isz), tb.local(bidx, isz)
         p = self.pipes[self.core]
         p.loaded()
+        self.run_pending(self.core)  # the core's previous tile's store, behind these loads
         p.compute_begin()
         self.loaded = True
         acc = str(cbuf.dtype)
@@ -656,6 +707,8 @@ class _Generator:
         p.computed()
 
     def finish(self) -> None:
+        for core in range(self.cfg.cores):
+            self.run_pending(core)
         for p in self.pipes:
             p.finish()
 

@@ -691,12 +691,20 @@ def emit_softmax(ctx: LoweringContext, op: str, x: DramTensor, out: DramTensor) 
         kb = ctx.kb
         row = tmp._replace(strides=(0, 1, 0))
         shape = (1, rs, length)
+        inv = row._replace(addr=row.addr + rs * itemsize(x.dtype))  # the second stat
         kb.emit(core, "vred.max", shape=shape, dst=row, a=src, acc=0)
-        for op, args in (("vsub", dict(dst=dst, a=src, b=row)), ("vexp", dict(dst=dst, a=dst)),
-                         ("vred.sum", dict(dst=row, a=dst, acc=0)),
-                         ("vdiv", dict(dst=dst, a=dst, b=row))):
+        # the division by the sum: a vdiv per row of a 1 (sum * 0 + 1) by it, then a vmul
+        # of the row -- a vdiv of the row's bits (tir_rows.softmax_stages)
+        per_row = (1, rs, 1)
+        for op, shp, args in (("vsub", shape, dict(dst=dst, a=src, b=row)),
+                              ("vexp", shape, dict(dst=dst, a=dst)),
+                              ("vred.sum", shape, dict(dst=row, a=dst, acc=0)),
+                              ("vmul", per_row, dict(dst=inv, a=row, b=0.0)),
+                              ("vadd", per_row, dict(dst=inv, a=inv, b=1.0)),
+                              ("vdiv", per_row, dict(dst=inv, a=inv, b=row)),
+                              ("vmul", shape, dict(dst=dst, a=dst, b=inv))):
             kb.fence(core, UNIT_VECTOR)
-            kb.emit(core, op, shape=shape, **args)
+            kb.emit(core, op, shape=shp, **args)
 
     _rows_kernel(ctx, op, x, out, rows, length, length, body)
 
