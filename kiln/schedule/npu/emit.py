@@ -214,6 +214,10 @@ class KernelBuilder:
     #: kernels are emitted: a store of the product's result runs the chain on the tile
     #: and stores what the chain produces instead (None: plain stores)
     epilogue: Any = None
+    #: the most accumulator slots the product kernel being emitted rotates its output
+    #: tiles through (0: as many as ``gemm.acc_slots`` gives; set while the build tries
+    #: the kernel with fewer, ``feedback.choose_acc_slots``)
+    acc_slot_cap: int = 0
 
     def __post_init__(self) -> None:
         if not self.streams:
