@@ -21,6 +21,7 @@ tensors that are never live together share bytes (``reuse_dram=True``, the defau
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,9 @@ from ... import graph as g
 from ...ir.errors import InternalError, KilnError
 from ...ir.module import IRModule
 from ...npu import Machine
+from ...npu.program import Program
 from ...schedule.npu import DramTensor, LoweringContext, NotSupported
+from ...schedule.npu.emit import DRAM_ALIGN, KernelInfo
 from ...schedule.npu.lowering import (
     DEFAULT_ROUTE,
     DEPTHWISE_KEY,
@@ -60,7 +63,7 @@ from ...transform.npu import (
 from ...transform.npu.common import main_bindings, main_function
 from ...transform.pass_infra import PassContext, register_config
 from ..executable import build_executable
-from .bank_plan import plan_banks
+from .bank_plan import BankPlan, plan_banks
 from .dram_plan import plan_dram
 from .executable import CpuStep, NPUExecutable, NpuStep
 from .prefetch import PREFETCH_KEY, prefetch_program
@@ -191,6 +194,36 @@ def _strict_errors(main: g.Function) -> list[str]:
     return out
 
 
+def _kernel_replay(cfg: NPUConfig) -> Callable[[Program], tuple[float, float]]:
+    """``LoweringContext.replay``: one kernel's program replayed timing-only after its bank
+    placement (:func:`.bank_plan.plan_banks`), its cycles and conflict cycles; the DRAM of
+    one scratch machine grows with the build."""
+    scratch = Machine(cfg, DRAM_ALIGN)
+
+    def replay(program: Program) -> tuple[float, float]:
+        scratch.grow_dram(program.dram_bytes)
+        _, plan = plan_banks(program, scratch)
+        return plan.cycles_after, plan.conflicts_after
+    return replay
+
+
+def _slot_choices_left(kernels: list[KernelInfo], plan: BankPlan) -> list[str]:
+    """:attr:`BankPlan.left` lines of the product kernels that kept more accumulator slots
+    than the double buffering's two with bank conflicts left in them: fewer slots
+    (:func:`~kiln.schedule.npu.feedback.choose_acc_slots`) replayed slower."""
+    out = []
+    for k in kernels:
+        left = plan.phases_after.get(k.label, 0.0)
+        if k.acc_choice is None or left <= 0 or k.acc_choice[0] <= k.acc_choice[2]:
+            continue
+        kept, c_kept, fewer, c_fewer = k.acc_choice
+        out.append(f"{k.label}: {left:.0f} conflict cycles left in the kernel: {kept} "
+                   f"output slots kept ({c_kept:.0f} cycles, its replay with bank placement) "
+                   f"over {fewer} ({c_fewer:.0f} cycles): the choice with fewer slots, "
+                   "hence fewer groups to share, replayed slower")
+    return out
+
+
 def build_npu(mod: IRModule, target: Target, strict: bool = False,
               double_buffer: bool = True, fuse: bool = True, reuse_dram: bool = True,
               bank_plan: bool = True, residency: bool | None = None,
@@ -232,6 +265,8 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
         residency = PassContext.current().get_config(RESIDENCY_KEY)
     ctx.plan_residency = bool(residency) and \
         bool(PassContext.current().get_config(PLAN_RESIDENCY_KEY))
+    if bank_plan and cfg.memory("acc").bank_groups > 1:
+        ctx.replay = _kernel_replay(cfg)
     env: dict[int, Any] = {}
     steps: list[Any] = []
     inputs = []
@@ -303,6 +338,7 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
             continue
         if bank_plan:  # the L1 tensors are carried between phases: never moved or over
             step.program, banks = plan_banks(step.program, scratch)
+            banks.left += _slot_choices_left(step.kernels, banks)
             exe.bank_plans.append(banks)
         if prefetch:  # last: what it moves is placed clear of the kernel before's buffers
             step.program, fetched = prefetch_program(step.program, scratch)

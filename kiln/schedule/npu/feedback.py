@@ -26,11 +26,12 @@ from typing import TypeVar
 
 from ...npu.encoding import encode
 from ...npu.isa import Block, Instr, IsaError
+from ...npu.program import Program
 from ...target.npu.config import NPUConfig
 from .lowering import LoweringContext, NotSupported, Unfusable
 
-__all__ = ["Refusal", "check_encodable", "field_limits", "lower_with_feedback",
-           "within_fields"]
+__all__ = ["Refusal", "check_encodable", "choose_acc_slots", "field_limits",
+           "lower_with_feedback", "within_fields"]
 
 LOG = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ def lower_with_feedback(ctx: LoweringContext, op: str, candidates: list[T],
         mark = ctx.checkpoint()
         lens = [len(st) for st in ctx.kb.streams]
         nkernels = len(ctx.kb.kernels)
+        ctx.kb.acc_slots_used = 0
         try:
             attempt(cand)
             check_encodable(ctx, lens)
@@ -104,6 +106,8 @@ def lower_with_feedback(ctx: LoweringContext, op: str, candidates: list[T],
             ctx.rollback(mark)
             refusals.append(Refusal(describe(cand), str(err)))
             continue
+        if ctx.replay is not None and ctx.kb.acc_slots_used > ctx.kb.nbuf:
+            choose_acc_slots(ctx, mark, lens, nkernels, lambda c=cand: attempt(c))
         if refusals:
             note = "; ".join(f"{r.tiling}: {r.reason}" for r in refusals)
             LOG.info("%s: took %s after refusing %s", op, describe(cand), note)
@@ -112,3 +116,54 @@ def lower_with_feedback(ctx: LoweringContext, op: str, candidates: list[T],
         return cand
     raise NotSupported(f"{op}: every candidate tiling was refused: " + "; ".join(
         f"{r.tiling}: {r.reason}" for r in refusals))
+
+
+def _kernel_program(ctx: LoweringContext, lens: list[int], nkernels: int) -> Program:
+    """The instructions emitted since the streams had lengths ``lens`` (the kernels after
+    the first ``nkernels``), as a program of their own."""
+    kb = ctx.kb
+    labels = {bid: lab for bid, lab in kb.labels.items()
+              if lab in {k.label for k in kb.kernels[nkernels:]}}
+    return Program(ctx.config, [list(st[n:]) for st, n in zip(kb.streams, lens)], labels,
+                   ctx.top)
+
+
+def choose_acc_slots(ctx: LoweringContext, mark: tuple[object, ...], lens: list[int],
+                     nkernels: int, redo: Callable[[], None]) -> None:
+    """A product kernel just emitted (since ``mark``; ``redo`` emits it again) whose output
+    tiles took more accumulator slots than ``nbuf`` (:func:`~.gemm.acc_slots`' third slot):
+    emit it again with ``nbuf`` (``KernelBuilder.acc_slot_cap``) and keep the count whose
+    program, replayed on its own after its bank placement (``ctx.replay``), takes fewer
+    cycles -- ``nbuf`` on a tie (fewer conflicts: two slots of a tile each straddling a
+    group boundary take the accumulators' four groups, three would take six). The third
+    slot gives a tile's store a second step before its slot is taken again; the bank
+    conflicts it leaves are what the slots' groups cost: the replay weighs both. The
+    kernels record the choice (``KernelInfo.acc_choice``, and their tiling text). Feedback,
+    not failure: an attempt with fewer slots that does not lower keeps the first."""
+    kb = ctx.kb
+    more = kb.acc_slots_used
+    assert ctx.replay is not None
+    c_more, _ = ctx.replay(_kernel_program(ctx, lens, nkernels))
+    ctx.rollback(mark)
+    kb.acc_slot_cap, kb.acc_slots_used = kb.nbuf, 0
+    try:
+        redo()
+        check_encodable(ctx, lens)
+        c_fewer: float | None = ctx.replay(_kernel_program(ctx, lens, nkernels))[0]
+    except NotSupported:
+        c_fewer = None
+    finally:
+        kb.acc_slot_cap = 0
+    if c_fewer is None or c_fewer > c_more:
+        ctx.rollback(mark)
+        kb.acc_slots_used = 0
+        redo()
+        choice = (more, c_more, kb.nbuf, c_fewer if c_fewer is not None else float("nan"))
+    else:
+        choice = (kb.nbuf, c_fewer, more, c_more)
+    for info in kb.kernels[nkernels:]:
+        if not info.knob:  # not the product (a cast kernel emitted before it)
+            continue
+        info.acc_choice = choice
+        info.tiling += (f" [{choice[0]} output slots: {choice[1]:.0f} cycles replayed with "
+                        f"bank placement, {choice[2]}: {choice[3]:.0f}]")

@@ -623,9 +623,12 @@ def acc_slots(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int,
 def kernel_acc_slots(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling) -> int:
     """:func:`acc_slots` of the product ``kb`` emits: with its fused epilogue
     (``kb.epilogue``), at most ``kb.acc_slot_cap`` (0: no cap; the slot count the build's
-    replay chose for the kernel, :mod:`.feedback`'s ``choose_acc_slots``)."""
+    replay chose for the kernel, :mod:`.feedback`'s ``choose_acc_slots``); the count is
+    recorded in ``kb.acc_slots_used``."""
     n = acc_slots(kb.config, shape, tiling, kb.nbuf, kb.epilogue)
-    return min(n, kb.acc_slot_cap) if kb.acc_slot_cap else n
+    n = min(n, kb.acc_slot_cap) if kb.acc_slot_cap else n
+    kb.acc_slots_used = max(kb.acc_slots_used, n)
+    return n
 
 
 def store_floor(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int) -> int:
