@@ -69,6 +69,7 @@ from .executable import CpuStep, NPUExecutable, NpuStep
 from .prefetch import PREFETCH_KEY, prefetch_program
 
 __all__ = ["DEPTHWISE_KEY", "LOWERING_KEY", "NPUUnsupportedError", "VIEW_OPS", "build_npu",
+           "kernel_replay",
            "is_partitioned",
            "npu_config_of"]
 
@@ -194,7 +195,7 @@ def _strict_errors(main: g.Function) -> list[str]:
     return out
 
 
-def _kernel_replay(cfg: NPUConfig) -> Callable[[Program], tuple[float, float]]:
+def kernel_replay(cfg: NPUConfig) -> Callable[[Program], tuple[float, float]]:
     """``LoweringContext.replay``: one kernel's program replayed timing-only after its bank
     placement (:func:`.bank_plan.plan_banks`), its cycles and conflict cycles; the DRAM of
     one scratch machine grows with the build."""
@@ -266,7 +267,7 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
     ctx.plan_residency = bool(residency) and \
         bool(PassContext.current().get_config(PLAN_RESIDENCY_KEY))
     if bank_plan and cfg.memory("acc").bank_groups > 1:
-        ctx.replay = _kernel_replay(cfg)
+        ctx.replay = kernel_replay(cfg)
     env: dict[int, Any] = {}
     steps: list[Any] = []
     inputs = []

@@ -48,7 +48,7 @@ from ...target.npu import L1, MEMORY_NAMES, NPUConfig
 from .dram_ranges import DramRanges, tensor_bytes
 from .emit import DRAM_ALIGN, DramTensor, KernelInfo, itemsize
 
-__all__ = ["RESIDENCY_KEY", "ResidencyPlan", "plan_residency", "rebound"]
+__all__ = ["RESIDENCY_KEY", "ResidencyPlan", "place_by_groups", "plan_residency", "rebound"]
 
 #: PassContext option: keep intermediates in L1 where they fit (default True).
 RESIDENCY_KEY = "npu.residency"
@@ -210,7 +210,7 @@ def _place_program(config: NPUConfig, program: Program, p: int, ranges: DramRang
     if not where:
         return
     if by_groups:
-        where = _by_groups(config, chosen, where, ops, used, own_ops, moved)
+        where = place_by_groups(config, chosen, where, ops, used, own_ops, moved)
     for n, kernel in enumerate(kernels):
         spans: dict[tuple[int, bool], list[tuple[int, int]]] = {}  # (tensor, written) -> bytes
         for ins in kernel:
@@ -232,9 +232,9 @@ def _place_program(config: NPUConfig, program: Program, p: int, ranges: DramRang
         plan.saved_bytes += moved[i]
 
 
-def _by_groups(config: NPUConfig, chosen: list[Interval], where: dict[int, int],
-               ops: dict[int, dict[int, set[str]]], used: list[int], own_ops: list[set[str]],
-               moved: dict[int, int]) -> dict[int, int]:
+def place_by_groups(config: NPUConfig, chosen: list[Interval], where: dict[int, int],
+                    ops: dict[int, dict[int, set[str]]], used: list[int],
+                    own_ops: list[set[str]], moved: dict[int, int]) -> dict[int, int]:
     """The chosen tensors' L1 addresses re-chosen by bank group (``where``: the best-fit
     packing's, kept where nothing better is found): L1's groups are shared by every core's
     DMA engines, and a kernel's loads (DMA-in of each core) reading one tensor while its
@@ -258,20 +258,20 @@ def _by_groups(config: NPUConfig, chosen: list[Interval], where: dict[int, int],
     order = sorted(ivs, key=lambda k: (-moved[k], k))
     packed: set[int] = set()  # the tensors kept at the packing's addresses
     while True:
-        failed = _place_by_groups(order, packed, ivs, rsize, where, ops, used, own_ops,
+        failed = _group_pass(order, packed, ivs, rsize, where, ops, used, own_ops,
                                   gbytes, align, size)
         if isinstance(failed, dict):
             return failed
         packed.add(failed)
 
 
-def _place_by_groups(order: list[int], packed: set[int], ivs: dict[int, Interval],
+def _group_pass(order: list[int], packed: set[int], ivs: dict[int, Interval],
                      rsize: dict[int, int], where: dict[int, int],
                      ops: dict[int, dict[int, set[str]]], used: list[int],
                      own_ops: list[set[str]], gbytes: int, align: int, size: int
                      ) -> dict[int, int] | int:
-    """One pass of :func:`_by_groups`: the tensors of ``packed`` at the packing's addresses
-    (``where``; they never overlap each other), the others in ``order``, each where its
+    """One pass of :func:`place_by_groups`: the tensors of ``packed`` at the packing's
+    addresses (``where``; they never overlap each other), the others in ``order``, each where its
     groups meet the fewest the other DMA direction touches; the addresses, or the first
     tensor that finds no free range (to keep at its packing's address in the next pass:
     the packing's addresses of all tensors are a valid placement, so the passes end)."""
