@@ -30,8 +30,8 @@ from ...npu.program import Program
 from ...target.npu.config import NPUConfig
 from .lowering import LoweringContext, NotSupported, Unfusable
 
-__all__ = ["Refusal", "check_encodable", "choose_acc_slots", "field_limits",
-           "lower_with_feedback", "within_fields"]
+__all__ = ["Refusal", "check_encodable", "choose_acc_slots", "emit_choosing_slots",
+           "field_limits", "lower_with_feedback", "within_fields"]
 
 LOG = logging.getLogger(__name__)
 
@@ -118,14 +118,17 @@ def lower_with_feedback(ctx: LoweringContext, op: str, candidates: list[T],
         f"{r.tiling}: {r.reason}" for r in refusals))
 
 
-def _kernel_program(ctx: LoweringContext, lens: list[int], nkernels: int) -> Program:
-    """The instructions emitted since the streams had lengths ``lens`` (the kernels after
-    the first ``nkernels``), as a program of their own."""
+def _kernel_program(ctx: LoweringContext, lens: list[int]) -> Program:
+    """The last kernel emitted since the streams had lengths ``lens`` (the product; a cast
+    kernel of its operand may come before it), as a program of its own."""
     kb = ctx.kb
-    labels = {bid: lab for bid, lab in kb.labels.items()
-              if lab in {k.label for k in kb.kernels[nkernels:]}}
-    return Program(ctx.config, [list(st[n:]) for st, n in zip(kb.streams, lens)], labels,
-                   ctx.top)
+    streams = []
+    for st, n in zip(kb.streams, lens):
+        ends = [i for i in range(n, len(st)) if st[i].op == "barrier"]
+        streams.append(list(st[ends[-2] + 1 if len(ends) > 1 else n:]))
+    last = kb.kernels[-1].label
+    labels = {bid: lab for bid, lab in kb.labels.items() if lab == last}
+    return Program(ctx.config, streams, labels, ctx.top)
 
 
 def choose_acc_slots(ctx: LoweringContext, mark: tuple[object, ...], lens: list[int],
@@ -143,13 +146,13 @@ def choose_acc_slots(ctx: LoweringContext, mark: tuple[object, ...], lens: list[
     kb = ctx.kb
     more = kb.acc_slots_used
     assert ctx.replay is not None
-    c_more, _ = ctx.replay(_kernel_program(ctx, lens, nkernels))
+    c_more, _ = ctx.replay(_kernel_program(ctx, lens))
     ctx.rollback(mark)
     kb.acc_slot_cap, kb.acc_slots_used = kb.nbuf, 0
     try:
         redo()
         check_encodable(ctx, lens)
-        c_fewer: float | None = ctx.replay(_kernel_program(ctx, lens, nkernels))[0]
+        c_fewer: float | None = ctx.replay(_kernel_program(ctx, lens))[0]
     except NotSupported:
         c_fewer = None
     finally:
@@ -167,3 +170,18 @@ def choose_acc_slots(ctx: LoweringContext, mark: tuple[object, ...], lens: list[
         info.acc_choice = choice
         info.tiling += (f" [{choice[0]} output slots: {choice[1]:.0f} cycles replayed with "
                         f"bank placement, {choice[2]}: {choice[3]:.0f}]")
+
+
+def emit_choosing_slots(ctx: LoweringContext, emit: Callable[[], None]) -> None:
+    """Run ``emit`` (one product kernel, ended; a lowering without candidate tilings to fall
+    back on: the emit route's convolutions, the depthwise kernels) and, where its output
+    tiles took a third accumulator slot and the build replays kernels, keep the faster slot
+    count (:func:`choose_acc_slots`), as :func:`lower_with_feedback` does for the others --
+    both routes emit the same program."""
+    mark = ctx.checkpoint()
+    lens = [len(st) for st in ctx.kb.streams]
+    nkernels = len(ctx.kb.kernels)
+    ctx.kb.acc_slots_used = 0
+    emit()
+    if ctx.replay is not None and ctx.kb.acc_slots_used > ctx.kb.nbuf:
+        choose_acc_slots(ctx, mark, lens, nkernels, emit)
