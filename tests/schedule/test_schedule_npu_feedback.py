@@ -352,8 +352,8 @@ def test_a_products_output_slots_are_chosen_by_its_replay(monkeypatch):
         kept, _, other, _ = kernel.acc_choice
         assert (kept, other) == (faster, 5 - faster)
         assert f"[{faster} output slots:" in kernel.tiling
-    # the real replay: the faster count, two on a tie
+    # the real replay: the count kept is not the slower
     _, kernel, _, out = build()
     assert np.array_equal(out, want)
     kept, c_kept, other, c_other = kernel.acc_choice
-    assert c_kept < c_other or (c_kept == c_other and kept == 2)
+    assert c_kept <= c_other and {kept, other} == {2, 3}

@@ -179,7 +179,8 @@ def test_a_third_output_slot_leaves_the_fused_epilogue_its_chunks(tmp_path):
     output tile, so ``acc_slots`` would take a third 2 KiB slot -- leaving the epilogue 1 KiB,
     chunks of 80 elements, 76 residual loads (25413 cycles) where two slots leave chunks of
     half a tile (28 loads, 20296 cycles). With the epilogue it keeps two; the bits are the
-    unfused build's and close to numpy."""
+    unfused build's and close to numpy. Without the bank placement: no slot count chosen
+    by replay (``feedback.choose_acc_slots``), ``acc_slots``' own."""
     path = _small_acc(tmp_path, "7 KiB")
     rng = np.random.default_rng(5)
     w = (rng.standard_normal((32, 128, 1, 1)) * 0.2).astype("float32")
@@ -198,7 +199,7 @@ def test_a_third_output_slot_leaves_the_fused_epilogue_its_chunks(tmp_path):
     outs, exes = {}, {}
     for fuse in (False, True):
         exes[fuse] = build_npu(npu_pipeline()(mod), kiln.Target("npu", hw=path),
-                               residency=False, fuse_epilogue=fuse)
+                               residency=False, fuse_epilogue=fuse, bank_plan=False)
         outs[fuse] = np.asarray(exes[fuse](x, res))
     assert np.array_equal(outs[True], outs[False])
     ref = np.maximum(np.einsum("oc,nchw->nohw", w[:, :, 0, 0], x) + res, 0)

@@ -211,7 +211,8 @@ def kernel_replay(cfg: NPUConfig) -> Callable[[Program], tuple[float, float]]:
 def _slot_choices_left(kernels: list[KernelInfo], plan: BankPlan) -> list[str]:
     """:attr:`BankPlan.left` lines of the product kernels that kept more accumulator slots
     than the double buffering's two with bank conflicts left in them: fewer slots
-    (:func:`~kiln.schedule.npu.feedback.choose_acc_slots`) replayed slower."""
+    (:func:`~kiln.schedule.npu.feedback.choose_acc_slots`) replayed slower, or as fast with
+    no fewer conflicts."""
     out = []
     for k in kernels:
         left = plan.phases_after.get(k.label, 0.0)
@@ -220,8 +221,9 @@ def _slot_choices_left(kernels: list[KernelInfo], plan: BankPlan) -> list[str]:
         kept, c_kept, fewer, c_fewer = k.acc_choice
         out.append(f"{k.label}: {left:.0f} conflict cycles left in the kernel: {kept} "
                    f"output slots kept ({c_kept:.0f} cycles, its replay with bank placement) "
-                   f"over {fewer} ({c_fewer:.0f} cycles): the choice with fewer slots, "
-                   "hence fewer groups to share, replayed slower")
+                   f"over {fewer} ({c_fewer:.0f} cycles): with fewer slots, hence fewer "
+                   "groups to share, the kernel's replay was slower or left no fewer "
+                   "conflicts")
     return out
 
 

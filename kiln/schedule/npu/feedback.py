@@ -137,33 +137,34 @@ def choose_acc_slots(ctx: LoweringContext, mark: tuple[object, ...], lens: list[
     tiles took more accumulator slots than ``nbuf`` (:func:`~.gemm.acc_slots`' third slot):
     emit it again with ``nbuf`` (``KernelBuilder.acc_slot_cap``) and keep the count whose
     program, replayed on its own after its bank placement (``ctx.replay``), takes fewer
-    cycles -- ``nbuf`` on a tie (fewer conflicts: two slots of a tile each straddling a
-    group boundary take the accumulators' four groups, three would take six). The third
-    slot gives a tile's store a second step before its slot is taken again; the bank
-    conflicts it leaves are what the slots' groups cost: the replay weighs both. The
-    kernels record the choice (``KernelInfo.acc_choice``, and their tiling text). Feedback,
-    not failure: an attempt with fewer slots that does not lower keeps the first."""
+    cycles, or as many with fewer bank-conflict cycles left (else the third slot stays).
+    The third slot gives a tile's store a second step before its slot is taken again; the
+    conflicts it leaves are what the slots' groups cost (two slots of a tile each straddling
+    a group boundary take the accumulators' four groups, three would take six): the replay
+    weighs both. The kernels record the choice (``KernelInfo.acc_choice``, their tiling
+    text). Feedback, not failure: an attempt with fewer slots that does not lower keeps the
+    first."""
     kb = ctx.kb
     more = kb.acc_slots_used
     assert ctx.replay is not None
-    c_more, _ = ctx.replay(_kernel_program(ctx, lens))
+    r_more = ctx.replay(_kernel_program(ctx, lens))
     ctx.rollback(mark)
     kb.acc_slot_cap, kb.acc_slots_used = kb.nbuf, 0
     try:
         redo()
         check_encodable(ctx, lens)
-        c_fewer: float | None = ctx.replay(_kernel_program(ctx, lens))[0]
+        r_fewer: tuple[float, float] | None = ctx.replay(_kernel_program(ctx, lens))
     except NotSupported:
-        c_fewer = None
+        r_fewer = None
     finally:
         kb.acc_slot_cap = 0
-    if c_fewer is None or c_fewer > c_more:
+    if r_fewer is None or r_fewer >= r_more:
         ctx.rollback(mark)
         kb.acc_slots_used = 0
         redo()
-        choice = (more, c_more, kb.nbuf, c_fewer if c_fewer is not None else float("nan"))
+        choice = (more, r_more[0], kb.nbuf, float("nan") if r_fewer is None else r_fewer[0])
     else:
-        choice = (kb.nbuf, c_fewer, more, c_more)
+        choice = (kb.nbuf, r_fewer[0], more, r_more[0])
     for info in kb.kernels[nkernels:]:
         if not info.knob:  # not the product (a cast kernel emitted before it)
             continue
