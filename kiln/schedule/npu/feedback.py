@@ -107,7 +107,7 @@ def lower_with_feedback(ctx: LoweringContext, op: str, candidates: list[T],
             refusals.append(Refusal(describe(cand), str(err)))
             continue
         if ctx.replay is not None and ctx.kb.acc_slots_used > ctx.kb.nbuf:
-            choose_acc_slots(ctx, mark, lens, nkernels, lambda c=cand: attempt(c))
+            choose_acc_slots(ctx, mark, lens, lambda c=cand: attempt(c))
         if refusals:
             note = "; ".join(f"{r.tiling}: {r.reason}" for r in refusals)
             LOG.info("%s: took %s after refusing %s", op, describe(cand), note)
@@ -132,7 +132,7 @@ def _kernel_program(ctx: LoweringContext, lens: list[int]) -> Program:
 
 
 def choose_acc_slots(ctx: LoweringContext, mark: tuple[object, ...], lens: list[int],
-                     nkernels: int, redo: Callable[[], None]) -> None:
+                     redo: Callable[[], None]) -> None:
     """A product kernel just emitted (since ``mark``; ``redo`` emits it again) whose output
     tiles took more accumulator slots than ``nbuf`` (:func:`~.gemm.acc_slots`' third slot):
     emit it again with ``nbuf`` (``KernelBuilder.acc_slot_cap``) and keep the count whose
@@ -141,8 +141,8 @@ def choose_acc_slots(ctx: LoweringContext, mark: tuple[object, ...], lens: list[
     The third slot gives a tile's store a second step before its slot is taken again; the
     conflicts it leaves are what the slots' groups cost (two slots of a tile each straddling
     a group boundary take the accumulators' four groups, three would take six): the replay
-    weighs both. The kernels record the choice (``KernelInfo.acc_choice``, their tiling
-    text). Feedback, not failure: an attempt with fewer slots that does not lower keeps the
+    weighs both. The product's kernel records the choice (``KernelInfo.acc_choice``, its
+    tiling text). Feedback, not failure: an attempt with fewer slots that does not lower keeps the
     first."""
     kb = ctx.kb
     more = kb.acc_slots_used
@@ -165,12 +165,10 @@ def choose_acc_slots(ctx: LoweringContext, mark: tuple[object, ...], lens: list[
         choice = (more, r_more[0], kb.nbuf, float("nan") if r_fewer is None else r_fewer[0])
     else:
         choice = (kb.nbuf, r_fewer[0], more, r_more[0])
-    for info in kb.kernels[nkernels:]:
-        if not info.knob:  # not the product (a cast kernel emitted before it)
-            continue
-        info.acc_choice = choice
-        info.tiling += (f" [{choice[0]} output slots: {choice[1]:.0f} cycles replayed with "
-                        f"bank placement, {choice[2]}: {choice[3]:.0f}]")
+    info = kb.kernels[-1]  # the product (a cast kernel of its operand may come before)
+    info.acc_choice = choice
+    info.tiling += (f" [{choice[0]} output slots: {choice[1]:.0f} cycles replayed with "
+                    f"bank placement, {choice[2]}: {choice[3]:.0f}]")
 
 
 def emit_choosing_slots(ctx: LoweringContext, emit: Callable[[], None]) -> None:
@@ -181,8 +179,7 @@ def emit_choosing_slots(ctx: LoweringContext, emit: Callable[[], None]) -> None:
     both routes emit the same program."""
     mark = ctx.checkpoint()
     lens = [len(st) for st in ctx.kb.streams]
-    nkernels = len(ctx.kb.kernels)
     ctx.kb.acc_slots_used = 0
     emit()
     if ctx.replay is not None and ctx.kb.acc_slots_used > ctx.kb.nbuf:
-        choose_acc_slots(ctx, mark, lens, nkernels, emit)
+        choose_acc_slots(ctx, mark, lens, emit)
