@@ -302,17 +302,19 @@ def test_a_products_output_slots_are_chosen_by_its_replay(monkeypatch):
     residual: its tiles could take a third accumulator slot, so the build emits it with three
     and with two and keeps the count whose program, replayed after its bank placement, is
     faster -- forced each way by a replay that takes 1000 cycles off one count's (the first
-    replay is the three slots', the second the two's). The kept count is in the program
-    (the slot tile 0 and tile 2 or 3 share), on the kernel (``acc_choice``, its tiling text),
-    and the bits are those of the build without bank placement (no choice: three slots)."""
+    replay is the three slots', the second the two's). Two slots chosen so are kept only
+    where the whole model replays faster with them than a build without the choice (forced
+    each way too: dropped, ``BankPlan.left`` says so). The kept count is in the program (the
+    slot tile 0 and tile 2 or 3 share), on the kernel (``acc_choice``, its tiling text), and
+    the bits are those of the build without bank placement (no choice: three slots)."""
     rng = np.random.default_rng(7)
     w = (rng.standard_normal((32, 128, 1, 1)) * 0.2).astype("float32")
     x = rng.standard_normal((1, 128, 14, 14)).astype("float32")
     res = rng.standard_normal((1, 32, 14, 14)).astype("float32")
     mod = _conv_residual(w, res.shape)
-    real = npu_compile.kernel_replay
+    real, real_model = npu_compile.kernel_replay, npu_compile.model_replay
 
-    def build(faster=None, bank_plan=True):
+    def build(faster=None, bank_plan=True, model_keeps=True):
         calls = []
 
         def fake(cfg):
@@ -324,11 +326,17 @@ def test_a_products_output_slots_are_chosen_by_its_replay(monkeypatch):
                 slots = 3 if len(calls) % 2 else 2
                 return cycles - (1000 if slots == faster else 0), conflicts
             return timed
+
+        def fake_model(exe):  # the whole model: faster with the choice, or without it
+            chose = any(k.acc_choice for k in exe.kernels)
+            return (100.0 if chose == model_keeps else 200.0), 0.0
         if faster is not None:
             monkeypatch.setattr(npu_compile, "kernel_replay", fake)
+            monkeypatch.setattr(npu_compile, "model_replay", fake_model)
         exe = build_npu(npu_pipeline()(mod), kiln.Target("npu", hw="edge"),
                         residency=False, bank_plan=bank_plan)
         monkeypatch.setattr(npu_compile, "kernel_replay", real)
+        monkeypatch.setattr(npu_compile, "model_replay", real_model)
         assert len(calls) == (0 if faster is None else 2)
         (kernel,) = [k for k in exe.kernels if k.knob]  # the product
         stream = [s.program for s in exe.steps if getattr(s, "program", None)][-1].streams[0]
@@ -341,8 +349,7 @@ def test_a_products_output_slots_are_chosen_by_its_replay(monkeypatch):
         return exe, kernel, slots, np.asarray(exe(x, res))
 
     plain, plain_kernel, plain_slots, want = build(bank_plan=False)
-    assert plain_slots == 3
-    assert plain_kernel.acc_choice is None
+    assert plain_slots == 3 and plain_kernel.acc_choice is None
     ref = np.maximum(np.einsum("oc,nchw->nohw", w[:, :, 0, 0], x) + res, 0)
     assert np.max(np.abs(want - ref)) / np.max(np.abs(ref)) < 2e-2
     for faster in (3, 2):
@@ -352,8 +359,16 @@ def test_a_products_output_slots_are_chosen_by_its_replay(monkeypatch):
         kept, _, other, _ = kernel.acc_choice
         assert (kept, other) == (faster, 5 - faster)
         assert f"[{faster} output slots:" in kernel.tiling
-    # the real replay: the count kept is not the slower
+        assert exe.slot_choices.endswith("kept") == (faster == 2)
+    # two slots by the kernel's replay, but the whole model is faster without: dropped
+    exe, kernel, slots, out = build(2, model_keeps=False)
+    assert slots == 3 and kernel.acc_choice is None and np.array_equal(out, want)
+    assert exe.slot_choices.endswith("dropped")
+    assert any(why.startswith("output slot choices dropped: 1 product(s)")
+               for why in exe.bank_plans[0].left)
+    # the real replays: the count kept is not the slower
     _, kernel, _, out = build()
     assert np.array_equal(out, want)
-    kept, c_kept, other, c_other = kernel.acc_choice
-    assert c_kept <= c_other and {kept, other} == {2, 3}
+    if kernel.acc_choice is not None:
+        kept, c_kept, other, c_other = kernel.acc_choice
+        assert c_kept <= c_other and {kept, other} == {2, 3}
