@@ -239,7 +239,7 @@ class LoweringContext:
             raise KilnError("LoweringContext.rollback: a new region began since the checkpoint")
         for st, n in zip(kb.streams, lens):
             del st[n:]
-        kb.labels = labels
+        kb.labels = dict(labels)  # a copy: a mark may be rolled back to again
         del kb.kernels[nk:]
         kb.store_floor, kb.acc_top = floor
         self.top = top
