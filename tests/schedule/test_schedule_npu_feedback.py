@@ -17,10 +17,12 @@ import pytest
 import kiln
 from kiln import graph as g
 from kiln import op
-from kiln.codegen.npu import LOWERING_KEY
+from kiln.build import npu_pipeline
+from kiln.codegen.npu import LOWERING_KEY, build_npu
+from kiln.codegen.npu import compile as npu_compile
 from kiln.npu.isa import Block, Instr, IsaError
 from kiln.schedule.npu import feedback, gemm, isel, tir_pool, vector
-from kiln.schedule.npu.emit import DramTensor
+from kiln.schedule.npu.emit import MEM_ID, DramTensor
 from kiln.schedule.npu.gemm import GemmTiling
 from kiln.schedule.npu.nest_analysis import analyse_elementwise
 from kiln.schedule.npu.vector import VecStep
@@ -279,3 +281,94 @@ def test_pooling_block_that_does_not_fit_takes_the_next(monkeypatch, route):
     assert "feedback: 1 refused" in kernel.tiling and "32 channels x 32 rows" in kernel.tiling
     assert "exceed" in kernel.tiling, kernel.tiling
     np.testing.assert_array_equal(exe(x), x.reshape(1, 32, 32, 2, 32, 2).max(axis=(3, 5)))
+
+
+def _conv_residual(w, res_shape):
+    """relu(conv2d(x, w) + r): a product with a fused epilogue that loads a residual."""
+    bb = g.BlockBuilder()
+    xv = g.Var("x", g.TensorStructInfo((1, w.shape[1], *res_shape[2:]), "float32"))
+    rv = g.Var("r", g.TensorStructInfo(res_shape, "float32"))
+    with bb.function("main", [xv, rv]):
+        with bb.dataflow():
+            c = bb.emit(op.nn.conv2d(xv, g.const(w)), "c")
+            a = bb.emit(op.add(c, rv), "a")
+            y = bb.emit_output(op.nn.relu(a), "y")
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+def test_a_products_output_slots_are_chosen_by_its_replay(monkeypatch):
+    """Edge, a pointwise convolution (128 -> 32 channels at 14 x 14, one K step) with a
+    residual: its tiles could take a third accumulator slot, so the build emits it with three
+    and with two and keeps the count whose program, replayed after its bank placement, is
+    faster -- forced each way by a replay that takes 1000 cycles off one count's (the first
+    replay is the three slots', the second the two's). Two slots chosen so are kept only
+    where the whole model replays faster with them than a build without the choice (forced
+    each way too: dropped, ``BankPlan.left`` says so). The kept count is in the program (the
+    slot tile 0 and tile 2 or 3 share), on the kernel (``acc_choice``, its tiling text), and
+    the bits are those of the build without bank placement (no choice: three slots)."""
+    rng = np.random.default_rng(7)
+    w = (rng.standard_normal((32, 128, 1, 1)) * 0.2).astype("float32")
+    x = rng.standard_normal((1, 128, 14, 14)).astype("float32")
+    res = rng.standard_normal((1, 32, 14, 14)).astype("float32")
+    mod = _conv_residual(w, res.shape)
+    real, real_model = npu_compile.kernel_replay, npu_compile.model_replay
+
+    def build(faster=None, bank_plan=True, model_keeps=True):
+        calls = []
+
+        def fake(cfg):
+            replay = real(cfg)
+
+            def timed(program):
+                cycles, conflicts = replay(program)
+                calls.append(cycles)
+                slots = 3 if len(calls) % 2 else 2
+                return cycles - (1000 if slots == faster else 0), conflicts
+            return timed
+
+        def fake_model(exe):  # the whole model: faster with the choice, or without it
+            chose = any(k.acc_choice for k in exe.kernels)
+            return (100.0 if chose == model_keeps else 200.0), 0.0
+        if faster is not None:
+            monkeypatch.setattr(npu_compile, "kernel_replay", fake)
+            monkeypatch.setattr(npu_compile, "model_replay", fake_model)
+        exe = build_npu(npu_pipeline()(mod), kiln.Target("npu", hw="edge"),
+                        residency=False, bank_plan=bank_plan)
+        monkeypatch.setattr(npu_compile, "kernel_replay", real)
+        monkeypatch.setattr(npu_compile, "model_replay", real_model)
+        assert len(calls) == (0 if faster is None else 2)
+        (kernel,) = [k for k in exe.kernels if k.knob]  # the product
+        stream = [s.program for s in exe.steps if getattr(s, "program", None)][-1].streams[0]
+        # the tiles' slots in turn: tile 2 reuses tile 0's with two (bank placement moves
+        # each slot's buffer, so not their addresses)
+        firsts = [i.args["c"].addr for i in stream
+                  if i.op == "mma.set" and i.args["c"].mem == MEM_ID["acc"]]
+        slots = 2 if firsts[2] == firsts[0] else 3
+        assert firsts[slots] == firsts[0]
+        return exe, kernel, slots, np.asarray(exe(x, res))
+
+    plain, plain_kernel, plain_slots, want = build(bank_plan=False)
+    assert plain_slots == 3 and plain_kernel.acc_choice is None
+    ref = np.maximum(np.einsum("oc,nchw->nohw", w[:, :, 0, 0], x) + res, 0)
+    assert np.max(np.abs(want - ref)) / np.max(np.abs(ref)) < 2e-2
+    for faster in (3, 2):
+        exe, kernel, slots, out = build(faster)
+        assert slots == faster
+        assert np.array_equal(out, want)
+        kept, _, other, _ = kernel.acc_choice
+        assert (kept, other) == (faster, 5 - faster)
+        assert f"[{faster} output slots:" in kernel.tiling
+        assert exe.slot_choices.endswith("kept") == (faster == 2)
+    # two slots by the kernel's replay, but the whole model is faster without: dropped
+    exe, kernel, slots, out = build(2, model_keeps=False)
+    assert slots == 3 and kernel.acc_choice is None and np.array_equal(out, want)
+    assert exe.slot_choices.endswith("dropped")
+    assert any(why.startswith("output slot choices dropped: 1 product(s)")
+               for why in exe.bank_plans[0].left)
+    # the real replays: the count kept is not the slower
+    _, kernel, _, out = build()
+    assert np.array_equal(out, want)
+    if kernel.acc_choice is not None:
+        kept, c_kept, other, c_other = kernel.acc_choice
+        assert c_kept <= c_other and {kept, other} == {2, 3}

@@ -6,6 +6,7 @@ bits."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -19,6 +20,7 @@ from kiln.build import npu_pipeline
 from kiln.codegen.npu import build_npu
 from kiln.codegen.npu.prefetch import PREFETCH_KEY
 from kiln.npu.isa import mem_name
+from kiln.schedule.npu.emit import MEM_ID
 from kiln.schedule.npu.gemm import feasible_tilings, gemm_cost, plan_gemm
 from kiln.schedule.npu.lowering import PLAN_RESIDENCY_KEY, LoweringContext
 from kiln.schedule.npu.ops import ONCHIP_SHARE, conv_geometry, onchip_input
@@ -223,3 +225,59 @@ def test_a_residual_epilogue_staggers_the_cores_first_loads(residual):
     assert exes["tir"].last_cycles == exes["emit"].last_cycles
     err = np.max(np.abs(outs["tir"] - ref)) / np.max(np.abs(ref))
     assert err < 5e-3, err
+
+
+def _small_acc(tmp_path, size):
+    """Edge with ``size`` of accumulators (one core; the pointwise convolution's tiles of
+    M32 x N16 in float32 take 2 KiB each)."""
+    text = open(load_config("edge").path).read()
+    text = re.sub(r'(?m)^name\s*=.*$', 'name = "edge-small-acc"', text)
+    text = re.sub(r'(?ms)(^\[l0\.acc\]\s*\nsize\s*=\s*)"[^"]*"', rf'\1"{size}"', text)
+    path = tmp_path / "small_acc.toml"
+    path.write_text(text)
+    assert load_config(str(path)).memory("acc").size == int(size.split()[0]) * 1024
+    return str(path)
+
+
+def test_a_third_output_slot_leaves_the_fused_epilogue_its_chunks(tmp_path):
+    """A pointwise convolution (128 -> 32 channels, 14 x 14) whose fused epilogue adds a
+    residual, on 7 KiB of accumulators: one K step and the streamed loads as large as an
+    output tile, so ``acc_slots`` would take a third 2 KiB slot -- leaving the epilogue 1 KiB,
+    chunks of 80 elements, 76 residual loads (25413 cycles) where two slots leave chunks of
+    half a tile (28 loads, 20296 cycles). With the epilogue it keeps two; the bits are the
+    unfused build's and close to numpy. Without the bank placement: no slot count chosen
+    by replay (``feedback.choose_acc_slots``), ``acc_slots``' own."""
+    path = _small_acc(tmp_path, "7 KiB")
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((32, 128, 1, 1)) * 0.2).astype("float32")
+    x = rng.standard_normal((1, 128, 14, 14)).astype("float32")
+    res = rng.standard_normal((1, 32, 14, 14)).astype("float32")
+    bb = g.BlockBuilder()
+    xv = g.Var("x", g.TensorStructInfo(x.shape, "float32"))
+    rv = g.Var("r", g.TensorStructInfo(res.shape, "float32"))
+    with bb.function("main", [xv, rv]):
+        with bb.dataflow():
+            c = bb.emit(op.nn.conv2d(xv, g.const(w)), "c")
+            a = bb.emit(op.add(c, rv), "a")
+            y = bb.emit_output(op.nn.relu(a), "y")
+        bb.emit_func_output(y)
+    mod = bb.get()
+    outs, exes = {}, {}
+    for fuse in (False, True):
+        exes[fuse] = build_npu(npu_pipeline()(mod), kiln.Target("npu", hw=path),
+                               residency=False, fuse_epilogue=fuse, bank_plan=False)
+        outs[fuse] = np.asarray(exes[fuse](x, res))
+    assert np.array_equal(outs[True], outs[False])
+    ref = np.maximum(np.einsum("oc,nchw->nohw", w[:, :, 0, 0], x) + res, 0)
+    assert np.max(np.abs(outs[True] - ref)) / np.max(np.abs(ref)) < 2e-2
+    kernel = next(k for k in exes[True].kernels if "nn.conv2d+add+relu" in k.label)
+    assert "M32 x N16 x K128" in kernel.tiling, kernel.tiling
+    acc = MEM_ID["acc"]
+    for fuse, slots in ((False, 3), (True, 2)):  # unfused: nothing above, the third slot
+        stream = [s.program for s in exes[fuse].steps
+                  if getattr(s, "program", None)][-1].streams[0]
+        tiles = {i.args["c"].addr // 2048 * 2048 for i in stream  # (tail pieces inside)
+                 if i.op == "mma.set" and i.args["c"].mem == acc}
+        assert tiles == {2048 * n for n in range(slots)}, (fuse, tiles)
+    loads = [i for i in stream if i.op == "dma.load" and i.args["dst"].mem == acc]
+    assert len(loads) == 28  # 13 tiles in two chunks, the last one's two tail pieces

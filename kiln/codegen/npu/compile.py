@@ -21,6 +21,7 @@ tensors that are never live together share bytes (``reuse_dram=True``, the defau
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,8 +29,10 @@ import numpy as np
 from ... import graph as g
 from ...ir.errors import InternalError, KilnError
 from ...ir.module import IRModule
-from ...npu import Machine
+from ...npu import Machine, Simulator
+from ...npu.program import Program
 from ...schedule.npu import DramTensor, LoweringContext, NotSupported
+from ...schedule.npu.emit import DRAM_ALIGN, KernelInfo
 from ...schedule.npu.lowering import (
     DEFAULT_ROUTE,
     DEPTHWISE_KEY,
@@ -60,13 +63,13 @@ from ...transform.npu import (
 from ...transform.npu.common import main_bindings, main_function
 from ...transform.pass_infra import PassContext, register_config
 from ..executable import build_executable
-from .bank_plan import plan_banks
+from .bank_plan import BankPlan, plan_banks
 from .dram_plan import plan_dram
 from .executable import CpuStep, NPUExecutable, NpuStep
 from .prefetch import PREFETCH_KEY, prefetch_program
 
 __all__ = ["DEPTHWISE_KEY", "LOWERING_KEY", "NPUUnsupportedError", "VIEW_OPS", "build_npu",
-           "is_partitioned",
+           "is_partitioned", "kernel_replay", "model_replay",
            "npu_config_of"]
 
 # PassContext option LOWERING_KEY: how products reach NPU instructions -- "tir" (the default:
@@ -191,6 +194,38 @@ def _strict_errors(main: g.Function) -> list[str]:
     return out
 
 
+def kernel_replay(cfg: NPUConfig) -> Callable[[Program], tuple[float, float]]:
+    """``LoweringContext.replay``: one kernel's program replayed timing-only after its bank
+    placement (:func:`.bank_plan.plan_banks`), its cycles and conflict cycles; the DRAM of
+    one scratch machine grows with the build."""
+    scratch = Machine(cfg, DRAM_ALIGN)
+
+    def replay(program: Program) -> tuple[float, float]:
+        scratch.grow_dram(program.dram_bytes)
+        _, plan = plan_banks(program, scratch)
+        return plan.cycles_after, plan.conflicts_after
+    return replay
+
+
+def _slot_choices_left(kernels: list[KernelInfo], plan: BankPlan) -> list[str]:
+    """:attr:`BankPlan.left` lines of the product kernels that kept more accumulator slots
+    than the double buffering's two with bank conflicts left in them: fewer slots
+    (:func:`~kiln.schedule.npu.feedback.choose_acc_slots`) replayed slower, or as fast with
+    no fewer conflicts."""
+    out = []
+    for k in kernels:
+        left = plan.phases_after.get(k.label, 0.0)
+        if k.acc_choice is None or left <= 0 or k.acc_choice[0] <= k.acc_choice[2]:
+            continue
+        kept, c_kept, fewer, c_fewer = k.acc_choice
+        out.append(f"{k.label}: {left:.0f} conflict cycles left in the kernel: {kept} "
+                   f"output slots kept ({c_kept:.0f} cycles, its replay with bank placement) "
+                   f"over {fewer} ({c_fewer:.0f} cycles): with fewer slots, hence fewer "
+                   "groups to share, the kernel's replay was slower or left no fewer "
+                   "conflicts")
+    return out
+
+
 def build_npu(mod: IRModule, target: Target, strict: bool = False,
               double_buffer: bool = True, fuse: bool = True, reuse_dram: bool = True,
               bank_plan: bool = True, residency: bool | None = None,
@@ -214,6 +249,44 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
     main_function(mod, "the NPU build")
     if not is_partitioned(mod):
         mod = partition_for_npu(cfg, double_buffer)(mod)
+    args = (mod, target, strict, double_buffer, fuse, reuse_dram, bank_plan, residency,
+            fuse_epilogue, prefetch, sub_batch)
+    exe = _build(*args, choose_slots=True)
+    fewer = [k for k in exe.kernels if k.acc_choice and k.acc_choice[0] < k.acc_choice[2]]
+    if not fewer:
+        return exe
+    # each product's slot count was chosen by its own kernel's replay, which does not see
+    # the kernels around it (the prefetch across their barrier, the tensors kept in L1):
+    # the choices are kept only where the whole model replays faster with them, or as fast
+    # with fewer conflicts (MobileNetV2 at 112 on default: 233423 cycles without them,
+    # 234438 with, though every chosen kernel replayed faster on its own)
+    plain = _build(*args, choose_slots=False)
+    with_c, without = model_replay(exe), model_replay(plain)
+    why = (f"{len(fewer)} product(s) chose fewer output slots by their own replays: the "
+           f"model replays {with_c[0]:.0f} cycles ({with_c[1]:.0f} in conflicts) with the "
+           f"choices, {without[0]:.0f} ({without[1]:.0f}) without")
+    keep, other = (exe, plain) if with_c < without else (plain, exe)
+    keep.slot_choices = f"{why}: {'kept' if keep is exe else 'dropped'}"
+    if keep is plain and keep.bank_plans:
+        keep.bank_plans[0].left.append(f"output slot choices dropped: {why}")
+    return keep
+
+
+def model_replay(exe: NPUExecutable) -> tuple[float, float]:
+    """The cycles and bank-conflict cycles of ``exe``'s NPU programs, replayed timing-only."""
+    machine = Machine(exe.config, exe.dram_bytes)
+    reports = [Simulator(exe.config, machine, timing_only=True).run(step.program)
+               for step in exe.steps if isinstance(step, NpuStep)]
+    return sum(r.cycles for r in reports), sum(r.total_conflict_cycles for r in reports)
+
+
+def _build(mod: IRModule, target: Target, strict: bool, double_buffer: bool, fuse: bool,
+           reuse_dram: bool, bank_plan: bool, residency: bool | None,
+           fuse_epilogue: bool | None, prefetch: bool | None, sub_batch: bool | None,
+           choose_slots: bool) -> NPUExecutable:
+    """:func:`build_npu` of a partitioned module (``choose_slots``: the products' output slot
+    counts chosen by their replays, ``feedback.choose_acc_slots``)."""
+    cfg = npu_config_of(target)
     main = mod["main"]
     if main.attrs.get(HW_ATTR) != cfg.name:
         raise KilnError(f"the NPU build for {cfg.name!r}: the module was partitioned for "
@@ -232,6 +305,8 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
         residency = PassContext.current().get_config(RESIDENCY_KEY)
     ctx.plan_residency = bool(residency) and \
         bool(PassContext.current().get_config(PLAN_RESIDENCY_KEY))
+    if choose_slots and bank_plan and cfg.memory("acc").bank_groups > 1:
+        ctx.replay = kernel_replay(cfg)
     env: dict[int, Any] = {}
     steps: list[Any] = []
     inputs = []
@@ -303,6 +378,7 @@ def build_npu(mod: IRModule, target: Target, strict: bool = False,
             continue
         if bank_plan:  # the L1 tensors are carried between phases: never moved or over
             step.program, banks = plan_banks(step.program, scratch)
+            banks.left += _slot_choices_left(step.kernels, banks)
             exe.bank_plans.append(banks)
         if prefetch:  # last: what it moves is placed clear of the kernel before's buffers
             step.program, fetched = prefetch_program(step.program, scratch)

@@ -107,6 +107,10 @@ class NPUExecutable:
         #: per NPU program, the loads moved above a barrier (``build_npu(prefetch=True)``;
         #: :class:`kiln.codegen.npu.prefetch.PrefetchPlan`; empty when off and when loaded)
         self.prefetch_plans: list[Any] = []
+        #: whether the products' output slot counts chosen by their own replays were kept
+        #: for the whole model, and the model's replays with and without them
+        #: (``build_npu``; "" where no product chose fewer slots)
+        self.slot_choices = ""
         self.machine = Machine(config, dram_bytes)
         for t, arr in constants:
             self.machine.write(t.addr, arr)

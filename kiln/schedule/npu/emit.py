@@ -165,6 +165,11 @@ class KernelInfo:
     #: (an element-wise or row kernel, whose bound counts every operand it touches)
     reads: float = 0.0
     writes: float = 0.0
+    #: a product kernel whose output tiles could take a third accumulator slot
+    #: (:func:`~.gemm.acc_slots`) and whose build replayed it both ways
+    #: (:func:`~.feedback.choose_acc_slots`): ``(slots kept, its replay's cycles, the other
+    #: count, its cycles)``; None: not chosen so
+    acc_choice: tuple[int, float, int, float] | None = None
 
     @property
     def dram_bound(self) -> bool:
@@ -214,6 +219,13 @@ class KernelBuilder:
     #: kernels are emitted: a store of the product's result runs the chain on the tile
     #: and stores what the chain produces instead (None: plain stores)
     epilogue: Any = None
+    #: the most accumulator slots the product kernel being emitted rotates its output
+    #: tiles through (0: as many as ``gemm.acc_slots`` gives; set while the build tries
+    #: the kernel with fewer, ``feedback.choose_acc_slots``)
+    acc_slot_cap: int = 0
+    #: the most accumulator slots ``gemm.kernel_acc_slots`` gave the kernel being emitted
+    #: (reset by ``feedback.lower_with_feedback`` before each attempt)
+    acc_slots_used: int = 0
 
     def __post_init__(self) -> None:
         if not self.streams:

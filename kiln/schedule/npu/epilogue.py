@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from ...npu.isa import UNIT_DMA_IN, UNIT_DMA_OUT, UNIT_TENSOR, UNIT_VECTOR, Block
-from ...target.npu.config import DRAM
+from ...target.npu.config import DRAM, NPUConfig
 from .emit import MEM_ID, DramTensor, DramView, KernelBuilder, block, itemsize, row_major
 from .lowering import Unfusable
 from .vector import VecStep, emit_steps
@@ -232,14 +232,28 @@ class Epilogue:
                                f"strided block of the product's tile")
         return base, st  # type: ignore[return-value]
 
+    def chunk_elems(self, cfg: NPUConfig, acc_top: int, nbuf: int, tile_elems: int) -> int:
+        """Elements of the chunks (at most the tile) :meth:`store` would cut a tile of
+        ``tile_elems`` result elements into, with the product's output slots taking
+        ``acc_top`` bytes of the accumulators and ``nbuf`` epilogue slots (0: not one element
+        fits): what :func:`~.gemm.acc_slots` compares before it takes a slot more, which
+        would shrink the room above the slots (small chunks, each a DMA round trip)."""
+        most = self._layout_for(cfg, acc_top, nbuf).elems
+        osz = itemsize(self.out.dtype)
+        return max(0, min(tile_elems, most, max(-(-tile_elems // nbuf), CHUNK_MIN_BYTES // osz)))
+
     def _layout(self, kb: KernelBuilder) -> _Layout:
-        """The epilogue's buffers above ``kb.acc_top`` (:class:`_Layout`): the hoisted
+        """The epilogue's buffers of the kernel ``kb`` emits (:meth:`_layout_for`)."""
+        return self._layout_for(kb.config, kb.acc_top, kb.nbuf)
+
+    def _layout_for(self, cfg: NPUConfig, acc_top: int, nbuf: int) -> _Layout:
+        """The epilogue's buffers above ``acc_top`` (:class:`_Layout`): the hoisted
         operands' whole buffers, then ``nbuf`` slots of the chunked operands and the casts.
         An operand that broadcasts (a per-channel constant) holds at most its distinct
         elements: hoisted where one DMA loads them, else a fixed buffer in every slot --
         not one per element of the chunk."""
-        free = kb.config.memory("acc").size - -(-kb.acc_top // _ALIGN) * _ALIGN
-        limit = max(0, free // kb.nbuf - _ALIGN * (len(self.inputs) + len(self.casts) + 1))
+        free = cfg.memory("acc").size - -(-acc_top // _ALIGN) * _ALIGN
+        limit = max(0, free // nbuf - _ALIGN * (len(self.inputs) + len(self.casts) + 1))
         caps = [math.prod(n for n, s in zip(self.out.shape, st) if s) for st in self.bstrides]
         small = [cap * itemsize(x.dtype) * 8 <= limit for cap, x in zip(caps, self.inputs)]
         hoist = [self._hoist_load(k) if sm and any(
@@ -250,14 +264,14 @@ class Epilogue:
             hoist_at.append(at)
             at += -(-cap * itemsize(x.dtype) // _ALIGN) * _ALIGN if h else 0
         slots_at = at
-        limit = max(0, (free - slots_at) // kb.nbuf -
+        limit = max(0, (free - slots_at) // nbuf -
                     _ALIGN * (len(self.inputs) + len(self.casts) + 1))
         fixed = sum(cap * itemsize(x.dtype) for cap, x, sm, h in
                     zip(caps, self.inputs, small, hoist) if sm and not h)
         per = sum(itemsize(x.dtype) for x, sm in zip(self.inputs, small) if not sm) + \
             sum(itemsize(r.dtype) for r in self.casts)
         elems = (limit - fixed) // per if per else 1 << 30
-        elems = min(elems, kb.config.encoding.max_extent ** 2)
+        elems = min(elems, cfg.encoding.max_extent ** 2)
         holds = [cap if sm else elems for cap, sm in zip(caps, small)]
         offs, at = [], 0
         for n, sz in [(h, itemsize(x.dtype)) for h, x, ho in zip(holds, self.inputs, hoist)

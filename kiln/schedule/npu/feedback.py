@@ -26,11 +26,12 @@ from typing import TypeVar
 
 from ...npu.encoding import encode
 from ...npu.isa import Block, Instr, IsaError
+from ...npu.program import Program
 from ...target.npu.config import NPUConfig
 from .lowering import LoweringContext, NotSupported, Unfusable
 
-__all__ = ["Refusal", "check_encodable", "field_limits", "lower_with_feedback",
-           "within_fields"]
+__all__ = ["Refusal", "check_encodable", "choose_acc_slots", "emit_choosing_slots",
+           "field_limits", "lower_with_feedback", "within_fields"]
 
 LOG = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ def lower_with_feedback(ctx: LoweringContext, op: str, candidates: list[T],
         mark = ctx.checkpoint()
         lens = [len(st) for st in ctx.kb.streams]
         nkernels = len(ctx.kb.kernels)
+        ctx.kb.acc_slots_used = 0
         try:
             attempt(cand)
             check_encodable(ctx, lens)
@@ -104,6 +106,8 @@ def lower_with_feedback(ctx: LoweringContext, op: str, candidates: list[T],
             ctx.rollback(mark)
             refusals.append(Refusal(describe(cand), str(err)))
             continue
+        if ctx.replay is not None and ctx.kb.acc_slots_used > ctx.kb.nbuf:
+            choose_acc_slots(ctx, mark, lens, lambda c=cand: attempt(c))
         if refusals:
             note = "; ".join(f"{r.tiling}: {r.reason}" for r in refusals)
             LOG.info("%s: took %s after refusing %s", op, describe(cand), note)
@@ -112,3 +116,70 @@ def lower_with_feedback(ctx: LoweringContext, op: str, candidates: list[T],
         return cand
     raise NotSupported(f"{op}: every candidate tiling was refused: " + "; ".join(
         f"{r.tiling}: {r.reason}" for r in refusals))
+
+
+def _kernel_program(ctx: LoweringContext, lens: list[int]) -> Program:
+    """The last kernel emitted since the streams had lengths ``lens`` (the product; a cast
+    kernel of its operand may come before it), as a program of its own."""
+    kb = ctx.kb
+    streams = []
+    for st, n in zip(kb.streams, lens):
+        ends = [i for i in range(n, len(st)) if st[i].op == "barrier"]
+        streams.append(list(st[ends[-2] + 1 if len(ends) > 1 else n:]))
+    last = kb.kernels[-1].label
+    labels = {bid: lab for bid, lab in kb.labels.items() if lab == last}
+    return Program(ctx.config, streams, labels, ctx.top)
+
+
+def choose_acc_slots(ctx: LoweringContext, mark: tuple[object, ...], lens: list[int],
+                     redo: Callable[[], None]) -> None:
+    """A product kernel just emitted (since ``mark``; ``redo`` emits it again) whose output
+    tiles took more accumulator slots than ``nbuf`` (:func:`~.gemm.acc_slots`' third slot):
+    emit it again with ``nbuf`` (``KernelBuilder.acc_slot_cap``) and keep the count whose
+    program, replayed on its own after its bank placement (``ctx.replay``), takes fewer
+    cycles, or as many with fewer bank-conflict cycles left (else the third slot stays).
+    The third slot gives a tile's store a second step before its slot is taken again; the
+    conflicts it leaves are what the slots' groups cost (two slots of a tile each straddling
+    a group boundary take the accumulators' four groups, three would take six): the replay
+    weighs both. The product's kernel records the choice (``KernelInfo.acc_choice``, its
+    tiling text). Feedback, not failure: an attempt with fewer slots that does not lower keeps the
+    first."""
+    kb = ctx.kb
+    more = kb.acc_slots_used
+    assert ctx.replay is not None
+    r_more = ctx.replay(_kernel_program(ctx, lens))
+    ctx.rollback(mark)
+    kb.acc_slot_cap, kb.acc_slots_used = kb.nbuf, 0
+    try:
+        redo()
+        check_encodable(ctx, lens)
+        r_fewer: tuple[float, float] | None = ctx.replay(_kernel_program(ctx, lens))
+    except NotSupported:
+        r_fewer = None
+    finally:
+        kb.acc_slot_cap = 0
+    if r_fewer is None or r_fewer >= r_more:
+        ctx.rollback(mark)
+        kb.acc_slots_used = 0
+        redo()
+        choice = (more, r_more[0], kb.nbuf, float("nan") if r_fewer is None else r_fewer[0])
+    else:
+        choice = (kb.nbuf, r_fewer[0], more, r_more[0])
+    info = kb.kernels[-1]  # the product (a cast kernel of its operand may come before)
+    info.acc_choice = choice
+    info.tiling += (f" [{choice[0]} output slots: {choice[1]:.0f} cycles replayed with "
+                    f"bank placement, {choice[2]}: {choice[3]:.0f}]")
+
+
+def emit_choosing_slots(ctx: LoweringContext, emit: Callable[[], None]) -> None:
+    """Run ``emit`` (one product kernel, ended; a lowering without candidate tilings to fall
+    back on: the emit route's convolutions, the depthwise kernels) and, where its output
+    tiles took a third accumulator slot and the build replays kernels, keep the faster slot
+    count (:func:`choose_acc_slots`), as :func:`lower_with_feedback` does for the others --
+    both routes emit the same program."""
+    mark = ctx.checkpoint()
+    lens = [len(st) for st in ctx.kb.streams]
+    ctx.kb.acc_slots_used = 0
+    emit()
+    if ctx.replay is not None and ctx.kb.acc_slots_used > ctx.kb.nbuf:
+        choose_acc_slots(ctx, mark, lens, emit)

@@ -38,9 +38,9 @@ __all__ = ["DEFER_STORES", "FIRST_LOADS_TILES", "STAGGER_FIRST_LOADS", "TILING_C
            "acc_row_stride", "acc_slots", "acc_strides", "core_step_slots", "emit_gemm",
            "feasible_tilings", "fixed_tiles", "gemm_bounds", "gemm_cost", "gemm_kernel_info",
            "gemm_roofline", "gemm_traffic", "group_strides", "held_loads", "held_tiles",
-           "plan_candidates", "plan_gemm", "prefetch_staging", "residual_weights_product",
-           "store_floor", "tail_pieces",
-           "tile_bytes", "tiling_domain", "tiling_knob_key", "tiling_value"]
+           "kernel_acc_slots", "plan_candidates", "plan_gemm", "prefetch_staging",
+           "residual_weights_product", "store_floor", "tail_pieces", "tile_bytes",
+           "tiling_domain", "tiling_knob_key", "tiling_value"]
 
 
 @dataclass(frozen=True)
@@ -614,7 +614,8 @@ def _split_axis(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, nm: int, nn:
     return "n" if can_n else ""
 
 
-def acc_slots(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int) -> int:
+def acc_slots(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int,
+              epilogue: Any = None) -> int:
     """Accumulator slots :func:`emit_gemm` rotates a core's output tiles through: ``nbuf``,
     or ``nbuf + 1`` where they fit with double buffering, one K step per tile and the bytes
     loaded a step (the tiles not fixed on the core) at least the output tile's: its store,
@@ -623,15 +624,38 @@ def acc_slots(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int) -
     63989 cycles; default 1 core, ResNet-18's 3x3 of stage 1 in M112 x N32 tiles: 75119 ->
     66609). Not where the stores dominate: more of them in flight only crowd the channel
     (edge, MobileNetV2's 1x1 64 -> 384: 27091 -> 27207 cycles with a third slot; default,
-    ResNet-18's 1x1/s2 of stage 2: 11697 -> 11771)."""
+    ResNet-18's 1x1/s2 of stage 2: 11697 -> 11771).
+
+    ``epilogue``: the product's fused epilogue (:class:`~.epilogue.Epilogue`, duck-typed:
+    ``chunk_elems``), whose buffers go above the slots: the slot more is taken only where
+    it leaves the epilogue chunks as large as ``nbuf`` slots do. Taken regardless, it
+    could leave room for a few channels a chunk, each chunk a DMA round trip (edge with 7 KiB
+    of accumulators, a 1x1 convolution 128 -> 32 at 14 x 14 with a residual in tiles of 2
+    KiB: 76 residual loads and 25413 cycles with a third slot, 28 and 20296 without;
+    tested), or for none (the epilogue unfused). Only the banded depthwise kernel was
+    guarded before (:data:`~.ops.BANDED_ACC_SHARE`, which also bounds its tiles)."""
     in_bytes, w_bytes, c_bytes = tile_bytes(cfg, shape, tiling)
     a_fixed, b_fixed = held_tiles(cfg, shape, tiling, nbuf)
     streamed = (0 if a_fixed else in_bytes) + (0 if b_fixed else w_bytes)
     nk = math.ceil(shape.k_units / tiling.k_units)
     if nbuf >= 2 and nk == 1 and streamed >= c_bytes and \
             (nbuf + 1) * c_bytes <= cfg.memory("acc").size:
-        return nbuf + 1
+        tile = c_bytes // itemsize(_acc_dtype(cfg, shape.dtype)[0])
+        if epilogue is None or epilogue.chunk_elems(cfg, (nbuf + 1) * c_bytes, nbuf, tile) >= \
+                epilogue.chunk_elems(cfg, nbuf * c_bytes, nbuf, tile):
+            return nbuf + 1
     return nbuf
+
+
+def kernel_acc_slots(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling) -> int:
+    """:func:`acc_slots` of the product ``kb`` emits: with its fused epilogue
+    (``kb.epilogue``), at most ``kb.acc_slot_cap`` (0: no cap; the slot count the build's
+    replay chose for the kernel, :mod:`.feedback`'s ``choose_acc_slots``); the count is
+    recorded in ``kb.acc_slots_used``."""
+    n = acc_slots(kb.config, shape, tiling, kb.nbuf, kb.epilogue)
+    n = min(n, kb.acc_slot_cap) if kb.acc_slot_cap else n
+    kb.acc_slots_used = max(kb.acc_slots_used, n)
+    return n
 
 
 def store_floor(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int) -> int:
@@ -1049,7 +1073,7 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     # accumulator slot takes the tile after next: a third slot, where it fits, gives it two
     # (edge, attention's P @ V in tiles of M32 x N32: the tensor unit waited on every other
     # store: 75214 -> 69191 cycles; M32 x N64: 65038 -> 63989)
-    nout = acc_slots(cfg, shape, tiling, kb.nbuf)
+    nout = kernel_acc_slots(kb, shape, tiling)
     kb.acc_top = nout * c_bytes  # a fused epilogue's buffers go above the output slots
     pipes = [Pipeline(kb, c, UNIT_TENSOR, nout) for c in range(cfg.cores)]
     tiles = output_tiles(cfg, shape, tiling, kb.nbuf)

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ...ir.errors import KilnError
+from ...npu.program import Program
 from ...target.npu.config import NPUConfig
 from .emit import DRAM_ALIGN, ITEMSIZE, DramTensor, KernelBuilder, dram_itemsize
 
@@ -163,6 +164,11 @@ class LoweringContext:
         #: tir`` prints for the NPU).
         self.tir: list[tuple[str, Any]] = []
         self._kernel_count = 0
+        #: the cycles and bank-conflict cycles of one kernel's program, replayed timing-only
+        #: after its bank placement (set by ``build_npu`` where the description has bank
+        #: groups; :func:`.feedback.choose_acc_slots` ranks a product's output slot counts
+        #: by it); None: no such choice (the partitioning passes' probes)
+        self.replay: Callable[[Program], tuple[float, float]] | None = None
         #: while not None, :meth:`constant` uploads equal arrays once (content -> index in
         #: :attr:`constants`): the sub-batches of a region (:mod:`.sub_batch`) each lay
         #: out the same weights
@@ -233,7 +239,7 @@ class LoweringContext:
             raise KilnError("LoweringContext.rollback: a new region began since the checkpoint")
         for st, n in zip(kb.streams, lens):
             del st[n:]
-        kb.labels = labels
+        kb.labels = dict(labels)  # a copy: a mark may be rolled back to again
         del kb.kernels[nk:]
         kb.store_floor, kb.acc_top = floor
         self.top = top

@@ -25,7 +25,7 @@ from .banded import (
     banded_weights,
 )
 from .emit import DramTensor, KernelInfo, block, itemsize, row_major
-from .feedback import lower_with_feedback
+from .feedback import emit_choosing_slots, lower_with_feedback
 from .gemm import (
     GemmShape,
     GemmTiling,
@@ -656,11 +656,14 @@ def _conv(ctx: LoweringContext, at: Any, x: Any, w: np.ndarray, out: DramTensor,
     xa = _activation(ctx, x, dt, "nn.conv2d")
     wl = ctx.constant(conv_weight_layout(w), dt)
     t = conv_transfers(ctx, geo, tiling, xa, wl, out)
-    emit_gemm(ctx.kb, shape, tiling, t.load_a, t.load_b, t.store_c, t.stage_a)
-    ctx.kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
-                                       tiling.describe(shape), tiling.estimate, shape,
-                                       tiling.knob, constant_b=True,
-                                       c_itemsize=ctx.kb.result_itemsize(out.dtype)))
+
+    def emit() -> None:
+        emit_gemm(ctx.kb, shape, tiling, t.load_a, t.load_b, t.store_c, t.stage_a)
+        ctx.kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
+                                           tiling.describe(shape), tiling.estimate, shape,
+                                           tiling.knob, constant_b=True,
+                                           c_itemsize=ctx.kb.result_itemsize(out.dtype)))
+    emit_choosing_slots(ctx, emit)
 
 
 def conv_weight_layout(w: np.ndarray) -> np.ndarray:
@@ -696,11 +699,13 @@ def _pointwise(ctx: LoweringContext, x: Any, w: np.ndarray, out: DramTensor, dt:
                 dst=out.at((b * o + m0) * hw + n0, (0, hw, 1)),
                 src=block("acc", addr, out.dtype, (0, ns, 1)))
 
-    emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
-    kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
-                                   "1x1 as W @ X: " + tiling.describe(shape), tiling.estimate,
-                                   shape, tiling.knob, constant_a=True,
-                                   c_itemsize=kb.result_itemsize(out.dtype)))
+    def emit() -> None:
+        emit_gemm(kb, shape, tiling, load_a, load_b, store_c)
+        kb.end_kernel(gemm_kernel_info(ctx.config, ctx.label("nn.conv2d"), "nn.conv2d",
+                                       "1x1 as W @ X: " + tiling.describe(shape),
+                                       tiling.estimate, shape, tiling.knob, constant_a=True,
+                                       c_itemsize=kb.result_itemsize(out.dtype)))
+    emit_choosing_slots(ctx, emit)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1057,17 +1062,21 @@ def _depthwise_tensor(ctx: LoweringContext, at: Any, x: DramTensor, w: np.ndarra
             return ch, ch, (b % p.groups) * taps * p.g * p.g
 
         t = conv_transfers(ctx, part.geo, tiling, xa, wl, out, planes)
-        emit_gemm(ctx.kb, shape, tiling, t.load_a, t.load_b, t.store_c, t.stage_a)
-        info = gemm_kernel_info(
-            ctx.config, ctx.label("nn.conv2d.depthwise"), "nn.conv2d.depthwise",
-            f"tensor unit, {part.groups} groups of {part.g} channels (block-diagonal): " +
-            tiling.describe(shape), tiling.estimate, shape, tiling.knob,
-            constant_b=True, c_itemsize=ctx.kb.result_itemsize(out.dtype))
-        ch = part.groups * part.g  # each part reads and writes its own channels
-        info = depthwise_traffic(info, ctx.config, (nb, ch, *x.shape[2:]),
-                                 (ch, *w.shape[1:]), (nb, ch, oh, ow), dt,
-                                 ctx.kb.result_itemsize(out.dtype))
-        ctx.kb.end_kernel(replace(info, macs=nb * part.groups * part.g * oh * ow * taps))
+
+        def emit(part: DepthwisePart = part, shape: GemmShape = shape,
+                 tiling: GemmTiling = tiling, t: GemmTransfers = t) -> None:
+            emit_gemm(ctx.kb, shape, tiling, t.load_a, t.load_b, t.store_c, t.stage_a)
+            info = gemm_kernel_info(
+                ctx.config, ctx.label("nn.conv2d.depthwise"), "nn.conv2d.depthwise",
+                f"tensor unit, {part.groups} groups of {part.g} channels (block-diagonal): " +
+                tiling.describe(shape), tiling.estimate, shape, tiling.knob,
+                constant_b=True, c_itemsize=ctx.kb.result_itemsize(out.dtype))
+            ch = part.groups * part.g  # each part reads and writes its own channels
+            info = depthwise_traffic(info, ctx.config, (nb, ch, *x.shape[2:]),
+                                     (ch, *w.shape[1:]), (nb, ch, oh, ow), dt,
+                                     ctx.kb.result_itemsize(out.dtype))
+            ctx.kb.end_kernel(replace(info, macs=nb * part.groups * part.g * oh * ow * taps))
+        emit_choosing_slots(ctx, emit)
 
 
 def _depthwise_banded(ctx: LoweringContext, at: Any, x: DramTensor, w: np.ndarray,
@@ -1085,18 +1094,23 @@ def _depthwise_banded(ctx: LoweringContext, at: Any, x: DramTensor, w: np.ndarra
     xa = _activation(ctx, x, dt, "nn.conv2d")
     wl = ctx.constant(banded_rows(w, geo) if geo.compact else banded_weights(w, geo), dt)
     t = banded_transfers(ctx, geo, tiling, xa, wl, out)
-    emit_gemm(ctx.kb, shape, tiling, t.load_a, t.load_b, t.store_c, t.stage_a, geo.b_groups,
-              geo.c_groups(tiling), geo.a_parts(tiling) if geo.in_place else None, geo.a_row)
-    info = gemm_kernel_info(
-        ctx.config, ctx.label("nn.conv2d.depthwise"), "nn.conv2d.depthwise",
-        f"tensor unit, banded: {len(geo.blocks)} blocks of {geo.n} columns, windows of "
-        f"{geo.window}, {geo.g} channels a step" + (", in place" if geo.in_place else "") +
-        (", bands built on chip" if geo.compact else "") +
-        ": " + tiling.describe(shape), tiling.estimate,
-        shape, constant_b=True, c_itemsize=ctx.kb.result_itemsize(out.dtype))
-    info = depthwise_traffic(info, ctx.config, x.shape, w.shape, out.shape, dt,
-                             ctx.kb.result_itemsize(out.dtype))
-    ctx.kb.end_kernel(replace(info, macs=int(np.prod(out.shape)) * w.shape[2] * w.shape[3]))
+
+    def emit() -> None:
+        emit_gemm(ctx.kb, shape, tiling, t.load_a, t.load_b, t.store_c, t.stage_a,
+                  geo.b_groups, geo.c_groups(tiling),
+                  geo.a_parts(tiling) if geo.in_place else None, geo.a_row)
+        info = gemm_kernel_info(
+            ctx.config, ctx.label("nn.conv2d.depthwise"), "nn.conv2d.depthwise",
+            f"tensor unit, banded: {len(geo.blocks)} blocks of {geo.n} columns, windows of "
+            f"{geo.window}, {geo.g} channels a step" + (", in place" if geo.in_place else "")
+            + (", bands built on chip" if geo.compact else "") +
+            ": " + tiling.describe(shape), tiling.estimate,
+            shape, constant_b=True, c_itemsize=ctx.kb.result_itemsize(out.dtype))
+        info = depthwise_traffic(info, ctx.config, x.shape, w.shape, out.shape, dt,
+                                 ctx.kb.result_itemsize(out.dtype))
+        ctx.kb.end_kernel(replace(info, macs=int(np.prod(out.shape)) * w.shape[2] *
+                                  w.shape[3]))
+    emit_choosing_slots(ctx, emit)
 
 
 def _depthwise_vector(ctx: LoweringContext, call: Any, x: DramTensor, w: np.ndarray,

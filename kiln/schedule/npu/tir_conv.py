@@ -46,9 +46,9 @@ from .emit import DramTensor, DramView
 from .feedback import lower_with_feedback
 from .gemm import (
     GemmTiling,
-    acc_slots,
     gemm_kernel_info,
     held_tiles,
+    kernel_acc_slots,
     plan_candidates,
     store_floor,
 )
@@ -149,7 +149,8 @@ def scheduled_conv(ctx: LoweringContext, geo: ConvGeometry, tiling: GemmTiling) 
     td = cfg.tensor_dtype(shape.dtype, shape.dtype)
     acc = str(td.acc)
     return _schedule(geo, tiling, acc, nbuf, mma_intrin_name(shape.dtype, shape.dtype, acc),
-                     held_tiles(cfg, shape, tiling, nbuf), acc_slots(cfg, shape, tiling, nbuf),
+                     held_tiles(cfg, shape, tiling, nbuf),
+                     kernel_acc_slots(ctx.kb, shape, tiling),
                      store_floor(cfg, shape, tiling, nbuf)).copy()
 
 

@@ -46,9 +46,9 @@ from .feedback import lower_with_feedback
 from .gemm import (
     GemmShape,
     GemmTiling,
-    acc_slots,
     gemm_kernel_info,
     held_tiles,
+    kernel_acc_slots,
     plan_candidates,
     store_floor,
 )
@@ -157,7 +157,7 @@ def scheduled_gemm(ctx: LoweringContext, p: GemmProblem, tiling: GemmTiling) -> 
     cfg, nbuf = ctx.config, ctx.kb.nbuf
     return schedule_gemm(func, tile, nbuf, mma_intrin_name(p.dtype, p.dtype, p.acc),
                          held_tiles(cfg, p.shape, tiling, nbuf),
-                         acc_slots(cfg, p.shape, tiling, nbuf),
+                         kernel_acc_slots(ctx.kb, p.shape, tiling),
                          store_floor(cfg, p.shape, tiling, nbuf))
 
 

@@ -59,11 +59,11 @@ from .gemm import (
     GemmShape,
     GemmTiling,
     SlotCache,
-    acc_slots,
     acc_strides,
     emit_gemm,
     gemm_cost,
     held_tiles,
+    kernel_acc_slots,
     residual_weights_product,
     store_floor,
     tail_pieces,
@@ -871,7 +871,7 @@ def emit_scheduled_conv(ctx: LoweringContext, func: PrimFunc,
     balance = bool(loop.annotations.get(BALANCE_KEY, False))
     tiling = GemmTiling(mu, nt, ku, gemm_cost(cfg, shape, mu, nt, ku, nbuf, balance=balance),
                         balance)
-    rules = {OUT_SLOTS_KEY: acc_slots(cfg, shape, tiling, nbuf),
+    rules = {OUT_SLOTS_KEY: kernel_acc_slots(kb, shape, tiling),
              STORE_FLOOR_KEY: store_floor(cfg, shape, tiling, nbuf)}
     for key, want in rules.items():
         got = int(loop.annotations.get(key, 0))
