@@ -20,6 +20,7 @@ from kiln import op
 from kiln.build import npu_pipeline
 from kiln.codegen.npu import LOWERING_KEY, build_npu
 from kiln.codegen.npu import compile as npu_compile
+from kiln.codegen.npu.compile import CHOOSE_ACC_SLOTS_KEY
 from kiln.npu.isa import Block, Instr, IsaError
 from kiln.schedule.npu import feedback, gemm, isel, tir_pool, vector
 from kiln.schedule.npu.emit import MEM_ID, DramTensor
@@ -304,8 +305,10 @@ def test_a_products_output_slots_are_chosen_by_its_replay(monkeypatch):
     faster -- forced each way by a replay that takes 1000 cycles off one count's (the first
     replay is the three slots', the second the two's). Two slots chosen so are kept only
     where the whole model replays faster with them than a build without the choice (forced
-    each way too: dropped, ``BankPlan.left`` says so). The kept count is in the program (the
-    slot tile 0 and tile 2 or 3 share), on the kernel (``acc_choice``, its tiling text), and
+    each way too: dropped, ``BankPlan.left`` says so). Only with the PassContext option
+    ``"npu.choose_acc_slots"`` (off by default: no replay, acc_slots' count). The kept
+    count is in the program (the slot tile 0 and tile 2 or 3 share), on the kernel
+    (``acc_choice``, its tiling text), and
     the bits are those of the build without bank placement (no choice: three slots)."""
     rng = np.random.default_rng(7)
     w = (rng.standard_normal((32, 128, 1, 1)) * 0.2).astype("float32")
@@ -314,7 +317,7 @@ def test_a_products_output_slots_are_chosen_by_its_replay(monkeypatch):
     mod = _conv_residual(w, res.shape)
     real, real_model = npu_compile.kernel_replay, npu_compile.model_replay
 
-    def build(faster=None, bank_plan=True, model_keeps=True):
+    def build(faster=None, bank_plan=True, model_keeps=True, choose=True):
         calls = []
 
         def fake(cfg):
@@ -333,8 +336,9 @@ def test_a_products_output_slots_are_chosen_by_its_replay(monkeypatch):
         if faster is not None:
             monkeypatch.setattr(npu_compile, "kernel_replay", fake)
             monkeypatch.setattr(npu_compile, "model_replay", fake_model)
-        exe = build_npu(npu_pipeline()(mod), kiln.Target("npu", hw="edge"),
-                        residency=False, bank_plan=bank_plan)
+        with PassContext(config={CHOOSE_ACC_SLOTS_KEY: choose}):
+            exe = build_npu(npu_pipeline()(mod), kiln.Target("npu", hw="edge"),
+                            residency=False, bank_plan=bank_plan)
         monkeypatch.setattr(npu_compile, "kernel_replay", real)
         monkeypatch.setattr(npu_compile, "model_replay", real_model)
         assert len(calls) == (0 if faster is None else 2)
@@ -350,6 +354,9 @@ def test_a_products_output_slots_are_chosen_by_its_replay(monkeypatch):
 
     plain, plain_kernel, plain_slots, want = build(bank_plan=False)
     assert plain_slots == 3 and plain_kernel.acc_choice is None
+    # the option off (the default): no replay, acc_slots' own count
+    _, kernel, slots, out = build(choose=False)
+    assert slots == 3 and kernel.acc_choice is None and np.array_equal(out, want)
     ref = np.maximum(np.einsum("oc,nchw->nohw", w[:, :, 0, 0], x) + res, 0)
     assert np.max(np.abs(want - ref)) / np.max(np.abs(ref)) < 2e-2
     for faster in (3, 2):
