@@ -203,6 +203,23 @@ def dense_bias_relu(x_shape: tuple[int, ...], weight: np.ndarray, bias: np.ndarr
     return bb.get()
 
 
+def conv_residual_relu(weight: np.ndarray, res_shape: tuple[int, ...]) -> IRModule:
+    """``relu(conv2d(x, weight) + r)`` (NCHW, no padding, float32) with ``x`` and the
+    residual ``r`` of ``res_shape`` parameters and the weight a constant: a product whose
+    fused epilogue loads a residual."""
+    bb = g.BlockBuilder()
+    xv = g.Var("x", g.TensorStructInfo((res_shape[0], weight.shape[1], *res_shape[2:]),
+                                       "float32"))
+    rv = g.Var("r", g.TensorStructInfo(res_shape, "float32"))
+    with bb.function("main", [xv, rv]):
+        with bb.dataflow():
+            c = bb.emit(op.nn.conv2d(xv, g.const(weight)), "c")
+            a = bb.emit(op.add(c, rv), "a")
+            y = bb.emit_output(op.nn.relu(a), "y")
+        bb.emit_func_output(y)
+    return bb.get()
+
+
 def model_script(directory: str | Path, call: str) -> Path:
     """A Python model file in ``directory`` whose ``module()`` returns ``models.<call>.mod``
     (e.g. ``call="mlp(batch=2)"``): what the ``kiln`` command line loads in place of an ONNX

@@ -28,6 +28,7 @@ from kiln.schedule.npu.gemm import GemmTiling
 from kiln.schedule.npu.nest_analysis import analyse_elementwise
 from kiln.schedule.npu.vector import VecStep
 from kiln.target.npu import load_config
+from kiln.testing.models import conv_residual_relu
 from kiln.testing.op_testing import graph_module
 from kiln.transform import PassContext
 
@@ -284,20 +285,6 @@ def test_pooling_block_that_does_not_fit_takes_the_next(monkeypatch, route):
     np.testing.assert_array_equal(exe(x), x.reshape(1, 32, 32, 2, 32, 2).max(axis=(3, 5)))
 
 
-def _conv_residual(w, res_shape):
-    """relu(conv2d(x, w) + r): a product with a fused epilogue that loads a residual."""
-    bb = g.BlockBuilder()
-    xv = g.Var("x", g.TensorStructInfo((1, w.shape[1], *res_shape[2:]), "float32"))
-    rv = g.Var("r", g.TensorStructInfo(res_shape, "float32"))
-    with bb.function("main", [xv, rv]):
-        with bb.dataflow():
-            c = bb.emit(op.nn.conv2d(xv, g.const(w)), "c")
-            a = bb.emit(op.add(c, rv), "a")
-            y = bb.emit_output(op.nn.relu(a), "y")
-        bb.emit_func_output(y)
-    return bb.get()
-
-
 def test_a_products_output_slots_are_chosen_by_its_replay(monkeypatch):
     """Edge, a pointwise convolution (128 -> 32 channels at 14 x 14, one K step) with a
     residual: its tiles could take a third accumulator slot, so the build emits it with three
@@ -314,7 +301,7 @@ def test_a_products_output_slots_are_chosen_by_its_replay(monkeypatch):
     w = (rng.standard_normal((32, 128, 1, 1)) * 0.2).astype("float32")
     x = rng.standard_normal((1, 128, 14, 14)).astype("float32")
     res = rng.standard_normal((1, 32, 14, 14)).astype("float32")
-    mod = _conv_residual(w, res.shape)
+    mod = conv_residual_relu(w, res.shape)
     real, real_model = npu_compile.kernel_replay, npu_compile.model_replay
 
     def build(faster=None, bank_plan=True, model_keeps=True, choose=True):

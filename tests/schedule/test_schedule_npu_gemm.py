@@ -26,6 +26,7 @@ from kiln.schedule.npu.lowering import PLAN_RESIDENCY_KEY, LoweringContext
 from kiln.schedule.npu.ops import ONCHIP_SHARE, conv_geometry, onchip_input
 from kiln.target.npu import load_config
 from kiln.target.npu.config import DRAM
+from kiln.testing.models import conv_residual_relu
 from kiln.testing.op_testing import graph_module
 from kiln.transform import PassContext
 
@@ -252,16 +253,7 @@ def test_a_third_output_slot_leaves_the_fused_epilogue_its_chunks(tmp_path):
     w = (rng.standard_normal((32, 128, 1, 1)) * 0.2).astype("float32")
     x = rng.standard_normal((1, 128, 14, 14)).astype("float32")
     res = rng.standard_normal((1, 32, 14, 14)).astype("float32")
-    bb = g.BlockBuilder()
-    xv = g.Var("x", g.TensorStructInfo(x.shape, "float32"))
-    rv = g.Var("r", g.TensorStructInfo(res.shape, "float32"))
-    with bb.function("main", [xv, rv]):
-        with bb.dataflow():
-            c = bb.emit(op.nn.conv2d(xv, g.const(w)), "c")
-            a = bb.emit(op.add(c, rv), "a")
-            y = bb.emit_output(op.nn.relu(a), "y")
-        bb.emit_func_output(y)
-    mod = bb.get()
+    mod = conv_residual_relu(w, res.shape)
     outs, exes = {}, {}
     for fuse in (False, True):
         exes[fuse] = build_npu(npu_pipeline()(mod), kiln.Target("npu", hw=path),

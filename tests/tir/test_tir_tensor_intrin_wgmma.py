@@ -140,25 +140,20 @@ def test_a_tiles_are_where_the_descriptors_read_them(warpgroups, mi, bk):
             assert _at(layout, logical * bk + k) == op.offset(physical, k)
 
 
-@pytest.mark.parametrize("nj,bk", [(16, 64), (32, 32), (1, 16), (8, 64)])
-def test_b_tiles_are_where_the_descriptors_read_them(nj, bk):
+@pytest.mark.parametrize("k_major", [False, True])
+@pytest.mark.parametrize("nj,bk", [(16, 64), (32, 32), (1, 16), (8, 64), (32, 16), (1, 32)])
+def test_b_tiles_are_where_the_descriptors_read_them(nj, bk, k_major):
     """Logical column (lane t, block j, e) and row k of B's tile is stored at what the
-    MN-major operand gives for the accumulator column 8 j + 2 t + e."""
+    descriptor's operand gives for the accumulator column 8 j + 2 t + e: matmul's B[k, n]
+    MN-major (stored row k after row k), a dense weight's W[n, k] K-major (row n after
+    row n)."""
     cols = 8 * nj
-    layout, op = wgmma_b_layout(nj, bk), b_operand(bk, cols)
+    if k_major:
+        layout, op = wgmma_b_k_major_layout(nj, bk), b_operand_k_major(cols, bk)
+    else:
+        layout, op = wgmma_b_layout(nj, bk), b_operand(bk, cols)
     for t, j, e in itertools.product(range(4), range(nj), range(2)):
         logical = (t * nj + j) * 2 + e
         for k in (0, 5, 8, bk - 1):
-            assert _at(layout, k * cols + logical) == op.offset(8 * j + 2 * t + e, k)
-
-
-@pytest.mark.parametrize("nj,bk", [(16, 64), (32, 16), (1, 32)])
-def test_dense_weight_tiles_are_where_the_descriptors_read_them(nj, bk):
-    """A dense weight's tile W[n, k]: logical row (lane t, block j, e) and column k stored at
-    what the K-major B operand gives for the accumulator column 8 j + 2 t + e."""
-    cols = 8 * nj
-    layout, op = wgmma_b_k_major_layout(nj, bk), b_operand_k_major(cols, bk)
-    for t, j, e in itertools.product(range(4), range(nj), range(2)):
-        logical = (t * nj + j) * 2 + e
-        for k in (0, 5, 8, bk - 1):
-            assert _at(layout, logical * bk + k) == op.offset(8 * j + 2 * t + e, k)
+            at = logical * bk + k if k_major else k * cols + logical
+            assert _at(layout, at) == op.offset(8 * j + 2 * t + e, k)

@@ -130,6 +130,22 @@ def bind_blocks(sch: Any, batch: list[Any], rows: Any, cols: Any) -> None:
     sch.bind(cols, "blockIdx.x")
 
 
+def warp_accumulators(sch: Any, block: Any, batch: list[Any], rows: Any, cols: Any,
+                      warps: tuple[Any, Any], lanes: tuple[Any, Any]) -> Any:
+    """The tensor-core routes' binding: the block tiles to ``blockIdx``, the two ``warps``
+    loops fused to ``threadIdx.y`` (a warp each), the two ``lanes`` loops fused to
+    ``threadIdx.x`` (its 32 lanes), and each thread's float32 accumulators in registers
+    under its lane; returns their write-back block."""
+    warp = sch.fuse(*warps)
+    lane = sch.fuse(*lanes)
+    bind_blocks(sch, batch, rows, cols)
+    sch.bind(warp, "threadIdx.y")
+    sch.bind(lane, "threadIdx.x")
+    acc = sch.cache_write(block, 0, "local", "float32")
+    sch.reverse_compute_at(acc, lane)
+    return acc
+
+
 def schedule_tiled_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> None:
     """Tile ``block`` (spatial loops ``[batch..., i, j]`` or, ``rows_fused``, ``[rows..., j]``,
     then one reduction loop) as the module docstring says. Knobs: ``gpu_gemm_threads``
@@ -419,13 +435,7 @@ def schedule_wgmma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> 
     jo, t, rj = sch.split(j, [None, 4, 2 * nj])
     ko, kin = sch.split(k, [None, bk])
     sch.reorder(io, jo, wgo, w, g, t, ko, ri, rj, kin)  # one intrinsic call per stage
-    warp = sch.fuse(wgo, w)
-    lane = sch.fuse(g, t)
-    bind_blocks(sch, batch, io, jo)
-    sch.bind(warp, "threadIdx.y")
-    sch.bind(lane, "threadIdx.x")
-    acc = sch.cache_write(block, 0, "local", "float32")
-    sch.reverse_compute_at(acc, lane)
+    acc = warp_accumulators(sch, block, batch, io, jo, (wgo, w), (g, t))
     # a dense weight W[n, k] is read [n, k]: B K-major, stored and copied like A
     b_k_major = _reads_rows_of_b(sch, block)
     layouts = (wgmma_a_layout(wg, mi, bk),
@@ -561,13 +571,7 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
         ri_o, ri_i = sch.split(ri, [mi, 2])
         rj_o, rj_i = sch.split(rj, [ni, 2])
         sch.reorder(io, jo, wi, wj, g, t, ko, kt, ri_o, rj_o, ri_i, rj_i, k16)
-    warp = sch.fuse(wi, wj)
-    lane = sch.fuse(g, t)
-    bind_blocks(sch, batch, io, jo)
-    sch.bind(warp, "threadIdx.y")
-    sch.bind(lane, "threadIdx.x")
-    acc = sch.cache_write(block, 0, "local", "float32")
-    sch.reverse_compute_at(acc, lane)
+    acc = warp_accumulators(sch, block, batch, io, jo, (wi, wj), (g, t))
     # rows of A: stride = 2 mod 4 elements (odd words): the 8 lane groups' rows, 2 MI apart,
     # fall on distinct (MI <= 2) or pairwise-shared banks. A fragment load of B reads the words
     # t * stride / 2 + (g / 2) * NI (t, g / 2 < 4): distinct banks for an odd stride, and for
