@@ -13,8 +13,8 @@ Every model is compiled twice with ``kiln.build(target="npu -hw=...")``'s loweri
 buffering on (the default) and off -- and run once on the simulator. Per GEMM/conv layer it
 prints the simulated cycles, the roofline bound (max of the tensor unit's cycles and the DRAM
 cycles of the layer's minimum traffic, both from the description: ``gemm_roofline``),
-utilization = bound / cycles (plus its prefetched loads' channel time, below), which side
-binds (``bound by``: ``DRAM`` -- a DMA-bound layer --
+utilization = bound / cycles (the DRAM side without the loads the prefetch ran in the layer
+before, below), which side binds (``bound by``: ``DRAM`` -- a DMA-bound layer --
 or the compute unit), and the cycles without double buffering with the speed-up (off / on)
 and what overlapping the roofline's two sides would give (``sides x``: (compute + DRAM
 cycles) / the larger -- for a plain GEMM the most double buffering can give: one far from
@@ -39,14 +39,16 @@ DRAM traffic, the simulation's wall time, the ops left on the CPU, and the DRAM 
 with liveness-based reuse against a range per tensor, the cycles with every tensor in DRAM
 against on-chip residency, and without and with the prefetch across kernel boundaries
 (``"npu.prefetch"``; a moved load's cycles count in the kernel it joins, so the per-layer
-cycles shift by what it moves; a layer's utilization charges it the channel time of its
-prefetched loads' DRAM bytes, ``PrefetchPlan.prefetched`` -- the least they took in the layer
-before -- else a layer whose weights were partly loaded before it starts would show more
-than 100% of a bound its cycles do not contain). Outputs are checked
-against the float32 reference (torch for ResNet-18, MobileNetV2 and the encoder, numpy for the
-others). The encoder has BERT-base's layer shapes (hidden 768, 12 heads, FFN 3072; ``--layers``
-of them, default 2: every layer is the same kernels) with its embedding gather and the mask's
-int64 -> float cast as scalar-unit loops (the NPU has no indirect DMA and no int64 vector type).
+cycles shift by what it moves; a layer's bound leaves out of its DRAM side the channel time
+of its loads that ran in the layer before, ``PrefetchPlan.prefetched``: the work its phase
+holds -- else a layer whose weights were partly loaded before it starts would show more
+than 100% of a bound its cycles do not contain; the layer before keeps its own bound, a
+lower one than the work its phase holds. The model's bound counts every layer's whole).
+Outputs are checked against the float32 reference (torch for ResNet-18, MobileNetV2 and the
+encoder, numpy for the others). The encoder has BERT-base's layer shapes (hidden 768, 12
+heads, FFN 3072; ``--layers`` of them, default 2: every layer is the same kernels) with its
+embedding gather and the mask's int64 -> float cast as scalar-unit loops (the NPU has no
+indirect DMA and no int64 vector type).
 
 The builds lower every kernel through TIR, the default route (scheduled into NPU scopes,
 tensorized, generated): the products (dense, matmul), the convolutions (pointwise as ``W @ X``,
@@ -264,9 +266,15 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
     c_on, c_off = _phases(on.last_reports), _relabel(on, off, _phases(off.last_reports))
     bandwidth = load_config(hw).memory("dram").bandwidth
     moved = _moved(on.last_reports, bandwidth)
-    # cycles of the channel a layer's prefetched loads took in the layer before it
+    # cycles of the channel a layer's prefetched loads took in the layer before it: not in
+    # its phase, so not in the bound its phase's cycles are held against
     fetched = {label: n / bandwidth for p in on.prefetch_plans if not p.reverted
                for label, n in p.prefetched.items()}
+
+    def bound_of(k) -> float:
+        if not fetched.get(k.label):
+            return k.roofline
+        return max(k.compute, k.traffic - fetched[k.label])
     if solo:
         s_on, s_off = (_relabel(on, e, _phases(e.last_reports)) for e in solo)
         s_kernels = _relabel(on, solo[0], {k.label: k for k in solo[0].kernels})
@@ -290,7 +298,7 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
             else "tensor")
         real[k.label] = k.achievable_gain(moved[k.label])
         line = (f"{k.label:22s} {k.tiling.split(', est.')[0]:58s} {cyc:10.0f} "
-                f"{k.roofline:10.0f} {k.roofline / (cyc + fetched.get(k.label, 0.0)):6.1%} "
+                f"{bound_of(k):10.0f} {bound_of(k) / cyc:6.1%} "
                 f"{side:>8s} {cyc_off:10.0f} "
                 f"{cyc_off / cyc:6.2f} {k.overlap_gain:7.2f} {real[k.label]:6.2f}")
         if solo and k.label in s_kernels:  # the same kernels, labelled alike
