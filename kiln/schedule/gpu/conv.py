@@ -17,11 +17,9 @@ copy (the padded input is never written to global memory), the threads synchroni
 accumulate from shared memory. Strides, dilation and groups stay in the index expressions.
 Element-wise epilogues the fusion gives the convolution (bias, batch-norm scale and shift,
 relu, the residual add) are folded into the write-back of the accumulators: one kernel per
-fused convolution. The block's threads copy each step's tiles together (as the tiled GEMM of
-:mod:`kiln.schedule.gpu.linalg` does, :func:`~kiln.schedule.gpu.linalg.cooperative_copy`):
-each element once per block -- each thread used to copy the part it reads itself, so a
-step's weights were loaded by every thread of a pixel tile (64 times at the default tiles)
-and its input box by every thread along the output channels.
+fused convolution. Each thread copies the part of the shared tiles it reads itself (as the
+tiled GEMM of :mod:`kiln.schedule.gpu.linalg` does: a thread index drives one loop per nest),
+so the copies of a step are repeated by the threads that share a part.
 
 Depthwise convolution (one input and one output channel per group): the grid is (tile
 columns, channels, batch x tile rows), each thread computes ``reg_x`` outputs of a row; the
@@ -56,7 +54,7 @@ from ..knobs import knob
 from ..registry import register_schedule
 from . import rules
 from .conv_mma import schedule_conv_mma
-from .linalg import accumulator_dtype, cooperative_copy, fold_epilogues, mma_supported
+from .linalg import accumulator_dtype, fold_epilogues, mma_supported
 
 #: Warns of a float16/bfloat16 convolution that does not run on tensor cores, and why.
 logger = logging.getLogger(__name__)
@@ -127,24 +125,10 @@ def patch_floats(shape: ConvShape, tiles: ConvTiles, groups_in_tile: int = 1) ->
     return groups_in_tile * tiles.k_channels * rows * cols
 
 
-def cooperative_floats(total: int, row: int, threads: int) -> int:
-    """Floats a shared tile of ``total`` copied cooperatively by ``threads`` threads takes at
-    most: its copy runs whole rounds of the threads, the last one's tail guarded off, and the
-    allocation (the copy's region, which does not see the guard) reaches that tail too, in
-    whole ``row``s (the tile's leading dimension: an input channel's box, an output
-    channel's weights). A few KiB at the default tiles: occupancy is bound by threads."""
-    reach = -(-total // threads) * threads
-    return -(-reach // row) * row
-
-
 def shared_bytes(shape: ConvShape, tiles: ConvTiles, groups_in_tile: int = 1) -> int:
-    """Shared memory of a block (weight tile + input patch of one step, float32, each as
-    its cooperative copy allocates it at most)."""
-    taps = tiles.k_channels * shape.kh * shape.kw
-    patch = patch_floats(shape, tiles, groups_in_tile)
-    return 4 * (cooperative_floats(tiles.threads_o * tiles.reg_o * taps, taps, tiles.threads)
-                + cooperative_floats(patch, patch // (groups_in_tile * tiles.k_channels),
-                                     tiles.threads))
+    """Shared memory of a block (weight tile + input patch of one step, float32)."""
+    weights = tiles.threads_o * tiles.reg_o * tiles.k_channels * shape.kh * shape.kw
+    return 4 * (weights + patch_floats(shape, tiles, groups_in_tile))
 
 
 def pixel_tile(shape: ConvShape, threads: int) -> tuple[int, int, int]:
@@ -317,15 +301,10 @@ def schedule_implicit_gemm(sch: Any, target: Any, block: Any, loops: list[Any],
     sch.bind(tx, "threadIdx.x")
     acc = sch.cache_write(block, 0, "local", accumulator_dtype(sch.get(block)))
     sch.reverse_compute_at(acc, tx)
-    caches = []
     for index in (0, 1):
         cache = sch.cache_read(block, index, "shared")
-        sch.compute_at(cache, rco, cooperative=True)
-        caches.append(cache)
+        sch.compute_at(cache, rco)
     _stage_pad(sch)
-    for cache in caches:  # each element of a step's tiles loaded once by the block
-        cooperative_copy(sch, cache, rco, tiles.threads_y, tiles.threads_x,
-                         threads_z=tiles.threads_o)
     init = sch.decompose_reduction(block, rco)
     _finish(sch, target, block, init, acc, 2)
 

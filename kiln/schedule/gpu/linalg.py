@@ -668,15 +668,13 @@ def accumulator_dtype(block: Any) -> str | None:
 
 
 def cooperative_copy(sch: Any, copy: Any, at: Any, threads_y: int, threads_x: int,
-                     max_lanes: int = 4, threads_z: int = 1) -> None:
+                     max_lanes: int = 4) -> None:
     """Divide ``copy``, a copy of a tile into shared memory computed at loop ``at`` under the
     ``threadIdx.y/x`` loops of a ``threads_y x threads_x`` block (so covering what all the
     threads read), among the threads: its loops fused, split over ``threadIdx.y`` x
     ``threadIdx.x`` x :func:`copy_lanes` elements, the lanes vectorized. Each element of the
     tile is then loaded once per block instead of once per thread that reads it. ``max_lanes``
-    raises the vector's 4 elements (an asynchronous copy moves 16 bytes: 8 float16).
-    ``threads_z`` > 1: a block with ``threadIdx.z`` too (the convolutions' output channels),
-    the outermost of the three."""
+    raises the vector's 4 elements (an asynchronous copy moves 16 bytes: 8 float16)."""
     loops = sch.get_loops(copy)
     at_var = sch.get(at).loop_var
     own = loops[[sch.get(lp).loop_var for lp in loops].index(at_var) + 1:]
@@ -685,13 +683,9 @@ def cooperative_copy(sch: Any, copy: Any, at: Any, threads_y: int, threads_x: in
     inner = as_int(sch.get(own[-1]).extent)
     fused = sch.fuse(*own) if len(own) > 1 else own[0]
     total = as_int(sch.get(fused).extent)
-    lanes = copy_lanes(inner, total, threads_z * threads_y * threads_x,
-                       sch.get(copy).writes[0].buffer, max_lanes)
-    if threads_z > 1:
-        _, tz, ty, tx, vec = sch.split(fused, [None, threads_z, threads_y, threads_x, lanes])
-        sch.bind(tz, "threadIdx.z")
-    else:
-        _, ty, tx, vec = sch.split(fused, [None, threads_y, threads_x, lanes])
+    lanes = copy_lanes(inner, total, threads_y * threads_x, sch.get(copy).writes[0].buffer,
+                       max_lanes)
+    _, ty, tx, vec = sch.split(fused, [None, threads_y, threads_x, lanes])
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
     if lanes > 1:
