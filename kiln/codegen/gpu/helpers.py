@@ -141,19 +141,27 @@ _ARCH_SPECIFIC_GUARD = ARCH_SPECIFIC_MARKER + r"""
 """
 
 
+def _accumulators(mi: int, nj: int) -> list[list[str]]:
+    """A thread's accumulators of ``MI`` products ``m64n<8 NJ>``, per product in the order of
+    ``wgmma``'s ``d`` operand: (column block ``j``, row half ``h``, column ``e``)."""
+    return [[f"c[{2 * m + h} * ldc + {2 * j + e}]"
+             for j in range(nj) for h in range(2) for e in range(2)] for m in range(mi)]
+
+
 def _cuda_wgmma(name: str, short: str, mi: int, nj: int, a: SharedOperand,
-                b: SharedOperand, depth: int) -> str:
+                b: SharedOperand, depth: int, pending: int) -> str:
     """CUDA's thread part of ``MI`` ``wgmma.mma_async.m64n<8 NJ>k16`` (see
     :meth:`GpuHelpers.wgmma`): the descriptors' start addresses found from the thread's own
     elements through the operands' address arithmetic, then fence, the products of every
     16-deep slice of the step (each slice's descriptors the first's plus the slice's offset
-    along K), one commit and one wait. The accumulators are operands of the fence and the wait
-    too, so the compiler defines none of them between the fence and the products and reads
-    none before they land."""
+    along K), one commit and one wait for all but the last ``pending`` groups (0: this
+    step's products land; 1: the step before's, this one's left in flight for the next step
+    of a pipeline, ``kiln.tir.transform.async_copies``: ptxas waits for the last group
+    before the first instruction that reads its accumulators, info C7517). The accumulators
+    are operands of the fence and the wait too, so the compiler defines none of them between
+    the fence and the products and reads none before they land."""
     n = 8 * nj
-    # the thread's accumulator (h, e) of column block j of product m, in the d order
-    regs = [[f"c[{2 * m + h} * ldc + {2 * j + e}]"
-             for j in range(nj) for h in range(2) for e in range(2)] for m in range(mi)]
+    regs = _accumulators(mi, nj)
     first_a = a.c_offset("16 * w + g", "0")
     first_b = b.c_offset("2 * t", "0")
     lines = [
@@ -185,8 +193,10 @@ def _cuda_wgmma(name: str, short: str, mi: int, nj: int, a: SharedOperand,
                 f'      : "l"(da + {a_step}ull), "l"(db + {b_step}ull), "r"(1) : "memory");',
             ]
     lines.append('  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");')
-    lines.append(f'  asm volatile("wgmma.wait_group.sync.aligned 0;" : {every} :: "memory");')
+    lines.append(f'  asm volatile("wgmma.wait_group.sync.aligned {pending};" : {every} '
+                 ':: "memory");')
     return "\n".join(lines) + "\n}\n"
+
 
 
 class GpuHelpers(Helpers):
@@ -281,7 +291,7 @@ class GpuHelpers(Helpers):
         return self._thread_product(name, short, 2 * mi, 2 * ni, "", "(j >> 1) * 8 + (j & 1)")
 
     def wgmma(self, dtype: str, mi: int, nj: int, a: SharedOperand, b: SharedOperand,
-              depth: int = 16) -> str:
+              depth: int = 16, pending: int = 0) -> str:
         """``kiln_wgmma_<dt>_<MI>x<NJ>_k<depth>_<layouts>(c, a, b, ldc, lda, ldb)``: one
         thread's part of its warpgroup's ``MI`` products ``m64n<8 NJ>k16`` for each 16 of a
         ``depth``-deep step
@@ -298,10 +308,10 @@ class GpuHelpers(Helpers):
         if short is None:
             raise CodegenError(f"the tensor cores multiply float16 or bfloat16, not {dtype}")
         name = (f"kiln_wgmma_{short}_{mi}x{nj}_k{depth}_{a.major}{a.lbo}_{a.sbo}_"
-                f"{b.major}{b.lbo}_{b.sbo}")
+                f"{b.major}{b.lbo}_{b.sbo}" + (f"_p{pending}" if pending else ""))
         if self.dialect.is_cuda:
             self._add("kiln_arch_specific", _ARCH_SPECIFIC_GUARD)
-            return self._add(name, _cuda_wgmma(name, short, mi, nj, a, b, depth))
+            return self._add(name, _cuda_wgmma(name, short, mi, nj, a, b, depth, pending))
         self.use(short)
         ptr = "__local const uint16_t* "
         first_a = a.c_offset("16 * w + g", "0")

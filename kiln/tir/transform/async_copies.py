@@ -22,6 +22,19 @@ computed on, and every thread has passed the barrier after finishing that. The l
 :data:`PIPELINED` so that ``thread_sync`` leaves its barriers as they are (it would otherwise
 put one between the copies and the compute, which read different stages).
 
+A step whose compute is ``wgmma`` (:data:`~kiln.tir.tensor_intrin.gpu.WGMMA`, asynchronous
+itself) need not wait for its products: with 3 or more stages the pipeline leaves each step's
+group in flight (the call's ``pending`` argument 1: ``wgmma.wait_group 1`` waits for the step
+before) so that the tensor cores run step k while the threads wait for step k+1's tiles. A
+stage is then read until the step after it has waited, so the copies run one step less ahead
+(step k + S-2 into the stage of step k-2, ``S-3`` groups of copies left in flight by the
+wait). The accumulators of the last step are not waited for in TIR: ptxas puts a
+``wgmma.wait_group`` before the first instruction that reads them (its info C7517), and an
+explicit ``wgmma.wait_group 0`` after the loop makes ptxas serialize every product of the
+loop (its warning C7514: a non-wgmma instruction reading the accumulators inside a
+pipeline stage, though none does), so the threads' accumulator reads after the loop are the
+drain.
+
 A copy becomes asynchronous (:data:`kiln.tir.gpu.ASYNC_COPY`: CUDA ``cp.async``, OpenCL a
 plain copy, so PoCL checks the data movement and the stage rotation) when its innermost loop is
 vectorized over 4, 8 or 16 bytes of a plain load from global memory (no conversion, no
@@ -41,12 +54,13 @@ from typing import Any
 from ...arith.analyzer import Analyzer
 from ...ir.errors import LoweringError
 from ..buffer import Buffer
-from ..expr import BufferLoad, FloorMod, PrimExpr, Range, Var, add, const, lt
+from ..expr import BufferLoad, Call, FloorMod, PrimExpr, Range, Var, add, const, lt
 from ..function import PrimFunc
 from ..functor import Mutator, post_order_visit, substitute
 from ..gpu import async_commit, async_copy, async_wait, barrier
 from ..schedule.analysis import as_int
 from ..stmt import Allocate, BufferStore, For, ForKind, IfThenElse, LetStmt, Stmt, seq
+from ..tensor_intrin.gpu import WGMMA
 from ..tensor_intrin.intrin import address_of
 from .hoist_allocations import alloc_size
 from .prefetch_copies import fresh_definitions, split_shared_copies
@@ -208,6 +222,9 @@ def _pipeline(loop: For, stages: int, staged: dict[Var, tuple[Buffer, int]]) -> 
         size = stage_elements(buf)
         staged[buf.data] = (buf.replace(shape=(const("int64", stages * size),)), size)
     k, lo = loop.loop_var, loop.min
+    lag = 1 if stages >= 3 and _wgmma_calls(rest) else 0
+    if lag:
+        rest = [_Pending().visit(s) for s in rest]
 
     def issue(step: PrimExpr, stage: PrimExpr) -> list[Stmt]:
         out = []
@@ -217,13 +234,13 @@ def _pipeline(loop: For, stages: int, staged: dict[Var, tuple[Buffer, int]]) -> 
         return out
 
     prologue: list[Stmt] = []
-    for s in range(stages - 1):
+    for s in range(stages - 1 - lag):
         if s < extent:
             prologue += issue(add(lo, s), const(k.dtype, s))
         prologue.append(async_commit())
-    ahead = add(k, stages - 1)
-    later = FloorMod(add(k - lo, stages - 1), const(k.dtype, stages))
-    body = seq(async_wait(stages - 2), barrier(),
+    ahead = add(k, stages - 1 - lag)
+    later = FloorMod(add(k - lo, stages - 1 - lag), const(k.dtype, stages))
+    body = seq(async_wait(stages - 2 - lag), barrier(),
                IfThenElse(lt(ahead, add(lo, loop.extent)), seq(*issue(ahead, later))),
                async_commit(),
                *[_Staged(staged, FloorMod(k - lo, const(k.dtype, stages))).visit(s)
@@ -231,6 +248,25 @@ def _pipeline(loop: For, stages: int, staged: dict[Var, tuple[Buffer, int]]) -> 
     ann = {key: v for key, v in loop.annotations.items() if key != ASYNC_STAGES}
     ann[PIPELINED] = 1
     return seq(*prologue, loop.replace(body=body, annotations=ann))
+
+
+class _Pending(Mutator):
+    """:data:`WGMMA` calls that leave their group in flight (``pending`` 1)."""
+
+    def visit_Call(self, n: Call) -> PrimExpr:
+        n = self.generic_visit(n)
+        if n.op == WGMMA:
+            return n.replace(args=(*n.args, const("int64", 1)))
+        return n
+
+
+def _wgmma_calls(rest: list[Stmt]) -> bool:
+    """Whether the compute ``rest`` of a pipelined loop issues :data:`WGMMA` products."""
+    found: list[Call] = []
+    for s in rest:
+        post_order_visit(s, lambda n: found.append(n) if isinstance(n, Call) and n.op == WGMMA
+                         else None)
+    return bool(found)
 
 
 class _Pipelines(Mutator):
