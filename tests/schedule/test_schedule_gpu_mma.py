@@ -540,8 +540,9 @@ def test_wgmma_compiles_for_sm90a_without_spills(op, knobs):
     """4096^3 float16 on Target("cuda", arch="sm_90") with the knob on: NVRTC compiles it for
     sm_90a; the PTX holds wgmma.mma_async (4 per 64-deep step and product; B transposed for
     matmul's B[k, n], not for dense's W[n, k]), the fence, commit and a wait that leaves the
-    step's group in flight (the 3-stage pipeline's overlap: the step before's products
-    waited for, the copies one step ahead, ``cp.async.wait_group 0``), and the proxy fence
+    step's group in flight but at the last step (the 3-stage pipeline's overlap: the step
+    before's products waited for, the copies one step ahead, ``cp.async.wait_group 0``),
+    and the proxy fence
     before the barriers; ptxas reports no spills, serializes no wgmma (its warning C7514)
     and the shared tiles fit the target's opt-in shared memory. Without the knob the route is
     off."""
@@ -557,15 +558,17 @@ def test_wgmma_compiles_for_sm90a_without_spills(op, knobs):
     binary = compile_cuda(source, "sm_90")  # compile_arch: sm_90a
     ptx = binary.ptx.decode(errors="replace")
     n = 8 * int(call.args[8].value)
-    assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16") == 4 * int(
-        call.args[7].value)
-    assert ptx.count(f"p, 1, 1, 0, {int(op == 'matmul')}; }}") == 4 * int(call.args[7].value)
-    assert int(call.args[-1].value) == 1 and len(call.args) == 17  # pending: 1
+    # (nvcc may unroll the step loop: a multiple of a step's products)
+    products = ptx.count(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16")
+    assert products > 0 and products % (4 * int(call.args[7].value)) == 0
+    assert ptx.count(f"p, 1, 1, 0, {int(op == 'matmul')}; }}") == products
+    assert len(call.args) == 17  # pending: every step but the last leaves its products
+    assert "k_0 < 63" in source.replace("(", "").replace(")", "")
     for instruction in ("wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned",
-                        "wgmma.wait_group.sync.aligned 1", "fence.proxy.async.shared::cta",
-                        "cp.async.cg.shared.global", "cp.async.wait_group 0"):
+                        "wgmma.wait_group.sync.aligned 1", "wgmma.wait_group.sync.aligned 0",
+                        "fence.proxy.async.shared::cta", "cp.async.cg.shared.global",
+                        "cp.async.wait_group 0"):
         assert instruction in ptx
-    assert "wgmma.wait_group.sync.aligned 0" not in ptx
     (usage,) = binary.resources().values()
     assert usage.stack_bytes == 0 and usage.spill_stores == usage.spill_loads == 0
     assert "serialized" not in binary.log and "C7514" not in binary.log

@@ -149,24 +149,27 @@ def _accumulators(mi: int, nj: int) -> list[list[str]]:
 
 
 def _cuda_wgmma(name: str, short: str, mi: int, nj: int, a: SharedOperand,
-                b: SharedOperand, depth: int, pending: int) -> str:
+                b: SharedOperand, depth: int, pipelined: bool) -> str:
     """CUDA's thread part of ``MI`` ``wgmma.mma_async.m64n<8 NJ>k16`` (see
     :meth:`GpuHelpers.wgmma`): the descriptors' start addresses found from the thread's own
     elements through the operands' address arithmetic, then fence, the products of every
     16-deep slice of the step (each slice's descriptors the first's plus the slice's offset
-    along K), one commit and one wait for all but the last ``pending`` groups (0: this
-    step's products land; 1: the step before's, this one's left in flight for the next step
-    of a pipeline, ``kiln.tir.transform.async_copies``: ptxas waits for the last group
-    before the first instruction that reads its accumulators, info C7517). The accumulators
-    are operands of the fence and the wait too, so the compiler defines none of them between
-    the fence and the products and reads none before they land."""
+    along K), one commit and one wait: for this step's products, or, ``pipelined``, while
+    the call's last argument ``pending`` is non-zero, for the step before's only (this one's
+    left in flight for the next step of a pipeline, ``kiln.tir.transform.async_copies``; the
+    pipeline's last step waits for all). The accumulators are operands of the fence and the
+    waits too, so the compiler defines none of them between the fence and the products and
+    reads none before they land. (The last step's wait is in the loop, not after it: ptxas
+    serializes every product when a ``wgmma.wait_group 0`` follows the loop, its warning
+    C7514, and without any the wait it puts before the accumulators' first read, its info
+    C7517, was not enough on an H100: wrong sums.)"""
     n = 8 * nj
     regs = _accumulators(mi, nj)
     first_a = a.c_offset("16 * w + g", "0")
     first_b = b.c_offset("2 * t", "0")
     lines = [
         f"static inline void {name}(float* c, const uint16_t* a, const uint16_t* b, long ldc, "
-        "long lda, long ldb) {",
+        "long lda, long ldb" + (", int pending" if pipelined else "") + ") {",
         "  const unsigned lane = threadIdx.x & 31u, g = lane >> 2, t = lane & 3u, "
         "w = threadIdx.y & 3u;",
         f"  const unsigned sa = (unsigned)__cvta_generic_to_shared(a - {first_a});",
@@ -193,8 +196,12 @@ def _cuda_wgmma(name: str, short: str, mi: int, nj: int, a: SharedOperand,
                 f'      : "l"(da + {a_step}ull), "l"(db + {b_step}ull), "r"(1) : "memory");',
             ]
     lines.append('  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");')
-    lines.append(f'  asm volatile("wgmma.wait_group.sync.aligned {pending};" : {every} '
-                 ':: "memory");')
+    wait = '  asm volatile("wgmma.wait_group.sync.aligned {};" : ' + every + ' :: "memory");'
+    if pipelined:
+        lines += ["  if (pending) {", "  " + wait.format(1), "  } else {", "  " + wait.format(0),
+                  "  }"]
+    else:
+        lines.append(wait.format(0))
     return "\n".join(lines) + "\n}\n"
 
 
@@ -291,8 +298,9 @@ class GpuHelpers(Helpers):
         return self._thread_product(name, short, 2 * mi, 2 * ni, "", "(j >> 1) * 8 + (j & 1)")
 
     def wgmma(self, dtype: str, mi: int, nj: int, a: SharedOperand, b: SharedOperand,
-              depth: int = 16, pending: int = 0) -> str:
-        """``kiln_wgmma_<dt>_<MI>x<NJ>_k<depth>_<layouts>(c, a, b, ldc, lda, ldb)``: one
+              depth: int = 16, pipelined: bool = False) -> str:
+        """``kiln_wgmma_<dt>_<MI>x<NJ>_k<depth>_<layouts>(c, a, b, ldc, lda, ldb)`` (and
+        ``pending`` when ``pipelined``: whether to leave the step's products in flight): one
         thread's part of its warpgroup's ``MI`` products ``m64n<8 NJ>k16`` for each 16 of a
         ``depth``-deep step
         (:func:`kiln.tir.tensor_intrin.gpu.register_wgmma_intrinsic`). ``a`` and ``b`` point
@@ -308,17 +316,17 @@ class GpuHelpers(Helpers):
         if short is None:
             raise CodegenError(f"the tensor cores multiply float16 or bfloat16, not {dtype}")
         name = (f"kiln_wgmma_{short}_{mi}x{nj}_k{depth}_{a.major}{a.lbo}_{a.sbo}_"
-                f"{b.major}{b.lbo}_{b.sbo}" + (f"_p{pending}" if pending else ""))
+                f"{b.major}{b.lbo}_{b.sbo}" + ("_pipelined" if pipelined else ""))
         if self.dialect.is_cuda:
             self._add("kiln_arch_specific", _ARCH_SPECIFIC_GUARD)
-            return self._add(name, _cuda_wgmma(name, short, mi, nj, a, b, depth, pending))
+            return self._add(name, _cuda_wgmma(name, short, mi, nj, a, b, depth, pipelined))
         self.use(short)
         ptr = "__local const uint16_t* "
         first_a = a.c_offset("16 * w + g", "0")
         first_b = b.c_offset("2 * t", "0")
         return self._add(name, (
             f"static inline void {name}(float* c, {ptr}a, {ptr}b, long ldc, long lda, "
-            f"long ldb) {{\n"
+            f"long ldb{', int pending' if pipelined else ''}) {{\n"
             f"  const int lane = (int)get_local_id(0) & 31, g = lane >> 2, t = lane & 3, "
             f"w = (int)get_local_id(1) & 3;\n"
             f"  {ptr}a0 = a - {first_a};\n"

@@ -268,13 +268,15 @@ class KernelEmitter(FunctionEmitter):
         """One thread's part of its warpgroup's ``wgmma`` products for a step of the reduction
         (:func:`kiln.tir.tensor_intrin.gpu.register_wgmma_intrinsic`)."""
         dtype, c, a, b, ldc, lda, ldb, *consts = e.args
-        mi, nj, a_mn, a_lbo, a_sbo, b_mn, b_lbo, b_sbo, depth, *pending = (
-            int(x.value) for x in consts)  # type: ignore[attr-defined]
+        pending = consts[9:]  # a pipelined step's: whether its products stay in flight
+        mi, nj, a_mn, a_lbo, a_sbo, b_mn, b_lbo, b_sbo, depth = (
+            int(x.value) for x in consts[:9])  # type: ignore[attr-defined]
         majors = ("k", "mn")
         fn = self.helpers.wgmma(  # type: ignore[attr-defined]
             str(dtype.value), mi, nj, SharedOperand(majors[a_mn], a_lbo, a_sbo),  # type: ignore[attr-defined]
-            SharedOperand(majors[b_mn], b_lbo, b_sbo), depth, *pending)
-        return f"{fn}({', '.join(strip_parens(self.expr(x)) for x in (c, a, b, ldc, lda, ldb))})"
+            SharedOperand(majors[b_mn], b_lbo, b_sbo), depth, bool(pending))
+        args = (c, a, b, ldc, lda, ldb, *pending)
+        return f"{fn}({', '.join(strip_parens(self.expr(x)) for x in args)})"
 
     def _rounded(self, value: E.PrimExpr) -> str:
         """A product rounded before use (``kiln.tir.rounded``): CUDA's ``__fmul_rn`` /

@@ -24,16 +24,11 @@ put one between the copies and the compute, which read different stages).
 
 A step whose compute is ``wgmma`` (:data:`~kiln.tir.tensor_intrin.gpu.WGMMA`, asynchronous
 itself) need not wait for its products: with 3 or more stages the pipeline leaves each step's
-group in flight (the call's ``pending`` argument 1: ``wgmma.wait_group 1`` waits for the step
-before) so that the tensor cores run step k while the threads wait for step k+1's tiles. A
-stage is then read until the step after it has waited, so the copies run one step less ahead
-(step k + S-2 into the stage of step k-2, ``S-3`` groups of copies left in flight by the
-wait). The accumulators of the last step are not waited for in TIR: ptxas puts a
-``wgmma.wait_group`` before the first instruction that reads them (its info C7517), and an
-explicit ``wgmma.wait_group 0`` after the loop makes ptxas serialize every product of the
-loop (its warning C7514: a non-wgmma instruction reading the accumulators inside a
-pipeline stage, though none does), so the threads' accumulator reads after the loop are the
-drain.
+group in flight (the call's last argument ``pending``, ``k < end - 1``: ``wgmma.wait_group
+1`` waits for the step before's; the last step waits for all) so that the tensor cores run
+step k while the threads wait for step k+1's tiles. A stage is then read until the step after
+it has waited, so the copies run one step less ahead (step k + S-2 into the stage of step
+k-2, ``S-3`` groups of copies left in flight by the wait).
 
 A copy becomes asynchronous (:data:`kiln.tir.gpu.ASYNC_COPY`: CUDA ``cp.async``, OpenCL a
 plain copy, so PoCL checks the data movement and the stage rotation) when its innermost loop is
@@ -224,7 +219,8 @@ def _pipeline(loop: For, stages: int, staged: dict[Var, tuple[Buffer, int]]) -> 
     k, lo = loop.loop_var, loop.min
     lag = 1 if stages >= 3 and _wgmma_calls(rest) else 0
     if lag:
-        rest = [_Pending().visit(s) for s in rest]
+        pending = lt(k, add(lo, loop.extent - 1))
+        rest = [_Pending(pending).visit(s) for s in rest]
 
     def issue(step: PrimExpr, stage: PrimExpr) -> list[Stmt]:
         out = []
@@ -251,12 +247,15 @@ def _pipeline(loop: For, stages: int, staged: dict[Var, tuple[Buffer, int]]) -> 
 
 
 class _Pending(Mutator):
-    """:data:`WGMMA` calls that leave their group in flight (``pending`` 1)."""
+    """:data:`WGMMA` calls that leave their group in flight while ``pending`` holds."""
+
+    def __init__(self, pending: PrimExpr):
+        self.pending = pending
 
     def visit_Call(self, n: Call) -> PrimExpr:
         n = self.generic_visit(n)
         if n.op == WGMMA:
-            return n.replace(args=(*n.args, const("int64", 1)))
+            return n.replace(args=(*n.args, self.pending))
         return n
 
 
