@@ -58,6 +58,8 @@ from kiln.target import Target  # noqa: E402
 PER_MMA = {"gpu_mma_fragments": False}
 GEMM_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("default", {}),
+    ("default, copy bindings kept as lets", {"gpu_mma_copy_bindings": False}),
+    ("default, blocks in row-major order", {"gpu_mma_group_rows": 1}),
     ("default, scalar write-back", {"gpu_mma_vector_stores": False}),
     ("per-mma route (fragments off)", PER_MMA),
     ("tiles 4x8, bk 64", {**PER_MMA, "gpu_mma_tiles": (4, 8), "gpu_mma_bk": 64}),
@@ -144,6 +146,10 @@ WGMMA_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("wgmma 128x128 2wg, bk 64, cp.async 4", {**WGMMA, "gpu_mma_async_stages": 4}),
     ("wgmma 128x128 2wg, bk 32, cp.async 4", {**WGMMA, "gpu_mma_bk": 32,
                                                "gpu_mma_async_stages": 4}),
+    ("wgmma 128x256 2wg, bk 64, cp.async 4", {**WGMMA, "gpu_wgmma_shape": (2, 1, 32),
+                                               "gpu_mma_async_stages": 4}),
+    ("wgmma 256x128 2wg x2, bk 64, cp.async 4", {**WGMMA, "gpu_wgmma_shape": (2, 2, 16),
+                                                  "gpu_mma_async_stages": 4}),
 ]
 #: (label, knobs) of float16 ResNet-18 at batch 32.
 CONV_CONFIGS: list[tuple[str, dict[str, Any]]] = [
@@ -245,7 +251,7 @@ def time_resnet(target: Target, repeat: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=("gemm", "resnet", "wgmma"), default=None,
-                    help="wgmma: the default GEMM and WGMMA_CONFIGS only")
+                    help="wgmma: the default GEMM (and its first two variants), WGMMA_CONFIGS")
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--arch", default=None, help="sm_80, sm_90 (default: the device's)")
     ap.add_argument("--nvrtc", metavar="ARCH", default=None,
@@ -254,7 +260,7 @@ def main() -> None:
                     help="no GPU: run the wgmma configurations on OpenCL (PoCL) vs numpy")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
-    configs = [GEMM_CONFIGS[0], *WGMMA_CONFIGS] if args.only == "wgmma" else GEMM_CONFIGS
+    configs = [*GEMM_CONFIGS[:3], *WGMMA_CONFIGS] if args.only == "wgmma" else GEMM_CONFIGS
     if args.pocl:
         pocl_report()
         return

@@ -122,23 +122,45 @@ def gemm_axes(sch: Any, spatial: list[Any], ext: list[int], rows_fused: bool
     return spatial[:-2], spatial[-2], spatial[-1], ext[-3]
 
 
-def bind_blocks(sch: Any, batch: list[Any], rows: Any, cols: Any) -> None:
-    """Bind the batch loops (fused) to ``blockIdx.z``, the row and column tiles to ``y``/``x``."""
+def bind_blocks(sch: Any, batch: list[Any], rows: Any, cols: Any, group: int = 1) -> None:
+    """Bind the batch loops (fused) to ``blockIdx.z``, the row and column tiles to ``y``/``x``.
+
+    ``group`` > 1 (no batch, the row tiles a multiple of it): the blocks run in groups of
+    ``group`` row tiles -- ``blockIdx.x`` the row tile within its group, ``y`` the column
+    tile, ``z`` the group -- so that the blocks resident at once read ``group`` tiles of A and
+    a band of B's column tiles, not one tile of A and every column tile of B (the L2 reuse of
+    CUTLASS's threadblock swizzle and Triton's ``GROUP_SIZE_M``; blocks start in ``blockIdx``
+    order, x fastest)."""
     if batch:
         sch.bind(sch.fuse(*batch) if len(batch) > 1 else batch[0], "blockIdx.z")
+    extent = as_int(sch.get(rows).extent)
+    if group > 1 and not batch and extent is not None and extent > group and \
+            extent % group == 0:
+        outer, inner = sch.split(rows, [None, group])
+        sch.reorder(outer, cols, inner)
+        sch.bind(outer, "blockIdx.z")
+        sch.bind(cols, "blockIdx.y")
+        sch.bind(inner, "blockIdx.x")
+        return
     sch.bind(rows, "blockIdx.y")
     sch.bind(cols, "blockIdx.x")
 
 
+#: Knob ``gpu_mma_group_rows``: the tensor-core GEMMs' blocks in groups of this many row
+#: tiles (:func:`bind_blocks`); 1 is the plain row-major order of the tiles.
+GROUP_ROWS = (8, 4, 16, 1)
+
+
 def warp_accumulators(sch: Any, block: Any, batch: list[Any], rows: Any, cols: Any,
                       warps: tuple[Any, Any], lanes: tuple[Any, Any]) -> Any:
-    """The tensor-core routes' binding: the block tiles to ``blockIdx``, the two ``warps``
-    loops fused to ``threadIdx.y`` (a warp each), the two ``lanes`` loops fused to
-    ``threadIdx.x`` (its 32 lanes), and each thread's float32 accumulators in registers
-    under its lane; returns their write-back block."""
+    """The tensor-core routes' binding: the block tiles to ``blockIdx`` (grouped, knob
+    ``gpu_mma_group_rows``: :func:`bind_blocks`), the two ``warps`` loops fused to
+    ``threadIdx.y`` (a warp each), the two ``lanes`` loops fused to ``threadIdx.x`` (its 32
+    lanes), and each thread's float32 accumulators in registers under its lane; returns their
+    write-back block."""
     warp = sch.fuse(*warps)
     lane = sch.fuse(*lanes)
-    bind_blocks(sch, batch, rows, cols)
+    bind_blocks(sch, batch, rows, cols, knob("gpu_mma_group_rows", GROUP_ROWS, GROUP_ROWS[0]))
     sch.bind(warp, "threadIdx.y")
     sch.bind(lane, "threadIdx.x")
     acc = sch.cache_write(block, 0, "local", "float32")
@@ -446,6 +468,9 @@ def schedule_wgmma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool) -> 
         cooperative_copy(sch, cache, ko, 4 * wg, 32, 8 if index == 0 or b_k_major else 2)
         ndim = sch.get(cache).writes[0].buffer.ndim
         sch.annotate(cache, PERMUTE_LAYOUT, (_last(ndim), *layout[1:]))
+        # the layouts' digits then simplify against the thread and step loops: a few adds
+        # per copy instead of 64-bit divisions of the flattened tile index
+        sch.annotate(cache, SUBSTITUTE_BINDINGS, 1)
     sch.decompose_reduction(block, ko)
     sch.annotate(ko, ASYNC_STAGES, stages)
     b_op = b_operand_k_major(bn, bk) if b_k_major else b_operand(bk, bn)
@@ -519,7 +544,9 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
     once by ``ldmatrix``, A in :func:`mma_row_order`, B in :func:`mma_column_order`; its
     defaults :data:`FRAGMENT_TILES` and, without gathers, :data:`FRAGMENT_STEPS`; it replaces
     ``gpu_mma_ldmatrix`` and ``gpu_mma_b_chunks``), ``gpu_mma_vector_stores`` (on: the
-    write-back in vectors of 4, :func:`vectorize_write_back`)."""
+    write-back in vectors of 4, :func:`vectorize_write_back`), ``gpu_mma_copy_bindings``
+    (on: the copies of permuted tiles marked ``SUBSTITUTE_BINDINGS`` too, their layout's
+    digits computed from the thread loops instead of divisions of the flattened index)."""
     spatial, k, ext = gemm_nest(sch, block, "mma GEMM")
     sms = target.gpu.multiprocessors
     rows = math.prod(ext[:-2]) if rows_fused else ext[-3]
@@ -582,6 +609,11 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
     b_chunks = b_chunks and not fragments
     aligns = (ASYNC_ALIGN if async_stages or ldmatrix or fragments else (-2, 4, 2),
               ASYNC_ALIGN if async_stages or fragments else b_align)
+    # a permuted tile's copies index it through the layout's digits: with their bindings
+    # substituted those simplify against the thread loops (NVRTC: the default 4096^3 float16
+    # kernel 232 -> 164 registers)
+    permuted = not gathers and bool(ldmatrix or async_stages or fragments or b_chunks)
+    copy_bindings = knob("gpu_mma_copy_bindings", (True, False), True)
     for index, align in enumerate(aligns):
         cache = sch.cache_read(block, index, "shared")
         sch.compute_at(cache, ko, cooperative=True)
@@ -595,7 +627,7 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
             sch.annotate(cache, PERMUTE_LAYOUT, mma_column_chunks(wx, ni))
         if fragments and index == 1:
             sch.annotate(cache, PERMUTE_LAYOUT, mma_column_order(wx, ni))
-        if gathers and substitute_gathers:
+        if (gathers and substitute_gathers) or (permuted and copy_bindings):
             sch.annotate(cache, SUBSTITUTE_BINDINGS, 1)
     for name in gathers:
         sch.compute_inline(sch.get_block(name))
