@@ -208,14 +208,14 @@ MMA_KNOBS = [
     {"gpu_mma_tiles": (4, 4), "gpu_mma_bk": 32, "gpu_mma_async_stages": 0},
     {"gpu_mma_tiles": (4, 8), "gpu_mma_bk": 32, "gpu_mma_async_stages": 3},
     {"gpu_mma_warps": (2, 4), "gpu_mma_tiles": (1, 1), "gpu_mma_async_stages": 2},
-    # the wgmma route (knob gpu_mma_wgmma, sm_90a; never run on a device before): the default
-    # shape (128 x 128, or 64 x 64 where that does not divide), one warpgroup of two
-    # products in a 2-stage 32-deep pipeline, 256 x 128 blocks (a shape it does not divide
-    # takes the mma.sync route: also right)
+    # the wgmma route (knob gpu_mma_wgmma, sm_90a): the default shape (256 x 128 in 4 stages,
+    # or the next that divides), one warpgroup of two products in a 2-stage 32-deep pipeline
+    # (each step waits for its own products), 128 x 128 in 3 stages (one step in flight);
+    # a shape it does not divide takes the mma.sync route: also right
     {"gpu_mma_wgmma": True},
     {"gpu_mma_wgmma": True, "gpu_wgmma_shape": (1, 2, 16), "gpu_mma_bk": 32,
      "gpu_mma_async_stages": 2},
-    {"gpu_mma_wgmma": True, "gpu_wgmma_shape": (2, 2, 16)},
+    {"gpu_mma_wgmma": True, "gpu_wgmma_shape": (2, 1, 16), "gpu_mma_async_stages": 3},
 ]
 
 

@@ -533,15 +533,15 @@ def test_wgmma_refusals_fall_back_to_the_mma_route(target, why, caplog):
 
 @pytest.mark.parametrize("op,knobs", [
     ("matmul", {}),
-    ("matmul", {"gpu_wgmma_shape": (2, 1, 32)}),
+    ("matmul", {"gpu_wgmma_shape": (2, 1, 32), "gpu_mma_async_stages": 3}),
     ("dense", {}),
 ])
 def test_wgmma_compiles_for_sm90a_without_spills(op, knobs):
     """4096^3 float16 on Target("cuda", arch="sm_90") with the knob on: NVRTC compiles it for
     sm_90a; the PTX holds wgmma.mma_async (4 per 64-deep step and product; B transposed for
     matmul's B[k, n], not for dense's W[n, k]), the fence, commit and a wait that leaves the
-    step's group in flight but at the last step (the 3-stage pipeline's overlap: the step
-    before's products waited for, the copies one step ahead, ``cp.async.wait_group 0``),
+    step's group in flight but at the last step (the 4-stage pipeline's overlap: the step
+    before's products waited for, the copies two steps ahead, ``cp.async.wait_group 1``),
     and the proxy fence
     before the barriers; ptxas reports no spills, serializes no wgmma (its warning C7514)
     and the shared tiles fit the target's opt-in shared memory. Without the knob the route is
@@ -564,10 +564,11 @@ def test_wgmma_compiles_for_sm90a_without_spills(op, knobs):
     assert ptx.count(f"p, 1, 1, 0, {int(op == 'matmul')}; }}") == products
     assert len(call.args) == 17  # pending: every step but the last leaves its products
     assert "k_0 < 63" in source.replace("(", "").replace(")", "")
+    stages = knobs.get("gpu_mma_async_stages", 4)  # the copies S - 2 steps ahead
     for instruction in ("wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned",
                         "wgmma.wait_group.sync.aligned 1", "wgmma.wait_group.sync.aligned 0",
                         "fence.proxy.async.shared::cta", "cp.async.cg.shared.global",
-                        "cp.async.wait_group 0"):
+                        f"cp.async.wait_group {stages - 3}"):
         assert instruction in ptx
     (usage,) = binary.resources().values()
     assert usage.stack_bytes == 0 and usage.spill_stores == usage.spill_loads == 0

@@ -303,14 +303,15 @@ def mma_shared_bytes(bm: int, bn: int, bk: int, stages: int, pad_b: bool) -> int
 #: Knob ``gpu_wgmma_shape`` of the wgmma route (knob ``gpu_mma_wgmma``, off by default):
 #: (warpgroups per block along M, 64-row products per warpgroup ``MI``, 8-column blocks ``NJ``
 #: of each product: ``wgmma.m64n<8 NJ>k16``), in the order the default takes the first whose
-#: block tile (``64 WG MI`` x ``8 NJ``) divides the product. 128 x 128 with two warpgroups
-#: first (64 accumulators a thread), then one warpgroup of two products, 128 x 256 (CUTLASS's
-#: usual sm_90 tile: 128 accumulators a thread), 256 x 128, 64 x 128, 64 x 64. Nothing of it
-#: is timed yet: no GPU ran it (docs/internals.md).
-WGMMA_SHAPES = ((2, 1, 16), (1, 2, 16), (2, 1, 32), (2, 2, 16), (1, 1, 16), (1, 1, 8))
+#: block tile (``64 WG MI`` x ``8 NJ``) divides the product. The H100's order (4096^3 float16,
+#: 64-deep steps in 4 stages, ``benchmarks/gpu_mma_knobs.py --only wgmma``): 256 x 128 of two
+#: warpgroups of two products 0.756 ms, 128 x 128 of two warpgroups 1.04, 128 x 128 of one
+#: warpgroup of two 1.09 (3 stages), 128 x 256 1.62 (cuBLAS 0.245); then 64 x 128, 64 x 64.
+WGMMA_SHAPES = ((2, 2, 16), (2, 1, 16), (1, 2, 16), (2, 1, 32), (1, 1, 16), (1, 1, 8))
 #: (reduction elements per step, ``cp.async`` stages) of the wgmma route: the first whose step
-#: divides the reduction and whose stages fit the target's opt-in shared memory.
-WGMMA_STEPS = ((64, 3), (64, 2), (32, 3), (32, 2), (16, 2))
+#: divides the reduction and whose stages fit the target's opt-in shared memory (4 stages
+#: before 3: with the products of a step left in flight the copies run S - 2 steps ahead).
+WGMMA_STEPS = ((64, 4), (64, 3), (64, 2), (32, 4), (32, 3), (32, 2), (16, 2))
 
 
 def wgmma_refusal(target: Any) -> str | None:
@@ -545,8 +546,9 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
     defaults :data:`FRAGMENT_TILES` and, without gathers, :data:`FRAGMENT_STEPS`; it replaces
     ``gpu_mma_ldmatrix`` and ``gpu_mma_b_chunks``), ``gpu_mma_vector_stores`` (on: the
     write-back in vectors of 4, :func:`vectorize_write_back`), ``gpu_mma_copy_bindings``
-    (on: the copies of permuted tiles marked ``SUBSTITUTE_BINDINGS`` too, their layout's
-    digits computed from the thread loops instead of divisions of the flattened index)."""
+    (off: the copies of permuted tiles marked ``SUBSTITUTE_BINDINGS`` too, their layout's
+    digits computed from the thread loops instead of divisions of the flattened index --
+    fewer registers, but slower on the H100), ``gpu_mma_group_rows`` (:func:`bind_blocks`)."""
     spatial, k, ext = gemm_nest(sch, block, "mma GEMM")
     sms = target.gpu.multiprocessors
     rows = math.prod(ext[:-2]) if rows_fused else ext[-3]
@@ -611,9 +613,10 @@ def schedule_mma_gemm(sch: Any, target: Any, block: Any, rows_fused: bool,
               ASYNC_ALIGN if async_stages or fragments else b_align)
     # a permuted tile's copies index it through the layout's digits: with their bindings
     # substituted those simplify against the thread loops (NVRTC: the default 4096^3 float16
-    # kernel 232 -> 164 registers)
+    # kernel 232 -> 164 registers) -- but the H100 ran that kernel slower (0.827 against
+    # 0.639 ms, one process): off by default on this route (the wgmma route's are on)
     permuted = not gathers and bool(ldmatrix or async_stages or fragments or b_chunks)
-    copy_bindings = knob("gpu_mma_copy_bindings", (True, False), True)
+    copy_bindings = knob("gpu_mma_copy_bindings", (False, True), False)
     for index, align in enumerate(aligns):
         cache = sch.cache_read(block, index, "shared")
         sch.compute_at(cache, ko, cooperative=True)
