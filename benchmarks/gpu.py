@@ -136,10 +136,13 @@ def fp16_case(mod: Any, params: Any, module: Any, inputs: list
 
 
 def parse_knob(text: str) -> tuple[str, Any]:
-    """``NAME=VALUE`` of ``--knob``: VALUE an int, ``AxB`` (a tile), else the string."""
+    """``NAME=VALUE`` of ``--knob``: VALUE an int, ``AxB`` (a tile), ``true``/``false``, else
+    the string."""
     name, sep, value = text.partition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"--knob {text!r}: expected NAME=VALUE")
+    if value.lower() in ("true", "false"):
+        return name, value.lower() == "true"
     if "x" in value and all(p.isdigit() for p in value.split("x")):
         return name, tuple(int(p) for p in value.split("x"))
     return name, int(value) if value.lstrip("-").isdigit() else value
