@@ -16,6 +16,7 @@ caller).
 from __future__ import annotations
 
 import ctypes
+import weakref
 from typing import Any
 
 import numpy as np
@@ -70,7 +71,10 @@ class CudaDevice(Device):
         self.arch = f"sm_{major}{minor}"
         self.ordinal = ordinal
         self.stream = cu.CUstream(0)  # the legacy default stream
-        self._modules: dict[int, dict[str, Any]] = {}
+        #: the kernels loaded for each live program, by ``id`` -- with a weak reference to the
+        #: program, so that a later program that Python places at a dead one's address (the
+        #: same ``id``) is loaded, not given the dead one's kernels (same names, other code)
+        self._modules: dict[int, tuple[weakref.ref, dict[str, Any]]] = {}
 
     def __repr__(self) -> str:
         return f"CudaDevice({self.ordinal}, {self.arch})"
@@ -112,9 +116,10 @@ class CudaDevice(Device):
 
     # ---- programs ---------------------------------------------------------------------------
     def load(self, program: Any) -> dict[str, Any]:
-        kernels = self._modules.get(id(program))
-        if kernels is not None:
-            return kernels
+        key = id(program)
+        entry = self._modules.get(key)
+        if entry is not None and entry[0]() is program:
+            return entry[1]
         cu = self.cu
         image = program.binaries.get("cubin") if program.arch == self.arch else None
         if not image:
@@ -133,7 +138,13 @@ class CudaDevice(Device):
                                 f"dynamic shared memory of {k.name}")
                 kernels[k.name] = fn
         kernels["__module__"] = module
-        self._modules[id(program)] = kernels
+        modules = self._modules
+
+        def forget(ref: weakref.ref) -> None:  # the program is gone: so is its entry
+            if modules.get(key, (None,))[0] is ref:
+                del modules[key]
+
+        self._modules[key] = (weakref.ref(program, forget), kernels)
         return kernels
 
     @staticmethod
