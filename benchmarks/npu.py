@@ -28,6 +28,11 @@ description with that core's share of the DRAM bandwidth (``one_core_share``; th
 balance of compute and traffic per core, nothing else to overlap): ``1c dbuf x`` and
 ``1c real x`` (``--no-one-core`` skips it). Summarized over the DMA-bound layers (the
 issue's target: >= 1.5x there), and over those whose ceiling is >= 1.6.
+A second table lists the other layers (element-wise chains, row kernels, pooling, the copies
+of transpose/slices/concat, the scalar unit's loops): cycles, bound -- the larger of the
+vector unit's work (its instructions at the description's throughput,
+``KernelBuilder.with_vector_side``) and the traffic --, utilization and the side that binds
+(``vector``, ``DMA`` or ``scalar``).
 Per model: total cycles (all kernels, vector ones included), the sum of the bounds,
 bank-group conflict cycles before and after the placement of on-chip buffers (a build with
 ``bank_plan=False`` against the default; the model's cycles both ways, bit-identical outputs),
