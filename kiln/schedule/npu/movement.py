@@ -124,6 +124,7 @@ def _pitch(cfg: NPUConfig, isz: int, tile: tuple[int, int, int], nbuf: int
     for order, mem in enumerate(L0_NAMES[::-1]):  # acc first on a tie: no operand lives there
         spec = cfg.memory(mem)
         turn = max(1, spec.banks * spec.bank_width // isz)
+        fastest = stream_cycles(n, isz, 1, cfg.dma_onchip_bandwidth, spec)
         for p in range(tile[2], tile[2] + turn + 1):
             if nbuf * tile[0] * tile[1] * p * isz > spec.size:
                 break
@@ -131,6 +132,8 @@ def _pitch(cfg: NPUConfig, isz: int, tile: tuple[int, int, int], nbuf: int
             key = (c, p, order, mem)
             if best is None or key < best:
                 best = key
+            if c <= fastest:  # as fast as a contiguous row: no wider pitch does better
+                break
     if best is None:
         raise NotSupported(f"{nbuf} slots of block {tile} do not fit any L0 buffer")
     return best[3], best[1], best[0]
