@@ -40,6 +40,7 @@ from ...target.npu.config import DRAM, L0_NAMES, NPUConfig
 from .emit import DramTensor, DramView, KernelInfo, block, itemsize
 from .feedback import lower_with_feedback
 from .lowering import LoweringContext, NotSupported, register_lowering
+from .nest_analysis import COPY_TILING
 
 __all__ = ["CopyPlan", "copy_cost", "copy_kernel", "plan_copy_candidates"]
 
@@ -82,7 +83,8 @@ class CopyPlan:
     def describe(self) -> str:
         how = f"transposed into L0 {self.mem} (pitch {self.pitch})" if self.transposed \
             else f"through L0 {self.mem}"
-        return f"DMA copy: block {self.tile} of {self.dims}, {how}; est {self.estimate:.0f} cycles"
+        return (f"{COPY_TILING}: block {self.tile} of {self.dims}, {how}; "
+                f"est {self.estimate:.0f} cycles")
 
 
 def copy_dims(shape: tuple[int, ...], dst_strides: tuple[int, ...],
