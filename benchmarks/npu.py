@@ -28,6 +28,11 @@ description with that core's share of the DRAM bandwidth (``one_core_share``; th
 balance of compute and traffic per core, nothing else to overlap): ``1c dbuf x`` and
 ``1c real x`` (``--no-one-core`` skips it). Summarized over the DMA-bound layers (the
 issue's target: >= 1.5x there), and over those whose ceiling is >= 1.6.
+A second table lists the other layers (element-wise chains, row kernels, pooling, the copies
+of transpose/slices/concat, the scalar unit's loops): cycles, bound -- the larger of the
+vector unit's work (its instructions at the description's throughput,
+``KernelBuilder.with_vector_side``) and the traffic --, utilization and the side that binds
+(``vector``, ``DMA`` or ``scalar``).
 Per model: total cycles (all kernels, vector ones included), the sum of the bounds,
 bank-group conflict cycles before and after the placement of on-chip buffers (a build with
 ``bank_plan=False`` against the default; the model's cycles both ways, bit-identical outputs),
@@ -310,6 +315,7 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
             line += f" {c_emit[k.label]:10.0f} {c_emit[k.label] / cyc:8.4f}" if routed else \
                 f" {'(emitted)':>10s}"
         print(line)
+    _other_table(name, on, c_on, bound_of)
     bound = sum(k.roofline for k in on.kernels)
     gemm = [k for k in on.kernels if k.op in GEMM_OPS]
     dma = [k for k in gemm if k.dram_bound]
@@ -376,6 +382,32 @@ def bench(name: str, hw: str, size: int, seq: int = 128, layers: int = 2,
         print(f"{name}: {n_tir} kernel(s) lowered through TIR; with every op emitted "
               f"directly {cyc_emit:.0f} cycles ({cyc_emit / cyc_on:.4f}x the TIR route's), "
               f"outputs {'bit-identical' if np.array_equal(via_out, out) else 'DIFFERENT'}")
+
+
+def _other_table(name: str, on, c_on: dict[str, float], bound_of) -> None:
+    """The kernels that are no product or convolution, per layer: element-wise chains, row
+    kernels (softmax, layer_norm), pooling, the copies (transpose, slices, concat: DMAs
+    through L0) and the scalar unit's loops, each with its cycles against its bound and the
+    side that binds: ``vector`` (the vector unit's instructions at the description's
+    throughput, ``KernelBuilder.with_vector_side``), ``DMA`` (the traffic: DRAM, or the DMA
+    engines' on-chip bandwidth for what residency keeps in L1) or ``scalar`` (a scalar-unit
+    loop's estimate)."""
+    print(f"{'other layer':34s} {'kernel':58s} {'cycles':>8s} {'bound':>8s} {'util':>6s} "
+          f"{'bound by':>8s}")
+    worst, cyc, bnd = 0.0, 0.0, 0.0
+    for k in on.kernels:
+        if k.op in GEMM_OPS or k.label not in c_on:
+            continue
+        b = bound_of(k)
+        side = "scalar" if k.tiling.startswith("scalar unit") else \
+            "vector" if k.compute and k.compute >= k.traffic else "DMA"
+        util = b / c_on[k.label] if c_on[k.label] else 0.0
+        worst, cyc, bnd = max(worst, util), cyc + c_on[k.label], bnd + b
+        print(f"{k.label[:34]:34s} {k.tiling.removeprefix('TIR: ')[:58]:58s} "
+              f"{c_on[k.label]:8.0f} {b:8.0f} {util:6.1%} {side:>8s}")
+    if cyc:
+        print(f"{name}: the other layers: {cyc:.0f} cycles against a bound of {bnd:.0f} "
+              f"({bnd / cyc:.1%}); the highest utilization of one: {worst:.1%}")
 
 
 def _bank_line(name: str, on: object, out: object, naive: tuple[object, object]) -> None:

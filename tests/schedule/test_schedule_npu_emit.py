@@ -3,6 +3,7 @@ below the kernel's loads), a GEMM whose operand tile stays the same on a core's 
 once per slot, the output tiles left over after a round per core are split evenly over the
 cores, and the last tile is stored in pieces as it is multiplied -- all with the same bits."""
 
+import math
 import re
 
 import numpy as np
@@ -494,3 +495,42 @@ def test_the_cost_model_counts_the_busiest_cores_own_tiles(tmp_path, monkeypatch
         assert float(np.max(np.abs(out - ref)) / np.max(np.abs(ref))) <= 1e-2
         cycles[t] = exe.last_reports[0].phase_cycles()[k.label]
     assert cycles[even] < cycles[whole]
+
+
+@pytest.mark.parametrize("hw", HW)
+def test_vector_kernels_bound_is_the_larger_of_vector_work_and_traffic(hw):
+    """An element-wise kernel's record gets the vector unit's side of its bound
+    (``KernelBuilder.with_vector_side``): its steps at the description's throughput for its
+    elements, shared by the cores -- GELU (``x / sqrt 2``, ``erf`` at its ``[vector.cost]``,
+    ``+ 1``, ``* x``, ``* 0.5``), three ``erf`` in a row (the vector unit binds) and one
+    ``add`` (the traffic binds); the bound is the larger side and below the simulated
+    cycles; numpy checks the values."""
+    cfg = load_config(hw)
+    rng = np.random.default_rng(9)
+    shape = (64, 1024)
+    x = rng.standard_normal(shape).astype("float32")
+    erf = np.vectorize(math.erf)
+
+    def gelu(v):
+        e = op.erf(op.divide(v, g.const(np.float32(np.sqrt(2.0)))))
+        return op.multiply(op.multiply(v, op.add(e, g.const(np.float32(1.0)))),
+                           g.const(np.float32(0.5)))
+
+    c = cfg.vector_cost
+    # (the GELU chain reads x twice: for erf's argument and for the product with it)
+    cases = [(gelu, [c["default"], c["erf"]] + [c["default"]] * 3, 3,
+              0.5 * x * (1 + erf(x.astype(np.float64) / np.sqrt(2.0)))),
+             (lambda v: op.erf(op.erf(op.erf(v))), [c["erf"]] * 3, 2, erf(erf(erf(x)))),
+             (lambda v: op.add(v, g.const(np.float32(1.0))), [c["default"]], 2, x + 1)]
+    sides = []
+    for fn, costs, moved, want in cases:
+        exe = kiln.build(graph_module(fn, [shape], "float32"), target=kiln.Target("npu", hw=hw))
+        np.testing.assert_allclose(exe(x), want, rtol=1e-5, atol=1e-5)
+        (k,) = exe.kernels
+        work = x.size * 4 / cfg.vector_width * sum(costs) / cfg.cores
+        assert k.compute == pytest.approx(work, rel=0.02)
+        assert k.traffic == pytest.approx(moved * x.nbytes / cfg.memory("dram").bandwidth)
+        assert k.roofline == max(k.compute, k.traffic)
+        assert k.roofline <= exe.last_reports[0].phase_cycles()[k.label]
+        sides.append(k.compute > k.traffic)
+    assert sides[1:] == [True, False]

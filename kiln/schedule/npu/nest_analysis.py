@@ -10,7 +10,8 @@ the instruction forms of it.
 
 :func:`unit_shares` reads a built executable back: how many multiply-accumulates ran on the
 tensor unit, on the vector unit (depthwise convolutions, by design) and on the CPU, how many
-other element operations on the vector unit, on the scalar unit and on the CPU, and every
+other element operations on the vector unit (or, a copy, by the DMA engines alone), on the
+scalar unit and on the CPU, and every
 scalar-unit fallback with its reason -- the numbers issue 23's goal is stated in (>= 99% of
 the MACs on the tensor unit, >= 95% of the other element operations on the vector unit).
 """
@@ -29,7 +30,7 @@ from ...target.npu.config import DRAM
 from .emit import DramTensor, DramView, itemsize
 
 __all__ = ["BufferAccess", "NestInfo", "UnitShares", "analyse_elementwise", "broadcast_strides",
-           "scalar_kernel_elements", "unit_shares", "SCALAR_TILING"]
+           "scalar_kernel_elements", "unit_shares", "COPY_TILING", "SCALAR_TILING"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,9 @@ def analyse_elementwise(cfg: Any, out: DramTensor | DramView,
 SCALAR_TILING = "scalar unit ({reason}): {n} elements"
 _SCALAR_RE = re.compile(r"^scalar unit \((?P<reason>.*)\): (?P<n>\d+) elements")
 _SCALAR_ANY = re.compile(r"^scalar unit \((?P<reason>.*?)\)")
+#: How a copy kernel's tiling begins (``movement.py`` writes it): a kernel of DMAs only, whose
+#: stores' elements :func:`unit_shares` counts as ``dma_ops``.
+COPY_TILING = "DMA copy"
 
 #: Ops whose CPU fallback performs products (their MACs count against the tensor unit).
 _PRODUCT_OPS = ("nn.dense", "dense", "matmul", "nn.matmul", "nn.batch_matmul", "nn.conv2d",
@@ -148,7 +152,9 @@ class UnitShares:
     block-diagonal weights), ``vector_macs`` (``vmul``/``vmac`` of a convolution's
     kernel on the vector unit: the depthwise ones), ``cpu_macs`` (a product left on the CPU).
     Element operations (one per element an instruction writes): ``vector_ops`` (every other
-    vector instruction), ``scalar_ops`` (one per element of a scalar-unit loop), ``cpu_ops``
+    vector instruction), ``dma_ops`` (a copy kernel's stores: transpose, slices, concat move
+    their elements by DMA alone, no unit computes), ``scalar_ops`` (one per element of a
+    scalar-unit loop), ``cpu_ops``
     (each CPU op's result elements). ``fallbacks``: ``(kernel label, reason)`` of every
     scalar-unit kernel; ``cpu``: the ops left on the CPU."""
 
@@ -156,6 +162,7 @@ class UnitShares:
     vector_macs: int = 0
     cpu_macs: int = 0
     vector_ops: int = 0
+    dma_ops: int = 0
     scalar_ops: int = 0
     cpu_ops: int = 0
     fallbacks: list[tuple[str, str]] = field(default_factory=list)
@@ -169,9 +176,11 @@ class UnitShares:
 
     @property
     def vector_op_share(self) -> float:
-        """Other element operations on the vector unit over all of them (1.0 when none)."""
-        total = self.vector_ops + self.scalar_ops + self.cpu_ops
-        return self.vector_ops / total if total else 1.0
+        """Other element operations on the vector unit -- or copies the DMA engines move
+        alone, which before they did around a ``vmov`` -- over all of them (1.0 when none):
+        what is not a scalar-unit or CPU fallback."""
+        total = self.vector_ops + self.dma_ops + self.scalar_ops + self.cpu_ops
+        return (self.vector_ops + self.dma_ops) / total if total else 1.0
 
     def summary(self) -> str:
         reasons: dict[str, int] = {}
@@ -183,7 +192,8 @@ class UnitShares:
                 f"{self.tensor_macs + self.vector_macs + self.cpu_macs:,}); element ops on "
                 f"vector unit: {100 * self.vector_op_share:.2f}% (scalar {self.scalar_ops:,}, "
                 f"CPU {self.cpu_ops:,} of "
-                f"{self.vector_ops + self.scalar_ops + self.cpu_ops:,}); scalar fallbacks: "
+                f"{self.vector_ops + self.dma_ops + self.scalar_ops + self.cpu_ops:,}; "
+                f"copies by DMA {self.dma_ops:,}); scalar fallbacks: "
                 f"{len(self.fallbacks)}" + (f" ({why})" if why else ""))
 
 
@@ -245,4 +255,7 @@ def unit_shares(exe: Any) -> UnitShares:
                         shares.vector_ops += n
                 elif unit == UNIT_SCALAR:
                     pass  # counted per element from the kernel's record above
+                elif ins.op == "dma.store" and k < len(kernels) and \
+                        kernels[k].tiling.startswith(COPY_TILING):
+                    shares.dma_ops += int(np.prod(ins.args["shape"], dtype=np.int64))
     return shares

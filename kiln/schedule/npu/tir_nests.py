@@ -20,8 +20,8 @@ op's own PrimFunc (the TE compute the C target lowers, ``LegalizeOps``' route):
    affine function of the loops, whose coefficients are the DMA strides, 0 where a loop
    repeats an element):
 
-   - ``out[..] = in[..]``: a copy -- strided DMAs around a ``vmov``
-     (:func:`~.movement.copy_kernel`; the instruction search :mod:`.isel` picks the blocks);
+   - ``out[..] = in[..]``: a copy -- strided DMAs through an L0 slot
+     (:func:`~.movement.copy_kernel`, whose cost model picks the blocks);
    - ``out[..] = c``: a ``vfill`` of the block, a DMA out;
    - ``out[..] = cast(in[..])``: a ``vcast``;
    - ``out[..] = a[..] <cmp> b``: a ``vcmp`` (the 0/1 mask is the bool result's bytes);

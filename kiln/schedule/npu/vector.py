@@ -135,9 +135,10 @@ def plan_elementwise_candidates(cfg: Any, nbuf: int, out: DramTensor | DramView,
         raise NotSupported("an operand has more dims than the result")
     nest = analyse_elementwise(cfg, out, inputs, cdt, tuple(st.opcode for st in steps))
     mem_of = [L0_INPUTS[k % 2] for k in range(len(inputs))]
-    osz = itemsize(out.dtype) + (itemsize(cdt) if cdt != out.dtype else 0)
+    # the DRAM bytes of the roofline: every operand once and the result in its own dtype
+    # (a compute block in another dtype stays in the accumulators: no traffic)
     nbytes = sum(int(np.prod(x.shape)) * itemsize(x.dtype) for x in inputs) + \
-        int(np.prod(out.shape)) * osz
+        int(np.prod(out.shape)) * itemsize(out.dtype)
     return [ElementwisePlan(sel.form.dims, sel.form.strides[0], sel.form.strides[1:],
                             sel.form.tile, tuple(mem_of), nbytes, sel.describe())
             for sel in select_forms(cfg, nbuf, nest)]
