@@ -1075,6 +1075,8 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     # store: 75214 -> 69191 cycles; M32 x N64: 65038 -> 63989)
     nout = kernel_acc_slots(kb, shape, tiling)
     kb.acc_top = nout * c_bytes  # a fused epilogue's buffers go above the output slots
+    # or above the operand slots (a held tile's slot is its K step's, nk <= nbuf: fixed_tiles)
+    kb.l0_slots = {"input": (kb.nbuf, in_bytes), "weight": (kb.nbuf, w_bytes)}
     pipes = [Pipeline(kb, c, UNIT_TENSOR, nout) for c in range(cfg.cores)]
     tiles = output_tiles(cfg, shape, tiling, kb.nbuf)
     steps = core_step_slots(cfg, shape, tiling, tiles, kb.nbuf)
