@@ -387,8 +387,7 @@ class Epilogue:
             self.layout = self._layout(kb, math.prod(shape3))
             self.placed |= {m for m, _ in (self.layout.hoist_at, *self.layout.slot_at)}
         lay = self.layout
-        most, holds, slot_bytes, in_at, cast_at = (lay.elems, lay.holds, lay.slot_bytes,
-                                                   lay.in_at, lay.cast_at)
+        most, holds, in_at, cast_at = lay.elems, lay.holds, lay.in_at, lay.cast_at
         # a tile in nbuf chunks (a third would wait for the first one's store), not tiny
         elems = min(most, max(-(-math.prod(shape3) // kb.nbuf), CHUNK_MIN_BYTES // osz))
         if elems < shape3[order[-1]]:
