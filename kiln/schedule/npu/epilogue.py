@@ -283,8 +283,10 @@ class Epilogue:
         if self.home == "acc" or self.home not in kb.l0_top:
             return acc
         want = max(-(-tile_elems // kb.nbuf), CHUNK_MIN_BYTES // itemsize(self.out.dtype))
-        lay = self._layout_for(kb.config, kb.l0_top[self.home], kb.nbuf, self.home)
-        if min(lay.elems, want) < min(acc.elems, want):
+        # slots of the chunks the stores will cut (not of all the room: in groups of
+        # their own, a slot larger than it needs would take more of them)
+        lay = self._layout_for(kb.config, kb.l0_top[self.home], kb.nbuf, self.home, want)
+        if lay.elems < min(acc.elems, want):
             return acc
         return self._by_groups(kb, lay) or acc
 
@@ -331,12 +333,14 @@ class Epilogue:
         hoist_at = at.pop(0) if lay.slots_at else lay.hoist_at
         return dataclasses.replace(lay, hoist_at=hoist_at, slot_at=tuple(at))
 
-    def _layout_for(self, cfg: NPUConfig, top: int, nbuf: int, mem: str = "acc") -> _Layout:
+    def _layout_for(self, cfg: NPUConfig, top: int, nbuf: int, mem: str = "acc",
+                    most: int | None = None) -> _Layout:
         """The epilogue's buffers in memory ``mem`` above ``top`` (:class:`_Layout`): the
         hoisted operands' whole buffers, then ``nbuf`` slots of the chunked operands and
         the casts. An operand that broadcasts (a per-channel constant) holds at most its
         distinct elements: hoisted where one DMA loads them, else a fixed buffer in every
-        slot -- not one per element of the chunk."""
+        slot -- not one per element of the chunk. ``most``: the most elements a chunk
+        needs (the slots hold no more)."""
         base = -(-top // _ALIGN) * _ALIGN
         free = cfg.memory(mem).size - base
         limit = max(0, free // nbuf - _ALIGN * (len(self.inputs) + len(self.casts) + 1))
@@ -357,7 +361,7 @@ class Epilogue:
         per = sum(itemsize(x.dtype) for x, sm in zip(self.inputs, small) if not sm) + \
             sum(itemsize(r.dtype) for r in self.casts)
         elems = (limit - fixed) // per if per else 1 << 30
-        elems = min(elems, cfg.encoding.max_extent ** 2)
+        elems = min(elems, cfg.encoding.max_extent ** 2, most or elems)
         holds = [cap if sm else elems for cap, sm in zip(caps, small)]
         offs, at = [], 0
         for n, sz in [(h, itemsize(x.dtype)) for h, x, ho in zip(holds, self.inputs, hoist)
