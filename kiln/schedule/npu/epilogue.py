@@ -9,10 +9,14 @@ the product's result (``KernelBuilder.store``, which both lowering routes call f
 tile or tail piece) becomes, per chunk of the tile:
 
 1. DMA-in loads the chunk of each tensor operand of the result's shape (a residual: its
-   strides of the tile's view) into an epilogue slot of the accumulator memory, above the
-   product's output slots (``KernelBuilder.acc_top``); an operand that broadcasts (a
+   strides of the tile's view) into an epilogue slot -- in bank groups of L0 weight or L0
+   input that the product's operand slots leave free (``KernelBuilder.l0_slots``; the
+   epilogue's :attr:`~Epilogue.home`, :meth:`Epilogue._by_groups`), so that the
+   accumulators hold only the product's tiles and the units using the epilogue's buffers
+   meet no other unit's there; else in the accumulator memory, above the product's output
+   slots (``KernelBuilder.acc_top``); an operand that broadcasts (a
    per-channel constant: a bias, batch norm's scale and shift) is loaded whole -- its distinct
-   elements, compact -- once per core and kernel, into a buffer of its own below the slots,
+   elements, compact -- once per core and kernel, into a buffer of its own (below the slots),
    and each chunk reads its channels there (stride 0 along the broadcast dims). Loaded per
    chunk, its DRAM round trip sat in DMA-in's in-order queue behind the vector unit's previous
    chunk, ahead of the next step's gathers: the tensor unit waited (default, ResNet-18's
@@ -160,9 +164,9 @@ class Epilogue:
     #: cores that loaded the whole broadcast operands in the current kernel
     hoisted: set[int] = field(default_factory=set)
     #: where its operand and cast buffers go (:data:`HOMES`): the accumulators, above the
-    #: output slots, or L0 input / L0 weight above the product's operand slots, where the
-    #: kernel says how much of them its slots take (``KernelBuilder.l0_top``) and its chunks
-    #: are as large there as in the accumulators (:meth:`_layout`)
+    #: output slots, or whole bank groups of L0 weight / L0 input (that one first) that the
+    #: product's operand slots leave free, where the kernel says what they take
+    #: (``KernelBuilder.l0_slots``; :meth:`_layout`)
     home: str = "acc"
     #: the memories the layouts of the kernels emitted so far put buffers in (whether
     #: :attr:`home` took effect: :func:`~.feedback.choose_epilogue_home`)
@@ -275,10 +279,13 @@ class Epilogue:
 
     def _layout(self, kb: KernelBuilder, tile_elems: int) -> _Layout:
         """The epilogue's buffers of the kernel ``kb`` emits (:meth:`_layout_for`), whose
-        first store is of ``tile_elems`` elements: in :attr:`home` where the kernel says
-        what its operand slots take there and a tile's chunks are as large as in the
-        accumulators (fewer would each cost a DMA round trip and their tokens), else in the
-        accumulators."""
+        first store is of ``tile_elems`` elements: with a :attr:`home` other than the
+        accumulators, where the kernel says what its operand slots take in L0 input and
+        weight, a tile's chunks are as large there as in the accumulators (fewer would each
+        cost a DMA round trip and their tokens) and the buffers take whole bank groups the
+        operand slots leave free (:meth:`_by_groups`); else in the accumulators -- where the
+        buffers would share a group with the operand slots, the tensor unit reading them
+        and DMA-in filling them would meet the vector unit there instead."""
         acc = self._layout_for(kb.config, kb.acc_top, kb.nbuf)
         if self.home == "acc" or self.home not in kb.l0_top:
             return acc
