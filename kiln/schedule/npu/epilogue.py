@@ -262,18 +262,17 @@ class Epilogue:
                                f"strided block of the product's tile")
         return base, st  # type: ignore[return-value]
 
-    def chunk_elems(self, cfg: NPUConfig, acc_top: int, nbuf: int, tile_elems: int) -> int:
+    def chunk_elems(self, cfg: NPUConfig, acc_top: int, nbuf: int, tile_elems: int,
+                    l0_slots: dict[str, tuple[int, int]] | None = None) -> int:
         """Elements of the chunks (at most the tile) :meth:`store` would cut a tile of
         ``tile_elems`` result elements into, with the product's output slots taking
         ``acc_top`` bytes of the accumulators and ``nbuf`` epilogue slots (0: not one element
         fits): what :func:`~.gemm.acc_slots` compares before it takes a slot more, which
-        would shrink the room above the slots (small chunks, each a DMA round trip). With
-        another :attr:`home` the buffers do not take the accumulators' room: the chunks of
-        the whole home memory, whatever ``acc_top`` (were they to fall back to the
-        accumulators at the kernel's first store, :meth:`_layout`, the replay that chose the
-        home weighs that)."""
-        most = self._layout_for(cfg, acc_top, nbuf).elems if self.home == "acc" else \
-            self._layout_for(cfg, 0, nbuf, self.home).elems
+        would shrink the room above the slots (small chunks, each a DMA round trip).
+        ``l0_slots``: the product's operand slots (``KernelBuilder.l0_slots``), with which
+        the buffers may go to another :attr:`home` (:meth:`_layout`, the same decision the
+        stores take), where they do not take the accumulators' room."""
+        most = self._layout_in(cfg, acc_top, nbuf, l0_slots or {}, tile_elems).elems
         osz = itemsize(self.out.dtype)
         return max(0, min(tile_elems, most, max(-(-tile_elems // nbuf), CHUNK_MIN_BYTES // osz)))
 
@@ -286,18 +285,26 @@ class Epilogue:
         operand slots leave free (:meth:`_by_groups`); else in the accumulators -- where the
         buffers would share a group with the operand slots, the tensor unit reading them
         and DMA-in filling them would meet the vector unit there instead."""
-        acc = self._layout_for(kb.config, kb.acc_top, kb.nbuf)
-        if self.home == "acc" or self.home not in kb.l0_top:
+        return self._layout_in(kb.config, kb.acc_top, kb.nbuf, kb.l0_slots, tile_elems)
+
+    def _layout_in(self, cfg: NPUConfig, acc_top: int, nbuf: int,
+                   l0_slots: dict[str, tuple[int, int]], tile_elems: int) -> _Layout:
+        """:meth:`_layout` of a kernel whose output slots take ``acc_top`` bytes and whose
+        operand slots are ``l0_slots``."""
+        acc = self._layout_for(cfg, acc_top, nbuf)
+        if self.home == "acc" or self.home not in l0_slots:
             return acc
-        want = max(-(-tile_elems // kb.nbuf), CHUNK_MIN_BYTES // itemsize(self.out.dtype))
+        want = max(-(-tile_elems // nbuf), CHUNK_MIN_BYTES // itemsize(self.out.dtype))
         # slots of the chunks the stores will cut (not of all the room: in groups of
         # their own, a slot larger than it needs would take more of them)
-        lay = self._layout_for(kb.config, kb.l0_top[self.home], kb.nbuf, self.home, want)
+        count, size = l0_slots[self.home]
+        lay = self._layout_for(cfg, count * size, nbuf, self.home, want)
         if lay.elems < min(acc.elems, want):
             return acc
-        return self._by_groups(kb, lay) or acc
+        return self._by_groups(cfg, nbuf, l0_slots, lay) or acc
 
-    def _by_groups(self, kb: KernelBuilder, lay: _Layout) -> _Layout | None:
+    def _by_groups(self, cfg: NPUConfig, nbuf: int, l0_slots: dict[str, tuple[int, int]],
+                   lay: _Layout) -> _Layout | None:
         """``lay`` (contiguous above the operand slots of :attr:`home`) with its hoisted
         buffers and each slot in bank groups of their own, whole groups the kernel's operand
         slots leave free in L0 input and L0 weight (:attr:`home`'s first), each piece in
@@ -310,26 +317,26 @@ class Epilogue:
         and DMA-in on the operand slots: in groups of their own they meet only the units
         that use them in turn."""
         free: list[tuple[str, int, int]] = []  # (memory, first free group, groups)
-        ports = kb.config.memory("acc").ports
+        ports = cfg.memory("acc").ports
         for mem in dict.fromkeys((self.home, "input", "weight")):
-            spec = kb.config.memory(mem)
-            if mem not in kb.l0_top or spec.bank_groups < 2:
+            spec = cfg.memory(mem)
+            if mem not in l0_slots or spec.bank_groups < 2:
                 return None
             if spec.ports < ports:  # fewer units at once there (edge: acc has two ports)
                 continue
             # the operand slots' groups: each slot in groups of its own where they go
             # round (the bank placement moves them apart: DMA-in fills one while the tensor
             # unit reads another), else as they lie
-            count, size = kb.l0_slots[mem]
+            count, size = l0_slots[mem]
             g0 = count * -(-size // spec.group_bytes)
             if g0 > spec.bank_groups:
                 g0 = -(-count * size // spec.group_bytes)
             free.append((mem, g0, spec.bank_groups - g0))
-        pieces = ([lay.slots_at] if lay.slots_at else []) + [lay.slot_bytes] * kb.nbuf
+        pieces = ([lay.slots_at] if lay.slots_at else []) + [lay.slot_bytes] * nbuf
         at: list[tuple[str, int]] = []
         for size in pieces:
             for i, (mem, g0, n) in enumerate(free):
-                group = kb.config.memory(mem).group_bytes
+                group = cfg.memory(mem).group_bytes
                 need = -(-size // group)
                 if need <= n:
                     at.append((mem, g0 * group))

@@ -641,8 +641,10 @@ def acc_slots(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int,
     if nbuf >= 2 and nk == 1 and streamed >= c_bytes and \
             (nbuf + 1) * c_bytes <= cfg.memory("acc").size:
         tile = c_bytes // itemsize(_acc_dtype(cfg, shape.dtype)[0])
-        if epilogue is None or epilogue.chunk_elems(cfg, (nbuf + 1) * c_bytes, nbuf, tile) >= \
-                epilogue.chunk_elems(cfg, nbuf * c_bytes, nbuf, tile):
+        ops = {"input": (nbuf, in_bytes), "weight": (nbuf, w_bytes)}  # as emit_gemm's
+        if epilogue is None or \
+                epilogue.chunk_elems(cfg, (nbuf + 1) * c_bytes, nbuf, tile, ops) >= \
+                epilogue.chunk_elems(cfg, nbuf * c_bytes, nbuf, tile, ops):
             return nbuf + 1
     return nbuf
 
