@@ -39,9 +39,11 @@ def _const(*shape, scale=0.5):
     return g.const((RNG.standard_normal(shape) * scale).astype("float32"))
 
 
-def _build(mod, hw, route, fuse):
-    """Every tensor in DRAM (``residency=False``): the tests count what fusion saves there."""
-    with PassContext(config={"npu.lowering": route}):
+def _build(mod, hw, route, fuse, **config):
+    """Every tensor in DRAM (``residency=False``): the tests count what fusion saves there.
+    ``config``: more PassContext options (``npu_prefetch=False`` for ``"npu.prefetch"``)."""
+    with PassContext(config={"npu.lowering": route,
+                             **{k.replace("_", ".", 1): v for k, v in config.items()}}):
         return build_npu(npu_pipeline()(mod), kiln.Target("npu", hw=hw), fuse_epilogue=fuse,
                          residency=False)
 
@@ -252,14 +254,21 @@ def test_chunks_and_broadcast_strides():
 
 
 def _core_streams(exe):
+    """Each core's instructions of the program's last kernel (the product)."""
     prog = [s.program for s in exe.steps if getattr(s, "program", None)][-1]
-    return [[i for i in st if i.op != "barrier"] for st in prog.streams]
+    out = []
+    for st in prog.streams:
+        bars = [n for n, i in enumerate(st) if i.op == "barrier"]
+        out.append(st[bars[-2] + 1 if len(bars) > 1 else 0:bars[-1]])
+    return out
 
 
-def _acc_loads(stream):
-    """Positions of the DMA loads into the accumulators (the epilogue's operands)."""
+def _epilogue_loads(stream):
+    """Positions of the DMA loads of the epilogue's operands: float32 into an L0 buffer
+    (wherever its home put them; the product's own tiles are float16)."""
     return [n for n, i in enumerate(stream)
-            if i.op == "dma.load" and i.args["dst"].mem == MEM_ID["acc"]]
+            if i.op == "dma.load" and i.args["dst"].mem != MEM_ID["l1"] and
+            i.args["dst"].dtype == "float32"]
 
 
 @pytest.mark.parametrize("route", ["tir", "emit"])
@@ -278,7 +287,8 @@ def test_a_broadcast_operand_is_loaded_once_per_core(route):
 
     mod = _module(body, [(1, 8, 48, 40)])
     x = RNG.standard_normal((1, 8, 48, 40)).astype("float32")
-    on, off = (_build(mod, "default", route, fuse) for fuse in (True, False))
+    # (without the prefetch, which moves the constants' loads into the kernel before)
+    on, off = (_build(mod, "default", route, fuse, npu_prefetch=False) for fuse in (True, False))
     assert np.array_equal(_outputs(on, [x])[0], _outputs(off, [x])[0])
     ref = np.maximum(_conv(x, w.data, pad=1) * s.data + b.data, 0)
     out = _outputs(on, [x])[0]
@@ -287,7 +297,7 @@ def test_a_broadcast_operand_is_loaded_once_per_core(route):
     for stream in _core_streams(on):
         stores = sum(i.op == "dma.store" for i in stream)
         assert stores > 2  # several tiles (chunks) a core
-        assert len(_acc_loads(stream)) == 2  # the bias and the scale, once each
+        assert len(_epilogue_loads(stream)) == 2  # the bias and the scale, once each
 
 
 def test_a_residual_is_loaded_after_the_next_steps_gathers():
@@ -301,7 +311,139 @@ def test_a_residual_is_loaded_after_the_next_steps_gathers():
     ref = np.maximum(_conv(x, w.data, pad=1) + res, 0)
     on, _ = _check(mod, [x, res], [ref], "default", ["nn.conv2d+add+relu"])
     stream = _core_streams(on)[0]
-    first = _acc_loads(stream)[0]
+    first = _epilogue_loads(stream)[0]
     last_mma = max(n for n in range(first) if stream[n].op in ("mma", "mma.set"))
     between = stream[last_mma + 1:first]
     assert any(i.op == "dma.load" and i.args["dst"].mem == MEM_ID["input"] for i in between)
+
+
+def _block_bytes(blk, shape):
+    """``[lo, hi)``: the bytes a block of ``shape`` spans."""
+    isz = {"float32": 4, "float16": 2, "int32": 4, "int8": 1}[blk.dtype]
+    shape = (1,) * (len(blk.strides) - len(shape)) + tuple(shape)
+    return blk.addr, blk.addr + (sum((n - 1) * s for n, s in zip(shape, blk.strides)) + 1) * isz
+
+
+def _residual_bias_then_pointwise():
+    """relu(conv3x3(x) + bias + res), read by a 1x1 conv only: the first product's epilogue
+    hoists the bias, loads the residual per chunk and casts its result to float16."""
+    w1, b1, w2 = _const(16, 16, 3, 3), _const(16, 1, 1), _const(8, 16, 1, 1)
+
+    def body(bb, x, res):
+        c = bb.emit(op.nn.conv2d(x, w1, padding=(1, 1)), "c")
+        a = bb.emit(op.add(c, b1), "a")
+        e = bb.emit(op.add(a, res), "e")
+        r = bb.emit(op.nn.relu(e), "r")
+        return bb.emit_output(op.nn.conv2d(r, w2), "y")
+
+    shape = (1, 16, 40, 40)
+    x, res = (RNG.standard_normal(shape).astype("float32") for _ in range(2))
+    ref = _conv(np.maximum(_conv(x, w1.data, b1.data.reshape(-1), pad=1) + res, 0), w2.data)
+    return _module(body, [shape, shape]), [x, res], ref
+
+
+def _home_build(mod, hw, home, bank_plan=True):
+    with PassContext(config={"npu.epilogue_home": home, "npu.prefetch": False}):
+        return build_npu(npu_pipeline()(mod), kiln.Target("npu", hw=hw), residency=False,
+                         bank_plan=bank_plan)
+
+
+def _epilogue_blocks(exe, label):
+    """Per core, the fused epilogue's buffers in kernel ``label``: its operands' loads into
+    L0 (float32) and its casts' destinations, each ``(memory name, lo, hi)``; and the
+    product's operand slots' loads (float16 into L0 input / weight)."""
+    prog = [s.program for s in exe.steps if getattr(s, "program", None)][-1]
+    bid = next(b for b, lab in prog.labels.items() if label in lab)
+    names = {v: k for k, v in MEM_ID.items()}
+    out = []
+    for st in prog.streams:
+        bars = [n for n, i in enumerate(st) if i.op == "barrier"]
+        end = next(n for n in bars if st[n].args["id"] == bid)
+        start = max([n for n in bars if n < end], default=-1) + 1
+        ep, slots = [], []
+        for i in st[start:end]:
+            if i.op == "dma.load" and i.args["dst"].mem in (MEM_ID["input"], MEM_ID["weight"],
+                                                               MEM_ID["acc"]):
+                d = i.args["dst"]
+                (ep if d.dtype == "float32" else slots).append(
+                    (names[d.mem], *_block_bytes(d, i.args["shape"])))
+            elif i.op == "vcast":
+                d = i.args["dst"]
+                ep.append((names[d.mem], *_block_bytes(d, i.args["shape"])))
+        out.append((ep, slots))
+    return out
+
+
+def test_epilogue_buffers_go_to_free_bank_groups_of_weight():
+    """On ``default`` (every L0 buffer one port a group) the epilogue's hoisted bias, its
+    residual chunks and its cast buffers go to L0 weight / input, in bank groups the
+    product's operand slots leave free (each slot in groups of its own): the accumulators
+    hold only the product's tiles. The same bits as with the buffers in the accumulators
+    (``"npu.epilogue_home": "acc"``) and as unfused, close to torch."""
+    mod, inputs, ref = _residual_bias_then_pointwise()
+    cfg = load_config("default")
+    moved = _home_build(mod, "default", "weight", bank_plan=False)
+    label = "nn.conv2d+add+add+relu"
+    assert any(label in k.label for k in moved.kernels)
+    for ep, slots in _epilogue_blocks(moved, label):
+        assert ep and slots
+        assert all(mem in ("weight", "input") for mem, _, _ in ep), ep
+        assert any(mem == "weight" for mem, _, _ in ep)
+        for mem, lo, hi in ep:
+            gb = cfg.memory(mem).group_bytes
+            groups = set(range(lo // gb, (hi - 1) // gb + 1))
+            for smem, slo, shi in slots:
+                if smem == mem:
+                    sgb = cfg.memory(smem).group_bytes
+                    assert not groups & set(range(slo // sgb, (shi - 1) // sgb + 1))
+    in_acc = _home_build(mod, "default", "acc", bank_plan=False)
+    for ep, _ in _epilogue_blocks(in_acc, label):
+        assert ep and all(mem == "acc" for mem, _, _ in ep)
+    out = _outputs(moved, inputs)[0]
+    assert np.array_equal(out, _outputs(in_acc, inputs)[0])
+    assert np.array_equal(out, _outputs(_home_build(mod, "default", "weight"), inputs)[0])
+    assert np.array_equal(out, _outputs(_build(mod, "default", "tir", False), inputs)[0])
+    assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 2e-2
+
+
+def test_epilogue_buffers_stay_in_the_accumulators_without_a_better_home(tmp_path):
+    """``edge``'s accumulators have two ports a group, its L0 input and weight one: the
+    buffers stay in the accumulators (two units share a group there without a stretch); so
+    they do on a description whose L0 input and weight have no bank groups (no group of
+    their own to give them). The same bits either way."""
+    mod, inputs, _ = _residual_bias_then_pointwise()
+    label = "nn.conv2d+add+add+relu"
+    edge = _home_build(mod, "edge", "weight", bank_plan=False)
+    for ep, _ in _epilogue_blocks(edge, label):
+        assert ep and all(mem == "acc" for mem, _, _ in ep)
+    text = open(load_config("default").path).read()
+    text = re.sub(r'(?m)^name\s*=.*$', 'name = "default-ungrouped-l0"', text)
+    text = re.sub(r'(?ms)(^\[l0\.(input|weight)\][^\[]*?)bank_groups = 4\n', r'\1', text)
+    path = tmp_path / "ungrouped.toml"
+    path.write_text(text)
+    cfg = load_config(str(path))
+    assert cfg.memory("input").bank_groups == cfg.memory("weight").bank_groups == 1
+    flat = _home_build(mod, str(path), "weight", bank_plan=False)
+    for ep, _ in _epilogue_blocks(flat, label):
+        assert ep and all(mem == "acc" for mem, _, _ in ep)
+    assert np.array_equal(_outputs(edge, inputs)[0],
+                          _outputs(_home_build(mod, "edge", "acc"), inputs)[0])
+
+
+def test_epilogue_home_auto_replays_each_home_and_bad_values_are_refused():
+    """``"auto"``: the product's kernel is emitted with its epilogue's buffers in each home
+    and replayed after its bank placement; the kernel's tiling text names the home kept and
+    every home's cycles, and the kept one is the fewest. An unknown home is a KilnError
+    naming the option."""
+    mod, inputs, _ = _residual_bias_then_pointwise()
+    auto = _home_build(mod, "default", "auto")
+    info = next(k for k in auto.kernels if "nn.conv2d+add+add+relu" in k.label)
+    m = re.search(r"epilogue buffers in (\w+); replayed cycles (.*)\]", info.tiling)
+    assert m, info.tiling
+    cycles = dict((h, float(c)) for h, c in re.findall(r"(\w+): (\d+) \(", m.group(2)))
+    assert "acc" in cycles and len(cycles) >= 2
+    assert cycles[m.group(1)] == min(cycles.values())
+    assert np.array_equal(_outputs(auto, inputs)[0],
+                          _outputs(_home_build(mod, "default", "acc"), inputs)[0])
+    with pytest.raises(kiln.KilnError, match="npu.epilogue_home"):
+        _home_build(mod, "default", "l1")

@@ -33,6 +33,7 @@ from ...npu import Machine, Simulator
 from ...npu.program import Program
 from ...schedule.npu import DramTensor, LoweringContext, NotSupported
 from ...schedule.npu.emit import DRAM_ALIGN, KernelInfo
+from ...schedule.npu.epilogue import EPILOGUE_HOME_KEY, HOMES
 from ...schedule.npu.lowering import (
     DEFAULT_ROUTE,
     DEPTHWISE_KEY,
@@ -113,6 +114,14 @@ register_config(CHOOSE_ACC_SLOTS_KEY, bool, False,
                 "(kiln.schedule.npu.feedback.choose_acc_slots). Off by default: measured "
                 "0 to 0.05% fewer cycles (ResNet-18, MobileNetV2, BERT on default and edge) "
                 "for up to twice the build time")
+
+
+register_config(EPILOGUE_HOME_KEY, str, "weight",
+                "NPU build: where a fused epilogue keeps its operand (residual chunks, "
+                "per-channel constants) and cast buffers -- 'acc' (the accumulators, above "
+                "the output slots), 'input' or 'weight' (that L0 buffer, above the product's "
+                "operand slots, where the chunks are as large there), or 'auto' (per product, "
+                "the home whose kernel replays fastest after its bank placement)")
 
 
 # PassContext option FUSE_EPILOGUE_KEY: a product's element-wise consumers (bias, batch norm,
@@ -309,6 +318,13 @@ def _build(mod: IRModule, target: Target, strict: bool, double_buffer: bool, fus
                                   "; ".join(_strict_errors(main)))
     ctx = LoweringContext(cfg, double_buffer, PassContext.current().get_config(LOWERING_KEY),
                           PassContext.current().get_config(DEPTHWISE_KEY))
+    home = PassContext.current().get_config(EPILOGUE_HOME_KEY)
+    if home not in (*HOMES, "auto"):
+        raise KilnError(f"PassContext option {EPILOGUE_HOME_KEY!r}: {home!r}, expected one of "
+                        f"{', '.join(HOMES)} or 'auto'")
+    ctx.epilogue_home = home
+    if home == "auto" and bank_plan and cfg.memory("acc").bank_groups > 1:
+        ctx.home_replay = kernel_replay(cfg)
     if fuse_epilogue is None:
         fuse_epilogue = bool(PassContext.current().get_config(FUSE_EPILOGUE_KEY))
     if sub_batch is None:

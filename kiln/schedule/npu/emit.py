@@ -230,6 +230,12 @@ class KernelBuilder:
     #: bytes of the accumulators the current product kernel's output slots take (set by
     #: ``emit_gemm`` and the TIR route's generator): a fused epilogue's buffers go above
     acc_top: int = 0
+    #: ``(count, bytes)`` of the current product kernel's operand slots in L0 input and L0
+    #: weight (by memory name), from address 0 (set by ``emit_gemm`` and the TIR route's
+    #: generator; absent: unknown, and a fused epilogue keeps its buffers in the
+    #: accumulators): a fused epilogue may keep its operand and cast buffers in the bank
+    #: groups they leave free (:mod:`.epilogue`)
+    l0_slots: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: a product's fused element-wise epilogue (:class:`~.epilogue.Epilogue`, duck-typed
     #: here: ``covers(dst)``, ``store(kb, core, shape, dst, src)``, ``finish(kb)``, ``tiles``:
     #: the tiles :meth:`tile_done` announced to it) while its
@@ -251,6 +257,12 @@ class KernelBuilder:
     @property
     def nbuf(self) -> int:
         return 2 if self.double_buffer else 1
+
+    @property
+    def l0_top(self) -> dict[str, int]:
+        """Bytes of each L0 buffer the current product kernel's operand slots take
+        (:attr:`l0_slots`)."""
+        return {m: n * b for m, (n, b) in self.l0_slots.items()}
 
     def emit(self, core: int, op: str, note: str = "", **args: object) -> None:
         """Append an instruction; a float immediate is rounded to float32 here, the precision
@@ -354,6 +366,7 @@ class KernelBuilder:
         if self.epilogue is not None:
             self.epilogue.finish(self)
         self.acc_top = 0
+        self.l0_slots = {}
         if not info.compute:
             info = self.with_vector_side(info)
         bid = len(self.labels) + 1

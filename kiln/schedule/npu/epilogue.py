@@ -9,10 +9,14 @@ the product's result (``KernelBuilder.store``, which both lowering routes call f
 tile or tail piece) becomes, per chunk of the tile:
 
 1. DMA-in loads the chunk of each tensor operand of the result's shape (a residual: its
-   strides of the tile's view) into an epilogue slot of the accumulator memory, above the
-   product's output slots (``KernelBuilder.acc_top``); an operand that broadcasts (a
+   strides of the tile's view) into an epilogue slot -- in bank groups of L0 weight or L0
+   input that the product's operand slots leave free (``KernelBuilder.l0_slots``; the
+   epilogue's :attr:`~Epilogue.home`, :meth:`Epilogue._by_groups`), so that the
+   accumulators hold only the product's tiles and the units using the epilogue's buffers
+   meet no other unit's there; else in the accumulator memory, above the product's output
+   slots (``KernelBuilder.acc_top``); an operand that broadcasts (a
    per-channel constant: a bias, batch norm's scale and shift) is loaded whole -- its distinct
-   elements, compact -- once per core and kernel, into a buffer of its own below the slots,
+   elements, compact -- once per core and kernel, into a buffer of its own (below the slots),
    and each chunk reads its channels there (stride 0 along the broadcast dims). Loaded per
    chunk, its DRAM round trip sat in DMA-in's in-order queue behind the vector unit's previous
    chunk, ahead of the next step's gathers: the tensor unit waited (default, ResNet-18's
@@ -40,6 +44,7 @@ tile is not a strided block, :class:`~.lowering.Unfusable` is raised and the cal
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,7 +57,17 @@ from .emit import MEM_ID, DramTensor, DramView, KernelBuilder, block, itemsize, 
 from .lowering import Unfusable
 from .vector import VecStep, emit_steps
 
-__all__ = ["Epilogue", "broadcast_strides", "chunks"]
+__all__ = ["AUTO_HOMES", "EPILOGUE_HOME_KEY", "HOMES", "Epilogue", "broadcast_strides", "chunks"]
+
+#: The memories a fused epilogue may keep its operand and cast buffers in: the vector unit
+#: reads and writes any L0 buffer (docs/npu.md, the instruction set), not L1.
+HOMES = ("acc", "input", "weight")
+#: The homes ``"auto"`` replays, in the order a tie keeps.
+AUTO_HOMES = ("weight", "input", "acc")
+#: PassContext option (registered by :mod:`kiln.codegen.npu.compile`): where the fused
+#: epilogues keep their buffers -- one of :data:`HOMES`, or ``"auto"``: per product, by
+#: the replay of its kernel (:mod:`.feedback`'s ``choose_epilogue_home``).
+EPILOGUE_HOME_KEY = "npu.epilogue_home"
 
 #: Alignment of the epilogue's buffers in the accumulator memory.
 _ALIGN = 64
@@ -97,9 +112,11 @@ def chunks(shape: tuple[int, int, int], limit: int
 
 @dataclass(frozen=True)
 class _Layout:
-    """An epilogue's buffers in the accumulator memory of one kernel, from its base (above
-    the output slots): the hoisted operands' whole buffers first (``slots_at`` bytes), then
-    ``nbuf`` slots of ``slot_bytes``."""
+    """An epilogue's buffers in one kernel: the hoisted operands' whole buffers (``slots_at``
+    bytes, from ``hoist_at``), and ``nbuf`` slots of ``slot_bytes`` (from ``slot_at``), each
+    a ``(memory, address)``: in the accumulators all from a base above the output slots,
+    the slots after the hoisted buffers; elsewhere, where the kernel leaves whole bank
+    groups free, each in groups of its own (:meth:`Epilogue._by_groups`)."""
 
     #: elements of the result per chunk
     elems: int
@@ -113,6 +130,10 @@ class _Layout:
     #: per operand: the ``(shape, strides)`` of the DMA that loads it whole (hoisted), or None
     hoist: list[tuple[tuple[int, ...], tuple[int, ...]] | None]
     slots_at: int
+    #: where the hoisted buffers start
+    hoist_at: tuple[str, int] = ("acc", 0)
+    #: where each slot starts
+    slot_at: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass
@@ -142,6 +163,14 @@ class Epilogue:
     layout: _Layout | None = None
     #: cores that loaded the whole broadcast operands in the current kernel
     hoisted: set[int] = field(default_factory=set)
+    #: where its operand and cast buffers go (:data:`HOMES`): the accumulators, above the
+    #: output slots, or whole bank groups of L0 weight / L0 input (that one first) that the
+    #: product's operand slots leave free, where the kernel says what they take
+    #: (``KernelBuilder.l0_slots``; :meth:`_layout`)
+    home: str = "acc"
+    #: the memories the layouts of the kernels emitted so far put buffers in (whether
+    #: :attr:`home` took effect: :func:`~.feedback.choose_epilogue_home`)
+    placed: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         rank = len(self.out.shape)
@@ -166,10 +195,11 @@ class Epilogue:
         """Its emission state, for :meth:`LoweringContext.checkpoint`: a tiling the program
         generator refuses half-way is rolled back with the tiles, stores and operand loads
         it counted here (else the retry's tokens would not pair up)."""
-        return self.hits, self.tiles, dict(self.loaded), self.layout, set(self.hoisted)
+        return (self.hits, self.tiles, dict(self.loaded), self.layout, set(self.hoisted),
+                self.home)
 
     def restore(self, state: tuple[Any, ...]) -> None:
-        self.hits, self.tiles, loaded, self.layout, hoisted = state
+        self.hits, self.tiles, loaded, self.layout, hoisted, self.home = state
         self.loaded, self.hoisted = dict(loaded), set(hoisted)
 
     def covers(self, dst: Block) -> bool:
@@ -232,27 +262,101 @@ class Epilogue:
                                f"strided block of the product's tile")
         return base, st  # type: ignore[return-value]
 
-    def chunk_elems(self, cfg: NPUConfig, acc_top: int, nbuf: int, tile_elems: int) -> int:
+    def chunk_elems(self, cfg: NPUConfig, acc_top: int, nbuf: int, tile_elems: int,
+                    l0_slots: dict[str, tuple[int, int]] | None = None) -> int:
         """Elements of the chunks (at most the tile) :meth:`store` would cut a tile of
         ``tile_elems`` result elements into, with the product's output slots taking
         ``acc_top`` bytes of the accumulators and ``nbuf`` epilogue slots (0: not one element
         fits): what :func:`~.gemm.acc_slots` compares before it takes a slot more, which
-        would shrink the room above the slots (small chunks, each a DMA round trip)."""
-        most = self._layout_for(cfg, acc_top, nbuf).elems
+        would shrink the room above the slots (small chunks, each a DMA round trip).
+        ``l0_slots``: the product's operand slots (``KernelBuilder.l0_slots``), with which
+        the buffers may go to another :attr:`home` (:meth:`_layout`, the same decision the
+        stores take), where they do not take the accumulators' room."""
+        most = self._layout_in(cfg, acc_top, nbuf, l0_slots or {}, tile_elems).elems
         osz = itemsize(self.out.dtype)
         return max(0, min(tile_elems, most, max(-(-tile_elems // nbuf), CHUNK_MIN_BYTES // osz)))
 
-    def _layout(self, kb: KernelBuilder) -> _Layout:
-        """The epilogue's buffers of the kernel ``kb`` emits (:meth:`_layout_for`)."""
-        return self._layout_for(kb.config, kb.acc_top, kb.nbuf)
+    def _layout(self, kb: KernelBuilder, tile_elems: int) -> _Layout:
+        """The epilogue's buffers of the kernel ``kb`` emits (:meth:`_layout_for`), whose
+        first store is of ``tile_elems`` elements: with a :attr:`home` other than the
+        accumulators, where the kernel says what its operand slots take in L0 input and
+        weight, a tile's chunks are as large there as in the accumulators (fewer would each
+        cost a DMA round trip and their tokens) and the buffers take whole bank groups the
+        operand slots leave free (:meth:`_by_groups`); else in the accumulators -- where the
+        buffers would share a group with the operand slots, the tensor unit reading them
+        and DMA-in filling them would meet the vector unit there instead."""
+        return self._layout_in(kb.config, kb.acc_top, kb.nbuf, kb.l0_slots, tile_elems)
 
-    def _layout_for(self, cfg: NPUConfig, acc_top: int, nbuf: int) -> _Layout:
-        """The epilogue's buffers above ``acc_top`` (:class:`_Layout`): the hoisted
-        operands' whole buffers, then ``nbuf`` slots of the chunked operands and the casts.
-        An operand that broadcasts (a per-channel constant) holds at most its distinct
-        elements: hoisted where one DMA loads them, else a fixed buffer in every slot --
-        not one per element of the chunk."""
-        free = cfg.memory("acc").size - -(-acc_top // _ALIGN) * _ALIGN
+    def _layout_in(self, cfg: NPUConfig, acc_top: int, nbuf: int,
+                   l0_slots: dict[str, tuple[int, int]], tile_elems: int) -> _Layout:
+        """:meth:`_layout` of a kernel whose output slots take ``acc_top`` bytes and whose
+        operand slots are ``l0_slots``."""
+        acc = self._layout_for(cfg, acc_top, nbuf)
+        if self.home == "acc" or self.home not in l0_slots:
+            return acc
+        want = max(-(-tile_elems // nbuf), CHUNK_MIN_BYTES // itemsize(self.out.dtype))
+        # slots of the chunks the stores will cut (not of all the room: in groups of
+        # their own, a slot larger than it needs would take more of them)
+        count, size = l0_slots[self.home]
+        lay = self._layout_for(cfg, count * size, nbuf, self.home, want)
+        if lay.elems < min(acc.elems, want):
+            return acc
+        return self._by_groups(cfg, nbuf, l0_slots, lay) or acc
+
+    def _by_groups(self, cfg: NPUConfig, nbuf: int, l0_slots: dict[str, tuple[int, int]],
+                   lay: _Layout) -> _Layout | None:
+        """``lay`` (contiguous above the operand slots of :attr:`home`) with its hoisted
+        buffers and each slot in bank groups of their own, whole groups the kernel's operand
+        slots leave free in L0 input and L0 weight (:attr:`home`'s first), each piece in
+        the fewest consecutive groups of one memory that hold it; None where they do not
+        go round (or the description has no groups), and not in a memory of fewer ports
+        than the accumulators (where two units share a group without a stretch, edge's).
+        Four units touch these buffers at
+        once -- DMA-in filling slot ``i + 1`` and DMA-out storing slot ``i - 1`` while the
+        vector unit reads the hoisted constants and slot ``i`` -- besides the tensor unit
+        and DMA-in on the operand slots: in groups of their own they meet only the units
+        that use them in turn."""
+        free: list[tuple[str, int, int]] = []  # (memory, first free group, groups)
+        ports = cfg.memory("acc").ports
+        for mem in dict.fromkeys((self.home, "input", "weight")):
+            spec = cfg.memory(mem)
+            if mem not in l0_slots or spec.bank_groups < 2:
+                return None
+            if spec.ports < ports:  # fewer units at once there (edge: acc has two ports)
+                continue
+            # the operand slots' groups: each slot in groups of its own where they go
+            # round (the bank placement moves them apart: DMA-in fills one while the tensor
+            # unit reads another), else as they lie
+            count, size = l0_slots[mem]
+            g0 = count * -(-size // spec.group_bytes)
+            if g0 > spec.bank_groups:
+                g0 = -(-count * size // spec.group_bytes)
+            free.append((mem, g0, spec.bank_groups - g0))
+        pieces = ([lay.slots_at] if lay.slots_at else []) + [lay.slot_bytes] * nbuf
+        at: list[tuple[str, int]] = []
+        for size in pieces:
+            for i, (mem, g0, n) in enumerate(free):
+                group = cfg.memory(mem).group_bytes
+                need = -(-size // group)
+                if need <= n:
+                    at.append((mem, g0 * group))
+                    free[i] = (mem, g0 + need, n - need)
+                    break
+            else:
+                return None
+        hoist_at = at.pop(0) if lay.slots_at else lay.hoist_at
+        return dataclasses.replace(lay, hoist_at=hoist_at, slot_at=tuple(at))
+
+    def _layout_for(self, cfg: NPUConfig, top: int, nbuf: int, mem: str = "acc",
+                    most: int | None = None) -> _Layout:
+        """The epilogue's buffers in memory ``mem`` above ``top`` (:class:`_Layout`): the
+        hoisted operands' whole buffers, then ``nbuf`` slots of the chunked operands and
+        the casts. An operand that broadcasts (a per-channel constant) holds at most its
+        distinct elements: hoisted where one DMA loads them, else a fixed buffer in every
+        slot -- not one per element of the chunk. ``most``: the most elements a chunk
+        needs (the slots hold no more)."""
+        base = -(-top // _ALIGN) * _ALIGN
+        free = cfg.memory(mem).size - base
         limit = max(0, free // nbuf - _ALIGN * (len(self.inputs) + len(self.casts) + 1))
         caps = [math.prod(n for n, s in zip(self.out.shape, st) if s) for st in self.bstrides]
         small = [cap * itemsize(x.dtype) * 8 <= limit for cap, x in zip(caps, self.inputs)]
@@ -271,7 +375,7 @@ class Epilogue:
         per = sum(itemsize(x.dtype) for x, sm in zip(self.inputs, small) if not sm) + \
             sum(itemsize(r.dtype) for r in self.casts)
         elems = (limit - fixed) // per if per else 1 << 30
-        elems = min(elems, cfg.encoding.max_extent ** 2)
+        elems = min(elems, cfg.encoding.max_extent ** 2, most or elems)
         holds = [cap if sm else elems for cap, sm in zip(caps, small)]
         offs, at = [], 0
         for n, sz in [(h, itemsize(x.dtype)) for h, x, ho in zip(holds, self.inputs, hoist)
@@ -282,7 +386,8 @@ class Epilogue:
         in_at = [hoist_at[k] if h else 0 for k, h in enumerate(hoist)]
         for k, off in zip(chunked, offs):
             in_at[k] = off
-        return _Layout(elems, holds, at, in_at, offs[len(chunked):], hoist, slots_at)
+        return _Layout(elems, holds, at, in_at, offs[len(chunked):], hoist, slots_at,
+                       (mem, base), tuple((mem, base + slots_at + k * at) for k in range(nbuf)))
 
     def store(self, kb: KernelBuilder, core: int, shape: tuple[int, ...], dst: Block,
               src: Block) -> None:
@@ -297,17 +402,16 @@ class Epilogue:
         # outermost), the DMAs in DRAM's (the store's)
         order = sorted(range(3), key=lambda j: (shape3[j] > 1, -s_str[j]))
         if self.layout is None:  # one layout per kernel: the slots are reused across stores
-            self.layout = self._layout(kb)
+            self.layout = self._layout(kb, math.prod(shape3))
+            self.placed |= {m for m, _ in (self.layout.hoist_at, *self.layout.slot_at)}
         lay = self.layout
-        most, holds, slot_bytes, in_at, cast_at = (lay.elems, lay.holds, lay.slot_bytes,
-                                                   lay.in_at, lay.cast_at)
+        most, holds, in_at, cast_at = lay.elems, lay.holds, lay.in_at, lay.cast_at
         # a tile in nbuf chunks (a third would wait for the first one's store), not tiny
         elems = min(most, max(-(-math.prod(shape3) // kb.nbuf), CHUNK_MIN_BYTES // osz))
         if elems < shape3[order[-1]]:
             raise Unfusable(f"{self.names}: no room for the epilogue's buffers beside the "
                                f"product's accumulator tiles")
-        hoisted = -(-kb.acc_top // _ALIGN) * _ALIGN  # the hoisted operands' buffers
-        base = hoisted + lay.slots_at  # the slots
+        hmem, hoisted = lay.hoist_at  # the hoisted operands' buffers
         nbuf = kb.nbuf
         chunked = [k for k, h in enumerate(lay.hoist) if not h]
         # the broadcast operands, whole, at the core's first store of the kernel
@@ -316,7 +420,7 @@ class Epilogue:
             for k, h in enumerate(lay.hoist):
                 if h:
                     kb.load(core, shape=h[0],
-                            dst=block("acc", hoisted + in_at[k], self.inputs[k].dtype,
+                            dst=block(hmem, hoisted + in_at[k], self.inputs[k].dtype,
                                       row_major(h[0])),
                             src=self.inputs[k].at(0, h[1]))
             kb.push(core, UNIT_DMA_IN, UNIT_VECTOR)
@@ -333,12 +437,12 @@ class Epilogue:
             for k, h in enumerate(lay.hoist):
                 if h:
                     off, st = self._operand_block(k, e, d_str, ext, compact=True)
-                    reads[k] = block("acc", hoisted + in_at[k] + off * itemsize(
+                    reads[k] = block(hmem, hoisted + in_at[k] + off * itemsize(
                         self.inputs[k].dtype), self.inputs[k].dtype,
                         tuple(st[j] for j in order))
             if chunked:
                 n = self.loaded.get(core, 0)
-                slot = base + (n % nbuf) * slot_bytes
+                smem, slot = lay.slot_at[n % nbuf]
                 if n >= nbuf:  # the vector unit has read what the slot held
                     kb.pop(core, UNIT_VECTOR, UNIT_DMA_IN)
                 for k in chunked:
@@ -354,10 +458,10 @@ class Epilogue:
                     for pos, j in enumerate(order):
                         bstr[j] = cstr[pos] if st[j] else 0
                     kb.load(core, shape=tuple(n_ if s_ else 1 for n_, s_ in zip(ext, st)),
-                            dst=block("acc", slot + in_at[k], x.dtype,
+                            dst=block(smem, slot + in_at[k], x.dtype,
                                       tuple(bstr[j] if st[j] else 0 for j in range(3))),
                             src=x.at(off, st))
-                    reads[k] = block("acc", slot + in_at[k], x.dtype,
+                    reads[k] = block(smem, slot + in_at[k], x.dtype,
                                      tuple(bstr[j] for j in order))
                 kb.push(core, UNIT_DMA_IN, UNIT_VECTOR)
                 self.loaded[core] = n + 1
@@ -373,10 +477,10 @@ class Epilogue:
             emit_steps(kb, core, self.steps, vext, tile,
                        [r for r in reads if r is not None])  # every operand's
             cbufs = []
-            cslot = base + (i % nbuf) * slot_bytes
+            cmem, cslot = lay.slot_at[i % nbuf]
             for c, r in enumerate(self.casts):
                 kb.fence(core, UNIT_VECTOR)
-                cb = block("acc", cslot + cast_at[c], r.dtype, row_major(vext))
+                cb = block(cmem, cslot + cast_at[c], r.dtype, row_major(vext))
                 kb.emit(core, "vcast", shape=vext, mode="rne", dst=cb, a=tile)
                 cbufs.append(cb)
             if chunked:

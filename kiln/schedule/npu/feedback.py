@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ...npu.encoding import encode
 from ...npu.isa import Block, Instr, IsaError
@@ -30,7 +30,8 @@ from ...npu.program import Program
 from ...target.npu.config import NPUConfig
 from .lowering import LoweringContext, NotSupported, Unfusable
 
-__all__ = ["Refusal", "check_encodable", "choose_acc_slots", "emit_choosing_slots",
+__all__ = ["Refusal", "check_encodable", "choose_acc_slots", "choose_epilogue_home",
+           "emit_choosing_slots",
            "field_limits", "lower_with_feedback", "within_fields"]
 
 LOG = logging.getLogger(__name__)
@@ -183,3 +184,55 @@ def emit_choosing_slots(ctx: LoweringContext, emit: Callable[[], None]) -> None:
     emit()
     if ctx.replay is not None and ctx.kb.acc_slots_used > ctx.kb.nbuf:
         choose_acc_slots(ctx, mark, lens, emit)
+
+
+def choose_epilogue_home(ctx: LoweringContext, epilogue: Any, homes: tuple[str, ...],
+                         emit: Callable[[], None]) -> str:
+    """Run ``emit`` (a product's lowering with its fused ``epilogue`` installed, duck-typed:
+    ``home``, ``placed``) once per home of ``homes`` (:data:`.epilogue.HOMES`) and keep the
+    one whose kernels, replayed on their own after their bank placement
+    (``ctx.home_replay``), take the fewest cycles, then the fewest bank-conflict cycles (the
+    first of ``homes`` on a full tie). A home whose layout fell back to the accumulators
+    (no whole bank groups free for it, :meth:`~.epilogue.Epilogue._layout`) is the
+    accumulators' program again, not replayed twice; one that does not lower is skipped.
+    Returns the home kept (its program is what the context holds); the product's kernel
+    records every home's replayed cycles in its tiling text."""
+    assert ctx.home_replay is not None
+    mark = ctx.checkpoint()
+    lens = [len(st) for st in ctx.kb.streams]
+    nkernels = len(ctx.kb.kernels)
+    tried: dict[str, tuple[float, float]] = {}
+    for home in homes:
+        ctx.rollback(mark)
+        epilogue.home, epilogue.placed = home, set()
+        try:
+            emit()
+        except NotSupported:
+            continue
+        if home != "acc" and epilogue.placed <= {"acc"}:
+            continue  # the accumulators' layout again
+        tried[home] = ctx.home_replay(_kernels_program(ctx, lens))
+    if not tried:  # none lowered: the first one's refusal, raised again
+        ctx.rollback(mark)
+        epilogue.home = homes[0]
+        emit()
+        return homes[0]
+    best = min(tried, key=lambda h: (tried[h], homes.index(h)))
+    ctx.rollback(mark)
+    epilogue.home, epilogue.placed = best, set()
+    emit()
+    if len(tried) > 1:
+        note = ", ".join(f"{h}: {c:.0f} ({k:.0f} in conflicts)" for h, (c, k) in tried.items())
+        for info in ctx.kb.kernels[nkernels:]:
+            info.tiling += f" [epilogue buffers in {best}; replayed cycles {note}]"
+    return best
+
+
+def _kernels_program(ctx: LoweringContext, lens: list[int]) -> Program:
+    """Every kernel emitted since the streams had lengths ``lens``, as a program of its
+    own."""
+    kb = ctx.kb
+    streams = [list(st[n:]) for st, n in zip(kb.streams, lens)]
+    ids = {i.args["id"] for st in streams for i in st if i.op == "barrier"}
+    labels = {bid: lab for bid, lab in kb.labels.items() if bid in ids}
+    return Program(ctx.config, streams, labels, ctx.top)

@@ -641,8 +641,10 @@ def acc_slots(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int,
     if nbuf >= 2 and nk == 1 and streamed >= c_bytes and \
             (nbuf + 1) * c_bytes <= cfg.memory("acc").size:
         tile = c_bytes // itemsize(_acc_dtype(cfg, shape.dtype)[0])
-        if epilogue is None or epilogue.chunk_elems(cfg, (nbuf + 1) * c_bytes, nbuf, tile) >= \
-                epilogue.chunk_elems(cfg, nbuf * c_bytes, nbuf, tile):
+        ops = {"input": (nbuf, in_bytes), "weight": (nbuf, w_bytes)}  # as emit_gemm's
+        if epilogue is None or \
+                epilogue.chunk_elems(cfg, (nbuf + 1) * c_bytes, nbuf, tile, ops) >= \
+                epilogue.chunk_elems(cfg, nbuf * c_bytes, nbuf, tile, ops):
             return nbuf + 1
     return nbuf
 
@@ -1075,6 +1077,8 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     # store: 75214 -> 69191 cycles; M32 x N64: 65038 -> 63989)
     nout = kernel_acc_slots(kb, shape, tiling)
     kb.acc_top = nout * c_bytes  # a fused epilogue's buffers go above the output slots
+    # or above the operand slots (a held tile's slot is its K step's, nk <= nbuf: fixed_tiles)
+    kb.l0_slots = {"input": (kb.nbuf, in_bytes), "weight": (kb.nbuf, w_bytes)}
     pipes = [Pipeline(kb, c, UNIT_TENSOR, nout) for c in range(cfg.cores)]
     tiles = output_tiles(cfg, shape, tiling, kb.nbuf)
     steps = core_step_slots(cfg, shape, tiling, tiles, kb.nbuf)

@@ -169,6 +169,13 @@ class LoweringContext:
         #: groups; :func:`.feedback.choose_acc_slots` ranks a product's output slot counts
         #: by it); None: no such choice (the partitioning passes' probes)
         self.replay: Callable[[Program], tuple[float, float]] | None = None
+        #: where a fused epilogue keeps its operand and cast buffers (``"npu.epilogue_home"``,
+        #: :data:`.epilogue.HOMES`, or ``"auto"``: chosen per product by replay)
+        self.epilogue_home = "acc"
+        #: :attr:`replay`'s kind for the choice of a fused epilogue's home (set by
+        #: ``build_npu`` where ``"npu.epilogue_home"`` is ``"auto"`` and the description has
+        #: bank groups; :func:`.feedback.choose_epilogue_home`)
+        self.home_replay: Callable[[Program], tuple[float, float]] | None = None
         #: while not None, :meth:`constant` uploads equal arrays once (content -> index in
         #: :attr:`constants`): the sub-batches of a region (:mod:`.sub_batch`) each lay
         #: out the same weights
@@ -227,7 +234,7 @@ class LoweringContext:
         kb = self.kb
         ep = kb.epilogue
         return (kb, [len(st) for st in kb.streams], dict(kb.labels), len(kb.kernels),
-                (kb.store_floor, kb.acc_top), self.top, len(self.constants),
+                (kb.store_floor, kb.acc_top, dict(kb.l0_slots)), self.top, len(self.constants),
                 len(self.allocations), len(self.tir), self._kernel_count,
                 (ep, ep.snapshot() if ep is not None else None), frozenset(self.pinned))
 
@@ -241,7 +248,8 @@ class LoweringContext:
             del st[n:]
         kb.labels = dict(labels)  # a copy: a mark may be rolled back to again
         del kb.kernels[nk:]
-        kb.store_floor, kb.acc_top = floor
+        kb.store_floor, kb.acc_top, l0_slots = floor
+        kb.l0_slots = dict(l0_slots)
         self.top = top
         del self.constants[nconst:]
         del self.allocations[nalloc:]

@@ -27,7 +27,8 @@ from ... import graph as g
 from ...npu.isa import Instr
 from ...target.npu.config import DRAM
 from .emit import MEM_ID, DramTensor, dram_itemsize
-from .epilogue import Epilogue
+from .epilogue import AUTO_HOMES, Epilogue
+from .feedback import choose_epilogue_home
 from .lowering import LoweringContext, NotSupported, lookup_lowering
 from .ops import (
     ELEMENTWISE_OPS,
@@ -420,13 +421,18 @@ def _product_epilogue(ctx: LoweringContext, res: RegionLowering, bindings: list[
         out = ctx.alloc(shape, dtype)
         names = "+".join(c.value.op.name for c in chain)
         ep = Epilogue(out, steps, inputs, results, names)
+        ep.home = "acc" if ctx.epilogue_home == "auto" else ctx.epilogue_home
         lower = lookup_lowering(b.value.op.name)
         if lower is None:
             raise NotSupported(f"{b.value.op.name}: no NPU lowering")
         args = _call_args(ctx, res, b.value)
         ctx.kb.epilogue = ep
         try:
-            lower(ctx, b.value, args, out)
+            if ctx.epilogue_home == "auto" and ctx.home_replay is not None:
+                choose_epilogue_home(ctx, ep, AUTO_HOMES,
+                                     lambda: lower(ctx, b.value, args, out))
+            else:
+                lower(ctx, b.value, args, out)
         finally:
             ctx.kb.epilogue = None
         if not ep.hits or mark.writes(out):

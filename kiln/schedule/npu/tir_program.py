@@ -571,6 +571,9 @@ class _Generator:
         if slots * nbytes > self.cfg.memory(mem).size:
             raise NotSupported(f"{slots} slots of {nbytes} B for {dst.name!r} exceed "
                                f"{mem} ({self.cfg.memory(mem).size} B)")
+        if mem in ("input", "weight"):  # a fused epilogue's buffers may go above the slots
+            if slots * nbytes > self.kb.l0_top.get(mem, 0):
+                self.kb.l0_slots[mem] = (slots, nbytes)
         extent = [1] * len(base_d)
         for dim, n in zip(dims, valid):
             extent[dim] = n
