@@ -29,6 +29,7 @@ from kiln.schedule.npu.gemm import (
     prefetch_staging,
 )
 from kiln.target.npu import load_config
+from kiln.testing.npu_descriptions import edited_description
 from kiln.testing.op_testing import graph_module
 
 HW = ["default", "edge"]
@@ -468,12 +469,8 @@ def test_the_cost_model_counts_the_busiest_cores_own_tiles(tmp_path, monkeypatch
     channel fast enough that the tensor unit binds, the planner ranks the tiles of 224
     first, as the simulator times them (it ranked them alike before), and both tilings
     compute the product."""
-    text = open(load_config("default").path).read()
-    text = re.sub(r'(?m)^name\s*=.*$', 'name = "default-fast-dram"', text)
-    text = re.sub(r'(?ms)(^\[dram\].*?^bandwidth\s*=\s*)\d+', r'\g<1>4096', text)
-    path = tmp_path / "fast.toml"
-    path.write_text(text)
-    cfg = load_config(str(path))
+    path, cfg = edited_description(tmp_path, "default-fast-dram", (
+        r'(^\[dram\].*?^bandwidth\s*=\s*)\d+', r'\g<1>4096'))
     assert cfg.memory("dram").bandwidth == 4096
     shape = GemmShape(1, 896, 1, 128, 128, 1, "float16")
     whole, even = GemmTiling(256, 128, 128, 0, False), GemmTiling(224, 128, 128, 0, False)

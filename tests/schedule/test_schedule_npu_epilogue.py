@@ -19,6 +19,7 @@ from kiln.codegen.npu import build_npu
 from kiln.schedule.npu.emit import MEM_ID, DramTensor
 from kiln.schedule.npu.epilogue import broadcast_strides, chunks
 from kiln.target.npu import load_config
+from kiln.testing.npu_descriptions import edited_description
 from kiln.transform.npu import npu_functions, partition_for_npu
 from kiln.transform.pass_infra import PassContext
 
@@ -216,19 +217,16 @@ def test_no_room_in_the_accumulators_falls_back(tmp_path):
     """A description whose accumulators hold the product's tiles and nothing more: the
     epilogue does not fit, the build emits the product and its chain apart -- the same bits
     as without fusion, never an error."""
-    text = open(load_config("edge").path).read()
-    text = re.sub(r'(?m)^name\s*=.*$', 'name = "edge-tiny-acc"', text)
-    text = re.sub(r'(?ms)(^\[l0\.acc\]\s*\nsize\s*=\s*)"[^"]*"', r'\1"1 KiB"', text)
-    path = tmp_path / "tiny.toml"
-    path.write_text(text)
-    assert load_config(str(path)).memory("acc").size == 1024
+    path, cfg = edited_description(tmp_path, "edge-tiny-acc", (
+        r'(^\[l0\.acc\]\s*\nsize\s*=\s*)"[^"]*"', r'\1"1 KiB"'), base="edge")
+    assert cfg.memory("acc").size == 1024
     w = _const(8, 8, 3, 3)
     mod = _conv_residual_relu(w, (1, 8, 16, 16))
     x, res = (RNG.standard_normal((1, 8, 16, 16)).astype("float32") for _ in range(2))
     outs = {}
     for route in ("tir", "emit"):
         for fuse in (False, True):
-            exe = _build(mod, str(path), route, fuse)
+            exe = _build(mod, path, route, fuse)
             outs[route, fuse] = _outputs(exe, [x, res])[0]
             if fuse:
                 assert "nn.conv2d" in _labels(exe) and "add+relu" in _labels(exe)
@@ -416,14 +414,10 @@ def test_epilogue_buffers_stay_in_the_accumulators_without_a_better_home(tmp_pat
     edge = _home_build(mod, "edge", "weight", bank_plan=False)
     for ep, _ in _epilogue_blocks(edge, label):
         assert ep and all(mem == "acc" for mem, _, _ in ep)
-    text = open(load_config("default").path).read()
-    text = re.sub(r'(?m)^name\s*=.*$', 'name = "default-ungrouped-l0"', text)
-    text = re.sub(r'(?ms)(^\[l0\.(input|weight)\][^\[]*?)bank_groups = 4\n', r'\1', text)
-    path = tmp_path / "ungrouped.toml"
-    path.write_text(text)
-    cfg = load_config(str(path))
+    path, cfg = edited_description(tmp_path, "default-ungrouped-l0", (
+        r'(^\[l0\.(input|weight)\][^\[]*?)bank_groups = 4\n', r'\1'))
     assert cfg.memory("input").bank_groups == cfg.memory("weight").bank_groups == 1
-    flat = _home_build(mod, str(path), "weight", bank_plan=False)
+    flat = _home_build(mod, path, "weight", bank_plan=False)
     for ep, _ in _epilogue_blocks(flat, label):
         assert ep and all(mem == "acc" for mem, _, _ in ep)
     assert np.array_equal(_outputs(edge, inputs)[0],

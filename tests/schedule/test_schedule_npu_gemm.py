@@ -6,7 +6,6 @@ bits."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -27,6 +26,7 @@ from kiln.schedule.npu.ops import ONCHIP_SHARE, conv_geometry, onchip_input
 from kiln.target.npu import load_config
 from kiln.target.npu.config import DRAM
 from kiln.testing.models import conv_residual_relu
+from kiln.testing.npu_descriptions import edited_description
 from kiln.testing.op_testing import graph_module
 from kiln.transform import PassContext
 
@@ -231,13 +231,10 @@ def test_a_residual_epilogue_staggers_the_cores_first_loads(residual):
 def _small_acc(tmp_path, size):
     """Edge with ``size`` of accumulators (one core; the pointwise convolution's tiles of
     M32 x N16 in float32 take 2 KiB each)."""
-    text = open(load_config("edge").path).read()
-    text = re.sub(r'(?m)^name\s*=.*$', 'name = "edge-small-acc"', text)
-    text = re.sub(r'(?ms)(^\[l0\.acc\]\s*\nsize\s*=\s*)"[^"]*"', rf'\1"{size}"', text)
-    path = tmp_path / "small_acc.toml"
-    path.write_text(text)
-    assert load_config(str(path)).memory("acc").size == int(size.split()[0]) * 1024
-    return str(path)
+    path, cfg = edited_description(tmp_path, "edge-small-acc", (
+        r'(^\[l0\.acc\]\s*\nsize\s*=\s*)"[^"]*"', rf'\1"{size}"'), base="edge")
+    assert cfg.memory("acc").size == int(size.split()[0]) * 1024
+    return path
 
 
 def test_a_third_output_slot_leaves_the_fused_epilogue_its_chunks(tmp_path):
