@@ -575,3 +575,31 @@ def test_wgmma_compiles_for_sm90a_without_spills(op, knobs):
     assert "serialized" not in binary.log and "C7514" not in binary.log
     _, default = _lowered(op, arrays, target)
     assert not _wgmma_calls(default)
+
+
+@pytest.mark.parametrize("knobs,tile_rows", [
+    ({"gpu_mma_warps": (2, 2), "gpu_mma_tiles": (1, 1)}, 32),           # mma.sync warp tiles
+    ({"gpu_mma_wgmma": True, "gpu_wgmma_shape": (1, 1, 8), "gpu_mma_bk": 32,
+      "gpu_mma_async_stages": 3}, 64),                                    # wgmma, pipelined
+])
+def test_grouped_blocks_compute_the_product_on_opencl(knobs, tile_rows):
+    """The tensor-core routes' blocks in groups of row tiles (knob gpu_mma_group_rows,
+    bind_blocks): 8 row tiles in groups of 4 -- ``blockIdx.x`` the row tile in its group,
+    ``y`` the column tile, ``z`` the group -- compute the product PoCL checks against numpy
+    (the 4096^3 default, grouped by 8, ran on the H100 bit-identical to cuBLAS); with 1 the
+    tiles keep the row-major grid."""
+    m, k, n = 8 * tile_rows, 64, 64
+    a = RNG.uniform(-1, 1, (m, k)).astype(np.float16)
+    b = RNG.uniform(-1, 1, (k, n)).astype(np.float16)
+    grids = {}
+    for group in (4, 1):
+        _, lowered = _lowered("matmul", [a, b], OPENCL, {**knobs, "gpu_mma_group_rows": group})
+        assert mma_calls(lowered) > 0 or _wgmma_calls(lowered)
+        (launch,) = kernel_launches(lowered)
+        grids[group] = tuple(int(x.value) for x in launch.grid)
+        out = np.full((m, n), np.nan, np.float16)
+        gpu_build({"f": lowered}, OPENCL)["f"](a, b, out)
+        _check(out, a, b, "float16")
+    columns = n // (tile_rows if "gpu_mma_wgmma" in knobs else 16)
+    assert grids[1] == (columns, 8, 1)  # row-major: columns on x, the 8 row tiles on y
+    assert grids[4] == (4, columns, 2)  # the row tile in its group, the column, the group
