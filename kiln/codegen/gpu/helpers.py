@@ -141,13 +141,6 @@ _ARCH_SPECIFIC_GUARD = ARCH_SPECIFIC_MARKER + r"""
 """
 
 
-def _accumulators(mi: int, nj: int) -> list[list[str]]:
-    """A thread's accumulators of ``MI`` products ``m64n<8 NJ>``, per product in the order of
-    ``wgmma``'s ``d`` operand: (column block ``j``, row half ``h``, column ``e``)."""
-    return [[f"c[{2 * m + h} * ldc + {2 * j + e}]"
-             for j in range(nj) for h in range(2) for e in range(2)] for m in range(mi)]
-
-
 def _cuda_wgmma(name: str, short: str, mi: int, nj: int, a: SharedOperand,
                 b: SharedOperand, depth: int, pipelined: bool) -> str:
     """CUDA's thread part of ``MI`` ``wgmma.mma_async.m64n<8 NJ>k16`` (see
@@ -164,7 +157,9 @@ def _cuda_wgmma(name: str, short: str, mi: int, nj: int, a: SharedOperand,
     C7514, and without any the wait it puts before the accumulators' first read, its info
     C7517, was not enough on an H100: wrong sums.)"""
     n = 8 * nj
-    regs = _accumulators(mi, nj)
+    # the thread's accumulator (h, e) of column block j of product m, in the d order
+    regs = [[f"c[{2 * m + h} * ldc + {2 * j + e}]"
+             for j in range(nj) for h in range(2) for e in range(2)] for m in range(mi)]
     first_a = a.c_offset("16 * w + g", "0")
     first_b = b.c_offset("2 * t", "0")
     lines = [
@@ -203,7 +198,6 @@ def _cuda_wgmma(name: str, short: str, mi: int, nj: int, a: SharedOperand,
     else:
         lines.append(wait.format(0))
     return "\n".join(lines) + "\n}\n"
-
 
 
 class GpuHelpers(Helpers):
