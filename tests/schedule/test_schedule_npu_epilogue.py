@@ -346,20 +346,28 @@ def _home_build(mod, hw, home, bank_plan=True):
                          bank_plan=bank_plan)
 
 
-def _epilogue_blocks(exe, label):
-    """Per core, the fused epilogue's buffers in kernel ``label``: its operands' loads into
-    L0 (float32) and its casts' destinations, each ``(memory name, lo, hi)``; and the
-    product's operand slots' loads (float16 into L0 input / weight)."""
+def _kernel_streams(exe, label):
+    """Per core, the instructions of kernel ``label`` (between its barrier and the one
+    before)."""
     prog = [s.program for s in exe.steps if getattr(s, "program", None)][-1]
     bid = next(b for b, lab in prog.labels.items() if label in lab)
-    names = {v: k for k, v in MEM_ID.items()}
     out = []
     for st in prog.streams:
         bars = [n for n, i in enumerate(st) if i.op == "barrier"]
         end = next(n for n in bars if st[n].args["id"] == bid)
-        start = max([n for n in bars if n < end], default=-1) + 1
+        out.append(st[max([n for n in bars if n < end], default=-1) + 1:end])
+    return out
+
+
+def _epilogue_blocks(exe, label):
+    """Per core, the fused epilogue's buffers in kernel ``label``: its operands' loads into
+    L0 (float32) and its casts' destinations, each ``(memory name, lo, hi)``; and the
+    product's operand slots' loads (float16 into L0 input / weight)."""
+    names = {v: k for k, v in MEM_ID.items()}
+    out = []
+    for stream in _kernel_streams(exe, label):
         ep, slots = [], []
-        for i in st[start:end]:
+        for i in stream:
             if i.op == "dma.load" and i.args["dst"].mem in (MEM_ID["input"], MEM_ID["weight"],
                                                                MEM_ID["acc"]):
                 d = i.args["dst"]
@@ -402,6 +410,50 @@ def test_epilogue_buffers_go_to_free_bank_groups_of_weight():
     assert np.array_equal(out, _outputs(_home_build(mod, "default", "weight"), inputs)[0])
     assert np.array_equal(out, _outputs(_build(mod, "default", "tir", False), inputs)[0])
     assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 2e-2
+
+
+def test_a_float32_result_is_staged_out_of_the_accumulators():
+    """A result stored in the product's own dtype (float32: here the model's output): on
+    ``default`` the chain's last step (the relu) writes each chunk into an epilogue slot in
+    a bank group of L0 weight / input of its own and DMA-out stores it from there -- it
+    never reads the accumulators, where the vector unit computes the next chunk (ResNet-18's
+    stem, whose float32 result the max pool reads: 9,304 conflict cycles). With the buffers
+    in the accumulators (``"acc"``) the stores read the tile itself. The same bits, close
+    to torch; on ``edge`` (two ports a group of acc) nothing is staged."""
+    w, bias = _const(64, 16, 3, 3, scale=0.3), _const(64, 1, 1)
+
+    def body(bb, x):
+        c = bb.emit(op.nn.conv2d(x, w, padding=(1, 1)), "c")
+        return bb.emit_output(op.nn.relu(bb.emit(op.add(c, bias), "a")), "y")
+
+    mod = _module(body, [(1, 16, 32, 32)])
+    x = RNG.standard_normal((1, 16, 32, 32)).astype("float32")
+    label = "nn.conv2d+add+relu"
+    names = {v: k for k, v in MEM_ID.items()}
+
+    def stores_and_last_step(exe):
+        out = []
+        for stream in _kernel_streams(exe, label):
+            stores = {names[i.args["src"].mem] for i in stream if i.op == "dma.store"}
+            relus = {names[i.args["dst"].mem] for i in stream if i.op == "vrelu"}
+            out.append((stores, relus))
+        return out
+
+    staged = _home_build(mod, "default", "weight")
+    in_acc = _home_build(mod, "default", "acc")
+    assert any(label in k.label for k in staged.kernels)
+    for stores, relus in stores_and_last_step(staged):
+        assert stores and stores <= {"weight", "input"} and relus == stores
+    for stores, relus in stores_and_last_step(in_acc):
+        assert stores == relus == {"acc"}
+    for stores, _ in stores_and_last_step(_home_build(mod, "edge", "weight")):
+        assert stores == {"acc"}
+    out = _outputs(staged, [x])[0]
+    assert out.tobytes() == _outputs(in_acc, [x])[0].tobytes()
+    ref = torch.relu(torch.nn.functional.conv2d(
+        torch.tensor(x), torch.tensor(w.data), torch.tensor(bias.data.reshape(-1)),
+        padding=1)).numpy()
+    np.testing.assert_allclose(out, ref, rtol=2e-2, atol=2e-2)
 
 
 def test_epilogue_buffers_stay_in_the_accumulators_without_a_better_home(tmp_path):

@@ -23,7 +23,12 @@ tile or tail piece) becomes, per chunk of the tile:
    stem: 393 cycles every other step, 80.5 -> 89.7% of the roofline);
 2. the vector unit runs the chain's instructions on the accumulator tile in place (float32,
    the order and the operands' positions of the unfused kernel's steps, so the same bits) and
-   a final ``vcast`` into a float16 buffer where a product wants the result cast;
+   a final ``vcast`` into a float16 buffer where a product wants the result cast; where the
+   float32 result is stored too and the slots lie in bank groups of L0 weight / input of
+   their own, the chain's last step writes it into the slot instead (:meth:`Epilogue.stages`:
+   DMA-out then never reads the accumulators while the vector unit computes the next chunk
+   there -- ResNet-18's stem, whose float32 result the max pool reads, lost 9,304 cycles to
+   that conflict);
 3. DMA-out stores what the chain produced: the float32 result, the cast copy, or both (a
    result read by a product and by something else: no separate cast kernel).
 
@@ -32,9 +37,11 @@ The tokens: the tensor unit tells the vector unit too when a tile is done
 (``DMA_IN -> VECTOR``, and back when the vector unit has read them: the slot is free again;
 the whole broadcast operands once per core and kernel, one ``DMA_IN -> VECTOR`` token before
 the first chunk's, none back: nothing overwrites them within the kernel);
-each computed chunk goes to DMA-out (``VECTOR -> DMA_OUT``), which returns a cast buffer's
-slot once stored (``DMA_OUT -> VECTOR``). The tensor unit's own protocol is unchanged: an
-accumulator slot is reused only after its store, which now follows the epilogue.
+each computed chunk goes to DMA-out (``VECTOR -> DMA_OUT``), which returns a cast or staged
+buffer's slot once stored (``DMA_OUT -> VECTOR``; the slots rotate across tiles, and the
+vector unit waits for one just before it writes there). The tensor unit's own protocol is
+unchanged: an accumulator slot is reused only after its store, which now follows the
+epilogue.
 
 The chunks are as large as the epilogue slots allow (the accumulator memory left over by the
 tiling, in ``nbuf`` slots); when not even one row of a tile fits, or an operand's view of a
@@ -110,6 +117,26 @@ def chunks(shape: tuple[int, int, int], limit: int
     return out  # type: ignore[return-value]
 
 
+def _in_order(buf: Block, order: list[int], ext: tuple[int, ...], d_str: tuple[int, ...]
+              ) -> bool:
+    """Whether a store of a chunk of extents ``ext`` (DRAM strides ``d_str``) reads a slot's
+    buffer ``buf`` contiguously along DRAM's innermost dim."""
+    dims = [j for j in range(3) if ext[j] > 1]
+    if not dims:
+        return True
+    inner = min(dims, key=lambda j: d_str[j])
+    return _in_dram_order(buf, order).strides[inner] == 1
+
+
+def _in_dram_order(buf: Block, order: list[int]) -> Block:
+    """A slot's buffer (row-major in the vector unit's ``order`` of the chunk's dims) with
+    its strides per dim of the chunk as the store walks it (DRAM's order)."""
+    st = [0, 0, 0]
+    for pos, j in enumerate(order):
+        st[j] = buf.strides[pos]
+    return buf._replace(strides=tuple(st))
+
+
 @dataclass(frozen=True)
 class _Layout:
     """An epilogue's buffers in one kernel: the hoisted operands' whole buffers (``slots_at``
@@ -134,6 +161,9 @@ class _Layout:
     hoist_at: tuple[str, int] = ("acc", 0)
     #: where each slot starts
     slot_at: tuple[tuple[str, int], ...] = ()
+    #: the staged result's buffer in a slot (:meth:`Epilogue._layout_for`), or None: the
+    #: result of the product's dtype is stored from the accumulator tile itself
+    keep_at: int | None = None
 
 
 @dataclass
@@ -159,6 +189,11 @@ class Epilogue:
     #: per core: chunks whose operands were loaded in the current kernel (the operand slots
     #: rotate through them; the tokens each returned are popped at the kernel's end)
     loaded: dict[int, int] = field(default_factory=dict)
+    #: per core: chunks computed into the slots' cast or staged buffers in the current
+    #: kernel (they rotate through the slots across tiles: a chunk waits only for the
+    #: store of the one that used its slot ``nbuf`` chunks before; the tokens left are
+    #: popped at the kernel's end)
+    filled: dict[int, int] = field(default_factory=dict)
     #: the current kernel's slot layout (:meth:`_layout`)
     layout: _Layout | None = None
     #: cores that loaded the whole broadcast operands in the current kernel
@@ -195,12 +230,12 @@ class Epilogue:
         """Its emission state, for :meth:`LoweringContext.checkpoint`: a tiling the program
         generator refuses half-way is rolled back with the tiles, stores and operand loads
         it counted here (else the retry's tokens would not pair up)."""
-        return (self.hits, self.tiles, dict(self.loaded), self.layout, set(self.hoisted),
-                self.home)
+        return (self.hits, self.tiles, dict(self.loaded), dict(self.filled), self.layout,
+                set(self.hoisted), self.home)
 
     def restore(self, state: tuple[Any, ...]) -> None:
-        self.hits, self.tiles, loaded, self.layout, hoisted, self.home = state
-        self.loaded, self.hoisted = dict(loaded), set(hoisted)
+        self.hits, self.tiles, loaded, filled, self.layout, hoisted, self.home = state
+        self.loaded, self.filled, self.hoisted = dict(loaded), dict(filled), set(hoisted)
 
     def covers(self, dst: Block) -> bool:
         """Whether a store writes into the product's result (the epilogue's to run)."""
@@ -273,8 +308,7 @@ class Epilogue:
         the buffers may go to another :attr:`home` (:meth:`_layout`, the same decision the
         stores take), where they do not take the accumulators' room."""
         most = self._layout_in(cfg, acc_top, nbuf, l0_slots or {}, tile_elems).elems
-        osz = itemsize(self.out.dtype)
-        return max(0, min(tile_elems, most, max(-(-tile_elems // nbuf), CHUNK_MIN_BYTES // osz)))
+        return max(0, min(tile_elems, self._chunk(tile_elems, nbuf, most)))
 
     def _layout(self, kb: KernelBuilder, tile_elems: int) -> _Layout:
         """The epilogue's buffers of the kernel ``kb`` emits (:meth:`_layout_for`), whose
@@ -294,17 +328,24 @@ class Epilogue:
         acc = self._layout_for(cfg, acc_top, nbuf)
         if self.home == "acc" or self.home not in l0_slots:
             return acc
-        want = max(-(-tile_elems // nbuf), CHUNK_MIN_BYTES // itemsize(self.out.dtype))
+        want = self._chunk(tile_elems, nbuf, tile_elems)
         # slots of the chunks the stores will cut (not of all the room: in groups of
         # their own, a slot larger than it needs would take more of them)
         count, size = l0_slots[self.home]
         lay = self._layout_for(cfg, count * size, nbuf, self.home, want)
         if lay.elems < min(acc.elems, want):
             return acc
-        return self._by_groups(cfg, nbuf, l0_slots, lay) or acc
+        return self._by_groups(cfg, nbuf, l0_slots, lay, acc) or acc
+
+    def _chunk(self, tile_elems: int, nbuf: int, most: int) -> int:
+        """Elements of the chunks a store of ``tile_elems`` cuts (slots for ``most``):
+        ``nbuf`` chunks a tile (a third would wait for the first one's store), not tiny.
+        (Whole tiles in slots that rotate across tiles were slower: ResNet-18's stem 33,037
+        -> 33,088 cycles.)"""
+        return min(most, max(-(-tile_elems // nbuf), CHUNK_MIN_BYTES // itemsize(self.out.dtype)))
 
     def _by_groups(self, cfg: NPUConfig, nbuf: int, l0_slots: dict[str, tuple[int, int]],
-                   lay: _Layout) -> _Layout | None:
+                   lay: _Layout, acc: _Layout) -> _Layout | None:
         """``lay`` (contiguous above the operand slots of :attr:`home`) with its hoisted
         buffers and each slot in bank groups of their own, whole groups the kernel's operand
         slots leave free in L0 input and L0 weight (:attr:`home`'s first), each piece in
@@ -315,7 +356,12 @@ class Epilogue:
         once -- DMA-in filling slot ``i + 1`` and DMA-out storing slot ``i - 1`` while the
         vector unit reads the hoisted constants and slot ``i`` -- besides the tensor unit
         and DMA-in on the operand slots: in groups of their own they meet only the units
-        that use them in turn."""
+        that use them in turn. The slots go first; the hoisted buffers, where no group is
+        left for them, stay in the accumulators as in ``acc`` (the same buffers there), in
+        room the tiles leave: only the vector unit reads them, as it reads the tiles, and
+        the bank placement moves them off the group the tensor unit writes (ResNet-18's
+        stem, default: its input slots fill L0 input, its weights leave two groups of L0
+        weight, which its two staged slots take)."""
         free: list[tuple[str, int, int]] = []  # (memory, first free group, groups)
         ports = cfg.memory("acc").ports
         for mem in dict.fromkeys((self.home, "input", "weight")):
@@ -332,20 +378,35 @@ class Epilogue:
             if g0 > spec.bank_groups:
                 g0 = -(-count * size // spec.group_bytes)
             free.append((mem, g0, spec.bank_groups - g0))
-        pieces = ([lay.slots_at] if lay.slots_at else []) + [lay.slot_bytes] * nbuf
-        at: list[tuple[str, int]] = []
-        for size in pieces:
+        def take(size: int) -> tuple[str, int] | None:
             for i, (mem, g0, n) in enumerate(free):
                 group = cfg.memory(mem).group_bytes
                 need = -(-size // group)
                 if need <= n:
-                    at.append((mem, g0 * group))
                     free[i] = (mem, g0 + need, n - need)
-                    break
-            else:
+                    return mem, g0 * group
+            return None
+
+        at = [take(lay.slot_bytes) for _ in range(nbuf)]
+        if None in at:
+            return None
+        hoist_at = lay.hoist_at
+        if lay.slots_at:
+            hoist_at = take(lay.slots_at) or (acc.hoist_at if acc.hoist == lay.hoist and
+                                              acc.elems else None)  # type: ignore[assignment]
+            if hoist_at is None:
                 return None
-        hoist_at = at.pop(0) if lay.slots_at else lay.hoist_at
-        return dataclasses.replace(lay, hoist_at=hoist_at, slot_at=tuple(at))
+        return dataclasses.replace(lay, hoist_at=hoist_at, slot_at=tuple(at))  # type: ignore
+
+    def stages(self, mem: str) -> list[DramTensor]:
+        """The result of the product's dtype when the chain's last step writes it into an
+        epilogue slot in ``mem`` rather than back into the accumulator tile: outside the
+        accumulators only (in a bank group of its own, :meth:`_by_groups`), and only where
+        the chain has a step to redirect. Stored from the tile, DMA-out reads one chunk
+        while the vector unit computes the next in the same bank group (ResNet-18's stem,
+        whose float32 result the max pool reads: 9,304 conflict cycles on default);
+        staged, each unit has a group of its own and no instruction is added."""
+        return self.keep[:1] if mem != "acc" and self.steps else []
 
     def _layout_for(self, cfg: NPUConfig, top: int, nbuf: int, mem: str = "acc",
                     most: int | None = None) -> _Layout:
@@ -372,22 +433,26 @@ class Epilogue:
                     _ALIGN * (len(self.inputs) + len(self.casts) + 1))
         fixed = sum(cap * itemsize(x.dtype) for cap, x, sm, h in
                     zip(caps, self.inputs, small, hoist) if sm and not h)
+        staged = self.stages(mem)
         per = sum(itemsize(x.dtype) for x, sm in zip(self.inputs, small) if not sm) + \
-            sum(itemsize(r.dtype) for r in self.casts)
+            sum(itemsize(r.dtype) for r in [*self.casts, *staged])
         elems = (limit - fixed) // per if per else 1 << 30
         elems = min(elems, cfg.encoding.max_extent ** 2, most or elems)
         holds = [cap if sm else elems for cap, sm in zip(caps, small)]
         offs, at = [], 0
         for n, sz in [(h, itemsize(x.dtype)) for h, x, ho in zip(holds, self.inputs, hoist)
-                      if not ho] + [(elems, itemsize(r.dtype)) for r in self.casts]:
+                      if not ho] + [(elems, itemsize(r.dtype))
+                                    for r in [*self.casts, *staged]]:
             offs.append(at)
             at += -(-n * sz // _ALIGN) * _ALIGN
         chunked = [k for k, h in enumerate(hoist) if not h]
         in_at = [hoist_at[k] if h else 0 for k, h in enumerate(hoist)]
         for k, off in zip(chunked, offs):
             in_at[k] = off
-        return _Layout(elems, holds, at, in_at, offs[len(chunked):], hoist, slots_at,
-                       (mem, base), tuple((mem, base + slots_at + k * at) for k in range(nbuf)))
+        casts_at = offs[len(chunked):len(chunked) + len(self.casts)]
+        return _Layout(elems, holds, at, in_at, casts_at, hoist, slots_at,
+                       (mem, base), tuple((mem, base + slots_at + k * at) for k in range(nbuf)),
+                       offs[-1] if staged else None)
 
     def store(self, kb: KernelBuilder, core: int, shape: tuple[int, ...], dst: Block,
               src: Block) -> None:
@@ -405,9 +470,8 @@ class Epilogue:
             self.layout = self._layout(kb, math.prod(shape3))
             self.placed |= {m for m, _ in (self.layout.hoist_at, *self.layout.slot_at)}
         lay = self.layout
-        most, holds, in_at, cast_at = lay.elems, lay.holds, lay.in_at, lay.cast_at
-        # a tile in nbuf chunks (a third would wait for the first one's store), not tiny
-        elems = min(most, max(-(-math.prod(shape3) // kb.nbuf), CHUNK_MIN_BYTES // osz))
+        holds, in_at, cast_at = lay.holds, lay.in_at, lay.cast_at
+        elems = self._chunk(math.prod(shape3), kb.nbuf, lay.elems)
         if elems < shape3[order[-1]]:
             raise Unfusable(f"{self.names}: no room for the epilogue's buffers beside the "
                                f"product's accumulator tiles")
@@ -470,18 +534,34 @@ class Epilogue:
                 kb.pop(core, UNIT_TENSOR, UNIT_VECTOR)
                 if first:  # the hoisted operands are in
                     kb.pop(core, UNIT_DMA_IN, UNIT_VECTOR)
-            if self.casts and i >= nbuf:  # the cast buffer's last store is done
-                kb.pop(core, UNIT_DMA_OUT, UNIT_VECTOR)
             if chunked:
                 kb.pop(core, UNIT_DMA_IN, UNIT_VECTOR)
-            emit_steps(kb, core, self.steps, vext, tile,
-                       [r for r in reads if r is not None])  # every operand's
+            f = self.filled.get(core, 0)
+            cmem, cslot = lay.slot_at[f % nbuf]
+            # the chain's value: in the tile, or (staged) its last step writes a slot --
+            # where the store then reads it in order (else the store's strided reads of a
+            # memory of fewer banks cost more than the conflicts it saves)
+            value = tile
+            if lay.keep_at is not None:
+                staged = block(cmem, cslot + lay.keep_at, self.out.dtype, row_major(vext))
+                if _in_order(staged, order, ext, d_str):
+                    value = staged
+            slotted = bool(self.casts) or value is not tile
+            # the slot's buffers' last store is done: waited for just before the first
+            # instruction that writes them (the chain's steps before it run meanwhile)
+            wait = (UNIT_DMA_OUT, UNIT_VECTOR) if slotted and f >= nbuf else None
+            emit_steps(kb, core, self.steps, vext, tile, [r for r in reads if r is not None],
+                       out=value, wait=wait)  # every operand's
+            if value is not tile:
+                wait = None
             cbufs = []
-            cmem, cslot = lay.slot_at[i % nbuf]
             for c, r in enumerate(self.casts):
                 kb.fence(core, UNIT_VECTOR)
+                if wait:
+                    kb.pop(core, *wait)
+                    wait = None
                 cb = block(cmem, cslot + cast_at[c], r.dtype, row_major(vext))
-                kb.emit(core, "vcast", shape=vext, mode="rne", dst=cb, a=tile)
+                kb.emit(core, "vcast", shape=vext, mode="rne", dst=cb, a=value)
                 cbufs.append(cb)
             if chunked:
                 kb.push(core, UNIT_VECTOR, UNIT_DMA_IN)  # the operands' slot is read
@@ -490,18 +570,13 @@ class Epilogue:
             kb.pop(core, UNIT_VECTOR, UNIT_DMA_OUT)
             for r in self.keep:
                 kb.split_store(core, ext, dst=r.at(e, d_str),
-                               src=tile._replace(strides=tuple(s_str)))
+                               src=tile._replace(strides=tuple(s_str)) if value is tile
+                               else _in_dram_order(value, order))
             for r, cb in zip(self.casts, cbufs):
-                cstr = [0, 0, 0]
-                for pos, j in enumerate(order):
-                    cstr[j] = cb.strides[pos]
-                kb.split_store(core, ext, dst=r.at(e, d_str),
-                               src=cb._replace(strides=tuple(cstr)))
-            if self.casts:
-                kb.push(core, UNIT_DMA_OUT, UNIT_VECTOR)  # the cast buffer is free
-        if self.casts:  # the tokens of the cast buffers not yet popped
-            for _ in range(min(len(pieces), nbuf)):
-                kb.pop(core, UNIT_DMA_OUT, UNIT_VECTOR)
+                kb.split_store(core, ext, dst=r.at(e, d_str), src=_in_dram_order(cb, order))
+            if slotted:
+                kb.push(core, UNIT_DMA_OUT, UNIT_VECTOR)  # the slot's buffers are free
+                self.filled[core] = f + 1
 
     def finish(self, kb: KernelBuilder) -> None:
         """At a kernel's end: DMA-in takes back the operand slots' tokens it has not popped
@@ -514,6 +589,9 @@ class Epilogue:
         for core, n in self.loaded.items():
             for _ in range(min(n, kb.nbuf)):
                 kb.pop(core, UNIT_VECTOR, UNIT_DMA_IN)
-        self.loaded = {}
+        for core, n in self.filled.items():  # the cast or staged buffers' last stores
+            for _ in range(min(n, kb.nbuf)):
+                kb.pop(core, UNIT_DMA_OUT, UNIT_VECTOR)
+        self.loaded, self.filled = {}, {}
         self.layout = None
         self.hoisted = set()

@@ -677,8 +677,9 @@ class _Generator:
             if used * c_bytes > self.cfg.memory("acc").size:
                 raise NotSupported(f"{used} accumulator tiles of {c_bytes} B exceed acc")
             ndims = len(cidx)
-            # a fused epilogue's buffers go above the output slots
-            self.kb.acc_top = max(self.kb.acc_top, p.nout * c_bytes)
+            # a fused epilogue's buffers go above the output slots the busiest core uses
+            self.kb.acc_top = max(self.kb.acc_top, c_bytes * (
+                min(p.nout, -(-self.total_tiles // cores)) if self.total_tiles else p.nout))
             self.staged[cbuf] = _Tile("acc", p.out_slot() * c_bytes, cidx,
                                       (1,) * (ndims - 2) + (m, n))
         tc = self.staged.get(cbuf)
@@ -706,7 +707,7 @@ class _Generator:
                 self.walk(self.tail)  # type: ignore[arg-type]
                 self.early = False
         if len(pieces) > 1:  # the tile's own store (after the loop) moves the last piece
-            self.window = (pieces[-1][0], m)
+            self.window = (pieces[-1][0], pieces[-1][0] + pieces[-1][1])
         p.computed()
 
     def finish(self) -> None:

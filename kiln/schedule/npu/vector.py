@@ -269,17 +269,24 @@ def _emit_elementwise(ctx: LoweringContext, op: str, out: DramTensor | DramView,
 
 
 def emit_steps(kb: KernelBuilder, core: int, steps: list[VecStep], shape: tuple[int, ...],
-               dst: Block, operands: list[Block]) -> None:
+               dst: Block, operands: list[Block], out: Block | None = None,
+               wait: tuple[int, int] | None = None) -> None:
     """A chain's vector instructions on one block, in order, each overwriting ``dst`` (its
     running value; a fence between two: the unit pipelines): a step's sources are operand
-    blocks (``("in", k)``: ``operands[k]``), immediates or the running value."""
+    blocks (``("in", k)``: ``operands[k]``), immediates or the running value. ``out``: the
+    last step writes there instead (a fused epilogue's staged result; ``dst`` keeps the
+    value before it), after a ``tok.pop`` of token ``wait`` (``(source unit, this unit)``:
+    that its buffer is free) where given."""
     for i, st in enumerate(steps):
         if i:
             kb.fence(core, UNIT_VECTOR)
+        if wait is not None and out is not None and out != dst and i == len(steps) - 1:
+            kb.pop(core, *wait)
         srcs = [operands[s[1]] if s[0] == "in" else s[1] if s[0] == "imm" else dst
                 for s in st.srcs]
         names = ("mask", "a", "b") if st.opcode == "vsel" else ("a", "b")
-        kb.emit(core, st.opcode, shape=shape, dst=dst, **dict(zip(names, srcs)),
+        to = out if out is not None and i == len(steps) - 1 else dst
+        kb.emit(core, st.opcode, shape=shape, dst=to, **dict(zip(names, srcs)),
                 **dict(st.extra))
 
 
