@@ -435,6 +435,70 @@ def test_a_conv_tail_in_pieces_of_n_gives_the_same_bits(monkeypatch, hw):
     assert all(s[2] == 64 for s in pieces[1])
 
 
+def test_tail_pieces_alternate_the_halves_of_the_tile():
+    """The last tile's pieces in the order 0, 2, 1, 3 (each pair of consecutive pieces on
+    both sides of the tile's middle, which the bank placement puts on a group boundary):
+    every row (column) of the tile in exactly one piece."""
+    cfg = load_config("default")
+    shape = GemmShape(1, 256, 1, 64, 64, 1, "float16")
+    pieces = npu_gemm.tail_pieces(cfg, shape, 64, 64)
+    assert [p[0] for p in pieces] == [0, 32, 16, 48] and {p[1] for p in pieces} == {16}
+    assert sorted(r for p in pieces for r in range(p[0], p[0] + p[1])) == list(range(64))
+    three = npu_gemm.tail_pieces(cfg, shape, 48, 64)
+    assert [p[0] for p in three] == [0, 32, 16]
+
+
+@pytest.mark.parametrize("route", ["tir", "emit"])
+def test_dense_tail_pieces_with_a_fused_epilogue(monkeypatch, route):
+    """One output tile per core, its last K step in three pieces of rows, each through the
+    fused epilogue and stored as it is done, in the alternating order (0, 2, 1): the
+    simulator checks every token and access (the TIR generator's window of the last piece
+    assumed it ended the tile: piece 2 was stored twice, a hazard), the same bits as one
+    piece, close to numpy."""
+    rng = np.random.default_rng(17)
+    w = (rng.standard_normal((64, 96)) * 0.2).astype("float32")
+    bias = rng.standard_normal(64).astype("float32")
+    x = rng.standard_normal((96, 96)).astype("float32")
+    mod = graph_module(lambda v: op.nn.relu(op.add(op.dense(v, g.const(w)), g.const(bias))),
+                       [x.shape])
+    _forced(monkeypatch, GemmTiling(48, 64, 96, 0))  # M48 x N64 x K96: one tile a core
+    outs = []
+    for split in (True, False):
+        if not split:
+            monkeypatch.setattr(npu_gemm, "tail_pieces",
+                                lambda cfg, shape, mus, nts: [(0, mus, 0, nts)])
+        with kiln.transform.PassContext(config={"npu.lowering": route}):
+            exe = build_npu(mod, kiln.Target("npu", hw="default"))
+        assert exe.kernels[-1].label.endswith("+add+relu"), exe.kernels[-1].label
+        outs.append(exe(x))
+        if split:
+            rows = [i.args["shape"][1] for i in _stream_ops(exe)
+                    if i.op in ("mma", "mma.set")][-3:]
+            assert rows == [16] * 3
+    assert np.array_equal(outs[0], outs[1])
+    ref = np.maximum(x.astype(np.float64) @ w.T + bias, 0)
+    assert float(np.max(np.abs(outs[0] - ref))) <= 1e-2 * float(np.max(np.abs(ref)))
+
+
+def test_a_single_large_tile_leaves_its_epilogue_room():
+    """edge (48 KiB of accumulators), dense 84 x 255 -> 84: one M84 x N84 tile (28 KiB of
+    float32, too large for two slots) on a core; the fused epilogue's buffers go above the
+    one slot it uses -- counted as two, they found no room and the product ran unfused (a
+    case hypothesis found in test_random_fused_kernels_match_numpy)."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((84, 255)) * 0.1).astype("float32")
+    bias = rng.standard_normal(84).astype("float32")
+    x = rng.standard_normal((84, 255)).astype("float32")
+    mod = graph_module(lambda v: op.clip(op.nn.relu(op.add(op.dense(v, g.const(w)),
+                                                           g.const(bias))), min=0.0, max=2.0),
+                       [x.shape])
+    exe = build_npu(mod, kiln.Target("npu", hw="edge"))
+    assert [k.op for k in exe.kernels][-1] in ("dense", "matmul")
+    assert exe.kernels[-1].label.endswith("+add+relu+clip")
+    ref = np.clip(x.astype(np.float64) @ w.T + bias, 0, 2)
+    assert float(np.max(np.abs(exe(x) - ref))) <= 1e-2 * max(1.0, float(np.max(np.abs(ref))))
+
+
 def test_one_output_tile_per_core_takes_one_accumulator_slot(monkeypatch):
     """edge (48 KB of accumulators): a 64 x 128 float32 tile (32 KB) fits once, not twice;
     a core with that one tile is feasible and computes the product exactly as two tiles of
