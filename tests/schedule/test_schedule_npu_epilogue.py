@@ -17,7 +17,8 @@ from kiln import op
 from kiln.build import npu_pipeline
 from kiln.codegen.npu import build_npu
 from kiln.schedule.npu.emit import MEM_ID, DramTensor
-from kiln.schedule.npu.epilogue import broadcast_strides, chunks
+from kiln.schedule.npu.epilogue import Epilogue, broadcast_strides, chunks
+from kiln.schedule.npu.vector import VecStep
 from kiln.target.npu import load_config
 from kiln.testing.npu_descriptions import edited_description
 from kiln.transform.npu import npu_functions, partition_for_npu
@@ -454,6 +455,28 @@ def test_a_float32_result_is_staged_out_of_the_accumulators():
         torch.tensor(x), torch.tensor(w.data), torch.tensor(bias.data.reshape(-1)),
         padding=1)).numpy()
     np.testing.assert_allclose(out, ref, rtol=2e-2, atol=2e-2)
+
+
+def test_staged_slots_take_free_groups_of_input_and_of_the_accumulators():
+    """BERT's FFN product on ``default`` (its epilogue adds the bias and stores float32): the
+    weight slots fill L0 weight, the one input slot leaves one group of L0 input, the three
+    output slots of 32 KiB one group of the accumulators -- the staged result's two slots go
+    to those two groups, the bias (3072 channels, hoisted) above the slot in acc; a slot's
+    size no longer depends on the room above the home's operand slots (which refused it).
+    Without the output slots' size (``acc_tile`` 0) everything stays in the accumulators."""
+    cfg = load_config("default")
+    ep = Epilogue(out=DramTensor(0, (1, 128, 3072), "float32"),
+                  steps=[VecStep("vadd", (("out",), ("in", 0)))],
+                  inputs=[DramTensor(1 << 20, (3072,), "float32")],
+                  results=[DramTensor(2 << 20, (1, 128, 3072), "float32")], names="add",
+                  home="weight")
+    ops = {"input": (1, 196608), "weight": (2, 98304)}
+    lay = ep._layout_in(cfg, 3 * 32768, 2, ops, 8192, acc_tile=32768)
+    group = cfg.memory("acc").group_bytes
+    assert sorted(lay.slot_at) == [("acc", 3 * group), ("input", 3 * group)]
+    assert lay.keep_at is not None and lay.slot_bytes >= 4096 * 4
+    assert lay.hoist_at == ("acc", 3 * group + lay.slot_bytes) and lay.hoist[0] is not None
+    assert all(m == "acc" for m, _ in ep._layout_in(cfg, 3 * 32768, 2, ops, 8192).slot_at)
 
 
 def test_epilogue_buffers_stay_in_the_accumulators_without_a_better_home(tmp_path):

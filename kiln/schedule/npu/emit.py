@@ -230,6 +230,9 @@ class KernelBuilder:
     #: bytes of the accumulators the current product kernel's output slots take (set by
     #: ``emit_gemm`` and the TIR route's generator): a fused epilogue's buffers go above
     acc_top: int = 0
+    #: bytes of one of those output slots (0: unknown): with :attr:`acc_top`, the slots'
+    #: count, whose bank groups a fused epilogue's buffers keep off (:mod:`.epilogue`)
+    acc_tile: int = 0
     #: ``(count, bytes)`` of the current product kernel's operand slots in L0 input and L0
     #: weight (by memory name), from address 0 (set by ``emit_gemm`` and the TIR route's
     #: generator; absent: unknown, and a fused epilogue keeps its buffers in the
@@ -365,7 +368,7 @@ class KernelBuilder:
         epilogue first returns the tokens it still holds."""
         if self.epilogue is not None:
             self.epilogue.finish(self)
-        self.acc_top = 0
+        self.acc_top = self.acc_tile = 0
         self.l0_slots = {}
         if not info.compute:
             info = self.with_vector_side(info)

@@ -1094,7 +1094,7 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     # a fused epilogue's buffers go above the output slots a core uses (one with fewer
     # tiles than slots uses as many: a single tile too large for two leaves room), or above
     # the operand slots (a held tile's slot is its K step's, nk <= nbuf: fixed_tiles)
-    kb.acc_top = min(nout, -(-len(tiles) // cfg.cores)) * c_bytes
+    kb.acc_top, kb.acc_tile = min(nout, -(-len(tiles) // cfg.cores)) * c_bytes, c_bytes
     kb.l0_slots = {"input": (kb.nbuf, in_bytes), "weight": (kb.nbuf, w_bytes)}
     pipes = [Pipeline(kb, c, UNIT_TENSOR, nout) for c in range(cfg.cores)]
     steps = core_step_slots(cfg, shape, tiling, tiles, kb.nbuf)

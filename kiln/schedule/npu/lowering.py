@@ -234,7 +234,8 @@ class LoweringContext:
         kb = self.kb
         ep = kb.epilogue
         return (kb, [len(st) for st in kb.streams], dict(kb.labels), len(kb.kernels),
-                (kb.store_floor, kb.acc_top, dict(kb.l0_slots)), self.top, len(self.constants),
+                (kb.store_floor, kb.acc_top, kb.acc_tile, dict(kb.l0_slots)), self.top,
+                len(self.constants),
                 len(self.allocations), len(self.tir), self._kernel_count,
                 (ep, ep.snapshot() if ep is not None else None), frozenset(self.pinned))
 
@@ -248,7 +249,7 @@ class LoweringContext:
             del st[n:]
         kb.labels = dict(labels)  # a copy: a mark may be rolled back to again
         del kb.kernels[nk:]
-        kb.store_floor, kb.acc_top, l0_slots = floor
+        kb.store_floor, kb.acc_top, kb.acc_tile, l0_slots = floor
         kb.l0_slots = dict(l0_slots)
         self.top = top
         del self.constants[nconst:]

@@ -680,6 +680,7 @@ class _Generator:
             # a fused epilogue's buffers go above the output slots the busiest core uses
             self.kb.acc_top = max(self.kb.acc_top, c_bytes * (
                 min(p.nout, -(-self.total_tiles // cores)) if self.total_tiles else p.nout))
+            self.kb.acc_tile = max(self.kb.acc_tile, c_bytes)
             self.staged[cbuf] = _Tile("acc", p.out_slot() * c_bytes, cidx,
                                       (1,) * (ndims - 2) + (m, n))
         tc = self.staged.get(cbuf)
