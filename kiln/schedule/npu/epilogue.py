@@ -24,11 +24,11 @@ tile or tail piece) becomes, per chunk of the tile:
 2. the vector unit runs the chain's instructions on the accumulator tile in place (float32,
    the order and the operands' positions of the unfused kernel's steps, so the same bits) and
    a final ``vcast`` into a float16 buffer where a product wants the result cast; where the
-   float32 result is stored too and the slots lie in bank groups of L0 weight / input of
-   their own, the chain's last step writes it into the slot instead (:meth:`Epilogue.stages`:
-   DMA-out then never reads the accumulators while the vector unit computes the next chunk
-   there -- ResNet-18's stem, whose float32 result the max pool reads, lost 9,304 cycles to
-   that conflict);
+   float32 result is stored too and the slots lie in bank groups of their own (of L0
+   weight / input, or of the accumulators above the output slots), the chain's last step
+   writes it into the slot instead (:meth:`Epilogue.stages`: DMA-out then never reads a
+   tile chunk in the group where the vector unit computes the next -- ResNet-18's stem,
+   whose float32 result the max pool reads, lost 9,304 cycles to that conflict);
 3. DMA-out stores what the chain produced: the float32 result, the cast copy, or both (a
    result read by a product and by something else: no separate cast kernel).
 
@@ -349,7 +349,7 @@ class Epilogue:
 
     def _by_groups(self, cfg: NPUConfig, nbuf: int, l0_slots: dict[str, tuple[int, int]],
                    lay: _Layout, acc_top: int) -> _Layout | None:
-        """``lay`` (contiguous above the operand slots of :attr:`home`) with its hoisted
+        """``lay`` (its buffers sized as if :attr:`home` were free) with its hoisted
         buffers and each slot in bank groups of their own, whole groups the kernel's operand
         slots leave free in L0 input and L0 weight (:attr:`home`'s first), then in the
         accumulators where the kernel says what its output slots take (``l0_slots["acc"]``;
@@ -411,9 +411,10 @@ class Epilogue:
 
     def stages(self, mem: str) -> list[DramTensor]:
         """The result of the product's dtype when the chain's last step writes it into an
-        epilogue slot in ``mem`` rather than back into the accumulator tile: outside the
-        accumulators only (in a bank group of its own, :meth:`_by_groups`), and only where
-        the chain has a step to redirect. Stored from the tile, DMA-out reads one chunk
+        epilogue slot of a layout for ``mem`` rather than back into the accumulator tile:
+        only for a home other than the accumulators (whose layouts :meth:`_by_groups`
+        places each slot in bank groups of its own), and only where the chain has a step to
+        redirect. Stored from the tile, DMA-out reads one chunk
         while the vector unit computes the next in the same bank group (ResNet-18's stem,
         whose float32 result the max pool reads: 9,304 conflict cycles on default);
         staged, each unit has a group of its own and no instruction is added."""
