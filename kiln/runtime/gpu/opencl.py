@@ -1,10 +1,15 @@
 """The OpenCL device (``pyopencl``; ``pip install "kiln[opencl]"``).
 
-The first OpenCL device found (with ``pocl-binary-distribution``, PoCL's CPU device: kernels
-run on the host's cores through LLVM, work-groups, local memory and barriers included) gets
-one context and one in-order command queue. Buffers handed to kernels are sub-buffers of
-allocations at offsets that are multiples of the device's ``CL_DEVICE_MEM_BASE_ADDR_ALIGN``.
-Programs are built once per process per source text.
+The first OpenCL device that builds a probe kernel (:func:`pick_device`; with PoCL, its CPU
+device: kernels run on the host's cores through LLVM, work-groups, local memory and barriers
+included) gets one context and one in-order command queue. The probe matters where several
+platforms are installed: the PoCL 3.0 in the ``pyopencl`` / ``pocl-binary-distribution``
+wheels (LLVM 14) lists a device on a CPU its LLVM does not know (an AMD family 1Ah host) but
+builds nothing there ("unknown target CPU 'generic'"), while Debian's ``pocl-opencl-icd``
+(LLVM 15) maps it to a known variant; ``make venv`` installs the latter where it can.
+Buffers handed to kernels are sub-buffers of allocations at offsets that are multiples of the
+device's ``CL_DEVICE_MEM_BASE_ADDR_ALIGN``. Programs are built once per process per source
+text.
 """
 
 from __future__ import annotations
@@ -18,6 +23,30 @@ import numpy as np
 from ...ir.errors import CompileError, KilnError
 from .device import Device, DeviceBuffer, missing_runtime
 
+#: A kernel every OpenCL C compiler builds: a device whose compiler fails on it cannot run kiln.
+PROBE_SOURCE = "__kernel void kiln_probe(__global float *a) { a[get_global_id(0)] = 1.0f; }"
+
+
+def pick_device(cl: Any) -> Any:
+    """The first device of ``cl.get_platforms()`` (platforms, then devices, in order) whose
+    compiler builds :data:`PROBE_SOURCE`; a KilnError naming every device and why it was
+    refused when none does (or none is found)."""
+    refused = []
+    for platform in cl.get_platforms():
+        for device in platform.get_devices():
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", cl.CompilerWarning)
+                    cl.Program(cl.Context([device]), PROBE_SOURCE).build()
+            except cl.Error as err:
+                why = " ".join(str(err).split())
+                refused.append(f"{device.name} ({platform.version}): {why[:300]}")
+                continue
+            return device
+    raise missing_runtime("opencl", "no OpenCL device builds a kernel: " + "; ".join(refused) +
+                          " -- a PoCL whose LLVM knows this CPU (Debian's pocl-opencl-icd) may"
+                          if refused else "no OpenCL device found")
+
 
 class OpenCLDevice(Device):
     kind = "opencl"
@@ -29,9 +58,9 @@ class OpenCLDevice(Device):
             raise missing_runtime("opencl", err) from err
         self.cl = cl
         try:
-            device = next(d for p in cl.get_platforms() for d in p.get_devices())
-        except (StopIteration, cl.Error) as err:
-            raise missing_runtime("opencl", f"no OpenCL device: {err or 'none found'}") from err
+            device = pick_device(cl)
+        except cl.Error as err:  # listing the platforms failed (no ICD)
+            raise missing_runtime("opencl", f"no OpenCL device: {err}") from err
         self.device = device
         self.context = cl.Context([device])
         self.queue = cl.CommandQueue(self.context)
