@@ -562,9 +562,10 @@ class Epilogue:
             # the slot's buffers' last store is done: waited for just before the first
             # instruction that writes them (the chain's steps before it run meanwhile)
             wait = (UNIT_DMA_OUT, UNIT_VECTOR) if slotted and f >= nbuf else None
+            staged_value = value is not tile
             emit_steps(kb, core, self.steps, vext, tile, [r for r in reads if r is not None],
-                       out=value, wait=wait)  # every operand's
-            if value is not tile:
+                       out=value, wait=wait if staged_value else None)  # every operand's
+            if staged_value:
                 wait = None
             cbufs = []
             for c, r in enumerate(self.casts):

@@ -40,7 +40,7 @@ __all__ = ["DEFER_STORES", "FIRST_LOADS_TILES", "STAGGER_FIRST_LOADS", "TILING_C
            "gemm_roofline", "gemm_traffic", "group_strides", "held_loads", "held_tiles",
            "kernel_acc_slots", "plan_candidates", "plan_gemm", "prefetch_staging",
            "residual_weights_product", "store_floor", "tail_pieces", "tile_bytes",
-           "tiling_domain", "tiling_knob_key", "tiling_value"]
+           "tiling_domain", "tiling_knob_key", "tiling_value", "used_acc_slots"]
 
 
 @dataclass(frozen=True)
@@ -614,6 +614,13 @@ def _split_axis(cfg: NPUConfig, shape: GemmShape, mu: int, nt: int, nm: int, nn:
     return "n" if can_n else ""
 
 
+def used_acc_slots(nout: int, tiles: int, cores: int, core: int = 0) -> int:
+    """Output slots core ``core`` uses of ``nout`` when ``tiles`` output tiles go round-robin
+    over ``cores`` (one with fewer tiles than slots uses as many; core 0 is the busiest;
+    ``tiles`` 0: unknown, all of them)."""
+    return min(nout, -(-(tiles - core) // cores)) if tiles else nout
+
+
 def acc_slots(cfg: NPUConfig, shape: GemmShape, tiling: GemmTiling, nbuf: int,
               epilogue: Any = None) -> int:
     """Accumulator slots :func:`emit_gemm` rotates a core's output tiles through: ``nbuf``,
@@ -1094,7 +1101,8 @@ def emit_gemm(kb: KernelBuilder, shape: GemmShape, tiling: GemmTiling, load_a: L
     # a fused epilogue's buffers go above the output slots a core uses (one with fewer
     # tiles than slots uses as many: a single tile too large for two leaves room), or above
     # the operand slots (a held tile's slot is its K step's, nk <= nbuf: fixed_tiles)
-    kb.acc_top, kb.acc_tile = min(nout, -(-len(tiles) // cfg.cores)) * c_bytes, c_bytes
+    kb.acc_top = used_acc_slots(nout, len(tiles), cfg.cores) * c_bytes
+    kb.acc_tile = c_bytes
     kb.l0_slots = {"input": (kb.nbuf, in_bytes), "weight": (kb.nbuf, w_bytes)}
     pipes = [Pipeline(kb, c, UNIT_TENSOR, nout) for c in range(cfg.cores)]
     steps = core_step_slots(cfg, shape, tiling, tiles, kb.nbuf)

@@ -67,6 +67,7 @@ from .gemm import (
     residual_weights_product,
     store_floor,
     tail_pieces,
+    used_acc_slots,
 )
 from .lowering import LoweringContext, NotSupported
 from .ops import ConvGeometry
@@ -671,15 +672,14 @@ class _Generator:
         acc = str(cbuf.dtype)
         if first:
             c_bytes = bound[0] * bound[1] * itemsize(acc)
-            cores = self.cfg.cores  # a core with fewer tiles than slots uses as many
-            used = min(p.nout, -(-(self.total_tiles - self.core) // cores)) \
-                if self.total_tiles else p.nout
+            cores = self.cfg.cores
+            used = used_acc_slots(p.nout, self.total_tiles, cores, self.core)
             if used * c_bytes > self.cfg.memory("acc").size:
                 raise NotSupported(f"{used} accumulator tiles of {c_bytes} B exceed acc")
             ndims = len(cidx)
             # a fused epilogue's buffers go above the output slots the busiest core uses
-            self.kb.acc_top = max(self.kb.acc_top, c_bytes * (
-                min(p.nout, -(-self.total_tiles // cores)) if self.total_tiles else p.nout))
+            self.kb.acc_top = max(self.kb.acc_top,
+                                  used_acc_slots(p.nout, self.total_tiles, cores) * c_bytes)
             self.kb.acc_tile = max(self.kb.acc_tile, c_bytes)
             self.staged[cbuf] = _Tile("acc", p.out_slot() * c_bytes, cidx,
                                       (1,) * (ndims - 2) + (m, n))

@@ -275,12 +275,12 @@ def emit_steps(kb: KernelBuilder, core: int, steps: list[VecStep], shape: tuple[
     running value; a fence between two: the unit pipelines): a step's sources are operand
     blocks (``("in", k)``: ``operands[k]``), immediates or the running value. ``out``: the
     last step writes there instead (a fused epilogue's staged result; ``dst`` keeps the
-    value before it), after a ``tok.pop`` of token ``wait`` (``(source unit, this unit)``:
-    that its buffer is free) where given."""
+    value before it). ``wait``: a token ``(source unit, this unit)`` popped just before the
+    last step (that the buffer it writes is free)."""
     for i, st in enumerate(steps):
         if i:
             kb.fence(core, UNIT_VECTOR)
-        if wait is not None and out is not None and out != dst and i == len(steps) - 1:
+        if wait is not None and i == len(steps) - 1:
             kb.pop(core, *wait)
         srcs = [operands[s[1]] if s[0] == "in" else s[1] if s[0] == "imm" else dst
                 for s in st.srcs]
